@@ -1,0 +1,5 @@
+import sys
+
+from qwenquant.cli import main
+
+sys.exit(main())

@@ -1,0 +1,68 @@
+"""Entry point: parse the command line, run one library call, render the result.
+
+Errors from the library (QwenquantError) become one red line plus a hint and a non-zero exit;
+a traceback only with QWENQUANT_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+import typer
+
+from qwenquant.commands._app import app
+from qwenquant.errors import QwenquantError
+
+# Registration: each module adds its commands to `app` on import (light imports only).
+from qwenquant.commands import fetch as _fetch  # noqa: F401,E402
+
+for _name in ("quantize", "verify", "serve", "recipe", "demo"):
+    try:
+        __import__(f"qwenquant.commands.{_name}")
+    except ModuleNotFoundError as _e:  # a command module not written yet
+        if _e.name != f"qwenquant.commands.{_name}":
+            raise
+
+
+@app.callback()
+def _root(
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars, warnings only."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
+) -> None:
+    from qwenquant.console import set_quiet, setup_logging
+
+    set_quiet(quiet)
+    setup_logging(verbose)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; return the process exit code."""
+    try:
+        rv = app(args=argv, standalone_mode=False, prog_name="qwenquant")
+    except QwenquantError as e:
+        from qwenquant.console import console
+
+        if os.environ.get("QWENQUANT_DEBUG") == "1":
+            console.print_exception()
+        console.print(f"[bold red]error:[/] {e}", markup=True, highlight=False)
+        if e.hint:
+            console.print(f"[yellow]hint:[/] {e.hint}", markup=True, highlight=False)
+        return e.exit_code
+    except click.exceptions.Abort:
+        print("aborted", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    return rv if isinstance(rv, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
