@@ -16,9 +16,7 @@ from qwenquant.commands._app import app
 from qwenquant.errors import QwenquantError
 
 # Registration: each module adds its commands to `app` on import (light imports only).
-from qwenquant.commands import fetch as _fetch  # noqa: F401,E402
-
-for _name in ("quantize", "verify", "serve", "recipe", "demo"):
+for _name in ("fetch", "quantize", "verify", "recipe", "serve", "demo"):
     try:
         __import__(f"qwenquant.commands.{_name}")
     except ModuleNotFoundError as _e:  # a command module not written yet

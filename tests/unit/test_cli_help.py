@@ -1,0 +1,55 @@
+"""`qwenquant --help` and every `qwenquant CMD --help` stay light: no torch, transformers,
+llm-compressor or huggingface_hub import, and fast enough to feel instant."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("torch", "transformers", "llmcompressor", "compressed_tensors", "huggingface_hub", "datasets")
+
+PROBE = r"""
+import io, json, sys, contextlib
+from qwenquant.cli import main
+argv = json.loads(sys.argv[1])
+buf = io.StringIO()
+with contextlib.redirect_stdout(buf):
+    rc = main(argv)
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in %r)
+print(json.dumps({"rc": rc, "heavy": heavy, "out": buf.getvalue()}))
+""" % (HEAVY,)
+
+
+def _commands() -> list[str]:
+    from qwenquant.cli import app
+    import typer.main
+
+    group = typer.main.get_group(app)
+    return sorted(group.commands)
+
+
+def _run(argv: list[str]) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(argv)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_root_help_lists_pipeline_commands_without_heavy_imports() -> None:
+    res = _run(["--help"])
+    assert res["rc"] == 0
+    assert res["heavy"] == []
+    for cmd in ("fetch",):
+        assert cmd in res["out"]
+
+
+@pytest.mark.parametrize("cmd", _commands())
+def test_command_help_is_light_and_has_examples(cmd: str) -> None:
+    res = _run([cmd, "--help"])
+    assert res["rc"] == 0
+    assert res["heavy"] == [], f"`qwenquant {cmd} --help` imported {res['heavy']}"
+    assert "Example" in res["out"] or "example" in res["out"], f"`qwenquant {cmd} --help` has no examples"
