@@ -1,0 +1,99 @@
+"""What the loopback hub serves: repos, commits (content-derived ids) and branches."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qwenquant.hashing import CHUNK
+
+# Extensions the Hub stores through LFS (a subset of the default .gitattributes of a new repo).
+LFS_SUFFIXES = (
+    ".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".h5", ".msgpack", ".onnx",
+    ".gguf", ".npy", ".npz", ".arrow", ".parquet", ".tar", ".gz", ".zip", ".zst", ".model", ".tflite",
+)  # fmt: skip
+LFS_NAMES = ("tokenizer.json",)  # large text files the Hub commonly tracks in LFS
+
+
+def is_lfs_path(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return name.endswith(LFS_SUFFIXES) or name in LFS_NAMES
+
+
+def lfs_pointer(sha256: str, size: int) -> bytes:
+    """The git-lfs pointer file text for a blob (what git actually stores for an LFS file)."""
+    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
+
+
+def git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(f"blob {len(data)}\0".encode() + data).hexdigest()
+
+
+@dataclass(frozen=True)
+class HubFile:
+    """One file of a commit: where its bytes live on disk and its digests."""
+
+    path: str  # repo-relative POSIX path
+    source: Path
+    size: int
+    sha256: str
+    blob_id: str  # git blob sha1 of the content, or of the LFS pointer for LFS files
+    lfs: bool
+
+    @property
+    def pointer_size(self) -> int:
+        return len(lfs_pointer(self.sha256, self.size))
+
+
+@dataclass
+class Commit:
+    sha: str
+    files: dict[str, HubFile]
+    title: str = "qwenquant hubserver commit"
+
+
+@dataclass
+class Repo:
+    repo_id: str
+    repo_type: str  # "model" | "dataset"
+    commits: dict[str, Commit] = field(default_factory=dict)
+    branches: dict[str, str] = field(default_factory=dict)
+
+
+def scan_file(source: Path, rel: str, lfs: bool | None = None) -> HubFile:
+    """Hash one file (sha256 and git blob sha1 in one pass)."""
+    size = source.stat().st_size
+    h256 = hashlib.sha256()
+    h1 = hashlib.sha1(f"blob {size}\0".encode())
+    with open(source, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h256.update(chunk)
+            h1.update(chunk)
+    sha = h256.hexdigest()
+    use_lfs = is_lfs_path(rel) if lfs is None else lfs
+    blob = git_blob_id(lfs_pointer(sha, size)) if use_lfs else h1.hexdigest()
+    return HubFile(path=rel, source=source, size=size, sha256=sha, blob_id=blob, lfs=use_lfs)
+
+
+def scan_folder(folder: Path) -> dict[str, HubFile]:
+    """Every regular file under `folder` (symlinks are followed, hidden `.git`/`.cache` skipped)."""
+    folder = Path(folder)
+    files: dict[str, HubFile] = {}
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d not in (".git", ".cache"))
+        for name in sorted(names):
+            p = Path(root) / name
+            rel = p.relative_to(folder).as_posix()
+            files[rel] = scan_file(p, rel)
+    return files
+
+
+def commit_id(files: dict[str, HubFile], parent: str | None = None) -> str:
+    """A 40-hex commit id derived from the content (and parent), like a git commit id."""
+    h = hashlib.sha1(b"qwenquant-hubserver-commit\n")
+    h.update(f"parent {parent or ''}\n".encode())
+    for path in sorted(files):
+        h.update(f"{files[path].blob_id} {path}\n".encode())
+    return h.hexdigest()
