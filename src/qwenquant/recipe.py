@@ -510,7 +510,7 @@ def _format_error(err: dict[str, Any], root: type[BaseModel], lines: dict[tuple,
     else:
         msg = f"{err['msg'].replace('Input should be', 'must be')}, got {err.get('input')!r} — fix the value"
     line = lines.get(loc) or lines.get(loc[:-1])
-    return f"{path}: {msg}" + (f" [line {line}]" if line else "")
+    return f"{path}: {msg}" + (f" (line {line})" if line else "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -649,7 +649,7 @@ def _validate(raw: dict[str, Any], lines: dict[tuple, int], path: Path | None,
 def _with_line(problem: str, lines: dict[tuple, int]) -> str:
     path = problem.split(":", 1)[0]
     line = lines.get(tuple(path.split(".")))
-    return problem + (f" [line {line}]" if line else "")
+    return problem + (f" (line {line})" if line else "")
 
 
 _CALIBRATION_META = ("schema_version", "name", "description")

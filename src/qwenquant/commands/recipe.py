@@ -1,0 +1,84 @@
+"""`qwenquant recipe validate|show|list`: check and inspect recipes (no torch import)."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from qwenquant.commands._app import app
+
+recipe_app = typer.Typer(
+    help=(
+        "Validate, show and list quantization recipes.\n\n"
+        "Examples:\n\n"
+        "  qwenquant recipe list\n\n"
+        "  qwenquant recipe show w4a16-int4head --json\n\n"
+        "  qwenquant recipe validate my-recipe.yaml"
+    ),
+    no_args_is_help=True,
+)
+app.add_typer(recipe_app, name="recipe")
+
+
+@recipe_app.command("validate")
+def validate(file: str = typer.Argument(..., help="Recipe YAML path or shipped name.")) -> None:
+    """Print OK, or every problem with its field path and fix (exit 2).
+
+    Examples:
+
+      qwenquant recipe validate recipes/w4a16-int4head.yaml
+    """
+    from qwenquant.console import stdout
+    from qwenquant.recipe import load_recipe
+
+    r = load_recipe(file)  # RecipeError (exit 2) lists every problem
+    stdout.print(f"OK {r.name} sha256:{r.sha256()}", markup=False)
+
+
+@recipe_app.command("show")
+def show(
+    name: str = typer.Argument(..., help="Shipped recipe name or YAML path."),
+    as_json: bool = typer.Option(False, "--json", help="Canonical JSON instead of YAML."),
+) -> None:
+    """Print the canonical recipe (every default filled in) and its sha256.
+
+    Examples:
+
+      qwenquant recipe show w4a16-int4head
+
+      qwenquant recipe show w4a16-int4head --json | jq .quantization
+    """
+    import yaml
+
+    from qwenquant.console import stdout
+    from qwenquant.recipe import load_recipe
+
+    r = load_recipe(name)
+    if as_json:
+        print(json.dumps({"sha256": r.sha256(), "recipe": r.canonical()}, indent=2, sort_keys=True))
+        return
+    print(f"# sha256: {r.sha256()}")
+    stdout.print(yaml.safe_dump(r.canonical(), sort_keys=False, allow_unicode=True), markup=False, end="")
+
+
+@recipe_app.command("list")
+def list_() -> None:
+    """List shipped recipes and calibration definitions.
+
+    Examples:
+
+      qwenquant recipe list
+    """
+    from qwenquant.console import stdout
+    from qwenquant.recipe import list_calibrations, list_recipes, load_recipe
+    from qwenquant.errors import RecipeError
+
+    for name, path in list_recipes().items():
+        try:
+            desc = load_recipe(path).description.split(";")[0]
+        except RecipeError:
+            desc = "(invalid: run `qwenquant recipe validate` on it)"
+        stdout.print(f"{name:24} {desc}", markup=False)
+    for name in list_calibrations():
+        stdout.print(f"{name:24} (calibration set: --calibration {name})", markup=False)

@@ -1,0 +1,203 @@
+"""Recipe parsing: every problem reported with its field path and a fix; canonical form is stable."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qwenquant.cli import main
+from qwenquant.errors import RecipeError
+from qwenquant.recipe import load_calibration_override, load_recipe, parse_recipe, recipes_dir
+
+GOLDEN = Path(__file__).parent / "golden"
+SHIPPED = "w4a16-int4head"
+
+
+def _golden(name: str, data: bytes) -> None:
+    path = GOLDEN / name
+    if os.environ.get("QWENQUANT_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    assert path.exists(), f"golden {path} missing: run with QWENQUANT_UPDATE_GOLDEN=1"
+    assert data == path.read_bytes(), f"differs from {path}; refresh with QWENQUANT_UPDATE_GOLDEN=1 if intended"
+
+
+def _raw() -> dict:
+    return yaml.safe_load((recipes_dir() / f"{SHIPPED}.yaml").read_text())
+
+
+def _problems(raw: dict) -> list[str]:
+    with pytest.raises(RecipeError) as ei:
+        parse_recipe(raw)
+    return ei.value.problems
+
+
+def _write(tmp_path: Path, raw: dict) -> Path:
+    p = tmp_path / "r.yaml"
+    p.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return p
+
+
+def test_shipped_recipe_loads_and_canonical_json_matches_golden() -> None:
+    r = load_recipe(SHIPPED)
+    from qwenquant.atomic import canonical_json
+
+    _golden("recipe-w4a16-int4head.json", canonical_json(r.canonical()))
+    assert len(r.sha256()) == 64
+    assert load_recipe(recipes_dir() / f"{SHIPPED}.yaml").sha256() == r.sha256()
+
+
+def test_profiles_merge_defaults() -> None:
+    r = load_recipe(SHIPPED)
+    single, batch = r.profile("single-user"), r.profile("batch")
+    assert single.speculative is not None and single.speculative.num_speculative_tokens == 3
+    assert single.max_num_seqs == 1 and single.port == 8000 and single.mamba_cache_mode == "align"
+    assert batch.speculative is None and batch.kv_cache_dtype == "fp8"
+    with pytest.raises(RecipeError, match="no serve profile 'nope'"):
+        r.profile("nope")
+
+
+def test_every_problem_is_collected_with_path_and_fix() -> None:
+    raw = _raw()
+    raw["quantization"]["group_size"] = 48
+    raw["quantization"]["ignore"] = ["lm_head", "re:.*visual.*"]
+    raw["artifact"]["layout"] = "textonly"
+    raw["artifact"]["colour"] = "blue"
+    raw["serve"]["profiles"]["batch"]["gpu_memory_utilization"] = 1.5
+    raw["serve"]["profiles"]["single-user"]["speculative"]["num_speculative_tokens"] = 0
+    probs = _problems(raw)
+    text = "\n".join(probs)
+    assert ("quantization.group_size: must be a positive multiple of 32 for vLLM's CPU and Marlin "
+            "kernels, got 48") in text
+    assert "artifact.layout: must be 'text-only' or 'multimodal', got 'textonly'" in text
+    assert "artifact.colour: unknown key" in text
+    assert "serve.profiles.batch.gpu_memory_utilization: must be in (0, 1], got 1.5" in text
+    assert "serve.profiles.single-user.speculative.num_speculative_tokens: must be at least 1" in text
+    assert any("re:^mtp.*" in p and "#53387" in p for p in probs)
+    assert any("in_proj_a" in p and "fuses" in p for p in probs)
+    assert any("in_proj_b" in p for p in probs)
+    assert all(" — " in p for p in probs), probs
+
+
+def test_lm_head_must_be_ignored_by_body_stage() -> None:
+    raw = _raw()
+    raw["quantization"]["ignore"].remove("lm_head")
+    assert any(p.startswith("quantization.ignore: must include 'lm_head'") for p in _problems(raw))
+
+
+def test_partial_fused_ignore_is_refused() -> None:
+    raw = _raw()
+    raw["quantization"]["ignore"].append("re:.*in_proj_z$")
+    assert any("in_proj_qkv, in_proj_z" in p for p in _problems(raw))
+
+
+def test_lm_head_target_must_reach_vllm() -> None:
+    raw = _raw()
+    raw["lm_head"]["target"] = "lm_head"
+    assert any(p.startswith("lm_head.target:") and "re:.*lm_head$" in p for p in _problems(raw))
+
+
+@pytest.mark.parametrize(
+    "change, expect",
+    [
+        ({"revision": None}, "calibration.revision: required when source is hub"),
+        ({"revision": "main"}, "calibration.revision: must be a full 40-hex commit sha"),
+        ({"source": "local", "revision": None, "dataset": None}, "calibration.path: required when source is local"),
+        ({"source": "s3"}, "calibration.source: must be 'hub' or 'local'"),
+    ],
+)
+def test_calibration_rules(change: dict, expect: str) -> None:
+    raw = _raw()
+    for k, v in change.items():
+        if v is None:
+            raw["calibration"].pop(k, None)
+        else:
+            raw["calibration"][k] = v
+    assert any(p.startswith(expect) for p in _problems(raw)), _problems(raw)
+
+
+def test_missing_profile_and_unset_required_setting() -> None:
+    raw = _raw()
+    del raw["serve"]["profiles"]["batch"]
+    del raw["serve"]["profiles"]["single-user"]["max_model_len"]
+    probs = _problems(raw)
+    assert any(p.startswith("serve.profiles: missing the 'batch' profile") for p in probs)
+    assert any(p.startswith("serve.profiles.single-user.max_model_len: not set") for p in probs)
+
+
+def test_yaml_syntax_error_and_duplicate_keys_name_the_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("schema_version: 1\nname: [x,\n")
+    with pytest.raises(RecipeError) as ei:
+        load_recipe(bad)
+    assert "not valid YAML" in ei.value.message and "line 3" in ei.value.problems[0]
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("schema_version: 1\nname: a\nname: b\n")
+    with pytest.raises(RecipeError) as ei:
+        load_recipe(dup)
+    assert "duplicate key 'name' (first on line 2)" in ei.value.problems[0]
+
+
+def test_validation_problems_carry_line_numbers(tmp_path: Path) -> None:
+    text = (recipes_dir() / f"{SHIPPED}.yaml").read_text().replace("group_size: 128\n  actorder", "group_size: 40\n  actorder")
+    p = tmp_path / "r.yaml"
+    p.write_text(text)
+    line = 1 + text.splitlines().index("  group_size: 40")
+    with pytest.raises(RecipeError) as ei:
+        load_recipe(p)
+    assert ei.value.problems == [f"quantization.group_size: must be a positive multiple of 32 for vLLM's CPU "
+                                 f"and Marlin kernels, got 40 — use 128 (line {line})"]
+
+
+def test_unknown_shipped_name() -> None:
+    with pytest.raises(RecipeError, match="no shipped recipe named 'nope'") as ei:
+        load_recipe("nope")
+    assert SHIPPED in (ei.value.hint or "")
+
+
+def test_recipes_dir_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = _raw()
+    raw["name"] = "mine"
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(raw))
+    monkeypatch.setenv("QWENQUANT_RECIPES_DIR", str(tmp_path))
+    assert load_recipe("mine").name == "mine"
+
+
+def test_calibration_override_tiny_demo() -> None:
+    c = load_calibration_override("tiny-demo")
+    assert (c.source, c.num_samples, c.max_length, c.chat_template) == ("local", 32, 256, True)
+    assert c.resolved_path() == recipes_dir().parent / "calibration" / "tiny-demo.jsonl"
+    r = load_recipe(SHIPPED).with_calibration(c)
+    assert r.calibration.path == "tiny-demo.jsonl" and r.sha256() != load_recipe(SHIPPED).sha256()
+
+
+def test_calibration_override_relative_path_and_errors(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text("source: local\npath: data/x.jsonl\nnum_samples: 4\nmax_length: 16\n")
+    assert load_calibration_override(tmp_path / "c.yaml").resolved_path() == tmp_path / "data" / "x.jsonl"
+    (tmp_path / "d.yaml").write_text("source: hub\ndataset: a/b\nnum_samples: 0\nmax_length: 16\nbogus: 1\n")
+    with pytest.raises(RecipeError) as ei:
+        load_calibration_override(tmp_path / "d.yaml")
+    text = "\n".join(ei.value.problems)
+    assert "num_samples:" in text and "bogus: unknown key" in text and "revision: required when source is hub" in text
+
+
+def test_cli_validate_show_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["recipe", "validate", SHIPPED]) == 0
+    assert capsys.readouterr().out.startswith(f"OK {SHIPPED} sha256:")
+    raw = _raw()
+    raw["quantization"]["group_size"] = 48
+    assert main(["recipe", "validate", str(_write(tmp_path, raw))]) == 2
+    assert "quantization.group_size" in capsys.readouterr().err
+    assert main(["recipe", "show", SHIPPED, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["sha256"] == load_recipe(SHIPPED).sha256() and shown["recipe"]["name"] == SHIPPED
+    assert main(["recipe", "show", SHIPPED]) == 0
+    out = capsys.readouterr().out
+    assert yaml.safe_load(out)["quantization"]["group_size"] == 128 and "# sha256:" in out
+    assert main(["recipe", "list"]) == 0
+    out = capsys.readouterr().out
+    assert SHIPPED in out and "tiny-demo" in out
