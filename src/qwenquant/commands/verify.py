@@ -1,0 +1,93 @@
+"""`qwenquant verify` (bytes match the manifest) and `qwenquant check` (vLLM would load it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from qwenquant.commands._app import app
+
+
+@app.command("verify")
+def verify(
+    artifact: Path = typer.Argument(..., help="Artifact folder holding qwenquant-manifest.json."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Re-hash every file of an artifact against its manifest; exit 0 only when all match.
+
+    Examples:
+
+      qwenquant verify artifacts/q27b
+
+      qwenquant verify artifacts/q27b --json | jq .problems
+    """
+    from qwenquant.console import stdout
+    from qwenquant.errors import VerificationError
+    from qwenquant.manifest import verify_artifact
+
+    report = verify_artifact(artifact)
+    if as_json:
+        print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
+    elif report.ok:
+        stdout.print(f"OK {artifact}: {report.files_checked} files, {report.bytes_checked} bytes, "
+                     f"root sha256:{report.root_digest}", markup=False)
+    else:
+        from rich.table import Column, Table
+
+        width = max(len(p.path) for p in report.problems)  # never wrap a file name: users grep for it
+        table = Table(Column("file", no_wrap=True, min_width=width), "size", "status", "detail",
+                      title=f"{artifact}: {len(report.problems)} problems")
+        for p in report.problems:
+            size = p.actual_size if p.actual_size is not None else p.expected_size
+            table.add_row(p.path, "" if size is None else str(size), p.status, p.detail)
+        stdout.print(table)
+    if not report.ok:
+        raise VerificationError(
+            f"{artifact} does not match its manifest: " + ", ".join(
+                f"{p.path} ({p.status})" for p in report.problems),
+            hint="re-copy or rebuild the artifact; never serve files that fail verification",
+        )
+
+
+@app.command("check")
+def check(
+    artifact: Path = typer.Argument(..., help="Artifact folder (config.json + safetensors)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON."),
+) -> None:
+    """Check that vLLM would load an artifact: fused-layer schemes, kernel shapes, lm_head, MTP, layout.
+
+    Reads config.json, the safetensors index and headers only (fast, no torch).
+
+    Examples:
+
+      qwenquant check artifacts/q27b
+
+      qwenquant check artifacts/q27b --json
+    """
+    from qwenquant.check import check_artifact
+    from qwenquant.console import stdout
+    from qwenquant.errors import CheckError
+
+    report = check_artifact(artifact)
+    if as_json:
+        print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
+    elif report.ok:
+        stdout.print(f"OK {artifact}: {report.tensors_checked} tensors, all {len(report.rules_run)} rules pass",
+                     markup=False)
+    else:
+        from rich.table import Column, Table
+
+        table = Table(Column("rule", no_wrap=True), "where", "problem", "fix",
+                      title=f"{artifact}: {len(report.findings)} problems")
+        for f in report.findings:
+            table.add_row(f.rule, f.where, f.message, f.fix)
+        stdout.print(table)
+    if not report.ok:
+        raise CheckError(
+            f"{artifact}: {len(report.findings)} problem(s) vLLM would refuse: "
+            + "; ".join(f"{f.rule} at {f.where}" for f in report.findings[:10])
+            + (" ..." if len(report.findings) > 10 else ""),
+            hint="fix the recipe or stage named by each rule and rebuild; `--json` lists every finding",
+        )

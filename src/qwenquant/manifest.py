@@ -1,0 +1,334 @@
+"""The artifact manifest: every file's size and sha256, a root digest, and what produced them.
+
+`qwenquant-manifest.json` sits in the artifact root and is written last. It is tamper-evident,
+not signed: `root_digest` covers the file list and `manifest_self_digest` covers the whole
+manifest body (recipe, source, stages, ...), so an edit anywhere shows up in `verify_artifact`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable, Iterable, Optional
+
+from qwenquant.atomic import atomic_write_bytes, canonical_json
+from qwenquant.errors import VerificationError
+from qwenquant.hashing import sha256_files
+
+log = logging.getLogger(__name__)
+
+MANIFEST_NAME = "qwenquant-manifest.json"
+SCHEMA_VERSION = 1
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_DICT_FIELDS = ("source", "recipe", "calibration", "stages", "quality", "tool_versions", "extra")
+
+
+@dataclass(frozen=True)
+class FileDigest:
+    """One file of the artifact: relative POSIX path, size in bytes, hex sha256."""
+
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What an artifact holds and how it was made; `to_dict()` is the JSON written to disk."""
+
+    files: tuple[FileDigest, ...]
+    root_digest: str
+    source: dict[str, Any]
+    recipe: dict[str, Any]
+    recipe_sha256: str
+    calibration: dict[str, Any]
+    stages: dict[str, Any]
+    quality: dict[str, Any]
+    tool_versions: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def body(self) -> dict[str, Any]:
+        """Everything except the self digest (what the self digest covers)."""
+        return {
+            "schema_version": self.schema_version,
+            "root_digest": self.root_digest,
+            "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files],
+            **{k: getattr(self, k) for k in _DICT_FIELDS},
+            "recipe_sha256": self.recipe_sha256,
+        }
+
+    @property
+    def self_digest(self) -> str:
+        return manifest_self_digest(self.body())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.body(), "manifest_self_digest": self.self_digest}
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def compute_root_digest(files: Iterable[FileDigest]) -> str:
+    """sha256 over the sorted lines `"{path}\\0{sha256}\\n"`."""
+    h = hashlib.sha256()
+    for f in sorted(files, key=lambda f: f.path):
+        h.update(f"{f.path}\0{f.sha256}\n".encode())
+    return h.hexdigest()
+
+
+def manifest_self_digest(body: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of the manifest body (without `manifest_self_digest`)."""
+    body = {k: v for k, v in body.items() if k != "manifest_self_digest"}
+    return hashlib.sha256(canonical_json(body)).hexdigest()
+
+
+def list_artifact_files(artifact_dir: Path) -> dict[str, Path]:
+    """Relative POSIX path -> file, for every file under the folder except the manifest."""
+    root = Path(artifact_dir)
+    out: dict[str, Path] = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            rel = p.relative_to(root).as_posix()
+            if rel != MANIFEST_NAME:
+                out[rel] = p
+    return out
+
+
+def _hash_with_progress(paths: list[Path], label: str) -> dict[Path, str]:
+    from qwenquant.console import byte_progress
+
+    total = sum(p.stat().st_size for p in paths)
+    with byte_progress() as progress:
+        task = progress.add_task(label, total=total, files=f"{len(paths)} files")
+        return sha256_files(paths, progress=lambda n: progress.advance(task, n))
+
+
+def _jsonable(obj: Any, what: str) -> Any:
+    try:
+        return json.loads(canonical_json(obj))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"manifest field {what!r} is not JSON-serialisable: {e}") from e
+
+
+def build_manifest(
+    artifact_dir: Path,
+    *,
+    source: dict[str, Any],
+    recipe: dict[str, Any],
+    recipe_sha256: str,
+    calibration: dict[str, Any],
+    stages: dict[str, Any],
+    quality: dict[str, Any],
+    tool_versions: dict[str, Any],
+    extra: Optional[dict[str, Any]] = None,
+) -> Manifest:
+    """Hash every file in `artifact_dir` (in parallel) and describe it; nothing is written."""
+    root = Path(artifact_dir)
+    if not root.is_dir():
+        raise VerificationError(f"artifact folder not found: {root}", hint="check the path")
+    recipe = _jsonable(recipe, "recipe")
+    if hashlib.sha256(canonical_json(recipe)).hexdigest() != recipe_sha256:
+        raise ValueError("recipe_sha256 is not the sha256 of the canonical recipe: pass recipe.canonical() "
+                         "and recipe.sha256() of the same Recipe")
+    files = list_artifact_files(root)
+    digests = _hash_with_progress(list(files.values()), "hashing")
+    entries = tuple(FileDigest(rel, p.stat().st_size, digests[p]) for rel, p in files.items())
+    log.debug("hashed %d files under %s", len(entries), root)
+    return Manifest(
+        files=entries,
+        root_digest=compute_root_digest(entries),
+        source=_jsonable(source, "source"),
+        recipe=recipe,
+        recipe_sha256=recipe_sha256,
+        calibration=_jsonable(calibration, "calibration"),
+        stages=_jsonable(stages, "stages"),
+        quality=_jsonable(quality, "quality"),
+        tool_versions=_jsonable(tool_versions, "tool_versions"),
+        extra=_jsonable(extra or {}, "extra"),
+    )
+
+
+def write_manifest(artifact_dir: Path, manifest: Manifest) -> Path:
+    """Write the manifest atomically into the artifact root (do this last)."""
+    path = Path(artifact_dir) / MANIFEST_NAME
+    atomic_write_bytes(path, canonical_json(manifest.to_dict()))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading and verifying.
+
+
+def _structure_problems(d: Any) -> list[str]:
+    if not isinstance(d, dict):
+        return ["the top level is not a JSON object"]
+    p: list[str] = []
+    sv = d.get("schema_version")
+    if sv != SCHEMA_VERSION:
+        p.append(f"schema_version is {sv!r}, this qwenquant reads {SCHEMA_VERSION}")
+    for key in ("root_digest", "recipe_sha256", "manifest_self_digest"):
+        if not isinstance(d.get(key), str) or not _HEX64.match(d[key]):
+            p.append(f"{key} is missing or not 64 hex digits")
+    for key in _DICT_FIELDS:
+        if not isinstance(d.get(key), dict):
+            p.append(f"{key} is missing or not an object")
+    known = {"schema_version", "root_digest", "files", "recipe_sha256", "manifest_self_digest", *_DICT_FIELDS}
+    p += [f"unknown key {k!r}" for k in sorted(set(d) - known)]
+    files = d.get("files")
+    if not isinstance(files, list):
+        return p + ["files is missing or not a list"]
+    seen: list[str] = []
+    for i, f in enumerate(files):
+        if not (isinstance(f, dict) and set(f) == {"path", "size", "sha256"}):
+            p.append(f"files[{i}] must have exactly path, size, sha256")
+            continue
+        path, size, sha = f["path"], f["size"], f["sha256"]
+        pp = PurePosixPath(path) if isinstance(path, str) else None
+        if pp is None or not path or pp.is_absolute() or ".." in pp.parts or "\\" in path or str(pp) != path:
+            p.append(f"files[{i}].path {path!r} is not a clean relative POSIX path")
+        else:
+            seen.append(path)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            p.append(f"files[{i}].size {size!r} is not a non-negative integer")
+        if not isinstance(sha, str) or not _HEX64.match(sha):
+            p.append(f"files[{i}].sha256 {sha!r} is not 64 hex digits")
+    if seen != sorted(set(seen)):
+        p.append("files are not sorted by path or repeat a path")
+    if MANIFEST_NAME in seen:
+        p.append(f"files lists {MANIFEST_NAME} itself")
+    return p
+
+
+def manifest_from_dict(d: Any) -> Manifest:
+    """Build a Manifest from its JSON form; VerificationError naming every structural problem."""
+    problems = _structure_problems(d)
+    if problems:
+        raise VerificationError(
+            f"{MANIFEST_NAME} is malformed: " + "; ".join(problems),
+            hint="the manifest was edited or truncated; rebuild the artifact (`qwenquant quantize ...`) "
+                 "or restore the manifest from where the artifact came from",
+        )
+    return Manifest(
+        files=tuple(FileDigest(f["path"], f["size"], f["sha256"]) for f in d["files"]),
+        root_digest=d["root_digest"],
+        recipe_sha256=d["recipe_sha256"],
+        schema_version=d["schema_version"],
+        **{k: d[k] for k in _DICT_FIELDS},
+    )
+
+
+def load_manifest(artifact_dir: Path) -> Manifest:
+    """Read and structurally validate `qwenquant-manifest.json` (digests are checked by verify)."""
+    path = Path(artifact_dir) / MANIFEST_NAME
+    if not Path(artifact_dir).is_dir():
+        raise VerificationError(f"artifact folder not found: {artifact_dir}", hint="check the path")
+    try:
+        d = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise VerificationError(
+            f"no {MANIFEST_NAME} in {artifact_dir}",
+            hint="the artifact is unfinished or not a qwenquant artifact; re-run `qwenquant quantize`",
+        ) from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise VerificationError(f"{MANIFEST_NAME} is not valid JSON: {e}",
+                                hint="the manifest was edited or truncated; rebuild or restore it") from None
+    return manifest_from_dict(d)
+
+
+@dataclass(frozen=True)
+class FileProblem:
+    """One mismatch: status is missing | extra | changed | manifest."""
+
+    path: str
+    status: str
+    detail: str
+    expected_size: Optional[int] = None
+    actual_size: Optional[int] = None
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.status} ({self.detail})"
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Result of re-hashing an artifact against its manifest."""
+
+    artifact_dir: str
+    root_digest: str
+    files_checked: int
+    bytes_checked: int
+    problems: tuple[FileProblem, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def bad_files(self) -> list[str]:
+        return sorted({p.path for p in self.problems})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok, "artifact_dir": self.artifact_dir, "root_digest": self.root_digest,
+            "files_checked": self.files_checked, "bytes_checked": self.bytes_checked,
+            "problems": [{"path": p.path, "status": p.status, "detail": p.detail,
+                          "expected_size": p.expected_size, "actual_size": p.actual_size}
+                         for p in self.problems],
+        }
+
+
+def _manifest_problems(m: Manifest, raw: dict[str, Any]) -> list[FileProblem]:
+    out: list[FileProblem] = []
+    if compute_root_digest(m.files) != m.root_digest:
+        out.append(FileProblem(MANIFEST_NAME, "manifest",
+                               "root_digest does not match the manifest's own file list: the manifest was edited"))
+    if manifest_self_digest(raw) != raw["manifest_self_digest"]:
+        out.append(FileProblem(MANIFEST_NAME, "manifest",
+                               "manifest_self_digest does not match the manifest body: the manifest was edited"))
+    if hashlib.sha256(canonical_json(m.recipe)).hexdigest() != m.recipe_sha256:
+        out.append(FileProblem(MANIFEST_NAME, "manifest", "recipe_sha256 does not match the recorded recipe"))
+    return out
+
+
+def compare_files(
+    expected: tuple[FileDigest, ...], actual: dict[str, Path],
+    hasher: Callable[[list[Path]], dict[Path, str]],
+) -> list[FileProblem]:
+    """Missing, extra and changed files; only files whose size matches are hashed."""
+    out: list[FileProblem] = []
+    want = {f.path: f for f in expected}
+    for rel in sorted(set(want) - set(actual)):
+        out.append(FileProblem(rel, "missing", "listed in the manifest, not on disk", want[rel].size, None))
+    for rel in sorted(set(actual) - set(want)):
+        out.append(FileProblem(rel, "extra", "on disk, not in the manifest", None, actual[rel].stat().st_size))
+    to_hash: list[tuple[FileDigest, Path]] = []
+    for rel in sorted(set(want) & set(actual)):
+        size = actual[rel].stat().st_size
+        if size != want[rel].size:
+            out.append(FileProblem(rel, "changed", f"size {size} != {want[rel].size}", want[rel].size, size))
+        else:
+            to_hash.append((want[rel], actual[rel]))
+    digests = hasher([p for _, p in to_hash])
+    for f, p in to_hash:
+        if digests[p] != f.sha256:
+            out.append(FileProblem(f.path, "changed", f"sha256 {digests[p][:12]}... != {f.sha256[:12]}...",
+                                   f.size, f.size))
+    return sorted(out, key=lambda x: (x.path, x.status))
+
+
+def verify_artifact(artifact_dir: Path) -> VerifyReport:
+    """Re-hash every file (in parallel) and compare with the manifest; the manifest is checked too."""
+    root = Path(artifact_dir)
+    manifest = load_manifest(root)
+    raw = json.loads((root / MANIFEST_NAME).read_bytes())
+    problems = _manifest_problems(manifest, raw)
+    problems += compare_files(manifest.files, list_artifact_files(root),
+                              lambda paths: _hash_with_progress(paths, "verifying"))
+    return VerifyReport(str(root), manifest.root_digest, len(manifest.files), manifest.total_bytes,
+                        tuple(problems))
