@@ -1,0 +1,174 @@
+"""Raw safetensors shards: read tensors as bytes, write shards deterministically.
+
+Stages move tensors between checkpoints without ever decoding them, so a tensor that is not
+quantized keeps its exact bytes, dtype and shape. Writes are deterministic: tensors sorted by
+name, fixed `{"format": "pt"}` metadata, header padded with spaces to 8 bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from qwenquant.atomic import fsync_dir
+from qwenquant.safetensors_check import read_header
+
+INDEX = "model.safetensors.index.json"
+_ELEM = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
+         "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """Where one tensor's bytes live: file, byte range (absolute), dtype, shape."""
+
+    name: str
+    path: Path
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+    def read(self) -> bytes:
+        with open(self.path, "rb") as f:
+            f.seek(self.start)
+            return f.read(self.end - self.start)
+
+
+@dataclass(frozen=True)
+class RawTensor:
+    """A tensor as bytes in memory (for tensors produced by a stage, e.g. a packed head)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+    def read(self) -> bytes:
+        return self.data
+
+
+def shard_refs(path: Path) -> dict[str, TensorRef]:
+    """Every tensor of one safetensors file, by name."""
+    path = Path(path)
+    h = read_header(path)
+    base = 8 + h.header_bytes
+    return {
+        n: TensorRef(n, path, t.dtype, tuple(t.shape), base + t.start, base + t.end)
+        for n, t in h.tensors.items()
+    }
+
+
+def checkpoint_shards(folder: Path) -> list[Path]:
+    """The safetensors files of a checkpoint: those named by its index, else every *.safetensors."""
+    folder = Path(folder)
+    idx = folder / INDEX
+    if idx.exists():
+        names = sorted(set(json.loads(idx.read_text())["weight_map"].values()))
+        return [folder / n for n in names]
+    return sorted(folder.glob("*.safetensors"))
+
+
+def checkpoint_refs(folder: Path) -> dict[str, TensorRef]:
+    """Every tensor of a checkpoint folder, by name (index first, else all shards)."""
+    refs: dict[str, TensorRef] = {}
+    for shard in checkpoint_shards(folder):
+        refs.update(shard_refs(shard))
+    return refs
+
+
+def header_bytes(tensors: Iterable[RawTensor | TensorRef]) -> bytes:
+    """The safetensors header (length prefix included) for tensors written in name order."""
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for t in sorted(tensors, key=lambda t: t.name):
+        header[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    raw = json.dumps(header, separators=(",", ":"), sort_keys=False).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def write_shard(path: Path, tensors: Iterable[RawTensor | TensorRef]) -> None:
+    """Write one shard (atomic: temp name, fsync, rename), streaming each tensor's bytes."""
+    path = Path(path)
+    items = sorted(tensors, key=lambda t: t.name)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(header_bytes(items))
+            for t in items:
+                f.write(t.read())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def plan_shards(tensors: Mapping[str, RawTensor | TensorRef], max_shard_bytes: int,
+                separate: Mapping[str, str] | None = None) -> dict[str, list[str]]:
+    """Pure: file name -> tensor names. Names in `separate` go to their named shard; the rest are
+    cut in name order into `model-0000i-of-0000N.safetensors` shards of at most `max_shard_bytes`."""
+    separate = dict(separate or {})
+    body = sorted(n for n in tensors if n not in separate)
+    groups: list[list[str]] = []
+    size = 0
+    for n in body:
+        nb = tensors[n].nbytes
+        if not groups or (size + nb > max_shard_bytes and groups[-1]):
+            groups.append([])
+            size = 0
+        groups[-1].append(n)
+        size += nb
+    plan: dict[str, list[str]] = {}
+    if len(groups) == 1:
+        plan["model.safetensors"] = groups[0]
+    else:
+        for i, g in enumerate(groups, 1):
+            plan[f"model-{i:05d}-of-{len(groups):05d}.safetensors"] = g
+    for n, shard in sorted(separate.items()):
+        plan.setdefault(shard, []).append(n)
+    return plan
+
+
+def write_checkpoint_tensors(folder: Path, tensors: Mapping[str, RawTensor | TensorRef], max_shard_bytes: int,
+                             separate: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Write all shards and the index into `folder`; return the weight map."""
+    folder = Path(folder)
+    plan = plan_shards(tensors, max_shard_bytes, separate)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for shard, names in plan.items():
+        write_shard(folder / shard, [tensors[n] for n in names])
+        for n in names:
+            weight_map[n] = shard
+            total += tensors[n].nbytes
+    write_index(folder, weight_map, total)
+    return weight_map
+
+
+def write_index(folder: Path, weight_map: Mapping[str, str], total_size: int) -> None:
+    from qwenquant.atomic import atomic_write_bytes, pretty_json
+
+    atomic_write_bytes(Path(folder) / INDEX, pretty_json(
+        {"metadata": {"total_size": int(total_size)}, "weight_map": dict(sorted(weight_map.items()))}))
+
+
+def element_size(dtype: str) -> int:
+    return _ELEM[dtype]
