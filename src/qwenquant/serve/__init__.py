@@ -1,0 +1,1 @@
+"""Serving an artifact with vLLM: argv (pure), memory plan (pure), discovery, preflight, supervisor."""

@@ -1,0 +1,195 @@
+"""The vLLM command line for an artifact and a serve profile (pure).
+
+`build_vllm_argv` returns the arguments after the server entrypoint (`python -m
+vllm.entrypoints.openai.api_server` or `vllm serve`), `--model` first, so both accept them.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from qwenquant.errors import ServeError
+from qwenquant.recipe import ResolvedProfile
+
+MASK = "****"
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM's default when the profile leaves it unset
+DEFAULT_CPU_KVCACHE_GIB = 1
+_SECRET_FLAGS = ("--api-key",)
+# extra flags that change a setting the memory plan uses: flag -> (profile field, parser)
+_OVERRIDES = {
+    "--max-model-len": ("max_model_len", int),
+    "--max-num-seqs": ("max_num_seqs", int),
+    "--max-num-batched-tokens": ("max_num_batched_tokens", int),
+    "--gpu-memory-utilization": ("gpu_memory_utilization", float),
+    "--kv-cache-dtype": ("kv_cache_dtype", str),
+    "--mamba-ssm-cache-dtype": ("mamba_ssm_cache_dtype", str),
+    "--mamba-cache-mode": ("mamba_cache_mode", str),
+    "--served-model-name": ("served_model_name", str),
+    "--host": ("host", str),
+    "--port": ("port", int),
+    "--speculative-config": ("speculative", json.loads),
+}
+
+
+@dataclass(frozen=True)
+class Decided:
+    """Settings after device rules: what vLLM will really run with."""
+
+    enforce_eager: bool
+    prefix_caching: Optional[bool]  # None: vLLM's default (on)
+    mamba_cache_mode: Optional[str]  # what we pass; None: not passed
+    effective_mamba_cache_mode: str  # what vLLM uses (for the memory plan)
+    num_speculative_tokens: int
+    max_num_batched_tokens: int
+    language_model_only: bool
+
+
+def manifest_recipe(manifest: Any) -> Mapping[str, Any]:
+    """The recipe dict recorded in a manifest (Manifest object or plain dict)."""
+    rec = manifest.get("recipe") if isinstance(manifest, Mapping) else getattr(manifest, "recipe", None)
+    return rec or {}
+
+
+def artifact_layout(manifest: Any) -> str:
+    return str(manifest_recipe(manifest).get("artifact", {}).get("layout", "text-only"))
+
+
+def decide(profile: ResolvedProfile, device: str, layout: str) -> Decided:
+    """Apply the device rules (CPU: eager; MTP on CPU: no prefix caching, stack-facts #3)."""
+    spec = profile.speculative.num_speculative_tokens if profile.speculative else 0
+    eager = bool(profile.enforce_eager) or device == "cpu"
+    prefix = profile.enable_prefix_caching
+    if device == "cpu" and spec:
+        prefix = False  # Triton-only kernel otherwise on the first request
+    mode = profile.mamba_cache_mode
+    if prefix is False:
+        mode = None  # vLLM resets align/all to none without prefix caching
+    return Decided(
+        enforce_eager=eager, prefix_caching=prefix, mamba_cache_mode=mode,
+        effective_mamba_cache_mode=mode or ("none" if prefix is False else "align"),
+        num_speculative_tokens=spec,
+        max_num_batched_tokens=profile.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        language_model_only=layout == "multimodal",
+    )
+
+
+def _flag_name(arg: str) -> str:
+    return arg.split("=", 1)[0]
+
+
+def _strip_flags(args: list[str], flags: set[str]) -> list[str]:
+    """Drop `--flag value`, `--flag=value` and bare `--flag` for each flag in `flags`."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        name = _flag_name(a)
+        if name in flags:
+            takes_value = "=" not in a and i + 1 < len(args) and not args[i + 1].startswith("--")
+            i += 2 if takes_value else 1
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
+def _extra_flags(extra: Sequence[str]) -> set[str]:
+    names = {_flag_name(a) for a in extra if a.startswith("--")}
+    # `--no-enable-x` and `--enable-x` override each other
+    names |= {"--" + n[5:] for n in names if n.startswith("--no-")} | {"--no-" + n[2:] for n in names}
+    return names
+
+
+def build_vllm_argv(
+    artifact_dir: Path, profile: ResolvedProfile, manifest: Any, device: str, extra: Sequence[str] = (),
+    *, api_key: Optional[str] = None,
+) -> list[str]:
+    """vLLM arguments for serving `artifact_dir` with `profile` on `device` ("cuda" | "cpu").
+
+    Flags in `extra` (after `--` on the command line) replace the same flag from the profile.
+    """
+    if device not in ("cuda", "cpu"):
+        raise ServeError(f"unknown device {device!r}", hint="use cuda or cpu")
+    d = decide(profile, device, artifact_layout(manifest))
+    a: list[str] = ["--model", str(Path(artifact_dir).resolve())]
+    a += ["--served-model-name", profile.served_model_name, "--host", profile.host, "--port", str(profile.port)]
+    a += ["--max-model-len", str(profile.max_model_len), "--max-num-seqs", str(profile.max_num_seqs)]
+    a += ["--max-num-batched-tokens", str(d.max_num_batched_tokens)]
+    if device == "cuda":
+        a += ["--gpu-memory-utilization", f"{profile.gpu_memory_utilization:g}"]
+    a += ["--kv-cache-dtype", profile.kv_cache_dtype, "--mamba-ssm-cache-dtype", profile.mamba_ssm_cache_dtype]
+    if d.mamba_cache_mode:
+        a += ["--mamba-cache-mode", d.mamba_cache_mode]
+    if profile.reasoning_parser:
+        a += ["--reasoning-parser", profile.reasoning_parser]
+    if profile.speculative:
+        cfg = {"method": profile.speculative.method, "num_speculative_tokens": d.num_speculative_tokens}
+        a += ["--speculative-config", json.dumps(cfg, separators=(",", ":"))]
+    if d.language_model_only:
+        a.append("--language-model-only")
+    if d.enforce_eager:
+        a.append("--enforce-eager")
+    if d.prefix_caching is not None:
+        a.append("--enable-prefix-caching" if d.prefix_caching else "--no-enable-prefix-caching")
+    if api_key:
+        a += ["--api-key", api_key]
+    tail = [*profile.extra_args, *extra]
+    if tail:
+        a = _strip_flags(a, _extra_flags(tail) - {"--model"}) + list(tail)
+    return a
+
+
+def build_vllm_env(device: str, base: Mapping[str, str], cpu_kvcache_gib: Optional[int] = None) -> dict[str, str]:
+    """Environment additions for the server (CPU: VLLM_CPU_KVCACHE_SPACE in GiB)."""
+    env: dict[str, str] = {}
+    if device == "cpu":
+        if cpu_kvcache_gib is not None:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kvcache_gib)
+        elif not base.get("VLLM_CPU_KVCACHE_SPACE"):
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(DEFAULT_CPU_KVCACHE_GIB)
+    return env
+
+
+def apply_extra(profile: ResolvedProfile, extra: Sequence[str]) -> ResolvedProfile:
+    """The profile with the settings that `extra` flags override (so the memory plan sees them)."""
+    update: dict[str, Any] = {}
+    i = 0
+    while i < len(extra):
+        a = extra[i]
+        name, _, val = a.partition("=")
+        if name in _OVERRIDES:
+            if not val and i + 1 < len(extra):
+                val = extra[i + 1]
+                i += 1
+            field, parse = _OVERRIDES[name]
+            try:
+                update[field] = parse(val)
+            except ValueError as e:
+                raise ServeError(f"cannot read {name} {val!r}: {e}", hint=f"give {name} a valid value") from None
+        i += 1
+    if not update:
+        return profile
+    return ResolvedProfile.model_validate({**profile.model_dump(), **update})
+
+
+def mask_argv(argv: Sequence[str]) -> list[str]:
+    """A copy with secret values (the API key) replaced by ****."""
+    out = list(argv)
+    for i, a in enumerate(out):
+        name = _flag_name(a)
+        if name in _SECRET_FLAGS:
+            if "=" in a:
+                out[i] = f"{name}={MASK}"
+            elif i + 1 < len(out):
+                out[i + 1] = MASK
+    return out
+
+
+def format_command(argv: Sequence[str], env: Mapping[str, str]) -> str:
+    """Shell-quoted, masked `ENV=.. cmd args` for --dry-run and logs."""
+    parts = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+    return " ".join(parts + [shlex.quote(a) for a in mask_argv(argv)])

@@ -1,0 +1,252 @@
+"""Memory budget for serving: weights + KV cache + GDN state + activations against the device.
+
+Pure functions on a ModelShape, a WeightBreakdown and a profile. How vLLM (0.26 .. 0.33) sizes
+the caches, and what this module assumes (see docs/serve-memory.md for the sources):
+
+- Full-attention KV per token = 2 (K and V) x kv_heads x head_dim x dtype bytes, for the target's
+  full-attention layers plus the MTP drafter's own attention layer when MTP is on.
+- GDN state per layer and slot = conv state conv_dim x (kernel - 1 + num_spec) in the model dtype
+  + SSM state v_heads x v_dim x k_dim in the ssm cache dtype (mamba_utils
+  `gated_delta_net_state_shape`: the conv state grows by one column per speculative token).
+- Slots per sequence: 1 + num_spec with mamba_cache_mode none (MambaManager pads the request by
+  num_spec blocks); align keeps the previous step's state block too, so 2 + num_spec at peak.
+- Hybrid paging: the attention block is enlarged to 16 * cdiv(mamba_page, 16 * attn_bytes_per_token)
+  tokens so one attention page >= one GDN state page; the GDN page is padded to it. Layers are
+  grouped in groups of min(#attn, #gdn) layers (max when max < 1.5 * min); the last group of a
+  type is padded. One pool block costs group_size x page bytes.
+- Activations: fp32 logits max_num_batched_tokens x vocab x 4 B dominate (seen: 7.36 GiB at
+  8192 tokens on the 27B head) + the MLP gate/up output, tokens x 2 x intermediate x 2 B.
+- CUDA runtime: 0.5 GiB (context, cuBLAS workspaces) + 0.5 GiB for CUDA graphs unless eager.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from qwenquant.serve.weights import ModelShape, WeightBreakdown
+
+GiB = 1024**3
+MiB = 1024**2
+_ALIGN = 16  # attention kernel block alignment (FlashAttention / CPU backends)
+CUDA_CONTEXT_BYTES = GiB // 2
+CUDA_GRAPH_BYTES = GiB // 2
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4,
+                "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1}
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def dtype_bytes(name: Optional[str], auto: int) -> int:
+    """Bytes per element of a cache dtype name; `auto` (or None) means `auto` bytes."""
+    if name in (None, "auto"):
+        return auto
+    if name not in _DTYPE_BYTES:
+        raise ValueError(f"unknown cache dtype {name!r}")
+    return _DTYPE_BYTES[name]
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    """The profile settings the caches depend on."""
+
+    kv_cache_dtype: str = "auto"
+    mamba_ssm_cache_dtype: str = "auto"
+    mamba_cache_mode: str = "none"  # what vLLM will use: none | align | all
+    num_speculative_tokens: int = 0  # 0: no MTP
+    model_dtype_bytes: int = 2  # bf16
+
+
+@dataclass(frozen=True)
+class CacheModel:
+    """How vLLM lays out KV cache and GDN state for one model + settings."""
+
+    n_attn_layers: int
+    kv_bytes_per_token_layer: int
+    n_linear_layers: int
+    conv_state_bytes: int
+    ssm_state_bytes: int
+    slots_per_seq: int
+    block_tokens: int
+    page_bytes: int
+    group_size: int
+    attn_groups: int
+    gdn_groups: int
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Full-attention KV bytes per token over all attention layers (target + MTP)."""
+        return self.n_attn_layers * self.kv_bytes_per_token_layer
+
+    @property
+    def gdn_state_bytes_per_slot(self) -> int:
+        return self.n_linear_layers * (self.conv_state_bytes + self.ssm_state_bytes)
+
+    @property
+    def gdn_state_bytes_per_seq(self) -> int:
+        """Unpadded GDN state one sequence holds: every linear layer x its slots."""
+        return self.gdn_state_bytes_per_slot * self.slots_per_seq
+
+    @property
+    def block_bytes(self) -> int:
+        return self.group_size * self.page_bytes
+
+    def seq_blocks(self, max_model_len: int) -> int:
+        return self.attn_groups * cdiv(max_model_len, self.block_tokens) + self.gdn_groups * self.slots_per_seq
+
+    def seq_bytes(self, max_model_len: int) -> int:
+        """Bytes of the cache pool one sequence of `max_model_len` tokens occupies (paged, padded)."""
+        return self.seq_blocks(max_model_len) * self.block_bytes
+
+    def max_len_for(self, available: int, num_seqs: int) -> int:
+        """Largest max_model_len (in whole blocks) such that `num_seqs` full sequences fit."""
+        per_seq_blocks = available // (num_seqs * self.block_bytes)
+        attn_blocks = (per_seq_blocks - self.gdn_groups * self.slots_per_seq) // self.attn_groups
+        return max(0, attn_blocks * self.block_tokens)
+
+
+def cache_model(s: ModelShape, c: CacheSettings) -> CacheModel:
+    """The cache layout vLLM builds for this model and these settings."""
+    kv_tok = 2 * s.num_kv_heads * s.head_dim * dtype_bytes(c.kv_cache_dtype, c.model_dtype_bytes)
+    n_attn = s.n_full + (s.mtp_layers if c.num_speculative_tokens else 0)
+    ssm_auto = dtype_bytes(s.mamba_ssm_dtype, c.model_dtype_bytes) if s.mamba_ssm_dtype else c.model_dtype_bytes
+    conv = s.conv_dim * (s.conv_kernel - 1 + c.num_speculative_tokens) * c.model_dtype_bytes
+    ssm = s.lin_num_v_heads * s.lin_v_dim * s.lin_k_dim * dtype_bytes(c.mamba_ssm_cache_dtype, ssm_auto)
+    slots = 1 + c.num_speculative_tokens + (1 if c.mamba_cache_mode == "align" else 0)
+    mamba_page = conv + ssm
+    block = _ALIGN * cdiv(mamba_page, _ALIGN * kv_tok)
+    counts = [n for n in (n_attn, s.n_linear) if n]
+    lo, hi = min(counts), max(counts)
+    group = hi if hi < 1.5 * lo else lo
+    return CacheModel(
+        n_attn_layers=n_attn, kv_bytes_per_token_layer=kv_tok, n_linear_layers=s.n_linear,
+        conv_state_bytes=conv, ssm_state_bytes=ssm, slots_per_seq=slots, block_tokens=block,
+        page_bytes=block * kv_tok, group_size=group, attn_groups=cdiv(n_attn, group),
+        gdn_groups=cdiv(s.n_linear, group),
+    )
+
+
+def activation_bytes(s: ModelShape, max_num_batched_tokens: int) -> int:
+    """Peak activation: fp32 logits over the vocabulary + the MLP gate/up output (bf16)."""
+    return max_num_batched_tokens * s.vocab * 4 + max_num_batched_tokens * 2 * s.intermediate * 2
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Weights, activations and caches against the device; what fits and what to lower."""
+
+    device: str
+    total_bytes: int  # GPU memory (cuda) or VLLM_CPU_KVCACHE_SPACE (cpu)
+    utilization: float
+    weights_bytes: int
+    activation_bytes: int
+    runtime_bytes: int
+    cache: CacheModel
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+    @property
+    def budget_bytes(self) -> int:
+        return int(self.total_bytes * self.utilization) if self.device == "cuda" else self.total_bytes
+
+    @property
+    def cache_available(self) -> int:
+        """Bytes left for KV cache + GDN state."""
+        if self.device == "cpu":  # weights and activations live outside VLLM_CPU_KVCACHE_SPACE
+            return self.total_bytes
+        return self.budget_bytes - self.weights_bytes - self.activation_bytes - self.runtime_bytes
+
+    @property
+    def seq_bytes(self) -> int:
+        return self.cache.seq_bytes(self.max_model_len)
+
+    @property
+    def fits(self) -> bool:
+        """vLLM's own start-up rule: one sequence of max_model_len must fit in the cache."""
+        return self.cache_available >= self.seq_bytes
+
+    @property
+    def concurrency(self) -> int:
+        """How many max_model_len sequences fit at once."""
+        return max(0, self.cache_available // self.seq_bytes)
+
+    @property
+    def fits_all_seqs(self) -> bool:
+        return self.concurrency >= self.max_num_seqs
+
+    def largest_len(self, num_seqs: int = 1) -> int:
+        return min(self.cache.max_len_for(max(0, self.cache_available), num_seqs), 1 << 30)
+
+    def shortfall_message(self) -> str:
+        """Which setting to lower and by how much (only meaningful when not `fits`)."""
+        avail = self.cache_available
+        head = (f"max-model-len {self.max_model_len} needs {gib(self.seq_bytes)} for KV cache and GDN state, "
+                f"{gib(max(avail, 0))} is left")
+        if self.device == "cuda":
+            head += (f" (budget {gib(self.budget_bytes)} = {gib(self.total_bytes)} x {self.utilization:g}, minus "
+                     f"weights {gib(self.weights_bytes)}, activations {gib(self.activation_bytes)}, "
+                     f"runtime {gib(self.runtime_bytes)})")
+        else:
+            head += " (VLLM_CPU_KVCACHE_SPACE)"
+        fixes = []
+        best = nice_len(self.largest_len(1))
+        if best >= self.cache.block_tokens:
+            fixes.append(f"lower --max-model-len to {best}")
+        if self.device == "cuda":
+            need = self.seq_bytes - avail
+            per_tok = self.activation_bytes // max(self.max_num_batched_tokens, 1)
+            tokens = self.max_num_batched_tokens - cdiv(need, per_tok) if per_tok else 0
+            if tokens >= 256:
+                tokens = tokens // 256 * 256
+                fixes.append(f"lower --max-num-batched-tokens to {tokens} (frees "
+                             f"{gib((self.max_num_batched_tokens - tokens) * per_tok)})")
+            room = (self.weights_bytes + self.activation_bytes + self.runtime_bytes + self.seq_bytes)
+            util = room / self.total_bytes
+            if util <= 0.98:
+                fixes.append(f"raise --gpu-memory-utilization to {cdiv(int(util * 100), 1) / 100:.2f}")
+        else:
+            fixes.append(f"set VLLM_CPU_KVCACHE_SPACE to {cdiv(self.seq_bytes, GiB)} (GiB)")
+        if not fixes:
+            fixes.append("use a device with more memory")
+        return head + ": " + ", or ".join(fixes)
+
+    def concurrency_message(self) -> str:
+        """When max_num_seqs full-length sequences do not all fit (vLLM starts, then preempts)."""
+        n = self.concurrency
+        keep = nice_len(self.largest_len(self.max_num_seqs))
+        msg = (f"max-num-seqs {self.max_num_seqs} at max-model-len {self.max_model_len} needs "
+               f"{gib(self.seq_bytes * self.max_num_seqs)}, {gib(max(self.cache_available, 0))} is left: at most "
+               f"{n} full-length sequences run at once (lower --max-num-seqs to {n}")
+        if keep >= self.cache.block_tokens:
+            msg += f", or --max-model-len to {keep} to keep {self.max_num_seqs}"
+        return msg + ")"
+
+
+def nice_len(n: int) -> int:
+    """Round a token count down to a multiple of 1024 (256 below 4096) for suggestions."""
+    step = 1024 if n >= 4096 else 256
+    return n // step * step
+
+
+def gib(n: int) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+def make_budget(
+    s: ModelShape, weights: WeightBreakdown, cache: CacheSettings, *, device: str, total_bytes: int,
+    utilization: float, max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int,
+    enforce_eager: bool = False, include_vision: bool = False,
+) -> Budget:
+    """Assemble a Budget; `total_bytes` is GPU memory (cuda) or the CPU KV cache space (cpu)."""
+    runtime = 0
+    if device == "cuda":
+        runtime = CUDA_CONTEXT_BYTES + (0 if enforce_eager else CUDA_GRAPH_BYTES)
+    return Budget(
+        device=device, total_bytes=total_bytes, utilization=utilization,
+        weights_bytes=weights.loaded(include_vision), activation_bytes=activation_bytes(s, max_num_batched_tokens),
+        runtime_bytes=runtime, cache=cache_model(s, cache), max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+    )

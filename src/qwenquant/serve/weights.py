@@ -1,0 +1,272 @@
+"""Model shape and weight bytes by component, from a config dict or from an artifact's tensors.
+
+Pure functions except `artifact_tensor_bytes` (reads safetensors headers only). Components:
+embeddings (bf16), int4 body (packed weights + bf16 scales), lm_head (int4 + scales, or bf16),
+MTP draft head (bf16), other bf16 (norms, GDN gates/conv/A_log/dt_bias, ignored Linears) and
+vision (not loaded when serving text: text-only layout or `--language-model-only`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+COMPONENTS = ("embeddings", "int4_body", "lm_head", "mtp", "other_bf16", "vision")
+_QUANT_SUFFIXES = (".weight_packed", ".weight_scale", ".weight_shape", ".weight_zero_point", ".weight_g_idx")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The dimensions of a Qwen3.5-architecture text model that memory depends on."""
+
+    hidden: int
+    intermediate: int
+    vocab: int
+    layer_types: tuple[str, ...]
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    attn_output_gate: bool
+    lin_num_k_heads: int
+    lin_num_v_heads: int
+    lin_k_dim: int
+    lin_v_dim: int
+    conv_kernel: int
+    mtp_layers: int
+    tie_word_embeddings: bool
+    mamba_ssm_dtype: str | None
+    architectures: tuple[str, ...] = ()
+
+    @property
+    def n_full(self) -> int:
+        return sum(t == "full_attention" for t in self.layer_types)
+
+    @property
+    def n_linear(self) -> int:
+        return sum(t == "linear_attention" for t in self.layer_types)
+
+    @property
+    def key_dim(self) -> int:
+        return self.lin_num_k_heads * self.lin_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.lin_num_v_heads * self.lin_v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+    @property
+    def multimodal(self) -> bool:
+        return any("ConditionalGeneration" in a for a in self.architectures)
+
+
+def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The text part of a (possibly multimodal) config."""
+    return config.get("text_config") or config
+
+
+def model_shape(config: Mapping[str, Any]) -> ModelShape:
+    """Read the shape from a Qwen3.5 config.json dict (multimodal or text-only layout)."""
+    tc = text_config(config)
+    n = int(tc["num_hidden_layers"])
+    types = tc.get("layer_types")
+    if not types:
+        interval = int(tc.get("full_attention_interval", 4))
+        types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)]
+    nh = int(tc["num_attention_heads"])
+    return ModelShape(
+        hidden=int(tc["hidden_size"]),
+        intermediate=int(tc["intermediate_size"]),
+        vocab=int(tc["vocab_size"]),
+        layer_types=tuple(types),
+        num_heads=nh,
+        num_kv_heads=int(tc.get("num_key_value_heads", nh)),
+        head_dim=int(tc.get("head_dim") or tc["hidden_size"] // nh),
+        attn_output_gate=bool(tc.get("attn_output_gate", True)),
+        lin_num_k_heads=int(tc["linear_num_key_heads"]),
+        lin_num_v_heads=int(tc["linear_num_value_heads"]),
+        lin_k_dim=int(tc["linear_key_head_dim"]),
+        lin_v_dim=int(tc["linear_value_head_dim"]),
+        conv_kernel=int(tc["linear_conv_kernel_dim"]),
+        mtp_layers=int(tc.get("mtp_num_hidden_layers", 0) or 0),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", tc.get("tie_word_embeddings", False))),
+        mamba_ssm_dtype=tc.get("mamba_ssm_dtype"),
+        architectures=tuple(config.get("architectures") or ()),
+    )
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    linear: bool  # the weight of an nn.Linear (a quantization candidate)
+
+
+def _attn(prefix: str, s: ModelShape) -> list[TensorSpec]:
+    q_rows = s.num_heads * s.head_dim * (2 if s.attn_output_gate else 1)
+    kv_rows = s.num_kv_heads * s.head_dim
+    return [
+        TensorSpec(f"{prefix}self_attn.q_proj.weight", (q_rows, s.hidden), True),
+        TensorSpec(f"{prefix}self_attn.k_proj.weight", (kv_rows, s.hidden), True),
+        TensorSpec(f"{prefix}self_attn.v_proj.weight", (kv_rows, s.hidden), True),
+        TensorSpec(f"{prefix}self_attn.o_proj.weight", (s.hidden, s.num_heads * s.head_dim), True),
+        TensorSpec(f"{prefix}self_attn.q_norm.weight", (s.head_dim,), False),
+        TensorSpec(f"{prefix}self_attn.k_norm.weight", (s.head_dim,), False),
+    ]
+
+
+def _gdn(prefix: str, s: ModelShape) -> list[TensorSpec]:
+    p = f"{prefix}linear_attn."
+    return [
+        TensorSpec(p + "in_proj_qkv.weight", (s.conv_dim, s.hidden), True),
+        TensorSpec(p + "in_proj_z.weight", (s.value_dim, s.hidden), True),
+        TensorSpec(p + "in_proj_b.weight", (s.lin_num_v_heads, s.hidden), True),
+        TensorSpec(p + "in_proj_a.weight", (s.lin_num_v_heads, s.hidden), True),
+        TensorSpec(p + "conv1d.weight", (s.conv_dim, 1, s.conv_kernel), False),
+        TensorSpec(p + "dt_bias", (s.lin_num_v_heads,), False),
+        TensorSpec(p + "A_log", (s.lin_num_v_heads,), False),
+        TensorSpec(p + "norm.weight", (s.lin_v_dim,), False),
+        TensorSpec(p + "out_proj.weight", (s.hidden, s.value_dim), True),
+    ]
+
+
+def _mlp_norms(prefix: str, s: ModelShape) -> list[TensorSpec]:
+    return [
+        TensorSpec(f"{prefix}mlp.gate_proj.weight", (s.intermediate, s.hidden), True),
+        TensorSpec(f"{prefix}mlp.up_proj.weight", (s.intermediate, s.hidden), True),
+        TensorSpec(f"{prefix}mlp.down_proj.weight", (s.hidden, s.intermediate), True),
+        TensorSpec(f"{prefix}input_layernorm.weight", (s.hidden,), False),
+        TensorSpec(f"{prefix}post_attention_layernorm.weight", (s.hidden,), False),
+    ]
+
+
+def config_tensors(s: ModelShape) -> list[TensorSpec]:
+    """Every text + MTP tensor of the source checkpoint, with its HF name (vision not included)."""
+    lm = "model.language_model."
+    out = [TensorSpec(lm + "embed_tokens.weight", (s.vocab, s.hidden), False)]
+    for i, t in enumerate(s.layer_types):
+        pre = f"{lm}layers.{i}."
+        out += (_attn(pre, s) if t == "full_attention" else _gdn(pre, s)) + _mlp_norms(pre, s)
+    out.append(TensorSpec(lm + "norm.weight", (s.hidden,), False))
+    if not s.tie_word_embeddings:
+        out.append(TensorSpec("lm_head.weight", (s.vocab, s.hidden), True))
+    if s.mtp_layers:
+        out += [
+            TensorSpec("mtp.fc.weight", (s.hidden, 2 * s.hidden), True),
+            TensorSpec("mtp.pre_fc_norm_embedding.weight", (s.hidden,), False),
+            TensorSpec("mtp.pre_fc_norm_hidden.weight", (s.hidden,), False),
+            TensorSpec("mtp.norm.weight", (s.hidden,), False),
+        ]
+        for i in range(s.mtp_layers):
+            out += _attn(f"mtp.layers.{i}.", s) + _mlp_norms(f"mtp.layers.{i}.", s)
+    return out
+
+
+@dataclass(frozen=True)
+class QuantSettings:
+    """What the recipe quantizes: int-N group-wise symmetric weights with bf16 scales."""
+
+    num_bits: int = 4
+    group_size: int = 128
+    ignore: tuple[str, ...] = ()
+    lm_head_bits: int | None = 4  # None: lm_head stays bf16
+    lm_head_group_size: int = 128
+
+    @classmethod
+    def from_recipe(cls, recipe: Mapping[str, Any]) -> "QuantSettings":
+        """From a recipe's canonical dict (the manifest's "recipe")."""
+        q, h = recipe.get("quantization", {}), recipe.get("lm_head", {})
+        return cls(
+            num_bits=int(q.get("num_bits", 4)),
+            group_size=int(q.get("group_size", 128)),
+            ignore=tuple(q.get("ignore", ())),
+            lm_head_bits=int(h.get("num_bits", 4)) if h.get("enabled", False) else None,
+            lm_head_group_size=int(h.get("group_size", 128)),
+        )
+
+
+def matches(entry: str, module: str) -> bool:
+    """compressed-tensors target matching: `re:` is re.match, anything else equality."""
+    if entry.startswith("re:"):
+        return re.match(entry[3:], module) is not None
+    return entry == module
+
+
+def quantized_linear_bytes(rows: int, cols: int, bits: int, group: int) -> int:
+    """Packed int-N weight (rows*cols*bits/8) + bf16 scales (rows * cols/group * 2)."""
+    return rows * cols * bits // 8 + rows * (cols // group) * 2
+
+
+def component_of(name: str) -> str:
+    """Which memory component a tensor name belongs to (either layout's names)."""
+    if ".visual." in name or name.startswith(("visual.", "model.visual")):
+        return "vision"
+    if name.startswith("mtp.") or ".mtp." in name:
+        return "mtp"
+    if name.startswith("lm_head.") or ".lm_head." in name:
+        return "lm_head"
+    if "embed_tokens" in name:
+        return "embeddings"
+    if name.endswith(_QUANT_SUFFIXES):
+        return "int4_body"
+    return "other_bf16"
+
+
+@dataclass(frozen=True)
+class WeightBreakdown:
+    """Bytes per component; `loaded` is what vLLM puts on the device."""
+
+    bytes: dict[str, int]
+    lm_head_quantized: bool
+    source: str  # "config" or "artifact"
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def loaded(self, include_vision: bool = False) -> int:
+        return sum(v for k, v in self.bytes.items() if include_vision or k != "vision")
+
+
+def weights_from_config(s: ModelShape, q: QuantSettings, dtype_bytes: int = 2) -> WeightBreakdown:
+    """Weight bytes the recipe would produce from a config (vision not counted: text-only)."""
+    out = dict.fromkeys(COMPONENTS, 0)
+    for t in config_tensors(s):
+        comp = component_of(t.name)
+        numel = 1
+        for d in t.shape:
+            numel *= d
+        module = t.name[: -len(".weight")] if t.name.endswith(".weight") else t.name
+        if comp == "lm_head" and q.lm_head_bits:
+            out[comp] += quantized_linear_bytes(*t.shape, q.lm_head_bits, q.lm_head_group_size)
+        elif t.linear and comp not in ("lm_head", "mtp") and not any(matches(e, module) for e in q.ignore):
+            out["int4_body"] += quantized_linear_bytes(*t.shape, q.num_bits, q.group_size)
+        else:
+            out[comp] += numel * dtype_bytes
+    notes = ("vision tower not counted (text-only layout / --language-model-only)",
+             "per-Linear weight_shape tensors (16 B each) not counted")
+    return WeightBreakdown(out, q.lm_head_bits is not None, "config", notes)
+
+
+def weights_from_tensors(tensor_bytes: Mapping[str, int]) -> WeightBreakdown:
+    """Weight bytes by component from {tensor name: bytes} (an artifact's safetensors headers)."""
+    out = dict.fromkeys(COMPONENTS, 0)
+    for name, n in tensor_bytes.items():
+        out[component_of(name)] += n
+    lm_q = any(component_of(n) == "lm_head" and n.endswith(".weight_packed") for n in tensor_bytes)
+    return WeightBreakdown(out, lm_q, "artifact")
+
+
+def artifact_tensor_bytes(artifact_dir: Path, files: Iterable[str] | None = None) -> dict[str, int]:
+    """{tensor name: bytes} from the headers of the artifact's safetensors files (headers only)."""
+    from qwenquant.safetensors_check import read_header
+
+    root = Path(artifact_dir)
+    names = sorted(files) if files is not None else sorted(p.name for p in root.glob("*.safetensors"))
+    out: dict[str, int] = {}
+    for rel in names:
+        if rel.endswith(".safetensors"):
+            for t in read_header(root / rel).tensors.values():
+                out[t.name] = t.end - t.start
+    return out
