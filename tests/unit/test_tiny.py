@@ -98,6 +98,13 @@ def test_unknown_variant_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "x").exists()
 
 
+def test_importing_the_package_stays_light() -> None:
+    code = "import sys, qwenquant.tiny; print(sorted(m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"
+
+
 # --- layout ------------------------------------------------------------------------------------
 
 
@@ -215,6 +222,23 @@ def test_loads_in_transformers_without_missing_keys_and_generates(random_model, 
     )
     out = model.generate(**inputs, max_new_tokens=5, do_sample=False)
     assert out.shape == (1, inputs["input_ids"].shape[1] + 5)
+
+
+def test_vision_tower_runs_and_reaches_the_text_model(random_model) -> None:
+    from qwenquant.tiny.tokenizer import token_ids
+
+    model, _ = random_model
+    ids = token_ids()
+    grid = torch.tensor([[1, 4, 6]])  # 24 patches of 3x2x16x16, merged 2x2 into 6 image tokens
+    pixels = torch.randn(24, 3 * 2 * 16 * 16, generator=torch.Generator().manual_seed(0))
+    prompt = [ids["<|im_start|>"], 100, ids["<|vision_start|>"], *[ids["<|image_pad|>"]] * 6, ids["<|vision_end|>"], 200]
+    input_ids = torch.tensor([prompt])
+    mm = (input_ids == ids["<|image_pad|>"]).int()
+    with torch.no_grad():
+        seen = model(input_ids=input_ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=mm).logits
+        blank = model(input_ids=input_ids, pixel_values=pixels * 0, image_grid_thw=grid, mm_token_type_ids=mm).logits
+    assert torch.isfinite(seen).all()
+    assert (seen - blank).abs().max() > 1e-3
 
 
 def test_tokenizer_loads_and_chat_template_is_chatml(tiny_checkpoint: Path) -> None:

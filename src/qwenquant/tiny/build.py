@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from qwenquant.atomic import atomic_write_bytes, pretty_json, staging_dir
 from qwenquant.errors import QwenquantError
-from qwenquant.tiny import config, tokenizer, weights
+from qwenquant.tiny import config, tokenizer
+
+if TYPE_CHECKING:  # torch is imported only when a checkpoint is built (keeps `--help` light)
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +24,10 @@ INDEX = "model.safetensors.index.json"
 
 def build_tensors(variant: str, seed: int) -> dict[str, torch.Tensor]:
     """Every tensor of the checkpoint, bf16, for `variant` and `seed` (pure, deterministic)."""
+    import torch
+
+    from qwenquant.tiny import weights
+
     if variant not in VARIANTS:
         raise QwenquantError(
             f"unknown tiny model variant {variant!r}", hint=f"use one of: {', '.join(VARIANTS)}"
