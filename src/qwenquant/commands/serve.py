@@ -1,0 +1,73 @@
+"""`qwenquant serve` and `qwenquant plan` (light imports; the work is in qwenquant.serve)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from qwenquant.commands._app import app
+
+
+@app.command(context_settings={"allow_interspersed_args": True})
+def serve(
+    artifact: Path = typer.Argument(..., help="Artifact folder made by `qwenquant quantize`."),
+    extra: Optional[list[str]] = typer.Argument(None, help="Extra vLLM flags, after `--`.", show_default=False),
+    profile: list[str] = typer.Option([], "--profile", "-p", help="Serve profile from the recipe: single-user or batch (one)."),
+    port: Optional[int] = typer.Option(None, help="Port (default: the profile's)."),
+    host: Optional[str] = typer.Option(None, help="Host to bind (default: the profile's)."),
+    api_key: Optional[str] = typer.Option(None, envvar="QWENQUANT_API_KEY", help="API key clients must send."),
+    served_model_name: Optional[str] = typer.Option(None, help="Model name clients use."),
+    vllm: Optional[str] = typer.Option(None, help="vLLM to run: a python, a vllm executable or qwenquant-vllm.json."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and environment; start nothing."),
+    timeout: float = typer.Option(900.0, help="Seconds the server may take to become ready."),
+    device: Optional[str] = typer.Option(None, help="cuda or cpu (default: what the vLLM build targets)."),
+    log_file: Optional[Path] = typer.Option(None, help="Server log (default: a temp file, never in the artifact)."),
+) -> int:
+    """Serve an artifact with vLLM after preflight checks; print "ready URL" once it answers.
+
+    Examples:
+
+      qwenquant serve artifacts/q27b --profile single-user
+
+      qwenquant serve artifacts/q27b --profile batch --port 8001 -- --max-num-seqs 8
+
+      qwenquant serve artifacts/q27b --profile single-user --dry-run
+    """
+    from qwenquant.serve.run import run_serve
+
+    return run_serve(artifact, profile, extra or [], port=port, host=host, api_key=api_key,
+                     served_model_name=served_model_name, vllm=vllm, dry_run=dry_run, timeout=timeout,
+                     device=device, log_file=log_file)
+
+
+@app.command()
+def plan(
+    target: Path = typer.Argument(..., help="Artifact folder, or a config.json (or a folder holding one)."),
+    gpu_mem: str = typer.Option("24GiB", "--gpu-mem", help="GPU memory to plan for, e.g. 24GiB."),
+    recipe: Optional[str] = typer.Option(None, help="Recipe for a bare config (default w4a16-int4head)."),
+    profile: list[str] = typer.Option([], "--profile", "-p", help="Only these profiles (default: all)."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Memory budget per component and per serve profile: what fits on the GPU, what to lower.
+
+    Examples:
+
+      qwenquant plan artifacts/q27b --gpu-mem 24GiB
+
+      qwenquant plan models/Qwen3.8-27B/config.json --recipe w4a16-int4head
+    """
+    from qwenquant.serve.planner import make_plan, parse_size
+    from qwenquant.serve.report import budget_dict, budget_lines, weights_lines
+
+    res = make_plan(target, parse_size(gpu_mem), recipe_name=recipe, profiles=profile or None)
+    if as_json:
+        typer.echo(json.dumps({"source": res.source, "weights": res.weights.bytes,
+                               "profiles": {k: budget_dict(b) for k, b in res.budgets.items()}}, indent=2))
+        return
+    lines = [f"plan for {res.source}, GPU memory {gpu_mem}"] + weights_lines(res.weights, res.include_vision)
+    for name, b in res.budgets.items():
+        lines += [""] + budget_lines(name, b, res.shape)
+    typer.echo("\n".join(lines))

