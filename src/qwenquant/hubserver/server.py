@@ -82,7 +82,7 @@ class HubServer:
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> "HubServer":
         handler = type("Handler", (_Handler,), {"hub": self})
-        self._httpd = ThreadingHTTPServer((self.host, self._port), handler)
+        self._httpd = _QuietServer((self.host, self._port), handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="hubserver", daemon=True)
         self._thread.start()
@@ -203,6 +203,16 @@ class HubServer:
                         if f.sha256 == sha256 and f.lfs:
                             return f
         return None
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):  # resets are part of the game
+            super().handle_error(request, client_address)
 
 
 def _resolves_to(name: str, host: str) -> bool:

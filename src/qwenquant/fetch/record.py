@@ -1,0 +1,104 @@
+"""The fetch record (`qwenquant-fetch.json`): what was fetched, from where, with every digest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from qwenquant.errors import VerificationError
+from qwenquant.fetch.plan import RECORD_NAME, STAGING_NAME
+from qwenquant.hashing import sha256_files
+
+SCHEMA_VERSION = 1
+
+
+def root_digest(files: list[dict[str, Any]]) -> str:
+    """sha256 over the sorted `sha256  path` lines: one digest naming the whole snapshot."""
+    lines = "".join(f"{f['sha256']}  {f['path']}\n" for f in sorted(files, key=lambda f: f["path"]))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def load_fetch_record(out_dir: Path) -> dict[str, Any]:
+    """Read `out_dir/qwenquant-fetch.json`; raise VerificationError if it is absent or unreadable."""
+    path = Path(out_dir) / RECORD_NAME
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise VerificationError(
+            f"{path} not found: {out_dir} is not a completed fetch",
+            hint=f"run `qwenquant fetch <repo> --out {out_dir}` first",
+        ) from None
+    except (OSError, ValueError) as e:
+        raise VerificationError(f"{path} is unreadable ({e})", hint="re-run `qwenquant fetch`") from None
+    if not isinstance(record, dict) or record.get("schema_version") != SCHEMA_VERSION or "files" not in record:
+        raise VerificationError(f"{path} is not a schema {SCHEMA_VERSION} fetch record", hint="re-run `qwenquant fetch`")
+    return record
+
+
+@dataclass
+class RecordCheck:
+    """What `--offline` found: files missing, changed (size or sha256), or not in the record."""
+
+    record: dict[str, Any]
+    missing: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.changed or self.extra)
+
+    def summary(self) -> str:
+        parts = [f"{kind} {', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''}"
+                 for kind, names in (("changed", self.changed), ("missing", self.missing), ("extra", self.extra))
+                 if names]  # fmt: skip
+        return "; ".join(parts)
+
+
+def _files_on_disk(out_dir: Path) -> set[str]:
+    found = set()
+    for root, dirs, names in os.walk(out_dir):
+        dirs[:] = [d for d in dirs if not (Path(root) == out_dir and d == STAGING_NAME)]
+        for name in names:
+            rel = (Path(root) / name).relative_to(out_dir).as_posix()
+            if rel != RECORD_NAME:
+                found.add(rel)
+    return found
+
+
+def check_fetch_record(out_dir: Path, progress: Callable[[int], None] | None = None) -> RecordCheck:
+    """Re-hash every recorded file (in parallel) and compare with the record; list extra files."""
+    out_dir = Path(out_dir)
+    record = load_fetch_record(out_dir)
+    check = RecordCheck(record)
+    present: dict[Path, dict[str, Any]] = {}
+    for f in record["files"]:
+        p = out_dir / f["path"]
+        if p.is_symlink() or not p.is_file():
+            check.missing.append(f["path"])
+        elif p.stat().st_size != f["size"]:
+            check.changed.append(f["path"])
+        else:
+            present[p] = f
+    for p, digest in sha256_files(present, progress=progress).items():
+        if digest != present[p]["sha256"]:
+            check.changed.append(present[p]["path"])
+    recorded = {f["path"] for f in record["files"]}
+    check.extra = sorted(_files_on_disk(out_dir) - recorded)
+    check.changed.sort()
+    return check
+
+
+def verify_fetch_record(out_dir: Path, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Re-verify a fetched folder against its record; return the record or raise VerificationError."""
+    check = check_fetch_record(out_dir, progress)
+    if not check.ok:
+        raise VerificationError(
+            f"{out_dir} does not match its fetch record: {check.summary()}",
+            hint=f"re-run `qwenquant fetch {check.record.get('repo_id', '<repo>')} --out {out_dir}` to repair it",
+        )
+    return check.record

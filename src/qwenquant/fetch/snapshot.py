@@ -1,0 +1,307 @@
+"""`fetch_snapshot`: pin a revision to one commit, download every file, verify, write the record last."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from qwenquant import __version__
+from qwenquant.atomic import atomic_write_json, fsync_dir
+from qwenquant.errors import FetchError
+from qwenquant.fetch.plan import RECORD_NAME, STAGING_NAME, RemoteFile, check_listing, config_problems
+from qwenquant.fetch.record import SCHEMA_VERSION, root_digest
+from qwenquant.fetch.transfer import Cancelled, FileDigest, Session, download_file
+from qwenquant.hashing import CHUNK
+from qwenquant.safetensors_check import INDEX_NAME, SafetensorsError, check_index, load_index_json, read_header
+
+log = logging.getLogger(__name__)
+
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+PENDING_NAME = "pending.json"
+
+
+@dataclass
+class FetchResult:
+    repo_id: str
+    commit: str
+    out_dir: Path
+    record: dict[str, Any]
+    downloaded_files: list[str] = field(default_factory=list)
+    reused_files: list[str] = field(default_factory=list)
+    downloaded_bytes: int = 0
+
+
+@dataclass
+class Progress:
+    """Callbacks the CLI hooks a progress bar to (all optional)."""
+
+    start: Callable[[int, int], None] | None = None  # (total bytes, total files)
+    advance: Callable[[int], None] | None = None  # bytes (negative when a file restarts)
+    file_done: Callable[[str], None] | None = None
+
+
+def fetch_snapshot(
+    repo_id: str,
+    out_dir: Path,
+    *,
+    revision: str = "main",
+    repo_type: str = "model",
+    endpoint: str | None = None,
+    token: str | bool | None = None,
+    re_resolve: bool = False,
+    workers: int = 8,
+    attempts: int = 5,
+    backoff: float | None = None,
+    check_model: bool | None = None,
+    progress: Progress | None = None,
+) -> FetchResult:
+    """Fetch `repo_id` at one pinned commit into `out_dir`, verifying every file; return the record."""
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.utils import build_hf_headers, get_session
+
+    out_dir = Path(out_dir)
+    endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+    check_model = (repo_type == "model") if check_model is None else check_model
+    backoff = float(os.environ.get("QWENQUANT_FETCH_BACKOFF", "0.5")) if backoff is None else backoff
+    progress = progress or Progress()
+    staging = out_dir / STAGING_NAME
+    staging.mkdir(parents=True, exist_ok=True)
+    api = HfApi(endpoint=endpoint, token=token)
+
+    commit = _pick_commit(api, out_dir, repo_id, repo_type, revision, endpoint, re_resolve)
+    log.info("%s %s -> commit %s", repo_id, revision, commit)
+    files = _list(api, repo_id, repo_type, commit)
+    check_listing(files)
+    _drop_stale(out_dir, commit, {f.path for f in files})
+    # Re-runs after an interruption reuse this commit (unless --re-resolve) and know what it put here.
+    pending = {"repo_id": repo_id, "repo_type": repo_type, "revision": revision, "commit": commit,
+               "endpoint": endpoint, "files": sorted(f.path for f in files)}  # fmt: skip
+    atomic_write_json(staging / PENDING_NAME, pending)
+    if check_model and "config.json" not in {f.path for f in files}:
+        raise FetchError(f"{repo_id}@{commit} has no config.json", hint="is this a model repo? (--repo-type dataset)")
+
+    digests, todo = _reuse_verified(out_dir, files, workers)
+    need = sum(f.size for f in todo)
+    free = shutil.disk_usage(out_dir).free
+    if need > free:
+        raise FetchError(
+            f"{out_dir}: {need / 2**30:.2f} GiB still to download but only {free / 2**30:.2f} GiB free",
+            hint="free some space or choose another --out",
+        )
+    log.info("%d files verified already, %d to download (%.1f MiB)", len(digests), len(todo), need / 2**20)
+    if progress.start:
+        progress.start(need, len(todo))
+
+    session = Session(get_session(), build_hf_headers(token=token), endpoint, repo_id, repo_type, commit,
+                      attempts=attempts, backoff=backoff, cancel=threading.Event(), on_bytes=progress.advance)  # fmt: skip
+    # Configs first, so a refused model stops before the big shards start.
+    first = [f for f in todo if f.path.endswith(".json") and not f.lfs]
+    rest = sorted((f for f in todo if f not in first), key=lambda f: -f.size)
+    for batch in (first, rest):
+        for d in _download_all(session, batch, out_dir, staging, workers, check_model, progress):
+            digests[d.path] = d
+
+    for f in files:  # configs that were already in place are checked too
+        if f.path.endswith(".json") and not f.lfs:
+            _validate(out_dir / f.path, f.path, check_model)
+    if check_model:
+        _check_shards(out_dir, files)
+
+    record = _write_record(out_dir, repo_id, repo_type, revision, commit, endpoint, files, digests)
+    shutil.rmtree(staging, ignore_errors=True)
+    downloaded = [f.path for f in todo]
+    return FetchResult(repo_id, commit, out_dir, record, downloaded,
+                       sorted(set(digests) - set(downloaded)), sum(d.downloaded for d in digests.values()))  # fmt: skip
+
+
+def _drop_stale(out_dir: Path, commit: str, paths: set[str]) -> None:
+    """Files an earlier fetch (record or pending run) of another commit put here and this one lacks."""
+    ours: set[str] = set()
+    for p in (out_dir / RECORD_NAME, out_dir / STAGING_NAME / PENDING_NAME):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            prev = json.loads(p.read_text())
+            if prev["commit"] != commit:
+                ours |= {f["path"] if isinstance(f, dict) else f for f in prev["files"]}
+                if p.name == RECORD_NAME:
+                    p.unlink()  # the folder no longer holds that snapshot
+    for rel in sorted(ours - paths):
+        p = out_dir / rel
+        if p.is_file() and not p.is_symlink():
+            log.info("removing %s (not in commit %s)", rel, commit)
+            p.unlink()
+
+
+def _pick_commit(api, out_dir: Path, repo_id: str, repo_type: str, revision: str, endpoint: str, re_resolve: bool) -> str:
+    """A 40-hex revision is the commit; else reuse a recorded/pending commit; else resolve it once."""
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+
+    if COMMIT_RE.match(revision):
+        return revision
+    if not re_resolve:
+        for path in (out_dir / STAGING_NAME / PENDING_NAME, out_dir / RECORD_NAME):
+            with contextlib.suppress(OSError, ValueError):
+                prev = json.loads(path.read_text())
+                if (prev.get("repo_id"), prev.get("repo_type"), prev.get("revision")) == (repo_id, repo_type, revision):
+                    if COMMIT_RE.match(str(prev.get("commit"))):
+                        log.info("reusing commit %s recorded in %s (pass --re-resolve to look again)", prev["commit"], path)
+                        return prev["commit"]
+    try:
+        info = api.repo_info(repo_id, revision=revision, repo_type=repo_type)
+    except RepositoryNotFoundError:
+        raise FetchError(f"{repo_type} repo {repo_id} not found at {endpoint}",
+                         hint="check the repo id, HF_ENDPOINT, and HF_TOKEN for private repos") from None  # fmt: skip
+    except RevisionNotFoundError:
+        raise FetchError(f"revision {revision!r} not found in {repo_id}", hint="pass a branch, tag or 40-hex commit") from None
+    except (HfHubHTTPError, OSError) as e:
+        raise FetchError(f"could not resolve {repo_id}@{revision}: {e}".splitlines()[0], hint="retry later") from None
+    if not (info.sha and COMMIT_RE.match(info.sha)):
+        raise FetchError(f"server gave no commit for {repo_id}@{revision}", hint="check HF_ENDPOINT")
+    return info.sha
+
+
+def _list(api, repo_id: str, repo_type: str, commit: str) -> list[RemoteFile]:
+    from huggingface_hub.errors import HfHubHTTPError, RevisionNotFoundError
+    from huggingface_hub.hf_api import RepoFile
+
+    try:
+        entries = list(api.list_repo_tree(repo_id, revision=commit, recursive=True, repo_type=repo_type))
+    except RevisionNotFoundError:
+        raise FetchError(f"commit {commit} of {repo_id} is no longer on the server",
+                         hint="pass --re-resolve to pin the branch's current commit") from None  # fmt: skip
+    except (HfHubHTTPError, OSError) as e:
+        raise FetchError(f"could not list {repo_id}@{commit}: {e}".splitlines()[0], hint="retry later") from None
+    files = [RemoteFile(e.path, e.size, e.blob_id, e.lfs.sha256 if e.lfs else None)
+             for e in entries if isinstance(e, RepoFile)]  # fmt: skip
+    if not files:
+        raise FetchError(f"{repo_id}@{commit} lists no files", hint="check the repo id and revision")
+    return files
+
+
+def _local_digest(path: Path, f: RemoteFile) -> FileDigest:
+    import hashlib
+
+    h256, h1 = hashlib.sha256(), hashlib.sha1(f"blob {f.size}\0".encode())
+    with open(path, "rb") as fh:
+        while chunk := fh.read(CHUNK):
+            h256.update(chunk)
+            if not f.lfs:
+                h1.update(chunk)
+    return FileDigest(f.path, f.size, h256.hexdigest(), f.blob_id if f.lfs else h1.hexdigest(), f.lfs)
+
+
+def _reuse_verified(out_dir: Path, files: list[RemoteFile], workers: int) -> tuple[dict[str, FileDigest], list[RemoteFile]]:
+    """Files already at their final path with the listed digest are kept; the rest are to download."""
+    candidates = []
+    for f in files:
+        p = out_dir / f.path
+        if p.is_symlink():
+            raise FetchError(f"{p} is a symlink; refusing to write through it", hint="remove it and re-run")
+        if p.is_file() and p.stat().st_size == f.size:
+            candidates.append(f)
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, 4))) as pool:
+        local = dict(zip([f.path for f in candidates], pool.map(lambda f: _local_digest(out_dir / f.path, f), candidates)))
+    kept: dict[str, FileDigest] = {}
+    for f in candidates:
+        d = local[f.path]
+        if (d.sha256 == f.sha256) if f.lfs else (d.git_blob_id == f.blob_id):
+            kept[f.path] = d
+        else:
+            log.warning("%s differs from the listing; downloading it again", f.path)
+    return kept, [f for f in files if f.path not in kept]
+
+
+def _download_all(session: Session, batch: list[RemoteFile], out_dir: Path, staging: Path, workers: int,
+                  check_model: bool, progress: Progress) -> list[FileDigest]:  # fmt: skip
+    def one(f: RemoteFile) -> FileDigest:
+        tmp, d = download_file(session, f, staging)
+        try:
+            _validate(tmp, f.path, check_model)
+            final = out_dir / f.path
+            final.parent.mkdir(parents=True, exist_ok=True)
+            if not final.resolve().is_relative_to(out_dir.resolve()):
+                raise FetchError(f"{f.path} would land outside {out_dir}", hint="remove symlinked folders from --out")
+            os.replace(tmp, final)
+            fsync_dir(final.parent)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            raise
+        log.info("verified %s (%d bytes)", f.path, f.size)
+        if progress.file_done:
+            progress.file_done(f.path)
+        return d
+
+    if not batch:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(batch)))) as pool:
+        futures = [pool.submit(one, f) for f in batch]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        errors = [fu.exception() for fu in futures if fu.done() and fu.exception() is not None]
+        if errors:
+            session.cancel.set()  # type: ignore[union-attr]
+            wait(futures)
+            errors = [fu.exception() for fu in futures if fu.exception() is not None]
+            real = [e for e in errors if not isinstance(e, Cancelled)]
+            raise (real or errors)[0]  # type: ignore[misc]
+        return [fu.result() for fu in futures]
+
+
+def _validate(path: Path, name: str, check_model: bool) -> None:
+    """Content checks before a verified file is renamed into place (and for files already there)."""
+    base = name.rsplit("/", 1)[-1]
+    if base.endswith(".safetensors"):
+        try:
+            read_header(path)
+        except SafetensorsError as e:
+            raise FetchError(f"{name}: {e}", hint="the repo's weights are malformed; refusing to use them") from None
+    elif base.endswith(".json") and ("config" in base or base == "config.json"):
+        try:
+            cfg = json.loads(path.read_bytes())
+        except ValueError as e:
+            raise FetchError(f"{name} is not valid JSON ({e})", hint="the repo is broken") from None
+        problems = config_problems(name, cfg, model_config=check_model and name == "config.json")
+        if problems:
+            raise FetchError("; ".join(problems), hint="qwenquant fetches Qwen3.5-architecture safetensors repos only")
+
+
+def _check_shards(out_dir: Path, files: list[RemoteFile]) -> None:
+    names = {f.path for f in files}
+    if INDEX_NAME not in names:
+        return
+    try:
+        index = load_index_json((out_dir / INDEX_NAME).read_bytes())
+        weight_map = index.get("weight_map") or {}
+        shard_names = {v for v in weight_map.values() if isinstance(v, str)} if isinstance(weight_map, dict) else set()
+        shards = {n: read_header(out_dir / n) for n in sorted(shard_names) if n in names and n.endswith(".safetensors")}
+    except SafetensorsError as e:
+        raise FetchError(f"{INDEX_NAME}: {e}", hint="the repo's index is malformed") from None
+    problems = check_index(index, shards, names)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise FetchError(f"{INDEX_NAME}: {problems[0]}{more}", hint="the repo's index and shards disagree; refusing it")
+
+
+def _write_record(out_dir: Path, repo_id: str, repo_type: str, revision: str, commit: str, endpoint: str,
+                  files: list[RemoteFile], digests: dict[str, FileDigest]) -> dict[str, Any]:  # fmt: skip
+    entries = [{"path": f.path, "size": f.size, "sha256": digests[f.path].sha256,
+                "git_blob_id": f.blob_id, "lfs": f.lfs} for f in sorted(files, key=lambda f: f.path)]  # fmt: skip
+    record = {
+        "schema_version": SCHEMA_VERSION, "tool": "qwenquant", "tool_version": __version__,
+        "repo_id": repo_id, "repo_type": repo_type, "revision": revision, "commit": commit, "endpoint": endpoint,
+        "fetched_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "files": entries, "root_digest": root_digest(entries),
+        "total_bytes": sum(f.size for f in files),
+    }  # fmt: skip
+    atomic_write_json(out_dir / RECORD_NAME, record)
+    return record
+
