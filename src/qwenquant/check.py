@@ -1,0 +1,588 @@
+"""Would vLLM load this artifact? Rules over config.json, the shard index and safetensors headers.
+
+No tensor data is read except each quantized Linear's 2-element `weight_shape`; no torch.
+`read_artifact` gathers the facts (thin, touches files); every rule is a pure function
+`rule(ArtifactFacts) -> list[Finding]`, so tests feed it small fixtures.
+
+Names are matched as stored in the checkpoint (`model.language_model.*` or `model.*`), with
+compressed-tensors' semantics: a `re:` entry is `re.match`, anything else equality, and the
+class target `Linear` matches every Linear except lm_head (vLLM's ParallelLMHead is not one).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from qwenquant.errors import CheckError
+from qwenquant.recipe import LM_HEAD_TARGET, target_matches, targets_cover
+from qwenquant.safetensors_check import (
+    INDEX_NAME,
+    SafetensorsError,
+    SafetensorsHeader,
+    check_index,
+    load_index_json,
+    read_header,
+)
+
+log = logging.getLogger(__name__)
+
+PACKED_SUFFIXES = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point", "weight_g_idx")
+# vLLM loads these checkpoint Linears as one fused layer; all parts need one scheme.
+FUSED_PARTS: dict[str, tuple[str, ...]] = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+    "in_proj_qkvz": ("in_proj_qkv", "in_proj_z"),
+    "in_proj_ba": ("in_proj_b", "in_proj_a"),
+}
+_PART_OF = {part: fused for fused, parts in FUSED_PARTS.items() for part in parts}
+MTP_TOP = ("fc.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "norm.weight")
+MTP_LAYER = ("input_layernorm.weight", "post_attention_layernorm.weight",
+             *(f"self_attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")),
+             *(f"mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")))
+FLOAT_DTYPES = ("BF16", "F16", "F32")
+TEXT_ONLY_ARCH = "Qwen3_5ForCausalLM"
+MULTIMODAL_ARCH = "Qwen3_5ForConditionalGeneration"
+IGNORED = "(ignored)"
+
+RULES = ("quant-config", "safetensors-header", "index", "layout", "packed-format", "kernel-shape",
+         "fused-scheme", "scheme-storage", "lm-head", "mtp", "no-mrope", "vision")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One reason vLLM would refuse (or mis-load) the artifact."""
+
+    rule: str
+    where: str  # tensor, module, file or config key
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {self.where}: {self.message} — {self.fix}"
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    artifact_dir: str
+    layout: Optional[str]
+    tensors_checked: int
+    rules_run: tuple[str, ...]
+    findings: tuple[Finding, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def rule_ids(self) -> list[str]:
+        return sorted({f.rule for f in self.findings})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "artifact_dir": self.artifact_dir, "layout": self.layout,
+                "tensors_checked": self.tensors_checked, "rules_run": list(self.rules_run),
+                "findings": [{"rule": f.rule, "where": f.where, "message": f.message, "fix": f.fix}
+                             for f in self.findings]}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    file: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ArtifactFacts:
+    """Everything the rules look at, read once from disk."""
+
+    config: dict[str, Any]
+    tensors: dict[str, Tensor]
+    weight_shapes: dict[str, tuple[int, ...]]  # module -> values of its weight_shape tensor
+    io_findings: tuple[Finding, ...] = ()  # header / index problems found while reading
+    unreadable: bool = False  # no config or no tensors: the other rules are skipped
+
+    # -- derived views -----------------------------------------------------------------------
+    @property
+    def text_config(self) -> dict[str, Any]:
+        tc = self.config.get("text_config")
+        return tc if isinstance(tc, dict) else self.config
+
+    @property
+    def layout(self) -> Optional[str]:
+        archs = self.config.get("architectures") or []
+        if TEXT_ONLY_ARCH in archs:
+            return "text-only"
+        if MULTIMODAL_ARCH in archs:
+            return "multimodal"
+        return None
+
+    @property
+    def qconfig(self) -> dict[str, Any]:
+        qc = self.config.get("quantization_config")
+        return qc if isinstance(qc, dict) else {}
+
+    @property
+    def ignore(self) -> list[str]:
+        ig = self.qconfig.get("ignore") or []
+        return [e for e in ig if isinstance(e, str)] if isinstance(ig, list) else []
+
+    @property
+    def groups(self) -> dict[str, dict[str, Any]]:
+        g = self.qconfig.get("config_groups")
+        return {k: v for k, v in g.items() if isinstance(v, dict)} if isinstance(g, dict) else {}
+
+    def modules(self) -> dict[str, dict[str, Tensor]]:
+        """module name -> {suffix: tensor} for `.weight` and the packed suffixes."""
+        out: dict[str, dict[str, Tensor]] = {}
+        for name, t in self.tensors.items():
+            mod, _, suffix = name.rpartition(".")
+            if suffix == "weight" or suffix in PACKED_SUFFIXES:
+                out.setdefault(mod, {})[suffix] = t
+        return out
+
+    def linears(self) -> dict[str, bool]:
+        """Linear module -> stored packed? (2-D `.weight` that is not an embedding, or any packed module)."""
+        out: dict[str, bool] = {}
+        for mod, parts in self.modules().items():
+            if "weight_packed" in parts:
+                out[mod] = True
+            elif "weight" in parts and len(parts["weight"].shape) == 2 and "embed" not in mod.rpartition(".")[2]:
+                out[mod] = False
+        return out
+
+    def resolve(self, module: str) -> Optional[str]:
+        """The config group vLLM would apply: IGNORED, a group name, or None (no group: unquantized)."""
+        if targets_cover(self.ignore, module):
+            return IGNORED
+        is_head = module.rpartition(".")[2] == "lm_head"
+        for gname in sorted(self.groups):
+            targets = self.groups[gname].get("targets") or []
+            for t in targets if isinstance(targets, list) else []:
+                if t == "Linear" and not is_head:
+                    return gname
+                if t != "Linear" and isinstance(t, str) and target_matches(t, module):
+                    return gname
+        return None
+
+    def group_size(self, module: str) -> Optional[int]:
+        g = self.groups.get(self.resolve(module) or "", {})
+        gs = (g.get("weights") or {}).get("group_size") if isinstance(g.get("weights"), dict) else None
+        return gs if isinstance(gs, int) else None
+
+
+def _f(rule: str, where: str, message: str, fix: str) -> Finding:
+    return Finding(rule, where, message, fix)
+
+
+def _is_visual(name: str) -> bool:
+    return name.startswith(("model.visual.", "visual.")) or ".visual." in name
+
+
+def _is_mtp(name: str) -> bool:
+    return name.startswith("mtp.")
+
+
+def _is_head(name: str) -> bool:
+    return name.rpartition(".")[2] == "lm_head" or name == "lm_head"
+
+
+# ---------------------------------------------------------------------------------------------
+# Rules (pure).
+
+
+def rule_quant_config(a: ArtifactFacts) -> list[Finding]:
+    qc = a.config.get("quantization_config")
+    where = "config.json:quantization_config"
+    if not isinstance(qc, dict):
+        return [_f("quant-config", where, "missing: vLLM would load every weight as bf16 and find packed tensors",
+                   "re-run the quantize stage; it writes quantization_config")]
+    out = []
+    if qc.get("quant_method") != "compressed-tensors":
+        out.append(_f("quant-config", f"{where}.quant_method", f"is {qc.get('quant_method')!r}, not 'compressed-tensors'",
+                      "set quant_method to compressed-tensors"))
+    if not a.groups:
+        out.append(_f("quant-config", f"{where}.config_groups", "no config groups", "re-run the quantize stage"))
+    ig = qc.get("ignore", [])
+    if not isinstance(ig, list) or not all(isinstance(e, str) for e in ig):
+        out.append(_f("quant-config", f"{where}.ignore", "must be a list of strings", "rewrite it as a list"))
+    for gname, g in sorted(a.groups.items()):
+        gw = f"{where}.config_groups.{gname}"
+        fmt = g.get("format") or qc.get("format")
+        if fmt != "pack-quantized":
+            out.append(_f("quant-config", gw, f"format is {fmt!r}, not 'pack-quantized'",
+                          "save with llm-compressor's pack-quantized compressor"))
+        if not isinstance(g.get("targets"), list) or not g["targets"]:
+            out.append(_f("quant-config", f"{gw}.targets", "missing or empty", "list the Linear targets"))
+        w = g.get("weights")
+        if not isinstance(w, dict):
+            out.append(_f("quant-config", f"{gw}.weights", "missing", "re-run the quantize stage"))
+            continue
+        want = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group"}
+        for k, v in want.items():
+            if w.get(k) != v:
+                out.append(_f("quant-config", f"{gw}.weights.{k}", f"is {w.get(k)!r}; W4A16 needs {v!r}",
+                              "quantize with the shipped W4A16 recipe"))
+        gs = w.get("group_size")
+        if not isinstance(gs, int) or gs <= 0 or gs % 32:
+            out.append(_f("quant-config", f"{gw}.weights.group_size", f"is {gs!r}; needs a positive multiple of 32",
+                          "use group_size 128"))
+        if g.get("input_activations") is not None:
+            out.append(_f("quant-config", f"{gw}.input_activations", "is set; W4A16 keeps activations in bf16",
+                          "set it to null"))
+    return out
+
+
+def rule_io(a: ArtifactFacts) -> list[Finding]:
+    return list(a.io_findings)
+
+
+def _text_prefix(name: str) -> Optional[str]:
+    if _is_visual(name) or _is_mtp(name) or _is_head(name.rpartition(".")[0]):
+        return None
+    if name.startswith("model.language_model."):
+        return "model.language_model."
+    if name.startswith("model."):
+        return "model."
+    return name.split(".", 1)[0] + "."
+
+
+def rule_layout(a: ArtifactFacts) -> list[Finding]:
+    out = []
+    if a.layout is None:
+        out.append(_f("layout", "config.json:architectures", f"{a.config.get('architectures')!r} is neither "
+                      f"{TEXT_ONLY_ARCH} (text-only) nor {MULTIMODAL_ARCH} (multimodal)",
+                      "rewrite config.json with the text-only or multimodal stage"))
+    prefixes: dict[str, str] = {}
+    for name in sorted(a.tensors):
+        p = _text_prefix(name)
+        if p is not None:
+            prefixes.setdefault(p, name)
+    if len(prefixes) > 1:
+        ex = ", ".join(f"{v} ({k}*)" for k, v in sorted(prefixes.items()))
+        out.append(_f("layout", ex, "text tensors use more than one name prefix; vLLM maps only one",
+                      "rename every text tensor to model.language_model.* (or every one to model.*)"))
+    elif prefixes and next(iter(prefixes)) not in ("model.language_model.", "model."):
+        name = next(iter(prefixes.values()))
+        out.append(_f("layout", name, "text tensors are neither model.language_model.* nor model.*",
+                      "keep the Hugging Face tensor names"))
+    elif a.layout == "multimodal" and "model." in prefixes:
+        out.append(_f("layout", prefixes["model."], "multimodal layout with text tensors named model.* "
+                      "(Qwen3_5ForConditionalGeneration expects model.language_model.*)",
+                      "keep the Hugging Face names model.language_model.*"))
+    return out
+
+
+def rule_packed_format(a: ArtifactFacts) -> list[Finding]:
+    out = []
+    symmetric = all((g.get("weights") or {}).get("symmetric", True) for g in a.groups.values()
+                    if isinstance(g.get("weights"), dict))
+    for mod, parts in sorted(a.modules().items()):
+        if not any(s in parts for s in PACKED_SUFFIXES):
+            continue
+        fix = "re-save the layer with compressed-tensors' pack-quantized compressor"
+        for s in ("weight_packed", "weight_scale", "weight_shape"):
+            if s not in parts:
+                out.append(_f("packed-format", f"{mod}.{s}", "missing beside the other packed tensors", fix))
+        if "weight" in parts:
+            out.append(_f("packed-format", f"{mod}.weight", "stored both packed and as bf16 weight", fix))
+        if "weight_zero_point" in parts and symmetric:
+            out.append(_f("packed-format", f"{mod}.weight_zero_point", "present but the scheme is symmetric", fix))
+        p, sc, sh = parts.get("weight_packed"), parts.get("weight_scale"), parts.get("weight_shape")
+        if p is not None and (p.dtype != "I32" or len(p.shape) != 2):
+            out.append(_f("packed-format", p.name, f"is {p.dtype} {list(p.shape)}; needs int32 [out, in/8]", fix))
+            continue
+        if sc is not None and (sc.dtype not in FLOAT_DTYPES or len(sc.shape) != 2):
+            out.append(_f("packed-format", sc.name, f"is {sc.dtype} {list(sc.shape)}; needs bf16 [out, in/group]", fix))
+            continue
+        if sh is not None and (sh.dtype not in ("I32", "I64") or sh.shape != (2,)):
+            out.append(_f("packed-format", sh.name, f"is {sh.dtype} {list(sh.shape)}; needs int32 [2]", fix))
+            continue
+        if p is None or sc is None:
+            continue
+        out_f, in_f = p.shape[0], p.shape[1] * 8
+        vals = a.weight_shapes.get(mod)
+        if vals is not None and tuple(vals) != (out_f, in_f):
+            out.append(_f("packed-format", sh.name if sh else mod, f"says {list(vals)} but weight_packed "
+                          f"{list(p.shape)} holds [{out_f}, {in_f}]", fix))
+        gs = a.group_size(mod)
+        if sc.shape[0] != out_f:
+            out.append(_f("packed-format", sc.name, f"has {sc.shape[0]} rows, weight_packed has {out_f}", fix))
+        elif gs and in_f % gs == 0 and sc.shape[1] != in_f // gs:
+            out.append(_f("packed-format", sc.name, f"has {sc.shape[1]} groups per row; in_features {in_f} / "
+                          f"group_size {gs} = {in_f // gs}", fix))
+    return out
+
+
+def rule_kernel_shape(a: ArtifactFacts) -> list[Finding]:
+    out = []
+    for mod, parts in sorted(a.modules().items()):
+        p = parts.get("weight_packed")
+        if p is None or p.dtype != "I32" or len(p.shape) != 2:
+            continue
+        out_f, in_f = p.shape[0], p.shape[1] * 8  # a disagreeing weight_shape is packed-format's finding
+        gs = a.group_size(mod)
+        fix = (f"keep {mod.rpartition('.')[2]} in bf16 (add it to the recipe's quantization.ignore together with "
+               "its fused partners)")
+        if out_f % 64 or in_f % 32:
+            out.append(_f("kernel-shape", p.name, f"[{out_f} out, {in_f} in] does not fit the int4 kernels: "
+                          "CPU needs in/out multiples of 32, Marlin tiles out by 64", fix))
+        if gs and in_f % gs:
+            out.append(_f("kernel-shape", p.name, f"in_features {in_f} is not a multiple of group_size {gs}",
+                          f"{fix}, or use a group_size dividing {in_f}"))
+    return out
+
+
+def _scheme_label(a: ArtifactFacts, mod: str) -> str:
+    r = a.resolve(mod)
+    return "ignored" if r == IGNORED else (f"group {r}" if r else "no group")
+
+
+def rule_fused_scheme(a: ArtifactFacts) -> list[Finding]:
+    out = []
+    lin = a.linears()
+    fused: dict[tuple[str, str], list[str]] = {}
+    for mod in lin:
+        parent, _, leaf = mod.rpartition(".")
+        if leaf in _PART_OF:
+            fused.setdefault((parent, _PART_OF[leaf]), []).append(mod)
+    for (parent, fname), mods in sorted(fused.items()):
+        where = f"{parent}.{fname}"
+        parts = FUSED_PARTS[fname]
+        missing = [p for p in parts if f"{parent}.{p}" not in lin]
+        if missing:
+            out.append(_f("fused-scheme", where, f"fused layer lacks {', '.join(missing)}",
+                          "the checkpoint is incomplete: rebuild it"))
+        stored = {m: ("int4 packed" if lin[m] else "bf16") for m in sorted(mods)}
+        if len(set(stored.values())) > 1:
+            desc = ", ".join(f"{m.rpartition('.')[2]}={s}" for m, s in stored.items())
+            out.append(_f("fused-scheme", where, f"parts stored with different schemes ({desc}); vLLM fuses "
+                          f"them into {fname} and refuses mixed schemes",
+                          f"quantize all of {', '.join(parts)} or none (quantization.ignore)"))
+        schemes = {m: _scheme_label(a, m) for m in sorted(mods)}
+        if len(set(schemes.values())) > 1:
+            desc = ", ".join(f"{m.rpartition('.')[2]}: {s}" for m, s in schemes.items())
+            out.append(_f("fused-scheme", where, f"quantization_config gives the parts different schemes ({desc}); "
+                          "vLLM: 'Found a different quantization schemes'",
+                          f"make the ignore list and config group targets treat {', '.join(parts)} alike"))
+    return out
+
+
+def rule_scheme_storage(a: ArtifactFacts) -> list[Finding]:
+    """Body Linears: what the config says vLLM will build must be what is stored."""
+    out = []
+    for mod, packed in sorted(a.linears().items()):
+        if _is_visual(mod) or _is_mtp(mod) or _is_head(mod):
+            continue  # own rules: vision, mtp, lm-head
+        r = a.resolve(mod)
+        expect = r not in (None, IGNORED)
+        if expect and not packed:
+            out.append(_f("scheme-storage", f"{mod}.weight", f"stored bf16 but config group {r} targets it, so vLLM "
+                          "expects weight_packed", f"add {mod.rpartition('.')[2]} to quantization_config.ignore, or "
+                          "quantize it"))
+        elif packed and not expect:
+            why = "it is in quantization_config.ignore" if r == IGNORED else "no config group targets it"
+            out.append(_f("scheme-storage", f"{mod}.weight_packed", f"stored int4 but {why}, so vLLM expects a bf16 "
+                          "weight", "fix quantization_config (ignore/targets) to match the stored tensors"))
+    return out
+
+
+def rule_lm_head(a: ArtifactFacts) -> list[Finding]:
+    heads = [m for m in a.modules() if _is_head(m)]
+    if not heads:
+        return [_f("lm-head", "lm_head", "no lm_head tensors (tied embeddings cannot carry an int4 head)",
+                   "keep an untied lm_head and run the lm_head stage")]
+    out = []
+    good = [g for g, grp in sorted(a.groups.items()) if any(
+        isinstance(t, str) and t.startswith("re:") and target_matches(t, "lm_head")
+        and target_matches(t, "language_model.lm_head") for t in (grp.get("targets") or []))]
+    if not good:
+        out.append(_f("lm-head", "config.json:quantization_config.config_groups",
+                      f"no config group targets the head with a pattern vLLM applies in both layouts "
+                      f"(the 'Linear' target and a bare 'lm_head' are not)",
+                      f"add a config group whose targets include {LM_HEAD_TARGET!r}"))
+    for head in heads:
+        if targets_cover(a.ignore, head):
+            out.append(_f("lm-head", head, "is listed in quantization_config.ignore, so vLLM loads it unquantized",
+                          "remove the lm_head entry from ignore (the lm_head stage must drop it)"))
+        parts = a.modules()[head]
+        if "weight_packed" not in parts:
+            out.append(_f("lm-head", f"{head}.weight", "is stored bf16, not int4 packed",
+                          "run the lm_head stage (recipe lm_head.enabled: true)"))
+    return out
+
+
+def _mtp_layers(a: ArtifactFacts) -> int:
+    n = a.text_config.get("mtp_num_hidden_layers", a.config.get("mtp_num_hidden_layers", 0))
+    return n if isinstance(n, int) and n > 0 else 0
+
+
+def rule_mtp(a: ArtifactFacts) -> list[Finding]:
+    n = _mtp_layers(a)
+    mtp_names = sorted(t for t in a.tensors if _is_mtp(t))
+    if n == 0 and not mtp_names:
+        return []
+    want = [f"mtp.{s}" for s in MTP_TOP] + [f"mtp.layers.{i}.{s}" for i in range(max(n, 1)) for s in MTP_LAYER]
+    out = []
+    for name in want:
+        if name not in a.tensors:
+            packed = name.removesuffix(".weight") + ".weight_packed" in a.tensors
+            out.append(_f("mtp", name, "stored int4 packed; vLLM's MTP loader needs the bf16 weight (vLLM #53387)"
+                          if packed else f"missing ({len(want)} mtp.* tensors expected for "
+                          f"mtp_num_hidden_layers={max(n, 1)})",
+                          "copy mtp.* byte-identical from the source checkpoint (the mtp stage)"))
+    for name in mtp_names:
+        t = a.tensors[name]
+        if name.endswith(".weight") and t.dtype not in FLOAT_DTYPES:
+            out.append(_f("mtp", name, f"dtype {t.dtype}; the MTP head must stay bf16", "copy it from the source"))
+    for mod in sorted(m for m in a.linears() if _is_mtp(m)):
+        if not targets_cover(a.ignore, mod):
+            out.append(_f("mtp", mod, "not covered by quantization_config.ignore: vLLM would build it quantized "
+                          "and crash loading the bf16 weight (vLLM #53387)", "add 're:^mtp.*' to ignore"))
+    return out
+
+
+def _find_keys(obj: Any, keys: tuple[str, ...], path: str) -> list[str]:
+    found = []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            p = f"{path}.{k}" if path else k
+            if k in keys:
+                found.append(p)
+            elif k != "vision_config":
+                found += _find_keys(v, keys, p)
+    return found
+
+
+def rule_no_mrope(a: ArtifactFacts) -> list[Finding]:
+    if a.layout != "text-only":
+        return []
+    return [_f("no-mrope", f"config.json:{p}", "mrope in a text-only (Qwen3_5ForCausalLM) config: vLLM strips it "
+               "from the target but not from the MTP draft, which then crashes the worker",
+               "write plain rope parameters in the text-only stage (drop mrope_section/mrope_interleaved)")
+            for p in _find_keys(a.config, ("mrope_section", "mrope_interleaved"), "")]
+
+
+def rule_vision(a: ArtifactFacts) -> list[Finding]:
+    visual = sorted(t for t in a.tensors if _is_visual(t))
+    out = []
+    if a.layout == "text-only":
+        if "vision_config" in a.config:
+            out.append(_f("vision", "config.json:vision_config", "present in a text-only config",
+                          "drop vision_config in the text-only stage"))
+        if visual:
+            out.append(_f("vision", visual[0], f"{len(visual)} vision tensors left in a text-only artifact "
+                          "(Qwen3_5ForCausalLM has no vision tower to load them into)",
+                          "drop model.visual.* in the text-only stage"))
+    elif a.layout == "multimodal":
+        if not isinstance(a.config.get("vision_config"), dict):
+            out.append(_f("vision", "config.json:vision_config", "missing in a multimodal config",
+                          "keep the source vision_config"))
+        if not visual:
+            out.append(_f("vision", "model.visual.*", "no vision tensors in a multimodal artifact",
+                          "copy model.visual.* from the source, or use the text-only layout"))
+        for mod, packed in sorted(a.linears().items()):
+            if not _is_visual(mod):
+                continue
+            if packed:
+                out.append(_f("vision", f"{mod}.weight_packed", "vision Linear stored int4; the vision tower stays bf16",
+                              "add 're:.*visual.*' to the recipe's quantization.ignore"))
+            elif a.resolve(mod) not in (None, IGNORED):
+                out.append(_f("vision", mod, f"bf16 but config group {a.resolve(mod)} targets it, so vLLM expects "
+                              "weight_packed", "add 're:.*visual.*' to quantization_config.ignore"))
+    return out
+
+
+RULE_FUNCS: dict[str, Callable[[ArtifactFacts], list[Finding]]] = {
+    "quant-config": rule_quant_config, "layout": rule_layout, "packed-format": rule_packed_format,
+    "kernel-shape": rule_kernel_shape, "fused-scheme": rule_fused_scheme, "scheme-storage": rule_scheme_storage,
+    "lm-head": rule_lm_head, "mtp": rule_mtp, "no-mrope": rule_no_mrope, "vision": rule_vision,
+}
+
+
+def run_rules(facts: ArtifactFacts, artifact_dir: str = "") -> CheckReport:
+    """Apply every rule to facts already read (pure)."""
+    findings = list(facts.io_findings)
+    ran = ["safetensors-header", "index"]
+    if not facts.unreadable:
+        for rid, fn in RULE_FUNCS.items():
+            findings += fn(facts)
+            ran.append(rid)
+    return CheckReport(artifact_dir, facts.layout, len(facts.tensors), tuple(ran), tuple(findings))
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading (thin).
+
+
+def _read_weight_shape(path: Path, header_bytes: int, t: Any) -> Optional[tuple[int, ...]]:
+    fmt = {"I32": "<2i", "I64": "<2q"}.get(t.dtype)
+    if fmt is None or t.shape != (2,):
+        return None
+    with open(path, "rb") as f:
+        f.seek(8 + header_bytes + t.start)
+        return struct.unpack(fmt, f.read(t.end - t.start))
+
+
+def read_artifact(artifact_dir: Path) -> ArtifactFacts:
+    """Read config.json, the index and every shard header (no tensor data but weight_shape)."""
+    root = Path(artifact_dir)
+    if not root.is_dir():
+        raise CheckError(f"artifact folder not found: {root}", hint="check the path")
+    io: list[Finding] = []
+    try:
+        config = json.loads((root / "config.json").read_bytes())
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+    except FileNotFoundError:
+        config = {}
+        io.append(_f("layout", "config.json", "missing", "copy it from the quantize stage's output"))
+    except ValueError as e:
+        config = {}
+        io.append(_f("layout", "config.json", f"not valid JSON: {e}", "rebuild the artifact"))
+    headers: dict[str, SafetensorsHeader] = {}
+    for p in sorted(root.glob("*.safetensors")):
+        try:
+            headers[p.name] = read_header(p)
+        except SafetensorsError as e:
+            io += [_f("safetensors-header", p.name, prob, "the shard is corrupt or truncated: rebuild or re-copy it")
+                   for prob in e.problems]
+    index_path = root / INDEX_NAME
+    weight_map: Optional[dict[str, str]] = None
+    if index_path.exists():
+        try:
+            index = load_index_json(index_path.read_bytes())
+            files = {p.name for p in root.iterdir()}
+            io += [_f("index", INDEX_NAME, prob, "rewrite the index from the shards' headers")
+                   for prob in check_index(index, headers, files)]
+            wm = index.get("weight_map")
+            weight_map = wm if isinstance(wm, dict) else None
+        except SafetensorsError as e:
+            io += [_f("index", INDEX_NAME, prob, "rewrite the index") for prob in e.problems]
+    elif len(headers) > 1:
+        io.append(_f("index", INDEX_NAME, f"missing while there are {len(headers)} shards",
+                     "write model.safetensors.index.json"))
+    elif not headers and not any(f.rule == "safetensors-header" for f in io):
+        io.append(_f("index", "*.safetensors", "no safetensors files", "point at a quantized artifact folder"))
+    tensors: dict[str, Tensor] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for fname, h in headers.items():
+        if weight_map is not None and fname not in set(weight_map.values()):
+            continue  # vLLM loads only the shards the index names (reported by the index rule)
+        for name, t in h.tensors.items():
+            tensors[name] = Tensor(name, fname, t.dtype, t.shape)
+            if name.endswith(".weight_shape"):
+                vals = _read_weight_shape(root / fname, h.header_bytes, t)
+                if vals is not None:
+                    shapes[name.removesuffix(".weight_shape")] = vals
+    log.debug("read %d tensors from %d shards", len(tensors), len(headers))
+    return ArtifactFacts(config, tensors, shapes, tuple(io), unreadable=not config or not tensors)
+
+
+def check_artifact(artifact_dir: Path) -> CheckReport:
+    """Check an artifact against what vLLM's loader needs; `report.ok` when nothing would be refused."""
+    return run_rules(read_artifact(Path(artifact_dir)), str(artifact_dir))
