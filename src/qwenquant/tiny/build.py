@@ -62,6 +62,15 @@ def _write_json(path: Path, obj: object) -> None:
 def build_tiny_checkpoint(out_dir: Path, *, variant: str = "random", seed: int = 0) -> Path:
     """Write a tiny Qwen3.5 checkpoint (HF layout of Qwen3.8-27B) into `out_dir`; return `out_dir`.
 
+    Files: config.json, generation_config.json, tokenizer.json, tokenizer_config.json (ChatML chat
+    template), preprocessor_config.json, video_preprocessor_config.json, bf16 shards
+    model-0000{1,2}-of-00002.safetensors (language model, lm_head, vision tower),
+    model-mtp.safetensors (the 15 mtp.* tensors) and model.safetensors.index.json.
+
+    variant "random": seeded random weights (MTP drafts almost never accepted).
+    variant "constant": target and MTP head both predict `constant_token_id()` (" the") for any
+    input, with margins that survive int4; construction in `weights.make_constant`.
+
     Same bytes on every run for the same torch version, variant and seed. `out_dir` is built in a
     staging folder beside it and renamed into place (an existing `out_dir` is replaced).
     """
