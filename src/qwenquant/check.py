@@ -155,9 +155,16 @@ class ArtifactFacts:
                 out[mod] = False
         return out
 
+    def vllm_name(self, name: str) -> str:
+        """The text-only loader maps `model.language_model.` to `model.` for tensors, ignore and targets."""
+        if self.layout == "text-only" and name.startswith("model.language_model."):
+            return "model." + name[len("model.language_model."):]
+        return name
+
     def resolve(self, module: str) -> Optional[str]:
         """The config group vLLM would apply: IGNORED, a group name, or None (no group: unquantized)."""
-        if targets_cover(self.ignore, module):
+        name = self.vllm_name(module)
+        if targets_cover([self.vllm_name(e) for e in self.ignore], name):
             return IGNORED
         is_head = module.rpartition(".")[2] == "lm_head"
         for gname in sorted(self.groups):
@@ -165,7 +172,7 @@ class ArtifactFacts:
             for t in targets if isinstance(targets, list) else []:
                 if t == "Linear" and not is_head:
                     return gname
-                if t != "Linear" and isinstance(t, str) and target_matches(t, module):
+                if t != "Linear" and isinstance(t, str) and target_matches(self.vllm_name(t), name):
                     return gname
         return None
 

@@ -176,6 +176,18 @@ def test_good_artifact_passes(tmp_path: Path, layout: str, prefix: str) -> None:
     assert r.layout == layout and len(r.rules_run) == 12
 
 
+def test_text_only_ignore_names_follow_the_loader_mapping(tmp_path: Path) -> None:
+    """Qwen3_5ForCausalLM maps model.language_model.* to model.* for tensors and ignore entries alike."""
+    fx = Fx("text-only", "model.")
+    fx.qc["ignore"] = [e for e in fx.qc["ignore"] if "in_proj" not in e] + [
+        f"model.language_model.layers.{i}.linear_attn.in_proj_{g}" for i in range(3) for g in "ab"]
+    assert _check(fx, tmp_path).ok
+    fx.qc["ignore"] = [e for e in fx.qc["ignore"] if "layers.2" not in e]
+    r = check_artifact(fx.write(tmp_path / "b"))
+    assert r.rule_ids() == ["scheme-storage"]
+    assert {f.where for f in r.findings} == {f"model.layers.2.linear_attn.in_proj_{g}.weight" for g in "ab"}
+
+
 def test_cli_ok_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = Fx().write(tmp_path / "art")
     assert main(["check", str(d)]) == 0
