@@ -42,6 +42,23 @@ def served(hub: HubServer, tiny_copy: Path) -> Served:
     return Served(hub, REPO, hub.add_repo(REPO, tiny_copy), tiny_copy)
 
 
+class Disk:
+    """File checks the fetch tests share (a fixture, since test modules cannot import conftest)."""
+
+    @staticmethod
+    def sha256(path: Path) -> str:
+        return sha256(path)
+
+    final_files = staticmethod(lambda out: final_files(out))
+    assert_only_verified = staticmethod(lambda out, source: assert_only_verified(out, source))
+    assert_identical_copy = staticmethod(lambda out, source: assert_identical_copy(out, source))
+
+
+@pytest.fixture
+def disk() -> type[Disk]:
+    return Disk
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 

@@ -11,7 +11,7 @@ from qwenquant.cli import main
 from qwenquant.fetch import load_fetch_record, verify_fetch_record
 from qwenquant.hubserver import Fault
 
-from .conftest import REPO, Served, assert_identical_copy, assert_only_verified, final_files, sha256
+REPO = "Qwen/Qwen3.8-27B"
 
 SHARD1 = "model-00001-of-00002.safetensors"
 SHARD2 = "model-00002-of-00002.safetensors"
@@ -28,11 +28,11 @@ def fetch(capsys, out: Path, *extra: str) -> tuple[int, str, str]:
     return run(capsys, "fetch", REPO, "--out", str(out), *extra)
 
 
-def test_fetch_gives_byte_identical_copy_and_record(served: Served, tmp_path: Path, capsys) -> None:
+def test_fetch_gives_byte_identical_copy_and_record(served, tmp_path: Path, capsys, disk) -> None:
     out = tmp_path / "out"
     code, stdout, err = fetch(capsys, out, "--json")
     assert code == 0, err
-    assert_identical_copy(out, served.source)
+    disk.assert_identical_copy(out, served.source)
     summary = json.loads(stdout)
     assert summary["commit"] == served.commit and summary["downloaded"] == 10
     assert served.commit in err  # the resolved commit is printed once
@@ -41,26 +41,26 @@ def test_fetch_gives_byte_identical_copy_and_record(served: Served, tmp_path: Pa
     assert record["endpoint"] == served.hub.url
     for f in record["files"]:
         src = served.source / f["path"]
-        assert f["size"] == src.stat().st_size and f["sha256"] == sha256(src)
+        assert f["size"] == src.stat().st_size and f["sha256"] == disk.sha256(src)
         assert f["git_blob_id"] == served.hub.file(REPO, f["path"]).blob_id
     assert verify_fetch_record(out)["root_digest"] == record["root_digest"]
     assert not (out / ".qwenquant-staging").exists()
 
 
-def test_fetch_by_commit_and_every_file_once(served: Served, tmp_path: Path, capsys) -> None:
+def test_fetch_by_commit_and_every_file_once(served, tmp_path: Path, capsys, disk) -> None:
     code, _, err = fetch(capsys, tmp_path / "out", "--revision", served.commit)
     assert code == 0, err
-    assert_identical_copy(tmp_path / "out", served.source)
+    disk.assert_identical_copy(tmp_path / "out", served.source)
     got = sorted(r.file for r in served.hub.downloads())
-    assert got == sorted(final_files(served.source))  # each file's bytes asked for exactly once
+    assert got == sorted(disk.final_files(served.source))  # each file's bytes asked for exactly once
     assert all(r.revision == served.commit for r in served.hub.requests if r.endpoint == "resolve")
 
 
-def test_paginated_tree_listing(served: Served, tmp_path: Path, capsys) -> None:
+def test_paginated_tree_listing(served, tmp_path: Path, capsys, disk) -> None:
     served.hub.tree_page_size = 3
     assert fetch(capsys, tmp_path / "out")[0] == 0
     assert len([r for r in served.hub.requests if r.endpoint == "tree"]) >= 4
-    assert_identical_copy(tmp_path / "out", served.source)
+    disk.assert_identical_copy(tmp_path / "out", served.source)
 
 
 TRANSIENT = {
@@ -78,15 +78,15 @@ TRANSIENT = {
 
 
 @pytest.mark.parametrize("name", sorted(TRANSIENT))
-def test_transient_faults_end_in_verified_copy(name: str, served: Served, tmp_path: Path, capsys) -> None:
+def test_transient_faults_end_in_verified_copy(name: str, served, tmp_path: Path, capsys, disk) -> None:
     faults = [served.hub.faults.add(f) for f in TRANSIENT[name]]
     code, _, err = fetch(capsys, tmp_path / "out")
     assert code == 0, err
     assert all(f.hits >= 1 for f in faults), [(f.kind, f.hits) for f in faults]
-    assert_identical_copy(tmp_path / "out", served.source)
+    disk.assert_identical_copy(tmp_path / "out", served.source)
 
 
-def test_truncated_body_resumes_with_range(served: Served, tmp_path: Path, capsys) -> None:
+def test_truncated_body_resumes_with_range(served, tmp_path: Path, capsys) -> None:
     served.hub.faults.add(Fault("truncate", path=SHARD1, at=1_000_000))
     assert fetch(capsys, tmp_path / "out")[0] == 0
     blobs = served.hub.downloads(SHARD1)
@@ -103,17 +103,17 @@ PERMANENT = {
 
 
 @pytest.mark.parametrize("name", sorted(PERMANENT))
-def test_permanent_faults_fail_naming_the_file(name: str, served: Served, tmp_path: Path, capsys) -> None:
+def test_permanent_faults_fail_naming_the_file(name: str, served, tmp_path: Path, capsys, disk) -> None:
     fault, path, words = PERMANENT[name]
     served.hub.faults.add(fault)
     code, _, err = fetch(capsys, tmp_path / "out")
     assert code == 3
     assert f"error: {path}" in err and words in err
-    assert_only_verified(tmp_path / "out", served.source)
+    disk.assert_only_verified(tmp_path / "out", served.source)
     assert not (tmp_path / "out" / "qwenquant-fetch.json").exists()
 
 
-def test_branch_moved_mid_run_keeps_the_pinned_commit(served: Served, tmp_path: Path, capsys) -> None:
+def test_branch_moved_mid_run_keeps_the_pinned_commit(served, tmp_path: Path, capsys, disk) -> None:
     """A branch that moves while we download does not mix commits: we stay on the pinned one."""
     other = tmp_path / "other"
     other.mkdir()
@@ -124,10 +124,10 @@ def test_branch_moved_mid_run_keeps_the_pinned_commit(served: Served, tmp_path: 
     assert code == 0, err
     assert served.hub.branch(REPO) == new
     assert load_fetch_record(tmp_path / "out")["commit"] == served.commit
-    assert_identical_copy(tmp_path / "out", served.source)
+    disk.assert_identical_copy(tmp_path / "out", served.source)
 
 
-def test_branch_force_pushed_mid_run_fails(served: Served, tmp_path: Path, capsys) -> None:
+def test_branch_force_pushed_mid_run_fails(served, tmp_path: Path, capsys, disk) -> None:
     other = tmp_path / "other"
     other.mkdir()
     (other / "config.json").write_bytes((served.source / "config.json").read_bytes())
@@ -136,49 +136,49 @@ def test_branch_force_pushed_mid_run_fails(served: Served, tmp_path: Path, capsy
     code, _, err = fetch(capsys, tmp_path / "out", "--workers", "1")
     assert code == 3
     assert "commit not found on the server" in err and "--re-resolve" in err
-    assert_only_verified(tmp_path / "out", served.source)
+    disk.assert_only_verified(tmp_path / "out", served.source)
     # re-running reuses the pending commit (gone), --re-resolve takes the new one
     assert fetch(capsys, tmp_path / "out")[0] == 3
     code, _, err = fetch(capsys, tmp_path / "out", "--re-resolve")
     assert code == 0, err
     assert load_fetch_record(tmp_path / "out")["commit"] == new
-    assert sorted(final_files(tmp_path / "out")) == ["config.json"]
+    assert sorted(disk.final_files(tmp_path / "out")) == ["config.json"]
 
 
-def _refuse(served: Served, tmp_path: Path, capsys, path: str, words: str) -> str:
+def _refuse(served, tmp_path: Path, capsys, path: str, words: str, disk) -> str:
     served.hub.add_commit(REPO, served.source, branch="main")
     code, _, err = fetch(capsys, tmp_path / "out")
     assert code == 3, err
     assert path in err and words in err
-    assert_only_verified(tmp_path / "out", served.source)
+    disk.assert_only_verified(tmp_path / "out", served.source)
     assert not served.hub.downloads("*.safetensors")  # refused before the weights were fetched
     return err
 
 
 @pytest.mark.parametrize("name", ["modeling_qwen.py", "pytorch_model.bin", "extra/weights.pt", "opt.pkl"])
-def test_refused_file_types(name: str, served: Served, tmp_path: Path, capsys) -> None:
+def test_refused_file_types(name: str, served, tmp_path: Path, capsys, disk) -> None:
     (served.source / name).parent.mkdir(exist_ok=True)
     (served.source / name).write_bytes(b"import os\n")
-    _refuse(served, tmp_path, capsys, name, "never fetched")
+    _refuse(served, tmp_path, capsys, name, "never fetched", disk)
 
 
-def test_remote_code_config_refused(served: Served, tmp_path: Path, capsys) -> None:
+def test_remote_code_config_refused(served, tmp_path: Path, capsys, disk) -> None:
     cfg = json.loads((served.source / "config.json").read_text())
     cfg["auto_map"] = {"AutoModel": "modeling_x.Model"}
     (served.source / "config.json").write_text(json.dumps(cfg))
-    _refuse(served, tmp_path, capsys, "config.json", "remote code")
+    _refuse(served, tmp_path, capsys, "config.json", "remote code", disk)
 
 
-def test_unsupported_architecture_refused(served: Served, tmp_path: Path, capsys) -> None:
+def test_unsupported_architecture_refused(served, tmp_path: Path, capsys, disk) -> None:
     cfg = json.loads((served.source / "config.json").read_text())
     cfg["architectures"], cfg["model_type"] = ["LlamaForCausalLM"], "llama"
     (served.source / "config.json").write_text(json.dumps(cfg))
-    err = _refuse(served, tmp_path, capsys, "config.json", "LlamaForCausalLM")
+    err = _refuse(served, tmp_path, capsys, "config.json", "LlamaForCausalLM", disk)
     assert "not supported" in err
     assert not (tmp_path / "out" / "config.json").exists()
 
 
-def test_bad_safetensors_header_refused(served: Served, tmp_path: Path, capsys) -> None:
+def test_bad_safetensors_header_refused(served, tmp_path: Path, capsys, disk) -> None:
     p = served.source / "model-mtp.safetensors"
     data = bytearray(p.read_bytes())
     n = int.from_bytes(data[:8], "little")
@@ -189,10 +189,10 @@ def test_bad_safetensors_header_refused(served: Served, tmp_path: Path, capsys) 
     code, _, err = fetch(capsys, tmp_path / "out")
     assert code == 3 and "model-mtp.safetensors" in err and "Q4X" in err
     assert not (tmp_path / "out" / "model-mtp.safetensors").exists()
-    assert_only_verified(tmp_path / "out", served.source)
+    disk.assert_only_verified(tmp_path / "out", served.source)
 
 
-def test_index_naming_missing_tensor_refused(served: Served, tmp_path: Path, capsys) -> None:
+def test_index_naming_missing_tensor_refused(served, tmp_path: Path, capsys, disk) -> None:
     idx = json.loads((served.source / "model.safetensors.index.json").read_text())
     idx["weight_map"]["mtp.ghost.weight"] = "model-mtp.safetensors"
     (served.source / "model.safetensors.index.json").write_text(json.dumps(idx))
@@ -201,7 +201,7 @@ def test_index_naming_missing_tensor_refused(served: Served, tmp_path: Path, cap
     assert code == 3
     assert "model.safetensors.index.json" in err and "mtp.ghost.weight" in err
     assert not (tmp_path / "out" / "qwenquant-fetch.json").exists()
-    assert_only_verified(tmp_path / "out", served.source)
+    disk.assert_only_verified(tmp_path / "out", served.source)
 
 
 def test_unknown_repo_and_revision(hub, tmp_path: Path, capsys) -> None:
@@ -209,7 +209,7 @@ def test_unknown_repo_and_revision(hub, tmp_path: Path, capsys) -> None:
     assert code == 3 and "not found" in err and REPO in err
 
 
-def test_disk_space_checked_first(served: Served, tmp_path: Path, capsys, monkeypatch) -> None:
+def test_disk_space_checked_first(served, tmp_path: Path, capsys, monkeypatch) -> None:
     import shutil
 
     from qwenquant.fetch import snapshot
