@@ -78,6 +78,11 @@ class CheckReport:
     def ok(self) -> bool:
         return not self.findings
 
+    @property
+    def problems(self) -> tuple[Finding, ...]:
+        """Alias of `findings` (same name as VerifyReport.problems)."""
+        return self.findings
+
     def rule_ids(self) -> list[str]:
         return sorted({f.rule for f in self.findings})
 

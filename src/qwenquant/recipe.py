@@ -329,8 +329,17 @@ class Recipe(_Strict):
         return self._source_path
 
     def canonical(self) -> dict[str, Any]:
-        """JSON-ready dict with every default filled in; what `sha256()` and manifests record."""
-        return self.model_dump(mode="json")
+        """JSON-ready dict with every default filled in; what `sha256()` and manifests record.
+
+        serve.profiles are written resolved (defaults merged in) and serve.defaults only with the
+        keys it sets, so `Recipe.model_validate(r.canonical())` has the same profiles and digest.
+        """
+        d = self.model_dump(mode="json")
+        d["serve"]["defaults"] = {k: v for k, v in d["serve"]["defaults"].items()
+                                  if k in self.serve.defaults.model_fields_set}
+        d["serve"]["profiles"] = {n: self.profile(n).model_dump(mode="json", exclude={"name"})
+                                  for n in sorted(self.serve.profiles)}
+        return d
 
     def sha256(self) -> str:
         """sha256 of the canonical JSON: two recipes with the same meaning have the same digest."""

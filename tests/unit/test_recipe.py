@@ -61,6 +61,17 @@ def test_profiles_merge_defaults() -> None:
         r.profile("nope")
 
 
+def test_canonical_round_trips_through_model_validate() -> None:
+    """Manifests store canonical(); serve rebuilds the Recipe from it and must get the same profiles."""
+    from qwenquant.recipe import Recipe
+
+    r = load_recipe(SHIPPED)
+    again = Recipe.model_validate(r.canonical())
+    assert again.sha256() == r.sha256() and again.canonical() == r.canonical()
+    for name in ("single-user", "batch"):
+        assert again.profile(name) == r.profile(name)
+
+
 def test_every_problem_is_collected_with_path_and_fix() -> None:
     raw = _raw()
     raw["quantization"]["group_size"] = 48
