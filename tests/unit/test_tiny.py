@@ -306,3 +306,11 @@ def test_constant_variant_predicts_one_token_everywhere(tiny_constant_checkpoint
         draft = mtp_logits(tiny_constant_checkpoint, tensors, ids, h)
         assert (draft.argmax(-1) == token).all()
         assert (draft[..., token] - draft.topk(2, -1).values[..., 1]).min() > 20
+
+
+def test_tiny_copy_is_a_private_copy(tiny_copy: Path, tiny_checkpoint: Path) -> None:
+    before = digests(tiny_checkpoint)
+    assert digests(tiny_copy) == before
+    (tiny_copy / "config.json").write_text("{}")
+    (tiny_copy / "model-mtp.safetensors").unlink()
+    assert digests(tiny_checkpoint) == before
