@@ -1,0 +1,252 @@
+"""The loopback hub speaks what the real huggingface_hub client needs, and its fault switches bite."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from qwenquant.hubserver import Fault, HubServer
+
+REPO = "Qwen/Qwen3.8-27B"
+SHARD1 = "model-00001-of-00002.safetensors"
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def git_blob(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+@pytest.fixture
+def client():
+    with httpx.Client(timeout=10) as c:
+        yield c
+
+
+def resolve(hub: HubServer, path: str, rev: str = "main") -> str:
+    return f"{hub.url}/{REPO}/resolve/{rev}/{path}"
+
+
+def blob_get(client: httpx.Client, hub: HubServer, path: str, headers: dict | None = None) -> httpx.Response:
+    r = client.get(resolve(hub, path))
+    assert r.status_code == 302
+    return client.get(r.headers["Location"], headers=headers or {})
+
+
+def test_snapshot_download_with_the_real_client(served, tmp_path: Path, disk) -> None:
+    from huggingface_hub import snapshot_download
+
+    got = snapshot_download(REPO, endpoint=served.hub.url, local_dir=tmp_path / "snap")
+    for rel, p in disk.final_files(served.source).items():
+        assert (Path(got) / rel).read_bytes() == p.read_bytes()
+
+
+def test_real_client_maps_hub_errors(served, tmp_path: Path) -> None:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+
+    kw = {"endpoint": served.hub.url, "local_dir": tmp_path / "d"}
+    with pytest.raises(RepositoryNotFoundError):
+        hf_hub_download("nobody/nothing", "config.json", **kw)
+    with pytest.raises(RevisionNotFoundError):
+        hf_hub_download(REPO, "config.json", revision="no-such-branch", **kw)
+    with pytest.raises(EntryNotFoundError):
+        hf_hub_download(REPO, "missing.json", **kw)
+
+
+def test_repo_info_and_tree_listing(served) -> None:
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile
+
+    api = HfApi(endpoint=served.hub.url)
+    info = api.model_info(REPO, revision="main", files_metadata=True)
+    assert info.sha == served.commit and len(info.siblings) == 10
+    files = {f.path: f for f in api.list_repo_tree(REPO, revision=served.commit, recursive=True) if isinstance(f, RepoFile)}
+    for path, f in files.items():
+        data = (served.source / path).read_bytes()
+        assert f.size == len(data)
+        if path.endswith(".safetensors") or path == "tokenizer.json":  # LFS by extension, like the Hub
+            assert f.lfs.sha256 == sha256(data) and f.lfs.size == len(data)
+            pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256(data)}\nsize {len(data)}\n"
+            assert f.blob_id == git_blob(pointer.encode()) and f.lfs.pointer_size == len(pointer)
+        else:
+            assert f.lfs is None and f.blob_id == git_blob(data)
+
+
+def test_tree_pagination_and_folders(hub, tmp_path: Path, client) -> None:
+    (tmp_path / "src" / "sub").mkdir(parents=True)
+    for i in range(5):
+        (tmp_path / "src" / "sub" / f"f{i}.txt").write_text(str(i))
+    (tmp_path / "src" / "top.json").write_text("{}")
+    hub.add_repo(REPO, tmp_path / "src")
+    hub.tree_page_size = 2
+    r = client.get(f"{hub.url}/api/models/{REPO}/tree/main?recursive=true")
+    assert len(r.json()) == 2 and 'rel="next"' in r.headers["Link"]
+    from huggingface_hub import HfApi
+
+    paths = [e.path for e in HfApi(endpoint=hub.url).list_repo_tree(REPO, recursive=True)]
+    assert paths == ["sub", *[f"sub/f{i}.txt" for i in range(5)], "top.json"]
+    top = client.get(f"{hub.url}/api/models/{REPO}/tree/main").json()
+    assert [(e["type"], e["path"]) for e in top] == [("directory", "sub"), ("file", "top.json")]
+
+
+def test_resolve_headers_lfs_redirect_and_small_file(served, client) -> None:
+    f = served.hub.file(REPO, SHARD1)
+    r = client.head(resolve(served.hub, SHARD1))
+    assert r.status_code == 302 and r.headers["X-Repo-Commit"] == served.commit
+    assert r.headers["X-Linked-Etag"] == f'"{f.sha256}"' and int(r.headers["X-Linked-Size"]) == f.size
+    assert r.headers["Location"].startswith(f"http://localhost:{served.hub.port}/blobs/{f.sha256}")
+    data = (served.source / "config.json").read_bytes()
+    r = client.head(resolve(served.hub, "config.json"))
+    assert r.status_code == 200 and r.headers["ETag"] == f'"{git_blob(data)}"'
+    assert int(r.headers["Content-Length"]) == len(data) and r.headers["X-Repo-Commit"] == served.commit
+
+
+def test_range_requests(served, client) -> None:
+    data = (served.source / SHARD1).read_bytes()
+    r = blob_get(client, served.hub, SHARD1, {"Range": "bytes=100-"})
+    assert r.status_code == 206 and r.content == data[100:]
+    assert r.headers["Content-Range"] == f"bytes 100-{len(data) - 1}/{len(data)}"
+    r = blob_get(client, served.hub, SHARD1, {"Range": "bytes=10-19"})
+    assert r.content == data[10:20]
+    r = blob_get(client, served.hub, SHARD1, {"Range": f"bytes={len(data)}-"})
+    assert r.status_code == 416 and r.headers["Content-Range"] == f"bytes */{len(data)}"
+    r = client.get(resolve(served.hub, "config.json"), headers={"Range": "bytes=5-"})
+    assert r.status_code == 206 and r.content == (served.source / "config.json").read_bytes()[5:]
+
+
+def test_error_codes(served, client) -> None:
+    cases = [
+        (f"{served.hub.url}/nobody/x/resolve/main/config.json", "RepoNotFound"),
+        (resolve(served.hub, "config.json", "nope"), "RevisionNotFound"),
+        (resolve(served.hub, "nope.json"), "EntryNotFound"),
+        (f"{served.hub.url}/api/models/{REPO}/revision/nope", "RevisionNotFound"),
+        (f"{served.hub.url}/api/models/nobody/x/revision/main", "RepoNotFound"),
+    ]
+    for url, code in cases:
+        r = client.get(url)
+        assert (r.status_code, r.headers.get("X-Error-Code")) == (404, code), url
+
+
+def test_commit_ids_are_content_derived_and_branches_move(hub, tiny_copy: Path, tmp_path: Path) -> None:
+    with HubServer() as other:
+        assert other.add_repo(REPO, tiny_copy) == hub.add_repo(REPO, tiny_copy)
+    first = hub.branch(REPO)
+    (tmp_path / "v2").mkdir()
+    (tmp_path / "v2" / "config.json").write_text("{}")
+    second = hub.add_commit(REPO, tmp_path / "v2")
+    assert len(second) == 40 and second != first and hub.branch(REPO) == first
+    hub.move_branch(REPO, "main", second, after_requests=2)
+    with httpx.Client() as c:
+        shas = [c.get(f"{hub.url}/api/models/{REPO}/revision/main").json()["sha"] for _ in range(3)]
+    assert shas == [first, second, second]
+    hub.move_branch(REPO, "main", first, drop_old=True)
+    assert httpx.get(resolve(hub, "config.json", second)).headers["X-Error-Code"] == "RevisionNotFound"
+
+
+def test_dataset_routes(hub, tmp_path: Path, client) -> None:
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "train.jsonl").write_text('{"text": "hi"}\n')
+    commit = hub.add_repo("org/calib", tmp_path / "ds", repo_type="dataset")
+    assert client.get(f"{hub.url}/api/datasets/org/calib/revision/main").json()["sha"] == commit
+    assert client.get(f"{hub.url}/datasets/org/calib/resolve/{commit}/train.jsonl").text == '{"text": "hi"}\n'
+    assert client.get(f"{hub.url}/api/models/org/calib/revision/main").headers["X-Error-Code"] == "RepoNotFound"
+    from huggingface_hub import HfApi
+
+    assert HfApi(endpoint=hub.url).dataset_info("org/calib").sha == commit
+
+
+# -- fault switches, observed on the wire ---------------------------------------------------
+
+
+def test_fault_fail_counts(served, client) -> None:
+    served.hub.faults.add(Fault("fail", path="config.json", times=2, status=500))
+    codes = [client.get(resolve(served.hub, "config.json")).status_code for _ in range(3)]
+    assert codes == [500, 500, 200]
+
+
+def test_fault_skip_then_always(served, client) -> None:
+    served.hub.faults.add(Fault("fail", path="config.json", times=None, skip=1))
+    codes = [client.get(resolve(served.hub, "config.json")).status_code for _ in range(3)]
+    assert codes == [200, 503, 503]
+
+
+def test_fault_truncate_and_close(served, client) -> None:
+    served.hub.faults.add(Fault("truncate", path=SHARD1, at=1000))
+    with pytest.raises(httpx.RemoteProtocolError):
+        blob_get(client, served.hub, SHARD1)
+    served.hub.faults.add(Fault("close", path=SHARD1, at=1000))
+    with pytest.raises((httpx.ReadError, httpx.RemoteProtocolError)):
+        blob_get(client, served.hub, SHARD1)
+    assert [r.sent for r in served.hub.downloads(SHARD1)] == [1000, 1000]
+
+
+def test_fault_corrupt_same_length(served, client) -> None:
+    data = (served.source / SHARD1).read_bytes()
+    served.hub.faults.add(Fault("corrupt", path=SHARD1, at=77))
+    body = blob_get(client, served.hub, SHARD1).content
+    assert len(body) == len(data) and body != data
+    assert [i for i in range(len(data)) if body[i] != data[i]] == [77]
+
+
+def test_plain_client_accepts_corrupt_bytes(served, tmp_path: Path) -> None:
+    """Why qwenquant verifies: huggingface_hub checks the size only."""
+    from huggingface_hub import hf_hub_download
+
+    served.hub.faults.add(Fault("corrupt", path=SHARD1))
+    p = hf_hub_download(REPO, SHARD1, endpoint=served.hub.url, local_dir=tmp_path / "d")
+    assert Path(p).read_bytes() != (served.source / SHARD1).read_bytes()
+
+
+def test_fault_ignore_range_and_bad_content_range(served, client) -> None:
+    data = (served.source / SHARD1).read_bytes()
+    served.hub.faults.add(Fault("ignore_range", path=SHARD1))
+    r = blob_get(client, served.hub, SHARD1, {"Range": "bytes=100-"})
+    assert r.status_code == 200 and r.content == data
+    served.hub.faults.add(Fault("bad_content_range", path=SHARD1, shift=16))
+    r = blob_get(client, served.hub, SHARD1, {"Range": "bytes=100-"})
+    assert r.status_code == 206 and r.headers["Content-Range"].startswith("bytes 116-") and r.content == data[116:]
+
+
+def test_fault_slow(served, client) -> None:
+    served.hub.faults.add(Fault("slow", path="tokenizer.json", rate=200_000))
+    t = time.monotonic()
+    body = blob_get(client, served.hub, "tokenizer.json").content
+    assert time.monotonic() - t >= 0.2 and body == (served.source / "tokenizer.json").read_bytes()
+
+
+def test_fault_wrong_commit_and_not_found(served, client) -> None:
+    served.hub.faults.add(Fault("wrong_commit", path="config.json", commit="a" * 40, method=None))
+    assert client.head(resolve(served.hub, "config.json")).headers["X-Repo-Commit"] == "a" * 40
+    served.hub.faults.add(Fault("not_found", path="config.json"))
+    r = client.get(resolve(served.hub, "config.json"))
+    assert (r.status_code, r.headers["X-Error-Code"]) == (404, "EntryNotFound")
+
+
+def test_request_log_records_ranges(served, client) -> None:
+    blob_get(client, served.hub, SHARD1, {"Range": "bytes=10-19"})
+    (r,) = served.hub.downloads(SHARD1)
+    assert (r.range, r.status, r.start, r.end, r.sent) == ("bytes=10-19", 206, 10, 20, 10)
+
+
+def test_module_entry_point_serves(tiny_copy: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    proc = subprocess.Popen([sys.executable, "-m", "qwenquant.hubserver", "--repo", f"{REPO}={tiny_copy}"],
+                            stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    try:
+        lines = [proc.stdout.readline() for _ in range(2)]
+        assert lines[0].startswith(f"model   {REPO} main -> ")
+        url = lines[1].split()[-1]
+        assert httpx.get(f"{url}/api/models/{REPO}/revision/main").json()["id"] == REPO
+    finally:
+        proc.terminate()
+        proc.wait(10)
