@@ -78,13 +78,9 @@ def _split_matches(rel: str, split: str) -> bool:
 
 def fetch_hub_dataset(spec: Any, dest: Path) -> Path:
     """Fetch the pinned dataset revision through the project's fetch code (sha256-verified)."""
-    from qwenquant import fetch
+    from qwenquant.fetch import fetch_snapshot
 
-    fn = getattr(fetch, "fetch_snapshot", None)
-    if fn is None:
-        raise StageError("this build has no Hub fetch function for datasets",
-                         hint="use a local calibration set: --calibration tiny-demo or a .jsonl path")
-    fn(spec.dataset, revision=spec.revision, out=dest, repo_type="dataset")
+    fetch_snapshot(spec.dataset, dest, revision=spec.revision, repo_type="dataset")
     return dest
 
 
@@ -160,13 +156,18 @@ def load_tokens(stage_dir: Path) -> list[list[int]]:
     return [flat[off[i]:off[i + 1]] for i in range(len(off) - 1)]
 
 
-def run_calibration(spec: Any, source_dir: Path, out_dir: Path) -> dict[str, Any]:
-    """Build the calibration set into `out_dir`; return its description (also written as JSON)."""
+def run_calibration(spec: Any, source_dir: Path, out_dir: Path, *, datasets_dir: Path | None = None) -> dict[str, Any]:
+    """Build the calibration set into `out_dir`; return its description (also written as JSON).
+
+    Hub datasets are fetched (pinned, verified) into `datasets_dir`, kept across runs."""
     from transformers import AutoTokenizer
 
     scratch = Path(tempfile.mkdtemp(prefix=".calib-", dir=out_dir))
     try:
-        fetched = fetch_hub_dataset(spec, scratch / "hub") if spec.source == "hub" else None
+        fetched = None
+        if spec.source == "hub":
+            base = Path(datasets_dir) if datasets_dir else scratch
+            fetched = fetch_hub_dataset(spec, base / f"{spec.dataset.replace('/', '--')}@{spec.revision}")
         files = data_files(spec, fetched)
         rows = load_rows(files, scratch / "cache")
         tokenizer = AutoTokenizer.from_pretrained(str(source_dir))

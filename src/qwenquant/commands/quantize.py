@@ -1,0 +1,112 @@
+"""`qwenquant quantize` and `qwenquant graft-mtp` (light imports only; the work is in pipeline.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from qwenquant.commands._app import app
+
+
+@app.command("quantize")
+def quantize_cmd(
+    source: Path = typer.Argument(..., help="Model folder written by `qwenquant fetch` (or any folder with --source-unverified)."),
+    recipe: str = typer.Option("w4a16-int4head", "--recipe", help="Shipped recipe name or YAML path."),
+    out: Path = typer.Option(..., "--out", help="Artifact folder to write (replaced when complete)."),
+    calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration set name or YAML path (default: the recipe's)."),
+    source_unverified: bool = typer.Option(False, "--source-unverified", help="Accept a local folder without a fetch record (hashed and recorded as unverified)."),
+    work: Optional[Path] = typer.Option(None, "--work", help="Work folder for stage outputs and records (default: <out>.work)."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: cuda when present)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+) -> None:
+    """Quantize a Qwen3.5-architecture checkpoint into a verified W4A16 artifact (resumable).
+
+    Stages: source, calibration, gptq, lm_head, mtp, textonly, check, manifest. A re-run (after a
+    crash or Ctrl-C) reuses every stage whose completion record still proves it complete.
+
+    Examples:
+
+      qwenquant quantize models/Qwen3.8-27B --recipe w4a16-int4head --out artifacts/q27b
+
+      qwenquant quantize models/tiny --source-unverified --calibration tiny-demo --out artifacts/tiny --json
+    """
+    if device not in (None, "cpu", "cuda"):
+        raise typer.BadParameter("must be cpu or cuda", param_hint="--device")
+    if device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # llm-compressor picks cuda whenever it is visible
+    os.environ.setdefault("TQDM_DISABLE", "1")  # our progress bars replace llm-compressor's
+    from qwenquant.console import console, step_progress, stdout
+    from qwenquant.pipeline import QuantizeOptions, quantize
+    from qwenquant.recipe import load_calibration_override, load_recipe
+
+    r = load_recipe(recipe)
+    spec = load_calibration_override(calibration) if calibration else r.calibration
+    opts = QuantizeOptions(source, r, spec, out, work, device, source_unverified)
+    with step_progress() as bars:
+        tasks: dict[str, int] = {}
+
+        def progress(name: str, i: int, n: int) -> None:
+            key = "stages" if name not in ("gptq layers", "lm_head row chunks") else name
+            if key not in tasks:
+                tasks[key] = bars.add_task(key, total=n)
+            bars.update(tasks[key], completed=i, total=n, description=key if key != "stages" else f"stage {name}")
+
+        result = quantize(opts, progress)
+    if as_json:
+        stdout.print_json(json.dumps(result.to_dict()))
+        return
+    _print_result(result, stdout)
+    console.print(f"[green]done[/]: {sum(v == 'ran' for v in result.stages.values())} stage(s) ran, "
+                  f"{sum(v == 'skipped' for v in result.stages.values())} reused")
+
+
+def _print_result(result, out) -> None:  # type: ignore[no-untyped-def]
+    from rich.table import Table
+
+    out.print(f"artifact: {result.artifact}", markup=False)
+    out.print(f"root digest: {result.root_digest}", markup=False)
+    head = result.quality.get("lm_head", {})
+    if head.get("gptq"):
+        t = Table(title="lm_head quality (held-out tokens vs the bf16 head)")
+        for col in ("method", "KL", "top-1 agreement"):
+            t.add_column(col)
+        for m in ("rtn", "gptq"):
+            t.add_row(m, f"{head[m]['kl']:.6g}", f"{head[m]['top1']:.4f}")
+        t.caption = (f"KL reduction {head['kl_reduction_pct']:.1f}%, {head['calibration_tokens']} calibration / "
+                     f"{head['heldout_tokens']} held-out tokens")
+        out.print(t)
+
+
+@app.command("graft-mtp")
+def graft_mtp_cmd(
+    artifact: Path = typer.Argument(..., help="Quantized artifact folder."),
+    source: Path = typer.Option(..., "--source", help="The original (unquantized) model folder."),
+    check_only: bool = typer.Option(False, "--check-only", help="Only report; exit 1 when something is missing."),
+) -> None:
+    """Copy the bf16 MTP draft head (mtp.*) from the source into an artifact, byte-identical.
+
+    Fixes the index and the quantization ignore list, re-writes the manifest and re-verifies.
+    Running it again changes nothing.
+
+    Examples:
+
+      qwenquant graft-mtp artifacts/q27b --source models/Qwen3.8-27B
+
+      qwenquant graft-mtp artifacts/q27b --source models/Qwen3.8-27B --check-only
+    """
+    from qwenquant.console import stdout
+    from qwenquant.errors import StageError
+    from qwenquant.pipeline import graft_mtp
+
+    r = graft_mtp(artifact, source, check_only=check_only)
+    if r["nothing_to_do"]:
+        stdout.print("nothing to graft: every mtp.* tensor is present and byte-identical", markup=False)
+    elif check_only:
+        raise StageError(f"MTP head incomplete in {artifact}: {r['plan']}",
+                         hint=f"run `qwenquant graft-mtp {artifact} --source {source}`")
+    else:
+        stdout.print(f"grafted: {r['plan']}; root digest {r['root_digest']}", markup=False)

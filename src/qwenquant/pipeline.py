@@ -1,0 +1,486 @@
+"""The quantize pipeline: stages in order, each with a completion record, resumable after a crash.
+
+Each stage builds its output folder in a staging dir and renames it to `<work>/<stage>/`, then
+writes `<work>/<stage>.record.json`:
+
+    {stage, status: "complete", inputs: {name: sha256}, outputs: {relpath: sha256}, params,
+     result, started, finished, tool_versions, schema_version, record_sha256}
+
+`record_sha256` is the sha256 of the canonical JSON of every other field. A re-run skips a stage
+only when its record parses, is complete, hashes to its own `record_sha256`, has the same inputs
+and params as now, and every output file on disk still has its recorded sha256 (and no file was
+added); anything else runs the stage again from its start. Only this module writes stage records
+and the manifest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qwenquant.atomic import atomic_write_bytes, atomic_write_json, canonical_json, pretty_json, replace_dir, staging_dir
+from qwenquant.errors import CheckError, StageError
+from qwenquant.hashing import sha256_file
+
+log = logging.getLogger(__name__)
+
+RECORD_SCHEMA = 1
+STAGES = ("source", "calibration", "gptq", "lm_head", "mtp", "textonly", "check")
+QUALITY_FILE = "qwenquant-quality.json"
+_RECORD_FIELDS = {"schema_version": int, "stage": str, "status": str, "inputs": dict, "outputs": dict,
+                  "params": dict, "result": dict, "started": str, "finished": str, "tool_versions": dict,
+                  "record_sha256": str}
+
+
+def sha256_json(obj: Any) -> str:
+    return hashlib.sha256(canonical_json(obj)).hexdigest()
+
+
+def record_digest(body: dict[str, Any]) -> str:
+    """The self-hash of a record: sha256 of the canonical JSON without `record_sha256`."""
+    return sha256_json({k: v for k, v in body.items() if k != "record_sha256"})
+
+
+def outputs_digest(record: dict[str, Any]) -> str:
+    """One digest naming a stage's outputs (what later stages list as their input)."""
+    return sha256_json(record["outputs"])
+
+
+def tool_versions() -> dict[str, str]:
+    """Installed versions of the quantization stack (package metadata only: no heavy imports)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for dist in ("qwenquant", "torch", "transformers", "llmcompressor", "compressed-tensors", "datasets", "safetensors"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + f"{time.time() % 1:.6f}"[1:]
+
+
+def check_record(raw: bytes | None, *, stage: str, inputs: dict[str, str], params: dict[str, Any],
+                 outputs_on_disk: Callable[[], dict[str, str]]) -> tuple[dict[str, Any] | None, str]:
+    """Pure-ish: (record, "") when the stage may be skipped, else (None, why it must run)."""
+    if raw is None:
+        return None, "no completion record"
+    try:
+        rec = json.loads(raw)
+    except ValueError:
+        return None, "completion record is not valid JSON (partial or corrupt)"
+    if not isinstance(rec, dict):
+        return None, "completion record is malformed (not an object)"
+    bad = [k for k, t in _RECORD_FIELDS.items() if not isinstance(rec.get(k), t)]
+    if bad:
+        return None, f"completion record is malformed (fields {', '.join(bad)})"
+    if rec["schema_version"] != RECORD_SCHEMA or rec["stage"] != stage or rec["status"] != "complete":
+        return None, "completion record is not a complete record of this stage"
+    if not all(isinstance(v, str) for v in rec["outputs"].values()) or not all(
+            isinstance(v, str) for v in rec["inputs"].values()):
+        return None, "completion record is malformed (digests)"
+    if record_digest(rec) != rec["record_sha256"]:
+        return None, "completion record fails its self-hash"
+    if rec["inputs"] != inputs:
+        changed = sorted(k for k in set(inputs) | set(rec["inputs"]) if inputs.get(k) != rec["inputs"].get(k))
+        return None, f"inputs changed ({', '.join(changed)})"
+    if rec["params"] != json.loads(canonical_json(params)):
+        return None, "parameters changed"
+    on_disk = outputs_on_disk()
+    if on_disk != rec["outputs"]:
+        changed = sorted(k for k in set(on_disk) | set(rec["outputs"]) if on_disk.get(k) != rec["outputs"].get(k))
+        return None, f"outputs changed on disk ({', '.join(changed[:3])}{'...' if len(changed) > 3 else ''})"
+    return rec, ""
+
+
+class DigestCache:
+    """sha256 per file, cached by (device, inode, size, mtime_ns): hard-linked files hash once."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[int, int, int, int], str] = {}
+
+    def file(self, p: Path) -> str:
+        st = p.stat()
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if key not in self._cache:
+            self._cache[key] = sha256_file(p)
+        return self._cache[key]
+
+    def folder(self, root: Path) -> dict[str, str]:
+        if not root.is_dir():
+            return {}
+        return {p.relative_to(root).as_posix(): self.file(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@dataclass
+class StageOutcome:
+    name: str
+    dir: Path
+    record: dict[str, Any]
+    ran: bool
+    reason: str
+
+    @property
+    def result(self) -> dict[str, Any]:
+        return self.record["result"]
+
+    @property
+    def digest(self) -> str:
+        return outputs_digest(self.record)
+
+
+class StageRunner:
+    """Runs a stage unless its record proves it complete; writes the record afterwards."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = Path(work)
+        self.digests = DigestCache()
+        self.versions = tool_versions()
+        self.outcomes: dict[str, StageOutcome] = {}
+
+    def record_path(self, name: str) -> Path:
+        return self.work / f"{name}.record.json"
+
+    def run(self, name: str, inputs: dict[str, str], params: dict[str, Any],
+            fn: Callable[[Path], dict[str, Any]]) -> StageOutcome:
+        out_dir = self.work / name
+        path = self.record_path(name)
+        raw = path.read_bytes() if path.is_file() else None
+        rec, reason = check_record(raw, stage=name, inputs=inputs, params=params,
+                                   outputs_on_disk=lambda: self.digests.folder(out_dir))
+        if rec is not None:
+            log.info("stage %s: complete, skipped", name)
+            outcome = StageOutcome(name, out_dir, rec, False, "")
+        else:
+            log.info("stage %s: running (%s)", name, reason)
+            path.unlink(missing_ok=True)
+            started = _now()
+            with staging_dir(out_dir) as tmp:
+                result = fn(tmp)
+            body = {
+                "schema_version": RECORD_SCHEMA, "stage": name, "status": "complete",
+                "inputs": inputs, "outputs": self.digests.folder(out_dir),
+                "params": json.loads(canonical_json(params)), "result": json.loads(canonical_json(result or {})),
+                "started": started, "finished": _now(), "tool_versions": self.versions,
+            }
+            body["record_sha256"] = record_digest(body)
+            atomic_write_bytes(path, pretty_json(body))
+            log.info("stage %s: complete", name)
+            outcome = StageOutcome(name, out_dir, body, True, reason)
+        self.outcomes[name] = outcome
+        return outcome
+
+
+@contextlib.contextmanager
+def work_lock(work: Path) -> Iterator[None]:
+    """One quantize per work folder (flock: released by the kernel if the process dies)."""
+    work.mkdir(parents=True, exist_ok=True)
+    fd = os.open(work / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StageError(f"another quantize is running with work folder {work}",
+                             hint="wait for it, or pass a different --work") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def clean_partials(work: Path) -> None:
+    """Remove staging folders a killed run left behind (they are never trusted)."""
+    for p in work.glob(".*.partial"):
+        shutil.rmtree(p, ignore_errors=True)
+    for p in work.glob(".*.old-*"):
+        shutil.rmtree(p, ignore_errors=True)
+
+
+@dataclass
+class QuantizeOptions:
+    source_dir: Path
+    recipe: Any
+    calibration: Any
+    out: Path
+    work: Path | None = None
+    device: str | None = None
+    source_unverified: bool = False
+
+
+@dataclass
+class QuantizeResult:
+    artifact: Path
+    root_digest: str
+    quality: dict[str, Any]
+    stages: dict[str, str] = field(default_factory=dict)  # stage -> "ran" | "skipped"
+    calibration: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"artifact": str(self.artifact), "root_digest": self.root_digest, "quality": self.quality,
+                "stages": self.stages, "calibration_fingerprint": self.calibration.get("fingerprint_sha256")}
+
+
+def resolve_device(device: str | None) -> str:
+    """cuda when present (or asked for), else cpu."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise StageError("--device cuda but no CUDA device is visible", hint="drop --device, or use --device cpu")
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def quantize(opts: QuantizeOptions, progress: Callable[[str, int, int], None] | None = None) -> QuantizeResult:
+    """Run every stage (resuming from valid records), assemble the artifact, write its manifest."""
+    from qwenquant.stages import calibration as cal
+    from qwenquant.stages.source import describe_source, stat_fingerprint
+
+    recipe, spec = opts.recipe, opts.calibration
+    source = Path(opts.source_dir).resolve()
+    out = Path(opts.out).resolve()
+    work = Path(opts.work).resolve() if opts.work else out.with_name(out.name + ".work")
+    device = resolve_device(opts.device)
+    step = progress or (lambda name, i, n: None)
+    with work_lock(work):
+        clean_partials(work)
+        runner = StageRunner(work)
+        total = len(STAGES) + 1
+
+        step("source", 0, total)
+        record_file = source / "qwenquant-fetch.json"
+        src = runner.run(
+            "source",
+            {"stat": stat_fingerprint(source),
+             "fetch_record": sha256_file(record_file) if record_file.is_file() else "none"},
+            {"unverified": opts.source_unverified, "path": str(source)},
+            lambda d: _source_stage(d, source, recipe, opts.source_unverified))
+
+        step("calibration", 1, total)
+        spec_dump = spec.model_dump(mode="json")
+        data = spec.resolved_path() if spec.source == "local" else None
+        calib = runner.run(
+            "calibration",
+            {"source": src.digest, "spec": sha256_json(spec_dump),
+             "data": sha256_file(data) if data is not None and data.is_file() else f"hub:{spec.dataset}@{spec.revision}"},
+            {"spec": spec_dump},
+            lambda d: cal.run_calibration(spec, source, d, datasets_dir=work / "datasets"))
+        samples = None
+
+        def tokens() -> list[list[int]]:
+            nonlocal samples
+            if samples is None:
+                samples = cal.load_tokens(calib.dir)
+            return samples
+
+        step("gptq", 2, total)
+        q_dump = recipe.quantization.model_dump(mode="json")
+        a_dump = recipe.artifact.model_dump(mode="json")
+        gptq = runner.run(
+            "gptq",
+            {"source": src.digest, "calibration": calib.digest, "quantization": sha256_json(q_dump),
+             "artifact": sha256_json(a_dump), "device": device},
+            {"quantization": q_dump, "device": device},
+            lambda d: _gptq_stage(d, source, tokens(), recipe, device, progress))
+
+        step("lm_head", 3, total)
+        h_dump = recipe.lm_head.model_dump(mode="json")
+        head = runner.run(
+            "lm_head",
+            {"source": src.digest, "calibration": calib.digest, "gptq": gptq.digest, "lm_head": sha256_json(h_dump),
+             "device": device},
+            {"lm_head": h_dump, "device": device},
+            lambda d: _head_stage(d, source, tokens(), recipe, gptq.dir, device, progress))
+
+        step("mtp", 4, total)
+        mtp = runner.run("mtp", {"source": src.digest, "lm_head": head.digest}, {},
+                         lambda d: _mtp_stage(d, head.dir, source))
+
+        step("textonly", 5, total)
+        layout = recipe.artifact.layout
+        text = runner.run("textonly", {"mtp": mtp.digest, "layout": sha256_json(layout)}, {"layout": layout},
+                          lambda d: _layout_stage(d, mtp.dir, layout))
+
+        step("check", 6, total)
+        check = runner.run(
+            "check", {"textonly": text.digest, "source": src.digest, "recipe": recipe.sha256()}, {"layout": layout},
+            lambda d: _check_stage(d, text.dir, source, recipe))
+
+        step("manifest", 7, total)
+        result = _finish(runner, out, text.dir, src, calib, head, check, recipe)
+        step("done", total, total)
+        return result
+
+
+def _source_stage(d: Path, source: Path, recipe: Any, unverified: bool) -> dict[str, Any]:
+    from qwenquant.stages.source import describe_source
+
+    desc = describe_source(source, recipe, unverified=unverified)
+    atomic_write_json(d / "source.json", desc)
+    return {k: v for k, v in desc.items() if k != "files"} | {"file_count": len(desc["files"])}
+
+
+def _gptq_stage(d: Path, source: Path, samples: list[list[int]], recipe: Any, device: str,
+                progress: Callable[[str, int, int], None] | None) -> dict[str, Any]:
+    from qwenquant.stages.gptq import run_gptq
+
+    cb = (lambda i, n: progress("gptq layers", i, n)) if progress else None
+    return run_gptq(source, samples, recipe, d, device=device, progress=cb)
+
+
+def _head_stage(d: Path, source: Path, samples: list[list[int]], recipe: Any, prev: Path, device: str,
+                progress: Callable[[str, int, int], None] | None) -> dict[str, Any]:
+    from qwenquant.stages.assemble import current_plan, derive_checkpoint, read_config
+
+    if not recipe.lm_head.enabled:
+        derive_checkpoint(prev, d, current_plan(prev), read_config(prev))
+        return {"lm_head": {"method": "none"}}
+    from qwenquant.stages.headquant import run_head
+
+    cb = (lambda i, n: progress("lm_head row chunks", i, n)) if progress else None
+    return run_head(source, samples, recipe, prev, d, device=device, progress=cb)
+
+
+def _mtp_stage(d: Path, prev: Path, source: Path) -> dict[str, Any]:
+    from qwenquant.stages.assemble import carry_files
+    from qwenquant.stages.mtp import graft_into, plan_for
+
+    plan = plan_for(prev, source)
+    graft_into(prev, d, source, plan)
+    carry_files(prev, d)
+    return {"graft": plan.summary(), "added": len(plan.add)}
+
+
+def _layout_stage(d: Path, prev: Path, layout: str) -> dict[str, Any]:
+    from qwenquant.stages.textonly import keep_multimodal, rewrite_text_only
+
+    return rewrite_text_only(prev, d) if layout == "text-only" else keep_multimodal(prev, d)
+
+
+def unquantized_problems(artifact: Path, source: Path, recipe: Any, layout: str) -> list[str]:
+    """The byte-identity proof for a finished artifact (text-only names mapped back to the source)."""
+    from qwenquant.stages.identity import prove_unquantized_identical, recipe_quantizes
+    from qwenquant.stages.textonly import text_only_name
+
+    return prove_unquantized_identical(
+        artifact, source, rename=text_only_name if layout == "text-only" else (lambda n: n),
+        may_quantize=recipe_quantizes(list(recipe.quantization.ignore), head_quantized=recipe.lm_head.enabled))
+
+
+def _check_stage(d: Path, artifact: Path, source: Path, recipe: Any) -> dict[str, Any]:
+    from qwenquant.stages.mtp import verify_mtp
+
+    layout = recipe.artifact.layout
+    problems = [f"unquantized-identical: {p}" for p in unquantized_problems(artifact, source, recipe, layout)]
+    problems += [f"mtp-identical: {p}" for p in verify_mtp(artifact, source)]
+    rules: list[str] = []
+    try:
+        from qwenquant.check import check_artifact
+    except ModuleNotFoundError as e:
+        if e.name != "qwenquant.check":
+            raise
+        log.warning("qwenquant.check is not installed in this build: vLLM load rules not checked")
+    else:
+        report = check_artifact(artifact)
+        if not report.ok:
+            for p in report.problems:
+                problems.append(str(p))
+                rules.append(str(getattr(p, "rule", getattr(p, "rule_id", "check"))))
+    atomic_write_json(d / "check.json", {"problems": problems, "rules": sorted(set(rules))})
+    if problems:
+        ids = sorted(set(rules) | {p.split(":", 1)[0] for p in problems if p.startswith(("unquantized-", "mtp-"))})
+        raise CheckError(f"the artifact fails {len(problems)} check(s) [{', '.join(ids)}]:\n  " + "\n  ".join(problems[:20]),
+                         hint="fix the cause and re-run `qwenquant quantize` (finished stages are reused)")
+    return {"problems": 0}
+
+
+def manifest_fields(src: StageOutcome, calib: StageOutcome, head: StageOutcome, runner: StageRunner,
+                    recipe: Any) -> dict[str, Any]:
+    """Everything the manifest records besides the file list."""
+    source_desc = json.loads((src.dir / "source.json").read_text())
+    return {
+        "source": source_desc,
+        "recipe": recipe.canonical(),
+        "recipe_sha256": recipe.sha256(),
+        "calibration": {k: v for k, v in calib.result.items()},
+        "stages": {name: o.record for name, o in runner.outcomes.items()},
+        "quality": head.result,
+        "tool_versions": runner.versions,
+    }
+
+
+def _finish(runner: StageRunner, out: Path, built: Path, src: StageOutcome, calib: StageOutcome,
+            head: StageOutcome, check: StageOutcome, recipe: Any) -> QuantizeResult:
+    from qwenquant.manifest import build_manifest, verify_artifact, write_manifest
+    from qwenquant.stages.assemble import link_or_copy
+
+    fields = manifest_fields(src, calib, head, runner, recipe)
+    with staging_dir(out) as tmp:
+        for p in sorted(built.iterdir()):
+            if p.is_file():
+                link_or_copy(p, tmp / p.name)
+        atomic_write_bytes(tmp / QUALITY_FILE, pretty_json(head.result))
+        manifest = build_manifest(tmp, **fields)
+        write_manifest(tmp, manifest)
+    report = verify_artifact(out)
+    if not report.ok:
+        raise StageError(f"the written artifact does not verify: {report.problems}", hint="re-run quantize")
+    log.info("artifact %s, root digest %s", out, manifest.root_digest)
+    return QuantizeResult(out, manifest.root_digest, head.result,
+                          {n: ("ran" if o.ran else "skipped") for n, o in runner.outcomes.items()}, calib.result)
+
+
+def refresh_manifest(artifact: Path, note: dict[str, Any] | None = None) -> str:
+    """Re-hash an artifact after a repair (graft-mtp) keeping what its manifest recorded; return the
+    new root digest. Call it on a staging folder before it is renamed into place."""
+    from qwenquant.manifest import build_manifest, load_manifest, write_manifest
+
+    old = load_manifest(artifact)
+    extra = dict(old.extra)
+    if note:
+        extra.setdefault("repairs", []).append(note)
+    m = build_manifest(artifact, source=old.source, recipe=old.recipe, recipe_sha256=old.recipe_sha256,
+                       calibration=old.calibration, stages=old.stages, quality=old.quality,
+                       tool_versions=old.tool_versions, extra=extra)
+    write_manifest(artifact, m)
+    return m.root_digest
+
+
+def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False) -> dict[str, Any]:
+    """`qwenquant graft-mtp`: put the source MTP tensors back into an artifact (idempotent)."""
+    from qwenquant.manifest import MANIFEST_NAME, verify_artifact
+    from qwenquant.stages.assemble import carry_files
+    from qwenquant.stages.mtp import graft_into, plan_for, verify_mtp
+
+    artifact, source = Path(artifact).resolve(), Path(source).resolve()
+    for p, what in ((artifact, "artifact"), (source, "source")):
+        if not (p / "config.json").is_file():
+            raise StageError(f"{what} folder {p} has no config.json", hint=f"check the {what} path")
+    plan = plan_for(artifact, source)
+    if check_only or plan.nothing_to_do:
+        return {"artifact": str(artifact), "plan": plan.summary(), "nothing_to_do": plan.nothing_to_do,
+                "written": False}
+    had_manifest = (artifact / MANIFEST_NAME).is_file()
+    with staging_dir(artifact) as tmp:
+        graft_into(artifact, tmp, source, plan)
+        carry_files(artifact, tmp, drop=[MANIFEST_NAME])
+        root = refresh_manifest(tmp, {"graft_mtp": plan.summary()}) if had_manifest else None
+    problems = verify_mtp(artifact, source)
+    if had_manifest:
+        report = verify_artifact(artifact)
+        if not report.ok:
+            problems += [str(p) for p in report.problems]
+    if problems:
+        raise StageError("graft-mtp: the artifact still fails: " + "; ".join(problems), hint="re-run graft-mtp")
+    return {"artifact": str(artifact), "plan": plan.summary(), "nothing_to_do": False, "written": True,
+            "root_digest": root}

@@ -1,0 +1,138 @@
+"""lm_head stage driver: activation-calibrated int4 head (math in stages/lm_head.py).
+
+Final-norm hidden states of the original-precision model over the calibration tokens feed the
+head's Hessian; `heldout_fraction` of the samples (the last ones, deterministic) are kept back
+for the quality report (KL and top-1 against the bf16 head, GPTQ vs RTN).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from qwenquant.errors import StageError
+from qwenquant.stages.assemble import current_plan, derive_checkpoint, read_config, torch_raw
+from qwenquant.stages.tensorfile import checkpoint_refs
+
+log = logging.getLogger(__name__)
+
+HEAD = "lm_head"
+
+
+def split_heldout(n: int, fraction: float) -> tuple[list[int], list[int]]:
+    """Pure: (calibration indices, held-out indices); the last round(n * fraction) samples, at
+    least one when fraction > 0 and n > 1, are held out."""
+    held = 0 if fraction <= 0 or n < 2 else min(n - 1, max(1, round(n * fraction)))
+    return list(range(n - held)), list(range(n - held, n))
+
+
+def head_quant_config(config: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]:
+    """Pure: config with the head's config group added (next free `group_N`) and lm_head un-ignored."""
+    import copy
+
+    out = copy.deepcopy(config)
+    qc = out["quantization_config"]
+    groups = qc.setdefault("config_groups", {})
+    for name, g in list(groups.items()):
+        if g.get("targets") == group.get("targets"):
+            del groups[name]
+    i = 0
+    while f"group_{i}" in groups:
+        i += 1
+    groups[f"group_{i}"] = group
+    qc["ignore"] = [p for p in (qc.get("ignore") or []) if p not in ("lm_head", "re:.*lm_head$", "language_model.lm_head")]
+    return out
+
+
+def _load_model(source_dir: Path, device: str) -> Any:
+    import transformers
+
+    cfg = read_config(source_dir)
+    arch = (cfg.get("architectures") or ["Qwen3_5ForConditionalGeneration"])[0]
+    cls = getattr(transformers, arch)
+    kwargs: dict[str, Any] = {"dtype": "auto"}
+    if device == "cuda":
+        kwargs["device_map"] = "auto"  # spills to CPU what does not fit on the GPU
+    model = cls.from_pretrained(str(source_dir), **kwargs)
+    return model.eval()
+
+
+def run_head(source_dir: Path, samples: list[list[int]], recipe: Any, prev_dir: Path, out_dir: Path, *,
+             device: str, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Quantize lm_head into `out_dir` (= `prev_dir` with the head packed); return the quality report."""
+    import torch
+
+    from qwenquant.stages import lm_head as lh
+    from qwenquant.stages.gptq import set_deterministic
+
+    spec = recipe.lm_head
+    set_deterministic()
+    calib_idx, held_idx = split_heldout(len(samples), spec.heldout_fraction)
+    model = _load_model(source_dir, device)
+    H: torch.Tensor | None = None
+    n_tokens = 0
+    held: list[torch.Tensor] = []
+
+    def fold(hidden: torch.Tensor) -> None:
+        nonlocal H, n_tokens
+        H, n_tokens = lh.accumulate_hessian(H, hidden.float().to(device), n_tokens)
+
+    def batches(idx: list[int]) -> Any:
+        for i in idx:
+            yield {"input_ids": torch.tensor([samples[i]], dtype=torch.long)}
+
+    lh.capture_final_hidden(model, batches(calib_idx), fold)
+    if held_idx:
+        lh.capture_final_hidden(model, batches(held_idx), lambda h: held.append(h.float().cpu()))
+    del model
+    if H is None:
+        raise StageError("no calibration tokens reached lm_head", hint="check the calibration set")
+    src_refs = checkpoint_refs(source_dir)
+    ref = src_refs[f"{HEAD}.weight"]
+    W = torch.frombuffer(bytearray(ref.read()), dtype=torch.bfloat16 if ref.dtype == "BF16" else torch.float32)
+    W = W.reshape(ref.shape)
+    common = dict(num_bits=spec.num_bits, group_size=spec.group_size, symmetric=spec.symmetric,
+                  row_chunk=spec.row_chunk, device=device)
+    q_gptq = lh.gptq_quantize_rows(W, H, dampening_frac=spec.dampening_frac, block_size=spec.block_size,
+                                   progress=progress, **common)
+    q_rtn = lh.rtn_quantize_rows(W, **common)
+    report_hidden = torch.cat(held) if held else None
+    used = "heldout"
+    if report_hidden is None:
+        report = None
+        used = "none"
+    else:
+        report = lh.compare_heads(W, q_rtn, q_gptq, report_hidden, device=device)
+    quality = {
+        "lm_head": {
+            "method": spec.method,
+            "rtn": report["rtn"] if report else None,
+            "gptq": report["gptq"] if report else None,
+            "kl_reduction_pct": report["kl_reduction_pct"] if report else None,
+            "calibration_tokens": int(n_tokens),
+            "heldout_tokens": int(report_hidden.shape[0]) if report_hidden is not None else 0,
+            "heldout_samples": len(held_idx),
+            "evaluated_on": used,
+            "used_rtn_fallback": bool(q_gptq.used_rtn_fallback),
+        }
+    }
+    if report and spec.require_better_than_rtn and spec.method == "gptq" and report["gptq"]["kl"] >= report["rtn"]["kl"]:
+        raise StageError(
+            f"lm_head GPTQ is not better than RTN on held-out tokens (KL {report['gptq']['kl']:.6g} >= "
+            f"{report['rtn']['kl']:.6g})", hint="use more calibration samples, or set lm_head.require_better_than_rtn: false")
+    chosen = q_gptq if spec.method == "gptq" else q_rtn
+    packed = {n: torch_raw(n, t) for n, t in lh.pack_head(chosen, prefix=HEAD).items()}
+
+    plan = current_plan(prev_dir)
+    for shard, tensors in plan.items():
+        if f"{HEAD}.weight" in tensors:
+            del tensors[f"{HEAD}.weight"]
+            tensors.update(packed)
+            break
+    else:
+        raise StageError("the GPTQ output has no lm_head.weight", hint="re-run with a fresh --work folder")
+    config = head_quant_config(read_config(prev_dir), lh.head_config_group(spec))
+    derive_checkpoint(prev_dir, out_dir, plan, config)
+    return quality

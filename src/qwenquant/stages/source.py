@@ -1,0 +1,76 @@
+"""Source stage: what is being quantized, verified against its fetch record (or hashed as local)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from qwenquant.atomic import canonical_json
+from qwenquant.errors import StageError, VerificationError
+
+log = logging.getLogger(__name__)
+
+RECORD_NAME = "qwenquant-fetch.json"
+
+
+def _files(source_dir: Path) -> list[Path]:
+    return sorted(p for p in Path(source_dir).rglob("*")
+                  if p.is_file() and not any(part.startswith(".") for part in p.relative_to(source_dir).parts))
+
+
+def stat_fingerprint(source_dir: Path) -> str:
+    """sha256 over (path, size, mtime_ns) of every file: cheap, changes when any file is touched."""
+    rows = [(p.relative_to(source_dir).as_posix(), p.stat().st_size, p.stat().st_mtime_ns) for p in _files(source_dir)]
+    return hashlib.sha256(canonical_json(rows)).hexdigest()
+
+
+def check_model_config(source_dir: Path, recipe: Any) -> dict[str, Any]:
+    """The source config.json, checked against the recipe's architectures/model types."""
+    path = Path(source_dir) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise StageError(f"{path} not found: {source_dir} is not a model checkpoint",
+                         hint="pass the folder `qwenquant fetch` wrote") from None
+    except ValueError as e:
+        raise StageError(f"{path} is not valid JSON ({e})", hint="re-fetch the model") from None
+    archs = cfg.get("architectures") or []
+    if cfg.get("model_type") not in recipe.model.model_types or not set(archs) & set(recipe.model.architectures):
+        raise StageError(
+            f"{source_dir}: model_type {cfg.get('model_type')!r} / architectures {archs} are not what recipe "
+            f"{recipe.name!r} is for ({recipe.model.model_types} / {recipe.model.architectures})",
+            hint="pick a recipe for this model, or check the source folder")
+    return cfg
+
+
+def describe_source(source_dir: Path, recipe: Any, *, unverified: bool,
+                    progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Verify (fetch record) or hash (--source-unverified) the source; return its description."""
+    from qwenquant.hashing import sha256_files
+
+    source_dir = Path(source_dir)
+    if not source_dir.is_dir():
+        raise StageError(f"source folder not found: {source_dir}", hint="check the path, or run `qwenquant fetch`")
+    check_model_config(source_dir, recipe)
+    if not unverified:
+        from qwenquant.fetch import verify_fetch_record
+
+        try:
+            record = verify_fetch_record(source_dir, progress)
+        except VerificationError as e:
+            raise VerificationError(e.message, hint=(e.hint or "") +
+                                    " (or pass --source-unverified to quantize a local folder as is)") from None
+        files = {f["path"]: {"size": f["size"], "sha256": f["sha256"]} for f in record["files"]}
+        return {"kind": "fetched", "verified": True, "repo": record.get("repo_id"),
+                "repo_type": record.get("repo_type", "model"), "revision": record.get("revision"),
+                "commit": record.get("commit"), "files": files}
+    paths = [p for p in _files(source_dir) if p.name != RECORD_NAME]
+    digests = sha256_files(paths, progress=progress)
+    files = {p.relative_to(source_dir).as_posix(): {"size": p.stat().st_size, "sha256": digests[p]} for p in paths}
+    log.warning("source %s is not verified against a fetch record (--source-unverified)", source_dir)
+    return {"kind": "local-unverified", "verified": False, "repo": None, "revision": None, "commit": None,
+            "files": files}
