@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Optional
 
 from qwenquant.errors import ServeError
-from qwenquant.recipe import Recipe, load_recipe
+from qwenquant.recipe import load_recipe
 from qwenquant.serve import argv as argvmod
 from qwenquant.serve import plan as planmod
-from qwenquant.serve.preflight import cache_settings
+from qwenquant.serve.preflight import cache_settings, recipe_from_manifest
 from qwenquant.serve.weights import (ModelShape, QuantSettings, WeightBreakdown, artifact_tensor_bytes,
                                      model_shape, weights_from_config, weights_from_tensors)
 
@@ -47,7 +47,7 @@ def make_plan(target: Path, gpu_bytes: int, *, recipe_name: Optional[str] = None
         from qwenquant.manifest import load_manifest
 
         manifest = load_manifest(target)
-        recipe = Recipe.model_validate(argvmod.manifest_recipe(manifest))
+        recipe = recipe_from_manifest(manifest)
         config = json.loads((target / "config.json").read_text())
         weights = weights_from_tensors(artifact_tensor_bytes(target, [f.path for f in manifest.files]))
         source = f"artifact {target}"

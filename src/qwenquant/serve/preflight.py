@@ -114,9 +114,24 @@ def _check(artifact: Path) -> None:
         return
     report = check_artifact(artifact)
     if not report.ok:
-        lines = "\n".join(f"  - {p}" for p in report.problems)
+        found = getattr(report, "findings", None) or getattr(report, "problems", ())
+        lines = "\n".join(f"  - {p}" for p in found)
         raise ServeError(f"artifact {artifact} would be refused by vLLM:\n{lines}",
                          hint="`qwenquant check` shows the same report; re-quantize with a fixed recipe")
+
+
+def recipe_from_manifest(manifest: Any) -> Recipe:
+    """The Recipe recorded in a manifest.
+
+    The canonical dict writes every unset serve setting as null, and Recipe.profile() treats a
+    key that is present as set, so nulls are dropped first (null means "not set" in serve settings).
+    """
+    d = json.loads(json.dumps(argvmod.manifest_recipe(manifest)))
+    serve = d.get("serve") or {}
+    for section in [serve.get("defaults") or {}, *(serve.get("profiles") or {}).values()]:
+        for k in [k for k, v in section.items() if v is None]:
+            del section[k]
+    return Recipe.model_validate(d)
 
 
 def prepare(
@@ -133,7 +148,7 @@ def prepare(
     else:
         manifest = _verify(artifact)
         _check(artifact)
-    recipe = Recipe.model_validate(argvmod.manifest_recipe(manifest))
+    recipe = recipe_from_manifest(manifest)
     profile = recipe.profile(profile_name)
     update = {k: v for k, v in (("host", host), ("port", port), ("served_model_name", served_model_name))
               if v is not None}

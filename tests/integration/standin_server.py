@@ -1,0 +1,113 @@
+"""A stand-in for vLLM's OpenAI server, for failure tests: a real vLLM does not fail on demand.
+
+Accepts vLLM's flags (--model, --host, --port, --served-model-name, --api-key; the rest ignored)
+and behaves as `--standin-mode` says:
+  good           serve /health, /v1/models, /v1/completions like vLLM; SIGTERM exits 0
+  exit0          exit 0 at once            exit1       print a traceback-ish line, exit 1
+  nobind         stay alive, never listen  health503   listen, /health answers 503 forever
+  die-after-ready  serve, then exit 3 one second after the first completion
+  wrong-root     /v1/models lists the served name with a different root
+`--standin-pidfile F` writes "server_pid helper_pid": the server starts a helper child (as vLLM
+starts its engine process) so tests can check the whole process group is gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--standin-mode", default="good")
+    p.add_argument("--standin-pidfile", default=None)
+    args, _unknown = p.parse_known_args(argv)
+    return args
+
+
+def main(argv: list[str]) -> int:
+    a = parse(argv)
+    name = a.served_model_name or a.model
+    print(f"standin: mode={a.mode if hasattr(a, 'mode') else a.standin_mode} model={a.model} port={a.port}", flush=True)
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    if a.standin_pidfile:
+        with open(a.standin_pidfile, "w") as f:
+            f.write(f"{os.getpid()} {helper.pid}\n")
+    mode = a.standin_mode
+    if mode == "exit0":
+        print("standin: nothing to do, exiting 0", flush=True)
+        helper.kill()
+        return 0
+    if mode == "exit1":
+        print("RuntimeError: standin failed to load the model", flush=True)
+        helper.kill()
+        return 1
+    signal.signal(signal.SIGTERM, lambda *_: (helper.kill(), os._exit(0)))
+    if mode == "nobind":
+        while True:
+            time.sleep(1)
+    root = "/somewhere/else" if mode == "wrong-root" else a.model
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, fmt: str, *args: object) -> None:
+            print("standin http: " + fmt % args, flush=True)
+
+        def _send(self, code: int, obj: object) -> None:
+            body = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _authorized(self) -> bool:
+            if a.api_key and self.headers.get("Authorization") != f"Bearer {a.api_key}":
+                self._send(401, {"error": "Unauthorized"})
+                return False
+            return True
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self._send(503 if mode == "health503" else 200, {})
+            elif self.path == "/v1/models":
+                if self._authorized():
+                    self._send(200, {"object": "list", "data": [
+                        {"id": name, "object": "model", "root": root, "owned_by": "vllm"}]})
+            else:
+                self._send(404, {"error": "not found"})
+
+        def do_POST(self) -> None:
+            n = int(self.headers.get("Content-Length") or 0)
+            req = json.loads(self.rfile.read(n) or b"{}")
+            if self.path == "/v1/completions" and self._authorized():
+                if req.get("model") != name:
+                    self._send(404, {"error": f"model {req.get('model')} not found"})
+                    return
+                self._send(200, {"id": "cmpl-standin", "object": "text_completion", "model": name,
+                                 "choices": [{"index": 0, "text": " world", "finish_reason": "length"}]})
+                if mode == "die-after-ready":
+                    threading.Timer(1.0, lambda: (print("standin: dying", flush=True), helper.kill(),
+                                                  os._exit(3))).start()
+            elif self.path != "/v1/completions":
+                self._send(404, {"error": "not found"})
+
+    server = ThreadingHTTPServer((a.host, a.port), H)
+    print(f"standin: listening on {a.host}:{a.port}", flush=True)
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

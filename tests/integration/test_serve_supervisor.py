@@ -1,0 +1,280 @@
+"""`qwenquant serve` against a stand-in server (tests/integration/standin_server.py).
+
+Every test here uses the stand-in because no real vLLM fails on demand (exit 0, never bind, stay
+unhealthy, die after ready, list another model root). `qwenquant serve` runs as a subprocess:
+its stdout, stderr and exit code are what a user sees. The artifact is a stand-in too: the tiny
+checkpoint re-saved with zero-filled int4-packed Linears and a real manifest, so manifest
+verification and `check_artifact` run for real; the stand-in never reads the weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+STANDIN = Path(__file__).with_name("standin_server.py")
+ARCHS = ["Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"]
+W4 = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128,
+      "dynamic": False, "actorder": None, "observer": "minmax"}
+
+
+def _is_packed_linear(name: str) -> bool:
+    if "visual" in name or name.startswith("mtp.") or "in_proj_a" in name or "in_proj_b" in name:
+        return False
+    leaf = name.rsplit(".", 2)[-2] if name.endswith(".weight") else ""
+    return leaf.endswith("_proj") or leaf in ("in_proj_qkv", "in_proj_z") or name == "lm_head.weight"
+
+
+def build_standin_artifact(tiny: Path, out: Path) -> Path:
+    """The tiny checkpoint as a pack-quantized multimodal-layout artifact (zeros) with a manifest."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from qwenquant.atomic import canonical_json
+    from qwenquant.manifest import build_manifest, write_manifest
+    from qwenquant.recipe import load_recipe
+
+    out.mkdir(parents=True)
+    tensors: dict[str, torch.Tensor] = {}
+    for f in sorted(tiny.glob("*.safetensors")):
+        for name, t in load_file(f).items():
+            if _is_packed_linear(name):
+                rows, cols = t.shape
+                mod = name[: -len(".weight")]
+                tensors[mod + ".weight_packed"] = torch.zeros(rows, cols // 8, dtype=torch.int32)
+                tensors[mod + ".weight_scale"] = torch.ones(rows, cols // 128, dtype=torch.bfloat16)
+                tensors[mod + ".weight_shape"] = torch.tensor([rows, cols], dtype=torch.int64)
+            else:
+                tensors[name] = t
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((tiny / "config.json").read_text())
+    group = {"weights": W4, "input_activations": None, "output_activations": None, "format": "pack-quantized"}
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "pack-quantized",
+        "config_groups": {"group_0": {**group, "targets": ["Linear"]},
+                          "group_1": {**group, "targets": ["re:.*lm_head$"]}},
+        "ignore": ["re:.*visual.*", "re:^mtp.*", "re:.*linear_attn.in_proj_a$", "re:.*linear_attn.in_proj_b$"],
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    for name in ("generation_config.json", "preprocessor_config.json", "video_preprocessor_config.json",
+                 "tokenizer.json", "tokenizer_config.json"):
+        if (tiny / name).exists():
+            (out / name).write_bytes((tiny / name).read_bytes())
+    recipe = load_recipe("w4a16-int4head").canonical()
+    recipe["artifact"]["layout"] = "multimodal"
+    import hashlib
+
+    m = build_manifest(out, source={"repo_id": "tiny"}, recipe=recipe,
+                       recipe_sha256=hashlib.sha256(canonical_json(recipe)).hexdigest(), calibration={},
+                       stages={}, quality={}, tool_versions={})
+    write_manifest(out, m)
+    return out
+
+
+@pytest.fixture(scope="session")
+def standin_artifact(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_standin_artifact(tiny_checkpoint, tmp_path_factory.mktemp("serve") / "artifact")
+
+
+@pytest.fixture(scope="session")
+def fake_vllm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A launcher json whose entrypoint is the stand-in, and an importable stub `vllm` package
+    (version, CPU platform, registry) so discovery and the architecture probe run for real."""
+    root = tmp_path_factory.mktemp("fakevllm")
+    pkg = root / "site" / "vllm"
+    (pkg / "platforms").mkdir(parents=True)
+    (pkg / "__init__.py").write_text(
+        f"__version__ = '0.33.0'\nclass ModelRegistry:\n    @staticmethod\n"
+        f"    def get_supported_archs():\n        return {ARCHS!r}\n")
+    (pkg / "platforms" / "__init__.py").write_text(
+        "class _P:\n    device_type = 'cpu'\ncurrent_platform = _P()\n")
+    launcher = root / "qwenquant-vllm.json"
+    launcher.write_text(json.dumps({"python": sys.executable, "entrypoint": [sys.executable, str(STANDIN)],
+                                    "vllm_version": "0.33.0", "device": "cpu"}))
+    return launcher
+
+
+def flat(text: str) -> str:
+    """Output with rich's line wrapping undone (the console wraps at the terminal width)."""
+    return " ".join(text.split())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_cmd(artifact: Path, launcher: Path, port: int, mode: str, pidfile: Path, timeout: float = 20) -> list[str]:
+    return [sys.executable, "-m", "qwenquant", "serve", str(artifact), "--profile", "single-user",
+            "--port", str(port), "--vllm", str(launcher), "--timeout", str(timeout),
+            "--", "--standin-mode", mode, "--standin-pidfile", str(pidfile)]
+
+
+def serve_env(launcher: Path, tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(launcher.parent / "site")
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    env["QWENQUANT_NO_PROGRESS"] = "1"
+    env.pop("QWENQUANT_VLLM", None)
+    return env
+
+
+def gone(pid: int, wait: float = 5.0) -> bool:
+    """True when `pid` no longer exists (a zombie still being reaped by init counts as gone)."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def run_failing(artifact: Path, launcher: Path, tmp_path: Path, mode: str, timeout: float = 20) -> subprocess.CompletedProcess:
+    pidfile = tmp_path / "pids"
+    r = subprocess.run(serve_cmd(artifact, launcher, free_port(), mode, pidfile, timeout),
+                       env=serve_env(launcher, tmp_path), capture_output=True, text=True, timeout=timeout + 60)
+    assert "ready" not in r.stdout
+    if pidfile.exists():
+        for pid in map(int, pidfile.read_text().split()):
+            assert gone(pid), f"process {pid} left running after a failed serve"
+    return r
+
+
+@pytest.mark.parametrize("mode, expect", [
+    ("exit0", "exited with code 0 before it was ready"),
+    ("exit1", "exited with code 1 before it was ready"),
+])
+def test_server_exits_before_ready(standin_artifact, fake_vllm, tmp_path, mode, expect):
+    """Stand-in (no real vLLM exits on demand): an exit, even with code 0, is a failure with the log tail."""
+    r = run_failing(standin_artifact, fake_vllm, tmp_path, mode)
+    assert r.returncode == 7, r.stderr
+    assert expect in flat(r.stderr)
+    assert "standin: mode=" in r.stderr  # the last log lines are shown
+    if mode == "exit1":
+        assert "RuntimeError: standin failed to load the model" in flat(r.stderr)
+
+
+def test_never_binds(standin_artifact, fake_vllm, tmp_path):
+    """Stand-in that never listens: a timeout naming the cause, child stopped."""
+    t0 = time.monotonic()
+    r = run_failing(standin_artifact, fake_vllm, tmp_path, "nobind", timeout=4)
+    assert r.returncode == 7
+    assert "not ready within 4 s: nothing listens on port" in flat(r.stderr)
+    assert time.monotonic() - t0 < 60
+
+
+def test_health_stays_503(standin_artifact, fake_vllm, tmp_path):
+    """Stand-in whose /health stays 503: a timeout naming the status."""
+    r = run_failing(standin_artifact, fake_vllm, tmp_path, "health503", timeout=4)
+    assert r.returncode == 7
+    assert "/health answered 503" in flat(r.stderr)
+
+
+def test_wrong_model_root(standin_artifact, fake_vllm, tmp_path):
+    """Stand-in listing another root in /v1/models: refused at once, not after the timeout."""
+    t0 = time.monotonic()
+    r = run_failing(standin_artifact, fake_vllm, tmp_path, "wrong-root", timeout=60)
+    assert r.returncode == 7
+    assert "from '/somewhere/else', not from the artifact" in flat(r.stderr)
+    assert time.monotonic() - t0 < 50
+
+
+def test_port_already_held(standin_artifact, fake_vllm, tmp_path):
+    """A port held by another process before launch: an error before anything starts."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        pidfile = tmp_path / "pids"
+        r = subprocess.run(serve_cmd(standin_artifact, fake_vllm, port, "good", pidfile),
+                           env=serve_env(fake_vllm, tmp_path), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 7
+    assert f"port {port} on 127.0.0.1 is already in use by pid {os.getpid()}" in flat(r.stderr)
+    assert not pidfile.exists()  # the server was never started
+    assert "ready" not in r.stdout
+
+
+def _start(artifact: Path, launcher: Path, tmp_path: Path, mode: str) -> tuple[subprocess.Popen, int, Path]:
+    port, pidfile = free_port(), tmp_path / "pids"
+    p = subprocess.Popen(serve_cmd(artifact, launcher, port, mode, pidfile), env=serve_env(launcher, tmp_path),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return p, port, pidfile
+
+
+def _wait_ready(p: subprocess.Popen, port: int) -> None:
+    line = p.stdout.readline()
+    assert line.strip() == f"ready http://127.0.0.1:{port}", (line, p.stderr.read() if p.poll() is not None else "")
+
+
+def test_dies_after_ready(standin_artifact, fake_vllm, tmp_path):
+    """Stand-in that exits 3 after it was ready: serve exits non-zero with its last log lines."""
+    p, port, pidfile = _start(standin_artifact, fake_vllm, tmp_path, "die-after-ready")
+    try:
+        _wait_ready(p, port)
+        rc = p.wait(timeout=30)
+        err = p.stderr.read()
+    finally:
+        p.kill()
+    assert rc == 7
+    assert "exited with code 3 after it was ready" in flat(err)
+    assert "standin: dying" in flat(err)
+    for pid in map(int, pidfile.read_text().split()):
+        assert gone(pid)
+
+
+def test_good_server_ready_then_sigterm(standin_artifact, fake_vllm, tmp_path):
+    """A good stand-in reaches ready; SIGTERM to `qwenquant serve` stops it and leaves no child."""
+    p, port, pidfile = _start(standin_artifact, fake_vllm, tmp_path, "good")
+    try:
+        _wait_ready(p, port)
+        server_pid, helper_pid = map(int, pidfile.read_text().split())
+        assert not gone(server_pid, wait=0.2)
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(timeout=60)
+        err = p.stderr.read()
+    finally:
+        p.kill()
+    assert rc == 0, err
+    assert "stopped" in flat(err)
+    assert gone(server_pid) and gone(helper_pid)
+
+
+def test_tampered_artifact_refused(standin_artifact, fake_vllm, tmp_path):
+    """A changed file is named and nothing starts."""
+    import shutil
+
+    art = Path(shutil.copytree(standin_artifact, tmp_path / "art"))
+    cfg = art / "generation_config.json"
+    cfg.write_text(cfg.read_text().replace("{", "{ ", 1))
+    pidfile = tmp_path / "pids"
+    r = subprocess.run(serve_cmd(art, fake_vllm, free_port(), "good", pidfile),
+                       env=serve_env(fake_vllm, tmp_path), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 4, r.stderr
+    assert "generation_config.json" in flat(r.stderr)
+    assert not pidfile.exists()
+
+
+def test_dry_run_masks_api_key(standin_artifact, fake_vllm, tmp_path):
+    """--dry-run prints the command and environment, never the key, and starts nothing."""
+    pidfile = tmp_path / "pids"
+    cmd = serve_cmd(standin_artifact, fake_vllm, free_port(), "good", pidfile)
+    cmd[cmd.index("--"):cmd.index("--")] = ["--dry-run", "--api-key", "s3cret-key"]
+    r = subprocess.run(cmd, env=serve_env(fake_vllm, tmp_path), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "s3cret-key" not in r.stdout + r.stderr
+    assert "--api-key '****'" in r.stdout or "--api-key ****" in r.stdout
+    assert "VLLM_CPU_KVCACHE_SPACE=1" in r.stdout and "--enforce-eager" in r.stdout
+    assert not pidfile.exists()
