@@ -15,7 +15,7 @@ Conventions (compressed-tensors 0.19, symmetric int group quantization, checked 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,8 @@ __all__ = [
 ]
 
 SCALE_DTYPE = torch.bfloat16
+# matches `lm_head` (HF) and `language_model.lm_head` (vLLM); a bare "lm_head" is not remapped
+LM_HEAD_TARGET = "re:.*lm_head$"
 
 
 @dataclass(frozen=True)
@@ -318,11 +320,16 @@ def pack_head(q: QuantizedHead, prefix: str = "lm_head") -> dict[str, torch.Tens
 def head_config_group(spec: Any = None) -> dict[str, Any]:
     """The compressed-tensors config group for the head, keyed as llm-compressor 0.14 writes it.
 
+    `spec`: a HeadQuantSpec, a mapping of its fields, or any object with num_bits, group_size,
+    symmetric (and optionally actorder) attributes; None means W4A16 g128.
     The `re:.*lm_head$` target matches both `lm_head` and vLLM's `language_model.lm_head`.
     """
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 
-    spec = spec if spec is not None else HeadQuantSpec()
+    if spec is None:
+        spec = HeadQuantSpec()
+    elif isinstance(spec, Mapping):
+        spec = HeadQuantSpec(**spec)
     weights = QuantizationArgs(
         num_bits=spec.num_bits,
         type="int",
@@ -330,8 +337,10 @@ def head_config_group(spec: Any = None) -> dict[str, Any]:
         strategy="group",
         group_size=spec.group_size,
         dynamic=False,
+        # what the sweep did; "static" (= "weight") changes calibration only, not the format
         actorder="static" if getattr(spec, "actorder", False) else None,
         observer="memoryless_minmax",
     )
-    scheme = QuantizationScheme(targets=["re:.*lm_head$"], weights=weights, format="pack-quantized")
+    target = getattr(spec, "target", None) or LM_HEAD_TARGET
+    scheme = QuantizationScheme(targets=[target], weights=weights, format="pack-quantized")
     return scheme.model_dump(mode="json")
