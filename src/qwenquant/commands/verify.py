@@ -79,7 +79,7 @@ def check(
     else:
         from rich.table import Column, Table
 
-        table = Table(Column("rule", no_wrap=True), "where", "problem", "fix",
+        table = Table(Column("rule", no_wrap=True), Column("where", overflow="fold"), "problem", "fix",
                       title=f"{artifact}: {len(report.findings)} problems")
         for f in report.findings:
             table.add_row(f.rule, f.where, f.message, f.fix)
