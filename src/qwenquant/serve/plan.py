@@ -21,6 +21,7 @@ the caches, and what this module assumes (see docs/serve-memory.md for the sourc
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -206,7 +207,7 @@ class Budget:
             room = (self.weights_bytes + self.activation_bytes + self.runtime_bytes + self.seq_bytes)
             util = room / self.total_bytes
             if util <= 0.98:
-                fixes.append(f"raise --gpu-memory-utilization to {cdiv(int(util * 100), 1) / 100:.2f}")
+                fixes.append(f"raise --gpu-memory-utilization to {math.ceil(util * 100) / 100:.2f}")
         else:
             fixes.append(f"set VLLM_CPU_KVCACHE_SPACE to {cdiv(self.seq_bytes, GiB)} (GiB)")
         if not fixes:
