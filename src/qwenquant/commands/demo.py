@@ -1,0 +1,44 @@
+"""`qwenquant demo`: the whole pipeline on the built-in tiny model (what `make demo` runs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from qwenquant.commands._app import app
+
+
+@app.command(
+    epilog=(
+        "Examples:\n\n"
+        "  qwenquant demo --work work/demo\n\n"
+        "  qwenquant demo --work /tmp/qq --no-serve"
+    )
+)
+def demo(
+    work: Path = typer.Option(Path("work/demo"), "--work", help="Folder for the hub copy, the fetch and the artifact."),
+    serve: Optional[bool] = typer.Option(None, "--serve/--no-serve", help="Serve with vLLM (default: when a vLLM environment is installed)."),
+) -> None:
+    """Build the tiny Qwen3.5 checkpoint, serve it from a loopback Hub, then fetch, quantize,
+    verify and (with vLLM installed) serve it and print one completion."""
+    from qwenquant.console import stdout
+    from qwenquant.demo import run_demo
+
+    r = run_demo(work, serve=serve)
+    stdout.print(f"commit:      {r.commit}", markup=False)
+    stdout.print(f"artifact:    {r.artifact}", markup=False)
+    stdout.print(f"root digest: {r.root_digest}", markup=False)
+    head = r.quality.get("lm_head", {})
+    if head.get("gptq"):
+        stdout.print(
+            f"lm_head KL vs bf16: rtn {head['rtn']['kl']:.5g}, gptq {head['gptq']['kl']:.5g} "
+            f"({head['kl_reduction_pct']:.1f}% lower); top-1: rtn {head['rtn']['top1']:.3f}, "
+            f"gptq {head['gptq']['top1']:.3f}",
+            markup=False,
+        )
+    if r.served:
+        stdout.print(f"completion:  {r.completion!r}", markup=False)
+    else:
+        stdout.print(f"serve:       skipped ({r.skipped_serve_reason})", markup=False)

@@ -1,0 +1,133 @@
+"""The end-to-end demo on the built-in tiny model: every step is the real CLI a user runs.
+
+build tiny checkpoint -> serve it from a loopback Hub -> `qwenquant fetch` (pinned, verified)
+-> `qwenquant quantize` -> `qwenquant verify` -> `qwenquant serve` + one completion (when a vLLM
+environment is installed).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qwenquant.errors import QwenquantError, ServeError, StageError
+
+log = logging.getLogger(__name__)
+
+DEMO_REPO = "qwenquant-demo/Qwen3.5-tiny"
+
+
+@dataclass
+class DemoResult:
+    commit: str
+    artifact: Path
+    root_digest: str
+    quality: dict
+    completion: str | None = None
+    served: bool = False
+    skipped_serve_reason: str | None = None
+    steps: list[str] = field(default_factory=list)
+
+
+def _cli(args: list[str], env: dict[str, str], *, capture_json: bool = False) -> dict | None:
+    """Run `qwenquant ARGS` in a child process, as a user would, echoing the command line."""
+    argv = [sys.executable, "-m", "qwenquant", *args]
+    print(f"$ qwenquant {shlex.join(args)}", file=sys.stderr, flush=True)
+    proc = subprocess.run(argv, env=env, stdout=subprocess.PIPE if capture_json else None, text=True)
+    if proc.returncode != 0:
+        raise StageError(f"`qwenquant {args[0]}` failed with exit code {proc.returncode}",
+                         hint="the lines above say why; re-run `make demo` to resume")  # fmt: skip
+    return json.loads(proc.stdout) if capture_json else None
+
+
+def run_demo(work: Path, *, serve: bool | None = None, variant: str = "random") -> DemoResult:
+    """Run the whole pipeline on the tiny model under `work`; resumable (each step reuses what verified)."""
+    from qwenquant.hubserver import HubServer
+    from qwenquant.tiny import build_tiny_checkpoint
+
+    work = Path(work).resolve()
+    hub_dir, model_dir, artifact = work / "hub" / "Qwen3.5-tiny", work / "models" / "Qwen3.5-tiny", work / "artifacts" / "Qwen3.5-tiny-w4a16"
+    log.info("building the tiny Qwen3.5 checkpoint (variant %s) in %s", variant, hub_dir)
+    build_tiny_checkpoint(hub_dir, variant=variant, seed=0)
+
+    with HubServer() as hub:
+        hub.add_repo(DEMO_REPO, hub_dir)
+        env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_TELEMETRY="1")
+        env.pop("HF_TOKEN", None)
+        fetched = _cli(["fetch", DEMO_REPO, "--revision", "main", "--out", str(model_dir), "--json"], env, capture_json=True)
+    commit = fetched["commit"]
+    q = _cli(["quantize", str(model_dir), "--recipe", "w4a16-int4head", "--calibration", "tiny-demo",
+              "--out", str(artifact), "--json"], env, capture_json=True)  # fmt: skip
+    _cli(["verify", str(artifact)], env)
+    result = DemoResult(commit, artifact, q["root_digest"], q.get("quality", {}))
+
+    if serve is False:
+        result.skipped_serve_reason = "--no-serve"
+        return result
+    from qwenquant.serve.discover import find_vllm
+
+    try:
+        find_vllm(None)
+    except QwenquantError as e:
+        if serve:
+            raise
+        result.skipped_serve_reason = f"no vLLM environment ({e.message}); run scripts/install-vllm.sh"
+        return result
+    result.completion = serve_and_complete(artifact, env)
+    result.served = True
+    return result
+
+
+def serve_and_complete(artifact: Path, env: dict[str, str], *, prompt: str = "The capital of France is",
+                       timeout: float = 600.0) -> str:  # fmt: skip
+    """Start `qwenquant serve`, wait for its "ready" line, ask for one completion, stop it with SIGTERM."""
+    args = ["serve", str(artifact), "--profile", "single-user", "--port", "0"]
+    print(f"$ qwenquant {shlex.join(args)}", file=sys.stderr, flush=True)
+    proc = subprocess.Popen([sys.executable, "-m", "qwenquant", *args], env=env, stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+    lines: deque[str] = deque(maxlen=50)
+    ready_url: list[str] = []
+    ready = threading.Event()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stderr.write(line)
+            lines.append(line)
+            if line.startswith("ready") and not ready_url:
+                ready_url.append(line.split()[-1].rstrip("/"))
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        if not ready.wait(timeout) or not ready_url:
+            raise ServeError(f"`qwenquant serve` did not become ready (exit code {proc.poll()})",
+                             hint="see the server log lines above")  # fmt: skip
+        base = ready_url[0]
+        models = json.load(urllib.request.urlopen(f"{base}/v1/models", timeout=30))
+        name = models["data"][0]["id"]
+        body = json.dumps({"model": name, "prompt": prompt, "max_tokens": 16, "temperature": 0}).encode()
+        req = urllib.request.Request(f"{base}/v1/completions", body, {"Content-Type": "application/json"})
+        answer = json.load(urllib.request.urlopen(req, timeout=120))
+        return answer["choices"][0]["text"]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        time.sleep(0)
