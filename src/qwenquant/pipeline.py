@@ -70,7 +70,8 @@ def tool_versions() -> dict[str, str]:
 
 
 def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + f"{time.time() % 1:.6f}"[1:]
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
 
 
 def check_record(raw: bytes | None, *, stage: str, inputs: dict[str, str], params: dict[str, Any],
@@ -384,6 +385,7 @@ def _check_stage(d: Path, artifact: Path, source: Path, recipe: Any) -> dict[str
     problems = [f"unquantized-identical: {p}" for p in unquantized_problems(artifact, source, recipe, layout)]
     problems += [f"mtp-identical: {p}" for p in verify_mtp(artifact, source)]
     rules: list[str] = []
+    rules_run: list[str] = []
     try:
         from qwenquant.check import check_artifact
     except ModuleNotFoundError as e:
@@ -392,11 +394,12 @@ def _check_stage(d: Path, artifact: Path, source: Path, recipe: Any) -> dict[str
         log.warning("qwenquant.check is not installed in this build: vLLM load rules not checked")
     else:
         report = check_artifact(artifact)
-        if not report.ok:
-            for p in report.problems:
-                problems.append(str(p))
-                rules.append(str(getattr(p, "rule", getattr(p, "rule_id", "check"))))
-    atomic_write_json(d / "check.json", {"problems": problems, "rules": sorted(set(rules))})
+        rules_run = list(getattr(report, "rules_run", []))
+        for p in report.problems:
+            problems.append(str(p))
+            rules.append(str(getattr(p, "rule", "check")))
+    atomic_write_json(d / "check.json", {"problems": problems, "failed_rules": sorted(set(rules)),
+                                         "rules_run": rules_run + ["unquantized-identical", "mtp-identical"]})
     if problems:
         ids = sorted(set(rules) | {p.split(":", 1)[0] for p in problems if p.startswith(("unquantized-", "mtp-"))})
         raise CheckError(f"the artifact fails {len(problems)} check(s) [{', '.join(ids)}]:\n  " + "\n  ".join(problems[:20]),
