@@ -473,10 +473,19 @@ def _find_keys(obj: Any, keys: tuple[str, ...], path: str) -> list[str]:
 def rule_no_mrope(a: ArtifactFacts) -> list[Finding]:
     if a.layout != "text-only":
         return []
+    paths = _find_keys(a.config, ("mrope_section", "mrope_interleaved"), "")
+    paths += [p for p in _find_keys(a.config, ("rope_type",), "") if _get_path(a.config, p) == "mrope"]
     return [_f("no-mrope", f"config.json:{p}", "mrope in a text-only (Qwen3_5ForCausalLM) config: vLLM strips it "
                "from the target but not from the MTP draft, which then crashes the worker",
-               "write plain rope parameters in the text-only stage (drop mrope_section/mrope_interleaved)")
-            for p in _find_keys(a.config, ("mrope_section", "mrope_interleaved"), "")]
+               "write plain rope parameters in the text-only stage (drop mrope_section/mrope_interleaved, "
+               "rope_type default)")
+            for p in sorted(paths)]
+
+
+def _get_path(d: Any, path: str) -> Any:
+    for part in path.split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return d
 
 
 def rule_vision(a: ArtifactFacts) -> list[Finding]:

@@ -315,8 +315,11 @@ def test_mtp_shard_missing_from_index(tmp_path: Path) -> None:
 def test_mrope_in_text_only(tmp_path: Path) -> None:
     fx = Fx()
     fx.config["rope_parameters"]["mrope_section"] = [3, 3, 2]
+    fx.config["rope_parameters"]["rope_type"] = "mrope"
     msgs = _only(_check(fx, tmp_path), "no-mrope")
     assert msgs[0].startswith("config.json:rope_parameters.mrope_section: mrope in a text-only")
+    assert msgs[1].startswith("config.json:rope_parameters.rope_type: mrope in a text-only")
+    assert _check(Fx("multimodal"), tmp_path / "mm").ok  # multimodal keeps its mrope
 
 
 # (6) vision ---------------------------------------------------------------------------------
