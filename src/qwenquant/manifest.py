@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -92,12 +93,12 @@ def list_artifact_files(artifact_dir: Path) -> dict[str, Path]:
     """Relative POSIX path -> file, for every file under the folder except the manifest."""
     root = Path(artifact_dir)
     out: dict[str, Path] = {}
-    for p in sorted(root.rglob("*")):
+    for p in root.rglob("*"):
         if p.is_file():
             rel = p.relative_to(root).as_posix()
             if rel != MANIFEST_NAME:
                 out[rel] = p
-    return out
+    return dict(sorted(out.items()))  # string order ("a-b" < "a/b"), not pathlib's part order
 
 
 def _hash_with_progress(paths: list[Path], label: str) -> dict[Path, str]:
@@ -243,7 +244,7 @@ def load_manifest(artifact_dir: Path) -> Manifest:
 
 @dataclass(frozen=True)
 class FileProblem:
-    """One mismatch: status is missing | extra | changed | manifest."""
+    """One mismatch: status is missing | extra | changed | unreadable | manifest."""
 
     path: str
     status: str
@@ -310,7 +311,9 @@ def compare_files(
     to_hash: list[tuple[FileDigest, Path]] = []
     for rel in sorted(set(want) & set(actual)):
         size = actual[rel].stat().st_size
-        if size != want[rel].size:
+        if not os.access(actual[rel], os.R_OK):
+            out.append(FileProblem(rel, "unreadable", "no read permission", want[rel].size, size))
+        elif size != want[rel].size:
             out.append(FileProblem(rel, "changed", f"size {size} != {want[rel].size}", want[rel].size, size))
         else:
             to_hash.append((want[rel], actual[rel]))

@@ -507,6 +507,15 @@ def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> Optional[type[Base
     return cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None
 
 
+_TYPE_WORDS = {
+    "model_type": "a mapping (key: value lines)", "model_attributes_type": "a mapping (key: value lines)",
+    "dict_type": "a mapping (key: value lines)", "list_type": "a list", "string_type": "a string",
+    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+    "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
+    "bool_parsing": "true or false",
+}
+
+
 def _format_error(err: dict[str, Any], root: type[BaseModel], lines: dict[tuple, int]) -> str:
     loc = tuple(err["loc"])
     path = ".".join(str(x) for x in loc) or "(top level)"
@@ -521,6 +530,8 @@ def _format_error(err: dict[str, Any], root: type[BaseModel], lines: dict[tuple,
         msg = err["msg"]
     elif kind in ("literal_error", "enum"):
         msg = f"{err['msg'].replace('Input should be', 'must be')}, got {err.get('input')!r} — use one of those values"
+    elif kind in _TYPE_WORDS:
+        msg = f"must be {_TYPE_WORDS[kind]}, got {err.get('input')!r} — write {_TYPE_WORDS[kind]}"
     else:
         msg = f"{err['msg'].replace('Input should be', 'must be')}, got {err.get('input')!r} — fix the value"
     line = lines.get(loc) or lines.get(loc[:-1])
@@ -618,7 +629,7 @@ def list_calibrations() -> dict[str, Path]:
 def _resolve(name_or_path: str | Path, shipped: dict[str, Path], what: str) -> Path:
     s = str(name_or_path)
     p = Path(s).expanduser()
-    if isinstance(name_or_path, Path) or p.suffix in (".yaml", ".yml") or "/" in s or os.sep in s or p.exists():
+    if isinstance(name_or_path, Path) or p.suffix in (".yaml", ".yml") or "/" in s or os.sep in s or p.is_file():
         return p
     if s in shipped:
         return shipped[s]

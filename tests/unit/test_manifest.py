@@ -169,6 +169,17 @@ def test_missing_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert rc == 4 and f"no {MANIFEST_NAME}" in err
 
 
+def test_paths_sort_as_strings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = tmp_path / "art"
+    for rel in ("a/b", "a-b", "a.b", "A"):
+        (d / rel).parent.mkdir(parents=True, exist_ok=True)
+        (d / rel).write_bytes(rel.encode())
+    write_manifest(d, build_manifest(d, source={}, recipe={}, recipe_sha256=hashlib.sha256(b"{}\n").hexdigest(),
+                                     calibration={}, stages={}, quality={}, tool_versions={}))
+    assert [f.path for f in load_manifest(d).files] == ["A", "a-b", "a.b", "a/b"]
+    assert _verify(capsys, d)[0] == 0
+
+
 def test_report_api(art: Path) -> None:
     (art / "config.json").write_bytes(b"{}")
     r = verify_artifact(art)
