@@ -119,7 +119,8 @@ class ArtifactFacts:
 
     @property
     def layout(self) -> Optional[str]:
-        archs = self.config.get("architectures") or []
+        archs = self.config.get("architectures")
+        archs = archs if isinstance(archs, list) else []
         if TEXT_ONLY_ARCH in archs:
             return "text-only"
         if MULTIMODAL_ARCH in archs:
@@ -185,6 +186,10 @@ class ArtifactFacts:
         g = self.groups.get(self.resolve(module) or "", {})
         gs = (g.get("weights") or {}).get("group_size") if isinstance(g.get("weights"), dict) else None
         return gs if isinstance(gs, int) else None
+
+
+def _as_list(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else []
 
 
 def _f(rule: str, where: str, message: str, fix: str) -> Finding:
@@ -411,7 +416,7 @@ def rule_lm_head(a: ArtifactFacts) -> list[Finding]:
     out = []
     good = [g for g, grp in sorted(a.groups.items()) if any(
         isinstance(t, str) and t.startswith("re:") and target_matches(t, "lm_head")
-        and target_matches(t, "language_model.lm_head") for t in (grp.get("targets") or []))]
+        and target_matches(t, "language_model.lm_head") for t in _as_list(grp.get("targets")))]
     if not good:
         out.append(_f("lm-head", "config.json:quantization_config.config_groups",
                       f"no config group targets the head with a pattern vLLM applies in both layouts "
