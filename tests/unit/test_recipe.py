@@ -51,6 +51,16 @@ def test_shipped_recipe_loads_and_canonical_json_matches_golden() -> None:
     assert load_recipe(recipes_dir() / f"{SHIPPED}.yaml").sha256() == r.sha256()
 
 
+def test_every_shipped_recipe_validates_and_is_named_after_its_file() -> None:
+    from qwenquant.recipe import list_recipes
+
+    shipped = list_recipes()
+    assert {SHIPPED, "w4a16-int4head-multimodal"} <= set(shipped)
+    for name, path in shipped.items():
+        assert load_recipe(path).name == name
+    assert load_recipe("w4a16-int4head-multimodal").artifact.layout == "multimodal"
+
+
 def test_profiles_merge_defaults() -> None:
     r = load_recipe(SHIPPED)
     single, batch = r.profile("single-user"), r.profile("batch")

@@ -76,9 +76,10 @@ def list_() -> None:
 
     for name, path in list_recipes().items():
         try:
-            desc = load_recipe(path).description.split(";")[0]
+            r = load_recipe(path)
+            desc = f"recipe, {r.artifact.layout} layout: {r.description.split(';')[0]}"
         except RecipeError:
-            desc = "(invalid: run `qwenquant recipe validate` on it)"
-        stdout.print(f"{name:24} {desc}", markup=False)
+            desc = "recipe (invalid: run `qwenquant recipe validate` on it)"
+        stdout.print(f"{name:28} {desc}", markup=False)
     for name in list_calibrations():
-        stdout.print(f"{name:24} (calibration set: --calibration {name})", markup=False)
+        stdout.print(f"{name:28} calibration set (--calibration {name})", markup=False)
