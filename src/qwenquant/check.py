@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -110,6 +110,7 @@ class ArtifactFacts:
     weight_shapes: dict[str, tuple[int, ...]]  # module -> values of its weight_shape tensor
     io_findings: tuple[Finding, ...] = ()  # header / index problems found while reading
     unreadable: bool = False  # no config or no tensors: the other rules are skipped
+    _memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     # -- derived views -----------------------------------------------------------------------
     @property
@@ -144,7 +145,9 @@ class ArtifactFacts:
 
     def modules(self) -> dict[str, dict[str, Tensor]]:
         """module name -> {suffix: tensor} for `.weight` and the packed suffixes."""
-        out: dict[str, dict[str, Tensor]] = {}
+        if "modules" in self._memo:
+            return self._memo["modules"]
+        out: dict[str, dict[str, Tensor]] = self._memo.setdefault("modules", {})
         for name, t in self.tensors.items():
             mod, _, suffix = name.rpartition(".")
             if suffix == "weight" or suffix in PACKED_SUFFIXES:
@@ -153,7 +156,9 @@ class ArtifactFacts:
 
     def linears(self) -> dict[str, bool]:
         """Linear module -> stored packed? (2-D `.weight` that is not an embedding, or any packed module)."""
-        out: dict[str, bool] = {}
+        if "linears" in self._memo:
+            return self._memo["linears"]
+        out: dict[str, bool] = self._memo.setdefault("linears", {})
         for mod, parts in self.modules().items():
             if "weight_packed" in parts:
                 out[mod] = True
@@ -169,6 +174,12 @@ class ArtifactFacts:
 
     def resolve(self, module: str) -> Optional[str]:
         """The config group vLLM would apply: IGNORED, a group name, or None (no group: unquantized)."""
+        memo = self._memo.setdefault("resolve", {})
+        if module not in memo:
+            memo[module] = self._resolve(module)
+        return memo[module]
+
+    def _resolve(self, module: str) -> Optional[str]:
         name = self.vllm_name(module)
         if targets_cover([self.vllm_name(e) for e in self.ignore], name):
             return IGNORED
@@ -252,10 +263,6 @@ def rule_quant_config(a: ArtifactFacts) -> list[Finding]:
             out.append(_f("quant-config", f"{gw}.input_activations", "is set; W4A16 keeps activations in bf16",
                           "set it to null"))
     return out
-
-
-def rule_io(a: ArtifactFacts) -> list[Finding]:
-    return list(a.io_findings)
 
 
 def _text_prefix(name: str) -> Optional[str]:
