@@ -116,7 +116,7 @@ def free_port() -> int:
 def serve_cmd(artifact: Path, launcher: Path, port: int, mode: str, pidfile: Path, timeout: float = 20) -> list[str]:
     return [sys.executable, "-m", "qwenquant", "serve", str(artifact), "--profile", "single-user",
             "--port", str(port), "--vllm", str(launcher), "--timeout", str(timeout),
-            "--", "--standin-mode", mode, "--standin-pidfile", str(pidfile)]
+            "--", "--max-model-len", "2048", "--standin-mode", mode, "--standin-pidfile", str(pidfile)]
 
 
 def serve_env(launcher: Path, tmp_path: Path) -> dict[str, str]:
@@ -265,6 +265,16 @@ def test_tampered_artifact_refused(standin_artifact, fake_vllm, tmp_path):
     assert r.returncode == 4, r.stderr
     assert "generation_config.json" in flat(r.stderr)
     assert not pidfile.exists()
+
+
+def test_context_longer_than_the_model_refused(standin_artifact, fake_vllm, tmp_path):
+    """The profile's 32768 tokens exceed the tiny model's 4096 positions: refused before launch."""
+    cmd = serve_cmd(standin_artifact, fake_vllm, free_port(), "good", tmp_path / "pids")
+    del cmd[cmd.index("--max-model-len"):cmd.index("--max-model-len") + 2]
+    r = subprocess.run(cmd, env=serve_env(fake_vllm, tmp_path), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 7
+    assert "max-model-len 32768 is above the model's max_position_embeddings 4096" in flat(r.stderr)
+    assert not (tmp_path / "pids").exists()
 
 
 def test_dry_run_masks_api_key(standin_artifact, fake_vllm, tmp_path):

@@ -1,22 +1,34 @@
 """Memory budget for serving: weights + KV cache + GDN state + activations against the device.
 
 Pure functions on a ModelShape, a WeightBreakdown and a profile. How vLLM (0.26 .. 0.33) sizes
-the caches, and what this module assumes (see docs/serve-memory.md for the sources):
+the caches, read in vLLM's source (vllm-project/vllm, main in 2026), and what is assumed here:
 
-- Full-attention KV per token = 2 (K and V) x kv_heads x head_dim x dtype bytes, for the target's
-  full-attention layers plus the MTP drafter's own attention layer when MTP is on.
+- Full-attention KV per token and layer = 2 (K, V) x kv_heads x head_dim x dtype bytes (auto =
+  bf16, fp8 = 1 B), for the target's full-attention layers plus the MTP drafter's own attention
+  layer when MTP is on (the drafter's layers get KV cache specs like the target's).
 - GDN state per layer and slot = conv state conv_dim x (kernel - 1 + num_spec) in the model dtype
-  + SSM state v_heads x v_dim x k_dim in the ssm cache dtype (mamba_utils
-  `gated_delta_net_state_shape`: the conv state grows by one column per speculative token).
-- Slots per sequence: 1 + num_spec with mamba_cache_mode none (MambaManager pads the request by
-  num_spec blocks); align keeps the previous step's state block too, so 2 + num_spec at peak.
-- Hybrid paging: the attention block is enlarged to 16 * cdiv(mamba_page, 16 * attn_bytes_per_token)
-  tokens so one attention page >= one GDN state page; the GDN page is padded to it. Layers are
-  grouped in groups of min(#attn, #gdn) layers (max when max < 1.5 * min); the last group of a
-  type is padded. One pool block costs group_size x page bytes.
-- Activations: fp32 logits max_num_batched_tokens x vocab x 4 B dominate (seen: 7.36 GiB at
-  8192 tokens on the 27B head) + the MLP gate/up output, tokens x 2 x intermediate x 2 B.
-- CUDA runtime: 0.5 GiB (context, cuBLAS workspaces) + 0.5 GiB for CUDA graphs unless eager.
+  + SSM state v_heads x v_dim x k_dim in the ssm cache dtype
+  (model_executor/layers/mamba/mamba_utils.py `gated_delta_net_state_shape`,
+  `gated_delta_net_state_dtype`; the conv state grows by one column per speculative token).
+  `--mamba-ssm-cache-dtype auto` is taken as the config's `mamba_ssm_dtype` (float32 on the 27B).
+- Slots per sequence (MambaSpec.num_speculative_blocks = num_speculative_tokens,
+  mamba/abstract.py; v1/core/single_type_kv_cache_manager.py MambaManager): mode none pads a
+  request by num_spec blocks -> 1 + num_spec; mode align allocates 1 + num_spec at the first
+  prefill and one more running-state block per step before the block from two steps back is
+  freed -> 2 + num_spec at peak (assumed: the budget uses the peak).
+- Hybrid paging (model_executor/models/config.py HybridAttentionMambaModelConfig): the attention
+  block is enlarged to 16 * cdiv(gdn_page, 16 * attn_bytes_per_token) tokens so an attention
+  page >= one layer's GDN state, and the GDN page is padded to it. Layers are grouped
+  (v1/core/kv_cache_utils.py `_get_kv_cache_groups_uniform_page_size`) in groups of
+  min(#attention, #gdn) layers (max when max < 1.5 x min); a type's last group is padded; one
+  pool block costs group_size x page bytes and each group holds its own blocks.
+- vLLM refuses to start unless one max_model_len sequence fits; more sequences only set the
+  concurrency (it preempts beyond), so "fits" is one sequence and concurrency is reported.
+- Activations: fp32 logits max_num_batched_tokens x vocab x 4 B dominate (stack-facts: 7.36 GiB
+  peak at 8192 tokens on the 27B head) + the MLP gate/up output, tokens x 2 x intermediate x 2 B.
+- CUDA runtime outside the profile: 0.5 GiB (context, cuBLAS/NCCL workspaces) + 0.5 GiB for CUDA
+  graphs unless --enforce-eager: estimates, not measured on a 3090.
+- CPU: the cache pool is VLLM_CPU_KVCACHE_SPACE GiB; weights and activations live outside it.
 """
 
 from __future__ import annotations

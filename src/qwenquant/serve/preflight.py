@@ -172,6 +172,7 @@ def prepare(
         problem = check_architecture(arch, supported_archs(install), install)
         if problem:
             raise ServeError(problem, hint="see docs/stack-facts (CUDA vLLM 0.26 lacks Qwen3_5ForCausalLM)")
+    _check_context(artifact, profile)
     args = argvmod.build_vllm_argv(artifact, profile, manifest, dev, extra, api_key=api_key)
     env_add = argvmod.build_vllm_env(dev, os.environ)
     if dev == "cpu" and profile.speculative:
@@ -185,6 +186,15 @@ def prepare(
             raise ServeError(problem, hint="stop the process holding it, or pass --port N")
         budget = _budget(artifact, manifest, profile, dev, env_add, warnings)
     return Prepared(artifact, profile, install, dev, args, env_add, budget, warnings)
+
+
+def _check_context(artifact: Path, profile: ResolvedProfile) -> None:
+    """vLLM refuses a max_model_len above the model's max_position_embeddings; say so first."""
+    config = json.loads((artifact / "config.json").read_text())
+    limit = (config.get("text_config") or config).get("max_position_embeddings")
+    if isinstance(limit, int) and profile.max_model_len > limit:
+        raise ServeError(f"max-model-len {profile.max_model_len} is above the model's max_position_embeddings {limit}",
+                         hint=f"pass `-- --max-model-len {limit}` (or less)")
 
 
 def _budget(artifact: Path, manifest: Any, profile: ResolvedProfile, dev: str, env_add: dict[str, str],
