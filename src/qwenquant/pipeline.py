@@ -474,6 +474,17 @@ def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False) -> dict
         return {"artifact": str(artifact), "plan": plan.summary(), "nothing_to_do": plan.nothing_to_do,
                 "written": False}
     had_manifest = (artifact / MANIFEST_NAME).is_file()
+    if had_manifest:
+        # Re-hashing blesses whatever is on disk: only the files a graft repairs may differ.
+        from qwenquant.errors import VerificationError
+
+        before = verify_artifact(artifact)
+        others = [f for f in before.bad_files if f not in ("model.safetensors.index.json", "config.json")
+                  and "mtp" not in f]
+        if others:
+            raise VerificationError(
+                f"{artifact}: files besides the MTP shard, index and config differ from the manifest: "
+                + ", ".join(others[:5]), hint="graft-mtp repairs only the MTP head; re-run `qwenquant quantize`")
     with staging_dir(artifact) as tmp:
         graft_into(artifact, tmp, source, plan)
         carry_files(artifact, tmp, drop=[MANIFEST_NAME])

@@ -1,0 +1,357 @@
+"""`qwenquant quantize` end to end on the tiny model: real llm-compressor GPTQ on the CPU.
+
+The artifact is built once per module (a subprocess running the real CLI) and many things are
+asserted on it; the resume, kill and record-corruption tests reuse its work folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+QUANT_SUFFIXES = (".weight_packed", ".weight_scale", ".weight_shape", ".weight_zero_point", ".weight_g_idx")
+
+
+def qq(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess (fixed thread count: byte-identical results across runs)."""
+    env = dict(os.environ, QWENQUANT_THREADS="2", QWENQUANT_NO_PROGRESS="1", PYTHONHASHSEED="0")
+    return subprocess.run([sys.executable, "-m", "qwenquant", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=REPO)
+
+
+def quantize_args(source: Path, out: Path, *extra: str) -> list[str]:
+    return ["quantize", str(source), "--recipe", "w4a16-int4head", "--calibration", "tiny-demo",
+            "--source-unverified", "--out", str(out), "--json", *extra]
+
+
+def raw_tensors(folder: Path) -> dict[str, tuple[str, tuple, bytes]]:
+    """name -> (dtype, shape, raw bytes), parsed straight from the safetensors files."""
+    out = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        data = f.read_bytes()
+        n = struct.unpack("<Q", data[:8])[0]
+        header = json.loads(data[8:8 + n])
+        header.pop("__metadata__", None)
+        for name, t in header.items():
+            s, e = t["data_offsets"]
+            out[name] = (t["dtype"], tuple(t["shape"]), data[8 + n + s:8 + n + e])
+    return out
+
+
+@pytest.fixture(scope="module")
+def built(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("quantize")
+    out = root / "artifact"
+    t0 = time.monotonic()
+    proc = qq(*quantize_args(tiny_checkpoint, out))
+    wall = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return {"source": tiny_checkpoint, "out": out, "work": root / "artifact.work", "result": json.loads(proc.stdout),
+            "stderr": proc.stderr, "wall": wall, "root": root}
+
+
+def test_result_and_manifest(built: dict) -> None:
+    from qwenquant.manifest import load_manifest, verify_artifact
+
+    res = built["result"]
+    assert res["artifact"] == str(built["out"])
+    assert re.fullmatch(r"[0-9a-f]{64}", res["root_digest"])
+    m = load_manifest(built["out"])
+    assert m.root_digest == res["root_digest"]
+    assert verify_artifact(built["out"]).ok
+    assert m.calibration["fingerprint_sha256"] == res["calibration_fingerprint"]
+    assert m.calibration["num_samples"] == 32 and m.calibration["token_total"] > 0
+    assert set(m.stages) == {"source", "calibration", "gptq", "lm_head", "mtp", "textonly", "check"}
+    assert all(r["status"] == "complete" for r in m.stages.values())
+    assert {"torch", "transformers", "llmcompressor", "compressed-tensors", "qwenquant"} <= set(m.tool_versions)
+    assert m.source["kind"] == "local-unverified" and m.source["files"]
+    assert all(v == "ran" for v in res["stages"].values())
+
+
+def test_artifact_layout(built: dict) -> None:
+    names = sorted(p.name for p in built["out"].iterdir())
+    assert "qwenquant-manifest.json" in names and "qwenquant-quality.json" in names
+    assert {"config.json", "model.safetensors.index.json", "model-mtp.safetensors", "tokenizer.json",
+            "tokenizer_config.json", "generation_config.json"} <= set(names)
+    assert not any("preprocessor" in n or "processor_config" in n for n in names)
+    tensors = raw_tensors(built["out"])
+    assert not any(n.startswith("model.visual.") or n.startswith("model.language_model.") for n in tensors)
+    index = json.loads((built["out"] / "model.safetensors.index.json").read_text())["weight_map"]
+    assert set(index) == set(tensors)
+
+
+def test_text_only_config_has_no_mrope(built: dict) -> None:
+    cfg = json.loads((built["out"] / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3_5ForCausalLM"] and cfg["model_type"] == "qwen3_5_text"
+    assert "mrope" not in json.dumps(cfg)
+    assert "vision_config" not in cfg and "text_config" not in cfg
+    qc = cfg["quantization_config"]
+    assert "re:^mtp.*" in qc["ignore"] and "lm_head" not in qc["ignore"]
+    assert any(g["targets"] == ["re:.*lm_head$"] for g in qc["config_groups"].values())
+
+
+def test_unquantized_tensors_byte_identical_to_source(built: dict) -> None:
+    src = raw_tensors(built["source"])
+    art = raw_tensors(built["out"])
+    quantized = {n.rsplit(".", 1)[0] for n in art if n.endswith(QUANT_SUFFIXES)}
+    checked = norms = 0
+    for name, (dtype, shape, data) in art.items():
+        if name.endswith(QUANT_SUFFIXES):
+            continue
+        src_name = name if name.startswith(("mtp.", "lm_head")) else "model.language_model." + name[len("model."):]
+        assert src[src_name][:2] == (dtype, shape), name
+        assert src[src_name][2] == data, f"{name} differs from the source"
+        checked += 1
+        norms += "norm" in name
+    assert norms >= 10  # the offset norms llm-compressor 0.14 rounds through bf16 (restored)
+    assert "lm_head" in quantized and "model.layers.0.mlp.down_proj" in quantized
+    assert all(f"mtp.{x}" not in quantized for x in ("fc", "layers.0.mlp.down_proj"))
+    assert sum(1 for n in art if n.startswith("mtp.")) == 15
+    assert checked > 40
+
+
+def test_lm_head_gptq_beats_rtn(built: dict) -> None:
+    q = json.loads((built["out"] / "qwenquant-quality.json").read_text())["lm_head"]
+    assert q["method"] == "gptq" and q["heldout_tokens"] > 0
+    assert q["gptq"]["kl"] < q["rtn"]["kl"]
+    assert q["kl_reduction_pct"] > 0
+    assert built["result"]["quality"] == {"lm_head": q}
+
+
+def _calibration_ids(source: Path) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(source))
+    lines = (REPO / "calibration" / "tiny-demo.jsonl").read_text().splitlines()[-6:]
+    return [tok(tok.apply_chat_template(json.loads(x)["messages"], tokenize=False), add_special_tokens=False)["input_ids"]
+            for x in lines]
+
+
+def _rtn_fake_quant(model, group: int = 128) -> None:
+    """The naive baseline: round-to-nearest int4 of every Linear the recipe quantizes, in place."""
+    import torch
+
+    skip = ("visual", "in_proj_a", "in_proj_b", "mtp")
+    with torch.no_grad():
+        for name, mod in model.named_modules():
+            if isinstance(mod, torch.nn.Linear) and not any(s in name for s in skip):
+                w = mod.weight.float().unflatten(-1, (-1, group))
+                s = w.abs().amax(-1, keepdim=True) / 7.5
+                mod.weight.copy_(((w / s).round().clamp(-8, 7) * s).flatten(-2).to(mod.weight.dtype))
+
+
+def test_loads_in_transformers_with_logits_close_to_source(built: dict) -> None:
+    """Tolerance: this tiny model has random weights, where int4 error is large and compounds over
+    layers (round-to-nearest int4 of the same Linears is the yardstick, computed here). The
+    artifact must load through compressed-tensors decompression and be at least as close to the
+    source as that baseline, minus a small margin, and clearly correlated with it (cosine > 0.7)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3_5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    art = AutoModelForCausalLM.from_pretrained(str(built["out"]), dtype="auto").eval()
+    ref = Qwen3_5ForConditionalGeneration.from_pretrained(str(built["source"]), dtype="auto").eval()
+    rtn = Qwen3_5ForConditionalGeneration.from_pretrained(str(built["source"]), dtype="auto").eval()
+    _rtn_fake_quant(rtn)
+    assert type(art).__name__ == "Qwen3_5ForCausalLM"
+
+    def stats(model) -> tuple[float, float]:
+        cos, top1, n = 0.0, 0.0, 0
+        with torch.no_grad():
+            for ids in _calibration_ids(built["source"]):
+                x = torch.tensor([ids])
+                a, b = model(input_ids=x).logits.float()[0], ref(input_ids=x).logits.float()[0]
+                cos += torch.nn.functional.cosine_similarity(a, b, dim=-1).sum().item()
+                top1 += (a.argmax(-1) == b.argmax(-1)).float().sum().item()
+                n += len(ids)
+        return cos / n, top1 / n
+
+    art_cos, art_top1 = stats(art)
+    rtn_cos, rtn_top1 = stats(rtn)
+    print(f"artifact cos {art_cos:.4f} top1 {art_top1:.3f}; rtn cos {rtn_cos:.4f} top1 {rtn_top1:.3f}")
+    assert art_cos > 0.7
+    assert art_cos >= rtn_cos - 0.03
+    assert art_top1 >= rtn_top1 - 0.1
+
+
+def test_rerun_skips_every_stage_with_same_digest(built: dict, tmp_path: Path) -> None:
+    proc = qq(*quantize_args(built["source"], built["out"]))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout)
+    assert res["root_digest"] == built["result"]["root_digest"]
+    assert all(v == "skipped" for v in res["stages"].values()), res["stages"]
+
+
+# --- graft-mtp ------------------------------------------------------------------------------------
+
+def _strip_mtp(artifact: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    index_path = artifact / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    (artifact / "model-mtp.safetensors").unlink()
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not k.startswith("mtp.")}
+    index_path.write_text(json.dumps(index))
+    assert load_file  # (only the shard and the index change)
+
+
+def test_graft_mtp_restores_and_is_idempotent(built: dict, tmp_path: Path) -> None:
+    art = Path(shutil.copytree(built["out"], tmp_path / "art"))
+    _strip_mtp(art)
+    check = qq("graft-mtp", str(art), "--source", str(built["source"]), "--check-only")
+    assert check.returncode != 0 and "MTP head incomplete" in check.stderr
+
+    proc = qq("graft-mtp", str(art), "--source", str(built["source"]))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "grafted: add 15" in proc.stdout
+    src = raw_tensors(built["source"])
+    got = raw_tensors(art)
+    mtp = [n for n in src if n.startswith("mtp.")]
+    assert len(mtp) == 15 and all(got[n] == src[n] for n in mtp)
+    # the repaired artifact is the original one, file for file
+    assert (art / "model-mtp.safetensors").read_bytes() == (built["out"] / "model-mtp.safetensors").read_bytes()
+    from qwenquant.manifest import load_manifest, verify_artifact
+
+    assert verify_artifact(art).ok
+    assert load_manifest(art).root_digest == built["result"]["root_digest"]
+
+    manifest_before = (art / "qwenquant-manifest.json").read_bytes()
+    again = qq("graft-mtp", str(art), "--source", str(built["source"]))
+    assert again.returncode == 0 and "nothing to graft" in again.stdout
+    assert (art / "qwenquant-manifest.json").read_bytes() == manifest_before
+    ok = qq("graft-mtp", str(art), "--source", str(built["source"]), "--check-only")
+    assert ok.returncode == 0 and "nothing to graft" in ok.stdout
+
+
+# --- CLI errors -----------------------------------------------------------------------------------
+
+def test_source_without_fetch_record_is_refused(built: dict, tmp_path: Path) -> None:
+    proc = qq("quantize", str(built["source"]), "--calibration", "tiny-demo", "--out", str(tmp_path / "a"))
+    assert proc.returncode == 4, proc.stderr[-2000:]
+    assert "error:" in proc.stderr and "--source-unverified" in proc.stderr
+    assert not (tmp_path / "a").exists()
+
+
+def test_missing_source_folder(tmp_path: Path) -> None:
+    proc = qq(*quantize_args(tmp_path / "nope", tmp_path / "a"))
+    assert proc.returncode == 5 and "source folder not found" in proc.stderr
+
+
+def test_bad_device_flag(tmp_path: Path) -> None:
+    proc = qq(*quantize_args(tmp_path, tmp_path / "a", "--device", "tpu"))
+    assert proc.returncode == 2 and "cpu or cuda" in proc.stderr
+
+
+# --- kill during GPTQ, then resume ----------------------------------------------------------------
+
+def test_sigkill_during_gptq_then_rerun_gives_same_digest(built: dict, tmp_path: Path) -> None:
+    out = tmp_path / "killed"
+    work = tmp_path / "killed.work"
+    env = dict(os.environ, QWENQUANT_THREADS="2", QWENQUANT_NO_PROGRESS="1", PYTHONHASHSEED="0")
+    log = open(tmp_path / "first.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "qwenquant", *quantize_args(built["source"], out)],
+                            stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=REPO)
+    deadline = time.monotonic() + 300
+    try:
+        while "stage gptq: running" not in (tmp_path / "first.log").read_text():
+            assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "gptq never started"
+            time.sleep(0.1)
+        time.sleep(2.0)  # inside oneshot: the model is loaded and calibration has begun
+        assert proc.poll() is None, "quantize finished before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    assert proc.returncode == -signal.SIGKILL
+    assert (work / "calibration.record.json").exists()
+    assert not (work / "gptq.record.json").exists()  # killed mid-stage: no completion record
+    assert list(work.glob(".gptq.*.partial")) and not out.exists()
+
+    again = qq(*quantize_args(built["source"], out))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "stage calibration: complete, skipped" in again.stderr
+    assert "stage gptq: running (no completion record)" in again.stderr
+    assert not list(work.glob(".*.partial"))
+    assert json.loads(again.stdout)["root_digest"] == built["result"]["root_digest"]
+
+
+# --- a corrupt or partial record is never trusted -------------------------------------------------
+
+def _rehash(rec: dict) -> dict:
+    from qwenquant.pipeline import record_digest
+
+    rec["record_sha256"] = record_digest(rec)
+    return rec
+
+
+def _missing(p: Path, work: Path) -> None:
+    p.unlink()
+
+
+def _truncated(p: Path, work: Path) -> None:
+    p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2])
+
+
+def _malformed(p: Path, work: Path) -> None:
+    rec = json.loads(p.read_text())
+    rec["outputs"] = ["config.json"]
+    p.write_text(json.dumps(_rehash(rec)))
+
+
+def _wrong_self_hash(p: Path, work: Path) -> None:
+    rec = json.loads(p.read_text())
+    rec["result"]["graft"] = "edited"
+    p.write_text(json.dumps(rec))
+
+
+def _stale_input(p: Path, work: Path) -> None:
+    rec = json.loads(p.read_text())
+    rec["inputs"]["lm_head"] = "0" * 64  # a record left by a run with a different lm_head output
+    p.write_text(json.dumps(_rehash(rec)))
+
+
+def _output_changed(p: Path, work: Path) -> None:
+    shard = work / "mtp" / "model-mtp.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.unlink()  # a new file: never write through a hard link shared with other stages
+    shard.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("corrupt,reason", [
+    (_missing, "no completion record"),
+    (_truncated, "not valid JSON"),
+    (_malformed, "malformed"),
+    (_wrong_self_hash, "fails its self-hash"),
+    (_stale_input, "inputs changed (lm_head)"),
+    (_output_changed, "outputs changed on disk (model-mtp.safetensors)"),
+])
+def test_untrusted_mtp_record_reruns_the_stage(built: dict, tmp_path: Path, corrupt, reason: str) -> None:
+    work = Path(shutil.copytree(built["work"], tmp_path / "a.work", ignore=shutil.ignore_patterns(".lock")))
+    record = work / "mtp.record.json"
+    before = json.loads(record.read_text())["finished"]
+    corrupt(record, work)
+    proc = qq(*quantize_args(built["source"], tmp_path / "a", "--work", str(work)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"stage mtp: running ({reason}" in proc.stderr, proc.stderr[-3000:]
+    for stage in ("source", "calibration", "gptq", "lm_head", "textonly", "check"):
+        assert f"stage {stage}: complete, skipped" in proc.stderr
+    rec = json.loads(record.read_text())
+    assert rec["finished"] != before and rec["status"] == "complete"
+    assert json.loads(proc.stdout)["root_digest"] == built["result"]["root_digest"]
