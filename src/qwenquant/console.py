@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, Iterator
 
 from rich.console import Console
 from rich.logging import RichHandler
@@ -80,3 +81,22 @@ def step_progress(**kwargs: Any) -> Progress:
         disable=not interactive(),
         **kwargs,
     )
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Send everything written to stdout (fd 1) to stderr while heavy libraries run.
+
+    Some libraries log to stdout (llm-compressor's loguru sink); stdout is for results only, so a
+    script can parse `--json` output.
+    """
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
