@@ -286,3 +286,13 @@ def test_capture_final_hidden_is_exactly_lm_head_input() -> None:
     assert torch.equal(got[0], last[mask.bool()])
     assert torch.equal(model.lm_head(got[0]), full.logits[mask.bool()])
     assert math.isfinite(float(got[1].sum()))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_sweep_agrees_with_cpu(head: torch.Tensor, calib_H: torch.Tensor) -> None:
+    cpu = gptq_quantize_rows(head, calib_H, row_chunk=128, device="cpu")
+    gpu = gptq_quantize_rows(head, calib_H.cuda(), row_chunk=128, device="cuda")
+    assert gpu.int.device.type == "cpu" and torch.equal(gpu.scale, cpu.scale)
+    # different BLAS, so a rare code may differ by one step
+    assert (gpu.int != cpu.int).float().mean() < 1e-3

@@ -143,7 +143,9 @@ def _check_shapes(W: torch.Tensor, num_bits: int, group_size: int, symmetric: bo
 def _group_scales(w: torch.Tensor, num_bits: int, group_size: int) -> torch.Tensor:
     """Symmetric minmax scales [rows, D/g] in bf16, as compressed-tensors' calculate_qparams."""
     qmin, qmax = int_range(num_bits)
-    absmax = w.float().unflatten(-1, (-1, group_size)).abs().amax(dim=-1)
+    g = w.unflatten(-1, (-1, group_size))
+    # max(|min|, |max|) per group without an |w| temporary as large as the chunk
+    absmax = torch.maximum(g.amax(dim=-1).abs(), g.amin(dim=-1).abs()).float()
     scale = (absmax / ((qmax - qmin) / 2)).to(SCALE_DTYPE)
     return scale.masked_fill(scale == 0, torch.finfo(SCALE_DTYPE).eps)
 
