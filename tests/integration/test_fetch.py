@@ -73,6 +73,7 @@ TRANSIENT = {
     "ignore_range_on_resume": [Fault("truncate", path=SHARD2, at=500_000), Fault("ignore_range", path=SHARD2)],
     "wrong_content_range_on_resume": [Fault("truncate", path=SHARD2, at=500_000),
                                       Fault("bad_content_range", path=SHARD2, shift=4096)],  # fmt: skip
+    "api_503_twice": [Fault("fail", path="/api", times=2, method=None)],
     "slow_stream": [Fault("slow", path="model-mtp.safetensors", rate=20_000_000)],
 }
 
@@ -218,3 +219,50 @@ def test_disk_space_checked_first(served, tmp_path: Path, capsys, monkeypatch) -
     code, _, err = fetch(capsys, tmp_path / "out")
     assert code == 3 and "GiB still to download but only 0.00 GiB free" in err
     assert not served.hub.downloads()
+
+
+def test_token_goes_to_the_hub_never_to_the_cdn(served, tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_test_token")
+    assert fetch(capsys, tmp_path / "out")[0] == 0
+    hub_side = [r for r in served.hub.requests if r.endpoint in ("info", "tree", "resolve")]
+    cdn_side = [r for r in served.hub.requests if r.endpoint == "blob"]
+    assert hub_side and all(r.authorized for r in hub_side)
+    assert cdn_side and not any(r.authorized for r in cdn_side)
+    assert {r.host for r in cdn_side} == {"localhost"}
+
+
+def test_dataset_repo(hub, tmp_path: Path, capsys, disk) -> None:
+    src = tmp_path / "calib"
+    src.mkdir()
+    (src / "train.jsonl").write_text('{"text": "def add(a, b): return a + b"}\n' * 50)
+    (src / "data").mkdir()
+    (src / "data" / "part-0.parquet").write_bytes(b"PAR1" + bytes(5000) + b"PAR1")
+    commit = hub.add_repo("org/calib", src, repo_type="dataset")
+    code, stdout, err = run(capsys, "fetch", "org/calib", "--repo-type", "dataset", "--out", str(tmp_path / "out"))
+    assert code == 0, err
+    disk.assert_identical_copy(tmp_path / "out", src)
+    assert load_fetch_record(tmp_path / "out")["commit"] == commit
+    resolves = [r.path for r in hub.requests if r.endpoint == "resolve"]
+    assert len(resolves) == 2 and all(p.startswith(f"/datasets/org/calib/resolve/{commit}/") for p in resolves)
+
+
+def test_symlinked_destination_refused(served, tmp_path: Path, capsys, disk) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "elsewhere").write_text("not yours")
+    (out / "config.json").symlink_to(tmp_path / "elsewhere")
+    code, _, err = fetch(capsys, out)
+    assert code == 3 and "config.json is a symlink" in err
+    assert (tmp_path / "elsewhere").read_text() == "not yours"
+
+
+def test_help_imports_no_heavy_modules() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from qwenquant.cli import main; main(['fetch', '--help']); "
+            "heavy = [m for m in ('torch', 'transformers', 'huggingface_hub', 'httpx') if m in sys.modules]; "
+            "sys.exit(1 if heavy else 0)")  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "Examples:" in r.stdout and r.stdout.rstrip().endswith("--json")

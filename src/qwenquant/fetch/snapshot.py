@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import threading
+import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -78,6 +79,7 @@ def fetch_snapshot(
     staging.mkdir(parents=True, exist_ok=True)
     api = HfApi(endpoint=endpoint, token=token)
 
+    api = _Retrying(api, attempts, backoff)
     commit = _pick_commit(api, out_dir, repo_id, repo_type, revision, endpoint, re_resolve)
     log.info("%s %s -> commit %s", repo_id, revision, commit)
     files = _list(api, repo_id, repo_type, commit)
@@ -124,6 +126,35 @@ def fetch_snapshot(
                        sorted(set(digests) - set(downloaded)), sum(d.downloaded for d in digests.values()))  # fmt: skip
 
 
+class _Retrying:
+    """HfApi calls retried on 429/5xx and connection errors (model_info and the first tree page are not)."""
+
+    def __init__(self, api: Any, attempts: int, backoff: float) -> None:
+        self.api, self.attempts, self.backoff = api, attempts, backoff
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        import httpx
+        from huggingface_hub.errors import HfHubHTTPError
+
+        fn = getattr(self.api, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            for attempt in range(1, self.attempts + 1):
+                try:
+                    out = fn(*args, **kwargs)
+                    return list(out) if name == "list_repo_tree" else out
+                except (HfHubHTTPError, httpx.TransportError) as e:
+                    status = getattr(getattr(e, "response", None), "status_code", None)
+                    transient = isinstance(e, httpx.TransportError) or status in (429, 500, 502, 503, 504)
+                    if not transient or attempt == self.attempts:
+                        raise
+                    log.warning("%s: %s; retry %d/%d", name, str(e).splitlines()[0], attempt, self.attempts - 1)
+                    time.sleep(min(self.backoff * 2 ** (attempt - 1), 8.0))
+            raise AssertionError("unreachable")
+
+        return call
+
+
 def _drop_stale(out_dir: Path, commit: str, paths: set[str]) -> None:
     """Files an earlier fetch (record or pending run) of another commit put here and this one lacks."""
     ours: set[str] = set()
@@ -143,6 +174,7 @@ def _drop_stale(out_dir: Path, commit: str, paths: set[str]) -> None:
 
 def _pick_commit(api, out_dir: Path, repo_id: str, repo_type: str, revision: str, endpoint: str, re_resolve: bool) -> str:
     """A 40-hex revision is the commit; else reuse a recorded/pending commit; else resolve it once."""
+    import httpx
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
     if COMMIT_RE.match(revision):
@@ -162,7 +194,7 @@ def _pick_commit(api, out_dir: Path, repo_id: str, repo_type: str, revision: str
                          hint="check the repo id, HF_ENDPOINT, and HF_TOKEN for private repos") from None  # fmt: skip
     except RevisionNotFoundError:
         raise FetchError(f"revision {revision!r} not found in {repo_id}", hint="pass a branch, tag or 40-hex commit") from None
-    except (HfHubHTTPError, OSError) as e:
+    except (HfHubHTTPError, OSError, httpx.TransportError) as e:
         raise FetchError(f"could not resolve {repo_id}@{revision}: {e}".splitlines()[0], hint="retry later") from None
     if not (info.sha and COMMIT_RE.match(info.sha)):
         raise FetchError(f"server gave no commit for {repo_id}@{revision}", hint="check HF_ENDPOINT")
@@ -170,6 +202,7 @@ def _pick_commit(api, out_dir: Path, repo_id: str, repo_type: str, revision: str
 
 
 def _list(api, repo_id: str, repo_type: str, commit: str) -> list[RemoteFile]:
+    import httpx
     from huggingface_hub.errors import HfHubHTTPError, RevisionNotFoundError
     from huggingface_hub.hf_api import RepoFile
 
@@ -178,7 +211,7 @@ def _list(api, repo_id: str, repo_type: str, commit: str) -> list[RemoteFile]:
     except RevisionNotFoundError:
         raise FetchError(f"commit {commit} of {repo_id} is no longer on the server",
                          hint="pass --re-resolve to pin the branch's current commit") from None  # fmt: skip
-    except (HfHubHTTPError, OSError) as e:
+    except (HfHubHTTPError, OSError, httpx.TransportError) as e:
         raise FetchError(f"could not list {repo_id}@{commit}: {e}".splitlines()[0], hint="retry later") from None
     files = [RemoteFile(e.path, e.size, e.blob_id, e.lfs.sha256 if e.lfs else None)
              for e in entries if isinstance(e, RepoFile)]  # fmt: skip

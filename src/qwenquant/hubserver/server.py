@@ -46,6 +46,8 @@ class LoggedRequest:
     end: int | None = None
     sent: int = 0  # body bytes actually written
     faults: list[str] = field(default_factory=list)
+    host: str | None = None  # the Host header: 127.0.0.1 for the Hub, localhost for the "CDN"
+    authorized: bool = False  # an Authorization header came with it (must never reach the CDN)
 
 
 class _Stop(Exception):
@@ -84,7 +86,7 @@ class HubServer:
         handler = type("Handler", (_Handler,), {"hub": self})
         self._httpd = _QuietServer((self.host, self._port), handler)
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="hubserver", daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), name="hubserver", daemon=True)
         self._thread.start()
         return self
 
@@ -239,7 +241,9 @@ class _Handler(BaseHTTPRequestHandler):
     # -- routing ---------------------------------------------------------------------------
     def _dispatch(self, method: str) -> None:
         url = urlsplit(self.path)
-        rec = LoggedRequest(method=method, path=url.path, endpoint="unknown", range=self.headers.get("Range"))
+        rec = LoggedRequest(method=method, path=url.path, endpoint="unknown", range=self.headers.get("Range"),
+                            host=(self.headers.get("Host") or "").rsplit(":", 1)[0] or None,
+                            authorized="Authorization" in self.headers)  # fmt: skip
         self.hub._tick(rec)
         self._rec = rec
         query = parse_qs(url.query)
