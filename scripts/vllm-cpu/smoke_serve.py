@@ -100,6 +100,7 @@ def main() -> int:
     ap.add_argument("--max-model-len", type=int, default=512)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--prompt", default="hello world")
+    ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--extra", action="append", default=[], help="extra server argument (repeatable)")
     ap.add_argument("--info", default=str(REPO / ".venv-vllm" / "qwenquant-vllm.json"))
     ap.add_argument("--log", default="vllm-smoke.log")
@@ -139,23 +140,29 @@ def main() -> int:
         report["models"] = [m["id"] for m in json.loads(http(base + "/v1/models")[1])["data"]]
         t = time.monotonic()
         code, body = http(base + "/v1/completions", {"model": "tiny", "prompt": args.prompt,
-                                                      "max_tokens": args.max_tokens, "temperature": 0})
+                                                      "max_tokens": args.max_tokens, "temperature": args.temperature})
         report["completion_s"] = round(time.monotonic() - t, 2)
         report["completion"] = json.loads(body)["choices"][0] if code == 200 else {"status": code, "body": body}
         code, body = http(base + "/v1/chat/completions", {
             "model": "tiny", "messages": [{"role": "user", "content": args.prompt}],
-            "max_tokens": args.max_tokens, "temperature": 0})
+            "max_tokens": args.max_tokens, "temperature": args.temperature})
         report["chat"] = json.loads(body)["choices"][0] if code == 200 else {"status": code, "body": body}
         report["rss_mib_after"] = round(tree_rss_mib(proc.pid))
         report["spec_decode"] = spec_metrics(http(base + "/metrics")[1])
         ok = "error" not in report and all("status" not in report[k] for k in ("completion", "chat"))
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        # SIGTERM the API server only: it stops its engine core and worker itself (signalling the
+        # whole group at once makes the engine die first and logs an EngineDeadError).
+        proc.terminate()
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
+            pass
+        try:  # anything left of the server's process group (engine core, worker)
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        except ProcessLookupError:
+            pass
+        proc.wait()
     print(json.dumps(report, indent=2))
     return 0 if ok else 1
 
