@@ -186,18 +186,21 @@ def rtn_quantize_rows(
 
 def _factorize(H: torch.Tensor, dampening_frac: float, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """Upper Cholesky factor of the damped H^-1, dead-column mask, and the RTN-fallback flag."""
-    H = H.to(device=dev, dtype=torch.float32).clone()
+    H = H.to(device=dev, dtype=torch.float32, copy=True)
     diag = torch.diagonal(H)
     dead = diag == 0
     diag.masked_fill_(dead, 1.0)
     diag.add_(dampening_frac * diag.mean())
-    L, info = torch.linalg.cholesky_ex(H)
+    # in place, the same calls as llm-compressor's factorize_hessian: one D x D buffer
+    info = torch.empty((), dtype=torch.int32, device=dev)
+    torch.linalg.cholesky_ex(H, check_errors=False, out=(H, info))
     if int(info) != 0:
         # llm-compressor falls back to RTN (identity factor) when H is not positive definite
         log.warning("lm_head Hessian is not positive definite; falling back to round-to-nearest")
         return torch.eye(H.shape[0], device=dev), dead, True
-    Hinv = torch.cholesky_inverse(L)
-    return torch.linalg.cholesky(Hinv, upper=True), dead, False
+    torch.cholesky_inverse(H, out=H)
+    torch.linalg.cholesky(H, upper=True, out=H)
+    return H, dead, False
 
 
 def _gptq_chunk(
