@@ -40,13 +40,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rv = app(args=argv, standalone_mode=False, prog_name="qwenquant")
     except QwenquantError as e:
+        from rich.markup import escape
+
         from qwenquant.console import console
 
         if os.environ.get("QWENQUANT_DEBUG") == "1":
             console.print_exception()
-        console.print(f"[bold red]error:[/] {e}", markup=True, highlight=False)
+        console.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, highlight=False)
         if e.hint:
-            console.print(f"[yellow]hint:[/] {e.hint}", markup=True, highlight=False)
+            console.print(f"[yellow]hint:[/] {escape(e.hint)}", markup=True, highlight=False)
         return e.exit_code
     except click.exceptions.Abort:
         print("aborted", file=sys.stderr)
