@@ -63,7 +63,8 @@ def build_checkpoint(folder: Path, size_gib: float, shards: int = 4) -> int:
 
 
 def start_server(folder: Path) -> tuple[subprocess.Popen, str]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.Popen([sys.executable, "-m", "qwenquant.hubserver", "--repo", f"{REPO}={folder}"],
                             stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
     while True:

@@ -266,3 +266,31 @@ def test_help_imports_no_heavy_modules() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "Examples:" in r.stdout and r.stdout.rstrip().endswith("--json")
+
+
+def test_files_with_identical_content(served, tmp_path: Path, capsys, disk) -> None:
+    """Two paths with the same sha256 download side by side without sharing a partial."""
+    (served.source / "copies").mkdir()
+    for i in range(3):
+        (served.source / "copies" / f"dup{i}.safetensors").write_bytes((served.source / SHARD1).read_bytes())
+    served.hub.add_commit(REPO, served.source, branch="main")
+    served.hub.faults.add(Fault("slow", path="copies/*", rate=20_000_000, times=None))
+    code, _, err = fetch(capsys, tmp_path / "out")
+    assert code == 0, err
+    disk.assert_identical_copy(tmp_path / "out", served.source)
+
+
+def test_one_fetch_per_out_folder(served, tmp_path: Path, capsys, disk) -> None:
+    import fcntl
+    import os
+
+    staging = tmp_path / "out" / ".qwenquant-staging"
+    staging.mkdir(parents=True)
+    fd = os.open(staging / "lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        code, _, err = fetch(capsys, tmp_path / "out")
+        assert code == 3 and "another qwenquant fetch is writing into" in err
+    finally:
+        os.close(fd)
+    assert fetch(capsys, tmp_path / "out")[0] == 0

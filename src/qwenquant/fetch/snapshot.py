@@ -14,7 +14,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from qwenquant import __version__
 from qwenquant.atomic import atomic_write_json, fsync_dir
@@ -67,8 +67,7 @@ def fetch_snapshot(
     progress: Progress | None = None,
 ) -> FetchResult:
     """Fetch `repo_id` at one pinned commit into `out_dir`, verifying every file; return the record."""
-    from huggingface_hub import HfApi, constants
-    from huggingface_hub.utils import build_hf_headers, get_session
+    from huggingface_hub import constants
 
     out_dir = Path(out_dir)
     endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
@@ -77,9 +76,36 @@ def fetch_snapshot(
     progress = progress or Progress()
     staging = out_dir / STAGING_NAME
     staging.mkdir(parents=True, exist_ok=True)
-    api = HfApi(endpoint=endpoint, token=token)
+    with _exclusive(staging):
+        return _fetch(repo_id, out_dir, staging, revision=revision, repo_type=repo_type, endpoint=endpoint,
+                      token=token, re_resolve=re_resolve, workers=workers, attempts=attempts, backoff=backoff,
+                      check_model=check_model, progress=progress)  # fmt: skip
 
-    api = _Retrying(api, attempts, backoff)
+
+@contextlib.contextmanager
+def _exclusive(staging: Path) -> Iterator[None]:
+    """One fetch per out folder at a time (two would steal each other's partials)."""
+    import fcntl
+
+    fd = os.open(staging / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FetchError(f"another qwenquant fetch is writing into {staging.parent}",
+                             hint="wait for it to finish, or use another --out") from None  # fmt: skip
+        yield
+    finally:
+        os.close(fd)
+
+
+def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_type: str, endpoint: str | None,
+           token: str | bool | None, re_resolve: bool, workers: int, attempts: int, backoff: float,
+           check_model: bool, progress: Progress) -> FetchResult:  # fmt: skip
+    from huggingface_hub import HfApi
+    from huggingface_hub.utils import build_hf_headers, get_session
+
+    api = _Retrying(HfApi(endpoint=endpoint, token=token), attempts, backoff)
     commit = _pick_commit(api, out_dir, repo_id, repo_type, revision, endpoint, re_resolve)
     log.info("%s %s -> commit %s", repo_id, revision, commit)
     files = _list(api, repo_id, repo_type, commit)
@@ -278,7 +304,11 @@ def _download_all(session: Session, batch: list[RemoteFile], out_dir: Path, stag
         return []
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(batch)))) as pool:
         futures = [pool.submit(one, f) for f in batch]
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        try:
+            wait(futures, return_when=FIRST_EXCEPTION)
+        except BaseException:  # Ctrl-C: stop the workers between chunks; partials stay for the next run
+            session.cancel.set()  # type: ignore[union-attr]
+            raise
         errors = [fu.exception() for fu in futures if fu.done() and fu.exception() is not None]
         if errors:
             session.cancel.set()  # type: ignore[union-attr]

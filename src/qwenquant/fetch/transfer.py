@@ -79,25 +79,44 @@ class _Hasher:
             self.sha1.update(data)
 
 
+_ACTIVE: set[Path] = set()  # partials being written by this process (two files may share content)
+_ACTIVE_LOCK = threading.Lock()
+
+
 def claim_partial(staging: Path, f: RemoteFile) -> Path:
     """Take over the largest partial of this content left by an earlier run (others are dropped)."""
-    found = sorted(staging.glob(f"{f.key}.*.part"), key=lambda p: p.stat().st_size, reverse=True)
     mine = staging / f"{f.key}.{uuid.uuid4().hex[:12]}.part"
-    for i, p in enumerate(found):
-        if i == 0 and p.stat().st_size <= f.size:
+    with _ACTIVE_LOCK:
+        found = [p for p in staging.glob(f"{f.key}.*.part") if p not in _ACTIVE]
+        found.sort(key=lambda p: p.stat().st_size, reverse=True)
+        for i, p in enumerate(found):
+            if i == 0 and p.stat().st_size <= f.size:
+                with contextlib.suppress(FileNotFoundError):
+                    os.replace(p, mine)
+                    continue
             with contextlib.suppress(FileNotFoundError):
-                os.replace(p, mine)
-                continue
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
+                p.unlink()
+        _ACTIVE.add(mine)
     return mine
+
+
+def release_partial(path: Path) -> None:
+    with _ACTIVE_LOCK:
+        _ACTIVE.discard(path)
 
 
 def download_file(s: Session, f: RemoteFile, staging: Path) -> tuple[Path, FileDigest]:
     """Fetch `f` into a verified temporary file in `staging`; return its path and digests."""
+    tmp = claim_partial(staging, f)
+    try:
+        return _download_into(s, f, tmp)
+    finally:
+        release_partial(tmp)
+
+
+def _download_into(s: Session, f: RemoteFile, tmp: Path) -> tuple[Path, FileDigest]:
     from huggingface_hub import hf_hub_url
 
-    tmp = claim_partial(staging, f)
     hasher = _Hasher(f)
     tmp.touch()
     with open(tmp, "r+b") as out:
