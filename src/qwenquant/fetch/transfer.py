@@ -130,7 +130,7 @@ def _download_into(s: Session, f: RemoteFile, tmp: Path) -> tuple[Path, FileDige
             if s.on_bytes:
                 s.on_bytes(pos)
         url = hf_hub_url(s.repo_id, f.path, repo_type=s.repo_type, revision=s.commit, endpoint=s.endpoint)
-        received = 0
+        received = [0]  # bytes that came over the network, across attempts
         failures: list[str] = []
         restarted = False
         while True:
@@ -139,7 +139,7 @@ def _download_into(s: Session, f: RemoteFile, tmp: Path) -> tuple[Path, FileDige
             restart = False
             try:
                 if pos < f.size:
-                    received += _stream(s, f, url, out, hasher, pos)
+                    _stream(s, f, url, out, hasher, pos, received)
                 sha256 = hasher.sha256.hexdigest()
                 blob = hasher.sha1.hexdigest() if hasher.sha1 is not None else f.blob_id
                 if (sha256 == f.sha256) if f.lfs else (blob == f.blob_id):
@@ -170,15 +170,15 @@ def _download_into(s: Session, f: RemoteFile, tmp: Path) -> tuple[Path, FileDige
             pos = out.tell()  # resume after what arrived (and was hashed)
         out.flush()
         os.fsync(out.fileno())
-    return tmp, FileDigest(f.path, f.size, sha256, blob, f.lfs, received)
+    return tmp, FileDigest(f.path, f.size, sha256, blob, f.lfs, received[0])
 
 
 class _Restart(Transient):
     """A failure after which the bytes so far cannot be trusted: start again from byte 0."""
 
 
-def _stream(s: Session, f: RemoteFile, url: str, out, hasher: _Hasher, pos: int) -> int:
-    """One GET from byte `pos` to the end, appended to `out` and hashed. Returns bytes received."""
+def _stream(s: Session, f: RemoteFile, url: str, out, hasher: _Hasher, pos: int, received: list[int]) -> None:
+    """One GET from byte `pos` to the end, appended to `out` and hashed; counts bytes into `received`."""
     import httpx
 
     headers = dict(s.headers)
@@ -186,7 +186,6 @@ def _stream(s: Session, f: RemoteFile, url: str, out, hasher: _Hasher, pos: int)
     if pos:
         headers["Range"] = f"bytes={pos}-"
     client: httpx.Client = s.client  # type: ignore[assignment]
-    received = 0
     try:
         target = url
         for _hop in range(5):  # resolve -> (302) -> blob
@@ -218,12 +217,12 @@ def _stream(s: Session, f: RemoteFile, url: str, out, hasher: _Hasher, pos: int)
                     out.write(chunk)
                     hasher.update(chunk)
                     pos += len(chunk)
-                    received += len(chunk)
+                    received[0] += len(chunk)
                     if s.on_bytes:
                         s.on_bytes(len(chunk))
                 if pos != f.size:
                     raise Transient(f"body ended at byte {pos} of {f.size}")
-                return received
+                return
         raise FetchError(f"{f.path}: too many redirects", hint="check HF_ENDPOINT")
     except httpx.TransportError as e:
         raise Transient(f"{type(e).__name__}: {e}") from None
