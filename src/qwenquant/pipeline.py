@@ -443,12 +443,13 @@ def _finish(runner: StageRunner, out: Path, built: Path, src: StageOutcome, cali
                           {n: ("ran" if o.ran else "skipped") for n, o in runner.outcomes.items()}, calib.result)
 
 
-def refresh_manifest(artifact: Path, note: dict[str, Any] | None = None) -> str:
-    """Re-hash an artifact after a repair (graft-mtp) keeping what its manifest recorded; return the
-    new root digest. Call it on a staging folder before it is renamed into place."""
+def refresh_manifest(artifact: Path, note: dict[str, Any] | None = None, *, previous: Path | None = None) -> str:
+    """Re-hash an artifact after a repair (graft-mtp) keeping what the manifest of `previous` (default:
+    the artifact itself) recorded; return the new root digest. Call it on a staging folder before
+    it is renamed into place."""
     from qwenquant.manifest import build_manifest, load_manifest, write_manifest
 
-    old = load_manifest(artifact)
+    old = load_manifest(previous or artifact)
     extra = dict(old.extra)
     if note:
         extra.setdefault("repairs", []).append(note)
@@ -488,7 +489,7 @@ def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False) -> dict
     with staging_dir(artifact) as tmp:
         graft_into(artifact, tmp, source, plan)
         carry_files(artifact, tmp, drop=[MANIFEST_NAME])
-        root = refresh_manifest(tmp, {"graft_mtp": plan.summary()}) if had_manifest else None
+        root = refresh_manifest(tmp, {"graft_mtp": plan.summary()}, previous=artifact) if had_manifest else None
     problems = verify_mtp(artifact, source)
     if had_manifest:
         report = verify_artifact(artifact)

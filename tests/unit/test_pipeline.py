@@ -155,3 +155,69 @@ def test_shard_header_is_deterministic_and_aligned() -> None:
     assert h1 == h2 and (len(h1) - 8) % 8 == 0
     assert plan_shards({t.name: t for t in ts}, 4) == {"model-00001-of-00002.safetensors": ["a"],
                                                        "model-00002-of-00002.safetensors": ["b"]}
+
+
+# --- the source stage ----------------------------------------------------------------------------
+
+class _Recipe:
+    name = "w4a16-int4head"
+
+    class model:  # noqa: N801 (stands in for RecipeModel)
+        architectures = ["Qwen3_5ForConditionalGeneration"]
+        model_types = ["qwen3_5"]
+
+
+def _fetched(tmp_path: Path) -> Path:
+    import hashlib
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"],
+                                                 "model_type": "qwen3_5"}))
+    (src / "model.safetensors").write_bytes(b"weights")
+    files = [{"path": p.name, "size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+             for p in sorted(src.iterdir())]
+    (src / "qwenquant-fetch.json").write_text(json.dumps(
+        {"schema_version": 1, "repo_id": "Qwen/Qwen3.8-27B", "repo_type": "model", "revision": "main",
+         "commit": "a" * 40, "files": files}))
+    return src
+
+
+def test_source_verified_against_fetch_record(tmp_path: Path) -> None:
+    from qwenquant.stages.source import describe_source
+
+    desc = describe_source(_fetched(tmp_path), _Recipe, unverified=False)
+    assert desc["kind"] == "fetched" and desc["verified"] is True
+    assert desc["repo"] == "Qwen/Qwen3.8-27B" and desc["commit"] == "a" * 40
+    assert set(desc["files"]) == {"config.json", "model.safetensors"}
+
+
+def test_source_that_drifted_from_its_record_is_refused(tmp_path: Path) -> None:
+    from qwenquant.errors import VerificationError
+    from qwenquant.stages.source import describe_source
+
+    src = _fetched(tmp_path)
+    (src / "model.safetensors").write_bytes(b"WEIGHTS")
+    with pytest.raises(VerificationError) as e:
+        describe_source(src, _Recipe, unverified=False)
+    assert "model.safetensors" in e.value.message and "--source-unverified" in (e.value.hint or "")
+
+
+def test_unverified_source_is_hashed_and_marked(tmp_path: Path) -> None:
+    from qwenquant.stages.source import describe_source
+
+    src = _fetched(tmp_path)
+    (src / "qwenquant-fetch.json").unlink()
+    desc = describe_source(src, _Recipe, unverified=True)
+    assert desc["kind"] == "local-unverified" and desc["verified"] is False and desc["commit"] is None
+    assert len(desc["files"]["model.safetensors"]["sha256"]) == 64
+
+
+def test_wrong_model_type_is_refused(tmp_path: Path) -> None:
+    from qwenquant.errors import StageError
+    from qwenquant.stages.source import describe_source
+
+    src = _fetched(tmp_path)
+    (src / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    with pytest.raises(StageError, match="not what recipe"):
+        describe_source(src, _Recipe, unverified=True)

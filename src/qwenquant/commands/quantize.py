@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -55,7 +57,9 @@ def quantize_cmd(
                 tasks[key] = bars.add_task(key, total=n)
             bars.update(tasks[key], completed=i, total=n, description=key if key != "stages" else f"stage {name}")
 
-        result = quantize(opts, progress)
+        # stdout carries only the result: llm-compressor's loguru sink writes to sys.stdout
+        with contextlib.redirect_stdout(sys.stderr):
+            result = quantize(opts, progress)
     if as_json:
         stdout.print_json(json.dumps(result.to_dict()))
         return
