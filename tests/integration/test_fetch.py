@@ -294,3 +294,9 @@ def test_one_fetch_per_out_folder(served, tmp_path: Path, capsys, disk) -> None:
     finally:
         os.close(fd)
     assert fetch(capsys, tmp_path / "out")[0] == 0
+
+
+def test_out_is_a_file(served, tmp_path: Path, capsys) -> None:
+    (tmp_path / "out").write_text("I am a file")
+    code, _, err = fetch(capsys, tmp_path / "out")
+    assert code == 3 and str(tmp_path / "out") in err and "Traceback" not in err

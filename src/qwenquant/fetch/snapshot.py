@@ -75,11 +75,15 @@ def fetch_snapshot(
     backoff = float(os.environ.get("QWENQUANT_FETCH_BACKOFF", "0.5")) if backoff is None else backoff
     progress = progress or Progress()
     staging = out_dir / STAGING_NAME
-    staging.mkdir(parents=True, exist_ok=True)
-    with _exclusive(staging):
-        return _fetch(repo_id, out_dir, staging, revision=revision, repo_type=repo_type, endpoint=endpoint,
-                      token=token, re_resolve=re_resolve, workers=workers, attempts=attempts, backoff=backoff,
-                      check_model=check_model, progress=progress)  # fmt: skip
+    try:
+        staging.mkdir(parents=True, exist_ok=True)
+        with _exclusive(staging):
+            return _fetch(repo_id, out_dir, staging, revision=revision, repo_type=repo_type, endpoint=endpoint,
+                          token=token, re_resolve=re_resolve, workers=workers, attempts=attempts, backoff=backoff,
+                          check_model=check_model, progress=progress)  # fmt: skip
+    except OSError as e:  # disk full, permissions, --out is a file: name the path, no traceback
+        where = e.filename or out_dir
+        raise FetchError(f"{where}: {e.strerror or e}", hint="check --out (free space, permissions)") from e
 
 
 @contextlib.contextmanager
