@@ -88,8 +88,12 @@ def artifact_budget(artifact: Path, manifest: Any, profile: ResolvedProfile, dev
 
 
 def default_log_path(artifact: Path) -> Path:
-    """A log file outside the artifact (a file inside would break its manifest)."""
+    """A log file outside the artifact (a file inside would break its manifest): in the
+    artifact's work folder `<artifact>.work/serve/` when quantize left one, else a temp folder."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    work = artifact.with_name(artifact.name + ".work")
+    if work.is_dir() and os.access(work, os.W_OK):
+        return work / "serve" / f"serve-{stamp}-{os.getpid()}.log"
     return Path(tempfile.gettempdir()) / "qwenquant-serve" / f"{artifact.name}-{stamp}-{os.getpid()}.log"
 
 
