@@ -116,3 +116,60 @@ def test_exactly_one_profile(profiles, tmp_path):
 def test_unknown_device(recipe):
     with pytest.raises(ServeError, match="unknown device"):
         build_vllm_argv(ART, recipe.profile("batch"), manifest(recipe), "tpu")
+
+
+# --- finding vLLM and the GPU (the thin helpers around the argv) ---------------------------------
+
+def test_no_vllm_says_what_to_install(monkeypatch, tmp_path):
+    from qwenquant.serve import discover
+
+    monkeypatch.setattr(discover, "repo_root", lambda: tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("QWENQUANT_VLLM", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ServeError) as e:
+        discover.find_vllm(None)
+    assert "no vLLM installation found" in e.value.message
+    assert "scripts/install-vllm.sh" in e.value.hint and "pip install vllm==" in e.value.hint
+
+
+def test_launcher_json(tmp_path):
+    import json
+
+    from qwenquant.serve.discover import find_vllm
+
+    j = tmp_path / "qwenquant-vllm.json"
+    j.write_text(json.dumps({"python": "/x/python", "entrypoint": ["/x/python", "-m", "vllm.entrypoints.openai.api_server"],
+                             "vllm_version": "0.32.0", "device": "cpu"}))
+    inst = find_vllm(str(j))
+    assert (inst.version, inst.device, inst.python) == ("0.32.0", "cpu", "/x/python")
+    assert inst.command(["--model", "m"]) == ["/x/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"]
+
+
+@pytest.mark.parametrize("version, ok", [("0.32.0", True), ("0.33.0.dev5+gabc123", True), ("0.26.0", True),
+                                         ("0.25.2", False)])
+def test_version_check(version, ok):
+    from qwenquant.serve.discover import check_version
+
+    assert (check_version(version, [">=0.26.0"]) is None) == ok
+
+
+def test_architecture_check_points_at_the_multimodal_layout():
+    from qwenquant.serve.discover import VllmInstall, check_architecture
+
+    inst = VllmInstall(("vllm", "serve"), "/x/python", "0.26.0", "cuda", "PATH")
+    assert check_architecture("Qwen3_5ForCausalLM", ["Qwen3_5ForCausalLM"], inst) is None
+    assert check_architecture("Qwen3_5ForCausalLM", None, inst) is None  # cannot ask: do not block
+    msg = check_architecture("Qwen3_5ForCausalLM", ["Qwen3_5ForConditionalGeneration"], inst)
+    assert "does not support the artifact's architecture Qwen3_5ForCausalLM" in msg
+    assert "layout: multimodal" in msg and "--language-model-only" in msg
+
+
+def test_gpu_memory_from_nvidia_smi(monkeypatch, tmp_path):
+    from qwenquant.serve.preflight import gpu_memory
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '24576, 23000'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert gpu_memory() == (24576 * 2**20, 23000 * 2**20)
