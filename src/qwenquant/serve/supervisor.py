@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -135,7 +136,8 @@ def _check_ready(server: Server, waiting: _Waiting) -> bool:
         waiting.reason = f"nothing listens on port {spec.port}"
         return False
     if not owners & tree:
-        raise ServeError(f"port {spec.port} is held by another process (pid {', '.join(map(str, sorted(owners)))}), "
+        who = ", ".join(str(p) for p in sorted(owners) if p > 0) or "not inspectable"
+        raise ServeError(f"port {spec.port} is held by another process (pid {who}), "
                          "not by the server that was started",
                          hint="stop that process or pick another --port")
     try:
@@ -202,7 +204,7 @@ def serve_forever(spec: ServerSpec, on_ready: Callable[[str], None]) -> int:
             name = signal.Signals(s.signum).name
             log.info("%s: stopping the server", name)
             rc = server.stop(spec.grace) if server else None
-            print(f"stopped (server exit code {rc})", file=__import__("sys").stderr, flush=True)
+            print(f"stopped (server exit code {rc})", file=sys.stderr, flush=True)
             return 130 if s.signum == signal.SIGINT else 0
     finally:
         if server is not None and server.proc.returncode is None:
