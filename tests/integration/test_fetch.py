@@ -300,3 +300,10 @@ def test_out_is_a_file(served, tmp_path: Path, capsys) -> None:
     (tmp_path / "out").write_text("I am a file")
     code, _, err = fetch(capsys, tmp_path / "out")
     assert code == 3 and str(tmp_path / "out") in err and "Traceback" not in err
+
+
+def test_unreachable_endpoint(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("QWENQUANT_FETCH_BACKOFF", "0.01")
+    code, _, err = fetch(capsys, tmp_path / "out")
+    assert code == 3 and "http://127.0.0.1:9" in err and "HF_ENDPOINT" in err

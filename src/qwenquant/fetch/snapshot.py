@@ -225,7 +225,8 @@ def _pick_commit(api, out_dir: Path, repo_id: str, repo_type: str, revision: str
     except RevisionNotFoundError:
         raise FetchError(f"revision {revision!r} not found in {repo_id}", hint="pass a branch, tag or 40-hex commit") from None
     except (HfHubHTTPError, OSError, httpx.TransportError) as e:
-        raise FetchError(f"could not resolve {repo_id}@{revision}: {e}".splitlines()[0], hint="retry later") from None
+        raise FetchError(f"could not resolve {repo_id}@{revision} at {endpoint}: {e}".splitlines()[0],
+                         hint="check the network and HF_ENDPOINT, then re-run") from None  # fmt: skip
     if not (info.sha and COMMIT_RE.match(info.sha)):
         raise FetchError(f"server gave no commit for {repo_id}@{revision}", hint="check HF_ENDPOINT")
     return info.sha
@@ -242,7 +243,8 @@ def _list(api, repo_id: str, repo_type: str, commit: str) -> list[RemoteFile]:
         raise FetchError(f"commit {commit} of {repo_id} is no longer on the server",
                          hint="pass --re-resolve to pin the branch's current commit") from None  # fmt: skip
     except (HfHubHTTPError, OSError, httpx.TransportError) as e:
-        raise FetchError(f"could not list {repo_id}@{commit}: {e}".splitlines()[0], hint="retry later") from None
+        raise FetchError(f"could not list {repo_id}@{commit}: {e}".splitlines()[0],
+                         hint="check the network and HF_ENDPOINT, then re-run") from None  # fmt: skip
     files = [RemoteFile(e.path, e.size, e.blob_id, e.lfs.sha256 if e.lfs else None)
              for e in entries if isinstance(e, RepoFile)]  # fmt: skip
     if not files:
