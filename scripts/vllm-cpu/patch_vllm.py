@@ -17,6 +17,7 @@ MARK = "# qwenquant patch"
 # through _ensure_int64(), so the C++ op writes into a temporary int64 copy: float outputs (the
 # per-token temperatures of speculative decoding) and int32 outputs stay uninitialised, and float
 # inputs are truncated. Greedy decoding never reads them; temperature > 0 with MTP does.
+# Upstream: vllm-project/vllm#55005 (fix proposed in #55006, same approach).
 EXPAND_OLD = '''    MAX_NUM_TOKENS=None,
 ):
     torch.ops._C.expand_kernel_impl(
