@@ -46,9 +46,9 @@ def main(argv: list[str] | None = None) -> int:
 
         if os.environ.get("QWENQUANT_DEBUG") == "1":
             console.print_exception()
-        console.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, highlight=False)
+        console.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, highlight=False, soft_wrap=True)
         if e.hint:
-            console.print(f"[yellow]hint:[/] {escape(e.hint)}", markup=True, highlight=False)
+            console.print(f"[yellow]hint:[/] {escape(e.hint)}", markup=True, highlight=False, soft_wrap=True)
         return e.exit_code
     except click.exceptions.Abort:
         print("aborted", file=sys.stderr)
