@@ -255,6 +255,8 @@ def quantize(opts: QuantizeOptions, progress: Callable[[str, int, int], None] | 
     step = progress or (lambda name, i, n: None)
     with work_lock(work):
         clean_partials(work)
+        for p in out.parent.glob(f".{out.name}.*.partial"):  # an artifact assembly that was killed
+            shutil.rmtree(p, ignore_errors=True)
         runner = StageRunner(work)
         total = len(STAGES) + 1
 

@@ -221,3 +221,52 @@ def test_wrong_model_type_is_refused(tmp_path: Path) -> None:
     (src / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
     with pytest.raises(StageError, match="not what recipe"):
         describe_source(src, _Recipe, unverified=True)
+
+
+# --- pure helpers of the gptq and lm_head stages -------------------------------------------------
+
+def test_restore_plan_takes_unquantized_tensors_from_the_source(tmp_path: Path) -> None:
+    from qwenquant.stages.gptq import restore_plan
+    from qwenquant.stages.tensorfile import TensorRef
+
+    def ref(name: str, where: str) -> TensorRef:
+        return TensorRef(name, tmp_path / where, "BF16", (2,), 0, 4)
+
+    saved = {n: ref(n, "saved") for n in ("a.norm.weight", "a.proj.weight_packed", "a.proj.weight_scale",
+                                          "mtp.fc.weight", "lm_head.weight")}
+    source = {n: ref(n, "source") for n in ("a.norm.weight", "a.proj.weight", "mtp.fc.weight", "lm_head.weight")}
+    plan = restore_plan(saved, source)
+    assert plan["a.norm.weight"].path.name == "source" and plan["lm_head.weight"].path.name == "source"
+    assert plan["a.proj.weight_packed"].path.name == "saved"
+    assert "mtp.fc.weight" not in plan
+
+
+def test_quantized_config_uses_recipe_patterns() -> None:
+    from qwenquant.stages.gptq import quantized_config
+
+    src = {"model_type": "qwen3_5", "text_config": {"x": 1}}
+    saved = {"quantization_config": {"config_groups": {"group_0": {}}, "ignore": ["model.visual.blocks.0.attn.qkv"]}}
+    out = quantized_config(src, saved, ["lm_head", "re:.*visual.*"])
+    assert out["quantization_config"]["ignore"] == ["lm_head", "re:.*visual.*", "re:^mtp.*"]
+    assert out["text_config"] == {"x": 1} and "quantization_config" not in src
+
+
+def test_head_config_group_added_and_head_unignored() -> None:
+    from qwenquant.stages.headquant import head_quant_config
+
+    cfg = {"quantization_config": {"config_groups": {"group_0": {"targets": ["Linear"]}},
+                                   "ignore": ["lm_head", "re:^mtp.*"]}}
+    out = head_quant_config(cfg, {"targets": ["re:.*lm_head$"]})
+    qc = out["quantization_config"]
+    assert qc["config_groups"]["group_1"] == {"targets": ["re:.*lm_head$"]}
+    assert qc["ignore"] == ["re:^mtp.*"]
+    assert head_quant_config(out, {"targets": ["re:.*lm_head$"]}) == out  # idempotent
+    assert cfg["quantization_config"]["ignore"] == ["lm_head", "re:^mtp.*"]
+
+
+def test_split_heldout() -> None:
+    from qwenquant.stages.headquant import split_heldout
+
+    assert split_heldout(32, 0.1) == (list(range(29)), [29, 30, 31])
+    assert split_heldout(5, 0.0) == (list(range(5)), [])
+    assert split_heldout(2, 0.4) == ([0], [1])
