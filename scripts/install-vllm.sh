@@ -38,7 +38,7 @@ for arg in "$@"; do
   case "$arg" in
     --if-possible) IF_POSSIBLE=1 ;;
     --freeze) FREEZE=1 ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "error: unknown option $arg (see --help)" >&2; exit 2 ;;
   esac
 done
