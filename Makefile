@@ -17,11 +17,11 @@ install-vllm: install
 	scripts/install-vllm.sh
 
 demo: install
-	-scripts/install-vllm.sh --if-possible
+	scripts/install-vllm.sh --if-possible
 	$(VENV)/bin/qwenquant demo --work $(WORK)
 
 test: install
-	-scripts/install-vllm.sh --if-possible
+	scripts/install-vllm.sh --if-possible
 	$(PY) -m pytest tests
 
 test-fast: install
