@@ -12,6 +12,11 @@ from typing import Optional
 import typer
 
 from qwenquant.commands._app import app
+from qwenquant.errors import QwenquantError
+
+
+class _UsageError(QwenquantError):
+    exit_code = 2
 
 
 @app.command("quantize")
@@ -37,7 +42,7 @@ def quantize_cmd(
       qwenquant quantize models/tiny --source-unverified --calibration tiny-demo --out artifacts/tiny --json
     """
     if device not in (None, "cpu", "cuda"):
-        raise typer.BadParameter("must be cpu or cuda", param_hint="--device")
+        raise _UsageError(f"--device must be cpu or cuda, got {device!r}", hint="omit --device to use cuda when present")
     if device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # llm-compressor picks cuda whenever it is visible
     os.environ.setdefault("TQDM_DISABLE", "1")  # our progress bars replace llm-compressor's
