@@ -198,6 +198,7 @@ def test_mtp_acceptance(server):
     drafted = m["vllm:spec_decode_num_draft_tokens_total"]
     accepted = m["vllm:spec_decode_num_accepted_tokens_total"]
     assert drafted > 0
+    print(f"MTP acceptance ({server.variant}, {server.layout}): {accepted:g}/{drafted:g} draft tokens")
     if server.variant == "constant":
         assert accepted == drafted  # exactly 100%: target and MTP head agree by construction
     else:
