@@ -289,6 +289,8 @@ def test_sigkill_during_gptq_then_rerun_gives_same_digest(built: dict, tmp_path:
     assert "stage gptq: running (no completion record)" in again.stderr
     assert not list(work.glob(".*.partial"))
     assert json.loads(again.stdout)["root_digest"] == built["result"]["root_digest"]
+    # no timestamps in the artifact: even the manifest is byte-identical to the uninterrupted run's
+    assert (out / "qwenquant-manifest.json").read_bytes() == (built["out"] / "qwenquant-manifest.json").read_bytes()
 
 
 # --- a corrupt or partial record is never trusted -------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any
 from qwenquant.atomic import atomic_write_bytes, pretty_json
 from qwenquant.errors import StageError
 from qwenquant.stages.identity import quantized_module, prove_unquantized_identical, recipe_quantizes
-from qwenquant.stages.tensorfile import INDEX, RawTensor, TensorRef, checkpoint_refs, write_checkpoint_tensors
+from qwenquant.stages.tensorfile import TensorRef, checkpoint_refs, write_checkpoint_tensors
 
 log = logging.getLogger(__name__)
 
