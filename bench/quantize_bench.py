@@ -1,0 +1,516 @@
+"""Benchmark the real `qwenquant quantize` pipeline on a real-shaped, truncated Qwen3.5 checkpoint.
+
+Builds (bench/shapes.py) a seeded checkpoint with Qwen3.8-27B's widths (hidden 5120, MLP 17408,
+vocab 248320, untied head, MTP at real shape) but `--layers` text layers, writes a calibration
+jsonl of random words, and runs `pipeline.quantize` in-process with recipe w4a16-int4head and
+--source-unverified semantics. Measures per stage: wall time, peak GPU memory (torch allocator,
+reset at every stage boundary) and peak host RSS (sampled); per GPTQ decoder layer: time and peak
+GPU memory; the lm_head quality report; the artifact's bytes by component. Then a separately
+labelled projection to 64 layers. Prints a table (stdout) and writes JSON (--out).
+
+  GPU, real dims:   PYTHONPATH=src:$PYTHONPATH python3 bench/quantize_bench.py
+  CPU proof:        .venv/bin/python bench/quantize_bench.py --quick --scale 0.1 --device cpu
+
+Expectations written before the first GPU run are in bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import platform
+import random
+import re
+import resource
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/shapes.py beside this file
+
+REAL_LAYERS = 64
+GIB = 2**30
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layers", type=int, default=4, help="text layers (every 4th full attention); default 4")
+    p.add_argument("--samples", type=int, default=None, help="calibration samples (default 128; --quick 8)")
+    p.add_argument("--max-length", type=int, default=None, help="tokens per sample (default 2048; --quick 256)")
+    p.add_argument("--quick", action="store_true", help="8 samples x 256 tokens")
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="< 1 shrinks hidden/MLP widths and head counts (CPU proofs: 0.1); 1 = the 27B's")
+    p.add_argument("--vocab", type=int, default=None, help="override vocab rows (default 248320, the 27B's)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when present")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--recipe", default="w4a16-int4head")
+    p.add_argument("--enforce-head-gate", action="store_true",
+                   help="keep the recipe's lm_head.require_better_than_rtn (default: off, so a random-weight model "
+                        "cannot fail the run after minutes; the report says whether the gate would have passed)")
+    p.add_argument("--work", type=Path, default=None,
+                   help="folder for the checkpoint, calibration set and artifact (default: a temp folder, removed)")
+    p.add_argument("--keep", action="store_true", help="keep the work folder")
+    p.add_argument("--reference", type=Path, default=None, help="reference config.json (default: ../shared copy or embedded)")
+    p.add_argument("--out", type=Path, default=Path("bench/results/quantize_bench.json"))
+    args = p.parse_args(argv)
+    args.samples = args.samples or (8 if args.quick else 128)
+    args.max_length = args.max_length or (256 if args.quick else 2048)
+    return args
+
+
+# ------------------------------------------------------------------------------------------------
+# Calibration set
+
+
+def calibration_words(seed: int) -> list[str]:
+    """Whole-word tokens of the tiny tokenizer (" the", " model", ...), sorted: one token each."""
+    from tokenizers import Tokenizer
+
+    from qwenquant.tiny.tokenizer import tokenizer_json
+
+    vocab = Tokenizer.from_str(tokenizer_json()).get_vocab()
+    return sorted(" " + t[1:] for t in vocab if t.startswith("\u0120") and t[1:].isalpha())
+
+
+def write_calibration(folder: Path, samples: int, max_length: int, seed: int) -> Path:
+    """calib.jsonl ({"text": ...} lines of random vocab words, >= max_length tokens each) and its
+    calibration definition YAML; returns the YAML path."""
+    from tokenizers import Tokenizer
+
+    from qwenquant.tiny.tokenizer import tokenizer_json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer.from_str(tokenizer_json())
+    words = calibration_words(seed)
+    rng = random.Random(seed)
+    lines = []
+    for i in range(samples):
+        text = "".join(rng.choice(words) for _ in range(max_length + 8)).lstrip()
+        while len(tok.encode(text, add_special_tokens=False).ids) < max_length:
+            text += "".join(rng.choice(words) for _ in range(64))
+        lines.append(json.dumps({"text": text}))
+    (folder / "calib.jsonl").write_text("\n".join(lines) + "\n")
+    yaml_path = folder / "quantize-bench.yaml"
+    yaml_path.write_text(
+        "schema_version: 1\nname: quantize-bench\ndescription: random vocab words written by bench/quantize_bench.py\n"
+        f"source: local\npath: calib.jsonl\ntext_field: text\nsplit: train\nnum_samples: {samples}\n"
+        f"max_length: {max_length}\nchat_template: false\nshuffle_seed: null\n")
+    return yaml_path
+
+
+# ------------------------------------------------------------------------------------------------
+# Measurement
+
+
+class RssSampler(threading.Thread):
+    """Samples this process's RSS every `period` s; `take()` returns the window's peak and resets."""
+
+    def __init__(self, period: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.period = period
+        self.peak = 0
+        self.stop = threading.Event()
+        self.page = os.sysconf("SC_PAGE_SIZE")
+
+    def rss(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self.page
+
+    def run(self) -> None:
+        while not self.stop.wait(self.period):
+            self.peak = max(self.peak, self.rss())
+
+    def take(self) -> int:
+        peak, self.peak = max(self.peak, self.rss()), 0
+        return peak
+
+
+class Gpu:
+    """Peak torch-allocator bytes per window (None on CPU)."""
+
+    def __init__(self, device: str) -> None:
+        import torch
+
+        self.torch = torch
+        self.on = device == "cuda"
+
+    def take(self) -> int | None:
+        if not self.on:
+            return None
+        self.torch.cuda.synchronize()
+        peak = int(self.torch.cuda.max_memory_allocated())
+        self.torch.cuda.reset_peak_memory_stats()
+        return peak
+
+
+class Recorder:
+    """The pipeline's progress callback: stage boundaries, GPTQ module ticks, lm_head chunk ticks."""
+
+    def __init__(self, gpu: Gpu, rss: RssSampler, layer_modules: list[int]) -> None:
+        self.gpu, self.rss = gpu, rss
+        self.t0 = time.perf_counter()
+        self.stages: list[dict[str, Any]] = []
+        self.layers: list[dict[str, Any]] = []
+        self.chunks: list[float] = []
+        self.windows: list[dict[str, Any]] = []  # peak GPU / RSS between marks inside a stage
+        self.ends = [sum(layer_modules[: i + 1]) for i in range(len(layer_modules))]
+        self.total_seen: int | None = None
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def _window(self, stage: str, label: str) -> dict[str, Any]:
+        w = {"stage": stage, "label": label, "peak_gpu_bytes": self.gpu.take(), "peak_rss_bytes": self.rss.take()}
+        self.windows.append(w)
+        return w
+
+    def _close_stage(self, t: float) -> None:
+        if self.stages and "seconds" not in self.stages[-1]:
+            s = self.stages[-1]
+            name = s["stage"]
+            self._window(name, "rest of stage" if any(w["stage"] == name for w in self.windows) else "stage")
+            mine = [w for w in self.windows if w["stage"] == name]
+            s["seconds"] = t - s["start"]
+            gpus = [w["peak_gpu_bytes"] for w in mine if w["peak_gpu_bytes"] is not None]
+            s["peak_gpu_bytes"] = max(gpus) if gpus else None
+            s["peak_rss_bytes"] = max(w["peak_rss_bytes"] for w in mine)
+            if len(mine) > 1:
+                s["windows"] = [{k: v for k, v in w.items() if k != "stage"} for w in mine]
+            say(f"  {name:<12} {s['seconds']:7.1f} s  GPU peak {fmt_gib(s['peak_gpu_bytes'])}  "
+                f"RSS peak {fmt_gib(s['peak_rss_bytes'])}")
+
+    def __call__(self, name: str, i: int, n: int) -> None:
+        t = self.now()
+        if name == "gptq layers":
+            self.total_seen = n
+            while len(self.layers) < len(self.ends) and i >= self.ends[len(self.layers)]:
+                prev = self.layers[-1]["end"] if self.layers else self.stages[-1]["start"]
+                k = len(self.layers)
+                w = self._window("gptq", f"layer {k}")
+                self.layers.append({"layer": k, "end": t, "seconds": t - prev,
+                                    "peak_gpu_bytes": w["peak_gpu_bytes"], "peak_rss_bytes": w["peak_rss_bytes"]})
+                say(f"    gptq layer {k}: {t - prev:6.1f} s (t={t:.0f} s)")
+            return
+        if name == "lm_head row chunks":
+            self.chunks.append(t)
+            if i == 1:  # the model is freed before the head GPTQ: split load+capture from the rows
+                self._window("lm_head", "load model, capture hidden states, row chunk 1")
+            if i == 1 or i == n:
+                say(f"    lm_head chunk {i}/{n} (t={t:.0f} s)")
+            return
+        self._close_stage(t)
+        if name != "done":
+            self.stages.append({"stage": name, "start": t})
+            say(f"stage {name} (t={t:.0f} s)")
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def fmt_gib(b: int | None) -> str:
+    return "-" if b is None else f"{b / GIB:.2f} GiB"
+
+
+def fmt_bytes(b: int | None) -> str:
+    if not b:
+        return "-"
+    return f"{b / 1e9:.3f} GB" if b >= 1e8 else f"{b / 1e6:.2f} MB"
+
+
+def layer_module_counts(checkpoint: Path, recipe: Any, layers: int) -> list[int]:
+    """Linear modules GPTQ quantizes in each decoder layer (2-D weights not ignored by the recipe)."""
+    from qwenquant.stages.identity import matches
+    from qwenquant.stages.tensorfile import checkpoint_refs
+
+    counts = [0] * layers
+    pat = re.compile(r"^model\.language_model\.layers\.(\d+)\.(.+)\.weight$")
+    for name, ref in checkpoint_refs(checkpoint).items():
+        m = pat.match(name)
+        if m and len(ref.shape) == 2:
+            module = name[: -len(".weight")]
+            if not any(matches(p, module) for p in recipe.quantization.ignore):
+                counts[int(m.group(1))] += 1
+    return counts
+
+
+COMPONENTS = (
+    ("embed_tokens", re.compile(r"embed_tokens\.")),
+    ("lm_head", re.compile(r"(^|\.)lm_head\.")),
+    ("mtp", re.compile(r"^mtp\.")),
+    ("vision", re.compile(r"visual\.")),
+    ("decoder int4 (packed, scales)", re.compile(r"layers\.\d+\..*\.weight_(packed|scale|shape|zero_point|g_idx)$")),
+    ("decoder bf16 Linear", re.compile(r"layers\.\d+\..*(proj(_\w+)?|fc\d?)\.weight$")),
+    ("decoder other (norms, conv, A_log, dt_bias)", re.compile(r"layers\.\d+\.")),
+)
+
+
+def sizes_by_component(folder: Path) -> dict[str, int]:
+    """Tensor bytes per component, plus headers and side files, from the safetensors headers."""
+    from qwenquant.stages.tensorfile import checkpoint_refs, checkpoint_shards
+
+    out: dict[str, int] = {name: 0 for name, _ in COMPONENTS} | {"other tensors (final norm)": 0}
+    tensor_bytes = 0
+    for name, ref in checkpoint_refs(folder).items():
+        key = next((c for c, rx in COMPONENTS if rx.search(name)), "other tensors (final norm)")
+        out[key] += ref.nbytes
+        tensor_bytes += ref.nbytes
+    shard_bytes = sum(p.stat().st_size for p in checkpoint_shards(folder))
+    out["safetensors headers"] = shard_bytes - tensor_bytes
+    out["other files"] = sum(p.stat().st_size for p in Path(folder).iterdir() if p.is_file()) - shard_bytes
+    out = {k: v for k, v in out.items() if v}
+    out["total"] = sum(out.values())
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# ETA and projection
+
+
+def eta(bytes_: int, layers: int, tokens: int, device: str) -> dict[str, float]:
+    """A rough guess printed before the run. GPU constants: stack-facts (about 9 s per decoder layer
+    at 128 x 2048 on an H200) and bench/results/lm_head_h200.json (23 s row-chunked head GPTQ)."""
+    gb, rel = bytes_ / 1e9, tokens / (128 * 2048)
+    g = {"build": gb / 0.7, "source": gb / 1.5, "calibration": 5.0,
+         "gptq": 20 + gb / 0.5 + layers * (2 + 10 * rel), "lm_head": 15 + gb / 1.0 + 30 + layers * 3 * rel,
+         "mtp..manifest": 4 * gb / 0.8}
+    if device != "cuda":  # no calibrated CPU constants: the 2-core box is ~50x slower at real widths
+        g = {k: v * (3 if k in ("build", "source", "mtp..manifest") else 50) for k, v in g.items()}
+    g["total"] = sum(g.values())
+    return g
+
+
+def project(report: dict[str, Any], layers: int) -> dict[str, Any]:
+    """64-layer projection from measured parts; every term names its basis."""
+    st = {s["stage"]: s for s in report["stages"]}
+    types = report["checkpoint"]["dims"]["layer_types"]
+    by_type: dict[str, list[float]] = {}
+    for row in report["gptq_layers"]:
+        by_type.setdefault(types[row["layer"]], []).append(row)
+    per_type: dict[str, float] = {}
+    for kind, rows in by_type.items():
+        steady = [r["seconds"] for r in rows if r["layer"] > 0] or [r["seconds"] for r in rows]
+        per_type[kind] = sum(steady) / len(steady)
+    real_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(REAL_LAYERS)]
+    missing = [t for t in set(real_types) if t not in per_type]
+    if missing:
+        return {"skipped": f"no measured layer of type {missing}; use --layers >= 4"}
+    measured_layers = sum(per_type[t] for t in types)
+    gptq_overhead = st["gptq"]["seconds"] - measured_layers  # load, trace, save, restore, prove
+    ratio = report["projection_inputs"]["bytes_ratio"]
+    gptq_layers = sum(per_type[t] for t in real_types)
+    head = report["lm_head_timing"]
+    head_total = head["rows_gptq_seconds"] + head["after_rows_seconds"] + head["load_and_capture_seconds"] * REAL_LAYERS / layers
+    io = sum(st[s]["seconds"] for s in ("source", "calibration", "mtp", "textonly", "check", "manifest") if s in st)
+    parts = {
+        "gptq_layers_seconds": gptq_layers,
+        "gptq_overhead_seconds": gptq_overhead * ratio,
+        "lm_head_seconds": head_total,
+        "io_stages_seconds": io * ratio,
+    }
+    parts["total_seconds"] = sum(parts.values())
+    parts["per_layer_seconds"] = per_type
+    parts["basis"] = {
+        "gptq_layers_seconds": "mean measured seconds per layer type (layer 0 left out when another of its type "
+                               "exists: it carries model load and tracing) x 48 linear + 16 full attention",
+        "gptq_overhead_seconds": "measured gptq stage minus its layers, x source-bytes ratio",
+        "lm_head_seconds": "measured head GPTQ + after-rows part; load+capture x 64/layers",
+        "io_stages_seconds": "source, calibration, mtp, textonly, check, manifest x source-bytes ratio",
+        "not_included": "checkpoint build (a user fetches), a 24 GB card's CPU offload (this is the same GPU)",
+    }
+    return parts
+
+
+def lm_head_timing(rec: Recorder) -> dict[str, float]:
+    st = {s["stage"]: s for s in rec.stages}
+    s = st.get("lm_head")
+    if not s or not rec.chunks:
+        return {"rows_gptq_seconds": 0.0, "after_rows_seconds": 0.0,
+                "load_and_capture_seconds": s["seconds"] if s else 0.0}
+    c = rec.chunks
+    per_chunk = (c[-1] - c[0]) / (len(c) - 1) if len(c) > 1 else 0.0
+    rows = c[-1] - c[0] + per_chunk
+    start = s["start"]
+    return {"rows_gptq_seconds": rows, "chunks": len(c), "load_and_capture_seconds": c[0] - per_chunk - start,
+            "after_rows_seconds": start + s["seconds"] - c[-1]}
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    import shapes
+    from qwenquant.pipeline import QuantizeOptions, quantize
+    from qwenquant.recipe import load_calibration_override, load_recipe
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    work = args.work or Path(tempfile.mkdtemp(prefix="quantize-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    for p in ("source", "calib", "artifact", "artifact.work"):
+        shutil.rmtree(work / p, ignore_errors=True)
+    ref, ref_from = shapes.reference_config(args.reference)
+    dims = shapes.bench_dims(ref, layers=args.layers, scale=args.scale, vocab=args.vocab)
+    plan = shapes.tensor_plan(dims, args.seed, device)
+    src_bytes = sum(t.nbytes for t in plan.values())
+    real_bytes = sum(t.nbytes for t in shapes.tensor_plan(
+        shapes.bench_dims(shapes.REFERENCE_27B, layers=REAL_LAYERS), args.seed, device).values())
+    tokens = args.samples * args.max_length
+    guess = eta(src_bytes, args.layers, tokens, device)
+    say(f"device {device}; {args.layers} layers {dims.layer_types()}; hidden {dims.hidden}, MLP {dims.intermediate}, "
+        f"vocab {dims.vocab}; checkpoint {src_bytes / 1e9:.2f} GB; calibration {args.samples} x {args.max_length}")
+    say("ETA (rough, before measuring): " + ", ".join(f"{k} {v:.0f} s" for k, v in guess.items()))
+    if device == "cuda" and guess["total"] > 420:
+        say("warning: the ETA is over 7 min; --samples 64 roughly halves the GPTQ calibration part")
+
+    gpu, rss = Gpu(device), RssSampler()
+    rss.start()
+    if device == "cuda":
+        torch.cuda.init()
+        gpu.take()
+    t0 = time.perf_counter()
+    built = shapes.build_checkpoint(work / "source", ref, dims, seed=args.seed, device=device)
+    build = {"seconds": time.perf_counter() - t0, "peak_gpu_bytes": gpu.take(), "peak_rss_bytes": rss.take()}
+    say(f"  build        {build['seconds']:7.1f} s  ({src_bytes / 1e9:.2f} GB written)")
+    calib_yaml = write_calibration(work / "calib", args.samples, args.max_length, args.seed)
+
+    recipe = load_recipe(args.recipe)
+    if not args.enforce_head_gate:
+        recipe = recipe.model_copy(update={"lm_head": recipe.lm_head.model_copy(update={"require_better_than_rtn": False})})
+    spec = load_calibration_override(calib_yaml)
+    counts = layer_module_counts(work / "source", recipe, args.layers)
+    rec = Recorder(gpu, rss, counts)
+    opts = QuantizeOptions(work / "source", recipe, spec, work / "artifact", work / "artifact.work", device,
+                           source_unverified=True)
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(sys.stderr):
+        result = quantize(opts, rec)
+    wall = time.perf_counter() - t0
+    rss.stop.set()
+
+    records = {}
+    for s in rec.stages:
+        p = work / "artifact.work" / f"{s['stage']}.record.json"
+        if p.is_file():
+            r = json.loads(p.read_text())
+            records[s["stage"]] = {"started": r["started"], "finished": r["finished"], "result": r["result"]}
+    report: dict[str, Any] = {
+        "schema_version": 1,
+        "kind": "measured",
+        "device": device,
+        "device_name": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine(),
+        "host_cpus": os.cpu_count(),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     **{k: v for k, v in __import__("qwenquant.pipeline", fromlist=["tool_versions"]).tool_versions().items()
+                        if k != "torch"}},
+        "reference": ref_from,
+        "recipe": args.recipe,
+        "head_gate_enforced": args.enforce_head_gate,
+        "checkpoint": built,
+        "calibration": {"samples": args.samples, "max_length": args.max_length,
+                        "token_total": result.calibration.get("token_total"),
+                        "fingerprint_sha256": result.calibration.get("fingerprint_sha256")},
+        "build": build,
+        "stages": [{k: v for k, v in s.items()} for s in rec.stages],
+        "stage_records": records,
+        "gptq_layers": [dict(r, type=dims.layer_types()[r["layer"]], modules=counts[r["layer"]]) for r in rec.layers],
+        "gptq_module_ticks_total": rec.total_seen,
+        "lm_head_timing": lm_head_timing(rec),
+        "lm_head_quality": result.quality.get("lm_head"),
+        "artifact_bytes": sizes_by_component(result.artifact),
+        "source_bytes": sizes_by_component(work / "source"),
+        "quantize_wall_seconds": wall,
+        "host_max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "eta_guess": guess,
+        "projection_inputs": {"bytes_ratio": real_bytes / src_bytes, "real_source_bytes": real_bytes},
+    }
+    if rec.total_seen is not None and rec.total_seen != sum(counts):
+        report["warning"] = f"llm-compressor counted {rec.total_seen} target modules, the bench {sum(counts)}"
+    q = report["lm_head_quality"] or {}
+    if q.get("gptq") and q.get("rtn"):
+        report["head_gate_would_pass"] = q["gptq"]["kl"] < q["rtn"]["kl"]
+    report["projection_64_layers"] = {"kind": "projected, not measured"} | project(report, args.layers)
+    if args.scale < 1 or args.vocab:
+        report["projection_64_layers"]["caveat"] = "small dims (--scale/--vocab): not a projection of the 27B"
+    if args.work is None and not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        report["work"] = str(work)
+    return report
+
+
+def print_table(r: dict[str, Any]) -> None:
+    c, d = r["checkpoint"], r["checkpoint"]["dims"]
+    print(f"qwenquant quantize on {r['device_name']} ({r['device']}): {d['layers']} layers, hidden {d['hidden']}, "
+          f"MLP {d['intermediate']}, vocab {d['vocab']}, checkpoint {c['bytes'] / 1e9:.2f} GB; "
+          f"calibration {r['calibration']['samples']} x {r['calibration']['max_length']} "
+          f"({r['calibration']['token_total']} tokens)")
+    print("MEASURED")
+    print(f"{'step':<40} {'seconds':>8} {'peak GPU':>10} {'peak RSS':>10}")
+    b = r["build"]
+    print(f"{'build checkpoint (bench)':<40} {b['seconds']:>8.1f} {fmt_gib(b['peak_gpu_bytes']):>10} {fmt_gib(b['peak_rss_bytes']):>10}")
+    for s in r["stages"]:
+        print(f"{'stage ' + s['stage']:<40} {s['seconds']:>8.1f} {fmt_gib(s['peak_gpu_bytes']):>10} {fmt_gib(s['peak_rss_bytes']):>10}")
+        if s["stage"] == "gptq":
+            for L in r["gptq_layers"]:
+                note = " (incl. load+trace)" if L["layer"] == 0 else ""
+                label = f"  layer {L['layer']} {L['type']} ({L['modules']} mod){note}"
+                print(f"{label:<40} {L['seconds']:>8.1f} {fmt_gib(L['peak_gpu_bytes']):>10} {fmt_gib(L['peak_rss_bytes']):>10}")
+        if s["stage"] == "lm_head":
+            h = r["lm_head_timing"]
+            w = {x["label"]: x for x in s.get("windows", [])}
+            first, rest = w.get("load model, capture hidden states, row chunk 1", {}), w.get("rest of stage", {})
+            print(f"{'  load model + capture hidden':<40} {h['load_and_capture_seconds']:>8.1f} "
+                  f"{fmt_gib(first.get('peak_gpu_bytes')):>10} {fmt_gib(first.get('peak_rss_bytes')):>10}")
+            print(f"{'  row-chunked head GPTQ':<40} {h['rows_gptq_seconds']:>8.1f} "
+                  f"{fmt_gib(rest.get('peak_gpu_bytes')):>10} {fmt_gib(rest.get('peak_rss_bytes')):>10}")
+            print(f"{'  RTN, KL compare, pack, write':<40} {h['after_rows_seconds']:>8.1f} {'(same window)':>10}")
+    print(f"{'quantize total (pipeline.quantize)':<40} {r['quantize_wall_seconds']:>8.1f} {'':>10} {fmt_gib(r['host_max_rss_bytes']):>10}")
+    q = r["lm_head_quality"] or {}
+    if q.get("gptq"):
+        print(f"lm_head held-out ({q['heldout_tokens']} tokens): KL RTN {q['rtn']['kl']:.5g} / GPTQ {q['gptq']['kl']:.5g} "
+              f"({q['kl_reduction_pct']:.1f}% lower; recipe gate {'passes' if r.get('head_gate_would_pass') else 'WOULD FAIL'}), top-1 RTN {q['rtn']['top1']:.4f} / GPTQ {q['gptq']['top1']:.4f}")
+    print(f"{'bytes by component':<44} {'source':>10} {'artifact':>10}")
+    keys = [c for c, _ in COMPONENTS] + ["other tensors (final norm)", "safetensors headers", "other files", "total"]
+    for k in keys:
+        s, a = r["source_bytes"].get(k), r["artifact_bytes"].get(k)
+        if s or a:
+            print(f"{k:<44} {fmt_bytes(s):>10} {fmt_bytes(a):>10}")
+    p = r["projection_64_layers"]
+    print("PROJECTION to 64 layers (not measured; basis in the JSON)" + (f" -- {p['caveat']}" if "caveat" in p else ""))
+    if "skipped" in p:
+        print(f"  skipped: {p['skipped']}")
+        return
+    per = ", ".join(f"{k} {v:.1f} s" for k, v in p["per_layer_seconds"].items())
+    print(f"  per layer: {per}")
+    print(f"  gptq layers {p['gptq_layers_seconds']:.0f} s + gptq overhead {p['gptq_overhead_seconds']:.0f} s + "
+          f"lm_head {p['lm_head_seconds']:.0f} s + I/O stages {p['io_stages_seconds']:.0f} s = "
+          f"{p['total_seconds']:.0f} s ({p['total_seconds'] / 60:.1f} min)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from qwenquant.atomic import atomic_write_json
+
+    if args.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # llm-compressor picks cuda whenever it is visible
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    report = run(args)
+    print_table(report)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(args.out, report, canonical=False)
+    say(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
