@@ -1,0 +1,120 @@
+"""`qwenquant graft-mtp` on checkpoints built without GPTQ (fast): restore, repair, refuse."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+INDEX = "model.safetensors.index.json"
+
+
+def qq(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, QWENQUANT_NO_PROGRESS="1")
+    return subprocess.run([sys.executable, "-m", "qwenquant", *args], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=REPO)
+
+
+def mtp_bytes(folder: Path) -> dict[str, bytes]:
+    out = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        data = f.read_bytes()
+        n = struct.unpack("<Q", data[:8])[0]
+        for name, t in json.loads(data[8:8 + n]).items():
+            if name.startswith("mtp."):
+                s, e = t["data_offsets"]
+                out[name] = data[8 + n + s:8 + n + e]
+    return out
+
+
+def strip_mtp(folder: Path) -> None:
+    index = json.loads((folder / INDEX).read_text())
+    for shard in {v for k, v in index["weight_map"].items() if k.startswith("mtp.")}:
+        (folder / shard).unlink()
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not k.startswith("mtp.")}
+    (folder / INDEX).write_text(json.dumps(index))
+
+
+@pytest.fixture
+def quantized_like(tiny_checkpoint: Path, tmp_path: Path) -> Path:
+    """The tiny checkpoint with a quantization_config (ignore list without mtp) and no MTP tensors."""
+    art = Path(shutil.copytree(tiny_checkpoint, tmp_path / "art"))
+    cfg = json.loads((art / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "compressed-tensors", "ignore": ["re:.*visual.*"], "config_groups": {}}
+    (art / "config.json").write_text(json.dumps(cfg))
+    strip_mtp(art)
+    return art
+
+
+def test_graft_restores_bytes_index_and_ignore(quantized_like: Path, tiny_checkpoint: Path) -> None:
+    assert mtp_bytes(quantized_like) == {}
+    proc = qq("graft-mtp", str(quantized_like), "--source", str(tiny_checkpoint))
+    assert proc.returncode == 0, proc.stderr
+    got, want = mtp_bytes(quantized_like), mtp_bytes(tiny_checkpoint)
+    assert len(want) == 15 and got == want
+    index = json.loads((quantized_like / INDEX).read_text())["weight_map"]
+    assert all(index[n] == "model-mtp.safetensors" for n in want)
+    assert "re:^mtp.*" in json.loads((quantized_like / "config.json").read_text())["quantization_config"]["ignore"]
+
+    files = {p.name: p.read_bytes() for p in quantized_like.iterdir()}
+    again = qq("graft-mtp", str(quantized_like), "--source", str(tiny_checkpoint))
+    assert again.returncode == 0 and "nothing to graft" in again.stdout
+    assert {p.name: p.read_bytes() for p in quantized_like.iterdir()} == files
+
+
+def test_graft_replaces_a_corrupted_mtp_tensor(quantized_like: Path, tiny_checkpoint: Path) -> None:
+    assert qq("graft-mtp", str(quantized_like), "--source", str(tiny_checkpoint)).returncode == 0
+    shard = quantized_like / "model-mtp.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-2] ^= 0x55
+    shard.write_bytes(bytes(data))
+    check = qq("graft-mtp", str(quantized_like), "--source", str(tiny_checkpoint), "--check-only")
+    assert check.returncode == 5 and "replace 1" in check.stderr
+    assert qq("graft-mtp", str(quantized_like), "--source", str(tiny_checkpoint)).returncode == 0
+    assert mtp_bytes(quantized_like) == mtp_bytes(tiny_checkpoint)
+
+
+def _write_manifest(art: Path) -> None:
+    from qwenquant.manifest import build_manifest, write_manifest
+    from qwenquant.recipe import load_recipe
+
+    r = load_recipe("w4a16-int4head")
+    write_manifest(art, build_manifest(art, source={}, recipe=r.canonical(), recipe_sha256=r.sha256(),
+                                       calibration={}, stages={}, quality={}, tool_versions={}))
+
+
+def test_graft_refreshes_the_manifest(quantized_like: Path, tiny_checkpoint: Path) -> None:
+    from qwenquant.manifest import load_manifest, verify_artifact
+
+    _write_manifest(quantized_like)
+    before = load_manifest(quantized_like).root_digest
+    proc = qq("graft-mtp", str(quantized_like), "--source", str(tiny_checkpoint))
+    assert proc.returncode == 0, proc.stderr
+    assert verify_artifact(quantized_like).ok
+    m = load_manifest(quantized_like)
+    assert m.root_digest != before and "model-mtp.safetensors" in {f.path for f in m.files}
+    assert m.extra["repairs"][0]["graft_mtp"].startswith("add 15")
+
+
+def test_graft_refuses_to_bless_other_drifted_files(quantized_like: Path, tiny_checkpoint: Path) -> None:
+    _write_manifest(quantized_like)
+    body = sorted(p for p in quantized_like.glob("model-0*.safetensors"))[0]
+    body.write_bytes(body.read_bytes()[:-1] + b"\x00")
+    manifest = (quantized_like / "qwenquant-manifest.json").read_bytes()
+    proc = qq("graft-mtp", str(quantized_like), "--source", str(tiny_checkpoint))
+    assert proc.returncode == 4, proc.stderr
+    assert body.name in proc.stderr and "re-run `qwenquant quantize`" in proc.stderr.replace("\n", " ")
+    assert (quantized_like / "qwenquant-manifest.json").read_bytes() == manifest
+    assert mtp_bytes(quantized_like) == {}
+
+
+def test_graft_needs_real_folders(tmp_path: Path, tiny_checkpoint: Path) -> None:
+    proc = qq("graft-mtp", str(tmp_path), "--source", str(tiny_checkpoint))
+    assert proc.returncode == 5 and "has no config.json" in proc.stderr
