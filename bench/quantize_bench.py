@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # Calibration set
 
 
-def calibration_words(seed: int) -> list[str]:
+def calibration_words() -> list[str]:
     """Whole-word tokens of the tiny tokenizer (" the", " model", ...), sorted: one token each."""
     from tokenizers import Tokenizer
 
@@ -88,7 +88,7 @@ def write_calibration(folder: Path, samples: int, max_length: int, seed: int) ->
 
     folder.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer.from_str(tokenizer_json())
-    words = calibration_words(seed)
+    words = calibration_words()
     rng = random.Random(seed)
     lines = []
     for i in range(samples):
@@ -202,6 +202,8 @@ class Recorder:
             self.chunks.append(t)
             if i == 1:  # the model is freed before the head GPTQ: split load+capture from the rows
                 self._window("lm_head", "load model, capture hidden states, row chunk 1")
+            elif i == n:
+                self._window("lm_head", "row chunks 2..n")
             if i == 1 or i == n:
                 say(f"    lm_head chunk {i}/{n} (t={t:.0f} s)")
             return
@@ -217,6 +219,18 @@ def say(msg: str) -> None:
 
 def fmt_gib(b: int | None) -> str:
     return "-" if b is None else f"{b / GIB:.2f} GiB"
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for dist in ("torch", "transformers", "llmcompressor", "compressed-tensors", "accelerate", "safetensors"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
 
 
 def fmt_bytes(b: int | None) -> str:
@@ -274,15 +288,13 @@ def sizes_by_component(folder: Path) -> dict[str, int]:
 # ETA and projection
 
 
-def eta(bytes_: int, layers: int, tokens: int, device: str) -> dict[str, float]:
+def eta(bytes_: int, layers: int, tokens: int) -> dict[str, float]:
     """A rough guess printed before the run. GPU constants: stack-facts (about 9 s per decoder layer
     at 128 x 2048 on an H200) and bench/results/lm_head_h200.json (23 s row-chunked head GPTQ)."""
     gb, rel = bytes_ / 1e9, tokens / (128 * 2048)
-    g = {"build": gb / 0.7, "source": gb / 1.5, "calibration": 5.0,
-         "gptq": 20 + gb / 0.5 + layers * (2 + 10 * rel), "lm_head": 15 + gb / 1.0 + 30 + layers * 3 * rel,
-         "mtp..manifest": 4 * gb / 0.8}
-    if device != "cuda":  # no calibrated CPU constants: the 2-core box is ~50x slower at real widths
-        g = {k: v * (3 if k in ("build", "source", "mtp..manifest") else 50) for k, v in g.items()}
+    g = {"build": gb / 0.5, "source": gb / 1.5, "calibration": 5.0,
+         "gptq": 40 + gb / 0.3 + layers * (2 + 10 * rel), "lm_head": 20 + gb / 0.5 + 30 + layers * 3 * rel,
+         "mtp..manifest": 4 * gb / 0.6}
     g["total"] = sum(g.values())
     return g
 
@@ -364,10 +376,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     real_bytes = sum(t.nbytes for t in shapes.tensor_plan(
         shapes.bench_dims(shapes.REFERENCE_27B, layers=REAL_LAYERS), args.seed, device).values())
     tokens = args.samples * args.max_length
-    guess = eta(src_bytes, args.layers, tokens, device)
+    guess = eta(src_bytes, args.layers, tokens)
     say(f"device {device}; {args.layers} layers {dims.layer_types()}; hidden {dims.hidden}, MLP {dims.intermediate}, "
         f"vocab {dims.vocab}; checkpoint {src_bytes / 1e9:.2f} GB; calibration {args.samples} x {args.max_length}")
-    say("ETA (rough, before measuring): " + ", ".join(f"{k} {v:.0f} s" for k, v in guess.items()))
+    if device == "cuda":
+        say("ETA (rough H200 guess, before measuring): " + ", ".join(f"{k} {v:.0f} s" for k, v in guess.items()))
+    else:
+        say("no ETA on CPU (the constants are H200 guesses); --quick --scale 0.05 --vocab 16384 takes seconds")
     if device == "cuda" and guess["total"] > 420:
         say("warning: the ETA is over 7 min; --samples 64 roughly halves the GPTQ calibration part")
 
@@ -408,9 +423,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "device": device,
         "device_name": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine(),
         "host_cpus": os.cpu_count(),
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     **{k: v for k, v in __import__("qwenquant.pipeline", fromlist=["tool_versions"]).tool_versions().items()
-                        if k != "torch"}},
+        "versions": versions(),
         "reference": ref_from,
         "recipe": args.recipe,
         "head_gate_enforced": args.enforce_head_gate,
@@ -429,7 +442,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "source_bytes": sizes_by_component(work / "source"),
         "quantize_wall_seconds": wall,
         "host_max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "eta_guess": guess,
+        "eta_guess_h200": guess if device == "cuda" else None,
         "projection_inputs": {"bytes_ratio": real_bytes / src_bytes, "real_source_bytes": real_bytes},
     }
     if rec.total_seen is not None and rec.total_seen != sum(counts):
@@ -461,23 +474,25 @@ def print_table(r: dict[str, Any]) -> None:
         print(f"{'stage ' + s['stage']:<40} {s['seconds']:>8.1f} {fmt_gib(s['peak_gpu_bytes']):>10} {fmt_gib(s['peak_rss_bytes']):>10}")
         if s["stage"] == "gptq":
             for L in r["gptq_layers"]:
-                note = " (incl. load+trace)" if L["layer"] == 0 else ""
+                note = " *" if L["layer"] == 0 else ""
                 label = f"  layer {L['layer']} {L['type']} ({L['modules']} mod){note}"
                 print(f"{label:<40} {L['seconds']:>8.1f} {fmt_gib(L['peak_gpu_bytes']):>10} {fmt_gib(L['peak_rss_bytes']):>10}")
         if s["stage"] == "lm_head":
             h = r["lm_head_timing"]
             w = {x["label"]: x for x in s.get("windows", [])}
-            first, rest = w.get("load model, capture hidden states, row chunk 1", {}), w.get("rest of stage", {})
-            print(f"{'  load model + capture hidden':<40} {h['load_and_capture_seconds']:>8.1f} "
-                  f"{fmt_gib(first.get('peak_gpu_bytes')):>10} {fmt_gib(first.get('peak_rss_bytes')):>10}")
-            print(f"{'  row-chunked head GPTQ':<40} {h['rows_gptq_seconds']:>8.1f} "
-                  f"{fmt_gib(rest.get('peak_gpu_bytes')):>10} {fmt_gib(rest.get('peak_rss_bytes')):>10}")
-            print(f"{'  RTN, KL compare, pack, write':<40} {h['after_rows_seconds']:>8.1f} {'(same window)':>10}")
+            first, rows = w.get("load model, capture hidden states, row chunk 1", {}), w.get("row chunks 2..n", {})
+            rest = w.get("rest of stage", {})
+            for label, secs, win in (("  load model + capture hidden (+chunk 1)", h["load_and_capture_seconds"], first),
+                                     ("  row-chunked head GPTQ (chunks 2..n)", h["rows_gptq_seconds"], rows),
+                                     ("  RTN, KL compare, pack, write", h["after_rows_seconds"], rest)):
+                print(f"{label:<40} {secs:>8.1f} {fmt_gib(win.get('peak_gpu_bytes')):>10} "
+                      f"{fmt_gib(win.get('peak_rss_bytes')):>10}")
+    print("  * layer 0 also carries model load and graph tracing")
     print(f"{'quantize total (pipeline.quantize)':<40} {r['quantize_wall_seconds']:>8.1f} {'':>10} {fmt_gib(r['host_max_rss_bytes']):>10}")
     q = r["lm_head_quality"] or {}
     if q.get("gptq"):
         print(f"lm_head held-out ({q['heldout_tokens']} tokens): KL RTN {q['rtn']['kl']:.5g} / GPTQ {q['gptq']['kl']:.5g} "
-              f"({q['kl_reduction_pct']:.1f}% lower; recipe gate {'passes' if r.get('head_gate_would_pass') else 'WOULD FAIL'}), top-1 RTN {q['rtn']['top1']:.4f} / GPTQ {q['gptq']['top1']:.4f}")
+              f"(KL reduction {q['kl_reduction_pct']:.1f}%; recipe gate {'passes' if r.get('head_gate_would_pass') else 'WOULD FAIL'}), top-1 RTN {q['rtn']['top1']:.4f} / GPTQ {q['gptq']['top1']:.4f}")
     print(f"{'bytes by component':<44} {'source':>10} {'artifact':>10}")
     keys = [c for c, _ in COMPONENTS] + ["other tensors (final norm)", "safetensors headers", "other files", "total"]
     for k in keys:
