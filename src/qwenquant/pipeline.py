@@ -80,6 +80,9 @@ def quantize(opts: QuantizeOptions, progress: Callable[[str, int, int], None] | 
     source = Path(opts.source_dir).resolve()
     out = Path(opts.out).resolve()
     work = Path(opts.work).resolve() if opts.work else out.with_name(out.name + ".work")
+    if out == source or source in out.parents or out in source.parents:
+        raise StageError(f"--out {out} overlaps the source folder {source}",
+                         hint="write the artifact to its own folder, outside the source")
     device = resolve_device(opts.device)
     step = progress or (lambda name, i, n: None)
     with work_lock(work):
