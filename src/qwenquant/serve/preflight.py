@@ -68,7 +68,7 @@ def cache_settings(profile: ResolvedProfile, device: str, layout: str) -> planmo
     d = argvmod.decide(profile, device, layout)
     return planmod.CacheSettings(profile.kv_cache_dtype, profile.mamba_ssm_cache_dtype,
                                  d.effective_mamba_cache_mode, d.num_speculative_tokens,
-                                 min_block_tokens=128 if device == "cpu" else 16)
+                                 block_align=128 if device == "cpu" else 16)
 
 
 def artifact_budget(artifact: Path, manifest: Any, profile: ResolvedProfile, device: str, *,
