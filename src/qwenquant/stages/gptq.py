@@ -134,6 +134,7 @@ def run_gptq(source_dir: Path, samples: list[list[int]], recipe: Any, out_dir: P
              progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Quantize the body into `out_dir` (a fresh folder); return stage info. Raises StageError."""
     os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # tokenization is done; silences a warning
     set_deterministic()
     import torch
     import transformers
