@@ -144,6 +144,10 @@ def run_gptq(source_dir: Path, samples: list[list[int]], recipe: Any, out_dir: P
     from llmcompressor import oneshot
 
     q = recipe.quantization
+    if not q.restore_unquantized:
+        raise StageError("quantization.restore_unquantized: false is not supported: llm-compressor 0.14 rounds "
+                         "offset-norm weights, and every build proves unquantized tensors byte-identical",
+                         hint="set quantization.restore_unquantized: true (the default)")
     source_dir = Path(source_dir)
     src_cfg = json.loads((source_dir / "config.json").read_text())
     arch = (src_cfg.get("architectures") or ["Qwen3_5ForConditionalGeneration"])[0]
