@@ -94,7 +94,7 @@ def _print_result(result, out) -> None:  # type: ignore[no-untyped-def]
 def graft_mtp_cmd(
     artifact: Path = typer.Argument(..., help="Quantized artifact folder."),
     source: Path = typer.Option(..., "--source", help="The original (unquantized) model folder."),
-    check_only: bool = typer.Option(False, "--check-only", help="Only report; exit 1 when something is missing."),
+    check_only: bool = typer.Option(False, "--check-only", help="Only report; exit 5 when something is missing or different."),
 ) -> None:
     """Copy the bf16 MTP draft head (mtp.*) from the source into an artifact, byte-identical.
 
