@@ -364,3 +364,26 @@ def test_untrusted_mtp_record_reruns_the_stage(built: dict, tmp_path: Path, corr
     rec = json.loads(record.read_text())
     assert rec["finished"] != before and rec["status"] == "complete"
     assert json.loads(proc.stdout)["root_digest"] == built["result"]["root_digest"]
+
+
+def test_check_failure_fails_the_build_with_rule_ids(built: dict, tmp_path: Path) -> None:
+    """A textonly output that vLLM would refuse (mtp not ignored, so vLLM would look for int4 MTP
+    weights) is caught by the check stage: exit 6, rule ids in the message, no artifact written."""
+    from qwenquant.hashing import sha256_file
+
+    work = Path(shutil.copytree(built["work"], tmp_path / "a.work", ignore=shutil.ignore_patterns(".lock")))
+    cfg_path = work / "textonly" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["quantization_config"]["ignore"].remove("re:^mtp.*")
+    cfg_path.unlink()
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+    record_path = work / "textonly.record.json"
+    record = json.loads(record_path.read_text())
+    record["outputs"]["config.json"] = sha256_file(cfg_path)
+    record_path.write_text(json.dumps(_rehash(record)))  # a trusted record of a bad output
+
+    proc = qq(*quantize_args(built["source"], tmp_path / "a", "--work", str(work)))
+    assert proc.returncode == 6, proc.stderr[-3000:]
+    assert "stage check: running (inputs changed (textonly))" in proc.stderr
+    assert "mtp-identical" in proc.stderr and "re:^mtp.*" in proc.stderr
+    assert not (tmp_path / "a").exists() and not (work / "check.record.json").exists()
