@@ -387,3 +387,36 @@ def test_check_failure_fails_the_build_with_rule_ids(built: dict, tmp_path: Path
     assert "stage check: running (inputs changed (textonly))" in proc.stderr
     assert "mtp-identical" in proc.stderr and "re:^mtp.*" in proc.stderr
     assert not (tmp_path / "a").exists() and not (work / "check.record.json").exists()
+
+
+def test_identity_proof_catches_the_norm_rounding_bug(built: dict, tmp_path: Path) -> None:
+    """What llm-compressor 0.14's norm_calibration_context does to offset norms, (1 + w) through
+    bf16 and back, applied to the finished artifact: the proof that runs on every build flags it."""
+    import torch
+
+    from qwenquant.pipeline import unquantized_problems
+    from qwenquant.recipe import load_recipe
+    from qwenquant.stages.assemble import torch_raw
+    from qwenquant.stages.tensorfile import checkpoint_refs, shard_refs, write_shard
+
+    art = Path(shutil.copytree(built["out"], tmp_path / "art"))
+    assert unquantized_problems(art, built["source"], load_recipe("w4a16-int4head"), "text-only") == []
+    rounded = []
+    for shard in sorted(art.glob("model*.safetensors")):
+        refs = shard_refs(shard)
+        out = dict(refs)
+        for name, ref in refs.items():
+            if name.endswith("layernorm.weight") or name == "model.norm.weight":
+                w = torch.frombuffer(bytearray(ref.read()), dtype=torch.bfloat16)
+                w2 = ((1.0 + w.float()).to(torch.bfloat16).float() - 1.0).to(torch.bfloat16)
+                if not torch.equal(w.view(torch.int16), w2.view(torch.int16)):
+                    out[name] = torch_raw(name, w2.reshape(ref.shape))
+                    rounded.append(name)
+        if any(n in rounded for n in refs):
+            write_shard(shard, list(out.values()))
+    assert rounded, "the simulated bug changed nothing"
+    problems = unquantized_problems(art, built["source"], load_recipe("w4a16-int4head"), "text-only")
+    assert {p.split(":")[0] for p in problems} == set(rounded)
+    assert all("bytes differ from source tensor " in p for p in problems)
+    assert any(p.startswith("model.norm.weight:") for p in problems)
+    assert checkpoint_refs(art).keys() == checkpoint_refs(built["out"]).keys()
