@@ -91,20 +91,33 @@ class Running:
     name: str = "qwen3.8-27b-w4a16"
 
 
-def _serve_cmd(artifact: Path, port: int, log: Path) -> list[str]:
-    return [sys.executable, "-m", "qwenquant", "serve", str(artifact), "--profile", "single-user",
+def _serve_cmd(artifact: Path, port: int, log: Path, profile: str = "single-user") -> list[str]:
+    return [sys.executable, "-m", "qwenquant", "serve", str(artifact), "--profile", profile,
             "--port", str(port), "--vllm", str(LAUNCHER), "--timeout", "900", "--log-file", str(log),
             "--", "--max-model-len", "2048"]
 
 
-@pytest.fixture(scope="module", params=sorted(LAYOUTS))
-def server(request, tmp_path_factory: pytest.TempPathFactory):
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory):
+    """layout -> quantized artifact, built on first use."""
     if not LAUNCHER.exists():
         pytest.skip("no .venv-vllm (run scripts/install-vllm.sh)")
+    built: dict[str, Path] = {}
+
+    def get(layout: str) -> Path:
+        if layout not in built:
+            built[layout] = _quantize(tmp_path_factory.mktemp(f"quant-{layout}"), LAYOUTS[layout], layout)
+        return built[layout]
+
+    return get
+
+
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def server(request, artifacts, tmp_path_factory: pytest.TempPathFactory):
     layout = request.param
     variant = LAYOUTS[layout]
     tmp = tmp_path_factory.mktemp(f"vllm-{layout}")
-    artifact = _quantize(tmp, variant, layout)
+    artifact = artifacts(layout)
     port, log = _free_port(), tmp / "server.log"
     proc = subprocess.Popen(_serve_cmd(artifact, port, log), env=_env(tmp), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -235,3 +248,28 @@ def test_tampered_artifact_refused_before_launch(server, tmp_path):
     assert r.returncode == 4
     assert shard.name in _flat(r.stderr) and "refusing to serve" in _flat(r.stderr)
     assert not log.exists()
+
+
+def test_batch_profile_serves(artifacts, tmp_path):
+    """The batch profile (fp8 KV cache, prefix caching with mamba align mode, no MTP) on the
+    text-only artifact: ready, a 4-way concurrent greedy batch, a clean stop."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    artifact = artifacts("text-only")
+    port, log = _free_port(), tmp_path / "server.log"
+    proc = subprocess.Popen(_serve_cmd(artifact, port, log, "batch"), env=_env(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.strip() == f"ready http://127.0.0.1:{port}", proc.stderr.read()[-4000:]
+        body = {"model": "qwen3.8-27b-w4a16", "prompt": "The quick brown fox jumps over", "max_tokens": 8,
+                "temperature": 0, "ignore_eos": True}
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda _: _http(f"http://127.0.0.1:{port}/v1/completions", body), range(4)))
+        assert all(code == 200 for code, _ in results), results
+        texts = {json.loads(t)["choices"][0]["text"] for _, t in results}
+        assert len(texts) == 1  # greedy: the same answer for the same prompt
+        assert "fp8" in log.read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
