@@ -116,6 +116,7 @@ def free_port() -> int:
 def serve_cmd(artifact: Path, launcher: Path, port: int, mode: str, pidfile: Path, timeout: float = 20) -> list[str]:
     return [sys.executable, "-m", "qwenquant", "serve", str(artifact), "--profile", "single-user",
             "--port", str(port), "--vllm", str(launcher), "--timeout", str(timeout),
+            "--log-file", str(pidfile.with_name("server.log")),
             "--", "--max-model-len", "2048", "--standin-mode", mode, "--standin-pidfile", str(pidfile)]
 
 
@@ -165,6 +166,7 @@ def test_server_exits_before_ready(standin_artifact, fake_vllm, tmp_path, mode, 
     assert "standin: mode=" in r.stderr  # the last log lines are shown
     if mode == "exit1":
         assert "RuntimeError: standin failed to load the model" in flat(r.stderr)
+        assert "RuntimeError: standin failed" in (tmp_path / "server.log").read_text()  # the full log
 
 
 def test_never_binds(standin_artifact, fake_vllm, tmp_path):
