@@ -173,3 +173,18 @@ def test_gpu_memory_from_nvidia_smi(monkeypatch, tmp_path):
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
     assert gpu_memory() == (24576 * 2**20, 23000 * 2**20)
+
+
+@pytest.mark.parametrize("cap, added", [("9.0", True), ("8.6", False)])
+def test_sm90_gets_triton_gdn_prefill(monkeypatch, tmp_path, cap, added):
+    from qwenquant.serve.preflight import device_extra
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\necho '{cap}'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    warnings: list[str] = []
+    out = device_extra("cuda", ["--max-model-len", "8192"], warnings)
+    assert (out[-2:] == ["--gdn-prefill-backend", "triton"]) == added and bool(warnings) == added
+    assert device_extra("cuda", ["--gdn-prefill-backend=flashinfer"], []) == ["--gdn-prefill-backend=flashinfer"]
+    assert device_extra("cpu", [], []) == []

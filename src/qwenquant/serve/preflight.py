@@ -64,6 +64,33 @@ def gpu_memory() -> tuple[int, int]:
     return total * planmod.MiB, free * planmod.MiB
 
 
+def gpu_compute_capability() -> Optional[tuple[int, int]]:
+    """(major, minor) of GPU 0 from nvidia-smi, or None when it cannot be read."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        r = subprocess.run([exe, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                           text=True, timeout=60)
+        major, minor = r.stdout.strip().splitlines()[0].strip().split(".")
+        return int(major), int(minor)
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+
+
+def device_extra(dev: str, extra: Sequence[str], warnings: list[str]) -> list[str]:
+    """Flags the GPU needs: on SM90 the default FlashInfer GDN prefill needs the CUTLASS DSL
+    package, without which the first request kills the engine (stack-facts); use Triton there."""
+    out = list(extra)
+    if dev == "cuda" and not any(a.split("=")[0] == "--gdn-prefill-backend" for a in out):
+        cap = gpu_compute_capability()
+        if cap is not None and cap[0] == 9:
+            out += ["--gdn-prefill-backend", "triton"]
+            warnings.append("SM90 GPU: adding --gdn-prefill-backend triton (FlashInfer's GDN prefill needs the "
+                            "CUTLASS DSL package); pass --gdn-prefill-backend after -- to choose another")
+    return out
+
+
 def cache_settings(profile: ResolvedProfile, device: str, layout: str) -> planmod.CacheSettings:
     d = argvmod.decide(profile, device, layout)
     return planmod.CacheSettings(profile.kv_cache_dtype, profile.mamba_ssm_cache_dtype,
@@ -178,6 +205,7 @@ def prepare(
         if problem:
             raise ServeError(problem, hint="see docs/stack-facts (CUDA vLLM 0.26 lacks Qwen3_5ForCausalLM)")
     _check_context(artifact, profile)
+    extra = device_extra(dev, extra, warnings)
     args = argvmod.build_vllm_argv(artifact, profile, manifest, dev, extra, api_key=api_key)
     env_add = argvmod.build_vllm_env(dev, os.environ)
     if dev == "cpu" and profile.speculative:
