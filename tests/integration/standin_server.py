@@ -40,7 +40,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     a = parse(argv)
     name = a.served_model_name or a.model
-    print(f"standin: mode={a.mode if hasattr(a, 'mode') else a.standin_mode} model={a.model} port={a.port}", flush=True)
+    print(f"standin: mode={a.standin_mode} model={a.model} port={a.port} argv={argv}", flush=True)
     helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     if a.standin_pidfile:
         with open(a.standin_pidfile, "w") as f:

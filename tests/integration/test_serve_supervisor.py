@@ -254,6 +254,25 @@ def test_good_server_ready_then_sigterm(standin_artifact, fake_vllm, tmp_path):
     assert gone(server_pid) and gone(helper_pid)
 
 
+def test_api_key_used_for_readiness_and_never_shown(standin_artifact, fake_vllm, tmp_path):
+    """The stand-in requires the key on /v1/*: serve reaches ready with it; when the server then
+    dies, the log tail shown (which echoes vLLM's argv) has the key masked."""
+    port, pidfile = free_port(), tmp_path / "pids"
+    cmd = serve_cmd(standin_artifact, fake_vllm, port, "die-after-ready", pidfile)
+    cmd[cmd.index("--"):cmd.index("--")] = ["--api-key", "s3cret-key"]
+    p = subprocess.Popen(cmd, env=serve_env(fake_vllm, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        _wait_ready(p, port)
+        rc = p.wait(timeout=30)
+        err = p.stderr.read()
+    finally:
+        p.kill()
+    assert rc == 7
+    assert "argv=" in err and "'****'" in err
+    assert "s3cret-key" not in err
+
+
 def test_tampered_artifact_refused(standin_artifact, fake_vllm, tmp_path):
     """A changed file is named and nothing starts."""
     import shutil

@@ -83,6 +83,8 @@ class Server:
     def last_lines(self, n: int = SHOW_LINES) -> str:
         self._reader.join(timeout=2)
         lines = list(self.tail)[-n:]
+        if self.spec.api_key:  # vLLM may echo its arguments; never show the key
+            lines = [line.replace(self.spec.api_key, "****") for line in lines]
         return "\n".join("  | " + line for line in lines) if lines else "  (no output)"
 
     def stop(self, grace: float) -> Optional[int]:
