@@ -65,7 +65,8 @@ class Server:
         self.spec = spec
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(spec.log_path, "ab")
+        # 0600: vLLM may echo its arguments (the API key) into the log
+        self._log = os.fdopen(os.open(spec.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
         self.proc = subprocess.Popen(
             spec.command, env=spec.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True,  # own process group: we signal all of it
