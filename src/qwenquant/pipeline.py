@@ -35,7 +35,7 @@ from qwenquant.stages.records import (  # noqa: F401  (re-exported: tests and to
 
 log = logging.getLogger(__name__)
 
-STAGES = ("source", "calibration", "gptq", "lm_head", "mtp", "textonly", "check")
+from qwenquant.stages import STAGES  # noqa: E402  (the stage order, in one place)
 QUALITY_FILE = "qwenquant-quality.json"
 
 @dataclass
