@@ -16,6 +16,7 @@ import os
 import random
 import re
 import shutil
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,8 @@ def run_gptq(source_dir: Path, samples: list[list[int]], recipe: Any, out_dir: P
     ds = Dataset.from_dict({"input_ids": samples, "attention_mask": [[1] * len(s) for s in samples]})
     loguru_logger.remove()
     sink = loguru_logger.add(_LayerCounter(tick), level="DEBUG")
+    # transformers warns about offloaded modules on every compressed save; nothing is offloaded here
+    warnings.filterwarnings("ignore", message="Attempting to save a model with offloaded modules")
     raw = out_dir / ".llmcompressor-save"
     try:
         oneshot(
