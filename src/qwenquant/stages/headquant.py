@@ -91,7 +91,7 @@ def run_head(source_dir: Path, samples: list[list[int]], recipe: Any, prev_dir: 
         raise StageError("no calibration tokens reached lm_head", hint="check the calibration set")
     src_refs = checkpoint_refs(source_dir)
     ref = src_refs[f"{HEAD}.weight"]
-    W = torch.frombuffer(bytearray(ref.read()), dtype=torch.bfloat16 if ref.dtype == "BF16" else torch.float32)
+    W = torch.frombuffer(ref.read_bytearray(), dtype=torch.bfloat16 if ref.dtype == "BF16" else torch.float32)
     W = W.reshape(ref.shape)
     common = dict(num_bits=spec.num_bits, group_size=spec.group_size, symmetric=spec.symmetric,
                   row_chunk=spec.row_chunk, device=device)

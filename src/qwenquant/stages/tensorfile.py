@@ -43,6 +43,14 @@ class TensorRef:
             f.seek(self.start)
             return f.read(self.end - self.start)
 
+    def read_bytearray(self) -> bytearray:
+        """The bytes in a writable buffer (torch.frombuffer without an extra copy of a big tensor)."""
+        buf = bytearray(self.nbytes)
+        with open(self.path, "rb") as f:
+            f.seek(self.start)
+            f.readinto(buf)
+        return buf
+
 
 @dataclass(frozen=True)
 class RawTensor:
