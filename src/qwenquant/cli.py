@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import sys
 
-import click
 import typer
 
 from qwenquant.commands._app import app
@@ -50,17 +49,17 @@ def main(argv: list[str] | None = None) -> int:
         if e.hint:
             console.print(f"[yellow]hint:[/] {escape(e.hint)}", markup=True, highlight=False, soft_wrap=True)
         return e.exit_code
-    except click.exceptions.Abort:
-        print("aborted", file=sys.stderr)
-        return 130
-    except KeyboardInterrupt:
+    except (typer.Abort, KeyboardInterrupt):
         print("interrupted", file=sys.stderr)
         return 130
-    except click.exceptions.Exit as e:
+    except typer.Exit as e:
         return e.exit_code
-    except click.ClickException as e:
-        e.show()
-        return e.exit_code
+    except typer.TyperException as e:  # usage errors (typer >= 0.29 vendors click; this is their base)
+        show = getattr(e, "show", None)
+        if show is None:
+            raise
+        show()
+        return getattr(e, "exit_code", 2)
     return rv if isinstance(rv, int) else 0
 
 

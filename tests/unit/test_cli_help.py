@@ -53,3 +53,14 @@ def test_command_help_is_light_and_has_examples(cmd: str) -> None:
     assert res["rc"] == 0
     assert res["heavy"] == [], f"`qwenquant {cmd} --help` imported {res['heavy']}"
     assert "Example" in res["out"] or "example" in res["out"], f"`qwenquant {cmd} --help` has no examples"
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [(["nosuch"], "No such command"), (["fetch", "--workers", "abc", "--out", "x"], "Invalid value for '--workers'")],
+)
+def test_usage_errors_exit_2_without_traceback(argv: list[str], needle: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "qwenquant", *argv], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr
