@@ -12,10 +12,10 @@ import logging
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
@@ -89,10 +89,18 @@ def run_demo(work: Path, *, serve: bool | None = None, variant: str = "random") 
     return result
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def serve_and_complete(artifact: Path, env: dict[str, str], *, prompt: str = "The capital of France is",
                        timeout: float = 600.0) -> str:  # fmt: skip
     """Start `qwenquant serve`, wait for its "ready" line, ask for one completion, stop it with SIGTERM."""
-    args = ["serve", str(artifact), "--profile", "single-user", "--port", "0"]
+    # The tiny model's context is 4096 tokens; the profile's 32768 is for the real model.
+    args = ["serve", str(artifact), "--profile", "single-user", "--port", str(_free_port()),
+            "--", "--max-model-len", "2048"]
     print(f"$ qwenquant {shlex.join(args)}", file=sys.stderr, flush=True)
     proc = subprocess.Popen([sys.executable, "-m", "qwenquant", *args], env=env, stdout=subprocess.PIPE,
                             text=True, start_new_session=True)  # fmt: skip
@@ -130,4 +138,3 @@ def serve_and_complete(artifact: Path, env: dict[str, str], *, prompt: str = "Th
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        time.sleep(0)
