@@ -289,7 +289,7 @@ def sizes_by_component(folder: Path) -> dict[str, int]:
 
 
 def eta(bytes_: int, layers: int, tokens: int) -> dict[str, float]:
-    """A rough guess printed before the run. GPU constants: stack-facts (about 9 s per decoder layer
+    """A rough guess printed before the run. GPU constants: an earlier llm-compressor run at real dims (about 9 s per decoder layer
     at 128 x 2048 on an H200) and bench/results/lm_head_h200.json (23 s row-chunked head GPTQ)."""
     gb, rel = bytes_ / 1e9, tokens / (128 * 2048)
     g = {"build": gb / 0.5, "source": gb / 1.5, "calibration": 5.0,

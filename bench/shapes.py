@@ -1,6 +1,6 @@
 """A real-shaped, truncated Qwen3.5 checkpoint for benchmarks: the 27B's widths, N decoder layers.
 
-Dimensions come from the reference config (../shared/reference/qwen3_8-27b.config.json, or a copy)
+Dimensions come from the reference config (src/qwenquant/data/qwen3_8-27b.config.json, or a copy)
 with overrides: `layers` text layers (every 4th full attention, as on the 27B), a depth-1 vision
 tower (dropped by the text-only layout anyway) and, for CPU proofs, `scale` shrinking hidden/MLP
 widths and head counts while keeping every quantized in_features a multiple of 128.
@@ -28,8 +28,8 @@ from qwenquant.tiny import tokenizer as tiny_tokenizer
 from qwenquant.tiny.config import TinyDims, generation_config, preprocessor_config, video_preprocessor_config
 from qwenquant.tiny.weights import TensorSpec, body_specs, mtp_specs
 
-DEFAULT_REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "qwen3_8-27b.config.json"
-# The shape-bearing fields of the reference config, for machines where ../shared does not exist
+DEFAULT_REFERENCE = Path(__file__).resolve().parents[1] / "src" / "qwenquant" / "data" / "qwen3_8-27b.config.json"
+# The shape-bearing fields of the reference config, for runs without the repository's data folder
 # (the GPU machine gets the repository only). `reference_config` checks them against the file.
 REFERENCE_27B: dict[str, Any] = {
     "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",

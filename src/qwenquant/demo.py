@@ -99,7 +99,7 @@ def serve_and_complete(artifact: Path, env: dict[str, str], *, prompt: str = "Th
                        timeout: float = 600.0) -> str:  # fmt: skip
     """Start `qwenquant serve`, wait for its "ready" line, ask for one completion, stop it with SIGTERM."""
     # The tiny model's context is 4096 tokens; the profile's 32768 is for the real model.
-    args = ["serve", str(artifact), "--profile", "single-user", "--port", str(_free_port()),
+    args = ["serve", str(artifact), "--profile", "single-user", "--port", str(_free_port()), "--served-model-name", "qwen3.5-tiny-w4a16",
             "--", "--max-model-len", "2048"]
     print(f"$ qwenquant {shlex.join(args)}", file=sys.stderr, flush=True)
     proc = subprocess.Popen([sys.executable, "-m", "qwenquant", *args], env=env, stdout=subprocess.PIPE,

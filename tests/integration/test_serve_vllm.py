@@ -4,7 +4,7 @@ One module-scoped server per artifact layout: text-only (the `constant` tiny mod
 and MTP head always agree, so MTP acceptance must be exactly 100%) and multimodal served with
 --language-model-only (the `random` tiny model, acceptance near 0). Artifacts come from the real
 `qwenquant quantize` (GPTQ on CPU). Greedy sampling only: temperature > 0 under speculative
-decoding is wrong on vLLM's CPU backend (stack-facts).
+decoding is wrong on vLLM's CPU backend (docs/known-issues.md#cpu-spec-sampling).
 """
 
 from __future__ import annotations

@@ -6,9 +6,11 @@ import copy
 import json
 from pathlib import Path
 
+import qwenquant
+
 from qwenquant.stages.textonly import text_only_config, text_only_name
 
-REFERENCE = Path("/work/shared/reference/qwen3_8-27b.config.json")
+REFERENCE = Path(qwenquant.__file__).parent / "data" / "qwen3_8-27b.config.json"  # the real model's config
 
 
 def _config() -> dict:

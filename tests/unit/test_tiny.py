@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import qwenquant
+
 import pytest
 import torch
 from safetensors import safe_open
@@ -16,7 +18,7 @@ from qwenquant.errors import QwenquantError
 from qwenquant.tiny import build_tiny_checkpoint, constant_token_id
 from qwenquant.tiny.reference import fake_quant_int4, load_tensors, mtp_logits
 
-REFERENCE_CONFIG = Path("/work/shared/reference/qwen3_8-27b.config.json")
+REFERENCE_CONFIG = Path(qwenquant.__file__).parent / "data" / "qwen3_8-27b.config.json"  # the real model's config
 EXPECTED_FILES = {
     "config.json",
     "generation_config.json",

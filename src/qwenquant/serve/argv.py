@@ -59,7 +59,7 @@ def artifact_layout(manifest: Any) -> str:
 
 
 def decide(profile: ResolvedProfile, device: str, layout: str) -> Decided:
-    """Apply the device rules (CPU: eager; MTP on CPU: no prefix caching, stack-facts #3)."""
+    """Apply the device rules (CPU: eager; MTP on CPU: no prefix caching, docs/known-issues.md#cpu-prefix-caching)."""
     spec = profile.speculative.num_speculative_tokens if profile.speculative else 0
     eager = bool(profile.enforce_eager) or device == "cpu"
     prefix = profile.enable_prefix_caching

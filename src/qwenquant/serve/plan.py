@@ -24,7 +24,7 @@ the caches, read in vLLM's source (vllm-project/vllm, main in 2026), and what is
   pool block costs group_size x page bytes and each group holds its own blocks.
 - vLLM refuses to start unless one max_model_len sequence fits; more sequences only set the
   concurrency (it preempts beyond), so "fits" is one sequence and concurrency is reported.
-- Activations: fp32 logits max_num_batched_tokens x vocab x 4 B dominate (stack-facts: 7.36 GiB
+- Activations: fp32 logits max_num_batched_tokens x vocab x 4 B dominate (docs/known-issues.md#logits-memory: 7.36 GiB
   peak at 8192 tokens on the 27B head) + the MLP gate/up output, tokens x 2 x intermediate x 2 B.
 - CUDA runtime outside the profile: 0.5 GiB (context, cuBLAS/NCCL workspaces) + 0.5 GiB for CUDA
   graphs unless --enforce-eager: estimates, not measured on a 3090.

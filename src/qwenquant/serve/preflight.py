@@ -80,7 +80,7 @@ def gpu_compute_capability() -> Optional[tuple[int, int]]:
 
 def device_extra(dev: str, extra: Sequence[str], warnings: list[str]) -> list[str]:
     """Flags the GPU needs: on SM90 the default FlashInfer GDN prefill needs the CUTLASS DSL
-    package, without which the first request kills the engine (stack-facts); use Triton there."""
+    package, without which the first request kills the engine (docs/known-issues.md#sm90-gdn-prefill); use Triton there."""
     out = list(extra)
     if dev == "cuda" and not any(a.split("=")[0] == "--gdn-prefill-backend" for a in out):
         cap = gpu_compute_capability()
@@ -203,14 +203,14 @@ def prepare(
         arch = (json.loads((artifact / "config.json").read_text()).get("architectures") or ["?"])[0]
         problem = check_architecture(arch, supported_archs(install), install)
         if problem:
-            raise ServeError(problem, hint="see docs/stack-facts (CUDA vLLM 0.26 lacks Qwen3_5ForCausalLM)")
+            raise ServeError(problem, hint="see docs/known-issues.md#text-only-vllm-version (CUDA vLLM 0.26 lacks Qwen3_5ForCausalLM)")
     _check_context(artifact, profile)
     extra = device_extra(dev, extra, warnings)
     args = argvmod.build_vllm_argv(artifact, profile, manifest, dev, extra, api_key=api_key)
     env_add = argvmod.build_vllm_env(dev, os.environ)
     if dev == "cpu" and profile.speculative:
         warnings.append("MTP on CPU: sample greedily (temperature 0); temperature > 0 under speculative decoding "
-                        "reads uninitialised temperatures in vLLM's CPU sampler (stack-facts)")
+                        "reads uninitialised temperatures in vLLM's CPU sampler (vLLM #55005)")
 
     budget = None
     if not dry_run:

@@ -2,7 +2,7 @@
 
 llm-compressor 0.14 wraps every oneshot in `norm_calibration_context`, which rounds each
 offset-norm weight through bf16 as (1 + w) and back, so the saved norms differ from the source
-(stack-facts). GPTQ does not need the context, and 0.14 has no switch to turn it off; instead,
+(docs/known-issues.md#norm-rounding). GPTQ does not need the context, and 0.14 has no switch to turn it off; instead,
 after the save, every tensor the recipe does not quantize is taken back from the source bytes
 (`restore_plan`) and shards are re-written deterministically; `identity.prove_unquantized_identical`
 then checks it on every build. MTP tensors are left out here and grafted by the mtp stage.

@@ -1,6 +1,6 @@
 """Proof that every tensor the recipe does not quantize is byte-identical to the source.
 
-llm-compressor 0.14 rounds offset-norm weights through bf16 while calibrating (stack-facts), so
+llm-compressor 0.14 rounds offset-norm weights through bf16 while calibrating (docs/known-issues.md#norm-rounding), so
 this is checked, never assumed: it runs after GPTQ and again on the final artifact, and any
 difference fails the build. `compare_tensors` is pure (digests in, problems out).
 """

@@ -4,7 +4,7 @@ vLLM's `Qwen3_5ForCausalLM.load_weights` maps no prefixes (AutoWeightsLoader, `m
 its tensors are `model.layers.*`, `model.embed_tokens.*`, `model.norm.*`, `lm_head.*`: the HF
 `model.language_model.` prefix becomes `model.` (transformers' qwen3_5_text conversion maps it
 the same way, so both load). mrope keys are dropped from the rope parameters: vLLM strips them from
-the target config but not from the MTP drafter's, which then crashes (stack-facts).
+the target config but not from the MTP drafter's, which then crashes (docs/known-issues.md#text-only-mrope).
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ def model_config(dims: TinyDims = DIMS) -> dict[str, Any]:
 
 def generation_config() -> dict[str, Any]:
     """`generation_config.json`. Greedy on purpose: vLLM takes sampling defaults from this file, and
-    temperature > 0 under speculative decoding is broken on vLLM's CPU build (stack-facts)."""
+    temperature > 0 under speculative decoding is broken on vLLM's CPU build (docs/known-issues.md#cpu-spec-sampling)."""
     ids = tokenizer.token_ids()
     return {
         "bos_token_id": ids["<|endoftext|>"],
