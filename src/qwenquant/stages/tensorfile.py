@@ -16,11 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwenquant.atomic import fsync_dir
-from qwenquant.safetensors_check import read_header
+from qwenquant.safetensors_check import DTYPE_BYTES, INDEX_NAME, read_header
 
-INDEX = "model.safetensors.index.json"
-_ELEM = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
-         "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+INDEX = INDEX_NAME  # the format's names and sizes live in safetensors_check
 
 
 @dataclass(frozen=True)
@@ -179,4 +177,4 @@ def write_index(folder: Path, weight_map: Mapping[str, str], total_size: int) ->
 
 
 def element_size(dtype: str) -> int:
-    return _ELEM[dtype]
+    return DTYPE_BYTES[dtype]
