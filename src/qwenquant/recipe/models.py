@@ -1,0 +1,349 @@
+"""The recipe's pydantic models (extra="forbid", frozen) and their per-field checks."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic_core import PydanticCustomError
+
+from qwenquant.atomic import canonical_json
+from qwenquant.errors import RecipeError
+from qwenquant.recipe.targets import LM_HEAD_TARGET, _matches
+
+SCHEMA_VERSION = 1
+_LM_HEAD_MODULES = ("lm_head", "language_model.lm_head")
+_HEX40 = re.compile(r"^[0-9a-f]{40}$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*$")
+_SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def _fail(msg: str) -> PydanticCustomError:
+    return PydanticCustomError("recipe_value", msg)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    """Which source checkpoints the recipe applies to (config.json `architectures`/`model_type`)."""
+
+    architectures: list[str] = Field(min_length=1)
+    model_types: list[str] = Field(min_length=1)
+
+
+def _check_group_size(v: int) -> int:
+    if v <= 0 or v % 32:
+        raise _fail(f"must be a positive multiple of 32 for vLLM's CPU and Marlin kernels, got {v} — use 128")
+    return v
+
+
+def _check_num_bits(v: int) -> int:
+    if v != 4:
+        raise _fail(f"only 4-bit weights are supported (W4A16 pack-quantized), got {v} — set it to 4")
+    return v
+
+
+def _check_damp(v: float) -> float:
+    if not 0 < v < 1:
+        raise _fail(f"must be in (0, 1), got {v} — 0.01 is the usual value")
+    return v
+
+
+class _GroupWiseWeights(_Strict):
+    """Checks shared by the body and lm_head stages' int-N group-wise weight settings."""
+
+    @field_validator("group_size", check_fields=False)
+    @classmethod
+    def check_group_size(cls, v: int) -> int:
+        return _check_group_size(v)
+
+    @field_validator("num_bits", check_fields=False)
+    @classmethod
+    def check_num_bits(cls, v: int) -> int:
+        return _check_num_bits(v)
+
+    @field_validator("dampening_frac", check_fields=False)
+    @classmethod
+    def check_dampening_frac(cls, v: float) -> float:
+        return _check_damp(v)
+
+
+class QuantizationSpec(_GroupWiseWeights):
+    """The body stage: GPTQ over every targeted Linear not in `ignore`."""
+
+    method: Literal["gptq"] = "gptq"
+    scheme: Literal["W4A16"] = "W4A16"
+    num_bits: int = 4
+    symmetric: bool = True
+    group_size: int = 128
+    actorder: Optional[Literal["static", "group", "weight"]] = "static"
+    dampening_frac: float = 0.01
+    block_size: int = Field(default=128, gt=0)
+    sequential_targets: list[str] = Field(default_factory=lambda: ["Qwen3_5DecoderLayer"])
+    targets: list[str] = Field(default_factory=lambda: ["Linear"], min_length=1)
+    ignore: list[str] = Field(default_factory=list)
+    restore_unquantized: bool = True
+
+
+class LmHeadSpec(_GroupWiseWeights):
+    """The lm_head stage: int4 head calibrated on final-norm activations, its own config group."""
+
+    enabled: bool = True
+    method: Literal["gptq", "rtn"] = "gptq"
+    num_bits: int = 4
+    symmetric: bool = True
+    group_size: int = 128
+    dampening_frac: float = 0.01
+    block_size: int = Field(default=128, gt=0)
+    row_chunk: int = Field(default=8192, gt=0)
+    target: str = LM_HEAD_TARGET
+    heldout_fraction: float = Field(default=0.1, ge=0, lt=0.5)
+    require_better_than_rtn: bool = True
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, v: str) -> str:
+        if not all(_matches(v, m) for m in _LM_HEAD_MODULES):
+            raise _fail(
+                f"{v!r} does not match both `lm_head` and vLLM's `language_model.lm_head` — use "
+                f"{LM_HEAD_TARGET!r} (vLLM does not remap a bare `lm_head` target)"
+            )
+        return v
+
+
+class CalibrationSpec(_Strict):
+    """Calibration text: a pinned Hub dataset revision or a local jsonl/parquet file."""
+
+    source: Literal["hub", "local"]
+    dataset: Optional[str] = None
+    revision: Optional[str] = None
+    split: str = "train"
+    text_field: str = "text"
+    path: Optional[str] = None
+    num_samples: int = Field(gt=0)
+    max_length: int = Field(gt=0)
+    chat_template: bool = False
+    shuffle_seed: Optional[int] = 42
+
+    _base_dir: Optional[Path] = PrivateAttr(default=None)
+
+    @field_validator("revision")
+    @classmethod
+    def _rev(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not _HEX40.match(v):
+            raise _fail(f"must be a full 40-hex commit sha (pinned), got {v!r} — copy the commit id "
+                        "from the dataset's history page")
+        return v
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not v.endswith((".jsonl", ".parquet")):
+            raise _fail(f"must name a .jsonl or .parquet file, got {v!r} — convert the data to jsonl")
+        return v
+
+    def resolved_path(self) -> Optional[Path]:
+        """The local file, relative paths resolved against the folder of the YAML that named it."""
+        if self.path is None:
+            return None
+        p = Path(self.path).expanduser()
+        if not p.is_absolute() and self._base_dir is not None:
+            p = self._base_dir / p
+        return p
+
+    def with_base_dir(self, base_dir: Path) -> "CalibrationSpec":
+        """A copy whose relative `path` resolves against `base_dir`."""
+        c = self.model_copy()
+        c._base_dir = Path(base_dir).resolve()
+        return c
+
+
+class ArtifactSpec(_Strict):
+    """The written artifact: config layout, dtype of unquantized tensors, shard size."""
+
+    layout: Literal["text-only", "multimodal"] = "text-only"
+    dtype: Literal["bfloat16"] = "bfloat16"
+    max_shard_size: str = "5GB"
+
+    @field_validator("max_shard_size")
+    @classmethod
+    def _size(cls, v: str) -> str:
+        if not _SIZE.match(v):
+            raise _fail(f"must be a size like '5GB' or '500MiB', got {v!r} — write a number and a unit")
+        return v
+
+    @property
+    def max_shard_bytes(self) -> int:
+        m = _SIZE.match(self.max_shard_size)
+        assert m is not None  # validated above
+        return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+
+
+class SpeculativeSpec(_Strict):
+    """vLLM `--speculative-config`; MTP uses the checkpoint's own draft head."""
+
+    method: Literal["mtp"] = "mtp"
+    num_speculative_tokens: int
+
+    @field_validator("num_speculative_tokens")
+    @classmethod
+    def _n(cls, v: int) -> int:
+        if v < 1:
+            raise _fail(f"must be at least 1 for method mtp, got {v} — use 1-3, or set speculative: null")
+        return v
+
+
+class ServeSettings(_Strict):
+    """vLLM settings; every key optional so a profile overrides only what it names."""
+
+    served_model_name: Optional[str] = None
+    host: Optional[str] = None
+    port: Optional[int] = Field(default=None, ge=1, le=65535)
+    kv_cache_dtype: Optional[Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"]] = None
+    mamba_ssm_cache_dtype: Optional[Literal["auto", "float16", "bfloat16", "float32"]] = None
+    mamba_cache_mode: Optional[str] = None
+    reasoning_parser: Optional[str] = None
+    max_num_batched_tokens: Optional[int] = Field(default=None, gt=0)
+    speculative: Optional[SpeculativeSpec] = None
+    max_model_len: Optional[int] = Field(default=None, gt=0)
+    max_num_seqs: Optional[int] = Field(default=None, gt=0)
+    gpu_memory_utilization: Optional[float] = None
+    enforce_eager: Optional[bool] = None
+    enable_prefix_caching: Optional[bool] = None
+    extra_args: Optional[list[str]] = None
+
+    @field_validator("gpu_memory_utilization")
+    @classmethod
+    def _gmu(cls, v: Optional[float]) -> Optional[float]:
+        if v is not None and not 0 < v <= 1:
+            raise _fail(f"must be in (0, 1], got {v} — it is the fraction of GPU memory vLLM may use")
+        return v
+
+
+class ServeProfile(ServeSettings):
+    description: str = ""
+
+
+class ResolvedProfile(_Strict):
+    """serve.defaults merged with one profile: every setting decided."""
+
+    name: str
+    description: str
+    served_model_name: str
+    host: str
+    port: int
+    kv_cache_dtype: str
+    mamba_ssm_cache_dtype: str
+    mamba_cache_mode: Optional[str]
+    reasoning_parser: Optional[str]
+    max_num_batched_tokens: Optional[int]
+    speculative: Optional[SpeculativeSpec]
+    max_model_len: int
+    max_num_seqs: int
+    gpu_memory_utilization: float
+    enforce_eager: bool
+    enable_prefix_caching: Optional[bool]  # None: vLLM's default
+    extra_args: list[str]
+
+
+_RESOLVED_DEFAULTS: dict[str, Any] = {
+    "served_model_name": "qwenquant", "host": "127.0.0.1", "port": 8000, "kv_cache_dtype": "auto",
+    "mamba_ssm_cache_dtype": "auto", "mamba_cache_mode": None, "reasoning_parser": None,
+    "max_num_batched_tokens": None, "speculative": None, "enforce_eager": False,
+    "enable_prefix_caching": None, "extra_args": [],
+}
+_PROFILE_REQUIRED = ("max_model_len", "max_num_seqs", "gpu_memory_utilization")
+
+
+class ServeSpec(_Strict):
+    vllm_versions: list[str] = Field(default_factory=lambda: [">=0.26.0"])
+    defaults: ServeSettings = Field(default_factory=ServeSettings)
+    profiles: dict[str, ServeProfile]
+
+    @field_validator("vllm_versions")
+    @classmethod
+    def _specs(cls, v: list[str]) -> list[str]:
+        try:
+            from packaging.specifiers import InvalidSpecifier, SpecifierSet
+        except ImportError:  # packaging comes with transformers; without it skip the syntax check
+            return v
+        bad = []
+        for s in v:
+            try:
+                SpecifierSet(s)
+            except InvalidSpecifier:
+                bad.append(s)
+        if bad:
+            raise _fail(f"not PEP 440 version specifiers: {bad} — write e.g. '>=0.26.0'")
+        return v
+
+
+class Recipe(_Strict):
+    """A validated recipe; attribute names are the YAML keys."""
+
+    schema_version: Literal[1]
+    name: str = Field(min_length=1)
+    description: str = ""
+    model: ModelSpec
+    quantization: QuantizationSpec
+    lm_head: LmHeadSpec
+    calibration: CalibrationSpec
+    artifact: ArtifactSpec
+    serve: ServeSpec
+
+    _source_path: Optional[Path] = PrivateAttr(default=None)
+
+    @property
+    def source_path(self) -> Optional[Path]:
+        """The YAML file this recipe was loaded from (None when built in code)."""
+        return self._source_path
+
+    def canonical(self) -> dict[str, Any]:
+        """JSON-ready dict with every default filled in; what `sha256()` and manifests record.
+
+        serve.profiles are written resolved (defaults merged in) and serve.defaults only with the
+        keys it sets, so `Recipe.model_validate(r.canonical())` has the same profiles and digest.
+        """
+        d = self.model_dump(mode="json")
+        d["serve"]["defaults"] = {k: v for k, v in d["serve"]["defaults"].items()
+                                  if k in self.serve.defaults.model_fields_set}
+        d["serve"]["profiles"] = {n: self.profile(n).model_dump(mode="json", exclude={"name"})
+                                  for n in sorted(self.serve.profiles)}
+        return d
+
+    def sha256(self) -> str:
+        """sha256 of the canonical JSON: two recipes with the same meaning have the same digest."""
+        return hashlib.sha256(canonical_json(self.canonical())).hexdigest()
+
+    def profile(self, name: str) -> ResolvedProfile:
+        """serve.defaults merged with serve.profiles[name] (keys the profile names win, null included)."""
+        if name not in self.serve.profiles:
+            raise RecipeError(
+                f"recipe {self.name!r} has no serve profile {name!r}",
+                hint=f"pick one of: {', '.join(sorted(self.serve.profiles))}",
+            )
+        prof = self.serve.profiles[name]
+        merged: dict[str, Any] = dict(_RESOLVED_DEFAULTS)
+        for src in (self.serve.defaults, prof):
+            for key in src.model_fields_set:
+                if key != "description":
+                    merged[key] = getattr(src, key)
+        missing = [k for k in _PROFILE_REQUIRED if merged.get(k) is None]
+        if missing:  # validation already rejects this for loaded recipes
+            raise RecipeError(f"serve profile {name!r} leaves {', '.join(missing)} unset",
+                              hint="set them in serve.defaults or the profile")
+        if merged["extra_args"] is None:
+            merged["extra_args"] = []
+        return ResolvedProfile(name=name, description=prof.description, **merged)
+
+    def with_calibration(self, calibration: CalibrationSpec) -> "Recipe":
+        """A copy with its calibration replaced (`--calibration tiny-demo`)."""
+        r = self.model_copy(update={"calibration": calibration})
+        r._source_path = self._source_path
+        return r

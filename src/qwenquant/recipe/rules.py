@@ -1,0 +1,99 @@
+"""Cross-field rules: run on the raw mapping so they are reported even when other fields fail."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from qwenquant.recipe.models import _PROFILE_REQUIRED
+from qwenquant.recipe.targets import _covered
+
+REQUIRED_PROFILES = ("single-user", "batch")
+# Module names the ignore rules are tested against, in both the HF (multimodal) and text-only layouts.
+_MTP_MODULES = ("mtp.fc", "mtp.layers.0.self_attn.q_proj", "mtp.layers.0.mlp.down_proj")
+_GDN_PREFIXES = ("model.language_model.layers.0.linear_attn.", "model.layers.0.linear_attn.")
+_VISION_MODULES = ("model.visual.blocks.0.attn.qkv", "model.visual.merger.linear_fc1")
+_PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+
+
+def _get(d: Any, path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return None
+        d = d[part]
+    return d
+
+
+def _cross_field_problems(raw: dict[str, Any]) -> list[str]:
+    """Rules spanning several fields; every lookup tolerates wrong types (reported elsewhere)."""
+    p: list[str] = []
+    ignore = _get(raw, "quantization.ignore")
+    if isinstance(ignore, list) and all(isinstance(e, str) for e in ignore):
+        for e in ignore:
+            if e.startswith("re:"):
+                try:
+                    re.compile(e[3:])
+                except re.error as err:
+                    p.append(f"quantization.ignore: {e!r} is not a valid regular expression ({err}) — fix the pattern")
+        if not all(_covered(ignore, m) for m in _MTP_MODULES):
+            p.append("quantization.ignore: must cover the MTP draft head — add 're:^mtp.*' (a quantized "
+                     "mtp.fc crashes vLLM's loader: 'no parameter fc.weight', vLLM #53387)")
+        for gate in ("in_proj_a", "in_proj_b"):
+            if not all(_covered(ignore, pre + gate) for pre in _GDN_PREFIXES):
+                p.append(f"quantization.ignore: must cover the fused GDN gate {gate} — add "
+                         f"'re:.*linear_attn.{gate}$' (vLLM fuses in_proj_b+in_proj_a into one layer that "
+                         "needs one scheme, and their 48 rows do not fill a 64-row Marlin tile)")
+        for group in (("in_proj_qkv", "in_proj_z"), ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                      ("mlp.gate_proj", "mlp.up_proj")):
+            for pre in ("model.language_model.layers.3.", "model.layers.3."):
+                mods = [pre + ("linear_attn." + g if g.startswith("in_proj") else g) for g in group]
+                flags = [_covered(ignore, m) for m in mods]
+                if any(flags) and not all(flags):
+                    names = ", ".join(g.split(".")[-1] for g in group)
+                    p.append(f"quantization.ignore: ignores some but not all of {names} — vLLM fuses them into "
+                             "one layer and refuses mixed schemes; ignore all of them or none")
+                    break
+        if not all(_covered(ignore, m) for m in _VISION_MODULES):
+            p.append("quantization.ignore: must cover the vision tower — add 're:.*visual.*' (text calibration "
+                     "never reaches it, so GPTQ has no statistics for it)")
+        if not _covered(ignore, "lm_head"):
+            enabled = _get(raw, "lm_head.enabled")
+            why = ("the lm_head stage quantizes it into its own config group" if enabled is not False else
+                   "vLLM does not quantize lm_head through the 'Linear' target, so a packed head would not load")
+            p.append(f"quantization.ignore: must include 'lm_head' — {why}; add 'lm_head'")
+    cal = raw.get("calibration")
+    if isinstance(cal, dict):
+        p += _calibration_problems(cal, "calibration.")
+    profiles = _get(raw, "serve.profiles")
+    if isinstance(profiles, dict):
+        for need in REQUIRED_PROFILES:
+            if need not in profiles:
+                p.append(f"serve.profiles: missing the {need!r} profile — add serve.profiles.{need}")
+        defaults = _get(raw, "serve.defaults") or {}
+        for name, prof in profiles.items():
+            if not isinstance(name, str) or not _PROFILE_NAME.match(name):
+                p.append(f"serve.profiles.{name}: profile names are lower-case letters, digits, '-' and '_' — rename it")
+            if not isinstance(prof, dict) or not isinstance(defaults, dict):
+                continue
+            for key in _PROFILE_REQUIRED:
+                if prof.get(key) is None and defaults.get(key) is None:
+                    p.append(f"serve.profiles.{name}.{key}: not set here nor in serve.defaults — add it")
+    return p
+
+
+def _calibration_problems(cal: dict[str, Any], prefix: str) -> list[str]:
+    p: list[str] = []
+    src = cal.get("source")
+    if src == "hub":
+        if not cal.get("dataset"):
+            p.append(f"{prefix}dataset: required when source is hub — name the dataset repo, e.g. HuggingFaceH4/ultrachat_200k")
+        if cal.get("revision") is None:
+            p.append(f"{prefix}revision: required when source is hub (calibration data must be pinned) — "
+                     "add the dataset's 40-hex commit sha")
+        if cal.get("path") is not None:
+            p.append(f"{prefix}path: only for source local — remove it or set source: local")
+    elif src == "local":
+        if not cal.get("path"):
+            p.append(f"{prefix}path: required when source is local — name a .jsonl or .parquet file "
+                     "(relative paths resolve against the YAML's folder)")
+    return p
