@@ -1,37 +1,21 @@
-"""Would vLLM load this artifact? Rules over config.json, the shard index and safetensors headers.
-
-No tensor data is read except each quantized Linear's 2-element `weight_shape`; no torch.
-`read_artifact` gathers the facts (thin, touches files); every rule is a pure function
-`rule(ArtifactFacts) -> list[Finding]`, so tests feed it small fixtures.
-
-Names are matched as stored in the checkpoint (`model.language_model.*` or `model.*`), with
-compressed-tensors' semantics: a `re:` entry is `re.match`, anything else equality, and the
-class target `Linear` matches every Linear except lm_head (vLLM's ParallelLMHead is not one).
-"""
+"""The rules (pure): `rule(ArtifactFacts) -> list[Finding]`, so tests feed them small fixtures."""
 
 from __future__ import annotations
 
-import json
-import logging
-import struct
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Optional
 
-from qwenquant.errors import CheckError
-from qwenquant.recipe import LM_HEAD_TARGET, target_matches, targets_cover
-from qwenquant.safetensors_check import (
-    INDEX_NAME,
-    SafetensorsError,
-    SafetensorsHeader,
-    check_index,
-    load_index_json,
-    read_header,
+from qwenquant.check.facts import (
+    IGNORED,
+    MULTIMODAL_ARCH,
+    PACKED_SUFFIXES,
+    TEXT_ONLY_ARCH,
+    ArtifactFacts,
+    CheckReport,
+    Finding,
+    _f,
 )
+from qwenquant.recipe import LM_HEAD_TARGET, target_matches, targets_cover
 
-log = logging.getLogger(__name__)
-
-PACKED_SUFFIXES = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point", "weight_g_idx")
 # vLLM loads these checkpoint Linears as one fused layer; all parts need one scheme.
 FUSED_PARTS: dict[str, tuple[str, ...]] = {
     "qkv_proj": ("q_proj", "k_proj", "v_proj"),
@@ -45,166 +29,13 @@ MTP_LAYER = ("input_layernorm.weight", "post_attention_layernorm.weight",
              *(f"self_attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")),
              *(f"mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")))
 FLOAT_DTYPES = ("BF16", "F16", "F32")
-TEXT_ONLY_ARCH = "Qwen3_5ForCausalLM"
-MULTIMODAL_ARCH = "Qwen3_5ForConditionalGeneration"
-IGNORED = "(ignored)"
 
 RULES = ("quant-config", "safetensors-header", "index", "layout", "packed-format", "kernel-shape",
          "fused-scheme", "scheme-storage", "lm-head", "mtp", "no-mrope", "vision")
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One reason vLLM would refuse (or mis-load) the artifact."""
-
-    rule: str
-    where: str  # tensor, module, file or config key
-    message: str
-    fix: str
-
-    def __str__(self) -> str:
-        return f"{self.rule}: {self.where}: {self.message} — {self.fix}"
-
-
-@dataclass(frozen=True)
-class CheckReport:
-    artifact_dir: str
-    layout: Optional[str]
-    tensors_checked: int
-    rules_run: tuple[str, ...]
-    findings: tuple[Finding, ...]
-
-    @property
-    def ok(self) -> bool:
-        return not self.findings
-
-    @property
-    def problems(self) -> tuple[Finding, ...]:
-        """Alias of `findings` (same name as VerifyReport.problems)."""
-        return self.findings
-
-    def rule_ids(self) -> list[str]:
-        return sorted({f.rule for f in self.findings})
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "artifact_dir": self.artifact_dir, "layout": self.layout,
-                "tensors_checked": self.tensors_checked, "rules_run": list(self.rules_run),
-                "findings": [{"rule": f.rule, "where": f.where, "message": f.message, "fix": f.fix}
-                             for f in self.findings]}
-
-
-@dataclass(frozen=True)
-class Tensor:
-    name: str
-    file: str
-    dtype: str
-    shape: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class ArtifactFacts:
-    """Everything the rules look at, read once from disk."""
-
-    config: dict[str, Any]
-    tensors: dict[str, Tensor]
-    weight_shapes: dict[str, tuple[int, ...]]  # module -> values of its weight_shape tensor
-    io_findings: tuple[Finding, ...] = ()  # header / index problems found while reading
-    unreadable: bool = False  # no config or no tensors: the other rules are skipped
-    _memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-
-    # -- derived views -----------------------------------------------------------------------
-    @property
-    def text_config(self) -> dict[str, Any]:
-        tc = self.config.get("text_config")
-        return tc if isinstance(tc, dict) else self.config
-
-    @property
-    def layout(self) -> Optional[str]:
-        archs = self.config.get("architectures")
-        archs = archs if isinstance(archs, list) else []
-        if TEXT_ONLY_ARCH in archs:
-            return "text-only"
-        if MULTIMODAL_ARCH in archs:
-            return "multimodal"
-        return None
-
-    @property
-    def qconfig(self) -> dict[str, Any]:
-        qc = self.config.get("quantization_config")
-        return qc if isinstance(qc, dict) else {}
-
-    @property
-    def ignore(self) -> list[str]:
-        ig = self.qconfig.get("ignore") or []
-        return [e for e in ig if isinstance(e, str)] if isinstance(ig, list) else []
-
-    @property
-    def groups(self) -> dict[str, dict[str, Any]]:
-        g = self.qconfig.get("config_groups")
-        return {k: v for k, v in g.items() if isinstance(v, dict)} if isinstance(g, dict) else {}
-
-    def modules(self) -> dict[str, dict[str, Tensor]]:
-        """module name -> {suffix: tensor} for `.weight` and the packed suffixes."""
-        if "modules" in self._memo:
-            return self._memo["modules"]
-        out: dict[str, dict[str, Tensor]] = self._memo.setdefault("modules", {})
-        for name, t in self.tensors.items():
-            mod, _, suffix = name.rpartition(".")
-            if suffix == "weight" or suffix in PACKED_SUFFIXES:
-                out.setdefault(mod, {})[suffix] = t
-        return out
-
-    def linears(self) -> dict[str, bool]:
-        """Linear module -> stored packed? (2-D `.weight` that is not an embedding, or any packed module)."""
-        if "linears" in self._memo:
-            return self._memo["linears"]
-        out: dict[str, bool] = self._memo.setdefault("linears", {})
-        for mod, parts in self.modules().items():
-            if "weight_packed" in parts:
-                out[mod] = True
-            elif "weight" in parts and len(parts["weight"].shape) == 2 and "embed" not in mod.rpartition(".")[2]:
-                out[mod] = False
-        return out
-
-    def vllm_name(self, name: str) -> str:
-        """The text-only loader maps `model.language_model.` to `model.` for tensors, ignore and targets."""
-        if self.layout == "text-only" and name.startswith("model.language_model."):
-            return "model." + name[len("model.language_model."):]
-        return name
-
-    def resolve(self, module: str) -> Optional[str]:
-        """The config group vLLM would apply: IGNORED, a group name, or None (no group: unquantized)."""
-        memo = self._memo.setdefault("resolve", {})
-        if module not in memo:
-            memo[module] = self._resolve(module)
-        return memo[module]
-
-    def _resolve(self, module: str) -> Optional[str]:
-        name = self.vllm_name(module)
-        if targets_cover([self.vllm_name(e) for e in self.ignore], name):
-            return IGNORED
-        is_head = module.rpartition(".")[2] == "lm_head"
-        for gname in sorted(self.groups):
-            targets = self.groups[gname].get("targets") or []
-            for t in targets if isinstance(targets, list) else []:
-                if t == "Linear" and not is_head:
-                    return gname
-                if t != "Linear" and isinstance(t, str) and target_matches(self.vllm_name(t), name):
-                    return gname
-        return None
-
-    def group_size(self, module: str) -> Optional[int]:
-        g = self.groups.get(self.resolve(module) or "", {})
-        gs = (g.get("weights") or {}).get("group_size") if isinstance(g.get("weights"), dict) else None
-        return gs if isinstance(gs, int) else None
-
-
 def _as_list(v: Any) -> list[Any]:
     return v if isinstance(v, list) else []
-
-
-def _f(rule: str, where: str, message: str, fix: str) -> Finding:
-    return Finding(rule, where, message, fix)
 
 
 def _is_visual(name: str) -> bool:
@@ -217,10 +48,6 @@ def _is_mtp(name: str) -> bool:
 
 def _is_head(name: str) -> bool:
     return name.rpartition(".")[2] == "lm_head" or name == "lm_head"
-
-
-# ---------------------------------------------------------------------------------------------
-# Rules (pure).
 
 
 def rule_quant_config(a: ArtifactFacts) -> list[Finding]:
@@ -546,76 +373,3 @@ def run_rules(facts: ArtifactFacts, artifact_dir: str = "") -> CheckReport:
             findings += fn(facts)
             ran.append(rid)
     return CheckReport(artifact_dir, facts.layout, len(facts.tensors), tuple(ran), tuple(findings))
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading (thin).
-
-
-def _read_weight_shape(path: Path, header_bytes: int, t: Any) -> Optional[tuple[int, ...]]:
-    fmt = {"I32": "<2i", "I64": "<2q"}.get(t.dtype)
-    if fmt is None or t.shape != (2,):
-        return None
-    with open(path, "rb") as f:
-        f.seek(8 + header_bytes + t.start)
-        return struct.unpack(fmt, f.read(t.end - t.start))
-
-
-def read_artifact(artifact_dir: Path) -> ArtifactFacts:
-    """Read config.json, the index and every shard header (no tensor data but weight_shape)."""
-    root = Path(artifact_dir)
-    if not root.is_dir():
-        raise CheckError(f"artifact folder not found: {root}", hint="check the path")
-    io: list[Finding] = []
-    try:
-        config = json.loads((root / "config.json").read_bytes())
-        if not isinstance(config, dict):
-            raise ValueError("not a JSON object")
-    except FileNotFoundError:
-        config = {}
-        io.append(_f("layout", "config.json", "missing", "copy it from the quantize stage's output"))
-    except ValueError as e:
-        config = {}
-        io.append(_f("layout", "config.json", f"not valid JSON: {e}", "rebuild the artifact"))
-    headers: dict[str, SafetensorsHeader] = {}
-    for p in sorted(root.glob("*.safetensors")):
-        try:
-            headers[p.name] = read_header(p)
-        except SafetensorsError as e:
-            io += [_f("safetensors-header", p.name, prob, "the shard is corrupt or truncated: rebuild or re-copy it")
-                   for prob in e.problems]
-    index_path = root / INDEX_NAME
-    weight_map: Optional[dict[str, str]] = None
-    if index_path.exists():
-        try:
-            index = load_index_json(index_path.read_bytes())
-            files = {p.name for p in root.iterdir()}
-            io += [_f("index", INDEX_NAME, prob, "rewrite the index from the shards' headers")
-                   for prob in check_index(index, headers, files)]
-            wm = index.get("weight_map")
-            weight_map = wm if isinstance(wm, dict) else None
-        except SafetensorsError as e:
-            io += [_f("index", INDEX_NAME, prob, "rewrite the index") for prob in e.problems]
-    elif len(headers) > 1:
-        io.append(_f("index", INDEX_NAME, f"missing while there are {len(headers)} shards",
-                     "write model.safetensors.index.json"))
-    elif not headers and not any(f.rule == "safetensors-header" for f in io):
-        io.append(_f("index", "*.safetensors", "no safetensors files", "point at a quantized artifact folder"))
-    tensors: dict[str, Tensor] = {}
-    shapes: dict[str, tuple[int, ...]] = {}
-    for fname, h in headers.items():
-        if weight_map is not None and fname not in set(weight_map.values()):
-            continue  # vLLM loads only the shards the index names (reported by the index rule)
-        for name, t in h.tensors.items():
-            tensors[name] = Tensor(name, fname, t.dtype, t.shape)
-            if name.endswith(".weight_shape"):
-                vals = _read_weight_shape(root / fname, h.header_bytes, t)
-                if vals is not None:
-                    shapes[name.removesuffix(".weight_shape")] = vals
-    log.debug("read %d tensors from %d shards", len(tensors), len(headers))
-    return ArtifactFacts(config, tensors, shapes, tuple(io), unreadable=not config or not tensors)
-
-
-def check_artifact(artifact_dir: Path) -> CheckReport:
-    """Check an artifact against what vLLM's loader needs; `report.ok` when nothing would be refused."""
-    return run_rules(read_artifact(Path(artifact_dir)), str(artifact_dir))

@@ -1,0 +1,61 @@
+"""Would vLLM load this artifact? Rules over config.json, the shard index and safetensors headers.
+
+No tensor data is read except each quantized Linear's 2-element `weight_shape`; no torch.
+`read_artifact` gathers the facts (thin, touches files); every rule is a pure function
+`rule(ArtifactFacts) -> list[Finding]`, so tests feed it small fixtures.
+
+Names are matched as stored in the checkpoint (`model.language_model.*` or `model.*`), with
+compressed-tensors' semantics: a `re:` entry is `re.match`, anything else equality, and the
+class target `Linear` matches every Linear except lm_head (vLLM's ParallelLMHead is not one).
+
+Split by concern: `facts` (reading the artifact into `ArtifactFacts`, the finding types) and `rules`
+(the pure rules and `run_rules`). Import from `qwenquant.check`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from qwenquant.check.facts import (
+    IGNORED,
+    MULTIMODAL_ARCH,
+    PACKED_SUFFIXES,
+    TEXT_ONLY_ARCH,
+    ArtifactFacts,
+    CheckReport,
+    Finding,
+    Tensor,
+    read_artifact,
+)
+from qwenquant.check.rules import (
+    FLOAT_DTYPES,
+    FUSED_PARTS,
+    MTP_LAYER,
+    MTP_TOP,
+    RULE_FUNCS,
+    RULES,
+    rule_fused_scheme,
+    rule_kernel_shape,
+    rule_layout,
+    rule_lm_head,
+    rule_mtp,
+    rule_no_mrope,
+    rule_packed_format,
+    rule_quant_config,
+    rule_scheme_storage,
+    rule_vision,
+    run_rules,
+)
+
+__all__ = [
+    "FLOAT_DTYPES", "FUSED_PARTS", "IGNORED", "MTP_LAYER", "MTP_TOP", "MULTIMODAL_ARCH", "PACKED_SUFFIXES",
+    "RULES", "RULE_FUNCS", "TEXT_ONLY_ARCH", "ArtifactFacts", "CheckReport", "Finding", "Tensor",
+    "check_artifact", "read_artifact", "rule_fused_scheme", "rule_kernel_shape", "rule_layout", "rule_lm_head",
+    "rule_mtp", "rule_no_mrope", "rule_packed_format", "rule_quant_config", "rule_scheme_storage",
+    "rule_vision", "run_rules",
+]
+
+
+def check_artifact(artifact_dir: Path) -> CheckReport:
+    """Check an artifact against what vLLM's loader needs; `report.ok` when nothing would be refused."""
+    return run_rules(read_artifact(Path(artifact_dir)), str(artifact_dir))
