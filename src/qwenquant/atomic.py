@@ -27,6 +27,11 @@ def _umask() -> int:
     return mask
 
 
+def default_file_mode() -> int:
+    """The mode a plain `open(path, "w")` would give (mkstemp makes 0600)."""
+    return 0o666 & ~_umask()
+
+
 def fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
@@ -42,7 +47,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual file mode
+        os.fchmod(fd, default_file_mode())  # mkstemp makes 0600; give the usual file mode
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

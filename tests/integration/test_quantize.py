@@ -93,6 +93,18 @@ def test_artifact_layout(built: dict) -> None:
     assert set(index) == set(tensors)
 
 
+def test_artifact_files_get_the_usual_modes(built: dict) -> None:
+    """Temporary-file helpers create 0600 files; an artifact served by another user must be readable."""
+    import os
+    import stat
+
+    mask = os.umask(0)
+    os.umask(mask)
+    want = 0o666 & ~mask
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in built["out"].iterdir()}
+    assert modes == {name: want for name in modes}
+
+
 def test_text_only_config_has_no_mrope(built: dict) -> None:
     cfg = json.loads((built["out"] / "config.json").read_text())
     assert cfg["architectures"] == ["Qwen3_5ForCausalLM"] and cfg["model_type"] == "qwen3_5_text"

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from qwenquant.atomic import fsync_dir
+from qwenquant.atomic import default_file_mode, fsync_dir
 from qwenquant.safetensors_check import DTYPE_BYTES, INDEX_NAME, read_header
 
 INDEX = INDEX_NAME  # the format's names and sizes live in safetensors_check
@@ -114,6 +114,7 @@ def write_shard(path: Path, tensors: Iterable[RawTensor | TensorRef]) -> None:
     items = sorted(tensors, key=lambda t: t.name)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, default_file_mode())  # shards are read by whoever serves them
         with os.fdopen(fd, "wb") as f:
             f.write(header_bytes(items))
             for t in items:
