@@ -56,8 +56,10 @@ def budget_lines(name: str, b: Budget, s: ModelShape) -> list[str]:
     verdict = "fits" if b.fits else "DOES NOT FIT"
     lines.append(f"  {verdict}: {b.concurrency} full-length sequence(s) at once"
                  f" (max-num-seqs {b.max_num_seqs})")
-    lines.append(f"  largest max-model-len: {nice_len(b.largest_len(1)):,} for 1 sequence, "
-                 f"{nice_len(b.largest_len(b.max_num_seqs)):,} for {b.max_num_seqs} sequences")
+    largest = f"  largest max-model-len: {nice_len(b.largest_len(1)):,} for 1 sequence"
+    if b.max_num_seqs > 1:
+        largest += f", {nice_len(b.largest_len(b.max_num_seqs)):,} for {b.max_num_seqs} sequences"
+    lines.append(largest)
     if not b.fits:
         lines.append("  " + b.shortfall_message())
     elif not b.fits_all_seqs:
