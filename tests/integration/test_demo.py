@@ -1,0 +1,43 @@
+"""`qwenquant demo` (what `make demo` runs): tiny checkpoint -> loopback Hub -> fetch -> quantize ->
+verify, through the real CLI. Serving is covered by test_serve_vllm.py; here `--no-serve`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_demo_fetches_quantizes_and_verifies(tmp_path: Path) -> None:
+    env = dict(os.environ, QWENQUANT_NO_PROGRESS="1")
+    proc = subprocess.run([sys.executable, "-m", "qwenquant", "demo", "--work", str(tmp_path), "--no-serve"],
+                          env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = dict(line.split(":", 1) for line in proc.stdout.splitlines() if ":" in line)
+    commit = out["commit"].strip()
+    artifact = Path(out["artifact"].strip())
+    digest = out["root digest"].strip()
+    assert re.fullmatch(r"[0-9a-f]{40}", commit)
+    # what was fetched is pinned to the printed commit, and every file in it verified
+    record = json.loads((tmp_path / "models" / "Qwen3.5-tiny" / "qwenquant-fetch.json").read_text())
+    assert record["commit"] == commit
+    manifest = json.loads((artifact / "qwenquant-manifest.json").read_text())
+    assert manifest["root_digest"] == digest
+    assert manifest["source"]["commit"] == commit
+    assert "gptq" in out["lm_head KL vs bf16"] and "rtn" in out["lm_head KL vs bf16"]
+    assert out["serve"].strip().startswith("skipped")
+    # the CLI steps a user would type are echoed, in order
+    steps = [line.split()[2] for line in proc.stderr.splitlines() if line.startswith("$ qwenquant ")]
+    assert steps == ["fetch", "quantize", "verify"]
+    # a second run over the same folder reuses what verified and ends on the same digest
+    again = subprocess.run([sys.executable, "-m", "qwenquant", "demo", "--work", str(tmp_path), "--no-serve"],
+                           env=env, capture_output=True, text=True, timeout=1200)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert f"root digest: {digest}" in again.stdout
