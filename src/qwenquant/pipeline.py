@@ -218,20 +218,14 @@ def _check_stage(d: Path, artifact: Path, source: Path, recipe: Any) -> dict[str
     layout = recipe.artifact.layout
     problems = [f"unquantized-identical: {p}" for p in unquantized_problems(artifact, source, recipe, layout)]
     problems += [f"mtp-identical: {p}" for p in verify_mtp(artifact, source)]
+    from qwenquant.check import check_artifact
+
+    report = check_artifact(artifact)
+    rules_run = list(report.rules_run)
     rules: list[str] = []
-    rules_run: list[str] = []
-    try:
-        from qwenquant.check import check_artifact
-    except ModuleNotFoundError as e:
-        if e.name != "qwenquant.check":
-            raise
-        log.warning("qwenquant.check is not installed in this build: vLLM load rules not checked")
-    else:
-        report = check_artifact(artifact)
-        rules_run = list(getattr(report, "rules_run", []))
-        for p in report.problems:
-            problems.append(str(p))
-            rules.append(str(getattr(p, "rule", "check")))
+    for p in report.findings:
+        problems.append(str(p))
+        rules.append(p.rule)
     atomic_write_json(d / "check.json", {"problems": problems, "failed_rules": sorted(set(rules)),
                                          "rules_run": rules_run + ["unquantized-identical", "mtp-identical"]})
     if problems:
