@@ -19,19 +19,7 @@ from typing import Any
 from qwenquant.atomic import atomic_write_bytes, atomic_write_json, pretty_json, staging_dir
 from qwenquant.errors import CheckError, StageError
 from qwenquant.hashing import sha256_file
-from qwenquant.stages.records import (  # noqa: F401  (re-exported: tests and tools use them from here)
-    RECORD_SCHEMA,
-    DigestCache,
-    StageOutcome,
-    StageRunner,
-    check_record,
-    clean_partials,
-    outputs_digest,
-    record_digest,
-    sha256_json,
-    tool_versions,
-    work_lock,
-)
+from qwenquant.stages.records import StageOutcome, StageRunner, clean_partials, sha256_json, work_lock
 
 log = logging.getLogger(__name__)
 

@@ -210,7 +210,7 @@ def test_rerun_skips_every_stage_with_same_digest(built: dict, tmp_path: Path) -
 # --- graft-mtp ------------------------------------------------------------------------------------
 
 def _strip_mtp(artifact: Path) -> None:
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     index_path = artifact / "model.safetensors.index.json"
     index = json.loads(index_path.read_text())
@@ -314,7 +314,7 @@ def test_killed_during_gptq_then_rerun_gives_same_digest(built: dict, tmp_path: 
 # --- a corrupt or partial record is never trusted -------------------------------------------------
 
 def _rehash(rec: dict) -> dict:
-    from qwenquant.pipeline import record_digest
+    from qwenquant.stages.records import record_digest
 
     rec["record_sha256"] = record_digest(rec)
     return rec

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from qwenquant.atomic import pretty_json
-from qwenquant.pipeline import StageRunner, check_record, record_digest
+from qwenquant.stages.records import StageRunner, check_record, record_digest
 from qwenquant.stages.identity import TensorDigest, compare_tensors, recipe_quantizes
 from qwenquant.stages.tensorfile import RawTensor, header_bytes, plan_shards
 

@@ -253,8 +253,8 @@ def rule_lm_head(a: ArtifactFacts) -> list[Finding]:
         and target_matches(t, "language_model.lm_head") for t in _as_list(grp.get("targets")))]
     if not good:
         out.append(_f("lm-head", "config.json:quantization_config.config_groups",
-                      f"no config group targets the head with a pattern vLLM applies in both layouts "
-                      f"(the 'Linear' target and a bare 'lm_head' are not)",
+                      "no config group targets the head with a pattern vLLM applies in both layouts "
+                      "(the 'Linear' target and a bare 'lm_head' are not)",
                       f"add a config group whose targets include {LM_HEAD_TARGET!r}"))
     for head in heads:
         if targets_cover(a.ignore, head):

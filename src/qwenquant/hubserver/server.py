@@ -44,7 +44,7 @@ class HubServer:
         self._lock = threading.RLock()
         self._count = 0
         self._scheduled: list[tuple[int, str, str, str, str, bool]] = []
-        self._httpd: ThreadingHTTPServer | None = None
+        self._httpd: _QuietServer | None = None
         self._thread: threading.Thread | None = None
         # A different host name for blobs makes the client treat them like the Hub's CDN
         # (HEAD stops at the 302 and reads X-Linked-Etag/X-Linked-Size from it).

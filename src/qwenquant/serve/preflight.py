@@ -137,17 +137,11 @@ def _verify(artifact: Path) -> Any:
 
 
 def _check(artifact: Path) -> None:
-    try:
-        from qwenquant.check import check_artifact
-    except ModuleNotFoundError as e:
-        if e.name != "qwenquant.check":
-            raise
-        log.warning("qwenquant.check is not installed: load-time checks skipped")
-        return
+    from qwenquant.check import check_artifact
+
     report = check_artifact(artifact)
     if not report.ok:
-        found = getattr(report, "findings", None) or getattr(report, "problems", ())
-        lines = "\n".join(f"  - {p}" for p in found)
+        lines = "\n".join(f"  - {p}" for p in report.findings)
         raise ServeError(f"artifact {artifact} would be refused by vLLM:\n{lines}",
                          hint="`qwenquant check` shows the same report; re-quantize with a fixed recipe")
 
