@@ -93,3 +93,20 @@ def replace_dir(src: Path, final: Path) -> None:
     fsync_dir(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path, busy: Exception) -> Iterator[None]:
+    """Hold an exclusive flock on `path` (the kernel releases it if the process dies); raise
+    `busy` at once when another process holds it."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise busy from None
+        yield
+    finally:
+        os.close(fd)

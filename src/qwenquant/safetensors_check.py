@@ -97,14 +97,7 @@ def parse_header(header_json: bytes, file_size: int) -> SafetensorsHeader:
     """
     n = len(header_json)
     data_bytes = file_size - 8 - n
-    try:
-        obj = json.loads(header_json.decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except _DuplicateKey as e:
-        raise SafetensorsError("bad safetensors header", [f"duplicate key {e.args[0]!r}"]) from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SafetensorsError("bad safetensors header", [f"header is not valid JSON ({e})"]) from None
-    if not isinstance(obj, dict):
-        raise SafetensorsError("bad safetensors header", ["header is not a JSON object"])
+    obj = _strict_json_object(header_json, "bad safetensors header", "header is ")
 
     problems: list[str] = []
     metadata = obj.pop("__metadata__", None)
@@ -156,14 +149,19 @@ def parse_header(header_json: bytes, file_size: int) -> SafetensorsHeader:
 
 def load_index_json(raw: bytes) -> dict[str, Any]:
     """Parse an index file, refusing duplicate keys (a tensor named twice in `weight_map`)."""
+    return _strict_json_object(raw, "bad safetensors index", "")
+
+
+def _strict_json_object(raw: bytes, what: str, subject: str) -> dict[str, Any]:
+    """A UTF-8 JSON object with no duplicate keys, or SafetensorsError(`what`, [the problem])."""
     try:
         obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except _DuplicateKey as e:
-        raise SafetensorsError("bad safetensors index", [f"duplicate key {e.args[0]!r}"]) from None
+        raise SafetensorsError(what, [f"duplicate key {e.args[0]!r}"]) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SafetensorsError("bad safetensors index", [f"not valid JSON ({e})"]) from None
+        raise SafetensorsError(what, [f"{subject}not valid JSON ({e})"]) from None
     if not isinstance(obj, dict):
-        raise SafetensorsError("bad safetensors index", ["not a JSON object"])
+        raise SafetensorsError(what, [f"{subject}not a JSON object"])
     return obj
 
 

@@ -14,10 +14,10 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from qwenquant import __version__
-from qwenquant.atomic import atomic_write_json, fsync_dir
+from qwenquant.atomic import atomic_write_json, exclusive_lock, fsync_dir
 from qwenquant.errors import FetchError
 from qwenquant.fetch.plan import RECORD_NAME, STAGING_NAME, RemoteFile, check_listing, config_problems
 from qwenquant.fetch.record import SCHEMA_VERSION, root_digest
@@ -86,21 +86,11 @@ def fetch_snapshot(
         raise FetchError(f"{where}: {e.strerror or e}", hint="check --out (free space, permissions)") from e
 
 
-@contextlib.contextmanager
-def _exclusive(staging: Path) -> Iterator[None]:
+def _exclusive(staging: Path) -> contextlib.AbstractContextManager[None]:
     """One fetch per out folder at a time (two would steal each other's partials)."""
-    import fcntl
-
-    fd = os.open(staging / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise FetchError(f"another qwenquant fetch is writing into {staging.parent}",
-                             hint="wait for it to finish, or use another --out") from None  # fmt: skip
-        yield
-    finally:
-        os.close(fd)
+    busy = FetchError(f"another qwenquant fetch is writing into {staging.parent}",
+                      hint="wait for it to finish, or use another --out")
+    return exclusive_lock(staging / "lock", busy)
 
 
 def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_type: str, endpoint: str | None,

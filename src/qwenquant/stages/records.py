@@ -14,19 +14,17 @@ The pipeline is the only caller (one place writes records).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
-import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qwenquant.atomic import atomic_write_bytes, canonical_json, pretty_json, staging_dir
+from qwenquant.atomic import atomic_write_bytes, canonical_json, exclusive_lock, pretty_json, staging_dir
 from qwenquant.errors import StageError
 from qwenquant.hashing import sha256_file
 
@@ -181,20 +179,12 @@ class StageRunner:
         return outcome
 
 
-@contextlib.contextmanager
-def work_lock(work: Path) -> Iterator[None]:
+def work_lock(work: Path) -> contextlib.AbstractContextManager[None]:
     """One quantize per work folder (flock: released by the kernel if the process dies)."""
     work.mkdir(parents=True, exist_ok=True)
-    fd = os.open(work / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise StageError(f"another quantize is running with work folder {work}",
-                             hint="wait for it, or pass a different --work") from None
-        yield
-    finally:
-        os.close(fd)
+    busy = StageError(f"another quantize is running with work folder {work}",
+                      hint="wait for it, or pass a different --work")
+    return exclusive_lock(work / ".lock", busy)
 
 
 def clean_partials(work: Path) -> None:
