@@ -112,9 +112,11 @@ def quantize(opts: QuantizeOptions, progress: Callable[[str, int, int], None] | 
         gptq = runner.run(
             "gptq",
             {"source": src.digest, "calibration": calib.digest, "quantization": sha256_json(q_dump),
-             "artifact": sha256_json(a_dump), "device": device},
+             "artifact": sha256_json(a_dump), "device": device, "engine": gptq_engine(),
+             "heldout": str(recipe.lm_head.heldout_fraction if recipe.lm_head.enabled else 0.0)},
             {"quantization": q_dump, "device": device},
-            lambda d: _gptq_stage(d, source, tokens(), recipe, device, progress))
+            lambda d: _gptq_stage(d, source, tokens(), recipe, device, progress, work=work, src_digest=src.digest,
+                                  calib_digest=calib.digest))
 
         step("lm_head", 3, total)
         h_dump = recipe.lm_head.model_dump(mode="json")
@@ -153,12 +155,35 @@ def _source_stage(d: Path, source: Path, recipe: Any, unverified: bool) -> dict[
     return {k: v for k, v in desc.items() if k != "files"} | {"file_count": len(desc["files"])}
 
 
+def gptq_engine() -> str:
+    """`streamed` (layer by layer, resumable; qwenquant/engine) or `oneshot` (llm-compressor whole-model)."""
+    import os
+
+    name = os.environ.get("QWENQUANT_GPTQ_ENGINE", "streamed")
+    if name not in ("streamed", "oneshot"):
+        raise StageError(f"QWENQUANT_GPTQ_ENGINE must be streamed or oneshot, got {name!r}",
+                         hint="unset QWENQUANT_GPTQ_ENGINE to use the streamed engine")
+    return name
+
+
 def _gptq_stage(d: Path, source: Path, samples: list[list[int]], recipe: Any, device: str,
-                progress: Callable[[str, int, int], None] | None) -> dict[str, Any]:
-    from qwenquant.stages.gptq import run_gptq
+                progress: Callable[[str, int, int], None] | None, *, work: Path, src_digest: str,
+                calib_digest: str) -> dict[str, Any]:
+    import os
 
     cb = (lambda i, n: progress("gptq layers", i, n)) if progress else None
-    return run_gptq(source, samples, recipe, d, device=device, progress=cb)
+    if gptq_engine() == "oneshot":
+        from qwenquant.stages.gptq import run_gptq
+
+        return run_gptq(source, samples, recipe, d, device=device, progress=cb)
+    from qwenquant.engine.stage import run_streamed_gptq
+
+    fingerprint = {"source": src_digest, "calibration": calib_digest, "device": device,
+                   "quantization": sha256_json(recipe.quantization.model_dump(mode="json")),
+                   "heldout": recipe.lm_head.heldout_fraction if recipe.lm_head.enabled else 0.0}
+    cap = os.environ.get("QWENQUANT_MAX_GPU_MEM")  # GiB; e.g. 23.5 makes a big GPU behave like a 24 GB card
+    return run_streamed_gptq(source, samples, recipe, d, layers_root=work / "gptq-layers", fingerprint=fingerprint,
+                             device=device, max_gpu_mem_gib=float(cap) if cap else None, progress=cb)
 
 
 def _head_stage(d: Path, source: Path, samples: list[list[int]], recipe: Any, prev: Path, device: str,

@@ -59,17 +59,14 @@ def _load_model(source_dir: Path, device: str) -> Any:
     return model.eval()
 
 
-def run_head(source_dir: Path, samples: list[list[int]], recipe: Any, prev_dir: Path, out_dir: Path, *,
-             device: str, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Quantize lm_head into `out_dir` (= `prev_dir` with the head packed); return the quality report."""
+def _capture_from_model(source_dir: Path, samples: list[list[int]], calib_idx: list[int], held_idx: list[int],
+                        device: str) -> Any:
+    """Final hidden states from the whole original-precision model (the oneshot engine's path)."""
     import torch
 
+    from qwenquant.engine.headcal import HeadCalibration
     from qwenquant.stages import lm_head as lh
-    from qwenquant.stages.gptq import set_deterministic
 
-    spec = recipe.lm_head
-    set_deterministic()
-    calib_idx, held_idx = split_heldout(len(samples), spec.heldout_fraction)
     model = _load_model(source_dir, device)
     H: torch.Tensor | None = None
     n_tokens = 0
@@ -89,6 +86,28 @@ def run_head(source_dir: Path, samples: list[list[int]], recipe: Any, prev_dir: 
     del model
     if H is None:
         raise StageError("no calibration tokens reached lm_head", hint="check the calibration set")
+    return HeadCalibration(H, n_tokens, torch.cat(held) if held else None, len(held_idx))
+
+
+def run_head(source_dir: Path, samples: list[list[int]], recipe: Any, prev_dir: Path, out_dir: Path, *,
+             device: str, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Quantize lm_head into `out_dir` (= `prev_dir` with the head packed); return the quality report."""
+    import torch
+
+    from qwenquant.stages import lm_head as lh
+    from qwenquant.stages.gptq import set_deterministic
+
+    spec = recipe.lm_head
+    set_deterministic()
+    calib_idx, held_idx = split_heldout(len(samples), spec.heldout_fraction)
+    from qwenquant.engine import headcal
+
+    cal = headcal.load(prev_dir)  # the streamed gptq engine calibrated the head in its own pass
+    if cal is None:
+        cal = _capture_from_model(source_dir, samples, calib_idx, held_idx, device)
+    H, n_tokens = cal.hessian.to(device), cal.tokens
+    held = [cal.heldout] if cal.heldout is not None else []
+    held_idx = held_idx[: cal.heldout_samples]
     src_refs = checkpoint_refs(source_dir)
     ref = src_refs[f"{HEAD}.weight"]
     W = torch.frombuffer(ref.read_bytearray(), dtype=torch.bfloat16 if ref.dtype == "BF16" else torch.float32)
