@@ -62,6 +62,12 @@ def apply_gpu_cap(device: str, max_gpu_mem_gib: float | None) -> None:
     log.info("gptq: GPU memory capped at %.1f GiB (%.3f of %.1f GiB)", max_gpu_mem_gib, frac, total / (1 << 30))
 
 
+def calibration_order(samples: list[list[int]]) -> list[int]:
+    """The order llm-compressor's LengthAwareSampler feeds samples in (longest first, its own
+    argsort call): Hessians are sums, and float sums depend on their order."""
+    return torch.argsort(torch.tensor([len(s) for s in samples]), descending=True).tolist()
+
+
 def _forward_all(layer: torch.nn.Module, acts: list[torch.Tensor], inputs: LayerInputs, layer_type: str,
                  *, keep: bool) -> None:
     """Every sample through `layer` (batch 1); replace each input by its output when `keep`."""
@@ -124,7 +130,8 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
     if done:
         log.info("gptq: resuming from decoder layer %d of %d (%d completed layers verified; layer %d: %s)",
                  done, n, done, done, why)
-    acts = embed_samples(src, samples, device)
+    order = calibration_order(samples)
+    acts = embed_samples(src, [samples[k] for k in order], device)
     inputs = LayerInputs(src, device)
     prefetch = os.environ.get("QWENQUANT_PREFETCH", "1") != "0"
     pool = ThreadPoolExecutor(max_workers=1) if prefetch else None
@@ -157,13 +164,14 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
     norm = final_norm(src, device)
     H, tokens, held = None, 0, []
     held_set = set(heldout)
+    where = {k: pos for pos, k in enumerate(order)}
     with torch.no_grad():
-        for j, x in enumerate(acts):
-            h = norm(x)
+        for j in range(len(samples)):  # sample order, as the lm_head stage folded them from the model
+            h = norm(acts[where[j]])
             if j in held_set:
                 held.append(h.reshape(-1, h.shape[-1]).cpu())
             else:
                 H, tokens = lh.accumulate_hessian(H, h.float(), tokens)
-            acts[j] = None  # type: ignore[call-overload]  (free as we go)
+            acts[where[j]] = None  # type: ignore[call-overload]  (free as we go)
     head = HeadCalibration(H, tokens, torch.cat(held) if held else None, len(held))
     return StreamResult(files, modules, done, head, times)
