@@ -59,7 +59,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the work folder")
     p.add_argument("--reference", type=Path, default=None, help="reference config.json (default: ../shared copy or embedded)")
     p.add_argument("--out", type=Path, default=Path("bench/results/quantize_bench.json"))
+    p.add_argument("--compare-llmcompressor", action="store_true",
+                   help="after qwenquant, run plain llm-compressor oneshot + save_pretrained on the same source, "
+                        "scheme, ignore list and calibration tokens, and print the ratios")
+    p.add_argument("--progress-file", type=Path, default=None,
+                   help="append every progress line to this file as it happens (a run cut off still says where)")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse --work as a killed run left it (source, calibration, stage and layer records): "
+                        "the gptq stage resumes from its last completed decoder layer")
+    p.add_argument("--max-gpu-mem", type=float, default=None,
+                   help="GiB: cap this process's CUDA memory (QWENQUANT_MAX_GPU_MEM), e.g. 23.5 for a 24 GB card")
+    p.add_argument("--engine", choices=("streamed", "oneshot"), default="streamed",
+                   help="qwenquant's gptq engine (QWENQUANT_GPTQ_ENGINE); default streamed")
     args = p.parse_args(argv)
+    if args.resume and args.work is None:
+        p.error("--resume needs --work (the folder of the run to continue)")
     args.samples = args.samples or (8 if args.quick else 128)
     args.max_length = args.max_length or (256 if args.quick else 2048)
     return args
@@ -153,14 +167,16 @@ class Gpu:
 class Recorder:
     """The pipeline's progress callback: stage boundaries, GPTQ module ticks, lm_head chunk ticks."""
 
-    def __init__(self, gpu: Gpu, rss: RssSampler, layer_modules: list[int]) -> None:
+    def __init__(self, gpu: Gpu, rss: RssSampler, layer_modules: list[int], *, per_layer_ticks: bool = False) -> None:
         self.gpu, self.rss = gpu, rss
         self.t0 = time.perf_counter()
         self.stages: list[dict[str, Any]] = []
         self.layers: list[dict[str, Any]] = []
         self.chunks: list[float] = []
         self.windows: list[dict[str, Any]] = []  # peak GPU / RSS between marks inside a stage
-        self.ends = [sum(layer_modules[: i + 1]) for i in range(len(layer_modules))]
+        # the streamed engine ticks once per decoder layer; oneshot once per quantized module
+        self.ends = (list(range(1, len(layer_modules) + 1)) if per_layer_ticks
+                     else [sum(layer_modules[: i + 1]) for i in range(len(layer_modules))])
         self.total_seen: int | None = None
 
     def now(self) -> float:
@@ -213,8 +229,14 @@ class Recorder:
             say(f"stage {name} (t={t:.0f} s)")
 
 
+PROGRESS_FILE: list[Path] = []
+
+
 def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+    for p in PROGRESS_FILE:
+        with open(p, "a") as f:
+            f.write(f"{time.strftime('%H:%M:%S')} {msg}\n")
 
 
 def fmt_gib(b: int | None) -> str:
@@ -367,8 +389,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     work = args.work or Path(tempfile.mkdtemp(prefix="quantize-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    for p in ("source", "calib", "artifact", "artifact.work"):
-        shutil.rmtree(work / p, ignore_errors=True)
+    if not args.resume:
+        for p in ("source", "calib", "artifact", "artifact.work"):
+            shutil.rmtree(work / p, ignore_errors=True)
+    shutil.rmtree(work / "artifact", ignore_errors=True)
     ref, ref_from = shapes.reference_config(args.reference)
     dims = shapes.bench_dims(ref, layers=args.layers, scale=args.scale, vocab=args.vocab)
     plan = shapes.tensor_plan(dims, args.seed, device)
@@ -392,7 +416,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         torch.cuda.init()
         gpu.take()
     t0 = time.perf_counter()
-    built = shapes.build_checkpoint(work / "source", ref, dims, seed=args.seed, device=device)
+    marker = work / "source" / ".bench-built.json"
+    if args.resume and marker.is_file():
+        built = json.loads(marker.read_text())
+        say("  source checkpoint reused (--resume)")
+    else:
+        built = shapes.build_checkpoint(work / "source", ref, dims, seed=args.seed, device=device)
+        marker.write_text(json.dumps(built))
     build = {"seconds": time.perf_counter() - t0, "peak_gpu_bytes": gpu.take(), "peak_rss_bytes": rss.take()}
     say(f"  build        {build['seconds']:7.1f} s  ({src_bytes / 1e9:.2f} GB written)")
     calib_yaml = write_calibration(work / "calib", args.samples, args.max_length, args.seed)
@@ -402,13 +432,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         recipe = recipe.model_copy(update={"lm_head": recipe.lm_head.model_copy(update={"require_better_than_rtn": False})})
     spec = load_calibration_override(calib_yaml)
     counts = layer_module_counts(work / "source", recipe, args.layers)
-    rec = Recorder(gpu, rss, counts)
+    rec = Recorder(gpu, rss, counts, per_layer_ticks=args.engine == "streamed")
     opts = QuantizeOptions(work / "source", recipe, spec, work / "artifact", work / "artifact.work", device,
                            source_unverified=True)
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):
         result = quantize(opts, rec)
     wall = time.perf_counter() - t0
+    compare = None
+    if args.compare_llmcompressor:
+        from compare_llmcompressor import ratios, run_oneshot_arm
+
+        say("llm-compressor oneshot arm (same source, scheme, ignore list, calibration tokens)")
+        lc = run_oneshot_arm(work / "source", work / "artifact.work" / "calibration", recipe, work / "oneshot-save",
+                             gpu, rss, say)
+        layer_s = sorted(L["seconds"] for L in rec.layers[1:]) or [None]
+        gptq = next((s for s in rec.stages if s["stage"] == "gptq"), {})
+        mine = {"median_layer_seconds": layer_s[len(layer_s) // 2], "wall_seconds": wall,
+                "peak_rss_bytes": max(s["peak_rss_bytes"] for s in rec.stages),
+                "peak_gpu_bytes": max((s["peak_gpu_bytes"] or 0) for s in rec.stages) or None,
+                "gptq_stage_seconds": gptq.get("seconds")}
+        compare = {"llmcompressor": lc, "qwenquant": mine, "ratios_qwenquant_over_llmcompressor": ratios(mine, lc)}
+        say("ratios qwenquant / llm-compressor: " + ", ".join(
+            f"{k} {v:.2f}" for k, v in compare["ratios_qwenquant_over_llmcompressor"].items() if v is not None))
     rss.stop.set()
 
     records = {}
@@ -441,6 +487,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "artifact_bytes": sizes_by_component(result.artifact),
         "source_bytes": sizes_by_component(work / "source"),
         "quantize_wall_seconds": wall,
+        "engine": args.engine,
+        "max_gpu_mem_gib": args.max_gpu_mem,
+        "compare_llmcompressor": compare,
         "host_max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "eta_guess_h200": guess if device == "cuda" else None,
         "projection_inputs": {"bytes_ratio": real_bytes / src_bytes, "real_source_bytes": real_bytes},
@@ -499,6 +548,18 @@ def print_table(r: dict[str, Any]) -> None:
         s, a = r["source_bytes"].get(k), r["artifact_bytes"].get(k)
         if s or a:
             print(f"{k:<44} {fmt_bytes(s):>10} {fmt_bytes(a):>10}")
+    c = r.get("compare_llmcompressor")
+    if c:
+        lc, me, ra = c["llmcompressor"], c["qwenquant"], c["ratios_qwenquant_over_llmcompressor"]
+        print("LLM-COMPRESSOR ONESHOT, same source/scheme/ignore/calibration, same process (measured)")
+        print(f"{'figure':<28} {'qwenquant':>12} {'oneshot':>12} {'ratio':>7}")
+        for k, fmt in (("median_layer_seconds", lambda v: f"{v:.1f} s"), ("wall_seconds", lambda v: f"{v:.1f} s"),
+                       ("peak_rss_bytes", fmt_gib), ("peak_gpu_bytes", fmt_gib)):
+            a, b = me.get(k), lc.get(k)
+            print(f"{k:<28} {fmt(a) if a is not None else '-':>12} {fmt(b) if b is not None else '-':>12} "
+                  f"{(f'{ra[k]:.2f}' if ra.get(k) else '-'):>7}")
+        print(f"  oneshot: load {lc['load_seconds']:.1f} s, oneshot {lc['oneshot_seconds']:.1f} s, "
+              f"save {lc['save_seconds']:.1f} s (wall = all three); qwenquant wall = every stage + manifest")
     p = r["projection_64_layers"]
     print("PROJECTION to 64 layers (not measured; basis in the JSON)" + (f" -- {p['caveat']}" if "caveat" in p else ""))
     if "skipped" in p:
@@ -518,7 +579,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # llm-compressor picks cuda whenever it is visible
     os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ["QWENQUANT_GPTQ_ENGINE"] = args.engine
+    if args.max_gpu_mem:
+        os.environ["QWENQUANT_MAX_GPU_MEM"] = str(args.max_gpu_mem)
+    if args.progress_file:
+        PROGRESS_FILE.append(args.progress_file)
+        args.progress_file.parent.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    if args.progress_file:  # the engine's own lines (layer i/n, resuming from layer k) go there too
+        fh = logging.FileHandler(args.progress_file)
+        fh.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+        fh.setLevel(logging.INFO)
+        logging.getLogger("qwenquant").addHandler(fh)
     report = run(args)
     print_table(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
