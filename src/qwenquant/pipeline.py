@@ -108,13 +108,8 @@ def quantize(opts: QuantizeOptions, progress: Callable[[str, int, int], None] | 
 
         step("gptq", 2, total)
         q_dump = recipe.quantization.model_dump(mode="json")
-        a_dump = recipe.artifact.model_dump(mode="json")
         gptq = runner.run(
-            "gptq",
-            {"source": src.digest, "calibration": calib.digest, "quantization": sha256_json(q_dump),
-             "artifact": sha256_json(a_dump), "device": device, "engine": gptq_engine(),
-             "heldout": str(recipe.lm_head.heldout_fraction if recipe.lm_head.enabled else 0.0)},
-            {"quantization": q_dump, "device": device},
+            "gptq", _gptq_inputs(src.digest, calib.digest, recipe, device), {"quantization": q_dump, "device": device},
             lambda d: _gptq_stage(d, source, tokens(), recipe, device, progress, work=work, src_digest=src.digest,
                                   calib_digest=calib.digest))
 
@@ -153,6 +148,15 @@ def _source_stage(d: Path, source: Path, recipe: Any, unverified: bool) -> dict[
     desc = describe_source(source, recipe, unverified=unverified)
     atomic_write_json(d / "source.json", desc)
     return {k: v for k, v in desc.items() if k != "files"} | {"file_count": len(desc["files"])}
+
+
+def _gptq_inputs(src_digest: str, calib_digest: str, recipe: Any, device: str) -> dict[str, str]:
+    """What the gptq stage's output depends on (the held-out split: the streamed engine also
+    calibrates the head)."""
+    return {"source": src_digest, "calibration": calib_digest,
+            "quantization": sha256_json(recipe.quantization.model_dump(mode="json")),
+            "artifact": sha256_json(recipe.artifact.model_dump(mode="json")), "device": device,
+            "engine": gptq_engine(), "heldout": str(recipe.lm_head.heldout_fraction if recipe.lm_head.enabled else 0.0)}
 
 
 def gptq_engine() -> str:
