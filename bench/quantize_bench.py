@@ -241,8 +241,8 @@ def fmt_bytes(b: int | None) -> str:
 
 def layer_module_counts(checkpoint: Path, recipe: Any, layers: int) -> list[int]:
     """Linear modules GPTQ quantizes in each decoder layer (2-D weights not ignored by the recipe)."""
-    from qwenquant.stages.identity import matches
-    from qwenquant.stages.tensorfile import checkpoint_refs
+    from qwenquant.checkpoint.identity import matches
+    from qwenquant.checkpoint.tensorfile import checkpoint_refs
 
     counts = [0] * layers
     pat = re.compile(r"^model\.language_model\.layers\.(\d+)\.(.+)\.weight$")
@@ -268,7 +268,7 @@ COMPONENTS = (
 
 def sizes_by_component(folder: Path) -> dict[str, int]:
     """Tensor bytes per component, plus headers and side files, from the safetensors headers."""
-    from qwenquant.stages.tensorfile import checkpoint_refs, checkpoint_shards
+    from qwenquant.checkpoint.tensorfile import checkpoint_refs, checkpoint_shards
 
     out: dict[str, int] = {name: 0 for name, _ in COMPONENTS} | {"other tensors (final norm)": 0}
     tensor_bytes = 0

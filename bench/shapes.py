@@ -173,7 +173,7 @@ def build_checkpoint(out_dir: Path, ref: dict[str, Any], d: TinyDims, *, seed: i
                      device: str = "cpu") -> dict[str, Any]:
     """Write the checkpoint into `out_dir` (created; files replaced); return a description."""
     from qwenquant.atomic import atomic_write_bytes, pretty_json
-    from qwenquant.stages.tensorfile import write_checkpoint_tensors
+    from qwenquant.checkpoint.tensorfile import write_checkpoint_tensors
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

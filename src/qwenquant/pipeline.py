@@ -1,7 +1,7 @@
 """The quantize pipeline: stages in order, each with a completion record, resumable after a crash.
 
 Each stage builds its output folder in a staging dir and renames it to `<work>/<stage>/`, then
-writes `<work>/<stage>.record.json` (format and trust rules: stages/records.py). A re-run skips a
+writes `<work>/<stage>.record.json` (format and trust rules: records.py). A re-run skips a
 stage only when its record proves it complete; anything else runs it again from its start. Only
 this module writes stage records and the manifest.
 """
@@ -19,7 +19,7 @@ from typing import Any
 from qwenquant.atomic import atomic_write_bytes, atomic_write_json, pretty_json, staging_dir
 from qwenquant.errors import CheckError, StageError
 from qwenquant.hashing import sha256_file
-from qwenquant.stages.records import StageOutcome, StageRunner, clean_partials, sha256_json, work_lock
+from qwenquant.records import StageOutcome, StageRunner, clean_partials, sha256_json, work_lock
 
 log = logging.getLogger(__name__)
 
@@ -163,19 +163,19 @@ def _gptq_stage(d: Path, source: Path, samples: list[list[int]], recipe: Any, de
 
 def _head_stage(d: Path, source: Path, samples: list[list[int]], recipe: Any, prev: Path, device: str,
                 progress: Callable[[str, int, int], None] | None) -> dict[str, Any]:
-    from qwenquant.stages.assemble import current_plan, derive_checkpoint, read_config
+    from qwenquant.checkpoint.assemble import current_plan, derive_checkpoint, read_config
 
     if not recipe.lm_head.enabled:
         derive_checkpoint(prev, d, current_plan(prev), read_config(prev))
         return {"lm_head": {"method": "none"}}
-    from qwenquant.stages.headquant import run_head
+    from qwenquant.stages.lm_head import run_head
 
     cb = (lambda i, n: progress("lm_head row chunks", i, n)) if progress else None
     return run_head(source, samples, recipe, prev, d, device=device, progress=cb)
 
 
 def _mtp_stage(d: Path, prev: Path, source: Path) -> dict[str, Any]:
-    from qwenquant.stages.assemble import carry_files
+    from qwenquant.checkpoint.assemble import carry_files
     from qwenquant.stages.mtp import graft_into, plan_for
 
     plan = plan_for(prev, source)
@@ -192,7 +192,7 @@ def _layout_stage(d: Path, prev: Path, layout: str) -> dict[str, Any]:
 
 def unquantized_problems(artifact: Path, source: Path, recipe: Any, layout: str) -> list[str]:
     """The byte-identity proof for a finished artifact (text-only names mapped back to the source)."""
-    from qwenquant.stages.identity import prove_unquantized_identical, recipe_quantizes
+    from qwenquant.checkpoint.identity import prove_unquantized_identical, recipe_quantizes
     from qwenquant.stages.textonly import text_only_name
 
     return prove_unquantized_identical(
@@ -251,7 +251,7 @@ def manifest_fields(src: StageOutcome, calib: StageOutcome, head: StageOutcome, 
 def _finish(runner: StageRunner, out: Path, built: Path, src: StageOutcome, calib: StageOutcome,
             head: StageOutcome, check: StageOutcome, recipe: Any) -> QuantizeResult:
     from qwenquant.manifest import build_manifest, verify_artifact, write_manifest
-    from qwenquant.stages.assemble import link_or_copy
+    from qwenquant.checkpoint.assemble import link_or_copy
 
     fields = manifest_fields(src, calib, head, runner, recipe)
     with staging_dir(out) as tmp:
@@ -289,7 +289,7 @@ def refresh_manifest(artifact: Path, note: dict[str, Any] | None = None, *, prev
 def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False) -> dict[str, Any]:
     """`qwenquant graft-mtp`: put the source MTP tensors back into an artifact (idempotent)."""
     from qwenquant.manifest import MANIFEST_NAME, verify_artifact
-    from qwenquant.stages.assemble import carry_files
+    from qwenquant.checkpoint.assemble import carry_files
     from qwenquant.stages.mtp import graft_into, plan_for, verify_mtp
 
     artifact, source = Path(artifact).resolve(), Path(source).resolve()

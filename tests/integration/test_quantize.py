@@ -314,7 +314,7 @@ def test_killed_during_gptq_then_rerun_gives_same_digest(built: dict, tmp_path: 
 # --- a corrupt or partial record is never trusted -------------------------------------------------
 
 def _rehash(rec: dict) -> dict:
-    from qwenquant.stages.records import record_digest
+    from qwenquant.records import record_digest
 
     rec["record_sha256"] = record_digest(rec)
     return rec
@@ -408,8 +408,8 @@ def test_identity_proof_catches_the_norm_rounding_bug(built: dict, tmp_path: Pat
 
     from qwenquant.pipeline import unquantized_problems
     from qwenquant.recipe import load_recipe
-    from qwenquant.stages.assemble import torch_raw
-    from qwenquant.stages.tensorfile import checkpoint_refs, shard_refs, write_shard
+    from qwenquant.checkpoint.assemble import torch_raw
+    from qwenquant.checkpoint.tensorfile import checkpoint_refs, shard_refs, write_shard
 
     art = Path(shutil.copytree(built["out"], tmp_path / "art"))
     assert unquantized_problems(art, built["source"], load_recipe("w4a16-int4head"), "text-only") == []

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from qwenquant.atomic import pretty_json
-from qwenquant.stages.records import StageRunner, check_record, record_digest
-from qwenquant.stages.identity import TensorDigest, compare_tensors, recipe_quantizes
-from qwenquant.stages.tensorfile import RawTensor, header_bytes, plan_shards
+from qwenquant.records import StageRunner, check_record, record_digest
+from qwenquant.checkpoint.identity import TensorDigest, compare_tensors, recipe_quantizes
+from qwenquant.checkpoint.tensorfile import RawTensor, header_bytes, plan_shards
 
 INPUTS = {"upstream": "1" * 64}
 
@@ -227,7 +227,7 @@ def test_wrong_model_type_is_refused(tmp_path: Path) -> None:
 
 def test_restore_plan_takes_unquantized_tensors_from_the_source(tmp_path: Path) -> None:
     from qwenquant.stages.gptq import restore_plan
-    from qwenquant.stages.tensorfile import TensorRef
+    from qwenquant.checkpoint.tensorfile import TensorRef
 
     def ref(name: str, where: str) -> TensorRef:
         return TensorRef(name, tmp_path / where, "BF16", (2,), 0, 4)
@@ -252,7 +252,7 @@ def test_quantized_config_uses_recipe_patterns() -> None:
 
 
 def test_head_config_group_added_and_head_unignored() -> None:
-    from qwenquant.stages.headquant import head_quant_config
+    from qwenquant.stages.lm_head import head_quant_config
 
     cfg = {"quantization_config": {"config_groups": {"group_0": {"targets": ["Linear"]}},
                                    "ignore": ["lm_head", "re:^mtp.*"]}}
@@ -265,7 +265,7 @@ def test_head_config_group_added_and_head_unignored() -> None:
 
 
 def test_split_heldout() -> None:
-    from qwenquant.stages.headquant import split_heldout
+    from qwenquant.stages.lm_head import split_heldout
 
     assert split_heldout(32, 0.1) == (list(range(29)), [29, 30, 31])
     assert split_heldout(5, 0.0) == (list(range(5)), [])

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from qwenquant.errors import CheckError
 from qwenquant.recipe import target_matches, targets_cover
-from qwenquant.safetensors_check import (
+from qwenquant.checkpoint.header import (
     INDEX_NAME,
     SafetensorsError,
     SafetensorsHeader,

@@ -59,7 +59,7 @@ def plan(
 
       qwenquant plan models/Qwen3.8-27B/config.json --recipe w4a16-int4head
     """
-    from qwenquant.serve.planner import make_plan, parse_size
+    from qwenquant.serve.command import make_plan, parse_size
     from qwenquant.serve.report import budget_dict, budget_lines, weights_lines
 
     res = make_plan(target, parse_size(gpu_mem), recipe_name=recipe, profiles=profile or None)

@@ -260,7 +260,7 @@ def weights_from_tensors(tensor_bytes: Mapping[str, int]) -> WeightBreakdown:
 
 def artifact_tensor_bytes(artifact_dir: Path, files: Iterable[str] | None = None) -> dict[str, int]:
     """{tensor name: bytes} from the headers of the artifact's safetensors files (headers only)."""
-    from qwenquant.safetensors_check import read_header
+    from qwenquant.checkpoint.header import read_header
 
     root = Path(artifact_dir)
     names = sorted(files) if files is not None else sorted(p.name for p in root.glob("*.safetensors"))

@@ -23,8 +23,8 @@ from typing import Any
 
 from qwenquant.atomic import atomic_write_bytes, pretty_json
 from qwenquant.errors import StageError
-from qwenquant.stages.identity import quantized_module, prove_unquantized_identical, recipe_quantizes
-from qwenquant.stages.tensorfile import TensorRef, checkpoint_refs, write_checkpoint_tensors
+from qwenquant.checkpoint.identity import quantized_module, prove_unquantized_identical, recipe_quantizes
+from qwenquant.checkpoint.tensorfile import TensorRef, checkpoint_refs, write_checkpoint_tensors
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def count_targets(model: Any, q: Any) -> int:
     """How many Linear modules the modifier will quantize (for the progress bar)."""
     import torch
 
-    from qwenquant.stages.identity import matches
+    from qwenquant.checkpoint.identity import matches
 
     n = 0
     for name, mod in model.named_modules():

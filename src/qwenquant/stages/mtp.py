@@ -15,9 +15,9 @@ from typing import Any
 
 from qwenquant.atomic import atomic_write_bytes, pretty_json
 from qwenquant.errors import StageError
-from qwenquant.stages.assemble import current_plan, read_config, weight_map, write_plan
-from qwenquant.stages.identity import TensorDigest, tensor_digests
-from qwenquant.stages.tensorfile import checkpoint_refs
+from qwenquant.checkpoint.assemble import current_plan, read_config, weight_map, write_plan
+from qwenquant.checkpoint.identity import TensorDigest, tensor_digests
+from qwenquant.checkpoint.tensorfile import checkpoint_refs
 
 MTP_PREFIX = "mtp."
 MTP_IGNORE = "re:^mtp.*"

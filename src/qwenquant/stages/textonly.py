@@ -13,7 +13,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from qwenquant.stages.assemble import current_plan, derive_checkpoint, map_plan, read_config
+from qwenquant.checkpoint.assemble import current_plan, derive_checkpoint, map_plan, read_config
 
 TEXT_ARCH = "Qwen3_5ForCausalLM"
 TEXT_MODEL_TYPE = "qwen3_5_text"

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwenquant.atomic import default_file_mode, fsync_dir
-from qwenquant.safetensors_check import DTYPE_BYTES, INDEX_NAME, read_header
+from qwenquant.checkpoint.header import DTYPE_BYTES, INDEX_NAME, read_header
 
-INDEX = INDEX_NAME  # the format's names and sizes live in safetensors_check
+INDEX = INDEX_NAME  # the format's names and sizes live in checkpoint.header
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenquant.atomic import atomic_write_bytes, pretty_json
-from qwenquant.stages.tensorfile import INDEX, RawTensor, TensorRef, checkpoint_refs, shard_refs, write_index, write_shard
+from qwenquant.checkpoint.tensorfile import INDEX, RawTensor, TensorRef, checkpoint_refs, shard_refs, write_index, write_shard
 
 Ref = RawTensor | TensorRef
 ShardPlan = dict[str, dict[str, Ref]]
