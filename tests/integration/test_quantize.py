@@ -406,13 +406,14 @@ def test_identity_proof_catches_the_norm_rounding_bug(built: dict, tmp_path: Pat
     bf16 and back, applied to the finished artifact: the proof that runs on every build flags it."""
     import torch
 
-    from qwenquant.pipeline import unquantized_problems
+    from qwenquant.stages.check import unquantized_problems
     from qwenquant.recipe import load_recipe
     from qwenquant.checkpoint.assemble import torch_raw
     from qwenquant.checkpoint.tensorfile import checkpoint_refs, shard_refs, write_shard
 
+    recipe = load_recipe("w4a16-int4head")
     art = Path(shutil.copytree(built["out"], tmp_path / "art"))
-    assert unquantized_problems(art, built["source"], load_recipe("w4a16-int4head"), "text-only") == []
+    assert unquantized_problems(art, built["source"], recipe.quantization, head_quantized=True, layout="text-only") == []
     rounded = []
     for shard in sorted(art.glob("model*.safetensors")):
         refs = shard_refs(shard)
@@ -427,7 +428,7 @@ def test_identity_proof_catches_the_norm_rounding_bug(built: dict, tmp_path: Pat
         if any(n in rounded for n in refs):
             write_shard(shard, list(out.values()))
     assert rounded, "the simulated bug changed nothing"
-    problems = unquantized_problems(art, built["source"], load_recipe("w4a16-int4head"), "text-only")
+    problems = unquantized_problems(art, built["source"], recipe.quantization, head_quantized=True, layout="text-only")
     assert {p.split(":")[0] for p in problems} == set(rounded)
     assert all("bytes differ from source tensor " in p for p in problems)
     assert any(p.startswith("model.norm.weight:") for p in problems)

@@ -159,12 +159,10 @@ def test_shard_header_is_deterministic_and_aligned() -> None:
 
 # --- the source stage ----------------------------------------------------------------------------
 
-class _Recipe:
-    name = "w4a16-int4head"
+def _model_spec():
+    from qwenquant.recipe import ModelSpec
 
-    class model:  # noqa: N801 (stands in for RecipeModel)
-        architectures = ["Qwen3_5ForConditionalGeneration"]
-        model_types = ["qwen3_5"]
+    return ModelSpec(architectures=["Qwen3_5ForConditionalGeneration"], model_types=["qwen3_5"])
 
 
 def _fetched(tmp_path: Path) -> Path:
@@ -186,7 +184,7 @@ def _fetched(tmp_path: Path) -> Path:
 def test_source_verified_against_fetch_record(tmp_path: Path) -> None:
     from qwenquant.stages.source import describe_source
 
-    desc = describe_source(_fetched(tmp_path), _Recipe, unverified=False)
+    desc = describe_source(_fetched(tmp_path), _model_spec(), "w4a16-int4head", unverified=False)
     assert desc["kind"] == "fetched" and desc["verified"] is True
     assert desc["repo"] == "Qwen/Qwen3.8-27B" and desc["commit"] == "a" * 40
     assert set(desc["files"]) == {"config.json", "model.safetensors"}
@@ -199,7 +197,7 @@ def test_source_that_drifted_from_its_record_is_refused(tmp_path: Path) -> None:
     src = _fetched(tmp_path)
     (src / "model.safetensors").write_bytes(b"WEIGHTS")
     with pytest.raises(VerificationError) as e:
-        describe_source(src, _Recipe, unverified=False)
+        describe_source(src, _model_spec(), "w4a16-int4head", unverified=False)
     assert "model.safetensors" in e.value.message and "--source-unverified" in (e.value.hint or "")
 
 
@@ -208,7 +206,7 @@ def test_unverified_source_is_hashed_and_marked(tmp_path: Path) -> None:
 
     src = _fetched(tmp_path)
     (src / "qwenquant-fetch.json").unlink()
-    desc = describe_source(src, _Recipe, unverified=True)
+    desc = describe_source(src, _model_spec(), "w4a16-int4head", unverified=True)
     assert desc["kind"] == "local-unverified" and desc["verified"] is False and desc["commit"] is None
     assert len(desc["files"]["model.safetensors"]["sha256"]) == 64
 
@@ -220,7 +218,7 @@ def test_wrong_model_type_is_refused(tmp_path: Path) -> None:
     src = _fetched(tmp_path)
     (src / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
     with pytest.raises(StageError, match="not what recipe"):
-        describe_source(src, _Recipe, unverified=True)
+        describe_source(src, _model_spec(), "w4a16-int4head", unverified=True)
 
 
 # --- pure helpers of the gptq and lm_head stages -------------------------------------------------

@@ -19,12 +19,17 @@ import shutil
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qwenquant.atomic import atomic_write_bytes, pretty_json
 from qwenquant.errors import StageError
 from qwenquant.checkpoint.identity import quantized_module, prove_unquantized_identical, recipe_quantizes
 from qwenquant.checkpoint.tensorfile import TensorRef, checkpoint_refs, write_checkpoint_tensors
+from qwenquant.hashing import sha256_json
+from qwenquant.stage import Stage, StageContext
+
+if TYPE_CHECKING:
+    from qwenquant.recipe import QuantizationSpec
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +55,7 @@ def set_deterministic(seed: int = 0, threads: int | None = None) -> None:
     torch.set_num_threads(threads or int(os.environ.get("QWENQUANT_THREADS", "0")) or (os.cpu_count() or 1))
 
 
-def build_modifier(q: Any) -> Any:
+def build_modifier(q: QuantizationSpec) -> Any:
     """The GPTQModifier the recipe's `quantization` section describes (W4A16 preset + overrides)."""
     from llmcompressor.modifiers.gptq import GPTQModifier
 
@@ -116,7 +121,7 @@ class _LayerCounter:
             self.progress(int(m.group(1)))
 
 
-def count_targets(model: Any, q: Any) -> int:
+def count_targets(model: Any, q: QuantizationSpec) -> int:
     """How many Linear modules the modifier will quantize (for the progress bar)."""
     import torch
 
@@ -131,8 +136,8 @@ def count_targets(model: Any, q: Any) -> int:
     return n
 
 
-def run_gptq(source_dir: Path, samples: list[list[int]], recipe: Any, out_dir: Path, *, device: str,
-             progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+def run_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, out_dir: Path, *, max_shard_bytes: int,
+             device: str, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Quantize the body into `out_dir` (a fresh folder); return stage info. Raises StageError."""
     os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # tokenization is done; silences a warning
@@ -144,7 +149,6 @@ def run_gptq(source_dir: Path, samples: list[list[int]], recipe: Any, out_dir: P
 
     from llmcompressor import oneshot
 
-    q = recipe.quantization
     if not q.restore_unquantized:
         raise StageError("quantization.restore_unquantized: false is not supported: llm-compressor 0.14 rounds "
                          "offset-norm weights, and every build proves unquantized tensors byte-identical",
@@ -188,7 +192,7 @@ def run_gptq(source_dir: Path, samples: list[list[int]], recipe: Any, out_dir: P
 
     saved_cfg = json.loads((raw / "config.json").read_text())
     tensors = restore_plan(checkpoint_refs(raw), checkpoint_refs(source_dir))
-    write_checkpoint_tensors(out_dir, tensors, recipe.artifact.max_shard_bytes)
+    write_checkpoint_tensors(out_dir, tensors, max_shard_bytes)
     atomic_write_bytes(out_dir / "config.json", pretty_json(quantized_config(src_cfg, saved_cfg, list(q.ignore))))
     carry_side_files(source_dir, out_dir)
     shutil.rmtree(raw)
@@ -215,3 +219,24 @@ def carry_side_files(source_dir: Path, out_dir: Path) -> list[str]:
             atomic_write_bytes(Path(out_dir) / name, p.read_bytes())
             carried.append(name)
     return carried
+
+
+def _inputs(ctx: StageContext) -> dict[str, str]:
+    return {"source": ctx.digest("source"), "calibration": ctx.digest("calibration"),
+            "quantization": sha256_json(ctx.recipe.quantization.model_dump(mode="json")),
+            "artifact": sha256_json(ctx.recipe.artifact.model_dump(mode="json")), "device": ctx.device}
+
+
+def _params(ctx: StageContext) -> dict[str, Any]:
+    return {"quantization": ctx.recipe.quantization.model_dump(mode="json"), "device": ctx.device}
+
+
+def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
+    from qwenquant.stages.calibration import load_tokens
+
+    return run_gptq(ctx.source, load_tokens(ctx.dir("calibration")), ctx.recipe.quantization, out_dir,
+                    max_shard_bytes=ctx.recipe.artifact.max_shard_bytes, device=ctx.device,
+                    progress=ctx.progress_for("gptq layers"))
+
+
+STAGE = Stage("gptq", _inputs, _params, _run, builds_checkpoint=True)

@@ -10,11 +10,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qwenquant.errors import StageError
 from qwenquant.checkpoint.assemble import current_plan, derive_checkpoint, read_config, torch_raw
 from qwenquant.checkpoint.tensorfile import checkpoint_refs
+from qwenquant.hashing import sha256_json
+from qwenquant.stage import Stage, StageContext
+
+if TYPE_CHECKING:
+    from qwenquant.recipe import LmHeadSpec
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +64,7 @@ def _load_model(source_dir: Path, device: str) -> Any:
     return model.eval()
 
 
-def run_head(source_dir: Path, samples: list[list[int]], recipe: Any, prev_dir: Path, out_dir: Path, *,
+def run_head(source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, prev_dir: Path, out_dir: Path, *,
              device: str, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Quantize lm_head into `out_dir` (= `prev_dir` with the head packed); return the quality report."""
     import torch
@@ -67,7 +72,6 @@ def run_head(source_dir: Path, samples: list[list[int]], recipe: Any, prev_dir: 
     from qwenquant.quant import head_gptq as lh
     from qwenquant.stages.gptq import set_deterministic
 
-    spec = recipe.lm_head
     set_deterministic()
     calib_idx, held_idx = split_heldout(len(samples), spec.heldout_fraction)
     model = _load_model(source_dir, device)
@@ -136,3 +140,23 @@ def run_head(source_dir: Path, samples: list[list[int]], recipe: Any, prev_dir: 
     config = head_quant_config(read_config(prev_dir), lh.head_config_group(spec))
     derive_checkpoint(prev_dir, out_dir, plan, config)
     return quality
+
+
+def _inputs(ctx: StageContext) -> dict[str, str]:
+    return {"source": ctx.digest("source"), "calibration": ctx.digest("calibration"), "gptq": ctx.digest("gptq"),
+            "lm_head": sha256_json(ctx.recipe.lm_head.model_dump(mode="json")), "device": ctx.device}
+
+
+def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
+    prev = ctx.dir("gptq")
+    if not ctx.recipe.lm_head.enabled:
+        derive_checkpoint(prev, out_dir, current_plan(prev), read_config(prev))
+        return {"lm_head": {"method": "none"}}
+    from qwenquant.stages.calibration import load_tokens
+
+    return run_head(ctx.source, load_tokens(ctx.dir("calibration")), ctx.recipe.lm_head, prev, out_dir,
+                    device=ctx.device, progress=ctx.progress_for("lm_head row chunks"))
+
+
+STAGE = Stage("lm_head", _inputs, lambda ctx: {"lm_head": ctx.recipe.lm_head.model_dump(mode="json"), "device": ctx.device},
+              _run, builds_checkpoint=True)
