@@ -264,7 +264,7 @@ def test_missing_source_folder(tmp_path: Path) -> None:
 
 def test_bad_device_flag(tmp_path: Path) -> None:
     proc = qq(*quantize_args(tmp_path, tmp_path / "a", "--device", "tpu"))
-    assert proc.returncode == 2 and "--device must be cpu or cuda, got 'tpu'" in proc.stderr
+    assert proc.returncode == 2 and "'tpu' is not one of 'cpu', 'cuda'" in proc.stderr
 
 
 # --- kill during GPTQ, then resume ----------------------------------------------------------------

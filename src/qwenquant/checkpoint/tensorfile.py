@@ -8,14 +8,12 @@ name, fixed `{"format": "pt"}` metadata, header padded with spaces to 8 bytes.
 from __future__ import annotations
 
 import json
-import os
 import struct
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from qwenquant.atomic import default_file_mode, fsync_dir
+from qwenquant.atomic import atomic_write_bytes, atomic_writer, pretty_json
 from qwenquant.checkpoint.header import DTYPE_BYTES, INDEX_NAME, read_header
 
 INDEX = INDEX_NAME  # the format's names and sizes live in checkpoint.header
@@ -110,22 +108,11 @@ def header_bytes(tensors: Iterable[RawTensor | TensorRef]) -> bytes:
 
 def write_shard(path: Path, tensors: Iterable[RawTensor | TensorRef]) -> None:
     """Write one shard (atomic: temp name, fsync, rename), streaming each tensor's bytes."""
-    path = Path(path)
     items = sorted(tensors, key=lambda t: t.name)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, default_file_mode())  # shards are read by whoever serves them
-        with os.fdopen(fd, "wb") as f:
-            f.write(header_bytes(items))
-            for t in items:
-                f.write(t.read())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    with atomic_writer(Path(path)) as f:
+        f.write(header_bytes(items))
+        for t in items:
+            f.write(t.read())
 
 
 def plan_shards(tensors: Mapping[str, RawTensor | TensorRef], max_shard_bytes: int,
@@ -171,8 +158,7 @@ def write_checkpoint_tensors(folder: Path, tensors: Mapping[str, RawTensor | Ten
 
 
 def write_index(folder: Path, weight_map: Mapping[str, str], total_size: int) -> None:
-    from qwenquant.atomic import atomic_write_bytes, pretty_json
-
+    """The shard index: total tensor bytes and the sorted tensor name -> shard file map."""
     atomic_write_bytes(Path(folder) / INDEX, pretty_json(
         {"metadata": {"total_size": int(total_size)}, "weight_map": dict(sorted(weight_map.items()))}))
 
