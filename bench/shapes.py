@@ -26,7 +26,8 @@ from typing import Any
 
 from qwenquant.tiny import tokenizer as tiny_tokenizer
 from qwenquant.tiny.config import TinyDims, generation_config, preprocessor_config, video_preprocessor_config
-from qwenquant.tiny.weights import TensorSpec, body_specs, mtp_specs
+from qwenquant.checkpoint.tensorfile import TensorSpec
+from qwenquant.tiny.weights import body_specs, mtp_specs
 
 DEFAULT_REFERENCE = Path(__file__).resolve().parents[1] / "src" / "qwenquant" / "data" / "qwen3_8-27b.config.json"
 # The shape-bearing fields of the reference config, for runs without the repository's data folder

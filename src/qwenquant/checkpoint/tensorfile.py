@@ -14,9 +14,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwenquant.atomic import atomic_write_bytes, atomic_writer, pretty_json
-from qwenquant.checkpoint.header import DTYPE_BYTES, INDEX_NAME, read_header
+from qwenquant.checkpoint.header import DTYPE_BYTES, INDEX_NAME, SafetensorsHeader, read_header
 
 INDEX = INDEX_NAME  # the format's names and sizes live in checkpoint.header
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor a model architecture declares: name, shape and kind ("linear" for the weight of an
+    nn.Linear, a quantization candidate; otherwise what initializes it: "offset", "scale", "conv", ...)."""
+
+    name: str
+    shape: tuple[int, ...]
+    kind: str
+
+    @property
+    def linear(self) -> bool:
+        return self.kind == "linear"
 
 
 @dataclass(frozen=True)
@@ -65,15 +79,16 @@ class RawTensor:
         return self.data
 
 
+def header_refs(path: Path, h: SafetensorsHeader) -> dict[str, TensorRef]:
+    """Every tensor a header (already read from `path`) describes, by name, with absolute offsets."""
+    base = 8 + h.header_bytes
+    return {n: TensorRef(n, Path(path), t.dtype, tuple(t.shape), base + t.start, base + t.end)
+            for n, t in h.tensors.items()}
+
+
 def shard_refs(path: Path) -> dict[str, TensorRef]:
     """Every tensor of one safetensors file, by name."""
-    path = Path(path)
-    h = read_header(path)
-    base = 8 + h.header_bytes
-    return {
-        n: TensorRef(n, path, t.dtype, tuple(t.shape), base + t.start, base + t.end)
-        for n, t in h.tensors.items()
-    }
+    return header_refs(path, read_header(Path(path)))
 
 
 def checkpoint_shards(folder: Path) -> list[Path]:
