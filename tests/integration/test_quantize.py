@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -19,36 +18,16 @@ from pathlib import Path
 
 import pytest
 
+from helpers import REPO, qq, raw_tensors, strip_mtp
+
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 QUANT_SUFFIXES = (".weight_packed", ".weight_scale", ".weight_shape", ".weight_zero_point", ".weight_g_idx")
-
-
-def qq(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess (fixed thread count: byte-identical results across runs)."""
-    env = dict(os.environ, QWENQUANT_THREADS="2", QWENQUANT_NO_PROGRESS="1", PYTHONHASHSEED="0")
-    return subprocess.run([sys.executable, "-m", "qwenquant", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=REPO)
 
 
 def quantize_args(source: Path, out: Path, *extra: str) -> list[str]:
     return ["quantize", str(source), "--recipe", "w4a16-int4head", "--calibration", "tiny-demo",
             "--source-unverified", "--out", str(out), "--json", *extra]
-
-
-def raw_tensors(folder: Path) -> dict[str, tuple[str, tuple, bytes]]:
-    """name -> (dtype, shape, raw bytes), parsed straight from the safetensors files."""
-    out = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        data = f.read_bytes()
-        n = struct.unpack("<Q", data[:8])[0]
-        header = json.loads(data[8:8 + n])
-        header.pop("__metadata__", None)
-        for name, t in header.items():
-            s, e = t["data_offsets"]
-            out[name] = (t["dtype"], tuple(t["shape"]), data[8 + n + s:8 + n + e])
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -209,20 +188,11 @@ def test_rerun_skips_every_stage_with_same_digest(built: dict, tmp_path: Path) -
 
 # --- graft-mtp ------------------------------------------------------------------------------------
 
-def _strip_mtp(artifact: Path) -> None:
-    from safetensors.torch import load_file
-
-    index_path = artifact / "model.safetensors.index.json"
-    index = json.loads(index_path.read_text())
-    (artifact / "model-mtp.safetensors").unlink()
-    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not k.startswith("mtp.")}
-    index_path.write_text(json.dumps(index))
-    assert load_file  # (only the shard and the index change)
-
-
 def test_graft_mtp_restores_and_is_idempotent(built: dict, tmp_path: Path) -> None:
     art = Path(shutil.copytree(built["out"], tmp_path / "art"))
-    _strip_mtp(art)
+    strip_mtp(art)
+    kept = {n: t for n, t in raw_tensors(built["out"]).items() if not n.startswith("mtp.")}
+    assert raw_tensors(art) == kept  # only the MTP shard and its index entries went
     check = qq("graft-mtp", str(art), "--source", str(built["source"]), "--check-only")
     assert check.returncode != 0 and "MTP head incomplete" in check.stderr
 

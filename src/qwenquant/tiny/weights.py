@@ -15,7 +15,6 @@ head alike, after int4 quantization too.
 
 from __future__ import annotations
 
-
 import torch
 
 from qwenquant.checkpoint.tensorfile import TensorSpec
