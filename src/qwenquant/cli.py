@@ -14,8 +14,11 @@ import typer
 from qwenquant.commands._app import app
 from qwenquant.errors import QwenquantError
 
-# Each command module registers its commands on `app` when imported; this order is the --help order.
-from qwenquant.commands import fetch, quantize, verify, recipe, serve, demo  # noqa: E402,F401,I001
+# Each command module registers its commands on `app` when imported, in this order (the --help order).
+from qwenquant.commands import fetch, quantize, verify, recipe, serve, demo  # noqa: I001
+
+COMMAND_MODULES = (fetch, quantize, verify, recipe, serve, demo)
+
 
 @app.callback()
 def _root(

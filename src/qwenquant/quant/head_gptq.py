@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,6 +28,9 @@ from qwenquant.quant.head_quality import (  # noqa: F401  (re-exported API)
     compare_heads,
     head_quality,
 )
+
+if TYPE_CHECKING:
+    from qwenquant.recipe import LmHeadSpec
 
 log = logging.getLogger(__name__)
 
@@ -322,7 +325,7 @@ def pack_head(q: QuantizedHead, prefix: str = "lm_head") -> dict[str, torch.Tens
     }
 
 
-def head_config_group(spec: Any = None) -> dict[str, Any]:
+def head_config_group(spec: HeadQuantSpec | LmHeadSpec | Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The compressed-tensors config group for the head, keyed as llm-compressor 0.14 writes it.
 
     `spec`: a HeadQuantSpec, a mapping of its fields, or any object with num_bits, group_size,
