@@ -14,10 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwenquant.atomic import atomic_write_bytes, atomic_writer, pretty_json
-from qwenquant.checkpoint.header import DTYPE_BYTES, INDEX_NAME, SafetensorsHeader, read_header
-
-INDEX = INDEX_NAME  # the format's names and sizes live in checkpoint.header
-
+from qwenquant.checkpoint.header import INDEX_NAME, SafetensorsHeader, read_header
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -94,7 +91,7 @@ def shard_refs(path: Path) -> dict[str, TensorRef]:
 def checkpoint_shards(folder: Path) -> list[Path]:
     """The safetensors files of a checkpoint: those named by its index, else every *.safetensors."""
     folder = Path(folder)
-    idx = folder / INDEX
+    idx = folder / INDEX_NAME
     if idx.exists():
         names = sorted(set(json.loads(idx.read_text())["weight_map"].values()))
         return [folder / n for n in names]
@@ -174,9 +171,5 @@ def write_checkpoint_tensors(folder: Path, tensors: Mapping[str, RawTensor | Ten
 
 def write_index(folder: Path, weight_map: Mapping[str, str], total_size: int) -> None:
     """The shard index: total tensor bytes and the sorted tensor name -> shard file map."""
-    atomic_write_bytes(Path(folder) / INDEX, pretty_json(
+    atomic_write_bytes(Path(folder) / INDEX_NAME, pretty_json(
         {"metadata": {"total_size": int(total_size)}, "weight_map": dict(sorted(weight_map.items()))}))
-
-
-def element_size(dtype: str) -> int:
-    return DTYPE_BYTES[dtype]

@@ -7,7 +7,6 @@ tensor digests and the index; `apply_graft` writes the MTP shard, the index and 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,10 +106,6 @@ def verify_mtp(artifact_dir: Path, source_dir: Path) -> list[str]:
     if plan.ignore_fix:
         problems.append("quantization_config.ignore lacks re:^mtp.*")
     return problems
-
-
-def load_index_json(folder: Path) -> dict[str, Any]:
-    return json.loads((Path(folder) / "model.safetensors.index.json").read_text())
 
 
 def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
