@@ -167,7 +167,7 @@ class Gpu:
 class Recorder:
     """The pipeline's progress callback: stage boundaries, GPTQ module ticks, lm_head chunk ticks."""
 
-    def __init__(self, gpu: Gpu, rss: RssSampler, layer_modules: list[int], *, per_layer_ticks: bool = False) -> None:
+    def __init__(self, gpu: Gpu, rss: RssSampler, layer_modules: list[int], *, engine: str = "streamed") -> None:
         self.gpu, self.rss = gpu, rss
         self.t0 = time.perf_counter()
         self.stages: list[dict[str, Any]] = []
@@ -175,8 +175,9 @@ class Recorder:
         self.chunks: list[float] = []
         self.windows: list[dict[str, Any]] = []  # peak GPU / RSS between marks inside a stage
         # the streamed engine ticks once per decoder layer; oneshot once per quantized module
-        self.ends = (list(range(1, len(layer_modules) + 1)) if per_layer_ticks
+        self.ends = (list(range(1, len(layer_modules) + 1)) if engine == "streamed"
                      else [sum(layer_modules[: i + 1]) for i in range(len(layer_modules))])
+        self.head_first = HEAD_FIRST[engine]
         self.total_seen: int | None = None
 
     def now(self) -> float:
@@ -216,8 +217,8 @@ class Recorder:
             return
         if name == "lm_head row chunks":
             self.chunks.append(t)
-            if i == 1:  # the model is freed before the head GPTQ: split load+capture from the rows
-                self._window("lm_head", "load model, capture hidden states, row chunk 1")
+            if i == 1:  # what comes before the head GPTQ (calibration read, or model load) apart from the rows
+                self._window("lm_head", self.head_first + ", row chunk 1")
             elif i == n:
                 self._window("lm_head", "row chunks 2..n")
             if i == 1 or i == n:
@@ -230,6 +231,12 @@ class Recorder:
 
 
 PROGRESS_FILE: list[Path] = []
+# The lm_head stage's first step: the streamed engine left the head calibration in the gptq stage
+# folder; after the oneshot engine the stage loads the whole model to capture final hidden states.
+HEAD_FIRST = {"streamed": "read head calibration", "oneshot": "load model, capture hidden states"}
+# What the first decoder layer's time carries besides its own GPTQ.
+LAYER0_CARRIES = {"streamed": "stage setup (source index, calibration embeddings) and an unprefetched read",
+                  "oneshot": "model load and graph tracing"}
 
 
 def say(msg: str) -> None:
@@ -263,8 +270,8 @@ def fmt_bytes(b: int | None) -> str:
 
 def layer_module_counts(checkpoint: Path, recipe: Any, layers: int) -> list[int]:
     """Linear modules GPTQ quantizes in each decoder layer (2-D weights not ignored by the recipe)."""
-    from qwenquant.stages.identity import matches
-    from qwenquant.stages.tensorfile import checkpoint_refs
+    from qwenquant.checkpoint.identity import matches
+    from qwenquant.checkpoint.tensorfile import checkpoint_refs
 
     counts = [0] * layers
     pat = re.compile(r"^model\.language_model\.layers\.(\d+)\.(.+)\.weight$")
@@ -290,7 +297,7 @@ COMPONENTS = (
 
 def sizes_by_component(folder: Path) -> dict[str, int]:
     """Tensor bytes per component, plus headers and side files, from the safetensors headers."""
-    from qwenquant.stages.tensorfile import checkpoint_refs, checkpoint_shards
+    from qwenquant.checkpoint.tensorfile import checkpoint_refs, checkpoint_shards
 
     out: dict[str, int] = {name: 0 for name, _ in COMPONENTS} | {"other tensors (final norm)": 0}
     tensor_bytes = 0
@@ -336,12 +343,18 @@ def project(report: dict[str, Any], layers: int) -> dict[str, Any]:
     missing = [t for t in set(real_types) if t not in per_type]
     if missing:
         return {"skipped": f"no measured layer of type {missing}; use --layers >= 4"}
-    measured_layers = sum(per_type[t] for t in types)
-    gptq_overhead = st["gptq"]["seconds"] - measured_layers  # load, trace, save, restore, prove
+    streamed = report["engine"] == "streamed"
+    rows = report["gptq_layers"]
+    # outside the layer loop: what the stage spends after its last layer, plus what layer 0 carries
+    # beyond a steady layer of its type (streamed: setup; oneshot: model load and tracing)
+    layer0_extra = max(0.0, rows[0]["seconds"] - per_type[types[0]]) if rows else 0.0
+    gptq_overhead = st["gptq"]["seconds"] - sum(r["seconds"] for r in rows) + layer0_extra
     ratio = report["projection_inputs"]["bytes_ratio"]
     gptq_layers = sum(per_type[t] for t in real_types)
     head = report["lm_head_timing"]
-    head_total = head["rows_gptq_seconds"] + head["after_rows_seconds"] + head["load_and_capture_seconds"] * REAL_LAYERS / layers
+    # streamed: the head calibration read does not grow with depth; oneshot: the model load does
+    first = head["before_rows_seconds"] * (1 if streamed else REAL_LAYERS / layers)
+    head_total = head["rows_gptq_seconds"] + head["after_rows_seconds"] + first
     io = sum(st[s]["seconds"] for s in ("source", "calibration", "mtp", "textonly", "check", "manifest") if s in st)
     parts = {
         "gptq_layers_seconds": gptq_layers,
@@ -353,9 +366,12 @@ def project(report: dict[str, Any], layers: int) -> dict[str, Any]:
     parts["per_layer_seconds"] = per_type
     parts["basis"] = {
         "gptq_layers_seconds": "mean measured seconds per layer type (layer 0 left out when another of its type "
-                               "exists: it carries model load and tracing) x 48 linear + 16 full attention",
-        "gptq_overhead_seconds": "measured gptq stage minus its layers, x source-bytes ratio",
-        "lm_head_seconds": "measured head GPTQ + after-rows part; load+capture x 64/layers",
+                               f"exists: it carries {LAYER0_CARRIES[report['engine']]}) x 48 linear + 16 full attention",
+        "gptq_overhead_seconds": "measured gptq stage minus its layers, plus layer 0's excess over a steady layer "
+                                 "of its type, x source-bytes ratio",
+        "lm_head_seconds": "measured head GPTQ + after-rows part + the part before the rows ("
+                           + ("head calibration read, as measured" if streamed else "model load + capture x 64/layers")
+                           + ")",
         "io_stages_seconds": "source, calibration, mtp, textonly, check, manifest x source-bytes ratio",
         "not_included": "checkpoint build (a user fetches), a 24 GB card's CPU offload (this is the same GPU)",
     }
@@ -367,12 +383,12 @@ def lm_head_timing(rec: Recorder) -> dict[str, float]:
     s = st.get("lm_head")
     if not s or not rec.chunks:
         return {"rows_gptq_seconds": 0.0, "after_rows_seconds": 0.0,
-                "load_and_capture_seconds": s["seconds"] if s else 0.0}
+                "before_rows_seconds": s["seconds"] if s else 0.0}
     c = rec.chunks
     per_chunk = (c[-1] - c[0]) / (len(c) - 1) if len(c) > 1 else 0.0
     rows = c[-1] - c[0] + per_chunk
     start = s["start"]
-    return {"rows_gptq_seconds": rows, "chunks": len(c), "load_and_capture_seconds": c[0] - per_chunk - start,
+    return {"rows_gptq_seconds": rows, "chunks": len(c), "before_rows_seconds": c[0] - per_chunk - start,
             "after_rows_seconds": start + s["seconds"] - c[-1]}
 
 
@@ -432,7 +448,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         recipe = recipe.model_copy(update={"lm_head": recipe.lm_head.model_copy(update={"require_better_than_rtn": False})})
     spec = load_calibration_override(calib_yaml)
     counts = layer_module_counts(work / "source", recipe, args.layers)
-    rec = Recorder(gpu, rss, counts, per_layer_ticks=args.engine == "streamed")
+    rec = Recorder(gpu, rss, counts, engine=args.engine)
     opts = QuantizeOptions(work / "source", recipe, spec, work / "artifact", work / "artifact.work", device,
                            source_unverified=True)
     t0 = time.perf_counter()
@@ -494,7 +510,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "eta_guess_h200": guess if device == "cuda" else None,
         "projection_inputs": {"bytes_ratio": real_bytes / src_bytes, "real_source_bytes": real_bytes},
     }
-    if rec.total_seen is not None and rec.total_seen != sum(counts):
+    if args.engine == "oneshot" and rec.total_seen is not None and rec.total_seen != sum(counts):
         report["warning"] = f"llm-compressor counted {rec.total_seen} target modules, the bench {sum(counts)}"
     q = report["lm_head_quality"] or {}
     if q.get("gptq") and q.get("rtn"):
@@ -529,14 +545,15 @@ def print_table(r: dict[str, Any]) -> None:
         if s["stage"] == "lm_head":
             h = r["lm_head_timing"]
             w = {x["label"]: x for x in s.get("windows", [])}
-            first, rows = w.get("load model, capture hidden states, row chunk 1", {}), w.get("row chunks 2..n", {})
+            before = HEAD_FIRST[r["engine"]]
+            first, rows = w.get(before + ", row chunk 1", {}), w.get("row chunks 2..n", {})
             rest = w.get("rest of stage", {})
-            for label, secs, win in (("  load model + capture hidden (+chunk 1)", h["load_and_capture_seconds"], first),
+            for label, secs, win in ((f"  {before} (+chunk 1)", h["before_rows_seconds"], first),
                                      ("  row-chunked head GPTQ (chunks 2..n)", h["rows_gptq_seconds"], rows),
                                      ("  RTN, KL compare, pack, write", h["after_rows_seconds"], rest)):
                 print(f"{label:<40} {secs:>8.1f} {fmt_gib(win.get('peak_gpu_bytes')):>10} "
                       f"{fmt_gib(win.get('peak_rss_bytes')):>10}")
-    print("  * layer 0 also carries model load and graph tracing")
+    print(f"  * layer 0 also carries {LAYER0_CARRIES[r['engine']]}")
     print(f"{'quantize total (pipeline.quantize)':<40} {r['quantize_wall_seconds']:>8.1f} {'':>10} {fmt_gib(r['host_max_rss_bytes']):>10}")
     q = r["lm_head_quality"] or {}
     if q.get("gptq"):

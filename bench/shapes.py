@@ -26,7 +26,8 @@ from typing import Any
 
 from qwenquant.tiny import tokenizer as tiny_tokenizer
 from qwenquant.tiny.config import TinyDims, generation_config, preprocessor_config, video_preprocessor_config
-from qwenquant.tiny.weights import TensorSpec, body_specs, mtp_specs
+from qwenquant.checkpoint.tensorfile import TensorSpec
+from qwenquant.tiny.weights import body_specs, mtp_specs
 
 DEFAULT_REFERENCE = Path(__file__).resolve().parents[1] / "src" / "qwenquant" / "data" / "qwen3_8-27b.config.json"
 # The shape-bearing fields of the reference config, for runs without the repository's data folder
@@ -173,7 +174,7 @@ def build_checkpoint(out_dir: Path, ref: dict[str, Any], d: TinyDims, *, seed: i
                      device: str = "cpu") -> dict[str, Any]:
     """Write the checkpoint into `out_dir` (created; files replaced); return a description."""
     from qwenquant.atomic import atomic_write_bytes, pretty_json
-    from qwenquant.stages.tensorfile import write_checkpoint_tensors
+    from qwenquant.checkpoint.tensorfile import write_checkpoint_tensors
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

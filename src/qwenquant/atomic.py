@@ -8,7 +8,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import IO, Any, Iterator
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -41,15 +41,17 @@ def fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to a unique temporary name beside `path`, fsync, then rename over `path`."""
+@contextlib.contextmanager
+def atomic_writer(path: Path) -> Iterator[IO[bytes]]:
+    """A binary file at a unique temporary name beside `path`; on success fsync it and rename it
+    over `path`, on any exception remove it (`path` is never half-written)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, default_file_mode())  # mkstemp makes 0600; give the usual file mode
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -58,6 +60,12 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.unlink(tmp)
         raise
     fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to a unique temporary name beside `path`, fsync, then rename over `path`."""
+    with atomic_writer(path) as f:
+        f.write(data)
 
 
 def atomic_write_json(path: Path, obj: Any, *, canonical: bool = True) -> None:

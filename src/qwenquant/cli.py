@@ -14,13 +14,10 @@ import typer
 from qwenquant.commands._app import app
 from qwenquant.errors import QwenquantError
 
-# Registration: each module adds its commands to `app` on import (light imports only).
-for _name in ("fetch", "quantize", "verify", "recipe", "serve", "demo"):
-    try:
-        __import__(f"qwenquant.commands.{_name}")
-    except ModuleNotFoundError as _e:  # a command module not written yet
-        if _e.name != f"qwenquant.commands.{_name}":
-            raise
+# Each command module registers its commands on `app` when imported, in this order (the --help order).
+from qwenquant.commands import fetch, quantize, verify, recipe, serve, demo  # noqa: I001
+
+COMMAND_MODULES = (fetch, quantize, verify, recipe, serve, demo)
 
 
 @app.callback()

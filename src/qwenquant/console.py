@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -52,6 +53,12 @@ def setup_logging(verbose: bool = False) -> None:
     root.addHandler(handler)
     root.setLevel(level)
     root.propagate = False
+
+
+def print_json(obj: Any) -> None:
+    """The one way a command prints its `--json` result: indented, sorted keys, on stdout."""
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    sys.stdout.flush()
 
 
 def byte_progress(**kwargs: Any) -> Progress:

@@ -17,6 +17,12 @@ class QwenquantError(Exception):
         return self.message
 
 
+class UsageError(QwenquantError):
+    """The command line asks for something that cannot be done (a bad value or combination of options)."""
+
+    exit_code = 2
+
+
 class FetchError(QwenquantError):
     """A download or a downloaded file could not be trusted."""
 

@@ -6,7 +6,9 @@ import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
+
+from qwenquant.atomic import canonical_json
 
 CHUNK = 8 * 1024 * 1024
 
@@ -20,6 +22,11 @@ def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> st
             if progress:
                 progress(len(chunk))
     return h.hexdigest()
+
+
+def sha256_json(obj: Any) -> str:
+    """Hex sha256 of the canonical JSON of `obj` (sorted keys, fixed separators)."""
+    return hashlib.sha256(canonical_json(obj)).hexdigest()
 
 
 def git_blob_sha1(path: Path) -> str:

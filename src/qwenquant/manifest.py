@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from qwenquant.atomic import atomic_write_bytes, canonical_json
 from qwenquant.errors import VerificationError
-from qwenquant.hashing import sha256_files
+from qwenquant.hashing import sha256_files, sha256_json
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def compute_root_digest(files: Iterable[FileDigest]) -> str:
 def manifest_self_digest(body: dict[str, Any]) -> str:
     """sha256 of the canonical JSON of the manifest body (without `manifest_self_digest`)."""
     body = {k: v for k, v in body.items() if k != "manifest_self_digest"}
-    return hashlib.sha256(canonical_json(body)).hexdigest()
+    return sha256_json(body)
 
 
 def list_artifact_files(artifact_dir: Path) -> dict[str, Path]:
@@ -134,7 +134,7 @@ def build_manifest(
     if not root.is_dir():
         raise VerificationError(f"artifact folder not found: {root}", hint="check the path")
     recipe = _jsonable(recipe, "recipe")
-    if hashlib.sha256(canonical_json(recipe)).hexdigest() != recipe_sha256:
+    if sha256_json(recipe) != recipe_sha256:
         raise ValueError("recipe_sha256 is not the sha256 of the canonical recipe: pass recipe.canonical() "
                          "and recipe.sha256() of the same Recipe")
     files = list_artifact_files(root)
@@ -292,7 +292,7 @@ def _manifest_problems(m: Manifest, raw: dict[str, Any]) -> list[FileProblem]:
     if manifest_self_digest(raw) != raw["manifest_self_digest"]:
         out.append(FileProblem(MANIFEST_NAME, "manifest",
                                "manifest_self_digest does not match the manifest body: the manifest was edited"))
-    if hashlib.sha256(canonical_json(m.recipe)).hexdigest() != m.recipe_sha256:
+    if sha256_json(m.recipe) != m.recipe_sha256:
         out.append(FileProblem(MANIFEST_NAME, "manifest", "recipe_sha256 does not match the recorded recipe"))
     return out
 

@@ -1,9 +1,10 @@
-"""The quantize pipeline: stages in order, each with a completion record, resumable after a crash.
+"""The quantize pipeline: `stages.PIPELINE` in order, each with a completion record, resumable.
 
-Each stage builds its output folder in a staging dir and renames it to `<work>/<stage>/`, then
-writes `<work>/<stage>.record.json` (format and trust rules: stages/records.py). A re-run skips a
-stage only when its record proves it complete; anything else runs it again from its start. Only
-this module writes stage records and the manifest.
+For each stage (interface: stage.py) the pipeline fingerprints its inputs and params; unless
+`<work>/<stage>.record.json` proves the stage complete for exactly those (format and trust rules:
+records.py), the stage builds its folder in a staging dir that is renamed to `<work>/<stage>/`.
+The last folder that is a full checkpoint becomes the artifact, with its manifest. Only this
+module writes stage records and the manifest.
 """
 
 from __future__ import annotations
@@ -11,26 +12,29 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from qwenquant.atomic import atomic_write_bytes, atomic_write_json, pretty_json, staging_dir
-from qwenquant.errors import CheckError, StageError
-from qwenquant.hashing import sha256_file
-from qwenquant.stages.records import StageOutcome, StageRunner, clean_partials, sha256_json, work_lock
+from qwenquant.atomic import atomic_write_bytes, pretty_json, staging_dir
+from qwenquant.errors import StageError
+from qwenquant.hashing import sha256_json
+from qwenquant.records import StageRunner, clean_partials, work_lock
+from qwenquant.stage import Progress, StageContext
+
+if TYPE_CHECKING:
+    from qwenquant.recipe import CalibrationSpec, Recipe
 
 log = logging.getLogger(__name__)
 
-from qwenquant.stages import STAGES  # noqa: E402  (the stage order, in one place)
 QUALITY_FILE = "qwenquant-quality.json"
+
 
 @dataclass
 class QuantizeOptions:
     source_dir: Path
-    recipe: Any
-    calibration: Any
+    recipe: Recipe
+    calibration: CalibrationSpec
     out: Path
     work: Path | None = None
     device: str | None = None
@@ -59,12 +63,10 @@ def resolve_device(device: str | None) -> str:
     return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def quantize(opts: QuantizeOptions, progress: Callable[[str, int, int], None] | None = None) -> QuantizeResult:
+def quantize(opts: QuantizeOptions, progress: Progress | None = None) -> QuantizeResult:
     """Run every stage (resuming from valid records), assemble the artifact, write its manifest."""
-    from qwenquant.stages import calibration as cal
-    from qwenquant.stages.source import stat_fingerprint
+    from qwenquant.stages import PIPELINE
 
-    recipe, spec = opts.recipe, opts.calibration
     source = Path(opts.source_dir).resolve()
     out = Path(opts.out).resolve()
     work = Path(opts.work).resolve() if opts.work else out.with_name(out.name + ".work")
@@ -73,183 +75,22 @@ def quantize(opts: QuantizeOptions, progress: Callable[[str, int, int], None] | 
                          hint="write the artifact to its own folder, outside the source")
     device = resolve_device(opts.device)
     step = progress or (lambda name, i, n: None)
+    total = len(PIPELINE) + 1  # the stages, then the manifest
     with work_lock(work):
         clean_partials(work)
         for p in out.parent.glob(f".{out.name}.*.partial"):  # an artifact assembly that was killed
             shutil.rmtree(p, ignore_errors=True)
         runner = StageRunner(work)
-        total = len(STAGES) + 1
-
-        step("source", 0, total)
-        record_file = source / "qwenquant-fetch.json"
-        src = runner.run(
-            "source",
-            {"stat": stat_fingerprint(source),
-             "fetch_record": sha256_file(record_file) if record_file.is_file() else "none"},
-            {"unverified": opts.source_unverified, "path": str(source)},
-            lambda d: _source_stage(d, source, recipe, opts.source_unverified))
-
-        step("calibration", 1, total)
-        spec_dump = spec.model_dump(mode="json")
-        data = spec.resolved_path() if spec.source == "local" else None
-        calib = runner.run(
-            "calibration",
-            {"source": src.digest, "spec": sha256_json(spec_dump),
-             "data": sha256_file(data) if data is not None and data.is_file() else f"hub:{spec.dataset}@{spec.revision}"},
-            {"spec": spec_dump},
-            lambda d: cal.run_calibration(spec, source, d, datasets_dir=work / "datasets"))
-        samples = None
-
-        def tokens() -> list[list[int]]:
-            nonlocal samples
-            if samples is None:
-                samples = cal.load_tokens(calib.dir)
-            return samples
-
-        step("gptq", 2, total)
-        q_dump = recipe.quantization.model_dump(mode="json")
-        gptq = runner.run(
-            "gptq", _gptq_inputs(src.digest, calib.digest, recipe, device), {"quantization": q_dump, "device": device},
-            lambda d: _gptq_stage(d, source, tokens(), recipe, device, progress, work=work, src_digest=src.digest,
-                                  calib_digest=calib.digest))
-
-        step("lm_head", 3, total)
-        h_dump = recipe.lm_head.model_dump(mode="json")
-        head = runner.run(
-            "lm_head",
-            {"source": src.digest, "calibration": calib.digest, "gptq": gptq.digest, "lm_head": sha256_json(h_dump),
-             "device": device},
-            {"lm_head": h_dump, "device": device},
-            lambda d: _head_stage(d, source, tokens(), recipe, gptq.dir, device, progress))
-
-        step("mtp", 4, total)
-        mtp = runner.run("mtp", {"source": src.digest, "lm_head": head.digest}, {},
-                         lambda d: _mtp_stage(d, head.dir, source))
-
-        step("textonly", 5, total)
-        layout = recipe.artifact.layout
-        text = runner.run("textonly", {"mtp": mtp.digest, "layout": sha256_json(layout)}, {"layout": layout},
-                          lambda d: _layout_stage(d, mtp.dir, layout))
-
-        step("check", 6, total)
-        check = runner.run(
-            "check", {"textonly": text.digest, "source": src.digest, "recipe": recipe.sha256()}, {"layout": layout},
-            lambda d: _check_stage(d, text.dir, source, recipe))
-
-        step("manifest", 7, total)
-        result = _finish(runner, out, text.dir, src, calib, head, check, recipe)
+        ctx = StageContext(source, opts.recipe, opts.calibration, work, device, opts.source_unverified, progress,
+                           runner.outcomes)
+        for i, stage in enumerate(PIPELINE):
+            step(stage.name, i, total)
+            runner.run(stage.name, stage.inputs(ctx), stage.params(ctx), lambda d, s=stage: s.run(ctx, d))
+        step("manifest", len(PIPELINE), total)
+        built = [ctx.dir(s.name) for s in PIPELINE if s.builds_checkpoint][-1]
+        result = _finish(runner, out, built, opts.recipe)
         step("done", total, total)
         return result
-
-
-def _source_stage(d: Path, source: Path, recipe: Any, unverified: bool) -> dict[str, Any]:
-    from qwenquant.stages.source import describe_source
-
-    desc = describe_source(source, recipe, unverified=unverified)
-    atomic_write_json(d / "source.json", desc)
-    return {k: v for k, v in desc.items() if k != "files"} | {"file_count": len(desc["files"])}
-
-
-def _gptq_inputs(src_digest: str, calib_digest: str, recipe: Any, device: str) -> dict[str, str]:
-    """What the gptq stage's output depends on (the held-out split: the streamed engine also
-    calibrates the head)."""
-    return {"source": src_digest, "calibration": calib_digest,
-            "quantization": sha256_json(recipe.quantization.model_dump(mode="json")),
-            "artifact": sha256_json(recipe.artifact.model_dump(mode="json")), "device": device,
-            "engine": gptq_engine(), "heldout": str(recipe.lm_head.heldout_fraction if recipe.lm_head.enabled else 0.0)}
-
-
-def gptq_engine() -> str:
-    """`streamed` (layer by layer, resumable; qwenquant/engine) or `oneshot` (llm-compressor whole-model)."""
-    import os
-
-    name = os.environ.get("QWENQUANT_GPTQ_ENGINE", "streamed")
-    if name not in ("streamed", "oneshot"):
-        raise StageError(f"QWENQUANT_GPTQ_ENGINE must be streamed or oneshot, got {name!r}",
-                         hint="unset QWENQUANT_GPTQ_ENGINE to use the streamed engine")
-    return name
-
-
-def _gptq_stage(d: Path, source: Path, samples: list[list[int]], recipe: Any, device: str,
-                progress: Callable[[str, int, int], None] | None, *, work: Path, src_digest: str,
-                calib_digest: str) -> dict[str, Any]:
-    import os
-
-    cb = (lambda i, n: progress("gptq layers", i, n)) if progress else None
-    if gptq_engine() == "oneshot":
-        from qwenquant.stages.gptq import run_gptq
-
-        return run_gptq(source, samples, recipe, d, device=device, progress=cb)
-    from qwenquant.engine.stage import run_streamed_gptq
-
-    fingerprint = {"source": src_digest, "calibration": calib_digest, "device": device,
-                   "quantization": sha256_json(recipe.quantization.model_dump(mode="json")),
-                   "heldout": recipe.lm_head.heldout_fraction if recipe.lm_head.enabled else 0.0}
-    cap = os.environ.get("QWENQUANT_MAX_GPU_MEM")  # GiB; e.g. 23.5 makes a big GPU behave like a 24 GB card
-    return run_streamed_gptq(source, samples, recipe, d, layers_root=work / "gptq-layers", fingerprint=fingerprint,
-                             device=device, max_gpu_mem_gib=float(cap) if cap else None, progress=cb)
-
-
-def _head_stage(d: Path, source: Path, samples: list[list[int]], recipe: Any, prev: Path, device: str,
-                progress: Callable[[str, int, int], None] | None) -> dict[str, Any]:
-    from qwenquant.stages.assemble import current_plan, derive_checkpoint, read_config
-
-    if not recipe.lm_head.enabled:
-        derive_checkpoint(prev, d, current_plan(prev), read_config(prev))
-        return {"lm_head": {"method": "none"}}
-    from qwenquant.stages.headquant import run_head
-
-    cb = (lambda i, n: progress("lm_head row chunks", i, n)) if progress else None
-    return run_head(source, samples, recipe, prev, d, device=device, progress=cb)
-
-
-def _mtp_stage(d: Path, prev: Path, source: Path) -> dict[str, Any]:
-    from qwenquant.stages.assemble import carry_files
-    from qwenquant.stages.mtp import graft_into, plan_for
-
-    plan = plan_for(prev, source)
-    graft_into(prev, d, source, plan)
-    carry_files(prev, d)
-    return {"graft": plan.summary(), "added": len(plan.add)}
-
-
-def _layout_stage(d: Path, prev: Path, layout: str) -> dict[str, Any]:
-    from qwenquant.stages.textonly import keep_multimodal, rewrite_text_only
-
-    return rewrite_text_only(prev, d) if layout == "text-only" else keep_multimodal(prev, d)
-
-
-def unquantized_problems(artifact: Path, source: Path, recipe: Any, layout: str) -> list[str]:
-    """The byte-identity proof for a finished artifact (text-only names mapped back to the source)."""
-    from qwenquant.stages.identity import prove_unquantized_identical, recipe_quantizes
-    from qwenquant.stages.textonly import text_only_name
-
-    return prove_unquantized_identical(
-        artifact, source, rename=text_only_name if layout == "text-only" else (lambda n: n),
-        may_quantize=recipe_quantizes(list(recipe.quantization.ignore), head_quantized=recipe.lm_head.enabled))
-
-
-def _check_stage(d: Path, artifact: Path, source: Path, recipe: Any) -> dict[str, Any]:
-    from qwenquant.stages.mtp import verify_mtp
-
-    layout = recipe.artifact.layout
-    problems = [f"unquantized-identical: {p}" for p in unquantized_problems(artifact, source, recipe, layout)]
-    problems += [f"mtp-identical: {p}" for p in verify_mtp(artifact, source)]
-    from qwenquant.check import check_artifact
-
-    report = check_artifact(artifact)
-    rules_run = list(report.rules_run)
-    rules: list[str] = []
-    for p in report.findings:
-        problems.append(str(p))
-        rules.append(p.rule)
-    atomic_write_json(d / "check.json", {"problems": problems, "failed_rules": sorted(set(rules)),
-                                         "rules_run": rules_run + ["unquantized-identical", "mtp-identical"]})
-    if problems:
-        ids = sorted(set(rules) | {p.split(":", 1)[0] for p in problems if p.startswith(("unquantized-", "mtp-"))})
-        raise CheckError(f"the artifact fails {len(problems)} check(s) [{', '.join(ids)}]:\n  " + "\n  ".join(problems[:20]),
-                         hint="fix the cause and re-run `qwenquant quantize` (finished stages are reused)")
-    return {"problems": 0}
 
 
 MANIFEST_STAGE_FIELDS = ("stage", "status", "inputs", "outputs", "params", "result")
@@ -262,40 +103,40 @@ def manifest_stage(record: dict[str, Any]) -> dict[str, Any]:
     return {**kept, "content_sha256": sha256_json(kept)}
 
 
-def manifest_fields(src: StageOutcome, calib: StageOutcome, head: StageOutcome, runner: StageRunner,
-                    recipe: Any) -> dict[str, Any]:
-    """Everything the manifest records besides the file list."""
-    source_desc = json.loads((src.dir / "source.json").read_text())
+def manifest_fields(runner: StageRunner, recipe: Recipe) -> dict[str, Any]:
+    """Everything the manifest records besides the file list (source, calibration and quality
+    come from the stages of those names)."""
+    outcomes = runner.outcomes
     return {
-        "source": source_desc,
+        "source": json.loads((outcomes["source"].dir / "source.json").read_text()),
         "recipe": recipe.canonical(),
         "recipe_sha256": recipe.sha256(),
-        "calibration": {k: v for k, v in calib.result.items()},
-        "stages": {name: manifest_stage(o.record) for name, o in runner.outcomes.items()},
-        "quality": head.result,
+        "calibration": dict(outcomes["calibration"].result),
+        "stages": {name: manifest_stage(o.record) for name, o in outcomes.items()},
+        "quality": outcomes["lm_head"].result,
         "tool_versions": runner.versions,
     }
 
 
-def _finish(runner: StageRunner, out: Path, built: Path, src: StageOutcome, calib: StageOutcome,
-            head: StageOutcome, check: StageOutcome, recipe: Any) -> QuantizeResult:
+def _finish(runner: StageRunner, out: Path, built: Path, recipe: Recipe) -> QuantizeResult:
+    from qwenquant.checkpoint.assemble import link_or_copy
     from qwenquant.manifest import build_manifest, verify_artifact, write_manifest
-    from qwenquant.stages.assemble import link_or_copy
 
-    fields = manifest_fields(src, calib, head, runner, recipe)
+    fields = manifest_fields(runner, recipe)
     with staging_dir(out) as tmp:
         for p in sorted(built.iterdir()):
             if p.is_file():
                 link_or_copy(p, tmp / p.name)
-        atomic_write_bytes(tmp / QUALITY_FILE, pretty_json(head.result))
+        atomic_write_bytes(tmp / QUALITY_FILE, pretty_json(fields["quality"]))
         manifest = build_manifest(tmp, **fields)
         write_manifest(tmp, manifest)
     report = verify_artifact(out)
     if not report.ok:
         raise StageError(f"the written artifact does not verify: {report.problems}", hint="re-run quantize")
     log.info("artifact %s, root digest %s", out, manifest.root_digest)
-    return QuantizeResult(out, manifest.root_digest, head.result,
-                          {n: ("ran" if o.ran else "skipped") for n, o in runner.outcomes.items()}, calib.result)
+    return QuantizeResult(out, manifest.root_digest, fields["quality"],
+                          {n: ("ran" if o.ran else "skipped") for n, o in runner.outcomes.items()},
+                          runner.outcomes["calibration"].result)
 
 
 def refresh_manifest(artifact: Path, note: dict[str, Any] | None = None, *, previous: Path | None = None) -> str:
@@ -318,7 +159,7 @@ def refresh_manifest(artifact: Path, note: dict[str, Any] | None = None, *, prev
 def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False) -> dict[str, Any]:
     """`qwenquant graft-mtp`: put the source MTP tensors back into an artifact (idempotent)."""
     from qwenquant.manifest import MANIFEST_NAME, verify_artifact
-    from qwenquant.stages.assemble import carry_files
+    from qwenquant.checkpoint.assemble import carry_files
     from qwenquant.stages.mtp import graft_into, plan_for, verify_mtp
 
     artifact, source = Path(artifact).resolve(), Path(source).resolve()

@@ -7,21 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from qwenquant.cli import main
 from qwenquant.fetch import load_fetch_record, verify_fetch_record
 from qwenquant.hubserver import Fault
+
+from helpers import run_cli as run
 
 REPO = "Qwen/Qwen3.8-27B"
 
 SHARD1 = "model-00001-of-00002.safetensors"
 SHARD2 = "model-00002-of-00002.safetensors"
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(args))
-    cap = capsys.readouterr()
-    return code, cap.out, " ".join(cap.err.split())  # rich wraps long lines at 80 columns off-terminal
 
 
 def fetch(capsys, out: Path, *extra: str) -> tuple[int, str, str]:

@@ -7,19 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from qwenquant.cli import main
 from qwenquant.errors import VerificationError
 from qwenquant.fetch import verify_fetch_record
 
+from helpers import run_cli as run
+
 REPO = "Qwen/Qwen3.8-27B"
 SHARD1 = "model-00001-of-00002.safetensors"
-
-
-def run(capsys, *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(args))
-    cap = capsys.readouterr()
-    return code, cap.out, " ".join(cap.err.split())
 
 
 @pytest.fixture

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from qwenquant.cli import main
 from qwenquant.fetch import load_fetch_record
 from qwenquant.hubserver import Fault
+
+from helpers import run_cli
 
 REPO = "Qwen/Qwen3.8-27B"
 SHARD1 = "model-00001-of-00002.safetensors"
@@ -21,9 +22,8 @@ SHARD2 = "model-00002-of-00002.safetensors"
 
 
 def fetch(capsys, out: Path, *extra: str) -> tuple[int, str]:
-    capsys.readouterr()
-    code = main(["fetch", REPO, "--out", str(out), *extra])
-    return code, " ".join(capsys.readouterr().err.split())
+    code, _, err = run_cli(capsys, "fetch", REPO, "--out", str(out), *extra)
+    return code, err
 
 
 def partials(out: Path) -> list[Path]:

@@ -3,43 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-INDEX = "model.safetensors.index.json"
-
-
-def qq(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, QWENQUANT_NO_PROGRESS="1")
-    return subprocess.run([sys.executable, "-m", "qwenquant", *args], capture_output=True, text=True,
-                          timeout=300, env=env, cwd=REPO)
-
-
-def mtp_bytes(folder: Path) -> dict[str, bytes]:
-    out = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        data = f.read_bytes()
-        n = struct.unpack("<Q", data[:8])[0]
-        for name, t in json.loads(data[8:8 + n]).items():
-            if name.startswith("mtp."):
-                s, e = t["data_offsets"]
-                out[name] = data[8 + n + s:8 + n + e]
-    return out
-
-
-def strip_mtp(folder: Path) -> None:
-    index = json.loads((folder / INDEX).read_text())
-    for shard in {v for k, v in index["weight_map"].items() if k.startswith("mtp.")}:
-        (folder / shard).unlink()
-    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not k.startswith("mtp.")}
-    (folder / INDEX).write_text(json.dumps(index))
+from helpers import INDEX, mtp_bytes, qq, strip_mtp
 
 
 @pytest.fixture

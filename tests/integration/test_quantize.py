@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -19,36 +18,16 @@ from pathlib import Path
 
 import pytest
 
+from helpers import REPO, qq, raw_tensors, strip_mtp
+
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 QUANT_SUFFIXES = (".weight_packed", ".weight_scale", ".weight_shape", ".weight_zero_point", ".weight_g_idx")
-
-
-def qq(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess (fixed thread count: byte-identical results across runs)."""
-    env = dict(os.environ, QWENQUANT_THREADS="2", QWENQUANT_NO_PROGRESS="1", PYTHONHASHSEED="0")
-    return subprocess.run([sys.executable, "-m", "qwenquant", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=REPO)
 
 
 def quantize_args(source: Path, out: Path, *extra: str) -> list[str]:
     return ["quantize", str(source), "--recipe", "w4a16-int4head", "--calibration", "tiny-demo",
             "--source-unverified", "--out", str(out), "--json", *extra]
-
-
-def raw_tensors(folder: Path) -> dict[str, tuple[str, tuple, bytes]]:
-    """name -> (dtype, shape, raw bytes), parsed straight from the safetensors files."""
-    out = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        data = f.read_bytes()
-        n = struct.unpack("<Q", data[:8])[0]
-        header = json.loads(data[8:8 + n])
-        header.pop("__metadata__", None)
-        for name, t in header.items():
-            s, e = t["data_offsets"]
-            out[name] = (t["dtype"], tuple(t["shape"]), data[8 + n + s:8 + n + e])
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -209,20 +188,11 @@ def test_rerun_skips_every_stage_with_same_digest(built: dict, tmp_path: Path) -
 
 # --- graft-mtp ------------------------------------------------------------------------------------
 
-def _strip_mtp(artifact: Path) -> None:
-    from safetensors.torch import load_file
-
-    index_path = artifact / "model.safetensors.index.json"
-    index = json.loads(index_path.read_text())
-    (artifact / "model-mtp.safetensors").unlink()
-    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not k.startswith("mtp.")}
-    index_path.write_text(json.dumps(index))
-    assert load_file  # (only the shard and the index change)
-
-
 def test_graft_mtp_restores_and_is_idempotent(built: dict, tmp_path: Path) -> None:
     art = Path(shutil.copytree(built["out"], tmp_path / "art"))
-    _strip_mtp(art)
+    strip_mtp(art)
+    kept = {n: t for n, t in raw_tensors(built["out"]).items() if not n.startswith("mtp.")}
+    assert raw_tensors(art) == kept  # only the MTP shard and its index entries went
     check = qq("graft-mtp", str(art), "--source", str(built["source"]), "--check-only")
     assert check.returncode != 0 and "MTP head incomplete" in check.stderr
 
@@ -264,7 +234,7 @@ def test_missing_source_folder(tmp_path: Path) -> None:
 
 def test_bad_device_flag(tmp_path: Path) -> None:
     proc = qq(*quantize_args(tmp_path, tmp_path / "a", "--device", "tpu"))
-    assert proc.returncode == 2 and "--device must be cpu or cuda, got 'tpu'" in proc.stderr
+    assert proc.returncode == 2 and "'tpu' is not one of 'cpu', 'cuda'" in proc.stderr
 
 
 # --- kill during GPTQ, then resume ----------------------------------------------------------------
@@ -314,7 +284,7 @@ def test_killed_during_gptq_then_rerun_gives_same_digest(built: dict, tmp_path: 
 # --- a corrupt or partial record is never trusted -------------------------------------------------
 
 def _rehash(rec: dict) -> dict:
-    from qwenquant.stages.records import record_digest
+    from qwenquant.records import record_digest
 
     rec["record_sha256"] = record_digest(rec)
     return rec
@@ -406,13 +376,14 @@ def test_identity_proof_catches_the_norm_rounding_bug(built: dict, tmp_path: Pat
     bf16 and back, applied to the finished artifact: the proof that runs on every build flags it."""
     import torch
 
-    from qwenquant.pipeline import unquantized_problems
+    from qwenquant.stages.check import unquantized_problems
     from qwenquant.recipe import load_recipe
-    from qwenquant.stages.assemble import torch_raw
-    from qwenquant.stages.tensorfile import checkpoint_refs, shard_refs, write_shard
+    from qwenquant.checkpoint.assemble import torch_raw
+    from qwenquant.checkpoint.tensorfile import checkpoint_refs, shard_refs, write_shard
 
+    recipe = load_recipe("w4a16-int4head")
     art = Path(shutil.copytree(built["out"], tmp_path / "art"))
-    assert unquantized_problems(art, built["source"], load_recipe("w4a16-int4head"), "text-only") == []
+    assert unquantized_problems(art, built["source"], recipe.quantization, head_quantized=True, layout="text-only") == []
     rounded = []
     for shard in sorted(art.glob("model*.safetensors")):
         refs = shard_refs(shard)
@@ -427,7 +398,7 @@ def test_identity_proof_catches_the_norm_rounding_bug(built: dict, tmp_path: Pat
         if any(n in rounded for n in refs):
             write_shard(shard, list(out.values()))
     assert rounded, "the simulated bug changed nothing"
-    problems = unquantized_problems(art, built["source"], load_recipe("w4a16-int4head"), "text-only")
+    problems = unquantized_problems(art, built["source"], recipe.quantization, head_quantized=True, layout="text-only")
     assert {p.split(":")[0] for p in problems} == set(rounded)
     assert all("bytes differ from source tensor " in p for p in problems)
     assert any(p.startswith("model.norm.weight:") for p in problems)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import flat
+
 STANDIN = Path(__file__).with_name("standin_server.py")
 ARCHS = ["Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"]
 W4 = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128,
@@ -100,11 +102,6 @@ def fake_vllm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     launcher.write_text(json.dumps({"python": sys.executable, "entrypoint": [sys.executable, str(STANDIN)],
                                     "vllm_version": "0.33.0", "device": "cpu"}))
     return launcher
-
-
-def flat(text: str) -> str:
-    """Output with rich's line wrapping undone (the console wraps at the terminal width)."""
-    return " ".join(text.split())
 
 
 def free_port() -> int:

@@ -24,16 +24,14 @@ from pathlib import Path
 
 import pytest
 
+from helpers import flat
+
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / ".venv-vllm" / "qwenquant-vllm.json"
 SHARING = "Sharing target model lm_head weights with the draft model"
 LAYOUTS = {"text-only": "constant", "multimodal": "random"}
-
-
-def _flat(text: str) -> str:
-    return " ".join(text.split())
 
 
 def _free_port() -> int:
@@ -248,7 +246,7 @@ def test_tampered_artifact_refused_before_launch(server, tmp_path):
     r = subprocess.run(_serve_cmd(art, _free_port(), log), env=_env(tmp_path), capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 4
-    assert shard.name in _flat(r.stderr) and "refusing to serve" in _flat(r.stderr)
+    assert shard.name in flat(r.stderr) and "refusing to serve" in flat(r.stderr)
     assert not log.exists()
 
 

@@ -63,7 +63,7 @@ def _oneshot(source: Path, out: Path, samples: list[list[int]], *, norm_rounding
 
 
 def _quant_tensors(folder: Path) -> dict:
-    from qwenquant.stages.tensorfile import checkpoint_refs
+    from qwenquant.checkpoint.tensorfile import checkpoint_refs
 
     return {n: (r.dtype, r.shape, r.read()) for n, r in checkpoint_refs(folder).items()
             if n.rsplit(".", 1)[1] in ("weight_packed", "weight_scale", "weight_shape")}
@@ -75,7 +75,7 @@ def streamed(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) ->
     from qwenquant.engine.run import stream_quantize
     from qwenquant.recipe import load_recipe
     from qwenquant.stages.gptq import set_deterministic
-    from qwenquant.stages.tensorfile import checkpoint_refs, shard_refs
+    from qwenquant.checkpoint.tensorfile import checkpoint_refs, shard_refs
 
     set_deterministic(threads=2)
     root = tmp_path_factory.mktemp("streamed")
@@ -122,7 +122,7 @@ def test_close_to_stock_oneshot_with_norm_rounding(streamed: dict, tiny_checkpoi
 
     from qwenquant.engine.quantize import resolve_scheme, unpack
     from qwenquant.recipe import load_recipe
-    from qwenquant.stages.tensorfile import checkpoint_refs
+    from qwenquant.checkpoint.tensorfile import checkpoint_refs
 
     scheme = resolve_scheme(load_recipe("w4a16-int4head").quantization)
     source = checkpoint_refs(tiny_checkpoint)

@@ -91,18 +91,18 @@ def test_lm_head_stage_does_not_load_the_model(baseline: dict, tiny_checkpoint: 
 
     from qwenquant.recipe import load_recipe
     from qwenquant.stages import calibration as cal
-    from qwenquant.stages import headquant
+    from qwenquant.stages import lm_head
 
     def refuse(*a, **k):
         raise AssertionError("the lm_head stage built a transformers model")
 
     monkeypatch.setattr(transformers.PreTrainedModel, "__init__", refuse)
     monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(refuse))
-    monkeypatch.setattr(headquant, "_load_model", refuse)
+    monkeypatch.setattr(lm_head, "_load_model", refuse)
     (tmp_path / "head").mkdir()
-    quality = headquant.run_head(tiny_checkpoint, cal.load_tokens(baseline["work"] / "calibration"),
-                                 load_recipe("w4a16-int4head"), baseline["work"] / "gptq", tmp_path / "head",
-                                 device="cpu")
+    quality = lm_head.run_head(tiny_checkpoint, cal.load_tokens(baseline["work"] / "calibration"),
+                               load_recipe("w4a16-int4head").lm_head, baseline["work"] / "gptq", tmp_path / "head",
+                               device="cpu")
     recorded = json.loads((baseline["work"] / "lm_head.record.json").read_text())["result"]
     assert quality == recorded
     assert not (tmp_path / "head" / "head-calibration").exists()  # not carried towards the artifact

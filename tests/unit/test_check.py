@@ -7,6 +7,7 @@ dtypes and shapes) in the layout llm-compressor 0.14 writes; no torch, no llm-co
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from typing import Any
 import pytest
 
 from qwenquant.check import check_artifact
+from qwenquant.checkpoint.header import DTYPE_BYTES
+from qwenquant.checkpoint.tensorfile import RawTensor, write_shard
 from qwenquant.cli import main
 from qwenquant.errors import CheckError
 
@@ -21,7 +24,6 @@ H, I, V = 256, 512, 1024  # hidden, intermediate, vocab
 HEADS, KV, HD = 4, 2, 64
 GK, GV, GD = 2, 4, 64  # GDN key heads, value heads, head dim
 GS = 128
-BYTES = {"BF16": 2, "F32": 4, "I32": 4, "I64": 8}
 IGNORE = ["re:.*visual.*", "re:^mtp.*", "re:.*linear_attn.in_proj_a$", "re:.*linear_attn.in_proj_b$"]
 
 
@@ -134,25 +136,19 @@ class Fx:
             shards["model_mtp.safetensors"] = mtp
         weight_map = {}
         for fname, names in shards.items():
-            header: dict[str, Any] = {}
-            data = bytearray()
+            tensors = []
             for n in names:
                 dtype, shape = self.t[n]
-                size = BYTES[dtype]
-                for s in shape:
-                    size *= s
                 if n.endswith(".weight_shape"):
                     mod = n.removesuffix(".weight_shape")
                     out, cols = self.t[f"{mod}.weight_packed"][1]
                     vals = self.shape_override.get(mod, (out, cols * 8))
                     blob = struct.pack("<2i" if dtype == "I32" else "<2q", *vals)
                 else:
-                    blob = bytes(size)
-                header[n] = {"dtype": dtype, "shape": list(shape), "data_offsets": [len(data), len(data) + size]}
-                data += blob
+                    blob = bytes(DTYPE_BYTES[dtype] * math.prod(shape))
+                tensors.append(RawTensor(n, dtype, tuple(shape), blob))
                 weight_map[n] = fname
-            hb = json.dumps(header).encode()
-            (d / fname).write_bytes(struct.pack("<Q", len(hb)) + hb + bytes(data))
+            write_shard(d / fname, tensors)
         if index_drop:
             weight_map.pop(index_drop)
         (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))

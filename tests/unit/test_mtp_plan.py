@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from qwenquant.errors import StageError
-from qwenquant.stages.identity import TensorDigest
+from qwenquant.checkpoint.identity import TensorDigest
 from qwenquant.stages.mtp import MTP_IGNORE, MTP_SHARD, plan_graft
 
 NAMES = [f"mtp.t{i}.weight" for i in range(15)]

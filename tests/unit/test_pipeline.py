@@ -1,4 +1,6 @@
-"""Stage records: a stage is skipped only when its record proves it complete (no torch here)."""
+"""pipeline.quantize itself, driven with small in-test stages (no torch, no model): the order and
+progress come from the stage list, records make a re-run skip, the artifact is the last checkpoint
+stage's folder plus the manifest, and a failing stage leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -7,266 +9,136 @@ from pathlib import Path
 
 import pytest
 
-from qwenquant.atomic import pretty_json
-from qwenquant.stages.records import StageRunner, check_record, record_digest
-from qwenquant.stages.identity import TensorDigest, compare_tensors, recipe_quantizes
-from qwenquant.stages.tensorfile import RawTensor, header_bytes, plan_shards
-
-INPUTS = {"upstream": "1" * 64}
-
-
-def _stage(calls: list[int]):
-    def fn(d: Path) -> dict:
-        calls.append(1)
-        (d / "out.bin").write_bytes(b"payload")
-        return {"n": 1}
-    return fn
+from qwenquant import pipeline
+from qwenquant.atomic import atomic_write_json
+from qwenquant.errors import StageError
+from qwenquant.manifest import MANIFEST_NAME, verify_artifact
+from qwenquant.recipe import load_recipe
+from qwenquant.stage import Stage, StageContext
 
 
-def _run(runner: StageRunner, calls: list[int], inputs=INPUTS):
-    return runner.run("demo", inputs, {"p": 1}, _stage(calls))
+class Toy:
+    """Four stages with the names the manifest reads (source, calibration, lm_head) and a check."""
+
+    def __init__(self) -> None:
+        self.weights = b"weights-1"
+        self.calls: list[str] = []
+        self.fail_check = False
+
+    def _ran(self, name: str) -> None:
+        self.calls.append(name)
+
+    def source(self, ctx: StageContext, out: Path) -> dict:
+        self._ran("source")
+        atomic_write_json(out / "source.json", {"kind": "local-unverified", "files": {}})
+        return {"kind": "local-unverified"}
+
+    def calibration(self, ctx: StageContext, out: Path) -> dict:
+        self._ran("calibration")
+        (out / "tokens.bin").write_bytes(b"123")
+        return {"fingerprint_sha256": "f" * 64}
+
+    def lm_head(self, ctx: StageContext, out: Path) -> dict:
+        self._ran("lm_head")
+        (out / "config.json").write_text("{}")
+        (out / "model.safetensors").write_bytes(self.weights)
+        return {"lm_head": {"method": "toy"}}
+
+    def check(self, ctx: StageContext, out: Path) -> dict:
+        self._ran("check")
+        if self.fail_check:
+            raise StageError("toy check failed")
+        return {"problems": 0}
+
+    def pipeline(self) -> tuple[Stage, ...]:
+        return (
+            Stage("source", lambda ctx: {"path": str(ctx.source)}, lambda ctx: {}, self.source),
+            Stage("calibration", lambda ctx: {"source": ctx.digest("source")}, lambda ctx: {}, self.calibration),
+            Stage("lm_head", lambda ctx: {"calibration": ctx.digest("calibration"), "weights": self.weights.decode()},
+                  lambda ctx: {"device": ctx.device}, self.lm_head, builds_checkpoint=True),
+            Stage("check", lambda ctx: {"lm_head": ctx.digest("lm_head")}, lambda ctx: {}, self.check),
+        )
 
 
 @pytest.fixture
-def ran(tmp_path: Path):
-    calls: list[int] = []
-    runner = StageRunner(tmp_path)
-    _run(runner, calls)
-    return tmp_path, calls
-
-
-def test_complete_record_skips(ran) -> None:
-    work, calls = ran
-    out = _run(StageRunner(work), calls)
-    assert calls == [1] and not out.ran
-    rec = json.loads((work / "demo.record.json").read_text())
-    assert rec["status"] == "complete" and rec["outputs"] == {"out.bin": out.record["outputs"]["out.bin"]}
-    assert rec["record_sha256"] == record_digest(rec)
-
-
-def _rerun_reason(work: Path, calls: list[int], inputs=INPUTS) -> str:
-    out = _run(StageRunner(work), calls, inputs)
-    assert out.ran and len(calls) == 2
-    assert (work / "demo" / "out.bin").read_bytes() == b"payload"
-    return out.reason
-
-
-def test_missing_record_reruns(ran) -> None:
-    work, calls = ran
-    (work / "demo.record.json").unlink()
-    assert "no completion record" in _rerun_reason(work, calls)
-
-
-def test_truncated_record_reruns(ran) -> None:
-    work, calls = ran
-    p = work / "demo.record.json"
-    p.write_bytes(p.read_bytes()[:40])
-    assert "not valid JSON" in _rerun_reason(work, calls)
-
-
-@pytest.mark.parametrize("field,value", [("outputs", "x"), ("status", "running"), ("inputs", None),
-                                         ("record_sha256", 7)])
-def test_malformed_record_reruns(ran, field, value) -> None:
-    work, calls = ran
-    p = work / "demo.record.json"
-    rec = json.loads(p.read_text())
-    rec[field] = value
-    if field != "record_sha256":
-        rec["record_sha256"] = record_digest(rec)
-    p.write_bytes(pretty_json(rec))
-    reason = _rerun_reason(work, calls)
-    assert "malformed" in reason or "not a complete record" in reason
-
-
-def test_wrong_self_hash_reruns(ran) -> None:
-    work, calls = ran
-    p = work / "demo.record.json"
-    rec = json.loads(p.read_text())
-    rec["result"] = {"n": 2}  # edited without re-hashing
-    p.write_bytes(pretty_json(rec))
-    assert "self-hash" in _rerun_reason(work, calls)
-
-
-def test_stale_inputs_rerun(ran) -> None:
-    work, calls = ran
-    assert "inputs changed (upstream)" in _rerun_reason(work, calls, {"upstream": "2" * 64})
-
-
-def test_changed_output_reruns(ran) -> None:
-    work, calls = ran
-    (work / "demo" / "out.bin").write_bytes(b"tampered")
-    assert "outputs changed" in _rerun_reason(work, calls)
-
-
-def test_added_output_file_reruns(ran) -> None:
-    work, calls = ran
-    (work / "demo" / "extra.txt").write_text("x")
-    assert "outputs changed" in _rerun_reason(work, calls)
-    assert not (work / "demo" / "extra.txt").exists()
-
-
-def test_failed_stage_leaves_no_record_and_no_output(tmp_path: Path) -> None:
-    def boom(d: Path) -> dict:
-        (d / "half.bin").write_bytes(b"x")
-        raise RuntimeError("killed")
-
-    with pytest.raises(RuntimeError):
-        StageRunner(tmp_path).run("demo", INPUTS, {}, boom)
-    assert not (tmp_path / "demo.record.json").exists()
-    assert not (tmp_path / "demo").exists()
-    assert not list(tmp_path.glob(".demo.*"))
-
-
-def test_check_record_rejects_other_stage() -> None:
-    body = {"schema_version": 1, "stage": "other", "status": "complete", "inputs": {}, "outputs": {},
-            "params": {}, "result": {}, "started": "", "finished": "", "tool_versions": {}}
-    body["record_sha256"] = record_digest(body)
-    rec, why = check_record(json.dumps(body).encode(), stage="demo", inputs={}, params={}, outputs_on_disk=dict)
-    assert rec is None and "not a complete record of this stage" in why
-
-
-# --- the byte-identity proof and deterministic shard writing -------------------------------------
-
-def _td(tag: str) -> TensorDigest:
-    return TensorDigest("BF16", (2,), tag * 64)
-
-
-def test_identity_proof_accepts_quantized_and_identical() -> None:
-    src = {"a.norm.weight": _td("1"), "a.proj.weight": _td("2")}
-    art = {"a.norm.weight": _td("1"), "a.proj.weight_packed": _td("3"), "a.proj.weight_scale": _td("4")}
-    assert compare_tensors(src, art, rename=lambda n: n, may_quantize=recipe_quantizes([], head_quantized=True)) == []
-
-
-def test_identity_proof_catches_rounded_norm_and_wrongly_quantized() -> None:
-    src = {"a.norm.weight": _td("1"), "x.in_proj_a.weight": _td("2"), "gone.weight": _td("5")}
-    art = {"a.norm.weight": _td("9"), "x.in_proj_a.weight_packed": _td("3"), "stray": _td("7")}
-    problems = compare_tensors(src, art, rename=lambda n: n,
-                               may_quantize=recipe_quantizes(["re:.*in_proj_a$"], head_quantized=True))
-    text = "\n".join(problems)
-    assert "a.norm.weight: bytes differ" in text
-    assert "x.in_proj_a: quantized, but the recipe keeps it" in text
-    assert "gone.weight: missing" in text
-    assert "stray: in the artifact but not derived" in text
-
-
-def test_shard_header_is_deterministic_and_aligned() -> None:
-    ts = [RawTensor("b", "BF16", (2,), b"\x00" * 4), RawTensor("a", "I32", (1,), b"\x01" * 4)]
-    h1, h2 = header_bytes(ts), header_bytes(list(reversed(ts)))
-    assert h1 == h2 and (len(h1) - 8) % 8 == 0
-    assert plan_shards({t.name: t for t in ts}, 4) == {"model-00001-of-00002.safetensors": ["a"],
-                                                       "model-00002-of-00002.safetensors": ["b"]}
-
-
-# --- the source stage ----------------------------------------------------------------------------
-
-class _Recipe:
-    name = "w4a16-int4head"
-
-    class model:  # noqa: N801 (stands in for RecipeModel)
-        architectures = ["Qwen3_5ForConditionalGeneration"]
-        model_types = ["qwen3_5"]
-
-
-def _fetched(tmp_path: Path) -> Path:
-    import hashlib
-
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "config.json").write_text(json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"],
-                                                 "model_type": "qwen3_5"}))
-    (src / "model.safetensors").write_bytes(b"weights")
-    files = [{"path": p.name, "size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
-             for p in sorted(src.iterdir())]
-    (src / "qwenquant-fetch.json").write_text(json.dumps(
-        {"schema_version": 1, "repo_id": "Qwen/Qwen3.8-27B", "repo_type": "model", "revision": "main",
-         "commit": "a" * 40, "files": files}))
-    return src
-
-
-def test_source_verified_against_fetch_record(tmp_path: Path) -> None:
-    from qwenquant.stages.source import describe_source
-
-    desc = describe_source(_fetched(tmp_path), _Recipe, unverified=False)
-    assert desc["kind"] == "fetched" and desc["verified"] is True
-    assert desc["repo"] == "Qwen/Qwen3.8-27B" and desc["commit"] == "a" * 40
-    assert set(desc["files"]) == {"config.json", "model.safetensors"}
-
-
-def test_source_that_drifted_from_its_record_is_refused(tmp_path: Path) -> None:
-    from qwenquant.errors import VerificationError
-    from qwenquant.stages.source import describe_source
-
-    src = _fetched(tmp_path)
-    (src / "model.safetensors").write_bytes(b"WEIGHTS")
-    with pytest.raises(VerificationError) as e:
-        describe_source(src, _Recipe, unverified=False)
-    assert "model.safetensors" in e.value.message and "--source-unverified" in (e.value.hint or "")
-
-
-def test_unverified_source_is_hashed_and_marked(tmp_path: Path) -> None:
-    from qwenquant.stages.source import describe_source
-
-    src = _fetched(tmp_path)
-    (src / "qwenquant-fetch.json").unlink()
-    desc = describe_source(src, _Recipe, unverified=True)
-    assert desc["kind"] == "local-unverified" and desc["verified"] is False and desc["commit"] is None
-    assert len(desc["files"]["model.safetensors"]["sha256"]) == 64
-
-
-def test_wrong_model_type_is_refused(tmp_path: Path) -> None:
-    from qwenquant.errors import StageError
-    from qwenquant.stages.source import describe_source
-
-    src = _fetched(tmp_path)
-    (src / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
-    with pytest.raises(StageError, match="not what recipe"):
-        describe_source(src, _Recipe, unverified=True)
-
-
-# --- pure helpers of the gptq and lm_head stages -------------------------------------------------
-
-def test_restore_plan_takes_unquantized_tensors_from_the_source(tmp_path: Path) -> None:
-    from qwenquant.stages.gptq import restore_plan
-    from qwenquant.stages.tensorfile import TensorRef
-
-    def ref(name: str, where: str) -> TensorRef:
-        return TensorRef(name, tmp_path / where, "BF16", (2,), 0, 4)
-
-    saved = {n: ref(n, "saved") for n in ("a.norm.weight", "a.proj.weight_packed", "a.proj.weight_scale",
-                                          "mtp.fc.weight", "lm_head.weight")}
-    source = {n: ref(n, "source") for n in ("a.norm.weight", "a.proj.weight", "mtp.fc.weight", "lm_head.weight")}
-    plan = restore_plan(saved, source)
-    assert plan["a.norm.weight"].path.name == "source" and plan["lm_head.weight"].path.name == "source"
-    assert plan["a.proj.weight_packed"].path.name == "saved"
-    assert "mtp.fc.weight" not in plan
-
-
-def test_quantized_config_uses_recipe_patterns() -> None:
-    from qwenquant.stages.gptq import quantized_config
-
-    src = {"model_type": "qwen3_5", "text_config": {"x": 1}}
-    saved = {"quantization_config": {"config_groups": {"group_0": {}}, "ignore": ["model.visual.blocks.0.attn.qkv"]}}
-    out = quantized_config(src, saved, ["lm_head", "re:.*visual.*"])
-    assert out["quantization_config"]["ignore"] == ["lm_head", "re:.*visual.*", "re:^mtp.*"]
-    assert out["text_config"] == {"x": 1} and "quantization_config" not in src
-
-
-def test_head_config_group_added_and_head_unignored() -> None:
-    from qwenquant.stages.headquant import head_quant_config
-
-    cfg = {"quantization_config": {"config_groups": {"group_0": {"targets": ["Linear"]}},
-                                   "ignore": ["lm_head", "re:^mtp.*"]}}
-    out = head_quant_config(cfg, {"targets": ["re:.*lm_head$"]})
-    qc = out["quantization_config"]
-    assert qc["config_groups"]["group_1"] == {"targets": ["re:.*lm_head$"]}
-    assert qc["ignore"] == ["re:^mtp.*"]
-    assert head_quant_config(out, {"targets": ["re:.*lm_head$"]}) == out  # idempotent
-    assert cfg["quantization_config"]["ignore"] == ["lm_head", "re:^mtp.*"]
-
-
-def test_split_heldout() -> None:
-    from qwenquant.stages.headquant import split_heldout
-
-    assert split_heldout(32, 0.1) == (list(range(29)), [29, 30, 31])
-    assert split_heldout(5, 0.0) == (list(range(5)), [])
-    assert split_heldout(2, 0.4) == ([0], [1])
+def toy(monkeypatch: pytest.MonkeyPatch) -> Toy:
+    import qwenquant.stages
+
+    t = Toy()
+    monkeypatch.setattr(qwenquant.stages, "PIPELINE", t.pipeline())
+    monkeypatch.setattr(pipeline, "resolve_device", lambda device: "cpu")
+    return t
+
+
+def _quantize(tmp_path: Path, progress=None) -> pipeline.QuantizeResult:
+    recipe = load_recipe("w4a16-int4head")
+    (tmp_path / "src").mkdir(exist_ok=True)
+    opts = pipeline.QuantizeOptions(tmp_path / "src", recipe, recipe.calibration, tmp_path / "art")
+    return pipeline.quantize(opts, progress)
+
+
+def test_stages_run_in_list_order_with_progress_numbers_from_the_list(toy: Toy, tmp_path: Path) -> None:
+    steps: list[tuple[str, int, int]] = []
+    res = _quantize(tmp_path, lambda name, i, n: steps.append((name, i, n)))
+    assert toy.calls == ["source", "calibration", "lm_head", "check"]
+    assert steps == [("source", 0, 5), ("calibration", 1, 5), ("lm_head", 2, 5), ("check", 3, 5),
+                     ("manifest", 4, 5), ("done", 5, 5)]
+    assert res.stages == {"source": "ran", "calibration": "ran", "lm_head": "ran", "check": "ran"}
+    art = tmp_path / "art"
+    assert sorted(p.name for p in art.iterdir()) == ["config.json", "model.safetensors", MANIFEST_NAME,
+                                                      pipeline.QUALITY_FILE]
+    assert (art / "model.safetensors").read_bytes() == b"weights-1"
+    assert verify_artifact(art).ok and res.root_digest == verify_artifact(art).root_digest
+    manifest = json.loads((art / MANIFEST_NAME).read_text())
+    assert manifest["quality"] == {"lm_head": {"method": "toy"}}
+    assert manifest["calibration"] == {"fingerprint_sha256": "f" * 64}
+    assert list(manifest["stages"]) == ["calibration", "check", "lm_head", "source"]  # canonical JSON sorts
+    assert manifest["stages"]["lm_head"]["params"] == {"device": "cpu"}
+    assert all((tmp_path / "art.work" / f"{n}.record.json").is_file() for n in res.stages)
+
+
+def test_rerun_skips_every_stage_and_writes_the_same_manifest(toy: Toy, tmp_path: Path) -> None:
+    first = _quantize(tmp_path)
+    manifest = (tmp_path / "art" / MANIFEST_NAME).read_bytes()
+    toy.calls.clear()
+    again = _quantize(tmp_path)
+    assert toy.calls == [] and set(again.stages.values()) == {"skipped"}
+    assert again.root_digest == first.root_digest
+    assert (tmp_path / "art" / MANIFEST_NAME).read_bytes() == manifest
+
+
+def test_changed_input_reruns_that_stage_and_those_reading_its_outputs(toy: Toy, tmp_path: Path) -> None:
+    first = _quantize(tmp_path)
+    toy.calls.clear()
+    toy.weights = b"weights-2"
+    again = _quantize(tmp_path)
+    assert toy.calls == ["lm_head", "check"]
+    assert again.stages == {"source": "skipped", "calibration": "skipped", "lm_head": "ran", "check": "ran"}
+    assert again.root_digest != first.root_digest
+    assert (tmp_path / "art" / "model.safetensors").read_bytes() == b"weights-2"
+
+
+def test_failing_stage_leaves_no_record_and_no_artifact(toy: Toy, tmp_path: Path) -> None:
+    toy.fail_check = True
+    with pytest.raises(StageError, match="toy check failed"):
+        _quantize(tmp_path)
+    work = tmp_path / "art.work"
+    assert not (tmp_path / "art").exists() and not (work / "check.record.json").exists()
+    assert (work / "lm_head.record.json").is_file()
+    assert not list(work.glob(".*.partial")) and not list(tmp_path.glob(".art.*"))
+
+
+def test_out_inside_the_source_is_refused(toy: Toy, tmp_path: Path) -> None:
+    recipe = load_recipe("w4a16-int4head")
+    (tmp_path / "src").mkdir()
+    opts = pipeline.QuantizeOptions(tmp_path / "src", recipe, recipe.calibration, tmp_path / "src" / "art")
+    with pytest.raises(StageError, match="overlaps the source folder"):
+        pipeline.quantize(opts)
+    assert toy.calls == []
+
+
+def test_the_shipped_stage_list() -> None:
+    from qwenquant.stages import PIPELINE
+
+    assert [s.name for s in PIPELINE] == ["source", "calibration", "gptq", "lm_head", "mtp", "textonly", "check"]
+    assert [s.name for s in PIPELINE if s.builds_checkpoint] == ["gptq", "lm_head", "mtp", "textonly"]

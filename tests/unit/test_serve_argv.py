@@ -108,9 +108,12 @@ def test_exactly_one_profile(profiles, tmp_path):
     """single-user and batch are mutually exclusive; one --profile is required."""
     from qwenquant.serve.run import run_serve
 
-    with pytest.raises(ServeError, match="choose exactly one --profile"):
+    from qwenquant.errors import UsageError
+
+    with pytest.raises(UsageError, match="choose exactly one --profile") as e:
         run_serve(tmp_path, profiles, [], port=None, host=None, api_key=None, served_model_name=None, vllm=None,
                   dry_run=True, timeout=1, device=None, log_file=None)
+    assert e.value.exit_code == 2
 
 
 def test_unknown_device(recipe):

@@ -24,7 +24,6 @@ from qwenquant.check.facts import (
     ArtifactFacts,
     CheckReport,
     Finding,
-    Tensor,
     read_artifact,
 )
 from qwenquant.check.rules import (
@@ -49,7 +48,7 @@ from qwenquant.check.rules import (
 
 __all__ = [
     "FLOAT_DTYPES", "FUSED_PARTS", "IGNORED", "MTP_LAYER", "MTP_TOP", "MULTIMODAL_ARCH", "PACKED_SUFFIXES",
-    "RULES", "RULE_FUNCS", "TEXT_ONLY_ARCH", "ArtifactFacts", "CheckReport", "Finding", "Tensor",
+    "RULES", "RULE_FUNCS", "TEXT_ONLY_ARCH", "ArtifactFacts", "CheckReport", "Finding",
     "check_artifact", "read_artifact", "rule_fused_scheme", "rule_kernel_shape", "rule_layout", "rule_lm_head",
     "rule_mtp", "rule_no_mrope", "rule_packed_format", "rule_quant_config", "rule_scheme_storage",
     "rule_vision", "run_rules",

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from qwenquant.errors import CheckError
 from qwenquant.recipe import target_matches, targets_cover
-from qwenquant.safetensors_check import (
+from qwenquant.checkpoint.header import (
     INDEX_NAME,
     SafetensorsError,
     SafetensorsHeader,
@@ -22,6 +22,7 @@ from qwenquant.safetensors_check import (
     load_index_json,
     read_header,
 )
+from qwenquant.checkpoint.tensorfile import TensorRef, header_refs
 
 log = logging.getLogger(__name__)
 
@@ -72,19 +73,11 @@ class CheckReport:
 
 
 @dataclass(frozen=True)
-class Tensor:
-    name: str
-    file: str
-    dtype: str
-    shape: tuple[int, ...]
-
-
-@dataclass(frozen=True)
 class ArtifactFacts:
     """Everything the rules look at, read once from disk."""
 
     config: dict[str, Any]
-    tensors: dict[str, Tensor]
+    tensors: dict[str, TensorRef]
     weight_shapes: dict[str, tuple[int, ...]]  # module -> values of its weight_shape tensor
     io_findings: tuple[Finding, ...] = ()  # header / index problems found while reading
     unreadable: bool = False  # no config or no tensors: the other rules are skipped
@@ -121,11 +114,11 @@ class ArtifactFacts:
         g = self.qconfig.get("config_groups")
         return {k: v for k, v in g.items() if isinstance(v, dict)} if isinstance(g, dict) else {}
 
-    def modules(self) -> dict[str, dict[str, Tensor]]:
+    def modules(self) -> dict[str, dict[str, TensorRef]]:
         """module name -> {suffix: tensor} for `.weight` and the packed suffixes."""
         if "modules" in self._memo:
             return self._memo["modules"]
-        out: dict[str, dict[str, Tensor]] = self._memo.setdefault("modules", {})
+        out: dict[str, dict[str, TensorRef]] = self._memo.setdefault("modules", {})
         for name, t in self.tensors.items():
             mod, _, suffix = name.rpartition(".")
             if suffix == "weight" or suffix in PACKED_SUFFIXES:
@@ -177,7 +170,8 @@ class ArtifactFacts:
         return gs if isinstance(gs, int) else None
 
 
-def _f(rule: str, where: str, message: str, fix: str) -> Finding:
+def finding(rule: str, where: str, message: str, fix: str) -> Finding:
+    """A Finding, in the argument order every rule writes it."""
     return Finding(rule, where, message, fix)
 
 
@@ -185,13 +179,11 @@ def _f(rule: str, where: str, message: str, fix: str) -> Finding:
 # Reading (thin).
 
 
-def _read_weight_shape(path: Path, header_bytes: int, t: Any) -> Optional[tuple[int, ...]]:
+def _read_weight_shape(t: TensorRef) -> Optional[tuple[int, ...]]:
     fmt = {"I32": "<2i", "I64": "<2q"}.get(t.dtype)
     if fmt is None or t.shape != (2,):
         return None
-    with open(path, "rb") as f:
-        f.seek(8 + header_bytes + t.start)
-        return struct.unpack(fmt, f.read(t.end - t.start))
+    return struct.unpack(fmt, t.read())
 
 
 def read_artifact(artifact_dir: Path) -> ArtifactFacts:
@@ -206,16 +198,16 @@ def read_artifact(artifact_dir: Path) -> ArtifactFacts:
             raise ValueError("not a JSON object")
     except FileNotFoundError:
         config = {}
-        io.append(_f("layout", "config.json", "missing", "copy it from the quantize stage's output"))
+        io.append(finding("layout", "config.json", "missing", "copy it from the quantize stage's output"))
     except ValueError as e:
         config = {}
-        io.append(_f("layout", "config.json", f"not valid JSON: {e}", "rebuild the artifact"))
+        io.append(finding("layout", "config.json", f"not valid JSON: {e}", "rebuild the artifact"))
     headers: dict[str, SafetensorsHeader] = {}
     for p in sorted(root.glob("*.safetensors")):
         try:
             headers[p.name] = read_header(p)
         except SafetensorsError as e:
-            io += [_f("safetensors-header", p.name, prob, "the shard is corrupt or truncated: rebuild or re-copy it")
+            io += [finding("safetensors-header", p.name, prob, "the shard is corrupt or truncated: rebuild or re-copy it")
                    for prob in e.problems]
     index_path = root / INDEX_NAME
     weight_map: Optional[dict[str, str]] = None
@@ -223,26 +215,26 @@ def read_artifact(artifact_dir: Path) -> ArtifactFacts:
         try:
             index = load_index_json(index_path.read_bytes())
             files = {p.name for p in root.iterdir()}
-            io += [_f("index", INDEX_NAME, prob, "rewrite the index from the shards' headers")
+            io += [finding("index", INDEX_NAME, prob, "rewrite the index from the shards' headers")
                    for prob in check_index(index, headers, files)]
             wm = index.get("weight_map")
             weight_map = wm if isinstance(wm, dict) else None
         except SafetensorsError as e:
-            io += [_f("index", INDEX_NAME, prob, "rewrite the index") for prob in e.problems]
+            io += [finding("index", INDEX_NAME, prob, "rewrite the index") for prob in e.problems]
     elif len(headers) > 1:
-        io.append(_f("index", INDEX_NAME, f"missing while there are {len(headers)} shards",
+        io.append(finding("index", INDEX_NAME, f"missing while there are {len(headers)} shards",
                      "write model.safetensors.index.json"))
     elif not headers and not any(f.rule == "safetensors-header" for f in io):
-        io.append(_f("index", "*.safetensors", "no safetensors files", "point at a quantized artifact folder"))
-    tensors: dict[str, Tensor] = {}
+        io.append(finding("index", "*.safetensors", "no safetensors files", "point at a quantized artifact folder"))
+    tensors: dict[str, TensorRef] = {}
     shapes: dict[str, tuple[int, ...]] = {}
     for fname, h in headers.items():
         if weight_map is not None and fname not in set(weight_map.values()):
             continue  # vLLM loads only the shards the index names (reported by the index rule)
-        for name, t in h.tensors.items():
-            tensors[name] = Tensor(name, fname, t.dtype, t.shape)
+        for name, t in header_refs(root / fname, h).items():
+            tensors[name] = t
             if name.endswith(".weight_shape"):
-                vals = _read_weight_shape(root / fname, h.header_bytes, t)
+                vals = _read_weight_shape(t)
                 if vals is not None:
                     shapes[name.removesuffix(".weight_shape")] = vals
     log.debug("read %d tensors from %d shards", len(tensors), len(headers))

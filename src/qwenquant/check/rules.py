@@ -12,7 +12,7 @@ from qwenquant.check.facts import (
     ArtifactFacts,
     CheckReport,
     Finding,
-    _f,
+    finding,
 )
 from qwenquant.recipe import LM_HEAD_TARGET, target_matches, targets_cover
 
@@ -54,40 +54,40 @@ def rule_quant_config(a: ArtifactFacts) -> list[Finding]:
     qc = a.config.get("quantization_config")
     where = "config.json:quantization_config"
     if not isinstance(qc, dict):
-        return [_f("quant-config", where, "missing: vLLM would load every weight as bf16 and find packed tensors",
+        return [finding("quant-config", where, "missing: vLLM would load every weight as bf16 and find packed tensors",
                    "re-run the quantize stage; it writes quantization_config")]
     out = []
     if qc.get("quant_method") != "compressed-tensors":
-        out.append(_f("quant-config", f"{where}.quant_method", f"is {qc.get('quant_method')!r}, not 'compressed-tensors'",
+        out.append(finding("quant-config", f"{where}.quant_method", f"is {qc.get('quant_method')!r}, not 'compressed-tensors'",
                       "set quant_method to compressed-tensors"))
     if not a.groups:
-        out.append(_f("quant-config", f"{where}.config_groups", "no config groups", "re-run the quantize stage"))
+        out.append(finding("quant-config", f"{where}.config_groups", "no config groups", "re-run the quantize stage"))
     ig = qc.get("ignore", [])
     if not isinstance(ig, list) or not all(isinstance(e, str) for e in ig):
-        out.append(_f("quant-config", f"{where}.ignore", "must be a list of strings", "rewrite it as a list"))
+        out.append(finding("quant-config", f"{where}.ignore", "must be a list of strings", "rewrite it as a list"))
     for gname, g in sorted(a.groups.items()):
         gw = f"{where}.config_groups.{gname}"
         fmt = g.get("format") or qc.get("format")
         if fmt != "pack-quantized":
-            out.append(_f("quant-config", gw, f"format is {fmt!r}, not 'pack-quantized'",
+            out.append(finding("quant-config", gw, f"format is {fmt!r}, not 'pack-quantized'",
                           "save with llm-compressor's pack-quantized compressor"))
         if not isinstance(g.get("targets"), list) or not g["targets"]:
-            out.append(_f("quant-config", f"{gw}.targets", "missing or empty", "list the Linear targets"))
+            out.append(finding("quant-config", f"{gw}.targets", "missing or empty", "list the Linear targets"))
         w = g.get("weights")
         if not isinstance(w, dict):
-            out.append(_f("quant-config", f"{gw}.weights", "missing", "re-run the quantize stage"))
+            out.append(finding("quant-config", f"{gw}.weights", "missing", "re-run the quantize stage"))
             continue
         want = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group"}
         for k, v in want.items():
             if w.get(k) != v:
-                out.append(_f("quant-config", f"{gw}.weights.{k}", f"is {w.get(k)!r}; W4A16 needs {v!r}",
+                out.append(finding("quant-config", f"{gw}.weights.{k}", f"is {w.get(k)!r}; W4A16 needs {v!r}",
                               "quantize with the shipped W4A16 recipe"))
         gs = w.get("group_size")
         if not isinstance(gs, int) or gs <= 0 or gs % 32:
-            out.append(_f("quant-config", f"{gw}.weights.group_size", f"is {gs!r}; needs a positive multiple of 32",
+            out.append(finding("quant-config", f"{gw}.weights.group_size", f"is {gs!r}; needs a positive multiple of 32",
                           "use group_size 128"))
         if g.get("input_activations") is not None:
-            out.append(_f("quant-config", f"{gw}.input_activations", "is set; W4A16 keeps activations in bf16",
+            out.append(finding("quant-config", f"{gw}.input_activations", "is set; W4A16 keeps activations in bf16",
                           "set it to null"))
     return out
 
@@ -105,7 +105,7 @@ def _text_prefix(name: str) -> Optional[str]:
 def rule_layout(a: ArtifactFacts) -> list[Finding]:
     out = []
     if a.layout is None:
-        out.append(_f("layout", "config.json:architectures", f"{a.config.get('architectures')!r} is neither "
+        out.append(finding("layout", "config.json:architectures", f"{a.config.get('architectures')!r} is neither "
                       f"{TEXT_ONLY_ARCH} (text-only) nor {MULTIMODAL_ARCH} (multimodal)",
                       "rewrite config.json with the text-only or multimodal stage"))
     prefixes: dict[str, str] = {}
@@ -115,14 +115,14 @@ def rule_layout(a: ArtifactFacts) -> list[Finding]:
             prefixes.setdefault(p, name)
     if len(prefixes) > 1:
         ex = ", ".join(f"{v} ({k}*)" for k, v in sorted(prefixes.items()))
-        out.append(_f("layout", ex, "text tensors use more than one name prefix; vLLM maps only one",
+        out.append(finding("layout", ex, "text tensors use more than one name prefix; vLLM maps only one",
                       "rename every text tensor to model.language_model.* (or every one to model.*)"))
     elif prefixes and next(iter(prefixes)) not in ("model.language_model.", "model."):
         name = next(iter(prefixes.values()))
-        out.append(_f("layout", name, "text tensors are neither model.language_model.* nor model.*",
+        out.append(finding("layout", name, "text tensors are neither model.language_model.* nor model.*",
                       "keep the Hugging Face tensor names"))
     elif a.layout == "multimodal" and "model." in prefixes:
-        out.append(_f("layout", prefixes["model."], "multimodal layout with text tensors named model.* "
+        out.append(finding("layout", prefixes["model."], "multimodal layout with text tensors named model.* "
                       "(Qwen3_5ForConditionalGeneration expects model.language_model.*)",
                       "keep the Hugging Face names model.language_model.*"))
     return out
@@ -138,33 +138,33 @@ def rule_packed_format(a: ArtifactFacts) -> list[Finding]:
         fix = "re-save the layer with compressed-tensors' pack-quantized compressor"
         for s in ("weight_packed", "weight_scale", "weight_shape"):
             if s not in parts:
-                out.append(_f("packed-format", f"{mod}.{s}", "missing beside the other packed tensors", fix))
+                out.append(finding("packed-format", f"{mod}.{s}", "missing beside the other packed tensors", fix))
         if "weight" in parts:
-            out.append(_f("packed-format", f"{mod}.weight", "stored both packed and as bf16 weight", fix))
+            out.append(finding("packed-format", f"{mod}.weight", "stored both packed and as bf16 weight", fix))
         if "weight_zero_point" in parts and symmetric:
-            out.append(_f("packed-format", f"{mod}.weight_zero_point", "present but the scheme is symmetric", fix))
+            out.append(finding("packed-format", f"{mod}.weight_zero_point", "present but the scheme is symmetric", fix))
         p, sc, sh = parts.get("weight_packed"), parts.get("weight_scale"), parts.get("weight_shape")
         if p is not None and (p.dtype != "I32" or len(p.shape) != 2):
-            out.append(_f("packed-format", p.name, f"is {p.dtype} {list(p.shape)}; needs int32 [out, in/8]", fix))
+            out.append(finding("packed-format", p.name, f"is {p.dtype} {list(p.shape)}; needs int32 [out, in/8]", fix))
             continue
         if sc is not None and (sc.dtype not in FLOAT_DTYPES or len(sc.shape) != 2):
-            out.append(_f("packed-format", sc.name, f"is {sc.dtype} {list(sc.shape)}; needs bf16 [out, in/group]", fix))
+            out.append(finding("packed-format", sc.name, f"is {sc.dtype} {list(sc.shape)}; needs bf16 [out, in/group]", fix))
             continue
         if sh is not None and (sh.dtype not in ("I32", "I64") or sh.shape != (2,)):
-            out.append(_f("packed-format", sh.name, f"is {sh.dtype} {list(sh.shape)}; needs int32 [2]", fix))
+            out.append(finding("packed-format", sh.name, f"is {sh.dtype} {list(sh.shape)}; needs int32 [2]", fix))
             continue
         if p is None or sc is None:
             continue
         out_f, in_f = p.shape[0], p.shape[1] * 8
         vals = a.weight_shapes.get(mod)
         if vals is not None and tuple(vals) != (out_f, in_f):
-            out.append(_f("packed-format", sh.name if sh else mod, f"says {list(vals)} but weight_packed "
+            out.append(finding("packed-format", sh.name if sh else mod, f"says {list(vals)} but weight_packed "
                           f"{list(p.shape)} holds [{out_f}, {in_f}]", fix))
         gs = a.group_size(mod)
         if sc.shape[0] != out_f:
-            out.append(_f("packed-format", sc.name, f"has {sc.shape[0]} rows, weight_packed has {out_f}", fix))
+            out.append(finding("packed-format", sc.name, f"has {sc.shape[0]} rows, weight_packed has {out_f}", fix))
         elif gs and in_f % gs == 0 and sc.shape[1] != in_f // gs:
-            out.append(_f("packed-format", sc.name, f"has {sc.shape[1]} groups per row; in_features {in_f} / "
+            out.append(finding("packed-format", sc.name, f"has {sc.shape[1]} groups per row; in_features {in_f} / "
                           f"group_size {gs} = {in_f // gs}", fix))
     return out
 
@@ -180,10 +180,10 @@ def rule_kernel_shape(a: ArtifactFacts) -> list[Finding]:
         fix = (f"keep {mod.rpartition('.')[2]} in bf16 (add it to the recipe's quantization.ignore together with "
                "its fused partners)")
         if out_f % 64 or in_f % 32:
-            out.append(_f("kernel-shape", p.name, f"[{out_f} out, {in_f} in] does not fit the int4 kernels: "
+            out.append(finding("kernel-shape", p.name, f"[{out_f} out, {in_f} in] does not fit the int4 kernels: "
                           "CPU needs in/out multiples of 32, Marlin tiles out by 64", fix))
         if gs and in_f % gs:
-            out.append(_f("kernel-shape", p.name, f"in_features {in_f} is not a multiple of group_size {gs}",
+            out.append(finding("kernel-shape", p.name, f"in_features {in_f} is not a multiple of group_size {gs}",
                           f"{fix}, or use a group_size dividing {in_f}"))
     return out
 
@@ -206,18 +206,18 @@ def rule_fused_scheme(a: ArtifactFacts) -> list[Finding]:
         parts = FUSED_PARTS[fname]
         missing = [p for p in parts if f"{parent}.{p}" not in lin]
         if missing:
-            out.append(_f("fused-scheme", where, f"fused layer lacks {', '.join(missing)}",
+            out.append(finding("fused-scheme", where, f"fused layer lacks {', '.join(missing)}",
                           "the checkpoint is incomplete: rebuild it"))
         stored = {m: ("int4 packed" if lin[m] else "bf16") for m in sorted(mods)}
         if len(set(stored.values())) > 1:
             desc = ", ".join(f"{m.rpartition('.')[2]}={s}" for m, s in stored.items())
-            out.append(_f("fused-scheme", where, f"parts stored with different schemes ({desc}); vLLM fuses "
+            out.append(finding("fused-scheme", where, f"parts stored with different schemes ({desc}); vLLM fuses "
                           f"them into {fname} and refuses mixed schemes",
                           f"quantize all of {', '.join(parts)} or none (quantization.ignore)"))
         schemes = {m: _scheme_label(a, m) for m in sorted(mods)}
         if len(set(schemes.values())) > 1:
             desc = ", ".join(f"{m.rpartition('.')[2]}: {s}" for m, s in schemes.items())
-            out.append(_f("fused-scheme", where, f"quantization_config gives the parts different schemes ({desc}); "
+            out.append(finding("fused-scheme", where, f"quantization_config gives the parts different schemes ({desc}); "
                           "vLLM: 'Found a different quantization schemes'",
                           f"make the ignore list and config group targets treat {', '.join(parts)} alike"))
     return out
@@ -232,12 +232,12 @@ def rule_scheme_storage(a: ArtifactFacts) -> list[Finding]:
         r = a.resolve(mod)
         expect = r not in (None, IGNORED)
         if expect and not packed:
-            out.append(_f("scheme-storage", f"{mod}.weight", f"stored bf16 but config group {r} targets it, so vLLM "
+            out.append(finding("scheme-storage", f"{mod}.weight", f"stored bf16 but config group {r} targets it, so vLLM "
                           "expects weight_packed", f"add {mod.rpartition('.')[2]} to quantization_config.ignore, or "
                           "quantize it"))
         elif packed and not expect:
             why = "it is in quantization_config.ignore" if r == IGNORED else "no config group targets it"
-            out.append(_f("scheme-storage", f"{mod}.weight_packed", f"stored int4 but {why}, so vLLM expects a bf16 "
+            out.append(finding("scheme-storage", f"{mod}.weight_packed", f"stored int4 but {why}, so vLLM expects a bf16 "
                           "weight", "fix quantization_config (ignore/targets) to match the stored tensors"))
     return out
 
@@ -245,24 +245,24 @@ def rule_scheme_storage(a: ArtifactFacts) -> list[Finding]:
 def rule_lm_head(a: ArtifactFacts) -> list[Finding]:
     heads = [m for m in a.modules() if _is_head(m)]
     if not heads:
-        return [_f("lm-head", "lm_head", "no lm_head tensors (tied embeddings cannot carry an int4 head)",
+        return [finding("lm-head", "lm_head", "no lm_head tensors (tied embeddings cannot carry an int4 head)",
                    "keep an untied lm_head and run the lm_head stage")]
     out = []
     good = [g for g, grp in sorted(a.groups.items()) if any(
         isinstance(t, str) and t.startswith("re:") and target_matches(t, "lm_head")
         and target_matches(t, "language_model.lm_head") for t in _as_list(grp.get("targets")))]
     if not good:
-        out.append(_f("lm-head", "config.json:quantization_config.config_groups",
+        out.append(finding("lm-head", "config.json:quantization_config.config_groups",
                       "no config group targets the head with a pattern vLLM applies in both layouts "
                       "(the 'Linear' target and a bare 'lm_head' are not)",
                       f"add a config group whose targets include {LM_HEAD_TARGET!r}"))
     for head in heads:
         if targets_cover(a.ignore, head):
-            out.append(_f("lm-head", head, "is listed in quantization_config.ignore, so vLLM loads it unquantized",
+            out.append(finding("lm-head", head, "is listed in quantization_config.ignore, so vLLM loads it unquantized",
                           "remove the lm_head entry from ignore (the lm_head stage must drop it)"))
         parts = a.modules()[head]
         if "weight_packed" not in parts:
-            out.append(_f("lm-head", f"{head}.weight", "is stored bf16, not int4 packed",
+            out.append(finding("lm-head", f"{head}.weight", "is stored bf16, not int4 packed",
                           "run the lm_head stage (recipe lm_head.enabled: true)"))
     return out
 
@@ -282,17 +282,17 @@ def rule_mtp(a: ArtifactFacts) -> list[Finding]:
     for name in want:
         if name not in a.tensors:
             packed = name.removesuffix(".weight") + ".weight_packed" in a.tensors
-            out.append(_f("mtp", name, "stored int4 packed; vLLM's MTP loader needs the bf16 weight (vLLM #53387)"
+            out.append(finding("mtp", name, "stored int4 packed; vLLM's MTP loader needs the bf16 weight (vLLM #53387)"
                           if packed else f"missing ({len(want)} mtp.* tensors expected for "
                           f"mtp_num_hidden_layers={max(n, 1)})",
                           "copy mtp.* byte-identical from the source checkpoint (the mtp stage)"))
     for name in mtp_names:
         t = a.tensors[name]
         if name.endswith(".weight") and t.dtype not in FLOAT_DTYPES:
-            out.append(_f("mtp", name, f"dtype {t.dtype}; the MTP head must stay bf16", "copy it from the source"))
+            out.append(finding("mtp", name, f"dtype {t.dtype}; the MTP head must stay bf16", "copy it from the source"))
     for mod in sorted(m for m in a.linears() if _is_mtp(m)):
         if not targets_cover(a.ignore, mod):
-            out.append(_f("mtp", mod, "not covered by quantization_config.ignore: vLLM would build it quantized "
+            out.append(finding("mtp", mod, "not covered by quantization_config.ignore: vLLM would build it quantized "
                           "and crash loading the bf16 weight (vLLM #53387)", "add 're:^mtp.*' to ignore"))
     return out
 
@@ -314,7 +314,7 @@ def rule_no_mrope(a: ArtifactFacts) -> list[Finding]:
         return []
     paths = _find_keys(a.config, ("mrope_section", "mrope_interleaved"), "")
     paths += [p for p in _find_keys(a.config, ("rope_type",), "") if _get_path(a.config, p) == "mrope"]
-    return [_f("no-mrope", f"config.json:{p}", "mrope in a text-only (Qwen3_5ForCausalLM) config: vLLM strips it "
+    return [finding("no-mrope", f"config.json:{p}", "mrope in a text-only (Qwen3_5ForCausalLM) config: vLLM strips it "
                "from the target but not from the MTP draft, which then crashes the worker",
                "write plain rope parameters in the text-only stage (drop mrope_section/mrope_interleaved, "
                "rope_type default)")
@@ -332,27 +332,27 @@ def rule_vision(a: ArtifactFacts) -> list[Finding]:
     out = []
     if a.layout == "text-only":
         if "vision_config" in a.config:
-            out.append(_f("vision", "config.json:vision_config", "present in a text-only config",
+            out.append(finding("vision", "config.json:vision_config", "present in a text-only config",
                           "drop vision_config in the text-only stage"))
         if visual:
-            out.append(_f("vision", visual[0], f"{len(visual)} vision tensors left in a text-only artifact "
+            out.append(finding("vision", visual[0], f"{len(visual)} vision tensors left in a text-only artifact "
                           "(Qwen3_5ForCausalLM has no vision tower to load them into)",
                           "drop model.visual.* in the text-only stage"))
     elif a.layout == "multimodal":
         if not isinstance(a.config.get("vision_config"), dict):
-            out.append(_f("vision", "config.json:vision_config", "missing in a multimodal config",
+            out.append(finding("vision", "config.json:vision_config", "missing in a multimodal config",
                           "keep the source vision_config"))
         if not visual:
-            out.append(_f("vision", "model.visual.*", "no vision tensors in a multimodal artifact",
+            out.append(finding("vision", "model.visual.*", "no vision tensors in a multimodal artifact",
                           "copy model.visual.* from the source, or use the text-only layout"))
         for mod, packed in sorted(a.linears().items()):
             if not _is_visual(mod):
                 continue
             if packed:
-                out.append(_f("vision", f"{mod}.weight_packed", "vision Linear stored int4; the vision tower stays bf16",
+                out.append(finding("vision", f"{mod}.weight_packed", "vision Linear stored int4; the vision tower stays bf16",
                               "add 're:.*visual.*' to the recipe's quantization.ignore"))
             elif a.resolve(mod) not in (None, IGNORED):
-                out.append(_f("vision", mod, f"bf16 but config group {a.resolve(mod)} targets it, so vLLM expects "
+                out.append(finding("vision", mod, f"bf16 but config group {a.resolve(mod)} targets it, so vLLM expects "
                               "weight_packed", "add 're:.*visual.*' to quantization_config.ignore"))
     return out
 

@@ -1,8 +1,25 @@
-"""The shared typer app that every command module registers on."""
+"""The shared typer app that every command module registers on, and the option value sets they share."""
 
 from __future__ import annotations
 
+from enum import Enum
+
 import typer
+
+
+class Device(str, Enum):
+    """Where quantize computes and what a vLLM build targets."""
+
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class RepoType(str, Enum):
+    """The kinds of Hub repo `qwenquant fetch` downloads."""
+
+    model = "model"
+    dataset = "dataset"
+
 
 app = typer.Typer(
     name="qwenquant",

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 from typing import Iterator, Optional
 
 import typer
 
-from qwenquant.commands._app import app
-from qwenquant.errors import QwenquantError
+from qwenquant.commands._app import RepoType, app
+from qwenquant.errors import UsageError
 
 
 @contextlib.contextmanager
@@ -49,20 +48,18 @@ def fetch(
     out: Path = typer.Option(..., "--out", "-o", help="Folder to fetch into (created)."),
     offline: bool = typer.Option(False, "--offline", help="No network: re-verify --out against its fetch record."),
     re_resolve: bool = typer.Option(False, "--re-resolve", help="Resolve the revision again instead of reusing the recorded commit."),
-    repo_type: str = typer.Option("model", "--repo-type", help="model or dataset."),
+    repo_type: RepoType = typer.Option(RepoType.model, "--repo-type", help="model or dataset."),
     workers: int = typer.Option(8, "--workers", min=1, max=64, help="Parallel downloads."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, warnings only."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
     """Download a Hub repo at one pinned commit, verify every file (sha256 / git blob sha1),
     validate safetensors headers and the index, and write qwenquant-fetch.json last."""
-    from qwenquant.console import set_quiet, setup_logging, stdout
+    from qwenquant.console import print_json, set_quiet, setup_logging, stdout
 
     if quiet:
         set_quiet(True)
         setup_logging(False)
-    if repo_type not in ("model", "dataset"):
-        raise typer.BadParameter("must be model or dataset", param_hint="--repo-type")
     if offline:
         from qwenquant.fetch import check_fetch_record
         from qwenquant.errors import VerificationError
@@ -70,8 +67,8 @@ def fetch(
         check = check_fetch_record(out)
         rec = check.record
         if as_json:
-            stdout.print_json(json.dumps({"ok": check.ok, "out": str(out), "commit": rec.get("commit"),
-                              "missing": check.missing, "changed": check.changed, "extra": check.extra}))  # fmt: skip
+            print_json({"ok": check.ok, "out": str(out), "commit": rec.get("commit"),
+                        "missing": check.missing, "changed": check.changed, "extra": check.extra})
         if not check.ok:
             raise VerificationError(f"{out} does not match its fetch record: {check.summary()}",
                                     hint=f"re-run `qwenquant fetch {rec.get('repo_id')} --out {out}` to repair it")  # fmt: skip
@@ -79,20 +76,20 @@ def fetch(
             stdout.print(f"ok {rec['repo_id']}@{rec['commit']} {len(rec['files'])} files verified in {out}")
         return
     if not repo_id:
-        raise QwenquantError("a repo id is required unless --offline", hint="qwenquant fetch Qwen/Qwen3.8-27B --out DIR")
+        raise UsageError("a repo id is required unless --offline", hint="qwenquant fetch Qwen/Qwen3.8-27B --out DIR")
     import os
 
     os.environ.setdefault("HF_HUB_DISABLE_XET", "1")  # plain HTTP transfers, verified here
     from qwenquant.fetch import fetch_snapshot
 
     with _bar_progress() as progress:
-        result = fetch_snapshot(repo_id, out, revision=revision, repo_type=repo_type, re_resolve=re_resolve,
+        result = fetch_snapshot(repo_id, out, revision=revision, repo_type=repo_type.value, re_resolve=re_resolve,
                                 workers=workers, progress=progress)  # fmt: skip
     summary = {"repo_id": repo_id, "commit": result.commit, "out": str(out), "root_digest": result.record["root_digest"],
                "downloaded": len(result.downloaded_files), "reused": len(result.reused_files),
                "bytes": result.downloaded_bytes}  # fmt: skip
     if as_json:
-        stdout.print_json(json.dumps(summary))
+        print_json(summary)
     else:
         stdout.print(f"{repo_id}@{result.commit} -> {out} ({summary['downloaded']} downloaded, "
                      f"{summary['reused']} already verified, root {summary['root_digest'][:16]})")  # fmt: skip

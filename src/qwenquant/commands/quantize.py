@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from pathlib import Path
@@ -11,12 +10,7 @@ from typing import Optional
 
 import typer
 
-from qwenquant.commands._app import app
-from qwenquant.errors import QwenquantError
-
-
-class _UsageError(QwenquantError):
-    exit_code = 2
+from qwenquant.commands._app import Device, app
 
 
 @app.command("quantize")
@@ -27,7 +21,7 @@ def quantize_cmd(
     calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration set name or YAML path (default: the recipe's)."),
     source_unverified: bool = typer.Option(False, "--source-unverified", help="Accept a local folder without a fetch record (hashed and recorded as unverified)."),
     work: Optional[Path] = typer.Option(None, "--work", help="Work folder for stage outputs and records (default: <out>.work)."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: cuda when present)."),
+    device: Optional[Device] = typer.Option(None, "--device", help="cpu or cuda (default: cuda when present)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
     """Quantize a Qwen3.5-architecture checkpoint into a verified W4A16 artifact (resumable).
@@ -41,18 +35,16 @@ def quantize_cmd(
 
       qwenquant quantize models/tiny --source-unverified --calibration tiny-demo --out artifacts/tiny --json
     """
-    if device not in (None, "cpu", "cuda"):
-        raise _UsageError(f"--device must be cpu or cuda, got {device!r}", hint="omit --device to use cuda when present")
-    if device == "cpu":
+    if device is Device.cpu:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # llm-compressor picks cuda whenever it is visible
     os.environ.setdefault("TQDM_DISABLE", "1")  # our progress bars replace llm-compressor's
-    from qwenquant.console import console, step_progress, stdout
+    from qwenquant.console import console, print_json, step_progress, stdout
     from qwenquant.pipeline import QuantizeOptions, quantize
     from qwenquant.recipe import load_calibration_override, load_recipe
 
     r = load_recipe(recipe)
     spec = load_calibration_override(calibration) if calibration else r.calibration
-    opts = QuantizeOptions(source, r, spec, out, work, device, source_unverified)
+    opts = QuantizeOptions(source, r, spec, out, work, device.value if device else None, source_unverified)
     with step_progress() as bars:
         tasks: dict[str, int] = {}
 
@@ -66,7 +58,7 @@ def quantize_cmd(
         with contextlib.redirect_stdout(sys.stderr):
             result = quantize(opts, progress)
     if as_json:
-        stdout.print_json(json.dumps(result.to_dict()))
+        print_json(result.to_dict())
         return
     _print_result(result, stdout)
     console.print(f"[green]done[/]: {sum(v == 'ran' for v in result.stages.values())} stage(s) ran, "

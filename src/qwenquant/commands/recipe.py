@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 
 from qwenquant.commands._app import app
@@ -51,12 +49,12 @@ def show(
     """
     import yaml
 
-    from qwenquant.console import stdout
+    from qwenquant.console import print_json, stdout
     from qwenquant.recipe import load_recipe
 
     r = load_recipe(name)
     if as_json:
-        print(json.dumps({"sha256": r.sha256(), "recipe": r.canonical()}, indent=2, sort_keys=True))
+        print_json({"sha256": r.sha256(), "recipe": r.canonical()})
         return
     print(f"# sha256: {r.sha256()}")
     stdout.print(yaml.safe_dump(r.canonical(), sort_keys=False, allow_unicode=True), markup=False, end="")

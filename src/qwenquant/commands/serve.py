@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from qwenquant.commands._app import app
+from qwenquant.commands._app import Device, app
 
 
 @app.command(context_settings={"allow_interspersed_args": True})
@@ -23,7 +22,7 @@ def serve(
     vllm: Optional[str] = typer.Option(None, help="vLLM to run: a python, a vllm executable or qwenquant-vllm.json."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and environment; start nothing."),
     timeout: float = typer.Option(900.0, help="Seconds the server may take to become ready."),
-    device: Optional[str] = typer.Option(None, help="cuda or cpu (default: what the vLLM build targets)."),
+    device: Optional[Device] = typer.Option(None, help="cuda or cpu (default: what the vLLM build targets)."),
     log_file: Optional[Path] = typer.Option(None, help="Server log (default: a temp file, never in the artifact)."),
 ) -> int:
     """Serve an artifact with vLLM after preflight checks; print "ready URL" once it answers.
@@ -40,7 +39,7 @@ def serve(
 
     return run_serve(artifact, profile, extra or [], port=port, host=host, api_key=api_key,
                      served_model_name=served_model_name, vllm=vllm, dry_run=dry_run, timeout=timeout,
-                     device=device, log_file=log_file)
+                     device=device.value if device else None, log_file=log_file)
 
 
 @app.command()
@@ -59,13 +58,14 @@ def plan(
 
       qwenquant plan models/Qwen3.8-27B/config.json --recipe w4a16-int4head
     """
-    from qwenquant.serve.planner import make_plan, parse_size
+    from qwenquant.console import print_json
+    from qwenquant.serve.command import make_plan, parse_size
     from qwenquant.serve.report import budget_dict, budget_lines, weights_lines
 
     res = make_plan(target, parse_size(gpu_mem), recipe_name=recipe, profiles=profile or None)
     if as_json:
-        typer.echo(json.dumps({"source": res.source, "weights": res.weights.bytes,
-                               "profiles": {k: budget_dict(b) for k, b in res.budgets.items()}}, indent=2))
+        print_json({"source": res.source, "weights": res.weights.bytes,
+                    "profiles": {k: budget_dict(b) for k, b in res.budgets.items()}})
         return
     lines = [f"plan for {res.source}, GPU memory {gpu_mem}"] + weights_lines(res.weights, res.include_vision)
     for name, b in res.budgets.items():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -23,13 +22,13 @@ def verify(
 
       qwenquant verify artifacts/q27b --json | jq .problems
     """
-    from qwenquant.console import stdout
+    from qwenquant.console import print_json, stdout
     from qwenquant.errors import VerificationError
     from qwenquant.manifest import verify_artifact
 
     report = verify_artifact(artifact)
     if as_json:
-        print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
+        print_json(report.to_dict())
     elif report.ok:
         stdout.print(f"OK {artifact}: {report.files_checked} files, {report.bytes_checked} bytes, "
                      f"root sha256:{report.root_digest}", markup=False)
@@ -67,12 +66,12 @@ def check(
       qwenquant check artifacts/q27b --json
     """
     from qwenquant.check import check_artifact
-    from qwenquant.console import stdout
+    from qwenquant.console import print_json, stdout
     from qwenquant.errors import CheckError
 
     report = check_artifact(artifact)
     if as_json:
-        print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
+        print_json(report.to_dict())
     elif report.ok:
         stdout.print(f"OK {artifact}: {report.tensors_checked} tensors, all {len(report.rules_run)} rules pass",
                      markup=False)

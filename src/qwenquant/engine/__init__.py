@@ -5,7 +5,8 @@
     layers.py    per-layer completion records (resume after a crash, verified by content)
     run.py       the layer loop; lm_head calibration from the same pass
     headcal.py   the lm_head calibration files the lm_head stage reads
-    stage.py     the gptq stage on this engine: output shards, config, identity proof
+    build.py     the gptq stage's folder on this engine: layer shards, the rest, index, head calibration
 
-`QWENQUANT_GPTQ_ENGINE=oneshot` selects the previous whole-model llm-compressor `oneshot` path.
+The gptq stage (stages/gptq.py) runs it; `QWENQUANT_GPTQ_ENGINE=oneshot` selects llm-compressor's
+whole-model `oneshot` instead. `QWENQUANT_MAX_GPU_MEM` (GiB) caps this engine's CUDA memory.
 """

@@ -31,8 +31,8 @@ class HeadCalibration:
 
 def save(stage_dir: Path, cal: HeadCalibration) -> None:
     """Write the head calibration into `stage_dir/head-calibration/` (deterministic bytes)."""
-    from qwenquant.stages.assemble import torch_raw
-    from qwenquant.stages.tensorfile import write_shard
+    from qwenquant.checkpoint.assemble import torch_raw
+    from qwenquant.checkpoint.tensorfile import write_shard
 
     d = Path(stage_dir) / FOLDER
     d.mkdir(parents=True, exist_ok=True)
@@ -48,7 +48,7 @@ def save(stage_dir: Path, cal: HeadCalibration) -> None:
 def load(stage_dir: Path) -> HeadCalibration | None:
     """The head calibration a streamed gptq stage left, or None (the oneshot engine leaves none)."""
     from qwenquant.engine.model import ref_tensor
-    from qwenquant.stages.tensorfile import shard_refs
+    from qwenquant.checkpoint.tensorfile import shard_refs
 
     d = Path(stage_dir) / FOLDER
     if not (d / HESSIAN).is_file():

@@ -19,8 +19,8 @@ from typing import Any
 
 from qwenquant.atomic import atomic_write_bytes, pretty_json
 from qwenquant.hashing import sha256_file
-from qwenquant.stages.records import sha256_json
-from qwenquant.stages.tensorfile import RawTensor, TensorRef, shard_refs, write_shard
+from qwenquant.hashing import sha256_json
+from qwenquant.checkpoint.tensorfile import RawTensor, TensorRef, shard_refs, write_shard
 
 RECORD = "record.json"
 TENSORS = "tensors.safetensors"

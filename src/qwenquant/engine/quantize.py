@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from qwenquant.stages.identity import matches
+from qwenquant.checkpoint.identity import matches
 
 log = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ from qwenquant.engine import layers as L
 from qwenquant.engine.model import (LayerInputs, TextModelSource, build_layer, embed_samples, final_norm,
                                     read_layer, ref_tensor)
 from qwenquant.engine.quantize import LayerGPTQ, resolve_scheme, target_modules, unpack
-from qwenquant.stages.assemble import torch_raw
-from qwenquant.stages.identity import quantized_module
+from qwenquant.checkpoint.assemble import torch_raw
+from qwenquant.checkpoint.identity import quantized_module
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
                     progress: Callable[[int, int], None] | None = None) -> StreamResult:
     """Run the layer loop (resuming from verified layer records); see the module docstring."""
     from qwenquant.engine.headcal import HeadCalibration
-    from qwenquant.stages import lm_head as lh
+    from qwenquant.quant import head_gptq as lh
 
     n = src.num_layers
     scheme = resolve_scheme(q)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from qwenquant.errors import VerificationError
-from qwenquant.fetch.plan import RECORD_NAME, STAGING_NAME
+from qwenquant.fetch.selection import RECORD_NAME, STAGING_NAME
 from qwenquant.hashing import sha256_files
 
 SCHEMA_VERSION = 1

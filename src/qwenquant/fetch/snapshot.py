@@ -19,11 +19,11 @@ from typing import Any, Callable
 from qwenquant import __version__
 from qwenquant.atomic import atomic_write_json, exclusive_lock, fsync_dir
 from qwenquant.errors import FetchError
-from qwenquant.fetch.plan import RECORD_NAME, STAGING_NAME, RemoteFile, check_listing, config_problems
+from qwenquant.fetch.selection import RECORD_NAME, STAGING_NAME, RemoteFile, check_listing, config_problems
 from qwenquant.fetch.record import SCHEMA_VERSION, root_digest
 from qwenquant.fetch.transfer import Cancelled, FileDigest, Session, download_file
 from qwenquant.hashing import CHUNK
-from qwenquant.safetensors_check import INDEX_NAME, SafetensorsError, check_index, load_index_json, read_header
+from qwenquant.checkpoint.header import INDEX_NAME, SafetensorsError, check_index, load_index_json, read_header
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Callable
 from urllib.parse import urljoin, urlparse
 
 from qwenquant.errors import FetchError
-from qwenquant.fetch.plan import RemoteFile
+from qwenquant.fetch.selection import RemoteFile
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -10,8 +9,8 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 from pydantic_core import PydanticCustomError
 
-from qwenquant.atomic import canonical_json
 from qwenquant.errors import RecipeError
+from qwenquant.hashing import sha256_json
 from qwenquant.recipe.targets import LM_HEAD_TARGET, _matches
 
 SCHEMA_VERSION = 1
@@ -319,7 +318,7 @@ class Recipe(_Strict):
 
     def sha256(self) -> str:
         """sha256 of the canonical JSON: two recipes with the same meaning have the same digest."""
-        return hashlib.sha256(canonical_json(self.canonical())).hexdigest()
+        return sha256_json(self.canonical())
 
     def profile(self, name: str) -> ResolvedProfile:
         """serve.defaults merged with serve.profiles[name] (keys the profile names win, null included)."""

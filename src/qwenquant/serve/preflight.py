@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 from qwenquant.errors import ServeError, VerificationError
 from qwenquant.recipe import Recipe, ResolvedProfile
 from qwenquant.serve import argv as argvmod
-from qwenquant.serve import plan as planmod
+from qwenquant.serve import budget as budgetmod
 from qwenquant.serve.discover import VllmInstall, check_architecture, check_version, find_vllm, supported_archs
 from qwenquant.serve.ports import port_problem
 from qwenquant.serve.weights import model_shape, weights_from_tensors, artifact_tensor_bytes
@@ -39,7 +39,7 @@ class Prepared:
     device: str
     args: list[str]
     env_add: dict[str, str]
-    budget: Optional[planmod.Budget]
+    budget: Optional[budgetmod.Budget]
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -61,7 +61,7 @@ def gpu_memory() -> tuple[int, int]:
     except (ValueError, IndexError):
         raise ServeError(f"nvidia-smi gave no memory figures (exit {r.returncode}): {r.stderr.strip()[:200]}",
                          hint="check the driver with `nvidia-smi`") from None
-    return total * planmod.MiB, free * planmod.MiB
+    return total * budgetmod.MiB, free * budgetmod.MiB
 
 
 def gpu_compute_capability() -> Optional[tuple[int, int]]:
@@ -91,22 +91,22 @@ def device_extra(dev: str, extra: Sequence[str], warnings: list[str]) -> list[st
     return out
 
 
-def cache_settings(profile: ResolvedProfile, device: str, layout: str) -> planmod.CacheSettings:
+def cache_settings(profile: ResolvedProfile, device: str, layout: str) -> budgetmod.CacheSettings:
     d = argvmod.decide(profile, device, layout)
-    return planmod.CacheSettings(profile.kv_cache_dtype, profile.mamba_ssm_cache_dtype,
+    return budgetmod.CacheSettings(profile.kv_cache_dtype, profile.mamba_ssm_cache_dtype,
                                  d.effective_mamba_cache_mode, d.num_speculative_tokens,
                                  block_align=128 if device == "cpu" else 16)
 
 
 def artifact_budget(artifact: Path, manifest: Any, profile: ResolvedProfile, device: str, *,
-                    total_bytes: int) -> planmod.Budget:
+                    total_bytes: int) -> budgetmod.Budget:
     """The memory plan for an artifact on a device with `total_bytes` (GPU memory or CPU KV space)."""
     config = json.loads((artifact / "config.json").read_text())
     files = [f.path for f in getattr(manifest, "files", ())] or None
     weights = weights_from_tensors(artifact_tensor_bytes(artifact, files))
     layout = argvmod.artifact_layout(manifest)
     d = argvmod.decide(profile, device, layout)
-    return planmod.make_budget(
+    return budgetmod.make_budget(
         model_shape(config), weights, cache_settings(profile, device, layout), device=device,
         total_bytes=total_bytes, utilization=profile.gpu_memory_utilization, max_model_len=profile.max_model_len,
         max_num_seqs=profile.max_num_seqs, max_num_batched_tokens=d.max_num_batched_tokens,
@@ -225,19 +225,19 @@ def _check_context(artifact: Path, profile: ResolvedProfile) -> None:
 
 
 def _budget(artifact: Path, manifest: Any, profile: ResolvedProfile, dev: str, env_add: dict[str, str],
-            warnings: list[str]) -> planmod.Budget:
+            warnings: list[str]) -> budgetmod.Budget:
     if dev == "cuda":
         total, free = gpu_memory()
         want = int(total * profile.gpu_memory_utilization)
         if free < want:
             raise ServeError(
-                f"the GPU has {planmod.gib(free)} free of {planmod.gib(total)}; --gpu-memory-utilization "
-                f"{profile.gpu_memory_utilization:g} asks for {planmod.gib(want)}",
+                f"the GPU has {budgetmod.gib(free)} free of {budgetmod.gib(total)}; --gpu-memory-utilization "
+                f"{profile.gpu_memory_utilization:g} asks for {budgetmod.gib(want)}",
                 hint=f"free the GPU or lower --gpu-memory-utilization to {int(free / total * 100) / 100:.2f} "
                      "(pass it after --)")
     else:
         space = env_add.get("VLLM_CPU_KVCACHE_SPACE") or os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
-        total = int(float(space) * planmod.GiB)
+        total = int(float(space) * budgetmod.GiB)
     budget = artifact_budget(artifact, manifest, profile, dev, total_bytes=total)
     if not budget.fits:
         raise ServeError("the memory budget does not fit: " + budget.shortfall_message(),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qwenquant.serve.plan import Budget, GiB, gib, nice_len
+from qwenquant.serve.budget import Budget, GiB, gib, nice_len
 from qwenquant.serve.weights import ModelShape, WeightBreakdown
 
 _LABELS = {

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from qwenquant.errors import ServeError
+from qwenquant.errors import UsageError
 from qwenquant.serve.argv import format_command
 from qwenquant.serve.preflight import default_log_path, prepare
 from qwenquant.serve.supervisor import ServerSpec, serve_forever
@@ -19,13 +19,13 @@ log = logging.getLogger(__name__)
 def run_serve(artifact: Path, profiles: list[str], extra: list[str], *, port: Optional[int], host: Optional[str],
               api_key: Optional[str], served_model_name: Optional[str], vllm: Optional[str], dry_run: bool,
               timeout: float, device: Optional[str], log_file: Optional[Path]) -> int:
-    """Serve until stopped; return the exit code (errors raise ServeError / VerificationError)."""
+    """Serve until stopped; return the exit code (errors raise UsageError, ServeError, VerificationError)."""
     if len(profiles) != 1:
-        raise ServeError("choose exactly one --profile" + (f" (got {', '.join(profiles)}: single-user and batch "
+        raise UsageError("choose exactly one --profile" + (f" (got {', '.join(profiles)}: single-user and batch "
                                                            "are mutually exclusive)" if profiles else ""),
                          hint="e.g. --profile single-user, or --profile batch")
     if device not in (None, "cuda", "cpu"):
-        raise ServeError(f"unknown --device {device!r}", hint="use cuda or cpu")
+        raise UsageError(f"unknown --device {device!r}", hint="use cuda or cpu")
     p = prepare(artifact, profiles[0], vllm=vllm, extra=extra, host=host, port=port,
                 served_model_name=served_model_name, api_key=api_key, dry_run=dry_run, device=device)
     for w in p.warnings:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from qwenquant.checkpoint.tensorfile import TensorSpec
+
 COMPONENTS = ("embeddings", "int4_body", "lm_head", "mtp", "other_bf16", "vision")
 _QUANT_SUFFIXES = (".weight_packed", ".weight_scale", ".weight_shape", ".weight_zero_point", ".weight_g_idx")
 
@@ -99,67 +101,60 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
     )
 
 
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    shape: tuple[int, ...]
-    linear: bool  # the weight of an nn.Linear (a quantization candidate)
-
-
 def _attn(prefix: str, s: ModelShape) -> list[TensorSpec]:
     q_rows = s.num_heads * s.head_dim * (2 if s.attn_output_gate else 1)
     kv_rows = s.num_kv_heads * s.head_dim
     return [
-        TensorSpec(f"{prefix}self_attn.q_proj.weight", (q_rows, s.hidden), True),
-        TensorSpec(f"{prefix}self_attn.k_proj.weight", (kv_rows, s.hidden), True),
-        TensorSpec(f"{prefix}self_attn.v_proj.weight", (kv_rows, s.hidden), True),
-        TensorSpec(f"{prefix}self_attn.o_proj.weight", (s.hidden, s.num_heads * s.head_dim), True),
-        TensorSpec(f"{prefix}self_attn.q_norm.weight", (s.head_dim,), False),
-        TensorSpec(f"{prefix}self_attn.k_norm.weight", (s.head_dim,), False),
+        TensorSpec(f"{prefix}self_attn.q_proj.weight", (q_rows, s.hidden), "linear"),
+        TensorSpec(f"{prefix}self_attn.k_proj.weight", (kv_rows, s.hidden), "linear"),
+        TensorSpec(f"{prefix}self_attn.v_proj.weight", (kv_rows, s.hidden), "linear"),
+        TensorSpec(f"{prefix}self_attn.o_proj.weight", (s.hidden, s.num_heads * s.head_dim), "linear"),
+        TensorSpec(f"{prefix}self_attn.q_norm.weight", (s.head_dim,), "other"),
+        TensorSpec(f"{prefix}self_attn.k_norm.weight", (s.head_dim,), "other"),
     ]
 
 
 def _gdn(prefix: str, s: ModelShape) -> list[TensorSpec]:
     p = f"{prefix}linear_attn."
     return [
-        TensorSpec(p + "in_proj_qkv.weight", (s.conv_dim, s.hidden), True),
-        TensorSpec(p + "in_proj_z.weight", (s.value_dim, s.hidden), True),
-        TensorSpec(p + "in_proj_b.weight", (s.lin_num_v_heads, s.hidden), True),
-        TensorSpec(p + "in_proj_a.weight", (s.lin_num_v_heads, s.hidden), True),
-        TensorSpec(p + "conv1d.weight", (s.conv_dim, 1, s.conv_kernel), False),
-        TensorSpec(p + "dt_bias", (s.lin_num_v_heads,), False),
-        TensorSpec(p + "A_log", (s.lin_num_v_heads,), False),
-        TensorSpec(p + "norm.weight", (s.lin_v_dim,), False),
-        TensorSpec(p + "out_proj.weight", (s.hidden, s.value_dim), True),
+        TensorSpec(p + "in_proj_qkv.weight", (s.conv_dim, s.hidden), "linear"),
+        TensorSpec(p + "in_proj_z.weight", (s.value_dim, s.hidden), "linear"),
+        TensorSpec(p + "in_proj_b.weight", (s.lin_num_v_heads, s.hidden), "linear"),
+        TensorSpec(p + "in_proj_a.weight", (s.lin_num_v_heads, s.hidden), "linear"),
+        TensorSpec(p + "conv1d.weight", (s.conv_dim, 1, s.conv_kernel), "other"),
+        TensorSpec(p + "dt_bias", (s.lin_num_v_heads,), "other"),
+        TensorSpec(p + "A_log", (s.lin_num_v_heads,), "other"),
+        TensorSpec(p + "norm.weight", (s.lin_v_dim,), "other"),
+        TensorSpec(p + "out_proj.weight", (s.hidden, s.value_dim), "linear"),
     ]
 
 
 def _mlp_norms(prefix: str, s: ModelShape) -> list[TensorSpec]:
     return [
-        TensorSpec(f"{prefix}mlp.gate_proj.weight", (s.intermediate, s.hidden), True),
-        TensorSpec(f"{prefix}mlp.up_proj.weight", (s.intermediate, s.hidden), True),
-        TensorSpec(f"{prefix}mlp.down_proj.weight", (s.hidden, s.intermediate), True),
-        TensorSpec(f"{prefix}input_layernorm.weight", (s.hidden,), False),
-        TensorSpec(f"{prefix}post_attention_layernorm.weight", (s.hidden,), False),
+        TensorSpec(f"{prefix}mlp.gate_proj.weight", (s.intermediate, s.hidden), "linear"),
+        TensorSpec(f"{prefix}mlp.up_proj.weight", (s.intermediate, s.hidden), "linear"),
+        TensorSpec(f"{prefix}mlp.down_proj.weight", (s.hidden, s.intermediate), "linear"),
+        TensorSpec(f"{prefix}input_layernorm.weight", (s.hidden,), "other"),
+        TensorSpec(f"{prefix}post_attention_layernorm.weight", (s.hidden,), "other"),
     ]
 
 
 def config_tensors(s: ModelShape) -> list[TensorSpec]:
     """Every text + MTP tensor of the source checkpoint, with its HF name (vision not included)."""
     lm = "model.language_model."
-    out = [TensorSpec(lm + "embed_tokens.weight", (s.vocab, s.hidden), False)]
+    out = [TensorSpec(lm + "embed_tokens.weight", (s.vocab, s.hidden), "other")]
     for i, t in enumerate(s.layer_types):
         pre = f"{lm}layers.{i}."
         out += (_attn(pre, s) if t == "full_attention" else _gdn(pre, s)) + _mlp_norms(pre, s)
-    out.append(TensorSpec(lm + "norm.weight", (s.hidden,), False))
+    out.append(TensorSpec(lm + "norm.weight", (s.hidden,), "other"))
     if not s.tie_word_embeddings:
-        out.append(TensorSpec("lm_head.weight", (s.vocab, s.hidden), True))
+        out.append(TensorSpec("lm_head.weight", (s.vocab, s.hidden), "linear"))
     if s.mtp_layers:
         out += [
-            TensorSpec("mtp.fc.weight", (s.hidden, 2 * s.hidden), True),
-            TensorSpec("mtp.pre_fc_norm_embedding.weight", (s.hidden,), False),
-            TensorSpec("mtp.pre_fc_norm_hidden.weight", (s.hidden,), False),
-            TensorSpec("mtp.norm.weight", (s.hidden,), False),
+            TensorSpec("mtp.fc.weight", (s.hidden, 2 * s.hidden), "linear"),
+            TensorSpec("mtp.pre_fc_norm_embedding.weight", (s.hidden,), "other"),
+            TensorSpec("mtp.pre_fc_norm_hidden.weight", (s.hidden,), "other"),
+            TensorSpec("mtp.norm.weight", (s.hidden,), "other"),
         ]
         for i in range(s.mtp_layers):
             out += _attn(f"mtp.layers.{i}.", s) + _mlp_norms(f"mtp.layers.{i}.", s)
@@ -260,7 +255,7 @@ def weights_from_tensors(tensor_bytes: Mapping[str, int]) -> WeightBreakdown:
 
 def artifact_tensor_bytes(artifact_dir: Path, files: Iterable[str] | None = None) -> dict[str, int]:
     """{tensor name: bytes} from the headers of the artifact's safetensors files (headers only)."""
-    from qwenquant.safetensors_check import read_header
+    from qwenquant.checkpoint.header import read_header
 
     root = Path(artifact_dir)
     names = sorted(files) if files is not None else sorted(p.name for p in root.glob("*.safetensors"))

@@ -1,15 +1,19 @@
-"""Quantize stages, one module per stage; `qwenquant.pipeline` runs them in this order.
+"""Quantize stages, one module per stage, each exporting one `STAGE` (interface: qwenquant/stage.py).
+
+`pipeline.quantize` runs `PIPELINE` in this order:
 
     source       stages/source.py       verify the fetched model (or hash a local one)
     calibration  stages/calibration.py  text -> token ids + fingerprint
-    gptq         stages/gptq.py         llm-compressor GPTQ, unquantized tensors restored from source bytes
-    lm_head      stages/headquant.py    activation-calibrated int4 head (math: stages/lm_head.py)
+    gptq         stages/gptq.py         GPTQ layer by layer (engine/), or llm-compressor oneshot + restore
+    lm_head      stages/lm_head.py      activation-calibrated int4 head (math: quant/head_gptq.py),
+                                        calibrated from the gptq stage's head-calibration/
     mtp          stages/mtp.py          bf16 MTP head grafted byte-identical (also `qwenquant graft-mtp`)
     textonly     stages/textonly.py     Qwen3_5ForCausalLM layout for vLLM (or keep multimodal)
-    check        pipeline + check.py    vLLM load rules and the byte-identity proof (stages/identity.py)
+    check        stages/check.py        vLLM load rules and the byte-identity proofs
 
-Helpers: tensorfile.py (raw safetensors IO), assemble.py (derive a folder from the previous
-stage's, hard-linking what is unchanged), records.py (completion records).
+Reading and writing checkpoints lives in qwenquant/checkpoint/, stage records in qwenquant/records.py.
 """
 
-STAGES = ("source", "calibration", "gptq", "lm_head", "mtp", "textonly", "check")
+from qwenquant.stages import calibration, check, gptq, lm_head, mtp, source, textonly
+
+PIPELINE = (source.STAGE, calibration.STAGE, gptq.STAGE, lm_head.STAGE, mtp.STAGE, textonly.STAGE, check.STAGE)

@@ -14,11 +14,15 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qwenquant.atomic import atomic_write_json
 from qwenquant.errors import StageError
-from qwenquant.hashing import sha256_file
+from qwenquant.hashing import sha256_file, sha256_json
+from qwenquant.stage import Stage, StageContext
+
+if TYPE_CHECKING:
+    from qwenquant.recipe import CalibrationSpec
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +55,7 @@ def token_fingerprint(samples: list[list[int]]) -> str:
     return h.hexdigest()
 
 
-def data_files(spec: Any, fetched_dir: Path | None = None) -> list[Path]:
+def data_files(spec: CalibrationSpec, fetched_dir: Path | None = None) -> list[Path]:
     """The local files a calibration spec reads (the local path, or the fetched dataset's files)."""
     if spec.source == "local":
         p = spec.resolved_path()
@@ -76,7 +80,7 @@ def _split_matches(rel: str, split: str) -> bool:
         or rel.startswith(split + "/")
 
 
-def fetch_hub_dataset(spec: Any, dest: Path) -> Path:
+def fetch_hub_dataset(spec: CalibrationSpec, dest: Path) -> Path:
     """Fetch the pinned dataset revision through the project's fetch code (sha256-verified)."""
     from qwenquant.fetch import fetch_snapshot
 
@@ -97,7 +101,7 @@ def load_rows(files: list[Path], cache_dir: Path) -> Any:
                          hint="each jsonl line must be an object with the `text_field` of the spec") from e
 
 
-def tokenize_rows(rows: Any, tokenizer: Any, spec: Any) -> CalibrationTokens:
+def tokenize_rows(rows: Any, tokenizer: Any, spec: CalibrationSpec) -> CalibrationTokens:
     """Shuffle with the seed, tokenize, truncate; take the first `num_samples` non-empty rows."""
     field = spec.text_field
     if field not in rows.column_names:
@@ -156,7 +160,7 @@ def load_tokens(stage_dir: Path) -> list[list[int]]:
     return [flat[off[i]:off[i + 1]] for i in range(len(off) - 1)]
 
 
-def run_calibration(spec: Any, source_dir: Path, out_dir: Path, *, datasets_dir: Path | None = None) -> dict[str, Any]:
+def run_calibration(spec: CalibrationSpec, source_dir: Path, out_dir: Path, *, datasets_dir: Path | None = None) -> dict[str, Any]:
     """Build the calibration set into `out_dir`; return its description (also written as JSON).
 
     Hub datasets are fetched (pinned, verified) into `datasets_dir`, kept across runs."""
@@ -195,3 +199,17 @@ def run_calibration(spec: Any, source_dir: Path, out_dir: Path, *, datasets_dir:
     log.info("calibration: %d samples, %d tokens, fingerprint %s", len(calib.samples), calib.token_total,
              info["fingerprint_sha256"][:16])
     return info
+
+
+def _inputs(ctx: StageContext) -> dict[str, str]:
+    spec = ctx.calibration
+    data = spec.resolved_path() if spec.source == "local" else None
+    return {"source": ctx.digest("source"), "spec": sha256_json(spec.model_dump(mode="json")),
+            "data": sha256_file(data) if data is not None and data.is_file() else f"hub:{spec.dataset}@{spec.revision}"}
+
+
+def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
+    return run_calibration(ctx.calibration, ctx.source, out_dir, datasets_dir=ctx.work / "datasets")
+
+
+STAGE = Stage("calibration", _inputs, lambda ctx: {"spec": ctx.calibration.model_dump(mode="json")}, _run)

@@ -1,351 +1,173 @@
-"""Activation-calibrated int4 lm_head: Hessian, row-chunked GPTQ, RTN, packing, config group.
+"""lm_head stage: activation-calibrated int4 head (the math: quant/head_gptq.py, quant/head_quality.py).
 
-Pure tensor functions; the pipeline owns files. The math follows llm-compressor 0.14's
-`modifiers/gptq/gptq_quantize.py` (same damping, dead-column and RTN-fallback rules, same
-quantize/dequantize rounding), but the Hessian is shared by all rows, so its Cholesky factor
-is computed once and the column sweep runs on `row_chunk` rows at a time: the working copy is
-O(row_chunk * D) instead of the whole 248320 x 5120 head in fp32.
-
-Conventions (compressed-tensors 0.19, symmetric int group quantization, checked in tests):
-  scale = max(|min(w_g)|, |max(w_g)|) / ((qmax - qmin) / 2) = absmax / 7.5 for int4, stored
-  bf16, a zero scale replaced by finfo(bf16).eps; q = round(clamp(w / scale, -8, 7));
-  dequant = q.to(bf16) * scale (bf16); no zero point is stored for symmetric weights.
+Final-norm hidden states over the calibration tokens feed the head's Hessian; `heldout_fraction`
+of the samples (the last ones, deterministic) are kept back for the quality report (KL and top-1
+against the bf16 head, GPTQ vs RTN). The streamed gptq engine computes both in its own pass and
+leaves them in the gptq stage folder (engine/headcal.py): this stage's first step reads them
+there. Only after the oneshot engine, which leaves none, is the whole model loaded to capture them.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
-
-import torch
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from qwenquant.errors import StageError
-from qwenquant.stages.lm_head_quality import (  # noqa: F401  (re-exported API)
-    StopForward,
-    capture_final_hidden,
-    compare_heads,
-    head_quality,
-)
+from qwenquant.checkpoint.assemble import current_plan, derive_checkpoint, read_config, torch_raw
+from qwenquant.checkpoint.tensorfile import checkpoint_refs
+from qwenquant.hashing import sha256_json
+from qwenquant.stage import Stage, StageContext
+
+if TYPE_CHECKING:
+    from qwenquant.engine.headcal import HeadCalibration
+    from qwenquant.recipe import LmHeadSpec
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[int, int], None]
-
-__all__ = [
-    "HeadQuantSpec",
-    "QuantizedHead",
-    "StopForward",
-    "accumulate_hessian",
-    "capture_final_hidden",
-    "compare_heads",
-    "default_device",
-    "gptq_quantize_rows",
-    "head_config_group",
-    "head_quality",
-    "pack_head",
-    "rtn_quantize_rows",
-]
-
-SCALE_DTYPE = torch.bfloat16
-# matches `lm_head` (HF) and `language_model.lm_head` (vLLM); a bare "lm_head" is not remapped
-LM_HEAD_TARGET = "re:.*lm_head$"
+HEAD = "lm_head"
 
 
-@dataclass(frozen=True)
-class HeadQuantSpec:
-    """What the head is quantized to; any object with these attributes is accepted."""
-
-    num_bits: int = 4
-    group_size: int = 128
-    symmetric: bool = True
-    actorder: bool = False
+def split_heldout(n: int, fraction: float) -> tuple[list[int], list[int]]:
+    """Pure: (calibration indices, held-out indices); the last round(n * fraction) samples, at
+    least one when fraction > 0 and n > 1, are held out."""
+    held = 0 if fraction <= 0 or n < 2 else min(n - 1, max(1, round(n * fraction)))
+    return list(range(n - held)), list(range(n - held, n))
 
 
-@dataclass
-class QuantizedHead:
-    """Integer codes [V, D] (int8, in [qmin, qmax]) and bf16 group scales [V, D / group_size]."""
+def head_quant_config(config: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]:
+    """Pure: config with the head's config group added (next free `group_N`) and lm_head un-ignored."""
+    import copy
 
-    int: torch.Tensor
-    scale: torch.Tensor
-    num_bits: int
-    group_size: int
-    method: str = "gptq"
-    used_rtn_fallback: bool = False
-    loss: float | None = None
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (int(self.int.shape[0]), int(self.int.shape[1]))
-
-    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """q.to(scale dtype) * scale per group, the same ops as compressed-tensors' dequantize."""
-        rows, cols = self.shape
-        q = self.int.unflatten(-1, (cols // self.group_size, self.group_size))
-        w = (q.to(self.scale.dtype) * self.scale.unsqueeze(-1)).flatten(-2)
-        return w if dtype is None else w.to(dtype)
+    out = copy.deepcopy(config)
+    qc = out["quantization_config"]
+    groups = qc.setdefault("config_groups", {})
+    for name, g in list(groups.items()):
+        if g.get("targets") == group.get("targets"):
+            del groups[name]
+    i = 0
+    while f"group_{i}" in groups:
+        i += 1
+    groups[f"group_{i}"] = group
+    qc["ignore"] = [p for p in (qc.get("ignore") or []) if p not in ("lm_head", "re:.*lm_head$", "language_model.lm_head")]
+    return out
 
 
-def default_device(device: str | torch.device | None = None) -> torch.device:
-    """The device to compute on: `device` if given, else cuda when available, else cpu."""
-    if device is not None:
-        return torch.device(device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def _load_model(source_dir: Path, device: str) -> Any:
+    import transformers
+
+    cfg = read_config(source_dir)
+    arch = (cfg.get("architectures") or ["Qwen3_5ForConditionalGeneration"])[0]
+    cls = getattr(transformers, arch)
+    kwargs: dict[str, Any] = {"dtype": "auto"}
+    if device == "cuda":
+        kwargs["device_map"] = "auto"  # spills to CPU what does not fit on the GPU
+    model = cls.from_pretrained(str(source_dir), **kwargs)
+    return model.eval()
 
 
-def int_range(num_bits: int) -> tuple[int, int]:
-    """Signed integer range compressed-tensors uses: [-2^(b-1), 2^(b-1) - 1]."""
-    return -(1 << (num_bits - 1)), (1 << (num_bits - 1)) - 1
+def _capture_from_model(source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, device: str) -> HeadCalibration:
+    """Final hidden states from the whole original-precision model (after the oneshot engine)."""
+    import torch
 
+    from qwenquant.engine.headcal import HeadCalibration
+    from qwenquant.quant import head_gptq as lh
 
-@torch.no_grad()
-def accumulate_hessian(
-    H: torch.Tensor | None, hidden: torch.Tensor, n_seen: int
-) -> tuple[torch.Tensor, int]:
-    """Fold a batch of lm_head inputs [..., D] into the running H = 2/N * X^T X (fp32).
+    calib_idx, held_idx = split_heldout(len(samples), spec.heldout_fraction)
+    model = _load_model(source_dir, device)
+    H: torch.Tensor | None = None
+    n_tokens = 0
+    held: list[torch.Tensor] = []
 
-    H lives on the device of the first batch; rows are tokens (N counts tokens, not sequences:
-    the scale of H does not change GPTQ's result).
-    """
-    x = hidden.reshape(-1, hidden.shape[-1])
-    m = x.shape[0]
+    def fold(hidden: torch.Tensor) -> None:
+        nonlocal H, n_tokens
+        H, n_tokens = lh.accumulate_hessian(H, hidden.float().to(device), n_tokens)
+
+    def batches(idx: list[int]) -> Any:
+        for i in idx:
+            yield {"input_ids": torch.tensor([samples[i]], dtype=torch.long)}
+
+    lh.capture_final_hidden(model, batches(calib_idx), fold)
+    if held_idx:
+        lh.capture_final_hidden(model, batches(held_idx), lambda h: held.append(h.float().cpu()))
+    del model
     if H is None:
-        H = torch.zeros((x.shape[1], x.shape[1]), dtype=torch.float32, device=x.device)
-    if m == 0:
-        return H, n_seen
-    if H.shape != (x.shape[1], x.shape[1]):
-        raise ValueError(f"hidden width {x.shape[1]} does not match Hessian {tuple(H.shape)}")
-    x = x.to(device=H.device, dtype=torch.float32)
-    total = n_seen + m
-    H.mul_(n_seen / total)
-    H.addmm_(x.t(), x, alpha=2.0 / total)
-    return H, total
+        raise StageError("no calibration tokens reached lm_head", hint="check the calibration set")
+    return HeadCalibration(H, n_tokens, torch.cat(held) if held else None, len(held_idx))
 
 
-def _check_shapes(W: torch.Tensor, num_bits: int, group_size: int, symmetric: bool) -> None:
-    if W.ndim != 2:
-        raise ValueError(f"expected a 2-D head weight, got shape {tuple(W.shape)}")
-    problems = []
-    if not symmetric:
-        problems.append("lm_head quantization supports symmetric=true only (no zero points)")
-    if not 2 <= num_bits <= 8:
-        problems.append(f"num_bits must be in 2..8 for pack-quantized, got {num_bits}")
-    if group_size <= 0 or W.shape[1] % group_size:
-        problems.append(f"group_size must divide the hidden size {W.shape[1]}, got {group_size}")
-    if problems:
+def _quality(spec: LmHeadSpec, report: dict[str, Any] | None, cal: HeadCalibration, fallback: bool) -> dict[str, Any]:
+    """The quality report the record, the manifest and qwenquant-quality.json keep."""
+    pick = (lambda k: report[k]) if report else (lambda k: None)
+    return {"lm_head": {
+        "method": spec.method, "rtn": pick("rtn"), "gptq": pick("gptq"), "kl_reduction_pct": pick("kl_reduction_pct"),
+        "calibration_tokens": int(cal.tokens),
+        "heldout_tokens": int(cal.heldout.shape[0]) if cal.heldout is not None else 0,
+        "heldout_samples": cal.heldout_samples,
+        "evaluated_on": "heldout" if report else "none",
+        "used_rtn_fallback": bool(fallback),
+    }}
+
+
+def run_head(source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, prev_dir: Path, out_dir: Path, *,
+             device: str, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Quantize lm_head into `out_dir` (= `prev_dir` with the head packed); return the quality report."""
+    import torch
+
+    from qwenquant.engine import headcal
+    from qwenquant.quant import head_gptq as lh
+    from qwenquant.stages.gptq import set_deterministic
+
+    set_deterministic()
+    cal = headcal.load(prev_dir)  # the streamed gptq engine calibrated the head in its own pass
+    if cal is None:
+        cal = _capture_from_model(source_dir, samples, spec, device)
+    ref = checkpoint_refs(source_dir)[f"{HEAD}.weight"]
+    W = torch.frombuffer(ref.read_bytearray(), dtype=torch.bfloat16 if ref.dtype == "BF16" else torch.float32)
+    W = W.reshape(ref.shape)
+    common = dict(num_bits=spec.num_bits, group_size=spec.group_size, symmetric=spec.symmetric,
+                  row_chunk=spec.row_chunk, device=device)
+    q_gptq = lh.gptq_quantize_rows(W, cal.hessian.to(device), dampening_frac=spec.dampening_frac,
+                                   block_size=spec.block_size, progress=progress, **common)
+    q_rtn = lh.rtn_quantize_rows(W, **common)
+    report = None if cal.heldout is None else lh.compare_heads(W, q_rtn, q_gptq, cal.heldout, device=device)
+    quality = _quality(spec, report, cal, q_gptq.used_rtn_fallback)
+    if report and spec.require_better_than_rtn and spec.method == "gptq" and report["gptq"]["kl"] >= report["rtn"]["kl"]:
         raise StageError(
-            "cannot quantize lm_head: " + "; ".join(problems),
-            hint="fix the lm_head section of the recipe (W4A16: num_bits 4, group_size 128, symmetric)",
-        )
+            f"lm_head GPTQ is not better than RTN on held-out tokens (KL {report['gptq']['kl']:.6g} >= "
+            f"{report['rtn']['kl']:.6g})", hint="use more calibration samples, or set lm_head.require_better_than_rtn: false")
+    chosen = q_gptq if spec.method == "gptq" else q_rtn
+    packed = {n: torch_raw(n, t) for n, t in lh.pack_head(chosen, prefix=HEAD).items()}
+
+    plan = current_plan(prev_dir)
+    for shard, tensors in plan.items():
+        if f"{HEAD}.weight" in tensors:
+            del tensors[f"{HEAD}.weight"]
+            tensors.update(packed)
+            break
+    else:
+        raise StageError("the GPTQ output has no lm_head.weight", hint="re-run with a fresh --work folder")
+    config = head_quant_config(read_config(prev_dir), lh.head_config_group(spec))
+    derive_checkpoint(prev_dir, out_dir, plan, config)
+    return quality
 
 
-def _group_scales(w: torch.Tensor, num_bits: int, group_size: int) -> torch.Tensor:
-    """Symmetric minmax scales [rows, D/g] in bf16, as compressed-tensors' calculate_qparams."""
-    qmin, qmax = int_range(num_bits)
-    g = w.unflatten(-1, (-1, group_size))
-    # max(|min|, |max|) per group without an |w| temporary as large as the chunk
-    absmax = torch.maximum(g.amax(dim=-1).abs(), g.amin(dim=-1).abs()).float()
-    scale = (absmax / ((qmax - qmin) / 2)).to(SCALE_DTYPE)
-    return scale.masked_fill(scale == 0, torch.finfo(SCALE_DTYPE).eps)
+def _inputs(ctx: StageContext) -> dict[str, str]:
+    return {"source": ctx.digest("source"), "calibration": ctx.digest("calibration"), "gptq": ctx.digest("gptq"),
+            "lm_head": sha256_json(ctx.recipe.lm_head.model_dump(mode="json")), "device": ctx.device}
 
 
-def _row_chunks(rows: int, row_chunk: int | None) -> list[tuple[int, int]]:
-    step = rows if not row_chunk or row_chunk <= 0 else min(row_chunk, rows)
-    return [(r0, min(r0 + step, rows)) for r0 in range(0, rows, step)]
+def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
+    prev = ctx.dir("gptq")
+    if not ctx.recipe.lm_head.enabled:
+        derive_checkpoint(prev, out_dir, current_plan(prev), read_config(prev))
+        return {"lm_head": {"method": "none"}}
+    from qwenquant.stages.calibration import load_tokens
+
+    return run_head(ctx.source, load_tokens(ctx.dir("calibration")), ctx.recipe.lm_head, prev, out_dir,
+                    device=ctx.device, progress=ctx.progress_for("lm_head row chunks"))
 
 
-@torch.no_grad()
-def rtn_quantize_rows(
-    W: torch.Tensor,
-    *,
-    num_bits: int = 4,
-    group_size: int = 128,
-    symmetric: bool = True,
-    row_chunk: int = 8192,
-    device: str | torch.device | None = None,
-    progress: Progress | None = None,
-) -> QuantizedHead:
-    """Round-to-nearest with the same scales and rounding as GPTQ: the baseline."""
-    _check_shapes(W, num_bits, group_size, symmetric)
-    dev = default_device(device)
-    qmin, qmax = int_range(num_bits)
-    ints = torch.empty(W.shape, dtype=torch.int8)
-    scales = torch.empty((W.shape[0], W.shape[1] // group_size), dtype=SCALE_DTYPE)
-    chunks = _row_chunks(W.shape[0], row_chunk)
-    for k, (r0, r1) in enumerate(chunks):
-        w = W[r0:r1].to(device=dev, dtype=torch.float32)
-        s = _group_scales(w, num_bits, group_size)
-        q = (w.unflatten(-1, (-1, group_size)) / s.float().unsqueeze(-1)).clamp_(qmin, qmax).round_()
-        ints[r0:r1] = q.flatten(-2).to(torch.int8).cpu()
-        scales[r0:r1] = s.cpu()
-        if progress is not None:
-            progress(k + 1, len(chunks))
-    return QuantizedHead(ints, scales, num_bits, group_size, method="rtn")
-
-
-def _factorize(H: torch.Tensor, dampening_frac: float, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """Upper Cholesky factor of the damped H^-1, dead-column mask, and the RTN-fallback flag."""
-    H = H.to(device=dev, dtype=torch.float32, copy=True)
-    diag = torch.diagonal(H)
-    dead = diag == 0
-    diag.masked_fill_(dead, 1.0)
-    diag.add_(dampening_frac * diag.mean())
-    # in place, the same calls as llm-compressor's factorize_hessian: one D x D buffer
-    info = torch.empty((), dtype=torch.int32, device=dev)
-    torch.linalg.cholesky_ex(H, check_errors=False, out=(H, info))
-    if int(info) != 0:
-        # llm-compressor falls back to RTN (identity factor) when H is not positive definite
-        log.warning("lm_head Hessian is not positive definite; falling back to round-to-nearest")
-        return torch.eye(H.shape[0], device=dev), dead, True
-    torch.cholesky_inverse(H, out=H)
-    torch.linalg.cholesky(H, upper=True, out=H)
-    return H, dead, False
-
-
-def _gptq_chunk(
-    w: torch.Tensor,
-    Hinv: torch.Tensor,
-    scale: torch.Tensor,
-    col_group: torch.Tensor,
-    qmin: int,
-    qmax: int,
-    block_size: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Column-blocked GPTQ sweep (Frantar et al. 2022, sec. 3.4) over one fp32 row chunk, in place.
-
-    `col_group[j]` is the scale column of working column j; returns int8 codes in working
-    column order and the per-row loss.
-    """
-    rows, cols = w.shape
-    ints = torch.empty((rows, cols), dtype=torch.int8, device=w.device)
-    loss = torch.zeros(rows, dtype=torch.float32, device=w.device)
-    for i1 in range(0, cols, block_size):
-        i2 = min(i1 + block_size, cols)
-        w1 = w[:, i1:i2]
-        err1 = torch.empty_like(w1)
-        h1 = Hinv[i1:i2, i1:i2]
-        s1 = scale[:, col_group[i1:i2]]
-        s1f = s1.float()
-        for i in range(i2 - i1):
-            col = w1[:, i]
-            q = torch.round(torch.clamp(col / s1f[:, i], qmin, qmax))
-            # dequantize in the scale dtype, as llm-compressor's fake_quantize and vLLM do
-            deq = (q.to(s1.dtype) * s1[:, i]).float()
-            e = (col - deq) / h1[i, i]
-            ints[:, i1 + i] = q.to(torch.int8)
-            err1[:, i] = e
-            w1[:, i:].sub_(e.unsqueeze(1) * h1[i, i:].unsqueeze(0))
-        loss += err1.square().sum(dim=1) / 2
-        if i2 < cols:
-            w[:, i2:].addmm_(err1, Hinv[i1:i2, i2:], alpha=-1.0)
-    return ints, loss
-
-
-@torch.no_grad()
-def gptq_quantize_rows(
-    W: torch.Tensor,
-    H: torch.Tensor,
-    *,
-    num_bits: int = 4,
-    group_size: int = 128,
-    symmetric: bool = True,
-    dampening_frac: float = 0.01,
-    block_size: int = 128,
-    row_chunk: int | None = 8192,
-    actorder: bool = False,
-    device: str | torch.device | None = None,
-    progress: Progress | None = None,
-) -> QuantizedHead:
-    """GPTQ a [V, D] head against one shared Hessian [D, D], `row_chunk` rows at a time.
-
-    Scales are static minmax group scales of the original weights (as llm-compressor's weight
-    observer). Dead columns (H_ii == 0) are zeroed and their diagonal set to 1 before damping.
-    `actorder=True` sweeps columns by descending H_ii (llm-compressor's "static"/"weight"
-    order); groups keep their original columns, so the checkpoint format is unchanged.
-    `row_chunk` None or <= 0 means all rows at once. Results return on the CPU.
-    """
-    _check_shapes(W, num_bits, group_size, symmetric)
-    if H.shape != (W.shape[1], W.shape[1]):
-        raise ValueError(f"Hessian shape {tuple(H.shape)} does not match weight {tuple(W.shape)}")
-    dev = default_device(device)
-    qmin, qmax = int_range(num_bits)
-    cols = W.shape[1]
-
-    perm = None
-    H_work = H
-    if actorder:
-        perm = torch.argsort(torch.diagonal(H), descending=True).to(H.device)
-        H_work = H[perm][:, perm]
-    Hinv, dead, fallback = _factorize(H_work, dampening_frac, dev)
-    col_group = torch.arange(cols, device=dev) // group_size
-    if perm is not None:
-        perm = perm.to(dev)
-        col_group = col_group[perm]
-
-    ints = torch.empty(W.shape, dtype=torch.int8)
-    scales = torch.empty((W.shape[0], cols // group_size), dtype=SCALE_DTYPE)
-    total_loss = 0.0
-    chunks = _row_chunks(W.shape[0], row_chunk)
-    for k, (r0, r1) in enumerate(chunks):
-        # copy=True: the sweep works in place and must never touch the caller's tensor
-        w = W[r0:r1].to(device=dev, dtype=torch.float32, copy=True)
-        s = _group_scales(w, num_bits, group_size)
-        if perm is not None:
-            w = w[:, perm]
-        w.masked_fill_(dead.unsqueeze(0), 0.0)
-        q, loss = _gptq_chunk(w, Hinv, s, col_group, qmin, qmax, block_size)
-        del w
-        if perm is not None:
-            q = torch.empty_like(q).index_copy_(1, perm, q)
-        ints[r0:r1] = q.cpu()
-        scales[r0:r1] = s.cpu()
-        total_loss += float(loss.sum())
-        if progress is not None:
-            progress(k + 1, len(chunks))
-    return QuantizedHead(
-        ints, scales, num_bits, group_size, method="gptq", used_rtn_fallback=fallback, loss=total_loss
-    )
-
-
-def pack_head(q: QuantizedHead, prefix: str = "lm_head") -> dict[str, torch.Tensor]:
-    """Checkpoint tensors in compressed-tensors' pack-quantized layout (symmetric: no zero point).
-
-    `weight_shape` is int64, as compressed-tensors itself writes it (`torch.tensor(weight.shape)`).
-    """
-    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
-
-    return {
-        f"{prefix}.weight_packed": pack_to_int32(q.int.contiguous(), q.num_bits).contiguous(),
-        f"{prefix}.weight_scale": q.scale.contiguous(),
-        f"{prefix}.weight_shape": torch.tensor(q.shape, dtype=torch.int64),
-    }
-
-
-def head_config_group(spec: Any = None) -> dict[str, Any]:
-    """The compressed-tensors config group for the head, keyed as llm-compressor 0.14 writes it.
-
-    `spec`: a HeadQuantSpec, a mapping of its fields, or any object with num_bits, group_size,
-    symmetric (and optionally actorder) attributes; None means W4A16 g128.
-    The `re:.*lm_head$` target matches both `lm_head` and vLLM's `language_model.lm_head`.
-    """
-    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
-
-    if spec is None:
-        spec = HeadQuantSpec()
-    elif isinstance(spec, Mapping):
-        spec = HeadQuantSpec(**spec)
-    weights = QuantizationArgs(
-        num_bits=spec.num_bits,
-        type="int",
-        symmetric=spec.symmetric,
-        strategy="group",
-        group_size=spec.group_size,
-        dynamic=False,
-        # what the sweep did; "static" (= "weight") changes calibration only, not the format
-        actorder="static" if getattr(spec, "actorder", False) else None,
-        observer="memoryless_minmax",
-    )
-    target = getattr(spec, "target", None) or LM_HEAD_TARGET
-    scheme = QuantizationScheme(targets=[target], weights=weights, format="pack-quantized")
-    return scheme.model_dump(mode="json")
+STAGE = Stage("lm_head", _inputs, lambda ctx: {"lm_head": ctx.recipe.lm_head.model_dump(mode="json"), "device": ctx.device},
+              _run, builds_checkpoint=True)

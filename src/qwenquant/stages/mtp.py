@@ -7,7 +7,6 @@ tensor digests and the index; `apply_graft` writes the MTP shard, the index and 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,9 +14,10 @@ from typing import Any
 
 from qwenquant.atomic import atomic_write_bytes, pretty_json
 from qwenquant.errors import StageError
-from qwenquant.stages.assemble import current_plan, read_config, weight_map, write_plan
-from qwenquant.stages.identity import TensorDigest, tensor_digests
-from qwenquant.stages.tensorfile import checkpoint_refs
+from qwenquant.checkpoint.assemble import carry_files, current_plan, read_config, weight_map, write_plan
+from qwenquant.checkpoint.identity import TensorDigest, tensor_digests
+from qwenquant.checkpoint.tensorfile import checkpoint_refs
+from qwenquant.stage import Stage, StageContext
 
 MTP_PREFIX = "mtp."
 MTP_IGNORE = "re:^mtp.*"
@@ -108,5 +108,13 @@ def verify_mtp(artifact_dir: Path, source_dir: Path) -> list[str]:
     return problems
 
 
-def load_index_json(folder: Path) -> dict[str, Any]:
-    return json.loads((Path(folder) / "model.safetensors.index.json").read_text())
+def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
+    prev = ctx.dir("lm_head")
+    plan = plan_for(prev, ctx.source)
+    graft_into(prev, out_dir, ctx.source, plan)
+    carry_files(prev, out_dir)
+    return {"graft": plan.summary(), "added": len(plan.add)}
+
+
+STAGE = Stage("mtp", lambda ctx: {"source": ctx.digest("source"), "lm_head": ctx.digest("lm_head")},
+              lambda ctx: {}, _run, builds_checkpoint=True)

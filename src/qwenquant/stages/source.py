@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from qwenquant.atomic import canonical_json
 from qwenquant.errors import StageError, VerificationError
+from qwenquant.atomic import atomic_write_json
+from qwenquant.hashing import sha256_file, sha256_json
+from qwenquant.stage import Stage, StageContext
+
+if TYPE_CHECKING:
+    from qwenquant.recipe import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -25,10 +29,10 @@ def _files(source_dir: Path) -> list[Path]:
 def stat_fingerprint(source_dir: Path) -> str:
     """sha256 over (path, size, mtime_ns) of every file: cheap, changes when any file is touched."""
     rows = [(p.relative_to(source_dir).as_posix(), p.stat().st_size, p.stat().st_mtime_ns) for p in _files(source_dir)]
-    return hashlib.sha256(canonical_json(rows)).hexdigest()
+    return sha256_json(rows)
 
 
-def check_model_config(source_dir: Path, recipe: Any) -> dict[str, Any]:
+def check_model_config(source_dir: Path, model: ModelSpec, recipe_name: str) -> dict[str, Any]:
     """The source config.json, checked against the recipe's architectures/model types."""
     path = Path(source_dir) / "config.json"
     try:
@@ -39,15 +43,15 @@ def check_model_config(source_dir: Path, recipe: Any) -> dict[str, Any]:
     except ValueError as e:
         raise StageError(f"{path} is not valid JSON ({e})", hint="re-fetch the model") from None
     archs = cfg.get("architectures") or []
-    if cfg.get("model_type") not in recipe.model.model_types or not set(archs) & set(recipe.model.architectures):
+    if cfg.get("model_type") not in model.model_types or not set(archs) & set(model.architectures):
         raise StageError(
             f"{source_dir}: model_type {cfg.get('model_type')!r} / architectures {archs} are not what recipe "
-            f"{recipe.name!r} is for ({recipe.model.model_types} / {recipe.model.architectures})",
+            f"{recipe_name!r} is for ({model.model_types} / {model.architectures})",
             hint="pick a recipe for this model, or check the source folder")
     return cfg
 
 
-def describe_source(source_dir: Path, recipe: Any, *, unverified: bool,
+def describe_source(source_dir: Path, model: ModelSpec, recipe_name: str, *, unverified: bool,
                     progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Verify (fetch record) or hash (--source-unverified) the source; return its description."""
     from qwenquant.hashing import sha256_files
@@ -55,7 +59,7 @@ def describe_source(source_dir: Path, recipe: Any, *, unverified: bool,
     source_dir = Path(source_dir)
     if not source_dir.is_dir():
         raise StageError(f"source folder not found: {source_dir}", hint="check the path, or run `qwenquant fetch`")
-    check_model_config(source_dir, recipe)
+    check_model_config(source_dir, model, recipe_name)
     if not unverified:
         from qwenquant.fetch import verify_fetch_record
 
@@ -74,3 +78,18 @@ def describe_source(source_dir: Path, recipe: Any, *, unverified: bool,
     log.warning("source %s is not verified against a fetch record (--source-unverified)", source_dir)
     return {"kind": "local-unverified", "verified": False, "repo": None, "revision": None, "commit": None,
             "files": files}
+
+
+def _inputs(ctx: StageContext) -> dict[str, str]:
+    record = ctx.source / RECORD_NAME
+    return {"stat": stat_fingerprint(ctx.source),
+            "fetch_record": sha256_file(record) if record.is_file() else "none"}
+
+
+def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
+    desc = describe_source(ctx.source, ctx.recipe.model, ctx.recipe.name, unverified=ctx.source_unverified)
+    atomic_write_json(out_dir / "source.json", desc)
+    return {k: v for k, v in desc.items() if k != "files"} | {"file_count": len(desc["files"])}
+
+
+STAGE = Stage("source", _inputs, lambda ctx: {"unverified": ctx.source_unverified, "path": str(ctx.source)}, _run)

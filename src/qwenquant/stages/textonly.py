@@ -13,7 +13,9 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from qwenquant.stages.assemble import current_plan, derive_checkpoint, map_plan, read_config
+from qwenquant.checkpoint.assemble import current_plan, derive_checkpoint, map_plan, read_config
+from qwenquant.hashing import sha256_json
+from qwenquant.stage import Stage, StageContext
 
 TEXT_ARCH = "Qwen3_5ForCausalLM"
 TEXT_MODEL_TYPE = "qwen3_5_text"
@@ -83,3 +85,13 @@ def keep_multimodal(prev_dir: Path, out_dir: Path) -> dict[str, Any]:
     derive_checkpoint(prev_dir, out_dir, current_plan(prev_dir), read_config(prev_dir))
     return {"layout": "multimodal", "tensors_dropped": 0,
             "architecture": (read_config(prev_dir).get("architectures") or [None])[0]}
+
+
+def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
+    prev = ctx.dir("mtp")
+    return rewrite_text_only(prev, out_dir) if ctx.recipe.artifact.layout == "text-only" else keep_multimodal(prev, out_dir)
+
+
+STAGE = Stage("textonly",
+              lambda ctx: {"mtp": ctx.digest("mtp"), "layout": sha256_json(ctx.recipe.artifact.layout)},
+              lambda ctx: {"layout": ctx.recipe.artifact.layout}, _run, builds_checkpoint=True)

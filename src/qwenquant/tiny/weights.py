@@ -15,21 +15,13 @@ head alike, after int4 quantization too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from qwenquant.checkpoint.tensorfile import TensorSpec
 from qwenquant.tiny.config import DIMS, TinyDims
 
 LM = "model.language_model"
 VIS = "model.visual"
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    shape: tuple[int, ...]
-    kind: str
 
 
 def _attention(prefix: str, d: TinyDims) -> list[TensorSpec]:

@@ -8,17 +8,26 @@ name, fixed `{"format": "pt"}` metadata, header padded with spaces to 8 bytes.
 from __future__ import annotations
 
 import json
-import os
 import struct
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from qwenquant.atomic import default_file_mode, fsync_dir
-from qwenquant.safetensors_check import DTYPE_BYTES, INDEX_NAME, read_header
+from qwenquant.atomic import atomic_write_bytes, atomic_writer, pretty_json
+from qwenquant.checkpoint.header import INDEX_NAME, SafetensorsHeader, read_header
 
-INDEX = INDEX_NAME  # the format's names and sizes live in safetensors_check
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor a model architecture declares: name, shape and kind ("linear" for the weight of an
+    nn.Linear, a quantization candidate; otherwise what initializes it: "offset", "scale", "conv", ...)."""
+
+    name: str
+    shape: tuple[int, ...]
+    kind: str
+
+    @property
+    def linear(self) -> bool:
+        return self.kind == "linear"
 
 
 @dataclass(frozen=True)
@@ -67,21 +76,22 @@ class RawTensor:
         return self.data
 
 
+def header_refs(path: Path, h: SafetensorsHeader) -> dict[str, TensorRef]:
+    """Every tensor a header (already read from `path`) describes, by name, with absolute offsets."""
+    base = 8 + h.header_bytes
+    return {n: TensorRef(n, Path(path), t.dtype, tuple(t.shape), base + t.start, base + t.end)
+            for n, t in h.tensors.items()}
+
+
 def shard_refs(path: Path) -> dict[str, TensorRef]:
     """Every tensor of one safetensors file, by name."""
-    path = Path(path)
-    h = read_header(path)
-    base = 8 + h.header_bytes
-    return {
-        n: TensorRef(n, path, t.dtype, tuple(t.shape), base + t.start, base + t.end)
-        for n, t in h.tensors.items()
-    }
+    return header_refs(path, read_header(Path(path)))
 
 
 def checkpoint_shards(folder: Path) -> list[Path]:
     """The safetensors files of a checkpoint: those named by its index, else every *.safetensors."""
     folder = Path(folder)
-    idx = folder / INDEX
+    idx = folder / INDEX_NAME
     if idx.exists():
         names = sorted(set(json.loads(idx.read_text())["weight_map"].values()))
         return [folder / n for n in names]
@@ -110,22 +120,11 @@ def header_bytes(tensors: Iterable[RawTensor | TensorRef]) -> bytes:
 
 def write_shard(path: Path, tensors: Iterable[RawTensor | TensorRef]) -> None:
     """Write one shard (atomic: temp name, fsync, rename), streaming each tensor's bytes."""
-    path = Path(path)
     items = sorted(tensors, key=lambda t: t.name)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, default_file_mode())  # shards are read by whoever serves them
-        with os.fdopen(fd, "wb") as f:
-            f.write(header_bytes(items))
-            for t in items:
-                f.write(t.read())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    with atomic_writer(Path(path)) as f:
+        f.write(header_bytes(items))
+        for t in items:
+            f.write(t.read())
 
 
 def plan_shards(tensors: Mapping[str, RawTensor | TensorRef], max_shard_bytes: int,
@@ -171,11 +170,6 @@ def write_checkpoint_tensors(folder: Path, tensors: Mapping[str, RawTensor | Ten
 
 
 def write_index(folder: Path, weight_map: Mapping[str, str], total_size: int) -> None:
-    from qwenquant.atomic import atomic_write_bytes, pretty_json
-
-    atomic_write_bytes(Path(folder) / INDEX, pretty_json(
+    """The shard index: total tensor bytes and the sorted tensor name -> shard file map."""
+    atomic_write_bytes(Path(folder) / INDEX_NAME, pretty_json(
         {"metadata": {"total_size": int(total_size)}, "weight_map": dict(sorted(weight_map.items()))}))
-
-
-def element_size(dtype: str) -> int:
-    return DTYPE_BYTES[dtype]

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from qwenquant.atomic import atomic_write_bytes, pretty_json
-from qwenquant.stages.tensorfile import INDEX, RawTensor, TensorRef, checkpoint_refs, shard_refs, write_index, write_shard
+from qwenquant.checkpoint.header import INDEX_NAME
+from qwenquant.checkpoint.tensorfile import RawTensor, TensorRef, checkpoint_refs, shard_refs, write_index, write_shard
 
 Ref = RawTensor | TensorRef
 ShardPlan = dict[str, dict[str, Ref]]
@@ -35,7 +36,7 @@ def link_or_copy(src: Path, dst: Path) -> None:
 
 def weight_map(folder: Path) -> dict[str, str]:
     """tensor name -> shard file name, from the index (or from the shards when there is none)."""
-    idx = Path(folder) / INDEX
+    idx = Path(folder) / INDEX_NAME
     if idx.exists():
         return dict(json.loads(idx.read_text())["weight_map"])
     out: dict[str, str] = {}
@@ -86,7 +87,7 @@ def write_plan(prev_dir: Path, out_dir: Path, plan: ShardPlan) -> dict[str, str]
 
 def carry_files(prev_dir: Path, out_dir: Path, *, drop: Iterable[str] = ()) -> list[str]:
     """Link every non-tensor file of `prev_dir` (except the index, config and `drop`) into `out_dir`."""
-    skip = set(drop) | {INDEX, "config.json"}
+    skip = set(drop) | {INDEX_NAME, "config.json"}
     carried = []
     for p in sorted(Path(prev_dir).iterdir()):
         if p.is_file() and not p.name.startswith(".") and p.suffix != ".safetensors" and p.name not in skip:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from qwenquant.safetensors_check import (
+from qwenquant.checkpoint.header import (
     MAX_HEADER_BYTES,
     SafetensorsError,
     check_index,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from qwenquant.errors import FetchError
-from qwenquant.fetch.plan import RemoteFile, check_listing, config_problems, lfs_pointer_blob_id, path_problem
+from qwenquant.fetch.selection import RemoteFile, check_listing, config_problems, lfs_pointer_blob_id, path_problem
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from qwenquant.stages.tensorfile import TensorRef, checkpoint_refs
+from qwenquant.checkpoint.tensorfile import TensorRef, checkpoint_refs
 
 QUANT_PARAMS = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point", "weight_g_idx")
 

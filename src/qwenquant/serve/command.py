@@ -11,7 +11,7 @@ from typing import Optional
 from qwenquant.errors import ServeError
 from qwenquant.recipe import load_recipe
 from qwenquant.serve import argv as argvmod
-from qwenquant.serve import plan as planmod
+from qwenquant.serve import budget as budgetmod
 from qwenquant.serve.preflight import cache_settings, recipe_from_manifest
 from qwenquant.serve.weights import (ModelShape, QuantSettings, WeightBreakdown, artifact_tensor_bytes,
                                      model_shape, weights_from_config, weights_from_tensors)
@@ -34,7 +34,7 @@ class PlanResult:
     shape: ModelShape
     weights: WeightBreakdown
     include_vision: bool
-    budgets: dict[str, planmod.Budget]
+    budgets: dict[str, budgetmod.Budget]
     source: str
 
 
@@ -69,7 +69,7 @@ def make_plan(target: Path, gpu_bytes: int, *, recipe_name: Optional[str] = None
         prof = recipe.profile(name)
         d = argvmod.decide(prof, device, layout)
         include_vision = manifest is not None and not d.language_model_only
-        budgets[name] = planmod.make_budget(
+        budgets[name] = budgetmod.make_budget(
             shape, weights, cache_settings(prof, device, layout), device=device, total_bytes=gpu_bytes,
             utilization=prof.gpu_memory_utilization, max_model_len=prof.max_model_len,
             max_num_seqs=prof.max_num_seqs, max_num_batched_tokens=d.max_num_batched_tokens,

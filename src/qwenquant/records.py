@@ -14,7 +14,6 @@ The pipeline is the only caller (one place writes records).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import shutil
@@ -26,7 +25,7 @@ from typing import Any
 
 from qwenquant.atomic import atomic_write_bytes, canonical_json, exclusive_lock, pretty_json, staging_dir
 from qwenquant.errors import StageError
-from qwenquant.hashing import sha256_file
+from qwenquant.hashing import sha256_file, sha256_json
 
 log = logging.getLogger("qwenquant.pipeline")
 
@@ -34,10 +33,6 @@ RECORD_SCHEMA = 1
 _RECORD_FIELDS = {"schema_version": int, "stage": str, "status": str, "inputs": dict, "outputs": dict,
                   "params": dict, "result": dict, "started": str, "finished": str, "tool_versions": dict,
                   "record_sha256": str}
-
-
-def sha256_json(obj: Any) -> str:
-    return hashlib.sha256(canonical_json(obj)).hexdigest()
 
 
 def record_digest(body: dict[str, Any]) -> str:

@@ -1,0 +1,119 @@
+"""The pure parts of the stages: the source description, GPTQ restore, the lm_head config and split."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+
+def _model_spec():
+    from qwenquant.recipe import ModelSpec
+
+    return ModelSpec(architectures=["Qwen3_5ForConditionalGeneration"], model_types=["qwen3_5"])
+
+
+def _fetched(tmp_path: Path) -> Path:
+    import hashlib
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"],
+                                                 "model_type": "qwen3_5"}))
+    (src / "model.safetensors").write_bytes(b"weights")
+    files = [{"path": p.name, "size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+             for p in sorted(src.iterdir())]
+    (src / "qwenquant-fetch.json").write_text(json.dumps(
+        {"schema_version": 1, "repo_id": "Qwen/Qwen3.8-27B", "repo_type": "model", "revision": "main",
+         "commit": "a" * 40, "files": files}))
+    return src
+
+
+def test_source_verified_against_fetch_record(tmp_path: Path) -> None:
+    from qwenquant.stages.source import describe_source
+
+    desc = describe_source(_fetched(tmp_path), _model_spec(), "w4a16-int4head", unverified=False)
+    assert desc["kind"] == "fetched" and desc["verified"] is True
+    assert desc["repo"] == "Qwen/Qwen3.8-27B" and desc["commit"] == "a" * 40
+    assert set(desc["files"]) == {"config.json", "model.safetensors"}
+
+
+def test_source_that_drifted_from_its_record_is_refused(tmp_path: Path) -> None:
+    from qwenquant.errors import VerificationError
+    from qwenquant.stages.source import describe_source
+
+    src = _fetched(tmp_path)
+    (src / "model.safetensors").write_bytes(b"WEIGHTS")
+    with pytest.raises(VerificationError) as e:
+        describe_source(src, _model_spec(), "w4a16-int4head", unverified=False)
+    assert "model.safetensors" in e.value.message and "--source-unverified" in (e.value.hint or "")
+
+
+def test_unverified_source_is_hashed_and_marked(tmp_path: Path) -> None:
+    from qwenquant.stages.source import describe_source
+
+    src = _fetched(tmp_path)
+    (src / "qwenquant-fetch.json").unlink()
+    desc = describe_source(src, _model_spec(), "w4a16-int4head", unverified=True)
+    assert desc["kind"] == "local-unverified" and desc["verified"] is False and desc["commit"] is None
+    assert len(desc["files"]["model.safetensors"]["sha256"]) == 64
+
+
+def test_wrong_model_type_is_refused(tmp_path: Path) -> None:
+    from qwenquant.errors import StageError
+    from qwenquant.stages.source import describe_source
+
+    src = _fetched(tmp_path)
+    (src / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    with pytest.raises(StageError, match="not what recipe"):
+        describe_source(src, _model_spec(), "w4a16-int4head", unverified=True)
+
+
+# --- pure helpers of the gptq and lm_head stages -------------------------------------------------
+
+def test_restore_plan_takes_unquantized_tensors_from_the_source(tmp_path: Path) -> None:
+    from qwenquant.stages.gptq import restore_plan
+    from qwenquant.checkpoint.tensorfile import TensorRef
+
+    def ref(name: str, where: str) -> TensorRef:
+        return TensorRef(name, tmp_path / where, "BF16", (2,), 0, 4)
+
+    saved = {n: ref(n, "saved") for n in ("a.norm.weight", "a.proj.weight_packed", "a.proj.weight_scale",
+                                          "mtp.fc.weight", "lm_head.weight")}
+    source = {n: ref(n, "source") for n in ("a.norm.weight", "a.proj.weight", "mtp.fc.weight", "lm_head.weight")}
+    plan = restore_plan(saved, source)
+    assert plan["a.norm.weight"].path.name == "source" and plan["lm_head.weight"].path.name == "source"
+    assert plan["a.proj.weight_packed"].path.name == "saved"
+    assert "mtp.fc.weight" not in plan
+
+
+def test_quantized_config_uses_recipe_patterns() -> None:
+    from qwenquant.stages.gptq import quantized_config
+
+    src = {"model_type": "qwen3_5", "text_config": {"x": 1}}
+    saved = {"quantization_config": {"config_groups": {"group_0": {}}, "ignore": ["model.visual.blocks.0.attn.qkv"]}}
+    out = quantized_config(src, saved, ["lm_head", "re:.*visual.*"])
+    assert out["quantization_config"]["ignore"] == ["lm_head", "re:.*visual.*", "re:^mtp.*"]
+    assert out["text_config"] == {"x": 1} and "quantization_config" not in src
+
+
+def test_head_config_group_added_and_head_unignored() -> None:
+    from qwenquant.stages.lm_head import head_quant_config
+
+    cfg = {"quantization_config": {"config_groups": {"group_0": {"targets": ["Linear"]}},
+                                   "ignore": ["lm_head", "re:^mtp.*"]}}
+    out = head_quant_config(cfg, {"targets": ["re:.*lm_head$"]})
+    qc = out["quantization_config"]
+    assert qc["config_groups"]["group_1"] == {"targets": ["re:.*lm_head$"]}
+    assert qc["ignore"] == ["re:^mtp.*"]
+    assert head_quant_config(out, {"targets": ["re:.*lm_head$"]}) == out  # idempotent
+    assert cfg["quantization_config"]["ignore"] == ["lm_head", "re:^mtp.*"]
+
+
+def test_split_heldout() -> None:
+    from qwenquant.stages.lm_head import split_heldout
+
+    assert split_heldout(32, 0.1) == (list(range(29)), [29, 30, 31])
+    assert split_heldout(5, 0.0) == (list(range(5)), [])
+    assert split_heldout(2, 0.4) == ([0], [1])
