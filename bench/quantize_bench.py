@@ -233,7 +233,7 @@ class Recorder:
 PROGRESS_FILE: list[Path] = []
 # The lm_head stage's first step: the streamed engine left the head calibration in the gptq stage
 # folder; after the oneshot engine the stage loads the whole model to capture final hidden states.
-HEAD_FIRST = {"streamed": "read head calibration", "oneshot": "load model, capture hidden states"}
+HEAD_FIRST = {"streamed": "read head calibration", "oneshot": "load model + capture hidden"}
 # What the first decoder layer's time carries besides its own GPTQ.
 LAYER0_CARRIES = {"streamed": "stage setup (source index, calibration embeddings) and an unprefetched read",
                   "oneshot": "model load and graph tracing"}
