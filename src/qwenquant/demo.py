@@ -51,12 +51,15 @@ def _cli(args: list[str], env: dict[str, str], *, capture_json: bool = False) ->
     return json.loads(proc.stdout) if capture_json else None
 
 
-def run_demo(work: Path, *, serve: bool | None = None, variant: str = "random") -> DemoResult:
+def run_demo(work: Path, *, serve: bool | None = None, variant: str = "random", force: bool = False) -> DemoResult:
     """Run the whole pipeline on the tiny model under `work`; resumable (each step reuses what verified)."""
+    from qwenquant import outfolder
     from qwenquant.hubserver import HubServer
     from qwenquant.tiny import build_tiny_checkpoint
 
     work = Path(work).resolve()
+    outfolder.guard(work, outfolder.foreign_in_demo_work(work), force=force, flag="--work",
+                    problem="exists and holds more than the demo's hub, models and artifacts folders")
     hub_dir, model_dir, artifact = work / "hub" / "Qwen3.5-tiny", work / "models" / "Qwen3.5-tiny", work / "artifacts" / "Qwen3.5-tiny-w4a16"
     log.info("building the tiny Qwen3.5 checkpoint (variant %s) in %s", variant, hub_dir)
     build_tiny_checkpoint(hub_dir, variant=variant, seed=0)

@@ -60,3 +60,15 @@ class ServeError(QwenquantError):
     """The server could not be started, or stopped being healthy."""
 
     exit_code = 7
+
+
+class UsageError(QwenquantError):
+    """The command line is wrong (a missing argument, options that conflict): exit 2 like typer's own."""
+
+    exit_code = 2
+
+
+class OutFolderError(QwenquantError):
+    """An output folder holds files qwenquant did not write; nothing was touched (pass --force)."""
+
+    exit_code = 5

@@ -35,6 +35,7 @@ class QuantizeOptions:
     work: Path | None = None
     device: str | None = None
     source_unverified: bool = False
+    force: bool = False
 
 
 @dataclass
@@ -62,7 +63,7 @@ def resolve_device(device: str | None) -> str:
 def quantize(opts: QuantizeOptions, progress: Callable[[str, int, int], None] | None = None) -> QuantizeResult:
     """Run every stage (resuming from valid records), assemble the artifact, write its manifest."""
     from qwenquant.stages import calibration as cal
-    from qwenquant.stages.source import stat_fingerprint
+    from qwenquant.stages.source import stat_fingerprint, validate_source
 
     recipe, spec = opts.recipe, opts.calibration
     source = Path(opts.source_dir).resolve()
@@ -71,8 +72,11 @@ def quantize(opts: QuantizeOptions, progress: Callable[[str, int, int], None] | 
     if out == source or source in out.parents or out in source.parents:
         raise StageError(f"--out {out} overlaps the source folder {source}",
                          hint="write the artifact to its own folder, outside the source")
+    validate_source(source, recipe)  # before any folder is created: a bad source leaves nothing behind
+    guard_folders(out, work, recipe.name, source, force=opts.force)
     device = resolve_device(opts.device)
     step = progress or (lambda name, i, n: None)
+    fresh_work = not work.exists()
     with work_lock(work):
         clean_partials(work)
         for p in out.parent.glob(f".{out.name}.*.partial"):  # an artifact assembly that was killed
@@ -82,12 +86,17 @@ def quantize(opts: QuantizeOptions, progress: Callable[[str, int, int], None] | 
 
         step("source", 0, total)
         record_file = source / "qwenquant-fetch.json"
-        src = runner.run(
-            "source",
-            {"stat": stat_fingerprint(source),
-             "fetch_record": sha256_file(record_file) if record_file.is_file() else "none"},
-            {"unverified": opts.source_unverified, "path": str(source)},
-            lambda d: _source_stage(d, source, recipe, opts.source_unverified))
+        try:
+            src = runner.run(
+                "source",
+                {"stat": stat_fingerprint(source),
+                 "fetch_record": sha256_file(record_file) if record_file.is_file() else "none"},
+                {"unverified": opts.source_unverified, "path": str(source)},
+                lambda d: _source_stage(d, source, recipe, opts.source_unverified))
+        except BaseException:
+            if fresh_work:  # a source refused at the first stage leaves no work folder behind
+                shutil.rmtree(work, ignore_errors=True)
+            raise
 
         step("calibration", 1, total)
         spec_dump = spec.model_dump(mode="json")
@@ -143,6 +152,16 @@ def quantize(opts: QuantizeOptions, progress: Callable[[str, int, int], None] | 
         result = _finish(runner, out, text.dir, src, calib, head, check, recipe)
         step("done", total, total)
         return result
+
+
+def guard_folders(out: Path, work: Path, recipe_name: str, source: Path, *, force: bool) -> None:
+    """Refuse an --out / --work that holds anything but this build's artifact and stage outputs."""
+    from qwenquant import outfolder
+
+    outfolder.guard(out, outfolder.foreign_in_artifact_out(out, recipe_name, source), force=force, flag="--out",
+                    problem=f"exists and is not an artifact of recipe {recipe_name!r} from {source}")
+    outfolder.guard(work, outfolder.foreign_in_work(work), force=force, flag="--work",
+                    problem="exists and is not a quantize work folder")
 
 
 def _source_stage(d: Path, source: Path, recipe: Any, unverified: bool) -> dict[str, Any]:
@@ -286,7 +305,25 @@ def refresh_manifest(artifact: Path, note: dict[str, Any] | None = None, *, prev
     return m.root_digest
 
 
-def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False) -> dict[str, Any]:
+def graft_keeps(artifact: Path) -> set[str]:
+    """Top-level names of an artifact that graft-mtp carries into the folder it rebuilds."""
+    from qwenquant.manifest import MANIFEST_NAME
+
+    manifest = artifact / MANIFEST_NAME
+    if manifest.is_file():
+        try:
+            return {str(f["path"]).split("/")[0] for f in json.loads(manifest.read_text())["files"]} | {MANIFEST_NAME}
+        except (ValueError, KeyError, TypeError):
+            return {MANIFEST_NAME}  # a broken manifest is reported by verify below
+    try:
+        shards = set(json.loads((artifact / "model.safetensors.index.json").read_text())["weight_map"].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        shards = set()
+    return shards | {p.name for p in artifact.iterdir() if p.is_file() and not p.is_symlink()
+                     and not p.name.startswith(".") and p.suffix != ".safetensors"}
+
+
+def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: bool = False) -> dict[str, Any]:
     """`qwenquant graft-mtp`: put the source MTP tensors back into an artifact (idempotent)."""
     from qwenquant.manifest import MANIFEST_NAME, verify_artifact
     from qwenquant.stages.assemble import carry_files
@@ -296,6 +333,13 @@ def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False) -> dict
     for p, what in ((artifact, "artifact"), (source, "source")):
         if not (p / "config.json").is_file():
             raise StageError(f"{what} folder {p} has no config.json", hint=f"check the {what} path")
+    if not check_only:
+        from qwenquant import outfolder
+
+        foreign = outfolder.foreign_in_graft_target(artifact, graft_keeps(artifact))
+        outfolder.guard(artifact, foreign, force=force, flag="artifact", remove=foreign,
+                        problem="holds entries that are not part of the artifact (graft-mtp rebuilds the folder "
+                                "and would drop them)")
     plan = plan_for(artifact, source)
     if check_only or plan.nothing_to_do:
         return {"artifact": str(artifact), "plan": plan.summary(), "nothing_to_do": plan.nothing_to_do,

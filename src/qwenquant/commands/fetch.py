@@ -10,7 +10,7 @@ from typing import Iterator, Optional
 import typer
 
 from qwenquant.commands._app import app
-from qwenquant.errors import QwenquantError
+from qwenquant.errors import UsageError
 
 
 @contextlib.contextmanager
@@ -52,6 +52,7 @@ def fetch(
     repo_type: str = typer.Option("model", "--repo-type", help="model or dataset."),
     workers: int = typer.Option(8, "--workers", min=1, max=64, help="Parallel downloads."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, warnings only."),
+    force: bool = typer.Option(False, "--force", help="Remove an existing --out that holds no fetch of this repo (says what it removes)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
     """Download a Hub repo at one pinned commit, verify every file (sha256 / git blob sha1),
@@ -62,7 +63,7 @@ def fetch(
         set_quiet(True)
         setup_logging(False)
     if repo_type not in ("model", "dataset"):
-        raise typer.BadParameter("must be model or dataset", param_hint="--repo-type")
+        raise UsageError(f"--repo-type must be model or dataset, got {repo_type!r}", hint="omit it for a model repo")
     if offline:
         from qwenquant.fetch import check_fetch_record
         from qwenquant.errors import VerificationError
@@ -79,7 +80,11 @@ def fetch(
             stdout.print(f"ok {rec['repo_id']}@{rec['commit']} {len(rec['files'])} files verified in {out}")
         return
     if not repo_id:
-        raise QwenquantError("a repo id is required unless --offline", hint="qwenquant fetch Qwen/Qwen3.8-27B --out DIR")
+        raise UsageError("a repo id is required unless --offline", hint="qwenquant fetch Qwen/Qwen3.8-27B --out DIR")
+    from qwenquant import outfolder
+
+    outfolder.guard(out, outfolder.foreign_in_fetch_out(out, repo_id, repo_type), force=force, flag="--out",
+                    problem=f"exists and holds no fetch of {repo_type} repo {repo_id}")
     import os
 
     os.environ.setdefault("HF_HUB_DISABLE_XET", "1")  # plain HTTP transfers, verified here

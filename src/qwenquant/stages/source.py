@@ -47,6 +47,41 @@ def check_model_config(source_dir: Path, recipe: Any) -> dict[str, Any]:
     return cfg
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def validate_source(source_dir: Path, recipe: Any) -> None:
+    """Check a source folder the way `qwenquant fetch` checks a download, reading headers only.
+
+    config.json parses and names a supported architecture, every safetensors header parses and its
+    data area matches the file size, every shard the index names exists and holds what it says, a
+    tokenizer is present. Raises StageError naming the first file at fault.
+    """
+    from qwenquant.errors import FetchError
+    from qwenquant.fetch.snapshot import check_shards, validate_file
+
+    source_dir = Path(source_dir)
+    if not source_dir.is_dir():
+        what = f"source {source_dir} is not a folder" if source_dir.exists() else f"source folder not found: {source_dir}"
+        raise StageError(what, hint="check the path, or run `qwenquant fetch`")
+    check_model_config(source_dir, recipe)
+    names = {p.relative_to(source_dir).as_posix() for p in _files(source_dir)}
+    try:
+        for name in sorted(names):
+            if name.endswith((".safetensors", ".json")):
+                validate_file(source_dir / name, name, check_model=True)
+        check_shards(source_dir, names)
+    except FetchError as e:
+        raise StageError(f"source {source_dir}: {e.message}",
+                         hint="the source checkpoint is damaged or incomplete; copy or fetch it again") from None
+    if not any(n.endswith(".safetensors") for n in names):
+        raise StageError(f"source {source_dir} holds no *.safetensors weights",
+                         hint="copy the model's safetensors shards there, or fetch it with `qwenquant fetch`")
+    if not any(n in names for n in TOKENIZER_FILES):
+        raise StageError(f"source {source_dir} has no tokenizer ({' / '.join(TOKENIZER_FILES)})",
+                         hint="copy the model's tokenizer files there, or fetch it with `qwenquant fetch`")
+
+
 def describe_source(source_dir: Path, recipe: Any, *, unverified: bool,
                     progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Verify (fetch record) or hash (--source-unverified) the source; return its description."""
@@ -54,7 +89,7 @@ def describe_source(source_dir: Path, recipe: Any, *, unverified: bool,
 
     source_dir = Path(source_dir)
     if not source_dir.is_dir():
-        raise StageError(f"source folder not found: {source_dir}", hint="check the path, or run `qwenquant fetch`")
+        validate_source(source_dir, recipe)  # names what is wrong with the path
     check_model_config(source_dir, recipe)
     if not unverified:
         from qwenquant.fetch import verify_fetch_record
@@ -64,10 +99,12 @@ def describe_source(source_dir: Path, recipe: Any, *, unverified: bool,
         except VerificationError as e:
             raise VerificationError(e.message, hint=(e.hint or "") +
                                     " (or pass --source-unverified to quantize a local folder as is)") from None
+        validate_source(source_dir, recipe)  # after the hashes: a drifted file is reported as drift
         files = {f["path"]: {"size": f["size"], "sha256": f["sha256"]} for f in record["files"]}
         return {"kind": "fetched", "verified": True, "repo": record.get("repo_id"),
                 "repo_type": record.get("repo_type", "model"), "revision": record.get("revision"),
                 "commit": record.get("commit"), "files": files}
+    validate_source(source_dir, recipe)
     paths = [p for p in _files(source_dir) if p.name != RECORD_NAME]
     digests = sha256_files(paths, progress=progress)
     files = {p.relative_to(source_dir).as_posix(): {"size": p.stat().st_size, "sha256": digests[p]} for p in paths}
