@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 
 import typer
 
@@ -39,16 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rv = app(args=argv, standalone_mode=False, prog_name="qwenquant")
     except QwenquantError as e:
-        from rich.markup import escape
-
-        from qwenquant.console import console
-
-        if os.environ.get("QWENQUANT_DEBUG") == "1":
-            console.print_exception()
-        console.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, highlight=False, soft_wrap=True)
-        if e.hint:
-            console.print(f"[yellow]hint:[/] {escape(e.hint)}", markup=True, highlight=False, soft_wrap=True)
-        return e.exit_code
+        return _report(e, str(e), e.hint, e.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         print("interrupted", file=sys.stderr)
         return 130
@@ -60,7 +52,26 @@ def main(argv: list[str] | None = None) -> int:
             raise
         show()
         return getattr(e, "exit_code", 2)
+    except Exception as e:  # not one we raised on purpose: still one line, the traceback only on request
+        where = f" ({e.filename})" if isinstance(e, OSError) and e.filename and str(e.filename) not in str(e) else ""
+        return _report(e, f"{type(e).__name__}: {e}{where}".splitlines()[0],
+                       "unexpected error; re-run with QWENQUANT_DEBUG=1 for the traceback and report it", 1)
     return rv if isinstance(rv, int) else 0
+
+
+def _report(e: BaseException, message: str, hint: str | None, code: int) -> int:
+    """error: line + hint: line on stderr (a plain traceback first with QWENQUANT_DEBUG=1)."""
+    from rich.markup import escape
+
+    from qwenquant.console import console
+
+    if os.environ.get("QWENQUANT_DEBUG") == "1":
+        traceback.print_exception(e, file=sys.stderr)
+        sys.stderr.flush()
+    console.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False, soft_wrap=True)
+    if hint:
+        console.print(f"[yellow]hint:[/] {escape(hint)}", markup=True, highlight=False, soft_wrap=True)
+    return code
 
 
 if __name__ == "__main__":

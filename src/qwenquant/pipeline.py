@@ -305,6 +305,17 @@ def refresh_manifest(artifact: Path, note: dict[str, Any] | None = None, *, prev
     return m.root_digest
 
 
+def _check_headers(folder: Path) -> None:
+    """Every safetensors header of `folder` parses and matches its file size (else name the file)."""
+    from qwenquant.safetensors_check import SafetensorsError, read_header
+
+    for p in sorted(folder.glob("*.safetensors")):
+        try:
+            read_header(p)
+        except SafetensorsError as e:
+            raise StageError(f"{p}: {e}", hint="the file is damaged or truncated; copy or rebuild it") from None
+
+
 def graft_keeps(artifact: Path) -> set[str]:
     """Top-level names of an artifact that graft-mtp carries into the folder it rebuilds."""
     from qwenquant.manifest import MANIFEST_NAME
@@ -314,7 +325,7 @@ def graft_keeps(artifact: Path) -> set[str]:
         try:
             return {str(f["path"]).split("/")[0] for f in json.loads(manifest.read_text())["files"]} | {MANIFEST_NAME}
         except (ValueError, KeyError, TypeError):
-            return {MANIFEST_NAME}  # a broken manifest is reported by verify below
+            return {p.name for p in artifact.iterdir()}  # a broken manifest is reported by verify below
     try:
         shards = set(json.loads((artifact / "model.safetensors.index.json").read_text())["weight_map"].values())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -340,6 +351,8 @@ def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: 
         outfolder.guard(artifact, foreign, force=force, flag="artifact", remove=foreign,
                         problem="holds entries that are not part of the artifact (graft-mtp rebuilds the folder "
                                 "and would drop them)")
+    for folder in (artifact, source):
+        _check_headers(folder)
     plan = plan_for(artifact, source)
     if check_only or plan.nothing_to_do:
         return {"artifact": str(artifact), "plan": plan.summary(), "nothing_to_do": plan.nothing_to_do,

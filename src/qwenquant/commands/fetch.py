@@ -81,6 +81,14 @@ def fetch(
         return
     if not repo_id:
         raise UsageError("a repo id is required unless --offline", hint="qwenquant fetch Qwen/Qwen3.8-27B --out DIR")
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise UsageError(f"{repo_id!r} is not a Hub repo id: {e}".splitlines()[0],
+                         hint="write it as owner/name, e.g. Qwen/Qwen3.8-27B") from None
     from qwenquant import outfolder
 
     outfolder.guard(out, outfolder.foreign_in_fetch_out(out, repo_id, repo_type), force=force, flag="--out",

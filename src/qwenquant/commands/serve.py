@@ -53,6 +53,8 @@ def plan(
 ) -> None:
     """Memory budget per component and per serve profile: what fits on the GPU, what to lower.
 
+    Exits 7 when no profile fits, naming the first reason.
+
     Examples:
 
       qwenquant plan artifacts/q27b --gpu-mem 24GiB
@@ -60,14 +62,19 @@ def plan(
       qwenquant plan models/Qwen3.8-27B/config.json --recipe w4a16-int4head
     """
     from qwenquant.serve.planner import make_plan, parse_size
-    from qwenquant.serve.report import budget_dict, budget_lines, weights_lines
+    from qwenquant.errors import ServeError
+    from qwenquant.serve.report import budget_dict, budget_lines, first_reason, weights_lines
 
     res = make_plan(target, parse_size(gpu_mem), recipe_name=recipe, profiles=profile or None)
     if as_json:
         typer.echo(json.dumps({"source": res.source, "weights": res.weights.bytes,
                                "profiles": {k: budget_dict(b) for k, b in res.budgets.items()}}, indent=2))
-        return
-    lines = [f"plan for {res.source}, GPU memory {gpu_mem}"] + weights_lines(res.weights, res.include_vision)
-    for name, b in res.budgets.items():
-        lines += [""] + budget_lines(name, b, res.shape)
-    typer.echo("\n".join(lines))
+    else:
+        lines = [f"plan for {res.source}, GPU memory {gpu_mem}"] + weights_lines(res.weights, res.include_vision)
+        for name, b in res.budgets.items():
+            lines += [""] + budget_lines(name, b, res.shape)
+        typer.echo("\n".join(lines))
+    if res.budgets and not any(b.fits for b in res.budgets.values()):
+        name, b = next(iter(res.budgets.items()))
+        raise ServeError(f"no serve profile fits in {gpu_mem}: {first_reason(b)} (profile {name})",
+                         hint="plan for a GPU with more memory, or lower the settings each profile names")

@@ -102,7 +102,7 @@ def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_ty
     api = _Retrying(HfApi(endpoint=endpoint, token=token), attempts, backoff)
     commit = _pick_commit(api, out_dir, repo_id, repo_type, revision, endpoint, re_resolve)
     log.info("%s %s -> commit %s", repo_id, revision, commit)
-    files = _list(api, repo_id, repo_type, commit)
+    files = _list(api, repo_id, repo_type, commit, asked_for=revision == commit)
     check_listing(files)
     _drop_stale(out_dir, commit, {f.path for f in files})
     # Re-runs after an interruption reuse this commit (unless --re-resolve) and know what it put here.
@@ -222,7 +222,8 @@ def _pick_commit(api, out_dir: Path, repo_id: str, repo_type: str, revision: str
     return info.sha
 
 
-def _list(api, repo_id: str, repo_type: str, commit: str) -> list[RemoteFile]:
+def _list(api, repo_id: str, repo_type: str, commit: str, *, asked_for: bool = False) -> list[RemoteFile]:
+    """The files at `commit` (`asked_for`: the user passed this commit, rather than it being reused)."""
     import httpx
     from huggingface_hub.errors import HfHubHTTPError, RevisionNotFoundError
     from huggingface_hub.hf_api import RepoFile
@@ -230,6 +231,9 @@ def _list(api, repo_id: str, repo_type: str, commit: str) -> list[RemoteFile]:
     try:
         entries = list(api.list_repo_tree(repo_id, revision=commit, recursive=True, repo_type=repo_type))
     except RevisionNotFoundError:
+        if asked_for:
+            raise FetchError(f"commit {commit} was not found on the server in {repo_id}",
+                             hint="check the commit id, or pass a branch or tag (e.g. --revision main)") from None
         raise FetchError(f"commit {commit} of {repo_id} is no longer on the server",
                          hint="pass --re-resolve to pin the branch's current commit") from None  # fmt: skip
     except (HfHubHTTPError, OSError, httpx.TransportError) as e:

@@ -38,6 +38,8 @@ def check_model_config(source_dir: Path, recipe: Any) -> dict[str, Any]:
                          hint="pass the folder `qwenquant fetch` wrote") from None
     except ValueError as e:
         raise StageError(f"{path} is not valid JSON ({e})", hint="re-fetch the model") from None
+    if not isinstance(cfg, dict):
+        raise StageError(f"{path} is not a JSON object", hint="re-fetch the model")
     archs = cfg.get("architectures") or []
     if cfg.get("model_type") not in recipe.model.model_types or not set(archs) & set(recipe.model.architectures):
         raise StageError(
