@@ -103,14 +103,13 @@ def test_cpu_env(recipe):
     assert build_vllm_env("cuda", {}) == {}
 
 
-@pytest.mark.parametrize("profiles", [["single-user", "batch"], []])
-def test_exactly_one_profile(profiles, tmp_path):
-    """single-user and batch are mutually exclusive; one --profile is required."""
+def test_exactly_one_profile(tmp_path):
+    """single-user and batch are mutually exclusive (no --profile means single-user)."""
     from qwenquant.serve.run import run_serve
 
-    with pytest.raises(ServeError, match="choose exactly one --profile"):
-        run_serve(tmp_path, profiles, [], port=None, host=None, api_key=None, served_model_name=None, vllm=None,
-                  dry_run=True, timeout=1, device=None, log_file=None)
+    with pytest.raises(ServeError, match="choose one --profile \\(got single-user, batch"):
+        run_serve(tmp_path, ["single-user", "batch"], [], port=None, host=None, api_key=None, served_model_name=None,
+                  vllm=None, dry_run=True, timeout=1, device=None, log_file=None)
 
 
 def test_unknown_device(recipe):
