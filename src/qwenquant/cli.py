@@ -16,7 +16,7 @@ from qwenquant.commands._app import app
 from qwenquant.errors import QwenquantError
 
 # Registration: each module adds its commands to `app` on import (light imports only).
-for _name in ("fetch", "quantize", "verify", "recipe", "serve", "demo"):
+for _name in ("fetch", "quantize", "verify", "recipe", "serve", "demo", "doctor"):
     try:
         __import__(f"qwenquant.commands.{_name}")
     except ModuleNotFoundError as _e:  # a command module not written yet
@@ -24,11 +24,21 @@ for _name in ("fetch", "quantize", "verify", "recipe", "serve", "demo"):
             raise
 
 
-@app.callback()
+@app.callback(invoke_without_command=True)
 def _root(
+    ctx: typer.Context,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars, warnings only."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging (with --version: every tool's version)."),
+    version: bool = typer.Option(False, "--version", help="Print the version and exit (with --verbose: the stack's too)."),
 ) -> None:
+    if version:
+        from qwenquant.versions import version_lines
+
+        print("\n".join(version_lines(verbose)))
+        raise typer.Exit(0)
+    if ctx.invoked_subcommand is None:
+        print(ctx.get_help())
+        raise typer.Exit(2)
     from qwenquant.console import set_quiet, setup_logging
 
     set_quiet(quiet)

@@ -346,3 +346,16 @@ def test_dry_run_runs_the_whole_preflight_on_a_tampered_artifact(standin_artifac
     assert "max-model-len 32768 is above the model's max_position_embeddings 4096" in err
     assert "dry run: 2 preflight check(s) failed" in err
     assert "Traceback" not in r.stderr
+
+
+def test_demo_serve_step_says_it_stops_the_demo_server(standin_artifact, fake_vllm, tmp_path, capfd):
+    """The demo's serve step through the real `qwenquant serve` (stand-in server): it prints its own
+    "stopping the demo server" line, not the supervisor's SIGTERM line that reads like a failure."""
+    from qwenquant.demo import serve_and_complete
+
+    env = dict(serve_env(fake_vllm, tmp_path), QWENQUANT_VLLM=str(fake_vllm))
+    text = serve_and_complete(standin_artifact, env, timeout=120)
+    err = capfd.readouterr().err
+    assert isinstance(text, str) and "ready http://127.0.0.1:" in err
+    assert "stopping the demo server" in err
+    assert "stopping the server" not in err.replace("stopping the demo server", "")

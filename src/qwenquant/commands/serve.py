@@ -15,7 +15,7 @@ from qwenquant.commands._app import app
 def serve(
     artifact: Path = typer.Argument(..., help="Artifact folder made by `qwenquant quantize`."),
     extra: Optional[list[str]] = typer.Argument(None, help="Extra vLLM flags, after `--`.", show_default=False),
-    profile: list[str] = typer.Option([], "--profile", "-p", help="Serve profile from the recipe: single-user or batch (one)."),
+    profile: list[str] = typer.Option([], "--profile", "-p", help="Serve profile from the recipe: single-user (default) or batch."),
     port: Optional[int] = typer.Option(None, help="Port (default: the profile's)."),
     host: Optional[str] = typer.Option(None, help="Host to bind (default: the profile's)."),
     api_key: Optional[str] = typer.Option(None, envvar="QWENQUANT_API_KEY", help="API key clients must send."),
