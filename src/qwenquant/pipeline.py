@@ -63,17 +63,9 @@ def resolve_device(device: str | None) -> str:
 def quantize(opts: QuantizeOptions, progress: Callable[[str, int, int], None] | None = None) -> QuantizeResult:
     """Run every stage (resuming from valid records), assemble the artifact, write its manifest."""
     from qwenquant.stages import calibration as cal
-    from qwenquant.stages.source import stat_fingerprint, validate_source
 
     recipe, spec = opts.recipe, opts.calibration
-    source = Path(opts.source_dir).resolve()
-    out = Path(opts.out).resolve()
-    work = Path(opts.work).resolve() if opts.work else out.with_name(out.name + ".work")
-    if out == source or source in out.parents or out in source.parents:
-        raise StageError(f"--out {out} overlaps the source folder {source}",
-                         hint="write the artifact to its own folder, outside the source")
-    validate_source(source, recipe)  # before any folder is created: a bad source leaves nothing behind
-    guard_folders(out, work, recipe.name, source, force=opts.force)
+    source, out, work = _folders(opts)
     device = resolve_device(opts.device)
     step = progress or (lambda name, i, n: None)
     fresh_work = not work.exists()
@@ -85,14 +77,8 @@ def quantize(opts: QuantizeOptions, progress: Callable[[str, int, int], None] | 
         total = len(STAGES) + 1
 
         step("source", 0, total)
-        record_file = source / "qwenquant-fetch.json"
         try:
-            src = runner.run(
-                "source",
-                {"stat": stat_fingerprint(source),
-                 "fetch_record": sha256_file(record_file) if record_file.is_file() else "none"},
-                {"unverified": opts.source_unverified, "path": str(source)},
-                lambda d: _source_stage(d, source, recipe, opts.source_unverified))
+            src = _run_source(runner, source, recipe, opts.source_unverified)
         except BaseException:
             if fresh_work:  # a source refused at the first stage leaves no work folder behind
                 shutil.rmtree(work, ignore_errors=True)
@@ -152,6 +138,33 @@ def quantize(opts: QuantizeOptions, progress: Callable[[str, int, int], None] | 
         result = _finish(runner, out, text.dir, src, calib, head, check, recipe)
         step("done", total, total)
         return result
+
+
+def _folders(opts: QuantizeOptions) -> tuple[Path, Path, Path]:
+    """(source, out, work), resolved and checked before any folder is created: the source is
+    validated, --out and --work hold nothing but this build's files."""
+    from qwenquant.stages.source import validate_source
+
+    source = Path(opts.source_dir).resolve()
+    out = Path(opts.out).resolve()
+    work = Path(opts.work).resolve() if opts.work else out.with_name(out.name + ".work")
+    if out == source or source in out.parents or out in source.parents:
+        raise StageError(f"--out {out} overlaps the source folder {source}",
+                         hint="write the artifact to its own folder, outside the source")
+    validate_source(source, opts.recipe)
+    guard_folders(out, work, opts.recipe.name, source, force=opts.force)
+    return source, out, work
+
+
+def _run_source(runner: StageRunner, source: Path, recipe: Any, unverified: bool) -> StageOutcome:
+    from qwenquant.stages.source import stat_fingerprint
+
+    record_file = source / "qwenquant-fetch.json"
+    return runner.run(
+        "source",
+        {"stat": stat_fingerprint(source), "fetch_record": sha256_file(record_file) if record_file.is_file() else "none"},
+        {"unverified": unverified, "path": str(source)},
+        lambda d: _source_stage(d, source, recipe, unverified))
 
 
 def guard_folders(out: Path, work: Path, recipe_name: str, source: Path, *, force: bool) -> None:
