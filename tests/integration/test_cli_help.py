@@ -64,3 +64,46 @@ def test_usage_errors_exit_2_without_traceback(argv: list[str], needle: str) -> 
     assert proc.returncode == 2
     assert needle in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_version_is_light() -> None:
+    from importlib.metadata import version
+
+    res = _run(["--version"])
+    assert res["rc"] == 0 and res["heavy"] == []
+    assert res["out"] == f"qwenquant {version('qwenquant')}\n"
+
+
+def test_version_verbose_names_the_stack_and_the_vllm_serve_would_launch(tmp_path) -> None:
+    """The vLLM line is read from the launcher record, never by importing vLLM."""
+    import os
+    from importlib.metadata import version
+
+    record = tmp_path / "qwenquant-vllm.json"
+    record.write_text(json.dumps({"vllm_version": "9.8.7", "device": "cuda", "torch_version": "2.99.0"}))
+    for argv in (["--version", "--verbose"], ["doctor"]):
+        proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argv)], capture_output=True, text=True,
+                              timeout=60, env=dict(os.environ, QWENQUANT_VLLM=str(record)))
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert res["rc"] == 0 and res["heavy"] == [], res
+        lines = res["out"].splitlines()
+        for dist in ("torch", "transformers", "llmcompressor", "compressed-tensors"):
+            assert f"{dist} {version(dist)}" in lines
+        assert f"vllm 9.8.7 (cuda, torch 2.99.0) from {record}" in lines
+
+
+def test_exit_codes_are_documented_once_and_match_the_error_kinds() -> None:
+    """One table (commands/_app.py) shown in `qwenquant --help`, repeated in README, matching errors.py."""
+    from pathlib import Path
+
+    from qwenquant import errors
+    from qwenquant.commands._app import EXIT_CODES
+
+    table = dict(EXIT_CODES)
+    kinds = {c.exit_code for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.QwenquantError)}
+    assert kinds <= set(table)
+    out = " ".join(_run(["--help"])["out"].split())
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    for code, kind in EXIT_CODES:
+        assert f"{code} {kind}" in out
+        assert f"| {code} | {kind} |" in readme

@@ -33,6 +33,18 @@ def test_demo_fetches_quantizes_and_verifies(tmp_path: Path) -> None:
     assert manifest["source"]["commit"] == commit
     assert "gptq" in out["lm_head KL vs bf16"] and "rtn" in out["lm_head KL vs bf16"]
     assert out["serve"].strip().startswith("skipped")
+    assert out["model"].strip() == ("the built-in tiny Qwen3.5, random weights: the completion is not meant "
+                                    "to be readable")
+    # it ends on what to do next: this artifact served and queried, then the real model
+    steps_block = proc.stdout[proc.stdout.index("next steps:"):].splitlines()
+    assert f"  the artifact is in {artifact} (`qwenquant verify {artifact}` re-checks it)" in steps_block
+    assert f"    qwenquant serve {artifact} -- --max-model-len 2048" in steps_block
+    assert any(s.startswith("    curl -s http://127.0.0.1:8000/v1/completions ") and '"model": "Qwen3.5-tiny-w4a16"' in s
+               for s in steps_block)
+    assert steps_block[-3:] == [
+        "    qwenquant fetch Qwen/Qwen3.8-27B --revision main --out models/Qwen3.8-27B",
+        "    qwenquant quantize models/Qwen3.8-27B --recipe w4a16-int4head --out artifacts/qwen3.8-27b-w4a16",
+        "    qwenquant serve artifacts/qwen3.8-27b-w4a16 --profile single-user"]
     # the CLI steps a user would type are echoed, in order
     steps = [line.split()[2] for line in proc.stderr.splitlines() if line.startswith("$ qwenquant ")]
     assert steps == ["fetch", "quantize", "verify"]

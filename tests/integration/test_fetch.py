@@ -242,8 +242,9 @@ def test_dataset_repo(hub, tmp_path: Path, capsys, disk) -> None:
 
 def test_symlinked_destination_refused(served, tmp_path: Path, capsys, disk) -> None:
     out = tmp_path / "out"
-    out.mkdir()
+    assert fetch(capsys, out)[0] == 0
     (tmp_path / "elsewhere").write_text("not yours")
+    (out / "config.json").unlink()
     (out / "config.json").symlink_to(tmp_path / "elsewhere")
     code, _, err = fetch(capsys, out)
     assert code == 3 and "config.json is a symlink" in err
@@ -293,7 +294,8 @@ def test_one_fetch_per_out_folder(served, tmp_path: Path, capsys, disk) -> None:
 def test_out_is_a_file(served, tmp_path: Path, capsys) -> None:
     (tmp_path / "out").write_text("I am a file")
     code, _, err = fetch(capsys, tmp_path / "out")
-    assert code == 3 and str(tmp_path / "out") in err and "Traceback" not in err
+    assert code == 5 and str(tmp_path / "out") in err and "Traceback" not in err
+    assert (tmp_path / "out").read_text() == "I am a file"
 
 
 def test_unreachable_endpoint(tmp_path: Path, capsys, monkeypatch) -> None:

@@ -186,6 +186,24 @@ def test_rerun_skips_every_stage_with_same_digest(built: dict, tmp_path: Path) -
     assert all(v == "skipped" for v in res["stages"].values()), res["stages"]
 
 
+def test_out_holding_user_files_is_refused_then_replaced_with_force(built: dict, tmp_path: Path) -> None:
+    out, work = tmp_path / "out", tmp_path / "out.work"
+    shutil.copytree(built["work"], work)  # every stage is reused: only the out folder matters here
+    out.mkdir()
+    (out / "notes.txt").write_bytes(b"my notes\n")
+    proc = qq(*quantize_args(built["source"], out))
+    assert proc.returncode == 5, proc.stderr[-3000:]
+    assert "exists and is not an artifact of recipe 'w4a16-int4head'" in proc.stderr and "--force" in proc.stderr
+    assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_bytes() == b"my notes\n"
+    proc = qq(*quantize_args(built["source"], out, "--force"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"--force: removing {out}, which holds 1 file(s), 9 bytes: notes.txt" in proc.stderr
+    assert json.loads(proc.stdout)["root_digest"] == built["result"]["root_digest"]
+    assert not (out / "notes.txt").exists()
+    # the same build again is a resume, not a foreign folder
+    assert qq(*quantize_args(built["source"], out)).returncode == 0
+
+
 # --- graft-mtp ------------------------------------------------------------------------------------
 
 def test_graft_mtp_restores_and_is_idempotent(built: dict, tmp_path: Path) -> None:
@@ -224,7 +242,7 @@ def test_source_without_fetch_record_is_refused(built: dict, tmp_path: Path) -> 
     proc = qq("quantize", str(built["source"]), "--calibration", "tiny-demo", "--out", str(tmp_path / "a"))
     assert proc.returncode == 4, proc.stderr[-2000:]
     assert "error:" in proc.stderr and "--source-unverified" in proc.stderr
-    assert not (tmp_path / "a").exists()
+    assert not (tmp_path / "a").exists() and not (tmp_path / "a.work").exists()
 
 
 def test_missing_source_folder(tmp_path: Path) -> None:

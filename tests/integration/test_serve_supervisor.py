@@ -119,7 +119,8 @@ def serve_cmd(artifact: Path, launcher: Path, port: int, mode: str, pidfile: Pat
 
 def serve_env(launcher: Path, tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(launcher.parent / "site")
+    # the stub vllm first; then whatever put this checkout's qwenquant on the path
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(launcher.parent / "site"), env.get("PYTHONPATH")) if p)
     env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
     env["QWENQUANT_NO_PROGRESS"] = "1"
     env.pop("QWENQUANT_VLLM", None)
@@ -306,3 +307,52 @@ def test_dry_run_masks_api_key(standin_artifact, fake_vllm, tmp_path):
     assert "--api-key '****'" in r.stdout or "--api-key ****" in r.stdout
     assert "VLLM_CPU_KVCACHE_SPACE=1" in r.stdout and "--enforce-eager" in r.stdout
     assert not pidfile.exists()
+
+
+def _dry_run(artifact: Path, launcher: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "qwenquant", "serve", str(artifact), "--vllm", str(launcher), "--port",
+           str(free_port()), "--dry-run", *extra, "--", "--max-model-len", "2048"]
+    return subprocess.run(cmd, env=serve_env(launcher, tmp_path), capture_output=True, text=True, timeout=120)
+
+
+def test_dry_run_defaults_to_single_user_and_the_folder_name(standin_artifact, fake_vllm, tmp_path):
+    """No --profile: single-user (MTP speculative decoding); the served name is the artifact folder's."""
+    r = _dry_run(standin_artifact, fake_vllm, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "--speculative-config" in r.stdout and "--max-num-seqs 1" in r.stdout
+    assert f"--served-model-name {standin_artifact.name} " in r.stdout
+    assert "qwen3.8-27b" not in r.stdout  # the recipe's name is for the real 27B only
+    r = _dry_run(standin_artifact, fake_vllm, tmp_path, "--served-model-name", "mine")
+    assert r.returncode == 0 and "--served-model-name mine " in r.stdout
+
+
+def test_dry_run_runs_the_whole_preflight_on_a_tampered_artifact(standin_artifact, fake_vllm, tmp_path):
+    """A dry run verifies too: the command is printed, every failed check is listed, exit 4."""
+    import shutil
+
+    art = Path(shutil.copytree(standin_artifact, tmp_path / "art"))
+    cfg = art / "generation_config.json"
+    cfg.write_text(cfg.read_text().replace("{", "{ ", 1))
+    cmd = [sys.executable, "-m", "qwenquant", "serve", str(art), "--vllm", str(fake_vllm), "--dry-run"]
+    r = subprocess.run(cmd, env=serve_env(fake_vllm, tmp_path), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 4, r.stderr
+    assert str(art) in r.stdout and "--speculative-config" in r.stdout  # the command, still printed
+    err = flat(r.stderr)
+    assert "preflight failed: artifact" in err and "generation_config.json" in err
+    # the tiny model's 4096 positions are below the profile's 32768: listed as a second failure
+    assert "max-model-len 32768 is above the model's max_position_embeddings 4096" in err
+    assert "dry run: 2 preflight check(s) failed" in err
+    assert "Traceback" not in r.stderr
+
+
+def test_demo_serve_step_says_it_stops_the_demo_server(standin_artifact, fake_vllm, tmp_path, capfd):
+    """The demo's serve step through the real `qwenquant serve` (stand-in server): it prints its own
+    "stopping the demo server" line, not the supervisor's SIGTERM line that reads like a failure."""
+    from qwenquant.demo import serve_and_complete
+
+    env = dict(serve_env(fake_vllm, tmp_path), QWENQUANT_VLLM=str(fake_vllm))
+    text = serve_and_complete(standin_artifact, env, timeout=120)
+    err = capfd.readouterr().err
+    assert isinstance(text, str) and "ready http://127.0.0.1:" in err
+    assert "stopping the demo server" in err
+    assert "stopping the server" not in err.replace("stopping the demo server", "")

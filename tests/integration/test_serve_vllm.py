@@ -86,7 +86,11 @@ class Running:
     artifact: Path
     variant: str
     layout: str
-    name: str = "qwen3.8-27b-w4a16"
+
+    @property
+    def name(self) -> str:
+        """The served model name: the artifact folder's (the recipe's name is for the real 27B)."""
+        return self.artifact.name
 
 
 def _serve_cmd(artifact: Path, port: int, log: Path, profile: str = "single-user") -> list[str]:
@@ -262,7 +266,7 @@ def test_batch_profile_serves(artifacts, tmp_path):
     try:
         line = proc.stdout.readline()
         assert line.strip() == f"ready http://127.0.0.1:{port}", proc.stderr.read()[-4000:]
-        body = {"model": "qwen3.8-27b-w4a16", "prompt": "The quick brown fox jumps over", "max_tokens": 8,
+        body = {"model": artifact.name, "prompt": "The quick brown fox jumps over", "max_tokens": 8,
                 "temperature": 0, "ignore_eos": True}
         with ThreadPoolExecutor(4) as pool:
             results = list(pool.map(lambda _: _http(f"http://127.0.0.1:{port}/v1/completions", body), range(4)))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from qwenquant.errors import ServeError
@@ -103,16 +106,15 @@ def test_cpu_env(recipe):
     assert build_vllm_env("cuda", {}) == {}
 
 
-@pytest.mark.parametrize("profiles", [["single-user", "batch"], []])
-def test_exactly_one_profile(profiles, tmp_path):
-    """single-user and batch are mutually exclusive; one --profile is required."""
+def test_exactly_one_profile(tmp_path):
+    """single-user and batch are mutually exclusive (no --profile means single-user)."""
     from qwenquant.serve.run import run_serve
 
     from qwenquant.errors import UsageError
 
-    with pytest.raises(UsageError, match="choose exactly one --profile") as e:
-        run_serve(tmp_path, profiles, [], port=None, host=None, api_key=None, served_model_name=None, vllm=None,
-                  dry_run=True, timeout=1, device=None, log_file=None)
+    with pytest.raises(UsageError, match="choose one --profile \\(got single-user, batch") as e:
+        run_serve(tmp_path, ["single-user", "batch"], [], port=None, host=None, api_key=None, served_model_name=None,
+                  vllm=None, dry_run=True, timeout=1, device=None, log_file=None)
     assert e.value.exit_code == 2
 
 
@@ -191,3 +193,13 @@ def test_sm90_gets_triton_gdn_prefill(monkeypatch, tmp_path, cap, added):
     assert (out[-2:] == ["--gdn-prefill-backend", "triton"]) == added and bool(warnings) == added
     assert device_extra("cuda", ["--gdn-prefill-backend=flashinfer"], []) == ["--gdn-prefill-backend=flashinfer"]
     assert device_extra("cpu", [], []) == []
+
+
+def test_served_name_is_the_folder_name_except_for_the_real_27b(tmp_path):
+    """The recipe's name (qwen3.8-27b-w4a16) names only the 27B; any other artifact is served as its folder."""
+    from qwenquant.serve.preflight import served_name
+    from qwenquant.tiny.config import model_config
+
+    real = json.loads((Path(__file__).resolve().parents[2] / "src/qwenquant/data/qwen3_8-27b.config.json").read_text())
+    assert served_name(tmp_path / "my-q27b", real, "qwen3.8-27b-w4a16") == "qwen3.8-27b-w4a16"
+    assert served_name(tmp_path / "Qwen3.5-tiny-w4a16", model_config(), "qwen3.8-27b-w4a16") == "Qwen3.5-tiny-w4a16"

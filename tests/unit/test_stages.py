@@ -21,7 +21,9 @@ def _fetched(tmp_path: Path) -> Path:
     src.mkdir()
     (src / "config.json").write_text(json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"],
                                                  "model_type": "qwen3_5"}))
-    (src / "model.safetensors").write_bytes(b"weights")
+    header = json.dumps({"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}).encode()
+    (src / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\x00\x01\x02\x03")
+    (src / "tokenizer.json").write_text("{}")
     files = [{"path": p.name, "size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
              for p in sorted(src.iterdir())]
     (src / "qwenquant-fetch.json").write_text(json.dumps(
@@ -36,7 +38,7 @@ def test_source_verified_against_fetch_record(tmp_path: Path) -> None:
     desc = describe_source(_fetched(tmp_path), _model_spec(), "w4a16-int4head", unverified=False)
     assert desc["kind"] == "fetched" and desc["verified"] is True
     assert desc["repo"] == "Qwen/Qwen3.8-27B" and desc["commit"] == "a" * 40
-    assert set(desc["files"]) == {"config.json", "model.safetensors"}
+    assert set(desc["files"]) == {"config.json", "model.safetensors", "tokenizer.json"}
 
 
 def test_source_that_drifted_from_its_record_is_refused(tmp_path: Path) -> None:

@@ -190,7 +190,8 @@ def read_artifact(artifact_dir: Path) -> ArtifactFacts:
     """Read config.json, the index and every shard header (no tensor data but weight_shape)."""
     root = Path(artifact_dir)
     if not root.is_dir():
-        raise CheckError(f"artifact folder not found: {root}", hint="check the path")
+        raise CheckError(f"{root} is not a folder" if root.exists() else f"artifact folder not found: {root}",
+                    hint="pass the artifact folder (the one holding qwenquant-manifest.json)")
     io: list[Finding] = []
     try:
         config = json.loads((root / "config.json").read_bytes())

@@ -20,6 +20,18 @@ class RepoType(str, Enum):
     model = "model"
     dataset = "dataset"
 
+# The one table of exit codes (README "Exit codes" repeats it; tests/unit/test_cli_help.py checks both).
+EXIT_CODES = (
+    (0, "success"),
+    (1, "unexpected error (a bug or an input nothing checks yet)"),
+    (2, "usage: a wrong option or argument, an invalid recipe or calibration file"),
+    (3, "fetch: the Hub repo, a download or a safetensors file could not be trusted"),
+    (4, "verification: files differ from their manifest or fetch record"),
+    (5, "a quantize or graft-mtp stage failed, or an output folder holds files qwenquant did not write"),
+    (6, "check: vLLM would refuse the artifact"),
+    (7, "serve/plan: the server did not start or stay healthy, or the memory budget does not fit"),
+    (130, "interrupted (Ctrl-C)"),
+)
 
 app = typer.Typer(
     name="qwenquant",
@@ -32,6 +44,10 @@ app = typer.Typer(
         "  qwenquant quantize models/Qwen3.8-27B --recipe w4a16-int4head --out artifacts/q27b\n\n"
         "  qwenquant verify artifacts/q27b\n\n"
         "  qwenquant serve artifacts/q27b --profile single-user"
+    ),
+    epilog=(
+        "Errors print one line and a hint (a traceback only with QWENQUANT_DEBUG=1). Exit codes:\n\n"
+        + "\n\n".join(f"  {code:>3}  {kind}" for code, kind in EXIT_CODES)
     ),
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,

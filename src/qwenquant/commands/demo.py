@@ -20,13 +20,15 @@ from qwenquant.commands._app import app
 def demo(
     work: Path = typer.Option(Path("work/demo"), "--work", help="Folder for the hub copy, the fetch and the artifact."),
     serve: Optional[bool] = typer.Option(None, "--serve/--no-serve", help="Serve with vLLM (default: when a vLLM environment is installed)."),
+    force: bool = typer.Option(False, "--force", help="Remove an existing --work that holds anything besides the demo's own folders (says what it removes)."),
 ) -> None:
     """Build the tiny Qwen3.5 checkpoint, serve it from a loopback Hub, then fetch, quantize,
     verify and (with vLLM installed) serve it and print one completion."""
     from qwenquant.console import stdout
-    from qwenquant.demo import run_demo
+    from qwenquant.demo import RANDOM_NOTE, next_steps, run_demo
 
-    r = run_demo(work, serve=serve)
+    r = run_demo(work, serve=serve, force=force)
+    stdout.print(f"model:       the built-in tiny Qwen3.5, {RANDOM_NOTE}", markup=False)
     stdout.print(f"commit:      {r.commit}", markup=False)
     stdout.print(f"artifact:    {r.artifact}", markup=False)
     stdout.print(f"root digest: {r.root_digest}", markup=False)
@@ -39,6 +41,7 @@ def demo(
             markup=False,
         )
     if r.served:
-        stdout.print(f"completion:  {r.completion!r}", markup=False)
+        stdout.print(f"completion:  {r.completion!r} ({RANDOM_NOTE})", markup=False)
     else:
         stdout.print(f"serve:       skipped ({r.skipped_serve_reason})", markup=False)
+    stdout.print("\n" + "\n".join(next_steps(r.artifact, served_name=r.artifact.name)), markup=False)

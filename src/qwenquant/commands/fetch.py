@@ -51,6 +51,7 @@ def fetch(
     repo_type: RepoType = typer.Option(RepoType.model, "--repo-type", help="model or dataset."),
     workers: int = typer.Option(8, "--workers", min=1, max=64, help="Parallel downloads."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, warnings only."),
+    force: bool = typer.Option(False, "--force", help="Remove an existing --out that holds no fetch of this repo (says what it removes)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
     """Download a Hub repo at one pinned commit, verify every file (sha256 / git blob sha1),
@@ -77,6 +78,18 @@ def fetch(
         return
     if not repo_id:
         raise UsageError("a repo id is required unless --offline", hint="qwenquant fetch Qwen/Qwen3.8-27B --out DIR")
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise UsageError(f"{repo_id!r} is not a Hub repo id: {e}".splitlines()[0],
+                         hint="write it as owner/name, e.g. Qwen/Qwen3.8-27B") from None
+    from qwenquant import outfolder
+
+    outfolder.guard(out, outfolder.foreign_in_fetch_out(out, repo_id, repo_type.value), force=force, flag="--out",
+                    problem=f"exists and holds no fetch of {repo_type.value} repo {repo_id}")
     import os
 
     os.environ.setdefault("HF_HUB_DISABLE_XET", "1")  # plain HTTP transfers, verified here

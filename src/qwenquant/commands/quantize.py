@@ -22,6 +22,7 @@ def quantize_cmd(
     source_unverified: bool = typer.Option(False, "--source-unverified", help="Accept a local folder without a fetch record (hashed and recorded as unverified)."),
     work: Optional[Path] = typer.Option(None, "--work", help="Work folder for stage outputs and records (default: <out>.work)."),
     device: Optional[Device] = typer.Option(None, "--device", help="cpu or cuda (default: cuda when present)."),
+    force: bool = typer.Option(False, "--force", help="Remove an existing --out / --work that is not this build's (says what it removes)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
     """Quantize a Qwen3.5-architecture checkpoint into a verified W4A16 artifact (resumable).
@@ -44,7 +45,7 @@ def quantize_cmd(
 
     r = load_recipe(recipe)
     spec = load_calibration_override(calibration) if calibration else r.calibration
-    opts = QuantizeOptions(source, r, spec, out, work, device.value if device else None, source_unverified)
+    opts = QuantizeOptions(source, r, spec, out, work, device.value if device else None, source_unverified, force)
     with step_progress() as bars:
         tasks: dict[str, int] = {}
 
@@ -87,6 +88,7 @@ def graft_mtp_cmd(
     artifact: Path = typer.Argument(..., help="Quantized artifact folder."),
     source: Path = typer.Option(..., "--source", help="The original (unquantized) model folder."),
     check_only: bool = typer.Option(False, "--check-only", help="Only report; exit 5 when something is missing or different."),
+    force: bool = typer.Option(False, "--force", help="Remove files in the artifact folder that are not part of it (says what it removes)."),
 ) -> None:
     """Copy the bf16 MTP draft head (mtp.*) from the source into an artifact, byte-identical.
 
@@ -103,7 +105,7 @@ def graft_mtp_cmd(
     from qwenquant.errors import StageError
     from qwenquant.pipeline import graft_mtp
 
-    r = graft_mtp(artifact, source, check_only=check_only)
+    r = graft_mtp(artifact, source, check_only=check_only, force=force)
     if r["nothing_to_do"]:
         stdout.print("nothing to graft: every mtp.* tensor is present and byte-identical", markup=False)
     elif check_only:

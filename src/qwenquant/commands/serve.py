@@ -14,7 +14,7 @@ from qwenquant.commands._app import Device, app
 def serve(
     artifact: Path = typer.Argument(..., help="Artifact folder made by `qwenquant quantize`."),
     extra: Optional[list[str]] = typer.Argument(None, help="Extra vLLM flags, after `--`.", show_default=False),
-    profile: list[str] = typer.Option([], "--profile", "-p", help="Serve profile from the recipe: single-user or batch (one)."),
+    profile: list[str] = typer.Option([], "--profile", "-p", help="Serve profile from the recipe: single-user (default) or batch."),
     port: Optional[int] = typer.Option(None, help="Port (default: the profile's)."),
     host: Optional[str] = typer.Option(None, help="Host to bind (default: the profile's)."),
     api_key: Optional[str] = typer.Option(None, envvar="QWENQUANT_API_KEY", help="API key clients must send."),
@@ -52,22 +52,29 @@ def plan(
 ) -> None:
     """Memory budget per component and per serve profile: what fits on the GPU, what to lower.
 
+    Exits 7 when no profile fits, naming the first reason.
+
     Examples:
 
       qwenquant plan artifacts/q27b --gpu-mem 24GiB
 
       qwenquant plan models/Qwen3.8-27B/config.json --recipe w4a16-int4head
     """
-    from qwenquant.console import print_json
     from qwenquant.serve.command import make_plan, parse_size
-    from qwenquant.serve.report import budget_dict, budget_lines, weights_lines
+    from qwenquant.console import print_json
+    from qwenquant.errors import ServeError
+    from qwenquant.serve.report import budget_dict, budget_lines, first_reason, weights_lines
 
     res = make_plan(target, parse_size(gpu_mem), recipe_name=recipe, profiles=profile or None)
     if as_json:
         print_json({"source": res.source, "weights": res.weights.bytes,
                     "profiles": {k: budget_dict(b) for k, b in res.budgets.items()}})
-        return
-    lines = [f"plan for {res.source}, GPU memory {gpu_mem}"] + weights_lines(res.weights, res.include_vision)
-    for name, b in res.budgets.items():
-        lines += [""] + budget_lines(name, b, res.shape)
-    typer.echo("\n".join(lines))
+    else:
+        lines = [f"plan for {res.source}, GPU memory {gpu_mem}"] + weights_lines(res.weights, res.include_vision)
+        for name, b in res.budgets.items():
+            lines += [""] + budget_lines(name, b, res.shape)
+        typer.echo("\n".join(lines))
+    if res.budgets and not any(b.fits for b in res.budgets.values()):
+        name, b = next(iter(res.budgets.items()))
+        raise ServeError(f"no serve profile fits in {gpu_mem}: {first_reason(b)} (profile {name})",
+                         hint="plan for a GPU with more memory, or lower the settings each profile names")

@@ -102,7 +102,7 @@ def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_ty
     api = _Retrying(HfApi(endpoint=endpoint, token=token), attempts, backoff)
     commit = _pick_commit(api, out_dir, repo_id, repo_type, revision, endpoint, re_resolve)
     log.info("%s %s -> commit %s", repo_id, revision, commit)
-    files = _list(api, repo_id, repo_type, commit)
+    files = _list(api, repo_id, repo_type, commit, asked_for=revision == commit)
     check_listing(files)
     _drop_stale(out_dir, commit, {f.path for f in files})
     # Re-runs after an interruption reuse this commit (unless --re-resolve) and know what it put here.
@@ -135,9 +135,9 @@ def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_ty
 
     for f in files:  # configs that were already in place are checked too
         if f.path.endswith(".json") and not f.lfs:
-            _validate(out_dir / f.path, f.path, check_model)
+            validate_file(out_dir / f.path, f.path, check_model)
     if check_model:
-        _check_shards(out_dir, files)
+        check_shards(out_dir, {f.path for f in files})
 
     record = _write_record(out_dir, repo_id, repo_type, revision, commit, endpoint, files, digests)
     shutil.rmtree(staging, ignore_errors=True)
@@ -222,7 +222,8 @@ def _pick_commit(api, out_dir: Path, repo_id: str, repo_type: str, revision: str
     return info.sha
 
 
-def _list(api, repo_id: str, repo_type: str, commit: str) -> list[RemoteFile]:
+def _list(api, repo_id: str, repo_type: str, commit: str, *, asked_for: bool = False) -> list[RemoteFile]:
+    """The files at `commit` (`asked_for`: the user passed this commit, rather than it being reused)."""
     import httpx
     from huggingface_hub.errors import HfHubHTTPError, RevisionNotFoundError
     from huggingface_hub.hf_api import RepoFile
@@ -230,6 +231,9 @@ def _list(api, repo_id: str, repo_type: str, commit: str) -> list[RemoteFile]:
     try:
         entries = list(api.list_repo_tree(repo_id, revision=commit, recursive=True, repo_type=repo_type))
     except RevisionNotFoundError:
+        if asked_for:
+            raise FetchError(f"commit {commit} was not found on the server in {repo_id}",
+                             hint="check the commit id, or pass a branch or tag (e.g. --revision main)") from None
         raise FetchError(f"commit {commit} of {repo_id} is no longer on the server",
                          hint="pass --re-resolve to pin the branch's current commit") from None  # fmt: skip
     except (HfHubHTTPError, OSError, httpx.TransportError) as e:
@@ -280,7 +284,7 @@ def _download_all(session: Session, batch: list[RemoteFile], out_dir: Path, stag
     def one(f: RemoteFile) -> FileDigest:
         tmp, d = download_file(session, f, staging)
         try:
-            _validate(tmp, f.path, check_model)
+            validate_file(tmp, f.path, check_model)
             final = out_dir / f.path
             final.parent.mkdir(parents=True, exist_ok=True)
             if not final.resolve().is_relative_to(out_dir.resolve()):
@@ -315,8 +319,9 @@ def _download_all(session: Session, batch: list[RemoteFile], out_dir: Path, stag
         return [fu.result() for fu in futures]
 
 
-def _validate(path: Path, name: str, check_model: bool) -> None:
-    """Content checks before a verified file is renamed into place (and for files already there)."""
+def validate_file(path: Path, name: str, check_model: bool) -> None:
+    """Content checks before a verified file is renamed into place (and for files already there, and
+    for a local source folder): safetensors headers against the file size, configs parse, no remote code."""
     base = name.rsplit("/", 1)[-1]
     if base.endswith(".safetensors"):
         try:
@@ -333,8 +338,8 @@ def _validate(path: Path, name: str, check_model: bool) -> None:
             raise FetchError("; ".join(problems), hint="qwenquant fetches Qwen3.5-architecture safetensors repos only")
 
 
-def _check_shards(out_dir: Path, files: list[RemoteFile]) -> None:
-    names = {f.path for f in files}
+def check_shards(out_dir: Path, names: set[str]) -> None:
+    """The index against the shards' headers: every shard it names exists and holds what it says."""
     if INDEX_NAME not in names:
         return
     try:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from qwenquant.errors import ServeError, VerificationError
+from qwenquant.errors import QwenquantError, ServeError, VerificationError
 from qwenquant.recipe import Recipe, ResolvedProfile
 from qwenquant.serve import argv as argvmod
 from qwenquant.serve import budget as budgetmod
@@ -41,6 +41,7 @@ class Prepared:
     env_add: dict[str, str]
     budget: Optional[budgetmod.Budget]
     warnings: list[str] = field(default_factory=list)
+    failures: list[QwenquantError] = field(default_factory=list)  # dry run: every check that failed
 
     @property
     def command(self) -> list[str]:
@@ -160,59 +161,87 @@ def recipe_from_manifest(manifest: Any) -> Recipe:
     return Recipe.model_validate(d)
 
 
+class _Checks:
+    """Runs preflight checks: raise at the first failure, or (dry run) record each and go on."""
+
+    def __init__(self, keep_going: bool) -> None:
+        self.keep_going = keep_going
+        self.failures: list[QwenquantError] = []
+
+    def run(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except QwenquantError as e:
+            if not self.keep_going:
+                raise
+            self.failures.append(e)
+            return None
+
+
+def served_name(artifact: Path, config: dict[str, Any], recipe_name: str) -> str:
+    """The recipe's served model name for the real 27B, else the artifact folder's name."""
+    ref = json.loads((Path(__file__).parents[1] / "data" / "qwen3_8-27b.config.json").read_text())
+    key = ("num_hidden_layers", "hidden_size", "vocab_size", "intermediate_size")
+    text, ref_text = config.get("text_config") or config, ref.get("text_config") or ref
+    return recipe_name if all(text.get(k) == ref_text.get(k) for k in key) else artifact.name
+
+
 def prepare(
     artifact: Path, profile_name: str, *, vllm: Optional[str] = None, extra: Sequence[str] = (),
     host: Optional[str] = None, port: Optional[int] = None, served_model_name: Optional[str] = None,
     api_key: Optional[str] = None, dry_run: bool = False, device: Optional[str] = None,
 ) -> Prepared:
-    """Run the preflight checks (all of them unless `dry_run`) and decide the command."""
-    artifact = Path(artifact).resolve()
-    if dry_run:
-        from qwenquant.manifest import load_manifest
+    """Run every preflight check and decide the command. A dry run records failed checks in
+    `failures` and goes on (only an unreadable manifest stops it: the command comes from it)."""
+    from qwenquant.manifest import load_manifest
 
-        manifest = load_manifest(artifact)
-    else:
-        manifest = _verify(artifact)
-        _check(artifact)
+    artifact = Path(artifact).resolve()
+    checks = _Checks(keep_going=dry_run)
+    manifest = checks.run(_verify, artifact) or load_manifest(artifact)
+    checks.run(_check, artifact)
     recipe = recipe_from_manifest(manifest)
     profile = recipe.profile(profile_name)
+    config = json.loads((artifact / "config.json").read_text())
+    if served_model_name is None:
+        served_model_name = served_name(artifact, config, profile.served_model_name)
     update = {k: v for k, v in (("host", host), ("port", port), ("served_model_name", served_model_name))
               if v is not None}
     profile = argvmod.apply_extra(profile.model_copy(update=update), extra)
     warnings: list[str] = []
 
-    install: Optional[VllmInstall] = None
-    try:
-        install = find_vllm(vllm)
-    except ServeError:
-        if not dry_run:
-            raise
+    install: Optional[VllmInstall] = checks.run(find_vllm, vllm)
+    if install is None:
         warnings.append("no vLLM found: the command below uses `vllm serve`")
     dev = device or (install.device if install else "cuda")
-    if install and not dry_run:
-        problem = check_version(install.version, recipe.serve.vllm_versions)
-        if problem:
-            raise ServeError(problem, hint=f"install a supported vLLM ({', '.join(recipe.serve.vllm_versions)}) "
-                                           "with scripts/install-vllm.sh, or pass --vllm")
-        arch = (json.loads((artifact / "config.json").read_text()).get("architectures") or ["?"])[0]
-        problem = check_architecture(arch, supported_archs(install), install)
-        if problem:
-            raise ServeError(problem, hint="see docs/known-issues.md#text-only-vllm-version (CUDA vLLM 0.26 lacks Qwen3_5ForCausalLM)")
-    _check_context(artifact, profile)
+    if install:
+        checks.run(_check_install, install, recipe, config)
+    checks.run(_check_context, artifact, profile)
     extra = device_extra(dev, extra, warnings)
     args = argvmod.build_vllm_argv(artifact, profile, manifest, dev, extra, api_key=api_key)
     env_add = argvmod.build_vllm_env(dev, os.environ)
     if dev == "cpu" and profile.speculative:
         warnings.append("MTP on CPU: sample greedily (temperature 0); temperature > 0 under speculative decoding "
                         "reads uninitialised temperatures in vLLM's CPU sampler (vLLM #55005)")
+    checks.run(_check_port, profile)
+    budget = checks.run(_budget, artifact, manifest, profile, dev, env_add, warnings)
+    return Prepared(artifact, profile, install, dev, args, env_add, budget, warnings, checks.failures)
 
-    budget = None
-    if not dry_run:
-        problem = port_problem(profile.host, profile.port)
-        if problem:
-            raise ServeError(problem, hint="stop the process holding it, or pass --port N")
-        budget = _budget(artifact, manifest, profile, dev, env_add, warnings)
-    return Prepared(artifact, profile, install, dev, args, env_add, budget, warnings)
+
+def _check_install(install: VllmInstall, recipe: Recipe, config: dict[str, Any]) -> None:
+    problem = check_version(install.version, recipe.serve.vllm_versions)
+    if problem:
+        raise ServeError(problem, hint=f"install a supported vLLM ({', '.join(recipe.serve.vllm_versions)}) "
+                                       "with scripts/install-vllm.sh, or pass --vllm")
+    arch = (config.get("architectures") or ["?"])[0]
+    problem = check_architecture(arch, supported_archs(install), install)
+    if problem:
+        raise ServeError(problem, hint="see docs/known-issues.md#text-only-vllm-version (CUDA vLLM 0.26 lacks Qwen3_5ForCausalLM)")
+
+
+def _check_port(profile: ResolvedProfile) -> None:
+    problem = port_problem(profile.host, profile.port)
+    if problem:
+        raise ServeError(problem, hint="stop the process holding it, or pass --port N")
 
 
 def _check_context(artifact: Path, profile: ResolvedProfile) -> None:

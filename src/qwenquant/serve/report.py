@@ -34,6 +34,18 @@ def weights_lines(w: WeightBreakdown, include_vision: bool) -> list[str]:
     return lines
 
 
+def first_reason(b: Budget) -> str:
+    """The first reason a budget does not fit, biggest cause first (weights, then fixed costs, then cache)."""
+    fixed = b.weights_bytes + b.activation_bytes + b.runtime_bytes
+    if b.device == "cuda" and b.weights_bytes > b.budget_bytes:
+        return (f"the weights alone ({gib(b.weights_bytes)}) exceed the {gib(b.budget_bytes)} budget "
+                f"({gib(b.total_bytes)} x {b.utilization:g})")
+    if b.device == "cuda" and fixed >= b.budget_bytes:
+        return (f"weights {gib(b.weights_bytes)} + activations {gib(b.activation_bytes)} + runtime "
+                f"{gib(b.runtime_bytes)} leave nothing of the {gib(b.budget_bytes)} budget for the KV cache")
+    return b.shortfall_message()
+
+
 def budget_lines(name: str, b: Budget, s: ModelShape) -> list[str]:
     c = b.cache
     mtp = c.n_attn_layers - s.n_full
@@ -53,9 +65,12 @@ def budget_lines(name: str, b: Budget, s: ModelShape) -> list[str]:
         lines.append(_row("CUDA runtime (context + graphs)", b.runtime_bytes))
         lines.append(_row(f"budget ({gib(b.total_bytes)} x {b.utilization:g})", b.budget_bytes))
     lines.append(_row("left for KV cache + GDN state", max(b.cache_available, 0)))
-    verdict = "fits" if b.fits else "DOES NOT FIT"
-    lines.append(f"  {verdict}: {b.concurrency} full-length sequence(s) at once"
-                 f" (max-num-seqs {b.max_num_seqs})")
+    if not b.fits:
+        lines.append(f"  DOES NOT FIT: {first_reason(b)}")
+        if b.largest_len(1) == 0:
+            return lines
+    else:
+        lines.append(f"  fits: {b.concurrency} full-length sequence(s) at once (max-num-seqs {b.max_num_seqs})")
     largest = f"  largest max-model-len: {nice_len(b.largest_len(1)):,} for 1 sequence"
     if b.max_num_seqs > 1:
         largest += f", {nice_len(b.largest_len(b.max_num_seqs)):,} for {b.max_num_seqs} sequences"

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from qwenquant.errors import UsageError
+from qwenquant.errors import QwenquantError, UsageError
 from qwenquant.serve.argv import format_command
 from qwenquant.serve.preflight import default_log_path, prepare
 from qwenquant.serve.supervisor import ServerSpec, serve_forever
@@ -20,9 +20,9 @@ def run_serve(artifact: Path, profiles: list[str], extra: list[str], *, port: Op
               api_key: Optional[str], served_model_name: Optional[str], vllm: Optional[str], dry_run: bool,
               timeout: float, device: Optional[str], log_file: Optional[Path]) -> int:
     """Serve until stopped; return the exit code (errors raise UsageError, ServeError, VerificationError)."""
+    profiles = profiles or ["single-user"]
     if len(profiles) != 1:
-        raise UsageError("choose exactly one --profile" + (f" (got {', '.join(profiles)}: single-user and batch "
-                                                           "are mutually exclusive)" if profiles else ""),
+        raise UsageError(f"choose one --profile (got {', '.join(profiles)}: single-user and batch are mutually exclusive)",
                          hint="e.g. --profile single-user, or --profile batch")
     if device not in (None, "cuda", "cpu"):
         raise UsageError(f"unknown --device {device!r}", hint="use cuda or cpu")
@@ -32,6 +32,15 @@ def run_serve(artifact: Path, profiles: list[str], extra: list[str], *, port: Op
         log.warning("%s", w)
     if dry_run:
         print(format_command(p.command, p.env_add), flush=True)
+        if p.failures:
+            for e in p.failures:
+                log.error("preflight failed: %s%s", e, f" (hint: {e.hint})" if e.hint else "")
+            first = p.failures[0]
+            err = QwenquantError(f"dry run: {len(p.failures)} preflight check(s) failed; `qwenquant serve` would "
+                                 f"refuse to start (first: {first.message.splitlines()[0]})",
+                                 hint="fix each failure listed above, then run the dry run again")
+            err.exit_code = first.exit_code  # the same exit code as the serve that would have refused
+            raise err
         return 0
     spec = ServerSpec(
         command=p.command, env={**os.environ, **p.env_add}, host=p.profile.host, port=p.profile.port,

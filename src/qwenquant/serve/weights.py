@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from qwenquant.checkpoint.tensorfile import TensorSpec
+from qwenquant.errors import ServeError
 
 COMPONENTS = ("embeddings", "int4_body", "lm_head", "mtp", "other_bf16", "vision")
 _QUANT_SUFFIXES = (".weight_packed", ".weight_scale", ".weight_shape", ".weight_zero_point", ".weight_g_idx")
@@ -73,6 +74,17 @@ def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def model_shape(config: Mapping[str, Any]) -> ModelShape:
     """Read the shape from a Qwen3.5 config.json dict (multimodal or text-only layout)."""
+    try:
+        return _model_shape(config)
+    except KeyError as e:
+        raise ServeError(f"config.json has no {e.args[0]!r}: not a Qwen3.5 model config",
+                         hint="pass a Qwen3.5-architecture artifact or config.json") from None
+    except (AttributeError, TypeError, ValueError) as e:
+        raise ServeError(f"config.json is not a Qwen3.5 model config ({e})",
+                         hint="pass a Qwen3.5-architecture artifact or config.json") from None
+
+
+def _model_shape(config: Mapping[str, Any]) -> ModelShape:
     tc = text_config(config)
     n = int(tc["num_hidden_layers"])
     types = tc.get("layer_types")
