@@ -158,3 +158,15 @@ def test_streamed_shard_names_put_the_layers_first() -> None:
 
     assert shard_names(2, 1) == ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
                                  "model-00003-of-00003.safetensors"]
+
+
+def test_a_work_folder_with_streamed_layer_records_is_a_work_folder(tmp_path: Path) -> None:
+    """A quantize killed mid-gptq leaves gptq-layers/ for the re-run to resume from: not foreign."""
+    from qwenquant.outfolder import foreign_in_work
+
+    for name in ("gptq-layers", "gptq", "calibration", ".gptq.abc.partial"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "gptq.record.json").write_text("{}")
+    assert foreign_in_work(tmp_path) == []
+    (tmp_path / "gptq-layers-old").mkdir()
+    assert foreign_in_work(tmp_path) == [tmp_path / "gptq-layers-old"]
