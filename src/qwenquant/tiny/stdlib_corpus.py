@@ -75,3 +75,15 @@ def load_corpus(root: Path | None = None) -> Corpus:
         train=tuple(docs[m] for m in MODULES if m not in HELDOUT),
         heldout=tuple(docs[m] for m in MODULES if m in HELDOUT),
     )
+
+
+def calibration_samples(corpus: Corpus, count: int = 64, chars: int = 1500) -> list[str]:
+    """`count` slices of `chars` characters from the middle of training modules (never held-out ones),
+    for GPTQ calibration of the reference model."""
+    docs = [d for d in corpus.train if len(d) > 2 * chars]
+    picks = [docs[i * len(docs) // count] for i in range(count)]
+    out = []
+    for i, doc in enumerate(picks):
+        start = (len(doc) // 2 + i * 997) % (len(doc) - chars)
+        out.append(doc[start: start + chars])
+    return out

@@ -38,7 +38,7 @@ LM = "model.language_model"
 @dataclass(frozen=True)
 class TrainSettings:
     seed: int = 0
-    steps: int = 320
+    steps: int = 200
     batch: int = 8
     seq: int = 256
     lr: float = 3e-3
