@@ -37,17 +37,17 @@ def _pct(x: float) -> str:
 
 def offline_table(report: dict[str, Any]) -> Any:
     """A rich Table of the offline figures."""
-    from rich.table import Table
+    from rich.table import Column, Table
 
-    t = Table("arm", "perplexity", "delta vs bf16 [95% CI]", "worse windows", "KL (nats)", "top-1",
+    t = Table(Column("arm", no_wrap=True), "perplexity", "delta vs bf16", "95% CI", "worse windows", "KL (nats)", "top-1",
               title=f"eval: {report['windows']} windows x {report['window_len']} tokens")
     arms = report["arms"]
-    t.add_row("reference (bf16)", f"{arms['reference']['ppl']:.3f}", "", "", "", "")
+    t.add_row("reference (bf16)", f"{arms['reference']['ppl']:.3f}", "", "", "", "", "")
     for name, a in arms.items():
         if name == "reference":
             continue
         lo, hi = a["ci95_pct"]
-        t.add_row(name, f"{a['ppl']:.3f}", f"{_pct(a['delta_pct'])} [{_pct(lo)}, {_pct(hi)}]",
+        t.add_row(name, f"{a['ppl']:.3f}", _pct(a["delta_pct"]), f"[{_pct(lo)}, {_pct(hi)}]",
                   f"{a['windows_worse']}/{a['windows']}", f"{a['kl']:.5f}", f"{100 * a['top1']:.2f}%")
     return t
 
