@@ -5,9 +5,11 @@
 tokenizer.json, heldout.safetensors (the evaluation windows), reference.json (dims, corpus
 digest, Python/torch versions, training settings, measured losses) and SHA256SUMS.
 
-Deterministic: one seed for init, one generator for batches. On CPU with the same torch build,
-machine type and `--threads`, a rerun writes byte-identical weights; another thread count or a
-GPU changes float summation order, hence the low bits and (after rounding to bf16) some weights.
+Deterministic: one seed for init, one generator for batches, one CPU thread by default (so the
+result does not depend on the machine's core count, and a shared machine loses nothing to thread
+synchronisation). On CPU with the same torch build, machine type and `--threads`, a rerun writes
+byte-identical weights; another thread count or a GPU changes float summation order, hence the
+low bits and (after rounding to bf16) some weights and the figures in their last digits.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class TrainSettings:
     warmup: int = 20
     weight_decay: float = 0.01
     mtp_weight: float = 0.3
-    threads: int = 2
+    threads: int = 1
     heldout_windows: int = 64
 
 
