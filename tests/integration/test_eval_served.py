@@ -24,7 +24,9 @@ ANSWERS = {"import o": "s\nimport sys", "def f(sel": "f, x):", "while Tr": "ue:\
 GATE = {"name": "standin", "tasks": [
     {"name": "imports", "cases": [{"prompt": "import o", "expect": "s\nimport"}]},
     {"name": "defs", "cases": [{"prompt": "def f(sel", "expect": "f,"}, {"prompt": "while Tr", "expect": "ue:"}]},
-]}
+    ],
+    "acceptance_runs": [{"prompt": "import o", "max_tokens": 8}],
+}
 # Per completion: 4 drafts of 3 tokens; 6 accepted (position 0: 3, position 1: 2, position 2: 1).
 START = {"drafts": 100.0, "tokens": 300.0, "accepted": 50.0, "pos": [30.0, 15.0, 5.0]}
 STEP = {"drafts": 4.0, "tokens": 12.0, "accepted": 6.0, "pos": [3.0, 2.0, 1.0]}
@@ -107,8 +109,9 @@ def test_gate_passes_and_acceptance_comes_from_counter_deltas(server, tmp_path: 
     out = json.loads(proc.stdout)
     assert [(t["name"], t["passed"], t["total"]) for t in out["tasks"]] == [("imports", 1, 1), ("defs", 2, 2)]
     m = out["mtp"]
-    # 3 completions: 12 drafts, 36 draft tokens, 18 accepted -> 1 + 18/12 = 2.5 (not the absolute 1 + 68/112)
-    assert (m["drafts"], m["draft_tokens"], m["accepted_tokens"]) == (12, 36, 18)
+    # 3 gate completions + 1 acceptance run: 16 drafts, 48 draft tokens, 24 accepted -> 1 + 24/16 = 2.5
+    # (not the absolute counters' 1 + 74/116)
+    assert (m["drafts"], m["draft_tokens"], m["accepted_tokens"]) == (16, 48, 24)
     assert m["mean_acceptance_length"] == pytest.approx(2.5)
     assert m["per_position"] == pytest.approx({"0": 0.75, "1": 0.5, "2": 0.25})
     assert "mean acceptance length 2.500" in proc.stderr and "task defs: 2/2 passed" in proc.stderr

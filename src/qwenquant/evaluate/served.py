@@ -100,6 +100,10 @@ def run_gate(url: str, gate: dict[str, Any], model: str | None = None) -> dict[s
                 failures.append({"prompt": case["prompt"], "expect": case["expect"], "got": text})
         tasks.append({"name": task["name"], "passed": passed, "total": len(task["cases"]),
                       "min_pass": task.get("min_pass", len(task["cases"])), "failures": failures})
+    for run in gate.get("acceptance_runs", []):  # longer greedy generations: enough drafts to measure MTP
+        body = {"model": model, "prompt": run["prompt"], "max_tokens": run.get("max_tokens", 64), "temperature": 0.0,
+                "ignore_eos": True}
+        _request(f"{url}/v1/completions", body)
     after = parse_metrics(_request(f"{url}/metrics").decode())
     return {"url": url, "model": model, "gate": gate.get("name"), "tasks": tasks, "mtp": acceptance(before, after)}
 
