@@ -125,8 +125,9 @@ def evaluate(model: Any, mtp: Any, windows: torch.Tensor, device: str, batch: in
     return {k: v / windows.shape[0] for k, v in sums.items()}
 
 
-def train(s: TrainSettings, device: str, log: Any = print) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Train; return (bf16 tensors under checkpoint names, metadata with the measured figures)."""
+def train(s: TrainSettings, device: str, log: Any = print) -> dict[str, Any]:
+    """Train; return {tensors: bf16 under checkpoint names, tokenizer: tokenizer.json text,
+    heldout: evaluation windows, meta: settings, corpus digest and the measured figures}."""
     torch.set_num_threads(s.threads)
     corpus = stdlib_corpus.load_corpus()
     tok_text = tokenizer.train_tokenizer_json(list(corpus.train), BPE_VOCAB)
@@ -163,7 +164,7 @@ def train(s: TrainSettings, device: str, log: Any = print) -> tuple[dict[str, to
         "final_train": last, "heldout": held_metrics,
         "heldout_ppl": math.exp(held_metrics["loss"]),
     }
-    return {"tensors": tensors, "tokenizer": tok_text, "heldout": held, "meta": meta}  # type: ignore[return-value]
+    return {"tensors": tensors, "tokenizer": tok_text, "heldout": held, "meta": meta}
 
 
 def checkpoint_tensors(model: Any, mtp: Any) -> dict[str, torch.Tensor]:
