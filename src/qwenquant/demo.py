@@ -51,15 +51,28 @@ def _cli(args: list[str], env: dict[str, str], *, capture_json: bool = False) ->
     return json.loads(proc.stdout) if capture_json else None
 
 
-def run_demo(work: Path, *, serve: bool | None = None, variant: str = "random") -> DemoResult:
-    """Run the whole pipeline on the tiny model under `work`; resumable (each step reuses what verified)."""
+# The trained reference model, its calibration set and a prompt it continues sensibly.
+REFERENCE_PROMPT = "    def __init__(self, *args, **kwargs):\n        super().__init__(*args, **"
+
+
+def run_demo(work: Path, *, serve: bool | None = None, variant: str = "reference") -> DemoResult:
+    """Run the whole pipeline on the tiny model under `work`; resumable (each step reuses what verified).
+
+    variant "reference": the committed trained reference model (`qwenquant.tiny.reference_model`);
+    "random" / "constant": the tiny builder's untrained checkpoints.
+    """
     from qwenquant.hubserver import HubServer
     from qwenquant.tiny import build_tiny_checkpoint
+    from qwenquant.tiny.reference_model import build_reference_checkpoint
 
     work = Path(work).resolve()
     hub_dir, model_dir, artifact = work / "hub" / "Qwen3.5-tiny", work / "models" / "Qwen3.5-tiny", work / "artifacts" / "Qwen3.5-tiny-w4a16"
     log.info("building the tiny Qwen3.5 checkpoint (variant %s) in %s", variant, hub_dir)
-    build_tiny_checkpoint(hub_dir, variant=variant, seed=0)
+    if variant == "reference":
+        build_reference_checkpoint(hub_dir)
+    else:
+        build_tiny_checkpoint(hub_dir, variant=variant, seed=0)
+    calibration = "tiny-reference" if variant == "reference" else "tiny-demo"
 
     with HubServer() as hub:
         hub.add_repo(DEMO_REPO, hub_dir)
@@ -67,7 +80,7 @@ def run_demo(work: Path, *, serve: bool | None = None, variant: str = "random") 
         env.pop("HF_TOKEN", None)
         fetched = _cli(["fetch", DEMO_REPO, "--revision", "main", "--out", str(model_dir), "--json"], env, capture_json=True)
     commit = fetched["commit"]
-    q = _cli(["quantize", str(model_dir), "--recipe", "w4a16-int4head", "--calibration", "tiny-demo",
+    q = _cli(["quantize", str(model_dir), "--recipe", "w4a16-int4head", "--calibration", calibration,
               "--out", str(artifact), "--json"], env, capture_json=True)  # fmt: skip
     _cli(["verify", str(artifact)], env)
     result = DemoResult(commit, artifact, q["root_digest"], q.get("quality", {}))
@@ -84,7 +97,8 @@ def run_demo(work: Path, *, serve: bool | None = None, variant: str = "random") 
             raise
         result.skipped_serve_reason = f"no vLLM environment ({e.message}); run scripts/install-vllm.sh"
         return result
-    result.completion = serve_and_complete(artifact, env)
+    prompt = REFERENCE_PROMPT if variant == "reference" else "The capital of France is"
+    result.completion = serve_and_complete(artifact, env, prompt=prompt)
     result.served = True
     return result
 
