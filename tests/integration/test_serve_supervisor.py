@@ -122,7 +122,8 @@ def serve_cmd(artifact: Path, launcher: Path, port: int, mode: str, pidfile: Pat
 
 def serve_env(launcher: Path, tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(launcher.parent / "site")
+    # the stub vllm first, then the caller's path (the sources under test)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(launcher.parent / "site"), env.get("PYTHONPATH")) if p)
     env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
     env["QWENQUANT_NO_PROGRESS"] = "1"
     env.pop("QWENQUANT_VLLM", None)
@@ -252,6 +253,33 @@ def test_good_server_ready_then_sigterm(standin_artifact, fake_vllm, tmp_path):
     assert rc == 0, err
     assert "stopped" in flat(err)
     assert gone(server_pid) and gone(helper_pid)
+
+
+def test_serve_killed_takes_the_server_with_it(standin_artifact, fake_vllm, tmp_path):
+    """kill -9 of `qwenquant serve` (as the OOM killer does): the server, its engine-like child
+    (which ignores SIGTERM and is left behind by the server) and the watchdog are all gone within
+    seconds, and the port is free again."""
+    from qwenquant.serve.ports import port_problem, process_tree
+
+    port, pidfile = free_port(), tmp_path / "pids"
+    cmd = serve_cmd(standin_artifact, fake_vllm, port, "good", pidfile) + ["--standin-stubborn-helper"]
+    p = subprocess.Popen(cmd, env=serve_env(fake_vllm, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        _wait_ready(p, port)
+        server_pid, helper_pid = map(int, pidfile.read_text().split())
+        tree = process_tree(p.pid) - {p.pid}
+        assert {server_pid, helper_pid} < tree  # the watchdog is the third
+        p.kill()
+        p.wait(timeout=10)
+        err = p.stderr.read()
+    finally:
+        p.kill()
+    survivors = [pid for pid in sorted(tree) if not gone(pid)]
+    for pid in survivors:  # do not leave them running after a failure
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors, f"processes {survivors} outlived the killed `qwenquant serve`: {err}"
+    assert port_problem("127.0.0.1", port) is None
 
 
 def test_api_key_used_for_readiness_and_never_shown(standin_artifact, fake_vllm, tmp_path):
