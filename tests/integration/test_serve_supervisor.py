@@ -337,3 +337,39 @@ def test_dry_run_masks_api_key(standin_artifact, fake_vllm, tmp_path):
     assert "--api-key '****'" in r.stdout or "--api-key ****" in r.stdout
     assert "VLLM_CPU_KVCACHE_SPACE=1" in r.stdout and "--enforce-eager" in r.stdout
     assert not pidfile.exists()
+
+
+def _fake_nvidia_smi(tmp_path: Path, total_mib: int) -> Path:
+    """A stand-in `nvidia-smi` (no GPU here): an H200-sized GPU of `total_mib` MiB, compute 8.6."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\ncase \"$*\" in\n  *memory.total*) echo \"%d, %d\" ;;\n  *compute_cap*) echo 8.6 ;;\n"
+                   "  *) echo 'GPU 0: stand-in' ;;\nesac\n" % (total_mib, total_mib - 1000))
+    smi.chmod(0o755)
+    return bin_dir
+
+
+def test_gpu_mem_sets_the_share_of_a_bigger_gpu(standin_artifact, fake_vllm, tmp_path):
+    """--gpu-mem 24GiB on a 143771 MiB GPU: the dry run passes vLLM the share that gives a 24 GiB
+    card's budget (24576 x 0.92 / 143771 = 0.157263) and says how it got there. nvidia-smi is a
+    stand-in: no GPU can run here."""
+    env = serve_env(fake_vllm, tmp_path)
+    env["PATH"] = f"{_fake_nvidia_smi(tmp_path, 143771)}{os.pathsep}{env['PATH']}"
+    cmd = serve_cmd(standin_artifact, fake_vllm, free_port(), "good", tmp_path / "pids")
+    cmd[cmd.index("--"):cmd.index("--")] = ["--dry-run", "--device", "cuda", "--gpu-mem", "24GiB"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "--gpu-memory-utilization 0.157263" in r.stdout
+    assert "--gpu-mem 24.00 GiB: budget 22.08 GiB (24.00 GiB x 0.92) = --gpu-memory-utilization 0.157263 of " \
+           "this GPU's 140.40 GiB" in flat(r.stderr)
+
+
+def test_gpu_mem_refused_on_cpu(standin_artifact, fake_vllm, tmp_path):
+    """The CPU build has no GPU budget to scale: --gpu-mem is refused, naming VLLM_CPU_KVCACHE_SPACE."""
+    cmd = serve_cmd(standin_artifact, fake_vllm, free_port(), "good", tmp_path / "pids")
+    cmd[cmd.index("--"):cmd.index("--")] = ["--gpu-mem", "24GiB"]
+    r = subprocess.run(cmd, env=serve_env(fake_vllm, tmp_path), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 7
+    assert "--gpu-mem applies to CUDA GPUs only" in flat(r.stderr) and "VLLM_CPU_KVCACHE_SPACE" in flat(r.stderr)
+    assert not (tmp_path / "pids").exists()

@@ -22,6 +22,7 @@ from qwenquant.errors import ServeError, VerificationError
 from qwenquant.recipe import Recipe, ResolvedProfile
 from qwenquant.serve import argv as argvmod
 from qwenquant.serve import plan as planmod
+from qwenquant.serve.gpumem import apply_gpu_mem
 from qwenquant.serve.discover import VllmInstall, check_architecture, check_version, find_vllm, supported_archs
 from qwenquant.serve.ports import port_problem
 from qwenquant.serve.weights import model_shape, weights_from_tensors, artifact_tensor_bytes
@@ -41,6 +42,7 @@ class Prepared:
     env_add: dict[str, str]
     budget: Optional[planmod.Budget]
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # how decided figures were reached (--gpu-mem)
 
     @property
     def command(self) -> list[str]:
@@ -164,6 +166,7 @@ def prepare(
     artifact: Path, profile_name: str, *, vllm: Optional[str] = None, extra: Sequence[str] = (),
     host: Optional[str] = None, port: Optional[int] = None, served_model_name: Optional[str] = None,
     api_key: Optional[str] = None, dry_run: bool = False, device: Optional[str] = None,
+    gpu_mem: Optional[int] = None,
 ) -> Prepared:
     """Run the preflight checks (all of them unless `dry_run`) and decide the command."""
     artifact = Path(artifact).resolve()
@@ -199,6 +202,9 @@ def prepare(
         if problem:
             raise ServeError(problem, hint="see docs/known-issues.md#text-only-vllm-version (CUDA vLLM 0.26 lacks Qwen3_5ForCausalLM)")
     _check_context(artifact, profile)
+    notes: list[str] = []
+    # the emulated card's share goes into the profile, so the argv and the budget below both use it
+    profile = apply_gpu_mem(profile, gpu_mem, dev, extra, lambda: gpu_memory()[0], notes, dry_run=dry_run)
     extra = device_extra(dev, extra, warnings)
     args = argvmod.build_vllm_argv(artifact, profile, manifest, dev, extra, api_key=api_key)
     env_add = argvmod.build_vllm_env(dev, os.environ)
@@ -212,7 +218,7 @@ def prepare(
         if problem:
             raise ServeError(problem, hint="stop the process holding it, or pass --port N")
         budget = _budget(artifact, manifest, profile, dev, env_add, warnings)
-    return Prepared(artifact, profile, install, dev, args, env_add, budget, warnings)
+    return Prepared(artifact, profile, install, dev, args, env_add, budget, warnings, notes)
 
 
 def _check_context(artifact: Path, profile: ResolvedProfile) -> None:
