@@ -277,3 +277,40 @@ def test_batch_profile_serves(artifacts, tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0
+
+
+def test_kill_9_of_serve_takes_vllm_and_its_engine_core(artifacts, tmp_path):
+    """`qwenquant serve` SIGKILLed (as the OOM killer does) while a real vLLM serves: the API server,
+    its engine-core process and every other process vLLM started are gone within seconds, and the
+    port is free."""
+    from qwenquant.serve.ports import port_problem, process_tree
+
+    artifact = artifacts("text-only")
+    port, log = _free_port(), tmp_path / "server.log"
+    proc = subprocess.Popen(_serve_cmd(artifact, port, log), env=_env(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.strip() == f"ready http://127.0.0.1:{port}", proc.stderr.read()[-4000:]
+        started = process_tree(proc.pid) - {proc.pid}
+        assert len(started) >= 3  # the watchdog, vLLM's API server, its engine core
+        proc.kill()
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+    survivors: list[int] = []
+    for pid in sorted(started):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            except FileNotFoundError:
+                break
+            time.sleep(0.2)
+        else:
+            survivors.append(pid)
+    for pid in survivors:  # never leave a vLLM running after a failure
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors, f"processes {survivors} outlived the killed `qwenquant serve`"
+    assert port_problem("127.0.0.1", port) is None

@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 def run_serve(artifact: Path, profiles: list[str], extra: list[str], *, port: Optional[int], host: Optional[str],
               api_key: Optional[str], served_model_name: Optional[str], vllm: Optional[str], dry_run: bool,
-              timeout: float, device: Optional[str], log_file: Optional[Path]) -> int:
+              timeout: float, device: Optional[str], log_file: Optional[Path], gpu_mem: Optional[str] = None) -> int:
     """Serve until stopped; return the exit code (errors raise UsageError, ServeError, VerificationError)."""
     profiles = profiles or ["single-user"]
     if len(profiles) != 1:
@@ -26,10 +26,15 @@ def run_serve(artifact: Path, profiles: list[str], extra: list[str], *, port: Op
                          hint="e.g. --profile single-user, or --profile batch")
     if device not in (None, "cuda", "cpu"):
         raise UsageError(f"unknown --device {device!r}", hint="use cuda or cpu")
+    from qwenquant.serve.command import parse_size
+
     p = prepare(artifact, profiles[0], vllm=vllm, extra=extra, host=host, port=port,
-                served_model_name=served_model_name, api_key=api_key, dry_run=dry_run, device=device)
+                served_model_name=served_model_name, api_key=api_key, dry_run=dry_run, device=device,
+                gpu_mem=parse_size(gpu_mem) if gpu_mem else None)
     for w in p.warnings:
         log.warning("%s", w)
+    for n in p.notes:
+        log.info("%s", n)
     if dry_run:
         print(format_command(p.command, p.env_add), flush=True)
         if p.failures:
