@@ -15,7 +15,7 @@ from qwenquant.commands._app import app
 from qwenquant.errors import QwenquantError
 
 # Registration: each module adds its commands to `app` on import (light imports only).
-for _name in ("fetch", "quantize", "verify", "recipe", "serve", "demo"):
+for _name in ("fetch", "quantize", "verify", "recipe", "serve", "demo", "bench"):
     try:
         __import__(f"qwenquant.commands.{_name}")
     except ModuleNotFoundError as _e:  # a command module not written yet

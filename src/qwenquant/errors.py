@@ -60,3 +60,9 @@ class ServeError(QwenquantError):
     """The server could not be started, or stopped being healthy."""
 
     exit_code = 7
+
+
+class BenchError(QwenquantError):
+    """A benchmark could not measure what it promises (no usage from the server, a failed request)."""
+
+    exit_code = 8

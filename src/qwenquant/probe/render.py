@@ -1,0 +1,29 @@
+"""The report on the console: rich tables on stdout, where to find the JSON and PNG on stderr."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from qwenquant.console import console, stdout
+from qwenquant.probe.table import sections
+
+
+def print_report(report: dict[str, Any]) -> None:
+    """Print every table section, then the GPU sampling verdict and the output paths."""
+    for title, headers, rows in sections(report):
+        table = Table(title=title, title_justify="left")
+        for h in headers:
+            table.add_column(h, justify="left" if h in ("config", "cell", "kind", "where", "figure") else "right")
+        for r in rows:
+            table.add_row(*r)
+        stdout.print(table)
+    gpu = report.get("gpu") or {}
+    if gpu.get("sampled"):
+        sm = gpu.get("sm_mhz") or {}
+        console.print(f"GPU {gpu.get('gpu_name')}: SM clock {sm.get('min')}-{sm.get('max')} MHz, "
+                      f"throttled in {gpu['throttled_fraction']:.0%} of {gpu['samples']} samples")
+    else:
+        console.print(f"GPU: {gpu.get('why', 'not sampled')}")
+    console.print(f"json: {report.get('json_path')}" + (f"  plot: {report['png_path']}" if report.get("png_path") else ""))
