@@ -104,15 +104,17 @@ def thinking_modes(choice: str, supported: Optional[bool]) -> list[Optional[bool
 
 def plan_cells(cfg: BenchConfig, prompts: list[str], samplings: list[str], thinking: list[Optional[bool]],
                max_concurrency: int) -> tuple[list[Cell], list[Cell]]:
-    """(all cells, the ladder's cells): the matrix at one stream, then the ladder (ladder prompt,
-    greedy, first thinking mode; its level 1 shared with the matrix when the matrix has it)."""
+    """(all cells, the ladder's cells): the matrix at one stream, then the ladder (the config's
+    ladder prompt when selected, else the first prompt; greedy; the first thinking mode), whose
+    level 1 is a matrix cell."""
     for name, known, what in ((prompts, cfg.prompts, "prompt"), (samplings, cfg.sampling, "sampling")):
         bad = [n for n in name if n not in known]
         if bad:
             raise BenchError(f"unknown {what} {', '.join(bad)}", hint=f"choose from {', '.join(known)}")
     cells = [Cell(p, s, t) for p in prompts for s in samplings for t in thinking]
     ladder_sampling = "greedy" if "greedy" in samplings else samplings[0]
-    steps = [Cell(cfg.ladder_prompt, ladder_sampling, thinking[0], c) for c in ladder(max_concurrency)]
+    ladder_prompt = cfg.ladder_prompt if cfg.ladder_prompt in prompts else prompts[0]
+    steps = [Cell(ladder_prompt, ladder_sampling, thinking[0], c) for c in ladder(max_concurrency)]
     return cells + [c for c in steps if c not in cells], steps
 
 
