@@ -33,7 +33,7 @@ def _bench(url: str, tmp: Path, *extra: str) -> tuple[subprocess.CompletedProces
     cpath.write_text(yaml.safe_dump(cfg))
     out = tmp / "result.json"
     env = {**os.environ, "QWENQUANT_NO_PROGRESS": "1"}
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", url, "--config", str(cpath), "--prompts",
+    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", *([url] if url else []), "--config", str(cpath), "--prompts",
                         "narrative", "--sampling", "greedy", "--thinking", "off", "--out", str(out), *extra],
                        env=env, capture_output=True, text=True, timeout=300)
     return r, out
@@ -121,3 +121,21 @@ def test_ladder_aggregate_and_too_good_line(tmp_path: Path) -> None:
     flags = json.loads(out2.read_text())["flags"]
     assert [(f["kind"], f["figure"]) for f in flags if f["kind"] == "too-good"] == [("too-good", "decode_tok_s")]
     assert "AUDIT" in r2.stdout
+
+
+def test_compare_two_servers_in_rounds(tmp_path: Path) -> None:
+    """A streams twice as fast as B: every round's decode ratio A/B is about 2, requests alternate A B A B."""
+    with StandinServer() as a, StandinServer() as b:
+        a.step, b.step = 0.01, 0.02
+        r, out = _bench("", tmp_path, "--max-tokens", "30", "--rounds", "2", "--compare",
+                        f"--label fast --url {a.url}", f"--label slow --url {b.url}")
+        order = sorted([(rec.recv, "a") for rec in a.records] + [(rec.recv, "b") for rec in b.records])
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    ratio = report["compare"]["cells"]["narrative/greedy/think-off/c1"]
+    assert (report["compare"]["a"], report["compare"]["b"], ratio["decode_tok_s"]["n"]) == ("fast", "slow", 2)
+    assert ratio["decode_tok_s"]["min"] == pytest.approx(2.0, rel=0.1)
+    assert ratio["decode_tok_s"]["max"] == pytest.approx(2.0, rel=0.1)
+    measured = "".join(who for _, who in order)[2 * WARMUP:]
+    assert measured == "aaabbbaaabbb"  # rounds interleaved, REPEATS requests per turn
+    assert "ratio fast / slow" in r.stdout
