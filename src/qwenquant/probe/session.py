@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import logging
 import platform
@@ -44,12 +45,17 @@ class Request:
 def configurations(req: Request) -> list[ConfigSpec]:
     """One configuration, or the two of --compare (labels A and B unless named)."""
     if req.compare:
-        if req.url or req.profile or req.extra or req.gpu_mem:
-            raise BenchError("--compare takes whole configurations; URL, --profile, --gpu-mem and `-- flags` "
-                             "go inside each of its two strings",
-                             hint='e.g. --compare "--profile single-user" "--profile single-user -- '
-                                  '--speculative-config null"')
-        return [parse_config(req.compare[0], "A"), parse_config(req.compare[1], "B")]
+        if req.url or req.extra:
+            raise BenchError("--compare takes whole configurations: a URL or `-- vLLM flags` go inside each of "
+                             "its two strings", hint='e.g. --compare "--profile single-user" "--profile '
+                                                     'single-user -- --speculative-config null"')
+        pair = [parse_config(req.compare[0], "A"), parse_config(req.compare[1], "B")]
+        if req.serve:  # --profile / --gpu-mem outside the strings apply to both where they say nothing
+            pair = [dataclasses.replace(c, profile=c.profile or req.profile, gpu_mem=c.gpu_mem or req.gpu_mem)
+                    for c in pair]
+        if pair[0].label == pair[1].label:
+            raise BenchError(f"both configurations are labelled {pair[0].label!r}", hint="give them different --label")
+        return pair
     if req.url and req.serve:
         raise BenchError("give a URL or --serve ARTIFACT, not both", hint="qwenquant bench URL, or --serve ARTIFACT")
     if req.url:
