@@ -49,7 +49,11 @@ def bench(
     from qwenquant.probe.session import Request, argv_now, default_out, run
     from qwenquant.probe.render import print_report
 
+    from qwenquant.errors import BenchError
+
     words = list(args or [])
+    if serve and words and not words[0].startswith("-"):
+        raise BenchError(f"give a URL ({words[0]}) or --serve ARTIFACT, not both", hint="vLLM flags go after --")
     url = None if serve or not words else words.pop(0)
     opts = Options(prompts=prompts.split(","), samplings=sampling.split(","), thinking=thinking, max_tokens=max_tokens,
                    repeats=repeats, rounds=rounds, max_concurrency=max_concurrency, ignore_eos=ignore_eos)
@@ -57,7 +61,5 @@ def bench(
                   compare=compare, options=opts, out=out or default_out(), config=config, model=model,
                   api_key=api_key, vllm=vllm, device=device, timeout=timeout)
     if words and not serve:
-        from qwenquant.errors import BenchError
-
         raise BenchError(f"unexpected arguments {words}", hint="vLLM flags after -- go with --serve")
     print_report(run(req, argv_now()))

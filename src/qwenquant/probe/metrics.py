@@ -107,11 +107,12 @@ def spec_counters(text: str) -> SpecCounters:
 
 
 def acceptance(delta: SpecCounters) -> dict[str, object]:
-    """Acceptance figures of a counter delta (JSON-ready); `speculative: false` when nothing was drafted."""
+    """Acceptance figures of a counter delta (JSON-ready); `speculative: false` when nothing was drafted
+    (`counters`: whether the server exports the speculative-decoding counters at all)."""
     if not delta.present or delta.drafts <= 0:
-        return {"speculative": False, "exported": delta.present}
+        return {"metrics_page": True, "speculative": False, "counters": delta.present}
     return {
-        "speculative": True, "drafts": delta.drafts, "draft_tokens": delta.draft_tokens, "accepted": delta.accepted,
+        "metrics_page": True, "speculative": True, "counters": True, "drafts": delta.drafts, "draft_tokens": delta.draft_tokens, "accepted": delta.accepted,
         "mean_acceptance_length": 1.0 + delta.accepted / delta.drafts,
         "acceptance_rate": delta.accepted / delta.draft_tokens if delta.draft_tokens else None,
         "per_position": [delta.per_pos[p] / delta.drafts for p in sorted(delta.per_pos)],

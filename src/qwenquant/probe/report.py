@@ -68,7 +68,7 @@ def _as(s: Any) -> Optional[dict[str, float]]:
 
 def target_report(run: TargetRun) -> dict[str, Any]:
     t = run.target
-    acc = metrics.acceptance(run.spec) if run.metrics_exported else {"speculative": None, "exported": False}
+    acc = metrics.acceptance(run.spec) if run.metrics_exported else {"metrics_page": False, "speculative": None}
     return {
         "label": t.label, "url": t.url, "model": t.model, **t.info, "thinking": run.thinking_note,
         "acceptance": acc,
@@ -114,7 +114,8 @@ def find_flags(report: dict[str, Any], cfg: BenchConfig) -> list[dict[str, Any]]
                     and gap > cfg.wall_decode_margin:
                 flags.append({"kind": "instrument", "where": f"{t['label']} {key}", "figure": "wall vs decode",
                               "value": gap, "line": cfg.wall_decode_margin,
-                              "note": "a non-thinking run whose wall and decode rates disagree: check the clock"})
+                              "note": "a non-thinking run whose wall and decode rates disagree: a hidden reasoning phase, "
+                                      "a clock problem, or TTFT a large share of a short request"})
         for step in t["ladder"]:
             check(f"{t['label']} ladder c{step['concurrency']}", "aggregate_tok_s",
                   (step["aggregate_tok_s"] or {}).get("median"), lines["aggregate_tok_s"])

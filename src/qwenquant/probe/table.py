@@ -51,7 +51,7 @@ def _acceptance_rows(report: dict[str, Any]) -> list[list[str]]:
     rows = []
     for t in report["targets"]:
         a = t["acceptance"]
-        if not a.get("exported", True):
+        if not a.get("metrics_page"):
             rows.append([t["label"], "no /metrics", "-", "-"])
         elif not a.get("speculative"):
             rows.append([t["label"], "no drafts", "-", "-"])
