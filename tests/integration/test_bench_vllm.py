@@ -55,4 +55,6 @@ def test_bench_compare_mtp_on_off(tmp_path: Path) -> None:
     assert report["compare"]["a"] == "mtp-on" and all(ratios[k]["n"] == 2 for k in FIGURES)
     assert report["argv"][:2] == ["qwenquant", "bench"] and "gpu" in report
     assert report["png_path"] and Path(report["png_path"]).read_bytes()[:4] == b"\x89PNG"
+    for t in by.values():  # which field the tiny model's first text came in, for the record
+        print(t["label"], {k: c["first_text_field"] for k, c in t["cells"].items()})
     print(r.stdout)
