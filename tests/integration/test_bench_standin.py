@@ -139,3 +139,26 @@ def test_compare_two_servers_in_rounds(tmp_path: Path) -> None:
     measured = "".join(who for _, who in order)[2 * WARMUP:]
     assert measured == "aaabbbaaabbb"  # rounds interleaved, REPEATS requests per turn
     assert "ratio fast / slow" in r.stdout
+
+
+def test_gpu_sampling_flags_throttling(tmp_path: Path) -> None:
+    """A stand-in `nvidia-smi` on PATH (no GPU here) reports a power-capped clock: the run is flagged."""
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n"
+                    "row() { echo \"2026/11/30 10:00:00.000, 0, NVIDIA H200, $1, 1980, 650.0, 700.00, 60, $2\"; }\n"
+                    "case \"$*\" in *-lms*) row 1980 0x0000000000000000; row 1410 0x0000000000000004; "
+                    "exec sleep 600;; *name*) echo 'NVIDIA H200';; *) row 1980 0x0;; esac\n")
+    fake.chmod(0o755)
+    with StandinServer() as s:
+        os.environ["PATH"] = f"{fake.parent}:{os.environ['PATH']}"
+        try:
+            r, out = _bench(s.url, tmp_path, "--max-tokens", "40")
+        finally:
+            os.environ["PATH"] = os.environ["PATH"].split(":", 1)[1]
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    assert report["gpu_name"] == "NVIDIA H200"
+    assert report["gpu"]["throttle_reasons"] == {"sw_power_cap": 1} and report["gpu"]["sm_mhz"]["min"] == 1410
+    assert [f["kind"] for f in report["flags"]] == ["throttle"]
+    assert "throttled in 50% of 2 samples" in r.stderr

@@ -83,15 +83,21 @@ class GpuSampler:
         exe = shutil.which("nvidia-smi")
         if exe is None:
             return self
+        why = ""
         for reasons in REASON_FIELDS:
-            probe = subprocess.run([exe, f"--query-gpu={QUERY},{reasons}", "--format=csv,noheader,nounits"],
-                                   capture_output=True, text=True, timeout=60)
+            try:
+                probe = subprocess.run([exe, f"--query-gpu={QUERY},{reasons}", "--format=csv,noheader,nounits"],
+                                       capture_output=True, text=True, timeout=60)
+            except (OSError, subprocess.SubprocessError) as e:
+                why = str(e)
+                break
+            why = probe.stderr.strip()[:200]
             if probe.returncode == 0:
                 self._proc = subprocess.Popen(
                     [exe, f"--query-gpu={QUERY},{reasons}", "--format=csv,noheader,nounits", "-lms", str(self.interval_ms)],
                     stdout=self._out, stderr=subprocess.DEVNULL)
                 return self
-        self.result = {"sampled": False, "why": f"not sampled: nvidia-smi failed: {probe.stderr.strip()[:200]}"}
+        self.result = {"sampled": False, "why": f"not sampled: nvidia-smi failed: {why}"}
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -145,5 +145,7 @@ def url_targets(configs: Sequence[ConfigSpec], api_key: Optional[str], model: Op
         if not cfg.url:
             raise BenchError(f"the configuration {cfg.text!r} names no --url and no artifact is served",
                              hint="pass --serve ARTIFACT, or give each configuration a --url")
-        out.append(Target(cfg.label, cfg.url, model=model, api_key=api_key, info={"config": cfg.text}))
+        url = cfg.url.rstrip("/")
+        url = url[:-3] if url.endswith("/v1") else url  # the client adds /v1/... and /metrics itself
+        out.append(Target(cfg.label, url, model=model, api_key=api_key, info={"config": cfg.text}))
     return out
