@@ -45,6 +45,7 @@ def _check_against_server(report: dict, s: StandinServer, skip: int) -> dict:
     assert len(cell["per_request"]) == REPEATS == len(recs)
     for got, rec in zip(cell["per_request"], recs):
         assert got["completion_tokens"] == rec.tokens == 40
+        assert got["text_events"] == 40 - s.hidden
         assert abs(got["ttft_s"] - (rec.first - rec.recv)) < TTFT_TOL_S, (got, rec)
         assert got["wall_tok_s"] == pytest.approx(rec.tokens / (rec.done - rec.recv), rel=RATE_TOL)
         assert got["decode_tok_s"] == pytest.approx((rec.tokens - 1) / (rec.done - rec.first), rel=RATE_TOL)

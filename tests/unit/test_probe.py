@@ -31,6 +31,7 @@ def test_first_token_is_the_first_text_in_any_field_and_usage_is_required() -> N
           ('{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":5}}', 4.5), ("[DONE]", 5.0)]
     s = read_stream(ev, 0.0, 5)
     assert (s.t_first, s.first_field, s.t_end, s.completion_tokens, s.short) == (3.0, "reasoning", 5.0, 5, False)
+    assert s.text_events == 2
     with pytest.raises(BenchError, match="no token usage"):
         read_stream(ev[:4] + ev[5:], 0.0, 5)
     with pytest.raises(BenchError, match="error mid-stream"):

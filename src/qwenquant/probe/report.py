@@ -43,7 +43,8 @@ def _cell_report(cell: Cell, rounds: list[list[Sample]]) -> dict[str, Any]:
         "first_text_field": fields,
         "reasoning_streamed": any(s.chars.get(k) for s in flat for k in ("reasoning_content", "reasoning")),
         "per_request": [{**sample_figures(s), "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
-                         "first_field": s.first_field, "finish_reason": s.finish_reason} for s in flat],
+                         "first_field": s.first_field, "finish_reason": s.finish_reason,
+                         "text_events": s.text_events} for s in flat],
     }
 
 

@@ -34,6 +34,7 @@ class Sample:
     first_field: Optional[str]
     chars: dict[str, int] = field(default_factory=dict)  # streamed characters per field
     finish_reason: Optional[str] = None
+    text_events: int = 0  # events that carried text: a decode rate over very few of them is coarse
 
     @property
     def short(self) -> bool:
@@ -98,6 +99,7 @@ def read_stream(events: Iterable[tuple[str, float]], t_sent: float, max_tokens: 
     chars: dict[str, int] = {}
     usage: Optional[dict[str, Any]] = None
     finish: Optional[str] = None
+    n_text = 0
     t_end = t_sent
     for data, t in events:
         t_end = t
@@ -112,6 +114,7 @@ def read_stream(events: Iterable[tuple[str, float]], t_sent: float, max_tokens: 
             raise BenchError(f"the server reported an error mid-stream: {json.dumps(chunk['error'])[:300]}",
                              hint="see the server log")
         got = _text_fields(chunk)
+        n_text += bool(got)
         if got and t_first is None:
             t_first, first_field = t, next(iter(got))
         for k, n in got.items():
@@ -126,7 +129,7 @@ def read_stream(events: Iterable[tuple[str, float]], t_sent: float, max_tokens: 
                          "rates would have to be guessed, and qwenquant bench does not guess",
                          hint="use a server that honours stream_options.include_usage (vLLM does)")
     return Sample(t_sent, t_first, t_end, int(usage.get("prompt_tokens") or 0), usage["completion_tokens"],
-                  max_tokens, first_field, chars, finish)
+                  max_tokens, first_field, chars, finish, n_text)
 
 
 def stream_chat(url: str, body: dict[str, Any], *, api_key: Optional[str] = None,
