@@ -38,14 +38,14 @@ def eval_cmd(
 
       qwenquant eval --served http://127.0.0.1:8000 --min-acceptance-length 1.2 --json
     """
-    from qwenquant.errors import QwenquantError
+    from qwenquant.errors import UsageError
 
     if served is not None:
         _served(served, gate, model, min_acceptance, report, as_json)
         return
     if artifact is None or reference is None:
-        raise QwenquantError("eval needs ARTIFACT and --reference SOURCE (or --served URL)",
-                             hint="qwenquant eval artifacts/q --reference models/source")
+        raise UsageError("eval needs ARTIFACT and --reference SOURCE (or --served URL)",
+                         hint="qwenquant eval artifacts/q --reference models/source")
     _offline(artifact, reference, windows, window_len, text, device, report, as_json)
 
 
@@ -83,7 +83,7 @@ def _offline(artifact: Path, reference: Path, windows: int, window_len: int, tex
 def _served(url: str, gate: str, model: Optional[str], min_acceptance: Optional[float],
             report: Optional[Path], as_json: bool) -> None:
     from qwenquant.console import console
-    from qwenquant.errors import QwenquantError
+    from qwenquant.errors import BenchError
     from qwenquant.evaluate.served import gate_failures, load_gate, run_gate
 
     result = run_gate(url, load_gate(gate), model)
@@ -99,5 +99,5 @@ def _served(url: str, gate: str, model: Optional[str], min_acceptance: Optional[
                   markup=False)
     _emit(result, report, as_json)
     if failures:
-        raise QwenquantError("served gate failed: " + "; ".join(failures),
+        raise BenchError("served gate failed: " + "; ".join(failures),
                              hint="compare with the bf16 source served the same way; see `qwenquant eval ARTIFACT --reference`")

@@ -11,7 +11,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from qwenquant.errors import QwenquantError
+from qwenquant.errors import BenchError, UsageError
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -27,7 +27,7 @@ def load_gate(name_or_path: str) -> dict[str, Any]:
     if not path.is_file():
         path = Path(str(resources.files("qwenquant") / "data" / "evalsets" / f"{name_or_path}.json"))
     if not path.is_file():
-        raise QwenquantError(f"no gate named {name_or_path!r}", hint="pass a shipped gate name (tiny-reference) or a JSON file")
+        raise UsageError(f"no gate named {name_or_path!r}", hint="pass a shipped gate name (tiny-reference) or a JSON file")
     return json.loads(path.read_text())
 
 
@@ -38,7 +38,7 @@ def _request(url: str, body: dict[str, Any] | None = None, timeout: float = 120)
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.read()
     except (urllib.error.URLError, OSError) as e:
-        raise QwenquantError(f"request to {url} failed: {e}", hint="check the server is up (`qwenquant serve ...` prints ready)") from e
+        raise BenchError(f"request to {url} failed: {e}", hint="check the server is up (`qwenquant serve ...` prints ready)") from e
 
 
 def parse_metrics(text: str) -> dict[str, Any]:
@@ -78,7 +78,7 @@ def acceptance(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
 def _model_name(url: str) -> str:
     models = json.loads(_request(f"{url}/v1/models"))["data"]
     if not models:
-        raise QwenquantError(f"{url} serves no model", hint="pass --model NAME")
+        raise BenchError(f"{url} serves no model", hint="pass --model NAME")
     return models[0]["id"]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from qwenquant.errors import QwenquantError
+from qwenquant.errors import UsageError
 
 if TYPE_CHECKING:
     import torch
@@ -17,10 +17,10 @@ if TYPE_CHECKING:
 
 def _check_size(available: int, windows: int, window_len: int, what: str) -> None:
     if windows < 2 or window_len < 3:
-        raise QwenquantError(f"--windows {windows} --window-len {window_len} is too small",
+        raise UsageError(f"--windows {windows} --window-len {window_len} is too small",
                              hint="use at least 2 windows of 3 tokens (a confidence interval needs 2 windows)")
     if available < windows:
-        raise QwenquantError(f"{what} has {available} windows of {window_len} tokens, fewer than --windows {windows}",
+        raise UsageError(f"{what} has {available} windows of {window_len} tokens, fewer than --windows {windows}",
                              hint=f"pass --windows {available} or less, or a shorter --window-len")
 
 
@@ -38,12 +38,12 @@ def eval_windows(reference: Path, windows: int, window_len: int, text: Path | No
     if text is None:
         tok = Path(reference) / "tokenizer.json"
         if not tok.is_file() or tok.read_bytes() != reference_model.verified_bytes("tokenizer.json"):
-            raise QwenquantError(
+            raise UsageError(
                 f"{reference} is not the committed tiny reference, and no --text was given",
                 hint="pass --text FILE (plain text in the model's domain) to evaluate other models")
         held = reference_model.heldout_ids()
         if window_len > held.shape[1]:
-            raise QwenquantError(f"--window-len {window_len} is longer than the shipped windows ({held.shape[1]})",
+            raise UsageError(f"--window-len {window_len} is longer than the shipped windows ({held.shape[1]})",
                                  hint=f"use --window-len {held.shape[1]} or less")
         _check_size(held.shape[0], windows, window_len, "the shipped held-out text")
         return held[:windows, :window_len].clone()

@@ -10,6 +10,7 @@ in memory for error messages.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -22,7 +23,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from qwenquant.errors import ServeError
 from qwenquant.serve.ports import listener_pids, process_tree
@@ -242,3 +243,18 @@ def _wait_ready(server: Server) -> None:
                              f"of {spec.log_path}:\n{server.last_lines()}",
                              hint="raise --timeout if it is still loading, else read the log")
         time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def running(spec: ServerSpec) -> Iterator[Server]:
+    """A ready server for the length of a with-block (`qwenquant bench --serve`); always stopped and reaped."""
+    server = Server(spec)
+    try:
+        log.info("server pid %d, log %s", server.proc.pid, spec.log_path)
+        _wait_ready(server)
+        yield server
+        if server.proc.poll() is not None:
+            raise ServeError(f"the server exited with code {server.proc.returncode} during the run; last lines of "
+                             f"{spec.log_path}:\n{server.last_lines()}", hint="read the log above")
+    finally:
+        server.stop(spec.grace)
