@@ -9,6 +9,8 @@ and behaves as `--standin-mode` says:
   wrong-root     /v1/models lists the served name with a different root
 `--standin-pidfile F` writes "server_pid helper_pid": the server starts a helper child (as vLLM
 starts its engine process) so tests can check the whole process group is gone.
+`--standin-stubborn-helper`: the helper ignores SIGTERM and the server leaves it behind when it
+exits (an engine core that is busy or wedged): only a SIGKILL of the group removes it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--api-key", default=None)
     p.add_argument("--standin-mode", default="good")
     p.add_argument("--standin-pidfile", default=None)
+    p.add_argument("--standin-stubborn-helper", action="store_true")
     args, _unknown = p.parse_known_args(argv)
     return args
 
@@ -41,7 +44,10 @@ def main(argv: list[str]) -> int:
     a = parse(argv)
     name = a.served_model_name or a.model
     print(f"standin: mode={a.standin_mode} model={a.model} port={a.port} argv={argv}", flush=True)
-    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    code = "import time; time.sleep(600)"
+    if a.standin_stubborn_helper:
+        code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    helper = subprocess.Popen([sys.executable, "-c", code])
     if a.standin_pidfile:
         with open(a.standin_pidfile, "w") as f:
             f.write(f"{os.getpid()} {helper.pid}\n")
@@ -54,7 +60,10 @@ def main(argv: list[str]) -> int:
         print("RuntimeError: standin failed to load the model", flush=True)
         helper.kill()
         return 1
-    signal.signal(signal.SIGTERM, lambda *_: (helper.kill(), os._exit(0)))
+    if a.standin_stubborn_helper:
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: (helper.kill(), os._exit(0)))
     if mode == "nobind":
         while True:
             time.sleep(1)

@@ -95,6 +95,11 @@ def cases(b: dict[str, Path], repo_id: str) -> list[tuple[list[str], int]]:
         (["serve", s["empty"], "--dry-run"], 4),
         (["serve", s["bad-manifest"], "--dry-run"], 4),
         (["serve", s["truncated"], "--dry-run", "--profile", "single-user", "--profile", "batch"], 2),
+        (["bench"], 2),                                                      # nothing to measure
+        (["bench", "http://127.0.0.1:9", "--max-tokens", "4"], 8),            # no server there
+        (["bench", "http://127.0.0.1:9", "--compare", "--profile batch", "--label x"], 2),
+        (["serve", s["truncated"], "--dry-run", "--gpu-mem", "24GiB", "--", "--gpu-memory-utilization", "0.5"], 2),
+        (["eval"], 2),
         (["recipe", "validate", s["missing"]], 2),
         (["recipe", "validate", s["bad-yaml"]], 2),
         (["recipe", "validate", s["wrong-recipe"]], 2),

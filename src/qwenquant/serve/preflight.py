@@ -22,6 +22,7 @@ from qwenquant.errors import QwenquantError, ServeError, VerificationError
 from qwenquant.recipe import Recipe, ResolvedProfile
 from qwenquant.serve import argv as argvmod
 from qwenquant.serve import budget as budgetmod
+from qwenquant.serve.gpumem import apply_gpu_mem
 from qwenquant.serve.discover import VllmInstall, check_architecture, check_version, find_vllm, supported_archs
 from qwenquant.serve.ports import port_problem
 from qwenquant.serve.weights import model_shape, weights_from_tensors, artifact_tensor_bytes
@@ -42,6 +43,7 @@ class Prepared:
     budget: Optional[budgetmod.Budget]
     warnings: list[str] = field(default_factory=list)
     failures: list[QwenquantError] = field(default_factory=list)  # dry run: every check that failed
+    notes: list[str] = field(default_factory=list)  # how decided figures were reached (--gpu-mem)
 
     @property
     def command(self) -> list[str]:
@@ -190,6 +192,7 @@ def prepare(
     artifact: Path, profile_name: str, *, vllm: Optional[str] = None, extra: Sequence[str] = (),
     host: Optional[str] = None, port: Optional[int] = None, served_model_name: Optional[str] = None,
     api_key: Optional[str] = None, dry_run: bool = False, device: Optional[str] = None,
+    gpu_mem: Optional[int] = None,
 ) -> Prepared:
     """Run every preflight check and decide the command. A dry run records failed checks in
     `failures` and goes on (only an unreadable manifest stops it: the command comes from it)."""
@@ -216,6 +219,10 @@ def prepare(
     if install:
         checks.run(_check_install, install, recipe, config)
     checks.run(_check_context, artifact, profile)
+    notes: list[str] = []
+    # the emulated card's share goes into the profile, so the argv and the budget below both use it
+    profile = checks.run(lambda: apply_gpu_mem(profile, gpu_mem, dev, extra, lambda: gpu_memory()[0], notes,
+                                               dry_run=dry_run)) or profile
     extra = device_extra(dev, extra, warnings)
     args = argvmod.build_vllm_argv(artifact, profile, manifest, dev, extra, api_key=api_key)
     env_add = argvmod.build_vllm_env(dev, os.environ)
@@ -224,7 +231,7 @@ def prepare(
                         "reads uninitialised temperatures in vLLM's CPU sampler (vLLM #55005)")
     checks.run(_check_port, profile)
     budget = checks.run(_budget, artifact, manifest, profile, dev, env_add, warnings)
-    return Prepared(artifact, profile, install, dev, args, env_add, budget, warnings, checks.failures)
+    return Prepared(artifact, profile, install, dev, args, env_add, budget, warnings, checks.failures, notes)
 
 
 def _check_install(install: VllmInstall, recipe: Recipe, config: dict[str, Any]) -> None:
