@@ -91,7 +91,7 @@ def template_reads_thinking(artifact: Path) -> Optional[bool]:
 
 def _prepare(artifact: Path, cfg: ConfigSpec, *, vllm: Optional[str], device: Optional[str],
              api_key: Optional[str]):  # -> Prepared (serve.preflight, imported lazily)
-    from qwenquant.serve.planner import parse_size
+    from qwenquant.serve.command import parse_size
     from qwenquant.serve.preflight import prepare
 
     if not cfg.profile:
