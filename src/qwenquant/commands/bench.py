@@ -15,7 +15,7 @@ def bench(
     args: Optional[list[str]] = typer.Argument(None, help="URL of a running server; with --serve: vLLM flags after --.",
                                                show_default=False),
     serve: Optional[Path] = typer.Option(None, "--serve", help="Artifact to serve (through `qwenquant serve`) for the run."),
-    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Serve profile with --serve."),
+    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Serve profile with --serve: single-user (default) or batch."),
     gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", help="With --serve: behave as on a card of this size."),
     compare: Optional[tuple[str, str]] = typer.Option(None, "--compare", help="Two configurations A B, run in rounds."),
     prompts: str = typer.Option("narrative,code,quote", help="Prompts to send (comma-separated)."),

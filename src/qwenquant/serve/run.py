@@ -10,7 +10,7 @@ from typing import Optional
 
 from qwenquant.errors import QwenquantError, UsageError
 from qwenquant.serve.argv import format_command
-from qwenquant.serve.preflight import Prepared, default_log_path, prepare
+from qwenquant.serve.preflight import DEFAULT_PROFILE, Prepared, default_log_path, prepare
 from qwenquant.serve.supervisor import ServerSpec, serve_forever
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ def run_serve(artifact: Path, profiles: list[str], extra: list[str], *, port: Op
               api_key: Optional[str], served_model_name: Optional[str], vllm: Optional[str], dry_run: bool,
               timeout: float, device: Optional[str], log_file: Optional[Path], gpu_mem: Optional[str] = None) -> int:
     """Serve until stopped; return the exit code (errors raise UsageError, ServeError, VerificationError)."""
-    profiles = profiles or ["single-user"]
+    profiles = profiles or [DEFAULT_PROFILE]
     if len(profiles) != 1:
         raise UsageError(f"choose one --profile (got {', '.join(profiles)}: single-user and batch are mutually exclusive)",
                          hint="e.g. --profile single-user, or --profile batch")
