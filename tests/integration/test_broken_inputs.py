@@ -105,6 +105,7 @@ def cases(b: dict[str, Path], repo_id: str) -> list[tuple[list[str], int]]:
         (["bench", "http://127.0.0.1:9", "--compare", "--profile batch", "--label x"], 2),
         (["bench", "--serve", s["manifested"], "--gpu-mem", "lots"], 7),     # the size serve and plan refuse
         (["bench", "--serve", s["manifested"], "--device", "tpu"], 2),
+        (["bench", "--serve", s["manifested"], "--gpu-mem", "24GiB", "--", "--gpu-memory-utilization", "0.5"], 2),
         (["serve", s["truncated"], "--dry-run", "--gpu-mem", "24GiB", "--", "--gpu-memory-utilization", "0.5"], 2),
         (["eval"], 2),
         (["recipe", "validate", s["missing"]], 2),

@@ -92,8 +92,10 @@ def template_reads_thinking(artifact: Path) -> Optional[bool]:
 def _prepare(artifact: Path, cfg: ConfigSpec, *, vllm: Optional[str], device: Optional[str],
              api_key: Optional[str]):  # -> Prepared (serve.preflight, imported lazily)
     from qwenquant.serve.command import parse_size
+    from qwenquant.serve.gpumem import refuse_share_conflict
     from qwenquant.serve.preflight import prepare
 
+    refuse_share_conflict(cfg.gpu_mem, cfg.extra)
     port = None if any(a.split("=")[0] == "--port" for a in cfg.extra) else free_port()
     p = prepare(artifact, cfg.profile, vllm=vllm, extra=list(cfg.extra), port=port, api_key=api_key, device=device,
                 gpu_mem=parse_size(cfg.gpu_mem) if cfg.gpu_mem else None)

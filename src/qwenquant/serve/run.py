@@ -10,6 +10,7 @@ from typing import Optional
 
 from qwenquant.errors import QwenquantError, UsageError
 from qwenquant.serve.argv import format_command
+from qwenquant.serve.gpumem import refuse_share_conflict
 from qwenquant.serve.preflight import DEFAULT_PROFILE, Prepared, default_log_path, prepare
 from qwenquant.serve.supervisor import ServerSpec, serve_forever
 
@@ -35,8 +36,7 @@ def run_serve(artifact: Path, profiles: list[str], extra: list[str], *, port: Op
                          hint="e.g. --profile single-user, or --profile batch")
     if device not in (None, "cuda", "cpu"):
         raise UsageError(f"unknown --device {device!r}", hint="use cuda or cpu")
-    if gpu_mem and any(a.split("=", 1)[0] == "--gpu-memory-utilization" for a in extra):
-        raise UsageError("--gpu-mem and --gpu-memory-utilization both set vLLM's memory share", hint="pass one of them")
+    refuse_share_conflict(gpu_mem, extra)
     from qwenquant.serve.command import parse_size
 
     p = prepare(artifact, profiles[0], vllm=vllm, extra=extra, host=host, port=port,
