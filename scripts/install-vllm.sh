@@ -87,7 +87,7 @@ install_hash() {
   # Everything that decides what gets installed: a change to any of it reinstalls.
   {
     echo "device=$DEVICE spec=${QWENQUANT_VLLM_SPEC:-} python=$("$PY" -c 'import sys; print(sys.version)')"
-    [ -n "$WHEELHOUSE" ] && cat "$WHEELHOUSE/SHA256SUMS" "$UNPACK"
+    [ -n "$WHEELHOUSE" ] && cat "$WHEELHOUSE/SHA256SUMS" "$UNPACK" scripts/wheelhouse/common.py
     cat "$0" "$STUB_SRC" "$PATCHER"
     [ "$DEVICE" = cpu ] && [ -f "$CPU_CONSTRAINTS" ] && cat "$CPU_CONSTRAINTS"
     true

@@ -1,5 +1,6 @@
-"""Code the test modules share: the CLI run in a subprocess or in-process, text flattening, and
-raw tensor reads through the project's own safetensors reader."""
+"""Code the test modules share: the CLI run in a subprocess or in-process, text flattening, raw
+tensor reads through the project's own safetensors reader, a manifest over a test folder, and the
+real-vLLM server setup."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Optional
 
 import pytest
 
@@ -60,6 +62,17 @@ def strip_mtp(folder: Path) -> None:
         (folder / shard).unlink()
     index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not k.startswith("mtp.")}
     (folder / INDEX).write_text(json.dumps(index))
+
+
+def write_test_manifest(folder: Path, recipe: Optional[dict[str, Any]] = None) -> Path:
+    """Hash `folder` into a qwenquant-manifest.json (default recipe: the shipped w4a16-int4head)."""
+    from qwenquant.hashing import sha256_json
+    from qwenquant.manifest import build_manifest, write_manifest
+    from qwenquant.recipe import load_recipe
+
+    recipe = load_recipe("w4a16-int4head").canonical() if recipe is None else recipe
+    return write_manifest(folder, build_manifest(folder, source={}, recipe=recipe, recipe_sha256=sha256_json(recipe),
+                                                 calibration={}, stages={}, quality={}, tool_versions={}))
 
 
 def vllm_env(tmp: Path) -> dict[str, str]:

@@ -22,18 +22,13 @@ from pathlib import Path
 from urllib.parse import unquote
 
 try:
-    from packaging.markers import Marker
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.version import InvalidVersion, Version
 except ImportError:  # pip always vendors it
-    from pip._vendor.packaging.markers import Marker  # type: ignore[no-redef]
     from pip._vendor.packaging.requirements import InvalidRequirement, Requirement  # type: ignore[no-redef]
     from pip._vendor.packaging.version import InvalidVersion, Version  # type: ignore[no-redef]
 
-
-def norm(name: str) -> str:
-    """PEP 503 normalized project name."""
-    return re.sub(r"[-_.]+", "-", name).lower()
+from common import norm
 
 
 def read_host_list(text: str) -> dict[str, str | None]:

@@ -7,11 +7,12 @@ split the large ones into pieces, write wheelhouse.json and SHA256SUMS (scripts/
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 import sys
 from pathlib import Path
+
+from common import sha256_of
 
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 PIECE = ".part-"
@@ -26,14 +27,6 @@ def split_size(text: str) -> int:
     if not m or int(m.group(1)) <= 0:
         raise ValueError(f"bad --split {text!r}")
     return int(m.group(1)) * _UNITS[m.group(2)]
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def split_file(path: Path, size: int) -> list[str]:

@@ -12,7 +12,6 @@ Errors are one line, `error: ...`, exit 1; nothing is written to OUT before ever
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import re
@@ -20,21 +19,11 @@ import shutil
 import sys
 from pathlib import Path
 
+from common import norm, sha256_of
+
 
 class Refused(Exception):
     pass
-
-
-def norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_sums(folder: Path) -> dict[str, str]:

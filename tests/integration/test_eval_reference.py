@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import write_test_manifest
 from qwenquant.tiny import reference_model
 
 pytestmark = pytest.mark.slow
@@ -62,16 +63,11 @@ def test_figure_inside_its_recorded_band(evaluated: dict, figure: str) -> None:
 
 def test_same_model_against_itself_costs_nothing(evaluated: dict, tmp_path: Path) -> None:
     """The source evaluated as its own artifact: every delta 0, KL 0, top-1 100% (the arms are paired)."""
-    import hashlib
     import shutil
-
-    from qwenquant.manifest import build_manifest, canonical_json, write_manifest
 
     copy = tmp_path / "self"
     shutil.copytree(evaluated["source"], copy)
-    recipe = {"name": "none"}
-    write_manifest(copy, build_manifest(copy, recipe=recipe, recipe_sha256=hashlib.sha256(canonical_json(recipe)).hexdigest(),
-                                        source={}, calibration={}, stages={}, quality={}, tool_versions={}))
+    write_test_manifest(copy, {"name": "none"})
     e = qq("eval", str(copy), "--reference", str(evaluated["source"]), "--windows", "4", "--window-len", "64", "--json")
     assert e.returncode == 0, e.stderr[-2000:]
     body = e.stdout and json.loads(e.stdout)["arms"]["w4a16-body"]

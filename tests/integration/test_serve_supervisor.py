@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import flat
+from helpers import flat, write_test_manifest
 
 STANDIN = Path(__file__).with_name("standin_server.py")
 ARCHS = ["Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"]
@@ -40,8 +40,6 @@ def build_standin_artifact(tiny: Path, out: Path) -> Path:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from qwenquant.atomic import canonical_json
-    from qwenquant.manifest import build_manifest, write_manifest
     from qwenquant.recipe import load_recipe
 
     out.mkdir(parents=True)
@@ -72,12 +70,7 @@ def build_standin_artifact(tiny: Path, out: Path) -> Path:
             (out / name).write_bytes((tiny / name).read_bytes())
     recipe = load_recipe("w4a16-int4head").canonical()
     recipe["artifact"]["layout"] = "multimodal"
-    import hashlib
-
-    m = build_manifest(out, source={"repo_id": "tiny"}, recipe=recipe,
-                       recipe_sha256=hashlib.sha256(canonical_json(recipe)).hexdigest(), calibration={},
-                       stages={}, quality={}, tool_versions={})
-    write_manifest(out, m)
+    write_test_manifest(out, recipe)
     return out
 
 

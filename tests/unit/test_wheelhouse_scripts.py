@@ -4,6 +4,7 @@ tests/integration/test_wheelhouse.py)."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "wheelhouse"
 
 
 def load(name: str):
+    if str(SCRIPTS) not in sys.path:  # the scripts import common.py from their own folder, as when run
+        sys.path.insert(0, str(SCRIPTS))
     spec = importlib.util.spec_from_file_location(f"wheelhouse_{name}", SCRIPTS / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from qwenquant.commands._app import app
+from qwenquant.commands._app import Device, app
 
 
 @app.command(context_settings={"allow_interspersed_args": True})
@@ -15,7 +15,7 @@ def bench(
     args: Optional[list[str]] = typer.Argument(None, help="URL of a running server; with --serve: vLLM flags after --.",
                                                show_default=False),
     serve: Optional[Path] = typer.Option(None, "--serve", help="Artifact to serve (through `qwenquant serve`) for the run."),
-    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Serve profile with --serve."),
+    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Serve profile with --serve: single-user (default) or batch."),
     gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", help="With --serve: behave as on a card of this size."),
     compare: Optional[tuple[str, str]] = typer.Option(None, "--compare", help="Two configurations A B, run in rounds."),
     prompts: str = typer.Option("narrative,code,quote", help="Prompts to send (comma-separated)."),
@@ -31,7 +31,7 @@ def bench(
     config: Optional[Path] = typer.Option(None, help="Bench config YAML (default: the shipped one)."),
     out: Optional[Path] = typer.Option(None, "--out", help="JSON file to write (the PNG goes beside it)."),
     vllm: Optional[str] = typer.Option(None, help="vLLM to run with --serve (as for `qwenquant serve`)."),
-    device: Optional[str] = typer.Option(None, help="cuda or cpu, with --serve."),
+    device: Optional[Device] = typer.Option(None, help="cuda or cpu, with --serve (as for `qwenquant serve`)."),
     timeout: float = typer.Option(900.0, help="Seconds a served server may take to become ready."),
 ) -> None:
     """Measure tokens/s, TTFT and MTP acceptance of a server; compare two configurations in rounds.
@@ -59,7 +59,8 @@ def bench(
                    repeats=repeats, rounds=rounds, max_concurrency=max_concurrency, ignore_eos=ignore_eos)
     req = Request(url=url, serve=serve, profile=profile, gpu_mem=gpu_mem, extra=words if serve else [],
                   compare=compare, options=opts, out=out or default_out(), config=config, model=model,
-                  api_key=api_key, vllm=vllm, device=device, timeout=timeout)
+                  api_key=api_key, vllm=vllm, device=device.value if device else None,
+                  timeout=timeout)
     if words and not serve:
         raise UsageError(f"unexpected arguments {words}", hint="vLLM flags after -- go with --serve")
     print_report(run(req, argv_now()))

@@ -1,7 +1,7 @@
 """Configurations under test, and servers for them started through qwenquant's own serve machinery.
 
 A configuration is one string of options, as on the command line:
-  "--profile single-user"                                  serve the artifact with this profile
+  "--profile single-user"                                  serve the artifact with this profile (the default)
   "--profile single-user --gpu-mem 24GiB -- --speculative-config null"   vLLM flags after `--`
   "--url http://host:8000"                                 an already running server
   "--label mtp-off ..."                                    the name the report uses
@@ -12,7 +12,7 @@ is given); all of them stay up for the whole run so rounds can alternate between
 from __future__ import annotations
 
 import contextlib
-import inspect
+import dataclasses
 import json
 import logging
 import shlex
@@ -92,18 +92,13 @@ def template_reads_thinking(artifact: Path) -> Optional[bool]:
 def _prepare(artifact: Path, cfg: ConfigSpec, *, vllm: Optional[str], device: Optional[str],
              api_key: Optional[str]):  # -> Prepared (serve.preflight, imported lazily)
     from qwenquant.serve.command import parse_size
+    from qwenquant.serve.gpumem import refuse_share_conflict
     from qwenquant.serve.preflight import prepare
 
-    if not cfg.profile:
-        raise UsageError(f"the configuration {cfg.text!r} names no --profile", hint="add --profile single-user or batch")
+    refuse_share_conflict(cfg.gpu_mem, cfg.extra)
     port = None if any(a.split("=")[0] == "--port" for a in cfg.extra) else free_port()
-    kwargs = {}
-    if cfg.gpu_mem:
-        if "gpu_mem" not in inspect.signature(prepare).parameters:
-            raise BenchError("this qwenquant's serve has no --gpu-mem", hint="update qwenquant, or leave --gpu-mem out")
-        kwargs["gpu_mem"] = parse_size(cfg.gpu_mem)
     p = prepare(artifact, cfg.profile, vllm=vllm, extra=list(cfg.extra), port=port, api_key=api_key, device=device,
-                **kwargs)
+                gpu_mem=parse_size(cfg.gpu_mem) if cfg.gpu_mem else None)
     for w in p.warnings:
         log.warning("%s: %s", cfg.label, w)
     return p
@@ -115,6 +110,7 @@ def serve_targets(artifact: Path, configs: Sequence[ConfigSpec], *, vllm: Option
     """Start one server per configuration (one after another), yield their Targets, stop them all."""
     from qwenquant.manifest import load_manifest
     from qwenquant.serve.argv import format_command
+    from qwenquant.serve.preflight import DEFAULT_PROFILE
     from qwenquant.serve.run import server_spec
     from qwenquant.serve.supervisor import running
 
@@ -124,6 +120,7 @@ def serve_targets(artifact: Path, configs: Sequence[ConfigSpec], *, vllm: Option
     with contextlib.ExitStack() as stack:
         targets = []
         for cfg in configs:
+            cfg = dataclasses.replace(cfg, profile=cfg.profile or DEFAULT_PROFILE)  # as `qwenquant serve`
             p = _prepare(artifact, cfg, vllm=vllm, device=device, api_key=api_key)
             log_file = log_dir / f"server-{cfg.label}.log" if log_dir else None
             spec = server_spec(p, api_key=api_key, log_file=log_file, timeout=timeout)

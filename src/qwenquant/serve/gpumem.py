@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 from qwenquant.errors import ServeError, UsageError
 from qwenquant.recipe import ResolvedProfile
@@ -51,6 +51,14 @@ def emulate_card(gpu_mem: int, gpu_total: int, utilization: float) -> CardEmulat
         f"= --gpu-memory-utilization {share:g} of this GPU's {_gib(gpu_total)}"))
 
 
+def refuse_share_conflict(gpu_mem: Union[int, str, None], extra: Sequence[str]) -> None:
+    """--gpu-mem beside an explicit --gpu-memory-utilization is a usage error (both set the share);
+    serve and bench call this before the preflight, whose dry run would record it as a failed check."""
+    if gpu_mem and any(a.split("=", 1)[0] == "--gpu-memory-utilization" for a in extra):
+        raise UsageError("--gpu-mem and --gpu-memory-utilization both set vLLM's memory share",
+                         hint="pass one of them")
+
+
 def apply_gpu_mem(profile: ResolvedProfile, gpu_mem: Optional[int], device: str, extra: Sequence[str],
                   read_total: Callable[[], int], notes: list[str], *, dry_run: bool = False) -> ResolvedProfile:
     """The profile with the share that emulates a `gpu_mem` card; `read_total` reads this GPU's bytes.
@@ -64,9 +72,7 @@ def apply_gpu_mem(profile: ResolvedProfile, gpu_mem: Optional[int], device: str,
         raise ServeError("--gpu-mem applies to CUDA GPUs only: vLLM's CPU build sizes its KV cache from "
                          "VLLM_CPU_KVCACHE_SPACE, and weights and activations live in host memory",
                          hint="drop --gpu-mem; set VLLM_CPU_KVCACHE_SPACE=N (GiB of KV cache) to size the CPU cache")
-    if any(a.split("=", 1)[0] == "--gpu-memory-utilization" for a in extra):
-        raise UsageError("--gpu-mem and --gpu-memory-utilization both set vLLM's memory share",
-                         hint="pass one of them")
+    refuse_share_conflict(gpu_mem, extra)
     try:
         total = read_total()
     except ServeError as e:

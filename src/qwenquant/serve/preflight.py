@@ -28,6 +28,7 @@ from qwenquant.serve.ports import port_problem
 from qwenquant.serve.weights import model_shape, weights_from_tensors, artifact_tensor_bytes
 
 log = logging.getLogger(__name__)
+DEFAULT_PROFILE = "single-user"  # serve and bench --serve without --profile
 
 
 @dataclass

@@ -10,7 +10,8 @@ from typing import Optional
 
 from qwenquant.errors import QwenquantError, UsageError
 from qwenquant.serve.argv import format_command
-from qwenquant.serve.preflight import Prepared, default_log_path, prepare
+from qwenquant.serve.gpumem import refuse_share_conflict
+from qwenquant.serve.preflight import DEFAULT_PROFILE, Prepared, default_log_path, prepare
 from qwenquant.serve.supervisor import ServerSpec, serve_forever
 
 log = logging.getLogger(__name__)
@@ -29,14 +30,13 @@ def run_serve(artifact: Path, profiles: list[str], extra: list[str], *, port: Op
               api_key: Optional[str], served_model_name: Optional[str], vllm: Optional[str], dry_run: bool,
               timeout: float, device: Optional[str], log_file: Optional[Path], gpu_mem: Optional[str] = None) -> int:
     """Serve until stopped; return the exit code (errors raise UsageError, ServeError, VerificationError)."""
-    profiles = profiles or ["single-user"]
+    profiles = profiles or [DEFAULT_PROFILE]
     if len(profiles) != 1:
         raise UsageError(f"choose one --profile (got {', '.join(profiles)}: single-user and batch are mutually exclusive)",
                          hint="e.g. --profile single-user, or --profile batch")
     if device not in (None, "cuda", "cpu"):
         raise UsageError(f"unknown --device {device!r}", hint="use cuda or cpu")
-    if gpu_mem and any(a.split("=", 1)[0] == "--gpu-memory-utilization" for a in extra):
-        raise UsageError("--gpu-mem and --gpu-memory-utilization both set vLLM's memory share", hint="pass one of them")
+    refuse_share_conflict(gpu_mem, extra)
     from qwenquant.serve.command import parse_size
 
     p = prepare(artifact, profiles[0], vllm=vllm, extra=extra, host=host, port=port,
