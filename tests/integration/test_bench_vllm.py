@@ -10,24 +10,20 @@ backend, docs/known-issues.md#cpu-spec-sampling).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import LAUNCHER, quantize_tiny_artifact, vllm_env
+from helpers import LAUNCHER, quantize_tiny_artifact, require_vllm, vllm_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 FIGURES = ("wall_tok_s", "decode_tok_s", "ttft_s", "prefill_tok_s")
 
 
 def test_bench_compare_mtp_on_off(tmp_path: Path) -> None:
-    if not LAUNCHER.exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail("no .venv-vllm under CI=true: scripts/install-vllm.sh did not install vLLM")
-        pytest.skip("no .venv-vllm (run scripts/install-vllm.sh)")
+    require_vllm(LAUNCHER, ".venv-vllm")
     artifact = quantize_tiny_artifact(tmp_path, "constant", "text-only")
     out = tmp_path / "bench.json"
     on = "--label mtp-on --profile single-user -- --max-model-len 2048"

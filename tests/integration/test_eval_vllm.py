@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers import LAUNCHER, require_vllm
+
 from qwenquant.tiny import reference_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
-LAUNCHER = REPO / ".venv-vllm" / "qwenquant-vllm.json"
 
 
 def _env(tmp: Path) -> dict[str, str]:
@@ -36,10 +37,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory):
-    if not LAUNCHER.exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail("no .venv-vllm under CI=true: scripts/install-vllm.sh did not install vLLM")
-        pytest.skip("no .venv-vllm (run scripts/install-vllm.sh)")
+    require_vllm(LAUNCHER, ".venv-vllm")
     tmp = tmp_path_factory.mktemp("evalvllm")
     src = reference_model.build_reference_checkpoint(tmp / "source")
     art = tmp / "artifact"

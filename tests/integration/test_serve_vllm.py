@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import LAUNCHER, flat, quantize_tiny_artifact, vllm_env
+from helpers import LAUNCHER, flat, quantize_tiny_artifact, require_vllm, vllm_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -73,10 +73,7 @@ def _serve_cmd(artifact: Path, port: int, log: Path, profile: str = "single-user
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory: pytest.TempPathFactory):
     """layout -> quantized artifact, built on first use."""
-    if not LAUNCHER.exists():
-        if os.environ.get("CI") == "true":  # CI must serve for real: a missing vLLM env is a failure there
-            pytest.fail("no .venv-vllm under CI=true: scripts/install-vllm.sh did not install vLLM")
-        pytest.skip("no .venv-vllm (run scripts/install-vllm.sh)")
+    require_vllm(LAUNCHER, ".venv-vllm")
     built: dict[str, Path] = {}
 
     def get(layout: str) -> Path:
