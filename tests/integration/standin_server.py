@@ -11,6 +11,10 @@ and behaves as `--standin-mode` says:
 starts its engine process) so tests can check the whole process group is gone.
 `--standin-stubborn-helper`: the helper ignores SIGTERM and the server leaves it behind when it
 exits (an engine core that is busy or wedged): only a SIGKILL of the group removes it.
+`--standin-answers F`: completions answer from the JSON prompt -> text table in F (else " world").
+/metrics: vLLM's speculative-decoding counters, starting at METRICS_START and growing by
+METRICS_STEP per completion after the first (the readiness probe's), so acceptance figures
+computed from their deltas are known exactly.
 """
 
 from __future__ import annotations
@@ -26,6 +30,22 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
+# drafts, draft tokens, accepted tokens, accepted per position 0/1/2
+METRICS_START = (100.0, 300.0, 50.0, (30.0, 15.0, 5.0))
+METRICS_STEP = (4.0, 12.0, 6.0, (3.0, 2.0, 1.0))
+
+
+def metrics_text(completions: int) -> str:
+    """A Prometheus page with the spec-decode counters after `completions` counted completions."""
+    v = [METRICS_START[i] + completions * METRICS_STEP[i] for i in range(3)]
+    lab = 'engine="0",model_name="m"'
+    lines = [f"vllm:spec_decode_num_drafts_total{{{lab}}} {v[0]}", f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {v[1]}",
+             f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} {v[2]}"]
+    lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{p}"}} '
+              f"{METRICS_START[3][p] + completions * METRICS_STEP[3][p]}" for p in range(3)]
+    return "\n".join(lines) + "\n"
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
@@ -36,6 +56,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--standin-mode", default="good")
     p.add_argument("--standin-pidfile", default=None)
     p.add_argument("--standin-stubborn-helper", action="store_true")
+    p.add_argument("--standin-answers", default=None)
     args, _unknown = p.parse_known_args(argv)
     return args
 
@@ -68,6 +89,8 @@ def main(argv: list[str]) -> int:
         while True:
             time.sleep(1)
     root = "/somewhere/else" if mode == "wrong-root" else a.model
+    answers = json.loads(open(a.standin_answers).read()) if a.standin_answers else {}
+    completions = [0]
 
     class H(BaseHTTPRequestHandler):
         def log_message(self, fmt: str, *args: object) -> None:
@@ -90,6 +113,13 @@ def main(argv: list[str]) -> int:
         def do_GET(self) -> None:
             if self.path == "/health":
                 self._send(503 if mode == "health503" else 200, {})
+            elif self.path == "/metrics":
+                body = metrics_text(max(0, completions[0] - 1)).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
             elif self.path == "/v1/models":
                 if self._authorized():
                     self._send(200, {"object": "list", "data": [
@@ -104,8 +134,10 @@ def main(argv: list[str]) -> int:
                 if req.get("model") != name:
                     self._send(404, {"error": f"model {req.get('model')} not found"})
                     return
+                completions[0] += 1
+                text = answers.get(req.get("prompt"), " world")
                 self._send(200, {"id": "cmpl-standin", "object": "text_completion", "model": name,
-                                 "choices": [{"index": 0, "text": " world", "finish_reason": "length"}]})
+                                 "choices": [{"index": 0, "text": text, "finish_reason": "length"}]})
                 if mode == "die-after-ready":
                     threading.Timer(1.0, lambda: (print("standin: dying", flush=True), helper.kill(),
                                                   os._exit(3))).start()

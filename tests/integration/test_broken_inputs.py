@@ -108,6 +108,9 @@ def cases(b: dict[str, Path], repo_id: str) -> list[tuple[list[str], int]]:
         (["bench", "--serve", s["manifested"], "--gpu-mem", "24GiB", "--", "--gpu-memory-utilization", "0.5"], 2),
         (["serve", s["truncated"], "--dry-run", "--gpu-mem", "24GiB", "--", "--gpu-memory-utilization", "0.5"], 2),
         (["eval"], 2),
+        (["eval", "--serve", s["manifested"], "--gpu-mem", "lots"], 7),     # serve's own --gpu-mem check
+        (["eval", "--serve", s["manifested"], "--served", "http://127.0.0.1:9"], 2),
+        (["eval", "--serve", s["manifested"], "--device", "tpu"], 2),
         (["recipe", "validate", s["missing"]], 2),
         (["recipe", "validate", s["bad-yaml"]], 2),
         (["recipe", "validate", s["wrong-recipe"]], 2),

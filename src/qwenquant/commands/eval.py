@@ -8,45 +8,65 @@ from typing import Any, Optional
 
 import typer
 
-from qwenquant.commands._app import app
+from qwenquant.commands._app import Device, app
 
 
-@app.command("eval")
+@app.command("eval", context_settings={"allow_interspersed_args": True})
 def eval_cmd(
-    artifact: Optional[Path] = typer.Argument(None, help="Artifact folder (with qwenquant-manifest.json)."),
+    args: Optional[list[str]] = typer.Argument(None, help="ARTIFACT folder (with qwenquant-manifest.json); with --serve: vLLM flags after --.",
+                                               show_default=False),
     reference: Optional[Path] = typer.Option(None, "--reference", help="The bf16 source checkpoint folder."),
     windows: int = typer.Option(32, "--windows", help="Held-out windows to evaluate on."),
     window_len: int = typer.Option(256, "--window-len", help="Tokens per window."),
     text: Optional[Path] = typer.Option(None, "--text", help="Local text file to cut windows from (default: the tiny reference's held-out text)."),
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    device: Optional[Device] = typer.Option(None, "--device", help="cpu or cuda (offline default: cpu; with --serve: as for `qwenquant serve`)."),
     report: Optional[Path] = typer.Option(None, "--report", help="Where the JSON report goes (default: beside the artifact)."),
     served: Optional[str] = typer.Option(None, "--served", help="Base URL of a running server: run the exact-match gate through it."),
-    gate: str = typer.Option("tiny-reference", "--gate", help="Gate name (shipped) or JSON file, with --served."),
+    serve: Optional[Path] = typer.Option(None, "--serve", help="Artifact to serve (through `qwenquant serve`) for the gate, stopped after it."),
+    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Serve profile with --serve (default single-user: MTP on)."),
+    gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", help="With --serve: behave as on a card of this size."),
+    vllm: Optional[str] = typer.Option(None, "--vllm", help="vLLM to run with --serve (as for `qwenquant serve`)."),
+    timeout: float = typer.Option(900.0, "--timeout", help="Seconds a --serve server may take to become ready."),
+    gate: str = typer.Option("tiny-reference", "--gate", help="Gate name (shipped) or JSON file, with --served/--serve."),
     model: Optional[str] = typer.Option(None, "--model", help="Served model name (default: the server's first)."),
-    min_acceptance: Optional[float] = typer.Option(None, "--min-acceptance-length", help="Fail when MTP mean acceptance length is below this (with --served)."),
+    min_acceptance: Optional[float] = typer.Option(None, "--min-acceptance-length", help="Fail when MTP mean acceptance length is below this (with --served/--serve)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ) -> None:
     """Measure an artifact against its source: paired perplexity, KL, top-1, lm_head and MTP figures.
 
     Offline, both models run one torch forward over dequantized weights on the same held-out windows.
 
-    With --served, run a gate of exact-match tasks through a server's OpenAI API and read MTP acceptance from its /metrics counters; a failed task or a low acceptance exits non-zero.
+    With --served URL (a running server) or --serve ARTIFACT (started through `qwenquant serve`'s own preflight and supervisor, stopped afterwards), run a gate of exact-match tasks through the OpenAI API and read MTP acceptance from the server's /metrics counters; a failed task or a low acceptance exits 8.
 
     Examples:
 
       qwenquant eval artifacts/tiny --reference models/tiny-reference
 
       qwenquant eval --served http://127.0.0.1:8000 --min-acceptance-length 1.2 --json
+
+      qwenquant eval --serve artifacts/q27b --profile single-user --gpu-mem 24GiB --min-acceptance-length 1.5
     """
     from qwenquant.errors import UsageError
 
-    if served is not None:
-        _served(served, gate, model, min_acceptance, report, as_json)
+    words = list(args or [])
+    dev = device.value if device else None
+    if served is not None and serve is not None:
+        raise UsageError("give --served URL or --serve ARTIFACT, not both", hint="--served for a running server")
+    gate_opts = (gate, model, min_acceptance, report, as_json)
+    if serve is not None:
+        if words and not words[0].startswith("-"):
+            raise UsageError(f"give an ARTIFACT ({words[0]}) or --serve ARTIFACT, not both", hint="vLLM flags go after --")
+        _serve_and_gate(serve, profile, gpu_mem, words, vllm, dev, timeout, gate_opts)
         return
-    if artifact is None or reference is None:
-        raise UsageError("eval needs ARTIFACT and --reference SOURCE (or --served URL)",
+    if served is not None:
+        if words:
+            raise UsageError(f"unexpected arguments {words} with --served", hint="vLLM flags after -- go with --serve")
+        _served(served, *gate_opts)
+        return
+    if len(words) != 1 or reference is None:
+        raise UsageError("eval needs ARTIFACT and --reference SOURCE (or --served URL, or --serve ARTIFACT)",
                          hint="qwenquant eval artifacts/q --reference models/source")
-    _offline(artifact, reference, windows, window_len, text, device, report, as_json)
+    _offline(Path(words[0]), reference, windows, window_len, text, dev or "cpu", report, as_json)
 
 
 def _emit(result: dict[str, Any], path: Optional[Path], as_json: bool) -> None:
@@ -80,10 +100,9 @@ def _offline(artifact: Path, reference: Path, windows: int, window_len: int, tex
     _emit(result, report or rep.report_path(artifact, root), as_json)
 
 
-def _served(url: str, gate: str, model: Optional[str], min_acceptance: Optional[float],
-            report: Optional[Path], as_json: bool) -> None:
+def _gate(url: str, gate: str, model: Optional[str], min_acceptance: Optional[float]) -> dict[str, Any]:
+    """Run the gate against `url`, print what a user reads, return the result (failures listed)."""
     from qwenquant.console import console
-    from qwenquant.errors import BenchError
     from qwenquant.evaluate.served import gate_failures, load_gate, run_gate
 
     result = run_gate(url, load_gate(gate), model)
@@ -97,7 +116,36 @@ def _served(url: str, gate: str, model: Optional[str], min_acceptance: Optional[
                   f"mean acceptance length {'n/a' if mal is None else f'{mal:.3f}'}, per position "
                   + ", ".join(f"{p}: {'n/a' if v is None else f'{100 * v:.1f}%'}" for p, v in m["per_position"].items()),
                   markup=False)
+    return result
+
+
+def _fail_gate(result: dict[str, Any]) -> None:
+    from qwenquant.errors import BenchError
+
+    if result["failures"]:
+        raise BenchError("served gate failed: " + "; ".join(result["failures"]),
+                         hint="compare with the bf16 source served the same way; see `qwenquant eval ARTIFACT --reference`")
+
+
+def _served(url: str, gate: str, model: Optional[str], min_acceptance: Optional[float],
+            report: Optional[Path], as_json: bool) -> None:
+    result = _gate(url, gate, model, min_acceptance)
     _emit(result, report, as_json)
-    if failures:
-        raise BenchError("served gate failed: " + "; ".join(failures),
-                             hint="compare with the bf16 source served the same way; see `qwenquant eval ARTIFACT --reference`")
+    _fail_gate(result)
+
+
+def _serve_and_gate(artifact: Path, profile: Optional[str], gpu_mem: Optional[str], extra: list[str],
+                    vllm: Optional[str], device: Optional[str], timeout: float, gate_opts: tuple) -> None:
+    """Start `artifact` as `qwenquant serve` would, run the gate, stop the server; report keyed to its root digest."""
+    from qwenquant.console import console
+    from qwenquant.evaluate.report import report_path
+    from qwenquant.serve.launched import launched
+
+    gate, model, min_acceptance, report, as_json = gate_opts
+    with launched(artifact, profile, gpu_mem=gpu_mem, extra=extra, vllm=vllm, device=device, timeout=timeout) as s:
+        console.print(f"serving {artifact} at {s.url} (profile {s.info['profile']}, log {s.spec.log_path})", markup=False)
+        result = _gate(s.url, gate, model or s.model, min_acceptance)
+        console.print("stopping the server", markup=False)
+    result.update(served=s.info, root_digest=s.info["artifact_root_digest"])
+    _emit(result, report or report_path(artifact, result["root_digest"], kind="eval-served"), as_json)
+    _fail_gate(result)

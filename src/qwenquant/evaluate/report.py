@@ -25,10 +25,10 @@ def goals(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def report_path(artifact: Path, root_digest: str) -> Path:
-    """`<artifact>.eval-<digest16>.json` beside the artifact folder (never inside: `verify` stays clean)."""
+def report_path(artifact: Path, root_digest: str, kind: str = "eval") -> Path:
+    """`<artifact>.<kind>-<digest16>.json` beside the artifact folder (never inside: `verify` stays clean)."""
     artifact = Path(artifact).resolve()
-    return artifact.parent / f"{artifact.name}.eval-{root_digest[:16]}.json"
+    return artifact.parent / f"{artifact.name}.{kind}-{root_digest[:16]}.json"
 
 
 def _pct(x: float) -> str:

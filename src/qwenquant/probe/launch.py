@@ -12,11 +12,9 @@ is given); all of them stay up for the whole run so rounds can alternate between
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import shlex
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
@@ -69,12 +67,6 @@ def parse_config(text: str, default_label: str) -> ConfigSpec:
                       tuple(extra))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def template_reads_thinking(artifact: Path) -> Optional[bool]:
     """Does the artifact's chat template read `enable_thinking`? None when it has no readable template."""
     jinja = artifact / "chat_template.jinja"
@@ -89,49 +81,25 @@ def template_reads_thinking(artifact: Path) -> Optional[bool]:
     return "enable_thinking" in tmpl if isinstance(tmpl, str) else None
 
 
-def _prepare(artifact: Path, cfg: ConfigSpec, *, vllm: Optional[str], device: Optional[str],
-             api_key: Optional[str]):  # -> Prepared (serve.preflight, imported lazily)
-    from qwenquant.serve.command import parse_size
-    from qwenquant.serve.gpumem import refuse_share_conflict
-    from qwenquant.serve.preflight import prepare
-
-    refuse_share_conflict(cfg.gpu_mem, cfg.extra)
-    port = None if any(a.split("=")[0] == "--port" for a in cfg.extra) else free_port()
-    p = prepare(artifact, cfg.profile, vllm=vllm, extra=list(cfg.extra), port=port, api_key=api_key, device=device,
-                gpu_mem=parse_size(cfg.gpu_mem) if cfg.gpu_mem else None)
-    for w in p.warnings:
-        log.warning("%s: %s", cfg.label, w)
-    return p
-
-
 @contextlib.contextmanager
 def serve_targets(artifact: Path, configs: Sequence[ConfigSpec], *, vllm: Optional[str], device: Optional[str],
                   api_key: Optional[str], timeout: float, log_dir: Optional[Path]) -> Iterator[list[Target]]:
-    """Start one server per configuration (one after another), yield their Targets, stop them all."""
-    from qwenquant.manifest import load_manifest
-    from qwenquant.serve.argv import format_command
-    from qwenquant.serve.preflight import DEFAULT_PROFILE
-    from qwenquant.serve.run import server_spec
-    from qwenquant.serve.supervisor import running
+    """Start one server per configuration (one after another, through serve's own machinery:
+    serve/launched.py), yield their Targets, stop them all."""
+    from qwenquant.serve.launched import launched
 
     artifact = Path(artifact).resolve()
-    digest = load_manifest(artifact).root_digest
     thinking = template_reads_thinking(artifact)
     with contextlib.ExitStack() as stack:
         targets = []
         for cfg in configs:
-            cfg = dataclasses.replace(cfg, profile=cfg.profile or DEFAULT_PROFILE)  # as `qwenquant serve`
-            p = _prepare(artifact, cfg, vllm=vllm, device=device, api_key=api_key)
             log_file = log_dir / f"server-{cfg.label}.log" if log_dir else None
-            spec = server_spec(p, api_key=api_key, log_file=log_file, timeout=timeout)
-            log.info("%s: starting %s", cfg.label, format_command(p.command, p.env_add))
-            stack.enter_context(running(spec))
-            info = {"config": cfg.text, "artifact": str(artifact), "artifact_root_digest": digest,
-                    "profile": cfg.profile, "gpu_mem": cfg.gpu_mem, "extra_vllm_flags": list(cfg.extra),
-                    "device": p.device, "vllm_version_installed": p.install.version if p.install else None,
-                    "command": format_command(p.command, p.env_add), "server_log": str(spec.log_path)}
-            targets.append(Target(cfg.label, spec.url, model=p.profile.served_model_name, api_key=api_key,
-                                  max_num_seqs=p.profile.max_num_seqs, template_thinking=thinking, info=info))
+            s = stack.enter_context(launched(artifact, cfg.profile, gpu_mem=cfg.gpu_mem, extra=cfg.extra, vllm=vllm,
+                                             device=device, api_key=api_key, timeout=timeout, log_file=log_file,
+                                             label=cfg.label))
+            targets.append(Target(cfg.label, s.url, model=s.model, api_key=api_key,
+                                  max_num_seqs=s.prepared.profile.max_num_seqs, template_thinking=thinking,
+                                  info={"config": cfg.text, **s.info}))
         yield targets
 
 
