@@ -141,9 +141,19 @@ def manifest_fields(runner: StageRunner, recipe: Recipe) -> dict[str, Any]:
         "recipe_sha256": recipe.sha256(),
         "calibration": dict(outcomes["calibration"].result),
         "stages": {name: manifest_stage(o.record) for name, o in outcomes.items()},
-        "quality": outcomes["lm_head"].result,
+        "quality": quality_of(outcomes),
         "tool_versions": runner.versions,
     }
+
+
+def quality_of(outcomes: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's quality section: the lm_head stage's report, plus the quick eval's figures
+    when the recipe asked for one (absent otherwise, so such artifacts keep their digests)."""
+    quality = dict(outcomes["lm_head"].result)
+    quick = outcomes["eval"].result.get("eval") if "eval" in outcomes else None
+    if quick is not None:
+        quality["eval"] = quick
+    return quality
 
 
 def _finish(runner: StageRunner, out: Path, built: Path, recipe: Recipe) -> QuantizeResult:

@@ -34,8 +34,9 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("evalref")
     source = reference_model.build_reference_checkpoint(root / "source")
     art = root / "artifact"
-    q = qq("quantize", str(source), "--recipe", "w4a16-int4head", "--calibration", "tiny-reference",
-           "--source-unverified", "--out", str(art), "--json")
+    # the tiny-reference recipe: w4a16-int4head with the tiny-reference calibration set and a quick
+    # eval of the same 32 windows at the end of quantize
+    q = qq("quantize", str(source), "--recipe", "tiny-reference", "--source-unverified", "--out", str(art), "--json")
     assert q.returncode == 0, q.stderr[-3000:]
     e = qq("eval", str(art), "--reference", str(source), "--windows", str(BANDS["windows"]), "--json")
     assert e.returncode == 0, e.stderr[-3000:]
@@ -59,6 +60,22 @@ def test_figure_inside_its_recorded_band(evaluated: dict, figure: str) -> None:
         value = value[key]
     lo, hi = BANDS["figures"][figure]
     assert lo <= value <= hi, f"{figure} = {value}, band [{lo}, {hi}]"
+
+
+@pytest.mark.parametrize("figure", sorted(BANDS["figures"]))
+def test_quantize_time_figure_in_the_manifest_inside_its_band(evaluated: dict, figure: str) -> None:
+    """The recipe's quick eval put the same figures into the manifest's quality section (and into
+    qwenquant-quality.json, one of the hashed files) as `qwenquant eval` prints for the same windows."""
+    manifest = json.loads((evaluated["artifact"] / "qwenquant-manifest.json").read_text())
+    quick = manifest["quality"]["eval"]
+    assert json.loads((evaluated["artifact"] / "qwenquant-quality.json").read_text())["eval"] == quick
+    assert (quick["windows"], quick["window_len"], quick["text"]) == (BANDS["windows"], 256, "tiny-reference held-out")
+    value, printed = quick, evaluated["report"]
+    for key in figure.split("."):
+        value, printed = value[key], printed[key]
+    lo, hi = BANDS["figures"][figure]
+    assert lo <= value <= hi, f"{figure} = {value}, band [{lo}, {hi}]"
+    assert value == pytest.approx(printed, rel=1e-9, abs=1e-12)
 
 
 def test_same_model_against_itself_costs_nothing(evaluated: dict, tmp_path: Path) -> None:

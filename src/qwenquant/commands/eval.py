@@ -18,7 +18,9 @@ def eval_cmd(
     reference: Optional[Path] = typer.Option(None, "--reference", help="The bf16 source checkpoint folder."),
     windows: int = typer.Option(32, "--windows", help="Held-out windows to evaluate on."),
     window_len: int = typer.Option(256, "--window-len", help="Tokens per window."),
-    text: Optional[Path] = typer.Option(None, "--text", help="Local text file to cut windows from (default: the tiny reference's held-out text)."),
+    text: Optional[Path] = typer.Option(None, "--text", help="Local text file to cut windows from."),
+    text_set: Optional[str] = typer.Option(None, "--text-set", help="Pinned Hub text set (evaltext/NAME.yaml or a YAML path), fetched verified and cached. Default: the tiny reference's held-out text for it, wikitext-2-test for other models."),
+    streamed: Optional[bool] = typer.Option(None, "--streamed/--dense", help="Run both arms one decoder layer at a time from the shards (default: streamed above 2 GB of weights)."),
     device: Optional[Device] = typer.Option(None, "--device", help="cpu or cuda (offline default: cpu; with --serve: as for `qwenquant serve`)."),
     report: Optional[Path] = typer.Option(None, "--report", help="Where the JSON report goes (default: beside the artifact)."),
     served: Optional[str] = typer.Option(None, "--served", help="Base URL of a running server: run the exact-match gate through it."),
@@ -66,7 +68,7 @@ def eval_cmd(
     if len(words) != 1 or reference is None:
         raise UsageError("eval needs ARTIFACT and --reference SOURCE (or --served URL, or --serve ARTIFACT)",
                          hint="qwenquant eval artifacts/q --reference models/source")
-    _offline(Path(words[0]), reference, windows, window_len, text, dev or "cpu", report, as_json)
+    _offline(Path(words[0]), reference, windows, window_len, (text, text_set), dev or "cpu", streamed, report, as_json)
 
 
 def _emit(result: dict[str, Any], path: Optional[Path], as_json: bool) -> None:
@@ -80,19 +82,18 @@ def _emit(result: dict[str, Any], path: Optional[Path], as_json: bool) -> None:
         print(json.dumps(result, indent=2, sort_keys=True))
 
 
-def _offline(artifact: Path, reference: Path, windows: int, window_len: int, text: Optional[Path],
-             device: str, report: Optional[Path], as_json: bool) -> None:
+def _offline(artifact: Path, reference: Path, windows: int, window_len: int, texts: tuple, device: str,
+             streamed: Optional[bool], report: Optional[Path], as_json: bool) -> None:
     from qwenquant.console import console
     from qwenquant.evaluate import report as rep
     from qwenquant.evaluate.offline import run_offline
-    from qwenquant.evaluate.texts import eval_windows
+    from qwenquant.evaluate.texts import resolve_windows
     from qwenquant.manifest import load_manifest
 
     root = load_manifest(artifact).root_digest
-    ids = eval_windows(reference, windows, window_len, text)
-    result = run_offline(reference, artifact, ids, device=device)
-    result.update(artifact=str(artifact), reference=str(reference), root_digest=root,
-                  text=str(text) if text else "tiny-reference held-out")
+    ids, source = resolve_windows(reference, windows, window_len, text=texts[0], text_set=texts[1])
+    result = run_offline(reference, artifact, ids, device=device, streamed=streamed)
+    result.update(artifact=str(artifact), reference=str(reference), root_digest=root, **source)
     result["goals"] = rep.goals(result)
     console.print(rep.offline_table(result))
     for line in rep.summary_lines(result):

@@ -27,7 +27,7 @@ def quantize_cmd(
 ) -> None:
     """Quantize a Qwen3.5-architecture checkpoint into a verified W4A16 artifact (resumable).
 
-    Stages: source, calibration, gptq, lm_head, mtp, textonly, check, manifest. A re-run (after a
+    Stages: source, calibration, gptq, lm_head, mtp, textonly, check, eval (when the recipe has an `eval:` key), manifest. A re-run (after a
     crash or Ctrl-C) reuses every stage whose completion record still proves it complete.
 
     Examples:

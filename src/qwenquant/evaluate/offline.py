@@ -90,17 +90,36 @@ def evaluate_forwards(ref: TextForward, art: TextForward, heads: dict[str, torch
     return {"arms": arms, "lm_head": head, "mtp": mtp}
 
 
+# Above this many bytes of source weights eval streams one decoder layer at a time (evaluate/streamed.py):
+# the dense path holds both arms whole, in float32 (4x the bf16 bytes, twice).
+STREAM_ABOVE_BYTES = 2 * 10**9
+
+
+def weight_bytes(folder: Path) -> int:
+    """Total size of a folder's *.safetensors files."""
+    return sum(p.stat().st_size for p in Path(folder).glob("*.safetensors"))
+
+
 def run_offline(reference: Path, artifact: Path, windows: torch.Tensor, *, device: str = "cpu",
-                batch: int = 8) -> dict[str, Any]:
-    """Load both folders as dense float weights on `device` and evaluate them on `windows` [N, L]."""
+                batch: int = 8, streamed: bool | None = None) -> dict[str, Any]:
+    """Evaluate `artifact` against `reference` on `windows` [N, L]: dense float weights on `device`,
+    or (`streamed`, default above STREAM_ABOVE_BYTES) one decoder layer at a time from the shards."""
     start = time.monotonic()
-    ref_cfg, ref_t = load_dense(reference)
-    art_cfg, art_t = load_dense(artifact)
-    heads = {"reference": ref_t["lm_head.weight"], "rtn": rtn_head(ref_t["lm_head.weight"]),
-             "artifact": art_t["lm_head.weight"]}
-    heads = {k: v.float().to(device) for k, v in heads.items()}
-    ref, art = DenseForward(ref_cfg, ref_t, device), DenseForward(art_cfg, art_t, device)
+    if streamed is None:
+        streamed = weight_bytes(reference) > STREAM_ABOVE_BYTES
+    if streamed:
+        from qwenquant.evaluate.streamed import streamed_forwards
+
+        ref, art, heads = streamed_forwards(reference, artifact, windows, device=device)
+        batch = min(batch, 2)  # logits of a 248k vocabulary: a few GB per window batch
+    else:
+        ref_cfg, ref_t = load_dense(reference)
+        art_cfg, art_t = load_dense(artifact)
+        heads = {"reference": ref_t["lm_head.weight"], "rtn": rtn_head(ref_t["lm_head.weight"]),
+                 "artifact": art_t["lm_head.weight"]}
+        heads = {k: v.float().to(device) for k, v in heads.items()}
+        ref, art = DenseForward(ref_cfg, ref_t, device), DenseForward(art_cfg, art_t, device)
     report = evaluate_forwards(ref, art, heads, windows, batch=batch)
     report.update(windows=int(windows.shape[0]), window_len=int(windows.shape[1]), device=device,
-                  seconds=round(time.monotonic() - start, 1))
+                  forward="streamed" if streamed else "dense", seconds=round(time.monotonic() - start, 1))
     return report

@@ -1,13 +1,12 @@
-"""The evaluation windows: the committed reference's held-out windows, or windows of a local text file.
-
-A pinned Hub text set (fetched and verified like calibration) is the default meant for real
-models; until it is wired, real models take `--text FILE`.
+"""The evaluation windows: the committed reference's held-out windows, windows of a local text
+file, or windows of a pinned Hub text set (evaluate/textset.py; `wikitext-2-test` is the default
+for every model but the committed tiny reference, which keeps its shipped held-out text).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Optional
 
 from qwenquant.errors import UsageError
 
@@ -24,6 +23,42 @@ def _check_size(available: int, windows: int, window_len: int, what: str) -> Non
                              hint=f"pass --windows {available} or less, or a shorter --window-len")
 
 
+def is_tiny_reference(folder: Path) -> bool:
+    """Does `folder` hold the committed tiny reference's tokenizer (so its shipped windows apply)?"""
+    from qwenquant.tiny import reference_model
+
+    tok = Path(folder) / "tokenizer.json"
+    return tok.is_file() and tok.read_bytes() == reference_model.verified_bytes("tokenizer.json")
+
+
+def resolve_windows(reference: Path, windows: int, window_len: int, *, text: Optional[Path] = None,
+                    text_set: Optional[str] = None, cache: Optional[Path] = None) -> tuple[torch.Tensor, dict[str, Any]]:
+    """(windows [N, L], what they were cut from) for `--text FILE`, `--text-set NAME`, or the default:
+    the shipped held-out text for the tiny reference, the pinned Hub text set for any other model."""
+    from qwenquant.evaluate import textset
+
+    if text is not None and text_set is not None:
+        raise UsageError("give --text FILE or --text-set NAME, not both", hint="--text takes a local file")
+    if text is not None:
+        return eval_windows(reference, windows, window_len, text), {"text": str(text)}
+    if text_set in (None, "auto") and is_tiny_reference(reference) or text_set == "tiny-reference":
+        return eval_windows(reference, windows, window_len), {"text": "tiny-reference held-out"}
+    ts = textset.load_text_set(text_set if text_set not in (None, "auto") else textset.DEFAULT_TEXT_SET)
+    body = textset.read_text(textset.fetch_text_set(ts, cache), ts)
+    return _cut(reference, body, windows, window_len, ts.name), {"text": ts.name, **ts.describe()}
+
+
+def _cut(reference: Path, body: str, windows: int, window_len: int, what: str) -> torch.Tensor:
+    """`body` tokenized with the reference's tokenizer, cut into consecutive windows."""
+    import torch
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Path(reference) / "tokenizer.json"))
+    ids = tok.encode(body, add_special_tokens=False).ids
+    _check_size(len(ids) // window_len, windows, window_len, what)
+    return torch.tensor(ids[: windows * window_len], dtype=torch.long).view(windows, window_len)
+
+
 def eval_windows(reference: Path, windows: int, window_len: int, text: Path | None = None) -> torch.Tensor:
     """Token windows [windows, window_len] (int64) to evaluate on.
 
@@ -31,13 +66,10 @@ def eval_windows(reference: Path, windows: int, window_len: int, text: Path | No
     shipped held-out windows are used. With `text`, the file is tokenized with the reference's
     tokenizer and cut into consecutive windows.
     """
-    import torch
-
     from qwenquant.tiny import reference_model
 
     if text is None:
-        tok = Path(reference) / "tokenizer.json"
-        if not tok.is_file() or tok.read_bytes() != reference_model.verified_bytes("tokenizer.json"):
+        if not is_tiny_reference(reference):
             raise UsageError(
                 f"{reference} is not the committed tiny reference, and no --text was given",
                 hint="pass --text FILE (plain text in the model's domain) to evaluate other models")
@@ -47,9 +79,4 @@ def eval_windows(reference: Path, windows: int, window_len: int, text: Path | No
                                  hint=f"use --window-len {held.shape[1]} or less")
         _check_size(held.shape[0], windows, window_len, "the shipped held-out text")
         return held[:windows, :window_len].clone()
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(Path(reference) / "tokenizer.json"))
-    ids = tok.encode(Path(text).read_text(encoding="utf-8"), add_special_tokens=False).ids
-    _check_size(len(ids) // window_len, windows, window_len, str(text))
-    return torch.tensor(ids[: windows * window_len], dtype=torch.long).view(windows, window_len)
+    return _cut(reference, Path(text).read_text(encoding="utf-8"), windows, window_len, str(text))

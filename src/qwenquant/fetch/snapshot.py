@@ -65,8 +65,11 @@ def fetch_snapshot(
     backoff: float | None = None,
     check_model: bool | None = None,
     progress: Progress | None = None,
+    only: tuple[str, ...] = (),
 ) -> FetchResult:
-    """Fetch `repo_id` at one pinned commit into `out_dir`, verifying every file; return the record."""
+    """Fetch `repo_id` at one pinned commit into `out_dir`, verifying every file; return the record.
+
+    `only`: fetch just these paths of the repo (each must exist at the commit)."""
     from huggingface_hub import constants
 
     out_dir = Path(out_dir)
@@ -80,7 +83,7 @@ def fetch_snapshot(
         with _exclusive(staging):
             return _fetch(repo_id, out_dir, staging, revision=revision, repo_type=repo_type, endpoint=endpoint,
                           token=token, re_resolve=re_resolve, workers=workers, attempts=attempts, backoff=backoff,
-                          check_model=check_model, progress=progress)  # fmt: skip
+                          check_model=check_model, progress=progress, only=only)  # fmt: skip
     except OSError as e:  # disk full, permissions, --out is a file: name the path, no traceback
         where = e.filename or out_dir
         raise FetchError(f"{where}: {e.strerror or e}", hint="check --out (free space, permissions)") from e
@@ -95,14 +98,14 @@ def _exclusive(staging: Path) -> contextlib.AbstractContextManager[None]:
 
 def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_type: str, endpoint: str | None,
            token: str | bool | None, re_resolve: bool, workers: int, attempts: int, backoff: float,
-           check_model: bool, progress: Progress) -> FetchResult:  # fmt: skip
+           check_model: bool, progress: Progress, only: tuple[str, ...] = ()) -> FetchResult:  # fmt: skip
     from huggingface_hub import HfApi
     from huggingface_hub.utils import build_hf_headers, get_session
 
     api = _Retrying(HfApi(endpoint=endpoint, token=token), attempts, backoff)
     commit = _pick_commit(api, out_dir, repo_id, repo_type, revision, endpoint, re_resolve)
     log.info("%s %s -> commit %s", repo_id, revision, commit)
-    files = _list(api, repo_id, repo_type, commit, asked_for=revision == commit)
+    files = _select(_list(api, repo_id, repo_type, commit, asked_for=revision == commit), only, repo_id, commit)
     check_listing(files)
     _drop_stale(out_dir, commit, {f.path for f in files})
     # Re-runs after an interruption reuse this commit (unless --re-resolve) and know what it put here.
@@ -244,6 +247,16 @@ def _list(api, repo_id: str, repo_type: str, commit: str, *, asked_for: bool = F
     if not files:
         raise FetchError(f"{repo_id}@{commit} lists no files", hint="check the repo id and revision")
     return files
+
+
+def _select(files: list[RemoteFile], only: tuple[str, ...], repo_id: str, commit: str) -> list[RemoteFile]:
+    """The listed files named in `only` (all of them when it is empty); a missing name is an error."""
+    if not only:
+        return files
+    missing = sorted(set(only) - {f.path for f in files})
+    if missing:
+        raise FetchError(f"{repo_id}@{commit} has no file {missing[0]}", hint="check the file path and the revision")
+    return [f for f in files if f.path in only]
 
 
 def _local_digest(path: Path, f: RemoteFile) -> FileDigest:

@@ -163,6 +163,15 @@ class CalibrationSpec(_Strict):
         return c
 
 
+class EvalSpec(_Strict):
+    """Quick eval at the end of quantize (figures recorded in the manifest's quality section)."""
+
+    windows: int = Field(ge=2)
+    window_len: int = Field(ge=3)
+    text: str = "auto"  # auto | tiny-reference | a shipped eval text name | a YAML path (evaluate/textset.py)
+    batch: int = Field(default=8, gt=0)
+
+
 class ArtifactSpec(_Strict):
     """The written artifact: config layout, dtype of unquantized tensors, shard size."""
 
@@ -295,6 +304,7 @@ class Recipe(_Strict):
     calibration: CalibrationSpec
     artifact: ArtifactSpec
     serve: ServeSpec
+    eval: Optional[EvalSpec] = None
 
     _source_path: Optional[Path] = PrivateAttr(default=None)
 
@@ -310,6 +320,8 @@ class Recipe(_Strict):
         keys it sets, so `Recipe.model_validate(r.canonical())` has the same profiles and digest.
         """
         d = self.model_dump(mode="json")
+        if d.get("eval") is None:  # no quick eval: the canonical form (and digest) of recipes without the key
+            d.pop("eval", None)
         d["serve"]["defaults"] = {k: v for k, v in d["serve"]["defaults"].items()
                                   if k in self.serve.defaults.model_fields_set}
         d["serve"]["profiles"] = {n: self.profile(n).model_dump(mode="json", exclude={"name"})

@@ -10,10 +10,12 @@
     mtp          stages/mtp.py          bf16 MTP head grafted byte-identical (also `qwenquant graft-mtp`)
     textonly     stages/textonly.py     Qwen3_5ForCausalLM layout for vLLM (or keep multimodal)
     check        stages/check.py        vLLM load rules and the byte-identity proofs
+    eval         stages/quickeval.py    the recipe's quick eval (`eval:` key), figures for the manifest
 
 Reading and writing checkpoints lives in qwenquant/checkpoint/, stage records in qwenquant/records.py.
 """
 
-from qwenquant.stages import calibration, check, gptq, lm_head, mtp, source, textonly
+from qwenquant.stages import calibration, check, gptq, lm_head, mtp, quickeval, source, textonly
 
-PIPELINE = (source.STAGE, calibration.STAGE, gptq.STAGE, lm_head.STAGE, mtp.STAGE, textonly.STAGE, check.STAGE)
+PIPELINE = (source.STAGE, calibration.STAGE, gptq.STAGE, lm_head.STAGE, mtp.STAGE, textonly.STAGE, check.STAGE,
+            quickeval.STAGE)
