@@ -77,7 +77,10 @@ def run_demo(work: Path, *, serve: bool | None = None, variant: str = "reference
         build_reference_checkpoint(hub_dir)
     else:
         build_tiny_checkpoint(hub_dir, variant=variant, seed=0)
-    calibration = "tiny-reference" if variant == "reference" else "tiny-demo"
+    # the reference model's own recipe adds the quick eval (figures in the manifest); the untrained
+    # variants have no held-out text, so they keep the 27B recipe with the tiny calibration set
+    recipe_args = ["--recipe", "tiny-reference"] if variant == "reference" else \
+        ["--recipe", "w4a16-int4head", "--calibration", "tiny-demo"]
 
     with HubServer() as hub:
         hub.add_repo(DEMO_REPO, hub_dir)
@@ -85,8 +88,8 @@ def run_demo(work: Path, *, serve: bool | None = None, variant: str = "reference
         env.pop("HF_TOKEN", None)
         fetched = _cli(["fetch", DEMO_REPO, "--revision", "main", "--out", str(model_dir), "--json"], env, capture_json=True)
     commit = fetched["commit"]
-    q = _cli(["quantize", str(model_dir), "--recipe", "w4a16-int4head", "--calibration", calibration,
-              "--out", str(artifact), "--json"], env, capture_json=True)  # fmt: skip
+    q = _cli(["quantize", str(model_dir), *recipe_args, "--out", str(artifact), "--json"], env,
+             capture_json=True)  # fmt: skip
     _cli(["verify", str(artifact)], env)
     result = DemoResult(commit, artifact, q["root_digest"], q.get("quality", {}))
 
@@ -112,7 +115,8 @@ def next_steps(artifact: Path, *, served_name: str, port: int = 8000) -> list[st
     body = json.dumps({"model": served_name, "prompt": PROMPT, "max_tokens": 16, "temperature": 0})
     return [
         "next steps:",
-        f"  the artifact is in {artifact} (`qwenquant verify {shlex.quote(str(artifact))}` re-checks it)",
+        f"  the artifact is in {artifact} (`qwenquant verify {shlex.quote(str(artifact))}` re-checks it;",
+        "  its manifest's quality section holds the quick eval's figures)",
         "  serve it (vLLM installed: scripts/install-vllm.sh):",
         f"    qwenquant serve {shlex.quote(str(artifact))} -- --max-model-len 2048",
         "  ask it from another terminal:",

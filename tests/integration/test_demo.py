@@ -32,11 +32,15 @@ def test_demo_fetches_quantizes_and_verifies(tmp_path: Path) -> None:
     assert manifest["root_digest"] == digest
     assert manifest["source"]["commit"] == commit
     assert "gptq" in out["lm_head KL vs bf16"] and "rtn" in out["lm_head KL vs bf16"]
+    # the reference model's recipe ran the quick eval: its figures are in the manifest and printed
+    quick = manifest["quality"]["eval"]
+    assert manifest["recipe"]["name"] == "tiny-reference" and quick["windows"] == 32
+    assert f"perplexity {quick['arms']['artifact']['delta_pct']:+.2f}%" in out["quick eval"]
     assert out["serve"].strip().startswith("skipped")
     assert out["model"].strip() == "the trained tiny reference (Python stdlib code; expect code-like text)"
     # it ends on what to do next: this artifact served and queried, then the real model
     steps_block = proc.stdout[proc.stdout.index("next steps:"):].splitlines()
-    assert f"  the artifact is in {artifact} (`qwenquant verify {artifact}` re-checks it)" in steps_block
+    assert f"  the artifact is in {artifact} (`qwenquant verify {artifact}` re-checks it;" in steps_block
     assert f"    qwenquant serve {artifact} -- --max-model-len 2048" in steps_block
     assert any(s.startswith("    curl -s http://127.0.0.1:8000/v1/completions ") and '"model": "Qwen3.5-tiny-w4a16"' in s
                for s in steps_block)

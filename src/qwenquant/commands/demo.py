@@ -40,6 +40,12 @@ def demo(
             f"gptq {head['gptq']['top1']:.3f}",
             markup=False,
         )
+    quick = r.quality.get("eval")
+    if quick:
+        a = quick["arms"]["artifact"]
+        stdout.print(f"quick eval:  perplexity {a['delta_pct']:+.2f}% [{a['ci95_pct'][0]:+.2f}, {a['ci95_pct'][1]:+.2f}] "
+                     f"vs bf16, KL {a['kl']:.5f}, top-1 {100 * a['top1']:.1f}% ({quick['windows']} x "
+                     f"{quick['window_len']} held-out tokens)", markup=False)
     if r.served:
         stdout.print(f"completion:  {r.completion!r}", markup=False)
     else:
