@@ -1,0 +1,138 @@
+"""A layer-streamed forward for eval: both arms one decoder layer at a time, read from the shards.
+
+For models whose bf16 weights do not fit the device (the 27B on a 24 GB GPU), eval cannot hold
+either arm whole. This runs the reference and the artifact through the same layer loop the
+streamed GPTQ engine uses (engine/model.py: transformers' own Qwen3_5DecoderLayer built from one
+layer's tensors, the same masks and position embeddings): for layer i, the reference's layer i
+(source bytes, float32) runs every window, then the artifact's layer i (packed Linears
+dequantized by compressed-tensors, evaluate/weights.py), and both are dropped. Only the windows'
+hidden states of both arms stay (N x L x H float32 each), plus the small MTP heads. The result is
+two `TextForward`s (forward.py) over the precomputed final hidden states, so evaluate_forwards
+computes exactly the dense path's figures; the arithmetic is the dense path's (float32, sdpa),
+windows one at a time instead of batched.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class PrecomputedForward:
+    """A `TextForward` over final hidden states computed ahead for a fixed set of windows."""
+
+    def __init__(self, windows: torch.Tensor, hidden: torch.Tensor, embeds: torch.Tensor, mtp: Any) -> None:
+        self._row = {bytes(w.numpy().tobytes()): i for i, w in enumerate(windows)}
+        self.hidden, self.embeds, self.mtp = hidden, embeds, mtp
+
+    def _rows(self, ids: torch.Tensor) -> list[int]:
+        return [self._row[bytes(w.numpy().tobytes())] for w in ids.cpu()]
+
+    def final_hidden(self, ids: torch.Tensor) -> torch.Tensor:
+        """Post-final-norm hidden states [B, L, H] of windows given ahead."""
+        return self.hidden[self._rows(ids)]
+
+    @torch.no_grad()
+    def mtp_hidden(self, ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | None:
+        """MTP output [B, L-1, H] (as DenseForward.mtp_hidden); None without an MTP head."""
+        if self.mtp is None:
+            return None
+        return self.mtp(self.embeds[self._rows(ids)][:, 1:], hidden[:, :-1]).float()
+
+
+class _Arm:
+    """One side of the comparison: its tensors, config, and how its layer tensors become dense."""
+
+    def __init__(self, folder: Path, device: str) -> None:
+        from qwenquant.checkpoint.tensorfile import checkpoint_refs
+        from qwenquant.engine.model import open_source
+        from qwenquant.evaluate.weights import read_config
+
+        self.folder, self.device = Path(folder), device
+        self.config = read_config(folder)
+        self.refs = checkpoint_refs(folder)
+        src = open_source(folder, self.refs)
+        text = copy.deepcopy(src.config)
+        text._attn_implementation = "sdpa"  # what DenseForward runs
+        self.src = dataclasses.replace(src, config=text, dtype=torch.float32)
+
+    def dense(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """float32 tensors of `names` (full names), packed modules dequantized to `<module>.weight`."""
+        from qwenquant.engine.model import ref_tensor
+        from qwenquant.evaluate.weights import dequantize
+
+        raw = {n: ref_tensor(self.refs[n]) for n in names}
+        if not any(n.endswith(".weight_packed") for n in raw):
+            return {n: t.float() for n, t in raw.items()}
+        return dequantize(raw, self.config)
+
+    def layer(self, i: int) -> torch.nn.Module:
+        from qwenquant.engine.model import build_layer
+
+        p = self.src.layer_prefix(i)
+        return build_layer(self.src, i, {n[len(p):]: t for n, t in self.dense(self.src.layer_names(i)).items()},
+                           self.device)
+
+    def head(self) -> torch.Tensor:
+        names = [n for n in self.refs if n.startswith("lm_head.")]
+        return self.dense(names)["lm_head.weight"]
+
+    def mtp(self) -> Any:
+        from qwenquant.tiny.mtp_head import MTPHead
+
+        names = [n for n in self.refs if n.startswith("mtp.")]
+        if not names:
+            return None
+        head = MTPHead(self.src.config).float().eval()
+        head.load_state_dict({n[len("mtp."):]: t for n, t in self.dense(names).items()})
+        return head.to(self.device)
+
+
+def _run_layers(arms: Mapping[str, _Arm], embeds: Mapping[str, list[torch.Tensor]], device: str
+                ) -> dict[str, list[torch.Tensor]]:
+    """Every window through every decoder layer of each arm, one layer of one arm in memory at a time."""
+    from qwenquant.engine.model import LayerInputs, final_norm
+
+    first = next(iter(arms.values()))
+    inputs = LayerInputs(first.src, device)
+    acts = {name: list(embeds[name]) for name in arms}
+    for i in range(first.src.num_layers):
+        start = time.monotonic()
+        layer_type = first.src.config.layer_types[i]
+        for name, arm in arms.items():
+            layer = arm.layer(i)
+            with torch.no_grad():
+                acts[name] = [layer(x, **inputs.kwargs(x, layer_type)) for x in acts[name]]
+            del layer
+        log.info("eval: decoder layer %d/%d, both arms (%.1f s)", i + 1, first.src.num_layers, time.monotonic() - start)
+    for name, arm in arms.items():
+        norm = final_norm(arm.src, device)
+        with torch.no_grad():
+            acts[name] = [norm(x).float() for x in acts[name]]
+    return acts
+
+
+def streamed_forwards(reference: Path, artifact: Path, windows: torch.Tensor, *, device: str = "cpu"
+                      ) -> tuple[PrecomputedForward, PrecomputedForward, dict[str, torch.Tensor]]:
+    """(reference forward, artifact forward, heads) for `windows` [N, L], as run_offline's dense path gives."""
+    from qwenquant.engine.model import embed_samples
+    from qwenquant.evaluate.offline import rtn_head
+
+    arms = {"reference": _Arm(reference, device), "artifact": _Arm(artifact, device)}
+    samples = windows.tolist()
+    embeds = {name: embed_samples(arm.src, samples, device) for name, arm in arms.items()}
+    acts = _run_layers(arms, embeds, device)
+    out = {}
+    for name, arm in arms.items():
+        out[name] = PrecomputedForward(windows, torch.cat(acts[name]), torch.cat(embeds[name]), arm.mtp())
+    ref_head = arms["reference"].head()
+    heads = {"reference": ref_head, "rtn": rtn_head(ref_head), "artifact": arms["artifact"].head()}
+    return out["reference"], out["artifact"], {k: v.float().to(device) for k, v in heads.items()}
