@@ -90,3 +90,19 @@ def test_same_model_against_itself_costs_nothing(evaluated: dict, tmp_path: Path
     body = e.stdout and json.loads(e.stdout)["arms"]["w4a16-body"]
     assert body["delta_pct"] == pytest.approx(0.0, abs=1e-9) and body["kl"] == pytest.approx(0.0, abs=1e-7)
     assert body["top1"] == 1.0 and body["windows_worse"] == 0
+
+
+def test_streamed_forward_gives_the_dense_figures(evaluated: dict) -> None:
+    """The layer-streamed forward (both arms one decoder layer at a time from the shards) and the
+    dense forward give the same figures on the same windows."""
+    common = (str(evaluated["artifact"]), "--reference", str(evaluated["source"]), "--windows", "6", "--window-len", "96",
+              "--json", "--report", os.devnull)
+    streamed, dense = qq("eval", *common, "--streamed"), qq("eval", *common, "--dense")
+    assert streamed.returncode == 0 and dense.returncode == 0, (streamed.stderr + dense.stderr)[-3000:]
+    s, d = json.loads(streamed.stdout), json.loads(dense.stdout)
+    assert (s["forward"], d["forward"]) == ("streamed", "dense")
+    for arm in ("w4a16-body", "w4a16+rtn-head", "artifact"):
+        for key in ("ppl", "delta_pct", "kl", "top1"):
+            assert s["arms"][arm][key] == pytest.approx(d["arms"][arm][key], rel=1e-5, abs=1e-6), (arm, key)
+    assert s["lm_head"]["ratio"] == pytest.approx(d["lm_head"]["ratio"], rel=1e-5)
+    assert s["mtp"]["artifact"]["agree"] == pytest.approx(d["mtp"]["artifact"]["agree"], abs=1e-6)
