@@ -53,7 +53,8 @@ def test_result_and_manifest(built: dict) -> None:
     assert verify_artifact(built["out"]).ok
     assert m.calibration["fingerprint_sha256"] == res["calibration_fingerprint"]
     assert m.calibration["num_samples"] == 32 and m.calibration["token_total"] > 0
-    assert set(m.stages) == {"source", "calibration", "gptq", "lm_head", "mtp", "textonly", "check"}
+    assert set(m.stages) == {"source", "calibration", "gptq", "lm_head", "mtp", "textonly", "check", "eval"}
+    assert m.stages["eval"]["result"] == {"eval": None} and "eval" not in m.quality  # the recipe asks for none
     assert all(r["status"] == "complete" for r in m.stages.values())
     assert {"torch", "transformers", "llmcompressor", "compressed-tensors", "qwenquant"} <= set(m.tool_versions)
     assert m.source["kind"] == "local-unverified" and m.source["files"]

@@ -142,5 +142,6 @@ def test_out_inside_the_source_is_refused(toy: Toy, tmp_path: Path) -> None:
 def test_the_shipped_stage_list() -> None:
     from qwenquant.stages import PIPELINE
 
-    assert [s.name for s in PIPELINE] == ["source", "calibration", "gptq", "lm_head", "mtp", "textonly", "check"]
+    assert [s.name for s in PIPELINE] == ["source", "calibration", "gptq", "lm_head", "mtp", "textonly", "check",
+                                        "eval"]
     assert [s.name for s in PIPELINE if s.builds_checkpoint] == ["gptq", "lm_head", "mtp", "textonly"]
