@@ -41,14 +41,16 @@ def arts(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     return {1: quantize(tiny_checkpoint, root / "one", 1), 2: quantize(tiny_checkpoint, root / "two", 2)}
 
 
-def test_two_processes_within_the_tolerance_of_one(arts: dict) -> None:
-    from qwenquant.checkpoint.compare import TOLERANCE, compare_artifacts
+def test_two_processes_within_the_tolerance_of_one(arts: dict, tiny_checkpoint: Path) -> None:
+    """docs/distributed-gptq.md: every tensor but the int4 codes byte-identical, decoder layer 0's
+    codes within 1 %, every module's weight error within 2 % of the one-process artifact's."""
+    from qwenquant.checkpoint.compare import compare_artifacts
 
-    diff = compare_artifacts(arts[1]["out"], arts[2]["out"])
+    diff = compare_artifacts(arts[1]["out"], arts[2]["out"], tiny_checkpoint)
     assert diff.codes_total == 8 * sum(  # every int4 code of both artifacts was compared
         int(r[1][0]) * int(r[1][1]) for r in _packed_shapes(arts[1]["out"]))
+    assert diff.first_layer_codes[1] > 0 and len(diff.weight_errors) == len(diff.modules)
     assert diff.problems() == [], diff.to_dict()
-    assert diff.max_steps <= TOLERANCE["max_steps"]
     assert "gptq: 2 processes (gloo on the CPU)" in arts[2]["stderr"]
 
 

@@ -93,7 +93,9 @@ def test_rank_error_reports_the_first_failure(tmp_path: Path) -> None:
     assert type(e) is StageError and str(e) == "gptq rank 0 of 2: RuntimeError: peer closed"
 
 
-def _artifact(folder: Path, codes: list[int], norm: bytes = b"\x00\x01", extra_file: bytes = b"{}") -> Path:
+def _artifact(folder: Path, codes: list[int], norm: bytes = b"\x00\x01", extra_file: bytes = b"{}",
+              layer: int = 0) -> Path:
+    """A one-module artifact: `model.layers.<layer>.m` with 16 int4 codes in 2 rows, scale 1.0."""
     from qwenquant.checkpoint.tensorfile import RawTensor, write_index, write_shard
 
     folder.mkdir()
@@ -103,12 +105,26 @@ def _artifact(folder: Path, codes: list[int], norm: bytes = b"\x00\x01", extra_f
         for k, c in enumerate(codes[i:i + 8]):
             w |= c << (4 * k)
         words += w.to_bytes(4, "little")
-    tensors = [RawTensor("m.weight_packed", "I32", (1, len(codes) // 8), bytes(words)),
-               RawTensor("m.weight_scale", "BF16", (1, 1), b"\x80\x3f"), RawTensor("norm.weight", "BF16", (1,), norm)]
+    m = f"model.layers.{layer}.m"
+    tensors = [RawTensor(f"{m}.weight_packed", "I32", (2, len(codes) // 16), bytes(words)),
+               RawTensor(f"{m}.weight_scale", "BF16", (2, 1), b"\x80\x3f" * 2),
+               RawTensor("norm.weight", "BF16", (1,), norm)]
     write_shard(folder / "model-00001-of-00001.safetensors", tensors)
     write_index(folder, {t.name: "model-00001-of-00001.safetensors" for t in tensors}, sum(t.nbytes for t in tensors))
     (folder / "config.json").write_bytes(extra_file)
     (folder / "qwenquant-manifest.json").write_text(json.dumps({"root": str(folder)}))
+    return folder
+
+
+def _source(folder: Path, values: list[float], layer: int = 0) -> Path:
+    import struct
+
+    from qwenquant.checkpoint.tensorfile import RawTensor, write_shard
+
+    folder.mkdir()
+    raw = b"".join(struct.pack("<f", v)[2:] for v in values)  # bf16: the high half of each float32
+    write_shard(folder / "model.safetensors",
+                [RawTensor(f"model.language_model.layers.{layer}.m.weight", "BF16", (2, 8), raw)])
     return folder
 
 
@@ -120,9 +136,22 @@ def test_compare_artifacts_counts_codes_and_flags_any_other_difference(tmp_path:
     same = compare_artifacts(a, _artifact(tmp_path / "b", base))
     assert same.codes_total == 16 and same.codes_differing == 0 and same.problems() == []
     near = compare_artifacts(a, _artifact(tmp_path / "c", [9] + [7] + base[2:]))
-    assert (near.codes_differing, near.max_steps) == (2, 1) and near.modules == {"m": (2 / 16, 1)}
-    assert near.problems() == ["12.50% of int4 codes differ (tolerance 10%)"]
-    far = compare_artifacts(a, _artifact(tmp_path / "d", [12] + base[1:]))
-    assert far.problems() == ["an int4 code differs by 4 steps (tolerance 3)"]
+    assert (near.codes_differing, near.max_steps) == (2, 1) and near.modules == {"model.layers.0.m": (2 / 16, 1)}
+    assert near.problems() == ["12.50% of decoder layer 0's int4 codes differ (tolerance 1%)"]
     other = compare_artifacts(a, _artifact(tmp_path / "e", base, norm=b"\x00\x02", extra_file=b"{ }"))
     assert other.not_identical == ["config.json", "norm.weight"] and len(other.problems()) == 2
+
+
+def test_compare_artifacts_bounds_the_weight_error_after_layer_0(tmp_path: Path) -> None:
+    from qwenquant.checkpoint.compare import compare_artifacts
+
+    src = _source(tmp_path / "src", [1.0] * 16, layer=1)  # W = 1 everywhere; code 9 is exact, 8 is off by 1
+    a = _artifact(tmp_path / "a", [9] * 16, layer=1)
+    b = compare_artifacts(a, _artifact(tmp_path / "b", [10] + [9] * 15, layer=1), src)
+    assert b.modules == {"model.layers.1.m": (1 / 16, 1)} and b.first_layer_codes == [0, 0]
+    assert b.weight_errors == {"model.layers.1.m": (0.0, 0.25)}  # ||1 - 2|| / ||ones(16)|| = 1/4
+    c_art = _artifact(tmp_path / "c", [10] + [9] * 15, layer=1)
+    d = compare_artifacts(c_art, _artifact(tmp_path / "d", [9] * 15 + [10], layer=1), src)
+    assert d.weight_errors["model.layers.1.m"] == (0.25, 0.25) and d.problems() == []
+    e = compare_artifacts(c_art, _artifact(tmp_path / "e", [10, 10] + [9] * 14, layer=1), src)
+    assert e.problems() == ["model.layers.1.m: weight error 0.3536 against 0.25 (tolerance 2%)"]
