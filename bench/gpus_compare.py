@@ -85,7 +85,10 @@ def print_gpus(s: dict[str, Any], fmt_gib: Callable[[Any], str]) -> None:
           + " + ".join(fmt_gib(r["peak_rss_bytes"]) for r in s["ranks"])
           + f" (stage process {fmt_gib(s['stage_process_rss_peak_many_bytes'])})")
     d = s["artifact_difference"]
-    print(f"artifact difference: {d['codes_fraction']:.3%} of {d['codes_total']:,} int4 codes differ, at most "
-          f"{d['max_steps']} step(s), in {d['modules_with_differences']} modules; every other tensor and file "
-          f"{'byte-identical' if not d['not_identical'] else 'NOT identical: ' + ', '.join(d['not_identical'][:5])}; "
-          f"{'within' if s['within_tolerance'] else 'OUTSIDE'} the tolerance")
+    print(f"artifact difference: {d['codes_fraction']:.3%} of {d['codes_total']:,} int4 codes differ (decoder layer 0: "
+          f"{d['first_layer_codes_fraction']:.3%}), at most {d['max_steps']} step(s), in "
+          f"{d['modules_with_differences']} modules; worst weight-error change {d['worst_weight_error_ratio']:.2%}; "
+          f"every other tensor and file "
+          f"{'byte-identical' if not d['not_identical'] else 'NOT identical: ' + ', '.join(d['not_identical'][:5])}")
+    print(f"tolerance (docs/distributed-gptq.md): {'within' if s['within_tolerance'] else 'OUTSIDE: '}"
+          + "; ".join(s["tolerance_problems"][:5]))

@@ -488,7 +488,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         many = run_gpus_arm(args.gpus, work, recipe, spec, device, Recorder(gpu, rss, counts, engine=args.engine), say)
         one = {"wall_seconds": wall, "stages": rec.stages, "layers": rec.layers}
-        diff = compare_artifacts(result.artifact, Path(many["artifact"]))
+        diff = compare_artifacts(result.artifact, Path(many["artifact"]), work / "source")
         gpus = summarize(one, many, diff, diff.problems())
     rss.stop.set()
 
