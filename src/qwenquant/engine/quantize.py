@@ -113,6 +113,8 @@ class LayerGPTQ:
         wanted = set(self.modules) if only is None else only
         # llm-compressor quantizes in first-hook-call order; a module no sample reached has count 0
         done = [m for m in self.counts if self.names[m] in wanted and float(self.counts[m]) > 0]
+        if not done and not wanted:
+            return {}  # a rank of an N-process job that owns none of this layer's modules
         for mod in done:
             initialize_observer(mod, "weight")
         observe(done, base_name="weight")

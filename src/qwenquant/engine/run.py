@@ -16,6 +16,8 @@ The GPTQ math stays llm-compressor's (engine/quantize.py); this module only sche
 
 The next layer's inputs always come from the persisted layer (also when nothing was resumed), so a
 resumed run replays exactly the arithmetic of an uninterrupted one and ends on the same bytes.
+With `ranks` (engine/dist.py, `quantize --gpus N`) each process forwards its share of the samples,
+Hessians meet on an owner rank per module, and rank 0 alone writes layer records.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def apply_gpu_cap(device: str, max_gpu_mem_gib: float | None) -> None:
     """Cap this process's CUDA allocations (a big GPU then behaves like a small one)."""
     if device != "cuda" or not max_gpu_mem_gib:
         return
-    total = torch.cuda.get_device_properties(0).total_memory
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     frac = min(1.0, max_gpu_mem_gib * (1 << 30) / total)
     torch.cuda.set_per_process_memory_fraction(frac)
     log.info("gptq: GPU memory capped at %.1f GiB (%.3f of %.1f GiB)", max_gpu_mem_gib, frac, total / (1 << 30))
