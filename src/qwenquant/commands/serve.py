@@ -24,6 +24,8 @@ def serve(
     timeout: float = typer.Option(900.0, help="Seconds the server may take to become ready."),
     device: Optional[Device] = typer.Option(None, help="cuda or cpu (default: what the vLLM build targets)."),
     log_file: Optional[Path] = typer.Option(None, help="Server log (default: a temp file, never in the artifact)."),
+    gpus: int = typer.Option(1, "--gpus", "--tensor-parallel-size", min=1,
+                             help="GPUs to split the model over (vLLM tensor parallelism); each must be free."),
 ) -> int:
     """Serve an artifact with vLLM after preflight checks; print "ready URL" once it answers.
 
@@ -34,12 +36,14 @@ def serve(
       qwenquant serve artifacts/q27b --profile batch --port 8001 -- --max-num-seqs 8
 
       qwenquant serve artifacts/q27b --profile single-user --dry-run
+
+      qwenquant serve artifacts/q27b --gpus 2
     """
     from qwenquant.serve.run import run_serve
 
     return run_serve(artifact, profile, extra or [], port=port, host=host, api_key=api_key,
                      served_model_name=served_model_name, vllm=vllm, dry_run=dry_run, timeout=timeout,
-                     device=device.value if device else None, log_file=log_file)
+                     device=device.value if device else None, log_file=log_file, tp=gpus)
 
 
 @app.command()

@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 def run_serve(artifact: Path, profiles: list[str], extra: list[str], *, port: Optional[int], host: Optional[str],
               api_key: Optional[str], served_model_name: Optional[str], vllm: Optional[str], dry_run: bool,
-              timeout: float, device: Optional[str], log_file: Optional[Path]) -> int:
+              timeout: float, device: Optional[str], log_file: Optional[Path], tp: int = 1) -> int:
     """Serve until stopped; return the exit code (errors raise UsageError, ServeError, VerificationError)."""
     profiles = profiles or ["single-user"]
     if len(profiles) != 1:
@@ -27,7 +27,7 @@ def run_serve(artifact: Path, profiles: list[str], extra: list[str], *, port: Op
     if device not in (None, "cuda", "cpu"):
         raise UsageError(f"unknown --device {device!r}", hint="use cuda or cpu")
     p = prepare(artifact, profiles[0], vllm=vllm, extra=extra, host=host, port=port,
-                served_model_name=served_model_name, api_key=api_key, dry_run=dry_run, device=device)
+                served_model_name=served_model_name, api_key=api_key, dry_run=dry_run, device=device, tp=tp)
     for w in p.warnings:
         log.warning("%s", w)
     if dry_run:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from qwenquant.errors import ServeError
+from qwenquant.procenv import child_env
 from qwenquant.serve.ports import listener_pids, process_tree
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class Server:
         # 0600: vLLM may echo its arguments (the API key) into the log
         self._log = os.fdopen(os.open(spec.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
         self.proc = subprocess.Popen(
-            spec.command, env=spec.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            spec.command, env=child_env(spec.env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True,  # own process group: we signal all of it
         )
         self._reader = threading.Thread(target=self._pump, name="server-log", daemon=True)
