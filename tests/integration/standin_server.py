@@ -9,6 +9,7 @@ and behaves as `--standin-mode` says:
   wrong-root     /v1/models lists the served name with a different root
 `--standin-pidfile F` writes "server_pid helper_pid": the server starts a helper child (as vLLM
 starts its engine process) so tests can check the whole process group is gone.
+`--standin-envfile F` writes the server's environment as JSON (what a child of `qwenquant serve` gets).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--api-key", default=None)
     p.add_argument("--standin-mode", default="good")
     p.add_argument("--standin-pidfile", default=None)
+    p.add_argument("--standin-envfile", default=None)
     args, _unknown = p.parse_known_args(argv)
     return args
 
@@ -41,6 +43,9 @@ def main(argv: list[str]) -> int:
     a = parse(argv)
     name = a.served_model_name or a.model
     print(f"standin: mode={a.standin_mode} model={a.model} port={a.port} argv={argv}", flush=True)
+    if a.standin_envfile:
+        with open(a.standin_envfile, "w") as f:
+            json.dump(dict(os.environ), f)
     helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     if a.standin_pidfile:
         with open(a.standin_pidfile, "w") as f:
