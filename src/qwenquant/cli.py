@@ -16,9 +16,9 @@ from qwenquant.commands._app import app
 from qwenquant.errors import QwenquantError
 
 # Each command module registers its commands on `app` when imported, in this order (the --help order).
-from qwenquant.commands import fetch, quantize, verify, recipe, serve, demo, doctor  # noqa: I001
+from qwenquant.commands import fetch, quantize, verify, recipe, serve, demo, doctor, eval, bench  # noqa: I001
 
-COMMAND_MODULES = (fetch, quantize, verify, recipe, serve, demo, doctor)
+COMMAND_MODULES = (fetch, quantize, verify, recipe, serve, demo, doctor, eval, bench)
 
 
 @app.callback(invoke_without_command=True)

@@ -27,8 +27,9 @@ from qwenquant.procenv import child_env
 log = logging.getLogger(__name__)
 
 DEMO_REPO = "qwenquant-demo/Qwen3.5-tiny"
-PROMPT = "The capital of France is"
-RANDOM_NOTE = "random weights: the completion is not meant to be readable"
+# A prompt the trained reference continues sensibly (it learned Python standard-library sources).
+PROMPT = "    def __init__(self, *args, **kwargs):\n        super().__init__(*args, **"
+MODEL_NOTE = "the trained tiny reference (Python stdlib code; expect code-like text)"
 # The supervisor's own line on SIGTERM; the demo says "stopping the demo server" instead.
 _STOP_LINE = ": stopping the server"
 
@@ -56,18 +57,28 @@ def _cli(args: list[str], env: dict[str, str], *, capture_json: bool = False) ->
     return json.loads(proc.stdout) if capture_json else None
 
 
-def run_demo(work: Path, *, serve: bool | None = None, variant: str = "random", force: bool = False) -> DemoResult:
-    """Run the whole pipeline on the tiny model under `work`; resumable (each step reuses what verified)."""
+def run_demo(work: Path, *, serve: bool | None = None, variant: str = "reference",
+             force: bool = False) -> DemoResult:
+    """Run the whole pipeline on the tiny model under `work`; resumable (each step reuses what verified).
+
+    variant "reference": the committed trained reference model (`qwenquant.tiny.reference_model`);
+    "random" / "constant": the tiny builder's untrained checkpoints.
+    """
     from qwenquant import outfolder
     from qwenquant.hubserver import HubServer
     from qwenquant.tiny import build_tiny_checkpoint
+    from qwenquant.tiny.reference_model import build_reference_checkpoint
 
     work = Path(work).resolve()
     outfolder.guard(work, outfolder.foreign_in_demo_work(work), force=force, flag="--work",
                     problem="exists and holds more than the demo's hub, models and artifacts folders")
     hub_dir, model_dir, artifact = work / "hub" / "Qwen3.5-tiny", work / "models" / "Qwen3.5-tiny", work / "artifacts" / "Qwen3.5-tiny-w4a16"
     log.info("building the tiny Qwen3.5 checkpoint (variant %s) in %s", variant, hub_dir)
-    build_tiny_checkpoint(hub_dir, variant=variant, seed=0)
+    if variant == "reference":
+        build_reference_checkpoint(hub_dir)
+    else:
+        build_tiny_checkpoint(hub_dir, variant=variant, seed=0)
+    calibration = "tiny-reference" if variant == "reference" else "tiny-demo"
 
     with HubServer() as hub:
         hub.add_repo(DEMO_REPO, hub_dir)
@@ -75,7 +86,7 @@ def run_demo(work: Path, *, serve: bool | None = None, variant: str = "random", 
         env.pop("HF_TOKEN", None)
         fetched = _cli(["fetch", DEMO_REPO, "--revision", "main", "--out", str(model_dir), "--json"], env, capture_json=True)
     commit = fetched["commit"]
-    q = _cli(["quantize", str(model_dir), "--recipe", "w4a16-int4head", "--calibration", "tiny-demo",
+    q = _cli(["quantize", str(model_dir), "--recipe", "w4a16-int4head", "--calibration", calibration,
               "--out", str(artifact), "--json"], env, capture_json=True)  # fmt: skip
     _cli(["verify", str(artifact)], env)
     result = DemoResult(commit, artifact, q["root_digest"], q.get("quality", {}))
@@ -92,7 +103,7 @@ def run_demo(work: Path, *, serve: bool | None = None, variant: str = "random", 
             raise
         result.skipped_serve_reason = f"no vLLM environment ({e.message}); run scripts/install-vllm.sh"
         return result
-    result.completion = serve_and_complete(artifact, env)
+    result.completion = serve_and_complete(artifact, env, prompt=PROMPT)
     result.served = True
     return result
 

@@ -72,3 +72,10 @@ class OutFolderError(QwenquantError):
     """An output folder holds files qwenquant did not write; nothing was touched (pass --force)."""
 
     exit_code = 5
+
+
+class BenchError(QwenquantError):
+    """A benchmark or eval could not measure what it promises (no usage from the server, a failed
+    request), or a quality gate failed."""
+
+    exit_code = 8

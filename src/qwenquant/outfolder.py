@@ -24,8 +24,9 @@ FETCH_RECORD = "qwenquant-fetch.json"
 FETCH_STAGING = ".qwenquant-staging"
 DEMO_ENTRIES = {"hub", "models", "artifacts"}
 # What a quantize work folder holds: stage folders and records, the lock, the dataset cache, serve logs,
-# and the staging / moved-aside folders and temp files of a killed run.
-_WORK_NAME = re.compile(r"^(?:[a-z_]+\.record\.json|[a-z_]+|\.lock|\..+\.(?:partial|tmp)|\..+\.old-\d+)$")
+# the streamed gptq engine's per-layer records (gptq-layers, kept for resume), and the staging /
+# moved-aside folders and temp files of a killed run.
+_WORK_NAME = re.compile(r"^(?:[a-z_]+\.record\.json|[a-z_]+|gptq-layers|\.lock|\..+\.(?:partial|tmp)|\..+\.old-\d+)$")
 
 
 def _entries(folder: Path) -> list[Path]:

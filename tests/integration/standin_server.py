@@ -10,6 +10,8 @@ and behaves as `--standin-mode` says:
 `--standin-pidfile F` writes "server_pid helper_pid": the server starts a helper child (as vLLM
 starts its engine process) so tests can check the whole process group is gone.
 `--standin-envfile F` writes the server's environment as JSON (what a child of `qwenquant serve` gets).
+`--standin-stubborn-helper`: the helper ignores SIGTERM and the server leaves it behind when it
+exits (an engine core that is busy or wedged): only a SIGKILL of the group removes it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--standin-mode", default="good")
     p.add_argument("--standin-pidfile", default=None)
     p.add_argument("--standin-envfile", default=None)
+    p.add_argument("--standin-stubborn-helper", action="store_true")
     args, _unknown = p.parse_known_args(argv)
     return args
 
@@ -46,7 +49,10 @@ def main(argv: list[str]) -> int:
     if a.standin_envfile:
         with open(a.standin_envfile, "w") as f:
             json.dump(dict(os.environ), f)
-    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    code = "import time; time.sleep(600)"
+    if a.standin_stubborn_helper:
+        code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    helper = subprocess.Popen([sys.executable, "-c", code])
     if a.standin_pidfile:
         with open(a.standin_pidfile, "w") as f:
             f.write(f"{os.getpid()} {helper.pid}\n")
@@ -59,7 +65,10 @@ def main(argv: list[str]) -> int:
         print("RuntimeError: standin failed to load the model", flush=True)
         helper.kill()
         return 1
-    signal.signal(signal.SIGTERM, lambda *_: (helper.kill(), os._exit(0)))
+    if a.standin_stubborn_helper:
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: (helper.kill(), os._exit(0)))
     if mode == "nobind":
         while True:
             time.sleep(1)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import write_test_manifest
+
 REPO = Path(__file__).resolve().parents[2]
 SHARD1 = "model-00001-of-00002.safetensors"
 NEVER = "0123456789abcdef0123456789abcdef01234567"
@@ -48,6 +50,9 @@ def broken(tiny_checkpoint: Path, tmp_path: Path) -> dict[str, Path]:
     b["bad-yaml"].write_text("x: [\n")
     b["wrong-recipe"] = tmp_path / "wrong.yaml"
     b["wrong-recipe"].write_text("name: x\nschema_version: 1\n")
+    b["manifested"] = tmp_path / "manifested"  # a manifest that loads: commands get past reading it
+    shutil.copytree(tiny_checkpoint, b["manifested"])
+    write_test_manifest(b["manifested"])
     b["out"] = tmp_path / "out"
     return b
 
@@ -95,6 +100,14 @@ def cases(b: dict[str, Path], repo_id: str) -> list[tuple[list[str], int]]:
         (["serve", s["empty"], "--dry-run"], 4),
         (["serve", s["bad-manifest"], "--dry-run"], 4),
         (["serve", s["truncated"], "--dry-run", "--profile", "single-user", "--profile", "batch"], 2),
+        (["bench"], 2),                                                      # nothing to measure
+        (["bench", "http://127.0.0.1:9", "--max-tokens", "4"], 8),            # no server there
+        (["bench", "http://127.0.0.1:9", "--compare", "--profile batch", "--label x"], 2),
+        (["bench", "--serve", s["manifested"], "--gpu-mem", "lots"], 7),     # the size serve and plan refuse
+        (["bench", "--serve", s["manifested"], "--device", "tpu"], 2),
+        (["bench", "--serve", s["manifested"], "--gpu-mem", "24GiB", "--", "--gpu-memory-utilization", "0.5"], 2),
+        (["serve", s["truncated"], "--dry-run", "--gpu-mem", "24GiB", "--", "--gpu-memory-utilization", "0.5"], 2),
+        (["eval"], 2),
         (["recipe", "validate", s["missing"]], 2),
         (["recipe", "validate", s["bad-yaml"]], 2),
         (["recipe", "validate", s["wrong-recipe"]], 2),

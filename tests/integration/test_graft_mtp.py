@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import INDEX, mtp_bytes, qq, strip_mtp
+from helpers import INDEX, mtp_bytes, qq, strip_mtp, write_test_manifest
 
 
 @pytest.fixture
@@ -50,19 +50,10 @@ def test_graft_replaces_a_corrupted_mtp_tensor(quantized_like: Path, tiny_checkp
     assert mtp_bytes(quantized_like) == mtp_bytes(tiny_checkpoint)
 
 
-def _write_manifest(art: Path) -> None:
-    from qwenquant.manifest import build_manifest, write_manifest
-    from qwenquant.recipe import load_recipe
-
-    r = load_recipe("w4a16-int4head")
-    write_manifest(art, build_manifest(art, source={}, recipe=r.canonical(), recipe_sha256=r.sha256(),
-                                       calibration={}, stages={}, quality={}, tool_versions={}))
-
-
 def test_graft_refreshes_the_manifest(quantized_like: Path, tiny_checkpoint: Path) -> None:
     from qwenquant.manifest import load_manifest, verify_artifact
 
-    _write_manifest(quantized_like)
+    write_test_manifest(quantized_like)
     before = load_manifest(quantized_like).root_digest
     proc = qq("graft-mtp", str(quantized_like), "--source", str(tiny_checkpoint))
     assert proc.returncode == 0, proc.stderr
@@ -73,7 +64,7 @@ def test_graft_refreshes_the_manifest(quantized_like: Path, tiny_checkpoint: Pat
 
 
 def test_graft_refuses_to_bless_other_drifted_files(quantized_like: Path, tiny_checkpoint: Path) -> None:
-    _write_manifest(quantized_like)
+    write_test_manifest(quantized_like)
     body = sorted(p for p in quantized_like.glob("model-0*.safetensors"))[0]
     body.write_bytes(body.read_bytes()[:-1] + b"\x00")
     manifest = (quantized_like / "qwenquant-manifest.json").read_bytes()

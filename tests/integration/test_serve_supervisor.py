@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import flat
+from helpers import flat, write_test_manifest
 
 STANDIN = Path(__file__).with_name("standin_server.py")
 ARCHS = ["Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"]
@@ -40,8 +40,6 @@ def build_standin_artifact(tiny: Path, out: Path) -> Path:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from qwenquant.atomic import canonical_json
-    from qwenquant.manifest import build_manifest, write_manifest
     from qwenquant.recipe import load_recipe
 
     out.mkdir(parents=True)
@@ -72,12 +70,7 @@ def build_standin_artifact(tiny: Path, out: Path) -> Path:
             (out / name).write_bytes((tiny / name).read_bytes())
     recipe = load_recipe("w4a16-int4head").canonical()
     recipe["artifact"]["layout"] = "multimodal"
-    import hashlib
-
-    m = build_manifest(out, source={"repo_id": "tiny"}, recipe=recipe,
-                       recipe_sha256=hashlib.sha256(canonical_json(recipe)).hexdigest(), calibration={},
-                       stages={}, quality={}, tool_versions={})
-    write_manifest(out, m)
+    write_test_manifest(out, recipe)
     return out
 
 
@@ -250,6 +243,33 @@ def test_good_server_ready_then_sigterm(standin_artifact, fake_vllm, tmp_path):
     assert rc == 0, err
     assert "stopped" in flat(err)
     assert gone(server_pid) and gone(helper_pid)
+
+
+def test_serve_killed_takes_the_server_with_it(standin_artifact, fake_vllm, tmp_path):
+    """kill -9 of `qwenquant serve` (as the OOM killer does): the server, its engine-like child
+    (which ignores SIGTERM and is left behind by the server) and the watchdog are all gone within
+    seconds, and the port is free again."""
+    from qwenquant.serve.ports import port_problem, process_tree
+
+    port, pidfile = free_port(), tmp_path / "pids"
+    cmd = serve_cmd(standin_artifact, fake_vllm, port, "good", pidfile) + ["--standin-stubborn-helper"]
+    p = subprocess.Popen(cmd, env=serve_env(fake_vllm, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        _wait_ready(p, port)
+        server_pid, helper_pid = map(int, pidfile.read_text().split())
+        tree = process_tree(p.pid) - {p.pid}
+        assert {server_pid, helper_pid} < tree  # the watchdog is the third
+        p.kill()
+        p.wait(timeout=10)
+        err = p.stderr.read()
+    finally:
+        p.kill()
+    survivors = [pid for pid in sorted(tree) if not gone(pid)]
+    for pid in survivors:  # do not leave them running after a failure
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors, f"processes {survivors} outlived the killed `qwenquant serve`: {err}"
+    assert port_problem("127.0.0.1", port) is None
 
 
 def test_api_key_used_for_readiness_and_never_shown(standin_artifact, fake_vllm, tmp_path):
@@ -434,3 +454,39 @@ def test_dry_run_two_gpus(standin_artifact, fake_vllm, tmp_path, rows, ok):
     else:
         assert r.returncode == 7
         assert "GPU 1 has 1.95 GiB free of 24.00 GiB" in flat(r.stderr) and "GPU 0 has" not in r.stderr
+
+
+def _fake_nvidia_smi(tmp_path: Path, total_mib: int) -> Path:
+    """A stand-in `nvidia-smi` (no GPU here): an H200-sized GPU of `total_mib` MiB, compute 8.6."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\ncase \"$*\" in\n  *memory.total*) echo \"0, GPU-standin, %d, %d\" ;;\n  *compute_cap*) echo 8.6 ;;\n"
+                   "  *) echo 'GPU 0: stand-in' ;;\nesac\n" % (total_mib, total_mib - 1000))
+    smi.chmod(0o755)
+    return bin_dir
+
+
+def test_gpu_mem_sets_the_share_of_a_bigger_gpu(standin_artifact, fake_vllm, tmp_path):
+    """--gpu-mem 24GiB on a 143771 MiB GPU: the dry run passes vLLM the share that gives a 24 GiB
+    card's budget (24576 x 0.92 / 143771 = 0.157263) and says how it got there. nvidia-smi is a
+    stand-in: no GPU can run here."""
+    env = serve_env(fake_vllm, tmp_path)
+    env["PATH"] = f"{_fake_nvidia_smi(tmp_path, 143771)}{os.pathsep}{env['PATH']}"
+    cmd = serve_cmd(standin_artifact, fake_vllm, free_port(), "good", tmp_path / "pids")
+    cmd[cmd.index("--"):cmd.index("--")] = ["--dry-run", "--device", "cuda", "--gpu-mem", "24GiB"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "--gpu-memory-utilization 0.157263" in r.stdout
+    assert "--gpu-mem 24.00 GiB: budget 22.08 GiB (24.00 GiB x 0.92) = --gpu-memory-utilization 0.157263 of " \
+           "this GPU's 140.40 GiB" in flat(r.stderr)
+
+
+def test_gpu_mem_refused_on_cpu(standin_artifact, fake_vllm, tmp_path):
+    """The CPU build has no GPU budget to scale: --gpu-mem is refused, naming VLLM_CPU_KVCACHE_SPACE."""
+    cmd = serve_cmd(standin_artifact, fake_vllm, free_port(), "good", tmp_path / "pids")
+    cmd[cmd.index("--"):cmd.index("--")] = ["--gpu-mem", "24GiB"]
+    r = subprocess.run(cmd, env=serve_env(fake_vllm, tmp_path), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 7
+    assert "--gpu-mem applies to CUDA GPUs only" in flat(r.stderr) and "VLLM_CPU_KVCACHE_SPACE" in flat(r.stderr)
+    assert not (tmp_path / "pids").exists()

@@ -24,12 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import flat
+from helpers import LAUNCHER, flat, quantize_tiny_artifact, require_vllm, vllm_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-LAUNCHER = REPO / ".venv-vllm" / "qwenquant-vllm.json"
 SHARING = "Sharing target model lm_head weights with the draft model"
 LAYOUTS = {"text-only": "constant", "multimodal": "random"}
 
@@ -48,34 +47,6 @@ def _http(url: str, body: dict | None = None, timeout: float = 300) -> tuple[int
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
-
-
-def _env(tmp: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update({"QWENQUANT_NO_PROGRESS": "1", "XDG_CACHE_HOME": str(tmp / "cache"), "VLLM_CPU_KVCACHE_SPACE": "1"})
-    env.pop("QWENQUANT_VLLM", None)
-    return env
-
-
-def _quantize(tmp: Path, variant: str, layout: str) -> Path:
-    """A real artifact: tiny checkpoint -> `qwenquant quantize` with the shipped recipe, `layout`."""
-    import yaml
-
-    from qwenquant.tiny import build_tiny_checkpoint
-
-    src = build_tiny_checkpoint(tmp / f"tiny-{variant}", variant=variant)
-    recipe = yaml.safe_load((REPO / "recipes" / "w4a16-int4head.yaml").read_text())
-    recipe["artifact"]["layout"] = layout
-    # the constant model's head has nothing to gain over RTN (KL 0 = 0); keep the stage's gate off
-    recipe["lm_head"]["require_better_than_rtn"] = False
-    rpath = tmp / f"recipe-{layout}.yaml"
-    rpath.write_text(yaml.safe_dump(recipe))
-    out = tmp / f"art-{variant}-{layout}"
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "quantize", str(src), "--source-unverified",
-                        "--calibration", "tiny-demo", "--recipe", str(rpath), "--out", str(out), "--device", "cpu"],
-                       env=_env(tmp), capture_output=True, text=True, timeout=1800)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return out
 
 
 @dataclass
@@ -102,15 +73,12 @@ def _serve_cmd(artifact: Path, port: int, log: Path, profile: str = "single-user
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory: pytest.TempPathFactory):
     """layout -> quantized artifact, built on first use."""
-    if not LAUNCHER.exists():
-        if os.environ.get("CI") == "true":  # CI must serve for real: a missing vLLM env is a failure there
-            pytest.fail("no .venv-vllm under CI=true: scripts/install-vllm.sh did not install vLLM")
-        pytest.skip("no .venv-vllm (run scripts/install-vllm.sh)")
+    require_vllm(LAUNCHER, ".venv-vllm")
     built: dict[str, Path] = {}
 
     def get(layout: str) -> Path:
         if layout not in built:
-            built[layout] = _quantize(tmp_path_factory.mktemp(f"quant-{layout}"), LAYOUTS[layout], layout)
+            built[layout] = quantize_tiny_artifact(tmp_path_factory.mktemp(f"quant-{layout}"), LAYOUTS[layout], layout)
         return built[layout]
 
     return get
@@ -123,7 +91,7 @@ def server(request, artifacts, tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp(f"vllm-{layout}")
     artifact = artifacts(layout)
     port, log = _free_port(), tmp / "server.log"
-    proc = subprocess.Popen(_serve_cmd(artifact, port, log), env=_env(tmp), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(_serve_cmd(artifact, port, log), env=vllm_env(tmp), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if line.strip() != f"ready http://127.0.0.1:{port}":
@@ -247,7 +215,7 @@ def test_tampered_artifact_refused_before_launch(server, tmp_path):
     data[-1] ^= 0xFF
     shard.write_bytes(bytes(data))
     log = tmp_path / "server.log"
-    r = subprocess.run(_serve_cmd(art, _free_port(), log), env=_env(tmp_path), capture_output=True, text=True,
+    r = subprocess.run(_serve_cmd(art, _free_port(), log), env=vllm_env(tmp_path), capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 4
     assert shard.name in flat(r.stderr) and "refusing to serve" in flat(r.stderr)
@@ -261,7 +229,7 @@ def test_batch_profile_serves(artifacts, tmp_path):
 
     artifact = artifacts("text-only")
     port, log = _free_port(), tmp_path / "server.log"
-    proc = subprocess.Popen(_serve_cmd(artifact, port, log, "batch"), env=_env(tmp_path), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(_serve_cmd(artifact, port, log, "batch"), env=vllm_env(tmp_path), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
@@ -277,3 +245,40 @@ def test_batch_profile_serves(artifacts, tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0
+
+
+def test_kill_9_of_serve_takes_vllm_and_its_engine_core(artifacts, tmp_path):
+    """`qwenquant serve` SIGKILLed (as the OOM killer does) while a real vLLM serves: the API server,
+    its engine-core process and every other process vLLM started are gone within seconds, and the
+    port is free."""
+    from qwenquant.serve.ports import port_problem, process_tree
+
+    artifact = artifacts("text-only")
+    port, log = _free_port(), tmp_path / "server.log"
+    proc = subprocess.Popen(_serve_cmd(artifact, port, log), env=vllm_env(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.strip() == f"ready http://127.0.0.1:{port}", proc.stderr.read()[-4000:]
+        started = process_tree(proc.pid) - {proc.pid}
+        assert len(started) >= 3  # the watchdog, vLLM's API server, its engine core
+        proc.kill()
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+    survivors: list[int] = []
+    for pid in sorted(started):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            except FileNotFoundError:
+                break
+            time.sleep(0.2)
+        else:
+            survivors.append(pid)
+    for pid in survivors:  # never leave a vLLM running after a failure
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors, f"processes {survivors} outlived the killed `qwenquant serve`"
+    assert port_problem("127.0.0.1", port) is None

@@ -119,3 +119,54 @@ def test_split_heldout() -> None:
     assert split_heldout(32, 0.1) == (list(range(29)), [29, 30, 31])
     assert split_heldout(5, 0.0) == (list(range(5)), [])
     assert split_heldout(2, 0.4) == ([0], [1])
+
+
+def test_gptq_engine_is_chosen_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from qwenquant.errors import UsageError
+    from qwenquant.stages.gptq import gptq_engine
+
+    monkeypatch.delenv("QWENQUANT_GPTQ_ENGINE", raising=False)
+    assert gptq_engine() == "streamed"
+    monkeypatch.setenv("QWENQUANT_GPTQ_ENGINE", "oneshot")
+    assert gptq_engine() == "oneshot"
+    monkeypatch.setenv("QWENQUANT_GPTQ_ENGINE", "fast")
+    with pytest.raises(UsageError, match="streamed or oneshot, got 'fast'") as e:
+        gptq_engine()
+    assert e.value.exit_code == 2 and "unset QWENQUANT_GPTQ_ENGINE" in e.value.hint
+
+
+@pytest.mark.parametrize("raw, cap", [("", None), ("23.5", 23.5), (" 12 ", 12.0)])
+def test_gpu_memory_cap_from_environment(monkeypatch: pytest.MonkeyPatch, raw: str, cap: float | None) -> None:
+    from qwenquant.engine.build import max_gpu_mem_gib
+
+    monkeypatch.setenv("QWENQUANT_MAX_GPU_MEM", raw)
+    assert max_gpu_mem_gib() == cap
+
+
+@pytest.mark.parametrize("raw", ["24GiB", "0", "-3"])
+def test_a_bad_gpu_memory_cap_is_refused(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    from qwenquant.engine.build import max_gpu_mem_gib
+    from qwenquant.errors import UsageError
+
+    monkeypatch.setenv("QWENQUANT_MAX_GPU_MEM", raw)
+    with pytest.raises(UsageError, match=f"positive number of GiB, got '{raw}'"):
+        max_gpu_mem_gib()
+
+
+def test_streamed_shard_names_put_the_layers_first() -> None:
+    from qwenquant.engine.build import shard_names
+
+    assert shard_names(2, 1) == ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                                 "model-00003-of-00003.safetensors"]
+
+
+def test_a_work_folder_with_streamed_layer_records_is_a_work_folder(tmp_path: Path) -> None:
+    """A quantize killed mid-gptq leaves gptq-layers/ for the re-run to resume from: not foreign."""
+    from qwenquant.outfolder import foreign_in_work
+
+    for name in ("gptq-layers", "gptq", "calibration", ".gptq.abc.partial"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "gptq.record.json").write_text("{}")
+    assert foreign_in_work(tmp_path) == []
+    (tmp_path / "gptq-layers-old").mkdir()
+    assert foreign_in_work(tmp_path) == [tmp_path / "gptq-layers-old"]

@@ -30,6 +30,7 @@ EXIT_CODES = (
     (5, "a quantize or graft-mtp stage failed, or an output folder holds files qwenquant did not write"),
     (6, "check: vLLM would refuse the artifact"),
     (7, "serve/plan: the server did not start or stay healthy, or the memory budget does not fit"),
+    (8, "bench/eval: a measurement could not be made, or a quality gate failed"),
     (130, "interrupted (Ctrl-C)"),
 )
 

@@ -25,10 +25,10 @@ def demo(
     """Build the tiny Qwen3.5 checkpoint, serve it from a loopback Hub, then fetch, quantize,
     verify and (with vLLM installed) serve it and print one completion."""
     from qwenquant.console import stdout
-    from qwenquant.demo import RANDOM_NOTE, next_steps, run_demo
+    from qwenquant.demo import MODEL_NOTE, next_steps, run_demo
 
     r = run_demo(work, serve=serve, force=force)
-    stdout.print(f"model:       the built-in tiny Qwen3.5, {RANDOM_NOTE}", markup=False)
+    stdout.print(f"model:       {MODEL_NOTE}", markup=False)
     stdout.print(f"commit:      {r.commit}", markup=False)
     stdout.print(f"artifact:    {r.artifact}", markup=False)
     stdout.print(f"root digest: {r.root_digest}", markup=False)
@@ -41,7 +41,7 @@ def demo(
             markup=False,
         )
     if r.served:
-        stdout.print(f"completion:  {r.completion!r} ({RANDOM_NOTE})", markup=False)
+        stdout.print(f"completion:  {r.completion!r}", markup=False)
     else:
         stdout.print(f"serve:       skipped ({r.skipped_serve_reason})", markup=False)
     stdout.print("\n" + "\n".join(next_steps(r.artifact, served_name=r.artifact.name)), markup=False)

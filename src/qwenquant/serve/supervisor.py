@@ -1,5 +1,6 @@
 """Start the server, decide when it is ready, keep watching it, stop it cleanly.
 
+The server runs under qwenquant.serve.watchdog, so it does not outlive this process.
 Ready means: the child is alive and it (or a descendant) owns the listening port, /health answers
 200, /v1/models lists the artifact (served name and `root` = artifact path), and one greedy
 one-token completion succeeds. Output goes to a log file outside the artifact; its tail is kept
@@ -9,6 +10,7 @@ in memory for error messages.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -21,11 +23,12 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from qwenquant.errors import ServeError
 from qwenquant.procenv import child_env
 from qwenquant.serve.ports import listener_pids, process_tree
+from qwenquant.serve.watchdog import watchdog_command
 
 log = logging.getLogger(__name__)
 TAIL_LINES = 200
@@ -68,8 +71,11 @@ class Server:
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         # 0600: vLLM may echo its arguments (the API key) into the log
         self._log = os.fdopen(os.open(spec.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
+        # Under the watchdog, whose group (vLLM and its engine cores) dies with this process even
+        # when it is SIGKILLed; started from this thread, which lives as long as the server.
+        command = watchdog_command(sys.executable, os.getpid(), spec.grace, spec.command)
         self.proc = subprocess.Popen(
-            spec.command, env=child_env(spec.env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            command, env=child_env(spec.env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True,  # own process group: we signal all of it
         )
         self._reader = threading.Thread(target=self._pump, name="server-log", daemon=True)
@@ -238,3 +244,18 @@ def _wait_ready(server: Server) -> None:
                              f"of {spec.log_path}:\n{server.last_lines()}",
                              hint="raise --timeout if it is still loading, else read the log")
         time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def running(spec: ServerSpec) -> Iterator[Server]:
+    """A ready server for the length of a with-block (`qwenquant bench --serve`); always stopped and reaped."""
+    server = Server(spec)
+    try:
+        log.info("server pid %d, log %s", server.proc.pid, spec.log_path)
+        _wait_ready(server)
+        yield server
+        if server.proc.poll() is not None:
+            raise ServeError(f"the server exited with code {server.proc.returncode} during the run; last lines of "
+                             f"{spec.log_path}:\n{server.last_lines()}", hint="read the log above")
+    finally:
+        server.stop(spec.grace)

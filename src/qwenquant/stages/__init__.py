@@ -4,8 +4,9 @@
 
     source       stages/source.py       verify the fetched model (or hash a local one)
     calibration  stages/calibration.py  text -> token ids + fingerprint
-    gptq         stages/gptq.py         llm-compressor GPTQ, unquantized tensors restored from source bytes
-    lm_head      stages/lm_head.py      activation-calibrated int4 head (math: quant/head_gptq.py)
+    gptq         stages/gptq.py         GPTQ layer by layer (engine/), or llm-compressor oneshot + restore
+    lm_head      stages/lm_head.py      activation-calibrated int4 head (math: quant/head_gptq.py),
+                                        calibrated from the gptq stage's head-calibration/
     mtp          stages/mtp.py          bf16 MTP head grafted byte-identical (also `qwenquant graft-mtp`)
     textonly     stages/textonly.py     Qwen3_5ForCausalLM layout for vLLM (or keep multimodal)
     check        stages/check.py        vLLM load rules and the byte-identity proofs

@@ -1,11 +1,16 @@
-"""GPTQ stage: llm-compressor `oneshot` on the calibration tokens, then restore and prove.
+"""GPTQ stage: the decoder layers' Linears to int4 on the calibration tokens, then prove.
 
-llm-compressor 0.14 wraps every oneshot in `norm_calibration_context`, which rounds each
-offset-norm weight through bf16 as (1 + w) and back, so the saved norms differ from the source
-(docs/known-issues.md#norm-rounding). GPTQ does not need the context, and 0.14 has no switch to turn it off; instead,
-after the save, every tensor the recipe does not quantize is taken back from the source bytes
-(`restore_plan`) and shards are re-written deterministically; `identity.prove_unquantized_identical`
-then checks it on every build. MTP tensors are left out here and grafted by the mtp stage.
+Two engines, chosen by QWENQUANT_GPTQ_ENGINE (`gptq_engine`):
+- `streamed` (default): qwenquant/engine, one decoder layer in memory at a time, resumable per
+  layer; it also leaves the lm_head stage its calibration (engine/headcal.py). Unquantized tensors
+  are copied as the source's raw bytes.
+- `oneshot`: llm-compressor `oneshot` on the whole model. llm-compressor 0.14 wraps every oneshot
+  in `norm_calibration_context`, which rounds each offset-norm weight through bf16 as (1 + w) and
+  back, so the saved norms differ from the source (docs/known-issues.md#norm-rounding); 0.14 has
+  no switch to turn it off, so after the save every tensor the recipe does not quantize is taken
+  back from the source bytes (`restore_plan`) and shards are re-written deterministically.
+Either way `identity.prove_unquantized_identical` checks the output on every build. MTP tensors
+are left out here and grafted by the mtp stage.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qwenquant.atomic import atomic_write_bytes, pretty_json
-from qwenquant.errors import StageError
+from qwenquant.errors import StageError, UsageError
 from qwenquant.checkpoint.identity import quantized_module, prove_unquantized_identical, recipe_quantizes
 from qwenquant.checkpoint.tensorfile import TensorRef, checkpoint_refs, write_checkpoint_tensors
 from qwenquant.hashing import sha256_json
@@ -34,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MTP_PREFIX = "mtp."
+ENGINES = ("streamed", "oneshot")
 # Side files carried from the source into the artifact (processor files dropped later by text-only).
 CARRY_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
@@ -193,21 +199,28 @@ def run_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, ou
     saved_cfg = json.loads((raw / "config.json").read_text())
     tensors = restore_plan(checkpoint_refs(raw), checkpoint_refs(source_dir))
     write_checkpoint_tensors(out_dir, tensors, max_shard_bytes)
-    atomic_write_bytes(out_dir / "config.json", pretty_json(quantized_config(src_cfg, saved_cfg, list(q.ignore))))
-    carry_side_files(source_dir, out_dir)
     shutil.rmtree(raw)
+    finish_output(source_dir, out_dir, q, saved_cfg["quantization_config"])
+    quantized = sorted({m for n in tensors if (m := quantized_module(n))})
+    log.info("gptq: %d Linear modules quantized; %d unquantized tensors byte-identical to the source",
+             len(quantized), sum(1 for n in tensors if quantized_module(n) is None))
+    return {"quantized_modules": len(quantized), "tensors": len(tensors)}
 
+
+def finish_output(source_dir: Path, out_dir: Path, q: QuantizationSpec, quantization_config: dict[str, Any]) -> None:
+    """Write config.json (source config + `quantization_config`) and the side files into `out_dir`,
+    then prove every tensor the recipe does not quantize byte-identical to the source."""
+    src_cfg = json.loads((Path(source_dir) / "config.json").read_text())
+    config = quantized_config(src_cfg, {"quantization_config": quantization_config}, list(q.ignore))
+    atomic_write_bytes(out_dir / "config.json", pretty_json(config))
+    carry_side_files(source_dir, out_dir)
     problems = prove_unquantized_identical(
         out_dir, source_dir, rename=lambda n: n,
         may_quantize=recipe_quantizes(list(q.ignore), head_quantized=False),
         skip_source=lambda n: n.startswith(MTP_PREFIX))
     if problems:
         raise StageError("GPTQ output: tensors the recipe does not quantize differ from the source:\n  "
-                         + "\n  ".join(problems[:20]), hint="this is a bug in the restore step; file it with the log")
-    quantized = sorted({m for n in tensors if (m := quantized_module(n))})
-    log.info("gptq: %d Linear modules quantized; %d unquantized tensors byte-identical to the source",
-             len(quantized), sum(1 for n in tensors if quantized_module(n) is None))
-    return {"quantized_modules": len(quantized), "tensors": len(tensors)}
+                         + "\n  ".join(problems[:20]), hint="this is a bug in the gptq stage; file it with the log")
 
 
 def carry_side_files(source_dir: Path, out_dir: Path) -> list[str]:
@@ -221,20 +234,62 @@ def carry_side_files(source_dir: Path, out_dir: Path) -> list[str]:
     return carried
 
 
+def gptq_engine() -> str:
+    """`streamed` (layer by layer, resumable; qwenquant/engine) or `oneshot` (llm-compressor whole-model),
+    from QWENQUANT_GPTQ_ENGINE."""
+    name = os.environ.get("QWENQUANT_GPTQ_ENGINE", "streamed")
+    if name not in ENGINES:
+        raise UsageError(f"QWENQUANT_GPTQ_ENGINE must be streamed or oneshot, got {name!r}",
+                         hint="unset QWENQUANT_GPTQ_ENGINE to use the streamed engine")
+    return name
+
+
+def heldout_fraction(ctx: StageContext) -> float:
+    """The share of calibration samples the lm_head stage keeps for its quality report (the
+    streamed engine calibrates the head in its own pass, so its output depends on it)."""
+    return ctx.recipe.lm_head.heldout_fraction if ctx.recipe.lm_head.enabled else 0.0
+
+
 def _inputs(ctx: StageContext) -> dict[str, str]:
     return {"source": ctx.digest("source"), "calibration": ctx.digest("calibration"),
             "quantization": sha256_json(ctx.recipe.quantization.model_dump(mode="json")),
-            "artifact": sha256_json(ctx.recipe.artifact.model_dump(mode="json")), "device": ctx.device}
+            "artifact": sha256_json(ctx.recipe.artifact.model_dump(mode="json")), "device": ctx.device,
+            "engine": gptq_engine(), "heldout": str(heldout_fraction(ctx))}
 
 
 def _params(ctx: StageContext) -> dict[str, Any]:
     return {"quantization": ctx.recipe.quantization.model_dump(mode="json"), "device": ctx.device}
 
 
+def _run_streamed(ctx: StageContext, samples: list[list[int]], out_dir: Path) -> dict[str, Any]:
+    from qwenquant.engine.build import discard_layers, run_streamed_gptq
+    from qwenquant.engine.quantize import quantization_config, resolve_scheme
+    from qwenquant.engine.run import ENGINE_VERSION
+    from qwenquant.stages.lm_head import split_heldout
+
+    q = ctx.recipe.quantization
+    layers_root = ctx.work / "gptq-layers"
+    # what every layer record depends on (the held-out split only shapes the head calibration)
+    fingerprint = sha256_json({"source": ctx.digest("source"), "calibration": ctx.digest("calibration"),
+                               "quantization": q.model_dump(mode="json"), "device": ctx.device,
+                               "engine": ENGINE_VERSION})
+    _, held = split_heldout(len(samples), heldout_fraction(ctx))
+    info = run_streamed_gptq(ctx.source, samples, q, out_dir, heldout=held,
+                             max_shard_bytes=ctx.recipe.artifact.max_shard_bytes, layers_root=layers_root,
+                             fingerprint=fingerprint, device=ctx.device, progress=ctx.progress_for("gptq layers"))
+    finish_output(ctx.source, out_dir, q, quantization_config(resolve_scheme(q)))
+    discard_layers(layers_root)
+    return info
+
+
 def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
     from qwenquant.stages.calibration import load_tokens
 
-    return run_gptq(ctx.source, load_tokens(ctx.dir("calibration")), ctx.recipe.quantization, out_dir,
+    samples = load_tokens(ctx.dir("calibration"))
+    set_deterministic()
+    if gptq_engine() == "streamed":
+        return _run_streamed(ctx, samples, out_dir)
+    return run_gptq(ctx.source, samples, ctx.recipe.quantization, out_dir,
                     max_shard_bytes=ctx.recipe.artifact.max_shard_bytes, device=ctx.device,
                     progress=ctx.progress_for("gptq layers"))
 

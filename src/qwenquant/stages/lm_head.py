@@ -1,8 +1,10 @@
 """lm_head stage: activation-calibrated int4 head (the math: quant/head_gptq.py, quant/head_quality.py).
 
-Final-norm hidden states of the original-precision model over the calibration tokens feed the
-head's Hessian; `heldout_fraction` of the samples (the last ones, deterministic) are kept back
-for the quality report (KL and top-1 against the bf16 head, GPTQ vs RTN).
+Final-norm hidden states over the calibration tokens feed the head's Hessian; `heldout_fraction`
+of the samples (the last ones, deterministic) are kept back for the quality report (KL and top-1
+against the bf16 head, GPTQ vs RTN). The streamed gptq engine computes both in its own pass and
+leaves them in the gptq stage folder (engine/headcal.py): this stage's first step reads them
+there. Only after the oneshot engine, which leaves none, is the whole model loaded to capture them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from qwenquant.hashing import sha256_json
 from qwenquant.stage import Stage, StageContext
 
 if TYPE_CHECKING:
+    from qwenquant.engine.headcal import HeadCalibration
     from qwenquant.recipe import LmHeadSpec
 
 log = logging.getLogger(__name__)
@@ -64,15 +67,13 @@ def _load_model(source_dir: Path, device: str) -> Any:
     return model.eval()
 
 
-def run_head(source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, prev_dir: Path, out_dir: Path, *,
-             device: str, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Quantize lm_head into `out_dir` (= `prev_dir` with the head packed); return the quality report."""
+def _capture_from_model(source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, device: str) -> HeadCalibration:
+    """Final hidden states from the whole original-precision model (after the oneshot engine)."""
     import torch
 
+    from qwenquant.engine.headcal import HeadCalibration
     from qwenquant.quant import head_gptq as lh
-    from qwenquant.stages.gptq import set_deterministic
 
-    set_deterministic()
     calib_idx, held_idx = split_heldout(len(samples), spec.heldout_fraction)
     model = _load_model(source_dir, device)
     H: torch.Tensor | None = None
@@ -93,35 +94,45 @@ def run_head(source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, prev_
     del model
     if H is None:
         raise StageError("no calibration tokens reached lm_head", hint="check the calibration set")
-    src_refs = checkpoint_refs(source_dir)
-    ref = src_refs[f"{HEAD}.weight"]
+    return HeadCalibration(H, n_tokens, torch.cat(held) if held else None, len(held_idx))
+
+
+def _quality(spec: LmHeadSpec, report: dict[str, Any] | None, cal: HeadCalibration, fallback: bool) -> dict[str, Any]:
+    """The quality report the record, the manifest and qwenquant-quality.json keep."""
+    pick = (lambda k: report[k]) if report else (lambda k: None)
+    return {"lm_head": {
+        "method": spec.method, "rtn": pick("rtn"), "gptq": pick("gptq"), "kl_reduction_pct": pick("kl_reduction_pct"),
+        "calibration_tokens": int(cal.tokens),
+        "heldout_tokens": int(cal.heldout.shape[0]) if cal.heldout is not None else 0,
+        "heldout_samples": cal.heldout_samples,
+        "evaluated_on": "heldout" if report else "none",
+        "used_rtn_fallback": bool(fallback),
+    }}
+
+
+def run_head(source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, prev_dir: Path, out_dir: Path, *,
+             device: str, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Quantize lm_head into `out_dir` (= `prev_dir` with the head packed); return the quality report."""
+    import torch
+
+    from qwenquant.engine import headcal
+    from qwenquant.quant import head_gptq as lh
+    from qwenquant.stages.gptq import set_deterministic
+
+    set_deterministic()
+    cal = headcal.load(prev_dir)  # the streamed gptq engine calibrated the head in its own pass
+    if cal is None:
+        cal = _capture_from_model(source_dir, samples, spec, device)
+    ref = checkpoint_refs(source_dir)[f"{HEAD}.weight"]
     W = torch.frombuffer(ref.read_bytearray(), dtype=torch.bfloat16 if ref.dtype == "BF16" else torch.float32)
     W = W.reshape(ref.shape)
     common = dict(num_bits=spec.num_bits, group_size=spec.group_size, symmetric=spec.symmetric,
                   row_chunk=spec.row_chunk, device=device)
-    q_gptq = lh.gptq_quantize_rows(W, H, dampening_frac=spec.dampening_frac, block_size=spec.block_size,
-                                   progress=progress, **common)
+    q_gptq = lh.gptq_quantize_rows(W, cal.hessian.to(device), dampening_frac=spec.dampening_frac,
+                                   block_size=spec.block_size, progress=progress, **common)
     q_rtn = lh.rtn_quantize_rows(W, **common)
-    report_hidden = torch.cat(held) if held else None
-    used = "heldout"
-    if report_hidden is None:
-        report = None
-        used = "none"
-    else:
-        report = lh.compare_heads(W, q_rtn, q_gptq, report_hidden, device=device)
-    quality = {
-        "lm_head": {
-            "method": spec.method,
-            "rtn": report["rtn"] if report else None,
-            "gptq": report["gptq"] if report else None,
-            "kl_reduction_pct": report["kl_reduction_pct"] if report else None,
-            "calibration_tokens": int(n_tokens),
-            "heldout_tokens": int(report_hidden.shape[0]) if report_hidden is not None else 0,
-            "heldout_samples": len(held_idx),
-            "evaluated_on": used,
-            "used_rtn_fallback": bool(q_gptq.used_rtn_fallback),
-        }
-    }
+    report = None if cal.heldout is None else lh.compare_heads(W, q_rtn, q_gptq, cal.heldout, device=device)
+    quality = _quality(spec, report, cal, q_gptq.used_rtn_fallback)
     if report and spec.require_better_than_rtn and spec.method == "gptq" and report["gptq"]["kl"] >= report["rtn"]["kl"]:
         raise StageError(
             f"lm_head GPTQ is not better than RTN on held-out tokens (KL {report['gptq']['kl']:.6g} >= "

@@ -74,11 +74,23 @@ def build_tiny_checkpoint(out_dir: Path, *, variant: str = "random", seed: int =
     Same bytes on every run for the same torch version, variant and seed. `out_dir` is built in a
     staging folder beside it and renamed into place (an existing `out_dir` is replaced).
     """
+    out_dir = Path(out_dir)
+    write_checkpoint(out_dir, build_tensors(variant, seed))
+    log.info("wrote tiny %s checkpoint (seed %d) to %s", variant, seed, out_dir)
+    return out_dir
+
+
+def write_checkpoint(
+    out_dir: Path, tensors: dict[str, torch.Tensor], tokenizer_text: str | None = None, dims: config.TinyDims = config.DIMS
+) -> None:
+    """Write `tensors` as a checkpoint folder (shards, index, configs, tokenizer) through a staging dir.
+
+    `tokenizer_text` is a `tokenizer.json` (default: the tiny tokenizer); `dims` give config.json.
+    """
     from safetensors.torch import save
 
-    out_dir = Path(out_dir)
-    tensors = build_tensors(variant, seed)
     plan = plan_shards(tensors)
+    tok_text = tokenizer.tokenizer_json() if tokenizer_text is None else tokenizer_text
     with staging_dir(out_dir) as tmp:
         weight_map: dict[str, str] = {}
         total = 0
@@ -88,14 +100,12 @@ def build_tiny_checkpoint(out_dir: Path, *, variant: str = "random", seed: int =
                 weight_map[n] = shard
                 total += tensors[n].numel() * tensors[n].element_size()
         _write_json(tmp / INDEX, {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
-        _write_json(tmp / "config.json", config.model_config())
-        _write_json(tmp / "generation_config.json", config.generation_config())
-        _write_json(tmp / "preprocessor_config.json", config.preprocessor_config())
-        _write_json(tmp / "video_preprocessor_config.json", config.video_preprocessor_config())
-        _write_json(tmp / "tokenizer_config.json", tokenizer.tokenizer_config())
-        atomic_write_bytes(tmp / "tokenizer.json", tokenizer.tokenizer_json().encode())
-    log.info("wrote tiny %s checkpoint (seed %d) to %s", variant, seed, out_dir)
-    return out_dir
+        _write_json(tmp / "config.json", config.model_config(dims, tokenizer_text))
+        _write_json(tmp / "generation_config.json", config.generation_config(tokenizer_text))
+        _write_json(tmp / "preprocessor_config.json", config.preprocessor_config(dims))
+        _write_json(tmp / "video_preprocessor_config.json", config.video_preprocessor_config(dims))
+        _write_json(tmp / "tokenizer_config.json", tokenizer.tokenizer_config(tokenizer_text))
+        atomic_write_bytes(tmp / "tokenizer.json", tok_text.encode())
 
 
 def constant_token_id() -> int:

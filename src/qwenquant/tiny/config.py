@@ -48,9 +48,10 @@ class TinyDims:
 DIMS = TinyDims()
 
 
-def model_config(dims: TinyDims = DIMS) -> dict[str, Any]:
-    """`config.json`, key for key the shape of the real Qwen3.8-27B config."""
-    ids = tokenizer.token_ids()
+def model_config(dims: TinyDims = DIMS, tokenizer_text: str | None = None) -> dict[str, Any]:
+    """`config.json`, key for key the shape of the real Qwen3.8-27B config (token ids from
+    `tokenizer_text`, a `tokenizer.json`; default the tiny tokenizer)."""
+    ids = tokenizer.token_ids(tokenizer_text)
     if ids["size"] > dims.vocab:
         raise ValueError(f"tokenizer has {ids['size']} tokens, more than the {dims.vocab}-row vocab")
     rotary = 0.25
@@ -125,10 +126,10 @@ def model_config(dims: TinyDims = DIMS) -> dict[str, Any]:
     }
 
 
-def generation_config() -> dict[str, Any]:
+def generation_config(tokenizer_text: str | None = None) -> dict[str, Any]:
     """`generation_config.json`. Greedy on purpose: vLLM takes sampling defaults from this file, and
     temperature > 0 under speculative decoding is broken on vLLM's CPU build (docs/known-issues.md#cpu-spec-sampling)."""
-    ids = tokenizer.token_ids()
+    ids = tokenizer.token_ids(tokenizer_text)
     return {
         "bos_token_id": ids["<|endoftext|>"],
         "do_sample": False,

@@ -88,6 +88,12 @@ CONSTANT_WORD = " the"
 @functools.lru_cache(maxsize=1)
 def tokenizer_json() -> str:
     """Train the tokenizer and return its `tokenizer.json` text (cached per process)."""
+    return train_tokenizer_json([CORPUS], BPE_VOCAB_SIZE)
+
+
+def train_tokenizer_json(texts: list[str], bpe_vocab_size: int) -> str:
+    """Train a byte-level BPE of `bpe_vocab_size` (bytes + merges) on `texts`, append the Qwen added
+    tokens (ids after the BPE vocab) and return the `tokenizer.json` text."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
     from tokenizers.models import BPE
 
@@ -101,13 +107,13 @@ def tokenizer_json() -> str:
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=BPE_VOCAB_SIZE,
+        vocab_size=bpe_vocab_size,
         min_frequency=1,
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         special_tokens=[],
     )
-    tok.train_from_iterator([CORPUS], trainer=trainer)
+    tok.train_from_iterator(texts, trainer=trainer)
     for content, special in ADDED_TOKENS:
         token = AddedToken(content, special=special, normalized=False, single_word=False, lstrip=False, rstrip=False)
         if special:
@@ -117,12 +123,13 @@ def tokenizer_json() -> str:
     return tok.to_str(pretty=True)
 
 
-@functools.lru_cache(maxsize=1)
-def token_ids() -> dict[str, int]:
-    """Ids of every added token, plus `"constant"`: the id of `CONSTANT_WORD`."""
+@functools.lru_cache(maxsize=4)
+def token_ids(tokenizer_text: str | None = None) -> dict[str, int]:
+    """Ids of every added token, plus `"constant"`: the id of `CONSTANT_WORD` (in `tokenizer_text`,
+    a `tokenizer.json`; default the tiny tokenizer)."""
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_str(tokenizer_json())
+    tok = Tokenizer.from_str(tokenizer_json() if tokenizer_text is None else tokenizer_text)
     ids = {content: tok.token_to_id(content) for content, _ in ADDED_TOKENS}
     word = tok.encode(CONSTANT_WORD, add_special_tokens=False).ids
     if len(word) != 1:  # a corpus edit would have to break this; fail loudly at build time
@@ -132,9 +139,9 @@ def token_ids() -> dict[str, int]:
     return ids
 
 
-def tokenizer_config() -> dict[str, Any]:
+def tokenizer_config(tokenizer_text: str | None = None) -> dict[str, Any]:
     """`tokenizer_config.json`: Qwen2-style tokenizer class, special tokens, the chat template."""
-    ids = token_ids()
+    ids = token_ids(tokenizer_text)
     return {
         "add_bos_token": False,
         "add_prefix_space": False,

@@ -1,0 +1,200 @@
+"""`qwenquant serve --gpu-mem 24GiB` on a CUDA GPU: the memory plan beside vLLM's own figures.
+
+For each serve profile: start `qwenquant serve ARTIFACT --profile P --gpu-mem 24GiB --vllm LAUNCHER`,
+wait for `ready`, send one greedy and one sampled completion, stop it (SIGTERM), read vLLM's log for
+its figures and print a plan-vs-vLLM table with % differences; write JSON.
+
+vLLM's log lines read (vLLM 0.26 .. 0.33, v1 engine):
+  "Model loading took 5.4 GiB memory and 12.3 seconds"                  weights loaded
+  "Available KV cache memory: 15.5 GiB"                                 KV + GDN state pool
+  "GPU KV cache size: 1,226,351 tokens"                                 KV tokens
+  "Maximum concurrency for 32,768 tokens per request: 37.43x"
+  "Graph capturing finished in 31 secs, took 0.45 GiB"                  CUDA graph memory
+  "CUDA graph pool memory: 0.44 GiB (actual), 0.5 GiB (estimated), ..." (newer releases)
+  "... torch peak memory increase: 7.36GiB; ..."                        peak activation (DEBUG)
+  "init engine (profile, create kv cache, warmup model) took 256.80 s"  (0.26 says "seconds")
+The peak-activation line is logged at DEBUG, so the server runs with VLLM_LOGGING_LEVEL=DEBUG.
+
+  python bench/serve_cuda_bench.py ARTIFACT --vllm .venv-vllm/qwenquant-vllm.json [--gpu-mem 24GiB]
+      [--profile single-user --profile batch] [--out bench/results/serve_cuda_bench.json] [-- vLLM flags]
+
+Expected (written before the run): KV memory, KV tokens and concurrency within 5% of the plan
+(about 1% was seen at 8 layers); weights within 5% (the plan counts tensor bytes, vLLM measures the
+allocator); activations and CUDA graphs are the plan's estimates and may differ more. Too good to
+believe: weights or KV memory equal to the plan to the byte, or an engine start under 30 s at 64 layers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Optional
+
+GiB = 1024**3
+_NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
+PATTERNS = {
+    "weights_gib": rf"Model loading took {_NUM} ?GiB",
+    "weights_load_s": rf"Model loading took {_NUM} ?GiB(?: memory)? and {_NUM} s",
+    "kv_available_gib": rf"Available KV cache memory: {_NUM} ?GiB",
+    "kv_tokens": rf"KV cache size: {_NUM} tokens",
+    "max_concurrency": rf"Maximum concurrency for {_NUM} tokens(?: per request)?: {_NUM}x",
+    "cuda_graph_gib": rf"Graph capturing finished in {_NUM} secs?, took {_NUM} ?GiB",
+    "cuda_graph_pool_gib": rf"CUDA graph pool memory: {_NUM} ?GiB \(actual\)",
+    "cuda_graph_estimate_gib": rf"Estimated CUDA graph memory: {_NUM} ?GiB",
+    "peak_activation_gib": rf"torch peak memory increase: {_NUM} ?GiB",
+    "non_kv_gib": rf"Total non KV cache memory: {_NUM} ?GiB",
+    "engine_init_s": rf"init engine \(profile, create kv cache, warmup model\) took {_NUM} s",
+}
+_LAST_GROUP = {"weights_load_s", "max_concurrency", "cuda_graph_gib"}  # the figure is the 2nd number
+
+
+def _num(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def parse_vllm_log(text: str) -> dict[str, float]:
+    """vLLM's own figures from its log (the last occurrence of each); absent lines are left out."""
+    out: dict[str, float] = {}
+    for key, pattern in PATTERNS.items():
+        matches = list(re.finditer(pattern, text))
+        if matches:
+            m = matches[-1]
+            out[key] = _num(m.group(m.lastindex if key in _LAST_GROUP else 1))
+            if key == "max_concurrency":
+                out["max_concurrency_len"] = _num(m.group(1))
+    if "cuda_graph_gib" not in out and "cuda_graph_pool_gib" in out:
+        out["cuda_graph_gib"] = out["cuda_graph_pool_gib"]
+    return out
+
+
+def plan_figures(budget: Any) -> dict[str, float]:
+    """The plan's figures in the units vLLM logs (GiB, tokens, sequences)."""
+    c = budget.cache
+    blocks = max(budget.cache_available, 0) // c.block_bytes
+    return {
+        "weights_gib": budget.weights_bytes / GiB,
+        "kv_available_gib": budget.cache_available / GiB,
+        # every KV cache group holds its own block per token block (vLLM get_kv_cache_capacity)
+        "kv_tokens": blocks // (c.attn_groups + c.gdn_groups) * c.block_tokens,
+        "max_concurrency": budget.cache_available / budget.seq_bytes,
+        "peak_activation_gib": budget.activation_bytes / GiB,
+        "cuda_graph_gib": (budget.runtime_bytes - GiB // 2) / GiB,  # the runtime term minus the context
+    }
+
+
+def compare(plan: dict[str, float], vllm: dict[str, float]) -> list[dict[str, Any]]:
+    """Rows of (figure, plan, vLLM, % difference of the plan from vLLM); >5% is flagged."""
+    rows = []
+    for key in ("weights_gib", "kv_available_gib", "kv_tokens", "max_concurrency", "peak_activation_gib",
+                "cuda_graph_gib", "engine_init_s"):
+        p, v = plan.get(key), vllm.get(key)
+        diff = (p - v) / v * 100 if p is not None and v else None
+        rows.append({"figure": key, "plan": p, "vllm": v, "diff_pct": diff,
+                     "flag": diff is not None and abs(diff) > 5})
+    return rows
+
+
+def table(profile: str, rows: list[dict[str, Any]]) -> str:
+    def fmt(x: Optional[float]) -> str:
+        return "-" if x is None else (f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.2f}")
+
+    lines = [f"profile {profile}", f"  {'figure':<22}{'plan':>14}{'vLLM':>14}{'diff':>10}"]
+    for r in rows:
+        d = "-" if r["diff_pct"] is None else f"{r['diff_pct']:+.1f}%"
+        lines.append(f"  {r['figure']:<22}{fmt(r['plan']):>14}{fmt(r['vllm']):>14}{d:>10}{'  > 5%' if r['flag'] else ''}")
+    return "\n".join(lines)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _complete(url: str, model: str, temperature: float) -> dict[str, Any]:
+    body = {"model": model, "prompt": "The capital of France is", "max_tokens": 32, "temperature": temperature,
+            "seed": 1234}
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.monotonic()
+    with urllib.request.urlopen(req, timeout=300) as r:
+        answer = json.loads(r.read())
+    return {"temperature": temperature, "text": answer["choices"][0]["text"], "seconds": time.monotonic() - t0,
+            "usage": answer.get("usage")}
+
+
+def run_profile(args: argparse.Namespace, profile: str, log_path: Path) -> dict[str, Any]:
+    """Serve one profile to ready, ask two completions, stop; vLLM's figures and the answers."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "qwenquant", "serve", str(args.artifact), "--profile", profile,
+           "--gpu-mem", args.gpu_mem, "--port", str(port), "--log-file", str(log_path), "--timeout", str(args.timeout)]
+    if args.vllm:
+        cmd += ["--vllm", args.vllm]
+    if args.extra:
+        cmd += ["--", *args.extra]
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "DEBUG"}
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    result: dict[str, Any] = {"profile": profile, "command": cmd, "log": str(log_path)}
+    try:
+        line = p.stdout.readline().strip()
+        if not line.startswith("ready "):
+            result["error"] = f"serve exited with {p.wait()} before ready (see {log_path})"
+            return result
+        result["ready_s"] = time.monotonic() - t0
+        url = line.split()[1]
+        model = json.loads(urllib.request.urlopen(url + "/v1/models", timeout=30).read())["data"][0]["id"]
+        result["completions"] = [_complete(url, model, 0.0), _complete(url, model, 0.8)]
+    finally:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            result["serve_exit"] = p.wait(timeout=120)
+    result["vllm"] = parse_vllm_log(log_path.read_text(errors="replace")) if log_path.exists() else {}
+    return result
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("artifact", type=Path)
+    ap.add_argument("--vllm", help="qwenquant-vllm.json, a python or a vllm executable (default: serve's search)")
+    ap.add_argument("--gpu-mem", default="24GiB")
+    ap.add_argument("--profile", action="append", default=[])
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--out", type=Path, default=Path("bench/results/serve_cuda_bench.json"))
+    ap.add_argument("extra", nargs="*", help="vLLM flags after --")
+    args = ap.parse_args(argv)
+    from qwenquant.serve.command import make_plan, parse_size
+
+    profiles = args.profile or ["single-user", "batch"]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"artifact": str(args.artifact.resolve()), "gpu_mem": args.gpu_mem,
+                              "date": time.strftime("%Y-%m-%d"), "extra": args.extra, "profiles": {}}
+    print("Expected" + __doc__.split("Expected", 1)[1].rstrip(), file=sys.stderr)
+    for profile in profiles:
+        plan = make_plan(args.artifact, parse_size(args.gpu_mem), profiles=[profile]).budgets[profile]
+        res = run_profile(args, profile, args.out.with_name(f"serve-{profile}.log"))
+        vllm = dict(res.get("vllm", {}))
+        res["plan"] = plan_figures(plan)
+        res["rows"] = compare(res["plan"], vllm)
+        report["profiles"][profile] = res
+        print(table(profile, res["rows"]))
+        for c in res.get("completions", []):
+            print(f"  T={c['temperature']}: {c['text']!r} ({c['seconds']:.1f} s)")
+        if "error" in res:
+            print(f"  error: {res['error']}")
+    args.out.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {args.out}")
+    return 0 if all("error" not in r for r in report["profiles"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

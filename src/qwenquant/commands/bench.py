@@ -1,0 +1,66 @@
+"""`qwenquant bench` (light imports; the work is in qwenquant.probe)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from qwenquant.commands._app import Device, app
+
+
+@app.command(context_settings={"allow_interspersed_args": True})
+def bench(
+    args: Optional[list[str]] = typer.Argument(None, help="URL of a running server; with --serve: vLLM flags after --.",
+                                               show_default=False),
+    serve: Optional[Path] = typer.Option(None, "--serve", help="Artifact to serve (through `qwenquant serve`) for the run."),
+    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Serve profile with --serve: single-user (default) or batch."),
+    gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", help="With --serve: behave as on a card of this size."),
+    compare: Optional[tuple[str, str]] = typer.Option(None, "--compare", help="Two configurations A B, run in rounds."),
+    prompts: str = typer.Option("narrative,code,quote", help="Prompts to send (comma-separated)."),
+    sampling: str = typer.Option("greedy,sampled", help="Sampling presets (comma-separated)."),
+    thinking: str = typer.Option("auto", help="auto (off and on where supported), both, on, off, default."),
+    max_tokens: Optional[int] = typer.Option(None, help="Tokens per request (default: the bench config's)."),
+    repeats: Optional[int] = typer.Option(None, help="Requests per cell per round."),
+    rounds: Optional[int] = typer.Option(None, help="Rounds (default 1, or the config's with --compare)."),
+    max_concurrency: Optional[int] = typer.Option(None, help="Top of the ladder (default: the profile's max-num-seqs; 1 for a URL)."),
+    ignore_eos: bool = typer.Option(True, help="Send ignore_eos so every request generates exactly --max-tokens."),
+    model: Optional[str] = typer.Option(None, help="Model name for a URL (default: the first it lists)."),
+    api_key: Optional[str] = typer.Option(None, envvar="QWENQUANT_API_KEY", help="API key to send."),
+    config: Optional[Path] = typer.Option(None, help="Bench config YAML (default: the shipped one)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="JSON file to write (the PNG goes beside it)."),
+    vllm: Optional[str] = typer.Option(None, help="vLLM to run with --serve (as for `qwenquant serve`)."),
+    device: Optional[Device] = typer.Option(None, help="cuda or cpu, with --serve (as for `qwenquant serve`)."),
+    timeout: float = typer.Option(900.0, help="Seconds a served server may take to become ready."),
+) -> None:
+    """Measure tokens/s, TTFT and MTP acceptance of a server; compare two configurations in rounds.
+
+    Examples:
+
+      qwenquant bench http://127.0.0.1:8000 --max-concurrency 8
+
+      qwenquant bench --serve artifacts/q27b --profile single-user --gpu-mem 24GiB
+
+      qwenquant bench --serve artifacts/q27b --compare "--label mtp-on --profile single-user"
+      "--label mtp-off --profile single-user -- --speculative-config null"
+    """
+    from qwenquant.probe.runner import Options
+    from qwenquant.probe.session import Request, argv_now, default_out, run
+    from qwenquant.probe.render import print_report
+
+    from qwenquant.errors import UsageError
+
+    words = list(args or [])
+    if serve and words and not words[0].startswith("-"):
+        raise UsageError(f"give a URL ({words[0]}) or --serve ARTIFACT, not both", hint="vLLM flags go after --")
+    url = None if serve or not words else words.pop(0)
+    opts = Options(prompts=prompts.split(","), samplings=sampling.split(","), thinking=thinking, max_tokens=max_tokens,
+                   repeats=repeats, rounds=rounds, max_concurrency=max_concurrency, ignore_eos=ignore_eos)
+    req = Request(url=url, serve=serve, profile=profile, gpu_mem=gpu_mem, extra=words if serve else [],
+                  compare=compare, options=opts, out=out or default_out(), config=config, model=model,
+                  api_key=api_key, vllm=vllm, device=device.value if device else None,
+                  timeout=timeout)
+    if words and not serve:
+        raise UsageError(f"unexpected arguments {words}", hint="vLLM flags after -- go with --serve")
+    print_report(run(req, argv_now()))

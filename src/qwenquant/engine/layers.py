@@ -1,0 +1,92 @@
+"""Per-layer completion records: what makes the streamed GPTQ resumable after a crash.
+
+Each finished decoder layer leaves `layer-NNNNN/tensors.safetensors` (every tensor of that layer as
+it goes into the artifact: packed quantized Linears, unquantized tensors as the source's raw bytes)
+and, written last, `layer-NNNNN/record.json`: layer index, the run's input fingerprint (source,
+calibration, quantization parameters, device, engine), the file's sha256 and size, and a sha256
+over the record itself. A record is trusted only when all of these check out against the current
+inputs and the bytes on disk; existence alone proves nothing. The folder lives in the work area
+beside the stage staging folders, so a killed stage's clean-up leaves it alone.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from qwenquant.atomic import atomic_write_bytes, pretty_json
+from qwenquant.hashing import sha256_file
+from qwenquant.hashing import sha256_json
+from qwenquant.checkpoint.tensorfile import RawTensor, TensorRef, shard_refs, write_shard
+
+RECORD = "record.json"
+TENSORS = "tensors.safetensors"
+SCHEMA = 1
+
+
+def layer_dir(root: Path, i: int) -> Path:
+    return Path(root) / f"layer-{i:05d}"
+
+
+def _body_digest(body: Mapping[str, Any]) -> str:
+    return sha256_json({k: v for k, v in body.items() if k != "record_sha256"})
+
+
+def write_layer(root: Path, i: int, tensors: Mapping[str, RawTensor | TensorRef], fingerprint: str) -> Path:
+    """Persist layer i's artifact tensors, then its self-hashed record; return the tensors file."""
+    d = layer_dir(root, i)
+    (d / RECORD).unlink(missing_ok=True)  # an older record never describes the file written next
+    d.mkdir(parents=True, exist_ok=True)
+    write_shard(d / TENSORS, list(tensors.values()))
+    body: dict[str, Any] = {"schema_version": SCHEMA, "layer": i, "fingerprint": fingerprint,
+                            "file": TENSORS, "sha256": sha256_file(d / TENSORS),
+                            "size": (d / TENSORS).stat().st_size, "tensors": sorted(tensors)}
+    body["record_sha256"] = _body_digest(body)
+    atomic_write_bytes(d / RECORD, pretty_json(body))
+    return d / TENSORS
+
+
+def check_layer(root: Path, i: int, fingerprint: str) -> str | None:
+    """None when layer i's record is trustworthy for these inputs, else why not."""
+    d = layer_dir(root, i)
+    try:
+        body = json.loads((d / RECORD).read_bytes())
+    except FileNotFoundError:
+        return "no record"
+    except (ValueError, UnicodeDecodeError):
+        return "record is not valid JSON"
+    if not isinstance(body, dict) or body.get("record_sha256") != _body_digest(body):
+        return "record fails its self-hash"
+    if body.get("schema_version") != SCHEMA or body.get("layer") != i:
+        return "record is for another layer or format"
+    if body.get("fingerprint") != fingerprint:
+        return "inputs changed"
+    f = d / TENSORS
+    if not f.is_file() or f.stat().st_size != body.get("size") or sha256_file(f) != body.get("sha256"):
+        return "tensors changed on disk"
+    return None
+
+
+def completed_layers(root: Path, num_layers: int, fingerprint: str) -> tuple[int, str]:
+    """How many layers from 0 on are proven complete, and why the next one is not. Records after
+    the first untrusted one are removed: their inputs came through a layer that will be redone."""
+    k = 0
+    reason = "no record"
+    while k < num_layers:
+        why = check_layer(root, k, fingerprint)
+        if why is not None:
+            reason = why
+            break
+        k += 1
+    for j in range(k, num_layers):
+        if layer_dir(root, j).exists():
+            shutil.rmtree(layer_dir(root, j))
+    return k, reason
+
+
+def layer_refs(root: Path, i: int) -> dict[str, TensorRef]:
+    """The tensors of a completed layer, by full name."""
+    return shard_refs(layer_dir(root, i) / TENSORS)

@@ -1,0 +1,106 @@
+"""Offline eval: an artifact against its bf16 source on fixed held-out windows, paired per window.
+
+Arms (all through the same `TextForward` over dense weights):
+  reference          the source, bf16 weights
+  w4a16-body         the artifact's body with the source's bf16 lm_head
+  w4a16+rtn-head     the artifact's body with a round-to-nearest int4 lm_head (the baseline)
+  artifact           the artifact as shipped (body + its own, calibrated, head)
+MTP: how often the MTP head's t+2 prediction equals the model's own greedy t+2 token (the rate at
+which a greedy server would accept the first draft), for the reference and the artifact.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qwenquant.evaluate import metrics
+from qwenquant.evaluate.forward import DenseForward, TextForward
+from qwenquant.evaluate.weights import load_dense
+
+ARMS = ("w4a16-body", "w4a16+rtn-head", "artifact")
+
+
+def rtn_head(weight: torch.Tensor, group_size: int = 128) -> torch.Tensor:
+    """Round-to-nearest symmetric int4 of `weight`, dequantized (the lm_head stage's baseline)."""
+    from qwenquant.quant.head_gptq import rtn_quantize_rows
+
+    return rtn_quantize_rows(weight, group_size=group_size, device="cpu").dequantize(torch.float32)
+
+
+def _mtp_agree(fwd: TextForward, ids: torch.Tensor, hidden: torch.Tensor, head: torch.Tensor,
+               greedy: torch.Tensor) -> torch.Tensor | None:
+    """Per window: fraction of positions where the MTP t+2 argmax equals the model's greedy t+2 token."""
+    out = fwd.mtp_hidden(ids, hidden)
+    if out is None:
+        return None
+    return ((out @ head.T).argmax(-1) == greedy[:, 1:]).float().mean(dim=1).cpu()
+
+
+def _batch_stats(ref: TextForward, art: TextForward, heads: dict[str, torch.Tensor], ids: torch.Tensor
+                 ) -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor]:
+    """Per-window figures of every arm for one batch, and the reference's hidden states (for the head test)."""
+    targets = ids[:, 1:]
+    h_ref = ref.final_hidden(ids)
+    h_art = art.final_hidden(ids)
+    ref_logits = h_ref @ heads["reference"].T
+    stats: dict[str, dict[str, torch.Tensor]] = {
+        "reference": {"nll": metrics.window_nll(ref_logits[:, :-1].cpu(), targets)}}
+    for arm, (hidden, head) in {"w4a16-body": (h_art, heads["reference"]), "w4a16+rtn-head": (h_art, heads["rtn"]),
+                                "artifact": (h_art, heads["artifact"])}.items():
+        logits = hidden @ head.T
+        kl, top1 = metrics.window_kl_top1(ref_logits[:, :-1].cpu(), logits[:, :-1].cpu())
+        stats[arm] = {"nll": metrics.window_nll(logits[:, :-1].cpu(), targets), "kl": kl, "top1": top1}
+    for arm, fwd, hidden, head in (("reference", ref, h_ref, heads["reference"]), ("artifact", art, h_art, heads["artifact"])):
+        agree = _mtp_agree(fwd, ids, hidden, head, (hidden @ head.T).argmax(-1))
+        if agree is not None:
+            stats[arm]["mtp_agree"] = agree
+    return stats, h_ref[:, :-1].reshape(-1, h_ref.shape[-1]).cpu()
+
+
+def evaluate_forwards(ref: TextForward, art: TextForward, heads: dict[str, torch.Tensor], windows: torch.Tensor,
+                      *, batch: int = 8) -> dict[str, Any]:
+    """Every figure of the report from two forwards, the three heads and the windows [N, L]."""
+    from qwenquant.quant.head_quality import compare_heads
+
+    per: dict[str, dict[str, list[torch.Tensor]]] = {}
+    hidden = []
+    for i in range(0, windows.shape[0], batch):
+        stats, h = _batch_stats(ref, art, heads, windows[i: i + batch])
+        hidden.append(h)
+        for arm, figs in stats.items():
+            for k, v in figs.items():
+                per.setdefault(arm, {}).setdefault(k, []).append(v)
+    cat = {arm: {k: torch.cat(v) for k, v in figs.items()} for arm, figs in per.items()}
+    ref_nll = cat["reference"]["nll"]
+    arms: dict[str, Any] = {"reference": {"ppl": metrics.paired_ppl(ref_nll, ref_nll)["ppl"]}}
+    for arm in ARMS:
+        arms[arm] = {**metrics.paired_ppl(ref_nll, cat[arm]["nll"]),
+                     "kl": float(cat[arm]["kl"].mean()), "top1": float(cat[arm]["top1"].mean())}
+    mtp = {arm: {"agree": float(cat[arm]["mtp_agree"].mean()),
+                 "acceptance_length_1": 1 + float(cat[arm]["mtp_agree"].mean())}
+           for arm in ("reference", "artifact") if "mtp_agree" in cat[arm]}
+    if len(mtp) == 2:
+        mtp["change_pct"] = 100 * (mtp["artifact"]["acceptance_length_1"] / mtp["reference"]["acceptance_length_1"] - 1)
+    head = compare_heads(heads["reference"].cpu(), heads["rtn"].cpu(), heads["artifact"].cpu(), torch.cat(hidden), device="cpu")
+    head["ratio"] = head["gptq"]["kl"] / head["rtn"]["kl"] if head["rtn"]["kl"] > 0 else None
+    return {"arms": arms, "lm_head": head, "mtp": mtp}
+
+
+def run_offline(reference: Path, artifact: Path, windows: torch.Tensor, *, device: str = "cpu",
+                batch: int = 8) -> dict[str, Any]:
+    """Load both folders as dense float weights on `device` and evaluate them on `windows` [N, L]."""
+    start = time.monotonic()
+    ref_cfg, ref_t = load_dense(reference)
+    art_cfg, art_t = load_dense(artifact)
+    heads = {"reference": ref_t["lm_head.weight"], "rtn": rtn_head(ref_t["lm_head.weight"]),
+             "artifact": art_t["lm_head.weight"]}
+    heads = {k: v.float().to(device) for k, v in heads.items()}
+    ref, art = DenseForward(ref_cfg, ref_t, device), DenseForward(art_cfg, art_t, device)
+    report = evaluate_forwards(ref, art, heads, windows, batch=batch)
+    report.update(windows=int(windows.shape[0]), window_len=int(windows.shape[1]), device=device,
+                  seconds=round(time.monotonic() - start, 1))
+    return report

@@ -1,0 +1,68 @@
+"""The eval report: goals, where the JSON goes (beside the artifact, outside its hashed files), the table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+# The issue's goals: calibrated head KL <= 0.5x round-to-nearest; W4A16 + calibrated head within 3%
+# of bf16 perplexity; MTP acceptance length lowered by less than 5%.
+HEAD_KL_RATIO_MAX = 0.5
+PPL_DELTA_MAX_PCT = 3.0
+MTP_DROP_MAX_PCT = 5.0
+
+
+def goals(report: dict[str, Any]) -> dict[str, Any]:
+    """Each goal: its figure, its limit and whether it is met."""
+    out: dict[str, Any] = {}
+    ratio = report["lm_head"].get("ratio")
+    out["head_kl_ratio"] = {"value": ratio, "max": HEAD_KL_RATIO_MAX, "met": ratio is not None and ratio <= HEAD_KL_RATIO_MAX}
+    delta = report["arms"]["artifact"]["delta_pct"]
+    out["ppl_delta_pct"] = {"value": delta, "max": PPL_DELTA_MAX_PCT, "met": delta <= PPL_DELTA_MAX_PCT}
+    change = report["mtp"].get("change_pct")
+    if change is not None:
+        out["mtp_acceptance_drop_pct"] = {"value": -change, "max": MTP_DROP_MAX_PCT, "met": -change < MTP_DROP_MAX_PCT}
+    return out
+
+
+def report_path(artifact: Path, root_digest: str) -> Path:
+    """`<artifact>.eval-<digest16>.json` beside the artifact folder (never inside: `verify` stays clean)."""
+    artifact = Path(artifact).resolve()
+    return artifact.parent / f"{artifact.name}.eval-{root_digest[:16]}.json"
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.2f}%"
+
+
+def offline_table(report: dict[str, Any]) -> Any:
+    """A rich Table of the offline figures."""
+    from rich.table import Column, Table
+
+    t = Table(Column("arm", no_wrap=True), "perplexity", "delta vs bf16", "95% CI", "worse windows", "KL (nats)", "top-1",
+              title=f"eval: {report['windows']} windows x {report['window_len']} tokens")
+    arms = report["arms"]
+    t.add_row("reference (bf16)", f"{arms['reference']['ppl']:.3f}", "", "", "", "", "")
+    for name, a in arms.items():
+        if name == "reference":
+            continue
+        lo, hi = a["ci95_pct"]
+        t.add_row(name, f"{a['ppl']:.3f}", _pct(a["delta_pct"]), f"[{_pct(lo)}, {_pct(hi)}]",
+                  f"{a['windows_worse']}/{a['windows']}", f"{a['kl']:.5f}", f"{100 * a['top1']:.2f}%")
+    return t
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    """lm_head and MTP lines, then one line per goal."""
+    h = report["lm_head"]
+    lines = [f"lm_head alone on held-out states: KL rtn {h['rtn']['kl']:.5f}, calibrated {h['gptq']['kl']:.5f} "
+             f"(ratio {h['ratio']:.3f}), top-1 rtn {100 * h['rtn']['top1']:.2f}%, calibrated {100 * h['gptq']['top1']:.2f}%"
+             if h.get("ratio") is not None else "lm_head: round-to-nearest KL is 0 (head not quantized?)"]
+    m = report["mtp"]
+    if "reference" in m and "artifact" in m:
+        lines.append(f"MTP first-draft agreement with greedy: reference {100 * m['reference']['agree']:.2f}%, "
+                     f"artifact {100 * m['artifact']['agree']:.2f}% (acceptance length at 1 draft "
+                     f"{m['reference']['acceptance_length_1']:.3f} -> {m['artifact']['acceptance_length_1']:.3f})")
+    for name, g in report.get("goals", {}).items():
+        lines.append(f"goal {name}: {g['value']:.3f} (limit {g['max']}) {'met' if g['met'] else 'NOT met'}")
+    return lines

@@ -1,0 +1,125 @@
+"""SM clock, power and throttle reasons sampled by `nvidia-smi -lms` while the benchmark runs.
+
+A clock that drops under a power or thermal cap makes one configuration look slower than it is;
+the run is flagged when a throttle reason other than idle / application clocks shows up.
+Without nvidia-smi the result says "not sampled".
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import subprocess
+import tempfile
+from typing import Any, Optional
+
+QUERY = "timestamp,index,name,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu"
+REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")  # new name, old name
+# nvml clocks event reason bits that mean the GPU ran slower than it could
+THROTTLE_BITS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal",
+                 0x80: "hw_power_brake"}
+INTERVAL_MS = 200
+
+
+def _num(text: str) -> Optional[float]:
+    try:
+        return float(text.strip())
+    except ValueError:  # "[N/A]", "[Not Supported]"
+        return None
+
+
+def parse_samples(text: str) -> list[dict[str, Any]]:
+    """Rows of `nvidia-smi --format=csv,noheader,nounits` for QUERY + a reasons field (pure)."""
+    rows = []
+    for line in text.splitlines():
+        f = [x.strip() for x in line.split(",")]
+        if len(f) != 9:
+            continue
+        try:
+            reasons = int(f[8], 16) if f[8].lower().startswith("0x") else int(f[8])
+        except ValueError:
+            reasons = 0
+        rows.append({"gpu": f[1], "name": f[2], "sm_mhz": _num(f[3]), "sm_max_mhz": _num(f[4]),
+                     "power_w": _num(f[5]), "power_limit_w": _num(f[6]), "temp_c": _num(f[7]), "reasons": reasons})
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Clock and power ranges, throttle reasons seen, and the share of samples throttled (pure)."""
+    if not rows:
+        return {"sampled": False, "why": "nvidia-smi gave no samples"}
+    seen: dict[str, int] = {}
+    throttled = 0
+    for r in rows:
+        names = [n for bit, n in THROTTLE_BITS.items() if r["reasons"] & bit]
+        throttled += bool(names)
+        for n in names:
+            seen[n] = seen.get(n, 0) + 1
+    clocks = [r["sm_mhz"] for r in rows if r["sm_mhz"] is not None]
+    power = [r["power_w"] for r in rows if r["power_w"] is not None]
+    return {
+        "sampled": True, "samples": len(rows), "gpu_name": rows[0]["name"], "interval_ms": INTERVAL_MS,
+        "sm_mhz": _range(clocks), "sm_max_mhz": rows[0]["sm_max_mhz"], "power_w": _range(power),
+        "power_limit_w": rows[0]["power_limit_w"], "max_temp_c": max((r["temp_c"] or 0) for r in rows),
+        "throttle_reasons": seen, "throttled_fraction": throttled / len(rows), "throttled": throttled > 0,
+    }
+
+
+def _range(v: list[float]) -> Optional[dict[str, float]]:
+    return {"min": min(v), "median": statistics.median(v), "max": max(v)} if v else None
+
+
+class GpuSampler:
+    """`with GpuSampler() as s: ...` then `s.result` (a summary dict, or {"sampled": False, ...})."""
+
+    def __init__(self, interval_ms: int = INTERVAL_MS) -> None:
+        self.interval_ms = interval_ms
+        self.result: dict[str, Any] = {"sampled": False, "why": "not sampled: nvidia-smi not found"}
+        self._proc: Optional[subprocess.Popen] = None
+        self._out = tempfile.TemporaryFile()
+
+    def __enter__(self) -> "GpuSampler":
+        exe = shutil.which("nvidia-smi")
+        if exe is None:
+            return self
+        why = ""
+        for reasons in REASON_FIELDS:
+            try:
+                probe = subprocess.run([exe, f"--query-gpu={QUERY},{reasons}", "--format=csv,noheader,nounits"],
+                                       capture_output=True, text=True, timeout=60)
+            except (OSError, subprocess.SubprocessError) as e:
+                why = str(e)
+                break
+            why = probe.stderr.strip()[:200]
+            if probe.returncode == 0:
+                self._proc = subprocess.Popen(
+                    [exe, f"--query-gpu={QUERY},{reasons}", "--format=csv,noheader,nounits", "-lms", str(self.interval_ms)],
+                    stdout=self._out, stderr=subprocess.DEVNULL)
+                return self
+        self.result = {"sampled": False, "why": f"not sampled: nvidia-smi failed: {why}"}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._out.seek(0)
+            self.result = summarize(parse_samples(self._out.read().decode(errors="replace")))
+        self._out.close()
+
+
+def gpu_name() -> Optional[str]:
+    """Name of GPU 0, or None without nvidia-smi."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        r = subprocess.run([exe, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
+                           timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None

@@ -1,0 +1,148 @@
+"""Configurations under test, and servers for them started through qwenquant's own serve machinery.
+
+A configuration is one string of options, as on the command line:
+  "--profile single-user"                                  serve the artifact with this profile (the default)
+  "--profile single-user --gpu-mem 24GiB -- --speculative-config null"   vLLM flags after `--`
+  "--url http://host:8000"                                 an already running server
+  "--label mtp-off ..."                                    the name the report uses
+With --serve, each configuration gets its own server (on its own free port unless `-- --port N`
+is given); all of them stay up for the whole run so rounds can alternate between them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import shlex
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+from qwenquant.errors import BenchError, UsageError
+from qwenquant.probe.runner import Target
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ConfigSpec:
+    """One configuration: a running server (`url`) or a serve profile plus extra vLLM flags."""
+
+    label: str
+    text: str
+    url: Optional[str] = None
+    profile: Optional[str] = None
+    gpu_mem: Optional[str] = None
+    extra: tuple[str, ...] = ()
+
+
+def parse_config(text: str, default_label: str) -> ConfigSpec:
+    """Read one configuration string (see the module docstring)."""
+    try:
+        words = shlex.split(text)
+    except ValueError as e:
+        raise UsageError(f"cannot read the configuration {text!r}: {e}", hint="check its quoting") from None
+    extra: list[str] = []
+    if "--" in words:
+        i = words.index("--")
+        words, extra = words[:i], words[i + 1:]
+    opts = {"--url": None, "--profile": None, "--gpu-mem": None, "--label": None}
+    i = 0
+    while i < len(words):
+        name, eq, val = words[i].partition("=")
+        if name not in opts:
+            raise UsageError(f"unknown option {name!r} in the configuration {text!r}",
+                             hint="a configuration takes --url, --profile, --gpu-mem, --label, then `-- vLLM flags`")
+        if not eq:
+            if i + 1 >= len(words):
+                raise UsageError(f"{name} needs a value in the configuration {text!r}", hint=f"write {name} VALUE")
+            val, i = words[i + 1], i + 1
+        opts[name] = val
+        i += 1
+    if opts["--url"] and (opts["--profile"] or extra or opts["--gpu-mem"]):
+        raise UsageError(f"the configuration {text!r} names a --url and serve options",
+                         hint="a running server cannot be re-configured: give either --url or --profile")
+    return ConfigSpec(opts["--label"] or default_label, text, opts["--url"], opts["--profile"], opts["--gpu-mem"],
+                      tuple(extra))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def template_reads_thinking(artifact: Path) -> Optional[bool]:
+    """Does the artifact's chat template read `enable_thinking`? None when it has no readable template."""
+    jinja = artifact / "chat_template.jinja"
+    try:
+        if jinja.exists():
+            return "enable_thinking" in jinja.read_text()
+        tmpl = json.loads((artifact / "tokenizer_config.json").read_text()).get("chat_template")
+    except (OSError, ValueError):
+        return None
+    if isinstance(tmpl, list):  # named templates
+        tmpl = " ".join(str(t.get("template", "")) for t in tmpl if isinstance(t, dict))
+    return "enable_thinking" in tmpl if isinstance(tmpl, str) else None
+
+
+def _prepare(artifact: Path, cfg: ConfigSpec, *, vllm: Optional[str], device: Optional[str],
+             api_key: Optional[str]):  # -> Prepared (serve.preflight, imported lazily)
+    from qwenquant.serve.command import parse_size
+    from qwenquant.serve.gpumem import refuse_share_conflict
+    from qwenquant.serve.preflight import prepare
+
+    refuse_share_conflict(cfg.gpu_mem, cfg.extra)
+    port = None if any(a.split("=")[0] == "--port" for a in cfg.extra) else free_port()
+    p = prepare(artifact, cfg.profile, vllm=vllm, extra=list(cfg.extra), port=port, api_key=api_key, device=device,
+                gpu_mem=parse_size(cfg.gpu_mem) if cfg.gpu_mem else None)
+    for w in p.warnings:
+        log.warning("%s: %s", cfg.label, w)
+    return p
+
+
+@contextlib.contextmanager
+def serve_targets(artifact: Path, configs: Sequence[ConfigSpec], *, vllm: Optional[str], device: Optional[str],
+                  api_key: Optional[str], timeout: float, log_dir: Optional[Path]) -> Iterator[list[Target]]:
+    """Start one server per configuration (one after another), yield their Targets, stop them all."""
+    from qwenquant.manifest import load_manifest
+    from qwenquant.serve.argv import format_command
+    from qwenquant.serve.preflight import DEFAULT_PROFILE
+    from qwenquant.serve.run import server_spec
+    from qwenquant.serve.supervisor import running
+
+    artifact = Path(artifact).resolve()
+    digest = load_manifest(artifact).root_digest
+    thinking = template_reads_thinking(artifact)
+    with contextlib.ExitStack() as stack:
+        targets = []
+        for cfg in configs:
+            cfg = dataclasses.replace(cfg, profile=cfg.profile or DEFAULT_PROFILE)  # as `qwenquant serve`
+            p = _prepare(artifact, cfg, vllm=vllm, device=device, api_key=api_key)
+            log_file = log_dir / f"server-{cfg.label}.log" if log_dir else None
+            spec = server_spec(p, api_key=api_key, log_file=log_file, timeout=timeout)
+            log.info("%s: starting %s", cfg.label, format_command(p.command, p.env_add))
+            stack.enter_context(running(spec))
+            info = {"config": cfg.text, "artifact": str(artifact), "artifact_root_digest": digest,
+                    "profile": cfg.profile, "gpu_mem": cfg.gpu_mem, "extra_vllm_flags": list(cfg.extra),
+                    "device": p.device, "vllm_version_installed": p.install.version if p.install else None,
+                    "command": format_command(p.command, p.env_add), "server_log": str(spec.log_path)}
+            targets.append(Target(cfg.label, spec.url, model=p.profile.served_model_name, api_key=api_key,
+                                  max_num_seqs=p.profile.max_num_seqs, template_thinking=thinking, info=info))
+        yield targets
+
+
+def url_targets(configs: Sequence[ConfigSpec], api_key: Optional[str], model: Optional[str]) -> list[Target]:
+    """Targets for configurations that name a running server."""
+    out = []
+    for cfg in configs:
+        if not cfg.url:
+            raise BenchError(f"the configuration {cfg.text!r} names no --url and no artifact is served",
+                             hint="pass --serve ARTIFACT, or give each configuration a --url")
+        url = cfg.url.rstrip("/")
+        url = url[:-3] if url.endswith("/v1") else url  # the client adds /v1/... and /metrics itself
+        out.append(Target(cfg.label, url, model=model, api_key=api_key, info={"config": cfg.text}))
+    return out

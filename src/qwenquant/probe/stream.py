@@ -1,0 +1,166 @@
+"""One streamed chat completion over the OpenAI API, timed on the client (stdlib http.client).
+
+The clock: `t_sent` just before the request bytes go out, `t_first` when the first event with
+text in any of `content`, `reasoning_content` or `reasoning` arrives (a hidden reasoning phase
+counts: timing only `content` is the classic 40% error on thinking models), `t_end` when the
+stream ends. Token counts come only from the server's `usage` (requested with
+`stream_options.include_usage`); a stream without it is an error, never a guess.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Optional
+
+from qwenquant.errors import BenchError
+
+TEXT_FIELDS = ("content", "reasoning_content", "reasoning")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timed request: client clock readings (perf_counter seconds) and the server's counts."""
+
+    t_sent: float
+    t_first: Optional[float]
+    t_end: float
+    prompt_tokens: int
+    completion_tokens: int
+    max_tokens: int
+    first_field: Optional[str]
+    chars: dict[str, int] = field(default_factory=dict)  # streamed characters per field
+    finish_reason: Optional[str] = None
+    text_events: int = 0  # events that carried text: a decode rate over very few of them is coarse
+
+    @property
+    def short(self) -> bool:
+        """The server stopped before max_tokens (it ignored or lacks `ignore_eos`)."""
+        return self.completion_tokens < self.max_tokens
+
+
+def sse_events(lines: Iterable[tuple[bytes, float]]) -> Iterator[tuple[str, float]]:
+    """Server-sent events from (raw line, arrival time) pairs: yield (data, time of its first line).
+
+    Follows the SSE rules that matter here: CRLF or LF endings, `:` comment lines, several
+    `data:` lines joined by newlines, one optional space after the colon, blank line = dispatch.
+    """
+    data: list[str] = []
+    t0: Optional[float] = None
+    for raw, t in lines:
+        line = raw.decode("utf-8").rstrip("\r\n")
+        if not line:
+            if data:
+                yield "\n".join(data), t0 if t0 is not None else t
+            data, t0 = [], None
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            if t0 is None:
+                t0 = t
+            data.append(value)
+    if data:  # a stream cut without the final blank line still delivers its last event
+        yield "\n".join(data), t0 if t0 is not None else time.perf_counter()
+
+
+def _timed_lines(resp: http.client.HTTPResponse) -> Iterator[tuple[bytes, float]]:
+    while True:
+        line = resp.readline()
+        if not line:
+            return
+        yield line, time.perf_counter()
+
+
+def _text_fields(chunk: dict[str, Any]) -> dict[str, int]:
+    """Characters of streamed text per field in one chunk (chat `delta` or completions `text`)."""
+    out: dict[str, int] = {}
+    for choice in chunk.get("choices") or []:
+        delta = choice.get("delta") or {}
+        for name in TEXT_FIELDS:
+            v = delta.get(name)
+            if isinstance(v, str) and v:
+                out[name] = out.get(name, 0) + len(v)
+        if isinstance(choice.get("text"), str) and choice["text"]:
+            out["content"] = out.get("content", 0) + len(choice["text"])
+    return out
+
+
+def read_stream(events: Iterable[tuple[str, float]], t_sent: float, max_tokens: int) -> Sample:
+    """Fold a stream's events into a Sample (pure; raises BenchError on an error event or no usage)."""
+    t_first: Optional[float] = None
+    first_field: Optional[str] = None
+    chars: dict[str, int] = {}
+    usage: Optional[dict[str, Any]] = None
+    finish: Optional[str] = None
+    n_text = 0
+    t_end = t_sent
+    for data, t in events:
+        t_end = t
+        if data.strip() == "[DONE]":
+            break
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise BenchError(f"the server streamed an event that is not JSON: {data[:200]!r}",
+                             hint="is this an OpenAI-compatible server?") from None
+        if "error" in chunk:
+            raise BenchError(f"the server reported an error mid-stream: {json.dumps(chunk['error'])[:300]}",
+                             hint="see the server log")
+        got = _text_fields(chunk)
+        n_text += bool(got)
+        if got and t_first is None:
+            t_first, first_field = t, next(iter(got))
+        for k, n in got.items():
+            chars[k] = chars.get(k, 0) + n
+        for choice in chunk.get("choices") or []:
+            finish = choice.get("finish_reason") or finish
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+    t_end = time.perf_counter() if t_end == t_sent else t_end
+    if not usage or not isinstance(usage.get("completion_tokens"), int):
+        raise BenchError("the server streamed no token usage (stream_options.include_usage was requested): "
+                         "rates would have to be guessed, and qwenquant bench does not guess",
+                         hint="use a server that honours stream_options.include_usage (vLLM does)")
+    return Sample(t_sent, t_first, t_end, int(usage.get("prompt_tokens") or 0), usage["completion_tokens"],
+                  max_tokens, first_field, chars, finish, n_text)
+
+
+def stream_chat(url: str, body: dict[str, Any], *, api_key: Optional[str] = None,
+                timeout: float = 600.0) -> Sample:
+    """POST `body` (stream forced on, usage requested) to URL/v1/chat/completions; time it."""
+    u = urllib.parse.urlsplit(url)
+    conn_cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+    conn = conn_cls(u.hostname or "127.0.0.1", u.port, timeout=timeout)
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    path = u.path.rstrip("/") + "/v1/chat/completions"
+    payload = json.dumps(body).encode()
+    try:
+        conn.connect()  # outside the clock: the request time starts when the request is sent
+        t_sent = time.perf_counter()
+        conn.request("POST", path, body=payload, headers=headers)
+        resp = conn.getresponse()
+        if resp.status != 200:
+            text = resp.read().decode(errors="replace")[:400]
+            raise BenchError(f"{url}{path} answered {resp.status}: {text}", hint=_hint_for(text))
+        return read_stream(sse_events(_timed_lines(resp)), t_sent, int(body.get("max_tokens") or 0))
+    except (OSError, http.client.HTTPException) as e:
+        raise BenchError(f"request to {url}{path} failed: {e}", hint="is the server up? check the URL") from None
+    finally:
+        conn.close()
+
+
+def _hint_for(text: str) -> str:
+    for flag, opt in (("ignore_eos", "--no-ignore-eos"), ("chat_template_kwargs", "--thinking default")):
+        if flag in text:
+            return f"the server refuses `{flag}`: run again with {opt}"
+    return "see the server log"

@@ -1,0 +1,91 @@
+"""`--gpu-mem`: serve on a big GPU as on a smaller card (a 24 GB card on a 141 GB H200).
+
+vLLM budgets `total x --gpu-memory-utilization` of the GPU for weights, activations and caches
+(its "requested memory"). A card of `gpu_mem` bytes at the profile's utilization `u` has the budget
+`gpu_mem x u`; on a GPU of `total` bytes the same budget is the share `gpu_mem x u / total`, rounded
+down to 6 decimals (under 150 KB on a 141 GB GPU), so `qwenquant plan --gpu-mem` and the server agree.
+
+On CPU the option does not apply: vLLM's CPU build sizes only its KV cache, from
+VLLM_CPU_KVCACHE_SPACE, and weights and activations live in host memory, so there is no card to
+emulate; `serve --gpu-mem` is refused there with a hint naming VLLM_CPU_KVCACHE_SPACE.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence, Union
+
+from qwenquant.errors import ServeError, UsageError
+from qwenquant.recipe import ResolvedProfile
+
+GiB = 1024**3
+_PLACES = 10**6
+
+
+def utilization_for(gpu_mem: int, gpu_total: int, utilization: float) -> float:
+    """vLLM's --gpu-memory-utilization on a `gpu_total`-byte GPU that gives the budget of a
+    `gpu_mem`-byte card at `utilization`, rounded down to 6 decimals (never above the card's)."""
+    if gpu_mem <= 0 or gpu_total <= 0 or not 0 < utilization <= 1:
+        raise ValueError(f"need positive sizes and a utilization in (0, 1], got {gpu_mem}, {gpu_total}, {utilization}")
+    if gpu_mem > gpu_total:
+        raise ServeError(f"--gpu-mem {_gib(gpu_mem)} is more than this GPU's {_gib(gpu_total)}",
+                         hint="pass a smaller --gpu-mem, or leave it out to use the profile's share of this GPU")
+    # round() first: 0.92 x 1 x 1e6 is 919999.9999999999 in floats
+    return math.floor(round(gpu_mem * utilization / gpu_total * _PLACES, 6)) / _PLACES
+
+
+@dataclass(frozen=True)
+class CardEmulation:
+    """The decided share and a line that says how it was reached."""
+
+    utilization: float
+    note: str
+
+
+def emulate_card(gpu_mem: int, gpu_total: int, utilization: float) -> CardEmulation:
+    """The share for `gpu_mem` on this GPU and the line the dry run and the log print."""
+    share = utilization_for(gpu_mem, gpu_total, utilization)
+    return CardEmulation(share, (
+        f"--gpu-mem {_gib(gpu_mem)}: budget {_gib(int(gpu_mem * utilization))} ({_gib(gpu_mem)} x {utilization:g}) "
+        f"= --gpu-memory-utilization {share:g} of this GPU's {_gib(gpu_total)}"))
+
+
+def refuse_share_conflict(gpu_mem: Union[int, str, None], extra: Sequence[str]) -> None:
+    """--gpu-mem beside an explicit --gpu-memory-utilization is a usage error (both set the share);
+    serve and bench call this before the preflight, whose dry run would record it as a failed check."""
+    if gpu_mem and any(a.split("=", 1)[0] == "--gpu-memory-utilization" for a in extra):
+        raise UsageError("--gpu-mem and --gpu-memory-utilization both set vLLM's memory share",
+                         hint="pass one of them")
+
+
+def apply_gpu_mem(profile: ResolvedProfile, gpu_mem: Optional[int], device: str, extra: Sequence[str],
+                  read_total: Callable[[], int], notes: list[str], *, dry_run: bool = False) -> ResolvedProfile:
+    """The profile with the share that emulates a `gpu_mem` card; `read_total` reads this GPU's bytes.
+
+    Refuses --gpu-mem on CPU and beside an explicit --gpu-memory-utilization. In a dry run on a
+    machine whose GPU cannot be read, the profile is kept and a note says so.
+    """
+    if gpu_mem is None:
+        return profile
+    if device != "cuda":
+        raise ServeError("--gpu-mem applies to CUDA GPUs only: vLLM's CPU build sizes its KV cache from "
+                         "VLLM_CPU_KVCACHE_SPACE, and weights and activations live in host memory",
+                         hint="drop --gpu-mem; set VLLM_CPU_KVCACHE_SPACE=N (GiB of KV cache) to size the CPU cache")
+    refuse_share_conflict(gpu_mem, extra)
+    try:
+        total = read_total()
+    except ServeError as e:
+        if not dry_run:
+            raise
+        notes.append(f"--gpu-mem: cannot read this GPU's memory ({e.message}); the command shows the profile's "
+                     f"--gpu-memory-utilization {profile.gpu_memory_utilization:g}; on a GPU of T bytes it becomes "
+                     f"{_gib(gpu_mem)} x {profile.gpu_memory_utilization:g} / T")
+        return profile
+    emu = emulate_card(gpu_mem, total, profile.gpu_memory_utilization)
+    notes.append(emu.note)
+    return profile.model_copy(update={"gpu_memory_utilization": emu.utilization})
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:.2f} GiB"

@@ -1,0 +1,75 @@
+"""`qwenquant eval` on the committed reference model quantized by the real pipeline (llm-compressor
+GPTQ on the CPU): the report, its place outside the artifact, and figures inside recorded bands.
+
+The bands (eval_bands.json) were recorded from this same command on CPU; a figure leaving its band
+means quantization, the reference model or eval itself changed behaviour.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import write_test_manifest
+from qwenquant.tiny import reference_model
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+BANDS = json.loads((Path(__file__).with_name("eval_bands.json")).read_text())
+
+
+def qq(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = dict(os.environ, QWENQUANT_THREADS="2", QWENQUANT_NO_PROGRESS="1", PYTHONHASHSEED="0")
+    return subprocess.run([sys.executable, "-m", "qwenquant", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("evalref")
+    source = reference_model.build_reference_checkpoint(root / "source")
+    art = root / "artifact"
+    q = qq("quantize", str(source), "--recipe", "w4a16-int4head", "--calibration", "tiny-reference",
+           "--source-unverified", "--out", str(art), "--json")
+    assert q.returncode == 0, q.stderr[-3000:]
+    e = qq("eval", str(art), "--reference", str(source), "--windows", str(BANDS["windows"]), "--json")
+    assert e.returncode == 0, e.stderr[-3000:]
+    return {"source": source, "artifact": art, "report": json.loads(e.stdout), "stderr": e.stderr}
+
+
+def test_report_is_keyed_to_the_root_digest_and_lives_outside_the_artifact(evaluated: dict) -> None:
+    art = evaluated["artifact"]
+    root = json.loads((art / "qwenquant-manifest.json").read_text())["root_digest"]
+    assert evaluated["report"]["root_digest"] == root
+    written = art.parent / f"artifact.eval-{root[:16]}.json"
+    assert json.loads(written.read_text()) == evaluated["report"]
+    assert qq("verify", str(art)).returncode == 0
+    assert "w4a16+rtn-head" in evaluated["stderr"] and "goal head_kl_ratio" in evaluated["stderr"]
+
+
+@pytest.mark.parametrize("figure", sorted(BANDS["figures"]))
+def test_figure_inside_its_recorded_band(evaluated: dict, figure: str) -> None:
+    value = evaluated["report"]
+    for key in figure.split("."):
+        value = value[key]
+    lo, hi = BANDS["figures"][figure]
+    assert lo <= value <= hi, f"{figure} = {value}, band [{lo}, {hi}]"
+
+
+def test_same_model_against_itself_costs_nothing(evaluated: dict, tmp_path: Path) -> None:
+    """The source evaluated as its own artifact: every delta 0, KL 0, top-1 100% (the arms are paired)."""
+    import shutil
+
+    copy = tmp_path / "self"
+    shutil.copytree(evaluated["source"], copy)
+    write_test_manifest(copy, {"name": "none"})
+    e = qq("eval", str(copy), "--reference", str(evaluated["source"]), "--windows", "4", "--window-len", "64", "--json")
+    assert e.returncode == 0, e.stderr[-2000:]
+    body = e.stdout and json.loads(e.stdout)["arms"]["w4a16-body"]
+    assert body["delta_pct"] == pytest.approx(0.0, abs=1e-9) and body["kl"] == pytest.approx(0.0, abs=1e-7)
+    assert body["top1"] == 1.0 and body["windows_worse"] == 0
