@@ -5,6 +5,7 @@ A configuration is one string of options, as on the command line:
   "--profile single-user --gpu-mem 24GiB -- --speculative-config null"   vLLM flags after `--`
   "--url http://host:8000"                                 an already running server
   "--label mtp-off ..."                                    the name the report uses
+  "--gpus 2 --gpu-mem 24GiB"                               tensor parallelism over 2 GPUs (serve --gpus)
 With --serve, each configuration gets its own server (on its own free port unless `-- --port N`
 is given); all of them stay up for the whole run so rounds can alternate between them.
 """
@@ -37,6 +38,7 @@ class ConfigSpec:
     profile: Optional[str] = None
     gpu_mem: Optional[str] = None
     extra: tuple[str, ...] = ()
+    gpus: int = 1
 
 
 def parse_config(text: str, default_label: str) -> ConfigSpec:
@@ -49,24 +51,27 @@ def parse_config(text: str, default_label: str) -> ConfigSpec:
     if "--" in words:
         i = words.index("--")
         words, extra = words[:i], words[i + 1:]
-    opts = {"--url": None, "--profile": None, "--gpu-mem": None, "--label": None}
+    opts = {"--url": None, "--profile": None, "--gpu-mem": None, "--label": None, "--gpus": None}
     i = 0
     while i < len(words):
         name, eq, val = words[i].partition("=")
         if name not in opts:
             raise UsageError(f"unknown option {name!r} in the configuration {text!r}",
-                             hint="a configuration takes --url, --profile, --gpu-mem, --label, then `-- vLLM flags`")
+                             hint="a configuration takes --url, --profile, --gpu-mem, --gpus, --label, then `-- vLLM flags`")
         if not eq:
             if i + 1 >= len(words):
                 raise UsageError(f"{name} needs a value in the configuration {text!r}", hint=f"write {name} VALUE")
             val, i = words[i + 1], i + 1
         opts[name] = val
         i += 1
-    if opts["--url"] and (opts["--profile"] or extra or opts["--gpu-mem"]):
+    if opts["--url"] and (opts["--profile"] or extra or opts["--gpu-mem"] or opts["--gpus"]):
         raise UsageError(f"the configuration {text!r} names a --url and serve options",
                          hint="a running server cannot be re-configured: give either --url or --profile")
+    gpus = opts["--gpus"] or "1"
+    if not gpus.isdigit() or int(gpus) < 1:
+        raise UsageError(f"--gpus wants a GPU count in the configuration {text!r}, got {gpus!r}", hint="e.g. --gpus 2")
     return ConfigSpec(opts["--label"] or default_label, text, opts["--url"], opts["--profile"], opts["--gpu-mem"],
-                      tuple(extra))
+                      tuple(extra), int(gpus))
 
 
 def free_port() -> int:
@@ -98,7 +103,7 @@ def _prepare(artifact: Path, cfg: ConfigSpec, *, vllm: Optional[str], device: Op
     refuse_share_conflict(cfg.gpu_mem, cfg.extra)
     port = None if any(a.split("=")[0] == "--port" for a in cfg.extra) else free_port()
     p = prepare(artifact, cfg.profile, vllm=vllm, extra=list(cfg.extra), port=port, api_key=api_key, device=device,
-                gpu_mem=parse_size(cfg.gpu_mem) if cfg.gpu_mem else None)
+                gpu_mem=parse_size(cfg.gpu_mem) if cfg.gpu_mem else None, tp=cfg.gpus)
     for w in p.warnings:
         log.warning("%s: %s", cfg.label, w)
     return p
@@ -127,7 +132,7 @@ def serve_targets(artifact: Path, configs: Sequence[ConfigSpec], *, vllm: Option
             log.info("%s: starting %s", cfg.label, format_command(p.command, p.env_add))
             stack.enter_context(running(spec))
             info = {"config": cfg.text, "artifact": str(artifact), "artifact_root_digest": digest,
-                    "profile": cfg.profile, "gpu_mem": cfg.gpu_mem, "extra_vllm_flags": list(cfg.extra),
+                    "profile": cfg.profile, "gpu_mem": cfg.gpu_mem, "gpus": cfg.gpus, "extra_vllm_flags": list(cfg.extra),
                     "device": p.device, "vllm_version_installed": p.install.version if p.install else None,
                     "command": format_command(p.command, p.env_add), "server_log": str(spec.log_path)}
             targets.append(Target(cfg.label, spec.url, model=p.profile.served_model_name, api_key=api_key,
