@@ -82,14 +82,14 @@ def parse_vllm_log(text: str) -> dict[str, float]:
 
 def plan_figures(budget: Any) -> dict[str, float]:
     """The plan's figures in the units vLLM logs (GiB, tokens, sequences)."""
-    c = budget.cache
-    blocks = max(budget.cache_available, 0) // c.block_bytes
+    concurrency = max(budget.cache_available, 0) / budget.seq_bytes
     return {
         "weights_gib": budget.weights_bytes / GiB,
         "kv_available_gib": budget.cache_available / GiB,
-        # every KV cache group holds its own block per token block (vLLM get_kv_cache_capacity)
-        "kv_tokens": blocks // (c.attn_groups + c.gdn_groups) * c.block_tokens,
-        "max_concurrency": budget.cache_available / budget.seq_bytes,
+        # vLLM's "KV cache size: N tokens" is its maximum concurrency x max_model_len
+        # (get_kv_cache_capacity), not a count of cached token slots
+        "kv_tokens": int(concurrency * budget.max_model_len),
+        "max_concurrency": concurrency,
         "peak_activation_gib": budget.activation_bytes / GiB,
         "cuda_graph_gib": (budget.runtime_bytes - GiB // 2) / GiB,  # the runtime term minus the context
     }
@@ -196,7 +196,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", type=Path, default=Path("bench/results/serve_cuda_bench.json"))
     ap.add_argument("extra", nargs="*", help="vLLM flags after --")
+    extra: list[str] = []
+    if "--" in argv:  # vLLM flags after `--` (argparse would read them as its own options)
+        argv, extra = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     args = ap.parse_args(argv)
+    args.extra = [*args.extra, *extra]
     from qwenquant.serve.command import make_plan, parse_size
 
     profiles = args.profile or ["single-user", "batch"]
