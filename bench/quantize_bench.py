@@ -9,6 +9,7 @@ GPU memory; the lm_head quality report; the artifact's bytes by component. Then 
 labelled projection to 64 layers. Prints a table (stdout) and writes JSON (--out).
 
   GPU, real dims:   PYTHONPATH=src:$PYTHONPATH python3 bench/quantize_bench.py
+  1 vs 2 GPUs:      PYTHONPATH=src:$PYTHONPATH python3 bench/quantize_bench.py --layers 8 --gpus 2
   CPU proof:        .venv/bin/python bench/quantize_bench.py --quick --scale 0.1 --device cpu
 
 Expectations written before the first GPU run are in bench/README.md.
@@ -71,7 +72,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="GiB: cap this process's CUDA memory (QWENQUANT_MAX_GPU_MEM), e.g. 23.5 for a 24 GB card")
     p.add_argument("--engine", choices=("streamed", "oneshot"), default="streamed",
                    help="qwenquant's gptq engine (QWENQUANT_GPTQ_ENGINE); default streamed")
+    p.add_argument("--gpus", type=int, default=1,
+                   help="N > 1: after the one-GPU run, quantize again with `--gpus N` (the gptq stage as N processes) "
+                        "and print one GPU vs N: per-layer and wall time, GPU peak per rank, RSS, speed-up, and the "
+                        "fraction of int4 codes that differ between the two artifacts")
     args = p.parse_args(argv)
+    if args.gpus > 1 and args.engine != "streamed":
+        p.error("--gpus runs the streamed engine")
     if args.resume and args.work is None:
         p.error("--resume needs --work (the folder of the run to continue)")
     args.samples = args.samples or (8 if args.quick else 128)
@@ -409,6 +416,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for p in ("source", "calib", "artifact", "artifact.work"):
             shutil.rmtree(work / p, ignore_errors=True)
     shutil.rmtree(work / "artifact", ignore_errors=True)
+    for p in (f"artifact-gpus{args.gpus}", f"artifact-gpus{args.gpus}.work"):  # the N-GPU arm starts clean
+        shutil.rmtree(work / p, ignore_errors=True)
     ref, ref_from = shapes.reference_config(args.reference)
     dims = shapes.bench_dims(ref, layers=args.layers, scale=args.scale, vocab=args.vocab)
     plan = shapes.tensor_plan(dims, args.seed, device)
@@ -471,6 +480,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         compare = {"llmcompressor": lc, "qwenquant": mine, "ratios_qwenquant_over_llmcompressor": ratios(mine, lc)}
         say("ratios qwenquant / llm-compressor: " + ", ".join(
             f"{k} {v:.2f}" for k, v in compare["ratios_qwenquant_over_llmcompressor"].items() if v is not None))
+    gpus = None
+    if args.gpus > 1:
+        from gpus_compare import run_gpus_arm, summarize
+
+        from qwenquant.checkpoint.compare import compare_artifacts
+
+        many = run_gpus_arm(args.gpus, work, recipe, spec, device, Recorder(gpu, rss, counts, engine=args.engine), say)
+        one = {"wall_seconds": wall, "stages": rec.stages, "layers": rec.layers}
+        diff = compare_artifacts(result.artifact, Path(many["artifact"]), work / "source")
+        gpus = summarize(one, many, diff, diff.problems())
     rss.stop.set()
 
     records = {}
@@ -506,6 +525,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "engine": args.engine,
         "max_gpu_mem_gib": args.max_gpu_mem,
         "compare_llmcompressor": compare,
+        "gpus_compare": gpus,
         "host_max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "eta_guess_h200": guess if device == "cuda" else None,
         "projection_inputs": {"bytes_ratio": real_bytes / src_bytes, "real_source_bytes": real_bytes},
@@ -577,6 +597,10 @@ def print_table(r: dict[str, Any]) -> None:
                   f"{(f'{ra[k]:.2f}' if ra.get(k) else '-'):>7}")
         print(f"  oneshot: load {lc['load_seconds']:.1f} s, oneshot {lc['oneshot_seconds']:.1f} s, "
               f"save {lc['save_seconds']:.1f} s (wall = all three); qwenquant wall = every stage + manifest")
+    if r.get("gpus_compare"):
+        from gpus_compare import print_gpus
+
+        print_gpus(r["gpus_compare"], fmt_gib)
     p = r["projection_64_layers"]
     print("PROJECTION to 64 layers (not measured; basis in the JSON)" + (f" -- {p['caveat']}" if "caveat" in p else ""))
     if "skipped" in p:

@@ -16,7 +16,11 @@ vLLM's log lines read (vLLM 0.26 .. 0.33, v1 engine):
 The peak-activation line is logged at DEBUG, so the server runs with VLLM_LOGGING_LEVEL=DEBUG.
 
   python bench/serve_cuda_bench.py ARTIFACT --vllm .venv-vllm/qwenquant-vllm.json [--gpu-mem 24GiB]
-      [--profile single-user --profile batch] [--out bench/results/serve_cuda_bench.json] [-- vLLM flags]
+      [--profile single-user --profile batch] [--gpus N] [--out bench/results/serve_cuda_bench.json]
+      [-- vLLM flags]
+
+With `--gpus N` the server runs under tensor parallelism over N GPUs (`qwenquant serve --gpus N`)
+and the plan's figures are per GPU (`qwenquant plan --gpus N`), as vLLM logs them per worker.
 
 Expected (written before the run): KV memory, KV tokens and concurrency within 5% of the plan
 (about 1% was seen at 8 layers); weights within 5% (the plan counts tensor bytes, vLLM measures the
@@ -78,14 +82,14 @@ def parse_vllm_log(text: str) -> dict[str, float]:
 
 def plan_figures(budget: Any) -> dict[str, float]:
     """The plan's figures in the units vLLM logs (GiB, tokens, sequences)."""
-    c = budget.cache
-    blocks = max(budget.cache_available, 0) // c.block_bytes
+    concurrency = max(budget.cache_available, 0) / budget.seq_bytes
     return {
         "weights_gib": budget.weights_bytes / GiB,
         "kv_available_gib": budget.cache_available / GiB,
-        # every KV cache group holds its own block per token block (vLLM get_kv_cache_capacity)
-        "kv_tokens": blocks // (c.attn_groups + c.gdn_groups) * c.block_tokens,
-        "max_concurrency": budget.cache_available / budget.seq_bytes,
+        # vLLM's "KV cache size: N tokens" is its maximum concurrency x max_model_len
+        # (get_kv_cache_capacity), not a count of cached token slots
+        "kv_tokens": int(concurrency * budget.max_model_len),
+        "max_concurrency": concurrency,
         "peak_activation_gib": budget.activation_bytes / GiB,
         "cuda_graph_gib": (budget.runtime_bytes - GiB // 2) / GiB,  # the runtime term minus the context
     }
@@ -136,7 +140,8 @@ def run_profile(args: argparse.Namespace, profile: str, log_path: Path) -> dict[
     """Serve one profile to ready, ask two completions, stop; vLLM's figures and the answers."""
     port = _free_port()
     cmd = [sys.executable, "-m", "qwenquant", "serve", str(args.artifact), "--profile", profile,
-           "--gpu-mem", args.gpu_mem, "--port", str(port), "--log-file", str(log_path), "--timeout", str(args.timeout)]
+           "--gpu-mem", args.gpu_mem, "--port", str(port), "--log-file", str(log_path), "--timeout", str(args.timeout),
+           "--gpus", str(args.gpus)]
     if args.vllm:
         cmd += ["--vllm", args.vllm]
     if args.extra:
@@ -153,7 +158,11 @@ def run_profile(args: argparse.Namespace, profile: str, log_path: Path) -> dict[
         result["ready_s"] = time.monotonic() - t0
         url = line.split()[1]
         model = json.loads(urllib.request.urlopen(url + "/v1/models", timeout=30).read())["data"][0]["id"]
+        from qwenquant.probe.metrics import acceptance, scrape, spec_counters
+
+        before = spec_counters(scrape(url) or "")
         result["completions"] = [_complete(url, model, 0.0), _complete(url, model, 0.8)]
+        result["mtp"] = acceptance(spec_counters(scrape(url) or "").minus(before))
     finally:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
@@ -162,26 +171,47 @@ def run_profile(args: argparse.Namespace, profile: str, log_path: Path) -> dict[
     return result
 
 
+def machine(vllm: Optional[str]) -> dict[str, Any]:
+    """GPU names (nvidia-smi), the artifact-independent facts a reader needs, and the vLLM version."""
+    out: dict[str, Any] = {}
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=60)
+        out["gpus"] = r.stdout.strip().splitlines()
+    except OSError as e:
+        out["gpus"] = f"nvidia-smi: {e}"
+    if vllm and vllm.endswith(".json") and Path(vllm).exists():
+        out["vllm_install"] = json.loads(Path(vllm).read_text())
+    out["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return out
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("artifact", type=Path)
     ap.add_argument("--vllm", help="qwenquant-vllm.json, a python or a vllm executable (default: serve's search)")
     ap.add_argument("--gpu-mem", default="24GiB")
     ap.add_argument("--profile", action="append", default=[])
+    ap.add_argument("--gpus", type=int, default=1, help="tensor parallelism over N GPUs; plan figures per GPU")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", type=Path, default=Path("bench/results/serve_cuda_bench.json"))
     ap.add_argument("extra", nargs="*", help="vLLM flags after --")
+    extra: list[str] = []
+    if "--" in argv:  # vLLM flags after `--` (argparse would read them as its own options)
+        argv, extra = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     args = ap.parse_args(argv)
+    args.extra = [*args.extra, *extra]
     from qwenquant.serve.command import make_plan, parse_size
 
     profiles = args.profile or ["single-user", "batch"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"artifact": str(args.artifact.resolve()), "gpu_mem": args.gpu_mem,
-                              "date": time.strftime("%Y-%m-%d"), "extra": args.extra, "profiles": {}}
+    report: dict[str, Any] = {"artifact": str(args.artifact.resolve()), "gpu_mem": args.gpu_mem, "gpus": args.gpus,
+                              "date": time.strftime("%Y-%m-%d"), "extra": args.extra, "machine": machine(args.vllm),
+                              "profiles": {}}
     print("Expected" + __doc__.split("Expected", 1)[1].rstrip(), file=sys.stderr)
     for profile in profiles:
-        plan = make_plan(args.artifact, parse_size(args.gpu_mem), profiles=[profile]).budgets[profile]
-        res = run_profile(args, profile, args.out.with_name(f"serve-{profile}.log"))
+        plan = make_plan(args.artifact, parse_size(args.gpu_mem), profiles=[profile], tp=args.gpus).budgets[profile]
+        res = run_profile(args, profile, args.out.with_name(f"{args.out.stem}-{profile}.log"))
         vllm = dict(res.get("vllm", {}))
         res["plan"] = plan_figures(plan)
         res["rows"] = compare(res["plan"], vllm)
@@ -189,6 +219,12 @@ def main(argv: list[str]) -> int:
         print(table(profile, res["rows"]))
         for c in res.get("completions", []):
             print(f"  T={c['temperature']}: {c['text']!r} ({c['seconds']:.1f} s)")
+        if res.get("mtp", {}).get("speculative"):
+            m = res["mtp"]
+            print(f"  MTP: mean acceptance length {m['mean_acceptance_length']:.3f} over {m['drafts']:.0f} drafts, "
+                  f"per position {[round(x, 3) for x in m['per_position']]}")
+        if "ready_s" in res:
+            print(f"  ready after {res['ready_s']:.1f} s")
         if "error" in res:
             print(f"  error: {res['error']}")
     args.out.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwenquant.errors import QwenquantError, ServeError, StageError
+from qwenquant.procenv import child_env
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ def _cli(args: list[str], env: dict[str, str], *, capture_json: bool = False) ->
     """Run `qwenquant ARGS` in a child process, as a user would, echoing the command line."""
     argv = [sys.executable, "-m", "qwenquant", *args]
     print(f"$ qwenquant {shlex.join(args)}", file=sys.stderr, flush=True)
-    proc = subprocess.run(argv, env=env, stdout=subprocess.PIPE if capture_json else None, text=True)
+    proc = subprocess.run(argv, env=child_env(env), stdout=subprocess.PIPE if capture_json else None, text=True)
     if proc.returncode != 0:
         raise StageError(f"`qwenquant {args[0]}` failed with exit code {proc.returncode}",
                          hint="the lines above say why; re-run `make demo` to resume")  # fmt: skip
@@ -141,7 +142,7 @@ def serve_and_complete(artifact: Path, env: dict[str, str], *, prompt: str = PRO
     args = ["serve", str(artifact), "--profile", "single-user", "--port", str(_free_port()),
             "--", "--max-model-len", "2048"]
     print(f"$ qwenquant {shlex.join(args)}", file=sys.stderr, flush=True)
-    proc = subprocess.Popen([sys.executable, "-m", "qwenquant", *args], env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "qwenquant", *args], env=child_env(env), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
     lines: deque[str] = deque(maxlen=50)
     ready_url: list[str] = []

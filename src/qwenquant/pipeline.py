@@ -40,6 +40,7 @@ class QuantizeOptions:
     device: str | None = None
     source_unverified: bool = False
     force: bool = False
+    gpus: int | None = 1  # processes for the gptq stage; None = every visible CUDA GPU
 
 
 @dataclass
@@ -64,12 +65,22 @@ def resolve_device(device: str | None) -> str:
     return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def resolve_gpus(gpus: int | None, asked_device: str | None) -> int:
+    """How many processes run the gptq stage (`--gpus`; engine/ranks.resolve_ranks)."""
+    import torch
+
+    from qwenquant.engine.ranks import resolve_ranks
+
+    return resolve_ranks(gpus, asked_device, torch.cuda.device_count() if asked_device != "cpu" else 0)
+
+
 def quantize(opts: QuantizeOptions, progress: Progress | None = None) -> QuantizeResult:
     """Run every stage (resuming from valid records), assemble the artifact, write its manifest."""
     from qwenquant.stages import PIPELINE
 
     source, out, work = _folders(opts)
     device = resolve_device(opts.device)
+    ranks = resolve_gpus(opts.gpus, opts.device)
     step = progress or (lambda name, i, n: None)
     total = len(PIPELINE) + 1  # the stages, then the manifest
     fresh_work = not work.exists()
@@ -79,7 +90,7 @@ def quantize(opts: QuantizeOptions, progress: Progress | None = None) -> Quantiz
             shutil.rmtree(p, ignore_errors=True)
         runner = StageRunner(work)
         ctx = StageContext(source, opts.recipe, opts.calibration, work, device, opts.source_unverified, progress,
-                           runner.outcomes)
+                           runner.outcomes, ranks)
         for i, stage in enumerate(PIPELINE):
             step(stage.name, i, total)
             try:

@@ -33,6 +33,7 @@ class StageContext:
     source_unverified: bool = False
     progress: Progress | None = None
     outcomes: dict[str, StageOutcome] = field(default_factory=dict)
+    ranks: int = 1  # processes of the gptq stage (`quantize --gpus N`)
 
     def dir(self, stage: str) -> Path:
         """The output folder of an earlier stage."""

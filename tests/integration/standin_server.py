@@ -9,6 +9,7 @@ and behaves as `--standin-mode` says:
   wrong-root     /v1/models lists the served name with a different root
 `--standin-pidfile F` writes "server_pid helper_pid": the server starts a helper child (as vLLM
 starts its engine process) so tests can check the whole process group is gone.
+`--standin-envfile F` writes the server's environment as JSON (what a child of `qwenquant serve` gets).
 `--standin-stubborn-helper`: the helper ignores SIGTERM and the server leaves it behind when it
 exits (an engine core that is busy or wedged): only a SIGKILL of the group removes it.
 `--standin-answers F`: completions answer from the JSON prompt -> text table in F (else " world").
@@ -55,6 +56,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--api-key", default=None)
     p.add_argument("--standin-mode", default="good")
     p.add_argument("--standin-pidfile", default=None)
+    p.add_argument("--standin-envfile", default=None)
     p.add_argument("--standin-stubborn-helper", action="store_true")
     p.add_argument("--standin-answers", default=None)
     args, _unknown = p.parse_known_args(argv)
@@ -65,6 +67,9 @@ def main(argv: list[str]) -> int:
     a = parse(argv)
     name = a.served_model_name or a.model
     print(f"standin: mode={a.standin_mode} model={a.model} port={a.port} argv={argv}", flush=True)
+    if a.standin_envfile:
+        with open(a.standin_envfile, "w") as f:
+            json.dump(dict(os.environ), f)
     code = "import time; time.sleep(600)"
     if a.standin_stubborn_helper:
         code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"

@@ -9,6 +9,7 @@ verification and `check_artifact` run for real; the stand-in never reads the wei
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -304,12 +305,90 @@ def test_demo_serve_step_says_it_stops_the_demo_server(standin_artifact, fake_vl
     assert "stopping the server" not in err.replace("stopping the demo server", "")
 
 
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def test_server_environment_has_multicast_off(standin_artifact, fake_vllm, tmp_path):
+    """The served stand-in's own environment holds the three multicast-off variables; one the user
+    set (NCCL_NVLS_ENABLE=1 here) is passed through unchanged."""
+    port, pidfile, envfile = free_port(), tmp_path / "pids", tmp_path / "server-env.json"
+    cmd = serve_cmd(standin_artifact, fake_vllm, port, "good", pidfile) + ["--standin-envfile", str(envfile)]
+    env = serve_env(fake_vllm, tmp_path)
+    for k in MULTICAST_OFF:
+        env.pop(k, None)
+    p = subprocess.Popen(cmd, env=dict(env, NCCL_NVLS_ENABLE="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        _wait_ready(p, port)
+        child = json.loads(envfile.read_text())
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=60) == 0
+    finally:
+        p.kill()
+    assert child["NCCL_NVLS_ENABLE"] == "1"
+    assert child["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and child["NVSHMEM_DISABLE_NVLS"] == "1"
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_ready(p, port)
+        child = json.loads(envfile.read_text())
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=60) == 0
+    finally:
+        p.kill()
+    assert {k: child.get(k) for k in MULTICAST_OFF} == MULTICAST_OFF
+
+
+def test_dry_run_shows_multicast_off(standin_artifact, fake_vllm, tmp_path):
+    r = _dry_run(standin_artifact, fake_vllm, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert all(f"{k}={v}" in r.stdout for k, v in MULTICAST_OFF.items())
+
+
+def test_gpus_refused_on_cpu(standin_artifact, fake_vllm, tmp_path):
+    """The stand-in vLLM is a CPU build: --gpus 2 is a usage error, and nothing starts."""
+    r = _dry_run(standin_artifact, fake_vllm, tmp_path, "--gpus", "2")
+    assert r.returncode == 2, r.stderr
+    assert "--gpus 2 needs a CUDA vLLM build and 2 NVIDIA GPUs; this vLLM serves on cpu" in flat(r.stderr)
+
+
+def _smi_dir(tmp_path: Path, rows: list[str]) -> Path:
+    """A stand-in nvidia-smi (no NVIDIA GPU here): fixed memory rows, and compute capability 8.6."""
+    d = tmp_path / "smi"
+    d.mkdir()
+    smi = d / "nvidia-smi"
+    lines = "".join(f"  echo '{row}'\n" for row in rows)
+    smi.write_text(f'#!/bin/sh\ncase "$1" in\n  --query-gpu=compute_cap) echo 8.6 ;;\n  *)\n{lines}  ;;\nesac\n')
+    smi.chmod(0o755)
+    return d
+
+
+@pytest.mark.parametrize("rows, ok", [
+    (["0, GPU-a, 24576, 24000", "1, GPU-b, 24576, 23900"], True),
+    (["0, GPU-a, 24576, 24000", "1, GPU-b, 24576, 2000"], False),
+])
+def test_dry_run_two_gpus(standin_artifact, fake_vllm, tmp_path, rows, ok):
+    """--device cuda --gpus 2 with a stand-in nvidia-smi: the argv holds --tensor-parallel-size 2;
+    a busy second GPU is named and the dry run fails as serve would."""
+    env = serve_env(fake_vllm, tmp_path)
+    env["PATH"] = os.pathsep.join([str(_smi_dir(tmp_path, rows)), env.get("PATH", "")])
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    cmd = [sys.executable, "-m", "qwenquant", "serve", str(standin_artifact), "--vllm", str(fake_vllm), "--port",
+           str(free_port()), "--dry-run", "--device", "cuda", "--gpus", "2", "--", "--max-model-len", "2048"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert "--tensor-parallel-size 2" in r.stdout
+    if ok:
+        assert r.returncode == 0, r.stderr
+    else:
+        assert r.returncode == 7
+        assert "GPU 1 has 1.95 GiB free of 24.00 GiB" in flat(r.stderr) and "GPU 0 has" not in r.stderr
+
+
 def _fake_nvidia_smi(tmp_path: Path, total_mib: int) -> Path:
     """A stand-in `nvidia-smi` (no GPU here): an H200-sized GPU of `total_mib` MiB, compute 8.6."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     smi = bin_dir / "nvidia-smi"
-    smi.write_text("#!/bin/sh\ncase \"$*\" in\n  *memory.total*) echo \"%d, %d\" ;;\n  *compute_cap*) echo 8.6 ;;\n"
+    smi.write_text("#!/bin/sh\ncase \"$*\" in\n  *memory.total*) echo \"0, GPU-standin, %d, %d\" ;;\n  *compute_cap*) echo 8.6 ;;\n"
                    "  *) echo 'GPU 0: stand-in' ;;\nesac\n" % (total_mib, total_mib - 1000))
     smi.chmod(0o755)
     return bin_dir

@@ -74,6 +74,9 @@ def test_configuration_strings() -> None:
     c = parse_config("--label off --profile single-user --gpu-mem=24GiB -- --speculative-config null", "B")
     assert (c.label, c.profile, c.gpu_mem, c.extra) == ("off", "single-user", "24GiB", ("--speculative-config", "null"))
     assert parse_config("--url http://h:1", "A").url == "http://h:1"
+    assert parse_config("--label tp2 --gpus 2 --gpu-mem 24GiB", "A").gpus == 2 and c.gpus == 1
+    with pytest.raises(UsageError, match="--gpus wants a GPU count"):
+        parse_config("--gpus two", "A")
     with pytest.raises(UsageError, match="unknown option '--max-num-seqs'"):
         parse_config("--profile batch --max-num-seqs 4", "A")
     with pytest.raises(UsageError, match="names a --url and serve options"):

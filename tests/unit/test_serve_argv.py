@@ -174,10 +174,14 @@ def test_gpu_memory_from_nvidia_smi(monkeypatch, tmp_path):
     from qwenquant.serve.preflight import gpu_memory
 
     smi = tmp_path / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho '24576, 23000'\n")
+    smi.write_text("#!/bin/sh\necho '0, GPU-a, 24576, 23000'\necho '1, GPU-b, 24576, 1000'\n")
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert gpu_memory() == (24576 * 2**20, 23000 * 2**20)
+    # nvidia-smi lists every GPU; vLLM uses the first one CUDA_VISIBLE_DEVICES exposes
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-b")
+    assert gpu_memory() == (24576 * 2**20, 1000 * 2**20)
 
 
 @pytest.mark.parametrize("cap, added", [("9.0", True), ("8.6", False)])

@@ -22,6 +22,7 @@ def quantize_cmd(
     source_unverified: bool = typer.Option(False, "--source-unverified", help="Accept a local folder without a fetch record (hashed and recorded as unverified)."),
     work: Optional[Path] = typer.Option(None, "--work", help="Work folder for stage outputs and records (default: <out>.work)."),
     device: Optional[Device] = typer.Option(None, "--device", help="cpu or cuda (default: cuda when present)."),
+    gpus: str = typer.Option("1", "--gpus", help="Processes for the gptq stage, one GPU each (NCCL): a number or 'auto' (every visible GPU). With --device cpu: N CPU processes (gloo)."),
     force: bool = typer.Option(False, "--force", help="Remove an existing --out / --work that is not this build's (says what it removes)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
@@ -35,7 +36,12 @@ def quantize_cmd(
       qwenquant quantize models/Qwen3.8-27B --recipe w4a16-int4head --out artifacts/q27b
 
       qwenquant quantize models/tiny --source-unverified --calibration tiny-demo --out artifacts/tiny --json
+
+      qwenquant quantize models/Qwen3.8-27B --recipe w4a16-int4head --out artifacts/q27b --gpus 2
     """
+    from qwenquant.engine.ranks import parse_gpus
+
+    n_gpus = parse_gpus(gpus)
     if device is Device.cpu:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # llm-compressor picks cuda whenever it is visible
     os.environ.setdefault("TQDM_DISABLE", "1")  # our progress bars replace llm-compressor's
@@ -45,7 +51,8 @@ def quantize_cmd(
 
     r = load_recipe(recipe)
     spec = load_calibration_override(calibration) if calibration else r.calibration
-    opts = QuantizeOptions(source, r, spec, out, work, device.value if device else None, source_unverified, force)
+    opts = QuantizeOptions(source, r, spec, out, work, device.value if device else None, source_unverified, force,
+                           n_gpus)
     with step_progress() as bars:
         tasks: dict[str, int] = {}
 
@@ -88,6 +95,7 @@ def graft_mtp_cmd(
     artifact: Path = typer.Argument(..., help="Quantized artifact folder."),
     source: Path = typer.Option(..., "--source", help="The original (unquantized) model folder."),
     check_only: bool = typer.Option(False, "--check-only", help="Only report; exit 5 when something is missing or different."),
+    gpus: str = typer.Option("1", "--gpus", help="Processes for the gptq stage, one GPU each (NCCL): a number or 'auto' (every visible GPU). With --device cpu: N CPU processes (gloo)."),
     force: bool = typer.Option(False, "--force", help="Remove files in the artifact folder that are not part of it (says what it removes)."),
 ) -> None:
     """Copy the bf16 MTP draft head (mtp.*) from the source into an artifact, byte-identical.

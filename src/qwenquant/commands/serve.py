@@ -24,6 +24,8 @@ def serve(
     timeout: float = typer.Option(900.0, help="Seconds the server may take to become ready."),
     device: Optional[Device] = typer.Option(None, help="cuda or cpu (default: what the vLLM build targets)."),
     log_file: Optional[Path] = typer.Option(None, help="Server log (default: a temp file, never in the artifact)."),
+    gpus: int = typer.Option(1, "--gpus", "--tensor-parallel-size", min=1,
+                             help="GPUs to split the model over (vLLM tensor parallelism); each must be free."),
     gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", help="Behave as on a card of this size, e.g. 24GiB: "
                                           "sets vLLM's memory share of the real GPU (CUDA only)."),
 ) -> int:
@@ -37,13 +39,15 @@ def serve(
 
       qwenquant serve artifacts/q27b --profile single-user --dry-run
 
+      qwenquant serve artifacts/q27b --gpus 2 --gpu-mem 24GiB   # two 24 GB cards, tensor parallel
+
       qwenquant serve artifacts/q27b --profile single-user --gpu-mem 24GiB   # a 24 GB card on a bigger GPU
     """
     from qwenquant.serve.run import run_serve
 
     return run_serve(artifact, profile, extra or [], port=port, host=host, api_key=api_key,
                      served_model_name=served_model_name, vllm=vllm, dry_run=dry_run, timeout=timeout,
-                     device=device.value if device else None, log_file=log_file, gpu_mem=gpu_mem)
+                     device=device.value if device else None, log_file=log_file, tp=gpus, gpu_mem=gpu_mem)
 
 
 @app.command()
@@ -53,6 +57,7 @@ def plan(
     recipe: Optional[str] = typer.Option(None, help="Recipe for a bare config (default w4a16-int4head)."),
     profile: list[str] = typer.Option([], "--profile", "-p", help="Only these profiles (default: all)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs under vLLM tensor parallelism; figures are per GPU."),
 ) -> None:
     """Memory budget per component and per serve profile: what fits on the GPU, what to lower.
 
@@ -63,22 +68,27 @@ def plan(
       qwenquant plan artifacts/q27b --gpu-mem 24GiB
 
       qwenquant plan models/Qwen3.8-27B/config.json --recipe w4a16-int4head
+
+      qwenquant plan artifacts/q27b --gpus 2 --gpu-mem 24GiB
     """
     from qwenquant.serve.command import make_plan, parse_size
     from qwenquant.console import print_json
     from qwenquant.errors import ServeError
     from qwenquant.serve.report import budget_dict, budget_lines, first_reason, weights_lines
 
-    res = make_plan(target, parse_size(gpu_mem), recipe_name=recipe, profiles=profile or None)
+    res = make_plan(target, parse_size(gpu_mem), recipe_name=recipe, profiles=profile or None, tp=gpus)
+    where = f"{gpus} GPUs of {gpu_mem} each under tensor parallelism, figures per GPU" if gpus > 1 else \
+        f"GPU memory {gpu_mem}"
     if as_json:
-        print_json({"source": res.source, "weights": res.weights.bytes,
+        print_json({"source": res.source, "tensor_parallel_size": gpus, "weights": res.weights.bytes,
                     "profiles": {k: budget_dict(b) for k, b in res.budgets.items()}})
     else:
-        lines = [f"plan for {res.source}, GPU memory {gpu_mem}"] + weights_lines(res.weights, res.include_vision)
+        lines = [f"plan for {res.source}, {where}"] + weights_lines(res.weights, res.include_vision)
         for name, b in res.budgets.items():
             lines += [""] + budget_lines(name, b, res.shape)
         typer.echo("\n".join(lines))
     if res.budgets and not any(b.fits for b in res.budgets.values()):
         name, b = next(iter(res.budgets.items()))
-        raise ServeError(f"no serve profile fits in {gpu_mem}: {first_reason(b)} (profile {name})",
+        raise ServeError(f"no serve profile fits in {gpu_mem}{' per GPU' if gpus > 1 else ''}: {first_reason(b)} "
+                         f"(profile {name})",
                          hint="plan for a GPU with more memory, or lower the settings each profile names")

@@ -6,6 +6,9 @@
     run.py       the layer loop; lm_head calibration from the same pass
     headcal.py   the lm_head calibration files the lm_head stage reads
     build.py     the gptq stage's folder on this engine: layer shards, the rest, index, head calibration
+    ranks.py     `--gpus N`: rank count, calibration split, GPTQ owner per module (pure)
+    dist.py      the collective steps inside one rank (Hessian reduce, gathers onto rank 0)
+    launch.py    starts and watches the N rank processes; worker.py is one rank
 
 The gptq stage (stages/gptq.py) runs it; `QWENQUANT_GPTQ_ENGINE=oneshot` selects llm-compressor's
 whole-model `oneshot` instead. `QWENQUANT_MAX_GPU_MEM` (GiB) caps this engine's CUDA memory.

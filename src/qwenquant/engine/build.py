@@ -53,24 +53,39 @@ def max_gpu_mem_gib() -> float | None:
 
 def run_streamed_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, out_dir: Path, *,
                       heldout: list[int], max_shard_bytes: int, layers_root: Path, fingerprint: str, device: str,
-                      progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+                      progress: Callable[[int, int], None] | None = None, ranks: int = 1) -> dict[str, Any]:
     """Quantize the body into `out_dir` (a fresh folder) layer by layer, resuming from the layer
     records under `layers_root`; write the tensors, the index and the head calibration; return
-    stage info. `heldout`: the sample indices the lm_head stage keeps for its quality report."""
+    stage info. `heldout`: the sample indices the lm_head stage keeps for its quality report.
+    `ranks` > 1: an N-process job (engine/launch.py) whose rank 0 writes the same folder."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from qwenquant.checkpoint.assemble import link_or_copy
-    from qwenquant.checkpoint.tensorfile import checkpoint_refs, plan_shards, shard_refs, write_index, write_shard
-    from qwenquant.engine import headcal
+    if ranks > 1:
+        from qwenquant.engine.launch import run_job
+
+        job = {"source_dir": str(source_dir), "samples": samples, "quantization": q.model_dump(mode="json"),
+               "out_dir": str(out_dir), "heldout": list(heldout), "max_shard_bytes": max_shard_bytes,
+               "layers_root": str(layers_root), "fingerprint": fingerprint, "device": device}
+        return run_job(job, ranks, Path(layers_root).parent, progress)
     from qwenquant.engine.model import open_source
-    from qwenquant.engine.run import ENGINE_VERSION, apply_gpu_cap, stream_quantize
+    from qwenquant.engine.run import apply_gpu_cap, stream_quantize
+    from qwenquant.checkpoint.tensorfile import checkpoint_refs
 
     apply_gpu_cap(device, max_gpu_mem_gib())
-    source_dir = Path(source_dir)
-    refs = checkpoint_refs(source_dir)
-    src = open_source(source_dir, refs)
+    src = open_source(Path(source_dir), checkpoint_refs(Path(source_dir)))
     res = stream_quantize(src, samples, q, Path(layers_root), fingerprint=fingerprint, device=device, heldout=heldout,
                           progress=progress)
+    return write_stage_folder(src, res, out_dir, max_shard_bytes)
 
+
+def write_stage_folder(src: Any, res: Any, out_dir: Path, max_shard_bytes: int) -> dict[str, Any]:
+    """The stage folder from a finished layer loop (`res`: engine.run.StreamResult, its head
+    calibration complete): layer shards, the rest from the source bytes, index, head calibration."""
+    from qwenquant.checkpoint.assemble import link_or_copy
+    from qwenquant.checkpoint.tensorfile import plan_shards, shard_refs, write_index, write_shard
+    from qwenquant.engine import headcal
+    from qwenquant.engine.run import ENGINE_VERSION
+
+    refs = src.refs
     rest = {n: r for n, r in refs.items() if not n.startswith(MTP_PREFIX) and not src.is_layer_tensor(n)}
     groups = list(plan_shards(rest, max_shard_bytes).values())
     names = shard_names(src.num_layers, len(groups))

@@ -99,9 +99,10 @@ class LayerGPTQ:
         self._hooks = []
 
     @torch.no_grad()
-    def quantize(self) -> dict[str, dict[str, torch.Tensor]]:
+    def quantize(self, only: set[str] | None = None) -> dict[str, dict[str, torch.Tensor]]:
         """GPTQ every calibrated module (weights replaced by their fake-quantized values), then
-        pack; return full module name -> {weight_packed, weight_scale, weight_shape} on the CPU."""
+        pack; return full module name -> {weight_packed, weight_scale, weight_shape} on the CPU.
+        `only`: the modules this rank owns in an N-process job (default: all)."""
         from compressed_tensors.compressors.base import BaseCompressor
         from compressed_tensors.utils import getattr_chain
         from llmcompressor.modifiers.gptq.gptq_quantize import quantize_weight
@@ -109,7 +110,11 @@ class LayerGPTQ:
         from llmcompressor.modifiers.quantization.calibration import initialize_observer, observe
 
         self.remove_hooks()
-        done = list(self.counts)  # llm-compressor quantizes in first-hook-call order
+        wanted = set(self.modules) if only is None else only
+        # llm-compressor quantizes in first-hook-call order; a module no sample reached has count 0
+        done = [m for m in self.counts if self.names[m] in wanted and float(self.counts[m]) > 0]
+        if not done and not wanted:
+            return {}  # a rank of an N-process job that owns none of this layer's modules
         for mod in done:
             initialize_observer(mod, "weight")
         observe(done, base_name="weight")
@@ -132,7 +137,7 @@ class LayerGPTQ:
                      "weight_zero_point": mod.weight_zero_point.data}
             out = compressor.compress(state, scheme)
             packed[self.names[mod]] = {k: v.detach().to("cpu").contiguous() for k, v in out.items()}
-        missing = sorted(set(self.modules) - {self.names[m] for m in done})
+        missing = sorted(wanted - {self.names[m] for m in done})
         if missing:
             raise RuntimeError(f"no calibration input reached {', '.join(missing[:5])}")
         return packed

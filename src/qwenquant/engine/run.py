@@ -16,6 +16,8 @@ The GPTQ math stays llm-compressor's (engine/quantize.py); this module only sche
 
 The next layer's inputs always come from the persisted layer (also when nothing was resumed), so a
 resumed run replays exactly the arithmetic of an uninterrupted one and ends on the same bytes.
+With `ranks` (engine/dist.py, `quantize --gpus N`) each process forwards its share of the samples,
+Hessians meet on an owner rank per module, and rank 0 alone writes layer records.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def apply_gpu_cap(device: str, max_gpu_mem_gib: float | None) -> None:
     """Cap this process's CUDA allocations (a big GPU then behaves like a small one)."""
     if device != "cuda" or not max_gpu_mem_gib:
         return
-    total = torch.cuda.get_device_properties(0).total_memory
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     frac = min(1.0, max_gpu_mem_gib * (1 << 30) / total)
     torch.cuda.set_per_process_memory_fraction(frac)
     log.info("gptq: GPU memory capped at %.1f GiB (%.3f of %.1f GiB)", max_gpu_mem_gib, frac, total / (1 << 30))
@@ -97,15 +99,29 @@ def _quantized_layer(src: TextModelSource, i: int, layers_root: Path, scheme: An
 
 
 def _gptq_layer(src: TextModelSource, i: int, raw: dict[str, torch.Tensor], acts: list[torch.Tensor],
-                inputs: LayerInputs, q: Any, scheme: Any, device: str) -> dict[str, Any]:
-    """Calibrate and quantize layer i; return its artifact tensors (packed + unquantized source refs)."""
+                inputs: LayerInputs, q: Any, scheme: Any, device: str, ranks: Any = None) -> dict[str, Any] | None:
+    """Calibrate and quantize layer i; return its artifact tensors (packed + unquantized source refs).
+    In an N-process job (`ranks`: engine.dist.Ranks) the Hessians meet on each module's owner rank
+    and the packed modules on rank 0, which alone returns the tensors (None elsewhere)."""
     prefix = src.layer_prefix(i)
     layer = build_layer(src, i, raw, device)
     mods = target_modules(layer, prefix, q.targets, q.ignore)
     gptq = LayerGPTQ(mods, scheme, block_size=q.block_size, dampening_frac=q.dampening_frac)
     _forward_all(layer, acts, inputs, src.config.layer_types[i], keep=False)
-    packed = gptq.quantize()
+    if ranks is None:
+        packed: dict[str, Any] | None = gptq.quantize()
+    else:
+        from qwenquant.engine import dist
+        from qwenquant.engine.ranks import owners
+
+        gptq.remove_hooks()
+        owner = owners({n: tuple(m.weight.shape) for n, m in mods.items()}, ranks.world)
+        dist.reduce_hessians(gptq, owner, ranks)
+        mine = gptq.quantize(only={n for n, r in owner.items() if r == ranks.rank})
+        packed = dist.gather_packed(mine, ranks)
     del layer, gptq
+    if packed is None:
+        return None
     out: dict[str, Any] = {}
     for name in src.layer_names(i):
         mod = name[: -len(".weight")] if name.endswith(".weight") else None
@@ -117,35 +133,65 @@ def _gptq_layer(src: TextModelSource, i: int, raw: dict[str, torch.Tensor], acts
     return {"tensors": out, "modules": len(packed)}
 
 
+def _resume_point(layers_root: Path, n: int, fingerprint: str, device: str, ranks: Any) -> int:
+    """Layers proven complete by their records (rank 0 checks, and removes stale ones; the other
+    ranks are told)."""
+    done = 0
+    if ranks is None or ranks.main:
+        done, why = L.completed_layers(layers_root, n, fingerprint)
+        if done:
+            log.info("gptq: resuming from decoder layer %d of %d (%d completed layers verified; layer %d: %s)",
+                     done, n, done, done, why)
+    if ranks is not None:
+        from qwenquant.engine import dist
+
+        done = dist.broadcast_int(done, device)
+    return done
+
+
+def my_samples(samples: list[list[int]], ranks: Any) -> list[int]:
+    """Sample indices this process forwards, in the calibration order: all of them in one process,
+    else this rank's contiguous share (engine/ranks.split_shares)."""
+    from qwenquant.engine.ranks import split_shares
+
+    order = calibration_order(samples)
+    if ranks is None:
+        return order
+    share = split_shares([len(samples[k]) for k in order], ranks.world)[ranks.rank]
+    return [order[p] for p in share]
+
+
 def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, layers_root: Path, *,
                     fingerprint: str, device: str, heldout: list[int],
-                    progress: Callable[[int, int], None] | None = None) -> StreamResult:
-    """Run the layer loop (resuming from verified layer records); see the module docstring."""
-    from qwenquant.engine.headcal import HeadCalibration
-    from qwenquant.quant import head_gptq as lh
-
+                    progress: Callable[[int, int], None] | None = None, ranks: Any = None) -> StreamResult:
+    """Run the layer loop (resuming from verified layer records); see the module docstring.
+    `ranks` (engine.dist.Ranks): one process of an N-process job; the result's `head` is then
+    complete on rank 0 only."""
     n = src.num_layers
     scheme = resolve_scheme(q)
-    done, why = L.completed_layers(layers_root, n, fingerprint)
-    if done:
-        log.info("gptq: resuming from decoder layer %d of %d (%d completed layers verified; layer %d: %s)",
-                 done, n, done, done, why)
-    order = calibration_order(samples)
+    done = _resume_point(layers_root, n, fingerprint, device, ranks)
+    order = my_samples(samples, ranks)
     acts = embed_samples(src, [samples[k] for k in order], device)
     inputs = LayerInputs(src, device)
     prefetch = os.environ.get("QWENQUANT_PREFETCH", "1") != "0"
     pool = ThreadPoolExecutor(max_workers=1) if prefetch else None
     nxt: Future | None = None
     files, modules, times = [], 0, []
+    writer = ranks is None or ranks.main
     try:
         for i in range(n):
             t0 = time.perf_counter()
             if i >= done:
                 raw = nxt.result() if nxt is not None else read_layer(src, i)
                 nxt = pool.submit(read_layer, src, i + 1) if pool and i + 1 < n else None
-                res = _gptq_layer(src, i, raw, acts, inputs, q, scheme, device)
+                res = _gptq_layer(src, i, raw, acts, inputs, q, scheme, device, ranks)
                 del raw
-                L.write_layer(layers_root, i, res["tensors"], fingerprint)
+                if res is not None:
+                    L.write_layer(layers_root, i, res["tensors"], fingerprint)
+                if ranks is not None:
+                    from qwenquant.engine import dist
+
+                    dist.barrier()  # the record exists before any rank reads the layer back
             elif pool and i + 1 == done and done < n:
                 nxt = pool.submit(read_layer, src, done)
             layer = _quantized_layer(src, i, layers_root, scheme, device)
@@ -154,24 +200,44 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
             files.append(L.layer_dir(layers_root, i) / L.TENSORS)
             modules += sum(1 for nm in L.layer_refs(layers_root, i) if nm.endswith(".weight_packed"))
             times.append(time.perf_counter() - t0)
-            log.info("gptq: decoder layer %d/%d %s (%.1f s)", i + 1, n, "replayed" if i < done else "quantized",
-                     times[-1])
+            if writer:
+                log.info("gptq: decoder layer %d/%d %s (%.1f s)", i + 1, n, "replayed" if i < done else "quantized",
+                         times[-1])
             if progress:
                 progress(i + 1, n)
     finally:
         if pool:
             pool.shutdown(wait=True, cancel_futures=True)
+    head = _head_calibration(src, acts, order, heldout, device, ranks)
+    return StreamResult(files, modules, done, head, times)
+
+
+def _head_calibration(src: TextModelSource, acts: list[torch.Tensor], order: list[int], heldout: list[int],
+                      device: str, ranks: Any) -> Any:
+    """Final norm over this process's samples, then the lm_head Hessian and held-out hidden states
+    (summed / gathered onto rank 0 in an N-process job)."""
+    from qwenquant.engine.headcal import HeadCalibration
+    from qwenquant.quant import head_gptq as lh
+
     norm = final_norm(src, device)
-    H, tokens, held = None, 0, []
+    H, tokens, held = None, 0, {}
     held_set = set(heldout)
     where = {k: pos for pos, k in enumerate(order)}
     with torch.no_grad():
-        for j in range(len(samples)):  # sample order, as the lm_head stage folded them from the model
+        for j in sorted(where):  # sample order, as the lm_head stage folded them from the model
             h = norm(acts[where[j]])
             if j in held_set:
-                held.append(h.reshape(-1, h.shape[-1]).cpu())
+                held[j] = h.reshape(-1, h.shape[-1]).cpu()
             else:
                 H, tokens = lh.accumulate_hessian(H, h.float(), tokens)
             acts[where[j]] = None  # type: ignore[call-overload]  (free as we go)
-    head = HeadCalibration(H, tokens, torch.cat(held) if held else None, len(held))
-    return StreamResult(files, modules, done, head, times)
+    if ranks is not None:
+        from qwenquant.engine import dist
+
+        combined = dist.combine_head(H, tokens, held, int(src.config.hidden_size), device, ranks)
+        if combined is None:
+            return None
+        H, tokens, held_list = combined
+    else:
+        held_list = [held[j] for j in sorted(held)]
+    return HeadCalibration(H, tokens, torch.cat(held_list) if held_list else None, len(held_list))

@@ -5,6 +5,7 @@ A configuration is one string of options, as on the command line:
   "--profile single-user --gpu-mem 24GiB -- --speculative-config null"   vLLM flags after `--`
   "--url http://host:8000"                                 an already running server
   "--label mtp-off ..."                                    the name the report uses
+  "--gpus 2 --gpu-mem 24GiB"                               tensor parallelism over 2 GPUs (serve --gpus)
 With --serve, each configuration gets its own server (on its own free port unless `-- --port N`
 is given); all of them stay up for the whole run so rounds can alternate between them.
 """
@@ -35,6 +36,7 @@ class ConfigSpec:
     profile: Optional[str] = None
     gpu_mem: Optional[str] = None
     extra: tuple[str, ...] = ()
+    gpus: int = 1
 
 
 def parse_config(text: str, default_label: str) -> ConfigSpec:
@@ -47,24 +49,27 @@ def parse_config(text: str, default_label: str) -> ConfigSpec:
     if "--" in words:
         i = words.index("--")
         words, extra = words[:i], words[i + 1:]
-    opts = {"--url": None, "--profile": None, "--gpu-mem": None, "--label": None}
+    opts = {"--url": None, "--profile": None, "--gpu-mem": None, "--label": None, "--gpus": None}
     i = 0
     while i < len(words):
         name, eq, val = words[i].partition("=")
         if name not in opts:
             raise UsageError(f"unknown option {name!r} in the configuration {text!r}",
-                             hint="a configuration takes --url, --profile, --gpu-mem, --label, then `-- vLLM flags`")
+                             hint="a configuration takes --url, --profile, --gpu-mem, --gpus, --label, then `-- vLLM flags`")
         if not eq:
             if i + 1 >= len(words):
                 raise UsageError(f"{name} needs a value in the configuration {text!r}", hint=f"write {name} VALUE")
             val, i = words[i + 1], i + 1
         opts[name] = val
         i += 1
-    if opts["--url"] and (opts["--profile"] or extra or opts["--gpu-mem"]):
+    if opts["--url"] and (opts["--profile"] or extra or opts["--gpu-mem"] or opts["--gpus"]):
         raise UsageError(f"the configuration {text!r} names a --url and serve options",
                          hint="a running server cannot be re-configured: give either --url or --profile")
+    gpus = opts["--gpus"] or "1"
+    if not gpus.isdigit() or int(gpus) < 1:
+        raise UsageError(f"--gpus wants a GPU count in the configuration {text!r}, got {gpus!r}", hint="e.g. --gpus 2")
     return ConfigSpec(opts["--label"] or default_label, text, opts["--url"], opts["--profile"], opts["--gpu-mem"],
-                      tuple(extra))
+                      tuple(extra), int(gpus))
 
 
 def template_reads_thinking(artifact: Path) -> Optional[bool]:
@@ -96,7 +101,7 @@ def serve_targets(artifact: Path, configs: Sequence[ConfigSpec], *, vllm: Option
             log_file = log_dir / f"server-{cfg.label}.log" if log_dir else None
             s = stack.enter_context(launched(artifact, cfg.profile, gpu_mem=cfg.gpu_mem, extra=cfg.extra, vllm=vllm,
                                              device=device, api_key=api_key, timeout=timeout, log_file=log_file,
-                                             label=cfg.label))
+                                             label=cfg.label, gpus=cfg.gpus))
             targets.append(Target(cfg.label, s.url, model=s.model, api_key=api_key,
                                   max_num_seqs=s.prepared.profile.max_num_seqs, template_thinking=thinking,
                                   info={"config": cfg.text, **s.info}))

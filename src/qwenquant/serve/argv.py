@@ -101,14 +101,17 @@ def _extra_flags(extra: Sequence[str]) -> set[str]:
     names = {_flag_name(a) for a in extra if a.startswith("--")}
     # `--no-enable-x` and `--enable-x` override each other
     names |= {"--" + n[5:] for n in names if n.startswith("--no-")} | {"--no-" + n[2:] for n in names}
+    if any(_flag_name(a) == "-tp" for a in extra):  # vLLM's short name
+        names.add("--tensor-parallel-size")
     return names
 
 
 def build_vllm_argv(
     artifact_dir: Path, profile: ResolvedProfile, manifest: Any, device: str, extra: Sequence[str] = (),
-    *, api_key: Optional[str] = None,
+    *, api_key: Optional[str] = None, tp: int = 1,
 ) -> list[str]:
-    """vLLM arguments for serving `artifact_dir` with `profile` on `device` ("cuda" | "cpu").
+    """vLLM arguments for serving `artifact_dir` with `profile` on `device` ("cuda" | "cpu"), over
+    `tp` GPUs under tensor parallelism.
 
     Flags in `extra` (after `--` on the command line) replace the same flag from the profile.
     """
@@ -121,6 +124,8 @@ def build_vllm_argv(
     a += ["--max-num-batched-tokens", str(d.max_num_batched_tokens)]
     if device == "cuda":
         a += ["--gpu-memory-utilization", f"{profile.gpu_memory_utilization:g}"]
+    if tp > 1:
+        a += ["--tensor-parallel-size", str(tp)]
     a += ["--kv-cache-dtype", profile.kv_cache_dtype, "--mamba-ssm-cache-dtype", profile.mamba_ssm_cache_dtype]
     if d.mamba_cache_mode:
         a += ["--mamba-cache-mode", d.mamba_cache_mode]
@@ -141,6 +146,19 @@ def build_vllm_argv(
     if tail:
         a = _strip_flags(a, _extra_flags(tail) - {"--model"}) + list(tail)
     return a
+
+
+def extra_tp(extra: Sequence[str]) -> Optional[int]:
+    """The tensor-parallel size an extra `--tensor-parallel-size N` / `-tp N` asks for, or None."""
+    for i, a in enumerate(extra):
+        name, _, val = a.partition("=")
+        if name in ("--tensor-parallel-size", "-tp"):
+            val = val or (extra[i + 1] if i + 1 < len(extra) else "")
+            try:
+                return int(val)
+            except ValueError:
+                raise ServeError(f"cannot read {name} {val!r}", hint=f"give {name} a whole number") from None
+    return None
 
 
 def build_vllm_env(device: str, base: Mapping[str, str], cpu_kvcache_gib: Optional[int] = None) -> dict[str, str]:

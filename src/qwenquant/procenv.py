@@ -1,0 +1,30 @@
+"""The environment of every process qwenquant starts: NVLink multicast off unless the user says otherwise.
+
+NCCL's NVLink SHARP (NVLS), torch symmetric-memory multicast and NVSHMEM's NVLS path all set up
+multicast objects across the GPUs of a host; on shared multi-GPU hosts that can take the host's
+GPUs out of service, so children (the vLLM server and its tensor-parallel workers, any
+torchrun job) get them off. A variable the user already set is left as it is.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping, Optional
+
+MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+def multicast_off(base: Mapping[str, str]) -> dict[str, str]:
+    """The multicast-off variables that `base` does not set already (what a child must add)."""
+    return {k: v for k, v in MULTICAST_OFF.items() if k not in base}
+
+
+def child_env(base: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """The whole environment for a child process: `base` (default: ours) + multicast off (setdefault)."""
+    env = dict(os.environ if base is None else base)
+    env.update(multicast_off(env))
+    return env
