@@ -82,6 +82,8 @@ def parse_vllm_log(text: str) -> dict[str, float]:
 
 def plan_figures(budget: Any) -> dict[str, float]:
     """The plan's figures in the units vLLM logs (GiB, tokens, sequences)."""
+    from qwenquant.serve.budget import RUNTIME_OVERHEAD_BYTES
+
     concurrency = max(budget.cache_available, 0) / budget.seq_bytes
     return {
         "weights_gib": budget.weights_bytes / GiB,
@@ -91,7 +93,7 @@ def plan_figures(budget: Any) -> dict[str, float]:
         "kv_tokens": int(concurrency * budget.max_model_len),
         "max_concurrency": concurrency,
         "peak_activation_gib": budget.activation_bytes / GiB,
-        "cuda_graph_gib": (budget.runtime_bytes - GiB // 2) / GiB,  # the runtime term minus the context
+        "cuda_graph_gib": (budget.runtime_bytes - RUNTIME_OVERHEAD_BYTES) / GiB,
     }
 
 

@@ -135,30 +135,32 @@ def test_budget_24gib(config, weights):
     b = _budget(config, weights, 24, CacheSettings("auto", "float16", "align", 3), 32768, 1)
     # activations: 2048 * 248320 * 4 = 2,034,237,440 + 2048 * 2 * 17408 * 2 = 142,606,336
     assert b.activation_bytes == 2_176_843_776
-    # int(24 GiB * 0.92) = 23,708,219,473 - weights - activations - runtime 1 GiB
-    assert b.cache_available == 3_813_806_161
+    # int(24 GiB * 0.92) = 23,708,219,473 - weights - activations - runtime 1,309,965,024 (1.10 + 0.12 GiB)
+    assert b.cache_available == 3_577_582_961
     assert b.fits and b.concurrency == 1
-    # floor(3,813,806,161 / (17*1,703,936)) = 131 blocks - 15 GDN = 116 * 416 tokens
-    assert b.largest_len(1) == 48_256
+    # floor(3,577,582,961 / (17*1,703,936)) = 123 blocks - 15 GDN = 108 * 416 tokens
+    assert b.largest_len(1) == 44_928
     batch = _budget(config, weights, 24, CacheSettings("fp8", "float16", "align", 0), 16384, 16)
-    assert batch.concurrency == 5  # floor(3,813,806,161 / 707,788,800)
+    # no MTP head loaded (the profile does not draft): 15,794,428,928 B of weights, 4,426,981,745 left
+    assert batch.weights_bytes == 15_794_428_928
+    assert batch.concurrency == 6  # floor(4,426,981,745 / 707,788,800)
     assert not batch.fits_all_seqs
-    assert "at most 5 full-length sequences" in batch.concurrency_message()
+    assert "at most 6 full-length sequences" in batch.concurrency_message()
 
 
 def test_does_not_fit_says_what_to_lower(config, weights):
     b = _budget(config, weights, 22, CacheSettings("auto", "float16", "align", 3), 32768, 1)
-    # int(22 GiB * 0.92) = 21,732,534,517 - 16,643,827,712 - 2,176,843,776 - 1,073,741,824
-    assert b.cache_available == 1_838_121_205
+    # int(22 GiB * 0.92) = 21,732,534,517 - 16,643,827,712 - 2,176,843,776 - 1,309,965,024
+    assert b.cache_available == 1_601_898_005
     assert not b.fits
     msg = b.shortfall_message()
-    assert msg.startswith("max-model-len 32768 needs 2.54 GiB for KV cache and GDN state, 1.71 GiB is left")
-    # floor(1,838,121,205 / 28,966,912) = 63 - 15 = 48 blocks * 416 = 19,968 -> 19,456 (multiple of 1024)
-    assert "lower --max-model-len to 19456" in msg
-    # missing 884,768,523 B at 1,062,912 B per batched token -> 833 fewer; 2048-833 = 1215 -> 1024
-    assert "lower --max-num-batched-tokens to 1024 (frees 1.01 GiB)" in msg
-    # (weights + activations + runtime + 2,722,889,728) / 22 GiB = 0.9575 -> 0.96
-    assert "raise --gpu-memory-utilization to 0.96" in msg
+    assert msg.startswith("max-model-len 32768 needs 2.54 GiB for KV cache and GDN state, 1.49 GiB is left")
+    # floor(1,601,898,005 / 28,966,912) = 55 - 15 = 40 blocks * 416 = 16,640 -> 16,384 (multiple of 1024)
+    assert "lower --max-model-len to 16384" in msg
+    # missing 1,120,991,723 B at 1,062,912 B per batched token -> 1055 fewer; 2048-1055 = 993 -> 768
+    assert "lower --max-num-batched-tokens to 768 (frees 1.27 GiB)" in msg
+    # (weights + activations + runtime + 2,722,889,728) / 22 GiB = 0.9675 -> 0.97
+    assert "raise --gpu-memory-utilization to 0.97" in msg
 
 
 def test_plan_from_bare_config(config, tmp_path):

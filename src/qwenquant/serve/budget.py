@@ -26,8 +26,15 @@ the caches, read in vLLM's source (vllm-project/vllm, main in 2026), and what is
   concurrency (it preempts beyond), so "fits" is one sequence and concurrency is reported.
 - Activations: fp32 logits max_num_batched_tokens x vocab x 4 B dominate (docs/known-issues.md#logits-memory: 7.36 GiB
   peak at 8192 tokens on the 27B head) + the MLP gate/up output, tokens x 2 x intermediate x 2 B.
-- CUDA runtime outside the profile: 0.5 GiB (context, cuBLAS/NCCL workspaces) + 0.5 GiB for CUDA
-  graphs unless --enforce-eager: estimates, not measured on a 3090.
+- Runtime inside the budget (vLLM counts it before the KV cache): 1.10 GiB of overhead + 0.12 GiB
+  of CUDA graphs unless --enforce-eager. Measured (bench/RESULTS.md, "plan against vLLM"): vLLM
+  0.26 on an H200 under --gpu-mem 24GiB with the 64-layer 27B artifact counted, beyond this
+  module's weights (tensor bytes) and activations, +0.36/+0.39 GiB at weight loading, +0.55/+0.44
+  GiB of peak activation and 0.25/0.26 GiB of non-torch memory (single-user/batch): 1.16/1.09
+  GiB, and 0.05/0.13 GiB of CUDA graphs. The CUDA context itself is not in vLLM's budget (it is
+  allocated before vLLM takes its free-memory snapshot). Not measured on a 3090.
+- The MTP draft head's weights are loaded only when the profile drafts (speculative tokens > 0):
+  vLLM loaded 0.76 GiB less for the batch profile (no MTP) than for single-user.
 - CPU: the cache pool is VLLM_CPU_KVCACHE_SPACE GiB; weights and activations live outside it;
   the CPU attention block is aligned to 128 tokens (not 16). Checked against vllm-cpu 0.32 on
   the tiny model, 1 GiB, 2048 tokens: single-user "Maximum concurrency ... 341.33x" = 8192
@@ -45,8 +52,8 @@ is per GPU, and vLLM sizes the cache pool from each GPU's own free memory.
   `use_all_gather()` is True on CUDA), so every GPU holds the full-vocabulary logits (assumed
   at the same fp32 peak as on one GPU: an upper bound). The MLP gate/up output is split
   (MergedColumnParallelLinear: intermediate / tp columns per GPU).
-- CUDA runtime per GPU: the same 1 GiB estimate; NCCL buffers are assumed to fit in it (not
-  measured).
+- Runtime per GPU: the same estimate as on one GPU; NCCL buffers are assumed to fit in it (not
+  measured: a two-GPU server did not start on the machine tried, see docs/known-issues.md).
 """
 
 from __future__ import annotations
@@ -59,8 +66,8 @@ from qwenquant.serve.weights import ModelShape, WeightBreakdown
 
 GiB = 1024**3
 MiB = 1024**2
-CUDA_CONTEXT_BYTES = GiB // 2
-CUDA_GRAPH_BYTES = GiB // 2
+RUNTIME_OVERHEAD_BYTES = int(1.10 * GiB)
+CUDA_GRAPH_BYTES = int(0.12 * GiB)
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4,
                 "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1}
 
@@ -278,10 +285,10 @@ def make_budget(
     With `tp` > 1, `weights` must already be per GPU (weights_from_config/_tensors with tp)."""
     runtime = 0
     if device == "cuda":
-        runtime = CUDA_CONTEXT_BYTES + (0 if enforce_eager else CUDA_GRAPH_BYTES)
+        runtime = RUNTIME_OVERHEAD_BYTES + (0 if enforce_eager else CUDA_GRAPH_BYTES)
     return Budget(
         device=device, total_bytes=total_bytes, utilization=utilization,
-        weights_bytes=weights.loaded(include_vision),
+        weights_bytes=weights.loaded(include_vision, include_mtp=cache.num_speculative_tokens > 0),
         activation_bytes=activation_bytes(s, max_num_batched_tokens, tp),
         runtime_bytes=runtime, cache=cache_model(s, cache, tp), max_model_len=max_model_len,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, tp=tp,

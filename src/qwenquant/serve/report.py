@@ -62,8 +62,10 @@ def budget_lines(name: str, b: Budget, s: ModelShape) -> list[str]:
                  f"{c.gdn_groups} GDN groups of {c.group_size} layers")
     lines.append(_row("one max-model-len sequence (paged)", b.seq_bytes))
     if b.device == "cuda":
+        note = "  MTP head not loaded: this profile does not draft" if s.mtp_layers and not mtp else ""
+        lines.append(_row("weights loaded", b.weights_bytes) + note)
         lines.append(_row("activations (fp32 logits + MLP)", b.activation_bytes))
-        lines.append(_row("CUDA runtime (context + graphs)", b.runtime_bytes))
+        lines.append(_row("runtime overhead + CUDA graphs (measured)", b.runtime_bytes))
         lines.append(_row(f"budget ({gib(b.total_bytes)} x {b.utilization:g})", b.budget_bytes))
     lines.append(_row("left for KV cache + GDN state", max(b.cache_available, 0)))
     if not b.fits:

@@ -254,8 +254,11 @@ class WeightBreakdown:
     source: str  # "config" or "artifact"
     notes: tuple[str, ...] = field(default_factory=tuple)
 
-    def loaded(self, include_vision: bool = False) -> int:
-        return sum(v for k, v in self.bytes.items() if include_vision or k != "vision")
+    def loaded(self, include_vision: bool = False, include_mtp: bool = True) -> int:
+        """Bytes vLLM loads: without the vision tower unless asked, without the MTP head when the
+        profile does not draft (vLLM builds no drafter then)."""
+        return sum(v for k, v in self.bytes.items()
+                   if (include_vision or k != "vision") and (include_mtp or k != "mtp"))
 
 
 def padded_vocab(vocab: int) -> int:
