@@ -5,6 +5,8 @@ and behaves as `--standin-mode` says:
   good           serve /health, /v1/models, /v1/completions like vLLM; SIGTERM exits 0
   exit0          exit 0 at once            exit1       print a traceback-ish line, exit 1
   nobind         stay alive, never listen  health503   listen, /health answers 503 forever
+  fatal-hang     print a vLLM worker's fatal error line, then stay alive and never listen (as
+                 vLLM 0.26's API server did after a tensor-parallel worker died)
   die-after-ready  serve, then exit 3 one second after the first completion
   wrong-root     /v1/models lists the served name with a different root
 `--standin-pidfile F` writes "server_pid helper_pid": the server starts a helper child (as vLLM
@@ -90,7 +92,9 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     else:
         signal.signal(signal.SIGTERM, lambda *_: (helper.kill(), os._exit(0)))
-    if mode == "nobind":
+    if mode == "fatal-hang":
+        print("(Worker_TP1 pid=7) ERROR [multiproc_executor.py:1007] WorkerProc hit an exception.", flush=True)
+    if mode in ("nobind", "fatal-hang"):
         while True:
             time.sleep(1)
     root = "/somewhere/else" if mode == "wrong-root" else a.model

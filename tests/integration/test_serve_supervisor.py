@@ -61,10 +61,11 @@ def gone(pid: int, wait: float = 5.0) -> bool:
     return False
 
 
-def run_failing(artifact: Path, launcher: Path, tmp_path: Path, mode: str, timeout: float = 20) -> subprocess.CompletedProcess:
+def run_failing(artifact: Path, launcher: Path, tmp_path: Path, mode: str, timeout: float = 20,
+                wait: float | None = None) -> subprocess.CompletedProcess:
     pidfile = tmp_path / "pids"
     r = subprocess.run(serve_cmd(artifact, launcher, free_port(), mode, pidfile, timeout),
-                       env=serve_env(launcher, tmp_path), capture_output=True, text=True, timeout=timeout + 60)
+                       env=serve_env(launcher, tmp_path), capture_output=True, text=True, timeout=wait or timeout + 60)
     assert "ready" not in r.stdout
     if pidfile.exists():
         for pid in map(int, pidfile.read_text().split()):
@@ -94,6 +95,16 @@ def test_never_binds(standin_artifact, fake_vllm, tmp_path):
     assert r.returncode == 7
     assert "not ready within 4 s: nothing listens on port" in flat(r.stderr)
     assert time.monotonic() - t0 < 60
+
+
+def test_fatal_line_before_ready_fails_without_waiting_for_the_timeout(standin_artifact, fake_vllm, tmp_path):
+    """Stand-in (a real engine does not die on demand) that logs a worker's fatal error and then
+    hangs without listening: serve fails once the grace after that line is over, quoting it, long
+    before its 600 s --timeout (the subprocess timeout below would fire first), and stops the child."""
+    r = run_failing(standin_artifact, fake_vllm, tmp_path, "fatal-hang", timeout=600, wait=120)
+    assert r.returncode == 7, r.stderr
+    assert "vLLM reported a fatal error while starting and did not exit" in flat(r.stderr)
+    assert "WorkerProc hit an exception" in flat(r.stderr)
 
 
 def test_health_stays_503(standin_artifact, fake_vllm, tmp_path):

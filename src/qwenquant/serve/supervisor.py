@@ -32,6 +32,12 @@ from qwenquant.serve.watchdog import watchdog_command
 
 log = logging.getLogger(__name__)
 TAIL_LINES = 200
+# Lines after which a starting vLLM never becomes ready, although its API server may live on
+# waiting for the dead engine (seen with vLLM 0.26: a tensor-parallel worker hit an illegal memory
+# access and the API server waited for its engine until killed). Checked only before `ready`.
+FATAL_MARKERS = ("WorkerProc hit an exception", "Engine core initialization failed",
+                 "CUDA error: an illegal memory access", "torch.OutOfMemoryError", "CUDA out of memory")
+FATAL_GRACE_S = 15.0  # time the server gets to exit by itself after such a line
 SHOW_LINES = 30
 PROBE_PROMPT = "The quick brown fox jumps over the lazy dog."
 
@@ -68,6 +74,7 @@ class Server:
     def __init__(self, spec: ServerSpec) -> None:
         self.spec = spec
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.fatal: Optional[tuple[float, str]] = None  # (when, first fatal line) seen in the log
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         # 0600: vLLM may echo its arguments (the API key) into the log
         self._log = os.fdopen(os.open(spec.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
@@ -86,7 +93,10 @@ class Server:
         for line in iter(self.proc.stdout.readline, b""):
             self._log.write(line)
             self._log.flush()
-            self.tail.append(line.decode(errors="replace").rstrip("\n"))
+            text = line.decode(errors="replace").rstrip("\n")
+            self.tail.append(text)
+            if self.fatal is None and any(m in text for m in FATAL_MARKERS):
+                self.fatal = (time.monotonic(), text.strip())
 
     def last_lines(self, n: int = SHOW_LINES) -> str:
         self._reader.join(timeout=2)
@@ -237,6 +247,10 @@ def _wait_ready(server: Server) -> None:
         if rc is not None:
             raise ServeError(f"the server exited with code {rc} before it was ready; last lines of "
                              f"{spec.log_path}:\n{server.last_lines()}", hint="read the log above")
+        if server.fatal and time.monotonic() - server.fatal[0] > FATAL_GRACE_S:
+            raise ServeError(f"vLLM reported a fatal error while starting and did not exit: {server.fatal[1][:300]}; "
+                             f"last lines of {spec.log_path}:\n{server.last_lines()}",
+                             hint="read the log above; the server is stopped")
         if _check_ready(server, waiting):
             return
         if time.monotonic() > deadline:
