@@ -319,25 +319,8 @@ def test_demo_serve_step_says_it_stops_the_demo_server(standin_artifact, fake_vl
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def test_server_environment_has_multicast_off(standin_artifact, fake_vllm, tmp_path):
-    """The served stand-in's own environment holds the three multicast-off variables; one the user
-    set (NCCL_NVLS_ENABLE=1 here) is passed through unchanged."""
-    port, pidfile, envfile = free_port(), tmp_path / "pids", tmp_path / "server-env.json"
-    cmd = serve_cmd(standin_artifact, fake_vllm, port, "good", pidfile) + ["--standin-envfile", str(envfile)]
-    env = serve_env(fake_vllm, tmp_path)
-    for k in MULTICAST_OFF:
-        env.pop(k, None)
-    p = subprocess.Popen(cmd, env=dict(env, NCCL_NVLS_ENABLE="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
-    try:
-        _wait_ready(p, port)
-        child = json.loads(envfile.read_text())
-        p.send_signal(signal.SIGTERM)
-        assert p.wait(timeout=60) == 0
-    finally:
-        p.kill()
-    assert child["NCCL_NVLS_ENABLE"] == "1"
-    assert child["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and child["NVSHMEM_DISABLE_NVLS"] == "1"
+def _served_env(cmd: list[str], env: dict[str, str], port: int, envfile: Path) -> dict[str, str]:
+    """Serve the stand-in until ready, read the environment it saw, stop it (exit 0)."""
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_ready(p, port)
@@ -346,6 +329,21 @@ def test_server_environment_has_multicast_off(standin_artifact, fake_vllm, tmp_p
         assert p.wait(timeout=60) == 0
     finally:
         p.kill()
+    return child
+
+
+def test_server_environment_has_multicast_off(standin_artifact, fake_vllm, tmp_path):
+    """The served stand-in's own environment holds the three multicast-off variables; one the user
+    set (NCCL_NVLS_ENABLE=1 here) is passed through unchanged."""
+    port, pidfile, envfile = free_port(), tmp_path / "pids", tmp_path / "server-env.json"
+    cmd = serve_cmd(standin_artifact, fake_vllm, port, "good", pidfile) + ["--standin-envfile", str(envfile)]
+    env = serve_env(fake_vllm, tmp_path)
+    for k in MULTICAST_OFF:
+        env.pop(k, None)
+    child = _served_env(cmd, dict(env, NCCL_NVLS_ENABLE="1"), port, envfile)
+    assert child["NCCL_NVLS_ENABLE"] == "1"
+    assert child["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and child["NVSHMEM_DISABLE_NVLS"] == "1"
+    child = _served_env(cmd, env, port, envfile)
     assert {k: child.get(k) for k in MULTICAST_OFF} == MULTICAST_OFF
 
 
