@@ -121,3 +121,20 @@ def test_unsplittable_gpu_count_refused(shape):
     assert "GDN key heads 16" in tp_problem(shape, 3)
     with pytest.raises(UsageError, match="tensor-parallel size 3 does not divide"):
         make_plan(REAL, parse_size("24GiB"), tp=3)
+
+
+@pytest.mark.parametrize("command, line, names_entry", [
+    (["vllm", "--tensor-parallel-size", "2"], "CUDA error: an illegal memory access was encountered", True),
+    (["vllm", "--tensor-parallel-size=2"], "CUDA error: an illegal memory access was encountered", True),
+    (["vllm", "--tensor-parallel-size", "2", "-tp", "1"], "CUDA error: an illegal memory access", False),
+    (["vllm"], "CUDA error: an illegal memory access was encountered", False),
+    (["vllm", "--tensor-parallel-size", "2"], "torch.OutOfMemoryError: CUDA out of memory", False),
+])
+def test_fatal_hint_names_the_tensor_parallel_entry(command, line, names_entry):
+    """The hint `serve` prints after a fatal line before ready: only a tensor-parallel server that
+    hit an illegal memory access is sent to its known-issues entry."""
+    from qwenquant.serve.supervisor import fatal_hint
+
+    hint = fatal_hint(command, ["(Worker_TP1 pid=7) ERROR WorkerProc hit an exception.", line])
+    assert hint.startswith("read the log above; the server is stopped")
+    assert ("docs/known-issues.md#tensor-parallel-illegal-memory-access" in hint) is names_entry

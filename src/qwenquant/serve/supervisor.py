@@ -238,6 +238,20 @@ def serve_forever(spec: ServerSpec, on_ready: Callable[[str], None]) -> int:
             signal.signal(s, h)
 
 
+def fatal_hint(command: list[str], log_lines: list[str]) -> str:
+    """What to do after a fatal line: a tensor-parallel illegal memory access has its own entry."""
+    hint = "read the log above; the server is stopped"
+    tp = "1"  # the last setting wins, as in vLLM's parser
+    for i, a in enumerate(command):
+        name, _, val = a.partition("=")
+        if name in ("--tensor-parallel-size", "-tp"):
+            tp = val or (command[i + 1] if i + 1 < len(command) else "1")
+    if tp != "1" and any("illegal memory access" in line for line in log_lines):
+        hint += ("; a tensor-parallel start that dies this way has an entry in "
+                 "docs/known-issues.md#tensor-parallel-illegal-memory-access with the vLLM flags to try after --")
+    return hint
+
+
 def _wait_ready(server: Server) -> None:
     spec = server.spec
     deadline = time.monotonic() + spec.timeout
@@ -250,7 +264,7 @@ def _wait_ready(server: Server) -> None:
         if server.fatal and time.monotonic() - server.fatal[0] > FATAL_GRACE_S:
             raise ServeError(f"vLLM reported a fatal error while starting and did not exit: {server.fatal[1][:300]}; "
                              f"last lines of {spec.log_path}:\n{server.last_lines()}",
-                             hint="read the log above; the server is stopped")
+                             hint=fatal_hint(spec.command, list(server.tail)))
         if _check_ready(server, waiting):
             return
         if time.monotonic() > deadline:
