@@ -5,7 +5,8 @@ Reads JOB_DIR/job.json, joins the job (engine/dist.py), runs the layer loop on i
 calibration samples (engine/run.stream_quantize); rank 0 also writes the stage folder and
 JOB_DIR/result.json. A failure leaves JOB_DIR/rank-R.error.json (type, message, hint, time) for the
 launcher to report, and exits non-zero. With QWENQUANT_DIST_METRICS=PATH rank 0 also writes every
-rank's peak GPU memory and peak RSS there (bench/quantize_bench.py reads it).
+rank's calibration share (samples, tokens), peak GPU memory and peak RSS there
+(bench/quantize_bench.py reads it).
 """
 
 from __future__ import annotations
@@ -56,12 +57,13 @@ def _progress(i: int, n: int) -> None:
     print(f"{PROGRESS_TAG} {i} {n}", flush=True)
 
 
-def _metrics(rank: int, device: str, times: list[float]) -> dict[str, Any]:
+def _metrics(rank: int, device: str, times: list[float], samples: list[list[int]], share: list[int]) -> dict[str, Any]:
     import torch
 
     gpu = int(torch.cuda.max_memory_allocated()) if device == "cuda" else None
-    return {"rank": rank, "peak_gpu_bytes": gpu, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            * 1024, "seconds_per_layer": times}
+    return {"rank": rank, "samples": len(share), "tokens": sum(len(samples[k]) for k in share),
+            "peak_gpu_bytes": gpu, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "seconds_per_layer": times}
 
 
 def run(job: dict[str, Any], job_dir: Path) -> None:
@@ -70,7 +72,7 @@ def run(job: dict[str, Any], job_dir: Path) -> None:
     from qwenquant.engine import dist
     from qwenquant.engine.build import max_gpu_mem_gib, write_stage_folder
     from qwenquant.engine.model import open_source
-    from qwenquant.engine.run import apply_gpu_cap, stream_quantize
+    from qwenquant.engine.run import apply_gpu_cap, my_samples, stream_quantize
     from qwenquant.recipe.models import QuantizationSpec
     from qwenquant.stages.gptq import set_deterministic
 
@@ -84,7 +86,8 @@ def run(job: dict[str, Any], job_dir: Path) -> None:
                           Path(job["layers_root"]), fingerprint=job["fingerprint"], device=device,
                           heldout=job["heldout"], progress=_progress if ranks.main else None, ranks=ranks)
     info = write_stage_folder(src, res, Path(job["out_dir"]), job["max_shard_bytes"]) if ranks.main else None
-    metrics = dist.gather_metrics(_metrics(ranks.rank, device, res.seconds_per_layer), ranks)
+    own = _metrics(ranks.rank, device, res.seconds_per_layer, job["samples"], my_samples(job["samples"], ranks))
+    metrics = dist.gather_metrics(own, ranks)
     if ranks.main:
         if os.environ.get(METRICS_ENV):
             atomic_write_json(Path(os.environ[METRICS_ENV]), {"ranks": metrics}, canonical=False)
