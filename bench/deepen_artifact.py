@@ -26,15 +26,11 @@ from typing import Any
 from qwenquant.checkpoint.header import INDEX_NAME
 from qwenquant.checkpoint.tensorfile import checkpoint_refs, write_checkpoint_tensors
 from qwenquant.manifest import MANIFEST_NAME, build_manifest, load_manifest, write_manifest
+from qwenquant.serve.weights import text_config
 
 LAYER = re.compile(r"^(model\.(?:language_model\.)?layers\.)(\d+)\.(.+)$")
 MTP_SHARD = "model-mtp.safetensors"
 MAX_SHARD_BYTES = 5 * 10**9
-
-
-def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The text model's config (nested under text_config in the multimodal layout)."""
-    return config["text_config"] if "text_config" in config else config
 
 
 def deepen_config(config: dict[str, Any], layers: int) -> dict[str, Any]:

@@ -35,7 +35,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -120,12 +119,6 @@ def table(profile: str, rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _complete(url: str, model: str, temperature: float) -> dict[str, Any]:
     body = {"model": model, "prompt": "The capital of France is", "max_tokens": 32, "temperature": temperature,
             "seed": 1234}
@@ -140,7 +133,9 @@ def _complete(url: str, model: str, temperature: float) -> dict[str, Any]:
 
 def run_profile(args: argparse.Namespace, profile: str, log_path: Path) -> dict[str, Any]:
     """Serve one profile to ready, ask two completions, stop; vLLM's figures and the answers."""
-    port = _free_port()
+    from qwenquant.serve.ports import free_port
+
+    port = free_port()
     cmd = [sys.executable, "-m", "qwenquant", "serve", str(args.artifact), "--profile", profile,
            "--gpu-mem", args.gpu_mem, "--port", str(port), "--log-file", str(log_path), "--timeout", str(args.timeout),
            "--gpus", str(args.gpus)]

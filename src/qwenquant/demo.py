@@ -12,7 +12,6 @@ import logging
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from qwenquant.errors import QwenquantError, ServeError, StageError
 from qwenquant.procenv import child_env
+from qwenquant.serve.ports import free_port
 
 log = logging.getLogger(__name__)
 
@@ -129,17 +129,11 @@ def next_steps(artifact: Path, *, served_name: str, port: int = 8000) -> list[st
     ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def serve_and_complete(artifact: Path, env: dict[str, str], *, prompt: str = PROMPT,
                        timeout: float = 600.0) -> str:  # fmt: skip
     """Start `qwenquant serve`, wait for its "ready" line, ask for one completion, stop it with SIGTERM."""
     # The tiny model's context is 4096 tokens; the profile's 32768 is for the real model.
-    args = ["serve", str(artifact), "--profile", "single-user", "--port", str(_free_port()),
+    args = ["serve", str(artifact), "--profile", "single-user", "--port", str(free_port()),
             "--", "--max-model-len", "2048"]
     print(f"$ qwenquant {shlex.join(args)}", file=sys.stderr, flush=True)
     proc = subprocess.Popen([sys.executable, "-m", "qwenquant", *args], env=child_env(env), stdout=subprocess.PIPE,

@@ -9,11 +9,12 @@ environment must have been installed and its absence is a failure.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from helpers import require_vllm
 
 REPO = Path(__file__).resolve().parents[2]
 INFO = REPO / ".venv-vllm" / "qwenquant-vllm.json"
@@ -23,10 +24,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def vllm_info() -> dict:
-    if not INFO.is_file():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{INFO} is missing: scripts/install-vllm.sh must install the vLLM env in CI")
-        pytest.skip(f"no vLLM environment ({INFO} absent): run scripts/install-vllm.sh")
+    require_vllm(INFO, f"the vLLM environment ({INFO})")
     return json.loads(INFO.read_text())
 
 

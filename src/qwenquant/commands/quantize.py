@@ -95,7 +95,6 @@ def graft_mtp_cmd(
     artifact: Path = typer.Argument(..., help="Quantized artifact folder."),
     source: Path = typer.Option(..., "--source", help="The original (unquantized) model folder."),
     check_only: bool = typer.Option(False, "--check-only", help="Only report; exit 5 when something is missing or different."),
-    gpus: str = typer.Option("1", "--gpus", help="Processes for the gptq stage, one GPU each (NCCL): a number or 'auto' (every visible GPU). With --device cpu: N CPU processes (gloo)."),
     force: bool = typer.Option(False, "--force", help="Remove files in the artifact folder that are not part of it (says what it removes)."),
 ) -> None:
     """Copy the bf16 MTP draft head (mtp.*) from the source into an artifact, byte-identical.

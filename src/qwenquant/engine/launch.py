@@ -18,7 +18,6 @@ import os
 import queue
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from typing import IO, Any
 from qwenquant import errors
 from qwenquant.atomic import atomic_write_json
 from qwenquant.procenv import child_env
+from qwenquant.serve.ports import free_port
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +46,6 @@ RESUME_HINT = ("the other ranks were stopped and nothing was published; re-run t
 
 def error_file(job_dir: Path, rank: int) -> Path:
     return Path(job_dir) / f"rank-{rank}.error.json"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (rank 0's rendezvous store)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rank_env(base: Mapping[str, str], rank: int, world: int, port: int, device: str) -> dict[str, str]:

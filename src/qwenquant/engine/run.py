@@ -52,6 +52,7 @@ class StreamResult:
     resumed_from: int  # layers taken from verified records
     head: Any  # engine.headcal.HeadCalibration
     seconds_per_layer: list[float]
+    samples: list[int]  # the calibration samples this process forwarded (all of them in one process)
 
 
 def apply_gpu_cap(device: str, max_gpu_mem_gib: float | None) -> None:
@@ -209,7 +210,7 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
         if pool:
             pool.shutdown(wait=True, cancel_futures=True)
     head = _head_calibration(src, acts, order, heldout, device, ranks)
-    return StreamResult(files, modules, done, head, times)
+    return StreamResult(files, modules, done, head, times, order)
 
 
 def _head_calibration(src: TextModelSource, acts: list[torch.Tensor], order: list[int], heldout: list[int],

@@ -32,11 +32,9 @@ log = logging.getLogger("qwenquant.engine.worker")
 
 def _die_with_parent() -> None:
     """SIGKILL this rank when the process that started it dies (even by SIGKILL)."""
-    import ctypes
+    from qwenquant.serve.watchdog import set_parent_death_signal
 
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
+    if not set_parent_death_signal(signal.SIGKILL):
         return
     if os.environ.get(PARENT_ENV) and os.getppid() != int(os.environ[PARENT_ENV]):
         os._exit(1)  # the parent was already gone before prctl took effect
@@ -57,13 +55,14 @@ def _progress(i: int, n: int) -> None:
     print(f"{PROGRESS_TAG} {i} {n}", flush=True)
 
 
-def _metrics(rank: int, device: str, times: list[float], samples: list[list[int]], share: list[int]) -> dict[str, Any]:
+def _metrics(rank: int, device: str, res: Any, samples: list[list[int]]) -> dict[str, Any]:
+    """This rank's figures (`res`: engine.run.StreamResult; `samples`: the whole calibration set)."""
     import torch
 
     gpu = int(torch.cuda.max_memory_allocated()) if device == "cuda" else None
-    return {"rank": rank, "samples": len(share), "tokens": sum(len(samples[k]) for k in share),
+    return {"rank": rank, "samples": len(res.samples), "tokens": sum(len(samples[k]) for k in res.samples),
             "peak_gpu_bytes": gpu, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "seconds_per_layer": times}
+            "seconds_per_layer": res.seconds_per_layer}
 
 
 def run(job: dict[str, Any], job_dir: Path) -> None:
@@ -72,7 +71,7 @@ def run(job: dict[str, Any], job_dir: Path) -> None:
     from qwenquant.engine import dist
     from qwenquant.engine.build import max_gpu_mem_gib, write_stage_folder
     from qwenquant.engine.model import open_source
-    from qwenquant.engine.run import apply_gpu_cap, my_samples, stream_quantize
+    from qwenquant.engine.run import apply_gpu_cap, stream_quantize
     from qwenquant.recipe.models import QuantizationSpec
     from qwenquant.stages.gptq import set_deterministic
 
@@ -86,8 +85,7 @@ def run(job: dict[str, Any], job_dir: Path) -> None:
                           Path(job["layers_root"]), fingerprint=job["fingerprint"], device=device,
                           heldout=job["heldout"], progress=_progress if ranks.main else None, ranks=ranks)
     info = write_stage_folder(src, res, Path(job["out_dir"]), job["max_shard_bytes"]) if ranks.main else None
-    own = _metrics(ranks.rank, device, res.seconds_per_layer, job["samples"], my_samples(job["samples"], ranks))
-    metrics = dist.gather_metrics(own, ranks)
+    metrics = dist.gather_metrics(_metrics(ranks.rank, device, res, job["samples"]), ranks)
     if ranks.main:
         if os.environ.get(METRICS_ENV):
             atomic_write_json(Path(os.environ[METRICS_ENV]), {"ranks": metrics}, canonical=False)

@@ -149,16 +149,18 @@ def build_vllm_argv(
 
 
 def extra_tp(extra: Sequence[str]) -> Optional[int]:
-    """The tensor-parallel size an extra `--tensor-parallel-size N` / `-tp N` asks for, or None."""
+    """The tensor-parallel size `--tensor-parallel-size N` / `-tp N` in `extra` asks for (the last
+    one, as vLLM's parser takes it), or None."""
+    size = None
     for i, a in enumerate(extra):
         name, _, val = a.partition("=")
         if name in ("--tensor-parallel-size", "-tp"):
             val = val or (extra[i + 1] if i + 1 < len(extra) else "")
             try:
-                return int(val)
+                size = int(val)
             except ValueError:
                 raise ServeError(f"cannot read {name} {val!r}", hint=f"give {name} a whole number") from None
-    return None
+    return size
 
 
 def build_vllm_env(device: str, base: Mapping[str, str], cpu_kvcache_gib: Optional[int] = None) -> dict[str, str]:

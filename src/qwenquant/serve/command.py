@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from qwenquant.errors import ServeError, UsageError
+from qwenquant.errors import ServeError
 from qwenquant.recipe import load_recipe
 from qwenquant.serve import argv as argvmod
 from qwenquant.serve import budget as budgetmod
 from qwenquant.serve.preflight import cache_settings, recipe_from_manifest
 from qwenquant.serve.weights import (ModelShape, QuantSettings, WeightBreakdown, artifact_tensor_bytes,
-                                     model_shape, tp_problem, weights_from_config, weights_from_tensors)
+                                     model_shape, tp_shape, weights_from_config, weights_from_tensors)
 
 _UNITS = {"": 1, "b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
           "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4}
@@ -27,15 +27,6 @@ def parse_size(text: str) -> int:
         raise ServeError(f"cannot read the size {text!r}", hint="write it like 24GiB, 24GB or 24 (GiB)")
     unit = m.group(2).lower() or "gib"
     return int(float(m.group(1)) * _UNITS[unit])
-
-
-def _tp_shape(config: dict, tp: int) -> ModelShape:
-    """The model shape, after checking vLLM can split it over `tp` GPUs."""
-    shape = model_shape(config)
-    problem = tp_problem(shape, tp)
-    if problem:
-        raise UsageError(problem, hint="pass a --gpus count that divides each number named (2, 4 or 8 for Qwen3.8-27B)")
-    return shape
 
 
 @dataclass
@@ -60,7 +51,7 @@ def make_plan(target: Path, gpu_bytes: int, *, recipe_name: Optional[str] = None
         recipe = recipe_from_manifest(manifest)
         config = json.loads((target / "config.json").read_text())
         tensors = artifact_tensor_bytes(target, [f.path for f in manifest.files])
-        weights = weights_from_tensors(tensors, _tp_shape(config, tp), tp)
+        weights = weights_from_tensors(tensors, tp_shape(config, tp), tp)
         source = f"artifact {target}"
     else:
         cfg_path = target / "config.json" if target.is_dir() else target
@@ -69,7 +60,7 @@ def make_plan(target: Path, gpu_bytes: int, *, recipe_name: Optional[str] = None
         except (OSError, ValueError) as e:
             raise ServeError(f"cannot read {cfg_path}: {e}", hint="pass an artifact folder or a config.json") from None
         recipe = load_recipe(recipe_name or "w4a16-int4head")
-        weights = weights_from_config(_tp_shape(config, tp), QuantSettings.from_recipe(recipe.canonical()), tp=tp)
+        weights = weights_from_config(tp_shape(config, tp), QuantSettings.from_recipe(recipe.canonical()), tp=tp)
         source = f"config {cfg_path} + recipe {recipe.name}"
     shape = model_shape(config)
     layout = argvmod.artifact_layout(manifest) if manifest else recipe.artifact.layout

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
+
+from qwenquant.serve.ports import free_port
 
 if TYPE_CHECKING:
     from qwenquant.serve.preflight import Prepared
@@ -31,13 +32,6 @@ class Launched:
     prepared: Prepared
     spec: ServerSpec
     info: dict[str, Any] = field(default_factory=dict)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def prepare_launch(artifact: Path, profile: str, *, gpu_mem: Optional[str], extra: Sequence[str],

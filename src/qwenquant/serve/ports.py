@@ -9,6 +9,13 @@ from pathlib import Path
 _LISTEN = "0A"
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _listen_inodes(port: int) -> set[str]:
     inodes: set[str] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):

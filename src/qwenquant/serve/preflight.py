@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from qwenquant.errors import QwenquantError, ServeError, UsageError, VerificationError
+from qwenquant.errors import QwenquantError, ServeError, VerificationError
 from qwenquant.procenv import multicast_off
 from qwenquant.recipe import Recipe, ResolvedProfile
 from qwenquant.serve import argv as argvmod
@@ -27,7 +27,7 @@ from qwenquant.serve.gpumem import apply_gpu_mem
 from qwenquant.serve.discover import VllmInstall, check_architecture, check_version, find_vllm, supported_archs
 from qwenquant.serve.gpus import check_tp_device, gpu_table, tp_gpu_bytes, used_gpus
 from qwenquant.serve.ports import port_problem
-from qwenquant.serve.weights import model_shape, tp_problem, weights_from_tensors, artifact_tensor_bytes
+from qwenquant.serve.weights import model_shape, tp_shape, weights_from_tensors, artifact_tensor_bytes
 
 log = logging.getLogger(__name__)
 DEFAULT_PROFILE = "single-user"  # serve and bench --serve without --profile
@@ -261,9 +261,7 @@ def _check_context(artifact: Path, profile: ResolvedProfile) -> None:
 
 def _check_tp(dev: str, tp: int, config: dict[str, Any]) -> None:
     check_tp_device(dev, tp)
-    problem = tp_problem(model_shape(config), tp)
-    if problem:
-        raise UsageError(problem, hint="pass a --gpus count that divides each number named")
+    tp_shape(config, tp)
 
 
 def _budget(artifact: Path, manifest: Any, profile: ResolvedProfile, dev: str, env_add: dict[str, str],

@@ -240,13 +240,10 @@ def serve_forever(spec: ServerSpec, on_ready: Callable[[str], None]) -> int:
 
 def fatal_hint(command: list[str], log_lines: list[str]) -> str:
     """What to do after a fatal line: a tensor-parallel illegal memory access has its own entry."""
+    from qwenquant.serve.argv import extra_tp
+
     hint = "read the log above; the server is stopped"
-    tp = "1"  # the last setting wins, as in vLLM's parser
-    for i, a in enumerate(command):
-        name, _, val = a.partition("=")
-        if name in ("--tensor-parallel-size", "-tp"):
-            tp = val or (command[i + 1] if i + 1 < len(command) else "1")
-    if tp != "1" and any("illegal memory access" in line for line in log_lines):
+    if (extra_tp(command) or 1) > 1 and any("illegal memory access" in line for line in log_lines):
         hint += ("; a tensor-parallel start that dies this way has an entry in "
                  "docs/known-issues.md#tensor-parallel-illegal-memory-access with the vLLM flags to try after --")
     return hint

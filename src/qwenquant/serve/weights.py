@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from qwenquant.checkpoint.tensorfile import TensorSpec
-from qwenquant.errors import ServeError
+from qwenquant.errors import ServeError, UsageError
 
 VOCAB_PADDING = 64  # vllm DEFAULT_VOCAB_PADDING_SIZE
 COMPONENTS = ("embeddings", "int4_body", "lm_head", "mtp", "other_bf16", "vision")
@@ -275,6 +275,15 @@ def tp_problem(s: ModelShape, tp: int) -> str | None:
               ("MLP intermediate size", s.intermediate)]
     bad = [f"{what} {n}" for what, n in checks if n % tp] + ([] if kv_ok else [f"KV heads {s.num_kv_heads}"])
     return f"tensor-parallel size {tp} does not divide {', '.join(bad)}" if bad else None
+
+
+def tp_shape(config: Mapping[str, Any], tp: int) -> ModelShape:
+    """The model shape of `config`; a UsageError when vLLM cannot split it over `tp` GPUs."""
+    shape = model_shape(config)
+    problem = tp_problem(shape, tp)
+    if problem:
+        raise UsageError(problem, hint="pass a --gpus count that divides each number named")
+    return shape
 
 
 def tp_bytes(name: str, nbytes: int, s: ModelShape, tp: int) -> int:
