@@ -56,11 +56,6 @@ def init(device: str) -> Ranks:
     return Ranks(rank, world)
 
 
-def close() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def barrier() -> None:
     dist.barrier()
 

@@ -20,7 +20,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from qwenquant.atomic import atomic_write_json
 from qwenquant.engine.launch import LOG_LEVEL_ENV, PARENT_ENV, PROGRESS_TAG, RESULT, error_file
@@ -90,6 +90,7 @@ def run(job: dict[str, Any], job_dir: Path) -> None:
         if os.environ.get(METRICS_ENV):
             atomic_write_json(Path(os.environ[METRICS_ENV]), {"ranks": metrics}, canonical=False)
         atomic_write_json(job_dir / RESULT, info)
+    dist.barrier()  # every rank is past its last collective before any leaves
 
 
 def _report(job_dir: Path, rank: int, e: BaseException) -> None:
@@ -102,7 +103,7 @@ def _report(job_dir: Path, rank: int, e: BaseException) -> None:
     sys.stderr.flush()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> NoReturn:
     args = sys.argv[1:] if argv is None else argv
     job_dir = Path(args[0])
     rank = int(os.environ.get("RANK", "0"))
@@ -119,11 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # reported with its type and message (the traceback with QWENQUANT_DEBUG=1)
         _report(job_dir, rank, e)
         os._exit(1)
-    from qwenquant.engine import dist
-
-    dist.close()
-    return 0
+    # Leave without tearing down the process group or the interpreter: a gloo rank has been seen to
+    # abort (SIGABRT, "terminate called without an active exception") in that teardown after all
+    # its work was written, which failed a finished job. Everything is on disk and every rank is
+    # past the final barrier, so nothing is lost.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
