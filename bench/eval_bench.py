@@ -74,12 +74,16 @@ def ensure_artifact(args: argparse.Namespace, work: Path, device: str) -> None:
 
 
 def project(r: dict[str, Any]) -> dict[str, Any]:
-    """The default eval (32 x 256) at 64 layers: per-layer time scales with tokens, fixed part too."""
+    """The default eval (32 x 256) at 64 layers. Per-layer time and the fixed part (heads, metrics, MTP)
+    scale with tokens; the first layer's excess over the median (kernel compilation and autotuning,
+    once per process) is counted once, unscaled."""
     scale = (DEFAULT_WINDOWS * DEFAULT_LEN) / (r["windows"] * r["window_len"])
     per_layer = r["median_layer_seconds"] * scale
+    warmup = max(0.0, r["layer_seconds"][0] - r["median_layer_seconds"]) if r["layer_seconds"] else 0.0
     fixed = max(0.0, r["wall_seconds"] - sum(r["layer_seconds"])) * scale
     return {"layers": REAL_LAYERS, "windows": DEFAULT_WINDOWS, "window_len": DEFAULT_LEN,
-            "per_layer_seconds": per_layer, "fixed_seconds": fixed, "total_seconds": fixed + per_layer * REAL_LAYERS}
+            "per_layer_seconds": per_layer, "fixed_seconds": fixed, "first_layer_warmup_seconds": warmup,
+            "total_seconds": fixed + warmup + per_layer * REAL_LAYERS}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -125,7 +129,8 @@ def print_table(r: dict[str, Any]) -> None:
                 r["median_layer_seconds"], ", ".join(f"{s:.2f}" for s in r["layer_seconds"]))),
             ("peak GPU / host RSS", f"{gib(r['peak_gpu_bytes'])} / {gib(r['peak_rss_bytes'])}"),
             ("projected: default eval, 64 layers", f"{p['total_seconds'] / 60:.1f} min "
-             f"({p['per_layer_seconds']:.2f} s/layer x 64 + {p['fixed_seconds']:.0f} s fixed, projected)")]
+             f"({p['per_layer_seconds']:.2f} s/layer x 64 + {p['fixed_seconds']:.0f} s fixed "
+             f"+ {p['first_layer_warmup_seconds']:.0f} s first-layer warm-up, projected)")]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")

@@ -11,6 +11,7 @@ which a greedy server would accept the first draft), for the reference and the a
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ import torch
 from qwenquant.evaluate import metrics
 from qwenquant.evaluate.forward import DenseForward, TextForward
 from qwenquant.evaluate.weights import load_dense
+
+log = logging.getLogger(__name__)
 
 ARMS = ("w4a16-body", "w4a16+rtn-head", "artifact")
 
@@ -43,17 +46,18 @@ def _mtp_agree(fwd: TextForward, ids: torch.Tensor, hidden: torch.Tensor, head: 
 def _batch_stats(ref: TextForward, art: TextForward, heads: dict[str, torch.Tensor], ids: torch.Tensor
                  ) -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor]:
     """Per-window figures of every arm for one batch, and the reference's hidden states (for the head test)."""
-    targets = ids[:, 1:]
     h_ref = ref.final_hidden(ids)
     h_art = art.final_hidden(ids)
-    ref_logits = h_ref @ heads["reference"].T
-    stats: dict[str, dict[str, torch.Tensor]] = {
-        "reference": {"nll": metrics.window_nll(ref_logits[:, :-1].cpu(), targets)}}
+    # every figure on the hidden states' device (a 248k-vocabulary logit batch is GBs: no host copies)
+    targets = ids[:, 1:].to(h_ref.device)
+    ref_logits = (h_ref @ heads["reference"].T)[:, :-1]
+    stats: dict[str, dict[str, torch.Tensor]] = {"reference": {"nll": metrics.window_nll(ref_logits, targets).cpu()}}
     for arm, (hidden, head) in {"w4a16-body": (h_art, heads["reference"]), "w4a16+rtn-head": (h_art, heads["rtn"]),
                                 "artifact": (h_art, heads["artifact"])}.items():
-        logits = hidden @ head.T
-        kl, top1 = metrics.window_kl_top1(ref_logits[:, :-1].cpu(), logits[:, :-1].cpu())
-        stats[arm] = {"nll": metrics.window_nll(logits[:, :-1].cpu(), targets), "kl": kl, "top1": top1}
+        logits = (hidden @ head.T)[:, :-1]
+        kl, top1 = metrics.window_kl_top1(ref_logits, logits)
+        stats[arm] = {"nll": metrics.window_nll(logits, targets).cpu(), "kl": kl.cpu(), "top1": top1.cpu()}
+        del logits
     for arm, fwd, hidden, head in (("reference", ref, h_ref, heads["reference"]), ("artifact", art, h_art, heads["artifact"])):
         agree = _mtp_agree(fwd, ids, hidden, head, (hidden @ head.T).argmax(-1))
         if agree is not None:
@@ -68,12 +72,15 @@ def evaluate_forwards(ref: TextForward, art: TextForward, heads: dict[str, torch
 
     per: dict[str, dict[str, list[torch.Tensor]]] = {}
     hidden = []
+    start = time.monotonic()
     for i in range(0, windows.shape[0], batch):
         stats, h = _batch_stats(ref, art, heads, windows[i: i + batch])
         hidden.append(h)
         for arm, figs in stats.items():
             for k, v in figs.items():
                 per.setdefault(arm, {}).setdefault(k, []).append(v)
+    log.info("eval: logits, perplexity, KL and MTP of %d windows (%.1f s)", windows.shape[0], time.monotonic() - start)
+    start = time.monotonic()
     cat = {arm: {k: torch.cat(v) for k, v in figs.items()} for arm, figs in per.items()}
     ref_nll = cat["reference"]["nll"]
     arms: dict[str, Any] = {"reference": {"ppl": metrics.paired_ppl(ref_nll, ref_nll)["ppl"]}}
@@ -85,8 +92,11 @@ def evaluate_forwards(ref: TextForward, art: TextForward, heads: dict[str, torch
            for arm in ("reference", "artifact") if "mtp_agree" in cat[arm]}
     if len(mtp) == 2:
         mtp["change_pct"] = 100 * (mtp["artifact"]["acceptance_length_1"] / mtp["reference"]["acceptance_length_1"] - 1)
-    head = compare_heads(heads["reference"].cpu(), heads["rtn"].cpu(), heads["artifact"].cpu(), torch.cat(hidden), device="cpu")
+    # on the heads' own device: a .cpu() copy of three float32 27B heads is 15 GB of host memory
+    head = compare_heads(heads["reference"], heads["rtn"], heads["artifact"], torch.cat(hidden),
+                         device=heads["reference"].device)
     head["ratio"] = head["gptq"]["kl"] / head["rtn"]["kl"] if head["rtn"]["kl"] > 0 else None
+    log.info("eval: lm_head alone on %d held-out states (%.1f s)", head["rtn"]["tokens"], time.monotonic() - start)
     return {"arms": arms, "lm_head": head, "mtp": mtp}
 
 
@@ -111,7 +121,7 @@ def run_offline(reference: Path, artifact: Path, windows: torch.Tensor, *, devic
         from qwenquant.evaluate.streamed import streamed_forwards
 
         ref, art, heads = streamed_forwards(reference, artifact, windows, device=device)
-        batch = min(batch, 2)  # logits of a 248k vocabulary: a few GB per window batch
+        batch = 1  # a window's logits over a 248k vocabulary are 0.25 GB, and the KL holds a few such
     else:
         ref_cfg, ref_t = load_dense(reference)
         art_cfg, art_t = load_dense(artifact)

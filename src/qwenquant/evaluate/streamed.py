@@ -128,11 +128,18 @@ def streamed_forwards(reference: Path, artifact: Path, windows: torch.Tensor, *,
 
     arms = {"reference": _Arm(reference, device), "artifact": _Arm(artifact, device)}
     samples = windows.tolist()
+    start = time.monotonic()
     embeds = {name: embed_samples(arm.src, samples, device) for name, arm in arms.items()}
+    log.info("eval: embeddings of %d windows, both arms (%.1f s)", len(samples), time.monotonic() - start)
     acts = _run_layers(arms, embeds, device)
+    start = time.monotonic()
     out = {}
     for name, arm in arms.items():
         out[name] = PrecomputedForward(windows, torch.cat(acts[name]), torch.cat(embeds[name]), arm.mtp())
+    log.info("eval: MTP heads, both arms (%.1f s)", time.monotonic() - start)
+    start = time.monotonic()
     ref_head = arms["reference"].head()
     heads = {"reference": ref_head, "rtn": rtn_head(ref_head), "artifact": arms["artifact"].head()}
-    return out["reference"], out["artifact"], {k: v.float().to(device) for k, v in heads.items()}
+    heads = {k: v.float().to(device) for k, v in heads.items()}
+    log.info("eval: lm_heads (reference, round-to-nearest, artifact) on %s (%.1f s)", device, time.monotonic() - start)
+    return out["reference"], out["artifact"], heads
