@@ -11,6 +11,7 @@ which a greedy server would accept the first draft), for the reference and the a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -28,10 +29,13 @@ ARMS = ("w4a16-body", "w4a16+rtn-head", "artifact")
 
 
 def rtn_head(weight: torch.Tensor, group_size: int = 128) -> torch.Tensor:
-    """Round-to-nearest symmetric int4 of `weight`, dequantized (the lm_head stage's baseline)."""
+    """Round-to-nearest symmetric int4 of `weight`, dequantized on `weight`'s device (the lm_head
+    stage's baseline)."""
     from qwenquant.quant.head_gptq import rtn_quantize_rows
 
-    return rtn_quantize_rows(weight, group_size=group_size, device="cpu").dequantize(torch.float32)
+    q = rtn_quantize_rows(weight, group_size=group_size, device=weight.device)
+    q = dataclasses.replace(q, int=q.int.to(weight.device), scale=q.scale.to(weight.device))
+    return q.dequantize(torch.float32)
 
 
 def _mtp_agree(fwd: TextForward, ids: torch.Tensor, hidden: torch.Tensor, head: torch.Tensor,

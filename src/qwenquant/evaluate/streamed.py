@@ -5,7 +5,7 @@ either arm whole. This runs the reference and the artifact through the same laye
 streamed GPTQ engine uses (engine/model.py: transformers' own Qwen3_5DecoderLayer built from one
 layer's tensors, the same masks and position embeddings): for layer i, the reference's layer i
 (source bytes, float32) runs every window, then the artifact's layer i (packed Linears
-dequantized by compressed-tensors, evaluate/weights.py), and both are dropped. Only the windows'
+dequantized by compressed-tensors on the eval device, evaluate/weights.py), and both are dropped. Only the windows'
 hidden states of both arms stay (N x L x H float32 each), plus the small MTP heads. The result is
 two `TextForward`s (forward.py) over the precomputed final hidden states, so evaluate_forwards
 computes exactly the dense path's figures; the arithmetic is the dense path's (float32, sdpa),
@@ -64,12 +64,14 @@ class _Arm:
         text._attn_implementation = "sdpa"  # what DenseForward runs
         self.src = dataclasses.replace(src, config=text, dtype=torch.float32)
 
-    def dense(self, names: list[str]) -> dict[str, torch.Tensor]:
-        """float32 tensors of `names` (full names), packed modules dequantized to `<module>.weight`."""
+    def dense(self, names: list[str], device: str | None = None) -> dict[str, torch.Tensor]:
+        """float32 tensors of `names` (full names) on the arm's device, packed modules dequantized to
+        `<module>.weight` there (unpacking and scaling are exact, so the device does not change a value;
+        on a GPU it keeps the host free of float32 copies and the CPU out of the loop)."""
         from qwenquant.engine.model import ref_tensor
         from qwenquant.evaluate.weights import dequantize
 
-        raw = {n: ref_tensor(self.refs[n]) for n in names}
+        raw = {n: ref_tensor(self.refs[n]).to(device or self.device) for n in names}
         if not any(n.endswith(".weight_packed") for n in raw):
             return {n: t.float() for n, t in raw.items()}
         return dequantize(raw, self.config)
@@ -83,7 +85,9 @@ class _Arm:
 
     def head(self) -> torch.Tensor:
         names = [n for n in self.refs if n.startswith("lm_head.")]
-        return self.dense(names)["lm_head.weight"]
+        # unpacked on the host: compressed-tensors' unpack of a 248k x 5k head holds int64 temporaries
+        # (4.7 GiB) that do not fit a 24 GB GPU beside the other two heads
+        return self.dense(names, device="cpu")["lm_head.weight"].to(self.device)
 
     def mtp(self) -> Any:
         from qwenquant.tiny.mtp_head import MTPHead
@@ -138,8 +142,7 @@ def streamed_forwards(reference: Path, artifact: Path, windows: torch.Tensor, *,
         out[name] = PrecomputedForward(windows, torch.cat(acts[name]), torch.cat(embeds[name]), arm.mtp())
     log.info("eval: MTP heads, both arms (%.1f s)", time.monotonic() - start)
     start = time.monotonic()
-    ref_head = arms["reference"].head()
+    ref_head = arms["reference"].head()  # each head built on the device, one after the other
     heads = {"reference": ref_head, "rtn": rtn_head(ref_head), "artifact": arms["artifact"].head()}
-    heads = {k: v.float().to(device) for k, v in heads.items()}
     log.info("eval: lm_heads (reference, round-to-nearest, artifact) on %s (%.1f s)", device, time.monotonic() - start)
     return out["reference"], out["artifact"], heads
