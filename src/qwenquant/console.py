@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import time
 from typing import Any, Iterator
 
 from rich.console import Console
@@ -107,3 +108,11 @@ def stdout_to_stderr() -> Iterator[None]:
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
+
+
+@contextlib.contextmanager
+def timed(log: logging.Logger, what: str) -> Iterator[None]:
+    """Log "`what` (N.N s)" at INFO when the block ends: the phases of long work without a bar."""
+    start = time.monotonic()
+    yield
+    log.info("%s (%.1f s)", what, time.monotonic() - start)

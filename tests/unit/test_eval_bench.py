@@ -4,13 +4,11 @@ new-machine run on one GPU (bench/reports/eval_bench_4layers_h200_cold.json)."""
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))  # eval_bench imports its sibling quantize_bench lazily
 spec = importlib.util.spec_from_file_location("eval_bench", BENCH / "eval_bench.py")
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)

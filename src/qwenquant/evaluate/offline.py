@@ -54,16 +54,18 @@ def _batch_stats(ref: TextForward, art: TextForward, heads: dict[str, torch.Tens
     h_art = art.final_hidden(ids)
     # every figure on the hidden states' device (a 248k-vocabulary logit batch is GBs: no host copies)
     targets = ids[:, 1:].to(h_ref.device)
-    ref_logits = (h_ref @ heads["reference"].T)[:, :-1]
+    ref_full = h_ref @ heads["reference"].T
+    ref_logits, greedy = ref_full[:, :-1], {"reference": ref_full.argmax(-1)}
     stats: dict[str, dict[str, torch.Tensor]] = {"reference": {"nll": metrics.window_nll(ref_logits, targets).cpu()}}
     for arm, (hidden, head) in {"w4a16-body": (h_art, heads["reference"]), "w4a16+rtn-head": (h_art, heads["rtn"]),
                                 "artifact": (h_art, heads["artifact"])}.items():
-        logits = (hidden @ head.T)[:, :-1]
-        kl, top1 = metrics.window_kl_top1(ref_logits, logits)
-        stats[arm] = {"nll": metrics.window_nll(logits, targets).cpu(), "kl": kl.cpu(), "top1": top1.cpu()}
-        del logits
+        full = hidden @ head.T
+        kl, top1 = metrics.window_kl_top1(ref_logits, full[:, :-1])
+        stats[arm] = {"nll": metrics.window_nll(full[:, :-1], targets).cpu(), "kl": kl.cpu(), "top1": top1.cpu()}
+        greedy[arm] = full.argmax(-1)
+        del full
     for arm, fwd, hidden, head in (("reference", ref, h_ref, heads["reference"]), ("artifact", art, h_art, heads["artifact"])):
-        agree = _mtp_agree(fwd, ids, hidden, head, (hidden @ head.T).argmax(-1))
+        agree = _mtp_agree(fwd, ids, hidden, head, greedy[arm])
         if agree is not None:
             stats[arm]["mtp_agree"] = agree
     return stats, h_ref[:, :-1].reshape(-1, h_ref.shape[-1]).cpu()
@@ -72,19 +74,18 @@ def _batch_stats(ref: TextForward, art: TextForward, heads: dict[str, torch.Tens
 def evaluate_forwards(ref: TextForward, art: TextForward, heads: dict[str, torch.Tensor], windows: torch.Tensor,
                       *, batch: int = 8) -> dict[str, Any]:
     """Every figure of the report from two forwards, the three heads and the windows [N, L]."""
+    from qwenquant.console import timed
     from qwenquant.quant.head_quality import compare_heads
 
     per: dict[str, dict[str, list[torch.Tensor]]] = {}
     hidden = []
-    start = time.monotonic()
-    for i in range(0, windows.shape[0], batch):
-        stats, h = _batch_stats(ref, art, heads, windows[i: i + batch])
-        hidden.append(h)
-        for arm, figs in stats.items():
-            for k, v in figs.items():
-                per.setdefault(arm, {}).setdefault(k, []).append(v)
-    log.info("eval: logits, perplexity, KL and MTP of %d windows (%.1f s)", windows.shape[0], time.monotonic() - start)
-    start = time.monotonic()
+    with timed(log, f"eval: logits, perplexity, KL and MTP of {windows.shape[0]} windows"):
+        for i in range(0, windows.shape[0], batch):
+            stats, h = _batch_stats(ref, art, heads, windows[i: i + batch])
+            hidden.append(h)
+            for arm, figs in stats.items():
+                for k, v in figs.items():
+                    per.setdefault(arm, {}).setdefault(k, []).append(v)
     cat = {arm: {k: torch.cat(v) for k, v in figs.items()} for arm, figs in per.items()}
     ref_nll = cat["reference"]["nll"]
     arms: dict[str, Any] = {"reference": {"ppl": metrics.paired_ppl(ref_nll, ref_nll)["ppl"]}}
@@ -96,11 +97,11 @@ def evaluate_forwards(ref: TextForward, art: TextForward, heads: dict[str, torch
            for arm in ("reference", "artifact") if "mtp_agree" in cat[arm]}
     if len(mtp) == 2:
         mtp["change_pct"] = 100 * (mtp["artifact"]["acceptance_length_1"] / mtp["reference"]["acceptance_length_1"] - 1)
+    held = torch.cat(hidden)
     # on the heads' own device: a .cpu() copy of three float32 27B heads is 15 GB of host memory
-    head = compare_heads(heads["reference"], heads["rtn"], heads["artifact"], torch.cat(hidden),
-                         device=heads["reference"].device)
+    with timed(log, f"eval: lm_head alone on {held.shape[0]} held-out states"):
+        head = compare_heads(heads["reference"], heads["rtn"], heads["artifact"], held, device=heads["reference"].device)
     head["ratio"] = head["gptq"]["kl"] / head["rtn"]["kl"] if head["rtn"]["kl"] > 0 else None
-    log.info("eval: lm_head alone on %d held-out states (%.1f s)", head["rtn"]["tokens"], time.monotonic() - start)
     return {"arms": arms, "lm_head": head, "mtp": mtp}
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -103,20 +102,20 @@ class _Arm:
 def _run_layers(arms: Mapping[str, _Arm], embeds: Mapping[str, list[torch.Tensor]], device: str
                 ) -> dict[str, list[torch.Tensor]]:
     """Every window through every decoder layer of each arm, one layer of one arm in memory at a time."""
+    from qwenquant.console import timed
     from qwenquant.engine.model import LayerInputs, final_norm
 
     first = next(iter(arms.values()))
     inputs = LayerInputs(first.src, device)
     acts = {name: list(embeds[name]) for name in arms}
     for i in range(first.src.num_layers):
-        start = time.monotonic()
         layer_type = first.src.config.layer_types[i]
-        for name, arm in arms.items():
-            layer = arm.layer(i)
-            with torch.no_grad():
-                acts[name] = [layer(x, **inputs.kwargs(x, layer_type)) for x in acts[name]]
-            del layer
-        log.info("eval: decoder layer %d/%d, both arms (%.1f s)", i + 1, first.src.num_layers, time.monotonic() - start)
+        with timed(log, f"eval: decoder layer {i + 1}/{first.src.num_layers}, both arms"):
+            for name, arm in arms.items():
+                layer = arm.layer(i)
+                with torch.no_grad():
+                    acts[name] = [layer(x, **inputs.kwargs(x, layer_type)) for x in acts[name]]
+                del layer
     for name, arm in arms.items():
         norm = final_norm(arm.src, device)
         with torch.no_grad():
@@ -127,22 +126,19 @@ def _run_layers(arms: Mapping[str, _Arm], embeds: Mapping[str, list[torch.Tensor
 def streamed_forwards(reference: Path, artifact: Path, windows: torch.Tensor, *, device: str = "cpu"
                       ) -> tuple[PrecomputedForward, PrecomputedForward, dict[str, torch.Tensor]]:
     """(reference forward, artifact forward, heads) for `windows` [N, L], as run_offline's dense path gives."""
+    from qwenquant.console import timed
     from qwenquant.engine.model import embed_samples
     from qwenquant.evaluate.offline import rtn_head
 
     arms = {"reference": _Arm(reference, device), "artifact": _Arm(artifact, device)}
     samples = windows.tolist()
-    start = time.monotonic()
-    embeds = {name: embed_samples(arm.src, samples, device) for name, arm in arms.items()}
-    log.info("eval: embeddings of %d windows, both arms (%.1f s)", len(samples), time.monotonic() - start)
+    with timed(log, f"eval: embeddings of {len(samples)} windows, both arms"):
+        embeds = {name: embed_samples(arm.src, samples, device) for name, arm in arms.items()}
     acts = _run_layers(arms, embeds, device)
-    start = time.monotonic()
-    out = {}
-    for name, arm in arms.items():
-        out[name] = PrecomputedForward(windows, torch.cat(acts[name]), torch.cat(embeds[name]), arm.mtp())
-    log.info("eval: MTP heads, both arms (%.1f s)", time.monotonic() - start)
-    start = time.monotonic()
-    ref_head = arms["reference"].head()  # each head built on the device, one after the other
-    heads = {"reference": ref_head, "rtn": rtn_head(ref_head), "artifact": arms["artifact"].head()}
-    log.info("eval: lm_heads (reference, round-to-nearest, artifact) on %s (%.1f s)", device, time.monotonic() - start)
+    with timed(log, "eval: MTP heads, both arms"):
+        out = {name: PrecomputedForward(windows, torch.cat(acts[name]), torch.cat(embeds[name]), arm.mtp())
+               for name, arm in arms.items()}
+    with timed(log, f"eval: lm_heads (reference, round-to-nearest, artifact) on {device}"):
+        ref_head = arms["reference"].head()  # each head built on the device, one after the other
+        heads = {"reference": ref_head, "rtn": rtn_head(ref_head), "artifact": arms["artifact"].head()}
     return out["reference"], out["artifact"], heads
