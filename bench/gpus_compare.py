@@ -68,7 +68,8 @@ def summarize(one: dict[str, Any], many: dict[str, Any], diff: Any, tolerance_pr
                 (s.get("peak_rss_bytes") or 0) for s in many["stages"]),
             "host_rss_ranks_sum_bytes": sum(r["peak_rss_bytes"] for r in many["ranks"]) or None,
             "artifact_difference": diff.to_dict(), "within_tolerance": not tolerance_problems,
-            "tolerance_problems": tolerance_problems, "per_layer_many": many["layers"]}
+            "tolerance_problems": tolerance_problems, "per_layer_many": many["layers"],
+            "phase_medians_one": one.get("phases") or {}}
 
 
 def print_gpus(s: dict[str, Any], fmt_gib: Callable[[Any], str]) -> None:
@@ -84,6 +85,12 @@ def print_gpus(s: dict[str, Any], fmt_gib: Callable[[Any], str]) -> None:
     print(f"host RSS peak: 1 GPU gptq {fmt_gib(s['gptq_rss_peak_one_bytes'])}; {n} GPUs: ranks "
           + " + ".join(fmt_gib(r["peak_rss_bytes"]) for r in s["ranks"])
           + f" (stage process {fmt_gib(s['stage_process_rss_peak_many_bytes'])})")
+    one = s.get("phase_medians_one") or {}
+    if one or any(r.get("phase_medians") for r in s["ranks"]):
+        names = list(dict.fromkeys([*one, *(k for r in s["ranks"] for k in r.get("phase_medians") or {})]))
+        print("decoder layer phases, median over layers 1..n (s): " + "  ".join(
+            f"{k} {one.get(k, 0.0):.2f}/" + "/".join(f"{(r.get('phase_medians') or {}).get(k, 0.0):.2f}" for r in s["ranks"])
+            for k in names) + f"  (1 GPU/rank 0/.../rank {n - 1})")
     d = s["artifact_difference"]
     print(f"artifact difference: {d['codes_fraction']:.3%} of {d['codes_total']:,} int4 codes differ (decoder layer 0: "
           f"{d['first_layer_codes_fraction']:.3%}), at most {d['max_steps']} step(s), in "

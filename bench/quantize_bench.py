@@ -237,6 +237,38 @@ class Recorder:
             say(f"stage {name} (t={t:.0f} s)")
 
 
+class PhaseLog(logging.Handler):
+    """Collects the engine's per-layer phase seconds (engine.run.Phases, logged at DEBUG with the
+    figures attached to the record) of the layer loop running in this process."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.layers: list[dict[str, float]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        phases = getattr(record, "phases", None)
+        if phases is not None:
+            self.layers.append(dict(phases))
+            say("      phases (s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
+
+    def take(self) -> list[dict[str, float]]:
+        out, self.layers = self.layers, []
+        return out
+
+
+def phase_medians(layers: list[dict[str, float]]) -> dict[str, float]:
+    """Median seconds of each phase over the decoder layers, layer 0 left out when there are more
+    (it carries the first kernel compilations and an unprefetched read)."""
+    rows = layers[1:] or layers
+    names = list(dict.fromkeys(k for r in rows for k in r))
+    out = {}
+    for k in names:
+        v = sorted(r.get(k, 0.0) for r in rows)
+        out[k] = v[len(v) // 2]
+    return out
+
+
+PHASES = PhaseLog()
 PROGRESS_FILE: list[Path] = []
 # The lm_head stage's first step: the streamed engine left the head calibration in the gptq stage
 # folder; after the oneshot engine the stage loads the whole model to capture final hidden states.
@@ -461,9 +493,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     opts = QuantizeOptions(work / "source", recipe, spec, work / "artifact", work / "artifact.work", device,
                            source_unverified=True)
     t0 = time.perf_counter()
+    PHASES.take()
     with contextlib.redirect_stdout(sys.stderr):
         result = quantize(opts, rec)
     wall = time.perf_counter() - t0
+    phases = PHASES.take()
     compare = None
     if args.compare_llmcompressor:
         from compare_llmcompressor import ratios, run_oneshot_arm
@@ -487,8 +521,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from qwenquant.checkpoint.compare import compare_artifacts
 
         many = run_gpus_arm(args.gpus, work, recipe, spec, device, Recorder(gpu, rss, counts, engine=args.engine), say)
-        one = {"wall_seconds": wall, "stages": rec.stages, "layers": rec.layers}
+        one = {"wall_seconds": wall, "stages": rec.stages, "layers": rec.layers, "phases": phase_medians(phases)}
         diff = compare_artifacts(result.artifact, Path(many["artifact"]), work / "source")
+        for r in many["ranks"]:
+            r["phase_medians"] = phase_medians(r.get("phase_seconds") or [])
         gpus = summarize(one, many, diff, diff.problems())
     rss.stop.set()
 
@@ -517,6 +553,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "stage_records": records,
         "gptq_layers": [dict(r, type=dims.layer_types()[r["layer"]], modules=counts[r["layer"]]) for r in rec.layers],
         "gptq_module_ticks_total": rec.total_seen,
+        "gptq_layer_phases": phases,
+        "gptq_phase_medians": phase_medians(phases),
         "lm_head_timing": lm_head_timing(rec),
         "lm_head_quality": result.quality.get("lm_head"),
         "artifact_bytes": sizes_by_component(result.artifact),
@@ -574,6 +612,9 @@ def print_table(r: dict[str, Any]) -> None:
                 print(f"{label:<40} {secs:>8.1f} {fmt_gib(win.get('peak_gpu_bytes')):>10} "
                       f"{fmt_gib(win.get('peak_rss_bytes')):>10}")
     print(f"  * layer 0 also carries {LAYER0_CARRIES[r['engine']]}")
+    if r.get("gptq_phase_medians"):
+        print("  decoder layer phases, median over layers 1..n (s): "
+              + ", ".join(f"{k} {v:.2f}" for k, v in r["gptq_phase_medians"].items()))
     print(f"{'quantize total (pipeline.quantize)':<40} {r['quantize_wall_seconds']:>8.1f} {'':>10} {fmt_gib(r['host_max_rss_bytes']):>10}")
     q = r["lm_head_quality"] or {}
     if q.get("gptq"):
@@ -627,6 +668,11 @@ def main(argv: list[str] | None = None) -> int:
         PROGRESS_FILE.append(args.progress_file)
         args.progress_file.parent.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    for h in logging.getLogger().handlers:
+        h.setLevel(logging.INFO)  # the per-layer phase lines are printed by PHASES, once
+    engine_log = logging.getLogger("qwenquant.engine.run")
+    engine_log.setLevel(logging.DEBUG)
+    engine_log.addHandler(PHASES)
     if args.progress_file:  # the engine's own lines (layer i/n, resuming from layer k) go there too
         fh = logging.FileHandler(args.progress_file)
         fh.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))

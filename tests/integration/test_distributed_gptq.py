@@ -83,6 +83,12 @@ def test_each_rank_forwarded_its_own_share(arts: dict) -> None:
     cal = json.loads((arts[2]["out"] / "qwenquant-manifest.json").read_text())["calibration"]
     assert sum(r["samples"] for r in shares) == cal["num_samples"]
     assert sum(r["tokens"] for r in shares) == cal["token_total"]
+    # each rank timed its layers' phases, the collective ones included; only rank 0 writes
+    for r in shares:
+        assert len(r["phase_seconds"]) == len(r["seconds_per_layer"]) > 0
+        for ph in r["phase_seconds"]:
+            assert {"calibrate", "reduce", "gptq", "gather", "barrier", "rebuild", "forward"} <= set(ph), ph
+            assert ("write" in ph) == (r["rank"] == 0), ph
 
 
 def _ranks_of(parent: int) -> dict[int, int]:

@@ -148,3 +148,15 @@ def test_head_calibration_from_the_same_pass(streamed: dict) -> None:
     lengths = [len(s) for s in _samples()]
     assert head.tokens == sum(lengths[:5]) and head.heldout.shape[0] == lengths[5] and head.heldout_samples == 1
     assert head.hessian.shape == (256, 256)
+
+
+def test_layer_phases_account_for_each_layer(streamed: dict) -> None:
+    """Every decoder layer reports where its time went (the figures `--verbose` logs per layer and
+    bench/quantize_bench.py tabulates): the one-process phases, in order, adding up to the layer's
+    time (the rest is bookkeeping between phases)."""
+    res = streamed["result"]
+    assert len(res.phases) == len(res.seconds_per_layer) == len(res.layer_files)
+    for phases, seconds in zip(res.phases, res.seconds_per_layer):
+        assert list(phases) == ["read", "build", "calibrate", "gptq", "write", "rebuild", "forward"]
+        assert all(v >= 0 for v in phases.values())
+        assert 0.7 * seconds <= sum(phases.values()) <= seconds, (phases, seconds)

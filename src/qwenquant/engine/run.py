@@ -22,10 +22,11 @@ Hessians meet on an owner rank per module, and rank 0 alone writes layer records
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,33 @@ class StreamResult:
     head: Any  # engine.headcal.HeadCalibration
     seconds_per_layer: list[float]
     samples: list[int]  # the calibration samples this process forwarded (all of them in one process)
+    phases: list[dict[str, float]]  # per layer: seconds in each phase (see `Phases`)
+
+
+class Phases:
+    """Wall seconds per phase of one decoder layer, for `--verbose` and the benchmarks. A phase
+    that ran GPU work ends with a CUDA synchronize, so its kernels are counted in it and not in
+    whichever later phase first waits for them. Phases: read (waiting for the layer's tensors),
+    build, calibrate (forward with Hessian hooks), reduce (Hessians to their owner ranks), gptq
+    (solve and pack), gather (packed modules to rank 0), write, barrier, rebuild (from the
+    persisted layer), forward (the next layer's inputs)."""
+
+    def __init__(self, device: str) -> None:
+        self.sync = device == "cuda"
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.sync:
+                torch.cuda.synchronize()
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def line(self) -> str:
+        return ", ".join(f"{k} {v:.2f}" for k, v in self.seconds.items())
 
 
 def apply_gpu_cap(device: str, max_gpu_mem_gib: float | None) -> None:
@@ -83,7 +111,9 @@ def _forward_all(layer: torch.nn.Module, acts: list[torch.Tensor], inputs: Layer
 
 
 def _quantized_layer(src: TextModelSource, i: int, layers_root: Path, scheme: Any, device: str) -> torch.nn.Module:
-    """Layer i rebuilt from its persisted tensors: packed Linears dequantized as a loader would."""
+    """Layer i rebuilt from its persisted tensors: packed Linears dequantized as a loader would,
+    on `device` (the packed bytes cross to the GPU, a quarter of the dense weights; the unpack is
+    integer shifts and one bf16 multiply per weight, the same bits on either device)."""
     refs = L.layer_refs(layers_root, i)
     prefix = src.layer_prefix(i)
     tensors: dict[str, torch.Tensor] = {}
@@ -95,31 +125,40 @@ def _quantized_layer(src: TextModelSource, i: int, layers_root: Path, scheme: An
         else:
             packed.setdefault(mod, {})[name.rsplit(".", 1)[1]] = ref_tensor(ref)
     for mod, parts in packed.items():
-        tensors[mod[len(prefix):] + ".weight"] = unpack(parts, scheme)
+        tensors[mod[len(prefix):] + ".weight"] = unpack(
+            {k: v if k == "weight_shape" else v.to(device) for k, v in parts.items()}, scheme)
     return build_layer(src, i, tensors, device)
 
 
 def _gptq_layer(src: TextModelSource, i: int, raw: dict[str, torch.Tensor], acts: list[torch.Tensor],
-                inputs: LayerInputs, q: Any, scheme: Any, device: str, ranks: Any = None) -> dict[str, Any] | None:
+                inputs: LayerInputs, q: Any, scheme: Any, device: str, ranks: Any = None,
+                phase: Phases | None = None) -> dict[str, Any] | None:
     """Calibrate and quantize layer i; return its artifact tensors (packed + unquantized source refs).
     In an N-process job (`ranks`: engine.dist.Ranks) the Hessians meet on each module's owner rank
     and the packed modules on rank 0, which alone returns the tensors (None elsewhere)."""
+    phase = phase or Phases(device)
     prefix = src.layer_prefix(i)
-    layer = build_layer(src, i, raw, device)
-    mods = target_modules(layer, prefix, q.targets, q.ignore)
-    gptq = LayerGPTQ(mods, scheme, block_size=q.block_size, dampening_frac=q.dampening_frac)
-    _forward_all(layer, acts, inputs, src.config.layer_types[i], keep=False)
+    with phase("build"):
+        layer = build_layer(src, i, raw, device)
+        mods = target_modules(layer, prefix, q.targets, q.ignore)
+        gptq = LayerGPTQ(mods, scheme, block_size=q.block_size, dampening_frac=q.dampening_frac)
+    with phase("calibrate"):
+        _forward_all(layer, acts, inputs, src.config.layer_types[i], keep=False)
     if ranks is None:
-        packed: dict[str, Any] | None = gptq.quantize()
+        with phase("gptq"):
+            packed: dict[str, Any] | None = gptq.quantize()
     else:
         from qwenquant.engine import dist
         from qwenquant.engine.ranks import owners
 
         gptq.remove_hooks()
         owner = owners({n: tuple(m.weight.shape) for n, m in mods.items()}, ranks.world)
-        dist.reduce_hessians(gptq, owner, ranks)
-        mine = gptq.quantize(only={n for n, r in owner.items() if r == ranks.rank})
-        packed = dist.gather_packed(mine, ranks)
+        with phase("reduce"):
+            dist.reduce_hessians(gptq, owner, ranks)
+        with phase("gptq"):
+            mine = gptq.quantize(only={n for n, r in owner.items() if r == ranks.rank})
+        with phase("gather"):
+            packed = dist.gather_packed(mine, ranks)
     del layer, gptq
     if packed is None:
         return None
@@ -177,40 +216,48 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
     prefetch = os.environ.get("QWENQUANT_PREFETCH", "1") != "0"
     pool = ThreadPoolExecutor(max_workers=1) if prefetch else None
     nxt: Future | None = None
-    files, modules, times = [], 0, []
+    files, modules, times, phases = [], 0, [], []
     writer = ranks is None or ranks.main
     try:
         for i in range(n):
             t0 = time.perf_counter()
+            phase = Phases(device)
             if i >= done:
-                raw = nxt.result() if nxt is not None else read_layer(src, i)
+                with phase("read"):
+                    raw = nxt.result() if nxt is not None else read_layer(src, i)
                 nxt = pool.submit(read_layer, src, i + 1) if pool and i + 1 < n else None
-                res = _gptq_layer(src, i, raw, acts, inputs, q, scheme, device, ranks)
+                res = _gptq_layer(src, i, raw, acts, inputs, q, scheme, device, ranks, phase)
                 del raw
                 if res is not None:
-                    L.write_layer(layers_root, i, res["tensors"], fingerprint)
+                    with phase("write"):
+                        L.write_layer(layers_root, i, res["tensors"], fingerprint)
                 if ranks is not None:
                     from qwenquant.engine import dist
 
-                    dist.barrier()  # the record exists before any rank reads the layer back
+                    with phase("barrier"):
+                        dist.barrier()  # the record exists before any rank reads the layer back
             elif pool and i + 1 == done and done < n:
                 nxt = pool.submit(read_layer, src, done)
-            layer = _quantized_layer(src, i, layers_root, scheme, device)
-            _forward_all(layer, acts, inputs, src.config.layer_types[i], keep=True)
+            with phase("rebuild"):
+                layer = _quantized_layer(src, i, layers_root, scheme, device)
+            with phase("forward"):
+                _forward_all(layer, acts, inputs, src.config.layer_types[i], keep=True)
             del layer
             files.append(L.layer_dir(layers_root, i) / L.TENSORS)
             modules += sum(1 for nm in L.layer_refs(layers_root, i) if nm.endswith(".weight_packed"))
             times.append(time.perf_counter() - t0)
+            phases.append(phase.seconds)
             if writer:
                 log.info("gptq: decoder layer %d/%d %s (%.1f s)", i + 1, n, "replayed" if i < done else "quantized",
                          times[-1])
+            log.debug("gptq: decoder layer %d phases (s): %s", i + 1, phase.line(), extra={"phases": phase.seconds})
             if progress:
                 progress(i + 1, n)
     finally:
         if pool:
             pool.shutdown(wait=True, cancel_futures=True)
     head = _head_calibration(src, acts, order, heldout, device, ranks)
-    return StreamResult(files, modules, done, head, times, order)
+    return StreamResult(files, modules, done, head, times, order, phases)
 
 
 def _head_calibration(src: TextModelSource, acts: list[torch.Tensor], order: list[int], heldout: list[int],

@@ -62,7 +62,7 @@ def _metrics(rank: int, device: str, res: Any, samples: list[list[int]]) -> dict
     gpu = int(torch.cuda.max_memory_allocated()) if device == "cuda" else None
     return {"rank": rank, "samples": len(res.samples), "tokens": sum(len(samples[k]) for k in res.samples),
             "peak_gpu_bytes": gpu, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "seconds_per_layer": res.seconds_per_layer}
+            "seconds_per_layer": res.seconds_per_layer, "phase_seconds": res.phases}
 
 
 def run(job: dict[str, Any], job_dir: Path) -> None:
