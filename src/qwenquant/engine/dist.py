@@ -72,6 +72,7 @@ def reduce_hessians(gptq: Any, owner: dict[str, int], ranks: Ranks) -> None:
     `gptq`: engine.quantize.LayerGPTQ after the calibration forward (hooks done)."""
     from llmcompressor.modifiers.gptq.helpers import make_empty_hessian
 
+    gptq.unshare()  # a reduction is in place: each module needs its own tensor
     pending = []
     for name, mod in gptq.modules.items():  # the same order on every rank
         if mod not in gptq.counts:  # no sample of this rank reached it: add nothing, still take part

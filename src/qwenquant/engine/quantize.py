@@ -3,7 +3,8 @@
 What `GPTQModifier` does per sequential subgraph, step for step: the recipe's scheme resolved by
 `GPTQModifier.resolve_quantization_config` (W4A16 preset, actorder), each target Linear initialized
 by compressed-tensors (`initialize_module_for_quantization`) with quantized forward disabled, a
-forward hook accumulating its Hessian (`accumulate_hessian`, first-call order), then the weight
+forward hook accumulating its Hessian (`accumulate_hessian`, first-call order; computed once for
+Linears that read the same input, see `LayerGPTQ`), then the weight
 observer (`initialize_observer` + `observe`), `assign_batches` / `prepare_batch` /
 `quantize_weight` / `update_batch_qparams`, and finally compressed-tensors' packing compressor
 (`pack-quantized`: weight_packed int32, weight_scale, weight_shape; no zero point when symmetric).
@@ -66,7 +67,15 @@ def target_modules(layer: torch.nn.Module, prefix: str, targets: Iterable[str], 
 
 
 class LayerGPTQ:
-    """Hessian hooks on one layer's target Linears, then GPTQ and packing."""
+    """Hessian hooks on one layer's target Linears, then GPTQ and packing.
+
+    Linears fed the very same input tensor (q/k/v, gate/up, the linear attention's in_proj_qkv and
+    in_proj_z) would each add the same x^T x to their Hessian: llm-compressor's hooks compute it
+    once per module, the largest cost of a calibration forward at real width. Here such modules
+    share one Hessian (and count) tensor, updated once per sample, when they were first called
+    with the same input object in the same sample; every later sample must give them the same
+    input again (else RuntimeError). The result is the same bits (the same matmul on the same
+    input); `unshare()` gives each module its own copy where something updates them in place."""
 
     def __init__(self, modules: dict[str, torch.nn.Linear], scheme: Any, *, block_size: int,
                  dampening_frac: float, batched: Any = "auto") -> None:
@@ -78,6 +87,11 @@ class LayerGPTQ:
         self.block_size, self.dampening_frac, self.batched = block_size, dampening_frac, batched
         self.hessians: dict[torch.nn.Module, torch.Tensor] = {}
         self.counts: dict[torch.nn.Module, torch.Tensor] = {}
+        self.shared: dict[torch.nn.Module, torch.nn.Module] = {}  # module -> the module whose Hessian it shares
+        # this sample's inputs: id -> (the tensor, kept alive so the id stays its own; its version; first module)
+        self._inputs: dict[int, tuple[torch.Tensor, int, torch.nn.Module]] = {}
+        self._called: set[torch.nn.Module] = set()
+        self._new: set[torch.nn.Module] = set()  # Hessians created in this sample
         for mod in modules.values():
             initialize_module_for_quantization(mod, scheme.model_copy(deep=True), force_zero_point=True)
             disable_quantization(mod)  # calibration forwards run the unquantized weight (DisableQuantization)
@@ -86,17 +100,45 @@ class LayerGPTQ:
     def _hook(self, module: torch.nn.Module, args: tuple[torch.Tensor, ...], _out: torch.Tensor) -> None:
         from llmcompressor.modifiers.gptq.helpers import accumulate_hessian, make_empty_hessian
 
+        if module in self._called:  # a module called again: the next sample's forward began
+            self._inputs.clear()
+            self._called.clear()
+            self._new.clear()
+        self._called.add(module)
+        x = args[0]
+        seen = self._inputs.get(id(x))
+        same = seen[2] if seen is not None and seen[1] == x._version else None
+        if module in self.shared:
+            if same is not self.shared[module]:
+                raise RuntimeError(f"{self.names[module]} shares its Hessian with {self.names[self.shared[module]]}, "
+                                   "but a later calibration sample gave them different inputs")
+            return  # its Hessian was updated with this input already
+        if module not in self.counts and same is not None and same in self._new:
+            self.shared[module] = same  # both start in this sample with the same input: one Hessian
+            self.hessians[module], self.counts[module] = self.hessians[same], self.counts[same]
+            return
+        if seen is None:
+            self._inputs[id(x)] = (x, x._version, module)
         if module not in self.counts:
             dev = module.weight.device
             self.hessians[module] = make_empty_hessian(module, device=dev)
             self.counts[module] = torch.zeros((), device=dev)
+            self._new.add(module)
         self.hessians[module], self.counts[module] = accumulate_hessian(
-            args[0], module, self.hessians[module], self.counts[module])
+            x, module, self.hessians[module], self.counts[module])
 
     def remove_hooks(self) -> None:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        self._inputs.clear()
+
+    def unshare(self) -> None:
+        """Give every module its own Hessian and count tensors (before an in-place update such as
+        a reduction across ranks)."""
+        for mod in self.shared:
+            self.hessians[mod], self.counts[mod] = self.hessians[mod].clone(), self.counts[mod].clone()
+        self.shared = {}
 
     @torch.no_grad()
     def quantize(self, only: set[str] | None = None) -> dict[str, dict[str, torch.Tensor]]:

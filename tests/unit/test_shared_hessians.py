@@ -1,0 +1,106 @@
+"""Linears fed the same input share one Hessian in the streamed engine (engine/quantize.LayerGPTQ):
+the figures must be the bits llm-compressor's per-module hooks give, on the CPU, with the real
+llm-compressor and compressed-tensors functions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+class Block(torch.nn.Module):
+    """q/k/v read one tensor; o reads another; `other` reads a copy equal in value only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(256, 128, bias=False) for _ in range(3))
+        self.o = torch.nn.Linear(128, 256, bias=False)
+        self.other = torch.nn.Linear(256, 128, bias=False)
+        self.swap = False  # True: k reads another tensor (a model whose inputs are not fixed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 2
+        y = self.q(h) + self.k(h * 1 if self.swap else h) + self.v(h)
+        return self.o(y) + self.other(h.clone()).sum()
+
+
+def _layer(seed: int = 0) -> tuple[Block, dict[str, torch.nn.Linear]]:
+    torch.manual_seed(seed)
+    b = Block()
+    return b, {f"b.{n}": m for n, m in b.named_children()}
+
+
+def _scheme():
+    from qwenquant.engine.quantize import resolve_scheme
+    from qwenquant.recipe import load_recipe
+
+    return resolve_scheme(load_recipe("w4a16-int4head").quantization)
+
+
+def _inputs() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randn(1, 40 + 7 * i, 256, generator=g) for i in range(4)]
+
+
+def test_same_input_shares_one_hessian_with_the_same_bits() -> None:
+    from llmcompressor.modifiers.gptq.helpers import accumulate_hessian, make_empty_hessian
+
+    from qwenquant.engine.quantize import LayerGPTQ
+
+    block, mods = _layer()
+    gptq = LayerGPTQ(mods, _scheme(), block_size=128, dampening_frac=0.01)
+    # llm-compressor's own per-module accumulation, on the same inputs, for comparison
+    ref = {n: make_empty_hessian(m) for n, m in mods.items()}
+    cnt = {n: torch.zeros(()) for n in mods}
+    seen: dict[str, list[torch.Tensor]] = {n: [] for n in mods}
+    taps = [m.register_forward_hook(lambda mod, a, o, n=n: seen[n].append(a[0])) for n, m in mods.items()]
+    with torch.no_grad():
+        for x in _inputs():
+            block(x)
+    for t in taps:
+        t.remove()
+    for n, m in mods.items():
+        for a in seen[n]:
+            ref[n], cnt[n] = accumulate_hessian(a, m, ref[n], cnt[n])
+
+    assert {gptq.names[m]: gptq.names[p] for m, p in gptq.shared.items()} == {"b.k": "b.q", "b.v": "b.q"}
+    for n, m in mods.items():
+        assert torch.equal(gptq.hessians[m], ref[n]), n
+        assert float(gptq.counts[m]) == float(cnt[n]) == 4
+    assert gptq.hessians[mods["b.k"]] is gptq.hessians[mods["b.q"]]
+    gptq.unshare()
+    assert not gptq.shared and gptq.hessians[mods["b.k"]] is not gptq.hessians[mods["b.q"]]
+    assert torch.equal(gptq.hessians[mods["b.k"]], ref["b.k"])
+
+
+def test_shared_and_unshared_pack_the_same_bytes() -> None:
+    """GPTQ from shared Hessians packs what it packs from each module's own copy."""
+    from qwenquant.engine.quantize import LayerGPTQ
+
+    packed = []
+    for unshare in (False, True):
+        block, mods = _layer()
+        gptq = LayerGPTQ(mods, _scheme(), block_size=128, dampening_frac=0.01)
+        with torch.no_grad():
+            for x in _inputs():
+                block(x)
+        if unshare:
+            gptq.unshare()
+        packed.append(gptq.quantize())
+    assert packed[0].keys() == packed[1].keys() == {"b.q", "b.k", "b.v", "b.o", "b.other"}
+    for name in packed[0]:
+        for leaf in packed[0][name]:
+            assert torch.equal(packed[0][name][leaf], packed[1][name][leaf]), (name, leaf)
+
+
+def test_a_later_sample_with_another_input_is_refused() -> None:
+    from qwenquant.engine.quantize import LayerGPTQ
+
+    block, mods = _layer()
+    gptq = LayerGPTQ(mods, _scheme(), block_size=128, dampening_frac=0.01)
+    xs = _inputs()
+    with torch.no_grad():
+        block(xs[0])
+        block.swap = True
+        with pytest.raises(RuntimeError, match="b.k shares its Hessian with b.q"):
+            block(xs[1])
