@@ -101,6 +101,7 @@ def test_a_later_sample_with_another_input_is_refused() -> None:
     xs = _inputs()
     with torch.no_grad():
         block(xs[0])
+        assert set(gptq.shared) == {mods["b.k"], mods["b.v"]}
         block.swap = True
         with pytest.raises(RuntimeError, match="b.k shares its Hessian with b.q"):
             block(xs[1])
