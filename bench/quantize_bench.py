@@ -249,7 +249,7 @@ class PhaseLog(logging.Handler):
         phases = getattr(record, "phases", None)
         if phases is not None:
             self.layers.append(dict(phases))
-            say("      phases (s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
+            say("      " + record.getMessage())
 
     def take(self) -> list[dict[str, float]]:
         out, self.layers = self.layers, []

@@ -131,12 +131,12 @@ def _quantized_layer(src: TextModelSource, i: int, layers_root: Path, scheme: An
 
 
 def _gptq_layer(src: TextModelSource, i: int, raw: dict[str, torch.Tensor], acts: list[torch.Tensor],
-                inputs: LayerInputs, q: Any, scheme: Any, device: str, ranks: Any = None,
-                phase: Phases | None = None) -> dict[str, Any] | None:
+                inputs: LayerInputs, q: Any, scheme: Any, device: str, ranks: Any, phase: Phases
+                ) -> dict[str, Any] | None:
     """Calibrate and quantize layer i; return its artifact tensors (packed + unquantized source refs).
     In an N-process job (`ranks`: engine.dist.Ranks) the Hessians meet on each module's owner rank
-    and the packed modules on rank 0, which alone returns the tensors (None elsewhere)."""
-    phase = phase or Phases(device)
+    and the packed modules on rank 0, which alone returns the tensors (None elsewhere). `phase`
+    times the steps (the caller's per-layer Phases)."""
     prefix = src.layer_prefix(i)
     with phase("build"):
         layer = build_layer(src, i, raw, device)
