@@ -260,21 +260,30 @@ def test_bad_device_flag(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "Ctrl-C"])
 def test_killed_during_gptq_then_rerun_gives_same_digest(built: dict, tmp_path: Path, sig: int) -> None:
+    """Killed inside the gptq stage, after its first decoder layer is persisted.
+
+    The whole stage takes about a second on the tiny model, so a fixed sleep after "stage gptq:
+    running" can land after the stage has finished. The test waits for the first layer's record,
+    freezes the process (SIGSTOP) and checks that the stage has not completed before the signal
+    goes; SIGCONT then lets a Ctrl-C be handled.
+    """
     out = tmp_path / "killed"
     work = tmp_path / "killed.work"
+    first_layer = work / "gptq-layers" / "layer-00000" / "record.json"
     env = dict(os.environ, QWENQUANT_THREADS="2", QWENQUANT_NO_PROGRESS="1", PYTHONHASHSEED="0")
     log = open(tmp_path / "first.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "qwenquant", *quantize_args(built["source"], out)],
                             stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=REPO)
     deadline = time.monotonic() + 300
     try:
-        while "stage gptq: running" not in (tmp_path / "first.log").read_text():
+        while not first_layer.exists():
             assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "gptq never started"
-            time.sleep(0.1)
-        time.sleep(2.0)  # inside oneshot: the model is loaded and calibration has begun
-        assert proc.poll() is None, "quantize finished before it could be killed"
+            assert time.monotonic() < deadline, "the first layer record never appeared"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGSTOP)
+        assert not (work / "gptq.record.json").exists(), "the gptq stage completed before it could be stopped"
         proc.send_signal(sig)
+        proc.send_signal(signal.SIGCONT)
         proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
@@ -289,11 +298,14 @@ def test_killed_during_gptq_then_rerun_gives_same_digest(built: dict, tmp_path: 
     else:
         assert proc.returncode == 130
         assert not list(work.glob(".gptq.*.partial"))  # Ctrl-C cleans its staging folder
+    done = len(list((work / "gptq-layers").glob("layer-*/record.json")))
+    assert 1 <= done <= 4, done  # persisted layers survive both signals; the re-run resumes after them
 
     again = qq(*quantize_args(built["source"], out))
     assert again.returncode == 0, again.stderr[-3000:]
     assert "stage calibration: complete, skipped" in again.stderr
     assert "stage gptq: running (no completion record)" in again.stderr
+    assert f"gptq: resuming from decoder layer {done} of 4" in again.stderr, again.stderr[-3000:]
     assert not list(work.glob(".*.partial"))
     assert json.loads(again.stdout)["root_digest"] == built["result"]["root_digest"]
     # no timestamps in the artifact: even the manifest is byte-identical to the uninterrupted run's

@@ -48,7 +48,11 @@ def test_sigkill_at_a_random_layer_then_rerun_gives_the_same_digest(baseline: di
             while not record.exists():
                 assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
                 assert time.monotonic() < deadline, "the layer record never appeared"
-                time.sleep(0.02)
+                time.sleep(0.01)
+            # frozen first, so the check below still holds when the kill lands (the last layers
+            # and the stage's end take well under a second on the tiny model)
+            proc.send_signal(signal.SIGSTOP)
+            assert not (work / "gptq.record.json").exists(), "the gptq stage completed before it could be stopped"
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=60)
         finally:
