@@ -132,6 +132,9 @@ def test_a_killed_rank_fails_the_job_and_a_rerun_resumes_to_the_same_bytes(arts:
                                                                            tmp_path: Path) -> None:
     out, work = tmp_path / "k", tmp_path / "k.work"
     proc, ranks = _start_and_wait_for_layer(tiny_checkpoint, out, tmp_path / "first.log", 0)
+    # frozen first: rank 0 cannot end the stage without rank 1, so the check still holds at the kill
+    os.kill(ranks[1], signal.SIGSTOP)
+    assert not (work / "gptq.record.json").exists() and not _gone(ranks[1]), "the stage ended before the kill"
     os.kill(ranks[1], signal.SIGKILL)
     assert proc.wait(timeout=120) == 5
     err = flat((tmp_path / "first.log").read_text())
@@ -152,7 +155,13 @@ def test_a_killed_rank_fails_the_job_and_a_rerun_resumes_to_the_same_bytes(arts:
 
 def test_ctrl_c_stops_every_rank(arts: dict, tiny_checkpoint: Path, tmp_path: Path) -> None:
     proc, ranks = _start_and_wait_for_layer(tiny_checkpoint, tmp_path / "c", tmp_path / "c.log", 0)
+    frozen = [proc.pid, *ranks.values()]  # the launcher and its ranks, frozen while the check runs
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    assert not (tmp_path / "c.work" / "gptq.record.json").exists(), "the stage ended before the Ctrl-C"
     proc.send_signal(signal.SIGINT)
+    for pid in frozen:
+        os.kill(pid, signal.SIGCONT)
     assert proc.wait(timeout=120) == 130, (tmp_path / "c.log").read_text()[-2000:]
     assert all(_gone(pid) for pid in ranks.values())
     assert not (tmp_path / "c.work" / "gptq.record.json").exists()

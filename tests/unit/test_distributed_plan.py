@@ -91,6 +91,12 @@ def test_rank_error_reports_the_first_failure(tmp_path: Path) -> None:
     assert isinstance(e, UsageError) and str(e) == "gptq rank 1 of 2: bad thing" and e.hint == "do X"
     e = rank_error(tmp_path, {0: 1}, 2)
     assert type(e) is StageError and str(e) == "gptq rank 0 of 2: RuntimeError: peer closed"
+    # a rank killed by a signal is the cause, not the connection error its peer reported after it
+    error_file(tmp_path, 1).unlink()
+    e = rank_error(tmp_path, {0: 1, 1: -9}, 2)
+    assert type(e) is StageError and str(e) == "gptq rank 1 of 2 was killed by signal 9 without reporting an error"
+    e = rank_error(tmp_path, {0: 1, 1: 3}, 2)  # an exit code without a report: the report says more
+    assert str(e) == "gptq rank 0 of 2: RuntimeError: peer closed"
 
 
 def _artifact(folder: Path, codes: list[int], norm: bytes = b"\x00\x01", extra_file: bytes = b"{}",

@@ -6,7 +6,7 @@ each with NVLink multicast off (procenv.child_env). Rank 0 reports layer progres
 and writes the stage folder and `result.json`; a rank that fails writes `rank-R.error.json`.
 Each worker runs in its own session (a terminal's Ctrl-C reaches this process only, which then
 stops them all) and dies with this process (PR_SET_PDEATHSIG). When any rank fails, the others are
-stopped and the first failure is raised here: the stage's staging folder is then never published,
+stopped and the cause is raised here (rank_error): the stage's staging folder is then never published,
 and the layer records rank 0 wrote stay for the next run to resume from.
 """
 
@@ -40,6 +40,7 @@ PROGRESS_TAG = "@@qwenquant-progress"
 PARENT_ENV = "QWENQUANT_PARENT_PID"
 LOG_LEVEL_ENV = "QWENQUANT_LOG_LEVEL"
 STOP_GRACE_S = 10.0
+SETTLE_S = 1.0
 RESUME_HINT = ("the other ranks were stopped and nothing was published; re-run the same command to resume from the "
                "last completed decoder layer (QWENQUANT_DEBUG=1 prints the failing rank's traceback)")
 
@@ -108,6 +109,7 @@ def _watch(procs: list[subprocess.Popen], job_dir: Path, progress: Callable[[int
         drain()
         codes = [p.poll() for p in procs]
         if any(c not in (None, 0) for c in codes):
+            codes = _settle(procs)
             stop(procs)
             raise rank_error(job_dir, {r: c for r, c in enumerate(codes) if c not in (None, 0)}, len(procs))
         if all(c == 0 for c in codes):
@@ -115,6 +117,16 @@ def _watch(procs: list[subprocess.Popen], job_dir: Path, progress: Callable[[int
             drain()
             return
         time.sleep(0.1)
+
+
+def _settle(procs: list[subprocess.Popen], wait: float = SETTLE_S) -> list[int | None]:
+    """The ranks' exit codes once the others had `wait` seconds to end on their own: the peers of a
+    rank that died fail in their next collective a moment later, and the cause is picked from all
+    of them (rank_error)."""
+    deadline = time.monotonic() + wait
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return [p.poll() for p in procs]
 
 
 def stop(procs: list[subprocess.Popen], grace: float = STOP_GRACE_S) -> None:
@@ -132,16 +144,19 @@ def stop(procs: list[subprocess.Popen], grace: float = STOP_GRACE_S) -> None:
 
 
 def rank_error(job_dir: Path, failed: dict[int, int], world: int) -> errors.QwenquantError:
-    """The error to raise for the failed ranks (rank -> exit code): the earliest report a rank wrote
-    (a peer's failure makes the others fail in their next collective, later)."""
+    """The error to raise for the failed ranks (rank -> exit code), the cause rather than its echoes:
+    a rank killed by a signal (the OOM killer, a kill) without a report first, since its peers then
+    fail in their next collective with a connection error of their own; else the earliest report a
+    rank wrote (a peer's failure makes the others fail later); else the lowest failed rank."""
     reports = {}
     for r in failed:
         try:
             reports[r] = json.loads(error_file(job_dir, r).read_text())
         except (OSError, ValueError):
             continue
-    if not reports:
-        r, code = min(failed.items())
+    killed = {r: c for r, c in failed.items() if c < 0 and r not in reports}
+    if killed or not reports:
+        r, code = min((killed or failed).items())
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         return errors.StageError(f"gptq rank {r} of {world} {how} without reporting an error", hint=RESUME_HINT)
     r = min(reports, key=lambda k: (reports[k].get("at_ns", 0), k))
