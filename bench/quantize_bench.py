@@ -27,6 +27,7 @@ import random
 import re
 import resource
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -260,12 +261,8 @@ def phase_medians(layers: list[dict[str, float]]) -> dict[str, float]:
     """Median seconds of each phase over the decoder layers, layer 0 left out when there are more
     (it carries the first kernel compilations and an unprefetched read)."""
     rows = layers[1:] or layers
-    names = list(dict.fromkeys(k for r in rows for k in r))
-    out = {}
-    for k in names:
-        v = sorted(r.get(k, 0.0) for r in rows)
-        out[k] = v[len(v) // 2]
-    return out
+    names = dict.fromkeys(k for r in rows for k in r)
+    return {k: statistics.median_high(r.get(k, 0.0) for r in rows) for k in names}
 
 
 PHASES = PhaseLog()

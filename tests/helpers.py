@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -23,6 +25,21 @@ def qq(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     env = dict(os.environ, QWENQUANT_THREADS="2", QWENQUANT_NO_PROGRESS="1", PYTHONHASHSEED="0")
     return subprocess.run([sys.executable, "-m", "qwenquant", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=REPO)
+
+
+def freeze_inside_gptq(proc: subprocess.Popen, record: Path, log: Path, timeout: float = 300) -> None:
+    """Wait for a decoder layer's `record` (gptq-layers/layer-NNNNN/record.json under the work
+    folder), then freeze `proc` (SIGSTOP) and check the gptq stage has not completed: a signal
+    sent now lands inside the stage. The caller sends it (SIGCONT after one the process handles).
+    The tiny model's whole stage takes about a second, so a fixed sleep cannot promise that."""
+    deadline = time.monotonic() + timeout
+    while not record.exists():
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"{record} never appeared"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGSTOP)
+    stage = record.parents[2] / "gptq.record.json"
+    assert not stage.exists(), "the gptq stage completed before it could be stopped"
 
 
 def flat(text: str) -> str:

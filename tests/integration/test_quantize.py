@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, qq, raw_tensors, strip_mtp
+from helpers import REPO, freeze_inside_gptq, qq, raw_tensors, strip_mtp
 
 pytestmark = pytest.mark.slow
 
@@ -260,28 +260,15 @@ def test_bad_device_flag(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "Ctrl-C"])
 def test_killed_during_gptq_then_rerun_gives_same_digest(built: dict, tmp_path: Path, sig: int) -> None:
-    """Killed inside the gptq stage, after its first decoder layer is persisted.
-
-    The whole stage takes about a second on the tiny model, so a fixed sleep after "stage gptq:
-    running" can land after the stage has finished. The test waits for the first layer's record,
-    freezes the process (SIGSTOP) and checks that the stage has not completed before the signal
-    goes; SIGCONT then lets a Ctrl-C be handled.
-    """
+    """Killed inside the gptq stage, after its first decoder layer is persisted (helpers.freeze_inside_gptq)."""
     out = tmp_path / "killed"
     work = tmp_path / "killed.work"
-    first_layer = work / "gptq-layers" / "layer-00000" / "record.json"
     env = dict(os.environ, QWENQUANT_THREADS="2", QWENQUANT_NO_PROGRESS="1", PYTHONHASHSEED="0")
     log = open(tmp_path / "first.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "qwenquant", *quantize_args(built["source"], out)],
                             stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=REPO)
-    deadline = time.monotonic() + 300
     try:
-        while not first_layer.exists():
-            assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the first layer record never appeared"
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGSTOP)
-        assert not (work / "gptq.record.json").exists(), "the gptq stage completed before it could be stopped"
+        freeze_inside_gptq(proc, work / "gptq-layers" / "layer-00000" / "record.json", tmp_path / "first.log")
         proc.send_signal(sig)
         proc.send_signal(signal.SIGCONT)
         proc.wait(timeout=60)

@@ -9,10 +9,11 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from helpers import freeze_inside_gptq
 
 pytestmark = pytest.mark.slow
 
@@ -43,16 +44,8 @@ def test_sigkill_at_a_random_layer_then_rerun_gives_the_same_digest(baseline: di
     record = work / "gptq-layers" / f"layer-{kill_after - 1:05d}" / "record.json"
     with open(tmp_path / "first.log", "w") as log:
         proc = subprocess.Popen(args(tiny_checkpoint, out), stdout=subprocess.DEVNULL, stderr=log, env=ENV, cwd=REPO)
-        deadline = time.monotonic() + 600
         try:
-            while not record.exists():
-                assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "the layer record never appeared"
-                time.sleep(0.01)
-            # frozen first, so the check below still holds when the kill lands (the last layers
-            # and the stage's end take well under a second on the tiny model)
-            proc.send_signal(signal.SIGSTOP)
-            assert not (work / "gptq.record.json").exists(), "the gptq stage completed before it could be stopped"
+            freeze_inside_gptq(proc, record, tmp_path / "first.log", timeout=600)
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=60)
         finally:
