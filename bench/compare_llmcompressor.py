@@ -23,8 +23,8 @@ def run_oneshot_arm(source: Path, tokens_dir: Path, recipe: Any, out: Path, gpu:
     from datasets import Dataset
 
     from llmcompressor import oneshot
-    from qwenquant.stages import calibration as cal
-    from qwenquant.stages.gptq import build_modifier, set_deterministic
+    from qwenquant.quantize.stages import calibration as cal
+    from qwenquant.quantize.stages.gptq import build_modifier, set_deterministic
 
     set_deterministic()
     samples = cal.load_tokens(tokens_dir)

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from quantize_bench import Gpu, RssSampler, versions
-    from qwenquant.engine.run import apply_gpu_cap
+    from qwenquant.quantize.engine.run import apply_gpu_cap
     from qwenquant.evaluate.offline import run_offline, weight_bytes
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

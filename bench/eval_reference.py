@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/eval_reference.py --work /tmp/evalref-bench --out bench/reports/eval_reference.json
 
-Every step is the real CLI: build the reference checkpoint (`qwenquant.tiny.reference_model`);
+Every step is the real CLI: build the reference checkpoint (`qwenquant.testbed.tiny.reference_model`);
 `qwenquant quantize` (w4a16-int4head, tiny-reference calibration); `qwenquant eval ARTIFACT
 --reference SOURCE --windows 64`; then, when a vLLM environment is installed (and not --no-serve),
 serve the artifact (`qwenquant serve --profile single-user`) and the bf16 source (the same vLLM
@@ -89,7 +89,7 @@ def main() -> int:
     p.add_argument("--windows", type=int, default=64)
     p.add_argument("--no-serve", action="store_true")
     a = p.parse_args()
-    from qwenquant.tiny.reference_model import build_reference_checkpoint
+    from qwenquant.testbed.tiny.reference_model import build_reference_checkpoint
 
     env = dict(os.environ, QWENQUANT_THREADS="2", QWENQUANT_NO_PROGRESS="1", PYTHONHASHSEED="0", VLLM_CPU_KVCACHE_SPACE="1")
     src, art = build_reference_checkpoint(a.work / "source"), a.work / "artifact"

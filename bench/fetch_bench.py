@@ -3,7 +3,7 @@
     .venv/bin/python bench/fetch_bench.py --size-gib 1.0 --repeat 3 --out bench/results/fetch.json
 
 Builds a >= 1 GiB Qwen3.5-shaped checkpoint (valid safetensors shards + index + config, random
-bytes), serves it from `python -m qwenquant.hubserver` in its own process, then alternates:
+bytes), serves it from `python -m qwenquant.testbed.hubserver` in its own process, then alternates:
   plain     huggingface_hub.snapshot_download(local_dir=...)       (size check only)
   verified  qwenquant.fetch.fetch_snapshot(...)                    (sha256/git-sha1 of every byte,
                                                                     header + index checks, fsync, record)
@@ -65,7 +65,7 @@ def build_checkpoint(folder: Path, size_gib: float, shards: int = 4) -> int:
 def start_server(folder: Path) -> tuple[subprocess.Popen, str]:
     src = str(Path(__file__).resolve().parents[1] / "src")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.Popen([sys.executable, "-m", "qwenquant.hubserver", "--repo", f"{REPO}={folder}"],
+    proc = subprocess.Popen([sys.executable, "-m", "qwenquant.testbed.hubserver", "--repo", f"{REPO}={folder}"],
                             stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
     while True:
         line = proc.stdout.readline()  # type: ignore[union-attr]

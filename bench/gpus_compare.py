@@ -23,7 +23,7 @@ def run_gpus_arm(gpus: int, work: Path, recipe: Any, spec: Any, device: str, rec
     """Quantize with `gpus` processes into work/artifact-gpusN; return its measurements."""
     import torch
 
-    from qwenquant.pipeline import QuantizeOptions, quantize
+    from qwenquant.quantize.pipeline import QuantizeOptions, quantize
 
     if device == "cuda":
         torch.cuda.empty_cache()  # the one-GPU arm's cached blocks back to the driver before the ranks start

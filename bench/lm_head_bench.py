@@ -27,13 +27,13 @@ from typing import Any
 import torch
 
 from qwenquant.atomic import atomic_write_json
-from qwenquant.quant.head_gptq import (
+from qwenquant.quantize.head_gptq import (
     accumulate_hessian,
     default_device,
     gptq_quantize_rows,
     rtn_quantize_rows,
 )
-from qwenquant.quant.head_quality import heads_quality
+from qwenquant.modeling.head_quality import heads_quality
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

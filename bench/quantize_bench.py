@@ -95,7 +95,7 @@ def calibration_words() -> list[str]:
     """Whole-word tokens of the tiny tokenizer (" the", " model", ...), sorted: one token each."""
     from tokenizers import Tokenizer
 
-    from qwenquant.tiny.tokenizer import tokenizer_json
+    from qwenquant.testbed.tiny.tokenizer import tokenizer_json
 
     vocab = Tokenizer.from_str(tokenizer_json()).get_vocab()
     return sorted(" " + t[1:] for t in vocab if t.startswith("\u0120") and t[1:].isalpha())
@@ -106,7 +106,7 @@ def write_calibration(folder: Path, samples: int, max_length: int, seed: int) ->
     calibration definition YAML; returns the YAML path."""
     from tokenizers import Tokenizer
 
-    from qwenquant.tiny.tokenizer import tokenizer_json
+    from qwenquant.testbed.tiny.tokenizer import tokenizer_json
 
     folder.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer.from_str(tokenizer_json())
@@ -435,7 +435,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     import shapes
-    from qwenquant.pipeline import QuantizeOptions, quantize
+    from qwenquant.quantize.pipeline import QuantizeOptions, quantize
     from qwenquant.recipe import load_calibration_override, load_recipe
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -667,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     for h in logging.getLogger().handlers:
         h.setLevel(logging.INFO)  # the per-layer phase lines are printed by PHASES, once
-    engine_log = logging.getLogger("qwenquant.engine.run")
+    engine_log = logging.getLogger("qwenquant.quantize.engine.run")
     engine_log.setLevel(logging.DEBUG)
     engine_log.addHandler(PHASES)
     if args.progress_file:  # the engine's own lines (layer i/n, resuming from layer k) go there too

@@ -81,7 +81,7 @@ def parse_vllm_log(text: str) -> dict[str, float]:
 
 def plan_figures(budget: Any) -> dict[str, float]:
     """The plan's figures in the units vLLM logs (GiB, tokens, sequences)."""
-    from qwenquant.serve.budget import RUNTIME_OVERHEAD_BYTES
+    from qwenquant.plan.budget import RUNTIME_OVERHEAD_BYTES
 
     concurrency = max(budget.cache_available, 0) / budget.seq_bytes
     return {
@@ -133,7 +133,7 @@ def _complete(url: str, model: str, temperature: float) -> dict[str, Any]:
 
 def run_profile(args: argparse.Namespace, profile: str, log_path: Path) -> dict[str, Any]:
     """Serve one profile to ready, ask two completions, stop; vLLM's figures and the answers."""
-    from qwenquant.serve.ports import free_port
+    from qwenquant.net.ports import free_port
 
     port = free_port()
     cmd = [sys.executable, "-m", "qwenquant", "serve", str(args.artifact), "--profile", profile,
@@ -155,7 +155,7 @@ def run_profile(args: argparse.Namespace, profile: str, log_path: Path) -> dict[
         result["ready_s"] = time.monotonic() - t0
         url = line.split()[1]
         model = json.loads(urllib.request.urlopen(url + "/v1/models", timeout=30).read())["data"][0]["id"]
-        from qwenquant.probe.metrics import acceptance, scrape, spec_counters
+        from qwenquant.bench.metrics import acceptance, scrape, spec_counters
 
         before = spec_counters(scrape(url) or "")
         result["completions"] = [_complete(url, model, 0.0), _complete(url, model, 0.8)]

@@ -5,7 +5,7 @@ with overrides: `layers` text layers (every 4th full attention, as on the 27B), 
 tower (dropped by the text-only layout anyway) and, for CPU proofs, `scale` shrinking hidden/MLP
 widths and head counts while keeping every quantized in_features a multiple of 128.
 
-Tensor names and shapes reuse the tiny builder (`qwenquant.tiny.weights.body_specs/mtp_specs`, which
+Tensor names and shapes reuse the tiny builder (`qwenquant.testbed.tiny.weights.body_specs/mtp_specs`, which
 take any `TinyDims`); values are drawn here, one seeded torch.Generator per tensor on the chosen
 device (GPU when present: seconds at real dims), and streamed shard by shard through the project's
 raw safetensors writer, so host RAM holds one tensor at a time (the 248320 x 5120 embedding: 2.5 GB).
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qwenquant.tiny import tokenizer as tiny_tokenizer
-from qwenquant.tiny.config import TinyDims, generation_config, preprocessor_config, video_preprocessor_config
+from qwenquant.testbed.tiny import tokenizer as tiny_tokenizer
+from qwenquant.testbed.tiny.config import TinyDims, generation_config, preprocessor_config, video_preprocessor_config
 from qwenquant.checkpoint.tensorfile import TensorSpec
-from qwenquant.tiny.weights import body_specs, mtp_specs
+from qwenquant.testbed.tiny.weights import body_specs, mtp_specs
 
 DEFAULT_REFERENCE = Path(__file__).resolve().parents[1] / "src" / "qwenquant" / "data" / "qwen3_8-27b.config.json"
 # The shape-bearing fields of the reference config, for runs without the repository's data folder

@@ -11,7 +11,7 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The random-weights tiny checkpoint (seed 0). Read-only by convention: mutate `tiny_copy`."""
-    from qwenquant.tiny import build_tiny_checkpoint
+    from qwenquant.testbed.tiny import build_tiny_checkpoint
 
     return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "random", variant="random", seed=0)
 
@@ -19,7 +19,7 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_constant_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The constant tiny checkpoint: target and MTP head always predict `constant_token_id()`."""
-    from qwenquant.tiny import build_tiny_checkpoint
+    from qwenquant.testbed.tiny import build_tiny_checkpoint
 
     return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "constant", variant="constant", seed=0)
 

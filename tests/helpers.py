@@ -104,7 +104,7 @@ def quantize_tiny_artifact(tmp: Path, variant: str, layout: str) -> Path:
     """A real artifact: tiny checkpoint -> `qwenquant quantize` with the shipped recipe, `layout`."""
     import yaml
 
-    from qwenquant.tiny import build_tiny_checkpoint
+    from qwenquant.testbed.tiny import build_tiny_checkpoint
 
     src = build_tiny_checkpoint(tmp / f"tiny-{variant}", variant=variant)
     recipe = yaml.safe_load((REPO / "recipes" / "w4a16-int4head.yaml").read_text())

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from qwenquant.errors import QwenquantError, ServeError, StageError
 from qwenquant.procenv import child_env
-from qwenquant.serve.ports import free_port
+from qwenquant.net.ports import free_port
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +61,13 @@ def run_demo(work: Path, *, serve: bool | None = None, variant: str = "reference
              force: bool = False) -> DemoResult:
     """Run the whole pipeline on the tiny model under `work`; resumable (each step reuses what verified).
 
-    variant "reference": the committed trained reference model (`qwenquant.tiny.reference_model`);
+    variant "reference": the committed trained reference model (`qwenquant.testbed.tiny.reference_model`);
     "random" / "constant": the tiny builder's untrained checkpoints.
     """
     from qwenquant import outfolder
-    from qwenquant.hubserver import HubServer
-    from qwenquant.tiny import build_tiny_checkpoint
-    from qwenquant.tiny.reference_model import build_reference_checkpoint
+    from qwenquant.testbed.hubserver import HubServer
+    from qwenquant.testbed.tiny import build_tiny_checkpoint
+    from qwenquant.testbed.tiny.reference_model import build_reference_checkpoint
 
     work = Path(work).resolve()
     outfolder.guard(work, outfolder.foreign_in_demo_work(work), force=force, flag="--work",

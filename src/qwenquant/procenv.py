@@ -1,4 +1,5 @@
-"""The environment of every process qwenquant starts: NVLink multicast off unless the user says otherwise.
+"""The environment of every process qwenquant starts (NVLink multicast off unless the user says otherwise),
+and the parent-death signal its children set.
 
 NCCL's NVLink SHARP (NVLS), torch symmetric-memory multicast and NVSHMEM's NVLS path all set up
 multicast objects across the GPUs of a host; on shared multi-GPU hosts that can take the host's
@@ -8,7 +9,9 @@ torchrun job) get them off. A variable the user already set is left as it is.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 from typing import Mapping, Optional
 
 MULTICAST_OFF = {
@@ -28,3 +31,21 @@ def child_env(base: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     env.update(multicast_off(env))
     return env
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def set_parent_death_signal(sig: int) -> bool:
+    """Linux: have the kernel send `sig` to this process when its parent *thread* exits.
+
+    The signal follows the thread that forked us, not the process: callers check getppid() before
+    acting on it. Returns False where prctl is unavailable (the poll still works there).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False

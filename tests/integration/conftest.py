@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from qwenquant.hubserver import HubServer
+from qwenquant.testbed.hubserver import HubServer
 
 REPO = "Qwen/Qwen3.8-27B"
 BOOKKEEPING = ("qwenquant-fetch.json", ".qwenquant-staging")

@@ -27,7 +27,7 @@ RATE_TOL = 0.05
 
 
 def _bench(url: str, tmp: Path, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
-    cfg = yaml.safe_load((REPO / "src/qwenquant/probe/data/bench.yaml").read_text())
+    cfg = yaml.safe_load((REPO / "src/qwenquant/bench/data/bench.yaml").read_text())
     cfg.update(warmup_requests=WARMUP, repeats=REPEATS)
     cpath = tmp / "bench.yaml"
     cpath.write_text(yaml.safe_dump(cfg))
@@ -101,7 +101,7 @@ def test_missing_usage_is_an_error_not_a_guess(tmp_path: Path) -> None:
 
 def test_ladder_aggregate_and_too_good_line(tmp_path: Path) -> None:
     """Two streams at once double the aggregate rate; a too-good line below the figures flags them for audit."""
-    cfg = yaml.safe_load((REPO / "src/qwenquant/probe/data/bench.yaml").read_text())
+    cfg = yaml.safe_load((REPO / "src/qwenquant/bench/data/bench.yaml").read_text())
     with StandinServer() as s:
         r, out = _bench(s.url, tmp_path, "--max-tokens", "40", "--max-concurrency", "2")
         assert r.returncode == 0, r.stderr

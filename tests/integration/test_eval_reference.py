@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import write_test_manifest
-from qwenquant.tiny import reference_model
+from qwenquant.testbed.tiny import reference_model
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

@@ -84,7 +84,7 @@ def test_declarations_are_checked(tmp_path: Path) -> None:
 
 
 def test_eval_cuts_windows_from_a_fetched_text_set(hub, tmp_path: Path) -> None:
-    from qwenquant.tiny import reference_model
+    from qwenquant.testbed.tiny import reference_model
 
     commit = hub.add_repo("demo/evaltext", _dataset(tmp_path), repo_type="dataset")
     decl = _declare(tmp_path, commit, None)

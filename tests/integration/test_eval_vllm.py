@@ -17,7 +17,7 @@ import pytest
 
 from helpers import LAUNCHER, require_vllm
 
-from qwenquant.tiny import reference_model
+from qwenquant.testbed.tiny import reference_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from qwenquant.fetch import load_fetch_record
-from qwenquant.hubserver import Fault
+from qwenquant.testbed.hubserver import Fault
 
 from helpers import run_cli
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from qwenquant.hubserver import Fault, HubServer
+from qwenquant.testbed.hubserver import Fault, HubServer
 
 REPO = "Qwen/Qwen3.8-27B"
 SHARD1 = "model-00001-of-00002.safetensors"
@@ -245,7 +245,7 @@ def test_request_log_records_ranges(served, client) -> None:
 
 def test_module_entry_point_serves(tiny_copy: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
-    proc = subprocess.Popen([sys.executable, "-m", "qwenquant.hubserver", "--repo", f"{REPO}={tiny_copy}"],
+    proc = subprocess.Popen([sys.executable, "-m", "qwenquant.testbed.hubserver", "--repo", f"{REPO}={tiny_copy}"],
                             stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
     try:
         lines = [proc.stdout.readline() for _ in range(2)]

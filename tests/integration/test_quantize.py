@@ -302,7 +302,7 @@ def test_killed_during_gptq_then_rerun_gives_same_digest(built: dict, tmp_path: 
 # --- a corrupt or partial record is never trusted -------------------------------------------------
 
 def _rehash(rec: dict) -> dict:
-    from qwenquant.records import record_digest
+    from qwenquant.quantize.records import record_digest
 
     rec["record_sha256"] = record_digest(rec)
     return rec
@@ -394,7 +394,7 @@ def test_identity_proof_catches_the_norm_rounding_bug(built: dict, tmp_path: Pat
     bf16 and back, applied to the finished artifact: the proof that runs on every build flags it."""
     import torch
 
-    from qwenquant.stages.check import unquantized_problems
+    from qwenquant.quantize.stages.check import unquantized_problems
     from qwenquant.recipe import load_recipe
     from qwenquant.checkpoint.assemble import torch_raw
     from qwenquant.checkpoint.tensorfile import checkpoint_refs, shard_refs, write_shard

@@ -23,7 +23,7 @@ def _dataset_folder(tmp_path: Path) -> Path:
 
 
 def test_hub_and_local_calibration_agree(hub, tiny_checkpoint: Path, tmp_path: Path) -> None:
-    from qwenquant.stages.calibration import load_tokens, run_calibration, token_fingerprint
+    from qwenquant.quantize.stages.calibration import load_tokens, run_calibration, token_fingerprint
 
     commit = hub.add_repo("demo/tiny-chat", _dataset_folder(tmp_path), repo_type="dataset")
     hub_spec = CalibrationSpec(source="hub", dataset="demo/tiny-chat", revision=commit, split="train",
@@ -48,7 +48,7 @@ def test_hub_and_local_calibration_agree(hub, tiny_checkpoint: Path, tmp_path: P
 
 def test_unknown_split_is_reported(hub, tiny_checkpoint: Path, tmp_path: Path) -> None:
     from qwenquant.errors import StageError
-    from qwenquant.stages.calibration import run_calibration
+    from qwenquant.quantize.stages.calibration import run_calibration
 
     commit = hub.add_repo("demo/tiny-chat", _dataset_folder(tmp_path), repo_type="dataset")
     spec = CalibrationSpec(source="hub", dataset="demo/tiny-chat", revision=commit, split="validation",
@@ -60,7 +60,7 @@ def test_unknown_split_is_reported(hub, tiny_checkpoint: Path, tmp_path: Path) -
 
 def test_missing_text_field_is_reported(tiny_checkpoint: Path, tmp_path: Path) -> None:
     from qwenquant.errors import StageError
-    from qwenquant.stages.calibration import run_calibration
+    from qwenquant.quantize.stages.calibration import run_calibration
 
     data = tmp_path / "c.jsonl"
     data.write_text('{"prompt": "hello"}\n')

@@ -187,7 +187,7 @@ def test_serve_killed_takes_the_server_with_it(standin_artifact, fake_vllm, tmp_
     """kill -9 of `qwenquant serve` (as the OOM killer does): the server, its engine-like child
     (which ignores SIGTERM and is left behind by the server) and the watchdog are all gone within
     seconds, and the port is free again."""
-    from qwenquant.serve.ports import port_problem, process_tree
+    from qwenquant.net.ports import port_problem, process_tree
 
     port, pidfile = free_port(), tmp_path / "pids"
     cmd = serve_cmd(standin_artifact, fake_vllm, port, "good", pidfile) + ["--standin-stubborn-helper"]

@@ -141,7 +141,7 @@ def test_vllm_quantized_the_lm_head(server):
     """Probe: the artifact holds the head only int4-packed (no bf16 `lm_head.weight`), the log shows
     the WNA16 compressed-tensors method in use, and vLLM loaded it: a head vLLM built unquantized
     has no `weight_packed` parameter and the loader refuses the checkpoint."""
-    from qwenquant.serve.weights import artifact_tensor_bytes, component_of
+    from qwenquant.plan.weights import artifact_tensor_bytes, component_of
 
     head = {n for n in artifact_tensor_bytes(server.artifact) if component_of(n) == "lm_head"}
     assert head == {"lm_head.weight_packed", "lm_head.weight_scale", "lm_head.weight_shape"}
@@ -192,7 +192,7 @@ def test_mtp_acceptance(server):
 
 def test_sigterm_stops_cleanly(server):
     """Runs last for each server: SIGTERM to `qwenquant serve` stops vLLM and its engine process."""
-    from qwenquant.serve.ports import listener_pids, process_tree
+    from qwenquant.net.ports import listener_pids, process_tree
 
     port = int(server.url.rsplit(":", 1)[1])
     tree = process_tree(server.proc.pid) - {server.proc.pid}
@@ -251,7 +251,7 @@ def test_kill_9_of_serve_takes_vllm_and_its_engine_core(artifacts, tmp_path):
     """`qwenquant serve` SIGKILLed (as the OOM killer does) while a real vLLM serves: the API server,
     its engine-core process and every other process vLLM started are gone within seconds, and the
     port is free."""
-    from qwenquant.serve.ports import port_problem, process_tree
+    from qwenquant.net.ports import port_problem, process_tree
 
     artifact = artifacts("text-only")
     port, log = _free_port(), tmp_path / "server.log"

@@ -66,7 +66,7 @@ def test_sigkill_at_a_random_layer_then_rerun_gives_the_same_digest(baseline: di
 
 def test_a_tampered_layer_record_is_redone(baseline: dict, tiny_checkpoint: Path, tmp_path: Path) -> None:
     """A record whose tensors changed on disk is not trusted: that layer and the ones after it rerun."""
-    from qwenquant.engine import layers as L
+    from qwenquant.quantize.engine import layers as L
 
     root = tmp_path / "layers"
     for i in range(2):
@@ -87,8 +87,8 @@ def test_lm_head_stage_does_not_load_the_model(baseline: dict, tiny_checkpoint: 
     import transformers
 
     from qwenquant.recipe import load_recipe
-    from qwenquant.stages import calibration as cal
-    from qwenquant.stages import lm_head
+    from qwenquant.quantize.stages import calibration as cal
+    from qwenquant.quantize.stages import lm_head
 
     def refuse(*a, **k):
         raise AssertionError("the lm_head stage built a transformers model")

@@ -15,8 +15,8 @@ import torch
 from safetensors import safe_open
 
 from qwenquant.errors import QwenquantError
-from qwenquant.tiny import build_tiny_checkpoint, constant_token_id
-from qwenquant.tiny.reference import fake_quant_int4, load_tensors, mtp_logits
+from qwenquant.testbed.tiny import build_tiny_checkpoint, constant_token_id
+from qwenquant.testbed.tiny.reference import fake_quant_int4, load_tensors, mtp_logits
 
 REFERENCE_CONFIG = Path(qwenquant.__file__).parent / "data" / "qwen3_8-27b.config.json"  # the real model's config
 EXPECTED_FILES = {
@@ -75,7 +75,7 @@ def test_build_is_byte_identical_in_a_fresh_process(tiny_checkpoint: Path, tmp_p
     # A separate process also retrains the tokenizer (cached per process) and runs the entry point.
     out = tmp_path / "again"
     run = subprocess.run(
-        [sys.executable, "-m", "qwenquant.tiny", str(out), "--variant", "random", "--seed", "0"],
+        [sys.executable, "-m", "qwenquant.testbed.tiny", str(out), "--variant", "random", "--seed", "0"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -101,7 +101,7 @@ def test_unknown_variant_is_refused(tmp_path: Path) -> None:
 
 
 def test_importing_the_package_stays_light() -> None:
-    code = "import sys, qwenquant.tiny; print(sorted(m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules))"
+    code = "import sys, qwenquant.testbed.tiny; print(sorted(m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules))"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[]"
@@ -227,7 +227,7 @@ def test_loads_in_transformers_without_missing_keys_and_generates(random_model, 
 
 
 def test_vision_tower_runs_and_reaches_the_text_model(random_model) -> None:
-    from qwenquant.tiny.tokenizer import token_ids
+    from qwenquant.testbed.tiny.tokenizer import token_ids
 
     model, _ = random_model
     ids = token_ids()

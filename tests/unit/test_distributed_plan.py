@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from qwenquant.errors import StageError, UsageError
-from qwenquant.engine.ranks import gptq_cost, owners, parse_gpus, resolve_ranks, split_shares
+from qwenquant.quantize.engine.ranks import gptq_cost, owners, parse_gpus, resolve_ranks, split_shares
 
 
 @pytest.mark.parametrize("value, want", [(None, 1), ("1", 1), ("2", 2), (" 8 ", 8), ("auto", None), ("AUTO", None)])
@@ -65,7 +65,7 @@ def test_owners_balance_gptq_cost_and_agree_on_every_rank() -> None:
 
 
 def test_rank_env_sets_the_rendezvous_and_keeps_a_users_multicast_setting() -> None:
-    from qwenquant.engine.launch import rank_env
+    from qwenquant.quantize.engine.launch import rank_env
 
     env = rank_env({"PATH": "/bin", "NCCL_NVLS_ENABLE": "1", "QWENQUANT_THREADS": "8"}, 1, 2, 29500, "cpu")
     assert env["RANK"] == "1" and env["WORLD_SIZE"] == "2" and env["LOCAL_RANK"] == "1"
@@ -78,7 +78,7 @@ def test_rank_env_sets_the_rendezvous_and_keeps_a_users_multicast_setting() -> N
 
 
 def test_rank_error_reports_the_first_failure(tmp_path: Path) -> None:
-    from qwenquant.engine.launch import error_file, rank_error
+    from qwenquant.quantize.engine.launch import error_file, rank_error
 
     e = rank_error(tmp_path, {1: -9}, 2)
     assert isinstance(e, StageError) and str(e) == "gptq rank 1 of 2 was killed by signal 9 without reporting an error"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from qwenquant.errors import StageError
-from qwenquant.quant.head_gptq import (
+from qwenquant.quantize.head_gptq import (
     HeadQuantSpec,
     QuantizedHead,
     accumulate_hessian,

@@ -6,7 +6,7 @@ import pytest
 
 from qwenquant.errors import StageError
 from qwenquant.checkpoint.identity import TensorDigest
-from qwenquant.stages.mtp import MTP_IGNORE, MTP_SHARD, plan_graft
+from qwenquant.quantize.stages.mtp import MTP_IGNORE, MTP_SHARD, plan_graft
 
 NAMES = [f"mtp.t{i}.weight" for i in range(15)]
 

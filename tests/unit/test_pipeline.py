@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from qwenquant import pipeline
+from qwenquant.quantize import pipeline
 from qwenquant.atomic import atomic_write_json
 from qwenquant.errors import StageError
 from qwenquant.manifest import MANIFEST_NAME, verify_artifact
 from qwenquant.recipe import load_recipe
-from qwenquant.stage import Stage, StageContext
+from qwenquant.quantize.stage import Stage, StageContext
 
 
 class Toy:
@@ -62,13 +62,13 @@ class Toy:
 
 @pytest.fixture
 def toy(monkeypatch: pytest.MonkeyPatch) -> Toy:
-    import qwenquant.stages
-    import qwenquant.stages.source
+    import qwenquant.quantize.stages
+    import qwenquant.quantize.stages.source
 
     t = Toy()
-    monkeypatch.setattr(qwenquant.stages, "PIPELINE", t.pipeline())
+    monkeypatch.setattr(qwenquant.quantize.stages, "PIPELINE", t.pipeline())
     monkeypatch.setattr(pipeline, "resolve_device", lambda device: "cpu")
-    monkeypatch.setattr(qwenquant.stages.source, "validate_source", lambda *a: None)  # the toy source has no weights
+    monkeypatch.setattr(qwenquant.quantize.stages.source, "validate_source", lambda *a: None)  # the toy source has no weights
     return t
 
 
@@ -140,7 +140,7 @@ def test_out_inside_the_source_is_refused(toy: Toy, tmp_path: Path) -> None:
 
 
 def test_the_shipped_stage_list() -> None:
-    from qwenquant.stages import PIPELINE
+    from qwenquant.quantize.stages import PIPELINE
 
     assert [s.name for s in PIPELINE] == ["source", "calibration", "gptq", "lm_head", "mtp", "textonly", "check",
                                         "eval"]

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from qwenquant.errors import BenchError, UsageError
-from qwenquant.probe.gpu import parse_samples, summarize
-from qwenquant.probe.launch import parse_config
-from qwenquant.probe.metrics import acceptance, spec_counters
-from qwenquant.probe.rates import ratio_spread, sample_figures
-from qwenquant.probe.stream import Sample, read_stream, sse_events
-from qwenquant.probe.workload import ladder, load_config, plan_cells
+from qwenquant.bench.gpu import parse_samples, summarize
+from qwenquant.bench.launch import parse_config
+from qwenquant.bench.metrics import acceptance, spec_counters
+from qwenquant.bench.rates import ratio_spread, sample_figures
+from qwenquant.bench.stream import Sample, read_stream, sse_events
+from qwenquant.bench.workload import ladder, load_config, plan_cells
 
 
 def _lines(raw: bytes) -> list[tuple[bytes, float]]:

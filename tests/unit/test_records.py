@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from qwenquant.atomic import pretty_json
-from qwenquant.records import StageRunner, check_record, record_digest
+from qwenquant.quantize.records import StageRunner, check_record, record_digest
 
 INPUTS = {"upstream": "1" * 64}
 

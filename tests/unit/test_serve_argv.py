@@ -202,7 +202,7 @@ def test_sm90_gets_triton_gdn_prefill(monkeypatch, tmp_path, cap, added):
 def test_served_name_is_the_folder_name_except_for_the_real_27b(tmp_path):
     """The recipe's name (qwen3.8-27b-w4a16) names only the 27B; any other artifact is served as its folder."""
     from qwenquant.serve.preflight import served_name
-    from qwenquant.tiny.config import model_config
+    from qwenquant.testbed.tiny.config import model_config
 
     real = json.loads((Path(__file__).resolve().parents[2] / "src/qwenquant/data/qwen3_8-27b.config.json").read_text())
     assert served_name(tmp_path / "my-q27b", real, "qwen3.8-27b-w4a16") == "qwen3.8-27b-w4a16"

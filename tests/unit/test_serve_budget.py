@@ -14,9 +14,9 @@ import json
 import pytest
 
 from qwenquant.recipe import load_recipe
-from qwenquant.serve.budget import GiB, CacheSettings, cache_model, make_budget
+from qwenquant.plan.budget import GiB, CacheSettings, cache_model, make_budget
 from qwenquant.serve.command import make_plan, parse_size
-from qwenquant.serve.weights import QuantSettings, model_shape, weights_from_config, weights_from_tensors
+from qwenquant.plan.weights import QuantSettings, model_shape, weights_from_config, weights_from_tensors
 
 # The real Qwen3.8-27B config.json (reference copy), text part; vision and rope left out (unused here).
 CONFIG_JSON = """

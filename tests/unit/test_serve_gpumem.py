@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from qwenquant.errors import ServeError, UsageError
-from qwenquant.serve.gpumem import apply_gpu_mem, emulate_card, utilization_for
+from qwenquant.plan.gpumem import apply_gpu_mem, emulate_card, utilization_for
 
 GiB = 1024**3
 MiB = 1024**2

@@ -18,9 +18,9 @@ import pytest
 
 from qwenquant.errors import UsageError
 from qwenquant.recipe import load_recipe
-from qwenquant.serve.budget import GiB, CacheSettings, cache_model, make_budget
+from qwenquant.plan.budget import GiB, CacheSettings, cache_model, make_budget
 from qwenquant.serve.command import make_plan, parse_size
-from qwenquant.serve.weights import (QuantSettings, model_shape, tp_bytes, tp_problem, weights_from_config,
+from qwenquant.plan.weights import (QuantSettings, model_shape, tp_bytes, tp_problem, weights_from_config,
                                      weights_from_tensors)
 
 REAL = Path(__file__).resolve().parents[2] / "src/qwenquant/data/qwen3_8-27b.config.json"

@@ -31,7 +31,7 @@ def _layer(seed: int = 0) -> tuple[Block, dict[str, torch.nn.Linear]]:
 
 
 def _scheme():
-    from qwenquant.engine.quantize import resolve_scheme
+    from qwenquant.quantize.engine.quantize import resolve_scheme
     from qwenquant.recipe import load_recipe
 
     return resolve_scheme(load_recipe("w4a16-int4head").quantization)
@@ -45,7 +45,7 @@ def _inputs() -> list[torch.Tensor]:
 def test_same_input_shares_one_hessian_with_the_same_bits() -> None:
     from llmcompressor.modifiers.gptq.helpers import accumulate_hessian, make_empty_hessian
 
-    from qwenquant.engine.quantize import LayerGPTQ
+    from qwenquant.quantize.engine.quantize import LayerGPTQ
 
     block, mods = _layer()
     gptq = LayerGPTQ(mods, _scheme(), block_size=128, dampening_frac=0.01)
@@ -75,7 +75,7 @@ def test_same_input_shares_one_hessian_with_the_same_bits() -> None:
 
 def test_shared_and_unshared_pack_the_same_bytes() -> None:
     """GPTQ from shared Hessians packs what it packs from each module's own copy."""
-    from qwenquant.engine.quantize import LayerGPTQ
+    from qwenquant.quantize.engine.quantize import LayerGPTQ
 
     packed = []
     for unshare in (False, True):
@@ -94,7 +94,7 @@ def test_shared_and_unshared_pack_the_same_bytes() -> None:
 
 
 def test_a_later_sample_with_another_input_is_refused() -> None:
-    from qwenquant.engine.quantize import LayerGPTQ
+    from qwenquant.quantize.engine.quantize import LayerGPTQ
 
     block, mods = _layer()
     gptq = LayerGPTQ(mods, _scheme(), block_size=128, dampening_frac=0.01)

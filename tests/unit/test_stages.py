@@ -33,7 +33,7 @@ def _fetched(tmp_path: Path) -> Path:
 
 
 def test_source_verified_against_fetch_record(tmp_path: Path) -> None:
-    from qwenquant.stages.source import describe_source
+    from qwenquant.quantize.stages.source import describe_source
 
     desc = describe_source(_fetched(tmp_path), _model_spec(), "w4a16-int4head", unverified=False)
     assert desc["kind"] == "fetched" and desc["verified"] is True
@@ -43,7 +43,7 @@ def test_source_verified_against_fetch_record(tmp_path: Path) -> None:
 
 def test_source_that_drifted_from_its_record_is_refused(tmp_path: Path) -> None:
     from qwenquant.errors import VerificationError
-    from qwenquant.stages.source import describe_source
+    from qwenquant.quantize.stages.source import describe_source
 
     src = _fetched(tmp_path)
     (src / "model.safetensors").write_bytes(b"WEIGHTS")
@@ -53,7 +53,7 @@ def test_source_that_drifted_from_its_record_is_refused(tmp_path: Path) -> None:
 
 
 def test_unverified_source_is_hashed_and_marked(tmp_path: Path) -> None:
-    from qwenquant.stages.source import describe_source
+    from qwenquant.quantize.stages.source import describe_source
 
     src = _fetched(tmp_path)
     (src / "qwenquant-fetch.json").unlink()
@@ -64,7 +64,7 @@ def test_unverified_source_is_hashed_and_marked(tmp_path: Path) -> None:
 
 def test_wrong_model_type_is_refused(tmp_path: Path) -> None:
     from qwenquant.errors import StageError
-    from qwenquant.stages.source import describe_source
+    from qwenquant.quantize.stages.source import describe_source
 
     src = _fetched(tmp_path)
     (src / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
@@ -75,7 +75,7 @@ def test_wrong_model_type_is_refused(tmp_path: Path) -> None:
 # --- pure helpers of the gptq and lm_head stages -------------------------------------------------
 
 def test_restore_plan_takes_unquantized_tensors_from_the_source(tmp_path: Path) -> None:
-    from qwenquant.stages.gptq import restore_plan
+    from qwenquant.quantize.stages.gptq import restore_plan
     from qwenquant.checkpoint.tensorfile import TensorRef
 
     def ref(name: str, where: str) -> TensorRef:
@@ -91,7 +91,7 @@ def test_restore_plan_takes_unquantized_tensors_from_the_source(tmp_path: Path) 
 
 
 def test_quantized_config_uses_recipe_patterns() -> None:
-    from qwenquant.stages.gptq import quantized_config
+    from qwenquant.quantize.stages.gptq import quantized_config
 
     src = {"model_type": "qwen3_5", "text_config": {"x": 1}}
     saved = {"quantization_config": {"config_groups": {"group_0": {}}, "ignore": ["model.visual.blocks.0.attn.qkv"]}}
@@ -101,7 +101,7 @@ def test_quantized_config_uses_recipe_patterns() -> None:
 
 
 def test_head_config_group_added_and_head_unignored() -> None:
-    from qwenquant.stages.lm_head import head_quant_config
+    from qwenquant.quantize.stages.lm_head import head_quant_config
 
     cfg = {"quantization_config": {"config_groups": {"group_0": {"targets": ["Linear"]}},
                                    "ignore": ["lm_head", "re:^mtp.*"]}}
@@ -114,7 +114,7 @@ def test_head_config_group_added_and_head_unignored() -> None:
 
 
 def test_split_heldout() -> None:
-    from qwenquant.stages.lm_head import split_heldout
+    from qwenquant.quantize.stages.lm_head import split_heldout
 
     assert split_heldout(32, 0.1) == (list(range(29)), [29, 30, 31])
     assert split_heldout(5, 0.0) == (list(range(5)), [])
@@ -123,7 +123,7 @@ def test_split_heldout() -> None:
 
 def test_gptq_engine_is_chosen_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     from qwenquant.errors import UsageError
-    from qwenquant.stages.gptq import gptq_engine
+    from qwenquant.quantize.stages.gptq import gptq_engine
 
     monkeypatch.delenv("QWENQUANT_GPTQ_ENGINE", raising=False)
     assert gptq_engine() == "streamed"
@@ -137,7 +137,7 @@ def test_gptq_engine_is_chosen_by_environment(monkeypatch: pytest.MonkeyPatch) -
 
 @pytest.mark.parametrize("raw, cap", [("", None), ("23.5", 23.5), (" 12 ", 12.0)])
 def test_gpu_memory_cap_from_environment(monkeypatch: pytest.MonkeyPatch, raw: str, cap: float | None) -> None:
-    from qwenquant.engine.build import max_gpu_mem_gib
+    from qwenquant.quantize.engine.build import max_gpu_mem_gib
 
     monkeypatch.setenv("QWENQUANT_MAX_GPU_MEM", raw)
     assert max_gpu_mem_gib() == cap
@@ -145,7 +145,7 @@ def test_gpu_memory_cap_from_environment(monkeypatch: pytest.MonkeyPatch, raw: s
 
 @pytest.mark.parametrize("raw", ["24GiB", "0", "-3"])
 def test_a_bad_gpu_memory_cap_is_refused(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
-    from qwenquant.engine.build import max_gpu_mem_gib
+    from qwenquant.quantize.engine.build import max_gpu_mem_gib
     from qwenquant.errors import UsageError
 
     monkeypatch.setenv("QWENQUANT_MAX_GPU_MEM", raw)
@@ -154,7 +154,7 @@ def test_a_bad_gpu_memory_cap_is_refused(monkeypatch: pytest.MonkeyPatch, raw: s
 
 
 def test_streamed_shard_names_put_the_layers_first() -> None:
-    from qwenquant.engine.build import shard_names
+    from qwenquant.quantize.engine.build import shard_names
 
     assert shard_names(2, 1) == ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
                                  "model-00003-of-00003.safetensors"]

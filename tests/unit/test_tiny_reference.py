@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from qwenquant.errors import QwenquantError
-from qwenquant.tiny import reference_model
-from qwenquant.tiny.build import MTP_SHARD, read_index
+from qwenquant.testbed.tiny import reference_model
+from qwenquant.testbed.tiny.build import MTP_SHARD, read_index
 
 
 def _digests(folder: Path) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""`qwenquant bench` (light imports; the work is in qwenquant.probe)."""
+"""`qwenquant bench` (light imports; the work is in qwenquant.bench)."""
 
 from __future__ import annotations
 
@@ -45,9 +45,9 @@ def bench(
       qwenquant bench --serve artifacts/q27b --compare "--label mtp-on --profile single-user"
       "--label mtp-off --profile single-user -- --speculative-config null"
     """
-    from qwenquant.probe.runner import Options
-    from qwenquant.probe.session import Request, argv_now, default_out, run
-    from qwenquant.probe.render import print_report
+    from qwenquant.bench.runner import Options
+    from qwenquant.bench.session import Request, argv_now, default_out, run
+    from qwenquant.bench.render import print_report
 
     from qwenquant.errors import UsageError
 

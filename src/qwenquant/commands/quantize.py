@@ -39,14 +39,14 @@ def quantize_cmd(
 
       qwenquant quantize models/Qwen3.8-27B --recipe w4a16-int4head --out artifacts/q27b --gpus 2
     """
-    from qwenquant.engine.ranks import parse_gpus
+    from qwenquant.quantize.engine.ranks import parse_gpus
 
     n_gpus = parse_gpus(gpus)
     if device is Device.cpu:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # llm-compressor picks cuda whenever it is visible
     os.environ.setdefault("TQDM_DISABLE", "1")  # our progress bars replace llm-compressor's
     from qwenquant.console import console, print_json, step_progress, stdout
-    from qwenquant.pipeline import QuantizeOptions, quantize
+    from qwenquant.quantize.pipeline import QuantizeOptions, quantize
     from qwenquant.recipe import load_calibration_override, load_recipe
 
     r = load_recipe(recipe)
@@ -110,7 +110,7 @@ def graft_mtp_cmd(
     """
     from qwenquant.console import stdout
     from qwenquant.errors import StageError
-    from qwenquant.pipeline import graft_mtp
+    from qwenquant.quantize.pipeline import graft_mtp
 
     r = graft_mtp(artifact, source, check_only=check_only, force=force)
     if r["nothing_to_do"]:

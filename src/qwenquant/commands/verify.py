@@ -1,4 +1,4 @@
-"""`qwenquant verify` (bytes match the manifest) and `qwenquant check` (vLLM would load it)."""
+"""`qwenquant verify`: the bytes of an artifact match its manifest."""
 
 from __future__ import annotations
 
@@ -47,46 +47,4 @@ def verify(
             f"{artifact} does not match its manifest: " + ", ".join(
                 f"{p.path} ({p.status})" for p in report.problems),
             hint="re-copy or rebuild the artifact; never serve files that fail verification",
-        )
-
-
-@app.command("check")
-def check(
-    artifact: Path = typer.Argument(..., help="Artifact folder (config.json + safetensors)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON."),
-) -> None:
-    """Check that vLLM would load an artifact: fused-layer schemes, kernel shapes, lm_head, MTP, layout.
-
-    Reads config.json, the safetensors index and headers only (fast, no torch).
-
-    Examples:
-
-      qwenquant check artifacts/q27b
-
-      qwenquant check artifacts/q27b --json
-    """
-    from qwenquant.check import check_artifact
-    from qwenquant.console import print_json, stdout
-    from qwenquant.errors import CheckError
-
-    report = check_artifact(artifact)
-    if as_json:
-        print_json(report.to_dict())
-    elif report.ok:
-        stdout.print(f"OK {artifact}: {report.tensors_checked} tensors, all {len(report.rules_run)} rules pass",
-                     markup=False)
-    else:
-        from rich.table import Column, Table
-
-        table = Table(Column("rule", no_wrap=True), Column("where", overflow="fold"), "problem", "fix",
-                      title=f"{artifact}: {len(report.findings)} problems")
-        for f in report.findings:
-            table.add_row(f.rule, f.where, f.message, f.fix)
-        stdout.print(table)
-    if not report.ok:
-        raise CheckError(
-            f"{artifact}: {len(report.findings)} problem(s) vLLM would refuse: "
-            + "; ".join(f"{f.rule} at {f.where}" for f in report.findings[:10])
-            + (" ..." if len(report.findings) > 10 else ""),
-            hint="fix the recipe or stage named by each rule and rebuild; `--json` lists every finding",
         )

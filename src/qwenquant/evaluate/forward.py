@@ -43,7 +43,7 @@ class DenseForward:
         self.mtp = self._load_mtp(cfg, tensors)
 
     def _load_mtp(self, cfg: Any, tensors: dict[str, torch.Tensor]) -> Any:
-        from qwenquant.tiny.mtp_head import MTPHead
+        from qwenquant.modeling.mtp import MTPHead
 
         mtp = {k[len("mtp."):]: v for k, v in tensors.items() if k.startswith("mtp.")}
         if not mtp:

@@ -31,7 +31,7 @@ ARMS = ("w4a16-body", "w4a16+rtn-head", "artifact")
 def rtn_head(weight: torch.Tensor, group_size: int = 128) -> torch.Tensor:
     """Round-to-nearest symmetric int4 of `weight`, dequantized on `weight`'s device (the lm_head
     stage's baseline)."""
-    from qwenquant.quant.head_gptq import rtn_quantize_rows
+    from qwenquant.modeling.int4 import rtn_quantize_rows
 
     q = rtn_quantize_rows(weight, group_size=group_size, device=weight.device)
     q = dataclasses.replace(q, int=q.int.to(weight.device), scale=q.scale.to(weight.device))
@@ -75,7 +75,7 @@ def evaluate_forwards(ref: TextForward, art: TextForward, heads: dict[str, torch
                       *, batch: int = 8) -> dict[str, Any]:
     """Every figure of the report from two forwards, the three heads and the windows [N, L]."""
     from qwenquant.console import timed
-    from qwenquant.quant.head_quality import compare_heads
+    from qwenquant.modeling.head_quality import compare_heads
 
     per: dict[str, dict[str, list[torch.Tensor]]] = {}
     hidden = []

@@ -52,7 +52,7 @@ class _Arm:
 
     def __init__(self, folder: Path, device: str) -> None:
         from qwenquant.checkpoint.tensorfile import checkpoint_refs
-        from qwenquant.engine.model import open_source
+        from qwenquant.modeling.text import open_source
         from qwenquant.evaluate.weights import read_config
 
         self.folder, self.device = Path(folder), device
@@ -67,7 +67,7 @@ class _Arm:
         """float32 tensors of `names` (full names) on the arm's device, packed modules dequantized to
         `<module>.weight` there (unpacking and scaling are exact, so the device does not change a value;
         on a GPU it keeps the host free of float32 copies and the CPU out of the loop)."""
-        from qwenquant.engine.model import ref_tensor
+        from qwenquant.modeling.text import ref_tensor
         from qwenquant.evaluate.weights import dequantize
 
         raw = {n: ref_tensor(self.refs[n]).to(device or self.device) for n in names}
@@ -76,7 +76,7 @@ class _Arm:
         return dequantize(raw, self.config)
 
     def layer(self, i: int) -> torch.nn.Module:
-        from qwenquant.engine.model import build_layer
+        from qwenquant.modeling.text import build_layer
 
         p = self.src.layer_prefix(i)
         return build_layer(self.src, i, {n[len(p):]: t for n, t in self.dense(self.src.layer_names(i)).items()},
@@ -89,7 +89,7 @@ class _Arm:
         return self.dense(names, device="cpu")["lm_head.weight"].to(self.device)
 
     def mtp(self) -> Any:
-        from qwenquant.tiny.mtp_head import MTPHead
+        from qwenquant.modeling.mtp import MTPHead
 
         names = [n for n in self.refs if n.startswith("mtp.")]
         if not names:
@@ -103,7 +103,7 @@ def _run_layers(arms: Mapping[str, _Arm], embeds: Mapping[str, list[torch.Tensor
                 ) -> dict[str, list[torch.Tensor]]:
     """Every window through every decoder layer of each arm, one layer of one arm in memory at a time."""
     from qwenquant.console import timed
-    from qwenquant.engine.model import LayerInputs, final_norm
+    from qwenquant.modeling.text import LayerInputs, final_norm
 
     first = next(iter(arms.values()))
     inputs = LayerInputs(first.src, device)
@@ -127,7 +127,7 @@ def streamed_forwards(reference: Path, artifact: Path, windows: torch.Tensor, *,
                       ) -> tuple[PrecomputedForward, PrecomputedForward, dict[str, torch.Tensor]]:
     """(reference forward, artifact forward, heads) for `windows` [N, L], as run_offline's dense path gives."""
     from qwenquant.console import timed
-    from qwenquant.engine.model import embed_samples
+    from qwenquant.modeling.text import embed_samples
     from qwenquant.evaluate.offline import rtn_head
 
     arms = {"reference": _Arm(reference, device), "artifact": _Arm(artifact, device)}

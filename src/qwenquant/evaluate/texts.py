@@ -25,7 +25,7 @@ def _check_size(available: int, windows: int, window_len: int, what: str) -> Non
 
 def is_tiny_reference(folder: Path) -> bool:
     """Does `folder` hold the committed tiny reference's tokenizer (so its shipped windows apply)?"""
-    from qwenquant.tiny import reference_model
+    from qwenquant.testbed.tiny import reference_model
 
     tok = Path(folder) / "tokenizer.json"
     return tok.is_file() and tok.read_bytes() == reference_model.verified_bytes("tokenizer.json")
@@ -66,7 +66,7 @@ def eval_windows(reference: Path, windows: int, window_len: int, text: Path | No
     shipped held-out windows are used. With `text`, the file is tokenized with the reference's
     tokenizer and cut into consecutive windows.
     """
-    from qwenquant.tiny import reference_model
+    from qwenquant.testbed.tiny import reference_model
 
     if text is None:
         if not is_tiny_reference(reference):

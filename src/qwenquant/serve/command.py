@@ -11,9 +11,9 @@ from typing import Optional
 from qwenquant.errors import ServeError
 from qwenquant.recipe import load_recipe
 from qwenquant.serve import argv as argvmod
-from qwenquant.serve import budget as budgetmod
+from qwenquant.plan import budget as budgetmod
 from qwenquant.serve.preflight import cache_settings, recipe_from_manifest
-from qwenquant.serve.weights import (ModelShape, QuantSettings, WeightBreakdown, artifact_tensor_bytes,
+from qwenquant.plan.weights import (ModelShape, QuantSettings, WeightBreakdown, artifact_tensor_bytes,
                                      model_shape, tp_shape, weights_from_config, weights_from_tensors)
 
 _UNITS = {"": 1, "b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from qwenquant.errors import ServeError, UsageError
-from qwenquant.serve.budget import MiB, gib
+from qwenquant.plan.budget import MiB, gib
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
-from qwenquant.serve.ports import free_port
+from qwenquant.net.ports import free_port
 
 if TYPE_CHECKING:
     from qwenquant.serve.preflight import Prepared
@@ -39,7 +39,7 @@ def prepare_launch(artifact: Path, profile: str, *, gpu_mem: Optional[str], extr
                    gpus: int = 1) -> Prepared:
     """serve's preflight for one server on a free port (unless `-- --port N` is given)."""
     from qwenquant.serve.command import parse_size
-    from qwenquant.serve.gpumem import refuse_share_conflict
+    from qwenquant.plan.gpumem import refuse_share_conflict
     from qwenquant.serve.preflight import prepare
 
     refuse_share_conflict(gpu_mem, list(extra))

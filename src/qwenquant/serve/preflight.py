@@ -22,12 +22,12 @@ from qwenquant.errors import QwenquantError, ServeError, VerificationError
 from qwenquant.procenv import multicast_off
 from qwenquant.recipe import Recipe, ResolvedProfile
 from qwenquant.serve import argv as argvmod
-from qwenquant.serve import budget as budgetmod
-from qwenquant.serve.gpumem import apply_gpu_mem
+from qwenquant.plan import budget as budgetmod
+from qwenquant.plan.gpumem import apply_gpu_mem
 from qwenquant.serve.discover import VllmInstall, check_architecture, check_version, find_vllm, supported_archs
 from qwenquant.serve.gpus import check_tp_device, gpu_table, tp_gpu_bytes, used_gpus
-from qwenquant.serve.ports import port_problem
-from qwenquant.serve.weights import model_shape, tp_shape, weights_from_tensors, artifact_tensor_bytes
+from qwenquant.net.ports import port_problem
+from qwenquant.plan.weights import model_shape, tp_shape, weights_from_tensors, artifact_tensor_bytes
 
 log = logging.getLogger(__name__)
 DEFAULT_PROFILE = "single-user"  # serve and bench --serve without --profile

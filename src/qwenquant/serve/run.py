@@ -10,7 +10,7 @@ from typing import Optional
 
 from qwenquant.errors import QwenquantError, UsageError
 from qwenquant.serve.argv import format_command
-from qwenquant.serve.gpumem import refuse_share_conflict
+from qwenquant.plan.gpumem import refuse_share_conflict
 from qwenquant.serve.preflight import DEFAULT_PROFILE, Prepared, default_log_path, prepare
 from qwenquant.serve.supervisor import ServerSpec, serve_forever
 

@@ -27,7 +27,7 @@ from typing import Callable, Iterator, Optional
 
 from qwenquant.errors import ServeError
 from qwenquant.procenv import child_env
-from qwenquant.serve.ports import listener_pids, process_tree
+from qwenquant.net.ports import listener_pids, process_tree
 from qwenquant.serve.watchdog import watchdog_command
 
 log = logging.getLogger(__name__)

@@ -13,14 +13,14 @@ folder on sys.path), so it starts the same whatever environment the server is gi
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
 import sys
 from typing import Optional
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
+from qwenquant.procenv import set_parent_death_signal
+
 POLL_SECONDS = 0.5
 USAGE = "usage: python -I watchdog.py PARENT_PID GRACE_SECONDS -- COMMAND [ARGS...]"
 
@@ -42,21 +42,6 @@ def parse_args(argv: list[str]) -> tuple[int, float, list[str]]:
 def watchdog_command(python: str, parent_pid: int, grace: float, command: list[str]) -> list[str]:
     """The argv that runs `command` under the watchdog."""
     return [python, "-I", os.path.abspath(__file__), str(parent_pid), f"{grace:g}", "--", *command]
-
-
-def set_parent_death_signal(sig: int) -> bool:
-    """Linux: have the kernel send `sig` to this process when its parent *thread* exits.
-
-    The signal follows the thread that forked us, not the process: callers check getppid() before
-    acting on it. Returns False where prctl is unavailable (the poll still works there).
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 def _child_setup() -> None:

@@ -1,0 +1,145 @@
+"""The run as a JSON-ready report with its flags, and as table sections for the console (pure)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Optional
+
+from qwenquant.bench import metrics
+from qwenquant.bench.rates import (FIGURES, cell_figures, ratio_spread, sample_figures, spread, wall_decode_gap,
+                                   wave_aggregate)
+from qwenquant.bench.runner import TargetRun
+from qwenquant.bench.stream import Sample
+from qwenquant.bench.workload import BenchConfig, Cell
+
+SCHEMA_VERSION = 1
+RATE_LINES = {"wall_tok_s": "wall_tok_s", "decode_tok_s": "decode_tok_s", "prefill_tok_s": "prefill_tok_s"}
+
+
+def _median(v: list[Optional[float]]) -> Optional[float]:
+    v2 = [x for x in v if x is not None]
+    return statistics.median(v2) if v2 else None
+
+
+def _round_medians(rounds: list[list[Sample]]) -> dict[str, list[Optional[float]]]:
+    per = [[sample_figures(s) for s in r] for r in rounds]
+    return {k: [_median([p[k] for p in r]) for r in per] for k in FIGURES}
+
+
+def _cell_report(cell: Cell, rounds: list[list[Sample]]) -> dict[str, Any]:
+    flat = [s for r in rounds for s in r]
+    figs = cell_figures(flat)
+    fields: dict[str, int] = {}
+    for s in flat:
+        if s.first_field:
+            fields[s.first_field] = fields.get(s.first_field, 0) + 1
+    return {
+        "prompt": cell.prompt, "sampling": cell.sampling, "thinking": cell.thinking, "concurrency": cell.concurrency,
+        "figures": {k: v.as_dict() if v else None for k, v in figs.items()},
+        "round_medians": _round_medians(rounds),
+        "requests": len(flat), "short_requests": sum(s.short for s in flat),
+        "prompt_tokens": _median([float(s.prompt_tokens) for s in flat]),
+        "completion_tokens": sum(s.completion_tokens for s in flat),
+        "first_text_field": fields,
+        "reasoning_streamed": any(s.chars.get(k) for s in flat for k in ("reasoning_content", "reasoning")),
+        "per_request": [{**sample_figures(s), "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
+                         "first_field": s.first_field, "finish_reason": s.finish_reason,
+                         "text_events": s.text_events} for s in flat],
+    }
+
+
+def _ladder_report(run: TargetRun) -> list[dict[str, Any]]:
+    out = []
+    for cell in run.ladder:
+        rounds = run.waves.get(cell.key, [])
+        waves = [w for r in rounds for w in r]
+        flat = [s for w in waves for s in w]
+        per = [sample_figures(s) for s in flat]
+        agg = spread(wave_aggregate(w) for w in waves)
+        out.append({"concurrency": cell.concurrency, "cell": cell.key, "aggregate_tok_s": agg.as_dict() if agg else None,
+                    "aggregate_round_medians": [_median([wave_aggregate(w) for w in r]) for r in rounds],
+                    "per_stream_wall_tok_s": _as(spread(p["wall_tok_s"] for p in per)),
+                    "per_stream_decode_tok_s": _as(spread(p["decode_tok_s"] for p in per))})
+    return out
+
+
+def _as(s: Any) -> Optional[dict[str, float]]:
+    return s.as_dict() if s else None
+
+
+def target_report(run: TargetRun) -> dict[str, Any]:
+    t = run.target
+    acc = metrics.acceptance(run.spec) if run.metrics_exported else {"metrics_page": False, "speculative": None}
+    return {
+        "label": t.label, "url": t.url, "model": t.model, **t.info, "thinking": run.thinking_note,
+        "acceptance": acc,
+        "cells": {c.key: _cell_report(c, run.samples.get(c.key, [])) for c in run.cells},
+        "ladder": _ladder_report(run),
+    }
+
+
+def compare_report(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Per cell and figure: the per-round ratio A/B as median and range (rounds paired in order)."""
+    cells = {}
+    for key in a["cells"]:
+        if key not in b["cells"]:
+            continue
+        ra, rb = a["cells"][key]["round_medians"], b["cells"][key]["round_medians"]
+        cells[key] = {k: _as(ratio_spread(ra[k], rb[k])) for k in FIGURES}
+    ladder = []
+    for la, lb in zip(a["ladder"], b["ladder"]):
+        if la["concurrency"] == lb["concurrency"]:
+            ladder.append({"concurrency": la["concurrency"], "aggregate_tok_s": _as(
+                ratio_spread(la["aggregate_round_medians"], lb["aggregate_round_medians"]))})
+    return {"a": a["label"], "b": b["label"], "ratio": "A/B", "cells": cells, "ladder": ladder}
+
+
+def find_flags(report: dict[str, Any], cfg: BenchConfig) -> list[dict[str, Any]]:
+    """Too-good figures (flagged for audit) and non-thinking cells whose two rates disagree (instrument)."""
+    lines = cfg.too_good.model_dump()
+    flags: list[dict[str, Any]] = []
+
+    def check(where: str, figure: str, value: Optional[float], line: float, above: bool = True) -> None:
+        if value is not None and ((value > line) if above else (value < line)):
+            flags.append({"kind": "too-good", "where": where, "figure": figure, "value": value, "line": line,
+                          "note": "flagged for audit, not reported"})
+
+    for t in report["targets"]:
+        for key, c in t["cells"].items():
+            med = {k: (v or {}).get("median") for k, v in c["figures"].items()}
+            for fig in RATE_LINES:
+                check(f"{t['label']} {key}", fig, med[fig], lines[fig])
+            check(f"{t['label']} {key}", "ttft_s", med["ttft_s"], cfg.ttft_floor_s, above=False)
+            gap = wall_decode_gap(med["wall_tok_s"], med["decode_tok_s"])
+            if not c["reasoning_streamed"] and c["thinking"] is not True and gap is not None \
+                    and gap > cfg.wall_decode_margin:
+                flags.append({"kind": "instrument", "where": f"{t['label']} {key}", "figure": "wall vs decode",
+                              "value": gap, "line": cfg.wall_decode_margin,
+                              "note": "a non-thinking run whose wall and decode rates disagree: a hidden reasoning phase, "
+                                      "a clock problem, or TTFT a large share of a short request"})
+        for step in t["ladder"]:
+            check(f"{t['label']} ladder c{step['concurrency']}", "aggregate_tok_s",
+                  (step["aggregate_tok_s"] or {}).get("median"), lines["aggregate_tok_s"])
+    cmp = report.get("compare")
+    if cmp:
+        for key, figs in cmp["cells"].items():
+            for fig, r in figs.items():
+                if r and fig != "ttft_s":
+                    check(f"compare {key}", f"{fig} ratio", r["median"], lines["ratio"])
+    return flags
+
+
+def build_report(runs: list[TargetRun], cfg: BenchConfig, *, meta: dict[str, Any]) -> dict[str, Any]:
+    """The whole JSON document: targets, comparison, flags, and `meta` (argv, GPU, options)."""
+    targets = [target_report(r) for r in runs]
+    report: dict[str, Any] = {"schema_version": SCHEMA_VERSION, **meta,
+                              "config": cfg.model_dump(exclude={"prompts"}) | {"prompt_names": sorted(cfg.prompts)},
+                              "targets": targets,
+                              "compare": compare_report(targets[0], targets[1]) if len(targets) == 2 else None}
+    report["flags"] = find_flags(report, cfg)
+    gpu = report.get("gpu") or {}
+    if gpu.get("throttled"):
+        report["flags"].append({"kind": "throttle", "where": "gpu", "figure": "clock event reasons",
+                                "value": gpu.get("throttled_fraction"), "line": 0.0,
+                                "note": f"the GPU throttled ({', '.join(gpu.get('throttle_reasons', {}))})"})
+    return report

@@ -1,0 +1,180 @@
+"""Run the workload against one or more servers: warm-up, then rounds (A B A B ...) of every cell.
+
+Warm-up requests (and the thinking probe) run before any counter is read and are never reported.
+/metrics is scraped around each configuration's share of each round, so acceptance counts only
+measured requests, and with two servers each one's counters stay its own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from qwenquant.errors import BenchError
+from qwenquant.bench import metrics
+from qwenquant.bench.stream import Sample, stream_chat
+from qwenquant.bench.workload import BenchConfig, Cell, plan_cells, request_body, thinking_modes
+
+log = logging.getLogger(__name__)
+PROBE_TOKENS = 16
+
+
+@dataclass
+class Target:
+    """One configuration under test: a server URL and what is known about it."""
+
+    label: str
+    url: str
+    model: Optional[str] = None  # None: the first model /v1/models lists
+    api_key: Optional[str] = None
+    max_num_seqs: Optional[int] = None
+    template_thinking: Optional[bool] = None  # None: unknown, ask the server
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Options:
+    prompts: list[str]
+    samplings: list[str]
+    thinking: str = "auto"
+    max_tokens: Optional[int] = None
+    repeats: Optional[int] = None
+    rounds: Optional[int] = None
+    max_concurrency: Optional[int] = None
+    ignore_eos: bool = True
+
+
+@dataclass
+class TargetRun:
+    """What one configuration measured: samples per cell and round, ladder waves, spec counters."""
+
+    target: Target
+    cells: list[Cell]
+    ladder: list[Cell]
+    thinking_note: str
+    samples: dict[str, list[list[Sample]]] = field(default_factory=dict)  # cell key -> rounds -> samples
+    waves: dict[str, list[list[list[Sample]]]] = field(default_factory=dict)  # cell key -> rounds -> waves
+    spec: metrics.SpecCounters = field(default_factory=metrics.SpecCounters)
+    metrics_exported: bool = True
+
+
+def _get_json(url: str, api_key: Optional[str]) -> Any:
+    req = urllib.request.Request(url)
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise BenchError(f"GET {url} failed: {e}", hint="is the server up? check the URL") from None
+
+
+def resolve_model(t: Target) -> str:
+    """The served model name: given, or the first one /v1/models lists."""
+    if t.model:
+        return t.model
+    data = _get_json(t.url.rstrip("/") + "/v1/models", t.api_key)
+    try:
+        return str(data["data"][0]["id"])
+    except (KeyError, IndexError, TypeError):
+        raise BenchError(f"{t.url}/v1/models lists no model", hint="pass --model NAME") from None
+
+
+def server_version(t: Target) -> Optional[str]:
+    """vLLM's /version, or None when the server has none."""
+    try:
+        return str(_get_json(t.url.rstrip("/") + "/version", t.api_key).get("version"))
+    except (BenchError, AttributeError):
+        return None
+
+
+def run_wave(t: Target, body: dict[str, Any], n: int) -> list[Sample]:
+    """`n` identical requests released together (each on its own connection)."""
+    if n == 1:
+        return [stream_chat(t.url, body, api_key=t.api_key)]
+    gate = threading.Barrier(n)
+
+    def one(_: int) -> Sample:
+        gate.wait()
+        return stream_chat(t.url, body, api_key=t.api_key)
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def _reasoned(s: Sample) -> bool:
+    return any(s.chars.get(k, 0) for k in ("reasoning_content", "reasoning"))
+
+
+def detect_thinking(t: Target, cfg: BenchConfig, prompt: str) -> tuple[Optional[bool], str]:
+    """Does enable_thinking switch reasoning on and off? From the template when known, else by asking."""
+    if t.template_thinking is not None:
+        word = "reads" if t.template_thinking else "does not read"
+        return t.template_thinking, f"the artifact's chat template {word} enable_thinking"
+    seen = {}
+    for mode in (True, False):
+        body = request_body(cfg, t.model or "", Cell(prompt, "greedy", mode), max_tokens=PROBE_TOKENS,
+                            ignore_eos=False)
+        seen[mode] = _reasoned(stream_chat(t.url, body, api_key=t.api_key))
+    ok = seen[True] and not seen[False]
+    return ok, (f"probe: enable_thinking=true streamed {'reasoning' if seen[True] else 'no reasoning'}, "
+                f"false streamed {'reasoning' if seen[False] else 'no reasoning'}")
+
+
+def prepare_target(t: Target, cfg: BenchConfig, opts: Options) -> TargetRun:
+    """Resolve the model, decide thinking modes, plan the cells, run the warm-up."""
+    t.model = resolve_model(t)
+    supported: Optional[bool] = None
+    note = f"--thinking {opts.thinking}"
+    if opts.thinking == "auto":
+        supported, note = detect_thinking(t, cfg, cfg.ladder_prompt)
+    modes = thinking_modes(opts.thinking, supported)
+    top = opts.max_concurrency or t.max_num_seqs or 1
+    cells, steps = plan_cells(cfg, opts.prompts, opts.samplings, modes, top)
+    tokens = opts.max_tokens or cfg.max_tokens
+    singles = [c for c in cells if c.concurrency == 1]
+    for i in range(cfg.warmup_requests):
+        run_wave(t, request_body(cfg, t.model, singles[i % len(singles)], max_tokens=tokens,
+                                 ignore_eos=opts.ignore_eos), 1)
+    if cfg.warmup_requests and steps[-1].concurrency > 1:
+        top_cell = steps[-1]
+        run_wave(t, request_body(cfg, t.model, top_cell, max_tokens=tokens, ignore_eos=opts.ignore_eos),
+                 top_cell.concurrency)
+    log.info("%s: %s, model %s, %d cells, warm-up done", t.label, t.url, t.model, len(cells))
+    return TargetRun(t, cells, steps, note)
+
+
+def run_round(run: TargetRun, cfg: BenchConfig, opts: Options) -> None:
+    """Every cell of one configuration once (`repeats` waves each), counters read around it."""
+    t = run.target
+    before = metrics.scrape(t.url, t.api_key)
+    tokens = opts.max_tokens or cfg.max_tokens
+    repeats = opts.repeats or cfg.repeats
+    for cell in run.cells:
+        body = request_body(cfg, t.model or "", cell, max_tokens=tokens, ignore_eos=opts.ignore_eos)
+        waves = [run_wave(t, body, cell.concurrency) for _ in range(repeats)]
+        run.waves.setdefault(cell.key, []).append(waves)
+        run.samples.setdefault(cell.key, []).append([s for w in waves for s in w])
+        log.info("%s: %s done", t.label, cell.key)
+    after = metrics.scrape(t.url, t.api_key)
+    if before is None or after is None:
+        run.metrics_exported = False
+        return
+    run.spec = run.spec.plus(metrics.spec_counters(after).minus(metrics.spec_counters(before)))
+
+
+def run_bench(targets: list[Target], cfg: BenchConfig, opts: Options) -> list[TargetRun]:
+    """Warm every target up, then `rounds` rounds in which each target runs every cell in turn."""
+    runs = [prepare_target(t, cfg, opts) for t in targets]
+    rounds = opts.rounds or (cfg.rounds if len(targets) > 1 else 1)
+    for r in range(rounds):
+        for run in runs:
+            log.info("round %d/%d: %s", r + 1, rounds, run.target.label)
+            run_round(run, cfg, opts)
+    return runs

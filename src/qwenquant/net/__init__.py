@@ -1,0 +1,1 @@
+"""Small local-network helpers: free ports and who listens on one."""

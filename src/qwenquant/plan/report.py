@@ -1,0 +1,99 @@
+"""Text and JSON renderings of a memory plan (`qwenquant plan`, and serve's preflight)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qwenquant.plan.budget import Budget, GiB, gib, nice_len
+from qwenquant.plan.weights import ModelShape, WeightBreakdown
+
+_LABELS = {
+    "embeddings": "embeddings (bf16)",
+    "int4_body": "int4 body (packed + bf16 scales)",
+    "lm_head": "lm_head",
+    "mtp": "MTP draft head (bf16)",
+    "other_bf16": "other bf16 (norms, GDN gates/conv, ...)",
+    "vision": "vision tower",
+}
+
+
+def _row(label: str, n: int, note: str = "") -> str:
+    return f"  {label:<42} {n:>16,} B  {n / GiB:8.3f} GiB{('  ' + note) if note else ''}"
+
+
+def weights_lines(w: WeightBreakdown, include_vision: bool) -> list[str]:
+    lines = [f"weights (from the {w.source})"]
+    for k, n in w.bytes.items():
+        label = _LABELS[k]
+        if k == "lm_head":
+            label = "int4 lm_head (packed + bf16 scales)" if w.lm_head_quantized else "lm_head (bf16)"
+        note = "not loaded (text-only / --language-model-only)" if k == "vision" and not include_vision else ""
+        lines.append(_row(label, n, note))
+    lines.append(_row("total loaded", w.loaded(include_vision)))
+    lines += [f"  note: {n}" for n in w.notes]
+    return lines
+
+
+def first_reason(b: Budget) -> str:
+    """The first reason a budget does not fit, biggest cause first (weights, then fixed costs, then cache)."""
+    fixed = b.weights_bytes + b.activation_bytes + b.runtime_bytes
+    if b.device == "cuda" and b.weights_bytes > b.budget_bytes:
+        return (f"the weights alone ({gib(b.weights_bytes)}) exceed the {gib(b.budget_bytes)} budget "
+                f"({gib(b.total_bytes)} x {b.utilization:g})")
+    if b.device == "cuda" and fixed >= b.budget_bytes:
+        return (f"weights {gib(b.weights_bytes)} + activations {gib(b.activation_bytes)} + runtime "
+                f"{gib(b.runtime_bytes)} leave nothing of the {gib(b.budget_bytes)} budget for the KV cache")
+    return b.shortfall_message()
+
+
+def budget_lines(name: str, b: Budget, s: ModelShape) -> list[str]:
+    c = b.cache
+    mtp = c.n_attn_layers - s.n_full
+    lines = [f"profile {name}: max-model-len {b.max_model_len}, max-num-seqs {b.max_num_seqs}, "
+             f"max-num-batched-tokens {b.max_num_batched_tokens}, device {b.device}"
+             + (f", tensor parallel {b.tp} (per GPU)" if b.tp > 1 else "")]
+    lines.append(_row("KV cache per token", c.kv_bytes_per_token,
+                      f"{c.n_attn_layers} layers ({s.n_full} full-attention + {mtp} MTP) x "
+                      f"{c.kv_bytes_per_token_layer:,} B"))
+    lines.append(_row("GDN state per sequence", c.gdn_state_bytes_per_seq,
+                      f"{c.n_linear_layers} layers x ({c.conv_state_bytes:,} conv + {c.ssm_state_bytes:,} ssm) B "
+                      f"x {c.slots_per_seq} slots"))
+    lines.append(f"  paging: {c.block_tokens}-token blocks, {c.page_bytes:,} B pages, {c.attn_groups} attention + "
+                 f"{c.gdn_groups} GDN groups of {c.group_size} layers")
+    lines.append(_row("one max-model-len sequence (paged)", b.seq_bytes))
+    if b.device == "cuda":
+        note = "  MTP head not loaded: this profile does not draft" if s.mtp_layers and not mtp else ""
+        lines.append(_row("weights loaded", b.weights_bytes) + note)
+        lines.append(_row("activations (fp32 logits + MLP)", b.activation_bytes))
+        lines.append(_row("runtime overhead + CUDA graphs (measured)", b.runtime_bytes))
+        lines.append(_row(f"budget ({gib(b.total_bytes)} x {b.utilization:g})", b.budget_bytes))
+    lines.append(_row("left for KV cache + GDN state", max(b.cache_available, 0)))
+    if not b.fits:
+        lines.append(f"  DOES NOT FIT: {first_reason(b)}")
+        if b.largest_len(1) == 0:
+            return lines
+    else:
+        lines.append(f"  fits: {b.concurrency} full-length sequence(s) at once (max-num-seqs {b.max_num_seqs})")
+    largest = f"  largest max-model-len: {nice_len(b.largest_len(1)):,} for 1 sequence"
+    if b.max_num_seqs > 1:
+        largest += f", {nice_len(b.largest_len(b.max_num_seqs)):,} for {b.max_num_seqs} sequences"
+    lines.append(largest)
+    if not b.fits:
+        lines.append("  " + b.shortfall_message())
+    elif not b.fits_all_seqs:
+        lines.append("  " + b.concurrency_message())
+    return lines
+
+
+def budget_dict(b: Budget) -> dict[str, Any]:
+    c = b.cache
+    return {
+        "device": b.device, "total_bytes": b.total_bytes, "utilization": b.utilization,
+        "budget_bytes": b.budget_bytes, "weights_bytes": b.weights_bytes, "activation_bytes": b.activation_bytes,
+        "runtime_bytes": b.runtime_bytes, "kv_bytes_per_token": c.kv_bytes_per_token,
+        "gdn_state_bytes_per_seq": c.gdn_state_bytes_per_seq, "block_tokens": c.block_tokens,
+        "page_bytes": c.page_bytes, "seq_bytes": b.seq_bytes, "cache_available": b.cache_available,
+        "max_model_len": b.max_model_len, "max_num_seqs": b.max_num_seqs, "fits": b.fits,
+        "concurrency": b.concurrency, "largest_len_1": b.largest_len(1),
+        "largest_len_all": b.largest_len(b.max_num_seqs), "tensor_parallel_size": b.tp,
+    }

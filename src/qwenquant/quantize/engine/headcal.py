@@ -1,0 +1,60 @@
+"""The lm_head's calibration, produced by the streamed pass and read by the lm_head stage.
+
+After the last decoder layer the streamed engine applies the final norm and folds the calibration
+samples' final hidden states into the head's Hessian (`quant.head_gptq.accumulate_hessian`, the same
+function the lm_head stage uses on the whole model after the oneshot engine), and keeps the held-out samples' final
+hidden states for the quality report. Both go to `head-calibration/` inside the gptq stage folder:
+covered by its completion record, never carried into the artifact (only top-level files are).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from qwenquant.errors import StageError
+
+FOLDER = "head-calibration"
+HESSIAN = "hessian.safetensors"
+HELDOUT = "heldout.safetensors"
+
+
+@dataclass
+class HeadCalibration:
+    hessian: torch.Tensor | None  # [D, D] fp32, 2/N X^T X over calibration tokens
+    tokens: int
+    heldout: torch.Tensor | None  # [tokens, D] final hidden states of the held-out samples
+    heldout_samples: int
+
+
+def save(stage_dir: Path, cal: HeadCalibration) -> None:
+    """Write the head calibration into `stage_dir/head-calibration/` (deterministic bytes)."""
+    from qwenquant.checkpoint.assemble import torch_raw
+    from qwenquant.checkpoint.tensorfile import write_shard
+
+    d = Path(stage_dir) / FOLDER
+    d.mkdir(parents=True, exist_ok=True)
+    if cal.hessian is None:
+        raise StageError("no calibration tokens reached lm_head", hint="check the calibration set")
+    write_shard(d / HESSIAN, [torch_raw("hessian", cal.hessian.float().cpu()),
+                              torch_raw("tokens", torch.tensor([cal.tokens], dtype=torch.int64))])
+    held = cal.heldout if cal.heldout is not None else torch.zeros((0, cal.hessian.shape[0]), dtype=torch.bfloat16)
+    write_shard(d / HELDOUT, [torch_raw("hidden", held.cpu()),
+                              torch_raw("samples", torch.tensor([cal.heldout_samples], dtype=torch.int64))])
+
+
+def load(stage_dir: Path) -> HeadCalibration | None:
+    """The head calibration a streamed gptq stage left, or None (the oneshot engine leaves none)."""
+    from qwenquant.modeling.text import ref_tensor
+    from qwenquant.checkpoint.tensorfile import shard_refs
+
+    d = Path(stage_dir) / FOLDER
+    if not (d / HESSIAN).is_file():
+        return None
+    h, held = shard_refs(d / HESSIAN), shard_refs(d / HELDOUT)
+    hidden = ref_tensor(held["hidden"]).float()  # the stage folds fp32, as it did from the model
+    n_held = int(ref_tensor(held["samples"])[0])
+    return HeadCalibration(ref_tensor(h["hessian"]), int(ref_tensor(h["tokens"])[0]),
+                           hidden if hidden.shape[0] else None, n_held)

@@ -1,0 +1,291 @@
+"""The layer-streamed GPTQ pass: one decoder layer in memory at a time, resumable per layer.
+
+Why the layer loop is owned here rather than llm-compressor's: its sequential pipeline needs the
+whole model built (host RAM about 2x the checkpoint: 110 GiB for the 27B), and its offloaded
+loading (`load_offloaded_model` + `device_map="auto_offload"`) failed on an H200 with
+llmcompressor 0.14.0.1 / compressed-tensors 0.19.0 at the first onload during subgraph tracing:
+"CUDA error: an illegal memory access" in compressed-tensors' `offload/cache/cpu.py`
+(`send_tensors(..., copy=False)`), with and without a memory cap. It also has no resume.
+The GPTQ math stays llm-compressor's (engine/quantize.py); this module only schedules it:
+
+  embeddings of the calibration tokens -> for each layer: read its tensors from the source shards
+  (the next layer's read overlaps this layer's GPTQ), calibration forward of every sample (batch
+  1, Hessian hooks), GPTQ, pack, persist + record, rebuild the layer from what was persisted and
+  forward again to give the next layer its inputs (llm-compressor's `propagate_error=True`: the
+  next layer sees the quantized outputs) -> final norm -> lm_head Hessian + held-out hidden states.
+
+The next layer's inputs always come from the persisted layer (also when nothing was resumed), so a
+resumed run replays exactly the arithmetic of an uninterrupted one and ends on the same bytes.
+With `ranks` (engine/dist.py, `quantize --gpus N`) each process forwards its share of the samples,
+Hessians meet on an owner rank per module, and rank 0 alone writes layer records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qwenquant.quantize.engine import layers as L
+from qwenquant.modeling.text import (LayerInputs, TextModelSource, build_layer, embed_samples, final_norm,
+                                    read_layer, ref_tensor)
+from qwenquant.quantize.engine.quantize import LayerGPTQ, resolve_scheme, target_modules, unpack
+from qwenquant.checkpoint.assemble import torch_raw
+from qwenquant.checkpoint.identity import quantized_module
+
+log = logging.getLogger(__name__)
+
+ENGINE_VERSION = "streamed-1"
+
+
+@dataclass
+class StreamResult:
+    layer_files: list[Path]  # layer i's artifact tensors
+    quantized_modules: int
+    resumed_from: int  # layers taken from verified records
+    head: Any  # engine.headcal.HeadCalibration
+    seconds_per_layer: list[float]
+    samples: list[int]  # the calibration samples this process forwarded (all of them in one process)
+    phases: list[dict[str, float]]  # per layer: seconds in each phase (see `Phases`)
+
+
+class Phases:
+    """Wall seconds per phase of one decoder layer, for `--verbose` and the benchmarks. A phase
+    that ran GPU work ends with a CUDA synchronize, so its kernels are counted in it and not in
+    whichever later phase first waits for them. Phases: read (waiting for the layer's tensors),
+    build, calibrate (forward with Hessian hooks), reduce (Hessians to their owner ranks), gptq
+    (solve and pack), gather (packed modules to rank 0), write, barrier, rebuild (from the
+    persisted layer), forward (the next layer's inputs)."""
+
+    def __init__(self, device: str) -> None:
+        self.sync = device == "cuda"
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.sync:
+                torch.cuda.synchronize()
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def line(self) -> str:
+        return ", ".join(f"{k} {v:.2f}" for k, v in self.seconds.items())
+
+
+def apply_gpu_cap(device: str, max_gpu_mem_gib: float | None) -> None:
+    """Cap this process's CUDA allocations (a big GPU then behaves like a small one)."""
+    if device != "cuda" or not max_gpu_mem_gib:
+        return
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    frac = min(1.0, max_gpu_mem_gib * (1 << 30) / total)
+    torch.cuda.set_per_process_memory_fraction(frac)
+    log.info("gptq: GPU memory capped at %.1f GiB (%.3f of %.1f GiB)", max_gpu_mem_gib, frac, total / (1 << 30))
+
+
+def calibration_order(samples: list[list[int]]) -> list[int]:
+    """The order llm-compressor's LengthAwareSampler feeds samples in (longest first, its own
+    argsort call): Hessians are sums, and float sums depend on their order."""
+    return torch.argsort(torch.tensor([len(s) for s in samples]), descending=True).tolist()
+
+
+def _forward_all(layer: torch.nn.Module, acts: list[torch.Tensor], inputs: LayerInputs, layer_type: str,
+                 *, keep: bool) -> None:
+    """Every sample through `layer` (batch 1); replace each input by its output when `keep`."""
+    with torch.no_grad():
+        for j, x in enumerate(acts):
+            y = layer(x, **inputs.kwargs(x, layer_type))
+            if keep:
+                acts[j] = y
+            del y
+
+
+def _quantized_layer(src: TextModelSource, i: int, layers_root: Path, scheme: Any, device: str) -> torch.nn.Module:
+    """Layer i rebuilt from its persisted tensors: packed Linears dequantized as a loader would,
+    on `device` (the packed bytes cross to the GPU, a quarter of the dense weights; the unpack is
+    integer shifts and one bf16 multiply per weight, the same bits on either device)."""
+    refs = L.layer_refs(layers_root, i)
+    prefix = src.layer_prefix(i)
+    tensors: dict[str, torch.Tensor] = {}
+    packed: dict[str, dict[str, torch.Tensor]] = {}
+    for name, ref in refs.items():
+        mod = quantized_module(name)
+        if mod is None:
+            tensors[name[len(prefix):]] = ref_tensor(ref)
+        else:
+            packed.setdefault(mod, {})[name.rsplit(".", 1)[1]] = ref_tensor(ref)
+    for mod, parts in packed.items():
+        tensors[mod[len(prefix):] + ".weight"] = unpack(
+            {k: v if k == "weight_shape" else v.to(device) for k, v in parts.items()}, scheme)
+    return build_layer(src, i, tensors, device)
+
+
+def _gptq_layer(src: TextModelSource, i: int, raw: dict[str, torch.Tensor], acts: list[torch.Tensor],
+                inputs: LayerInputs, q: Any, scheme: Any, device: str, ranks: Any, phase: Phases
+                ) -> dict[str, Any] | None:
+    """Calibrate and quantize layer i; return its artifact tensors (packed + unquantized source refs).
+    In an N-process job (`ranks`: engine.dist.Ranks) the Hessians meet on each module's owner rank
+    and the packed modules on rank 0, which alone returns the tensors (None elsewhere). `phase`
+    times the steps (the caller's per-layer Phases)."""
+    prefix = src.layer_prefix(i)
+    with phase("build"):
+        layer = build_layer(src, i, raw, device)
+        mods = target_modules(layer, prefix, q.targets, q.ignore)
+        gptq = LayerGPTQ(mods, scheme, block_size=q.block_size, dampening_frac=q.dampening_frac)
+    with phase("calibrate"):
+        _forward_all(layer, acts, inputs, src.config.layer_types[i], keep=False)
+    if ranks is None:
+        with phase("gptq"):
+            packed: dict[str, Any] | None = gptq.quantize()
+    else:
+        from qwenquant.quantize.engine import dist
+        from qwenquant.quantize.engine.ranks import owners
+
+        gptq.remove_hooks()
+        owner = owners({n: tuple(m.weight.shape) for n, m in mods.items()}, ranks.world)
+        with phase("reduce"):
+            dist.reduce_hessians(gptq, owner, ranks)
+        with phase("gptq"):
+            mine = gptq.quantize(only={n for n, r in owner.items() if r == ranks.rank})
+        with phase("gather"):
+            packed = dist.gather_packed(mine, ranks)
+    del layer, gptq
+    if packed is None:
+        return None
+    out: dict[str, Any] = {}
+    for name in src.layer_names(i):
+        mod = name[: -len(".weight")] if name.endswith(".weight") else None
+        if mod not in packed:
+            out[name] = src.refs[name]  # unquantized: the source's exact bytes
+    for mod, parts in packed.items():
+        for leaf, t in parts.items():
+            out[f"{mod}.{leaf}"] = torch_raw(f"{mod}.{leaf}", t)
+    return {"tensors": out, "modules": len(packed)}
+
+
+def _resume_point(layers_root: Path, n: int, fingerprint: str, device: str, ranks: Any) -> int:
+    """Layers proven complete by their records (rank 0 checks, and removes stale ones; the other
+    ranks are told)."""
+    done = 0
+    if ranks is None or ranks.main:
+        done, why = L.completed_layers(layers_root, n, fingerprint)
+        if done:
+            log.info("gptq: resuming from decoder layer %d of %d (%d completed layers verified; layer %d: %s)",
+                     done, n, done, done, why)
+    if ranks is not None:
+        from qwenquant.quantize.engine import dist
+
+        done = dist.broadcast_int(done, device)
+    return done
+
+
+def my_samples(samples: list[list[int]], ranks: Any) -> list[int]:
+    """Sample indices this process forwards, in the calibration order: all of them in one process,
+    else this rank's contiguous share (engine/ranks.split_shares)."""
+    from qwenquant.quantize.engine.ranks import split_shares
+
+    order = calibration_order(samples)
+    if ranks is None:
+        return order
+    share = split_shares([len(samples[k]) for k in order], ranks.world)[ranks.rank]
+    return [order[p] for p in share]
+
+
+def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, layers_root: Path, *,
+                    fingerprint: str, device: str, heldout: list[int],
+                    progress: Callable[[int, int], None] | None = None, ranks: Any = None) -> StreamResult:
+    """Run the layer loop (resuming from verified layer records); see the module docstring.
+    `ranks` (engine.dist.Ranks): one process of an N-process job; the result's `head` is then
+    complete on rank 0 only."""
+    n = src.num_layers
+    scheme = resolve_scheme(q)
+    done = _resume_point(layers_root, n, fingerprint, device, ranks)
+    order = my_samples(samples, ranks)
+    acts = embed_samples(src, [samples[k] for k in order], device)
+    inputs = LayerInputs(src, device)
+    prefetch = os.environ.get("QWENQUANT_PREFETCH", "1") != "0"
+    pool = ThreadPoolExecutor(max_workers=1) if prefetch else None
+    nxt: Future | None = None
+    files, modules, times, phases = [], 0, [], []
+    writer = ranks is None or ranks.main
+    try:
+        for i in range(n):
+            t0 = time.perf_counter()
+            phase = Phases(device)
+            if i >= done:
+                with phase("read"):
+                    raw = nxt.result() if nxt is not None else read_layer(src, i)
+                nxt = pool.submit(read_layer, src, i + 1) if pool and i + 1 < n else None
+                res = _gptq_layer(src, i, raw, acts, inputs, q, scheme, device, ranks, phase)
+                del raw
+                if res is not None:
+                    with phase("write"):
+                        L.write_layer(layers_root, i, res["tensors"], fingerprint)
+                if ranks is not None:
+                    from qwenquant.quantize.engine import dist
+
+                    with phase("barrier"):
+                        dist.barrier()  # the record exists before any rank reads the layer back
+            elif pool and i + 1 == done and done < n:
+                nxt = pool.submit(read_layer, src, done)
+            with phase("rebuild"):
+                layer = _quantized_layer(src, i, layers_root, scheme, device)
+            with phase("forward"):
+                _forward_all(layer, acts, inputs, src.config.layer_types[i], keep=True)
+            del layer
+            files.append(L.layer_dir(layers_root, i) / L.TENSORS)
+            modules += sum(1 for nm in L.layer_refs(layers_root, i) if nm.endswith(".weight_packed"))
+            times.append(time.perf_counter() - t0)
+            phases.append(phase.seconds)
+            if writer:
+                log.info("gptq: decoder layer %d/%d %s (%.1f s)", i + 1, n, "replayed" if i < done else "quantized",
+                         times[-1])
+            log.debug("gptq: decoder layer %d phases (s): %s", i + 1, phase.line(), extra={"phases": phase.seconds})
+            if progress:
+                progress(i + 1, n)
+    finally:
+        if pool:
+            pool.shutdown(wait=True, cancel_futures=True)
+    head = _head_calibration(src, acts, order, heldout, device, ranks)
+    return StreamResult(files, modules, done, head, times, order, phases)
+
+
+def _head_calibration(src: TextModelSource, acts: list[torch.Tensor], order: list[int], heldout: list[int],
+                      device: str, ranks: Any) -> Any:
+    """Final norm over this process's samples, then the lm_head Hessian and held-out hidden states
+    (summed / gathered onto rank 0 in an N-process job)."""
+    from qwenquant.quantize.engine.headcal import HeadCalibration
+    from qwenquant.quantize import head_gptq as lh
+
+    norm = final_norm(src, device)
+    H, tokens, held = None, 0, {}
+    held_set = set(heldout)
+    where = {k: pos for pos, k in enumerate(order)}
+    with torch.no_grad():
+        for j in sorted(where):  # sample order, as the lm_head stage folded them from the model
+            h = norm(acts[where[j]])
+            if j in held_set:
+                held[j] = h.reshape(-1, h.shape[-1]).cpu()
+            else:
+                H, tokens = lh.accumulate_hessian(H, h.float(), tokens)
+            acts[where[j]] = None  # type: ignore[call-overload]  (free as we go)
+    if ranks is not None:
+        from qwenquant.quantize.engine import dist
+
+        combined = dist.combine_head(H, tokens, held, int(src.config.hidden_size), device, ranks)
+        if combined is None:
+            return None
+        H, tokens, held_list = combined
+    else:
+        held_list = [held[j] for j in sorted(held)]
+    return HeadCalibration(H, tokens, torch.cat(held_list) if held_list else None, len(held_list))

@@ -1,0 +1,133 @@
+"""One rank of an N-process gptq job: `python -m qwenquant.quantize.engine.worker JOB_DIR` (engine/launch.py
+starts it; not a user command).
+
+Reads JOB_DIR/job.json, joins the job (engine/dist.py), runs the layer loop on its share of the
+calibration samples (engine/run.stream_quantize); rank 0 also writes the stage folder and
+JOB_DIR/result.json. A failure leaves JOB_DIR/rank-R.error.json (type, message, hint, time) for the
+launcher to report, and exits non-zero. With QWENQUANT_DIST_METRICS=PATH rank 0 also writes every
+rank's calibration share (samples, tokens), peak GPU memory and peak RSS there
+(bench/quantize_bench.py reads it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, NoReturn
+
+from qwenquant.atomic import atomic_write_json
+from qwenquant.quantize.engine.launch import LOG_LEVEL_ENV, PARENT_ENV, PROGRESS_TAG, RESULT, error_file
+from qwenquant.errors import QwenquantError
+
+METRICS_ENV = "QWENQUANT_DIST_METRICS"
+log = logging.getLogger("qwenquant.quantize.engine.worker")
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this rank when the process that started it dies (even by SIGKILL)."""
+    from qwenquant.procenv import set_parent_death_signal
+
+    if not set_parent_death_signal(signal.SIGKILL):
+        return
+    if os.environ.get(PARENT_ENV) and os.getppid() != int(os.environ[PARENT_ENV]):
+        os._exit(1)  # the parent was already gone before prctl took effect
+
+
+def _setup_logging(rank: int) -> None:
+    level = int(os.environ.get(LOG_LEVEL_ENV, logging.INFO))
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s" if rank == 0
+                                           else f"%(levelname)s rank {rank}: %(message)s"))
+    root = logging.getLogger("qwenquant")
+    root.handlers[:] = [handler]
+    root.setLevel(level if rank == 0 else max(level, logging.WARNING))  # one copy of the per-layer lines
+    root.propagate = False
+
+
+def _progress(i: int, n: int) -> None:
+    print(f"{PROGRESS_TAG} {i} {n}", flush=True)
+
+
+def _metrics(rank: int, device: str, res: Any, samples: list[list[int]]) -> dict[str, Any]:
+    """This rank's figures (`res`: engine.run.StreamResult; `samples`: the whole calibration set)."""
+    import torch
+
+    gpu = int(torch.cuda.max_memory_allocated()) if device == "cuda" else None
+    return {"rank": rank, "samples": len(res.samples), "tokens": sum(len(samples[k]) for k in res.samples),
+            "peak_gpu_bytes": gpu, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "seconds_per_layer": res.seconds_per_layer, "phase_seconds": res.phases}
+
+
+def run(job: dict[str, Any], job_dir: Path) -> None:
+    """This rank's part of the job."""
+    from qwenquant.checkpoint.tensorfile import checkpoint_refs
+    from qwenquant.quantize.engine import dist
+    from qwenquant.quantize.engine.build import max_gpu_mem_gib, write_stage_folder
+    from qwenquant.modeling.text import open_source
+    from qwenquant.quantize.engine.run import apply_gpu_cap, stream_quantize
+    from qwenquant.recipe.models import QuantizationSpec
+    from qwenquant.quantize.stages.gptq import set_deterministic
+
+    device = job["device"]
+    ranks = dist.init(device)
+    set_deterministic()
+    apply_gpu_cap(device, max_gpu_mem_gib())
+    source = Path(job["source_dir"])
+    src = open_source(source, checkpoint_refs(source))
+    res = stream_quantize(src, job["samples"], QuantizationSpec.model_validate(job["quantization"]),
+                          Path(job["layers_root"]), fingerprint=job["fingerprint"], device=device,
+                          heldout=job["heldout"], progress=_progress if ranks.main else None, ranks=ranks)
+    info = write_stage_folder(src, res, Path(job["out_dir"]), job["max_shard_bytes"]) if ranks.main else None
+    metrics = dist.gather_metrics(_metrics(ranks.rank, device, res, job["samples"]), ranks)
+    if ranks.main:
+        if os.environ.get(METRICS_ENV):
+            atomic_write_json(Path(os.environ[METRICS_ENV]), {"ranks": metrics}, canonical=False)
+        atomic_write_json(job_dir / RESULT, info)
+    dist.barrier()  # every rank is past its last collective before any leaves
+
+
+def _report(job_dir: Path, rank: int, e: BaseException) -> None:
+    q = isinstance(e, QwenquantError)
+    message = e.message if q else f"{type(e).__name__}: {e}".splitlines()[0]
+    atomic_write_json(error_file(job_dir, rank), {"type": type(e).__name__, "message": message,
+                                                  "hint": e.hint if q else None, "at_ns": time.time_ns()})
+    if os.environ.get("QWENQUANT_DEBUG") == "1":
+        traceback.print_exception(e, file=sys.stderr)
+    sys.stderr.flush()
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    args = sys.argv[1:] if argv is None else argv
+    job_dir = Path(args[0])
+    rank = int(os.environ.get("RANK", "0"))
+    _die_with_parent()
+    _setup_logging(rank)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        run(json.loads((job_dir / "job.json").read_text()), job_dir)
+    except KeyboardInterrupt:
+        os._exit(130)
+    except QwenquantError as e:
+        _report(job_dir, rank, e)
+        os._exit(e.exit_code)  # no process-group teardown: it can wait forever on a peer that is gone
+    except Exception as e:  # reported with its type and message (the traceback with QWENQUANT_DEBUG=1)
+        _report(job_dir, rank, e)
+        os._exit(1)
+    # Leave without tearing down the process group or the interpreter: a gloo rank has been seen to
+    # abort (SIGABRT, "terminate called without an active exception") in that teardown after all
+    # its work was written, which failed a finished job. Everything is on disk and every rank is
+    # past the final barrier, so nothing is lost.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

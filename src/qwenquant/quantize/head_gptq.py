@@ -1,0 +1,265 @@
+"""Activation-calibrated int4 lm_head: Hessian, row-chunked GPTQ, RTN, packing, config group.
+
+Pure tensor functions; the pipeline owns files. The math follows llm-compressor 0.14's
+`modifiers/gptq/gptq_quantize.py` (same damping, dead-column and RTN-fallback rules, same
+quantize/dequantize rounding), but the Hessian is shared by all rows, so its Cholesky factor
+is computed once and the column sweep runs on `row_chunk` rows at a time: the working copy is
+O(row_chunk * D) instead of the whole 248320 x 5120 head in fp32.
+
+Conventions (compressed-tensors 0.19, symmetric int group quantization, checked in tests):
+  scale = max(|min(w_g)|, |max(w_g)|) / ((qmax - qmin) / 2) = absmax / 7.5 for int4, stored
+  bf16, a zero scale replaced by finfo(bf16).eps; q = round(clamp(w / scale, -8, 7));
+  dequant = q.to(bf16) * scale (bf16); no zero point is stored for symmetric weights.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from qwenquant.modeling.int4 import (  # noqa: F401  (re-exported API)
+    SCALE_DTYPE,
+    QuantizedHead,
+    _check_shapes,
+    _group_scales,
+    _row_chunks,
+    default_device,
+    int_range,
+    rtn_quantize_rows,
+)
+from qwenquant.modeling.head_quality import (  # noqa: F401  (re-exported API)
+    StopForward,
+    capture_final_hidden,
+    compare_heads,
+    head_quality,
+)
+
+if TYPE_CHECKING:
+    from qwenquant.recipe import LmHeadSpec
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]
+
+__all__ = [
+    "HeadQuantSpec",
+    "QuantizedHead",
+    "StopForward",
+    "accumulate_hessian",
+    "capture_final_hidden",
+    "compare_heads",
+    "default_device",
+    "gptq_quantize_rows",
+    "head_config_group",
+    "head_quality",
+    "pack_head",
+    "rtn_quantize_rows",
+]
+
+# matches `lm_head` (HF) and `language_model.lm_head` (vLLM); a bare "lm_head" is not remapped
+LM_HEAD_TARGET = "re:.*lm_head$"
+
+
+@dataclass(frozen=True)
+class HeadQuantSpec:
+    """What the head is quantized to; any object with these attributes is accepted."""
+
+    num_bits: int = 4
+    group_size: int = 128
+    symmetric: bool = True
+    actorder: bool = False
+
+
+@torch.no_grad()
+def accumulate_hessian(
+    H: torch.Tensor | None, hidden: torch.Tensor, n_seen: int
+) -> tuple[torch.Tensor, int]:
+    """Fold a batch of lm_head inputs [..., D] into the running H = 2/N * X^T X (fp32).
+
+    H lives on the device of the first batch; rows are tokens (N counts tokens, not sequences:
+    the scale of H does not change GPTQ's result).
+    """
+    x = hidden.reshape(-1, hidden.shape[-1])
+    m = x.shape[0]
+    if H is None:
+        H = torch.zeros((x.shape[1], x.shape[1]), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return H, n_seen
+    if H.shape != (x.shape[1], x.shape[1]):
+        raise ValueError(f"hidden width {x.shape[1]} does not match Hessian {tuple(H.shape)}")
+    x = x.to(device=H.device, dtype=torch.float32)
+    total = n_seen + m
+    H.mul_(n_seen / total)
+    H.addmm_(x.t(), x, alpha=2.0 / total)
+    return H, total
+
+
+def _factorize(H: torch.Tensor, dampening_frac: float, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Upper Cholesky factor of the damped H^-1, dead-column mask, and the RTN-fallback flag."""
+    H = H.to(device=dev, dtype=torch.float32, copy=True)
+    diag = torch.diagonal(H)
+    dead = diag == 0
+    diag.masked_fill_(dead, 1.0)
+    diag.add_(dampening_frac * diag.mean())
+    # in place, the same calls as llm-compressor's factorize_hessian: one D x D buffer
+    info = torch.empty((), dtype=torch.int32, device=dev)
+    torch.linalg.cholesky_ex(H, check_errors=False, out=(H, info))
+    if int(info) != 0:
+        # llm-compressor falls back to RTN (identity factor) when H is not positive definite
+        log.warning("lm_head Hessian is not positive definite; falling back to round-to-nearest")
+        return torch.eye(H.shape[0], device=dev), dead, True
+    torch.cholesky_inverse(H, out=H)
+    torch.linalg.cholesky(H, upper=True, out=H)
+    return H, dead, False
+
+
+def _gptq_chunk(
+    w: torch.Tensor,
+    Hinv: torch.Tensor,
+    scale: torch.Tensor,
+    col_group: torch.Tensor,
+    qmin: int,
+    qmax: int,
+    block_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Column-blocked GPTQ sweep (Frantar et al. 2022, sec. 3.4) over one fp32 row chunk, in place.
+
+    `col_group[j]` is the scale column of working column j; returns int8 codes in working
+    column order and the per-row loss.
+    """
+    rows, cols = w.shape
+    ints = torch.empty((rows, cols), dtype=torch.int8, device=w.device)
+    loss = torch.zeros(rows, dtype=torch.float32, device=w.device)
+    for i1 in range(0, cols, block_size):
+        i2 = min(i1 + block_size, cols)
+        w1 = w[:, i1:i2]
+        err1 = torch.empty_like(w1)
+        h1 = Hinv[i1:i2, i1:i2]
+        s1 = scale[:, col_group[i1:i2]]
+        s1f = s1.float()
+        for i in range(i2 - i1):
+            col = w1[:, i]
+            q = torch.round(torch.clamp(col / s1f[:, i], qmin, qmax))
+            # dequantize in the scale dtype, as llm-compressor's fake_quantize and vLLM do
+            deq = (q.to(s1.dtype) * s1[:, i]).float()
+            e = (col - deq) / h1[i, i]
+            ints[:, i1 + i] = q.to(torch.int8)
+            err1[:, i] = e
+            w1[:, i:].sub_(e.unsqueeze(1) * h1[i, i:].unsqueeze(0))
+        loss += err1.square().sum(dim=1) / 2
+        if i2 < cols:
+            w[:, i2:].addmm_(err1, Hinv[i1:i2, i2:], alpha=-1.0)
+    return ints, loss
+
+
+@torch.no_grad()
+def gptq_quantize_rows(
+    W: torch.Tensor,
+    H: torch.Tensor,
+    *,
+    num_bits: int = 4,
+    group_size: int = 128,
+    symmetric: bool = True,
+    dampening_frac: float = 0.01,
+    block_size: int = 128,
+    row_chunk: int | None = 8192,
+    actorder: bool = False,
+    device: str | torch.device | None = None,
+    progress: Progress | None = None,
+) -> QuantizedHead:
+    """GPTQ a [V, D] head against one shared Hessian [D, D], `row_chunk` rows at a time.
+
+    Scales are static minmax group scales of the original weights (as llm-compressor's weight
+    observer). Dead columns (H_ii == 0) are zeroed and their diagonal set to 1 before damping.
+    `actorder=True` sweeps columns by descending H_ii (llm-compressor's "static"/"weight"
+    order); groups keep their original columns, so the checkpoint format is unchanged.
+    `row_chunk` None or <= 0 means all rows at once. Results return on the CPU.
+    """
+    _check_shapes(W, num_bits, group_size, symmetric)
+    if H.shape != (W.shape[1], W.shape[1]):
+        raise ValueError(f"Hessian shape {tuple(H.shape)} does not match weight {tuple(W.shape)}")
+    dev = default_device(device)
+    qmin, qmax = int_range(num_bits)
+    cols = W.shape[1]
+
+    perm = None
+    H_work = H
+    if actorder:
+        perm = torch.argsort(torch.diagonal(H), descending=True).to(H.device)
+        H_work = H[perm][:, perm]
+    Hinv, dead, fallback = _factorize(H_work, dampening_frac, dev)
+    col_group = torch.arange(cols, device=dev) // group_size
+    if perm is not None:
+        perm = perm.to(dev)
+        col_group = col_group[perm]
+
+    ints = torch.empty(W.shape, dtype=torch.int8)
+    scales = torch.empty((W.shape[0], cols // group_size), dtype=SCALE_DTYPE)
+    total_loss = 0.0
+    chunks = _row_chunks(W.shape[0], row_chunk)
+    for k, (r0, r1) in enumerate(chunks):
+        # copy=True: the sweep works in place and must never touch the caller's tensor
+        w = W[r0:r1].to(device=dev, dtype=torch.float32, copy=True)
+        s = _group_scales(w, num_bits, group_size)
+        if perm is not None:
+            w = w[:, perm]
+        w.masked_fill_(dead.unsqueeze(0), 0.0)
+        q, loss = _gptq_chunk(w, Hinv, s, col_group, qmin, qmax, block_size)
+        del w
+        if perm is not None:
+            q = torch.empty_like(q).index_copy_(1, perm, q)
+        ints[r0:r1] = q.cpu()
+        scales[r0:r1] = s.cpu()
+        total_loss += float(loss.sum())
+        if progress is not None:
+            progress(k + 1, len(chunks))
+    return QuantizedHead(
+        ints, scales, num_bits, group_size, method="gptq", used_rtn_fallback=fallback, loss=total_loss
+    )
+
+
+def pack_head(q: QuantizedHead, prefix: str = "lm_head") -> dict[str, torch.Tensor]:
+    """Checkpoint tensors in compressed-tensors' pack-quantized layout (symmetric: no zero point).
+
+    `weight_shape` is int64, as compressed-tensors itself writes it (`torch.tensor(weight.shape)`).
+    """
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+    return {
+        f"{prefix}.weight_packed": pack_to_int32(q.int.contiguous(), q.num_bits).contiguous(),
+        f"{prefix}.weight_scale": q.scale.contiguous(),
+        f"{prefix}.weight_shape": torch.tensor(q.shape, dtype=torch.int64),
+    }
+
+
+def head_config_group(spec: HeadQuantSpec | LmHeadSpec | Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The compressed-tensors config group for the head, keyed as llm-compressor 0.14 writes it.
+
+    `spec`: a HeadQuantSpec, a mapping of its fields, or any object with num_bits, group_size,
+    symmetric (and optionally actorder) attributes; None means W4A16 g128.
+    The `re:.*lm_head$` target matches both `lm_head` and vLLM's `language_model.lm_head`.
+    """
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    if spec is None:
+        spec = HeadQuantSpec()
+    elif isinstance(spec, Mapping):
+        spec = HeadQuantSpec(**spec)
+    weights = QuantizationArgs(
+        num_bits=spec.num_bits,
+        type="int",
+        symmetric=spec.symmetric,
+        strategy="group",
+        group_size=spec.group_size,
+        dynamic=False,
+        # what the sweep did; "static" (= "weight") changes calibration only, not the format
+        actorder="static" if getattr(spec, "actorder", False) else None,
+        observer="memoryless_minmax",
+    )
+    target = getattr(spec, "target", None) or LM_HEAD_TARGET
+    scheme = QuantizationScheme(targets=[target], weights=weights, format="pack-quantized")
+    return scheme.model_dump(mode="json")

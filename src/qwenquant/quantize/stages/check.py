@@ -1,0 +1,59 @@
+"""Check stage: the finished checkpoint passes vLLM's load rules and the byte-identity proofs.
+
+Three proofs, all reading headers and raw bytes (no torch): every tensor the recipe does not
+quantize is byte-identical to the source (checkpoint/identity.py), every MTP tensor is
+(stages/mtp.py), and `qwenquant.check` finds nothing vLLM would refuse. Any problem fails the build.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qwenquant.atomic import atomic_write_json
+from qwenquant.errors import CheckError
+from qwenquant.quantize.stage import Stage, StageContext
+
+if TYPE_CHECKING:
+    from qwenquant.recipe import QuantizationSpec
+
+
+def unquantized_problems(artifact: Path, source: Path, quantization: QuantizationSpec, *, head_quantized: bool,
+                         layout: str) -> list[str]:
+    """The byte-identity proof for a finished artifact (text-only names mapped back to the source)."""
+    from qwenquant.checkpoint.identity import prove_unquantized_identical, recipe_quantizes
+    from qwenquant.quantize.stages.textonly import text_only_name
+
+    return prove_unquantized_identical(
+        artifact, source, rename=text_only_name if layout == "text-only" else (lambda n: n),
+        may_quantize=recipe_quantizes(list(quantization.ignore), head_quantized=head_quantized))
+
+
+def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
+    from qwenquant.check import check_artifact
+    from qwenquant.quantize.stages.mtp import verify_mtp
+
+    artifact, recipe = ctx.dir("textonly"), ctx.recipe
+    problems = [f"unquantized-identical: {p}" for p in unquantized_problems(
+        artifact, ctx.source, recipe.quantization, head_quantized=recipe.lm_head.enabled,
+        layout=recipe.artifact.layout)]
+    problems += [f"mtp-identical: {p}" for p in verify_mtp(artifact, ctx.source)]
+    report = check_artifact(artifact)
+    rules: list[str] = []
+    for p in report.findings:
+        problems.append(str(p))
+        rules.append(p.rule)
+    atomic_write_json(out_dir / "check.json", {"problems": problems, "failed_rules": sorted(set(rules)),
+                                               "rules_run": list(report.rules_run) + ["unquantized-identical",
+                                                                                      "mtp-identical"]})
+    if problems:
+        ids = sorted(set(rules) | {p.split(":", 1)[0] for p in problems if p.startswith(("unquantized-", "mtp-"))})
+        raise CheckError(f"the artifact fails {len(problems)} check(s) [{', '.join(ids)}]:\n  " + "\n  ".join(problems[:20]),
+                         hint="fix the cause and re-run `qwenquant quantize` (finished stages are reused)")
+    return {"problems": 0}
+
+
+STAGE = Stage("check",
+              lambda ctx: {"textonly": ctx.digest("textonly"), "source": ctx.digest("source"),
+                           "recipe": ctx.recipe.sha256()},
+              lambda ctx: {"layout": ctx.recipe.artifact.layout}, _run)

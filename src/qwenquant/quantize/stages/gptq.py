@@ -1,0 +1,313 @@
+"""GPTQ stage: the decoder layers' Linears to int4 on the calibration tokens, then prove.
+
+Two engines, chosen by QWENQUANT_GPTQ_ENGINE (`gptq_engine`):
+- `streamed` (default): qwenquant/engine, one decoder layer in memory at a time, resumable per
+  layer; it also leaves the lm_head stage its calibration (engine/headcal.py). Unquantized tensors
+  are copied as the source's raw bytes.
+- `oneshot`: llm-compressor `oneshot` on the whole model. llm-compressor 0.14 wraps every oneshot
+  in `norm_calibration_context`, which rounds each offset-norm weight through bf16 as (1 + w) and
+  back, so the saved norms differ from the source (docs/known-issues.md#norm-rounding); 0.14 has
+  no switch to turn it off, so after the save every tensor the recipe does not quantize is taken
+  back from the source bytes (`restore_plan`) and shards are re-written deterministically.
+Either way `identity.prove_unquantized_identical` checks the output on every build. MTP tensors
+are left out here and grafted by the mtp stage.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qwenquant.atomic import atomic_write_bytes, pretty_json
+from qwenquant.errors import StageError, UsageError
+from qwenquant.checkpoint.identity import quantized_module, prove_unquantized_identical, recipe_quantizes
+from qwenquant.checkpoint.tensorfile import TensorRef, checkpoint_refs, write_checkpoint_tensors
+from qwenquant.hashing import sha256_json
+from qwenquant.quantize.stage import Stage, StageContext
+
+if TYPE_CHECKING:
+    from qwenquant.recipe import QuantizationSpec
+
+log = logging.getLogger(__name__)
+
+MTP_PREFIX = "mtp."
+ENGINES = ("streamed", "oneshot")
+# Side files carried from the source into the artifact (processor files dropped later by text-only).
+CARRY_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+    "merges.txt", "chat_template.jinja", "chat_template.json", "generation_config.json",
+    "preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json", "LICENSE",
+)
+
+
+def set_deterministic(seed: int = 0, threads: int | None = None) -> None:
+    """Seed everything, fix the thread count, prefer deterministic kernels (same bytes on re-run)."""
+    import numpy as np
+    import torch
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.set_num_threads(threads or int(os.environ.get("QWENQUANT_THREADS", "0")) or (os.cpu_count() or 1))
+
+
+def build_modifier(q: QuantizationSpec) -> Any:
+    """The GPTQModifier the recipe's `quantization` section describes (W4A16 preset + overrides)."""
+    from llmcompressor.modifiers.gptq import GPTQModifier
+
+    return GPTQModifier(
+        targets=list(q.targets),
+        scheme=q.scheme,
+        ignore=list(q.ignore),
+        dampening_frac=q.dampening_frac,
+        block_size=q.block_size,
+        actorder=q.actorder,
+    )
+
+
+def restore_plan(saved: Mapping[str, TensorRef], source: Mapping[str, TensorRef]) -> dict[str, TensorRef]:
+    """Pure: the tensors of the GPTQ output, every unquantized one taken from the source bytes.
+
+    Quantization parameters (`*.weight_packed`, `*.weight_scale`, ...) come from the save; any other
+    tensor comes from the source under the same name; `mtp.*` is left to the mtp stage.
+    """
+    out: dict[str, TensorRef] = {}
+    for name, ref in saved.items():
+        if name.startswith(MTP_PREFIX):
+            continue
+        if quantized_module(name) is not None:
+            out[name] = ref
+        elif name in source:
+            out[name] = source[name]
+        else:
+            raise StageError(f"GPTQ output tensor {name} has no source tensor to restore it from",
+                             hint="the source checkpoint and the model llm-compressor saved disagree; file a bug")
+    return out
+
+
+def quantized_config(source_config: dict[str, Any], saved_config: dict[str, Any], ignore: list[str]) -> dict[str, Any]:
+    """Pure: the source config plus llm-compressor's quantization_config, with the recipe's ignore
+    patterns (layout-independent regexes) in place of the expanded module names, and `re:^mtp.*`."""
+    qc = dict(saved_config["quantization_config"])
+    patterns = [p for p in ignore]
+    if "re:^mtp.*" not in patterns:
+        patterns.append("re:^mtp.*")
+    qc["ignore"] = patterns
+    cfg = json.loads(json.dumps(source_config))
+    cfg["quantization_config"] = qc
+    return cfg
+
+
+class _LayerCounter:
+    """A loguru sink: counts modules llm-compressor reports as quantized, feeds a progress callback."""
+
+    _re = re.compile(r"Quantizing (\d+) module")
+
+    def __init__(self, progress: Callable[[int], None] | None) -> None:
+        self.progress = progress
+        self.log = logging.getLogger("qwenquant.llmcompressor")
+
+    def __call__(self, message: Any) -> None:
+        rec = message.record
+        text = rec["message"]
+        level = logging.WARNING if rec["level"].name in ("WARNING", "ERROR", "CRITICAL") else logging.DEBUG
+        self.log.log(level, "%s", text)
+        m = self._re.search(text)
+        if m and self.progress:
+            self.progress(int(m.group(1)))
+
+
+def count_targets(model: Any, q: QuantizationSpec) -> int:
+    """How many Linear modules the modifier will quantize (for the progress bar)."""
+    import torch
+
+    from qwenquant.checkpoint.identity import matches
+
+    n = 0
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and not any(matches(p, name) for p in q.ignore):
+            if name.startswith(MTP_PREFIX):
+                continue
+            n += 1
+    return n
+
+
+def run_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, out_dir: Path, *, max_shard_bytes: int,
+             device: str, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Quantize the body into `out_dir` (a fresh folder); return stage info. Raises StageError."""
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # tokenization is done; silences a warning
+    set_deterministic()
+    import torch
+    import transformers
+    from datasets import Dataset
+    from loguru import logger as loguru_logger
+
+    from llmcompressor import oneshot
+
+    if not q.restore_unquantized:
+        raise StageError("quantization.restore_unquantized: false is not supported: llm-compressor 0.14 rounds "
+                         "offset-norm weights, and every build proves unquantized tensors byte-identical",
+                         hint="set quantization.restore_unquantized: true (the default)")
+    source_dir = Path(source_dir)
+    src_cfg = json.loads((source_dir / "config.json").read_text())
+    arch = (src_cfg.get("architectures") or ["Qwen3_5ForConditionalGeneration"])[0]
+    model_cls = getattr(transformers, arch, None)
+    if model_cls is None:
+        raise StageError(f"transformers has no model class {arch}", hint="upgrade transformers (see constraints/quant.txt)")
+    model = model_cls.from_pretrained(str(source_dir), dtype="auto")
+    model.eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(source_dir))
+    total = count_targets(model, q)
+    done = [0]
+
+    def tick(k: int) -> None:
+        done[0] += k
+        if progress:
+            progress(done[0], total)
+
+    ds = Dataset.from_dict({"input_ids": samples, "attention_mask": [[1] * len(s) for s in samples]})
+    loguru_logger.remove()
+    sink = loguru_logger.add(_LayerCounter(tick), level="DEBUG")
+    # transformers warns about offloaded modules on every compressed save; nothing is offloaded here
+    warnings.filterwarnings("ignore", message="Attempting to save a model with offloaded modules")
+    raw = out_dir / ".llmcompressor-save"
+    try:
+        oneshot(
+            model=model, processor=tokenizer, dataset=ds, recipe=build_modifier(q),
+            sequential_targets=list(q.sequential_targets), pipeline="sequential",
+            num_calibration_samples=len(samples), max_seq_length=max(len(s) for s in samples),
+            shuffle_calibration_samples=False, batch_size=1,
+        )
+        model.save_pretrained(str(raw), save_compressed=True)
+    finally:
+        loguru_logger.remove(sink)
+    del model
+    if device == "cuda" and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+    saved_cfg = json.loads((raw / "config.json").read_text())
+    tensors = restore_plan(checkpoint_refs(raw), checkpoint_refs(source_dir))
+    write_checkpoint_tensors(out_dir, tensors, max_shard_bytes)
+    shutil.rmtree(raw)
+    finish_output(source_dir, out_dir, q, saved_cfg["quantization_config"])
+    quantized = sorted({m for n in tensors if (m := quantized_module(n))})
+    log.info("gptq: %d Linear modules quantized; %d unquantized tensors byte-identical to the source",
+             len(quantized), sum(1 for n in tensors if quantized_module(n) is None))
+    return {"quantized_modules": len(quantized), "tensors": len(tensors)}
+
+
+def finish_output(source_dir: Path, out_dir: Path, q: QuantizationSpec, quantization_config: dict[str, Any]) -> None:
+    """Write config.json (source config + `quantization_config`) and the side files into `out_dir`,
+    then prove every tensor the recipe does not quantize byte-identical to the source."""
+    src_cfg = json.loads((Path(source_dir) / "config.json").read_text())
+    config = quantized_config(src_cfg, {"quantization_config": quantization_config}, list(q.ignore))
+    atomic_write_bytes(out_dir / "config.json", pretty_json(config))
+    carry_side_files(source_dir, out_dir)
+    problems = prove_unquantized_identical(
+        out_dir, source_dir, rename=lambda n: n,
+        may_quantize=recipe_quantizes(list(q.ignore), head_quantized=False),
+        skip_source=lambda n: n.startswith(MTP_PREFIX))
+    if problems:
+        raise StageError("GPTQ output: tensors the recipe does not quantize differ from the source:\n  "
+                         + "\n  ".join(problems[:20]), hint="this is a bug in the gptq stage; file it with the log")
+
+
+def carry_side_files(source_dir: Path, out_dir: Path) -> list[str]:
+    """Copy tokenizer, chat template, generation and processor configs from the source."""
+    carried = []
+    for name in CARRY_FILES:
+        p = Path(source_dir) / name
+        if p.is_file():
+            atomic_write_bytes(Path(out_dir) / name, p.read_bytes())
+            carried.append(name)
+    return carried
+
+
+def gptq_engine() -> str:
+    """`streamed` (layer by layer, resumable; qwenquant/engine) or `oneshot` (llm-compressor whole-model),
+    from QWENQUANT_GPTQ_ENGINE."""
+    name = os.environ.get("QWENQUANT_GPTQ_ENGINE", "streamed")
+    if name not in ENGINES:
+        raise UsageError(f"QWENQUANT_GPTQ_ENGINE must be streamed or oneshot, got {name!r}",
+                         hint="unset QWENQUANT_GPTQ_ENGINE to use the streamed engine")
+    return name
+
+
+def heldout_fraction(ctx: StageContext) -> float:
+    """The share of calibration samples the lm_head stage keeps for its quality report (the
+    streamed engine calibrates the head in its own pass, so its output depends on it)."""
+    return ctx.recipe.lm_head.heldout_fraction if ctx.recipe.lm_head.enabled else 0.0
+
+
+def rank_fields(ranks: int) -> dict[str, int]:
+    """Pure: what the record says about the process count. The Hessian sum's association differs
+    with the count, so its bits (and the int4 codes) may too: recorded, but only when above one,
+    so one-process records, manifests and root digests stay as they were."""
+    return {"ranks": ranks} if ranks > 1 else {}
+
+
+def _inputs(ctx: StageContext) -> dict[str, str]:
+    return {"source": ctx.digest("source"), "calibration": ctx.digest("calibration"),
+            "quantization": sha256_json(ctx.recipe.quantization.model_dump(mode="json")),
+            "artifact": sha256_json(ctx.recipe.artifact.model_dump(mode="json")), "device": ctx.device,
+            "engine": gptq_engine(), "heldout": str(heldout_fraction(ctx)),
+            **{k: str(v) for k, v in rank_fields(ctx.ranks).items()}}
+
+
+def _params(ctx: StageContext) -> dict[str, Any]:
+    return {"quantization": ctx.recipe.quantization.model_dump(mode="json"), "device": ctx.device,
+            **rank_fields(ctx.ranks)}
+
+
+def _run_streamed(ctx: StageContext, samples: list[list[int]], out_dir: Path) -> dict[str, Any]:
+    from qwenquant.quantize.engine.build import discard_layers, run_streamed_gptq
+    from qwenquant.quantize.engine.quantize import quantization_config, resolve_scheme
+    from qwenquant.quantize.engine.run import ENGINE_VERSION
+    from qwenquant.quantize.stages.lm_head import split_heldout
+
+    q = ctx.recipe.quantization
+    layers_root = ctx.work / "gptq-layers"
+    # what every layer record depends on (the held-out split only shapes the head calibration)
+    fingerprint = sha256_json({"source": ctx.digest("source"), "calibration": ctx.digest("calibration"),
+                               "quantization": q.model_dump(mode="json"), "device": ctx.device,
+                               "engine": ENGINE_VERSION, **rank_fields(ctx.ranks)})
+    if ctx.ranks > len(samples):
+        raise UsageError(f"--gpus {ctx.ranks} but the calibration set has {len(samples)} samples: every process "
+                         "needs at least one", hint=f"pass --gpus {len(samples)} or fewer, or calibrate on more samples")
+    _, held = split_heldout(len(samples), heldout_fraction(ctx))
+    info = run_streamed_gptq(ctx.source, samples, q, out_dir, heldout=held,
+                             max_shard_bytes=ctx.recipe.artifact.max_shard_bytes, layers_root=layers_root,
+                             fingerprint=fingerprint, device=ctx.device, progress=ctx.progress_for("gptq layers"),
+                             ranks=ctx.ranks)
+    finish_output(ctx.source, out_dir, q, quantization_config(resolve_scheme(q)))
+    discard_layers(layers_root)
+    return info
+
+
+def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
+    from qwenquant.quantize.stages.calibration import load_tokens
+
+    samples = load_tokens(ctx.dir("calibration"))
+    set_deterministic()
+    if gptq_engine() == "streamed":
+        return _run_streamed(ctx, samples, out_dir)
+    if ctx.ranks > 1:
+        raise UsageError(f"--gpus {ctx.ranks} runs the streamed engine; QWENQUANT_GPTQ_ENGINE=oneshot is one process",
+                         hint="unset QWENQUANT_GPTQ_ENGINE, or drop --gpus")
+    return run_gptq(ctx.source, samples, ctx.recipe.quantization, out_dir,
+                    max_shard_bytes=ctx.recipe.artifact.max_shard_bytes, device=ctx.device,
+                    progress=ctx.progress_for("gptq layers"))
+
+
+STAGE = Stage("gptq", _inputs, _params, _run, builds_checkpoint=True)

@@ -1,0 +1,173 @@
+"""lm_head stage: activation-calibrated int4 head (the math: quant/head_gptq.py, quant/head_quality.py).
+
+Final-norm hidden states over the calibration tokens feed the head's Hessian; `heldout_fraction`
+of the samples (the last ones, deterministic) are kept back for the quality report (KL and top-1
+against the bf16 head, GPTQ vs RTN). The streamed gptq engine computes both in its own pass and
+leaves them in the gptq stage folder (engine/headcal.py): this stage's first step reads them
+there. Only after the oneshot engine, which leaves none, is the whole model loaded to capture them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qwenquant.errors import StageError
+from qwenquant.checkpoint.assemble import current_plan, derive_checkpoint, read_config, torch_raw
+from qwenquant.checkpoint.tensorfile import checkpoint_refs
+from qwenquant.hashing import sha256_json
+from qwenquant.quantize.stage import Stage, StageContext
+
+if TYPE_CHECKING:
+    from qwenquant.quantize.engine.headcal import HeadCalibration
+    from qwenquant.recipe import LmHeadSpec
+
+log = logging.getLogger(__name__)
+
+HEAD = "lm_head"
+
+
+def split_heldout(n: int, fraction: float) -> tuple[list[int], list[int]]:
+    """Pure: (calibration indices, held-out indices); the last round(n * fraction) samples, at
+    least one when fraction > 0 and n > 1, are held out."""
+    held = 0 if fraction <= 0 or n < 2 else min(n - 1, max(1, round(n * fraction)))
+    return list(range(n - held)), list(range(n - held, n))
+
+
+def head_quant_config(config: dict[str, Any], group: dict[str, Any]) -> dict[str, Any]:
+    """Pure: config with the head's config group added (next free `group_N`) and lm_head un-ignored."""
+    import copy
+
+    out = copy.deepcopy(config)
+    qc = out["quantization_config"]
+    groups = qc.setdefault("config_groups", {})
+    for name, g in list(groups.items()):
+        if g.get("targets") == group.get("targets"):
+            del groups[name]
+    i = 0
+    while f"group_{i}" in groups:
+        i += 1
+    groups[f"group_{i}"] = group
+    qc["ignore"] = [p for p in (qc.get("ignore") or []) if p not in ("lm_head", "re:.*lm_head$", "language_model.lm_head")]
+    return out
+
+
+def _load_model(source_dir: Path, device: str) -> Any:
+    import transformers
+
+    cfg = read_config(source_dir)
+    arch = (cfg.get("architectures") or ["Qwen3_5ForConditionalGeneration"])[0]
+    cls = getattr(transformers, arch)
+    kwargs: dict[str, Any] = {"dtype": "auto"}
+    if device == "cuda":
+        kwargs["device_map"] = "auto"  # spills to CPU what does not fit on the GPU
+    model = cls.from_pretrained(str(source_dir), **kwargs)
+    return model.eval()
+
+
+def _capture_from_model(source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, device: str) -> HeadCalibration:
+    """Final hidden states from the whole original-precision model (after the oneshot engine)."""
+    import torch
+
+    from qwenquant.quantize.engine.headcal import HeadCalibration
+    from qwenquant.quantize import head_gptq as lh
+
+    calib_idx, held_idx = split_heldout(len(samples), spec.heldout_fraction)
+    model = _load_model(source_dir, device)
+    H: torch.Tensor | None = None
+    n_tokens = 0
+    held: list[torch.Tensor] = []
+
+    def fold(hidden: torch.Tensor) -> None:
+        nonlocal H, n_tokens
+        H, n_tokens = lh.accumulate_hessian(H, hidden.float().to(device), n_tokens)
+
+    def batches(idx: list[int]) -> Any:
+        for i in idx:
+            yield {"input_ids": torch.tensor([samples[i]], dtype=torch.long)}
+
+    lh.capture_final_hidden(model, batches(calib_idx), fold)
+    if held_idx:
+        lh.capture_final_hidden(model, batches(held_idx), lambda h: held.append(h.float().cpu()))
+    del model
+    if H is None:
+        raise StageError("no calibration tokens reached lm_head", hint="check the calibration set")
+    return HeadCalibration(H, n_tokens, torch.cat(held) if held else None, len(held_idx))
+
+
+def _quality(spec: LmHeadSpec, report: dict[str, Any] | None, cal: HeadCalibration, fallback: bool) -> dict[str, Any]:
+    """The quality report the record, the manifest and qwenquant-quality.json keep."""
+    pick = (lambda k: report[k]) if report else (lambda k: None)
+    return {"lm_head": {
+        "method": spec.method, "rtn": pick("rtn"), "gptq": pick("gptq"), "kl_reduction_pct": pick("kl_reduction_pct"),
+        "calibration_tokens": int(cal.tokens),
+        "heldout_tokens": int(cal.heldout.shape[0]) if cal.heldout is not None else 0,
+        "heldout_samples": cal.heldout_samples,
+        "evaluated_on": "heldout" if report else "none",
+        "used_rtn_fallback": bool(fallback),
+    }}
+
+
+def run_head(source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, prev_dir: Path, out_dir: Path, *,
+             device: str, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Quantize lm_head into `out_dir` (= `prev_dir` with the head packed); return the quality report."""
+    import torch
+
+    from qwenquant.quantize.engine import headcal
+    from qwenquant.quantize import head_gptq as lh
+    from qwenquant.quantize.stages.gptq import set_deterministic
+
+    set_deterministic()
+    cal = headcal.load(prev_dir)  # the streamed gptq engine calibrated the head in its own pass
+    if cal is None:
+        cal = _capture_from_model(source_dir, samples, spec, device)
+    ref = checkpoint_refs(source_dir)[f"{HEAD}.weight"]
+    W = torch.frombuffer(ref.read_bytearray(), dtype=torch.bfloat16 if ref.dtype == "BF16" else torch.float32)
+    W = W.reshape(ref.shape)
+    common = dict(num_bits=spec.num_bits, group_size=spec.group_size, symmetric=spec.symmetric,
+                  row_chunk=spec.row_chunk, device=device)
+    q_gptq = lh.gptq_quantize_rows(W, cal.hessian.to(device), dampening_frac=spec.dampening_frac,
+                                   block_size=spec.block_size, progress=progress, **common)
+    q_rtn = lh.rtn_quantize_rows(W, **common)
+    report = None if cal.heldout is None else lh.compare_heads(W, q_rtn, q_gptq, cal.heldout, device=device)
+    quality = _quality(spec, report, cal, q_gptq.used_rtn_fallback)
+    if report and spec.require_better_than_rtn and spec.method == "gptq" and report["gptq"]["kl"] >= report["rtn"]["kl"]:
+        raise StageError(
+            f"lm_head GPTQ is not better than RTN on held-out tokens (KL {report['gptq']['kl']:.6g} >= "
+            f"{report['rtn']['kl']:.6g})", hint="use more calibration samples, or set lm_head.require_better_than_rtn: false")
+    chosen = q_gptq if spec.method == "gptq" else q_rtn
+    packed = {n: torch_raw(n, t) for n, t in lh.pack_head(chosen, prefix=HEAD).items()}
+
+    plan = current_plan(prev_dir)
+    for shard, tensors in plan.items():
+        if f"{HEAD}.weight" in tensors:
+            del tensors[f"{HEAD}.weight"]
+            tensors.update(packed)
+            break
+    else:
+        raise StageError("the GPTQ output has no lm_head.weight", hint="re-run with a fresh --work folder")
+    config = head_quant_config(read_config(prev_dir), lh.head_config_group(spec))
+    derive_checkpoint(prev_dir, out_dir, plan, config)
+    return quality
+
+
+def _inputs(ctx: StageContext) -> dict[str, str]:
+    return {"source": ctx.digest("source"), "calibration": ctx.digest("calibration"), "gptq": ctx.digest("gptq"),
+            "lm_head": sha256_json(ctx.recipe.lm_head.model_dump(mode="json")), "device": ctx.device}
+
+
+def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
+    prev = ctx.dir("gptq")
+    if not ctx.recipe.lm_head.enabled:
+        derive_checkpoint(prev, out_dir, current_plan(prev), read_config(prev))
+        return {"lm_head": {"method": "none"}}
+    from qwenquant.quantize.stages.calibration import load_tokens
+
+    return run_head(ctx.source, load_tokens(ctx.dir("calibration")), ctx.recipe.lm_head, prev, out_dir,
+                    device=ctx.device, progress=ctx.progress_for("lm_head row chunks"))
+
+
+STAGE = Stage("lm_head", _inputs, lambda ctx: {"lm_head": ctx.recipe.lm_head.model_dump(mode="json"), "device": ctx.device},
+              _run, builds_checkpoint=True)
