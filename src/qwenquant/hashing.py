@@ -1,4 +1,11 @@
-"""File digests: sha256 (LFS, manifests) and git blob sha1 (small Hub files), hashed in parallel."""
+"""Digests: files (sha256 for LFS files and manifests, git blob sha1 for small Hub files, hashed in
+parallel), canonical JSON, and the self-hashed JSON formats.
+
+Self-hashed formats carry a digest of their own body under one field: the stage record and the
+layer record (`record_sha256`), each stage entry of the manifest (`content_sha256`) and the
+manifest (`manifest_self_digest`). Root digests name a whole file list; the fetch record's and the
+manifest's formulas differ and are kept as they are (published digests depend on them).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from qwenquant.atomic import canonical_json
 
@@ -29,17 +36,6 @@ def sha256_json(obj: Any) -> str:
     return hashlib.sha256(canonical_json(obj)).hexdigest()
 
 
-def git_blob_sha1(path: Path) -> str:
-    """The git blob id of a file: sha1(b"blob <size>\\0" + content)."""
-    size = os.path.getsize(path)
-    h = hashlib.sha1()
-    h.update(f"blob {size}\0".encode())
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def git_blob_sha1_bytes(data: bytes) -> str:
     return hashlib.sha1(f"blob {len(data)}\0".encode() + data).hexdigest()
 
@@ -53,3 +49,33 @@ def sha256_files(
     with ThreadPoolExecutor(max_workers=workers) as pool:
         digests = list(pool.map(lambda p: sha256_file(p, progress), paths))
     return dict(zip(paths, digests))
+
+
+def self_digest(body: Mapping[str, Any], field: str) -> str:
+    """The self digest of a self-hashed JSON body: sha256 of its canonical JSON without `field`."""
+    return sha256_json({k: v for k, v in body.items() if k != field})
+
+
+def seal(body: Mapping[str, Any], field: str) -> dict[str, Any]:
+    """A copy of `body` with its self digest under `field`."""
+    return {**body, field: self_digest(body, field)}
+
+
+def is_sealed(body: Any, field: str) -> bool:
+    """Does `body` (parsed JSON of any shape) carry a `field` equal to its own self digest?"""
+    return isinstance(body, dict) and isinstance(body.get(field), str) and body[field] == self_digest(body, field)
+
+
+def snapshot_root_digest(files: Iterable[Mapping[str, Any]]) -> str:
+    """The fetch record's root digest: sha256 over the sorted `{sha256}  {path}\\n` lines."""
+    lines = "".join(f"{f['sha256']}  {f['path']}\n" for f in sorted(files, key=lambda f: f["path"]))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def artifact_root_digest(files: Iterable[Any]) -> str:
+    """The manifest's root digest: sha256 over the lines `{path}\\0{sha256}\\n` sorted by path
+    (items with `.path` and `.sha256` attributes)."""
+    h = hashlib.sha256()
+    for f in sorted(files, key=lambda f: f.path):
+        h.update(f"{f.path}\0{f.sha256}\n".encode())
+    return h.hexdigest()

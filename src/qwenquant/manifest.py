@@ -7,7 +7,6 @@ manifest body (recipe, source, stages, ...), so an edit anywhere shows up in `ve
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -18,7 +17,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from qwenquant.atomic import atomic_write_bytes, canonical_json
 from qwenquant.errors import VerificationError
-from qwenquant.hashing import sha256_files, sha256_json
+from qwenquant.hashing import artifact_root_digest, self_digest, sha256_files, sha256_json
 
 log = logging.getLogger(__name__)
 
@@ -76,17 +75,13 @@ class Manifest:
 
 
 def compute_root_digest(files: Iterable[FileDigest]) -> str:
-    """sha256 over the sorted lines `"{path}\\0{sha256}\\n"`."""
-    h = hashlib.sha256()
-    for f in sorted(files, key=lambda f: f.path):
-        h.update(f"{f.path}\0{f.sha256}\n".encode())
-    return h.hexdigest()
+    """The root digest over the file list (formula: hashing.artifact_root_digest)."""
+    return artifact_root_digest(files)
 
 
 def manifest_self_digest(body: dict[str, Any]) -> str:
     """sha256 of the canonical JSON of the manifest body (without `manifest_self_digest`)."""
-    body = {k: v for k, v in body.items() if k != "manifest_self_digest"}
-    return sha256_json(body)
+    return self_digest(body, "manifest_self_digest")
 
 
 def list_artifact_files(artifact_dir: Path) -> dict[str, Path]:

@@ -22,6 +22,7 @@ from qwenquant.checkpoint.header import (
     load_index_json,
     read_header,
 )
+from qwenquant.checkpoint.config import text_config
 from qwenquant.checkpoint.tensorfile import TensorRef, header_refs
 
 log = logging.getLogger(__name__)
@@ -86,8 +87,7 @@ class ArtifactFacts:
     # -- derived views -----------------------------------------------------------------------
     @property
     def text_config(self) -> dict[str, Any]:
-        tc = self.config.get("text_config")
-        return tc if isinstance(tc, dict) else self.config
+        return text_config(self.config)
 
     @property
     def layout(self) -> Optional[str]:

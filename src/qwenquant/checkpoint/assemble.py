@@ -8,7 +8,6 @@ written (deterministically, see tensorfile) when not. Side files are linked the 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 from collections.abc import Callable, Iterable, Mapping
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenquant.atomic import atomic_write_bytes, pretty_json
+from qwenquant.checkpoint.config import CONFIG_NAME, read_weight_map
 from qwenquant.checkpoint.header import INDEX_NAME
 from qwenquant.checkpoint.tensorfile import RawTensor, TensorRef, checkpoint_refs, shard_refs, write_index, write_shard
 
@@ -36,9 +36,9 @@ def link_or_copy(src: Path, dst: Path) -> None:
 
 def weight_map(folder: Path) -> dict[str, str]:
     """tensor name -> shard file name, from the index (or from the shards when there is none)."""
-    idx = Path(folder) / INDEX_NAME
-    if idx.exists():
-        return dict(json.loads(idx.read_text())["weight_map"])
+    mapped = read_weight_map(folder)
+    if mapped is not None:
+        return mapped
     out: dict[str, str] = {}
     for shard in sorted(Path(folder).glob("*.safetensors")):
         for n in shard_refs(shard):
@@ -87,7 +87,7 @@ def write_plan(prev_dir: Path, out_dir: Path, plan: ShardPlan) -> dict[str, str]
 
 def carry_files(prev_dir: Path, out_dir: Path, *, drop: Iterable[str] = ()) -> list[str]:
     """Link every non-tensor file of `prev_dir` (except the index, config and `drop`) into `out_dir`."""
-    skip = set(drop) | {INDEX_NAME, "config.json"}
+    skip = set(drop) | {INDEX_NAME, CONFIG_NAME}
     carried = []
     for p in sorted(Path(prev_dir).iterdir()):
         if p.is_file() and not p.name.startswith(".") and p.suffix != ".safetensors" and p.name not in skip:
@@ -102,10 +102,6 @@ def derive_checkpoint(prev_dir: Path, out_dir: Path, plan: ShardPlan, config: di
     write_plan(prev_dir, out_dir, plan)
     carry_files(prev_dir, out_dir, drop=drop_files)
     atomic_write_bytes(Path(out_dir) / "config.json", pretty_json(config))
-
-
-def read_config(folder: Path) -> dict[str, Any]:
-    return json.loads((Path(folder) / "config.json").read_text())
 
 
 def torch_raw(name: str, t: Any) -> RawTensor:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwenquant.atomic import atomic_write_bytes, atomic_writer, pretty_json
+from qwenquant.checkpoint.config import read_weight_map
 from qwenquant.checkpoint.header import INDEX_NAME, SafetensorsHeader, read_header
 
 @dataclass(frozen=True)
@@ -91,10 +92,9 @@ def shard_refs(path: Path) -> dict[str, TensorRef]:
 def checkpoint_shards(folder: Path) -> list[Path]:
     """The safetensors files of a checkpoint: those named by its index, else every *.safetensors."""
     folder = Path(folder)
-    idx = folder / INDEX_NAME
-    if idx.exists():
-        names = sorted(set(json.loads(idx.read_text())["weight_map"].values()))
-        return [folder / n for n in names]
+    mapped = read_weight_map(folder)
+    if mapped is not None:
+        return [folder / n for n in sorted(set(mapped.values()))]
     return sorted(folder.glob("*.safetensors"))
 
 

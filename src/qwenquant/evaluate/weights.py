@@ -7,30 +7,17 @@ config group that targets the module, so both arms of an eval run the same dense
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from qwenquant.checkpoint.names import LM_PREFIX
+from qwenquant.checkpoint.config import read_config, text_config  # noqa: F401  (used by evaluate/*)
 from qwenquant.errors import QwenquantError
 
-LM_PREFIX = "model.language_model."
 PACK_SUFFIXES = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point")
-
-
-def read_config(folder: Path) -> dict[str, Any]:
-    """config.json of `folder`, or a QwenquantError naming it."""
-    path = Path(folder) / "config.json"
-    if not path.is_file():
-        raise QwenquantError(f"{folder} has no config.json", hint="pass a checkpoint or artifact folder")
-    return json.loads(path.read_text())
-
-
-def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The text model's config: `text_config` of a multimodal config, else the config itself."""
-    return dict(config.get("text_config") or config)
 
 
 def normalize_name(name: str) -> str | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -11,15 +10,14 @@ from typing import Any, Callable
 
 from qwenquant.errors import VerificationError
 from qwenquant.fetch.selection import RECORD_NAME, STAGING_NAME
-from qwenquant.hashing import sha256_files
+from qwenquant.hashing import sha256_files, snapshot_root_digest
 
 SCHEMA_VERSION = 1
 
 
 def root_digest(files: list[dict[str, Any]]) -> str:
-    """sha256 over the sorted `sha256  path` lines: one digest naming the whole snapshot."""
-    lines = "".join(f"{f['sha256']}  {f['path']}\n" for f in sorted(files, key=lambda f: f["path"]))
-    return hashlib.sha256(lines.encode()).hexdigest()
+    """One digest naming the whole snapshot (formula: hashing.snapshot_root_digest)."""
+    return snapshot_root_digest(files)
 
 
 def load_fetch_record(out_dir: Path) -> dict[str, Any]:

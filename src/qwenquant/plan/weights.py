@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from qwenquant.checkpoint.config import text_config
 from qwenquant.checkpoint.tensorfile import TensorSpec
 from qwenquant.errors import ServeError, UsageError
 
@@ -87,11 +88,6 @@ class ModelShape:
     @property
     def multimodal(self) -> bool:
         return any("ConditionalGeneration" in a for a in self.architectures)
-
-
-def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The text part of a (possibly multimodal) config."""
-    return config.get("text_config") or config
 
 
 def model_shape(config: Mapping[str, Any]) -> ModelShape:

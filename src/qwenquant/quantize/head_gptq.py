@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from qwenquant.checkpoint.names import LM_HEAD_TARGET
 from qwenquant.modeling.int4 import (  # noqa: F401  (re-exported API)
     SCALE_DTYPE,
     QuantizedHead,
@@ -60,8 +61,6 @@ __all__ = [
     "rtn_quantize_rows",
 ]
 
-# matches `lm_head` (HF) and `language_model.lm_head` (vLLM); a bare "lm_head" is not remapped
-LM_HEAD_TARGET = "re:.*lm_head$"
 
 
 @dataclass(frozen=True)

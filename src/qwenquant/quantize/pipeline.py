@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from qwenquant.atomic import atomic_write_bytes, pretty_json, staging_dir
 from qwenquant.errors import StageError
-from qwenquant.hashing import sha256_json
+from qwenquant.hashing import seal
 from qwenquant.quantize.records import StageRunner, clean_partials, work_lock
 from qwenquant.quantize.stage import Progress, StageContext
 
@@ -139,7 +139,7 @@ def manifest_stage(record: dict[str, Any]) -> dict[str, Any]:
     """A stage record as the manifest keeps it: no timestamps (a resumed run writes the same
     manifest bytes as an uninterrupted one), plus a digest of exactly what is kept."""
     kept = {k: record[k] for k in MANIFEST_STAGE_FIELDS}
-    return {**kept, "content_sha256": sha256_json(kept)}
+    return seal(kept, "content_sha256")
 
 
 def manifest_fields(runner: StageRunner, recipe: Recipe) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from typing import Any
 
 from qwenquant.atomic import atomic_write_bytes, canonical_json, exclusive_lock, pretty_json, staging_dir
 from qwenquant.errors import StageError
-from qwenquant.hashing import sha256_file, sha256_json
+from qwenquant.hashing import self_digest, sha256_file, sha256_json
 
 log = logging.getLogger("qwenquant.quantize.pipeline")
 
@@ -37,7 +37,7 @@ _RECORD_FIELDS = {"schema_version": int, "stage": str, "status": str, "inputs": 
 
 def record_digest(body: dict[str, Any]) -> str:
     """The self-hash of a record: sha256 of the canonical JSON without `record_sha256`."""
-    return sha256_json({k: v for k, v in body.items() if k != "record_sha256"})
+    return self_digest(body, "record_sha256")
 
 
 def outputs_digest(record: dict[str, Any]) -> str:

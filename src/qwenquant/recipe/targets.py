@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-LM_HEAD_TARGET = "re:.*lm_head$"
+from qwenquant.checkpoint.names import LM_HEAD_TARGET  # noqa: F401  (re-exported by qwenquant.recipe)
 
 
 def _matches(entry: str, module: str) -> bool:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qwenquant.checkpoint.names import MTP_PREFIX
 from qwenquant.errors import UsageError
 
 if TYPE_CHECKING:
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MTP_PREFIX = "mtp."
 GPU_CAP_ENV = "QWENQUANT_MAX_GPU_MEM"
 
 

@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenquant.atomic import atomic_write_bytes, pretty_json
-from qwenquant.hashing import sha256_file
-from qwenquant.hashing import sha256_json
+from qwenquant.hashing import is_sealed, seal, sha256_file
 from qwenquant.checkpoint.tensorfile import RawTensor, TensorRef, shard_refs, write_shard
 
 RECORD = "record.json"
@@ -31,10 +30,6 @@ def layer_dir(root: Path, i: int) -> Path:
     return Path(root) / f"layer-{i:05d}"
 
 
-def _body_digest(body: Mapping[str, Any]) -> str:
-    return sha256_json({k: v for k, v in body.items() if k != "record_sha256"})
-
-
 def write_layer(root: Path, i: int, tensors: Mapping[str, RawTensor | TensorRef], fingerprint: str) -> Path:
     """Persist layer i's artifact tensors, then its self-hashed record; return the tensors file."""
     d = layer_dir(root, i)
@@ -44,8 +39,7 @@ def write_layer(root: Path, i: int, tensors: Mapping[str, RawTensor | TensorRef]
     body: dict[str, Any] = {"schema_version": SCHEMA, "layer": i, "fingerprint": fingerprint,
                             "file": TENSORS, "sha256": sha256_file(d / TENSORS),
                             "size": (d / TENSORS).stat().st_size, "tensors": sorted(tensors)}
-    body["record_sha256"] = _body_digest(body)
-    atomic_write_bytes(d / RECORD, pretty_json(body))
+    atomic_write_bytes(d / RECORD, pretty_json(seal(body, "record_sha256")))
     return d / TENSORS
 
 
@@ -58,7 +52,7 @@ def check_layer(root: Path, i: int, fingerprint: str) -> str | None:
         return "no record"
     except (ValueError, UnicodeDecodeError):
         return "record is not valid JSON"
-    if not isinstance(body, dict) or body.get("record_sha256") != _body_digest(body):
+    if not is_sealed(body, "record_sha256"):
         return "record fails its self-hash"
     if body.get("schema_version") != SCHEMA or body.get("layer") != i:
         return "record is for another layer or format"

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qwenquant.checkpoint.names import MTP_IGNORE, MTP_PREFIX
 from qwenquant.atomic import atomic_write_bytes, pretty_json
 from qwenquant.errors import StageError, UsageError
 from qwenquant.checkpoint.identity import quantized_module, prove_unquantized_identical, recipe_quantizes
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MTP_PREFIX = "mtp."
 ENGINES = ("streamed", "oneshot")
 # Side files carried from the source into the artifact (processor files dropped later by text-only).
 CARRY_FILES = (
@@ -100,8 +100,8 @@ def quantized_config(source_config: dict[str, Any], saved_config: dict[str, Any]
     patterns (layout-independent regexes) in place of the expanded module names, and `re:^mtp.*`."""
     qc = dict(saved_config["quantization_config"])
     patterns = [p for p in ignore]
-    if "re:^mtp.*" not in patterns:
-        patterns.append("re:^mtp.*")
+    if MTP_IGNORE not in patterns:
+        patterns.append(MTP_IGNORE)
     qc["ignore"] = patterns
     cfg = json.loads(json.dumps(source_config))
     cfg["quantization_config"] = qc

@@ -14,8 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qwenquant.checkpoint.names import LM_HEAD_TARGET
 from qwenquant.errors import StageError
-from qwenquant.checkpoint.assemble import current_plan, derive_checkpoint, read_config, torch_raw
+from qwenquant.checkpoint.config import read_config
+from qwenquant.checkpoint.assemble import current_plan, derive_checkpoint, torch_raw
 from qwenquant.checkpoint.tensorfile import checkpoint_refs
 from qwenquant.hashing import sha256_json
 from qwenquant.quantize.stage import Stage, StageContext
@@ -50,7 +52,7 @@ def head_quant_config(config: dict[str, Any], group: dict[str, Any]) -> dict[str
     while f"group_{i}" in groups:
         i += 1
     groups[f"group_{i}"] = group
-    qc["ignore"] = [p for p in (qc.get("ignore") or []) if p not in ("lm_head", "re:.*lm_head$", "language_model.lm_head")]
+    qc["ignore"] = [p for p in (qc.get("ignore") or []) if p not in ("lm_head", LM_HEAD_TARGET, "language_model.lm_head")]
     return out
 
 

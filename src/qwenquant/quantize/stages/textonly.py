@@ -13,13 +13,14 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from qwenquant.checkpoint.assemble import current_plan, derive_checkpoint, map_plan, read_config
+from qwenquant.checkpoint.names import LM_PREFIX
+from qwenquant.checkpoint.config import read_config
+from qwenquant.checkpoint.assemble import current_plan, derive_checkpoint, map_plan
 from qwenquant.hashing import sha256_json
 from qwenquant.quantize.stage import Stage, StageContext
 
 TEXT_ARCH = "Qwen3_5ForCausalLM"
 TEXT_MODEL_TYPE = "qwen3_5_text"
-LM_PREFIX = "model.language_model."
 VISION_PREFIX = "model.visual."
 PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json")
 _MROPE_KEYS = ("mrope_section", "mrope_interleaved")

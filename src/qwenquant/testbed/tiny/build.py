@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qwenquant.atomic import atomic_write_bytes, pretty_json, staging_dir
+from qwenquant.checkpoint.config import read_weight_map
 from qwenquant.errors import QwenquantError
 from qwenquant.testbed.tiny import config, tokenizer
 
@@ -115,4 +115,4 @@ def constant_token_id() -> int:
 
 def read_index(checkpoint: Path) -> dict[str, str]:
     """tensor name -> shard file, from the checkpoint's index."""
-    return json.loads((Path(checkpoint) / INDEX).read_text())["weight_map"]
+    return read_weight_map(checkpoint) or {}
