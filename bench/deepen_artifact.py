@@ -36,7 +36,7 @@ MAX_SHARD_BYTES = 5 * 10**9
 def deepen_config(config: dict[str, Any], layers: int) -> dict[str, Any]:
     """config.json for `layers` decoder layers: num_hidden_layers and layer_types repeated."""
     out = json.loads(json.dumps(config))
-    tc = text_config(out)
+    tc = out["text_config"] if isinstance(out.get("text_config"), dict) else out  # edited in place
     n = int(tc["num_hidden_layers"])
     types = tc.get("layer_types") or []
     if types:
