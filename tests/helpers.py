@@ -15,6 +15,8 @@ from typing import Any, Optional
 
 import pytest
 
+from qwenquant import data_path
+
 REPO = Path(__file__).resolve().parents[1]
 INDEX = "model.safetensors.index.json"
 LAUNCHER = REPO / ".venv-vllm" / "qwenquant-vllm.json"
@@ -107,7 +109,7 @@ def quantize_tiny_artifact(tmp: Path, variant: str, layout: str) -> Path:
     from qwenquant.testbed.tiny import build_tiny_checkpoint
 
     src = build_tiny_checkpoint(tmp / f"tiny-{variant}", variant=variant)
-    recipe = yaml.safe_load((REPO / "recipes" / "w4a16-int4head.yaml").read_text())
+    recipe = yaml.safe_load(data_path("recipes", "w4a16-int4head.yaml").read_text())
     recipe["artifact"]["layout"] = layout
     # the constant model's head has nothing to gain over RTN (KL 0 = 0); keep the stage's gate off
     recipe["lm_head"]["require_better_than_rtn"] = False

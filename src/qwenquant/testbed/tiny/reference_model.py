@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qwenquant import data_path
 from qwenquant.errors import QwenquantError
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ VISION_SEED = 0
 
 def data_dir() -> Path:
     """Folder of the committed reference model inside the installed package."""
-    return Path(str(resources.files("qwenquant") / "data" / "tiny-reference"))
+    return data_path("tiny-reference")
 
 
 def verified_bytes(name: str, folder: Path | None = None) -> bytes:
