@@ -92,25 +92,6 @@ def step_progress(**kwargs: Any) -> Progress:
 
 
 @contextlib.contextmanager
-def stdout_to_stderr() -> Iterator[None]:
-    """Send everything written to stdout (fd 1) to stderr while heavy libraries run.
-
-    Some libraries log to stdout (llm-compressor's loguru sink); stdout is for results only, so a
-    script can parse `--json` output.
-    """
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
-@contextlib.contextmanager
 def timed(log: logging.Logger, what: str) -> Iterator[None]:
     """Log "`what` (N.N s)" at INFO when the block ends: the phases of long work without a bar."""
     start = time.monotonic()
