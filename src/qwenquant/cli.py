@@ -8,12 +8,12 @@ to see it; QWENQUANT_DEBUG=1 prints it on stderr as well.
 
 from __future__ import annotations
 
-import os
 import sys
 import traceback
 
 import typer
 
+from qwenquant import envs
 from qwenquant.commands._app import app
 from qwenquant.errors import QwenquantError
 
@@ -77,7 +77,7 @@ def _report(e: BaseException, message: str, hint: str | None, code: int) -> int:
 
     from qwenquant.console import console
 
-    if os.environ.get("QWENQUANT_DEBUG") == "1":
+    if envs.get("QWENQUANT_DEBUG"):
         traceback.print_exception(e, file=sys.stderr)
         sys.stderr.flush()
     console.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False, soft_wrap=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import sys
 import time
 from typing import Any, Iterator
@@ -23,6 +22,8 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from qwenquant import envs
+
 console = Console(stderr=True, highlight=False)
 stdout = Console(highlight=False, soft_wrap=True)
 
@@ -37,7 +38,7 @@ def set_quiet(quiet: bool) -> None:
 
 def interactive() -> bool:
     """Progress bars only on a terminal, never under --quiet."""
-    return not _quiet and console.is_terminal and os.environ.get("QWENQUANT_NO_PROGRESS") != "1"
+    return not _quiet and console.is_terminal and not envs.get("QWENQUANT_NO_PROGRESS")
 
 
 def setup_logging(verbose: bool = False) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from qwenquant import data_path
+from qwenquant import data_path, envs
 from qwenquant.errors import FetchError, UsageError
 
 log = logging.getLogger(__name__)
@@ -50,8 +50,7 @@ class TextSet:
 
 def evaltext_dir() -> Path:
     """Shipped declarations: $QWENQUANT_EVALTEXT_DIR or the package's data/evaltext/."""
-    env = os.environ.get("QWENQUANT_EVALTEXT_DIR")
-    return Path(env) if env else data_path("evaltext")
+    return envs.get("QWENQUANT_EVALTEXT_DIR") or data_path("evaltext")
 
 
 def _problems(raw: dict[str, Any]) -> list[str]:
