@@ -20,7 +20,6 @@ from qwenquant.errors import QwenquantError
 if TYPE_CHECKING:
     import torch
 
-DATA_FILES = ("heldout.safetensors", "model.safetensors", "reference.json", "tokenizer.json")
 VISION_SEED = 0
 
 
