@@ -515,7 +515,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.gpus > 1:
         from gpus_compare import run_gpus_arm, summarize
 
-        from qwenquant.checkpoint.compare import compare_artifacts
+        from artifact_compare import compare_artifacts
 
         many = run_gpus_arm(args.gpus, work, recipe, spec, device, Recorder(gpu, rss, counts, engine=args.engine), say)
         one = {"wall_seconds": wall, "stages": rec.stages, "layers": rec.layers, "phases": phase_medians(phases)}

@@ -1,9 +1,10 @@
 """Code the test modules share: the CLI run in a subprocess or in-process, text flattening, raw
-tensor reads through the project's own safetensors reader, a manifest over a test folder, and the
-real-vLLM server setup."""
+tensor reads through the project's own safetensors reader, file checks of a fetched folder, a
+manifest over a test folder, and the real-vLLM server setup."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -15,9 +16,12 @@ from typing import Any, Optional
 
 import pytest
 
+from qwenquant import data_path
+
 REPO = Path(__file__).resolve().parents[1]
 INDEX = "model.safetensors.index.json"
 LAUNCHER = REPO / ".venv-vllm" / "qwenquant-vllm.json"
+FETCH_BOOKKEEPING = ("qwenquant-fetch.json", ".qwenquant-staging")
 
 
 def qq(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -81,6 +85,41 @@ def strip_mtp(folder: Path) -> None:
     (folder / INDEX).write_text(json.dumps(index))
 
 
+class Disk:
+    """File checks of a fetched folder against its source (the fetch tests get it as the `disk` fixture)."""
+
+    @staticmethod
+    def sha256(path: Path) -> str:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+    @staticmethod
+    def final_files(out: Path) -> dict[str, Path]:
+        """Files at a final path (qwenquant's own record and staging area left out)."""
+        found = {}
+        for root, dirs, names in os.walk(out):
+            dirs[:] = [d for d in dirs if d not in FETCH_BOOKKEEPING]
+            for n in names:
+                p = Path(root) / n
+                rel = p.relative_to(out).as_posix()
+                if rel not in FETCH_BOOKKEEPING:
+                    found[rel] = p
+        return found
+
+    @staticmethod
+    def assert_only_verified(out: Path, source: Path) -> None:
+        """Every file at a final path is byte-identical to the source's file of that path."""
+        for rel, p in Disk.final_files(out).items():
+            assert (source / rel).is_file(), f"{rel} is at a final path but not in the source"
+            assert Disk.sha256(p) == Disk.sha256(source / rel), f"{rel} at its final path is not the source's bytes"
+
+    @staticmethod
+    def assert_identical_copy(out: Path, source: Path) -> None:
+        """`out` holds exactly the source's files, byte-identical, and its fetch record."""
+        assert sorted(Disk.final_files(out)) == sorted(Disk.final_files(source))
+        Disk.assert_only_verified(out, source)
+        assert (out / "qwenquant-fetch.json").is_file()
+
+
 def write_test_manifest(folder: Path, recipe: Optional[dict[str, Any]] = None) -> Path:
     """Hash `folder` into a qwenquant-manifest.json (default recipe: the shipped w4a16-int4head)."""
     from qwenquant.hashing import sha256_json
@@ -107,7 +146,7 @@ def quantize_tiny_artifact(tmp: Path, variant: str, layout: str) -> Path:
     from qwenquant.testbed.tiny import build_tiny_checkpoint
 
     src = build_tiny_checkpoint(tmp / f"tiny-{variant}", variant=variant)
-    recipe = yaml.safe_load((REPO / "recipes" / "w4a16-int4head.yaml").read_text())
+    recipe = yaml.safe_load(data_path("recipes", "w4a16-int4head.yaml").read_text())
     recipe["artifact"]["layout"] = layout
     # the constant model's head has nothing to gain over RTN (KL 0 = 0); keep the stage's gate off
     recipe["lm_head"]["require_better_than_rtn"] = False

@@ -1,17 +1,19 @@
 """Entry point: parse the command line, run one library call, render the result.
 
-Errors from the library (QwenquantError) become one red line plus a hint and a non-zero exit;
-a traceback only with QWENQUANT_DEBUG=1.
+Errors from the library (QwenquantError) become one red line plus a hint and a non-zero exit.
+Any other exception is a bug: one line too, and its traceback goes to a crash file the hint names
+(`$XDG_STATE_HOME/qwenquant/crash-<time>-<pid>.txt`), so nobody has to re-run an hour-long quantize
+to see it; QWENQUANT_DEBUG=1 prints it on stderr as well.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import traceback
 
 import typer
 
+from qwenquant import envs
 from qwenquant.commands._app import app
 from qwenquant.errors import QwenquantError
 
@@ -58,10 +60,14 @@ def main(argv: list[str] | None = None) -> int:
         ctx = getattr(e, "ctx", None)
         where = ctx.command_path if ctx is not None else "qwenquant"
         return _report(e, message(), f"see `{where} --help` for the options and examples", getattr(e, "exit_code", 2))
-    except Exception as e:  # not one we raised on purpose: still one line, the traceback only on request
+    except Exception as e:  # not one we raised on purpose: still one line, the traceback in a file
         where = f" ({e.filename})" if isinstance(e, OSError) and e.filename and str(e.filename) not in str(e) else ""
-        return _report(e, f"{type(e).__name__}: {e}{where}".splitlines()[0],
-                       "unexpected error; re-run with QWENQUANT_DEBUG=1 for the traceback and report it", 1)
+        from qwenquant.crash import write_crash_file
+
+        crash = write_crash_file(e, ["qwenquant", *(sys.argv[1:] if argv is None else argv)])
+        hint = (f"unexpected error; its traceback is in {crash}: attach that file when you report it" if crash else
+                "unexpected error; no crash file could be written: re-run with QWENQUANT_DEBUG=1 for the traceback")
+        return _report(e, f"{type(e).__name__}: {e}{where}".splitlines()[0], hint, 1)
     return rv if isinstance(rv, int) else 0
 
 
@@ -71,7 +77,7 @@ def _report(e: BaseException, message: str, hint: str | None, code: int) -> int:
 
     from qwenquant.console import console
 
-    if os.environ.get("QWENQUANT_DEBUG") == "1":
+    if envs.get("QWENQUANT_DEBUG"):
         traceback.print_exception(e, file=sys.stderr)
         sys.stderr.flush()
     console.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False, soft_wrap=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import sys
 import time
 from typing import Any, Iterator
@@ -23,6 +22,8 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from qwenquant import envs
+
 console = Console(stderr=True, highlight=False)
 stdout = Console(highlight=False, soft_wrap=True)
 
@@ -37,7 +38,7 @@ def set_quiet(quiet: bool) -> None:
 
 def interactive() -> bool:
     """Progress bars only on a terminal, never under --quiet."""
-    return not _quiet and console.is_terminal and os.environ.get("QWENQUANT_NO_PROGRESS") != "1"
+    return not _quiet and console.is_terminal and not envs.get("QWENQUANT_NO_PROGRESS")
 
 
 def setup_logging(verbose: bool = False) -> None:
@@ -89,25 +90,6 @@ def step_progress(**kwargs: Any) -> Progress:
         disable=not interactive(),
         **kwargs,
     )
-
-
-@contextlib.contextmanager
-def stdout_to_stderr() -> Iterator[None]:
-    """Send everything written to stdout (fd 1) to stderr while heavy libraries run.
-
-    Some libraries log to stdout (llm-compressor's loguru sink); stdout is for results only, so a
-    script can parse `--json` output.
-    """
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 @contextlib.contextmanager

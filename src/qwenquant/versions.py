@@ -12,6 +12,8 @@ import platform
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from qwenquant import envs
+
 STACK = ("torch", "transformers", "llmcompressor", "compressed-tensors", "huggingface_hub", "safetensors")
 
 
@@ -34,7 +36,7 @@ def launcher_record() -> tuple[Path | None, dict | None]:
     """(path, contents) of the qwenquant-vllm.json that `qwenquant serve` would use, without probing."""
     from qwenquant.serve.discover import LAUNCHER_JSON, repo_root
 
-    env = os.environ.get("QWENQUANT_VLLM")
+    env = envs.get("QWENQUANT_VLLM")
     candidates = [Path(env).expanduser()] if env else []
     candidates += [Path(env).expanduser() / LAUNCHER_JSON] if env else []
     candidates += [root / ".venv-vllm" / LAUNCHER_JSON for root in dict.fromkeys((repo_root(), Path.cwd()))]

@@ -18,9 +18,9 @@ argv = json.loads(sys.argv[1])
 buf = io.StringIO()
 with contextlib.redirect_stdout(buf):
     rc = main(argv)
-heavy = sorted(m for m in sys.modules if m.split(".")[0] in %r)
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in HEAVY)
 print(json.dumps({"rc": rc, "heavy": heavy, "out": buf.getvalue()}))
-""" % (HEAVY,)
+""".replace("HEAVY", repr(HEAVY))
 
 
 def _commands() -> list[str]:

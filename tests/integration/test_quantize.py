@@ -20,6 +20,8 @@ import pytest
 
 from helpers import REPO, freeze_inside_gptq, qq, raw_tensors, strip_mtp
 
+from qwenquant import data_path
+
 pytestmark = pytest.mark.slow
 
 QUANT_SUFFIXES = (".weight_packed", ".weight_scale", ".weight_shape", ".weight_zero_point", ".weight_g_idx")
@@ -127,7 +129,7 @@ def _calibration_ids(source: Path) -> list[list[int]]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(source))
-    lines = (REPO / "calibration" / "tiny-demo.jsonl").read_text().splitlines()[-6:]
+    lines = data_path("calibration", "tiny-demo.jsonl").read_text().splitlines()[-6:]
     return [tok(tok.apply_chat_template(json.loads(x)["messages"], tokenize=False), add_special_tokens=False)["input_ids"]
             for x in lines]
 

@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from qwenquant import data_path
 from qwenquant.recipe import CalibrationSpec, load_calibration_override
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _dataset_folder(tmp_path: Path) -> Path:
     folder = tmp_path / "ds"
     (folder / "data").mkdir(parents=True)
-    shutil.copy(REPO / "calibration" / "tiny-demo.jsonl", folder / "data" / "train-00000-of-00001.jsonl")
+    shutil.copy(data_path("calibration", "tiny-demo.jsonl"), folder / "data" / "train-00000-of-00001.jsonl")
     (folder / "README.md").write_text("tiny chat set\n")
     return folder
 

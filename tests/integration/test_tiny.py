@@ -16,9 +16,9 @@ from safetensors import safe_open
 
 from qwenquant.errors import QwenquantError
 from qwenquant.testbed.tiny import build_tiny_checkpoint, constant_token_id
-from qwenquant.testbed.tiny.reference import fake_quant_int4, load_tensors, mtp_logits
+from plain_forwards import fake_quant_int4, load_tensors, mtp_logits
 
-REFERENCE_CONFIG = Path(qwenquant.__file__).parent / "data" / "qwen3_8-27b.config.json"  # the real model's config
+REFERENCE_CONFIG = qwenquant.data_path("qwen3_8-27b.config.json")  # the real model's config
 EXPECTED_FILES = {
     "config.json",
     "generation_config.json",

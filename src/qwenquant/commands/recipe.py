@@ -25,7 +25,7 @@ def validate(file: str = typer.Argument(..., help="Recipe YAML path or shipped n
 
     Examples:
 
-      qwenquant recipe validate recipes/w4a16-int4head.yaml
+      qwenquant recipe validate my-recipe.yaml
     """
     from qwenquant.console import stdout
     from qwenquant.recipe import load_recipe

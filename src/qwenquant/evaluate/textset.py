@@ -1,4 +1,4 @@
-"""Pinned Hub eval text sets: declared in `evaltext/*.yaml` (repo, 40-hex revision, file, sha256,
+"""Pinned Hub eval text sets: declared in `qwenquant/data/evaltext/*.yaml` (repo, 40-hex revision, file, sha256,
 license), fetched through the project's verified fetch (the Hub-listed sha256 of the file at the
 pinned commit; the declared sha256 too when set), cached, and read as one text.
 
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from qwenquant import data_path, envs
 from qwenquant.errors import FetchError, UsageError
 
 log = logging.getLogger(__name__)
@@ -48,9 +49,8 @@ class TextSet:
 
 
 def evaltext_dir() -> Path:
-    """Shipped declarations: $QWENQUANT_EVALTEXT_DIR or the repository's evaltext/ folder."""
-    env = os.environ.get("QWENQUANT_EVALTEXT_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[3] / "evaltext"
+    """Shipped declarations: $QWENQUANT_EVALTEXT_DIR or the package's data/evaltext/."""
+    return envs.get("QWENQUANT_EVALTEXT_DIR") or data_path("evaltext")
 
 
 def _problems(raw: dict[str, Any]) -> list[str]:

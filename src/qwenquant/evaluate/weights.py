@@ -7,7 +7,6 @@ config group that targets the module, so both arms of an eval run the same dense
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import torch
 from qwenquant.checkpoint.names import LM_PREFIX
 from qwenquant.checkpoint.config import read_config, text_config  # noqa: F401  (used by evaluate/*)
 from qwenquant.errors import QwenquantError
+from qwenquant.recipe.targets import target_matches
 
 PACK_SUFFIXES = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point")
 
@@ -46,14 +46,14 @@ def raw_tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def _group_for(module: str, groups: dict[str, Any]) -> dict[str, Any]:
-    """The config group whose targets match `module`: a `re:` target first, else the `Linear` group."""
+    """The config group whose targets match `module` (by name: `re:` or exact), else the `Linear` group."""
     fallback = None
     for group in groups.values():
         for target in group.get("targets", []):
-            if target.startswith("re:") and re.match(target[3:], module):
-                return group
             if target == "Linear":
                 fallback = group
+            elif target_matches(target, module):
+                return group
     if fallback is None:
         raise QwenquantError(f"no quantization config group targets {module}", hint="run `qwenquant check` on the artifact")
     return fallback

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from qwenquant import __version__
+from qwenquant import __version__, envs
 from qwenquant.atomic import atomic_write_json, exclusive_lock, fsync_dir
 from qwenquant.errors import FetchError
 from qwenquant.fetch.selection import RECORD_NAME, STAGING_NAME, RemoteFile, check_listing, config_problems
@@ -75,7 +75,7 @@ def fetch_snapshot(
     out_dir = Path(out_dir)
     endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
     check_model = (repo_type == "model") if check_model is None else check_model
-    backoff = float(os.environ.get("QWENQUANT_FETCH_BACKOFF", "0.5")) if backoff is None else backoff
+    backoff = envs.get("QWENQUANT_FETCH_BACKOFF") if backoff is None else backoff
     progress = progress or Progress()
     staging = out_dir / STAGING_NAME
     try:

@@ -9,6 +9,7 @@ from typing import Any, Optional
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from qwenquant import data_path, envs
 from qwenquant.errors import RecipeError
 from qwenquant.recipe.models import SCHEMA_VERSION, CalibrationSpec, Recipe
 from qwenquant.recipe.rules import _calibration_problems, _cross_field_problems
@@ -138,15 +139,13 @@ def _read_yaml(path: Path, what: str) -> tuple[dict[str, Any], dict[tuple, int]]
 
 
 def recipes_dir() -> Path:
-    """Shipped recipes: $QWENQUANT_RECIPES_DIR or the repository's recipes/ folder."""
-    env = os.environ.get("QWENQUANT_RECIPES_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[3] / "recipes"
+    """Shipped recipes: $QWENQUANT_RECIPES_DIR or the package's data/recipes/."""
+    return envs.get("QWENQUANT_RECIPES_DIR") or data_path("recipes")
 
 
 def calibration_dir() -> Path:
-    """Shipped calibration definitions: $QWENQUANT_CALIBRATION_DIR or the repository's calibration/."""
-    env = os.environ.get("QWENQUANT_CALIBRATION_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[3] / "calibration"
+    """Shipped calibration definitions: $QWENQUANT_CALIBRATION_DIR or the package's data/calibration/."""
+    return envs.get("QWENQUANT_CALIBRATION_DIR") or data_path("calibration")
 
 
 def list_recipes() -> dict[str, Path]:

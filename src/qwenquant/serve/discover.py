@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from qwenquant import envs
 from qwenquant.errors import ServeError
 from qwenquant.procenv import child_env
 
@@ -140,9 +141,9 @@ def find_vllm(explicit: Optional[str] = None) -> VllmInstall:
     """Locate vLLM, or raise ServeError saying exactly what to install."""
     if explicit:
         return _from_path(Path(explicit).expanduser(), "--vllm")
-    env = os.environ.get("QWENQUANT_VLLM")
+    env = envs.get("QWENQUANT_VLLM")
     if env:
-        return _from_path(Path(env).expanduser(), "QWENQUANT_VLLM")
+        return _from_path(env, "QWENQUANT_VLLM")
     for root in dict.fromkeys((repo_root(), Path.cwd())):
         j = root / ".venv-vllm" / LAUNCHER_JSON
         if j.exists():

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qwenquant import envs
 from qwenquant.checkpoint.names import MTP_PREFIX
 from qwenquant.errors import UsageError
 
@@ -38,7 +39,7 @@ def shard_names(num_layers: int, rest_groups: int) -> list[str]:
 def max_gpu_mem_gib() -> float | None:
     """The CUDA memory cap in GiB from QWENQUANT_MAX_GPU_MEM (e.g. 23.5: a big GPU behaves like a
     24 GB card), or None when unset."""
-    raw = os.environ.get(GPU_CAP_ENV, "").strip()
+    raw = envs.get(GPU_CAP_ENV) or ""
     if not raw:
         return None
     try:

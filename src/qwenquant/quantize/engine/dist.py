@@ -27,10 +27,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from qwenquant import envs
+
 log = logging.getLogger(__name__)
 
 # A collective waits this long for the slowest rank (a 27B layer takes ~10 s; rank 0's writes more).
-TIMEOUT = timedelta(minutes=int(os.environ.get("QWENQUANT_DIST_TIMEOUT_MIN", "30")))
+TIMEOUT = timedelta(minutes=envs.get("QWENQUANT_DIST_TIMEOUT_MIN"))
 
 
 @dataclass(frozen=True)

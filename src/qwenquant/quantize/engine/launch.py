@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from qwenquant import errors
+from qwenquant import envs, errors
 from qwenquant.atomic import atomic_write_json
 from qwenquant.procenv import child_env
 from qwenquant.net.ports import free_port
@@ -57,7 +57,7 @@ def rank_env(base: Mapping[str, str], rank: int, world: int, port: int, device: 
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), PARENT_ENV: str(os.getpid()),
                 LOG_LEVEL_ENV: str(logging.getLogger("qwenquant").getEffectiveLevel())})
     if device == "cpu":
-        threads = int(base.get("QWENQUANT_THREADS", "0") or 0) or (os.cpu_count() or 1)
+        threads = envs.get("QWENQUANT_THREADS", base) or (os.cpu_count() or 1)
         env["QWENQUANT_THREADS"] = str(max(1, threads // world))
     return env
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -213,8 +212,7 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
     order = my_samples(samples, ranks)
     acts = embed_samples(src, [samples[k] for k in order], device)
     inputs = LayerInputs(src, device)
-    prefetch = os.environ.get("QWENQUANT_PREFETCH", "1") != "0"
-    pool = ThreadPoolExecutor(max_workers=1) if prefetch else None
+    pool = ThreadPoolExecutor(max_workers=1)
     nxt: Future | None = None
     files, modules, times, phases = [], 0, [], []
     writer = ranks is None or ranks.main

@@ -22,6 +22,7 @@ import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
+from qwenquant import envs
 from qwenquant.atomic import atomic_write_json
 from qwenquant.quantize.engine.launch import LOG_LEVEL_ENV, PARENT_ENV, PROGRESS_TAG, RESULT, error_file
 from qwenquant.errors import QwenquantError
@@ -36,12 +37,12 @@ def _die_with_parent() -> None:
 
     if not set_parent_death_signal(signal.SIGKILL):
         return
-    if os.environ.get(PARENT_ENV) and os.getppid() != int(os.environ[PARENT_ENV]):
+    if envs.get(PARENT_ENV) and os.getppid() != envs.get(PARENT_ENV):
         os._exit(1)  # the parent was already gone before prctl took effect
 
 
 def _setup_logging(rank: int) -> None:
-    level = int(os.environ.get(LOG_LEVEL_ENV, logging.INFO))
+    level = envs.get(LOG_LEVEL_ENV)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s %(message)s" if rank == 0
                                            else f"%(levelname)s rank {rank}: %(message)s"))
@@ -87,8 +88,8 @@ def run(job: dict[str, Any], job_dir: Path) -> None:
     info = write_stage_folder(src, res, Path(job["out_dir"]), job["max_shard_bytes"]) if ranks.main else None
     metrics = dist.gather_metrics(_metrics(ranks.rank, device, res, job["samples"]), ranks)
     if ranks.main:
-        if os.environ.get(METRICS_ENV):
-            atomic_write_json(Path(os.environ[METRICS_ENV]), {"ranks": metrics}, canonical=False)
+        if envs.get(METRICS_ENV):
+            atomic_write_json(envs.get(METRICS_ENV), {"ranks": metrics}, canonical=False)
         atomic_write_json(job_dir / RESULT, info)
     dist.barrier()  # every rank is past its last collective before any leaves
 
@@ -98,7 +99,7 @@ def _report(job_dir: Path, rank: int, e: BaseException) -> None:
     message = e.message if q else f"{type(e).__name__}: {e}".splitlines()[0]
     atomic_write_json(error_file(job_dir, rank), {"type": type(e).__name__, "message": message,
                                                   "hint": e.hint if q else None, "at_ns": time.time_ns()})
-    if os.environ.get("QWENQUANT_DEBUG") == "1":
+    if envs.get("QWENQUANT_DEBUG"):
         traceback.print_exception(e, file=sys.stderr)
     sys.stderr.flush()
 

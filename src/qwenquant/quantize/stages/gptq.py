@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qwenquant import envs
 from qwenquant.checkpoint.names import MTP_IGNORE, MTP_PREFIX
 from qwenquant.atomic import atomic_write_bytes, pretty_json
 from qwenquant.errors import StageError, UsageError
@@ -58,7 +59,7 @@ def set_deterministic(seed: int = 0, threads: int | None = None) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.set_num_threads(threads or int(os.environ.get("QWENQUANT_THREADS", "0")) or (os.cpu_count() or 1))
+    torch.set_num_threads(threads or envs.get("QWENQUANT_THREADS") or (os.cpu_count() or 1))
 
 
 def build_modifier(q: QuantizationSpec) -> Any:
@@ -237,7 +238,7 @@ def carry_side_files(source_dir: Path, out_dir: Path) -> list[str]:
 def gptq_engine() -> str:
     """`streamed` (layer by layer, resumable; qwenquant/engine) or `oneshot` (llm-compressor whole-model),
     from QWENQUANT_GPTQ_ENGINE."""
-    name = os.environ.get("QWENQUANT_GPTQ_ENGINE", "streamed")
+    name = envs.get("QWENQUANT_GPTQ_ENGINE")
     if name not in ENGINES:
         raise UsageError(f"QWENQUANT_GPTQ_ENGINE must be streamed or oneshot, got {name!r}",
                          hint="unset QWENQUANT_GPTQ_ENGINE to use the streamed engine")

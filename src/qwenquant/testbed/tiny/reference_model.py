@@ -1,6 +1,6 @@
 """The committed trained reference model (package data) and its checkpoint-folder layout.
 
-`qwenquant/data/tiny-reference/` holds what `python -m qwenquant.testbed.tiny.train` wrote: bf16 weights of
+`qwenquant/data/tiny-reference/` holds what `python scripts/train_reference.py` (a checkout's) wrote: bf16 weights of
 the text model and the MTP head, the tokenizer, the held-out evaluation windows, reference.json and
 SHA256SUMS (checked on every load). `build_reference_checkpoint` lays it out like the random
 builder: two body shards + index + model-mtp.safetensors, configs, tokenizer, and a seeded random
@@ -11,22 +11,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qwenquant import data_path
 from qwenquant.errors import QwenquantError
 
 if TYPE_CHECKING:
     import torch
 
-DATA_FILES = ("heldout.safetensors", "model.safetensors", "reference.json", "tokenizer.json")
 VISION_SEED = 0
 
 
 def data_dir() -> Path:
     """Folder of the committed reference model inside the installed package."""
-    return Path(str(resources.files("qwenquant") / "data" / "tiny-reference"))
+    return data_path("tiny-reference")
 
 
 def verified_bytes(name: str, folder: Path | None = None) -> bytes:
@@ -40,7 +39,7 @@ def verified_bytes(name: str, folder: Path | None = None) -> bytes:
     if sums.get(name) != hashlib.sha256(data).hexdigest():
         raise QwenquantError(
             f"{folder / name} does not match its sha256 in {folder / 'SHA256SUMS'}",
-            hint="reinstall qwenquant, or retrain with `python -m qwenquant.testbed.tiny.train --out DIR`",
+            hint="reinstall qwenquant, or retrain in a checkout: `python scripts/train_reference.py --out DIR`",
         )
     return data
 

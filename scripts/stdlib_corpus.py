@@ -1,4 +1,4 @@
-"""The reference model's corpus: sources (code and docstrings) of a fixed list of Python stdlib modules.
+"""The tiny reference model's corpus (scripts/train_reference.py): sources (code and docstrings) of a fixed list of Python stdlib modules.
 
 The files are read from the running interpreter's stdlib folder (`sysconfig`), so the corpus is the
 same on every machine with the same Python minor version; `corpus_digest` pins it. Whole modules

@@ -1,4 +1,5 @@
-"""Reference forwards for checking a tiny checkpoint in plain transformers/torch (tests, debugging).
+"""Plain transformers/torch forwards that check a tiny checkpoint independently of qwenquant's own
+modeling code (tests/integration/test_tiny.py).
 
 transformers has no MTP module, so `mtp_logits` rebuilds Qwen3.5's MTP head from transformers'
 own decoder layer: fc(concat(pre_fc_norm_embedding(embed(next_token)), pre_fc_norm_hidden(h))),

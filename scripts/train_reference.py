@@ -1,6 +1,7 @@
 """Train the tiny reference model: Qwen3.5 text stack + jointly trained MTP head on Python stdlib sources.
 
-`python -m qwenquant.testbed.tiny.train --out DIR [--device cpu|cuda] [--steps N]` writes DIR/model.safetensors
+The offline tool that made the committed `src/qwenquant/data/tiny-reference/` (not part of the package).
+`python scripts/train_reference.py --out DIR [--device cpu|cuda] [--steps N]` writes DIR/model.safetensors
 (bf16, checkpoint tensor names: `model.language_model.*`, `lm_head.weight`, the 15 `mtp.*`),
 tokenizer.json, heldout.safetensors (the evaluation windows), reference.json (dims, corpus
 digest, Python/torch versions, training settings, measured losses) and SHA256SUMS.
@@ -27,7 +28,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from qwenquant.testbed.tiny import config, stdlib_corpus, tokenizer
+import stdlib_corpus  # scripts/stdlib_corpus.py, beside this file
+
+from qwenquant.testbed.tiny import config, tokenizer
 from qwenquant.testbed.tiny.config import TinyDims
 
 # Every quantized width a multiple of 128 (group-128 int4 along the input dim; vLLM's CPU kernel
@@ -197,7 +200,7 @@ def write_outputs(out_dir: Path, result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m qwenquant.testbed.tiny.train", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python scripts/train_reference.py", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--steps", type=int, default=TrainSettings.steps)

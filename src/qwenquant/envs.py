@@ -1,0 +1,129 @@
+"""Every QWENQUANT_* environment variable, declared once with its type, default and meaning.
+
+qwenquant reads them only through `get(name)` (`get("QWENQUANT_THREADS")`), so `VARIABLES` is the
+whole list; the README's table is generated from it (`python -m qwenquant.envs`).
+tests/unit/test_envs.py checks that the two agree, that every QWENQUANT_* name in the repository
+is declared here and that no module reads one from `os.environ` itself. An empty value counts as
+unset. vLLM's envs.py is the model.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from qwenquant.errors import UsageError
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One variable: `parse` turns a set value into what readers get; `unset` is what they get otherwise."""
+
+    name: str
+    type: str
+    default: str
+    meaning: str
+    parse: Callable[[str], Any] = str
+    unset: Any = None
+    read_by: str = "qwenquant"  # qwenquant | qwenquant, for its child processes | scripts/... | tests
+
+
+def _flag(value: str) -> bool:
+    return value == "1"
+
+
+def _path(value: str) -> Path:
+    return Path(value).expanduser()
+
+
+def _number(kind: type, what: str) -> Callable[[str], Any]:
+    def parse(value: str) -> Any:
+        try:
+            return kind(value)
+        except ValueError:
+            raise ValueError(f"must be {what}") from None
+
+    return parse
+
+
+_INT = _number(int, "an integer")
+_FLOAT = _number(float, "a number")
+
+_DECLARED = (
+    # What a user sets.
+    EnvVar("QWENQUANT_DEBUG", "0/1", "0", "1: print an error's traceback on stderr too (an unexpected error's is "
+           "always written to the crash file its hint names)", _flag, False),
+    EnvVar("QWENQUANT_NO_PROGRESS", "0/1", "0", "1: no progress bars, even on a terminal", _flag, False),
+    EnvVar("QWENQUANT_THREADS", "integer", "0 (every core)", "CPU threads of torch in quantize and eval; "
+           "`quantize --gpus N` on the CPU shares them among the ranks", _INT, 0),
+    EnvVar("QWENQUANT_GPTQ_ENGINE", "streamed or oneshot", "streamed", "the gptq stage's engine: one decoder layer "
+           "at a time (resumable), or llm-compressor's whole-model `oneshot`", unset="streamed"),
+    EnvVar("QWENQUANT_MAX_GPU_MEM", "GiB (number)", "unset (no cap)", "cap the streamed GPTQ engine's CUDA memory "
+           "(23.5: a bigger GPU behaves like a 24 GB card)", str.strip),
+    EnvVar("QWENQUANT_DIST_TIMEOUT_MIN", "minutes (integer)", "30", "how long a collective of `quantize --gpus N` "
+           "waits for the slowest rank", _INT, 30),
+    EnvVar("QWENQUANT_DIST_METRICS", "path", "unset", "`quantize --gpus N`: rank 0 writes every rank's peak GPU memory "
+           "and RSS to this JSON file (bench/gpus_compare.py sets it)", _path),
+    EnvVar("QWENQUANT_FETCH_BACKOFF", "seconds (number)", "0.5", "first wait before a download is retried "
+           "(doubles each retry)", _FLOAT, 0.5),
+    EnvVar("QWENQUANT_VLLM", "path", "unset", "the vLLM to launch: a python or vllm executable, a venv, or its "
+           "qwenquant-vllm.json (after `--vllm`, before `.venv-vllm`)", _path),
+    EnvVar("QWENQUANT_API_KEY", "string", "unset", "`serve --api-key` / `bench --api-key` when the option is not given"),
+    EnvVar("QWENQUANT_RECIPES_DIR", "path", "the shipped recipes", "where `--recipe NAME` and `recipe list` look",
+           _path),
+    EnvVar("QWENQUANT_CALIBRATION_DIR", "path", "the shipped calibration sets",
+           "where `--calibration NAME` looks", _path),
+    EnvVar("QWENQUANT_EVALTEXT_DIR", "path", "the shipped eval text sets", "where `eval --text-set NAME` looks",
+           _path),
+    # What qwenquant sets for the processes it starts (the ranks of `quantize --gpus N`).
+    EnvVar("QWENQUANT_PARENT_PID", "integer", "unset", "a rank exits when this process (its launcher) is gone",
+           _INT, read_by="qwenquant, for its child processes"),
+    EnvVar("QWENQUANT_LOG_LEVEL", "integer", "20 (INFO)", "a rank's logging level (the launcher's)", _INT, 20,
+           read_by="qwenquant, for its child processes"),
+    # The install scripts.
+    EnvVar("QWENQUANT_VENV", "path", ".venv", "the venv scripts/install.sh creates", read_by="scripts/install.sh"),
+    EnvVar("QWENQUANT_TORCH_INDEX", "URL", "unset (CPU wheel without a GPU)", "the package index torch comes from",
+           read_by="scripts/install.sh"),
+    EnvVar("QWENQUANT_VLLM_VENV", "path", ".venv-vllm", "the venv scripts/install-vllm.sh creates",
+           read_by="scripts/install-vllm.sh"),
+    EnvVar("QWENQUANT_VLLM_DEVICE", "cpu or cuda", "cuda when nvidia-smi works", "which vLLM build to install",
+           read_by="scripts/install-vllm.sh"),
+    EnvVar("QWENQUANT_VLLM_SPEC", "pip requirement", "the pinned vLLM", "install another vLLM (`vllm==0.34.0`)",
+           read_by="scripts/install-vllm.sh"),
+    EnvVar("QWENQUANT_HEARTBEAT", "seconds", "30", "how often a long install step says it is still running",
+           read_by="scripts/progress.sh"),
+    # The test suite.
+    EnvVar("QWENQUANT_UPDATE_GOLDEN", "0/1", "0", "1: rewrite the golden files instead of comparing with them",
+           read_by="tests"),
+)
+
+VARIABLES: dict[str, EnvVar] = {v.name: v for v in _DECLARED}
+
+
+def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """The parsed value of `name` in `environ` (default: os.environ), or its `unset` value.
+
+    KeyError for a name not declared here (a typo in the code); UsageError for a value that does
+    not parse (`QWENQUANT_THREADS=two`)."""
+    var = VARIABLES[name]
+    raw = (os.environ if environ is None else environ).get(name, "")
+    if raw == "":
+        return var.unset
+    try:
+        return var.parse(raw)
+    except ValueError as e:
+        raise UsageError(f"{name} {e}, got {raw!r}",
+                         hint=f"unset {name}, or set it to {var.type} (README: Environment variables)") from None
+
+
+def markdown_table() -> str:
+    """The README's table of the variables."""
+    rows = ["| variable | value | default | meaning | read by |", "|---|---|---|---|---|"]
+    rows += [f"| `{v.name}` | {v.type} | {v.default} | {v.meaning} | {v.read_by} |" for v in _DECLARED]
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")
