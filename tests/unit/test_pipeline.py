@@ -67,7 +67,6 @@ def toy(monkeypatch: pytest.MonkeyPatch) -> Toy:
 
     t = Toy()
     monkeypatch.setattr(qwenquant.quantize.stages, "PIPELINE", t.pipeline())
-    monkeypatch.setattr(pipeline, "resolve_device", lambda device: "cpu")
     monkeypatch.setattr(qwenquant.quantize.stages.source, "validate_source", lambda *a: None)  # the toy source has no weights
     return t
 
@@ -75,7 +74,7 @@ def toy(monkeypatch: pytest.MonkeyPatch) -> Toy:
 def _quantize(tmp_path: Path, progress=None) -> pipeline.QuantizeResult:
     recipe = load_recipe("w4a16-int4head")
     (tmp_path / "src").mkdir(exist_ok=True)
-    opts = pipeline.QuantizeOptions(tmp_path / "src", recipe, recipe.calibration, tmp_path / "art")
+    opts = pipeline.QuantizeOptions(tmp_path / "src", recipe, recipe.calibration, tmp_path / "art", device="cpu")
     return pipeline.quantize(opts, progress)
 
 

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from qwenquant.checkpoint.names import LM_HEAD_TARGET
+from qwenquant.modeling.runtime import torch_device
 from qwenquant.modeling.int4 import (  # noqa: F401  (re-exported API)
     SCALE_DTYPE,
     QuantizedHead,
     _check_shapes,
     _group_scales,
     _row_chunks,
-    default_device,
     int_range,
     rtn_quantize_rows,
 )
@@ -53,7 +53,6 @@ __all__ = [
     "accumulate_hessian",
     "capture_final_hidden",
     "compare_heads",
-    "default_device",
     "gptq_quantize_rows",
     "head_config_group",
     "head_quality",
@@ -181,7 +180,7 @@ def gptq_quantize_rows(
     _check_shapes(W, num_bits, group_size, symmetric)
     if H.shape != (W.shape[1], W.shape[1]):
         raise ValueError(f"Hessian shape {tuple(H.shape)} does not match weight {tuple(W.shape)}")
-    dev = default_device(device)
+    dev = torch_device(device)
     qmin, qmax = int_range(num_bits)
     cols = W.shape[1]
 

@@ -56,26 +56,20 @@ class QuantizeResult:
                 "stages": self.stages, "calibration_fingerprint": self.calibration.get("fingerprint_sha256")}
 
 
-def resolve_device(device: str | None) -> str:
-    """cuda when present (or asked for), else cpu."""
-    import torch
-
-    if device == "cuda" and not torch.cuda.is_available():
-        raise StageError("--device cuda but no CUDA device is visible", hint="drop --device, or use --device cpu")
-    return device or ("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def resolve_gpus(gpus: int | None, asked_device: str | None) -> int:
     """How many processes run the gptq stage (`--gpus`; engine/ranks.resolve_ranks)."""
-    import torch
-
     from qwenquant.quantize.engine.ranks import resolve_ranks
 
-    return resolve_ranks(gpus, asked_device, torch.cuda.device_count() if asked_device != "cpu" else 0)
+    if asked_device == "cpu":
+        return resolve_ranks(gpus, asked_device, 0)
+    import torch
+
+    return resolve_ranks(gpus, asked_device, torch.cuda.device_count())
 
 
 def quantize(opts: QuantizeOptions, progress: Progress | None = None) -> QuantizeResult:
     """Run every stage (resuming from valid records), assemble the artifact, write its manifest."""
+    from qwenquant.modeling.runtime import resolve_device
     from qwenquant.quantize.stages import PIPELINE
 
     source, out, work = _folders(opts)
