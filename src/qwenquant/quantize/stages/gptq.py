@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import re
 import shutil
 import warnings
@@ -32,6 +31,7 @@ from qwenquant.errors import StageError, UsageError
 from qwenquant.checkpoint.identity import quantized_module, prove_unquantized_identical, recipe_quantizes
 from qwenquant.checkpoint.tensorfile import TensorRef, checkpoint_refs, write_checkpoint_tensors
 from qwenquant.hashing import sha256_json
+from qwenquant.modeling.runtime import set_deterministic
 from qwenquant.quantize.stage import Stage, StageContext
 
 if TYPE_CHECKING:
@@ -46,33 +46,6 @@ CARRY_FILES = (
     "merges.txt", "chat_template.jinja", "chat_template.json", "generation_config.json",
     "preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json", "LICENSE",
 )
-
-
-def set_deterministic(seed: int = 0, threads: int | None = None) -> None:
-    """Seed everything, fix the thread count, prefer deterministic kernels (same bytes on re-run)."""
-    import numpy as np
-    import torch
-
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.set_num_threads(threads or int(os.environ.get("QWENQUANT_THREADS", "0")) or (os.cpu_count() or 1))
-
-
-def build_modifier(q: QuantizationSpec) -> Any:
-    """The GPTQModifier the recipe's `quantization` section describes (W4A16 preset + overrides)."""
-    from llmcompressor.modifiers.gptq import GPTQModifier
-
-    return GPTQModifier(
-        targets=list(q.targets),
-        scheme=q.scheme,
-        ignore=list(q.ignore),
-        dampening_frac=q.dampening_frac,
-        block_size=q.block_size,
-        actorder=q.actorder,
-    )
 
 
 def restore_plan(saved: Mapping[str, TensorRef], source: Mapping[str, TensorRef]) -> dict[str, TensorRef]:
@@ -153,8 +126,9 @@ def run_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, ou
     from datasets import Dataset
     from loguru import logger as loguru_logger
 
-    from llmcompressor import oneshot
+    from qwenquant.modeling.compat import build_modifier, oneshot
 
+    modifier = build_modifier(q)  # imports llm-compressor, which resets loguru's sinks: before ours is added
     if not q.restore_unquantized:
         raise StageError("quantization.restore_unquantized: false is not supported: llm-compressor 0.14 rounds "
                          "offset-norm weights, and every build proves unquantized tensors byte-identical",
@@ -184,7 +158,7 @@ def run_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, ou
     raw = out_dir / ".llmcompressor-save"
     try:
         oneshot(
-            model=model, processor=tokenizer, dataset=ds, recipe=build_modifier(q),
+            model=model, processor=tokenizer, dataset=ds, recipe=modifier,
             sequential_targets=list(q.sequential_targets), pipeline="sequential",
             num_calibration_samples=len(samples), max_seq_length=max(len(s) for s in samples),
             shuffle_calibration_samples=False, batch_size=1,
@@ -272,7 +246,7 @@ def _params(ctx: StageContext) -> dict[str, Any]:
 
 def _run_streamed(ctx: StageContext, samples: list[list[int]], out_dir: Path) -> dict[str, Any]:
     from qwenquant.quantize.engine.build import discard_layers, run_streamed_gptq
-    from qwenquant.quantize.engine.quantize import quantization_config, resolve_scheme
+    from qwenquant.modeling.compat import quantization_config, resolve_scheme
     from qwenquant.quantize.engine.run import ENGINE_VERSION
     from qwenquant.quantize.stages.lm_head import split_heldout
 

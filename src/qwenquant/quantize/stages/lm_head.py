@@ -119,7 +119,7 @@ def run_head(source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, prev_
 
     from qwenquant.quantize.engine import headcal
     from qwenquant.quantize import head_gptq as lh
-    from qwenquant.quantize.stages.gptq import set_deterministic
+    from qwenquant.modeling.runtime import set_deterministic
 
     set_deterministic()
     cal = headcal.load(prev_dir)  # the streamed gptq engine calibrated the head in its own pass
