@@ -103,7 +103,7 @@ def combine_head(H: torch.Tensor | None, tokens: int, held: dict[int, torch.Tens
                  ranks: Ranks) -> tuple[torch.Tensor | None, int, list[torch.Tensor]] | None:
     """On rank 0: (the lm_head Hessian over every rank's calibration tokens, the token count, the
     held-out hidden states in sample order); None elsewhere. Each rank's H is a running mean over its
-    `tokens` tokens (quant.head_gptq.accumulate_hessian), so the sum is sum(H_r * n_r) / sum(n_r)."""
+    `tokens` tokens (quantize.head_gptq.accumulate_hessian), so the sum is sum(H_r * n_r) / sum(n_r)."""
     total = torch.tensor([tokens], dtype=torch.int64, device=device)
     dist.all_reduce(total)
     n = int(total.item())

@@ -1,7 +1,7 @@
 """GPTQ stage: the decoder layers' Linears to int4 on the calibration tokens, then prove.
 
 Two engines, chosen by QWENQUANT_GPTQ_ENGINE (`gptq_engine`):
-- `streamed` (default): qwenquant/engine, one decoder layer in memory at a time, resumable per
+- `streamed` (default): quantize/engine/, one decoder layer in memory at a time, resumable per
   layer; it also leaves the lm_head stage its calibration (engine/headcal.py). Unquantized tensors
   are copied as the source's raw bytes.
 - `oneshot`: llm-compressor `oneshot` on the whole model. llm-compressor 0.14 wraps every oneshot
@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ENGINES = ("streamed", "oneshot")
+LAYERS_DIR = "gptq-layers"  # the streamed engine's per-layer records, <work>/gptq-layers/
+LAYERS_TASK = "gptq layers"  # the stage's progress bar (decoder layers; modules on the oneshot engine)
 # Side files carried from the source into the artifact (processor files dropped later by text-only).
 CARRY_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
@@ -209,7 +211,7 @@ def carry_side_files(source_dir: Path, out_dir: Path) -> list[str]:
 
 
 def gptq_engine() -> str:
-    """`streamed` (layer by layer, resumable; qwenquant/engine) or `oneshot` (llm-compressor whole-model),
+    """`streamed` (layer by layer, resumable; quantize/engine/) or `oneshot` (llm-compressor whole-model),
     from QWENQUANT_GPTQ_ENGINE."""
     name = os.environ.get("QWENQUANT_GPTQ_ENGINE", "streamed")
     if name not in ENGINES:
@@ -244,25 +246,47 @@ def _params(ctx: StageContext) -> dict[str, Any]:
             **rank_fields(ctx.ranks)}
 
 
+def layer_fingerprint(ctx: StageContext) -> str:
+    """What every layer record of the streamed engine depends on (the held-out split only shapes
+    the head calibration, so it is not part of it)."""
+    from qwenquant.quantize.engine.layers import ENGINE_VERSION
+
+    return sha256_json({"source": ctx.digest("source"), "calibration": ctx.digest("calibration"),
+                        "quantization": ctx.recipe.quantization.model_dump(mode="json"), "device": ctx.device,
+                        "engine": ENGINE_VERSION, **rank_fields(ctx.ranks)})
+
+
+def _plan_note(ctx: StageContext) -> str | None:
+    """Where the streamed engine would resume: the layer records that match (sizes, not bytes)."""
+    from qwenquant.checkpoint.config import read_config, text_config
+    from qwenquant.quantize.engine.layers import recorded_layers
+
+    if gptq_engine() != "streamed":
+        return None
+    n = int(text_config(read_config(ctx.source))["num_hidden_layers"])
+    done = recorded_layers(ctx.work / LAYERS_DIR, n, layer_fingerprint(ctx))
+    if done == 0:
+        return f"starts at decoder layer 1 of {n} (no layer record matches)"
+    if done == n:
+        return f"all {n} decoder layers are recorded; it re-reads them (their bytes checked) and writes its folder"
+    return f"resumes at decoder layer {done + 1} of {n} ({done} layer records match; their bytes are checked when it runs)"
+
+
 def _run_streamed(ctx: StageContext, samples: list[list[int]], out_dir: Path) -> dict[str, Any]:
     from qwenquant.quantize.engine.build import discard_layers, run_streamed_gptq
     from qwenquant.modeling.compat import quantization_config, resolve_scheme
-    from qwenquant.quantize.engine.run import ENGINE_VERSION
     from qwenquant.quantize.stages.lm_head import split_heldout
 
     q = ctx.recipe.quantization
-    layers_root = ctx.work / "gptq-layers"
-    # what every layer record depends on (the held-out split only shapes the head calibration)
-    fingerprint = sha256_json({"source": ctx.digest("source"), "calibration": ctx.digest("calibration"),
-                               "quantization": q.model_dump(mode="json"), "device": ctx.device,
-                               "engine": ENGINE_VERSION, **rank_fields(ctx.ranks)})
+    layers_root = ctx.work / LAYERS_DIR
+    fingerprint = layer_fingerprint(ctx)
     if ctx.ranks > len(samples):
         raise UsageError(f"--gpus {ctx.ranks} but the calibration set has {len(samples)} samples: every process "
                          "needs at least one", hint=f"pass --gpus {len(samples)} or fewer, or calibrate on more samples")
     _, held = split_heldout(len(samples), heldout_fraction(ctx))
     info = run_streamed_gptq(ctx.source, samples, q, out_dir, heldout=held,
                              max_shard_bytes=ctx.recipe.artifact.max_shard_bytes, layers_root=layers_root,
-                             fingerprint=fingerprint, device=ctx.device, progress=ctx.progress_for("gptq layers"),
+                             fingerprint=fingerprint, device=ctx.device, progress=ctx.progress_for(LAYERS_TASK),
                              ranks=ctx.ranks)
     finish_output(ctx.source, out_dir, q, quantization_config(resolve_scheme(q)))
     discard_layers(layers_root)
@@ -281,7 +305,7 @@ def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
                          hint="unset QWENQUANT_GPTQ_ENGINE, or drop --gpus")
     return run_gptq(ctx.source, samples, ctx.recipe.quantization, out_dir,
                     max_shard_bytes=ctx.recipe.artifact.max_shard_bytes, device=ctx.device,
-                    progress=ctx.progress_for("gptq layers"))
+                    progress=ctx.progress_for(LAYERS_TASK))
 
 
-STAGE = Stage("gptq", _inputs, _params, _run, builds_checkpoint=True)
+STAGE = Stage("gptq", _inputs, _params, _run, builds_checkpoint=True, tasks=(LAYERS_TASK,), plan_note=_plan_note)
