@@ -24,7 +24,8 @@ def run_oneshot_arm(source: Path, tokens_dir: Path, recipe: Any, out: Path, gpu:
 
     from llmcompressor import oneshot
     from qwenquant.quantize.stages import calibration as cal
-    from qwenquant.quantize.stages.gptq import build_modifier, set_deterministic
+    from qwenquant.modeling.compat import build_modifier
+    from qwenquant.modeling.runtime import set_deterministic
 
     set_deterministic()
     samples = cal.load_tokens(tokens_dir)

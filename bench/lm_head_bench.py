@@ -29,11 +29,11 @@ import torch
 from qwenquant.atomic import atomic_write_json
 from qwenquant.quantize.head_gptq import (
     accumulate_hessian,
-    default_device,
     gptq_quantize_rows,
     rtn_quantize_rows,
 )
 from qwenquant.modeling.head_quality import heads_quality
+from qwenquant.modeling.runtime import torch_device
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -126,7 +126,7 @@ def estimate(vocab: int, hidden: int, chunks: list[int]) -> str:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
-    dev = default_device(args.device)
+    dev = torch_device(args.device)
     chunks = parse_chunks(args.row_chunks, args.vocab)
     print(f"device {dev}; head {args.vocab} x {args.hidden}; calib {args.calib_tokens} tok; eval {args.eval_tokens} tok", file=sys.stderr)
     print(estimate(args.vocab, args.hidden, chunks), file=sys.stderr)

@@ -211,9 +211,9 @@ class Recorder:
             say(f"  {name:<12} {s['seconds']:7.1f} s  GPU peak {fmt_gib(s['peak_gpu_bytes'])}  "
                 f"RSS peak {fmt_gib(s['peak_rss_bytes'])}")
 
-    def __call__(self, name: str, i: int, n: int) -> None:
+    def __call__(self, name: str, task: str | None, i: int, n: int) -> None:
         t = self.now()
-        if name == "gptq layers":
+        if name == "gptq" and task is not None:
             self.total_seen = n
             while len(self.layers) < len(self.ends) and i >= self.ends[len(self.layers)]:
                 prev = self.layers[-1]["end"] if self.layers else self.stages[-1]["start"]
@@ -223,7 +223,7 @@ class Recorder:
                                     "peak_gpu_bytes": w["peak_gpu_bytes"], "peak_rss_bytes": w["peak_rss_bytes"]})
                 say(f"    gptq layer {k}: {t - prev:6.1f} s (t={t:.0f} s)")
             return
-        if name == "lm_head row chunks":
+        if name == "lm_head" and task is not None:
             self.chunks.append(t)
             if i == 1:  # what comes before the head GPTQ (calibration read, or model load) apart from the rows
                 self._window("lm_head", self.head_first + ", row chunk 1")

@@ -41,7 +41,8 @@ def _oneshot(source: Path, out: Path, samples: list[list[int]], *, norm_rounding
 
     from llmcompressor import oneshot
     from qwenquant.recipe import load_recipe
-    from qwenquant.quantize.stages.gptq import build_modifier, set_deterministic
+    from qwenquant.modeling.compat import build_modifier
+    from qwenquant.modeling.runtime import set_deterministic
 
     entry = importlib.import_module("llmcompressor.entrypoints.oneshot")  # the module, not the function
     set_deterministic(threads=2)
@@ -74,7 +75,7 @@ def streamed(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) ->
     from qwenquant.modeling.text import open_source
     from qwenquant.quantize.engine.run import stream_quantize
     from qwenquant.recipe import load_recipe
-    from qwenquant.quantize.stages.gptq import set_deterministic
+    from qwenquant.modeling.runtime import set_deterministic
     from qwenquant.checkpoint.tensorfile import checkpoint_refs, shard_refs
 
     set_deterministic(threads=2)
@@ -101,7 +102,7 @@ def test_packed_weights_identical_to_oneshot_without_norm_rounding(streamed: dic
 def test_quantization_config_matches_oneshot(tiny_checkpoint: Path, tmp_path: Path) -> None:
     """config.json's quantization_config equals the one `save_pretrained(save_compressed=True)`
     wrote, except `ignore` (both pipelines write the recipe's patterns there)."""
-    from qwenquant.quantize.engine.quantize import quantization_config, resolve_scheme
+    from qwenquant.modeling.compat import quantization_config, resolve_scheme
     from qwenquant.recipe import load_recipe
 
     _oneshot(tiny_checkpoint, tmp_path / "oneshot", _samples()[:1], norm_rounding=False)
@@ -120,7 +121,7 @@ def test_close_to_stock_oneshot_with_norm_rounding(streamed: dict, tiny_checkpoi
         dtype, shape, data = entry
         return torch.frombuffer(bytearray(data), dtype=TORCH_DTYPES[dtype]).reshape(shape)
 
-    from qwenquant.quantize.engine.quantize import resolve_scheme, unpack
+    from qwenquant.modeling.compat import resolve_scheme, unpack
     from qwenquant.recipe import load_recipe
     from qwenquant.checkpoint.tensorfile import checkpoint_refs
 

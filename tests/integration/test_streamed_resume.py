@@ -55,6 +55,15 @@ def test_sigkill_at_a_random_layer_then_rerun_gives_the_same_digest(baseline: di
     assert not (work / "gptq.record.json").exists() and list(work.glob(".gptq.*.partial"))
     done = len(list((work / "gptq-layers").glob("layer-*/record.json")))
     assert kill_after <= done <= 4
+    plan = subprocess.run(args(tiny_checkpoint, out) + ["--plan"], capture_output=True, text=True, env=ENV, cwd=REPO,
+                          timeout=300)
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    stages = {s["stage"]: s for s in json.loads(plan.stdout)["stages"]}
+    assert stages["calibration"]["action"] == "reuse"
+    assert (stages["gptq"]["action"], stages["gptq"]["reason"]) == ("run", "no completion record")
+    assert stages["gptq"]["note"] == (
+        f"resumes at decoder layer {done + 1} of 4 ({done} layer records match; their bytes are checked when it runs)"
+        if done < 4 else "all 4 decoder layers are recorded; it re-reads them (their bytes checked) and writes its folder")
 
     again = subprocess.run(args(tiny_checkpoint, out), capture_output=True, text=True, env=ENV, cwd=REPO, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]

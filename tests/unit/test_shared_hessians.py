@@ -31,7 +31,7 @@ def _layer(seed: int = 0) -> tuple[Block, dict[str, torch.nn.Linear]]:
 
 
 def _scheme():
-    from qwenquant.quantize.engine.quantize import resolve_scheme
+    from qwenquant.modeling.compat import resolve_scheme
     from qwenquant.recipe import load_recipe
 
     return resolve_scheme(load_recipe("w4a16-int4head").quantization)

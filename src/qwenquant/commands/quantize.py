@@ -1,4 +1,5 @@
-"""`qwenquant quantize` and `qwenquant graft-mtp` (light imports only; the work is in pipeline.py)."""
+"""`qwenquant quantize` and `qwenquant graft-mtp` (light imports only; the work is in quantize/pipeline.py,
+quantize/status.py for --plan, quantize/graft.py)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from qwenquant.commands._app import Device, app
+
+if TYPE_CHECKING:
+    from qwenquant.quantize.pipeline import QuantizeOptions
 
 
 @app.command("quantize")
@@ -24,16 +28,19 @@ def quantize_cmd(
     device: Optional[Device] = typer.Option(None, "--device", help="cpu or cuda (default: cuda when present)."),
     gpus: str = typer.Option("1", "--gpus", help="Processes for the gptq stage, one GPU each (NCCL): a number or 'auto' (every visible GPU). With --device cpu: N CPU processes (gloo)."),
     force: bool = typer.Option(False, "--force", help="Remove an existing --out / --work that is not this build's (says what it removes)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+    plan: bool = typer.Option(False, "--plan", help="Only say which stages would run or be reused, and why; runs and writes nothing."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result (or the plan) as JSON on stdout."),
 ) -> None:
     """Quantize a Qwen3.5-architecture checkpoint into a verified W4A16 artifact (resumable).
 
     Stages: source, calibration, gptq, lm_head, mtp, textonly, check, eval (when the recipe has an `eval:` key), manifest. A re-run (after a
-    crash or Ctrl-C) reuses every stage whose completion record still proves it complete.
+    crash or Ctrl-C) reuses every stage whose completion record still proves it complete; --plan says which those are.
 
     Examples:
 
       qwenquant quantize models/Qwen3.8-27B --recipe w4a16-int4head --out artifacts/q27b
+
+      qwenquant quantize models/Qwen3.8-27B --recipe w4a16-int4head --out artifacts/q27b --plan
 
       qwenquant quantize models/tiny --source-unverified --calibration tiny-demo --out artifacts/tiny --json
 
@@ -44,23 +51,29 @@ def quantize_cmd(
     n_gpus = parse_gpus(gpus)
     if device is Device.cpu:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # llm-compressor picks cuda whenever it is visible
-    os.environ.setdefault("TQDM_DISABLE", "1")  # our progress bars replace llm-compressor's
-    from qwenquant.console import console, print_json, step_progress, stdout
-    from qwenquant.quantize.pipeline import QuantizeOptions, quantize
+    from qwenquant.quantize.pipeline import QuantizeOptions
     from qwenquant.recipe import load_calibration_override, load_recipe
 
     r = load_recipe(recipe)
     spec = load_calibration_override(calibration) if calibration else r.calibration
     opts = QuantizeOptions(source, r, spec, out, work, device.value if device else None, source_unverified, force,
                            n_gpus)
+    (_plan if plan else _run)(opts, as_json)
+
+
+def _run(opts: QuantizeOptions, as_json: bool) -> None:
+    os.environ.setdefault("TQDM_DISABLE", "1")  # our progress bars replace llm-compressor's
+    from qwenquant.console import console, print_json, step_progress, stdout
+    from qwenquant.quantize.pipeline import quantize
+
     with step_progress() as bars:
         tasks: dict[str, int] = {}
 
-        def progress(name: str, i: int, n: int) -> None:
-            key = "stages" if name not in ("gptq layers", "lm_head row chunks") else name
+        def progress(stage: str, task: str | None, i: int, n: int) -> None:
+            key = task or "stages"  # one bar for the stages, one per task a stage declares
             if key not in tasks:
                 tasks[key] = bars.add_task(key, total=n)
-            bars.update(tasks[key], completed=i, total=n, description=key if key != "stages" else f"stage {name}")
+            bars.update(tasks[key], completed=i, total=n, description=task or f"stage {stage}")
 
         # stdout carries only the result: llm-compressor's loguru sink writes to sys.stdout
         with contextlib.redirect_stdout(sys.stderr):
@@ -71,6 +84,24 @@ def quantize_cmd(
     _print_result(result, stdout)
     console.print(f"[green]done[/]: {sum(v == 'ran' for v in result.stages.values())} stage(s) ran, "
                   f"{sum(v == 'skipped' for v in result.stages.values())} reused")
+
+
+def _plan(opts: QuantizeOptions, as_json: bool) -> None:
+    from qwenquant.console import console, print_json, stdout
+    from qwenquant.quantize.status import plan_quantize
+
+    p = plan_quantize(opts)
+    if as_json:
+        print_json(p.to_dict())
+        return
+    width = max(len(s.stage) for s in p.stages)
+    stdout.print(f"work folder: {p.work}", markup=False)
+    for line in p.force_removes:
+        stdout.print(f"--force removes first: {line}", markup=False)
+    for s in p.stages:
+        stdout.print(f"{s.stage:<{width}}  {s.describe()}", markup=False)
+    console.print(f"plan: {len(p.would_run)} stage(s) would run, {len(p.stages) - len(p.would_run)} reused "
+                  "(nothing was run or written)")
 
 
 def _print_result(result, out) -> None:  # type: ignore[no-untyped-def]
@@ -110,7 +141,7 @@ def graft_mtp_cmd(
     """
     from qwenquant.console import stdout
     from qwenquant.errors import StageError
-    from qwenquant.quantize.pipeline import graft_mtp
+    from qwenquant.quantize.graft import graft_mtp
 
     r = graft_mtp(artifact, source, check_only=check_only, force=force)
     if r["nothing_to_do"]:

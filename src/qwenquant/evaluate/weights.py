@@ -61,17 +61,14 @@ def _group_for(module: str, groups: dict[str, Any]) -> dict[str, Any]:
 
 def dequantize(tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> dict[str, torch.Tensor]:
     """`tensors` with every packed module replaced by its dequantized `.weight` (float32)."""
-    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
-    from compressed_tensors.quantization import QuantizationScheme
+    from qwenquant.modeling.compat import unpack_group
 
     groups = (config.get("quantization_config") or {}).get("config_groups") or {}
     modules = sorted(n[: -len(".weight_packed")] for n in tensors if n.endswith(".weight_packed"))
     out = {n: t for n, t in tensors.items() if n.rsplit(".", 1)[-1] not in PACK_SUFFIXES}
     for module in modules:
-        group = _group_for(module, groups)
-        scheme = QuantizationScheme(**{k: v for k, v in group.items() if k != "format"})
         local = {s: tensors[f"{module}.{s}"] for s in PACK_SUFFIXES if f"{module}.{s}" in tensors}
-        out[f"{module}.weight"] = PackedQuantizationCompressor.decompress(local, scheme)["weight"].float()
+        out[f"{module}.weight"] = unpack_group(local, _group_for(module, groups)).float()
     return {n: t.float() for n, t in out.items()}
 
 

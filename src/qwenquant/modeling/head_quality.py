@@ -15,16 +15,11 @@ from typing import Any
 import torch
 
 from qwenquant.errors import StageError
+from qwenquant.modeling.runtime import torch_device
 
 log = logging.getLogger(__name__)
 
 __all__ = ["StopForward", "capture_final_hidden", "compare_heads", "head_quality", "heads_quality"]
-
-
-def _device(device: str | torch.device | None) -> torch.device:
-    if device is not None:
-        return torch.device(device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _as_weight(w: Any) -> torch.Tensor:
@@ -48,7 +43,7 @@ def heads_quality(
     streamed through it. Memory on `device`: the hidden states, (1 + len(W_hats)) weight
     chunks of vocab_chunk x D fp32 and a few chunk x vocab_chunk logits blocks.
     """
-    dev = _device(device)
+    dev = torch_device(device)
     V, D = W_ref.shape
     for w in W_hats:
         if tuple(w.shape) != (V, D):

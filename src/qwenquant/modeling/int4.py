@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from qwenquant.errors import StageError
+from qwenquant.modeling.runtime import torch_device
 
 Progress = Callable[[int, int], None]
 
@@ -42,13 +43,6 @@ class QuantizedHead:
         q = self.int.unflatten(-1, (cols // self.group_size, self.group_size))
         w = (q.to(self.scale.dtype) * self.scale.unsqueeze(-1)).flatten(-2)
         return w if dtype is None else w.to(dtype)
-
-
-def default_device(device: str | torch.device | None = None) -> torch.device:
-    """The device to compute on: `device` if given, else cuda when available, else cpu."""
-    if device is not None:
-        return torch.device(device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def int_range(num_bits: int) -> tuple[int, int]:
@@ -101,7 +95,7 @@ def rtn_quantize_rows(
 ) -> QuantizedHead:
     """Round-to-nearest with the same scales and rounding as GPTQ: the baseline."""
     _check_shapes(W, num_bits, group_size, symmetric)
-    dev = default_device(device)
+    dev = torch_device(device)
     qmin, qmax = int_range(num_bits)
     ints = torch.empty(W.shape, dtype=torch.int8)
     scales = torch.empty((W.shape[0], W.shape[1] // group_size), dtype=SCALE_DTYPE)

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from qwenquant.checkpoint.names import LM_HEAD_TARGET
+from qwenquant.modeling.runtime import torch_device
 from qwenquant.modeling.int4 import (  # noqa: F401  (re-exported API)
     SCALE_DTYPE,
     QuantizedHead,
     _check_shapes,
     _group_scales,
     _row_chunks,
-    default_device,
     int_range,
     rtn_quantize_rows,
 )
@@ -53,7 +53,6 @@ __all__ = [
     "accumulate_hessian",
     "capture_final_hidden",
     "compare_heads",
-    "default_device",
     "gptq_quantize_rows",
     "head_config_group",
     "head_quality",
@@ -181,7 +180,7 @@ def gptq_quantize_rows(
     _check_shapes(W, num_bits, group_size, symmetric)
     if H.shape != (W.shape[1], W.shape[1]):
         raise ValueError(f"Hessian shape {tuple(H.shape)} does not match weight {tuple(W.shape)}")
-    dev = default_device(device)
+    dev = torch_device(device)
     qmin, qmax = int_range(num_bits)
     cols = W.shape[1]
 
@@ -226,10 +225,10 @@ def pack_head(q: QuantizedHead, prefix: str = "lm_head") -> dict[str, torch.Tens
 
     `weight_shape` is int64, as compressed-tensors itself writes it (`torch.tensor(weight.shape)`).
     """
-    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    from qwenquant.modeling.compat import pack_int32
 
     return {
-        f"{prefix}.weight_packed": pack_to_int32(q.int.contiguous(), q.num_bits).contiguous(),
+        f"{prefix}.weight_packed": pack_int32(q.int.contiguous(), q.num_bits).contiguous(),
         f"{prefix}.weight_scale": q.scale.contiguous(),
         f"{prefix}.weight_shape": torch.tensor(q.shape, dtype=torch.int64),
     }
@@ -242,23 +241,14 @@ def head_config_group(spec: HeadQuantSpec | LmHeadSpec | Mapping[str, Any] | Non
     symmetric (and optionally actorder) attributes; None means W4A16 g128.
     The `re:.*lm_head$` target matches both `lm_head` and vLLM's `language_model.lm_head`.
     """
-    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from qwenquant.modeling.compat import weight_scheme
 
     if spec is None:
         spec = HeadQuantSpec()
     elif isinstance(spec, Mapping):
         spec = HeadQuantSpec(**spec)
-    weights = QuantizationArgs(
-        num_bits=spec.num_bits,
-        type="int",
-        symmetric=spec.symmetric,
-        strategy="group",
-        group_size=spec.group_size,
-        dynamic=False,
-        # what the sweep did; "static" (= "weight") changes calibration only, not the format
-        actorder="static" if getattr(spec, "actorder", False) else None,
-        observer="memoryless_minmax",
-    )
     target = getattr(spec, "target", None) or LM_HEAD_TARGET
-    scheme = QuantizationScheme(targets=[target], weights=weights, format="pack-quantized")
-    return scheme.model_dump(mode="json")
+    # actorder: what the sweep did; "static" (= "weight") changes calibration only, not the format
+    return weight_scheme([target], num_bits=spec.num_bits, symmetric=spec.symmetric, group_size=spec.group_size,
+                         actorder="static" if getattr(spec, "actorder", False) else None,
+                         observer="memoryless_minmax")

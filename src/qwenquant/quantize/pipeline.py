@@ -1,17 +1,20 @@
-"""The quantize pipeline: `stages.PIPELINE` in order, each with a completion record, resumable.
+"""The quantize pipeline: a stage list (default `stages.PIPELINE`) in order, each with a completion
+record, resumable.
 
 For each stage (interface: stage.py) the pipeline fingerprints its inputs and params; unless
 `<work>/<stage>.record.json` proves the stage complete for exactly those (format and trust rules:
 records.py), the stage builds its folder in a staging dir that is renamed to `<work>/<stage>/`.
-The last folder that is a full checkpoint becomes the artifact, with its manifest. Only this
-module writes stage records and the manifest.
+The last folder that is a full checkpoint becomes the artifact, with its manifest, whose source,
+calibration and quality sections are what the stages contribute (`Stage.manifest`). Only this
+module writes stage records and the manifest. `quantize --plan` (status.py) uses the same
+options, folder checks and context without running or writing anything.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +23,7 @@ from qwenquant.atomic import atomic_write_bytes, pretty_json, staging_dir
 from qwenquant.errors import StageError
 from qwenquant.hashing import seal
 from qwenquant.quantize.records import StageRunner, clean_partials, work_lock
-from qwenquant.quantize.stage import Progress, StageContext
+from qwenquant.quantize.stage import Progress, Stage, StageContext
 
 if TYPE_CHECKING:
     from qwenquant.recipe import CalibrationSpec, Recipe
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 QUALITY_FILE = "qwenquant-quality.json"
+MANIFEST_PARTS = ("source", "calibration", "quality")  # the manifest fields stages contribute
 
 
 @dataclass
@@ -56,80 +60,102 @@ class QuantizeResult:
                 "stages": self.stages, "calibration_fingerprint": self.calibration.get("fingerprint_sha256")}
 
 
-def resolve_device(device: str | None) -> str:
-    """cuda when present (or asked for), else cpu."""
-    import torch
+def stage_list(stages: Sequence[Stage] | None) -> tuple[Stage, ...]:
+    """`stages`, or the shipped pipeline when None."""
+    if stages is not None:
+        return tuple(stages)
+    from qwenquant.quantize.stages import PIPELINE
 
-    if device == "cuda" and not torch.cuda.is_available():
-        raise StageError("--device cuda but no CUDA device is visible", hint="drop --device, or use --device cpu")
-    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return PIPELINE
 
 
 def resolve_gpus(gpus: int | None, asked_device: str | None) -> int:
     """How many processes run the gptq stage (`--gpus`; engine/ranks.resolve_ranks)."""
-    import torch
-
     from qwenquant.quantize.engine.ranks import resolve_ranks
 
-    return resolve_ranks(gpus, asked_device, torch.cuda.device_count() if asked_device != "cpu" else 0)
+    if asked_device == "cpu":
+        return resolve_ranks(gpus, asked_device, 0)
+    import torch
+
+    return resolve_ranks(gpus, asked_device, torch.cuda.device_count())
 
 
-def quantize(opts: QuantizeOptions, progress: Progress | None = None) -> QuantizeResult:
+def new_context(opts: QuantizeOptions, source: Path, work: Path, progress: Progress | None = None) -> StageContext:
+    """The context every stage of this run reads (device and process count resolved)."""
+    from qwenquant.modeling.runtime import resolve_device
+
+    return StageContext(source, opts.recipe, opts.calibration, work, resolve_device(opts.device),
+                        opts.source_unverified, progress, {}, resolve_gpus(opts.gpus, opts.device))
+
+
+def quantize(opts: QuantizeOptions, progress: Progress | None = None, *,
+             stages: Sequence[Stage] | None = None) -> QuantizeResult:
     """Run every stage (resuming from valid records), assemble the artifact, write its manifest."""
-    from qwenquant.quantize.stages import PIPELINE
-
-    source, out, work = _folders(opts)
-    device = resolve_device(opts.device)
-    ranks = resolve_gpus(opts.gpus, opts.device)
-    step = progress or (lambda name, i, n: None)
-    total = len(PIPELINE) + 1  # the stages, then the manifest
+    stages = stage_list(stages)
+    source, out, work, _ = check_folders(opts, stages)
+    ctx = new_context(opts, source, work, progress)
+    step = progress or (lambda stage, task, i, n: None)
+    total = len(stages) + 1  # the stages, then the manifest
     fresh_work = not work.exists()
     with work_lock(work):
         clean_partials(work)
         for p in out.parent.glob(f".{out.name}.*.partial"):  # an artifact assembly that was killed
             shutil.rmtree(p, ignore_errors=True)
         runner = StageRunner(work)
-        ctx = StageContext(source, opts.recipe, opts.calibration, work, device, opts.source_unverified, progress,
-                           runner.outcomes, ranks)
-        for i, stage in enumerate(PIPELINE):
-            step(stage.name, i, total)
+        ctx.outcomes = runner.outcomes
+        for i, stage in enumerate(stages):
+            step(stage.name, None, i, total)
+            ctx.current = stage
             try:
                 runner.run(stage.name, stage.inputs(ctx), stage.params(ctx), lambda d, s=stage: s.run(ctx, d))
             except BaseException:
                 if i == 0 and fresh_work:  # a source refused at the first stage leaves no work folder behind
                     shutil.rmtree(work, ignore_errors=True)
                 raise
-        step("manifest", len(PIPELINE), total)
-        built = [ctx.dir(s.name) for s in PIPELINE if s.builds_checkpoint][-1]
-        result = _finish(runner, out, built, opts.recipe)
-        step("done", total, total)
+        ctx.current = None
+        step("manifest", None, len(stages), total)
+        built = [ctx.dir(s.name) for s in stages if s.builds_checkpoint][-1]
+        result = _finish(runner, stages, out, built, opts.recipe)
+        step("done", None, total, total)
         return result
 
 
-def _folders(opts: QuantizeOptions) -> tuple[Path, Path, Path]:
-    """(source, out, work), resolved and checked before any folder is created: the source is
-    validated, --out and --work hold nothing but this build's files."""
-    from qwenquant.quantize.stages.source import validate_source
-
+def check_folders(opts: QuantizeOptions, stages: Sequence[Stage], *, dry_run: bool = False
+                  ) -> tuple[Path, Path, Path, list[str]]:
+    """(source, out, work, what --force removes), resolved and checked before any folder is
+    created: each stage's preflight passes, --out / --work hold nothing but this build's files
+    (else OutFolderError, or with --force they are removed; `dry_run`: only listed)."""
     source = Path(opts.source_dir).resolve()
     out = Path(opts.out).resolve()
     work = Path(opts.work).resolve() if opts.work else out.with_name(out.name + ".work")
     if out == source or source in out.parents or out in source.parents:
         raise StageError(f"--out {out} overlaps the source folder {source}",
                          hint="write the artifact to its own folder, outside the source")
-    validate_source(source, opts.recipe.model, opts.recipe.name)
-    guard_folders(out, work, opts.recipe.name, source, force=opts.force)
-    return source, out, work
+    for stage in stages:
+        if stage.preflight is not None:
+            stage.preflight(source, opts.recipe)
+    removes = guard_folders(out, work, opts.recipe.name, source, force=opts.force, dry_run=dry_run)
+    return source, out, work, removes
 
 
-def guard_folders(out: Path, work: Path, recipe_name: str, source: Path, *, force: bool) -> None:
-    """Refuse an --out / --work that holds anything but this build's artifact and stage outputs."""
+def guard_folders(out: Path, work: Path, recipe_name: str, source: Path, *, force: bool,
+                  dry_run: bool = False) -> list[str]:
+    """Refuse an --out / --work that holds anything but this build's artifact and stage outputs;
+    with `force` remove it (`dry_run`: touch nothing). Returns what --force removes, one line each."""
     from qwenquant import outfolder
 
-    outfolder.guard(out, outfolder.foreign_in_artifact_out(out, recipe_name, source), force=force, flag="--out",
-                    problem=f"exists and is not an artifact of recipe {recipe_name!r} from {source}")
-    outfolder.guard(work, outfolder.foreign_in_work(work), force=force, flag="--work",
-                    problem="exists and is not a quantize work folder")
+    checks = ((out, lambda: outfolder.foreign_in_artifact_out(out, recipe_name, source), "--out",
+               f"exists and is not an artifact of recipe {recipe_name!r} from {source}"),
+              (work, lambda: outfolder.foreign_in_work(work), "--work", "exists and is not a quantize work folder"))
+    removes = []
+    for folder, find, flag, problem in checks:
+        foreign = find()
+        if foreign and force:
+            root = folder if folder.is_dir() else folder.parent
+            removes.append(f"{flag} {folder}, which holds {outfolder.summarize(foreign, root)}")
+        if not (dry_run and force):
+            outfolder.guard(folder, foreign, force=force, flag=flag, problem=problem)
+    return removes
 
 
 MANIFEST_STAGE_FIELDS = ("stage", "status", "inputs", "outputs", "params", "result")
@@ -142,36 +168,31 @@ def manifest_stage(record: dict[str, Any]) -> dict[str, Any]:
     return seal(kept, "content_sha256")
 
 
-def manifest_fields(runner: StageRunner, recipe: Recipe) -> dict[str, Any]:
-    """Everything the manifest records besides the file list (source, calibration and quality
-    come from the stages of those names)."""
-    outcomes = runner.outcomes
+def manifest_fields(runner: StageRunner, stages: Sequence[Stage], recipe: Recipe) -> dict[str, Any]:
+    """Everything the manifest records besides the file list: the recipe, every stage's record,
+    the tool versions, and the parts the stages contribute (`Stage.manifest`; none: empty)."""
+    parts: dict[str, dict[str, Any]] = {k: {} for k in MANIFEST_PARTS}
+    for stage in stages:
+        for key, value in (stage.manifest(runner.outcomes[stage.name]) if stage.manifest else {}).items():
+            if key not in parts:
+                raise ValueError(f"stage {stage.name} adds {key!r} to the manifest; stages add {MANIFEST_PARTS}")
+            if (key != "quality" and parts[key]) or set(parts[key]) & set(value):
+                raise ValueError(f"stage {stage.name} adds {key!r} to the manifest again ({sorted(value)})")
+            parts[key].update(value)
     return {
-        "source": json.loads((outcomes["source"].dir / "source.json").read_text()),
+        **parts,
         "recipe": recipe.canonical(),
         "recipe_sha256": recipe.sha256(),
-        "calibration": dict(outcomes["calibration"].result),
-        "stages": {name: manifest_stage(o.record) for name, o in outcomes.items()},
-        "quality": quality_of(outcomes),
+        "stages": {name: manifest_stage(o.record) for name, o in runner.outcomes.items()},
         "tool_versions": runner.versions,
     }
 
 
-def quality_of(outcomes: dict[str, Any]) -> dict[str, Any]:
-    """The manifest's quality section: the lm_head stage's report, plus the quick eval's figures
-    when the recipe asked for one (absent otherwise, so such artifacts keep their digests)."""
-    quality = dict(outcomes["lm_head"].result)
-    quick = outcomes["eval"].result.get("eval") if "eval" in outcomes else None
-    if quick is not None:
-        quality["eval"] = quick
-    return quality
-
-
-def _finish(runner: StageRunner, out: Path, built: Path, recipe: Recipe) -> QuantizeResult:
+def _finish(runner: StageRunner, stages: Sequence[Stage], out: Path, built: Path, recipe: Recipe) -> QuantizeResult:
     from qwenquant.checkpoint.assemble import link_or_copy
     from qwenquant.manifest import build_manifest, verify_artifact, write_manifest
 
-    fields = manifest_fields(runner, recipe)
+    fields = manifest_fields(runner, stages, recipe)
     with staging_dir(out) as tmp:
         for p in sorted(built.iterdir()):
             if p.is_file():
@@ -185,100 +206,4 @@ def _finish(runner: StageRunner, out: Path, built: Path, recipe: Recipe) -> Quan
     log.info("artifact %s, root digest %s", out, manifest.root_digest)
     return QuantizeResult(out, manifest.root_digest, fields["quality"],
                           {n: ("ran" if o.ran else "skipped") for n, o in runner.outcomes.items()},
-                          runner.outcomes["calibration"].result)
-
-
-def refresh_manifest(artifact: Path, note: dict[str, Any] | None = None, *, previous: Path | None = None) -> str:
-    """Re-hash an artifact after a repair (graft-mtp) keeping what the manifest of `previous` (default:
-    the artifact itself) recorded; return the new root digest. Call it on a staging folder before
-    it is renamed into place."""
-    from qwenquant.manifest import build_manifest, load_manifest, write_manifest
-
-    old = load_manifest(previous or artifact)
-    extra = dict(old.extra)
-    if note:
-        extra.setdefault("repairs", []).append(note)
-    m = build_manifest(artifact, source=old.source, recipe=old.recipe, recipe_sha256=old.recipe_sha256,
-                       calibration=old.calibration, stages=old.stages, quality=old.quality,
-                       tool_versions=old.tool_versions, extra=extra)
-    write_manifest(artifact, m)
-    return m.root_digest
-
-
-def _check_headers(folder: Path) -> None:
-    """Every safetensors header of `folder` parses and matches its file size (else name the file)."""
-    from qwenquant.checkpoint.header import SafetensorsError, read_header
-
-    for p in sorted(folder.glob("*.safetensors")):
-        try:
-            read_header(p)
-        except SafetensorsError as e:
-            raise StageError(f"{p}: {e}", hint="the file is damaged or truncated; copy or rebuild it") from None
-
-
-def graft_keeps(artifact: Path) -> set[str]:
-    """Top-level names of an artifact that graft-mtp carries into the folder it rebuilds."""
-    from qwenquant.manifest import MANIFEST_NAME
-
-    manifest = artifact / MANIFEST_NAME
-    if manifest.is_file():
-        try:
-            return {str(f["path"]).split("/")[0] for f in json.loads(manifest.read_text())["files"]} | {MANIFEST_NAME}
-        except (ValueError, KeyError, TypeError):
-            return {p.name for p in artifact.iterdir()}  # a broken manifest is reported by verify below
-    try:
-        shards = set(json.loads((artifact / "model.safetensors.index.json").read_text())["weight_map"].values())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        shards = set()
-    return shards | {p.name for p in artifact.iterdir() if p.is_file() and not p.is_symlink()
-                     and not p.name.startswith(".") and p.suffix != ".safetensors"}
-
-
-def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: bool = False) -> dict[str, Any]:
-    """`qwenquant graft-mtp`: put the source MTP tensors back into an artifact (idempotent)."""
-    from qwenquant.manifest import MANIFEST_NAME, verify_artifact
-    from qwenquant.checkpoint.assemble import carry_files
-    from qwenquant.quantize.stages.mtp import graft_into, plan_for, verify_mtp
-
-    artifact, source = Path(artifact).resolve(), Path(source).resolve()
-    for p, what in ((artifact, "artifact"), (source, "source")):
-        if not (p / "config.json").is_file():
-            raise StageError(f"{what} folder {p} has no config.json", hint=f"check the {what} path")
-    if not check_only:
-        from qwenquant import outfolder
-
-        foreign = outfolder.foreign_in_graft_target(artifact, graft_keeps(artifact))
-        outfolder.guard(artifact, foreign, force=force, flag="artifact", remove=foreign,
-                        problem="holds entries that are not part of the artifact (graft-mtp rebuilds the folder "
-                                "and would drop them)")
-    for folder in (artifact, source):
-        _check_headers(folder)
-    plan = plan_for(artifact, source)
-    if check_only or plan.nothing_to_do:
-        return {"artifact": str(artifact), "plan": plan.summary(), "nothing_to_do": plan.nothing_to_do,
-                "written": False}
-    had_manifest = (artifact / MANIFEST_NAME).is_file()
-    if had_manifest:
-        # Re-hashing blesses whatever is on disk: only the files a graft repairs may differ.
-        from qwenquant.errors import VerificationError
-
-        before = verify_artifact(artifact)
-        others = [f for f in before.bad_files if f not in ("model.safetensors.index.json", "config.json")
-                  and "mtp" not in f]
-        if others:
-            raise VerificationError(
-                f"{artifact}: files besides the MTP shard, index and config differ from the manifest: "
-                + ", ".join(others[:5]), hint="graft-mtp repairs only the MTP head; re-run `qwenquant quantize`")
-    with staging_dir(artifact) as tmp:
-        graft_into(artifact, tmp, source, plan)
-        carry_files(artifact, tmp, drop=[MANIFEST_NAME])
-        root = refresh_manifest(tmp, {"graft_mtp": plan.summary()}, previous=artifact) if had_manifest else None
-    problems = verify_mtp(artifact, source)
-    if had_manifest:
-        report = verify_artifact(artifact)
-        if not report.ok:
-            problems += [str(p) for p in report.problems]
-    if problems:
-        raise StageError("graft-mtp: the artifact still fails: " + "; ".join(problems), hint="re-run graft-mtp")
-    return {"artifact": str(artifact), "plan": plan.summary(), "nothing_to_do": False, "written": True,
-            "root_digest": root}
+                          fields["calibration"])

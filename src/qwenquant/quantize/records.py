@@ -8,7 +8,7 @@
 `record_sha256` is the sha256 of the canonical JSON of every other field. A stage is skipped only
 when its record parses, is complete, hashes to its own `record_sha256`, has the same inputs and
 params as now, and every output file on disk still has its recorded sha256 (and none was added).
-The pipeline is the only caller (one place writes records).
+The pipeline is the only writer; `quantize --plan` (status.py) only checks.
 """
 
 from __future__ import annotations
@@ -144,13 +144,18 @@ class StageRunner:
     def record_path(self, name: str) -> Path:
         return self.work / f"{name}.record.json"
 
+    def check(self, name: str, inputs: dict[str, str], params: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+        """(record, "") when stage `name` may be skipped, else (None, why it must run); reads only."""
+        path = self.record_path(name)
+        raw = path.read_bytes() if path.is_file() else None
+        return check_record(raw, stage=name, inputs=inputs, params=params,
+                            outputs_on_disk=lambda: self.digests.folder(self.work / name))
+
     def run(self, name: str, inputs: dict[str, str], params: dict[str, Any],
             fn: Callable[[Path], dict[str, Any]]) -> StageOutcome:
         out_dir = self.work / name
         path = self.record_path(name)
-        raw = path.read_bytes() if path.is_file() else None
-        rec, reason = check_record(raw, stage=name, inputs=inputs, params=params,
-                                   outputs_on_disk=lambda: self.digests.folder(out_dir))
+        rec, reason = self.check(name, inputs, params)
         if rec is not None:
             log.info("stage %s: complete, skipped", name)
             outcome = StageOutcome(name, out_dir, rec, False, "")

@@ -84,7 +84,7 @@ def write_stage_folder(src: Any, res: Any, out_dir: Path, max_shard_bytes: int) 
     from qwenquant.checkpoint.assemble import link_or_copy
     from qwenquant.checkpoint.tensorfile import plan_shards, shard_refs, write_index, write_shard
     from qwenquant.quantize.engine import headcal
-    from qwenquant.quantize.engine.run import ENGINE_VERSION
+    from qwenquant.quantize.engine.layers import ENGINE_VERSION
 
     refs = src.refs
     rest = {n: r for n, r in refs.items() if not n.startswith(MTP_PREFIX) and not src.is_layer_tensor(n)}

@@ -11,9 +11,9 @@ After the last layer `combine_head` sums the lm_head Hessians (weighted by token
 one running mean would weight them) and gathers the held-out hidden states onto rank 0.
 
 Rank 0 does every file write; the other ranks only read. nccl on CUDA (rank r on cuda:r), gloo on
-the CPU. llm-compressor 0.14's `accumulate_hessian` keeps an un-normalised sum and a count
-(`prepare_batch` divides), so summing both over ranks is the one-process combination; only the
-association of the float additions differs.
+the CPU. llm-compressor 0.14's `accumulate_hessian` (through modeling/compat.py) keeps an
+un-normalised sum and a count (`prepare_batch` divides), so summing both over ranks is the
+one-process combination; only the association of the float additions differs.
 """
 
 from __future__ import annotations
@@ -72,13 +72,13 @@ def broadcast_int(value: int, device: str) -> int:
 def reduce_hessians(gptq: Any, owner: dict[str, int], ranks: Ranks) -> None:
     """Sum every module's Hessian and sample count onto its owner; other ranks drop theirs.
     `gptq`: engine.quantize.LayerGPTQ after the calibration forward (hooks done)."""
-    from llmcompressor.modifiers.gptq.helpers import make_empty_hessian
+    from qwenquant.modeling import compat
 
     gptq.unshare()  # a reduction is in place: each module needs its own tensor
     pending = []
     for name, mod in gptq.modules.items():  # the same order on every rank
         if mod not in gptq.counts:  # no sample of this rank reached it: add nothing, still take part
-            gptq.hessians[mod] = make_empty_hessian(mod, device=mod.weight.device)
+            gptq.hessians[mod] = compat.empty_hessian(mod)
             gptq.counts[mod] = torch.zeros((), device=mod.weight.device)
         pending.append(dist.reduce(gptq.hessians[mod], dst=owner[name], op=dist.ReduceOp.SUM, async_op=True))
         pending.append(dist.reduce(gptq.counts[mod], dst=owner[name], op=dist.ReduceOp.SUM, async_op=True))
@@ -105,7 +105,7 @@ def combine_head(H: torch.Tensor | None, tokens: int, held: dict[int, torch.Tens
                  ranks: Ranks) -> tuple[torch.Tensor | None, int, list[torch.Tensor]] | None:
     """On rank 0: (the lm_head Hessian over every rank's calibration tokens, the token count, the
     held-out hidden states in sample order); None elsewhere. Each rank's H is a running mean over its
-    `tokens` tokens (quant.head_gptq.accumulate_hessian), so the sum is sum(H_r * n_r) / sum(n_r)."""
+    `tokens` tokens (quantize.head_gptq.accumulate_hessian), so the sum is sum(H_r * n_r) / sum(n_r)."""
     total = torch.tensor([tokens], dtype=torch.int64, device=device)
     dist.all_reduce(total)
     n = int(total.item())

@@ -1,7 +1,7 @@
 """The lm_head's calibration, produced by the streamed pass and read by the lm_head stage.
 
 After the last decoder layer the streamed engine applies the final norm and folds the calibration
-samples' final hidden states into the head's Hessian (`quant.head_gptq.accumulate_hessian`, the same
+samples' final hidden states into the head's Hessian (`quantize.head_gptq.accumulate_hessian`, the same
 function the lm_head stage uses on the whole model after the oneshot engine), and keeps the held-out samples' final
 hidden states for the quality report. Both go to `head-calibration/` inside the gptq stage folder:
 covered by its completion record, never carried into the artifact (only top-level files are).

@@ -24,6 +24,7 @@ from qwenquant.checkpoint.tensorfile import RawTensor, TensorRef, shard_refs, wr
 RECORD = "record.json"
 TENSORS = "tensors.safetensors"
 SCHEMA = 1
+ENGINE_VERSION = "streamed-1"  # part of every layer record's fingerprint and of the gptq stage's result
 
 
 def layer_dir(root: Path, i: int) -> Path:
@@ -43,8 +44,9 @@ def write_layer(root: Path, i: int, tensors: Mapping[str, RawTensor | TensorRef]
     return d / TENSORS
 
 
-def check_layer(root: Path, i: int, fingerprint: str) -> str | None:
-    """None when layer i's record is trustworthy for these inputs, else why not."""
+def check_layer(root: Path, i: int, fingerprint: str, *, hash_tensors: bool = True) -> str | None:
+    """None when layer i's record is trustworthy for these inputs, else why not. `hash_tensors`
+    False compares the file's size only (what `quantize --plan` can afford)."""
     d = layer_dir(root, i)
     try:
         body = json.loads((d / RECORD).read_bytes())
@@ -59,9 +61,19 @@ def check_layer(root: Path, i: int, fingerprint: str) -> str | None:
     if body.get("fingerprint") != fingerprint:
         return "inputs changed"
     f = d / TENSORS
-    if not f.is_file() or f.stat().st_size != body.get("size") or sha256_file(f) != body.get("sha256"):
+    if not f.is_file() or f.stat().st_size != body.get("size") or (
+            hash_tensors and sha256_file(f) != body.get("sha256")):
         return "tensors changed on disk"
     return None
+
+
+def recorded_layers(root: Path, num_layers: int, fingerprint: str) -> int:
+    """How many layers from 0 on have a record for these inputs and a tensors file of the recorded
+    size: a read-only, hash-free look at where the streamed engine would resume."""
+    k = 0
+    while k < num_layers and check_layer(root, k, fingerprint, hash_tensors=False) is None:
+        k += 1
+    return k
 
 
 def completed_layers(root: Path, num_layers: int, fingerprint: str) -> tuple[int, str]:

@@ -34,16 +34,15 @@ from typing import Any
 import torch
 
 from qwenquant.quantize.engine import layers as L
+from qwenquant.quantize.engine.layers import ENGINE_VERSION  # noqa: F401  (re-exported)
 from qwenquant.modeling.text import (LayerInputs, TextModelSource, build_layer, embed_samples, final_norm,
                                     read_layer, ref_tensor)
-from qwenquant.quantize.engine.quantize import LayerGPTQ, resolve_scheme, target_modules, unpack
+from qwenquant.quantize.engine.quantize import LayerGPTQ, target_modules
+from qwenquant.modeling.compat import resolve_scheme, unpack
 from qwenquant.checkpoint.assemble import torch_raw
 from qwenquant.checkpoint.identity import quantized_module
 
 log = logging.getLogger(__name__)
-
-ENGINE_VERSION = "streamed-1"
-
 
 @dataclass
 class StreamResult:

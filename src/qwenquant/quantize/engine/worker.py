@@ -74,7 +74,7 @@ def run(job: dict[str, Any], job_dir: Path) -> None:
     from qwenquant.modeling.text import open_source
     from qwenquant.quantize.engine.run import apply_gpu_cap, stream_quantize
     from qwenquant.recipe.models import QuantizationSpec
-    from qwenquant.quantize.stages.gptq import set_deterministic
+    from qwenquant.modeling.runtime import set_deterministic
 
     device = job["device"]
     ranks = dist.init(device)

@@ -212,4 +212,5 @@ def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
     return run_calibration(ctx.calibration, ctx.source, out_dir, datasets_dir=ctx.work / "datasets")
 
 
-STAGE = Stage("calibration", _inputs, lambda ctx: {"spec": ctx.calibration.model_dump(mode="json")}, _run)
+STAGE = Stage("calibration", _inputs, lambda ctx: {"spec": ctx.calibration.model_dump(mode="json")}, _run,
+              manifest=lambda o: {"calibration": dict(o.result)})

@@ -72,5 +72,13 @@ def _inputs(ctx: StageContext) -> dict[str, str]:
             "eval": sha256_json(spec.model_dump(mode="json") if spec else None)}
 
 
+def _manifest(outcome: Any) -> dict[str, Any]:
+    """The figures go into the manifest's quality section; without the `eval:` key nothing does,
+    so such artifacts keep their digests."""
+    figures = outcome.result.get("eval")
+    return {} if figures is None else {"quality": {"eval": figures}}
+
+
 STAGE = Stage("eval", _inputs,
-              lambda ctx: {"eval": ctx.recipe.eval.model_dump(mode="json") if ctx.recipe.eval else None}, _run)
+              lambda ctx: {"eval": ctx.recipe.eval.model_dump(mode="json") if ctx.recipe.eval else None}, _run,
+              manifest=_manifest)

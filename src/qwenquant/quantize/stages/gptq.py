@@ -1,7 +1,7 @@
 """GPTQ stage: the decoder layers' Linears to int4 on the calibration tokens, then prove.
 
 Two engines, chosen by QWENQUANT_GPTQ_ENGINE (`gptq_engine`):
-- `streamed` (default): qwenquant/engine, one decoder layer in memory at a time, resumable per
+- `streamed` (default): quantize/engine/, one decoder layer in memory at a time, resumable per
   layer; it also leaves the lm_head stage its calibration (engine/headcal.py). Unquantized tensors
   are copied as the source's raw bytes.
 - `oneshot`: llm-compressor `oneshot` on the whole model. llm-compressor 0.14 wraps every oneshot
@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import re
 import shutil
 import warnings
@@ -33,6 +32,7 @@ from qwenquant.errors import StageError, UsageError
 from qwenquant.checkpoint.identity import quantized_module, prove_unquantized_identical, recipe_quantizes
 from qwenquant.checkpoint.tensorfile import TensorRef, checkpoint_refs, write_checkpoint_tensors
 from qwenquant.hashing import sha256_json
+from qwenquant.modeling.runtime import set_deterministic
 from qwenquant.quantize.stage import Stage, StageContext
 
 if TYPE_CHECKING:
@@ -41,39 +41,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ENGINES = ("streamed", "oneshot")
+LAYERS_DIR = "gptq-layers"  # the streamed engine's per-layer records, <work>/gptq-layers/
+LAYERS_TASK = "gptq layers"  # the stage's progress bar (decoder layers; modules on the oneshot engine)
 # Side files carried from the source into the artifact (processor files dropped later by text-only).
 CARRY_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
     "merges.txt", "chat_template.jinja", "chat_template.json", "generation_config.json",
     "preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json", "LICENSE",
 )
-
-
-def set_deterministic(seed: int = 0, threads: int | None = None) -> None:
-    """Seed everything, fix the thread count, prefer deterministic kernels (same bytes on re-run)."""
-    import numpy as np
-    import torch
-
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.set_num_threads(threads or envs.get("QWENQUANT_THREADS") or (os.cpu_count() or 1))
-
-
-def build_modifier(q: QuantizationSpec) -> Any:
-    """The GPTQModifier the recipe's `quantization` section describes (W4A16 preset + overrides)."""
-    from llmcompressor.modifiers.gptq import GPTQModifier
-
-    return GPTQModifier(
-        targets=list(q.targets),
-        scheme=q.scheme,
-        ignore=list(q.ignore),
-        dampening_frac=q.dampening_frac,
-        block_size=q.block_size,
-        actorder=q.actorder,
-    )
 
 
 def restore_plan(saved: Mapping[str, TensorRef], source: Mapping[str, TensorRef]) -> dict[str, TensorRef]:
@@ -154,8 +129,9 @@ def run_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, ou
     from datasets import Dataset
     from loguru import logger as loguru_logger
 
-    from llmcompressor import oneshot
+    from qwenquant.modeling.compat import build_modifier, oneshot
 
+    modifier = build_modifier(q)  # imports llm-compressor, which resets loguru's sinks: before ours is added
     if not q.restore_unquantized:
         raise StageError("quantization.restore_unquantized: false is not supported: llm-compressor 0.14 rounds "
                          "offset-norm weights, and every build proves unquantized tensors byte-identical",
@@ -185,7 +161,7 @@ def run_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, ou
     raw = out_dir / ".llmcompressor-save"
     try:
         oneshot(
-            model=model, processor=tokenizer, dataset=ds, recipe=build_modifier(q),
+            model=model, processor=tokenizer, dataset=ds, recipe=modifier,
             sequential_targets=list(q.sequential_targets), pipeline="sequential",
             num_calibration_samples=len(samples), max_seq_length=max(len(s) for s in samples),
             shuffle_calibration_samples=False, batch_size=1,
@@ -236,7 +212,7 @@ def carry_side_files(source_dir: Path, out_dir: Path) -> list[str]:
 
 
 def gptq_engine() -> str:
-    """`streamed` (layer by layer, resumable; qwenquant/engine) or `oneshot` (llm-compressor whole-model),
+    """`streamed` (layer by layer, resumable; quantize/engine/) or `oneshot` (llm-compressor whole-model),
     from QWENQUANT_GPTQ_ENGINE."""
     name = envs.get("QWENQUANT_GPTQ_ENGINE")
     if name not in ENGINES:
@@ -271,25 +247,47 @@ def _params(ctx: StageContext) -> dict[str, Any]:
             **rank_fields(ctx.ranks)}
 
 
+def layer_fingerprint(ctx: StageContext) -> str:
+    """What every layer record of the streamed engine depends on (the held-out split only shapes
+    the head calibration, so it is not part of it)."""
+    from qwenquant.quantize.engine.layers import ENGINE_VERSION
+
+    return sha256_json({"source": ctx.digest("source"), "calibration": ctx.digest("calibration"),
+                        "quantization": ctx.recipe.quantization.model_dump(mode="json"), "device": ctx.device,
+                        "engine": ENGINE_VERSION, **rank_fields(ctx.ranks)})
+
+
+def _plan_note(ctx: StageContext) -> str | None:
+    """Where the streamed engine would resume: the layer records that match (sizes, not bytes)."""
+    from qwenquant.checkpoint.config import read_config, text_config
+    from qwenquant.quantize.engine.layers import recorded_layers
+
+    if gptq_engine() != "streamed":
+        return None
+    n = int(text_config(read_config(ctx.source))["num_hidden_layers"])
+    done = recorded_layers(ctx.work / LAYERS_DIR, n, layer_fingerprint(ctx))
+    if done == 0:
+        return f"starts at decoder layer 1 of {n} (no layer record matches)"
+    if done == n:
+        return f"all {n} decoder layers are recorded; it re-reads them (their bytes checked) and writes its folder"
+    return f"resumes at decoder layer {done + 1} of {n} ({done} layer records match; their bytes are checked when it runs)"
+
+
 def _run_streamed(ctx: StageContext, samples: list[list[int]], out_dir: Path) -> dict[str, Any]:
     from qwenquant.quantize.engine.build import discard_layers, run_streamed_gptq
-    from qwenquant.quantize.engine.quantize import quantization_config, resolve_scheme
-    from qwenquant.quantize.engine.run import ENGINE_VERSION
+    from qwenquant.modeling.compat import quantization_config, resolve_scheme
     from qwenquant.quantize.stages.lm_head import split_heldout
 
     q = ctx.recipe.quantization
-    layers_root = ctx.work / "gptq-layers"
-    # what every layer record depends on (the held-out split only shapes the head calibration)
-    fingerprint = sha256_json({"source": ctx.digest("source"), "calibration": ctx.digest("calibration"),
-                               "quantization": q.model_dump(mode="json"), "device": ctx.device,
-                               "engine": ENGINE_VERSION, **rank_fields(ctx.ranks)})
+    layers_root = ctx.work / LAYERS_DIR
+    fingerprint = layer_fingerprint(ctx)
     if ctx.ranks > len(samples):
         raise UsageError(f"--gpus {ctx.ranks} but the calibration set has {len(samples)} samples: every process "
                          "needs at least one", hint=f"pass --gpus {len(samples)} or fewer, or calibrate on more samples")
     _, held = split_heldout(len(samples), heldout_fraction(ctx))
     info = run_streamed_gptq(ctx.source, samples, q, out_dir, heldout=held,
                              max_shard_bytes=ctx.recipe.artifact.max_shard_bytes, layers_root=layers_root,
-                             fingerprint=fingerprint, device=ctx.device, progress=ctx.progress_for("gptq layers"),
+                             fingerprint=fingerprint, device=ctx.device, progress=ctx.progress_for(LAYERS_TASK),
                              ranks=ctx.ranks)
     finish_output(ctx.source, out_dir, q, quantization_config(resolve_scheme(q)))
     discard_layers(layers_root)
@@ -308,7 +306,7 @@ def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
                          hint="unset QWENQUANT_GPTQ_ENGINE, or drop --gpus")
     return run_gptq(ctx.source, samples, ctx.recipe.quantization, out_dir,
                     max_shard_bytes=ctx.recipe.artifact.max_shard_bytes, device=ctx.device,
-                    progress=ctx.progress_for("gptq layers"))
+                    progress=ctx.progress_for(LAYERS_TASK))
 
 
-STAGE = Stage("gptq", _inputs, _params, _run, builds_checkpoint=True)
+STAGE = Stage("gptq", _inputs, _params, _run, builds_checkpoint=True, tasks=(LAYERS_TASK,), plan_note=_plan_note)

@@ -1,4 +1,4 @@
-"""lm_head stage: activation-calibrated int4 head (the math: quant/head_gptq.py, quant/head_quality.py).
+"""lm_head stage: activation-calibrated int4 head (the math: quantize/head_gptq.py, modeling/head_quality.py).
 
 Final-norm hidden states over the calibration tokens feed the head's Hessian; `heldout_fraction`
 of the samples (the last ones, deterministic) are kept back for the quality report (KL and top-1
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HEAD = "lm_head"
+ROW_CHUNKS = "lm_head row chunks"  # the stage's progress bar
 
 
 def split_heldout(n: int, fraction: float) -> tuple[list[int], list[int]]:
@@ -119,7 +120,7 @@ def run_head(source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, prev_
 
     from qwenquant.quantize.engine import headcal
     from qwenquant.quantize import head_gptq as lh
-    from qwenquant.quantize.stages.gptq import set_deterministic
+    from qwenquant.modeling.runtime import set_deterministic
 
     set_deterministic()
     cal = headcal.load(prev_dir)  # the streamed gptq engine calibrated the head in its own pass
@@ -168,8 +169,8 @@ def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
     from qwenquant.quantize.stages.calibration import load_tokens
 
     return run_head(ctx.source, load_tokens(ctx.dir("calibration")), ctx.recipe.lm_head, prev, out_dir,
-                    device=ctx.device, progress=ctx.progress_for("lm_head row chunks"))
+                    device=ctx.device, progress=ctx.progress_for(ROW_CHUNKS))
 
 
 STAGE = Stage("lm_head", _inputs, lambda ctx: {"lm_head": ctx.recipe.lm_head.model_dump(mode="json"), "device": ctx.device},
-              _run, builds_checkpoint=True)
+              _run, builds_checkpoint=True, manifest=lambda o: {"quality": dict(o.result)}, tasks=(ROW_CHUNKS,))

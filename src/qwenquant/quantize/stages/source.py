@@ -131,4 +131,16 @@ def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
     return {k: v for k, v in desc.items() if k != "files"} | {"file_count": len(desc["files"])}
 
 
-STAGE = Stage("source", _inputs, lambda ctx: {"unverified": ctx.source_unverified, "path": str(ctx.source)}, _run)
+def _plan_note(ctx: StageContext) -> str:
+    """What running the stage costs: every source file is read once (stat only here)."""
+    files = [p for p in _files(ctx.source) if p.name != RECORD_NAME]
+    size = sum(p.stat().st_size for p in files)
+    check = "" if ctx.source_unverified else " against the fetch record"
+    return f"hashes {len(files)} source files ({size / 1e9:.1f} GB){check}" if size >= 1e8 else \
+        f"hashes {len(files)} source files ({size:,} bytes){check}"
+
+
+STAGE = Stage("source", _inputs, lambda ctx: {"unverified": ctx.source_unverified, "path": str(ctx.source)}, _run,
+              manifest=lambda o: {"source": json.loads((o.dir / "source.json").read_text())},
+              preflight=lambda source, recipe: validate_source(source, recipe.model, recipe.name),
+              plan_note=_plan_note)

@@ -1,0 +1,58 @@
+"""Where torch computes and how reproducibly: the one device resolver and the determinism switches.
+
+`resolve_device` decides for `quantize --device` (the pipeline), the lm_head math (int4.py,
+head_quality.py) and anything else that takes a `device=None` meaning "the best one here".
+`set_deterministic` is called once per process that quantizes (the gptq and lm_head stages, each
+rank of an N-process gptq job): the same inputs give the same bytes on a re-run.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import TYPE_CHECKING
+
+from qwenquant import envs
+from qwenquant.errors import StageError
+
+if TYPE_CHECKING:
+    import torch
+
+
+def resolve_device(device: str | torch.device | None = None) -> str:
+    """The torch device string to compute on: `device` as given, or (None) cuda when a CUDA device
+    is visible, else cpu. Asking for cuda when none is visible is refused up front (StageError)
+    rather than in the first kernel. "cpu" is answered without importing torch."""
+    if device is not None:
+        name = str(device)
+        if name.split(":")[0] == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise StageError(f"--device {name} but no CUDA device is visible",
+                                 hint="drop --device, or use --device cpu")
+        return name
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def torch_device(device: str | torch.device | None = None) -> torch.device:
+    """`resolve_device` as a `torch.device`."""
+    import torch
+
+    return torch.device(resolve_device(device))
+
+
+def set_deterministic(seed: int = 0, threads: int | None = None) -> None:
+    """Seed everything, fix the thread count, prefer deterministic kernels (same bytes on re-run).
+    `threads`: default QWENQUANT_THREADS, else every CPU."""
+    import numpy as np
+    import torch
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.set_num_threads(threads or envs.get("QWENQUANT_THREADS") or (os.cpu_count() or 1))

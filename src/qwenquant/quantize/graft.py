@@ -1,0 +1,111 @@
+"""`qwenquant graft-mtp`: put the source's bf16 MTP tensors back into an artifact, beside the mtp stage.
+
+The plan, the graft and the MTP proof are the mtp stage's own functions (stages/mtp.py); this
+module adds what the command needs around them: the folder checks, the rebuild of the artifact in
+a staging folder, and the manifest refreshed to the new bytes (`refresh_manifest`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from qwenquant.atomic import staging_dir
+from qwenquant.errors import StageError
+
+
+def refresh_manifest(artifact: Path, note: dict[str, Any] | None = None, *, previous: Path | None = None) -> str:
+    """Re-hash an artifact after a repair (graft-mtp) keeping what the manifest of `previous` (default:
+    the artifact itself) recorded; return the new root digest. Call it on a staging folder before
+    it is renamed into place."""
+    from qwenquant.manifest import build_manifest, load_manifest, write_manifest
+
+    old = load_manifest(previous or artifact)
+    extra = dict(old.extra)
+    if note:
+        extra.setdefault("repairs", []).append(note)
+    m = build_manifest(artifact, source=old.source, recipe=old.recipe, recipe_sha256=old.recipe_sha256,
+                       calibration=old.calibration, stages=old.stages, quality=old.quality,
+                       tool_versions=old.tool_versions, extra=extra)
+    write_manifest(artifact, m)
+    return m.root_digest
+
+
+def _check_headers(folder: Path) -> None:
+    """Every safetensors header of `folder` parses and matches its file size (else name the file)."""
+    from qwenquant.checkpoint.header import SafetensorsError, read_header
+
+    for p in sorted(folder.glob("*.safetensors")):
+        try:
+            read_header(p)
+        except SafetensorsError as e:
+            raise StageError(f"{p}: {e}", hint="the file is damaged or truncated; copy or rebuild it") from None
+
+
+def graft_keeps(artifact: Path) -> set[str]:
+    """Top-level names of an artifact that graft-mtp carries into the folder it rebuilds."""
+    from qwenquant.manifest import MANIFEST_NAME
+
+    manifest = artifact / MANIFEST_NAME
+    if manifest.is_file():
+        try:
+            return {str(f["path"]).split("/")[0] for f in json.loads(manifest.read_text())["files"]} | {MANIFEST_NAME}
+        except (ValueError, KeyError, TypeError):
+            return {p.name for p in artifact.iterdir()}  # a broken manifest is reported by verify below
+    try:
+        shards = set(json.loads((artifact / "model.safetensors.index.json").read_text())["weight_map"].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        shards = set()
+    return shards | {p.name for p in artifact.iterdir() if p.is_file() and not p.is_symlink()
+                     and not p.name.startswith(".") and p.suffix != ".safetensors"}
+
+
+def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: bool = False) -> dict[str, Any]:
+    """`qwenquant graft-mtp`: put the source MTP tensors back into an artifact (idempotent)."""
+    from qwenquant.manifest import MANIFEST_NAME, verify_artifact
+    from qwenquant.checkpoint.assemble import carry_files
+    from qwenquant.quantize.stages.mtp import graft_into, plan_for, verify_mtp
+
+    artifact, source = Path(artifact).resolve(), Path(source).resolve()
+    for p, what in ((artifact, "artifact"), (source, "source")):
+        if not (p / "config.json").is_file():
+            raise StageError(f"{what} folder {p} has no config.json", hint=f"check the {what} path")
+    if not check_only:
+        from qwenquant import outfolder
+
+        foreign = outfolder.foreign_in_graft_target(artifact, graft_keeps(artifact))
+        outfolder.guard(artifact, foreign, force=force, flag="artifact", remove=foreign,
+                        problem="holds entries that are not part of the artifact (graft-mtp rebuilds the folder "
+                                "and would drop them)")
+    for folder in (artifact, source):
+        _check_headers(folder)
+    plan = plan_for(artifact, source)
+    if check_only or plan.nothing_to_do:
+        return {"artifact": str(artifact), "plan": plan.summary(), "nothing_to_do": plan.nothing_to_do,
+                "written": False}
+    had_manifest = (artifact / MANIFEST_NAME).is_file()
+    if had_manifest:
+        # Re-hashing blesses whatever is on disk: only the files a graft repairs may differ.
+        from qwenquant.errors import VerificationError
+
+        before = verify_artifact(artifact)
+        others = [f for f in before.bad_files if f not in ("model.safetensors.index.json", "config.json")
+                  and "mtp" not in f]
+        if others:
+            raise VerificationError(
+                f"{artifact}: files besides the MTP shard, index and config differ from the manifest: "
+                + ", ".join(others[:5]), hint="graft-mtp repairs only the MTP head; re-run `qwenquant quantize`")
+    with staging_dir(artifact) as tmp:
+        graft_into(artifact, tmp, source, plan)
+        carry_files(artifact, tmp, drop=[MANIFEST_NAME])
+        root = refresh_manifest(tmp, {"graft_mtp": plan.summary()}, previous=artifact) if had_manifest else None
+    problems = verify_mtp(artifact, source)
+    if had_manifest:
+        report = verify_artifact(artifact)
+        if not report.ok:
+            problems += [str(p) for p in report.problems]
+    if problems:
+        raise StageError("graft-mtp: the artifact still fails: " + "; ".join(problems), hint="re-run graft-mtp")
+    return {"artifact": str(artifact), "plan": plan.summary(), "nothing_to_do": False, "written": True,
+            "root_digest": root}

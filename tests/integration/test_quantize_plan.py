@@ -1,0 +1,98 @@
+"""`qwenquant quantize --plan` through the real CLI on the tiny model, after one real quantize: it
+says every stage is reused; with another calibration set it names calibration and every stage
+after it; after a stage's output file is deleted it names that stage; it writes nothing (every
+path and mtime of the work and artifact folders unchanged), exits 0 and imports no torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, qq
+
+pytestmark = pytest.mark.slow
+
+STAGES = ["source", "calibration", "gptq", "lm_head", "mtp", "textonly", "check", "eval"]
+
+
+def _args(source: Path, out: Path, *extra: str) -> list[str]:
+    return ["quantize", str(source), "--recipe", "w4a16-int4head", "--calibration", "tiny-demo",
+            "--source-unverified", "--device", "cpu", "--out", str(out), *extra]
+
+
+@pytest.fixture(scope="module")
+def built(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("plan")
+    out = root / "artifact"
+    proc = qq(*_args(tiny_checkpoint, out, "--json"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return {"source": tiny_checkpoint, "out": out, "work": root / "artifact.work", "root": root}
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    return {p.relative_to(root).as_posix(): (p.lstat().st_mtime_ns, p.lstat().st_size) for p in sorted(root.rglob("*"))}
+
+
+def _plan(built: dict, *extra: str) -> dict:
+    """The JSON plan; asserts that it exited 0 and changed nothing under the build's folder."""
+    before = _snapshot(built["root"])
+    proc = qq(*_args(built["source"], built["out"], "--plan", "--json", *extra))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert _snapshot(built["root"]) == before
+    plan = json.loads(proc.stdout)
+    assert [s["stage"] for s in plan["stages"]] == STAGES
+    return plan
+
+
+def _actions(plan: dict) -> dict[str, str]:
+    return {s["stage"]: "reused" if s["action"] == "reuse" else f"run: {s['reason']}" for s in plan["stages"]}
+
+
+def test_after_a_full_run_every_stage_is_reused(built: dict) -> None:
+    plan = _plan(built)
+    assert plan["would_run"] == [] and plan["reused"] == STAGES
+    assert plan["work"] == str(built["work"]) and plan["artifact"] == str(built["out"])
+    text = qq(*_args(built["source"], built["out"], "--plan"))
+    assert text.returncode == 0, text.stderr[-3000:]
+    assert [line.split() for line in text.stdout.splitlines()[1:]] == [[name, "reused"] for name in STAGES]
+    assert "plan: 0 stage(s) would run, 8 reused (nothing was run or written)" in text.stderr
+
+
+def test_another_calibration_set_reruns_calibration_and_every_stage_after_it(built: dict) -> None:
+    plan = _plan(built, "--calibration", "tiny-reference")
+    assert _actions(plan) == {
+        "source": "reused", "calibration": "run: inputs changed (data, spec)", "gptq": "run: calibration re-runs",
+        "lm_head": "run: calibration re-runs", "mtp": "run: lm_head re-runs", "textonly": "run: mtp re-runs",
+        "check": "run: textonly re-runs", "eval": "run: textonly re-runs"}
+
+
+def test_a_deleted_stage_output_names_that_stage(built: dict) -> None:
+    (built["work"] / "check" / "check.json").unlink()
+    try:
+        assert _actions(_plan(built)) == {
+            **{name: "reused" for name in STAGES[:6]},
+            "check": "run: outputs changed on disk (check.json)", "eval": "run: check re-runs"}
+    finally:
+        assert qq(*_args(built["source"], built["out"])).returncode == 0  # rebuilds check/ for the next test
+    lm_head = built["work"] / "lm_head"
+    next(p for p in sorted(lm_head.iterdir()) if p.suffix == ".safetensors").unlink()
+    plan = _plan(built)
+    assert plan["would_run"] == STAGES[3:]
+    assert plan["stages"][3]["reason"].startswith("outputs changed on disk (model-")
+
+
+def test_the_plan_imports_no_torch(built: dict) -> None:
+    probe = ("import json, sys\nfrom qwenquant.cli import main\nrc = main(json.loads(sys.argv[1]))\n"
+             "print(json.dumps([rc, sorted(m for m in sys.modules if m.split('.')[0] in "
+             "('torch', 'transformers', 'llmcompressor', 'compressed_tensors', 'datasets'))]))")
+    argv = _args(built["source"], built["out"], "--plan", "--json")
+    env = dict(os.environ, QWENQUANT_NO_PROGRESS="1")
+    proc = subprocess.run([sys.executable, "-c", probe, json.dumps(argv)], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [0, []]
