@@ -118,7 +118,9 @@ def publish_artifact(artifact: Path, repo_id: str, *, revision: str = "main", pr
                            warnings=warnings)
     if dry_run:
         return result
-    from huggingface_hub import HfApi
+    import os
+
+    from huggingface_hub import HfApi, constants
     from huggingface_hub.utils import disable_progress_bars
 
     from qwenquant.console import interactive
@@ -126,7 +128,8 @@ def publish_artifact(artifact: Path, repo_id: str, *, revision: str = "main", pr
 
     if not interactive():
         disable_progress_bars()  # the client's tqdm bars: only on a terminal, as ours
-    api = HfApi(endpoint=endpoint)
+    # HF_ENDPOINT as it is now (huggingface_hub reads it once, at import), as fetch does
+    api = HfApi(endpoint=(endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/"))
     hub.ensure_revision(api, repo_id, revision, private)
     head, remote = hub.remote_state(api, repo_id, revision)
     with tempfile.TemporaryDirectory() as tmp:
