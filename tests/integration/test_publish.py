@@ -17,7 +17,7 @@ from qwenquant.evaluate.report import report_path
 from qwenquant.manifest import load_manifest
 from qwenquant.testbed.hubserver import Fault
 
-from helpers import run_cli, write_test_manifest
+from helpers import LAUNCHER, quantize_tiny_artifact, require_vllm, run_cli, write_test_manifest
 
 OUT = "me/tiny-w4a16"
 SHARD = "model-00001-of-00002.safetensors"
@@ -98,16 +98,23 @@ def test_publish_fetch_verify_round_trip(hub_w, artifact: Path, tmp_path: Path, 
     assert code == 4 and f"{SHARD} (changed)" in err
 
 
-def test_a_card_edited_on_the_hub_is_reported_by_fetch_and_verify(hub_w, artifact: Path, tmp_path: Path, capsys) -> None:
-    assert publish(capsys, artifact)[0] == 0
-    edited = tmp_path / "edited"
-    edited.mkdir()
-    (edited / "README.md").write_text("---\nlicense: mit\n---\n# better numbers\n")
+@pytest.mark.parametrize("path, data, words", [
+    ("README.md", b"---\nlicense: mit\n---\n# better numbers\n", "README.md (card)"),
+    (SHARD, None, f"{SHARD} (changed)"),
+])
+def test_a_file_replaced_on_the_hub_is_refused_by_fetch(hub_w, artifact: Path, tmp_path: Path, capsys,
+                                                        path: str, data: bytes | None, words: str) -> None:
+    """Someone with write access replaces a file: the Hub's hashes match the new bytes, the manifest does not."""
     from huggingface_hub import HfApi
 
-    HfApi(endpoint=hub_w.url).upload_folder(repo_id=OUT, folder_path=str(edited), commit_message="edit card")
+    assert publish(capsys, artifact)[0] == 0
+    if data is None:
+        data = bytearray((artifact / path).read_bytes())
+        data[-1] ^= 0x01
+    HfApi(endpoint=hub_w.url).upload_file(path_or_fileobj=bytes(data), path_in_repo=path, repo_id=OUT)
     code, _, err = run_cli(capsys, "fetch", OUT, "--out", str(tmp_path / "f"))
-    assert code == 4 and "README.md (card)" in err and "never serve it" in err
+    assert code == 4 and "matches the Hub's hashes but not its own qwenquant-manifest.json" in err
+    assert words in err and "never serve it" in err
 
 
 def test_rerun_is_a_noop_and_a_new_artifact_replaces_the_old_files(hub_w, artifact: Path, capsys) -> None:
@@ -214,6 +221,21 @@ def test_a_failing_commit_publishes_nothing_and_a_rerun_uploads_nothing_again(hu
     code, out, err = publish(capsys, artifact)
     assert code == 0, err
     assert "lfs-put" not in writes(hub_w) and writes(hub_w)[-1] == "commit"
+
+
+@pytest.mark.slow
+def test_a_published_quantized_artifact_checks_and_serves_from_the_fetched_folder(hub_w, tmp_path: Path, capsys) -> None:
+    """No quantize step on the downloader's side: the fetched folder passes check and serve's preflight."""
+    require_vllm(LAUNCHER, "the vLLM environment (.venv-vllm)")
+    art = quantize_tiny_artifact(tmp_path, "random", "text-only")
+    assert publish(capsys, art)[0] == 0
+    fetched = tmp_path / "fetched"
+    assert run_cli(capsys, "fetch", OUT, "--out", str(fetched))[0] == 0
+    code, out, err = run_cli(capsys, "check", str(fetched))
+    assert code == 0, out + err
+    code, out, err = run_cli(capsys, "serve", str(fetched), "--dry-run", "--device", "cpu", "--", "--max-model-len", "2048")
+    assert code == 0, err
+    assert f"--model {fetched.resolve()}" in out and "--speculative-config" in out
 
 
 # -- signing (pip install 'qwenquant[sign]') ---------------------------------------------------------------

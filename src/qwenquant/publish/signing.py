@@ -87,9 +87,11 @@ def verify_signature(artifact: Path, signature: Path, public_key: Path | bytes) 
             pub.write_bytes(public_key)
         else:
             pub = _readable(public_key, "public key", "--public-key")
+        from cryptography.exceptions import InvalidSignature
+
         try:
             ms.verifying.Config().use_elliptic_key_verifier(public_key=pub).verify(Path(artifact), signature)
-        except Exception as e:  # model_signing raises ValueError and cryptography/protobuf errors alike
+        except (ValueError, KeyError, TypeError, OSError, InvalidSignature) as e:  # mismatch, wrong key, not a bundle
             raise VerificationError(f"signature {signature} does not hold for {artifact}: {e}".splitlines()[0][:400],
                                     hint="the files changed after signing, or the signature is for another key or "
                                          "artifact; never serve files that fail verification") from None
