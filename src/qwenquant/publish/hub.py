@@ -5,7 +5,7 @@ revision, and a re-run sends only the LFS objects the Hub does not hold yet."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from qwenquant.errors import QwenquantError
 from qwenquant.publish.plan import LocalFile, PublishPlan, RemoteFile
@@ -120,11 +120,14 @@ def commit_plan(api: Any, repo_id: str, revision: str, plan: PublishPlan, parent
         raise hub_error(e, "the commit", repo_id) from None
 
 
-def check_published(api: Any, repo_id: str, commit: str, local: list[LocalFile], extra: set[str]) -> None:
-    """The new commit's listing holds each local file with its sha256 / size, and nothing else but `extra`."""
+def check_published(api: Any, repo_id: str, commit: str, local: list[LocalFile], extra: set[str],
+                    git_blob: Callable[[LocalFile], str]) -> None:
+    """The new commit's listing holds each local file with its content (sha256 of an LFS file, git blob id of
+    a regular one), and nothing else but `extra`."""
+    from qwenquant.publish.plan import same_content
+
     _, remote = remote_state(api, repo_id, commit)
-    bad = [f.path for f in local if f.path not in remote or remote[f.path].size != f.size
-           or (remote[f.path].sha256 not in (None, f.sha256))]
+    bad = [f.path for f in local if f.path not in remote or not same_content(f, remote[f.path], git_blob)]
     bad += sorted(p for p in remote if p not in {f.path for f in local} | extra)
     if bad:
         raise PublishError(f"the Hub's listing of {repo_id}@{commit} does not match what was published: "

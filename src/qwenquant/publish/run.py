@@ -161,5 +161,5 @@ def publish_artifact(artifact: Path, repo_id: str, *, revision: str = "main", pr
                                f"(root digest {root[:16]})")
     result.commit, result.url = info.oid, info.commit_url
     kept = {".gitattributes"} | ({SIGNATURE_NAME} if plan.kept_signature or sig else set())
-    hub.check_published(api, repo_id, info.oid, files, kept)
+    hub.check_published(api, repo_id, info.oid, files, kept, git_blob)
     return result
