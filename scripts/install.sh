@@ -31,6 +31,6 @@ fi
 with_heartbeat "installing torch 2.13.0 ${torch_args[*]:-}(about 1 GB)" \
   "${PIP[@]}" install "${torch_args[@]}" "torch==2.13.0"
 with_heartbeat "installing qwenquant and its pinned dependencies (constraints/quant.txt)" \
-  "${PIP[@]}" install -c constraints/quant.txt -e ".[dev]"
+  "${PIP[@]}" install -c constraints/quant.txt -e ".[dev,sign]"
 "$VENV/bin/qwenquant" --version >/dev/null
 step "done: $VENV/bin/qwenquant"

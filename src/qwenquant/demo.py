@@ -2,7 +2,7 @@
 
 build tiny checkpoint -> serve it from a loopback Hub -> `qwenquant fetch` (pinned, verified)
 -> `qwenquant quantize` -> `qwenquant verify` -> `qwenquant serve` + one completion (when a vLLM
-environment is installed).
+environment is installed) -> `qwenquant publish --dry-run` (what would be uploaded, the card's head; no network).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from qwenquant.net.ports import free_port
 log = logging.getLogger(__name__)
 
 DEMO_REPO = "qwenquant-demo/Qwen3.5-tiny"
+PUBLISH_REPO = "qwenquant-demo/Qwen3.5-tiny-w4a16"  # the dry run's repo id (nothing is uploaded)
 # A prompt the trained reference continues sensibly (it learned Python standard-library sources).
 PROMPT = "    def __init__(self, *args, **kwargs):\n        super().__init__(*args, **"
 MODEL_NOTE = "the trained tiny reference (Python stdlib code; expect code-like text)"
@@ -94,9 +95,16 @@ def run_demo(work: Path, *, serve: bool | None = None, variant: str = "reference
     _cli(["verify", str(artifact)], env)
     result = DemoResult(commit, artifact, q["root_digest"], q.get("quality", {}))
 
+    _serve_step(result, env, serve)
+    _cli(["publish", str(artifact), "--repo", PUBLISH_REPO, "--license", "apache-2.0", "--dry-run"], env)
+    return result
+
+
+def _serve_step(result: DemoResult, env: dict[str, str], serve: bool | None) -> None:
+    """Serve the artifact and ask for one completion, or say why not."""
     if serve is False:
         result.skipped_serve_reason = "--no-serve"
-        return result
+        return
     from qwenquant.serve.discover import find_vllm
 
     try:
@@ -105,10 +113,9 @@ def run_demo(work: Path, *, serve: bool | None = None, variant: str = "reference
         if serve:
             raise
         result.skipped_serve_reason = f"no vLLM environment ({e.message}); run scripts/install-vllm.sh"
-        return result
-    result.completion = serve_and_complete(artifact, env, prompt=PROMPT)
+        return
+    result.completion = serve_and_complete(result.artifact, env, prompt=PROMPT)
     result.served = True
-    return result
 
 
 def next_steps(artifact: Path, *, served_name: str, port: int = 8000) -> list[str]:

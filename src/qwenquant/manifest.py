@@ -3,6 +3,12 @@
 `qwenquant-manifest.json` sits in the artifact root and is written last. It is tamper-evident,
 not signed: `root_digest` covers the file list and `manifest_self_digest` covers the whole
 manifest body (recipe, source, stages, ...), so an edit anywhere shows up in `verify_artifact`.
+
+A published or fetched folder also holds companions vLLM never loads, outside the hashed file set
+(the root digest is untouched): the fetch record, the Hub's .gitattributes, a model_signing
+signature, and the card record `qwenquant-card.json` (sealed by `card_self_digest`, naming this
+root digest and manifest self digest) with the files it records by sha256: the model card README.md
+and the reports under qwenquant-reports/. Any other file the manifest does not list is a problem.
 """
 
 from __future__ import annotations
@@ -23,6 +29,10 @@ log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "qwenquant-manifest.json"
 SCHEMA_VERSION = 1
+CARD_NAME, CARD_RECORD_NAME, REPORTS_DIR = "README.md", "qwenquant-card.json", "qwenquant-reports"
+SIGNATURE_NAME, FETCH_RECORD_NAME = "model.sig", "qwenquant-fetch.json"
+UNCHECKED_COMPANIONS = (FETCH_RECORD_NAME, SIGNATURE_NAME, ".gitattributes")  # checked by fetch, --signature, git
+_REPORT_PATH = re.compile(rf"^{REPORTS_DIR}/[a-z0-9][a-z0-9.-]*\.json$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _DICT_FIELDS = ("source", "recipe", "calibration", "stages", "quality", "tool_versions", "extra")
 
@@ -158,10 +168,6 @@ def write_manifest(artifact_dir: Path, manifest: Manifest) -> Path:
     return path
 
 
-# ---------------------------------------------------------------------------------------------
-# Reading and verifying.
-
-
 def _structure_problems(d: Any) -> list[str]:
     if not isinstance(d, dict):
         return ["the top level is not a JSON object"]
@@ -263,6 +269,13 @@ class VerifyReport:
     files_checked: int
     bytes_checked: int
     problems: tuple[FileProblem, ...]
+    companions: tuple[str, ...] = ()  # accepted files beside the manifest's (module doc)
+    card: Optional[dict[str, Any]] = None  # the card record, when it checks out
+
+    @property
+    def published_as(self) -> Optional[str]:
+        """The repo the card record names (None without a valid card record)."""
+        return self.card.get("repo_id") if self.card else None
 
     @property
     def ok(self) -> bool:
@@ -279,6 +292,7 @@ class VerifyReport:
             "problems": [{"path": p.path, "status": p.status, "detail": p.detail,
                           "expected_size": p.expected_size, "actual_size": p.actual_size}
                          for p in self.problems],
+            "companions": list(self.companions), "published_as": self.published_as,
         }
 
 
@@ -323,13 +337,62 @@ def compare_files(
     return sorted(out, key=lambda x: (x.path, x.status))
 
 
+def card_record_problem(rec: Any, manifest: Manifest, raw: dict[str, Any]) -> Optional[str]:
+    """Why a parsed qwenquant-card.json cannot vouch for its files beside this manifest (None: it can)."""
+    from qwenquant.hashing import is_sealed
+
+    if not is_sealed(rec, "card_self_digest") or rec.get("schema_version") != 1:
+        return "not a sealed schema 1 card record (card_self_digest does not match its body)"
+    if rec.get("root_digest") != manifest.root_digest or rec.get("manifest_self_digest") != raw["manifest_self_digest"]:
+        return f"names root digest {str(rec.get('root_digest'))[:16]}..., not this manifest's {manifest.root_digest[:16]}..."
+    files = rec.get("files")
+    if not isinstance(files, dict) or CARD_NAME not in files:
+        return f"does not record {CARD_NAME}"
+    for rel, f in files.items():
+        if (rel != CARD_NAME and not _REPORT_PATH.match(rel)) or not isinstance(f, dict) \
+                or not _HEX64.match(str(f.get("sha256"))):
+            return f"records {rel!r}, which is not {CARD_NAME} or a {REPORTS_DIR}/*.json report with a sha256"
+    return None
+
+
+def _companion_problems(manifest: Manifest, raw: dict[str, Any], extra: dict[str, Path]
+                        ) -> tuple[list[FileProblem], list[str], Optional[dict[str, Any]]]:
+    """Problems of the companions among `extra` (unlisted files), those accepted, the card record if it checks out."""
+    from qwenquant.hashing import sha256_file
+
+    accepted = [rel for rel in UNCHECKED_COMPANIONS if rel in extra]
+    if CARD_RECORD_NAME not in extra:
+        return [], accepted, None
+    accepted.append(CARD_RECORD_NAME)
+    try:
+        rec = json.loads(extra[CARD_RECORD_NAME].read_bytes())
+    except (OSError, ValueError) as e:
+        rec = f"unreadable ({e})"
+    why = card_record_problem(rec, manifest, raw) if isinstance(rec, dict) else str(rec)
+    if why:
+        return [FileProblem(CARD_RECORD_NAME, "card", why)], accepted, None
+    problems = []
+    for rel, f in sorted(rec["files"].items()):
+        if rel not in extra:
+            problems.append(FileProblem(rel, "missing", f"recorded in {CARD_RECORD_NAME}, not on disk"))
+        elif sha256_file(extra[rel]) != f["sha256"]:
+            problems.append(FileProblem(rel, "card", f"sha256 differs from {CARD_RECORD_NAME}: edited after publishing"))
+        accepted.append(rel)
+    return problems, accepted, (None if problems else rec)
+
+
 def verify_artifact(artifact_dir: Path) -> VerifyReport:
-    """Re-hash every file (in parallel) and compare with the manifest; the manifest is checked too."""
+    """Re-hash every file (in parallel) and compare with the manifest; the manifest is checked too,
+    and so are the card files a card record vouches for (see the module doc)."""
     root = Path(artifact_dir)
     manifest = load_manifest(root)
     raw = json.loads((root / MANIFEST_NAME).read_bytes())
     problems = _manifest_problems(manifest, raw)
-    problems += compare_files(manifest.files, list_artifact_files(root),
-                              lambda paths: _hash_with_progress(paths, "verifying"))
+    actual = list_artifact_files(root)
+    listed = {f.path for f in manifest.files}
+    card_problems, companions, card = _companion_problems(
+        manifest, raw, {rel: p for rel, p in actual.items() if rel not in listed})
+    problems += card_problems + compare_files(manifest.files, {k: v for k, v in actual.items() if k not in companions},
+                                              lambda paths: _hash_with_progress(paths, "verifying"))
     return VerifyReport(str(root), manifest.root_digest, len(manifest.files), manifest.total_bytes,
-                        tuple(problems))
+                        tuple(sorted(problems, key=lambda x: (x.path, x.status))), tuple(sorted(companions)), card)

@@ -48,9 +48,11 @@ def test_demo_fetches_quantizes_and_verifies(tmp_path: Path) -> None:
         "    qwenquant fetch Qwen/Qwen3.8-27B --revision main --out models/Qwen3.8-27B",
         "    qwenquant quantize models/Qwen3.8-27B --recipe w4a16-int4head --out artifacts/qwen3.8-27b-w4a16",
         "    qwenquant serve artifacts/qwen3.8-27b-w4a16 --profile single-user"]
-    # the CLI steps a user would type are echoed, in order
+    # the CLI steps a user would type are echoed, in order; the last, a publish dry run (no network)
     steps = [line.split()[2] for line in proc.stderr.splitlines() if line.startswith("$ qwenquant ")]
-    assert steps == ["fetch", "quantize", "verify"]
+    assert steps == ["fetch", "quantize", "verify", "publish"]
+    assert f"dry run: would publish {artifact} to qwenquant-demo/Qwen3.5-tiny-w4a16@main" in proc.stdout
+    assert "  | base_model_relation: quantized" in proc.stdout.splitlines()
     # a second run over the same folder reuses what verified and ends on the same digest
     again = subprocess.run([sys.executable, "-m", "qwenquant", "demo", "--work", str(tmp_path), "--no-serve"],
                            env=env, capture_output=True, text=True, timeout=1200)

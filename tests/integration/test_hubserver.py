@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -252,6 +253,96 @@ def test_module_entry_point_serves(tiny_copy: Path) -> None:
         assert lines[0].startswith(f"model   {REPO} main -> ")
         url = lines[1].split()[-1]
         assert httpx.get(f"{url}/api/models/{REPO}/revision/main").json()["id"] == REPO
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+# -- uploads: what huggingface_hub sends with Xet off --------------------------------------------------------
+
+
+@pytest.fixture
+def writer(hub, monkeypatch: pytest.MonkeyPatch):
+    """The real client with a (loopback) write token."""
+    from huggingface_hub import HfApi
+
+    monkeypatch.setenv("HF_TOKEN", "hf_loopback_write")
+    return HfApi(endpoint=hub.url, token="hf_loopback_write")
+
+
+def test_upload_folder_with_the_real_client_round_trips(hub, writer, tiny_copy: Path, tmp_path: Path, disk) -> None:
+    from huggingface_hub import snapshot_download
+
+    writer.create_repo("me/up")
+    first = hub.branch("me/up")
+    assert sorted(hub.repo("me/up").commits[first].files) == [".gitattributes"]  # as a new Hub repo starts
+    info = writer.upload_folder(repo_id="me/up", folder_path=str(tiny_copy), commit_message="add")
+    assert info.oid == hub.branch("me/up") != first
+    assert hub.file("me/up", SHARD1).lfs and not hub.file("me/up", "config.json").lfs
+    got = Path(snapshot_download("me/up", endpoint=hub.url, local_dir=tmp_path / "dl"))
+    for rel, p in disk.final_files(tiny_copy).items():
+        assert (got / rel).read_bytes() == p.read_bytes()
+    kinds = [r.endpoint for r in hub.requests if r.method in ("POST", "PUT")]
+    assert kinds[:1] == ["create"] and kinds[-1] == "commit"
+    assert {"preupload", "lfs-batch", "lfs-put", "lfs-verify"} <= set(kinds)
+    assert not [r for r in hub.requests if r.endpoint == "lfs-put" and r.authorized]  # the presigned PUT: no token
+
+
+def test_writes_need_a_token(hub, tiny_copy: Path) -> None:
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    with pytest.raises(HfHubHTTPError) as e:
+        HfApi(endpoint=hub.url, token=False).create_repo("me/up")
+    assert e.value.response.status_code == 401 and hub.repo("me/up") is None
+
+
+def test_an_object_whose_bytes_are_not_its_oid_is_not_stored_and_cannot_be_committed(hub, writer, client) -> None:
+    writer.create_repo("me/up")
+    head = hub.branch("me/up")
+    auth = {"Authorization": "Bearer hf_loopback_write"}
+    data = b"\0real bytes" * 10
+    oid = sha256(data)
+    batch = client.post(f"{hub.url}/me/up.git/info/lfs/objects/batch", headers=auth,
+                        json={"operation": "upload", "transfers": ["basic"], "objects": [{"oid": oid, "size": len(data)}]})
+    actions = batch.json()["objects"][0]["actions"]
+    assert client.put(actions["upload"]["href"], content=b"\0fake bytes" * 10).status_code == 400
+    assert client.post(actions["verify"]["href"], headers=auth, json={"oid": oid, "size": len(data)}).status_code == 404
+    body = b"\n".join(json.dumps(x).encode() for x in (
+        {"key": "header", "value": {"summary": "x"}},
+        {"key": "lfsFile", "value": {"path": "w.safetensors", "algo": "sha256", "oid": oid, "size": len(data)}}))
+    assert client.post(f"{hub.url}/api/models/me/up/commit/main", headers=auth, content=body).status_code == 400
+    assert hub.branch("me/up") == head  # a refused commit moves nothing
+    assert client.put(actions["upload"]["href"], content=data).status_code == 200
+    assert client.post(f"{hub.url}/api/models/me/up/commit/main", headers=auth, content=body).status_code == 200
+    assert hub.file("me/up", "w.safetensors").sha256 == oid
+    stale = body.replace(b'"summary": "x"', b'"summary": "y", "parentCommit": "%s"' % head.encode())
+    assert client.post(f"{hub.url}/api/models/me/up/commit/main", headers=auth, content=stale).status_code == 412
+
+
+def test_squash_fault_drops_old_commits_and_keeps_the_blobs(served, client) -> None:
+    old = served.commit
+    before = {p: f.blob_id for p, f in served.hub.repo(REPO).commits[old].files.items()}
+    served.hub.faults.add(Fault("squash"))
+    assert client.get(f"{served.hub.url}/api/models/{REPO}/revision/{old}").status_code == 404
+    new = served.hub.branch(REPO)
+    assert new != old and {p: f.blob_id for p, f in served.hub.repo(REPO).commits[new].files.items()} == before
+    served.hub.faults.add(Fault("squash", path=SHARD1))
+    assert client.get(f"{served.hub.url}/api/models/{REPO}").json()["sha"] == (newer := served.hub.branch(REPO)) != new
+    after = {p: f.blob_id for p, f in served.hub.repo(REPO).commits[newer].files.items()}
+    assert [p for p in before if after[p] != before[p]] == [SHARD1]
+    assert list(served.hub.repo(REPO).commits) == [newer]
+
+
+def test_module_entry_point_serves_an_empty_hub_for_uploads() -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    proc = subprocess.Popen([sys.executable, "-m", "qwenquant.testbed.hubserver"], stdout=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        url = proc.stdout.readline().split()[-1]
+        r = httpx.post(f"{url}/api/repos/create", json={"name": "x", "organization": "me"},
+                       headers={"Authorization": "Bearer t"})
+        assert r.status_code == 200 and r.json()["url"] == f"{url}/me/x"
     finally:
         proc.terminate()
         proc.wait(10)

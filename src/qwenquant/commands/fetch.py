@@ -39,15 +39,17 @@ def _bar_progress() -> Iterator[object]:
         "  qwenquant fetch Qwen/Qwen3.8-27B --revision main --out models/Qwen3.8-27B\n\n"
         "  qwenquant fetch Qwen/Qwen3.8-27B --revision 0123456789abcdef0123456789abcdef01234567 --out models/q\n\n"
         "  qwenquant fetch --offline --out models/Qwen3.8-27B\n\n"
+        "  qwenquant fetch --expect old/qwenquant-fetch.json --out models/q   (the same bytes, whatever the commit id)\n\n"
         "  HF_ENDPOINT=http://127.0.0.1:8765 qwenquant fetch Qwen/Qwen3.8-27B --out models/q --json"
     )
 )
 def fetch(
-    repo_id: Optional[str] = typer.Argument(None, help="Hub repo id, e.g. Qwen/Qwen3.8-27B (not needed with --offline)."),
-    revision: str = typer.Option("main", "--revision", "-r", help="Branch, tag or 40-hex commit; pinned to one commit."),
+    repo_id: Optional[str] = typer.Argument(None, help="Hub repo id, e.g. Qwen/Qwen3.8-27B (not needed with --offline or --expect)."),
+    revision: Optional[str] = typer.Option(None, "--revision", "-r", help="Branch, tag or 40-hex commit; pinned to one commit (default: main, or --expect's)."),
     out: Path = typer.Option(..., "--out", "-o", help="Folder to fetch into (created)."),
     offline: bool = typer.Option(False, "--offline", help="No network: re-verify --out against its fetch record."),
     re_resolve: bool = typer.Option(False, "--re-resolve", help="Resolve the revision again instead of reusing the recorded commit."),
+    expect: Optional[Path] = typer.Option(None, "--expect", help="A fetch record whose exact content the fetch must hold (any commit id: survives a history rewrite)."),
     repo_type: RepoType = typer.Option(RepoType.model, "--repo-type", help="model or dataset."),
     workers: int = typer.Option(8, "--workers", min=1, max=64, help="Parallel downloads."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, warnings only."),
@@ -55,7 +57,10 @@ def fetch(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
     """Download a Hub repo at one pinned commit, verify every file (sha256 / git blob sha1),
-    validate safetensors headers and the index, and write qwenquant-fetch.json last."""
+    validate safetensors headers and the index, and write qwenquant-fetch.json last.
+
+    When the recorded commit is gone (a squashed history), the branch's new commit is taken only if every
+    file equals the record. A published qwenquant artifact is verified against its manifest too."""
     from qwenquant.console import print_json, set_quiet, setup_logging, stdout
 
     if quiet:
@@ -76,6 +81,9 @@ def fetch(
         if not as_json:
             stdout.print(f"ok {rec['repo_id']}@{rec['commit']} {len(rec['files'])} files verified in {out}")
         return
+    expected = _expected(expect, repo_id)
+    repo_id = repo_id or (expected or {}).get("repo_id")
+    revision = revision or (expected or {}).get("revision") or "main"
     if not repo_id:
         raise UsageError("a repo id is required unless --offline", hint="qwenquant fetch Qwen/Qwen3.8-27B --out DIR")
     from huggingface_hub.errors import HFValidationError
@@ -97,12 +105,32 @@ def fetch(
 
     with _bar_progress() as progress:
         result = fetch_snapshot(repo_id, out, revision=revision, repo_type=repo_type.value, re_resolve=re_resolve,
-                                workers=workers, progress=progress)  # fmt: skip
+                                workers=workers, progress=progress, expect=expected)  # fmt: skip
+    art = result.artifact
     summary = {"repo_id": repo_id, "commit": result.commit, "out": str(out), "root_digest": result.record["root_digest"],
                "downloaded": len(result.downloaded_files), "reused": len(result.reused_files),
-               "bytes": result.downloaded_bytes}  # fmt: skip
+               "bytes": result.downloaded_bytes, "note": result.note,
+               "artifact_root_digest": art.root_digest if art else None}  # fmt: skip
     if as_json:
         print_json(summary)
-    else:
-        stdout.print(f"{repo_id}@{result.commit} -> {out} ({summary['downloaded']} downloaded, "
-                     f"{summary['reused']} already verified, root {summary['root_digest'][:16]})")  # fmt: skip
+        return
+    stdout.print(f"{repo_id}@{result.commit} -> {out} ({summary['downloaded']} downloaded, "
+                 f"{summary['reused']} already verified, root {summary['root_digest'][:16]})")  # fmt: skip
+    if art:
+        stdout.print(f"qwenquant artifact verified against its manifest: {art.files_checked} files, "
+                     f"root digest {art.root_digest}", markup=False)
+
+
+def _expected(expect: Optional[Path], repo_id: Optional[str]) -> Optional[dict]:
+    """The --expect record (its repo must be the one asked for)."""
+    if expect is None:
+        return None
+    if not expect.is_file():
+        raise UsageError(f"--expect {expect}: no such file", hint="pass the qwenquant-fetch.json of an earlier fetch")
+    from qwenquant.fetch import load_record_file
+
+    rec = load_record_file(expect)
+    if repo_id and rec.get("repo_id") != repo_id:
+        raise UsageError(f"--expect {expect} records {rec.get('repo_id')}, not {repo_id}",
+                         hint="drop the repo id (it comes from the record) or pass that repo's record")
+    return rec

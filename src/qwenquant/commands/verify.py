@@ -1,8 +1,9 @@
-"""`qwenquant verify`: the bytes of an artifact match its manifest."""
+"""`qwenquant verify`: the bytes of an artifact match its manifest (and, when asked, its signature)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Optional
 
 import typer
 
@@ -12,39 +13,79 @@ from qwenquant.commands._app import app
 @app.command("verify")
 def verify(
     artifact: Path = typer.Argument(..., help="Artifact folder holding qwenquant-manifest.json."),
+    signature: Optional[Path] = typer.Option(None, "--signature", help="A model_signing signature (model.sig) to check too."),
+    public_key: Optional[Path] = typer.Option(None, "--public-key", help="The signer's public key (PEM), with --signature."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Re-hash every file of an artifact against its manifest; exit 0 only when all match.
+    """Re-hash every file of an artifact against its manifest; exit 0 only when all match. A fetched
+    folder's card files are checked against its card record, and the published root digest is named.
 
     Examples:
 
       qwenquant verify artifacts/q27b
 
+      qwenquant verify models/q27b --signature models/q27b/model.sig --public-key publisher.pub
+
       qwenquant verify artifacts/q27b --json | jq .problems
     """
     from qwenquant.console import print_json, stdout
-    from qwenquant.errors import VerificationError
+    from qwenquant.errors import UsageError, VerificationError
     from qwenquant.manifest import verify_artifact
 
+    if (signature is None) != (public_key is None):
+        raise UsageError("--signature and --public-key go together",
+                         hint="qwenquant verify DIR --signature DIR/model.sig --public-key publisher.pub")
     report = verify_artifact(artifact)
+    signed = None
+    if report.ok and signature is not None:
+        from qwenquant.publish.signing import verify_signature
+
+        signed = verify_signature(artifact, signature, public_key)  # type: ignore[arg-type]
     if as_json:
-        print_json(report.to_dict())
+        print_json({**report.to_dict(), "signature": None if signed is None else {"path": str(signature), "files": signed}})
     elif report.ok:
         stdout.print(f"OK {artifact}: {report.files_checked} files, {report.bytes_checked} bytes, "
                      f"root sha256:{report.root_digest}", markup=False)
+        for line in _provenance(artifact, report, signature, public_key, signed):
+            stdout.print(line, markup=False)
     else:
-        from rich.table import Column, Table
-
-        width = max(len(p.path) for p in report.problems)  # never wrap a file name: users grep for it
-        table = Table(Column("file", no_wrap=True, min_width=width), "size", "status", "detail",
-                      title=f"{artifact}: {len(report.problems)} problems")
-        for p in report.problems:
-            size = p.actual_size if p.actual_size is not None else p.expected_size
-            table.add_row(p.path, "" if size is None else str(size), p.status, p.detail)
-        stdout.print(table)
+        _problem_table(artifact, report, stdout)
     if not report.ok:
         raise VerificationError(
             f"{artifact} does not match its manifest: " + ", ".join(
                 f"{p.path} ({p.status})" for p in report.problems),
             hint="re-copy or rebuild the artifact; never serve files that fail verification",
         )
+
+
+def _provenance(artifact: Path, report: Any, signature: Optional[Path], public_key: Optional[Path],
+                signed: Optional[int]) -> list[str]:
+    """Where a fetched folder came from, the published root digest, the signature that held."""
+    import json
+
+    from qwenquant.manifest import FETCH_RECORD_NAME
+
+    out = []
+    if report.card:
+        out.append(f"published as {report.published_as}: root digest {report.card['root_digest']} "
+                   f"(card and {len(report.card['files']) - 1} reports unchanged since publishing)")
+    try:
+        rec = json.loads((artifact / FETCH_RECORD_NAME).read_text())
+        out.append(f"fetched from {rec['repo_id']}@{rec['commit']} ({rec.get('endpoint')})")
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if signed is not None:
+        out.append(f"signature {signature}: valid for {public_key} over the {signed} signed files (the manifest's)")
+    return out
+
+
+def _problem_table(artifact: Path, report: Any, out: Any) -> None:
+    from rich.table import Column, Table
+
+    width = max(len(p.path) for p in report.problems)  # never wrap a file name: users grep for it
+    table = Table(Column("file", no_wrap=True, min_width=width), "size", "status", "detail",
+                  title=f"{artifact}: {len(report.problems)} problems")
+    for p in report.problems:
+        size = p.actual_size if p.actual_size is not None else p.expected_size
+        table.add_row(p.path, "" if size is None else str(size), p.status, p.detail)
+    out.print(table)

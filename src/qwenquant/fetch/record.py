@@ -22,7 +22,13 @@ def root_digest(files: list[dict[str, Any]]) -> str:
 
 def load_fetch_record(out_dir: Path) -> dict[str, Any]:
     """Read `out_dir/qwenquant-fetch.json`; raise VerificationError if it is absent or unreadable."""
-    path = Path(out_dir) / RECORD_NAME
+    return load_record_file(Path(out_dir) / RECORD_NAME, Path(out_dir))
+
+
+def load_record_file(path: Path, out_dir: Path | None = None) -> dict[str, Any]:
+    """Read a fetch record file (e.g. `--expect RECORD`); VerificationError if absent or unreadable."""
+    path = Path(path)
+    out_dir = out_dir or path.parent
     try:
         record = json.loads(path.read_text())
     except FileNotFoundError:

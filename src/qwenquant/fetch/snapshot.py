@@ -6,7 +6,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import shutil
 import threading
 import time
@@ -20,15 +19,13 @@ from qwenquant import __version__, envs
 from qwenquant.atomic import atomic_write_json, exclusive_lock, fsync_dir
 from qwenquant.errors import FetchError
 from qwenquant.fetch.selection import RECORD_NAME, STAGING_NAME, RemoteFile, check_listing, config_problems
+from qwenquant.fetch.pinning import PENDING_NAME, pin_commit
 from qwenquant.fetch.record import SCHEMA_VERSION, root_digest
 from qwenquant.fetch.transfer import Cancelled, FileDigest, Session, download_file
 from qwenquant.hashing import CHUNK
 from qwenquant.checkpoint.header import INDEX_NAME, SafetensorsError, check_index, load_index_json, read_header
 
 log = logging.getLogger(__name__)
-
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-PENDING_NAME = "pending.json"
 
 
 @dataclass
@@ -40,6 +37,8 @@ class FetchResult:
     downloaded_files: list[str] = field(default_factory=list)
     reused_files: list[str] = field(default_factory=list)
     downloaded_bytes: int = 0
+    note: str | None = None  # why this commit, when it is not the one recorded (content pinning)
+    artifact: Any = None  # manifest.VerifyReport of a published qwenquant artifact (qwenquant-manifest.json)
 
 
 @dataclass
@@ -66,10 +65,13 @@ def fetch_snapshot(
     check_model: bool | None = None,
     progress: Progress | None = None,
     only: tuple[str, ...] = (),
+    expect: dict[str, Any] | None = None,
 ) -> FetchResult:
     """Fetch `repo_id` at one pinned commit into `out_dir`, verifying every file; return the record.
 
-    `only`: fetch just these paths of the repo (each must exist at the commit)."""
+    `only`: fetch just these paths of the repo (each must exist at the commit). `expect`: a fetch
+    record whose content the commit must hold (fetch/pinning.py). A published qwenquant artifact
+    (qwenquant-manifest.json) is verified against its manifest too."""
     from huggingface_hub import constants
 
     out_dir = Path(out_dir)
@@ -83,7 +85,7 @@ def fetch_snapshot(
         with _exclusive(staging):
             return _fetch(repo_id, out_dir, staging, revision=revision, repo_type=repo_type, endpoint=endpoint,
                           token=token, re_resolve=re_resolve, workers=workers, attempts=attempts, backoff=backoff,
-                          check_model=check_model, progress=progress, only=only)  # fmt: skip
+                          check_model=check_model, progress=progress, only=only, expect=expect)  # fmt: skip
     except OSError as e:  # disk full, permissions, --out is a file: name the path, no traceback
         where = e.filename or out_dir
         raise FetchError(f"{where}: {e.strerror or e}", hint="check --out (free space, permissions)") from e
@@ -98,14 +100,18 @@ def _exclusive(staging: Path) -> contextlib.AbstractContextManager[None]:
 
 def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_type: str, endpoint: str | None,
            token: str | bool | None, re_resolve: bool, workers: int, attempts: int, backoff: float,
-           check_model: bool, progress: Progress, only: tuple[str, ...] = ()) -> FetchResult:  # fmt: skip
+           check_model: bool, progress: Progress, only: tuple[str, ...] = (),
+           expect: dict[str, Any] | None = None) -> FetchResult:  # fmt: skip
     from huggingface_hub import HfApi
     from huggingface_hub.utils import build_hf_headers, get_session
 
     api = _Retrying(HfApi(endpoint=endpoint, token=token), attempts, backoff)
-    commit = _pick_commit(api, out_dir, repo_id, repo_type, revision, endpoint, re_resolve)
+    pinned = pin_commit(api, out_dir, repo_id, repo_type, revision, endpoint, re_resolve, expect)
+    commit = pinned.commit
+    if pinned.note:
+        log.warning("%s", pinned.note)
     log.info("%s %s -> commit %s", repo_id, revision, commit)
-    files = _select(_list(api, repo_id, repo_type, commit, asked_for=revision == commit), only, repo_id, commit)
+    files = _select(pinned.files, only, repo_id, commit)
     check_listing(files)
     _drop_stale(out_dir, commit, {f.path for f in files})
     # Re-runs after an interruption reuse this commit (unless --re-resolve) and know what it put here.
@@ -142,11 +148,30 @@ def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_ty
     if check_model:
         check_shards(out_dir, {f.path for f in files})
 
-    record = _write_record(out_dir, repo_id, repo_type, revision, commit, endpoint, files, digests)
+    record = _write_record(out_dir, repo_id, repo_type, revision, commit, endpoint, files, digests,
+                           {"replaces_commit": pinned.replaces, "note": pinned.note} if pinned.note else None)
     shutil.rmtree(staging, ignore_errors=True)
     downloaded = [f.path for f in todo]
     return FetchResult(repo_id, commit, out_dir, record, downloaded,
-                       sorted(set(digests) - set(downloaded)), sum(d.downloaded for d in digests.values()))  # fmt: skip
+                       sorted(set(digests) - set(downloaded)), sum(d.downloaded for d in digests.values()),
+                       pinned.note, verify_published(out_dir, repo_id, commit, {f.path for f in files}))  # fmt: skip
+
+
+def verify_published(out_dir: Path, repo_id: str, commit: str, names: set[str]) -> Any:
+    """A fetched qwenquant artifact against its own manifest (None when the repo holds none)."""
+    from qwenquant.errors import VerificationError
+    from qwenquant.manifest import MANIFEST_NAME, verify_artifact
+
+    if MANIFEST_NAME not in names:
+        return None
+    report = verify_artifact(out_dir)
+    if not report.ok:
+        raise VerificationError(
+            f"{repo_id}@{commit} matches the Hub's hashes but not its own {MANIFEST_NAME}: "
+            + ", ".join(f"{p.path} ({p.status})" for p in report.problems[:5]),
+            hint="the published files and manifest disagree (or the card was edited); never serve it")
+    log.info("published artifact verified: root digest %s", report.root_digest)
+    return report
 
 
 class _Retrying:
@@ -193,60 +218,6 @@ def _drop_stale(out_dir: Path, commit: str, paths: set[str]) -> None:
         if p.is_file() and not p.is_symlink():
             log.info("removing %s (not in commit %s)", rel, commit)
             p.unlink()
-
-
-def _pick_commit(api, out_dir: Path, repo_id: str, repo_type: str, revision: str, endpoint: str, re_resolve: bool) -> str:
-    """A 40-hex revision is the commit; else reuse a recorded/pending commit; else resolve it once."""
-    import httpx
-    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
-
-    if COMMIT_RE.match(revision):
-        return revision
-    if not re_resolve:
-        for path in (out_dir / STAGING_NAME / PENDING_NAME, out_dir / RECORD_NAME):
-            with contextlib.suppress(OSError, ValueError):
-                prev = json.loads(path.read_text())
-                if (prev.get("repo_id"), prev.get("repo_type"), prev.get("revision")) == (repo_id, repo_type, revision):
-                    if COMMIT_RE.match(str(prev.get("commit"))):
-                        log.info("reusing commit %s recorded in %s (pass --re-resolve to look again)", prev["commit"], path)
-                        return prev["commit"]
-    try:
-        info = api.repo_info(repo_id, revision=revision, repo_type=repo_type)
-    except RepositoryNotFoundError:
-        raise FetchError(f"{repo_type} repo {repo_id} not found at {endpoint}",
-                         hint="check the repo id, HF_ENDPOINT, and HF_TOKEN for private repos") from None  # fmt: skip
-    except RevisionNotFoundError:
-        raise FetchError(f"revision {revision!r} not found in {repo_id}", hint="pass a branch, tag or 40-hex commit") from None
-    except (HfHubHTTPError, OSError, httpx.TransportError) as e:
-        raise FetchError(f"could not resolve {repo_id}@{revision} at {endpoint}: {e}".splitlines()[0],
-                         hint="check the network and HF_ENDPOINT, then re-run") from None  # fmt: skip
-    if not (info.sha and COMMIT_RE.match(info.sha)):
-        raise FetchError(f"server gave no commit for {repo_id}@{revision}", hint="check HF_ENDPOINT")
-    return info.sha
-
-
-def _list(api, repo_id: str, repo_type: str, commit: str, *, asked_for: bool = False) -> list[RemoteFile]:
-    """The files at `commit` (`asked_for`: the user passed this commit, rather than it being reused)."""
-    import httpx
-    from huggingface_hub.errors import HfHubHTTPError, RevisionNotFoundError
-    from huggingface_hub.hf_api import RepoFile
-
-    try:
-        entries = list(api.list_repo_tree(repo_id, revision=commit, recursive=True, repo_type=repo_type))
-    except RevisionNotFoundError:
-        if asked_for:
-            raise FetchError(f"commit {commit} was not found on the server in {repo_id}",
-                             hint="check the commit id, or pass a branch or tag (e.g. --revision main)") from None
-        raise FetchError(f"commit {commit} of {repo_id} is no longer on the server",
-                         hint="pass --re-resolve to pin the branch's current commit") from None  # fmt: skip
-    except (HfHubHTTPError, OSError, httpx.TransportError) as e:
-        raise FetchError(f"could not list {repo_id}@{commit}: {e}".splitlines()[0],
-                         hint="check the network and HF_ENDPOINT, then re-run") from None  # fmt: skip
-    files = [RemoteFile(e.path, e.size, e.blob_id, e.lfs.sha256 if e.lfs else None)
-             for e in entries if isinstance(e, RepoFile)]  # fmt: skip
-    if not files:
-        raise FetchError(f"{repo_id}@{commit} lists no files", hint="check the repo id and revision")
-    return files
 
 
 def _select(files: list[RemoteFile], only: tuple[str, ...], repo_id: str, commit: str) -> list[RemoteFile]:
@@ -369,7 +340,8 @@ def check_shards(out_dir: Path, names: set[str]) -> None:
 
 
 def _write_record(out_dir: Path, repo_id: str, repo_type: str, revision: str, commit: str, endpoint: str,
-                  files: list[RemoteFile], digests: dict[str, FileDigest]) -> dict[str, Any]:  # fmt: skip
+                  files: list[RemoteFile], digests: dict[str, FileDigest],
+                  pinned: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     entries = [{"path": f.path, "size": f.size, "sha256": digests[f.path].sha256,
                 "git_blob_id": f.blob_id, "lfs": f.lfs} for f in sorted(files, key=lambda f: f.path)]  # fmt: skip
     record = {
@@ -378,6 +350,7 @@ def _write_record(out_dir: Path, repo_id: str, repo_type: str, revision: str, co
         "fetched_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "files": entries, "root_digest": root_digest(entries),
         "total_bytes": sum(f.size for f in files),
+        **({"content_pinned": pinned} if pinned else {}),
     }  # fmt: skip
     atomic_write_json(out_dir / RECORD_NAME, record)
     return record

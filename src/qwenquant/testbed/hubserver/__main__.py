@@ -1,4 +1,6 @@
-"""`python -m qwenquant.testbed.hubserver --repo Qwen/Qwen3.8-27B=models/tiny [--dataset ID=DIR] [--port N]`."""
+"""`python -m qwenquant.testbed.hubserver [--repo Qwen/Qwen3.8-27B=models/tiny] [--dataset ID=DIR] [--port N]`.
+
+With no --repo it serves an empty hub that takes uploads (`qwenquant publish`, HF_TOKEN set to anything)."""
 
 from __future__ import annotations
 
@@ -22,9 +24,10 @@ def _pair(text: str) -> tuple[str, Path]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m qwenquant.testbed.hubserver",
-        description="Serve local folders as Hugging Face Hub repos on 127.0.0.1.",
+        description="Serve local folders as Hugging Face Hub repos on 127.0.0.1; take uploads (Xet off).",
         epilog="example: python -m qwenquant.testbed.hubserver --repo Qwen/Qwen3.8-27B=models/tiny --port 8765\n"
-        "then: HF_ENDPOINT=http://127.0.0.1:8765 HF_HUB_DISABLE_XET=1 qwenquant fetch Qwen/Qwen3.8-27B --out x",
+        "then: HF_ENDPOINT=http://127.0.0.1:8765 HF_HUB_DISABLE_XET=1 qwenquant fetch Qwen/Qwen3.8-27B --out x\n"
+        "and:  HF_ENDPOINT=http://127.0.0.1:8765 HF_HUB_DISABLE_XET=1 HF_TOKEN=x qwenquant publish x --repo me/x",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--repo", type=_pair, action="append", default=[], metavar="ID=DIR", help="model repo")
@@ -34,8 +37,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fault", action="append", default=[], metavar="KIND[:GLOB[:TIMES]]",
                    help=f"inject a fault ({', '.join(KINDS)}); TIMES 0 = always")  # fmt: skip
     args = p.parse_args(argv)
-    if not args.repo and not args.dataset:
-        p.error("give at least one --repo or --dataset")
     hub = HubServer(args.host, args.port).start()
     for repo_id, folder in args.repo:
         print(f"model   {repo_id} main -> {hub.add_repo(repo_id, folder)}", flush=True)
@@ -44,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     for spec in args.fault:
         kind, _, rest = spec.partition(":")
         glob, _, times = rest.partition(":")
+        if kind not in KINDS:
+            p.error(f"unknown fault kind {kind!r}; one of {', '.join(KINDS)}")
         hub.faults.add(Fault(kind, path=glob or None, times=(int(times) or None) if times else 1))
     print(f"serving on {hub.url}", flush=True)
     done = threading.Event()

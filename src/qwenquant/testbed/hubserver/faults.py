@@ -17,8 +17,15 @@ KINDS = {
     "bad_content_range": "answer a Range request with a 206 whose Content-Range starts `shift` bytes later",
     "slow": "stream the body at `rate` bytes/s",
     "wrong_commit": "answer resolve requests with X-Repo-Commit `commit` (another commit)",
+    "upload_fail": "answer an upload endpoint (`path`: create, validate-yaml, preupload, branch, lfs-batch, "
+                   "lfs-put/<sha256>, lfs-verify, commit) with `status` and Retry-After: 0, changing nothing",
+    "upload_cut": "stop reading an LFS PUT (`path` lfs-put/<sha256>) after byte `at` of its body (default: half) "
+                  "and drop the connection; nothing is stored",
+    "squash": "before the next request, rewrite `repo`'s history (every repo's without it): each branch becomes one "
+              "new commit with the same files, old commits answer 404; with `path`, that file's byte `at` flipped",
 }
 BODY_KINDS = {"truncate", "close", "corrupt", "ignore_range", "bad_content_range", "slow"}
+UPLOAD_KINDS = {"upload_fail", "upload_cut"}  # matched on the endpoint name, any method
 
 
 @dataclass
@@ -78,17 +85,28 @@ class FaultSet:
                     continue
                 if f.path is not None and not fnmatch.fnmatchcase(path, f.path):
                     continue
-                if f.method is not None and f.method != method:
+                if f.method is not None and f.method != method and f.kind not in UPLOAD_KINDS:
                     continue
                 if f.kind in ("ignore_range", "bad_content_range") and not has_range:
                     continue
-                if f.times is not None and f.times <= 0:
-                    continue
-                if f.skip > 0:
-                    f.skip -= 1
-                    continue
-                if f.times is not None:
-                    f.times -= 1
-                f.hits += 1
-                fired.append(f)
+                if _consume(f):
+                    fired.append(f)
         return fired
+
+    def take_squash(self) -> list[Fault]:
+        """Consume the squash faults that fire before this request (they match no path)."""
+        with self._lock:
+            return [f for f in self._faults if f.kind == "squash" and _consume(f)]
+
+
+def _consume(f: Fault) -> bool:
+    """Count one matching request against `f`: True when it fires (times left, nothing to skip)."""
+    if f.times is not None and f.times <= 0:
+        return False
+    if f.skip > 0:
+        f.skip -= 1
+        return False
+    if f.times is not None:
+        f.times -= 1
+    f.hits += 1
+    return True

@@ -29,7 +29,7 @@ class LoggedRequest:
 
     method: str
     path: str
-    endpoint: str  # "info" | "tree" | "resolve" | "blob" | "unknown"
+    endpoint: str  # "info" | "tree" | "resolve" | "blob" | an upload route (uploads.py) | "unknown"
     repo_id: str | None = None
     revision: str | None = None
     file: str | None = None
@@ -71,6 +71,16 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         self._dispatch("GET")
 
+    def do_POST(self) -> None:  # noqa: N802
+        from qwenquant.testbed.hubserver.uploads import handle
+
+        handle(self, "POST")
+
+    def do_PUT(self) -> None:  # noqa: N802
+        from qwenquant.testbed.hubserver.uploads import handle
+
+        handle(self, "PUT")
+
     # -- routing ---------------------------------------------------------------------------
     def _dispatch(self, method: str) -> None:
         url = urlsplit(self.path)
@@ -100,8 +110,8 @@ class _Handler(BaseHTTPRequestHandler):
         repo, rest = self.hub._find_repo(rtype, parts)
         rec = self._rec
         rec.endpoint = "tree" if rest[:1] == ["tree"] else "info"
-        if repo is None:
-            return self._error(404, "RepoNotFound", "Repository not found")
+        if repo is None or (repo.private and not rec.authorized):
+            return self._error(401 if repo else 404, "RepoNotFound", "Repository not found")
         rec.repo_id = repo.repo_id
         fired = self.hub.faults.take({"fail"}, repo_id=repo.repo_id, path="/api", method=method, has_range=False)
         if fired:
@@ -126,7 +136,7 @@ class _Handler(BaseHTTPRequestHandler):
             siblings.append(s)
         body = {
             "_id": commit.sha[:24], "id": repo.repo_id, "sha": commit.sha, "lastModified": DATE, "createdAt": DATE,
-            "private": False, "disabled": False, "gated": False, "tags": [], "downloads": 0, "likes": 0,
+            "private": repo.private, "disabled": False, "gated": False, "tags": [], "downloads": 0, "likes": 0,
             "siblings": siblings,
         }  # fmt: skip
         if rtype == "model":
@@ -179,8 +189,8 @@ class _Handler(BaseHTTPRequestHandler):
         i = parts.index("resolve")
         repo_parts, rest = parts[:i], parts[i + 1 :]
         repo = self.hub._repos.get((rtype, "/".join(repo_parts)))
-        if repo is None or not rest:
-            return self._error(404, "RepoNotFound", "Repository not found")
+        if repo is None or not rest or (repo.private and not rec.authorized):
+            return self._error(401 if repo else 404, "RepoNotFound", "Repository not found")
         revision, path = rest[0], "/".join(rest[1:])
         rec.repo_id, rec.revision, rec.file = repo.repo_id, revision, path
         commit = self.hub._resolve_commit(repo, revision)

@@ -60,6 +60,8 @@ class Repo:
     repo_type: str  # "model" | "dataset"
     commits: dict[str, Commit] = field(default_factory=dict)
     branches: dict[str, str] = field(default_factory=dict)
+    private: bool = False  # reads without an Authorization header answer 401
+    lfs: dict[str, Path] = field(default_factory=dict)  # uploaded LFS objects (sha256 -> bytes on disk), committed or not
 
 
 def scan_file(source: Path, rel: str, lfs: bool | None = None) -> HubFile:
@@ -88,6 +90,13 @@ def scan_folder(folder: Path) -> dict[str, HubFile]:
             rel = p.relative_to(folder).as_posix()
             files[rel] = scan_file(p, rel)
     return files
+
+
+def gitattributes() -> bytes:
+    """The .gitattributes a new Hub repo starts with (its LFS patterns)."""
+    lines = [f"*{s} filter=lfs diff=lfs merge=lfs -text" for s in LFS_SUFFIXES]
+    lines += [f"{n} filter=lfs diff=lfs merge=lfs -text" for n in LFS_NAMES]
+    return ("\n".join(lines) + "\n").encode()
 
 
 def commit_id(files: dict[str, HubFile], parent: str | None = None) -> str:

@@ -5,17 +5,21 @@ Endpoints (models; datasets under /api/datasets/... and /datasets/{repo}/resolve
   GET  /api/models/{repo}/tree/{rev}[/{path}]       listing (recursive=, cursor pagination, Link)
   HEAD|GET /{repo}/resolve/{rev}/{path}             file, or 302 to /blobs/{sha256} for LFS
   HEAD|GET /blobs/{sha256}?path=...                 LFS blob ("CDN"), on a different host name
+and the upload routes of uploads.py (create, preupload, LFS batch + PUT + verify, ndjson commit).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import logging
+import shutil
 import socket
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
+from qwenquant.testbed.hubserver import store as storemod
 from qwenquant.testbed.hubserver.faults import FaultSet
 from qwenquant.testbed.hubserver.handler import LoggedRequest, _Handler, _QuietServer
 from qwenquant.testbed.hubserver.repos import Commit, HubFile, Repo, commit_id, scan_folder
@@ -46,6 +50,8 @@ class HubServer:
         self._scheduled: list[tuple[int, str, str, str, str, bool]] = []
         self._httpd: _QuietServer | None = None
         self._thread: threading.Thread | None = None
+        self.store = Path(tempfile.mkdtemp(prefix="qwenquant-hub-"))  # uploaded bytes, by sha256
+        self._squashes = 0
         # A different host name for blobs makes the client treat them like the Hub's CDN
         # (HEAD stops at the 302 and reads X-Linked-Etag/X-Linked-Size from it).
         self.cdn_host = cdn_host if cdn_host and _resolves_to(cdn_host, host) else host
@@ -64,6 +70,7 @@ class HubServer:
             self._httpd.shutdown()
             self._httpd.server_close()
             self._httpd = None
+        shutil.rmtree(self.store, ignore_errors=True)
 
     def __enter__(self) -> "HubServer":
         return self.start()
@@ -120,6 +127,19 @@ class HubServer:
             repo.commits.pop(old, None)
         log.debug("moved %s@%s %s -> %s", repo_id, branch, old, commit)
 
+    def squash(self, repo_id: str, *, change: str | None = None, at: int | None = None,
+               repo_type: str = "model") -> dict[str, str]:
+        """Rewrite `repo_id`'s history (a squash and gc): each branch one new commit with the same
+        files (`change`: that file's byte `at` flipped), every old commit gone. Returns branch -> commit."""
+        with self._lock:
+            self._squashes += 1
+            return storemod.squash(self._repos[(repo_type, repo_id)], self.store, self._squashes, change, at)
+
+    def repo(self, repo_id: str, repo_type: str = "model") -> Repo | None:
+        """The repo as the server holds it (commits, branches, uploaded LFS objects), or None."""
+        with self._lock:
+            return self._repos.get((repo_type, repo_id))
+
     def branch(self, repo_id: str, branch: str = "main", repo_type: str = "model") -> str:
         with self._lock:
             return self._repos[(repo_type, repo_id)].branches[branch]
@@ -151,6 +171,19 @@ class HubServer:
             self._scheduled = [s for s in self._scheduled if s[0] > self._count]
             for _, rtype, rid, br, commit, drop in due:
                 self._move(rtype, rid, br, commit, drop)
+            for fault in self.faults.take_squash():
+                for (rtype, rid) in list(self._repos):
+                    if fault.repo in (None, rid):
+                        self.squash(rid, change=fault.path, at=fault.at, repo_type=rtype)
+                        rec.faults.append("squash")
+
+    def _create_repo(self, repo_id: str, repo_type: str, private: bool) -> bool:
+        """Create an empty repo (its .gitattributes commit); False when it exists."""
+        with self._lock:
+            if (repo_type, repo_id) in self._repos:
+                return False
+            self._repos[(repo_type, repo_id)] = storemod.new_repo(repo_id, repo_type, private, self.store)
+            return True
 
     def _find_repo(self, repo_type: str, parts: list[str]) -> tuple[Repo | None, list[str]]:
         """Split url segments into a known repo id (1 or 2 segments) and the rest."""

@@ -1,0 +1,151 @@
+"""The card's figures (pure): every value is read from a report by its JSON path, so each one names
+the file and the field it came from, the command that measured it and, for served figures, where."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+from qwenquant.manifest import MANIFEST_NAME
+from qwenquant.publish.reports import Report
+
+Path_ = tuple[Any, ...]  # a JSON path: object keys and list indexes
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One measured value as the card shows it, and where it is written down."""
+
+    section: str
+    label: str
+    value: Any
+    text: str
+    source: str  # repo path of the report (or the manifest)
+    field: Path_
+    command: str
+    machine: Optional[str] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"section": self.section, "label": self.label, "value": self.value, "text": self.text,
+                "source": self.source, "field": list(self.field), "command": self.command, "machine": self.machine}
+
+
+# What the card says when a kind of figure has no report, and the command that would measure it.
+SECTIONS = {
+    "offline eval": "qwenquant eval ARTIFACT --reference SOURCE",
+    "served gate": "qwenquant eval --serve ARTIFACT --profile single-user --min-acceptance-length 1.5",
+    "MTP acceptance (served)": "qwenquant eval --serve ARTIFACT --profile single-user",
+    "throughput": "qwenquant bench --serve ARTIFACT --profile single-user --out ARTIFACT.bench-DIGEST.json",
+}
+
+
+def lookup(data: Any, field: Sequence[Any]) -> Any:
+    """The value at a JSON path (None when any step is missing)."""
+    for step in field:
+        try:
+            data = data[step]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
+
+
+def _pct(v: float) -> str:
+    return f"{v:+.2f}%"
+
+
+class _Collect:
+    def __init__(self, data: Any, source: str, command: str, machine: Optional[str] = None) -> None:
+        self.data, self.source, self.command, self.machine = data, source, command, machine
+        self.out: list[Figure] = []
+
+    def add(self, section: str, label: str, field: Path_, fmt: Callable[[Any], str]) -> None:
+        v = lookup(self.data, field)
+        if v is not None and not isinstance(v, bool):
+            self.out.append(Figure(section, label, v, fmt(v), self.source, tuple(field), self.command, self.machine))
+
+
+def _offline(c: _Collect, base: Path_, section: str) -> None:
+    """Perplexity, KL and top-1 of the artifact arm against the bf16 source (offline eval layout)."""
+    arm = (*base, "arms", "artifact")
+    c.add(section, "perplexity vs bf16 source", (*arm, "delta_pct"), _pct)
+    c.add(section, "perplexity 95% CI low", (*arm, "ci95_pct", 0), _pct)
+    c.add(section, "perplexity 95% CI high", (*arm, "ci95_pct", 1), _pct)
+    c.add(section, "KL vs bf16 (nats/token)", (*arm, "kl"), lambda v: f"{v:.5f}")
+    c.add(section, "top-1 agreement with bf16", (*arm, "top1"), lambda v: f"{100 * v:.2f}%")
+    c.add(section, "windows x tokens", (*base, "windows"), lambda v: f"{v} x {lookup(c.data, (*base, 'window_len'))}")
+    c.add(section, "MTP first-draft acceptance length (offline)", (*base, "mtp", "artifact", "acceptance_length_1"),
+          lambda v: f"{v:.3f}")
+    c.add(section, "MTP acceptance change vs bf16 (offline)", (*base, "mtp", "change_pct"), _pct)
+
+
+def manifest_figures(manifest: dict[str, Any]) -> list[Figure]:
+    """The quick eval and lm_head figures quantize measured (the manifest's quality section)."""
+    c = _Collect(manifest, MANIFEST_NAME, "qwenquant quantize (the recipe's eval step)")
+    _offline(c, ("quality", "eval"), "offline eval")
+    c.add("offline eval", "lm_head KL, calibrated / round-to-nearest", ("quality", "eval", "lm_head", "ratio"),
+          lambda v: f"{v:.3f}")
+    c.add("offline eval", "lm_head KL on held-out states, GPTQ", ("quality", "lm_head", "gptq", "kl"), lambda v: f"{v:.5g}")
+    c.add("offline eval", "lm_head KL on held-out states, round-to-nearest", ("quality", "lm_head", "rtn", "kl"),
+          lambda v: f"{v:.5g}")
+    return c.out
+
+
+def eval_figures(r: Report) -> list[Figure]:
+    d = r.data
+    cmd = f"qwenquant eval ARTIFACT --reference SOURCE --windows {d.get('windows')} --window-len {d.get('window_len')}"
+    c = _Collect(d, r.repo_path, cmd, machine=f"{d.get('device', 'cpu')}, {d.get('forward', 'dense')} forward")
+    _offline(c, (), "offline eval")
+    c.add("offline eval", "lm_head KL, calibrated / round-to-nearest", ("lm_head", "ratio"), lambda v: f"{v:.3f}")
+    return c.out
+
+
+def served_figures(r: Report) -> list[Figure]:
+    d = r.data
+    s = d.get("served") or {}
+    machine = ", ".join(str(x) for x in (s.get("device"), s.get("gpu_mem") and f"--gpu-mem {s['gpu_mem']}",
+                                         s.get("vllm_version_installed") and f"vLLM {s['vllm_version_installed']}") if x)
+    cmd = f"qwenquant eval --serve ARTIFACT --profile {s.get('profile', 'single-user')} --gate {d.get('gate')}"
+    c = _Collect(d, r.repo_path, cmd, machine or None)
+    for i, t in enumerate(d.get("tasks") or []):
+        c.add("served gate", f"task {t.get('name')}: exact-match passed", ("tasks", i, "passed"),
+              lambda v, t=t: f"{v}/{t.get('total')} (needs {t.get('min_pass')})")
+    c.add("MTP acceptance (served)", "mean acceptance length", ("mtp", "mean_acceptance_length"), lambda v: f"{v:.3f}")
+    c.add("MTP acceptance (served)", "drafts measured", ("mtp", "drafts"), str)
+    for pos in sorted((d.get("mtp") or {}).get("per_position") or {}, key=int):
+        c.add("MTP acceptance (served)", f"acceptance at draft position {pos}", ("mtp", "per_position", pos),
+              lambda v: f"{100 * v:.1f}%")
+    return c.out
+
+
+def bench_figures(r: Report, root_digest: str) -> list[Figure]:
+    d = r.data
+    out: list[Figure] = []
+    for i, t in enumerate(d.get("targets") or []):
+        if t.get("artifact_root_digest") != root_digest:
+            continue  # another artifact's configuration in a --compare run
+        machine = ", ".join(str(x) for x in (d.get("gpu_name") or t.get("device"), t.get("vllm_version")) if x)
+        c = _Collect(d, r.repo_path, " ".join(d.get("argv") or ["qwenquant", "bench"]), machine or None)
+        who = f"{t.get('label')} ({t.get('profile')})"
+        c.add("throughput", f"{who}: MTP mean acceptance length", ("targets", i, "acceptance", "mean_acceptance_length"),
+              lambda v: f"{v:.3f}")
+        for key in sorted(t.get("cells") or {}):
+            for fig, unit in (("decode_tok_s", "tok/s"), ("wall_tok_s", "tok/s"), ("ttft_s", "s")):
+                c.add("throughput", f"{who} {key}: {fig} median", ("targets", i, "cells", key, "figures", fig, "median"),
+                      lambda v, unit=unit: f"{v:.2f} {unit}")
+        out += c.out
+    return out
+
+
+def collect_figures(manifest: dict[str, Any], reports: Sequence[Report], root_digest: str) -> list[Figure]:
+    """Every figure of the card, manifest first, then the reports in their repo order."""
+    out = manifest_figures(manifest)
+    for r in reports:
+        out += {"eval": eval_figures, "eval-served": served_figures}[r.kind](r) if r.kind != "bench" \
+            else bench_figures(r, root_digest)
+    return out
+
+
+def not_measured(figures: Sequence[Figure]) -> list[tuple[str, str]]:
+    """(section, the command that would measure it) for each kind of figure the card lacks."""
+    have = {f.section for f in figures}
+    return [(s, cmd) for s, cmd in SECTIONS.items() if s not in have]

@@ -1,0 +1,98 @@
+"""The reports whose figures may go on the card: only those keyed to this artifact's root digest.
+
+Found beside the artifact where `qwenquant eval` writes them (evaluate.report.report_path: the offline
+`eval` and the served `eval-served` report), plus any given with `--report` (a `qwenquant bench` JSON
+names the artifact's root digest per served target). A report of another root digest is refused.
+Each report is published verbatim under qwenquant-reports/, so every figure can be checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from qwenquant.errors import UsageError
+from qwenquant.manifest import REPORTS_DIR
+
+KINDS = ("eval", "eval-served", "bench")
+
+
+@dataclass(frozen=True)
+class Report:
+    """One report file: its kind, where it came from, where it goes in the repo, its bytes."""
+
+    kind: str  # "eval" | "eval-served" | "bench"
+    source: Path
+    repo_path: str  # qwenquant-reports/<kind>[-n].json
+    data: dict[str, Any]
+    raw: bytes
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.raw).hexdigest()
+
+
+def report_kind(data: Any) -> str | None:
+    """Which producer wrote this JSON (None: not a report qwenquant knows)."""
+    if not isinstance(data, dict):
+        return None
+    if data.get("tool") == "qwenquant bench" and isinstance(data.get("targets"), list):
+        return "bench"
+    if isinstance(data.get("tasks"), list) and isinstance(data.get("mtp"), dict):
+        return "eval-served"
+    if isinstance(data.get("arms"), dict) and isinstance(data.get("lm_head"), dict):
+        return "eval"
+    return None
+
+
+def report_digests(kind: str, data: dict[str, Any]) -> set[str]:
+    """The artifact root digests a report was measured on (bench: one per served target)."""
+    if kind == "bench":
+        return {t["artifact_root_digest"] for t in data["targets"]
+                if isinstance(t, dict) and isinstance(t.get("artifact_root_digest"), str)}
+    return {data["root_digest"]} if isinstance(data.get("root_digest"), str) else set()
+
+
+def _load(path: Path, root_digest: str, artifact: Path) -> tuple[str, dict[str, Any], bytes]:
+    try:
+        raw = path.read_bytes()
+        data = json.loads(raw)
+    except FileNotFoundError:
+        raise UsageError(f"report {path} not found", hint="pass a report JSON written by `qwenquant eval` or `bench`") from None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"report {path} is not readable JSON ({e})".splitlines()[0],
+                         hint="pass the JSON file `qwenquant eval` or `qwenquant bench` wrote") from None
+    kind = report_kind(data)
+    if kind is None:
+        raise UsageError(f"{path} is not a qwenquant eval, served eval or bench report",
+                         hint="pass the JSON file `qwenquant eval` or `qwenquant bench` wrote")
+    digests = report_digests(kind, data)
+    if root_digest not in digests:
+        what = (f"a report of root digest {sorted(digests)[0][:16]}..." if digests
+                else "a report that names no artifact root digest (a bench of a URL?)")
+        raise UsageError(f"{path} is {what}, not of {artifact} ({root_digest[:16]}...): its figures cannot go on this card",
+                         hint="measure this artifact (`qwenquant eval` / `qwenquant bench --serve ARTIFACT`) or drop --report")
+    return kind, data, raw
+
+
+def gather_reports(artifact: Path, root_digest: str, extra: Iterable[Path] = ()) -> list[Report]:
+    """The reports beside the artifact for this root digest and those in `extra`, each checked,
+    deduplicated by content, named in the repo by kind (order-independent)."""
+    from qwenquant.evaluate.report import report_path
+
+    paths = [p for p in (report_path(artifact, root_digest, k) for k in ("eval", "eval-served")) if p.is_file()]
+    paths += [Path(p) for p in extra]
+    seen: dict[str, tuple[str, Path, dict[str, Any], bytes]] = {}
+    for p in paths:
+        kind, data, raw = _load(p, root_digest, artifact)
+        seen.setdefault(hashlib.sha256(raw).hexdigest(), (kind, p, data, raw))
+    out: list[Report] = []
+    for kind in KINDS:
+        same = sorted((v for k, v in seen.items() if v[0] == kind), key=lambda v: hashlib.sha256(v[3]).hexdigest())
+        for i, (_, p, data, raw) in enumerate(same):
+            name = f"{kind}.json" if i == 0 else f"{kind}-{i + 1}.json"
+            out.append(Report(kind, p, f"{REPORTS_DIR}/{name}", data, raw))
+    return out

@@ -1,0 +1,165 @@
+"""`publish_artifact`: verify, build the card, compare with the revision, one commit (or none)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from qwenquant.errors import UsageError, VerificationError
+from qwenquant.hashing import sha256_file
+from qwenquant.manifest import (CARD_NAME, CARD_RECORD_NAME, MANIFEST_NAME, REPORTS_DIR, SIGNATURE_NAME,
+                                UNCHECKED_COMPANIONS, load_manifest, verify_artifact)
+from qwenquant.publish.card import Card, build_card, read_facts
+from qwenquant.publish.figures import collect_figures, not_measured
+from qwenquant.publish.plan import LocalFile, PublishPlan, plan_upload
+from qwenquant.publish.reports import gather_reports
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PublishResult:
+    repo_id: str
+    revision: str
+    root_digest: str
+    files: list[LocalFile]
+    card: Card
+    dry_run: bool = False
+    plan: Optional[PublishPlan] = None
+    commit: Optional[str] = None
+    url: Optional[str] = None
+    sign: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def noop(self) -> bool:
+        return self.plan is not None and self.plan.noop
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"repo_id": self.repo_id, "revision": self.revision, "root_digest": self.root_digest,
+                "dry_run": self.dry_run, "noop": self.noop, "commit": self.commit, "url": self.url,
+                "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files],
+                "uploaded": [f.path for f in self.plan.upload] if self.plan else None,
+                "deleted": self.plan.delete if self.plan else None,
+                "unchanged": self.plan.unchanged if self.plan else None,
+                "signed": self.sign, "card": self.card.readme.decode(), "warnings": self.warnings}
+
+
+def check_repo_id(repo_id: str) -> None:
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise UsageError(f"{repo_id!r} is not a Hub repo id: {e}".splitlines()[0],
+                         hint="write it as OWNER/NAME, e.g. me/Qwen3.8-27B-w4a16") from None
+    if "/" not in repo_id:
+        raise UsageError(f"{repo_id!r} names no owner", hint="write it as OWNER/NAME, e.g. me/Qwen3.8-27B-w4a16")
+
+
+def _companion_clash(paths: Sequence[str]) -> Optional[str]:
+    names = (*UNCHECKED_COMPANIONS, CARD_NAME, CARD_RECORD_NAME)
+    return next((p for p in paths if p in names or p.startswith(REPORTS_DIR + "/")), None)
+
+
+def prepare_files(artifact: Path, repo_id: str, revision: str, reports: Sequence[Path],
+                  license_id: Optional[str]) -> tuple[list[LocalFile], Card, list[str], str]:
+    """Verify the artifact and build its card: (files to publish, card, warnings, root digest)."""
+    report = verify_artifact(artifact)
+    if not report.ok:
+        raise VerificationError(f"refusing to publish {artifact}: it does not match its manifest: "
+                                + ", ".join(f"{p.path} ({p.status})" for p in report.problems[:5]),
+                                hint="`qwenquant verify` shows the report; rebuild or restore the artifact")
+    manifest = load_manifest(artifact)
+    raw = json.loads((artifact / MANIFEST_NAME).read_bytes())
+    clash = _companion_clash([f.path for f in manifest.files])
+    if clash:
+        raise UsageError(f"{artifact}'s manifest lists {clash}, a name the published card files use",
+                         hint="rebuild the artifact without it; the card, its record and the reports go beside it")
+    reps = gather_reports(artifact, manifest.root_digest, reports)
+    figures = collect_figures(raw, reps, manifest.root_digest)
+    facts = read_facts(artifact, manifest, license_id)
+    card = build_card(manifest, raw["manifest_self_digest"], facts, repo_id=repo_id, revision=revision,
+                      license_id=facts.source_license or "other", reports=reps, figures=figures,
+                      missing=not_measured(figures))
+    files = [LocalFile(f.path, f.size, f.sha256, source=artifact / f.path) for f in manifest.files]
+    files.append(LocalFile(MANIFEST_NAME, (artifact / MANIFEST_NAME).stat().st_size,
+                           sha256_file(artifact / MANIFEST_NAME), source=artifact / MANIFEST_NAME))
+    generated = {CARD_NAME: card.readme, CARD_RECORD_NAME: card.record_bytes, **{r.repo_path: r.raw for r in reps}}
+    files += [LocalFile(p, len(b), hashlib.sha256(b).hexdigest(), data=b) for p, b in sorted(generated.items())]
+    return files, card, list(facts.warnings), manifest.root_digest
+
+
+def git_blob(f: LocalFile) -> str:
+    data = f.data if f.data is not None else Path(f.source or "").read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def publish_artifact(artifact: Path, repo_id: str, *, revision: str = "main", private: bool = False,
+                     dry_run: bool = False, reports: Sequence[Path] = (), license_id: Optional[str] = None,
+                     sign_key: Optional[Path] = None, endpoint: Optional[str] = None) -> PublishResult:
+    """Publish `artifact` to `repo_id`@`revision` in one commit; a no-op when the revision holds it already.
+    `dry_run`: verify and build the card only, no network."""
+    from qwenquant.publish import signing
+
+    artifact = Path(artifact)
+    check_repo_id(repo_id)
+    if sign_key is not None:
+        signing._model_signing()
+        signing._readable(sign_key, "private key", "--sign-key")
+    files, card, warnings, root = prepare_files(artifact, repo_id, revision, reports, license_id)
+    result = PublishResult(repo_id, revision, root, files, card, dry_run=dry_run, sign=sign_key is not None,
+                           warnings=warnings)
+    if dry_run:
+        return result
+    import os
+
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.utils import disable_progress_bars
+
+    from qwenquant.console import interactive
+    from qwenquant.publish import hub
+
+    if not interactive():
+        disable_progress_bars()  # the client's tqdm bars: only on a terminal, as ours
+    # HF_ENDPOINT as it is now (huggingface_hub reads it once, at import), as fetch does
+    api = HfApi(endpoint=(endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/"))
+    hub.ensure_revision(api, repo_id, revision, private)
+    head, remote = hub.remote_state(api, repo_id, revision)
+    with tempfile.TemporaryDirectory() as tmp:
+        sig = None
+        if sign_key is not None:
+            signing.sign_artifact(artifact, sign_key, Path(tmp) / SIGNATURE_NAME)
+            data = (Path(tmp) / SIGNATURE_NAME).read_bytes()
+            sig = LocalFile(SIGNATURE_NAME, len(data), hashlib.sha256(data).hexdigest(), data=data)
+
+        def remote_signature_ok() -> bool:
+            theirs = Path(tmp) / "remote.sig"
+            theirs.write_bytes(hub.download_file(api, repo_id, head or revision, SIGNATURE_NAME))
+            try:
+                signing.verify_signature(artifact, theirs, signing.public_key_pem(sign_key))  # type: ignore[arg-type]
+            except VerificationError as e:
+                log.info("the signature on the Hub does not hold for this key: %s", e)
+                return False
+            return True
+
+        result.plan = plan = plan_upload(files, remote, git_blob, signature=sig, remote_signature_ok=remote_signature_ok)
+        if plan.noop:
+            result.commit = head
+            return result
+        log.info("uploading %d files (%.1f MiB), deleting %d, %d already on %s@%s", len(plan.upload),
+                 sum(f.size for f in plan.upload) / 2**20, len(plan.delete), len(plan.unchanged), repo_id, revision)
+        if SIGNATURE_NAME in plan.delete:
+            warnings.append(f"{SIGNATURE_NAME} on the Hub signs other files: removed (pass --sign-key to sign this artifact)")
+        info = hub.commit_plan(api, repo_id, revision, plan, head, f"qwenquant publish {artifact.name} "
+                               f"(root digest {root[:16]})")
+    result.commit, result.url = info.oid, info.commit_url
+    kept = {".gitattributes"} | ({SIGNATURE_NAME} if plan.kept_signature or sig else set())
+    hub.check_published(api, repo_id, info.oid, files, kept, git_blob)
+    return result
