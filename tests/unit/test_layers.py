@@ -17,12 +17,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("__init__", "errors", "envs", "crash", "atomic", "hashing", "console", "procenv", "outfolder", "net"),
     ("checkpoint",),
     ("recipe",),
-    ("manifest",),
+    ("manifest", "signing"),
     ("testbed",),
     ("modeling",),
     ("fetch", "check", "plan"),
     ("evaluate", "serve"),
-    ("quantize", "bench"),
+    ("quantize", "bench", "publish"),
     ("demo", "versions", "commands", "cli", "__main__"),
 )
 LAYER_OF = {part: i for i, parts in enumerate(LAYERS) for part in parts}

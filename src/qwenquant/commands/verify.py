@@ -38,7 +38,7 @@ def verify(
     report = verify_artifact(artifact)
     signed = None
     if report.ok and signature is not None:
-        from qwenquant.publish.signing import verify_signature
+        from qwenquant.signing import verify_signature
 
         signed = verify_signature(artifact, signature, public_key)  # type: ignore[arg-type]
     if as_json:

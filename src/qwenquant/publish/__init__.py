@@ -8,6 +8,6 @@ Modules: reports (which reports may feed the card), figures (values read by JSON
 commit against the revision's listing), hub (huggingface_hub calls), signing (model_signing), run.
 """
 
-from qwenquant.publish.signing import sign_artifact, verify_signature
+from qwenquant.signing import sign_artifact, verify_signature
 
 __all__ = ["sign_artifact", "verify_signature"]

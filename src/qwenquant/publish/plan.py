@@ -82,6 +82,6 @@ def plan_upload(local: list[LocalFile], remote: dict[str, RemoteFile], git_blob:
 
 def _signed(path: str) -> bool:
     """Is `path` among the files a signature covers (the manifest's files and the manifest)?"""
-    from qwenquant.publish.signing import IGNORED
+    from qwenquant.signing import IGNORED
 
     return not any(path == p or path.startswith(p + "/") for p in IGNORED)

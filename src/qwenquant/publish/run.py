@@ -106,7 +106,7 @@ def publish_artifact(artifact: Path, repo_id: str, *, revision: str = "main", pr
                      sign_key: Optional[Path] = None, endpoint: Optional[str] = None) -> PublishResult:
     """Publish `artifact` to `repo_id`@`revision` in one commit; a no-op when the revision holds it already.
     `dry_run`: verify and build the card only, no network."""
-    from qwenquant.publish import signing
+    from qwenquant import signing
 
     artifact = Path(artifact)
     check_repo_id(repo_id)
