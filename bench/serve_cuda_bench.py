@@ -38,7 +38,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
@@ -120,13 +119,12 @@ def table(profile: str, rows: list[dict[str, Any]]) -> str:
 
 
 def _complete(url: str, model: str, temperature: float) -> dict[str, Any]:
+    from qwenquant.net.http import post_json
+
     body = {"model": model, "prompt": "The capital of France is", "max_tokens": 32, "temperature": temperature,
             "seed": 1234}
-    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
     t0 = time.monotonic()
-    with urllib.request.urlopen(req, timeout=300) as r:
-        answer = json.loads(r.read())
+    answer = post_json(url + "/v1/completions", body, timeout=300)
     return {"temperature": temperature, "text": answer["choices"][0]["text"], "seconds": time.monotonic() - t0,
             "usage": answer.get("usage")}
 
@@ -154,8 +152,11 @@ def run_profile(args: argparse.Namespace, profile: str, log_path: Path) -> dict[
             return result
         result["ready_s"] = time.monotonic() - t0
         url = line.split()[1]
-        model = json.loads(urllib.request.urlopen(url + "/v1/models", timeout=30).read())["data"][0]["id"]
-        from qwenquant.bench.metrics import acceptance, scrape, spec_counters
+        from qwenquant.bench.metrics import acceptance, scrape
+        from qwenquant.net.http import get_json
+        from qwenquant.net.prometheus import spec_counters
+
+        model = get_json(url + "/v1/models")["data"][0]["id"]
 
         before = spec_counters(scrape(url) or "")
         result["completions"] = [_complete(url, model, 0.0), _complete(url, model, 0.8)]
@@ -198,7 +199,8 @@ def main(argv: list[str]) -> int:
         argv, extra = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     args = ap.parse_args(argv)
     args.extra = [*args.extra, *extra]
-    from qwenquant.serve.command import make_plan, parse_size
+    from qwenquant.plan.artifact import make_plan
+    from qwenquant.plan.gpumem import parse_size
 
     profiles = args.profile or ["single-user", "batch"]
     args.out.parent.mkdir(parents=True, exist_ok=True)

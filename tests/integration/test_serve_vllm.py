@@ -156,7 +156,8 @@ def test_memory_model_matches_vllm(server):
     """vLLM's own KV cache report equals the plan's (1 GiB CPU cache, 2048-token sequences)."""
     from qwenquant.manifest import load_manifest
     from qwenquant.serve.argv import apply_extra
-    from qwenquant.serve.preflight import artifact_budget, recipe_from_manifest
+    from qwenquant.plan.artifact import artifact_budget
+    from qwenquant.plan.settings import recipe_from_manifest
 
     m = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", server.log.read_text())
     assert m, "vLLM did not log its KV cache concurrency"

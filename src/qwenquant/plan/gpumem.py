@@ -13,14 +13,26 @@ emulate; `serve --gpu-mem` is refused there with a hint naming VLLM_CPU_KVCACHE_
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
 
 from qwenquant.errors import ServeError, UsageError
+from qwenquant.plan.budget import gib as _gib
 from qwenquant.recipe import ResolvedProfile
 
-GiB = 1024**3
 _PLACES = 10**6
+_UNITS = {"": 1, "b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+          "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4}
+
+
+def parse_size(text: str) -> int:
+    """'24GiB' / '24GB' / '24' (GiB) -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ServeError(f"cannot read the size {text!r}", hint="write it like 24GiB, 24GB or 24 (GiB)")
+    unit = m.group(2).lower() or "gib"
+    return int(float(m.group(1)) * _UNITS[unit])
 
 
 def utilization_for(gpu_mem: int, gpu_total: int, utilization: float) -> float:
@@ -86,6 +98,3 @@ def apply_gpu_mem(profile: ResolvedProfile, gpu_mem: Optional[int], device: str,
     notes.append(emu.note)
     return profile.model_copy(update={"gpu_memory_utilization": emu.utilization})
 
-
-def _gib(n: int) -> str:
-    return f"{n / GiB:.2f} GiB"

