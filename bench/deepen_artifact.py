@@ -36,7 +36,7 @@ MAX_SHARD_BYTES = 5 * 10**9
 def deepen_config(config: dict[str, Any], layers: int) -> dict[str, Any]:
     """config.json for `layers` decoder layers: num_hidden_layers and layer_types repeated."""
     out = json.loads(json.dumps(config))
-    tc = text_config(out)
+    tc = text_config(out)  # a copy: written back below
     n = int(tc["num_hidden_layers"])
     types = tc.get("layer_types") or []
     if types:
@@ -44,6 +44,10 @@ def deepen_config(config: dict[str, Any], layers: int) -> dict[str, Any]:
             raise SystemExit(f"config has {len(types)} layer_types for {n} layers")
         tc["layer_types"] = [types[i % n] for i in range(layers)]
     tc["num_hidden_layers"] = layers
+    if isinstance(out.get("text_config"), dict):
+        out["text_config"] = tc
+    else:
+        out = tc
     return out
 
 
