@@ -16,8 +16,10 @@ vLLM's log lines read (vLLM 0.26 .. 0.33, v1 engine):
 The peak-activation line is logged at DEBUG, so the server runs with VLLM_LOGGING_LEVEL=DEBUG.
 
   python bench/serve_cuda_bench.py ARTIFACT --vllm .venv-vllm/qwenquant-vllm.json [--gpu-mem 24GiB]
-      [--profile single-user --profile batch] [--gpus N] [--out bench/results/serve_cuda_bench.json]
-      [-- vLLM flags]
+      [--gpu-mem-soft] [--profile single-user --profile batch] [--gpus N]
+      [--out bench/results/serve_cuda_bench.json] [-- vLLM flags]
+
+`--gpu-mem` is serve's hard limit (a ballast holds the rest of the GPU) unless --gpu-mem-soft.
 
 With `--gpus N` the server runs under tensor parallelism over N GPUs (`qwenquant serve --gpus N`)
 and the plan's figures are per GPU (`qwenquant plan --gpus N`), as vLLM logs them per worker.
@@ -139,6 +141,8 @@ def run_profile(args: argparse.Namespace, profile: str, log_path: Path) -> dict[
            "--gpus", str(args.gpus)]
     if args.vllm:
         cmd += ["--vllm", args.vllm]
+    if args.gpu_mem_soft:
+        cmd += ["--gpu-mem-soft"]
     if args.extra:
         cmd += ["--", *args.extra]
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "DEBUG"}
@@ -189,6 +193,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("artifact", type=Path)
     ap.add_argument("--vllm", help="qwenquant-vllm.json, a python or a vllm executable (default: serve's search)")
     ap.add_argument("--gpu-mem", default="24GiB")
+    ap.add_argument("--gpu-mem-soft", action="store_true", help="the budget alone, no ballast (serve --gpu-mem-soft)")
     ap.add_argument("--profile", action="append", default=[])
     ap.add_argument("--gpus", type=int, default=1, help="tensor parallelism over N GPUs; plan figures per GPU")
     ap.add_argument("--timeout", type=float, default=1800)
@@ -205,6 +210,7 @@ def main(argv: list[str]) -> int:
     profiles = args.profile or ["single-user", "batch"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"artifact": str(args.artifact.resolve()), "gpu_mem": args.gpu_mem, "gpus": args.gpus,
+                              "gpu_mem_limit": "soft" if args.gpu_mem_soft else "hard",
                               "date": time.strftime("%Y-%m-%d"), "extra": args.extra, "machine": machine(args.vllm),
                               "profiles": {}}
     print("Expected" + __doc__.split("Expected", 1)[1].rstrip(), file=sys.stderr)

@@ -215,3 +215,16 @@ class ServedCLI:
             self._final_err = self.stderr
             self._err.close()
             os.unlink(self._err.name)
+
+
+def fake_nvidia_smi(tmp_path: Path, rows: list[str], cap: str = "8.6") -> Path:
+    """A folder holding a stand-in `nvidia-smi` (no NVIDIA GPU here): fixed memory rows
+    ("index, uuid, total MiB, free MiB") and compute capability `cap`."""
+    d = tmp_path / "smi"
+    d.mkdir(exist_ok=True)
+    smi = d / "nvidia-smi"
+    lines = "".join(f"  echo '{row}'\n" for row in rows)
+    smi.write_text(f'#!/bin/sh\ncase "$*" in\n  *compute_cap*) echo {cap} ;;\n  *memory.total*)\n{lines}  ;;\n'
+                   "  *) echo 'GPU 0: stand-in' ;;\nesac\n")
+    smi.chmod(0o755)
+    return d

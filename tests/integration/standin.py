@@ -34,6 +34,9 @@ As vLLM (the entrypoint of the launcher `write_fake_vllm` writes): `python stand
   --standin-stubborn-helper  the helper ignores SIGTERM and is left behind on exit (a wedged engine)
   --standin-answers F   the answers table as JSON
   --standin-no-total    the counters without `_total`
+  --standin-ballast-file F  refuse to start (exit 1) unless F holds the report of a live ballast (the
+                        stand-in ballast of QWENQUANT_BALLAST_STANDIN=F), and on SIGTERM write to
+                        F.at-server-stop whether that ballast still lives
 Setup: `build_standin_artifact` (an artifact of zero int4 weights with a real manifest),
 `write_fake_vllm` (a launcher whose entrypoint is this file, with a stub `vllm` package so serve's
 discovery and architecture probe run for real), `serve_env`.
@@ -141,99 +144,101 @@ class StandinServer:
         return "\n".join(lines) + "\n"
 
 
+class _Handler(BaseHTTPRequestHandler):
+    s: StandinServer  # set by _handler()
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt: str, *args: Any) -> None:
+        if self.s.verbose:
+            print("standin http: " + fmt % args, flush=True)
+
+    def _send(self, code: int, obj: Any, ctype: str = "application/json") -> None:
+        body = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _authorized(self) -> bool:
+        if self.s.api_key and self.headers.get("Authorization") != f"Bearer {self.s.api_key}":
+            self._send(401, {"error": "Unauthorized"})
+            return False
+        return True
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self._send(self.s.health, {})
+        elif self.path == "/version":
+            self._send(200, {"version": "0.0.0-standin"})
+        elif self.path == "/metrics":
+            self._send(200, self.s.metrics_text().encode(), "text/plain; version=0.0.4")
+        elif self.path == "/v1/models":
+            if self._authorized():
+                self._send(200, {"object": "list", "data": [
+                    {"id": self.s.model, "object": "model", "root": self.s.root, "owned_by": "vllm"}]})
+        else:
+            self._send(404, {"error": "not found"})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        if self.path not in ("/v1/completions", "/v1/chat/completions"):
+            self._send(404, {"error": "not found"})
+            return
+        if not self._authorized():
+            return
+        with self.s.lock:
+            self.s.bodies.append(body)
+        if self.path == "/v1/chat/completions":
+            rec = Record(recv=time.perf_counter())
+            with self.s.lock:
+                self.s.records.append(rec)
+            self.s.count()
+            self._stream(body, rec)
+            return
+        if body.get("model") != self.s.model:
+            self._send(404, {"error": f"model {body.get('model')} not found"})
+            return
+        self.s.count()
+        text = self.s.answers.get(body.get("prompt"), " world")
+        self._send(200, {"id": "cmpl-standin", "object": "text_completion", "model": self.s.model,
+                         "choices": [{"index": 0, "text": text, "finish_reason": "length"}]})
+        if self.s.on_completion:
+            self.s.on_completion()
+
+    def _event(self, obj: Any) -> None:
+        data = (f"data: {obj}\n\n" if isinstance(obj, str) else f"data: {json.dumps(obj)}\n\n").encode()
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _stream(self, body: dict[str, Any], rec: Record) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        n = int(body.get("max_tokens") or self.s.tokens)
+        base = {"id": "x", "object": "chat.completion.chunk", "model": self.s.model}
+        self._event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+                     "usage": None})
+        for i in range(n):
+            time.sleep(max(0.0, rec.recv + self.s.ttft + i * self.s.step - time.perf_counter()))
+            # a hidden phase still sends chunks, with no text in any field
+            delta = {} if i < self.s.hidden else {self.s.field: f"w{i} "}
+            self._event({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+            if delta and rec.first is None:
+                rec.first = time.perf_counter()
+        self._event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+        if self.s.usage:
+            self._event({**base, "choices": [], "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": n,
+                                                           "total_tokens": n + PROMPT_TOKENS}})
+        self._event("[DONE]")
+        rec.done, rec.tokens = time.perf_counter(), n
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
 def _handler(s: StandinServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, fmt: str, *args: Any) -> None:
-            if s.verbose:
-                print("standin http: " + fmt % args, flush=True)
-
-        def _send(self, code: int, obj: Any, ctype: str = "application/json") -> None:
-            body = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _authorized(self) -> bool:
-            if s.api_key and self.headers.get("Authorization") != f"Bearer {s.api_key}":
-                self._send(401, {"error": "Unauthorized"})
-                return False
-            return True
-
-        def do_GET(self) -> None:
-            if self.path == "/health":
-                self._send(s.health, {})
-            elif self.path == "/version":
-                self._send(200, {"version": "0.0.0-standin"})
-            elif self.path == "/metrics":
-                self._send(200, s.metrics_text().encode(), "text/plain; version=0.0.4")
-            elif self.path == "/v1/models":
-                if self._authorized():
-                    self._send(200, {"object": "list", "data": [
-                        {"id": s.model, "object": "model", "root": s.root, "owned_by": "vllm"}]})
-            else:
-                self._send(404, {"error": "not found"})
-
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-            if self.path not in ("/v1/completions", "/v1/chat/completions"):
-                self._send(404, {"error": "not found"})
-                return
-            if not self._authorized():
-                return
-            with s.lock:
-                s.bodies.append(body)
-            if self.path == "/v1/chat/completions":
-                rec = Record(recv=time.perf_counter())
-                with s.lock:
-                    s.records.append(rec)
-                s.count()
-                self._stream(body, rec)
-                return
-            if body.get("model") != s.model:
-                self._send(404, {"error": f"model {body.get('model')} not found"})
-                return
-            s.count()
-            text = s.answers.get(body.get("prompt"), " world")
-            self._send(200, {"id": "cmpl-standin", "object": "text_completion", "model": s.model,
-                             "choices": [{"index": 0, "text": text, "finish_reason": "length"}]})
-            if s.on_completion:
-                s.on_completion()
-
-        def _event(self, obj: Any) -> None:
-            data = (f"data: {obj}\n\n" if isinstance(obj, str) else f"data: {json.dumps(obj)}\n\n").encode()
-            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-            self.wfile.flush()
-
-        def _stream(self, body: dict[str, Any], rec: Record) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            n = int(body.get("max_tokens") or s.tokens)
-            base = {"id": "x", "object": "chat.completion.chunk", "model": s.model}
-            self._event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
-                         "usage": None})
-            for i in range(n):
-                time.sleep(max(0.0, rec.recv + s.ttft + i * s.step - time.perf_counter()))
-                # a hidden phase still sends chunks, with no text in any field
-                delta = {} if i < s.hidden else {s.field: f"w{i} "}
-                self._event({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
-                if delta and rec.first is None:
-                    rec.first = time.perf_counter()
-            self._event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
-            if s.usage:
-                self._event({**base, "choices": [], "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": n,
-                                                               "total_tokens": n + PROMPT_TOKENS}})
-            self._event("[DONE]")
-            rec.done, rec.tokens = time.perf_counter(), n
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
-
-    return Handler
+    return type("Handler", (_Handler,), {"s": s})
 
 
 # --- as vLLM: the process `qwenquant serve` starts -------------------------------------------------
@@ -251,6 +256,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--standin-stubborn-helper", action="store_true")
     p.add_argument("--standin-answers", default=None)
     p.add_argument("--standin-no-total", action="store_true")
+    p.add_argument("--standin-ballast-file", default=None)
     args, _unknown = p.parse_known_args(argv)
     return args
 
@@ -265,10 +271,45 @@ def _helper(a: argparse.Namespace) -> subprocess.Popen:
     return helper
 
 
+def alive(pid: int) -> bool:
+    """`pid` runs (a zombie does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def _ballast_pid(path: Optional[str]) -> Optional[int]:
+    """The pid of the live ballast whose report is in `path`, else None."""
+    try:
+        pid = int(json.loads(Path(path).read_text())["pid"]) if path else None
+    except (OSError, ValueError, KeyError):
+        return None
+    return pid if pid is not None and alive(pid) else None
+
+
+def _on_sigterm(a: argparse.Namespace, helper: subprocess.Popen) -> None:
+    def stop(*_: object) -> None:
+        if a.standin_ballast_file:
+            Path(a.standin_ballast_file + ".at-server-stop").write_text(
+                json.dumps({"ballast_alive": _ballast_pid(a.standin_ballast_file) is not None}))
+        if not a.standin_stubborn_helper:
+            helper.kill()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def main(argv: list[str]) -> int:
     a = parse(argv)
     mode = a.standin_mode
     print(f"standin: mode={mode} model={a.model} port={a.port} argv={argv}", flush=True)
+    if a.standin_ballast_file:
+        pid = _ballast_pid(a.standin_ballast_file)
+        if pid is None:
+            print("RuntimeError: standin started with no ballast holding the GPU", flush=True)
+            return 1
+        print(f"standin: ballast pid {pid} holds the GPU", flush=True)
     if a.standin_envfile:
         Path(a.standin_envfile).write_text(json.dumps(dict(os.environ)))
     helper = _helper(a)
@@ -277,10 +318,7 @@ def main(argv: list[str]) -> int:
               "RuntimeError: standin failed to load the model", flush=True)
         helper.kill()
         return 0 if mode == "exit0" else 1
-    if a.standin_stubborn_helper:
-        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    else:
-        signal.signal(signal.SIGTERM, lambda *_: (helper.kill(), os._exit(0)))
+    _on_sigterm(a, helper)
     if mode == "fatal-hang":
         print("(Worker_TP1 pid=7) ERROR [multiproc_executor.py:1007] WorkerProc hit an exception.", flush=True)
     if mode in ("nobind", "fatal-hang"):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ServedCLI, flat, gone
+from helpers import ServedCLI, fake_nvidia_smi, flat, gone
 from qwenquant.net.ports import free_port
 from standin import build_standin_artifact, serve_env, write_fake_vllm
 
@@ -307,19 +307,6 @@ def test_gpus_refused_on_cpu(standin_artifact, fake_vllm, tmp_path):
     r = _dry_run(standin_artifact, fake_vllm, tmp_path, "--gpus", "2")
     assert r.returncode == 2, r.stderr
     assert "--gpus 2 needs a CUDA vLLM build and 2 NVIDIA GPUs; this vLLM serves on cpu" in flat(r.stderr)
-
-
-def fake_nvidia_smi(tmp_path: Path, rows: list[str], cap: str = "8.6") -> Path:
-    """A folder holding a stand-in `nvidia-smi` (no NVIDIA GPU here): fixed memory rows
-    ("index, uuid, total MiB, free MiB") and compute capability `cap`."""
-    d = tmp_path / "smi"
-    d.mkdir()
-    smi = d / "nvidia-smi"
-    lines = "".join(f"  echo '{row}'\n" for row in rows)
-    smi.write_text(f'#!/bin/sh\ncase "$*" in\n  *compute_cap*) echo {cap} ;;\n  *memory.total*)\n{lines}  ;;\n'
-                   "  *) echo 'GPU 0: stand-in' ;;\nesac\n")
-    smi.chmod(0o755)
-    return d
 
 
 @pytest.mark.parametrize("rows, ok", [

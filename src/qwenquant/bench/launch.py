@@ -91,8 +91,18 @@ def template_reads_thinking(artifact: Path) -> Optional[bool]:
 
 def config_request(base: ServeRequest, cfg: ConfigSpec, log_dir: Optional[Path]) -> ServeRequest:
     """The serve request of one configuration: `base` (the command line's) with what `cfg` says."""
-    return base.replace(profile=cfg.profile, gpu_mem=cfg.gpu_mem, extra=cfg.extra, gpus=cfg.gpus or base.gpus,
-                        label=cfg.label, log_file=log_dir / f"server-{cfg.label}.log" if log_dir else None)
+    return base.replace(profile=cfg.profile, gpu_mem=cfg.gpu_mem, gpu_mem_soft=base.gpu_mem_soft and bool(cfg.gpu_mem),
+                        extra=cfg.extra, gpus=cfg.gpus or base.gpus, label=cfg.label,
+                        log_file=log_dir / f"server-{cfg.label}.log" if log_dir else None)
+
+
+def config_requests(base: ServeRequest, configs: Sequence[ConfigSpec], log_dir: Optional[Path]) -> list[ServeRequest]:
+    """One request per configuration, started in this order. All servers stay up together, so under
+    a hard --gpu-mem each ballast also leaves free the limits of the servers started after it (each
+    of which then starts its own); the headroom beyond their budgets is then shared, not each its own."""
+    reqs = [config_request(base, cfg, log_dir) for cfg in configs]
+    later = [sum(r.gpu_mem_bytes or 0 for r in reqs[i + 1:] if r.hard_limit) for i in range(len(reqs))]
+    return [r.replace(ballast_reserve=n) if r.hard_limit else r for r, n in zip(reqs, later)]
 
 
 @contextlib.contextmanager
@@ -106,8 +116,8 @@ def serve_targets(base: ServeRequest, configs: Sequence[ConfigSpec], *,
     thinking = template_reads_thinking(base.artifact)
     with contextlib.ExitStack() as stack:
         targets = []
-        for cfg in configs:
-            s = stack.enter_context(launched(config_request(base, cfg, log_dir)))
+        for cfg, req in zip(configs, config_requests(base, configs, log_dir)):
+            s = stack.enter_context(launched(req))
             targets.append(Target(cfg.label, s.url, model=s.model, api_key=base.api_key,
                                   max_num_seqs=s.prepared.profile.max_num_seqs, template_thinking=thinking,
                                   info={"config": cfg.text, **s.info}))

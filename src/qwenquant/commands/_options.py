@@ -14,7 +14,7 @@ import typer
 from qwenquant.commands._app import Device
 from qwenquant.serve.request import DEFAULT_TIMEOUT
 
-__all__ = ["DEFAULT_TIMEOUT", "PANEL", "ApiKey", "GpuMem", "Gpus", "Profiles", "ServeArtifact", "ServeDevice",
+__all__ = ["DEFAULT_TIMEOUT", "PANEL", "ApiKey", "GpuMem", "GpuMemSoft", "Gpus", "Profiles", "ServeArtifact", "ServeDevice",
            "Timeout", "Vllm"]
 
 PANEL = "Server (serve; bench and eval with --serve)"
@@ -27,7 +27,11 @@ Profiles = Annotated[Optional[list[str]], typer.Option(
     rich_help_panel=PANEL, show_default=False)]
 GpuMem = Annotated[Optional[str], typer.Option(
     "--gpu-mem", help="Behave as on a card of this size, e.g. 24GiB: sets vLLM's memory share of the real GPU "
-                      "(CUDA only).", rich_help_panel=PANEL)]
+                      "(CUDA only), and a ballast process holds the rest of it (see --gpu-mem-soft).",
+    rich_help_panel=PANEL)]
+GpuMemSoft = Annotated[bool, typer.Option(
+    "--gpu-mem-soft", help="With --gpu-mem: only vLLM's budget, no hard limit (no ballast holding the rest of the "
+                           "GPU).", rich_help_panel=PANEL)]
 Gpus = Annotated[int, typer.Option(
     "--gpus", "--tensor-parallel-size", min=1,
     help="GPUs to split the model over (vLLM tensor parallelism); each must be free.", rich_help_panel=PANEL)]

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from qwenquant.commands._app import app
-from qwenquant.commands._options import (DEFAULT_TIMEOUT, ApiKey, GpuMem, Gpus, Profiles, ServeArtifact, ServeDevice,
+from qwenquant.commands._options import (DEFAULT_TIMEOUT, ApiKey, GpuMem, GpuMemSoft, Gpus, Profiles, ServeArtifact, ServeDevice,
                                          Timeout, Vllm)
 
 
@@ -19,6 +19,7 @@ def bench(
     serve: ServeArtifact = None,
     profile: Profiles = None,
     gpu_mem: GpuMem = None,
+    gpu_mem_soft: GpuMemSoft = False,
     gpus: Gpus = 1,
     compare: Optional[tuple[str, str]] = typer.Option(None, "--compare", help="Two configurations A B, run in rounds."),
     prompts: str = typer.Option("narrative,code,quote", help="Prompts to send (comma-separated)."),
@@ -62,7 +63,7 @@ def bench(
         raise UsageError(f"unexpected arguments {words}", hint="vLLM flags after -- go with --serve")
     served = ServeRequest.from_options(serve, profile or [], words, api_key=api_key, vllm=vllm, timeout=timeout,
                                        device=device.value if device else None, gpus=gpus,
-                                       gpu_mem=gpu_mem) if serve else None
+                                       gpu_mem=gpu_mem, gpu_mem_soft=gpu_mem_soft) if serve else None
     opts = Options(prompts=prompts.split(","), samplings=sampling.split(","), thinking=thinking, max_tokens=max_tokens,
                    repeats=repeats, rounds=rounds, max_concurrency=max_concurrency, ignore_eos=ignore_eos)
     print_report(run(Request(url=url, serve=served, compare=compare, options=opts, out=out or default_out(),

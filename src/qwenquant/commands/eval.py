@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 from qwenquant.commands._app import Device, app
-from qwenquant.commands._options import (DEFAULT_TIMEOUT, ApiKey, GpuMem, Gpus, Profiles, ServeArtifact, Timeout,
+from qwenquant.commands._options import (DEFAULT_TIMEOUT, ApiKey, GpuMem, GpuMemSoft, Gpus, Profiles, ServeArtifact, Timeout,
                                          Vllm)
 
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ def eval_cmd(
     serve: ServeArtifact = None,
     profile: Profiles = None,
     gpu_mem: GpuMem = None,
+    gpu_mem_soft: GpuMemSoft = False,
     gpus: Gpus = 1,
     vllm: Vllm = None,
     timeout: Timeout = DEFAULT_TIMEOUT,
@@ -68,7 +69,8 @@ def eval_cmd(
 
         if words and not words[0].startswith("-"):
             raise UsageError(f"give an ARTIFACT ({words[0]}) or --serve ARTIFACT, not both", hint="vLLM flags go after --")
-        _serve_and_gate(ServeRequest.from_options(serve, profile or [], words, gpu_mem=gpu_mem, gpus=gpus, vllm=vllm,
+        _serve_and_gate(ServeRequest.from_options(serve, profile or [], words, gpu_mem=gpu_mem,
+                                                  gpu_mem_soft=gpu_mem_soft, gpus=gpus, vllm=vllm,
                                                   device=dev, timeout=timeout, api_key=api_key), gate_opts)
         return
     if served is not None:

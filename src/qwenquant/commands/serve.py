@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from qwenquant.commands._app import app
-from qwenquant.commands._options import DEFAULT_TIMEOUT, ApiKey, GpuMem, Gpus, Profiles, ServeDevice, Timeout, Vllm
+from qwenquant.commands._options import DEFAULT_TIMEOUT, ApiKey, GpuMem, GpuMemSoft, Gpus, Profiles, ServeDevice, Timeout, Vllm
 
 
 @app.command(context_settings={"allow_interspersed_args": True})
@@ -27,6 +27,7 @@ def serve(
     log_file: Optional[Path] = typer.Option(None, help="Server log (default: a temp file, never in the artifact)."),
     gpus: Gpus = 1,
     gpu_mem: GpuMem = None,
+    gpu_mem_soft: GpuMemSoft = False,
 ) -> int:
     """Serve an artifact with vLLM after preflight checks; print "ready URL" once it answers.
 
@@ -48,5 +49,6 @@ def serve(
     req = ServeRequest.from_options(
         artifact, profile or [], extra or [], port=port, host=host, api_key=api_key,
         served_model_name=served_model_name, vllm=vllm, dry_run=dry_run, timeout=timeout,
-        device=device.value if device else None, log_file=log_file, gpus=gpus, gpu_mem=gpu_mem)
+        device=device.value if device else None, log_file=log_file, gpus=gpus, gpu_mem=gpu_mem,
+        gpu_mem_soft=gpu_mem_soft)
     return run_serve(req)

@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -22,12 +23,13 @@ from qwenquant.errors import QwenquantError, ServeError, VerificationError
 from qwenquant.net.ports import port_problem
 from qwenquant.plan import budget as budgetmod
 from qwenquant.plan.artifact import artifact_budget
-from qwenquant.plan.gpumem import apply_gpu_mem
+from qwenquant.plan.gpumem import apply_gpu_mem, ballast_note
 from qwenquant.plan.settings import recipe_from_manifest
 from qwenquant.plan.weights import tp_shape
 from qwenquant.procenv import multicast_off
 from qwenquant.recipe import Recipe, ResolvedProfile
 from qwenquant.serve import argv as argvmod
+from qwenquant.serve.ballast import ballast_command
 from qwenquant.serve.discover import VllmInstall, check_architecture, check_version, find_vllm, supported_archs
 from qwenquant.serve.gpus import check_tp_device, gpu_table, tp_gpu_bytes, used_gpus
 from qwenquant.serve.request import ServeRequest
@@ -49,6 +51,7 @@ class Prepared:
     warnings: list[str] = field(default_factory=list)
     failures: list[QwenquantError] = field(default_factory=list)  # dry run: every check that failed
     notes: list[str] = field(default_factory=list)  # how decided figures were reached (--gpu-mem)
+    ballast: tuple[str, ...] = ()  # the hard --gpu-mem's ballast argv, started before the server
 
     @property
     def command(self) -> list[str]:
@@ -178,7 +181,8 @@ def prepare(req: ServeRequest) -> Prepared:
     notes: list[str] = []
     # the emulated card's share goes into the profile, so the argv and the budget below both use it
     profile = checks.run(lambda: apply_gpu_mem(profile, req.gpu_mem_bytes, dev, extra, lambda: gpu_memory()[0],
-                                               notes, dry_run=req.dry_run)) or profile
+                                               notes, dry_run=req.dry_run, soft=req.gpu_mem_soft)) or profile
+    ballast = checks.run(_ballast, req, dev, tp, notes) or ()
     extra = device_extra(dev, extra, warnings)
     args = argvmod.build_vllm_argv(artifact, profile, manifest, dev, extra, api_key=req.api_key, tp=tp)
     env_add = {**multicast_off(os.environ), **argvmod.build_vllm_env(dev, os.environ)}
@@ -187,7 +191,27 @@ def prepare(req: ServeRequest) -> Prepared:
                         "reads uninitialised temperatures in vLLM's CPU sampler (vLLM #55005)")
     checks.run(_check_port, profile)
     budget = checks.run(_budget, artifact, manifest, profile, dev, env_add, warnings, tp)
-    return Prepared(artifact, profile, install, dev, args, env_add, budget, warnings, checks.failures, notes)
+    return Prepared(artifact, profile, install, dev, args, env_add, budget, warnings, checks.failures, notes,
+                    ballast)
+
+
+def _ballast(req: ServeRequest, dev: str, tp: int, notes: list[str]) -> tuple[str, ...]:
+    """The ballast's argv for a hard --gpu-mem on the `tp` GPUs vLLM will use (checked: each has
+    the size free), and the line saying what it holds; () without a hard limit."""
+    size = req.gpu_mem_bytes
+    if not req.hard_limit or size is None or dev != "cuda":
+        return ()
+    try:
+        gpus = used_gpus(gpu_table(), tp, os.environ)
+    except ServeError as e:
+        if not req.dry_run:
+            raise
+        notes.append(f"--gpu-mem {budgetmod.gib(size)} is a hard limit: a ballast process will hold all but that "
+                     f"of each GPU's free memory (cannot read the GPUs here: {e.message})")
+        return tuple(ballast_command(sys.executable, size + req.ballast_reserve, tp))
+    table = [(g.index, g.total, g.free) for g in gpus]
+    notes.append(ballast_note(size, table, req.ballast_reserve))
+    return tuple(ballast_command(sys.executable, size + req.ballast_reserve, tp, [g.free for g in gpus]))
 
 
 def _check_install(install: VllmInstall, recipe: Recipe, config: dict[str, Any]) -> None:

@@ -1,7 +1,8 @@
 """One serve request: what `qwenquant serve`, `bench --serve` and `eval --serve` ask a server to be.
 
 Built once where the command line is read, checked when built (one profile, a known device, a
-readable --gpu-mem that does not fight an explicit --gpu-memory-utilization), then handed down
+readable --gpu-mem; --gpu-mem-soft only with --gpu-mem and never beside an explicit
+--gpu-memory-utilization), then handed down
 as it is: the preflight, the supervisor's spec and `launched()` read their settings from it.
 Light to import (the CLI reads its defaults): the planning code is imported when a request is built.
 """
@@ -37,6 +38,8 @@ class ServeRequest:
     log_file: Optional[Path] = None  # None: serve/preflight.py default_log_path
     gpus: int = 1  # tensor parallelism
     gpu_mem: Optional[str] = None  # as given ("24GiB"): the card to behave as
+    gpu_mem_soft: bool = False  # --gpu-mem as vLLM's budget only, without the ballast's hard limit
+    ballast_reserve: int = 0  # bytes the ballast also leaves free: for the servers a bench run starts after this
     dry_run: bool = False
     label: str = ""  # bench's configuration label, in log lines
 
@@ -48,7 +51,9 @@ class ServeRequest:
             raise UsageError(f"--gpus wants a GPU count of 1 or more, got {self.gpus}", hint="e.g. --gpus 2")
         from qwenquant.plan.gpumem import parse_size, refuse_share_conflict
 
-        refuse_share_conflict(self.gpu_mem, self.extra)
+        if self.gpu_mem_soft and not self.gpu_mem:
+            raise UsageError("--gpu-mem-soft needs --gpu-mem SIZE", hint="e.g. --gpu-mem 24GiB --gpu-mem-soft")
+        refuse_share_conflict(self.gpu_mem, self.extra, self.gpu_mem_soft)
         if self.gpu_mem:
             parse_size(self.gpu_mem)  # a size that cannot be read fails here, before anything runs
 
@@ -70,6 +75,11 @@ class ServeRequest:
         from qwenquant.plan.gpumem import parse_size
 
         return parse_size(self.gpu_mem) if self.gpu_mem else None
+
+    @property
+    def hard_limit(self) -> bool:
+        """--gpu-mem is a hard limit (a ballast holds the rest of the GPU) unless --gpu-mem-soft."""
+        return bool(self.gpu_mem) and not self.gpu_mem_soft
 
     @property
     def extra_port(self) -> bool:

@@ -20,7 +20,7 @@ def server_spec(p: Prepared, req: ServeRequest) -> ServerSpec:
     return ServerSpec(
         command=p.command, env={**os.environ, **p.env_add}, host=p.profile.host, port=p.profile.port,
         served_model_name=p.profile.served_model_name, artifact_root=str(p.artifact), api_key=req.api_key,
-        log_path=req.log_file or default_log_path(p.artifact), timeout=req.timeout,
+        log_path=req.log_file or default_log_path(p.artifact), timeout=req.timeout, ballast=p.ballast,
     )
 
 
@@ -31,6 +31,8 @@ def report_prepared(p: Prepared, label: str = "") -> None:
         log.warning("%s%s", where, w)
     for n in p.notes:
         log.info("%s%s", where, n)
+    if p.ballast:
+        log.info("%sballast (started before vLLM): %s", where, format_command(p.ballast, {}))
 
 
 def _refuse_dry_run(p: Prepared) -> None:
