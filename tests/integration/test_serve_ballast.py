@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,22 @@ def test_a_ballast_that_cannot_hold_stops_serve_before_vllm(setup, tmp_path):
             "driver (libcuda.so.1)") in flat(r.stderr)
     assert "--gpu-mem-soft" in flat(r.stderr) and "Traceback" not in r.stderr
     assert not (tmp_path / "pids").exists()
+
+
+def test_ctrl_c_before_ready_takes_the_ballast_too(setup, tmp_path):
+    """A stand-in vLLM that never listens: Ctrl-C while serve waits for it stops both (exit 130)."""
+    args = _args(setup, tmp_path, "--gpu-mem", "24GiB") + ["--standin-mode", "nobind"]
+    p = subprocess.Popen([sys.executable, "-m", "qwenquant", "serve", *args], env=_env(setup, tmp_path),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "pids").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (tmp_path / "pids").exists(), "the stand-in server never started"
+        pid = json.loads((tmp_path / "ballast.json").read_text())["pid"]
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 130, err
+    assert gone(pid, wait=10) and all(gone(int(q), wait=10) for q in (tmp_path / "pids").read_text().split())

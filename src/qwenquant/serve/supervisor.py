@@ -89,6 +89,13 @@ class Ballast:
     def __init__(self, spec: ServerSpec) -> None:
         self.proc = _start_group(spec, list(spec.ballast))
         self.report: dict = {}
+        try:
+            self._wait_report()
+        except BaseException:  # its error, a timeout, or a Ctrl-C while it allocates: never left behind
+            self.stop(spec.grace)
+            raise
+
+    def _wait_report(self) -> None:
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._pump, args=(lines,), name="ballast-out", daemon=True).start()
         seen: list[str] = []
@@ -106,7 +113,6 @@ class Ballast:
                 what = f"exited with code {self.proc.wait()}"
                 break
             seen.append(line)
-        self.stop(spec.grace)
         raise ServeError(f"the --gpu-mem ballast {what} before holding the GPU: " + ("; ".join(seen[-5:]) or "no output"),
                          hint="free the GPU (nvidia-smi lists what uses it), or pass --gpu-mem-soft for a "
                               "budget without the hard limit")
@@ -154,7 +160,7 @@ class Server:
                 for line in self.ballast.lines():
                     log.info("%s", line)
             self.proc = _start_group(spec, spec.command)
-        except BaseException:  # a failed ballast or a Ctrl-C while it starts: nothing stays behind
+        except BaseException:  # a failed ballast or a Ctrl-C while either starts: nothing stays behind
             if self.ballast is not None:
                 self.ballast.stop(spec.grace)
             self._log.close()
