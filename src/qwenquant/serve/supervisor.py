@@ -132,14 +132,7 @@ class Ballast:
                 for d in self.report.get("devices", [])]
 
     def stop(self, grace: float) -> None:
-        if self.proc.poll() is None:
-            _signal_group(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                log.warning("the ballast did not stop within %.0f s of SIGTERM: killing it", grace)
-        _signal_group(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+        _stop_group(self.proc, grace, "the ballast")
 
 
 class Server:
@@ -196,21 +189,26 @@ class Server:
         if self.stopped:
             return self.proc.returncode
         self.stopped = True
-        if self.proc.poll() is None:
-            _signal_group(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                log.warning("server did not stop within %.0f s of SIGTERM: killing it", grace)
-                _signal_group(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        _signal_group(self.proc.pid, signal.SIGKILL)  # stragglers left in the group
+        _stop_group(self.proc, grace, "server")
         self._reader.join(timeout=5)
         self._log.close()
         if self.ballast is not None:  # last: the server never runs without its limit
             self.ballast.stop(grace)
             log.info("ballast stopped")
         return self.proc.returncode
+
+
+def _stop_group(proc: subprocess.Popen, grace: float, what: str) -> None:
+    """SIGTERM `proc`'s process group, wait `grace`, SIGKILL it if it is still there, then SIGKILL
+    the stragglers left in the group; reaped."""
+    if proc.poll() is None:
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop within %.0f s of SIGTERM: killing it", what, grace)
+    _signal_group(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _signal_group(pgid: int, sig: int) -> None:
