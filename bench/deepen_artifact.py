@@ -44,6 +44,10 @@ def deepen_config(config: dict[str, Any], layers: int) -> dict[str, Any]:
             raise SystemExit(f"config has {len(types)} layer_types for {n} layers")
         tc["layer_types"] = [types[i % n] for i in range(layers)]
     tc["num_hidden_layers"] = layers
+    if isinstance(out.get("text_config"), dict):
+        out["text_config"] = tc
+    else:
+        out = tc
     return out
 
 

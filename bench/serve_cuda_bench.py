@@ -16,8 +16,10 @@ vLLM's log lines read (vLLM 0.26 .. 0.33, v1 engine):
 The peak-activation line is logged at DEBUG, so the server runs with VLLM_LOGGING_LEVEL=DEBUG.
 
   python bench/serve_cuda_bench.py ARTIFACT --vllm .venv-vllm/qwenquant-vllm.json [--gpu-mem 24GiB]
-      [--profile single-user --profile batch] [--gpus N] [--out bench/results/serve_cuda_bench.json]
-      [-- vLLM flags]
+      [--gpu-mem-soft] [--profile single-user --profile batch] [--gpus N]
+      [--out bench/results/serve_cuda_bench.json] [-- vLLM flags]
+
+`--gpu-mem` is serve's hard limit (a ballast holds the rest of the GPU) unless --gpu-mem-soft.
 
 With `--gpus N` the server runs under tensor parallelism over N GPUs (`qwenquant serve --gpus N`)
 and the plan's figures are per GPU (`qwenquant plan --gpus N`), as vLLM logs them per worker.
@@ -38,7 +40,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
@@ -120,13 +121,12 @@ def table(profile: str, rows: list[dict[str, Any]]) -> str:
 
 
 def _complete(url: str, model: str, temperature: float) -> dict[str, Any]:
+    from qwenquant.net.http import post_json
+
     body = {"model": model, "prompt": "The capital of France is", "max_tokens": 32, "temperature": temperature,
             "seed": 1234}
-    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
     t0 = time.monotonic()
-    with urllib.request.urlopen(req, timeout=300) as r:
-        answer = json.loads(r.read())
+    answer = post_json(url + "/v1/completions", body, timeout=300)
     return {"temperature": temperature, "text": answer["choices"][0]["text"], "seconds": time.monotonic() - t0,
             "usage": answer.get("usage")}
 
@@ -141,6 +141,8 @@ def run_profile(args: argparse.Namespace, profile: str, log_path: Path) -> dict[
            "--gpus", str(args.gpus)]
     if args.vllm:
         cmd += ["--vllm", args.vllm]
+    if args.gpu_mem_soft:
+        cmd += ["--gpu-mem-soft"]
     if args.extra:
         cmd += ["--", *args.extra]
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "DEBUG"}
@@ -154,8 +156,11 @@ def run_profile(args: argparse.Namespace, profile: str, log_path: Path) -> dict[
             return result
         result["ready_s"] = time.monotonic() - t0
         url = line.split()[1]
-        model = json.loads(urllib.request.urlopen(url + "/v1/models", timeout=30).read())["data"][0]["id"]
-        from qwenquant.bench.metrics import acceptance, scrape, spec_counters
+        from qwenquant.bench.metrics import acceptance, scrape
+        from qwenquant.net.http import get_json
+        from qwenquant.net.prometheus import spec_counters
+
+        model = get_json(url + "/v1/models")["data"][0]["id"]
 
         before = spec_counters(scrape(url) or "")
         result["completions"] = [_complete(url, model, 0.0), _complete(url, model, 0.8)]
@@ -188,6 +193,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("artifact", type=Path)
     ap.add_argument("--vllm", help="qwenquant-vllm.json, a python or a vllm executable (default: serve's search)")
     ap.add_argument("--gpu-mem", default="24GiB")
+    ap.add_argument("--gpu-mem-soft", action="store_true", help="the budget alone, no ballast (serve --gpu-mem-soft)")
     ap.add_argument("--profile", action="append", default=[])
     ap.add_argument("--gpus", type=int, default=1, help="tensor parallelism over N GPUs; plan figures per GPU")
     ap.add_argument("--timeout", type=float, default=1800)
@@ -198,11 +204,13 @@ def main(argv: list[str]) -> int:
         argv, extra = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     args = ap.parse_args(argv)
     args.extra = [*args.extra, *extra]
-    from qwenquant.serve.command import make_plan, parse_size
+    from qwenquant.plan.artifact import make_plan
+    from qwenquant.plan.gpumem import parse_size
 
     profiles = args.profile or ["single-user", "batch"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"artifact": str(args.artifact.resolve()), "gpu_mem": args.gpu_mem, "gpus": args.gpus,
+                              "gpu_mem_limit": "soft" if args.gpu_mem_soft else "hard",
                               "date": time.strftime("%Y-%m-%d"), "extra": args.extra, "machine": machine(args.vllm),
                               "profiles": {}}
     print("Expected" + __doc__.split("Expected", 1)[1].rstrip(), file=sys.stderr)

@@ -1,15 +1,19 @@
 """Code the test modules share: the CLI run in a subprocess or in-process, text flattening, raw
 tensor reads through the project's own safetensors reader, file checks of a fetched folder, a
-manifest over a test folder, and the real-vLLM server setup."""
+manifest over a test folder, the real-vLLM server setup, and `qwenquant serve` for the length of a
+with-block (ServedCLI)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -168,3 +172,99 @@ def require_vllm(marker: Path, what: str) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"{what} is missing under CI=true: scripts/install-vllm.sh did not install vLLM")
     pytest.skip(f"{what} is missing (run scripts/install-vllm.sh)")
+
+
+def gone(pid: int, wait: float = 5.0) -> bool:
+    """True when `pid` no longer runs within `wait` seconds (a zombie being reaped counts as gone)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state == "Z":
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
+class ServedCLI:
+    """`qwenquant serve ARGS` in a subprocess, as a user runs it, for the length of a with-block.
+
+    Entering waits (at most `ready_timeout` s) for the `ready URL` line on stdout and fails the test
+    with the stderr tail if another line or the end comes first; `url`, `port` and `proc` are then
+    set. Leaving stops a server still running with SIGINT (Ctrl-C) and, when the block raised
+    nothing, checks that `qwenquant serve` exits 130. `stop(sig)` stops it earlier and returns the
+    exit code. stderr goes to a file (`stderr` reads it), so a chatty server never blocks on a pipe.
+    """
+
+    def __init__(self, *args: str, env: dict[str, str], ready_timeout: float = 900.0,
+                 python: str = sys.executable) -> None:
+        self.argv = [python, "-m", "qwenquant", "serve", *args]
+        self.env, self.ready_timeout = env, ready_timeout
+        self._err = tempfile.NamedTemporaryFile("w+", prefix="served-cli-", suffix=".stderr", delete=False)
+        self.proc: Optional[subprocess.Popen] = None
+        self.url, self.port = "", 0
+        self._final_err: Optional[str] = None
+
+    @property
+    def stderr(self) -> str:
+        """What `qwenquant serve` wrote to stderr so far (all of it once the block is left)."""
+        if self._final_err is not None:
+            return self._final_err
+        return Path(self._err.name).read_text(errors="replace")
+
+    def __enter__(self) -> "ServedCLI":
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=subprocess.PIPE, stderr=self._err, text=True)
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: lines.put(self.proc.stdout.readline()), daemon=True).start()
+        try:
+            line = lines.get(timeout=self.ready_timeout)
+        except queue.Empty:
+            line = f"(nothing within {self.ready_timeout:g} s)"
+        if not line.startswith("ready "):
+            self.proc.kill()
+            self.proc.wait()
+            self._final_err = self.stderr
+            self._err.close()
+            os.unlink(self._err.name)
+            pytest.fail(f"`qwenquant serve` not ready: {line!r}, exit {self.proc.returncode}\n{self.stderr[-4000:]}")
+        self.url = line.split()[1]
+        self.port = int(self.url.rsplit(":", 1)[1])
+        return self
+
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 120.0) -> int:
+        """Send `sig` to `qwenquant serve` and wait for its exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout)
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        assert self.proc is not None
+        try:
+            if self.proc.poll() is None:
+                rc = self.stop(signal.SIGINT)
+                if exc_type is None:
+                    assert rc == 130, f"`qwenquant serve` exited {rc} after SIGINT, not 130:\n{self.stderr[-3000:]}"
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self._final_err = self.stderr
+            self._err.close()
+            os.unlink(self._err.name)
+
+
+def fake_nvidia_smi(tmp_path: Path, rows: list[str], cap: str = "8.6") -> Path:
+    """A folder holding a stand-in `nvidia-smi` (no NVIDIA GPU here): fixed memory rows
+    ("index, uuid, total MiB, free MiB") and compute capability `cap`."""
+    d = tmp_path / "smi"
+    d.mkdir(exist_ok=True)
+    smi = d / "nvidia-smi"
+    lines = "".join(f"  echo '{row}'\n" for row in rows)
+    smi.write_text(f'#!/bin/sh\ncase "$*" in\n  *compute_cap*) echo {cap} ;;\n  *memory.total*)\n{lines}  ;;\n'
+                   "  *) echo 'GPU 0: stand-in' ;;\nesac\n")
+    smi.chmod(0o755)
+    return d

@@ -15,13 +15,13 @@ import signal
 import subprocess
 import sys
 import threading
-import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwenquant.errors import QwenquantError, ServeError, StageError
 from qwenquant.procenv import child_env
+from qwenquant.net.http import HttpError, get_json, post_json
 from qwenquant.net.ports import free_port
 
 log = logging.getLogger(__name__)
@@ -136,6 +136,17 @@ def next_steps(artifact: Path, *, served_name: str, port: int = 8000) -> list[st
     ]
 
 
+def _complete(base: str, prompt: str) -> str:
+    """One greedy completion from the demo server."""
+    try:
+        name = get_json(f"{base}/v1/models")["data"][0]["id"]
+        body = {"model": name, "prompt": prompt, "max_tokens": 16, "temperature": 0}
+        return post_json(f"{base}/v1/completions", body, timeout=120)["choices"][0]["text"]
+    except HttpError as e:
+        raise ServeError(f"the demo server was ready but did not complete: {e.message}",
+                         hint="see the server log lines above") from None
+
+
 def serve_and_complete(artifact: Path, env: dict[str, str], *, prompt: str = PROMPT,
                        timeout: float = 600.0) -> str:  # fmt: skip
     """Start `qwenquant serve`, wait for its "ready" line, ask for one completion, stop it with SIGTERM."""
@@ -165,13 +176,7 @@ def serve_and_complete(artifact: Path, env: dict[str, str], *, prompt: str = PRO
         if not ready.wait(timeout) or not ready_url:
             raise ServeError(f"`qwenquant serve` did not become ready (exit code {proc.poll()})",
                              hint="see the server log lines above")  # fmt: skip
-        base = ready_url[0]
-        models = json.load(urllib.request.urlopen(f"{base}/v1/models", timeout=30))
-        name = models["data"][0]["id"]
-        body = json.dumps({"model": name, "prompt": prompt, "max_tokens": 16, "temperature": 0}).encode()
-        req = urllib.request.Request(f"{base}/v1/completions", body, {"Content-Type": "application/json"})
-        answer = json.load(urllib.request.urlopen(req, timeout=120))
-        return answer["choices"][0]["text"]
+        return _complete(ready_url[0], prompt)
     finally:
         if proc.poll() is None:
             print("stopping the demo server", file=sys.stderr, flush=True)

@@ -97,6 +97,9 @@ _DECLARED = (
     # The test suite.
     EnvVar("QWENQUANT_UPDATE_GOLDEN", "0/1", "0", "1: rewrite the golden files instead of comparing with them",
            read_by="tests"),
+    EnvVar("QWENQUANT_BALLAST_STANDIN", "path", "unset", "the `--gpu-mem` ballast touches no GPU, holds nothing, "
+           "takes free memory from --free-before and writes its report to this file (tests without a GPU)",
+           _path, read_by="tests"),
 )
 
 VARIABLES: dict[str, EnvVar] = {v.name: v for v in _DECLARED}

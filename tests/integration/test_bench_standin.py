@@ -1,4 +1,4 @@
-"""`qwenquant bench URL` against the loopback stand-in OpenAI server (tests/integration/openai_standin.py):
+"""`qwenquant bench URL` against the loopback stand-in OpenAI server (tests/integration/standin.py):
 the figures a user reads in the JSON agree with the server's own clock, whichever field carries
 the text, with a hidden reasoning phase, and a stream without usage is refused, not guessed.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from openai_standin import StandinServer
+from standin import StandinServer
 
 REPO = Path(__file__).resolve().parents[2]
 WARMUP = 1
@@ -57,6 +57,7 @@ def _check_against_server(report: dict, s: StandinServer, skip: int) -> dict:
 def test_rates_and_ttft_whichever_field_carries_the_text(field: str, tmp_path: Path) -> None:
     with StandinServer() as s:
         s.field = field
+        s.spec = (10.0, 30.0, 20.0, (9.0, 7.0, 4.0))  # drafts, draft tokens, accepted, per position
         s.noisy = WARMUP
         r, out = _bench(s.url, tmp_path, "--max-tokens", "40")
     assert r.returncode == 0, r.stderr

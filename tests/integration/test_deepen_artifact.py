@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers import qq, raw_tensors
-from standin_serve import build_standin_artifact
+from standin import build_standin_artifact
 
 REPO = Path(__file__).resolve().parents[2]
 

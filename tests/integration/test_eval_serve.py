@@ -2,9 +2,9 @@
 supervisor, the gate runs against it, and it is stopped afterwards (also on a failed gate, a
 server that dies, and Ctrl-C).
 
-STAND-IN: the server is tests/integration/standin_server.py, not vLLM (see standin_serve.py): it
-answers completions from a fixed prompt -> text table and serves vLLM's speculative-decoding
-counters growing by set amounts per completion, so the acceptance figures are known exactly. A
+STAND-IN: the server is tests/integration/standin.py run as vLLM, not vLLM: it answers
+completions from a fixed prompt -> text table and serves vLLM's speculative-decoding counters
+growing by set amounts per completion, so the acceptance figures are known exactly. A
 real vLLM cannot be made to accept a chosen number of drafts or to fail on demand; the real-vLLM
 run of `eval --serve` is in test_eval_vllm.py.
 """
@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from standin_serve import build_standin_artifact, serve_env, write_fake_vllm
+from helpers import gone
+from standin import build_standin_artifact, serve_env, write_fake_vllm
 
 ANSWERS = {"import o": "s\nimport sys", "def f(sel": "f, x):", "while Tr": "ue:\n"}
 GATE = {"name": "standin", "tasks": [
@@ -47,23 +48,9 @@ def _cmd(s: dict[str, Path], pidfile: Path, *extra: str, mode: str = "good", ans
             "--standin-answers", str(answers or s["root"] / "answers.json")]
 
 
-def _pids_gone(pidfile: Path, wait: float = 10.0) -> bool:
-    """Both stand-in processes (server and its helper child) no longer run (zombies count as gone)."""
-    pids = [int(p) for p in pidfile.read_text().split()]
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        alive = []
-        for pid in pids:
-            try:
-                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except FileNotFoundError:
-                continue
-            if state != "Z":
-                alive.append(pid)
-        if not alive:
-            return True
-        time.sleep(0.1)
-    return False
+def _pids_gone(pidfile: Path) -> bool:
+    """Both stand-in processes (server and its helper child) no longer run."""
+    return all(gone(int(pid), wait=10.0) for pid in pidfile.read_text().split())
 
 
 def test_gate_passes_report_keyed_to_root_digest_server_stopped(setup: dict[str, Path], tmp_path: Path) -> None:

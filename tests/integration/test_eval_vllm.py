@@ -7,7 +7,6 @@ stand-in tests cover that path and the failure paths)."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import LAUNCHER, require_vllm
+from helpers import LAUNCHER, require_vllm, vllm_env
 
 from qwenquant.testbed.tiny import reference_model
 
@@ -24,10 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _env(tmp: Path) -> dict[str, str]:
-    env = dict(os.environ, QWENQUANT_NO_PROGRESS="1", QWENQUANT_THREADS="2", XDG_CACHE_HOME=str(tmp / "cache"),
-               VLLM_CPU_KVCACHE_SPACE="1")
-    env.pop("QWENQUANT_VLLM", None)
-    return env
+    return dict(vllm_env(tmp), QWENQUANT_THREADS="2")
 
 
 @pytest.fixture(scope="module")

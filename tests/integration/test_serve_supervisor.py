@@ -1,4 +1,4 @@
-"""`qwenquant serve` against a stand-in server (tests/integration/standin_server.py).
+"""`qwenquant serve` against a stand-in server (tests/integration/standin.py, run as vLLM).
 
 Every test here uses the stand-in because no real vLLM fails on demand (exit 0, never bind, stay
 unhealthy, die after ready, list another model root). `qwenquant serve` runs as a subprocess:
@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import flat
-from standin_serve import build_standin_artifact, serve_env, write_fake_vllm
+from helpers import ServedCLI, fake_nvidia_smi, flat, gone
+from qwenquant.net.ports import free_port
+from standin import build_standin_artifact, serve_env, write_fake_vllm
 
 
 @pytest.fixture(scope="session")
@@ -34,31 +35,15 @@ def fake_vllm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_fake_vllm(tmp_path_factory.mktemp("fakevllm"))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def serve_cmd(artifact: Path, launcher: Path, port: int, mode: str, pidfile: Path, timeout: float = 20) -> list[str]:
-    return [sys.executable, "-m", "qwenquant", "serve", str(artifact), "--profile", "single-user",
-            "--port", str(port), "--vllm", str(launcher), "--timeout", str(timeout),
-            "--log-file", str(pidfile.with_name("server.log")),
+def serve_args(artifact: Path, launcher: Path, port: int, mode: str, pidfile: Path, timeout: float = 20) -> list[str]:
+    """`qwenquant serve`'s arguments for the stand-in in `mode` (vLLM flags last, after `--`)."""
+    return [str(artifact), "--profile", "single-user", "--port", str(port), "--vllm", str(launcher),
+            "--timeout", str(timeout), "--log-file", str(pidfile.with_name("server.log")),
             "--", "--max-model-len", "2048", "--standin-mode", mode, "--standin-pidfile", str(pidfile)]
 
 
-def gone(pid: int, wait: float = 5.0) -> bool:
-    """True when `pid` no longer exists (a zombie still being reaped by init counts as gone)."""
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            return True
-        if state == "Z":
-            return True
-        time.sleep(0.1)
-    return False
+def serve_cmd(*args: object, **kw: object) -> list[str]:
+    return [sys.executable, "-m", "qwenquant", "serve", *serve_args(*args, **kw)]  # type: ignore[arg-type]
 
 
 def run_failing(artifact: Path, launcher: Path, tmp_path: Path, mode: str, timeout: float = 20,
@@ -138,48 +123,34 @@ def test_port_already_held(standin_artifact, fake_vllm, tmp_path):
     assert "ready" not in r.stdout
 
 
-def _start(artifact: Path, launcher: Path, tmp_path: Path, mode: str) -> tuple[subprocess.Popen, int, Path]:
-    port, pidfile = free_port(), tmp_path / "pids"
-    p = subprocess.Popen(serve_cmd(artifact, launcher, port, mode, pidfile), env=serve_env(launcher, tmp_path),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return p, port, pidfile
-
-
-def _wait_ready(p: subprocess.Popen, port: int) -> None:
-    line = p.stdout.readline()
-    assert line.strip() == f"ready http://127.0.0.1:{port}", (line, p.stderr.read() if p.poll() is not None else "")
+def served(artifact: Path, launcher: Path, tmp_path: Path, mode: str, *more: str) -> ServedCLI:
+    """`qwenquant serve` of the stand-in in `mode` on a free port, for a with-block; `more` go to the stand-in."""
+    return ServedCLI(*serve_args(artifact, launcher, free_port(), mode, tmp_path / "pids"), *more,
+                     env=serve_env(launcher, tmp_path), ready_timeout=60)
 
 
 def test_dies_after_ready(standin_artifact, fake_vllm, tmp_path):
     """Stand-in that exits 3 after it was ready: serve exits non-zero with its last log lines."""
-    p, port, pidfile = _start(standin_artifact, fake_vllm, tmp_path, "die-after-ready")
-    try:
-        _wait_ready(p, port)
-        rc = p.wait(timeout=30)
-        err = p.stderr.read()
-    finally:
-        p.kill()
+    with served(standin_artifact, fake_vllm, tmp_path, "die-after-ready") as s:
+        assert s.url == f"http://127.0.0.1:{s.port}"
+        rc = s.proc.wait(timeout=30)
     assert rc == 7
-    assert "exited with code 3 after it was ready" in flat(err)
-    assert "standin: dying" in flat(err)
-    for pid in map(int, pidfile.read_text().split()):
+    assert "exited with code 3 after it was ready" in flat(s.stderr)
+    assert "standin: dying" in flat(s.stderr)
+    for pid in map(int, (tmp_path / "pids").read_text().split()):
         assert gone(pid)
 
 
-def test_good_server_ready_then_sigterm(standin_artifact, fake_vllm, tmp_path):
-    """A good stand-in reaches ready; SIGTERM to `qwenquant serve` stops it and leaves no child."""
-    p, port, pidfile = _start(standin_artifact, fake_vllm, tmp_path, "good")
-    try:
-        _wait_ready(p, port)
-        server_pid, helper_pid = map(int, pidfile.read_text().split())
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+def test_good_server_ready_then_stopped(standin_artifact, fake_vllm, tmp_path, sig, code):
+    """A good stand-in reaches ready; SIGTERM (exit 0) or Ctrl-C (exit 130) to `qwenquant serve`
+    stops it and leaves no child."""
+    with served(standin_artifact, fake_vllm, tmp_path, "good") as s:
+        server_pid, helper_pid = map(int, (tmp_path / "pids").read_text().split())
         assert not gone(server_pid, wait=0.2)
-        p.send_signal(signal.SIGTERM)
-        rc = p.wait(timeout=60)
-        err = p.stderr.read()
-    finally:
-        p.kill()
-    assert rc == 0, err
-    assert "stopped" in flat(err)
+        rc = s.stop(sig)
+    assert rc == code, s.stderr
+    assert "stopped" in flat(s.stderr)
     assert gone(server_pid) and gone(helper_pid)
 
 
@@ -189,44 +160,28 @@ def test_serve_killed_takes_the_server_with_it(standin_artifact, fake_vllm, tmp_
     seconds, and the port is free again."""
     from qwenquant.net.ports import port_problem, process_tree
 
-    port, pidfile = free_port(), tmp_path / "pids"
-    cmd = serve_cmd(standin_artifact, fake_vllm, port, "good", pidfile) + ["--standin-stubborn-helper"]
-    p = subprocess.Popen(cmd, env=serve_env(fake_vllm, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
-    try:
-        _wait_ready(p, port)
-        server_pid, helper_pid = map(int, pidfile.read_text().split())
-        tree = process_tree(p.pid) - {p.pid}
+    with served(standin_artifact, fake_vllm, tmp_path, "good", "--standin-stubborn-helper") as s:
+        server_pid, helper_pid = map(int, (tmp_path / "pids").read_text().split())
+        tree = process_tree(s.proc.pid) - {s.proc.pid}
         assert {server_pid, helper_pid} < tree  # the watchdog is the third
-        p.kill()
-        p.wait(timeout=10)
-        err = p.stderr.read()
-    finally:
-        p.kill()
+        s.stop(signal.SIGKILL, timeout=10)
     survivors = [pid for pid in sorted(tree) if not gone(pid)]
     for pid in survivors:  # do not leave them running after a failure
         os.kill(pid, signal.SIGKILL)
-    assert not survivors, f"processes {survivors} outlived the killed `qwenquant serve`: {err}"
-    assert port_problem("127.0.0.1", port) is None
+    assert not survivors, f"processes {survivors} outlived the killed `qwenquant serve`: {s.stderr}"
+    assert port_problem("127.0.0.1", s.port) is None
 
 
 def test_api_key_used_for_readiness_and_never_shown(standin_artifact, fake_vllm, tmp_path):
     """The stand-in requires the key on /v1/*: serve reaches ready with it; when the server then
     dies, the log tail shown (which echoes vLLM's argv) has the key masked."""
-    port, pidfile = free_port(), tmp_path / "pids"
-    cmd = serve_cmd(standin_artifact, fake_vllm, port, "die-after-ready", pidfile)
-    cmd[cmd.index("--"):cmd.index("--")] = ["--api-key", "s3cret-key"]
-    p = subprocess.Popen(cmd, env=serve_env(fake_vllm, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
-    try:
-        _wait_ready(p, port)
-        rc = p.wait(timeout=30)
-        err = p.stderr.read()
-    finally:
-        p.kill()
+    args = serve_args(standin_artifact, fake_vllm, free_port(), "die-after-ready", tmp_path / "pids")
+    args[args.index("--"):args.index("--")] = ["--api-key", "s3cret-key"]
+    with ServedCLI(*args, env=serve_env(fake_vllm, tmp_path), ready_timeout=60) as s:
+        rc = s.proc.wait(timeout=30)
     assert rc == 7
-    assert "argv=" in err and "'****'" in err
-    assert "s3cret-key" not in err
+    assert "argv=" in s.stderr and "'****'" in s.stderr
+    assert "s3cret-key" not in s.stderr
 
 
 def test_tampered_artifact_refused(standin_artifact, fake_vllm, tmp_path):
@@ -319,31 +274,25 @@ def test_demo_serve_step_says_it_stops_the_demo_server(standin_artifact, fake_vl
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def _served_env(cmd: list[str], env: dict[str, str], port: int, envfile: Path) -> dict[str, str]:
-    """Serve the stand-in until ready, read the environment it saw, stop it (exit 0)."""
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_ready(p, port)
-        child = json.loads(envfile.read_text())
-        p.send_signal(signal.SIGTERM)
-        assert p.wait(timeout=60) == 0
-    finally:
-        p.kill()
-    return child
+def _served_env(args: list[str], env: dict[str, str], envfile: Path) -> dict[str, str]:
+    """Serve the stand-in until ready, read the environment it saw, stop it (Ctrl-C, exit 130)."""
+    with ServedCLI(*args, env=env, ready_timeout=60):
+        return json.loads(envfile.read_text())
 
 
 def test_server_environment_has_multicast_off(standin_artifact, fake_vllm, tmp_path):
     """The served stand-in's own environment holds the three multicast-off variables; one the user
     set (NCCL_NVLS_ENABLE=1 here) is passed through unchanged."""
-    port, pidfile, envfile = free_port(), tmp_path / "pids", tmp_path / "server-env.json"
-    cmd = serve_cmd(standin_artifact, fake_vllm, port, "good", pidfile) + ["--standin-envfile", str(envfile)]
+    envfile = tmp_path / "server-env.json"
+    args = serve_args(standin_artifact, fake_vllm, free_port(), "good", tmp_path / "pids") + \
+        ["--standin-envfile", str(envfile)]
     env = serve_env(fake_vllm, tmp_path)
     for k in MULTICAST_OFF:
         env.pop(k, None)
-    child = _served_env(cmd, dict(env, NCCL_NVLS_ENABLE="1"), port, envfile)
+    child = _served_env(args, dict(env, NCCL_NVLS_ENABLE="1"), envfile)
     assert child["NCCL_NVLS_ENABLE"] == "1"
     assert child["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and child["NVSHMEM_DISABLE_NVLS"] == "1"
-    child = _served_env(cmd, env, port, envfile)
+    child = _served_env(args, env, envfile)
     assert {k: child.get(k) for k in MULTICAST_OFF} == MULTICAST_OFF
 
 
@@ -360,17 +309,6 @@ def test_gpus_refused_on_cpu(standin_artifact, fake_vllm, tmp_path):
     assert "--gpus 2 needs a CUDA vLLM build and 2 NVIDIA GPUs; this vLLM serves on cpu" in flat(r.stderr)
 
 
-def _smi_dir(tmp_path: Path, rows: list[str]) -> Path:
-    """A stand-in nvidia-smi (no NVIDIA GPU here): fixed memory rows, and compute capability 8.6."""
-    d = tmp_path / "smi"
-    d.mkdir()
-    smi = d / "nvidia-smi"
-    lines = "".join(f"  echo '{row}'\n" for row in rows)
-    smi.write_text(f'#!/bin/sh\ncase "$1" in\n  --query-gpu=compute_cap) echo 8.6 ;;\n  *)\n{lines}  ;;\nesac\n')
-    smi.chmod(0o755)
-    return d
-
-
 @pytest.mark.parametrize("rows, ok", [
     (["0, GPU-a, 24576, 24000", "1, GPU-b, 24576, 23900"], True),
     (["0, GPU-a, 24576, 24000", "1, GPU-b, 24576, 2000"], False),
@@ -379,7 +317,7 @@ def test_dry_run_two_gpus(standin_artifact, fake_vllm, tmp_path, rows, ok):
     """--device cuda --gpus 2 with a stand-in nvidia-smi: the argv holds --tensor-parallel-size 2;
     a busy second GPU is named and the dry run fails as serve would."""
     env = serve_env(fake_vllm, tmp_path)
-    env["PATH"] = os.pathsep.join([str(_smi_dir(tmp_path, rows)), env.get("PATH", "")])
+    env["PATH"] = os.pathsep.join([str(fake_nvidia_smi(tmp_path, rows)), env.get("PATH", "")])
     env.pop("CUDA_VISIBLE_DEVICES", None)
     cmd = [sys.executable, "-m", "qwenquant", "serve", str(standin_artifact), "--vllm", str(fake_vllm), "--port",
            str(free_port()), "--dry-run", "--device", "cuda", "--gpus", "2", "--", "--max-model-len", "2048"]
@@ -392,23 +330,12 @@ def test_dry_run_two_gpus(standin_artifact, fake_vllm, tmp_path, rows, ok):
         assert "GPU 1 has 1.95 GiB free of 24.00 GiB" in flat(r.stderr) and "GPU 0 has" not in r.stderr
 
 
-def _fake_nvidia_smi(tmp_path: Path, total_mib: int) -> Path:
-    """A stand-in `nvidia-smi` (no GPU here): an H200-sized GPU of `total_mib` MiB, compute 8.6."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    smi = bin_dir / "nvidia-smi"
-    smi.write_text("#!/bin/sh\ncase \"$*\" in\n  *memory.total*) echo \"0, GPU-standin, %d, %d\" ;;\n  *compute_cap*) echo 8.6 ;;\n"
-                   "  *) echo 'GPU 0: stand-in' ;;\nesac\n" % (total_mib, total_mib - 1000))
-    smi.chmod(0o755)
-    return bin_dir
-
-
 def test_gpu_mem_sets_the_share_of_a_bigger_gpu(standin_artifact, fake_vllm, tmp_path):
     """--gpu-mem 24GiB on a 143771 MiB GPU: the dry run passes vLLM the share that gives a 24 GiB
     card's budget (24576 x 0.92 / 143771 = 0.157263) and says how it got there. nvidia-smi is a
     stand-in: no GPU can run here."""
     env = serve_env(fake_vllm, tmp_path)
-    env["PATH"] = f"{_fake_nvidia_smi(tmp_path, 143771)}{os.pathsep}{env['PATH']}"
+    env["PATH"] = f"{fake_nvidia_smi(tmp_path, ['0, GPU-standin, 143771, 142771'])}{os.pathsep}{env['PATH']}"
     cmd = serve_cmd(standin_artifact, fake_vllm, free_port(), "good", tmp_path / "pids")
     cmd[cmd.index("--"):cmd.index("--")] = ["--dry-run", "--device", "cuda", "--gpu-mem", "24GiB"]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)

@@ -14,17 +14,16 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from helpers import LAUNCHER, flat, quantize_tiny_artifact, require_vllm, vllm_env
+from helpers import LAUNCHER, ServedCLI, flat, gone, quantize_tiny_artifact, require_vllm, vllm_env
+from qwenquant.net.http import fetch
+from qwenquant.net.ports import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -33,25 +32,14 @@ SHARING = "Sharing target model lm_head weights with the draft model"
 LAYOUTS = {"text-only": "constant", "multimodal": "random"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _http(url: str, body: dict | None = None, timeout: float = 300) -> tuple[int, str]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+    r = fetch(url, body, timeout=timeout)
+    return r.status, r.text
 
 
 @dataclass
 class Running:
-    proc: subprocess.Popen
+    cli: ServedCLI
     url: str
     log: Path
     artifact: Path
@@ -64,10 +52,9 @@ class Running:
         return self.artifact.name
 
 
-def _serve_cmd(artifact: Path, port: int, log: Path, profile: str = "single-user") -> list[str]:
-    return [sys.executable, "-m", "qwenquant", "serve", str(artifact), "--profile", profile,
-            "--port", str(port), "--vllm", str(LAUNCHER), "--timeout", "900", "--log-file", str(log),
-            "--", "--max-model-len", "2048"]
+def _serve_args(artifact: Path, log: Path, profile: str = "single-user", port: int | None = None) -> list[str]:
+    return [str(artifact), "--profile", profile, "--port", str(port or free_port()), "--vllm", str(LAUNCHER),
+            "--timeout", "900", "--log-file", str(log), "--", "--max-model-len", "2048"]
 
 
 @pytest.fixture(scope="module")
@@ -90,18 +77,9 @@ def server(request, artifacts, tmp_path_factory: pytest.TempPathFactory):
     variant = LAYOUTS[layout]
     tmp = tmp_path_factory.mktemp(f"vllm-{layout}")
     artifact = artifacts(layout)
-    port, log = _free_port(), tmp / "server.log"
-    proc = subprocess.Popen(_serve_cmd(artifact, port, log), env=vllm_env(tmp), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    if line.strip() != f"ready http://127.0.0.1:{port}":
-        proc.kill()
-        pytest.fail(f"not ready: {line!r}\n{proc.stderr.read()[-4000:]}")
-    run = Running(proc, f"http://127.0.0.1:{port}", log, artifact, variant, layout)
-    yield run
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
+    log = tmp / "server.log"
+    with ServedCLI(*_serve_args(artifact, log), env=vllm_env(tmp)) as cli:  # Ctrl-C at the end, unless stopped
+        yield Running(cli, cli.url, log, artifact, variant, layout)
 
 
 def _complete(server: Running, n: int = 16) -> dict:
@@ -156,7 +134,8 @@ def test_memory_model_matches_vllm(server):
     """vLLM's own KV cache report equals the plan's (1 GiB CPU cache, 2048-token sequences)."""
     from qwenquant.manifest import load_manifest
     from qwenquant.serve.argv import apply_extra
-    from qwenquant.serve.preflight import artifact_budget, recipe_from_manifest
+    from qwenquant.plan.artifact import artifact_budget
+    from qwenquant.plan.settings import recipe_from_manifest
 
     m = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", server.log.read_text())
     assert m, "vLLM did not log its KV cache concurrency"
@@ -194,18 +173,13 @@ def test_sigterm_stops_cleanly(server):
     """Runs last for each server: SIGTERM to `qwenquant serve` stops vLLM and its engine process."""
     from qwenquant.net.ports import listener_pids, process_tree
 
-    port = int(server.url.rsplit(":", 1)[1])
-    tree = process_tree(server.proc.pid) - {server.proc.pid}
+    pid = server.cli.proc.pid
+    tree = process_tree(pid) - {pid}
     assert tree, "vLLM child processes expected"
-    server.proc.send_signal(signal.SIGTERM)
-    assert server.proc.wait(timeout=120) == 0
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in tree):
-        time.sleep(0.5)
-    left = [p for p in tree if Path(f"/proc/{p}").exists()
-            and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+    assert server.cli.stop(signal.SIGTERM) == 0
+    left = [p for p in tree if not gone(p, wait=30)]
     assert not left, f"processes left: {left}"
-    assert not listener_pids(port)
+    assert not listener_pids(server.cli.port)
 
 
 def test_tampered_artifact_refused_before_launch(server, tmp_path):
@@ -215,8 +189,8 @@ def test_tampered_artifact_refused_before_launch(server, tmp_path):
     data[-1] ^= 0xFF
     shard.write_bytes(bytes(data))
     log = tmp_path / "server.log"
-    r = subprocess.run(_serve_cmd(art, _free_port(), log), env=vllm_env(tmp_path), capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run([sys.executable, "-m", "qwenquant", "serve", *_serve_args(art, log)], env=vllm_env(tmp_path),
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 4
     assert shard.name in flat(r.stderr) and "refusing to serve" in flat(r.stderr)
     assert not log.exists()
@@ -228,23 +202,16 @@ def test_batch_profile_serves(artifacts, tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
     artifact = artifacts("text-only")
-    port, log = _free_port(), tmp_path / "server.log"
-    proc = subprocess.Popen(_serve_cmd(artifact, port, log, "batch"), env=vllm_env(tmp_path), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()
-        assert line.strip() == f"ready http://127.0.0.1:{port}", proc.stderr.read()[-4000:]
+    log = tmp_path / "server.log"
+    with ServedCLI(*_serve_args(artifact, log, "batch"), env=vllm_env(tmp_path)) as s:  # Ctrl-C: exit 130
         body = {"model": artifact.name, "prompt": "The quick brown fox jumps over", "max_tokens": 8,
                 "temperature": 0, "ignore_eos": True}
         with ThreadPoolExecutor(4) as pool:
-            results = list(pool.map(lambda _: _http(f"http://127.0.0.1:{port}/v1/completions", body), range(4)))
+            results = list(pool.map(lambda _: _http(f"{s.url}/v1/completions", body), range(4)))
         assert all(code == 200 for code, _ in results), results
         texts = {json.loads(t)["choices"][0]["text"] for _, t in results}
         assert len(texts) == 1  # greedy: the same answer for the same prompt
         assert "fp8" in log.read_text()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=120) == 0
 
 
 def test_kill_9_of_serve_takes_vllm_and_its_engine_core(artifacts, tmp_path):
@@ -254,31 +221,12 @@ def test_kill_9_of_serve_takes_vllm_and_its_engine_core(artifacts, tmp_path):
     from qwenquant.net.ports import port_problem, process_tree
 
     artifact = artifacts("text-only")
-    port, log = _free_port(), tmp_path / "server.log"
-    proc = subprocess.Popen(_serve_cmd(artifact, port, log), env=vllm_env(tmp_path), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()
-        assert line.strip() == f"ready http://127.0.0.1:{port}", proc.stderr.read()[-4000:]
-        started = process_tree(proc.pid) - {proc.pid}
+    with ServedCLI(*_serve_args(artifact, tmp_path / "server.log"), env=vllm_env(tmp_path)) as s:
+        started = process_tree(s.proc.pid) - {s.proc.pid}
         assert len(started) >= 3  # the watchdog, vLLM's API server, its engine core
-        proc.kill()
-        proc.wait(timeout=10)
-    finally:
-        proc.kill()
-    survivors: list[int] = []
-    for pid in sorted(started):
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                    break
-            except FileNotFoundError:
-                break
-            time.sleep(0.2)
-        else:
-            survivors.append(pid)
+        s.stop(signal.SIGKILL, timeout=10)
+    survivors = [pid for pid in sorted(started) if not gone(pid, wait=30)]
     for pid in survivors:  # never leave a vLLM running after a failure
         os.kill(pid, signal.SIGKILL)
     assert not survivors, f"processes {survivors} outlived the killed `qwenquant serve`"
-    assert port_problem("127.0.0.1", port) is None
+    assert port_problem("127.0.0.1", s.port) is None

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from qwenquant.evaluate import metrics, report, served
+from qwenquant.net.prometheus import spec_counters
 
 
 def test_paired_ppl_delta_ci_and_worse_windows() -> None:
@@ -46,10 +47,9 @@ def test_parse_metrics_sums_label_sets_and_reads_positions() -> None:
         'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="0"} 5.0',
         "vllm:other_total 99",
     ])
-    m = served.parse_metrics(page)
-    assert m[served.DRAFTS] == 15.0 and m[served.ACCEPTED] == 7.0 and m[served.PER_POS] == {0: 5.0, 1: 2.0}
-    empty = served.parse_metrics("")
-    acc = served.acceptance(empty, m)
+    m = spec_counters(page)
+    assert m.drafts == 15.0 and m.accepted == 7.0 and m.per_pos == {0: 5.0, 1: 2.0}
+    acc = served.acceptance(spec_counters(""), m)
     assert acc["mean_acceptance_length"] == pytest.approx(1 + 7 / 15)
     assert list(acc["per_position"]) == ["0", "1"]
 

@@ -108,14 +108,13 @@ def test_cpu_env(recipe):
 
 def test_exactly_one_profile(tmp_path):
     """single-user and batch are mutually exclusive (no --profile means single-user)."""
-    from qwenquant.serve.run import run_serve
-
     from qwenquant.errors import UsageError
+    from qwenquant.serve.request import ServeRequest
 
     with pytest.raises(UsageError, match="choose one --profile \\(got single-user, batch") as e:
-        run_serve(tmp_path, ["single-user", "batch"], [], port=None, host=None, api_key=None, served_model_name=None,
-                  vllm=None, dry_run=True, timeout=1, device=None, log_file=None)
+        ServeRequest.from_options(tmp_path, ["single-user", "batch"], [], dry_run=True)
     assert e.value.exit_code == 2
+    assert ServeRequest.from_options(tmp_path, [], []).profile_name == "single-user"
 
 
 def test_unknown_device(recipe):

@@ -4,7 +4,7 @@ Qwen3.8-27B config (src/qwenquant/data/qwen3_8-27b.config.json).
 Every expected number is a literal with its derivation beside it (not computed by the code under
 test). Shape: H=5120, I=17408, V=248320, 64 layers (16 full attention, 48 GDN), 24 q / 4 kv heads
 of 256 with output gate, GDN 16 key / 48 value heads of 128, conv kernel 4, one MTP layer.
-One-GPU figures (tests/unit/test_serve_budget.py): embeddings 2,542,796,800; int4 lm_head
+One-GPU figures (tests/unit/test_plan_budget.py): embeddings 2,542,796,800; int4 lm_head
 655,564,800 (2,640 B per vocab row: 2,560 packed + 80 scales); int4 body 12,543,590,400;
 MTP 849,398,784; other bf16 52,476,928.
 """
@@ -19,7 +19,8 @@ import pytest
 from qwenquant.errors import UsageError
 from qwenquant.recipe import load_recipe
 from qwenquant.plan.budget import GiB, CacheSettings, cache_model, make_budget
-from qwenquant.serve.command import make_plan, parse_size
+from qwenquant.plan.artifact import make_plan
+from qwenquant.plan.gpumem import parse_size
 from qwenquant.plan.weights import (QuantSettings, model_shape, tp_bytes, tp_problem, weights_from_config,
                                      weights_from_tensors)
 

@@ -18,10 +18,13 @@ import logging
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 from qwenquant.errors import BenchError, UsageError
 from qwenquant.bench.runner import Target
+
+if TYPE_CHECKING:
+    from qwenquant.serve.request import ServeRequest
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +39,7 @@ class ConfigSpec:
     profile: Optional[str] = None
     gpu_mem: Optional[str] = None
     extra: tuple[str, ...] = ()
-    gpus: int = 1
+    gpus: Optional[int] = None  # None: the command line's --gpus (1 unless given)
 
 
 def parse_config(text: str, default_label: str) -> ConfigSpec:
@@ -65,11 +68,11 @@ def parse_config(text: str, default_label: str) -> ConfigSpec:
     if opts["--url"] and (opts["--profile"] or extra or opts["--gpu-mem"] or opts["--gpus"]):
         raise UsageError(f"the configuration {text!r} names a --url and serve options",
                          hint="a running server cannot be re-configured: give either --url or --profile")
-    gpus = opts["--gpus"] or "1"
-    if not gpus.isdigit() or int(gpus) < 1:
+    gpus = opts["--gpus"]
+    if gpus is not None and (not gpus.isdigit() or int(gpus) < 1):
         raise UsageError(f"--gpus wants a GPU count in the configuration {text!r}, got {gpus!r}", hint="e.g. --gpus 2")
     return ConfigSpec(opts["--label"] or default_label, text, opts["--url"], opts["--profile"], opts["--gpu-mem"],
-                      tuple(extra), int(gpus))
+                      tuple(extra), int(gpus) if gpus else None)
 
 
 def template_reads_thinking(artifact: Path) -> Optional[bool]:
@@ -86,23 +89,36 @@ def template_reads_thinking(artifact: Path) -> Optional[bool]:
     return "enable_thinking" in tmpl if isinstance(tmpl, str) else None
 
 
+def config_request(base: ServeRequest, cfg: ConfigSpec, log_dir: Optional[Path]) -> ServeRequest:
+    """The serve request of one configuration: `base` (the command line's) with what `cfg` says."""
+    return base.replace(profile=cfg.profile, gpu_mem=cfg.gpu_mem, gpu_mem_soft=base.gpu_mem_soft and bool(cfg.gpu_mem),
+                        extra=cfg.extra, gpus=cfg.gpus or base.gpus, label=cfg.label,
+                        log_file=log_dir / f"server-{cfg.label}.log" if log_dir else None)
+
+
+def config_requests(base: ServeRequest, configs: Sequence[ConfigSpec], log_dir: Optional[Path]) -> list[ServeRequest]:
+    """One request per configuration, started in this order. All servers stay up together, so under
+    a hard --gpu-mem each ballast also leaves free the limits of the servers started after it (each
+    of which then starts its own); the headroom beyond their budgets is then shared, not each its own."""
+    reqs = [config_request(base, cfg, log_dir) for cfg in configs]
+    later = [sum(r.gpu_mem_bytes or 0 for r in reqs[i + 1:] if r.hard_limit) for i in range(len(reqs))]
+    return [r.replace(ballast_reserve=n) if r.hard_limit else r for r, n in zip(reqs, later)]
+
+
 @contextlib.contextmanager
-def serve_targets(artifact: Path, configs: Sequence[ConfigSpec], *, vllm: Optional[str], device: Optional[str],
-                  api_key: Optional[str], timeout: float, log_dir: Optional[Path]) -> Iterator[list[Target]]:
+def serve_targets(base: ServeRequest, configs: Sequence[ConfigSpec], *,
+                  log_dir: Optional[Path]) -> Iterator[list[Target]]:
     """Start one server per configuration (one after another, through serve's own machinery:
     serve/launched.py), yield their Targets, stop them all."""
     from qwenquant.serve.launched import launched
 
-    artifact = Path(artifact).resolve()
-    thinking = template_reads_thinking(artifact)
+    base = base.replace(artifact=Path(base.artifact).resolve())
+    thinking = template_reads_thinking(base.artifact)
     with contextlib.ExitStack() as stack:
         targets = []
-        for cfg in configs:
-            log_file = log_dir / f"server-{cfg.label}.log" if log_dir else None
-            s = stack.enter_context(launched(artifact, cfg.profile, gpu_mem=cfg.gpu_mem, extra=cfg.extra, vllm=vllm,
-                                             device=device, api_key=api_key, timeout=timeout, log_file=log_file,
-                                             label=cfg.label, gpus=cfg.gpus))
-            targets.append(Target(cfg.label, s.url, model=s.model, api_key=api_key,
+        for cfg, req in zip(configs, config_requests(base, configs, log_dir)):
+            s = stack.enter_context(launched(req))
+            targets.append(Target(cfg.label, s.url, model=s.model, api_key=base.api_key,
                                   max_num_seqs=s.prepared.profile.max_num_seqs, template_thinking=thinking,
                                   info={"config": cfg.text, **s.info}))
         yield targets

@@ -7,17 +7,16 @@ measured requests, and with two servers each one's counters stay its own.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from qwenquant.errors import BenchError
 from qwenquant.bench import metrics
+from qwenquant.net.http import HttpError, get_json
+from qwenquant.net.prometheus import SpecCounters, spec_counters
 from qwenquant.bench.stream import Sample, stream_chat
 from qwenquant.bench.workload import BenchConfig, Cell, plan_cells, request_body, thinking_modes
 
@@ -60,19 +59,15 @@ class TargetRun:
     thinking_note: str
     samples: dict[str, list[list[Sample]]] = field(default_factory=dict)  # cell key -> rounds -> samples
     waves: dict[str, list[list[list[Sample]]]] = field(default_factory=dict)  # cell key -> rounds -> waves
-    spec: metrics.SpecCounters = field(default_factory=metrics.SpecCounters)
+    spec: SpecCounters = field(default_factory=SpecCounters)
     metrics_exported: bool = True
 
 
 def _get_json(url: str, api_key: Optional[str]) -> Any:
-    req = urllib.request.Request(url)
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
     try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return json.loads(r.read())
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        raise BenchError(f"GET {url} failed: {e}", hint="is the server up? check the URL") from None
+        return get_json(url, api_key=api_key)
+    except HttpError as e:
+        raise BenchError(e.message, hint="is the server up? check the URL") from None
 
 
 def resolve_model(t: Target) -> str:
@@ -166,7 +161,7 @@ def run_round(run: TargetRun, cfg: BenchConfig, opts: Options) -> None:
     if before is None or after is None:
         run.metrics_exported = False
         return
-    run.spec = run.spec.plus(metrics.spec_counters(after).minus(metrics.spec_counters(before)))
+    run.spec = run.spec.plus(spec_counters(after).minus(spec_counters(before)))
 
 
 def run_bench(targets: list[Target], cfg: BenchConfig, opts: Options) -> list[TargetRun]:

@@ -10,7 +10,7 @@ import platform
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from qwenquant.errors import UsageError
 from qwenquant.bench import gpu as gpumod
@@ -18,54 +18,55 @@ from qwenquant.bench.launch import ConfigSpec, parse_config, serve_targets, url_
 from qwenquant.bench.runner import Options, Target, run_bench, server_version
 from qwenquant.bench.workload import load_config
 
+if TYPE_CHECKING:
+    from qwenquant.serve.request import ServeRequest
+
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Request:
-    """What the command line asked for."""
+    """What the command line asked for: a running server's `url`, or `serve`: the artifact and the
+    server options every served configuration starts from (its profile, --gpu-mem and vLLM flags
+    apply where a --compare configuration says nothing)."""
 
     url: Optional[str]
-    serve: Optional[Path]
-    profile: Optional[str]
-    gpu_mem: Optional[str]
-    extra: Sequence[str]
+    serve: Optional[ServeRequest]
     compare: Optional[tuple[str, str]]
     options: Options
     out: Path
     config: Optional[Path] = None
     model: Optional[str] = None
     api_key: Optional[str] = None
-    vllm: Optional[str] = None
-    device: Optional[str] = None
-    timeout: float = 900.0
     plot: bool = True
 
 
 def configurations(req: Request) -> list[ConfigSpec]:
     """One configuration, or the two of --compare (labels A and B unless named)."""
+    base = req.serve
     if req.compare:
-        if req.url or req.extra:
+        if req.url or (base and base.extra):
             raise UsageError("--compare takes whole configurations: a URL or `-- vLLM flags` go inside each of "
                              "its two strings", hint='e.g. --compare "--profile single-user" "--profile '
                                                      'single-user -- --speculative-config null"')
         pair = [parse_config(req.compare[0], "A"), parse_config(req.compare[1], "B")]
-        if req.serve:  # --profile / --gpu-mem outside the strings apply to both where they say nothing
-            pair = [dataclasses.replace(c, profile=c.profile or req.profile, gpu_mem=c.gpu_mem or req.gpu_mem)
-                    for c in pair]
+        if base:  # --profile / --gpu-mem / --gpus outside the strings apply to both where they say nothing
+            pair = [dataclasses.replace(c, profile=c.profile or base.profile, gpu_mem=c.gpu_mem or base.gpu_mem,
+                                        gpus=c.gpus or base.gpus) for c in pair]
         if pair[0].label == pair[1].label:
             raise UsageError(f"both configurations are labelled {pair[0].label!r}", hint="give them different --label")
         return pair
-    if req.url and req.serve:
+    if req.url and base:
         raise UsageError("give a URL or --serve ARTIFACT, not both", hint="qwenquant bench URL, or --serve ARTIFACT")
     if req.url:
         return [ConfigSpec("A", req.url, url=req.url)]
-    if req.serve is None:
+    if base is None:
         raise UsageError("nothing to measure", hint="qwenquant bench URL, or qwenquant bench --serve ARTIFACT --profile P")
-    text = " ".join(filter(None, [f"--profile {req.profile}" if req.profile else "",
-                                  f"--gpu-mem {req.gpu_mem}" if req.gpu_mem else "",
-                                  ("-- " + " ".join(req.extra)) if req.extra else ""]))
-    return [ConfigSpec("A", text, profile=req.profile, gpu_mem=req.gpu_mem, extra=tuple(req.extra))]
+    text = " ".join(filter(None, [f"--profile {base.profile}" if base.profile else "",
+                                  f"--gpu-mem {base.gpu_mem}" if base.gpu_mem else "",
+                                  f"--gpus {base.gpus}" if base.gpus > 1 else "",
+                                  ("-- " + " ".join(base.extra)) if base.extra else ""]))
+    return [ConfigSpec("A", text, profile=base.profile, gpu_mem=base.gpu_mem, extra=base.extra, gpus=base.gpus)]
 
 
 @contextlib.contextmanager
@@ -73,8 +74,7 @@ def _targets(req: Request, configs: list[ConfigSpec]) -> Iterator[list[Target]]:
     if req.serve is None:
         yield url_targets(configs, req.api_key, req.model)
         return
-    with serve_targets(req.serve, configs, vllm=req.vllm, device=req.device, api_key=req.api_key,
-                       timeout=req.timeout, log_dir=req.out.parent / (req.out.stem + "-logs")) as targets:
+    with serve_targets(req.serve, configs, log_dir=req.out.parent / (req.out.stem + "-logs")) as targets:
         yield targets
 
 

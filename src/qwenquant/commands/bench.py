@@ -7,16 +7,20 @@ from typing import Optional
 
 import typer
 
-from qwenquant.commands._app import Device, app
+from qwenquant.commands._app import app
+from qwenquant.commands._options import (DEFAULT_TIMEOUT, ApiKey, GpuMem, GpuMemSoft, Gpus, Profiles, ServeArtifact, ServeDevice,
+                                         Timeout, Vllm)
 
 
 @app.command(context_settings={"allow_interspersed_args": True})
 def bench(
     args: Optional[list[str]] = typer.Argument(None, help="URL of a running server; with --serve: vLLM flags after --.",
                                                show_default=False),
-    serve: Optional[Path] = typer.Option(None, "--serve", help="Artifact to serve (through `qwenquant serve`) for the run."),
-    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Serve profile with --serve: single-user (default) or batch."),
-    gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", help="With --serve: behave as on a card of this size."),
+    serve: ServeArtifact = None,
+    profile: Profiles = None,
+    gpu_mem: GpuMem = None,
+    gpu_mem_soft: GpuMemSoft = False,
+    gpus: Gpus = 1,
     compare: Optional[tuple[str, str]] = typer.Option(None, "--compare", help="Two configurations A B, run in rounds."),
     prompts: str = typer.Option("narrative,code,quote", help="Prompts to send (comma-separated)."),
     sampling: str = typer.Option("greedy,sampled", help="Sampling presets (comma-separated)."),
@@ -27,12 +31,12 @@ def bench(
     max_concurrency: Optional[int] = typer.Option(None, help="Top of the ladder (default: the profile's max-num-seqs; 1 for a URL)."),
     ignore_eos: bool = typer.Option(True, help="Send ignore_eos so every request generates exactly --max-tokens."),
     model: Optional[str] = typer.Option(None, help="Model name for a URL (default: the first it lists)."),
-    api_key: Optional[str] = typer.Option(None, envvar="QWENQUANT_API_KEY", help="API key to send."),
+    api_key: ApiKey = None,
     config: Optional[Path] = typer.Option(None, help="Bench config YAML (default: the shipped one)."),
     out: Optional[Path] = typer.Option(None, "--out", help="JSON file to write (the PNG goes beside it)."),
-    vllm: Optional[str] = typer.Option(None, help="vLLM to run with --serve (as for `qwenquant serve`)."),
-    device: Optional[Device] = typer.Option(None, help="cuda or cpu, with --serve (as for `qwenquant serve`)."),
-    timeout: float = typer.Option(900.0, help="Seconds a served server may take to become ready."),
+    vllm: Vllm = None,
+    device: ServeDevice = None,
+    timeout: Timeout = DEFAULT_TIMEOUT,
 ) -> None:
     """Measure tokens/s, TTFT and MTP acceptance of a server; compare two configurations in rounds.
 
@@ -48,19 +52,19 @@ def bench(
     from qwenquant.bench.runner import Options
     from qwenquant.bench.session import Request, argv_now, default_out, run
     from qwenquant.bench.render import print_report
-
     from qwenquant.errors import UsageError
+    from qwenquant.serve.request import ServeRequest
 
     words = list(args or [])
     if serve and words and not words[0].startswith("-"):
         raise UsageError(f"give a URL ({words[0]}) or --serve ARTIFACT, not both", hint="vLLM flags go after --")
     url = None if serve or not words else words.pop(0)
-    opts = Options(prompts=prompts.split(","), samplings=sampling.split(","), thinking=thinking, max_tokens=max_tokens,
-                   repeats=repeats, rounds=rounds, max_concurrency=max_concurrency, ignore_eos=ignore_eos)
-    req = Request(url=url, serve=serve, profile=profile, gpu_mem=gpu_mem, extra=words if serve else [],
-                  compare=compare, options=opts, out=out or default_out(), config=config, model=model,
-                  api_key=api_key, vllm=vllm, device=device.value if device else None,
-                  timeout=timeout)
     if words and not serve:
         raise UsageError(f"unexpected arguments {words}", hint="vLLM flags after -- go with --serve")
-    print_report(run(req, argv_now()))
+    served = ServeRequest.from_options(serve, profile or [], words, api_key=api_key, vllm=vllm, timeout=timeout,
+                                       device=device.value if device else None, gpus=gpus,
+                                       gpu_mem=gpu_mem, gpu_mem_soft=gpu_mem_soft) if serve else None
+    opts = Options(prompts=prompts.split(","), samplings=sampling.split(","), thinking=thinking, max_tokens=max_tokens,
+                   repeats=repeats, rounds=rounds, max_concurrency=max_concurrency, ignore_eos=ignore_eos)
+    print_report(run(Request(url=url, serve=served, compare=compare, options=opts, out=out or default_out(),
+                             config=config, model=model, api_key=api_key), argv_now()))

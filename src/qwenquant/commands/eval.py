@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from qwenquant.commands._app import Device, app
+from qwenquant.commands._options import (DEFAULT_TIMEOUT, ApiKey, GpuMem, GpuMemSoft, Gpus, Profiles, ServeArtifact, Timeout,
+                                         Vllm)
+
+if TYPE_CHECKING:
+    from qwenquant.serve.request import ServeRequest
 
 
 @app.command("eval", context_settings={"allow_interspersed_args": True})
@@ -24,11 +30,14 @@ def eval_cmd(
     device: Optional[Device] = typer.Option(None, "--device", help="cpu or cuda (offline default: cpu; with --serve: as for `qwenquant serve`)."),
     report: Optional[Path] = typer.Option(None, "--report", help="Where the JSON report goes (default: beside the artifact)."),
     served: Optional[str] = typer.Option(None, "--served", help="Base URL of a running server: run the exact-match gate through it."),
-    serve: Optional[Path] = typer.Option(None, "--serve", help="Artifact to serve (through `qwenquant serve`) for the gate, stopped after it."),
-    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Serve profile with --serve (default single-user: MTP on)."),
-    gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", help="With --serve: behave as on a card of this size."),
-    vllm: Optional[str] = typer.Option(None, "--vllm", help="vLLM to run with --serve (as for `qwenquant serve`)."),
-    timeout: float = typer.Option(900.0, "--timeout", help="Seconds a --serve server may take to become ready."),
+    serve: ServeArtifact = None,
+    profile: Profiles = None,
+    gpu_mem: GpuMem = None,
+    gpu_mem_soft: GpuMemSoft = False,
+    gpus: Gpus = 1,
+    vllm: Vllm = None,
+    timeout: Timeout = DEFAULT_TIMEOUT,
+    api_key: ApiKey = None,
     gate: str = typer.Option("tiny-reference", "--gate", help="Gate name (shipped) or JSON file, with --served/--serve."),
     model: Optional[str] = typer.Option(None, "--model", help="Served model name (default: the server's first)."),
     min_acceptance: Optional[float] = typer.Option(None, "--min-acceptance-length", help="Fail when MTP mean acceptance length is below this (with --served/--serve)."),
@@ -54,21 +63,37 @@ def eval_cmd(
     dev = device.value if device else None
     if served is not None and serve is not None:
         raise UsageError("give --served URL or --serve ARTIFACT, not both", hint="--served for a running server")
-    gate_opts = (gate, model, min_acceptance, report, as_json)
+    gate_opts = _GateOptions(gate, model, min_acceptance, report, as_json, api_key)
     if serve is not None:
+        from qwenquant.serve.request import ServeRequest
+
         if words and not words[0].startswith("-"):
             raise UsageError(f"give an ARTIFACT ({words[0]}) or --serve ARTIFACT, not both", hint="vLLM flags go after --")
-        _serve_and_gate(serve, profile, gpu_mem, words, vllm, dev, timeout, gate_opts)
+        _serve_and_gate(ServeRequest.from_options(serve, profile or [], words, gpu_mem=gpu_mem,
+                                                  gpu_mem_soft=gpu_mem_soft, gpus=gpus, vllm=vllm,
+                                                  device=dev, timeout=timeout, api_key=api_key), gate_opts)
         return
     if served is not None:
         if words:
             raise UsageError(f"unexpected arguments {words} with --served", hint="vLLM flags after -- go with --serve")
-        _served(served, *gate_opts)
+        _served(served, gate_opts)
         return
     if len(words) != 1 or reference is None:
         raise UsageError("eval needs ARTIFACT and --reference SOURCE (or --served URL, or --serve ARTIFACT)",
                          hint="qwenquant eval artifacts/q --reference models/source")
     _offline(Path(words[0]), reference, windows, window_len, (text, text_set), dev or "cpu", streamed, report, as_json)
+
+
+@dataclass(frozen=True)
+class _GateOptions:
+    """What the served gate is asked (the same with --served URL and --serve ARTIFACT)."""
+
+    gate: str
+    model: Optional[str]
+    min_acceptance: Optional[float]
+    report: Optional[Path]
+    as_json: bool
+    api_key: Optional[str]
 
 
 def _emit(result: dict[str, Any], path: Optional[Path], as_json: bool) -> None:
@@ -101,14 +126,14 @@ def _offline(artifact: Path, reference: Path, windows: int, window_len: int, tex
     _emit(result, report or rep.report_path(artifact, root), as_json)
 
 
-def _gate(url: str, gate: str, model: Optional[str], min_acceptance: Optional[float]) -> dict[str, Any]:
+def _gate(url: str, o: _GateOptions, model: Optional[str]) -> dict[str, Any]:
     """Run the gate against `url`, print what a user reads, return the result (failures listed)."""
     from qwenquant.console import console
     from qwenquant.evaluate.served import gate_failures, load_gate, run_gate
 
-    result = run_gate(url, load_gate(gate), model)
-    failures = gate_failures(result, min_acceptance)
-    result.update(min_acceptance_length=min_acceptance, failures=failures, ok=not failures)
+    result = run_gate(url, load_gate(o.gate), model, api_key=o.api_key)
+    failures = gate_failures(result, o.min_acceptance)
+    result.update(min_acceptance_length=o.min_acceptance, failures=failures, ok=not failures)
     for t in result["tasks"]:
         console.print(f"task {t['name']}: {t['passed']}/{t['total']} passed", markup=False)
     m = result["mtp"]
@@ -128,25 +153,23 @@ def _fail_gate(result: dict[str, Any]) -> None:
                          hint="compare with the bf16 source served the same way; see `qwenquant eval ARTIFACT --reference`")
 
 
-def _served(url: str, gate: str, model: Optional[str], min_acceptance: Optional[float],
-            report: Optional[Path], as_json: bool) -> None:
-    result = _gate(url, gate, model, min_acceptance)
-    _emit(result, report, as_json)
+def _served(url: str, o: _GateOptions) -> None:
+    result = _gate(url, o, o.model)
+    _emit(result, o.report, o.as_json)
     _fail_gate(result)
 
 
-def _serve_and_gate(artifact: Path, profile: Optional[str], gpu_mem: Optional[str], extra: list[str],
-                    vllm: Optional[str], device: Optional[str], timeout: float, gate_opts: tuple) -> None:
-    """Start `artifact` as `qwenquant serve` would, run the gate, stop the server; report keyed to its root digest."""
+def _serve_and_gate(req: ServeRequest, o: _GateOptions) -> None:
+    """Start `req.artifact` as `qwenquant serve` would, run the gate, stop the server; report keyed to its root digest."""
     from qwenquant.console import console
     from qwenquant.evaluate.report import report_path
     from qwenquant.serve.launched import launched
 
-    gate, model, min_acceptance, report, as_json = gate_opts
-    with launched(artifact, profile, gpu_mem=gpu_mem, extra=extra, vllm=vllm, device=device, timeout=timeout) as s:
-        console.print(f"serving {artifact} at {s.url} (profile {s.info['profile']}, log {s.spec.log_path})", markup=False)
-        result = _gate(s.url, gate, model or s.model, min_acceptance)
+    with launched(req) as s:
+        console.print(f"serving {req.artifact} at {s.url} (profile {s.info['profile']}, log {s.spec.log_path})",
+                      markup=False)
+        result = _gate(s.url, o, o.model or s.model)
         console.print("stopping the server", markup=False)
     result.update(served=s.info, root_digest=s.info["artifact_root_digest"])
-    _emit(result, report or report_path(artifact, result["root_digest"], kind="eval-served"), as_json)
+    _emit(result, o.report or report_path(req.artifact, result["root_digest"], kind="eval-served"), o.as_json)
     _fail_gate(result)

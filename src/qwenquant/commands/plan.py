@@ -31,9 +31,10 @@ def plan(
 
       qwenquant plan artifacts/q27b --gpus 2 --gpu-mem 24GiB
     """
-    from qwenquant.serve.command import make_plan, parse_size
     from qwenquant.console import print_json
     from qwenquant.errors import ServeError
+    from qwenquant.plan.artifact import make_plan
+    from qwenquant.plan.gpumem import parse_size
     from qwenquant.plan.report import budget_dict, budget_lines, first_reason, weights_lines
 
     res = make_plan(target, parse_size(gpu_mem), recipe_name=recipe, profiles=profile or None, tp=gpus)

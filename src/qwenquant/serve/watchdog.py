@@ -7,8 +7,9 @@ killer), the watchdog notices at once through Linux's parent-death signal (PR_SE
 within half a second by polling getppid() elsewhere, sends SIGTERM to the group, waits GRACE
 seconds, then SIGKILLs the group (itself included): nothing is left holding the GPU or the port.
 
-The watchdog imports only the standard library and runs isolated (-I: no PYTHONPATH, no script
-folder on sys.path), so it starts the same whatever environment the server is given.
+The watchdog imports only the standard library and qwenquant.procenv (itself standard library
+only) and runs isolated (-I: no PYTHONPATH, no script folder on sys.path), so it starts the same
+whatever environment the server is given. The --gpu-mem ballast runs under a watchdog of its own.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ import pytest
 
 from qwenquant.recipe import load_recipe
 from qwenquant.plan.budget import GiB, CacheSettings, cache_model, make_budget
-from qwenquant.serve.command import make_plan, parse_size
+from qwenquant.plan.artifact import make_plan
+from qwenquant.plan.gpumem import parse_size
 from qwenquant.plan.weights import QuantSettings, model_shape, weights_from_config, weights_from_tensors
 
 # The real Qwen3.8-27B config.json (reference copy), text part; vision and rope left out (unused here).

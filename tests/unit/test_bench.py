@@ -8,7 +8,8 @@ import pytest
 from qwenquant.errors import BenchError, UsageError
 from qwenquant.bench.gpu import parse_samples, summarize
 from qwenquant.bench.launch import parse_config
-from qwenquant.bench.metrics import acceptance, spec_counters
+from qwenquant.bench.metrics import acceptance
+from qwenquant.net.prometheus import spec_counters
 from qwenquant.bench.rates import ratio_spread, sample_figures
 from qwenquant.bench.stream import Sample, read_stream, sse_events
 from qwenquant.bench.workload import ladder, load_config, plan_cells
@@ -74,7 +75,7 @@ def test_configuration_strings() -> None:
     c = parse_config("--label off --profile single-user --gpu-mem=24GiB -- --speculative-config null", "B")
     assert (c.label, c.profile, c.gpu_mem, c.extra) == ("off", "single-user", "24GiB", ("--speculative-config", "null"))
     assert parse_config("--url http://h:1", "A").url == "http://h:1"
-    assert parse_config("--label tp2 --gpus 2 --gpu-mem 24GiB", "A").gpus == 2 and c.gpus == 1
+    assert parse_config("--label tp2 --gpus 2 --gpu-mem 24GiB", "A").gpus == 2 and c.gpus is None
     with pytest.raises(UsageError, match="--gpus wants a GPU count"):
         parse_config("--gpus two", "A")
     with pytest.raises(UsageError, match="unknown option '--max-num-seqs'"):

@@ -1,0 +1,46 @@
+"""The server options `serve`, `bench --serve` and `eval --serve` share, declared once
+(huggingface_hub's cli/_cli_utils.py aliases are the model): the same names, defaults and help
+everywhere, listed in one help panel. Each command turns them into one ServeRequest
+(qwenquant.serve.request) and hands that down.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from qwenquant.commands._app import Device
+from qwenquant.serve.request import DEFAULT_TIMEOUT
+
+__all__ = ["DEFAULT_TIMEOUT", "PANEL", "ApiKey", "GpuMem", "GpuMemSoft", "Gpus", "Profiles", "ServeArtifact", "ServeDevice",
+           "Timeout", "Vllm"]
+
+PANEL = "Server (serve; bench and eval with --serve)"
+
+ServeArtifact = Annotated[Optional[Path], typer.Option(
+    "--serve", help="Artifact to serve through `qwenquant serve`'s preflight and supervisor for the run, "
+                    "stopped after it.", rich_help_panel=PANEL)]
+Profiles = Annotated[Optional[list[str]], typer.Option(
+    "--profile", "-p", help="Serve profile from the recipe: single-user (default) or batch.",
+    rich_help_panel=PANEL, show_default=False)]
+GpuMem = Annotated[Optional[str], typer.Option(
+    "--gpu-mem", help="Behave as on a card of this size, e.g. 24GiB: sets vLLM's memory share of the real GPU "
+                      "(CUDA only), and a ballast process holds the rest of it (see --gpu-mem-soft).",
+    rich_help_panel=PANEL)]
+GpuMemSoft = Annotated[bool, typer.Option(
+    "--gpu-mem-soft", help="With --gpu-mem: only vLLM's budget, no hard limit (no ballast holding the rest of the "
+                           "GPU).", rich_help_panel=PANEL)]
+Gpus = Annotated[int, typer.Option(
+    "--gpus", "--tensor-parallel-size", min=1,
+    help="GPUs to split the model over (vLLM tensor parallelism); each must be free.", rich_help_panel=PANEL)]
+Vllm = Annotated[Optional[str], typer.Option(
+    "--vllm", help="vLLM to run: a python, a vllm executable or qwenquant-vllm.json.", rich_help_panel=PANEL)]
+ServeDevice = Annotated[Optional[Device], typer.Option(
+    "--device", help="cuda or cpu (default: what the vLLM build targets).", rich_help_panel=PANEL)]
+Timeout = Annotated[float, typer.Option(
+    "--timeout", help="Seconds the server may take to become ready.", rich_help_panel=PANEL)]
+ApiKey = Annotated[Optional[str], typer.Option(
+    "--api-key", envvar="QWENQUANT_API_KEY", help="API key clients must send (bench and eval send it).",
+    rich_help_panel=PANEL)]

@@ -1,0 +1,86 @@
+"""The one small HTTP client for JSON and text (standard library only): serve's readiness probe,
+the served eval gate, bench's model lookup and /metrics scrapes, the demo's completion.
+
+Every failure is an HttpError that says which request failed and why: no answer at all (`status`
+None: refused, timed out, reset) or an HTTP error status (`status` and the start of the body).
+`fetch` returns any status instead, for callers that decide on the status themselves.
+Streaming is elsewhere (bench/stream.py times bytes with http.client).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from qwenquant.errors import QwenquantError
+
+DEFAULT_TIMEOUT = 30.0
+
+
+class HttpError(QwenquantError):
+    """A request that got no usable answer; `status` is None when the server did not answer at all."""
+
+    def __init__(self, message: str, status: Optional[int] = None, body: str = "") -> None:
+        super().__init__(message, hint="check that the server is up and the URL is right")
+        self.status = status
+        self.body = body
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    text: str
+
+
+def _request(url: str, body: Any, api_key: Optional[str]) -> urllib.request.Request:
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    data = None if body is None else json.dumps(body).encode()
+    return urllib.request.Request(url, data=data, headers=headers, method="GET" if data is None else "POST")
+
+
+def fetch(url: str, body: Any = None, *, api_key: Optional[str] = None,
+          timeout: float = DEFAULT_TIMEOUT) -> Response:
+    """GET `url` (POST `body` as JSON when given) and return the answer, whatever its status;
+    HttpError (status None) when the server does not answer."""
+    method = "GET" if body is None else "POST"
+    try:
+        with urllib.request.urlopen(_request(url, body, api_key), timeout=timeout) as r:
+            return Response(r.status, r.read().decode(errors="replace"))
+    except urllib.error.HTTPError as e:
+        return Response(e.code, e.read().decode(errors="replace"))
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", None) or e
+        raise HttpError(f"{method} {url} got no answer: {reason}") from None
+
+
+def _ok(url: str, r: Response, method: str) -> str:
+    if not 200 <= r.status < 300:
+        raise HttpError(f"{method} {url} answered {r.status}: {r.text[:200]}", r.status, r.text)
+    return r.text
+
+
+def _json(url: str, text: str, method: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise HttpError(f"{method} {url} answered with something that is not JSON: {text[:200]}") from None
+
+
+def get_text(url: str, *, api_key: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT) -> str:
+    """The body of a 2xx answer to GET `url`."""
+    return _ok(url, fetch(url, api_key=api_key, timeout=timeout), "GET")
+
+
+def get_json(url: str, *, api_key: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT) -> Any:
+    """The JSON of a 2xx answer to GET `url`."""
+    return _json(url, get_text(url, api_key=api_key, timeout=timeout), "GET")
+
+
+def post_json(url: str, body: Any, *, api_key: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT) -> Any:
+    """POST `body` as JSON; the JSON of a 2xx answer."""
+    return _json(url, _ok(url, fetch(url, body, api_key=api_key, timeout=timeout), "POST"), "POST")

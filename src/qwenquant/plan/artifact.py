@@ -1,0 +1,86 @@
+"""The memory plan of an artifact, or of a bare config.json with a recipe: one budget per serve
+profile (`qwenquant plan`, and serve's preflight for the profile it starts). Reads config.json and
+safetensors headers; starts nothing and asks no GPU (the caller gives the memory to plan for).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from qwenquant.errors import ServeError
+from qwenquant.manifest import MANIFEST_NAME, load_manifest
+from qwenquant.plan.budget import Budget, make_budget
+from qwenquant.plan.settings import artifact_layout, cache_settings, decide, recipe_from_manifest
+from qwenquant.plan.weights import (ModelShape, QuantSettings, WeightBreakdown, artifact_tensor_bytes,
+                                    model_shape, tp_shape, weights_from_config, weights_from_tensors)
+from qwenquant.recipe import ResolvedProfile, load_recipe
+
+
+@dataclass
+class PlanResult:
+    shape: ModelShape
+    weights: WeightBreakdown
+    include_vision: bool
+    budgets: dict[str, Budget]
+    source: str
+
+
+def profile_budget(shape: ModelShape, weights: WeightBreakdown, profile: ResolvedProfile, device: str,
+                   layout: str, *, total_bytes: int, include_vision: bool, tp: int = 1) -> Budget:
+    """One profile's budget on `total_bytes` (GPU memory per GPU, or the CPU KV cache space)."""
+    d = decide(profile, device, layout)
+    return make_budget(
+        shape, weights, cache_settings(profile, device, layout), device=device, total_bytes=total_bytes,
+        utilization=profile.gpu_memory_utilization, max_model_len=profile.max_model_len,
+        max_num_seqs=profile.max_num_seqs, max_num_batched_tokens=d.max_num_batched_tokens,
+        enforce_eager=d.enforce_eager, include_vision=include_vision, tp=tp)
+
+
+def artifact_budget(artifact: Path, manifest: Any, profile: ResolvedProfile, device: str, *,
+                    total_bytes: int, tp: int = 1) -> Budget:
+    """The memory plan for an artifact on a device with `total_bytes` (GPU memory or CPU KV space),
+    per GPU under tensor parallelism of size `tp`."""
+    config = json.loads((artifact / "config.json").read_text())
+    files = [f.path for f in getattr(manifest, "files", ())] or None
+    shape = model_shape(config)
+    weights = weights_from_tensors(artifact_tensor_bytes(artifact, files), shape, tp)
+    layout = artifact_layout(manifest)
+    return profile_budget(shape, weights, profile, device, layout, total_bytes=total_bytes,
+                          include_vision=not decide(profile, device, layout).language_model_only, tp=tp)
+
+
+def make_plan(target: Path, gpu_bytes: int, *, recipe_name: Optional[str] = None,
+              profiles: Optional[list[str]] = None, device: str = "cuda", tp: int = 1) -> PlanResult:
+    """Budgets for each profile; `target` is an artifact folder, a config.json, or a folder with one.
+    With `tp` > 1 (vLLM tensor parallelism over `tp` GPUs of `gpu_bytes` each) every figure is per GPU."""
+    target = Path(target)
+    manifest = None
+    if target.is_dir() and (target / MANIFEST_NAME).exists() and recipe_name is None:
+        manifest = load_manifest(target)
+        recipe = recipe_from_manifest(manifest)
+        config = json.loads((target / "config.json").read_text())
+        tensors = artifact_tensor_bytes(target, [f.path for f in manifest.files])
+        weights = weights_from_tensors(tensors, tp_shape(config, tp), tp)
+        source = f"artifact {target}"
+    else:
+        cfg_path = target / "config.json" if target.is_dir() else target
+        try:
+            config = json.loads(cfg_path.read_text())
+        except (OSError, ValueError) as e:
+            raise ServeError(f"cannot read {cfg_path}: {e}", hint="pass an artifact folder or a config.json") from None
+        recipe = load_recipe(recipe_name or "w4a16-int4head")
+        weights = weights_from_config(tp_shape(config, tp), QuantSettings.from_recipe(recipe.canonical()), tp=tp)
+        source = f"config {cfg_path} + recipe {recipe.name}"
+    shape = model_shape(config)
+    layout = artifact_layout(manifest) if manifest else recipe.artifact.layout
+    budgets = {}
+    include_vision = False
+    for name in profiles or sorted(recipe.serve.profiles):
+        prof = recipe.profile(name)
+        include_vision = manifest is not None and not decide(prof, device, layout).language_model_only
+        budgets[name] = profile_budget(shape, weights, prof, device, layout, total_bytes=gpu_bytes,
+                                       include_vision=include_vision, tp=tp)
+    return PlanResult(shape, weights, include_vision, budgets, source)

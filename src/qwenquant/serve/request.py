@@ -1,0 +1,90 @@
+"""One serve request: what `qwenquant serve`, `bench --serve` and `eval --serve` ask a server to be.
+
+Built once where the command line is read, checked when built (one profile, a known device, a
+readable --gpu-mem; --gpu-mem-soft only with --gpu-mem and never beside an explicit
+--gpu-memory-utilization), then handed down
+as it is: the preflight, the supervisor's spec and `launched()` read their settings from it.
+Light to import (the CLI reads its defaults): the planning code is imported when a request is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from qwenquant.errors import UsageError
+
+DEFAULT_PROFILE = "single-user"  # serve, bench --serve and eval --serve without --profile
+DEFAULT_TIMEOUT = 900.0
+DEVICES = ("cuda", "cpu")
+
+
+@dataclass(frozen=True)
+class ServeRequest:
+    """An artifact to serve and how; `extra` holds the vLLM flags given after `--`."""
+
+    artifact: Path
+    profile: Optional[str] = None  # None: DEFAULT_PROFILE
+    extra: tuple[str, ...] = ()
+    port: Optional[int] = None  # None: the profile's
+    host: Optional[str] = None  # None: the profile's
+    api_key: Optional[str] = None
+    served_model_name: Optional[str] = None
+    vllm: Optional[str] = None  # None: serve/discover.py's search order
+    device: Optional[str] = None  # None: what the vLLM build targets
+    timeout: float = DEFAULT_TIMEOUT  # seconds to become ready
+    log_file: Optional[Path] = None  # None: serve/preflight.py default_log_path
+    gpus: int = 1  # tensor parallelism
+    gpu_mem: Optional[str] = None  # as given ("24GiB"): the card to behave as
+    gpu_mem_soft: bool = False  # --gpu-mem as vLLM's budget only, without the ballast's hard limit
+    ballast_reserve: int = 0  # bytes the ballast also leaves free: for the servers a bench run starts after this
+    dry_run: bool = False
+    label: str = ""  # bench's configuration label, in log lines
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "extra", tuple(self.extra))
+        if self.device not in (None, *DEVICES):
+            raise UsageError(f"unknown --device {self.device!r}", hint="use cuda or cpu")
+        if self.gpus < 1:
+            raise UsageError(f"--gpus wants a GPU count of 1 or more, got {self.gpus}", hint="e.g. --gpus 2")
+        from qwenquant.plan.gpumem import parse_size, refuse_share_conflict
+
+        if self.gpu_mem_soft and not self.gpu_mem:
+            raise UsageError("--gpu-mem-soft needs --gpu-mem SIZE", hint="e.g. --gpu-mem 24GiB --gpu-mem-soft")
+        refuse_share_conflict(self.gpu_mem, self.extra, self.gpu_mem_soft)
+        if self.gpu_mem:
+            parse_size(self.gpu_mem)  # a size that cannot be read fails here, before anything runs
+
+    @classmethod
+    def from_options(cls, artifact: Path, profiles: Sequence[str], extra: Sequence[str] = (),
+                     **options: object) -> ServeRequest:
+        """The request a command line gives: `profiles` as the repeatable --profile collected them."""
+        if len(profiles) > 1:
+            raise UsageError(f"choose one --profile (got {', '.join(profiles)}: single-user and batch are mutually "
+                             "exclusive)", hint="e.g. --profile single-user, or --profile batch")
+        return cls(Path(artifact), profiles[0] if profiles else None, tuple(extra), **options)  # type: ignore[arg-type]
+
+    @property
+    def profile_name(self) -> str:
+        return self.profile or DEFAULT_PROFILE
+
+    @property
+    def gpu_mem_bytes(self) -> Optional[int]:
+        from qwenquant.plan.gpumem import parse_size
+
+        return parse_size(self.gpu_mem) if self.gpu_mem else None
+
+    @property
+    def hard_limit(self) -> bool:
+        """--gpu-mem is a hard limit (a ballast holds the rest of the GPU) unless --gpu-mem-soft."""
+        return bool(self.gpu_mem) and not self.gpu_mem_soft
+
+    @property
+    def extra_port(self) -> bool:
+        """The vLLM flags after `--` choose the port themselves."""
+        return any(a.split("=")[0] == "--port" for a in self.extra)
+
+    def replace(self, **changes: object) -> ServeRequest:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
