@@ -292,6 +292,11 @@ def test_signing_round_trip_and_a_flipped_byte_refused(hub_w, artifact: Path, tm
     _, other_pub = make_keys(tmp_path / "other")
     code, _, err = run_cli(capsys, "verify", str(fetched), "--signature", str(sig), "--public-key", str(other_pub))
     assert code == 4 and "does not hold" in err
+    # serve refuses the same folder for the other key, before anything starts (dry run: every check listed)
+    code, _, err = run_cli(capsys, "serve", str(fetched), "--dry-run", "--require-signature", str(other_pub))
+    assert code != 0 and "does not hold" in err
+    code, _, err = run_cli(capsys, "serve", str(fetched), "--dry-run", "--require-signature", str(pub))
+    assert "does not hold" not in err and "signature" not in err.lower(), err
     data = bytearray((fetched / SHARD).read_bytes())
     data[-1] ^= 0x01
     (fetched / SHARD).write_bytes(bytes(data))

@@ -28,6 +28,11 @@ def serve(
     gpus: Gpus = 1,
     gpu_mem: GpuMem = None,
     gpu_mem_soft: GpuMemSoft = False,
+    public_key: Optional[Path] = typer.Option(None, "--require-signature", metavar="PUBLIC_KEY",
+                                              help="Refuse to serve unless the artifact's model_signing signature "
+                                                   "holds for this public key (PEM); pip install 'qwenquant[sign]'."),
+    signature: Optional[Path] = typer.Option(None, "--signature", help="The signature to check with "
+                                             "--require-signature (default: ARTIFACT/model.sig)."),
 ) -> int:
     """Serve an artifact with vLLM after preflight checks; print "ready URL" once it answers.
 
@@ -42,13 +47,19 @@ def serve(
       qwenquant serve artifacts/q27b --gpus 2 --gpu-mem 24GiB   # two 24 GB cards, tensor parallel
 
       qwenquant serve artifacts/q27b --profile single-user --gpu-mem 24GiB   # a 24 GB card on a bigger GPU
+
+      qwenquant serve models/q27b --require-signature publisher.pub   # a downloaded, signed artifact
     """
+    from qwenquant.errors import UsageError
     from qwenquant.serve.request import ServeRequest
     from qwenquant.serve.run import run_serve
 
+    if signature is not None and public_key is None:
+        raise UsageError("--signature needs --require-signature PUBLIC_KEY",
+                         hint=f"qwenquant serve {artifact} --require-signature publisher.pub")
     req = ServeRequest.from_options(
         artifact, profile or [], extra or [], port=port, host=host, api_key=api_key,
         served_model_name=served_model_name, vllm=vllm, dry_run=dry_run, timeout=timeout,
         device=device.value if device else None, log_file=log_file, gpus=gpus, gpu_mem=gpu_mem,
-        gpu_mem_soft=gpu_mem_soft)
+        gpu_mem_soft=gpu_mem_soft, public_key=public_key, signature=signature)
     return run_serve(req)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from qwenquant.errors import QwenquantError, ServeError, VerificationError
+from qwenquant.manifest import SIGNATURE_NAME
 from qwenquant.net.ports import port_problem
 from qwenquant.plan import budget as budgetmod
 from qwenquant.plan.artifact import artifact_budget
@@ -115,6 +116,12 @@ def _verify(artifact: Path) -> Any:
     return load_manifest(artifact)
 
 
+def _signature(artifact: Path, signature: Path, public_key: Path) -> None:
+    from qwenquant.signing import verify_signature
+
+    verify_signature(artifact, signature, public_key)  # VerificationError (exit 4) when it does not hold
+
+
 def _check(artifact: Path) -> None:
     from qwenquant.check import check_artifact
 
@@ -159,6 +166,8 @@ def prepare(req: ServeRequest) -> Prepared:
     artifact = Path(req.artifact).resolve()
     checks = _Checks(keep_going=req.dry_run)
     manifest = checks.run(_verify, artifact) or load_manifest(artifact)
+    if req.public_key is not None:
+        checks.run(_signature, artifact, req.signature or artifact / SIGNATURE_NAME, req.public_key)
     checks.run(_check, artifact)
     recipe = recipe_from_manifest(manifest)
     profile = recipe.profile(req.profile_name)

@@ -41,6 +41,8 @@ class ServeRequest:
     gpu_mem_soft: bool = False  # --gpu-mem as vLLM's budget only, without the ballast's hard limit
     ballast_reserve: int = 0  # bytes the ballast also leaves free: for the servers a bench run starts after this
     dry_run: bool = False
+    public_key: Optional[Path] = None  # serve only: the signature must hold for this key
+    signature: Optional[Path] = None  # None: ARTIFACT/model.sig
     label: str = ""  # bench's configuration label, in log lines
 
     def __post_init__(self) -> None:
