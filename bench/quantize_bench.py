@@ -306,7 +306,7 @@ def fmt_bytes(b: int | None) -> str:
 
 def layer_module_counts(checkpoint: Path, recipe: Any, layers: int) -> list[int]:
     """Linear modules GPTQ quantizes in each decoder layer (2-D weights not ignored by the recipe)."""
-    from qwenquant.checkpoint.identity import matches
+    from qwenquant.checkpoint.names import targets_cover
     from qwenquant.checkpoint.tensorfile import checkpoint_refs
 
     counts = [0] * layers
@@ -315,7 +315,7 @@ def layer_module_counts(checkpoint: Path, recipe: Any, layers: int) -> list[int]
         m = pat.match(name)
         if m and len(ref.shape) == 2:
             module = name[: -len(".weight")]
-            if not any(matches(p, module) for p in recipe.quantization.ignore):
+            if not targets_cover(recipe.quantization.ignore, module):
                 counts[int(m.group(1))] += 1
     return counts
 

@@ -36,10 +36,6 @@ def sha256_json(obj: Any) -> str:
     return hashlib.sha256(canonical_json(obj)).hexdigest()
 
 
-def git_blob_sha1_bytes(data: bytes) -> str:
-    return hashlib.sha1(f"blob {len(data)}\0".encode() + data).hexdigest()
-
-
 def sha256_files(
     paths: Iterable[Path], progress: Callable[[int], None] | None = None, workers: int | None = None
 ) -> dict[Path, str]:

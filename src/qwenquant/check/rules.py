@@ -14,6 +14,7 @@ from qwenquant.check.facts import (
     Finding,
     finding,
 )
+from qwenquant.checkpoint.names import is_mtp
 from qwenquant.recipe import LM_HEAD_TARGET, target_matches, targets_cover
 
 # vLLM loads these checkpoint Linears as one fused layer; all parts need one scheme.
@@ -40,10 +41,6 @@ def _as_list(v: Any) -> list[Any]:
 
 def _is_visual(name: str) -> bool:
     return name.startswith(("model.visual.", "visual.")) or ".visual." in name
-
-
-def _is_mtp(name: str) -> bool:
-    return name.startswith("mtp.")
 
 
 def _is_head(name: str) -> bool:
@@ -93,7 +90,7 @@ def rule_quant_config(a: ArtifactFacts) -> list[Finding]:
 
 
 def _text_prefix(name: str) -> Optional[str]:
-    if _is_visual(name) or _is_mtp(name) or _is_head(name.rpartition(".")[0]):
+    if _is_visual(name) or is_mtp(name) or _is_head(name.rpartition(".")[0]):
         return None
     if name.startswith("model.language_model."):
         return "model.language_model."
@@ -227,7 +224,7 @@ def rule_scheme_storage(a: ArtifactFacts) -> list[Finding]:
     """Body Linears: what the config says vLLM will build must be what is stored."""
     out = []
     for mod, packed in sorted(a.linears().items()):
-        if _is_visual(mod) or _is_mtp(mod) or _is_head(mod):
+        if _is_visual(mod) or is_mtp(mod) or _is_head(mod):
             continue  # own rules: vision, mtp, lm-head
         r = a.resolve(mod)
         expect = r not in (None, IGNORED)
@@ -274,7 +271,7 @@ def _mtp_layers(a: ArtifactFacts) -> int:
 
 def rule_mtp(a: ArtifactFacts) -> list[Finding]:
     n = _mtp_layers(a)
-    mtp_names = sorted(t for t in a.tensors if _is_mtp(t))
+    mtp_names = sorted(t for t in a.tensors if is_mtp(t))
     if n == 0 and not mtp_names:
         return []
     want = [f"mtp.{s}" for s in MTP_TOP] + [f"mtp.layers.{i}.{s}" for i in range(max(n, 1)) for s in MTP_LAYER]
@@ -290,7 +287,7 @@ def rule_mtp(a: ArtifactFacts) -> list[Finding]:
         t = a.tensors[name]
         if name.endswith(".weight") and t.dtype not in FLOAT_DTYPES:
             out.append(finding("mtp", name, f"dtype {t.dtype}; the MTP head must stay bf16", "copy it from the source"))
-    for mod in sorted(m for m in a.linears() if _is_mtp(m)):
+    for mod in sorted(m for m in a.linears() if is_mtp(m)):
         if not targets_cover(a.ignore, mod):
             out.append(finding("mtp", mod, "not covered by quantization_config.ignore: vLLM would build it quantized "
                           "and crash loading the bf16 weight (vLLM #53387)", "add 're:^mtp.*' to ignore"))

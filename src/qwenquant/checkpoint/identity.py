@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from qwenquant.checkpoint.names import target_matches
 from qwenquant.checkpoint.tensorfile import TensorRef, checkpoint_refs
 
 QUANT_PARAMS = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point", "weight_g_idx")
@@ -24,13 +24,6 @@ class TensorDigest:
     dtype: str
     shape: tuple[int, ...]
     sha256: str
-
-
-def matches(pattern: str, name: str) -> bool:
-    """compressed-tensors ignore/target semantics for module names: `re:` regex or exact name."""
-    if pattern.startswith("re:"):
-        return re.match(pattern[3:], name) is not None
-    return name == pattern
 
 
 def quantized_module(name: str) -> str | None:
@@ -115,7 +108,7 @@ def recipe_quantizes(ignore: list[str], *, head_quantized: bool) -> Callable[[st
             return head_quantized
         if module.startswith("mtp."):
             return False
-        return not any(matches(p, module) for p in ignore)
+        return not any(target_matches(p, module) for p in ignore)
     return may
 
 

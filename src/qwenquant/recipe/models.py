@@ -11,7 +11,7 @@ from pydantic_core import PydanticCustomError
 
 from qwenquant.errors import RecipeError
 from qwenquant.hashing import sha256_json
-from qwenquant.recipe.targets import LM_HEAD_TARGET, _matches
+from qwenquant.recipe.targets import LM_HEAD_TARGET, target_matches
 
 SCHEMA_VERSION = 1
 _LM_HEAD_MODULES = ("lm_head", "language_model.lm_head")
@@ -108,7 +108,7 @@ class LmHeadSpec(_GroupWiseWeights):
     @field_validator("target")
     @classmethod
     def _target(cls, v: str) -> str:
-        if not all(_matches(v, m) for m in _LM_HEAD_MODULES):
+        if not all(target_matches(v, m) for m in _LM_HEAD_MODULES):
             raise _fail(
                 f"{v!r} does not match both `lm_head` and vLLM's `language_model.lm_head` — use "
                 f"{LM_HEAD_TARGET!r} (vLLM does not remap a bare `lm_head` target)"

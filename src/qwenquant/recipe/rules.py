@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 from qwenquant.recipe.models import _PROFILE_REQUIRED
-from qwenquant.recipe.targets import _covered
+from qwenquant.recipe.targets import targets_cover
 
 REQUIRED_PROFILES = ("single-user", "batch")
 # Module names the ignore rules are tested against, in both the HF (multimodal) and text-only layouts.
@@ -35,11 +35,11 @@ def _cross_field_problems(raw: dict[str, Any]) -> list[str]:
                     re.compile(e[3:])
                 except re.error as err:
                     p.append(f"quantization.ignore: {e!r} is not a valid regular expression ({err}) — fix the pattern")
-        if not all(_covered(ignore, m) for m in _MTP_MODULES):
+        if not all(targets_cover(ignore, m) for m in _MTP_MODULES):
             p.append("quantization.ignore: must cover the MTP draft head — add 're:^mtp.*' (a quantized "
                      "mtp.fc crashes vLLM's loader: 'no parameter fc.weight', vLLM #53387)")
         for gate in ("in_proj_a", "in_proj_b"):
-            if not all(_covered(ignore, pre + gate) for pre in _GDN_PREFIXES):
+            if not all(targets_cover(ignore, pre + gate) for pre in _GDN_PREFIXES):
                 p.append(f"quantization.ignore: must cover the fused GDN gate {gate} — add "
                          f"'re:.*linear_attn.{gate}$' (vLLM fuses in_proj_b+in_proj_a into one layer that "
                          "needs one scheme, and their 48 rows do not fill a 64-row Marlin tile)")
@@ -47,16 +47,16 @@ def _cross_field_problems(raw: dict[str, Any]) -> list[str]:
                       ("mlp.gate_proj", "mlp.up_proj")):
             for pre in ("model.language_model.layers.3.", "model.layers.3."):
                 mods = [pre + ("linear_attn." + g if g.startswith("in_proj") else g) for g in group]
-                flags = [_covered(ignore, m) for m in mods]
+                flags = [targets_cover(ignore, m) for m in mods]
                 if any(flags) and not all(flags):
                     names = ", ".join(g.split(".")[-1] for g in group)
                     p.append(f"quantization.ignore: ignores some but not all of {names} — vLLM fuses them into "
                              "one layer and refuses mixed schemes; ignore all of them or none")
                     break
-        if not all(_covered(ignore, m) for m in _VISION_MODULES):
+        if not all(targets_cover(ignore, m) for m in _VISION_MODULES):
             p.append("quantization.ignore: must cover the vision tower — add 're:.*visual.*' (text calibration "
                      "never reaches it, so GPTQ has no statistics for it)")
-        if not _covered(ignore, "lm_head"):
+        if not targets_cover(ignore, "lm_head"):
             enabled = _get(raw, "lm_head.enabled")
             why = ("the lm_head stage quantizes it into its own config group" if enabled is not False else
                    "vLLM does not quantize lm_head through the 'Linear' target, so a packed head would not load")

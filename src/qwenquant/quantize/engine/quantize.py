@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from qwenquant.checkpoint.identity import matches
+from qwenquant.checkpoint.names import target_matches
 from qwenquant.modeling import compat
 
 log = logging.getLogger(__name__)
@@ -34,8 +34,8 @@ def target_modules(layer: torch.nn.Module, prefix: str, targets: Iterable[str], 
         name = prefix + rel
         if not isinstance(mod, torch.nn.Linear):
             continue
-        hit = any(t == type(mod).__name__ or matches(t, name) for t in targets)
-        if hit and not any(p == type(mod).__name__ or matches(p, name) for p in ignore):
+        hit = any(t == type(mod).__name__ or target_matches(t, name) for t in targets)
+        if hit and not any(p == type(mod).__name__ or target_matches(p, name) for p in ignore):
             out[name] = mod
     return out
 

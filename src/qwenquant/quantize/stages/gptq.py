@@ -107,11 +107,11 @@ def count_targets(model: Any, q: QuantizationSpec) -> int:
     """How many Linear modules the modifier will quantize (for the progress bar)."""
     import torch
 
-    from qwenquant.checkpoint.identity import matches
+    from qwenquant.checkpoint.names import targets_cover
 
     n = 0
     for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.Linear) and not any(matches(p, name) for p in q.ignore):
+        if isinstance(mod, torch.nn.Linear) and not targets_cover(q.ignore, name):
             if name.startswith(MTP_PREFIX):
                 continue
             n += 1
