@@ -82,7 +82,7 @@ class ArtifactDiff:
                             for m, (f, k) in sorted(self.modules.items())}}
 
 
-def int4_codes(raw: bytes, shape: tuple[int, ...] | None = None) -> "np.ndarray":
+def int4_codes(raw: bytes, shape: tuple[int, ...] | None = None) -> np.ndarray:
     """The 4-bit codes of a pack-quantized `weight_packed` ([rows, cols/8] int32, eight codes per
     word from the low nibble up), as [rows, cols] when `shape` is given. Offset binary: a difference
     of codes is a difference in quantization steps."""
@@ -93,14 +93,14 @@ def int4_codes(raw: bytes, shape: tuple[int, ...] | None = None) -> "np.ndarray"
     return codes.reshape(shape[0], -1) if shape else codes.reshape(-1)
 
 
-def bf16(raw: bytes, shape: tuple[int, ...]) -> "np.ndarray":
+def bf16(raw: bytes, shape: tuple[int, ...]) -> np.ndarray:
     """bf16 bytes as float32."""
     import numpy as np
 
     return (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
 
 
-def weight_error(codes: "np.ndarray", scale: "np.ndarray", w: "np.ndarray") -> float:
+def weight_error(codes: np.ndarray, scale: np.ndarray, w: np.ndarray) -> float:
     """||W - dequant||_F / ||W||_F for symmetric group-wise int4 (value = (code - 8) x group scale)."""
     import numpy as np
 

@@ -29,8 +29,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench/results/cli_startup.json"))
     args = ap.parse_args()
 
-    from qwenquant.cli import app
     import typer.main
+
+    from qwenquant.cli import app
 
     cmds = sorted(typer.main.get_group(app).commands)
     rows = []

@@ -9,6 +9,7 @@ peak host RSS and peak GPU memory (torch allocator).
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import time
 from pathlib import Path
@@ -21,11 +22,11 @@ def run_oneshot_arm(source: Path, tokens_dir: Path, recipe: Any, out: Path, gpu:
     import torch
     import transformers
     from datasets import Dataset
-
     from llmcompressor import oneshot
-    from qwenquant.quantize.stages import calibration as cal
+
     from qwenquant.modeling.compat import build_modifier
     from qwenquant.modeling.runtime import set_deterministic
+    from qwenquant.quantize.stages import calibration as cal
 
     set_deterministic()
     samples = cal.load_tokens(tokens_dir)
@@ -50,7 +51,7 @@ def run_oneshot_arm(source: Path, tokens_dir: Path, recipe: Any, out: Path, gpu:
     t1 = time.perf_counter()
     model.save_pretrained(str(out), save_compressed=True)
     t2 = time.perf_counter()
-    per_layer = [b - a for a, b in zip(starts, starts[1:])]
+    per_layer = [b - a for a, b in itertools.pairwise(starts)]
     result = {"load_seconds": load_s, "oneshot_seconds": t1 - t0 - load_s, "save_seconds": t2 - t1,
               "wall_seconds": t2 - t0, "per_layer_seconds": per_layer,
               "median_layer_seconds": sorted(per_layer)[len(per_layer) // 2] if per_layer else None,

@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from qwenquant.checkpoint.config import text_config
 from qwenquant.checkpoint.header import INDEX_NAME
 from qwenquant.checkpoint.tensorfile import checkpoint_refs, write_checkpoint_tensors
 from qwenquant.manifest import MANIFEST_NAME, build_manifest, load_manifest, write_manifest
-from qwenquant.checkpoint.config import text_config
 
 LAYER = re.compile(r"^(model\.(?:language_model\.)?layers\.)(\d+)\.(.+)$")
 MTP_SHARD = "model-mtp.safetensors"

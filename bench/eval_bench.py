@@ -90,8 +90,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from quantize_bench import Gpu, RssSampler, versions
-    from qwenquant.quantize.engine.run import apply_gpu_cap
     from qwenquant.evaluate.offline import run_offline, weight_bytes
+    from qwenquant.quantize.engine.run import apply_gpu_cap
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     work = args.work or Path(tempfile.mkdtemp(prefix="eval-bench-"))

@@ -14,8 +14,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 def run_gpus_arm(gpus: int, work: Path, recipe: Any, spec: Any, device: str, rec: Any,

@@ -27,13 +27,13 @@ from typing import Any
 import torch
 
 from qwenquant.atomic import atomic_write_json
+from qwenquant.modeling.head_quality import heads_quality
+from qwenquant.modeling.runtime import torch_device
 from qwenquant.quantize.head_gptq import (
     accumulate_hessian,
     gptq_quantize_rows,
     rtn_quantize_rows,
 )
-from qwenquant.modeling.head_quality import heads_quality
-from qwenquant.modeling.runtime import torch_device
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     quality = heads_quality(W, [rtn.dequantize()] + [q.dequantize() for q in heads], held_out, device=dev)
     sync(dev)
     eval_s = time.perf_counter() - t0
-    for row, qual in zip(rows, quality):
+    for row, qual in zip(rows, quality, strict=True):
         row.update(kl=qual["kl"], top1=qual["top1"])
     rtn_kl = rows[0]["kl"]
     for row in rows[1:]:

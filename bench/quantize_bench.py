@@ -113,7 +113,7 @@ def write_calibration(folder: Path, samples: int, max_length: int, seed: int) ->
     words = calibration_words()
     rng = random.Random(seed)
     lines = []
-    for i in range(samples):
+    for _ in range(samples):
         text = "".join(rng.choice(words) for _ in range(max_length + 8)).lstrip()
         while len(tok.encode(text, add_special_tokens=False).ids) < max_length:
             text += "".join(rng.choice(words) for _ in range(64))
@@ -434,9 +434,10 @@ def lm_head_timing(rec: Recorder) -> dict[str, float]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    import shapes
     from qwenquant.quantize.pipeline import QuantizeOptions, quantize
     from qwenquant.recipe import load_calibration_override, load_recipe
+
+    import shapes
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     work = args.work or Path(tempfile.mkdtemp(prefix="quantize-bench-"))
@@ -513,9 +514,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{k} {v:.2f}" for k, v in compare["ratios_qwenquant_over_llmcompressor"].items() if v is not None))
     gpus = None
     if args.gpus > 1:
-        from gpus_compare import run_gpus_arm, summarize
-
         from artifact_compare import compare_artifacts
+        from gpus_compare import run_gpus_arm, summarize
 
         many = run_gpus_arm(args.gpus, work, recipe, spec, device, Recorder(gpu, rss, counts, engine=args.engine), say)
         one = {"wall_seconds": wall, "stages": rec.stages, "layers": rec.layers, "phases": phase_medians(phases)}

@@ -41,7 +41,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 GiB = 1024**3
 _NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
@@ -110,7 +110,7 @@ def compare(plan: dict[str, float], vllm: dict[str, float]) -> list[dict[str, An
 
 
 def table(profile: str, rows: list[dict[str, Any]]) -> str:
-    def fmt(x: Optional[float]) -> str:
+    def fmt(x: float | None) -> str:
         return "-" if x is None else (f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.2f}")
 
     lines = [f"profile {profile}", f"  {'figure':<22}{'plan':>14}{'vLLM':>14}{'diff':>10}"]
@@ -173,7 +173,7 @@ def run_profile(args: argparse.Namespace, profile: str, log_path: Path) -> dict[
     return result
 
 
-def machine(vllm: Optional[str]) -> dict[str, Any]:
+def machine(vllm: str | None) -> dict[str, Any]:
     """GPU names (nvidia-smi), the artifact-independent facts a reader needs, and the vLLM version."""
     out: dict[str, Any] = {}
     try:

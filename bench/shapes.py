@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from qwenquant.checkpoint.tensorfile import TensorSpec
 from qwenquant.testbed.tiny import tokenizer as tiny_tokenizer
 from qwenquant.testbed.tiny.config import TinyDims, generation_config, preprocessor_config, video_preprocessor_config
-from qwenquant.checkpoint.tensorfile import TensorSpec
 from qwenquant.testbed.tiny.weights import body_specs, mtp_specs
 
 DEFAULT_REFERENCE = Path(__file__).resolve().parents[1] / "src" / "qwenquant" / "data" / "qwen3_8-27b.config.json"

@@ -28,10 +28,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-import stdlib_corpus  # scripts/stdlib_corpus.py, beside this file
-
 from qwenquant.testbed.tiny import config, tokenizer
 from qwenquant.testbed.tiny.config import TinyDims
+
+import stdlib_corpus  # scripts/stdlib_corpus.py, beside this file
 
 # Every quantized width a multiple of 128 (group-128 int4 along the input dim; vLLM's CPU kernel
 # needs multiples of 32 on both sides): hidden 256, MLP 768, q 512, kv 128, GDN qkv 512 / z 256.

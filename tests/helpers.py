@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
@@ -124,7 +124,7 @@ class Disk:
         assert (out / "qwenquant-fetch.json").is_file()
 
 
-def write_test_manifest(folder: Path, recipe: Optional[dict[str, Any]] = None) -> Path:
+def write_test_manifest(folder: Path, recipe: dict[str, Any] | None = None) -> Path:
     """Hash `folder` into a qwenquant-manifest.json (default recipe: the shipped w4a16-int4head)."""
     from qwenquant.hashing import sha256_json
     from qwenquant.manifest import build_manifest, write_manifest
@@ -204,9 +204,9 @@ class ServedCLI:
         self.argv = [python, "-m", "qwenquant", "serve", *args]
         self.env, self.ready_timeout = env, ready_timeout
         self._err = tempfile.NamedTemporaryFile("w+", prefix="served-cli-", suffix=".stderr", delete=False)
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: subprocess.Popen | None = None
         self.url, self.port = "", 0
-        self._final_err: Optional[str] = None
+        self._final_err: str | None = None
 
     @property
     def stderr(self) -> str:
@@ -215,7 +215,7 @@ class ServedCLI:
             return self._final_err
         return Path(self._err.name).read_text(errors="replace")
 
-    def __enter__(self) -> "ServedCLI":
+    def __enter__(self) -> ServedCLI:
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=subprocess.PIPE, stderr=self._err, text=True)
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=lambda: lines.put(self.proc.stdout.readline()), daemon=True).start()

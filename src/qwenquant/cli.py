@@ -14,11 +14,11 @@ import traceback
 import typer
 
 from qwenquant import envs
-from qwenquant.commands._app import app
-from qwenquant.errors import QwenquantError
 
 # Each command module registers its commands on `app` when imported, in this order (the --help order).
-from qwenquant.commands import fetch, quantize, verify, check, recipe, serve, plan, demo, doctor, eval, bench, publish  # noqa: F401, I001
+from qwenquant.commands import bench, check, demo, doctor, eval, fetch, plan, publish, quantize, recipe, serve, verify  # noqa: F401, I001
+from qwenquant.commands._app import app
+from qwenquant.errors import QwenquantError
 
 
 @app.callback(invoke_without_command=True)

@@ -7,7 +7,8 @@ import json
 import logging
 import sys
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from rich.console import Console
 from rich.logging import RichHandler

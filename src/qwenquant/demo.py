@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwenquant.errors import QwenquantError, ServeError, StageError
-from qwenquant.procenv import child_env
 from qwenquant.net.http import HttpError, get_json, post_json
 from qwenquant.net.ports import free_port
+from qwenquant.procenv import child_env
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,10 @@ unset. vLLM's envs.py is the model.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from qwenquant.errors import UsageError
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from qwenquant.atomic import canonical_json
 
@@ -44,7 +45,7 @@ def sha256_files(
     workers = workers or min(8, (os.cpu_count() or 2) * 2)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         digests = list(pool.map(lambda p: sha256_file(p, progress), paths))
-    return dict(zip(paths, digests))
+    return dict(zip(paths, digests, strict=True))
 
 
 def self_digest(body: Mapping[str, Any], field: str) -> str:

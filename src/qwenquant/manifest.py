@@ -17,9 +17,10 @@ import json
 import logging
 import os
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Iterable, Optional
+from typing import Any
 
 from qwenquant.atomic import atomic_write_bytes, canonical_json
 from qwenquant.errors import VerificationError
@@ -132,7 +133,7 @@ def build_manifest(
     stages: dict[str, Any],
     quality: dict[str, Any],
     tool_versions: dict[str, Any],
-    extra: Optional[dict[str, Any]] = None,
+    extra: dict[str, Any] | None = None,
 ) -> Manifest:
     """Hash every file in `artifact_dir` (in parallel) and describe it; nothing is written."""
     root = Path(artifact_dir)
@@ -253,8 +254,8 @@ class FileProblem:
     path: str
     status: str
     detail: str
-    expected_size: Optional[int] = None
-    actual_size: Optional[int] = None
+    expected_size: int | None = None
+    actual_size: int | None = None
 
     def __str__(self) -> str:
         return f"{self.path}: {self.status} ({self.detail})"
@@ -270,10 +271,10 @@ class VerifyReport:
     bytes_checked: int
     problems: tuple[FileProblem, ...]
     companions: tuple[str, ...] = ()  # accepted files beside the manifest's (module doc)
-    card: Optional[dict[str, Any]] = None  # the card record, when it checks out
+    card: dict[str, Any] | None = None  # the card record, when it checks out
 
     @property
-    def published_as(self) -> Optional[str]:
+    def published_as(self) -> str | None:
         """The repo the card record names (None without a valid card record)."""
         return self.card.get("repo_id") if self.card else None
 
@@ -337,7 +338,7 @@ def compare_files(
     return sorted(out, key=lambda x: (x.path, x.status))
 
 
-def card_record_problem(rec: Any, manifest: Manifest, raw: dict[str, Any]) -> Optional[str]:
+def card_record_problem(rec: Any, manifest: Manifest, raw: dict[str, Any]) -> str | None:
     """Why a parsed qwenquant-card.json cannot vouch for its files beside this manifest (None: it can)."""
     from qwenquant.hashing import is_sealed
 
@@ -356,7 +357,7 @@ def card_record_problem(rec: Any, manifest: Manifest, raw: dict[str, Any]) -> Op
 
 
 def _companion_problems(manifest: Manifest, raw: dict[str, Any], extra: dict[str, Path]
-                        ) -> tuple[list[FileProblem], list[str], Optional[dict[str, Any]]]:
+                        ) -> tuple[list[FileProblem], list[str], dict[str, Any] | None]:
     """Problems of the companions among `extra` (unlisted files), those accepted, the card record if it checks out."""
     from qwenquant.hashing import sha256_file
 

@@ -12,8 +12,9 @@ import json
 import logging
 import re
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from qwenquant.errors import OutFolderError
 

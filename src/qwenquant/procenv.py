@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 MULTICAST_OFF = {
     "NCCL_NVLS_ENABLE": "0",
@@ -26,7 +26,7 @@ def multicast_off(base: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in MULTICAST_OFF.items() if k not in base}
 
 
-def child_env(base: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The whole environment for a child process: `base` (default: ours) + multicast off (setdefault)."""
     env = dict(os.environ if base is None else base)
     env.update(multicast_off(env))

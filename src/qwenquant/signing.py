@@ -18,8 +18,15 @@ from typing import Any
 
 from qwenquant.errors import UsageError, VerificationError
 from qwenquant.hashing import sha256_file
-from qwenquant.manifest import (CARD_NAME, CARD_RECORD_NAME, MANIFEST_NAME, REPORTS_DIR, SIGNATURE_NAME,
-                                UNCHECKED_COMPANIONS, load_manifest)
+from qwenquant.manifest import (
+    CARD_NAME,
+    CARD_RECORD_NAME,
+    MANIFEST_NAME,
+    REPORTS_DIR,
+    SIGNATURE_NAME,
+    UNCHECKED_COMPANIONS,
+    load_manifest,
+)
 
 log = logging.getLogger(__name__)
 

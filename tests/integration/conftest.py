@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import Disk
 
 from qwenquant.testbed.hubserver import HubServer
+
+from helpers import Disk
 
 REPO = "Qwen/Qwen3.8-27B"
 

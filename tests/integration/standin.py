@@ -52,10 +52,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 PROMPT_TOKENS = 120
 START = (100.0, 300.0, 50.0, (30.0, 15.0, 5.0))  # nonzero at start: only deltas may be used
@@ -68,8 +69,8 @@ class Record:
     """Server-side clock of one request (perf_counter, the same monotonic clock as the client's)."""
 
     recv: float
-    first: Optional[float] = None
-    done: Optional[float] = None
+    first: float | None = None
+    done: float | None = None
     tokens: int = 0
 
 
@@ -86,8 +87,8 @@ class StandinServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, verbose: bool = False) -> None:
         self.model = "standin"
-        self.root: Optional[str] = "/x"
-        self.api_key: Optional[str] = None
+        self.root: str | None = "/x"
+        self.api_key: str | None = None
         self.health = 200
         self.answers: dict[str, str] = {}
         self.field = "content"
@@ -100,7 +101,7 @@ class StandinServer:
         self.noisy = 0
         self.noise: tuple[float, float, float, Any] = (1.0, 3.0, 3.0, (1.0, 1.0, 1.0))
         self.total_suffix = True
-        self.on_completion: Optional[Callable[[], None]] = None
+        self.on_completion: Callable[[], None] | None = None
         self.verbose = verbose
         self.records: list[Record] = []
         self.bodies: list[dict[str, Any]] = []
@@ -127,7 +128,7 @@ class StandinServer:
             d, dt, a, pos = self.spec if self._requests > self.noisy else self.noise
             c = self.counters
             c.drafts, c.draft_tokens, c.accepted = c.drafts + d, c.draft_tokens + dt, c.accepted + a
-            c.per_pos = [x + y for x, y in zip(c.per_pos, pos)]
+            c.per_pos = [x + y for x, y in zip(c.per_pos, pos, strict=False)]
 
     def metrics_text(self) -> str:
         c, sfx = self.counters, "_total" if self.total_suffix else ""
@@ -279,7 +280,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-def _ballast_pid(path: Optional[str]) -> Optional[int]:
+def _ballast_pid(path: str | None) -> int | None:
     """The pid of the live ballast whose report is in `path`, else None."""
     try:
         pid = int(json.loads(Path(path).read_text())["pid"]) if path else None
@@ -357,8 +358,9 @@ def build_standin_artifact(tiny: Path, out: Path) -> Path:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from helpers import write_test_manifest
     from qwenquant.recipe import load_recipe
+
+    from helpers import write_test_manifest
 
     out.mkdir(parents=True)
     tensors: dict[str, torch.Tensor] = {}

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from standin import StandinServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,7 +42,7 @@ def _check_against_server(report: dict, s: StandinServer, skip: int) -> dict:
     cell = report["targets"][0]["cells"]["narrative/greedy/think-off/c1"]
     recs = s.records[skip:skip + REPEATS]
     assert len(cell["per_request"]) == REPEATS == len(recs)
-    for got, rec in zip(cell["per_request"], recs):
+    for got, rec in zip(cell["per_request"], recs, strict=True):
         assert got["completion_tokens"] == rec.tokens == 40
         assert got["text_events"] == 40 - s.hidden
         assert abs(got["ttft_s"] - (rec.first - rec.recv)) < TTFT_TOL_S, (got, rec)

@@ -24,8 +24,9 @@ print(json.dumps({"rc": rc, "heavy": heavy, "out": buf.getvalue()}))
 
 
 def _commands() -> list[str]:
-    from qwenquant.cli import app
     import typer.main
+
+    from qwenquant.cli import app
 
     group = typer.main.get_group(app)
     return sorted(group.commands)

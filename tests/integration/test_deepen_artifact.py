@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from standin import build_standin_artifact
 
 from helpers import qq, raw_tensors
-from standin import build_standin_artifact
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import write_test_manifest
 from qwenquant.testbed.tiny import reference_model
+
+from helpers import write_test_manifest
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

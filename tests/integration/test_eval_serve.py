@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
+from standin import build_standin_artifact, serve_env, write_fake_vllm
 
 from helpers import gone
-from standin import build_standin_artifact, serve_env, write_fake_vllm
 
 ANSWERS = {"import o": "s\nimport sys", "def f(sel": "f, x):", "while Tr": "ue:\n"}
 GATE = {"name": "standin", "tasks": [

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from standin import StandinServer
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import write_test_manifest
-
 from qwenquant.errors import FetchError, UsageError
 from qwenquant.evaluate import textset
+
+from helpers import write_test_manifest
 
 ROWS = [{"text": f"def f{i}(x):\n    return x + {i}\n"} for i in range(400)]
 

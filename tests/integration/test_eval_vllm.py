@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import LAUNCHER, require_vllm, vllm_env
-
 from qwenquant.testbed.tiny import reference_model
+
+from helpers import LAUNCHER, require_vllm, vllm_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]

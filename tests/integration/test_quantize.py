@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, freeze_inside_gptq, qq, raw_tensors, strip_mtp
-
 from qwenquant import data_path
+
+from helpers import REPO, freeze_inside_gptq, qq, raw_tensors, strip_mtp
 
 pytestmark = pytest.mark.slow
 
@@ -396,10 +396,10 @@ def test_identity_proof_catches_the_norm_rounding_bug(built: dict, tmp_path: Pat
     bf16 and back, applied to the finished artifact: the proof that runs on every build flags it."""
     import torch
 
-    from qwenquant.quantize.stages.check import unquantized_problems
-    from qwenquant.recipe import load_recipe
     from qwenquant.checkpoint.assemble import torch_raw
     from qwenquant.checkpoint.tensorfile import checkpoint_refs, shard_refs, write_shard
+    from qwenquant.quantize.stages.check import unquantized_problems
+    from qwenquant.recipe import load_recipe
 
     recipe = load_recipe("w4a16-int4head")
     art = Path(shutil.copytree(built["out"], tmp_path / "art"))

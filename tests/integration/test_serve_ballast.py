@@ -22,10 +22,11 @@ import time
 from pathlib import Path
 
 import pytest
+from standin import alive, build_standin_artifact, serve_env, write_fake_vllm
+
+from qwenquant.net.ports import free_port
 
 from helpers import ServedCLI, fake_nvidia_smi, flat, gone
-from qwenquant.net.ports import free_port
-from standin import alive, build_standin_artifact, serve_env, write_fake_vllm
 
 MiB = 1024**2
 H200 = ["0, GPU-standin, 143771, 142771"]

@@ -19,10 +19,11 @@ import time
 from pathlib import Path
 
 import pytest
+from standin import build_standin_artifact, serve_env, write_fake_vllm
+
+from qwenquant.net.ports import free_port
 
 from helpers import ServedCLI, fake_nvidia_smi, flat, gone
-from qwenquant.net.ports import free_port
-from standin import build_standin_artifact, serve_env, write_fake_vllm
 
 
 @pytest.fixture(scope="session")

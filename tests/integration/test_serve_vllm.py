@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import LAUNCHER, ServedCLI, flat, gone, quantize_tiny_artifact, require_vllm, vllm_env
 from qwenquant.net.http import fetch
 from qwenquant.net.ports import free_port
+
+from helpers import LAUNCHER, ServedCLI, flat, gone, quantize_tiny_artifact, require_vllm, vllm_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -133,9 +134,9 @@ def test_drafter_shares_the_target_lm_head(server):
 def test_memory_model_matches_vllm(server):
     """vLLM's own KV cache report equals the plan's (1 GiB CPU cache, 2048-token sequences)."""
     from qwenquant.manifest import load_manifest
-    from qwenquant.serve.argv import apply_extra
     from qwenquant.plan.artifact import artifact_budget
     from qwenquant.plan.settings import recipe_from_manifest
+    from qwenquant.serve.argv import apply_extra
 
     m = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", server.log.read_text())
     assert m, "vLLM did not log its KV cache concurrency"

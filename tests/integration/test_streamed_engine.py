@@ -34,15 +34,15 @@ def _samples() -> list[list[int]]:
 
 
 def _oneshot(source: Path, out: Path, samples: list[list[int]], *, norm_rounding: bool) -> dict:
-    import transformers
-    from datasets import Dataset
-
     import importlib
 
+    import transformers
+    from datasets import Dataset
     from llmcompressor import oneshot
-    from qwenquant.recipe import load_recipe
+
     from qwenquant.modeling.compat import build_modifier
     from qwenquant.modeling.runtime import set_deterministic
+    from qwenquant.recipe import load_recipe
 
     entry = importlib.import_module("llmcompressor.entrypoints.oneshot")  # the module, not the function
     set_deterministic(threads=2)
@@ -72,11 +72,11 @@ def _quant_tensors(folder: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def streamed(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    from qwenquant.checkpoint.tensorfile import checkpoint_refs, shard_refs
+    from qwenquant.modeling.runtime import set_deterministic
     from qwenquant.modeling.text import open_source
     from qwenquant.quantize.engine.run import stream_quantize
     from qwenquant.recipe import load_recipe
-    from qwenquant.modeling.runtime import set_deterministic
-    from qwenquant.checkpoint.tensorfile import checkpoint_refs, shard_refs
 
     set_deterministic(threads=2)
     root = tmp_path_factory.mktemp("streamed")
@@ -121,9 +121,9 @@ def test_close_to_stock_oneshot_with_norm_rounding(streamed: dict, tiny_checkpoi
         dtype, shape, data = entry
         return torch.frombuffer(bytearray(data), dtype=TORCH_DTYPES[dtype]).reshape(shape)
 
+    from qwenquant.checkpoint.tensorfile import checkpoint_refs
     from qwenquant.modeling.compat import resolve_scheme, unpack
     from qwenquant.recipe import load_recipe
-    from qwenquant.checkpoint.tensorfile import checkpoint_refs
 
     scheme = resolve_scheme(load_recipe("w4a16-int4head").quantization)
     source = checkpoint_refs(tiny_checkpoint)
@@ -157,7 +157,7 @@ def test_layer_phases_account_for_each_layer(streamed: dict) -> None:
     time (the rest is bookkeeping between phases)."""
     res = streamed["result"]
     assert len(res.phases) == len(res.seconds_per_layer) == len(res.layer_files)
-    for phases, seconds in zip(res.phases, res.seconds_per_layer):
+    for phases, seconds in zip(res.phases, res.seconds_per_layer, strict=True):
         assert list(phases) == ["read", "build", "calibrate", "gptq", "write", "rebuild", "forward"]
         assert all(v >= 0 for v in phases.values())
         assert 0.7 * seconds <= sum(phases.values()) <= seconds, (phases, seconds)

@@ -95,9 +95,9 @@ def test_lm_head_stage_does_not_load_the_model(baseline: dict, tiny_checkpoint: 
     made to fail, and gives the same quality report as the CLI run."""
     import transformers
 
-    from qwenquant.recipe import load_recipe
     from qwenquant.quantize.stages import calibration as cal
     from qwenquant.quantize.stages import lm_head
+    from qwenquant.recipe import load_recipe
 
     def refuse(*a, **k):
         raise AssertionError("the lm_head stage built a transformers model")

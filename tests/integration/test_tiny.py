@@ -8,14 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import qwenquant
-
 import pytest
 import torch
 from safetensors import safe_open
 
+import qwenquant
 from qwenquant.errors import QwenquantError
 from qwenquant.testbed.tiny import build_tiny_checkpoint, constant_token_id
+
 from plain_forwards import fake_quant_int4, load_tensors, mtp_logits
 
 REFERENCE_CONFIG = qwenquant.data_path("qwen3_8-27b.config.json")  # the real model's config

@@ -18,6 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from helpers import REPO
 
 pytestmark = pytest.mark.slow  # about a minute: a wheel build, a venv, a tiny quantize

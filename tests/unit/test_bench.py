@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from qwenquant.errors import BenchError, UsageError
 from qwenquant.bench.gpu import parse_samples, summarize
 from qwenquant.bench.launch import parse_config
 from qwenquant.bench.metrics import acceptance
-from qwenquant.net.prometheus import spec_counters
 from qwenquant.bench.rates import ratio_spread, sample_figures
 from qwenquant.bench.stream import Sample, read_stream, sse_events
 from qwenquant.bench.workload import ladder, load_config, plan_cells
+from qwenquant.errors import BenchError, UsageError
+from qwenquant.net.prometheus import spec_counters
 
 
 def _lines(raw: bytes) -> list[tuple[bytes, float]]:

@@ -17,8 +17,15 @@ import yaml
 from qwenquant.errors import UsageError
 from qwenquant.evaluate.report import report_path
 from qwenquant.hashing import sha256_json
-from qwenquant.manifest import (CARD_NAME, CARD_RECORD_NAME, build_manifest, card_record_problem, load_manifest,
-                                verify_artifact, write_manifest)
+from qwenquant.manifest import (
+    CARD_NAME,
+    CARD_RECORD_NAME,
+    build_manifest,
+    card_record_problem,
+    load_manifest,
+    verify_artifact,
+    write_manifest,
+)
 from qwenquant.publish.card import build_card, read_facts
 from qwenquant.publish.figures import collect_figures, lookup, not_measured
 from qwenquant.publish.reports import gather_reports
@@ -130,7 +137,7 @@ def test_every_figure_is_traceable_to_a_report_of_this_root_digest(tmp_path: Pat
     assert {f["section"] for f in figures} == {"offline eval", "served gate", "MTP acceptance (served)", "throughput"}
     rows = _measured_rows(card.readme.decode())
     assert len(rows) == len(figures)
-    for f, row in zip(figures, rows):
+    for f, row in zip(figures, rows, strict=True):
         assert lookup(published[f["source"]], f["field"]) == f["value"], f  # the value is the report's own
         assert row[:4] == [f["section"], f["label"], f["text"], f"`{f['source']}`"]
     texts = {(f["label"], f["text"]) for f in figures}

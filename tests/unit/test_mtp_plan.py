@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from qwenquant.errors import StageError
 from qwenquant.checkpoint.identity import TensorDigest
+from qwenquant.errors import StageError
 from qwenquant.quantize.stages.mtp import MTP_IGNORE, MTP_SHARD, plan_graft
 
 NAMES = [f"mtp.t{i}.weight" for i in range(15)]

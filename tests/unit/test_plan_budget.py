@@ -11,13 +11,14 @@ int4 Linear [out, in] = out*in/2 (packed) + out*(in/128)*2 (scales) bytes.
 from __future__ import annotations
 
 import json
+
 import pytest
 
-from qwenquant.recipe import load_recipe
-from qwenquant.plan.budget import GiB, CacheSettings, cache_model, make_budget
 from qwenquant.plan.artifact import make_plan
+from qwenquant.plan.budget import CacheSettings, GiB, cache_model, make_budget
 from qwenquant.plan.gpumem import parse_size
 from qwenquant.plan.weights import QuantSettings, model_shape, weights_from_config, weights_from_tensors
+from qwenquant.recipe import load_recipe
 
 # The real Qwen3.8-27B config.json (reference copy), text part; vision and rope left out (unused here).
 CONFIG_JSON = """

@@ -20,8 +20,9 @@ pytestmark = pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the cor
 @pytest.fixture
 def tools(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.syspath_prepend(str(SCRIPTS))  # what `python scripts/train_reference.py` does
-    import stdlib_corpus
     import train_reference
+
+    import stdlib_corpus
 
     return stdlib_corpus, train_reference
 

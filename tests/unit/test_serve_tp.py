@@ -17,12 +17,18 @@ from pathlib import Path
 import pytest
 
 from qwenquant.errors import UsageError
-from qwenquant.recipe import load_recipe
-from qwenquant.plan.budget import GiB, CacheSettings, cache_model, make_budget
 from qwenquant.plan.artifact import make_plan
+from qwenquant.plan.budget import CacheSettings, GiB, cache_model, make_budget
 from qwenquant.plan.gpumem import parse_size
-from qwenquant.plan.weights import (QuantSettings, model_shape, tp_bytes, tp_problem, weights_from_config,
-                                     weights_from_tensors)
+from qwenquant.plan.weights import (
+    QuantSettings,
+    model_shape,
+    tp_bytes,
+    tp_problem,
+    weights_from_config,
+    weights_from_tensors,
+)
+from qwenquant.recipe import load_recipe
 
 REAL = Path(__file__).resolve().parents[2] / "src/qwenquant/data/qwen3_8-27b.config.json"
 SINGLE_USER = CacheSettings("auto", "float16", "align", 3)  # the recipe's single-user profile

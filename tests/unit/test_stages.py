@@ -75,8 +75,8 @@ def test_wrong_model_type_is_refused(tmp_path: Path) -> None:
 # --- pure helpers of the gptq and lm_head stages -------------------------------------------------
 
 def test_restore_plan_takes_unquantized_tensors_from_the_source(tmp_path: Path) -> None:
-    from qwenquant.quantize.stages.gptq import restore_plan
     from qwenquant.checkpoint.tensorfile import TensorRef
+    from qwenquant.quantize.stages.gptq import restore_plan
 
     def ref(name: str, where: str) -> TensorRef:
         return TensorRef(name, tmp_path / where, "BF16", (2,), 0, 4)
@@ -145,8 +145,8 @@ def test_gpu_memory_cap_from_environment(monkeypatch: pytest.MonkeyPatch, raw: s
 
 @pytest.mark.parametrize("raw", ["24GiB", "0", "-3"])
 def test_a_bad_gpu_memory_cap_is_refused(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
-    from qwenquant.quantize.engine.build import max_gpu_mem_gib
     from qwenquant.errors import UsageError
+    from qwenquant.quantize.engine.build import max_gpu_mem_gib
 
     monkeypatch.setenv("QWENQUANT_MAX_GPU_MEM", raw)
     with pytest.raises(UsageError, match=f"positive number of GiB, got '{raw}'"):

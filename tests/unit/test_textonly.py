@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import qwenquant
-
 from qwenquant.quantize.stages.textonly import text_only_config, text_only_name
 
 REFERENCE = Path(qwenquant.__file__).parent / "data" / "qwen3_8-27b.config.json"  # the real model's config

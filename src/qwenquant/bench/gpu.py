@@ -11,7 +11,7 @@ import shutil
 import statistics
 import subprocess
 import tempfile
-from typing import Any, Optional
+from typing import Any
 
 QUERY = "timestamp,index,name,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu"
 REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")  # new name, old name
@@ -21,7 +21,7 @@ THROTTLE_BITS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x
 INTERVAL_MS = 200
 
 
-def _num(text: str) -> Optional[float]:
+def _num(text: str) -> float | None:
     try:
         return float(text.strip())
     except ValueError:  # "[N/A]", "[Not Supported]"
@@ -65,7 +65,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _range(v: list[float]) -> Optional[dict[str, float]]:
+def _range(v: list[float]) -> dict[str, float] | None:
     return {"min": min(v), "median": statistics.median(v), "max": max(v)} if v else None
 
 
@@ -75,10 +75,10 @@ class GpuSampler:
     def __init__(self, interval_ms: int = INTERVAL_MS) -> None:
         self.interval_ms = interval_ms
         self.result: dict[str, Any] = {"sampled": False, "why": "not sampled: nvidia-smi not found"}
-        self._proc: Optional[subprocess.Popen] = None
+        self._proc: subprocess.Popen | None = None
         self._out = tempfile.TemporaryFile()
 
-    def __enter__(self) -> "GpuSampler":
+    def __enter__(self) -> GpuSampler:
         exe = shutil.which("nvidia-smi")
         if exe is None:
             return self
@@ -112,7 +112,7 @@ class GpuSampler:
         self._out.close()
 
 
-def gpu_name() -> Optional[str]:
+def gpu_name() -> str | None:
     """Name of GPU 0, or None without nvidia-smi."""
     exe = shutil.which("nvidia-smi")
     if exe is None:

@@ -16,12 +16,13 @@ import contextlib
 import json
 import logging
 import shlex
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING
 
-from qwenquant.errors import BenchError, UsageError
 from qwenquant.bench.runner import Target
+from qwenquant.errors import BenchError, UsageError
 
 if TYPE_CHECKING:
     from qwenquant.serve.request import ServeRequest
@@ -35,11 +36,11 @@ class ConfigSpec:
 
     label: str
     text: str
-    url: Optional[str] = None
-    profile: Optional[str] = None
-    gpu_mem: Optional[str] = None
+    url: str | None = None
+    profile: str | None = None
+    gpu_mem: str | None = None
     extra: tuple[str, ...] = ()
-    gpus: Optional[int] = None  # None: the command line's --gpus (1 unless given)
+    gpus: int | None = None  # None: the command line's --gpus (1 unless given)
 
 
 def parse_config(text: str, default_label: str) -> ConfigSpec:
@@ -75,7 +76,7 @@ def parse_config(text: str, default_label: str) -> ConfigSpec:
                       tuple(extra), int(gpus) if gpus else None)
 
 
-def template_reads_thinking(artifact: Path) -> Optional[bool]:
+def template_reads_thinking(artifact: Path) -> bool | None:
     """Does the artifact's chat template read `enable_thinking`? None when it has no readable template."""
     jinja = artifact / "chat_template.jinja"
     try:
@@ -89,25 +90,25 @@ def template_reads_thinking(artifact: Path) -> Optional[bool]:
     return "enable_thinking" in tmpl if isinstance(tmpl, str) else None
 
 
-def config_request(base: ServeRequest, cfg: ConfigSpec, log_dir: Optional[Path]) -> ServeRequest:
+def config_request(base: ServeRequest, cfg: ConfigSpec, log_dir: Path | None) -> ServeRequest:
     """The serve request of one configuration: `base` (the command line's) with what `cfg` says."""
     return base.replace(profile=cfg.profile, gpu_mem=cfg.gpu_mem, gpu_mem_soft=base.gpu_mem_soft and bool(cfg.gpu_mem),
                         extra=cfg.extra, gpus=cfg.gpus or base.gpus, label=cfg.label,
                         log_file=log_dir / f"server-{cfg.label}.log" if log_dir else None)
 
 
-def config_requests(base: ServeRequest, configs: Sequence[ConfigSpec], log_dir: Optional[Path]) -> list[ServeRequest]:
+def config_requests(base: ServeRequest, configs: Sequence[ConfigSpec], log_dir: Path | None) -> list[ServeRequest]:
     """One request per configuration, started in this order. All servers stay up together, so under
     a hard --gpu-mem each ballast also leaves free the limits of the servers started after it (each
     of which then starts its own); the headroom beyond their budgets is then shared, not each its own."""
     reqs = [config_request(base, cfg, log_dir) for cfg in configs]
     later = [sum(r.gpu_mem_bytes or 0 for r in reqs[i + 1:] if r.hard_limit) for i in range(len(reqs))]
-    return [r.replace(ballast_reserve=n) if r.hard_limit else r for r, n in zip(reqs, later)]
+    return [r.replace(ballast_reserve=n) if r.hard_limit else r for r, n in zip(reqs, later, strict=True)]
 
 
 @contextlib.contextmanager
 def serve_targets(base: ServeRequest, configs: Sequence[ConfigSpec], *,
-                  log_dir: Optional[Path]) -> Iterator[list[Target]]:
+                  log_dir: Path | None) -> Iterator[list[Target]]:
     """Start one server per configuration (one after another, through serve's own machinery:
     serve/launched.py), yield their Targets, stop them all."""
     from qwenquant.serve.launched import launched
@@ -116,7 +117,7 @@ def serve_targets(base: ServeRequest, configs: Sequence[ConfigSpec], *,
     thinking = template_reads_thinking(base.artifact)
     with contextlib.ExitStack() as stack:
         targets = []
-        for cfg, req in zip(configs, config_requests(base, configs, log_dir)):
+        for cfg, req in zip(configs, config_requests(base, configs, log_dir), strict=True):
             s = stack.enter_context(launched(req))
             targets.append(Target(cfg.label, s.url, model=s.model, api_key=base.api_key,
                                   max_num_seqs=s.prepared.profile.max_num_seqs, template_thinking=thinking,
@@ -124,7 +125,7 @@ def serve_targets(base: ServeRequest, configs: Sequence[ConfigSpec], *,
         yield targets
 
 
-def url_targets(configs: Sequence[ConfigSpec], api_key: Optional[str], model: Optional[str]) -> list[Target]:
+def url_targets(configs: Sequence[ConfigSpec], api_key: str | None, model: str | None) -> list[Target]:
     """Targets for configurations that name a running server."""
     out = []
     for cfg in configs:

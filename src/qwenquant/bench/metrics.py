@@ -7,8 +7,6 @@ accepted drafts per step), acceptance at position i = accepted_i / drafts.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from qwenquant.net.http import HttpError, get_text
 from qwenquant.net.prometheus import SpecCounters
 
@@ -27,7 +25,7 @@ def acceptance(delta: SpecCounters) -> dict[str, object]:
     }
 
 
-def scrape(url: str, api_key: Optional[str] = None, timeout: float = 30.0) -> Optional[str]:
+def scrape(url: str, api_key: str | None = None, timeout: float = 30.0) -> str | None:
     """The /metrics page, or None when the server has none (not every OpenAI server exports it)."""
     try:
         return get_text(url.rstrip("/") + "/metrics", api_key=api_key, timeout=timeout)

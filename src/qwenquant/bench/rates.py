@@ -8,18 +8,18 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
 
 from qwenquant.bench.stream import Sample
 
 FIGURES = ("wall_tok_s", "decode_tok_s", "ttft_s", "prefill_tok_s")
 
 
-def sample_figures(s: Sample) -> dict[str, Optional[float]]:
+def sample_figures(s: Sample) -> dict[str, float | None]:
     """The four per-request figures; None where undefined (no text streamed, one token only)."""
     total = s.t_end - s.t_sent
-    out: dict[str, Optional[float]] = {"wall_tok_s": s.completion_tokens / total if total > 0 else None,
+    out: dict[str, float | None] = {"wall_tok_s": s.completion_tokens / total if total > 0 else None,
                                        "decode_tok_s": None, "ttft_s": None, "prefill_tok_s": None}
     if s.t_first is not None:
         ttft = s.t_first - s.t_sent
@@ -44,20 +44,20 @@ class Spread:
         return {"median": self.median, "min": self.lo, "max": self.hi, "n": self.n}
 
 
-def spread(values: Iterable[Optional[float]]) -> Optional[Spread]:
+def spread(values: Iterable[float | None]) -> Spread | None:
     v = [x for x in values if x is not None]
     if not v:
         return None
     return Spread(statistics.median(v), min(v), max(v), len(v))
 
 
-def cell_figures(samples: Sequence[Sample]) -> dict[str, Optional[Spread]]:
+def cell_figures(samples: Sequence[Sample]) -> dict[str, Spread | None]:
     """Median and range of each figure over the samples of one cell."""
     per = [sample_figures(s) for s in samples]
     return {k: spread(p[k] for p in per) for k in FIGURES}
 
 
-def wave_aggregate(samples: Sequence[Sample]) -> Optional[float]:
+def wave_aggregate(samples: Sequence[Sample]) -> float | None:
     """Aggregate rate of requests run at once: all completion tokens / first send to last end."""
     if not samples:
         return None
@@ -65,12 +65,12 @@ def wave_aggregate(samples: Sequence[Sample]) -> Optional[float]:
     return sum(s.completion_tokens for s in samples) / span if span > 0 else None
 
 
-def ratio_spread(a_rounds: Sequence[Optional[float]], b_rounds: Sequence[Optional[float]]) -> Optional[Spread]:
+def ratio_spread(a_rounds: Sequence[float | None], b_rounds: Sequence[float | None]) -> Spread | None:
     """Per-round ratios A/B (rounds paired in order), as median and range."""
-    return spread(a / b for a, b in zip(a_rounds, b_rounds) if a is not None and b not in (None, 0))
+    return spread(a / b for a, b in zip(a_rounds, b_rounds, strict=False) if a is not None and b not in (None, 0))
 
 
-def wall_decode_gap(wall: Optional[float], decode: Optional[float]) -> Optional[float]:
+def wall_decode_gap(wall: float | None, decode: float | None) -> float | None:
     """|wall - decode| / decode: in a non-thinking run only the TTFT share should separate them."""
     if wall is None or not decode:
         return None

@@ -8,8 +8,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from qwenquant.console import console, stdout
 from qwenquant.bench.table import sections
+from qwenquant.console import console, stdout
 
 
 def print_report(report: dict[str, Any]) -> None:

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import statistics
-from typing import Any, Optional
+from typing import Any
 
 from qwenquant.bench import metrics
-from qwenquant.bench.rates import (FIGURES, cell_figures, ratio_spread, sample_figures, spread, wall_decode_gap,
-                                   wave_aggregate)
+from qwenquant.bench.rates import (
+    FIGURES,
+    cell_figures,
+    ratio_spread,
+    sample_figures,
+    spread,
+    wall_decode_gap,
+    wave_aggregate,
+)
 from qwenquant.bench.runner import TargetRun
 from qwenquant.bench.stream import Sample
 from qwenquant.bench.workload import BenchConfig, Cell
@@ -16,12 +23,12 @@ SCHEMA_VERSION = 1
 RATE_LINES = {"wall_tok_s": "wall_tok_s", "decode_tok_s": "decode_tok_s", "prefill_tok_s": "prefill_tok_s"}
 
 
-def _median(v: list[Optional[float]]) -> Optional[float]:
+def _median(v: list[float | None]) -> float | None:
     v2 = [x for x in v if x is not None]
     return statistics.median(v2) if v2 else None
 
 
-def _round_medians(rounds: list[list[Sample]]) -> dict[str, list[Optional[float]]]:
+def _round_medians(rounds: list[list[Sample]]) -> dict[str, list[float | None]]:
     per = [[sample_figures(s) for s in r] for r in rounds]
     return {k: [_median([p[k] for p in r]) for r in per] for k in FIGURES}
 
@@ -63,7 +70,7 @@ def _ladder_report(run: TargetRun) -> list[dict[str, Any]]:
     return out
 
 
-def _as(s: Any) -> Optional[dict[str, float]]:
+def _as(s: Any) -> dict[str, float] | None:
     return s.as_dict() if s else None
 
 
@@ -87,7 +94,7 @@ def compare_report(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         ra, rb = a["cells"][key]["round_medians"], b["cells"][key]["round_medians"]
         cells[key] = {k: _as(ratio_spread(ra[k], rb[k])) for k in FIGURES}
     ladder = []
-    for la, lb in zip(a["ladder"], b["ladder"]):
+    for la, lb in zip(a["ladder"], b["ladder"], strict=False):
         if la["concurrency"] == lb["concurrency"]:
             ladder.append({"concurrency": la["concurrency"], "aggregate_tok_s": _as(
                 ratio_spread(la["aggregate_round_medians"], lb["aggregate_round_medians"]))})
@@ -99,7 +106,7 @@ def find_flags(report: dict[str, Any], cfg: BenchConfig) -> list[dict[str, Any]]
     lines = cfg.too_good.model_dump()
     flags: list[dict[str, Any]] = []
 
-    def check(where: str, figure: str, value: Optional[float], line: float, above: bool = True) -> None:
+    def check(where: str, figure: str, value: float | None, line: float, above: bool = True) -> None:
         if value is not None and ((value > line) if above else (value < line)):
             flags.append({"kind": "too-good", "where": where, "figure": figure, "value": value, "line": line,
                           "note": "flagged for audit, not reported"})

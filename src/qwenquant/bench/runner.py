@@ -11,14 +11,14 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
-from qwenquant.errors import BenchError
 from qwenquant.bench import metrics
-from qwenquant.net.http import HttpError, get_json
-from qwenquant.net.prometheus import SpecCounters, spec_counters
 from qwenquant.bench.stream import Sample, stream_chat
 from qwenquant.bench.workload import BenchConfig, Cell, plan_cells, request_body, thinking_modes
+from qwenquant.errors import BenchError
+from qwenquant.net.http import HttpError, get_json
+from qwenquant.net.prometheus import SpecCounters, spec_counters
 
 log = logging.getLogger(__name__)
 PROBE_TOKENS = 16
@@ -30,10 +30,10 @@ class Target:
 
     label: str
     url: str
-    model: Optional[str] = None  # None: the first model /v1/models lists
-    api_key: Optional[str] = None
-    max_num_seqs: Optional[int] = None
-    template_thinking: Optional[bool] = None  # None: unknown, ask the server
+    model: str | None = None  # None: the first model /v1/models lists
+    api_key: str | None = None
+    max_num_seqs: int | None = None
+    template_thinking: bool | None = None  # None: unknown, ask the server
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -42,10 +42,10 @@ class Options:
     prompts: list[str]
     samplings: list[str]
     thinking: str = "auto"
-    max_tokens: Optional[int] = None
-    repeats: Optional[int] = None
-    rounds: Optional[int] = None
-    max_concurrency: Optional[int] = None
+    max_tokens: int | None = None
+    repeats: int | None = None
+    rounds: int | None = None
+    max_concurrency: int | None = None
     ignore_eos: bool = True
 
 
@@ -63,7 +63,7 @@ class TargetRun:
     metrics_exported: bool = True
 
 
-def _get_json(url: str, api_key: Optional[str]) -> Any:
+def _get_json(url: str, api_key: str | None) -> Any:
     try:
         return get_json(url, api_key=api_key)
     except HttpError as e:
@@ -81,7 +81,7 @@ def resolve_model(t: Target) -> str:
         raise BenchError(f"{t.url}/v1/models lists no model", hint="pass --model NAME") from None
 
 
-def server_version(t: Target) -> Optional[str]:
+def server_version(t: Target) -> str | None:
     """vLLM's /version, or None when the server has none."""
     try:
         return str(_get_json(t.url.rstrip("/") + "/version", t.api_key).get("version"))
@@ -107,7 +107,7 @@ def _reasoned(s: Sample) -> bool:
     return any(s.chars.get(k, 0) for k in ("reasoning_content", "reasoning"))
 
 
-def detect_thinking(t: Target, cfg: BenchConfig, prompt: str) -> tuple[Optional[bool], str]:
+def detect_thinking(t: Target, cfg: BenchConfig, prompt: str) -> tuple[bool | None, str]:
     """Does enable_thinking switch reasoning on and off? From the template when known, else by asking."""
     if t.template_thinking is not None:
         word = "reads" if t.template_thinking else "does not read"
@@ -125,7 +125,7 @@ def detect_thinking(t: Target, cfg: BenchConfig, prompt: str) -> tuple[Optional[
 def prepare_target(t: Target, cfg: BenchConfig, opts: Options) -> TargetRun:
     """Resolve the model, decide thinking modes, plan the cells, run the warm-up."""
     t.model = resolve_model(t)
-    supported: Optional[bool] = None
+    supported: bool | None = None
     note = f"--thinking {opts.thinking}"
     if opts.thinking == "auto":
         supported, note = detect_thinking(t, cfg, cfg.ladder_prompt)

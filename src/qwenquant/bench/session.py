@@ -8,15 +8,16 @@ import datetime
 import logging
 import platform
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any
 
-from qwenquant.errors import UsageError
 from qwenquant.bench import gpu as gpumod
 from qwenquant.bench.launch import ConfigSpec, parse_config, serve_targets, url_targets
 from qwenquant.bench.runner import Options, Target, run_bench, server_version
 from qwenquant.bench.workload import load_config
+from qwenquant.errors import UsageError
 
 if TYPE_CHECKING:
     from qwenquant.serve.request import ServeRequest
@@ -30,14 +31,14 @@ class Request:
     server options every served configuration starts from (its profile, --gpu-mem and vLLM flags
     apply where a --compare configuration says nothing)."""
 
-    url: Optional[str]
-    serve: Optional[ServeRequest]
-    compare: Optional[tuple[str, str]]
+    url: str | None
+    serve: ServeRequest | None
+    compare: tuple[str, str] | None
     options: Options
     out: Path
-    config: Optional[Path] = None
-    model: Optional[str] = None
-    api_key: Optional[str] = None
+    config: Path | None = None
+    model: str | None = None
+    api_key: str | None = None
     plot: bool = True
 
 
@@ -101,7 +102,7 @@ def run(req: Request, argv: list[str]) -> dict[str, Any]:
     return report
 
 
-def _plot(report: dict[str, Any], path: Path) -> Optional[str]:
+def _plot(report: dict[str, Any], path: Path) -> str | None:
     from qwenquant.bench.plot import write_png
 
     try:

@@ -13,8 +13,9 @@ import http.client
 import json
 import time
 import urllib.parse
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any
 
 from qwenquant.errors import BenchError
 
@@ -26,14 +27,14 @@ class Sample:
     """One timed request: client clock readings (perf_counter seconds) and the server's counts."""
 
     t_sent: float
-    t_first: Optional[float]
+    t_first: float | None
     t_end: float
     prompt_tokens: int
     completion_tokens: int
     max_tokens: int
-    first_field: Optional[str]
+    first_field: str | None
     chars: dict[str, int] = field(default_factory=dict)  # streamed characters per field
-    finish_reason: Optional[str] = None
+    finish_reason: str | None = None
     text_events: int = 0  # events that carried text: a decode rate over very few of them is coarse
 
     @property
@@ -49,7 +50,7 @@ def sse_events(lines: Iterable[tuple[bytes, float]]) -> Iterator[tuple[str, floa
     `data:` lines joined by newlines, one optional space after the colon, blank line = dispatch.
     """
     data: list[str] = []
-    t0: Optional[float] = None
+    t0: float | None = None
     for raw, t in lines:
         line = raw.decode("utf-8").rstrip("\r\n")
         if not line:
@@ -94,11 +95,11 @@ def _text_fields(chunk: dict[str, Any]) -> dict[str, int]:
 
 def read_stream(events: Iterable[tuple[str, float]], t_sent: float, max_tokens: int) -> Sample:
     """Fold a stream's events into a Sample (pure; raises BenchError on an error event or no usage)."""
-    t_first: Optional[float] = None
-    first_field: Optional[str] = None
+    t_first: float | None = None
+    first_field: str | None = None
     chars: dict[str, int] = {}
-    usage: Optional[dict[str, Any]] = None
-    finish: Optional[str] = None
+    usage: dict[str, Any] | None = None
+    finish: str | None = None
     n_text = 0
     t_end = t_sent
     for data, t in events:
@@ -132,7 +133,7 @@ def read_stream(events: Iterable[tuple[str, float]], t_sent: float, max_tokens: 
                   max_tokens, first_field, chars, finish, n_text)
 
 
-def stream_chat(url: str, body: dict[str, Any], *, api_key: Optional[str] = None,
+def stream_chat(url: str, body: dict[str, Any], *, api_key: str | None = None,
                 timeout: float = 600.0) -> Sample:
     """POST `body` (stream forced on, usage requested) to URL/v1/chat/completions; time it."""
     u = urllib.parse.urlsplit(url)

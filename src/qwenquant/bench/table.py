@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 Section = tuple[str, list[str], list[list[str]]]
 
 
-def _fmt(s: Optional[dict[str, float]], scale: float = 1.0, digits: int = 1) -> str:
+def _fmt(s: dict[str, float] | None, scale: float = 1.0, digits: int = 1) -> str:
     if not s:
         return "-"
     return f"{s['median'] * scale:.{digits}f} [{s['min'] * scale:.{digits}f}-{s['max'] * scale:.{digits}f}]"
@@ -26,7 +26,7 @@ def _cell_rows(report: dict[str, Any]) -> list[list[str]]:
                 continue
             where = f"{t['label']} {key}"
 
-            def fig(name: str, scale: float = 1.0, digits: int = 1) -> str:
+            def fig(name: str, scale: float = 1.0, digits: int = 1, where: str = where, c: dict = c) -> str:
                 return "AUDIT" if (where, name) in audit else _fmt(c["figures"][name], scale, digits)
 
             short = f" ({c['short_requests']} short)" if c["short_requests"] else ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -40,7 +40,7 @@ class BenchConfig(BaseModel):
     prompts: dict[str, str] = Field(default_factory=dict)
 
 
-def _read_yaml(path: Optional[Path], packaged: str) -> dict[str, Any]:
+def _read_yaml(path: Path | None, packaged: str) -> dict[str, Any]:
     import yaml
 
     try:
@@ -53,7 +53,7 @@ def _read_yaml(path: Optional[Path], packaged: str) -> dict[str, Any]:
     return d
 
 
-def load_config(path: Optional[Path] = None, prompts_path: Optional[Path] = None) -> BenchConfig:
+def load_config(path: Path | None = None, prompts_path: Path | None = None) -> BenchConfig:
     """The bench config (shipped or `path`) with its prompt set; every invalid field is named."""
     d = _read_yaml(path, "bench.yaml")
     d.setdefault("prompts", _read_yaml(prompts_path, "prompts.yaml").get("prompts") or {})
@@ -75,7 +75,7 @@ class Cell:
 
     prompt: str
     sampling: str
-    thinking: Optional[bool]
+    thinking: bool | None
     concurrency: int = 1
 
     @property
@@ -93,7 +93,7 @@ def ladder(max_concurrency: int) -> list[int]:
     return levels + [max(1, max_concurrency)]
 
 
-def thinking_modes(choice: str, supported: Optional[bool]) -> list[Optional[bool]]:
+def thinking_modes(choice: str, supported: bool | None) -> list[bool | None]:
     """Which thinking settings to run: `auto` runs off and on when the template supports the switch."""
     if choice not in THINKING_CHOICES:
         raise UsageError(f"unknown --thinking {choice!r}", hint=f"use one of {', '.join(THINKING_CHOICES)}")
@@ -102,7 +102,7 @@ def thinking_modes(choice: str, supported: Optional[bool]) -> list[Optional[bool
     return {"both": [False, True], "on": [True], "off": [False], "default": [None]}[choice]
 
 
-def plan_cells(cfg: BenchConfig, prompts: list[str], samplings: list[str], thinking: list[Optional[bool]],
+def plan_cells(cfg: BenchConfig, prompts: list[str], samplings: list[str], thinking: list[bool | None],
                max_concurrency: int) -> tuple[list[Cell], list[Cell]]:
     """(all cells, the ladder's cells): the matrix at one stream, then the ladder (the config's
     ladder prompt when selected, else the first prompt; greedy; the first thinking mode), whose

@@ -10,10 +10,9 @@ import logging
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from qwenquant.errors import CheckError
-from qwenquant.recipe import target_matches, targets_cover
+from qwenquant.checkpoint.config import text_config
 from qwenquant.checkpoint.header import (
     INDEX_NAME,
     SafetensorsError,
@@ -22,8 +21,9 @@ from qwenquant.checkpoint.header import (
     load_index_json,
     read_header,
 )
-from qwenquant.checkpoint.config import text_config
 from qwenquant.checkpoint.tensorfile import TensorRef, header_refs
+from qwenquant.errors import CheckError
+from qwenquant.recipe import target_matches, targets_cover
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class Finding:
 @dataclass(frozen=True)
 class CheckReport:
     artifact_dir: str
-    layout: Optional[str]
+    layout: str | None
     tensors_checked: int
     rules_run: tuple[str, ...]
     findings: tuple[Finding, ...]
@@ -90,7 +90,7 @@ class ArtifactFacts:
         return text_config(self.config)
 
     @property
-    def layout(self) -> Optional[str]:
+    def layout(self) -> str | None:
         archs = self.config.get("architectures")
         archs = archs if isinstance(archs, list) else []
         if TEXT_ONLY_ARCH in archs:
@@ -143,14 +143,14 @@ class ArtifactFacts:
             return "model." + name[len("model.language_model."):]
         return name
 
-    def resolve(self, module: str) -> Optional[str]:
+    def resolve(self, module: str) -> str | None:
         """The config group vLLM would apply: IGNORED, a group name, or None (no group: unquantized)."""
         memo = self._memo.setdefault("resolve", {})
         if module not in memo:
             memo[module] = self._resolve(module)
         return memo[module]
 
-    def _resolve(self, module: str) -> Optional[str]:
+    def _resolve(self, module: str) -> str | None:
         name = self.vllm_name(module)
         if targets_cover([self.vllm_name(e) for e in self.ignore], name):
             return IGNORED
@@ -164,7 +164,7 @@ class ArtifactFacts:
                     return gname
         return None
 
-    def group_size(self, module: str) -> Optional[int]:
+    def group_size(self, module: str) -> int | None:
         g = self.groups.get(self.resolve(module) or "", {})
         gs = (g.get("weights") or {}).get("group_size") if isinstance(g.get("weights"), dict) else None
         return gs if isinstance(gs, int) else None
@@ -179,7 +179,7 @@ def finding(rule: str, where: str, message: str, fix: str) -> Finding:
 # Reading (thin).
 
 
-def _read_weight_shape(t: TensorRef) -> Optional[tuple[int, ...]]:
+def _read_weight_shape(t: TensorRef) -> tuple[int, ...] | None:
     fmt = {"I32": "<2i", "I64": "<2q"}.get(t.dtype)
     if fmt is None or t.shape != (2,):
         return None
@@ -211,7 +211,7 @@ def read_artifact(artifact_dir: Path) -> ArtifactFacts:
             io += [finding("safetensors-header", p.name, prob, "the shard is corrupt or truncated: rebuild or re-copy it")
                    for prob in e.problems]
     index_path = root / INDEX_NAME
-    weight_map: Optional[dict[str, str]] = None
+    weight_map: dict[str, str] | None = None
     if index_path.exists():
         try:
             index = load_index_json(index_path.read_bytes())

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from qwenquant.check.facts import (
     IGNORED,
@@ -89,7 +90,7 @@ def rule_quant_config(a: ArtifactFacts) -> list[Finding]:
     return out
 
 
-def _text_prefix(name: str) -> Optional[str]:
+def _text_prefix(name: str) -> str | None:
     if _is_visual(name) or is_mtp(name) or _is_head(name.rpartition(".")[0]):
         return None
     if name.startswith("model.language_model."):

@@ -94,7 +94,7 @@ def tensor_digests(refs: Mapping[str, TensorRef], names: Iterable[str] | None = 
 
     todo = sorted(refs if names is None else names)
     with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2))) as pool:
-        return dict(zip(todo, pool.map(lambda n: _digest(refs[n]), todo)))
+        return dict(zip(todo, pool.map(lambda n: _digest(refs[n]), todo), strict=True))
 
 
 def _unhashed(r: TensorRef) -> TensorDigest:

@@ -17,6 +17,7 @@ from qwenquant.atomic import atomic_write_bytes, atomic_writer, pretty_json
 from qwenquant.checkpoint.config import read_weight_map
 from qwenquant.checkpoint.header import INDEX_NAME, SafetensorsHeader, read_header
 
+
 @dataclass(frozen=True)
 class TensorSpec:
     """A tensor a model architecture declares: name, shape and kind ("linear" for the weight of an

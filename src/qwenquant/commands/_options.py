@@ -7,7 +7,7 @@ everywhere, listed in one help panel. Each command turns them into one ServeRequ
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -19,13 +19,13 @@ __all__ = ["DEFAULT_TIMEOUT", "PANEL", "ApiKey", "GpuMem", "GpuMemSoft", "Gpus",
 
 PANEL = "Server (serve; bench and eval with --serve)"
 
-ServeArtifact = Annotated[Optional[Path], typer.Option(
+ServeArtifact = Annotated[Path | None, typer.Option(
     "--serve", help="Artifact to serve through `qwenquant serve`'s preflight and supervisor for the run, "
                     "stopped after it.", rich_help_panel=PANEL)]
-Profiles = Annotated[Optional[list[str]], typer.Option(
+Profiles = Annotated[list[str] | None, typer.Option(
     "--profile", "-p", help="Serve profile from the recipe: single-user (default) or batch.",
     rich_help_panel=PANEL, show_default=False)]
-GpuMem = Annotated[Optional[str], typer.Option(
+GpuMem = Annotated[str | None, typer.Option(
     "--gpu-mem", help="Behave as on a card of this size, e.g. 24GiB: sets vLLM's memory share of the real GPU "
                       "(CUDA only), and a ballast process holds the rest of it (see --gpu-mem-soft).",
     rich_help_panel=PANEL)]
@@ -35,12 +35,12 @@ GpuMemSoft = Annotated[bool, typer.Option(
 Gpus = Annotated[int, typer.Option(
     "--gpus", "--tensor-parallel-size", min=1,
     help="GPUs to split the model over (vLLM tensor parallelism); each must be free.", rich_help_panel=PANEL)]
-Vllm = Annotated[Optional[str], typer.Option(
+Vllm = Annotated[str | None, typer.Option(
     "--vllm", help="vLLM to run: a python, a vllm executable or qwenquant-vllm.json.", rich_help_panel=PANEL)]
-ServeDevice = Annotated[Optional[Device], typer.Option(
+ServeDevice = Annotated[Device | None, typer.Option(
     "--device", help="cuda or cpu (default: what the vLLM build targets).", rich_help_panel=PANEL)]
 Timeout = Annotated[float, typer.Option(
     "--timeout", help="Seconds the server may take to become ready.", rich_help_panel=PANEL)]
-ApiKey = Annotated[Optional[str], typer.Option(
+ApiKey = Annotated[str | None, typer.Option(
     "--api-key", envvar="QWENQUANT_API_KEY", help="API key clients must send (bench and eval send it).",
     rich_help_panel=PANEL)]

@@ -3,37 +3,46 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from qwenquant.commands._app import app
-from qwenquant.commands._options import (DEFAULT_TIMEOUT, ApiKey, GpuMem, GpuMemSoft, Gpus, Profiles, ServeArtifact, ServeDevice,
-                                         Timeout, Vllm)
+from qwenquant.commands._options import (
+    DEFAULT_TIMEOUT,
+    ApiKey,
+    GpuMem,
+    GpuMemSoft,
+    Gpus,
+    Profiles,
+    ServeArtifact,
+    ServeDevice,
+    Timeout,
+    Vllm,
+)
 
 
 @app.command(context_settings={"allow_interspersed_args": True})
 def bench(
-    args: Optional[list[str]] = typer.Argument(None, help="URL of a running server; with --serve: vLLM flags after --.",
+    args: list[str] | None = typer.Argument(None, help="URL of a running server; with --serve: vLLM flags after --.",
                                                show_default=False),
     serve: ServeArtifact = None,
     profile: Profiles = None,
     gpu_mem: GpuMem = None,
     gpu_mem_soft: GpuMemSoft = False,
     gpus: Gpus = 1,
-    compare: Optional[tuple[str, str]] = typer.Option(None, "--compare", help="Two configurations A B, run in rounds."),
+    compare: tuple[str, str] | None = typer.Option(None, "--compare", help="Two configurations A B, run in rounds."),
     prompts: str = typer.Option("narrative,code,quote", help="Prompts to send (comma-separated)."),
     sampling: str = typer.Option("greedy,sampled", help="Sampling presets (comma-separated)."),
     thinking: str = typer.Option("auto", help="auto (off and on where supported), both, on, off, default."),
-    max_tokens: Optional[int] = typer.Option(None, help="Tokens per request (default: the bench config's)."),
-    repeats: Optional[int] = typer.Option(None, help="Requests per cell per round."),
-    rounds: Optional[int] = typer.Option(None, help="Rounds (default 1, or the config's with --compare)."),
-    max_concurrency: Optional[int] = typer.Option(None, help="Top of the ladder (default: the profile's max-num-seqs; 1 for a URL)."),
+    max_tokens: int | None = typer.Option(None, help="Tokens per request (default: the bench config's)."),
+    repeats: int | None = typer.Option(None, help="Requests per cell per round."),
+    rounds: int | None = typer.Option(None, help="Rounds (default 1, or the config's with --compare)."),
+    max_concurrency: int | None = typer.Option(None, help="Top of the ladder (default: the profile's max-num-seqs; 1 for a URL)."),
     ignore_eos: bool = typer.Option(True, help="Send ignore_eos so every request generates exactly --max-tokens."),
-    model: Optional[str] = typer.Option(None, help="Model name for a URL (default: the first it lists)."),
+    model: str | None = typer.Option(None, help="Model name for a URL (default: the first it lists)."),
     api_key: ApiKey = None,
-    config: Optional[Path] = typer.Option(None, help="Bench config YAML (default: the shipped one)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="JSON file to write (the PNG goes beside it)."),
+    config: Path | None = typer.Option(None, help="Bench config YAML (default: the shipped one)."),
+    out: Path | None = typer.Option(None, "--out", help="JSON file to write (the PNG goes beside it)."),
     vllm: Vllm = None,
     device: ServeDevice = None,
     timeout: Timeout = DEFAULT_TIMEOUT,
@@ -49,9 +58,9 @@ def bench(
       qwenquant bench --serve artifacts/q27b --compare "--label mtp-on --profile single-user"
       "--label mtp-off --profile single-user -- --speculative-config null"
     """
+    from qwenquant.bench.render import print_report
     from qwenquant.bench.runner import Options
     from qwenquant.bench.session import Request, argv_now, default_out, run
-    from qwenquant.bench.render import print_report
     from qwenquant.errors import UsageError
     from qwenquant.serve.request import ServeRequest
 

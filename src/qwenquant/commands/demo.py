@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -19,7 +18,7 @@ from qwenquant.commands._app import app
 )
 def demo(
     work: Path = typer.Option(Path("work/demo"), "--work", help="Folder for the hub copy, the fetch and the artifact."),
-    serve: Optional[bool] = typer.Option(None, "--serve/--no-serve", help="Serve with vLLM (default: when a vLLM environment is installed)."),
+    serve: bool | None = typer.Option(None, "--serve/--no-serve", help="Serve with vLLM (default: when a vLLM environment is installed)."),
     force: bool = typer.Option(False, "--force", help="Remove an existing --work that holds anything besides the demo's own folders (says what it removes)."),
 ) -> None:
     """Build the tiny Qwen3.5 checkpoint, serve it from a loopback Hub, then fetch, quantize,

@@ -5,13 +5,22 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from qwenquant.commands._app import Device, app
-from qwenquant.commands._options import (DEFAULT_TIMEOUT, ApiKey, GpuMem, GpuMemSoft, Gpus, Profiles, ServeArtifact, Timeout,
-                                         Vllm)
+from qwenquant.commands._options import (
+    DEFAULT_TIMEOUT,
+    ApiKey,
+    GpuMem,
+    GpuMemSoft,
+    Gpus,
+    Profiles,
+    ServeArtifact,
+    Timeout,
+    Vllm,
+)
 
 if TYPE_CHECKING:
     from qwenquant.serve.request import ServeRequest
@@ -19,17 +28,17 @@ if TYPE_CHECKING:
 
 @app.command("eval", context_settings={"allow_interspersed_args": True})
 def eval_cmd(
-    args: Optional[list[str]] = typer.Argument(None, help="ARTIFACT folder (with qwenquant-manifest.json); with --serve: vLLM flags after --.",
+    args: list[str] | None = typer.Argument(None, help="ARTIFACT folder (with qwenquant-manifest.json); with --serve: vLLM flags after --.",
                                                show_default=False),
-    reference: Optional[Path] = typer.Option(None, "--reference", help="The bf16 source checkpoint folder."),
+    reference: Path | None = typer.Option(None, "--reference", help="The bf16 source checkpoint folder."),
     windows: int = typer.Option(32, "--windows", help="Held-out windows to evaluate on."),
     window_len: int = typer.Option(256, "--window-len", help="Tokens per window."),
-    text: Optional[Path] = typer.Option(None, "--text", help="Local text file to cut windows from."),
-    text_set: Optional[str] = typer.Option(None, "--text-set", help="Pinned Hub text set (evaltext/NAME.yaml or a YAML path), fetched verified and cached. Default: the tiny reference's held-out text for it, wikitext-2-test for other models."),
-    streamed: Optional[bool] = typer.Option(None, "--streamed/--dense", help="Run both arms one decoder layer at a time from the shards (default: streamed above 2 GB of weights)."),
-    device: Optional[Device] = typer.Option(None, "--device", help="cpu or cuda (offline default: cpu; with --serve: as for `qwenquant serve`)."),
-    report: Optional[Path] = typer.Option(None, "--report", help="Where the JSON report goes (default: beside the artifact)."),
-    served: Optional[str] = typer.Option(None, "--served", help="Base URL of a running server: run the exact-match gate through it."),
+    text: Path | None = typer.Option(None, "--text", help="Local text file to cut windows from."),
+    text_set: str | None = typer.Option(None, "--text-set", help="Pinned Hub text set (evaltext/NAME.yaml or a YAML path), fetched verified and cached. Default: the tiny reference's held-out text for it, wikitext-2-test for other models."),
+    streamed: bool | None = typer.Option(None, "--streamed/--dense", help="Run both arms one decoder layer at a time from the shards (default: streamed above 2 GB of weights)."),
+    device: Device | None = typer.Option(None, "--device", help="cpu or cuda (offline default: cpu; with --serve: as for `qwenquant serve`)."),
+    report: Path | None = typer.Option(None, "--report", help="Where the JSON report goes (default: beside the artifact)."),
+    served: str | None = typer.Option(None, "--served", help="Base URL of a running server: run the exact-match gate through it."),
     serve: ServeArtifact = None,
     profile: Profiles = None,
     gpu_mem: GpuMem = None,
@@ -39,8 +48,8 @@ def eval_cmd(
     timeout: Timeout = DEFAULT_TIMEOUT,
     api_key: ApiKey = None,
     gate: str = typer.Option("tiny-reference", "--gate", help="Gate name (shipped) or JSON file, with --served/--serve."),
-    model: Optional[str] = typer.Option(None, "--model", help="Served model name (default: the server's first)."),
-    min_acceptance: Optional[float] = typer.Option(None, "--min-acceptance-length", help="Fail when MTP mean acceptance length is below this (with --served/--serve)."),
+    model: str | None = typer.Option(None, "--model", help="Served model name (default: the server's first)."),
+    min_acceptance: float | None = typer.Option(None, "--min-acceptance-length", help="Fail when MTP mean acceptance length is below this (with --served/--serve)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ) -> None:
     """Measure an artifact against its source: paired perplexity, KL, top-1, lm_head and MTP figures.
@@ -89,14 +98,14 @@ class _GateOptions:
     """What the served gate is asked (the same with --served URL and --serve ARTIFACT)."""
 
     gate: str
-    model: Optional[str]
-    min_acceptance: Optional[float]
-    report: Optional[Path]
+    model: str | None
+    min_acceptance: float | None
+    report: Path | None
     as_json: bool
-    api_key: Optional[str]
+    api_key: str | None
 
 
-def _emit(result: dict[str, Any], path: Optional[Path], as_json: bool) -> None:
+def _emit(result: dict[str, Any], path: Path | None, as_json: bool) -> None:
     from qwenquant.atomic import atomic_write_bytes, pretty_json
     from qwenquant.console import console
 
@@ -108,7 +117,7 @@ def _emit(result: dict[str, Any], path: Optional[Path], as_json: bool) -> None:
 
 
 def _offline(artifact: Path, reference: Path, windows: int, window_len: int, texts: tuple, device: str,
-             streamed: Optional[bool], report: Optional[Path], as_json: bool) -> None:
+             streamed: bool | None, report: Path | None, as_json: bool) -> None:
     from qwenquant.console import console
     from qwenquant.evaluate import report as rep
     from qwenquant.evaluate.offline import run_offline
@@ -126,7 +135,7 @@ def _offline(artifact: Path, reference: Path, windows: int, window_len: int, tex
     _emit(result, report or rep.report_path(artifact, root), as_json)
 
 
-def _gate(url: str, o: _GateOptions, model: Optional[str]) -> dict[str, Any]:
+def _gate(url: str, o: _GateOptions, model: str | None) -> dict[str, Any]:
     """Run the gate against `url`, print what a user reads, return the result (failures listed)."""
     from qwenquant.console import console
     from qwenquant.evaluate.served import gate_failures, load_gate, run_gate

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 import typer
 
@@ -44,12 +44,12 @@ def _bar_progress() -> Iterator[object]:
     )
 )
 def fetch(
-    repo_id: Optional[str] = typer.Argument(None, help="Hub repo id, e.g. Qwen/Qwen3.8-27B (not needed with --offline or --expect)."),
-    revision: Optional[str] = typer.Option(None, "--revision", "-r", help="Branch, tag or 40-hex commit; pinned to one commit (default: main, or --expect's)."),
+    repo_id: str | None = typer.Argument(None, help="Hub repo id, e.g. Qwen/Qwen3.8-27B (not needed with --offline or --expect)."),
+    revision: str | None = typer.Option(None, "--revision", "-r", help="Branch, tag or 40-hex commit; pinned to one commit (default: main, or --expect's)."),
     out: Path = typer.Option(..., "--out", "-o", help="Folder to fetch into (created)."),
     offline: bool = typer.Option(False, "--offline", help="No network: re-verify --out against its fetch record."),
     re_resolve: bool = typer.Option(False, "--re-resolve", help="Resolve the revision again instead of reusing the recorded commit."),
-    expect: Optional[Path] = typer.Option(None, "--expect", help="A fetch record whose exact content the fetch must hold (any commit id: survives a history rewrite)."),
+    expect: Path | None = typer.Option(None, "--expect", help="A fetch record whose exact content the fetch must hold (any commit id: survives a history rewrite)."),
     repo_type: RepoType = typer.Option(RepoType.model, "--repo-type", help="model or dataset."),
     workers: int = typer.Option(8, "--workers", min=1, max=64, help="Parallel downloads."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, warnings only."),
@@ -67,8 +67,8 @@ def fetch(
         set_quiet(True)
         setup_logging(False)
     if offline:
-        from qwenquant.fetch import check_fetch_record
         from qwenquant.errors import VerificationError
+        from qwenquant.fetch import check_fetch_record
 
         check = check_fetch_record(out)
         rec = check.record
@@ -121,7 +121,7 @@ def fetch(
                      f"root digest {art.root_digest}", markup=False)
 
 
-def _expected(expect: Optional[Path], repo_id: Optional[str]) -> Optional[dict]:
+def _expected(expect: Path | None, repo_id: str | None) -> dict | None:
     """The --expect record (its repo must be the one asked for)."""
     if expect is None:
         return None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -14,7 +13,7 @@ from qwenquant.commands._app import app
 def plan(
     target: Path = typer.Argument(..., help="Artifact folder, or a config.json (or a folder holding one)."),
     gpu_mem: str = typer.Option("24GiB", "--gpu-mem", help="GPU memory to plan for, e.g. 24GiB."),
-    recipe: Optional[str] = typer.Option(None, help="Recipe for a bare config (default w4a16-int4head)."),
+    recipe: str | None = typer.Option(None, help="Recipe for a bare config (default w4a16-int4head)."),
     profile: list[str] = typer.Option([], "--profile", "-p", help="Only these profiles (default: all)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs under vLLM tensor parallelism; figures are per GPU."),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -27,9 +27,9 @@ def publish(
     revision: str = typer.Option("main", "--revision", "-r", help="Branch to commit to (created from main when missing)."),
     private: bool = typer.Option(False, "--private", help="Create the repo private (an existing repo keeps its visibility)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Verify, build the card, list what would be uploaded; no network."),
-    report: Optional[list[Path]] = typer.Option(None, "--report", help="A `qwenquant eval` or `bench` JSON of this artifact for the card (repeatable); the eval reports beside the artifact are found."),
-    license_id: Optional[str] = typer.Option(None, "--license", help="License id for the card (default: the source's README front matter)."),
-    sign_key: Optional[Path] = typer.Option(None, "--sign-key", help="Sign the manifest's files with this EC private key (PEM) via model_signing (pip install 'qwenquant\\[sign]')."),
+    report: list[Path] | None = typer.Option(None, "--report", help="A `qwenquant eval` or `bench` JSON of this artifact for the card (repeatable); the eval reports beside the artifact are found."),
+    license_id: str | None = typer.Option(None, "--license", help="License id for the card (default: the source's README front matter)."),
+    sign_key: Path | None = typer.Option(None, "--sign-key", help="Sign the manifest's files with this EC private key (PEM) via model_signing (pip install 'qwenquant\\[sign]')."),
     as_json: bool = typer.Option(False, "--json", help="Print the result (files, plan, commit, card) as JSON."),
 ) -> None:
     """Upload exactly the manifest's files plus the model card (README.md, its record and the reports)

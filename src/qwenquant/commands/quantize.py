@@ -7,7 +7,7 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -22,10 +22,10 @@ def quantize_cmd(
     source: Path = typer.Argument(..., help="Model folder written by `qwenquant fetch` (or any folder with --source-unverified)."),
     recipe: str = typer.Option("w4a16-int4head", "--recipe", help="Shipped recipe name or YAML path."),
     out: Path = typer.Option(..., "--out", help="Artifact folder to write (replaced when complete)."),
-    calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration set name or YAML path (default: the recipe's)."),
+    calibration: str | None = typer.Option(None, "--calibration", help="Calibration set name or YAML path (default: the recipe's)."),
     source_unverified: bool = typer.Option(False, "--source-unverified", help="Accept a local folder without a fetch record (hashed and recorded as unverified)."),
-    work: Optional[Path] = typer.Option(None, "--work", help="Work folder for stage outputs and records (default: <out>.work)."),
-    device: Optional[Device] = typer.Option(None, "--device", help="cpu or cuda (default: cuda when present)."),
+    work: Path | None = typer.Option(None, "--work", help="Work folder for stage outputs and records (default: <out>.work)."),
+    device: Device | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when present)."),
     gpus: str = typer.Option("1", "--gpus", help="Processes for the gptq stage, one GPU each (NCCL): a number or 'auto' (every visible GPU). With --device cpu: N CPU processes (gloo)."),
     force: bool = typer.Option(False, "--force", help="Remove an existing --out / --work that is not this build's (says what it removes)."),
     plan: bool = typer.Option(False, "--plan", help="Only say which stages would run or be reused, and why; runs and writes nothing."),
@@ -63,7 +63,7 @@ def quantize_cmd(
 
 def _run(opts: QuantizeOptions, as_json: bool) -> None:
     os.environ.setdefault("TQDM_DISABLE", "1")  # our progress bars replace llm-compressor's
-    from qwenquant.console import console, print_json, step_progress, stdout
+    from qwenquant.console import console, print_json, stdout, step_progress
     from qwenquant.quantize.pipeline import quantize
 
     with step_progress() as bars:

@@ -69,8 +69,8 @@ def list_() -> None:
       qwenquant recipe list
     """
     from qwenquant.console import stdout
-    from qwenquant.recipe import list_calibrations, list_recipes, load_recipe
     from qwenquant.errors import RecipeError
+    from qwenquant.recipe import list_calibrations, list_recipes, load_recipe
 
     for name, path in list_recipes().items():
         try:

@@ -3,35 +3,44 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from qwenquant.commands._app import app
-from qwenquant.commands._options import DEFAULT_TIMEOUT, ApiKey, GpuMem, GpuMemSoft, Gpus, Profiles, ServeDevice, Timeout, Vllm
+from qwenquant.commands._options import (
+    DEFAULT_TIMEOUT,
+    ApiKey,
+    GpuMem,
+    GpuMemSoft,
+    Gpus,
+    Profiles,
+    ServeDevice,
+    Timeout,
+    Vllm,
+)
 
 
 @app.command(context_settings={"allow_interspersed_args": True})
 def serve(
     artifact: Path = typer.Argument(..., help="Artifact folder made by `qwenquant quantize`."),
-    extra: Optional[list[str]] = typer.Argument(None, help="Extra vLLM flags, after `--`.", show_default=False),
+    extra: list[str] | None = typer.Argument(None, help="Extra vLLM flags, after `--`.", show_default=False),
     profile: Profiles = None,
-    port: Optional[int] = typer.Option(None, help="Port (default: the profile's)."),
-    host: Optional[str] = typer.Option(None, help="Host to bind (default: the profile's)."),
+    port: int | None = typer.Option(None, help="Port (default: the profile's)."),
+    host: str | None = typer.Option(None, help="Host to bind (default: the profile's)."),
     api_key: ApiKey = None,
-    served_model_name: Optional[str] = typer.Option(None, help="Model name clients use."),
+    served_model_name: str | None = typer.Option(None, help="Model name clients use."),
     vllm: Vllm = None,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and environment; start nothing."),
     timeout: Timeout = DEFAULT_TIMEOUT,
     device: ServeDevice = None,
-    log_file: Optional[Path] = typer.Option(None, help="Server log (default: a temp file, never in the artifact)."),
+    log_file: Path | None = typer.Option(None, help="Server log (default: a temp file, never in the artifact)."),
     gpus: Gpus = 1,
     gpu_mem: GpuMem = None,
     gpu_mem_soft: GpuMemSoft = False,
-    public_key: Optional[Path] = typer.Option(None, "--require-signature", metavar="PUBLIC_KEY",
+    public_key: Path | None = typer.Option(None, "--require-signature", metavar="PUBLIC_KEY",
                                               help="Refuse to serve unless the artifact's model_signing signature "
                                                    "holds for this public key (PEM); pip install 'qwenquant[sign]'."),
-    signature: Optional[Path] = typer.Option(None, "--signature", help="The signature to check with "
+    signature: Path | None = typer.Option(None, "--signature", help="The signature to check with "
                                              "--require-signature (default: ARTIFACT/model.sig)."),
 ) -> int:
     """Serve an artifact with vLLM after preflight checks; print "ready URL" once it answers.

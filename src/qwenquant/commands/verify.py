@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -13,8 +13,8 @@ from qwenquant.commands._app import app
 @app.command("verify")
 def verify(
     artifact: Path = typer.Argument(..., help="Artifact folder holding qwenquant-manifest.json."),
-    signature: Optional[Path] = typer.Option(None, "--signature", help="A model_signing signature (model.sig) to check too."),
-    public_key: Optional[Path] = typer.Option(None, "--public-key", help="The signer's public key (PEM), with --signature."),
+    signature: Path | None = typer.Option(None, "--signature", help="A model_signing signature (model.sig) to check too."),
+    public_key: Path | None = typer.Option(None, "--public-key", help="The signer's public key (PEM), with --signature."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Re-hash every file of an artifact against its manifest; exit 0 only when all match. A fetched
@@ -58,8 +58,8 @@ def verify(
         )
 
 
-def _provenance(artifact: Path, report: Any, signature: Optional[Path], public_key: Optional[Path],
-                signed: Optional[int]) -> list[str]:
+def _provenance(artifact: Path, report: Any, signature: Path | None, public_key: Path | None,
+                signed: int | None) -> list[str]:
     """Where a fetched folder came from, the published root digest, the signature that held."""
     import json
 

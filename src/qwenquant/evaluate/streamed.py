@@ -17,8 +17,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -52,8 +53,8 @@ class _Arm:
 
     def __init__(self, folder: Path, device: str) -> None:
         from qwenquant.checkpoint.tensorfile import checkpoint_refs
-        from qwenquant.modeling.text import open_source
         from qwenquant.evaluate.weights import read_config
+        from qwenquant.modeling.text import open_source
 
         self.folder, self.device = Path(folder), device
         self.config = read_config(folder)
@@ -67,8 +68,8 @@ class _Arm:
         """float32 tensors of `names` (full names) on the arm's device, packed modules dequantized to
         `<module>.weight` there (unpacking and scaling are exact, so the device does not change a value;
         on a GPU it keeps the host free of float32 copies and the CPU out of the loop)."""
-        from qwenquant.modeling.text import ref_tensor
         from qwenquant.evaluate.weights import dequantize
+        from qwenquant.modeling.text import ref_tensor
 
         raw = {n: ref_tensor(self.refs[n]).to(device or self.device) for n in names}
         if not any(n.endswith(".weight_packed") for n in raw):
@@ -127,8 +128,8 @@ def streamed_forwards(reference: Path, artifact: Path, windows: torch.Tensor, *,
                       ) -> tuple[PrecomputedForward, PrecomputedForward, dict[str, torch.Tensor]]:
     """(reference forward, artifact forward, heads) for `windows` [N, L], as run_offline's dense path gives."""
     from qwenquant.console import timed
-    from qwenquant.modeling.text import embed_samples
     from qwenquant.evaluate.offline import rtn_head
+    from qwenquant.modeling.text import embed_samples
 
     arms = {"reference": _Arm(reference, device), "artifact": _Arm(artifact, device)}
     samples = windows.tolist()

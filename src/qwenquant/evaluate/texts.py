@@ -6,7 +6,7 @@ for every model but the committed tiny reference, which keeps its shipped held-o
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from qwenquant.errors import UsageError
 
@@ -31,8 +31,8 @@ def is_tiny_reference(folder: Path) -> bool:
     return tok.is_file() and tok.read_bytes() == reference_model.verified_bytes("tokenizer.json")
 
 
-def resolve_windows(reference: Path, windows: int, window_len: int, *, text: Optional[Path] = None,
-                    text_set: Optional[str] = None, cache: Optional[Path] = None) -> tuple[torch.Tensor, dict[str, Any]]:
+def resolve_windows(reference: Path, windows: int, window_len: int, *, text: Path | None = None,
+                    text_set: str | None = None, cache: Path | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
     """(windows [N, L], what they were cut from) for `--text FILE`, `--text-set NAME`, or the default:
     the shipped held-out text for the tiny reference, the pinned Hub text set for any other model."""
     from qwenquant.evaluate import textset

@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from qwenquant import data_path, envs
 from qwenquant.errors import FetchError, UsageError
@@ -36,7 +36,7 @@ class TextSet:
     revision: str
     file: str
     license: str
-    sha256: Optional[str] = None
+    sha256: str | None = None
     repo_type: str = "dataset"
     text_field: str = "text"
     join: str = "\n\n"
@@ -102,7 +102,7 @@ def _cached(folder: Path, ts: TextSet) -> bool:
     return check.ok and check.record.get("commit") == ts.revision and (folder / ts.file).is_file()
 
 
-def fetch_text_set(ts: TextSet, cache: Optional[Path] = None) -> Path:
+def fetch_text_set(ts: TextSet, cache: Path | None = None) -> Path:
     """The verified local copy of the set's file (fetched once, then reused from the cache)."""
     from qwenquant.hashing import sha256_file
 

@@ -9,9 +9,14 @@
     check_fetch_record(out_dir) -> RecordCheck                         (missing / changed / extra lists)
 """
 
+from qwenquant.fetch.record import (
+                                    RecordCheck,
+                                    check_fetch_record,
+                                    load_fetch_record,
+                                    load_record_file,
+                                    verify_fetch_record,
+)
 from qwenquant.fetch.selection import RECORD_NAME, STAGING_NAME, RemoteFile
-from qwenquant.fetch.record import (RecordCheck, check_fetch_record, load_fetch_record, load_record_file,
-                                    verify_fetch_record)
 from qwenquant.fetch.snapshot import FetchResult, Progress, fetch_snapshot
 
 __all__ = [

@@ -15,7 +15,7 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from qwenquant.errors import FetchError
 from qwenquant.fetch.selection import RECORD_NAME, STAGING_NAME, RemoteFile
@@ -32,8 +32,8 @@ class Pinned:
 
     commit: str
     files: list[RemoteFile]
-    note: Optional[str] = None
-    replaces: Optional[str] = None  # the recorded commit this one stands in for
+    note: str | None = None
+    replaces: str | None = None  # the recorded commit this one stands in for
 
 
 class CommitGone(FetchError):
@@ -53,7 +53,7 @@ def content_diff(recorded: list[dict[str, Any]], listed: list[RemoteFile]) -> li
 
 
 def pin_commit(api: Any, out_dir: Path, repo_id: str, repo_type: str, revision: str, endpoint: str,
-               re_resolve: bool, expect: Optional[dict[str, Any]] = None) -> Pinned:
+               re_resolve: bool, expect: dict[str, Any] | None = None) -> Pinned:
     """Pick the commit (see the module doc), list it, and apply the record's content pin."""
     recorded = expect or _record(out_dir, repo_id, repo_type, revision)
     commit, reused = _pick_commit(api, out_dir, repo_id, repo_type, revision, endpoint, re_resolve, expect)
@@ -88,7 +88,7 @@ def _refuse_changed(recorded: dict[str, Any], files: list[RemoteFile], repo_id: 
                               "it is verified and recorded anew")
 
 
-def _record(out_dir: Path, repo_id: str, repo_type: str, revision: str) -> Optional[dict[str, Any]]:
+def _record(out_dir: Path, repo_id: str, repo_type: str, revision: str) -> dict[str, Any] | None:
     """The fetch record in `out_dir` when it is of this repo and revision (its files pin the content)."""
     with contextlib.suppress(OSError, ValueError):
         rec = json.loads((out_dir / RECORD_NAME).read_text())
@@ -99,7 +99,7 @@ def _record(out_dir: Path, repo_id: str, repo_type: str, revision: str) -> Optio
 
 
 def _pick_commit(api: Any, out_dir: Path, repo_id: str, repo_type: str, revision: str, endpoint: str,
-                 re_resolve: bool, expect: Optional[dict[str, Any]]) -> tuple[str, bool]:
+                 re_resolve: bool, expect: dict[str, Any] | None) -> tuple[str, bool]:
     """(commit, reused): a 40-hex revision is the commit; else reuse the expected, pending or recorded
     commit (unless `re_resolve`); else resolve the revision once."""
     if COMMIT_RE.match(revision):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from qwenquant.errors import VerificationError
 from qwenquant.fetch.selection import RECORD_NAME, STAGING_NAME

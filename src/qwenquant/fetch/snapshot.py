@@ -9,21 +9,22 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from qwenquant import __version__, envs
 from qwenquant.atomic import atomic_write_json, exclusive_lock, fsync_dir
+from qwenquant.checkpoint.header import INDEX_NAME, SafetensorsError, check_index, load_index_json, read_header
 from qwenquant.errors import FetchError
-from qwenquant.fetch.selection import RECORD_NAME, STAGING_NAME, RemoteFile, check_listing, config_problems
 from qwenquant.fetch.pinning import PENDING_NAME, pin_commit
 from qwenquant.fetch.record import SCHEMA_VERSION, root_digest
+from qwenquant.fetch.selection import RECORD_NAME, STAGING_NAME, RemoteFile, check_listing, config_problems
 from qwenquant.fetch.transfer import Cancelled, FileDigest, Session, download_file
 from qwenquant.hashing import CHUNK
-from qwenquant.checkpoint.header import INDEX_NAME, SafetensorsError, check_index, load_index_json, read_header
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +253,7 @@ def _reuse_verified(out_dir: Path, files: list[RemoteFile], workers: int) -> tup
         if p.is_file() and p.stat().st_size == f.size:
             candidates.append(f)
     with ThreadPoolExecutor(max_workers=max(1, min(workers, 4))) as pool:
-        local = dict(zip([f.path for f in candidates], pool.map(lambda f: _local_digest(out_dir / f.path, f), candidates)))
+        local = dict(zip([f.path for f in candidates], pool.map(lambda f: _local_digest(out_dir / f.path, f), candidates), strict=True))
     kept: dict[str, FileDigest] = {}
     for f in candidates:
         d = local[f.path]

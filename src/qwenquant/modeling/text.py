@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from qwenquant.errors import StageError
 from qwenquant.checkpoint.tensorfile import TensorRef
+from qwenquant.errors import StageError
 
 TORCH_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I32": torch.int32,
                 "I64": torch.int64}

@@ -13,7 +13,7 @@ import json
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from qwenquant.errors import QwenquantError
 
@@ -23,7 +23,7 @@ DEFAULT_TIMEOUT = 30.0
 class HttpError(QwenquantError):
     """A request that got no usable answer; `status` is None when the server did not answer at all."""
 
-    def __init__(self, message: str, status: Optional[int] = None, body: str = "") -> None:
+    def __init__(self, message: str, status: int | None = None, body: str = "") -> None:
         super().__init__(message, hint="check that the server is up and the URL is right")
         self.status = status
         self.body = body
@@ -35,7 +35,7 @@ class Response:
     text: str
 
 
-def _request(url: str, body: Any, api_key: Optional[str]) -> urllib.request.Request:
+def _request(url: str, body: Any, api_key: str | None) -> urllib.request.Request:
     headers = {"Content-Type": "application/json"} if body is not None else {}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
@@ -43,7 +43,7 @@ def _request(url: str, body: Any, api_key: Optional[str]) -> urllib.request.Requ
     return urllib.request.Request(url, data=data, headers=headers, method="GET" if data is None else "POST")
 
 
-def fetch(url: str, body: Any = None, *, api_key: Optional[str] = None,
+def fetch(url: str, body: Any = None, *, api_key: str | None = None,
           timeout: float = DEFAULT_TIMEOUT) -> Response:
     """GET `url` (POST `body` as JSON when given) and return the answer, whatever its status;
     HttpError (status None) when the server does not answer."""
@@ -71,16 +71,16 @@ def _json(url: str, text: str, method: str) -> Any:
         raise HttpError(f"{method} {url} answered with something that is not JSON: {text[:200]}") from None
 
 
-def get_text(url: str, *, api_key: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT) -> str:
+def get_text(url: str, *, api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> str:
     """The body of a 2xx answer to GET `url`."""
     return _ok(url, fetch(url, api_key=api_key, timeout=timeout), "GET")
 
 
-def get_json(url: str, *, api_key: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT) -> Any:
+def get_json(url: str, *, api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> Any:
     """The JSON of a 2xx answer to GET `url`."""
     return _json(url, get_text(url, api_key=api_key, timeout=timeout), "GET")
 
 
-def post_json(url: str, body: Any, *, api_key: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT) -> Any:
+def post_json(url: str, body: Any, *, api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> Any:
     """POST `body` as JSON; the JSON of a 2xx answer."""
     return _json(url, _ok(url, fetch(url, body, api_key=api_key, timeout=timeout), "POST"), "POST")

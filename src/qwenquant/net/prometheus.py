@@ -10,8 +10,8 @@ counts. Labels (model_name, engine, position) are summed over, except position, 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 SPEC_PREFIX = "vllm:spec_decode_num_"
 _SPEC_COUNTERS = ("drafts", "draft_tokens", "accepted_tokens")

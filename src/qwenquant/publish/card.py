@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from qwenquant.hashing import seal
 from qwenquant.manifest import CARD_NAME, MANIFEST_NAME, Manifest
@@ -31,10 +32,10 @@ class CardFacts:
     mtp_tensors: int
     mtp_files: tuple[str, ...]
     vision_tensors: int
-    lm_head_bits: Optional[int]  # int4 lm_head: 4; None when the head is not quantized
-    group_size: Optional[int]
-    source_license: Optional[str] = None
-    vllm_line: Optional[str] = None  # the plain `vllm serve` line, when the recipe's profile builds one
+    lm_head_bits: int | None  # int4 lm_head: 4; None when the head is not quantized
+    group_size: int | None
+    source_license: str | None = None
+    vllm_line: str | None = None  # the plain `vllm serve` line, when the recipe's profile builds one
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -171,7 +172,7 @@ def build_card(manifest: Manifest, manifest_self_digest: str, facts: CardFacts, 
     return Card(readme, seal(body, "card_self_digest"))
 
 
-def read_facts(artifact: Path, manifest: Manifest, license_id: Optional[str]) -> CardFacts:
+def read_facts(artifact: Path, manifest: Manifest, license_id: str | None) -> CardFacts:
     """Architecture, MTP and vision tensors, lm_head bits from the artifact's config.json and index;
     the source's license from its README front matter; the plain vLLM line from the recipe."""
     from qwenquant.checkpoint.config import read_config, read_weight_map
@@ -203,7 +204,7 @@ def read_facts(artifact: Path, manifest: Manifest, license_id: Optional[str]) ->
                      lic or "other", _vllm_line(manifest, config), tuple(warnings))
 
 
-def _source_license(manifest: Manifest) -> Optional[str]:
+def _source_license(manifest: Manifest) -> str | None:
     """`license:` of the source folder's README.md front matter, when that folder is still there."""
     import yaml
 
@@ -218,7 +219,7 @@ def _source_license(manifest: Manifest) -> Optional[str]:
     return str(lic) if lic else None
 
 
-def _vllm_line(manifest: Manifest, config: dict[str, Any]) -> Optional[str]:
+def _vllm_line(manifest: Manifest, config: dict[str, Any]) -> str | None:
     """`vllm serve MODEL_DIR ...` for the recipe's single-user profile on CUDA, served as `qwenquant serve`
     names it (MODEL_NAME: the fetched folder's name, except for the real 27B); None without that profile."""
     import shlex

@@ -3,8 +3,9 @@ the file and the field it came from, the command that measured it and, for serve
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 from qwenquant.manifest import MANIFEST_NAME
 from qwenquant.publish.reports import Report
@@ -23,7 +24,7 @@ class Figure:
     source: str  # repo path of the report (or the manifest)
     field: Path_
     command: str
-    machine: Optional[str] = None
+    machine: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"section": self.section, "label": self.label, "value": self.value, "text": self.text,
@@ -54,7 +55,7 @@ def _pct(v: float) -> str:
 
 
 class _Collect:
-    def __init__(self, data: Any, source: str, command: str, machine: Optional[str] = None) -> None:
+    def __init__(self, data: Any, source: str, command: str, machine: str | None = None) -> None:
         self.data, self.source, self.command, self.machine = data, source, command, machine
         self.out: list[Figure] = []
 

@@ -5,7 +5,8 @@ revision, and a re-run sends only the LFS objects the Hub does not hold yet."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from qwenquant.errors import QwenquantError
 from qwenquant.publish.plan import LocalFile, PublishPlan, RemoteFile
@@ -25,9 +26,9 @@ RERUN = ("re-run the same command: nothing was committed, objects already upload
 
 def hub_error(e: BaseException, step: str, repo_id: str) -> PublishError:
     """One line for a failed step (HTTP status and the server's message), with the next step."""
-    import httpx
-
     import re
+
+    import httpx
 
     status = getattr(getattr(e, "response", None), "status_code", None)
     cause: BaseException = e
@@ -54,7 +55,7 @@ def _errors() -> tuple[type[BaseException], ...]:
     return (HfHubHTTPError, httpx.TransportError, RuntimeError, OSError, ValueError)
 
 
-def remote_state(api: Any, repo_id: str, revision: str) -> tuple[Optional[str], dict[str, RemoteFile]]:
+def remote_state(api: Any, repo_id: str, revision: str) -> tuple[str | None, dict[str, RemoteFile]]:
     """(head commit, listing) of `revision`; (None, {}) when the repo or the branch does not exist."""
     from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
     from huggingface_hub.hf_api import RepoFile
@@ -106,7 +107,7 @@ def _operations(plan: PublishPlan) -> tuple[list[Any], list[Any]]:
     return adds, [CommitOperationDelete(path_in_repo=p) for p in plan.delete]
 
 
-def commit_plan(api: Any, repo_id: str, revision: str, plan: PublishPlan, parent: Optional[str], message: str) -> Any:
+def commit_plan(api: Any, repo_id: str, revision: str, plan: PublishPlan, parent: str | None, message: str) -> Any:
     """Upload what the plan sends (LFS objects first), then make the one commit; its CommitInfo."""
     adds, deletes = _operations(plan)
     try:

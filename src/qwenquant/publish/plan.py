@@ -8,9 +8,9 @@ files, the card files and (kept or new) the signature, beside the Hub's own .git
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
 
 from qwenquant.manifest import SIGNATURE_NAME
 
@@ -24,8 +24,8 @@ class LocalFile:
     path: str
     size: int
     sha256: str
-    source: Optional[Path] = None
-    data: Optional[bytes] = None
+    source: Path | None = None
+    data: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class RemoteFile:
     path: str
     size: int
     blob_id: str
-    sha256: Optional[str]  # LFS files only
+    sha256: str | None  # LFS files only
 
 
 @dataclass
@@ -57,7 +57,7 @@ def same_content(local: LocalFile, remote: RemoteFile, git_blob: Callable[[Local
 
 
 def plan_upload(local: list[LocalFile], remote: dict[str, RemoteFile], git_blob: Callable[[LocalFile], str], *,
-                signature: Optional[LocalFile] = None, remote_signature_ok: Callable[[], bool] = lambda: False,
+                signature: LocalFile | None = None, remote_signature_ok: Callable[[], bool] = lambda: False,
                 ) -> PublishPlan:
     """Decide the commit. `signature`: a new one to publish (None: no --sign-key); a signature on the
     revision is kept when the signed files are unchanged and (with a new one) `remote_signature_ok()`."""

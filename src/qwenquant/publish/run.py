@@ -6,14 +6,23 @@ import hashlib
 import json
 import logging
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from qwenquant.errors import UsageError, VerificationError
 from qwenquant.hashing import sha256_file
-from qwenquant.manifest import (CARD_NAME, CARD_RECORD_NAME, MANIFEST_NAME, REPORTS_DIR, SIGNATURE_NAME,
-                                UNCHECKED_COMPANIONS, load_manifest, verify_artifact)
+from qwenquant.manifest import (
+    CARD_NAME,
+    CARD_RECORD_NAME,
+    MANIFEST_NAME,
+    REPORTS_DIR,
+    SIGNATURE_NAME,
+    UNCHECKED_COMPANIONS,
+    load_manifest,
+    verify_artifact,
+)
 from qwenquant.publish.card import Card, build_card, read_facts
 from qwenquant.publish.figures import collect_figures, not_measured
 from qwenquant.publish.plan import LocalFile, PublishPlan, plan_upload
@@ -30,9 +39,9 @@ class PublishResult:
     files: list[LocalFile]
     card: Card
     dry_run: bool = False
-    plan: Optional[PublishPlan] = None
-    commit: Optional[str] = None
-    url: Optional[str] = None
+    plan: PublishPlan | None = None
+    commit: str | None = None
+    url: str | None = None
     sign: bool = False
     warnings: list[str] = field(default_factory=list)
 
@@ -63,13 +72,13 @@ def check_repo_id(repo_id: str) -> None:
         raise UsageError(f"{repo_id!r} names no owner", hint="write it as OWNER/NAME, e.g. me/Qwen3.8-27B-w4a16")
 
 
-def _companion_clash(paths: Sequence[str]) -> Optional[str]:
+def _companion_clash(paths: Sequence[str]) -> str | None:
     names = (*UNCHECKED_COMPANIONS, CARD_NAME, CARD_RECORD_NAME)
     return next((p for p in paths if p in names or p.startswith(REPORTS_DIR + "/")), None)
 
 
 def prepare_files(artifact: Path, repo_id: str, revision: str, reports: Sequence[Path],
-                  license_id: Optional[str]) -> tuple[list[LocalFile], Card, list[str], str]:
+                  license_id: str | None) -> tuple[list[LocalFile], Card, list[str], str]:
     """Verify the artifact and build its card: (files to publish, card, warnings, root digest)."""
     report = verify_artifact(artifact)
     if not report.ok:
@@ -102,8 +111,8 @@ def git_blob(f: LocalFile) -> str:
 
 
 def publish_artifact(artifact: Path, repo_id: str, *, revision: str = "main", private: bool = False,
-                     dry_run: bool = False, reports: Sequence[Path] = (), license_id: Optional[str] = None,
-                     sign_key: Optional[Path] = None, endpoint: Optional[str] = None) -> PublishResult:
+                     dry_run: bool = False, reports: Sequence[Path] = (), license_id: str | None = None,
+                     sign_key: Path | None = None, endpoint: str | None = None) -> PublishResult:
     """Publish `artifact` to `repo_id`@`revision` in one commit; a no-op when the revision holds it already.
     `dry_run`: verify and build the card only, no network."""
     from qwenquant import signing

@@ -63,8 +63,8 @@ def graft_keeps(artifact: Path) -> set[str]:
 
 def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: bool = False) -> dict[str, Any]:
     """`qwenquant graft-mtp`: put the source MTP tensors back into an artifact (idempotent)."""
-    from qwenquant.manifest import MANIFEST_NAME, verify_artifact
     from qwenquant.checkpoint.assemble import carry_files
+    from qwenquant.manifest import MANIFEST_NAME, verify_artifact
     from qwenquant.quantize.stages.mtp import graft_into, plan_for, verify_mtp
 
     artifact, source = Path(artifact).resolve(), Path(source).resolve()

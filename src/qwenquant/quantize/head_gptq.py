@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from qwenquant.checkpoint.names import LM_HEAD_TARGET
-from qwenquant.modeling.runtime import torch_device
+from qwenquant.modeling.head_quality import (  # noqa: F401  (re-exported API)
+    StopForward,
+    capture_final_hidden,
+    compare_heads,
+    head_quality,
+)
 from qwenquant.modeling.int4 import (  # noqa: F401  (re-exported API)
     SCALE_DTYPE,
     QuantizedHead,
@@ -32,12 +37,7 @@ from qwenquant.modeling.int4 import (  # noqa: F401  (re-exported API)
     int_range,
     rtn_quantize_rows,
 )
-from qwenquant.modeling.head_quality import (  # noqa: F401  (re-exported API)
-    StopForward,
-    capture_final_hidden,
-    compare_heads,
-    head_quality,
-)
+from qwenquant.modeling.runtime import torch_device
 
 if TYPE_CHECKING:
     from qwenquant.recipe import LmHeadSpec

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pydantic models; the CLI's --help path stays free of them
-    from qwenquant.recipe import CalibrationSpec, Recipe
     from qwenquant.quantize.records import StageOutcome
+    from qwenquant.recipe import CalibrationSpec, Recipe
 
 # (stage, task, done, total). task None: the pipeline's own steps (stage `stage` starts as step
 # `done` of `total`, then "manifest" and "done"); else one of the stage's declared `tasks`.

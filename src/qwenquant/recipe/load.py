@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -14,12 +14,11 @@ from qwenquant.errors import RecipeError
 from qwenquant.recipe.models import SCHEMA_VERSION, CalibrationSpec, Recipe
 from qwenquant.recipe.rules import _calibration_problems, _cross_field_problems
 
-
 # ---------------------------------------------------------------------------------------------
 # Turning pydantic errors into `path: what — fix` lines.
 
 
-def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> Optional[type[BaseModel]]:
+def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The model class that owns the field at `loc` (used to list allowed keys)."""
     import types
     import typing

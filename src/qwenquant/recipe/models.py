@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 from pydantic_core import PydanticCustomError
@@ -81,7 +81,7 @@ class QuantizationSpec(_GroupWiseWeights):
     num_bits: int = 4
     symmetric: bool = True
     group_size: int = 128
-    actorder: Optional[Literal["static", "group", "weight"]] = "static"
+    actorder: Literal["static", "group", "weight"] | None = "static"
     dampening_frac: float = 0.01
     block_size: int = Field(default=128, gt=0)
     sequential_targets: list[str] = Field(default_factory=lambda: ["Qwen3_5DecoderLayer"])
@@ -120,21 +120,21 @@ class CalibrationSpec(_Strict):
     """Calibration text: a pinned Hub dataset revision or a local jsonl/parquet file."""
 
     source: Literal["hub", "local"]
-    dataset: Optional[str] = None
-    revision: Optional[str] = None
+    dataset: str | None = None
+    revision: str | None = None
     split: str = "train"
     text_field: str = "text"
-    path: Optional[str] = None
+    path: str | None = None
     num_samples: int = Field(gt=0)
     max_length: int = Field(gt=0)
     chat_template: bool = False
-    shuffle_seed: Optional[int] = 42
+    shuffle_seed: int | None = 42
 
-    _base_dir: Optional[Path] = PrivateAttr(default=None)
+    _base_dir: Path | None = PrivateAttr(default=None)
 
     @field_validator("revision")
     @classmethod
-    def _rev(cls, v: Optional[str]) -> Optional[str]:
+    def _rev(cls, v: str | None) -> str | None:
         if v is not None and not _HEX40.match(v):
             raise _fail(f"must be a full 40-hex commit sha (pinned), got {v!r} — copy the commit id "
                         "from the dataset's history page")
@@ -142,12 +142,12 @@ class CalibrationSpec(_Strict):
 
     @field_validator("path")
     @classmethod
-    def _path(cls, v: Optional[str]) -> Optional[str]:
+    def _path(cls, v: str | None) -> str | None:
         if v is not None and not v.endswith((".jsonl", ".parquet")):
             raise _fail(f"must name a .jsonl or .parquet file, got {v!r} — convert the data to jsonl")
         return v
 
-    def resolved_path(self) -> Optional[Path]:
+    def resolved_path(self) -> Path | None:
         """The local file, relative paths resolved against the folder of the YAML that named it."""
         if self.path is None:
             return None
@@ -156,7 +156,7 @@ class CalibrationSpec(_Strict):
             p = self._base_dir / p
         return p
 
-    def with_base_dir(self, base_dir: Path) -> "CalibrationSpec":
+    def with_base_dir(self, base_dir: Path) -> CalibrationSpec:
         """A copy whose relative `path` resolves against `base_dir`."""
         c = self.model_copy()
         c._base_dir = Path(base_dir).resolve()
@@ -210,25 +210,25 @@ class SpeculativeSpec(_Strict):
 class ServeSettings(_Strict):
     """vLLM settings; every key optional so a profile overrides only what it names."""
 
-    served_model_name: Optional[str] = None
-    host: Optional[str] = None
-    port: Optional[int] = Field(default=None, ge=1, le=65535)
-    kv_cache_dtype: Optional[Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"]] = None
-    mamba_ssm_cache_dtype: Optional[Literal["auto", "float16", "bfloat16", "float32"]] = None
-    mamba_cache_mode: Optional[str] = None
-    reasoning_parser: Optional[str] = None
-    max_num_batched_tokens: Optional[int] = Field(default=None, gt=0)
-    speculative: Optional[SpeculativeSpec] = None
-    max_model_len: Optional[int] = Field(default=None, gt=0)
-    max_num_seqs: Optional[int] = Field(default=None, gt=0)
-    gpu_memory_utilization: Optional[float] = None
-    enforce_eager: Optional[bool] = None
-    enable_prefix_caching: Optional[bool] = None
-    extra_args: Optional[list[str]] = None
+    served_model_name: str | None = None
+    host: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"] | None = None
+    mamba_ssm_cache_dtype: Literal["auto", "float16", "bfloat16", "float32"] | None = None
+    mamba_cache_mode: str | None = None
+    reasoning_parser: str | None = None
+    max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    speculative: SpeculativeSpec | None = None
+    max_model_len: int | None = Field(default=None, gt=0)
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    gpu_memory_utilization: float | None = None
+    enforce_eager: bool | None = None
+    enable_prefix_caching: bool | None = None
+    extra_args: list[str] | None = None
 
     @field_validator("gpu_memory_utilization")
     @classmethod
-    def _gmu(cls, v: Optional[float]) -> Optional[float]:
+    def _gmu(cls, v: float | None) -> float | None:
         if v is not None and not 0 < v <= 1:
             raise _fail(f"must be in (0, 1], got {v} — it is the fraction of GPU memory vLLM may use")
         return v
@@ -248,15 +248,15 @@ class ResolvedProfile(_Strict):
     port: int
     kv_cache_dtype: str
     mamba_ssm_cache_dtype: str
-    mamba_cache_mode: Optional[str]
-    reasoning_parser: Optional[str]
-    max_num_batched_tokens: Optional[int]
-    speculative: Optional[SpeculativeSpec]
+    mamba_cache_mode: str | None
+    reasoning_parser: str | None
+    max_num_batched_tokens: int | None
+    speculative: SpeculativeSpec | None
     max_model_len: int
     max_num_seqs: int
     gpu_memory_utilization: float
     enforce_eager: bool
-    enable_prefix_caching: Optional[bool]  # None: vLLM's default
+    enable_prefix_caching: bool | None  # None: vLLM's default
     extra_args: list[str]
 
 
@@ -304,12 +304,12 @@ class Recipe(_Strict):
     calibration: CalibrationSpec
     artifact: ArtifactSpec
     serve: ServeSpec
-    eval: Optional[EvalSpec] = None
+    eval: EvalSpec | None = None
 
-    _source_path: Optional[Path] = PrivateAttr(default=None)
+    _source_path: Path | None = PrivateAttr(default=None)
 
     @property
-    def source_path(self) -> Optional[Path]:
+    def source_path(self) -> Path | None:
         """The YAML file this recipe was loaded from (None when built in code)."""
         return self._source_path
 
@@ -353,7 +353,7 @@ class Recipe(_Strict):
             merged["extra_args"] = []
         return ResolvedProfile(name=name, description=prof.description, **merged)
 
-    def with_calibration(self, calibration: CalibrationSpec) -> "Recipe":
+    def with_calibration(self, calibration: CalibrationSpec) -> Recipe:
         """A copy with its calibration replaced (`--calibration tiny-demo`)."""
         r = self.model_copy(update={"calibration": calibration})
         r._source_path = self._source_path

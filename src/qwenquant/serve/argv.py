@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 from qwenquant.errors import ServeError
 from qwenquant.plan.settings import artifact_layout, decide
@@ -65,7 +66,7 @@ def _extra_flags(extra: Sequence[str]) -> set[str]:
 
 def build_vllm_argv(
     artifact_dir: Path, profile: ResolvedProfile, manifest: Any, device: str, extra: Sequence[str] = (),
-    *, api_key: Optional[str] = None, tp: int = 1,
+    *, api_key: str | None = None, tp: int = 1,
 ) -> list[str]:
     """vLLM arguments for serving `artifact_dir` with `profile` on `device` ("cuda" | "cpu"), over
     `tp` GPUs under tensor parallelism.
@@ -105,7 +106,7 @@ def build_vllm_argv(
     return a
 
 
-def extra_tp(extra: Sequence[str]) -> Optional[int]:
+def extra_tp(extra: Sequence[str]) -> int | None:
     """The tensor-parallel size `--tensor-parallel-size N` / `-tp N` in `extra` asks for (the last
     one, as vLLM's parser takes it), or None."""
     size = None
@@ -120,7 +121,7 @@ def extra_tp(extra: Sequence[str]) -> Optional[int]:
     return size
 
 
-def build_vllm_env(device: str, base: Mapping[str, str], cpu_kvcache_gib: Optional[int] = None) -> dict[str, str]:
+def build_vllm_env(device: str, base: Mapping[str, str], cpu_kvcache_gib: int | None = None) -> dict[str, str]:
     """Environment additions for the server (CPU: VLLM_CPU_KVCACHE_SPACE in GiB)."""
     env: dict[str, str] = {}
     if device == "cpu":

@@ -24,7 +24,6 @@ import json
 import os
 import signal
 import sys
-from typing import Optional
 
 from qwenquant import envs
 
@@ -54,7 +53,7 @@ def planned_hold(free: int, size: int) -> int:
     return (free - size) // PAGE * PAGE
 
 
-def ballast_command(python: str, size: int, devices: int, free_before: Optional[list[int]] = None) -> list[str]:
+def ballast_command(python: str, size: int, devices: int, free_before: list[int] | None = None) -> list[str]:
     """The argv that runs the ballast for `devices` GPUs of `size` bytes each."""
     argv = [python, "-I", os.path.abspath(__file__), "--size", str(size), "--devices", str(devices)]
     if free_before:
@@ -173,7 +172,7 @@ def main(argv: list[str]) -> int:
     except BallastError as e:
         print(f"ballast: error {e}", flush=True)
         return 1
-    for d, before in zip(devices, a["free_before"]):
+    for d, before in zip(devices, a["free_before"], strict=False):
         d["free_before"] = before
         if not d.get("standin"):  # what the ballast's own context took, as the driver counts it
             d["context"] = before - d["free_after_context"]

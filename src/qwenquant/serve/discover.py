@@ -17,7 +17,6 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from qwenquant import envs
 from qwenquant.errors import ServeError
@@ -55,7 +54,7 @@ class VllmInstall:
     """A runnable vLLM: the argv prefix that starts its OpenAI server, and what it is."""
 
     entrypoint: tuple[str, ...]
-    python: Optional[str]
+    python: str | None
     version: str
     device: str  # "cuda" | "cpu"
     source: str  # where it was found
@@ -80,7 +79,7 @@ def _looks_like_python(p: Path) -> bool:
     return re.fullmatch(r"python(\d+(\.\d+)?)?", p.name) is not None
 
 
-def _shebang_python(p: Path) -> Optional[str]:
+def _shebang_python(p: Path) -> str | None:
     try:
         with open(p, "rb") as f:
             first = f.readline(512).decode(errors="replace").strip()
@@ -137,7 +136,7 @@ def _exe_version(p: Path) -> str:
     return m.group(0)
 
 
-def find_vllm(explicit: Optional[str] = None) -> VllmInstall:
+def find_vllm(explicit: str | None = None) -> VllmInstall:
     """Locate vLLM, or raise ServeError saying exactly what to install."""
     if explicit:
         return _from_path(Path(explicit).expanduser(), "--vllm")
@@ -160,7 +159,7 @@ def _cache_file() -> Path:
     return Path(base) / "qwenquant" / "vllm-probe.json"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def probe(python: str) -> dict:
     """{"version", "device", "archs"} from the vLLM python (subprocess; cached in memory + on disk)."""
     key = f"{os.path.realpath(python)}|{os.environ.get('PYTHONPATH', '')}"
@@ -200,7 +199,7 @@ def _stamp(python: str) -> str:
     return ",".join(marks) or str(Path(python).stat().st_mtime_ns)
 
 
-def supported_archs(install: VllmInstall) -> Optional[list[str]]:
+def supported_archs(install: VllmInstall) -> list[str] | None:
     """Architectures the installed vLLM can load, or None when it cannot be asked."""
     if not install.python:
         return None
@@ -208,7 +207,7 @@ def supported_archs(install: VllmInstall) -> Optional[list[str]]:
     return info.get("archs")
 
 
-def check_version(version: str, specifiers: list[str]) -> Optional[str]:
+def check_version(version: str, specifiers: list[str]) -> str | None:
     """None when `version` satisfies every specifier, else a problem sentence."""
     from packaging.specifiers import SpecifierSet
     from packaging.version import InvalidVersion, Version
@@ -223,7 +222,7 @@ def check_version(version: str, specifiers: list[str]) -> Optional[str]:
     return f"vLLM {version} is not one the recipe supports ({', '.join(specifiers)})"
 
 
-def check_architecture(arch: str, archs: Optional[list[str]], install: VllmInstall) -> Optional[str]:
+def check_architecture(arch: str, archs: list[str] | None, install: VllmInstall) -> str | None:
     """None when vLLM serves `arch` (or cannot be asked), else a problem sentence with the way out."""
     if archs is None or arch in archs:
         return None

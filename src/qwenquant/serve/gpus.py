@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Optional
 
 from qwenquant.errors import ServeError, UsageError
 from qwenquant.plan.budget import MiB, gib
@@ -77,7 +77,7 @@ def check_free(gpus: list[Gpu], utilization: float) -> int:
 
 
 def tp_gpu_bytes(tp: int, utilization: float, env: Mapping[str, str],
-                 table: Optional[list[Gpu]] = None) -> int:
+                 table: list[Gpu] | None = None) -> int:
     """Check the GPUs a tensor-parallel server of size `tp` will use; return memory per GPU to plan for."""
     return check_free(used_gpus(gpu_table() if table is None else table, tp, env), utilization)
 

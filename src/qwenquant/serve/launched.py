@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from qwenquant.net.ports import free_port
 from qwenquant.serve.request import ServeRequest

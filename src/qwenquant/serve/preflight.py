@@ -15,9 +15,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from qwenquant.errors import QwenquantError, ServeError, VerificationError
 from qwenquant.manifest import SIGNATURE_NAME
@@ -44,11 +45,11 @@ class Prepared:
 
     artifact: Path
     profile: ResolvedProfile
-    install: Optional[VllmInstall]
+    install: VllmInstall | None
     device: str
     args: list[str]
     env_add: dict[str, str]
-    budget: Optional[budgetmod.Budget]
+    budget: budgetmod.Budget | None
     warnings: list[str] = field(default_factory=list)
     failures: list[QwenquantError] = field(default_factory=list)  # dry run: every check that failed
     notes: list[str] = field(default_factory=list)  # how decided figures were reached (--gpu-mem)
@@ -67,7 +68,7 @@ def gpu_memory() -> tuple[int, int]:
     return gpu.total, gpu.free
 
 
-def gpu_compute_capability() -> Optional[tuple[int, int]]:
+def gpu_compute_capability() -> tuple[int, int] | None:
     """(major, minor) of GPU 0 from nvidia-smi, or None when it cannot be read."""
     exe = shutil.which("nvidia-smi")
     if not exe:
@@ -178,7 +179,7 @@ def prepare(req: ServeRequest) -> Prepared:
     profile = argvmod.apply_extra(profile.model_copy(update=update), extra)
     warnings: list[str] = []
 
-    install: Optional[VllmInstall] = checks.run(find_vllm, req.vllm)
+    install: VllmInstall | None = checks.run(find_vllm, req.vllm)
     if install is None:
         warnings.append("no vLLM found: the command below uses `vllm serve`")
     dev = req.device or (install.device if install else "cuda")

@@ -10,9 +10,9 @@ Light to import (the CLI reads its defaults): the planning code is imported when
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
 
 from qwenquant.errors import UsageError
 
@@ -26,23 +26,23 @@ class ServeRequest:
     """An artifact to serve and how; `extra` holds the vLLM flags given after `--`."""
 
     artifact: Path
-    profile: Optional[str] = None  # None: DEFAULT_PROFILE
+    profile: str | None = None  # None: DEFAULT_PROFILE
     extra: tuple[str, ...] = ()
-    port: Optional[int] = None  # None: the profile's
-    host: Optional[str] = None  # None: the profile's
-    api_key: Optional[str] = None
-    served_model_name: Optional[str] = None
-    vllm: Optional[str] = None  # None: serve/discover.py's search order
-    device: Optional[str] = None  # None: what the vLLM build targets
+    port: int | None = None  # None: the profile's
+    host: str | None = None  # None: the profile's
+    api_key: str | None = None
+    served_model_name: str | None = None
+    vllm: str | None = None  # None: serve/discover.py's search order
+    device: str | None = None  # None: what the vLLM build targets
     timeout: float = DEFAULT_TIMEOUT  # seconds to become ready
-    log_file: Optional[Path] = None  # None: serve/preflight.py default_log_path
+    log_file: Path | None = None  # None: serve/preflight.py default_log_path
     gpus: int = 1  # tensor parallelism
-    gpu_mem: Optional[str] = None  # as given ("24GiB"): the card to behave as
+    gpu_mem: str | None = None  # as given ("24GiB"): the card to behave as
     gpu_mem_soft: bool = False  # --gpu-mem as vLLM's budget only, without the ballast's hard limit
     ballast_reserve: int = 0  # bytes the ballast also leaves free: for the servers a bench run starts after this
     dry_run: bool = False
-    public_key: Optional[Path] = None  # serve only: the signature must hold for this key
-    signature: Optional[Path] = None  # None: ARTIFACT/model.sig
+    public_key: Path | None = None  # serve only: the signature must hold for this key
+    signature: Path | None = None  # None: ARTIFACT/model.sig
     label: str = ""  # bench's configuration label, in log lines
 
     def __post_init__(self) -> None:
@@ -73,7 +73,7 @@ class ServeRequest:
         return self.profile or DEFAULT_PROFILE
 
     @property
-    def gpu_mem_bytes(self) -> Optional[int]:
+    def gpu_mem_bytes(self) -> int | None:
         from qwenquant.plan.gpumem import parse_size
 
         return parse_size(self.gpu_mem) if self.gpu_mem else None

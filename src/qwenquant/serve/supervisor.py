@@ -22,14 +22,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional
 
 from qwenquant.errors import ServeError
-from qwenquant.procenv import child_env
 from qwenquant.net.http import HttpError, fetch
 from qwenquant.net.ports import listener_pids, process_tree
+from qwenquant.procenv import child_env
 from qwenquant.serve.ballast import REPORT
 from qwenquant.serve.watchdog import watchdog_command
 
@@ -57,7 +57,7 @@ class ServerSpec:
     served_model_name: str
     artifact_root: str
     log_path: Path
-    api_key: Optional[str] = None
+    api_key: str | None = None
     timeout: float = 900.0  # seconds to become ready
     grace: float = 30.0  # seconds between SIGTERM and SIGKILL
     ballast: tuple[str, ...] = ()  # the ballast's argv (hard --gpu-mem), started before the server
@@ -141,11 +141,11 @@ class Server:
     def __init__(self, spec: ServerSpec) -> None:
         self.spec = spec
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self.fatal: Optional[tuple[float, str]] = None  # (when, first fatal line) seen in the log
+        self.fatal: tuple[float, str] | None = None  # (when, first fatal line) seen in the log
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         # 0600: vLLM may echo its arguments (the API key) into the log
         self._log = os.fdopen(os.open(spec.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
-        self.ballast: Optional[Ballast] = None
+        self.ballast: Ballast | None = None
         self.stopped = False
         try:
             if spec.ballast:
@@ -184,7 +184,7 @@ class Server:
             lines = [line.replace(self.spec.api_key, "****") for line in lines]
         return "\n".join("  | " + line for line in lines) if lines else "  (no output)"
 
-    def stop(self, grace: float) -> Optional[int]:
+    def stop(self, grace: float) -> int | None:
         """SIGTERM the process group, wait `grace`, then SIGKILL; reap; stop the ballast; return the exit code."""
         if self.stopped:
             return self.proc.returncode
@@ -225,7 +225,7 @@ class _Waiting:
         self.reason = "it did not start listening"
 
 
-def _answer(url: str, api_key: Optional[str], body: Optional[dict], timeout: float) -> tuple[int, str]:
+def _answer(url: str, api_key: str | None, body: dict | None, timeout: float) -> tuple[int, str]:
     """(status, text) of a request to a server that answered /health: no answer now is a failure."""
     try:
         r = fetch(url, body, api_key=api_key, timeout=timeout)
@@ -294,7 +294,7 @@ def serve_forever(spec: ServerSpec, on_ready: Callable[[str], None]) -> int:
         raise _Stop(signum)
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    server: Optional[Server] = None
+    server: Server | None = None
     try:
         try:
             server = Server(spec)

@@ -18,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Optional
 
 from qwenquant.procenv import set_parent_death_signal
 
@@ -51,7 +50,7 @@ def _child_setup() -> None:
     set_parent_death_signal(signal.SIGKILL)
 
 
-def take_down_group(child: Optional[subprocess.Popen], grace: float) -> None:
+def take_down_group(child: subprocess.Popen | None, grace: float) -> None:
     """SIGTERM our process group, give the server `grace` seconds, then SIGKILL the group (and us)."""
     try:
         os.killpg(0, signal.SIGTERM)  # our own SIGTERM handler is a no-op
@@ -94,7 +93,7 @@ def main(argv: list[str]) -> int:
         signal.signal(s, lambda signum, frame: None)
     signal.signal(signal.SIGUSR1, on_parent_death)
     set_parent_death_signal(signal.SIGUSR1)
-    child: Optional[subprocess.Popen] = None
+    child: subprocess.Popen | None = None
     try:
         if os.getppid() != parent:  # it died before prctl took effect
             raise _Orphaned()

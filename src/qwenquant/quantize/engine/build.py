@@ -67,9 +67,9 @@ def run_streamed_gptq(source_dir: Path, samples: list[list[int]], q: Quantizatio
                "out_dir": str(out_dir), "heldout": list(heldout), "max_shard_bytes": max_shard_bytes,
                "layers_root": str(layers_root), "fingerprint": fingerprint, "device": device}
         return run_job(job, ranks, Path(layers_root).parent, progress)
+    from qwenquant.checkpoint.tensorfile import checkpoint_refs
     from qwenquant.modeling.text import open_source
     from qwenquant.quantize.engine.run import apply_gpu_cap, stream_quantize
-    from qwenquant.checkpoint.tensorfile import checkpoint_refs
 
     apply_gpu_cap(device, max_gpu_mem_gib())
     src = open_source(Path(source_dir), checkpoint_refs(Path(source_dir)))
@@ -92,12 +92,12 @@ def write_stage_folder(src: Any, res: Any, out_dir: Path, max_shard_bytes: int) 
     names = shard_names(src.num_layers, len(groups))
     weight_map: dict[str, str] = {}
     total = 0
-    for f, shard in zip(res.layer_files, names):
+    for f, shard in zip(res.layer_files, names, strict=False):  # names go on past the layers
         link_or_copy(f, out_dir / shard)
         for n, r in shard_refs(out_dir / shard).items():
             weight_map[n] = shard
             total += r.nbytes
-    for group, shard in zip(groups, names[src.num_layers:]):
+    for group, shard in zip(groups, names[src.num_layers:], strict=False):
         write_shard(out_dir / shard, [rest[n] for n in group])
         for n in group:
             weight_map[n] = shard

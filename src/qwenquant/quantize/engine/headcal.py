@@ -47,8 +47,8 @@ def save(stage_dir: Path, cal: HeadCalibration) -> None:
 
 def load(stage_dir: Path) -> HeadCalibration | None:
     """The head calibration a streamed gptq stage left, or None (the oneshot engine leaves none)."""
-    from qwenquant.modeling.text import ref_tensor
     from qwenquant.checkpoint.tensorfile import shard_refs
+    from qwenquant.modeling.text import ref_tensor
 
     d = Path(stage_dir) / FOLDER
     if not (d / HESSIAN).is_file():

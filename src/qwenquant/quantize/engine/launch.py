@@ -29,8 +29,8 @@ from typing import IO, Any
 
 from qwenquant import envs, errors
 from qwenquant.atomic import atomic_write_json
-from qwenquant.procenv import child_env
 from qwenquant.net.ports import free_port
+from qwenquant.procenv import child_env
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from qwenquant.atomic import atomic_write_bytes, pretty_json
-from qwenquant.hashing import is_sealed, seal, sha256_file
 from qwenquant.checkpoint.tensorfile import RawTensor, TensorRef, shard_refs, write_shard
+from qwenquant.hashing import is_sealed, seal, sha256_file
 
 RECORD = "record.json"
 TENSORS = "tensors.safetensors"

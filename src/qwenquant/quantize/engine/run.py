@@ -33,14 +33,21 @@ from typing import Any
 
 import torch
 
-from qwenquant.quantize.engine import layers as L
-from qwenquant.quantize.engine.layers import ENGINE_VERSION  # noqa: F401  (re-exported)
-from qwenquant.modeling.text import (LayerInputs, TextModelSource, build_layer, embed_samples, final_norm,
-                                    read_layer, ref_tensor)
-from qwenquant.quantize.engine.quantize import LayerGPTQ, target_modules
-from qwenquant.modeling.compat import resolve_scheme, unpack
 from qwenquant.checkpoint.assemble import torch_raw
 from qwenquant.checkpoint.identity import quantized_module
+from qwenquant.modeling.compat import resolve_scheme, unpack
+from qwenquant.modeling.text import (
+    LayerInputs,
+    TextModelSource,
+    build_layer,
+    embed_samples,
+    final_norm,
+    read_layer,
+    ref_tensor,
+)
+from qwenquant.quantize.engine import layers as L
+from qwenquant.quantize.engine.layers import ENGINE_VERSION  # noqa: F401  (re-exported)
+from qwenquant.quantize.engine.quantize import LayerGPTQ, target_modules
 
 log = logging.getLogger(__name__)
 
@@ -261,8 +268,8 @@ def _head_calibration(src: TextModelSource, acts: list[torch.Tensor], order: lis
                       device: str, ranks: Any) -> Any:
     """Final norm over this process's samples, then the lm_head Hessian and held-out hidden states
     (summed / gathered onto rank 0 in an N-process job)."""
-    from qwenquant.quantize.engine.headcal import HeadCalibration
     from qwenquant.quantize import head_gptq as lh
+    from qwenquant.quantize.engine.headcal import HeadCalibration
 
     norm = final_norm(src, device)
     H, tokens, held = None, 0, {}

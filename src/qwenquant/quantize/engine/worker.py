@@ -24,8 +24,8 @@ from typing import Any, NoReturn
 
 from qwenquant import envs
 from qwenquant.atomic import atomic_write_json
-from qwenquant.quantize.engine.launch import LOG_LEVEL_ENV, PARENT_ENV, PROGRESS_TAG, RESULT, error_file
 from qwenquant.errors import QwenquantError
+from qwenquant.quantize.engine.launch import LOG_LEVEL_ENV, PARENT_ENV, PROGRESS_TAG, RESULT, error_file
 
 METRICS_ENV = "QWENQUANT_DIST_METRICS"
 log = logging.getLogger("qwenquant.quantize.engine.worker")
@@ -69,12 +69,12 @@ def _metrics(rank: int, device: str, res: Any, samples: list[list[int]]) -> dict
 def run(job: dict[str, Any], job_dir: Path) -> None:
     """This rank's part of the job."""
     from qwenquant.checkpoint.tensorfile import checkpoint_refs
+    from qwenquant.modeling.runtime import set_deterministic
+    from qwenquant.modeling.text import open_source
     from qwenquant.quantize.engine import dist
     from qwenquant.quantize.engine.build import max_gpu_mem_gib, write_stage_folder
-    from qwenquant.modeling.text import open_source
     from qwenquant.quantize.engine.run import apply_gpu_cap, stream_quantize
     from qwenquant.recipe.models import QuantizationSpec
-    from qwenquant.modeling.runtime import set_deterministic
 
     device = job["device"]
     ranks = dist.init(device)

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qwenquant import envs
-from qwenquant.checkpoint.names import MTP_IGNORE, MTP_PREFIX
 from qwenquant.atomic import atomic_write_bytes, pretty_json
-from qwenquant.errors import StageError, UsageError
-from qwenquant.checkpoint.identity import quantized_module, prove_unquantized_identical, recipe_quantizes
+from qwenquant.checkpoint.identity import prove_unquantized_identical, quantized_module, recipe_quantizes
+from qwenquant.checkpoint.names import MTP_IGNORE, MTP_PREFIX
 from qwenquant.checkpoint.tensorfile import TensorRef, checkpoint_refs, write_checkpoint_tensors
+from qwenquant.errors import StageError, UsageError
 from qwenquant.hashing import sha256_json
 from qwenquant.modeling.runtime import set_deterministic
 from qwenquant.quantize.stage import Stage, StageContext
@@ -274,8 +274,8 @@ def _plan_note(ctx: StageContext) -> str | None:
 
 
 def _run_streamed(ctx: StageContext, samples: list[list[int]], out_dir: Path) -> dict[str, Any]:
-    from qwenquant.quantize.engine.build import discard_layers, run_streamed_gptq
     from qwenquant.modeling.compat import quantization_config, resolve_scheme
+    from qwenquant.quantize.engine.build import discard_layers, run_streamed_gptq
     from qwenquant.quantize.stages.lm_head import split_heldout
 
     q = ctx.recipe.quantization

@@ -14,11 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qwenquant.checkpoint.names import LM_HEAD_TARGET
-from qwenquant.errors import StageError
-from qwenquant.checkpoint.config import read_config
 from qwenquant.checkpoint.assemble import current_plan, derive_checkpoint, torch_raw
+from qwenquant.checkpoint.config import read_config
+from qwenquant.checkpoint.names import LM_HEAD_TARGET
 from qwenquant.checkpoint.tensorfile import checkpoint_refs
+from qwenquant.errors import StageError
 from qwenquant.hashing import sha256_json
 from qwenquant.quantize.stage import Stage, StageContext
 
@@ -74,8 +74,8 @@ def _capture_from_model(source_dir: Path, samples: list[list[int]], spec: LmHead
     """Final hidden states from the whole original-precision model (after the oneshot engine)."""
     import torch
 
-    from qwenquant.quantize.engine.headcal import HeadCalibration
     from qwenquant.quantize import head_gptq as lh
+    from qwenquant.quantize.engine.headcal import HeadCalibration
 
     calib_idx, held_idx = split_heldout(len(samples), spec.heldout_fraction)
     model = _load_model(source_dir, device)
@@ -118,9 +118,9 @@ def run_head(source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, prev_
     """Quantize lm_head into `out_dir` (= `prev_dir` with the head packed); return the quality report."""
     import torch
 
-    from qwenquant.quantize.engine import headcal
-    from qwenquant.quantize import head_gptq as lh
     from qwenquant.modeling.runtime import set_deterministic
+    from qwenquant.quantize import head_gptq as lh
+    from qwenquant.quantize.engine import headcal
 
     set_deterministic()
     cal = headcal.load(prev_dir)  # the streamed gptq engine calibrated the head in its own pass
@@ -144,7 +144,7 @@ def run_head(source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, prev_
     packed = {n: torch_raw(n, t) for n, t in lh.pack_head(chosen, prefix=HEAD).items()}
 
     plan = current_plan(prev_dir)
-    for shard, tensors in plan.items():
+    for tensors in plan.values():
         if f"{HEAD}.weight" in tensors:
             del tensors[f"{HEAD}.weight"]
             tensors.update(packed)

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qwenquant.checkpoint.names import MTP_IGNORE, MTP_PREFIX
 from qwenquant.atomic import atomic_write_bytes, pretty_json
-from qwenquant.errors import StageError
-from qwenquant.checkpoint.config import read_config
 from qwenquant.checkpoint.assemble import carry_files, current_plan, weight_map, write_plan
+from qwenquant.checkpoint.config import read_config
 from qwenquant.checkpoint.identity import TensorDigest, tensor_digests
+from qwenquant.checkpoint.names import MTP_IGNORE, MTP_PREFIX
 from qwenquant.checkpoint.tensorfile import checkpoint_refs
+from qwenquant.errors import StageError
 from qwenquant.quantize.stage import Stage, StageContext
 
 MTP_SHARD = "model-mtp.safetensors"

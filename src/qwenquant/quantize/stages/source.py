@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qwenquant.errors import StageError, VerificationError
 from qwenquant.atomic import atomic_write_json
+from qwenquant.errors import StageError, VerificationError
 from qwenquant.hashing import sha256_file, sha256_json
 from qwenquant.quantize.stage import Stage, StageContext
 

@@ -13,9 +13,9 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from qwenquant.checkpoint.names import LM_PREFIX
-from qwenquant.checkpoint.config import read_config
 from qwenquant.checkpoint.assemble import current_plan, derive_checkpoint, map_plan
+from qwenquant.checkpoint.config import read_config
+from qwenquant.checkpoint.names import LM_PREFIX
 from qwenquant.hashing import sha256_json
 from qwenquant.quantize.stage import Stage, StageContext
 

@@ -57,7 +57,7 @@ class HubServer:
         self.cdn_host = cdn_host if cdn_host and _resolves_to(cdn_host, host) else host
 
     # -- lifecycle -------------------------------------------------------------------------
-    def start(self) -> "HubServer":
+    def start(self) -> HubServer:
         handler = type("Handler", (_Handler,), {"hub": self})
         self._httpd = _QuietServer((self.host, self._port), handler)
         self._httpd.daemon_threads = True
@@ -72,7 +72,7 @@ class HubServer:
             self._httpd = None
         shutil.rmtree(self.store, ignore_errors=True)
 
-    def __enter__(self) -> "HubServer":
+    def __enter__(self) -> HubServer:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

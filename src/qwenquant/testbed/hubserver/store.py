@@ -12,11 +12,21 @@ import binascii
 import hashlib
 import os
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from qwenquant.testbed.hubserver.repos import (Commit, HubFile, Repo, commit_id, git_blob_id, gitattributes,
-                                               is_lfs_path, lfs_pointer, scan_file)
+from qwenquant.testbed.hubserver.repos import (
+    Commit,
+    HubFile,
+    Repo,
+    commit_id,
+    git_blob_id,
+    gitattributes,
+    is_lfs_path,
+    lfs_pointer,
+    scan_file,
+)
 
 REGULAR_MAX = 10 * 2**20  # the Hub refuses regular (non-LFS) files above 10 MB
 INITIAL_TITLE = "initial commit"

@@ -21,7 +21,8 @@ import os
 import socket
 import struct
 import uuid
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from qwenquant.testbed.hubserver import store as storemod
