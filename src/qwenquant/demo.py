@@ -96,8 +96,15 @@ def run_demo(work: Path, *, serve: bool | None = None, variant: str = "reference
     result = DemoResult(commit, artifact, q["root_digest"], q.get("quality", {}))
 
     _serve_step(result, env, serve)
-    _cli(["publish", str(artifact), "--repo", PUBLISH_REPO, "--license", "apache-2.0", "--dry-run"], env)
     return result
+
+
+def publish_dry_run(artifact: Path) -> None:
+    """The demo's last step: what `qwenquant publish` would upload and the card's first lines (no network)."""
+    env = dict(os.environ, HF_HUB_DISABLE_TELEMETRY="1")
+    env.pop("HF_TOKEN", None)
+    sys.stdout.flush()  # the summary above comes first on a pipe too (the child writes to the same stdout)
+    _cli(["publish", str(artifact), "--repo", PUBLISH_REPO, "--license", "apache-2.0", "--dry-run"], env)
 
 
 def _serve_step(result: DemoResult, env: dict[str, str], serve: bool | None) -> None:

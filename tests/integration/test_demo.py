@@ -38,8 +38,9 @@ def test_demo_fetches_quantizes_and_verifies(tmp_path: Path) -> None:
     assert f"perplexity {quick['arms']['artifact']['delta_pct']:+.2f}%" in out["quick eval"]
     assert out["serve"].strip().startswith("skipped")
     assert out["model"].strip() == "the trained tiny reference (Python stdlib code; expect code-like text)"
-    # it ends on what to do next: this artifact served and queried, then the real model
-    steps_block = proc.stdout[proc.stdout.index("next steps:"):].splitlines()
+    # then what to do next: this artifact served and queried, then the real model
+    dry_run = proc.stdout.index("dry run: would publish")
+    steps_block = proc.stdout[proc.stdout.index("next steps:"):dry_run].rstrip("\n").splitlines()
     assert f"  the artifact is in {artifact} (`qwenquant verify {artifact}` re-checks it;" in steps_block
     assert f"    qwenquant serve {artifact} -- --max-model-len 2048" in steps_block
     assert any(s.startswith("    curl -s http://127.0.0.1:8000/v1/completions ") and '"model": "Qwen3.5-tiny-w4a16"' in s
@@ -48,11 +49,11 @@ def test_demo_fetches_quantizes_and_verifies(tmp_path: Path) -> None:
         "    qwenquant fetch Qwen/Qwen3.8-27B --revision main --out models/Qwen3.8-27B",
         "    qwenquant quantize models/Qwen3.8-27B --recipe w4a16-int4head --out artifacts/qwen3.8-27b-w4a16",
         "    qwenquant serve artifacts/qwen3.8-27b-w4a16 --profile single-user"]
-    # the CLI steps a user would type are echoed, in order; the last, a publish dry run (no network)
+    # the CLI steps a user would type are echoed, in order; it ends on a publish dry run (no network)
     steps = [line.split()[2] for line in proc.stderr.splitlines() if line.startswith("$ qwenquant ")]
     assert steps == ["fetch", "quantize", "verify", "publish"]
     assert f"dry run: would publish {artifact} to qwenquant-demo/Qwen3.5-tiny-w4a16@main" in proc.stdout
-    assert "  | base_model_relation: quantized" in proc.stdout.splitlines()
+    assert "  | base_model_relation: quantized" in proc.stdout[dry_run:].splitlines()
     # a second run over the same folder reuses what verified and ends on the same digest
     again = subprocess.run([sys.executable, "-m", "qwenquant", "demo", "--work", str(tmp_path), "--no-serve"],
                            env=env, capture_output=True, text=True, timeout=1200)

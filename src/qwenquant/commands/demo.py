@@ -24,7 +24,7 @@ def demo(
     """Build the tiny Qwen3.5 checkpoint, serve it from a loopback Hub, then fetch, quantize,
     verify and (with vLLM installed) serve it and print one completion."""
     from qwenquant.console import stdout
-    from qwenquant.demo import MODEL_NOTE, next_steps, run_demo
+    from qwenquant.demo import MODEL_NOTE, next_steps, publish_dry_run, run_demo
 
     r = run_demo(work, serve=serve, force=force)
     stdout.print(f"model:       {MODEL_NOTE}", markup=False)
@@ -49,4 +49,5 @@ def demo(
         stdout.print(f"completion:  {r.completion!r}", markup=False)
     else:
         stdout.print(f"serve:       skipped ({r.skipped_serve_reason})", markup=False)
-    stdout.print("\n" + "\n".join(next_steps(r.artifact, served_name=r.artifact.name)), markup=False)
+    stdout.print("\n" + "\n".join(next_steps(r.artifact, served_name=r.artifact.name)) + "\n", markup=False)
+    publish_dry_run(r.artifact)  # last: what publishing this artifact would upload, and the card's head
