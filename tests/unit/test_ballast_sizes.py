@@ -1,5 +1,5 @@
 """The ballast's size arithmetic and command (pure); its lifecycle under `qwenquant serve` is in
-tests/integration/test_serve_ballast.py (with a stand-in: no GPU here)."""
+tests/integration/test_serve_ballast.py (with a stand-in: no GPU here); pytest needs the two basenames distinct."""
 
 from __future__ import annotations
 
