@@ -105,8 +105,11 @@ def cases(b: dict[str, Path], repo_id: str) -> list[tuple[list[str], int]]:
         (["bench", "http://127.0.0.1:9", "--compare", "--profile batch", "--label x"], 2),
         (["bench", "--serve", s["manifested"], "--gpu-mem", "lots"], 7),     # the size serve and plan refuse
         (["bench", "--serve", s["manifested"], "--device", "tpu"], 2),
-        (["bench", "--serve", s["manifested"], "--gpu-mem", "24GiB", "--", "--gpu-memory-utilization", "0.5"], 2),
-        (["serve", s["truncated"], "--dry-run", "--gpu-mem", "24GiB", "--", "--gpu-memory-utilization", "0.5"], 2),
+        # --gpu-mem-soft and an explicit share both set vLLM's share (beside the hard --gpu-mem it is kept)
+        (["bench", "--serve", s["manifested"], "--gpu-mem", "24GiB", "--gpu-mem-soft", "--",
+          "--gpu-memory-utilization", "0.5"], 2),
+        (["serve", s["truncated"], "--dry-run", "--gpu-mem", "24GiB", "--gpu-mem-soft", "--",
+          "--gpu-memory-utilization", "0.5"], 2),
         (["eval"], 2),
         (["eval", "--serve", s["manifested"], "--gpu-mem", "lots"], 7),     # serve's own --gpu-mem check
         (["eval", "--serve", s["manifested"], "--served", "http://127.0.0.1:9"], 2),
@@ -148,14 +151,18 @@ def test_a_commit_that_never_existed_is_named_so(served, tmp_path: Path) -> None
         assert "no longer on the server" not in proc.stderr and "--re-resolve" not in proc.stderr
 
 
-def test_a_recorded_commit_that_is_gone_says_re_resolve(served, tmp_path: Path) -> None:
+def test_a_recorded_commit_that_is_gone_is_replaced_only_by_the_same_content(served, tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert qq("fetch", served.repo_id, "--out", str(out)).returncode == 0
     record = json.loads((out / "qwenquant-fetch.json").read_text())
-    record["commit"] = NEVER  # as if the branch had been force-pushed away from the recorded commit
+    branch_commit = record["commit"]
+    record["commit"] = NEVER  # as if the history had been rewritten away from the recorded commit
     (out / "qwenquant-fetch.json").write_text(json.dumps(record))
     proc = qq("fetch", served.repo_id, "--out", str(out))
-    assert proc.returncode == 3 and "no longer on the server" in proc.stderr and "--re-resolve" in proc.stderr
+    # every file still equals the record: the branch's commit is taken, and the fetch says which and why
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"commit {NEVER} is no longer on the server" in proc.stderr and f"using {branch_commit}" in proc.stderr
+    assert json.loads((out / "qwenquant-fetch.json").read_text())["commit"] == branch_commit
 
 
 def test_plan_that_fits_nowhere_exits_7_leading_with_the_weights() -> None:
