@@ -354,3 +354,22 @@ def test_gpu_mem_refused_on_cpu(standin_artifact, fake_vllm, tmp_path):
     assert r.returncode == 7
     assert "--gpu-mem applies to CUDA GPUs only" in flat(r.stderr) and "VLLM_CPU_KVCACHE_SPACE" in flat(r.stderr)
     assert not (tmp_path / "pids").exists()
+
+
+def test_more_than_four_draft_tokens_refused_before_launch(standin_artifact, fake_vllm, tmp_path):
+    """`-- --speculative-config` with 5 MTP tokens: refused (exit 7) naming vllm #37035; 4 is served."""
+    five = '{"method": "mtp", "num_speculative_tokens": 5}'
+
+    def dry(spec: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "qwenquant", "serve", str(standin_artifact), "--vllm", str(fake_vllm), "--port",
+               str(free_port()), "--dry-run", "--", "--max-model-len", "2048", "--speculative-config", spec]
+        return subprocess.run(cmd, env=serve_env(fake_vllm, tmp_path), capture_output=True, text=True, timeout=120)
+
+    r = dry(five)
+    assert r.returncode == 7, r.stderr
+    err = flat(r.stderr)
+    assert "num_speculative_tokens 5 is above 4" in err and "(vllm #37035)" in err
+    assert "draft at most 4 tokens" in err
+    r = dry(five.replace("5", "4"))
+    assert r.returncode == 0, r.stderr
+    assert '"num_speculative_tokens": 4' in r.stdout or '"num_speculative_tokens":4' in r.stdout

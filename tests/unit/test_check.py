@@ -169,7 +169,7 @@ def _only(report, rule: str) -> list[str]:
 def test_good_artifact_passes(tmp_path: Path, layout: str, prefix: str) -> None:
     r = _check(Fx(layout, prefix), tmp_path)
     assert r.ok, [str(f) for f in r.findings]
-    assert r.layout == layout and len(r.rules_run) == 12
+    assert r.layout == layout and len(r.rules_run) == 13
 
 
 def test_text_only_ignore_names_follow_the_loader_mapping(tmp_path: Path) -> None:
@@ -389,3 +389,25 @@ def test_missing_folder_and_empty_folder(tmp_path: Path, capsys: pytest.CaptureF
     assert "artifact folder not found" in capsys.readouterr().err
     r = check_artifact(tmp_path)
     assert not r.ok and {"layout", "index"} <= set(r.rule_ids())
+
+
+# (9) draft tokens vLLM's GDN speculative path survives ------------------------------------------
+
+def test_profile_drafting_more_than_four_tokens_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A manifest whose recipe drafts 5 tokens in one profile: check names that profile and vllm #37035."""
+    d = Fx().write(tmp_path / "art")
+    serve = {"defaults": {"speculative": {"method": "mtp", "num_speculative_tokens": 3}},
+             "profiles": {"single-user": {}, "fast": {"speculative": {"method": "mtp", "num_speculative_tokens": 5}},
+                          "batch": {"speculative": None}}}
+    (d / "qwenquant-manifest.json").write_text(json.dumps({"recipe": {"serve": serve}}))
+    r = check_artifact(d)
+    assert _only(r, "speculative") == [
+        "qwenquant-manifest.json:recipe.serve.profiles.fast.speculative: num_speculative_tokens 5 is above 4: "
+        "vLLM's Gated DeltaNet speculative path crashes with more than 4 draft tokens (vllm #37035) — draft at "
+        "most 4 tokens (the recipes draft 3): set speculative.num_speculative_tokens, or pass --speculative-config "
+        '\'{"method": "mtp", "num_speculative_tokens": 3}\' after --']
+    assert main(["check", str(d)]) == CheckError.exit_code
+    assert "speculative at qwenquant-manifest.json:recipe.serve.profiles.fast.speculative" in capsys.readouterr().err
+    serve["profiles"]["fast"]["speculative"]["num_speculative_tokens"] = 4
+    (d / "qwenquant-manifest.json").write_text(json.dumps({"recipe": {"serve": serve}}))
+    assert check_artifact(d).ok

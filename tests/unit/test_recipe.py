@@ -150,6 +150,23 @@ def test_missing_profile_and_unset_required_setting() -> None:
     assert any(p.startswith("serve.profiles.single-user.max_model_len: not set") for p in probs)
 
 
+def test_more_than_four_draft_tokens_is_refused_and_the_shipped_recipes_draft_three() -> None:
+    """vLLM's GDN speculative path crashes above 4 draft tokens (vllm #37035): the recipe names the profile."""
+    from qwenquant.recipe import list_recipes
+
+    for path in list_recipes().values():
+        r = load_recipe(path)
+        drafts = {n: r.profile(n).speculative.num_speculative_tokens for n in r.serve.profiles if r.profile(n).speculative}
+        assert drafts and set(drafts.values()) == {3}, (path, drafts)
+    raw = _raw()
+    raw["serve"]["profiles"]["single-user"]["speculative"]["num_speculative_tokens"] = 5
+    probs = [p for p in _problems(raw) if "speculative" in p]
+    assert len(probs) == 1 and probs[0].startswith("serve.profiles.single-user.speculative: num_speculative_tokens 5 "
+                                                   "is above 4") and "(vllm #37035)" in probs[0]
+    raw["serve"]["profiles"]["single-user"]["speculative"]["num_speculative_tokens"] = 4
+    parse_recipe(raw)
+
+
 def test_yaml_syntax_error_and_duplicate_keys_name_the_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("schema_version: 1\nname: [x,\n")

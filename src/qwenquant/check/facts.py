@@ -82,6 +82,7 @@ class ArtifactFacts:
     weight_shapes: dict[str, tuple[int, ...]]  # module -> values of its weight_shape tensor
     io_findings: tuple[Finding, ...] = ()  # header / index problems found while reading
     unreadable: bool = False  # no config or no tensors: the other rules are skipped
+    serve: dict[str, Any] = field(default_factory=dict)  # the manifest's recipe.serve (serve profiles), if any
     _memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     # -- derived views -----------------------------------------------------------------------
@@ -239,4 +240,16 @@ def read_artifact(artifact_dir: Path) -> ArtifactFacts:
                 if vals is not None:
                     shapes[name.removesuffix(".weight_shape")] = vals
     log.debug("read %d tensors from %d shards", len(tensors), len(headers))
-    return ArtifactFacts(config, tensors, shapes, tuple(io), unreadable=not config or not tensors)
+    return ArtifactFacts(config, tensors, shapes, tuple(io), unreadable=not config or not tensors,
+                         serve=_manifest_serve(root))
+
+
+def _manifest_serve(root: Path) -> dict[str, Any]:
+    """The serve section of the recipe the manifest records ({} without a readable manifest: verify reports that)."""
+    from qwenquant.outfolder import MANIFEST_NAME
+
+    try:
+        serve = json.loads((root / MANIFEST_NAME).read_bytes()).get("recipe", {}).get("serve")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return serve if isinstance(serve, dict) else {}

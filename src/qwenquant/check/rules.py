@@ -17,6 +17,7 @@ from qwenquant.check.facts import (
 )
 from qwenquant.checkpoint.names import is_mtp
 from qwenquant.recipe import LM_HEAD_TARGET, target_matches, targets_cover
+from qwenquant.recipe.speculative import profile_spec_tokens, spec_tokens_fix, spec_tokens_problem
 
 # vLLM loads these checkpoint Linears as one fused layer; all parts need one scheme.
 FUSED_PARTS: dict[str, tuple[str, ...]] = {
@@ -33,7 +34,7 @@ MTP_LAYER = ("input_layernorm.weight", "post_attention_layernorm.weight",
 FLOAT_DTYPES = ("BF16", "F16", "F32")
 
 RULES = ("quant-config", "safetensors-header", "index", "layout", "packed-format", "kernel-shape",
-         "fused-scheme", "scheme-storage", "lm-head", "mtp", "no-mrope", "vision")
+         "fused-scheme", "scheme-storage", "lm-head", "mtp", "no-mrope", "vision", "speculative")
 
 
 def _as_list(v: Any) -> list[Any]:
@@ -355,10 +356,22 @@ def rule_vision(a: ArtifactFacts) -> list[Finding]:
     return out
 
 
+def rule_speculative(a: ArtifactFacts) -> list[Finding]:
+    """A serve profile the manifest records drafts more tokens than vLLM's GDN spec path survives."""
+    out = []
+    for name, n in sorted(profile_spec_tokens(a.serve).items()):
+        problem = spec_tokens_problem(n)
+        if problem:
+            out.append(finding("speculative", f"qwenquant-manifest.json:recipe.serve.profiles.{name}.speculative",
+                               problem, spec_tokens_fix()))
+    return out
+
+
 RULE_FUNCS: dict[str, Callable[[ArtifactFacts], list[Finding]]] = {
     "quant-config": rule_quant_config, "layout": rule_layout, "packed-format": rule_packed_format,
     "kernel-shape": rule_kernel_shape, "fused-scheme": rule_fused_scheme, "scheme-storage": rule_scheme_storage,
     "lm-head": rule_lm_head, "mtp": rule_mtp, "no-mrope": rule_no_mrope, "vision": rule_vision,
+    "speculative": rule_speculative,
 }
 
 

@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 from qwenquant.recipe.models import _PROFILE_REQUIRED
+from qwenquant.recipe.speculative import profile_spec_tokens, spec_tokens_fix, spec_tokens_problem
 from qwenquant.recipe.targets import targets_cover
 
 REQUIRED_PROFILES = ("single-user", "batch")
@@ -78,6 +79,10 @@ def _cross_field_problems(raw: dict[str, Any]) -> list[str]:
             for key in _PROFILE_REQUIRED:
                 if prof.get(key) is None and defaults.get(key) is None:
                     p.append(f"serve.profiles.{name}.{key}: not set here nor in serve.defaults — add it")
+        for name, n in profile_spec_tokens(_get(raw, "serve")).items():
+            problem = spec_tokens_problem(n)
+            if problem:
+                p.append(f"serve.profiles.{name}.speculative: {problem} — {spec_tokens_fix()}")
     return p
 
 

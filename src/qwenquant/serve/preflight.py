@@ -30,6 +30,7 @@ from qwenquant.plan.settings import recipe_from_manifest
 from qwenquant.plan.weights import tp_shape
 from qwenquant.procenv import multicast_off
 from qwenquant.recipe import Recipe, ResolvedProfile
+from qwenquant.recipe.speculative import spec_tokens_fix, spec_tokens_problem
 from qwenquant.serve import argv as argvmod
 from qwenquant.serve.ballast import ballast_command
 from qwenquant.serve.discover import VllmInstall, check_architecture, check_version, find_vllm, supported_archs
@@ -185,6 +186,7 @@ def prepare(req: ServeRequest) -> Prepared:
     dev = req.device or (install.device if install else "cuda")
     if install:
         checks.run(_check_install, install, recipe, config)
+    checks.run(_check_spec_tokens, profile, install)
     checks.run(_check_context, artifact, profile)
     tp = argvmod.extra_tp(extra) or req.gpus
     checks.run(_check_tp, dev, tp, config)
@@ -233,6 +235,14 @@ def _check_install(install: VllmInstall, recipe: Recipe, config: dict[str, Any])
     problem = check_architecture(arch, supported_archs(install), install)
     if problem:
         raise ServeError(problem, hint="see docs/known-issues.md#text-only-vllm-version (CUDA vLLM 0.26 lacks Qwen3_5ForCausalLM)")
+
+
+def _check_spec_tokens(profile: ResolvedProfile, install: VllmInstall | None) -> None:
+    """More draft tokens than vLLM's GDN speculative path survives (the profile's, or `-- --speculative-config`)."""
+    n = profile.speculative.num_speculative_tokens if profile.speculative else 0
+    problem = spec_tokens_problem(n, install.version if install else None)
+    if problem:
+        raise ServeError(problem, hint=spec_tokens_fix())
 
 
 def _check_port(profile: ResolvedProfile) -> None:
