@@ -170,7 +170,7 @@ def test_plan_from_bare_config(config, tmp_path):
     p.write_text(json.dumps(config))
     res = make_plan(p, parse_size("24GiB"))
     assert res.weights.loaded() == 16_643_827_712
-    assert set(res.budgets) == {"single-user", "batch"}
+    assert set(res.budgets) == {"single-user", "batch", "long-context"}
     assert res.budgets["single-user"].cache.kv_bytes_per_token == 69_632
 
 

@@ -27,6 +27,7 @@ def manifest(recipe, layout="text-only"):
 
 COMMON = ["--model", ART, "--served-model-name", "qwen3.8-27b-w4a16", "--host", "127.0.0.1", "--port", "8000"]
 MTP = '{"method":"mtp","num_speculative_tokens":3}'
+TOOLS = ["--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder"]  # no vLLM to ask: no strict level
 
 
 def test_single_user_cuda(recipe):
@@ -34,16 +35,16 @@ def test_single_user_cuda(recipe):
     assert argv == COMMON + [
         "--max-model-len", "32768", "--max-num-seqs", "1", "--max-num-batched-tokens", "2048",
         "--gpu-memory-utilization", "0.92", "--kv-cache-dtype", "auto", "--mamba-ssm-cache-dtype", "float16",
-        "--mamba-cache-mode", "align", "--reasoning-parser", "qwen3", "--speculative-config", MTP,
+        "--mamba-cache-mode", "align", "--reasoning-parser", "qwen3", *TOOLS, "--speculative-config", MTP,
     ]
 
 
 def test_batch_cuda(recipe):
     argv = build_vllm_argv(ART, recipe.profile("batch"), manifest(recipe), "cuda")
     assert argv == COMMON + [
-        "--max-model-len", "16384", "--max-num-seqs", "16", "--max-num-batched-tokens", "2048",
-        "--gpu-memory-utilization", "0.92", "--kv-cache-dtype", "fp8", "--mamba-ssm-cache-dtype", "float16",
-        "--mamba-cache-mode", "align", "--reasoning-parser", "qwen3",
+        "--max-model-len", "4096", "--max-num-seqs", "16", "--max-num-batched-tokens", "1024",
+        "--gpu-memory-utilization", "0.93", "--kv-cache-dtype", "fp8", "--mamba-ssm-cache-dtype", "float16",
+        "--mamba-cache-mode", "align", "--reasoning-parser", "qwen3", *TOOLS,
     ]
 
 
@@ -53,17 +54,36 @@ def test_single_user_cpu(recipe):
     assert argv == COMMON + [
         "--max-model-len", "32768", "--max-num-seqs", "1", "--max-num-batched-tokens", "2048",
         "--kv-cache-dtype", "auto", "--mamba-ssm-cache-dtype", "float16", "--reasoning-parser", "qwen3",
-        "--speculative-config", MTP, "--enforce-eager", "--no-enable-prefix-caching",
+        *TOOLS, "--speculative-config", MTP, "--enforce-eager", "--no-enable-prefix-caching",
     ]
 
 
 def test_batch_cpu(recipe):
     argv = build_vllm_argv(ART, recipe.profile("batch"), manifest(recipe), "cpu")
     assert argv == COMMON + [
-        "--max-model-len", "16384", "--max-num-seqs", "16", "--max-num-batched-tokens", "2048",
+        "--max-model-len", "4096", "--max-num-seqs", "16", "--max-num-batched-tokens", "1024",
         "--kv-cache-dtype", "fp8", "--mamba-ssm-cache-dtype", "float16", "--mamba-cache-mode", "align",
-        "--reasoning-parser", "qwen3", "--enforce-eager",
+        "--reasoning-parser", "qwen3", *TOOLS, "--enforce-eager",
     ]
+
+
+def test_tool_calling_follows_what_the_vllm_offers(recipe):
+    """The parser where the vLLM has it, the strict level where it has the flag (probed, else by version)."""
+    from qwenquant.serve.argv import tool_flags
+    from qwenquant.serve.discover import Frontend
+
+    prof = recipe.profile("single-user")
+    probed = Frontend("0.32.0", ("hermes", "qwen3_coder"), ("--tool-call-parser", "--tool-strict-level"))
+    argv = build_vllm_argv(ART, prof, manifest(recipe), "cuda", frontend=probed)
+    assert argv[argv.index("--enable-auto-tool-choice"):][:5] == [*TOOLS, "--tool-strict-level", "parameter"]
+    assert tool_flags(prof, Frontend("0.26.0", None, None)) == (TOOLS, [
+        "vLLM 0.26.0 has no --tool-strict-level (added in 0.31): tool arguments are not pinned to their schema"])
+    assert tool_flags(prof, Frontend("0.31.0", None, None))[0] == [*TOOLS, "--tool-strict-level", "parameter"]
+    flags, notes = tool_flags(prof, Frontend("0.26.0", ("hermes",), ("--tool-call-parser",)))
+    assert flags == [] and notes == ["vLLM 0.26.0 has no tool-call parser 'qwen3_coder': tool calls come back as "
+                                     "plain text (no --enable-auto-tool-choice)"]
+    off = prof.model_copy(update={"tool_call_parser": None})
+    assert "--enable-auto-tool-choice" not in build_vllm_argv(ART, off, manifest(recipe), "cuda", frontend=probed)
 
 
 def test_multimodal_layout_serves_language_model_only(recipe):

@@ -23,7 +23,7 @@ ServeArtifact = Annotated[Path | None, typer.Option(
     "--serve", help="Artifact to serve through `qwenquant serve`'s preflight and supervisor for the run, "
                     "stopped after it.", rich_help_panel=PANEL)]
 Profiles = Annotated[list[str] | None, typer.Option(
-    "--profile", "-p", help="Serve profile from the recipe: single-user (default) or batch.",
+    "--profile", "-p", help="Serve profile from the recipe: single-user (default), batch or long-context.",
     rich_help_panel=PANEL, show_default=False)]
 GpuMem = Annotated[str | None, typer.Option(
     "--gpu-mem", help="Behave as on a card of this size, e.g. 24GiB: sets vLLM's memory share of the real GPU "

@@ -20,6 +20,9 @@ def plan(
 ) -> None:
     """Memory budget per component and per serve profile: what fits on the GPU, what to lower.
 
+    Per profile on a GPU: the largest single prompt and the largest burst of new prompts that fill,
+    with the Gated DeltaNet prefill transient (which vLLM's own sizing leaves out) counted.
+
     Exits 7 when no profile fits, naming the first reason.
 
     Examples:
@@ -41,7 +44,7 @@ def plan(
         f"GPU memory {gpu_mem}"
     if as_json:
         print_json({"source": res.source, "tensor_parallel_size": gpus, "weights": res.weights.bytes,
-                    "profiles": {k: budget_dict(b) for k, b in res.budgets.items()}})
+                    "profiles": {k: budget_dict(b, res.shape) for k, b in res.budgets.items()}})
     else:
         lines = [f"plan for {res.source}, {where}"] + weights_lines(res.weights, res.include_vision)
         for name, b in res.budgets.items():

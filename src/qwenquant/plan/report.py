@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from qwenquant.plan.budget import Budget, GiB, gib, nice_len
+from qwenquant.plan.transient import Fill, fill, fill_fix
 from qwenquant.plan.weights import ModelShape, WeightBreakdown
 
 _LABELS = {
@@ -82,12 +83,36 @@ def budget_lines(name: str, b: Budget, s: ModelShape) -> list[str]:
         lines.append("  " + b.shortfall_message())
     elif not b.fits_all_seqs:
         lines.append("  " + b.concurrency_message())
+    f = fill(b, s)
+    if f is not None:
+        lines += fill_lines(b, f)
     return lines
 
 
-def budget_dict(b: Budget) -> dict[str, Any]:
+def fill_lines(b: Budget, f: Fill) -> list[str]:
+    """The GDN prefill transient against the memory outside vLLM's budget: the largest prompt and burst."""
+    lines = [_row(f"GDN prefill transient, {f.chunk_tokens}-token chunk", f.chunk_bytes, "not in vLLM's budget"),
+             _row(f"  ... {f.burst_seqs} new prompts in one step", f.burst_bytes),
+             _row("outside vLLM's budget, less the CUDA context", max(f.headroom, 0))]
+    lines.append(f"  largest single prompt that fills: {f.largest_prompt:,} tokens; largest burst: "
+                 f"{f.largest_burst} new prompt(s) in one step (max-num-seqs {b.max_num_seqs})")
+    if not f.holds:
+        what = (f"a {f.chunk_tokens}-token prefill chunk needs {gib(f.chunk_bytes)}" if not f.chunk_fits else
+                f"a burst of {f.burst_seqs} new prompts needs {gib(f.burst_bytes)}")
+        lines.append(f"  DOES NOT FILL: {what} of GDN transient outside vLLM's budget, {gib(max(f.headroom, 0))} "
+                     f"is there: {fill_fix(b, f)}")
+    return lines
+
+
+def budget_dict(b: Budget, s: ModelShape | None = None) -> dict[str, Any]:
+    """The budget as JSON; with the model's shape, its fill plan too (CUDA: `fill`, else null)."""
     c = b.cache
-    return {
+    f = fill(b, s) if s is not None else None
+    extra: dict[str, Any] = {} if s is None else {"fill": None if f is None else {
+        "headroom_bytes": f.headroom, "chunk_tokens": f.chunk_tokens, "chunk_transient_bytes": f.chunk_bytes,
+        "burst_seqs": f.burst_seqs, "burst_transient_bytes": f.burst_bytes, "largest_prompt": f.largest_prompt,
+        "largest_burst": f.largest_burst, "holds": f.holds}}
+    return extra | {
         "device": b.device, "total_bytes": b.total_bytes, "utilization": b.utilization,
         "budget_bytes": b.budget_bytes, "weights_bytes": b.weights_bytes, "activation_bytes": b.activation_bytes,
         "runtime_bytes": b.runtime_bytes, "kv_bytes_per_token": c.kv_bytes_per_token,

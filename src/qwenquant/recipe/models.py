@@ -217,6 +217,8 @@ class ServeSettings(_Strict):
     mamba_ssm_cache_dtype: Literal["auto", "float16", "bfloat16", "float32"] | None = None
     mamba_cache_mode: str | None = None
     reasoning_parser: str | None = None
+    tool_call_parser: str | None = None  # vLLM --tool-call-parser (with --enable-auto-tool-choice)
+    tool_strict_level: Literal["auto", "function", "parameter"] | None = None  # vLLM >= 0.31
     max_num_batched_tokens: int | None = Field(default=None, gt=0)
     speculative: SpeculativeSpec | None = None
     max_model_len: int | None = Field(default=None, gt=0)
@@ -250,6 +252,8 @@ class ResolvedProfile(_Strict):
     mamba_ssm_cache_dtype: str
     mamba_cache_mode: str | None
     reasoning_parser: str | None
+    tool_call_parser: str | None
+    tool_strict_level: str | None
     max_num_batched_tokens: int | None
     speculative: SpeculativeSpec | None
     max_model_len: int
@@ -263,6 +267,7 @@ class ResolvedProfile(_Strict):
 _RESOLVED_DEFAULTS: dict[str, Any] = {
     "served_model_name": "qwenquant", "host": "127.0.0.1", "port": 8000, "kv_cache_dtype": "auto",
     "mamba_ssm_cache_dtype": "auto", "mamba_cache_mode": None, "reasoning_parser": None,
+    "tool_call_parser": None, "tool_strict_level": None,
     "max_num_batched_tokens": None, "speculative": None, "enforce_eager": False,
     "enable_prefix_caching": None, "extra_args": [],
 }

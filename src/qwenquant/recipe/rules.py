@@ -9,7 +9,7 @@ from qwenquant.recipe.models import _PROFILE_REQUIRED
 from qwenquant.recipe.speculative import profile_spec_tokens, spec_tokens_fix, spec_tokens_problem
 from qwenquant.recipe.targets import targets_cover
 
-REQUIRED_PROFILES = ("single-user", "batch")
+REQUIRED_PROFILES = ("single-user", "batch", "long-context")
 # Module names the ignore rules are tested against, in both the HF (multimodal) and text-only layouts.
 _MTP_MODULES = ("mtp.fc", "mtp.layers.0.self_attn.q_proj", "mtp.layers.0.mlp.down_proj")
 _GDN_PREFIXES = ("model.language_model.layers.0.linear_attn.", "model.layers.0.linear_attn.")

@@ -15,6 +15,7 @@ from typing import Any
 from qwenquant.errors import ServeError
 from qwenquant.plan.settings import artifact_layout, decide
 from qwenquant.recipe import ResolvedProfile
+from qwenquant.serve.discover import Frontend
 
 MASK = "****"
 DEFAULT_CPU_KVCACHE_GIB = 1
@@ -66,7 +67,7 @@ def _extra_flags(extra: Sequence[str]) -> set[str]:
 
 def build_vllm_argv(
     artifact_dir: Path, profile: ResolvedProfile, manifest: Any, device: str, extra: Sequence[str] = (),
-    *, api_key: str | None = None, tp: int = 1,
+    *, api_key: str | None = None, tp: int = 1, frontend: Frontend | None = None,
 ) -> list[str]:
     """vLLM arguments for serving `artifact_dir` with `profile` on `device` ("cuda" | "cpu"), over
     `tp` GPUs under tensor parallelism.
@@ -89,6 +90,7 @@ def build_vllm_argv(
         a += ["--mamba-cache-mode", d.mamba_cache_mode]
     if profile.reasoning_parser:
         a += ["--reasoning-parser", profile.reasoning_parser]
+    a += tool_flags(profile, frontend or Frontend(None, None, None))[0]
     if profile.speculative:
         cfg = {"method": profile.speculative.method, "num_speculative_tokens": d.num_speculative_tokens}
         a += ["--speculative-config", json.dumps(cfg, separators=(",", ":"))]
@@ -104,6 +106,29 @@ def build_vllm_argv(
     if tail:
         a = _strip_flags(a, _extra_flags(tail) - {"--model"}) + list(tail)
     return a
+
+
+def tool_flags(profile: ResolvedProfile, fe: Frontend) -> tuple[list[str], list[str]]:
+    """(vLLM flags, notes) for the profile's tool calling: the parser where the vLLM has it (assumed
+    when it cannot be asked: every vLLM the recipes support has qwen3_coder), and the strict level
+    where it has --tool-strict-level (when it cannot be asked: from its version)."""
+    flags: list[str] = []
+    notes: list[str] = []
+    parser = profile.tool_call_parser
+    if parser:
+        if fe.has_tool_parser(parser) is False:
+            notes.append(f"vLLM {fe.version} has no tool-call parser {parser!r}: tool calls come back as plain text "
+                         "(no --enable-auto-tool-choice)")
+        else:
+            flags += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
+    level = profile.tool_strict_level
+    if parser and level and flags:
+        if fe.has_flag("--tool-strict-level"):
+            flags += ["--tool-strict-level", level]
+        else:
+            notes.append(f"vLLM {fe.version or '(version unknown)'} has no --tool-strict-level (added in 0.31): "
+                         f"tool arguments are not pinned to their schema")
+    return flags, notes
 
 
 def extra_tp(extra: Sequence[str]) -> int | None:

@@ -45,8 +45,31 @@ try:
     out["archs"] = sorted(ModelRegistry.get_supported_archs())
 except Exception as e:
     out["archs_error"] = f"{type(e).__name__}: {e}"
+try:
+    try:
+        from vllm.tool_parsers import ToolParserManager
+    except ImportError:
+        from vllm.entrypoints.openai.tool_parsers import ToolParserManager
+    names = set(getattr(ToolParserManager, "tool_parsers", {})) | set(getattr(ToolParserManager, "lazy_parsers", {}))
+    out["tool_parsers"] = sorted(names)
+except Exception as e:
+    out["tool_parsers_error"] = f"{type(e).__name__}: {e}"
+try:
+    import dataclasses, importlib
+    for name in ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args"):
+        try:
+            mod = importlib.import_module(name)
+            break
+        except ImportError:
+            mod = None
+    fields = dataclasses.fields(mod.FrontendArgs)
+    out["frontend_flags"] = sorted("--" + f.name.replace("_", "-") for f in fields)
+except Exception as e:
+    out["frontend_flags_error"] = f"{type(e).__name__}: {e}"
 print(json.dumps(out))
 """
+PROBE_VERSION = 2  # part of the probe cache's key: a cached answer of an older probe lacks newer keys
+TOOL_STRICT_LEVEL_SINCE = "0.31.0"  # vLLM added --tool-strict-level in 0.31
 
 
 @dataclass(frozen=True)
@@ -162,7 +185,7 @@ def _cache_file() -> Path:
 @functools.cache
 def probe(python: str) -> dict:
     """{"version", "device", "archs"} from the vLLM python (subprocess; cached in memory + on disk)."""
-    key = f"{os.path.realpath(python)}|{os.environ.get('PYTHONPATH', '')}"
+    key = f"v{PROBE_VERSION}|{os.path.realpath(python)}|{os.environ.get('PYTHONPATH', '')}"
     cache = _cache_file()
     try:
         stored = json.loads(cache.read_text())
@@ -205,6 +228,41 @@ def supported_archs(install: VllmInstall) -> list[str] | None:
         return None
     info = probe(install.python)
     return info.get("archs")
+
+
+@dataclass(frozen=True)
+class Frontend:
+    """What the vLLM's OpenAI server offers beyond serving the model (None: not known)."""
+
+    version: str | None
+    tool_parsers: tuple[str, ...] | None
+    flags: tuple[str, ...] | None
+
+    def has_tool_parser(self, name: str) -> bool | None:
+        return None if self.tool_parsers is None else name in self.tool_parsers
+
+    def has_flag(self, flag: str) -> bool | None:
+        """From the probed flags, else from the version (--tool-strict-level: 0.31 on), else None."""
+        if self.flags is not None:
+            return flag in self.flags
+        if flag == "--tool-strict-level" and self.version:
+            from packaging.version import InvalidVersion, Version
+
+            try:
+                return Version(self.version) >= Version(TOOL_STRICT_LEVEL_SINCE)
+            except InvalidVersion:
+                return None
+        return None
+
+
+def frontend(install: VllmInstall | None) -> Frontend:
+    """The tool parsers and server flags of `install` (probed where it has a python, else from its version)."""
+    if install is None:
+        return Frontend(None, None, None)
+    info = probe(install.python) if install.python else {}
+    parsers, flags = info.get("tool_parsers"), info.get("frontend_flags")
+    return Frontend(install.version, tuple(parsers) if isinstance(parsers, list) else None,
+                    tuple(flags) if isinstance(flags, list) else None)
 
 
 def check_version(version: str, specifiers: list[str]) -> str | None:

@@ -33,7 +33,15 @@ from qwenquant.recipe import Recipe, ResolvedProfile
 from qwenquant.recipe.speculative import spec_tokens_fix, spec_tokens_problem
 from qwenquant.serve import argv as argvmod
 from qwenquant.serve.ballast import ballast_command
-from qwenquant.serve.discover import VllmInstall, check_architecture, check_version, find_vllm, supported_archs
+from qwenquant.serve.discover import (
+    Frontend,
+    VllmInstall,
+    check_architecture,
+    check_version,
+    find_vllm,
+    frontend,
+    supported_archs,
+)
 from qwenquant.serve.gpus import check_tp_device, gpu_table, tp_gpu_bytes, used_gpus
 from qwenquant.serve.request import ServeRequest
 
@@ -196,7 +204,9 @@ def prepare(req: ServeRequest) -> Prepared:
                                                notes, dry_run=req.dry_run, soft=req.gpu_mem_soft)) or profile
     ballast = checks.run(_ballast, req, dev, tp, notes) or ()
     extra = device_extra(dev, extra, warnings)
-    args = argvmod.build_vllm_argv(artifact, profile, manifest, dev, extra, api_key=req.api_key, tp=tp)
+    fe = frontend(install) if install else Frontend(None, None, None)
+    warnings += argvmod.tool_flags(profile, fe)[1]
+    args = argvmod.build_vllm_argv(artifact, profile, manifest, dev, extra, api_key=req.api_key, tp=tp, frontend=fe)
     env_add = {**multicast_off(os.environ), **argvmod.build_vllm_env(dev, os.environ)}
     if dev == "cpu" and profile.speculative:
         warnings.append("MTP on CPU: sample greedily (temperature 0); temperature > 0 under speculative decoding "

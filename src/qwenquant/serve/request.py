@@ -64,8 +64,8 @@ class ServeRequest:
                      **options: object) -> ServeRequest:
         """The request a command line gives: `profiles` as the repeatable --profile collected them."""
         if len(profiles) > 1:
-            raise UsageError(f"choose one --profile (got {', '.join(profiles)}: single-user and batch are mutually "
-                             "exclusive)", hint="e.g. --profile single-user, or --profile batch")
+            raise UsageError(f"choose one --profile (got {', '.join(profiles)}: a server runs one profile)",
+                             hint="e.g. --profile single-user, --profile batch or --profile long-context")
         return cls(Path(artifact), profiles[0] if profiles else None, tuple(extra), **options)  # type: ignore[arg-type]
 
     @property
