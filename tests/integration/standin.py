@@ -20,6 +20,7 @@ In the test process: `with StandinServer() as s:` (loopback, port 0), switches a
   noisy, noise    the first `noisy` requests add `noise` instead (warm-up must not count)
   total_suffix    False: the counters are exported without `_total` (as some exporters do)
   on_completion   called after each completion is sent
+  tool_mode, needle_fail_from, max_model_len   non-streamed chat answers and /tokenize (standin_chat.py)
   records, bodies what each request got (server clock) and what it sent
 
 As vLLM (the entrypoint of the launcher `write_fake_vllm` writes): `python standin.py --model M
@@ -57,6 +58,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from standin_chat import chat_answer, words
 
 PROMPT_TOKENS = 120
 START = (100.0, 300.0, 50.0, (30.0, 15.0, 5.0))  # nonzero at start: only deltas may be used
@@ -102,6 +105,9 @@ class StandinServer:
         self.noise: tuple[float, float, float, Any] = (1.0, 3.0, 3.0, (1.0, 1.0, 1.0))
         self.total_suffix = True
         self.on_completion: Callable[[], None] | None = None
+        self.tool_mode = "answer"
+        self.needle_fail_from: int | None = None
+        self.max_model_len = 4096
         self.verbose = verbose
         self.records: list[Record] = []
         self.bodies: list[dict[str, Any]] = []
@@ -177,12 +183,16 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/v1/models":
             if self._authorized():
                 self._send(200, {"object": "list", "data": [
-                    {"id": self.s.model, "object": "model", "root": self.s.root, "owned_by": "vllm"}]})
+                    {"id": self.s.model, "object": "model", "root": self.s.root, "owned_by": "vllm",
+                     "max_model_len": self.s.max_model_len}]})
         else:
             self._send(404, {"error": "not found"})
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        if self.path == "/tokenize":
+            self._send(200, {"count": words(body), "max_model_len": self.s.max_model_len, "tokens": []})
+            return
         if self.path not in ("/v1/completions", "/v1/chat/completions"):
             self._send(404, {"error": "not found"})
             return
@@ -190,6 +200,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with self.s.lock:
             self.s.bodies.append(body)
+        if self.path == "/v1/chat/completions" and not body.get("stream"):
+            self._send(200, chat_answer(self.s, body))
+            return
         if self.path == "/v1/chat/completions":
             rec = Record(recv=time.perf_counter())
             with self.s.lock:

@@ -50,13 +50,16 @@ def eval_cmd(
     gate: str = typer.Option("tiny-reference", "--gate", help="Gate name (shipped) or JSON file, with --served/--serve."),
     model: str | None = typer.Option(None, "--model", help="Served model name (default: the server's first)."),
     min_acceptance: float | None = typer.Option(None, "--min-acceptance-length", help="Fail when MTP mean acceptance length is below this (with --served/--serve)."),
+    tools: bool = typer.Option(False, "--tools", help="Also send the shipped tool schemas (with --served/--serve): each answer must be a well-formed tool call whose arguments match the schema, or a plain answer."),
+    needle: bool = typer.Option(False, "--needle", help="Also run the shipped needle task (with --served/--serve): a fact planted at several depths of prompts up to the server's max_model_len; pass/fail per depth."),
+    needle_max_len: int | None = typer.Option(None, "--needle-max-len", help="Longest needle prompt in tokens (default: the server's max_model_len)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ) -> None:
     """Measure an artifact against its source: paired perplexity, KL, top-1, lm_head and MTP figures.
 
     Offline, both models run one torch forward over dequantized weights on the same held-out windows.
 
-    With --served URL (a running server) or --serve ARTIFACT (started through `qwenquant serve`'s own preflight and supervisor, stopped afterwards), run a gate of exact-match tasks through the OpenAI API and read MTP acceptance from the server's /metrics counters; a failed task or a low acceptance exits 8.
+    With --served URL (a running server) or --serve ARTIFACT (started through `qwenquant serve`'s own preflight and supervisor, stopped afterwards), run a gate of exact-match tasks through the OpenAI API (`--gate none`: no such tasks) and read MTP acceptance from the server's /metrics counters; --tools adds the tool-calling gate, --needle retrieval at depth. A failed task, a low acceptance, a malformed tool call or a missed needle exits 8.
 
     Examples:
 
@@ -65,6 +68,8 @@ def eval_cmd(
       qwenquant eval --served http://127.0.0.1:8000 --min-acceptance-length 1.2 --json
 
       qwenquant eval --serve artifacts/q27b --profile single-user --gpu-mem 24GiB --min-acceptance-length 1.5
+
+      qwenquant eval --served http://127.0.0.1:8000 --gate none --tools --needle
     """
     from qwenquant.errors import UsageError
 
@@ -72,7 +77,7 @@ def eval_cmd(
     dev = device.value if device else None
     if served is not None and serve is not None:
         raise UsageError("give --served URL or --serve ARTIFACT, not both", hint="--served for a running server")
-    gate_opts = _GateOptions(gate, model, min_acceptance, report, as_json, api_key)
+    gate_opts = _GateOptions(gate, model, min_acceptance, report, as_json, api_key, tools, needle, needle_max_len)
     if serve is not None:
         from qwenquant.serve.request import ServeRequest
 
@@ -103,6 +108,9 @@ class _GateOptions:
     report: Path | None
     as_json: bool
     api_key: str | None
+    tools: bool = False
+    needle: bool = False
+    needle_max_len: int | None = None
 
 
 def _emit(result: dict[str, Any], path: Path | None, as_json: bool) -> None:
@@ -142,6 +150,7 @@ def _gate(url: str, o: _GateOptions, model: str | None) -> dict[str, Any]:
 
     result = run_gate(url, load_gate(o.gate), model, api_key=o.api_key)
     failures = gate_failures(result, o.min_acceptance)
+    failures += _extra_checks(result, o)
     result.update(min_acceptance_length=o.min_acceptance, failures=failures, ok=not failures)
     for t in result["tasks"]:
         console.print(f"task {t['name']}: {t['passed']}/{t['total']} passed", markup=False)
@@ -152,6 +161,30 @@ def _gate(url: str, o: _GateOptions, model: str | None) -> dict[str, Any]:
                   + ", ".join(f"{p}: {'n/a' if v is None else f'{100 * v:.1f}%'}" for p, v in m["per_position"].items()),
                   markup=False)
     return result
+
+
+def _extra_checks(result: dict[str, Any], o: _GateOptions) -> list[str]:
+    """--tools and --needle against the same server: their reports go into `result`, their failures out."""
+    from qwenquant.console import console
+    from qwenquant.evaluate.needle import needle_failures, run_needle
+    from qwenquant.evaluate.served import load_gate
+    from qwenquant.evaluate.tools import run_tools, tool_failures
+
+    failures: list[str] = []
+    if o.tools:
+        rep = result["tools"] = run_tools(result["url"], load_gate("tools"), result["model"], o.api_key)
+        for c in rep["cases"]:
+            console.print(f"tool case {c['name']}: {c['kind'].replace('_', ' ')}"
+                          + (f" ({c['problems'][0]})" if c["problems"] else ""), markup=False)
+        failures += tool_failures(rep)
+    if o.needle:
+        rep = result["needle"] = run_needle(result["url"], load_gate("needle"), result["model"], o.api_key,
+                                            o.needle_max_len)
+        for r in rep["depths"]:
+            console.print(f"needle at depth {r['needle_tokens']:,} of {r['prompt_tokens']:,} tokens ({r['depth']:g}): "
+                          f"{'passed' if r['passed'] else 'failed'}", markup=False)
+        failures += needle_failures(rep)
+    return failures
 
 
 def _fail_gate(result: dict[str, Any]) -> None:

@@ -17,7 +17,10 @@ REQUEST_TIMEOUT = 120.0
 
 
 def load_gate(name_or_path: str) -> dict[str, Any]:
-    """A gate definition: a shipped name (`qwenquant/data/evalsets/NAME.json`) or a JSON file path."""
+    """A gate definition: a shipped name (`qwenquant/data/evalsets/NAME.json`) or a JSON file path;
+    `none` is the empty gate (no exact-match tasks)."""
+    if name_or_path == "none":
+        return {"name": "none", "tasks": []}
     path = Path(name_or_path)
     if not path.is_file():
         path = Path(str(resources.files("qwenquant") / "data" / "evalsets" / f"{name_or_path}.json"))

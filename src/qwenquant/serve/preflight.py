@@ -26,8 +26,10 @@ from qwenquant.net.ports import port_problem
 from qwenquant.plan import budget as budgetmod
 from qwenquant.plan.artifact import artifact_budget
 from qwenquant.plan.gpumem import apply_gpu_mem, ballast_note
+from qwenquant.plan.report import fill_lines
 from qwenquant.plan.settings import recipe_from_manifest
-from qwenquant.plan.weights import tp_shape
+from qwenquant.plan.transient import fill
+from qwenquant.plan.weights import model_shape, tp_shape
 from qwenquant.procenv import multicast_off
 from qwenquant.recipe import Recipe, ResolvedProfile
 from qwenquant.recipe.speculative import spec_tokens_fix, spec_tokens_problem
@@ -297,4 +299,8 @@ def _budget(artifact: Path, manifest: Any, profile: ResolvedProfile, dev: str, e
                          hint="`qwenquant plan` shows the whole budget; pass the lowered setting after --")
     if not budget.fits_all_seqs:
         warnings.append(budget.concurrency_message())
+    f = fill(budget, model_shape(json.loads((artifact / "config.json").read_text())))
+    if f is not None and not f.holds:
+        warnings.append("the context boots but may not fill: " + fill_lines(budget, f)[-1].strip().removeprefix(
+            "DOES NOT FILL: "))
     return budget
