@@ -240,6 +240,17 @@ def test_dry_run_defaults_to_single_user_and_the_folder_name(standin_artifact, f
     assert r.returncode == 0 and "--served-model-name mine " in r.stdout
 
 
+def test_dry_run_shows_the_tool_call_parser_and_strict_level(standin_artifact, fake_vllm, tmp_path):
+    """The stub vLLM (0.33.0) lists no tool parsers and no flags to the probe: qwen3_coder is assumed (every
+    supported vLLM has it) and --tool-strict-level follows from the version (0.31 on)."""
+    r = _dry_run(standin_artifact, fake_vllm, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "--enable-auto-tool-choice --tool-call-parser qwen3_coder --tool-strict-level parameter" in r.stdout
+    r = _dry_run(standin_artifact, fake_vllm, tmp_path, "--profile", "long-context")
+    assert r.returncode == 0, r.stderr
+    assert "--max-model-len 2048" in r.stdout and "--kv-cache-dtype fp8" in r.stdout
+
+
 def test_dry_run_runs_the_whole_preflight_on_a_tampered_artifact(standin_artifact, fake_vllm, tmp_path):
     """A dry run verifies too: the command is printed, every failed check is listed, exit 4."""
     import shutil
