@@ -54,8 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--burst-seqs", default="1,8,16,32,64,128,256", help="new sequences in one step")
     p.add_argument("--burst-tokens", default="2048,8192", help="tokens of the burst step (split evenly)")
     p.add_argument("--kernel", choices=("auto", "vllm", "fla", "torch"), default="auto")
-    p.add_argument("--state-dtype", choices=("float32", "bfloat16", "float16"), default="float32",
-                   help="the recurrent-state cache dtype (vLLM's --mamba-ssm-cache-dtype)")
+    p.add_argument("--state-dtype", choices=("float32", "bfloat16", "float16"), default="float16",
+                   help="the recurrent-state cache dtype (vLLM's --mamba-ssm-cache-dtype; the recipes: float16)")
     p.add_argument("--device", default=None, help="default: cuda")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("bench/results/gdn_transient.json"))
@@ -187,7 +187,7 @@ class Layer:
         beta = b.float().sigmoid().unsqueeze(0)
         g = (-self.a_log.exp() * F.softplus(a.float() + self.dt_bias)).unsqueeze(0)
         idx = torch.arange(n_seq, device=x.device)
-        init = self.state[idx].float()  # vLLM gathers the step's states, then zeroes new sequences
+        init = self.state[idx]  # vLLM gathers the step's states (cache dtype), then zeroes new sequences
         init.zero_()
         o, final = kernel(q, k, v, g, beta, init, cu)
         self.state[idx] = final.to(self.state.dtype)
