@@ -3,7 +3,7 @@
 STAND-IN: the server is tests/integration/standin.py (chat answers in standin_chat.py) in the test
 process, not vLLM: a real server cannot be told to return a malformed tool call, arguments that miss
 the schema, or to miss the needle from a chosen depth on. The real vLLM CPU server runs the same
-commands end to end in test_eval_tools_needle_vllm.py.
+commands end to end in test_serve_vllm.py (its text-only server).
 """
 
 from __future__ import annotations

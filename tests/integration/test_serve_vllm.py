@@ -170,6 +170,43 @@ def test_mtp_acceptance(server):
         assert accepted / drafted < 0.5
 
 
+def _eval_served(server: Running, *extra: str) -> subprocess.CompletedProcess:
+    if server.layout != "text-only":
+        pytest.skip("one layout is enough: the eval runs against the text-only server")
+    return subprocess.run([sys.executable, "-m", "qwenquant", "eval", "--served", server.url, "--gate", "none",
+                           "--json", *extra], capture_output=True, text=True, timeout=900, cwd=REPO)
+
+
+def test_eval_tools_against_vllm_with_the_tool_call_parser(server):
+    """The profile's tool-call parser and strict level are on; the tiny model answers in plain text, so
+    every case is a well-formed answer (the verdicts are proven against the stand-in:
+    test_eval_tools_needle.py)."""
+    proc = _eval_served(server, "--tools")
+    starting = next(ln for ln in server.cli.stderr.splitlines() if "starting:" in ln)
+    assert "--enable-auto-tool-choice --tool-call-parser qwen3_coder --tool-strict-level parameter" in starting
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cases = json.loads(proc.stdout)["tools"]["cases"]
+    assert [c["name"] for c in cases] == ["no-argument", "required-argument", "nested-json"]
+    assert all(c["kind"] in ("answer", "tool_call") and c["ok"] for c in cases), cases
+
+
+def test_eval_needle_against_vllm_to_the_promised_context(server):
+    """Prompts of 1024 and 2024 tokens (max-model-len 2048 less the answer's 24), as vLLM counts them;
+    the constant model cannot retrieve the code, so every depth fails and is named (exit 8)."""
+    proc = _eval_served(server, "--needle")
+    assert proc.returncode == 8, proc.stderr[-3000:]
+    rep = json.loads(proc.stdout)["needle"]
+    assert rep["max_model_len"] == 2048 and rep["limit"] == 2048 - 24
+    rows = rep["depths"]
+    assert [r["depth"] for r in rows] == [0.1, 0.5, 0.9] * 2
+    for r, target in zip(rows, [1024] * 3 + [2024] * 3, strict=True):
+        assert target - 64 <= r["prompt_tokens"] <= target, r  # vLLM's own usage.prompt_tokens
+        assert 0 < r["needle_tokens"] < r["prompt_tokens"] and "error" not in r, r
+    assert not any(r["passed"] for r in rows)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and errors[0].count("needle at depth") == 6
+
+
 def test_sigterm_stops_cleanly(server):
     """Runs last for each server: SIGTERM to `qwenquant serve` stops vLLM and its engine process."""
     from qwenquant.net.ports import listener_pids, process_tree
