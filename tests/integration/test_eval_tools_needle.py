@@ -46,9 +46,12 @@ def test_well_formed_calls_and_plain_answers_pass(standin, mode: str, kind: str)
     assert proc.returncode == 0, proc.stderr
     cases = json.loads(proc.stdout)["tools"]["cases"]
     assert [(c["name"], c["kind"], c["ok"]) for c in cases] == [
-        ("no-argument", kind, True), ("required-argument", kind, True), ("nested-json", kind, True)]
+        ("no-argument", kind, True), ("no-argument-required", kind, True), ("required-argument", kind, True),
+        ("nested-json", kind, True)]
     sent = [b for b in standin.bodies if b.get("tools")]
-    assert [b["tools"][0]["function"]["name"] for b in sent] == ["get_current_time", "get_weather", "create_event"]
+    assert [b["tools"][0]["function"]["name"] for b in sent] == ["get_current_time", "get_current_time", "get_weather",
+                                                                  "create_event"]
+    assert [b["tool_choice"] for b in sent] == ["auto", "required", "auto", "auto"]
     assert all(b["temperature"] == 0.0 and b["chat_template_kwargs"] == {"enable_thinking": False} for b in sent)
     assert f"tool case nested-json: {kind.replace('_', ' ')}" in proc.stderr
 
@@ -69,7 +72,7 @@ def test_a_malformed_call_fails_the_gate_naming_the_case(standin, mode: str, pro
 
 
 def test_schema_subset_checker_on_nested_arguments() -> None:
-    tools = json.loads((REPO / "src/qwenquant/data/evalsets/tools.json").read_text())["cases"][2]["tools"]
+    tools = json.loads((REPO / "src/qwenquant/data/evalsets/tools.json").read_text())["cases"][3]["tools"]
     schema = tools[0]["function"]["parameters"]
     good = {"title": "Q3", "when": {"date": "2026-03-14", "time": "10:00"}, "attendees": [{"name": "Ana"}]}
     assert schema_problems(good, schema) == []
@@ -109,3 +112,10 @@ def test_a_missed_needle_fails_naming_the_depth(standin) -> None:
     assert (f"needle at depth {first['needle_tokens']:,} of {first['prompt_tokens']:,} tokens (0.1): answer '000000' "
             f"lacks {first['expect']}") in line
     assert line.count("needle at depth") == 3
+
+
+def test_the_tool_task_is_not_an_exact_match_gate(standin) -> None:
+    proc = subprocess.run([sys.executable, "-m", "qwenquant", "eval", "--served", standin.url, "--gate", "tools"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO, env=dict(os.environ))
+    assert proc.returncode == 2
+    assert "gate 'tools' has no exact-match tasks" in _error_line(proc)

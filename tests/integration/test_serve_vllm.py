@@ -186,8 +186,11 @@ def test_eval_tools_against_vllm_with_the_tool_call_parser(server):
     assert "--enable-auto-tool-choice --tool-call-parser qwen3_coder --tool-strict-level parameter" in starting
     assert proc.returncode == 0, proc.stderr[-3000:]
     cases = json.loads(proc.stdout)["tools"]["cases"]
-    assert [c["name"] for c in cases] == ["no-argument", "required-argument", "nested-json"]
+    assert [c["name"] for c in cases] == ["no-argument", "no-argument-required", "required-argument", "nested-json"]
     assert all(c["kind"] in ("answer", "tool_call") and c["ok"] for c in cases), cases
+    # tool_choice required: vLLM constrains the output to a call, parsed and checked against the schema
+    forced = cases[1]
+    assert forced["kind"] == "tool_call" and [c["name"] for c in forced["calls"]] == ["get_current_time"], forced
 
 
 def test_eval_needle_against_vllm_to_the_promised_context(server):

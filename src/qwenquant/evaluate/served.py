@@ -64,6 +64,9 @@ def _counters(url: str, api_key: str | None) -> SpecCounters:
 
 def run_gate(url: str, gate: dict[str, Any], model: str | None = None, api_key: str | None = None) -> dict[str, Any]:
     """Run every case of `gate` greedily through /v1/completions; pass count per task and MTP acceptance."""
+    if not isinstance(gate.get("tasks"), list):
+        raise UsageError(f"gate {gate.get('name')!r} has no exact-match tasks",
+                         hint="the shipped tools and needle tasks run with --tools and --needle (with --gate none)")
     url = url.rstrip("/")
     model = model or _model_name(url, api_key)
     before = _counters(url, api_key)
