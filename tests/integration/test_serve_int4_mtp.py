@@ -75,6 +75,16 @@ def test_artifact_holds_an_int4_mtp_head_that_check_passes(artifact: Path) -> No
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_graft_mtp_keeps_the_int4_head(artifact: Path) -> None:
+    """graft-mtp on an int4-MTP artifact: nothing to do (the packed Linears are the artifact's, the
+    norms the source's), where the bf16 logic would call every packed tensor foreign."""
+    r = subprocess.run([sys.executable, "-m", "qwenquant", "graft-mtp", str(artifact), "--source",
+                        str(artifact.parent / "source"), "--check-only"], env=_env(artifact.parent),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "nothing to graft" in r.stdout
+
+
 def test_offline_int4_mtp_agreement_stays_within_its_band(artifact: Path) -> None:
     """The quick eval's paired figure: int4 vs bf16 MTP head on the artifact's states, the same windows
     (t interval over 32 windows); bands recorded on CPU (eval_bands.json's `int4_mtp`)."""
