@@ -62,6 +62,9 @@ def test_mtp_figures_pair_int4_and_bf16_heads_on_the_same_windows() -> None:
     assert lo < -1.0 < hi and hi - lo == pytest.approx(2 * 3.182446 * 0.816497 / 2, rel=1e-5)  # t, 3 df
     assert m["change_pct"] == pytest.approx(100 * (1.575 / 1.6 - 1))
     assert set(mtp_figures({"reference": {}, "artifact": {}})) == set()  # no MTP head: no MTP figures
+    lines = report.summary_lines({"lm_head": {}, "mtp": m})
+    assert any(ln.startswith("MTP head on the artifact's states: bf16 58.50%, as shipped 57.50%: -1.00 points, "
+                             "95% CI (t) [") for ln in lines)
 
 
 def test_kl_and_top1_of_identical_and_different_logits() -> None:
