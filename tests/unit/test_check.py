@@ -292,12 +292,34 @@ def test_mtp_not_ignored_and_missing_tensor(tmp_path: Path) -> None:
     assert any(m.startswith("mtp.fc: not covered by quantization_config.ignore") and "#53387" in m for m in msgs)
 
 
-def test_mtp_quantized(tmp_path: Path) -> None:
+def test_mtp_quantized_but_ignored(tmp_path: Path) -> None:
+    """A packed mtp.fc under `re:^mtp.*`: vLLM builds it bf16 and refuses the packed tensors (#53387);
+    the other MTP Linears stay bf16, a mix the drafter cannot take."""
     fx = Fx()
     fx.q("mtp.fc", H, 2 * H)
-    r = _check(fx, tmp_path)
-    assert any(f.rule == "mtp" and f.where == "mtp.fc.weight" and "stored int4 packed" in f.message
-               for f in r.findings)
+    msgs = _only(_check(fx, tmp_path), "mtp")
+    assert any(m.startswith("mtp.fc: stored int4 packed but no config group applies") and "#53387" in m for m in msgs)
+    assert any(m.startswith("mtp.*: 1 of 8 MTP Linears are int4 packed") for m in msgs)
+
+
+def _int4_mtp(fx: Fx) -> Fx:
+    """Every MTP Linear packed (mtp.quantize: gptq), norms bf16."""
+    M = "mtp.layers.0."
+    fx.q("mtp.fc", H, 2 * H)
+    for name, out, inp in (("self_attn.q_proj", 2 * HEADS * HD, H), ("self_attn.k_proj", KV * HD, H),
+                           ("self_attn.v_proj", KV * HD, H), ("self_attn.o_proj", H, HEADS * HD),
+                           ("mlp.gate_proj", I, H), ("mlp.up_proj", I, H), ("mlp.down_proj", H, I)):
+        fx.q(M + name, out, inp)
+    return fx
+
+
+def test_int4_mtp_head_loads_when_not_ignored(tmp_path: Path) -> None:
+    fx = _int4_mtp(Fx())
+    fx.qc["ignore"].remove("re:^mtp.*")
+    assert _check(fx, tmp_path).ok
+    fx.qc["ignore"].append("re:^mtp.*")  # the same tensors under the bf16 head's ignore entry
+    msgs = _only(_check(fx, tmp_path / "ignored"), "mtp")
+    assert len(msgs) == 8 and all("no config group applies" in m and "#53387" in m for m in msgs)
 
 
 def test_mtp_shard_missing_from_index(tmp_path: Path) -> None:
@@ -411,3 +433,20 @@ def test_profile_drafting_more_than_four_tokens_is_refused(tmp_path: Path, capsy
     serve["profiles"]["fast"]["speculative"]["num_speculative_tokens"] = 4
     (d / "qwenquant-manifest.json").write_text(json.dumps({"recipe": {"serve": serve}}))
     assert check_artifact(d).ok
+
+def test_vllm_releases_that_load_an_int4_mtp_head() -> None:
+    """check knows the releases whose MTP loader builds a quantized drafter (0.26-0.32); the quantize
+    check stage refuses a recipe admitting another, serve an installed other, naming vLLM #53387."""
+    from qwenquant.check import mtp_vllm_problems, quantized_mtp_vllm_problem
+    from qwenquant.check.mtp_vllm import HINT
+    from qwenquant.recipe import load_recipe
+
+    assert quantized_mtp_vllm_problem("0.26.0") is None and quantized_mtp_vllm_problem("0.32.0") is None
+    assert "not known to load a quantized MTP head" in quantized_mtp_vllm_problem("0.33.0")
+    assert "not known to load" in quantized_mtp_vllm_problem("0.25.1") and "#53387" in HINT
+    r = load_recipe("w4a16-int4head-int4mtp")
+    assert mtp_vllm_problems(r) == []
+    wide = r.model_copy(update={"serve": r.serve.model_copy(update={"vllm_versions": [">=0.26.0"]})})
+    (msg,) = mtp_vllm_problems(wide)
+    assert "admit vLLM 0.33.0, 0.34.0, 1.0.0" in msg and "#53387" in msg
+    assert mtp_vllm_problems(load_recipe("w4a16-int4head")) == []  # a bf16 head loads anywhere

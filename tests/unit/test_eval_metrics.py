@@ -19,8 +19,52 @@ def test_paired_ppl_delta_ci_and_worse_windows() -> None:
     assert out["ppl"] == pytest.approx(math.exp(2.05))
     assert out["delta_pct"] == pytest.approx(100 * math.expm1(0.05))
     se = torch.tensor([0.1, -0.1, 0.2, 0.0], dtype=torch.float64).std().item() / 2
-    assert out["ci95_pct"] == pytest.approx([100 * math.expm1(0.05 - 1.959964 * se), 100 * math.expm1(0.05 + 1.959964 * se)])
+    t3 = 3.182446  # t quantile 0.975 at 3 degrees of freedom (4 windows), not the normal 1.96
+    assert out["ci95_pct"] == pytest.approx([100 * math.expm1(0.05 - t3 * se), 100 * math.expm1(0.05 + t3 * se)])
     assert (out["windows_worse"], out["windows"]) == (2, 4)
+
+
+@pytest.mark.parametrize(("p", "df", "want"), [(0.975, 1, 12.706205), (0.975, 3, 3.182446), (0.975, 31, 2.039513),
+                                               (0.995, 10, 3.169273), (0.025, 31, -2.039513), (0.975, 1e7, 1.959964)])
+def test_t_quantile_matches_the_tables(p: float, df: float, want: float) -> None:
+    assert metrics.t_quantile(p, df) == pytest.approx(want, abs=2e-6)
+
+
+def test_mean_ci95_is_wider_than_the_normal_interval_at_32_windows() -> None:
+    v = torch.linspace(0.0, 1.0, 32, dtype=torch.float64)
+    mean, (lo, hi) = metrics.mean_ci95(v)
+    se = float(v.std()) / math.sqrt(32)
+    assert mean == pytest.approx(0.5)
+    assert (hi - lo) / (2 * 1.959964 * se) == pytest.approx(2.039513 / 1.959964)  # about 4% wider
+    assert metrics.mean_ci95(torch.tensor([0.3]))[1] != metrics.mean_ci95(torch.tensor([0.3]))[1]  # nan: one window
+
+
+def test_kl_tail_quantiles_of_per_token_kl() -> None:
+    per_token = torch.cat([torch.zeros(990), torch.full((9,), 1.0), torch.tensor([10.0])])
+    tail = metrics.kl_tail(per_token)
+    assert set(tail) == {"kl_p99", "kl_p999"}
+    assert 0.0 < tail["kl_p99"] <= 1.0 < tail["kl_p999"] <= 10.0
+    logits = torch.randn(2, 5, 11, generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(metrics.token_kl(logits, -logits).mean(dim=1), metrics.window_kl_top1(logits, -logits)[0])
+
+
+def test_mtp_figures_pair_int4_and_bf16_heads_on_the_same_windows() -> None:
+    from qwenquant.evaluate.offline import mtp_figures
+
+    ref = torch.tensor([0.6, 0.5, 0.7, 0.6])
+    bf16 = torch.tensor([0.58, 0.5, 0.66, 0.6])
+    int4 = bf16 - torch.tensor([0.01, 0.02, 0.0, 0.01])
+    m = mtp_figures({"reference": {"mtp_agree": ref}, "artifact": {"mtp_agree": int4, "mtp_agree_bf16": bf16}})
+    assert m["reference"]["agree"] == pytest.approx(0.6) and m["reference"]["acceptance_length_1"] == pytest.approx(1.6)
+    assert m["artifact_bf16_mtp"]["agree"] == pytest.approx(0.585)
+    assert m["int4_vs_bf16"]["delta_points"] == pytest.approx(-1.0)
+    lo, hi = m["int4_vs_bf16"]["ci95_points"]
+    assert lo < -1.0 < hi and hi - lo == pytest.approx(2 * 3.182446 * 0.816497 / 2, rel=1e-5)  # t, 3 df
+    assert m["change_pct"] == pytest.approx(100 * (1.575 / 1.6 - 1))
+    assert set(mtp_figures({"reference": {}, "artifact": {}})) == set()  # no MTP head: no MTP figures
+    lines = report.summary_lines({"lm_head": {}, "mtp": m})
+    assert any(ln.startswith("MTP head on the artifact's states: bf16 58.50%, as shipped 57.50%: -1.00 points, "
+                             "95% CI (t) [") for ln in lines)
 
 
 def test_kl_and_top1_of_identical_and_different_logits() -> None:

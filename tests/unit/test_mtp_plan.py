@@ -67,3 +67,23 @@ def test_source_without_mtp_is_an_error() -> None:
     index, headers = _artifact()
     with pytest.raises(StageError, match="no mtp"):
         plan_graft(index, headers, {"lm_head.weight": _d("a")}, ignore=[MTP_IGNORE])
+
+
+def test_int4_head_keeps_its_packed_tensors_and_drops_the_ignore_entry(tmp_path) -> None:
+    """An int4 head (`quantized`): the expected tensors are the source's with the packed Linears in
+    place of their weights (`expected_mtp`); `re:^mtp.*` in ignore is then the thing to fix."""
+    from qwenquant.checkpoint.tensorfile import TensorRef
+    from qwenquant.quantize.stages.mtp import expected_mtp
+
+    def ref(name: str) -> TensorRef:
+        return TensorRef(name, tmp_path / "x.safetensors", "BF16", (4, 4), 0, 32)
+
+    src = {n: ref(n) for n in ("mtp.fc.weight", "mtp.norm.weight", "model.norm.weight")}
+    packed = {n: ref(n) for n in ("mtp.fc.weight_packed", "mtp.fc.weight_scale", "mtp.fc.weight_shape")}
+    assert sorted(expected_mtp(src, packed)) == ["mtp.fc.weight_packed", "mtp.fc.weight_scale",
+                                                 "mtp.fc.weight_shape", "mtp.norm.weight"]
+    assert sorted(expected_mtp(src, None)) == ["mtp.fc.weight", "mtp.norm.weight"]
+    index, headers = _artifact()
+    plan = plan_graft(index, headers, SOURCE, ignore=[MTP_IGNORE], quantized=True)
+    assert plan.ignore_fix and plan.summary() == "remove re:^mtp.* from quantization_config.ignore"
+    assert plan_graft(index, headers, SOURCE, ignore=["re:.*visual.*"], quantized=True).nothing_to_do

@@ -110,6 +110,31 @@ def test_lm_head_must_be_ignored_by_body_stage() -> None:
     assert any(p.startswith("quantization.ignore: must include 'lm_head'") for p in _problems(raw))
 
 
+def test_int4_mtp_option_needs_an_ignore_list_that_leaves_the_head_to_the_body_group() -> None:
+    """`mtp: {quantize: gptq}` with `re:^mtp.*` still ignored: vLLM would build the drafter bf16 and
+    refuse the packed tensors (vLLM #53387); without the option the entry is required."""
+    raw = _raw()
+    raw["mtp"] = {"quantize": "gptq"}
+    assert any(p.startswith("quantization.ignore: covers mtp.fc but mtp.quantize is gptq") and "#53387" in p
+               for p in _problems(raw))
+    raw["quantization"]["ignore"].remove("re:^mtp.*")
+    r = parse_recipe(raw)
+    assert r.mtp_quantized and r.canonical()["mtp"] == {"quantize": "gptq"}
+    raw["mtp"] = {"quantize": "bf16"}
+    assert any("must cover the MTP draft head" in p for p in _problems(raw))
+    raw["mtp"] = {"quantize": "int8"}
+    assert any(p.startswith("mtp.quantize") for p in _problems(raw))
+
+
+def test_a_bf16_mtp_head_keeps_the_recipe_digest() -> None:
+    """Recipes without the key (every artifact built before it) and with `mtp: {quantize: bf16}` hash alike."""
+    raw = _raw()
+    before = parse_recipe(raw).sha256()
+    raw["mtp"] = {"quantize": "bf16"}
+    r = parse_recipe(raw)
+    assert not r.mtp_quantized and r.sha256() == before and "mtp" not in r.canonical()
+
+
 def test_partial_fused_ignore_is_refused() -> None:
     raw = _raw()
     raw["quantization"]["ignore"].append("re:.*in_proj_z$")

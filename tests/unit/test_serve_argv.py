@@ -226,3 +226,16 @@ def test_served_name_is_the_folder_name_except_for_the_real_27b(tmp_path):
     real = json.loads((Path(__file__).resolve().parents[2] / "src/qwenquant/data/qwen3_8-27b.config.json").read_text())
     assert served_name(tmp_path / "my-q27b", real, "qwen3.8-27b-w4a16") == "qwen3.8-27b-w4a16"
     assert served_name(tmp_path / "Qwen3.5-tiny-w4a16", model_config(), "qwen3.8-27b-w4a16") == "Qwen3.5-tiny-w4a16"
+
+
+def test_serve_refuses_an_int4_mtp_artifact_on_a_vllm_not_known_to_load_it():
+    """The int4-MTP variant on vLLM 0.33: refused before launch, the hint naming vLLM #53387 (a bf16
+    MTP recipe is not held to that range)."""
+    from qwenquant.serve.discover import VllmInstall
+    from qwenquant.serve.preflight import _check_install
+
+    inst = VllmInstall(("vllm", "serve"), "/x/python", "0.33.0", "cuda", "PATH")
+    with pytest.raises(ServeError) as ei:
+        _check_install(inst, load_recipe("w4a16-int4head-int4mtp"), {"architectures": ["Qwen3_5ForCausalLM"]})
+    assert "vLLM 0.33.0 is not known to load a quantized MTP head" in ei.value.message
+    assert "#53387" in ei.value.hint and "0.26-0.32" in ei.value.hint

@@ -26,6 +26,7 @@ from qwenquant.check.facts import (
     Finding,
     read_artifact,
 )
+from qwenquant.check.mtp_vllm import QUANTIZED_MTP_VLLM, mtp_vllm_problems, quantized_mtp_vllm_problem
 from qwenquant.check.rules import (
     FLOAT_DTYPES,
     FUSED_PARTS,
@@ -48,8 +49,9 @@ from qwenquant.check.rules import (
 
 __all__ = [
     "FLOAT_DTYPES", "FUSED_PARTS", "IGNORED", "MTP_LAYER", "MTP_TOP", "MULTIMODAL_ARCH", "PACKED_SUFFIXES",
+    "QUANTIZED_MTP_VLLM",
     "RULES", "RULE_FUNCS", "TEXT_ONLY_ARCH", "ArtifactFacts", "CheckReport", "Finding",
-    "check_artifact", "read_artifact", "rule_fused_scheme", "rule_kernel_shape", "rule_layout", "rule_lm_head",
+    "check_artifact", "mtp_vllm_problems", "quantized_mtp_vllm_problem", "read_artifact", "rule_fused_scheme", "rule_kernel_shape", "rule_layout", "rule_lm_head",
     "rule_mtp", "rule_no_mrope", "rule_packed_format", "rule_quant_config", "rule_scheme_storage",
     "rule_vision", "run_rules",
 ]

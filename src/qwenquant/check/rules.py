@@ -277,20 +277,27 @@ def rule_mtp(a: ArtifactFacts) -> list[Finding]:
     if n == 0 and not mtp_names:
         return []
     want = [f"mtp.{s}" for s in MTP_TOP] + [f"mtp.layers.{i}.{s}" for i in range(max(n, 1)) for s in MTP_LAYER]
+    linears = {m: packed for m, packed in a.linears().items() if is_mtp(m)}
     out = []
     for name in want:
-        if name not in a.tensors:
-            packed = name.removesuffix(".weight") + ".weight_packed" in a.tensors
-            out.append(finding("mtp", name, "stored int4 packed; vLLM's MTP loader needs the bf16 weight (vLLM #53387)"
-                          if packed else f"missing ({len(want)} mtp.* tensors expected for "
+        if name not in a.tensors and not linears.get(name.removesuffix(".weight")):
+            out.append(finding("mtp", name, f"missing ({len(want)} mtp.* tensors expected for "
                           f"mtp_num_hidden_layers={max(n, 1)})",
                           "copy mtp.* byte-identical from the source checkpoint (the mtp stage)"))
     for name in mtp_names:
         t = a.tensors[name]
         if name.endswith(".weight") and t.dtype not in FLOAT_DTYPES:
             out.append(finding("mtp", name, f"dtype {t.dtype}; the MTP head must stay bf16", "copy it from the source"))
-    for mod in sorted(m for m in a.linears() if is_mtp(m)):
-        if not targets_cover(a.ignore, mod):
+    if any(linears.values()) and not all(linears.values()):
+        out.append(finding("mtp", "mtp.*", f"{sum(linears.values())} of {len(linears)} MTP Linears are int4 packed: "
+                      "the drafter needs all of them packed (mtp.quantize: gptq) or none", "rebuild with one precision"))
+    for mod, packed in sorted(linears.items()):
+        group = a.resolve(mod)
+        if packed and group in (IGNORED, None):
+            out.append(finding("mtp", mod, "stored int4 packed but no config group applies to it: vLLM would build "
+                          "it unquantized and refuse the packed tensors (vLLM #53387)",
+                          "remove 're:^mtp.*' from quantization_config.ignore (the mtp stage does for mtp.quantize: gptq)"))
+        elif not packed and group not in (IGNORED, None):
             out.append(finding("mtp", mod, "not covered by quantization_config.ignore: vLLM would build it quantized "
                           "and crash loading the bf16 weight (vLLM #53387)", "add 're:^mtp.*' to ignore"))
     return out

@@ -101,12 +101,13 @@ def _unhashed(r: TensorRef) -> TensorDigest:
     return TensorDigest(r.dtype, r.shape, "")
 
 
-def recipe_quantizes(ignore: list[str], *, head_quantized: bool) -> Callable[[str], bool]:
-    """Whether the recipe quantizes a (source-named) Linear module: not ignored, or the head stage."""
+def recipe_quantizes(ignore: list[str], *, head_quantized: bool, mtp_quantized: bool = False) -> Callable[[str], bool]:
+    """Whether the recipe quantizes a (source-named) Linear module: not ignored, or the head stage;
+    an MTP Linear only with `mtp: {quantize: gptq}`."""
     def may(module: str) -> bool:
         if module == "lm_head" or module.endswith(".lm_head"):
             return head_quantized
-        if module.startswith("mtp."):
+        if module.startswith("mtp.") and not mtp_quantized:
             return False
         return not any(target_matches(p, module) for p in ignore)
     return may

@@ -131,7 +131,8 @@ def graft_mtp_cmd(
     """Copy the bf16 MTP draft head (mtp.*) from the source into an artifact, byte-identical.
 
     Fixes the index and the quantization ignore list, re-writes the manifest and re-verifies.
-    Running it again changes nothing.
+    Running it again changes nothing. An int4 MTP head (recipe `mtp: {quantize: gptq}`) keeps its
+    packed Linears; the rest of the head comes from the source.
 
     Examples:
 

@@ -6,7 +6,10 @@ Arms (all through the same `TextForward` over dense weights):
   w4a16+rtn-head     the artifact's body with a round-to-nearest int4 lm_head (the baseline)
   artifact           the artifact as shipped (body + its own, calibrated, head)
 MTP: how often the MTP head's t+2 prediction equals the model's own greedy t+2 token (the rate at
-which a greedy server would accept the first draft), for the reference and the artifact.
+which a greedy server would accept the first draft), for the reference and the artifact, and for the
+source's bf16 MTP head on the artifact's own hidden states and head (`artifact_bf16_mtp`): on the same
+windows against the artifact's head, the difference is what quantizing the MTP head costs.
+Each KL comes with its per-token tail (p99, p99.9); every interval is the t interval over windows.
 """
 
 from __future__ import annotations
@@ -60,14 +63,20 @@ def _batch_stats(ref: TextForward, art: TextForward, heads: dict[str, torch.Tens
     for arm, (hidden, head) in {"w4a16-body": (h_art, heads["reference"]), "w4a16+rtn-head": (h_art, heads["rtn"]),
                                 "artifact": (h_art, heads["artifact"])}.items():
         full = hidden @ head.T
-        kl, top1 = metrics.window_kl_top1(ref_logits, full[:, :-1])
-        stats[arm] = {"nll": metrics.window_nll(full[:, :-1], targets).cpu(), "kl": kl.cpu(), "top1": top1.cpu()}
+        tok_kl = metrics.token_kl(ref_logits, full[:, :-1])
+        top1 = (ref_logits.argmax(-1) == full[:, :-1].argmax(-1)).float().mean(dim=1)
+        stats[arm] = {"nll": metrics.window_nll(full[:, :-1], targets).cpu(), "kl": tok_kl.mean(dim=1).cpu(),
+                      "top1": top1.cpu(), "kl_tokens": tok_kl.flatten().cpu()}
         greedy[arm] = full.argmax(-1)
         del full
     for arm, fwd, hidden, head in (("reference", ref, h_ref, heads["reference"]), ("artifact", art, h_art, heads["artifact"])):
         agree = _mtp_agree(fwd, ids, hidden, head, greedy[arm])
         if agree is not None:
             stats[arm]["mtp_agree"] = agree
+    if "mtp_agree" in stats["artifact"]:  # the source's bf16 MTP head on the artifact's states, head and greedy
+        agree = _mtp_agree(ref, ids, h_art, heads["artifact"], greedy["artifact"])
+        if agree is not None:
+            stats["artifact"]["mtp_agree_bf16"] = agree
     return stats, h_ref[:, :-1].reshape(-1, h_ref.shape[-1]).cpu()
 
 
@@ -90,19 +99,34 @@ def evaluate_forwards(ref: TextForward, art: TextForward, heads: dict[str, torch
     ref_nll = cat["reference"]["nll"]
     arms: dict[str, Any] = {"reference": {"ppl": metrics.paired_ppl(ref_nll, ref_nll)["ppl"]}}
     for arm in ARMS:
-        arms[arm] = {**metrics.paired_ppl(ref_nll, cat[arm]["nll"]),
-                     "kl": float(cat[arm]["kl"].mean()), "top1": float(cat[arm]["top1"].mean())}
-    mtp = {arm: {"agree": float(cat[arm]["mtp_agree"].mean()),
-                 "acceptance_length_1": 1 + float(cat[arm]["mtp_agree"].mean())}
-           for arm in ("reference", "artifact") if "mtp_agree" in cat[arm]}
-    if len(mtp) == 2:
-        mtp["change_pct"] = 100 * (mtp["artifact"]["acceptance_length_1"] / mtp["reference"]["acceptance_length_1"] - 1)
+        kl, kl_ci = metrics.mean_ci95(cat[arm]["kl"])
+        arms[arm] = {**metrics.paired_ppl(ref_nll, cat[arm]["nll"]), "kl": kl, "kl_ci95": kl_ci,
+                     **metrics.kl_tail(cat[arm]["kl_tokens"]), "top1": float(cat[arm]["top1"].mean())}
+    mtp = mtp_figures(cat)
     held = torch.cat(hidden)
     # on the heads' own device: a .cpu() copy of three float32 27B heads is 15 GB of host memory
     with timed(log, f"eval: lm_head alone on {held.shape[0]} held-out states"):
         head = compare_heads(heads["reference"], heads["rtn"], heads["artifact"], held, device=heads["reference"].device)
     head["ratio"] = head["gptq"]["kl"] / head["rtn"]["kl"] if head["rtn"]["kl"] > 0 else None
     return {"arms": arms, "lm_head": head, "mtp": mtp}
+
+
+def mtp_figures(cat: dict[str, dict[str, torch.Tensor]]) -> dict[str, Any]:
+    """Pure: MTP t+2 agreement per arm (mean, t interval over windows, first-draft acceptance length),
+    the change vs the reference, and the int4 vs bf16 MTP head on the same windows (paired, in points)."""
+    keys = {"reference": "mtp_agree", "artifact": "mtp_agree", "artifact_bf16_mtp": "mtp_agree_bf16"}
+    mtp: dict[str, Any] = {}
+    for name, key in keys.items():
+        src = cat["artifact" if name == "artifact_bf16_mtp" else name]
+        if key in src:
+            agree, ci = metrics.mean_ci95(src[key])
+            mtp[name] = {"agree": agree, "agree_ci95": ci, "acceptance_length_1": 1 + agree}
+    if "reference" in mtp and "artifact" in mtp:
+        mtp["change_pct"] = 100 * (mtp["artifact"]["acceptance_length_1"] / mtp["reference"]["acceptance_length_1"] - 1)
+    if "artifact_bf16_mtp" in mtp:
+        delta, ci = metrics.mean_ci95(cat["artifact"]["mtp_agree"] - cat["artifact"]["mtp_agree_bf16"])
+        mtp["int4_vs_bf16"] = {"delta_points": 100 * delta, "ci95_points": [100 * ci[0], 100 * ci[1]]}
+    return mtp
 
 
 # Above this many bytes of source weights eval streams one decoder layer at a time (evaluate/streamed.py):

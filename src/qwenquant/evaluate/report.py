@@ -39,16 +39,17 @@ def offline_table(report: dict[str, Any]) -> Any:
     """A rich Table of the offline figures."""
     from rich.table import Column, Table
 
-    t = Table(Column("arm", no_wrap=True), "perplexity", "delta vs bf16", "95% CI", "worse windows", "KL (nats)", "top-1",
-              title=f"eval: {report['windows']} windows x {report['window_len']} tokens")
+    t = Table(Column("arm", no_wrap=True), "perplexity", "delta vs bf16", "95% CI (t)", "worse windows", "KL (nats)",
+              "KL p99", "KL p99.9", "top-1", title=f"eval: {report['windows']} windows x {report['window_len']} tokens")
     arms = report["arms"]
-    t.add_row("reference (bf16)", f"{arms['reference']['ppl']:.3f}", "", "", "", "", "")
+    t.add_row("reference (bf16)", f"{arms['reference']['ppl']:.3f}", "", "", "", "", "", "", "")
     for name, a in arms.items():
         if name == "reference":
             continue
         lo, hi = a["ci95_pct"]
+        tail = [f"{a[k]:.4f}" if k in a else "" for k in ("kl_p99", "kl_p999")]  # reports written before the tail
         t.add_row(name, f"{a['ppl']:.3f}", _pct(a["delta_pct"]), f"[{_pct(lo)}, {_pct(hi)}]",
-                  f"{a['windows_worse']}/{a['windows']}", f"{a['kl']:.5f}", f"{100 * a['top1']:.2f}%")
+                  f"{a['windows_worse']}/{a['windows']}", f"{a['kl']:.5f}", *tail, f"{100 * a['top1']:.2f}%")
     return t
 
 
@@ -63,6 +64,11 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"MTP first-draft agreement with greedy: reference {100 * m['reference']['agree']:.2f}%, "
                      f"artifact {100 * m['artifact']['agree']:.2f}% (acceptance length at 1 draft "
                      f"{m['reference']['acceptance_length_1']:.3f} -> {m['artifact']['acceptance_length_1']:.3f})")
+    if "int4_vs_bf16" in m:
+        d = m["int4_vs_bf16"]
+        lo, hi = d["ci95_points"]
+        lines.append(f"MTP head on the artifact's states: bf16 {100 * m['artifact_bf16_mtp']['agree']:.2f}%, as shipped "
+                     f"{100 * m['artifact']['agree']:.2f}%: {d['delta_points']:+.2f} points, 95% CI (t) [{lo:+.2f}, {hi:+.2f}]")
     for name, g in report.get("goals", {}).items():
         lines.append(f"goal {name}: {g['value']:.3f} (limit {g['max']}) {'met' if g['met'] else 'NOT met'}")
     return lines

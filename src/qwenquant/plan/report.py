@@ -12,7 +12,7 @@ _LABELS = {
     "embeddings": "embeddings (bf16)",
     "int4_body": "int4 body (packed + bf16 scales)",
     "lm_head": "lm_head",
-    "mtp": "MTP draft head (bf16)",
+    "mtp": "MTP draft head",
     "other_bf16": "other bf16 (norms, GDN gates/conv, ...)",
     "vision": "vision tower",
 }

@@ -201,6 +201,7 @@ class QuantSettings:
     ignore: tuple[str, ...] = ()
     lm_head_bits: int | None = 4  # None: lm_head stays bf16
     lm_head_group_size: int = 128
+    mtp_quantized: bool = False  # mtp: {quantize: gptq}: the MTP Linears with the body's scheme
 
     @classmethod
     def from_recipe(cls, recipe: Mapping[str, Any]) -> QuantSettings:
@@ -212,6 +213,7 @@ class QuantSettings:
             ignore=tuple(q.get("ignore", ())),
             lm_head_bits=int(h.get("num_bits", 4)) if h.get("enabled", False) else None,
             lm_head_group_size=int(h.get("group_size", 128)),
+            mtp_quantized=(recipe.get("mtp") or {}).get("quantize") == "gptq",
         )
 
 
@@ -305,6 +307,8 @@ def weights_from_config(s: ModelShape, q: QuantSettings, dtype_bytes: int = 2, t
             n = quantized_linear_bytes(*t.shape, q.lm_head_bits, q.lm_head_group_size)
         elif t.linear and comp not in ("lm_head", "mtp") and not targets_cover(q.ignore, module):
             comp, n = "int4_body", quantized_linear_bytes(*t.shape, q.num_bits, q.group_size)
+        elif t.linear and comp == "mtp" and q.mtp_quantized:
+            n = quantized_linear_bytes(*t.shape, q.num_bits, q.group_size)
         else:
             n = numel * dtype_bytes
         out[comp] += tp_bytes(t.name, n, s, tp)

@@ -72,11 +72,16 @@ def _offline(c: _Collect, base: Path_, section: str) -> None:
     c.add(section, "perplexity 95% CI low", (*arm, "ci95_pct", 0), _pct)
     c.add(section, "perplexity 95% CI high", (*arm, "ci95_pct", 1), _pct)
     c.add(section, "KL vs bf16 (nats/token)", (*arm, "kl"), lambda v: f"{v:.5f}")
+    c.add(section, "KL per token, 99th percentile", (*arm, "kl_p99"), lambda v: f"{v:.4f}")
+    c.add(section, "KL per token, 99.9th percentile", (*arm, "kl_p999"), lambda v: f"{v:.4f}")
     c.add(section, "top-1 agreement with bf16", (*arm, "top1"), lambda v: f"{100 * v:.2f}%")
     c.add(section, "windows x tokens", (*base, "windows"), lambda v: f"{v} x {lookup(c.data, (*base, 'window_len'))}")
     c.add(section, "MTP first-draft acceptance length (offline)", (*base, "mtp", "artifact", "acceptance_length_1"),
           lambda v: f"{v:.3f}")
     c.add(section, "MTP acceptance change vs bf16 (offline)", (*base, "mtp", "change_pct"), _pct)
+    d = lookup(c.data, (*base, "mtp", "int4_vs_bf16", "ci95_points")) or [0, 0]
+    c.add(section, "MTP t+2 agreement, shipped vs bf16 MTP head (points, same windows)",
+          (*base, "mtp", "int4_vs_bf16", "delta_points"), lambda v: f"{v:+.2f} [{d[0]:+.2f}, {d[1]:+.2f}]")
 
 
 def manifest_figures(manifest: dict[str, Any]) -> list[Figure]:

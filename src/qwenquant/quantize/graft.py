@@ -61,8 +61,37 @@ def graft_keeps(artifact: Path) -> set[str]:
                      and not p.name.startswith(".") and p.suffix != ".safetensors"}
 
 
+def int4_mtp(artifact: Path) -> dict[str, Any] | None:
+    """The packed MTP Linears of an artifact whose MTP head is int4 (its manifest's recipe says
+    `mtp: {quantize: gptq}`; without a manifest, packed mtp.* tensors under a config that does not
+    ignore them), name -> tensor; None for a bf16 head. graft-mtp cannot rebuild them from the
+    source: a missing one is an error."""
+    from qwenquant.checkpoint.config import read_config
+    from qwenquant.checkpoint.names import MTP_PREFIX, targets_cover
+    from qwenquant.checkpoint.tensorfile import checkpoint_refs
+    from qwenquant.manifest import MANIFEST_NAME, load_manifest
+    from qwenquant.recipe.rules import MTP_LINEARS
+
+    refs = checkpoint_refs(artifact)
+    packed = {n: r for n, r in refs.items() if n.startswith(MTP_PREFIX) and n.rsplit(".", 1)[1].startswith("weight_")}
+    if (artifact / MANIFEST_NAME).is_file():
+        quantized = (load_manifest(artifact).recipe.get("mtp") or {}).get("quantize") == "gptq"
+    else:
+        qc = read_config(artifact).get("quantization_config") or {}
+        quantized = bool(packed) and not targets_cover(qc.get("ignore") or [], "mtp.fc")
+    if not quantized:
+        return None
+    missing = [m for m in MTP_LINEARS if f"{m}.weight_packed" not in packed]
+    if missing:
+        raise StageError(f"{artifact}: the MTP head is int4 (mtp.quantize: gptq) but {missing[0]} has no packed "
+                         "tensors; graft-mtp restores only tensors the source holds",
+                         hint="re-run `qwenquant quantize` (the gptq stage keeps the quantized head)")
+    return packed
+
+
 def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: bool = False) -> dict[str, Any]:
-    """`qwenquant graft-mtp`: put the source MTP tensors back into an artifact (idempotent)."""
+    """`qwenquant graft-mtp`: put the source MTP tensors back into an artifact (idempotent); an int4
+    head's packed Linears (`int4_mtp`) stay the artifact's, the rest comes from the source."""
     from qwenquant.checkpoint.assemble import carry_files
     from qwenquant.manifest import MANIFEST_NAME, verify_artifact
     from qwenquant.quantize.stages.mtp import graft_into, plan_for, verify_mtp
@@ -80,7 +109,8 @@ def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: 
                                 "and would drop them)")
     for folder in (artifact, source):
         _check_headers(folder)
-    plan = plan_for(artifact, source)
+    packed = int4_mtp(artifact)
+    plan = plan_for(artifact, source, packed)
     if check_only or plan.nothing_to_do:
         return {"artifact": str(artifact), "plan": plan.summary(), "nothing_to_do": plan.nothing_to_do,
                 "written": False}
@@ -91,16 +121,16 @@ def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: 
 
         before = verify_artifact(artifact)
         others = [f for f in before.bad_files if f not in ("model.safetensors.index.json", "config.json")
-                  and "mtp" not in f]
+                  and ("mtp" not in f or packed)]  # an int4 head's shard cannot be rebuilt from the source
         if others:
             raise VerificationError(
                 f"{artifact}: files besides the MTP shard, index and config differ from the manifest: "
                 + ", ".join(others[:5]), hint="graft-mtp repairs only the MTP head; re-run `qwenquant quantize`")
     with staging_dir(artifact) as tmp:
-        graft_into(artifact, tmp, source, plan)
+        graft_into(artifact, tmp, source, plan, packed)
         carry_files(artifact, tmp, drop=[MANIFEST_NAME])
         root = refresh_manifest(tmp, {"graft_mtp": plan.summary()}, previous=artifact) if had_manifest else None
-    problems = verify_mtp(artifact, source)
+    problems = verify_mtp(artifact, source, packed and int4_mtp(artifact))
     if had_manifest:
         report = verify_artifact(artifact)
         if not report.ok:

@@ -27,6 +27,7 @@ from qwenquant.recipe.models import (
     EvalSpec,
     LmHeadSpec,
     ModelSpec,
+    MtpSpec,
     QuantizationSpec,
     Recipe,
     ResolvedProfile,
@@ -40,7 +41,7 @@ from qwenquant.recipe.targets import LM_HEAD_TARGET, target_matches, targets_cov
 
 __all__ = [
     "LM_HEAD_TARGET", "REQUIRED_PROFILES", "SCHEMA_VERSION",
-    "ArtifactSpec", "CalibrationSpec", "EvalSpec", "LmHeadSpec", "ModelSpec", "QuantizationSpec", "Recipe",
+    "ArtifactSpec", "CalibrationSpec", "EvalSpec", "LmHeadSpec", "ModelSpec", "MtpSpec", "QuantizationSpec", "Recipe",
     "ResolvedProfile", "ServeProfile", "ServeSettings", "ServeSpec", "SpeculativeSpec",
     "calibration_dir", "list_calibrations", "list_recipes", "load_calibration_override", "load_recipe",
     "parse_recipe", "recipes_dir", "target_matches", "targets_cover",

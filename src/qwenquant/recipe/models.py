@@ -116,6 +116,13 @@ class LmHeadSpec(_GroupWiseWeights):
         return v
 
 
+class MtpSpec(_Strict):
+    """The MTP draft head: kept bf16 (default) or its Linears GPTQ W4A16 like the body, calibrated on
+    the final hidden states and next-token embeddings of the same streamed pass (norms stay bf16)."""
+
+    quantize: Literal["bf16", "gptq"] = "bf16"
+
+
 class CalibrationSpec(_Strict):
     """Calibration text: a pinned Hub dataset revision or a local jsonl/parquet file."""
 
@@ -310,6 +317,7 @@ class Recipe(_Strict):
     artifact: ArtifactSpec
     serve: ServeSpec
     eval: EvalSpec | None = None
+    mtp: MtpSpec | None = None
 
     _source_path: Path | None = PrivateAttr(default=None)
 
@@ -327,11 +335,18 @@ class Recipe(_Strict):
         d = self.model_dump(mode="json")
         if d.get("eval") is None:  # no quick eval: the canonical form (and digest) of recipes without the key
             d.pop("eval", None)
+        if not self.mtp_quantized:  # a bf16 MTP head: the canonical form (and digest) of recipes without the key
+            d.pop("mtp", None)
         d["serve"]["defaults"] = {k: v for k, v in d["serve"]["defaults"].items()
                                   if k in self.serve.defaults.model_fields_set}
         d["serve"]["profiles"] = {n: self.profile(n).model_dump(mode="json", exclude={"name"})
                                   for n in sorted(self.serve.profiles)}
         return d
+
+    @property
+    def mtp_quantized(self) -> bool:
+        """Does the recipe quantize the MTP head's Linears (`mtp: {quantize: gptq}`)?"""
+        return self.mtp is not None and self.mtp.quantize == "gptq"
 
     def sha256(self) -> str:
         """sha256 of the canonical JSON: two recipes with the same meaning have the same digest."""

@@ -12,6 +12,9 @@ from qwenquant.recipe.targets import targets_cover
 REQUIRED_PROFILES = ("single-user", "batch", "long-context")
 # Module names the ignore rules are tested against, in both the HF (multimodal) and text-only layouts.
 _MTP_MODULES = ("mtp.fc", "mtp.layers.0.self_attn.q_proj", "mtp.layers.0.mlp.down_proj")
+# Every Linear of the MTP head as vLLM's drafter names it (prefix `mtp.`, the checkpoint's own names).
+MTP_LINEARS = ("mtp.fc",) + tuple(f"mtp.layers.0.self_attn.{p}_proj" for p in "qkvo") + tuple(
+    f"mtp.layers.0.mlp.{p}_proj" for p in ("gate", "up", "down"))
 _GDN_PREFIXES = ("model.language_model.layers.0.linear_attn.", "model.layers.0.linear_attn.")
 _VISION_MODULES = ("model.visual.blocks.0.attn.qkv", "model.visual.merger.linear_fc1")
 _PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
@@ -36,7 +39,8 @@ def _cross_field_problems(raw: dict[str, Any]) -> list[str]:
                     re.compile(e[3:])
                 except re.error as err:
                     p.append(f"quantization.ignore: {e!r} is not a valid regular expression ({err}) — fix the pattern")
-        if not all(targets_cover(ignore, m) for m in _MTP_MODULES):
+        p += _mtp_problems(raw, ignore)
+        if _get(raw, "mtp.quantize") != "gptq" and not all(targets_cover(ignore, m) for m in _MTP_MODULES):
             p.append("quantization.ignore: must cover the MTP draft head — add 're:^mtp.*' (a quantized "
                      "mtp.fc crashes vLLM's loader: 'no parameter fc.weight', vLLM #53387)")
         for gate in ("in_proj_a", "in_proj_b"):
@@ -83,6 +87,22 @@ def _cross_field_problems(raw: dict[str, Any]) -> list[str]:
             problem = spec_tokens_problem(n)
             if problem:
                 p.append(f"serve.profiles.{name}.speculative: {problem} — {spec_tokens_fix()}")
+    return p
+
+
+def _mtp_problems(raw: dict[str, Any], ignore: list[str]) -> list[str]:
+    """`mtp: {quantize: gptq}`: vLLM must apply the body's scheme to every MTP Linear (none ignored,
+    every one targeted), or the drafter's layers and the packed tensors disagree (vLLM #53387)."""
+    if _get(raw, "mtp.quantize") != "gptq":
+        return []
+    p = []
+    hit = [m for m in MTP_LINEARS if targets_cover(ignore, m)]
+    if hit:
+        p.append(f"quantization.ignore: covers {hit[0]} but mtp.quantize is gptq — remove 're:^mtp.*' (vLLM would "
+                 "build the drafter's Linears unquantized and refuse the packed tensors, vLLM #53387)")
+    targets = _get(raw, "quantization.targets")
+    if isinstance(targets, list) and "Linear" not in targets and not all(targets_cover(targets, m) for m in MTP_LINEARS):
+        p.append("quantization.targets: must cover every MTP Linear when mtp.quantize is gptq — add 'Linear'")
     return p
 
 

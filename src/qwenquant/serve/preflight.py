@@ -239,6 +239,13 @@ def _ballast(req: ServeRequest, dev: str, tp: int, notes: list[str]) -> tuple[st
 
 
 def _check_install(install: VllmInstall, recipe: Recipe, config: dict[str, Any]) -> None:
+    if recipe.mtp_quantized:
+        from qwenquant.check import quantized_mtp_vllm_problem
+        from qwenquant.check.mtp_vllm import HINT
+
+        problem = quantized_mtp_vllm_problem(install.version)
+        if problem:
+            raise ServeError(problem, hint=HINT)
     problem = check_version(install.version, recipe.serve.vllm_versions)
     if problem:
         raise ServeError(problem, hint=f"install a supported vLLM ({', '.join(recipe.serve.vllm_versions)}) "

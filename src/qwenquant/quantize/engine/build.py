@@ -3,7 +3,8 @@
 Output layout: one shard per decoder layer (hard links to the per-layer record files, so the
 quantized body is written once and costs no second copy on disk), then the tensors outside the
 decoder layers (embeddings, final norm, lm_head, vision tower) copied from the source's raw bytes
-into shards of at most `max_shard_bytes`. `mtp.*` is left to the mtp stage. No tensor is restored
+into shards of at most `max_shard_bytes`. `mtp.*` is left to the mtp stage (a quantized MTP head's
+packed Linears wait for it in `mtp-gptq/`, engine/mtpcal.py). No tensor is restored
 afterwards: unquantized tensors never pass through torch on their way to the output. The gptq
 stage (stages/gptq.py) then writes config.json and side files and runs the identity proof, as it
 does for the oneshot engine, and only after that drops the layer records (`discard_layers`).
@@ -54,14 +55,20 @@ def max_gpu_mem_gib() -> float | None:
 
 def run_streamed_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, out_dir: Path, *,
                       heldout: list[int], max_shard_bytes: int, layers_root: Path, fingerprint: str, device: str,
-                      progress: Callable[[int, int], None] | None = None, ranks: int = 1) -> dict[str, Any]:
+                      progress: Callable[[int, int], None] | None = None, ranks: int = 1,
+                      mtp: bool = False) -> dict[str, Any]:
     """Quantize the body into `out_dir` (a fresh folder) layer by layer, resuming from the layer
     records under `layers_root`; write the tensors, the index and the head calibration; return
     stage info. `heldout`: the sample indices the lm_head stage keeps for its quality report.
-    `ranks` > 1: an N-process job (engine/launch.py) whose rank 0 writes the same folder."""
+    `ranks` > 1: an N-process job (engine/launch.py) whose rank 0 writes the same folder.
+    `mtp`: also GPTQ the MTP head on the same pass (engine/mtpcal.py; one process only)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if ranks > 1:
         from qwenquant.quantize.engine.launch import run_job
+
+        if mtp:
+            raise UsageError(f"--gpus {ranks}: the MTP head's GPTQ (mtp.quantize: gptq) runs in one process",
+                             hint="drop --gpus, or keep the MTP head bf16 (mtp.quantize: bf16)")
 
         job = {"source_dir": str(source_dir), "samples": samples, "quantization": q.model_dump(mode="json"),
                "out_dir": str(out_dir), "heldout": list(heldout), "max_shard_bytes": max_shard_bytes,
@@ -74,7 +81,7 @@ def run_streamed_gptq(source_dir: Path, samples: list[list[int]], q: Quantizatio
     apply_gpu_cap(device, max_gpu_mem_gib())
     src = open_source(Path(source_dir), checkpoint_refs(Path(source_dir)))
     res = stream_quantize(src, samples, q, Path(layers_root), fingerprint=fingerprint, device=device, heldout=heldout,
-                          progress=progress)
+                          progress=progress, mtp=mtp)
     return write_stage_folder(src, res, out_dir, max_shard_bytes)
 
 
@@ -104,6 +111,10 @@ def write_stage_folder(src: Any, res: Any, out_dir: Path, max_shard_bytes: int) 
             total += rest[n].nbytes
     write_index(out_dir, weight_map, total)
     headcal.save(out_dir, res.head)
+    if getattr(res, "mtp", None) is not None:
+        from qwenquant.quantize.engine import mtpcal
+
+        mtpcal.save(out_dir, res.mtp)
     log.info("gptq: %d Linear modules quantized over %d decoder layers (%d resumed)", res.quantized_modules,
              src.num_layers, res.resumed_from)
     return {"quantized_modules": res.quantized_modules, "tensors": len(weight_map), "engine": ENGINE_VERSION}

@@ -60,6 +60,7 @@ class StreamResult:
     seconds_per_layer: list[float]
     samples: list[int]  # the calibration samples this process forwarded (all of them in one process)
     phases: list[dict[str, float]]  # per layer: seconds in each phase (see `Phases`)
+    mtp: dict[str, Any] | None = None  # packed MTP Linears (`mtp: {quantize: gptq}`), engine/mtpcal.py
 
 
 class Phases:
@@ -208,10 +209,11 @@ def my_samples(samples: list[list[int]], ranks: Any) -> list[int]:
 
 def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, layers_root: Path, *,
                     fingerprint: str, device: str, heldout: list[int],
-                    progress: Callable[[int, int], None] | None = None, ranks: Any = None) -> StreamResult:
+                    progress: Callable[[int, int], None] | None = None, ranks: Any = None,
+                    mtp: bool = False) -> StreamResult:
     """Run the layer loop (resuming from verified layer records); see the module docstring.
     `ranks` (engine.dist.Ranks): one process of an N-process job; the result's `head` is then
-    complete on rank 0 only."""
+    complete on rank 0 only. `mtp`: also calibrate and quantize the MTP head (engine/mtpcal.py)."""
     n = src.num_layers
     scheme = resolve_scheme(q)
     done = _resume_point(layers_root, n, fingerprint, device, ranks)
@@ -260,14 +262,22 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
     finally:
         if pool:
             pool.shutdown(wait=True, cancel_futures=True)
-    head = _head_calibration(src, acts, order, heldout, device, ranks)
-    return StreamResult(files, modules, done, head, times, order, phases)
+    mtpcal = None
+    if mtp:
+        from qwenquant.quantize.engine.mtpcal import MtpCalibration
+
+        mtpcal = MtpCalibration(src, q, scheme, device)
+    head = _head_calibration(src, acts, order, heldout, device, ranks,
+                             mtp=None if mtpcal is None else (mtpcal, samples))
+    packed_mtp = mtpcal.quantize() if mtpcal is not None else None
+    return StreamResult(files, modules, done, head, times, order, phases, packed_mtp)
 
 
 def _head_calibration(src: TextModelSource, acts: list[torch.Tensor], order: list[int], heldout: list[int],
-                      device: str, ranks: Any) -> Any:
+                      device: str, ranks: Any, mtp: tuple[Any, list[list[int]]] | None = None) -> Any:
     """Final norm over this process's samples, then the lm_head Hessian and held-out hidden states
-    (summed / gathered onto rank 0 in an N-process job)."""
+    (summed / gathered onto rank 0 in an N-process job). `mtp`: (engine.mtpcal.MtpCalibration, the
+    samples' tokens): every calibration sample's final hidden states also go through the MTP head."""
     from qwenquant.quantize import head_gptq as lh
     from qwenquant.quantize.engine.headcal import HeadCalibration
 
@@ -282,6 +292,8 @@ def _head_calibration(src: TextModelSource, acts: list[torch.Tensor], order: lis
                 held[j] = h.reshape(-1, h.shape[-1]).cpu()
             else:
                 H, tokens = lh.accumulate_hessian(H, h.float(), tokens)
+                if mtp is not None:
+                    mtp[0].add(mtp[1][j], h)
             acts[where[j]] = None  # type: ignore[call-overload]  (free as we go)
     if ranks is not None:
         from qwenquant.quantize.engine import dist

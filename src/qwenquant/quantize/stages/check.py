@@ -19,25 +19,27 @@ if TYPE_CHECKING:
 
 
 def unquantized_problems(artifact: Path, source: Path, quantization: QuantizationSpec, *, head_quantized: bool,
-                         layout: str) -> list[str]:
+                         layout: str, mtp_quantized: bool = False) -> list[str]:
     """The byte-identity proof for a finished artifact (text-only names mapped back to the source)."""
     from qwenquant.checkpoint.identity import prove_unquantized_identical, recipe_quantizes
     from qwenquant.quantize.stages.textonly import text_only_name
 
     return prove_unquantized_identical(
         artifact, source, rename=text_only_name if layout == "text-only" else (lambda n: n),
-        may_quantize=recipe_quantizes(list(quantization.ignore), head_quantized=head_quantized))
+        may_quantize=recipe_quantizes(list(quantization.ignore), head_quantized=head_quantized,
+                                      mtp_quantized=mtp_quantized))
 
 
 def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
-    from qwenquant.check import check_artifact
-    from qwenquant.quantize.stages.mtp import verify_mtp
+    from qwenquant.check import check_artifact, mtp_vllm_problems
+    from qwenquant.quantize.stages.mtp import packed_mtp, verify_mtp
 
     artifact, recipe = ctx.dir("textonly"), ctx.recipe
     problems = [f"unquantized-identical: {p}" for p in unquantized_problems(
         artifact, ctx.source, recipe.quantization, head_quantized=recipe.lm_head.enabled,
-        layout=recipe.artifact.layout)]
-    problems += [f"mtp-identical: {p}" for p in verify_mtp(artifact, ctx.source)]
+        layout=recipe.artifact.layout, mtp_quantized=recipe.mtp_quantized)]
+    problems += [f"mtp-identical: {p}" for p in verify_mtp(artifact, ctx.source, packed_mtp(ctx))]
+    problems += [f"mtp-vllm: {p}" for p in mtp_vllm_problems(recipe)]
     report = check_artifact(artifact)
     rules: list[str] = []
     for p in report.findings:

@@ -23,7 +23,7 @@ from qwenquant.quantize.stage import Stage, StageContext
 log = logging.getLogger(__name__)
 
 # The figures the manifest keeps: small, deterministic for a given machine type (no timings).
-_ARM_KEYS = ("ppl", "delta_pct", "ci95_pct", "windows_worse", "windows", "kl", "top1")
+_ARM_KEYS = ("ppl", "delta_pct", "ci95_pct", "windows_worse", "windows", "kl", "kl_ci95", "kl_p99", "kl_p999", "top1")
 
 
 def quality_section(report: dict[str, Any], source: dict[str, Any]) -> dict[str, Any]:

@@ -71,12 +71,14 @@ def restore_plan(saved: Mapping[str, TensorRef], source: Mapping[str, TensorRef]
     return out
 
 
-def quantized_config(source_config: dict[str, Any], saved_config: dict[str, Any], ignore: list[str]) -> dict[str, Any]:
+def quantized_config(source_config: dict[str, Any], saved_config: dict[str, Any], ignore: list[str], *,
+                     mtp_quantized: bool = False) -> dict[str, Any]:
     """Pure: the source config plus llm-compressor's quantization_config, with the recipe's ignore
-    patterns (layout-independent regexes) in place of the expanded module names, and `re:^mtp.*`."""
+    patterns (layout-independent regexes) in place of the expanded module names, and `re:^mtp.*`
+    unless the MTP head is quantized (then the body's `Linear` group covers its Linears)."""
     qc = dict(saved_config["quantization_config"])
     patterns = [p for p in ignore]
-    if MTP_IGNORE not in patterns:
+    if MTP_IGNORE not in patterns and not mtp_quantized:
         patterns.append(MTP_IGNORE)
     qc["ignore"] = patterns
     cfg = json.loads(json.dumps(source_config))
@@ -184,11 +186,13 @@ def run_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, ou
     return {"quantized_modules": len(quantized), "tensors": len(tensors)}
 
 
-def finish_output(source_dir: Path, out_dir: Path, q: QuantizationSpec, quantization_config: dict[str, Any]) -> None:
+def finish_output(source_dir: Path, out_dir: Path, q: QuantizationSpec, quantization_config: dict[str, Any], *,
+                  mtp_quantized: bool = False) -> None:
     """Write config.json (source config + `quantization_config`) and the side files into `out_dir`,
     then prove every tensor the recipe does not quantize byte-identical to the source."""
     src_cfg = json.loads((Path(source_dir) / "config.json").read_text())
-    config = quantized_config(src_cfg, {"quantization_config": quantization_config}, list(q.ignore))
+    config = quantized_config(src_cfg, {"quantization_config": quantization_config}, list(q.ignore),
+                              mtp_quantized=mtp_quantized)
     atomic_write_bytes(out_dir / "config.json", pretty_json(config))
     carry_side_files(source_dir, out_dir)
     problems = prove_unquantized_identical(
@@ -239,12 +243,18 @@ def _inputs(ctx: StageContext) -> dict[str, str]:
             "quantization": sha256_json(ctx.recipe.quantization.model_dump(mode="json")),
             "artifact": sha256_json(ctx.recipe.artifact.model_dump(mode="json")), "device": ctx.device,
             "engine": gptq_engine(), "heldout": str(heldout_fraction(ctx)),
-            **{k: str(v) for k, v in rank_fields(ctx.ranks).items()}}
+            **{k: str(v) for k, v in rank_fields(ctx.ranks).items()}, **mtp_fields(ctx)}
+
+
+def mtp_fields(ctx: StageContext) -> dict[str, str]:
+    """Pure: what the record says about the MTP head: nothing for a bf16 head (records, manifests and
+    root digests stay as they were), `mtp: gptq` when this stage also quantizes it."""
+    return {"mtp": "gptq"} if ctx.recipe.mtp_quantized else {}
 
 
 def _params(ctx: StageContext) -> dict[str, Any]:
     return {"quantization": ctx.recipe.quantization.model_dump(mode="json"), "device": ctx.device,
-            **rank_fields(ctx.ranks)}
+            **rank_fields(ctx.ranks), **mtp_fields(ctx)}
 
 
 def layer_fingerprint(ctx: StageContext) -> str:
@@ -288,8 +298,8 @@ def _run_streamed(ctx: StageContext, samples: list[list[int]], out_dir: Path) ->
     info = run_streamed_gptq(ctx.source, samples, q, out_dir, heldout=held,
                              max_shard_bytes=ctx.recipe.artifact.max_shard_bytes, layers_root=layers_root,
                              fingerprint=fingerprint, device=ctx.device, progress=ctx.progress_for(LAYERS_TASK),
-                             ranks=ctx.ranks)
-    finish_output(ctx.source, out_dir, q, quantization_config(resolve_scheme(q)))
+                             ranks=ctx.ranks, mtp=ctx.recipe.mtp_quantized)
+    finish_output(ctx.source, out_dir, q, quantization_config(resolve_scheme(q)), mtp_quantized=ctx.recipe.mtp_quantized)
     discard_layers(layers_root)
     return info
 
@@ -304,6 +314,10 @@ def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
     if ctx.ranks > 1:
         raise UsageError(f"--gpus {ctx.ranks} runs the streamed engine; QWENQUANT_GPTQ_ENGINE=oneshot is one process",
                          hint="unset QWENQUANT_GPTQ_ENGINE, or drop --gpus")
+    if ctx.recipe.mtp_quantized:
+        raise UsageError("mtp.quantize: gptq calibrates the MTP head inside the streamed engine's pass; "
+                         "QWENQUANT_GPTQ_ENGINE=oneshot has no such pass",
+                         hint="unset QWENQUANT_GPTQ_ENGINE, or keep the MTP head bf16 (mtp.quantize: bf16)")
     return run_gptq(ctx.source, samples, ctx.recipe.quantization, out_dir,
                     max_shard_bytes=ctx.recipe.artifact.max_shard_bytes, device=ctx.device,
                     progress=ctx.progress_for(LAYERS_TASK))

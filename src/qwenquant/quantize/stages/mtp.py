@@ -1,8 +1,11 @@
-"""MTP draft head: the 15 bf16 `mtp.*` tensors, byte-identical to the source, ignored by quantization.
+"""MTP draft head: the 15 bf16 `mtp.*` tensors, byte-identical to the source, ignored by quantization,
+or (`mtp: {quantize: gptq}`) its Linears int4-packed by the gptq stage and the rest from the source.
 
 transformers drops `mtp.*` on load, so a quantized save does not have them from the model; this
-stage (and `qwenquant graft-mtp`) puts the source bytes back. `plan_graft` is pure: it compares
-tensor digests and the index; `apply_graft` writes the MTP shard, the index and the config.
+stage (and `qwenquant graft-mtp`) puts them back: the source bytes, and for a quantized head the
+packed Linears the streamed gptq stage left in `mtp-gptq/` (engine/mtpcal.py) in place of their bf16
+weights. `plan_graft` is pure: it compares tensor digests and the index; `graft_into` writes the MTP
+shard, the index and the config (`re:^mtp.*` in quantization_config.ignore for a bf16 head only).
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ from typing import Any
 from qwenquant.atomic import atomic_write_bytes, pretty_json
 from qwenquant.checkpoint.assemble import carry_files, current_plan, weight_map, write_plan
 from qwenquant.checkpoint.config import read_config
-from qwenquant.checkpoint.identity import TensorDigest, tensor_digests
-from qwenquant.checkpoint.names import MTP_IGNORE, MTP_PREFIX
-from qwenquant.checkpoint.tensorfile import checkpoint_refs
+from qwenquant.checkpoint.identity import TensorDigest, quantized_module, tensor_digests
+from qwenquant.checkpoint.names import MTP_IGNORE, MTP_PREFIX, targets_cover
+from qwenquant.checkpoint.tensorfile import TensorRef, checkpoint_refs
 from qwenquant.errors import StageError
 from qwenquant.quantize.stage import Stage, StageContext
 
@@ -33,7 +36,8 @@ class GraftPlan:
     remove: tuple[str, ...]       # mtp.* in the artifact that the source does not have
     move: tuple[str, ...]         # identical, but not in the MTP shard
     index_fix: tuple[str, ...]    # weight map entries missing or pointing elsewhere
-    ignore_fix: bool              # `re:^mtp.*` missing from quantization_config.ignore
+    ignore_fix: bool              # `re:^mtp.*` missing from quantization_config.ignore (present, for an int4 head)
+    quantized: bool = False       # the head's Linears are int4-packed (mtp.quantize: gptq)
 
     @property
     def nothing_to_do(self) -> bool:
@@ -45,14 +49,17 @@ class GraftPlan:
         parts = [f"{k} {len(v)}" for k, v in (("add", self.add), ("replace", self.replace), ("remove", self.remove),
                                                ("move", self.move), ("index", self.index_fix)) if v]
         if self.ignore_fix:
-            parts.append("add re:^mtp.* to quantization_config.ignore")
+            parts.append("remove re:^mtp.* from quantization_config.ignore" if self.quantized
+                         else "add re:^mtp.* to quantization_config.ignore")
         return ", ".join(parts)
 
 
 def plan_graft(artifact_index: Mapping[str, str], artifact_headers: Mapping[str, TensorDigest],
                source_tensors: Mapping[str, TensorDigest], *, ignore: list[str] | None = None,
-               has_quant_config: bool = True) -> GraftPlan:
-    """Pure: compare the artifact's mtp tensors (index + digests) with the source's."""
+               has_quant_config: bool = True, quantized: bool = False) -> GraftPlan:
+    """Pure: compare the artifact's mtp tensors (index + digests) with what they must be
+    (`source_tensors`: the source's, with the packed Linears in place of their weights when
+    `quantized`; then the ignore list must leave the head to the body's config group)."""
     src = {n: d for n, d in source_tensors.items() if n.startswith(MTP_PREFIX)}
     art = {n: d for n, d in artifact_headers.items() if n.startswith(MTP_PREFIX)}
     if not src:
@@ -63,8 +70,24 @@ def plan_graft(artifact_index: Mapping[str, str], artifact_headers: Mapping[str,
     move = tuple(sorted(n for n in set(src) & set(art)
                         if art[n] == src[n] and artifact_index.get(n) not in (None, MTP_SHARD)))
     index_fix = tuple(sorted(n for n in src if n in art and artifact_index.get(n) is None))
-    ignore_fix = has_quant_config and MTP_IGNORE not in (ignore or [])
-    return GraftPlan(add, replace, remove, move, index_fix, ignore_fix)
+    if quantized:
+        ignore_fix = has_quant_config and targets_cover(ignore or [], "mtp.fc")
+    else:
+        ignore_fix = has_quant_config and MTP_IGNORE not in (ignore or [])
+    return GraftPlan(add, replace, remove, move, index_fix, ignore_fix, quantized)
+
+
+def expected_mtp(source_refs: Mapping[str, TensorRef], packed: Mapping[str, TensorRef] | None
+                 ) -> dict[str, TensorRef]:
+    """Pure: the mtp.* tensors an artifact must hold: the source's, each packed module's `.weight`
+    replaced by its packed tensors (`packed`: None for a bf16 head)."""
+    src = {n: r for n, r in source_refs.items() if n.startswith(MTP_PREFIX)}
+    if not packed:
+        return src
+    mods = {quantized_module(n) for n in packed} - {None}
+    out = {n: r for n, r in src.items() if n[: -len(".weight")] not in mods or not n.endswith(".weight")}
+    out.update(packed)
+    return out
 
 
 def _quant_ignore(config: dict[str, Any]) -> tuple[bool, list[str]]:
@@ -72,49 +95,80 @@ def _quant_ignore(config: dict[str, Any]) -> tuple[bool, list[str]]:
     return (qc is not None), list((qc or {}).get("ignore") or [])
 
 
-def plan_for(artifact_dir: Path, source_dir: Path) -> GraftPlan:
-    """Read digests and the index of both folders and plan the graft."""
+def plan_for(artifact_dir: Path, source_dir: Path, packed: Mapping[str, TensorRef] | None = None) -> GraftPlan:
+    """Read digests and the index of both folders and plan the graft (`packed`: an int4 head's
+    packed Linears, name -> tensor, see `expected_mtp`)."""
     art_refs = checkpoint_refs(artifact_dir)
-    src_refs = checkpoint_refs(source_dir)
+    want = expected_mtp(checkpoint_refs(source_dir), packed)
     art = tensor_digests(art_refs, [n for n in art_refs if n.startswith(MTP_PREFIX)])
-    src = tensor_digests(src_refs, [n for n in src_refs if n.startswith(MTP_PREFIX)])
     has_qc, ignore = _quant_ignore(read_config(artifact_dir))
-    return plan_graft(weight_map(artifact_dir), art, src, ignore=ignore, has_quant_config=has_qc)
+    return plan_graft(weight_map(artifact_dir), art, tensor_digests(want), ignore=ignore, has_quant_config=has_qc,
+                      quantized=bool(packed))
 
 
-def graft_into(folder: Path, out_dir: Path, source_dir: Path, plan: GraftPlan) -> None:
-    """Write `folder`'s tensors + the source MTP tensors into the fresh folder `out_dir`, with the
-    index and config (side files are the caller's). Every mtp tensor goes to `model-mtp.safetensors`."""
-    src_refs = checkpoint_refs(source_dir)
+def graft_into(folder: Path, out_dir: Path, source_dir: Path, plan: GraftPlan,
+               packed: Mapping[str, TensorRef] | None = None) -> None:
+    """Write `folder`'s tensors + the MTP tensors (`expected_mtp`) into the fresh folder `out_dir`, with
+    the index and config (side files are the caller's). Every mtp tensor goes to `model-mtp.safetensors`."""
     shard_plan = current_plan(folder)
     for shard in list(shard_plan):
         shard_plan[shard] = {n: r for n, r in shard_plan[shard].items() if not n.startswith(MTP_PREFIX)}
-    shard_plan[MTP_SHARD] = {n: r for n, r in src_refs.items() if n.startswith(MTP_PREFIX)}
+    shard_plan[MTP_SHARD] = expected_mtp(checkpoint_refs(source_dir), packed)
     write_plan(folder, out_dir, shard_plan)
     config = read_config(folder)
     qc = config.get("quantization_config")
-    if qc is not None and MTP_IGNORE not in (qc.get("ignore") or []):
-        qc["ignore"] = list(qc.get("ignore") or []) + [MTP_IGNORE]
+    if qc is not None:
+        ignore = list(qc.get("ignore") or [])
+        if packed:  # the body's `Linear` group covers the head's Linears: nothing may ignore them
+            qc["ignore"] = [e for e in ignore if not targets_cover([e], "mtp.fc")]
+        elif MTP_IGNORE not in ignore:
+            qc["ignore"] = ignore + [MTP_IGNORE]
     atomic_write_bytes(Path(out_dir) / "config.json", pretty_json(config))
 
 
-def verify_mtp(artifact_dir: Path, source_dir: Path) -> list[str]:
-    """Problems (empty = fine): every source mtp tensor byte-identical in the artifact and ignored."""
-    plan = plan_for(artifact_dir, source_dir)
+def verify_mtp(artifact_dir: Path, source_dir: Path, packed: Mapping[str, TensorRef] | None = None) -> list[str]:
+    """Problems (empty = fine): every mtp tensor the artifact must hold (`expected_mtp`) byte-identical
+    in it, and the ignore list as the head's precision needs."""
+    plan = plan_for(artifact_dir, source_dir, packed)
     problems = [f"{n}: missing" for n in plan.add] + [f"{n}: differs from the source" for n in plan.replace]
     problems += [f"{n}: not in the source" for n in plan.remove] + [f"{n}: not in the index" for n in plan.index_fix]
     if plan.ignore_fix:
-        problems.append("quantization_config.ignore lacks re:^mtp.*")
+        problems.append("quantization_config.ignore covers the int4 MTP head (vLLM would build it bf16, vLLM #53387)"
+                        if plan.quantized else "quantization_config.ignore lacks re:^mtp.*")
     return problems
+
+
+def packed_mtp(ctx: StageContext) -> dict[str, TensorRef] | None:
+    """The packed MTP Linears the gptq stage left for a recipe with `mtp: {quantize: gptq}`, else None."""
+    if not ctx.recipe.mtp_quantized:
+        return None
+    from qwenquant.quantize.engine import mtpcal
+
+    packed = mtpcal.load_refs(ctx.dir("gptq"))
+    if not packed:
+        raise StageError("mtp.quantize is gptq but the gptq stage left no quantized MTP head",
+                         hint="re-run `qwenquant quantize` with a fresh --work folder (streamed engine)")
+    return packed
 
 
 def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
     prev = ctx.dir("lm_head")
-    plan = plan_for(prev, ctx.source)
-    graft_into(prev, out_dir, ctx.source, plan)
+    packed = packed_mtp(ctx)
+    plan = plan_for(prev, ctx.source, packed)
+    graft_into(prev, out_dir, ctx.source, plan, packed)
     carry_files(prev, out_dir)
-    return {"graft": plan.summary(), "added": len(plan.add)}
+    out: dict[str, Any] = {"graft": plan.summary(), "added": len(plan.add)}
+    if packed:
+        out["quantized_modules"] = len({quantized_module(n) for n in packed})
+    return out
 
 
-STAGE = Stage("mtp", lambda ctx: {"source": ctx.digest("source"), "lm_head": ctx.digest("lm_head")},
-              lambda ctx: {}, _run, builds_checkpoint=True)
+def _inputs(ctx: StageContext) -> dict[str, str]:
+    out = {"source": ctx.digest("source"), "lm_head": ctx.digest("lm_head")}
+    if ctx.recipe.mtp_quantized:  # the packed head comes from the gptq stage folder
+        out["gptq"] = ctx.digest("gptq")
+    return out
+
+
+STAGE = Stage("mtp", _inputs, lambda ctx: {"mtp": "gptq"} if ctx.recipe.mtp_quantized else {}, _run,
+              builds_checkpoint=True)
