@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 def eval_cmd(
     args: list[str] | None = typer.Argument(None, help="ARTIFACT folder (with qwenquant-manifest.json); with --serve: vLLM flags after --.",
                                                show_default=False),
-    reference: Path | None = typer.Option(None, "--reference", help="The bf16 source checkpoint folder."),
+    reference: Path | None = typer.Option(None, "--reference", help="The bf16 source checkpoint folder: every file the manifest records for the source must match (sha256)."),
+    reference_unverified: bool = typer.Option(False, "--reference-unverified", help="Compare against a --reference that is not the manifest's recorded source (the report and output say so)."),
     windows: int = typer.Option(32, "--windows", help="Held-out windows to evaluate on."),
     window_len: int = typer.Option(256, "--window-len", help="Tokens per window."),
     text: Path | None = typer.Option(None, "--text", help="Local text file to cut windows from."),
@@ -90,7 +91,8 @@ def eval_cmd(
     if len(words) != 1 or reference is None:
         raise UsageError("eval needs ARTIFACT and --reference SOURCE (or --served URL, or --serve ARTIFACT)",
                          hint="qwenquant eval artifacts/q --reference models/source")
-    _offline(Path(words[0]), reference, windows, window_len, (text, text_set), dev or "cpu", streamed, report, as_json)
+    _offline(Path(words[0]), reference, windows, window_len, (text, text_set), dev or "cpu", streamed, report, as_json,
+             reference_unverified)
 
 
 @dataclass(frozen=True)
@@ -117,22 +119,30 @@ def _emit(result: dict[str, Any], path: Path | None, as_json: bool) -> None:
 
 
 def _offline(artifact: Path, reference: Path, windows: int, window_len: int, texts: tuple, device: str,
-             streamed: bool | None, report: Path | None, as_json: bool) -> None:
+             streamed: bool | None, report: Path | None, as_json: bool, unverified: bool) -> None:
     from qwenquant.console import console
     from qwenquant.evaluate import report as rep
+    from qwenquant.evaluate.inputs import check_reference, check_report_target, verify_artifact_first
     from qwenquant.evaluate.offline import run_offline
     from qwenquant.evaluate.texts import resolve_windows
-    from qwenquant.manifest import load_manifest
 
-    root = load_manifest(artifact).root_digest
+    root = verify_artifact_first(artifact)
+    ref_check = check_reference(artifact, reference, unverified=unverified)
     ids, source = resolve_windows(reference, windows, window_len, text=texts[0], text_set=texts[1])
+    identity = {"root_digest": root, "reference": str(reference), "windows": windows, "window_len": window_len,
+                **source}
+    target = report or rep.report_path(artifact, root)
+    check_report_target(target, identity, explicit=report is not None)
     result = run_offline(reference, artifact, ids, device=device, streamed=streamed)
-    result.update(artifact=str(artifact), reference=str(reference), root_digest=root, **source)
+    result.update(artifact=str(artifact), reference_check=ref_check, **identity)
     result["goals"] = rep.goals(result)
     console.print(rep.offline_table(result))
     for line in rep.summary_lines(result):
         console.print(line, markup=False)
-    _emit(result, report or rep.report_path(artifact, root), as_json)
+    if not ref_check["verified"]:
+        console.print(f"NOTE: the reference was not checked against the artifact's recorded source "
+                      f"({ref_check['recorded_source']}): --reference-unverified", markup=False)
+    _emit(result, target, as_json)
 
 
 def _gate(url: str, o: _GateOptions, model: str | None) -> dict[str, Any]:
