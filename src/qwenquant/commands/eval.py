@@ -52,6 +52,7 @@ def eval_cmd(
     model: str | None = typer.Option(None, "--model", help="Served model name (default: the server's first)."),
     min_acceptance: float | None = typer.Option(None, "--min-acceptance-length", help="Fail when MTP mean acceptance length is below this (with --served/--serve)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+    list_gates: bool = typer.Option(False, "--list-gates", help="List the shipped gates (name, tasks, what they are for) and exit."),
 ) -> None:
     """Measure an artifact against its source: paired perplexity, KL, top-1, lm_head and MTP figures.
 
@@ -69,6 +70,9 @@ def eval_cmd(
     """
     from qwenquant.errors import UsageError
 
+    if list_gates:
+        _list_gates(as_json)
+        return
     words = list(args or [])
     dev = device.value if device else None
     if served is not None and serve is not None:
@@ -93,6 +97,18 @@ def eval_cmd(
                          hint="qwenquant eval artifacts/q --reference models/source")
     _offline(Path(words[0]), reference, windows, window_len, (text, text_set), dev or "cpu", streamed, report, as_json,
              reference_unverified)
+
+
+def _list_gates(as_json: bool) -> None:
+    from qwenquant.console import stdout
+    from qwenquant.evaluate.served import describe_gates
+
+    gates = describe_gates()
+    if as_json:
+        print(json.dumps(gates, indent=2))
+        return
+    for g in gates:
+        stdout.print(f"{g['name']}: {g['tasks']} tasks, {g['cases']} cases. {g['description']}", markup=False)
 
 
 @dataclass(frozen=True)

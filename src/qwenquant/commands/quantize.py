@@ -56,6 +56,9 @@ def quantize_cmd(
 
     r = load_recipe(recipe)
     spec = load_calibration_override(calibration) if calibration else r.calibration
+    from qwenquant.recipe.calibdata import check_calibration_data
+
+    check_calibration_data(spec)
     opts = QuantizeOptions(source, r, spec, out, work, device.value if device else None, source_unverified, force,
                            n_gpus)
     (_plan if plan else _run)(opts, as_json)
