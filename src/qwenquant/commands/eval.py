@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 def eval_cmd(
     args: list[str] | None = typer.Argument(None, help="ARTIFACT folder (with qwenquant-manifest.json); with --serve: vLLM flags after --.",
                                                show_default=False),
-    reference: Path | None = typer.Option(None, "--reference", help="The bf16 source checkpoint folder: every file the manifest records for the source must match (sha256)."),
+    reference: Path | None = typer.Option(None, "--reference", exists=True, file_okay=False, help="The bf16 source checkpoint folder: every file the manifest records for the source must match (sha256)."),
     reference_unverified: bool = typer.Option(False, "--reference-unverified", help="Compare against a --reference that is not the manifest's recorded source (the report and output say so)."),
     windows: int = typer.Option(32, "--windows", help="Held-out windows to evaluate on."),
     window_len: int = typer.Option(256, "--window-len", help="Tokens per window."),
@@ -78,6 +78,16 @@ def eval_cmd(
     if served is not None and serve is not None:
         raise UsageError("give --served URL or --serve ARTIFACT, not both", hint="--served for a running server")
     gate_opts = _GateOptions(gate, model, min_acceptance, report, as_json, api_key)
+    if (served is not None or serve is not None) and report is not None:
+        from qwenquant.atomic import writable_folder
+
+        if not report.parent.is_dir():
+            raise UsageError(f"report folder {report.parent} not found", hint="create it, or pass --report elsewhere")
+        writable_folder(report.parent, f"report path {report}", "--report")
+    if served is not None or serve is not None:
+        from qwenquant.evaluate.served import load_gate
+
+        load_gate(gate)  # a bad --gate is a usage error before any server is asked
     if serve is not None:
         from qwenquant.serve.request import ServeRequest
 
@@ -88,6 +98,9 @@ def eval_cmd(
                                                   device=dev, timeout=timeout, api_key=api_key), gate_opts)
         return
     if served is not None:
+        from qwenquant.net.http import check_url
+
+        check_url(served, "--served")
         if words:
             raise UsageError(f"unexpected arguments {words} with --served", hint="vLLM flags after -- go with --serve")
         _served(served, gate_opts)
@@ -95,6 +108,9 @@ def eval_cmd(
     if len(words) != 1 or reference is None:
         raise UsageError("eval needs ARTIFACT and --reference SOURCE (or --served URL, or --serve ARTIFACT)",
                          hint="qwenquant eval artifacts/q --reference models/source")
+    if not Path(words[0]).is_dir():
+        raise UsageError(f"ARTIFACT {words[0]}: {'is a file, not a folder' if Path(words[0]).exists() else 'folder not found'}",
+                         hint="pass the artifact folder `qwenquant quantize` wrote")
     _offline(Path(words[0]), reference, windows, window_len, (text, text_set), dev or "cpu", streamed, report, as_json,
              reference_unverified)
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 @app.command("quantize")
 def quantize_cmd(
-    source: Path = typer.Argument(..., help="Model folder written by `qwenquant fetch` (or any folder with --source-unverified)."),
+    source: Path = typer.Argument(..., exists=True, file_okay=False, help="Model folder written by `qwenquant fetch` (or any folder with --source-unverified)."),
     recipe: str = typer.Option("w4a16-int4head", "--recipe", help="Shipped recipe name or YAML path."),
     out: Path = typer.Option(..., "--out", help="Artifact folder to write (replaced when complete)."),
     calibration: str | None = typer.Option(None, "--calibration", help="Calibration set name or YAML path (default: the recipe's)."),
@@ -126,8 +126,8 @@ def _print_result(result, out) -> None:  # type: ignore[no-untyped-def]
 
 @app.command("graft-mtp")
 def graft_mtp_cmd(
-    artifact: Path = typer.Argument(..., help="Quantized artifact folder."),
-    source: Path = typer.Option(..., "--source", help="The original (unquantized) model folder."),
+    artifact: Path = typer.Argument(..., exists=True, file_okay=False, help="Quantized artifact folder."),
+    source: Path = typer.Option(..., "--source", exists=True, file_okay=False, help="The original (unquantized) model folder."),
     check_only: bool = typer.Option(False, "--check-only", help="Only report; exit 5 when something is missing or different."),
     force: bool = typer.Option(False, "--force", help="Remove files in the artifact folder that are not part of it (says what it removes)."),
 ) -> None:

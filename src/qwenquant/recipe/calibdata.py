@@ -4,7 +4,6 @@ made): every line a JSON object whose `text_field` holds text or chat messages, 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from qwenquant.errors import RecipeError
 from qwenquant.recipe.models import CalibrationSpec
