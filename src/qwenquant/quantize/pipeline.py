@@ -93,6 +93,11 @@ def quantize(opts: QuantizeOptions, progress: Progress | None = None, *,
     """Run every stage (resuming from valid records), assemble the artifact, write its manifest."""
     stages = stage_list(stages)
     source, out, work, _ = check_folders(opts, stages)
+    from qwenquant.quantize.space import check_free_space, check_writable, disk_error
+
+    check_writable(out, work)
+    check_free_space(source, out, work, opts.recipe,
+                     [s.name for s in stages if not (work / f"{s.name}.record.json").is_file()])
     ctx = new_context(opts, source, work, progress)
     step = progress or (lambda stage, task, i, n: None)
     total = len(stages) + 1  # the stages, then the manifest
@@ -108,6 +113,11 @@ def quantize(opts: QuantizeOptions, progress: Progress | None = None, *,
             ctx.current = stage
             try:
                 runner.run(stage.name, stage.inputs(ctx), stage.params(ctx), lambda d, s=stage: s.run(ctx, d))
+            except OSError as e:
+                err = disk_error(e, stage.name)
+                if err is None:
+                    raise
+                raise err from e
             except BaseException:
                 if i == 0 and fresh_work:  # a source refused at the first stage leaves no work folder behind
                     shutil.rmtree(work, ignore_errors=True)
