@@ -180,6 +180,6 @@ def test_plan_that_fits_nowhere_exits_7_leading_with_the_weights() -> None:
 
 def test_verify_names_a_file_as_not_a_folder(tmp_path: Path) -> None:
     proc = qq("verify", str(REPO / "README.md"))
-    assert proc.returncode == 4
-    assert f"error: {REPO / 'README.md'} is not a folder" in proc.stderr
-    assert "artifact folder not found" not in proc.stderr
+    assert proc.returncode == 2  # the usage rule: a file where a folder is asked
+    assert f"dir '{REPO / 'README.md'}' is a file" in proc.stderr
+    assert "does not exist" not in proc.stderr

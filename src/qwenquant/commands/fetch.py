@@ -76,8 +76,10 @@ def fetch(
             print_json({"ok": check.ok, "out": str(out), "commit": rec.get("commit"),
                         "missing": check.missing, "changed": check.changed, "extra": check.extra})
         if not check.ok:
+            from qwenquant.fetch.record import repair_hint
+
             raise VerificationError(f"{out} does not match its fetch record: {check.summary()}",
-                                    hint=f"re-run `qwenquant fetch {rec.get('repo_id')} --out {out}` to repair it")  # fmt: skip
+                                    hint=repair_hint(check, out))
         if not as_json:
             stdout.print(f"ok {rec['repo_id']}@{rec['commit']} {len(rec['files'])} files verified in {out}")
         return

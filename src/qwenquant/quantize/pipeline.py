@@ -138,14 +138,31 @@ def check_folders(opts: QuantizeOptions, stages: Sequence[Stage], *, dry_run: bo
     source = Path(opts.source_dir).resolve()
     out = Path(opts.out).resolve()
     work = Path(opts.work).resolve() if opts.work else out.with_name(out.name + ".work")
-    if out == source or source in out.parents or out in source.parents:
-        raise StageError(f"--out {out} overlaps the source folder {source}",
-                         hint="write the artifact to its own folder, outside the source")
+    refuse_harmful_folders(source, out, work)
     for stage in stages:
         if stage.preflight is not None:
             stage.preflight(source, opts.recipe)
     removes = guard_folders(out, work, opts.recipe.name, source, force=opts.force, dry_run=dry_run)
     return source, out, work, removes
+
+
+def refuse_harmful_folders(source: Path, out: Path, work: Path) -> None:
+    """UsageError (exit 2) for an --out / --work that would change other data: the source, another
+    artifact (its manifest would stop verifying), or each other."""
+    from qwenquant.errors import UsageError
+    from qwenquant.manifest import MANIFEST_NAME
+
+    for folder, flag in ((out, "--out"), (work, "--work")):
+        if folder == source or source in folder.parents or folder in source.parents:
+            raise UsageError(f"{flag} {folder} overlaps the source folder {source}",
+                             hint=f"pass a {flag} outside the source (quantize never writes into it)")
+        inside = next((p for p in folder.parents if (p / MANIFEST_NAME).is_file()), None)
+        if inside is not None:
+            raise UsageError(f"{flag} {folder} is inside the artifact {inside}, which would no longer verify",
+                             hint=f"pass a {flag} outside every artifact folder")
+    if work == out or out in work.parents or work in out.parents:
+        raise UsageError(f"--work {work} overlaps --out {out}",
+                         hint="leave --work out (default: OUT.work beside the artifact) or pass a separate folder")
 
 
 def guard_folders(out: Path, work: Path, recipe_name: str, source: Path, *, force: bool,
