@@ -14,21 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import flat, qq
+from helpers import flat, qq, write_source_manifest
 
 FAST = ("--windows", "2", "--window-len", "32")
-
-
-def _record_source(art: Path, source: Path) -> None:
-    from qwenquant.hashing import sha256_file, sha256_json
-    from qwenquant.manifest import build_manifest, write_manifest
-
-    files = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(source.iterdir())}
-    desc = {"kind": "local-unverified", "verified": False, "repo": None, "revision": None, "commit": None,
-            "files": files}
-    recipe = {"name": "none"}
-    write_manifest(art, build_manifest(art, source=desc, recipe=recipe, recipe_sha256=sha256_json(recipe),
-                                       calibration={}, stages={}, quality={}, tool_versions={}))
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +28,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     art = Path(shutil.copytree(source, root / "artifact"))
     # an artifact's config.json is not its source's (quantize adds quantization_config); one byte will do
     (art / "config.json").write_text((art / "config.json").read_text() + "\n")
-    _record_source(art, source)
+    write_source_manifest(art, source, {"name": "none"})
     other = build_tiny_checkpoint(root / "other", variant="random", seed=0)  # MLP 512 wide, the reference 768
     return {"source": source, "artifact": art, "other": other}
 

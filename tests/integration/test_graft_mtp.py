@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import INDEX, flat, mtp_bytes, qq, strip_mtp, write_test_manifest
+from helpers import INDEX, flat, mtp_bytes, qq, strip_mtp, write_source_manifest, write_test_manifest
 
 
 @pytest.fixture
@@ -99,26 +99,12 @@ def _other_head(tiny_checkpoint: Path, tmp_path: Path, intermediate: int = 768) 
     return other
 
 
-def _manifest_with_source(art: Path, source: Path) -> None:
-    """A manifest over `art` that records `source`'s files as quantize's source stage does."""
-    from qwenquant.hashing import sha256_file, sha256_json
-    from qwenquant.manifest import build_manifest, write_manifest
-    from qwenquant.recipe import load_recipe
-
-    files = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(source.iterdir())}
-    recipe = load_recipe("w4a16-int4head").canonical()
-    desc = {"kind": "local-unverified", "verified": False, "repo": None, "revision": None, "commit": None,
-            "files": files}
-    write_manifest(art, build_manifest(art, source=desc, recipe=recipe, recipe_sha256=sha256_json(recipe),
-                                       calibration={}, stages={}, quality={}, tool_versions={}))
-
-
 def test_graft_restores_a_deleted_mtp_shard_to_the_same_root(quantized_like: Path, tiny_checkpoint: Path) -> None:
     """The case the command exists for: model-mtp.safetensors deleted, the index still naming it."""
     from qwenquant.manifest import load_manifest, verify_artifact
 
     assert qq("graft-mtp", str(quantized_like), "--source", str(tiny_checkpoint)).returncode == 0
-    _manifest_with_source(quantized_like, tiny_checkpoint)
+    write_source_manifest(quantized_like, tiny_checkpoint)
     root = load_manifest(quantized_like).root_digest
     (quantized_like / "model-mtp.safetensors").unlink()
     assert not verify_artifact(quantized_like).ok
@@ -135,7 +121,7 @@ def test_graft_refuses_a_source_the_manifest_does_not_record(quantized_like: Pat
     one line naming the file that differs, nothing written."""
     from qwenquant.testbed.tiny import build_tiny_checkpoint
 
-    _manifest_with_source(quantized_like, tiny_checkpoint)
+    write_source_manifest(quantized_like, tiny_checkpoint)
     other = build_tiny_checkpoint(tmp_path / "seed1", variant="random", seed=1)
     before = {p.name: p.read_bytes() for p in quantized_like.iterdir()}
     proc = qq("graft-mtp", str(quantized_like), "--source", str(other))

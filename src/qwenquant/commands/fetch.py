@@ -70,6 +70,9 @@ def fetch(
         from qwenquant.errors import VerificationError
         from qwenquant.fetch import check_fetch_record
 
+        if not out.is_dir():
+            raise UsageError(f"--out {out}: {'is a file, not a folder' if out.exists() else 'folder not found'}",
+                             hint="--offline re-checks a folder `qwenquant fetch` wrote")
         check = check_fetch_record(out)
         rec = check.record
         if as_json:
