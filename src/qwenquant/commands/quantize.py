@@ -80,13 +80,34 @@ def _run(opts: QuantizeOptions, as_json: bool) -> None:
 
         # stdout carries only the result: llm-compressor's loguru sink writes to sys.stdout
         with contextlib.redirect_stdout(sys.stderr):
-            result = quantize(opts, progress)
+            try:
+                result = quantize(opts, progress)
+            except KeyboardInterrupt:
+                print(resume_note(opts), file=sys.stderr)
+                raise
     if as_json:
         print_json(result.to_dict())
         return
     _print_result(result, stdout)
     console.print(f"[green]done[/]: {sum(v == 'ran' for v in result.stages.values())} stage(s) ran, "
                   f"{sum(v == 'skipped' for v in result.stages.values())} reused")
+
+
+def resume_note(opts: QuantizeOptions) -> str:
+    """What an interrupted quantize leaves: the stages complete, and where a re-run resumes."""
+    from qwenquant.quantize.stages import PIPELINE
+
+    out = Path(opts.out).resolve()
+    work = Path(opts.work).resolve() if opts.work else out.with_name(out.name + ".work")
+    done = [s.name for s in PIPELINE if (work / f"{s.name}.record.json").is_file()]
+    left = [s.name for s in PIPELINE if s.name not in done]
+    if not left:
+        return f"interrupted while writing the artifact; re-run the same command: every stage in {work} is reused"
+    layers = len(list((work / "gptq-layers").glob("layer-*/record.json"))) if left[0] == "gptq" else 0
+    within = f" ({layers} decoder layer(s) already quantized are kept)" if layers else ""
+    return (f"interrupted in stage {left[0]}; {len(done)} of {len(PIPELINE)} stages complete in {work}"
+            f"{' (' + ', '.join(done) + ')' if done else ''}. Re-run the same command to resume from stage "
+            f"{left[0]}{within}")
 
 
 def _plan(opts: QuantizeOptions, as_json: bool) -> None:

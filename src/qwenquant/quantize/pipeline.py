@@ -215,6 +215,13 @@ def manifest_fields(runner: StageRunner, stages: Sequence[Stage], recipe: Recipe
     }
 
 
+def _status(stage: Stage, outcome: Any) -> str:
+    """How `quantize --json` reports a stage: ran, skipped (its record proved it complete) or not asked."""
+    if stage.idle is not None and stage.idle(outcome.result):
+        return "not asked"
+    return "ran" if outcome.ran else "skipped"
+
+
 def _finish(runner: StageRunner, stages: Sequence[Stage], out: Path, built: Path, recipe: Recipe) -> QuantizeResult:
     from qwenquant.checkpoint.assemble import link_or_copy
     from qwenquant.manifest import build_manifest, verify_artifact, write_manifest
@@ -232,5 +239,5 @@ def _finish(runner: StageRunner, stages: Sequence[Stage], out: Path, built: Path
         raise StageError(f"the written artifact does not verify: {report.problems}", hint="re-run quantize")
     log.info("artifact %s, root digest %s", out, manifest.root_digest)
     return QuantizeResult(out, manifest.root_digest, fields["quality"],
-                          {n: ("ran" if o.ran else "skipped") for n, o in runner.outcomes.items()},
+                          {s.name: _status(s, runner.outcomes[s.name]) for s in stages},
                           fields["calibration"])
