@@ -33,7 +33,7 @@ def serve(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and environment; start nothing."),
     timeout: Timeout = DEFAULT_TIMEOUT,
     device: ServeDevice = None,
-    log_file: Path | None = typer.Option(None, help="Server log (default: a temp file, never in the artifact)."),
+    log_file: Path | None = typer.Option(None, help="Server log (default: ARTIFACT.work/serve/ when quantize left that folder, else a temp folder; never in the artifact)."),
     gpus: Gpus = 1,
     gpu_mem: GpuMem = None,
     gpu_mem_soft: GpuMemSoft = False,
