@@ -141,3 +141,32 @@ def test_every_careless_input_gets_its_rule_s_code_in_one_line(m: dict[str, str]
     assert not wrong, f"{len(wrong)} of {len(table)} rows:\n\n" + "\n\n".join(wrong)
     assert {k: _snapshot(Path(m[k])) for k in ("src", "art", "other")} == before  # no row wrote into them
     assert not Path(m["t"], "q").exists()
+
+
+def test_a_disk_too_small_for_the_stages_left_is_said_before_any_stage(m: dict[str, str], tmp_path: Path) -> None:
+    """The free-space check (as fetch's): a source whose config implies a model far larger than any
+    disk here (MLP 2^40 wide) is refused before the first stage, naming how much the stages need."""
+    big = Path(shutil.copytree(m["src"], tmp_path / "big"))
+    cfg = json.loads((big / "config.json").read_text())
+    cfg["text_config"]["intermediate_size"] = 2**40
+    (big / "config.json").write_text(json.dumps(cfg))
+    proc = _qq(["quantize", str(big), "--source-unverified", "--recipe", "tiny-reference", "--out", str(tmp_path / "q")])
+    assert proc.returncode == EXIT_RULE["stage"], proc.stderr
+    said = " ".join(proc.stderr.split())
+    assert "the stages left (gptq, lm_head, mtp, textonly) write about" in said and "GiB is free on" in said
+    assert not (tmp_path / "q.work").exists() and not (tmp_path / "q").exists()
+
+
+def test_the_fetch_hint_names_the_extra_file_instead_of_looping(served, tmp_path: Path) -> None:
+    """A fetched folder with a file of the user's: the hint says to remove that file (fetch keeps
+    it, so "re-run fetch" would loop); once it is gone the folder verifies."""
+    out = tmp_path / "fetched"
+    assert _qq(["fetch", served.repo_id, "--out", str(out)]).returncode == 0
+    (out / "notes.txt").write_text("mine\n")
+    proc = _qq(["fetch", "--offline", "--out", str(out)])
+    assert proc.returncode == EXIT_RULE["record"], proc.stderr
+    said = " ".join(proc.stderr.split())
+    assert f"remove the files the fetch did not write (fetch keeps them): {out / 'notes.txt'}" in said
+    assert "re-run `qwenquant fetch" not in said
+    (out / "notes.txt").unlink()
+    assert _qq(["fetch", "--offline", "--out", str(out)]).returncode == 0
