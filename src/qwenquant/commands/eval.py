@@ -78,16 +78,8 @@ def eval_cmd(
     if served is not None and serve is not None:
         raise UsageError("give --served URL or --serve ARTIFACT, not both", hint="--served for a running server")
     gate_opts = _GateOptions(gate, model, min_acceptance, report, as_json, api_key)
-    if (served is not None or serve is not None) and report is not None:
-        from qwenquant.atomic import writable_folder
-
-        if not report.parent.is_dir():
-            raise UsageError(f"report folder {report.parent} not found", hint="create it, or pass --report elsewhere")
-        writable_folder(report.parent, f"report path {report}", "--report")
     if served is not None or serve is not None:
-        from qwenquant.evaluate.served import load_gate
-
-        load_gate(gate)  # a bad --gate is a usage error before any server is asked
+        gate_opts.check()
     if serve is not None:
         from qwenquant.serve.request import ServeRequest
 
@@ -108,9 +100,6 @@ def eval_cmd(
     if len(words) != 1 or reference is None:
         raise UsageError("eval needs ARTIFACT and --reference SOURCE (or --served URL, or --serve ARTIFACT)",
                          hint="qwenquant eval artifacts/q --reference models/source")
-    if not Path(words[0]).is_dir():
-        raise UsageError(f"ARTIFACT {words[0]}: {'is a file, not a folder' if Path(words[0]).exists() else 'folder not found'}",
-                         hint="pass the artifact folder `qwenquant quantize` wrote")
     _offline(Path(words[0]), reference, windows, window_len, (text, text_set), dev or "cpu", streamed, report, as_json,
              reference_unverified)
 
@@ -138,6 +127,20 @@ class _GateOptions:
     as_json: bool
     api_key: str | None
 
+    def check(self) -> None:
+        """Before any server is asked: the gate loads and the --report folder can be written."""
+        from qwenquant.evaluate.served import load_gate
+
+        load_gate(self.gate)
+        if self.report is not None:
+            from qwenquant.atomic import writable_folder
+            from qwenquant.errors import UsageError
+
+            if not self.report.parent.is_dir():
+                raise UsageError(f"report folder {self.report.parent} not found",
+                                 hint="create it, or pass --report elsewhere")
+            writable_folder(self.report.parent, f"report path {self.report}", "--report")
+
 
 def _emit(result: dict[str, Any], path: Path | None, as_json: bool) -> None:
     from qwenquant.atomic import atomic_write_bytes, pretty_json
@@ -153,11 +156,15 @@ def _emit(result: dict[str, Any], path: Path | None, as_json: bool) -> None:
 def _offline(artifact: Path, reference: Path, windows: int, window_len: int, texts: tuple, device: str,
              streamed: bool | None, report: Path | None, as_json: bool, unverified: bool) -> None:
     from qwenquant.console import console
+    from qwenquant.errors import UsageError
     from qwenquant.evaluate import report as rep
     from qwenquant.evaluate.inputs import check_reference, check_report_target, verify_artifact_first
     from qwenquant.evaluate.offline import run_offline
     from qwenquant.evaluate.texts import resolve_windows
 
+    if not artifact.is_dir():
+        raise UsageError(f"ARTIFACT {artifact}: {'is a file, not a folder' if artifact.exists() else 'folder not found'}",
+                         hint="pass the artifact folder `qwenquant quantize` wrote")
     root = verify_artifact_first(artifact)
     ref_check = check_reference(artifact, reference, unverified=unverified)
     ids, source = resolve_windows(reference, windows, window_len, text=texts[0], text_set=texts[1])
@@ -204,7 +211,17 @@ def _fail_gate(result: dict[str, Any]) -> None:
                          hint="compare with the bf16 source served the same way; see `qwenquant eval ARTIFACT --reference`")
 
 
+def _gate_name(o: _GateOptions) -> str | None:
+    from qwenquant.evaluate.served import load_gate
+
+    return load_gate(o.gate).get("name")
+
+
 def _served(url: str, o: _GateOptions) -> None:
+    if o.report is not None:
+        from qwenquant.evaluate.inputs import check_report_target
+
+        check_report_target(o.report, {"url": url.rstrip("/"), "gate": _gate_name(o)}, explicit=True)
     result = _gate(url, o, o.model)
     _emit(result, o.report, o.as_json)
     _fail_gate(result)
@@ -213,14 +230,20 @@ def _served(url: str, o: _GateOptions) -> None:
 def _serve_and_gate(req: ServeRequest, o: _GateOptions) -> None:
     """Start `req.artifact` as `qwenquant serve` would, run the gate, stop the server; report keyed to its root digest."""
     from qwenquant.console import console
+    from qwenquant.evaluate.inputs import check_report_target
     from qwenquant.evaluate.report import report_path
+    from qwenquant.manifest import load_manifest
     from qwenquant.serve.launched import launched
 
+    root = load_manifest(req.artifact).root_digest
+    target = o.report or report_path(req.artifact, root, kind="eval-served")
+    check_report_target(target, {"root_digest": root, "gate": _gate_name(o)}, explicit=o.report is not None)
     with launched(req) as s:
         console.print(f"serving {req.artifact} at {s.url} (profile {s.info['profile']}, log {s.spec.log_path})",
                       markup=False)
         result = _gate(s.url, o, o.model or s.model)
         console.print("stopping the server", markup=False)
     result.update(served=s.info, root_digest=s.info["artifact_root_digest"])
-    _emit(result, o.report or report_path(req.artifact, result["root_digest"], kind="eval-served"), o.as_json)
+    _emit(result, target if result["root_digest"] == root else report_path(req.artifact, result["root_digest"],
+                                                                            kind="eval-served"), o.as_json)
     _fail_gate(result)
