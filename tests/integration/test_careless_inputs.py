@@ -163,6 +163,8 @@ def test_the_fetch_hint_names_the_extra_file_instead_of_looping(served, tmp_path
     out = tmp_path / "fetched"
     assert _qq(["fetch", served.repo_id, "--out", str(out)]).returncode == 0
     (out / "notes.txt").write_text("mine\n")
+    again = _qq(["fetch", served.repo_id, "--out", str(out)])  # fetch keeps the file, and says so
+    assert again.returncode == 0 and "kept 1 file(s) the repo does not list: notes.txt" in " ".join(again.stderr.split())
     proc = _qq(["fetch", "--offline", "--out", str(out)])
     assert proc.returncode == EXIT_RULE["record"], proc.stderr
     said = " ".join(proc.stderr.split())

@@ -95,6 +95,7 @@ def fetch(
         result = fetch_snapshot(repo_id, out, revision=revision, repo_type=repo_type.value, re_resolve=re_resolve,
                                 workers=workers, progress=progress, expect=expected)  # fmt: skip
     art = result.artifact
+    _warn_extra(out, result.record)
     summary = {"repo_id": repo_id, "commit": result.commit, "out": str(out), "root_digest": result.record["root_digest"],
                "downloaded": len(result.downloaded_files), "reused": len(result.reused_files),
                "bytes": result.downloaded_bytes, "note": result.note,
@@ -143,3 +144,15 @@ def _offline(out: Path, as_json: bool) -> None:
         raise VerificationError(f"{out} does not match its fetch record: {check.summary()}", hint=repair_hint(check, out))
     if not as_json:
         stdout.print(f"ok {rec['repo_id']}@{rec['commit']} {len(rec['files'])} files verified in {out}")
+
+
+def _warn_extra(out: Path, record: dict) -> None:
+    """Say which files of the user's the fetch kept: `fetch --offline` and quantize's source check refuse them."""
+    from qwenquant.console import console
+    from qwenquant.fetch.record import extra_files
+
+    extra = extra_files(out, record)
+    if extra:
+        console.print(f"[yellow]warning:[/] kept {len(extra)} file(s) the repo does not list: "
+                      f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}; remove them (`fetch --offline` "
+                      "and quantize refuse a folder holding them)", markup=True, highlight=False, soft_wrap=True)

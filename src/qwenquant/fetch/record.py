@@ -75,6 +75,11 @@ def _files_on_disk(out_dir: Path) -> set[str]:
     return found
 
 
+def extra_files(out_dir: Path, record: dict[str, Any]) -> list[str]:
+    """Files in a fetched folder that its record does not list (fetch keeps them; the source check refuses them)."""
+    return sorted(_files_on_disk(Path(out_dir)) - {f["path"] for f in record["files"]})
+
+
 def check_fetch_record(out_dir: Path, progress: Callable[[int], None] | None = None) -> RecordCheck:
     """Re-hash every recorded file (in parallel) and compare with the record; list extra files."""
     out_dir = Path(out_dir)
