@@ -104,6 +104,10 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
         ("input-file", ["quantize", src, "--out", f"{t}/q", "--work", f"{t}/q", "--recipe", "tiny-reference"]),
         ("input-file", ["quantize", src, "--out", f"{t}/q", "--work", f"{src}/w", "--recipe", "tiny-reference"]),
         ("input-file", ["recipe", "validate", f"{t}/bad.yaml"]),
+        # a folder nothing can be written in (/proc: read-only for root too)
+        ("input-file", ["quantize", src, "--recipe", "tiny-reference", "--out", "/proc/qwenquant-careless/q"]),
+        ("input-file", ["bench", DEAD, "--out", "/proc/qwenquant-careless.json"]),
+        ("input-file", ["eval", art, "--reference", src, "--report", "/proc/qwenquant-careless.json"]),
         # record: bytes that differ from their record
         ("record", ["verify", m["tampered"]]), ("record", ["eval", m["tampered"], "--reference", src]),
         ("record", ["eval", art, "--reference", art]), ("record", ["eval", art, "--reference", m["other"]]),
