@@ -135,6 +135,22 @@ def write_test_manifest(folder: Path, recipe: dict[str, Any] | None = None) -> P
                                                  calibration={}, stages={}, quality={}, tool_versions={}))
 
 
+def write_source_manifest(art: Path, source: Path, recipe: dict[str, Any] | None = None) -> Path:
+    """A manifest over `art` whose source section records `source`'s files, as quantize's source
+    stage writes it for --source-unverified (what graft-mtp and eval check a --source/--reference by)."""
+    from qwenquant.hashing import sha256_file, sha256_json
+    from qwenquant.manifest import build_manifest, write_manifest
+    from qwenquant.recipe import load_recipe
+
+    recipe = load_recipe("w4a16-int4head").canonical() if recipe is None else recipe
+    files = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(Path(source).iterdir())
+             if p.is_file()}
+    desc = {"kind": "local-unverified", "verified": False, "repo": None, "revision": None, "commit": None,
+            "files": files}
+    return write_manifest(art, build_manifest(art, source=desc, recipe=recipe, recipe_sha256=sha256_json(recipe),
+                                              calibration={}, stages={}, quality={}, tool_versions={}))
+
+
 def vllm_env(tmp: Path) -> dict[str, str]:
     """The environment for a real vLLM CPU server under `qwenquant serve` (1 GiB KV cache)."""
     env = dict(os.environ)

@@ -119,3 +119,17 @@ def exclusive_lock(path: Path, busy: Exception) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def writable_folder(folder: Path, what: str, option: str) -> None:
+    """Create and remove a scratch file in `folder`; a UsageError naming `what` when that fails (a
+    read-only mount, a full disk, no permission: the real test, for root too)."""
+    from qwenquant.errors import UsageError
+
+    try:
+        fd, scratch = tempfile.mkstemp(dir=folder, prefix=".qwenquant-write-test-")
+        os.close(fd)
+        os.unlink(scratch)
+    except OSError as e:
+        raise UsageError(f"{what}: cannot write in {folder} ({e.strerror or e})",
+                         hint=f"pass {option} in a folder you can write") from None

@@ -395,5 +395,6 @@ def verify_artifact(artifact_dir: Path) -> VerifyReport:
         manifest, raw, {rel: p for rel, p in actual.items() if rel not in listed})
     problems += card_problems + compare_files(manifest.files, {k: v for k, v in actual.items() if k not in companions},
                                               lambda paths: _hash_with_progress(paths, "verifying"))
-    return VerifyReport(str(root), manifest.root_digest, len(manifest.files), manifest.total_bytes,
+    checked = [f for f in manifest.files if f.path in actual and os.access(actual[f.path], os.R_OK)]  # read, not missing
+    return VerifyReport(str(root), manifest.root_digest, len(checked), sum(actual[f.path].stat().st_size for f in checked),
                         tuple(sorted(problems, key=lambda x: (x.path, x.status))), tuple(sorted(companions)), card)

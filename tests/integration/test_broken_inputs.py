@@ -69,8 +69,8 @@ def cases(b: dict[str, Path], repo_id: str) -> list[tuple[list[str], int]]:
         (["fetch", repo_id, "--revision", NEVER, "--out", s["out"]], 3),      # a commit that never existed
         (["fetch", repo_id, "--out", s["file"]], 5),                          # --out is a user's file
         (["fetch", "--offline", "--out", s["empty"]], 4),
-        (["quantize", s["missing"], *q], 5),
-        (["quantize", s["file"], *q], 5),
+        (["quantize", s["missing"], *q], 2),
+        (["quantize", s["file"], *q], 2),
         (["quantize", s["only-config"], *q], 5),
         (["quantize", s["config-list"], *q], 5),
         (["quantize", s["bad-config-json"], *q], 5),
@@ -79,31 +79,31 @@ def cases(b: dict[str, Path], repo_id: str) -> list[tuple[list[str], int]]:
         (["quantize", s["truncated"], "--recipe", s["bad-yaml"], "--out", s["out"]], 2),
         (["quantize", s["truncated"], "--calibration", s["bad-yaml"], "--out", s["out"]], 2),
         (["quantize", s["truncated"], "--device", "tpu", "--out", s["out"]], 2),
-        (["verify", s["missing"]], 4),
-        (["verify", s["file"]], 4),
+        (["verify", s["missing"]], 2),
+        (["verify", s["file"]], 2),
         (["verify", s["empty"]], 4),
         (["verify", s["bad-manifest"]], 4),
-        (["check", s["missing"]], 6),
-        (["check", s["file"]], 6),
+        (["check", s["missing"]], 2),
+        (["check", s["file"]], 2),
         (["check", s["config-list"]], 6),
         (["check", s["truncated"]], 6),
-        (["graft-mtp", s["missing"], "--source", s["truncated"]], 5),
+        (["graft-mtp", s["missing"], "--source", s["truncated"]], 2),
         (["graft-mtp", s["truncated"], "--source", s["only-config"]], 5),
         (["graft-mtp", s["bad-manifest"], "--source", s["truncated"]], 5),
-        (["plan", s["missing"]], 7),
+        (["plan", s["missing"]], 2),
         (["plan", s["config-list"]], 7),
         (["plan", s["bad-config-json"]], 7),
         (["plan", s["bad-manifest"]], 4),
-        (["plan", s["only-config"], "--gpu-mem", "lots"], 7),
+        (["plan", s["only-config"], "--gpu-mem", "lots"], 2),
         (["plan", str(REAL_CONFIG), "--gpu-mem", "8GiB"], 7),                # no profile fits
-        (["serve", s["missing"], "--dry-run"], 4),
+        (["serve", s["missing"], "--dry-run"], 2),
         (["serve", s["empty"], "--dry-run"], 4),
         (["serve", s["bad-manifest"], "--dry-run"], 4),
         (["serve", s["truncated"], "--dry-run", "--profile", "single-user", "--profile", "batch"], 2),
         (["bench"], 2),                                                      # nothing to measure
         (["bench", "http://127.0.0.1:9", "--max-tokens", "4"], 8),            # no server there
         (["bench", "http://127.0.0.1:9", "--compare", "--profile batch", "--label x"], 2),
-        (["bench", "--serve", s["manifested"], "--gpu-mem", "lots"], 7),     # the size serve and plan refuse
+        (["bench", "--serve", s["manifested"], "--gpu-mem", "lots"], 2),     # the size serve and plan refuse
         (["bench", "--serve", s["manifested"], "--device", "tpu"], 2),
         # --gpu-mem-soft and an explicit share both set vLLM's share (beside the hard --gpu-mem it is kept)
         (["bench", "--serve", s["manifested"], "--gpu-mem", "24GiB", "--gpu-mem-soft", "--",
@@ -111,7 +111,7 @@ def cases(b: dict[str, Path], repo_id: str) -> list[tuple[list[str], int]]:
         (["serve", s["truncated"], "--dry-run", "--gpu-mem", "24GiB", "--gpu-mem-soft", "--",
           "--gpu-memory-utilization", "0.5"], 2),
         (["eval"], 2),
-        (["eval", "--serve", s["manifested"], "--gpu-mem", "lots"], 7),     # serve's own --gpu-mem check
+        (["eval", "--serve", s["manifested"], "--gpu-mem", "lots"], 2),     # serve's own --gpu-mem check
         (["eval", "--serve", s["manifested"], "--served", "http://127.0.0.1:9"], 2),
         (["eval", "--serve", s["manifested"], "--device", "tpu"], 2),
         (["recipe", "validate", s["missing"]], 2),
@@ -180,6 +180,6 @@ def test_plan_that_fits_nowhere_exits_7_leading_with_the_weights() -> None:
 
 def test_verify_names_a_file_as_not_a_folder(tmp_path: Path) -> None:
     proc = qq("verify", str(REPO / "README.md"))
-    assert proc.returncode == 4
-    assert f"error: {REPO / 'README.md'} is not a folder" in proc.stderr
-    assert "artifact folder not found" not in proc.stderr
+    assert proc.returncode == 2  # the usage rule: a file where a folder is asked
+    assert f"dir '{REPO / 'README.md'}' is a file" in proc.stderr
+    assert "does not exist" not in proc.stderr

@@ -108,3 +108,7 @@ def test_exit_codes_are_documented_once_and_match_the_error_kinds() -> None:
     for code, kind in EXIT_CODES:
         assert f"{code} {kind}" in out
         assert f"| {code} | {kind} |" in readme
+    from qwenquant.commands._app import EXIT_RULES
+
+    for kind, code, rule in EXIT_RULES:  # the rule per kind of mistake sits next to the table
+        assert code in table and f"| {kind} | {code} | {rule} |" in readme

@@ -120,3 +120,19 @@ def test_eval_and_bench_report_the_same_acceptance(server, tmp_path: Path, total
     assert e["mean_acceptance_length"] == b["mean_acceptance_length"] == pytest.approx(2.5)
     assert list(e["per_position"].values()) == pytest.approx(b["per_position"])
     assert b["per_position"] == pytest.approx([0.75, 0.5, 0.25])
+
+
+def test_a_served_report_of_another_gate_or_server_is_not_replaced(server, tmp_path: Path) -> None:
+    """The same gate on the same server replaces its own report; a report of another server (or
+    gate) at --report is left alone, exit 2, and no request reaches the server."""
+    s = server()
+    report = tmp_path / "r.json"
+    assert _eval(s.url, tmp_path, "--report", str(report)).returncode == 0
+    assert _eval(s.url, tmp_path, "--report", str(report)).returncode == 0  # the same run again
+    other = server()
+    asked = len(other.bodies)
+    before = report.read_bytes()
+    proc = _eval(other.url, tmp_path, "--report", str(report))
+    assert proc.returncode == 2, proc.stderr
+    assert f"report {report} holds a report of another run" in " ".join(proc.stderr.split())
+    assert report.read_bytes() == before and len(other.bodies) == asked

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
 import pytest
 
-from helpers import INDEX, mtp_bytes, qq, strip_mtp, write_test_manifest
+from helpers import INDEX, flat, mtp_bytes, qq, strip_mtp, write_source_manifest, write_test_manifest
 
 
 @pytest.fixture
@@ -78,3 +79,84 @@ def test_graft_refuses_to_bless_other_drifted_files(quantized_like: Path, tiny_c
 def test_graft_needs_real_folders(tmp_path: Path, tiny_checkpoint: Path) -> None:
     proc = qq("graft-mtp", str(tmp_path), "--source", str(tiny_checkpoint))
     assert proc.returncode == 5 and "has no config.json" in proc.stderr
+
+
+def _other_head(tiny_checkpoint: Path, tmp_path: Path, intermediate: int = 768) -> Path:
+    """The tiny checkpoint with an MTP head of another model (MLP `intermediate` wide, zeros)."""
+    from qwenquant.checkpoint.tensorfile import RawTensor, shard_refs, write_shard
+
+    other = Path(shutil.copytree(tiny_checkpoint, tmp_path / "other"))
+    refs = shard_refs(tiny_checkpoint / "model-mtp.safetensors")
+    hidden = refs["mtp.norm.weight"].shape[0]
+    tensors = []
+    for name, r in sorted(refs.items()):
+        shape = r.shape
+        if ".mlp." in name:
+            shape = (hidden, intermediate) if "down_proj" in name else (intermediate, hidden)
+        tensors.append(RawTensor(name, r.dtype, tuple(shape), bytes(2 * math.prod(shape))) if shape != r.shape else r)
+    (other / "model-mtp.safetensors").unlink()
+    write_shard(other / "model-mtp.safetensors", tensors)
+    return other
+
+
+def test_graft_restores_a_deleted_mtp_shard_to_the_same_root(quantized_like: Path, tiny_checkpoint: Path) -> None:
+    """The case the command exists for: model-mtp.safetensors deleted, the index still naming it."""
+    from qwenquant.manifest import load_manifest, verify_artifact
+
+    assert qq("graft-mtp", str(quantized_like), "--source", str(tiny_checkpoint)).returncode == 0
+    write_source_manifest(quantized_like, tiny_checkpoint)
+    root = load_manifest(quantized_like).root_digest
+    (quantized_like / "model-mtp.safetensors").unlink()
+    assert not verify_artifact(quantized_like).ok
+    proc = qq("graft-mtp", str(quantized_like), "--source", str(tiny_checkpoint))
+    assert proc.returncode == 0, proc.stderr
+    assert "grafted: add 15" in proc.stdout
+    assert verify_artifact(quantized_like).ok and load_manifest(quantized_like).root_digest == root
+    assert mtp_bytes(quantized_like) == mtp_bytes(tiny_checkpoint)
+
+
+def test_graft_refuses_a_source_the_manifest_does_not_record(quantized_like: Path, tiny_checkpoint: Path,
+                                                             tmp_path: Path) -> None:
+    """Another checkpoint of the same shapes (other seed) is not this artifact's source: exit 4,
+    one line naming the file that differs, nothing written."""
+    from qwenquant.testbed.tiny import build_tiny_checkpoint
+
+    write_source_manifest(quantized_like, tiny_checkpoint)
+    other = build_tiny_checkpoint(tmp_path / "seed1", variant="random", seed=1)
+    before = {p.name: p.read_bytes() for p in quantized_like.iterdir()}
+    proc = qq("graft-mtp", str(quantized_like), "--source", str(other))
+    assert proc.returncode == 4, proc.stderr
+    assert "model-mtp.safetensors differs from the file" in flat(proc.stderr)
+    assert "unexpected error" not in proc.stderr
+    assert {p.name: p.read_bytes() for p in quantized_like.iterdir()} == before
+
+
+def test_graft_refuses_mtp_tensors_of_another_shape(quantized_like: Path, tiny_checkpoint: Path,
+                                                    tmp_path: Path) -> None:
+    """No manifest to prove the source by: the shapes config.json implies still refuse another
+    model's head (MLP 768 wide instead of 512), exit 5, nothing written."""
+    other = _other_head(tiny_checkpoint, tmp_path)
+    before = {p.name: p.read_bytes() for p in quantized_like.iterdir()}
+    proc = qq("graft-mtp", str(quantized_like), "--source", str(other))
+    assert proc.returncode == 5, proc.stderr
+    assert "mtp.layers.0.mlp.down_proj.weight has shape [256, 768], but" in flat(proc.stderr)
+    assert "implies [256, 512]" in flat(proc.stderr)
+    assert {p.name: p.read_bytes() for p in quantized_like.iterdir()} == before
+
+
+def test_check_names_mtp_tensors_whose_shapes_disagree_with_the_config(quantized_like: Path, tiny_checkpoint: Path,
+                                                                       tmp_path: Path) -> None:
+    """`qwenquant check` on an artifact whose MTP shard was swapped for another model's: exit 6 and
+    one finding per tensor of the wrong shape, naming it and the shape config.json implies."""
+    assert qq("graft-mtp", str(quantized_like), "--source", str(tiny_checkpoint)).returncode == 0
+
+    def shape_findings() -> list[dict]:
+        proc = qq("check", str(quantized_like), "--json")
+        assert proc.returncode == 6, proc.stderr
+        return [f for f in json.loads(proc.stdout)["findings"] if f["rule"] == "mtp" and "implies" in f["message"]]
+
+    assert shape_findings() == []
+    shutil.copy(_other_head(tiny_checkpoint, tmp_path) / "model-mtp.safetensors", quantized_like)
+    found = {f["where"]: f["message"] for f in shape_findings()}
+    assert sorted(found) == [f"mtp.layers.0.mlp.{p}_proj.weight" for p in ("down", "gate", "up")]
+    assert found["mtp.layers.0.mlp.gate_proj.weight"].startswith("shape [768, 256], but config.json implies [512, 256]")

@@ -86,6 +86,17 @@ def test_build_is_byte_identical_in_a_fresh_process(tiny_checkpoint: Path, tmp_p
     assert digests(out) == digests(tiny_checkpoint)
 
 
+def test_the_entry_point_writes_the_demo_s_model_with_variant_reference(tmp_path: Path) -> None:
+    """README: `python -m qwenquant.testbed.tiny DIR --variant reference` writes the demo's model."""
+    from qwenquant.testbed.tiny.reference_model import build_reference_checkpoint
+
+    out = tmp_path / "ref"
+    run = subprocess.run([sys.executable, "-m", "qwenquant.testbed.tiny", str(out), "--variant", "reference"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert digests(out) == digests(build_reference_checkpoint(tmp_path / "lib"))
+
+
 def test_seed_changes_weights_not_layout(tiny_checkpoint: Path, tmp_path: Path) -> None:
     other = digests(build_tiny_checkpoint(tmp_path / "seed1", seed=1))
     same = digests(tiny_checkpoint)

@@ -170,6 +170,18 @@ def test_a_report_of_another_root_digest_is_refused_in_one_line(tmp_path: Path, 
     assert "cannot go on this card" in e.value.message
 
 
+def test_an_eval_against_an_unverified_reference_is_refused(tmp_path: Path) -> None:
+    """`eval --reference-unverified` compared two models of the user's choosing: not card figures."""
+    art = _artifact(tmp_path)
+    root = load_manifest(art).root_digest
+    unverified = _write(tmp_path / "unverified.json", {**_eval_report(root), "reference_check": {"verified": False}})
+    with pytest.raises(UsageError, match="not the artifact's recorded source .--reference-unverified.: its figures "
+                                         "cannot go on this card"):
+        _card(art, [unverified])
+    verified = _write(tmp_path / "verified.json", {**_eval_report(root), "reference_check": {"verified": True}})
+    assert [r.kind for r in _card(art, [verified])[1]] == ["eval"]
+
+
 def test_a_renamed_foreign_report_beside_the_artifact_is_refused(tmp_path: Path) -> None:
     art = _artifact(tmp_path)
     root = load_manifest(art).root_digest

@@ -103,10 +103,14 @@ def test_added_file_is_named(art: Path, capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_deleted_file_is_named(art: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, whole, _ = _verify(capsys, art, "--json")
     (art / "model-00002-of-00002.safetensors").unlink()
     rc, out, err = _verify(capsys, art, "--json")
     assert rc == 4
     report = json.loads(out)
+    # the counts are of what was read: the missing file is not "checked"
+    assert report["files_checked"] == json.loads(whole)["files_checked"] - 1
+    assert report["bytes_checked"] == json.loads(whole)["bytes_checked"] - 5000
     assert report["problems"] == [{"path": "model-00002-of-00002.safetensors", "status": "missing",
                                    "detail": "listed in the manifest, not on disk",
                                    "expected_size": 5000, "actual_size": None}]

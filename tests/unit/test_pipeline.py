@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from qwenquant.atomic import atomic_write_json
-from qwenquant.errors import OutFolderError, StageError
+from qwenquant.errors import OutFolderError, StageError, UsageError
 from qwenquant.manifest import MANIFEST_NAME, verify_artifact
 from qwenquant.quantize import pipeline
 from qwenquant.quantize.stage import Stage, StageContext
@@ -169,7 +169,7 @@ def test_failing_stage_leaves_no_record_and_no_artifact(toy: Toy, tmp_path: Path
 
 
 def test_out_inside_the_source_is_refused(toy: Toy, tmp_path: Path) -> None:
-    with pytest.raises(StageError, match="overlaps the source folder"):
+    with pytest.raises(UsageError, match="overlaps the source folder"):
         pipeline.quantize(_opts(tmp_path, out=tmp_path / "src" / "art"), stages=toy.stages())
     assert toy.calls == [] and toy.preflights == []
 

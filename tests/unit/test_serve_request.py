@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from qwenquant.bench.launch import config_request, config_requests, parse_config
-from qwenquant.errors import ServeError, UsageError
+from qwenquant.errors import UsageError
 from qwenquant.serve.launched import on_free_port
 from qwenquant.serve.request import ServeRequest
 
@@ -21,7 +21,7 @@ def test_checked_when_built() -> None:
         ServeRequest(Path("a"), gpu_mem="24GiB", gpu_mem_soft=True, extra=("--gpu-memory-utilization=0.5",))
     with pytest.raises(UsageError, match="--gpu-mem-soft needs --gpu-mem SIZE"):
         ServeRequest(Path("a"), gpu_mem_soft=True)
-    with pytest.raises(ServeError, match="cannot read the size '24 gigs'"):
+    with pytest.raises(UsageError, match="cannot read the size '24 gigs'"):
         ServeRequest(Path("a"), gpu_mem="24 gigs")
     r = ServeRequest(Path("a"), gpu_mem="24GiB", extra=["--max-model-len", "2048"])  # type: ignore[arg-type]
     assert r.gpu_mem_bytes == 24 * 2**30 and r.extra == ("--max-model-len", "2048") and r.hard_limit

@@ -19,8 +19,10 @@ def _fetched(tmp_path: Path) -> Path:
 
     src = tmp_path / "src"
     src.mkdir()
+    from qwenquant.quantize.stages.source import TEXT_SIZES
+
     (src / "config.json").write_text(json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"],
-                                                 "model_type": "qwen3_5"}))
+                                                 "model_type": "qwen3_5", "text_config": dict.fromkeys(TEXT_SIZES, 4)}))
     header = json.dumps({"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}).encode()
     (src / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\x00\x01\x02\x03")
     (src / "tokenizer.json").write_text("{}")

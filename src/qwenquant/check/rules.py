@@ -15,6 +15,7 @@ from qwenquant.check.facts import (
     Finding,
     finding,
 )
+from qwenquant.checkpoint.config import mtp_shapes
 from qwenquant.checkpoint.names import is_mtp
 from qwenquant.recipe import LM_HEAD_TARGET, target_matches, targets_cover
 from qwenquant.recipe.speculative import profile_spec_tokens, spec_tokens_fix, spec_tokens_problem
@@ -284,10 +285,15 @@ def rule_mtp(a: ArtifactFacts) -> list[Finding]:
             out.append(finding("mtp", name, f"missing ({len(want)} mtp.* tensors expected for "
                           f"mtp_num_hidden_layers={max(n, 1)})",
                           "copy mtp.* byte-identical from the source checkpoint (the mtp stage)"))
+    shapes = mtp_shapes(a.config)
     for name in mtp_names:
         t = a.tensors[name]
         if name.endswith(".weight") and t.dtype not in FLOAT_DTYPES:
             out.append(finding("mtp", name, f"dtype {t.dtype}; the MTP head must stay bf16", "copy it from the source"))
+        elif name in shapes and tuple(t.shape) != shapes[name]:
+            out.append(finding("mtp", name, f"shape {list(t.shape)}, but config.json implies {list(shapes[name])}: "
+                          "the head is not this model's", "graft the MTP head of this artifact's source "
+                          "(`qwenquant graft-mtp ARTIFACT --source SOURCE`)"))
     if any(linears.values()) and not all(linears.values()):
         out.append(finding("mtp", "mtp.*", f"{sum(linears.values())} of {len(linears)} MTP Linears are int4 packed: "
                       "the drafter needs all of them packed (mtp.quantize: gptq) or none", "rebuild with one precision"))

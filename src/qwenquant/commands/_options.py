@@ -20,7 +20,7 @@ __all__ = ["DEFAULT_TIMEOUT", "PANEL", "ApiKey", "GpuMem", "GpuMemSoft", "Gpus",
 PANEL = "Server (serve; bench and eval with --serve)"
 
 ServeArtifact = Annotated[Path | None, typer.Option(
-    "--serve", help="Artifact to serve through `qwenquant serve`'s preflight and supervisor for the run, "
+    "--serve", exists=True, file_okay=False, help="Artifact to serve through `qwenquant serve`'s preflight and supervisor for the run, "
                     "stopped after it.", rich_help_panel=PANEL)]
 Profiles = Annotated[list[str] | None, typer.Option(
     "--profile", "-p", help="Serve profile from the recipe: single-user (default), batch or long-context.",

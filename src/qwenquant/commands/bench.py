@@ -34,10 +34,10 @@ def bench(
     prompts: str = typer.Option("narrative,code,quote", help="Prompts to send (comma-separated)."),
     sampling: str = typer.Option("greedy,sampled", help="Sampling presets (comma-separated)."),
     thinking: str = typer.Option("auto", help="auto (off and on where supported), both, on, off, default."),
-    max_tokens: int | None = typer.Option(None, help="Tokens per request (default: the bench config's)."),
-    repeats: int | None = typer.Option(None, help="Requests per cell per round."),
-    rounds: int | None = typer.Option(None, help="Rounds (default 1, or the config's with --compare)."),
-    max_concurrency: int | None = typer.Option(None, help="Top of the ladder (default: the profile's max-num-seqs; 1 for a URL)."),
+    max_tokens: int | None = typer.Option(None, min=1, help="Tokens per request (default: the bench config's)."),
+    repeats: int | None = typer.Option(None, min=1, help="Requests per cell per round."),
+    rounds: int | None = typer.Option(None, min=1, help="Rounds (default 1, or the config's with --compare)."),
+    max_concurrency: int | None = typer.Option(None, min=1, help="Top of the ladder (default: the profile's max-num-seqs; 1 for a URL)."),
     ignore_eos: bool = typer.Option(True, help="Send ignore_eos so every request generates exactly --max-tokens."),
     model: str | None = typer.Option(None, help="Model name for a URL (default: the first it lists)."),
     api_key: ApiKey = None,
@@ -68,12 +68,22 @@ def bench(
     if serve and words and not words[0].startswith("-"):
         raise UsageError(f"give a URL ({words[0]}) or --serve ARTIFACT, not both", hint="vLLM flags go after --")
     url = None if serve or not words else words.pop(0)
+    if url is not None:
+        from qwenquant.net.http import check_url
+
+        check_url(url, "server URL")
     if words and not serve:
         raise UsageError(f"unexpected arguments {words}", hint="vLLM flags after -- go with --serve")
     served = ServeRequest.from_options(serve, profile or [], words, api_key=api_key, vllm=vllm, timeout=timeout,
                                        device=device.value if device else None, gpus=gpus,
                                        gpu_mem=gpu_mem, gpu_mem_soft=gpu_mem_soft) if serve else None
+    target = out or default_out()
+    from qwenquant.atomic import writable_folder
+
+    if not target.parent.is_dir():
+        raise UsageError(f"--out {target}: folder {target.parent} not found", hint="create it, or pass --out elsewhere")
+    writable_folder(target.parent, f"--out {target}", "--out")
     opts = Options(prompts=prompts.split(","), samplings=sampling.split(","), thinking=thinking, max_tokens=max_tokens,
                    repeats=repeats, rounds=rounds, max_concurrency=max_concurrency, ignore_eos=ignore_eos)
-    print_report(run(Request(url=url, serve=served, compare=compare, options=opts, out=out or default_out(),
+    print_report(run(Request(url=url, serve=served, compare=compare, options=opts, out=target,
                              config=config, model=model, api_key=api_key), argv_now()))

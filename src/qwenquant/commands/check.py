@@ -11,7 +11,7 @@ from qwenquant.commands._app import app
 
 @app.command("check")
 def check(
-    artifact: Path = typer.Argument(..., help="Artifact folder (config.json + safetensors)."),
+    artifact: Path = typer.Argument(..., exists=True, file_okay=False, help="Artifact folder (config.json + safetensors)."),
     as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON."),
 ) -> None:
     """Check that vLLM would load an artifact: fused-layer schemes, kernel shapes, lm_head, MTP, layout.

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 def eval_cmd(
     args: list[str] | None = typer.Argument(None, help="ARTIFACT folder (with qwenquant-manifest.json); with --serve: vLLM flags after --.",
                                                show_default=False),
-    reference: Path | None = typer.Option(None, "--reference", help="The bf16 source checkpoint folder."),
+    reference: Path | None = typer.Option(None, "--reference", exists=True, file_okay=False, help="The bf16 source checkpoint folder: every file the manifest records for the source must match (sha256)."),
+    reference_unverified: bool = typer.Option(False, "--reference-unverified", help="Compare against a --reference that is not the manifest's recorded source (the report and output say so)."),
     windows: int = typer.Option(32, "--windows", help="Held-out windows to evaluate on."),
     window_len: int = typer.Option(256, "--window-len", help="Tokens per window."),
     text: Path | None = typer.Option(None, "--text", help="Local text file to cut windows from."),
@@ -54,6 +55,7 @@ def eval_cmd(
     needle: bool = typer.Option(False, "--needle", help="Also run the shipped needle task (with --served/--serve): a fact planted at several depths of prompts up to the server's max_model_len; pass/fail per depth."),
     needle_max_len: int | None = typer.Option(None, "--needle-max-len", help="Longest needle prompt in tokens (default: the server's max_model_len)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+    list_gates: bool = typer.Option(False, "--list-gates", help="List the shipped gates (name, tasks, what they are for) and exit."),
 ) -> None:
     """Measure an artifact against its source: paired perplexity, KL, top-1, lm_head and MTP figures.
 
@@ -73,11 +75,16 @@ def eval_cmd(
     """
     from qwenquant.errors import UsageError
 
+    if list_gates:
+        _list_gates(as_json)
+        return
     words = list(args or [])
     dev = device.value if device else None
     if served is not None and serve is not None:
         raise UsageError("give --served URL or --serve ARTIFACT, not both", hint="--served for a running server")
     gate_opts = _GateOptions(gate, model, min_acceptance, report, as_json, api_key, tools, needle, needle_max_len)
+    if served is not None or serve is not None:
+        gate_opts.check()
     if serve is not None:
         from qwenquant.serve.request import ServeRequest
 
@@ -88,6 +95,9 @@ def eval_cmd(
                                                   device=dev, timeout=timeout, api_key=api_key), gate_opts)
         return
     if served is not None:
+        from qwenquant.net.http import check_url
+
+        check_url(served, "--served")
         if words:
             raise UsageError(f"unexpected arguments {words} with --served", hint="vLLM flags after -- go with --serve")
         _served(served, gate_opts)
@@ -95,7 +105,20 @@ def eval_cmd(
     if len(words) != 1 or reference is None:
         raise UsageError("eval needs ARTIFACT and --reference SOURCE (or --served URL, or --serve ARTIFACT)",
                          hint="qwenquant eval artifacts/q --reference models/source")
-    _offline(Path(words[0]), reference, windows, window_len, (text, text_set), dev or "cpu", streamed, report, as_json)
+    _offline(Path(words[0]), reference, windows, window_len, (text, text_set), dev or "cpu", streamed, report, as_json,
+             reference_unverified)
+
+
+def _list_gates(as_json: bool) -> None:
+    from qwenquant.console import stdout
+    from qwenquant.evaluate.served import describe_gates
+
+    gates = describe_gates()
+    if as_json:
+        print(json.dumps(gates, indent=2))
+        return
+    for g in gates:
+        stdout.print(f"{g['name']}: {g['tasks']} tasks, {g['cases']} cases. {g['description']}", markup=False)
 
 
 @dataclass(frozen=True)
@@ -112,6 +135,20 @@ class _GateOptions:
     needle: bool = False
     needle_max_len: int | None = None
 
+    def check(self) -> None:
+        """Before any server is asked: the gate loads and the --report folder can be written."""
+        from qwenquant.evaluate.served import load_gate
+
+        load_gate(self.gate)
+        if self.report is not None:
+            from qwenquant.atomic import writable_folder
+            from qwenquant.errors import UsageError
+
+            if not self.report.parent.is_dir():
+                raise UsageError(f"report folder {self.report.parent} not found",
+                                 hint="create it, or pass --report elsewhere")
+            writable_folder(self.report.parent, f"report path {self.report}", "--report")
+
 
 def _emit(result: dict[str, Any], path: Path | None, as_json: bool) -> None:
     from qwenquant.atomic import atomic_write_bytes, pretty_json
@@ -125,22 +162,34 @@ def _emit(result: dict[str, Any], path: Path | None, as_json: bool) -> None:
 
 
 def _offline(artifact: Path, reference: Path, windows: int, window_len: int, texts: tuple, device: str,
-             streamed: bool | None, report: Path | None, as_json: bool) -> None:
+             streamed: bool | None, report: Path | None, as_json: bool, unverified: bool) -> None:
     from qwenquant.console import console
+    from qwenquant.errors import UsageError
     from qwenquant.evaluate import report as rep
+    from qwenquant.evaluate.inputs import check_reference, check_report_target, verify_artifact_first
     from qwenquant.evaluate.offline import run_offline
     from qwenquant.evaluate.texts import resolve_windows
-    from qwenquant.manifest import load_manifest
 
-    root = load_manifest(artifact).root_digest
+    if not artifact.is_dir():
+        raise UsageError(f"ARTIFACT {artifact}: {'is a file, not a folder' if artifact.exists() else 'folder not found'}",
+                         hint="pass the artifact folder `qwenquant quantize` wrote")
+    root = verify_artifact_first(artifact)
+    ref_check = check_reference(artifact, reference, unverified=unverified)
     ids, source = resolve_windows(reference, windows, window_len, text=texts[0], text_set=texts[1])
+    identity = {"root_digest": root, "reference": str(reference), "windows": windows, "window_len": window_len,
+                **source}
+    target = report or rep.report_path(artifact, root)
+    check_report_target(target, identity, explicit=report is not None)
     result = run_offline(reference, artifact, ids, device=device, streamed=streamed)
-    result.update(artifact=str(artifact), reference=str(reference), root_digest=root, **source)
+    result.update(artifact=str(artifact), reference_check=ref_check, **identity)
     result["goals"] = rep.goals(result)
     console.print(rep.offline_table(result))
     for line in rep.summary_lines(result):
         console.print(line, markup=False)
-    _emit(result, report or rep.report_path(artifact, root), as_json)
+    if not ref_check["verified"]:
+        console.print(f"NOTE: the reference was not checked against the artifact's recorded source "
+                      f"({ref_check['recorded_source']}): --reference-unverified", markup=False)
+    _emit(result, target, as_json)
 
 
 def _gate(url: str, o: _GateOptions, model: str | None) -> dict[str, Any]:
@@ -195,7 +244,17 @@ def _fail_gate(result: dict[str, Any]) -> None:
                          hint="compare with the bf16 source served the same way; see `qwenquant eval ARTIFACT --reference`")
 
 
+def _gate_name(o: _GateOptions) -> str | None:
+    from qwenquant.evaluate.served import load_gate
+
+    return load_gate(o.gate).get("name")
+
+
 def _served(url: str, o: _GateOptions) -> None:
+    if o.report is not None:
+        from qwenquant.evaluate.inputs import check_report_target
+
+        check_report_target(o.report, {"url": url.rstrip("/"), "gate": _gate_name(o)}, explicit=True)
     result = _gate(url, o, o.model)
     _emit(result, o.report, o.as_json)
     _fail_gate(result)
@@ -204,14 +263,20 @@ def _served(url: str, o: _GateOptions) -> None:
 def _serve_and_gate(req: ServeRequest, o: _GateOptions) -> None:
     """Start `req.artifact` as `qwenquant serve` would, run the gate, stop the server; report keyed to its root digest."""
     from qwenquant.console import console
+    from qwenquant.evaluate.inputs import check_report_target
     from qwenquant.evaluate.report import report_path
+    from qwenquant.manifest import load_manifest
     from qwenquant.serve.launched import launched
 
+    root = load_manifest(req.artifact).root_digest
+    target = o.report or report_path(req.artifact, root, kind="eval-served")
+    check_report_target(target, {"root_digest": root, "gate": _gate_name(o)}, explicit=o.report is not None)
     with launched(req) as s:
         console.print(f"serving {req.artifact} at {s.url} (profile {s.info['profile']}, log {s.spec.log_path})",
                       markup=False)
         result = _gate(s.url, o, o.model or s.model)
         console.print("stopping the server", markup=False)
     result.update(served=s.info, root_digest=s.info["artifact_root_digest"])
-    _emit(result, o.report or report_path(req.artifact, result["root_digest"], kind="eval-served"), o.as_json)
+    _emit(result, target if result["root_digest"] == root else report_path(req.artifact, result["root_digest"],
+                                                                            kind="eval-served"), o.as_json)
     _fail_gate(result)

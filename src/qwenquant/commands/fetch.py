@@ -67,19 +67,7 @@ def fetch(
         set_quiet(True)
         setup_logging(False)
     if offline:
-        from qwenquant.errors import VerificationError
-        from qwenquant.fetch import check_fetch_record
-
-        check = check_fetch_record(out)
-        rec = check.record
-        if as_json:
-            print_json({"ok": check.ok, "out": str(out), "commit": rec.get("commit"),
-                        "missing": check.missing, "changed": check.changed, "extra": check.extra})
-        if not check.ok:
-            raise VerificationError(f"{out} does not match its fetch record: {check.summary()}",
-                                    hint=f"re-run `qwenquant fetch {rec.get('repo_id')} --out {out}` to repair it")  # fmt: skip
-        if not as_json:
-            stdout.print(f"ok {rec['repo_id']}@{rec['commit']} {len(rec['files'])} files verified in {out}")
+        _offline(out, as_json)
         return
     expected = _expected(expect, repo_id)
     repo_id = repo_id or (expected or {}).get("repo_id")
@@ -107,6 +95,7 @@ def fetch(
         result = fetch_snapshot(repo_id, out, revision=revision, repo_type=repo_type.value, re_resolve=re_resolve,
                                 workers=workers, progress=progress, expect=expected)  # fmt: skip
     art = result.artifact
+    _warn_extra(out, result.record)
     summary = {"repo_id": repo_id, "commit": result.commit, "out": str(out), "root_digest": result.record["root_digest"],
                "downloaded": len(result.downloaded_files), "reused": len(result.reused_files),
                "bytes": result.downloaded_bytes, "note": result.note,
@@ -134,3 +123,36 @@ def _expected(expect: Path | None, repo_id: str | None) -> dict | None:
         raise UsageError(f"--expect {expect} records {rec.get('repo_id')}, not {repo_id}",
                          hint="drop the repo id (it comes from the record) or pass that repo's record")
     return rec
+
+
+def _offline(out: Path, as_json: bool) -> None:
+    """`fetch --offline`: re-check a fetched folder against its record, touching nothing."""
+    from qwenquant.console import print_json, stdout
+    from qwenquant.errors import VerificationError
+    from qwenquant.fetch import check_fetch_record
+    from qwenquant.fetch.record import repair_hint
+
+    if not out.is_dir():
+        raise UsageError(f"--out {out}: {'is a file, not a folder' if out.exists() else 'folder not found'}",
+                         hint="--offline re-checks a folder `qwenquant fetch` wrote")
+    check = check_fetch_record(out)
+    rec = check.record
+    if as_json:
+        print_json({"ok": check.ok, "out": str(out), "commit": rec.get("commit"),
+                    "missing": check.missing, "changed": check.changed, "extra": check.extra})
+    if not check.ok:
+        raise VerificationError(f"{out} does not match its fetch record: {check.summary()}", hint=repair_hint(check, out))
+    if not as_json:
+        stdout.print(f"ok {rec['repo_id']}@{rec['commit']} {len(rec['files'])} files verified in {out}")
+
+
+def _warn_extra(out: Path, record: dict) -> None:
+    """Say which files of the user's the fetch kept: `fetch --offline` and quantize's source check refuse them."""
+    from qwenquant.console import console
+    from qwenquant.fetch.record import extra_files
+
+    extra = extra_files(out, record)
+    if extra:
+        console.print(f"[yellow]warning:[/] kept {len(extra)} file(s) the repo does not list: "
+                      f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}; remove them (`fetch --offline` "
+                      "and quantize refuse a folder holding them)", markup=True, highlight=False, soft_wrap=True)

@@ -11,7 +11,7 @@ from qwenquant.commands._app import app
 
 @app.command()
 def plan(
-    target: Path = typer.Argument(..., help="Artifact folder, or a config.json (or a folder holding one)."),
+    target: Path = typer.Argument(..., exists=True, help="Artifact folder, or a config.json (or a folder holding one)."),
     gpu_mem: str = typer.Option("24GiB", "--gpu-mem", help="GPU memory to plan for, e.g. 24GiB."),
     recipe: str | None = typer.Option(None, help="Recipe for a bare config (default w4a16-int4head)."),
     profile: list[str] = typer.Option([], "--profile", "-p", help="Only these profiles (default: all)."),

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     )
 )
 def publish(
-    artifact: Path = typer.Argument(..., help="Artifact folder holding qwenquant-manifest.json."),
+    artifact: Path = typer.Argument(..., exists=True, file_okay=False, help="Artifact folder holding qwenquant-manifest.json."),
     repo: str = typer.Option(..., "--repo", help="Hub repo OWNER/NAME (created when missing)."),
     revision: str = typer.Option("main", "--revision", "-r", help="Branch to commit to (created from main when missing)."),
     private: bool = typer.Option(False, "--private", help="Create the repo private (an existing repo keeps its visibility)."),

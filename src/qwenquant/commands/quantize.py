@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 @app.command("quantize")
 def quantize_cmd(
-    source: Path = typer.Argument(..., help="Model folder written by `qwenquant fetch` (or any folder with --source-unverified)."),
+    source: Path = typer.Argument(..., exists=True, file_okay=False, help="Model folder written by `qwenquant fetch` (or any folder with --source-unverified)."),
     recipe: str = typer.Option("w4a16-int4head", "--recipe", help="Shipped recipe name or YAML path."),
     out: Path = typer.Option(..., "--out", help="Artifact folder to write (replaced when complete)."),
     calibration: str | None = typer.Option(None, "--calibration", help="Calibration set name or YAML path (default: the recipe's)."),
@@ -56,6 +56,9 @@ def quantize_cmd(
 
     r = load_recipe(recipe)
     spec = load_calibration_override(calibration) if calibration else r.calibration
+    from qwenquant.recipe.calibdata import check_calibration_data
+
+    check_calibration_data(spec)
     opts = QuantizeOptions(source, r, spec, out, work, device.value if device else None, source_unverified, force,
                            n_gpus)
     (_plan if plan else _run)(opts, as_json)
@@ -77,13 +80,34 @@ def _run(opts: QuantizeOptions, as_json: bool) -> None:
 
         # stdout carries only the result: llm-compressor's loguru sink writes to sys.stdout
         with contextlib.redirect_stdout(sys.stderr):
-            result = quantize(opts, progress)
+            try:
+                result = quantize(opts, progress)
+            except KeyboardInterrupt:
+                print(resume_note(opts), file=sys.stderr)
+                raise
     if as_json:
         print_json(result.to_dict())
         return
     _print_result(result, stdout)
     console.print(f"[green]done[/]: {sum(v == 'ran' for v in result.stages.values())} stage(s) ran, "
                   f"{sum(v == 'skipped' for v in result.stages.values())} reused")
+
+
+def resume_note(opts: QuantizeOptions) -> str:
+    """What an interrupted quantize leaves: the stages complete, and where a re-run resumes."""
+    from qwenquant.quantize.stages import PIPELINE
+
+    out = Path(opts.out).resolve()
+    work = Path(opts.work).resolve() if opts.work else out.with_name(out.name + ".work")
+    done = [s.name for s in PIPELINE if (work / f"{s.name}.record.json").is_file()]
+    left = [s.name for s in PIPELINE if s.name not in done]
+    if not left:
+        return f"interrupted while writing the artifact; re-run the same command: every stage in {work} is reused"
+    layers = len(list((work / "gptq-layers").glob("layer-*/record.json"))) if left[0] == "gptq" else 0
+    within = f" ({layers} decoder layer(s) already quantized are kept)" if layers else ""
+    return (f"interrupted in stage {left[0]}; {len(done)} of {len(PIPELINE)} stages complete in {work}"
+            f"{' (' + ', '.join(done) + ')' if done else ''}. Re-run the same command to resume from stage "
+            f"{left[0]}{within}")
 
 
 def _plan(opts: QuantizeOptions, as_json: bool) -> None:
@@ -123,8 +147,8 @@ def _print_result(result, out) -> None:  # type: ignore[no-untyped-def]
 
 @app.command("graft-mtp")
 def graft_mtp_cmd(
-    artifact: Path = typer.Argument(..., help="Quantized artifact folder."),
-    source: Path = typer.Option(..., "--source", help="The original (unquantized) model folder."),
+    artifact: Path = typer.Argument(..., exists=True, file_okay=False, help="Quantized artifact folder."),
+    source: Path = typer.Option(..., "--source", exists=True, file_okay=False, help="The original (unquantized) model folder."),
     check_only: bool = typer.Option(False, "--check-only", help="Only report; exit 5 when something is missing or different."),
     force: bool = typer.Option(False, "--force", help="Remove files in the artifact folder that are not part of it (says what it removes)."),
 ) -> None:

@@ -45,7 +45,7 @@ def show(
 
       qwenquant recipe show w4a16-int4head
 
-      qwenquant recipe show w4a16-int4head --json | jq .quantization
+      qwenquant recipe show w4a16-int4head --json | jq .recipe.quantization
     """
     import yaml
 

@@ -22,10 +22,10 @@ from qwenquant.commands._options import (
 
 @app.command(context_settings={"allow_interspersed_args": True})
 def serve(
-    artifact: Path = typer.Argument(..., help="Artifact folder made by `qwenquant quantize`."),
+    artifact: Path = typer.Argument(..., exists=True, file_okay=False, help="Artifact folder made by `qwenquant quantize`."),
     extra: list[str] | None = typer.Argument(None, help="Extra vLLM flags, after `--`.", show_default=False),
     profile: Profiles = None,
-    port: int | None = typer.Option(None, help="Port (default: the profile's)."),
+    port: int | None = typer.Option(None, min=1, max=65535, help="Port (default: the profile's)."),
     host: str | None = typer.Option(None, help="Host to bind (default: the profile's)."),
     api_key: ApiKey = None,
     served_model_name: str | None = typer.Option(None, help="Model name clients use."),
@@ -33,7 +33,7 @@ def serve(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and environment; start nothing."),
     timeout: Timeout = DEFAULT_TIMEOUT,
     device: ServeDevice = None,
-    log_file: Path | None = typer.Option(None, help="Server log (default: a temp file, never in the artifact)."),
+    log_file: Path | None = typer.Option(None, help="Server log (default: ARTIFACT.work/serve/ when quantize left that folder, else a temp folder; never in the artifact)."),
     gpus: Gpus = 1,
     gpu_mem: GpuMem = None,
     gpu_mem_soft: GpuMemSoft = False,

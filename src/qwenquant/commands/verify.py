@@ -12,7 +12,7 @@ from qwenquant.commands._app import app
 
 @app.command("verify")
 def verify(
-    artifact: Path = typer.Argument(..., help="Artifact folder holding qwenquant-manifest.json."),
+    artifact: Path = typer.Argument(..., exists=True, file_okay=False, help="Artifact folder holding qwenquant-manifest.json."),
     signature: Path | None = typer.Option(None, "--signature", help="A model_signing signature (model.sig) to check too."),
     public_key: Path | None = typer.Option(None, "--public-key", help="The signer's public key (PEM), with --signature."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),

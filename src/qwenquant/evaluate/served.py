@@ -25,8 +25,55 @@ def load_gate(name_or_path: str) -> dict[str, Any]:
     if not path.is_file():
         path = Path(str(resources.files("qwenquant") / "data" / "evalsets" / f"{name_or_path}.json"))
     if not path.is_file():
-        raise UsageError(f"no gate named {name_or_path!r}", hint="pass a shipped gate name (tiny-reference) or a JSON file")
-    return json.loads(path.read_text())
+        raise UsageError(f"no gate named {name_or_path!r}",
+                         hint=f"shipped gates: {', '.join(list_gates())} (`qwenquant eval --list-gates`), or a JSON file")
+    try:
+        gate = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise UsageError(f"gate {path} is not readable JSON ({e})".splitlines()[0], hint=GATE_HINT) from None
+    problem = _gate_problem(gate)
+    if problem:
+        raise UsageError(f"gate {path}: {problem}", hint=GATE_HINT)
+    return gate
+
+
+GATE_HINT = ('a gate is {"name", "tasks": [{"name", "cases": [{"prompt", "expect"}], "max_tokens"?, "min_pass"?}], '
+             '"acceptance_runs"?: [{"prompt"}]}; see the shipped tiny-reference gate')
+
+
+def _gate_problem(gate: Any) -> str | None:
+    """The first field of a gate definition that run_gate could not use (None: fine)."""
+    if not isinstance(gate, dict) or not isinstance(gate.get("tasks"), list) or not gate["tasks"]:
+        return "needs a non-empty `tasks` list"
+    for i, task in enumerate(gate["tasks"]):
+        if not isinstance(task, dict) or not isinstance(task.get("name"), str):
+            return f"tasks[{i}] needs a `name`"
+        cases = task.get("cases")
+        if not isinstance(cases, list) or not cases:
+            return f"tasks[{i}] ({task['name']}) needs a non-empty `cases` list"
+        for j, case in enumerate(cases):
+            if not (isinstance(case, dict) and isinstance(case.get("prompt"), str) and isinstance(case.get("expect"), str)):
+                return f"tasks[{i}].cases[{j}] needs string `prompt` and `expect`"
+    runs = gate.get("acceptance_runs", [])
+    if not isinstance(runs, list) or not all(isinstance(r, dict) and isinstance(r.get("prompt"), str) for r in runs):
+        return "acceptance_runs must be a list of {\"prompt\"} objects"
+    return None
+
+
+def list_gates() -> list[str]:
+    """Names of the shipped gates (data/evalsets/*.json)."""
+    folder = resources.files("qwenquant") / "data" / "evalsets"
+    return sorted(p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def describe_gates() -> list[dict[str, Any]]:
+    """name, description and task count of every shipped gate (`qwenquant eval --list-gates`)."""
+    out = []
+    for name in list_gates():
+        gate = load_gate(name)
+        out.append({"name": name, "description": gate.get("description", ""), "tasks": len(gate["tasks"]),
+                    "cases": sum(len(t["cases"]) for t in gate["tasks"])})
+    return out
 
 
 def _call(fn: Any, url: str, *args: Any, api_key: str | None) -> Any:

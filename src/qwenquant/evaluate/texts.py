@@ -79,4 +79,13 @@ def eval_windows(reference: Path, windows: int, window_len: int, text: Path | No
                                  hint=f"use --window-len {held.shape[1]} or less")
         _check_size(held.shape[0], windows, window_len, "the shipped held-out text")
         return held[:windows, :window_len].clone()
-    return _cut(reference, Path(text).read_text(encoding="utf-8"), windows, window_len, str(text))
+    try:
+        body = Path(text).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"--text {text}: file not found", hint="pass a plain UTF-8 text file") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"--text {text} is not UTF-8 text ({e.reason} at byte {e.start})",
+                         hint="pass a plain UTF-8 text file") from None
+    except OSError as e:
+        raise UsageError(f"--text {text} cannot be read ({e.strerror or e})", hint="pass a plain UTF-8 text file") from None
+    return _cut(reference, body, windows, window_len, str(text))

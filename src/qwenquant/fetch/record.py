@@ -75,6 +75,11 @@ def _files_on_disk(out_dir: Path) -> set[str]:
     return found
 
 
+def extra_files(out_dir: Path, record: dict[str, Any]) -> list[str]:
+    """Files in a fetched folder that its record does not list (fetch keeps them; the source check refuses them)."""
+    return sorted(_files_on_disk(Path(out_dir)) - {f["path"] for f in record["files"]})
+
+
 def check_fetch_record(out_dir: Path, progress: Callable[[int], None] | None = None) -> RecordCheck:
     """Re-hash every recorded file (in parallel) and compare with the record; list extra files."""
     out_dir = Path(out_dir)
@@ -102,8 +107,19 @@ def verify_fetch_record(out_dir: Path, progress: Callable[[int], None] | None = 
     """Re-verify a fetched folder against its record; return the record or raise VerificationError."""
     check = check_fetch_record(out_dir, progress)
     if not check.ok:
-        raise VerificationError(
-            f"{out_dir} does not match its fetch record: {check.summary()}",
-            hint=f"re-run `qwenquant fetch {check.record.get('repo_id', '<repo>')} --out {out_dir}` to repair it",
-        )
+        raise VerificationError(f"{out_dir} does not match its fetch record: {check.summary()}", hint=repair_hint(check, out_dir))
     return check.record
+
+
+def repair_hint(check: RecordCheck, out_dir: Path) -> str:
+    """What repairs the folder: fetch restores changed and missing files; files the record does not
+    list are not the fetch's to touch, so the hint names them for removal."""
+    steps = []
+    if check.missing or check.changed:
+        steps.append(f"re-run `qwenquant fetch {check.record.get('repo_id', '<repo>')} --out {out_dir}` to restore "
+                     "the changed and missing files")
+    if check.extra:
+        names = " ".join(str(Path(out_dir) / n) for n in check.extra[:5])
+        more = f" and {len(check.extra) - 5} more" if len(check.extra) > 5 else ""
+        steps.append(f"remove the files the fetch did not write (fetch keeps them): {names}{more}")
+    return "; ".join(steps)

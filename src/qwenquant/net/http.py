@@ -29,6 +29,26 @@ class HttpError(QwenquantError):
         self.body = body
 
 
+def check_url(url: str, what: str) -> str:
+    """`url` when it is http(s)://HOST[:PORT][/path] with a port in range; a UsageError (exit 2)
+    naming `what` otherwise (a URL without a scheme is the usual slip)."""
+    from urllib.parse import urlsplit
+
+    from qwenquant.errors import UsageError
+
+    hint = "a base URL such as http://127.0.0.1:8000"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as e:
+        raise UsageError(f"{what} {url!r} is not a URL ({e})", hint=hint) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"{what} {url!r} needs http:// or https:// and a host", hint=hint)
+    if port == 0:
+        raise UsageError(f"{what} {url!r}: port 0 is not a server's port", hint=hint)
+    return url
+
+
 @dataclass(frozen=True)
 class Response:
     status: int

@@ -36,9 +36,12 @@ def parse_size(text: str) -> int:
     """'24GiB' / '24GB' / '24' (GiB) -> bytes."""
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
     if not m or m.group(2).lower() not in _UNITS:
-        raise ServeError(f"cannot read the size {text!r}", hint="write it like 24GiB, 24GB or 24 (GiB)")
+        raise UsageError(f"--gpu-mem: cannot read the size {text!r}", hint="write it like 24GiB, 24GB or 24 (GiB)")
     unit = m.group(2).lower() or "gib"
-    return int(float(m.group(1)) * _UNITS[unit])
+    size = int(float(m.group(1)) * _UNITS[unit])
+    if size <= 0:
+        raise UsageError(f"--gpu-mem: the size {text!r} is not positive", hint="write it like 24GiB, 24GB or 24 (GiB)")
+    return size
 
 
 def utilization_for(gpu_mem: int, gpu_total: int, utilization: float) -> float:

@@ -339,6 +339,11 @@ def artifact_tensor_bytes(artifact_dir: Path, files: Iterable[str] | None = None
     out: dict[str, int] = {}
     for rel in names:
         if rel.endswith(".safetensors"):
+            if not (root / rel).is_file():
+                from qwenquant.errors import VerificationError
+
+                raise VerificationError(f"{root / rel} is missing (the artifact's manifest lists it)",
+                                        hint=f"run `qwenquant verify {root}`; re-copy or rebuild the artifact")
             for t in read_header(root / rel).tensors.values():
                 out[t.name] = t.end - t.start
     return out

@@ -8,11 +8,14 @@ a staging folder, and the manifest refreshed to the new bytes (`refresh_manifest
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from qwenquant.atomic import staging_dir
 from qwenquant.errors import StageError
+
+log = logging.getLogger(__name__)
 
 
 def refresh_manifest(artifact: Path, note: dict[str, Any] | None = None, *, previous: Path | None = None) -> str:
@@ -41,6 +44,70 @@ def _check_headers(folder: Path) -> None:
             read_header(p)
         except SafetensorsError as e:
             raise StageError(f"{p}: {e}", hint="the file is damaged or truncated; copy or rebuild it") from None
+
+
+def _recorded_commit(source: Path) -> str | None:
+    try:
+        return json.loads((source / "qwenquant-fetch.json").read_text()).get("commit")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def prove_source(artifact: Path, source: Path) -> str | None:
+    """Raise VerificationError unless `source` is the checkpoint the artifact's manifest records:
+    same fetched commit (when both name one), and config.json plus every shard holding mtp.*
+    tensors hash to the manifest's record. Return a warning when the manifest records no source."""
+    from qwenquant.checkpoint.assemble import weight_map
+    from qwenquant.errors import VerificationError
+    from qwenquant.hashing import sha256_file
+    from qwenquant.manifest import MANIFEST_NAME, load_manifest
+
+    if not (artifact / MANIFEST_NAME).is_file():
+        return f"{artifact} has no manifest: --source is checked against config.json's shapes only"
+    recorded = load_manifest(artifact).source
+    files = recorded.get("files") or {}
+    if not files:
+        return "the artifact's manifest records no source files: --source is checked against config.json's shapes only"
+    what = recorded.get("repo") or "a local folder"
+    if recorded.get("commit"):
+        what += f" at commit {recorded['commit']}"
+    hint = f"pass the folder this artifact was quantized from ({what}), e.g. the `qwenquant fetch` output"
+    commit = _recorded_commit(source)
+    if commit and recorded.get("commit") and commit != recorded["commit"]:
+        raise VerificationError(f"--source {source} is commit {commit}, but {artifact} was quantized from {what}",
+                                hint=hint)
+    read = ["config.json"] + sorted({s for n, s in weight_map(source).items() if n.startswith("mtp.")})
+    for rel in read:
+        want = (files.get(rel) or {}).get("sha256")
+        if want is None:
+            raise VerificationError(f"--source {source}: {rel} is not a file of this artifact's source ({what})",
+                                    hint=hint)
+        if sha256_file(source / rel) != want:
+            raise VerificationError(f"--source {source}: {rel} differs from the file {artifact} was quantized "
+                                    f"from ({what})", hint=hint)
+    return None
+
+
+def check_shapes(artifact: Path, source: Path) -> None:
+    """Every source mtp.* tensor has the shape the artifact's config.json implies (StageError otherwise)."""
+    from qwenquant.checkpoint.config import mtp_shapes, read_config
+    from qwenquant.checkpoint.tensorfile import checkpoint_refs
+
+    want = mtp_shapes(read_config(artifact))
+    got = {n: tuple(r.shape) for n, r in checkpoint_refs(source).items() if n.startswith("mtp.")}
+    hint = "pass the model this artifact was quantized from as --source"
+    if not want:
+        raise StageError(f"{artifact}/config.json implies no MTP head (mtp_num_hidden_layers, sizes)", hint=hint)
+    for name in sorted(want):
+        if name not in got:
+            raise StageError(f"--source {source} has no {name}, which {artifact}/config.json implies", hint=hint)
+        if got[name] != want[name]:
+            raise StageError(f"--source {source}: {name} has shape {list(got[name])}, but {artifact}/config.json "
+                             f"implies {list(want[name])}: the head is another model's", hint=hint)
+    extra = sorted(set(got) - set(want))
+    if extra:
+        raise StageError(f"--source {source} has {extra[0]}, which {artifact}/config.json does not imply",
+                         hint=hint)
 
 
 def graft_keeps(artifact: Path) -> set[str]:
@@ -109,6 +176,10 @@ def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: 
                                 "and would drop them)")
     for folder in (artifact, source):
         _check_headers(folder)
+    warning = prove_source(artifact, source)
+    if warning:
+        log.warning("%s", warning)
+    check_shapes(artifact, source)
     packed = int4_mtp(artifact)
     plan = plan_for(artifact, source, packed)
     if check_only or plan.nothing_to_do:

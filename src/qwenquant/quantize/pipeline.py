@@ -93,6 +93,11 @@ def quantize(opts: QuantizeOptions, progress: Progress | None = None, *,
     """Run every stage (resuming from valid records), assemble the artifact, write its manifest."""
     stages = stage_list(stages)
     source, out, work, _ = check_folders(opts, stages)
+    from qwenquant.quantize.space import check_free_space, check_writable, disk_error
+
+    check_writable(out, work)
+    check_free_space(source, out, work, opts.recipe,
+                     [s.name for s in stages if not (work / f"{s.name}.record.json").is_file()])
     ctx = new_context(opts, source, work, progress)
     step = progress or (lambda stage, task, i, n: None)
     total = len(stages) + 1  # the stages, then the manifest
@@ -108,6 +113,11 @@ def quantize(opts: QuantizeOptions, progress: Progress | None = None, *,
             ctx.current = stage
             try:
                 runner.run(stage.name, stage.inputs(ctx), stage.params(ctx), lambda d, s=stage: s.run(ctx, d))
+            except OSError as e:
+                err = disk_error(e, stage.name)
+                if err is None:
+                    raise
+                raise err from e
             except BaseException:
                 if i == 0 and fresh_work:  # a source refused at the first stage leaves no work folder behind
                     shutil.rmtree(work, ignore_errors=True)
@@ -128,14 +138,31 @@ def check_folders(opts: QuantizeOptions, stages: Sequence[Stage], *, dry_run: bo
     source = Path(opts.source_dir).resolve()
     out = Path(opts.out).resolve()
     work = Path(opts.work).resolve() if opts.work else out.with_name(out.name + ".work")
-    if out == source or source in out.parents or out in source.parents:
-        raise StageError(f"--out {out} overlaps the source folder {source}",
-                         hint="write the artifact to its own folder, outside the source")
+    refuse_harmful_folders(source, out, work)
     for stage in stages:
         if stage.preflight is not None:
             stage.preflight(source, opts.recipe)
     removes = guard_folders(out, work, opts.recipe.name, source, force=opts.force, dry_run=dry_run)
     return source, out, work, removes
+
+
+def refuse_harmful_folders(source: Path, out: Path, work: Path) -> None:
+    """UsageError (exit 2) for an --out / --work that would change other data: the source, another
+    artifact (its manifest would stop verifying), or each other."""
+    from qwenquant.errors import UsageError
+    from qwenquant.manifest import MANIFEST_NAME
+
+    for folder, flag in ((out, "--out"), (work, "--work")):
+        if folder == source or source in folder.parents or folder in source.parents:
+            raise UsageError(f"{flag} {folder} overlaps the source folder {source}",
+                             hint=f"pass a {flag} outside the source (quantize never writes into it)")
+        inside = next((p for p in folder.parents if (p / MANIFEST_NAME).is_file()), None)
+        if inside is not None:
+            raise UsageError(f"{flag} {folder} is inside the artifact {inside}, which would no longer verify",
+                             hint=f"pass a {flag} outside every artifact folder")
+    if work == out or out in work.parents or work in out.parents:
+        raise UsageError(f"--work {work} overlaps --out {out}",
+                         hint="leave --work out (default: OUT.work beside the artifact) or pass a separate folder")
 
 
 def guard_folders(out: Path, work: Path, recipe_name: str, source: Path, *, force: bool,
@@ -188,6 +215,13 @@ def manifest_fields(runner: StageRunner, stages: Sequence[Stage], recipe: Recipe
     }
 
 
+def _status(stage: Stage, outcome: Any) -> str:
+    """How `quantize --json` reports a stage: ran, skipped (its record proved it complete) or not asked."""
+    if stage.idle is not None and stage.idle(outcome.result):
+        return "not asked"
+    return "ran" if outcome.ran else "skipped"
+
+
 def _finish(runner: StageRunner, stages: Sequence[Stage], out: Path, built: Path, recipe: Recipe) -> QuantizeResult:
     from qwenquant.checkpoint.assemble import link_or_copy
     from qwenquant.manifest import build_manifest, verify_artifact, write_manifest
@@ -205,5 +239,5 @@ def _finish(runner: StageRunner, stages: Sequence[Stage], out: Path, built: Path
         raise StageError(f"the written artifact does not verify: {report.problems}", hint="re-run quantize")
     log.info("artifact %s, root digest %s", out, manifest.root_digest)
     return QuantizeResult(out, manifest.root_digest, fields["quality"],
-                          {n: ("ran" if o.ran else "skipped") for n, o in runner.outcomes.items()},
+                          {s.name: _status(s, runner.outcomes[s.name]) for s in stages},
                           fields["calibration"])

@@ -91,6 +91,7 @@ class Stage:
     `preflight(source, recipe)`: checks the options before any folder is created (raises).
     `plan_note(ctx)`: for `quantize --plan`, when the stage would run: what it would resume from
     or what it would cost (None: nothing to add). Read-only, and cheap.
+    `idle(result)`: True when the recipe asked nothing of the stage (reported "not asked", not "ran").
     """
 
     name: str
@@ -102,3 +103,4 @@ class Stage:
     tasks: tuple[str, ...] = ()
     preflight: Callable[[Path, Recipe], None] | None = None
     plan_note: Callable[[StageContext], str | None] | None = None
+    idle: Callable[[dict[str, Any]], bool] | None = None  # from its result: the recipe asked nothing of it

@@ -81,4 +81,4 @@ def _manifest(outcome: Any) -> dict[str, Any]:
 
 STAGE = Stage("eval", _inputs,
               lambda ctx: {"eval": ctx.recipe.eval.model_dump(mode="json") if ctx.recipe.eval else None}, _run,
-              manifest=_manifest)
+              manifest=_manifest, idle=lambda result: result.get("eval") is None)

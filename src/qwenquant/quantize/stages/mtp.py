@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from qwenquant.atomic import atomic_write_bytes, pretty_json
-from qwenquant.checkpoint.assemble import carry_files, current_plan, weight_map, write_plan
+from qwenquant.checkpoint.assemble import ShardPlan, carry_files, weight_map, write_plan
 from qwenquant.checkpoint.config import read_config
 from qwenquant.checkpoint.identity import TensorDigest, quantized_module, tensor_digests
 from qwenquant.checkpoint.names import MTP_IGNORE, MTP_PREFIX, targets_cover
-from qwenquant.checkpoint.tensorfile import TensorRef, checkpoint_refs
+from qwenquant.checkpoint.tensorfile import TensorRef, checkpoint_refs, shard_refs
 from qwenquant.errors import StageError
 from qwenquant.quantize.stage import Stage, StageContext
 
@@ -95,14 +95,42 @@ def _quant_ignore(config: dict[str, Any]) -> tuple[bool, list[str]]:
     return (qc is not None), list((qc or {}).get("ignore") or [])
 
 
+def _present(folder: Path) -> tuple[dict[str, str], dict[str, Any]]:
+    """(weight map, refs of every tensor in the mapped shards) leaving out index entries of a missing
+    shard that held only mtp.* tensors (the MTP shard deleted: what graft-mtp restores)."""
+    folder = Path(folder)
+    wmap = weight_map(folder)
+    missing = {s for s in set(wmap.values()) if not (folder / s).is_file()}
+    for name, shard in sorted(wmap.items()):
+        if shard in missing and not name.startswith(MTP_PREFIX):
+            raise StageError(f"{folder / shard} is missing and held {name}, not only the MTP head",
+                             hint="graft-mtp restores only mtp.* tensors; re-run `qwenquant quantize`")
+    refs: dict[str, Any] = {}
+    for shard in sorted(set(wmap.values()) - missing):
+        refs.update(shard_refs(folder / shard))
+    return {n: s for n, s in wmap.items() if s not in missing}, refs
+
+
+def present_plan(folder: Path) -> ShardPlan:
+    """The folder's tensors by shard, as `current_plan` reads them, without a missing MTP-only shard."""
+    wmap, refs = _present(folder)
+    plan: ShardPlan = {}
+    for name, shard in wmap.items():
+        if name not in refs:
+            raise StageError(f"{folder}: the index maps {name} to {shard}, which does not hold it",
+                             hint="the folder is damaged; re-run `qwenquant quantize`")
+        plan.setdefault(shard, {})[name] = refs[name]
+    return plan
+
+
 def plan_for(artifact_dir: Path, source_dir: Path, packed: Mapping[str, TensorRef] | None = None) -> GraftPlan:
     """Read digests and the index of both folders and plan the graft (`packed`: an int4 head's
     packed Linears, name -> tensor, see `expected_mtp`)."""
-    art_refs = checkpoint_refs(artifact_dir)
+    index, art_refs = _present(artifact_dir)
     want = expected_mtp(checkpoint_refs(source_dir), packed)
     art = tensor_digests(art_refs, [n for n in art_refs if n.startswith(MTP_PREFIX)])
     has_qc, ignore = _quant_ignore(read_config(artifact_dir))
-    return plan_graft(weight_map(artifact_dir), art, tensor_digests(want), ignore=ignore, has_quant_config=has_qc,
+    return plan_graft(index, art, tensor_digests(want), ignore=ignore, has_quant_config=has_qc,
                       quantized=bool(packed))
 
 
@@ -110,7 +138,7 @@ def graft_into(folder: Path, out_dir: Path, source_dir: Path, plan: GraftPlan,
                packed: Mapping[str, TensorRef] | None = None) -> None:
     """Write `folder`'s tensors + the MTP tensors (`expected_mtp`) into the fresh folder `out_dir`, with
     the index and config (side files are the caller's). Every mtp tensor goes to `model-mtp.safetensors`."""
-    shard_plan = current_plan(folder)
+    shard_plan = present_plan(folder)
     for shard in list(shard_plan):
         shard_plan[shard] = {n: r for n, r in shard_plan[shard].items() if not n.startswith(MTP_PREFIX)}
     shard_plan[MTP_SHARD] = expected_mtp(checkpoint_refs(source_dir), packed)

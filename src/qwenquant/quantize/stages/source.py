@@ -50,7 +50,26 @@ def check_model_config(source_dir: Path, model: ModelSpec, recipe_name: str) -> 
             f"{source_dir}: model_type {cfg.get('model_type')!r} / architectures {archs} are not what recipe "
             f"{recipe_name!r} is for ({model.model_types} / {model.architectures})",
             hint="pick a recipe for this model, or check the source folder")
+    _check_sizes(path, cfg)
     return cfg
+
+
+# sizes of the text config every stage reads (text model, MTP head, memory plan)
+TEXT_SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
+              "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+              "linear_conv_kernel_dim")
+
+
+def _check_sizes(path: Path, cfg: dict[str, Any]) -> None:
+    """Every size the stages read is a positive integer (StageError naming the key otherwise)."""
+    tc = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    where = "text_config." if tc is not cfg else ""
+    for key in TEXT_SIZES:
+        value = tc.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            what = "is missing" if value is None else f"is {value!r}, not a positive integer"
+            raise StageError(f"{path}: {where}{key} {what}",
+                             hint="the config.json of a Qwen3.5-architecture checkpoint has it; re-fetch or fix the file")
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")

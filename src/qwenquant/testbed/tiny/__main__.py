@@ -1,4 +1,4 @@
-"""`python -m qwenquant.testbed.tiny OUT_DIR [--variant random|constant] [--seed N]`"""
+"""`python -m qwenquant.testbed.tiny OUT_DIR [--variant random|constant|reference] [--seed N]`"""
 
 from __future__ import annotations
 
@@ -17,11 +17,17 @@ def main(argv: list[str] | None = None) -> int:
         epilog="example: python -m qwenquant.testbed.tiny /tmp/tiny --variant constant --seed 0",
     )
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--variant", choices=VARIANTS, default="random")
+    parser.add_argument("--variant", choices=(*VARIANTS, "reference"), default="random",
+                        help="reference: the demo's trained model (seed ignored); random/constant: the tests' models")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
-        path = build_tiny_checkpoint(args.out_dir, variant=args.variant, seed=args.seed)
+        if args.variant == "reference":
+            from qwenquant.testbed.tiny.reference_model import build_reference_checkpoint
+
+            path = build_reference_checkpoint(args.out_dir)
+        else:
+            path = build_tiny_checkpoint(args.out_dir, variant=args.variant, seed=args.seed)
     except QwenquantError as exc:
         print(f"error: {exc.message}" + (f"\nhint: {exc.hint}" if exc.hint else ""), file=sys.stderr)
         return exc.exit_code
