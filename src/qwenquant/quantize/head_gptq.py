@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from qwenquant.checkpoint.names import LM_HEAD_TARGET
+from qwenquant.modeling import compat
 from qwenquant.modeling.head_quality import (  # noqa: F401  (re-exported API)
     StopForward,
     capture_final_hidden,
@@ -74,12 +75,13 @@ class HeadQuantSpec:
 
 @torch.no_grad()
 def accumulate_hessian(
-    H: torch.Tensor | None, hidden: torch.Tensor, n_seen: int
+    H: torch.Tensor | None, hidden: torch.Tensor, n_seen: int, *, precision: str = "fp32"
 ) -> tuple[torch.Tensor, int]:
     """Fold a batch of lm_head inputs [..., D] into the running H = 2/N * X^T X (fp32).
 
     H lives on the device of the first batch; rows are tokens (N counts tokens, not sequences:
-    the scale of H does not change GPTQ's result).
+    the scale of H does not change GPTQ's result). `precision` "tensor-core" multiplies bf16/fp16
+    inputs as they are with float32 output (`compat.gram`); "fp32" multiplies float32 copies.
     """
     x = hidden.reshape(-1, hidden.shape[-1])
     m = x.shape[0]
@@ -89,9 +91,12 @@ def accumulate_hessian(
         return H, n_seen
     if H.shape != (x.shape[1], x.shape[1]):
         raise ValueError(f"hidden width {x.shape[1]} does not match Hessian {tuple(H.shape)}")
-    x = x.to(device=H.device, dtype=torch.float32)
     total = n_seen + m
     H.mul_(n_seen / total)
+    if precision == "tensor-core" and x.dtype in (torch.bfloat16, torch.float16):
+        H.add_(compat.gram(x.to(device=H.device), precision), alpha=2.0 / total)
+        return H, total
+    x = x.to(device=H.device, dtype=torch.float32)
     H.addmm_(x.t(), x, alpha=2.0 / total)
     return H, total
 

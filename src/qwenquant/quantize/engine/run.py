@@ -146,7 +146,8 @@ def _gptq_layer(src: TextModelSource, i: int, raw: dict[str, torch.Tensor], acts
     with phase("build"):
         layer = build_layer(src, i, raw, device)
         mods = target_modules(layer, prefix, q.targets, q.ignore)
-        gptq = LayerGPTQ(mods, scheme, block_size=q.block_size, dampening_frac=q.dampening_frac)
+        gptq = LayerGPTQ(mods, scheme, block_size=q.block_size, dampening_frac=q.dampening_frac,
+                         hessian_precision=q.hessian_precision)
     with phase("calibrate"):
         _forward_all(layer, acts, inputs, src.config.layer_types[i], keep=False)
     if ranks is None:
@@ -260,14 +261,14 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
     finally:
         if pool:
             pool.shutdown(wait=True, cancel_futures=True)
-    head = _head_calibration(src, acts, order, heldout, device, ranks)
+    head = _head_calibration(src, acts, order, heldout, device, ranks, q.hessian_precision)
     return StreamResult(files, modules, done, head, times, order, phases)
 
 
 def _head_calibration(src: TextModelSource, acts: list[torch.Tensor], order: list[int], heldout: list[int],
-                      device: str, ranks: Any) -> Any:
-    """Final norm over this process's samples, then the lm_head Hessian and held-out hidden states
-    (summed / gathered onto rank 0 in an N-process job)."""
+                      device: str, ranks: Any, precision: str = "tensor-core") -> Any:
+    """Final norm over this process's samples, then the lm_head Hessian (in the recipe's Hessian
+    precision) and held-out hidden states (summed / gathered onto rank 0 in an N-process job)."""
     from qwenquant.quantize import head_gptq as lh
     from qwenquant.quantize.engine.headcal import HeadCalibration
 
@@ -281,7 +282,7 @@ def _head_calibration(src: TextModelSource, acts: list[torch.Tensor], order: lis
             if j in held_set:
                 held[j] = h.reshape(-1, h.shape[-1]).cpu()
             else:
-                H, tokens = lh.accumulate_hessian(H, h.float(), tokens)
+                H, tokens = lh.accumulate_hessian(H, h, tokens, precision=precision)
             acts[where[j]] = None  # type: ignore[call-overload]  (free as we go)
     if ranks is not None:
         from qwenquant.quantize.engine import dist

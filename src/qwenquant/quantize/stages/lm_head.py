@@ -85,6 +85,7 @@ def _capture_from_model(source_dir: Path, samples: list[list[int]], spec: LmHead
 
     def fold(hidden: torch.Tensor) -> None:
         nonlocal H, n_tokens
+        # the oneshot engine's path: float32 arithmetic, as the rest of that engine
         H, n_tokens = lh.accumulate_hessian(H, hidden.float().to(device), n_tokens)
 
     def batches(idx: list[int]) -> Any:
