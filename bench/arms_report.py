@@ -98,7 +98,7 @@ def goals(r: dict[str, Any]) -> dict[str, Any]:
     if c:
         worst = c["worst_weight_error_ratio"]
         g["weight_error_vs_fp32"] = {"value": worst, "goal": f"<= {GOALS['weight_error_ratio']}",
-                                     "met": worst <= GOALS["weight_error_ratio"] and not c["problems"]}
+                                     "met": worst <= GOALS["weight_error_ratio"] and not c["not_identical"]}
     return g
 
 
