@@ -59,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-gpu-mem", type=float, default=None, help="GiB cap of this process's CUDA memory")
     p.add_argument("--hessian-precision", choices=("tensor-core", "fp32"), default="tensor-core",
                    help="qwenquant arm: the recipe's quantization.hessian_precision (fp32: a separate artifact)")
+    p.add_argument("--drop-work", action="store_true",
+                   help="qwenquant arm: after the run, remove its work folder but the calibration stage (the artifact "
+                        "is hard-linked from it and stays; the oneshot arm reads the calibration tokens)")
     p.add_argument("--keep-fp32", action="store_true", help="report: keep the fp32 arm's artifact (default: removed)")
     p.add_argument("--progress-file", type=Path, default=None)
     p.add_argument("--out", type=Path, default=Path("bench/results/quantize_arms.json"))
@@ -96,7 +99,10 @@ def warm_up(source: Path, max_length: int, device: str) -> dict[str, Any]:
             layer(x, **inputs.kwargs(x, kind))
         del layer, x
         qb.say(f"  warm-up: one {kind} layer forward done (t={time.perf_counter() - t0:.1f} s)")
-    rates = hessian_rates(max_length, device)
+    c = src.config
+    widths = tuple(sorted({int(c.hidden_size), int(c.intermediate_size),
+                           int(getattr(c, "linear_num_value_heads", 0) * getattr(c, "linear_value_head_dim", 0))} - {0}))
+    rates = hessian_rates(max_length, device, widths)
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
@@ -104,8 +110,9 @@ def warm_up(source: Path, max_length: int, device: str) -> dict[str, Any]:
     return {"seconds": time.perf_counter() - t0, "hessian_rates": rates}
 
 
-def hessian_rates(n: int, device: str, widths: tuple[int, ...] = (5120, 6144, 17408)) -> dict[str, float]:
-    """FLOP/s of one sample's Hessian product (n tokens) at the 27B's input widths, both paths."""
+def hessian_rates(n: int, device: str, widths: tuple[int, ...]) -> dict[str, float]:
+    """FLOP/s of one sample's Hessian product (n tokens) at the model's input widths (the 27B's:
+    5120, 6144, 17408), both paths."""
     import torch
 
     from qwenquant.modeling.compat import gram
@@ -197,6 +204,8 @@ def step_qwenquant(args: argparse.Namespace, device: str) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     rss.stop.set()
     phases = qb.PHASES.take()
+    if args.drop_work:
+        drop_work(art.with_name(art.name + ".work"))
     refs = checkpoint_refs(args.work / "source")
     shapes_ = pm.layer_shapes(refs, lambda m: targets_cover(recipe.quantization.ignore, m))
     tokens = src_info["samples"] * src_info["max_length"]
@@ -213,11 +222,20 @@ def step_qwenquant(args: argparse.Namespace, device: str) -> dict[str, Any]:
             "peak_rss_bytes": max(s["peak_rss_bytes"] for s in rec.stages), "disk": disk(args.work)}
 
 
+def drop_work(work: Path) -> None:
+    """Everything in a quantize work folder but the calibration stage's folder and record."""
+    for p in work.iterdir():
+        if not p.name.startswith("calibration"):
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    qb.say(f"  removed {work} but its calibration stage")
+
+
 def step_oneshot(args: argparse.Namespace, device: str) -> dict[str, Any]:
     import torch
 
-    from compare_llmcompressor import run_oneshot_arm
     from qwenquant.recipe import load_recipe
+
+    from compare_llmcompressor import run_oneshot_arm
 
     src_info = _load_source(args)
     tokens = args.work / "artifact.work" / "calibration"
