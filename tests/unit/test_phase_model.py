@@ -51,3 +51,15 @@ def test_3090_rates_move_each_part_by_its_own_peak() -> None:
     assert tc["forward"] == pytest.approx(989 / 71) and tc["hessian"] == pytest.approx(989 / 71)
     assert fp["hessian"] == pytest.approx(67 / 35.6) and tc["solve"] == pytest.approx(67 / 35.6)
     assert tc["host"] == 2.0  # host-bound: as measured, PCIe 4 (1 GB in 0.04 s) only a floor
+
+
+def test_oneshot_projection_counts_its_untimed_last_layer_and_setup_once() -> None:
+    types = ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"]
+    per_layer = [13.0, 3.0, 3.0, 4.0, 3.0, 3.0, 3.0]  # layers 0..6 (the last one is not timed apart)
+    arm = {"layer_types": types, "per_layer_seconds": per_layer, "oneshot_seconds": sum(per_layer) + 4.0 + 2.0,
+           "load_seconds": 5.0, "save_seconds": 3.0}
+    p = pm.project_oneshot(arm, bytes_ratio=4.0)
+    assert p["parts"]["layers"] == 48 * 3.0 + 16 * 4.0
+    assert p["parts"]["layer0_one_time"] == pytest.approx(10.0)
+    assert p["parts"]["setup_and_tail_once"] == pytest.approx(2.0)  # 6 s outside the timed layers, 4 of them layer 7
+    assert p["parts"]["load (x bytes)"] == 20.0 and p["parts"]["save (x bytes)"] == 12.0
