@@ -86,8 +86,9 @@ def goals(r: dict[str, Any]) -> dict[str, Any]:
             g["whole_ratio_64"] = {"value": w, "goal": f"<= {GOALS['whole_ratio']}", "met": w <= GOALS["whole_ratio"]}
     whole = r["projection_64"]["qwenquant"]["total_seconds"] / 60
     g["whole_minutes_64"] = {"value": whole, "goal": f"<= {GOALS['whole_minutes']}", "met": whole <= GOALS["whole_minutes"]}
-    gpu = (qq["peak_gpu_bytes"] or 0) / qb.GIB
-    g["gpu_peak_gib"] = {"value": gpu, "goal": f"<= {GOALS['gpu_peak_gib']}", "met": gpu <= GOALS["gpu_peak_gib"]}
+    if qq["peak_gpu_bytes"]:
+        gpu = qq["peak_gpu_bytes"] / qb.GIB
+        g["gpu_peak_gib"] = {"value": gpu, "goal": f"<= {GOALS['gpu_peak_gib']}", "met": gpu <= GOALS["gpu_peak_gib"]}
     rss = qq["peak_rss_bytes"] / qb.GIB
     g["rss_gib"] = {"value": rss, "goal": f"<= {GOALS['rss_gib']}", "met": rss <= GOALS["rss_gib"]}
     head = next((s for s in qq["stages"] if s["stage"] == "lm_head"), None)
