@@ -296,3 +296,15 @@ def test_cuda_sweep_agrees_with_cpu(head: torch.Tensor, calib_H: torch.Tensor) -
     assert gpu.int.device.type == "cpu" and torch.equal(gpu.scale, cpu.scale)
     # different BLAS, so a rare code may differ by one step
     assert (gpu.int != cpu.int).float().mean() < 1e-3
+
+
+@pytest.mark.parametrize("row_chunk", [1, 37, 100000])
+def test_packing_in_row_chunks_gives_the_bytes_of_packing_the_whole_head(head: torch.Tensor, calib_H: torch.Tensor,
+                                                                        row_chunk: int) -> None:
+    """The lm_head stage packs a row chunk at a time (on the GPU when there is one) to keep the host
+    peak down; the bytes are those compressed-tensors' packer gives for the whole head at once."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+    q = rtn_quantize_rows(head, row_chunk=128, device="cpu")
+    got = pack_head(q, row_chunk=row_chunk, device="cpu")["lm_head.weight_packed"]
+    assert torch.equal(got, pack_to_int32(q.int, 4))
