@@ -65,10 +65,13 @@ class StreamResult:
 class Phases:
     """Wall seconds per phase of one decoder layer, for `--verbose` and the benchmarks. A phase
     that ran GPU work ends with a CUDA synchronize, so its kernels are counted in it and not in
-    whichever later phase first waits for them. Phases: read (waiting for the layer's tensors),
-    build, calibrate (forward with Hessian hooks), reduce (Hessians to their owner ranks), gptq
-    (solve and pack), gather (packed modules to rank 0), write, barrier, rebuild (from the
-    persisted layer), forward (the next layer's inputs)."""
+    whichever later phase first waits for them. Phases: read (waiting for the layer's tensors,
+    which a thread reads while the previous layer runs and, on a GPU, copies there from pinned
+    memory on a side stream), build, calibrate (forward with Hessian hooks), reduce (Hessians to
+    their owner ranks), gptq (solve and pack), gather (packed modules to rank 0), write, barrier,
+    rebuild (from the persisted layer), forward (the next layer's inputs). Still serial with the
+    GPU work: build, write (the next phase, rebuild, reads the layer back from what was written)
+    and rebuild."""
 
     def __init__(self, device: str) -> None:
         self.sync = device == "cuda"
@@ -195,6 +198,45 @@ def _resume_point(layers_root: Path, n: int, fingerprint: str, device: str, rank
     return done
 
 
+class _Copier:
+    """The next layer's host-to-GPU copy on a side stream from pinned memory, issued by the prefetch
+    thread while the GPU works on the current layer (the same bytes as `build_layer`'s own copy)."""
+
+    def __init__(self, dev: torch.device) -> None:
+        self.dev = dev  # explicit: a thread's current CUDA device is its own, not the caller's
+        self.stream = torch.cuda.Stream(device=dev)
+
+    @staticmethod
+    def on(device: str) -> _Copier | None:
+        return _Copier(torch.device("cuda", torch.cuda.current_device())) if device == "cuda" else None
+
+    def copy(self, raw: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Any]:
+        with torch.cuda.device(self.dev), torch.cuda.stream(self.stream):
+            out = {k: t.pin_memory().to(self.dev, non_blocking=True) for k, t in raw.items()}
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        return out, done
+
+
+def _prefetch(src: TextModelSource, i: int, copier: _Copier | None) -> Any:
+    raw = read_layer(src, i)
+    return raw if copier is None else copier.copy(raw)
+
+
+def _arrived(fut: Future) -> dict[str, torch.Tensor]:
+    """A prefetched layer's tensors, usable on the current stream (its copies waited for, and
+    their memory kept from reuse until the current stream is done with it)."""
+    got = fut.result()
+    if isinstance(got, dict):
+        return got
+    raw, done = got
+    stream = torch.cuda.current_stream()
+    stream.wait_event(done)
+    for t in raw.values():
+        t.record_stream(stream)
+    return raw
+
+
 def my_samples(samples: list[list[int]], ranks: Any) -> list[int]:
     """Sample indices this process forwards, in the calibration order: all of them in one process,
     else this rank's contiguous share (engine/ranks.split_shares)."""
@@ -220,6 +262,7 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
     acts = embed_samples(src, [samples[k] for k in order], device)
     inputs = LayerInputs(src, device)
     pool = ThreadPoolExecutor(max_workers=1)
+    copier = _Copier.on(device)
     nxt: Future | None = None
     files, modules, times, phases = [], 0, [], []
     writer = ranks is None or ranks.main
@@ -229,8 +272,8 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
             phase = Phases(device)
             if i >= done:
                 with phase("read"):
-                    raw = nxt.result() if nxt is not None else read_layer(src, i)
-                nxt = pool.submit(read_layer, src, i + 1) if pool and i + 1 < n else None
+                    raw = _arrived(nxt) if nxt is not None else read_layer(src, i)
+                nxt = pool.submit(_prefetch, src, i + 1, copier) if pool and i + 1 < n else None
                 res = _gptq_layer(src, i, raw, acts, inputs, q, scheme, device, ranks, phase)
                 del raw
                 if res is not None:
@@ -242,7 +285,7 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
                     with phase("barrier"):
                         dist.barrier()  # the record exists before any rank reads the layer back
             elif pool and i + 1 == done and done < n:
-                nxt = pool.submit(read_layer, src, done)
+                nxt = pool.submit(_prefetch, src, done, copier)
             with phase("rebuild"):
                 layer = _quantized_layer(src, i, layers_root, scheme, device)
             with phase("forward"):
