@@ -44,6 +44,14 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"source": source, "artifact": art, "report": json.loads(e.stdout), "stderr": e.stderr}
 
 
+def test_the_bands_hold_on_the_default_tensor_core_hessians(evaluated: dict) -> None:
+    """The figures below are those of quantize's default path (quantization.hessian_precision
+    tensor-core), as the manifest records it."""
+    manifest = json.loads((evaluated["artifact"] / "qwenquant-manifest.json").read_text())
+    assert manifest["recipe"]["quantization"]["hessian_precision"] == "tensor-core"
+    assert manifest["stages"]["gptq"]["inputs"]["hessian_precision"] == "tensor-core"
+
+
 def test_report_is_keyed_to_the_root_digest_and_lives_outside_the_artifact(evaluated: dict) -> None:
     art = evaluated["artifact"]
     root = json.loads((art / "qwenquant-manifest.json").read_text())["root_digest"]

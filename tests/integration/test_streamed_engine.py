@@ -81,7 +81,9 @@ def streamed(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) ->
     set_deterministic(threads=2)
     root = tmp_path_factory.mktemp("streamed")
     src = open_source(tiny_checkpoint, checkpoint_refs(tiny_checkpoint))
-    res = stream_quantize(src, _samples(), load_recipe("w4a16-int4head").quantization, root / "layers",
+    # llm-compressor's own Hessian arithmetic (fp32), the path that is byte-identical to oneshot
+    q = load_recipe("w4a16-int4head").with_hessian_precision("fp32").quantization
+    res = stream_quantize(src, _samples(), q, root / "layers",
                           fingerprint="test", device="cpu", heldout=[5])
     got = {}
     for f in res.layer_files:

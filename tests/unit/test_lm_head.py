@@ -296,3 +296,26 @@ def test_cuda_sweep_agrees_with_cpu(head: torch.Tensor, calib_H: torch.Tensor) -
     assert gpu.int.device.type == "cpu" and torch.equal(gpu.scale, cpu.scale)
     # different BLAS, so a rare code may differ by one step
     assert (gpu.int != cpu.int).float().mean() < 1e-3
+
+
+@pytest.mark.parametrize("row_chunk", [1, 37, 100000])
+def test_packing_in_row_chunks_gives_the_bytes_of_packing_the_whole_head(head: torch.Tensor, calib_H: torch.Tensor,
+                                                                        row_chunk: int) -> None:
+    """The lm_head stage packs a row chunk at a time (on the GPU when there is one) to keep the host
+    peak down; the bytes are those compressed-tensors' packer gives for the whole head at once."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+    q = rtn_quantize_rows(head, row_chunk=128, device="cpu")
+    got = pack_head(q, row_chunk=row_chunk, device="cpu")["lm_head.weight_packed"]
+    assert torch.equal(got, pack_to_int32(q.int, 4))
+
+
+def test_kl_compare_dequantizes_row_slices_to_the_same_figures(head: torch.Tensor) -> None:
+    """compare_heads dequantizes a QuantizedHead one vocabulary slice at a time (the host never holds
+    a whole dequantized head): the figures equal those from the fully dequantized weights."""
+    rtn = rtn_quantize_rows(head, device="cpu")
+    gptq_like = rtn_quantize_rows(head * 1.01, device="cpu")
+    h = hidden_states(300, seed=5)
+    sliced = compare_heads(head, rtn, gptq_like, h, chunk=128, vocab_chunk=96)
+    dense = compare_heads(head, rtn.dequantize(), gptq_like.dequantize(), h, chunk=128, vocab_chunk=96)
+    assert sliced == dense

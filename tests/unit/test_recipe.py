@@ -264,3 +264,18 @@ def test_cli_validate_show_list(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert main(["recipe", "list"]) == 0
     out = capsys.readouterr().out
     assert SHIPPED in out and "tiny-demo" in out
+
+
+def test_hessian_precision_key_default_override_and_refusal() -> None:
+    assert parse_recipe(_raw()).quantization.hessian_precision == "tensor-core"
+    raw = _raw()
+    raw["quantization"]["hessian_precision"] = "fp32"
+    r = parse_recipe(raw)
+    assert r.quantization.hessian_precision == "fp32"
+    back = r.with_hessian_precision("tensor-core")
+    assert back.quantization.hessian_precision == "tensor-core" and back.sha256() == parse_recipe(_raw()).sha256()
+    assert back.canonical()["quantization"]["hessian_precision"] == "tensor-core"
+    raw["quantization"]["hessian_precision"] = "tf32"
+    assert any(p.startswith("quantization.hessian_precision") for p in _problems(raw))
+    with pytest.raises(RecipeError, match="tensor-core, fp32, got 'tf32'"):
+        r.with_hessian_precision("tf32")

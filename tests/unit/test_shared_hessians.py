@@ -105,3 +105,31 @@ def test_a_later_sample_with_another_input_is_refused() -> None:
         block.swap = True
         with pytest.raises(RuntimeError, match="b.k shares its Hessian with b.q"):
             block(xs[1])
+
+
+@pytest.mark.parametrize("shape", [(1, 37, 256), (37, 256), (2, 3, 11, 256)])
+def test_tensor_core_hessian_keeps_llm_compressors_meaning(shape: tuple[int, ...]) -> None:
+    """bf16 Linear inputs: "fp32" is llm-compressor's own function, bit for bit; "tensor-core" gives
+    the same count and 2 x^T x of the same bf16 values (float32 products, another rounding), within
+    float32 summation error of llm-compressor's sum."""
+    from llmcompressor.modifiers.gptq.helpers import accumulate_hessian as upstream
+    from llmcompressor.modifiers.gptq.helpers import make_empty_hessian
+
+    from qwenquant.modeling.compat import accumulate_hessian
+
+    mod = torch.nn.Linear(256, 8)
+    g = torch.Generator().manual_seed(3)
+    xs = [torch.randn(*shape, generator=g).to(torch.bfloat16) for _ in range(3)]
+    res = {}
+    for precision in ("upstream", "fp32", "tensor-core"):
+        h, n = make_empty_hessian(mod), torch.zeros(())
+        for x in xs:
+            h, n = upstream(x, mod, h, n) if precision == "upstream" else accumulate_hessian(x, mod, h, n, precision)
+        res[precision] = (h, float(n))
+    assert torch.equal(res["fp32"][0], res["upstream"][0]) and res["fp32"][1] == res["upstream"][1]
+    assert res["tensor-core"][1] == res["upstream"][1]
+    rows = [x.reshape(-1, 256).float() for x in xs]
+    exact = sum(2 * (r.double().t() @ r.double()) for r in rows)
+    assert not torch.equal(res["tensor-core"][0], res["upstream"][0])  # another rounding, really taken
+    for h, _ in res.values():
+        assert torch.allclose(h.double(), exact, rtol=1e-5, atol=1e-3)

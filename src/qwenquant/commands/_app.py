@@ -14,6 +14,13 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
+class HessianPrecision(str, Enum):
+    """How quantize accumulates GPTQ Hessians (recipe key quantization.hessian_precision)."""
+
+    tensor_core = "tensor-core"
+    fp32 = "fp32"
+
+
 class RepoType(str, Enum):
     """The kinds of Hub repo `qwenquant fetch` downloads."""
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from qwenquant.commands._app import Device, app
+from qwenquant.commands._app import Device, HessianPrecision, app
 
 if TYPE_CHECKING:
     from qwenquant.quantize.pipeline import QuantizeOptions
@@ -26,6 +26,7 @@ def quantize_cmd(
     source_unverified: bool = typer.Option(False, "--source-unverified", help="Accept a local folder without a fetch record (hashed and recorded as unverified)."),
     work: Path | None = typer.Option(None, "--work", help="Work folder for stage outputs and records (default: <out>.work)."),
     device: Device | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when present)."),
+    hessian_precision: HessianPrecision | None = typer.Option(None, "--hessian-precision", help="GPTQ Hessian accumulation: tensor-core (bf16 inputs on tensor cores, float32 sums) or fp32 (llm-compressor's own float32 arithmetic). Default: the recipe's quantization.hessian_precision (tensor-core)."),
     gpus: str = typer.Option("1", "--gpus", help="Processes for the gptq stage, one GPU each (NCCL): a number or 'auto' (every visible GPU). With --device cpu: N CPU processes (gloo)."),
     force: bool = typer.Option(False, "--force", help="Remove an existing --out / --work that is not this build's (says what it removes)."),
     plan: bool = typer.Option(False, "--plan", help="Only say which stages would run or be reused, and why; runs and writes nothing."),
@@ -55,6 +56,8 @@ def quantize_cmd(
     from qwenquant.recipe import load_calibration_override, load_recipe
 
     r = load_recipe(recipe)
+    if hessian_precision is not None:
+        r = r.with_hessian_precision(hessian_precision.value)
     spec = load_calibration_override(calibration) if calibration else r.calibration
     from qwenquant.recipe.calibdata import check_calibration_data
 

@@ -22,15 +22,32 @@ log = logging.getLogger(__name__)
 __all__ = ["StopForward", "capture_final_hidden", "compare_heads", "head_quality", "heads_quality"]
 
 
-def _as_weight(w: Any) -> torch.Tensor:
-    """A [V, D] tensor, or anything with `dequantize()` (a QuantizedHead)."""
-    return w.dequantize() if hasattr(w, "dequantize") else w
+def _as_weight(w: Any, device: str | torch.device | None = None) -> Any:
+    """A [V, D] tensor as it is; anything with `dequantize()` (a QuantizedHead) as `_RowDequant`."""
+    if isinstance(w, torch.Tensor) or not hasattr(w, "dequantize"):
+        return w
+    return _RowDequant(w, torch_device(device))
+
+
+class _RowDequant:
+    """A QuantizedHead seen as its dequantized [V, D] weight, one row slice at a time on `device`
+    (the same ops as `dequantize()`, on the slice the KL pass reads): the whole 248320 x 5120 head
+    is never dequantized on the host."""
+
+    def __init__(self, q: Any, device: torch.device) -> None:
+        self.q, self.device, self.shape = q, device, q.shape
+
+    def __getitem__(self, rows: slice) -> torch.Tensor:
+        import dataclasses
+
+        part = dataclasses.replace(self.q, int=self.q.int[rows].to(self.device), scale=self.q.scale[rows].to(self.device))
+        return part.dequantize()
 
 
 @torch.no_grad()
 def heads_quality(
     W_ref: torch.Tensor,
-    W_hats: Sequence[torch.Tensor],
+    W_hats: Sequence[Any],
     hidden: torch.Tensor,
     *,
     chunk: int = 1024,
@@ -117,7 +134,7 @@ def head_quality(
 ) -> dict[str, float]:
     """Mean KL(softmax(h W_ref^T) || softmax(h W_hat^T)) and top-1 agreement on `hidden` [N, D]."""
     return heads_quality(
-        W_ref, [_as_weight(W_hat)], hidden, chunk=chunk, vocab_chunk=vocab_chunk, device=device
+        W_ref, [_as_weight(W_hat, device)], hidden, chunk=chunk, vocab_chunk=vocab_chunk, device=device
     )[0]
 
 
@@ -137,7 +154,7 @@ def compare_heads(
     closer to the reference than RTN.
     """
     q_rtn, q_gptq = heads_quality(
-        W_ref, [_as_weight(rtn), _as_weight(gptq)], hidden, chunk=chunk, vocab_chunk=vocab_chunk, device=device
+        W_ref, [_as_weight(rtn, device), _as_weight(gptq, device)], hidden, chunk=chunk, vocab_chunk=vocab_chunk, device=device
     )
     reduction = 100.0 * (1.0 - q_gptq["kl"] / q_rtn["kl"]) if q_rtn["kl"] > 0 else 0.0
     return {"rtn": q_rtn, "gptq": q_gptq, "kl_reduction_pct": reduction}

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from qwenquant.checkpoint.names import LM_HEAD_TARGET
+from qwenquant.modeling import compat
 from qwenquant.modeling.head_quality import (  # noqa: F401  (re-exported API)
     StopForward,
     capture_final_hidden,
@@ -74,12 +75,13 @@ class HeadQuantSpec:
 
 @torch.no_grad()
 def accumulate_hessian(
-    H: torch.Tensor | None, hidden: torch.Tensor, n_seen: int
+    H: torch.Tensor | None, hidden: torch.Tensor, n_seen: int, *, precision: str = "fp32"
 ) -> tuple[torch.Tensor, int]:
     """Fold a batch of lm_head inputs [..., D] into the running H = 2/N * X^T X (fp32).
 
     H lives on the device of the first batch; rows are tokens (N counts tokens, not sequences:
-    the scale of H does not change GPTQ's result).
+    the scale of H does not change GPTQ's result). `precision` "tensor-core" multiplies bf16/fp16
+    inputs as they are with float32 output (`compat.gram`); "fp32" multiplies float32 copies.
     """
     x = hidden.reshape(-1, hidden.shape[-1])
     m = x.shape[0]
@@ -89,9 +91,12 @@ def accumulate_hessian(
         return H, n_seen
     if H.shape != (x.shape[1], x.shape[1]):
         raise ValueError(f"hidden width {x.shape[1]} does not match Hessian {tuple(H.shape)}")
-    x = x.to(device=H.device, dtype=torch.float32)
     total = n_seen + m
     H.mul_(n_seen / total)
+    if precision == "tensor-core" and x.dtype in (torch.bfloat16, torch.float16):
+        H.add_(compat.gram(x.to(device=H.device), precision), alpha=2.0 / total)
+        return H, total
+    x = x.to(device=H.device, dtype=torch.float32)
     H.addmm_(x.t(), x, alpha=2.0 / total)
     return H, total
 
@@ -220,15 +225,27 @@ def gptq_quantize_rows(
     )
 
 
-def pack_head(q: QuantizedHead, prefix: str = "lm_head") -> dict[str, torch.Tensor]:
+def pack_head(q: QuantizedHead, prefix: str = "lm_head", *, row_chunk: int = 16384,
+              device: str | torch.device | None = None) -> dict[str, torch.Tensor]:
     """Checkpoint tensors in compressed-tensors' pack-quantized layout (symmetric: no zero point).
 
     `weight_shape` is int64, as compressed-tensors itself writes it (`torch.tensor(weight.shape)`).
+    Packing is row by row, so it runs `row_chunk` rows at a time on `device` (the GPU when there is
+    one): compressed-tensors' packer makes several int32 copies of what it packs, 4x the codes each,
+    which for the whole 248320 x 5120 head were about 15 GB of host memory. Same bytes either way.
     """
     from qwenquant.modeling.compat import pack_int32
 
+    dev = torch_device(device)
+    packed: torch.Tensor | None = None
+    for r0, r1 in _row_chunks(q.int.shape[0], row_chunk):
+        part = pack_int32(q.int[r0:r1].to(dev).contiguous(), q.num_bits).cpu()
+        if packed is None:
+            packed = torch.empty((q.int.shape[0], part.shape[1]), dtype=part.dtype)
+        packed[r0:r1] = part
+    assert packed is not None
     return {
-        f"{prefix}.weight_packed": pack_int32(q.int.contiguous(), q.num_bits).contiguous(),
+        f"{prefix}.weight_packed": packed,
         f"{prefix}.weight_scale": q.scale.contiguous(),
         f"{prefix}.weight_shape": torch.tensor(q.shape, dtype=torch.int64),
     }

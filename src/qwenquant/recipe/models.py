@@ -15,6 +15,10 @@ from qwenquant.recipe.targets import LM_HEAD_TARGET, target_matches
 
 SCHEMA_VERSION = 1
 _LM_HEAD_MODULES = ("lm_head", "language_model.lm_head")
+# How the GPTQ Hessians are accumulated (quantization.hessian_precision, `quantize --hessian-precision`):
+# `tensor-core`: bf16/fp16 layer inputs multiplied on the GPU's tensor cores with float32 output (every
+# product exact, another summation order); `fp32`: llm-compressor 0.14's own float32 arithmetic.
+HESSIAN_PRECISIONS = ("tensor-core", "fp32")
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*$")
 _SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -88,6 +92,7 @@ class QuantizationSpec(_GroupWiseWeights):
     targets: list[str] = Field(default_factory=lambda: ["Linear"], min_length=1)
     ignore: list[str] = Field(default_factory=list)
     restore_unquantized: bool = True
+    hessian_precision: Literal["tensor-core", "fp32"] = "tensor-core"
 
 
 class LmHeadSpec(_GroupWiseWeights):
@@ -347,6 +352,14 @@ class Recipe(_Strict):
     def mtp_quantized(self) -> bool:
         """Does the recipe quantize the MTP head's Linears (`mtp: {quantize: gptq}`)?"""
         return self.mtp is not None and self.mtp.quantize == "gptq"
+
+    def with_hessian_precision(self, precision: str) -> Recipe:
+        """This recipe with quantization.hessian_precision set (`quantize --hessian-precision`)."""
+        if precision not in HESSIAN_PRECISIONS:
+            raise RecipeError(f"quantization.hessian_precision must be one of {', '.join(HESSIAN_PRECISIONS)}, "
+                              f"got {precision!r}", hint="use tensor-core (the default) or fp32")
+        return self.model_copy(update={"quantization": self.quantization.model_copy(
+            update={"hessian_precision": precision})})
 
     def sha256(self) -> str:
         """sha256 of the canonical JSON: two recipes with the same meaning have the same digest."""

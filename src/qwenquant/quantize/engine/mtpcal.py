@@ -47,7 +47,8 @@ class MtpCalibration:
         self.head = head.to(device).eval()
         self.src, self.device = src, device
         self.modules = target_modules(self.head, MTP_PREFIX, q.targets, q.ignore)
-        self.gptq = LayerGPTQ(self.modules, scheme, block_size=q.block_size, dampening_frac=q.dampening_frac)
+        self.gptq = LayerGPTQ(self.modules, scheme, block_size=q.block_size, dampening_frac=q.dampening_frac,
+                              hessian_precision=q.hessian_precision)
         self.samples = 0
 
     @torch.no_grad()

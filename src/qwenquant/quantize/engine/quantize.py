@@ -5,7 +5,8 @@ modeling/compat.py): the recipe's scheme resolved by `GPTQModifier.resolve_quant
 (W4A16 preset, actorder; `compat.resolve_scheme`), each target Linear initialized by
 compressed-tensors with quantized forward disabled (`compat.prepare_module`), a forward hook
 accumulating its Hessian (`compat.accumulate_hessian`, first-call order; computed once for Linears
-that read the same input, see `LayerGPTQ`), then the weight observers and the batched GPTQ solve
+that read the same input, see `LayerGPTQ`; `hessian_precision` "fp32" is llm-compressor's own
+arithmetic, "tensor-core" multiplies bf16/fp16 inputs on tensor cores with float32 output), then the weight observers and the batched GPTQ solve
 (`compat.gptq_modules`), and finally compressed-tensors' packing compressor (`compat.pack_module`,
 `pack-quantized`: weight_packed int32, weight_scale, weight_shape; no zero point when symmetric).
 """
@@ -52,8 +53,9 @@ class LayerGPTQ:
     input); `unshare()` gives each module its own copy where something updates them in place."""
 
     def __init__(self, modules: dict[str, torch.nn.Linear], scheme: Any, *, block_size: int,
-                 dampening_frac: float, batched: Any = "auto") -> None:
+                 dampening_frac: float, batched: Any = "auto", hessian_precision: str = "tensor-core") -> None:
         self.modules = modules
+        self.precision = hessian_precision
         self.names = {m: n for n, m in modules.items()}
         self.block_size, self.dampening_frac, self.batched = block_size, dampening_frac, batched
         self.hessians: dict[torch.nn.Module, torch.Tensor] = {}
@@ -92,7 +94,7 @@ class LayerGPTQ:
             self.counts[module] = torch.zeros((), device=module.weight.device)
             self._new.add(module)
         self.hessians[module], self.counts[module] = compat.accumulate_hessian(
-            x, module, self.hessians[module], self.counts[module])
+            x, module, self.hessians[module], self.counts[module], self.precision)
 
     def remove_hooks(self) -> None:
         for h in self._hooks:

@@ -66,10 +66,13 @@ class StreamResult:
 class Phases:
     """Wall seconds per phase of one decoder layer, for `--verbose` and the benchmarks. A phase
     that ran GPU work ends with a CUDA synchronize, so its kernels are counted in it and not in
-    whichever later phase first waits for them. Phases: read (waiting for the layer's tensors),
-    build, calibrate (forward with Hessian hooks), reduce (Hessians to their owner ranks), gptq
-    (solve and pack), gather (packed modules to rank 0), write, barrier, rebuild (from the
-    persisted layer), forward (the next layer's inputs)."""
+    whichever later phase first waits for them. Phases: read (waiting for the layer's tensors,
+    which a thread reads while the previous layer runs and, on a GPU, copies there from pinned
+    memory on a side stream), build, calibrate (forward with Hessian hooks), reduce (Hessians to
+    their owner ranks), gptq (solve and pack), gather (packed modules to rank 0), write, barrier,
+    rebuild (from the persisted layer), forward (the next layer's inputs). Still serial with the
+    GPU work: build, write (the next phase, rebuild, reads the layer back from what was written)
+    and rebuild."""
 
     def __init__(self, device: str) -> None:
         self.sync = device == "cuda"
@@ -147,7 +150,8 @@ def _gptq_layer(src: TextModelSource, i: int, raw: dict[str, torch.Tensor], acts
     with phase("build"):
         layer = build_layer(src, i, raw, device)
         mods = target_modules(layer, prefix, q.targets, q.ignore)
-        gptq = LayerGPTQ(mods, scheme, block_size=q.block_size, dampening_frac=q.dampening_frac)
+        gptq = LayerGPTQ(mods, scheme, block_size=q.block_size, dampening_frac=q.dampening_frac,
+                         hessian_precision=q.hessian_precision)
     with phase("calibrate"):
         _forward_all(layer, acts, inputs, src.config.layer_types[i], keep=False)
     if ranks is None:
@@ -195,6 +199,45 @@ def _resume_point(layers_root: Path, n: int, fingerprint: str, device: str, rank
     return done
 
 
+class _Copier:
+    """The next layer's host-to-GPU copy on a side stream from pinned memory, issued by the prefetch
+    thread while the GPU works on the current layer (the same bytes as `build_layer`'s own copy)."""
+
+    def __init__(self, dev: torch.device) -> None:
+        self.dev = dev  # explicit: a thread's current CUDA device is its own, not the caller's
+        self.stream = torch.cuda.Stream(device=dev)
+
+    @staticmethod
+    def on(device: str) -> _Copier | None:
+        return _Copier(torch.device("cuda", torch.cuda.current_device())) if device == "cuda" else None
+
+    def copy(self, raw: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Any]:
+        with torch.cuda.device(self.dev), torch.cuda.stream(self.stream):
+            out = {k: t.pin_memory().to(self.dev, non_blocking=True) for k, t in raw.items()}
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        return out, done
+
+
+def _prefetch(src: TextModelSource, i: int, copier: _Copier | None) -> Any:
+    raw = read_layer(src, i)
+    return raw if copier is None else copier.copy(raw)
+
+
+def _arrived(fut: Future) -> dict[str, torch.Tensor]:
+    """A prefetched layer's tensors, usable on the current stream (its copies waited for, and
+    their memory kept from reuse until the current stream is done with it)."""
+    got = fut.result()
+    if isinstance(got, dict):
+        return got
+    raw, done = got
+    stream = torch.cuda.current_stream()
+    stream.wait_event(done)
+    for t in raw.values():
+        t.record_stream(stream)
+    return raw
+
+
 def my_samples(samples: list[list[int]], ranks: Any) -> list[int]:
     """Sample indices this process forwards, in the calibration order: all of them in one process,
     else this rank's contiguous share (engine/ranks.split_shares)."""
@@ -221,6 +264,7 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
     acts = embed_samples(src, [samples[k] for k in order], device)
     inputs = LayerInputs(src, device)
     pool = ThreadPoolExecutor(max_workers=1)
+    copier = _Copier.on(device)
     nxt: Future | None = None
     files, modules, times, phases = [], 0, [], []
     writer = ranks is None or ranks.main
@@ -230,8 +274,8 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
             phase = Phases(device)
             if i >= done:
                 with phase("read"):
-                    raw = nxt.result() if nxt is not None else read_layer(src, i)
-                nxt = pool.submit(read_layer, src, i + 1) if pool and i + 1 < n else None
+                    raw = _arrived(nxt) if nxt is not None else read_layer(src, i)
+                nxt = pool.submit(_prefetch, src, i + 1, copier) if pool and i + 1 < n else None
                 res = _gptq_layer(src, i, raw, acts, inputs, q, scheme, device, ranks, phase)
                 del raw
                 if res is not None:
@@ -243,7 +287,7 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
                     with phase("barrier"):
                         dist.barrier()  # the record exists before any rank reads the layer back
             elif pool and i + 1 == done and done < n:
-                nxt = pool.submit(read_layer, src, done)
+                nxt = pool.submit(_prefetch, src, done, copier)
             with phase("rebuild"):
                 layer = _quantized_layer(src, i, layers_root, scheme, device)
             with phase("forward"):
@@ -267,17 +311,19 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
         from qwenquant.quantize.engine.mtpcal import MtpCalibration
 
         mtpcal = MtpCalibration(src, q, scheme, device)
-    head = _head_calibration(src, acts, order, heldout, device, ranks,
+    head = _head_calibration(src, acts, order, heldout, device, ranks, q.hessian_precision,
                              mtp=None if mtpcal is None else (mtpcal, samples))
     packed_mtp = mtpcal.quantize() if mtpcal is not None else None
     return StreamResult(files, modules, done, head, times, order, phases, packed_mtp)
 
 
 def _head_calibration(src: TextModelSource, acts: list[torch.Tensor], order: list[int], heldout: list[int],
-                      device: str, ranks: Any, mtp: tuple[Any, list[list[int]]] | None = None) -> Any:
-    """Final norm over this process's samples, then the lm_head Hessian and held-out hidden states
-    (summed / gathered onto rank 0 in an N-process job). `mtp`: (engine.mtpcal.MtpCalibration, the
-    samples' tokens): every calibration sample's final hidden states also go through the MTP head."""
+                      device: str, ranks: Any, precision: str = "tensor-core",
+                      mtp: tuple[Any, list[list[int]]] | None = None) -> Any:
+    """Final norm over this process's samples, then the lm_head Hessian (in the recipe's Hessian
+    precision) and held-out hidden states (summed / gathered onto rank 0 in an N-process job). `mtp`:
+    (engine.mtpcal.MtpCalibration, the samples' tokens): every calibration sample's final hidden
+    states also go through the MTP head."""
     from qwenquant.quantize import head_gptq as lh
     from qwenquant.quantize.engine.headcal import HeadCalibration
 
@@ -291,7 +337,7 @@ def _head_calibration(src: TextModelSource, acts: list[torch.Tensor], order: lis
             if j in held_set:
                 held[j] = h.reshape(-1, h.shape[-1]).cpu()
             else:
-                H, tokens = lh.accumulate_hessian(H, h.float(), tokens)
+                H, tokens = lh.accumulate_hessian(H, h, tokens, precision=precision)
                 if mtp is not None:
                     mtp[0].add(mtp[1][j], h)
             acts[where[j]] = None  # type: ignore[call-overload]  (free as we go)

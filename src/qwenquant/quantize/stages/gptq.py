@@ -243,6 +243,7 @@ def _inputs(ctx: StageContext) -> dict[str, str]:
             "quantization": sha256_json(ctx.recipe.quantization.model_dump(mode="json")),
             "artifact": sha256_json(ctx.recipe.artifact.model_dump(mode="json")), "device": ctx.device,
             "engine": gptq_engine(), "heldout": str(heldout_fraction(ctx)),
+            "hessian_precision": hessian_precision(ctx.recipe.quantization),
             **{k: str(v) for k, v in rank_fields(ctx.ranks).items()}, **mtp_fields(ctx)}
 
 
@@ -250,6 +251,13 @@ def mtp_fields(ctx: StageContext) -> dict[str, str]:
     """Pure: what the record says about the MTP head: nothing for a bf16 head (records, manifests and
     root digests stay as they were), `mtp: gptq` when this stage also quantizes it."""
     return {"mtp": "gptq"} if ctx.recipe.mtp_quantized else {}
+
+
+def hessian_precision(q: QuantizationSpec) -> str:
+    """The Hessian arithmetic the gptq stage uses: the recipe's on the streamed engine; the oneshot
+    engine is llm-compressor's own float32 arithmetic throughout (named in the stage inputs, so
+    `quantize --plan` says a changed setting is why gptq re-runs)."""
+    return q.hessian_precision if gptq_engine() == "streamed" else "fp32"
 
 
 def _params(ctx: StageContext) -> dict[str, Any]:
@@ -311,6 +319,10 @@ def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
     set_deterministic()
     if gptq_engine() == "streamed":
         return _run_streamed(ctx, samples, out_dir)
+    if ctx.recipe.quantization.hessian_precision != "fp32":
+        log.info("gptq: the oneshot engine accumulates Hessians in llm-compressor's float32 arithmetic "
+                 "(quantization.hessian_precision %s applies to the streamed engine)",
+                 ctx.recipe.quantization.hessian_precision)
     if ctx.ranks > 1:
         raise UsageError(f"--gpus {ctx.ranks} runs the streamed engine; QWENQUANT_GPTQ_ENGINE=oneshot is one process",
                          hint="unset QWENQUANT_GPTQ_ENGINE, or drop --gpus")

@@ -85,6 +85,7 @@ def _capture_from_model(source_dir: Path, samples: list[list[int]], spec: LmHead
 
     def fold(hidden: torch.Tensor) -> None:
         nonlocal H, n_tokens
+        # the oneshot engine's path: float32 arithmetic, as the rest of that engine
         H, n_tokens = lh.accumulate_hessian(H, hidden.float().to(device), n_tokens)
 
     def batches(idx: list[int]) -> Any:
@@ -141,7 +142,7 @@ def run_head(source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, prev_
             f"lm_head GPTQ is not better than RTN on held-out tokens (KL {report['gptq']['kl']:.6g} >= "
             f"{report['rtn']['kl']:.6g})", hint="use more calibration samples, or set lm_head.require_better_than_rtn: false")
     chosen = q_gptq if spec.method == "gptq" else q_rtn
-    packed = {n: torch_raw(n, t) for n, t in lh.pack_head(chosen, prefix=HEAD).items()}
+    packed = {n: torch_raw(n, t) for n, t in lh.pack_head(chosen, prefix=HEAD, device=device).items()}
 
     plan = current_plan(prev_dir)
     for tensors in plan.values():
