@@ -46,6 +46,21 @@ def bench(
     vllm: Vllm = None,
     device: ServeDevice = None,
     timeout: Timeout = DEFAULT_TIMEOUT,
+    depth: bool = typer.Option(False, "--depth", help="Speed and health against prompt depth: a ladder of fresh "
+                               "prompts up to the server's max_model_len minus the output (--max-tokens, default 64)."),
+    depths: str | None = typer.Option(None, help="--depth rungs in prompt tokens, e.g. 1024,4096,16384 "
+                                      "(default: from 1024, doubling, the last exactly at the limit)."),
+    reuse_prefix: bool = typer.Option(False, "--reuse-prefix", help="--depth: let rungs share their prompt's "
+                                      "start (prefix-cache reuse); by default each rung's prompt is fresh."),
+    stall_timeout: float = typer.Option(300.0, help="--depth/--soak: seconds without a byte from the server "
+                                        "that count as a stall."),
+    soak: bool = typer.Option(False, "--soak", help="Long generations: MTP acceptance per window of generated "
+                              "tokens and a verdict (collapse, empty or truncated responses, errors, restarts)."),
+    soak_tokens: int = typer.Option(20000, min=2, help="--soak: tokens generated per stream."),
+    concurrency: int = typer.Option(1, min=1, help="--soak: streams at once (at most the profile's max-num-seqs)."),
+    window: int = typer.Option(1024, min=1, help="--soak: generated tokens per acceptance window."),
+    collapse_fraction: float = typer.Option(0.5, min=0.0, max=1.0, help="--soak: a window whose acceptance is "
+                                            "below this share of the first window's has collapsed."),
 ) -> None:
     """Measure tokens/s, TTFT and MTP acceptance of a server; compare two configurations in rounds.
 
@@ -64,6 +79,12 @@ def bench(
     from qwenquant.errors import UsageError
     from qwenquant.serve.request import ServeRequest
 
+    if depth or soak:
+        return _long_mode(args, serve, profile, gpu_mem, gpu_mem_soft, gpus, vllm, device, timeout, api_key, model,
+                          out, compare, dict(depth=depth, soak=soak, depths=depths, max_tokens=max_tokens,
+                                             reuse_prefix=reuse_prefix, stall_timeout=stall_timeout, thinking=thinking,
+                                             soak_tokens=soak_tokens, concurrency=concurrency, window=window,
+                                             collapse_fraction=collapse_fraction))
     words = list(args or [])
     if serve and words and not words[0].startswith("-"):
         raise UsageError(f"give a URL ({words[0]}) or --serve ARTIFACT, not both", hint="vLLM flags go after --")
@@ -77,3 +98,44 @@ def bench(
                    repeats=repeats, rounds=rounds, max_concurrency=max_concurrency, ignore_eos=ignore_eos)
     print_report(run(Request(url=url, serve=served, compare=compare, options=opts, out=out or default_out(),
                              config=config, model=model, api_key=api_key), argv_now()))
+
+
+def _long_mode(args: list[str] | None, serve: Path | None, profile: list[str] | None, gpu_mem: str | None,
+               gpu_mem_soft: bool, gpus: int, vllm: str | None, device: object, timeout: float, api_key: str | None,
+               model: str | None, out: Path | None, compare: tuple[str, str] | None, o: dict) -> None:
+    """--depth or --soak: one server, a verdict, exit 8 with one line on a failing one."""
+    from qwenquant.bench.depth import DepthOptions
+    from qwenquant.bench.longrun import run_depth_mode, run_soak_mode
+    from qwenquant.bench.longtext import parse_depths
+    from qwenquant.bench.render import print_depth, print_soak
+    from qwenquant.bench.runner import Options
+    from qwenquant.bench.session import Request, argv_now, default_out
+    from qwenquant.bench.soakrun import SoakOptions
+    from qwenquant.errors import UsageError
+    from qwenquant.serve.request import ServeRequest
+
+    words = list(args or [])
+    if serve and words and not words[0].startswith("-"):
+        raise UsageError(f"give a URL ({words[0]}) or --serve ARTIFACT, not both", hint="vLLM flags go after --")
+    url = None if serve or not words else words.pop(0)
+    if words and not serve:
+        raise UsageError(f"unexpected arguments {words}", hint="vLLM flags after -- go with --serve")
+    served = ServeRequest.from_options(serve, profile or [], words, api_key=api_key, vllm=vllm, timeout=timeout,
+                                       device=getattr(device, "value", None), gpus=gpus, gpu_mem=gpu_mem,
+                                       gpu_mem_soft=gpu_mem_soft) if serve else None
+    req = Request(url=url, serve=served, compare=compare, options=Options(prompts=[], samplings=[]),
+                  out=out or default_out(), model=model, api_key=api_key)
+    think = {"on": True, "default": None}.get(o["thinking"], False)
+    if o["depth"] and o["soak"]:
+        raise UsageError("--depth and --soak are two runs", hint="run one, then the other")
+    if o["soak"]:
+        run_soak_mode(req, SoakOptions(tokens=o["soak_tokens"], concurrency=o["concurrency"], window=o["window"],
+                                       fraction=o["collapse_fraction"], stall_timeout=o["stall_timeout"],
+                                       thinking=think), argv_now(), print_soak)
+        return
+    if o["max_tokens"] is not None and o["max_tokens"] < 2:
+        raise UsageError(f"--max-tokens {o['max_tokens']} leaves no decode to measure", hint="use 2 or more")
+    dopts = DepthOptions(depths=parse_depths(o["depths"]) if o["depths"] else None,
+                         output_tokens=o["max_tokens"] or 64, reuse_prefix=o["reuse_prefix"],
+                         stall_timeout=o["stall_timeout"], thinking=think)
+    run_depth_mode(req, dopts, argv_now(), print_depth)
