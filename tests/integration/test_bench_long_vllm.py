@@ -75,4 +75,4 @@ def test_soak_of_4k_tokens_with_mtp_windows(server, tmp_path: Path) -> None:
         assert len(w["per_position"]) == 3 and w["per_position"] == sorted(w["per_position"], reverse=True)
     assert sum(w["accepted"] for w in wins) > 0
     assert Path(rep["png_path"]).read_bytes()[:4] == b"\x89PNG"
-    print(r.stdout, r.stderr[-1500:])
+    print(r.stdout, r.stderr[-1500:], json.dumps(rep["windows"]))

@@ -19,6 +19,7 @@ def test_steps_fall_in_the_window_of_their_first_token() -> None:
 def test_the_prefill_token_counts_in_the_first_window() -> None:
     ws = step_windows([2, 2, 2], [3, 3, 3], window=4)
     assert [(w.start, w.end, w.drafts) for w in ws] == [(0, 4, 1), (4, 10, 2)]
+    assert step_windows([2, 2, 2], [3, 3, 3], window=4, total=9)[-1].end == 9  # drafts past max_tokens not sent
 
 
 def test_merge_sums_streams_by_window() -> None:

@@ -44,9 +44,10 @@ class Window:
 
 
 def step_windows(accepted: list[int], drafted: list[int], window: int, stream: int | None = None,
-                 first: int = 1) -> list[Window]:
+                 first: int = 1, total: int | None = None) -> list[Window]:
     """Windows of one stream's verify steps (per-request metrics): step i emits accepted[i] + 1 tokens,
-    after the `first` token(s) the prefill emitted."""
+    after the `first` token(s) the prefill emitted; the last window ends at `total` (the response's
+    tokens: the last step's accepted drafts beyond max_tokens are counted by vLLM but not sent)."""
     k = max(drafted, default=0)
     out: list[Window] = []
     pos = first
@@ -64,7 +65,7 @@ def step_windows(accepted: list[int], drafted: list[int], window: int, stream: i
             cur["pos"][i] += 1
         pos += a + 1
     if cur is not None:
-        out.append(_close(cur, pos, stream))
+        out.append(_close(cur, pos if total is None else min(pos, total), stream))
     return out
 
 

@@ -120,7 +120,7 @@ def _per_request(samples: list[Sample | None], window: int) -> list[list[Window]
         acc, drafted = spec.get("per_step_accepted"), spec.get("per_step_drafted")
         if not isinstance(acc, list) or not isinstance(drafted, list):
             return None
-        out.append(step_windows(acc, drafted, window, stream=i))
+        out.append(step_windows(acc, drafted, window, stream=i, total=s.completion_tokens if s else None))
     return out
 
 
