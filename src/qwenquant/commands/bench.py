@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -72,6 +73,10 @@ def bench(
 
       qwenquant bench --serve artifacts/q27b --compare "--label mtp-on --profile single-user"
       "--label mtp-off --profile single-user -- --speculative-config null"
+
+      qwenquant bench --serve artifacts/q27b --profile single-user --gpu-mem 24GiB --depth
+
+      qwenquant bench http://127.0.0.1:8000 --soak --soak-tokens 20000 --window 1024
     """
     from qwenquant.bench.render import print_report
     from qwenquant.bench.runner import Options
@@ -79,12 +84,6 @@ def bench(
     from qwenquant.errors import UsageError
     from qwenquant.serve.request import ServeRequest
 
-    if depth or soak:
-        return _long_mode(args, serve, profile, gpu_mem, gpu_mem_soft, gpus, vllm, device, timeout, api_key, model,
-                          out, compare, dict(depth=depth, soak=soak, depths=depths, max_tokens=max_tokens,
-                                             reuse_prefix=reuse_prefix, stall_timeout=stall_timeout, thinking=thinking,
-                                             soak_tokens=soak_tokens, concurrency=concurrency, window=window,
-                                             collapse_fraction=collapse_fraction))
     words = list(args or [])
     if serve and words and not words[0].startswith("-"):
         raise UsageError(f"give a URL ({words[0]}) or --serve ARTIFACT, not both", hint="vLLM flags go after --")
@@ -96,35 +95,25 @@ def bench(
                                        gpu_mem=gpu_mem, gpu_mem_soft=gpu_mem_soft) if serve else None
     opts = Options(prompts=prompts.split(","), samplings=sampling.split(","), thinking=thinking, max_tokens=max_tokens,
                    repeats=repeats, rounds=rounds, max_concurrency=max_concurrency, ignore_eos=ignore_eos)
-    print_report(run(Request(url=url, serve=served, compare=compare, options=opts, out=out or default_out(),
-                             config=config, model=model, api_key=api_key), argv_now()))
+    req = Request(url=url, serve=served, compare=compare, options=opts, out=out or default_out(),
+                  config=config, model=model, api_key=api_key)
+    if depth or soak:
+        return _long_run(req, dict(depth=depth, soak=soak, depths=depths, max_tokens=max_tokens, thinking=thinking,
+                                   reuse_prefix=reuse_prefix, stall_timeout=stall_timeout, soak_tokens=soak_tokens,
+                                   concurrency=concurrency, window=window, collapse_fraction=collapse_fraction))
+    print_report(run(req, argv_now()))
 
 
-def _long_mode(args: list[str] | None, serve: Path | None, profile: list[str] | None, gpu_mem: str | None,
-               gpu_mem_soft: bool, gpus: int, vllm: str | None, device: object, timeout: float, api_key: str | None,
-               model: str | None, out: Path | None, compare: tuple[str, str] | None, o: dict) -> None:
+def _long_run(req: Any, o: dict[str, Any]) -> None:
     """--depth or --soak: one server, a verdict, exit 8 with one line on a failing one."""
     from qwenquant.bench.depth import DepthOptions
     from qwenquant.bench.longrun import run_depth_mode, run_soak_mode
     from qwenquant.bench.longtext import parse_depths
     from qwenquant.bench.render import print_depth, print_soak
-    from qwenquant.bench.runner import Options
-    from qwenquant.bench.session import Request, argv_now, default_out
+    from qwenquant.bench.session import argv_now
     from qwenquant.bench.soakrun import SoakOptions
     from qwenquant.errors import UsageError
-    from qwenquant.serve.request import ServeRequest
 
-    words = list(args or [])
-    if serve and words and not words[0].startswith("-"):
-        raise UsageError(f"give a URL ({words[0]}) or --serve ARTIFACT, not both", hint="vLLM flags go after --")
-    url = None if serve or not words else words.pop(0)
-    if words and not serve:
-        raise UsageError(f"unexpected arguments {words}", hint="vLLM flags after -- go with --serve")
-    served = ServeRequest.from_options(serve, profile or [], words, api_key=api_key, vllm=vllm, timeout=timeout,
-                                       device=getattr(device, "value", None), gpus=gpus, gpu_mem=gpu_mem,
-                                       gpu_mem_soft=gpu_mem_soft) if serve else None
-    req = Request(url=url, serve=served, compare=compare, options=Options(prompts=[], samplings=[]),
-                  out=out or default_out(), model=model, api_key=api_key)
     think = {"on": True, "default": None}.get(o["thinking"], False)
     if o["depth"] and o["soak"]:
         raise UsageError("--depth and --soak are two runs", hint="run one, then the other")
