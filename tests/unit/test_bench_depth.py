@@ -87,3 +87,13 @@ def test_a_moved_process_start_time_is_a_restart() -> None:
     w = ServerWatch("http://127.0.0.1:1", first_page=page)
     assert w.seen_page(page) is None and w.seen_page("no such metric 1\n") is None
     assert "restarted" in (w.seen_page(page.replace("0.5", "9.5")) or "")
+
+
+def test_rung_figures_beyond_the_too_good_lines_are_flagged() -> None:
+    from qwenquant.bench.longrun import depth_flags
+    from qwenquant.bench.workload import load_config
+
+    rungs = [{"depth": 1024, "wall_tok_s": 90.0, "decode_tok_s": 100.0, "prefill_tok_s": 5000.0, "ttft_s": 0.2},
+             {"depth": 2048, "wall_tok_s": None, "decode_tok_s": 5000.0, "prefill_tok_s": 2e6, "ttft_s": 0.0001}]
+    got = [(f["where"], f["figure"]) for f in depth_flags({"rungs": rungs}, load_config())]
+    assert got == [("depth 2048", "decode_tok_s"), ("depth 2048", "prefill_tok_s"), ("depth 2048", "ttft_s")]

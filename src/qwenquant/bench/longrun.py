@@ -13,6 +13,7 @@ from typing import Any
 from qwenquant.bench import gpu as gpumod
 from qwenquant.bench.runner import Target, resolve_model, server_version
 from qwenquant.bench.session import Request, _targets, configurations
+from qwenquant.bench.workload import load_config
 from qwenquant.errors import BenchError, UsageError
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,19 @@ def _write(report: dict[str, Any], out: Path, plot: Any) -> None:
     atomic_write_json(out, report, canonical=False)
 
 
+def depth_flags(report: dict[str, Any], cfg: Any) -> list[dict[str, Any]]:
+    """Rung figures beyond the bench config's too-good lines (flagged for audit, as the bench's own)."""
+    flags = []
+    for r in report["rungs"]:
+        for fig in ("wall_tok_s", "decode_tok_s", "prefill_tok_s", "ttft_s"):
+            v = r.get(fig)
+            line = cfg.ttft_floor_s if fig == "ttft_s" else getattr(cfg.too_good, fig)
+            if isinstance(v, int | float) and (v < line if fig == "ttft_s" else v > line):
+                flags.append({"kind": "too-good", "where": f"depth {r['depth']}", "figure": fig, "value": v,
+                              "line": line, "note": "flagged for audit, not reported"})
+    return flags
+
+
 def run_depth_mode(req: Request, opts: Any, argv: list[str], show: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """The depth ladder: the report written and shown, then BenchError (exit 8) when a rung failed,
     raised while a served server is still up (its death is the ladder's finding, not another error)."""
@@ -63,6 +77,7 @@ def run_depth_mode(req: Request, opts: Any, argv: list[str], show: Callable[[dic
         t.model = resolve_model(t)
         t.info["vllm_version"] = server_version(t) or t.info.get("vllm_version_installed")
         report = {**meta, "target": _target_info(t), **run_depth(t, text, opts)}
+        report["flags"] = depth_flags(report, load_config(req.config))
         _write(report, req.out, depth_png)
         show(report)
         err = depth_error(report)

@@ -74,6 +74,8 @@ def print_depth(report: dict[str, Any]) -> None:
     _print_table("depth ladder (one fresh prompt per rung)",
                  ["depth", "prompt tokens", "TTFT s", "prefill tok/s", "wall tok/s", "decode tok/s",
                   "acceptance per position", "GPU peak MiB", "status"], depth_rows(report))
+    for f in report.get("flags") or []:
+        console.print(f"flag {f['kind']}: {f['where']} {f['figure']} {f['value']:.4g} beyond the line {f['line']:.4g}")
     fail = report.get("failure")
     console.print(f"deepest prompt that worked: {report.get('last_ok_depth')} tokens"
                   + (f"; failed at {fail['depth']}: {fail['reason']}" if fail else ""))
