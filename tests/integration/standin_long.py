@@ -8,16 +8,19 @@ from the prompt's characters (`chars_per_token`, plus `template_tokens`), POST /
 speculative steps after the prefill's token (each chunk carries the step's tokens, `token_ids` with
 return_token_ids: 1 target token + `accepted` drafts of 3, 0 accepted after `collapse_after` generated
 tokens), counters that
-grow per step, vLLM's per-request `metrics.speculative_decoding` (detailed) on the usage chunk when
+grow per step, vLLM's prefix-cache counters (`prefix_cache`: on counts the tokens of the leading
+messages a request repeats from the one before as hits, off never hits, absent has no counters), vLLM's per-request `metrics.speculative_decoding` (detailed) on the usage chunk when
 `per_request` is set, and `process_start_time_seconds` on /metrics.
 
 Faults: `fail_depth` (a prompt of at least that many tokens) with `fail_mode` http (500) | oom (an
 out-of-memory line on stdout, the server log under `qwenquant serve`, then 500) | stall (no answer) |
-die (the process exits 3) | empty (no tokens); `restart_after` (after that many generated tokens the
+die (the process exits 3) | empty (no tokens), only the first `fail_count` such requests where set
+(part of a burst); `restart_after` (after that many generated tokens the
 process start time moves and the counters start again, as after a restart).
 
 As vLLM: `python standin_long.py` takes standin.py's flags and --standin-fail-depth N,
---standin-fail-mode M, --standin-max-model-len N, --standin-collapse-after N; `write_long_vllm`
+--standin-fail-mode M, --standin-max-model-len N, --standin-collapse-after N, --standin-fail-count N,
+--standin-prefix-cache on|off|absent; `write_long_vllm`
 writes its launcher.
 """
 
@@ -53,13 +56,41 @@ class LongStandin(StandinServer):
         self.start_time = 1.7e9
         self.step = 0.002
         self.generated = 0  # all streams together
+        self.fail_count: int | None = None  # only this many requests at fail_depth fail (a burst's first ones)
+        self.prefix_cache = "on"  # on: hits for the messages a request repeats | off: no hits | absent: no counters
+        self.cache = {"queries": 0, "hits": 0, "last": []}
 
     def prompt_tokens(self, body: dict[str, Any]) -> int:
         chars = sum(len(m.get("content") or "") for m in body.get("messages") or [])
         return math.ceil(chars / self.chars_per_token) + self.template_tokens
 
     def metrics_text(self) -> str:
-        return super().metrics_text() + f"process_start_time_seconds {self.start_time}\n"
+        page = super().metrics_text() + f"process_start_time_seconds {self.start_time}\n"
+        if self.prefix_cache != "absent":
+            page += (f'vllm:prefix_cache_queries_total{{engine="0"}} {self.cache["queries"]}\n'
+                     f'vllm:prefix_cache_hits_total{{engine="0"}} {self.cache["hits"]}\n')
+        return page
+
+    def count_cache(self, body: dict[str, Any], n: int) -> None:
+        """Queries: the prompt's tokens; hits: the tokens of the leading messages the previous request had too."""
+        msgs = body.get("messages") or []
+        with self.lock:
+            last, same = self.cache["last"], 0
+            while same < min(len(msgs), len(last)) and msgs[same] == last[same]:
+                same += 1
+            chars = sum(len(m.get("content") or "") for m in msgs[:same])
+            self.cache["queries"] += n
+            self.cache["hits"] += int(chars / self.chars_per_token) if self.prefix_cache == "on" else 0
+            self.cache["last"] = msgs
+
+    def take_fault(self, n: int) -> bool:
+        """Whether a request of `n` prompt tokens fails (fail_count limits how many do)."""
+        with self.lock:
+            if self.fail_depth is None or n < self.fail_depth or self.fail_count == 0:
+                return False
+            if self.fail_count is not None:
+                self.fail_count -= 1
+            return True
 
     def spec_step(self, accepted: int) -> None:
         with self.lock:
@@ -100,9 +131,11 @@ class _LongHandler(_Handler):
             self._send(400, {"error": {"message": f"This model's maximum context length is {self.s.max_model_len} "
                                                   f"tokens. However, you requested {n + out} tokens", "code": 400}})
             return
-        if self.s.fail_depth is not None and n >= self.s.fail_depth and self._fail():
+        self.s.count_cache(body, n)
+        fault = self.s.take_fault(n)
+        if fault and self._fail():
             return
-        self._spec_stream(body, n, 0 if (self.s.fail_depth is not None and n >= self.s.fail_depth) else out)
+        self._spec_stream(body, n, 0 if fault else out)
 
     def _fail(self) -> bool:
         """The fault at depth; False when the stream goes on (mode `empty`)."""
@@ -173,6 +206,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--standin-fail-mode", default="http")
     p.add_argument("--standin-max-model-len", type=int, default=4096)
     p.add_argument("--standin-collapse-after", type=int, default=None)
+    p.add_argument("--standin-fail-count", type=int, default=None)
+    p.add_argument("--standin-prefix-cache", default="on")
     mine, rest = p.parse_known_args(argv)
     a = standin.parse(rest)
     print(f"standin_long: model={a.model} port={a.port} argv={argv}", flush=True)
@@ -180,6 +215,7 @@ def main(argv: list[str]) -> int:
     s.model, s.root, s.api_key = a.served_model_name or a.model, a.model, a.api_key
     s.fail_depth, s.fail_mode = mine.standin_fail_depth, mine.standin_fail_mode
     s.max_model_len, s.collapse_after = mine.standin_max_model_len, mine.standin_collapse_after
+    s.fail_count, s.prefix_cache = mine.standin_fail_count, mine.standin_prefix_cache
     threading.Thread(target=s.httpd.serve_forever, daemon=True).start()
     print(f"standin_long: listening on {a.host}:{a.port}", flush=True)
     while True:

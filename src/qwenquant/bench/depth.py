@@ -44,6 +44,7 @@ class DepthOptions:
     reuse_prefix: bool = False
     stall_timeout: float = 300.0
     thinking: bool | None = False
+    concurrency: int = 1  # above 1: each rung a burst of that many fresh prompts at once (burst.py)
 
 
 def served_max_len(t: Target) -> int | None:
@@ -217,8 +218,12 @@ def run_rung(t: Target, watch: ServerWatch, fitter: PromptFitter, depth: int, in
 
 def run_depth(t: Target, text: LongText, opts: DepthOptions) -> dict[str, Any]:
     """The ladder on one server; the part of the report that is measured (JSON-ready)."""
+    from qwenquant.bench.burst import check_concurrency, run_burst_rung
+
+    check_concurrency(opts.concurrency, t.max_num_seqs)
     max_len = served_max_len(t)
     depths = plan_depths(opts, max_len)
+    rung = run_burst_rung if opts.concurrency > 1 else run_rung
     watch = ServerWatch(t.url, t.api_key, t.server, metrics.scrape(t.url, t.api_key))
     fitter = PromptFitter(t, text, opts.thinking)
     nonce = secrets.token_hex(4)
@@ -226,7 +231,7 @@ def run_depth(t: Target, text: LongText, opts: DepthOptions) -> dict[str, Any]:
     failure: dict[str, Any] | None = None
     for i, depth in enumerate(depths):
         log.info("depth %d (%d/%d)", depth, i + 1, len(depths))
-        r = run_rung(t, watch, fitter, depth, i, nonce, opts)
+        r = rung(t, watch, fitter, depth, i, nonce, opts)
         r.record["ok"] = r.failure is None
         rungs.append(r.record)
         if r.failure:
@@ -234,6 +239,7 @@ def run_depth(t: Target, text: LongText, opts: DepthOptions) -> dict[str, Any]:
             break
     ok = [r["prompt_tokens"] for r in rungs if r["ok"]]
     return {"max_model_len": max_len, "output_tokens": opts.output_tokens, "depths": depths,
+            "concurrency": opts.concurrency,
             "reuse_prefix": opts.reuse_prefix, "tokenize": fitter.tokenize, "nonce": nonce,
             "text": {"sha256": text.sha256, "license": text.license, "source": text.source},
             "rungs": rungs, "last_ok_depth": ok[-1] if ok else None, "failure": failure, "server": watch.info()}

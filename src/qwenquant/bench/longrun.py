@@ -1,4 +1,4 @@
-"""The bodies of `qwenquant bench --depth` and `--soak`: one server (a URL, or --serve ARTIFACT with
+"""The bodies of `qwenquant bench --depth`, `--soak` and `--turns`: one server (a URL, or --serve ARTIFACT with
 its profile), the measurement, then JSON + PNG written before a failing verdict exits 8."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def _target_info(t: Target) -> dict[str, Any]:
 
 def _one_target(req: Request) -> list[Any]:
     if req.compare:
-        raise UsageError("--depth and --soak measure one server", hint="drop --compare")
+        raise UsageError("--depth, --soak and --turns measure one server", hint="drop --compare")
     return configurations(req)
 
 
@@ -93,7 +93,9 @@ def depth_error(report: dict[str, Any]) -> BenchError | None:
         return None
     last = report["last_ok_depth"]
     reason = " ".join(str(fail["reason"]).split())[:500]
-    return BenchError(f"the depth ladder failed at {fail['depth']} tokens: {reason} (last depth that "
+    what = f"the burst ladder ({report['concurrency']} prompts at once)" if report.get("concurrency", 1) > 1 \
+        else "the depth ladder"
+    return BenchError(f"{what} failed at {fail['depth']} tokens: {reason} (last depth that "
                       f"worked: {last if last is not None else 'none'})",
                       hint=f"the report is {report['json_path']}; the server log says more")
 
@@ -117,4 +119,37 @@ def run_soak_mode(req: Request, opts: Any, argv: list[str], show: Callable[[dict
         if line:
             raise BenchError(f"the soak failed: {' '.join(line.split())[:500]}",
                              hint=f"the report is {report['json_path']}; the server log says more")
+    return report
+
+
+def turns_error(report: dict[str, Any]) -> BenchError | None:
+    """The one error line of a failed conversation (exit 8), naming the turn and its depth."""
+    fail = report["failure"]
+    if not fail:
+        return None
+    reason = " ".join(str(fail["reason"]).split())[:500]
+    last = report["last_ok_depth"]
+    return BenchError(f"the conversation failed at turn {fail['turn']} ({fail['depth']} tokens of context): {reason} "
+                      f"(deepest context that worked: {last if last is not None else 'none'})",
+                      hint=f"the report is {report['json_path']}; the server log says more")
+
+
+def run_turns_mode(req: Request, opts: Any, argv: list[str], show: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """The conversation: the report written (JSON) and shown, then BenchError (exit 8) when a turn failed."""
+    from qwenquant.atomic import atomic_write_json
+    from qwenquant.bench.longtext import load_text
+    from qwenquant.bench.turns import run_turns
+
+    text = load_text()
+    meta = _meta("qwenquant bench --turns", argv)
+    with _targets(req, _one_target(req)) as targets:
+        t = targets[0]
+        t.model = resolve_model(t)
+        t.info["vllm_version"] = server_version(t) or t.info.get("vllm_version_installed")
+        report = {**meta, "target": _target_info(t), **run_turns(t, text, opts), "json_path": str(req.out)}
+        atomic_write_json(req.out, report, canonical=False)
+        show(report)
+        err = turns_error(report)
+        if err:
+            raise err
     return report

@@ -53,15 +53,20 @@ def bench(
                                       "(default: from 1024, doubling, the last exactly at the limit)."),
     reuse_prefix: bool = typer.Option(False, "--reuse-prefix", help="--depth: let rungs share their prompt's "
                                       "start (prefix-cache reuse); by default each rung's prompt is fresh."),
-    stall_timeout: float = typer.Option(300.0, help="--depth/--soak: seconds without a byte from the server "
+    stall_timeout: float = typer.Option(300.0, help="--depth/--soak/--turns: seconds without a byte from the server "
                                         "that count as a stall."),
     soak: bool = typer.Option(False, "--soak", help="Long generations: MTP acceptance per window of generated "
                               "tokens and a verdict (collapse, empty or truncated responses, errors, restarts)."),
     soak_tokens: int = typer.Option(20000, min=2, help="--soak: tokens generated per stream."),
-    concurrency: int = typer.Option(1, min=1, help="--soak: streams at once (at most the profile's max-num-seqs)."),
+    concurrency: int = typer.Option(1, min=1, help="--soak: streams at once; --depth: each rung a burst of this "
+                                    "many fresh prompts sent at once (both at most the profile's max-num-seqs)."),
     window: int = typer.Option(1024, min=1, help="--soak: generated tokens per acceptance window."),
     collapse_fraction: float = typer.Option(0.5, min=0.0, max=1.0, help="--soak: a window whose acceptance is "
                                             "below this share of the first window's has collapsed."),
+    turns: bool = typer.Option(False, "--turns", help="One conversation that grows turn by turn (each turn the "
+                               "previous answer plus a new user message) until it would pass max_model_len minus "
+                               "the output: per turn TTFT, new-token prefill rate and prefix-cache hits."),
+    turn_tokens: int = typer.Option(2048, min=1, help="--turns: tokens of shipped text per new user message."),
 ) -> None:
     """Measure tokens/s, TTFT and MTP acceptance of a server; compare two configurations in rounds.
 
@@ -77,6 +82,10 @@ def bench(
       qwenquant bench --serve artifacts/q27b --profile single-user --gpu-mem 24GiB --depth
 
       qwenquant bench http://127.0.0.1:8000 --soak --soak-tokens 20000 --window 1024
+
+      qwenquant bench http://127.0.0.1:8000 --depth --concurrency 16
+
+      qwenquant bench http://127.0.0.1:8000 --turns --turn-tokens 2048
     """
     from qwenquant.bench.render import print_report
     from qwenquant.bench.runner import Options
@@ -97,26 +106,26 @@ def bench(
                    repeats=repeats, rounds=rounds, max_concurrency=max_concurrency, ignore_eos=ignore_eos)
     req = Request(url=url, serve=served, compare=compare, options=opts, out=out or default_out(),
                   config=config, model=model, api_key=api_key)
-    if depth or soak:
-        return _long_run(req, dict(depth=depth, soak=soak, depths=depths, max_tokens=max_tokens, thinking=thinking,
+    if depth or soak or turns:
+        return _long_run(req, dict(depth=depth, soak=soak, turns=turns, turn_tokens=turn_tokens, depths=depths, max_tokens=max_tokens, thinking=thinking,
                                    reuse_prefix=reuse_prefix, stall_timeout=stall_timeout, soak_tokens=soak_tokens,
                                    concurrency=concurrency, window=window, collapse_fraction=collapse_fraction))
     print_report(run(req, argv_now()))
 
 
 def _long_run(req: Any, o: dict[str, Any]) -> None:
-    """--depth or --soak: one server, a verdict, exit 8 with one line on a failing one."""
+    """--depth, --soak or --turns: one server, a verdict, exit 8 with one line on a failing one."""
     from qwenquant.bench.depth import DepthOptions
-    from qwenquant.bench.longrun import run_depth_mode, run_soak_mode
+    from qwenquant.bench.longrun import run_depth_mode, run_soak_mode, run_turns_mode
     from qwenquant.bench.longtext import parse_depths
-    from qwenquant.bench.render import print_depth, print_soak
+    from qwenquant.bench.render import print_depth, print_soak, print_turns
     from qwenquant.bench.session import argv_now
     from qwenquant.bench.soakrun import SoakOptions
     from qwenquant.errors import UsageError
 
     think = {"on": True, "default": None}.get(o["thinking"], False)
-    if o["depth"] and o["soak"]:
-        raise UsageError("--depth and --soak are two runs", hint="run one, then the other")
+    if sum((o["depth"], o["soak"], o["turns"])) > 1:
+        raise UsageError("--depth, --soak and --turns are separate runs", hint="run one, then the other")
     if o["soak"]:
         run_soak_mode(req, SoakOptions(tokens=o["soak_tokens"], concurrency=o["concurrency"], window=o["window"],
                                        fraction=o["collapse_fraction"], stall_timeout=o["stall_timeout"],
@@ -124,7 +133,16 @@ def _long_run(req: Any, o: dict[str, Any]) -> None:
         return
     if o["max_tokens"] is not None and o["max_tokens"] < 2:
         raise UsageError(f"--max-tokens {o['max_tokens']} leaves no decode to measure", hint="use 2 or more")
+    if o["turns"]:
+        from qwenquant.bench.turns import TurnOptions
+
+        run_turns_mode(req, TurnOptions(turn_tokens=o["turn_tokens"], output_tokens=o["max_tokens"] or 64,
+                                        stall_timeout=o["stall_timeout"], thinking=think), argv_now(), print_turns)
+        return
+    if o["reuse_prefix"] and o["concurrency"] > 1:
+        raise UsageError("--reuse-prefix and --concurrency: a burst's prompts are fresh by design",
+                         hint="drop --reuse-prefix")
     dopts = DepthOptions(depths=parse_depths(o["depths"]) if o["depths"] else None,
                          output_tokens=o["max_tokens"] or 64, reuse_prefix=o["reuse_prefix"],
-                         stall_timeout=o["stall_timeout"], thinking=think)
+                         stall_timeout=o["stall_timeout"], thinking=think, concurrency=o["concurrency"])
     run_depth_mode(req, dopts, argv_now(), print_depth)
