@@ -1,8 +1,11 @@
 """`qwenquant bench --depth` and `--soak` against the real vLLM (CPU build from .venv-vllm) serving
 the quantized tiny reference with MTP: one `qwenquant serve` for the module (the per-request
-speculative-decoding metrics on), the depth ladder to its max_model_len and a soak of 4096 generated
-tokens, read as a user reads them (exit code, JSON, PNG). The context is 6144 tokens, above the tiny
-model's 4096 positions (VLLM_ALLOW_LONG_MAX_MODEL_LEN), so the soak's prompt and output fit."""
+speculative-decoding metrics on), the depth ladder to its max_model_len, one burst rung of 2 fresh
+prompts at once, a 3-turn conversation and a soak of 4096 generated tokens, read as a user reads
+them (exit code, JSON, PNG). The context is 6144 tokens, above the tiny model's 4096 positions
+(VLLM_ALLOW_LONG_MAX_MODEL_LEN), so the soak's prompt and output fit. The single-user profile serves
+one sequence; the module's server overrides it with --max-num-seqs 2 so that a burst of 2 is one the
+served profile allows (the ladder and the soak send one request at a time either way)."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from helpers import LAUNCHER, ServedCLI, require_vllm, vllm_env
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 MAX_LEN = 6144
 SOAK, WINDOW = 4096, 512
+MAX_SEQS = 2
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +40,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     assert q.returncode == 0, q.stderr[-3000:]
     with ServedCLI(str(art), "--profile", "single-user", "--port", str(free_port()), "--vllm", str(LAUNCHER),
                    "--timeout", "900", "--log-file", str(tmp / "server.log"), "--", "--max-model-len", str(MAX_LEN),
-                   "--per-request-spec-decode-metrics", "detailed", env=env) as cli:
+                   "--max-num-seqs", str(MAX_SEQS), "--per-request-spec-decode-metrics", "detailed", env=env) as cli:
         yield cli, env
 
 
@@ -76,3 +80,29 @@ def test_soak_of_4k_tokens_with_mtp_windows(server, tmp_path: Path) -> None:
     assert sum(w["accepted"] for w in wins) > 0
     assert Path(rep["png_path"]).read_bytes()[:4] == b"\x89PNG"
     print(r.stdout, r.stderr[-1500:], json.dumps(rep["windows"]))
+
+
+def test_burst_of_two_fresh_prompts(server, tmp_path: Path) -> None:
+    r, rep = _bench(server, tmp_path, "--depth", "--depths", "1024", "--concurrency", str(MAX_SEQS),
+                    "--max-tokens", "16")
+    (rung,) = rep["rungs"]
+    assert rung["ok"] and rung["concurrency"] == MAX_SEQS and rung["failed"] == 0, rung
+    for q in rung["requests"]:  # each prompt counted by the server at its depth, each answered in full
+        assert 1024 * 0.999 <= q["prompt_tokens"] <= 1024 and q["completion_tokens"] == 16 and q["failure"] is None
+    assert 0 < rung["ttft"]["min"] <= rung["ttft"]["max"] and rung["prefill_tok_s"] > 0
+    assert "burst ladder (2 fresh prompts at once per rung)" in r.stdout
+
+
+def test_conversation_of_three_turns(server, tmp_path: Path) -> None:
+    """1800-token user turns with 32-token answers: the fourth turn would pass 6144 - 32."""
+    r, rep = _bench(server, tmp_path, "--turns", "--turn-tokens", "1800", "--max-tokens", "32")
+    turns = rep["turns"]
+    assert [t["turn"] for t in turns] == [0, 1, 2] and all(t["ok"] for t in turns) and rep["failure"] is None, turns
+    depths = [t["depth"] for t in turns]
+    assert depths[0] <= 1800 and depths[1] - depths[0] > 1800 and depths[2] + 32 <= MAX_LEN, depths
+    assert all(t["completion_tokens"] == 32 and t["new_prefill_tok_s"] > 0 for t in turns)
+    pc = rep["prefix_cache"]  # vLLM exports the counters; whether this hybrid model cached is read, not assumed
+    assert pc["counters"] is True and all(t["prefix_cache"] is not None for t in turns), turns
+    assert pc["cached"] == (pc["hits"] > 0)
+    assert "prefix cache: " in r.stderr
+    print(r.stdout, r.stderr[-800:])
