@@ -21,6 +21,12 @@ from qwenquant.commands._options import (
     Vllm,
 )
 
+CONCURRENCY_HELP = ("--soak: streams at once; --depth: each rung a burst of this many fresh prompts sent at once "
+                    "(both at most the profile's max-num-seqs).")
+TURNS_HELP = ("One conversation that grows turn by turn (each turn the previous answer plus a new user message of "
+              "--turn-tokens) until it would pass max_model_len minus the output: per turn TTFT, new-token "
+              "prefill rate and prefix-cache hits.")
+
 
 @app.command(context_settings={"allow_interspersed_args": True})
 def bench(
@@ -58,14 +64,11 @@ def bench(
     soak: bool = typer.Option(False, "--soak", help="Long generations: MTP acceptance per window of generated "
                               "tokens and a verdict (collapse, empty or truncated responses, errors, restarts)."),
     soak_tokens: int = typer.Option(20000, min=2, help="--soak: tokens generated per stream."),
-    concurrency: int = typer.Option(1, min=1, help="--soak: streams at once; --depth: each rung a burst of this "
-                                    "many fresh prompts sent at once (both at most the profile's max-num-seqs)."),
+    concurrency: int = typer.Option(1, min=1, help=CONCURRENCY_HELP),
     window: int = typer.Option(1024, min=1, help="--soak: generated tokens per acceptance window."),
     collapse_fraction: float = typer.Option(0.5, min=0.0, max=1.0, help="--soak: a window whose acceptance is "
                                             "below this share of the first window's has collapsed."),
-    turns: bool = typer.Option(False, "--turns", help="One conversation that grows turn by turn (each turn the "
-                               "previous answer plus a new user message) until it would pass max_model_len minus "
-                               "the output: per turn TTFT, new-token prefill rate and prefix-cache hits."),
+    turns: bool = typer.Option(False, "--turns", help=TURNS_HELP),
     turn_tokens: int = typer.Option(2048, min=1, help="--turns: tokens of shipped text per new user message."),
 ) -> None:
     """Measure tokens/s, TTFT and MTP acceptance of a server; compare two configurations in rounds.
@@ -90,15 +93,9 @@ def bench(
     from qwenquant.bench.render import print_report
     from qwenquant.bench.runner import Options
     from qwenquant.bench.session import Request, argv_now, default_out, run
-    from qwenquant.errors import UsageError
     from qwenquant.serve.request import ServeRequest
 
-    words = list(args or [])
-    if serve and words and not words[0].startswith("-"):
-        raise UsageError(f"give a URL ({words[0]}) or --serve ARTIFACT, not both", hint="vLLM flags go after --")
-    url = None if serve or not words else words.pop(0)
-    if words and not serve:
-        raise UsageError(f"unexpected arguments {words}", hint="vLLM flags after -- go with --serve")
+    url, words = _split_args(args, serve)
     served = ServeRequest.from_options(serve, profile or [], words, api_key=api_key, vllm=vllm, timeout=timeout,
                                        device=device.value if device else None, gpus=gpus,
                                        gpu_mem=gpu_mem, gpu_mem_soft=gpu_mem_soft) if serve else None
@@ -107,10 +104,24 @@ def bench(
     req = Request(url=url, serve=served, compare=compare, options=opts, out=out or default_out(),
                   config=config, model=model, api_key=api_key)
     if depth or soak or turns:
-        return _long_run(req, dict(depth=depth, soak=soak, turns=turns, turn_tokens=turn_tokens, depths=depths, max_tokens=max_tokens, thinking=thinking,
-                                   reuse_prefix=reuse_prefix, stall_timeout=stall_timeout, soak_tokens=soak_tokens,
-                                   concurrency=concurrency, window=window, collapse_fraction=collapse_fraction))
+        return _long_run(req, dict(depth=depth, soak=soak, turns=turns, turn_tokens=turn_tokens, depths=depths,
+                                   max_tokens=max_tokens, thinking=thinking, reuse_prefix=reuse_prefix,
+                                   stall_timeout=stall_timeout, soak_tokens=soak_tokens, concurrency=concurrency,
+                                   window=window, collapse_fraction=collapse_fraction))
     print_report(run(req, argv_now()))
+
+
+def _split_args(args: list[str] | None, serve: Any) -> tuple[str | None, list[str]]:
+    """(the URL, the vLLM flags): a URL or --serve ARTIFACT with flags after --, not both."""
+    from qwenquant.errors import UsageError
+
+    words = list(args or [])
+    if serve and words and not words[0].startswith("-"):
+        raise UsageError(f"give a URL ({words[0]}) or --serve ARTIFACT, not both", hint="vLLM flags go after --")
+    url = None if serve or not words else words.pop(0)
+    if words and not serve:
+        raise UsageError(f"unexpected arguments {words}", hint="vLLM flags after -- go with --serve")
+    return url, words
 
 
 def _long_run(req: Any, o: dict[str, Any]) -> None:
