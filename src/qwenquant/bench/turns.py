@@ -22,7 +22,7 @@ from typing import Any
 from qwenquant.bench import metrics
 from qwenquant.bench.depth import FirstToken, PromptFitter, _empty, _figures, served_max_len
 from qwenquant.bench.gpu import MemoryPeak
-from qwenquant.bench.longtext import INSTRUCTION, LongText
+from qwenquant.bench.longtext import LongText
 from qwenquant.bench.runner import Target
 from qwenquant.bench.stream import Sample, stream_chat
 from qwenquant.bench.watch import ServerWatch
@@ -73,22 +73,19 @@ def fits(next_depth: int, output: int, max_len: int) -> bool:
 
 
 class Conversation:
-    """The messages so far, and the user message of each next turn (its length fitted by the chars
-    per token the server counted)."""
+    """The messages so far, and the user message of each next turn."""
 
     def __init__(self, t: Target, text: LongText, opts: TurnOptions, nonce: str) -> None:
         self.fitter = PromptFitter(t, text, opts.thinking)
-        self.text, self.opts, self.nonce = text, opts, nonce
+        self.opts, self.nonce = opts, nonce
         self.messages: list[dict[str, str]] = []
 
     def next_messages(self, turn: int) -> list[dict[str, str]]:
+        """The conversation so far plus a new user message fitted (alone, through /tokenize where the
+        server has it) to --turn-tokens: another part of the text has another density."""
         header = f"# qwenquant bench --turns: turn {turn}, run {self.nonce}\n"
-        if turn == 0:
-            msgs, _ = self.fitter.fit(self.opts.turn_tokens, header, start=0)
-            return msgs
-        n_chars = int(self.opts.turn_tokens * self.fitter.chars_per_token)
-        body = header + self.text.take(n_chars, start=turn * 7919) + INSTRUCTION
-        return [*self.messages, {"role": "user", "content": body}]
+        msgs, _ = self.fitter.fit(self.opts.turn_tokens, header, start=turn * 7919)
+        return [*self.messages, *msgs]
 
     def depth(self, msgs: list[dict[str, str]], last_total: int) -> int:
         """The server's count of `msgs` (/tokenize), else an estimate from the last turn's total."""
