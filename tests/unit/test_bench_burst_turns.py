@@ -76,6 +76,8 @@ def test_cache_verdict_reads_hits_after_the_first_turn() -> None:
     assert cache_verdict([t0])["cached"] is None  # one turn says nothing about caching
     assert "the server cached (4096 of 8000" in cache_line(cache_verdict([t0, hit, hit]))
     assert "NO hits" in cache_line(cache_verdict([t0, miss])) and "unknown" in cache_line({"counters": False})
+    off = {"prefix_cache": {"queries": 0.0, "hits": 0.0}}  # vLLM with caching off: counters present, never moved
+    assert cache_verdict([off, off])["cached"] is False and "prefix cache: off" in cache_line(cache_verdict([off, off]))
 
 
 def test_turn_arithmetic() -> None:

@@ -93,6 +93,8 @@ def cache_line(pc: dict[str, Any]) -> str:
         return "prefix cache: unknown (no vllm:prefix_cache_* counters on /metrics)"
     if pc.get("cached") is None:
         return "prefix cache: unknown (one turn only)"
+    if not pc["queries"]:
+        return "prefix cache: off (the server looked up no tokens after turn 0): each turn prefilled its whole context"
     if pc["cached"]:
         return f"prefix cache: the server cached ({pc['hits']:.0f} of {pc['queries']:.0f} queried tokens hit after turn 0)"
     return f"prefix cache: NO hits after turn 0 ({pc['queries']:.0f} tokens queried): each turn prefilled its whole context"
