@@ -119,3 +119,8 @@ def test_a_failing_turn_ends_the_conversation(tmp_path: Path, mode: str, says: s
     rep = json.loads(out.read_text())
     assert [t["ok"] for t in rep["turns"]] == [True, True, False] and rep["failure"]["turn"] == 2
     assert f"deepest context that worked: {rep['turns'][1]['depth']}" in errors[0]
+
+
+def test_turns_with_concurrency_is_a_usage_error(tmp_path: Path) -> None:
+    r, _ = _bench(tmp_path, "http://127.0.0.1:9", "--turns", "--concurrency", "2")
+    assert r.returncode == 2 and "--concurrency 2 with --turns: the conversation is one user's" in flat(r.stderr)

@@ -147,6 +147,10 @@ def _long_run(req: Any, o: dict[str, Any]) -> None:
     if o["turns"]:
         from qwenquant.bench.turns import TurnOptions
 
+        if o["concurrency"] > 1:
+            raise UsageError(f"--concurrency {o['concurrency']} with --turns: the conversation is one user's",
+                             hint="drop --concurrency (a burst is --depth --concurrency N)")
+
         run_turns_mode(req, TurnOptions(turn_tokens=o["turn_tokens"], output_tokens=o["max_tokens"] or 64,
                                         stall_timeout=o["stall_timeout"], thinking=think), argv_now(), print_turns)
         return
