@@ -11,6 +11,7 @@ import shutil
 import statistics
 import subprocess
 import tempfile
+import time
 from typing import Any
 
 QUERY = "timestamp,index,name,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu"
@@ -123,3 +124,64 @@ def gpu_name() -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
+
+
+MEMORY_QUERY = "index,memory.used,memory.total"
+MEMORY_INTERVAL_MS = 100
+
+
+def parse_memory(text: str) -> dict[str, Any]:
+    """Peak memory of `nvidia-smi --query-gpu=index,memory.used,memory.total` rows (pure): per GPU the
+    most used and the least left free, in MiB; {"sampled": False} without a readable row."""
+    peak: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        f = [x.strip() for x in line.split(",")]
+        if len(f) != 3:
+            continue
+        used, total = _num(f[1]), _num(f[2])
+        if used is None or total is None:
+            continue
+        p = peak.setdefault(f[0], {"peak_used_mib": used, "total_mib": total, "samples": 0})
+        p["peak_used_mib"] = max(p["peak_used_mib"], used)
+        p["samples"] += 1
+    if not peak:
+        return {"sampled": False, "why": "not sampled: nvidia-smi gave no memory samples"}
+    for p in peak.values():
+        p["min_free_mib"] = p["total_mib"] - p["peak_used_mib"]
+    return {"sampled": True, "interval_ms": MEMORY_INTERVAL_MS, "gpus": peak,
+            "peak_used_mib": max(p["peak_used_mib"] for p in peak.values())}
+
+
+class MemoryPeak:
+    """`with MemoryPeak() as m: ...` then `m.result`: the GPU memory peak over the block (nvidia-smi
+    sampled every 100 ms; "not sampled" without it). Under a hard --gpu-mem the ballast's memory counts
+    as used, so `min_free_mib` is the headroom the server had left."""
+
+    def __init__(self) -> None:
+        self.result: dict[str, Any] = {"sampled": False, "why": "not sampled: nvidia-smi not found"}
+        self._proc: subprocess.Popen | None = None
+        self._out = tempfile.TemporaryFile()
+
+    def __enter__(self) -> MemoryPeak:
+        exe = shutil.which("nvidia-smi")
+        if exe is not None:
+            try:
+                self._proc = subprocess.Popen([exe, f"--query-gpu={MEMORY_QUERY}", "--format=csv,noheader,nounits",
+                                               "-lms", str(MEMORY_INTERVAL_MS)], stdout=self._out,
+                                              stderr=subprocess.DEVNULL)
+            except OSError as e:
+                self.result = {"sampled": False, "why": f"not sampled: {e}"}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            time.sleep(MEMORY_INTERVAL_MS / 1000)  # at least one sample after the block's last work
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._out.seek(0)
+            self.result = parse_memory(self._out.read().decode(errors="replace"))
+        self._out.close()

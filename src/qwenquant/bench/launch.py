@@ -121,7 +121,7 @@ def serve_targets(base: ServeRequest, configs: Sequence[ConfigSpec], *,
             s = stack.enter_context(launched(req))
             targets.append(Target(cfg.label, s.url, model=s.model, api_key=base.api_key,
                                   max_num_seqs=s.prepared.profile.max_num_seqs, template_thinking=thinking,
-                                  info={"config": cfg.text, **s.info}))
+                                  info={"config": cfg.text, **s.info}, server=s.server))
         yield targets
 
 

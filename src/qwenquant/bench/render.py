@@ -32,3 +32,132 @@ def print_report(report: dict[str, Any]) -> None:
     else:
         console.print(f"GPU: {gpu.get('why', 'not sampled')}")
     console.print(f"json: {report.get('json_path')}" + (f"  plot: {report['png_path']}" if report.get("png_path") else ""))
+
+
+def _num(v: Any, fmt: str) -> str:
+    return format(v, fmt) if isinstance(v, int | float) else "-"
+
+
+def _acc(a: dict[str, Any]) -> str:
+    if not a.get("metrics_page"):
+        return "no /metrics"
+    return " ".join(f"{p:.2f}" for p in a["per_position"]) if a.get("speculative") else "no drafts"
+
+
+def _mem(m: dict[str, Any]) -> str:
+    return f"{m['peak_used_mib']:.0f}" if m.get("sampled") else "not sampled"
+
+
+def depth_rows(report: dict[str, Any]) -> list[list[str]]:
+    """One row per rung (pure)."""
+    rows = []
+    for r in report["rungs"]:
+        status = "ok" if r["ok"] else "FAILED"
+        rows.append([str(r["depth"]), _num(r.get("prompt_tokens"), "d"), _num(r.get("ttft_s"), ".2f"),
+                     _num(r.get("prefill_tok_s"), ".0f"), _num(r.get("wall_tok_s"), ".1f"),
+                     _num(r.get("decode_tok_s"), ".1f"), _acc(r["acceptance"]), _mem(r["gpu_memory"]), status])
+    return rows
+
+
+def _spread(sp: dict[str, float] | None, fmt: str) -> str:
+    return "/".join(format(sp[k], fmt) for k in ("min", "median", "max")) if sp else "-"
+
+
+def burst_rows(report: dict[str, Any]) -> list[list[str]]:
+    """One row per burst rung: TTFT over its requests, the aggregate prefill, median rates (pure)."""
+    rows = []
+    for r in report["rungs"]:
+        status = "ok" if r["ok"] else f"FAILED ({r.get('failed', '?')} of {r.get('concurrency', '?')})"
+        rows.append([str(r["depth"]), _num(r.get("prompt_tokens"), "d"), _spread(r.get("ttft"), ".2f"),
+                     _num(r.get("prefill_tok_s"), ".0f"), _num(r.get("wall_tok_s"), ".1f"),
+                     _num(r.get("decode_tok_s"), ".1f"), _acc(r["acceptance"]), _mem(r["gpu_memory"]), status])
+    return rows
+
+
+def turns_rows(report: dict[str, Any]) -> list[list[str]]:
+    """One row per turn of the conversation (pure)."""
+    rows = []
+    for r in report["turns"]:
+        pc = r.get("prefix_cache")
+        rows.append([str(r["turn"]), _num(r.get("depth"), "d"), _num(r.get("new_tokens"), "d"),
+                     _num(r.get("ttft_s"), ".2f"), _num(r.get("new_prefill_tok_s"), ".0f"),
+                     f"{pc['hits']:.0f}/{pc['queries']:.0f}" if pc else "no counters",
+                     _num(r.get("decode_tok_s"), ".1f"), _acc(r["acceptance"]), _mem(r["gpu_memory"]),
+                     "ok" if r["ok"] else "FAILED"])
+    return rows
+
+
+def cache_line(pc: dict[str, Any]) -> str:
+    """Whether the server cached prefixes, as its counters say (pure)."""
+    if not pc.get("counters"):
+        return "prefix cache: unknown (no vllm:prefix_cache_* counters on /metrics)"
+    if pc.get("cached") is None:
+        return "prefix cache: unknown (one turn only)"
+    if not pc["queries"]:
+        return "prefix cache: off (the server looked up no tokens after turn 0): each turn prefilled its whole context"
+    if pc["cached"]:
+        return f"prefix cache: the server cached ({pc['hits']:.0f} of {pc['queries']:.0f} queried tokens hit after turn 0)"
+    return f"prefix cache: NO hits after turn 0 ({pc['queries']:.0f} tokens queried): each turn prefilled its whole context"
+
+
+def print_turns(report: dict[str, Any]) -> None:
+    """The conversation's table on stdout, the cache verdict and the output path on stderr."""
+    _print_table(f"conversation ({report['turn_tokens']}-token user turns, {report['output_tokens']}-token answers)",
+                 ["turn", "context tokens", "new tokens", "TTFT s", "new-token prefill tok/s",
+                  "prefix-cache hits/queries", "decode tok/s", "acceptance per position", "GPU peak MiB", "status"],
+                 turns_rows(report))
+    console.print(cache_line(report["prefix_cache"]))
+    fail = report.get("failure")
+    console.print(f"deepest context that worked: {report.get('last_ok_depth')} tokens"
+                  + (f"; failed at turn {fail['turn']} ({fail['depth']} tokens): {fail['reason']}" if fail else ""))
+    console.print(f"json: {report.get('json_path')}")
+
+
+def _print_table(title: str, headers: list[str], rows: list[list[str]]) -> None:
+    out = stdout if stdout.is_terminal else Console(highlight=False, width=240)
+    table = Table(title=Text(title), title_justify="left")
+    for h in headers:
+        table.add_column(Text(h), justify="right", no_wrap=True)
+    for r in rows:
+        table.add_row(*(Text(c) for c in r))
+    out.print(table)
+
+
+def print_depth(report: dict[str, Any]) -> None:
+    """The ladder's table on stdout, its verdict and the output paths on stderr."""
+    n = report.get("concurrency", 1)
+    if n > 1:
+        _print_table(f"burst ladder ({n} fresh prompts at once per rung)",
+                     ["depth", "prompt tokens", "TTFT s min/median/max", "prefill tok/s (all)", "wall tok/s",
+                      "decode tok/s", "acceptance per position", "GPU peak MiB", "status"], burst_rows(report))
+    else:
+        _print_table("depth ladder (one fresh prompt per rung)",
+                     ["depth", "prompt tokens", "TTFT s", "prefill tok/s", "wall tok/s", "decode tok/s",
+                      "acceptance per position", "GPU peak MiB", "status"], depth_rows(report))
+    for f in report.get("flags") or []:
+        console.print(f"flag {f['kind']}: {f['where']} {f['figure']} {f['value']:.4g} beyond the line {f['line']:.4g}")
+    fail = report.get("failure")
+    console.print(f"deepest prompt that worked: {report.get('last_ok_depth')} tokens"
+                  + (f"; failed at {fail['depth']}: {fail['reason']}" if fail else ""))
+    console.print(f"json: {report.get('json_path')}" + (f"  plot: {report['png_path']}" if report.get("png_path") else ""))
+
+
+def soak_rows(report: dict[str, Any]) -> list[list[str]]:
+    """One row per window (all streams together) (pure)."""
+    return [[str(w["index"]), f"{w['start']}-{w['end']}", _num(w["drafts"], ".0f"), _num(w["acceptance_rate"], ".3f"),
+             _num(w["mean_acceptance_length"], ".2f"),
+             " ".join(f"{p:.2f}" for p in w["per_position"]) if w["per_position"] else "no drafts"]
+            for w in report["windows"]]
+
+
+def print_soak(report: dict[str, Any]) -> None:
+    """The windows' table on stdout, the streams and the verdict on stderr."""
+    _print_table(f"soak: MTP acceptance per {report['window']}-token window ({report['source']})",
+                 ["window", "generated tokens", "drafts", "acceptance rate", "mean acceptance length",
+                  "per position"], soak_rows(report))
+    for i, s in enumerate(report["streams"]):
+        console.print(f"stream {i}: {s.get('completion_tokens', 0)} tokens, finish {s.get('finish_reason')}, "
+                      f"decode {_num(s.get('decode_tok_s'), '.1f')} tok/s" + (f", error: {s['error']}" if s["error"] else ""))
+    v = report["verdict"]
+    console.print(f"verdict: {v['status']}" + (f": {v['line']}" if v["line"] else ""))
+    console.print(f"json: {report.get('json_path')}" + (f"  plot: {report['png_path']}" if report.get("png_path") else ""))

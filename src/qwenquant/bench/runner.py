@@ -35,6 +35,7 @@ class Target:
     max_num_seqs: int | None = None
     template_thinking: bool | None = None  # None: unknown, ask the server
     info: dict[str, Any] = field(default_factory=dict)
+    server: Any = None  # with --serve: the supervised process (qwenquant.serve.supervisor.Server)
 
 
 @dataclass(frozen=True)

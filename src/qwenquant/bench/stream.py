@@ -13,7 +13,7 @@ import http.client
 import json
 import time
 import urllib.parse
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,7 @@ class Sample:
     chars: dict[str, int] = field(default_factory=dict)  # streamed characters per field
     finish_reason: str | None = None
     text_events: int = 0  # events that carried text: a decode rate over very few of them is coarse
+    metrics: dict[str, Any] | None = None  # vLLM's per-request `metrics` on the usage chunk, where it sends them
 
     @property
     def short(self) -> bool:
@@ -93,13 +94,16 @@ def _text_fields(chunk: dict[str, Any]) -> dict[str, int]:
     return out
 
 
-def read_stream(events: Iterable[tuple[str, float]], t_sent: float, max_tokens: int) -> Sample:
-    """Fold a stream's events into a Sample (pure; raises BenchError on an error event or no usage)."""
+def read_stream(events: Iterable[tuple[str, float]], t_sent: float, max_tokens: int,
+                on_chunk: Callable[[dict[str, Any]], None] | None = None) -> Sample:
+    """Fold a stream's events into a Sample (pure; raises BenchError on an error event or no usage).
+    `on_chunk` sees each parsed chunk as it arrives (the soak counts tokens with it)."""
     t_first: float | None = None
     first_field: str | None = None
     chars: dict[str, int] = {}
     usage: dict[str, Any] | None = None
     finish: str | None = None
+    extra: dict[str, Any] | None = None
     n_text = 0
     t_end = t_sent
     for data, t in events:
@@ -114,6 +118,8 @@ def read_stream(events: Iterable[tuple[str, float]], t_sent: float, max_tokens: 
         if "error" in chunk:
             raise BenchError(f"the server reported an error mid-stream: {json.dumps(chunk['error'])[:300]}",
                              hint="see the server log")
+        if on_chunk is not None:
+            on_chunk(chunk)
         got = _text_fields(chunk)
         n_text += bool(got)
         if got and t_first is None:
@@ -124,17 +130,18 @@ def read_stream(events: Iterable[tuple[str, float]], t_sent: float, max_tokens: 
             finish = choice.get("finish_reason") or finish
         if chunk.get("usage"):
             usage = chunk["usage"]
+            extra = chunk.get("metrics") if isinstance(chunk.get("metrics"), dict) else extra
     t_end = time.perf_counter() if t_end == t_sent else t_end
     if not usage or not isinstance(usage.get("completion_tokens"), int):
         raise BenchError("the server streamed no token usage (stream_options.include_usage was requested): "
                          "rates would have to be guessed, and qwenquant bench does not guess",
                          hint="use a server that honours stream_options.include_usage (vLLM does)")
     return Sample(t_sent, t_first, t_end, int(usage.get("prompt_tokens") or 0), usage["completion_tokens"],
-                  max_tokens, first_field, chars, finish, n_text)
+                  max_tokens, first_field, chars, finish, n_text, extra)
 
 
 def stream_chat(url: str, body: dict[str, Any], *, api_key: str | None = None,
-                timeout: float = 600.0) -> Sample:
+                timeout: float = 600.0, on_chunk: Callable[[dict[str, Any]], None] | None = None) -> Sample:
     """POST `body` (stream forced on, usage requested) to URL/v1/chat/completions; time it."""
     u = urllib.parse.urlsplit(url)
     conn_cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
@@ -153,7 +160,7 @@ def stream_chat(url: str, body: dict[str, Any], *, api_key: str | None = None,
         if resp.status != 200:
             text = resp.read().decode(errors="replace")[:400]
             raise BenchError(f"{url}{path} answered {resp.status}: {text}", hint=_hint_for(text))
-        return read_stream(sse_events(_timed_lines(resp)), t_sent, int(body.get("max_tokens") or 0))
+        return read_stream(sse_events(_timed_lines(resp)), t_sent, int(body.get("max_tokens") or 0), on_chunk)
     except (OSError, http.client.HTTPException) as e:
         raise BenchError(f"request to {url}{path} failed: {e}", hint="is the server up? check the URL") from None
     finally:

@@ -121,3 +121,18 @@ def spec_counters(text: str) -> SpecCounters:
             sums[base] += value
             present = True
     return SpecCounters(sums["drafts"], sums["draft_tokens"], sums["accepted_tokens"], pos, present)
+
+
+PREFIX_CACHE = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
+
+
+def prefix_cache_counters(text: str) -> dict[str, float] | None:
+    """vLLM's prefix-cache counters of one scrape (tokens queried / hit), summed over engines and
+    models, with or without `_total`; None when the page has neither."""
+    sums: dict[str, float] = {}
+    for name, _labels, value in samples(text):
+        base = counter_base(name)
+        if base in PREFIX_CACHE and not math.isnan(value):
+            key = base.split("_")[-1]
+            sums[key] = sums.get(key, 0.0) + value
+    return {"queries": sums.get("queries", 0.0), "hits": sums.get("hits", 0.0)} if sums else None

@@ -135,11 +135,11 @@ def int4_mtp(artifact: Path) -> dict[str, Any] | None:
     source: a missing one is an error."""
     from qwenquant.checkpoint.config import read_config
     from qwenquant.checkpoint.names import MTP_PREFIX, targets_cover
-    from qwenquant.checkpoint.tensorfile import checkpoint_refs
     from qwenquant.manifest import MANIFEST_NAME, load_manifest
+    from qwenquant.quantize.stages.mtp import present_refs
     from qwenquant.recipe.rules import MTP_LINEARS
 
-    refs = checkpoint_refs(artifact)
+    _, refs = present_refs(artifact)  # a deleted MTP-only shard is what graft-mtp restores
     packed = {n: r for n, r in refs.items() if n.startswith(MTP_PREFIX) and n.rsplit(".", 1)[1].startswith("weight_")}
     if (artifact / MANIFEST_NAME).is_file():
         quantized = (load_manifest(artifact).recipe.get("mtp") or {}).get("quantize") == "gptq"

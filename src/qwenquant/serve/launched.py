@@ -19,7 +19,7 @@ from qwenquant.serve.request import ServeRequest
 
 if TYPE_CHECKING:
     from qwenquant.serve.preflight import Prepared
-    from qwenquant.serve.supervisor import ServerSpec
+    from qwenquant.serve.supervisor import Server, ServerSpec
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,7 @@ class Launched:
     prepared: Prepared
     spec: ServerSpec
     info: dict[str, Any] = field(default_factory=dict)
+    server: Server | None = None  # the supervised process (its exit code, fatal log lines, ballast)
 
 
 def on_free_port(req: ServeRequest) -> ServeRequest:
@@ -61,5 +62,5 @@ def launched(req: ServeRequest) -> Iterator[Launched]:
             "extra_vllm_flags": list(req.extra), "device": p.device,
             "vllm_version_installed": p.install.version if p.install else None, "command": command,
             "server_log": str(spec.log_path)}
-    with running(spec):
-        yield Launched(spec.url, p.profile.served_model_name, p, spec, info)
+    with running(spec) as server:
+        yield Launched(spec.url, p.profile.served_model_name, p, spec, info, server)

@@ -275,6 +275,11 @@ def _check_context(artifact: Path, profile: ResolvedProfile) -> None:
     config = json.loads((artifact / "config.json").read_text())
     limit = (config.get("text_config") or config).get("max_position_embeddings")
     if isinstance(limit, int) and profile.max_model_len > limit:
+        if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").strip().lower() in ("1", "true"):
+            log.warning("max-model-len %d is above the model's max_position_embeddings %d: vLLM allows it "
+                        "(VLLM_ALLOW_LONG_MAX_MODEL_LEN is set); positions beyond %d were never trained",
+                        profile.max_model_len, limit, limit)
+            return
         raise ServeError(f"max-model-len {profile.max_model_len} is above the model's max_position_embeddings {limit}",
                          hint=f"pass `-- --max-model-len {limit}` (or less)")
 

@@ -95,7 +95,7 @@ def _quant_ignore(config: dict[str, Any]) -> tuple[bool, list[str]]:
     return (qc is not None), list((qc or {}).get("ignore") or [])
 
 
-def _present(folder: Path) -> tuple[dict[str, str], dict[str, Any]]:
+def present_refs(folder: Path) -> tuple[dict[str, str], dict[str, Any]]:
     """(weight map, refs of every tensor in the mapped shards) leaving out index entries of a missing
     shard that held only mtp.* tensors (the MTP shard deleted: what graft-mtp restores)."""
     folder = Path(folder)
@@ -113,7 +113,7 @@ def _present(folder: Path) -> tuple[dict[str, str], dict[str, Any]]:
 
 def present_plan(folder: Path) -> ShardPlan:
     """The folder's tensors by shard, as `current_plan` reads them, without a missing MTP-only shard."""
-    wmap, refs = _present(folder)
+    wmap, refs = present_refs(folder)
     plan: ShardPlan = {}
     for name, shard in wmap.items():
         if name not in refs:
@@ -126,7 +126,7 @@ def present_plan(folder: Path) -> ShardPlan:
 def plan_for(artifact_dir: Path, source_dir: Path, packed: Mapping[str, TensorRef] | None = None) -> GraftPlan:
     """Read digests and the index of both folders and plan the graft (`packed`: an int4 head's
     packed Linears, name -> tensor, see `expected_mtp`)."""
-    index, art_refs = _present(artifact_dir)
+    index, art_refs = present_refs(artifact_dir)
     want = expected_mtp(checkpoint_refs(source_dir), packed)
     art = tensor_digests(art_refs, [n for n in art_refs if n.startswith(MTP_PREFIX)])
     has_qc, ignore = _quant_ignore(read_config(artifact_dir))

@@ -1,0 +1,118 @@
+"""`qwenquant bench --depth --concurrency N`: each rung a burst of N fresh prompts of its depth, sent
+at the same instant (a barrier releases the N streams together).
+
+Every request of a burst has a first line of its own (rung, request, depth, run nonce) and starts at
+another place of the shipped text, so no request can reuse another's prefix-cache blocks: the server
+prefills N x depth new tokens at once, the worst step a profile's max_num_seqs allows. Per rung: the
+aggregate prefill rate (all prompt tokens / from the first request sent to the last first token),
+each request's TTFT (min / median / max), decode rates, MTP acceptance and the GPU peak. A rung fails
+when any of its requests fails (the failure kinds of depth.py); the report says how many of N.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from qwenquant.bench import metrics
+from qwenquant.bench.depth import DepthOptions, FirstToken, PromptFitter, RungResult, _empty, _figures, _request
+from qwenquant.bench.gpu import MemoryPeak
+from qwenquant.bench.runner import Target
+from qwenquant.bench.stream import Sample, stream_chat
+from qwenquant.bench.watch import ServerWatch
+from qwenquant.errors import BenchError, UsageError
+from qwenquant.net.prometheus import spec_counters
+
+
+def check_concurrency(concurrency: int, max_num_seqs: int | None) -> None:
+    """A burst wider than the profile's max_num_seqs would queue, not burst: refused."""
+    if max_num_seqs is not None and concurrency > max_num_seqs:
+        raise UsageError(f"--concurrency {concurrency} is above the profile's max_num_seqs {max_num_seqs}",
+                         hint=f"use --concurrency {max_num_seqs} or less")
+
+
+def burst_header(index: int, request: int, depth: int, nonce: str) -> str:
+    """The first line of one request of a burst: unique per rung, request and run."""
+    return f"# qwenquant bench --depth: rung {index} request {request} at {depth} tokens, run {nonce}\n"
+
+
+def spread3(values: list[float]) -> dict[str, float] | None:
+    """min / median / max (None when empty)."""
+    if not values:
+        return None
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def aggregate_prefill(samples: list[Sample]) -> float | None:
+    """All prompt tokens of a burst / seconds from its first request sent to its last first token."""
+    firsts = [s.t_first for s in samples if s.t_first is not None]
+    if not samples or len(firsts) < len(samples):
+        return None
+    span = max(firsts) - min(s.t_sent for s in samples)
+    return sum(s.prompt_tokens for s in samples) / span if span > 0 else None
+
+
+def burst_failure(n: int, reasons: list[str | None]) -> str | None:
+    """'k of N requests failed: <the first reason>' or None when all worked."""
+    bad = [r for r in reasons if r]
+    if not bad:
+        return None
+    return f"{len(bad)} of {n} requests failed: {bad[0]}"
+
+
+def _one(t: Target, msgs: list[dict[str, str]], opts: DepthOptions, gate: threading.Barrier) -> tuple[Sample | None, str | None]:
+    first = FirstToken()
+    try:
+        gate.wait()
+        s = first.apply(stream_chat(t.url, _request(t, msgs, opts), api_key=t.api_key,
+                                    timeout=opts.stall_timeout, on_chunk=first))
+    except BenchError as e:
+        return None, (f"stalled: no byte from the server for {opts.stall_timeout:g} s" if "timed out" in e.message
+                      else e.message)
+    return s, _empty(s, first.ids)
+
+
+def run_burst_rung(t: Target, watch: ServerWatch, fitter: PromptFitter, depth: int, index: int, nonce: str,
+                   opts: DepthOptions) -> RungResult:
+    """One rung of N requests at once; a failure is recorded, never raised."""
+    n = opts.concurrency
+    fitted = [fitter.fit(depth, burst_header(index, j, depth, nonce), start=index * 7919 + j * 104729)
+              for j in range(n)]
+    rec: dict[str, Any] = {"depth": depth, "concurrency": n, "tokenize_count": [c for _, c in fitted]}
+    before = metrics.scrape(t.url, t.api_key)
+    gate = threading.Barrier(n)
+    with MemoryPeak() as mem, ThreadPoolExecutor(n) as pool:
+        t0 = time.monotonic()
+        results = list(pool.map(lambda m: _one(t, m[0], opts, gate), fitted))
+        rec["seconds"] = time.monotonic() - t0
+    rec["gpu_memory"] = mem.result
+    after = metrics.scrape(t.url, t.api_key)
+    samples = [s for s, _ in results if s is not None]
+    rec["requests"] = [{**(_figures(s) if s else {}), "failure": why} for s, why in results]
+    rec.update(_burst_figures(samples))
+    if before is not None and after is not None:
+        rec["acceptance"] = metrics.acceptance(spec_counters(after).minus(spec_counters(before)))
+    else:
+        rec["acceptance"] = {"metrics_page": False, "speculative": None}
+    failure = burst_failure(n, [why for _, why in results])
+    rec["failed"] = sum(1 for _, why in results if why)
+    why = watch.supervised() or watch.seen_page(after)
+    if failure and why is None:
+        why = watch.problem()
+    return RungResult(depth, rec, f"{failure}; {why}" if failure and why else (why or failure))
+
+
+def _burst_figures(samples: list[Sample]) -> dict[str, Any]:
+    """The rung's figures: TTFT the slowest request's (the burst's), rates the median request's."""
+    figs = [_figures(s) for s in samples]
+    ttft = spread3([f["ttft_s"] for f in figs if f.get("ttft_s") is not None])
+    decode = spread3([f["decode_tok_s"] for f in figs if f.get("decode_tok_s") is not None])
+    wall = spread3([f["wall_tok_s"] for f in figs if f.get("wall_tok_s") is not None])
+    return {"ttft": ttft, "decode": decode, "ttft_s": ttft["max"] if ttft else None,
+            "prefill_tok_s": aggregate_prefill(samples), "decode_tok_s": decode["median"] if decode else None,
+            "wall_tok_s": wall["median"] if wall else None,
+            "prompt_tokens": min((s.prompt_tokens for s in samples), default=None),
+            "completion_tokens": min((s.completion_tokens for s in samples), default=None)}

@@ -1,0 +1,48 @@
+"""The PNGs of `bench --depth` (rates and acceptance against depth) and `bench --soak` (acceptance
+against generated tokens), from their reports (the series are pure)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from qwenquant.bench.chart import Panel, Series, write_chart
+
+
+def _positions(points: list[tuple[float, list[float]]]) -> list[Series]:
+    n = max((len(p) for _, p in points), default=0)
+    return [(f"position {i}", [(x, p[i]) for x, p in points if len(p) > i]) for i in range(n)]
+
+
+def depth_series(report: dict[str, Any]) -> list[Panel]:
+    """Prefill rate; decode and wall rates; acceptance per draft position: each against the server's depth."""
+    ok = [r for r in report["rungs"] if r.get("prompt_tokens")]
+
+    def pts(key: str) -> list[tuple[float, float]]:
+        return [(float(r["prompt_tokens"]), r[key]) for r in ok if r.get(key) is not None]
+
+    acc = [(float(r["prompt_tokens"]), r["acceptance"].get("per_position") or []) for r in ok]
+    return [Panel("prefill tokens / s", [("prefill", pts("prefill_tok_s"))]),
+            Panel("tokens / s", [("decode", pts("decode_tok_s")), ("wall", pts("wall_tok_s"))]),
+            Panel("acceptance per draft position", _positions(acc), ymax=1.0)]
+
+
+def depth_png(report: dict[str, Any], path: Path) -> None:
+    fail = report.get("failure")
+    title = "qwenquant bench --depth: rates and MTP acceptance against prompt depth" + (
+        f" (failed at {fail['depth']})" if fail else "")
+    write_chart(path, title, "prompt tokens (counted by the server)", depth_series(report), log2x=True)
+
+
+def soak_series(report: dict[str, Any]) -> list[Panel]:
+    """Acceptance per draft position and the mean acceptance length, per window of generated tokens."""
+    wins = [w for w in report["windows"] if w.get("per_position") is not None]
+    acc = [(float(w["end"]), w["per_position"]) for w in wins]
+    mal = [(float(w["end"]), w["mean_acceptance_length"]) for w in wins if w.get("mean_acceptance_length")]
+    return [Panel("acceptance per draft position", _positions(acc), ymax=1.0),
+            Panel("mean acceptance length", [("tokens per step", mal)])]
+
+
+def soak_png(report: dict[str, Any], path: Path) -> None:
+    title = f"qwenquant bench --soak: MTP acceptance per {report['window']}-token window ({report['verdict']['status']})"
+    write_chart(path, title, "generated tokens per stream", soak_series(report))

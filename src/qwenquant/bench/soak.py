@@ -1,0 +1,139 @@
+"""`bench --soak`'s arithmetic (pure): acceptance in windows of generated tokens, and the verdict.
+
+Two sources of windows. Per request (vLLM's `--per-request-spec-decode-metrics detailed`: the usage
+chunk's `metrics.speculative_decoding` lists every verify step's accepted and drafted counts): a step
+that emits a+1 tokens belongs to the window its first token falls in, exact for every stream at any
+concurrency. Otherwise /metrics counters scraped whenever the streamed tokens cross a window
+boundary: exact for one stream, a blend of the streams (windows of their mean position) above that.
+
+Verdict: `collapse` when a window's acceptance rate falls below `fraction` x the first window's, or it
+accepts nothing where the first accepted some; `empty` / `truncated` responses (fewer tokens than
+asked, ignore_eos being sent); `error`s; a `restart` of the server. A window shorter than a quarter
+of the window size (the tail) is shown but not judged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+MIN_JUDGED_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class Window:
+    index: int
+    start: int  # generated tokens per stream at the window's start and end
+    end: int
+    drafts: float
+    draft_tokens: float
+    accepted: float
+    per_pos: tuple[float, ...]  # accepted tokens at each draft position
+    stream: int | None = None  # None: all streams together (/metrics)
+
+    @property
+    def rate(self) -> float | None:
+        return self.accepted / self.draft_tokens if self.draft_tokens > 0 else None
+
+    def as_dict(self) -> dict[str, Any]:
+        d = self.drafts
+        return {"index": self.index, "stream": self.stream, "start": self.start, "end": self.end, "drafts": d,
+                "draft_tokens": self.draft_tokens, "accepted": self.accepted, "acceptance_rate": self.rate,
+                "mean_acceptance_length": 1 + self.accepted / d if d > 0 else None,
+                "per_position": [p / d for p in self.per_pos] if d > 0 else None}
+
+
+def step_windows(accepted: list[int], drafted: list[int], window: int, stream: int | None = None,
+                 first: int = 1, total: int | None = None) -> list[Window]:
+    """Windows of one stream's verify steps (per-request metrics): step i emits accepted[i] + 1 tokens,
+    after the `first` token(s) the prefill emitted; the last window ends at `total` (the response's
+    tokens: the last step's accepted drafts beyond max_tokens are counted by vLLM but not sent)."""
+    k = max(drafted, default=0)
+    out: list[Window] = []
+    pos = first
+    cur: dict[str, Any] | None = None
+    for a, n in zip(accepted, drafted, strict=False):
+        idx = pos // window
+        if cur is None or cur["index"] != idx:
+            if cur is not None:
+                out.append(_close(cur, pos, stream))
+            cur = {"index": idx, "start": pos if cur is not None else 0, "drafts": 0, "draft_tokens": 0, "accepted": 0, "pos": [0] * k}
+        cur["drafts"] += 1 if n > 0 else 0
+        cur["draft_tokens"] += n
+        cur["accepted"] += a
+        for i in range(min(a, k)):
+            cur["pos"][i] += 1
+        pos += a + 1
+    if cur is not None:
+        out.append(_close(cur, pos if total is None else min(pos, total), stream))
+    return out
+
+
+def _close(cur: dict[str, Any], end: int, stream: int | None) -> Window:
+    return Window(cur["index"], cur["start"], end, cur["drafts"], cur["draft_tokens"], cur["accepted"],
+                  tuple(cur["pos"]), stream)
+
+
+def merge_windows(per_stream: list[list[Window]]) -> list[Window]:
+    """The streams' windows of the same index summed (for the chart and the /metrics-like view)."""
+    by: dict[int, list[Window]] = {}
+    for ws in per_stream:
+        for w in ws:
+            by.setdefault(w.index, []).append(w)
+    out = []
+    for idx in sorted(by):
+        ws = by[idx]
+        k = max(len(w.per_pos) for w in ws)
+        pos = tuple(sum(w.per_pos[i] for w in ws if i < len(w.per_pos)) for i in range(k))
+        out.append(Window(idx, min(w.start for w in ws), max(w.end for w in ws), sum(w.drafts for w in ws),
+                          sum(w.draft_tokens for w in ws), sum(w.accepted for w in ws), pos))
+    return out
+
+
+def collapse(windows: list[Window], fraction: float, window: int) -> tuple[Window, str] | None:
+    """The first window whose acceptance collapsed against the first window's, and why."""
+    if not windows or windows[0].rate is None:
+        return None
+    base = windows[0]
+    for w in windows[1:]:
+        if w.end - w.start < MIN_JUDGED_SHARE * window or w.draft_tokens < 0:
+            continue  # a tail too short to judge; counters that went back (a restart, its own failure)
+        rate = w.rate or 0.0
+        if base.accepted > 0 and w.accepted == 0:
+            return w, f"no accepted drafts (the first window accepted {base.rate:.2f} of its drafts)"
+        if rate < fraction * (base.rate or 0.0):
+            return w, f"acceptance {rate:.3f} is below {fraction:g} x the first window's {base.rate:.3f}"
+    return None
+
+
+def where(w: Window) -> str:
+    stream = f" of stream {w.stream}" if w.stream is not None else ""
+    return f"window {w.index} (generated tokens {w.start}-{w.end}{stream})"
+
+
+def verdict(windows: list[list[Window]], streams: list[dict[str, Any]], restart: dict[str, Any] | None,
+            fraction: float, window: int, tokens: int) -> dict[str, Any]:
+    """`ok`, or `failed` with each failure and the one line that names its window (the first failure's)."""
+    fails: list[dict[str, Any]] = []
+    for ws in windows:
+        c = collapse(ws, fraction, window)
+        if c:
+            fails.append({"kind": "collapse", "window": c[0].index, "stream": c[0].stream,
+                          "line": f"MTP acceptance collapsed in {where(c[0])}: {c[1]}"})
+    for i, s in enumerate(streams):
+        n, w = s.get("completion_tokens") or 0, (s.get("streamed_tokens") or 0) // window
+        if s.get("error"):
+            fails.append({"kind": "error", "window": w, "stream": i,
+                          "line": f"stream {i} failed in window {w} (after {s.get('streamed_tokens') or 0} "
+                                  f"streamed tokens): {s['error']}"})
+        elif n == 0:
+            fails.append({"kind": "empty", "window": 0, "stream": i, "line": f"stream {i} came back empty (window 0)"})
+        elif n < tokens:
+            fails.append({"kind": "truncated", "window": n // window, "stream": i,
+                          "line": f"stream {i} was truncated in window {n // window}: {n} of {tokens} tokens "
+                                  f"(finish reason {s.get('finish_reason')})"})
+    if restart:
+        fails.append({"kind": "restart", "window": restart["window"], "stream": None,
+                      "line": f"the server went away or restarted in window {restart['window']}: {restart['why']}"})
+    fails.sort(key=lambda f: (f["window"], f["kind"] != "restart"))
+    return {"status": "failed" if fails else "ok", "failures": fails, "line": fails[0]["line"] if fails else None}

@@ -1,0 +1,179 @@
+"""`qwenquant bench --soak`: long generations on one server, acceptance per window, a verdict (soak.py).
+
+Every stream sends a short prompt of the shipped text and asks for --soak-tokens tokens (greedy,
+ignore_eos, `return_token_ids` so the streamed tokens are counted exactly where vLLM sends them).
+/metrics is scraped at the start, whenever the streamed tokens of all streams cross a window
+boundary, and at the end; the per-request metrics replace those windows where every stream has them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from qwenquant.bench import metrics
+from qwenquant.bench.depth import FirstToken, served_max_len
+from qwenquant.bench.longtext import INSTRUCTION, LongText
+from qwenquant.bench.rates import sample_figures
+from qwenquant.bench.runner import Target
+from qwenquant.bench.soak import Window, merge_windows, step_windows, verdict
+from qwenquant.bench.stream import Sample, stream_chat
+from qwenquant.bench.watch import ServerWatch
+from qwenquant.errors import BenchError, UsageError
+from qwenquant.net.prometheus import SpecCounters, spec_counters
+
+log = logging.getLogger(__name__)
+PROMPT_CHARS = 1500
+
+
+@dataclass(frozen=True)
+class SoakOptions:
+    tokens: int = 20000
+    concurrency: int = 1
+    window: int = 1024
+    fraction: float = 0.5
+    stall_timeout: float = 300.0
+    thinking: bool | None = False
+
+
+class Progress:
+    """Tokens streamed so far (all streams) and the /metrics scrapes taken at window boundaries."""
+
+    def __init__(self, t: Target, watch: ServerWatch, opts: SoakOptions) -> None:
+        self.t, self.watch, self.opts = t, watch, opts
+        self.lock = threading.Lock()
+        self.streamed = [0] * opts.concurrency
+        self.approximate = False
+        self.scrapes: list[tuple[int, SpecCounters]] = []
+        self.restart: dict[str, Any] | None = None
+        self.step = opts.window * opts.concurrency
+        self.next = self.step
+        self.scrape()
+
+    def per_stream(self) -> int:
+        return sum(self.streamed) // self.opts.concurrency
+
+    def scrape(self) -> None:
+        page = metrics.scrape(self.t.url, self.t.api_key)
+        if page is None:
+            return
+        why = self.watch.seen_page(page)
+        if why and self.restart is None:  # it happened in the window that this scrape ends
+            since = self.scrapes[-1][0] if self.scrapes else 0
+            self.restart = {"window": since // self.opts.window, "why": why}
+        self.scrapes.append((self.per_stream(), spec_counters(page)))
+
+    def on_chunk(self, i: int, chunk: dict[str, Any]) -> None:
+        n = 0
+        for choice in chunk.get("choices") or []:
+            ids = choice.get("token_ids")
+            if isinstance(ids, list):
+                n += len(ids)
+            elif any((choice.get("delta") or {}).get(k) for k in ("content", "reasoning_content", "reasoning")):
+                n, self.approximate = n + 1, True  # one token per text chunk: a floor
+        if not n:
+            return
+        with self.lock:
+            self.streamed[i] += n
+            if sum(self.streamed) >= self.next:
+                while self.next <= sum(self.streamed):
+                    self.next += self.step
+                self.scrape()
+
+    def windows(self) -> list[Window]:
+        out = []
+        pairs = [(a, before, b, after) for (a, before), (b, after) in zip(self.scrapes, self.scrapes[1:], strict=False)
+                 if b > a]  # the end's scrape after the last boundary may add no tokens
+        for i, (a, before, b, after) in enumerate(pairs):
+            d = after.minus(before)
+            k = max(d.per_pos, default=-1) + 1
+            out.append(Window(i, a, b, d.drafts, d.draft_tokens, d.accepted, tuple(d.per_pos.get(p, 0.0)
+                                                                                   for p in range(k))))
+        return out
+
+
+def _body(t: Target, text: LongText, i: int, opts: SoakOptions) -> dict[str, Any]:
+    msg = f"# stream {i}\n" + text.take(PROMPT_CHARS, start=i * 7919) + INSTRUCTION
+    body: dict[str, Any] = {"model": t.model, "messages": [{"role": "user", "content": msg}], "max_tokens": opts.tokens,
+                            "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
+    if opts.thinking is not None:
+        body["chat_template_kwargs"] = {"enable_thinking": opts.thinking}
+    return body
+
+
+def _stream_record(s: Sample | None, error: str | None, streamed: int) -> dict[str, Any]:
+    rec: dict[str, Any] = {"error": error, "streamed_tokens": streamed}
+    if s is not None:
+        rec.update({**sample_figures(s), "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
+                    "finish_reason": s.finish_reason})
+    return rec
+
+
+def _per_request(samples: list[Sample | None], window: int) -> list[list[Window]] | None:
+    """Each stream's windows from vLLM's per-request metrics (detailed), or None if any stream lacks them."""
+    out = []
+    for i, s in enumerate(samples):
+        spec = ((s.metrics or {}).get("speculative_decoding") or {}) if s else {}
+        acc, drafted = spec.get("per_step_accepted"), spec.get("per_step_drafted")
+        if not isinstance(acc, list) or not isinstance(drafted, list):
+            return None
+        out.append(step_windows(acc, drafted, window, stream=i, total=s.completion_tokens if s else None))
+    return out
+
+
+def check_options(t: Target, opts: SoakOptions) -> int | None:
+    """The server's max_model_len; UsageError when the soak cannot fit on it."""
+    if t.max_num_seqs is not None and opts.concurrency > t.max_num_seqs:
+        raise UsageError(f"--concurrency {opts.concurrency} is above the profile's max_num_seqs {t.max_num_seqs}",
+                         hint=f"use --concurrency {t.max_num_seqs} or less")
+    max_len = served_max_len(t)
+    if max_len is not None and opts.tokens + PROMPT_CHARS // 2 > max_len:
+        raise UsageError(f"--soak-tokens {opts.tokens} plus the prompt does not fit the server's max_model_len {max_len}",
+                         hint=f"use --soak-tokens {max(1, max_len - PROMPT_CHARS // 2)} or less, or serve a longer context")
+    return max_len
+
+
+def run_soak(t: Target, text: LongText, opts: SoakOptions) -> dict[str, Any]:
+    """The soak on one server; the measured part of the report (JSON-ready)."""
+    max_len = check_options(t, opts)
+    watch = ServerWatch(t.url, t.api_key, t.server)
+    prog = Progress(t, watch, opts)
+    samples: list[Sample | None] = [None] * opts.concurrency
+    errors: list[str | None] = [None] * opts.concurrency
+
+    def one(i: int) -> None:
+        first = FirstToken()
+
+        def seen(c: dict[str, Any]) -> None:
+            first(c)
+            prog.on_chunk(i, c)
+
+        try:
+            samples[i] = first.apply(stream_chat(t.url, _body(t, text, i, opts), api_key=t.api_key,
+                                                 timeout=opts.stall_timeout, on_chunk=seen))
+        except BenchError as e:
+            errors[i] = (f"stalled: no byte from the server for {opts.stall_timeout:g} s" if "timed out" in e.message
+                         else e.message)
+
+    with ThreadPoolExecutor(opts.concurrency) as pool:
+        list(pool.map(one, range(opts.concurrency)))
+    with prog.lock:
+        prog.scrape()
+    why = watch.problem()
+    if why and prog.restart is None:
+        prog.restart = {"window": prog.per_stream() // opts.window, "why": why}
+    exact = _per_request(samples, opts.window)
+    per_stream = exact if exact is not None else [prog.windows()]
+    streams = [_stream_record(s, e, n) for s, e, n in zip(samples, errors, prog.streamed, strict=True)]
+    judged = verdict(per_stream, streams, prog.restart, opts.fraction, opts.window, opts.tokens)
+    merged = merge_windows(per_stream) if exact is not None else per_stream[0]
+    return {"max_model_len": max_len, "soak_tokens": opts.tokens, "concurrency": opts.concurrency,
+            "window": opts.window, "collapse_fraction": opts.fraction,
+            "source": "per-request" if exact is not None else "metrics", "token_count_approximate": prog.approximate,
+            "text": {"sha256": text.sha256, "license": text.license, "source": text.source},
+            "windows": [w.as_dict() for w in merged],
+            "stream_windows": [[w.as_dict() for w in ws] for ws in exact] if exact is not None else None,
+            "streams": streams, "verdict": judged, "server": watch.info()}
