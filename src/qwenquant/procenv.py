@@ -33,6 +33,19 @@ def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+# qwenquant's own import path: the vLLM server runs from its own environment (.venv-vllm) with its
+# own pins (compressed-tensors, transformers), which a PYTHONPATH set for qwenquant would shadow.
+OWN_PATH_VARS = ("PYTHONPATH", "PYTHONHOME")
+
+
+def server_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a vLLM server: `base` (default: ours) without qwenquant's import path."""
+    env = dict(os.environ if base is None else base)
+    for k in OWN_PATH_VARS:
+        env.pop(k, None)
+    return env
+
+
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 

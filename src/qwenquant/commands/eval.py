@@ -216,18 +216,18 @@ def _extra_checks(result: dict[str, Any], o: _GateOptions) -> list[str]:
     """--tools and --needle against the same server: their reports go into `result`, their failures out."""
     from qwenquant.console import console
     from qwenquant.evaluate.needle import needle_failures, run_needle
-    from qwenquant.evaluate.served import load_gate
+    from qwenquant.evaluate.served import load_task_set
     from qwenquant.evaluate.tools import run_tools, tool_failures
 
     failures: list[str] = []
     if o.tools:
-        rep = result["tools"] = run_tools(result["url"], load_gate("tools"), result["model"], o.api_key)
+        rep = result["tools"] = run_tools(result["url"], load_task_set("tools"), result["model"], o.api_key)
         for c in rep["cases"]:
             console.print(f"tool case {c['name']}: {c['kind'].replace('_', ' ')}"
                           + (f" ({c['problems'][0]})" if c["problems"] else ""), markup=False)
         failures += tool_failures(rep)
     if o.needle:
-        rep = result["needle"] = run_needle(result["url"], load_gate("needle"), result["model"], o.api_key,
+        rep = result["needle"] = run_needle(result["url"], load_task_set("needle"), result["model"], o.api_key,
                                             o.needle_max_len)
         for r in rep["depths"]:
             console.print(f"needle at depth {r['needle_tokens']:,} of {r['prompt_tokens']:,} tokens ({r['depth']:g}): "

@@ -16,11 +16,24 @@ from qwenquant.net.prometheus import SpecCounters, spec_counters
 REQUEST_TIMEOUT = 120.0
 
 
+# shipped task sets beside the gates that are not gates: `eval --tools` and `eval --needle` read them
+TASK_SETS = ("tools", "needle")
+TASK_SET_HINT = "the shipped tools and needle tasks run with --tools and --needle (with --gate none)"
+
+
+def load_task_set(name: str) -> dict[str, Any]:
+    """A shipped task set (`qwenquant/data/evalsets/NAME.json`, NAME in TASK_SETS), read as shipped."""
+    path = resources.files("qwenquant") / "data" / "evalsets" / f"{name}.json"
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
 def load_gate(name_or_path: str) -> dict[str, Any]:
     """A gate definition: a shipped name (`qwenquant/data/evalsets/NAME.json`) or a JSON file path;
     `none` is the empty gate (no exact-match tasks)."""
     if name_or_path == "none":
         return {"name": "none", "tasks": []}
+    if name_or_path in TASK_SETS and not Path(name_or_path).is_file():
+        raise UsageError(f"gate {name_or_path!r} has no exact-match tasks", hint=TASK_SET_HINT)
     path = Path(name_or_path)
     if not path.is_file():
         path = Path(str(resources.files("qwenquant") / "data" / "evalsets" / f"{name_or_path}.json"))
@@ -63,7 +76,8 @@ def _gate_problem(gate: Any) -> str | None:
 def list_gates() -> list[str]:
     """Names of the shipped gates (data/evalsets/*.json)."""
     folder = resources.files("qwenquant") / "data" / "evalsets"
-    return sorted(p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
+    names = (p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
+    return sorted(n for n in names if n not in TASK_SETS)
 
 
 def describe_gates() -> list[dict[str, Any]]:
@@ -112,8 +126,7 @@ def _counters(url: str, api_key: str | None) -> SpecCounters:
 def run_gate(url: str, gate: dict[str, Any], model: str | None = None, api_key: str | None = None) -> dict[str, Any]:
     """Run every case of `gate` greedily through /v1/completions; pass count per task and MTP acceptance."""
     if not isinstance(gate.get("tasks"), list):
-        raise UsageError(f"gate {gate.get('name')!r} has no exact-match tasks",
-                         hint="the shipped tools and needle tasks run with --tools and --needle (with --gate none)")
+        raise UsageError(f"gate {gate.get('name')!r} has no exact-match tasks", hint=TASK_SET_HINT)
     url = url.rstrip("/")
     model = model or _model_name(url, api_key)
     before = _counters(url, api_key)

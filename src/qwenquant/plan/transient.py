@@ -20,11 +20,12 @@ one layer's transient is the peak), per GPU (heads / tp), bf16 activations:
                 fp32, and up to one more chunk state at the sequence boundary)
 
 On the 27B (16 key / 48 value heads of 128): 139,264 B per token (136 KiB; 272 MiB for a
-2048-token chunk) and 7.5 MiB per sequence. These are derived from the kernel's tensor sizes
-(vLLM's chunk_gated_delta_rule: chunk_scaled_dot_kkt, solve_tril, recompute_w_u,
-chunk_gated_delta_rule_fwd_h, chunk_fwd_o), NOT yet measured: bench/gdn_transient.py measures
-them at the real shape on a GPU, and TOKEN_SCALE / SEQ_SCALE become measured / derived once it has
-run (tests/unit/test_plan_transient.py pins the resulting figures, so a change is deliberate).
+2048-token chunk) and 7.5 MiB per sequence, derived from the kernel's tensor sizes (vLLM's
+chunk_gated_delta_rule: chunk_scaled_dot_kkt, solve_tril, recompute_w_u, chunk_gated_delta_rule_fwd_h,
+chunk_fwd_o). bench/gdn_transient.py measured 133,892 B per token and 5.2 MiB per sequence with
+flash-linear-attention's kernel at the real shape on an H200; TOKEN_SCALE / SEQ_SCALE carry the
+measured / derived ratios (tests/unit/test_plan_transient.py pins the resulting figures, so a
+change is deliberate). vLLM's own copy of the kernel was not measured.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ from dataclasses import dataclass
 from qwenquant.plan.budget import Budget, GiB, cdiv
 from qwenquant.plan.weights import ModelShape
 
-# measured / derived (bench/gdn_transient.py); 1.0 until a GPU run replaces them
-TOKEN_SCALE = 1.0
-SEQ_SCALE = 1.0
+# measured / derived: bench/gdn_transient.py --kernel fla on one NVIDIA H200 (bench/RESULTS.md,
+# "Serving that fills"): 133,892 B per token (one sequence, 512..8192 tokens) and 5,445,547 B per
+# extra sequence of an 8192-token burst, against the derived 139,264 and 7,864,320
+TOKEN_SCALE = 133_892 / 139_264
+SEQ_SCALE = 5_445_547 / 7_864_320
 # The CUDA context outside vLLM's budget (driver, cuBLAS workspaces; lazy module loading). Assumed:
 # not measured on a 3090 (an H200's is measured by `ballast.py --probe`, bench/README.md).
 CUDA_CONTEXT_BYTES = int(0.5 * GiB)
@@ -48,12 +51,12 @@ def gdn_token_bytes(s: ModelShape, tp: int = 1) -> int:
     hk, hv = s.lin_num_k_heads // tp, s.lin_num_v_heads // tp
     kd, vd = hk * s.lin_k_dim, hv * s.lin_v_dim
     derived = 8 * kd + 12 * vd + 4 * hv * CHUNK + 2 * hv * s.lin_k_dim + 2 * hv * s.lin_k_dim * s.lin_v_dim // CHUNK
-    return int(derived * TOKEN_SCALE)
+    return round(derived * TOKEN_SCALE)
 
 
 def gdn_seq_bytes(s: ModelShape, tp: int = 1) -> int:
     """Transient bytes per sequence of a prefill step (its recurrent states), on each of `tp` GPUs."""
-    return int(10 * (s.lin_num_v_heads // tp) * s.lin_k_dim * s.lin_v_dim * SEQ_SCALE)
+    return round(10 * (s.lin_num_v_heads // tp) * s.lin_k_dim * s.lin_v_dim * SEQ_SCALE)
 
 
 def gdn_transient(s: ModelShape, tokens: int, seqs: int = 1, tp: int = 1) -> int:

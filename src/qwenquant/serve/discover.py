@@ -20,7 +20,7 @@ from pathlib import Path
 
 from qwenquant import envs
 from qwenquant.errors import ServeError
-from qwenquant.procenv import child_env
+from qwenquant.procenv import child_env, server_env
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def _from_path(p: Path, source: str) -> VllmInstall:
 
 def _exe_version(p: Path) -> str:
     try:
-        r = subprocess.run([str(p), "--version"], capture_output=True, text=True, timeout=120, env=child_env())
+        r = subprocess.run([str(p), "--version"], capture_output=True, text=True, timeout=120, env=child_env(server_env()))
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ServeError(f"{p} --version failed: {e}", hint=install_hint()) from None
     m = re.search(r"\d+\.\d+(\.\d+)?\S*", r.stdout + r.stderr)
@@ -195,7 +195,7 @@ def probe(python: str) -> dict:
     if hit and hit.get("stamp") == _stamp(python):
         return hit["info"]
     try:
-        r = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=300, env=child_env())
+        r = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=300, env=child_env(server_env()))
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ServeError(f"cannot run {python} to probe vLLM: {e}", hint=install_hint()) from None
     try:

@@ -19,6 +19,11 @@ import signal
 import subprocess
 import sys
 
+# Run as a file under -I (no PYTHONPATH): the package this file belongs to is found from the file
+# itself, so a source checkout used through PYTHONPATH works as an installed one does.
+if not __package__:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
 from qwenquant.procenv import set_parent_death_signal
 
 POLL_SECONDS = 0.5
