@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -325,6 +326,20 @@ def serve_forever(spec: ServerSpec, on_ready: Callable[[str], None]) -> int:
             signal.signal(s, h)
 
 
+_CAUSE = re.compile(r"\b([A-Za-z_]*(?:Error|Exception)): (.+)")
+_WRAPPERS = ("Engine core initialization failed",)
+
+
+def root_cause(log_lines: list[str]) -> str | None:
+    """The first exception line of the log tail that is not a wrapper's (vLLM's API server re-raises
+    its engine core's failure as "Engine core initialization failed. See root cause above")."""
+    for line in log_lines:
+        m = _CAUSE.search(line)
+        if m and not any(w in m.group(2) for w in _WRAPPERS):
+            return f"{m.group(1)}: {m.group(2).strip()}"[:400]
+    return None
+
+
 def fatal_hint(command: list[str], log_lines: list[str]) -> str:
     """What to do after a fatal line: a tensor-parallel illegal memory access has its own entry."""
     from qwenquant.serve.argv import extra_tp
@@ -343,8 +358,11 @@ def _wait_ready(server: Server) -> None:
     while True:
         rc = server.proc.poll()
         if rc is not None:
-            raise ServeError(f"the server exited with code {rc} before it was ready; last lines of "
-                             f"{spec.log_path}:\n{server.last_lines()}", hint="read the log above")
+            server.last_lines()  # the reader has drained the log
+            cause = root_cause(list(server.tail))
+            raise ServeError(f"the server exited with code {rc} before it was ready"
+                             + (f" ({cause})" if cause else "")
+                             + f"; last lines of {spec.log_path}:\n{server.last_lines()}", hint="read the log above")
         if server.fatal and time.monotonic() - server.fatal[0] > FATAL_GRACE_S:
             raise ServeError(f"vLLM reported a fatal error while starting and did not exit: {server.fatal[1][:300]}; "
                              f"last lines of {spec.log_path}:\n{server.last_lines()}",
