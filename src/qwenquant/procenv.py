@@ -33,16 +33,19 @@ def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-# qwenquant's own import path: the vLLM server runs from its own environment (.venv-vllm) with its
-# own pins (compressed-tensors, transformers), which a PYTHONPATH set for qwenquant would shadow.
+# qwenquant's own import path: a vLLM installed by scripts/install-vllm.sh runs from its own
+# environment (.venv-vllm) with its own pins (compressed-tensors, transformers), which a PYTHONPATH set
+# for qwenquant would shadow; its launcher says so ("isolated": true).
 OWN_PATH_VARS = ("PYTHONPATH", "PYTHONHOME")
 
 
-def server_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a vLLM server: `base` (default: ours) without qwenquant's import path."""
+def server_env(base: Mapping[str, str] | None = None, *, isolated: bool = True) -> dict[str, str]:
+    """The environment of a vLLM server: `base` (default: ours), without qwenquant's import path when
+    the server's environment is `isolated` (complete on its own)."""
     env = dict(os.environ if base is None else base)
-    for k in OWN_PATH_VARS:
-        env.pop(k, None)
+    if isolated:
+        for k in OWN_PATH_VARS:
+            env.pop(k, None)
     return env
 
 

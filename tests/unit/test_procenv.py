@@ -30,3 +30,8 @@ def test_isolated_helpers_import_qwenquant_from_a_source_checkout(tmp_path: Path
                        timeout=60)
     assert "No module named" not in r.stderr, r.stderr
     assert "ballast: " in r.stdout + r.stderr
+
+
+def test_a_launcher_without_its_own_environment_keeps_the_path() -> None:
+    """A --vllm python the user points at may rely on PYTHONPATH; only an isolated launcher drops it."""
+    assert server_env({"PYTHONPATH": "/p"}, isolated=False)["PYTHONPATH"] == "/p"

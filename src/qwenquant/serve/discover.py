@@ -20,7 +20,7 @@ from pathlib import Path
 
 from qwenquant import envs
 from qwenquant.errors import ServeError
-from qwenquant.procenv import child_env, server_env
+from qwenquant.procenv import child_env
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ class VllmInstall:
     version: str
     device: str  # "cuda" | "cpu"
     source: str  # where it was found
+    isolated: bool = False  # a launcher of scripts/install-vllm.sh: an environment of its own (no PYTHONPATH)
 
     def command(self, args: list[str]) -> list[str]:
         return [*self.entrypoint, *args]
@@ -125,7 +126,8 @@ def _from_json(path: Path, source: str) -> VllmInstall:
     python = d.get("python")
     version = d.get("vllm_version") or (probe(python)["version"] if python else "")
     device = d.get("device") or (probe(python).get("device") if python else "") or "cuda"
-    return VllmInstall(entry, python, str(version), "cpu" if device == "cpu" else "cuda", source)
+    return VllmInstall(entry, python, str(version), "cpu" if device == "cpu" else "cuda", source,
+                       isolated=d.get("isolated") is True)
 
 
 def _from_path(p: Path, source: str) -> VllmInstall:
@@ -150,7 +152,7 @@ def _from_path(p: Path, source: str) -> VllmInstall:
 
 def _exe_version(p: Path) -> str:
     try:
-        r = subprocess.run([str(p), "--version"], capture_output=True, text=True, timeout=120, env=child_env(server_env()))
+        r = subprocess.run([str(p), "--version"], capture_output=True, text=True, timeout=120, env=child_env())
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ServeError(f"{p} --version failed: {e}", hint=install_hint()) from None
     m = re.search(r"\d+\.\d+(\.\d+)?\S*", r.stdout + r.stderr)
@@ -195,7 +197,7 @@ def probe(python: str) -> dict:
     if hit and hit.get("stamp") == _stamp(python):
         return hit["info"]
     try:
-        r = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=300, env=child_env(server_env()))
+        r = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=300, env=child_env())
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ServeError(f"cannot run {python} to probe vLLM: {e}", hint=install_hint()) from None
     try:

@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 def server_spec(p: Prepared, req: ServeRequest) -> ServerSpec:
     """What the supervisor runs for a prepared launch (also used by `launched()`)."""
     return ServerSpec(
-        command=p.command, env={**server_env(), **p.env_add}, host=p.profile.host, port=p.profile.port,
+        command=p.command, env={**server_env(isolated=bool(p.install and p.install.isolated)), **p.env_add}, host=p.profile.host, port=p.profile.port,
         served_model_name=p.profile.served_model_name, artifact_root=str(p.artifact), api_key=req.api_key,
         log_path=req.log_file or default_log_path(p.artifact), timeout=req.timeout, ballast=p.ballast,
     )
