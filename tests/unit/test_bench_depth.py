@@ -75,9 +75,11 @@ def test_rung_headers_and_rescaling() -> None:
 
 
 def test_memory_peak_from_nvidia_smi_rows() -> None:
-    got = parse_memory("0, 1000, 143771\n0, 24000, 143771\n1, 500, 143771\n0, [N/A], 143771\ngarbage\n")
+    got = parse_memory("0, 1000, 143771, 142156\n0, 24000, 143771, 119156\n1, 500, 143771, 142656\n"
+                       "0, [N/A], 143771, 1\ngarbage\n0, 5, 143771\n")
     assert got["sampled"] and got["peak_used_mib"] == 24000
-    assert got["gpus"]["0"] == {"peak_used_mib": 24000, "total_mib": 143771, "samples": 2, "min_free_mib": 119771}
+    # min free is nvidia-smi's free column (the driver's reserve is not free), not total - used
+    assert got["gpus"]["0"] == {"peak_used_mib": 24000, "total_mib": 143771, "samples": 2, "min_free_mib": 119156}
     assert parse_memory("") == {"sampled": False, "why": "not sampled: nvidia-smi gave no memory samples"}
 
 

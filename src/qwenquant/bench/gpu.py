@@ -126,28 +126,29 @@ def gpu_name() -> str | None:
     return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
 
 
-MEMORY_QUERY = "index,memory.used,memory.total"
+MEMORY_QUERY = "index,memory.used,memory.total,memory.free"
 MEMORY_INTERVAL_MS = 100
 
 
 def parse_memory(text: str) -> dict[str, Any]:
-    """Peak memory of `nvidia-smi --query-gpu=index,memory.used,memory.total` rows (pure): per GPU the
-    most used and the least left free, in MiB; {"sampled": False} without a readable row."""
+    """Peak memory of `nvidia-smi --query-gpu=index,memory.used,memory.total,memory.free` rows (pure):
+    per GPU the most used and the least free, in MiB; {"sampled": False} without a readable row.
+    `min_free_mib` is nvidia-smi's own free column: total minus used would also count the memory the
+    driver reserves (about 615 MiB of an idle H200's 143,771 MiB), which no process can have."""
     peak: dict[str, dict[str, float]] = {}
     for line in text.splitlines():
         f = [x.strip() for x in line.split(",")]
-        if len(f) != 3:
+        if len(f) != 4:
             continue
-        used, total = _num(f[1]), _num(f[2])
-        if used is None or total is None:
+        used, total, free = _num(f[1]), _num(f[2]), _num(f[3])
+        if used is None or total is None or free is None:
             continue
-        p = peak.setdefault(f[0], {"peak_used_mib": used, "total_mib": total, "samples": 0})
+        p = peak.setdefault(f[0], {"peak_used_mib": used, "total_mib": total, "min_free_mib": free, "samples": 0})
         p["peak_used_mib"] = max(p["peak_used_mib"], used)
+        p["min_free_mib"] = min(p["min_free_mib"], free)
         p["samples"] += 1
     if not peak:
         return {"sampled": False, "why": "not sampled: nvidia-smi gave no memory samples"}
-    for p in peak.values():
-        p["min_free_mib"] = p["total_mib"] - p["peak_used_mib"]
     return {"sampled": True, "interval_ms": MEMORY_INTERVAL_MS, "gpus": peak,
             "peak_used_mib": max(p["peak_used_mib"] for p in peak.values())}
 
