@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from qwenquant.bench import metrics
-from qwenquant.bench.depth import DepthOptions, FirstToken, PromptFitter, RungResult, _empty, _figures, _request
+from qwenquant.bench.depth import DepthOptions, FirstToken, PromptFitter, RungResult, _empty, _figures, chat_request
 from qwenquant.bench.gpu import MemoryPeak
 from qwenquant.bench.runner import Target
 from qwenquant.bench.stream import Sample, stream_chat
@@ -67,7 +67,7 @@ def _one(t: Target, msgs: list[dict[str, str]], opts: DepthOptions, gate: thread
     first = FirstToken()
     try:
         gate.wait()
-        s = first.apply(stream_chat(t.url, _request(t, msgs, opts), api_key=t.api_key,
+        s = first.apply(stream_chat(t.url, chat_request(t, msgs, opts), api_key=t.api_key,
                                     timeout=opts.stall_timeout, on_chunk=first))
     except BenchError as e:
         return None, (f"stalled: no byte from the server for {opts.stall_timeout:g} s" if "timed out" in e.message

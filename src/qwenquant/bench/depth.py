@@ -158,7 +158,8 @@ class FirstToken:
         return s
 
 
-def _request(t: Target, msgs: list[dict[str, str]], opts: DepthOptions) -> dict[str, Any]:
+def chat_request(t: Target, msgs: list[dict[str, str]], opts: Any) -> dict[str, Any]:
+    """One greedy streamed chat request of `opts.output_tokens` tokens (a depth rung, a burst's prompt, a turn)."""
     body: dict[str, Any] = {"model": t.model, "messages": msgs, "max_tokens": opts.output_tokens,
                             "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
     if opts.thinking is not None:
@@ -192,7 +193,7 @@ def run_rung(t: Target, watch: ServerWatch, fitter: PromptFitter, depth: int, in
     with MemoryPeak() as mem:
         t0 = time.monotonic()
         try:
-            sample = first.apply(stream_chat(t.url, _request(t, msgs, opts), api_key=t.api_key,
+            sample = first.apply(stream_chat(t.url, chat_request(t, msgs, opts), api_key=t.api_key,
                                              timeout=opts.stall_timeout, on_chunk=first))
         except BenchError as e:
             failure = (f"stalled: no byte from the server for {opts.stall_timeout:g} s" if "timed out" in e.message

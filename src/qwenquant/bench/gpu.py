@@ -102,12 +102,7 @@ class GpuSampler:
 
     def __exit__(self, *exc: object) -> None:
         if self._proc is not None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+            _stop(self._proc)
             self._out.seek(0)
             self.result = summarize(parse_samples(self._out.read().decode(errors="replace")))
         self._out.close()
@@ -124,6 +119,16 @@ def gpu_name() -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End an nvidia-smi sampler: SIGTERM, then SIGKILL after 10 s; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 MEMORY_QUERY = "index,memory.used,memory.total,memory.free"
@@ -177,12 +182,7 @@ class MemoryPeak:
     def __exit__(self, *exc: object) -> None:
         if self._proc is not None:
             time.sleep(MEMORY_INTERVAL_MS / 1000)  # at least one sample after the block's last work
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+            _stop(self._proc)
             self._out.seek(0)
             self.result = parse_memory(self._out.read().decode(errors="replace"))
         self._out.close()

@@ -63,27 +63,39 @@ def depth_flags(report: dict[str, Any], cfg: Any) -> list[dict[str, Any]]:
     return flags
 
 
+def _long_session(req: Request, tool: str, argv: list[str], measure: Callable[[Any, Any], dict[str, Any]],
+                  finish: Callable[[dict[str, Any]], BenchError | None]) -> dict[str, Any]:
+    """One long run against one server: the shipped text, the target, `measure(target, text)`; then
+    `finish(report)` writes and shows it and returns the error to raise (exit 8), raised while a
+    served server is still up (its death is the run's finding, not another error)."""
+    from qwenquant.bench.longtext import load_text
+
+    text = load_text()
+    meta = _meta(tool, argv)
+    with _targets(req, _one_target(req)) as targets:
+        t = targets[0]
+        t.model = resolve_model(t)
+        t.info["vllm_version"] = server_version(t) or t.info.get("vllm_version_installed")
+        report = {**meta, "target": _target_info(t), **measure(t, text)}
+        err = finish(report)
+        if err:
+            raise err
+    return report
+
+
 def run_depth_mode(req: Request, opts: Any, argv: list[str], show: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """The depth ladder: the report written and shown, then BenchError (exit 8) when a rung failed,
     raised while a served server is still up (its death is the ladder's finding, not another error)."""
     from qwenquant.bench.depth import run_depth
     from qwenquant.bench.longplot import depth_png
-    from qwenquant.bench.longtext import load_text
 
-    text = load_text()
-    meta = _meta("qwenquant bench --depth", argv)
-    with _targets(req, _one_target(req)) as targets:
-        t = targets[0]
-        t.model = resolve_model(t)
-        t.info["vllm_version"] = server_version(t) or t.info.get("vllm_version_installed")
-        report = {**meta, "target": _target_info(t), **run_depth(t, text, opts)}
+    def finish(report: dict[str, Any]) -> BenchError | None:
         report["flags"] = depth_flags(report, load_config(req.config))
         _write(report, req.out, depth_png)
         show(report)
-        err = depth_error(report)
-        if err:
-            raise err
-    return report
+        return depth_error(report)
+
+    return _long_session(req, "qwenquant bench --depth", argv, lambda t, text: run_depth(t, text, opts), finish)
 
 
 def depth_error(report: dict[str, Any]) -> BenchError | None:
@@ -103,23 +115,16 @@ def depth_error(report: dict[str, Any]) -> BenchError | None:
 def run_soak_mode(req: Request, opts: Any, argv: list[str], show: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """The soak: the report written and shown, then BenchError (exit 8) naming the window of a failing verdict."""
     from qwenquant.bench.longplot import soak_png
-    from qwenquant.bench.longtext import load_text
     from qwenquant.bench.soakrun import run_soak
 
-    text = load_text()
-    meta = _meta("qwenquant bench --soak", argv)
-    with _targets(req, _one_target(req)) as targets:
-        t = targets[0]
-        t.model = resolve_model(t)
-        t.info["vllm_version"] = server_version(t) or t.info.get("vllm_version_installed")
-        report = {**meta, "target": _target_info(t), **run_soak(t, text, opts)}
+    def finish(report: dict[str, Any]) -> BenchError | None:
         _write(report, req.out, soak_png)
         show(report)
         line = report["verdict"]["line"]
-        if line:
-            raise BenchError(f"the soak failed: {' '.join(line.split())[:500]}",
-                             hint=f"the report is {report['json_path']}; the server log says more")
-    return report
+        return BenchError(f"the soak failed: {' '.join(line.split())[:500]}",
+                          hint=f"the report is {report['json_path']}; the server log says more") if line else None
+
+    return _long_session(req, "qwenquant bench --soak", argv, lambda t, text: run_soak(t, text, opts), finish)
 
 
 def turns_error(report: dict[str, Any]) -> BenchError | None:
@@ -137,19 +142,12 @@ def turns_error(report: dict[str, Any]) -> BenchError | None:
 def run_turns_mode(req: Request, opts: Any, argv: list[str], show: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """The conversation: the report written (JSON) and shown, then BenchError (exit 8) when a turn failed."""
     from qwenquant.atomic import atomic_write_json
-    from qwenquant.bench.longtext import load_text
     from qwenquant.bench.turns import run_turns
 
-    text = load_text()
-    meta = _meta("qwenquant bench --turns", argv)
-    with _targets(req, _one_target(req)) as targets:
-        t = targets[0]
-        t.model = resolve_model(t)
-        t.info["vllm_version"] = server_version(t) or t.info.get("vllm_version_installed")
-        report = {**meta, "target": _target_info(t), **run_turns(t, text, opts), "json_path": str(req.out)}
+    def finish(report: dict[str, Any]) -> BenchError | None:
+        report["json_path"] = str(req.out)
         atomic_write_json(req.out, report, canonical=False)
         show(report)
-        err = turns_error(report)
-        if err:
-            raise err
-    return report
+        return turns_error(report)
+
+    return _long_session(req, "qwenquant bench --turns", argv, lambda t, text: run_turns(t, text, opts), finish)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qwenquant.bench import metrics
-from qwenquant.bench.depth import FirstToken, PromptFitter, _empty, _figures, served_max_len
+from qwenquant.bench.depth import FirstToken, PromptFitter, _empty, _figures, chat_request, served_max_len
 from qwenquant.bench.gpu import MemoryPeak
 from qwenquant.bench.longtext import LongText
 from qwenquant.bench.runner import Target
@@ -95,14 +95,6 @@ class Conversation:
         return last_total + int(self.opts.turn_tokens * NO_TOKENIZE_MARGIN)
 
 
-def _turn_request(t: Target, msgs: list[dict[str, str]], opts: TurnOptions) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": t.model, "messages": msgs, "max_tokens": opts.output_tokens,
-                            "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
-    if opts.thinking is not None:
-        body["chat_template_kwargs"] = {"enable_thinking": opts.thinking}
-    return body
-
-
 def run_turn(t: Target, msgs: list[dict[str, str]], opts: TurnOptions) -> tuple[dict[str, Any], Sample | None, str, str | None]:
     """One turn: (record, sample, the answer's text, failure)."""
     answer: list[str] = []
@@ -118,7 +110,7 @@ def run_turn(t: Target, msgs: list[dict[str, str]], opts: TurnOptions) -> tuple[
     sample, failure = None, None
     with MemoryPeak() as mem:
         try:
-            sample = first.apply(stream_chat(t.url, _turn_request(t, msgs, opts), api_key=t.api_key,
+            sample = first.apply(stream_chat(t.url, chat_request(t, msgs, opts), api_key=t.api_key,
                                              timeout=opts.stall_timeout, on_chunk=on_chunk))
         except BenchError as e:
             failure = (f"stalled: no byte from the server for {opts.stall_timeout:g} s" if "timed out" in e.message
