@@ -45,8 +45,13 @@ def fsync_dir(path: Path) -> None:
 @contextlib.contextmanager
 def atomic_writer(path: Path) -> Iterator[IO[bytes]]:
     """A binary file at a unique temporary name beside `path`; on success fsync it and rename it
-    over `path`, on any exception remove it (`path` is never half-written)."""
+    over `path`, on any exception remove it (`path` is never half-written). A `path` that exists and
+    is not a regular file (a device such as /dev/null, a FIFO) is written through, never replaced."""
     path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():
+        with open(path, "wb") as f:
+            yield f
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

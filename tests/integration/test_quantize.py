@@ -251,7 +251,8 @@ def test_source_without_fetch_record_is_refused(built: dict, tmp_path: Path) -> 
 
 def test_missing_source_folder(tmp_path: Path) -> None:
     proc = qq(*quantize_args(tmp_path / "nope", tmp_path / "a"))
-    assert proc.returncode == 5 and "source folder not found" in proc.stderr
+    # the usage rule (README, exit codes): a path argument that does not exist is exit 2 in every command
+    assert proc.returncode == 2 and "does not exist" in proc.stderr and not (tmp_path / "a").exists()
 
 
 def test_bad_device_flag(tmp_path: Path) -> None:
