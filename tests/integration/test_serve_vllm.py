@@ -171,12 +171,12 @@ def test_mtp_acceptance(server):
 
 
 def _eval_served(server: Running, *extra: str) -> subprocess.CompletedProcess:
-    if server.layout != "text-only":
-        pytest.skip("one layout is enough: the eval runs against the text-only server")
+    assert server.layout == "text-only"
     return subprocess.run([sys.executable, "-m", "qwenquant", "eval", "--served", server.url, "--gate", "none",
                            "--json", *extra], capture_output=True, text=True, timeout=900, cwd=REPO)
 
 
+@pytest.mark.parametrize("server", ["text-only"], indirect=True)  # one layout is enough for the eval
 def test_eval_tools_against_vllm_with_the_tool_call_parser(server):
     """The profile's tool-call parser and strict level are on; the tiny model answers in plain text, so
     every case is a well-formed answer (the verdicts are proven against the stand-in:
@@ -193,6 +193,7 @@ def test_eval_tools_against_vllm_with_the_tool_call_parser(server):
     assert forced["kind"] == "tool_call" and [c["name"] for c in forced["calls"]] == ["get_current_time"], forced
 
 
+@pytest.mark.parametrize("server", ["text-only"], indirect=True)  # one layout is enough for the eval
 def test_eval_needle_against_vllm_to_the_promised_context(server):
     """Prompts of 1024 and 2024 tokens (max-model-len 2048 less the answer's 24), as vLLM counts them;
     the constant model cannot retrieve the code, so every depth fails and is named (exit 8)."""

@@ -158,6 +158,18 @@ class FirstToken:
         return s
 
 
+def stream_once(t: Target, msgs: list[dict[str, str]], opts: Any, first: FirstToken,
+                on_chunk: Any) -> tuple[Sample | None, str | None]:
+    """One streamed chat request: (the sample, None) or (None, why it failed: a stall past
+    `opts.stall_timeout` or the server's error)."""
+    try:
+        return first.apply(stream_chat(t.url, chat_request(t, msgs, opts), api_key=t.api_key,
+                                       timeout=opts.stall_timeout, on_chunk=on_chunk)), None
+    except BenchError as e:
+        return None, (f"stalled: no byte from the server for {opts.stall_timeout:g} s" if "timed out" in e.message
+                      else e.message)
+
+
 def chat_request(t: Target, msgs: list[dict[str, str]], opts: Any) -> dict[str, Any]:
     """One greedy streamed chat request of `opts.output_tokens` tokens (a depth rung, a burst's prompt, a turn)."""
     body: dict[str, Any] = {"model": t.model, "messages": msgs, "max_tokens": opts.output_tokens,
@@ -187,17 +199,10 @@ def run_rung(t: Target, watch: ServerWatch, fitter: PromptFitter, depth: int, in
     chars = len(msgs[0]["content"])
     rec: dict[str, Any] = {"depth": depth, "prompt_chars": chars, "tokenize_count": counted}
     before = metrics.scrape(t.url, t.api_key)
-    sample: Sample | None = None
-    failure = None
     first = FirstToken()
     with MemoryPeak() as mem:
         t0 = time.monotonic()
-        try:
-            sample = first.apply(stream_chat(t.url, chat_request(t, msgs, opts), api_key=t.api_key,
-                                             timeout=opts.stall_timeout, on_chunk=first))
-        except BenchError as e:
-            failure = (f"stalled: no byte from the server for {opts.stall_timeout:g} s" if "timed out" in e.message
-                       else e.message)
+        sample, failure = stream_once(t, msgs, opts, first, first)
         rec["seconds"] = time.monotonic() - t0
     rec["gpu_memory"] = mem.result
     after = metrics.scrape(t.url, t.api_key)

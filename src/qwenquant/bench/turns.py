@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from qwenquant.bench import metrics
-from qwenquant.bench.depth import FirstToken, PromptFitter, _empty, _figures, chat_request, served_max_len
+from qwenquant.bench.depth import FirstToken, PromptFitter, _empty, _figures, served_max_len, stream_once
 from qwenquant.bench.gpu import MemoryPeak
 from qwenquant.bench.longtext import LongText
 from qwenquant.bench.runner import Target
-from qwenquant.bench.stream import Sample, stream_chat
+from qwenquant.bench.stream import Sample
 from qwenquant.bench.watch import ServerWatch
-from qwenquant.errors import BenchError, UsageError
+from qwenquant.errors import UsageError
 from qwenquant.net.prometheus import prefix_cache_counters, spec_counters
 
 log = logging.getLogger(__name__)
@@ -107,14 +107,8 @@ def run_turn(t: Target, msgs: list[dict[str, str]], opts: TurnOptions) -> tuple[
                 answer.append((c.get("delta") or {}).get("content") or "")
 
     before = metrics.scrape(t.url, t.api_key)
-    sample, failure = None, None
     with MemoryPeak() as mem:
-        try:
-            sample = first.apply(stream_chat(t.url, chat_request(t, msgs, opts), api_key=t.api_key,
-                                             timeout=opts.stall_timeout, on_chunk=on_chunk))
-        except BenchError as e:
-            failure = (f"stalled: no byte from the server for {opts.stall_timeout:g} s" if "timed out" in e.message
-                       else e.message)
+        sample, failure = stream_once(t, msgs, opts, first, on_chunk)
     after = metrics.scrape(t.url, t.api_key)
     rec: dict[str, Any] = {"messages": len(msgs), "gpu_memory": mem.result, "prefix_cache": cache_delta(before, after)}
     if before is not None and after is not None:
