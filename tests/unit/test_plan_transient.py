@@ -91,7 +91,7 @@ def test_every_shipped_profile_keeps_its_promise_on_24_gib() -> None:
             assert b.fits and b.fits_all_seqs, (name, prof, b.concurrency)
             assert f.holds and f.largest_burst == b.max_num_seqs, (name, prof, f)
     lc = make_plan(CONFIG, 24 * GiB).budgets["long-context"]
-    assert lc.max_model_len == 122880 and lc.cache.n_attn_layers == 17  # MTP on: the drafter's layer too
+    assert lc.max_model_len == 90112 and lc.cache.n_attn_layers == 17  # MTP on: the drafter's layer too
     assert lc.cache.kv_bytes_per_token_layer == 2 * 4 * 256 * 1  # fp8
     assert lc.largest_len(1) >= lc.max_model_len
 
@@ -103,5 +103,5 @@ def test_plan_shows_the_largest_prompt_and_burst(capsys: pytest.CaptureFixture[s
     assert "largest single prompt that fills: 4,096 tokens; largest burst: 16 new prompt(s) in one step" in out
     assert main(["plan", str(CONFIG), "--json"]) == 0
     fills = {k: v["fill"] for k, v in json.loads(capsys.readouterr().out)["profiles"].items()}
-    assert fills["long-context"]["largest_prompt"] == 122880 and all(f["holds"] for f in fills.values())
+    assert fills["long-context"]["largest_prompt"] == 90112 and all(f["holds"] for f in fills.values())
     assert fills["batch"]["burst_transient_bytes"] == 1024 * 133_892 + 16 * 5_445_547
