@@ -70,21 +70,26 @@ def _quant_tensors(folder: Path) -> dict:
             if n.rsplit(".", 1)[1] in ("weight_packed", "weight_scale", "weight_shape")}
 
 
-@pytest.fixture(scope="module")
-def streamed(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    from qwenquant.checkpoint.tensorfile import checkpoint_refs, shard_refs
+def _stream(source: Path, layers: Path):  # -> engine.run.StreamResult
+    from qwenquant.checkpoint.tensorfile import checkpoint_refs
     from qwenquant.modeling.runtime import set_deterministic
     from qwenquant.modeling.text import open_source
     from qwenquant.quantize.engine.run import stream_quantize
     from qwenquant.recipe import load_recipe
 
     set_deterministic(threads=2)
-    root = tmp_path_factory.mktemp("streamed")
-    src = open_source(tiny_checkpoint, checkpoint_refs(tiny_checkpoint))
+    src = open_source(source, checkpoint_refs(source))
     # llm-compressor's own Hessian arithmetic (fp32), the path that is byte-identical to oneshot
     q = load_recipe("w4a16-int4head").with_hessian_precision("fp32").quantization
-    res = stream_quantize(src, _samples(), q, root / "layers",
-                          fingerprint="test", device="cpu", heldout=[5])
+    return stream_quantize(src, _samples(), q, layers, fingerprint="test", device="cpu", heldout=[5])
+
+
+@pytest.fixture(scope="module")
+def streamed(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    from qwenquant.checkpoint.tensorfile import shard_refs
+
+    root = tmp_path_factory.mktemp("streamed")
+    res = _stream(tiny_checkpoint, root / "layers")
     got = {}
     for f in res.layer_files:
         got.update({n: (r.dtype, r.shape, r.read()) for n, r in shard_refs(f).items()
@@ -163,3 +168,49 @@ def test_layer_phases_account_for_each_layer(streamed: dict) -> None:
         assert list(phases) == ["read", "build", "calibrate", "gptq", "write", "rebuild", "forward"]
         assert all(v >= 0 for v in phases.values())
         assert 0.7 * seconds <= sum(phases.values()) <= seconds, (phases, seconds)
+
+
+def test_layer_write_overlaps_the_next_steps_and_its_failure_surfaces(streamed: dict, tiny_checkpoint: Path,
+                                                                       tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Layer 1's write is held until layer 1 has been forwarded (possible only when the write runs
+    beside the loop and the layer is rebuilt without reading its file back), then fails between its
+    tensors file and its record. The run raises that error; layer 1 has no record and nothing after
+    it was written; the re-run resumes at layer 1 and ends on the uninterrupted run's bytes."""
+    import threading
+
+    from qwenquant.quantize.engine import layers as L
+    from qwenquant.quantize.engine import run
+
+    forwards, forwarded = [], threading.Event()
+    real_forward, real_write, real_atomic = run._forward_all, L.write_layer, L.atomic_write_bytes
+
+    def forward(*a, keep: bool, **k) -> None:
+        real_forward(*a, keep=keep, **k)
+        forwards.append(keep)
+        if forwards.count(True) == 2:  # layer 1's outputs, the next layer's inputs
+            forwarded.set()
+
+    def write(root: Path, i: int, *a) -> Path:
+        if i == 1:
+            assert forwarded.wait(20), "layer 1 was not forwarded while its write was held"
+        return real_write(root, i, *a)
+
+    def atomic(path: Path, data: bytes) -> None:
+        if path == L.layer_dir(tmp_path / "layers", 1) / L.RECORD:
+            raise OSError(28, "No space left on device (simulated)")
+        real_atomic(path, data)
+
+    monkeypatch.setattr(run, "_forward_all", forward)
+    monkeypatch.setattr(L, "write_layer", write)
+    monkeypatch.setattr(L, "atomic_write_bytes", atomic)
+    with pytest.raises(OSError, match=r"No space left on device \(simulated\)"):
+        _stream(tiny_checkpoint, tmp_path / "layers")
+    assert (L.layer_dir(tmp_path / "layers", 1) / L.TENSORS).is_file()  # half-written: a file, no record
+    assert not L.layer_dir(tmp_path / "layers", 2).exists()
+    assert L.completed_layers(tmp_path / "layers", 4, "test") == (1, "no record")
+
+    monkeypatch.undo()
+    again = _stream(tiny_checkpoint, tmp_path / "layers")
+    assert again.resumed_from == 1
+    assert [f.read_bytes() for f in again.layer_files] == [f.read_bytes() for f in streamed["result"].layer_files]

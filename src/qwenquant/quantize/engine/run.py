@@ -10,14 +10,20 @@ The GPTQ math stays llm-compressor's (engine/quantize.py); this module only sche
 
   embeddings of the calibration tokens -> for each layer: read its tensors from the source shards
   (the next layer's read overlaps this layer's GPTQ), calibration forward of every sample (batch
-  1, Hessian hooks), GPTQ, pack, persist + record, rebuild the layer from what was persisted and
-  forward again to give the next layer its inputs (llm-compressor's `propagate_error=True`: the
-  next layer sees the quantized outputs) -> final norm -> lm_head Hessian + held-out hidden states.
+  1, Hessian hooks), GPTQ, pack, persist + record (on a writer thread, overlapping what follows),
+  rebuild the layer from its artifact tensors and forward again to give the next layer its inputs
+  (llm-compressor's `propagate_error=True`: the next layer sees the quantized outputs) -> final
+  norm -> lm_head Hessian + held-out hidden states.
 
-The next layer's inputs always come from the persisted layer (also when nothing was resumed), so a
-resumed run replays exactly the arithmetic of an uninterrupted one and ends on the same bytes.
-With `ranks` (engine/dist.py, `quantize --gpus N`) each process forwards its share of the samples,
-Hessians meet on an owner rank per module, and rank 0 alone writes layer records.
+The next layer's inputs always come from the layer's artifact tensors, the very bytes its file
+holds: a fresh layer is rebuilt from the tensors handed to the writer (packed parts in memory,
+unquantized tensors read from the source), a resumed one from its file. So a resumed run replays
+exactly the arithmetic of an uninterrupted one and ends on the same bytes. One layer's write is in
+flight at most; the loop waits for it before handing over the next layer and before it returns, and
+a write that failed raises its own error there (its layer has no record: write_layer writes the
+record last). With `ranks` (engine/dist.py, `quantize --gpus N`) each process forwards its share of
+the samples, Hessians meet on an owner rank per module, and rank 0 alone writes layer records, in
+the loop (no writer thread): a barrier follows and every rank rebuilds the layer from its file.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +41,7 @@ import torch
 
 from qwenquant.checkpoint.assemble import torch_raw
 from qwenquant.checkpoint.identity import quantized_module
+from qwenquant.checkpoint.tensorfile import RawTensor, TensorRef
 from qwenquant.modeling.compat import resolve_scheme, unpack
 from qwenquant.modeling.text import (
     LayerInputs,
@@ -70,9 +77,11 @@ class Phases:
     which a thread reads while the previous layer runs and, on a GPU, copies there from pinned
     memory on a side stream), build, calibrate (forward with Hessian hooks), reduce (Hessians to
     their owner ranks), gptq (solve and pack), gather (packed modules to rank 0), write, barrier,
-    rebuild (from the persisted layer), forward (the next layer's inputs). Still serial with the
-    GPU work: build, write (the next phase, rebuild, reads the layer back from what was written)
-    and rebuild."""
+    rebuild (from the layer's artifact tensors), forward (the next layer's inputs). In one process
+    `write` is only the time spent waiting for the writer thread (the previous layer's write before
+    this one is handed over; the last layer's after its forward), the write itself overlapping
+    rebuild, forward and the next layer; with ranks it is the whole write, on rank 0. Still serial
+    with the GPU work: build and rebuild (the unpack; from memory for a layer quantized in this run)."""
 
     def __init__(self, device: str) -> None:
         self.sync = device == "cuda"
@@ -119,11 +128,12 @@ def _forward_all(layer: torch.nn.Module, acts: list[torch.Tensor], inputs: Layer
             del y
 
 
-def _quantized_layer(src: TextModelSource, i: int, layers_root: Path, scheme: Any, device: str) -> torch.nn.Module:
-    """Layer i rebuilt from its persisted tensors: packed Linears dequantized as a loader would,
-    on `device` (the packed bytes cross to the GPU, a quarter of the dense weights; the unpack is
-    integer shifts and one bf16 multiply per weight, the same bits on either device)."""
-    refs = L.layer_refs(layers_root, i)
+def _quantized_layer(src: TextModelSource, i: int, refs: Mapping[str, RawTensor | TensorRef], scheme: Any,
+                     device: str) -> torch.nn.Module:
+    """Layer i rebuilt from its artifact tensors (those of its file, or those handed to write_layer:
+    the same names, dtypes and bytes): packed Linears dequantized as a loader would, on `device`
+    (the packed bytes cross to the GPU, a quarter of the dense weights; the unpack is integer shifts
+    and one bf16 multiply per weight, the same bits on either device)."""
     prefix = src.layer_prefix(i)
     tensors: dict[str, torch.Tensor] = {}
     packed: dict[str, dict[str, torch.Tensor]] = {}
@@ -199,6 +209,30 @@ def _resume_point(layers_root: Path, n: int, fingerprint: str, device: str, rank
     return done
 
 
+class _Writer:
+    """write_layer on one background thread, one layer in flight at most."""
+
+    def __init__(self, root: Path, fingerprint: str) -> None:
+        self.root, self.fingerprint = root, fingerprint
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qwenquant-write")
+        self.pending: Future | None = None
+
+    def wait(self) -> None:
+        """Block until the layer in flight has its file and record; a failed write raises its error."""
+        fut, self.pending = self.pending, None
+        if fut is not None:
+            fut.result()
+
+    def submit(self, i: int, tensors: Mapping[str, RawTensor | TensorRef]) -> None:
+        """Hand layer i to the thread once the previous layer is written (records stay in layer order)."""
+        self.wait()
+        self.pending = self.pool.submit(L.write_layer, self.root, i, tensors, self.fingerprint)
+
+    def close(self) -> None:
+        # a write in flight when the loop fails runs to its end: complete with its record, or recordless
+        self.pool.shutdown(wait=True)
+
+
 class _Copier:
     """The next layer's host-to-GPU copy on a side stream from pinned memory, issued by the prefetch
     thread while the GPU works on the current layer (the same bytes as `build_layer`'s own copy)."""
@@ -268,17 +302,23 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
     nxt: Future | None = None
     files, modules, times, phases = [], 0, [], []
     writer = ranks is None or ranks.main
+    background = _Writer(layers_root, fingerprint) if ranks is None else None
     try:
         for i in range(n):
             t0 = time.perf_counter()
             phase = Phases(device)
+            refs: Mapping[str, RawTensor | TensorRef] | None = None
             if i >= done:
                 with phase("read"):
                     raw = _arrived(nxt) if nxt is not None else read_layer(src, i)
                 nxt = pool.submit(_prefetch, src, i + 1, copier) if pool and i + 1 < n else None
                 res = _gptq_layer(src, i, raw, acts, inputs, q, scheme, device, ranks, phase)
                 del raw
-                if res is not None:
+                if res is not None and background is not None:
+                    with phase("write"):
+                        background.submit(i, res["tensors"])
+                    refs = res["tensors"]  # what the writer persists, so no read-back
+                elif res is not None:
                     with phase("write"):
                         L.write_layer(layers_root, i, res["tensors"], fingerprint)
                 if ranks is not None:
@@ -289,12 +329,16 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
             elif pool and i + 1 == done and done < n:
                 nxt = pool.submit(_prefetch, src, done, copier)
             with phase("rebuild"):
-                layer = _quantized_layer(src, i, layers_root, scheme, device)
+                refs = refs if refs is not None else L.layer_refs(layers_root, i)  # resumed, or with ranks
+                layer = _quantized_layer(src, i, refs, scheme, device)
             with phase("forward"):
                 _forward_all(layer, acts, inputs, src.config.layer_types[i], keep=True)
             del layer
+            if background is not None and background.pending is not None and i + 1 == n:
+                with phase("write"):
+                    background.wait()  # the last layer's file and record, before the head calibration
             files.append(L.layer_dir(layers_root, i) / L.TENSORS)
-            modules += sum(1 for nm in L.layer_refs(layers_root, i) if nm.endswith(".weight_packed"))
+            modules += sum(1 for nm in refs if nm.endswith(".weight_packed"))
             times.append(time.perf_counter() - t0)
             phases.append(phase.seconds)
             if writer:
@@ -306,6 +350,8 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
     finally:
         if pool:
             pool.shutdown(wait=True, cancel_futures=True)
+        if background is not None:
+            background.close()
     mtpcal = None
     if mtp:
         from qwenquant.quantize.engine.mtpcal import MtpCalibration
