@@ -8,6 +8,13 @@ they show the machinery works and GPTQ exploits correlation, not what the real 2
   GPU, quick:       python bench/lm_head_bench.py --quick
   CPU, small:       python bench/lm_head_bench.py --device cpu --threads 1 --vocab 8192 --hidden 1024 \\
                         --calib-tokens 4096 --eval-tokens 512 --row-chunks 512,2048,all
+  The stage:        python bench/lm_head_bench.py --stage [--row-chunk auto|N]
+  The stage, CPU:   python bench/lm_head_bench.py --stage --device cpu --vocab 16384 --eval-tokens 512
+
+--stage runs the lm_head stage's tensor work once (head_gptq.quantize_head: GPTQ, the KL compare
+against RTN, packing; `row_chunk: auto` resolved as the stage does) and reports the seconds of each
+part and the host memory it added: the peak of a 10 ms RSS sampler above the RSS before it (the
+head is made inside the stage, as the stage reads it from the checkpoint).
 
 Prints a table to stdout and writes JSON (--out, default bench/results/lm_head.json).
 """
@@ -20,6 +27,7 @@ import math
 import platform
 import resource
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +42,8 @@ from qwenquant.quantize.head_gptq import (
     gptq_quantize_rows,
     rtn_quantize_rows,
 )
+
+DEFAULT_OUT = Path("bench/results/lm_head.json")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,7 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy 2-core box)")
     p.add_argument("--quick", action="store_true", help="row chunk 8192 only, 1024 eval tokens")
-    p.add_argument("--out", type=Path, default=Path("bench/results/lm_head.json"))
+    p.add_argument("--stage", action="store_true", help="the stage's parts and host peak instead of the row-chunk table")
+    p.add_argument("--row-chunk", default="auto", help="with --stage: rows at a time, or auto (default)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"default {DEFAULT_OUT} (--stage: lm_head_stage.json)")
     args = p.parse_args(argv)
     if args.quick:
         args.row_chunks = "8192"
@@ -196,6 +208,78 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+class RssPeak:
+    """The highest RSS of this process seen by a thread sampling it every `interval` seconds."""
+
+    def __init__(self, interval: float = 0.01) -> None:
+        import psutil
+
+        self.proc, self.interval = psutil.Process(), interval
+        self.start = self.peak = self.proc.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    def __enter__(self) -> RssPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+
+
+def run_stage(args: argparse.Namespace) -> dict[str, Any]:
+    """One quantize_head run as the lm_head stage makes it: per-part seconds and host peak."""
+    from types import SimpleNamespace
+
+    from qwenquant.quantize.head_gptq import quantize_head
+    from qwenquant.quantize.head_memory import resolve_row_chunk
+    from qwenquant.quantize.stages.lm_head import gpu_budget
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dev = torch_device(args.device)
+    syn = Synthetic(args.hidden, dev, args.seed, args.spectrum_exp)
+    H, n = None, 0
+    for start in range(0, args.calib_tokens, 1024):
+        H, n = accumulate_hessian(H, syn.hidden(min(1024, args.calib_tokens - start)), n)
+    held_out = syn.hidden(args.eval_tokens).cpu()  # the stage loads the held-out states on the host
+    H = H.cpu()
+    asked = args.row_chunk if args.row_chunk == "auto" else int(args.row_chunk)
+    row_chunk = resolve_row_chunk(asked, args.vocab, args.hidden, gpu_budget(dev.type),
+                                  group_size=args.group_size, block_size=args.block_size)
+    spec = SimpleNamespace(method="gptq", num_bits=4, group_size=args.group_size, symmetric=True,
+                           dampening_frac=0.01, block_size=args.block_size)
+    reset_peak(dev)
+    t0 = time.perf_counter()
+    with RssPeak() as rss:
+        done = quantize_head(lambda: syn.head(args.vocab, args.hidden, args.logit_std), H, held_out, spec,
+                             row_chunk=row_chunk, device=dev)
+    total = time.perf_counter() - t0
+    return {"schema_version": 1, "mode": "stage", "device": str(dev), "torch": torch.__version__,
+            "shape": [args.vocab, args.hidden], "row_chunk_asked": args.row_chunk, "row_chunk": row_chunk,
+            "seconds": {**done.seconds, "total": total}, "host_rss_before_bytes": rss.start,
+            "host_peak_added_bytes": rss.peak - rss.start, "peak_gpu_bytes": peak_bytes(dev),
+            "head_bf16_bytes": args.vocab * args.hidden * 2, "report": done.report}
+
+
+def print_stage(report: dict[str, Any]) -> None:
+    secs = report["seconds"]
+    print(f"lm_head stage {report['shape'][0]}x{report['shape'][1]} on {report['device']}, "
+          f"row_chunk {report['row_chunk']} (asked {report['row_chunk_asked']})")
+    print(f"{'part':<8} {'seconds':>8}")
+    for part in ("gptq", "rtn", "compare", "pack", "total"):
+        print(f"{part:<8} {secs.get(part, 0.0):>8.2f}")
+    print(f"host peak added {fmt_bytes(report['host_peak_added_bytes'])} (head bf16 "
+          f"{fmt_bytes(report['head_bf16_bytes'])}, RSS before {fmt_bytes(report['host_rss_before_bytes'])}), "
+          f"peak GPU {fmt_bytes(report['peak_gpu_bytes'])}")
+
+
 def fmt_bytes(b: int | None) -> str:
     return "-" if b is None else f"{b / 2**30:.2f} GiB"
 
@@ -215,6 +299,14 @@ def print_table(report: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.stage:
+        report = run_stage(args)
+        print_stage(report)
+        out = args.out if args.out != DEFAULT_OUT else args.out.with_name("lm_head_stage.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out, report, canonical=False)
+        print(f"wrote {out}", file=sys.stderr)
+        return 0
     report = run(args)
     print_table(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -126,6 +126,19 @@ def test_lm_head_gptq_beats_rtn(built: dict) -> None:
     assert built["result"]["quality"] == {"lm_head": q}
 
 
+def test_lm_head_record_keeps_the_row_chunk_that_ran(built: dict) -> None:
+    """The recipe says `row_chunk: auto`; the record and the manifest say what ran (on the CPU: 8192
+    rows, or the whole vocabulary when it is smaller), qwenquant-quality.json does not."""
+    from qwenquant.manifest import load_manifest
+
+    vocab = json.loads((built["source"] / "config.json").read_text())["text_config"]["vocab_size"]
+    record = json.loads((built["work"] / "lm_head.record.json").read_text())
+    assert record["params"]["lm_head"]["row_chunk"] == "auto"
+    assert record["result"]["row_chunk"] == min(8192, vocab)
+    assert load_manifest(built["out"]).stages["lm_head"]["result"]["row_chunk"] == min(8192, vocab)
+    assert "row_chunk" not in json.loads((built["out"] / "qwenquant-quality.json").read_text())
+
+
 def _calibration_ids(source: Path) -> list[list[int]]:
     from transformers import AutoTokenizer
 

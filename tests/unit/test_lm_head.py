@@ -319,3 +319,60 @@ def test_kl_compare_dequantizes_row_slices_to_the_same_figures(head: torch.Tenso
     sliced = compare_heads(head, rtn, gptq_like, h, chunk=128, vocab_chunk=96)
     dense = compare_heads(head, rtn.dequantize(), gptq_like.dequantize(), h, chunk=128, vocab_chunk=96)
     assert sliced == dense
+
+
+def _head_spec(method: str = "gptq") -> object:
+    """The LmHeadSpec fields quantize_head reads."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(method=method, num_bits=4, group_size=G, symmetric=True, dampening_frac=0.01,
+                           block_size=128)
+
+
+@pytest.mark.parametrize("method", ["gptq", "rtn"])
+def test_stage_tensors_and_figures_do_not_depend_on_the_row_chunk(head: torch.Tensor, calib_H: torch.Tensor,
+                                                                  method: str) -> None:
+    """Rows are independent under one shared Hessian: two row chunks give the same packed bytes,
+    scales and KL figures, and those of quantizing, comparing and packing whole heads."""
+    from qwenquant.quantize.head_gptq import quantize_head
+
+    h = hidden_states(300, seed=5)
+    runs = [quantize_head(lambda: head, calib_H, h, _head_spec(method), row_chunk=rc, device="cpu") for rc in (64, V)]
+    gptq = gptq_quantize_rows(head, calib_H, row_chunk=8192, device="cpu")
+    rtn = rtn_quantize_rows(head, row_chunk=8192, device="cpu")
+    whole = pack_head(gptq if method == "gptq" else rtn, device="cpu")
+    report = compare_heads(head, rtn, gptq, h)
+    for run in runs:
+        assert run.tensors.keys() == whole.keys()
+        assert all(torch.equal(run.tensors[k], whole[k]) for k in whole)
+        assert run.report == report
+        assert set(run.seconds) == {"gptq", "rtn", "compare", "pack"}
+
+
+def test_rtn_head_reads_the_rows_of_the_dequantized_rtn_head(head: torch.Tensor) -> None:
+    from qwenquant.quantize.head_gptq import RtnHead
+
+    dense = rtn_quantize_rows(head, device="cpu").dequantize()
+    lazy = RtnHead(head, 4, G, "cpu")
+    assert lazy.shape == (V, D)
+    assert torch.equal(torch.cat([lazy[0:100], lazy[100:V]]), dense)
+
+
+def test_a_refusing_gate_stops_the_head_with_its_error(head: torch.Tensor, calib_H: torch.Tensor) -> None:
+    from qwenquant.quantize.head_gptq import quantize_head
+
+    def refuse(report: dict) -> None:
+        raise StageError(f"gptq KL {report['gptq']['kl']}")
+
+    with pytest.raises(StageError, match="gptq KL"):
+        quantize_head(lambda: head, calib_H, hidden_states(50, seed=5), _head_spec(), row_chunk=V, device="cpu",
+                      gate=refuse)
+
+
+def test_raw_bytes_without_a_copy_are_the_copied_bytes() -> None:
+    from qwenquant.checkpoint.assemble import torch_raw
+
+    t = torch.arange(-40, 40, dtype=torch.int32).reshape(10, 8)
+    shared, copied = torch_raw("x", t, copy=False), torch_raw("x", t)
+    assert shared.nbytes == copied.nbytes == 320
+    assert bytes(shared.read()) == copied.read()

@@ -279,3 +279,15 @@ def test_hessian_precision_key_default_override_and_refusal() -> None:
     assert any(p.startswith("quantization.hessian_precision") for p in _problems(raw))
     with pytest.raises(RecipeError, match="tensor-core, fp32, got 'tf32'"):
         r.with_hessian_precision("tf32")
+
+
+def test_lm_head_row_chunk_is_auto_unless_a_positive_integer_is_given() -> None:
+    raw = _raw()
+    assert parse_recipe(raw).lm_head.row_chunk == "auto"  # the shipped recipe
+    del raw["lm_head"]["row_chunk"]
+    assert parse_recipe(raw).lm_head.row_chunk == "auto"  # the default
+    raw["lm_head"]["row_chunk"] = 16384
+    assert parse_recipe(raw).lm_head.row_chunk == 16384
+    for bad in (0, "big"):
+        raw["lm_head"]["row_chunk"] = bad
+        assert any(p.startswith("lm_head.row_chunk") for p in _problems(raw)), bad

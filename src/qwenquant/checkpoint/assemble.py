@@ -104,14 +104,21 @@ def derive_checkpoint(prev_dir: Path, out_dir: Path, plan: ShardPlan, config: di
     atomic_write_bytes(Path(out_dir) / "config.json", pretty_json(config))
 
 
-def torch_raw(name: str, t: Any) -> RawTensor:
-    """A torch tensor as a RawTensor (exact bytes, little-endian, safetensors dtype name)."""
+def torch_raw(name: str, t: Any, *, copy: bool = True) -> RawTensor:
+    """A torch tensor as a RawTensor (exact bytes, little-endian, safetensors dtype name).
+
+    `copy=False`: the RawTensor reads the tensor's own memory (no second host copy of a large
+    tensor); the tensor must not change until it is written."""
     import torch
 
     names = {torch.int32: "I32", torch.int64: "I64", torch.bfloat16: "BF16", torch.float16: "F16",
              torch.float32: "F32", torch.int8: "I8", torch.uint8: "U8"}
     t = t.detach().contiguous().cpu()
-    data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    if not t.numel():
+        data: bytes | memoryview = b""
+    else:
+        raw = t.reshape(-1).view(torch.uint8).numpy()
+        data = raw.tobytes() if copy else memoryview(raw)
     return RawTensor(name, names[t.dtype], tuple(t.shape), data)
 
 

@@ -68,13 +68,13 @@ class RawTensor:
     name: str
     dtype: str
     shape: tuple[int, ...]
-    data: bytes
+    data: bytes | memoryview  # a memoryview: flat, one byte per item
 
     @property
     def nbytes(self) -> int:
         return len(self.data)
 
-    def read(self) -> bytes:
+    def read(self) -> bytes | memoryview:
         return self.data
 
 

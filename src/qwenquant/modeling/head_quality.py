@@ -23,7 +23,8 @@ __all__ = ["StopForward", "capture_final_hidden", "compare_heads", "head_quality
 
 
 def _as_weight(w: Any, device: str | torch.device | None = None) -> Any:
-    """A [V, D] tensor as it is; anything with `dequantize()` (a QuantizedHead) as `_RowDequant`."""
+    """A [V, D] tensor (or any row-sliceable head, e.g. `RtnHead`) as it is; anything with
+    `dequantize()` (a QuantizedHead) as `_RowDequant`."""
     if isinstance(w, torch.Tensor) or not hasattr(w, "dequantize"):
         return w
     return _RowDequant(w, torch_device(device))
@@ -80,8 +81,9 @@ def heads_quality(
 
     for v0 in range(0, V, vocab_chunk):
         v1 = min(v0 + vocab_chunk, V)
-        wr = W_ref[v0:v1].to(device=dev, dtype=torch.float32)
-        wh = [w[v0:v1].to(device=dev, dtype=torch.float32) for w in W_hats]
+        # to the device first, then fp32 there: no fp32 copy of the chunk on the host
+        wr = W_ref[v0:v1].to(dev).to(torch.float32)
+        wh = [w[v0:v1].to(dev).to(torch.float32) for w in W_hats]
         for n0 in range(0, N, chunk):
             n1 = min(n0 + chunk, N)
             a = h[n0:n1] @ wr.t()
@@ -150,7 +152,7 @@ def compare_heads(
 ) -> dict[str, Any]:
     """{rtn: {kl, top1}, gptq: {kl, top1}, kl_reduction_pct} on held-out hidden states.
 
-    `rtn`/`gptq` are [V, D] tensors or QuantizedHeads. kl_reduction_pct > 0 means GPTQ is
+    `rtn`/`gptq` are [V, D] tensors, QuantizedHeads or RtnHeads. kl_reduction_pct > 0 means GPTQ is
     closer to the reference than RTN.
     """
     q_rtn, q_gptq = heads_quality(

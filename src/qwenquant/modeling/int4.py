@@ -82,6 +82,23 @@ def _row_chunks(rows: int, row_chunk: int | None) -> list[tuple[int, int]]:
     return [(r0, min(r0 + step, rows)) for r0 in range(0, rows, step)]
 
 
+def rtn_codes(w: torch.Tensor, num_bits: int, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Round-to-nearest of fp32 rows on their own device: (int8 codes, bf16 group scales).
+
+    Every row is computed on its own (elementwise and per group), so any row slicing gives the
+    same codes."""
+    qmin, qmax = int_range(num_bits)
+    s = _group_scales(w, num_bits, group_size)
+    q = (w.unflatten(-1, (-1, group_size)) / s.float().unsqueeze(-1)).clamp_(qmin, qmax).round_()
+    return q.flatten(-2).to(torch.int8), s
+
+
+def rows_fp32(W: torch.Tensor, r0: int, r1: int, device: torch.device) -> torch.Tensor:
+    """Rows r0:r1 of W as a fresh fp32 tensor on `device`, converted there: a CPU bf16 head
+    crosses to the GPU as bf16 (half the bytes) and no fp32 copy of the rows is made on the host."""
+    return W[r0:r1].to(device).to(torch.float32, copy=True)
+
+
 @torch.no_grad()
 def rtn_quantize_rows(
     W: torch.Tensor,
@@ -96,16 +113,42 @@ def rtn_quantize_rows(
     """Round-to-nearest with the same scales and rounding as GPTQ: the baseline."""
     _check_shapes(W, num_bits, group_size, symmetric)
     dev = torch_device(device)
-    qmin, qmax = int_range(num_bits)
     ints = torch.empty(W.shape, dtype=torch.int8)
     scales = torch.empty((W.shape[0], W.shape[1] // group_size), dtype=SCALE_DTYPE)
     chunks = _row_chunks(W.shape[0], row_chunk)
     for k, (r0, r1) in enumerate(chunks):
-        w = W[r0:r1].to(device=dev, dtype=torch.float32)
-        s = _group_scales(w, num_bits, group_size)
-        q = (w.unflatten(-1, (-1, group_size)) / s.float().unsqueeze(-1)).clamp_(qmin, qmax).round_()
-        ints[r0:r1] = q.flatten(-2).to(torch.int8).cpu()
+        q, s = rtn_codes(rows_fp32(W, r0, r1, dev), num_bits, group_size)
+        ints[r0:r1] = q.cpu()
         scales[r0:r1] = s.cpu()
         if progress is not None:
             progress(k + 1, len(chunks))
     return QuantizedHead(ints, scales, num_bits, group_size, method="rtn")
+
+
+class RtnHead:
+    """The round-to-nearest head of W, quantized and dequantized a row slice at a time on `device`
+    when a slice is read (`head[v0:v1]`, bf16 rows as `QuantizedHead.dequantize` gives them): the
+    KL compare's baseline without a second full-size set of int8 codes on the host.
+
+    `seconds` adds up the time spent in those reads (synchronized on CUDA), for benchmarks."""
+
+    def __init__(self, W: torch.Tensor, num_bits: int, group_size: int, device: str | torch.device | None = None,
+                 *, symmetric: bool = True) -> None:
+        _check_shapes(W, num_bits, group_size, symmetric)
+        self.W, self.num_bits, self.group_size = W, num_bits, group_size
+        self.device = torch_device(device)
+        self.shape = (int(W.shape[0]), int(W.shape[1]))
+        self.seconds = 0.0
+
+    @torch.no_grad()
+    def __getitem__(self, rows: slice) -> torch.Tensor:
+        import time
+
+        t0 = time.perf_counter()
+        r0, r1, _ = rows.indices(self.shape[0])
+        q, s = rtn_codes(rows_fp32(self.W, r0, r1, self.device), self.num_bits, self.group_size)
+        out = QuantizedHead(q, s, self.num_bits, self.group_size, method="rtn").dequantize()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.seconds += time.perf_counter() - t0
+        return out

@@ -15,7 +15,9 @@ Conventions (compressed-tensors 0.19, symmetric int group quantization, checked 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,10 +34,12 @@ from qwenquant.modeling.head_quality import (  # noqa: F401  (re-exported API)
 from qwenquant.modeling.int4 import (  # noqa: F401  (re-exported API)
     SCALE_DTYPE,
     QuantizedHead,
+    RtnHead,
     _check_shapes,
     _group_scales,
     _row_chunks,
     int_range,
+    rows_fp32,
     rtn_quantize_rows,
 )
 from qwenquant.modeling.runtime import torch_device
@@ -49,7 +53,9 @@ Progress = Callable[[int, int], None]
 
 __all__ = [
     "HeadQuantSpec",
+    "HeadResult",
     "QuantizedHead",
+    "RtnHead",
     "StopForward",
     "accumulate_hessian",
     "capture_final_hidden",
@@ -58,6 +64,7 @@ __all__ = [
     "head_config_group",
     "head_quality",
     "pack_head",
+    "quantize_head",
     "rtn_quantize_rows",
 ]
 
@@ -205,8 +212,8 @@ def gptq_quantize_rows(
     total_loss = 0.0
     chunks = _row_chunks(W.shape[0], row_chunk)
     for k, (r0, r1) in enumerate(chunks):
-        # copy=True: the sweep works in place and must never touch the caller's tensor
-        w = W[r0:r1].to(device=dev, dtype=torch.float32, copy=True)
+        # a fresh copy: the sweep works in place and must never touch the caller's tensor
+        w = rows_fp32(W, r0, r1, dev)
         s = _group_scales(w, num_bits, group_size)
         if perm is not None:
             w = w[:, perm]
@@ -269,3 +276,60 @@ def head_config_group(spec: HeadQuantSpec | LmHeadSpec | Mapping[str, Any] | Non
     return weight_scheme([target], num_bits=spec.num_bits, symmetric=spec.symmetric, group_size=spec.group_size,
                          actorder="static" if getattr(spec, "actorder", False) else None,
                          observer="memoryless_minmax")
+
+
+@dataclass
+class HeadResult:
+    """What `quantize_head` returns: the checkpoint tensors, the compare, and how it went."""
+
+    tensors: dict[str, torch.Tensor]
+    report: dict[str, Any] | None  # compare_heads' figures; None without held-out states
+    used_rtn_fallback: bool
+    seconds: dict[str, float]  # gptq, rtn, compare, pack
+
+
+@contextmanager
+def _clock(seconds: dict[str, float], part: str, dev: torch.device) -> Iterator[None]:
+    """Add the wall time of the block (the device synchronized at its end) to seconds[part]."""
+    t0 = time.perf_counter()
+    yield
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    seconds[part] = seconds.get(part, 0.0) + time.perf_counter() - t0
+
+
+def quantize_head(read_weight: Callable[[], torch.Tensor], H: torch.Tensor, heldout: torch.Tensor | None,
+                  spec: Any, *, row_chunk: int, prefix: str = "lm_head", device: str | torch.device | None = None,
+                  progress: Progress | None = None, gate: Callable[[dict[str, Any]], None] | None = None) -> HeadResult:
+    """The lm_head stage's tensor work: GPTQ, the KL compare against RTN, packing (memory: head_memory.py).
+
+    `read_weight()` returns the [V, D] head; this function holds the only reference, so the head
+    is freed before packing. `spec` has method, num_bits, group_size, symmetric, dampening_frac,
+    block_size (an LmHeadSpec). RTN rows are quantized where the compare reads them (`RtnHead`);
+    a full RTN head is made only when it is the one that ships (`method: rtn`). `gate(report)`
+    may raise before anything is packed. Same bytes as quantizing, comparing and packing whole heads.
+    """
+    dev = torch_device(device)
+    seconds: dict[str, float] = {}
+    W = read_weight()
+    common = dict(num_bits=spec.num_bits, group_size=spec.group_size, symmetric=spec.symmetric, device=dev)
+    with _clock(seconds, "gptq", dev):
+        q_gptq = gptq_quantize_rows(W, H.to(dev), dampening_frac=spec.dampening_frac, block_size=spec.block_size,
+                                    row_chunk=row_chunk, progress=progress, **common)
+    rtn = RtnHead(W, spec.num_bits, spec.group_size, dev, symmetric=spec.symmetric)
+    report = None
+    if heldout is not None:
+        with _clock(seconds, "compare", dev):
+            report = compare_heads(W, rtn, q_gptq, heldout, device=dev)
+        seconds["compare"] -= rtn.seconds  # the RTN rows quantized inside the compare
+    seconds["rtn"] = rtn.seconds
+    if report is not None and gate is not None:
+        gate(report)
+    chosen = q_gptq
+    if spec.method == "rtn":
+        with _clock(seconds, "rtn", dev):
+            chosen = rtn_quantize_rows(W, row_chunk=row_chunk, **common)
+    del W, rtn
+    with _clock(seconds, "pack", dev):
+        tensors = pack_head(chosen, prefix, row_chunk=row_chunk, device=dev)
+    return HeadResult(tensors, report, q_gptq.used_rtn_fallback, seconds)

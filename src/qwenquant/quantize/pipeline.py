@@ -224,6 +224,7 @@ def _status(stage: Stage, outcome: Any) -> str:
 
 def _finish(runner: StageRunner, stages: Sequence[Stage], out: Path, built: Path, recipe: Recipe) -> QuantizeResult:
     from qwenquant.checkpoint.assemble import link_or_copy
+    from qwenquant.hashing import sha256_files
     from qwenquant.manifest import build_manifest, verify_artifact, write_manifest
 
     fields = manifest_fields(runner, stages, recipe)
@@ -232,7 +233,9 @@ def _finish(runner: StageRunner, stages: Sequence[Stage], out: Path, built: Path
             if p.is_file():
                 link_or_copy(p, tmp / p.name)
         atomic_write_bytes(tmp / QUALITY_FILE, pretty_json(fields["quality"]))
-        manifest = build_manifest(tmp, **fields)
+        # hard links of the built stage's files: their digests were taken for its record in this
+        # run (same inode, size and mtime); only new files are read. verify_artifact re-reads all.
+        manifest = build_manifest(tmp, **fields, hasher=lambda paths: runner.digests.files(paths, sha256_files))
         write_manifest(tmp, manifest)
     report = verify_artifact(out)
     if not report.ok:

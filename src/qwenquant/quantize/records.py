@@ -109,6 +109,15 @@ class DigestCache:
             self._cache[key] = sha256_file(p)
         return self._cache[key]
 
+    def files(self, paths: list[Path], hasher: Callable[[list[Path]], dict[Path, str]]) -> dict[Path, str]:
+        """sha256 of each path: from the cache when its (device, inode, size, mtime_ns) was hashed in
+        this run, the rest through `hasher` (in parallel) and cached."""
+        keys = {p: (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) for p in paths for st in (p.stat(),)}
+        fresh = hasher([p for p in paths if keys[p] not in self._cache])
+        for p, digest in fresh.items():
+            self._cache[keys[p]] = digest
+        return {p: self._cache[keys[p]] for p in paths}
+
     def folder(self, root: Path) -> dict[str, str]:
         if not root.is_dir():
             return {}

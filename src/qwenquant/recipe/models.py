@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 from pydantic_core import PydanticCustomError
@@ -105,10 +105,19 @@ class LmHeadSpec(_GroupWiseWeights):
     group_size: int = 128
     dampening_frac: float = 0.01
     block_size: int = Field(default=128, gt=0)
-    row_chunk: int = Field(default=8192, gt=0)
+    # rows of the head quantized at once: "auto" sizes it from the free GPU memory at run time
+    # (quantize/head_memory.py; the stage's record keeps the value that ran); an integer is used as is
+    row_chunk: Annotated[int, Field(gt=0)] | Literal["auto"] = "auto"
     target: str = LM_HEAD_TARGET
     heldout_fraction: float = Field(default=0.1, ge=0, lt=0.5)
     require_better_than_rtn: bool = True
+
+    @field_validator("row_chunk", mode="before")
+    @classmethod
+    def _row_chunk(cls, v: Any) -> Any:
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+            return v
+        raise _fail(f"must be a positive number of rows or 'auto' (sized from the free GPU memory), got {v!r}")
 
     @field_validator("target")
     @classmethod

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from qwenquant.checkpoint.assemble import current_plan, derive_checkpoint, torch_raw
 from qwenquant.checkpoint.config import read_config
 from qwenquant.checkpoint.names import LM_HEAD_TARGET
-from qwenquant.checkpoint.tensorfile import checkpoint_refs
+from qwenquant.checkpoint.tensorfile import TensorRef, checkpoint_refs
 from qwenquant.errors import StageError
 from qwenquant.hashing import sha256_json
 from qwenquant.quantize.stage import Stage, StageContext
@@ -114,35 +114,66 @@ def _quality(spec: LmHeadSpec, report: dict[str, Any] | None, cal: HeadCalibrati
     }}
 
 
-def run_head(source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, prev_dir: Path, out_dir: Path, *,
-             device: str, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Quantize lm_head into `out_dir` (= `prev_dir` with the head packed); return the quality report."""
+def gpu_budget(device: str) -> int | None:
+    """Bytes the head's row chunks may use on the GPU (head_memory.budget_bytes), None on the CPU:
+    free CUDA memory plus torch's unused cache, under the per-process fraction and the
+    QWENQUANT_MAX_GPU_MEM cap (engine/build.max_gpu_mem_gib)."""
+    if device != "cuda":
+        return None
     import torch
 
+    from qwenquant.quantize.engine.build import max_gpu_mem_gib
+    from qwenquant.quantize.head_memory import budget_bytes
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    free, total = torch.cuda.mem_get_info(dev)
+    allocated = torch.cuda.memory_allocated(dev)
+    cap = torch.cuda.get_per_process_memory_fraction(dev) * total
+    gib = max_gpu_mem_gib()
+    if gib:
+        cap = min(cap, gib * (1 << 30))
+    return budget_bytes(free, torch.cuda.memory_reserved(dev) - allocated, int(cap) - allocated)
+
+
+def _read_head(ref: TensorRef) -> Any:
+    import torch
+
+    W = torch.frombuffer(ref.read_bytearray(), dtype=torch.bfloat16 if ref.dtype == "BF16" else torch.float32)
+    return W.reshape(ref.shape)
+
+
+def _better_than_rtn(spec: LmHeadSpec) -> Callable[[dict[str, Any]], None]:
+    def gate(report: dict[str, Any]) -> None:
+        if spec.require_better_than_rtn and spec.method == "gptq" and report["gptq"]["kl"] >= report["rtn"]["kl"]:
+            raise StageError(
+                f"lm_head GPTQ is not better than RTN on held-out tokens (KL {report['gptq']['kl']:.6g} >= "
+                f"{report['rtn']['kl']:.6g})", hint="use more calibration samples, or set lm_head.require_better_than_rtn: false")
+    return gate
+
+
+def run_head(source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, prev_dir: Path, out_dir: Path, *,
+             device: str, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Quantize lm_head into `out_dir` (= `prev_dir` with the head packed); return the quality report
+    and, under "row_chunk", the row chunk that ran (the recipe's `row_chunk: auto` resolved)."""
     from qwenquant.modeling.runtime import set_deterministic
     from qwenquant.quantize import head_gptq as lh
     from qwenquant.quantize.engine import headcal
+    from qwenquant.quantize.head_memory import resolve_row_chunk
 
     set_deterministic()
     cal = headcal.load(prev_dir)  # the streamed gptq engine calibrated the head in its own pass
     if cal is None:
         cal = _capture_from_model(source_dir, samples, spec, device)
     ref = checkpoint_refs(source_dir)[f"{HEAD}.weight"]
-    W = torch.frombuffer(ref.read_bytearray(), dtype=torch.bfloat16 if ref.dtype == "BF16" else torch.float32)
-    W = W.reshape(ref.shape)
-    common = dict(num_bits=spec.num_bits, group_size=spec.group_size, symmetric=spec.symmetric,
-                  row_chunk=spec.row_chunk, device=device)
-    q_gptq = lh.gptq_quantize_rows(W, cal.hessian.to(device), dampening_frac=spec.dampening_frac,
-                                   block_size=spec.block_size, progress=progress, **common)
-    q_rtn = lh.rtn_quantize_rows(W, **common)
-    report = None if cal.heldout is None else lh.compare_heads(W, q_rtn, q_gptq, cal.heldout, device=device)
-    quality = _quality(spec, report, cal, q_gptq.used_rtn_fallback)
-    if report and spec.require_better_than_rtn and spec.method == "gptq" and report["gptq"]["kl"] >= report["rtn"]["kl"]:
-        raise StageError(
-            f"lm_head GPTQ is not better than RTN on held-out tokens (KL {report['gptq']['kl']:.6g} >= "
-            f"{report['rtn']['kl']:.6g})", hint="use more calibration samples, or set lm_head.require_better_than_rtn: false")
-    chosen = q_gptq if spec.method == "gptq" else q_rtn
-    packed = {n: torch_raw(n, t) for n, t in lh.pack_head(chosen, prefix=HEAD, device=device).items()}
+    row_chunk = resolve_row_chunk(spec.row_chunk, ref.shape[0], ref.shape[1], gpu_budget(device),
+                                  group_size=spec.group_size, block_size=spec.block_size)
+    log.info("lm_head: %d rows at a time (row_chunk %s)", row_chunk, spec.row_chunk)
+    done = lh.quantize_head(lambda: _read_head(ref), cal.hessian, cal.heldout, spec, row_chunk=row_chunk,
+                            prefix=HEAD, device=device, progress=progress, gate=_better_than_rtn(spec))
+    log.info("lm_head: %s", ", ".join(f"{k} {v:.1f} s" for k, v in sorted(done.seconds.items())))
+    quality = _quality(spec, done.report, cal, done.used_rtn_fallback)
+    packed = {n: torch_raw(n, t, copy=False) for n, t in done.tensors.items()}
+    del done
 
     plan = current_plan(prev_dir)
     for tensors in plan.values():
@@ -154,7 +185,7 @@ def run_head(source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, prev_
         raise StageError("the GPTQ output has no lm_head.weight", hint="re-run with a fresh --work folder")
     config = head_quant_config(read_config(prev_dir), lh.head_config_group(spec))
     derive_checkpoint(prev_dir, out_dir, plan, config)
-    return quality
+    return {**quality, "row_chunk": row_chunk}
 
 
 def _inputs(ctx: StageContext) -> dict[str, str]:
@@ -173,5 +204,11 @@ def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
                     device=ctx.device, progress=ctx.progress_for(ROW_CHUNKS))
 
 
+def _manifest(outcome: Any) -> dict[str, Any]:
+    # the quality section only: the row chunk that ran stays in the stage's record (its "result"),
+    # out of qwenquant-quality.json, whose bytes do not depend on the GPU's free memory
+    return {"quality": {k: v for k, v in outcome.result.items() if k != "row_chunk"}}
+
+
 STAGE = Stage("lm_head", _inputs, lambda ctx: {"lm_head": ctx.recipe.lm_head.model_dump(mode="json"), "device": ctx.device},
-              _run, builds_checkpoint=True, manifest=lambda o: {"quality": dict(o.result)}, tasks=(ROW_CHUNKS,))
+              _run, builds_checkpoint=True, manifest=_manifest, tasks=(ROW_CHUNKS,))
