@@ -210,6 +210,21 @@ def test_context_longer_than_the_model_refused(standin_artifact, fake_vllm, tmp_
     assert not (tmp_path / "pids").exists()
 
 
+def test_context_longer_than_the_model_allowed_warns_about_mtp(standin_artifact, fake_vllm, tmp_path):
+    """Allowed by VLLM_ALLOW_LONG_MAX_MODEL_LEN, the single-user profile (MTP on) is served past the 4096
+    positions, and the warning says the drafter stops at 4096: vLLM gives the drafter's config no dict
+    --hf-overrides, so every draft past it is rejected (seen on CUDA vLLM 0.26, bench/RESULTS.md)."""
+    cmd = serve_cmd(standin_artifact, fake_vllm, free_port(), "good", tmp_path / "pids")
+    del cmd[cmd.index("--max-model-len"):cmd.index("--max-model-len") + 2]
+    cmd.insert(cmd.index("--"), "--dry-run")
+    env = {**serve_env(fake_vllm, tmp_path), "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    err = flat(r.stderr)
+    assert "positions beyond 4096 were never trained" in err
+    assert "MTP past position 4096: the drafter keeps the checkpoint's max_position_embeddings" in err
+
+
 def test_dry_run_masks_api_key(standin_artifact, fake_vllm, tmp_path):
     """--dry-run prints the command and environment, never the key, and starts nothing."""
     pidfile = tmp_path / "pids"

@@ -22,3 +22,19 @@ def test_the_engines_exception_is_the_cause() -> None:
 def test_only_the_wrapper_or_nothing_gives_no_cause() -> None:
     assert root_cause(LOG[-1:]) is None
     assert root_cause(LOG[:2]) is None
+
+
+def test_a_warning_that_quotes_an_exception_is_not_the_cause() -> None:
+    """vLLM 0.26 on a GPU host: its ulimit warning quotes an OSError long before the engine's own
+    failure (the shape of the lines a hard --gpu-mem start printed, abridged)."""
+    log = [
+        "(APIServer pid=5801) WARNING 12-02 11:03:23 [system_utils.py:299] Found ulimit of 20000 and failed to "
+        "automatically increase with error current limit exceeds maximum limit. This can cause fd limit errors "
+        "like `OSError: [Errno 24] Too many open files`. Consider increasing with ulimit -n",
+        "(EngineCore pid=5923) ERROR 12-02 11:03:41 [core.py:1330]     raise ValueError(",
+        "(EngineCore pid=5923) ERROR 12-02 11:03:41 [core.py:1330] ValueError: Free memory on device cuda:0 "
+        "(23.49/139.8 GiB) on startup is less than desired GPU memory utilization (0.18, 25.16 GiB).",
+        "(APIServer pid=5801) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+    ]
+    assert root_cause(log) == ("ValueError: Free memory on device cuda:0 (23.49/139.8 GiB) on startup is less than "
+                               "desired GPU memory utilization (0.18, 25.16 GiB).")

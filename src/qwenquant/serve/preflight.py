@@ -279,6 +279,11 @@ def _check_context(artifact: Path, profile: ResolvedProfile) -> None:
             log.warning("max-model-len %d is above the model's max_position_embeddings %d: vLLM allows it "
                         "(VLLM_ALLOW_LONG_MAX_MODEL_LEN is set); positions beyond %d were never trained",
                         profile.max_model_len, limit, limit)
+            if profile.speculative and profile.speculative.num_speculative_tokens > 0:
+                # vLLM's SpeculativeConfig builds the drafter's config without dict --hf-overrides
+                log.warning("MTP past position %d: the drafter keeps the checkpoint's max_position_embeddings "
+                            "(vLLM does not pass --hf-overrides to it), so no draft is accepted beyond it "
+                            "(docs/known-issues.md#mtp-past-max-positions)", limit)
             return
         raise ServeError(f"max-model-len {profile.max_model_len} is above the model's max_position_embeddings {limit}",
                          hint=f"pass `-- --max-model-len {limit}` (or less)")

@@ -326,7 +326,11 @@ def serve_forever(spec: ServerSpec, on_ready: Callable[[str], None]) -> int:
             signal.signal(s, h)
 
 
-_CAUSE = re.compile(r"\b([A-Za-z_]*(?:Error|Exception)): (.+)")
+# an exception line as a traceback ends it, after vLLM's "(EngineCore pid=N) " and an optional
+# "ERROR mm-dd hh:mm:ss [file:line] " record prefix; a line of another level (a WARNING that quotes
+# an exception, as vLLM's ulimit warning quotes "OSError: [Errno 24] ...") is not one
+_PREFIX = re.compile(r"^(?:\([\w ]+pid=\d+\)\s*)?(?:ERROR \S+ \S+ \[[^\]]*\]\s*)?")
+_CAUSE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.+)")
 _WRAPPERS = ("Engine core initialization failed",)
 
 
@@ -334,7 +338,7 @@ def root_cause(log_lines: list[str]) -> str | None:
     """The first exception line of the log tail that is not a wrapper's (vLLM's API server re-raises
     its engine core's failure as "Engine core initialization failed. See root cause above")."""
     for line in log_lines:
-        m = _CAUSE.search(line)
+        m = _CAUSE.match(_PREFIX.sub("", line.strip(), count=1))
         if m and not any(w in m.group(2) for w in _WRAPPERS):
             return f"{m.group(1)}: {m.group(2).strip()}"[:400]
     return None
