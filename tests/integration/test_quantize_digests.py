@@ -6,6 +6,7 @@ again and caught."""
 from __future__ import annotations
 
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -32,11 +33,13 @@ def _count_reads(monkeypatch: pytest.MonkeyPatch) -> tuple[Counter, Counter]:
     from qwenquant.quantize.stages import PIPELINE  # noqa: F401  (every stage module imported before patching)
 
     run, verify = Counter(), Counter()
-    verifying = [False]
+    verifying, lock = [False], threading.Lock()  # the hashing runs on thread pools
     real_file, real_range, real_verify = hashing.sha256_file, hashing.sha256_range, manifest.verify_artifact
 
     def count(p: Path, start: int, end: int) -> None:
-        (verify if verifying[0] else run)[(hashing.file_key(p), start, end)] += 1
+        key = (hashing.file_key(p), start, end)
+        with lock:
+            (verify if verifying[0] else run)[key] += 1
 
     def sha256_file(p: Path, progress=None) -> str:
         count(p, 0, Path(p).stat().st_size)
