@@ -121,37 +121,3 @@ def test_check_record_rejects_other_stage() -> None:
     body["record_sha256"] = record_digest(body)
     rec, why = check_record(json.dumps(body).encode(), stage="demo", inputs={}, params={}, outputs_on_disk=dict)
     assert rec is None and "not a complete record of this stage" in why
-
-
-def test_digest_cache_reads_only_files_it_has_not_hashed_in_this_run(tmp_path: Path) -> None:
-    """The manifest reuses the digests a stage record took of the same inodes (hard links), and reads
-    every other file: a new file, a copy, and a file rewritten since."""
-    import hashlib
-    import os
-
-    from qwenquant.hashing import sha256_files
-    from qwenquant.quantize.records import DigestCache
-
-    stage, art = tmp_path / "stage", tmp_path / "art"
-    stage.mkdir()
-    art.mkdir()
-    for name in ("a.safetensors", "b.safetensors", "c.json"):
-        (stage / name).write_bytes(name.encode() * 1000)
-    cache = DigestCache()
-    cache.folder(stage)  # what the stage record hashed
-    for name in ("a.safetensors", "b.safetensors"):
-        os.link(stage / name, art / name)
-    (art / "c.json").write_bytes((stage / "c.json").read_bytes())  # a copy: another inode
-    (art / "quality.json").write_bytes(b"{}")
-    (stage / "b.safetensors").unlink()
-    (art / "b.safetensors").write_bytes(b"changed")  # rewritten after the record: new inode, size, mtime
-    read: list[str] = []
-
-    def hasher(paths: list[Path]) -> dict[Path, str]:
-        read.extend(p.name for p in paths)
-        return sha256_files(paths)
-
-    paths = sorted(art.iterdir())
-    got = cache.files(paths, hasher)
-    assert sorted(read) == ["b.safetensors", "c.json", "quality.json"]
-    assert got == {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}

@@ -7,7 +7,6 @@ difference fails the build. `compare_tensors` is pure (digests in, problems out)
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from pathlib import Path
 
 from qwenquant.checkpoint.names import target_matches
 from qwenquant.checkpoint.tensorfile import TensorRef, checkpoint_refs
+from qwenquant.hashing import DigestCache
 
 QUANT_PARAMS = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point", "weight_g_idx")
 
@@ -74,27 +74,22 @@ def compare_tensors(
     return problems
 
 
-def _digest(r: TensorRef) -> TensorDigest:
-    h = hashlib.sha256()
-    with open(r.path, "rb") as f:
-        f.seek(r.start)
-        left = r.nbytes
-        while left:
-            chunk = f.read(min(left, 8 << 20))
-            if not chunk:
-                break
-            h.update(chunk)
-            left -= len(chunk)
-    return TensorDigest(r.dtype, r.shape, h.hexdigest())
-
-
-def tensor_digests(refs: Mapping[str, TensorRef], names: Iterable[str] | None = None) -> dict[str, TensorDigest]:
-    """dtype, shape and sha256 of each tensor's raw bytes (streamed; hashlib threads release the GIL)."""
+def tensor_digests(refs: Mapping[str, TensorRef], names: Iterable[str] | None = None,
+                   digests: DigestCache | None = None) -> dict[str, TensorDigest]:
+    """dtype, shape and sha256 of each tensor's raw bytes (streamed, on threads: hashlib releases the
+    GIL). `digests`: the run's cache, so a tensor whose bytes were hashed earlier in the run (same
+    file version, same range) is not read again; None: read every one."""
     from concurrent.futures import ThreadPoolExecutor
 
+    cache = digests if digests is not None else DigestCache()
     todo = sorted(refs if names is None else names)
+
+    def one(n: str) -> TensorDigest:
+        r = refs[n]
+        return TensorDigest(r.dtype, r.shape, cache.range(r.path, r.start, r.end))
+
     with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2))) as pool:
-        return dict(zip(todo, pool.map(lambda n: _digest(refs[n]), todo), strict=True))
+        return dict(zip(todo, pool.map(one, todo), strict=True))
 
 
 def _unhashed(r: TensorRef) -> TensorDigest:
@@ -114,16 +109,17 @@ def recipe_quantizes(ignore: list[str], *, head_quantized: bool, mtp_quantized: 
 
 
 def prove_unquantized_identical(artifact_dir: Path, source_dir: Path, *, rename: Callable[[str], str | None],
-                                may_quantize: Callable[[str], bool], skip_source: Callable[[str], bool] | None = None
-                                ) -> list[str]:
-    """Compare raw safetensors bytes of the artifact against the source; return the problems."""
+                                may_quantize: Callable[[str], bool], skip_source: Callable[[str], bool] | None = None,
+                                digests: DigestCache | None = None) -> list[str]:
+    """Compare raw safetensors bytes of the artifact against the source; return the problems
+    (`digests`: the run's cache, see `tensor_digests`)."""
     src_refs = checkpoint_refs(source_dir)
     art_refs = checkpoint_refs(artifact_dir)
     keep = [n for n in src_refs if not (skip_source and skip_source(n))]
     # Only tensors stored unquantized on both sides are hashed (the quantized body is most bytes).
     plain = {n for n in art_refs if quantized_module(n) is None}
     src = {n: _unhashed(src_refs[n]) for n in keep}
-    src.update(tensor_digests(src_refs, [n for n in keep if rename(n) in plain]))
+    src.update(tensor_digests(src_refs, [n for n in keep if rename(n) in plain], digests))
     art = {n: _unhashed(r) for n, r in art_refs.items()}
-    art.update(tensor_digests(art_refs, plain))
+    art.update(tensor_digests(art_refs, plain, digests))
     return compare_tensors(src, art, rename=rename, may_quantize=may_quantize)

@@ -108,6 +108,7 @@ def quantize(opts: QuantizeOptions, progress: Progress | None = None, *,
             shutil.rmtree(p, ignore_errors=True)
         runner = StageRunner(work)
         ctx.outcomes = runner.outcomes
+        ctx.digests = runner.digests
         for i, stage in enumerate(stages):
             step(stage.name, None, i, total)
             ctx.current = stage
@@ -224,7 +225,6 @@ def _status(stage: Stage, outcome: Any) -> str:
 
 def _finish(runner: StageRunner, stages: Sequence[Stage], out: Path, built: Path, recipe: Recipe) -> QuantizeResult:
     from qwenquant.checkpoint.assemble import link_or_copy
-    from qwenquant.hashing import sha256_files
     from qwenquant.manifest import build_manifest, verify_artifact, write_manifest
 
     fields = manifest_fields(runner, stages, recipe)
@@ -235,7 +235,7 @@ def _finish(runner: StageRunner, stages: Sequence[Stage], out: Path, built: Path
         atomic_write_bytes(tmp / QUALITY_FILE, pretty_json(fields["quality"]))
         # hard links of the built stage's files: their digests were taken for its record in this
         # run (same inode, size and mtime); only new files are read. verify_artifact re-reads all.
-        manifest = build_manifest(tmp, **fields, hasher=lambda paths: runner.digests.files(paths, sha256_files))
+        manifest = build_manifest(tmp, **fields, hasher=runner.digests.files)
         write_manifest(tmp, manifest)
     report = verify_artifact(out)
     if not report.ok:

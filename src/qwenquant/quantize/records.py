@@ -25,7 +25,7 @@ from typing import Any
 
 from qwenquant.atomic import atomic_write_bytes, canonical_json, exclusive_lock, pretty_json, staging_dir
 from qwenquant.errors import StageError
-from qwenquant.hashing import self_digest, sha256_file, sha256_json
+from qwenquant.hashing import DigestCache, self_digest, sha256_json
 
 log = logging.getLogger("qwenquant.quantize.pipeline")
 
@@ -94,34 +94,6 @@ def check_record(raw: bytes | None, *, stage: str, inputs: dict[str, str], param
         changed = sorted(k for k in set(on_disk) | set(rec["outputs"]) if on_disk.get(k) != rec["outputs"].get(k))
         return None, f"outputs changed on disk ({', '.join(changed[:3])}{'...' if len(changed) > 3 else ''})"
     return rec, ""
-
-
-class DigestCache:
-    """sha256 per file, cached by (device, inode, size, mtime_ns): hard-linked files hash once."""
-
-    def __init__(self) -> None:
-        self._cache: dict[tuple[int, int, int, int], str] = {}
-
-    def file(self, p: Path) -> str:
-        st = p.stat()
-        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        if key not in self._cache:
-            self._cache[key] = sha256_file(p)
-        return self._cache[key]
-
-    def files(self, paths: list[Path], hasher: Callable[[list[Path]], dict[Path, str]]) -> dict[Path, str]:
-        """sha256 of each path: from the cache when its (device, inode, size, mtime_ns) was hashed in
-        this run, the rest through `hasher` (in parallel) and cached."""
-        keys = {p: (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) for p in paths for st in (p.stat(),)}
-        fresh = hasher([p for p in paths if keys[p] not in self._cache])
-        for p, digest in fresh.items():
-            self._cache[keys[p]] = digest
-        return {p: self._cache[keys[p]] for p in paths}
-
-    def folder(self, root: Path) -> dict[str, str]:
-        if not root.is_dir():
-            return {}
-        return {p.relative_to(root).as_posix(): self.file(p) for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @dataclass

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qwenquant.hashing import DigestCache
+
 if TYPE_CHECKING:  # pydantic models; the CLI's --help path stays free of them
     from qwenquant.quantize.records import StageOutcome
     from qwenquant.recipe import CalibrationSpec, Recipe
@@ -49,6 +51,8 @@ class StageContext:
     outcomes: dict[str, StageOutcome] = field(default_factory=dict)
     ranks: int = 1  # processes of the gptq stage (`quantize --gpus N`)
     current: Stage | None = None  # the stage running now (set by the pipeline)
+    # the run's file and tensor digests (the stage records' cache): what a stage hashes, a later one reuses
+    digests: DigestCache = field(default_factory=DigestCache)
 
     def _outcome(self, stage: str) -> StageOutcome:
         if stage not in self.outcomes:

@@ -24,6 +24,7 @@ from qwenquant.checkpoint.names import MTP_PREFIX
 from qwenquant.errors import UsageError
 
 if TYPE_CHECKING:
+    from qwenquant.hashing import DigestCache
     from qwenquant.recipe import QuantizationSpec
 
 log = logging.getLogger(__name__)
@@ -56,12 +57,13 @@ def max_gpu_mem_gib() -> float | None:
 def run_streamed_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, out_dir: Path, *,
                       heldout: list[int], max_shard_bytes: int, layers_root: Path, fingerprint: str, device: str,
                       progress: Callable[[int, int], None] | None = None, ranks: int = 1,
-                      mtp: bool = False) -> dict[str, Any]:
+                      mtp: bool = False, digests: DigestCache | None = None) -> dict[str, Any]:
     """Quantize the body into `out_dir` (a fresh folder) layer by layer, resuming from the layer
     records under `layers_root`; write the tensors, the index and the head calibration; return
     stage info. `heldout`: the sample indices the lm_head stage keeps for its quality report.
     `ranks` > 1: an N-process job (engine/launch.py) whose rank 0 writes the same folder.
-    `mtp`: also GPTQ the MTP head on the same pass (engine/mtpcal.py; one process only)."""
+    `mtp`: also GPTQ the MTP head on the same pass (engine/mtpcal.py; one process only).
+    `digests`: the run's cache (one process: it gets every layer file's digest)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if ranks > 1:
         from qwenquant.quantize.engine.launch import run_job
@@ -81,7 +83,7 @@ def run_streamed_gptq(source_dir: Path, samples: list[list[int]], q: Quantizatio
     apply_gpu_cap(device, max_gpu_mem_gib())
     src = open_source(Path(source_dir), checkpoint_refs(Path(source_dir)))
     res = stream_quantize(src, samples, q, Path(layers_root), fingerprint=fingerprint, device=device, heldout=heldout,
-                          progress=progress, mtp=mtp)
+                          progress=progress, mtp=mtp, digests=digests)
     return write_stage_folder(src, res, out_dir, max_shard_bytes)
 
 

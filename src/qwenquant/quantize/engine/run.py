@@ -42,6 +42,7 @@ import torch
 from qwenquant.checkpoint.assemble import torch_raw
 from qwenquant.checkpoint.identity import quantized_module
 from qwenquant.checkpoint.tensorfile import RawTensor, TensorRef
+from qwenquant.hashing import DigestCache
 from qwenquant.modeling.compat import resolve_scheme, unpack
 from qwenquant.modeling.text import (
     LayerInputs,
@@ -193,12 +194,13 @@ def _gptq_layer(src: TextModelSource, i: int, raw: dict[str, torch.Tensor], acts
     return {"tensors": out, "modules": len(packed)}
 
 
-def _resume_point(layers_root: Path, n: int, fingerprint: str, device: str, ranks: Any) -> int:
+def _resume_point(layers_root: Path, n: int, fingerprint: str, device: str, ranks: Any,
+                  digests: DigestCache | None = None) -> int:
     """Layers proven complete by their records (rank 0 checks, and removes stale ones; the other
     ranks are told)."""
     done = 0
     if ranks is None or ranks.main:
-        done, why = L.completed_layers(layers_root, n, fingerprint)
+        done, why = L.completed_layers(layers_root, n, fingerprint, digests)
         if done:
             log.info("gptq: resuming from decoder layer %d of %d (%d completed layers verified; layer %d: %s)",
                      done, n, done, done, why)
@@ -212,8 +214,8 @@ def _resume_point(layers_root: Path, n: int, fingerprint: str, device: str, rank
 class _Writer:
     """write_layer on one background thread, one layer in flight at most."""
 
-    def __init__(self, root: Path, fingerprint: str) -> None:
-        self.root, self.fingerprint = root, fingerprint
+    def __init__(self, root: Path, fingerprint: str, digests: DigestCache | None = None) -> None:
+        self.root, self.fingerprint, self.digests = root, fingerprint, digests
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qwenquant-write")
         self.pending: Future | None = None
 
@@ -226,7 +228,7 @@ class _Writer:
     def submit(self, i: int, tensors: Mapping[str, RawTensor | TensorRef]) -> None:
         """Hand layer i to the thread once the previous layer is written (records stay in layer order)."""
         self.wait()
-        self.pending = self.pool.submit(L.write_layer, self.root, i, tensors, self.fingerprint)
+        self.pending = self.pool.submit(L.write_layer, self.root, i, tensors, self.fingerprint, self.digests)
 
     def close(self) -> None:
         # a write in flight when the loop fails runs to its end: complete with its record, or recordless
@@ -287,13 +289,14 @@ def my_samples(samples: list[list[int]], ranks: Any) -> list[int]:
 def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, layers_root: Path, *,
                     fingerprint: str, device: str, heldout: list[int],
                     progress: Callable[[int, int], None] | None = None, ranks: Any = None,
-                    mtp: bool = False) -> StreamResult:
+                    mtp: bool = False, digests: DigestCache | None = None) -> StreamResult:
     """Run the layer loop (resuming from verified layer records); see the module docstring.
     `ranks` (engine.dist.Ranks): one process of an N-process job; the result's `head` is then
-    complete on rank 0 only. `mtp`: also calibrate and quantize the MTP head (engine/mtpcal.py)."""
+    complete on rank 0 only. `mtp`: also calibrate and quantize the MTP head (engine/mtpcal.py).
+    `digests`: the run's cache, given every layer file's digest (the stage record reuses them)."""
     n = src.num_layers
     scheme = resolve_scheme(q)
-    done = _resume_point(layers_root, n, fingerprint, device, ranks)
+    done = _resume_point(layers_root, n, fingerprint, device, ranks, digests)
     order = my_samples(samples, ranks)
     acts = embed_samples(src, [samples[k] for k in order], device)
     inputs = LayerInputs(src, device)
@@ -302,7 +305,7 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
     nxt: Future | None = None
     files, modules, times, phases = [], 0, [], []
     writer = ranks is None or ranks.main
-    background = _Writer(layers_root, fingerprint) if ranks is None else None
+    background = _Writer(layers_root, fingerprint, digests) if ranks is None else None
     try:
         for i in range(n):
             t0 = time.perf_counter()
@@ -320,7 +323,7 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
                     refs = res["tensors"]  # what the writer persists, so no read-back
                 elif res is not None:
                     with phase("write"):
-                        L.write_layer(layers_root, i, res["tensors"], fingerprint)
+                        L.write_layer(layers_root, i, res["tensors"], fingerprint, digests)
                 if ranks is not None:
                     from qwenquant.quantize.engine import dist
 

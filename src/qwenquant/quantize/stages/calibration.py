@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from qwenquant.atomic import atomic_write_json
 from qwenquant.errors import StageError
-from qwenquant.hashing import sha256_file, sha256_json
+from qwenquant.hashing import DigestCache, sha256_json
 from qwenquant.quantize.stage import Stage, StageContext
 
 if TYPE_CHECKING:
@@ -160,10 +160,12 @@ def load_tokens(stage_dir: Path) -> list[list[int]]:
     return [flat[off[i]:off[i + 1]] for i in range(len(off) - 1)]
 
 
-def run_calibration(spec: CalibrationSpec, source_dir: Path, out_dir: Path, *, datasets_dir: Path | None = None) -> dict[str, Any]:
+def run_calibration(spec: CalibrationSpec, source_dir: Path, out_dir: Path, *, datasets_dir: Path | None = None,
+                    digests: DigestCache | None = None) -> dict[str, Any]:
     """Build the calibration set into `out_dir`; return its description (also written as JSON).
 
-    Hub datasets are fetched (pinned, verified) into `datasets_dir`, kept across runs."""
+    Hub datasets are fetched (pinned, verified) into `datasets_dir`, kept across runs. `digests`:
+    the run's cache (a local data file's digest was taken for the stage inputs)."""
     from transformers import AutoTokenizer
 
     scratch = Path(tempfile.mkdtemp(prefix=".calib-", dir=out_dir))
@@ -176,8 +178,8 @@ def run_calibration(spec: CalibrationSpec, source_dir: Path, out_dir: Path, *, d
         rows = load_rows(files, scratch / "cache")
         tokenizer = AutoTokenizer.from_pretrained(str(source_dir))
         calib = tokenize_rows(rows, tokenizer, spec)
-        described_files = {
-            (f.relative_to(fetched).as_posix() if fetched else f.name): sha256_file(f) for f in files}
+        cache = digests if digests is not None else DigestCache()
+        described_files = {(f.relative_to(fetched).as_posix() if fetched else f.name): cache.file(f) for f in files}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     save_tokens(out_dir, calib)
@@ -205,11 +207,11 @@ def _inputs(ctx: StageContext) -> dict[str, str]:
     spec = ctx.calibration
     data = spec.resolved_path() if spec.source == "local" else None
     return {"source": ctx.digest("source"), "spec": sha256_json(spec.model_dump(mode="json")),
-            "data": sha256_file(data) if data is not None and data.is_file() else f"hub:{spec.dataset}@{spec.revision}"}
+            "data": ctx.digests.file(data) if data is not None and data.is_file() else f"hub:{spec.dataset}@{spec.revision}"}
 
 
 def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
-    return run_calibration(ctx.calibration, ctx.source, out_dir, datasets_dir=ctx.work / "datasets")
+    return run_calibration(ctx.calibration, ctx.source, out_dir, datasets_dir=ctx.work / "datasets", digests=ctx.digests)
 
 
 STAGE = Stage("calibration", _inputs, lambda ctx: {"spec": ctx.calibration.model_dump(mode="json")}, _run,

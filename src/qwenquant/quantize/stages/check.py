@@ -3,6 +3,8 @@
 Three proofs, all reading headers and raw bytes (no torch): every tensor the recipe does not
 quantize is byte-identical to the source (checkpoint/identity.py), every MTP tensor is
 (stages/mtp.py), and `qwenquant.check` finds nothing vLLM would refuse. Any problem fails the build.
+Tensor digests come from the run's cache (hashing.DigestCache): a tensor whose file version and
+byte range an earlier stage (or the first proof) hashed in this run is not read again.
 """
 
 from __future__ import annotations
@@ -15,19 +17,21 @@ from qwenquant.errors import CheckError
 from qwenquant.quantize.stage import Stage, StageContext
 
 if TYPE_CHECKING:
+    from qwenquant.hashing import DigestCache
     from qwenquant.recipe import QuantizationSpec
 
 
 def unquantized_problems(artifact: Path, source: Path, quantization: QuantizationSpec, *, head_quantized: bool,
-                         layout: str, mtp_quantized: bool = False) -> list[str]:
-    """The byte-identity proof for a finished artifact (text-only names mapped back to the source)."""
+                         layout: str, mtp_quantized: bool = False, digests: DigestCache | None = None) -> list[str]:
+    """The byte-identity proof for a finished artifact (text-only names mapped back to the source;
+    `digests`: the run's cache, or None to read every tensor)."""
     from qwenquant.checkpoint.identity import prove_unquantized_identical, recipe_quantizes
     from qwenquant.quantize.stages.textonly import text_only_name
 
     return prove_unquantized_identical(
         artifact, source, rename=text_only_name if layout == "text-only" else (lambda n: n),
         may_quantize=recipe_quantizes(list(quantization.ignore), head_quantized=head_quantized,
-                                      mtp_quantized=mtp_quantized))
+                                      mtp_quantized=mtp_quantized), digests=digests)
 
 
 def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
@@ -37,8 +41,9 @@ def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
     artifact, recipe = ctx.dir("textonly"), ctx.recipe
     problems = [f"unquantized-identical: {p}" for p in unquantized_problems(
         artifact, ctx.source, recipe.quantization, head_quantized=recipe.lm_head.enabled,
-        layout=recipe.artifact.layout, mtp_quantized=recipe.mtp_quantized)]
-    problems += [f"mtp-identical: {p}" for p in verify_mtp(artifact, ctx.source, packed_mtp(ctx))]
+        layout=recipe.artifact.layout, mtp_quantized=recipe.mtp_quantized, digests=ctx.digests)]
+    # the run's digests: the tensors the proof above (and earlier stages) hashed are not read again
+    problems += [f"mtp-identical: {p}" for p in verify_mtp(artifact, ctx.source, packed_mtp(ctx), ctx.digests)]
     problems += [f"mtp-vllm: {p}" for p in mtp_vllm_problems(recipe)]
     report = check_artifact(artifact)
     rules: list[str] = []

@@ -36,6 +36,7 @@ from qwenquant.modeling.runtime import set_deterministic
 from qwenquant.quantize.stage import Stage, StageContext
 
 if TYPE_CHECKING:
+    from qwenquant.hashing import DigestCache
     from qwenquant.recipe import QuantizationSpec
 
 log = logging.getLogger(__name__)
@@ -121,8 +122,10 @@ def count_targets(model: Any, q: QuantizationSpec) -> int:
 
 
 def run_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, out_dir: Path, *, max_shard_bytes: int,
-             device: str, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Quantize the body into `out_dir` (a fresh folder); return stage info. Raises StageError."""
+             device: str, progress: Callable[[int, int], None] | None = None,
+             digests: DigestCache | None = None) -> dict[str, Any]:
+    """Quantize the body into `out_dir` (a fresh folder); return stage info. Raises StageError.
+    `digests`: the run's cache, for the identity proof (`finish_output`)."""
     os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # tokenization is done; silences a warning
     set_deterministic()
@@ -179,7 +182,7 @@ def run_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, ou
     tensors = restore_plan(checkpoint_refs(raw), checkpoint_refs(source_dir))
     write_checkpoint_tensors(out_dir, tensors, max_shard_bytes)
     shutil.rmtree(raw)
-    finish_output(source_dir, out_dir, q, saved_cfg["quantization_config"])
+    finish_output(source_dir, out_dir, q, saved_cfg["quantization_config"], digests=digests)
     quantized = sorted({m for n in tensors if (m := quantized_module(n))})
     log.info("gptq: %d Linear modules quantized; %d unquantized tensors byte-identical to the source",
              len(quantized), sum(1 for n in tensors if quantized_module(n) is None))
@@ -187,9 +190,10 @@ def run_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, ou
 
 
 def finish_output(source_dir: Path, out_dir: Path, q: QuantizationSpec, quantization_config: dict[str, Any], *,
-                  mtp_quantized: bool = False) -> None:
+                  mtp_quantized: bool = False, digests: DigestCache | None = None) -> None:
     """Write config.json (source config + `quantization_config`) and the side files into `out_dir`,
-    then prove every tensor the recipe does not quantize byte-identical to the source."""
+    then prove every tensor the recipe does not quantize byte-identical to the source (`digests`:
+    the run's cache; the check stage's proof of the same tensors reuses what this one hashes)."""
     src_cfg = json.loads((Path(source_dir) / "config.json").read_text())
     config = quantized_config(src_cfg, {"quantization_config": quantization_config}, list(q.ignore),
                               mtp_quantized=mtp_quantized)
@@ -198,7 +202,7 @@ def finish_output(source_dir: Path, out_dir: Path, q: QuantizationSpec, quantiza
     problems = prove_unquantized_identical(
         out_dir, source_dir, rename=lambda n: n,
         may_quantize=recipe_quantizes(list(q.ignore), head_quantized=False),
-        skip_source=lambda n: n.startswith(MTP_PREFIX))
+        skip_source=lambda n: n.startswith(MTP_PREFIX), digests=digests)
     if problems:
         raise StageError("GPTQ output: tensors the recipe does not quantize differ from the source:\n  "
                          + "\n  ".join(problems[:20]), hint="this is a bug in the gptq stage; file it with the log")
@@ -306,8 +310,9 @@ def _run_streamed(ctx: StageContext, samples: list[list[int]], out_dir: Path) ->
     info = run_streamed_gptq(ctx.source, samples, q, out_dir, heldout=held,
                              max_shard_bytes=ctx.recipe.artifact.max_shard_bytes, layers_root=layers_root,
                              fingerprint=fingerprint, device=ctx.device, progress=ctx.progress_for(LAYERS_TASK),
-                             ranks=ctx.ranks, mtp=ctx.recipe.mtp_quantized)
-    finish_output(ctx.source, out_dir, q, quantization_config(resolve_scheme(q)), mtp_quantized=ctx.recipe.mtp_quantized)
+                             ranks=ctx.ranks, mtp=ctx.recipe.mtp_quantized, digests=ctx.digests)
+    finish_output(ctx.source, out_dir, q, quantization_config(resolve_scheme(q)), mtp_quantized=ctx.recipe.mtp_quantized,
+                  digests=ctx.digests)
     discard_layers(layers_root)
     return info
 
@@ -332,7 +337,7 @@ def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
                          hint="unset QWENQUANT_GPTQ_ENGINE, or keep the MTP head bf16 (mtp.quantize: bf16)")
     return run_gptq(ctx.source, samples, ctx.recipe.quantization, out_dir,
                     max_shard_bytes=ctx.recipe.artifact.max_shard_bytes, device=ctx.device,
-                    progress=ctx.progress_for(LAYERS_TASK))
+                    progress=ctx.progress_for(LAYERS_TASK), digests=ctx.digests)
 
 
 STAGE = Stage("gptq", _inputs, _params, _run, builds_checkpoint=True, tasks=(LAYERS_TASK,), plan_note=_plan_note)

@@ -22,6 +22,7 @@ from qwenquant.checkpoint.identity import TensorDigest, quantized_module, tensor
 from qwenquant.checkpoint.names import MTP_IGNORE, MTP_PREFIX, targets_cover
 from qwenquant.checkpoint.tensorfile import TensorRef, checkpoint_refs, shard_refs
 from qwenquant.errors import StageError
+from qwenquant.hashing import DigestCache
 from qwenquant.quantize.stage import Stage, StageContext
 
 MTP_SHARD = "model-mtp.safetensors"
@@ -123,14 +124,15 @@ def present_plan(folder: Path) -> ShardPlan:
     return plan
 
 
-def plan_for(artifact_dir: Path, source_dir: Path, packed: Mapping[str, TensorRef] | None = None) -> GraftPlan:
+def plan_for(artifact_dir: Path, source_dir: Path, packed: Mapping[str, TensorRef] | None = None,
+             digests: DigestCache | None = None) -> GraftPlan:
     """Read digests and the index of both folders and plan the graft (`packed`: an int4 head's
-    packed Linears, name -> tensor, see `expected_mtp`)."""
+    packed Linears, name -> tensor, see `expected_mtp`; `digests`: the run's cache, or None)."""
     index, art_refs = present_refs(artifact_dir)
     want = expected_mtp(checkpoint_refs(source_dir), packed)
-    art = tensor_digests(art_refs, [n for n in art_refs if n.startswith(MTP_PREFIX)])
+    art = tensor_digests(art_refs, [n for n in art_refs if n.startswith(MTP_PREFIX)], digests)
     has_qc, ignore = _quant_ignore(read_config(artifact_dir))
-    return plan_graft(index, art, tensor_digests(want), ignore=ignore, has_quant_config=has_qc,
+    return plan_graft(index, art, tensor_digests(want, digests=digests), ignore=ignore, has_quant_config=has_qc,
                       quantized=bool(packed))
 
 
@@ -154,10 +156,11 @@ def graft_into(folder: Path, out_dir: Path, source_dir: Path, plan: GraftPlan,
     atomic_write_bytes(Path(out_dir) / "config.json", pretty_json(config))
 
 
-def verify_mtp(artifact_dir: Path, source_dir: Path, packed: Mapping[str, TensorRef] | None = None) -> list[str]:
+def verify_mtp(artifact_dir: Path, source_dir: Path, packed: Mapping[str, TensorRef] | None = None,
+               digests: DigestCache | None = None) -> list[str]:
     """Problems (empty = fine): every mtp tensor the artifact must hold (`expected_mtp`) byte-identical
-    in it, and the ignore list as the head's precision needs."""
-    plan = plan_for(artifact_dir, source_dir, packed)
+    in it, and the ignore list as the head's precision needs (`digests`: the run's cache, or None)."""
+    plan = plan_for(artifact_dir, source_dir, packed, digests)
     problems = [f"{n}: missing" for n in plan.add] + [f"{n}: differs from the source" for n in plan.replace]
     problems += [f"{n}: not in the source" for n in plan.remove] + [f"{n}: not in the index" for n in plan.index_fix]
     if plan.ignore_fix:
@@ -182,7 +185,7 @@ def packed_mtp(ctx: StageContext) -> dict[str, TensorRef] | None:
 def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
     prev = ctx.dir("lm_head")
     packed = packed_mtp(ctx)
-    plan = plan_for(prev, ctx.source, packed)
+    plan = plan_for(prev, ctx.source, packed, ctx.digests)
     graft_into(prev, out_dir, ctx.source, plan, packed)
     carry_files(prev, out_dir)
     out: dict[str, Any] = {"graft": plan.summary(), "added": len(plan.add)}
