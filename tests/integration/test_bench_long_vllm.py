@@ -1,9 +1,12 @@
 """`qwenquant bench --depth` and `--soak` against the real vLLM (CPU build from .venv-vllm) serving
 the quantized tiny reference with MTP: one `qwenquant serve` for the module (the per-request
 speculative-decoding metrics on), the depth ladder to its max_model_len, one burst rung of 2 fresh
-prompts at once, a 3-turn conversation and a soak of 4096 generated tokens, read as a user reads
+prompts at once, a 3-turn conversation and a soak of 3584 generated tokens, read as a user reads
 them (exit code, JSON, PNG). The context is 6144 tokens, above the tiny model's 4096 positions
-(VLLM_ALLOW_LONG_MAX_MODEL_LEN), so the soak's prompt and output fit. The single-user profile serves
+(VLLM_ALLOW_LONG_MAX_MODEL_LEN), so the ladder reaches past them; the soak's prompt and output stay
+inside them, because the MTP drafter keeps the checkpoint's 4096 positions and its drafts past them
+are not a measurement (docs/known-issues.md#mtp-past-max-positions: no draft accepted there on CUDA,
+a partial and run-to-run varying share on this CPU build). The single-user profile serves
 one sequence; the module's server overrides it with --max-num-seqs 2 so that a burst of 2 is one the
 served profile allows (the ladder and the soak send one request at a time either way)."""
 
@@ -23,7 +26,7 @@ from helpers import LAUNCHER, ServedCLI, require_vllm, vllm_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 MAX_LEN = 6144
-SOAK, WINDOW = 4096, 512
+SOAK, WINDOW = 3584, 512  # prompt (about 430 tokens) + output within the tiny model's 4096 positions
 MAX_SEQS = 2
 
 
@@ -67,7 +70,7 @@ def test_depth_ladder_to_max_model_len(server, tmp_path: Path) -> None:
     print(r.stdout)
 
 
-def test_soak_of_4k_tokens_with_mtp_windows(server, tmp_path: Path) -> None:
+def test_soak_with_mtp_windows_inside_the_models_positions(server, tmp_path: Path) -> None:
     r, rep = _bench(server, tmp_path, "--soak", "--soak-tokens", str(SOAK), "--window", str(WINDOW))
     assert rep["source"] == "per-request" and rep["verdict"] == {"status": "ok", "failures": [], "line": None}
     (stream,) = rep["streams"]
