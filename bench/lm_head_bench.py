@@ -27,7 +27,6 @@ import math
 import platform
 import resource
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,9 @@ from qwenquant.quantize.head_gptq import (
     gptq_quantize_rows,
     rtn_quantize_rows,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from quantize_bench import RssSampler  # noqa: E402
 
 DEFAULT_OUT = Path("bench/results/lm_head.json")
 
@@ -208,31 +210,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-class RssPeak:
-    """The highest RSS of this process seen by a thread sampling it every `interval` seconds."""
-
-    def __init__(self, interval: float = 0.01) -> None:
-        import psutil
-
-        self.proc, self.interval = psutil.Process(), interval
-        self.start = self.peak = self.proc.memory_info().rss
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-
-    def __enter__(self) -> RssPeak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self.proc.memory_info().rss)
-
-
 def run_stage(args: argparse.Namespace) -> dict[str, Any]:
     """One quantize_head run as the lm_head stage makes it: per-part seconds and host peak."""
     from types import SimpleNamespace
@@ -256,15 +233,19 @@ def run_stage(args: argparse.Namespace) -> dict[str, Any]:
     spec = SimpleNamespace(method="gptq", num_bits=4, group_size=args.group_size, symmetric=True,
                            dampening_frac=0.01, block_size=args.block_size)
     reset_peak(dev)
+    rss = RssSampler(period=0.01)  # quantize_bench's sampler: this process's RSS, peak per window
+    before = rss.rss()
+    rss.start()
     t0 = time.perf_counter()
-    with RssPeak() as rss:
-        done = quantize_head(lambda: syn.head(args.vocab, args.hidden, args.logit_std), H, held_out, spec,
-                             row_chunk=row_chunk, device=dev)
+    done = quantize_head(lambda: syn.head(args.vocab, args.hidden, args.logit_std), H, held_out, spec,
+                         row_chunk=row_chunk, device=dev)
     total = time.perf_counter() - t0
+    peak = rss.take()
+    rss.stop.set()
     return {"schema_version": 1, "mode": "stage", "device": str(dev), "torch": torch.__version__,
             "shape": [args.vocab, args.hidden], "row_chunk_asked": args.row_chunk, "row_chunk": row_chunk,
-            "seconds": {**done.seconds, "total": total}, "host_rss_before_bytes": rss.start,
-            "host_peak_added_bytes": rss.peak - rss.start, "peak_gpu_bytes": peak_bytes(dev),
+            "seconds": {**done.seconds, "total": total}, "host_rss_before_bytes": before,
+            "host_peak_added_bytes": peak - before, "peak_gpu_bytes": peak_bytes(dev),
             "head_bf16_bytes": args.vocab * args.hidden * 2, "report": done.report}
 
 

@@ -79,6 +79,11 @@ class DigestCache:
     def __init__(self) -> None:
         self._cache: dict[tuple[FileKey, int, int], str] = {}
 
+    @classmethod
+    def of(cls, digests: DigestCache | None) -> DigestCache:
+        """The run's cache when there is one, else a fresh one (every file read)."""
+        return digests if digests is not None else cls()
+
     def file(self, p: Path) -> str:
         """sha256 of the whole file."""
         key = file_key(p)

@@ -81,7 +81,7 @@ def tensor_digests(refs: Mapping[str, TensorRef], names: Iterable[str] | None = 
     file version, same range) is not read again; None: read every one."""
     from concurrent.futures import ThreadPoolExecutor
 
-    cache = digests if digests is not None else DigestCache()
+    cache = DigestCache.of(digests)
     todo = sorted(refs if names is None else names)
 
     def one(n: str) -> TensorDigest:

@@ -40,7 +40,7 @@ def write_layer(root: Path, i: int, tensors: Mapping[str, RawTensor | TensorRef]
     d.mkdir(parents=True, exist_ok=True)
     write_shard(d / TENSORS, list(tensors.values()))
     body: dict[str, Any] = {"schema_version": SCHEMA, "layer": i, "fingerprint": fingerprint,
-                            "file": TENSORS, "sha256": (digests or DigestCache()).file(d / TENSORS),
+                            "file": TENSORS, "sha256": DigestCache.of(digests).file(d / TENSORS),
                             "size": (d / TENSORS).stat().st_size, "tensors": sorted(tensors)}
     atomic_write_bytes(d / RECORD, pretty_json(seal(body, "record_sha256")))
     return d / TENSORS
@@ -66,7 +66,7 @@ def check_layer(root: Path, i: int, fingerprint: str, *, hash_tensors: bool = Tr
         return "inputs changed"
     f = d / TENSORS
     if not f.is_file() or f.stat().st_size != body.get("size") or (
-            hash_tensors and (digests or DigestCache()).file(f) != body.get("sha256")):
+            hash_tensors and DigestCache.of(digests).file(f) != body.get("sha256")):
         return "tensors changed on disk"
     return None
 

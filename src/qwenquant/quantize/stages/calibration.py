@@ -178,7 +178,7 @@ def run_calibration(spec: CalibrationSpec, source_dir: Path, out_dir: Path, *, d
         rows = load_rows(files, scratch / "cache")
         tokenizer = AutoTokenizer.from_pretrained(str(source_dir))
         calib = tokenize_rows(rows, tokenizer, spec)
-        cache = digests if digests is not None else DigestCache()
+        cache = DigestCache.of(digests)
         described_files = {(f.relative_to(fetched).as_posix() if fetched else f.name): cache.file(f) for f in files}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

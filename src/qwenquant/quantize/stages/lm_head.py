@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from qwenquant.checkpoint.assemble import current_plan, derive_checkpoint, torch_raw
 from qwenquant.checkpoint.config import read_config
 from qwenquant.checkpoint.names import LM_HEAD_TARGET
-from qwenquant.checkpoint.tensorfile import TensorRef, checkpoint_refs
+from qwenquant.checkpoint.tensorfile import checkpoint_refs
 from qwenquant.errors import StageError
 from qwenquant.hashing import sha256_json
 from qwenquant.quantize.stage import Stage, StageContext
@@ -135,13 +135,6 @@ def gpu_budget(device: str) -> int | None:
     return budget_bytes(free, torch.cuda.memory_reserved(dev) - allocated, int(cap) - allocated)
 
 
-def _read_head(ref: TensorRef) -> Any:
-    import torch
-
-    W = torch.frombuffer(ref.read_bytearray(), dtype=torch.bfloat16 if ref.dtype == "BF16" else torch.float32)
-    return W.reshape(ref.shape)
-
-
 def _better_than_rtn(spec: LmHeadSpec) -> Callable[[dict[str, Any]], None]:
     def gate(report: dict[str, Any]) -> None:
         if spec.require_better_than_rtn and spec.method == "gptq" and report["gptq"]["kl"] >= report["rtn"]["kl"]:
@@ -156,6 +149,7 @@ def run_head(source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, prev_
     """Quantize lm_head into `out_dir` (= `prev_dir` with the head packed); return the quality report
     and, under "row_chunk", the row chunk that ran (the recipe's `row_chunk: auto` resolved)."""
     from qwenquant.modeling.runtime import set_deterministic
+    from qwenquant.modeling.text import ref_tensor
     from qwenquant.quantize import head_gptq as lh
     from qwenquant.quantize.engine import headcal
     from qwenquant.quantize.head_memory import resolve_row_chunk
@@ -168,7 +162,7 @@ def run_head(source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, prev_
     row_chunk = resolve_row_chunk(spec.row_chunk, ref.shape[0], ref.shape[1], gpu_budget(device),
                                   group_size=spec.group_size, block_size=spec.block_size)
     log.info("lm_head: %d rows at a time (row_chunk %s)", row_chunk, spec.row_chunk)
-    done = lh.quantize_head(lambda: _read_head(ref), cal.hessian, cal.heldout, spec, row_chunk=row_chunk,
+    done = lh.quantize_head(lambda: ref_tensor(ref), cal.hessian, cal.heldout, spec, row_chunk=row_chunk,
                             prefix=HEAD, device=device, progress=progress, gate=_better_than_rtn(spec))
     log.info("lm_head: %s", ", ".join(f"{k} {v:.1f} s" for k, v in sorted(done.seconds.items())))
     quality = _quality(spec, done.report, cal, done.used_rtn_fallback)
