@@ -26,6 +26,7 @@ from helpers import LAUNCHER, ServedCLI, require_vllm, vllm_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 MAX_LEN = 6144
+POSITIONS = 4096  # the tiny model's max_position_embeddings: the MTP drafter keeps it (known-issues)
 SOAK, WINDOW = 3584, 512  # prompt (about 430 tokens) + output within the tiny model's 4096 positions
 MAX_SEQS = 2
 
@@ -64,7 +65,9 @@ def test_depth_ladder_to_max_model_len(server, tmp_path: Path) -> None:
         assert rung["ok"] and rung["depth"] * 0.999 <= rung["prompt_tokens"] <= rung["depth"], rung
         assert rung["completion_tokens"] == 64 and rung["prefill_tok_s"] > 0 and rung["decode_tok_s"] > 0
         acc = rung["acceptance"]
-        assert acc["speculative"] and len(acc["per_position"]) == 3 and acc["per_position"][0] > 0, acc
+        assert acc["speculative"] and len(acc["per_position"]) == 3, acc
+        if rung["prompt_tokens"] + 64 <= POSITIONS:  # past them the drafter's drafts are not a measurement
+            assert acc["per_position"][0] > 0, acc
     assert rep["last_ok_depth"] == rep["rungs"][-1]["prompt_tokens"] and rep["failure"] is None
     assert Path(rep["png_path"]).read_bytes()[:4] == b"\x89PNG"
     print(r.stdout)
