@@ -123,6 +123,9 @@ def print_report(r: dict[str, Any]) -> None:
         print("  layer phases, median over layers 1..n (s): "
               + ", ".join(f"{k} {v:.2f}" for k, v in a["gptq_phase_medians"].items()))
         print("  layers (s): " + " ".join(f"{x['seconds']:.1f}" for x in a["gptq_layers"]))
+        if a.get("gptq_tail"):
+            print("  gptq after its loop (s): " + ", ".join(f"{k} {v:.2f}" for k, v in a["gptq_tail"].items())
+                  + "; the rest of its time is config, the stage record's hashing and what was not logged")
     if lc:
         print(f"oneshot + save: warm-up {lc['warm_up']['seconds']:.1f} s (untimed), load {lc['load_seconds']:.1f} s, "
               f"oneshot {lc['oneshot_seconds']:.1f} s, save {lc['save_seconds']:.1f} s, wall {lc['wall_seconds']:.1f} s, "

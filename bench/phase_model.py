@@ -123,9 +123,34 @@ def project_qwenquant(arm: dict[str, Any], bytes_ratio: float) -> dict[str, Any]
     gptq_after = st["gptq"] - loop  # after the loop: head calibration, links, config, identity proof
     scaled = {k: st[k] * bytes_ratio for k in ("source", "textonly", "check", "manifest") if k in st}
     fixed = {k: st[k] for k in ("calibration", "lm_head", "mtp", "eval") if k in st}
-    parts = {"layers": layers, "layer0_one_time": excess0, "gptq_after_loop": gptq_after * bytes_ratio,
+    parts = {"layers": layers, "layer0_one_time": excess0,
+             **gptq_tail_parts(arm.get("gptq_tail"), gptq_after, bytes_ratio, REAL_LAYERS / max(1, len(secs))),
              **{f"{k} (x bytes)": v for k, v in scaled.items()}, **{f"{k} (fixed)": v for k, v in fixed.items()}}
     return {"per_layer_seconds": per, "parts": parts, "total_seconds": sum(parts.values())}
+
+
+# the gptq stage after its loop, each part by what it depends on: the head calibration (final norm,
+# lm_head Hessian, held-out states; the MTP head's GPTQ) on the tokens and the hidden size; the
+# tensors outside the decoder layers (embeddings, lm_head, vision tower, written into the stage
+# folder) are the same at any depth; one hard link per layer file
+TAIL_FIXED = ("head_calibration", "mtp_gptq", "rest_shards", "index_and_calibration")
+TAIL_PER_LAYER = ("layer_links",)
+
+
+def gptq_tail_parts(tail: dict[str, float] | None, after_loop: float, bytes_ratio: float,
+                    layers_ratio: float) -> dict[str, float]:
+    """The gptq stage's time after its loop at 64 layers. Without the engine's split (`tail`, from
+    runs before it was logged) all of it scales with the checkpoint's bytes. With it: the fixed
+    parts as measured, the links per layer, and the rest (identity proof, config, the stage
+    record's hashing, anything not logged) with the bytes: an upper bound, since the run's digest
+    cache already holds the layer files' digests."""
+    if not tail:
+        return {"gptq_after_loop (x bytes)": after_loop * bytes_ratio}
+    fixed = sum(tail.get(k, 0.0) for k in TAIL_FIXED)
+    per_layer = sum(tail.get(k, 0.0) for k in TAIL_PER_LAYER)
+    rest = max(0.0, after_loop - fixed - per_layer)
+    return {"gptq_after_loop (fixed)": fixed, "gptq_after_loop (x layers)": per_layer * layers_ratio,
+            "gptq_after_loop (x bytes)": rest * bytes_ratio}
 
 
 def project_oneshot(arm: dict[str, Any], bytes_ratio: float) -> dict[str, Any]:

@@ -197,6 +197,7 @@ def step_qwenquant(args: argparse.Namespace, device: str) -> dict[str, Any]:
     opts = QuantizeOptions(args.work / "source", recipe, spec, art, art.with_name(art.name + ".work"), device,
                            source_unverified=True)
     qb.PHASES.take()
+    qb.PHASES.take_tail()
     qb.say(f"qwenquant arm ({args.hessian_precision} Hessians): timing starts")
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):
@@ -204,6 +205,7 @@ def step_qwenquant(args: argparse.Namespace, device: str) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     rss.stop.set()
     phases = qb.PHASES.take()
+    tail = qb.PHASES.take_tail()
     if args.drop_work:
         drop_work(art.with_name(art.name + ".work"))
     refs = checkpoint_refs(args.work / "source")
@@ -213,7 +215,7 @@ def step_qwenquant(args: argparse.Namespace, device: str) -> dict[str, Any]:
             "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu", "versions": qb.versions(),
             "warm_up": warm, "hessian_rates": warm["hessian_rates"], "wall_seconds": wall, "stages": rec.stages,
             "gptq_layers": rec.layers, "gptq_layer_phases": phases, "gptq_phase_medians": qb.phase_medians(phases),
-            "layer_types": src_info["built"]["dims"]["layer_types"],
+            "gptq_tail": tail, "layer_types": src_info["built"]["dims"]["layer_types"],
             "layer_flops": {str(i): pm.layer_flops(m, tokens) for i, m in shapes_.items()},
             "lm_head_timing": qb.lm_head_timing(rec), "lm_head_quality": result.quality.get("lm_head"),
             "root_digest": result.root_digest, "artifact": str(result.artifact),
@@ -257,8 +259,6 @@ def step_oneshot(args: argparse.Namespace, device: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import logging
-
     args = parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -266,10 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["QWENQUANT_MAX_GPU_MEM"] = str(args.max_gpu_mem)
     if args.progress_file:
         qb.PROGRESS_FILE.append(args.progress_file)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
-    engine_log = logging.getLogger("qwenquant.quantize.engine.run")
-    engine_log.setLevel(logging.DEBUG)
-    engine_log.addHandler(qb.PHASES)
+    qb.listen(args.progress_file)
     from qwenquant.atomic import atomic_write_json
 
     if args.step == "report":

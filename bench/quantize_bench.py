@@ -241,21 +241,49 @@ class Recorder:
 
 class PhaseLog(logging.Handler):
     """Collects the engine's per-layer phase seconds (engine.run.Phases, logged at DEBUG with the
-    figures attached to the record) of the layer loop running in this process."""
+    figures attached to the record) of the layer loop running in this process, and the parts of
+    the gptq stage after its loop (records with a `tail` dict: head calibration, the stage
+    folder's links and shards, the identity proof)."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.layers: list[dict[str, float]] = []
+        self.tail: dict[str, float] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
         phases = getattr(record, "phases", None)
         if phases is not None:
             self.layers.append(dict(phases))
             say("      " + record.getMessage())
+        tail = getattr(record, "tail", None)
+        if tail is not None:
+            for k, v in tail.items():
+                self.tail[k] = self.tail.get(k, 0.0) + v
+            say("    " + record.getMessage())
 
     def take(self) -> list[dict[str, float]]:
         out, self.layers = self.layers, []
         return out
+
+    def take_tail(self) -> dict[str, float]:
+        out, self.tail = self.tail, {}
+        return out
+
+
+def listen(progress_file: Path | None = None) -> None:
+    """Logging for a bench process: INFO to stderr, the quantize package's DEBUG records with
+    figures to PHASES (printed once, by it), the engine's INFO lines to `progress_file` too."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    for h in logging.getLogger().handlers:
+        h.setLevel(logging.INFO)
+    qlog = logging.getLogger("qwenquant.quantize")
+    qlog.setLevel(logging.DEBUG)
+    qlog.addHandler(PHASES)
+    if progress_file:  # the engine's own lines (layer i/n, resuming from layer k) go there too
+        fh = logging.FileHandler(progress_file)
+        fh.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+        fh.setLevel(logging.INFO)
+        logging.getLogger("qwenquant").addHandler(fh)
 
 
 def phase_medians(layers: list[dict[str, float]]) -> dict[str, float]:
@@ -666,17 +694,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.progress_file:
         PROGRESS_FILE.append(args.progress_file)
         args.progress_file.parent.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
-    for h in logging.getLogger().handlers:
-        h.setLevel(logging.INFO)  # the per-layer phase lines are printed by PHASES, once
-    engine_log = logging.getLogger("qwenquant.quantize.engine.run")
-    engine_log.setLevel(logging.DEBUG)
-    engine_log.addHandler(PHASES)
-    if args.progress_file:  # the engine's own lines (layer i/n, resuming from layer k) go there too
-        fh = logging.FileHandler(args.progress_file)
-        fh.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
-        fh.setLevel(logging.INFO)
-        logging.getLogger("qwenquant").addHandler(fh)
+    listen(args.progress_file)
     report = run(args)
     print_table(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)

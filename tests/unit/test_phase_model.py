@@ -36,11 +36,24 @@ def test_projection_counts_layer0_excess_once_and_scales_only_whole_checkpoint_s
     parts = cold["parts"]
     assert parts["layers"] == 48 * 3.0 + 16 * 4.0
     assert parts["layer0_one_time"] == pytest.approx(60.0)  # not x 4
-    assert parts["gptq_after_loop"] == pytest.approx(5.0 * 4)
+    assert parts["gptq_after_loop (x bytes)"] == pytest.approx(5.0 * 4)  # no split logged: all of it
     assert parts["source (x bytes)"] == 40.0 and parts["lm_head (fixed)"] == 50.0
     assert parts["calibration (fixed)"] == 10.0
     warm = pm.project_qwenquant(_arm(3.0, dict(stages, gptq=26.0 + 5)), bytes_ratio=4.0)
     assert cold["total_seconds"] - warm["total_seconds"] == pytest.approx(60.0)
+
+
+def test_gptq_tail_scales_each_logged_part_by_what_it_reads() -> None:
+    stages = {"gptq": 26.0 + 12.0, "check": 1.0}
+    arm = dict(_arm(3.0, stages), gptq_tail={"head_calibration": 4.0, "rest_shards": 3.0, "layer_links": 0.5,
+                                             "identity_proof": 2.0})
+    parts = pm.project_qwenquant(arm, bytes_ratio=3.0)["parts"]
+    assert parts["gptq_after_loop (fixed)"] == pytest.approx(7.0)  # head calibration, the tensors outside the layers
+    assert parts["gptq_after_loop (x layers)"] == pytest.approx(0.5 * 64 / 8)
+    # identity proof, record and whatever was not logged (2.0 + 2.5 of the 12 s) with the bytes
+    assert parts["gptq_after_loop (x bytes)"] == pytest.approx((12.0 - 7.0 - 0.5) * 3.0)
+    unsplit = pm.project_qwenquant(_arm(3.0, stages), bytes_ratio=3.0)["parts"]
+    assert unsplit["gptq_after_loop (x bytes)"] == pytest.approx(12.0 * 3.0)
 
 
 def test_3090_rates_move_each_part_by_its_own_peak() -> None:

@@ -94,6 +94,7 @@ def write_stage_folder(src: Any, res: Any, out_dir: Path, max_shard_bytes: int) 
     from qwenquant.checkpoint.tensorfile import plan_shards, shard_refs, write_index, write_shard
     from qwenquant.quantize.engine import headcal
     from qwenquant.quantize.engine.layers import ENGINE_VERSION
+    from qwenquant.quantize.engine.run import Phases
 
     refs = src.refs
     rest = {n: r for n, r in refs.items() if not n.startswith(MTP_PREFIX) and not src.is_layer_tensor(n)}
@@ -101,22 +102,27 @@ def write_stage_folder(src: Any, res: Any, out_dir: Path, max_shard_bytes: int) 
     names = shard_names(src.num_layers, len(groups))
     weight_map: dict[str, str] = {}
     total = 0
-    for f, shard in zip(res.layer_files, names, strict=False):  # names go on past the layers
-        link_or_copy(f, out_dir / shard)
-        for n, r in shard_refs(out_dir / shard).items():
-            weight_map[n] = shard
-            total += r.nbytes
-    for group, shard in zip(groups, names[src.num_layers:], strict=False):
-        write_shard(out_dir / shard, [rest[n] for n in group])
-        for n in group:
-            weight_map[n] = shard
-            total += rest[n].nbytes
-    write_index(out_dir, weight_map, total)
-    headcal.save(out_dir, res.head)
-    if getattr(res, "mtp", None) is not None:
-        from qwenquant.quantize.engine import mtpcal
+    part = Phases("cpu")  # host work only; logged for the bench's projection
+    with part("layer_links"):
+        for f, shard in zip(res.layer_files, names, strict=False):  # names go on past the layers
+            link_or_copy(f, out_dir / shard)
+            for n, r in shard_refs(out_dir / shard).items():
+                weight_map[n] = shard
+                total += r.nbytes
+    with part("rest_shards"):
+        for group, shard in zip(groups, names[src.num_layers:], strict=False):
+            write_shard(out_dir / shard, [rest[n] for n in group])
+            for n in group:
+                weight_map[n] = shard
+                total += rest[n].nbytes
+    with part("index_and_calibration"):
+        write_index(out_dir, weight_map, total)
+        headcal.save(out_dir, res.head)
+        if getattr(res, "mtp", None) is not None:
+            from qwenquant.quantize.engine import mtpcal
 
-        mtpcal.save(out_dir, res.mtp)
+            mtpcal.save(out_dir, res.mtp)
+    log.debug("gptq: stage folder (s): %s", part.line(), extra={"tail": part.seconds})
     log.info("gptq: %d Linear modules quantized over %d decoder layers (%d resumed)", res.quantized_modules,
              src.num_layers, res.resumed_from)
     return {"quantized_modules": res.quantized_modules, "tensors": len(weight_map), "engine": ENGINE_VERSION}

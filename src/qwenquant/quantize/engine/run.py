@@ -356,13 +356,19 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
         if background is not None:
             background.close()
     mtpcal = None
+    tail = Phases(device)  # after the loop; the bench's projection scales each part by what it reads
     if mtp:
         from qwenquant.quantize.engine.mtpcal import MtpCalibration
 
         mtpcal = MtpCalibration(src, q, scheme, device)
-    head = _head_calibration(src, acts, order, heldout, device, ranks, q.hessian_precision,
-                             mtp=None if mtpcal is None else (mtpcal, samples))
-    packed_mtp = mtpcal.quantize() if mtpcal is not None else None
+    with tail("head_calibration"):
+        head = _head_calibration(src, acts, order, heldout, device, ranks, q.hessian_precision,
+                                 mtp=None if mtpcal is None else (mtpcal, samples))
+    packed_mtp = None
+    if mtpcal is not None:
+        with tail("mtp_gptq"):
+            packed_mtp = mtpcal.quantize()
+    log.debug("gptq: after the layer loop (s): %s", tail.line(), extra={"tail": tail.seconds})
     return StreamResult(files, modules, done, head, times, order, phases, packed_mtp)
 
 

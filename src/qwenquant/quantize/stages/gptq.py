@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import shutil
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -199,10 +200,13 @@ def finish_output(source_dir: Path, out_dir: Path, q: QuantizationSpec, quantiza
                               mtp_quantized=mtp_quantized)
     atomic_write_bytes(out_dir / "config.json", pretty_json(config))
     carry_side_files(source_dir, out_dir)
+    t0 = time.perf_counter()
     problems = prove_unquantized_identical(
         out_dir, source_dir, rename=lambda n: n,
         may_quantize=recipe_quantizes(list(q.ignore), head_quantized=False),
         skip_source=lambda n: n.startswith(MTP_PREFIX), digests=digests)
+    proof = time.perf_counter() - t0
+    log.debug("gptq: identity proof %.2f s", proof, extra={"tail": {"identity_proof": proof}})
     if problems:
         raise StageError("GPTQ output: tensors the recipe does not quantize differ from the source:\n  "
                          + "\n  ".join(problems[:20]), hint="this is a bug in the gptq stage; file it with the log")
