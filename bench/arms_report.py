@@ -41,7 +41,7 @@ def compare_fp32(work: Path, keep: bool) -> dict[str, Any] | None:
     from artifact_compare import compare_artifacts
 
     qb.say("comparing the tensor-core artifact with the fp32 one (reads both and the source)")
-    diff = compare_artifacts(fp32, work / "artifact", work / "source")
+    diff = compare_artifacts(fp32, work / "artifact", work / "source", progress=lambda line: qb.say("    " + line))
     out = diff.to_dict()
     out.pop("modules", None)
     out["problems"] = diff.problems()

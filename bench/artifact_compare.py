@@ -15,12 +15,13 @@ docs/distributed-gptq.md states the same for users.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import numpy as np
+    import torch
 
 # Bounds, each on what a user would notice first:
 #   first_layer_codes_fraction: codes that differ in decoder layer 0, the one layer whose inputs are
@@ -82,36 +83,37 @@ class ArtifactDiff:
                             for m, (f, k) in sorted(self.modules.items())}}
 
 
-def int4_codes(raw: bytes, shape: tuple[int, ...] | None = None) -> np.ndarray:
-    """The 4-bit codes of a pack-quantized `weight_packed` ([rows, cols/8] int32, eight codes per
-    word from the low nibble up), as [rows, cols] when `shape` is given. Offset binary: a difference
-    of codes is a difference in quantization steps."""
-    import numpy as np
+def _device() -> str:
+    """Where the comparison's arithmetic runs: a GPU when there is one (a 27B-shaped artifact's
+    codes are billions of nibbles), else the CPU."""
+    import torch
 
-    words = np.frombuffer(raw, dtype="<u4")
-    codes = np.stack([(words >> (4 * k)) & 0xF for k in range(8)], axis=-1).astype(np.int8)
-    return codes.reshape(shape[0], -1) if shape else codes.reshape(-1)
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def bf16(raw: bytes, shape: tuple[int, ...]) -> np.ndarray:
-    """bf16 bytes as float32."""
-    import numpy as np
+def int4_codes(raw: bytes, device: str = "cpu") -> torch.Tensor:
+    """The 4-bit codes of pack-quantized `weight_packed` bytes ([rows, cols/8] int32, eight codes
+    per word from the low nibble up), flat, as int16. Offset binary: a difference of codes is a
+    difference in quantization steps."""
+    import torch
 
-    return (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
-
-
-def weight_error(codes: np.ndarray, scale: np.ndarray, w: np.ndarray) -> float:
-    """||W - dequant||_F / ||W||_F for symmetric group-wise int4 (value = (code - 8) x group scale)."""
-    import numpy as np
-
-    group = codes.shape[1] // scale.shape[1]
-    deq = (codes.astype(np.float32) - 8) * np.repeat(scale, group, axis=1)
-    return float(np.linalg.norm(w - deq) / max(np.linalg.norm(w), 1e-30))
+    words = torch.frombuffer(bytearray(raw), dtype=torch.int32).to(device)
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=device)
+    return ((words.unsqueeze(-1) >> shifts) & 0xF).to(torch.int16).reshape(-1)
 
 
-def compare_artifacts(a: Path, b: Path, source: Path | None = None) -> ArtifactDiff:
+def bf16(raw: bytes, shape: tuple[int, ...], device: str = "cpu") -> torch.Tensor:
+    """bf16 bytes as a float32 tensor."""
+    import torch
+
+    return torch.frombuffer(bytearray(raw), dtype=torch.bfloat16).to(device).float().reshape(shape)
+
+
+def compare_artifacts(a: Path, b: Path, source: Path | None = None,
+                      progress: Callable[[str], None] | None = None) -> ArtifactDiff:
     """How artifact `b` differs from `a` (see the module docstring for what may differ); with the
-    `source` checkpoint also each differing module's weight error in both."""
+    `source` checkpoint also each differing module's weight error in both. `progress`: called with
+    a line after each quantized module."""
     from qwenquant.checkpoint.tensorfile import checkpoint_refs, checkpoint_shards
 
     a, b = Path(a), Path(b)
@@ -124,6 +126,7 @@ def compare_artifacts(a: Path, b: Path, source: Path | None = None) -> ArtifactD
             diff.not_identical.append(name)
     ra, rb = checkpoint_refs(a), checkpoint_refs(b)
     src = checkpoint_refs(source) if source else None
+    device = _device()
     for name in sorted(set(ra) | set(rb)):
         if name not in ra or name not in rb or (ra[name].dtype, ra[name].shape) != (rb[name].dtype, rb[name].shape):
             diff.not_identical.append(name)
@@ -132,22 +135,26 @@ def compare_artifacts(a: Path, b: Path, source: Path | None = None) -> ArtifactD
         if da != db and not name.endswith(CODES):
             diff.not_identical.append(name)
         elif name.endswith(CODES):
-            _count_codes(diff, name, da, db, ra, rb, src)
+            _count_codes(diff, name, da, db, ra, rb, src, device)
+            if progress:
+                m = name[: -len(CODES)]
+                progress(f"{m}: {diff.modules.get(m, (0.0, 0))[0]:.2%} of codes differ")
     return diff
 
 
-def _count_codes(diff: ArtifactDiff, name: str, da: bytes, db: bytes, ra: dict, rb: dict, src: dict | None) -> None:
-    import numpy as np
-
+def _count_codes(diff: ArtifactDiff, name: str, da: bytes, db: bytes, ra: dict, rb: dict, src: dict | None,
+                 device: str = "cpu", chunk_bytes: int = 1 << 26) -> None:
     mod = name[: -len(CODES)]
     n = 2 * len(da)
     k, top = 0, 0
     if da != db:
-        steps = np.abs(int4_codes(da).astype(np.int16) - int4_codes(db))
-        k, top = int(np.count_nonzero(steps)), int(steps.max())
+        for o in range(0, len(da), chunk_bytes):  # a multiple of 4: whole int32 words
+            steps = (int4_codes(da[o: o + chunk_bytes], device) - int4_codes(db[o: o + chunk_bytes], device)).abs()
+            k += int(steps.count_nonzero())
+            top = max(top, int(steps.max()))
         diff.modules[mod] = (k / n, top)
         if src is not None:
-            diff.weight_errors[mod] = (_module_error(mod, da, ra, src), _module_error(mod, db, rb, src))
+            diff.weight_errors[mod] = (_module_error(mod, da, ra, src, device), _module_error(mod, db, rb, src, device))
     diff.codes_total += n
     diff.codes_differing += k
     diff.max_steps = max(diff.max_steps, top)
@@ -156,23 +163,24 @@ def _count_codes(diff: ArtifactDiff, name: str, da: bytes, db: bytes, ra: dict, 
         diff.first_layer_codes[1] += n
 
 
-def _module_error(mod: str, packed: bytes, refs: dict, src: dict, rows_per_chunk: int = 4096) -> float:
+def _module_error(mod: str, packed: bytes, refs: dict, src: dict, device: str = "cpu",
+                  rows_per_chunk: int = 4096) -> float:
     """||W - dequant||_F / ||W||_F of one module against its source weight (text-only or multimodal
-    names), a few thousand rows at a time (the 27B's lm_head is 1.3 G weights)."""
-    import numpy as np
-
+    names), symmetric group-wise int4 (value = (code - 8) x group scale), a few thousand rows at a
+    time (the 27B's lm_head is 1.3 G weights)."""
     w = src.get(f"{mod}.weight") or src.get(f"{mod.replace('model.', 'model.language_model.', 1)}.weight")
     if w is None:
         return 0.0
     rows, cols = w.shape
     scale_ref = refs[f"{mod}.weight_scale"]
-    scale, wraw = bf16(scale_ref.read(), scale_ref.shape), w.read()
+    scale, wraw = bf16(scale_ref.read(), scale_ref.shape, device), w.read()
+    group = cols // scale.shape[1]
     err = ref = 0.0
     for r0 in range(0, rows, rows_per_chunk):
         r1 = min(rows, r0 + rows_per_chunk)
-        codes = int4_codes(packed[r0 * cols // 2: r1 * cols // 2], (r1 - r0, cols))
-        wr = bf16(wraw[r0 * cols * 2: r1 * cols * 2], (r1 - r0, cols))
-        e = weight_error(codes, scale[r0:r1], wr)
-        n = float(np.linalg.norm(wr))
-        err, ref = err + (e * max(n, 1e-30)) ** 2, ref + n ** 2
-    return float(np.sqrt(err) / max(np.sqrt(ref), 1e-30))
+        codes = int4_codes(packed[r0 * cols // 2: r1 * cols // 2], device).reshape(r1 - r0, cols)
+        wr = bf16(wraw[r0 * cols * 2: r1 * cols * 2], (r1 - r0, cols), device)
+        deq = (codes.float() - 8) * scale[r0:r1].repeat_interleave(group, dim=1)
+        err += float((wr - deq).double().square().sum())
+        ref += float(wr.double().square().sum())
+    return (err ** 0.5) / max(ref ** 0.5, 1e-30)

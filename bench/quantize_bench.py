@@ -549,7 +549,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         many = run_gpus_arm(args.gpus, work, recipe, spec, device, Recorder(gpu, rss, counts, engine=args.engine), say)
         one = {"wall_seconds": wall, "stages": rec.stages, "layers": rec.layers, "phases": phase_medians(phases)}
-        diff = compare_artifacts(result.artifact, Path(many["artifact"]), work / "source")
+        diff = compare_artifacts(result.artifact, Path(many["artifact"]), work / "source",
+                                 progress=lambda line: say("    " + line))
         for r in many["ranks"]:
             r["phase_medians"] = phase_medians(r.get("phase_seconds") or [])
         gpus = summarize(one, many, diff, diff.problems())
