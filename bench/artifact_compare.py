@@ -92,14 +92,13 @@ def _device() -> str:
 
 
 def int4_codes(raw: bytes, device: str = "cpu") -> torch.Tensor:
-    """The 4-bit codes of pack-quantized `weight_packed` bytes ([rows, cols/8] int32, eight codes
-    per word from the low nibble up), flat, as int16. Offset binary: a difference of codes is a
-    difference in quantization steps."""
+    """The 4-bit codes of pack-quantized `weight_packed` bytes ([rows, cols/8] little-endian int32,
+    eight codes per word from the low nibble up: byte by byte, low nibble first), flat, as int16.
+    Offset binary: a difference of codes is a difference in quantization steps."""
     import torch
 
-    words = torch.frombuffer(bytearray(raw), dtype=torch.int32).to(device)
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=device)
-    return ((words.unsqueeze(-1) >> shifts) & 0xF).to(torch.int16).reshape(-1)
+    b = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(device)
+    return torch.stack([b & 0xF, b >> 4], dim=-1).reshape(-1).to(torch.int16)
 
 
 def bf16(raw: bytes, shape: tuple[int, ...], device: str = "cpu") -> torch.Tensor:
@@ -168,6 +167,8 @@ def _module_error(mod: str, packed: bytes, refs: dict, src: dict, device: str = 
     """||W - dequant||_F / ||W||_F of one module against its source weight (text-only or multimodal
     names), symmetric group-wise int4 (value = (code - 8) x group scale), a few thousand rows at a
     time (the 27B's lm_head is 1.3 G weights)."""
+    import torch
+
     w = src.get(f"{mod}.weight") or src.get(f"{mod.replace('model.', 'model.language_model.', 1)}.weight")
     if w is None:
         return 0.0
@@ -180,7 +181,7 @@ def _module_error(mod: str, packed: bytes, refs: dict, src: dict, device: str = 
         r1 = min(rows, r0 + rows_per_chunk)
         codes = int4_codes(packed[r0 * cols // 2: r1 * cols // 2], device).reshape(r1 - r0, cols)
         wr = bf16(wraw[r0 * cols * 2: r1 * cols * 2], (r1 - r0, cols), device)
-        deq = (codes.float() - 8) * scale[r0:r1].repeat_interleave(group, dim=1)
-        err += float((wr - deq).double().square().sum())
-        ref += float(wr.double().square().sum())
+        deq = ((codes.float() - 8).view(r1 - r0, -1, group) * scale[r0:r1].unsqueeze(-1)).view(r1 - r0, cols)
+        err += float(torch.linalg.vector_norm(wr - deq, dtype=torch.float64)) ** 2
+        ref += float(torch.linalg.vector_norm(wr, dtype=torch.float64)) ** 2
     return (err ** 0.5) / max(ref ** 0.5, 1e-30)
