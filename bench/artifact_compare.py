@@ -101,13 +101,6 @@ def int4_codes(raw: bytes, device: str = "cpu") -> torch.Tensor:
     return torch.stack([b & 0xF, b >> 4], dim=-1).reshape(-1).to(torch.int16)
 
 
-def bf16(raw: bytes, shape: tuple[int, ...], device: str = "cpu") -> torch.Tensor:
-    """bf16 bytes as a float32 tensor."""
-    import torch
-
-    return torch.frombuffer(bytearray(raw), dtype=torch.bfloat16).to(device).float().reshape(shape)
-
-
 def compare_artifacts(a: Path, b: Path, source: Path | None = None,
                       progress: Callable[[str], None] | None = None) -> ArtifactDiff:
     """How artifact `b` differs from `a` (see the module docstring for what may differ); with the
@@ -169,18 +162,20 @@ def _module_error(mod: str, packed: bytes, refs: dict, src: dict, device: str = 
     time (the 27B's lm_head is 1.3 G weights)."""
     import torch
 
+    from qwenquant.modeling.text import ref_tensor
+
     w = src.get(f"{mod}.weight") or src.get(f"{mod.replace('model.', 'model.language_model.', 1)}.weight")
     if w is None:
         return 0.0
     rows, cols = w.shape
-    scale_ref = refs[f"{mod}.weight_scale"]
-    scale, wraw = bf16(scale_ref.read(), scale_ref.shape, device), w.read()
+    scale = ref_tensor(refs[f"{mod}.weight_scale"]).to(device, torch.float32)
+    weight = ref_tensor(w)  # the source weight on the host, its dtype checked
     group = cols // scale.shape[1]
     err = ref = 0.0
     for r0 in range(0, rows, rows_per_chunk):
         r1 = min(rows, r0 + rows_per_chunk)
         codes = int4_codes(packed[r0 * cols // 2: r1 * cols // 2], device).reshape(r1 - r0, cols)
-        wr = bf16(wraw[r0 * cols * 2: r1 * cols * 2], (r1 - r0, cols), device)
+        wr = weight[r0:r1].to(device, torch.float32)
         deq = ((codes.float() - 8).view(r1 - r0, -1, group) * scale[r0:r1].unsqueeze(-1)).view(r1 - r0, cols)
         err += float(torch.linalg.vector_norm(wr - deq, dtype=torch.float64)) ** 2
         ref += float(torch.linalg.vector_norm(wr, dtype=torch.float64)) ** 2
