@@ -64,9 +64,33 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
 def qq(args: list[str], log: Path, timeout: int) -> subprocess.CompletedProcess:
     """`python -m qwenquant ARGS` from the repository root, stderr to `log`, stdout returned."""
     print("$ qwenquant " + shlex.join(args), file=sys.stderr, flush=True)
+    return run_logged([sys.executable, "-m", "qwenquant", *args], log, timeout)
+
+
+def run_logged(cmd: list[str], log: Path, timeout: int, grace: int = 60) -> subprocess.CompletedProcess:
+    """`cmd` from the repository root, stderr to `log`, stdout returned. Past `timeout` seconds it gets
+    SIGTERM (qwenquant stops the server it started), SIGKILL `grace` seconds later; returncode 124 and
+    a last line in `log` saying so."""
     with open(log, "w") as f:
-        return subprocess.run([sys.executable, "-m", "qwenquant", *args], stdout=subprocess.PIPE, stderr=f, text=True,
-                              timeout=timeout, cwd=REPO)
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=f, text=True, cwd=REPO)
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.terminate()
+            try:
+                out, _ = p.communicate(timeout=grace)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, _ = p.communicate()
+            f.write(f"\n[mtp_served_compare] stopped after {timeout} s (--timeout)\n")
+            return subprocess.CompletedProcess(cmd, 124, out, None)
+        return subprocess.CompletedProcess(cmd, p.returncode, out, None)
+
+
+def failed(step: str, r: subprocess.CompletedProcess, log: Path) -> str:
+    if r.returncode == 124:
+        return f"{step} stopped at the --timeout; see {log}"
+    return f"{step} exited {r.returncode}; see {log}"
 
 
 def write_recipe(name: str, folder: Path, layout: str | None, vllm_versions: str | None) -> Path:
@@ -98,22 +122,24 @@ def measure(a: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
         arm: dict[str, Any] = {"recipe": recipe, "artifact": str(art)}
         out["arms"][label] = arm
         if not (art / "qwenquant-manifest.json").is_file():
+            log = a.work / f"quantize-{recipe}.log"
             r = qq(["quantize", str(source), "--source-unverified", "--recipe",
                     str(write_recipe(recipe, a.work, a.layout, a.vllm_versions)), "--out", str(art), *dev],
-                   a.work / f"quantize-{recipe}.log", a.timeout)
+                   log, a.timeout)
             if r.returncode != 0:
-                arm["error"] = f"quantize exited {r.returncode}; see {a.work / f'quantize-{recipe}.log'}"
+                arm["error"] = failed("quantize", r, log)
                 continue
         arm["root_digest"] = json.loads((art / "qwenquant-manifest.json").read_text()).get("root_digest")
         serve = ["eval", "--serve", str(art), "--profile", "single-user", "--vllm", str(a.vllm), "--json", *dev]
         if a.gpu_mem:
             serve += ["--gpu-mem", a.gpu_mem]
-        r = qq([*serve, "--", *extra] if extra else serve, a.work / f"served-{recipe}.log", a.timeout)
+        log = a.work / f"served-{recipe}.log"
+        r = qq([*serve, "--", *extra] if extra else serve, log, a.timeout)
         arm["eval_exit"] = r.returncode
         try:
             arm["served"] = json.loads(r.stdout)
         except json.JSONDecodeError:
-            arm["error"] = f"eval --serve exited {r.returncode} without a report; see {a.work / f'served-{recipe}.log'}"
+            arm["error"] = failed("eval --serve", r, log) + " (no report)"
     out["comparison"] = compare(out["arms"])
     return out
 
@@ -135,6 +161,9 @@ def compare(arms: dict[str, Any]) -> dict[str, Any] | None:
     same = (b["drafts"], b["accepted_tokens"], b["per_position"]) == (q["drafts"], q["accepted_tokens"], q["per_position"])
     if same:
         look.append("the same counts at every position")
+    digests = [arms[label].get("root_digest") for label, _ in ARMS]
+    if digests[0] and digests[0] == digests[1]:
+        look.append("both arms served artifacts with one root digest")
     return {"mean_acceptance_length_ratio": ratio, "points_per_position": points,
             "goal": f"within {GOAL_MAL:.0%} of the bf16 head's mean acceptance length",
             "met": abs(ratio - 1) <= GOAL_MAL, "look_first": look}

@@ -41,3 +41,30 @@ def test_an_arm_without_drafts_or_report_gives_no_verdict() -> None:
     none = _arms(bf16, {"served": {"mtp": {"drafts": 0, "accepted_tokens": 0, "per_position": {},
                                            "mean_acceptance_length": None}}})
     assert "no drafts" in msc.compare(none)["error"]
+
+
+def test_one_root_digest_in_both_arms_is_flagged() -> None:
+    bf16 = {**_arm(200, 340, {"0": 0.68, "1": 0.61, "2": 0.41}), "root_digest": "ab" * 32}
+    int4 = {**_arm(200, 335, {"0": 0.69, "1": 0.60, "2": 0.385}), "root_digest": "ab" * 32}
+    assert msc.compare(_arms(bf16, int4))["look_first"] == ["both arms served artifacts with one root digest"]
+    assert msc.compare(_arms(bf16, {**int4, "root_digest": "cd" * 32}))["look_first"] == []
+
+
+def test_a_step_past_its_timeout_is_stopped_and_reported_not_raised(tmp_path) -> None:
+    """A real child process that outlives --timeout: SIGTERM, exit 124, a line in its log, and the arm's
+    error names the timeout (the script goes on to its report instead of dying with a traceback)."""
+    import subprocess
+    import sys
+    import time
+
+    log = tmp_path / "step.log"
+    start = time.monotonic()
+    r = msc.run_logged([sys.executable, "-c", "import sys, time; print('partial'); sys.stdout.flush(); time.sleep(60)"],
+                       log, timeout=2, grace=5)
+    assert r.returncode == 124 and r.stdout == "partial\n"
+    assert time.monotonic() - start < 30
+    assert "stopped after 2 s (--timeout)" in log.read_text()
+    assert msc.failed("eval --serve", r, log) == f"eval --serve stopped at the --timeout; see {log}"
+    ok = msc.run_logged([sys.executable, "-c", "import sys; print('{}'); sys.exit(3)"], log, timeout=60)
+    assert ok.returncode == 3 and msc.failed("quantize", ok, log).startswith("quantize exited 3")
+    assert isinstance(ok, subprocess.CompletedProcess)
