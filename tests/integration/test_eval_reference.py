@@ -116,3 +116,4 @@ def test_streamed_forward_gives_the_dense_figures(evaluated: dict) -> None:
             assert s["arms"][arm][key] == pytest.approx(d["arms"][arm][key], rel=1e-5, abs=1e-6), (arm, key)
     assert s["lm_head"]["ratio"] == pytest.approx(d["lm_head"]["ratio"], rel=1e-5)
     assert s["mtp"]["artifact"]["agree"] == pytest.approx(d["mtp"]["artifact"]["agree"], abs=1e-6)
+    assert s["mtp"]["int4_vs_bf16"]["same_draft"] == pytest.approx(d["mtp"]["int4_vs_bf16"]["same_draft"], abs=1e-6)

@@ -93,10 +93,11 @@ def test_offline_int4_mtp_agreement_stays_within_its_band(artifact: Path) -> Non
     d = m["int4_vs_bf16"]
     lo, hi = d["ci95_points"]
     print(f"MTP t+2 agreement: bf16 head {m['artifact_bf16_mtp']['agree']:.4f}, int4 head {m['artifact']['agree']:.4f}, "
-          f"{d['delta_points']:+.2f} points [{lo:+.2f}, {hi:+.2f}]")
+          f"{d['delta_points']:+.2f} points [{lo:+.2f}, {hi:+.2f}], same first draft {d['same_draft']:.4f}")
     assert bands["delta_points"][0] <= d["delta_points"] <= bands["delta_points"][1]
     assert lo <= d["delta_points"] <= hi and hi - lo <= bands["ci_width_points_max"]
     assert bands["bf16_agree"][0] <= m["artifact_bf16_mtp"]["agree"] <= bands["bf16_agree"][1]
+    assert bands["same_draft"][0] <= d["same_draft"] <= bands["same_draft"][1]
 
 
 def test_vllm_loads_the_int4_drafter_and_shares_the_head(server) -> None:

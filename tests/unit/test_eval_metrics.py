@@ -54,17 +54,21 @@ def test_mtp_figures_pair_int4_and_bf16_heads_on_the_same_windows() -> None:
     ref = torch.tensor([0.6, 0.5, 0.7, 0.6])
     bf16 = torch.tensor([0.58, 0.5, 0.66, 0.6])
     int4 = bf16 - torch.tensor([0.01, 0.02, 0.0, 0.01])
-    m = mtp_figures({"reference": {"mtp_agree": ref}, "artifact": {"mtp_agree": int4, "mtp_agree_bf16": bf16}})
+    same = torch.tensor([0.97, 1.0, 0.95, 0.96])
+    m = mtp_figures({"reference": {"mtp_agree": ref},
+                     "artifact": {"mtp_agree": int4, "mtp_agree_bf16": bf16, "mtp_same_draft": same}})
     assert m["reference"]["agree"] == pytest.approx(0.6) and m["reference"]["acceptance_length_1"] == pytest.approx(1.6)
     assert m["artifact_bf16_mtp"]["agree"] == pytest.approx(0.585)
     assert m["int4_vs_bf16"]["delta_points"] == pytest.approx(-1.0)
     lo, hi = m["int4_vs_bf16"]["ci95_points"]
     assert lo < -1.0 < hi and hi - lo == pytest.approx(2 * 3.182446 * 0.816497 / 2, rel=1e-5)  # t, 3 df
+    assert m["int4_vs_bf16"]["same_draft"] == pytest.approx(0.97)
     assert m["change_pct"] == pytest.approx(100 * (1.575 / 1.6 - 1))
     assert set(mtp_figures({"reference": {}, "artifact": {}})) == set()  # no MTP head: no MTP figures
     lines = report.summary_lines({"lm_head": {}, "mtp": m})
     assert any(ln.startswith("MTP head on the artifact's states: bf16 58.50%, as shipped 57.50%: -1.00 points, "
-                             "95% CI (t) [") for ln in lines)
+                             "95% CI (t) [") and ln.endswith("; the same first draft at 97.00% of positions")
+               for ln in lines)
 
 
 def test_kl_and_top1_of_identical_and_different_logits() -> None:

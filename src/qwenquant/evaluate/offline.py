@@ -9,6 +9,8 @@ MTP: how often the MTP head's t+2 prediction equals the model's own greedy t+2 t
 which a greedy server would accept the first draft), for the reference and the artifact, and for the
 source's bf16 MTP head on the artifact's own hidden states and head (`artifact_bf16_mtp`): on the same
 windows against the artifact's head, the difference is what quantizing the MTP head costs.
+`same_draft` is the share of positions where the two heads draft the very same token (where it is
+near 1, two servers can count the same acceptance at every draft position).
 Each KL comes with its per-token tail (p99, p99.9); every interval is the t interval over windows.
 """
 
@@ -41,13 +43,17 @@ def rtn_head(weight: torch.Tensor, group_size: int = 128) -> torch.Tensor:
     return q.dequantize(torch.float32)
 
 
-def _mtp_agree(fwd: TextForward, ids: torch.Tensor, hidden: torch.Tensor, head: torch.Tensor,
-               greedy: torch.Tensor) -> torch.Tensor | None:
-    """Per window: fraction of positions where the MTP t+2 argmax equals the model's greedy t+2 token."""
+def _mtp_drafts(fwd: TextForward, ids: torch.Tensor, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor | None:
+    """The MTP head's t+2 argmax at every position [B, L-1] (its first draft); None without MTP."""
     out = fwd.mtp_hidden(ids, hidden)
     if out is None:
         return None
-    return ((out @ head.T).argmax(-1) == greedy[:, 1:]).float().mean(dim=1).cpu()
+    return (out @ head.T).argmax(-1)
+
+
+def _agree(drafts: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
+    """Per window: fraction of positions where the draft equals the model's greedy t+2 token."""
+    return (drafts == greedy[:, 1:]).float().mean(dim=1).cpu()
 
 
 def _batch_stats(ref: TextForward, art: TextForward, heads: dict[str, torch.Tensor], ids: torch.Tensor
@@ -69,14 +75,17 @@ def _batch_stats(ref: TextForward, art: TextForward, heads: dict[str, torch.Tens
                       "top1": top1.cpu(), "kl_tokens": tok_kl.flatten().cpu()}
         greedy[arm] = full.argmax(-1)
         del full
+    drafts: dict[str, torch.Tensor] = {}
     for arm, fwd, hidden, head in (("reference", ref, h_ref, heads["reference"]), ("artifact", art, h_art, heads["artifact"])):
-        agree = _mtp_agree(fwd, ids, hidden, head, greedy[arm])
-        if agree is not None:
-            stats[arm]["mtp_agree"] = agree
-    if "mtp_agree" in stats["artifact"]:  # the source's bf16 MTP head on the artifact's states, head and greedy
-        agree = _mtp_agree(ref, ids, h_art, heads["artifact"], greedy["artifact"])
-        if agree is not None:
-            stats["artifact"]["mtp_agree_bf16"] = agree
+        d = _mtp_drafts(fwd, ids, hidden, head)
+        if d is not None:
+            drafts[arm] = d
+            stats[arm]["mtp_agree"] = _agree(d, greedy[arm])
+    if "artifact" in drafts:  # the source's bf16 MTP head on the artifact's states, head and greedy
+        d = _mtp_drafts(ref, ids, h_art, heads["artifact"])
+        if d is not None:
+            stats["artifact"]["mtp_agree_bf16"] = _agree(d, greedy["artifact"])
+            stats["artifact"]["mtp_same_draft"] = (d == drafts["artifact"]).float().mean(dim=1).cpu()
     return stats, h_ref[:, :-1].reshape(-1, h_ref.shape[-1]).cpu()
 
 
@@ -113,7 +122,8 @@ def evaluate_forwards(ref: TextForward, art: TextForward, heads: dict[str, torch
 
 def mtp_figures(cat: dict[str, dict[str, torch.Tensor]]) -> dict[str, Any]:
     """Pure: MTP t+2 agreement per arm (mean, t interval over windows, first-draft acceptance length),
-    the change vs the reference, and the int4 vs bf16 MTP head on the same windows (paired, in points)."""
+    the change vs the reference, and the int4 vs bf16 MTP head on the same windows (paired, in points,
+    and the share of positions where both heads draft the same token)."""
     keys = {"reference": "mtp_agree", "artifact": "mtp_agree", "artifact_bf16_mtp": "mtp_agree_bf16"}
     mtp: dict[str, Any] = {}
     for name, key in keys.items():
@@ -126,6 +136,8 @@ def mtp_figures(cat: dict[str, dict[str, torch.Tensor]]) -> dict[str, Any]:
     if "artifact_bf16_mtp" in mtp:
         delta, ci = metrics.mean_ci95(cat["artifact"]["mtp_agree"] - cat["artifact"]["mtp_agree_bf16"])
         mtp["int4_vs_bf16"] = {"delta_points": 100 * delta, "ci95_points": [100 * ci[0], 100 * ci[1]]}
+        if "mtp_same_draft" in cat["artifact"]:  # how often the two heads draft the very same token
+            mtp["int4_vs_bf16"]["same_draft"] = float(cat["artifact"]["mtp_same_draft"].mean())
     return mtp
 
 

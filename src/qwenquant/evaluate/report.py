@@ -68,7 +68,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         d = m["int4_vs_bf16"]
         lo, hi = d["ci95_points"]
         lines.append(f"MTP head on the artifact's states: bf16 {100 * m['artifact_bf16_mtp']['agree']:.2f}%, as shipped "
-                     f"{100 * m['artifact']['agree']:.2f}%: {d['delta_points']:+.2f} points, 95% CI (t) [{lo:+.2f}, {hi:+.2f}]")
+                     f"{100 * m['artifact']['agree']:.2f}%: {d['delta_points']:+.2f} points, 95% CI (t) [{lo:+.2f}, {hi:+.2f}]"
+                     + (f"; the same first draft at {100 * d['same_draft']:.2f}% of positions" if "same_draft" in d else ""))
     for name, g in report.get("goals", {}).items():
         lines.append(f"goal {name}: {g['value']:.3f} (limit {g['max']}) {'met' if g['met'] else 'NOT met'}")
     return lines
