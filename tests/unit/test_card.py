@@ -64,7 +64,8 @@ def _eval_report(root: str) -> dict:
                                   "windows": 32, "windows_worse": 25}},
             "lm_head": {"rtn": {"kl": 0.02, "top1": 0.9}, "gptq": {"kl": 0.008, "top1": 0.93}, "ratio": 0.4},
             "mtp": {"reference": {"agree": 0.62, "acceptance_length_1": 1.62},
-                    "artifact": {"agree": 0.61, "acceptance_length_1": 1.61}, "change_pct": -0.62},
+                    "artifact": {"agree": 0.61, "acceptance_length_1": 1.61}, "change_pct": -0.62,
+                    "int4_vs_bf16": {"delta_points": -0.3, "ci95_points": [-0.7, 0.1], "same_draft": 0.972}},
             "windows": 32, "window_len": 256, "device": "cuda", "forward": "streamed", "root_digest": root}
 
 
@@ -143,6 +144,8 @@ def test_every_figure_is_traceable_to_a_report_of_this_root_digest(tmp_path: Pat
     texts = {(f["label"], f["text"]) for f in figures}
     assert ("perplexity vs bf16 source", "+1.41%") in texts
     assert ("mean acceptance length", "2.500") in texts
+    assert ("MTP t+2 agreement, shipped vs bf16 MTP head (points, same windows)", "-0.30 [-0.70, +0.10]") in texts
+    assert ("MTP first draft the same token as the bf16 MTP head's", "97.20%") in texts
     assert (f"A (single-user) {CELL}: decode_tok_s median", "81.50 tok/s") in texts
     served = next(f for f in figures if f["label"] == "mean acceptance length")
     assert served["machine"] == "cuda, --gpu-mem 24GiB, vLLM 0.19.1"  # served figures name where they ran

@@ -82,6 +82,8 @@ def _offline(c: _Collect, base: Path_, section: str) -> None:
     d = lookup(c.data, (*base, "mtp", "int4_vs_bf16", "ci95_points")) or [0, 0]
     c.add(section, "MTP t+2 agreement, shipped vs bf16 MTP head (points, same windows)",
           (*base, "mtp", "int4_vs_bf16", "delta_points"), lambda v: f"{v:+.2f} [{d[0]:+.2f}, {d[1]:+.2f}]")
+    c.add(section, "MTP first draft the same token as the bf16 MTP head's", (*base, "mtp", "int4_vs_bf16", "same_draft"),
+          lambda v: f"{100 * v:.2f}%")
 
 
 def manifest_figures(manifest: dict[str, Any]) -> list[Figure]:
