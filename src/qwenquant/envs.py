@@ -49,6 +49,16 @@ def _number(kind: type, what: str) -> Callable[[str], Any]:
     return parse
 
 
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        v = value.strip().lower()
+        if v not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}")
+        return v
+
+    return parse
+
+
 _INT = _number(int, "an integer")
 _FLOAT = _number(float, "a number")
 
@@ -71,6 +81,10 @@ _DECLARED = (
            "(doubles each retry)", _FLOAT, 0.5),
     EnvVar("QWENQUANT_VLLM", "path", "unset", "the vLLM to launch: a python or vllm executable, a venv, or its "
            "qwenquant-vllm.json (after `--vllm`, before `.venv-vllm`)", _path),
+    EnvVar("QWENQUANT_VLLM_CPU_W4A16", "auto or dense", "auto", "vLLM's CPU build: `dense` forces the W4A16 "
+           "fallback (int4 weights dequantized at load, dense matmul) that `auto` takes only where vLLM's CPU "
+           "extension lacks cpu_gemm_wna16 (no AVX-512); `doctor` and `serve --dry-run` say which path runs",
+           _choice("auto", "dense"), "auto", read_by="qwenquant, for its child processes"),
     EnvVar("QWENQUANT_API_KEY", "string", "unset", "`serve --api-key` / `bench --api-key` when the option is not given"),
     EnvVar("QWENQUANT_RECIPES_DIR", "path", "the shipped recipes", "where `--recipe NAME` and `recipe list` look",
            _path),

@@ -65,4 +65,17 @@ def version_lines(verbose: bool) -> list[str]:
     else:
         lines.append(f"vllm {rec.get('vllm_version', '?')} ({rec.get('device', '?')}, torch "
                      f"{rec.get('torch_version', '?')}) from {path}")
+        if rec.get("device") == "cpu" and rec.get("python"):
+            lines.append(cpu_path_line(str(rec["python"]), rec.get("isolated") is True))
     return lines
+
+
+def cpu_path_line(python: str, isolated: bool) -> str:
+    """Which path vLLM's CPU build takes for W4A16 layers, asked of the vLLM python (seconds)."""
+    from qwenquant.errors import QwenquantError
+    from qwenquant.serve.cpupath import cpu_w4a16_path
+
+    try:
+        return cpu_w4a16_path(python, isolated=isolated).line()
+    except QwenquantError as e:
+        return f"vLLM CPU W4A16 path: cannot tell ({e.message}; {e.hint})"

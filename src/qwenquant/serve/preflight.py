@@ -35,6 +35,7 @@ from qwenquant.recipe import Recipe, ResolvedProfile
 from qwenquant.recipe.speculative import spec_tokens_fix, spec_tokens_problem
 from qwenquant.serve import argv as argvmod
 from qwenquant.serve.ballast import ballast_command
+from qwenquant.serve.cpupath import require_cpu_w4a16, switch_env
 from qwenquant.serve.discover import (
     Frontend,
     VllmInstall,
@@ -196,11 +197,16 @@ def prepare(req: ServeRequest) -> Prepared:
     dev = req.device or (install.device if install else "cuda")
     if install:
         checks.run(_check_install, install, recipe, config)
+    notes: list[str] = []
+    cpu_env = checks.run(switch_env) if dev == "cpu" else {}
+    if cpu_env is not None and install and install.python and dev == "cpu" and _int4_weights(config):
+        cpu_path = checks.run(lambda: require_cpu_w4a16(install.python, isolated=install.isolated))
+        if cpu_path:
+            notes.append(cpu_path.line())
     checks.run(_check_spec_tokens, profile, install)
     checks.run(_check_context, artifact, profile)
     tp = argvmod.extra_tp(extra) or req.gpus
     checks.run(_check_tp, dev, tp, config)
-    notes: list[str] = []
     # the emulated card's share goes into the profile, so the argv and the budget below both use it
     profile = checks.run(lambda: apply_gpu_mem(profile, req.gpu_mem_bytes, dev, extra, lambda: gpu_memory()[0],
                                                notes, dry_run=req.dry_run, soft=req.gpu_mem_soft)) or profile
@@ -210,6 +216,7 @@ def prepare(req: ServeRequest) -> Prepared:
     warnings += argvmod.tool_flags(profile, fe)[1]
     args = argvmod.build_vllm_argv(artifact, profile, manifest, dev, extra, api_key=req.api_key, tp=tp, frontend=fe)
     env_add = {**multicast_off(os.environ), **argvmod.build_vllm_env(dev, os.environ)}
+    env_add.update(cpu_env or {})
     if dev == "cpu" and profile.speculative:
         warnings.append("MTP on CPU: sample greedily (temperature 0); temperature > 0 under speculative decoding "
                         "reads uninitialised temperatures in vLLM's CPU sampler (vLLM #55005)")
@@ -254,6 +261,13 @@ def _check_install(install: VllmInstall, recipe: Recipe, config: dict[str, Any])
     problem = check_architecture(arch, supported_archs(install), install)
     if problem:
         raise ServeError(problem, hint="see docs/known-issues.md#text-only-vllm-version (CUDA vLLM 0.26 lacks Qwen3_5ForCausalLM)")
+
+
+def _int4_weights(config: dict[str, Any]) -> bool:
+    """The artifact holds 4-bit integer weights (compressed-tensors config groups)."""
+    groups = (config.get("quantization_config") or {}).get("config_groups") or {}
+    return any((g.get("weights") or {}).get("num_bits") == 4 and (g.get("weights") or {}).get("type") == "int"
+               for g in groups.values() if isinstance(g, dict))
 
 
 def _check_spec_tokens(profile: ResolvedProfile, install: VllmInstall | None) -> None:
