@@ -39,7 +39,7 @@ def serve(
     gpu_mem_soft: GpuMemSoft = False,
     public_key: Path | None = typer.Option(None, "--require-signature", metavar="PUBLIC_KEY",
                                               help="Refuse to serve unless the artifact's model_signing signature "
-                                                   "holds for this public key (PEM); pip install 'qwenquant[sign]'."),
+                                                   "holds for this public key (PEM); pip install 'qwenquant\\[sign]'."),
     signature: Path | None = typer.Option(None, "--signature", help="The signature to check with "
                                              "--require-signature (default: ARTIFACT/model.sig)."),
 ) -> int:
