@@ -409,7 +409,7 @@ def build_standin_artifact(tiny: Path, out: Path) -> Path:
 
 def write_fake_vllm(root: Path) -> Path:
     """A launcher json whose entrypoint is this stand-in, and an importable stub `vllm` package
-    (version, CPU platform, registry) so discovery and the architecture probe run for real."""
+    (version, CPU platform, registry) and W4A16 plugin, so discovery and the probes run for real."""
     pkg = root / "site" / "vllm"
     (pkg / "platforms").mkdir(parents=True)
     (pkg / "__init__.py").write_text(
@@ -417,6 +417,14 @@ def write_fake_vllm(root: Path) -> Path:
         f"    def get_supported_archs():\n        return {ARCHS!r}\n")
     (pkg / "platforms" / "__init__.py").write_text(
         "class _P:\n    device_type = 'cpu'\ncurrent_platform = _P()\n")
+    # what scripts/install-vllm.sh adds to a CPU build: the W4A16 plugin, here answering as on an AVX-512 CPU
+    plugin = root / "site" / "qwenquant_vllm_cpu"
+    plugin.mkdir()
+    (plugin / "__init__.py").write_text(
+        "import os\n"
+        "def describe():\n"
+        "    dense = os.environ.get('QWENQUANT_VLLM_CPU_W4A16') == 'dense'\n"
+        "    return {'path': 'dense' if dense else 'kernel', 'why': 'stand-in vLLM', 'has_op': True, 'plugin': True}\n")
     launcher = root / "qwenquant-vllm.json"
     launcher.write_text(json.dumps({"python": sys.executable, "entrypoint": [sys.executable, str(Path(__file__))],
                                     "vllm_version": "0.33.0", "device": "cpu"}))
