@@ -297,6 +297,19 @@ def weights_from_config(s: ModelShape, q: QuantSettings, dtype_bytes: int = 2, t
     """Weight bytes the recipe would produce from a config (vision not counted: text-only), per GPU
     under tensor parallelism of size `tp`."""
     out = dict.fromkeys(COMPONENTS, 0)
+    for name, comp, n in config_tensor_bytes(s, q, dtype_bytes):
+        out[comp] += tp_bytes(name, n, s, tp)
+    return WeightBreakdown(out, q.lm_head_bits is not None, "config", CONFIG_NOTES)
+
+
+CONFIG_NOTES = ("vision tower not counted (text-only layout / --language-model-only)",
+                "per-Linear weight_shape tensors (16 B each) not counted")
+
+
+def config_tensor_bytes(s: ModelShape, q: QuantSettings, dtype_bytes: int = 2) -> list[tuple[str, str, int]]:
+    """(HF tensor name, component, bytes) of every text + MTP tensor the recipe would produce
+    (a quantized Linear counts its packed weight and scales under its `.weight` name)."""
+    out = []
     for t in config_tensors(s):
         comp = component_of(t.name)
         numel = 1
@@ -311,10 +324,8 @@ def weights_from_config(s: ModelShape, q: QuantSettings, dtype_bytes: int = 2, t
             n = quantized_linear_bytes(*t.shape, q.num_bits, q.group_size)
         else:
             n = numel * dtype_bytes
-        out[comp] += tp_bytes(t.name, n, s, tp)
-    notes = ("vision tower not counted (text-only layout / --language-model-only)",
-             "per-Linear weight_shape tensors (16 B each) not counted")
-    return WeightBreakdown(out, q.lm_head_bits is not None, "config", notes)
+        out.append((t.name, comp, n))
+    return out
 
 
 def weights_from_tensors(tensor_bytes: Mapping[str, int], s: ModelShape | None = None,
