@@ -141,7 +141,12 @@ def test_plan_pipeline_larger_than_the_model(capsys):
 def test_partition_variable_reaches_the_plan(capsys, monkeypatch):
     monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "36,28")
     res = make_plan(REAL, 24 * GiB, profiles=["single-user"], pp=2, partition="36,28")
-    assert [b.layers for b in res.stages["single-user"]] == [(0, 36), (36, 64)]
+    first, last = res.stages["single-user"]
+    assert (first.layers, last.layers) == ((0, 36), (36, 64))
+    # stage 1: 7 full-attention layers + MTP = 8 pages a block (13,631,488 B), 21 GDN layers 7 a group;
+    #   4 layers fewer: 8,120,068,273 B left -> 595 blocks -> (595 - 15) x 416 tokens (32 + 32 split: 192,608)
+    assert (last.cache.group_size, last.cache_available) == (8, 8_120_068_273)
+    assert res.budgets["single-user"] is last and last.largest_len(1) == 241_280
     code, out, _ = run_cli(capsys, "plan", str(REAL), "--gpus", "2", "--split", "pipeline", "-p", "single-user")
     assert code == 0 and "pipeline stage 1 of 2 (decoder layers 36-63)" in out
     monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "40")

@@ -207,6 +207,11 @@ def prepare(req: ServeRequest) -> Prepared:
         notes.append(split.line())
     checks.run(_check_split, dev, split, config, warnings)
     tp, pp = split.tp, split.pp
+    if pp > 1 and profile.speculative and profile.speculative.num_speculative_tokens:
+        warnings.append("pipeline parallelism with the MTP drafter: vLLM builds the drafter on the last stage only, "
+                        "and vLLM 0.32's model runner reads it on every stage ('... has no attribute drafter' at "
+                        "start, docs/known-issues.md#pipeline-parallel-vllm-cpu); if it fails so, serve without "
+                        "MTP (-- --speculative-config null) or with --split tensor")
     # the emulated card's share goes into the profile, so the argv and the budget below both use it
     profile = checks.run(lambda: apply_gpu_mem(profile, req.gpu_mem_bytes, dev, extra, lambda: gpu_memory()[0],
                                                notes, dry_run=req.dry_run, soft=req.gpu_mem_soft)) or profile
