@@ -54,7 +54,7 @@ def test_two_processes_within_the_tolerance_of_one(arts: dict, tiny_checkpoint: 
         int(r[1][0]) * int(r[1][1]) for r in _packed_shapes(arts[1]["out"]))
     assert diff.first_layer_codes[1] > 0 and len(diff.weight_errors) == len(diff.modules)
     assert diff.problems() == [], diff.to_dict()
-    assert "gptq: 2 processes (gloo on the CPU)" in arts[2]["stderr"]
+    assert "gptq: 2 processes under torch.distributed.run (gloo on the CPU)" in arts[2]["stderr"]
 
 
 def _packed_shapes(folder: Path) -> list:

@@ -99,7 +99,7 @@ def make_plan(target: Path, gpu_bytes: int, *, recipe_name: str | None = None,
         tensors = artifact_tensor_bytes(target, [f.path for f in manifest.files])
         weights = weights_from_tensors(tensors, tp_shape(config, tp), tp)
         if pp > 1:
-            ranges = pipeline.stage_ranges(len(pipeline.pp_shape(config, pp).layer_types), pp, partition)
+            ranges = pipeline.stage_ranges(len(tp_shape(config, 1, pp).layer_types), pp, partition)
             stage_weights = pipeline.stage_weights_from_tensors(tensors, ranges)
         source = f"artifact {target}"
     else:
@@ -112,7 +112,7 @@ def make_plan(target: Path, gpu_bytes: int, *, recipe_name: str | None = None,
         quant = QuantSettings.from_recipe(recipe.canonical())
         weights = weights_from_config(tp_shape(config, tp), quant, tp=tp)
         if pp > 1:
-            shape = pipeline.pp_shape(config, pp)
+            shape = tp_shape(config, 1, pp)
             ranges = pipeline.stage_ranges(len(shape.layer_types), pp, partition)
             stage_weights = pipeline.stage_weights_from_config(shape, quant, ranges)
         source = f"config {cfg_path} + recipe {recipe.name}"

@@ -35,7 +35,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
 from qwenquant.errors import UsageError
 from qwenquant.plan.budget import (
@@ -55,7 +54,6 @@ from qwenquant.plan.weights import (
     WeightBreakdown,
     component_of,
     config_tensor_bytes,
-    model_shape,
 )
 
 PARTITION_ENV = "VLLM_PP_LAYER_PARTITION"  # vLLM's own variable: layer counts per stage
@@ -88,24 +86,6 @@ def stage_ranges(num_layers: int, pp: int, override: str | None = None) -> list[
         out.append((start, start + n))
         start += n
     return out
-
-
-def pp_problem(s: ModelShape, pp: int) -> str | None:
-    """Why vLLM could not run this model in `pp` stages, or None."""
-    if pp < 1:
-        return f"pipeline-parallel size must be at least 1, got {pp}"
-    if pp > len(s.layer_types):
-        return f"pipeline-parallel size {pp} is more than the model's {len(s.layer_types)} decoder layers"
-    return None
-
-
-def pp_shape(config: Mapping[str, Any], pp: int) -> ModelShape:
-    """The model shape of `config`; a UsageError when it cannot be split into `pp` stages."""
-    shape = model_shape(config)
-    problem = pp_problem(shape, pp)
-    if problem:
-        raise UsageError(problem, hint="pass a --gpus count no larger than the number of decoder layers")
-    return shape
 
 
 def _layer_stage(index: int, ranges: Sequence[tuple[int, int]]) -> int:

@@ -269,12 +269,23 @@ def tp_problem(s: ModelShape, tp: int) -> str | None:
     return f"tensor-parallel size {tp} does not divide {', '.join(bad)}" if bad else None
 
 
-def tp_shape(config: Mapping[str, Any], tp: int) -> ModelShape:
-    """The model shape of `config`; a UsageError when vLLM cannot split it over `tp` GPUs."""
+def pp_problem(s: ModelShape, pp: int) -> str | None:
+    """Why vLLM could not run this model in `pp` pipeline stages, or None."""
+    if pp < 1:
+        return f"pipeline-parallel size must be at least 1, got {pp}"
+    if pp > len(s.layer_types):
+        return f"pipeline-parallel size {pp} is more than the model's {len(s.layer_types)} decoder layers"
+    return None
+
+
+def tp_shape(config: Mapping[str, Any], tp: int, pp: int = 1) -> ModelShape:
+    """The model shape of `config`; a UsageError when vLLM cannot split it over `tp` GPUs under
+    tensor parallelism or into `pp` pipeline stages."""
     shape = model_shape(config)
-    problem = tp_problem(shape, tp)
-    if problem:
-        raise UsageError(problem, hint="pass a --gpus count that divides each number named")
+    for problem, hint in ((tp_problem(shape, tp), "pass a --gpus count that divides each number named"),
+                          (pp_problem(shape, pp), "pass a --gpus count no larger than the number of decoder layers")):
+        if problem:
+            raise UsageError(problem, hint=hint)
     return shape
 
 

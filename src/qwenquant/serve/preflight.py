@@ -26,7 +26,7 @@ from qwenquant.net.ports import port_problem
 from qwenquant.plan import budget as budgetmod
 from qwenquant.plan.artifact import artifact_budget
 from qwenquant.plan.gpumem import apply_gpu_mem, ballast_note
-from qwenquant.plan.pipeline import PARTITION_ENV, pp_shape
+from qwenquant.plan.pipeline import PARTITION_ENV
 from qwenquant.plan.report import fill_lines, stage_name
 from qwenquant.plan.settings import recipe_from_manifest
 from qwenquant.plan.transient import fill
@@ -323,8 +323,7 @@ def _check_context(artifact: Path, profile: ResolvedProfile) -> None:
 
 def _check_split(dev: str, split: Split, config: dict[str, Any], warnings: list[str]) -> None:
     check_tp_device(dev, split.tp)
-    tp_shape(config, split.tp)
-    pp_shape(config, split.pp)
+    tp_shape(config, split.tp, split.pp)
     if split.tp > 1 and split.pp > 1:
         warnings.append(f"tensor {split.tp} x pipeline {split.pp}: the memory plan counts each pipeline stage on "
                         "a whole GPU (an upper bound per GPU)")
