@@ -106,6 +106,10 @@ def test_rank_error_reports_the_first_failure() -> None:
     # a rank killed by a signal is the cause, not the connection error its peer reported after it
     e = rank_error({0: 1, 1: -9}, {0: peer["report"]}, 2)
     assert type(e) is StageError and str(e) == "gptq rank 1 of 2 was killed by signal 9 without reporting an error"
+    # torchrun stopped rank 0 with SIGTERM after rank 1 was killed: rank 1 is the cause
+    e = rank_error({0: -15, 1: -9}, {}, 2)
+    assert str(e) == "gptq rank 1 of 2 was killed by signal 9 without reporting an error"
+    assert str(rank_error({0: -15}, {}, 2)) == "gptq rank 0 of 2 was killed by signal 15 without reporting an error"
     e = rank_error({0: 1, 1: 3}, {0: peer["report"]}, 2)  # an exit code without a report: the report says more
     assert str(e) == "gptq rank 0 of 2: RuntimeError: peer closed"
 

@@ -152,9 +152,10 @@ def rank_error(failed: dict[int, int], reports: dict[int, dict[str, Any]], world
     holds), the cause rather than its echoes: a rank killed by a signal (the OOM killer, a kill)
     without a report first, since its peers then fail in their next collective with a connection
     error of their own; else the earliest report (a peer's failure makes the others fail later);
-    else the lowest failed rank."""
+    else the lowest failed rank. SIGTERM is how torchrun stops the ranks left after a failure, so a
+    rank it ended comes last."""
     reports = {r: rep for r, rep in reports.items() if r in failed}
-    killed = {r: c for r, c in failed.items() if c < 0 and r not in reports}
+    killed = {r: c for r, c in failed.items() if c < 0 and c != -signal.SIGTERM and r not in reports}
     if killed or not reports:
         r, code = min((killed or failed).items())
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
@@ -188,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     if os.getppid() != envs.get(PARENT_ENV):
         return 1  # it was already gone before prctl took effect
     os.environ[PARENT_ENV] = str(os.getpid())  # the ranks die with this process
+    if envs.get(LOG_LEVEL_ENV) > logging.DEBUG:  # torchrun's notes on stopping the ranks; its errors stay
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
     try:
         torchrun(torchrun_args(job_dir, ranks))
     except ChildFailedError as e:
