@@ -16,13 +16,14 @@ vLLM's log lines read (vLLM 0.26 .. 0.33, v1 engine):
 The peak-activation line is logged at DEBUG, so the server runs with VLLM_LOGGING_LEVEL=DEBUG.
 
   python bench/serve_cuda_bench.py ARTIFACT --vllm .venv-vllm/qwenquant-vllm.json [--gpu-mem 24GiB]
-      [--gpu-mem-soft] [--profile single-user --profile batch] [--gpus N]
+      [--gpu-mem-soft] [--profile single-user --profile batch] [--gpus N [--split tensor|pipeline]]
       [--out bench/results/serve_cuda_bench.json] [-- vLLM flags]
 
 `--gpu-mem` is serve's hard limit (a ballast holds the rest of the GPU) unless --gpu-mem-soft.
 
-With `--gpus N` the server runs under tensor parallelism over N GPUs (`qwenquant serve --gpus N`)
-and the plan's figures are per GPU (`qwenquant plan --gpus N`), as vLLM logs them per worker.
+With `--gpus N` the server runs over N GPUs (`qwenquant serve --gpus N --split S`; without
+`--split` serve picks from the GPUs' link) and the plan's figures are per GPU (`qwenquant plan
+--gpus N --split S`; under pipeline parallelism the stage that limits), as vLLM logs them per worker.
 
 Expected (written before the run): KV memory, KV tokens and concurrency within 5% of the plan
 (about 1% was seen at 8 layers); weights within 5% (the plan counts tensor bytes, vLLM measures the
@@ -138,7 +139,7 @@ def run_profile(args: argparse.Namespace, profile: str, log_path: Path) -> dict[
     port = free_port()
     cmd = [sys.executable, "-m", "qwenquant", "serve", str(args.artifact), "--profile", profile,
            "--gpu-mem", args.gpu_mem, "--port", str(port), "--log-file", str(log_path), "--timeout", str(args.timeout),
-           "--gpus", str(args.gpus)]
+           "--gpus", str(args.gpus)] + (["--split", args.split] if args.split else [])
     if args.vllm:
         cmd += ["--vllm", args.vllm]
     if args.gpu_mem_soft:
@@ -195,7 +196,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--gpu-mem", default="24GiB")
     ap.add_argument("--gpu-mem-soft", action="store_true", help="the budget alone, no ballast (serve --gpu-mem-soft)")
     ap.add_argument("--profile", action="append", default=[])
-    ap.add_argument("--gpus", type=int, default=1, help="tensor parallelism over N GPUs; plan figures per GPU")
+    ap.add_argument("--gpus", type=int, default=1, help="N GPUs; plan figures per GPU")
+    ap.add_argument("--split", choices=("tensor", "pipeline"), help="serve --split (default: from the GPUs' link); "
+                    "the plan assumes tensor unless pipeline is given")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", type=Path, default=Path("bench/results/serve_cuda_bench.json"))
     ap.add_argument("extra", nargs="*", help="vLLM flags after --")
@@ -209,13 +212,15 @@ def main(argv: list[str]) -> int:
 
     profiles = args.profile or ["single-user", "batch"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"artifact": str(args.artifact.resolve()), "gpu_mem": args.gpu_mem, "gpus": args.gpus,
+    report: dict[str, Any] = {"artifact": str(args.artifact.resolve()), "gpu_mem": args.gpu_mem, "gpus": args.gpus, "split": args.split,
                               "gpu_mem_limit": "soft" if args.gpu_mem_soft else "hard",
                               "date": time.strftime("%Y-%m-%d"), "extra": args.extra, "machine": machine(args.vllm),
                               "profiles": {}}
     print("Expected" + __doc__.split("Expected", 1)[1].rstrip(), file=sys.stderr)
     for profile in profiles:
-        plan = make_plan(args.artifact, parse_size(args.gpu_mem), profiles=[profile], tp=args.gpus).budgets[profile]
+        pp = args.gpus if args.split == "pipeline" else 1
+        plan = make_plan(args.artifact, parse_size(args.gpu_mem), profiles=[profile], tp=args.gpus // pp,
+                         pp=pp).budgets[profile]
         res = run_profile(args, profile, args.out.with_name(f"{args.out.stem}-{profile}.log"))
         vllm = dict(res.get("vllm", {}))
         res["plan"] = plan_figures(plan)

@@ -273,14 +273,63 @@ class ServedCLI:
             os.unlink(self._err.name)
 
 
-def fake_nvidia_smi(tmp_path: Path, rows: list[str], cap: str = "8.6") -> Path:
+def fake_nvidia_smi(tmp_path: Path, rows: list[str], cap: str = "8.6", topo: str = "", p2p: str = "") -> Path:
     """A folder holding a stand-in `nvidia-smi` (no NVIDIA GPU here): fixed memory rows
-    ("index, uuid, total MiB, free MiB") and compute capability `cap`."""
+    ("index, uuid, total MiB, free MiB"), compute capability `cap`, and the text `topo -m` and
+    `topo -p2p r` print (files beside it)."""
     d = tmp_path / "smi"
     d.mkdir(exist_ok=True)
     smi = d / "nvidia-smi"
+    (d / "topo.txt").write_text(topo)
+    (d / "p2p.txt").write_text(p2p)
     lines = "".join(f"  echo '{row}'\n" for row in rows)
     smi.write_text(f'#!/bin/sh\ncase "$*" in\n  *compute_cap*) echo {cap} ;;\n  *memory.total*)\n{lines}  ;;\n'
+                   f'  "topo -m") cat "{d}/topo.txt" ;;\n  "topo -p2p r") cat "{d}/p2p.txt" ;;\n'
                    "  *) echo 'GPU 0: stand-in' ;;\nesac\n")
     smi.chmod(0o755)
     return d
+
+
+# `nvidia-smi topo -m` and `nvidia-smi topo -p2p r` as they print (tab-separated matrices, then a legend)
+LEGEND = """
+Legend:
+
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
+  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node
+  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
+  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
+  PIX  = Connection traversing at most a single PCIe bridge
+  NV#  = Connection traversing a bonded set of # NVLinks
+"""
+P2P_LEGEND = """
+Legend:
+
+  X    = Self
+  OK   = Status Ok
+  CNS  = Chipset not supported
+  GNS  = GPU not supported
+  TNS  = Topology not supported
+  NS   = Not supported
+  U    = Unknown
+"""
+# two consumer cards in one desktop, through the CPU's host bridge
+PHB_2 = ("\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+         "GPU0\t X \tPHB\t0-23\t0\t\tN/A\n"
+         "GPU1\tPHB\t X \t0-23\t0\t\tN/A\n" + LEGEND)
+P2P_CNS = " \tGPU0\tGPU1\t\n GPU0\tX\tCNS\t\n GPU1\tCNS\tX\t\n" + P2P_LEGEND
+P2P_OK = " \tGPU0\tGPU1\t\n GPU0\tX\tOK\t\n GPU1\tOK\tX\t\n" + P2P_LEGEND
+# the same two cards with an NVLink bridge
+NV4_2 = ("\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+         "GPU0\t X \tNV4\t0-23\t0\t\tN/A\n"
+         "GPU1\tNV4\t X \t0-23\t0\t\tN/A\n" + LEGEND)
+# a server: four GPUs on two sockets, two NICs; GPU0-1 and GPU2-3 behind shared switches
+SERVER_4 = ("\tGPU0\tGPU1\tGPU2\tGPU3\tNIC0\tNIC1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+            "GPU0\t X \tPIX\tSYS\tSYS\tPIX\tSYS\t0-31\t0\t\tN/A\n"
+            "GPU1\tPIX\t X \tSYS\tSYS\tPIX\tSYS\t0-31\t0\t\tN/A\n"
+            "GPU2\tSYS\tSYS\t X \tPXB\tSYS\tPXB\t32-63\t1\t\tN/A\n"
+            "GPU3\tSYS\tSYS\tPXB\t X \tSYS\tPXB\t32-63\t1\t\tN/A\n"
+            "NIC0\tPIX\tPIX\tSYS\tSYS\t X \tSYS\n"
+            "NIC1\tSYS\tSYS\tPXB\tPXB\tSYS\t X \n" + LEGEND + "\nNIC Legend:\n\n  NIC0: mlx5_0\n  NIC1: mlx5_1\n")
+P2P_SERVER = (" \tGPU0\tGPU1\tGPU2\tGPU3\t\n GPU0\tX\tOK\tNS\tNS\t\n GPU1\tOK\tX\tNS\tNS\t\n"
+              " GPU2\tNS\tNS\tX\tOK\t\n GPU3\tNS\tNS\tOK\tX\t\n" + P2P_LEGEND)

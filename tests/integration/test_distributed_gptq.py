@@ -1,5 +1,5 @@
-"""`qwenquant quantize --device cpu --gpus 2`: the gptq stage as a 2-process gloo job on the tiny
-model, through the real CLI. Its artifact against the one-process artifact within the tolerance
+"""`qwenquant quantize --device cpu --gpus 2`: the gptq stage as a 2-process gloo job under
+torch.distributed.run on the tiny model, through the real CLI. Its artifact against the one-process artifact within the tolerance
 of docs/distributed-gptq.md; a rank killed mid-run fails the whole job and a re-run resumes to the
 same bytes as an uninterrupted 2-process run; Ctrl-C stops every rank; usage errors."""
 
@@ -54,7 +54,7 @@ def test_two_processes_within_the_tolerance_of_one(arts: dict, tiny_checkpoint: 
         int(r[1][0]) * int(r[1][1]) for r in _packed_shapes(arts[1]["out"]))
     assert diff.first_layer_codes[1] > 0 and len(diff.weight_errors) == len(diff.modules)
     assert diff.problems() == [], diff.to_dict()
-    assert "gptq: 2 processes (gloo on the CPU)" in arts[2]["stderr"]
+    assert "gptq: 2 processes under torch.distributed.run (gloo on the CPU)" in arts[2]["stderr"]
 
 
 def _packed_shapes(folder: Path) -> list:
@@ -92,8 +92,9 @@ def test_each_rank_forwarded_its_own_share(arts: dict) -> None:
 
 
 def _ranks_of(parent: int) -> dict[int, int]:
-    """RANK -> pid of the worker processes `parent` started."""
-    out = {}
+    """RANK -> pid of the worker processes below `parent` (torch.distributed.run's children)."""
+    children: dict[int, list[int]] = {}
+    ranks: dict[int, int] = {}
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
             continue
@@ -102,9 +103,16 @@ def _ranks_of(parent: int) -> dict[int, int]:
             env = (p / "environ").read_bytes().split(b"\0")
         except (OSError, IndexError, ValueError):
             continue
+        children.setdefault(ppid, []).append(int(p.name))
         rank = [e for e in env if e.startswith(b"RANK=")]
-        if ppid == parent and rank:
-            out[int(rank[0][5:])] = int(p.name)
+        if rank:
+            ranks[int(p.name)] = int(rank[0][5:])
+    out, todo = {}, [parent]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            if pid in ranks:
+                out[ranks[pid]] = pid
+            todo.append(pid)
     return out
 
 
@@ -119,6 +127,18 @@ def _start_and_wait_for_layer(source: Path, out: Path, log: Path, layer: int) ->
     ranks = _ranks_of(proc.pid)
     assert sorted(ranks) == [0, 1], ranks
     return proc, ranks
+
+
+def _launcher_of(parent: int) -> int:
+    """The pid of `parent`'s torch.distributed.run child."""
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if int((p / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                    return int(p.name)
+            except (OSError, IndexError, ValueError):
+                continue
+    raise AssertionError(f"no launcher below {parent}")
 
 
 def _gone(pid: int) -> bool:
@@ -155,7 +175,8 @@ def test_a_killed_rank_fails_the_job_and_a_rerun_resumes_to_the_same_bytes(arts:
 
 def test_ctrl_c_stops_every_rank(arts: dict, tiny_checkpoint: Path, tmp_path: Path) -> None:
     proc, ranks = _start_and_wait_for_layer(tiny_checkpoint, tmp_path / "c", tmp_path / "c.log", 0)
-    frozen = [proc.pid, *ranks.values()]  # the launcher and its ranks, frozen while the check runs
+    launcher = _launcher_of(proc.pid)
+    frozen = [proc.pid, launcher, *ranks.values()]  # quantize, torchrun and the ranks, frozen while the check runs
     for pid in frozen:
         os.kill(pid, signal.SIGSTOP)
     assert not (tmp_path / "c.work" / "gptq.record.json").exists(), "the stage ended before the Ctrl-C"
@@ -163,7 +184,7 @@ def test_ctrl_c_stops_every_rank(arts: dict, tiny_checkpoint: Path, tmp_path: Pa
     for pid in frozen:
         os.kill(pid, signal.SIGCONT)
     assert proc.wait(timeout=120) == 130, (tmp_path / "c.log").read_text()[-2000:]
-    assert all(_gone(pid) for pid in ranks.values())
+    assert all(_gone(pid) for pid in [launcher, *ranks.values()])
     assert not (tmp_path / "c.work" / "gptq.record.json").exists()
 
 

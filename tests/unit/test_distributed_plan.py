@@ -64,38 +64,53 @@ def test_owners_balance_gptq_cost_and_agree_on_every_rank() -> None:
     assert set(owners({"a": (8, 8), "b": (8, 8), "c": (8, 8)}, 3).values()) == {0, 1, 2}
 
 
-def test_rank_env_sets_the_rendezvous_and_keeps_a_users_multicast_setting() -> None:
-    from qwenquant.quantize.engine.launch import rank_env
+def test_job_env_keeps_a_users_multicast_setting_and_shares_the_threads() -> None:
+    from qwenquant.quantize.engine.launch import job_env
 
-    env = rank_env({"PATH": "/bin", "NCCL_NVLS_ENABLE": "1", "QWENQUANT_THREADS": "8"}, 1, 2, 29500, "cpu")
-    assert env["RANK"] == "1" and env["WORLD_SIZE"] == "2" and env["LOCAL_RANK"] == "1"
-    assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == "29500"
+    env = job_env({"PATH": "/bin", "NCCL_NVLS_ENABLE": "1", "QWENQUANT_THREADS": "8"}, 2, "cpu")
+    assert "RANK" not in env and "MASTER_PORT" not in env  # torchrun's rendezvous sets them in each rank
     assert env["NCCL_NVLS_ENABLE"] == "1"  # the user's own value passes through
     assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and env["NVSHMEM_DISABLE_NVLS"] == "1"
-    assert env["QWENQUANT_THREADS"] == "4"  # the CPU thread budget is shared
-    cuda = rank_env({"QWENQUANT_THREADS": "8"}, 0, 2, 1, "cuda")
-    assert cuda["NCCL_NVLS_ENABLE"] == "0" and cuda["QWENQUANT_THREADS"] == "8"
+    assert env["QWENQUANT_THREADS"] == env["OMP_NUM_THREADS"] == "4"  # the CPU thread budget is shared
+    cuda = job_env({"QWENQUANT_THREADS": "8"}, 2, "cuda")
+    assert cuda["NCCL_NVLS_ENABLE"] == "0" and cuda["QWENQUANT_THREADS"] == "8" and "OMP_NUM_THREADS" not in cuda
 
 
-def test_rank_error_reports_the_first_failure(tmp_path: Path) -> None:
-    from qwenquant.quantize.engine.launch import error_file, rank_error
+def test_torchrun_args_one_host_no_restarts(tmp_path: Path) -> None:
+    from qwenquant.quantize.engine.launch import torchrun_args
 
-    e = rank_error(tmp_path, {1: -9}, 2)
+    assert torchrun_args(tmp_path, 2) == [
+        "--standalone", "--nproc-per-node", "2", "--max-restarts", "0", "--log-dir", str(tmp_path / "logs"),
+        "-m", "qwenquant.quantize.engine.worker", str(tmp_path)]
+
+
+def test_rank_error_reports_the_first_failure() -> None:
+    from qwenquant.quantize.engine.launch import failure_record, rank_error
+
+    e = rank_error({1: -9}, {}, 2)
     assert isinstance(e, StageError) and str(e) == "gptq rank 1 of 2 was killed by signal 9 without reporting an error"
     assert "resume" in (e.hint or "")
-    error_file(tmp_path, 0).write_text(json.dumps({"type": "RuntimeError", "message": "RuntimeError: peer closed",
-                                                   "hint": None, "at_ns": 20}))
-    error_file(tmp_path, 1).write_text(json.dumps({"type": "UsageError", "message": "bad thing", "hint": "do X",
-                                                   "at_ns": 10}))
-    e = rank_error(tmp_path, {0: 1, 1: 2}, 2)
+    # what torchelastic's error file holds (ProcessFailure.error_file_data) with the worker's report inside
+    peer = failure_record(1, {"message": {"message": "RuntimeError: peer closed", "extraInfo": {
+        "py_callstack": "...", "timestamp": "1", "qwenquant": {"type": "RuntimeError",
+                                                               "message": "RuntimeError: peer closed", "hint": None,
+                                                               "at_ns": 20}}}})
+    cause = failure_record(2, {"message": {"message": "UsageError: bad thing", "extraInfo": {
+        "qwenquant": {"type": "UsageError", "message": "bad thing", "hint": "do X", "at_ns": 10}}}})
+    assert failure_record(-9, {}) == {"exitcode": -9, "report": None}
+    reports = {0: peer["report"], 1: cause["report"]}
+    e = rank_error({0: 1, 1: 2}, reports, 2)
     assert isinstance(e, UsageError) and str(e) == "gptq rank 1 of 2: bad thing" and e.hint == "do X"
-    e = rank_error(tmp_path, {0: 1}, 2)
+    e = rank_error({0: 1}, reports, 2)
     assert type(e) is StageError and str(e) == "gptq rank 0 of 2: RuntimeError: peer closed"
     # a rank killed by a signal is the cause, not the connection error its peer reported after it
-    error_file(tmp_path, 1).unlink()
-    e = rank_error(tmp_path, {0: 1, 1: -9}, 2)
+    e = rank_error({0: 1, 1: -9}, {0: peer["report"]}, 2)
     assert type(e) is StageError and str(e) == "gptq rank 1 of 2 was killed by signal 9 without reporting an error"
-    e = rank_error(tmp_path, {0: 1, 1: 3}, 2)  # an exit code without a report: the report says more
+    # torchrun stopped rank 0 with SIGTERM after rank 1 was killed: rank 1 is the cause
+    e = rank_error({0: -15, 1: -9}, {}, 2)
+    assert str(e) == "gptq rank 1 of 2 was killed by signal 9 without reporting an error"
+    assert str(rank_error({0: -15}, {}, 2)) == "gptq rank 0 of 2 was killed by signal 15 without reporting an error"
+    e = rank_error({0: 1, 1: 3}, {0: peer["report"]}, 2)  # an exit code without a report: the report says more
     assert str(e) == "gptq rank 0 of 2: RuntimeError: peer closed"
 
 

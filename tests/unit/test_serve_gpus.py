@@ -13,7 +13,7 @@ import pytest
 from qwenquant.errors import QwenquantError, ServeError, UsageError
 from qwenquant.procenv import child_env, multicast_off
 from qwenquant.recipe import load_recipe
-from qwenquant.serve.argv import build_vllm_argv, extra_tp
+from qwenquant.serve.argv import build_vllm_argv, extra_pp, extra_tp
 from qwenquant.serve.gpus import check_tp_device, gpu_table, tp_gpu_bytes
 
 MANIFEST = {"recipe": {"artifact": {"layout": "text-only"}}}
@@ -41,6 +41,16 @@ def test_argv_adds_tensor_parallel_size():
     assert "--tensor-parallel-size" not in a and a[-2:] == ["-tp", "4"]
     assert extra_tp(["--max-model-len", "8", "--tensor-parallel-size=2"]) == 2 and extra_tp(["-tp", "4"]) == 4
     assert extra_tp(["--max-model-len", "8"]) is None
+
+
+def test_argv_adds_pipeline_parallel_size():
+    prof = load_recipe("w4a16-int4head").profile("single-user")
+    a = build_vllm_argv(Path("/art"), prof, MANIFEST, "cuda", pp=2)
+    assert a[a.index("--pipeline-parallel-size") + 1] == "2" and "--tensor-parallel-size" not in a
+    assert "--pipeline-parallel-size" not in build_vllm_argv(Path("/art"), prof, MANIFEST, "cuda", tp=2)
+    a = build_vllm_argv(Path("/art"), prof, MANIFEST, "cuda", ["-pp", "4"], pp=4)
+    assert "--pipeline-parallel-size" not in a and a[-2:] == ["-pp", "4"]
+    assert extra_pp(["--pipeline-parallel-size=2"]) == 2 and extra_pp(["-pp", "4"]) == 4 and extra_pp(["-tp", "2"]) is None
 
 
 def test_gpus_free_plans_for_the_smallest(tmp_path, monkeypatch):

@@ -5,7 +5,8 @@ A configuration is one string of options, as on the command line:
   "--profile single-user --gpu-mem 24GiB -- --speculative-config null"   vLLM flags after `--`
   "--url http://host:8000"                                 an already running server
   "--label mtp-off ..."                                    the name the report uses
-  "--gpus 2 --gpu-mem 24GiB"                               tensor parallelism over 2 GPUs (serve --gpus)
+  "--gpus 2 --gpu-mem 24GiB"                               2 GPUs, split as serve --gpus 2 splits them
+  "--gpus 2 --split pipeline"                              pipeline parallelism over 2 GPUs (serve --split)
 With --serve, each configuration gets its own server (on its own free port unless `-- --port N`
 is given); all of them stay up for the whole run so rounds can alternate between them.
 """
@@ -41,6 +42,7 @@ class ConfigSpec:
     gpu_mem: str | None = None
     extra: tuple[str, ...] = ()
     gpus: int | None = None  # None: the command line's --gpus (1 unless given)
+    split: str | None = None  # None: the command line's --split (from the GPUs' link unless given)
 
 
 def parse_config(text: str, default_label: str) -> ConfigSpec:
@@ -53,27 +55,32 @@ def parse_config(text: str, default_label: str) -> ConfigSpec:
     if "--" in words:
         i = words.index("--")
         words, extra = words[:i], words[i + 1:]
-    opts = {"--url": None, "--profile": None, "--gpu-mem": None, "--label": None, "--gpus": None}
+    opts = {"--url": None, "--profile": None, "--gpu-mem": None, "--label": None, "--gpus": None,
+            "--split": None}
     i = 0
     while i < len(words):
         name, eq, val = words[i].partition("=")
         if name not in opts:
             raise UsageError(f"unknown option {name!r} in the configuration {text!r}",
-                             hint="a configuration takes --url, --profile, --gpu-mem, --gpus, --label, then `-- vLLM flags`")
+                             hint="a configuration takes --url, --profile, --gpu-mem, --gpus, --split, --label, then "
+                                  "`-- vLLM flags`")
         if not eq:
             if i + 1 >= len(words):
                 raise UsageError(f"{name} needs a value in the configuration {text!r}", hint=f"write {name} VALUE")
             val, i = words[i + 1], i + 1
         opts[name] = val
         i += 1
-    if opts["--url"] and (opts["--profile"] or extra or opts["--gpu-mem"] or opts["--gpus"]):
+    if opts["--url"] and (opts["--profile"] or extra or opts["--gpu-mem"] or opts["--gpus"] or opts["--split"]):
         raise UsageError(f"the configuration {text!r} names a --url and serve options",
                          hint="a running server cannot be re-configured: give either --url or --profile")
     gpus = opts["--gpus"]
     if gpus is not None and (not gpus.isdigit() or int(gpus) < 1):
         raise UsageError(f"--gpus wants a GPU count in the configuration {text!r}, got {gpus!r}", hint="e.g. --gpus 2")
+    if opts["--split"] not in (None, "tensor", "pipeline"):
+        raise UsageError(f"unknown --split {opts['--split']!r} in the configuration {text!r}",
+                         hint="use tensor or pipeline")
     return ConfigSpec(opts["--label"] or default_label, text, opts["--url"], opts["--profile"], opts["--gpu-mem"],
-                      tuple(extra), int(gpus) if gpus else None)
+                      tuple(extra), int(gpus) if gpus else None, opts["--split"])
 
 
 def template_reads_thinking(artifact: Path) -> bool | None:
@@ -93,7 +100,7 @@ def template_reads_thinking(artifact: Path) -> bool | None:
 def config_request(base: ServeRequest, cfg: ConfigSpec, log_dir: Path | None) -> ServeRequest:
     """The serve request of one configuration: `base` (the command line's) with what `cfg` says."""
     return base.replace(profile=cfg.profile, gpu_mem=cfg.gpu_mem, gpu_mem_soft=base.gpu_mem_soft and bool(cfg.gpu_mem),
-                        extra=cfg.extra, gpus=cfg.gpus or base.gpus, label=cfg.label,
+                        extra=cfg.extra, gpus=cfg.gpus or base.gpus, split=cfg.split or base.split, label=cfg.label,
                         log_file=log_dir / f"server-{cfg.label}.log" if log_dir else None)
 
 

@@ -51,9 +51,9 @@ def configurations(req: Request) -> list[ConfigSpec]:
                              "its two strings", hint='e.g. --compare "--profile single-user" "--profile '
                                                      'single-user -- --speculative-config null"')
         pair = [parse_config(req.compare[0], "A"), parse_config(req.compare[1], "B")]
-        if base:  # --profile / --gpu-mem / --gpus outside the strings apply to both where they say nothing
+        if base:  # --profile / --gpu-mem / --gpus / --split outside the strings apply to both where they say nothing
             pair = [dataclasses.replace(c, profile=c.profile or base.profile, gpu_mem=c.gpu_mem or base.gpu_mem,
-                                        gpus=c.gpus or base.gpus) for c in pair]
+                                        gpus=c.gpus or base.gpus, split=c.split or base.split) for c in pair]
         if pair[0].label == pair[1].label:
             raise UsageError(f"both configurations are labelled {pair[0].label!r}", hint="give them different --label")
         return pair
@@ -66,8 +66,10 @@ def configurations(req: Request) -> list[ConfigSpec]:
     text = " ".join(filter(None, [f"--profile {base.profile}" if base.profile else "",
                                   f"--gpu-mem {base.gpu_mem}" if base.gpu_mem else "",
                                   f"--gpus {base.gpus}" if base.gpus > 1 else "",
+                                  f"--split {base.split}" if base.split else "",
                                   ("-- " + " ".join(base.extra)) if base.extra else ""]))
-    return [ConfigSpec("A", text, profile=base.profile, gpu_mem=base.gpu_mem, extra=base.extra, gpus=base.gpus)]
+    return [ConfigSpec("A", text, profile=base.profile, gpu_mem=base.gpu_mem, extra=base.extra, gpus=base.gpus,
+                       split=base.split)]
 
 
 @contextlib.contextmanager

@@ -14,6 +14,13 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
+class Split(str, Enum):
+    """How a model is split over several GPUs: vLLM tensor or pipeline parallelism."""
+
+    tensor = "tensor"
+    pipeline = "pipeline"
+
+
 class HessianPrecision(str, Enum):
     """How quantize accumulates GPTQ Hessians (recipe key quantization.hessian_precision)."""
 

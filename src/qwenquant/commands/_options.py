@@ -11,11 +11,11 @@ from typing import Annotated
 
 import typer
 
-from qwenquant.commands._app import Device
+from qwenquant.commands._app import Device, Split
 from qwenquant.serve.request import DEFAULT_TIMEOUT
 
 __all__ = ["DEFAULT_TIMEOUT", "PANEL", "ApiKey", "GpuMem", "GpuMemSoft", "Gpus", "Profiles", "ServeArtifact", "ServeDevice",
-           "Timeout", "Vllm"]
+           "ServeSplit", "Timeout", "Vllm"]
 
 PANEL = "Server (serve; bench and eval with --serve)"
 
@@ -34,7 +34,12 @@ GpuMemSoft = Annotated[bool, typer.Option(
                            "GPU).", rich_help_panel=PANEL)]
 Gpus = Annotated[int, typer.Option(
     "--gpus", "--tensor-parallel-size", min=1,
-    help="GPUs to split the model over (vLLM tensor parallelism); each must be free.", rich_help_panel=PANEL)]
+    help="GPUs to split the model over (see --split); each must be free.", rich_help_panel=PANEL)]
+ServeSplit = Annotated[Split | None, typer.Option(
+    "--split", help="With --gpus N: tensor (vLLM tensor parallelism: every layer over all GPUs) or pipeline "
+                    "(--pipeline-parallel-size: each GPU a run of whole layers). Default: tensor when the GPUs share "
+                    "NVLink or peer-to-peer PCIe (nvidia-smi topo), else pipeline; the choice and its reason are "
+                    "printed.", rich_help_panel=PANEL, show_default=False)]
 Vllm = Annotated[str | None, typer.Option(
     "--vllm", help="vLLM to run: a python, a vllm executable or qwenquant-vllm.json.", rich_help_panel=PANEL)]
 ServeDevice = Annotated[Device | None, typer.Option(

@@ -17,6 +17,7 @@ from qwenquant.commands._options import (
     Profiles,
     ServeArtifact,
     ServeDevice,
+    ServeSplit,
     Timeout,
     Vllm,
 )
@@ -37,6 +38,7 @@ def bench(
     gpu_mem: GpuMem = None,
     gpu_mem_soft: GpuMemSoft = False,
     gpus: Gpus = 1,
+    split: ServeSplit = None,
     compare: tuple[str, str] | None = typer.Option(None, "--compare", help="Two configurations A B, run in rounds."),
     prompts: str = typer.Option("narrative,code,quote", help="Prompts to send (comma-separated)."),
     sampling: str = typer.Option("greedy,sampled", help="Sampling presets (comma-separated)."),
@@ -98,6 +100,7 @@ def bench(
     url, words = _split_args(args, serve)
     served = ServeRequest.from_options(serve, profile or [], words, api_key=api_key, vllm=vllm, timeout=timeout,
                                        device=device.value if device else None, gpus=gpus,
+                                       split=split.value if split else None,
                                        gpu_mem=gpu_mem, gpu_mem_soft=gpu_mem_soft) if serve else None
     opts = Options(prompts=prompts.split(","), samplings=sampling.split(","), thinking=thinking, max_tokens=max_tokens,
                    repeats=repeats, rounds=rounds, max_concurrency=max_concurrency, ignore_eos=ignore_eos)

@@ -18,6 +18,7 @@ from qwenquant.commands._options import (
     Gpus,
     Profiles,
     ServeArtifact,
+    ServeSplit,
     Timeout,
     Vllm,
 )
@@ -45,6 +46,7 @@ def eval_cmd(
     gpu_mem: GpuMem = None,
     gpu_mem_soft: GpuMemSoft = False,
     gpus: Gpus = 1,
+    split: ServeSplit = None,
     vllm: Vllm = None,
     timeout: Timeout = DEFAULT_TIMEOUT,
     api_key: ApiKey = None,
@@ -92,6 +94,7 @@ def eval_cmd(
             raise UsageError(f"give an ARTIFACT ({words[0]}) or --serve ARTIFACT, not both", hint="vLLM flags go after --")
         _serve_and_gate(ServeRequest.from_options(serve, profile or [], words, gpu_mem=gpu_mem,
                                                   gpu_mem_soft=gpu_mem_soft, gpus=gpus, vllm=vllm,
+                                                  split=split.value if split else None,
                                                   device=dev, timeout=timeout, api_key=api_key), gate_opts)
         return
     if served is not None:

@@ -15,6 +15,7 @@ from qwenquant.commands._options import (
     Gpus,
     Profiles,
     ServeDevice,
+    ServeSplit,
     Timeout,
     Vllm,
 )
@@ -35,6 +36,7 @@ def serve(
     device: ServeDevice = None,
     log_file: Path | None = typer.Option(None, help="Server log (default: ARTIFACT.work/serve/ when quantize left that folder, else a temp folder; never in the artifact)."),
     gpus: Gpus = 1,
+    split: ServeSplit = None,
     gpu_mem: GpuMem = None,
     gpu_mem_soft: GpuMemSoft = False,
     public_key: Path | None = typer.Option(None, "--require-signature", metavar="PUBLIC_KEY",
@@ -53,7 +55,9 @@ def serve(
 
       qwenquant serve artifacts/q27b --profile single-user --dry-run
 
-      qwenquant serve artifacts/q27b --gpus 2 --gpu-mem 24GiB   # two 24 GB cards, tensor parallel
+      qwenquant serve artifacts/q27b --gpus 2 --gpu-mem 24GiB   # two 24 GB cards, split by their link
+
+      qwenquant serve artifacts/q27b --gpus 2 --split pipeline --dry-run   # the argv, a stage per card
 
       qwenquant serve artifacts/q27b --profile single-user --gpu-mem 24GiB   # a 24 GB card on a bigger GPU
 
@@ -69,6 +73,7 @@ def serve(
     req = ServeRequest.from_options(
         artifact, profile or [], extra or [], port=port, host=host, api_key=api_key,
         served_model_name=served_model_name, vllm=vllm, dry_run=dry_run, timeout=timeout,
-        device=device.value if device else None, log_file=log_file, gpus=gpus, gpu_mem=gpu_mem,
+        device=device.value if device else None, log_file=log_file, gpus=gpus,
+        split=split.value if split else None, gpu_mem=gpu_mem,
         gpu_mem_soft=gpu_mem_soft, public_key=public_key, signature=signature)
     return run_serve(req)

@@ -6,12 +6,13 @@ safetensors headers; starts nothing and asks no GPU (the caller gives the memory
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qwenquant.errors import ServeError
 from qwenquant.manifest import MANIFEST_NAME, load_manifest
+from qwenquant.plan import pipeline
 from qwenquant.plan.budget import Budget, make_budget
 from qwenquant.plan.settings import artifact_layout, cache_settings, decide, recipe_from_manifest
 from qwenquant.plan.weights import (
@@ -32,8 +33,10 @@ class PlanResult:
     shape: ModelShape
     weights: WeightBreakdown
     include_vision: bool
-    budgets: dict[str, Budget]
+    budgets: dict[str, Budget]  # under pipeline parallelism: the stage that limits each profile
     source: str
+    stages: dict[str, list[Budget]] = field(default_factory=dict)  # pipeline parallelism: one per stage
+    stage_weights: list[WeightBreakdown] = field(default_factory=list)
 
 
 def profile_budget(shape: ModelShape, weights: WeightBreakdown, profile: ResolvedProfile, device: str,
@@ -47,31 +50,57 @@ def profile_budget(shape: ModelShape, weights: WeightBreakdown, profile: Resolve
         enforce_eager=d.enforce_eager, include_vision=include_vision, tp=tp)
 
 
+def profile_stages(shape: ModelShape, weights: list[WeightBreakdown], profile: ResolvedProfile, device: str,
+                   layout: str, ranges: list[tuple[int, int]], *, total_bytes: int,
+                   include_vision: bool) -> list[Budget]:
+    """One profile's budget on each pipeline stage's GPU (plan.pipeline)."""
+    d = decide(profile, device, layout)
+    return pipeline.stage_budgets(
+        shape, weights, cache_settings(profile, device, layout), ranges, device=device, total_bytes=total_bytes,
+        utilization=profile.gpu_memory_utilization, max_model_len=profile.max_model_len,
+        max_num_seqs=profile.max_num_seqs, max_num_batched_tokens=d.max_num_batched_tokens,
+        enforce_eager=d.enforce_eager, include_vision=include_vision)
+
+
 def artifact_budget(artifact: Path, manifest: Any, profile: ResolvedProfile, device: str, *,
-                    total_bytes: int, tp: int = 1) -> Budget:
+                    total_bytes: int, tp: int = 1, pp: int = 1, partition: str | None = None) -> Budget:
     """The memory plan for an artifact on a device with `total_bytes` (GPU memory or CPU KV space),
-    per GPU under tensor parallelism of size `tp`."""
+    per GPU under tensor parallelism of size `tp`; under pipeline parallelism of size `pp`, the
+    stage that limits (`partition`: a VLLM_PP_LAYER_PARTITION value)."""
     config = json.loads((artifact / "config.json").read_text())
     files = [f.path for f in getattr(manifest, "files", ())] or None
     shape = model_shape(config)
-    weights = weights_from_tensors(artifact_tensor_bytes(artifact, files), shape, tp)
     layout = artifact_layout(manifest)
+    vision = not decide(profile, device, layout).language_model_only
+    if pp > 1:
+        ranges = pipeline.stage_ranges(len(shape.layer_types), pp, partition)
+        weights = pipeline.stage_weights_from_tensors(artifact_tensor_bytes(artifact, files), ranges)
+        return pipeline.binding(profile_stages(shape, weights, profile, device, layout, ranges,
+                                               total_bytes=total_bytes, include_vision=vision))
+    weights = weights_from_tensors(artifact_tensor_bytes(artifact, files), shape, tp)
     return profile_budget(shape, weights, profile, device, layout, total_bytes=total_bytes,
-                          include_vision=not decide(profile, device, layout).language_model_only, tp=tp)
+                          include_vision=vision, tp=tp)
 
 
 def make_plan(target: Path, gpu_bytes: int, *, recipe_name: str | None = None,
-              profiles: list[str] | None = None, device: str = "cuda", tp: int = 1) -> PlanResult:
+              profiles: list[str] | None = None, device: str = "cuda", tp: int = 1, pp: int = 1,
+              partition: str | None = None) -> PlanResult:
     """Budgets for each profile; `target` is an artifact folder, a config.json, or a folder with one.
-    With `tp` > 1 (vLLM tensor parallelism over `tp` GPUs of `gpu_bytes` each) every figure is per GPU."""
+    With `tp` > 1 (vLLM tensor parallelism over `tp` GPUs of `gpu_bytes` each) every figure is per GPU;
+    with `pp` > 1 (pipeline parallelism over `pp` GPUs) each stage's GPU has its own budget
+    (`stages`; `partition`: a VLLM_PP_LAYER_PARTITION value)."""
     target = Path(target)
     manifest = None
+    stage_weights: list[WeightBreakdown] = []
     if target.is_dir() and (target / MANIFEST_NAME).exists() and recipe_name is None:
         manifest = load_manifest(target)
         recipe = recipe_from_manifest(manifest)
         config = json.loads((target / "config.json").read_text())
         tensors = artifact_tensor_bytes(target, [f.path for f in manifest.files])
         weights = weights_from_tensors(tensors, tp_shape(config, tp), tp)
+        if pp > 1:
+            ranges = pipeline.stage_ranges(len(tp_shape(config, 1, pp).layer_types), pp, partition)
+            stage_weights = pipeline.stage_weights_from_tensors(tensors, ranges)
         source = f"artifact {target}"
     else:
         cfg_path = target / "config.json" if target.is_dir() else target
@@ -80,15 +109,26 @@ def make_plan(target: Path, gpu_bytes: int, *, recipe_name: str | None = None,
         except (OSError, ValueError) as e:
             raise ServeError(f"cannot read {cfg_path}: {e}", hint="pass an artifact folder or a config.json") from None
         recipe = load_recipe(recipe_name or "w4a16-int4head")
-        weights = weights_from_config(tp_shape(config, tp), QuantSettings.from_recipe(recipe.canonical()), tp=tp)
+        quant = QuantSettings.from_recipe(recipe.canonical())
+        weights = weights_from_config(tp_shape(config, tp), quant, tp=tp)
+        if pp > 1:
+            shape = tp_shape(config, 1, pp)
+            ranges = pipeline.stage_ranges(len(shape.layer_types), pp, partition)
+            stage_weights = pipeline.stage_weights_from_config(shape, quant, ranges)
         source = f"config {cfg_path} + recipe {recipe.name}"
     shape = model_shape(config)
     layout = artifact_layout(manifest) if manifest else recipe.artifact.layout
     budgets = {}
+    stages: dict[str, list[Budget]] = {}
     include_vision = False
     for name in profiles or sorted(recipe.serve.profiles):
         prof = recipe.profile(name)
         include_vision = manifest is not None and not decide(prof, device, layout).language_model_only
-        budgets[name] = profile_budget(shape, weights, prof, device, layout, total_bytes=gpu_bytes,
-                                       include_vision=include_vision, tp=tp)
-    return PlanResult(shape, weights, include_vision, budgets, source)
+        if pp > 1:
+            stages[name] = profile_stages(shape, stage_weights, prof, device, layout, ranges, total_bytes=gpu_bytes,
+                                          include_vision=include_vision)
+            budgets[name] = pipeline.binding(stages[name])
+        else:
+            budgets[name] = profile_budget(shape, weights, prof, device, layout, total_bytes=gpu_bytes,
+                                           include_vision=include_vision, tp=tp)
+    return PlanResult(shape, weights, include_vision, budgets, source, stages, stage_weights)

@@ -166,10 +166,12 @@ def cache_model(s: ModelShape, c: CacheSettings, tp: int = 1) -> CacheModel:
     )
 
 
-def activation_bytes(s: ModelShape, max_num_batched_tokens: int, tp: int = 1) -> int:
+def activation_bytes(s: ModelShape, max_num_batched_tokens: int, tp: int = 1, logits: bool = True) -> int:
     """Peak activation per GPU: fp32 logits over the whole vocabulary (all-gathered under tensor
-    parallelism) + this GPU's share of the MLP gate/up output (bf16)."""
-    return max_num_batched_tokens * s.vocab * 4 + max_num_batched_tokens * 2 * (s.intermediate // tp) * 2
+    parallelism; only on the GPU that holds the lm_head, `logits`) + this GPU's share of the MLP
+    gate/up output (bf16)."""
+    mlp = max_num_batched_tokens * 2 * (s.intermediate // tp) * 2
+    return (max_num_batched_tokens * s.vocab * 4 if logits else 0) + mlp
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,9 @@ class Budget:
     max_num_seqs: int
     max_num_batched_tokens: int
     tp: int = 1  # tensor-parallel size: every figure is per GPU
+    pp: int = 1  # pipeline-parallel size: this budget is one stage's GPU
+    stage: int = 0  # which pipeline stage (0 first)
+    layers: tuple[int, int] = (0, 0)  # the decoder layers [start, end) the stage holds (pp > 1)
 
     @property
     def budget_bytes(self) -> int:

@@ -49,18 +49,21 @@ def first_reason(b: Budget) -> str:
 
 def budget_lines(name: str, b: Budget, s: ModelShape) -> list[str]:
     c = b.cache
-    mtp = c.n_attn_layers - s.n_full
+    full = sum(t == "full_attention" for t in s.layer_types[b.layers[0]:b.layers[1]]) if b.pp > 1 else s.n_full
+    mtp = c.n_attn_layers - full
     lines = [f"profile {name}: max-model-len {b.max_model_len}, max-num-seqs {b.max_num_seqs}, "
              f"max-num-batched-tokens {b.max_num_batched_tokens}, device {b.device}"
-             + (f", tensor parallel {b.tp} (per GPU)" if b.tp > 1 else "")]
+             + (f", tensor parallel {b.tp} (per GPU)" if b.tp > 1 else "")
+             + (f", {stage_name(b)}" if b.pp > 1 else "")]
     lines.append(_row("KV cache per token", c.kv_bytes_per_token,
-                      f"{c.n_attn_layers} layers ({s.n_full} full-attention + {mtp} MTP) x "
+                      f"{c.n_attn_layers} layers ({full} full-attention + {mtp} MTP) x "
                       f"{c.kv_bytes_per_token_layer:,} B"))
     lines.append(_row("GDN state per sequence", c.gdn_state_bytes_per_seq,
                       f"{c.n_linear_layers} layers x ({c.conv_state_bytes:,} conv + {c.ssm_state_bytes:,} ssm) B "
                       f"x {c.slots_per_seq} slots"))
     lines.append(f"  paging: {c.block_tokens}-token blocks, {c.page_bytes:,} B pages, {c.attn_groups} attention + "
-                 f"{c.gdn_groups} GDN groups of {c.group_size} layers")
+                 f"{c.gdn_groups} GDN groups of {c.group_size} layers"
+                 + (" of this stage (the most it holds in one group)" if b.pp > 1 else ""))
     lines.append(_row("one max-model-len sequence (paged)", b.seq_bytes))
     if b.device == "cuda":
         note = "  MTP head not loaded: this profile does not draft" if s.mtp_layers and not mtp else ""
@@ -87,6 +90,28 @@ def budget_lines(name: str, b: Budget, s: ModelShape) -> list[str]:
     if f is not None:
         lines += fill_lines(b, f)
     return lines
+
+
+def stage_name(b: Budget) -> str:
+    return f"pipeline stage {b.stage} of {b.pp} (decoder layers {b.layers[0]}-{b.layers[1] - 1})"
+
+
+def pipeline_lines(name: str, stages: list[Budget], s: ModelShape) -> list[str]:
+    """What a pipeline-parallel server gets: vLLM gives every stage the block count of the stage
+    with the fewest, so the smallest stage's figures are the server's."""
+    from qwenquant.plan.pipeline import binding
+
+    b = binding(stages)
+    head = f"profile {name} over {b.pp} pipeline stages: "
+    if not b.fits:
+        return [head + f"DOES NOT FIT on {stage_name(b)}: {first_reason(b)}"]
+    line = (head + f"fits on every stage; {stage_name(b)} has the fewest cache blocks, so {b.concurrency} "
+            f"full-length sequence(s) at once and a largest max-model-len of {nice_len(b.largest_len(1)):,}")
+    fills = [f for f in (fill(x, s) for x in stages) if f is not None]
+    if fills:
+        line += (f"; largest single prompt that fills {min(f.largest_prompt for f in fills):,} tokens, largest burst "
+                 f"{min(f.largest_burst for f in fills)} new prompt(s) in one step")
+    return [line]
 
 
 def fill_lines(b: Budget, f: Fill) -> list[str]:
@@ -121,4 +146,6 @@ def budget_dict(b: Budget, s: ModelShape | None = None) -> dict[str, Any]:
         "max_model_len": b.max_model_len, "max_num_seqs": b.max_num_seqs, "fits": b.fits,
         "concurrency": b.concurrency, "largest_len_1": b.largest_len(1),
         "largest_len_all": b.largest_len(b.max_num_seqs), "tensor_parallel_size": b.tp,
+        "pipeline_parallel_size": b.pp, "stage": b.stage,
+        "layers": list(b.layers) if b.pp > 1 else None,
     }

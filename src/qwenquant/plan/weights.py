@@ -269,12 +269,23 @@ def tp_problem(s: ModelShape, tp: int) -> str | None:
     return f"tensor-parallel size {tp} does not divide {', '.join(bad)}" if bad else None
 
 
-def tp_shape(config: Mapping[str, Any], tp: int) -> ModelShape:
-    """The model shape of `config`; a UsageError when vLLM cannot split it over `tp` GPUs."""
+def pp_problem(s: ModelShape, pp: int) -> str | None:
+    """Why vLLM could not run this model in `pp` pipeline stages, or None."""
+    if pp < 1:
+        return f"pipeline-parallel size must be at least 1, got {pp}"
+    if pp > len(s.layer_types):
+        return f"pipeline-parallel size {pp} is more than the model's {len(s.layer_types)} decoder layers"
+    return None
+
+
+def tp_shape(config: Mapping[str, Any], tp: int, pp: int = 1) -> ModelShape:
+    """The model shape of `config`; a UsageError when vLLM cannot split it over `tp` GPUs under
+    tensor parallelism or into `pp` pipeline stages."""
     shape = model_shape(config)
-    problem = tp_problem(shape, tp)
-    if problem:
-        raise UsageError(problem, hint="pass a --gpus count that divides each number named")
+    for problem, hint in ((tp_problem(shape, tp), "pass a --gpus count that divides each number named"),
+                          (pp_problem(shape, pp), "pass a --gpus count no larger than the number of decoder layers")):
+        if problem:
+            raise UsageError(problem, hint=hint)
     return shape
 
 
@@ -297,6 +308,19 @@ def weights_from_config(s: ModelShape, q: QuantSettings, dtype_bytes: int = 2, t
     """Weight bytes the recipe would produce from a config (vision not counted: text-only), per GPU
     under tensor parallelism of size `tp`."""
     out = dict.fromkeys(COMPONENTS, 0)
+    for name, comp, n in config_tensor_bytes(s, q, dtype_bytes):
+        out[comp] += tp_bytes(name, n, s, tp)
+    return WeightBreakdown(out, q.lm_head_bits is not None, "config", CONFIG_NOTES)
+
+
+CONFIG_NOTES = ("vision tower not counted (text-only layout / --language-model-only)",
+                "per-Linear weight_shape tensors (16 B each) not counted")
+
+
+def config_tensor_bytes(s: ModelShape, q: QuantSettings, dtype_bytes: int = 2) -> list[tuple[str, str, int]]:
+    """(HF tensor name, component, bytes) of every text + MTP tensor the recipe would produce
+    (a quantized Linear counts its packed weight and scales under its `.weight` name)."""
+    out = []
     for t in config_tensors(s):
         comp = component_of(t.name)
         numel = 1
@@ -311,10 +335,8 @@ def weights_from_config(s: ModelShape, q: QuantSettings, dtype_bytes: int = 2, t
             n = quantized_linear_bytes(*t.shape, q.num_bits, q.group_size)
         else:
             n = numel * dtype_bytes
-        out[comp] += tp_bytes(t.name, n, s, tp)
-    notes = ("vision tower not counted (text-only layout / --language-model-only)",
-             "per-Linear weight_shape tensors (16 B each) not counted")
-    return WeightBreakdown(out, q.lm_head_bits is not None, "config", notes)
+        out.append((t.name, comp, n))
+    return out
 
 
 def weights_from_tensors(tensor_bytes: Mapping[str, int], s: ModelShape | None = None,

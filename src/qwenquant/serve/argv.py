@@ -60,17 +60,19 @@ def _extra_flags(extra: Sequence[str]) -> set[str]:
     names = {_flag_name(a) for a in extra if a.startswith("--")}
     # `--no-enable-x` and `--enable-x` override each other
     names |= {"--" + n[5:] for n in names if n.startswith("--no-")} | {"--no-" + n[2:] for n in names}
-    if any(_flag_name(a) == "-tp" for a in extra):  # vLLM's short name
+    if any(_flag_name(a) == "-tp" for a in extra):  # vLLM's short names
         names.add("--tensor-parallel-size")
+    if any(_flag_name(a) == "-pp" for a in extra):
+        names.add("--pipeline-parallel-size")
     return names
 
 
 def build_vllm_argv(
     artifact_dir: Path, profile: ResolvedProfile, manifest: Any, device: str, extra: Sequence[str] = (),
-    *, api_key: str | None = None, tp: int = 1, frontend: Frontend | None = None,
+    *, api_key: str | None = None, tp: int = 1, pp: int = 1, frontend: Frontend | None = None,
 ) -> list[str]:
     """vLLM arguments for serving `artifact_dir` with `profile` on `device` ("cuda" | "cpu"), over
-    `tp` GPUs under tensor parallelism.
+    `tp` GPUs under tensor parallelism and `pp` pipeline stages.
 
     Flags in `extra` (after `--` on the command line) replace the same flag from the profile.
     """
@@ -85,6 +87,8 @@ def build_vllm_argv(
         a += ["--gpu-memory-utilization", f"{profile.gpu_memory_utilization:g}"]
     if tp > 1:
         a += ["--tensor-parallel-size", str(tp)]
+    if pp > 1:
+        a += ["--pipeline-parallel-size", str(pp)]
     a += ["--kv-cache-dtype", profile.kv_cache_dtype, "--mamba-ssm-cache-dtype", profile.mamba_ssm_cache_dtype]
     if d.mamba_cache_mode:
         a += ["--mamba-cache-mode", d.mamba_cache_mode]
@@ -134,10 +138,19 @@ def tool_flags(profile: ResolvedProfile, fe: Frontend) -> tuple[list[str], list[
 def extra_tp(extra: Sequence[str]) -> int | None:
     """The tensor-parallel size `--tensor-parallel-size N` / `-tp N` in `extra` asks for (the last
     one, as vLLM's parser takes it), or None."""
+    return _extra_size(extra, ("--tensor-parallel-size", "-tp"))
+
+
+def extra_pp(extra: Sequence[str]) -> int | None:
+    """The pipeline-parallel size `--pipeline-parallel-size N` / `-pp N` in `extra` asks for, or None."""
+    return _extra_size(extra, ("--pipeline-parallel-size", "-pp"))
+
+
+def _extra_size(extra: Sequence[str], names: tuple[str, str]) -> int | None:
     size = None
     for i, a in enumerate(extra):
         name, _, val = a.partition("=")
-        if name in ("--tensor-parallel-size", "-tp"):
+        if name in names:
             val = val or (extra[i + 1] if i + 1 < len(extra) else "")
             try:
                 size = int(val)

@@ -59,6 +59,7 @@ def launched(req: ServeRequest) -> Iterator[Launched]:
     info = {"artifact": str(req.artifact), "artifact_root_digest": load_manifest(req.artifact).root_digest,
             "profile": req.profile_name, "gpu_mem": req.gpu_mem,
             "gpu_mem_limit": ("hard" if req.hard_limit else "soft") if req.gpu_mem else None, "gpus": req.gpus,
+            "split": p.split.kind if p.split and p.split.gpus > 1 else None,
             "extra_vllm_flags": list(req.extra), "device": p.device,
             "vllm_version_installed": p.install.version if p.install else None, "command": command,
             "server_log": str(spec.log_path)}

@@ -26,7 +26,8 @@ from qwenquant.net.ports import port_problem
 from qwenquant.plan import budget as budgetmod
 from qwenquant.plan.artifact import artifact_budget
 from qwenquant.plan.gpumem import apply_gpu_mem, ballast_note
-from qwenquant.plan.report import fill_lines
+from qwenquant.plan.pipeline import PARTITION_ENV
+from qwenquant.plan.report import fill_lines, stage_name
 from qwenquant.plan.settings import recipe_from_manifest
 from qwenquant.plan.transient import fill
 from qwenquant.plan.weights import model_shape, tp_shape
@@ -47,6 +48,7 @@ from qwenquant.serve.discover import (
 )
 from qwenquant.serve.gpus import check_tp_device, gpu_table, tp_gpu_bytes, used_gpus
 from qwenquant.serve.request import ServeRequest
+from qwenquant.serve.topology import TENSOR, Split, choose_split, read_topology
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,7 @@ class Prepared:
     failures: list[QwenquantError] = field(default_factory=list)  # dry run: every check that failed
     notes: list[str] = field(default_factory=list)  # how decided figures were reached (--gpu-mem)
     ballast: tuple[str, ...] = ()  # the hard --gpu-mem's ballast argv, started before the server
+    split: Split | None = None  # over several GPUs: tensor or pipeline parallelism, and why
 
     @property
     def command(self) -> list[str]:
@@ -171,7 +174,7 @@ def served_name(artifact: Path, config: dict[str, Any], recipe_name: str) -> str
 
 
 def prepare(req: ServeRequest) -> Prepared:
-    """Run every preflight check and decide the command (over `req.gpus` GPUs under tensor parallelism).
+    """Run every preflight check and decide the command (over `req.gpus` GPUs, split as `decide_split` says).
     A dry run records failed checks in `failures` and goes on (only an unreadable manifest stops
     it: the command comes from it)."""
     from qwenquant.manifest import load_manifest
@@ -205,25 +208,54 @@ def prepare(req: ServeRequest) -> Prepared:
             notes.append(cpu_path.line())
     checks.run(_check_spec_tokens, profile, install)
     checks.run(_check_context, artifact, profile)
-    tp = argvmod.extra_tp(extra) or req.gpus
-    checks.run(_check_tp, dev, tp, config)
+    split = checks.run(decide_split, req, dev, extra) or Split.of(TENSOR, req.gpus, "")
+    if split.gpus > 1:
+        notes.append(split.line())
+    checks.run(_check_split, dev, split, config, warnings)
+    tp, pp = split.tp, split.pp
+    if pp > 1 and profile.speculative and profile.speculative.num_speculative_tokens:
+        warnings.append("pipeline parallelism with the MTP drafter: vLLM builds the drafter on the last stage only, "
+                        "and vLLM 0.32's model runner reads it on every stage ('... has no attribute drafter' at "
+                        "start, docs/known-issues.md#pipeline-parallel-vllm-cpu); if it fails so, serve without "
+                        "MTP (-- --speculative-config null) or with --split tensor")
     # the emulated card's share goes into the profile, so the argv and the budget below both use it
     profile = checks.run(lambda: apply_gpu_mem(profile, req.gpu_mem_bytes, dev, extra, lambda: gpu_memory()[0],
                                                notes, dry_run=req.dry_run, soft=req.gpu_mem_soft)) or profile
-    ballast = checks.run(_ballast, req, dev, tp, notes) or ()
+    ballast = checks.run(_ballast, req, dev, split.gpus, notes) or ()
     extra = device_extra(dev, extra, warnings)
     fe = frontend(install) if install else Frontend(None, None, None)
     warnings += argvmod.tool_flags(profile, fe)[1]
-    args = argvmod.build_vllm_argv(artifact, profile, manifest, dev, extra, api_key=req.api_key, tp=tp, frontend=fe)
+    args = argvmod.build_vllm_argv(artifact, profile, manifest, dev, extra, api_key=req.api_key, tp=tp, pp=pp,
+                                   frontend=fe)
     env_add = {**multicast_off(os.environ), **argvmod.build_vllm_env(dev, os.environ)}
     env_add.update(cpu_env or {})
     if dev == "cpu" and profile.speculative:
         warnings.append("MTP on CPU: sample greedily (temperature 0); temperature > 0 under speculative decoding "
                         "reads uninitialised temperatures in vLLM's CPU sampler (vLLM #55005)")
     checks.run(_check_port, profile)
-    budget = checks.run(_budget, artifact, manifest, profile, dev, env_add, warnings, tp)
+    budget = checks.run(_budget, artifact, manifest, profile, dev, env_add, warnings, tp, pp)
     return Prepared(artifact, profile, install, dev, args, env_add, budget, warnings, checks.failures, notes,
-                    ballast)
+                    ballast, split)
+
+
+def decide_split(req: ServeRequest, dev: str, extra: Sequence[str]) -> Split:
+    """How the model is split over `req.gpus` GPUs: the vLLM flags after -- first, then --split,
+    else from the GPUs' link (serve/topology.py: NVLink or peer-to-peer -> tensor, else pipeline)."""
+    tp, pp = argvmod.extra_tp(extra), argvmod.extra_pp(extra)
+    if tp or pp:
+        return Split(tp or 1, pp or 1, "the vLLM flags after --")
+    if req.gpus == 1:
+        return Split(1, 1, "one GPU")
+    if req.split:
+        return Split.of(req.split, req.gpus, f"--split {req.split}")
+    if dev != "cuda":
+        return Split.of(TENSOR, req.gpus, f"{dev}: no GPU link to read")
+    try:
+        ids = [g.index for g in used_gpus(gpu_table(), req.gpus, os.environ)]
+    except ServeError:  # the budget check names the GPUs' problem; here only the link is asked
+        ids = [str(i) for i in range(req.gpus)]
+    links, p2p = read_topology()
+    return choose_split(ids, links, p2p)
 
 
 def _ballast(req: ServeRequest, dev: str, tp: int, notes: list[str]) -> tuple[str, ...]:
@@ -303,15 +335,18 @@ def _check_context(artifact: Path, profile: ResolvedProfile) -> None:
                          hint=f"pass `-- --max-model-len {limit}` (or less)")
 
 
-def _check_tp(dev: str, tp: int, config: dict[str, Any]) -> None:
-    check_tp_device(dev, tp)
-    tp_shape(config, tp)
+def _check_split(dev: str, split: Split, config: dict[str, Any], warnings: list[str]) -> None:
+    check_tp_device(dev, split.tp)
+    tp_shape(config, split.tp, split.pp)
+    if split.tp > 1 and split.pp > 1:
+        warnings.append(f"tensor {split.tp} x pipeline {split.pp}: the memory plan counts each pipeline stage on "
+                        "a whole GPU (an upper bound per GPU)")
 
 
 def _budget(artifact: Path, manifest: Any, profile: ResolvedProfile, dev: str, env_add: dict[str, str],
-            warnings: list[str], tp: int = 1) -> budgetmod.Budget:
-    if dev == "cuda" and tp > 1:  # every GPU it will use must be free; plan for the smallest
-        total = tp_gpu_bytes(tp, profile.gpu_memory_utilization, os.environ)
+            warnings: list[str], tp: int = 1, pp: int = 1) -> budgetmod.Budget:
+    if dev == "cuda" and tp * pp > 1:  # every GPU it will use must be free; plan for the smallest
+        total = tp_gpu_bytes(tp * pp, profile.gpu_memory_utilization, os.environ)
     elif dev == "cuda":
         total, free = gpu_memory()
         want = int(total * profile.gpu_memory_utilization)
@@ -324,12 +359,14 @@ def _budget(artifact: Path, manifest: Any, profile: ResolvedProfile, dev: str, e
     else:
         space = env_add.get("VLLM_CPU_KVCACHE_SPACE") or os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
         total = int(float(space) * budgetmod.GiB)
-    budget = artifact_budget(artifact, manifest, profile, dev, total_bytes=total, tp=tp)
+    budget = artifact_budget(artifact, manifest, profile, dev, total_bytes=total, tp=tp if pp == 1 else 1, pp=pp,
+                             partition=os.environ.get(PARTITION_ENV))
+    where = f" on {stage_name(budget)}" if pp > 1 else ""
     if not budget.fits:
-        raise ServeError("the memory budget does not fit: " + budget.shortfall_message(),
+        raise ServeError(f"the memory budget does not fit{where}: " + budget.shortfall_message(),
                          hint="`qwenquant plan` shows the whole budget; pass the lowered setting after --")
     if not budget.fits_all_seqs:
-        warnings.append(budget.concurrency_message())
+        warnings.append(budget.concurrency_message() + where)
     f = fill(budget, model_shape(json.loads((artifact / "config.json").read_text())))
     if f is not None and not f.holds:
         warnings.append("the context boots but may not fill: " + fill_lines(budget, f)[-1].strip().removeprefix(

@@ -36,7 +36,8 @@ class ServeRequest:
     device: str | None = None  # None: what the vLLM build targets
     timeout: float = DEFAULT_TIMEOUT  # seconds to become ready
     log_file: Path | None = None  # None: serve/preflight.py default_log_path
-    gpus: int = 1  # tensor parallelism
+    gpus: int = 1  # GPUs to split the model over
+    split: str | None = None  # tensor | pipeline; None: from the GPUs' link (serve/topology.py)
     gpu_mem: str | None = None  # as given ("24GiB"): the card to behave as
     gpu_mem_soft: bool = False  # --gpu-mem as vLLM's budget only, without the ballast's hard limit
     ballast_reserve: int = 0  # bytes the ballast also leaves free: for the servers a bench run starts after this
@@ -51,6 +52,8 @@ class ServeRequest:
             raise UsageError(f"unknown --device {self.device!r}", hint="use cuda or cpu")
         if self.gpus < 1:
             raise UsageError(f"--gpus wants a GPU count of 1 or more, got {self.gpus}", hint="e.g. --gpus 2")
+        if self.split not in (None, "tensor", "pipeline"):
+            raise UsageError(f"unknown --split {self.split!r}", hint="use tensor or pipeline")
         from qwenquant.plan.gpumem import parse_size, refuse_share_conflict
 
         if self.gpu_mem_soft and not self.gpu_mem:

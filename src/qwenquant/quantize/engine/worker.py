@@ -1,10 +1,11 @@
-"""One rank of an N-process gptq job: `python -m qwenquant.quantize.engine.worker JOB_DIR` (engine/launch.py
-starts it; not a user command).
+"""One rank of an N-process gptq job: `python -m qwenquant.quantize.engine.worker JOB_DIR`, started by
+torch.distributed.run (engine/launch.py; not a user command).
 
 Reads JOB_DIR/job.json, joins the job (engine/dist.py), runs the layer loop on its share of the
 calibration samples (engine/run.stream_quantize); rank 0 also writes the stage folder and
-JOB_DIR/result.json. A failure leaves JOB_DIR/rank-R.error.json (type, message, hint, time) for the
-launcher to report, and exits non-zero. With QWENQUANT_DIST_METRICS=PATH rank 0 also writes every
+JOB_DIR/result.json. A failure is recorded by torchelastic's `@record` in the rank's error file,
+with qwenquant's type, message, hint and time beside torchrun's fields (RankErrors), for the
+launcher to report, and the rank exits non-zero. With QWENQUANT_DIST_METRICS=PATH rank 0 also writes every
 rank's calibration share (samples, tokens), peak GPU memory and peak RSS there
 (bench/quantize_bench.py reads it).
 """
@@ -22,10 +23,12 @@ import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
+
 from qwenquant import envs
 from qwenquant.atomic import atomic_write_json
 from qwenquant.errors import QwenquantError
-from qwenquant.quantize.engine.launch import LOG_LEVEL_ENV, PARENT_ENV, PROGRESS_TAG, RESULT, error_file
+from qwenquant.quantize.engine.launch import LOG_LEVEL_ENV, PARENT_ENV, PROGRESS_TAG, REPORT_KEY, RESULT
 
 METRICS_ENV = "QWENQUANT_DIST_METRICS"
 log = logging.getLogger("qwenquant.quantize.engine.worker")
@@ -94,14 +97,25 @@ def run(job: dict[str, Any], job_dir: Path) -> None:
     dist.barrier()  # every rank is past its last collective before any leaves
 
 
-def _report(job_dir: Path, rank: int, e: BaseException) -> None:
-    q = isinstance(e, QwenquantError)
-    message = e.message if q else f"{type(e).__name__}: {e}".splitlines()[0]
-    atomic_write_json(error_file(job_dir, rank), {"type": type(e).__name__, "message": message,
-                                                  "hint": e.hint if q else None, "at_ns": time.time_ns()})
-    if envs.get("QWENQUANT_DEBUG"):
-        traceback.print_exception(e, file=sys.stderr)
-    sys.stderr.flush()
+class RankErrors(ErrorHandler):
+    """torchelastic's error file (TORCHELASTIC_ERROR_FILE, which `@record` writes) with this rank's
+    error as qwenquant reports it beside torchrun's fields: its type (the exit code's kind), its
+    one-line message, its hint, and the time in ns (the launcher picks the earliest)."""
+
+    def record_exception(self, e: BaseException) -> None:
+        super().record_exception(e)
+        path = self._get_error_file_path()
+        if not path:
+            return
+        q = isinstance(e, QwenquantError)
+        data = json.loads(Path(path).read_text())
+        data["message"]["extraInfo"][REPORT_KEY] = {
+            "type": type(e).__name__, "message": e.message if q else f"{type(e).__name__}: {e}".splitlines()[0],
+            "hint": e.hint if q else None, "at_ns": time.time_ns()}
+        atomic_write_json(path, data, canonical=False)
+        if envs.get("QWENQUANT_DEBUG"):
+            traceback.print_exception(e, file=sys.stderr)
+        sys.stderr.flush()
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
@@ -112,14 +126,12 @@ def main(argv: list[str] | None = None) -> NoReturn:
     _setup_logging(rank)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        run(json.loads((job_dir / "job.json").read_text()), job_dir)
+        record(run, RankErrors())(json.loads((job_dir / "job.json").read_text()), job_dir)
     except KeyboardInterrupt:
         os._exit(130)
     except QwenquantError as e:
-        _report(job_dir, rank, e)
         os._exit(e.exit_code)  # no process-group teardown: it can wait forever on a peer that is gone
-    except Exception as e:  # reported with its type and message (the traceback with QWENQUANT_DEBUG=1)
-        _report(job_dir, rank, e)
+    except Exception:  # reported in the error file with its type and message (traceback with QWENQUANT_DEBUG=1)
         os._exit(1)
     # Leave without tearing down the process group or the interpreter: a gloo rank has been seen to
     # abort (SIGABRT, "terminate called without an active exception") in that teardown after all
