@@ -99,7 +99,7 @@ def test_publish_fetch_verify_round_trip(hub_w, artifact: Path, tmp_path: Path, 
 
 
 @pytest.mark.parametrize("path, data, words", [
-    ("README.md", b"---\nlicense: mit\n---\n# better numbers\n", "README.md (card)"),
+    ("README.md", b"---\nlicense: mit\n---\n# better numbers\n", "README.md (card: sha256 differs"),
     (SHARD, None, f"{SHARD} (changed)"),
 ])
 def test_a_file_replaced_on_the_hub_is_refused_by_fetch(hub_w, artifact: Path, tmp_path: Path, capsys,

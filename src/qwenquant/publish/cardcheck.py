@@ -1,0 +1,133 @@
+"""The card is a function of the manifest and the reports: re-derive it and compare (pure but for reading files).
+
+`manifest.verify_artifact` checks the card files' sha256 against the card record; anyone who edits the
+card can update that record and re-seal it. So a card of this qwenquant's format (`card.CARD_FORMAT`)
+is built again from the manifest, the artifact's config and index, the published reports and the
+record's repo, revision and license, and must equal README.md and the record byte for byte (the first
+differing line is named). A card of an older format is checked where it still can be: its root digest
+line, and every figure against the field of the report it cites.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from qwenquant.errors import QwenquantError
+from qwenquant.manifest import CARD_NAME, CARD_RECORD_NAME, MANIFEST_NAME, FileProblem, VerifyReport, load_manifest
+from qwenquant.publish.reports import KINDS, Report, report_digests, report_kind
+
+_NUMBERED = re.compile(r"-(\d+)\.json$")
+
+
+def verify_published_artifact(artifact: Path) -> VerifyReport:
+    """`manifest.verify_artifact`, then (when a card record vouches for a card) the card re-derived."""
+    import dataclasses
+
+    from qwenquant.manifest import verify_artifact
+
+    report = verify_artifact(artifact)
+    if not report.ok or report.card is None:
+        return report
+    problems = card_problems(Path(artifact), report.card)
+    if not problems:
+        return report
+    return dataclasses.replace(report, problems=tuple(sorted(problems, key=lambda x: (x.path, x.status))), card=None)
+
+
+def _reports(artifact: Path, rec: dict[str, Any], root: str) -> tuple[list[Report], list[FileProblem]]:
+    out, problems = [], []
+    for rel in sorted(p for p in rec["files"] if p != CARD_NAME):
+        raw = (artifact / rel).read_bytes()
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = None
+        kind = report_kind(data)
+        if kind is None:
+            problems.append(FileProblem(rel, "card", "not a qwenquant eval, served eval or bench report"))
+        elif root not in report_digests(kind, data):
+            problems.append(FileProblem(rel, "card", f"a report of another root digest than {root[:16]}...: "
+                                                     "its figures do not describe this artifact"))
+        else:
+            out.append(Report(kind, artifact / rel, rel, data, raw))
+
+    def order(r: Report) -> tuple[int, int]:
+        m = _NUMBERED.search(r.repo_path)
+        return KINDS.index(r.kind), int(m.group(1)) if m else 1
+
+    return sorted(out, key=order), problems
+
+
+def _front_license(readme: str) -> str:
+    import yaml
+
+    try:
+        meta = yaml.safe_load(readme[4:].split("\n---", 1)[0]) if readme.startswith("---\n") else None
+    except yaml.YAMLError:
+        meta = None
+    return str((meta or {}).get("license") or "other") if isinstance(meta, dict) else "other"
+
+
+def first_difference(have: str, want: str) -> tuple[int, str, str] | None:
+    """(line number, the line on disk, the derived line) of the first difference; None when equal."""
+    a, b = have.splitlines(), want.splitlines()
+    for i in range(max(len(a), len(b))):
+        x, y = (a[i] if i < len(a) else "<end of file>"), (b[i] if i < len(b) else "<end of file>")
+        if x != y:
+            return i + 1, x, y
+    return None if have == want else (len(a) + 1, "<end of file>", "")
+
+
+def card_problems(artifact: Path, rec: dict[str, Any]) -> list[FileProblem]:
+    """How README.md and the card record differ from what the manifest and the reports give."""
+    from qwenquant.publish.card import CARD_FORMAT, build_card, read_facts
+    from qwenquant.publish.figures import collect_figures, not_measured
+
+    manifest = load_manifest(artifact)
+    raw = json.loads((artifact / MANIFEST_NAME).read_bytes())
+    readme = (artifact / CARD_NAME).read_bytes()
+    reports, problems = _reports(artifact, rec, manifest.root_digest)
+    if problems:
+        return problems
+    figures = collect_figures(raw, reports, manifest.root_digest)
+    if rec.get("card_format") != CARD_FORMAT:
+        return _older_format_problems(readme.decode(errors="replace"), rec, raw, reports, manifest.root_digest)
+    license_id = rec.get("license") if isinstance(rec.get("license"), str) else _front_license(readme.decode())
+    try:
+        facts = read_facts(artifact, manifest, license_id)
+    except (QwenquantError, OSError, ValueError) as e:
+        return [FileProblem(CARD_NAME, "card", f"cannot be derived from the artifact's config and index: {e}")]
+    card = build_card(manifest, raw["manifest_self_digest"], facts, repo_id=str(rec.get("repo_id")),
+                      revision=str(rec.get("revision")), license_id=license_id, reports=reports, figures=figures,
+                      missing=not_measured(figures))
+    diff = first_difference(readme.decode(errors="replace"), card.readme.decode())
+    if diff:
+        n, have, want = diff
+        return [FileProblem(CARD_NAME, "card", f"line {n} differs from what the manifest and reports give: "
+                                               f"{have[:120]!r}, derived {want[:120]!r}")]
+    if card.record != rec:
+        keys = sorted(k for k in set(card.record) | set(rec) if card.record.get(k) != rec.get(k))
+        return [FileProblem(CARD_RECORD_NAME, "card", f"{', '.join(keys)} differ from what the manifest and reports give")]
+    return []
+
+
+def _older_format_problems(readme: str, rec: dict[str, Any], raw: dict[str, Any], reports: list[Report],
+                           root: str) -> list[FileProblem]:
+    """A card of an earlier layout: its root digest line, and each figure against the field it cites."""
+    from qwenquant.publish.figures import lookup
+
+    if f"    sha256:{root}" not in readme.splitlines():
+        return [FileProblem(CARD_NAME, "card", f"does not print the manifest's root digest sha256:{root}")]
+    sources = {MANIFEST_NAME: raw, **{r.repo_path: r.data for r in reports}}
+    for f in rec.get("figures") or []:
+        src = sources.get(f.get("source"))
+        if src is None or lookup(src, f.get("field") or ()) != f.get("value"):
+            return [FileProblem(CARD_NAME, "card", f"figure {f.get('label')!r} ({f.get('value')!r}) is not the value "
+                                                   f"at {f.get('field')} of {f.get('source')}")]
+        if f"| {f.get('text')} |" not in readme:
+            return [FileProblem(CARD_NAME, "card", f"figure {f.get('label')!r} does not show {f.get('text')!r}, "
+                                                   f"the value its source gives")]
+    return []
