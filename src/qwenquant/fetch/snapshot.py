@@ -93,6 +93,7 @@ def fetch_snapshot(
     backoff = envs.get("QWENQUANT_FETCH_BACKOFF") if backoff is None else backoff
     progress = progress or Progress()
     staging = out_dir / STAGING_NAME
+    fresh = (not out_dir.exists(), not staging.exists())  # what to tidy away again when the fetch is refused
     try:
         staging.mkdir(parents=True, exist_ok=True)
         with _exclusive(staging):
@@ -103,6 +104,20 @@ def fetch_snapshot(
     except OSError as e:  # disk full, permissions, --out is a file: name the path, no traceback
         where = e.filename or out_dir
         raise FetchError(f"{where}: {e.strerror or e}", hint="check --out (free space, permissions)") from e
+    except QwenquantError:
+        _tidy(out_dir, staging, *fresh)
+        raise
+
+
+def _tidy(out_dir: Path, staging: Path, new_out: bool, new_staging: bool) -> None:
+    """After a refused or failed fetch: the staging area (and --out) this run created go again, unless
+    partial downloads to resume are in it."""
+    if not new_staging or any(staging.glob("*.part")) or any((staging / TREE_NAME).rglob("*")):
+        return
+    shutil.rmtree(staging, ignore_errors=True)
+    if new_out:
+        with contextlib.suppress(OSError):
+            out_dir.rmdir()  # only when empty
 
 
 def _exclusive(staging: Path) -> contextlib.AbstractContextManager[None]:

@@ -61,7 +61,7 @@ def _reports(artifact: Path, rec: dict[str, Any], root: str) -> tuple[list[Repor
     return sorted(out, key=order), problems
 
 
-def _front_license(readme: str) -> str:
+def front_license(readme: str) -> str:
     import yaml
 
     try:
@@ -95,7 +95,7 @@ def card_problems(artifact: Path, rec: dict[str, Any]) -> list[FileProblem]:
     figures = collect_figures(raw, reports, manifest.root_digest)
     if rec.get("card_format") != CARD_FORMAT:
         return _older_format_problems(readme.decode(errors="replace"), rec, raw, reports, manifest.root_digest)
-    license_id = rec.get("license") if isinstance(rec.get("license"), str) else _front_license(readme.decode())
+    license_id = rec.get("license") if isinstance(rec.get("license"), str) else front_license(readme.decode())
     try:
         facts = read_facts(artifact, manifest, license_id)
     except (QwenquantError, OSError, ValueError) as e:

@@ -153,6 +153,18 @@ def collect_figures(manifest: dict[str, Any], reports: Sequence[Report], root_di
     return out
 
 
+def conflicts(figures: Sequence[Figure]) -> list[tuple[Figure, Figure]]:
+    """Pairs of figures from two reports that give one measurement (section, label, command, machine)
+    two different values: a card must not show both as if each held."""
+    first: dict[tuple[Any, ...], Figure] = {}
+    out = []
+    for f in figures:
+        prev = first.setdefault((f.section, f.label, f.command, f.machine), f)
+        if prev is not f and prev.source != f.source and prev.value != f.value:
+            out.append((prev, f))
+    return out
+
+
 def not_measured(figures: Sequence[Figure]) -> list[tuple[str, str]]:
     """(section, the command that would measure it) for each kind of figure the card lacks."""
     have = {f.section for f in figures}

@@ -20,6 +20,7 @@ from qwenquant.manifest import (
     REPORTS_DIR,
     SIGNATURE_NAME,
     UNCHECKED_COMPANIONS,
+    Manifest,
     load_manifest,
     verify_artifact,
 )
@@ -77,22 +78,12 @@ def _companion_clash(paths: Sequence[str]) -> str | None:
     return next((p for p in paths if p in names or p.startswith(REPORTS_DIR + "/")), None)
 
 
-def prepare_files(artifact: Path, repo_id: str, revision: str, reports: Sequence[Path],
-                  license_id: str | None) -> tuple[list[LocalFile], Card, list[str], str]:
-    """Verify the artifact and build its card: (files to publish, card, warnings, root digest)."""
-    report = verify_artifact(artifact)
-    if not report.ok:
-        raise VerificationError(f"refusing to publish {artifact}: it does not match its manifest: "
-                                + ", ".join(f"{p.path} ({p.status})" for p in report.problems[:5]),
-                                hint="`qwenquant verify` shows the report; rebuild or restore the artifact")
-    manifest = load_manifest(artifact)
-    raw = json.loads((artifact / MANIFEST_NAME).read_bytes())
-    clash = _companion_clash([f.path for f in manifest.files])
-    if clash:
-        raise UsageError(f"{artifact}'s manifest lists {clash}, a name the published card files use",
-                         hint="rebuild the artifact without it; the card, its record and the reports go beside it")
+def card_files(artifact: Path, manifest: Manifest, raw: dict[str, Any], repo_id: str, revision: str,
+               reports: Sequence[Path], license_id: str | None) -> tuple[list[LocalFile], Card, list[str], str]:
+    """The files of a verified artifact and its card files: (files to publish, card, warnings, root digest)."""
     reps = gather_reports(artifact, manifest.root_digest, reports)
     figures = collect_figures(raw, reps, manifest.root_digest)
+    _refuse_conflicts(figures, reps)
     facts = read_facts(artifact, manifest, license_id)
     card = build_card(manifest, raw["manifest_self_digest"], facts, repo_id=repo_id, revision=revision,
                       license_id=facts.source_license or "other", reports=reps, figures=figures,
@@ -103,6 +94,56 @@ def prepare_files(artifact: Path, repo_id: str, revision: str, reports: Sequence
     generated = {CARD_NAME: card.readme, CARD_RECORD_NAME: card.record_bytes, **{r.repo_path: r.raw for r in reps}}
     files += [LocalFile(p, len(b), hashlib.sha256(b).hexdigest(), data=b) for p, b in sorted(generated.items())]
     return files, card, list(facts.warnings), manifest.root_digest
+
+
+def _verified(artifact: Path) -> tuple[Manifest, dict[str, Any]]:
+    """The manifest of an artifact that verifies, and its raw JSON."""
+    report = verify_artifact(artifact)
+    if not report.ok:
+        raise VerificationError(f"refusing to publish {artifact}: it does not match its manifest: "
+                                + ", ".join(f"{p.path} ({p.status})" for p in report.problems[:5]),
+                                hint="`qwenquant verify` shows the report; rebuild or restore the artifact")
+    manifest = load_manifest(artifact)
+    clash = _companion_clash([f.path for f in manifest.files])
+    if clash:
+        raise UsageError(f"{artifact}'s manifest lists {clash}, a name the published card files use",
+                         hint="rebuild the artifact without it; the card, its record and the reports go beside it")
+    return manifest, json.loads((artifact / MANIFEST_NAME).read_bytes())
+
+
+def _refuse_conflicts(figures: Sequence[Any], reps: Sequence[Any]) -> None:
+    """Two reports giving one measurement two values: refused, both files and values named."""
+    from qwenquant.publish.figures import conflicts
+
+    found = conflicts(figures)
+    if found:
+        local = {r.repo_path: str(r.source) for r in reps}
+        a, b = found[0]
+        raise UsageError(f"{local.get(a.source, a.source)} and {local.get(b.source, b.source)} give {a.section} "
+                         f"'{a.label}' of one configuration (`{a.command}`) as {a.text} and {b.text}: a card cannot "
+                         f"cite both{f' ({len(found) - 1} more figures differ)' if len(found) > 1 else ''}",
+                         hint="keep the report you stand by: move the other away from beside the artifact or drop "
+                              "its --report")
+
+
+def remote_license(api: Any, repo_id: str, head: str | None, remote: dict[str, Any]) -> str | None:
+    """The license the revision's card record (or card front matter) names, for a re-publish without --license."""
+    from qwenquant.publish import hub
+    from qwenquant.publish.cardcheck import front_license
+
+    if head is None or CARD_RECORD_NAME not in remote:
+        return None
+    try:
+        rec = json.loads(hub.download_file(api, repo_id, head, CARD_RECORD_NAME))
+    except ValueError:
+        rec = None
+    lic = rec.get("license") if isinstance(rec, dict) else None
+    if isinstance(lic, str) and lic != "other":
+        return lic
+    if CARD_NAME in remote:
+        lic = front_license(hub.download_file(api, repo_id, head, CARD_NAME).decode(errors="replace"))
+        return lic if lic != "other" else None
+    return None
 
 
 def git_blob(f: LocalFile) -> str:
@@ -122,7 +163,8 @@ def publish_artifact(artifact: Path, repo_id: str, *, revision: str = "main", pr
     if sign_key is not None:
         signing._model_signing()
         signing._readable(sign_key, "private key", "--sign-key")
-    files, card, warnings, root = prepare_files(artifact, repo_id, revision, reports, license_id)
+    manifest, raw = _verified(artifact)
+    files, card, warnings, root = card_files(artifact, manifest, raw, repo_id, revision, reports, license_id)
     result = PublishResult(repo_id, revision, root, files, card, dry_run=dry_run, sign=sign_key is not None,
                            warnings=warnings)
     if dry_run:
@@ -141,6 +183,12 @@ def publish_artifact(artifact: Path, repo_id: str, *, revision: str = "main", pr
     api = HfApi(endpoint=(endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/"))
     hub.ensure_revision(api, repo_id, revision, private)
     head, remote = hub.remote_state(api, repo_id, revision)
+    if license_id is None and card.record.get("license") == "other":
+        kept = remote_license(api, repo_id, head, remote)
+        if kept:  # the repo's card had a license: a re-publish keeps it unless --license says otherwise
+            files, card, _, root = card_files(artifact, manifest, raw, repo_id, revision, reports, kept)
+            result.files, result.card = files, card
+            warnings[:] = [w for w in warnings if "license is unknown" not in w]
     with tempfile.TemporaryDirectory() as tmp:
         sig = None
         if sign_key is not None:

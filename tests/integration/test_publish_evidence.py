@@ -1,0 +1,166 @@
+"""What a published artifact's evidence is worth against the loopback hub: a card edited and re-sealed is
+refused (it is re-derived from the manifest and the reports), a refused fetch leaves the verified copy
+byte for byte as it was, a card record without its manifest is refused, `--root` pins the root digest,
+conflicting reports are refused, and the card's sentences come from the manifest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from qwenquant.hashing import seal
+from qwenquant.manifest import load_manifest
+
+from helpers import run_cli, write_eval_report, write_test_manifest
+
+OUT = "me/tiny-w4a16"
+SHARD = "model-00001-of-00002.safetensors"
+
+
+def publish(capsys, art: Path, *extra: str) -> tuple[int, str, str]:
+    return run_cli(capsys, "publish", str(art), "--repo", OUT, *extra)
+
+
+def fetch(capsys, out: Path, *extra: str) -> tuple[int, str, str]:
+    return run_cli(capsys, "fetch", OUT, "--out", str(out), *extra)
+
+
+def folder_digests(folder: Path) -> dict[str, str]:
+    """Every file under `folder` (qwenquant's own bookkeeping included) -> sha256."""
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def resealed_card(folder: Path, old: str, new: str) -> tuple[bytes, bytes]:
+    """README.md with `old` replaced by `new`, and the card record updated to its sha256 and sealed
+    again: what someone who edits the card and knows the record's format would publish."""
+    readme = (folder / "README.md").read_text()
+    assert old in readme, old
+    data = readme.replace(old, new, 1).encode()
+    rec = json.loads((folder / "qwenquant-card.json").read_text())
+    rec["files"]["README.md"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    rec = seal({k: v for k, v in rec.items() if k != "card_self_digest"}, "card_self_digest")
+    return data, (json.dumps(rec, indent=2, sort_keys=True) + "\n").encode()
+
+
+def upload(hub, files: dict[str, bytes | None]) -> None:
+    """One commit on the hub, as anyone with write access could make it (None: delete the file)."""
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+
+    ops = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=b) if b is not None else CommitOperationDelete(p)
+           for p, b in files.items()]
+    HfApi(endpoint=hub.url).create_commit(OUT, operations=ops, commit_message="edit")
+
+
+EDITS = {
+    "a figure": ("| 96.00% |", "| 99.90% |"),
+    "the root digest": ("    sha256:", "    sha256:0"),
+    "a description": ("kept bf16 (vLLM's MTP drafter)", "GPTQ int4 (vLLM's MTP drafter)"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(EDITS))
+def test_a_card_edited_and_resealed_is_refused_by_verify_and_fetch(what: str, hub_w, artifact: Path,
+                                                                    tmp_path: Path, capsys) -> None:
+    write_eval_report(artifact)
+    assert publish(capsys, artifact, "--license", "apache-2.0")[0] == 0
+    fetched = tmp_path / "fetched"
+    assert fetch(capsys, fetched)[0] == 0
+    old, new = EDITS[what]
+    readme, record = resealed_card(fetched, old, new)
+    line = readme.decode().splitlines().index(next(x for x in readme.decode().splitlines() if new in x)) + 1
+    (fetched / "README.md").write_bytes(readme)
+    (fetched / "qwenquant-card.json").write_bytes(record)
+    code, _, err = run_cli(capsys, "verify", str(fetched))
+    assert code == 4, err
+    assert f"README.md (card: line {line} differs from what the manifest and reports give" in err
+    assert "card and 1 reports unchanged" not in err and "re-fetch" in err
+    # the same edit made on the hub: fetch refuses it, into a fresh folder and over the good copy
+    upload(hub_w, {"README.md": readme, "qwenquant-card.json": record})
+    before = folder_digests(tmp_path / "fetched-again") if (tmp_path / "fetched-again").exists() else {}
+    code, _, err = fetch(capsys, tmp_path / "fetched-again")
+    assert code == 4 and f"line {line} differs" in err and "never serve it" in err
+    assert not (tmp_path / "fetched-again").exists() and before == {}
+
+
+def test_a_refused_fetch_leaves_the_verified_copy_byte_for_byte(hub_w, artifact: Path, tmp_path: Path,
+                                                                 capsys) -> None:
+    """A squash that changed a shard, then the hint's --re-resolve into the folder holding the verified copy:
+    refused by the manifest check with nothing in the folder changed, and --offline still agrees."""
+    assert publish(capsys, artifact, "--license", "apache-2.0")[0] == 0
+    fetched = tmp_path / "fetched"
+    assert fetch(capsys, fetched)[0] == 0
+    commit = json.loads((fetched / "qwenquant-fetch.json").read_text())["commit"]
+    before = folder_digests(fetched)
+    hub_w.squash(OUT, change=SHARD)
+    code, _, err = fetch(capsys, fetched)
+    assert code == 3 and f"{SHARD} (changed); refusing it" in err and "--re-resolve" in err
+    assert folder_digests(fetched) == before
+    code, _, err = fetch(capsys, fetched, "--re-resolve")
+    assert code == 4 and f"{SHARD} (changed)" in err and "nothing in the folder was changed" in err
+    assert folder_digests(fetched) == before
+    code, out, err = run_cli(capsys, "fetch", "--offline", "--out", str(fetched))
+    assert code == 0 and f"ok {OUT}@{commit}" in out, err
+    assert run_cli(capsys, "verify", str(fetched))[0] == 0
+
+
+@pytest.mark.parametrize("gone", ["qwenquant-manifest.json"])
+def test_a_card_record_without_the_manifest_it_names_is_refused(gone: str, hub_w, artifact: Path, tmp_path: Path,
+                                                                capsys) -> None:
+    assert publish(capsys, artifact, "--license", "apache-2.0")[0] == 0
+    upload(hub_w, {gone: None})
+    code, _, err = fetch(capsys, tmp_path / "f")
+    assert code == 4 and f"holds qwenquant-card.json, which names a {gone}, but the repo has no manifest" in err
+    assert not (tmp_path / "f").exists()
+
+
+def test_root_pins_the_announced_artifact(hub_w, artifact: Path, tmp_path: Path, capsys) -> None:
+    root = load_manifest(artifact).root_digest
+    assert publish(capsys, artifact, "--license", "apache-2.0")[0] == 0
+    card = hub_w.file(OUT, "README.md").source.read_text()
+    assert f"qwenquant fetch {OUT} --revision main --root sha256:{root} --out models/tiny-w4a16" in card
+    code, out, err = fetch(capsys, tmp_path / "ok", "--root", f"sha256:{root}")
+    assert code == 0 and f"root digest {root}" in out, err
+    other = "ab" * 32
+    code, _, err = fetch(capsys, tmp_path / "other", "--root", f"sha256:{other}")
+    assert code == 4 and f"not the pinned sha256:{other}" in err and not (tmp_path / "other").exists()
+    code, _, err = fetch(capsys, tmp_path / "bad", "--root", "sha256:12")
+    assert code == 2 and "--root 'sha256:12' is not a sha256 root digest" in err
+
+
+def test_conflicting_reports_of_one_configuration_are_refused(hub_w, artifact: Path, tmp_path: Path,
+                                                              capsys) -> None:
+    beside = write_eval_report(artifact, top1=0.949)  # found beside the artifact
+    data = json.loads(beside.read_text())
+    data["arms"]["artifact"]["top1"] = 0.999  # the same measurement, another figure
+    other = tmp_path / "other.eval.json"
+    other.write_text(json.dumps(data))
+    code, _, err = publish(capsys, artifact, "--report", str(other), "--dry-run")
+    assert code == 2, err
+    assert "top-1 agreement with bf16" in err and "94.90%" in err and "99.90%" in err and str(other) in err
+    assert hub_w.requests == []
+
+
+def test_the_card_describes_what_the_manifest_says(hub_w, artifact: Path, capsys) -> None:
+    """An int4-MTP recipe's card says so; the plain vLLM line fits the model's positions; a re-publish
+    without --license keeps the license the repo's card has."""
+    from qwenquant.recipe import load_recipe
+
+    write_test_manifest(artifact, load_recipe("w4a16-int4head-int4mtp").canonical())
+    positions = json.loads((artifact / "config.json").read_text())
+    positions = (positions.get("text_config") or positions)["max_position_embeddings"]
+    code, _, err = publish(capsys, artifact, "--license", "apache-2.0")
+    assert code == 0, err
+    card = hub_w.file(OUT, "README.md").source.read_text()
+    mtp = next(x for x in card.splitlines() if x.startswith("- MTP head:"))
+    assert "GPTQ int4" in mtp and "kept bf16" not in mtp
+    vllm = next(x for x in card.splitlines() if x.startswith("vllm serve "))
+    assert f"--max-model-len {positions} " in vllm + " "
+    write_test_manifest(artifact, load_recipe("w4a16-int4head").canonical())  # another artifact, no --license
+    code, _, err = publish(capsys, artifact)
+    assert code == 0, err
+    card = hub_w.file(OUT, "README.md").source.read_text()
+    assert "license: apache-2.0" in card and "license: other" not in card
