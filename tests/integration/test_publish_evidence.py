@@ -164,3 +164,70 @@ def test_the_card_describes_what_the_manifest_says(hub_w, artifact: Path, capsys
     assert code == 0, err
     card = hub_w.file(OUT, "README.md").source.read_text()
     assert "license: apache-2.0" in card and "license: other" not in card
+
+
+# -- signatures (pip install 'qwenquant[sign]') -------------------------------------------------------------
+
+
+def test_the_signature_covers_the_card_and_a_resealed_card_is_refused(hub_w, artifact: Path, tmp_path: Path,
+                                                                       capsys, keys) -> None:
+    from qwenquant.errors import VerificationError
+    from qwenquant.signing import verify_signature
+
+    priv, pub = keys
+    write_eval_report(artifact)
+    assert publish(capsys, artifact, "--license", "apache-2.0", "--sign-key", str(priv))[0] == 0
+    fetched = tmp_path / "fetched"
+    assert fetch(capsys, fetched)[0] == 0
+    sig = fetched / "model.sig"
+    code, out, err = run_cli(capsys, "verify", str(fetched), "--signature", str(sig), "--public-key", str(pub))
+    assert code == 0, err
+    n = len(load_manifest(artifact).files)
+    assert f"over {n + 4} signed files: the manifest's {n} files, the manifest, the card, its record and 1 report" in out
+    readme, record = resealed_card(fetched, "| 96.00% |", "| 99.90% |")
+    (fetched / "README.md").write_bytes(readme)
+    (fetched / "qwenquant-card.json").write_bytes(record)
+    with pytest.raises(VerificationError) as e:
+        verify_signature(fetched, sig, pub)
+    assert "Hash mismatch for" in str(e.value) and "README.md" in str(e.value)
+    code, _, err = run_cli(capsys, "verify", str(fetched), "--signature", str(sig), "--public-key", str(pub))
+    assert code == 4 and "README.md (card: line" in err
+
+
+def test_signature_keys_and_a_missing_signature(hub_w, artifact: Path, tmp_path: Path, capsys, keys) -> None:
+    """An RSA public key and a private key where the public key belongs: exit 2 naming what the file is;
+    a required model.sig removed from the folder: exit 4 saying it is missing."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    priv, pub = keys
+    assert publish(capsys, artifact, "--license", "apache-2.0", "--sign-key", str(priv))[0] == 0
+    fetched = tmp_path / "fetched"
+    assert fetch(capsys, fetched)[0] == 0
+    sig = fetched / "model.sig"
+    rsa_pub = tmp_path / "rsa.pub"
+    rsa_pub.write_bytes(rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    for argv in (["verify", str(fetched), "--signature", str(sig), "--public-key"],
+                 ["serve", str(fetched), "--dry-run", "--require-signature"]):
+        code, _, err = run_cli(capsys, *argv, str(rsa_pub))
+        assert code == 2 and f"{rsa_pub} is a RSA public key; model_signing's key method takes elliptic-curve" in err
+        assert "unexpected error" not in err
+        code, _, err = run_cli(capsys, *argv, str(priv))
+        assert code == 2 and f"{priv} is a private key, not the public key" in err
+    sig.unlink()
+    code, _, err = run_cli(capsys, "serve", str(fetched), "--dry-run", "--require-signature", str(pub))
+    assert code == 4 and f"{fetched} holds no signature model.sig: the signature that is required is missing" in err
+
+
+def test_serving_a_fetched_folder_with_an_edited_card_says_to_fetch_it_again(hub_w, artifact: Path, tmp_path: Path,
+                                                                              capsys) -> None:
+    assert publish(capsys, artifact, "--license", "apache-2.0")[0] == 0
+    fetched = tmp_path / "fetched"
+    assert fetch(capsys, fetched)[0] == 0
+    (fetched / "README.md").write_text((fetched / "README.md").read_text() + "\nbetter numbers\n")
+    code, _, err = run_cli(capsys, "serve", str(fetched), "--dry-run")
+    assert code == 4 and "README.md: card" in err
+    assert f"re-fetch them (`qwenquant fetch {OUT} --out {fetched}`)" in err and "re-run `qwenquant quantize` or" not in err
+    assert fetch(capsys, fetched)[0] == 0  # which repairs it
+    assert run_cli(capsys, "verify", str(fetched))[0] == 0

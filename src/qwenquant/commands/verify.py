@@ -42,7 +42,8 @@ def verify(
 
         signed = verify_signature(artifact, signature, public_key)  # type: ignore[arg-type]
     if as_json:
-        print_json({**report.to_dict(), "signature": None if signed is None else {"path": str(signature), "files": signed}})
+        print_json({**report.to_dict(), "signature": None if signed is None else {
+            "path": str(signature), "files": signed.files, "covers": signed.covers(), "card_files": list(signed.card_files)}})
     elif report.ok:
         stdout.print(f"OK {artifact}: {report.files_checked} files, {report.bytes_checked} bytes, "
                      f"root sha256:{report.root_digest}", markup=False)
@@ -67,7 +68,7 @@ def _hint(artifact: Path, report: Any) -> str:
 
 
 def _provenance(artifact: Path, report: Any, signature: Path | None, public_key: Path | None,
-                signed: int | None) -> list[str]:
+                signed: Any) -> list[str]:
     """Where a fetched folder came from, the published root digest, the signature that held."""
     import json
 
@@ -83,7 +84,7 @@ def _provenance(artifact: Path, report: Any, signature: Path | None, public_key:
     except (OSError, ValueError, KeyError, TypeError):
         pass
     if signed is not None:
-        out.append(f"signature {signature}: valid for {public_key} over the {signed} signed files (the manifest's)")
+        out.append(f"signature {signature}: valid for {public_key} over {signed.files} signed files: {signed.covers()}")
     return out
 
 

@@ -191,8 +191,10 @@ def publish_artifact(artifact: Path, repo_id: str, *, revision: str = "main", pr
             warnings[:] = [w for w in warnings if "license is unknown" not in w]
     with tempfile.TemporaryDirectory() as tmp:
         sig = None
+        view = Path(tmp) / "view"  # the folder as a downloader will have it: what the signature covers
         if sign_key is not None:
-            signing.sign_artifact(artifact, sign_key, Path(tmp) / SIGNATURE_NAME)
+            signing.published_view(artifact, {f.path: f.data for f in files if f.data is not None}, view)
+            signing.sign_artifact(view, sign_key, Path(tmp) / SIGNATURE_NAME)
             data = (Path(tmp) / SIGNATURE_NAME).read_bytes()
             sig = LocalFile(SIGNATURE_NAME, len(data), hashlib.sha256(data).hexdigest(), data=data)
 
@@ -200,11 +202,12 @@ def publish_artifact(artifact: Path, repo_id: str, *, revision: str = "main", pr
             theirs = Path(tmp) / "remote.sig"
             theirs.write_bytes(hub.download_file(api, repo_id, head or revision, SIGNATURE_NAME))
             try:
-                signing.verify_signature(artifact, theirs, signing.public_key_pem(sign_key))  # type: ignore[arg-type]
+                covered = signing.verify_signature(view, theirs, signing.public_key_pem(sign_key),  # type: ignore[arg-type]
+                                                   view=True)
             except VerificationError as e:
                 log.info("the signature on the Hub does not hold for this key: %s", e)
                 return False
-            return True
+            return bool(covered.card_files)  # one made before the card was signed is made again
 
         result.plan = plan = plan_upload(files, remote, git_blob, signature=sig, remote_signature_ok=remote_signature_ok)
         if plan.noop:
