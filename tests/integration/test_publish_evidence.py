@@ -231,3 +231,39 @@ def test_serving_a_fetched_folder_with_an_edited_card_says_to_fetch_it_again(hub
     assert f"re-fetch them (`qwenquant fetch {OUT} --out {fetched}`)" in err and "re-run `qwenquant quantize` or" not in err
     assert fetch(capsys, fetched)[0] == 0  # which repairs it
     assert run_cli(capsys, "verify", str(fetched))[0] == 0
+
+
+def test_ctrl_c_during_the_upload_stops_at_once_and_says_nothing_was_committed(hub_w, artifact: Path,
+                                                                                tmp_path: Path) -> None:
+    """A real SIGINT to `qwenquant publish` while every LFS PUT is answered 503 (the client retries)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import qwenquant
+    from qwenquant.testbed.hubserver import Fault
+
+    hub_w.faults.add(Fault("upload_fail", path="lfs-put/*", status=503, times=None))
+    env = {**os.environ, "PYTHONPATH": str(Path(qwenquant.__file__).resolve().parents[1])}  # the qwenquant under test
+    proc = subprocess.Popen([sys.executable, "-m", "qwenquant", "publish", str(artifact), "--repo", OUT, "--license",
+                             "mit"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(r.endpoint == "lfs-put" for r in hub_w.requests):
+            assert time.monotonic() < deadline and proc.poll() is None, "the upload never started"
+            time.sleep(0.05)
+        head = hub_w.branch(OUT)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert took < 3, f"{took:.1f} s from Ctrl-C to exit"
+    assert (f"error: interrupted while uploading: nothing was committed: {OUT}@main is still at commit {head}"
+            in err.replace("\n", " "))
+    assert hub_w.branch(OUT) == head

@@ -181,8 +181,33 @@ def publish_artifact(artifact: Path, repo_id: str, *, revision: str = "main", pr
         disable_progress_bars()  # the client's tqdm bars: only on a terminal, as ours
     # HF_ENDPOINT as it is now (huggingface_hub reads it once, at import), as fetch does
     api = HfApi(endpoint=(endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/"))
+    where: dict[str, Any] = {"head": None, "step": "reading the revision"}
+    try:
+        return _to_hub(api, artifact, result, manifest, raw, reports, license_id, sign_key, private, where)
+    except KeyboardInterrupt:
+        at = f"still at commit {where['head']}" if where["head"] else "without a commit of this artifact"
+        said = {"reading the revision": f"nothing was committed: {repo_id}@{revision} is {at}",
+                "uploading": f"nothing was committed: {repo_id}@{revision} is {at}; the objects already uploaded "
+                             "are not sent again",
+                "committing": f"the commit was under way: {repo_id}@{revision} is either {at} or at the new commit",
+                "checking": f"{repo_id}@{revision} is at the new commit {where.get('commit')}; its listing was not "
+                            "checked"}[where["step"]]
+        raise hub.PublishInterrupted(f"interrupted while {where['step']}: {said}",
+                                     hint="re-run the same command: it finishes the job, or finds it done") from None
+
+
+def _to_hub(api: Any, artifact: Path, result: PublishResult, manifest: Manifest, raw: dict[str, Any],
+            reports: Sequence[Path], license_id: str | None, sign_key: Path | None, private: bool,
+            where: dict[str, Any]) -> PublishResult:
+    """The Hub steps of publish_artifact; `where` says how far they got (for Ctrl-C)."""
+    from qwenquant import signing
+    from qwenquant.publish import hub
+
+    repo_id, revision, files, card, warnings, root = (result.repo_id, result.revision, result.files, result.card,
+                                                      result.warnings, result.root_digest)
     hub.ensure_revision(api, repo_id, revision, private)
     head, remote = hub.remote_state(api, repo_id, revision)
+    where["head"] = head
     if license_id is None and card.record.get("license") == "other":
         kept = remote_license(api, repo_id, head, remote)
         if kept:  # the repo's card had a license: a re-publish keeps it unless --license says otherwise
@@ -217,9 +242,11 @@ def publish_artifact(artifact: Path, repo_id: str, *, revision: str = "main", pr
                  sum(f.size for f in plan.upload) / 2**20, len(plan.delete), len(plan.unchanged), repo_id, revision)
         if SIGNATURE_NAME in plan.delete:
             warnings.append(f"{SIGNATURE_NAME} on the Hub signs other files: removed (pass --sign-key to sign this artifact)")
+        where["step"] = "uploading"
         info = hub.commit_plan(api, repo_id, revision, plan, head, f"qwenquant publish {artifact.name} "
-                               f"(root digest {root[:16]})")
+                               f"(root digest {root[:16]})", where)
     result.commit, result.url = info.oid, info.commit_url
+    where.update(step="checking", commit=info.oid)
     kept = {".gitattributes"} | ({SIGNATURE_NAME} if plan.kept_signature or sig else set())
     hub.check_published(api, repo_id, info.oid, files, kept, git_blob)
     return result
