@@ -267,3 +267,38 @@ def test_ctrl_c_during_the_upload_stops_at_once_and_says_nothing_was_committed(h
     assert (f"error: interrupted while uploading: nothing was committed: {OUT}@main is still at commit {head}"
             in err.replace("\n", " "))
     assert hub_w.branch(OUT) == head
+
+
+def test_bench_depth_soak_and_turns_reports_go_on_the_card_as_the_profiles_evidence(hub_w, artifact: Path,
+                                                                                     tmp_path: Path, capsys) -> None:
+    """The JSONs the README points to for checking a profile's promise (`bench --serve ARTIFACT --depth` etc.);
+    one of a URL (no artifact named) is refused saying why."""
+    root = load_manifest(artifact).root_digest
+    target = {"label": "tiny", "url": "http://127.0.0.1:8000", "model": "tiny", "artifact_root_digest": root,
+              "profile": "single-user", "device": "cpu", "vllm_version": "0.26.0"}
+    runs = {
+        "depth": {"tool": "qwenquant bench --depth", "max_model_len": 4096, "concurrency": 1, "last_ok_depth": 4032,
+                  "failure": None, "rungs": []},
+        "turns": {"tool": "qwenquant bench --turns", "max_model_len": 4096, "last_ok_turn": 3, "last_ok_depth": 3900,
+                  "failure": None, "turns": []},
+        "soak": {"tool": "qwenquant bench --soak", "max_model_len": 4096, "concurrency": 1, "soak_tokens": 2000,
+                 "verdict": {"status": "ok", "failures": [], "line": None}, "windows": []},
+    }
+    paths = []
+    for name, body in runs.items():
+        p = tmp_path / f"{name}.json"
+        p.write_text(json.dumps({**body, "schema_version": 1, "argv": ["qwenquant", "bench", f"--{name}"],
+                                 "target": target}))
+        paths += ["--report", str(p)]
+    code, _, err = publish(capsys, artifact, "--license", "apache-2.0", *paths)
+    assert code == 0, err
+    card = hub_w.file(OUT, "README.md").source.read_text()
+    assert "| profile promise (served) | single-user, max-model-len 4096: deepest prompt served (tokens) | 4032 |" in card
+    assert "conversation turns served | 3 |" in card and "verdict | ok |" in card
+    assert {"qwenquant-reports/bench-depth.json", "qwenquant-reports/bench-soak.json",
+            "qwenquant-reports/bench-turns.json"} <= set(hub_w.repo(OUT).commits[hub_w.branch(OUT)].files)
+    assert fetch(capsys, tmp_path / "fetched")[0] == 0  # the card re-derives with them
+    url = tmp_path / "url-depth.json"
+    url.write_text(json.dumps({**runs["depth"], "target": {**target, "artifact_root_digest": None}}))
+    code, _, err = publish(capsys, artifact, "--report", str(url), "--dry-run")
+    assert code == 2 and "names no artifact root digest (a bench of a URL: nothing says which artifact" in err
