@@ -177,6 +177,8 @@ def test_the_signature_covers_the_card_and_a_resealed_card_is_refused(hub_w, art
     priv, pub = keys
     write_eval_report(artifact)
     assert publish(capsys, artifact, "--license", "apache-2.0", "--sign-key", str(priv))[0] == 0
+    code, out, _ = publish(capsys, artifact, "--license", "apache-2.0")  # without the key: the signature stays
+    assert code == 0 and "already holds exactly this artifact" in out
     fetched = tmp_path / "fetched"
     assert fetch(capsys, fetched)[0] == 0
     sig = fetched / "model.sig"
@@ -196,9 +198,12 @@ def test_the_signature_covers_the_card_and_a_resealed_card_is_refused(hub_w, art
 
 def test_signature_keys_and_a_missing_signature(hub_w, artifact: Path, tmp_path: Path, capsys, keys) -> None:
     """An RSA public key and a private key where the public key belongs: exit 2 naming what the file is;
-    a required model.sig removed from the folder: exit 4 saying it is missing."""
+    a required model.sig removed from the folder or the repo: exit 4 saying it is missing."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
+
+    from qwenquant.errors import VerificationError
+    from qwenquant.signing import verify_signature
 
     priv, pub = keys
     assert publish(capsys, artifact, "--license", "apache-2.0", "--sign-key", str(priv))[0] == 0
@@ -217,7 +222,14 @@ def test_signature_keys_and_a_missing_signature(hub_w, artifact: Path, tmp_path:
         assert code == 2 and f"{priv} is a private key, not the public key" in err
     sig.unlink()
     code, _, err = run_cli(capsys, "serve", str(fetched), "--dry-run", "--require-signature", str(pub))
-    assert code == 4 and f"{fetched} holds no signature model.sig: the signature that is required is missing" in err
+    assert code == 4 and "model.sig: missing (named in qwenquant-card.json, not on disk" in err
+    assert f"re-fetch the folder (`qwenquant fetch {OUT} --out {fetched}`" in err
+    with pytest.raises(VerificationError, match="holds no signature model.sig: the signature that is required is missing"):
+        verify_signature(fetched, sig, pub)
+    # removed on the hub: the card record names it, so fetch refuses the repo
+    upload(hub_w, {"model.sig": None})
+    code, _, err = fetch(capsys, tmp_path / "again")
+    assert code == 4 and "model.sig (missing)" in err and not (tmp_path / "again").exists()
 
 
 def test_serving_a_fetched_folder_with_an_edited_card_says_to_fetch_it_again(hub_w, artifact: Path, tmp_path: Path,
@@ -302,3 +314,32 @@ def test_bench_depth_soak_and_turns_reports_go_on_the_card_as_the_profiles_evide
     url.write_text(json.dumps({**runs["depth"], "target": {**target, "artifact_root_digest": None}}))
     code, _, err = publish(capsys, artifact, "--report", str(url), "--dry-run")
     assert code == 2 and "names no artifact root digest (a bench of a URL: nothing says which artifact" in err
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_fetched_folder_served_by_vllm_fetches_again(hub_w, tmp_path: Path, capsys) -> None:
+    """`qwenquant serve` (the real vLLM CPU build) on the folder fetch wrote, then fetch and verify of it again."""
+    from qwenquant.net.ports import free_port
+
+    from helpers import LAUNCHER, ServedCLI, quantize_tiny_artifact, require_vllm, vllm_env
+
+    require_vllm(LAUNCHER, "the vLLM environment (.venv-vllm)")
+    art = quantize_tiny_artifact(tmp_path, "random", "text-only")
+    assert publish(capsys, art, "--license", "apache-2.0")[0] == 0
+    fetched = tmp_path / "fetched"
+    assert fetch(capsys, fetched)[0] == 0
+    before = folder_digests(fetched)
+    env = dict(vllm_env(tmp_path), HF_ENDPOINT=hub_w.url)
+    with ServedCLI(str(fetched), "--profile", "single-user", "--port", str(free_port()), "--vllm", str(LAUNCHER),
+                   "--timeout", "900", "--", "--max-model-len", "2048", env=env):
+        pass
+    after = folder_digests(fetched)
+    print("written by serve:", sorted(set(after) - set(before)), "changed:",
+          sorted(p for p in before if after.get(p) != before[p]))
+    code, out, err = fetch(capsys, fetched)
+    assert code == 0, err
+    assert "kept" not in err, err
+    code, out, err = run_cli(capsys, "fetch", "--offline", "--out", str(fetched))
+    assert code == 0, err
+    assert run_cli(capsys, "verify", str(fetched))[0] == 0

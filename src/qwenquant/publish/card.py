@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenquant.hashing import seal
-from qwenquant.manifest import CARD_NAME, MANIFEST_NAME, Manifest
+from qwenquant.manifest import CARD_NAME, MANIFEST_NAME, SIGNATURE_NAME, Manifest
 from qwenquant.publish.figures import Figure
 from qwenquant.publish.reports import Report
 
@@ -159,8 +159,9 @@ def _checking(name: str) -> list[str]:
 
 def build_card(manifest: Manifest, manifest_self_digest: str, facts: CardFacts, *, repo_id: str, revision: str,
                license_id: str, reports: Sequence[Report], figures: Sequence[Figure],
-               missing: Sequence[tuple[str, str]]) -> Card:
-    """README.md and its sealed record; deterministic in its inputs."""
+               missing: Sequence[tuple[str, str]], signed: bool = False) -> Card:
+    """README.md and its sealed record; deterministic in its inputs. `signed`: the record names the
+    signature published beside it (a repo without it is refused by fetch and verify)."""
     import yaml
 
     name = repo_id.split("/")[-1]
@@ -180,7 +181,7 @@ def build_card(manifest: Manifest, manifest_self_digest: str, facts: CardFacts, 
     body = {"schema_version": 1, "kind": "qwenquant-card", "card_format": CARD_FORMAT, "license": license_id,
             "repo_id": repo_id, "revision": revision,
             "root_digest": manifest.root_digest, "manifest_self_digest": manifest_self_digest,
-            "files": files, "figures": [f.to_dict() for f in figures]}
+            "files": files, "figures": [f.to_dict() for f in figures], "signature": SIGNATURE_NAME if signed else None}
     return Card(readme, seal(body, "card_self_digest"))
 
 

@@ -102,7 +102,7 @@ def card_problems(artifact: Path, rec: dict[str, Any]) -> list[FileProblem]:
         return [FileProblem(CARD_NAME, "card", f"cannot be derived from the artifact's config and index: {e}")]
     card = build_card(manifest, raw["manifest_self_digest"], facts, repo_id=str(rec.get("repo_id")),
                       revision=str(rec.get("revision")), license_id=license_id, reports=reports, figures=figures,
-                      missing=not_measured(figures))
+                      missing=not_measured(figures), signed=bool(rec.get("signature")))
     diff = first_difference(readme.decode(errors="replace"), card.readme.decode())
     if diff:
         n, have, want = diff

@@ -79,7 +79,8 @@ def _companion_clash(paths: Sequence[str]) -> str | None:
 
 
 def card_files(artifact: Path, manifest: Manifest, raw: dict[str, Any], repo_id: str, revision: str,
-               reports: Sequence[Path], license_id: str | None) -> tuple[list[LocalFile], Card, list[str], str]:
+               reports: Sequence[Path], license_id: str | None, signed: bool = False
+               ) -> tuple[list[LocalFile], Card, list[str], str]:
     """The files of a verified artifact and its card files: (files to publish, card, warnings, root digest)."""
     reps = gather_reports(artifact, manifest.root_digest, reports)
     figures = collect_figures(raw, reps, manifest.root_digest)
@@ -87,7 +88,7 @@ def card_files(artifact: Path, manifest: Manifest, raw: dict[str, Any], repo_id:
     facts = read_facts(artifact, manifest, license_id)
     card = build_card(manifest, raw["manifest_self_digest"], facts, repo_id=repo_id, revision=revision,
                       license_id=facts.source_license or "other", reports=reps, figures=figures,
-                      missing=not_measured(figures))
+                      missing=not_measured(figures), signed=signed)
     files = [LocalFile(f.path, f.size, f.sha256, source=artifact / f.path) for f in manifest.files]
     files.append(LocalFile(MANIFEST_NAME, (artifact / MANIFEST_NAME).stat().st_size,
                            sha256_file(artifact / MANIFEST_NAME), source=artifact / MANIFEST_NAME))
@@ -126,24 +127,22 @@ def _refuse_conflicts(figures: Sequence[Any], reps: Sequence[Any]) -> None:
                               "its --report")
 
 
-def remote_license(api: Any, repo_id: str, head: str | None, remote: dict[str, Any]) -> str | None:
-    """The license the revision's card record (or card front matter) names, for a re-publish without --license."""
+def remote_card(api: Any, repo_id: str, head: str | None, remote: dict[str, Any]) -> dict[str, Any]:
+    """The revision's card record (license, signature), with the license from the card's front matter
+    when the record has none; {} when the revision has no card."""
     from qwenquant.publish import hub
     from qwenquant.publish.cardcheck import front_license
 
     if head is None or CARD_RECORD_NAME not in remote:
-        return None
+        return {}
     try:
         rec = json.loads(hub.download_file(api, repo_id, head, CARD_RECORD_NAME))
     except ValueError:
         rec = None
-    lic = rec.get("license") if isinstance(rec, dict) else None
-    if isinstance(lic, str) and lic != "other":
-        return lic
-    if CARD_NAME in remote:
-        lic = front_license(hub.download_file(api, repo_id, head, CARD_NAME).decode(errors="replace"))
-        return lic if lic != "other" else None
-    return None
+    rec = rec if isinstance(rec, dict) else {}
+    if not isinstance(rec.get("license"), str) and CARD_NAME in remote:
+        rec["license"] = front_license(hub.download_file(api, repo_id, head, CARD_NAME).decode(errors="replace"))
+    return rec
 
 
 def git_blob(f: LocalFile) -> str:
@@ -164,7 +163,8 @@ def publish_artifact(artifact: Path, repo_id: str, *, revision: str = "main", pr
         signing._model_signing()
         signing._readable(sign_key, "private key", "--sign-key")
     manifest, raw = _verified(artifact)
-    files, card, warnings, root = card_files(artifact, manifest, raw, repo_id, revision, reports, license_id)
+    files, card, warnings, root = card_files(artifact, manifest, raw, repo_id, revision, reports, license_id,
+                                             signed=sign_key is not None)
     result = PublishResult(repo_id, revision, root, files, card, dry_run=dry_run, sign=sign_key is not None,
                            warnings=warnings)
     if dry_run:
@@ -208,12 +208,18 @@ def _to_hub(api: Any, artifact: Path, result: PublishResult, manifest: Manifest,
     hub.ensure_revision(api, repo_id, revision, private)
     head, remote = hub.remote_state(api, repo_id, revision)
     where["head"] = head
-    if license_id is None and card.record.get("license") == "other":
-        kept = remote_license(api, repo_id, head, remote)
-        if kept:  # the repo's card had a license: a re-publish keeps it unless --license says otherwise
-            files, card, _, root = card_files(artifact, manifest, raw, repo_id, revision, reports, kept)
-            result.files, result.card = files, card
-            warnings[:] = [w for w in warnings if "license is unknown" not in w]
+    theirs = remote_card(api, repo_id, head, remote)
+    lic = theirs.get("license") if license_id is None and card.record.get("license") == "other" else None
+    if lic == "other":
+        lic = None
+    # a re-publish keeps the license the repo's card names (unless --license says otherwise), and names the
+    # signature there when it may be kept (it is checked against the plan below)
+    keep_sig = sign_key is None and SIGNATURE_NAME in remote and theirs.get("signature") == SIGNATURE_NAME
+    if lic or keep_sig:
+        warnings[:] = [w for w in warnings if not (lic and "license is unknown" in w)]
+        files, card, _, root = card_files(artifact, manifest, raw, repo_id, revision, reports, lic or license_id,
+                                          signed=sign_key is not None or keep_sig)
+        result.files, result.card = files, card
     with tempfile.TemporaryDirectory() as tmp:
         sig = None
         view = Path(tmp) / "view"  # the folder as a downloader will have it: what the signature covers
@@ -235,6 +241,10 @@ def _to_hub(api: Any, artifact: Path, result: PublishResult, manifest: Manifest,
             return bool(covered.card_files)  # one made before the card was signed is made again
 
         result.plan = plan = plan_upload(files, remote, git_blob, signature=sig, remote_signature_ok=remote_signature_ok)
+        if keep_sig and SIGNATURE_NAME in plan.delete:  # the signed files changed: that signature goes, unnamed
+            files, card, _, root = card_files(artifact, manifest, raw, repo_id, revision, reports, lic or license_id)
+            result.files, result.card = files, card
+            result.plan = plan = plan_upload(files, remote, git_blob)
         if plan.noop:
             result.commit = head
             return result
