@@ -335,8 +335,7 @@ def test_a_fetched_folder_served_by_vllm_fetches_again(hub_w, tmp_path: Path, ca
                    "--timeout", "900", "--", "--max-model-len", "2048", env=env):
         pass
     after = folder_digests(fetched)
-    print("written by serve:", sorted(set(after) - set(before)), "changed:",
-          sorted(p for p in before if after.get(p) != before[p]))
+    assert after == before, (sorted(set(after) - set(before)), sorted(p for p in before if after.get(p) != before[p]))
     code, out, err = fetch(capsys, fetched)
     assert code == 0, err
     assert "kept" not in err, err

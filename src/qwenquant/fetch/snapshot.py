@@ -29,12 +29,17 @@ from qwenquant.errors import FetchError, QwenquantError, VerificationError
 from qwenquant.fetch.pinning import PENDING_NAME, pin_commit
 from qwenquant.fetch.record import SCHEMA_VERSION, root_digest
 from qwenquant.fetch.selection import RECORD_NAME, STAGING_NAME, RemoteFile, check_listing, config_problems
+from qwenquant.fetch.staged import (
+    TREE_NAME,
+    move_into_place,
+    prune_tree,
+    refuse_unnamed_companions,
+    reuse_verified,
+    tidy,
+)
 from qwenquant.fetch.transfer import Cancelled, FileDigest, Session, download_file
-from qwenquant.hashing import CHUNK
 
 log = logging.getLogger(__name__)
-
-TREE_NAME = "tree"  # the staged snapshot inside .qwenquant-staging/
 
 
 @dataclass
@@ -105,19 +110,8 @@ def fetch_snapshot(
         where = e.filename or out_dir
         raise FetchError(f"{where}: {e.strerror or e}", hint="check --out (free space, permissions)") from e
     except QwenquantError:
-        _tidy(out_dir, staging, *fresh)
+        tidy(out_dir, staging, *fresh)
         raise
-
-
-def _tidy(out_dir: Path, staging: Path, new_out: bool, new_staging: bool) -> None:
-    """After a refused or failed fetch: the staging area (and --out) this run created go again, unless
-    partial downloads to resume are in it."""
-    if not new_staging or any(staging.glob("*.part")) or any((staging / TREE_NAME).rglob("*")):
-        return
-    shutil.rmtree(staging, ignore_errors=True)
-    if new_out:
-        with contextlib.suppress(OSError):
-            out_dir.rmdir()  # only when empty
 
 
 def _exclusive(staging: Path) -> contextlib.AbstractContextManager[None]:
@@ -148,13 +142,13 @@ def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_ty
     # Re-runs after an interruption reuse this commit (unless --re-resolve) and know what it put here.
     pending = {"repo_id": repo_id, "repo_type": repo_type, "revision": revision, "commit": commit,
                "endpoint": endpoint, "files": sorted(names)}  # fmt: skip
-    _prune_tree(staging / TREE_NAME, names)
+    prune_tree(staging / TREE_NAME, names)
     atomic_write_json(staging / PENDING_NAME, pending)
     if check_model and "config.json" not in names:
         raise FetchError(f"{repo_id}@{commit} has no config.json", hint="is this a model repo? (--repo-type dataset)")
 
     tree = staging / TREE_NAME
-    digests, todo = _reuse_verified(out_dir, tree, files, workers)
+    digests, todo = reuse_verified(out_dir, tree, files, workers)
     need = sum(f.size for f in todo)
     free = shutil.disk_usage(out_dir).free
     if need > free:
@@ -187,7 +181,7 @@ def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_ty
         with contextlib.suppress(FileNotFoundError):
             (staging / PENDING_NAME).unlink()
         raise
-    _move_into_place(out_dir, tree, commit, files)
+    move_into_place(out_dir, tree, commit, files)
     record = _write_record(out_dir, repo_id, repo_type, revision, commit, endpoint, files, digests,
                            {"replaces_commit": pinned.replaces, "note": pinned.note} if pinned.note else None)
     shutil.rmtree(staging, ignore_errors=True)
@@ -197,56 +191,6 @@ def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_ty
     return FetchResult(repo_id, commit, out_dir, record, downloaded,
                        sorted(set(digests) - set(downloaded)), sum(d.downloaded for d in digests.values()),
                        pinned.note, artifact)  # fmt: skip
-
-
-def refuse_unnamed_companions(names: set[str], repo_id: str, commit: str, root: str | None) -> None:
-    """A card record without the manifest it names, or a root pin on a repo with no manifest: refused."""
-    from qwenquant.manifest import CARD_RECORD_NAME, MANIFEST_NAME
-
-    if MANIFEST_NAME in names:
-        return
-    if CARD_RECORD_NAME in names:
-        raise VerificationError(f"{repo_id}@{commit} holds {CARD_RECORD_NAME}, which names a {MANIFEST_NAME}, "
-                                "but the repo has no manifest: its files cannot be checked",
-                                hint="the repo was changed after publishing; never serve it; ask the publisher")
-    if root is not None:
-        raise VerificationError(f"{repo_id}@{commit} has no {MANIFEST_NAME}, so its root digest cannot be "
-                                f"{root}", hint="check the repo id and revision the publisher gave with the digest")
-
-
-def _prune_tree(tree: Path, names: set[str]) -> None:
-    """Staged files of an earlier, interrupted run that this commit does not list go (the tree is verified whole)."""
-    if not tree.is_dir():
-        return
-    for p in sorted(tree.rglob("*"), reverse=True):
-        rel = p.relative_to(tree).as_posix()
-        if p.is_dir() and not p.is_symlink():
-            if not any(n.startswith(rel + "/") for n in names):
-                shutil.rmtree(p, ignore_errors=True)
-        elif rel not in names:
-            p.unlink()
-
-
-def _move_into_place(out_dir: Path, tree: Path, commit: str, files: list[RemoteFile]) -> None:
-    """The verified tree into the folder: the old record goes first (the folder holds no finished fetch
-    until the new record is written), then each file, then the files of an earlier commit."""
-    stale = _stale(out_dir, commit, {f.path for f in files})
-    with contextlib.suppress(FileNotFoundError):
-        (out_dir / RECORD_NAME).unlink()
-    for f in files:
-        src, final = tree / f.path, out_dir / f.path
-        final.parent.mkdir(parents=True, exist_ok=True)
-        if not final.resolve().is_relative_to(out_dir.resolve()):
-            raise FetchError(f"{f.path} would land outside {out_dir}", hint="remove symlinked folders from --out")
-        if final.is_file() and os.path.samefile(src, final):
-            continue  # reused where it was (hard link)
-        os.replace(src, final)
-        fsync_dir(final.parent)
-    for rel in stale:
-        p = out_dir / rel
-        if p.is_file() and not p.is_symlink():
-            log.info("removing %s (not in commit %s)", rel, commit)
-            p.unlink()
 
 
 def verify_published(folder: Path, repo_id: str, commit: str, names: set[str],
@@ -304,17 +248,6 @@ class _Retrying:
         return call
 
 
-def _stale(out_dir: Path, commit: str, paths: set[str]) -> list[str]:
-    """Files an earlier fetch (record or pending run) of another commit put here and this one lacks."""
-    ours: set[str] = set()
-    for p in (out_dir / RECORD_NAME, out_dir / STAGING_NAME / PENDING_NAME):
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            prev = json.loads(p.read_text())
-            if prev["commit"] != commit:
-                ours |= {f["path"] if isinstance(f, dict) else f for f in prev["files"]}
-    return sorted(ours - paths)
-
-
 def _select(files: list[RemoteFile], only: tuple[str, ...], repo_id: str, commit: str) -> list[RemoteFile]:
     """The listed files named in `only` (all of them when it is empty); a missing name is an error."""
     if not only:
@@ -323,56 +256,6 @@ def _select(files: list[RemoteFile], only: tuple[str, ...], repo_id: str, commit
     if missing:
         raise FetchError(f"{repo_id}@{commit} has no file {missing[0]}", hint="check the file path and the revision")
     return [f for f in files if f.path in only]
-
-
-def _local_digest(path: Path, f: RemoteFile) -> FileDigest:
-    import hashlib
-
-    h256, h1 = hashlib.sha256(), hashlib.sha1(f"blob {f.size}\0".encode())
-    with open(path, "rb") as fh:
-        while chunk := fh.read(CHUNK):
-            h256.update(chunk)
-            if not f.lfs:
-                h1.update(chunk)
-    return FileDigest(f.path, f.size, h256.hexdigest(), f.blob_id if f.lfs else h1.hexdigest(), f.lfs)
-
-
-def _reuse_verified(out_dir: Path, tree: Path, files: list[RemoteFile], workers: int
-                    ) -> tuple[dict[str, FileDigest], list[RemoteFile]]:
-    """Files with the listed digest already staged (an interrupted run) or in place (hard-linked into the
-    staged tree) are kept; the rest are to download."""
-    candidates: list[tuple[RemoteFile, Path]] = []
-    for f in files:
-        p = out_dir / f.path
-        if p.is_symlink():
-            raise FetchError(f"{p} is a symlink; refusing to write through it", hint="remove it and re-run")
-        for where in (tree / f.path, p):
-            if where.is_file() and not where.is_symlink() and where.stat().st_size == f.size:
-                candidates.append((f, where))
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, 4))) as pool:
-        local = list(pool.map(lambda c: _local_digest(c[1], c[0]), candidates))
-    kept: dict[str, FileDigest] = {}
-    for (f, where), d in zip(candidates, local, strict=True):
-        if f.path in kept:
-            continue
-        if (d.sha256 == f.sha256) if f.lfs else (d.git_blob_id == f.blob_id):
-            kept[f.path] = d
-            if where != tree / f.path:
-                _stage_link(where, tree / f.path)
-        elif where == out_dir / f.path:
-            log.warning("%s differs from the listing; downloading it again", f.path)
-    return kept, [f for f in files if f.path not in kept]
-
-
-def _stage_link(src: Path, dst: Path) -> None:
-    """`src` (verified, in place) into the staged tree: a hard link, or a copy where links are refused."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        dst.unlink()
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 def _download_all(session: Session, batch: list[RemoteFile], tree: Path, staging: Path, workers: int,

@@ -230,10 +230,10 @@ def _to_hub(api: Any, artifact: Path, result: PublishResult, manifest: Manifest,
             sig = LocalFile(SIGNATURE_NAME, len(data), hashlib.sha256(data).hexdigest(), data=data)
 
         def remote_signature_ok() -> bool:
-            theirs = Path(tmp) / "remote.sig"
-            theirs.write_bytes(hub.download_file(api, repo_id, head or revision, SIGNATURE_NAME))
+            remote_sig = Path(tmp) / "remote.sig"
+            remote_sig.write_bytes(hub.download_file(api, repo_id, head or revision, SIGNATURE_NAME))
             try:
-                covered = signing.verify_signature(view, theirs, signing.public_key_pem(sign_key),  # type: ignore[arg-type]
+                covered = signing.verify_signature(view, remote_sig, signing.public_key_pem(sign_key),  # type: ignore[arg-type]
                                                    view=True)
             except VerificationError as e:
                 log.info("the signature on the Hub does not hold for this key: %s", e)
