@@ -342,3 +342,17 @@ def test_a_fetched_folder_served_by_vllm_fetches_again(hub_w, tmp_path: Path, ca
     code, out, err = run_cli(capsys, "fetch", "--offline", "--out", str(fetched))
     assert code == 0, err
     assert run_cli(capsys, "verify", str(fetched))[0] == 0
+
+
+def test_a_card_record_of_another_format_is_refused(hub_w, artifact: Path, tmp_path: Path, capsys) -> None:
+    """A card record without card_format (as qwenquant wrote them before cards were re-derived, or stripped
+    of it to dodge the check): the card cannot be re-derived, so it is refused."""
+    write_eval_report(artifact)
+    assert publish(capsys, artifact, "--license", "apache-2.0")[0] == 0
+    fetched = tmp_path / "fetched"
+    assert fetch(capsys, fetched)[0] == 0
+    rec = json.loads((fetched / "qwenquant-card.json").read_text())
+    old = {k: v for k, v in rec.items() if k not in ("card_format", "license", "signature", "card_self_digest")}
+    (fetched / "qwenquant-card.json").write_text(json.dumps(seal(old, "card_self_digest")))
+    code, _, err = run_cli(capsys, "verify", str(fetched))
+    assert code == 4 and "qwenquant-card.json (card: card format None, not 2: this qwenquant cannot re-derive" in err

@@ -3,9 +3,9 @@
 `manifest.verify_artifact` checks the card files' sha256 against the card record; anyone who edits the
 card can update that record and re-seal it. So a card of this qwenquant's format (`card.CARD_FORMAT`)
 is built again from the manifest, the artifact's config and index, the published reports and the
-record's repo, revision and license, and must equal README.md and the record byte for byte (the first
-differing line is named). A card of an older format is checked where it still can be: its root digest
-line, and every figure against the field of the report it cites.
+record's repo, revision, license and signature, and must equal README.md and the record byte for byte
+(the first differing line is named). A card of another format cannot be re-derived and is refused: a
+weaker check for it would let anyone who strips the format from a record edit the card unseen.
 """
 
 from __future__ import annotations
@@ -93,8 +93,11 @@ def card_problems(artifact: Path, rec: dict[str, Any]) -> list[FileProblem]:
     if problems:
         return problems
     figures = collect_figures(raw, reports, manifest.root_digest)
-    if rec.get("card_format") != CARD_FORMAT:
-        return _older_format_problems(readme.decode(errors="replace"), rec, raw, reports, manifest.root_digest)
+    if rec.get("card_format") != CARD_FORMAT:  # a record stripped of it must not buy a weaker check
+        return [FileProblem(CARD_RECORD_NAME, "card", f"card format {rec.get('card_format')!r}, not {CARD_FORMAT}: "
+                                                      "this qwenquant cannot re-derive that card, so its figures and "
+                                                      "descriptions cannot be checked (re-publish it with this "
+                                                      "qwenquant, or verify with the qwenquant that published it)")]
     license_id = rec.get("license") if isinstance(rec.get("license"), str) else front_license(readme.decode())
     try:
         facts = read_facts(artifact, manifest, license_id)
@@ -111,23 +114,4 @@ def card_problems(artifact: Path, rec: dict[str, Any]) -> list[FileProblem]:
     if card.record != rec:
         keys = sorted(k for k in set(card.record) | set(rec) if card.record.get(k) != rec.get(k))
         return [FileProblem(CARD_RECORD_NAME, "card", f"{', '.join(keys)} differ from what the manifest and reports give")]
-    return []
-
-
-def _older_format_problems(readme: str, rec: dict[str, Any], raw: dict[str, Any], reports: list[Report],
-                           root: str) -> list[FileProblem]:
-    """A card of an earlier layout: its root digest line, and each figure against the field it cites."""
-    from qwenquant.publish.figures import lookup
-
-    if f"    sha256:{root}" not in readme.splitlines():
-        return [FileProblem(CARD_NAME, "card", f"does not print the manifest's root digest sha256:{root}")]
-    sources = {MANIFEST_NAME: raw, **{r.repo_path: r.data for r in reports}}
-    for f in rec.get("figures") or []:
-        src = sources.get(f.get("source"))
-        if src is None or lookup(src, f.get("field") or ()) != f.get("value"):
-            return [FileProblem(CARD_NAME, "card", f"figure {f.get('label')!r} ({f.get('value')!r}) is not the value "
-                                                   f"at {f.get('field')} of {f.get('source')}")]
-        if f"| {f.get('text')} |" not in readme:
-            return [FileProblem(CARD_NAME, "card", f"figure {f.get('label')!r} does not show {f.get('text')!r}, "
-                                                   f"the value its source gives")]
     return []
