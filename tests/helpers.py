@@ -333,3 +333,33 @@ SERVER_4 = ("\tGPU0\tGPU1\tGPU2\tGPU3\tNIC0\tNIC1\tCPU Affinity\tNUMA Affinity\t
             "NIC1\tSYS\tSYS\tPXB\tPXB\tSYS\t X \n" + LEGEND + "\nNIC Legend:\n\n  NIC0: mlx5_0\n  NIC1: mlx5_1\n")
 P2P_SERVER = (" \tGPU0\tGPU1\tGPU2\tGPU3\t\n GPU0\tX\tOK\tNS\tNS\t\n GPU1\tOK\tX\tNS\tNS\t\n"
               " GPU2\tNS\tNS\tX\tOK\t\n GPU3\tNS\tNS\tOK\tX\t\n" + P2P_LEGEND)
+
+
+def write_eval_report(art: Path, top1: float = 0.96) -> Path:
+    """An offline eval report of `art` where `qwenquant eval` writes it (the figures are made up)."""
+    from qwenquant.evaluate.report import report_path
+    from qwenquant.manifest import load_manifest
+
+    root = load_manifest(art).root_digest
+    path = report_path(art, root)
+    path.write_text(json.dumps({"arms": {"reference": {"ppl": 9.0}, "artifact": {"ppl": 9.1, "delta_pct": 1.11,
+                                                                                "ci95_pct": [0.9, 1.3], "kl": 0.01,
+                                                                                "top1": top1}},
+                                "lm_head": {"ratio": 0.4}, "mtp": {}, "windows": 8, "window_len": 64,
+                                "root_digest": root}))
+    return path
+
+
+def make_keys(folder: Path) -> tuple[Path, Path]:
+    """A fresh P-256 key pair (PEM), as `openssl ecparam -genkey -name prime256v1` would give."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    folder.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    priv, pub = folder / "key.pem", folder / "key.pub"
+    priv.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
+    return priv, pub

@@ -8,6 +8,7 @@ to see it; QWENQUANT_DEBUG=1 prints it on stderr as well.
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 
@@ -47,7 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rv = app(args=argv, standalone_mode=False, prog_name="qwenquant")
     except QwenquantError as e:
-        return _report(e, str(e), e.hint, e.exit_code)
+        code = _report(e, str(e), e.hint, e.exit_code)
+        if getattr(e, "exit_now", False):  # threads of a client library would hold the exit (publish/hub.py)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
     except (typer.Abort, KeyboardInterrupt):
         print("interrupted", file=sys.stderr)
         return 130

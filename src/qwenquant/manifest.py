@@ -8,7 +8,8 @@ A published or fetched folder also holds companions vLLM never loads, outside th
 (the root digest is untouched): the fetch record, the Hub's .gitattributes, a model_signing
 signature, and the card record `qwenquant-card.json` (sealed by `card_self_digest`, naming this
 root digest and manifest self digest) with the files it records by sha256: the model card README.md
-and the reports under qwenquant-reports/. Any other file the manifest does not list is a problem.
+and the reports under qwenquant-reports/ (and, when it names one, the signature, which must then be
+there). Any other file the manifest does not list is a problem.
 """
 
 from __future__ import annotations
@@ -377,6 +378,9 @@ def _companion_problems(manifest: Manifest, raw: dict[str, Any], extra: dict[str
     if why:
         return [FileProblem(CARD_RECORD_NAME, "card", why)], accepted, None
     problems = []
+    if rec.get("signature") == SIGNATURE_NAME and SIGNATURE_NAME not in extra:
+        problems.append(FileProblem(SIGNATURE_NAME, "missing", f"named in {CARD_RECORD_NAME}, not on disk: "
+                                                               "the published signature was removed"))
     for rel, f in sorted(rec["files"].items()):
         if rel not in extra:
             problems.append(FileProblem(rel, "missing", f"recorded in {CARD_RECORD_NAME}, not on disk"))

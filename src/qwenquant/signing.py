@@ -13,6 +13,7 @@ import base64
 import json
 import logging
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,24 @@ from qwenquant.manifest import (
 
 log = logging.getLogger(__name__)
 
-IGNORED = (*UNCHECKED_COMPANIONS, CARD_NAME, CARD_RECORD_NAME, REPORTS_DIR, ".qwenquant-staging", SIGNATURE_NAME)
+IGNORED = (*UNCHECKED_COMPANIONS, ".qwenquant-staging", SIGNATURE_NAME)
+
+
+@dataclass(frozen=True)
+class Signed:
+    """What a signature that holds covers: how many files, and whether the card files are among them."""
+
+    files: int
+    manifest_files: int
+    card_files: tuple[str, ...]
+
+    def covers(self) -> str:
+        if not self.card_files:
+            return (f"the manifest's {self.manifest_files} files and the manifest; not the card or the reports "
+                    "(signed before qwenquant signed them)")
+        reports = len(self.card_files) - 2
+        return (f"the manifest's {self.manifest_files} files, the manifest, the card, its record and "
+                f"{reports} report{'s' if reports != 1 else ''}")
 
 
 def _model_signing() -> Any:
@@ -44,7 +62,23 @@ def _model_signing() -> Any:
 
 
 def _hashing_config(ms: Any) -> Any:
-    return ms.hashing.Config().set_ignored_paths(paths=list(IGNORED), ignore_git_paths=True)
+    # symlinks: the published view links the artifact's files (published_view)
+    return ms.hashing.Config().set_ignored_paths(paths=list(IGNORED), ignore_git_paths=True).set_allow_symlinks(True)
+
+
+def published_view(artifact: Path, generated: dict[str, bytes], folder: Path) -> Path:
+    """`folder` laid out as the published repo: links to the manifest's files and the manifest, and the
+    generated card files written out (what `sign_artifact` signs and a downloader verifies)."""
+    manifest = load_manifest(artifact)
+    for rel in [f.path for f in manifest.files] + [MANIFEST_NAME]:
+        dst = folder / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.symlink_to((Path(artifact) / rel).resolve())
+    for rel, data in generated.items():
+        dst = folder / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes(data)
+    return folder
 
 
 def _readable(path: Path, what: str, flag: str) -> Path:
@@ -83,10 +117,45 @@ def _signed_files(signature: Path) -> tuple[str, dict[str, str]]:
     return pred["serialization"]["hash_type"], {r["name"]: r["digest"] for r in pred["resources"]}
 
 
-def verify_signature(artifact: Path, signature: Path, public_key: Path | bytes) -> int:
-    """Check `signature` over `artifact` with `public_key` (a PEM path or bytes); return the number of
-    signed files. Raises VerificationError (one line) when it does not hold or signs other files."""
+def _card_files(artifact: Path) -> dict[str, str]:
+    """The card files of a published folder -> sha256 (none without a card record)."""
+    artifact = Path(artifact)
+    if not (artifact / CARD_RECORD_NAME).is_file():
+        return {}
+    names = [CARD_NAME, CARD_RECORD_NAME] + sorted(p.relative_to(artifact).as_posix()
+                                                   for p in (artifact / REPORTS_DIR).rglob("*") if p.is_file())
+    return {n: sha256_file(artifact / n) for n in names if (artifact / n).is_file()}
+
+
+def _public_key(path: Path) -> None:
+    """A key model_signing's key method takes: an elliptic-curve public key in PEM (UsageError otherwise)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    data = Path(path).read_bytes()
+    if b"PRIVATE KEY" in data:
+        raise UsageError(f"{path} is a private key, not the public key",
+                         hint="pass the publisher's public key (PEM); never hand out a private key")
+    try:
+        key = serialization.load_pem_public_key(data)
+    except ValueError as e:
+        raise UsageError(f"{path} is not a PEM public key ({e})".splitlines()[0],
+                         hint="pass the publisher's elliptic-curve public key (PEM, BEGIN PUBLIC KEY)") from None
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise UsageError(f"{path} is a {type(key).__name__.removesuffix('PublicKey').lstrip('_')} public key; "
+                         "model_signing's key method takes elliptic-curve keys only",
+                         hint="ask the publisher for the P-256/P-384/P-521 public key the artifact was signed with")
+
+
+def verify_signature(artifact: Path, signature: Path, public_key: Path | bytes, *, view: bool = False) -> Signed:
+    """Check `signature` over `artifact` with `public_key` (a PEM path or bytes); return what it covers.
+    Raises VerificationError (one line) when it does not hold or signs other files; UsageError for a key
+    of a kind the key method does not take. `view`: `artifact` is a `published_view` (links followed)."""
     ms = _model_signing()
+    if not Path(signature).is_file() and Path(signature).parent.resolve() == Path(artifact).resolve():
+        raise VerificationError(f"{artifact} holds no signature {Path(signature).name}: the signature that is "
+                                "required is missing", hint="it was removed or never published: ask the publisher "
+                                "for the signed revision; never serve it unsigned (--signature FILE if it lies elsewhere)")
     signature = _readable(signature, "signature", "--signature")
     with tempfile.TemporaryDirectory() as tmp:
         if isinstance(public_key, bytes):
@@ -94,10 +163,14 @@ def verify_signature(artifact: Path, signature: Path, public_key: Path | bytes) 
             pub.write_bytes(public_key)
         else:
             pub = _readable(public_key, "public key", "--public-key")
+        _public_key(pub)
         from cryptography.exceptions import InvalidSignature
 
         try:
-            ms.verifying.Config().use_elliptic_key_verifier(public_key=pub).verify(Path(artifact), signature)
+            cfg = ms.verifying.Config().use_elliptic_key_verifier(public_key=pub)
+            if view:
+                cfg.set_hashing_config(_hashing_config(ms))
+            cfg.verify(Path(artifact), signature)
         except (ValueError, KeyError, TypeError, OSError, InvalidSignature) as e:  # mismatch, wrong key, not a bundle
             raise VerificationError(f"signature {signature} does not hold for {artifact}: {e}".splitlines()[0][:400],
                                     hint="the files changed after signing, or the signature is for another key or "
@@ -105,9 +178,12 @@ def verify_signature(artifact: Path, signature: Path, public_key: Path | bytes) 
     hash_type, signed = _signed_files(signature)
     manifest = load_manifest(artifact)
     want = {f.path: f.sha256 for f in manifest.files} | {MANIFEST_NAME: sha256_file(Path(artifact) / MANIFEST_NAME)}
-    if hash_type != "sha256" or signed != want:
-        odd = sorted(set(signed) ^ set(want)) or sorted(p for p in want if signed.get(p) != want[p])
+    card = _card_files(artifact)
+    ok = hash_type == "sha256" and signed in (want, want | card)
+    if not ok:
+        odd = sorted(set(signed) ^ set(want | card)) or sorted(p for p in want if signed.get(p) != want[p])
         raise VerificationError(f"signature {signature} is valid but does not sign exactly the manifest's files "
-                                f"({', '.join(odd[:3]) or hash_type})",
-                                hint="re-sign with `qwenquant publish --sign-key`, which signs the manifest's files")
-    return len(signed)
+                                f"and the card's ({', '.join(odd[:3]) or hash_type})",
+                                hint="re-sign with `qwenquant publish --sign-key`, which signs the manifest's files "
+                                     "and the card files")
+    return Signed(len(signed), len(manifest.files), tuple(sorted(card)) if signed == want | card and card else ())

@@ -1,7 +1,9 @@
-"""Hub fixtures: a real loopback HTTP hub serving a tiny checkpoint, and helpers to check the result."""
+"""Hub fixtures: a real loopback HTTP hub serving a tiny checkpoint (or taking uploads), an artifact to publish,
+signing keys, and helpers to check the result."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,7 +11,7 @@ import pytest
 
 from qwenquant.testbed.hubserver import HubServer
 
-from helpers import Disk
+from helpers import Disk, make_keys, write_test_manifest
 
 REPO = "Qwen/Qwen3.8-27B"
 
@@ -45,3 +47,28 @@ def served(hub: HubServer, tiny_copy: Path) -> Served:
 def disk() -> type[Disk]:
     """File checks of a fetched folder (tests/helpers.Disk)."""
     return Disk
+
+
+@pytest.fixture
+def artifact(tiny_copy: Path) -> Path:
+    """The tiny checkpoint with a manifest over its files: an artifact that verifies (no quantize needed here)."""
+    write_test_manifest(tiny_copy)
+    return tiny_copy
+
+
+@pytest.fixture
+def hub_w(hub, monkeypatch: pytest.MonkeyPatch):
+    """The loopback hub with a write token in HF_TOKEN, as the Hub client reads it."""
+    monkeypatch.setenv("HF_TOKEN", "hf_loopback_write")
+    return hub
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> tuple[Path, Path]:
+    try:
+        import model_signing  # noqa: F401
+    except ImportError:
+        if os.environ.get("CI") == "true":
+            pytest.fail("model_signing is missing under CI=true: install qwenquant[sign]")
+        pytest.skip("model_signing not installed (pip install 'qwenquant[sign]')")
+    return make_keys(tmp_path / "publisher")

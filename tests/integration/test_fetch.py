@@ -303,3 +303,21 @@ def test_unreachable_endpoint(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.setenv("QWENQUANT_FETCH_BACKOFF", "0.01")
     code, _, err = fetch(capsys, tmp_path / "out")
     assert code == 3 and "http://127.0.0.1:9" in err and "HF_ENDPOINT" in err
+
+
+def test_a_fetched_folder_served_by_the_loopback_hub_fetches(served, tmp_path: Path, capsys, disk) -> None:
+    """`hubserver --repo NAME=FOLDER` on a folder fetch wrote serves the repo it holds, not the fetch's own
+    record and staging area (a repo listing qwenquant-fetch.json is refused by fetch)."""
+    out = tmp_path / "out"
+    assert fetch(capsys, out)[0] == 0
+    (out / ".qwenquant-staging").mkdir()
+    (out / ".qwenquant-staging" / "pending.json").write_text("{}")  # an interrupted fetch's leftovers
+    served.hub.add_repo("me/mirror", out)
+    assert sorted(served.hub.repo("me/mirror").commits[served.hub.branch("me/mirror")].files) == \
+        sorted(disk.final_files(served.source))
+    again = tmp_path / "again"
+    code, _, err = run(capsys, "fetch", "me/mirror", "--out", str(again))
+    assert code == 0, err
+    disk.assert_identical_copy(again, served.source)
+    assert run(capsys, "fetch", "me/mirror", "--out", str(again))[0] == 0
+    assert run(capsys, "fetch", "--offline", "--out", str(again))[0] == 0

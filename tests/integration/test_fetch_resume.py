@@ -48,8 +48,10 @@ def test_interrupted_after_k_files_downloads_only_the_rest(served, tmp_path: Pat
     served.hub.faults.add(Fault("fail", path=SHARD2, times=None))
     code, err = fetch(capsys, out)
     assert code == 3 and f"error: {SHARD2}" in err
-    disk.assert_only_verified(out, served.source)
-    done_before = set(disk.final_files(out))
+    assert disk.final_files(out) == {}  # nothing moves into place before the whole snapshot verifies
+    staged = out / ".qwenquant-staging" / "tree"
+    disk.assert_only_verified(staged, served.source)
+    done_before = set(disk.final_files(staged))
     assert SHARD2 not in done_before and len(done_before) == 9
     served.hub.faults.clear()
     served.hub.clear_log()
@@ -140,7 +142,7 @@ def test_killed_process_resumes(served, tmp_path: Path, capsys, disk) -> None:
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if (out / SHARD2).exists() and any(p.stat().st_size > 500_000 for p in partials(out)):
+            if (out / ".qwenquant-staging" / "tree" / SHARD2).exists() and any(p.stat().st_size > 500_000 for p in partials(out)):
                 break
             time.sleep(0.05)
         else:

@@ -13,29 +13,22 @@ from pathlib import Path
 
 import pytest
 
-from qwenquant.evaluate.report import report_path
 from qwenquant.manifest import load_manifest
 from qwenquant.testbed.hubserver import Fault
 
-from helpers import LAUNCHER, quantize_tiny_artifact, require_vllm, run_cli, write_test_manifest
+from helpers import (
+    LAUNCHER,
+    make_keys,
+    quantize_tiny_artifact,
+    require_vllm,
+    run_cli,
+    write_eval_report,
+    write_test_manifest,
+)
 
 OUT = "me/tiny-w4a16"
 SHARD = "model-00001-of-00002.safetensors"
 WRITES = ("preupload", "lfs-batch", "lfs-put", "lfs-verify", "commit")
-
-
-@pytest.fixture
-def artifact(tiny_copy: Path) -> Path:
-    """The tiny checkpoint with a manifest over its files: an artifact that verifies (no quantize needed here)."""
-    write_test_manifest(tiny_copy)
-    return tiny_copy
-
-
-@pytest.fixture
-def hub_w(hub, monkeypatch: pytest.MonkeyPatch):
-    """The loopback hub with a write token in HF_TOKEN, as the Hub client reads it."""
-    monkeypatch.setenv("HF_TOKEN", "hf_loopback_write")
-    return hub
 
 
 def publish(capsys, art: Path, *extra: str) -> tuple[int, str, str]:
@@ -58,20 +51,9 @@ def assert_nothing_published(hub) -> None:
     assert repo is None or sorted(listing(hub)) == [".gitattributes"]
 
 
-def eval_report(art: Path) -> Path:
-    root = load_manifest(art).root_digest
-    path = report_path(art, root)
-    path.write_text(json.dumps({"arms": {"reference": {"ppl": 9.0}, "artifact": {"ppl": 9.1, "delta_pct": 1.11,
-                                                                                "ci95_pct": [0.9, 1.3], "kl": 0.01,
-                                                                                "top1": 0.96}},
-                                "lm_head": {"ratio": 0.4}, "mtp": {}, "windows": 8, "window_len": 64,
-                                "root_digest": root}))
-    return path
-
-
 def test_publish_fetch_verify_round_trip(hub_w, artifact: Path, tmp_path: Path, capsys) -> None:
     root = load_manifest(artifact).root_digest
-    report = eval_report(artifact)
+    report = write_eval_report(artifact)
     code, out, err = publish(capsys, artifact)
     assert code == 0, err
     commit = hub_w.branch(OUT)
@@ -99,7 +81,7 @@ def test_publish_fetch_verify_round_trip(hub_w, artifact: Path, tmp_path: Path, 
 
 
 @pytest.mark.parametrize("path, data, words", [
-    ("README.md", b"---\nlicense: mit\n---\n# better numbers\n", "README.md (card)"),
+    ("README.md", b"---\nlicense: mit\n---\n# better numbers\n", "README.md (card: sha256 differs"),
     (SHARD, None, f"{SHARD} (changed)"),
 ])
 def test_a_file_replaced_on_the_hub_is_refused_by_fetch(hub_w, artifact: Path, tmp_path: Path, capsys,
@@ -239,32 +221,6 @@ def test_a_published_quantized_artifact_checks_and_serves_from_the_fetched_folde
 
 
 # -- signing (pip install 'qwenquant[sign]') ---------------------------------------------------------------
-
-
-def make_keys(folder: Path) -> tuple[Path, Path]:
-    """A fresh P-256 key pair (PEM), as `openssl ecparam -genkey -name prime256v1` would give."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    folder.mkdir(parents=True, exist_ok=True)
-    key = ec.generate_private_key(ec.SECP256R1())
-    priv, pub = folder / "key.pem", folder / "key.pub"
-    priv.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
-    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
-    return priv, pub
-
-
-@pytest.fixture
-def keys(tmp_path: Path) -> tuple[Path, Path]:
-    try:
-        import model_signing  # noqa: F401
-    except ImportError:
-        if os.environ.get("CI") == "true":
-            pytest.fail("model_signing is missing under CI=true: install qwenquant[sign]")
-        pytest.skip("model_signing not installed (pip install 'qwenquant[sign]')")
-    return make_keys(tmp_path / "publisher")
 
 
 def test_signing_round_trip_and_a_flipped_byte_refused(hub_w, artifact: Path, tmp_path: Path, capsys, keys) -> None:

@@ -59,9 +59,11 @@ def test_lfs_content_is_compared_by_sha256_not_by_size() -> None:
 def test_signature_kept_while_the_signed_files_are_unchanged() -> None:
     sig = RemoteFile("model.sig", 100, "3" * 40, None)
     remote = hub_of(FILES, **{"model.sig": sig})
+    plan = plan_upload(FILES, remote, git_blob)  # no --sign-key, nothing changed: the signature holds
+    assert plan.kept_signature and plan.noop
     card_only = [local("README.md", b"# new card\n") if f.path == "README.md" else f for f in FILES]
-    plan = plan_upload(card_only, remote, git_blob)  # no --sign-key, only the card changed: the signature holds
-    assert plan.kept_signature and "model.sig" not in plan.delete and [f.path for f in plan.upload] == ["README.md"]
+    plan = plan_upload(card_only, remote, git_blob)  # the card is signed too: a new card, another signature needed
+    assert not plan.kept_signature and plan.delete == ["model.sig"] and [f.path for f in plan.upload] == ["README.md"]
     weights = [local(FILES[0].path, b"other weights")] + FILES[1:]
     plan = plan_upload(weights, remote, git_blob)  # the signed files changed: that signature signs other bytes
     assert not plan.kept_signature and plan.delete == ["model.sig"]

@@ -40,6 +40,7 @@ def _bar_progress() -> Iterator[object]:
         "  qwenquant fetch Qwen/Qwen3.8-27B --revision 0123456789abcdef0123456789abcdef01234567 --out models/q\n\n"
         "  qwenquant fetch --offline --out models/Qwen3.8-27B\n\n"
         "  qwenquant fetch --expect old/qwenquant-fetch.json --out models/q   (the same bytes, whatever the commit id)\n\n"
+        "  qwenquant fetch me/q27b-w4a16 --root sha256:<the root digest the publisher gives> --out models/q\n\n"
         "  HF_ENDPOINT=http://127.0.0.1:8765 qwenquant fetch Qwen/Qwen3.8-27B --out models/q --json"
     )
 )
@@ -50,6 +51,7 @@ def fetch(
     offline: bool = typer.Option(False, "--offline", help="No network: re-verify --out against its fetch record."),
     re_resolve: bool = typer.Option(False, "--re-resolve", help="Resolve the revision again instead of reusing the recorded commit."),
     expect: Path | None = typer.Option(None, "--expect", help="A fetch record whose exact content the fetch must hold (any commit id: survives a history rewrite)."),
+    root: str | None = typer.Option(None, "--root", help="sha256:HEX, the root digest the publisher announces: refused unless the fetched artifact's manifest has it."),
     repo_type: RepoType = typer.Option(RepoType.model, "--repo-type", help="model or dataset."),
     workers: int = typer.Option(8, "--workers", min=1, max=64, help="Parallel downloads."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, warnings only."),
@@ -69,6 +71,7 @@ def fetch(
     if offline:
         _offline(out, as_json)
         return
+    root_hex = _root(root)
     expected = _expected(expect, repo_id)
     repo_id = repo_id or (expected or {}).get("repo_id")
     revision = revision or (expected or {}).get("revision") or "main"
@@ -90,10 +93,12 @@ def fetch(
 
     os.environ.setdefault("HF_HUB_DISABLE_XET", "1")  # plain HTTP transfers, verified here
     from qwenquant.fetch import fetch_snapshot
+    from qwenquant.publish.cardcheck import verify_published_artifact
 
     with _bar_progress() as progress:
         result = fetch_snapshot(repo_id, out, revision=revision, repo_type=repo_type.value, re_resolve=re_resolve,
-                                workers=workers, progress=progress, expect=expected)  # fmt: skip
+                                workers=workers, progress=progress, expect=expected,
+                                verify_artifact=verify_published_artifact, root=root_hex)  # fmt: skip
     art = result.artifact
     _warn_extra(out, result.record)
     summary = {"repo_id": repo_id, "commit": result.commit, "out": str(out), "root_digest": result.record["root_digest"],
@@ -108,6 +113,19 @@ def fetch(
     if art:
         stdout.print(f"qwenquant artifact verified against its manifest: {art.files_checked} files, "
                      f"root digest {art.root_digest}", markup=False)
+
+
+def _root(root: str | None) -> str | None:
+    """--root sha256:HEX (the prefix may be left out) as 64 lower-case hex digits."""
+    import re
+
+    if root is None:
+        return None
+    digest = root.strip().lower().removeprefix("sha256:")
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise UsageError(f"--root {root!r} is not a sha256 root digest",
+                         hint="pass it as the card prints it: --root sha256:<64 hex digits>")
+    return digest
 
 
 def _expected(expect: Path | None, repo_id: str | None) -> dict | None:

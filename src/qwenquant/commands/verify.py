@@ -30,19 +30,20 @@ def verify(
     """
     from qwenquant.console import print_json, stdout
     from qwenquant.errors import UsageError, VerificationError
-    from qwenquant.manifest import verify_artifact
+    from qwenquant.publish.cardcheck import verify_published_artifact
 
     if (signature is None) != (public_key is None):
         raise UsageError("--signature and --public-key go together",
                          hint="qwenquant verify DIR --signature DIR/model.sig --public-key publisher.pub")
-    report = verify_artifact(artifact)
+    report = verify_published_artifact(artifact)
     signed = None
     if report.ok and signature is not None:
         from qwenquant.signing import verify_signature
 
         signed = verify_signature(artifact, signature, public_key)  # type: ignore[arg-type]
     if as_json:
-        print_json({**report.to_dict(), "signature": None if signed is None else {"path": str(signature), "files": signed}})
+        print_json({**report.to_dict(), "signature": None if signed is None else {
+            "path": str(signature), "files": signed.files, "covers": signed.covers(), "card_files": list(signed.card_files)}})
     elif report.ok:
         stdout.print(f"OK {artifact}: {report.files_checked} files, {report.bytes_checked} bytes, "
                      f"root sha256:{report.root_digest}", markup=False)
@@ -53,13 +54,21 @@ def verify(
     if not report.ok:
         raise VerificationError(
             f"{artifact} does not match its manifest: " + ", ".join(
-                f"{p.path} ({p.status})" for p in report.problems),
-            hint="re-copy or rebuild the artifact; never serve files that fail verification",
+                f"{p.path} ({p.status}{': ' + p.detail if p.status == 'card' else ''})" for p in report.problems),
+            hint=_hint(artifact, report),
         )
 
 
+def _hint(artifact: Path, report: Any) -> str:
+    """Card problems: the card was changed after publishing (fetch it again); files: re-copy or rebuild."""
+    if all(p.status == "card" for p in report.problems):
+        return ("the card files differ from what the manifest and the reports give (edited after publishing): "
+                f"re-fetch the folder (`qwenquant fetch REPO --out {artifact}`); never trust figures that fail this")
+    return "re-copy or rebuild the artifact; never serve files that fail verification"
+
+
 def _provenance(artifact: Path, report: Any, signature: Path | None, public_key: Path | None,
-                signed: int | None) -> list[str]:
+                signed: Any) -> list[str]:
     """Where a fetched folder came from, the published root digest, the signature that held."""
     import json
 
@@ -75,7 +84,7 @@ def _provenance(artifact: Path, report: Any, signature: Path | None, public_key:
     except (OSError, ValueError, KeyError, TypeError):
         pass
     if signed is not None:
-        out.append(f"signature {signature}: valid for {public_key} over the {signed} signed files (the manifest's)")
+        out.append(f"signature {signature}: valid for {public_key} over {signed.files} signed files: {signed.covers()}")
     return out
 
 

@@ -1,8 +1,14 @@
-"""`fetch_snapshot`: pin a revision to one commit, download every file, verify, write the record last."""
+"""`fetch_snapshot`: pin a revision to one commit, download every file, verify, write the record last.
+
+Everything is staged first: downloads land in `.qwenquant-staging/tree/` (files already verified in
+the folder are hard-linked there), and the listing, the configs and index, the manifest and the card
+(`verify_artifact`) are checked on that tree. Only then do files move into place, stale ones go, and
+the fetch record is written, last. A refused fetch leaves the folder as it was."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -19,12 +25,19 @@ from typing import Any
 from qwenquant import __version__, envs
 from qwenquant.atomic import atomic_write_json, exclusive_lock, fsync_dir
 from qwenquant.checkpoint.header import INDEX_NAME, SafetensorsError, check_index, load_index_json, read_header
-from qwenquant.errors import FetchError
+from qwenquant.errors import FetchError, QwenquantError, VerificationError
 from qwenquant.fetch.pinning import PENDING_NAME, pin_commit
 from qwenquant.fetch.record import SCHEMA_VERSION, root_digest
 from qwenquant.fetch.selection import RECORD_NAME, STAGING_NAME, RemoteFile, check_listing, config_problems
+from qwenquant.fetch.staged import (
+    TREE_NAME,
+    move_into_place,
+    prune_tree,
+    refuse_unnamed_companions,
+    reuse_verified,
+    tidy,
+)
 from qwenquant.fetch.transfer import Cancelled, FileDigest, Session, download_file
-from qwenquant.hashing import CHUNK
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +80,16 @@ def fetch_snapshot(
     progress: Progress | None = None,
     only: tuple[str, ...] = (),
     expect: dict[str, Any] | None = None,
+    verify_artifact: Callable[[Path], Any] | None = None,
+    root: str | None = None,
 ) -> FetchResult:
     """Fetch `repo_id` at one pinned commit into `out_dir`, verifying every file; return the record.
 
     `only`: fetch just these paths of the repo (each must exist at the commit). `expect`: a fetch
     record whose content the commit must hold (fetch/pinning.py). A published qwenquant artifact
-    (qwenquant-manifest.json) is verified against its manifest too."""
+    (qwenquant-manifest.json) is verified against its manifest too, by `verify_artifact(folder)` (default:
+    manifest.verify_artifact; the command passes one that re-derives the card as well); `root`: the
+    manifest's root digest the artifact must have."""
     from huggingface_hub import constants
 
     out_dir = Path(out_dir)
@@ -81,15 +98,20 @@ def fetch_snapshot(
     backoff = envs.get("QWENQUANT_FETCH_BACKOFF") if backoff is None else backoff
     progress = progress or Progress()
     staging = out_dir / STAGING_NAME
+    fresh = (not out_dir.exists(), not staging.exists())  # what to tidy away again when the fetch is refused
     try:
         staging.mkdir(parents=True, exist_ok=True)
         with _exclusive(staging):
             return _fetch(repo_id, out_dir, staging, revision=revision, repo_type=repo_type, endpoint=endpoint,
                           token=token, re_resolve=re_resolve, workers=workers, attempts=attempts, backoff=backoff,
-                          check_model=check_model, progress=progress, only=only, expect=expect)  # fmt: skip
+                          check_model=check_model, progress=progress, only=only, expect=expect,
+                          verify_artifact=verify_artifact, root=root)  # fmt: skip
     except OSError as e:  # disk full, permissions, --out is a file: name the path, no traceback
         where = e.filename or out_dir
         raise FetchError(f"{where}: {e.strerror or e}", hint="check --out (free space, permissions)") from e
+    except QwenquantError:
+        tidy(out_dir, staging, *fresh)
+        raise
 
 
 def _exclusive(staging: Path) -> contextlib.AbstractContextManager[None]:
@@ -102,7 +124,8 @@ def _exclusive(staging: Path) -> contextlib.AbstractContextManager[None]:
 def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_type: str, endpoint: str | None,
            token: str | bool | None, re_resolve: bool, workers: int, attempts: int, backoff: float,
            check_model: bool, progress: Progress, only: tuple[str, ...] = (),
-           expect: dict[str, Any] | None = None) -> FetchResult:  # fmt: skip
+           expect: dict[str, Any] | None = None, verify_artifact: Callable[[Path], Any] | None = None,
+           root: str | None = None) -> FetchResult:  # fmt: skip
     from huggingface_hub import HfApi
     from huggingface_hub.utils import build_hf_headers, get_session
 
@@ -114,15 +137,18 @@ def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_ty
     log.info("%s %s -> commit %s", repo_id, revision, commit)
     files = _select(pinned.files, only, repo_id, commit)
     check_listing(files)
-    _drop_stale(out_dir, commit, {f.path for f in files})
+    names = {f.path for f in files}
+    refuse_unnamed_companions(names, repo_id, commit, root)
     # Re-runs after an interruption reuse this commit (unless --re-resolve) and know what it put here.
     pending = {"repo_id": repo_id, "repo_type": repo_type, "revision": revision, "commit": commit,
-               "endpoint": endpoint, "files": sorted(f.path for f in files)}  # fmt: skip
+               "endpoint": endpoint, "files": sorted(names)}  # fmt: skip
+    prune_tree(staging / TREE_NAME, names)
     atomic_write_json(staging / PENDING_NAME, pending)
-    if check_model and "config.json" not in {f.path for f in files}:
+    if check_model and "config.json" not in names:
         raise FetchError(f"{repo_id}@{commit} has no config.json", hint="is this a model repo? (--repo-type dataset)")
 
-    digests, todo = _reuse_verified(out_dir, files, workers)
+    tree = staging / TREE_NAME
+    digests, todo = reuse_verified(out_dir, tree, files, workers)
     need = sum(f.size for f in todo)
     free = shutil.disk_usage(out_dir).free
     if need > free:
@@ -140,37 +166,55 @@ def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_ty
     first = [f for f in todo if f.path.endswith(".json") and not f.lfs]
     rest = sorted((f for f in todo if f not in first), key=lambda f: -f.size)
     for batch in (first, rest):
-        for d in _download_all(session, batch, out_dir, staging, workers, check_model, progress):
+        for d in _download_all(session, batch, tree, staging, workers, check_model, progress):
             digests[d.path] = d
 
-    for f in files:  # configs that were already in place are checked too
-        if f.path.endswith(".json") and not f.lfs:
-            validate_file(out_dir / f.path, f.path, check_model)
-    if check_model:
-        check_shards(out_dir, {f.path for f in files})
-
+    try:
+        for f in files:  # configs that were already in place are checked too
+            if f.path.endswith(".json") and not f.lfs:
+                validate_file(tree / f.path, f.path, check_model)
+        if check_model:
+            check_shards(tree, names)
+        artifact = verify_published(tree, repo_id, commit, names, verify_artifact, root)
+    except QwenquantError:
+        shutil.rmtree(tree, ignore_errors=True)  # refused: the folder keeps what it held, nothing to resume
+        with contextlib.suppress(FileNotFoundError):
+            (staging / PENDING_NAME).unlink()
+        raise
+    move_into_place(out_dir, tree, commit, files)
     record = _write_record(out_dir, repo_id, repo_type, revision, commit, endpoint, files, digests,
                            {"replaces_commit": pinned.replaces, "note": pinned.note} if pinned.note else None)
     shutil.rmtree(staging, ignore_errors=True)
     downloaded = [f.path for f in todo]
+    if artifact is not None:
+        artifact = dataclasses.replace(artifact, artifact_dir=str(out_dir))
     return FetchResult(repo_id, commit, out_dir, record, downloaded,
                        sorted(set(digests) - set(downloaded)), sum(d.downloaded for d in digests.values()),
-                       pinned.note, verify_published(out_dir, repo_id, commit, {f.path for f in files}))  # fmt: skip
+                       pinned.note, artifact)  # fmt: skip
 
 
-def verify_published(out_dir: Path, repo_id: str, commit: str, names: set[str]) -> Any:
-    """A fetched qwenquant artifact against its own manifest (None when the repo holds none)."""
-    from qwenquant.errors import VerificationError
-    from qwenquant.manifest import MANIFEST_NAME, verify_artifact
+def verify_published(folder: Path, repo_id: str, commit: str, names: set[str],
+                     verify_artifact: Callable[[Path], Any] | None = None, root: str | None = None) -> Any:
+    """A fetched qwenquant artifact against its own manifest (None when the repo holds none); `root`:
+    the root digest it must have."""
+    from qwenquant.manifest import MANIFEST_NAME
+    from qwenquant.manifest import verify_artifact as manifest_only
 
     if MANIFEST_NAME not in names:
         return None
-    report = verify_artifact(out_dir)
+    report = (verify_artifact or manifest_only)(folder)
     if not report.ok:
         raise VerificationError(
             f"{repo_id}@{commit} matches the Hub's hashes but not its own {MANIFEST_NAME}: "
-            + ", ".join(f"{p.path} ({p.status})" for p in report.problems[:5]),
-            hint="the published files and manifest disagree (or the card was edited); never serve it")
+            + ", ".join(f"{p.path} ({p.status}{': ' + p.detail if p.status == 'card' else ''})"
+                        for p in report.problems[:5]),
+            hint="the published files and manifest disagree (or the card was edited); never serve it; "
+                 "nothing in the folder was changed")
+    if root is not None and report.root_digest != root:
+        raise VerificationError(f"{repo_id}@{commit} holds an artifact of root digest sha256:{report.root_digest}, "
+                                f"not the pinned sha256:{root}",
+                                hint="the repo holds another artifact than the one announced; nothing in the folder "
+                                     "was changed; ask the publisher which revision holds it")
     log.info("published artifact verified: root digest %s", report.root_digest)
     return report
 
@@ -204,23 +248,6 @@ class _Retrying:
         return call
 
 
-def _drop_stale(out_dir: Path, commit: str, paths: set[str]) -> None:
-    """Files an earlier fetch (record or pending run) of another commit put here and this one lacks."""
-    ours: set[str] = set()
-    for p in (out_dir / RECORD_NAME, out_dir / STAGING_NAME / PENDING_NAME):
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            prev = json.loads(p.read_text())
-            if prev["commit"] != commit:
-                ours |= {f["path"] if isinstance(f, dict) else f for f in prev["files"]}
-                if p.name == RECORD_NAME:
-                    p.unlink()  # the folder no longer holds that snapshot
-    for rel in sorted(ours - paths):
-        p = out_dir / rel
-        if p.is_file() and not p.is_symlink():
-            log.info("removing %s (not in commit %s)", rel, commit)
-            p.unlink()
-
-
 def _select(files: list[RemoteFile], only: tuple[str, ...], repo_id: str, commit: str) -> list[RemoteFile]:
     """The listed files named in `only` (all of them when it is empty); a missing name is an error."""
     if not only:
@@ -231,49 +258,16 @@ def _select(files: list[RemoteFile], only: tuple[str, ...], repo_id: str, commit
     return [f for f in files if f.path in only]
 
 
-def _local_digest(path: Path, f: RemoteFile) -> FileDigest:
-    import hashlib
-
-    h256, h1 = hashlib.sha256(), hashlib.sha1(f"blob {f.size}\0".encode())
-    with open(path, "rb") as fh:
-        while chunk := fh.read(CHUNK):
-            h256.update(chunk)
-            if not f.lfs:
-                h1.update(chunk)
-    return FileDigest(f.path, f.size, h256.hexdigest(), f.blob_id if f.lfs else h1.hexdigest(), f.lfs)
-
-
-def _reuse_verified(out_dir: Path, files: list[RemoteFile], workers: int) -> tuple[dict[str, FileDigest], list[RemoteFile]]:
-    """Files already at their final path with the listed digest are kept; the rest are to download."""
-    candidates = []
-    for f in files:
-        p = out_dir / f.path
-        if p.is_symlink():
-            raise FetchError(f"{p} is a symlink; refusing to write through it", hint="remove it and re-run")
-        if p.is_file() and p.stat().st_size == f.size:
-            candidates.append(f)
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, 4))) as pool:
-        local = dict(zip([f.path for f in candidates], pool.map(lambda f: _local_digest(out_dir / f.path, f), candidates), strict=True))
-    kept: dict[str, FileDigest] = {}
-    for f in candidates:
-        d = local[f.path]
-        if (d.sha256 == f.sha256) if f.lfs else (d.git_blob_id == f.blob_id):
-            kept[f.path] = d
-        else:
-            log.warning("%s differs from the listing; downloading it again", f.path)
-    return kept, [f for f in files if f.path not in kept]
-
-
-def _download_all(session: Session, batch: list[RemoteFile], out_dir: Path, staging: Path, workers: int,
+def _download_all(session: Session, batch: list[RemoteFile], tree: Path, staging: Path, workers: int,
                   check_model: bool, progress: Progress) -> list[FileDigest]:  # fmt: skip
     def one(f: RemoteFile) -> FileDigest:
         tmp, d = download_file(session, f, staging)
         try:
             validate_file(tmp, f.path, check_model)
-            final = out_dir / f.path
+            final = tree / f.path
             final.parent.mkdir(parents=True, exist_ok=True)
-            if not final.resolve().is_relative_to(out_dir.resolve()):
-                raise FetchError(f"{f.path} would land outside {out_dir}", hint="remove symlinked folders from --out")
+            if not final.resolve().is_relative_to(tree.resolve()):
+                raise FetchError(f"{f.path} would land outside {tree}", hint="remove symlinked folders from --out")
             os.replace(tmp, final)
             fsync_dir(final.parent)
         except BaseException:

@@ -4,7 +4,8 @@ artifact's own config and index, and the reports keyed to its root digest.
 The card is outside the manifest's hashed file set (the root digest is untouched); the record names
 the root digest and the manifest's self digest and holds the card's and every report's sha256, sealed
 by `card_self_digest`, so `qwenquant verify` can tell a card edited after publishing. Same inputs, same
-bytes: a re-run of `qwenquant publish` finds the card already there.
+bytes: a re-run of `qwenquant publish` finds the card already there, and `verify` (publish/cardcheck.py)
+re-derives the card from the manifest and the reports and refuses one that differs.
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from qwenquant.hashing import seal
-from qwenquant.manifest import CARD_NAME, MANIFEST_NAME, Manifest
+from qwenquant.manifest import CARD_NAME, MANIFEST_NAME, SIGNATURE_NAME, Manifest
 from qwenquant.publish.figures import Figure
 from qwenquant.publish.reports import Report
+
+# The card's text layout; a card record of this format is re-derived byte for byte by `verify`
+# (bump it with any change to what build_card writes).
+CARD_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,10 @@ def _what(manifest: Manifest, facts: CardFacts) -> list[str]:
     q = manifest.recipe.get("quantization") or {}
     head = (f"int{facts.lm_head_bits} (group {facts.group_size}, GPTQ calibrated on final-norm activations)"
             if facts.lm_head_bits else "kept bf16")
-    mtp = (f"{facts.mtp_tensors} `mtp.*` tensors in {', '.join(facts.mtp_files)}, kept bf16 (vLLM's MTP drafter)"
+    mtp_q = (manifest.recipe.get("mtp") or {}).get("quantize") == "gptq"
+    kept = (f"its Linears GPTQ int{q.get('num_bits', 4)} group {q.get('group_size')} like the body, norms bf16"
+            if mtp_q else "kept bf16")
+    mtp = (f"{facts.mtp_tensors} `mtp.*` tensors in {', '.join(facts.mtp_files)}, {kept} (vLLM's MTP drafter)"
            if facts.mtp_tensors else "not shipped (no `mtp.*` tensors in the weights)")
     vision = f"{facts.vision_tensors} tensors, kept bf16" if facts.vision_tensors else "not shipped (text-only)"
     return ["## What is in it", "",
@@ -120,12 +128,13 @@ def _measured(figures: Sequence[Figure], missing: Sequence[tuple[str, str]]) -> 
     return out + ([""] if missing else [])
 
 
-def _use(repo_id: str, revision: str, facts: CardFacts) -> list[str]:
+def _use(repo_id: str, revision: str, facts: CardFacts, root: str) -> list[str]:
     name = repo_id.split("/")[-1]
-    out = ["## Use it", "", "```", f"qwenquant fetch {repo_id} --revision {revision} --out models/{name}",
+    out = ["## Use it", "", "```", f"qwenquant fetch {repo_id} --revision {revision} --root sha256:{root} --out models/{name}",
            f"qwenquant verify models/{name}", f"qwenquant serve models/{name} --profile single-user", "```", "",
-           "`qwenquant fetch` checks every byte against the Hub's hashes, then against the manifest, and prints the "
-           "root digest; `qwenquant verify` re-hashes the folder at any time and names the same digest."]
+           "`qwenquant fetch` checks every byte against the Hub's hashes, then against the manifest and this card, "
+           "and refuses an artifact whose root digest is not the one after `--root`; `qwenquant verify` re-hashes "
+           "the folder at any time and names the same digest."]
     if facts.vllm_line:
         out += ["", "Plain vLLM on the fetched folder (the command `qwenquant serve` runs on one CUDA GPU):", "",
                 "```", facts.vllm_line.replace("MODEL_DIR", f"models/{name}").replace("MODEL_NAME", name), "```"]
@@ -138,9 +147,11 @@ def _checking(name: str) -> list[str]:
             f"- `{MANIFEST_NAME}` lists every weight and config file with its size and sha256; its root digest names "
             "them all. `qwenquant verify` fails on any missing, extra or changed byte.",
             "- This card, `qwenquant-card.json` and `qwenquant-reports/` are outside that hashed set: the card record "
-            "holds their sha256 and names the root digest, so `qwenquant verify` also reports a card edited after "
-            "publishing. They describe the artifact; the root digest does not vouch for them.",
-            f"- When this repo holds `model.sig`, it is a sigstore model_signing signature over the manifest's files: "
+            "holds their sha256 and names the root digest, and `qwenquant verify` re-derives this card from the "
+            "manifest and the reports, so a card whose figures, digest or descriptions differ from them is refused. "
+            "The root digest does not vouch for the reports' figures: only a signature says who published them.",
+            f"- When this repo holds `model.sig`, it is a sigstore model_signing signature over the manifest's files, "
+            "the manifest, this card, its record and the reports: "
             f"`qwenquant verify {d} --signature {d}/model.sig --public-key PUBLISHER.pub`, or "
             f"`model_signing verify key {d} --signature {d}/model.sig --public_key PUBLISHER.pub`. Take the public key "
             "from the publisher, never from this repo.", ""]
@@ -148,8 +159,9 @@ def _checking(name: str) -> list[str]:
 
 def build_card(manifest: Manifest, manifest_self_digest: str, facts: CardFacts, *, repo_id: str, revision: str,
                license_id: str, reports: Sequence[Report], figures: Sequence[Figure],
-               missing: Sequence[tuple[str, str]]) -> Card:
-    """README.md and its sealed record; deterministic in its inputs."""
+               missing: Sequence[tuple[str, str]], signed: bool = False) -> Card:
+    """README.md and its sealed record; deterministic in its inputs. `signed`: the record names the
+    signature published beside it (a repo without it is refused by fetch and verify)."""
     import yaml
 
     name = repo_id.split("/")[-1]
@@ -159,16 +171,17 @@ def build_card(manifest: Manifest, manifest_self_digest: str, facts: CardFacts, 
              f"{manifest.source.get('repo') or 'A Qwen3.5-architecture model'} quantized to W4A16 by qwenquant {qv}. "
              f"`{MANIFEST_NAME}` lists every file of the artifact with its sha256; its root digest is", "",
              f"    sha256:{manifest.root_digest}", "",
-             *_use(repo_id, revision, facts), *_measured(figures, missing), *_what(manifest, facts),
+             *_use(repo_id, revision, facts, manifest.root_digest), *_measured(figures, missing), *_what(manifest, facts),
              *_provenance(manifest), "## Files", "",
              *_table(("file", "bytes", "sha256"), [(f.path, f.size, f"`{f.sha256}`") for f in manifest.files]), "",
              *_checking(name)]
     readme = ("\n".join(lines).rstrip() + "\n").encode()
     files = {CARD_NAME: {"size": len(readme), "sha256": hashlib.sha256(readme).hexdigest()}}
     files.update({r.repo_path: {"size": len(r.raw), "sha256": r.sha256} for r in reports})
-    body = {"schema_version": 1, "kind": "qwenquant-card", "repo_id": repo_id, "revision": revision,
+    body = {"schema_version": 1, "kind": "qwenquant-card", "card_format": CARD_FORMAT, "license": license_id,
+            "repo_id": repo_id, "revision": revision,
             "root_digest": manifest.root_digest, "manifest_self_digest": manifest_self_digest,
-            "files": files, "figures": [f.to_dict() for f in figures]}
+            "files": files, "figures": [f.to_dict() for f in figures], "signature": SIGNATURE_NAME if signed else None}
     return Card(readme, seal(body, "card_self_digest"))
 
 
@@ -231,7 +244,11 @@ def _vllm_line(manifest: Manifest, config: dict[str, Any]) -> str | None:
     try:
         profile = recipe_from_manifest(manifest).profile("single-user")
         name = served_name(Path("MODEL_NAME"), config, profile.served_model_name)
-        args = build_vllm_argv(Path("MODEL_DIR"), profile.model_copy(update={"served_model_name": name}), manifest, "cuda")
+        limit = (config.get("text_config") or config).get("max_position_embeddings")
+        update: dict[str, Any] = {"served_model_name": name}
+        if isinstance(limit, int) and profile.max_model_len > limit:  # what `qwenquant serve` would refuse
+            update["max_model_len"] = limit
+        args = build_vllm_argv(Path("MODEL_DIR"), profile.model_copy(update=update), manifest, "cuda")
     except (QwenquantError, ValueError, KeyError):
         return None
     return f"vllm serve MODEL_DIR {shlex.join(args[2:])}"

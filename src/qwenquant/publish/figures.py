@@ -38,6 +38,7 @@ SECTIONS = {
     "MTP acceptance (served)": "qwenquant eval --serve ARTIFACT --profile single-user",
     "throughput": "qwenquant bench --serve ARTIFACT --profile single-user --out ARTIFACT.bench-DIGEST.json",
 }
+PROMISE = "profile promise (served)"  # bench --depth / --soak / --turns: shown when given, never "not measured"
 
 
 def lookup(data: Any, field: Sequence[Any]) -> Any:
@@ -144,12 +145,48 @@ def bench_figures(r: Report, root_digest: str) -> list[Figure]:
     return out
 
 
+def long_figures(r: Report) -> list[Figure]:
+    """What a `bench --depth`, `--soak` or `--turns` run of this artifact showed of its profile's promise."""
+    d = r.data
+    t = d.get("target") or {}
+    machine = ", ".join(str(x) for x in (d.get("gpu_name") or t.get("device"), t.get("vllm_version")) if x)
+    c = _Collect(d, r.repo_path, " ".join(d.get("argv") or [str(d.get("tool"))]), machine or None)
+    who = f"{t.get('profile') or t.get('label')}, max-model-len {d.get('max_model_len')}"
+    if r.kind == "bench-depth":
+        n = d.get("concurrency") or 1
+        burst = f", {n} fresh prompts at once" if n > 1 else ""
+        c.add(PROMISE, f"{who}: deepest prompt served{burst} (tokens)", ("last_ok_depth",), str)
+        c.add(PROMISE, f"{who}: failed at depth", ("failure", "depth"), str)
+    elif r.kind == "bench-turns":
+        c.add(PROMISE, f"{who}: conversation turns served", ("last_ok_turn",), str)
+        c.add(PROMISE, f"{who}: context depth of the last turn (tokens)", ("last_ok_depth",), str)
+        c.add(PROMISE, f"{who}: failed at turn", ("failure", "turn"), str)
+    else:
+        c.add(PROMISE, f"{who}: soak of {d.get('concurrency')} x {d.get('soak_tokens')} tokens, verdict",
+              ("verdict", "status"), str)
+    return c.out
+
+
 def collect_figures(manifest: dict[str, Any], reports: Sequence[Report], root_digest: str) -> list[Figure]:
     """Every figure of the card, manifest first, then the reports in their repo order."""
     out = manifest_figures(manifest)
     for r in reports:
-        out += {"eval": eval_figures, "eval-served": served_figures}[r.kind](r) if r.kind != "bench" \
-            else bench_figures(r, root_digest)
+        if r.kind == "bench":
+            out += bench_figures(r, root_digest)
+        else:
+            out += {"eval": eval_figures, "eval-served": served_figures}.get(r.kind, long_figures)(r)
+    return out
+
+
+def conflicts(figures: Sequence[Figure]) -> list[tuple[Figure, Figure]]:
+    """Pairs of figures from two reports that give one measurement (section, label, command, machine)
+    two different values: a card must not show both as if each held."""
+    first: dict[tuple[Any, ...], Figure] = {}
+    out = []
+    for f in figures:
+        prev = first.setdefault((f.section, f.label, f.command, f.machine), f)
+        if prev is not f and prev.source != f.source and prev.value != f.value:
+            out.append((prev, f))
     return out
 
 

@@ -20,6 +20,15 @@ class PublishError(QwenquantError):
     exit_code = 3  # README "Exit codes": the Hub repo could not be used
 
 
+class PublishInterrupted(QwenquantError):
+    """Ctrl-C during the Hub steps: the message says what was committed (README "Exit codes": 130)."""
+
+    exit_code = 130
+    # The Hub client's upload threads keep retrying for seconds after Ctrl-C and the interpreter would
+    # wait for them at exit: cli.main leaves at once (nothing of ours is left to write).
+    exit_now = True
+
+
 RERUN = ("re-run the same command: nothing was committed, objects already uploaded are not sent again, "
          "and the commit is made once everything is there")
 
@@ -107,16 +116,42 @@ def _operations(plan: PublishPlan) -> tuple[list[Any], list[Any]]:
     return adds, [CommitOperationDelete(path_in_repo=p) for p in plan.delete]
 
 
-def commit_plan(api: Any, repo_id: str, revision: str, plan: PublishPlan, parent: str | None, message: str) -> Any:
-    """Upload what the plan sends (LFS objects first), then make the one commit; its CommitInfo."""
+def _interruptible(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`fn` in a daemon thread, so that Ctrl-C reaches this one at once: the client's own thread pool
+    would first let every upload finish its retries."""
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # handed to the caller as it is
+            box["error"] = e
+
+    t = threading.Thread(target=run, name="qwenquant-publish", daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(0.2)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def commit_plan(api: Any, repo_id: str, revision: str, plan: PublishPlan, parent: str | None, message: str,
+                where: dict[str, Any] | None = None) -> Any:
+    """Upload what the plan sends (LFS objects first), then make the one commit; its CommitInfo.
+    `where["step"]` becomes "committing" once the uploads are done."""
     adds, deletes = _operations(plan)
     try:
-        api.preupload_lfs_files(repo_id, additions=adds, revision=revision, free_memory=False)
+        _interruptible(api.preupload_lfs_files, repo_id, additions=adds, revision=revision, free_memory=False)
     except _errors() as e:
         raise hub_error(e, "uploading the files", repo_id) from None
+    if where is not None:
+        where["step"] = "committing"
     try:
-        return api.create_commit(repo_id, operations=[*adds, *deletes], commit_message=message, revision=revision,
-                                 parent_commit=parent)
+        return _interruptible(api.create_commit, repo_id, operations=[*adds, *deletes], commit_message=message,
+                              revision=revision, parent_commit=parent)
     except _errors() as e:
         raise hub_error(e, "the commit", repo_id) from None
 

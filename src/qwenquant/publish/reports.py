@@ -2,7 +2,9 @@
 
 Found beside the artifact where `qwenquant eval` writes them (evaluate.report.report_path: the offline
 `eval` and the served `eval-served` report), plus any given with `--report` (a `qwenquant bench` JSON
-names the artifact's root digest per served target). A report of another root digest is refused.
+names the artifact's root digest per served target; a `bench --depth`, `--soak` or `--turns` JSON of a
+server started with `--serve ARTIFACT` names it for its one target: the evidence for a profile's
+promise). A report of another root digest, or of a URL (no root digest), is refused.
 Each report is published verbatim under qwenquant-reports/, so every figure can be checked.
 """
 
@@ -18,14 +20,16 @@ from typing import Any
 from qwenquant.errors import UsageError
 from qwenquant.manifest import REPORTS_DIR
 
-KINDS = ("eval", "eval-served", "bench")
+KINDS = ("eval", "eval-served", "bench", "bench-depth", "bench-soak", "bench-turns")
+LONG = {"qwenquant bench --depth": "bench-depth", "qwenquant bench --soak": "bench-soak",
+        "qwenquant bench --turns": "bench-turns"}
 
 
 @dataclass(frozen=True)
 class Report:
     """One report file: its kind, where it came from, where it goes in the repo, its bytes."""
 
-    kind: str  # "eval" | "eval-served" | "bench"
+    kind: str  # one of KINDS
     source: Path
     repo_path: str  # qwenquant-reports/<kind>[-n].json
     data: dict[str, Any]
@@ -42,6 +46,8 @@ def report_kind(data: Any) -> str | None:
         return None
     if data.get("tool") == "qwenquant bench" and isinstance(data.get("targets"), list):
         return "bench"
+    if data.get("tool") in LONG and isinstance(data.get("target"), dict):
+        return LONG[data["tool"]]
     if isinstance(data.get("tasks"), list) and isinstance(data.get("mtp"), dict):
         return "eval-served"
     if isinstance(data.get("arms"), dict) and isinstance(data.get("lm_head"), dict):
@@ -54,6 +60,9 @@ def report_digests(kind: str, data: dict[str, Any]) -> set[str]:
     if kind == "bench":
         return {t["artifact_root_digest"] for t in data["targets"]
                 if isinstance(t, dict) and isinstance(t.get("artifact_root_digest"), str)}
+    if kind in LONG.values():
+        root = data["target"].get("artifact_root_digest")
+        return {root} if isinstance(root, str) else set()
     return {data["root_digest"]} if isinstance(data.get("root_digest"), str) else set()
 
 
@@ -73,7 +82,8 @@ def _load(path: Path, root_digest: str, artifact: Path) -> tuple[str, dict[str, 
     digests = report_digests(kind, data)
     if root_digest not in digests:
         what = (f"a report of root digest {sorted(digests)[0][:16]}..." if digests
-                else "a report that names no artifact root digest (a bench of a URL?)")
+                else "a report that names no artifact root digest (a bench of a URL: nothing says which artifact "
+                     "answered; measure with `--serve ARTIFACT`)")
         raise UsageError(f"{path} is {what}, not of {artifact} ({root_digest[:16]}...): its figures cannot go on this card",
                          hint="measure this artifact (`qwenquant eval` / `qwenquant bench --serve ARTIFACT`) or drop --report")
     if kind == "eval" and (data.get("reference_check") or {}).get("verified") is False:

@@ -20,6 +20,7 @@ from qwenquant.manifest import (
     REPORTS_DIR,
     SIGNATURE_NAME,
     UNCHECKED_COMPANIONS,
+    Manifest,
     load_manifest,
     verify_artifact,
 )
@@ -77,32 +78,71 @@ def _companion_clash(paths: Sequence[str]) -> str | None:
     return next((p for p in paths if p in names or p.startswith(REPORTS_DIR + "/")), None)
 
 
-def prepare_files(artifact: Path, repo_id: str, revision: str, reports: Sequence[Path],
-                  license_id: str | None) -> tuple[list[LocalFile], Card, list[str], str]:
-    """Verify the artifact and build its card: (files to publish, card, warnings, root digest)."""
-    report = verify_artifact(artifact)
-    if not report.ok:
-        raise VerificationError(f"refusing to publish {artifact}: it does not match its manifest: "
-                                + ", ".join(f"{p.path} ({p.status})" for p in report.problems[:5]),
-                                hint="`qwenquant verify` shows the report; rebuild or restore the artifact")
-    manifest = load_manifest(artifact)
-    raw = json.loads((artifact / MANIFEST_NAME).read_bytes())
-    clash = _companion_clash([f.path for f in manifest.files])
-    if clash:
-        raise UsageError(f"{artifact}'s manifest lists {clash}, a name the published card files use",
-                         hint="rebuild the artifact without it; the card, its record and the reports go beside it")
+def card_files(artifact: Path, manifest: Manifest, raw: dict[str, Any], repo_id: str, revision: str,
+               reports: Sequence[Path], license_id: str | None, signed: bool = False
+               ) -> tuple[list[LocalFile], Card, list[str], str]:
+    """The files of a verified artifact and its card files: (files to publish, card, warnings, root digest)."""
     reps = gather_reports(artifact, manifest.root_digest, reports)
     figures = collect_figures(raw, reps, manifest.root_digest)
+    _refuse_conflicts(figures, reps)
     facts = read_facts(artifact, manifest, license_id)
     card = build_card(manifest, raw["manifest_self_digest"], facts, repo_id=repo_id, revision=revision,
                       license_id=facts.source_license or "other", reports=reps, figures=figures,
-                      missing=not_measured(figures))
+                      missing=not_measured(figures), signed=signed)
     files = [LocalFile(f.path, f.size, f.sha256, source=artifact / f.path) for f in manifest.files]
     files.append(LocalFile(MANIFEST_NAME, (artifact / MANIFEST_NAME).stat().st_size,
                            sha256_file(artifact / MANIFEST_NAME), source=artifact / MANIFEST_NAME))
     generated = {CARD_NAME: card.readme, CARD_RECORD_NAME: card.record_bytes, **{r.repo_path: r.raw for r in reps}}
     files += [LocalFile(p, len(b), hashlib.sha256(b).hexdigest(), data=b) for p, b in sorted(generated.items())]
     return files, card, list(facts.warnings), manifest.root_digest
+
+
+def _verified(artifact: Path) -> tuple[Manifest, dict[str, Any]]:
+    """The manifest of an artifact that verifies, and its raw JSON."""
+    report = verify_artifact(artifact)
+    if not report.ok:
+        raise VerificationError(f"refusing to publish {artifact}: it does not match its manifest: "
+                                + ", ".join(f"{p.path} ({p.status})" for p in report.problems[:5]),
+                                hint="`qwenquant verify` shows the report; rebuild or restore the artifact")
+    manifest = load_manifest(artifact)
+    clash = _companion_clash([f.path for f in manifest.files])
+    if clash:
+        raise UsageError(f"{artifact}'s manifest lists {clash}, a name the published card files use",
+                         hint="rebuild the artifact without it; the card, its record and the reports go beside it")
+    return manifest, json.loads((artifact / MANIFEST_NAME).read_bytes())
+
+
+def _refuse_conflicts(figures: Sequence[Any], reps: Sequence[Any]) -> None:
+    """Two reports giving one measurement two values: refused, both files and values named."""
+    from qwenquant.publish.figures import conflicts
+
+    found = conflicts(figures)
+    if found:
+        local = {r.repo_path: str(r.source) for r in reps}
+        a, b = found[0]
+        raise UsageError(f"{local.get(a.source, a.source)} and {local.get(b.source, b.source)} give {a.section} "
+                         f"'{a.label}' of one configuration (`{a.command}`) as {a.text} and {b.text}: a card cannot "
+                         f"cite both{f' ({len(found) - 1} more figures differ)' if len(found) > 1 else ''}",
+                         hint="keep the report you stand by: move the other away from beside the artifact or drop "
+                              "its --report")
+
+
+def remote_card(api: Any, repo_id: str, head: str | None, remote: dict[str, Any]) -> dict[str, Any]:
+    """The revision's card record (license, signature), with the license from the card's front matter
+    when the record has none; {} when the revision has no card."""
+    from qwenquant.publish import hub
+    from qwenquant.publish.cardcheck import front_license
+
+    if head is None or CARD_RECORD_NAME not in remote:
+        return {}
+    try:
+        rec = json.loads(hub.download_file(api, repo_id, head, CARD_RECORD_NAME))
+    except ValueError:
+        rec = None
+    rec = rec if isinstance(rec, dict) else {}
+    if not isinstance(rec.get("license"), str) and CARD_NAME in remote:
+        rec["license"] = front_license(hub.download_file(api, repo_id, head, CARD_NAME).decode(errors="replace"))
+    return rec
 
 
 def git_blob(f: LocalFile) -> str:
@@ -122,7 +162,9 @@ def publish_artifact(artifact: Path, repo_id: str, *, revision: str = "main", pr
     if sign_key is not None:
         signing._model_signing()
         signing._readable(sign_key, "private key", "--sign-key")
-    files, card, warnings, root = prepare_files(artifact, repo_id, revision, reports, license_id)
+    manifest, raw = _verified(artifact)
+    files, card, warnings, root = card_files(artifact, manifest, raw, repo_id, revision, reports, license_id,
+                                             signed=sign_key is not None)
     result = PublishResult(repo_id, revision, root, files, card, dry_run=dry_run, sign=sign_key is not None,
                            warnings=warnings)
     if dry_run:
@@ -139,26 +181,70 @@ def publish_artifact(artifact: Path, repo_id: str, *, revision: str = "main", pr
         disable_progress_bars()  # the client's tqdm bars: only on a terminal, as ours
     # HF_ENDPOINT as it is now (huggingface_hub reads it once, at import), as fetch does
     api = HfApi(endpoint=(endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/"))
+    where: dict[str, Any] = {"head": None, "step": "reading the revision"}
+    try:
+        return _to_hub(api, artifact, result, manifest, raw, reports, license_id, sign_key, private, where)
+    except KeyboardInterrupt:
+        at = f"still at commit {where['head']}" if where["head"] else "without a commit of this artifact"
+        said = {"reading the revision": f"nothing was committed: {repo_id}@{revision} is {at}",
+                "uploading": f"nothing was committed: {repo_id}@{revision} is {at}; the objects already uploaded "
+                             "are not sent again",
+                "committing": f"the commit was under way: {repo_id}@{revision} is either {at} or at the new commit",
+                "checking": f"{repo_id}@{revision} is at the new commit {where.get('commit')}; its listing was not "
+                            "checked"}[where["step"]]
+        raise hub.PublishInterrupted(f"interrupted while {where['step']}: {said}",
+                                     hint="re-run the same command: it finishes the job, or finds it done") from None
+
+
+def _to_hub(api: Any, artifact: Path, result: PublishResult, manifest: Manifest, raw: dict[str, Any],
+            reports: Sequence[Path], license_id: str | None, sign_key: Path | None, private: bool,
+            where: dict[str, Any]) -> PublishResult:
+    """The Hub steps of publish_artifact; `where` says how far they got (for Ctrl-C)."""
+    from qwenquant import signing
+    from qwenquant.publish import hub
+
+    repo_id, revision, files, card, warnings, root = (result.repo_id, result.revision, result.files, result.card,
+                                                      result.warnings, result.root_digest)
     hub.ensure_revision(api, repo_id, revision, private)
     head, remote = hub.remote_state(api, repo_id, revision)
+    where["head"] = head
+    theirs = remote_card(api, repo_id, head, remote)
+    lic = theirs.get("license") if license_id is None and card.record.get("license") == "other" else None
+    if lic == "other":
+        lic = None
+    # a re-publish keeps the license the repo's card names (unless --license says otherwise), and names the
+    # signature there when it may be kept (it is checked against the plan below)
+    keep_sig = sign_key is None and SIGNATURE_NAME in remote and theirs.get("signature") == SIGNATURE_NAME
+    if lic or keep_sig:
+        warnings[:] = [w for w in warnings if not (lic and "license is unknown" in w)]
+        files, card, _, root = card_files(artifact, manifest, raw, repo_id, revision, reports, lic or license_id,
+                                          signed=sign_key is not None or keep_sig)
+        result.files, result.card = files, card
     with tempfile.TemporaryDirectory() as tmp:
         sig = None
+        view = Path(tmp) / "view"  # the folder as a downloader will have it: what the signature covers
         if sign_key is not None:
-            signing.sign_artifact(artifact, sign_key, Path(tmp) / SIGNATURE_NAME)
+            signing.published_view(artifact, {f.path: f.data for f in files if f.data is not None}, view)
+            signing.sign_artifact(view, sign_key, Path(tmp) / SIGNATURE_NAME)
             data = (Path(tmp) / SIGNATURE_NAME).read_bytes()
             sig = LocalFile(SIGNATURE_NAME, len(data), hashlib.sha256(data).hexdigest(), data=data)
 
         def remote_signature_ok() -> bool:
-            theirs = Path(tmp) / "remote.sig"
-            theirs.write_bytes(hub.download_file(api, repo_id, head or revision, SIGNATURE_NAME))
+            remote_sig = Path(tmp) / "remote.sig"
+            remote_sig.write_bytes(hub.download_file(api, repo_id, head or revision, SIGNATURE_NAME))
             try:
-                signing.verify_signature(artifact, theirs, signing.public_key_pem(sign_key))  # type: ignore[arg-type]
+                covered = signing.verify_signature(view, remote_sig, signing.public_key_pem(sign_key),  # type: ignore[arg-type]
+                                                   view=True)
             except VerificationError as e:
                 log.info("the signature on the Hub does not hold for this key: %s", e)
                 return False
-            return True
+            return bool(covered.card_files)  # one made before the card was signed is made again
 
         result.plan = plan = plan_upload(files, remote, git_blob, signature=sig, remote_signature_ok=remote_signature_ok)
+        if keep_sig and SIGNATURE_NAME in plan.delete:  # the signed files changed: that signature goes, unnamed
+            files, card, _, root = card_files(artifact, manifest, raw, repo_id, revision, reports, lic or license_id)
+            result.files, result.card = files, card
+            result.plan = plan = plan_upload(files, remote, git_blob)
         if plan.noop:
             result.commit = head
             return result
@@ -166,9 +252,11 @@ def publish_artifact(artifact: Path, repo_id: str, *, revision: str = "main", pr
                  sum(f.size for f in plan.upload) / 2**20, len(plan.delete), len(plan.unchanged), repo_id, revision)
         if SIGNATURE_NAME in plan.delete:
             warnings.append(f"{SIGNATURE_NAME} on the Hub signs other files: removed (pass --sign-key to sign this artifact)")
+        where["step"] = "uploading"
         info = hub.commit_plan(api, repo_id, revision, plan, head, f"qwenquant publish {artifact.name} "
-                               f"(root digest {root[:16]})")
+                               f"(root digest {root[:16]})", where)
     result.commit, result.url = info.oid, info.commit_url
+    where.update(step="checking", commit=info.oid)
     kept = {".gitattributes"} | ({SIGNATURE_NAME} if plan.kept_signature or sig else set())
     hub.check_published(api, repo_id, info.oid, files, kept, git_blob)
     return result

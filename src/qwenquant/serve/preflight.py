@@ -127,9 +127,28 @@ def _verify(artifact: Path) -> Any:
     if not report.ok:
         lines = "\n".join(f"  - {p}" for p in report.problems)
         raise VerificationError(f"artifact {artifact} does not match its manifest; refusing to serve:\n{lines}",
-                                hint="re-run `qwenquant quantize` or restore the changed files; "
-                                     "`qwenquant verify` shows the same report")
+                                hint=_repair_hint(artifact, report))
     return load_manifest(artifact)
+
+
+def _repair_hint(artifact: Path, report: Any) -> str:
+    """A fetched folder is repaired by fetching it again (the card files too); a built one by quantize."""
+    from qwenquant.manifest import CARD_RECORD_NAME, FETCH_RECORD_NAME
+
+    try:
+        repo = json.loads((artifact / FETCH_RECORD_NAME).read_text())["repo_id"]
+    except (OSError, ValueError, KeyError, TypeError):
+        repo = None
+    card_only = all(p.status == "card" or p.path == CARD_RECORD_NAME or p.detail.startswith(f"recorded in {CARD_RECORD_NAME}")
+                    for p in report.problems)
+    if card_only:
+        return (f"the card files differ from what {CARD_RECORD_NAME} and the manifest give (edited after publishing; "
+                f"the weights are unchanged): re-fetch them (`qwenquant fetch {repo or 'REPO'} --out {artifact}`); "
+                "`qwenquant verify` shows the same report")
+    if repo:
+        return (f"re-fetch the folder (`qwenquant fetch {repo} --out {artifact}` restores the changed files); "
+                "`qwenquant verify` shows the same report")
+    return "re-run `qwenquant quantize` or restore the changed files; `qwenquant verify` shows the same report"
 
 
 def _signature(artifact: Path, signature: Path, public_key: Path) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwenquant.hashing import CHUNK
+from qwenquant.manifest import FETCH_RECORD_NAME
 
 # Extensions the Hub stores through LFS (a subset of the default .gitattributes of a new repo).
 LFS_SUFFIXES = (
@@ -79,13 +80,22 @@ def scan_file(source: Path, rel: str, lfs: bool | None = None) -> HubFile:
     return HubFile(path=rel, source=source, size=size, sha256=sha, blob_id=blob, lfs=use_lfs)
 
 
+# What `qwenquant fetch` keeps for itself in a folder it wrote: never part of the repo such a folder serves
+# (a fetch refuses a repo listing them).
+FETCH_BOOKKEEPING = (FETCH_RECORD_NAME, ".qwenquant-staging")
+
+
 def scan_folder(folder: Path) -> dict[str, HubFile]:
-    """Every regular file under `folder` (symlinks are followed, hidden `.git`/`.cache` skipped)."""
+    """Every regular file under `folder` (symlinks are followed, hidden `.git`/`.cache` skipped, and so is
+    the fetch record and staging area of a folder `qwenquant fetch` wrote: it serves the repo it holds)."""
     folder = Path(folder)
     files: dict[str, HubFile] = {}
     for root, dirs, names in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if d not in (".git", ".cache"))
+        top = Path(root) == folder
+        dirs[:] = sorted(d for d in dirs if d not in (".git", ".cache") and not (top and d in FETCH_BOOKKEEPING))
         for name in sorted(names):
+            if top and name in FETCH_BOOKKEEPING:
+                continue
             p = Path(root) / name
             rel = p.relative_to(folder).as_posix()
             files[rel] = scan_file(p, rel)
