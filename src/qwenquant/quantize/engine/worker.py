@@ -6,7 +6,7 @@ calibration samples (engine/run.stream_quantize); rank 0 also writes the stage f
 JOB_DIR/result.json. A failure leaves JOB_DIR/rank-R.error.json (type, message, hint, time) for the
 launcher to report, and exits non-zero. With QWENQUANT_DIST_METRICS=PATH rank 0 also writes every
 rank's calibration share (samples, tokens), peak GPU memory and peak RSS there
-(bench/quantize_bench.py reads it).
+(benchmarks/quantize_bench.py reads it).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The `--gpus N` arm of quantize_bench.py: the same `pipeline.quantize` again with the gptq stage as
 an N-process job (one GPU per rank, NCCL), on the same source, recipe and calibration set, then the
-two artifacts compared (bench/artifact_compare.py: fraction of int4 codes that differ, steps).
+two artifacts compared (benchmarks/artifact_compare.py: fraction of int4 codes that differ, steps).
 
 Per-layer times come from rank 0's progress ticks (the same Recorder as the one-GPU arm); each
 rank's peak GPU memory (torch allocator) and peak RSS come from QWENQUANT_DIST_METRICS, which rank 0
