@@ -196,16 +196,13 @@ def step_qwenquant(args: argparse.Namespace, device: str) -> dict[str, Any]:
     rec = qb.Recorder(gpu, rss, counts, engine="streamed")
     opts = QuantizeOptions(args.work / "source", recipe, spec, art, art.with_name(art.name + ".work"), device,
                            source_unverified=True)
-    qb.PHASES.take()
-    qb.PHASES.take_tail()
     qb.say(f"qwenquant arm ({args.hessian_precision} Hessians): timing starts")
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):
         result = quantize(opts, rec)
     wall = time.perf_counter() - t0
     rss.stop.set()
-    phases = qb.PHASES.take()
-    tail = qb.PHASES.take_tail()
+    phases, tail = result.timings.gptq_layers, result.timings.gptq_tail
     if args.drop_work:
         drop_work(art.with_name(art.name + ".work"))
     refs = checkpoint_refs(args.work / "source")

@@ -239,46 +239,12 @@ class Recorder:
             say(f"stage {name} (t={t:.0f} s)")
 
 
-class PhaseLog(logging.Handler):
-    """Collects the engine's per-layer phase seconds (engine.run.Phases, logged at DEBUG with the
-    figures attached to the record) of the layer loop running in this process, and the parts of
-    the gptq stage after its loop (records with a `tail` dict: head calibration, the stage
-    folder's links and shards, the identity proof)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.layers: list[dict[str, float]] = []
-        self.tail: dict[str, float] = {}
-
-    def emit(self, record: logging.LogRecord) -> None:
-        phases = getattr(record, "phases", None)
-        if phases is not None:
-            self.layers.append(dict(phases))
-            say("      " + record.getMessage())
-        tail = getattr(record, "tail", None)
-        if tail is not None:
-            for k, v in tail.items():
-                self.tail[k] = self.tail.get(k, 0.0) + v
-            say("    " + record.getMessage())
-
-    def take(self) -> list[dict[str, float]]:
-        out, self.layers = self.layers, []
-        return out
-
-    def take_tail(self) -> dict[str, float]:
-        out, self.tail = self.tail, {}
-        return out
-
-
 def listen(progress_file: Path | None = None) -> None:
-    """Logging for a bench process: INFO to stderr, the quantize package's DEBUG records with
-    figures to PHASES (printed once, by it), the engine's INFO lines to `progress_file` too."""
+    """Logging for a benchmark process: INFO to stderr, the engine's INFO lines to `progress_file` too.
+    (The figures come from the run's result, `QuantizeResult.timings`, not from log records.)"""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     for h in logging.getLogger().handlers:
         h.setLevel(logging.INFO)
-    qlog = logging.getLogger("qwenquant.quantize")
-    qlog.setLevel(logging.DEBUG)
-    qlog.addHandler(PHASES)
     if progress_file:  # the engine's own lines (layer i/n, resuming from layer k) go there too
         fh = logging.FileHandler(progress_file)
         fh.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
@@ -294,7 +260,6 @@ def phase_medians(layers: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median_high(r.get(k, 0.0) for r in rows) for k in names}
 
 
-PHASES = PhaseLog()
 PROGRESS_FILE: list[Path] = []
 # The lm_head stage's first step: the streamed engine left the head calibration in the gptq stage
 # folder; after the oneshot engine the stage loads the whole model to capture final hidden states.
@@ -521,11 +486,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     opts = QuantizeOptions(work / "source", recipe, spec, work / "artifact", work / "artifact.work", device,
                            source_unverified=True)
     t0 = time.perf_counter()
-    PHASES.take()
     with contextlib.redirect_stdout(sys.stderr):
         result = quantize(opts, rec)
     wall = time.perf_counter() - t0
-    phases = PHASES.take()
+    phases = result.timings.gptq_layers  # per decoder layer of this process, seconds per phase
+    for i, layer in enumerate(phases):
+        say(f"    gptq layer {i} phases (s): " + ", ".join(f"{k} {v:.2f}" for k, v in layer.items()))
     compare = None
     if args.compare_llmcompressor:
         from compare_llmcompressor import ratios, run_oneshot_arm

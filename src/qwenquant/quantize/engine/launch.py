@@ -63,7 +63,8 @@ def rank_env(base: Mapping[str, str], rank: int, world: int, port: int, device: 
 
 
 def run_job(job: dict[str, Any], ranks: int, work: Path, progress: Callable[[int, int], None] | None) -> dict[str, Any]:
-    """Run the gptq layer loop as `ranks` processes; return rank 0's stage info. Raises the first
+    """Run the gptq layer loop as `ranks` processes; return rank 0's result: `info` (the stage info),
+    `layers` and `tail` (its phase seconds), `ranks` (every rank's figures, timings.Timings). Raises the first
     failing rank's error (StageError when it left none), KeyboardInterrupt after stopping them all."""
     job_dir = Path(tempfile.mkdtemp(prefix=".gptq-ranks.", suffix=".partial", dir=work))
     procs: list[subprocess.Popen] = []
