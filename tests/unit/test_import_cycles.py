@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from test_layers import PACKAGE, _imports, _module_name
+from test_layers import PACKAGE, _imports, _module_name, write_tree
 
 
 def _graph(root: Path) -> dict[str, dict[str, int]]:
@@ -132,8 +132,7 @@ def test_no_import_cycle_between_packages() -> None:
 def test_the_checker_sees_a_cycle(tmp_path: Path) -> None:
     """Lazy, TYPE_CHECKING, relative and `from package import module` imports close a cycle; a chain that
     does not come back is none (a check that cannot fail is none)."""
-    root = tmp_path / "qwenquant"
-    for f, text in {
+    root = write_tree(tmp_path / "qwenquant", {
         "__init__.py": "",
         "errors.py": "",
         "a/__init__.py": "",
@@ -145,9 +144,7 @@ def test_the_checker_sees_a_cycle(tmp_path: Path) -> None:
         "b/down.py": "from qwenquant.errors import QwenquantError\n",
         "c.py": "from qwenquant.d import y\n",
         "d/__init__.py": "import qwenquant.c\n",
-    }.items():
-        (root / f).parent.mkdir(parents=True, exist_ok=True)
-        (root / f).write_text(text)
+    })
     assert cycles(root) == {
         "a": ["qwenquant.a.one <-> qwenquant.a.three <-> qwenquant.a.two (qwenquant.a.one:1 imports qwenquant.a.two, "
               "qwenquant.a.two:4 imports qwenquant.a.three, qwenquant.a.three:3 imports qwenquant.a.one)"],
