@@ -112,10 +112,17 @@ def test_quantize_arms_each_step_and_the_report(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_eval_reference_quality_table_offline(tmp_path: Path) -> None:
     """eval_reference.py --no-serve: the README's quality table for the tiny reference, offline arms
-    (the served rows need vLLM and are the real-vLLM tests' business)."""
+    (the served rows need vLLM and are the real-vLLM tests' business), calibrated on 4 of the shipped
+    slices (the README's 64 take minutes on a CPU)."""
+    from qwenquant import data_path
+
+    calib = tmp_path / "calib.yaml"
+    calib.write_text(f"schema_version: 1\nname: tiny-reference-4\ndescription: 4 slices of tiny-reference\n"
+                     f"source: local\npath: {data_path('calibration/tiny-reference.jsonl')}\ntext_field: text\n"
+                     "split: train\nnum_samples: 4\nmax_length: 128\nchat_template: false\nshuffle_seed: null\n")
     out = tmp_path / "eval_reference.json"
     proc = bench("eval_reference.py", "--work", str(tmp_path / "w"), "--out", str(out), "--windows", "4",
-                 "--no-serve")
+                 "--no-serve", "--calibration", str(calib))
     r = json.loads(out.read_text())
     assert set(r["offline"]["arms"]) >= {"reference", "w4a16-body", "w4a16+rtn-head", "artifact"} and r["served"] == {}
     assert proc.stdout.startswith("| arm | perplexity |") and "| artifact |" in proc.stdout
