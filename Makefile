@@ -21,7 +21,7 @@ demo: install
 	$(VENV)/bin/qwenquant demo --work $(WORK)
 
 lint: install
-	$(VENV)/bin/ruff check src tests bench scripts
+	$(VENV)/bin/ruff check src tests benchmarks scripts
 
 test: lint
 	scripts/install-vllm.sh --if-possible

@@ -75,8 +75,6 @@ _DECLARED = (
            "(23.5: a bigger GPU behaves like a 24 GB card)", str.strip),
     EnvVar("QWENQUANT_DIST_TIMEOUT_MIN", "minutes (integer)", "30", "how long a collective of `quantize --gpus N` "
            "waits for the slowest rank", _INT, 30),
-    EnvVar("QWENQUANT_DIST_METRICS", "path", "unset", "`quantize --gpus N`: rank 0 writes every rank's peak GPU memory "
-           "and RSS to this JSON file (bench/gpus_compare.py sets it)", _path),
     EnvVar("QWENQUANT_FETCH_BACKOFF", "seconds (number)", "0.5", "first wait before a download is retried "
            "(doubles each retry)", _FLOAT, 0.5),
     EnvVar("QWENQUANT_VLLM", "path", "unset", "the vLLM to launch: a python or vllm executable, a venv, or its "

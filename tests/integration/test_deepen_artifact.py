@@ -1,4 +1,4 @@
-"""bench/deepen_artifact.py: a deeper copy of an artifact for serving benchmarks. The copy must
+"""benchmarks/deepen_artifact.py: a deeper copy of an artifact for serving benchmarks. The copy must
 verify, hold layer i's bytes at layer i + N, keep every other tensor byte-identical, and say in
 its manifest where it came from."""
 
@@ -23,7 +23,7 @@ def artifact(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 def _deepen(artifact: Path, out: Path, layers: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "bench" / "deepen_artifact.py"), str(artifact),
+    return subprocess.run([sys.executable, str(REPO / "benchmarks" / "deepen_artifact.py"), str(artifact),
                            "--layers", str(layers), "--out", str(out)], capture_output=True, text=True, timeout=300)
 
 

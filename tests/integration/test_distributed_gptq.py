@@ -30,12 +30,11 @@ def args(source: Path, out: Path, gpus: int) -> list[str]:
 
 
 def quantize(source: Path, out: Path, gpus: int) -> dict:
-    metrics = out.with_name(out.name + "-ranks.json")
-    env = dict(ENV, QWENQUANT_DIST_METRICS=str(metrics))
-    proc = subprocess.run(args(source, out, gpus), capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
+    proc = subprocess.run(args(source, out, gpus), capture_output=True, text=True, env=ENV, cwd=REPO, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return {"out": out, "root_digest": json.loads(proc.stdout)["root_digest"], "stderr": proc.stderr,
-            "ranks": json.loads(metrics.read_text())["ranks"] if metrics.exists() else None}
+    result = json.loads(proc.stdout)
+    return {"out": out, "root_digest": result["root_digest"], "stderr": proc.stderr, "timings": result["timings"],
+            "ranks": result["timings"]["gptq_ranks"]}
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +75,7 @@ def test_each_rank_forwarded_its_own_share(arts: dict) -> None:
     """The two ranks calibrated on disjoint shares that add up to the whole set. (The two artifacts
     may still come out byte-identical: the Hessian sums differ only in their order, which flips an
     int4 code only by chance, and whether it does depends on the CPU; docs/distributed-gptq.md.)"""
-    assert arts[1]["ranks"] is None  # one process: no job, no per-rank figures
+    assert arts[1]["ranks"] == []  # one process: no job, no per-rank figures
     shares = arts[2]["ranks"]
     assert [r["rank"] for r in shares] == [0, 1]
     assert all(r["samples"] > 0 and r["tokens"] > 0 for r in shares), shares
@@ -89,6 +88,11 @@ def test_each_rank_forwarded_its_own_share(arts: dict) -> None:
         for ph in r["phase_seconds"]:
             assert {"calibrate", "reduce", "gptq", "gather", "barrier", "rebuild", "forward"} <= set(ph), ph
             assert ("write" in ph) == (r["rank"] == 0), ph
+    # the run's own timings (quantize --json) carry rank 0's phases and the stage's parts after its loop
+    t = arts[2]["timings"]
+    assert t["gptq_layers"] == shares[0]["phase_seconds"] and t["stages"]["gptq"] > 0
+    assert {"head_calibration", "layer_links", "rest_shards", "index_and_calibration", "identity_proof"} <= set(
+        t["gptq_tail"]), t["gptq_tail"]
 
 
 def _ranks_of(parent: int) -> dict[int, int]:

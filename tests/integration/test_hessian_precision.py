@@ -3,7 +3,7 @@ own float32 arithmetic (`--hessian-precision fp32`), on the committed tiny refer
 
 The setting is recorded (recipe and gptq stage inputs in the manifest), a changed setting re-runs
 gptq and `--plan` says why, and the default artifact lies within the tolerance the engine documents
-for another summation order of the same Hessians (docs/distributed-gptq.md, bench/artifact_compare.py:
+for another summation order of the same Hessians (docs/distributed-gptq.md, benchmarks/artifact_compare.py:
 everything but the int4 codes byte-identical, decoder layer 0's codes within 1 %, each module's
 weight error within 2 % of the fp32 artifact's). The eval figures of the default path are checked
 against the CI bands by tests/integration/test_eval_reference.py.

@@ -64,6 +64,21 @@ def test_result_and_manifest(built: dict) -> None:
     assert res["stages"] == {**{s: "ran" for s in m.stages}, "eval": "not asked"}
 
 
+def test_json_carries_what_the_run_measured(built: dict) -> None:
+    """`--json`'s timings (QuantizeResult.timings, what the benchmarks read): every stage that ran, the
+    streamed engine's phases for each decoder layer, the gptq stage's parts after its loop; one process,
+    so no per-rank figures."""
+    t = built["result"]["timings"]
+    layers = json.loads((built["source"] / "config.json").read_text())["text_config"]["num_hidden_layers"]
+    assert set(t["stages"]) == set(built["result"]["stages"]) and all(v >= 0 for v in t["stages"].values())
+    assert len(t["gptq_layers"]) == layers
+    assert [set(p) for p in t["gptq_layers"]] == [{"read", "build", "calibrate", "gptq", "write", "rebuild",
+                                                    "forward"}] * layers  # --json sorts the keys
+    assert set(t["gptq_tail"]) == {"head_calibration", "layer_links", "rest_shards", "index_and_calibration",
+                                   "identity_proof"}, t["gptq_tail"]
+    assert t["gptq_ranks"] == []
+
+
 def test_artifact_layout(built: dict) -> None:
     names = sorted(p.name for p in built["out"].iterdir())
     assert "qwenquant-manifest.json" in names and "qwenquant-quality.json" in names

@@ -7,7 +7,7 @@ free); QWENQUANT_BALLAST_STANDIN=FILE makes the real ballast process (serve/ball
 watchdog, started by the real supervisor) hold nothing instead of calling the CUDA driver and write
 its report to FILE; the server is tests/integration/standin.py run as vLLM with
 --standin-ballast-file FILE, which refuses to start unless that ballast is alive, and records at
-its SIGTERM whether the ballast still was. The GPU measurements are in bench/README.md.
+its SIGTERM whether the ballast still was. The GPU measurements are in benchmarks/README.md.
 """
 
 from __future__ import annotations

@@ -213,7 +213,7 @@ def test_context_longer_than_the_model_refused(standin_artifact, fake_vllm, tmp_
 def test_context_longer_than_the_model_allowed_warns_about_mtp(standin_artifact, fake_vllm, tmp_path):
     """Allowed by VLLM_ALLOW_LONG_MAX_MODEL_LEN, the single-user profile (MTP on) is served past the 4096
     positions, and the warning says the drafter stops at 4096: vLLM gives the drafter's config no dict
-    --hf-overrides, so every draft past it is rejected (seen on CUDA vLLM 0.26, bench/RESULTS.md)."""
+    --hf-overrides, so every draft past it is rejected (seen on CUDA vLLM 0.26, benchmarks/RESULTS.md)."""
     cmd = serve_cmd(standin_artifact, fake_vllm, free_port(), "good", tmp_path / "pids")
     del cmd[cmd.index("--max-model-len"):cmd.index("--max-model-len") + 2]
     cmd.insert(cmd.index("--"), "--dry-run")

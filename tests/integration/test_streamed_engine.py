@@ -160,7 +160,7 @@ def test_head_calibration_from_the_same_pass(streamed: dict) -> None:
 
 def test_layer_phases_account_for_each_layer(streamed: dict) -> None:
     """Every decoder layer reports where its time went (the figures `--verbose` logs per layer and
-    bench/quantize_bench.py tabulates): the one-process phases, in order, adding up to the layer's
+    benchmarks/quantize_bench.py tabulates): the one-process phases, in order, adding up to the layer's
     time (the rest is bookkeeping between phases)."""
     res = streamed["result"]
     assert len(res.phases) == len(res.seconds_per_layer) == len(res.layer_files)

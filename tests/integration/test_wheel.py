@@ -69,7 +69,7 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, d
 def test_the_wheel_ships_the_data_and_no_tool_or_test_code(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"qwenquant/{f}" for f in SHIPPED} <= names
-    assert not [n for n in names if n.startswith(("tests/", "scripts/", "bench/")) or n.endswith(
+    assert not [n for n in names if n.startswith(("tests/", "scripts/", "benchmarks/")) or n.endswith(
         ("/train.py", "/stdlib_corpus.py", "/checkpoint/compare.py", "/testbed/tiny/reference.py"))]
 
 

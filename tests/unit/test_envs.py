@@ -23,7 +23,7 @@ END = "<!-- end of the generated table -->"
 
 
 def _repo_files() -> list[Path]:
-    roots = [REPO / d for d in ("src", "scripts", "tests", "bench", "docs", ".ci")]
+    roots = [REPO / d for d in ("src", "scripts", "tests", "benchmarks", "docs", ".ci")]
     files = [p for r in roots for p in r.rglob("*") if p.is_file() and p.suffix in ("", ".py", ".sh", ".md", ".c",
                                                                                         ".yaml", ".toml", ".txt")]
     return files + [REPO / "Makefile", REPO / "README.md", REPO / "pyproject.toml"]

@@ -1,5 +1,5 @@
-"""bench/eval_bench.py's projection of the default eval to 64 layers (pure), on the figures of the
-new-machine run on one GPU (bench/reports/eval_bench_4layers_h200_cold.json)."""
+"""benchmarks/eval_bench.py's projection of the default eval to 64 layers (pure), on the figures of the
+new-machine run on one GPU (benchmarks/reports/eval_bench_4layers_h200_cold.json)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 spec = importlib.util.spec_from_file_location("eval_bench", BENCH / "eval_bench.py")
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)

@@ -52,7 +52,7 @@ def test_a_budget_smaller_than_the_fixed_part_still_runs_one_row_at_a_time() -> 
 
 
 def test_the_count_covers_what_a_32768_row_chunk_was_measured_to_take() -> None:
-    # bench/lm_head_bench.py on an H200: peak 1.4 GiB of GPU memory at 32768 rows of the 27B head
+    # benchmarks/lm_head_bench.py on an H200: peak 1.4 GiB of GPU memory at 32768 rows of the 27B head
     assert working_set(32768) >= 1.4 * GIB
 
 

@@ -95,11 +95,18 @@ def test_known_exceptions_are_still_needed() -> None:
     assert not [pair for pair in KNOWN_EXCEPTIONS if pair not in seen]
 
 
+def write_tree(root: Path, files: dict[str, str]) -> Path:
+    """A package tree for a checker's own test: relative path -> text."""
+    for f, text in files.items():
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
+        (root / f).write_text(text)
+    return root
+
+
 def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     """Relative, lazy and `from package import module` imports upward are found; the same layer and
     lower ones are not (a check that cannot fail is none)."""
-    root = tmp_path / "qwenquant"
-    for f, text in {
+    root = write_tree(tmp_path / "qwenquant", {
         "__init__.py": "def data_path(): ...\n",
         "errors.py": "",
         "recipe/__init__.py": "",
@@ -108,9 +115,7 @@ def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
         "checkpoint/names.py": "",
         "checkpoint/header.py": "from . import names\n\n\ndef f():\n    from ..recipe import load\n",
         "checkpoint/config.py": "import qwenquant.recipe.load\nfrom qwenquant import recipe\n",
-    }.items():
-        (root / f).parent.mkdir(parents=True, exist_ok=True)
-        (root / f).write_text(text)
+    })
     assert violations(root) == [
         "qwenquant.checkpoint.config:1 imports qwenquant.recipe.load (checkpoint is below recipe)",
         "qwenquant.checkpoint.config:2 imports qwenquant.recipe (checkpoint is below recipe)",

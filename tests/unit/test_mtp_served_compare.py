@@ -1,4 +1,4 @@
-"""bench/mtp_served_compare.py: the int4-vs-bf16 MTP verdict from two `eval --serve` reports (pure)."""
+"""benchmarks/mtp_served_compare.py: the int4-vs-bf16 MTP verdict from two `eval --serve` reports (pure)."""
 
 from __future__ import annotations
 

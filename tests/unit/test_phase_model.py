@@ -1,4 +1,4 @@
-"""bench/phase_model.py: the FLOP counts and the projections quantize_arms.py prints (pure functions)."""
+"""benchmarks/phase_model.py: the FLOP counts and the projections quantize_arms.py prints (pure functions)."""
 
 from __future__ import annotations
 

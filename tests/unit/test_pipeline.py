@@ -7,6 +7,7 @@ would do without doing it."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,8 @@ class Toy:
 
     def head(self, ctx: StageContext, out: Path) -> dict:
         self.calls.append("head")
+        time.sleep(0.05)
+        ctx.timings.add_tail({"rows": 0.25})  # a stage's own parts, as the gptq stage adds its engine's
         tick = ctx.progress_for("head rows")
         for i in (1, 2):
             if tick:
@@ -145,6 +148,18 @@ def test_rerun_skips_every_stage_and_writes_the_same_manifest(toy: Toy, tmp_path
     assert toy.calls == [] and set(again.stages.values()) == {"skipped"}
     assert again.root_digest == first.root_digest
     assert (tmp_path / "art" / MANIFEST_NAME).read_bytes() == manifest
+
+
+def test_the_result_times_each_stage_that_ran_and_no_reused_one(toy: Toy, tmp_path: Path) -> None:
+    """QuantizeResult.timings: the wall seconds of every stage that ran, what a stage added of its own
+    parts; a stage reused from its record has no entry (it ran no time in this run)."""
+    first = _quantize(toy, tmp_path)
+    assert list(first.timings.stages) == ["source", "calibration", "head", "check"]
+    assert 0.05 <= first.timings.stages["head"] < 5 and first.timings.gptq_tail == {"rows": 0.25}
+    assert first.to_dict()["timings"]["stages"] == first.timings.stages
+    toy.weights = b"weights-2"
+    again = _quantize(toy, tmp_path)
+    assert list(again.timings.stages) == ["head", "check"] and again.timings.gptq_tail == {"rows": 0.25}
 
 
 def test_changed_input_reruns_that_stage_and_those_reading_its_outputs(toy: Toy, tmp_path: Path) -> None:

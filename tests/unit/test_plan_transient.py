@@ -2,7 +2,7 @@
 and the shipped profiles' promises (all on the real Qwen3.8-27B config shipped in the package).
 
 The figures are literals with their derivation beside them (not computed by the code under test).
-They come from the kernel's tensor sizes until bench/gdn_transient.py has measured them on a GPU;
+They come from the kernel's tensor sizes until benchmarks/gdn_transient.py has measured them on a GPU;
 then TOKEN_SCALE / SEQ_SCALE in qwenquant/plan/transient.py change and so must these numbers.
 """
 
@@ -30,7 +30,7 @@ def shape():
 
 def test_the_term_is_pinned_to_its_figure(shape) -> None:
     """Change TOKEN_SCALE / SEQ_SCALE (a measurement) and this test says by how much the plan moved."""
-    # measured on an H200 (bench/gdn_transient.py --kernel fla): the derived figures times measured / derived
+    # measured on an H200 (benchmarks/gdn_transient.py --kernel fla): the derived figures times measured / derived
     assert (transient.TOKEN_SCALE, transient.SEQ_SCALE) == (133_892 / 139_264, 5_445_547 / 7_864_320)
     # derived: 8 kd 16,384 + 12 vd 73,728 + A 256*48 = 12,288 + w 2*48*128 = 12,288 + h 48*128*128/32 = 24,576
     # = 139,264; measured 133,892 (0.961 of it)

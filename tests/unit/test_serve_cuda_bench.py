@@ -1,4 +1,4 @@
-"""bench/serve_cuda_bench.py's log parsing and comparison (pure), on vLLM's log line formats
+"""benchmarks/serve_cuda_bench.py's log parsing and comparison (pure), on vLLM's log line formats
 (vllm/v1/worker/gpu_worker.py, gpu_model_runner.py, v1/core/kv_cache_utils.py, v1/engine/core.py,
 utils/mem_utils.py) with the figures seen on an H200 with vLLM 0.26.0."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 spec = importlib.util.spec_from_file_location(
-    "serve_cuda_bench", Path(__file__).resolve().parents[2] / "bench" / "serve_cuda_bench.py")
+    "serve_cuda_bench", Path(__file__).resolve().parents[2] / "benchmarks" / "serve_cuda_bench.py")
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 

@@ -27,7 +27,7 @@ the caches, read in vLLM's source (vllm-project/vllm, main in 2026), and what is
 - Activations: fp32 logits max_num_batched_tokens x vocab x 4 B dominate (docs/known-issues.md#logits-memory: 7.36 GiB
   peak at 8192 tokens on the 27B head) + the MLP gate/up output, tokens x 2 x intermediate x 2 B.
 - Runtime inside the budget (vLLM counts it before the KV cache): 1.10 GiB of overhead + 0.12 GiB
-  of CUDA graphs unless --enforce-eager. Measured (bench/RESULTS.md, "plan against vLLM"): vLLM
+  of CUDA graphs unless --enforce-eager. Measured (benchmarks/RESULTS.md, "plan against vLLM"): vLLM
   0.26 on an H200 under --gpu-mem 24GiB with the 64-layer 27B artifact counted, beyond this
   module's weights (tensor bytes) and activations, +0.36/+0.39 GiB at weight loading, +0.55/+0.44
   GiB of peak activation and 0.25/0.26 GiB of non-torch memory (single-user/batch): 1.16/1.09

@@ -22,7 +22,7 @@ one layer's transient is the peak), per GPU (heads / tp), bf16 activations:
 On the 27B (16 key / 48 value heads of 128): 139,264 B per token (136 KiB; 272 MiB for a
 2048-token chunk) and 7.5 MiB per sequence, derived from the kernel's tensor sizes (vLLM's
 chunk_gated_delta_rule: chunk_scaled_dot_kkt, solve_tril, recompute_w_u, chunk_gated_delta_rule_fwd_h,
-chunk_fwd_o). bench/gdn_transient.py measured 133,892 B per token and 5.2 MiB per sequence with
+chunk_fwd_o). benchmarks/gdn_transient.py measured 133,892 B per token and 5.2 MiB per sequence with
 flash-linear-attention's kernel at the real shape on an H200; TOKEN_SCALE / SEQ_SCALE carry the
 measured / derived ratios (tests/unit/test_plan_transient.py pins the resulting figures, so a
 change is deliberate). vLLM's own copy of the kernel was not measured.
@@ -35,13 +35,13 @@ from dataclasses import dataclass
 from qwenquant.plan.budget import Budget, GiB, cdiv
 from qwenquant.plan.weights import ModelShape
 
-# measured / derived: bench/gdn_transient.py --kernel fla on one NVIDIA H200 (bench/RESULTS.md,
+# measured / derived: benchmarks/gdn_transient.py --kernel fla on one NVIDIA H200 (benchmarks/RESULTS.md,
 # "Serving that fills"): 133,892 B per token (one sequence, 512..8192 tokens) and 5,445,547 B per
 # extra sequence of an 8192-token burst, against the derived 139,264 and 7,864,320
 TOKEN_SCALE = 133_892 / 139_264
 SEQ_SCALE = 5_445_547 / 7_864_320
 # The CUDA context outside vLLM's budget (driver, cuBLAS workspaces; lazy module loading). Assumed:
-# not measured on a 3090 (an H200's is measured by `ballast.py --probe`, bench/README.md).
+# not measured on a 3090 (an H200's is measured by `ballast.py --probe`, benchmarks/README.md).
 CUDA_CONTEXT_BYTES = int(0.5 * GiB)
 CHUNK = 64  # the chunk kernel's block of tokens
 

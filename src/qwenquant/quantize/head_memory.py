@@ -32,7 +32,7 @@ On the CPU the compare's 32768-row fp32 chunks (reference, RTN, GPTQ: 3 x 0.67 G
 
 from __future__ import annotations
 
-ROW_CHUNK_CAP = 32768  # past this the sweep is no faster on an H200 (bench/lm_head_bench.py)
+ROW_CHUNK_CAP = 32768  # past this the sweep is no faster on an H200 (benchmarks/lm_head_bench.py)
 CPU_ROW_CHUNK = 8192  # bounds the host working copy; the bytes do not depend on it
 SAFETY = 0.8  # of the memory that is free under the cap: the allocator's fragmentation, cuBLAS workspaces
 ROW_ALIGN = 1024  # a budget chunk is rounded down to this (tidy GEMM shapes), unless smaller

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from qwenquant.errors import StageError
 from qwenquant.hashing import seal
 from qwenquant.quantize.records import StageRunner, clean_partials, work_lock
 from qwenquant.quantize.stage import Progress, Stage, StageContext
+from qwenquant.quantize.timings import Timings
 
 if TYPE_CHECKING:
     from qwenquant.recipe import CalibrationSpec, Recipe
@@ -54,10 +56,12 @@ class QuantizeResult:
     quality: dict[str, Any]
     stages: dict[str, str] = field(default_factory=dict)  # stage -> "ran" | "skipped"
     calibration: dict[str, Any] = field(default_factory=dict)
+    timings: Timings = field(default_factory=Timings)  # what this run measured of itself (timings.py)
 
     def to_dict(self) -> dict[str, Any]:
         return {"artifact": str(self.artifact), "root_digest": self.root_digest, "quality": self.quality,
-                "stages": self.stages, "calibration_fingerprint": self.calibration.get("fingerprint_sha256")}
+                "stages": self.stages, "calibration_fingerprint": self.calibration.get("fingerprint_sha256"),
+                "timings": self.timings.to_dict()}
 
 
 def stage_list(stages: Sequence[Stage] | None) -> tuple[Stage, ...]:
@@ -113,7 +117,7 @@ def quantize(opts: QuantizeOptions, progress: Progress | None = None, *,
             step(stage.name, None, i, total)
             ctx.current = stage
             try:
-                runner.run(stage.name, stage.inputs(ctx), stage.params(ctx), lambda d, s=stage: s.run(ctx, d))
+                _run_timed(runner, stage, ctx)
             except OSError as e:
                 err = disk_error(e, stage.name)
                 if err is None:
@@ -127,6 +131,7 @@ def quantize(opts: QuantizeOptions, progress: Progress | None = None, *,
         step("manifest", None, len(stages), total)
         built = [ctx.dir(s.name) for s in stages if s.builds_checkpoint][-1]
         result = _finish(runner, stages, out, built, opts.recipe)
+        result.timings = ctx.timings
         step("done", None, total, total)
         return result
 
@@ -221,6 +226,19 @@ def _status(stage: Stage, outcome: Any) -> str:
     if stage.idle is not None and stage.idle(outcome.result):
         return "not asked"
     return "ran" if outcome.ran else "skipped"
+
+
+def _run_timed(runner: StageRunner, stage: Stage, ctx: StageContext) -> None:
+    """Run one stage through its record; its wall seconds go to `ctx.timings` when it ran (not reused)."""
+    t0, ran = time.perf_counter(), []
+
+    def run(staging: Path) -> dict[str, Any]:
+        ran.append(stage.name)
+        return stage.run(ctx, staging)
+
+    runner.run(stage.name, stage.inputs(ctx), stage.params(ctx), run)
+    if ran:
+        ctx.timings.stages[stage.name] = time.perf_counter() - t0
 
 
 def _finish(runner: StageRunner, stages: Sequence[Stage], out: Path, built: Path, recipe: Recipe) -> QuantizeResult:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qwenquant.hashing import DigestCache
+from qwenquant.quantize.timings import Timings
 
 if TYPE_CHECKING:  # pydantic models; the CLI's --help path stays free of them
     from qwenquant.quantize.records import StageOutcome
@@ -53,6 +54,8 @@ class StageContext:
     current: Stage | None = None  # the stage running now (set by the pipeline)
     # the run's file and tensor digests (the stage records' cache): what a stage hashes, a later one reuses
     digests: DigestCache = field(default_factory=DigestCache)
+    # what the run measures of itself (QuantizeResult.timings): a stage adds its inner parts here
+    timings: Timings = field(default_factory=Timings)
 
     def _outcome(self, stage: str) -> StageOutcome:
         if stage not in self.outcomes:

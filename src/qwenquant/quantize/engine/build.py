@@ -25,6 +25,7 @@ from qwenquant.errors import UsageError
 
 if TYPE_CHECKING:
     from qwenquant.hashing import DigestCache
+    from qwenquant.quantize.timings import Timings
     from qwenquant.recipe import QuantizationSpec
 
 log = logging.getLogger(__name__)
@@ -57,13 +58,15 @@ def max_gpu_mem_gib() -> float | None:
 def run_streamed_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, out_dir: Path, *,
                       heldout: list[int], max_shard_bytes: int, layers_root: Path, fingerprint: str, device: str,
                       progress: Callable[[int, int], None] | None = None, ranks: int = 1,
-                      mtp: bool = False, digests: DigestCache | None = None) -> dict[str, Any]:
+                      mtp: bool = False, digests: DigestCache | None = None,
+                      timings: Timings | None = None) -> dict[str, Any]:
     """Quantize the body into `out_dir` (a fresh folder) layer by layer, resuming from the layer
     records under `layers_root`; write the tensors, the index and the head calibration; return
     stage info. `heldout`: the sample indices the lm_head stage keeps for its quality report.
     `ranks` > 1: an N-process job (engine/launch.py) whose rank 0 writes the same folder.
     `mtp`: also GPTQ the MTP head on the same pass (engine/mtpcal.py; one process only).
-    `digests`: the run's cache (one process: it gets every layer file's digest)."""
+    `digests`: the run's cache (one process: it gets every layer file's digest). `timings`: gets the
+    layer phases and the parts after the loop (with `ranks` > 1: rank 0's, and every rank's figures)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if ranks > 1:
         from qwenquant.quantize.engine.launch import run_job
@@ -75,7 +78,11 @@ def run_streamed_gptq(source_dir: Path, samples: list[list[int]], q: Quantizatio
         job = {"source_dir": str(source_dir), "samples": samples, "quantization": q.model_dump(mode="json"),
                "out_dir": str(out_dir), "heldout": list(heldout), "max_shard_bytes": max_shard_bytes,
                "layers_root": str(layers_root), "fingerprint": fingerprint, "device": device}
-        return run_job(job, ranks, Path(layers_root).parent, progress)
+        done = run_job(job, ranks, Path(layers_root).parent, progress)
+        if timings is not None:
+            timings.gptq_layers, timings.gptq_ranks = done["layers"], done["ranks"]
+            timings.add_tail(done["tail"])
+        return done["info"]
     from qwenquant.checkpoint.tensorfile import checkpoint_refs
     from qwenquant.modeling.text import open_source
     from qwenquant.quantize.engine.run import apply_gpu_cap, stream_quantize
@@ -84,12 +91,17 @@ def run_streamed_gptq(source_dir: Path, samples: list[list[int]], q: Quantizatio
     src = open_source(Path(source_dir), checkpoint_refs(Path(source_dir)))
     res = stream_quantize(src, samples, q, Path(layers_root), fingerprint=fingerprint, device=device, heldout=heldout,
                           progress=progress, mtp=mtp, digests=digests)
-    return write_stage_folder(src, res, out_dir, max_shard_bytes)
+    info = write_stage_folder(src, res, out_dir, max_shard_bytes)
+    if timings is not None:
+        timings.gptq_layers = res.phases
+        timings.add_tail(res.tail)
+    return info
 
 
 def write_stage_folder(src: Any, res: Any, out_dir: Path, max_shard_bytes: int) -> dict[str, Any]:
     """The stage folder from a finished layer loop (`res`: engine.run.StreamResult, its head
-    calibration complete): layer shards, the rest from the source bytes, index, head calibration."""
+    calibration complete): layer shards, the rest from the source bytes, index, head calibration.
+    The seconds of each part join `res.tail`."""
     from qwenquant.checkpoint.assemble import link_or_copy
     from qwenquant.checkpoint.tensorfile import plan_shards, shard_refs, write_index, write_shard
     from qwenquant.quantize.engine import headcal
@@ -102,7 +114,7 @@ def write_stage_folder(src: Any, res: Any, out_dir: Path, max_shard_bytes: int) 
     names = shard_names(src.num_layers, len(groups))
     weight_map: dict[str, str] = {}
     total = 0
-    part = Phases("cpu")  # host work only; logged for the bench's projection
+    part = Phases("cpu")  # host work only
     with part("layer_links"):
         for f, shard in zip(res.layer_files, names, strict=False):  # names go on past the layers
             link_or_copy(f, out_dir / shard)
@@ -122,7 +134,8 @@ def write_stage_folder(src: Any, res: Any, out_dir: Path, max_shard_bytes: int) 
             from qwenquant.quantize.engine import mtpcal
 
             mtpcal.save(out_dir, res.mtp)
-    log.debug("gptq: stage folder (s): %s", part.line(), extra={"tail": part.seconds})
+    log.debug("gptq: stage folder (s): %s", part.line())
+    res.tail.update(part.seconds)
     log.info("gptq: %d Linear modules quantized over %d decoder layers (%d resumed)", res.quantized_modules,
              src.num_layers, res.resumed_from)
     return {"quantized_modules": res.quantized_modules, "tensors": len(weight_map), "engine": ENGINE_VERSION}

@@ -72,8 +72,9 @@ def job_env(base: Mapping[str, str], world: int, device: str) -> dict[str, str]:
 
 
 def run_job(job: dict[str, Any], ranks: int, work: Path, progress: Callable[[int, int], None] | None) -> dict[str, Any]:
-    """Run the gptq layer loop as `ranks` processes; return rank 0's stage info. Raises the failing
-    rank's error (StageError when it left none), KeyboardInterrupt after stopping them all."""
+    """Run the gptq layer loop as `ranks` processes; return rank 0's result: `info` (the stage info),
+    `layers` and `tail` (its phase seconds), `ranks` (every rank's figures, timings.Timings). Raises the first
+    failing rank's error (StageError when it left none), KeyboardInterrupt after stopping them all."""
     job_dir = Path(tempfile.mkdtemp(prefix=".gptq-ranks.", suffix=".partial", dir=work))
     proc: subprocess.Popen | None = None
     try:

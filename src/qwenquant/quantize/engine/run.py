@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,7 @@ class StreamResult:
     samples: list[int]  # the calibration samples this process forwarded (all of them in one process)
     phases: list[dict[str, float]]  # per layer: seconds in each phase (see `Phases`)
     mtp: dict[str, Any] | None = None  # packed MTP Linears (`mtp: {quantize: gptq}`), engine/mtpcal.py
+    tail: dict[str, float] = field(default_factory=dict)  # seconds after the loop, by part (timings.Timings.gptq_tail)
 
 
 class Phases:
@@ -347,7 +348,7 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
             if writer:
                 log.info("gptq: decoder layer %d/%d %s (%.1f s)", i + 1, n, "replayed" if i < done else "quantized",
                          times[-1])
-            log.debug("gptq: decoder layer %d phases (s): %s", i + 1, phase.line(), extra={"phases": phase.seconds})
+            log.debug("gptq: decoder layer %d phases (s): %s", i + 1, phase.line())
             if progress:
                 progress(i + 1, n)
     finally:
@@ -356,7 +357,7 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
         if background is not None:
             background.close()
     mtpcal = None
-    tail = Phases(device)  # after the loop; the bench's projection scales each part by what it reads
+    tail = Phases(device)  # after the loop (QuantizeResult.timings: a projection scales each part by what it reads)
     if mtp:
         from qwenquant.quantize.engine.mtpcal import MtpCalibration
 
@@ -368,8 +369,8 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
     if mtpcal is not None:
         with tail("mtp_gptq"):
             packed_mtp = mtpcal.quantize()
-    log.debug("gptq: after the layer loop (s): %s", tail.line(), extra={"tail": tail.seconds})
-    return StreamResult(files, modules, done, head, times, order, phases, packed_mtp)
+    log.debug("gptq: after the layer loop (s): %s", tail.line())
+    return StreamResult(files, modules, done, head, times, order, phases, packed_mtp, dict(tail.seconds))
 
 
 def _head_calibration(src: TextModelSource, acts: list[torch.Tensor], order: list[int], heldout: list[int],

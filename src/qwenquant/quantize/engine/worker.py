@@ -3,11 +3,11 @@ torch.distributed.run (engine/launch.py; not a user command).
 
 Reads JOB_DIR/job.json, joins the job (engine/dist.py), runs the layer loop on its share of the
 calibration samples (engine/run.stream_quantize); rank 0 also writes the stage folder and
-JOB_DIR/result.json. A failure is recorded by torchelastic's `@record` in the rank's error file,
-with qwenquant's type, message, hint and time beside torchrun's fields (RankErrors), for the
-launcher to report, and the rank exits non-zero. With QWENQUANT_DIST_METRICS=PATH rank 0 also writes every
-rank's calibration share (samples, tokens), peak GPU memory and peak RSS there
-(bench/quantize_bench.py reads it).
+JOB_DIR/result.json: the stage info, its own layer phases and the parts after the loop, and every
+rank's calibration share (samples, tokens), peak GPU memory, peak RSS and phases (the launcher hands
+them to QuantizeResult.timings). A failure is recorded by torchelastic's `@record` in the rank's error
+file, with qwenquant's type, message, hint and time beside torchrun's fields (RankErrors), for the
+launcher to report, and the rank exits non-zero.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from qwenquant.atomic import atomic_write_json
 from qwenquant.errors import QwenquantError
 from qwenquant.quantize.engine.launch import LOG_LEVEL_ENV, PARENT_ENV, PROGRESS_TAG, REPORT_KEY, RESULT
 
-METRICS_ENV = "QWENQUANT_DIST_METRICS"
 log = logging.getLogger("qwenquant.quantize.engine.worker")
 
 
@@ -91,9 +90,8 @@ def run(job: dict[str, Any], job_dir: Path) -> None:
     info = write_stage_folder(src, res, Path(job["out_dir"]), job["max_shard_bytes"]) if ranks.main else None
     metrics = dist.gather_metrics(_metrics(ranks.rank, device, res, job["samples"]), ranks)
     if ranks.main:
-        if envs.get(METRICS_ENV):
-            atomic_write_json(envs.get(METRICS_ENV), {"ranks": metrics}, canonical=False)
-        atomic_write_json(job_dir / RESULT, info)
+        atomic_write_json(job_dir / RESULT, {"info": info, "layers": res.phases, "tail": res.tail, "ranks": metrics},
+                          canonical=False)
     dist.barrier()  # every rank is past its last collective before any leaves
 
 

@@ -38,6 +38,7 @@ from qwenquant.quantize.stage import Stage, StageContext
 
 if TYPE_CHECKING:
     from qwenquant.hashing import DigestCache
+    from qwenquant.quantize.timings import Timings
     from qwenquant.recipe import QuantizationSpec
 
 log = logging.getLogger(__name__)
@@ -124,9 +125,10 @@ def count_targets(model: Any, q: QuantizationSpec) -> int:
 
 def run_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, out_dir: Path, *, max_shard_bytes: int,
              device: str, progress: Callable[[int, int], None] | None = None,
-             digests: DigestCache | None = None) -> dict[str, Any]:
+             digests: DigestCache | None = None, timings: Timings | None = None) -> dict[str, Any]:
     """Quantize the body into `out_dir` (a fresh folder); return stage info. Raises StageError.
-    `digests`: the run's cache, for the identity proof (`finish_output`)."""
+    `digests`: the run's cache, for the identity proof (`finish_output`, which adds its seconds to
+    `timings`)."""
     os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # tokenization is done; silences a warning
     set_deterministic()
@@ -183,7 +185,7 @@ def run_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, ou
     tensors = restore_plan(checkpoint_refs(raw), checkpoint_refs(source_dir))
     write_checkpoint_tensors(out_dir, tensors, max_shard_bytes)
     shutil.rmtree(raw)
-    finish_output(source_dir, out_dir, q, saved_cfg["quantization_config"], digests=digests)
+    finish_output(source_dir, out_dir, q, saved_cfg["quantization_config"], digests=digests, timings=timings)
     quantized = sorted({m for n in tensors if (m := quantized_module(n))})
     log.info("gptq: %d Linear modules quantized; %d unquantized tensors byte-identical to the source",
              len(quantized), sum(1 for n in tensors if quantized_module(n) is None))
@@ -191,10 +193,12 @@ def run_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, ou
 
 
 def finish_output(source_dir: Path, out_dir: Path, q: QuantizationSpec, quantization_config: dict[str, Any], *,
-                  mtp_quantized: bool = False, digests: DigestCache | None = None) -> None:
+                  mtp_quantized: bool = False, digests: DigestCache | None = None,
+                  timings: Timings | None = None) -> None:
     """Write config.json (source config + `quantization_config`) and the side files into `out_dir`,
     then prove every tensor the recipe does not quantize byte-identical to the source (`digests`:
-    the run's cache; the check stage's proof of the same tensors reuses what this one hashes)."""
+    the run's cache; the check stage's proof of the same tensors reuses what this one hashes;
+    `timings`: gets the proof's seconds as `identity_proof`)."""
     src_cfg = json.loads((Path(source_dir) / "config.json").read_text())
     config = quantized_config(src_cfg, {"quantization_config": quantization_config}, list(q.ignore),
                               mtp_quantized=mtp_quantized)
@@ -206,7 +210,9 @@ def finish_output(source_dir: Path, out_dir: Path, q: QuantizationSpec, quantiza
         may_quantize=recipe_quantizes(list(q.ignore), head_quantized=False),
         skip_source=lambda n: n.startswith(MTP_PREFIX), digests=digests)
     proof = time.perf_counter() - t0
-    log.debug("gptq: identity proof %.2f s", proof, extra={"tail": {"identity_proof": proof}})
+    log.debug("gptq: identity proof %.2f s", proof)
+    if timings is not None:
+        timings.add_tail({"identity_proof": proof})
     if problems:
         raise StageError("GPTQ output: tensors the recipe does not quantize differ from the source:\n  "
                          + "\n  ".join(problems[:20]), hint="this is a bug in the gptq stage; file it with the log")
@@ -314,9 +320,10 @@ def _run_streamed(ctx: StageContext, samples: list[list[int]], out_dir: Path) ->
     info = run_streamed_gptq(ctx.source, samples, q, out_dir, heldout=held,
                              max_shard_bytes=ctx.recipe.artifact.max_shard_bytes, layers_root=layers_root,
                              fingerprint=fingerprint, device=ctx.device, progress=ctx.progress_for(LAYERS_TASK),
-                             ranks=ctx.ranks, mtp=ctx.recipe.mtp_quantized, digests=ctx.digests)
+                             ranks=ctx.ranks, mtp=ctx.recipe.mtp_quantized, digests=ctx.digests,
+                             timings=ctx.timings)
     finish_output(ctx.source, out_dir, q, quantization_config(resolve_scheme(q)), mtp_quantized=ctx.recipe.mtp_quantized,
-                  digests=ctx.digests)
+                  digests=ctx.digests, timings=ctx.timings)
     discard_layers(layers_root)
     return info
 
@@ -341,7 +348,7 @@ def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
                          hint="unset QWENQUANT_GPTQ_ENGINE, or keep the MTP head bf16 (mtp.quantize: bf16)")
     return run_gptq(ctx.source, samples, ctx.recipe.quantization, out_dir,
                     max_shard_bytes=ctx.recipe.artifact.max_shard_bytes, device=ctx.device,
-                    progress=ctx.progress_for(LAYERS_TASK), digests=ctx.digests)
+                    progress=ctx.progress_for(LAYERS_TASK), digests=ctx.digests, timings=ctx.timings)
 
 
 STAGE = Stage("gptq", _inputs, _params, _run, builds_checkpoint=True, tasks=(LAYERS_TASK,), plan_note=_plan_note)

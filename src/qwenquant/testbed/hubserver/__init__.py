@@ -9,9 +9,10 @@
         hub.requests  # every request: method, file, Range, status, bytes sent, faults fired
 """
 
+from qwenquant.testbed.hubserver.base import LoggedRequest
 from qwenquant.testbed.hubserver.faults import KINDS as FAULT_KINDS
 from qwenquant.testbed.hubserver.faults import Fault, FaultSet
 from qwenquant.testbed.hubserver.repos import HubFile, is_lfs_path
-from qwenquant.testbed.hubserver.server import HubServer, LoggedRequest
+from qwenquant.testbed.hubserver.server import HubServer
 
 __all__ = ["FAULT_KINDS", "Fault", "FaultSet", "HubFile", "HubServer", "LoggedRequest", "is_lfs_path"]

@@ -1,50 +1,20 @@
-"""The request handler of the loopback hub: routing, Hub-shaped responses, fault injection."""
+"""The download routes of the loopback hub (HEAD, GET) with fault injection; uploads.py has the writes."""
 
 from __future__ import annotations
 
-import json
-import logging
 import socket
 import struct
 import time
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from http.server import ThreadingHTTPServer
+from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
+from qwenquant.testbed.hubserver.base import BaseHandler, LoggedRequest, _Stop
 from qwenquant.testbed.hubserver.faults import BODY_KINDS, Fault
 from qwenquant.testbed.hubserver.repos import HubFile, Repo, commit_id
-
-if TYPE_CHECKING:
-    from qwenquant.testbed.hubserver.server import HubServer
-
-log = logging.getLogger(__name__)
+from qwenquant.testbed.hubserver.uploads import handle as handle_upload
 
 DATE = "2026-11-29T00:00:00.000Z"
-
-
-@dataclass
-class LoggedRequest:
-    """One request as the server saw it (for tests to assert what was downloaded)."""
-
-    method: str
-    path: str
-    endpoint: str  # "info" | "tree" | "resolve" | "blob" | an upload route (uploads.py) | "unknown"
-    repo_id: str | None = None
-    revision: str | None = None
-    file: str | None = None
-    range: str | None = None
-    status: int = 0
-    start: int | None = None  # byte span of the body the server meant to send
-    end: int | None = None
-    sent: int = 0  # body bytes actually written
-    faults: list[str] = field(default_factory=list)
-    host: str | None = None  # the Host header: 127.0.0.1 for the Hub, localhost for the "CDN"
-    authorized: bool = False  # an Authorization header came with it (must never reach the CDN)
-
-
-class _Stop(Exception):
-    """Abort the response (connection closed on purpose or by the peer)."""
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -57,13 +27,8 @@ class _QuietServer(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    hub: HubServer
-    protocol_version = "HTTP/1.1"
-    server_version = "qwenquant-hubserver"
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        log.debug("%s " + format, self.address_string(), *args)
+class _Handler(BaseHandler):
+    """Downloads (HEAD, GET) are routed here; writes (POST, PUT) by uploads.py."""
 
     def do_HEAD(self) -> None:  # noqa: N802
         self._dispatch("HEAD")
@@ -72,14 +37,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch("GET")
 
     def do_POST(self) -> None:  # noqa: N802
-        from qwenquant.testbed.hubserver.uploads import handle
-
-        handle(self, "POST")
+        handle_upload(self, "POST")
 
     def do_PUT(self) -> None:  # noqa: N802
-        from qwenquant.testbed.hubserver.uploads import handle
-
-        handle(self, "PUT")
+        handle_upload(self, "PUT")
 
     # -- routing ---------------------------------------------------------------------------
     def _dispatch(self, method: str) -> None:
@@ -305,35 +266,6 @@ class _Handler(BaseHTTPRequestHandler):
     def _fail(self, fault: Fault, commit: str | None = None) -> None:
         self._rec.faults = ["fail"]
         self._error(fault.status, None, f"injected {fault.status}", commit)
-
-    def _error(self, status: int, code: str | None, message: str, commit: str | None = None) -> None:
-        body = json.dumps({"error": message}).encode()
-        self.send_response(status)
-        if code:
-            self.send_header("X-Error-Code", code)
-            self.send_header("X-Error-Message", message)
-        if commit:
-            self.send_header("X-Repo-Commit", commit)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-        self._rec.status = status
-
-    def _json(self, status: int, obj: Any, commit: str | None = None, extra: dict[str, str] | None = None) -> None:
-        body = json.dumps(obj).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        if commit:
-            self.send_header("X-Repo-Commit", commit)
-        for k, v in (extra or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-        self._rec.status = status
 
 
 def _parse_range(header: str, size: int) -> tuple[int, int] | None:

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from qwenquant.testbed.hubserver import store as storemod
+from qwenquant.testbed.hubserver.base import LoggedRequest
 from qwenquant.testbed.hubserver.faults import FaultSet
-from qwenquant.testbed.hubserver.handler import LoggedRequest, _Handler, _QuietServer
+from qwenquant.testbed.hubserver.handler import _Handler, _QuietServer
 from qwenquant.testbed.hubserver.repos import Commit, HubFile, Repo, commit_id, scan_folder
 
 log = logging.getLogger(__name__)

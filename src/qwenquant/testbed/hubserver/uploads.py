@@ -22,19 +22,16 @@ import socket
 import struct
 import uuid
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from qwenquant.testbed.hubserver import store as storemod
-from qwenquant.testbed.hubserver.handler import LoggedRequest, _Stop
-
-if TYPE_CHECKING:
-    from qwenquant.testbed.hubserver.handler import _Handler
+from qwenquant.testbed.hubserver.base import BaseHandler, LoggedRequest, _Stop
 
 NO_AUTH = {"validate-yaml", "lfs-put"}
 
 
-def handle(h: _Handler, method: str) -> None:
+def handle(h: BaseHandler, method: str) -> None:
     """Route one POST or PUT; every outcome is one logged request."""
     url = urlsplit(h.path)
     rec = LoggedRequest(method=method, path=url.path, endpoint="unknown",
@@ -71,7 +68,7 @@ def handle(h: _Handler, method: str) -> None:
         h.close_connection = True
 
 
-def _route(h: _Handler, method: str, parts: list[str]) -> tuple[str, Any, list[str]] | None:
+def _route(h: BaseHandler, method: str, parts: list[str]) -> tuple[str, Any, list[str]] | None:
     """(endpoint name, repo or None, the segments after the repo id) of a write request."""
     if method == "PUT":
         if parts[:1] == ["lfs-upload"] and len(parts) >= 4:
@@ -97,7 +94,7 @@ def _route(h: _Handler, method: str, parts: list[str]) -> tuple[str, Any, list[s
     return None
 
 
-def _chunks(h: _Handler) -> Iterator[bytes]:
+def _chunks(h: BaseHandler) -> Iterator[bytes]:
     """The request body as it arrives (Content-Length or chunked transfer encoding)."""
     if "chunked" in (h.headers.get("Transfer-Encoding") or "").lower():
         while True:
@@ -117,12 +114,12 @@ def _chunks(h: _Handler) -> Iterator[bytes]:
         yield chunk
 
 
-def _drain(h: _Handler) -> None:
+def _drain(h: BaseHandler) -> None:
     for _ in _chunks(h):
         pass
 
 
-def _json_body(h: _Handler) -> Any:
+def _json_body(h: BaseHandler) -> Any:
     data = b"".join(_chunks(h))
     try:
         return json.loads(data) if data else {}
@@ -130,14 +127,14 @@ def _json_body(h: _Handler) -> Any:
         return None
 
 
-def _lines(h: _Handler) -> list[Any] | None:
+def _lines(h: BaseHandler) -> list[Any] | None:
     try:
         return [json.loads(line) for line in b"".join(_chunks(h)).splitlines() if line.strip()]
     except ValueError:
         return None
 
 
-def _base(h: _Handler, cdn: bool = False) -> str:
+def _base(h: BaseHandler, cdn: bool = False) -> str:
     host = (h.headers.get("Host") or "").rsplit(":", 1)[0] or h.hub.host
     if cdn and host == h.hub.host:
         host = h.hub.cdn_host
@@ -148,7 +145,7 @@ def _prefix(rtype: str) -> str:
     return "datasets/" if rtype == "dataset" else ""
 
 
-def _create(h: _Handler, _repo: Any, _rest: list[str], body: Any) -> None:
+def _create(h: BaseHandler, _repo: Any, _rest: list[str], body: Any) -> None:
     if not isinstance(body, dict) or not body.get("name"):
         return h._error(400, None, "name is required")
     rtype = body.get("type") or "model"
@@ -160,7 +157,7 @@ def _create(h: _Handler, _repo: Any, _rest: list[str], body: Any) -> None:
     h._json(200, {"url": url, "name": repo_id, "id": uuid.uuid5(uuid.NAMESPACE_URL, url).hex[:24]})
 
 
-def _validate_yaml(h: _Handler, _repo: Any, _rest: list[str], body: Any) -> None:
+def _validate_yaml(h: BaseHandler, _repo: Any, _rest: list[str], body: Any) -> None:
     import yaml
 
     text = body.get("content", "") if isinstance(body, dict) else ""
@@ -175,7 +172,7 @@ def _validate_yaml(h: _Handler, _repo: Any, _rest: list[str], body: Any) -> None
     h._json(400 if errors else 200, {"errors": [{"message": m} for m in errors], "warnings": []})
 
 
-def _preupload(h: _Handler, repo: Any, rest: list[str], body: Any) -> None:
+def _preupload(h: BaseHandler, repo: Any, rest: list[str], body: Any) -> None:
     import base64
 
     rev = rest[0]
@@ -191,7 +188,7 @@ def _preupload(h: _Handler, repo: Any, rest: list[str], body: Any) -> None:
     h._json(200, {"files": out, "commitOid": repo.branches.get(rev, rev)})
 
 
-def _branch(h: _Handler, repo: Any, rest: list[str], body: Any) -> None:
+def _branch(h: BaseHandler, repo: Any, rest: list[str], body: Any) -> None:
     with h.hub._lock:
         if rest[0] in repo.branches:
             return h._error(409, None, "Reference already exists")
@@ -203,7 +200,7 @@ def _branch(h: _Handler, repo: Any, rest: list[str], body: Any) -> None:
     h._json(200, {})
 
 
-def _lfs_batch(h: _Handler, repo: Any, _rest: list[str], body: Any) -> None:
+def _lfs_batch(h: BaseHandler, repo: Any, _rest: list[str], body: Any) -> None:
     if not isinstance(body, dict) or body.get("operation") != "upload":
         return h._error(400, None, "only the upload operation is supported")
     objects = []
@@ -220,7 +217,7 @@ def _lfs_batch(h: _Handler, repo: Any, _rest: list[str], body: Any) -> None:
     h._json(200, {"transfer": "basic", "objects": objects})
 
 
-def _put(h: _Handler, repo: Any, oid: str, cut: Any) -> None:
+def _put(h: BaseHandler, repo: Any, oid: str, cut: Any) -> None:
     """Receive an object's bytes; keep them only when their sha256 is the oid (a cut body is dropped)."""
     h._rec.file = oid
     total = int(h.headers.get("Content-Length") or -1)
@@ -250,7 +247,7 @@ def _put(h: _Handler, repo: Any, oid: str, cut: Any) -> None:
     h._json(200, {})
 
 
-def _lfs_verify(h: _Handler, repo: Any, _rest: list[str], body: Any) -> None:
+def _lfs_verify(h: BaseHandler, repo: Any, _rest: list[str], body: Any) -> None:
     oid, size = str((body or {}).get("oid")), (body or {}).get("size")
     have = repo.lfs.get(oid)
     if have is None or (size is not None and have.stat().st_size != size):
@@ -258,7 +255,7 @@ def _lfs_verify(h: _Handler, repo: Any, _rest: list[str], body: Any) -> None:
     h._json(200, {})
 
 
-def _commit(h: _Handler, repo: Any, rest: list[str], lines: Any) -> None:
+def _commit(h: BaseHandler, repo: Any, rest: list[str], lines: Any) -> None:
     if lines is None:
         return h._error(400, None, "the commit body is not ndjson")
     if "create_pr" in (urlsplit(h.path).query or ""):

@@ -21,11 +21,11 @@ Kernel, first importable (or --kernel):
          the value heads if the installed release does not take fewer q/k heads)
   torch  transformers' torch_chunk_gated_delta_rule (reference code; a burst runs as a padded batch)
 
-  GPU:  PYTHONPATH=src:/tmp/site python3 bench/gdn_transient.py
-  CPU smoke (torch kernel, small): python bench/gdn_transient.py --device cpu --kernel torch \\
+  GPU:  PYTHONPATH=src:/tmp/site python3 benchmarks/gdn_transient.py
+  CPU smoke (torch kernel, small): python benchmarks/gdn_transient.py --device cpu --kernel torch \\
             --tokens 128,256 --burst-seqs 1,4 --burst-tokens 256
 
-Prints a table to stdout and writes JSON (--out, default bench/results/gdn_transient.json) with a
+Prints a table to stdout and writes JSON (--out, default benchmarks/results/gdn_transient.json) with a
 linear fit: bytes per token (one sequence) and bytes per extra sequence of a burst.
 """
 
@@ -58,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the recurrent-state cache dtype (vLLM's --mamba-ssm-cache-dtype; the recipes: float16)")
     p.add_argument("--device", default=None, help="default: cuda")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path("bench/results/gdn_transient.json"))
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/gdn_transient.json"))
     return p.parse_args(argv)
 
 

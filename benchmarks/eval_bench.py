@@ -1,17 +1,17 @@
 """Time `qwenquant eval`'s layer-streamed forward on a real-shaped, truncated Qwen3.5 checkpoint.
 
 Builds and quantizes a checkpoint with Qwen3.8-27B's widths and `--layers` text layers through
-bench/quantize_bench.py (or reuses one: `--work W` holding `source/` and `artifact/` from
+benchmarks/quantize_bench.py (or reuses one: `--work W` holding `source/` and `artifact/` from
 `quantize_bench.py --keep --work W`), then runs the offline eval (evaluate/offline.py,
 `streamed=True`) on `--windows` x `--window-len` random token windows. Measures: wall time, time per
 decoder layer (both arms), the fixed part (heads, metrics, MTP), peak GPU memory and host RSS;
 projects the default eval (32 x 256) at 64 layers. Prints a table, writes JSON (--out).
 
-  GPU, real dims:   PYTHONPATH=src:$PYTHONPATH python3 bench/eval_bench.py --layers 4 --max-gpu-mem 23.5
-  CPU proof:        .venv/bin/python bench/eval_bench.py --layers 4 --scale 0.05 --vocab 16384 --device cpu \
+  GPU, real dims:   PYTHONPATH=src:$PYTHONPATH python3 benchmarks/eval_bench.py --layers 4 --max-gpu-mem 23.5
+  CPU proof:        .venv/bin/python benchmarks/eval_bench.py --layers 4 --scale 0.05 --vocab 16384 --device cpu \
                         --windows 4 --window-len 64
 
-Expectations written before the first GPU run are in bench/README.md.
+Expectations written before the first GPU run are in benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-gpu-mem", type=float, default=None, help="cap GPU memory in GiB (23.5: a 24 GB card)")
     p.add_argument("--work", type=Path, default=None, help="reuse/keep source/ and artifact/ here")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path("bench/reports/eval_bench.json"))
+    p.add_argument("--out", type=Path, default=Path("benchmarks/reports/eval_bench.json"))
     return p.parse_args(argv)
 
 
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report = run_offline(work / "source", work / "artifact", windows, device=device, streamed=True)
     wall = time.perf_counter() - t0
     layer_s = sorted(times.seconds) or [float("nan")]
-    r = {"tool": "bench/eval_bench.py", "device": device, "layers": len(times.seconds), "windows": args.windows,
+    r = {"tool": "benchmarks/eval_bench.py", "device": device, "layers": len(times.seconds), "windows": args.windows,
          "window_len": args.window_len, "source_bytes": weight_bytes(work / "source"),
          "artifact_bytes": weight_bytes(work / "artifact"), "wall_seconds": wall, "layer_seconds": times.seconds,
          "median_layer_seconds": layer_s[len(layer_s) // 2], "peak_gpu_bytes": gpu.take(), "peak_rss_bytes": rss.take(),

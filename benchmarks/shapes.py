@@ -75,7 +75,7 @@ def reference_config(path: Path | None = None) -> tuple[dict[str, Any], str]:
         return copy.deepcopy(REFERENCE_27B), "embedded copy of qwen3_8-27b.config.json"
     ref = json.loads(p.read_text())
     if path is None and ref != REFERENCE_27B:
-        raise ValueError(f"{p} differs from bench/shapes.py REFERENCE_27B: update the embedded copy")
+        raise ValueError(f"{p} differs from benchmarks/shapes.py REFERENCE_27B: update the embedded copy")
     return ref, str(p)
 
 

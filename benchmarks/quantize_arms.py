@@ -1,19 +1,19 @@
 """The quantize bench in pieces, one arm per process, each warmed before it is timed.
 
-A real-shaped, truncated Qwen3.8-27B (bench/shapes.py, as quantize_bench.py builds it) quantized by
+A real-shaped, truncated Qwen3.8-27B (benchmarks/shapes.py, as quantize_bench.py builds it) quantized by
 qwenquant (`pipeline.quantize`, the streamed engine) and by llm-compressor `oneshot` + save, each in
 its own command so that every piece fits a time limit and the source is built once:
 
   W=/tmp/qbench; export PYTHONUNBUFFERED=1
-  python3 bench/quantize_arms.py source    --work $W --layers 16        # the source checkpoint + calibration jsonl
-  python3 bench/quantize_arms.py qwenquant --work $W --max-gpu-mem 23.5  # artifact kept: $W/artifact
-  python3 bench/quantize_arms.py oneshot   --work $W --max-gpu-mem 23.5  # reads qwenquant's calibration tokens
-  python3 bench/quantize_arms.py qwenquant --work $W --max-gpu-mem 23.5 --hessian-precision fp32  # quality arm
-  python3 bench/quantize_arms.py report    --work $W --out bench/results/quantize_arms_h200.json
+  python3 benchmarks/quantize_arms.py source    --work $W --layers 16        # the source checkpoint + calibration jsonl
+  python3 benchmarks/quantize_arms.py qwenquant --work $W --max-gpu-mem 23.5  # artifact kept: $W/artifact
+  python3 benchmarks/quantize_arms.py oneshot   --work $W --max-gpu-mem 23.5  # reads qwenquant's calibration tokens
+  python3 benchmarks/quantize_arms.py qwenquant --work $W --max-gpu-mem 23.5 --hessian-precision fp32  # quality arm
+  python3 benchmarks/quantize_arms.py report    --work $W --out benchmarks/results/quantize_arms_h200.json
 
 CPU proof of the plumbing (small widths; the figures mean nothing):
   for s in "source --layers 4 --scale 0.05 --vocab 16384 --samples 4 --max-length 128" qwenquant oneshot \
-           "qwenquant --hessian-precision fp32" report; do .venv/bin/python bench/quantize_arms.py $s --work /tmp/qa; done
+           "qwenquant --hessian-precision fp32" report; do .venv/bin/python benchmarks/quantize_arms.py $s --work /tmp/qa; done
 
 Warm-up, before an arm's clock starts and reported apart: one calibration-length sample through one
 decoder layer of each type (flash-linear-attention's Triton kernels compile, or load from
@@ -21,7 +21,7 @@ decoder layer of each type (flash-linear-attention's Triton kernels compile, or 
 both precisions (the rates the per-phase model uses). Both arms call the same warm-up, so neither
 is timed while the other has compiled. Each arm writes $W/arm-<name>.json; `report` combines them:
 measured table, each stage outside the layer loop by name, the ratios, a 64-layer projection that
-counts one-time costs once (bench/phase_model.py), and an RTX 3090 projection by the per-phase model.
+counts one-time costs once (benchmarks/phase_model.py), and an RTX 3090 projection by the per-phase model.
 Every step prints progress lines as it goes (stderr) and --progress-file keeps them.
 """
 
@@ -64,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "is hard-linked from it and stays; the oneshot arm reads the calibration tokens)")
     p.add_argument("--keep-fp32", action="store_true", help="report: keep the fp32 arm's artifact (default: removed)")
     p.add_argument("--progress-file", type=Path, default=None)
-    p.add_argument("--out", type=Path, default=Path("bench/results/quantize_arms.json"))
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/quantize_arms.json"))
     return p.parse_args(argv)
 
 
@@ -196,16 +196,13 @@ def step_qwenquant(args: argparse.Namespace, device: str) -> dict[str, Any]:
     rec = qb.Recorder(gpu, rss, counts, engine="streamed")
     opts = QuantizeOptions(args.work / "source", recipe, spec, art, art.with_name(art.name + ".work"), device,
                            source_unverified=True)
-    qb.PHASES.take()
-    qb.PHASES.take_tail()
     qb.say(f"qwenquant arm ({args.hessian_precision} Hessians): timing starts")
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):
         result = quantize(opts, rec)
     wall = time.perf_counter() - t0
     rss.stop.set()
-    phases = qb.PHASES.take()
-    tail = qb.PHASES.take_tail()
+    phases, tail = result.timings.gptq_layers, result.timings.gptq_tail
     if args.drop_work:
         drop_work(art.with_name(art.name + ".work"))
     refs = checkpoint_refs(args.work / "source")

@@ -1,6 +1,6 @@
 """Benchmark the real `qwenquant quantize` pipeline on a real-shaped, truncated Qwen3.5 checkpoint.
 
-Builds (bench/shapes.py) a seeded checkpoint with Qwen3.8-27B's widths (hidden 5120, MLP 17408,
+Builds (benchmarks/shapes.py) a seeded checkpoint with Qwen3.8-27B's widths (hidden 5120, MLP 17408,
 vocab 248320, untied head, MTP at real shape) but `--layers` text layers, writes a calibration
 jsonl of random words, and runs `pipeline.quantize` in-process with recipe w4a16-int4head and
 --source-unverified semantics. Measures per stage: wall time, peak GPU memory (torch allocator,
@@ -8,11 +8,11 @@ reset at every stage boundary) and peak host RSS (sampled); per GPTQ decoder lay
 GPU memory; the lm_head quality report; the artifact's bytes by component. Then a separately
 labelled projection to 64 layers. Prints a table (stdout) and writes JSON (--out).
 
-  GPU, real dims:   PYTHONPATH=src:$PYTHONPATH python3 bench/quantize_bench.py
-  1 vs 2 GPUs:      PYTHONPATH=src:$PYTHONPATH python3 bench/quantize_bench.py --layers 8 --gpus 2
-  CPU proof:        .venv/bin/python bench/quantize_bench.py --quick --scale 0.1 --device cpu
+  GPU, real dims:   PYTHONPATH=src:$PYTHONPATH python3 benchmarks/quantize_bench.py
+  1 vs 2 GPUs:      PYTHONPATH=src:$PYTHONPATH python3 benchmarks/quantize_bench.py --layers 8 --gpus 2
+  CPU proof:        .venv/bin/python benchmarks/quantize_bench.py --quick --scale 0.1 --device cpu
 
-Expectations written before the first GPU run are in bench/README.md. bench/quantize_arms.py runs the
+Expectations written before the first GPU run are in benchmarks/README.md. benchmarks/quantize_arms.py runs the
 same measurement in pieces (one arm per process, each warmed before it is timed).
 """
 
@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/shapes.py beside this file
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/shapes.py beside this file
 
 REAL_LAYERS = 64
 GIB = 2**30
@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="folder for the checkpoint, calibration set and artifact (default: a temp folder, removed)")
     p.add_argument("--keep", action="store_true", help="keep the work folder")
     p.add_argument("--reference", type=Path, default=None, help="reference config.json (default: ../shared copy or embedded)")
-    p.add_argument("--out", type=Path, default=Path("bench/results/quantize_bench.json"))
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/quantize_bench.json"))
     p.add_argument("--compare-llmcompressor", action="store_true",
                    help="after qwenquant, run plain llm-compressor oneshot + save_pretrained on the same source, "
                         "scheme, ignore list and calibration tokens, and print the ratios")
@@ -122,7 +122,7 @@ def write_calibration(folder: Path, samples: int, max_length: int, seed: int) ->
     (folder / "calib.jsonl").write_text("\n".join(lines) + "\n")
     yaml_path = folder / "quantize-bench.yaml"
     yaml_path.write_text(
-        "schema_version: 1\nname: quantize-bench\ndescription: random vocab words written by bench/quantize_bench.py\n"
+        "schema_version: 1\nname: quantize-bench\ndescription: random vocab words written by benchmarks/quantize_bench.py\n"
         f"source: local\npath: calib.jsonl\ntext_field: text\nsplit: train\nnum_samples: {samples}\n"
         f"max_length: {max_length}\nchat_template: false\nshuffle_seed: null\n")
     return yaml_path
@@ -239,46 +239,12 @@ class Recorder:
             say(f"stage {name} (t={t:.0f} s)")
 
 
-class PhaseLog(logging.Handler):
-    """Collects the engine's per-layer phase seconds (engine.run.Phases, logged at DEBUG with the
-    figures attached to the record) of the layer loop running in this process, and the parts of
-    the gptq stage after its loop (records with a `tail` dict: head calibration, the stage
-    folder's links and shards, the identity proof)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.layers: list[dict[str, float]] = []
-        self.tail: dict[str, float] = {}
-
-    def emit(self, record: logging.LogRecord) -> None:
-        phases = getattr(record, "phases", None)
-        if phases is not None:
-            self.layers.append(dict(phases))
-            say("      " + record.getMessage())
-        tail = getattr(record, "tail", None)
-        if tail is not None:
-            for k, v in tail.items():
-                self.tail[k] = self.tail.get(k, 0.0) + v
-            say("    " + record.getMessage())
-
-    def take(self) -> list[dict[str, float]]:
-        out, self.layers = self.layers, []
-        return out
-
-    def take_tail(self) -> dict[str, float]:
-        out, self.tail = self.tail, {}
-        return out
-
-
 def listen(progress_file: Path | None = None) -> None:
-    """Logging for a bench process: INFO to stderr, the quantize package's DEBUG records with
-    figures to PHASES (printed once, by it), the engine's INFO lines to `progress_file` too."""
+    """Logging for a benchmark process: INFO to stderr, the engine's INFO lines to `progress_file` too.
+    (The figures come from the run's result, `QuantizeResult.timings`, not from log records.)"""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     for h in logging.getLogger().handlers:
         h.setLevel(logging.INFO)
-    qlog = logging.getLogger("qwenquant.quantize")
-    qlog.setLevel(logging.DEBUG)
-    qlog.addHandler(PHASES)
     if progress_file:  # the engine's own lines (layer i/n, resuming from layer k) go there too
         fh = logging.FileHandler(progress_file)
         fh.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
@@ -294,7 +260,6 @@ def phase_medians(layers: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median_high(r.get(k, 0.0) for r in rows) for k in names}
 
 
-PHASES = PhaseLog()
 PROGRESS_FILE: list[Path] = []
 # The lm_head stage's first step: the streamed engine left the head calibration in the gptq stage
 # folder; after the oneshot engine the stage loads the whole model to capture final hidden states.
@@ -384,7 +349,7 @@ def sizes_by_component(folder: Path) -> dict[str, int]:
 
 def eta(bytes_: int, layers: int, tokens: int) -> dict[str, float]:
     """A rough guess printed before the run. GPU constants: an earlier llm-compressor run at real dims (about 9 s per decoder layer
-    at 128 x 2048 on an H200) and bench/results/lm_head_h200.json (23 s row-chunked head GPTQ)."""
+    at 128 x 2048 on an H200) and benchmarks/results/lm_head_h200.json (23 s row-chunked head GPTQ)."""
     gb, rel = bytes_ / 1e9, tokens / (128 * 2048)
     g = {"build": gb / 0.5, "source": gb / 1.5, "calibration": 5.0,
          "gptq": 40 + gb / 0.3 + layers * (2 + 10 * rel), "lm_head": 20 + gb / 0.5 + 30 + layers * 3 * rel,
@@ -521,11 +486,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     opts = QuantizeOptions(work / "source", recipe, spec, work / "artifact", work / "artifact.work", device,
                            source_unverified=True)
     t0 = time.perf_counter()
-    PHASES.take()
     with contextlib.redirect_stdout(sys.stderr):
         result = quantize(opts, rec)
     wall = time.perf_counter() - t0
-    phases = PHASES.take()
+    phases = result.timings.gptq_layers  # per decoder layer of this process, seconds per phase
+    for i, layer in enumerate(phases):
+        say(f"    gptq layer {i} phases (s): " + ", ".join(f"{k} {v:.2f}" for k, v in layer.items()))
     compare = None
     if args.compare_llmcompressor:
         from compare_llmcompressor import ratios, run_oneshot_arm

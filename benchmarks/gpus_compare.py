@@ -1,17 +1,15 @@
 """The `--gpus N` arm of quantize_bench.py: the same `pipeline.quantize` again with the gptq stage as
 an N-process job (one GPU per rank, NCCL), on the same source, recipe and calibration set, then the
-two artifacts compared (bench/artifact_compare.py: fraction of int4 codes that differ, steps).
+two artifacts compared (benchmarks/artifact_compare.py: fraction of int4 codes that differ, steps).
 
 Per-layer times come from rank 0's progress ticks (the same Recorder as the one-GPU arm); each
-rank's peak GPU memory (torch allocator) and peak RSS come from QWENQUANT_DIST_METRICS, which rank 0
-writes at the end of the gptq stage; the stage's own process is measured as in the one-GPU arm.
+rank's peak GPU memory (torch allocator), peak RSS and phases come from the run's result
+(`QuantizeResult.timings.gptq_ranks`); the stage's own process is measured as in the one-GPU arm.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -28,21 +26,15 @@ def run_gpus_arm(gpus: int, work: Path, recipe: Any, spec: Any, device: str, rec
 
     if device == "cuda":
         torch.cuda.empty_cache()  # the one-GPU arm's cached blocks back to the driver before the ranks start
-    metrics = work / f"gpus{gpus}-ranks.json"
-    metrics.unlink(missing_ok=True)
-    os.environ["QWENQUANT_DIST_METRICS"] = str(metrics)
     out = work / f"artifact-gpus{gpus}"
     opts = QuantizeOptions(work / "source", recipe, spec, out, work / f"artifact-gpus{gpus}.work", device,
                            source_unverified=True, gpus=gpus)
     say(f"{gpus}-process arm (--gpus {gpus}: same source, recipe, calibration)")
     t0 = time.perf_counter()
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            quantize(opts, rec)
-    finally:
-        os.environ.pop("QWENQUANT_DIST_METRICS", None)
+    with contextlib.redirect_stdout(sys.stderr):
+        result = quantize(opts, rec)
     wall = time.perf_counter() - t0
-    ranks = json.loads(metrics.read_text())["ranks"] if metrics.is_file() else []
+    ranks = result.timings.gptq_ranks
     return {"gpus": gpus, "artifact": str(out), "wall_seconds": wall, "stages": rec.stages, "layers": rec.layers,
             "ranks": ranks}
 

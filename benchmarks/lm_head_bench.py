@@ -4,19 +4,19 @@ Random head weights and synthetic final-norm-like hidden states (random orthogon
 power-law spectrum, a few loud channels), so KL numbers depend on that synthetic spectrum:
 they show the machinery works and GPTQ exploits correlation, not what the real 27B head gets.
 
-  GPU, real shape:  python bench/lm_head_bench.py
-  GPU, quick:       python bench/lm_head_bench.py --quick
-  CPU, small:       python bench/lm_head_bench.py --device cpu --threads 1 --vocab 8192 --hidden 1024 \\
+  GPU, real shape:  python benchmarks/lm_head_bench.py
+  GPU, quick:       python benchmarks/lm_head_bench.py --quick
+  CPU, small:       python benchmarks/lm_head_bench.py --device cpu --threads 1 --vocab 8192 --hidden 1024 \\
                         --calib-tokens 4096 --eval-tokens 512 --row-chunks 512,2048,all
-  The stage:        python bench/lm_head_bench.py --stage [--row-chunk auto|N]
-  The stage, CPU:   python bench/lm_head_bench.py --stage --device cpu --vocab 16384 --eval-tokens 512
+  The stage:        python benchmarks/lm_head_bench.py --stage [--row-chunk auto|N]
+  The stage, CPU:   python benchmarks/lm_head_bench.py --stage --device cpu --vocab 16384 --eval-tokens 512
 
 --stage runs the lm_head stage's tensor work once (head_gptq.quantize_head: GPTQ, the KL compare
 against RTN, packing; `row_chunk: auto` resolved as the stage does) and reports the seconds of each
 part and the host memory it added: the peak of a 10 ms RSS sampler above the RSS before it (the
 head is made inside the stage, as the stage reads it from the checkpoint).
 
-Prints a table to stdout and writes JSON (--out, default bench/results/lm_head.json).
+Prints a table to stdout and writes JSON (--out, default benchmarks/results/lm_head.json).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from qwenquant.quantize.head_gptq import (
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quantize_bench import RssSampler  # noqa: E402
 
-DEFAULT_OUT = Path("bench/results/lm_head.json")
+DEFAULT_OUT = Path("benchmarks/results/lm_head.json")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -15,9 +15,9 @@ vLLM's log lines read (vLLM 0.26 .. 0.33, v1 engine):
   "init engine (profile, create kv cache, warmup model) took 256.80 s"  (0.26 says "seconds")
 The peak-activation line is logged at DEBUG, so the server runs with VLLM_LOGGING_LEVEL=DEBUG.
 
-  python bench/serve_cuda_bench.py ARTIFACT --vllm .venv-vllm/qwenquant-vllm.json [--gpu-mem 24GiB]
+  python benchmarks/serve_cuda_bench.py ARTIFACT --vllm .venv-vllm/qwenquant-vllm.json [--gpu-mem 24GiB]
       [--gpu-mem-soft] [--profile single-user --profile batch] [--gpus N [--split tensor|pipeline]]
-      [--out bench/results/serve_cuda_bench.json] [-- vLLM flags]
+      [--out benchmarks/results/serve_cuda_bench.json] [-- vLLM flags]
 
 `--gpu-mem` is serve's hard limit (a ballast holds the rest of the GPU) unless --gpu-mem-soft.
 
@@ -200,7 +200,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--split", choices=("tensor", "pipeline"), help="serve --split (default: from the GPUs' link); "
                     "the plan assumes tensor unless pipeline is given")
     ap.add_argument("--timeout", type=float, default=1800)
-    ap.add_argument("--out", type=Path, default=Path("bench/results/serve_cuda_bench.json"))
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/serve_cuda_bench.json"))
     ap.add_argument("extra", nargs="*", help="vLLM flags after --")
     extra: list[str] = []
     if "--" in argv:  # vLLM flags after `--` (argparse would read them as its own options)

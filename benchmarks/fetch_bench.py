@@ -1,6 +1,6 @@
 """Cost of verification: plain `snapshot_download` vs `qwenquant fetch` from the loopback hub.
 
-    .venv/bin/python bench/fetch_bench.py --size-gib 1.0 --repeat 3 --out bench/results/fetch.json
+    .venv/bin/python benchmarks/fetch_bench.py --size-gib 1.0 --repeat 3 --out benchmarks/results/fetch.json
 
 Builds a >= 1 GiB Qwen3.5-shaped checkpoint (valid safetensors shards + index + config, random
 bytes), serves it from `python -m qwenquant.testbed.hubserver` in its own process, then alternates:
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--src", type=Path, help="reuse/build the checkpoint here (default: a temp folder)")
     p.add_argument("--scratch", type=Path, help="where downloads go (default: a temp folder)")
-    p.add_argument("--out", type=Path, default=Path("bench/results/fetch_bench.json"))
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/fetch_bench.json"))
     args = p.parse_args(argv)
 
     tmp = Path(tempfile.mkdtemp(prefix="fetch-bench-"))

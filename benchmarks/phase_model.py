@@ -1,4 +1,4 @@
-"""Projections for bench/quantize_arms.py: 64 layers on the measured GPU, and an RTX 3090 from a
+"""Projections for benchmarks/quantize_arms.py: 64 layers on the measured GPU, and an RTX 3090 from a
 per-phase model. Pure functions over the arms' JSON; every figure names its basis.
 
 The per-phase model splits a decoder layer's measured phases by the resource that bounds them:
@@ -198,6 +198,6 @@ def project_3090(arm: dict[str, Any], real_bytes: float, bytes_ratio: float) -> 
     other = sum(v for k, v in q.items() if k not in ("layers", "lm_head (fixed)"))
     return {"per_type": out_types, "layers_seconds": layers, "lm_head_seconds": head_s,
             "outside_loop_seconds": other, "total_seconds": layers + head_s + other,
-            "basis": "per-phase model (bench/phase_model.py): H200 efficiencies at the 3090's datasheet peaks "
+            "basis": "per-phase model (benchmarks/phase_model.py): H200 efficiencies at the 3090's datasheet peaks "
                      "(bf16 tensor cores 71 TFLOP/s dense, float32 35.6 TFLOP/s, 936 GB/s); host-bound parts "
                      "as measured; not measured on a 3090"}

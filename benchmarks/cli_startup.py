@@ -3,7 +3,7 @@
 Prints a table (median and best of N runs) and writes JSON. The goal is under 0.5 s on a
 2-core machine: the CLI must not import torch, transformers or llm-compressor for help.
 
-    python bench/cli_startup.py --runs 5 --out bench/results/cli_startup.json
+    python benchmarks/cli_startup.py --runs 5 --out benchmarks/results/cli_startup.json
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def time_once(argv: list[str]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=Path("bench/results/cli_startup.json"))
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/cli_startup.json"))
     args = ap.parse_args()
 
     import typer.main

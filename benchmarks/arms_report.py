@@ -2,10 +2,10 @@
 
 Measured: per decoder layer (median of layers 1..n, per type), wall, each stage outside the layer
 loop by name, GPU and host peaks, the warm-up each arm had before its clock started. With the fp32
-arm: the tensor-core artifact against the fp32 one (bench/artifact_compare.py, the engine's
+arm: the tensor-core artifact against the fp32 one (benchmarks/artifact_compare.py, the engine's
 documented tolerance) and each module's weight-error ratio. Projected (labelled): 64 layers on the
 measured GPU (one-time costs once) for both arms, and the qwenquant arm on an RTX 3090 by the
-per-phase model (bench/phase_model.py). Goals of issue 20 are checked and printed met / not met.
+per-phase model (benchmarks/phase_model.py). Goals of issue 20 are checked and printed met / not met.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The README's quality table for the committed tiny reference model, from one command.
 
-    .venv/bin/python bench/eval_reference.py --work /tmp/evalref-bench --out bench/reports/eval_reference.json
+    .venv/bin/python benchmarks/eval_reference.py --work /tmp/evalref-bench --out benchmarks/reports/eval_reference.json
 
 Every step is the real CLI: build the reference checkpoint (`qwenquant.testbed.tiny.reference_model`);
 `qwenquant quantize` (w4a16-int4head, tiny-reference calibration); `qwenquant eval ARTIFACT
@@ -88,13 +88,15 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--windows", type=int, default=64)
     p.add_argument("--no-serve", action="store_true")
+    p.add_argument("--calibration", default="tiny-reference",
+                   help="quantize's calibration set, name or YAML (default tiny-reference: the README's table)")
     a = p.parse_args()
     from qwenquant.testbed.tiny.reference_model import build_reference_checkpoint
 
     env = dict(os.environ, QWENQUANT_THREADS="2", QWENQUANT_NO_PROGRESS="1", PYTHONHASHSEED="0", VLLM_CPU_KVCACHE_SPACE="1")
     src, art = build_reference_checkpoint(a.work / "source"), a.work / "artifact"
     if not (art / "qwenquant-manifest.json").exists():
-        q = qq("quantize", str(src), "--recipe", "w4a16-int4head", "--calibration", "tiny-reference",
+        q = qq("quantize", str(src), "--recipe", "w4a16-int4head", "--calibration", a.calibration,
                "--source-unverified", "--out", str(art), "--json", env=env)
         assert q.returncode == 0, q.stderr[-3000:]
     e = qq("eval", str(art), "--reference", str(src), "--windows", str(a.windows), "--json", env=env)
