@@ -25,7 +25,8 @@ END = "<!-- end of the generated table -->"
 def _repo_files() -> list[Path]:
     roots = [REPO / d for d in ("src", "scripts", "tests", "benchmarks", "docs", ".ci")]
     files = [p for r in roots for p in r.rglob("*") if p.is_file() and p.suffix in ("", ".py", ".sh", ".md", ".c",
-                                                                                        ".yaml", ".toml", ".txt")]
+                                                                                        ".yaml", ".toml", ".txt")
+             and not any(part.endswith(".egg-info") for part in p.parts)]  # build output: an older README's copy
     return files + [REPO / "Makefile", REPO / "README.md", REPO / "pyproject.toml"]
 
 
