@@ -67,7 +67,7 @@ def test_reuse_prefix_and_chosen_depths_without_tokenize(tmp_path: Path) -> None
     assert texts[1].startswith(texts[0][:-len("Continue the Python source above.") - 2][:2000])
 
 
-@pytest.mark.parametrize(("mode", "says"), [("http", "answered 500"), ("stall", "stalled: no byte from the server"),
+@pytest.mark.parametrize(("mode", "says"), [("http", "answered 500"), ("stall", "stalled: no token from the server"),
                                             ("empty", "empty output")])
 def test_a_failing_rung_ends_the_ladder(tmp_path: Path, mode: str, says: str) -> None:
     with LongStandin() as s:

@@ -70,14 +70,14 @@ def test_rates_and_ttft_whichever_field_carries_the_text(field: str, tmp_path: P
     assert acc["mean_acceptance_length"] == pytest.approx(3.0)
     assert acc["per_position"] == pytest.approx([0.9, 0.7, 0.4])
     assert acc["acceptance_rate"] == pytest.approx(20 / 30)
-    assert not [f for f in report["flags"] if f["kind"] == "instrument"], report["flags"]
+    assert not [f for f in report["flags"] if f["kind"] == "cross-check"], report["flags"]
     assert "wall tok/s" in r.stdout and "decode tok/s" in r.stdout
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_hidden_reasoning_phase_starts_the_clock_at_the_first_text(tmp_path: Path) -> None:
     """20 of 40 tokens think without streaming text: TTFT runs to the first text, usage counts all 40, and
-    the wall and decode rates disagree, which a non-thinking cell flags as an instrument problem."""
+    the wall and decode rates disagree, which is flagged (a cross-check, in every thinking setting)."""
     with StandinServer() as s:
         s.hidden = 20
         r, out = _bench(s.url, tmp_path, "--max-tokens", "40")
@@ -85,8 +85,8 @@ def test_hidden_reasoning_phase_starts_the_clock_at_the_first_text(tmp_path: Pat
     report = json.loads(out.read_text())
     cell = _check_against_server(report, s, WARMUP)
     assert cell["figures"]["ttft_s"]["median"] == pytest.approx(0.05 + 20 * 0.02, abs=0.03)
-    flags = [f for f in report["flags"] if f["kind"] == "instrument"]
-    assert [f["where"] for f in flags] == ["A narrative/greedy/think-off/c1"]
+    flags = [f for f in report["flags"] if f["kind"] == "cross-check"]
+    assert [(f["check"], f["where"]) for f in flags] == [("wall-vs-decode", "A narrative/greedy/think-off/c1")]
 
 
 def test_missing_usage_is_an_error_not_a_guess(tmp_path: Path) -> None:

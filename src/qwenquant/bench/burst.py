@@ -18,13 +18,23 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from qwenquant.bench import metrics
-from qwenquant.bench.depth import DepthOptions, FirstToken, PromptFitter, RungResult, _empty, _figures, chat_request
 from qwenquant.bench.gpu import MemoryPeak
+from qwenquant.bench.rates import sample_figures
+from qwenquant.bench.rung import (
+    DepthOptions,
+    PromptFitter,
+    RungResult,
+    acceptance_between,
+    chat_request,
+    empty_failure,
+    request_record,
+    stream_once,
+    with_server_state,
+)
 from qwenquant.bench.runner import Target
-from qwenquant.bench.stream import Sample, stream_chat
+from qwenquant.bench.stream import Sample
 from qwenquant.bench.watch import ServerWatch
-from qwenquant.errors import BenchError, UsageError
-from qwenquant.net.prometheus import spec_counters
+from qwenquant.errors import UsageError
 
 
 def check_concurrency(concurrency: int, max_num_seqs: int | None) -> None:
@@ -64,15 +74,9 @@ def burst_failure(n: int, reasons: list[str | None]) -> str | None:
 
 
 def _one(t: Target, msgs: list[dict[str, str]], opts: DepthOptions, gate: threading.Barrier) -> tuple[Sample | None, str | None]:
-    first = FirstToken()
-    try:
-        gate.wait()
-        s = first.apply(stream_chat(t.url, chat_request(t, msgs, opts), api_key=t.api_key,
-                                    timeout=opts.stall_timeout, on_chunk=first))
-    except BenchError as e:
-        return None, (f"stalled: no byte from the server for {opts.stall_timeout:g} s" if "timed out" in e.message
-                      else e.message)
-    return s, _empty(s, first.ids)
+    gate.wait()
+    s, why = stream_once(t, chat_request(t, msgs, opts.output_tokens, opts.thinking), opts.stall_timeout)
+    return s, why or (empty_failure(s) if s else None)
 
 
 def run_burst_rung(t: Target, watch: ServerWatch, fitter: PromptFitter, depth: int, index: int, nonce: str,
@@ -91,23 +95,17 @@ def run_burst_rung(t: Target, watch: ServerWatch, fitter: PromptFitter, depth: i
     rec["gpu_memory"] = mem.result
     after = metrics.scrape(t.url, t.api_key)
     samples = [s for s, _ in results if s is not None]
-    rec["requests"] = [{**(_figures(s) if s else {}), "failure": why} for s, why in results]
+    rec["requests"] = [{**(request_record(s, f"depth {depth}") if s else {}), "failure": why}
+                       for j, (s, why) in enumerate(results)]
     rec.update(_burst_figures(samples))
-    if before is not None and after is not None:
-        rec["acceptance"] = metrics.acceptance(spec_counters(after).minus(spec_counters(before)))
-    else:
-        rec["acceptance"] = {"metrics_page": False, "speculative": None}
-    failure = burst_failure(n, [why for _, why in results])
+    rec["acceptance"] = acceptance_between(before, after)
     rec["failed"] = sum(1 for _, why in results if why)
-    why = watch.supervised() or watch.seen_page(after)
-    if failure and why is None:
-        why = watch.problem()
-    return RungResult(depth, rec, f"{failure}; {why}" if failure and why else (why or failure))
+    return RungResult(depth, rec, with_server_state(watch, burst_failure(n, [why for _, why in results]), after))
 
 
 def _burst_figures(samples: list[Sample]) -> dict[str, Any]:
     """The rung's figures: TTFT the slowest request's (the burst's), rates the median request's."""
-    figs = [_figures(s) for s in samples]
+    figs = [sample_figures(s) for s in samples]
     ttft = spread3([f["ttft_s"] for f in figs if f.get("ttft_s") is not None])
     decode = spread3([f["decode_tok_s"] for f in figs if f.get("decode_tok_s") is not None])
     wall = spread3([f["wall_tok_s"] for f in figs if f.get("wall_tok_s") is not None])

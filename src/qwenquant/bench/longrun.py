@@ -51,7 +51,11 @@ def _write(report: dict[str, Any], out: Path, plot: Any) -> None:
 
 
 def depth_flags(report: dict[str, Any], cfg: Any) -> list[dict[str, Any]]:
-    """Rung figures beyond the bench config's too-good lines (flagged for audit, as the bench's own)."""
+    """Rung figures beyond the bench config's too-good lines (flagged for audit, as the bench's own), every
+    request's cross-checks, and a server count of a prompt that disagrees with /tokenize's."""
+    from qwenquant.bench.checks import merge_checks
+    from qwenquant.bench.depth import count_disagreement
+
     flags = []
     for r in report["rungs"]:
         for fig in ("wall_tok_s", "decode_tok_s", "prefill_tok_s", "ttft_s"):
@@ -60,6 +64,11 @@ def depth_flags(report: dict[str, Any], cfg: Any) -> list[dict[str, Any]]:
             if isinstance(v, int | float) and (v < line if fig == "ttft_s" else v > line):
                 flags.append({"kind": "too-good", "where": f"depth {r['depth']}", "figure": fig, "value": v,
                               "line": line, "note": "flagged for audit, not reported"})
+        checks = [f for q in r.get("requests") or [r] for f in q.get("checks") or []]
+        flags.extend(merge_checks(checks))
+        disagree = count_disagreement(r)
+        if disagree:
+            flags.append(disagree)
     return flags
 
 
@@ -99,16 +108,29 @@ def run_depth_mode(req: Request, opts: Any, argv: list[str], show: Callable[[dic
 
 
 def depth_error(report: dict[str, Any]) -> BenchError | None:
-    """The one error line of a failed ladder (exit 8), naming the depth; None when every rung worked."""
+    """The one error line of a failed ladder (exit 8), naming the depth; None when every rung worked.
+    Both depths are named by one count: /tokenize's where the server has it (the server's usage count
+    beside it where the two disagree), else the failing rung's is approximate and says so."""
     fail = report["failure"]
     if not fail:
         return None
-    last = report["last_ok_depth"]
+    ok = [r for r in report["rungs"] if r.get("ok")]
     reason = " ".join(str(fail["reason"]).split())[:500]
     what = f"the burst ladder ({report['concurrency']} prompts at once)" if report.get("concurrency", 1) > 1 \
         else "the depth ladder"
-    return BenchError(f"{what} failed at {fail['depth']} tokens: {reason} (last depth that "
-                      f"worked: {last if last is not None else 'none'})",
+    if report.get("tokenize"):
+        at = f"{fail['depth']} tokens"
+        last = "none"
+        if ok:
+            last = f"{ok[-1]['depth']}"
+            usage = ok[-1].get("prompt_tokens")
+            if any(f.get("check") == "prompt-count" and f["where"] == f"depth {ok[-1]['depth']}"
+                   for f in report.get("flags") or []):
+                last += f" by /tokenize; the server counted {usage}, the two counts disagree"
+    else:
+        at = f"about {fail['depth']} tokens (an approximate count: the server has no /tokenize)"
+        last = f"{ok[-1].get('prompt_tokens')} by the server's count" if ok else "none"
+    return BenchError(f"{what} failed at {at}: {reason} (last depth that worked: {last})",
                       hint=f"the report is {report['json_path']}; the server log says more")
 
 
@@ -118,11 +140,14 @@ def run_soak_mode(req: Request, opts: Any, argv: list[str], show: Callable[[dict
     from qwenquant.bench.soakrun import run_soak
 
     def finish(report: dict[str, Any]) -> BenchError | None:
+        show(report)
+        report["flags"] = report["verdict"]["flags"] + [f for s in report["streams"] for f in s.get("checks") or []]
         _write(report, req.out, soak_png)
         show(report)
-        line = report["verdict"]["line"]
-        return BenchError(f"the soak failed: {' '.join(line.split())[:500]}",
-                          hint=f"the report is {report['json_path']}; the server log says more") if line else None
+        v = report["verdict"]
+        return BenchError(f"the soak failed: {' '.join(v['line'].split())[:500]}",
+                          hint=f"the report is {report['json_path']}; the server log says more") \
+            if v["status"] == "failed" else None
 
     return _long_session(req, "qwenquant bench --soak", argv, lambda t, text: run_soak(t, text, opts), finish)
 
@@ -145,6 +170,9 @@ def run_turns_mode(req: Request, opts: Any, argv: list[str], show: Callable[[dic
     from qwenquant.bench.turns import run_turns
 
     def finish(report: dict[str, Any]) -> BenchError | None:
+        from qwenquant.bench.checks import merge_checks
+
+        report["flags"] = merge_checks([f for r in report["turns"] for f in r.get("checks") or []])
         report["json_path"] = str(req.out)
         atomic_write_json(req.out, report, canonical=False)
         show(report)

@@ -20,14 +20,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from qwenquant.bench import metrics
-from qwenquant.bench.depth import FirstToken, PromptFitter, _empty, _figures, served_max_len, stream_once
 from qwenquant.bench.gpu import MemoryPeak
 from qwenquant.bench.longtext import LongText
+from qwenquant.bench.rung import (
+    PromptFitter,
+    acceptance_between,
+    chat_request,
+    empty_failure,
+    request_record,
+    served_max_len,
+    stream_once,
+)
 from qwenquant.bench.runner import Target
 from qwenquant.bench.stream import Sample
 from qwenquant.bench.watch import ServerWatch
 from qwenquant.errors import UsageError
-from qwenquant.net.prometheus import prefix_cache_counters, spec_counters
+from qwenquant.net.prometheus import prefix_cache_counters
 
 log = logging.getLogger(__name__)
 NO_TOKENIZE_MARGIN = 1.05  # without /tokenize the next turn's depth is estimated, with this much to spare
@@ -95,29 +103,26 @@ class Conversation:
         return last_total + int(self.opts.turn_tokens * NO_TOKENIZE_MARGIN)
 
 
-def run_turn(t: Target, msgs: list[dict[str, str]], opts: TurnOptions) -> tuple[dict[str, Any], Sample | None, str, str | None]:
+def run_turn(t: Target, msgs: list[dict[str, str]], opts: TurnOptions,
+             turn: int) -> tuple[dict[str, Any], Sample | None, str, str | None]:
     """One turn: (record, sample, the answer's text, failure)."""
     answer: list[str] = []
-    first = FirstToken()
 
     def on_chunk(chunk: dict[str, Any]) -> None:
-        first(chunk)
         for c in chunk.get("choices") or []:
             if isinstance(c, dict):
                 answer.append((c.get("delta") or {}).get("content") or "")
 
     before = metrics.scrape(t.url, t.api_key)
     with MemoryPeak() as mem:
-        sample, failure = stream_once(t, msgs, opts, first, on_chunk)
+        sample, failure = stream_once(t, chat_request(t, msgs, opts.output_tokens, opts.thinking), opts.stall_timeout,
+                                      on_chunk)
     after = metrics.scrape(t.url, t.api_key)
-    rec: dict[str, Any] = {"messages": len(msgs), "gpu_memory": mem.result, "prefix_cache": cache_delta(before, after)}
-    if before is not None and after is not None:
-        rec["acceptance"] = metrics.acceptance(spec_counters(after).minus(spec_counters(before)))
-    else:
-        rec["acceptance"] = {"metrics_page": False, "speculative": None}
+    rec: dict[str, Any] = {"messages": len(msgs), "gpu_memory": mem.result, "prefix_cache": cache_delta(before, after),
+                           "acceptance": acceptance_between(before, after)}
     if sample is not None:
-        rec.update(_figures(sample))
-        failure = failure or _empty(sample, first.ids)
+        rec.update(request_record(sample, f"turn {turn}"))
+        failure = failure or empty_failure(sample)
     return rec, sample, "".join(answer), failure
 
 
@@ -143,7 +148,7 @@ def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
             break
         log.info("turn %d at about %d tokens", turn, depth)
         t0 = time.monotonic()
-        rec, sample, answer, why = run_turn(t, msgs, opts)
+        rec, sample, answer, why = run_turn(t, msgs, opts, turn)
         rec = {"turn": turn, "depth": sample.prompt_tokens if sample else depth, **rec,
                "seconds": time.monotonic() - t0}
         rec["new_tokens"] = new_tokens(sample.prompt_tokens if sample else None, previous)

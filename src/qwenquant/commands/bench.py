@@ -59,8 +59,8 @@ def bench(
                                       "(default: from 1024, doubling, the last exactly at the limit)."),
     reuse_prefix: bool = typer.Option(False, "--reuse-prefix", help="--depth: let rungs share their prompt's "
                                       "start (prefix-cache reuse); by default each rung's prompt is fresh."),
-    stall_timeout: float = typer.Option(300.0, help="--depth/--soak/--turns: seconds without a byte from the server "
-                                        "that count as a stall."),
+    stall_timeout: float = typer.Option(300.0, min=0.001, help="Seconds without a token from the server (keep-alive "
+                                        "comments do not count) that fail a request, in every mode."),
     soak: bool = typer.Option(False, "--soak", help="Long generations: MTP acceptance per window of generated "
                               "tokens and a verdict (collapse, empty or truncated responses, errors, restarts)."),
     soak_tokens: int = typer.Option(20000, min=2, help="--soak: tokens generated per stream."),
@@ -100,7 +100,8 @@ def bench(
                                        device=device.value if device else None, gpus=gpus,
                                        gpu_mem=gpu_mem, gpu_mem_soft=gpu_mem_soft) if serve else None
     opts = Options(prompts=prompts.split(","), samplings=sampling.split(","), thinking=thinking, max_tokens=max_tokens,
-                   repeats=repeats, rounds=rounds, max_concurrency=max_concurrency, ignore_eos=ignore_eos)
+                   repeats=repeats, rounds=rounds, max_concurrency=max_concurrency, ignore_eos=ignore_eos,
+                   stall_timeout=stall_timeout)
     req = Request(url=url, serve=served, compare=compare, options=opts, out=_writable_out(out or default_out()),
                   config=config, model=model, api_key=api_key)
     if depth or soak or turns:
