@@ -23,9 +23,9 @@ from helpers import flat
 
 REPO = Path(__file__).resolve().parents[2]
 MODES = {"run": ["--prompts", "narrative", "--sampling", "greedy", "--max-tokens", "40"],
-         "depth": ["--depth", "--depths", "1024", "--max-tokens", "64"],
-         "soak": ["--soak", "--soak-tokens", "400", "--window", "100"],
-         "turns": ["--turns", "--turn-tokens", "1000", "--max-tokens", "64"]}
+         "depth": ["--depths", "1024", "--max-tokens", "64"],
+         "soak": ["--tokens", "400", "--window", "100"],
+         "turns": ["--turn-tokens", "1000", "--max-tokens", "64"]}
 
 
 def bench(mode: str, url: str, tmp: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict | None]:
@@ -34,7 +34,7 @@ def bench(mode: str, url: str, tmp: Path, *extra: str) -> tuple[subprocess.Compl
     cfg.update(warmup_requests=0, repeats=1)
     (tmp / "bench.yaml").write_text(yaml.safe_dump(cfg))
     out = tmp / f"{mode}.json"
-    argv = [sys.executable, "-m", "qwenquant", "bench", url, *MODES[mode], "--out", str(out), *extra]
+    argv = [sys.executable, "-m", "qwenquant", "bench", mode, url, *MODES[mode], "--out", str(out), *extra]
     if mode == "run":
         argv += ["--config", str(tmp / "bench.yaml")]
     r = subprocess.run(argv, env={**os.environ, "QWENQUANT_NO_PROGRESS": "1"}, capture_output=True, text=True,

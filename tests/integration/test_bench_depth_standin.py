@@ -21,7 +21,7 @@ from helpers import flat
 
 def _bench(tmp: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp / "depth.json"
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", "--depth", "--out", str(out), *args],
+    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", "depth", "--out", str(out), *args],
                        env=env or {**os.environ, "QWENQUANT_NO_PROGRESS": "1"}, capture_output=True, text=True,
                        timeout=300)
     return r, out

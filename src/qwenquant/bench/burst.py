@@ -37,11 +37,12 @@ from qwenquant.bench.watch import ServerWatch
 from qwenquant.errors import UsageError
 
 
-def check_concurrency(concurrency: int, max_num_seqs: int | None) -> None:
-    """A burst wider than the profile's max_num_seqs would queue, not burst: refused."""
+def check_concurrency(concurrency: int, max_num_seqs: int | None, option: str = "--concurrency") -> None:
+    """Streams beyond what the server runs at once (its profile's max_num_seqs) would queue, not run at
+    once: refused (exit 2)."""
     if max_num_seqs is not None and concurrency > max_num_seqs:
-        raise UsageError(f"--concurrency {concurrency} is above the profile's max_num_seqs {max_num_seqs}",
-                         hint=f"use --concurrency {max_num_seqs} or less")
+        raise UsageError(f"{option} {concurrency} is above the profile's max_num_seqs {max_num_seqs}: the server "
+                         f"would queue the rest", hint=f"use {option} {max_num_seqs} or less")
 
 
 def burst_header(index: int, request: int, depth: int, nonce: str) -> str:

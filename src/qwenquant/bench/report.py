@@ -7,6 +7,7 @@ from typing import Any
 
 from qwenquant.bench import metrics
 from qwenquant.bench.checks import merge_checks, request_checks
+from qwenquant.bench.output import SCHEMA_VERSION
 from qwenquant.bench.rates import (
     FIGURES,
     cell_figures,
@@ -19,7 +20,6 @@ from qwenquant.bench.runner import TargetRun
 from qwenquant.bench.stream import Sample
 from qwenquant.bench.workload import BenchConfig, Cell
 
-SCHEMA_VERSION = 1
 RATE_LINES = {"wall_tok_s": "wall_tok_s", "decode_tok_s": "decode_tok_s", "prefill_tok_s": "prefill_tok_s"}
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qwenquant.bench import metrics
+from qwenquant.bench.burst import check_concurrency
 from qwenquant.bench.longtext import INSTRUCTION, LongText
 from qwenquant.bench.rung import chat_request, request_record, served_max_len, stream_once
 from qwenquant.bench.runner import Target
@@ -123,9 +124,7 @@ def _per_request(samples: list[Sample | None], window: int) -> list[list[Window]
 
 def check_options(t: Target, opts: SoakOptions) -> int | None:
     """The server's max_model_len; UsageError when the soak cannot fit on it."""
-    if t.max_num_seqs is not None and opts.concurrency > t.max_num_seqs:
-        raise UsageError(f"--concurrency {opts.concurrency} is above the profile's max_num_seqs {t.max_num_seqs}",
-                         hint=f"use --concurrency {t.max_num_seqs} or less")
+    check_concurrency(opts.concurrency, t.max_num_seqs)
     max_len = served_max_len(t)
     if max_len is not None and opts.tokens + PROMPT_CHARS // 2 > max_len:
         raise UsageError(f"--soak-tokens {opts.tokens} plus the prompt does not fit the server's max_model_len {max_len}",
