@@ -1,4 +1,4 @@
-"""`qwenquant bench --depth --concurrency N`: each rung a burst of N fresh prompts of its depth, sent
+"""`qwenquant bench depth --concurrency N`: each rung a burst of N fresh prompts of its depth, sent
 at the same instant (a barrier releases the N streams together).
 
 Every request of a burst has a first line of its own (rung, request, depth, run nonce) and starts at

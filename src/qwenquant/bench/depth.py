@@ -1,4 +1,4 @@
-"""`qwenquant bench --depth`: speed and health against prompt depth, one fresh prompt per rung.
+"""`qwenquant bench depth`: speed and health against prompt depth, one fresh prompt per rung.
 
 For each depth of the ladder one streamed request is sent whose prompt the server counts at that
 depth (the length is fitted through the server's /tokenize where it has one, else from the

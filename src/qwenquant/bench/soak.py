@@ -1,4 +1,4 @@
-"""`bench --soak`'s arithmetic (pure): acceptance in windows of generated tokens, and the verdict.
+"""`bench soak`'s arithmetic (pure): acceptance in windows of generated tokens, and the verdict.
 
 Two sources of windows. Per request (vLLM's `--per-request-spec-decode-metrics detailed`: the usage
 chunk's `metrics.speculative_decoding` lists every verify step's accepted and drafted counts): a step

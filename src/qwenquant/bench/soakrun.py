@@ -1,6 +1,6 @@
-"""`qwenquant bench --soak`: long generations on one server, acceptance per window, a verdict (soak.py).
+"""`qwenquant bench soak`: long generations on one server, acceptance per window, a verdict (soak.py).
 
-Every stream sends a short prompt of the shipped text and asks for --soak-tokens tokens (greedy,
+Every stream sends a short prompt of the shipped text and asks for --tokens tokens (greedy,
 ignore_eos, `return_token_ids` so the streamed tokens are counted exactly where vLLM sends them).
 /metrics is scraped at the start, whenever the streamed tokens of all streams cross a window
 boundary, and at the end; the per-request metrics replace those windows where every stream has them.
@@ -127,8 +127,8 @@ def check_options(t: Target, opts: SoakOptions) -> int | None:
     check_concurrency(opts.concurrency, t.max_num_seqs)
     max_len = served_max_len(t)
     if max_len is not None and opts.tokens + PROMPT_CHARS // 2 > max_len:
-        raise UsageError(f"--soak-tokens {opts.tokens} plus the prompt does not fit the server's max_model_len {max_len}",
-                         hint=f"use --soak-tokens {max(1, max_len - PROMPT_CHARS // 2)} or less, or serve a longer context")
+        raise UsageError(f"--tokens {opts.tokens} plus the prompt does not fit the server's max_model_len {max_len}",
+                         hint=f"use --tokens {max(1, max_len - PROMPT_CHARS // 2)} or less, or serve a longer context")
     return max_len
 
 

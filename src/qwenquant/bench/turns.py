@@ -1,4 +1,4 @@
-"""`qwenquant bench --turns`: one conversation that accumulates context, turn by turn.
+"""`qwenquant bench turns`: one conversation that accumulates context, turn by turn.
 
 Turn 0 sends a user message of --turn-tokens tokens of the shipped text (its first line unique to
 the run); each later turn sends the whole conversation so far (every user message and assistant

@@ -3,11 +3,30 @@ subcommand that takes them (the server options are commands/_options.py's, share
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+
+from qwenquant.commands._options import (
+    DEFAULT_TIMEOUT,
+    ApiKey,
+    GpuMem,
+    GpuMemSoft,
+    Gpus,
+    Profiles,
+    ServeArtifact,
+    ServeDevice,
+    Timeout,
+    Vllm,
+)
 
 PANEL = "Measurement"
 
@@ -69,3 +88,61 @@ SideGpuMem = Annotated[str | None, typer.Option(help="--gpu-mem of this configur
 SideVllm = Annotated[list[str] | None, typer.Option(
     help="A vLLM flag or value of this configuration only, one per option, passed to vLLM as given "
          "(`--vllm-arg-b=--speculative-config --vllm-arg-b=null`).", rich_help_panel=COMPARE, show_default=False)]
+
+
+@dataclass(frozen=True)
+class Server:
+    """Which server every subcommand measures: a URL's model and key, or the artifact --serve starts, with
+    serve's options (commands/_options.py)."""
+
+    serve: ServeArtifact = None
+    profile: Profiles = None
+    gpu_mem: GpuMem = None
+    gpu_mem_soft: GpuMemSoft = False
+    gpus: Gpus = 1
+    vllm: Vllm = None
+    device: ServeDevice = None
+    timeout: Timeout = DEFAULT_TIMEOUT
+    api_key: ApiKey = None
+    model: Model = None
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The workload of `bench run` and `bench compare`."""
+
+    config: Config = None
+    prompts: Prompts = "narrative,code,quote"
+    sampling: Samplings = "greedy,sampled"
+    thinking: ThinkingOpt = Thinking.auto
+    max_tokens: MaxTokens = None
+    repeats: Repeats = None
+    rounds: Rounds = None
+    max_concurrency: MaxConcurrency = None
+    ignore_eos: IgnoreEos = True
+    stall_timeout: StallTimeout = 300.0
+
+
+def with_options(name: str, group: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the options of `group` (a dataclass of Annotated fields) as its own, declared once, and
+    hand them to it as one `group` object in the parameter `name` (as shared click option decorators do)."""
+    hints = typing.get_type_hints(group, include_extras=True)
+    fields = dataclasses.fields(group)
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(func, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.name != name]
+        added = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
+                 for f in fields]
+
+        @functools.wraps(func)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            kwargs[name] = group(**{f.name: kwargs.pop(f.name) for f in fields})
+            return func(*args, **kwargs)
+
+        params = [*own, *added]
+        command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return decorate

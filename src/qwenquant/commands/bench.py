@@ -16,17 +16,10 @@ import typer
 from qwenquant.commands._app import app
 from qwenquant.commands._bench_options import (
     AsJson,
-    Config,
-    IgnoreEos,
     Label,
-    MaxConcurrency,
     MaxTokens,
-    Model,
     Out,
-    Prompts,
-    Repeats,
-    Rounds,
-    Samplings,
+    Server,
     SideGpuMem,
     SideProfile,
     SideUrl,
@@ -36,18 +29,8 @@ from qwenquant.commands._bench_options import (
     Target,
     Thinking,
     ThinkingOpt,
-)
-from qwenquant.commands._options import (
-    DEFAULT_TIMEOUT,
-    ApiKey,
-    GpuMem,
-    GpuMemSoft,
-    Gpus,
-    Profiles,
-    ServeArtifact,
-    ServeDevice,
-    Timeout,
-    Vllm,
+    Workload,
+    with_options,
 )
 
 bench_app = typer.Typer(
@@ -70,21 +53,21 @@ app.add_typer(bench_app, name="bench")
 ARGS = {"allow_interspersed_args": True}
 
 
-def _request(args: list[str] | None, serve: Path | None, profile: list[str] | None, out: Path | None, *,
-             as_json: bool = False, **o: Any) -> Any:
+def _request(args: list[str] | None, server: Server, out: Path | None, *, as_json: bool = False,
+             configs: Any = None, config: Path | None = None) -> Any:
     """The session request of a subcommand: a URL, or --serve ARTIFACT with the server options (and vLLM flags
     after --); --out checked before anything is measured or started."""
     from qwenquant.bench.output import check_out
     from qwenquant.bench.session import Request, default_out
     from qwenquant.serve.request import ServeRequest
 
-    url, words = _split_args(args, serve)
-    served = ServeRequest.from_options(serve, profile or [], words, api_key=o["api_key"], vllm=o["vllm"],
-                                       timeout=o["timeout"], device=o["device"].value if o["device"] else None,
-                                       gpus=o["gpus"], gpu_mem=o["gpu_mem"], gpu_mem_soft=o["gpu_mem_soft"]) \
-        if serve else None
-    return Request(url=url, serve=served, out=check_out(out or default_out()), configs=o.get("configs"),
-                   config=o.get("config"), model=o.get("model"), api_key=o["api_key"], as_json=as_json)
+    url, words = _split_args(args, server.serve)
+    o = server
+    served = ServeRequest.from_options(o.serve, o.profile or [], words, api_key=o.api_key, vllm=o.vllm,
+                                       timeout=o.timeout, device=o.device.value if o.device else None, gpus=o.gpus,
+                                       gpu_mem=o.gpu_mem, gpu_mem_soft=o.gpu_mem_soft) if o.serve else None
+    return Request(url=url, serve=served, out=check_out(out or default_out()), configs=configs, config=config,
+                   model=o.model, api_key=o.api_key, as_json=as_json)
 
 
 def _split_args(args: list[str] | None, serve: Any) -> tuple[str | None, list[str]]:
@@ -104,23 +87,18 @@ def _split_args(args: list[str] | None, serve: Any) -> tuple[str | None, list[st
     return url, words
 
 
-def _options(prompts: str, sampling: str, thinking: Thinking, max_tokens: int | None, repeats: int | None,
-             rounds: int | None, max_concurrency: int | None, ignore_eos: bool, stall_timeout: float) -> Any:
+def _options(w: Workload) -> Any:
     from qwenquant.bench.runner import Options
 
-    return Options(prompts=prompts.split(","), samplings=sampling.split(","), thinking=thinking.value,
-                   max_tokens=max_tokens, repeats=repeats, rounds=rounds, max_concurrency=max_concurrency,
-                   ignore_eos=ignore_eos, stall_timeout=stall_timeout)
+    return Options(prompts=w.prompts.split(","), samplings=w.sampling.split(","), thinking=w.thinking.value,
+                   max_tokens=w.max_tokens, repeats=w.repeats, rounds=w.rounds, max_concurrency=w.max_concurrency,
+                   ignore_eos=w.ignore_eos, stall_timeout=w.stall_timeout)
 
 
 @bench_app.command("run", context_settings=ARGS)
-def run(args: Target = None, serve: ServeArtifact = None, profile: Profiles = None, gpu_mem: GpuMem = None,
-        gpu_mem_soft: GpuMemSoft = False, gpus: Gpus = 1, vllm: Vllm = None, device: ServeDevice = None,
-        timeout: Timeout = DEFAULT_TIMEOUT, api_key: ApiKey = None, model: Model = None, config: Config = None,
-        out: Out = None, as_json: AsJson = False, prompts: Prompts = "narrative,code,quote",
-        sampling: Samplings = "greedy,sampled", thinking: ThinkingOpt = Thinking.auto, max_tokens: MaxTokens = None,
-        repeats: Repeats = None, rounds: Rounds = None, max_concurrency: MaxConcurrency = None,
-        ignore_eos: IgnoreEos = True, stall_timeout: StallTimeout = 300.0) -> None:
+@with_options("workload", Workload)
+@with_options("server", Server)
+def run(args: Target = None, *, server: Server, workload: Workload, out: Out = None, as_json: AsJson = False) -> None:
     """The shipped workload (prompts x sampling x thinking) and a concurrency ladder on one server.
 
     Examples:
@@ -132,25 +110,17 @@ def run(args: Target = None, serve: ServeArtifact = None, profile: Profiles = No
     from qwenquant.bench.session import argv_now
     from qwenquant.bench.session import run as measure
 
-    opts = _options(prompts, sampling, thinking, max_tokens, repeats, rounds, max_concurrency, ignore_eos,
-                    stall_timeout)
-    req = _request(args, serve, profile, out, as_json=as_json, config=config, model=model, api_key=api_key, vllm=vllm,
-                   timeout=timeout, device=device, gpus=gpus, gpu_mem=gpu_mem, gpu_mem_soft=gpu_mem_soft)
-    measure(req, opts, argv_now())
+    req = _request(args, server, out, as_json=as_json, config=workload.config)
+    measure(req, _options(workload), argv_now())
 
 
 @bench_app.command("compare", context_settings=ARGS)
-def compare(args: Target = None, serve: ServeArtifact = None, profile: Profiles = None, gpu_mem: GpuMem = None,
-            gpu_mem_soft: GpuMemSoft = False, gpus: Gpus = 1, vllm: Vllm = None, device: ServeDevice = None,
-            timeout: Timeout = DEFAULT_TIMEOUT, api_key: ApiKey = None, model: Model = None, config: Config = None,
-            out: Out = None, as_json: AsJson = False, label_a: Label = "A", label_b: Label = "B",
-            url_a: SideUrl = None, url_b: SideUrl = None, profile_a: SideProfile = None,
-            profile_b: SideProfile = None, gpu_mem_a: SideGpuMem = None, gpu_mem_b: SideGpuMem = None,
-            vllm_arg_a: SideVllm = None, vllm_arg_b: SideVllm = None, prompts: Prompts = "narrative,code,quote",
-            sampling: Samplings = "greedy,sampled", thinking: ThinkingOpt = Thinking.auto,
-            max_tokens: MaxTokens = None, repeats: Repeats = None, rounds: Rounds = None,
-            max_concurrency: MaxConcurrency = None, ignore_eos: IgnoreEos = True,
-            stall_timeout: StallTimeout = 300.0) -> None:
+@with_options("workload", Workload)
+@with_options("server", Server)
+def compare(args: Target = None, *, server: Server, workload: Workload, out: Out = None, as_json: AsJson = False,
+            label_a: Label = "A", label_b: Label = "B", url_a: SideUrl = None, url_b: SideUrl = None,
+            profile_a: SideProfile = None, profile_b: SideProfile = None, gpu_mem_a: SideGpuMem = None,
+            gpu_mem_b: SideGpuMem = None, vllm_arg_a: SideVllm = None, vllm_arg_b: SideVllm = None) -> None:
     """Two configurations A and B, run in rounds A B A B ...: each figure's ratio A/B per round.
 
     Served (--serve): each its own server, from the --profile, --gpu-mem and vLLM flags after -- that both
@@ -168,29 +138,26 @@ def compare(args: Target = None, serve: ServeArtifact = None, profile: Profiles 
     from qwenquant.bench.session import run as measure
     from qwenquant.errors import UsageError
 
-    if args and not serve:
+    if args and not server.serve:
         raise UsageError(f"bench compare takes its servers as --url-a and --url-b, not {args[0]!r}",
                          hint="or --serve ARTIFACT for two served configurations")
     pair = (ConfigSpec(label_a or "A", url_a, profile_a, gpu_mem_a, tuple(vllm_arg_a or ())),
             ConfigSpec(label_b or "B", url_b, profile_b, gpu_mem_b, tuple(vllm_arg_b or ())))
-    opts = _options(prompts, sampling, thinking, max_tokens, repeats, rounds, max_concurrency, ignore_eos,
-                    stall_timeout)
-    req = _request(args, serve, profile, out, as_json=as_json, configs=pair, config=config, model=model,
-                   api_key=api_key, vllm=vllm, timeout=timeout, device=device, gpus=gpus, gpu_mem=gpu_mem,
-                   gpu_mem_soft=gpu_mem_soft)
-    measure(req, opts, argv_now())
+    req = _request(args, server, out, as_json=as_json, configs=pair, config=workload.config)
+    measure(req, _options(workload), argv_now())
 
 
 @bench_app.command("depth", context_settings=ARGS)
-def depth(args: Target = None, serve: ServeArtifact = None, profile: Profiles = None, gpu_mem: GpuMem = None,
-          gpu_mem_soft: GpuMemSoft = False, gpus: Gpus = 1, vllm: Vllm = None, device: ServeDevice = None,
-          timeout: Timeout = DEFAULT_TIMEOUT, api_key: ApiKey = None, model: Model = None, config: Config = None,
-          out: Out = None, as_json: AsJson = False, thinking: ThinkingOpt = Thinking.auto,
-          max_tokens: MaxTokens = None, stall_timeout: StallTimeout = 300.0, concurrency: Streams = 1,
+@with_options("server", Server)
+def depth(args: Target = None, *, server: Server, out: Out = None, as_json: AsJson = False,
+          thinking: ThinkingOpt = Thinking.auto, max_tokens: MaxTokens = None, stall_timeout: StallTimeout = 300.0,
+          concurrency: Streams = 1,
           depths: str | None = typer.Option(None, help="Rungs in prompt tokens, e.g. 1024,4096,16384 (default: "
                                             "from 1024, doubling, the last exactly at the limit)."),
           reuse_prefix: bool = typer.Option(False, "--reuse-prefix", help="Let rungs share their prompt's start "
-                                            "(prefix-cache reuse); by default each rung's prompt is fresh.")) -> None:
+                                            "(prefix-cache reuse); by default each rung's prompt is fresh."),
+          config: Path | None = typer.Option(None, help="Bench config YAML: its too-good lines flag rung figures.")
+          ) -> None:
     """Speed and health against prompt depth (--concurrency N: a burst of N fresh prompts per rung).
 
     A ladder of fresh prompts from 1024 tokens, doubling, up to the server's max_model_len minus the output;
@@ -216,17 +183,13 @@ def depth(args: Target = None, serve: ServeArtifact = None, profile: Profiles = 
     opts = DepthOptions(depths=parse_depths(depths) if depths else None, output_tokens=max_tokens or 64,
                         reuse_prefix=reuse_prefix, stall_timeout=stall_timeout, thinking=thinking.single(),
                         concurrency=concurrency)
-    req = _request(args, serve, profile, out, as_json=as_json, config=config, model=model, api_key=api_key, vllm=vllm,
-                   timeout=timeout, device=device, gpus=gpus, gpu_mem=gpu_mem, gpu_mem_soft=gpu_mem_soft)
-    run_depth_mode(req, opts, argv_now())
+    run_depth_mode(_request(args, server, out, as_json=as_json, config=config), opts, argv_now())
 
 
 @bench_app.command("soak", context_settings=ARGS)
-def soak(args: Target = None, serve: ServeArtifact = None, profile: Profiles = None, gpu_mem: GpuMem = None,
-         gpu_mem_soft: GpuMemSoft = False, gpus: Gpus = 1, vllm: Vllm = None, device: ServeDevice = None,
-         timeout: Timeout = DEFAULT_TIMEOUT, api_key: ApiKey = None, model: Model = None, out: Out = None,
-         as_json: AsJson = False, thinking: ThinkingOpt = Thinking.auto, stall_timeout: StallTimeout = 300.0,
-         concurrency: Streams = 1,
+@with_options("server", Server)
+def soak(args: Target = None, *, server: Server, out: Out = None, as_json: AsJson = False,
+         thinking: ThinkingOpt = Thinking.auto, stall_timeout: StallTimeout = 300.0, concurrency: Streams = 1,
          tokens: int = typer.Option(20000, min=2, help="Tokens generated per stream."),
          window: int = typer.Option(1024, min=1, help="Generated tokens per acceptance window."),
          collapse_fraction: float = typer.Option(0.5, min=0.0, max=1.0, help="A window whose acceptance is below "
@@ -248,17 +211,13 @@ def soak(args: Target = None, serve: ServeArtifact = None, profile: Profiles = N
 
     opts = SoakOptions(tokens=tokens, concurrency=concurrency, window=window, fraction=collapse_fraction,
                        stall_timeout=stall_timeout, thinking=thinking.single())
-    req = _request(args, serve, profile, out, as_json=as_json, model=model, api_key=api_key, vllm=vllm,
-                   timeout=timeout, device=device, gpus=gpus, gpu_mem=gpu_mem, gpu_mem_soft=gpu_mem_soft)
-    run_soak_mode(req, opts, argv_now())
+    run_soak_mode(_request(args, server, out, as_json=as_json), opts, argv_now())
 
 
 @bench_app.command("turns", context_settings=ARGS)
-def turns(args: Target = None, serve: ServeArtifact = None, profile: Profiles = None, gpu_mem: GpuMem = None,
-          gpu_mem_soft: GpuMemSoft = False, gpus: Gpus = 1, vllm: Vllm = None, device: ServeDevice = None,
-          timeout: Timeout = DEFAULT_TIMEOUT, api_key: ApiKey = None, model: Model = None, out: Out = None,
-          as_json: AsJson = False, thinking: ThinkingOpt = Thinking.auto, max_tokens: MaxTokens = None,
-          stall_timeout: StallTimeout = 300.0,
+@with_options("server", Server)
+def turns(args: Target = None, *, server: Server, out: Out = None, as_json: AsJson = False,
+          thinking: ThinkingOpt = Thinking.auto, max_tokens: MaxTokens = None, stall_timeout: StallTimeout = 300.0,
           turn_tokens: int = typer.Option(2048, min=1, help="Tokens of shipped text per new user message.")) -> None:
     """One conversation that grows turn by turn: TTFT, new-token prefill and prefix-cache hits per turn.
 
@@ -278,9 +237,7 @@ def turns(args: Target = None, serve: ServeArtifact = None, profile: Profiles = 
     _two_tokens(max_tokens)
     opts = TurnOptions(turn_tokens=turn_tokens, output_tokens=max_tokens or 64, stall_timeout=stall_timeout,
                        thinking=thinking.single())
-    req = _request(args, serve, profile, out, as_json=as_json, model=model, api_key=api_key, vllm=vllm,
-                   timeout=timeout, device=device, gpus=gpus, gpu_mem=gpu_mem, gpu_mem_soft=gpu_mem_soft)
-    run_turns_mode(req, opts, argv_now())
+    run_turns_mode(_request(args, server, out, as_json=as_json), opts, argv_now())
 
 
 def _two_tokens(max_tokens: int | None) -> None:

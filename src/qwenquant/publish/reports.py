@@ -75,7 +75,7 @@ def _load(path: Path, root_digest: str, artifact: Path) -> tuple[str, dict[str, 
         what = (f"a report of root digest {sorted(digests)[0][:16]}..." if digests
                 else "a report that names no artifact root digest (a bench of a URL?)")
         raise UsageError(f"{path} is {what}, not of {artifact} ({root_digest[:16]}...): its figures cannot go on this card",
-                         hint="measure this artifact (`qwenquant eval` / `qwenquant bench --serve ARTIFACT`) or drop --report")
+                         hint="measure this artifact (`qwenquant eval` / `qwenquant bench run --serve ARTIFACT`) or drop --report")
     if kind == "eval" and (data.get("reference_check") or {}).get("verified") is False:
         raise UsageError(f"{path} compares against a reference that is not the artifact's recorded source "
                          "(--reference-unverified): its figures cannot go on this card",
