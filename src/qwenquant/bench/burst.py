@@ -17,20 +17,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from qwenquant.bench import metrics
+from qwenquant.bench import metrics, rung
 from qwenquant.bench.gpu import MemoryPeak
 from qwenquant.bench.rates import sample_figures
-from qwenquant.bench.rung import (
-    DepthOptions,
-    PromptFitter,
-    RungResult,
-    acceptance_between,
-    chat_request,
-    empty_failure,
-    request_record,
-    stream_once,
-    with_server_state,
-)
 from qwenquant.bench.runner import Target
 from qwenquant.bench.stream import Sample
 from qwenquant.bench.watch import ServerWatch
@@ -74,14 +63,14 @@ def burst_failure(n: int, reasons: list[str | None]) -> str | None:
     return f"{len(bad)} of {n} requests failed: {bad[0]}"
 
 
-def _one(t: Target, msgs: list[dict[str, str]], opts: DepthOptions, gate: threading.Barrier) -> tuple[Sample | None, str | None]:
+def _one(t: Target, msgs: list[dict[str, str]], opts: rung.DepthOptions, gate: threading.Barrier) -> tuple[Sample | None, str | None]:
     gate.wait()
-    s, why = stream_once(t, chat_request(t, msgs, opts.output_tokens, opts.thinking), opts.stall_timeout)
-    return s, why or (empty_failure(s) if s else None)
+    s, why = rung.stream_once(t, rung.chat_request(t, msgs, opts.output_tokens, opts.thinking), opts.stall_timeout)
+    return s, why or (rung.empty_failure(s) if s else None)
 
 
-def run_burst_rung(t: Target, watch: ServerWatch, fitter: PromptFitter, depth: int, index: int, nonce: str,
-                   opts: DepthOptions) -> RungResult:
+def run_burst_rung(t: Target, watch: ServerWatch, fitter: rung.PromptFitter, depth: int, index: int, nonce: str,
+                   opts: rung.DepthOptions) -> rung.RungResult:
     """One rung of N requests at once; a failure is recorded, never raised."""
     n = opts.concurrency
     fitted = [fitter.fit(depth, burst_header(index, j, depth, nonce), start=index * 7919 + j * 104729)
@@ -96,12 +85,12 @@ def run_burst_rung(t: Target, watch: ServerWatch, fitter: PromptFitter, depth: i
     rec["gpu_memory"] = mem.result
     after = metrics.scrape(t.url, t.api_key)
     samples = [s for s, _ in results if s is not None]
-    rec["requests"] = [{**(request_record(s, f"depth {depth}") if s else {}), "failure": why}
+    rec["requests"] = [{**(rung.request_record(s, f"depth {depth}") if s else {}), "failure": why}
                        for j, (s, why) in enumerate(results)]
     rec.update(_burst_figures(samples))
-    rec["acceptance"] = acceptance_between(before, after)
+    rec["acceptance"] = rung.acceptance_between(before, after)
     rec["failed"] = sum(1 for _, why in results if why)
-    return RungResult(depth, rec, with_server_state(watch, burst_failure(n, [why for _, why in results]), after))
+    return rung.RungResult(depth, rec, rung.with_server_state(watch, burst_failure(n, [why for _, why in results]), after))
 
 
 def _burst_figures(samples: list[Sample]) -> dict[str, Any]:

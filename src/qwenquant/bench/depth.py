@@ -16,32 +16,21 @@ import secrets
 import time
 from typing import Any
 
-from qwenquant.bench import metrics
+from qwenquant.bench import metrics, rung
 from qwenquant.bench.burst import check_concurrency, run_burst_rung
 from qwenquant.bench.gpu import MemoryPeak
 from qwenquant.bench.longtext import LongText, depth_ladder, rung_header
-from qwenquant.bench.rung import (
-    DepthOptions,
-    PromptFitter,
-    RungResult,
-    acceptance_between,
-    chat_request,
-    empty_failure,
-    request_record,
-    served_max_len,
-    stream_once,
-    with_server_state,
-)
 from qwenquant.bench.runner import Target
 from qwenquant.bench.watch import ServerWatch
 from qwenquant.errors import UsageError
 
 log = logging.getLogger(__name__)
+DepthOptions = rung.DepthOptions  # the ladder's options (rung.py: the burst shares them)
 __all__ = ["DepthOptions", "count_disagreement", "plan_depths", "run_depth", "run_rung"]
 COUNT_TOLERANCE = 0.02  # the server's usage and /tokenize may differ by a few template tokens, not more
 
 
-def plan_depths(opts: DepthOptions, max_len: int | None) -> list[int]:
+def plan_depths(opts: rung.DepthOptions, max_len: int | None) -> list[int]:
     """The rungs: --depths as given (each must leave room for the output), else the doubling ladder."""
     if max_len is None and not opts.depths:
         raise UsageError("the server does not say its max_model_len, so the depth ladder has no top",
@@ -55,8 +44,8 @@ def plan_depths(opts: DepthOptions, max_len: int | None) -> list[int]:
     return depth_ladder((max_len or 0) - opts.output_tokens)
 
 
-def run_rung(t: Target, watch: ServerWatch, fitter: PromptFitter, depth: int, index: int, nonce: str,
-             opts: DepthOptions) -> RungResult:
+def run_rung(t: Target, watch: ServerWatch, fitter: rung.PromptFitter, depth: int, index: int, nonce: str,
+             opts: rung.DepthOptions) -> rung.RungResult:
     """One rung: fit, send, measure; a failure is recorded, never raised."""
     header = rung_header(index, depth, nonce, opts.reuse_prefix)
     msgs, counted = fitter.fit(depth, header, start=0 if opts.reuse_prefix else index * 7919)
@@ -65,24 +54,25 @@ def run_rung(t: Target, watch: ServerWatch, fitter: PromptFitter, depth: int, in
     before = metrics.scrape(t.url, t.api_key)
     with MemoryPeak() as mem:
         t0 = time.monotonic()
-        sample, failure = stream_once(t, chat_request(t, msgs, opts.output_tokens, opts.thinking), opts.stall_timeout)
+        body = rung.chat_request(t, msgs, opts.output_tokens, opts.thinking)
+        sample, failure = rung.stream_once(t, body, opts.stall_timeout)
         rec["seconds"] = time.monotonic() - t0
     rec["gpu_memory"] = mem.result
     after = metrics.scrape(t.url, t.api_key)
     if sample is not None:
-        rec.update(request_record(sample, f"depth {depth}"))
+        rec.update(rung.request_record(sample, f"depth {depth}"))
         if sample.prompt_tokens:
             fitter.chars_per_token, fitter.calibrated = chars / sample.prompt_tokens, True
         rec["streamed_chars"] = sum(sample.chars.values())
-        failure = failure or empty_failure(sample)
-    rec["acceptance"] = acceptance_between(before, after)
-    return RungResult(depth, rec, with_server_state(watch, failure, after))
+        failure = failure or rung.empty_failure(sample)
+    rec["acceptance"] = rung.acceptance_between(before, after)
+    return rung.RungResult(depth, rec, rung.with_server_state(watch, failure, after))
 
 
-def count_disagreement(rung: dict[str, Any]) -> dict[str, Any] | None:
+def count_disagreement(rec: dict[str, Any]) -> dict[str, Any] | None:
     """A flag when the server's usage count of a rung's prompt and its /tokenize count disagree."""
-    counted = rung.get("tokenize_count")
-    usage = rung.get("prompt_tokens")
+    counted = rec.get("tokenize_count")
+    usage = rec.get("prompt_tokens")
     if isinstance(counted, list):
         counted = min(counted) if counted and None not in counted else None
     if not isinstance(counted, int) or not isinstance(usage, int) or not counted:
@@ -90,28 +80,28 @@ def count_disagreement(rung: dict[str, Any]) -> dict[str, Any] | None:
     gap = abs(usage - counted) / counted
     if gap <= COUNT_TOLERANCE:
         return None
-    where = f"depth {rung['depth']}"
+    where = f"depth {rec['depth']}"
     return {"kind": "cross-check", "check": "prompt-count", "where": where, "figure": "prompt_tokens",
             "value": gap, "line": COUNT_TOLERANCE,
             "note": f"{where}: the server counted {usage} prompt tokens where /tokenize counted {counted}: rungs are "
                     f"named by their /tokenize depth"}
 
 
-def run_depth(t: Target, text: LongText, opts: DepthOptions) -> dict[str, Any]:
+def run_depth(t: Target, text: LongText, opts: rung.DepthOptions) -> dict[str, Any]:
     """The ladder on one server; the part of the report that is measured (JSON-ready)."""
 
     check_concurrency(opts.concurrency, t.max_num_seqs)
-    max_len = served_max_len(t)
+    max_len = rung.served_max_len(t)
     depths = plan_depths(opts, max_len)
-    rung = run_burst_rung if opts.concurrency > 1 else run_rung
+    measure = run_burst_rung if opts.concurrency > 1 else run_rung
     watch = ServerWatch(t.url, t.api_key, t.server, metrics.scrape(t.url, t.api_key))
-    fitter = PromptFitter(t, text, opts.thinking)
+    fitter = rung.PromptFitter(t, text, opts.thinking)
     nonce = secrets.token_hex(4)
     rungs: list[dict[str, Any]] = []
     failure: dict[str, Any] | None = None
     for i, depth in enumerate(depths):
         log.info("depth %d (%d/%d)", depth, i + 1, len(depths))
-        r = rung(t, watch, fitter, depth, i, nonce, opts)
+        r = measure(t, watch, fitter, depth, i, nonce, opts)
         r.record["ok"] = r.failure is None
         rungs.append(r.record)
         if r.failure:

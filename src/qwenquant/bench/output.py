@@ -14,10 +14,15 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from qwenquant.bench.longplot import depth_png, soak_png
+from qwenquant.bench.plot import write_png
+from qwenquant.bench.render import print_depth, print_report, print_soak, print_turns
+from qwenquant.bench.verdicts import depth_error, soak_error, turns_error
 from qwenquant.errors import BenchError, UsageError
 
 log = logging.getLogger(__name__)
@@ -41,88 +46,41 @@ def check_out(target: Path, min_free: int = MIN_FREE_BYTES) -> Path:
 
 @dataclass
 class BenchReport:
-    """One mode's report: its JSON document (`data`), what draws it, shows it and judges it."""
+    """One mode's report: its JSON document (`data`), and what draws it (`plotter`, None: no PNG), shows it
+    (`shower`: tables and lines) and judges it (`judge`: the failing verdict's error, exit 8)."""
 
     data: dict[str, Any]
     mode: ClassVar[str] = "run"
+    plotter: ClassVar[Callable[[dict[str, Any], Path], None] | None] = staticmethod(write_png)
+    shower: ClassVar[Callable[[dict[str, Any]], None]] = staticmethod(print_report)
+    judge: ClassVar[Callable[[dict[str, Any]], BenchError | None]] = staticmethod(lambda data: None)
 
     def plot(self, path: Path) -> bool:
         """Write the PNG (False: this mode has none)."""
-        from qwenquant.bench.plot import write_png
-
-        write_png(self.data, path)
+        if self.plotter is None:
+            return False
+        self.plotter(self.data, path)
         return True
 
     def show(self) -> None:
-        from qwenquant.bench.render import print_report
-
-        print_report(self.data)
+        self.shower(self.data)
 
     def error(self) -> BenchError | None:
         """The failing verdict's one line (exit 8), or None."""
-        return None
+        return self.judge(self.data)
 
 
-@dataclass
-class DepthReport(BenchReport):
-    mode: ClassVar[str] = "depth"
-
-    def plot(self, path: Path) -> bool:
-        from qwenquant.bench.longplot import depth_png
-
-        depth_png(self.data, path)
-        return True
-
-    def show(self) -> None:
-        from qwenquant.bench.render import print_depth
-
-        print_depth(self.data)
-
-    def error(self) -> BenchError | None:
-        from qwenquant.bench.verdicts import depth_error
-
-        return depth_error(self.data)
+def _mode(mode: str, plotter: Callable[[dict[str, Any], Path], None] | None, shower: Callable[[dict[str, Any]], None],
+          judge: Callable[[dict[str, Any]], BenchError | None]) -> type[BenchReport]:
+    """The report type of one mode: its name, PNG, console view and verdict."""
+    return type(f"{mode.title()}Report", (BenchReport,), {
+        "mode": mode, "plotter": staticmethod(plotter) if plotter else None, "shower": staticmethod(shower),
+        "judge": staticmethod(judge), "__doc__": f"The report of `qwenquant bench {mode}`."})
 
 
-@dataclass
-class SoakReport(BenchReport):
-    mode: ClassVar[str] = "soak"
-
-    def plot(self, path: Path) -> bool:
-        from qwenquant.bench.longplot import soak_png
-
-        soak_png(self.data, path)
-        return True
-
-    def show(self) -> None:
-        from qwenquant.bench.render import print_soak
-
-        print_soak(self.data)
-
-    def error(self) -> BenchError | None:
-        from qwenquant.bench.verdicts import soak_error
-
-        return soak_error(self.data)
-
-
-@dataclass
-class TurnsReport(BenchReport):
-    mode: ClassVar[str] = "turns"
-
-    def plot(self, path: Path) -> bool:
-        return False
-
-    def show(self) -> None:
-        from qwenquant.bench.render import print_turns
-
-        print_turns(self.data)
-
-    def error(self) -> BenchError | None:
-        from qwenquant.bench.verdicts import turns_error
-
-        return turns_error(self.data)
-
-
+DepthReport = _mode("depth", depth_png, print_depth, depth_error)
+SoakReport = _mode("soak", soak_png, print_soak, soak_error)
+TurnsReport = _mode("turns", None, print_turns, turns_error)
 REPORTS: dict[str, type[BenchReport]] = {r.mode: r for r in (BenchReport, DepthReport, SoakReport, TurnsReport)}
 
 

@@ -19,18 +19,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from qwenquant.bench import metrics
+from qwenquant.bench import metrics, rung
 from qwenquant.bench.gpu import MemoryPeak
 from qwenquant.bench.longtext import LongText
-from qwenquant.bench.rung import (
-    PromptFitter,
-    acceptance_between,
-    chat_request,
-    empty_failure,
-    request_record,
-    served_max_len,
-    stream_once,
-)
 from qwenquant.bench.runner import Target
 from qwenquant.bench.stream import Sample
 from qwenquant.bench.watch import ServerWatch
@@ -84,7 +75,7 @@ class Conversation:
     """The messages so far, and the user message of each next turn."""
 
     def __init__(self, t: Target, text: LongText, opts: TurnOptions, nonce: str) -> None:
-        self.fitter = PromptFitter(t, text, opts.thinking)
+        self.fitter = rung.PromptFitter(t, text, opts.thinking)
         self.opts, self.nonce = opts, nonce
         self.messages: list[dict[str, str]] = []
 
@@ -115,20 +106,20 @@ def run_turn(t: Target, msgs: list[dict[str, str]], opts: TurnOptions,
 
     before = metrics.scrape(t.url, t.api_key)
     with MemoryPeak() as mem:
-        sample, failure = stream_once(t, chat_request(t, msgs, opts.output_tokens, opts.thinking), opts.stall_timeout,
+        sample, failure = rung.stream_once(t, rung.chat_request(t, msgs, opts.output_tokens, opts.thinking), opts.stall_timeout,
                                       on_chunk)
     after = metrics.scrape(t.url, t.api_key)
     rec: dict[str, Any] = {"messages": len(msgs), "gpu_memory": mem.result, "prefix_cache": cache_delta(before, after),
-                           "acceptance": acceptance_between(before, after)}
+                           "acceptance": rung.acceptance_between(before, after)}
     if sample is not None:
-        rec.update(request_record(sample, f"turn {turn}"))
-        failure = failure or empty_failure(sample)
+        rec.update(rung.request_record(sample, f"turn {turn}"))
+        failure = failure or rung.empty_failure(sample)
     return rec, sample, "".join(answer), failure
 
 
 def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
     """The conversation on one server; the measured part of the report (JSON-ready)."""
-    max_len = served_max_len(t)
+    max_len = rung.served_max_len(t)
     if max_len is None:
         raise UsageError("the server does not say its max_model_len, so the conversation has no end",
                          hint="serve it with vLLM, whose /v1/models lists max_model_len")

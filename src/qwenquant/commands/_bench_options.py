@@ -15,18 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from qwenquant.commands._options import (
-    DEFAULT_TIMEOUT,
-    ApiKey,
-    GpuMem,
-    GpuMemSoft,
-    Gpus,
-    Profiles,
-    ServeArtifact,
-    ServeDevice,
-    Timeout,
-    Vllm,
-)
+from qwenquant.commands import _options as so
 
 PANEL = "Measurement"
 
@@ -95,15 +84,15 @@ class Server:
     """Which server every subcommand measures: a URL's model and key, or the artifact --serve starts, with
     serve's options (commands/_options.py)."""
 
-    serve: ServeArtifact = None
-    profile: Profiles = None
-    gpu_mem: GpuMem = None
-    gpu_mem_soft: GpuMemSoft = False
-    gpus: Gpus = 1
-    vllm: Vllm = None
-    device: ServeDevice = None
-    timeout: Timeout = DEFAULT_TIMEOUT
-    api_key: ApiKey = None
+    serve: so.ServeArtifact = None
+    profile: so.Profiles = None
+    gpu_mem: so.GpuMem = None
+    gpu_mem_soft: so.GpuMemSoft = False
+    gpus: so.Gpus = 1
+    vllm: so.Vllm = None
+    device: so.ServeDevice = None
+    timeout: so.Timeout = so.DEFAULT_TIMEOUT
+    api_key: so.ApiKey = None
     model: Model = None
 
 
