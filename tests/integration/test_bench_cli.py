@@ -29,13 +29,31 @@ def qq(*argv: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-def test_bench_help_lists_the_subcommands_with_examples() -> None:
-    r = qq("bench", "--help")
-    assert r.returncode == 0
-    for sub in ("run", "compare", "depth", "soak", "turns"):
-        assert f"qwenquant bench {sub} " in r.stdout, sub
-        h = qq("bench", sub, "--help")
-        assert h.returncode == 0 and "Examples:" in h.stdout and f"qwenquant bench {sub} " in h.stdout, sub
+HEAVY = ("torch", "transformers", "llmcompressor", "compressed_tensors", "huggingface_hub", "datasets", "PIL")
+PROBE = """
+import contextlib, io, json, sys
+from qwenquant.cli import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    rc = main(sys.argv[1:])
+print(json.dumps({"rc": rc, "out": out.getvalue(),
+                  "heavy": sorted(m for m in sys.modules if m.split(".")[0] in HEAVY)}))
+""".replace("HEAVY", repr(HEAVY))
+
+
+def _help(*argv: str) -> dict:
+    r = subprocess.run([sys.executable, "-c", PROBE, *argv, "--help"], env=ENV, capture_output=True, text=True,
+                       timeout=60)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("sub", ["run", "compare", "depth", "soak", "turns"])
+def test_bench_help_lists_the_subcommands_with_examples_and_imports_nothing_heavy(sub: str) -> None:
+    top = _help("bench")
+    assert top["rc"] == 0 and f"qwenquant bench {sub} " in top["out"] and top["heavy"] == []
+    h = _help("bench", sub)
+    assert h["rc"] == 0 and "Examples:" in h["out"] and f"qwenquant bench {sub} " in h["out"], sub
+    assert h["heavy"] == [], h["heavy"]
 
 
 def test_no_bench_command_function_is_longer_than_80_lines() -> None:
