@@ -123,8 +123,8 @@ def _stream_failures(i: int, s: dict[str, Any], window: int, tokens: int) -> lis
     by = "streamed" if exact else "by usage"
     if s.get("error"):
         return [{"kind": "error", "window": streamed // window, "stream": i,
-                 "line": f"stream {i} failed in window {streamed // window} (after {streamed} streamed tokens): "
-                         f"{s['error']}"}]
+                 "line": f"stream {i} failed in window {streamed // window} (after {'' if exact else 'at least '}"
+                         f"{streamed} streamed tokens): {s['error']}"}]
     if n == 0:
         return [{"kind": "empty", "window": 0, "stream": i,
                  "line": f"stream {i} came back empty (window 0: 0 tokens {by})"}]
