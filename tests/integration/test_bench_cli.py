@@ -127,3 +127,25 @@ def test_compare_takes_typed_configurations(tmp_path: Path) -> None:
     r = qq("bench", "compare", "--url-a", "http://127.0.0.1:9", "--profile-a", "batch", "--url-b", "http://127.0.0.1:9",
            "--out", str(tmp_path / "c.json"))
     assert r.returncode == 2 and "configuration A names a URL and serve options" in flat(r.stderr)
+
+
+def test_compare_serves_each_configuration_with_its_own_vllm_flags(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """Flags after -- go to both servers, --vllm-arg-b only to B's (the stand-in as vLLM: no real server needed
+    to see which flags each configuration was started with)."""
+    from standin import build_standin_artifact, serve_env, write_fake_vllm
+
+    art = build_standin_artifact(tiny_checkpoint, tmp_path / "artifact")
+    launcher = write_fake_vllm(tmp_path / "fakevllm")
+    out = tmp_path / "cmp.json"
+    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", "compare", "--serve", str(art), "--vllm",
+                        str(launcher), "--timeout", "60", "--label-a", "on", "--label-b", "off",
+                        "--vllm-arg-b=--speculative-config", "--vllm-arg-b=null", "--prompts", "narrative",
+                        "--sampling", "greedy", "--thinking", "off", "--max-tokens", "8", "--repeats", "1",
+                        "--rounds", "1", "--out", str(out), "--", "--max-model-len", "2048"],
+                       env=serve_env(launcher, tmp_path), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    by = {t["label"]: t for t in json.loads(out.read_text())["targets"]}
+    assert by["on"]["extra_vllm_flags"] == ["--max-model-len", "2048"]
+    assert by["off"]["extra_vllm_flags"] == ["--max-model-len", "2048", "--speculative-config", "null"]
+    assert by["off"]["config"] == "-- --max-model-len 2048 --speculative-config null"
+    assert "ratio on / off" in r.stdout
