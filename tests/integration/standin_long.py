@@ -24,7 +24,8 @@ reasoning_tokens), `usage_delta` (usage counts that many completion tokens more,
 `token_ids` False (no token ids even when asked), `usage_prompt_scale` (usage counts the prompt at
 that multiple of what /tokenize says), `short_by` (the stream ends, `[DONE]` and all, that many
 tokens before max_tokens; usage counts the streamed tokens plus `usage_delta`). `mtp` False: no
-speculative decoding (one token per chunk, the counters never move).
+speculative decoding (one token per chunk, the counters never move). `max_num_seqs`: listed on
+/v1/models when set.
 
 As vLLM: `python standin_long.py` takes standin.py's flags and --standin-fail-depth N,
 --standin-fail-mode M, --standin-max-model-len N, --standin-collapse-after N, --standin-fail-count N,
@@ -71,6 +72,7 @@ class LongStandin(StandinServer):
         self.token_ids = True
         self.usage_prompt_scale = 1.0
         self.short_by = 0
+        self.max_num_seqs: int | None = None  # listed on /v1/models when set (vLLM does not list it)
         self.mtp = True
 
     def prompt_tokens(self, body: dict[str, Any]) -> int:
@@ -124,8 +126,11 @@ class _LongHandler(_Handler):
 
     def do_GET(self) -> None:
         if self.path == "/v1/models" and self._authorized():
-            self._send(200, {"object": "list", "data": [{"id": self.s.model, "object": "model", "root": self.s.root,
-                                                         "owned_by": "vllm", "max_model_len": self.s.max_model_len}]})
+            card = {"id": self.s.model, "object": "model", "root": self.s.root, "owned_by": "vllm",
+                    "max_model_len": self.s.max_model_len}
+            if self.s.max_num_seqs is not None:
+                card["max_num_seqs"] = self.s.max_num_seqs
+            self._send(200, {"object": "list", "data": [card]})
         elif self.path != "/v1/models":
             super().do_GET()
 

@@ -149,3 +149,15 @@ def test_compare_serves_each_configuration_with_its_own_vllm_flags(tiny_checkpoi
     assert by["off"]["extra_vllm_flags"] == ["--max-model-len", "2048", "--speculative-config", "null"]
     assert by["off"]["config"] == "-- --max-model-len 2048 --speculative-config null"
     assert "ratio on / off" in r.stdout
+
+
+@pytest.mark.parametrize("argv", [["depth", "--concurrency", "3", "--depths", "1024"],
+                                  ["soak", "--concurrency", "3", "--tokens", "100"],
+                                  ["run", "--max-concurrency", "3", "--max-tokens", "8"]])
+def test_streams_above_what_a_running_server_lists_are_refused_before_measuring(tmp_path: Path, argv: list[str]) -> None:
+    with LongStandin() as s:
+        s.max_num_seqs = 2
+        r = qq("bench", argv[0], s.url, *argv[1:], "--out", str(tmp_path / "b.json"))
+        sent = list(s.bodies)
+    assert r.returncode == 2 and "3 is above the profile's max_num_seqs 2: the server would queue" in flat(r.stderr)
+    assert sent == [] and not (tmp_path / "b.json").exists()

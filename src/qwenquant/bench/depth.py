@@ -90,7 +90,7 @@ def count_disagreement(rec: dict[str, Any]) -> dict[str, Any] | None:
 def run_depth(t: Target, text: LongText, opts: rung.DepthOptions) -> dict[str, Any]:
     """The ladder on one server; the part of the report that is measured (JSON-ready)."""
 
-    check_concurrency(opts.concurrency, t.max_num_seqs)
+    check_concurrency(opts.concurrency, rung.max_num_seqs(t))
     max_len = rung.served_max_len(t)
     depths = plan_depths(opts, max_len)
     measure = run_burst_rung if opts.concurrency > 1 else run_rung

@@ -43,16 +43,26 @@ class RungResult:
     failure: str | None = None
 
 
-def served_max_len(t: Target) -> int | None:
-    """The max_model_len /v1/models lists for the served model (vLLM does), else None."""
+def served_model_field(t: Target, name: str) -> int | None:
+    """An integer field /v1/models lists for the served model (vLLM lists max_model_len), else None."""
     try:
         r = fetch(t.url.rstrip("/") + "/v1/models", api_key=t.api_key, timeout=30.0)
         for m in json.loads(r.text).get("data", []):
-            if m.get("id") == t.model and isinstance(m.get("max_model_len"), int):
-                return int(m["max_model_len"])
+            if m.get("id") == t.model and isinstance(m.get(name), int):
+                return int(m[name])
     except (HttpError, ValueError, AttributeError):
         return None
     return None
+
+
+def served_max_len(t: Target) -> int | None:
+    """The max_model_len /v1/models lists for the served model (vLLM does), else None."""
+    return served_model_field(t, "max_model_len")
+
+
+def max_num_seqs(t: Target) -> int | None:
+    """What the server runs at once: its profile's max_num_seqs (--serve), else what /v1/models lists."""
+    return t.max_num_seqs if t.max_num_seqs is not None else served_model_field(t, "max_num_seqs")
 
 
 class PromptFitter:

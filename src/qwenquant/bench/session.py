@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from qwenquant.bench import gpu as gpumod
 from qwenquant.bench.launch import ConfigSpec, serve_targets, url_targets
 from qwenquant.bench.output import BenchReport, deliver
-from qwenquant.bench.runner import Options, Target, run_bench, server_version
+from qwenquant.bench.runner import Options, Target, resolve_model, run_bench, server_version
 from qwenquant.bench.workload import load_config
 from qwenquant.errors import UsageError
 
@@ -91,6 +91,12 @@ def run(req: Request, options: Options, argv: list[str]) -> BenchReport:
     with targets_of(req, configs) as targets:
         for t in targets:
             t.info["vllm_version"] = server_version(t) or t.info.get("vllm_version_installed")
+            if options.max_concurrency:  # a running server that lists what it runs at once
+                from qwenquant.bench.burst import check_concurrency
+                from qwenquant.bench.rung import max_num_seqs
+
+                t.model = resolve_model(t)
+                check_concurrency(options.max_concurrency, max_num_seqs(t), "--max-concurrency")
         with gpumod.GpuSampler() as sampler:
             runs = run_bench(targets, cfg, options)
     meta = {"tool": "qwenquant bench", "argv": argv, "started": started, "python": platform.python_version(),

@@ -17,7 +17,7 @@ from typing import Any
 from qwenquant.bench import metrics
 from qwenquant.bench.burst import check_concurrency
 from qwenquant.bench.longtext import INSTRUCTION, LongText
-from qwenquant.bench.rung import chat_request, request_record, served_max_len, stream_once
+from qwenquant.bench.rung import chat_request, max_num_seqs, request_record, served_max_len, stream_once
 from qwenquant.bench.runner import Target
 from qwenquant.bench.soak import Window, merge_windows, step_windows, verdict
 from qwenquant.bench.stream import Sample
@@ -124,7 +124,7 @@ def _per_request(samples: list[Sample | None], window: int) -> list[list[Window]
 
 def check_options(t: Target, opts: SoakOptions) -> int | None:
     """The server's max_model_len; UsageError when the soak cannot fit on it."""
-    check_concurrency(opts.concurrency, t.max_num_seqs)
+    check_concurrency(opts.concurrency, max_num_seqs(t))
     max_len = served_max_len(t)
     if max_len is not None and opts.tokens + PROMPT_CHARS // 2 > max_len:
         raise UsageError(f"--tokens {opts.tokens} plus the prompt does not fit the server's max_model_len {max_len}",
