@@ -30,7 +30,7 @@ def test_bench_compare_mtp_on_off(tmp_path: Path) -> None:
                         str(LAUNCHER), "--profile", "single-user", "--label-a", "mtp-on", "--label-b", "mtp-off",
                         "--vllm-arg-b=--speculative-config", "--vllm-arg-b=null", "--prompts", "quote", "--sampling", "greedy", "--max-tokens", "16",
                         "--repeats", "2", "--rounds", "2", "--max-concurrency", "2", "--out", str(out),
-                        "--", "--max-model-len", "2048"],
+                        "--", "--max-model-len", "2048", "--max-num-seqs", "2"],  # the ladder's top runs at once
                        env=vllm_env(tmp_path), capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stderr[-4000:]
     report = json.loads(out.read_text())
