@@ -16,6 +16,7 @@ its note the one line a user reads.
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from qwenquant.bench.rates import sample_figures, wall_decode_gap
@@ -38,8 +39,9 @@ def _hidden(s: Sample) -> int | None:
     return None
 
 
-def request_checks(s: Sample, where: str, margin: float = WALL_DECODE_MARGIN) -> list[dict[str, Any]]:
-    """The cross-check flags of one request (empty when every count agrees)."""
+def request_checks(s: Sample, where: str, margin: float | None = WALL_DECODE_MARGIN) -> list[dict[str, Any]]:
+    """The cross-check flags of one request (empty when every count agrees); `margin` None leaves the
+    wall-vs-decode comparison to the caller (a cell compares its medians: cell_checks)."""
     out: list[dict[str, Any]] = []
     n, streamed = s.completion_tokens, s.streamed_tokens
     hidden = _hidden(s)
@@ -59,14 +61,34 @@ def request_checks(s: Sample, where: str, margin: float = WALL_DECODE_MARGIN) ->
     elif not s.exact and streamed > n:
         out.append(_flag("usage-mismatch", where, "completion_tokens", float(streamed - n), 0.0,
                          f"the stream carried at least {streamed} tokens (events with text) but usage counts {n}"))
-    if not s.exact and hidden is None:
-        gap = wall_decode_gap(figs["wall_tok_s"], figs["decode_tok_s"])
-        if gap is not None and gap > margin:
-            out.append(_flag("wall-vs-decode", where, "wall vs decode", gap, margin,
-                             f"wall {_num(figs['wall_tok_s'])} and decode {_num(figs['decode_tok_s'])} tok/s differ "
-                             f"by {gap:.0%} (TTFT {_num(figs['ttft_s'], '.3f')} s): a prefill that long, or a phase "
-                             f"counted in usage but not streamed (reasoning hidden by the server?) that inflates "
-                             f"decode; no token ids came back to tell"))
+    if margin is not None and not s.exact and hidden is None:
+        out += _wall_decode(figs["wall_tok_s"], figs["decode_tok_s"], figs["ttft_s"], where, margin)
+    return out
+
+
+def _wall_decode(wall: float | None, decode: float | None, ttft: float | None, where: str,
+                 margin: float) -> list[dict[str, Any]]:
+    gap = wall_decode_gap(wall, decode)
+    if gap is None or gap <= margin:
+        return []
+    return [_flag("wall-vs-decode", where, "wall vs decode", gap, margin,
+                  f"wall {_num(wall)} and decode {_num(decode)} tok/s differ by {gap:.0%} (TTFT {_num(ttft, '.3f')} "
+                  f"s): a prefill that long, or a phase counted in usage but not streamed (reasoning hidden by the "
+                  f"server?) that inflates decode; no token ids came back to tell")]
+
+
+def cell_checks(samples: list[Sample], where: str, margin: float = WALL_DECODE_MARGIN) -> list[dict[str, Any]]:
+    """A cell's flags: each request's count checks, and wall against decode over the cell's medians (one slow
+    request's TTFT is not an instrument problem) where no request counted its tokens exactly."""
+    out = merge_checks([f for s in samples for f in request_checks(s, where, None)])
+    if samples and not any(s.exact for s in samples) and not any(f["check"] == "unstreamed-reasoning" for f in out):
+        figs = [sample_figures(s) for s in samples]
+
+        def med(k: str) -> float | None:
+            v = sorted(f[k] for f in figs if f[k] is not None)
+            return statistics.median(v) if v else None
+
+        out += _wall_decode(med("wall_tok_s"), med("decode_tok_s"), med("ttft_s"), where, margin)
     return out
 
 

@@ -6,7 +6,7 @@ import statistics
 from typing import Any
 
 from qwenquant.bench import metrics
-from qwenquant.bench.checks import merge_checks, request_checks
+from qwenquant.bench.checks import cell_checks
 from qwenquant.bench.output import SCHEMA_VERSION
 from qwenquant.bench.rates import (
     FIGURES,
@@ -53,7 +53,7 @@ def _cell_report(cell: Cell, rounds: list[list[Sample]], where: str, margin: flo
                          "first_field": s.first_field, "finish_reason": s.finish_reason,
                          "text_events": s.text_events, "streamed_tokens": s.streamed_tokens,
                          "streamed_exact": s.exact, "reasoning_tokens": s.reasoning_tokens} for s in flat],
-        "checks": merge_checks([f for s in flat for f in request_checks(s, where, margin)]),
+        "checks": cell_checks(flat, where, margin),
     }
 
 
