@@ -20,7 +20,7 @@ from qwenquant.bench.longtext import INSTRUCTION, LongText
 from qwenquant.bench.rung import chat_request, max_num_seqs, request_record, served_max_len, stream_once
 from qwenquant.bench.runner import Target
 from qwenquant.bench.soak import Window, merge_windows, step_windows, verdict
-from qwenquant.bench.stream import Sample
+from qwenquant.bench.stream import Sample, chunk_tokens
 from qwenquant.bench.watch import ServerWatch
 from qwenquant.errors import UsageError
 from qwenquant.net.prometheus import SpecCounters, spec_counters
@@ -67,13 +67,8 @@ class Progress:
         self.scrapes.append((self.per_stream(), spec_counters(page)))
 
     def on_chunk(self, i: int, chunk: dict[str, Any]) -> None:
-        n = 0
-        for choice in chunk.get("choices") or []:
-            ids = choice.get("token_ids")
-            if isinstance(ids, list):
-                n += len(ids)
-            elif any((choice.get("delta") or {}).get(k) for k in ("content", "reasoning_content", "reasoning")):
-                n, self.approximate = n + 1, True  # one token per text chunk: a floor
+        n, exact = chunk_tokens(chunk)
+        self.approximate = self.approximate or (n > 0 and not exact)
         if not n:
             return
         with self.lock:

@@ -167,6 +167,20 @@ def _token_ids(chunk: dict[str, Any]) -> int | None:
     return sum(len(x) for x in lists) if lists else None
 
 
+def chunk_tokens(chunk: dict[str, Any]) -> tuple[int, bool]:
+    """(tokens one chunk carried, exact): its token ids where it has them, else one per choice with text (a floor)."""
+    n, exact = 0, True
+    for choice in chunk.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        ids = choice.get("token_ids")
+        if isinstance(ids, list):
+            n += len(ids)
+        elif _text_fields({"choices": [choice]}):
+            n, exact = n + 1, False
+    return n, exact
+
+
 def _reasoning_tokens(usage: dict[str, Any]) -> int | None:
     details = usage.get("completion_tokens_details")
     n = details.get("reasoning_tokens") if isinstance(details, dict) else None
