@@ -1,4 +1,4 @@
-"""Write the long-prompt text of `qwenquant bench --depth` / `--soak` (src/qwenquant/data/depthtext/):
+"""Write the long-prompt text of `qwenquant bench depth` / `soak` / `turns` (src/qwenquant/data/depthtext/):
 sources of a few Python standard-library modules that the tiny reference model was trained on
 (scripts/stdlib_corpus.py), read from this interpreter's stdlib (CPython 3.11), and the YAML that
 pins the text's sha256. The text is the Python Software Foundation's, under the PSF License v2.
@@ -40,7 +40,7 @@ def main() -> int:
                   "the Python Software Foundation License Version 2 (https://docs.python.org/3/license.html).",
     }
     (OUT / "depthtext.yaml").write_text(
-        "# The text `qwenquant bench --depth` and `--soak` prompt with (written by scripts/depth_text.py).\n"
+        "# The text `qwenquant bench depth`, `soak` and `turns` prompt with (written by scripts/depth_text.py).\n"
         + yaml.safe_dump(meta, sort_keys=False, width=100))
     print(f"{OUT / 'stdlib.txt'}: {len(text)} chars, sha256 {meta['sha256']}")
     return 0

@@ -13,6 +13,12 @@ In the test process: `with StandinServer() as s:` (loopback, port 0), switches a
   answers         prompt -> completion text (default " world")
   field           the delta field that carries streamed text: content | reasoning_content | reasoning
   hidden          streamed tokens of a reasoning phase with no text at all (counted in usage)
+  reasoning_details  usage carries completion_tokens_details.reasoning_tokens = hidden (as vLLM with a
+                  reasoning parser does)
+  usage_delta     usage counts this many completion tokens more (negative: fewer) than were streamed
+  cut_after       the stream ends after this many token chunks with no `[DONE]` (the connection closes)
+  hang_after      after this many token chunks no token comes again, only SSE keep-alive comments
+                  (`: ping`) every `ping` seconds
   usage           False: streams carry no usage (the client must refuse to guess)
   ttft, step      seconds before the first chunk, between chunks (scheduled on absolute times)
   tokens          completion tokens per stream (max_tokens when the request sets it)
@@ -96,6 +102,11 @@ class StandinServer:
         self.answers: dict[str, str] = {}
         self.field = "content"
         self.hidden = 0
+        self.reasoning_details = False
+        self.usage_delta = 0
+        self.cut_after: int | None = None
+        self.hang_after: int | None = None
+        self.ping = 0.05
         self.usage = True
         self.ttft = 0.05
         self.step = 0.02
@@ -225,6 +236,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
 
+    def _keepalive(self, limit: float = 30.0) -> None:
+        """SSE comments and no token, until the client goes away (or `limit` seconds pass)."""
+        end = time.perf_counter() + limit
+        while time.perf_counter() < end:
+            time.sleep(self.s.ping)
+            try:
+                data = b": ping\n\n"
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+            except OSError:
+                return
+        self.close_connection = True
+
     def _stream(self, body: dict[str, Any], rec: Record) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -235,6 +259,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
                      "usage": None})
         for i in range(n):
+            if i == self.s.cut_after:
+                self.close_connection = True
+                return
+            if i == self.s.hang_after:
+                self._keepalive()
+                return
             time.sleep(max(0.0, rec.recv + self.s.ttft + i * self.s.step - time.perf_counter()))
             # a hidden phase still sends chunks, with no text in any field
             delta = {} if i < self.s.hidden else {self.s.field: f"w{i} "}
@@ -243,8 +273,11 @@ class _Handler(BaseHTTPRequestHandler):
                 rec.first = time.perf_counter()
         self._event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
         if self.s.usage:
-            self._event({**base, "choices": [], "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": n,
-                                                           "total_tokens": n + PROMPT_TOKENS}})
+            usage: dict[str, Any] = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": n + self.s.usage_delta,
+                                     "total_tokens": n + self.s.usage_delta + PROMPT_TOKENS}
+            if self.s.reasoning_details:
+                usage["completion_tokens_details"] = {"reasoning_tokens": self.s.hidden}
+            self._event({**base, "choices": [], "usage": usage})
         self._event("[DONE]")
         rec.done, rec.tokens = time.perf_counter(), n
         self.wfile.write(b"0\r\n\r\n")

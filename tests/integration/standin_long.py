@@ -15,8 +15,17 @@ messages a request repeats from the one before as hits, off never hits, absent h
 Faults: `fail_depth` (a prompt of at least that many tokens) with `fail_mode` http (500) | oom (an
 out-of-memory line on stdout, the server log under `qwenquant serve`, then 500) | stall (no answer) |
 die (the process exits 3) | empty (no tokens), only the first `fail_count` such requests where set
-(part of a burst); `restart_after` (after that many generated tokens the
-process start time moves and the counters start again, as after a restart).
+(part of a burst), cut (two token chunks, then the connection closes with no `[DONE]`) | ping (SSE
+keep-alive comments every 50 ms and never a token); `restart_after` (after that many generated tokens
+the process start time moves and the counters start again, as after a restart). Counts that lie:
+`hidden` (the first that many tokens are generated, counted in usage, and never streamed, token ids
+included, as vLLM does for reasoning with include_reasoning off; `reasoning_details` adds usage's
+reasoning_tokens), `usage_delta` (usage counts that many completion tokens more, or fewer),
+`token_ids` False (no token ids even when asked), `usage_prompt_scale` (usage counts the prompt at
+that multiple of what /tokenize says), `short_by` (the stream ends, `[DONE]` and all, that many
+tokens before max_tokens; usage counts the streamed tokens plus `usage_delta`). `mtp` False: no
+speculative decoding (one token per chunk, the counters never move). `max_num_seqs`: listed on
+/v1/models when set.
 
 As vLLM: `python standin_long.py` takes standin.py's flags and --standin-fail-depth N,
 --standin-fail-mode M, --standin-max-model-len N, --standin-collapse-after N, --standin-fail-count N,
@@ -59,6 +68,12 @@ class LongStandin(StandinServer):
         self.fail_count: int | None = None  # only this many requests at fail_depth fail (a burst's first ones)
         self.prefix_cache = "on"  # on: hits for the messages a request repeats | off: no hits | absent: no counters
         self.cache = {"queries": 0, "hits": 0, "last": []}
+        self.reasoning_details = False
+        self.token_ids = True
+        self.usage_prompt_scale = 1.0
+        self.short_by = 0
+        self.max_num_seqs: int | None = None  # listed on /v1/models when set (vLLM does not list it)
+        self.mtp = True
 
     def prompt_tokens(self, body: dict[str, Any]) -> int:
         chars = sum(len(m.get("content") or "") for m in body.get("messages") or [])
@@ -93,6 +108,10 @@ class LongStandin(StandinServer):
             return True
 
     def spec_step(self, accepted: int) -> None:
+        if not self.mtp:
+            with self.lock:
+                self.generated += 1
+            return
         with self.lock:
             c = self.counters
             c.drafts, c.draft_tokens, c.accepted = c.drafts + 1, c.draft_tokens + 3, c.accepted + accepted
@@ -107,8 +126,11 @@ class _LongHandler(_Handler):
 
     def do_GET(self) -> None:
         if self.path == "/v1/models" and self._authorized():
-            self._send(200, {"object": "list", "data": [{"id": self.s.model, "object": "model", "root": self.s.root,
-                                                         "owned_by": "vllm", "max_model_len": self.s.max_model_len}]})
+            card = {"id": self.s.model, "object": "model", "root": self.s.root, "owned_by": "vllm",
+                    "max_model_len": self.s.max_model_len}
+            if self.s.max_num_seqs is not None:
+                card["max_num_seqs"] = self.s.max_num_seqs
+            self._send(200, {"object": "list", "data": [card]})
         elif self.path != "/v1/models":
             super().do_GET()
 
@@ -146,6 +168,18 @@ class _LongHandler(_Handler):
             self._send(500, {"error": {"message": "EngineCore encountered an issue (stand-in)", "code": 500}})
         elif mode == "stall":
             time.sleep(3600)
+        elif mode in ("cut", "ping"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            if mode == "ping":
+                self._keepalive()
+                return True
+            for i in range(2):
+                self._event({"id": "x", "object": "chat.completion.chunk", "model": self.s.model,
+                             "choices": [{"index": 0, "delta": {"content": f"w{i} "}, "token_ids": [i]}]})
+            self.close_connection = True
         elif mode == "die":
             print("standin: dying at depth", flush=True)
             os._exit(3)
@@ -157,10 +191,15 @@ class _LongHandler(_Handler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         base = {"id": "x", "object": "chat.completion.chunk", "model": self.s.model}
-        ids = bool(body.get("return_token_ids"))
+        ids = bool(body.get("return_token_ids")) and self.s.token_ids
+        n = max(0, n - self.s.short_by)
         done, steps = 0, []
         t0 = time.perf_counter() + self.s.ttft
-        if n:  # the prefill's token, as vLLM: no verify step
+        if n and self.s.hidden:  # generated and counted, never streamed (no chunk, no token ids)
+            done = min(n, self.s.hidden)
+            t0 += done * self.s.step
+            ids = False
+        if n and not done:  # the prefill's token, as vLLM: no verify step
             time.sleep(max(0.0, t0 - time.perf_counter()))
             choice0: dict[str, Any] = {"index": 0, "delta": {"content": "w "}, "finish_reason": None}
             self._event({**base, "choices": [{**choice0, "token_ids": [0]} if ids else choice0]})
@@ -168,7 +207,7 @@ class _LongHandler(_Handler):
         while done < n:
             time.sleep(max(0.0, t0 + len(steps) * self.s.step - time.perf_counter()))
             collapsed = self.s.collapse_after is not None and done >= self.s.collapse_after
-            a = min(0 if collapsed else self.s.accepted, max(0, n - done - 1))
+            a = min(0 if collapsed or not self.s.mtp else self.s.accepted, max(0, n - done - 1))
             self.s.spec_step(a)
             steps.append(a)
             choice: dict[str, Any] = {"index": 0, "delta": {"content": "w " * (a + 1)}, "finish_reason": None}
@@ -177,7 +216,11 @@ class _LongHandler(_Handler):
             self._event({**base, "choices": [choice]})
             done += a + 1
         self._event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
-        usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
+        shown = n + self.s.usage_delta
+        prompt = int(prompt * self.s.usage_prompt_scale)
+        usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": shown, "total_tokens": prompt + shown}
+        if self.s.reasoning_details:
+            usage["completion_tokens_details"] = {"reasoning_tokens": self.s.hidden}
         last: dict[str, Any] = {**base, "choices": [], "usage": usage}
         if self.s.per_request:
             last["metrics"] = {"speculative_decoding": {

@@ -1,4 +1,4 @@
-"""`qwenquant bench --depth --concurrency N` (bursts) and `bench --turns` (a conversation) against the
+"""`qwenquant bench depth --concurrency N` (bursts) and `bench turns` (a conversation) against the
 stand-in (tests/integration/standin_long.py). STAND-IN, not vLLM: no real vLLM fails a chosen number
 of a burst's requests, fails at a chosen depth of a conversation, or reports prefix-cache hits on
 demand (the real vLLM CPU server's burst and conversation are in test_bench_long_vllm.py)."""
@@ -20,7 +20,7 @@ from helpers import flat
 
 def _bench(tmp: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp / "r.json"
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", "--out", str(out), *args],
+    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", *args, "--out", str(out)],
                        env=env or {**os.environ, "QWENQUANT_NO_PROGRESS": "1"}, capture_output=True, text=True,
                        timeout=300)
     return r, out
@@ -33,7 +33,7 @@ def _errors(stderr: str) -> list[str]:
 def test_burst_sends_fresh_prompts_of_each_depth_at_once(tmp_path: Path) -> None:
     with LongStandin() as s:
         s.max_model_len, s.ttft = 4096, 0.3
-        r, out = _bench(tmp_path, s.url, "--depth", "--concurrency", "3", "--depths", "1024,2048", "--max-tokens", "16")
+        r, out = _bench(tmp_path, "depth", s.url, "--concurrency", "3", "--depths", "1024,2048", "--max-tokens", "16")
         bodies = list(s.bodies)
     assert r.returncode == 0, r.stderr
     rep = json.loads(out.read_text())
@@ -53,7 +53,7 @@ def test_burst_sends_fresh_prompts_of_each_depth_at_once(tmp_path: Path) -> None
 def test_a_burst_fails_when_any_of_its_requests_fails(tmp_path: Path) -> None:
     with LongStandin() as s:
         s.max_model_len, s.fail_depth, s.fail_count = 4096, 1500, 1
-        r, out = _bench(tmp_path, s.url, "--depth", "--concurrency", "3", "--depths", "1024,2048,4000")
+        r, out = _bench(tmp_path, "depth", s.url, "--concurrency", "3", "--depths", "1024,2048,4000")
     assert r.returncode == 8, r.stderr
     errors = _errors(r.stderr)
     assert len(errors) == 1, r.stderr
@@ -73,15 +73,16 @@ def served(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> d
 
 def test_a_burst_above_max_num_seqs_is_refused(served: dict[str, Path], tmp_path: Path) -> None:
     env = serve_env(served["launcher"], tmp_path)
-    r, _ = _bench(tmp_path, "--depth", "--serve", str(served["artifact"]), "--vllm", str(served["launcher"]),
+    r, _ = _bench(tmp_path, "depth", "--serve", str(served["artifact"]), "--vllm", str(served["launcher"]),
                   "--timeout", "60", "--concurrency", "999", "--", "--max-model-len", "4096", env=env)
     assert r.returncode == 2 and "--concurrency 999 is above the profile's max_num_seqs" in flat(r.stderr), r.stderr
+    assert "starting" not in r.stderr and "server pid" not in r.stderr  # refused before vLLM starts, not after
 
 
 def test_conversation_grows_until_the_context_is_full_and_reads_the_cache(tmp_path: Path) -> None:
     with LongStandin() as s:
         s.max_model_len = 3800
-        r, out = _bench(tmp_path, s.url, "--turns", "--turn-tokens", "1000", "--max-tokens", "32")
+        r, out = _bench(tmp_path, "turns", s.url, "--turn-tokens", "1000", "--max-tokens", "32")
         bodies = list(s.bodies)
     assert r.returncode == 0, r.stderr
     rep = json.loads(out.read_text())
@@ -103,7 +104,7 @@ def test_conversation_grows_until_the_context_is_full_and_reads_the_cache(tmp_pa
 def test_conversation_says_when_the_server_did_not_cache(tmp_path: Path, cache: str, says: str) -> None:
     with LongStandin() as s:
         s.max_model_len, s.prefix_cache = 3000, cache
-        r, out = _bench(tmp_path, s.url, "--turns", "--turn-tokens", "1000", "--max-tokens", "8")
+        r, out = _bench(tmp_path, "turns", s.url, "--turn-tokens", "1000", "--max-tokens", "8")
     assert r.returncode == 0, r.stderr
     assert says in flat(r.stderr) and json.loads(out.read_text())["prefix_cache"]["cached"] is not True
 
@@ -112,7 +113,7 @@ def test_conversation_says_when_the_server_did_not_cache(tmp_path: Path, cache: 
 def test_a_failing_turn_ends_the_conversation(tmp_path: Path, mode: str, says: str) -> None:
     with LongStandin() as s:
         s.max_model_len, s.fail_depth, s.fail_mode = 8192, 2500, mode
-        r, out = _bench(tmp_path, s.url, "--turns", "--turn-tokens", "1000", "--max-tokens", "16")
+        r, out = _bench(tmp_path, "turns", s.url, "--turn-tokens", "1000", "--max-tokens", "16")
     assert r.returncode == 8, r.stderr
     errors = _errors(r.stderr)
     assert len(errors) == 1 and "the conversation failed at turn 2 (" in errors[0] and says in errors[0], r.stderr
@@ -121,6 +122,7 @@ def test_a_failing_turn_ends_the_conversation(tmp_path: Path, mode: str, says: s
     assert f"deepest context that worked: {rep['turns'][1]['depth']}" in errors[0]
 
 
-def test_turns_with_concurrency_is_a_usage_error(tmp_path: Path) -> None:
-    r, _ = _bench(tmp_path, "http://127.0.0.1:9", "--turns", "--concurrency", "2")
-    assert r.returncode == 2 and "--concurrency 2 with --turns: the conversation is one user's" in flat(r.stderr)
+def test_turns_has_no_concurrency(tmp_path: Path) -> None:
+    """The conversation is one user's: `bench turns` takes no --concurrency (a burst is `bench depth --concurrency`)."""
+    r, _ = _bench(tmp_path, "turns", "http://127.0.0.1:9", "--concurrency", "2")
+    assert r.returncode == 2 and "No such option: --concurrency" in flat(r.stderr)

@@ -21,7 +21,7 @@ from helpers import flat
 
 def _bench(tmp: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp / "depth.json"
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", "--depth", "--out", str(out), *args],
+    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", "depth", "--out", str(out), *args],
                        env=env or {**os.environ, "QWENQUANT_NO_PROGRESS": "1"}, capture_output=True, text=True,
                        timeout=300)
     return r, out
@@ -67,7 +67,7 @@ def test_reuse_prefix_and_chosen_depths_without_tokenize(tmp_path: Path) -> None
     assert texts[1].startswith(texts[0][:-len("Continue the Python source above.") - 2][:2000])
 
 
-@pytest.mark.parametrize(("mode", "says"), [("http", "answered 500"), ("stall", "stalled: no byte from the server"),
+@pytest.mark.parametrize(("mode", "says"), [("http", "answered 500"), ("stall", "stalled: no token from the server"),
                                             ("empty", "empty output")])
 def test_a_failing_rung_ends_the_ladder(tmp_path: Path, mode: str, says: str) -> None:
     with LongStandin() as s:

@@ -1,4 +1,4 @@
-"""`qwenquant bench --depth` and `--soak` against the real vLLM (CPU build from .venv-vllm) serving
+"""`qwenquant bench depth`, `soak`, `turns` against the real vLLM (CPU build from .venv-vllm) serving
 the quantized tiny reference with MTP: one `qwenquant serve` for the module (the per-request
 speculative-decoding metrics on), the depth ladder to its max_model_len, one burst rung of 2 fresh
 prompts at once, a 3-turn conversation and a soak of 3584 generated tokens, read as a user reads
@@ -51,14 +51,14 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 def _bench(server, tmp: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     cli, env = server
     out = tmp / "r.json"
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", cli.url, *args, "--out", str(out)],
+    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", args[0], cli.url, *args[1:], "--out", str(out)],
                        env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
     return r, json.loads(out.read_text())
 
 
 def test_depth_ladder_to_max_model_len(server, tmp_path: Path) -> None:
-    r, rep = _bench(server, tmp_path, "--depth", "--max-tokens", "64")
+    r, rep = _bench(server, tmp_path, "depth", "--max-tokens", "64")
     assert rep["max_model_len"] == MAX_LEN and rep["depths"] == [1024, 2048, 4096, MAX_LEN - 64]
     assert rep["tokenize"] is True
     for rung in rep["rungs"]:  # the server's own count, at most 0.1% below the rung
@@ -69,15 +69,20 @@ def test_depth_ladder_to_max_model_len(server, tmp_path: Path) -> None:
         if rung["prompt_tokens"] + 64 <= POSITIONS:  # past them the drafter's drafts are not a measurement
             assert acc["per_position"][0] > 0, acc
     assert rep["last_ok_depth"] == rep["rungs"][-1]["prompt_tokens"] and rep["failure"] is None
+    # vLLM's token ids count every rung's tokens exactly, and usage agrees with them and with /tokenize
+    assert all(rung["streamed_exact"] and rung["streamed_tokens"] == 64 for rung in rep["rungs"]), rep["rungs"]
+    assert not [f for f in rep["flags"] if f["kind"] == "cross-check"], rep["flags"]
     assert Path(rep["png_path"]).read_bytes()[:4] == b"\x89PNG"
     print(r.stdout)
 
 
 def test_soak_with_mtp_windows_inside_the_models_positions(server, tmp_path: Path) -> None:
-    r, rep = _bench(server, tmp_path, "--soak", "--soak-tokens", str(SOAK), "--window", str(WINDOW))
-    assert rep["source"] == "per-request" and rep["verdict"] == {"status": "ok", "failures": [], "line": None}
+    r, rep = _bench(server, tmp_path, "soak", "--tokens", str(SOAK), "--window", str(WINDOW))
+    v = rep["verdict"]
+    assert rep["source"] == "per-request" and (v["status"], v["failures"], v["line"], v["flags"]) == ("ok", [], None, [])
     (stream,) = rep["streams"]
     assert stream["completion_tokens"] == SOAK and stream["finish_reason"] == "length" and stream["error"] is None
+    assert stream["streamed_exact"] and stream["streamed_tokens"] == SOAK
     wins = rep["windows"]
     assert len(wins) == SOAK // WINDOW and wins[-1]["end"] == SOAK
     for w in wins:  # a verify step belongs to the window of its first token: windows end at most 3 tokens late
@@ -89,7 +94,7 @@ def test_soak_with_mtp_windows_inside_the_models_positions(server, tmp_path: Pat
 
 
 def test_burst_of_two_fresh_prompts(server, tmp_path: Path) -> None:
-    r, rep = _bench(server, tmp_path, "--depth", "--depths", "1024", "--concurrency", str(MAX_SEQS),
+    r, rep = _bench(server, tmp_path, "depth", "--depths", "1024", "--concurrency", str(MAX_SEQS),
                     "--max-tokens", "16")
     (rung,) = rep["rungs"]
     assert rung["ok"] and rung["concurrency"] == MAX_SEQS and rung["failed"] == 0, rung
@@ -101,7 +106,7 @@ def test_burst_of_two_fresh_prompts(server, tmp_path: Path) -> None:
 
 def test_conversation_of_three_turns(server, tmp_path: Path) -> None:
     """1800-token user turns with 32-token answers: the fourth turn would pass 6144 - 32."""
-    r, rep = _bench(server, tmp_path, "--turns", "--turn-tokens", "1800", "--max-tokens", "32")
+    r, rep = _bench(server, tmp_path, "turns", "--turn-tokens", "1800", "--max-tokens", "32")
     turns = rep["turns"]
     assert [t["turn"] for t in turns] == [0, 1, 2] and all(t["ok"] for t in turns) and rep["failure"] is None, turns
     depths = [t["depth"] for t in turns]

@@ -1,4 +1,4 @@
-"""`qwenquant bench --soak` against the stand-in (tests/integration/standin_long.py): windows from the
+"""`qwenquant bench soak` against the stand-in (tests/integration/standin_long.py): windows from the
 per-request metrics and from /metrics scraped at window boundaries, and each verdict seen to fire.
 STAND-IN, not vLLM: no real vLLM collapses its acceptance, truncates a stream or restarts on demand
 (the real vLLM CPU server's soak is in test_bench_long_vllm.py)."""
@@ -22,7 +22,7 @@ TOKENS, WINDOW = 2000, 400
 
 def _soak(tmp: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp / "soak.json"
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", "--soak", "--soak-tokens", str(TOKENS), "--window",
+    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", "soak", "--tokens", str(TOKENS), "--window",
                         str(WINDOW), "--out", str(out), *args],
                        env=env or {**os.environ, "QWENQUANT_NO_PROGRESS": "1"}, capture_output=True, text=True,
                        timeout=300)
@@ -89,7 +89,7 @@ def test_empty_and_error_streams(tmp_path: Path) -> None:
     with LongStandin() as s:  # every prompt is "deep": the empty fault streams nothing
         s.fail_depth, s.fail_mode = 1, "empty"
         r, _ = _soak(tmp_path, s.url)
-    assert r.returncode == 8 and "stream 0 came back empty (window 0)" in _errors(r.stderr)[0]
+    assert r.returncode == 8 and "stream 0 came back empty (window 0" in _errors(r.stderr)[0]
     with LongStandin() as s:
         s.fail_depth, s.fail_mode = 1, "http"
         r, _ = _soak(tmp_path, s.url)
@@ -100,7 +100,7 @@ def test_soak_longer_than_the_context_is_a_usage_error(tmp_path: Path) -> None:
     with LongStandin() as s:
         s.max_model_len = 2048
         r, _ = _soak(tmp_path, s.url)
-    assert r.returncode == 2 and "--soak-tokens 2000 plus the prompt does not fit the server's max_model_len 2048" \
+    assert r.returncode == 2 and "--tokens 2000 plus the prompt does not fit the server's max_model_len 2048" \
         in flat(r.stderr)
 
 
@@ -116,6 +116,7 @@ def test_served_concurrency_above_max_num_seqs_and_a_dying_server_past_the_train
     base = ["--serve", str(served["artifact"]), "--vllm", str(served["launcher"]), "--timeout", "60"]
     r, _ = _soak(tmp_path, *base, "--concurrency", "2", "--", "--max-model-len", "4096", env=env)
     assert r.returncode == 2 and "--concurrency 2 is above the profile's max_num_seqs 1" in flat(r.stderr)
+    assert "starting" not in r.stderr and "server pid" not in r.stderr  # refused before vLLM starts, not after
     # above the tiny model's max_position_embeddings (4096): served because vLLM is told to allow it
     r, out = _soak(tmp_path, *base, "--", "--max-model-len", "8192", "--standin-fail-depth", "1",
                    "--standin-fail-mode", "die", env={**env, "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"})

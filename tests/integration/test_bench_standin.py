@@ -32,8 +32,9 @@ def _bench(url: str, tmp: Path, *extra: str) -> tuple[subprocess.CompletedProces
     cpath.write_text(yaml.safe_dump(cfg))
     out = tmp / "result.json"
     env = {**os.environ, "QWENQUANT_NO_PROGRESS": "1"}
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", *([url] if url else []), "--config", str(cpath), "--prompts",
-                        "narrative", "--sampling", "greedy", "--thinking", "off", "--out", str(out), *extra],
+    head, rest = (["run", url], extra) if url else ([extra[0]], extra[1:])  # no URL: the subcommand comes first
+    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", *head, "--config", str(cpath), "--prompts",
+                        "narrative", "--sampling", "greedy", "--thinking", "off", "--out", str(out), *rest],
                        env=env, capture_output=True, text=True, timeout=300)
     return r, out
 
@@ -70,14 +71,14 @@ def test_rates_and_ttft_whichever_field_carries_the_text(field: str, tmp_path: P
     assert acc["mean_acceptance_length"] == pytest.approx(3.0)
     assert acc["per_position"] == pytest.approx([0.9, 0.7, 0.4])
     assert acc["acceptance_rate"] == pytest.approx(20 / 30)
-    assert not [f for f in report["flags"] if f["kind"] == "instrument"], report["flags"]
+    assert not [f for f in report["flags"] if f["kind"] == "cross-check"], report["flags"]
     assert "wall tok/s" in r.stdout and "decode tok/s" in r.stdout
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_hidden_reasoning_phase_starts_the_clock_at_the_first_text(tmp_path: Path) -> None:
     """20 of 40 tokens think without streaming text: TTFT runs to the first text, usage counts all 40, and
-    the wall and decode rates disagree, which a non-thinking cell flags as an instrument problem."""
+    the wall and decode rates disagree, which is flagged (a cross-check, in every thinking setting)."""
     with StandinServer() as s:
         s.hidden = 20
         r, out = _bench(s.url, tmp_path, "--max-tokens", "40")
@@ -85,8 +86,8 @@ def test_hidden_reasoning_phase_starts_the_clock_at_the_first_text(tmp_path: Pat
     report = json.loads(out.read_text())
     cell = _check_against_server(report, s, WARMUP)
     assert cell["figures"]["ttft_s"]["median"] == pytest.approx(0.05 + 20 * 0.02, abs=0.03)
-    flags = [f for f in report["flags"] if f["kind"] == "instrument"]
-    assert [f["where"] for f in flags] == ["A narrative/greedy/think-off/c1"]
+    flags = [f for f in report["flags"] if f["kind"] == "cross-check"]
+    assert [(f["check"], f["where"]) for f in flags] == [("wall-vs-decode", "A narrative/greedy/think-off/c1")]
 
 
 def test_missing_usage_is_an_error_not_a_guess(tmp_path: Path) -> None:
@@ -115,7 +116,7 @@ def test_ladder_aggregate_and_too_good_line(tmp_path: Path) -> None:
         low.mkdir()
         (low / "cfg.yaml").write_text(yaml.safe_dump({**cfg, "warmup_requests": 0, "repeats": 1}))
         out2 = low / "r.json"
-        r2 = subprocess.run([sys.executable, "-m", "qwenquant", "bench", s.url, "--config", str(low / "cfg.yaml"),
+        r2 = subprocess.run([sys.executable, "-m", "qwenquant", "bench", "run", s.url, "--config", str(low / "cfg.yaml"),
                              "--prompts", "code", "--sampling", "greedy", "--thinking", "off", "--max-tokens", "10",
                              "--out", str(out2)], capture_output=True, text=True, timeout=120)
     assert r2.returncode == 0, r2.stderr
@@ -128,8 +129,8 @@ def test_compare_two_servers_in_rounds(tmp_path: Path) -> None:
     """A streams twice as fast as B: every round's decode ratio A/B is about 2, requests alternate A B A B."""
     with StandinServer() as a, StandinServer() as b:
         a.step, b.step = 0.01, 0.02
-        r, out = _bench("", tmp_path, "--max-tokens", "30", "--rounds", "2", "--compare",
-                        f"--label fast --url {a.url}", f"--label slow --url {b.url}")
+        r, out = _bench("", tmp_path, "compare", "--max-tokens", "30", "--rounds", "2", "--label-a", "fast",
+                        "--url-a", a.url, "--label-b", "slow", "--url-b", b.url)
         order = sorted([(rec.recv, "a") for rec in a.records] + [(rec.recv, "b") for rec in b.records])
     assert r.returncode == 0, r.stderr
     report = json.loads(out.read_text())

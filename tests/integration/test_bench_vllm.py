@@ -1,4 +1,4 @@
-"""`qwenquant bench --serve ... --compare` with the real vLLM (CPU build) serving the tiny artifact:
+"""`qwenquant bench compare --serve ...` with the real vLLM (CPU build) serving the tiny artifact:
 MTP on against MTP off, one server per configuration, rounds interleaved.
 
 The `constant` tiny model's MTP head always agrees with the target, so every drafted token is
@@ -26,11 +26,11 @@ def test_bench_compare_mtp_on_off(tmp_path: Path) -> None:
     require_vllm(LAUNCHER, ".venv-vllm")
     artifact = quantize_tiny_artifact(tmp_path, "constant", "text-only")
     out = tmp_path / "bench.json"
-    on = "--label mtp-on --profile single-user -- --max-model-len 2048"
-    off = "--label mtp-off --profile single-user -- --max-model-len 2048 --speculative-config null"
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", "--serve", str(artifact), "--vllm", str(LAUNCHER),
-                        "--compare", on, off, "--prompts", "quote", "--sampling", "greedy", "--max-tokens", "16",
-                        "--repeats", "2", "--rounds", "2", "--max-concurrency", "2", "--out", str(out)],
+    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", "compare", "--serve", str(artifact), "--vllm",
+                        str(LAUNCHER), "--profile", "single-user", "--label-a", "mtp-on", "--label-b", "mtp-off",
+                        "--vllm-arg-b=--speculative-config", "--vllm-arg-b=null", "--prompts", "quote", "--sampling", "greedy", "--max-tokens", "16",
+                        "--repeats", "2", "--rounds", "2", "--max-concurrency", "2", "--out", str(out),
+                        "--", "--max-model-len", "2048", "--max-num-seqs", "2"],  # the ladder's top runs at once
                        env=vllm_env(tmp_path), capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stderr[-4000:]
     report = json.loads(out.read_text())

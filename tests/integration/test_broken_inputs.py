@@ -100,13 +100,13 @@ def cases(b: dict[str, Path], repo_id: str) -> list[tuple[list[str], int]]:
         (["serve", s["empty"], "--dry-run"], 4),
         (["serve", s["bad-manifest"], "--dry-run"], 4),
         (["serve", s["truncated"], "--dry-run", "--profile", "single-user", "--profile", "batch"], 2),
-        (["bench"], 2),                                                      # nothing to measure
-        (["bench", "http://127.0.0.1:9", "--max-tokens", "4"], 8),            # no server there
-        (["bench", "http://127.0.0.1:9", "--compare", "--profile batch", "--label x"], 2),
-        (["bench", "--serve", s["manifested"], "--gpu-mem", "lots"], 2),     # the size serve and plan refuse
-        (["bench", "--serve", s["manifested"], "--device", "tpu"], 2),
+        (["bench", "run"], 2),                                               # nothing to measure
+        (["bench", "run", "http://127.0.0.1:9", "--max-tokens", "4"], 8),     # no server there
+        (["bench", "compare", "http://127.0.0.1:9", "--label-a", "x"], 2),   # compare's servers are --url-a/-b
+        (["bench", "run", "--serve", s["manifested"], "--gpu-mem", "lots"], 2),  # the size serve and plan refuse
+        (["bench", "depth", "--serve", s["manifested"], "--device", "tpu"], 2),
         # --gpu-mem-soft and an explicit share both set vLLM's share (beside the hard --gpu-mem it is kept)
-        (["bench", "--serve", s["manifested"], "--gpu-mem", "24GiB", "--gpu-mem-soft", "--",
+        (["bench", "run", "--serve", s["manifested"], "--gpu-mem", "24GiB", "--gpu-mem-soft", "--",
           "--gpu-memory-utilization", "0.5"], 2),
         (["serve", s["truncated"], "--dry-run", "--gpu-mem", "24GiB", "--gpu-mem-soft", "--",
           "--gpu-memory-utilization", "0.5"], 2),

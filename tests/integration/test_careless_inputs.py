@@ -80,13 +80,13 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
         ("usage", ["serve", missing, "--dry-run"]), ("usage", ["publish", missing, "--repo", "a/b", "--dry-run"]),
         ("usage", ["graft-mtp", missing, "--source", src]), ("usage", ["graft-mtp", art, "--source", missing]),
         ("usage", ["quantize", missing, *out]), ("usage", ["eval", missing, "--reference", src]),
-        ("usage", ["eval", art, "--reference", missing]), ("usage", ["bench", "--serve", missing]),
+        ("usage", ["eval", art, "--reference", missing]), ("usage", ["bench", "run", "--serve", missing]),
         ("usage", ["eval", "--serve", missing]), ("usage", ["verify", f"{t}/notes.txt"]),
         ("usage", ["fetch", "--offline", "--out", missing]),
         # usage: values
         ("usage", ["plan", str(REAL_CONFIG), "--gpu-mem", "abc"]), ("usage", ["serve", art, "--port", "70000", "--dry-run"]),
-        ("usage", ["serve", art, "--gpu-mem", "0", "--dry-run"]), ("usage", ["bench", "127.0.0.1:8000"]),
-        ("usage", ["bench", DEAD, "--max-tokens", "0"]), ("usage", ["eval", "--served", "localhost:8000"]),
+        ("usage", ["serve", art, "--gpu-mem", "0", "--dry-run"]), ("usage", ["bench", "run", "127.0.0.1:8000"]),
+        ("usage", ["bench", "depth", DEAD, "--max-tokens", "0"]), ("usage", ["eval", "--served", "localhost:8000"]),
         ("usage", ["eval", "--served", "http://127.0.0.1:99999"]), ("usage", ["quantize", src, "--device", "tpu", *out]),
         ("usage", ["fetch", "not a repo id!", *out]), ("usage", ["recipe", "show", "no-such-recipe"]),
         # input-file: files given to read, paths to write
@@ -99,14 +99,14 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
         ("input-file", ["eval", "--served", DEAD, "--gate", f"{t}/badgate.json"]),
         ("input-file", ["eval", "--served", DEAD, "--gate", f"{t}/gate-nocases.json"]),
         ("input-file", ["eval", art, "--reference", src, "--report", f"{missing}/r.json"]),
-        ("input-file", ["bench", DEAD, "--out", f"{missing}/b.json"]),
+        ("input-file", ["bench", "soak", DEAD, "--out", f"{missing}/b.json"]),
         ("input-file", ["quantize", src, "--out", f"{art}/q", "--recipe", "tiny-reference"]),
         ("input-file", ["quantize", src, "--out", f"{t}/q", "--work", f"{t}/q", "--recipe", "tiny-reference"]),
         ("input-file", ["quantize", src, "--out", f"{t}/q", "--work", f"{src}/w", "--recipe", "tiny-reference"]),
         ("input-file", ["recipe", "validate", f"{t}/bad.yaml"]),
         # a folder nothing can be written in (/proc: read-only for root too)
         ("input-file", ["quantize", src, "--recipe", "tiny-reference", "--out", "/proc/qwenquant-careless/q"]),
-        ("input-file", ["bench", DEAD, "--out", "/proc/qwenquant-careless.json"]),
+        ("input-file", ["bench", "turns", DEAD, "--out", "/proc/qwenquant-careless.json"]),
         ("input-file", ["eval", art, "--reference", src, "--report", "/proc/qwenquant-careless.json"]),
         # record: bytes that differ from their record
         ("record", ["verify", m["tampered"]]), ("record", ["eval", m["tampered"], "--reference", src]),
@@ -121,7 +121,7 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
         # check, serve/plan, measure
         ("check", ["check", src]),
         ("serve", ["plan", str(REAL_CONFIG), "--gpu-mem", "8GiB"]),
-        ("measure", ["bench", DEAD, "--max-tokens", "4"]),
+        ("measure", ["bench", "run", DEAD, "--max-tokens", "4"]),
         ("measure", ["eval", "--served", DEAD]),
     ]
 

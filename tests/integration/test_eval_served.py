@@ -99,7 +99,7 @@ def _bench_acceptance(url: str, tmp_path: Path) -> dict:
     cfg.update(warmup_requests=1, repeats=2)
     (tmp_path / "bench.yaml").write_text(yaml.safe_dump(cfg))
     out = tmp_path / "bench.json"
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", url, "--config", str(tmp_path / "bench.yaml"),
+    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", "run", url, "--config", str(tmp_path / "bench.yaml"),
                         "--prompts", "narrative", "--sampling", "greedy", "--thinking", "off", "--max-tokens", "8",
                         "--out", str(out)], capture_output=True, text=True, timeout=120, cwd=REPO,
                        env=dict(os.environ, QWENQUANT_NO_PROGRESS="1"))

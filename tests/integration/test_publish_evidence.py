@@ -289,11 +289,11 @@ def test_bench_depth_soak_and_turns_reports_go_on_the_card_as_the_profiles_evide
     target = {"label": "tiny", "url": "http://127.0.0.1:8000", "model": "tiny", "artifact_root_digest": root,
               "profile": "single-user", "device": "cpu", "vllm_version": "0.26.0"}
     runs = {
-        "depth": {"tool": "qwenquant bench --depth", "max_model_len": 4096, "concurrency": 1, "last_ok_depth": 4032,
+        "depth": {"tool": "qwenquant bench depth", "max_model_len": 4096, "concurrency": 1, "last_ok_depth": 4032,
                   "failure": None, "rungs": []},
-        "turns": {"tool": "qwenquant bench --turns", "max_model_len": 4096, "last_ok_turn": 3, "last_ok_depth": 3900,
+        "turns": {"tool": "qwenquant bench turns", "max_model_len": 4096, "last_ok_turn": 3, "last_ok_depth": 3900,
                   "failure": None, "turns": []},
-        "soak": {"tool": "qwenquant bench --soak", "max_model_len": 4096, "concurrency": 1, "soak_tokens": 2000,
+        "soak": {"tool": "qwenquant bench soak", "max_model_len": 4096, "concurrency": 1, "soak_tokens": 2000,
                  "verdict": {"status": "ok", "failures": [], "line": None}, "windows": []},
     }
     paths = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from qwenquant.bench.gpu import parse_samples, summarize
-from qwenquant.bench.launch import parse_config
+from qwenquant.bench.launch import ConfigSpec
 from qwenquant.bench.metrics import acceptance
 from qwenquant.bench.rates import ratio_spread, sample_figures
 from qwenquant.bench.stream import Sample, read_stream, sse_events
@@ -71,17 +71,13 @@ def test_acceptance_from_metrics_deltas() -> None:
                                                                           "counters": False}
 
 
-def test_configuration_strings() -> None:
-    c = parse_config("--label off --profile single-user --gpu-mem=24GiB -- --speculative-config null", "B")
-    assert (c.label, c.profile, c.gpu_mem, c.extra) == ("off", "single-user", "24GiB", ("--speculative-config", "null"))
-    assert parse_config("--url http://h:1", "A").url == "http://h:1"
-    assert parse_config("--label tp2 --gpus 2 --gpu-mem 24GiB", "A").gpus == 2 and c.gpus is None
-    with pytest.raises(UsageError, match="--gpus wants a GPU count"):
-        parse_config("--gpus two", "A")
-    with pytest.raises(UsageError, match="unknown option '--max-num-seqs'"):
-        parse_config("--profile batch --max-num-seqs 4", "A")
-    with pytest.raises(UsageError, match="names a --url and serve options"):
-        parse_config("--url http://h:1 -- --x", "A")
+def test_configurations_are_typed() -> None:
+    """A configuration is built from typed options, never parsed from a string; the report records it as options."""
+    c = ConfigSpec("off", profile="single-user", gpu_mem="24GiB", extra=("--speculative-config", "null"))
+    assert c.text == "--profile single-user --gpu-mem 24GiB -- --speculative-config null"
+    assert ConfigSpec("A", url="http://h:1").text == "--url http://h:1"
+    with pytest.raises(UsageError, match="names a URL and serve options"):
+        ConfigSpec("A", url="http://h:1", profile="batch")
 
 
 def test_ladder_and_cells() -> None:

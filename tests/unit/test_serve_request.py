@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from qwenquant.bench.launch import config_request, config_requests, parse_config
+from qwenquant.bench.launch import ConfigSpec, config_request, config_requests
 from qwenquant.errors import UsageError
 from qwenquant.serve.launched import on_free_port
 from qwenquant.serve.request import ServeRequest
@@ -40,22 +40,22 @@ def test_free_port_unless_one_is_named() -> None:
 
 def test_bench_configuration_request() -> None:
     base = ServeRequest(Path("art"), profile="batch", gpu_mem="24GiB", gpus=2, vllm="v.json", api_key="k")
-    cfg = parse_config("--label off -- --speculative-config null", "B")
+    cfg = ConfigSpec("off", extra=("--speculative-config", "null"))
     r = config_request(base, cfg, Path("logs"))
     assert (r.profile, r.gpu_mem, r.gpus, r.extra, r.label) == (None, None, 2, ("--speculative-config", "null"), "off")
     assert (r.vllm, r.api_key, r.log_file) == ("v.json", "k", Path("logs/server-off.log"))
-    one = config_request(base, parse_config("--gpus 1 --profile single-user", "A"), None)
+    one = config_request(base, ConfigSpec("A", gpus=1, profile="single-user"), None)
     assert (one.gpus, one.profile_name, one.log_file) == (1, "single-user", None)
     soft = base.replace(gpu_mem_soft=True)
-    assert config_request(soft, parse_config("--gpu-mem 24GiB", "A"), None).gpu_mem_soft
+    assert config_request(soft, ConfigSpec("A", gpu_mem="24GiB"), None).gpu_mem_soft
     assert not config_request(soft, cfg, None).gpu_mem_soft  # no --gpu-mem there: nothing to soften
 
 
 def test_servers_side_by_side_each_leave_room_for_the_later_ones() -> None:
-    """bench --compare keeps both servers up: under the hard limit the first ballast also leaves the
+    """bench compare keeps both servers up: under the hard limit the first ballast also leaves the
     second server's 20 GiB free; the second leaves its own; a soft configuration has no ballast."""
     base = ServeRequest(Path("art"))
-    a, b = parse_config("--label a --gpu-mem 24GiB", "A"), parse_config("--label b --gpu-mem 20GiB", "B")
+    a, b = ConfigSpec("a", gpu_mem="24GiB"), ConfigSpec("b", gpu_mem="20GiB")
     ra, rb = config_requests(base, [a, b], None)
     assert (ra.ballast_reserve, rb.ballast_reserve) == (20 * 2**30, 0) and ra.hard_limit and rb.hard_limit
     soft = config_requests(ServeRequest(Path("art"), gpu_mem="24GiB", gpu_mem_soft=True), [a, b], None)

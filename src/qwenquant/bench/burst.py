@@ -1,4 +1,4 @@
-"""`qwenquant bench --depth --concurrency N`: each rung a burst of N fresh prompts of its depth, sent
+"""`qwenquant bench depth --concurrency N`: each rung a burst of N fresh prompts of its depth, sent
 at the same instant (a barrier releases the N streams together).
 
 Every request of a burst has a first line of its own (rung, request, depth, run nonce) and starts at
@@ -17,21 +17,21 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from qwenquant.bench import metrics
-from qwenquant.bench.depth import DepthOptions, FirstToken, PromptFitter, RungResult, _empty, _figures, chat_request
+from qwenquant.bench import metrics, rung
 from qwenquant.bench.gpu import MemoryPeak
+from qwenquant.bench.rates import sample_figures
 from qwenquant.bench.runner import Target
-from qwenquant.bench.stream import Sample, stream_chat
+from qwenquant.bench.stream import Sample
 from qwenquant.bench.watch import ServerWatch
-from qwenquant.errors import BenchError, UsageError
-from qwenquant.net.prometheus import spec_counters
+from qwenquant.errors import UsageError
 
 
-def check_concurrency(concurrency: int, max_num_seqs: int | None) -> None:
-    """A burst wider than the profile's max_num_seqs would queue, not burst: refused."""
+def check_concurrency(concurrency: int, max_num_seqs: int | None, option: str = "--concurrency") -> None:
+    """Streams beyond what the server runs at once (its profile's max_num_seqs) would queue, not run at
+    once: refused (exit 2)."""
     if max_num_seqs is not None and concurrency > max_num_seqs:
-        raise UsageError(f"--concurrency {concurrency} is above the profile's max_num_seqs {max_num_seqs}",
-                         hint=f"use --concurrency {max_num_seqs} or less")
+        raise UsageError(f"{option} {concurrency} is above the profile's max_num_seqs {max_num_seqs}: the server "
+                         f"would queue the rest", hint=f"use {option} {max_num_seqs} or less")
 
 
 def burst_header(index: int, request: int, depth: int, nonce: str) -> str:
@@ -63,20 +63,14 @@ def burst_failure(n: int, reasons: list[str | None]) -> str | None:
     return f"{len(bad)} of {n} requests failed: {bad[0]}"
 
 
-def _one(t: Target, msgs: list[dict[str, str]], opts: DepthOptions, gate: threading.Barrier) -> tuple[Sample | None, str | None]:
-    first = FirstToken()
-    try:
-        gate.wait()
-        s = first.apply(stream_chat(t.url, chat_request(t, msgs, opts), api_key=t.api_key,
-                                    timeout=opts.stall_timeout, on_chunk=first))
-    except BenchError as e:
-        return None, (f"stalled: no byte from the server for {opts.stall_timeout:g} s" if "timed out" in e.message
-                      else e.message)
-    return s, _empty(s, first.ids)
+def _one(t: Target, msgs: list[dict[str, str]], opts: rung.DepthOptions, gate: threading.Barrier) -> tuple[Sample | None, str | None]:
+    gate.wait()
+    s, why = rung.stream_once(t, rung.chat_request(t, msgs, opts.output_tokens, opts.thinking), opts.stall_timeout)
+    return s, why or (rung.empty_failure(s) if s else None)
 
 
-def run_burst_rung(t: Target, watch: ServerWatch, fitter: PromptFitter, depth: int, index: int, nonce: str,
-                   opts: DepthOptions) -> RungResult:
+def run_burst_rung(t: Target, watch: ServerWatch, fitter: rung.PromptFitter, depth: int, index: int, nonce: str,
+                   opts: rung.DepthOptions) -> rung.RungResult:
     """One rung of N requests at once; a failure is recorded, never raised."""
     n = opts.concurrency
     fitted = [fitter.fit(depth, burst_header(index, j, depth, nonce), start=index * 7919 + j * 104729)
@@ -91,23 +85,17 @@ def run_burst_rung(t: Target, watch: ServerWatch, fitter: PromptFitter, depth: i
     rec["gpu_memory"] = mem.result
     after = metrics.scrape(t.url, t.api_key)
     samples = [s for s, _ in results if s is not None]
-    rec["requests"] = [{**(_figures(s) if s else {}), "failure": why} for s, why in results]
+    rec["requests"] = [{**(rung.request_record(s, f"depth {depth}") if s else {}), "failure": why}
+                       for j, (s, why) in enumerate(results)]
     rec.update(_burst_figures(samples))
-    if before is not None and after is not None:
-        rec["acceptance"] = metrics.acceptance(spec_counters(after).minus(spec_counters(before)))
-    else:
-        rec["acceptance"] = {"metrics_page": False, "speculative": None}
-    failure = burst_failure(n, [why for _, why in results])
+    rec["acceptance"] = rung.acceptance_between(before, after)
     rec["failed"] = sum(1 for _, why in results if why)
-    why = watch.supervised() or watch.seen_page(after)
-    if failure and why is None:
-        why = watch.problem()
-    return RungResult(depth, rec, f"{failure}; {why}" if failure and why else (why or failure))
+    return rung.RungResult(depth, rec, rung.with_server_state(watch, burst_failure(n, [why for _, why in results]), after))
 
 
 def _burst_figures(samples: list[Sample]) -> dict[str, Any]:
     """The rung's figures: TTFT the slowest request's (the burst's), rates the median request's."""
-    figs = [_figures(s) for s in samples]
+    figs = [sample_figures(s) for s in samples]
     ttft = spread3([f["ttft_s"] for f in figs if f.get("ttft_s") is not None])
     decode = spread3([f["decode_tok_s"] for f in figs if f.get("decode_tok_s") is not None])
     wall = spread3([f["wall_tok_s"] for f in figs if f.get("wall_tok_s") is not None])

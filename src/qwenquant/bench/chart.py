@@ -1,4 +1,4 @@
-"""Line charts of `bench --depth` and `bench --soak` as one PNG of stacked panels (Pillow, like plot.py):
+"""Line charts of `bench depth` and `bench soak` as one PNG of stacked panels (Pillow, like plot.py):
 series are drawn against a shared numeric x axis (log2-spaced for depths)."""
 
 from __future__ import annotations

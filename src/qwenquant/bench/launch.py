@@ -1,14 +1,10 @@
 """Configurations under test, and servers for them started through qwenquant's own serve machinery.
 
-A configuration is one string of options, as on the command line:
-  "--profile single-user"                                  serve the artifact with this profile (the default)
-  "--profile single-user --gpu-mem 24GiB -- --speculative-config null"   vLLM flags after `--`
-  "--url http://host:8000"                                 an already running server
-  "--label mtp-off ..."                                    the name the report uses
-  "--gpus 2 --gpu-mem 24GiB"                               2 GPUs, split as serve --gpus 2 splits them
-  "--gpus 2 --split pipeline"                              pipeline parallelism over 2 GPUs (serve --split)
-With --serve, each configuration gets its own server (on its own free port unless `-- --port N`
-is given); all of them stay up for the whole run so rounds can alternate between them.
+A configuration is typed, from the options of `bench run` (one) or `bench compare` (two: --label-a,
+--profile-a, --gpu-mem-a, --url-a, --vllm-arg-a and the same for B): a running server (`url`), or a
+serve profile with its --gpu-mem, --gpus and extra vLLM flags. With --serve, each configuration gets
+its own server (on its own free port unless `-- --port N` is given); all of them stay up for the
+whole run so rounds can alternate between them.
 """
 
 from __future__ import annotations
@@ -23,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qwenquant.bench.runner import Target
-from qwenquant.errors import BenchError, UsageError
+from qwenquant.errors import UsageError
 
 if TYPE_CHECKING:
     from qwenquant.serve.request import ServeRequest
@@ -36,7 +32,6 @@ class ConfigSpec:
     """One configuration: a running server (`url`) or a serve profile plus extra vLLM flags."""
 
     label: str
-    text: str
     url: str | None = None
     profile: str | None = None
     gpu_mem: str | None = None
@@ -44,43 +39,21 @@ class ConfigSpec:
     gpus: int | None = None  # None: the command line's --gpus (1 unless given)
     split: str | None = None  # None: the command line's --split (from the GPUs' link unless given)
 
+    def __post_init__(self) -> None:
+        if self.url and (self.profile or self.extra or self.gpu_mem or self.gpus or self.split):
+            raise UsageError(f"configuration {self.label} names a URL and serve options",
+                             hint="a running server cannot be re-configured: give it either a URL or a profile")
 
-def parse_config(text: str, default_label: str) -> ConfigSpec:
-    """Read one configuration string (see the module docstring)."""
-    try:
-        words = shlex.split(text)
-    except ValueError as e:
-        raise UsageError(f"cannot read the configuration {text!r}: {e}", hint="check its quoting") from None
-    extra: list[str] = []
-    if "--" in words:
-        i = words.index("--")
-        words, extra = words[:i], words[i + 1:]
-    opts = {"--url": None, "--profile": None, "--gpu-mem": None, "--label": None, "--gpus": None,
-            "--split": None}
-    i = 0
-    while i < len(words):
-        name, eq, val = words[i].partition("=")
-        if name not in opts:
-            raise UsageError(f"unknown option {name!r} in the configuration {text!r}",
-                             hint="a configuration takes --url, --profile, --gpu-mem, --gpus, --split, --label, then "
-                                  "`-- vLLM flags`")
-        if not eq:
-            if i + 1 >= len(words):
-                raise UsageError(f"{name} needs a value in the configuration {text!r}", hint=f"write {name} VALUE")
-            val, i = words[i + 1], i + 1
-        opts[name] = val
-        i += 1
-    if opts["--url"] and (opts["--profile"] or extra or opts["--gpu-mem"] or opts["--gpus"] or opts["--split"]):
-        raise UsageError(f"the configuration {text!r} names a --url and serve options",
-                         hint="a running server cannot be re-configured: give either --url or --profile")
-    gpus = opts["--gpus"]
-    if gpus is not None and (not gpus.isdigit() or int(gpus) < 1):
-        raise UsageError(f"--gpus wants a GPU count in the configuration {text!r}, got {gpus!r}", hint="e.g. --gpus 2")
-    if opts["--split"] not in (None, "tensor", "pipeline"):
-        raise UsageError(f"unknown --split {opts['--split']!r} in the configuration {text!r}",
-                         hint="use tensor or pipeline")
-    return ConfigSpec(opts["--label"] or default_label, text, opts["--url"], opts["--profile"], opts["--gpu-mem"],
-                      tuple(extra), int(gpus) if gpus else None, opts["--split"])
+    @property
+    def text(self) -> str:
+        """The configuration as the options that give it (for the report)."""
+        if self.url:
+            return f"--url {self.url}"
+        parts = [f"--profile {self.profile}" if self.profile else "", f"--gpu-mem {self.gpu_mem}" if self.gpu_mem else "",
+                 f"--gpus {self.gpus}" if self.gpus and self.gpus > 1 else "",
+                 f"--split {self.split}" if self.split else "",
+                 ("-- " + shlex.join(self.extra)) if self.extra else ""]
+        return " ".join(p for p in parts if p)
 
 
 def template_reads_thinking(artifact: Path) -> bool | None:
@@ -95,6 +68,22 @@ def template_reads_thinking(artifact: Path) -> bool | None:
     if isinstance(tmpl, list):  # named templates
         tmpl = " ".join(str(t.get("template", "")) for t in tmpl if isinstance(t, dict))
     return "enable_thinking" in tmpl if isinstance(tmpl, str) else None
+
+
+def planned_max_num_seqs(base: ServeRequest, cfg: ConfigSpec) -> int | None:
+    """The max-num-seqs a configuration's server will run with (its profile, as its vLLM flags override
+    it), read from the artifact's manifest before any server starts; None when it cannot be read here
+    (the preflight then says why)."""
+    from qwenquant.errors import QwenquantError
+    from qwenquant.manifest import load_manifest
+    from qwenquant.plan.settings import recipe_from_manifest
+    from qwenquant.serve.argv import apply_extra
+
+    try:
+        profile = recipe_from_manifest(load_manifest(Path(base.artifact))).profile(cfg.profile or base.profile_name)
+        return int(apply_extra(profile, cfg.extra).max_num_seqs)
+    except (QwenquantError, OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def config_request(base: ServeRequest, cfg: ConfigSpec, log_dir: Path | None) -> ServeRequest:
@@ -137,8 +126,8 @@ def url_targets(configs: Sequence[ConfigSpec], api_key: str | None, model: str |
     out = []
     for cfg in configs:
         if not cfg.url:
-            raise BenchError(f"the configuration {cfg.text!r} names no --url and no artifact is served",
-                             hint="pass --serve ARTIFACT, or give each configuration a --url")
+            raise UsageError(f"configuration {cfg.label} names no URL and no artifact is served",
+                             hint="pass --serve ARTIFACT, or give each configuration a URL (--url-a, --url-b)")
         url = cfg.url.rstrip("/")
         url = url[:-3] if url.endswith("/v1") else url  # the client adds /v1/... and /metrics itself
         out.append(Target(cfg.label, url, model=model, api_key=api_key, info={"config": cfg.text}))

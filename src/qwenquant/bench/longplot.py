@@ -1,4 +1,4 @@
-"""The PNGs of `bench --depth` (rates and acceptance against depth) and `bench --soak` (acceptance
+"""The PNGs of `bench depth` (rates and acceptance against depth) and `bench soak` (acceptance
 against generated tokens), from their reports (the series are pure)."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def depth_series(report: dict[str, Any]) -> list[Panel]:
 
 def depth_png(report: dict[str, Any], path: Path) -> None:
     fail = report.get("failure")
-    title = "qwenquant bench --depth: rates and MTP acceptance against prompt depth" + (
+    title = "qwenquant bench depth: rates and MTP acceptance against prompt depth" + (
         f" (failed at {fail['depth']})" if fail else "")
     write_chart(path, title, "prompt tokens (counted by the server)", depth_series(report), log2x=True)
 
@@ -44,5 +44,5 @@ def soak_series(report: dict[str, Any]) -> list[Panel]:
 
 
 def soak_png(report: dict[str, Any], path: Path) -> None:
-    title = f"qwenquant bench --soak: MTP acceptance per {report['window']}-token window ({report['verdict']['status']})"
+    title = f"qwenquant bench soak: MTP acceptance per {report['window']}-token window ({report['verdict']['status']})"
     write_chart(path, title, "generated tokens per stream", soak_series(report))

@@ -1,4 +1,4 @@
-"""The long prompts of `bench --depth` and `bench --soak` (pure but for reading the shipped text).
+"""The long prompts of `bench depth` and `bench soak` (pure but for reading the shipped text).
 
 The text is shipped and pinned (data/depthtext/: Python standard-library sources, PSF License v2,
 written by scripts/depth_text.py; its sha256 is in depthtext.yaml and checked on load), so a depth

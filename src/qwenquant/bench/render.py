@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from qwenquant.bench.checks import flag_line
 from qwenquant.bench.table import sections
 from qwenquant.console import console, stdout
 
@@ -24,6 +25,7 @@ def print_report(report: dict[str, Any]) -> None:
         for r in rows:
             table.add_row(*(Text(c) for c in r))  # plain text: "[min-max]" is not markup
         out.print(table)
+    print_flags(report)
     gpu = report.get("gpu") or {}
     if gpu.get("sampled"):
         sm = gpu.get("sm_mhz") or {}
@@ -32,6 +34,13 @@ def print_report(report: dict[str, Any]) -> None:
     else:
         console.print(f"GPU: {gpu.get('why', 'not sampled')}")
     console.print(f"json: {report.get('json_path')}" + (f"  plot: {report['png_path']}" if report.get("png_path") else ""))
+
+
+def print_flags(report: dict[str, Any]) -> None:
+    """One line per cross-check flag (a disagreement is never silent); figures beyond a line are in the table."""
+    for f in report.get("flags") or []:
+        if f.get("kind") == "cross-check":
+            console.print(flag_line(f), markup=False, highlight=False)
 
 
 def _num(v: Any, fmt: str) -> str:
@@ -107,6 +116,7 @@ def print_turns(report: dict[str, Any]) -> None:
                   "prefix-cache hits/queries", "decode tok/s", "acceptance per position", "GPU peak MiB", "status"],
                  turns_rows(report))
     console.print(cache_line(report["prefix_cache"]))
+    print_flags(report)
     fail = report.get("failure")
     console.print(f"deepest context that worked: {report.get('last_ok_depth')} tokens"
                   + (f"; failed at turn {fail['turn']} ({fail['depth']} tokens): {fail['reason']}" if fail else ""))
@@ -135,7 +145,7 @@ def print_depth(report: dict[str, Any]) -> None:
                      ["depth", "prompt tokens", "TTFT s", "prefill tok/s", "wall tok/s", "decode tok/s",
                       "acceptance per position", "GPU peak MiB", "status"], depth_rows(report))
     for f in report.get("flags") or []:
-        console.print(f"flag {f['kind']}: {f['where']} {f['figure']} {f['value']:.4g} beyond the line {f['line']:.4g}")
+        console.print(flag_line(f), markup=False, highlight=False)
     fail = report.get("failure")
     console.print(f"deepest prompt that worked: {report.get('last_ok_depth')} tokens"
                   + (f"; failed at {fail['depth']}: {fail['reason']}" if fail else ""))
@@ -156,8 +166,10 @@ def print_soak(report: dict[str, Any]) -> None:
                  ["window", "generated tokens", "drafts", "acceptance rate", "mean acceptance length",
                   "per position"], soak_rows(report))
     for i, s in enumerate(report["streams"]):
-        console.print(f"stream {i}: {s.get('completion_tokens', 0)} tokens, finish {s.get('finish_reason')}, "
+        console.print(f"stream {i}: {s.get('completion_tokens', 0)} tokens by usage, {s.get('streamed_tokens')} "
+                      f"streamed{'' if s.get('streamed_exact') else ' (at least)'}, finish {s.get('finish_reason')}, "
                       f"decode {_num(s.get('decode_tok_s'), '.1f')} tok/s" + (f", error: {s['error']}" if s["error"] else ""))
+    print_flags(report)
     v = report["verdict"]
-    console.print(f"verdict: {v['status']}" + (f": {v['line']}" if v["line"] else ""))
+    console.print(f"verdict: {v['status']}" + (f": {v['line']}" if v["line"] else ""), markup=False, highlight=False)
     console.print(f"json: {report.get('json_path')}" + (f"  plot: {report['png_path']}" if report.get("png_path") else ""))

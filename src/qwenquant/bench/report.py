@@ -6,20 +6,20 @@ import statistics
 from typing import Any
 
 from qwenquant.bench import metrics
+from qwenquant.bench.checks import cell_checks
+from qwenquant.bench.output import SCHEMA_VERSION
 from qwenquant.bench.rates import (
     FIGURES,
     cell_figures,
     ratio_spread,
     sample_figures,
     spread,
-    wall_decode_gap,
     wave_aggregate,
 )
 from qwenquant.bench.runner import TargetRun
 from qwenquant.bench.stream import Sample
 from qwenquant.bench.workload import BenchConfig, Cell
 
-SCHEMA_VERSION = 1
 RATE_LINES = {"wall_tok_s": "wall_tok_s", "decode_tok_s": "decode_tok_s", "prefill_tok_s": "prefill_tok_s"}
 
 
@@ -33,7 +33,7 @@ def _round_medians(rounds: list[list[Sample]]) -> dict[str, list[float | None]]:
     return {k: [_median([p[k] for p in r]) for r in per] for k in FIGURES}
 
 
-def _cell_report(cell: Cell, rounds: list[list[Sample]]) -> dict[str, Any]:
+def _cell_report(cell: Cell, rounds: list[list[Sample]], where: str, margin: float) -> dict[str, Any]:
     flat = [s for r in rounds for s in r]
     figs = cell_figures(flat)
     fields: dict[str, int] = {}
@@ -48,10 +48,12 @@ def _cell_report(cell: Cell, rounds: list[list[Sample]]) -> dict[str, Any]:
         "prompt_tokens": _median([float(s.prompt_tokens) for s in flat]),
         "completion_tokens": sum(s.completion_tokens for s in flat),
         "first_text_field": fields,
-        "reasoning_streamed": any(s.chars.get(k) for s in flat for k in ("reasoning_content", "reasoning")),
+        "reasoning_streamed": any(s.reasoning_streamed for s in flat),
         "per_request": [{**sample_figures(s), "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
                          "first_field": s.first_field, "finish_reason": s.finish_reason,
-                         "text_events": s.text_events} for s in flat],
+                         "text_events": s.text_events, "streamed_tokens": s.streamed_tokens,
+                         "streamed_exact": s.exact, "reasoning_tokens": s.reasoning_tokens} for s in flat],
+        "checks": cell_checks(flat, where, margin),
     }
 
 
@@ -74,13 +76,13 @@ def _as(s: Any) -> dict[str, float] | None:
     return s.as_dict() if s else None
 
 
-def target_report(run: TargetRun) -> dict[str, Any]:
+def target_report(run: TargetRun, margin: float) -> dict[str, Any]:
     t = run.target
     acc = metrics.acceptance(run.spec) if run.metrics_exported else {"metrics_page": False, "speculative": None}
     return {
         "label": t.label, "url": t.url, "model": t.model, **t.info, "thinking": run.thinking_note,
         "acceptance": acc,
-        "cells": {c.key: _cell_report(c, run.samples.get(c.key, [])) for c in run.cells},
+        "cells": {c.key: _cell_report(c, run.samples.get(c.key, []), f"{t.label} {c.key}", margin) for c in run.cells},
         "ladder": _ladder_report(run),
     }
 
@@ -102,7 +104,7 @@ def compare_report(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 
 def find_flags(report: dict[str, Any], cfg: BenchConfig) -> list[dict[str, Any]]:
-    """Too-good figures (flagged for audit) and non-thinking cells whose two rates disagree (instrument)."""
+    """Too-good figures (flagged for audit) and each cell's cross-checks (checks.py), whatever its thinking."""
     lines = cfg.too_good.model_dump()
     flags: list[dict[str, Any]] = []
 
@@ -117,13 +119,7 @@ def find_flags(report: dict[str, Any], cfg: BenchConfig) -> list[dict[str, Any]]
             for fig in RATE_LINES:
                 check(f"{t['label']} {key}", fig, med[fig], lines[fig])
             check(f"{t['label']} {key}", "ttft_s", med["ttft_s"], cfg.ttft_floor_s, above=False)
-            gap = wall_decode_gap(med["wall_tok_s"], med["decode_tok_s"])
-            if not c["reasoning_streamed"] and c["thinking"] is not True and gap is not None \
-                    and gap > cfg.wall_decode_margin:
-                flags.append({"kind": "instrument", "where": f"{t['label']} {key}", "figure": "wall vs decode",
-                              "value": gap, "line": cfg.wall_decode_margin,
-                              "note": "a non-thinking run whose wall and decode rates disagree: a hidden reasoning phase, "
-                                      "a clock problem, or TTFT a large share of a short request"})
+            flags.extend(c["checks"])
         for step in t["ladder"]:
             check(f"{t['label']} ladder c{step['concurrency']}", "aggregate_tok_s",
                   (step["aggregate_tok_s"] or {}).get("median"), lines["aggregate_tok_s"])
@@ -138,7 +134,7 @@ def find_flags(report: dict[str, Any], cfg: BenchConfig) -> list[dict[str, Any]]
 
 def build_report(runs: list[TargetRun], cfg: BenchConfig, *, meta: dict[str, Any]) -> dict[str, Any]:
     """The whole JSON document: targets, comparison, flags, and `meta` (argv, GPU, options)."""
-    targets = [target_report(r) for r in runs]
+    targets = [target_report(r, cfg.wall_decode_margin) for r in runs]
     report: dict[str, Any] = {"schema_version": SCHEMA_VERSION, **meta,
                               "config": cfg.model_dump(exclude={"prompts"}) | {"prompt_names": sorted(cfg.prompts)},
                               "targets": targets,

@@ -48,6 +48,7 @@ class Options:
     rounds: int | None = None
     max_concurrency: int | None = None
     ignore_eos: bool = True
+    stall_timeout: float = 300.0  # seconds without a token that fail a request
 
 
 @dataclass
@@ -90,25 +91,21 @@ def server_version(t: Target) -> str | None:
         return None
 
 
-def run_wave(t: Target, body: dict[str, Any], n: int) -> list[Sample]:
+def run_wave(t: Target, body: dict[str, Any], n: int, stall_timeout: float) -> list[Sample]:
     """`n` identical requests released together (each on its own connection)."""
     if n == 1:
-        return [stream_chat(t.url, body, api_key=t.api_key)]
+        return [stream_chat(t.url, body, api_key=t.api_key, stall_timeout=stall_timeout)]
     gate = threading.Barrier(n)
 
     def one(_: int) -> Sample:
         gate.wait()
-        return stream_chat(t.url, body, api_key=t.api_key)
+        return stream_chat(t.url, body, api_key=t.api_key, stall_timeout=stall_timeout)
 
     with ThreadPoolExecutor(n) as pool:
         return list(pool.map(one, range(n)))
 
 
-def _reasoned(s: Sample) -> bool:
-    return any(s.chars.get(k, 0) for k in ("reasoning_content", "reasoning"))
-
-
-def detect_thinking(t: Target, cfg: BenchConfig, prompt: str) -> tuple[bool | None, str]:
+def detect_thinking(t: Target, cfg: BenchConfig, prompt: str, stall_timeout: float) -> tuple[bool | None, str]:
     """Does enable_thinking switch reasoning on and off? From the template when known, else by asking."""
     if t.template_thinking is not None:
         word = "reads" if t.template_thinking else "does not read"
@@ -117,7 +114,7 @@ def detect_thinking(t: Target, cfg: BenchConfig, prompt: str) -> tuple[bool | No
     for mode in (True, False):
         body = request_body(cfg, t.model or "", Cell(prompt, "greedy", mode), max_tokens=PROBE_TOKENS,
                             ignore_eos=False)
-        seen[mode] = _reasoned(stream_chat(t.url, body, api_key=t.api_key))
+        seen[mode] = stream_chat(t.url, body, api_key=t.api_key, stall_timeout=stall_timeout).reasoning_streamed
     ok = seen[True] and not seen[False]
     return ok, (f"probe: enable_thinking=true streamed {'reasoning' if seen[True] else 'no reasoning'}, "
                 f"false streamed {'reasoning' if seen[False] else 'no reasoning'}")
@@ -129,7 +126,7 @@ def prepare_target(t: Target, cfg: BenchConfig, opts: Options) -> TargetRun:
     supported: bool | None = None
     note = f"--thinking {opts.thinking}"
     if opts.thinking == "auto":
-        supported, note = detect_thinking(t, cfg, cfg.ladder_prompt)
+        supported, note = detect_thinking(t, cfg, cfg.ladder_prompt, opts.stall_timeout)
     modes = thinking_modes(opts.thinking, supported)
     top = opts.max_concurrency or t.max_num_seqs or 1
     cells, steps = plan_cells(cfg, opts.prompts, opts.samplings, modes, top)
@@ -137,11 +134,11 @@ def prepare_target(t: Target, cfg: BenchConfig, opts: Options) -> TargetRun:
     singles = [c for c in cells if c.concurrency == 1]
     for i in range(cfg.warmup_requests):
         run_wave(t, request_body(cfg, t.model, singles[i % len(singles)], max_tokens=tokens,
-                                 ignore_eos=opts.ignore_eos), 1)
+                                 ignore_eos=opts.ignore_eos), 1, opts.stall_timeout)
     if cfg.warmup_requests and steps[-1].concurrency > 1:
         top_cell = steps[-1]
         run_wave(t, request_body(cfg, t.model, top_cell, max_tokens=tokens, ignore_eos=opts.ignore_eos),
-                 top_cell.concurrency)
+                 top_cell.concurrency, opts.stall_timeout)
     log.info("%s: %s, model %s, %d cells, warm-up done", t.label, t.url, t.model, len(cells))
     return TargetRun(t, cells, steps, note)
 
@@ -154,7 +151,7 @@ def run_round(run: TargetRun, cfg: BenchConfig, opts: Options) -> None:
     repeats = opts.repeats or cfg.repeats
     for cell in run.cells:
         body = request_body(cfg, t.model or "", cell, max_tokens=tokens, ignore_eos=opts.ignore_eos)
-        waves = [run_wave(t, body, cell.concurrency) for _ in range(repeats)]
+        waves = [run_wave(t, body, cell.concurrency, opts.stall_timeout) for _ in range(repeats)]
         run.waves.setdefault(cell.key, []).append(waves)
         run.samples.setdefault(cell.key, []).append([s for w in waves for s in w])
         log.info("%s: %s done", t.label, cell.key)

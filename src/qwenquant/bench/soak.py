@@ -1,4 +1,4 @@
-"""`bench --soak`'s arithmetic (pure): acceptance in windows of generated tokens, and the verdict.
+"""`bench soak`'s arithmetic (pure): acceptance in windows of generated tokens, and the verdict.
 
 Two sources of windows. Per request (vLLM's `--per-request-spec-decode-metrics detailed`: the usage
 chunk's `metrics.speculative_decoding` lists every verify step's accepted and drafted counts): a step
@@ -106,34 +106,69 @@ def collapse(windows: list[Window], fraction: float, window: int) -> tuple[Windo
     return None
 
 
-def where(w: Window) -> str:
+def where(w: Window, approximate: bool = False) -> str:
     stream = f" of stream {w.stream}" if w.stream is not None else ""
+    if approximate:
+        return (f"window {w.index} (about generated tokens {w.start}-{w.end}{stream}: an approximate count, one token "
+                f"per chunk with text, as the server sent no token ids)")
     return f"window {w.index} (generated tokens {w.start}-{w.end}{stream})"
 
 
+def _stream_failures(i: int, s: dict[str, Any], window: int, tokens: int) -> list[dict[str, Any]]:
+    """A stream's error, emptiness or truncation, judged from the tokens it streamed where that count is
+    exact (token ids), else from usage (the stream's own count is then a floor)."""
+    exact = bool(s.get("streamed_exact"))
+    streamed = s.get("streamed_tokens") or 0
+    n = streamed if exact else (s.get("completion_tokens") or 0)
+    by = "streamed" if exact else "by usage"
+    if s.get("error"):
+        return [{"kind": "error", "window": streamed // window, "stream": i,
+                 "line": f"stream {i} failed in window {streamed // window} (after {'' if exact else 'at least '}"
+                         f"{streamed} streamed tokens): {s['error']}"}]
+    if n == 0:
+        return [{"kind": "empty", "window": 0, "stream": i,
+                 "line": f"stream {i} came back empty (window 0: 0 tokens {by})"}]
+    if n < tokens:
+        return [{"kind": "truncated", "window": n // window, "stream": i,
+                 "line": f"stream {i} was truncated in window {n // window}: {n} of {tokens} tokens {by} "
+                         f"(finish reason {s.get('finish_reason')})"}]
+    return []
+
+
+def usage_flags(streams: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Streams whose usage disagrees with the tokens they streamed (exact counts only)."""
+    out = []
+    for i, s in enumerate(streams):
+        usage, streamed = s.get("completion_tokens"), s.get("streamed_tokens")
+        if s.get("streamed_exact") and isinstance(usage, int) and usage != streamed and not s.get("error"):
+            out.append({"kind": "cross-check", "check": "usage-mismatch", "where": f"stream {i}",
+                        "figure": "completion_tokens", "value": float(usage - (streamed or 0)), "line": 0.0,
+                        "note": f"stream {i}: usage counts {usage} completion tokens, the stream carried {streamed} "
+                                f"token ids"})
+    return out
+
+
 def verdict(windows: list[list[Window]], streams: list[dict[str, Any]], restart: dict[str, Any] | None,
-            fraction: float, window: int, tokens: int) -> dict[str, Any]:
-    """`ok`, or `failed` with each failure and the one line that names its window (the first failure's)."""
+            fraction: float, window: int, tokens: int, approximate: bool = False) -> dict[str, Any]:
+    """`ok`, `failed` with each failure and the one line that names its window (the first failure's), or
+    `not judged` when nothing failed but no window drafted a token (acceptance was not tested)."""
     fails: list[dict[str, Any]] = []
     for ws in windows:
         c = collapse(ws, fraction, window)
         if c:
             fails.append({"kind": "collapse", "window": c[0].index, "stream": c[0].stream,
-                          "line": f"MTP acceptance collapsed in {where(c[0])}: {c[1]}"})
+                          "line": f"MTP acceptance collapsed in {where(c[0], approximate)}: {c[1]}"})
     for i, s in enumerate(streams):
-        n, w = s.get("completion_tokens") or 0, (s.get("streamed_tokens") or 0) // window
-        if s.get("error"):
-            fails.append({"kind": "error", "window": w, "stream": i,
-                          "line": f"stream {i} failed in window {w} (after {s.get('streamed_tokens') or 0} "
-                                  f"streamed tokens): {s['error']}"})
-        elif n == 0:
-            fails.append({"kind": "empty", "window": 0, "stream": i, "line": f"stream {i} came back empty (window 0)"})
-        elif n < tokens:
-            fails.append({"kind": "truncated", "window": n // window, "stream": i,
-                          "line": f"stream {i} was truncated in window {n // window}: {n} of {tokens} tokens "
-                                  f"(finish reason {s.get('finish_reason')})"})
+        fails.extend(_stream_failures(i, s, window, tokens))
     if restart:
         fails.append({"kind": "restart", "window": restart["window"], "stream": None,
-                      "line": f"the server went away or restarted in window {restart['window']}: {restart['why']}"})
+                      "line": f"the server went away or restarted in window {restart['window']}: {restart['why']}"
+                              + (" (an approximate count: one token per chunk with text)" if approximate else "")})
     fails.sort(key=lambda f: (f["window"], f["kind"] != "restart"))
-    return {"status": "failed" if fails else "ok", "failures": fails, "line": fails[0]["line"] if fails else None}
+    drafted = any(w.drafts > 0 for ws in windows for w in ws)
+    status = "failed" if fails else ("ok" if drafted else "not judged")
+    line = fails[0]["line"] if fails else None
+    if not fails and not drafted:
+        line = "acceptance not judged: the server drafted no tokens (is MTP on?); the streams were complete"
+    return {"status": status, "failures": fails, "line": line, "acceptance_judged": drafted,
+            "flags": usage_flags(streams)}

@@ -1,6 +1,6 @@
-"""`qwenquant bench --soak`: long generations on one server, acceptance per window, a verdict (soak.py).
+"""`qwenquant bench soak`: long generations on one server, acceptance per window, a verdict (soak.py).
 
-Every stream sends a short prompt of the shipped text and asks for --soak-tokens tokens (greedy,
+Every stream sends a short prompt of the shipped text and asks for --tokens tokens (greedy,
 ignore_eos, `return_token_ids` so the streamed tokens are counted exactly where vLLM sends them).
 /metrics is scraped at the start, whenever the streamed tokens of all streams cross a window
 boundary, and at the end; the per-request metrics replace those windows where every stream has them.
@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from qwenquant.bench import metrics
-from qwenquant.bench.depth import FirstToken, served_max_len
+from qwenquant.bench.burst import check_concurrency
 from qwenquant.bench.longtext import INSTRUCTION, LongText
-from qwenquant.bench.rates import sample_figures
+from qwenquant.bench.rung import chat_request, max_num_seqs, request_record, served_max_len, stream_once
 from qwenquant.bench.runner import Target
 from qwenquant.bench.soak import Window, merge_windows, step_windows, verdict
-from qwenquant.bench.stream import Sample, stream_chat
+from qwenquant.bench.stream import Sample, chunk_tokens
 from qwenquant.bench.watch import ServerWatch
-from qwenquant.errors import BenchError, UsageError
+from qwenquant.errors import UsageError
 from qwenquant.net.prometheus import SpecCounters, spec_counters
 
 log = logging.getLogger(__name__)
@@ -67,13 +67,8 @@ class Progress:
         self.scrapes.append((self.per_stream(), spec_counters(page)))
 
     def on_chunk(self, i: int, chunk: dict[str, Any]) -> None:
-        n = 0
-        for choice in chunk.get("choices") or []:
-            ids = choice.get("token_ids")
-            if isinstance(ids, list):
-                n += len(ids)
-            elif any((choice.get("delta") or {}).get(k) for k in ("content", "reasoning_content", "reasoning")):
-                n, self.approximate = n + 1, True  # one token per text chunk: a floor
+        n, exact = chunk_tokens(chunk)
+        self.approximate = self.approximate or (n > 0 and not exact)
         if not n:
             return
         with self.lock:
@@ -97,18 +92,16 @@ class Progress:
 
 def _body(t: Target, text: LongText, i: int, opts: SoakOptions) -> dict[str, Any]:
     msg = f"# stream {i}\n" + text.take(PROMPT_CHARS, start=i * 7919) + INSTRUCTION
-    body: dict[str, Any] = {"model": t.model, "messages": [{"role": "user", "content": msg}], "max_tokens": opts.tokens,
-                            "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
-    if opts.thinking is not None:
-        body["chat_template_kwargs"] = {"enable_thinking": opts.thinking}
-    return body
+    return chat_request(t, [{"role": "user", "content": msg}], opts.tokens, opts.thinking)
 
 
-def _stream_record(s: Sample | None, error: str | None, streamed: int) -> dict[str, Any]:
-    rec: dict[str, Any] = {"error": error, "streamed_tokens": streamed}
+def _stream_record(i: int, s: Sample | None, error: str | None, streamed: int, exact: bool) -> dict[str, Any]:
+    """One stream: its figures and cross-checks, and the tokens it streamed as the soak counted them
+    (exact with token ids, else a floor: one per chunk with text)."""
+    rec: dict[str, Any] = {"error": error}
     if s is not None:
-        rec.update({**sample_figures(s), "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
-                    "finish_reason": s.finish_reason})
+        rec.update(request_record(s, f"stream {i}"))
+    rec.update({"streamed_tokens": streamed, "streamed_exact": exact})
     return rec
 
 
@@ -126,13 +119,11 @@ def _per_request(samples: list[Sample | None], window: int) -> list[list[Window]
 
 def check_options(t: Target, opts: SoakOptions) -> int | None:
     """The server's max_model_len; UsageError when the soak cannot fit on it."""
-    if t.max_num_seqs is not None and opts.concurrency > t.max_num_seqs:
-        raise UsageError(f"--concurrency {opts.concurrency} is above the profile's max_num_seqs {t.max_num_seqs}",
-                         hint=f"use --concurrency {t.max_num_seqs} or less")
+    check_concurrency(opts.concurrency, max_num_seqs(t))
     max_len = served_max_len(t)
     if max_len is not None and opts.tokens + PROMPT_CHARS // 2 > max_len:
-        raise UsageError(f"--soak-tokens {opts.tokens} plus the prompt does not fit the server's max_model_len {max_len}",
-                         hint=f"use --soak-tokens {max(1, max_len - PROMPT_CHARS // 2)} or less, or serve a longer context")
+        raise UsageError(f"--tokens {opts.tokens} plus the prompt does not fit the server's max_model_len {max_len}",
+                         hint=f"use --tokens {max(1, max_len - PROMPT_CHARS // 2)} or less, or serve a longer context")
     return max_len
 
 
@@ -145,18 +136,8 @@ def run_soak(t: Target, text: LongText, opts: SoakOptions) -> dict[str, Any]:
     errors: list[str | None] = [None] * opts.concurrency
 
     def one(i: int) -> None:
-        first = FirstToken()
-
-        def seen(c: dict[str, Any]) -> None:
-            first(c)
-            prog.on_chunk(i, c)
-
-        try:
-            samples[i] = first.apply(stream_chat(t.url, _body(t, text, i, opts), api_key=t.api_key,
-                                                 timeout=opts.stall_timeout, on_chunk=seen))
-        except BenchError as e:
-            errors[i] = (f"stalled: no byte from the server for {opts.stall_timeout:g} s" if "timed out" in e.message
-                         else e.message)
+        samples[i], errors[i] = stream_once(t, _body(t, text, i, opts), opts.stall_timeout,
+                                            lambda c: prog.on_chunk(i, c))
 
     with ThreadPoolExecutor(opts.concurrency) as pool:
         list(pool.map(one, range(opts.concurrency)))
@@ -167,8 +148,10 @@ def run_soak(t: Target, text: LongText, opts: SoakOptions) -> dict[str, Any]:
         prog.restart = {"window": prog.per_stream() // opts.window, "why": why}
     exact = _per_request(samples, opts.window)
     per_stream = exact if exact is not None else [prog.windows()]
-    streams = [_stream_record(s, e, n) for s, e, n in zip(samples, errors, prog.streamed, strict=True)]
-    judged = verdict(per_stream, streams, prog.restart, opts.fraction, opts.window, opts.tokens)
+    streams = [_stream_record(i, s, e, n, not prog.approximate)
+               for i, (s, e, n) in enumerate(zip(samples, errors, prog.streamed, strict=True))]
+    judged = verdict(per_stream, streams, prog.restart, opts.fraction, opts.window, opts.tokens,
+                     approximate=prog.approximate and exact is None)
     merged = merge_windows(per_stream) if exact is not None else per_stream[0]
     return {"max_model_len": max_len, "soak_tokens": opts.tokens, "concurrency": opts.concurrency,
             "window": opts.window, "collapse_fraction": opts.fraction,

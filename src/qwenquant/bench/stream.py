@@ -1,10 +1,19 @@
 """One streamed chat completion over the OpenAI API, timed on the client (stdlib http.client).
 
 The clock: `t_sent` just before the request bytes go out, `t_first` when the first event with
-text in any of `content`, `reasoning_content` or `reasoning` arrives (a hidden reasoning phase
-counts: timing only `content` is the classic 40% error on thinking models), `t_end` when the
-stream ends. Token counts come only from the server's `usage` (requested with
-`stream_options.include_usage`); a stream without it is an error, never a guess.
+text in any of `content`, `reasoning_content` or `reasoning` (or with token ids, where the request
+asked vLLM for `return_token_ids`) arrives (a hidden reasoning phase counts: timing only `content`
+is the classic 40% error on thinking models), `t_end` when the stream ends. Token counts come from
+the server's `usage` (requested with `stream_options.include_usage`); a stream without it is an
+error, never a guess. Beside usage the stream keeps its own ledger, the independent count the
+cross-checks (checks.py) compare usage with: the events, the events that carried text, the token
+ids streamed (exact where they come back), the reasoning tokens usage says it counted, and
+whether `data: [DONE]` arrived (a stream that ends without it was cut: "connection closed after N
+events").
+
+The stall limit: a request fails when no token (an event with text or token ids) has arrived for
+`stall_timeout` seconds, before the first token as after it; SSE comments (keep-alive pings) and
+events without tokens are not progress.
 """
 
 from __future__ import annotations
@@ -37,6 +46,24 @@ class Sample:
     finish_reason: str | None = None
     text_events: int = 0  # events that carried text: a decode rate over very few of them is coarse
     metrics: dict[str, Any] | None = None  # vLLM's per-request `metrics` on the usage chunk, where it sends them
+    events: int = 0  # data events before `[DONE]`
+    token_ids: int | None = None  # token ids streamed (vLLM's return_token_ids): None when none came back
+    reasoning_tokens: int | None = None  # usage's completion_tokens_details.reasoning_tokens, where sent
+
+    @property
+    def exact(self) -> bool:
+        """The stream's own token count is exact (token ids came back), not a floor of text events."""
+        return self.token_ids is not None
+
+    @property
+    def streamed_tokens(self) -> int:
+        """Tokens the stream carried: token ids where they came back, else events with text (a floor:
+        an event may carry several tokens, e.g. a speculative step's)."""
+        return self.token_ids if self.token_ids is not None else self.text_events
+
+    @property
+    def reasoning_streamed(self) -> bool:
+        return any(self.chars.get(k, 0) for k in ("reasoning_content", "reasoning"))
 
     @property
     def short(self) -> bool:
@@ -72,9 +99,48 @@ def sse_events(lines: Iterable[tuple[bytes, float]]) -> Iterator[tuple[str, floa
         yield "\n".join(data), t0 if t0 is not None else time.perf_counter()
 
 
-def _timed_lines(resp: http.client.HTTPResponse) -> Iterator[tuple[bytes, float]]:
+class Ledger:
+    """What a stream carried so far, beside usage: the clock of the last token (the stall limit's), the
+    data events, whether `[DONE]` arrived. Shared by the line reader and the event fold."""
+
+    def __init__(self, stall_timeout: float | None = None) -> None:
+        self.stall_timeout = stall_timeout
+        self.last_token = time.perf_counter()
+        self.events = 0
+        self.done = False
+
+    def token(self) -> None:
+        self.last_token = time.perf_counter()
+
+    def left(self) -> float | None:
+        """Seconds until the stall limit (None: no limit)."""
+        if self.stall_timeout is None:
+            return None
+        return self.stall_timeout - (time.perf_counter() - self.last_token)
+
+    def stalled(self) -> BenchError:
+        return BenchError(f"stalled: no token from the server for {self.stall_timeout:g} s (after {self.events} "
+                          f"events)", hint="see the server log; raise --stall-timeout for a slower server")
+
+    def closed(self, why: str = "") -> BenchError:
+        return BenchError(f"connection closed after {self.events} events without `data: [DONE]`"
+                          + (f" ({why})" if why else ""), hint="the server (or a proxy) ended the stream early: "
+                                                               "see the server log")
+
+
+def _timed_lines(resp: http.client.HTTPResponse, sock: Any, ledger: Ledger) -> Iterator[tuple[bytes, float]]:
+    """The response's lines with their arrival times; BenchError when no token came within the stall
+    limit (bytes that are not tokens, such as keep-alive comments, do not reset it)."""
     while True:
-        line = resp.readline()
+        left = ledger.left()
+        if left is not None:
+            if left <= 0:
+                raise ledger.stalled()
+            sock.settimeout(left)
+        try:
+            line = resp.readline()
+        except TimeoutError:
+            raise ledger.stalled() from None
         if not line:
             return
         yield line, time.perf_counter()
@@ -94,10 +160,39 @@ def _text_fields(chunk: dict[str, Any]) -> dict[str, int]:
     return out
 
 
+def _token_ids(chunk: dict[str, Any]) -> int | None:
+    """Token ids one chunk carried (vLLM's return_token_ids), None when it carried no `token_ids` field."""
+    found = [c.get("token_ids") for c in chunk.get("choices") or [] if isinstance(c, dict)]
+    lists = [x for x in found if isinstance(x, list)]
+    return sum(len(x) for x in lists) if lists else None
+
+
+def chunk_tokens(chunk: dict[str, Any]) -> tuple[int, bool]:
+    """(tokens one chunk carried, exact): its token ids where it has them, else one per choice with text (a floor)."""
+    n, exact = 0, True
+    for choice in chunk.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        ids = choice.get("token_ids")
+        if isinstance(ids, list):
+            n += len(ids)
+        elif _text_fields({"choices": [choice]}):
+            n, exact = n + 1, False
+    return n, exact
+
+
+def _reasoning_tokens(usage: dict[str, Any]) -> int | None:
+    details = usage.get("completion_tokens_details")
+    n = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    return n if isinstance(n, int) else None
+
+
 def read_stream(events: Iterable[tuple[str, float]], t_sent: float, max_tokens: int,
-                on_chunk: Callable[[dict[str, Any]], None] | None = None) -> Sample:
-    """Fold a stream's events into a Sample (pure; raises BenchError on an error event or no usage).
-    `on_chunk` sees each parsed chunk as it arrives (the soak counts tokens with it)."""
+                on_chunk: Callable[[dict[str, Any]], None] | None = None, ledger: Ledger | None = None) -> Sample:
+    """Fold a stream's events into a Sample (pure; raises BenchError on an error event, no usage, or
+    a stream that ended without `[DONE]`). `on_chunk` sees each parsed chunk as it arrives (the soak
+    counts tokens with it)."""
+    led = ledger or Ledger()
     t_first: float | None = None
     first_field: str | None = None
     chars: dict[str, int] = {}
@@ -105,11 +200,14 @@ def read_stream(events: Iterable[tuple[str, float]], t_sent: float, max_tokens: 
     finish: str | None = None
     extra: dict[str, Any] | None = None
     n_text = 0
+    ids: int | None = None
     t_end = t_sent
     for data, t in events:
         t_end = t
         if data.strip() == "[DONE]":
+            led.done = True
             break
+        led.events += 1
         try:
             chunk = json.loads(data)
         except ValueError:
@@ -120,10 +218,16 @@ def read_stream(events: Iterable[tuple[str, float]], t_sent: float, max_tokens: 
                              hint="see the server log")
         if on_chunk is not None:
             on_chunk(chunk)
-        got = _text_fields(chunk)
+        got, n_ids = _text_fields(chunk), _token_ids(chunk)
+        if n_ids is not None:
+            ids = (ids or 0) + n_ids
         n_text += bool(got)
-        if got and t_first is None:
-            t_first, first_field = t, next(iter(got))
+        if got or n_ids:
+            led.token()
+            if t_first is None:
+                t_first, first_field = t, next(iter(got), None)
+        if got and first_field is None:
+            first_field = next(iter(got))
         for k, n in got.items():
             chars[k] = chars.get(k, 0) + n
         for choice in chunk.get("choices") or []:
@@ -131,37 +235,48 @@ def read_stream(events: Iterable[tuple[str, float]], t_sent: float, max_tokens: 
         if chunk.get("usage"):
             usage = chunk["usage"]
             extra = chunk.get("metrics") if isinstance(chunk.get("metrics"), dict) else extra
-    t_end = time.perf_counter() if t_end == t_sent else t_end
+    if not led.done:
+        raise led.closed()
     if not usage or not isinstance(usage.get("completion_tokens"), int):
         raise BenchError("the server streamed no token usage (stream_options.include_usage was requested): "
                          "rates would have to be guessed, and qwenquant bench does not guess",
                          hint="use a server that honours stream_options.include_usage (vLLM does)")
     return Sample(t_sent, t_first, t_end, int(usage.get("prompt_tokens") or 0), usage["completion_tokens"],
-                  max_tokens, first_field, chars, finish, n_text, extra)
+                  max_tokens, first_field, chars, finish, n_text, extra, led.events, ids, _reasoning_tokens(usage))
 
 
 def stream_chat(url: str, body: dict[str, Any], *, api_key: str | None = None,
-                timeout: float = 600.0, on_chunk: Callable[[dict[str, Any]], None] | None = None) -> Sample:
-    """POST `body` (stream forced on, usage requested) to URL/v1/chat/completions; time it."""
+                stall_timeout: float | None = 600.0,
+                on_chunk: Callable[[dict[str, Any]], None] | None = None) -> Sample:
+    """POST `body` (stream forced on, usage requested) to URL/v1/chat/completions; time it. Fails
+    (BenchError) when no token arrives for `stall_timeout` seconds, or the stream is cut."""
     u = urllib.parse.urlsplit(url)
     conn_cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
-    conn = conn_cls(u.hostname or "127.0.0.1", u.port, timeout=timeout)
+    conn = conn_cls(u.hostname or "127.0.0.1", u.port, timeout=stall_timeout)
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     path = u.path.rstrip("/") + "/v1/chat/completions"
     payload = json.dumps(body).encode()
+    ledger = Ledger(stall_timeout)
     try:
         conn.connect()  # outside the clock: the request time starts when the request is sent
-        t_sent = time.perf_counter()
+        t_sent = ledger.last_token = time.perf_counter()
         conn.request("POST", path, body=payload, headers=headers)
-        resp = conn.getresponse()
+        sock = conn.sock  # kept: a response that will close the connection drops conn.sock
+        try:
+            resp = conn.getresponse()
+        except TimeoutError:
+            raise ledger.stalled() from None
         if resp.status != 200:
             text = resp.read().decode(errors="replace")[:400]
             raise BenchError(f"{url}{path} answered {resp.status}: {text}", hint=_hint_for(text))
-        return read_stream(sse_events(_timed_lines(resp)), t_sent, int(body.get("max_tokens") or 0), on_chunk)
+        return read_stream(sse_events(_timed_lines(resp, sock, ledger)), t_sent, int(body.get("max_tokens") or 0),
+                           on_chunk, ledger)
     except (OSError, http.client.HTTPException) as e:
+        if ledger.events:
+            raise ledger.closed(str(e) or type(e).__name__) from None
         raise BenchError(f"request to {url}{path} failed: {e}", hint="is the server up? check the URL") from None
     finally:
         conn.close()

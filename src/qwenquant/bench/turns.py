@@ -1,4 +1,4 @@
-"""`qwenquant bench --turns`: one conversation that accumulates context, turn by turn.
+"""`qwenquant bench turns`: one conversation that accumulates context, turn by turn.
 
 Turn 0 sends a user message of --turn-tokens tokens of the shipped text (its first line unique to
 the run); each later turn sends the whole conversation so far (every user message and assistant
@@ -19,15 +19,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from qwenquant.bench import metrics
-from qwenquant.bench.depth import FirstToken, PromptFitter, _empty, _figures, served_max_len, stream_once
+from qwenquant.bench import metrics, rung
 from qwenquant.bench.gpu import MemoryPeak
 from qwenquant.bench.longtext import LongText
 from qwenquant.bench.runner import Target
 from qwenquant.bench.stream import Sample
 from qwenquant.bench.watch import ServerWatch
 from qwenquant.errors import UsageError
-from qwenquant.net.prometheus import prefix_cache_counters, spec_counters
+from qwenquant.net.prometheus import prefix_cache_counters
 
 log = logging.getLogger(__name__)
 NO_TOKENIZE_MARGIN = 1.05  # without /tokenize the next turn's depth is estimated, with this much to spare
@@ -76,7 +75,7 @@ class Conversation:
     """The messages so far, and the user message of each next turn."""
 
     def __init__(self, t: Target, text: LongText, opts: TurnOptions, nonce: str) -> None:
-        self.fitter = PromptFitter(t, text, opts.thinking)
+        self.fitter = rung.PromptFitter(t, text, opts.thinking)
         self.opts, self.nonce = opts, nonce
         self.messages: list[dict[str, str]] = []
 
@@ -95,35 +94,32 @@ class Conversation:
         return last_total + int(self.opts.turn_tokens * NO_TOKENIZE_MARGIN)
 
 
-def run_turn(t: Target, msgs: list[dict[str, str]], opts: TurnOptions) -> tuple[dict[str, Any], Sample | None, str, str | None]:
+def run_turn(t: Target, msgs: list[dict[str, str]], opts: TurnOptions,
+             turn: int) -> tuple[dict[str, Any], Sample | None, str, str | None]:
     """One turn: (record, sample, the answer's text, failure)."""
     answer: list[str] = []
-    first = FirstToken()
 
     def on_chunk(chunk: dict[str, Any]) -> None:
-        first(chunk)
         for c in chunk.get("choices") or []:
             if isinstance(c, dict):
                 answer.append((c.get("delta") or {}).get("content") or "")
 
     before = metrics.scrape(t.url, t.api_key)
     with MemoryPeak() as mem:
-        sample, failure = stream_once(t, msgs, opts, first, on_chunk)
+        sample, failure = rung.stream_once(t, rung.chat_request(t, msgs, opts.output_tokens, opts.thinking), opts.stall_timeout,
+                                      on_chunk)
     after = metrics.scrape(t.url, t.api_key)
-    rec: dict[str, Any] = {"messages": len(msgs), "gpu_memory": mem.result, "prefix_cache": cache_delta(before, after)}
-    if before is not None and after is not None:
-        rec["acceptance"] = metrics.acceptance(spec_counters(after).minus(spec_counters(before)))
-    else:
-        rec["acceptance"] = {"metrics_page": False, "speculative": None}
+    rec: dict[str, Any] = {"messages": len(msgs), "gpu_memory": mem.result, "prefix_cache": cache_delta(before, after),
+                           "acceptance": rung.acceptance_between(before, after)}
     if sample is not None:
-        rec.update(_figures(sample))
-        failure = failure or _empty(sample, first.ids)
+        rec.update(rung.request_record(sample, f"turn {turn}"))
+        failure = failure or rung.empty_failure(sample)
     return rec, sample, "".join(answer), failure
 
 
 def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
     """The conversation on one server; the measured part of the report (JSON-ready)."""
-    max_len = served_max_len(t)
+    max_len = rung.served_max_len(t)
     if max_len is None:
         raise UsageError("the server does not say its max_model_len, so the conversation has no end",
                          hint="serve it with vLLM, whose /v1/models lists max_model_len")
@@ -143,7 +139,7 @@ def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
             break
         log.info("turn %d at about %d tokens", turn, depth)
         t0 = time.monotonic()
-        rec, sample, answer, why = run_turn(t, msgs, opts)
+        rec, sample, answer, why = run_turn(t, msgs, opts, turn)
         rec = {"turn": turn, "depth": sample.prompt_tokens if sample else depth, **rec,
                "seconds": time.monotonic() - t0}
         rec["new_tokens"] = new_tokens(sample.prompt_tokens if sample else None, previous)

@@ -1,4 +1,10 @@
-"""`qwenquant bench` (light imports; the work is in qwenquant.bench)."""
+"""`qwenquant bench run|compare|depth|soak|turns` (light imports; the work is in qwenquant.bench).
+
+Each mode is a subcommand with its own typed options (commands/_bench_options.py, the server options
+of commands/_options.py); each measures one server (compare: two) and hands its typed report to
+bench/output.py, the one writer of its JSON, PNG and verdict line. A burst is `bench depth
+--concurrency N`: the same ladder, report and failure rules with N fresh prompts per rung.
+"""
 
 from __future__ import annotations
 
@@ -8,110 +14,61 @@ from typing import Any
 import typer
 
 from qwenquant.commands._app import app
-from qwenquant.commands._options import (
-    DEFAULT_TIMEOUT,
-    ApiKey,
-    GpuMem,
-    GpuMemSoft,
-    Gpus,
-    Profiles,
-    ServeArtifact,
-    ServeDevice,
-    ServeSplit,
-    Timeout,
-    Vllm,
+from qwenquant.commands._bench_options import (
+    AsJson,
+    Label,
+    MaxTokens,
+    Out,
+    Server,
+    SideGpuMem,
+    SideProfile,
+    SideUrl,
+    SideVllm,
+    StallTimeout,
+    Streams,
+    Target,
+    Thinking,
+    ThinkingOpt,
+    Workload,
+    with_options,
 )
 
-CONCURRENCY_HELP = ("--soak: streams at once; --depth: each rung a burst of this many fresh prompts sent at once "
-                    "(both at most the profile's max-num-seqs).")
-TURNS_HELP = ("One conversation that grows turn by turn (each turn the previous answer plus a new user message of "
-              "--turn-tokens) until it would pass max_model_len minus the output: per turn TTFT, new-token "
-              "prefill rate and prefix-cache hits.")
+bench_app = typer.Typer(
+    help=(
+        "Measure a server: tokens/s, TTFT and MTP acceptance, each figure cross-checked against the stream's own "
+        "count (a disagreement is a flag line, a failing verdict exit 8).\n\n"
+        "Examples:\n\n"
+        "  qwenquant bench run http://127.0.0.1:8000 --max-concurrency 8\n\n"
+        "  qwenquant bench run --serve artifacts/q27b --profile single-user --gpu-mem 24GiB\n\n"
+        "  qwenquant bench compare --serve artifacts/q27b --label-a mtp-on --label-b mtp-off "
+        "--vllm-arg-b=--speculative-config --vllm-arg-b=null\n\n"
+        "  qwenquant bench depth --serve artifacts/q27b --profile single-user --gpu-mem 24GiB\n\n"
+        "  qwenquant bench depth http://127.0.0.1:8000 --concurrency 16\n\n"
+        "  qwenquant bench soak http://127.0.0.1:8000 --tokens 20000 --window 1024\n\n"
+        "  qwenquant bench turns http://127.0.0.1:8000 --turn-tokens 2048"
+    ),
+    no_args_is_help=True,
+)
+app.add_typer(bench_app, name="bench")
+ARGS = {"allow_interspersed_args": True}
 
 
-@app.command(context_settings={"allow_interspersed_args": True})
-def bench(
-    args: list[str] | None = typer.Argument(None, help="URL of a running server; with --serve: vLLM flags after --.",
-                                               show_default=False),
-    serve: ServeArtifact = None,
-    profile: Profiles = None,
-    gpu_mem: GpuMem = None,
-    gpu_mem_soft: GpuMemSoft = False,
-    gpus: Gpus = 1,
-    split: ServeSplit = None,
-    compare: tuple[str, str] | None = typer.Option(None, "--compare", help="Two configurations A B, run in rounds."),
-    prompts: str = typer.Option("narrative,code,quote", help="Prompts to send (comma-separated)."),
-    sampling: str = typer.Option("greedy,sampled", help="Sampling presets (comma-separated)."),
-    thinking: str = typer.Option("auto", help="auto (off and on where supported), both, on, off, default."),
-    max_tokens: int | None = typer.Option(None, min=1, help="Tokens per request (default: the bench config's)."),
-    repeats: int | None = typer.Option(None, min=1, help="Requests per cell per round."),
-    rounds: int | None = typer.Option(None, min=1, help="Rounds (default 1, or the config's with --compare)."),
-    max_concurrency: int | None = typer.Option(None, min=1, help="Top of the ladder (default: the profile's max-num-seqs; 1 for a URL)."),
-    ignore_eos: bool = typer.Option(True, help="Send ignore_eos so every request generates exactly --max-tokens."),
-    model: str | None = typer.Option(None, help="Model name for a URL (default: the first it lists)."),
-    api_key: ApiKey = None,
-    config: Path | None = typer.Option(None, help="Bench config YAML (default: the shipped one)."),
-    out: Path | None = typer.Option(None, "--out", help="JSON file to write (the PNG goes beside it)."),
-    vllm: Vllm = None,
-    device: ServeDevice = None,
-    timeout: Timeout = DEFAULT_TIMEOUT,
-    depth: bool = typer.Option(False, "--depth", help="Speed and health against prompt depth: a ladder of fresh "
-                               "prompts up to the server's max_model_len minus the output (--max-tokens, default 64)."),
-    depths: str | None = typer.Option(None, help="--depth rungs in prompt tokens, e.g. 1024,4096,16384 "
-                                      "(default: from 1024, doubling, the last exactly at the limit)."),
-    reuse_prefix: bool = typer.Option(False, "--reuse-prefix", help="--depth: let rungs share their prompt's "
-                                      "start (prefix-cache reuse); by default each rung's prompt is fresh."),
-    stall_timeout: float = typer.Option(300.0, help="--depth/--soak/--turns: seconds without a byte from the server "
-                                        "that count as a stall."),
-    soak: bool = typer.Option(False, "--soak", help="Long generations: MTP acceptance per window of generated "
-                              "tokens and a verdict (collapse, empty or truncated responses, errors, restarts)."),
-    soak_tokens: int = typer.Option(20000, min=2, help="--soak: tokens generated per stream."),
-    concurrency: int = typer.Option(1, min=1, help=CONCURRENCY_HELP),
-    window: int = typer.Option(1024, min=1, help="--soak: generated tokens per acceptance window."),
-    collapse_fraction: float = typer.Option(0.5, min=0.0, max=1.0, help="--soak: a window whose acceptance is "
-                                            "below this share of the first window's has collapsed."),
-    turns: bool = typer.Option(False, "--turns", help=TURNS_HELP),
-    turn_tokens: int = typer.Option(2048, min=1, help="--turns: tokens of shipped text per new user message."),
-) -> None:
-    """Measure tokens/s, TTFT and MTP acceptance of a server; compare two configurations in rounds.
-
-    Examples:
-
-      qwenquant bench http://127.0.0.1:8000 --max-concurrency 8
-
-      qwenquant bench --serve artifacts/q27b --profile single-user --gpu-mem 24GiB
-
-      qwenquant bench --serve artifacts/q27b --compare "--label mtp-on --profile single-user"
-      "--label mtp-off --profile single-user -- --speculative-config null"
-
-      qwenquant bench --serve artifacts/q27b --profile single-user --gpu-mem 24GiB --depth
-
-      qwenquant bench http://127.0.0.1:8000 --soak --soak-tokens 20000 --window 1024
-
-      qwenquant bench http://127.0.0.1:8000 --depth --concurrency 16
-
-      qwenquant bench http://127.0.0.1:8000 --turns --turn-tokens 2048
-    """
-    from qwenquant.bench.render import print_report
-    from qwenquant.bench.runner import Options
-    from qwenquant.bench.session import Request, argv_now, default_out, run
+def _request(args: list[str] | None, server: Server, out: Path | None, *, as_json: bool = False,
+             configs: Any = None, config: Path | None = None) -> Any:
+    """The session request of a subcommand: a URL, or --serve ARTIFACT with the server options (and vLLM flags
+    after --); --out checked before anything is measured or started."""
+    from qwenquant.bench.output import check_out
+    from qwenquant.bench.session import Request, default_out
     from qwenquant.serve.request import ServeRequest
 
-    url, words = _split_args(args, serve)
-    served = ServeRequest.from_options(serve, profile or [], words, api_key=api_key, vllm=vllm, timeout=timeout,
-                                       device=device.value if device else None, gpus=gpus,
-                                       split=split.value if split else None,
-                                       gpu_mem=gpu_mem, gpu_mem_soft=gpu_mem_soft) if serve else None
-    opts = Options(prompts=prompts.split(","), samplings=sampling.split(","), thinking=thinking, max_tokens=max_tokens,
-                   repeats=repeats, rounds=rounds, max_concurrency=max_concurrency, ignore_eos=ignore_eos)
-    req = Request(url=url, serve=served, compare=compare, options=opts, out=_writable_out(out or default_out()),
-                  config=config, model=model, api_key=api_key)
-    if depth or soak or turns:
-        return _long_run(req, dict(depth=depth, soak=soak, turns=turns, turn_tokens=turn_tokens, depths=depths,
-                                   max_tokens=max_tokens, thinking=thinking, reuse_prefix=reuse_prefix,
-                                   stall_timeout=stall_timeout, soak_tokens=soak_tokens, concurrency=concurrency,
-                                   window=window, collapse_fraction=collapse_fraction))
-    print_report(run(req, argv_now()))
+    url, words = _split_args(args, server.serve)
+    o = server
+    served = ServeRequest.from_options(o.serve, o.profile or [], words, api_key=o.api_key, vllm=o.vllm,
+                                       timeout=o.timeout, device=o.device.value if o.device else None, gpus=o.gpus,
+                                       split=o.split.value if o.split else None, gpu_mem=o.gpu_mem,
+                                       gpu_mem_soft=o.gpu_mem_soft) if o.serve else None
+    return Request(url=url, serve=served, out=check_out(out or default_out()), configs=configs, config=config,
+                   model=o.model, api_key=o.api_key, as_json=as_json)
 
 
 def _split_args(args: list[str] | None, serve: Any) -> tuple[str | None, list[str]]:
@@ -131,51 +88,161 @@ def _split_args(args: list[str] | None, serve: Any) -> tuple[str | None, list[st
     return url, words
 
 
-def _writable_out(target: Path) -> Path:
-    """--out, checked before anything is measured: its folder exists and can be written (exit 2)."""
-    from qwenquant.atomic import writable_folder
-    from qwenquant.errors import UsageError
+def _options(w: Workload) -> Any:
+    from qwenquant.bench.runner import Options
 
-    if not target.parent.is_dir():
-        raise UsageError(f"--out {target}: folder {target.parent} not found", hint="create it, or pass --out elsewhere")
-    writable_folder(target.parent, f"--out {target}", "--out")
-    return target
+    return Options(prompts=w.prompts.split(","), samplings=w.sampling.split(","), thinking=w.thinking.value,
+                   max_tokens=w.max_tokens, repeats=w.repeats, rounds=w.rounds, max_concurrency=w.max_concurrency,
+                   ignore_eos=w.ignore_eos, stall_timeout=w.stall_timeout)
 
 
-def _long_run(req: Any, o: dict[str, Any]) -> None:
-    """--depth, --soak or --turns: one server, a verdict, exit 8 with one line on a failing one."""
-    from qwenquant.bench.depth import DepthOptions
-    from qwenquant.bench.longrun import run_depth_mode, run_soak_mode, run_turns_mode
-    from qwenquant.bench.longtext import parse_depths
-    from qwenquant.bench.render import print_depth, print_soak, print_turns
+@bench_app.command("run", context_settings=ARGS)
+@with_options("workload", Workload)
+@with_options("server", Server)
+def run(args: Target = None, *, server: Server, workload: Workload, out: Out = None, as_json: AsJson = False) -> None:
+    """The shipped workload (prompts x sampling x thinking) and a concurrency ladder on one server.
+
+    Examples:
+
+      qwenquant bench run http://127.0.0.1:8000 --max-concurrency 8
+
+      qwenquant bench run --serve artifacts/q27b --profile single-user --gpu-mem 24GiB --json
+    """
     from qwenquant.bench.session import argv_now
-    from qwenquant.bench.soakrun import SoakOptions
+    from qwenquant.bench.session import run as measure
+
+    req = _request(args, server, out, as_json=as_json, config=workload.config)
+    measure(req, _options(workload), argv_now())
+
+
+@bench_app.command("compare", context_settings=ARGS)
+@with_options("workload", Workload)
+@with_options("server", Server)
+def compare(args: Target = None, *, server: Server, workload: Workload, out: Out = None, as_json: AsJson = False,
+            label_a: Label = "A", label_b: Label = "B", url_a: SideUrl = None, url_b: SideUrl = None,
+            profile_a: SideProfile = None, profile_b: SideProfile = None, gpu_mem_a: SideGpuMem = None,
+            gpu_mem_b: SideGpuMem = None, vllm_arg_a: SideVllm = None, vllm_arg_b: SideVllm = None) -> None:
+    """Two configurations A and B, run in rounds A B A B ...: each figure's ratio A/B per round.
+
+    Served (--serve): each its own server, from the --profile, --gpu-mem and vLLM flags after -- that both
+    share, and its own --profile-a/-b, --gpu-mem-a/-b and --vllm-arg-a/-b; or two running servers (--url-a, --url-b).
+
+    Examples:
+
+      qwenquant bench compare --serve artifacts/q27b --profile single-user --label-a mtp-on --label-b mtp-off
+      --vllm-arg-b=--speculative-config --vllm-arg-b=null
+
+      qwenquant bench compare --url-a http://127.0.0.1:8000 --url-b http://127.0.0.1:8001
+    """
+    from qwenquant.bench.launch import ConfigSpec
+    from qwenquant.bench.session import argv_now
+    from qwenquant.bench.session import run as measure
     from qwenquant.errors import UsageError
 
-    think = {"on": True, "default": None}.get(o["thinking"], False)
-    if sum((o["depth"], o["soak"], o["turns"])) > 1:
-        raise UsageError("--depth, --soak and --turns are separate runs", hint="run one, then the other")
-    if o["soak"]:
-        run_soak_mode(req, SoakOptions(tokens=o["soak_tokens"], concurrency=o["concurrency"], window=o["window"],
-                                       fraction=o["collapse_fraction"], stall_timeout=o["stall_timeout"],
-                                       thinking=think), argv_now(), print_soak)
-        return
-    if o["max_tokens"] is not None and o["max_tokens"] < 2:
-        raise UsageError(f"--max-tokens {o['max_tokens']} leaves no decode to measure", hint="use 2 or more")
-    if o["turns"]:
-        from qwenquant.bench.turns import TurnOptions
+    if args and not server.serve:
+        raise UsageError(f"bench compare takes its servers as --url-a and --url-b, not {args[0]!r}",
+                         hint="or --serve ARTIFACT for two served configurations")
+    pair = (ConfigSpec(label_a or "A", url_a, profile_a, gpu_mem_a, tuple(vllm_arg_a or ())),
+            ConfigSpec(label_b or "B", url_b, profile_b, gpu_mem_b, tuple(vllm_arg_b or ())))
+    req = _request(args, server, out, as_json=as_json, configs=pair, config=workload.config)
+    measure(req, _options(workload), argv_now())
 
-        if o["concurrency"] > 1:
-            raise UsageError(f"--concurrency {o['concurrency']} with --turns: the conversation is one user's",
-                             hint="drop --concurrency (a burst is --depth --concurrency N)")
 
-        run_turns_mode(req, TurnOptions(turn_tokens=o["turn_tokens"], output_tokens=o["max_tokens"] or 64,
-                                        stall_timeout=o["stall_timeout"], thinking=think), argv_now(), print_turns)
-        return
-    if o["reuse_prefix"] and o["concurrency"] > 1:
+@bench_app.command("depth", context_settings=ARGS)
+@with_options("server", Server)
+def depth(args: Target = None, *, server: Server, out: Out = None, as_json: AsJson = False,
+          thinking: ThinkingOpt = Thinking.auto, max_tokens: MaxTokens = None, stall_timeout: StallTimeout = 300.0,
+          concurrency: Streams = 1,
+          depths: str | None = typer.Option(None, help="Rungs in prompt tokens, e.g. 1024,4096,16384 (default: "
+                                            "from 1024, doubling, the last exactly at the limit)."),
+          reuse_prefix: bool = typer.Option(False, "--reuse-prefix", help="Let rungs share their prompt's start "
+                                            "(prefix-cache reuse); by default each rung's prompt is fresh."),
+          config: Path | None = typer.Option(None, help="Bench config YAML: its too-good lines flag rung figures.")
+          ) -> None:
+    """Speed and health against prompt depth (--concurrency N: a burst of N fresh prompts per rung).
+
+    A ladder of fresh prompts from 1024 tokens, doubling, up to the server's max_model_len minus the output;
+    with --concurrency N each rung sends N fresh prompts of its depth at the same instant.
+
+    Examples:
+
+      qwenquant bench depth --serve artifacts/q27b --profile single-user --gpu-mem 24GiB
+
+      qwenquant bench depth http://127.0.0.1:8000 --depths 1024,8192 --concurrency 16
+    """
+    from qwenquant.bench.longrun import run_depth_mode
+    from qwenquant.bench.longtext import parse_depths
+    from qwenquant.bench.rung import DepthOptions
+    from qwenquant.bench.session import argv_now
+
+    _two_tokens(max_tokens)
+    if reuse_prefix and concurrency > 1:
+        from qwenquant.errors import UsageError
+
         raise UsageError("--reuse-prefix and --concurrency: a burst's prompts are fresh by design",
                          hint="drop --reuse-prefix")
-    dopts = DepthOptions(depths=parse_depths(o["depths"]) if o["depths"] else None,
-                         output_tokens=o["max_tokens"] or 64, reuse_prefix=o["reuse_prefix"],
-                         stall_timeout=o["stall_timeout"], thinking=think, concurrency=o["concurrency"])
-    run_depth_mode(req, dopts, argv_now(), print_depth)
+    opts = DepthOptions(depths=parse_depths(depths) if depths else None, output_tokens=max_tokens or 64,
+                        reuse_prefix=reuse_prefix, stall_timeout=stall_timeout, thinking=thinking.single(),
+                        concurrency=concurrency)
+    run_depth_mode(_request(args, server, out, as_json=as_json, config=config), opts, argv_now())
+
+
+@bench_app.command("soak", context_settings=ARGS)
+@with_options("server", Server)
+def soak(args: Target = None, *, server: Server, out: Out = None, as_json: AsJson = False,
+         thinking: ThinkingOpt = Thinking.auto, stall_timeout: StallTimeout = 300.0, concurrency: Streams = 1,
+         tokens: int = typer.Option(20000, min=2, help="Tokens generated per stream."),
+         window: int = typer.Option(1024, min=1, help="Generated tokens per acceptance window."),
+         collapse_fraction: float = typer.Option(0.5, min=0.0, max=1.0, help="A window whose acceptance is below "
+                                                 "this share of the first window's has collapsed.")) -> None:
+    """Long generations: MTP acceptance per window of generated tokens, and a verdict.
+
+    The verdict fails (exit 8) on a collapse, an empty or truncated stream, an error or a restart; it is
+    "not judged" when the server drafted nothing.
+
+    Examples:
+
+      qwenquant bench soak http://127.0.0.1:8000 --tokens 20000 --window 1024
+
+      qwenquant bench soak --serve artifacts/q27b --profile batch --concurrency 4
+    """
+    from qwenquant.bench.longrun import run_soak_mode
+    from qwenquant.bench.session import argv_now
+    from qwenquant.bench.soakrun import SoakOptions
+
+    opts = SoakOptions(tokens=tokens, concurrency=concurrency, window=window, fraction=collapse_fraction,
+                       stall_timeout=stall_timeout, thinking=thinking.single())
+    run_soak_mode(_request(args, server, out, as_json=as_json), opts, argv_now())
+
+
+@bench_app.command("turns", context_settings=ARGS)
+@with_options("server", Server)
+def turns(args: Target = None, *, server: Server, out: Out = None, as_json: AsJson = False,
+          thinking: ThinkingOpt = Thinking.auto, max_tokens: MaxTokens = None, stall_timeout: StallTimeout = 300.0,
+          turn_tokens: int = typer.Option(2048, min=1, help="Tokens of shipped text per new user message.")) -> None:
+    """One conversation that grows turn by turn: TTFT, new-token prefill and prefix-cache hits per turn.
+
+    Each turn sends the conversation so far plus a new user message of --turn-tokens, until the next would
+    pass max_model_len minus the output.
+
+    Examples:
+
+      qwenquant bench turns http://127.0.0.1:8000 --turn-tokens 2048
+
+      qwenquant bench turns --serve artifacts/q27b --profile long-context --gpu-mem 24GiB
+    """
+    from qwenquant.bench.longrun import run_turns_mode
+    from qwenquant.bench.session import argv_now
+    from qwenquant.bench.turns import TurnOptions
+
+    _two_tokens(max_tokens)
+    opts = TurnOptions(turn_tokens=turn_tokens, output_tokens=max_tokens or 64, stall_timeout=stall_timeout,
+                       thinking=thinking.single())
+    run_turns_mode(_request(args, server, out, as_json=as_json), opts, argv_now())
+
+
+def _two_tokens(max_tokens: int | None) -> None:
+    if max_tokens is not None and max_tokens < 2:
+        from qwenquant.errors import UsageError
+
+        raise UsageError(f"--max-tokens {max_tokens} leaves no decode to measure", hint="use 2 or more")

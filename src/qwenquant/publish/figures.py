@@ -36,7 +36,7 @@ SECTIONS = {
     "offline eval": "qwenquant eval ARTIFACT --reference SOURCE",
     "served gate": "qwenquant eval --serve ARTIFACT --profile single-user --min-acceptance-length 1.5",
     "MTP acceptance (served)": "qwenquant eval --serve ARTIFACT --profile single-user",
-    "throughput": "qwenquant bench --serve ARTIFACT --profile single-user --out ARTIFACT.bench-DIGEST.json",
+    "throughput": "qwenquant bench run --serve ARTIFACT --profile single-user --out ARTIFACT.bench-DIGEST.json",
 }
 PROMISE = "profile promise (served)"  # bench --depth / --soak / --turns: shown when given, never "not measured"
 

@@ -21,8 +21,8 @@ from qwenquant.errors import UsageError
 from qwenquant.manifest import REPORTS_DIR
 
 KINDS = ("eval", "eval-served", "bench", "bench-depth", "bench-soak", "bench-turns")
-LONG = {"qwenquant bench --depth": "bench-depth", "qwenquant bench --soak": "bench-soak",
-        "qwenquant bench --turns": "bench-turns"}
+# `bench depth|soak|turns` (reports of schema 2 on); reports written before the subcommands name the flags
+LONG = {f"qwenquant bench {how}{mode}": f"bench-{mode}" for mode in ("depth", "soak", "turns") for how in ("", "--")}
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def _load(path: Path, root_digest: str, artifact: Path) -> tuple[str, dict[str, 
                 else "a report that names no artifact root digest (a bench of a URL: nothing says which artifact "
                      "answered; measure with `--serve ARTIFACT`)")
         raise UsageError(f"{path} is {what}, not of {artifact} ({root_digest[:16]}...): its figures cannot go on this card",
-                         hint="measure this artifact (`qwenquant eval` / `qwenquant bench --serve ARTIFACT`) or drop --report")
+                         hint="measure this artifact (`qwenquant eval` / `qwenquant bench run --serve ARTIFACT`) or drop --report")
     if kind == "eval" and (data.get("reference_check") or {}).get("verified") is False:
         raise UsageError(f"{path} compares against a reference that is not the artifact's recorded source "
                          "(--reference-unverified): its figures cannot go on this card",

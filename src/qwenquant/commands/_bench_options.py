@@ -1,0 +1,138 @@
+"""The options of `qwenquant bench`'s subcommands, declared once as Annotated aliases and reused by each
+subcommand that takes them (the server options are commands/_options.py's, shared with serve and eval)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from qwenquant.commands import _options as so
+
+PANEL = "Measurement"
+
+
+class Thinking(str, Enum):
+    """Which thinking settings to send (`chat_template_kwargs.enable_thinking`)."""
+
+    auto = "auto"  # bench run: off and on where the template reads it; the long modes: off
+    both = "both"
+    on = "on"
+    off = "off"
+    default = "default"  # send nothing: the template's default
+
+    def single(self) -> bool | None:
+        """The one setting of a long mode (depth, soak, turns): on, default (None), else off."""
+        return {"on": True, "default": None}.get(self.value, False)
+
+
+Target = Annotated[list[str] | None, typer.Argument(
+    help="URL of a running server; with --serve: vLLM flags after --.", show_default=False)]
+Model = Annotated[str | None, typer.Option(help="Model name for a URL (default: the first it lists).")]
+Out = Annotated[Path | None, typer.Option(
+    "--out", help="JSON file to write (the PNG goes beside it; default qwenquant-bench-<time>.json).",
+    show_default=False)]
+AsJson = Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout instead of the tables.")]
+Config = Annotated[Path | None, typer.Option(
+    help="Bench config YAML: workload and too-good lines (default: the shipped one).")]
+ThinkingOpt = Annotated[Thinking, typer.Option(
+    "--thinking", help="auto (run: off and on where supported; depth, soak, turns: off), both, on, off, default.",
+    rich_help_panel=PANEL)]
+StallTimeout = Annotated[float, typer.Option(
+    min=0.001, help="Seconds without a token from the server (keep-alive comments do not count) that fail a request.",
+    rich_help_panel=PANEL)]
+MaxTokens = Annotated[int | None, typer.Option(
+    min=1, help="Tokens per request (run: the bench config's; depth and turns: 64).", rich_help_panel=PANEL)]
+Streams = Annotated[int, typer.Option(
+    "--concurrency", min=1, help="Streams at once (at most what the server runs at once: its max-num-seqs).",
+    rich_help_panel=PANEL)]
+# the workload of `bench run` and `bench compare`
+Prompts = Annotated[str, typer.Option(help="Prompts to send (comma-separated).", rich_help_panel=PANEL)]
+Samplings = Annotated[str, typer.Option("--sampling", help="Sampling presets (comma-separated).", rich_help_panel=PANEL)]
+Repeats = Annotated[int | None, typer.Option(min=1, help="Requests per cell per round.", rich_help_panel=PANEL)]
+Rounds = Annotated[int | None, typer.Option(
+    min=1, help="Rounds (default 1, or the config's for compare).", rich_help_panel=PANEL)]
+MaxConcurrency = Annotated[int | None, typer.Option(
+    min=1, help="Top of the concurrency ladder (default: the profile's max-num-seqs; 1 for a URL).",
+    rich_help_panel=PANEL)]
+IgnoreEos = Annotated[bool, typer.Option(
+    help="Send ignore_eos so every request generates exactly --max-tokens.", rich_help_panel=PANEL)]
+# one side of `bench compare`
+COMPARE = "Configurations A and B (compare)"
+Label = Annotated[str | None, typer.Option(help="Name of the configuration in the report.", rich_help_panel=COMPARE)]
+SideUrl = Annotated[str | None, typer.Option(help="A running server for this configuration (no --serve).",
+                                             rich_help_panel=COMPARE)]
+SideProfile = Annotated[str | None, typer.Option(help="Serve profile of this configuration (default: --profile).",
+                                                 rich_help_panel=COMPARE)]
+SideGpuMem = Annotated[str | None, typer.Option(help="--gpu-mem of this configuration (default: --gpu-mem).",
+                                                rich_help_panel=COMPARE)]
+SideVllm = Annotated[list[str] | None, typer.Option(
+    help="A vLLM flag or value of this configuration only, one per option, passed to vLLM as given "
+         "(`--vllm-arg-b=--speculative-config --vllm-arg-b=null`).", rich_help_panel=COMPARE, show_default=False)]
+
+
+@dataclass(frozen=True)
+class Server:
+    """Which server every subcommand measures: a URL's model and key, or the artifact --serve starts, with
+    serve's options (commands/_options.py)."""
+
+    serve: so.ServeArtifact = None
+    profile: so.Profiles = None
+    gpu_mem: so.GpuMem = None
+    gpu_mem_soft: so.GpuMemSoft = False
+    gpus: so.Gpus = 1
+    split: so.ServeSplit = None
+    vllm: so.Vllm = None
+    device: so.ServeDevice = None
+    timeout: so.Timeout = so.DEFAULT_TIMEOUT
+    api_key: so.ApiKey = None
+    model: Model = None
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The workload of `bench run` and `bench compare`."""
+
+    config: Config = None
+    prompts: Prompts = "narrative,code,quote"
+    sampling: Samplings = "greedy,sampled"
+    thinking: ThinkingOpt = Thinking.auto
+    max_tokens: MaxTokens = None
+    repeats: Repeats = None
+    rounds: Rounds = None
+    max_concurrency: MaxConcurrency = None
+    ignore_eos: IgnoreEos = True
+    stall_timeout: StallTimeout = 300.0
+
+
+def with_options(name: str, group: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the options of `group` (a dataclass of Annotated fields) as its own, declared once, and
+    hand them to it as one `group` object in the parameter `name` (as shared click option decorators do)."""
+    hints = typing.get_type_hints(group, include_extras=True)
+    fields = dataclasses.fields(group)
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(func, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.name != name]
+        added = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
+                 for f in fields]
+
+        @functools.wraps(func)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            kwargs[name] = group(**{f.name: kwargs.pop(f.name) for f in fields})
+            return func(*args, **kwargs)
+
+        params = [*own, *added]
+        command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return decorate
