@@ -23,6 +23,7 @@ from qwenquant.commands._options import (
 )
 
 if TYPE_CHECKING:
+    from qwenquant.evaluate.servedrun import ServedAsk
     from qwenquant.serve.request import ServeRequest
 
 
@@ -74,6 +75,7 @@ def eval_cmd(
       qwenquant eval --served http://127.0.0.1:8000 --gate none --tools --needle
     """
     from qwenquant.errors import UsageError
+    from qwenquant.evaluate.servedrun import ServedAsk
 
     if list_gates:
         _list_gates(as_json)
@@ -82,7 +84,8 @@ def eval_cmd(
     dev = device.value if device else None
     if served is not None and serve is not None:
         raise UsageError("give --served URL or --serve ARTIFACT, not both", hint="--served for a running server")
-    gate_opts = _GateOptions(gate, model, min_acceptance, report, as_json, api_key, tools, needle, needle_max_len)
+    gate_opts = _GateOptions(ServedAsk(gate, model, api_key, min_acceptance, tools, needle, needle_max_len), report,
+                             as_json)
     if served is not None or serve is not None:
         gate_opts.check()
     if serve is not None:
@@ -125,40 +128,43 @@ def _list_gates(as_json: bool) -> None:
 class _GateOptions:
     """What the served gate is asked (the same with --served URL and --serve ARTIFACT)."""
 
-    gate: str
-    model: str | None
-    min_acceptance: float | None
+    ask: ServedAsk
     report: Path | None
     as_json: bool
-    api_key: str | None
-    tools: bool = False
-    needle: bool = False
-    needle_max_len: int | None = None
 
     def check(self) -> None:
-        """Before any server is asked: the gate loads and the --report folder can be written."""
-        from qwenquant.evaluate.served import load_gate
-
-        load_gate(self.gate)
+        """Before any server is asked: the run tests something and the --report folder can be written."""
+        self.ask.check()
         if self.report is not None:
-            from qwenquant.atomic import writable_folder
-            from qwenquant.errors import UsageError
+            from qwenquant.evaluate.inputs import check_report_folder
 
-            if not self.report.parent.is_dir():
-                raise UsageError(f"report folder {self.report.parent} not found",
-                                 hint="create it, or pass --report elsewhere")
-            writable_folder(self.report.parent, f"report path {self.report}", "--report")
+            check_report_folder(self.report)
 
 
-def _emit(result: dict[str, Any], path: Path | None, as_json: bool) -> None:
-    from qwenquant.atomic import atomic_write_bytes, pretty_json
+def _emit(result: dict[str, Any], path: Path | None, as_json: bool) -> str | None:
+    """Write the report to `path` and print it with --json; when the write fails the measurement is
+    kept (printed on stdout, and in a spare file when one can be written). Returns why it failed."""
     from qwenquant.console import console
+    from qwenquant.evaluate.report import save_report
 
-    if path is not None:
-        atomic_write_bytes(path, pretty_json(result))
+    where, failed = save_report(result, path) if path is not None else (None, None)
+    if failed:
+        console.print(f"report: could not write {path} ({failed}); "
+                      + (f"the report went to {where} instead, and to stdout" if where else "the report is on stdout"),
+                      markup=False)
+    elif path is not None:
         console.print(f"report: {path}", markup=False)
-    if as_json:
+    if as_json or failed:
         print(json.dumps(result, indent=2, sort_keys=True))
+    return f"report {path} could not be written ({failed})" if failed else None
+
+
+def _fail_write(failed: str | None) -> None:
+    from qwenquant.errors import UsageError
+
+    if failed:
+        raise UsageError(failed + ": the measurement was printed on stdout",
+                         hint="free space or pass --report in a folder you can write, then run eval again")
 
 
 def _offline(artifact: Path, reference: Path, windows: int, window_len: int, texts: tuple, device: str,
@@ -189,56 +195,40 @@ def _offline(artifact: Path, reference: Path, windows: int, window_len: int, tex
     if not ref_check["verified"]:
         console.print(f"NOTE: the reference was not checked against the artifact's recorded source "
                       f"({ref_check['recorded_source']}): --reference-unverified", markup=False)
-    _emit(result, target, as_json)
+    _fail_write(_emit(result, target, as_json))
 
 
 def _gate(url: str, o: _GateOptions, model: str | None) -> dict[str, Any]:
-    """Run the gate against `url`, print what a user reads, return the result (failures listed)."""
+    """Run what `o` asks against `url`, print what a user reads, return the result (failures listed)."""
     from qwenquant.console import console
-    from qwenquant.evaluate.served import gate_failures, load_gate, run_gate
+    from qwenquant.evaluate.servedrun import run_served
 
-    result = run_gate(url, load_gate(o.gate), model, api_key=o.api_key)
-    failures = gate_failures(result, o.min_acceptance)
-    failures += _extra_checks(result, o)
-    result.update(min_acceptance_length=o.min_acceptance, failures=failures, ok=not failures)
+    result = run_served(url, o.ask, model)
     for t in result["tasks"]:
         console.print(f"task {t['name']}: {t['passed']}/{t['total']} passed", markup=False)
+    for c in result.get("tools", {}).get("cases", []):
+        console.print(f"tool case {c['name']}: {c['kind'].replace('_', ' ')}"
+                      + (f" ({c['problems'][0]})" if c["problems"] else ""), markup=False)
+    for r in result.get("needle", {}).get("depths", []):
+        console.print(f"needle at depth {r['needle_tokens']:,} of {r['prompt_tokens']:,} tokens ({r['depth']:g}): "
+                      f"{'passed' if r['passed'] else 'failed'}", markup=False)
     m = result["mtp"]
     mal = m["mean_acceptance_length"]
-    console.print(f"MTP: {m['drafts']} drafts, {m['accepted_tokens']}/{m['draft_tokens']} draft tokens accepted, "
-                  f"mean acceptance length {'n/a' if mal is None else f'{mal:.3f}'}, per position "
-                  + ", ".join(f"{p}: {'n/a' if v is None else f'{100 * v:.1f}%'}" for p, v in m["per_position"].items()),
-                  markup=False)
+    if m.get("unavailable"):
+        console.print(f"MTP: not measured ({m['unavailable']})", markup=False)
+    else:
+        console.print(f"MTP over the {' and '.join(m['over'])}: {m['drafts']} drafts, {m['accepted_tokens']}/"
+                      f"{m['draft_tokens']} draft tokens accepted, mean acceptance length "
+                      f"{'n/a' if mal is None else f'{mal:.3f}'}, per position "
+                      + ", ".join(f"{p}: {'n/a' if v is None else f'{100 * v:.1f}%'}"
+                                  for p, v in m["per_position"].items()), markup=False, soft_wrap=True)
     return result
 
 
-def _extra_checks(result: dict[str, Any], o: _GateOptions) -> list[str]:
-    """--tools and --needle against the same server: their reports go into `result`, their failures out."""
-    from qwenquant.console import console
-    from qwenquant.evaluate.needle import needle_failures, run_needle
-    from qwenquant.evaluate.served import load_task_set
-    from qwenquant.evaluate.tools import run_tools, tool_failures
-
-    failures: list[str] = []
-    if o.tools:
-        rep = result["tools"] = run_tools(result["url"], load_task_set("tools"), result["model"], o.api_key)
-        for c in rep["cases"]:
-            console.print(f"tool case {c['name']}: {c['kind'].replace('_', ' ')}"
-                          + (f" ({c['problems'][0]})" if c["problems"] else ""), markup=False)
-        failures += tool_failures(rep)
-    if o.needle:
-        rep = result["needle"] = run_needle(result["url"], load_task_set("needle"), result["model"], o.api_key,
-                                            o.needle_max_len)
-        for r in rep["depths"]:
-            console.print(f"needle at depth {r['needle_tokens']:,} of {r['prompt_tokens']:,} tokens ({r['depth']:g}): "
-                          f"{'passed' if r['passed'] else 'failed'}", markup=False)
-        failures += needle_failures(rep)
-    return failures
-
-
-def _fail_gate(result: dict[str, Any]) -> None:
+def _fail_gate(result: dict[str, Any], failed_write: str | None) -> None:
     from qwenquant.errors import BenchError
 
+    _fail_write(None if result["failures"] else failed_write)
     if result["failures"]:
         raise BenchError("served gate failed: " + "; ".join(result["failures"]),
                          hint="compare with the bf16 source served the same way; see `qwenquant eval ARTIFACT --reference`")
@@ -247,17 +237,17 @@ def _fail_gate(result: dict[str, Any]) -> None:
 def _gate_name(o: _GateOptions) -> str | None:
     from qwenquant.evaluate.served import load_gate
 
-    return load_gate(o.gate).get("name")
+    return load_gate(o.ask.gate).get("name")
 
 
 def _served(url: str, o: _GateOptions) -> None:
     if o.report is not None:
         from qwenquant.evaluate.inputs import check_report_target
+        from qwenquant.evaluate.served import base_url
 
-        check_report_target(o.report, {"url": url.rstrip("/"), "gate": _gate_name(o)}, explicit=True)
-    result = _gate(url, o, o.model)
-    _emit(result, o.report, o.as_json)
-    _fail_gate(result)
+        check_report_target(o.report, {"url": base_url(url), "gate": _gate_name(o)}, explicit=True)
+    result = _gate(url, o, None)
+    _fail_gate(result, _emit(result, o.report, o.as_json))
 
 
 def _serve_and_gate(req: ServeRequest, o: _GateOptions) -> None:
@@ -274,9 +264,9 @@ def _serve_and_gate(req: ServeRequest, o: _GateOptions) -> None:
     with launched(req) as s:
         console.print(f"serving {req.artifact} at {s.url} (profile {s.info['profile']}, log {s.spec.log_path})",
                       markup=False)
-        result = _gate(s.url, o, o.model or s.model)
+        result = _gate(s.url, o, o.ask.model or s.model)
         console.print("stopping the server", markup=False)
     result.update(served=s.info, root_digest=s.info["artifact_root_digest"])
-    _emit(result, target if result["root_digest"] == root else report_path(req.artifact, result["root_digest"],
-                                                                            kind="eval-served"), o.as_json)
-    _fail_gate(result)
+    failed = _emit(result, target if result["root_digest"] == root else report_path(req.artifact, result["root_digest"],
+                                                                                     kind="eval-served"), o.as_json)
+    _fail_gate(result, failed)

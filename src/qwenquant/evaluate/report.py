@@ -31,6 +31,30 @@ def report_path(artifact: Path, root_digest: str, kind: str = "eval") -> Path:
     return artifact.parent / f"{artifact.name}.{kind}-{root_digest[:16]}.json"
 
 
+def save_report(result: dict[str, Any], path: Path) -> tuple[Path | None, str | None]:
+    """Write `result` (pretty JSON) to `path`: (path, None). When that fails after measuring (a full
+    disk, a mount gone read-only), the measurement is kept: written to a new file in the temp folder,
+    (that file, why `path` failed); (None, why) when no file could be written at all."""
+    import os
+    import tempfile
+
+    from qwenquant.atomic import atomic_write_bytes, pretty_json
+
+    data = pretty_json(result)
+    try:
+        atomic_write_bytes(path, data)
+        return path, None
+    except OSError as e:
+        why = e.strerror or str(e)
+    try:
+        fd, spare = tempfile.mkstemp(prefix="qwenquant-eval-", suffix=".json")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return Path(spare), why
+    except OSError:
+        return None, why
+
+
 def _pct(x: float) -> str:
     return f"{x:+.2f}%"
 
