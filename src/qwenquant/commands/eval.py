@@ -151,7 +151,7 @@ def _emit(result: dict[str, Any], path: Path | None, as_json: bool) -> str | Non
     if failed:
         console.print(f"report: could not write {path} ({failed}); "
                       + (f"the report went to {where} instead, and to stdout" if where else "the report is on stdout"),
-                      markup=False)
+                      markup=False, soft_wrap=True)
     elif path is not None:
         console.print(f"report: {path}", markup=False)
     if as_json or failed:
