@@ -77,6 +77,17 @@ def offline_table(report: dict[str, Any]) -> Any:
     return t
 
 
+def kl_tail_line(t: dict[str, Any]) -> str:
+    """The artifact's KL p99.9 with its interval and the windows and text it rests on."""
+    lo, hi = t["ci95"]
+    top = t["max"]
+    text = f", after {top['text']!r}" if top.get("text") else ""
+    return (f"artifact KL p99.9 {t['value']:.4f}, 95% bootstrap interval over windows [{lo:.4f}, {hi:.4f}]: its tail "
+            f"tokens lie in {t['windows_above']} of {t['windows']} windows, {100 * t['top_window_share']:.0f}% of them "
+            f"in window {t['top_window']}; the largest per-token KL {top['kl']:.4f} is at window {top['window']} token "
+            f"{top['token']}{text}")
+
+
 def summary_lines(report: dict[str, Any]) -> list[str]:
     """lm_head and MTP lines, then one line per goal."""
     h = report["lm_head"]
@@ -94,6 +105,9 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"MTP head on the artifact's states: bf16 {100 * m['artifact_bf16_mtp']['agree']:.2f}%, as shipped "
                      f"{100 * m['artifact']['agree']:.2f}%: {d['delta_points']:+.2f} points, 95% CI (t) [{lo:+.2f}, {hi:+.2f}]"
                      + (f"; the same first draft at {100 * d['same_draft']:.2f}% of positions" if "same_draft" in d else ""))
+    tail = report.get("arms", {}).get("artifact", {}).get("kl_p999_support")
+    if tail:  # reports written before it lack it
+        lines.append(kl_tail_line(tail))
     for name, g in report.get("goals", {}).items():
         lines.append(f"goal {name}: {g['value']:.3f} (limit {g['max']}) {'met' if g['met'] else 'NOT met'}")
     return lines
