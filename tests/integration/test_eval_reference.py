@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,42 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> dict:
     e = qq("eval", str(art), "--reference", str(source), "--windows", str(BANDS["windows"]), "--json")
     assert e.returncode == 0, e.stderr[-3000:]
     return {"source": source, "artifact": art, "report": json.loads(e.stdout), "stderr": e.stderr}
+
+
+def _cells(markdown: str) -> list[list[str]]:
+    rows = [ln for ln in markdown.strip().splitlines() if ln.startswith("|") and not ln.startswith("|---")]
+    return [[c.strip() for c in ln.strip("|").split("|")] for ln in rows]
+
+
+def _close(readme: str, fresh: str) -> bool:
+    """Two printed cells agree: the same words, and numbers within one unit of the README's last
+    printed digit (another CPU type moves the low bits; a window count may move by one)."""
+    num = r"[-+]?\d+(?:\.\d+)?"
+    if re.sub(num, "#", readme) != re.sub(num, "#", fresh):
+        return False
+    for a, b in zip(re.findall(num, readme), re.findall(num, fresh), strict=True):
+        unit = 10.0 ** -len(a.split(".")[1]) if "." in a else 1.0
+        if abs(float(a) - float(b)) > unit * 1.001:
+            return False
+    return True
+
+
+def test_the_readme_quality_table_is_what_a_fresh_eval_prints(evaluated: dict) -> None:
+    """The README's quality table (between its eval-table markers) is the table this fresh eval of
+    the demo's artifact prints (evaluate/report.py renders both from the same rows)."""
+    from qwenquant.evaluate.report import markdown_table
+
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("<!-- eval-table: start -->")[1].split("<!-- eval-table: end -->")[0]
+    want, got = _cells(block), _cells(markdown_table(evaluated["report"]))
+    assert [r[0] for r in want] == [r[0] for r in got] and want[0] == got[0]
+    bad = [(w[0], a, b) for w, g in zip(want[1:], got[1:], strict=True) for a, b in zip(w, g, strict=True)
+           if not _close(a, b)]
+    assert not bad, f"README cells (arm, README, fresh) that differ: {bad}; the fresh table:\n" \
+                    f"{markdown_table(evaluated['report'])}"
+    tail = evaluated["report"]["arms"]["artifact"]["kl_p999_support"]
+    assert f"the largest per-token KL {tail['max']['kl']:.4f} is at window {tail['max']['window']}" in \
+        " ".join(evaluated["stderr"].split())
 
 
 def test_the_bands_hold_on_the_default_tensor_core_hessians(evaluated: dict) -> None:

@@ -148,6 +148,20 @@ def test_a_missed_needle_fails_naming_the_depth(standin) -> None:
     assert (f"needle at depth {first['needle_tokens']:,} of {first['prompt_tokens']:,} tokens (0.1): answer '000000' "
             f"lacks {first['expect']}") in line
     assert line.count("needle at depth") == 3
+    assert "no depth passed" not in line
+
+
+def test_a_model_that_misses_every_depth_is_told_why(standin) -> None:
+    """The `eval --help` needle example on the demo's tiny model: every depth missed, and the line
+    says the task needs an instruction-following model."""
+    standin.max_model_len, standin.needle_fail_from = 2048, 0
+    proc = _eval(standin.url, "--needle")
+    assert proc.returncode == 8
+    line = " ".join(_error_line(proc).split())
+    assert ("no depth passed: the model never answered with the code. The needle task asks a question in chat, so it "
+            "measures an instruction-following model; the demo's tiny model, trained on Python source only, misses "
+            "every depth") in line
+    assert line.count("needle at depth") == 6
 
 
 def test_the_tool_task_is_not_an_exact_match_gate(standin) -> None:

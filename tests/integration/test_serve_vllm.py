@@ -186,11 +186,15 @@ def test_eval_tools_against_vllm_with_the_tool_call_parser(server):
     assert "--enable-auto-tool-choice --tool-call-parser qwen3_coder --tool-strict-level parameter" in starting
     assert proc.returncode == 0, proc.stderr[-3000:]
     cases = json.loads(proc.stdout)["tools"]["cases"]
-    assert [c["name"] for c in cases] == ["no-argument", "no-argument-required", "required-argument", "nested-json"]
+    assert [c["name"] for c in cases] == ["no-argument", "no-argument-required", "required-argument", "nested-json",
+                                          "none", "named-function"]
     assert all(c["kind"] in ("answer", "tool_call") and c["ok"] for c in cases), cases
-    # tool_choice required: vLLM constrains the output to a call, parsed and checked against the schema
-    forced = cases[1]
+    # tool_choice required and a named function: vLLM constrains the output to a call, parsed and checked
+    # against the schema (arguments a JSON string); tool_choice none: plain text
+    forced, named = cases[1], cases[5]
     assert forced["kind"] == "tool_call" and [c["name"] for c in forced["calls"]] == ["get_current_time"], forced
+    assert named["kind"] == "tool_call" and [c["name"] for c in named["calls"]] == ["get_weather"], named
+    assert cases[4]["kind"] == "answer", cases[4]
 
 
 @pytest.mark.parametrize("server", ["text-only"], indirect=True)  # one layout is enough for the eval
@@ -209,6 +213,7 @@ def test_eval_needle_against_vllm_to_the_promised_context(server):
     assert not any(r["passed"] for r in rows)
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and errors[0].count("needle at depth") == 6
+    assert "no depth passed: the model never answered with the code" in errors[0]
 
 
 def test_sigterm_stops_cleanly(server):

@@ -73,6 +73,8 @@ def eval_cmd(
       qwenquant eval --serve artifacts/q27b --profile single-user --gpu-mem 24GiB --min-acceptance-length 1.5
 
       qwenquant eval --served http://127.0.0.1:8000 --gate none --tools --needle
+
+    (--needle asks a question in chat: run it on an instruction-following model; the demo's tiny model misses every depth and the run says so.)
     """
     from qwenquant.errors import UsageError
     from qwenquant.evaluate.servedrun import ServedAsk

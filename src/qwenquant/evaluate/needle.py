@@ -144,9 +144,15 @@ def _ask(url: str, model: str, api_key: str | None, case: dict[str, Any], depth:
     return {**row, "prompt_tokens": prompt_tokens, "answer": text[:120], "passed": case["code"] in text}
 
 
+# why a run where no depth passed says so: the task asks a question in chat, which a base or tiny model cannot answer
+NO_DEPTH_PASSED = ("no depth passed: the model never answered with the code. The needle task asks a question in "
+                   "chat, so it measures an instruction-following model; the demo's tiny model, trained on Python "
+                   "source only, misses every depth")
+
+
 def needle_failures(report: dict[str, Any]) -> list[str]:
-    """One line per failing depth."""
-    out = []
+    """One line per failing depth (and NO_DEPTH_PASSED first when none passed)."""
+    out = [NO_DEPTH_PASSED] if report["depths"] and not report["passed"] else []
     for r in report["depths"]:
         if r["passed"]:
             continue

@@ -59,22 +59,39 @@ def _pct(x: float) -> str:
     return f"{x:+.2f}%"
 
 
+TABLE_COLUMNS = ("arm", "perplexity", "delta vs bf16", "95% CI (t)", "worse windows", "KL (nats)", "KL p99",
+                 "KL p99.9", "top-1")
+
+
+def table_rows(report: dict[str, Any]) -> list[list[str]]:
+    """The offline table's cells, as printed (the terminal table and the README's are these)."""
+    arms = report["arms"]
+    rows = [["reference (bf16)", f"{arms['reference']['ppl']:.3f}"] + [""] * 7]
+    order = ("w4a16-body", "w4a16+rtn-head", "artifact")  # the JSON's keys come back sorted
+    for name in sorted((n for n in arms if n != "reference"), key=lambda n: (order.index(n) if n in order else 9, n)):
+        a = arms[name]
+        lo, hi = a["ci95_pct"]
+        tail = [f"{a[k]:.4f}" if k in a else "" for k in ("kl_p99", "kl_p999")]  # reports written before the tail
+        rows.append([name, f"{a['ppl']:.3f}", _pct(a["delta_pct"]), f"[{_pct(lo)}, {_pct(hi)}]",
+                     f"{a['windows_worse']}/{a['windows']}", f"{a['kl']:.5f}", *tail, f"{100 * a['top1']:.2f}%"])
+    return rows
+
+
 def offline_table(report: dict[str, Any]) -> Any:
     """A rich Table of the offline figures."""
     from rich.table import Column, Table
 
-    t = Table(Column("arm", no_wrap=True), "perplexity", "delta vs bf16", "95% CI (t)", "worse windows", "KL (nats)",
-              "KL p99", "KL p99.9", "top-1", title=f"eval: {report['windows']} windows x {report['window_len']} tokens")
-    arms = report["arms"]
-    t.add_row("reference (bf16)", f"{arms['reference']['ppl']:.3f}", "", "", "", "", "", "", "")
-    for name, a in arms.items():
-        if name == "reference":
-            continue
-        lo, hi = a["ci95_pct"]
-        tail = [f"{a[k]:.4f}" if k in a else "" for k in ("kl_p99", "kl_p999")]  # reports written before the tail
-        t.add_row(name, f"{a['ppl']:.3f}", _pct(a["delta_pct"]), f"[{_pct(lo)}, {_pct(hi)}]",
-                  f"{a['windows_worse']}/{a['windows']}", f"{a['kl']:.5f}", *tail, f"{100 * a['top1']:.2f}%")
+    t = Table(Column(TABLE_COLUMNS[0], no_wrap=True), *TABLE_COLUMNS[1:],
+              title=f"eval: {report['windows']} windows x {report['window_len']} tokens")
+    for row in table_rows(report):
+        t.add_row(*row)
     return t
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The offline table as Markdown (the README's quality table)."""
+    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in table_rows(report)]) + "\n"
 
 
 def kl_tail_line(t: dict[str, Any]) -> str:
