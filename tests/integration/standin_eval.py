@@ -1,4 +1,4 @@
-"""The stand-in server (standin.py) with the faults `qwenquant eval --served` must name: a /metrics
+"""The stand-in server (standin.py) with the faults `qwenquant eval served` must name: a /metrics
 that answers another status, a /v1/models body without `data`, and chat answers that draft (as vLLM
 with MTP drafts on every request, chat ones included).
 

@@ -40,7 +40,7 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> dict:
     # eval of the same 32 windows at the end of quantize
     q = qq("quantize", str(source), "--recipe", "tiny-reference", "--source-unverified", "--out", str(art), "--json")
     assert q.returncode == 0, q.stderr[-3000:]
-    e = qq("eval", str(art), "--reference", str(source), "--windows", str(BANDS["windows"]), "--json")
+    e = qq("eval", "offline", str(art), "--reference", str(source), "--windows", str(BANDS["windows"]), "--json")
     assert e.returncode == 0, e.stderr[-3000:]
     return {"source": source, "artifact": art, "report": json.loads(e.stdout), "stderr": e.stderr}
 
@@ -131,7 +131,7 @@ def test_same_model_against_itself_costs_nothing(evaluated: dict, tmp_path: Path
     copy = tmp_path / "self"
     shutil.copytree(evaluated["source"], copy)
     write_test_manifest(copy, {"name": "none"})
-    e = qq("eval", str(copy), "--reference", str(evaluated["source"]), "--reference-unverified", "--windows", "4",
+    e = qq("eval", "offline", str(copy), "--reference", str(evaluated["source"]), "--reference-unverified", "--windows", "4",
            "--window-len", "64", "--json")
     assert e.returncode == 0, e.stderr[-2000:]
     body = e.stdout and json.loads(e.stdout)["arms"]["w4a16-body"]
@@ -144,7 +144,7 @@ def test_streamed_forward_gives_the_dense_figures(evaluated: dict) -> None:
     dense forward give the same figures on the same windows."""
     common = (str(evaluated["artifact"]), "--reference", str(evaluated["source"]), "--windows", "6", "--window-len", "96",
               "--json", "--report", os.devnull)
-    streamed, dense = qq("eval", *common, "--streamed"), qq("eval", *common, "--dense")
+    streamed, dense = qq("eval", "offline", *common, "--streamed"), qq("eval", "offline", *common, "--dense")
     assert streamed.returncode == 0 and dense.returncode == 0, (streamed.stderr + dense.stderr)[-3000:]
     s, d = json.loads(streamed.stdout), json.loads(dense.stdout)
     assert (s["forward"], d["forward"]) == ("streamed", "dense")

@@ -42,7 +42,7 @@ def setup(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> di
 
 
 def _cmd(s: dict[str, Path], pidfile: Path, *extra: str, mode: str = "good", answers: Path | None = None) -> list[str]:
-    return [sys.executable, "-m", "qwenquant", "eval", "--serve", str(s["artifact"]), "--vllm", str(s["launcher"]),
+    return [sys.executable, "-m", "qwenquant", "eval", "served", "--serve", str(s["artifact"]), "--vllm", str(s["launcher"]),
             "--timeout", "30", "--gate", str(s["root"] / "gate.json"), *extra,
             "--", "--max-model-len", "2048", "--standin-mode", mode, "--standin-pidfile", str(pidfile),
             "--standin-answers", str(answers or s["root"] / "answers.json")]

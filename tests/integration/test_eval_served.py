@@ -50,7 +50,7 @@ def server():
 def _eval(url: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     gate = tmp_path / "gate.json"
     gate.write_text(json.dumps(GATE))
-    return subprocess.run([sys.executable, "-m", "qwenquant", "eval", "--served", url, "--gate", str(gate), "--json", *extra],
+    return subprocess.run([sys.executable, "-m", "qwenquant", "eval", "served", url, "--gate", str(gate), "--json", *extra],
                           capture_output=True, text=True, timeout=120, cwd=REPO, env=dict(os.environ))
 
 

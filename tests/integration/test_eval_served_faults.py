@@ -29,7 +29,7 @@ def standin():
 
 def _eval(url: str, *extra: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "QWENQUANT_API_KEY"}
-    return subprocess.run([sys.executable, "-m", "qwenquant", "eval", "--served", url, *extra],
+    return subprocess.run([sys.executable, "-m", "qwenquant", "eval", "served", url, *extra],
                           capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
 
 

@@ -29,7 +29,7 @@ def standin():
 
 
 def _eval(url: str, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "qwenquant", "eval", "--served", url, "--gate", "none", "--json",
+    return subprocess.run([sys.executable, "-m", "qwenquant", "eval", "served", url, "--gate", "none", "--json",
                            *extra], capture_output=True, text=True, timeout=120, cwd=REPO, env=dict(os.environ))
 
 
@@ -165,7 +165,7 @@ def test_a_model_that_misses_every_depth_is_told_why(standin) -> None:
 
 
 def test_the_tool_task_is_not_an_exact_match_gate(standin) -> None:
-    proc = subprocess.run([sys.executable, "-m", "qwenquant", "eval", "--served", standin.url, "--gate", "tools"],
+    proc = subprocess.run([sys.executable, "-m", "qwenquant", "eval", "served", standin.url, "--gate", "tools"],
                           capture_output=True, text=True, timeout=120, cwd=REPO, env=dict(os.environ))
     assert proc.returncode == 2
     assert "gate 'tools' has no exact-match tasks" in _error_line(proc)

@@ -172,7 +172,7 @@ def test_mtp_acceptance(server):
 
 def _eval_served(server: Running, *extra: str) -> subprocess.CompletedProcess:
     assert server.layout == "text-only"
-    return subprocess.run([sys.executable, "-m", "qwenquant", "eval", "--served", server.url, "--gate", "none",
+    return subprocess.run([sys.executable, "-m", "qwenquant", "eval", "served", server.url, "--gate", "none",
                            "--json", *extra], capture_output=True, text=True, timeout=900, cwd=REPO)
 
 

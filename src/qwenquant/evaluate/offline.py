@@ -18,7 +18,6 @@ and the windows its tail tokens lie in (`kl_p999_support`).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -29,21 +28,11 @@ import torch
 from qwenquant.evaluate import metrics
 from qwenquant.evaluate.forward import DenseForward, TextForward
 from qwenquant.evaluate.texts import window_text
-from qwenquant.evaluate.weights import load_dense
+from qwenquant.evaluate.weights import load_dense, rtn_head
 
 log = logging.getLogger(__name__)
 
 ARMS = ("w4a16-body", "w4a16+rtn-head", "artifact")
-
-
-def rtn_head(weight: torch.Tensor, group_size: int = 128) -> torch.Tensor:
-    """Round-to-nearest symmetric int4 of `weight`, dequantized on `weight`'s device (the lm_head
-    stage's baseline)."""
-    from qwenquant.modeling.int4 import rtn_quantize_rows
-
-    q = rtn_quantize_rows(weight, group_size=group_size, device=weight.device)
-    q = dataclasses.replace(q, int=q.int.to(weight.device), scale=q.scale.to(weight.device))
-    return q.dequantize(torch.float32)
 
 
 def _mtp_drafts(fwd: TextForward, ids: torch.Tensor, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor | None:

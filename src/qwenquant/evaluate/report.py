@@ -1,4 +1,5 @@
-"""The eval report: goals, where the JSON goes (beside the artifact, outside its hashed files), the table."""
+"""The eval report: goals, where the JSON goes (beside the artifact, outside its hashed files), the table,
+the versioned JSON (`stamp`), its one-line verdict and its one writer (`save_report`)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,39 @@ def goals(report: dict[str, Any]) -> dict[str, Any]:
     if change is not None:
         out["mtp_acceptance_drop_pct"] = {"value": -change, "max": MTP_DROP_MAX_PCT, "met": -change < MTP_DROP_MAX_PCT}
     return out
+
+
+# the JSON's schema: version 1 adds `schema_version` and `kind` to the keys reports had before
+SCHEMA_VERSION = 1
+KINDS = ("offline", "served")
+
+
+def stamp(result: dict[str, Any], kind: str) -> dict[str, Any]:
+    """`result` as a versioned report of `kind` (offline | served)."""
+    if kind not in KINDS:
+        raise ValueError(f"eval report kind {kind!r} is not one of {KINDS}")
+    result.update(schema_version=SCHEMA_VERSION, kind=kind)
+    return result
+
+
+def verdict_line(result: dict[str, Any]) -> str:
+    """One line saying what the run found: goals met or not (offline), ok or FAILED and what ran (served)."""
+    if result.get("kind") == "offline":
+        missed = [f"{k} {g['value']:.3f} (limit {g['max']})" for k, g in result.get("goals", {}).items() if not g["met"]]
+        return "eval offline: " + ("every goal met" if not missed else "goal NOT met: " + "; ".join(missed))
+    ran = [f"gate {result.get('gate')}: " + ", ".join(f"{t['name']} {t['passed']}/{t['total']}" for t in result["tasks"])
+           ] if result.get("tasks") else []
+    if "tools" in result:
+        c = result["tools"]["cases"]
+        ran.append(f"tools {sum(x['ok'] for x in c)}/{len(c)}")
+    if "needle" in result:
+        ran.append(f"needle {result['needle']['passed']}/{result['needle']['total']} depths")
+    m = result["mtp"]
+    mal = m.get("mean_acceptance_length")
+    ran.append("MTP not measured" if m.get("unavailable") else
+               "MTP drafted nothing" if mal is None else f"MTP mean acceptance length {mal:.3f}")
+    fails = result.get("failures") or []
+    return (f"eval served: {'ok' if not fails else f'FAILED ({len(fails)} problem(s))'}: " + "; ".join(ran))
 
 
 def report_path(artifact: Path, root_digest: str, kind: str = "eval") -> Path:

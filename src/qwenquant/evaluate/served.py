@@ -39,7 +39,7 @@ def load_gate(name_or_path: str) -> dict[str, Any]:
         path = Path(str(resources.files("qwenquant") / "data" / "evalsets" / f"{name_or_path}.json"))
     if not path.is_file():
         raise UsageError(f"no gate named {name_or_path!r}",
-                         hint=f"shipped gates: {', '.join(list_gates())} (`qwenquant eval --list-gates`), or a JSON file")
+                         hint=f"shipped gates: {', '.join(list_gates())} (`qwenquant eval gates`), or a JSON file")
     try:
         gate = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
@@ -81,7 +81,7 @@ def list_gates() -> list[str]:
 
 
 def describe_gates() -> list[dict[str, Any]]:
-    """name, description and task count of every shipped gate (`qwenquant eval --list-gates`)."""
+    """name, description and task count of every shipped gate (`qwenquant eval gates`)."""
     out = []
     for name in list_gates():
         gate = load_gate(name)

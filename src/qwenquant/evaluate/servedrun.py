@@ -10,6 +10,7 @@ from typing import Any
 
 from qwenquant.errors import UsageError
 from qwenquant.evaluate.needle import check_needle_max_len, needle_failures, run_needle
+from qwenquant.evaluate.report import stamp
 from qwenquant.evaluate.served import (
     acceptance,
     base_url,
@@ -42,7 +43,7 @@ class ServedAsk:
         if not gate["tasks"] and not self.tools and not self.needle:
             raise UsageError(f"--gate {self.gate} with neither --tools nor --needle tests nothing"
                              + (" (MTP acceptance would be measured over no request)" if self.min_acceptance else ""),
-                             hint="pass --tools and/or --needle, or a gate with tasks (`qwenquant eval --list-gates`)")
+                             hint="pass --tools and/or --needle, or a gate with tasks (`qwenquant eval gates`)")
         if self.needle_max_len is not None:
             if not self.needle:
                 raise UsageError("--needle-max-len without --needle", hint="add --needle, or drop --needle-max-len")
@@ -68,7 +69,7 @@ def run_served(url: str, ask: ServedAsk, model: str | None = None) -> dict[str, 
                                              ("needle cases", ask.needle)) if on]
     failures = served_failures(result, ask.min_acceptance)
     result.update(min_acceptance_length=ask.min_acceptance, failures=failures, ok=not failures)
-    return result
+    return stamp(result, "served")
 
 
 def served_failures(result: dict[str, Any], min_acceptance: float | None) -> list[str]:
