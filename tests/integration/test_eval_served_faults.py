@@ -10,27 +10,24 @@ cannot be chosen. test_eval_vllm.py and test_serve_vllm.py run eval against a re
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from standin_eval import EvalStandin
 
-REPO = Path(__file__).resolve().parents[2]
+from helpers import qq
 
 
 @pytest.fixture
-def standin():
+def standin(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("QWENQUANT_API_KEY", raising=False)  # the 401 test sends no key unless told to
     with EvalStandin() as s:
         yield s
 
 
 def _eval(url: str, *extra: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "QWENQUANT_API_KEY"}
-    return subprocess.run([sys.executable, "-m", "qwenquant", "eval", "served", url, *extra],
-                          capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    return qq("eval", "served", url, *extra, timeout=120)
 
 
 def _line(proc: subprocess.CompletedProcess, prefix: str) -> str:
