@@ -1,4 +1,4 @@
-"""`qwenquant eval --served` against a server that is not quite what it expects: a base URL ending in
+"""`qwenquant eval served` against a server that is not quite what it expects: a base URL ending in
 /v1, /v1/models without `data`, an API key it lacks, no /metrics; a run that would test nothing; a
 report path that fills up after measuring.
 

@@ -1,4 +1,4 @@
-"""`qwenquant eval --served URL --tools / --needle` against a stand-in server: each verdict fires.
+"""`qwenquant eval served URL --tools / --needle` against a stand-in server: each verdict fires.
 
 STAND-IN: the server is tests/integration/standin.py (chat answers in standin_chat.py) in the test
 process, not vLLM: a real server cannot be told to return a malformed tool call, arguments that miss

@@ -1,4 +1,4 @@
-"""The hard `--gpu-mem` limit's ballast under `qwenquant serve` and `eval --serve`: started before the
+"""The hard `--gpu-mem` limit's ballast under `qwenquant serve` and `eval served --serve`: started before the
 server, holding while it serves, stopped after it, and gone after SIGINT, SIGTERM and SIGKILL of
 `qwenquant serve`; `--gpu-mem-soft` starts none; the dry run says which mode and what it holds.
 
