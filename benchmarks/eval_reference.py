@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/eval_reference.py --work /tmp/evalref-bench --out benchmarks/reports/eval_reference.json
 
 Every step is the real CLI: build the reference checkpoint (`qwenquant.testbed.tiny.reference_model`);
-`qwenquant quantize` (w4a16-int4head, tiny-reference calibration); `qwenquant eval ARTIFACT
+`qwenquant quantize` (w4a16-int4head, tiny-reference calibration); `qwenquant eval offline ARTIFACT
 --reference SOURCE --windows 64`; then, when a vLLM environment is installed (and not --no-serve),
 serve the artifact (`qwenquant serve --profile single-user`) and the bf16 source (the same vLLM
 command with the source folder and --language-model-only) in turn, and run `qwenquant eval
@@ -45,7 +45,7 @@ def _port() -> int:
 
 
 def _served_eval(argv: list[str], env: dict[str, str], url: str, log: Path) -> dict:
-    """Start a server from `argv`, wait for /v1/models, run `qwenquant eval --served`, stop it."""
+    """Start a server from `argv`, wait for /v1/models, run `qwenquant eval served URL`, stop it."""
     import time
     import urllib.request
 
@@ -60,7 +60,7 @@ def _served_eval(argv: list[str], env: dict[str, str], url: str, log: Path) -> d
                 break
             except OSError:
                 time.sleep(1)
-        r = qq("eval", "--served", url, "--json", env=env)
+        r = qq("eval", "served", url, "--json", env=env)
         return json.loads(r.stdout) if r.stdout else {"error": r.stderr[-2000:]}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -99,7 +99,7 @@ def main() -> int:
         q = qq("quantize", str(src), "--recipe", "w4a16-int4head", "--calibration", a.calibration,
                "--source-unverified", "--out", str(art), "--json", env=env)
         assert q.returncode == 0, q.stderr[-3000:]
-    e = qq("eval", str(art), "--reference", str(src), "--windows", str(a.windows), "--json", env=env)
+    e = qq("eval", "offline", str(art), "--reference", str(src), "--windows", str(a.windows), "--json", env=env)
     assert e.returncode == 0, e.stderr[-3000:]
     result = {"offline": json.loads(e.stdout), "served": {}}
     if not a.no_serve and LAUNCHER.exists():

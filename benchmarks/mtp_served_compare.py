@@ -8,7 +8,7 @@ Every step is the real CLI. Build the trained tiny reference (`qwenquant.testbed
 for each of the recipes `tiny-reference` (bf16 MTP head) and `tiny-reference-int4mtp` (the MTP head's
 Linears GPTQ int4), a copy with the chosen artifact layout, the shipped tiny-reference calibration set
 and, with --vllm-versions, the vLLM range the artifact's check accepts; `qwenquant quantize` (kept when
-its manifest is there: a re-run resumes); then `qwenquant eval --serve ART --profile single-user
+its manifest is there: a re-run resumes); then `qwenquant eval served --serve ART --profile single-user
 --json`, one artifact at a time (vLLM counts another process's GPU allocations as its own while it
 profiles: docs/known-issues.md#one-vllm-start-at-a-time). `eval --serve` starts the server through
 `qwenquant serve`'s preflight and supervisor, runs the recipe's exact-match gate greedily and reads MTP
@@ -130,7 +130,7 @@ def measure(a: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
                 arm["error"] = failed("quantize", r, log)
                 continue
         arm["root_digest"] = json.loads((art / "qwenquant-manifest.json").read_text()).get("root_digest")
-        serve = ["eval", "--serve", str(art), "--profile", "single-user", "--vllm", str(a.vllm), "--json", *dev]
+        serve = ["eval", "served", "--serve", str(art), "--profile", "single-user", "--vllm", str(a.vllm), "--json", *dev]
         if a.gpu_mem:
             serve += ["--gpu-mem", a.gpu_mem]
         log = a.work / f"served-{recipe}.log"

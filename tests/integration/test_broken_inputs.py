@@ -111,9 +111,9 @@ def cases(b: dict[str, Path], repo_id: str) -> list[tuple[list[str], int]]:
         (["serve", s["truncated"], "--dry-run", "--gpu-mem", "24GiB", "--gpu-mem-soft", "--",
           "--gpu-memory-utilization", "0.5"], 2),
         (["eval"], 2),
-        (["eval", "--serve", s["manifested"], "--gpu-mem", "lots"], 2),     # serve's own --gpu-mem check
-        (["eval", "--serve", s["manifested"], "--served", "http://127.0.0.1:9"], 2),
-        (["eval", "--serve", s["manifested"], "--device", "tpu"], 2),
+        (["eval", "served", "--serve", s["manifested"], "--gpu-mem", "lots"], 2),     # serve's own --gpu-mem check
+        (["eval", "served", "http://127.0.0.1:9", "--serve", s["manifested"]], 2),
+        (["eval", "served", "--serve", s["manifested"], "--device", "tpu"], 2),
         (["recipe", "validate", s["missing"]], 2),
         (["recipe", "validate", s["bad-yaml"]], 2),
         (["recipe", "validate", s["wrong-recipe"]], 2),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,9 +40,45 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> dict:
     # eval of the same 32 windows at the end of quantize
     q = qq("quantize", str(source), "--recipe", "tiny-reference", "--source-unverified", "--out", str(art), "--json")
     assert q.returncode == 0, q.stderr[-3000:]
-    e = qq("eval", str(art), "--reference", str(source), "--windows", str(BANDS["windows"]), "--json")
+    e = qq("eval", "offline", str(art), "--reference", str(source), "--windows", str(BANDS["windows"]), "--json")
     assert e.returncode == 0, e.stderr[-3000:]
     return {"source": source, "artifact": art, "report": json.loads(e.stdout), "stderr": e.stderr}
+
+
+def _cells(markdown: str) -> list[list[str]]:
+    rows = [ln for ln in markdown.strip().splitlines() if ln.startswith("|") and not ln.startswith("|---")]
+    return [[c.strip() for c in ln.strip("|").split("|")] for ln in rows]
+
+
+def _close(readme: str, fresh: str) -> bool:
+    """Two printed cells agree: the same words, and numbers within one unit of the README's last
+    printed digit (another CPU type moves the low bits; a window count may move by one)."""
+    num = r"[-+]?\d+(?:\.\d+)?"
+    if re.sub(num, "#", readme) != re.sub(num, "#", fresh):
+        return False
+    for a, b in zip(re.findall(num, readme), re.findall(num, fresh), strict=True):
+        unit = 10.0 ** -len(a.split(".")[1]) if "." in a else 1.0
+        if abs(float(a) - float(b)) > unit * 1.001:
+            return False
+    return True
+
+
+def test_the_readme_quality_table_is_what_a_fresh_eval_prints(evaluated: dict) -> None:
+    """The README's quality table (between its eval-table markers) is the table this fresh eval of
+    the demo's artifact prints (evaluate/report.py renders both from the same rows)."""
+    from qwenquant.evaluate.report import markdown_table
+
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("<!-- eval-table: start -->")[1].split("<!-- eval-table: end -->")[0]
+    want, got = _cells(block), _cells(markdown_table(evaluated["report"]))
+    assert [r[0] for r in want] == [r[0] for r in got] and want[0] == got[0]
+    bad = [(w[0], a, b) for w, g in zip(want[1:], got[1:], strict=True) for a, b in zip(w, g, strict=True)
+           if not _close(a, b)]
+    assert not bad, f"README cells (arm, README, fresh) that differ: {bad}; the fresh table:\n" \
+                    f"{markdown_table(evaluated['report'])}"
+    tail = evaluated["report"]["arms"]["artifact"]["kl_p999_support"]
+    assert f"the largest per-token KL {tail['max']['kl']:.4f} is at window {tail['max']['window']}" in \
+        " ".join(evaluated["stderr"].split())
 
 
 def test_the_bands_hold_on_the_default_tensor_core_hessians(evaluated: dict) -> None:
@@ -94,7 +131,7 @@ def test_same_model_against_itself_costs_nothing(evaluated: dict, tmp_path: Path
     copy = tmp_path / "self"
     shutil.copytree(evaluated["source"], copy)
     write_test_manifest(copy, {"name": "none"})
-    e = qq("eval", str(copy), "--reference", str(evaluated["source"]), "--reference-unverified", "--windows", "4",
+    e = qq("eval", "offline", str(copy), "--reference", str(evaluated["source"]), "--reference-unverified", "--windows", "4",
            "--window-len", "64", "--json")
     assert e.returncode == 0, e.stderr[-2000:]
     body = e.stdout and json.loads(e.stdout)["arms"]["w4a16-body"]
@@ -107,7 +144,7 @@ def test_streamed_forward_gives_the_dense_figures(evaluated: dict) -> None:
     dense forward give the same figures on the same windows."""
     common = (str(evaluated["artifact"]), "--reference", str(evaluated["source"]), "--windows", "6", "--window-len", "96",
               "--json", "--report", os.devnull)
-    streamed, dense = qq("eval", *common, "--streamed"), qq("eval", *common, "--dense")
+    streamed, dense = qq("eval", "offline", *common, "--streamed"), qq("eval", "offline", *common, "--dense")
     assert streamed.returncode == 0 and dense.returncode == 0, (streamed.stderr + dense.stderr)[-3000:]
     s, d = json.loads(streamed.stdout), json.loads(dense.stdout)
     assert (s["forward"], d["forward"]) == ("streamed", "dense")

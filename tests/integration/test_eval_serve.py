@@ -1,4 +1,4 @@
-"""`qwenquant eval --serve ARTIFACT`: the server is started through serve's own preflight and
+"""`qwenquant eval served --serve ARTIFACT`: the server is started through serve's own preflight and
 supervisor, the gate runs against it, and it is stopped afterwards (also on a failed gate, a
 server that dies, and Ctrl-C).
 
@@ -6,7 +6,7 @@ STAND-IN: the server is tests/integration/standin.py run as vLLM, not vLLM: it a
 completions from a fixed prompt -> text table and serves vLLM's speculative-decoding counters
 growing by set amounts per completion, so the acceptance figures are known exactly. A
 real vLLM cannot be made to accept a chosen number of drafts or to fail on demand; the real-vLLM
-run of `eval --serve` is in test_eval_vllm.py.
+run of `eval served --serve` is in test_eval_vllm.py.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def setup(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> di
 
 
 def _cmd(s: dict[str, Path], pidfile: Path, *extra: str, mode: str = "good", answers: Path | None = None) -> list[str]:
-    return [sys.executable, "-m", "qwenquant", "eval", "--serve", str(s["artifact"]), "--vllm", str(s["launcher"]),
+    return [sys.executable, "-m", "qwenquant", "eval", "served", "--serve", str(s["artifact"]), "--vllm", str(s["launcher"]),
             "--timeout", "30", "--gate", str(s["root"] / "gate.json"), *extra,
             "--", "--max-model-len", "2048", "--standin-mode", mode, "--standin-pidfile", str(pidfile),
             "--standin-answers", str(answers or s["root"] / "answers.json")]

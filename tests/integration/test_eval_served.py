@@ -1,4 +1,4 @@
-"""`qwenquant eval --served` against a stand-in server, and the same MTP figures from `qwenquant bench`.
+"""`qwenquant eval served` against a stand-in server, and the same MTP figures from `qwenquant bench`.
 
 STAND-IN: the server is tests/integration/standin.py in the test process, not vLLM. It answers
 /v1/models, /v1/completions (from a fixed prompt -> text table), streamed chat completions and a
@@ -50,7 +50,7 @@ def server():
 def _eval(url: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     gate = tmp_path / "gate.json"
     gate.write_text(json.dumps(GATE))
-    return subprocess.run([sys.executable, "-m", "qwenquant", "eval", "--served", url, "--gate", str(gate), "--json", *extra],
+    return subprocess.run([sys.executable, "-m", "qwenquant", "eval", "served", url, "--gate", str(gate), "--json", *extra],
                           capture_output=True, text=True, timeout=120, cwd=REPO, env=dict(os.environ))
 
 
@@ -109,7 +109,7 @@ def _bench_acceptance(url: str, tmp_path: Path) -> dict:
 
 @pytest.mark.parametrize("total_suffix", [True, False], ids=["with-_total", "without-_total"])
 def test_eval_and_bench_report_the_same_acceptance(server, tmp_path: Path, total_suffix: bool) -> None:
-    """The same server, counters exported with or without `_total`: `eval --served` and `bench`
+    """The same server, counters exported with or without `_total`: `eval served` and `bench`
     report the same mean acceptance length and per-position rates (each request: 4 drafts, 6 accepted)."""
     s = server(total_suffix=total_suffix)
     assert ("_total{" in s.metrics_text()) == total_suffix

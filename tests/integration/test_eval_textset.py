@@ -93,7 +93,7 @@ def test_eval_cuts_windows_from_a_fetched_text_set(hub, tmp_path: Path) -> None:
     shutil.copytree(source, art)
     write_test_manifest(art, {"name": "none"})
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "xdg"), QWENQUANT_THREADS="2")
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "eval", str(art), "--reference", str(source), "--reference-unverified", "--text-set",
+    r = subprocess.run([sys.executable, "-m", "qwenquant", "eval", "offline", str(art), "--reference", str(source), "--reference-unverified", "--text-set",
                         str(decl), "--windows", "4", "--window-len", "64", "--json"],
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -1,7 +1,7 @@
-"""`qwenquant eval --serve` with the real vLLM (CPU build from .venv-vllm) serving the quantized tiny
+"""`qwenquant eval served --serve` with the real vLLM (CPU build from .venv-vllm) serving the quantized tiny
 reference with MTP: the server starts through serve's machinery, the shipped gate passes, the
 trained MTP head is accepted at a real rate read from vLLM's own /metrics counters, and the server
-is stopped. One server for the module (the gate code is the one `eval --served URL` runs; the
+is stopped. One server for the module (the gate code is the one `eval served URL` runs; the
 stand-in tests cover that path and the failure paths)."""
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_serve_runs_the_gate_with_real_mtp_acceptance_and_stops(artifact: Path) -> None:
-    """One real server for the module: `eval --serve` starts it through serve's machinery and stops it."""
+    """One real server for the module: `eval served --serve` starts it through serve's machinery and stops it."""
     from qwenquant.manifest import load_manifest
 
     tmp = artifact.parent
-    proc = subprocess.run([sys.executable, "-m", "qwenquant", "eval", "--serve", str(artifact), "--profile",
+    proc = subprocess.run([sys.executable, "-m", "qwenquant", "eval", "served", "--serve", str(artifact), "--profile",
                            "single-user", "--vllm", str(LAUNCHER), "--min-acceptance-length", "1.2", "--json",
                            "--", "--max-model-len", "2048"],
                           env=_env(tmp), capture_output=True, text=True, timeout=1200)

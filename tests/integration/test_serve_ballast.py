@@ -1,4 +1,4 @@
-"""The hard `--gpu-mem` limit's ballast under `qwenquant serve` and `eval --serve`: started before the
+"""The hard `--gpu-mem` limit's ballast under `qwenquant serve` and `eval served --serve`: started before the
 server, holding while it serves, stopped after it, and gone after SIGINT, SIGTERM and SIGKILL of
 `qwenquant serve`; `--gpu-mem-soft` starts none; the dry run says which mode and what it holds.
 
@@ -129,7 +129,7 @@ def test_eval_serve_runs_under_the_ballast(setup, tmp_path):
     gate = tmp_path / "gate.json"
     gate.write_text(json.dumps({"name": "g", "tasks": [{"name": "t", "cases": [{"prompt": "hi", "expect": " world"}]}]}))
     args = _args(setup, tmp_path, "--gpu-mem", "24GiB")
-    cmd = [sys.executable, "-m", "qwenquant", "eval", "--serve", str(setup["artifact"]), "--vllm", str(setup["launcher"]),
+    cmd = [sys.executable, "-m", "qwenquant", "eval", "served", "--serve", str(setup["artifact"]), "--vllm", str(setup["launcher"]),
            "--device", "cuda", "--timeout", "60", "--gpu-mem", "24GiB", "--gate", str(gate), "--json",
            *args[args.index("--"):]]
     r = subprocess.run(cmd, env=_env(setup, tmp_path), capture_output=True, text=True, timeout=180)

@@ -112,7 +112,7 @@ def test_served_acceptance_does_not_collapse(server, artifact: Path) -> None:
     prompts) against the bf16 MTP head's offline t+2 agreement on the same artifact: a mis-loaded
     int4 head accepts about nothing; a working one near the offline rate."""
     cli, _ = server
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "eval", "--served", cli.url, "--json"],
+    r = subprocess.run([sys.executable, "-m", "qwenquant", "eval", "served", cli.url, "--json"],
                        env=_env(artifact.parent), capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads(r.stdout)["mtp"]

@@ -172,25 +172,33 @@ def test_mtp_acceptance(server):
 
 def _eval_served(server: Running, *extra: str) -> subprocess.CompletedProcess:
     assert server.layout == "text-only"
-    return subprocess.run([sys.executable, "-m", "qwenquant", "eval", "--served", server.url, "--gate", "none",
+    return subprocess.run([sys.executable, "-m", "qwenquant", "eval", "served", server.url, "--gate", "none",
                            "--json", *extra], capture_output=True, text=True, timeout=900, cwd=REPO)
 
 
 @pytest.mark.parametrize("server", ["text-only"], indirect=True)  # one layout is enough for the eval
 def test_eval_tools_against_vllm_with_the_tool_call_parser(server):
-    """The profile's tool-call parser and strict level are on; the tiny model answers in plain text, so
-    every case is a well-formed answer (the verdicts are proven against the stand-in:
-    test_eval_tools_needle.py)."""
+    """The profile's tool-call parser and strict level are on. Under auto and none the tiny model answers
+    in plain text; under required and a named function vLLM constrains the output to a call of the
+    right tool, but (vLLM 0.32 on the CPU, qwen3_coder parser, --tool-strict-level parameter) not to the
+    named tool's required argument: the gate names the missing `city` and fails (exit 8). The verdicts
+    themselves are proven against the stand-in: test_eval_tools_needle.py."""
     proc = _eval_served(server, "--tools")
     starting = next(ln for ln in server.cli.stderr.splitlines() if "starting:" in ln)
     assert "--enable-auto-tool-choice --tool-call-parser qwen3_coder --tool-strict-level parameter" in starting
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 8, proc.stderr[-3000:]
     cases = json.loads(proc.stdout)["tools"]["cases"]
-    assert [c["name"] for c in cases] == ["no-argument", "no-argument-required", "required-argument", "nested-json"]
-    assert all(c["kind"] in ("answer", "tool_call") and c["ok"] for c in cases), cases
-    # tool_choice required: vLLM constrains the output to a call, parsed and checked against the schema
-    forced = cases[1]
+    assert [c["name"] for c in cases] == ["no-argument", "no-argument-required", "required-argument", "nested-json",
+                                          "none", "named-function"]
+    assert all(c["kind"] in ("answer", "tool_call") and c["ok"] for c in cases[:5]), cases
+    forced, named = cases[1], cases[5]
     assert forced["kind"] == "tool_call" and [c["name"] for c in forced["calls"]] == ["get_current_time"], forced
+    assert cases[4]["kind"] == "answer", cases[4]  # tool_choice none: plain text
+    assert named["kind"] == "malformed" and [c["name"] for c in named["calls"]] == ["get_weather"], named
+    assert isinstance(named["calls"][0]["arguments"], str)  # a JSON string, as OpenAI sends them
+    errors = [" ".join(ln.split()) for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert errors == ["error: served gate failed: tool case named-function: malformed tool call: call 0 (get_weather): "
+                      "arguments lacks required 'city'"], proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("server", ["text-only"], indirect=True)  # one layout is enough for the eval
@@ -209,6 +217,7 @@ def test_eval_needle_against_vllm_to_the_promised_context(server):
     assert not any(r["passed"] for r in rows)
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and errors[0].count("needle at depth") == 6
+    assert "no depth passed: the model never answered with the code" in errors[0]
 
 
 def test_sigterm_stops_cleanly(server):

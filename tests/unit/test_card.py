@@ -198,7 +198,7 @@ def test_not_measured_where_no_report_and_quick_eval_from_the_manifest(tmp_path:
     card, reps, _ = _card(_artifact(tmp_path, quality=quality))
     text = card.readme.decode()
     assert reps == []
-    assert "- served gate: not measured (`qwenquant eval --serve" in text
+    assert "- served gate: not measured (`qwenquant eval served --serve" in text
     assert "- throughput: not measured (`qwenquant bench run --serve" in text
     assert "- offline eval: not measured" not in text  # the manifest's quick eval is there
     assert {f["source"] for f in card.record["figures"]} == {"qwenquant-manifest.json"}

@@ -48,6 +48,25 @@ def test_kl_tail_quantiles_of_per_token_kl() -> None:
     assert torch.allclose(metrics.token_kl(logits, -logits).mean(dim=1), metrics.window_kl_top1(logits, -logits)[0])
 
 
+def test_kl_tail_support_names_the_window_the_p999_rests_on() -> None:
+    """One window holds every large per-token KL: the p99.9 is reported with a bootstrap interval over
+    windows that spans the resamples with and without that window, and the window is named."""
+    kl = torch.full((32, 255), 0.01, dtype=torch.float64)
+    kl[7, 100:120] = torch.linspace(0.5, 0.9, 20, dtype=torch.float64)
+    t = metrics.kl_tail_support(kl)
+    assert t["value"] == pytest.approx(float(torch.quantile(kl.flatten(), 0.999)))
+    assert t["windows_above"] == 1 and t["windows"] == 32 and t["top_window"] == 7 and t["top_window_share"] == 1.0
+    assert t["max"] == {"window": 7, "token": 119, "kl": pytest.approx(0.9)}
+    lo, hi = t["ci95"]
+    assert lo == pytest.approx(0.01) and hi > t["value"]  # resamples without window 7 have no tail at all
+    assert metrics.kl_tail_support(kl) == t  # a fixed seed: the same interval every run
+    from qwenquant.evaluate.report import kl_tail_line
+
+    assert kl_tail_line({**t, "max": {**t["max"], "text": "x = 1"}}).startswith(
+        f"artifact KL p99.9 {t['value']:.4f}, 95% bootstrap interval over windows [0.0100, ")
+    assert "tail tokens lie in 1 of 32 windows, 100% of them in window 7" in kl_tail_line(t)
+
+
 def test_mtp_figures_pair_int4_and_bf16_heads_on_the_same_windows() -> None:
     from qwenquant.evaluate.offline import mtp_figures
 

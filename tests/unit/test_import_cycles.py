@@ -107,17 +107,7 @@ PACKAGES = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_fi
 
 # Known cycles, being taken apart. Strict: once a package's cycle is gone its test passes, which fails the
 # run until the marker here is removed.
-KNOWN = {
-    "bench": "qwenquant.bench.burst <-> qwenquant.bench.depth",
-    "evaluate": "qwenquant.evaluate.offline <-> qwenquant.evaluate.streamed",
-}
-
-
-@pytest.mark.parametrize("package", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=f"known cycle {KNOWN[p]}: remove this marker "
-                                                                  "(KNOWN in this file) when it is gone"))
-    if p in KNOWN else p for p in PACKAGES
-])  # fmt: skip
+@pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_cycle_inside_a_package(package: str) -> None:
     found = cycles().get(package, [])
     assert not found, f"import cycles in qwenquant.{package}:\n" + "\n".join(found)

@@ -1,5 +1,5 @@
 """The one Prometheus reader (qwenquant.net.prometheus): vLLM's speculative-decoding counters are
-found with and without the `_total` suffix, and `eval --served` and `bench` compute the same MTP
+found with and without the `_total` suffix, and `eval served` and `bench` compute the same MTP
 figures from them (before this reader they disagreed on a page without `_total`)."""
 
 from __future__ import annotations

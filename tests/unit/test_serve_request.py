@@ -64,14 +64,12 @@ def test_servers_side_by_side_each_leave_room_for_the_later_ones() -> None:
 
 def test_split_is_checked_and_reaches_each_configuration() -> None:
     """--split on the command line applies to each bench configuration that names none; a
-    configuration's own --split wins (tensor against pipeline in one --compare run)."""
+    configuration's own split wins (tensor against pipeline in one `bench compare` run)."""
     with pytest.raises(UsageError, match="unknown --split 'data'"):
         ServeRequest(Path("a"), gpus=2, split="data")
     base = ServeRequest(Path("art"), gpus=2, split="pipeline")
-    tp, pp = config_requests(base, [parse_config("--label tp --split tensor", "A"), parse_config("--label pp", "B")],
-                             None)
+    tp, pp = config_requests(base, [ConfigSpec("tp", split="tensor"), ConfigSpec("pp")], None)
     assert (tp.gpus, tp.split, pp.gpus, pp.split) == (2, "tensor", 2, "pipeline")
-    with pytest.raises(UsageError, match="unknown --split 'both' in the configuration"):
-        parse_config("--gpus 2 --split both", "A")
-    with pytest.raises(UsageError, match="names a --url and serve options"):
-        parse_config("--url http://h:1 --split tensor", "A")
+    assert ConfigSpec("tp", gpus=2, split="tensor").text == "--gpus 2 --split tensor"
+    with pytest.raises(UsageError, match="names a URL and serve options"):
+        ConfigSpec("a", url="http://h:1", split="tensor")

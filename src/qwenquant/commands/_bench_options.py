@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from qwenquant.commands import _options as so
+from qwenquant.commands._app import Split
 
 PANEL = "Measurement"
 
@@ -74,6 +75,8 @@ SideProfile = Annotated[str | None, typer.Option(help="Serve profile of this con
                                                  rich_help_panel=COMPARE)]
 SideGpuMem = Annotated[str | None, typer.Option(help="--gpu-mem of this configuration (default: --gpu-mem).",
                                                 rich_help_panel=COMPARE)]
+SideSplit = Annotated[Split | None, typer.Option(help="--split of this configuration (default: --split).",
+                                                 rich_help_panel=COMPARE, show_default=False)]
 SideVllm = Annotated[list[str] | None, typer.Option(
     help="A vLLM flag or value of this configuration only, one per option, passed to vLLM as given "
          "(`--vllm-arg-b=--speculative-config --vllm-arg-b=null`).", rich_help_panel=COMPARE, show_default=False)]

@@ -22,6 +22,7 @@ from qwenquant.commands._bench_options import (
     Server,
     SideGpuMem,
     SideProfile,
+    SideSplit,
     SideUrl,
     SideVllm,
     StallTimeout,
@@ -121,11 +122,13 @@ def run(args: Target = None, *, server: Server, workload: Workload, out: Out = N
 def compare(args: Target = None, *, server: Server, workload: Workload, out: Out = None, as_json: AsJson = False,
             label_a: Label = "A", label_b: Label = "B", url_a: SideUrl = None, url_b: SideUrl = None,
             profile_a: SideProfile = None, profile_b: SideProfile = None, gpu_mem_a: SideGpuMem = None,
-            gpu_mem_b: SideGpuMem = None, vllm_arg_a: SideVllm = None, vllm_arg_b: SideVllm = None) -> None:
+            gpu_mem_b: SideGpuMem = None, split_a: SideSplit = None, split_b: SideSplit = None,
+            vllm_arg_a: SideVllm = None, vllm_arg_b: SideVllm = None) -> None:
     """Two configurations A and B, run in rounds A B A B ...: each figure's ratio A/B per round.
 
     Served (--serve): each its own server, from the --profile, --gpu-mem and vLLM flags after -- that both
-    share, and its own --profile-a/-b, --gpu-mem-a/-b and --vllm-arg-a/-b; or two running servers (--url-a, --url-b).
+    share, and its own --profile-a/-b, --gpu-mem-a/-b, --split-a/-b and --vllm-arg-a/-b; or two running servers
+    (--url-a, --url-b).
 
     Examples:
 
@@ -142,8 +145,10 @@ def compare(args: Target = None, *, server: Server, workload: Workload, out: Out
     if args and not server.serve:
         raise UsageError(f"bench compare takes its servers as --url-a and --url-b, not {args[0]!r}",
                          hint="or --serve ARTIFACT for two served configurations")
-    pair = (ConfigSpec(label_a or "A", url_a, profile_a, gpu_mem_a, tuple(vllm_arg_a or ())),
-            ConfigSpec(label_b or "B", url_b, profile_b, gpu_mem_b, tuple(vllm_arg_b or ())))
+    pair = (ConfigSpec(label_a or "A", url_a, profile_a, gpu_mem_a, tuple(vllm_arg_a or ()),
+                       split=split_a.value if split_a else None),
+            ConfigSpec(label_b or "B", url_b, profile_b, gpu_mem_b, tuple(vllm_arg_b or ()),
+                       split=split_b.value if split_b else None))
     req = _request(args, server, out, as_json=as_json, configs=pair, config=workload.config)
     measure(req, _options(workload), argv_now())
 

@@ -1,11 +1,11 @@
-"""`qwenquant eval`: what quantization cost (offline, against the source) and whether MTP still accepts (served)."""
+"""`qwenquant eval offline|served|gates`: what quantization cost (offline, against the source) and
+whether a served model still passes its gate and accepts MTP drafts (served)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -18,29 +18,121 @@ from qwenquant.commands._options import (
     Gpus,
     Profiles,
     ServeArtifact,
+    ServeDevice,
     ServeSplit,
     Timeout,
     Vllm,
 )
 
 if TYPE_CHECKING:
+    from qwenquant.evaluate.servedrun import ServedAsk
     from qwenquant.serve.request import ServeRequest
 
+eval_app = typer.Typer(
+    help=(
+        "Measure an artifact: offline against its bf16 source, or served through the OpenAI API.\n\n"
+        "offline: paired perplexity, KL, top-1, lm_head and MTP figures of the artifact and its source on the "
+        "same held-out windows (one torch forward over dequantized weights). served: an exact-match gate, "
+        "the tool-calling gate (--tools) and retrieval at depth (--needle) through a running server (URL) or "
+        "one started for the run (--serve ARTIFACT), with MTP acceptance from the server's /metrics. "
+        "A failed task, a low acceptance, a malformed tool call or a missed needle exits 8.\n\n"
+        "Examples:\n\n"
+        "  qwenquant eval offline artifacts/tiny --reference models/tiny-reference\n\n"
+        "  qwenquant eval served http://127.0.0.1:8000 --min-acceptance-length 1.2 --json\n\n"
+        "  qwenquant eval served --serve artifacts/q27b --profile single-user --gpu-mem 24GiB "
+        "--min-acceptance-length 1.5\n\n"
+        "  qwenquant eval served http://127.0.0.1:8000 --gate none --tools --needle\n\n"
+        "  qwenquant eval gates"
+    ),
+    no_args_is_help=True,
+)
+app.add_typer(eval_app, name="eval")
 
-@app.command("eval", context_settings={"allow_interspersed_args": True})
-def eval_cmd(
-    args: list[str] | None = typer.Argument(None, help="ARTIFACT folder (with qwenquant-manifest.json); with --serve: vLLM flags after --.",
-                                               show_default=False),
-    reference: Path | None = typer.Option(None, "--reference", exists=True, file_okay=False, help="The bf16 source checkpoint folder: every file the manifest records for the source must match (sha256)."),
-    reference_unverified: bool = typer.Option(False, "--reference-unverified", help="Compare against a --reference that is not the manifest's recorded source (the report and output say so)."),
-    windows: int = typer.Option(32, "--windows", help="Held-out windows to evaluate on."),
-    window_len: int = typer.Option(256, "--window-len", help="Tokens per window."),
-    text: Path | None = typer.Option(None, "--text", help="Local text file to cut windows from."),
-    text_set: str | None = typer.Option(None, "--text-set", help="Pinned Hub text set (evaltext/NAME.yaml or a YAML path), fetched verified and cached. Default: the tiny reference's held-out text for it, wikitext-2-test for other models."),
-    streamed: bool | None = typer.Option(None, "--streamed/--dense", help="Run both arms one decoder layer at a time from the shards (default: streamed above 2 GB of weights)."),
-    device: Device | None = typer.Option(None, "--device", help="cpu or cuda (offline default: cpu; with --serve: as for `qwenquant serve`)."),
-    report: Path | None = typer.Option(None, "--report", help="Where the JSON report goes (default: beside the artifact)."),
-    served: str | None = typer.Option(None, "--served", help="Base URL of a running server: run the exact-match gate through it."),
+# options defined once, reused by the subcommands
+Report = Annotated[Path | None, typer.Option(
+    "--report", help="Where the JSON report goes (default: beside the artifact; with a URL: nowhere). Checked "
+                     "before measuring; a write that fails after measuring prints the report and keeps it in the "
+                     "temp folder.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")]
+Reference = Annotated[Path, typer.Option(
+    "--reference", exists=True, file_okay=False, show_default=False,
+    help="The bf16 source checkpoint folder: every file the manifest records for the source must match (sha256).")]
+ReferenceUnverified = Annotated[bool, typer.Option(
+    "--reference-unverified",
+    help="Compare against a --reference that is not the manifest's recorded source (the report and output say so).")]
+Windows = Annotated[int, typer.Option("--windows", help="Held-out windows to evaluate on.")]
+WindowLen = Annotated[int, typer.Option("--window-len", help="Tokens per window.")]
+Text = Annotated[Path | None, typer.Option("--text", help="Local text file to cut windows from.")]
+TextSet = Annotated[str | None, typer.Option(
+    "--text-set", help="Pinned Hub text set (evaltext/NAME.yaml or a YAML path), fetched verified and cached. "
+                       "Default: the tiny reference's held-out text for it, wikitext-2-test for other models.")]
+Streamed = Annotated[bool | None, typer.Option(
+    "--streamed/--dense", help="Run both arms one decoder layer at a time from the shards (default: streamed above "
+                               "2 GB of weights).")]
+OfflineDevice = Annotated[Device, typer.Option("--device", help="cpu or cuda.")]
+Gate = Annotated[str, typer.Option(
+    "--gate", help="Exact-match gate: a shipped name (`qwenquant eval gates`), a JSON file, or none.")]
+Model = Annotated[str | None, typer.Option("--model", help="Served model name (default: the server's first).")]
+MinAcceptance = Annotated[float | None, typer.Option(
+    "--min-acceptance-length", help="Fail when MTP mean acceptance length, over every request the run sent, is "
+                                    "below this.")]
+Tools = Annotated[bool, typer.Option(
+    "--tools", help="Also send the shipped tool schemas: each answer must be what its tool_choice (auto, required, "
+                    "none, a named function) allows, every call well formed (arguments a JSON string matching the "
+                    "schema).")]
+Needle = Annotated[bool, typer.Option(
+    "--needle", help="Also run the shipped needle task: a fact planted at several depths of prompts up to the "
+                     "server's max_model_len, asked in chat (an instruction-following model); pass/fail per depth.")]
+NeedleMaxLen = Annotated[int | None, typer.Option(
+    "--needle-max-len", help="Longest needle prompt in tokens (default: the server's max_model_len).")]
+ServedArgs = Annotated[list[str] | None, typer.Argument(
+    help="URL of a running server (its base URL; a trailing /v1 is fine); with --serve: vLLM flags after --.",
+    show_default=False)]
+
+
+@eval_app.command("offline")
+def offline(
+    artifact: Annotated[Path, typer.Argument(help="ARTIFACT folder (with qwenquant-manifest.json).",
+                                             show_default=False)],
+    reference: Reference,
+    reference_unverified: ReferenceUnverified = False,
+    windows: Windows = 32,
+    window_len: WindowLen = 256,
+    text: Text = None,
+    text_set: TextSet = None,
+    streamed: Streamed = None,
+    device: OfflineDevice = Device.cpu,
+    report: Report = None,
+    as_json: AsJson = False,
+) -> None:
+    """The artifact against its source on the same held-out windows: paired perplexity, KL, top-1, lm_head and MTP.
+
+    Before it measures: the artifact verifies (exit 4), --reference is the source its manifest records (exit 4), both have the same sizes and the report path can be written (exit 2).
+
+    Examples:
+
+      qwenquant eval offline artifacts/tiny --reference models/tiny-reference
+
+      qwenquant eval offline artifacts/q27b --reference models/Qwen3.8-27B --device cuda --report q27b-eval.json
+    """
+    from qwenquant.console import console
+    from qwenquant.evaluate import report as rep
+    from qwenquant.evaluate.offlinerun import OfflineAsk, run_offline_eval
+
+    result, target = run_offline_eval(OfflineAsk(artifact, reference, windows, window_len, text, text_set,
+                                                 device.value, streamed, report, reference_unverified))
+    console.print(rep.offline_table(result))
+    for line in rep.summary_lines(result):
+        console.print(line, markup=False)
+    if not result["reference_check"]["verified"]:
+        console.print(f"NOTE: the reference was not checked against the artifact's recorded source "
+                      f"({result['reference_check']['recorded_source']}): --reference-unverified", markup=False)
+    _fail_write(_emit(result, target, as_json))
+
+
+@eval_app.command("served", context_settings={"allow_interspersed_args": True})
+def served(
+    args: ServedArgs = None,
     serve: ServeArtifact = None,
     profile: Profiles = None,
     gpu_mem: GpuMem = None,
@@ -48,238 +140,171 @@ def eval_cmd(
     gpus: Gpus = 1,
     split: ServeSplit = None,
     vllm: Vllm = None,
+    device: ServeDevice = None,
     timeout: Timeout = DEFAULT_TIMEOUT,
     api_key: ApiKey = None,
-    gate: str = typer.Option("tiny-reference", "--gate", help="Gate name (shipped) or JSON file, with --served/--serve."),
-    model: str | None = typer.Option(None, "--model", help="Served model name (default: the server's first)."),
-    min_acceptance: float | None = typer.Option(None, "--min-acceptance-length", help="Fail when MTP mean acceptance length is below this (with --served/--serve)."),
-    tools: bool = typer.Option(False, "--tools", help="Also send the shipped tool schemas (with --served/--serve): each answer must be a well-formed tool call whose arguments match the schema, or a plain answer."),
-    needle: bool = typer.Option(False, "--needle", help="Also run the shipped needle task (with --served/--serve): a fact planted at several depths of prompts up to the server's max_model_len; pass/fail per depth."),
-    needle_max_len: int | None = typer.Option(None, "--needle-max-len", help="Longest needle prompt in tokens (default: the server's max_model_len)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
-    list_gates: bool = typer.Option(False, "--list-gates", help="List the shipped gates (name, tasks, what they are for) and exit."),
+    gate: Gate = "tiny-reference",
+    model: Model = None,
+    min_acceptance: MinAcceptance = None,
+    tools: Tools = False,
+    needle: Needle = False,
+    needle_max_len: NeedleMaxLen = None,
+    report: Report = None,
+    as_json: AsJson = False,
 ) -> None:
-    """Measure an artifact against its source: paired perplexity, KL, top-1, lm_head and MTP figures.
+    """A gate of exact-match tasks (and --tools, --needle) through the OpenAI API, MTP acceptance from /metrics.
 
-    Offline, both models run one torch forward over dequantized weights on the same held-out windows.
-
-    With --served URL (a running server) or --serve ARTIFACT (started through `qwenquant serve`'s own preflight and supervisor, stopped afterwards), run a gate of exact-match tasks through the OpenAI API (`--gate none`: no such tasks) and read MTP acceptance from the server's /metrics counters; --tools adds the tool-calling gate, --needle retrieval at depth. A failed task, a low acceptance, a malformed tool call or a missed needle exits 8.
+    Give the URL of a running server, or --serve ARTIFACT to start one through `qwenquant serve`'s own preflight and supervisor for the run (stopped afterwards; vLLM flags after --). `--gate none` runs only --tools and --needle; a run that tests nothing is refused (exit 2). A failed task, a low acceptance, a malformed tool call or a missed needle exits 8.
 
     Examples:
 
-      qwenquant eval artifacts/tiny --reference models/tiny-reference
+      qwenquant eval served http://127.0.0.1:8000 --min-acceptance-length 1.2 --json
 
-      qwenquant eval --served http://127.0.0.1:8000 --min-acceptance-length 1.2 --json
+      qwenquant eval served --serve artifacts/q27b --profile single-user --gpu-mem 24GiB --min-acceptance-length 1.5
 
-      qwenquant eval --serve artifacts/q27b --profile single-user --gpu-mem 24GiB --min-acceptance-length 1.5
+      qwenquant eval served http://127.0.0.1:8000 --gate none --tools --needle
 
-      qwenquant eval --served http://127.0.0.1:8000 --gate none --tools --needle
+    (--needle asks a question in chat: run it on an instruction-following model; the demo's tiny model misses every depth and the run says so.)
     """
     from qwenquant.errors import UsageError
+    from qwenquant.evaluate.servedrun import ServedAsk
 
-    if list_gates:
-        _list_gates(as_json)
-        return
     words = list(args or [])
-    dev = device.value if device else None
-    if served is not None and serve is not None:
-        raise UsageError("give --served URL or --serve ARTIFACT, not both", hint="--served for a running server")
-    gate_opts = _GateOptions(gate, model, min_acceptance, report, as_json, api_key, tools, needle, needle_max_len)
-    if served is not None or serve is not None:
-        gate_opts.check()
-    if serve is not None:
-        from qwenquant.serve.request import ServeRequest
-
-        if words and not words[0].startswith("-"):
-            raise UsageError(f"give an ARTIFACT ({words[0]}) or --serve ARTIFACT, not both", hint="vLLM flags go after --")
-        _serve_and_gate(ServeRequest.from_options(serve, profile or [], words, gpu_mem=gpu_mem,
-                                                  gpu_mem_soft=gpu_mem_soft, gpus=gpus, vllm=vllm,
-                                                  split=split.value if split else None,
-                                                  device=dev, timeout=timeout, api_key=api_key), gate_opts)
-        return
-    if served is not None:
+    ask = ServedAsk(gate, model, api_key, min_acceptance, tools, needle, needle_max_len)
+    if serve is None:
+        if len(words) != 1 or words[0].startswith("-"):
+            raise UsageError("eval served needs the URL of a running server, or --serve ARTIFACT",
+                             hint="qwenquant eval served http://127.0.0.1:8000 (vLLM flags after -- go with --serve)")
         from qwenquant.net.http import check_url
 
-        check_url(served, "--served")
-        if words:
-            raise UsageError(f"unexpected arguments {words} with --served", hint="vLLM flags after -- go with --serve")
-        _served(served, gate_opts)
+        _served(check_url(words[0], "URL"), ask, report, as_json)
         return
-    if len(words) != 1 or reference is None:
-        raise UsageError("eval needs ARTIFACT and --reference SOURCE (or --served URL, or --serve ARTIFACT)",
-                         hint="qwenquant eval artifacts/q --reference models/source")
-    _offline(Path(words[0]), reference, windows, window_len, (text, text_set), dev or "cpu", streamed, report, as_json,
-             reference_unverified)
+    if words and not words[0].startswith("-"):
+        raise UsageError(f"give a URL ({words[0]}) or --serve ARTIFACT, not both", hint="vLLM flags go after --")
+    from qwenquant.serve.request import ServeRequest
+
+    req = ServeRequest.from_options(serve, profile or [], words, gpu_mem=gpu_mem, gpu_mem_soft=gpu_mem_soft,
+                                    gpus=gpus, split=split.value if split else None, vllm=vllm,
+                                    device=device.value if device else None, timeout=timeout, api_key=api_key)
+    _serve_and_gate(req, ask, report, as_json)
 
 
-def _list_gates(as_json: bool) -> None:
+@eval_app.command("gates")
+def gates(as_json: AsJson = False) -> None:
+    """List the shipped gates: name, tasks, cases and what each is for.
+
+    Examples:
+
+      qwenquant eval gates
+
+      qwenquant eval gates --json
+    """
     from qwenquant.console import stdout
     from qwenquant.evaluate.served import describe_gates
 
-    gates = describe_gates()
+    found = describe_gates()
     if as_json:
-        print(json.dumps(gates, indent=2))
+        print(json.dumps(found, indent=2))
         return
-    for g in gates:
+    for g in found:
         stdout.print(f"{g['name']}: {g['tasks']} tasks, {g['cases']} cases. {g['description']}", markup=False)
 
 
-@dataclass(frozen=True)
-class _GateOptions:
-    """What the served gate is asked (the same with --served URL and --serve ARTIFACT)."""
-
-    gate: str
-    model: str | None
-    min_acceptance: float | None
-    report: Path | None
-    as_json: bool
-    api_key: str | None
-    tools: bool = False
-    needle: bool = False
-    needle_max_len: int | None = None
-
-    def check(self) -> None:
-        """Before any server is asked: the gate loads and the --report folder can be written."""
-        from qwenquant.evaluate.served import load_gate
-
-        load_gate(self.gate)
-        if self.report is not None:
-            from qwenquant.atomic import writable_folder
-            from qwenquant.errors import UsageError
-
-            if not self.report.parent.is_dir():
-                raise UsageError(f"report folder {self.report.parent} not found",
-                                 hint="create it, or pass --report elsewhere")
-            writable_folder(self.report.parent, f"report path {self.report}", "--report")
-
-
-def _emit(result: dict[str, Any], path: Path | None, as_json: bool) -> None:
-    from qwenquant.atomic import atomic_write_bytes, pretty_json
+def _emit(result: dict[str, Any], path: Path | None, as_json: bool) -> str | None:
+    """The one writer of an eval report: the JSON to `path`, the verdict line, the JSON on stdout with --json.
+    A write that fails keeps the measurement (printed on stdout, and in a spare file when one can be
+    written). Returns why it failed (None: written)."""
     from qwenquant.console import console
+    from qwenquant.evaluate.report import save_report, verdict_line
 
-    if path is not None:
-        atomic_write_bytes(path, pretty_json(result))
+    where, failed = save_report(result, path) if path is not None else (None, None)
+    if failed:
+        console.print(f"report: could not write {path} ({failed}); "
+                      + (f"the report went to {where} instead, and to stdout" if where else "the report is on stdout"),
+                      markup=False, soft_wrap=True)
+    elif path is not None:
         console.print(f"report: {path}", markup=False)
-    if as_json:
+    console.print(verdict_line(result), markup=False, soft_wrap=True)
+    if as_json or failed:
         print(json.dumps(result, indent=2, sort_keys=True))
+    return f"report {path} could not be written ({failed})" if failed else None
 
 
-def _offline(artifact: Path, reference: Path, windows: int, window_len: int, texts: tuple, device: str,
-             streamed: bool | None, report: Path | None, as_json: bool, unverified: bool) -> None:
-    from qwenquant.console import console
+def _fail_write(failed: str | None) -> None:
     from qwenquant.errors import UsageError
-    from qwenquant.evaluate import report as rep
-    from qwenquant.evaluate.inputs import check_reference, check_report_target, verify_artifact_first
-    from qwenquant.evaluate.offline import run_offline
-    from qwenquant.evaluate.texts import resolve_windows
 
-    if not artifact.is_dir():
-        raise UsageError(f"ARTIFACT {artifact}: {'is a file, not a folder' if artifact.exists() else 'folder not found'}",
-                         hint="pass the artifact folder `qwenquant quantize` wrote")
-    root = verify_artifact_first(artifact)
-    ref_check = check_reference(artifact, reference, unverified=unverified)
-    ids, source = resolve_windows(reference, windows, window_len, text=texts[0], text_set=texts[1])
-    identity = {"root_digest": root, "reference": str(reference), "windows": windows, "window_len": window_len,
-                **source}
-    target = report or rep.report_path(artifact, root)
-    check_report_target(target, identity, explicit=report is not None)
-    result = run_offline(reference, artifact, ids, device=device, streamed=streamed)
-    result.update(artifact=str(artifact), reference_check=ref_check, **identity)
-    result["goals"] = rep.goals(result)
-    console.print(rep.offline_table(result))
-    for line in rep.summary_lines(result):
-        console.print(line, markup=False)
-    if not ref_check["verified"]:
-        console.print(f"NOTE: the reference was not checked against the artifact's recorded source "
-                      f"({ref_check['recorded_source']}): --reference-unverified", markup=False)
-    _emit(result, target, as_json)
+    if failed:
+        raise UsageError(failed + ": the measurement was printed on stdout",
+                         hint="free space or pass --report in a folder you can write, then run eval again")
 
 
-def _gate(url: str, o: _GateOptions, model: str | None) -> dict[str, Any]:
-    """Run the gate against `url`, print what a user reads, return the result (failures listed)."""
+def _print_served(result: dict[str, Any]) -> None:
+    """What a user reads of a served run, one line per task, tool case, needle depth, and MTP."""
     from qwenquant.console import console
-    from qwenquant.evaluate.served import gate_failures, load_gate, run_gate
 
-    result = run_gate(url, load_gate(o.gate), model, api_key=o.api_key)
-    failures = gate_failures(result, o.min_acceptance)
-    failures += _extra_checks(result, o)
-    result.update(min_acceptance_length=o.min_acceptance, failures=failures, ok=not failures)
     for t in result["tasks"]:
         console.print(f"task {t['name']}: {t['passed']}/{t['total']} passed", markup=False)
+    for c in result.get("tools", {}).get("cases", []):
+        console.print(f"tool case {c['name']}: {c['kind'].replace('_', ' ')}"
+                      + (f" ({c['problems'][0]})" if c["problems"] else ""), markup=False)
+    for r in result.get("needle", {}).get("depths", []):
+        console.print(f"needle at depth {r['needle_tokens']:,} of {r['prompt_tokens']:,} tokens ({r['depth']:g}): "
+                      f"{'passed' if r['passed'] else 'failed'}", markup=False)
     m = result["mtp"]
     mal = m["mean_acceptance_length"]
-    console.print(f"MTP: {m['drafts']} drafts, {m['accepted_tokens']}/{m['draft_tokens']} draft tokens accepted, "
-                  f"mean acceptance length {'n/a' if mal is None else f'{mal:.3f}'}, per position "
+    if m.get("unavailable"):
+        console.print(f"MTP: not measured ({m['unavailable']})", markup=False)
+        return
+    console.print(f"MTP over the {' and '.join(m['over'])}: {m['drafts']} drafts, {m['accepted_tokens']}/"
+                  f"{m['draft_tokens']} draft tokens accepted, mean acceptance length "
+                  f"{'n/a' if mal is None else f'{mal:.3f}'}, per position "
                   + ", ".join(f"{p}: {'n/a' if v is None else f'{100 * v:.1f}%'}" for p, v in m["per_position"].items()),
-                  markup=False)
-    return result
+                  markup=False, soft_wrap=True)
 
 
-def _extra_checks(result: dict[str, Any], o: _GateOptions) -> list[str]:
-    """--tools and --needle against the same server: their reports go into `result`, their failures out."""
-    from qwenquant.console import console
-    from qwenquant.evaluate.needle import needle_failures, run_needle
-    from qwenquant.evaluate.served import load_task_set
-    from qwenquant.evaluate.tools import run_tools, tool_failures
-
-    failures: list[str] = []
-    if o.tools:
-        rep = result["tools"] = run_tools(result["url"], load_task_set("tools"), result["model"], o.api_key)
-        for c in rep["cases"]:
-            console.print(f"tool case {c['name']}: {c['kind'].replace('_', ' ')}"
-                          + (f" ({c['problems'][0]})" if c["problems"] else ""), markup=False)
-        failures += tool_failures(rep)
-    if o.needle:
-        rep = result["needle"] = run_needle(result["url"], load_task_set("needle"), result["model"], o.api_key,
-                                            o.needle_max_len)
-        for r in rep["depths"]:
-            console.print(f"needle at depth {r['needle_tokens']:,} of {r['prompt_tokens']:,} tokens ({r['depth']:g}): "
-                          f"{'passed' if r['passed'] else 'failed'}", markup=False)
-        failures += needle_failures(rep)
-    return failures
-
-
-def _fail_gate(result: dict[str, Any]) -> None:
+def _finish_served(result: dict[str, Any], path: Path | None, as_json: bool) -> None:
+    """Write and print the served report; exit 8 on a failed gate, 2 when only the report write failed."""
     from qwenquant.errors import BenchError
 
+    _print_served(result)
+    failed_write = _emit(result, path, as_json)
     if result["failures"]:
         raise BenchError("served gate failed: " + "; ".join(result["failures"]),
-                         hint="compare with the bf16 source served the same way; see `qwenquant eval ARTIFACT --reference`")
+                         hint="compare with the bf16 source served the same way; see `qwenquant eval offline "
+                              "ARTIFACT --reference SOURCE`")
+    _fail_write(failed_write)
 
 
-def _gate_name(o: _GateOptions) -> str | None:
-    from qwenquant.evaluate.served import load_gate
+def _served(url: str, ask: ServedAsk, report: Path | None, as_json: bool) -> None:
+    from qwenquant.evaluate.inputs import check_report_target
+    from qwenquant.evaluate.served import base_url
+    from qwenquant.evaluate.servedrun import run_served
 
-    return load_gate(o.gate).get("name")
-
-
-def _served(url: str, o: _GateOptions) -> None:
-    if o.report is not None:
-        from qwenquant.evaluate.inputs import check_report_target
-
-        check_report_target(o.report, {"url": url.rstrip("/"), "gate": _gate_name(o)}, explicit=True)
-    result = _gate(url, o, o.model)
-    _emit(result, o.report, o.as_json)
-    _fail_gate(result)
+    gate = ask.check()
+    if report is not None:
+        check_report_target(report, {"url": base_url(url), "gate": gate.get("name")}, explicit=True)
+    _finish_served(run_served(url, ask), report, as_json)
 
 
-def _serve_and_gate(req: ServeRequest, o: _GateOptions) -> None:
+def _serve_and_gate(req: ServeRequest, ask: ServedAsk, report: Path | None, as_json: bool) -> None:
     """Start `req.artifact` as `qwenquant serve` would, run the gate, stop the server; report keyed to its root digest."""
     from qwenquant.console import console
     from qwenquant.evaluate.inputs import check_report_target
     from qwenquant.evaluate.report import report_path
+    from qwenquant.evaluate.servedrun import run_served
     from qwenquant.manifest import load_manifest
     from qwenquant.serve.launched import launched
 
+    gate = ask.check()
     root = load_manifest(req.artifact).root_digest
-    target = o.report or report_path(req.artifact, root, kind="eval-served")
-    check_report_target(target, {"root_digest": root, "gate": _gate_name(o)}, explicit=o.report is not None)
+    target = report or report_path(req.artifact, root, kind="eval-served")
+    check_report_target(target, {"root_digest": root, "gate": gate.get("name")}, explicit=report is not None)
     with launched(req) as s:
         console.print(f"serving {req.artifact} at {s.url} (profile {s.info['profile']}, log {s.spec.log_path})",
                       markup=False)
-        result = _gate(s.url, o, o.model or s.model)
+        result = run_served(s.url, ask, ask.model or s.model)
         console.print("stopping the server", markup=False)
     result.update(served=s.info, root_digest=s.info["artifact_root_digest"])
-    _emit(result, target if result["root_digest"] == root else report_path(req.artifact, result["root_digest"],
-                                                                            kind="eval-served"), o.as_json)
-    _fail_gate(result)
+    if result["root_digest"] != root:
+        target = report_path(req.artifact, result["root_digest"], kind="eval-served")
+    _finish_served(result, target, as_json)

@@ -92,19 +92,36 @@ def _prove(reference: Path, recorded: Mapping[str, Any], what: str) -> int:
     return len(paths)
 
 
-def check_report_target(path: Path, identity: Mapping[str, Any], *, explicit: bool) -> None:
-    """Refuse a report path that cannot be written, or that holds a report of another run (another
-    root digest, reference or text): say so instead of replacing it. Checked before measuring."""
+# free space a report needs (a served report with every needle case is tens of KiB)
+REPORT_SPACE = 1 << 20
+
+
+def check_report_folder(path: Path) -> bool:
+    """Refuse, before measuring, a report path whose folder is missing, cannot be written or has less
+    than REPORT_SPACE free. False for a device (/dev/null), which is written through unchecked."""
+    import shutil
+
     path = Path(path)
     if path.exists() and not path.is_file():
         if path.is_dir():
             raise UsageError(f"report path {path} is a folder", hint="pass --report FILE")
-        return  # a device such as /dev/null
+        return False  # a device such as /dev/null
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise UsageError(f"report folder {parent} not found", hint="create it, or pass --report in an existing folder")
     writable_folder(parent, f"report path {path}", "--report")
-    if not path.is_file():
+    free = shutil.disk_usage(parent).free
+    if free < REPORT_SPACE:
+        raise UsageError(f"report path {path}: {parent} has {free:,} bytes free, the report needs up to "
+                         f"{REPORT_SPACE:,}", hint="free space, or pass --report on another disk")
+    return True
+
+
+def check_report_target(path: Path, identity: Mapping[str, Any], *, explicit: bool) -> None:
+    """Refuse a report path that cannot be written, or that holds a report of another run (another
+    root digest, reference or text): say so instead of replacing it. Checked before measuring."""
+    path = Path(path)
+    if not check_report_folder(path) or not path.is_file():
         return
     try:
         old = json.loads(path.read_text())

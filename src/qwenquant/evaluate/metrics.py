@@ -86,6 +86,27 @@ def kl_tail(per_token: torch.Tensor) -> dict[str, float]:
     return {k: float(torch.quantile(v, q)) for k, q in KL_TAIL}
 
 
+def kl_tail_support(per_token: torch.Tensor, q: float = 0.999, resamples: int = 1000,
+                    seed: int = 0) -> dict[str, Any]:
+    """What the per-token KL quantile `q` of `per_token` [windows, tokens] rests on: its 95% interval
+    over windows (percentile bootstrap, windows resampled with replacement, fixed seed), how many
+    windows hold tokens above it, the share of those tokens in the window holding most of them, and
+    where the largest per-token KL is ({"window", "token", "kl"})."""
+    v = per_token.double()
+    n = v.shape[0]
+    threshold = float(torch.quantile(v.flatten(), q))
+    above = (v > threshold).sum(dim=1)
+    gen = torch.Generator().manual_seed(seed)
+    picks = torch.randint(0, n, (resamples, n), generator=gen)
+    boots = torch.stack([torch.quantile(v[i].flatten(), q) for i in picks])
+    lo, hi = (float(torch.quantile(boots, x)) for x in (0.025, 0.975))
+    top = int(above.argmax())
+    flat = int(v.argmax())
+    return {"value": threshold, "ci95": [lo, hi], "windows_above": int((above > 0).sum()), "windows": n,
+            "top_window": top, "top_window_share": float(above[top] / above.sum()) if above.sum() > 0 else 0.0,
+            "max": {"window": flat // v.shape[1], "token": flat % v.shape[1], "kl": float(v.flatten()[flat])}}
+
+
 def window_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token negative log-likelihood per window [B] from logits [B, T, V], targets [B, T]."""
     nll = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")

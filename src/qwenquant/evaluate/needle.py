@@ -9,18 +9,33 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from qwenquant.errors import BenchError
+from qwenquant.errors import BenchError, UsageError
+from qwenquant.evaluate.served import server_hint
 from qwenquant.net.http import HttpError, fetch, post_json
 
 REQUEST_TIMEOUT = 600.0  # a long prompt's prefill on a slow card
+# the shortest prompt worth a case: the needle sentence, the question and some filler around them
+MIN_PROMPT_TOKENS = 128
+
+
+def check_needle_max_len(spec: dict[str, Any], max_len: int) -> None:
+    """Refuse a --needle-max-len that leaves no case (before any server is asked): the prompt it
+    allows, less the answer's tokens, must hold MIN_PROMPT_TOKENS."""
+    answer = spec.get("answer_tokens", 24)
+    if max_len - answer < MIN_PROMPT_TOKENS:
+        raise UsageError(f"--needle-max-len {max_len} leaves no needle case: a case needs at least "
+                         f"{MIN_PROMPT_TOKENS + answer} tokens ({MIN_PROMPT_TOKENS} of prompt + {answer} of answer)",
+                         hint=f"pass --needle-max-len {spec.get('min_tokens', 1024) + answer} or more, or leave it out "
+                              "(the server's max_model_len)")
 
 
 def _post(url: str, body: dict[str, Any], api_key: str | None, timeout: float = 120.0) -> Any:
     try:
         return post_json(url, body, api_key=api_key, timeout=timeout)
     except HttpError as e:
-        raise BenchError(e.message, hint="the needle task needs the server's /tokenize (vLLM's OpenAI server has it)") \
-            from None
+        hint = server_hint(e, api_key) if e.status in (401, 403) else \
+            "the needle task needs the server's /tokenize (vLLM's OpenAI server has it)"
+        raise BenchError(e.message, hint=hint) from None
 
 
 class _Counter:
@@ -97,6 +112,10 @@ def run_needle(url: str, spec: dict[str, Any], model: str, api_key: str | None =
     if promised is None and max_len is None:
         raise BenchError(f"{url}/tokenize does not say the server's max_model_len", hint="pass --needle-max-len N")
     limit = min(x for x in (promised, max_len) if x) - spec.get("answer_tokens", 24)
+    if limit < MIN_PROMPT_TOKENS:
+        raise BenchError(f"the server's max_model_len {promised} leaves no needle case (a case needs "
+                         f"{MIN_PROMPT_TOKENS} prompt tokens + {spec.get('answer_tokens', 24)} for the answer)",
+                         hint="serve with a longer --max-model-len, or leave out --needle")
     rows, k = [], 0
     for target in ladder(spec.get("min_tokens", 1024), limit):
         for depth in spec["depths"]:
@@ -125,9 +144,15 @@ def _ask(url: str, model: str, api_key: str | None, case: dict[str, Any], depth:
     return {**row, "prompt_tokens": prompt_tokens, "answer": text[:120], "passed": case["code"] in text}
 
 
+# why a run where no depth passed says so: the task asks a question in chat, which a base or tiny model cannot answer
+NO_DEPTH_PASSED = ("no depth passed: the model never answered with the code. The needle task asks a question in "
+                   "chat, so it measures an instruction-following model; the demo's tiny model, trained on Python "
+                   "source only, misses every depth")
+
+
 def needle_failures(report: dict[str, Any]) -> list[str]:
-    """One line per failing depth."""
-    out = []
+    """One line per failing depth (and NO_DEPTH_PASSED first when none passed)."""
+    out = [NO_DEPTH_PASSED] if report["depths"] and not report["passed"] else []
     for r in report["depths"]:
         if r["passed"]:
             continue

@@ -11,12 +11,13 @@ source's bf16 MTP head on the artifact's own hidden states and head (`artifact_b
 windows against the artifact's head, the difference is what quantizing the MTP head costs.
 `same_draft` is the share of positions where the two heads draft the very same token (where it is
 near 1, two servers can count the same acceptance at every draft position).
-Each KL comes with its per-token tail (p99, p99.9); every interval is the t interval over windows.
+Each KL comes with its per-token tail (p99, p99.9); every interval is the t interval over windows,
+but the artifact's p99.9, which a handful of tokens decide, gets a bootstrap interval over windows
+and the windows its tail tokens lie in (`kl_p999_support`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -26,21 +27,12 @@ import torch
 
 from qwenquant.evaluate import metrics
 from qwenquant.evaluate.forward import DenseForward, TextForward
-from qwenquant.evaluate.weights import load_dense
+from qwenquant.evaluate.texts import window_text
+from qwenquant.evaluate.weights import load_dense, rtn_head
 
 log = logging.getLogger(__name__)
 
 ARMS = ("w4a16-body", "w4a16+rtn-head", "artifact")
-
-
-def rtn_head(weight: torch.Tensor, group_size: int = 128) -> torch.Tensor:
-    """Round-to-nearest symmetric int4 of `weight`, dequantized on `weight`'s device (the lm_head
-    stage's baseline)."""
-    from qwenquant.modeling.int4 import rtn_quantize_rows
-
-    q = rtn_quantize_rows(weight, group_size=group_size, device=weight.device)
-    q = dataclasses.replace(q, int=q.int.to(weight.device), scale=q.scale.to(weight.device))
-    return q.dequantize(torch.float32)
 
 
 def _mtp_drafts(fwd: TextForward, ids: torch.Tensor, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor | None:
@@ -72,7 +64,7 @@ def _batch_stats(ref: TextForward, art: TextForward, heads: dict[str, torch.Tens
         tok_kl = metrics.token_kl(ref_logits, full[:, :-1])
         top1 = (ref_logits.argmax(-1) == full[:, :-1].argmax(-1)).float().mean(dim=1)
         stats[arm] = {"nll": metrics.window_nll(full[:, :-1], targets).cpu(), "kl": tok_kl.mean(dim=1).cpu(),
-                      "top1": top1.cpu(), "kl_tokens": tok_kl.flatten().cpu()}
+                      "top1": top1.cpu(), "kl_tokens": tok_kl.cpu()}
         greedy[arm] = full.argmax(-1)
         del full
     drafts: dict[str, torch.Tensor] = {}
@@ -111,6 +103,8 @@ def evaluate_forwards(ref: TextForward, art: TextForward, heads: dict[str, torch
         kl, kl_ci = metrics.mean_ci95(cat[arm]["kl"])
         arms[arm] = {**metrics.paired_ppl(ref_nll, cat[arm]["nll"]), "kl": kl, "kl_ci95": kl_ci,
                      **metrics.kl_tail(cat[arm]["kl_tokens"]), "top1": float(cat[arm]["top1"].mean())}
+    # the artifact's KL p99.9 rests on a few tokens: its interval over windows and where they are
+    arms["artifact"]["kl_p999_support"] = metrics.kl_tail_support(cat["artifact"]["kl_tokens"])
     mtp = mtp_figures(cat)
     held = torch.cat(hidden)
     # on the heads' own device: a .cpu() copy of three float32 27B heads is 15 GB of host memory
@@ -171,6 +165,9 @@ def run_offline(reference: Path, artifact: Path, windows: torch.Tensor, *, devic
         heads = {k: v.float().to(device) for k, v in heads.items()}
         ref, art = DenseForward(ref_cfg, ref_t, device), DenseForward(art_cfg, art_t, device)
     report = evaluate_forwards(ref, art, heads, windows, batch=batch)
+    top = report["arms"]["artifact"]["kl_p999_support"]["max"]
+    # the text the largest per-token KL rests on: up to 16 tokens of context and the token predicted
+    top["text"] = window_text(reference, windows[top["window"], max(0, top["token"] - 15): top["token"] + 2])
     report.update(windows=int(windows.shape[0]), window_len=int(windows.shape[1]), device=device,
                   forward="streamed" if streamed else "dense", seconds=round(time.monotonic() - start, 1))
     return report

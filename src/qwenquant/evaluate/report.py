@@ -1,4 +1,5 @@
-"""The eval report: goals, where the JSON goes (beside the artifact, outside its hashed files), the table."""
+"""The eval report: goals, where the JSON goes (beside the artifact, outside its hashed files), the table,
+the versioned JSON (`stamp`), its one-line verdict and its one writer (`save_report`)."""
 
 from __future__ import annotations
 
@@ -25,32 +26,117 @@ def goals(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# the JSON's schema: version 1 adds `schema_version` and `kind` to the keys reports had before
+SCHEMA_VERSION = 1
+KINDS = ("offline", "served")
+
+
+def stamp(result: dict[str, Any], kind: str) -> dict[str, Any]:
+    """`result` as a versioned report of `kind` (offline | served)."""
+    if kind not in KINDS:
+        raise ValueError(f"eval report kind {kind!r} is not one of {KINDS}")
+    result.update(schema_version=SCHEMA_VERSION, kind=kind)
+    return result
+
+
+def verdict_line(result: dict[str, Any]) -> str:
+    """One line saying what the run found: goals met or not (offline), ok or FAILED and what ran (served)."""
+    if result.get("kind") == "offline":
+        missed = [f"{k} {g['value']:.3f} (limit {g['max']})" for k, g in result.get("goals", {}).items() if not g["met"]]
+        return "eval offline: " + ("every goal met" if not missed else "goal NOT met: " + "; ".join(missed))
+    ran = [f"gate {result.get('gate')}: " + ", ".join(f"{t['name']} {t['passed']}/{t['total']}" for t in result["tasks"])
+           ] if result.get("tasks") else []
+    if "tools" in result:
+        c = result["tools"]["cases"]
+        ran.append(f"tools {sum(x['ok'] for x in c)}/{len(c)}")
+    if "needle" in result:
+        ran.append(f"needle {result['needle']['passed']}/{result['needle']['total']} depths")
+    m = result["mtp"]
+    mal = m.get("mean_acceptance_length")
+    ran.append("MTP not measured" if m.get("unavailable") else
+               "MTP drafted nothing" if mal is None else f"MTP mean acceptance length {mal:.3f}")
+    fails = result.get("failures") or []
+    return (f"eval served: {'ok' if not fails else f'FAILED ({len(fails)} problem(s))'}: " + "; ".join(ran))
+
+
 def report_path(artifact: Path, root_digest: str, kind: str = "eval") -> Path:
     """`<artifact>.<kind>-<digest16>.json` beside the artifact folder (never inside: `verify` stays clean)."""
     artifact = Path(artifact).resolve()
     return artifact.parent / f"{artifact.name}.{kind}-{root_digest[:16]}.json"
 
 
+def save_report(result: dict[str, Any], path: Path) -> tuple[Path | None, str | None]:
+    """Write `result` (pretty JSON) to `path`: (path, None). When that fails after measuring (a full
+    disk, a mount gone read-only), the measurement is kept: written to a new file in the temp folder,
+    (that file, why `path` failed); (None, why) when no file could be written at all."""
+    import os
+    import tempfile
+
+    from qwenquant.atomic import atomic_write_bytes, pretty_json
+
+    data = pretty_json(result)
+    try:
+        atomic_write_bytes(path, data)
+        return path, None
+    except OSError as e:
+        why = e.strerror or str(e)
+    try:
+        fd, spare = tempfile.mkstemp(prefix="qwenquant-eval-", suffix=".json")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return Path(spare), why
+    except OSError:
+        return None, why
+
+
 def _pct(x: float) -> str:
     return f"{x:+.2f}%"
+
+
+TABLE_COLUMNS = ("arm", "perplexity", "delta vs bf16", "95% CI (t)", "worse windows", "KL (nats)", "KL p99",
+                 "KL p99.9", "top-1")
+
+
+def table_rows(report: dict[str, Any]) -> list[list[str]]:
+    """The offline table's cells, as printed (the terminal table and the README's are these)."""
+    arms = report["arms"]
+    rows = [["reference (bf16)", f"{arms['reference']['ppl']:.3f}"] + [""] * 7]
+    order = ("w4a16-body", "w4a16+rtn-head", "artifact")  # the JSON's keys come back sorted
+    for name in sorted((n for n in arms if n != "reference"), key=lambda n: (order.index(n) if n in order else 9, n)):
+        a = arms[name]
+        lo, hi = a["ci95_pct"]
+        tail = [f"{a[k]:.4f}" if k in a else "" for k in ("kl_p99", "kl_p999")]  # reports written before the tail
+        rows.append([name, f"{a['ppl']:.3f}", _pct(a["delta_pct"]), f"[{_pct(lo)}, {_pct(hi)}]",
+                     f"{a['windows_worse']}/{a['windows']}", f"{a['kl']:.5f}", *tail, f"{100 * a['top1']:.2f}%"])
+    return rows
 
 
 def offline_table(report: dict[str, Any]) -> Any:
     """A rich Table of the offline figures."""
     from rich.table import Column, Table
 
-    t = Table(Column("arm", no_wrap=True), "perplexity", "delta vs bf16", "95% CI (t)", "worse windows", "KL (nats)",
-              "KL p99", "KL p99.9", "top-1", title=f"eval: {report['windows']} windows x {report['window_len']} tokens")
-    arms = report["arms"]
-    t.add_row("reference (bf16)", f"{arms['reference']['ppl']:.3f}", "", "", "", "", "", "", "")
-    for name, a in arms.items():
-        if name == "reference":
-            continue
-        lo, hi = a["ci95_pct"]
-        tail = [f"{a[k]:.4f}" if k in a else "" for k in ("kl_p99", "kl_p999")]  # reports written before the tail
-        t.add_row(name, f"{a['ppl']:.3f}", _pct(a["delta_pct"]), f"[{_pct(lo)}, {_pct(hi)}]",
-                  f"{a['windows_worse']}/{a['windows']}", f"{a['kl']:.5f}", *tail, f"{100 * a['top1']:.2f}%")
+    t = Table(Column(TABLE_COLUMNS[0], no_wrap=True), *TABLE_COLUMNS[1:],
+              title=f"eval: {report['windows']} windows x {report['window_len']} tokens")
+    for row in table_rows(report):
+        t.add_row(*row)
     return t
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The offline table as Markdown (the README's quality table)."""
+    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in table_rows(report)]) + "\n"
+
+
+def kl_tail_line(t: dict[str, Any]) -> str:
+    """The artifact's KL p99.9 with its interval and the windows and text it rests on."""
+    lo, hi = t["ci95"]
+    top = t["max"]
+    text = f", after {top['text']!r}" if top.get("text") else ""
+    return (f"artifact KL p99.9 {t['value']:.4f}, 95% bootstrap interval over windows [{lo:.4f}, {hi:.4f}]: its tail "
+            f"tokens lie in {t['windows_above']} of {t['windows']} windows, {100 * t['top_window_share']:.0f}% of them "
+            f"in window {t['top_window']}; the largest per-token KL {top['kl']:.4f} is at window {top['window']} token "
+            f"{top['token']}{text}")
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
@@ -70,6 +156,9 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"MTP head on the artifact's states: bf16 {100 * m['artifact_bf16_mtp']['agree']:.2f}%, as shipped "
                      f"{100 * m['artifact']['agree']:.2f}%: {d['delta_points']:+.2f} points, 95% CI (t) [{lo:+.2f}, {hi:+.2f}]"
                      + (f"; the same first draft at {100 * d['same_draft']:.2f}% of positions" if "same_draft" in d else ""))
+    tail = report.get("arms", {}).get("artifact", {}).get("kl_p999_support")
+    if tail:  # reports written before it lack it
+        lines.append(kl_tail_line(tail))
     for name, g in report.get("goals", {}).items():
         lines.append(f"goal {name}: {g['value']:.3f} (limit {g['max']}) {'met' if g['met'] else 'NOT met'}")
     return lines

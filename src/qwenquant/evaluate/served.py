@@ -39,7 +39,7 @@ def load_gate(name_or_path: str) -> dict[str, Any]:
         path = Path(str(resources.files("qwenquant") / "data" / "evalsets" / f"{name_or_path}.json"))
     if not path.is_file():
         raise UsageError(f"no gate named {name_or_path!r}",
-                         hint=f"shipped gates: {', '.join(list_gates())} (`qwenquant eval --list-gates`), or a JSON file")
+                         hint=f"shipped gates: {', '.join(list_gates())} (`qwenquant eval gates`), or a JSON file")
     try:
         gate = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
@@ -81,7 +81,7 @@ def list_gates() -> list[str]:
 
 
 def describe_gates() -> list[dict[str, Any]]:
-    """name, description and task count of every shipped gate (`qwenquant eval --list-gates`)."""
+    """name, description and task count of every shipped gate (`qwenquant eval gates`)."""
     out = []
     for name in list_gates():
         gate = load_gate(name)
@@ -90,16 +90,38 @@ def describe_gates() -> list[dict[str, Any]]:
     return out
 
 
+def base_url(url: str) -> str:
+    """The server's root: a trailing slash and a trailing `/v1` dropped (OpenAI clients take a base URL
+    ending in /v1; eval adds /v1/... itself and reads /metrics and /tokenize at the root)."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")].rstrip("/") if url.endswith("/v1") else url
+
+
+def server_hint(e: HttpError, api_key: str | None) -> str:
+    """The next step for a failed request: an API key for 401/403, the URL for another status, the
+    server itself when nothing answered."""
+    if e.status in (401, 403):
+        return ("the server refused the API key: pass the key it was started with (--api-key or QWENQUANT_API_KEY)"
+                if api_key else "the server wants an API key: pass --api-key KEY (or set QWENQUANT_API_KEY)")
+    if e.status is not None:
+        return "check that the URL is the server's base URL (http://HOST:PORT) of an OpenAI-compatible server"
+    return "check the server is up (`qwenquant serve ...` prints ready)"
+
+
 def _call(fn: Any, url: str, *args: Any, api_key: str | None) -> Any:
     try:
         return fn(url, *args, api_key=api_key, timeout=REQUEST_TIMEOUT)
     except HttpError as e:
-        raise BenchError(e.message, hint="check the server is up (`qwenquant serve ...` prints ready)") from None
+        raise BenchError(e.message, hint=server_hint(e, api_key)) from None
 
 
-def acceptance(before: SpecCounters, after: SpecCounters) -> dict[str, Any]:
+def acceptance(before: SpecCounters | str, after: SpecCounters | str) -> dict[str, Any]:
     """MTP figures from two counter snapshots: mean acceptance length (1 + accepted / drafts) and the
-    acceptance rate at each draft position (accepted at position / drafts)."""
+    acceptance rate at each draft position (accepted at position / drafts). A snapshot that is a
+    string says why /metrics could not be read: no figures, and `unavailable` says why."""
+    if isinstance(before, str) or isinstance(after, str):
+        return {"metrics_present": False, "unavailable": before if isinstance(before, str) else after, "drafts": 0,
+                "draft_tokens": 0, "accepted_tokens": 0, "mean_acceptance_length": None, "per_position": {}}
     d = after.minus(before)
     drafted = d.drafts > 0
     return {
@@ -112,24 +134,36 @@ def acceptance(before: SpecCounters, after: SpecCounters) -> dict[str, Any]:
     }
 
 
-def _model_name(url: str, api_key: str | None) -> str:
-    models = _call(get_json, f"{url}/v1/models", api_key=api_key)["data"]
+def model_name(url: str, api_key: str | None) -> str:
+    """The first model `url`/v1/models lists; a BenchError (exit 8) naming what came back otherwise."""
+    body = _call(get_json, f"{url}/v1/models", api_key=api_key)
+    models = body.get("data") if isinstance(body, dict) else None
+    hint = "pass --model NAME, or check that the URL is an OpenAI-compatible server's base URL"
+    if not isinstance(models, list):
+        raise BenchError(f"GET {url}/v1/models answered without a `data` list of models: {json.dumps(body)[:120]}",
+                         hint=hint)
     if not models:
-        raise BenchError(f"{url} serves no model", hint="pass --model NAME")
-    return models[0]["id"]
+        raise BenchError(f"{url} serves no model (GET /v1/models lists none)", hint=hint)
+    first = models[0]
+    if not isinstance(first, dict) or not isinstance(first.get("id"), str):
+        raise BenchError(f"GET {url}/v1/models lists a model without a string `id`: {json.dumps(first)[:120]}",
+                         hint=hint)
+    return first["id"]
 
 
-def _counters(url: str, api_key: str | None) -> SpecCounters:
-    return spec_counters(_call(get_text, f"{url}/metrics", api_key=api_key))
+def counters(url: str, api_key: str | None) -> SpecCounters | str:
+    """The speculative-decoding counters of `url`/metrics, or why they cannot be read (a server that
+    answers another status: no /metrics, behind a proxy). No answer at all is a BenchError."""
+    try:
+        return spec_counters(get_text(f"{url}/metrics", api_key=api_key, timeout=REQUEST_TIMEOUT))
+    except HttpError as e:
+        if e.status is None:
+            raise BenchError(e.message, hint=server_hint(e, api_key)) from None
+        return f"GET {url}/metrics answered {e.status}"
 
 
-def run_gate(url: str, gate: dict[str, Any], model: str | None = None, api_key: str | None = None) -> dict[str, Any]:
-    """Run every case of `gate` greedily through /v1/completions; pass count per task and MTP acceptance."""
-    if not isinstance(gate.get("tasks"), list):
-        raise UsageError(f"gate {gate.get('name')!r} has no exact-match tasks", hint=TASK_SET_HINT)
-    url = url.rstrip("/")
-    model = model or _model_name(url, api_key)
-    before = _counters(url, api_key)
+def run_tasks(url: str, gate: dict[str, Any], model: str, api_key: str | None = None) -> list[dict[str, Any]]:
+    """Every case of `gate` greedily through /v1/completions, then its acceptance runs; pass count per task."""
     tasks = []
     for task in gate["tasks"]:
         failures, passed = [], 0
@@ -147,8 +181,7 @@ def run_gate(url: str, gate: dict[str, Any], model: str | None = None, api_key: 
         body = {"model": model, "prompt": run["prompt"], "max_tokens": run.get("max_tokens", 64), "temperature": 0.0,
                 "ignore_eos": True}
         _call(post_json, f"{url}/v1/completions", body, api_key=api_key)
-    after = _counters(url, api_key)
-    return {"url": url, "model": model, "gate": gate.get("name"), "tasks": tasks, "mtp": acceptance(before, after)}
+    return tasks
 
 
 def gate_failures(report: dict[str, Any], min_acceptance_length: float | None) -> list[str]:
@@ -156,9 +189,13 @@ def gate_failures(report: dict[str, Any], min_acceptance_length: float | None) -
     out = [f"task {t['name']}: {t['passed']}/{t['total']} passed, needs {t['min_pass']}"
            for t in report["tasks"] if t["passed"] < t["min_pass"]]
     if min_acceptance_length is not None:
-        mal = report["mtp"]["mean_acceptance_length"]
-        if mal is None:
-            out.append("the server reported no speculative drafts (is MTP on? vllm:spec_decode_* counters)")
+        m = report["mtp"]
+        mal = m["mean_acceptance_length"]
+        if m.get("unavailable"):
+            out.append(f"MTP acceptance cannot be judged: {m['unavailable']} (vLLM serves its counters there)")
+        elif mal is None:
+            out.append("the server reported no speculative drafts over the run's requests (is MTP on? "
+                       "vllm:spec_decode_* counters)")
         elif mal < min_acceptance_length:
             out.append(f"MTP mean acceptance length {mal:.3f} is below {min_acceptance_length}")
     return out

@@ -128,7 +128,7 @@ def streamed_forwards(reference: Path, artifact: Path, windows: torch.Tensor, *,
                       ) -> tuple[PrecomputedForward, PrecomputedForward, dict[str, torch.Tensor]]:
     """(reference forward, artifact forward, heads) for `windows` [N, L], as run_offline's dense path gives."""
     from qwenquant.console import timed
-    from qwenquant.evaluate.offline import rtn_head
+    from qwenquant.evaluate.weights import rtn_head
     from qwenquant.modeling.text import embed_samples
 
     arms = {"reference": _Arm(reference, device), "artifact": _Arm(artifact, device)}

@@ -89,3 +89,13 @@ def eval_windows(reference: Path, windows: int, window_len: int, text: Path | No
     except OSError as e:
         raise UsageError(f"--text {text} cannot be read ({e.strerror or e})", hint="pass a plain UTF-8 text file") from None
     return _cut(reference, body, windows, window_len, str(text))
+
+
+def window_text(reference: Path, ids: torch.Tensor) -> str | None:
+    """`ids` decoded with the reference's tokenizer (None when it has no tokenizer.json)."""
+    from tokenizers import Tokenizer
+
+    path = Path(reference) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    return Tokenizer.from_file(str(path)).decode([int(i) for i in ids], skip_special_tokens=False)

@@ -1,7 +1,10 @@
 """Served tool-calling gate: shipped tool schemas (no-argument, required-argument, nested JSON) sent
-through a server's chat API; each answer must be a well-formed call of a sent tool whose arguments
-parse as JSON and match the tool's schema, or a plain answer. Standard library only: the schema
-check is a small JSON-schema subset (type, enum, required, properties, additionalProperties, items).
+through a server's chat API, each case with its OpenAI `tool_choice`. Every call must name a sent
+tool, carry `arguments` as a JSON string (not an object) that parses to an object matching the
+tool's schema; and the answer must be what `tool_choice` allows: `auto` a call or a plain answer,
+`required` at least one call, `none` no call, `{"type": "function", "function": {"name": N}}` calls
+of N only. Standard library only: the schema check is a small JSON-schema subset (type, enum,
+required, properties, additionalProperties, items).
 """
 
 from __future__ import annotations
@@ -33,19 +36,60 @@ def schema_problems(value: Any, schema: dict[str, Any], path: str = "arguments")
     if isinstance(value, dict):
         props = schema.get("properties") or {}
         out += [f"{path} lacks required {k!r}" for k in schema.get("required") or [] if k not in value]
+        extra = schema.get("additionalProperties")
         for k, v in value.items():
             if k in props:
                 out += schema_problems(v, props[k], f"{path}.{k}")
-            elif schema.get("additionalProperties") is False:
+            elif extra is False:
                 out.append(f"{path} has {k!r}, which the schema does not allow")
+            elif isinstance(extra, dict):
+                out += schema_problems(v, extra, f"{path}.{k}")
     if isinstance(value, list) and isinstance(schema.get("items"), dict):
         for i, v in enumerate(value):
             out += schema_problems(v, schema["items"], f"{path}[{i}]")
     return out
 
 
-def judge(message: dict[str, Any], tools: list[dict[str, Any]]) -> dict[str, Any]:
-    """One chat answer: {"kind": tool_call | answer | malformed, "problems": [...], "calls": [...]}."""
+def choice_problems(tool_choice: Any, called: list[str]) -> list[str]:
+    """What the answer does that `tool_choice` forbids (OpenAI semantics), given the names it called."""
+    if tool_choice in (None, "auto"):
+        return []
+    if tool_choice == "none":
+        return [f"tool_choice none, yet the answer calls {', '.join(map(str, called))}"] if called else []
+    if tool_choice == "required":
+        return [] if called else ["tool_choice required, yet the answer is plain text, not a tool call"]
+    want = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
+    if not want:
+        return [f"tool_choice {json.dumps(tool_choice)[:60]} is none of auto, required, none or a named function"]
+    if not called:
+        return [f"tool_choice names {want}, yet the answer is plain text, not a call of {want}"]
+    return [f"tool_choice names {want}, yet call {i} names {n!r}" for i, n in enumerate(called) if n != want]
+
+
+def _call_problems(i: int, call: Any, schemas: dict[str, Any]) -> list[str]:
+    """One tool call: a function call of a sent tool, arguments a JSON string whose object fits the schema."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or call.get("type", "function") != "function":
+        return [f"call {i} is not a function call: {json.dumps(call)[:80]}"]
+    name, raw = fn.get("name"), fn.get("arguments")
+    if name not in schemas:
+        return [f"call {i} names {name!r}, which was not sent (sent: {', '.join(schemas)})"]
+    if not isinstance(raw, str):
+        return [f"call {i} ({name}): arguments are a JSON {type(raw).__name__}, not a string of JSON "
+                f"(OpenAI sends them encoded): {json.dumps(raw)[:60]}"]
+    try:
+        args = json.loads(raw)
+    except ValueError as e:
+        return [f"call {i} ({name}): arguments are not JSON ({e.msg}): {raw[:60]!r}"]
+    if not isinstance(args, dict):
+        return [f"call {i} ({name}): arguments are {json.dumps(args)[:40]}, not a JSON object"]
+    return [f"call {i} ({name}): {p}" for p in schema_problems(args, schemas[name])]
+
+
+def judge(message: dict[str, Any], tools: list[dict[str, Any]], tool_choice: Any = "auto") -> dict[str, Any]:
+    """One chat answer: {"kind": tool_call | answer | malformed | wrong_choice, "problems": [...], "calls": [...]}.
+    `malformed`: a call that is not well formed (or tool-call markup left in the text); `wrong_choice`:
+    well-formed, but not what `tool_choice` allows."""
     schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
     calls = message.get("tool_calls") or []
     content = message.get("content") or ""
@@ -53,24 +97,14 @@ def judge(message: dict[str, Any], tools: list[dict[str, Any]]) -> dict[str, Any
     seen = []
     for i, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(fn, dict) or call.get("type", "function") != "function":
-            problems.append(f"call {i} is not a function call: {json.dumps(call)[:80]}")
-            continue
-        name, raw = fn.get("name"), fn.get("arguments")
-        seen.append({"name": name, "arguments": raw})
-        if name not in schemas:
-            problems.append(f"call {i} names {name!r}, which was not sent (sent: {', '.join(schemas)})")
-            continue
-        try:
-            args = json.loads(raw) if isinstance(raw, str) else raw
-        except ValueError as e:
-            problems.append(f"call {i} ({name}): arguments are not JSON ({e.msg}): {str(raw)[:60]!r}")
-            continue
-        problems += [f"call {i} ({name}): {p}" for p in schema_problems(args, schemas[name])]
+        if isinstance(fn, dict):
+            seen.append({"name": fn.get("name"), "arguments": fn.get("arguments")})
+        problems += _call_problems(i, call, schemas)
     if not calls and any(m in content for m in _MARKUP):
         problems.append(f"tool-call markup left in the text (the server did not parse it): {content.strip()[:80]!r}")
-    kind = "malformed" if problems else ("tool_call" if calls else "answer")
-    return {"kind": kind, "problems": problems, "calls": seen, "content": content[:200]}
+    wrong = [] if problems else choice_problems(tool_choice, [c["name"] for c in seen])
+    kind = "malformed" if problems else "wrong_choice" if wrong else ("tool_call" if calls else "answer")
+    return {"kind": kind, "problems": problems + wrong, "calls": seen, "content": content[:200]}
 
 
 def run_tools(url: str, spec: dict[str, Any], model: str, api_key: str | None = None) -> dict[str, Any]:
@@ -99,14 +133,18 @@ def run_tools(url: str, spec: dict[str, Any], model: str, api_key: str | None = 
             if not isinstance(message, dict):
                 row.update(kind="error", problems=[f"no chat message in the answer: {r.text[:160]}"])
             else:
-                row.update(judge(message, case["tools"]))
+                row.update(judge(message, case["tools"], body["tool_choice"]))
         row["ok"] = not row["problems"]
         cases.append(row)
     return {"gate": spec.get("name", "tools"), "cases": cases,
-            "counts": {k: sum(c["kind"] == k for c in cases) for k in ("tool_call", "answer", "malformed", "error")}}
+            "counts": {k: sum(c["kind"] == k for c in cases)
+                       for k in ("tool_call", "answer", "malformed", "wrong_choice", "error")}}
+
+
+_VERDICT = {"malformed": "malformed tool call", "wrong_choice": "ignored tool_choice", "error": "request failed"}
 
 
 def tool_failures(report: dict[str, Any]) -> list[str]:
-    """One line per failing case (empty when every answer is a well-formed call or a plain answer)."""
-    return [f"tool case {c['name']}: {'malformed tool call' if c['kind'] == 'malformed' else 'request failed'}: "
-            f"{c['problems'][0]}" for c in report["cases"] if c["problems"]]
+    """One line per failing case (empty when every answer is what its tool_choice allows, well formed)."""
+    return [f"tool case {c['name']}: {_VERDICT[c['kind']]}: {c['problems'][0]}"
+            for c in report["cases"] if c["problems"]]

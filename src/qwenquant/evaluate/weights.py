@@ -7,6 +7,7 @@ config group that targets the module, so both arms of an eval run the same dense
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -76,3 +77,13 @@ def load_dense(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(text config, float32 tensors with quantized modules dequantized) of a checkpoint or artifact."""
     config = read_config(folder)
     return text_config(config), dequantize(raw_tensors(folder), config)
+
+
+def rtn_head(weight: torch.Tensor, group_size: int = 128) -> torch.Tensor:
+    """Round-to-nearest symmetric int4 of `weight`, dequantized on `weight`'s device (the lm_head
+    stage's baseline)."""
+    from qwenquant.modeling.int4 import rtn_quantize_rows
+
+    q = rtn_quantize_rows(weight, group_size=group_size, device=weight.device)
+    q = dataclasses.replace(q, int=q.int.to(weight.device), scale=q.scale.to(weight.device))
+    return q.dequantize(torch.float32)

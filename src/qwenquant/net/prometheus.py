@@ -1,6 +1,6 @@
 """The one reader of Prometheus text pages (pure): samples, and vLLM's speculative-decoding counters.
 
-`qwenquant eval --served` and `qwenquant bench` both read MTP acceptance through `spec_counters`,
+`qwenquant eval served` and `qwenquant bench` both read MTP acceptance through `spec_counters`,
 so the same server gives the same figures to both. A counter is found by its base name with or
 without the `_total` suffix: prometheus_client adds it, other exporters (and vLLM builds that
 register their counters through another client) do not; `_created` samples are timestamps, never

@@ -33,9 +33,9 @@ class Figure:
 
 # What the card says when a kind of figure has no report, and the command that would measure it.
 SECTIONS = {
-    "offline eval": "qwenquant eval ARTIFACT --reference SOURCE",
-    "served gate": "qwenquant eval --serve ARTIFACT --profile single-user --min-acceptance-length 1.5",
-    "MTP acceptance (served)": "qwenquant eval --serve ARTIFACT --profile single-user",
+    "offline eval": "qwenquant eval offline ARTIFACT --reference SOURCE",
+    "served gate": "qwenquant eval served --serve ARTIFACT --profile single-user --min-acceptance-length 1.5",
+    "MTP acceptance (served)": "qwenquant eval served --serve ARTIFACT --profile single-user",
     "throughput": "qwenquant bench run --serve ARTIFACT --profile single-user --out ARTIFACT.bench-DIGEST.json",
 }
 PROMISE = "profile promise (served)"  # bench --depth / --soak / --turns: shown when given, never "not measured"
@@ -101,7 +101,7 @@ def manifest_figures(manifest: dict[str, Any]) -> list[Figure]:
 
 def eval_figures(r: Report) -> list[Figure]:
     d = r.data
-    cmd = f"qwenquant eval ARTIFACT --reference SOURCE --windows {d.get('windows')} --window-len {d.get('window_len')}"
+    cmd = f"qwenquant eval offline ARTIFACT --reference SOURCE --windows {d.get('windows')} --window-len {d.get('window_len')}"
     c = _Collect(d, r.repo_path, cmd, machine=f"{d.get('device', 'cpu')}, {d.get('forward', 'dense')} forward")
     _offline(c, (), "offline eval")
     c.add("offline eval", "lm_head KL, calibrated / round-to-nearest", ("lm_head", "ratio"), lambda v: f"{v:.3f}")
@@ -113,7 +113,7 @@ def served_figures(r: Report) -> list[Figure]:
     s = d.get("served") or {}
     machine = ", ".join(str(x) for x in (s.get("device"), s.get("gpu_mem") and f"--gpu-mem {s['gpu_mem']}",
                                          s.get("vllm_version_installed") and f"vLLM {s['vllm_version_installed']}") if x)
-    cmd = f"qwenquant eval --serve ARTIFACT --profile {s.get('profile', 'single-user')} --gate {d.get('gate')}"
+    cmd = f"qwenquant eval served --serve ARTIFACT --profile {s.get('profile', 'single-user')} --gate {d.get('gate')}"
     c = _Collect(d, r.repo_path, cmd, machine or None)
     for i, t in enumerate(d.get("tasks") or []):
         c.add("served gate", f"task {t.get('name')}: exact-match passed", ("tasks", i, "passed"),

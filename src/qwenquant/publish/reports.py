@@ -89,7 +89,7 @@ def _load(path: Path, root_digest: str, artifact: Path) -> tuple[str, dict[str, 
     if kind == "eval" and (data.get("reference_check") or {}).get("verified") is False:
         raise UsageError(f"{path} compares against a reference that is not the artifact's recorded source "
                          "(--reference-unverified): its figures cannot go on this card",
-                         hint="re-run `qwenquant eval ARTIFACT --reference SOURCE` with the recorded source")
+                         hint="re-run `qwenquant eval offline ARTIFACT --reference SOURCE` with the recorded source")
     return kind, data, raw
 
 

@@ -1,0 +1,82 @@
+"""One served eval run: the exact-match gate, the tool-calling gate and the needle task against one
+server, with MTP acceptance read from /metrics before the first request and after the last, so the
+figure covers every request the run sent. `ServedAsk.check` refuses, before any server is asked, a
+run that would test nothing. Standard library only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from qwenquant.errors import UsageError
+from qwenquant.evaluate.needle import check_needle_max_len, needle_failures, run_needle
+from qwenquant.evaluate.report import stamp
+from qwenquant.evaluate.served import (
+    acceptance,
+    base_url,
+    counters,
+    gate_failures,
+    load_gate,
+    load_task_set,
+    model_name,
+    run_tasks,
+)
+from qwenquant.evaluate.tools import run_tools, tool_failures
+
+
+@dataclass(frozen=True)
+class ServedAsk:
+    """What a served eval is asked (the same with --served URL and --serve ARTIFACT)."""
+
+    gate: str = "tiny-reference"
+    model: str | None = None
+    api_key: str | None = None
+    min_acceptance: float | None = None
+    tools: bool = False
+    needle: bool = False
+    needle_max_len: int | None = None
+
+    def check(self) -> dict[str, Any]:
+        """Before any server is asked: the gate loads, the run tests something, --needle-max-len leaves
+        a needle case. Returns the loaded gate."""
+        gate = load_gate(self.gate)
+        if not gate["tasks"] and not self.tools and not self.needle:
+            raise UsageError(f"--gate {self.gate} with neither --tools nor --needle tests nothing"
+                             + (" (MTP acceptance would be measured over no request)" if self.min_acceptance else ""),
+                             hint="pass --tools and/or --needle, or a gate with tasks (`qwenquant eval gates`)")
+        if self.needle_max_len is not None:
+            if not self.needle:
+                raise UsageError("--needle-max-len without --needle", hint="add --needle, or drop --needle-max-len")
+            check_needle_max_len(load_task_set("needle"), self.needle_max_len)
+        return gate
+
+
+def run_served(url: str, ask: ServedAsk, model: str | None = None) -> dict[str, Any]:
+    """Run what `ask` asks against `url` (a base URL; a trailing /v1 is dropped); the report, with
+    `failures` listed and `ok` only when something was tested and nothing failed."""
+    gate = ask.check()
+    url = base_url(url)
+    model = model or ask.model or model_name(url, ask.api_key)
+    before = counters(url, ask.api_key)
+    result: dict[str, Any] = {"url": url, "model": model, "gate": gate.get("name"),
+                              "tasks": run_tasks(url, gate, model, ask.api_key)}
+    if ask.tools:
+        result["tools"] = run_tools(url, load_task_set("tools"), model, ask.api_key)
+    if ask.needle:
+        result["needle"] = run_needle(url, load_task_set("needle"), model, ask.api_key, ask.needle_max_len)
+    result["mtp"] = acceptance(before, counters(url, ask.api_key))
+    result["mtp"]["over"] = [k for k, on in (("gate tasks", bool(gate["tasks"])), ("tool cases", ask.tools),
+                                             ("needle cases", ask.needle)) if on]
+    failures = served_failures(result, ask.min_acceptance)
+    result.update(min_acceptance_length=ask.min_acceptance, failures=failures, ok=not failures)
+    return stamp(result, "served")
+
+
+def served_failures(result: dict[str, Any], min_acceptance: float | None) -> list[str]:
+    """Every reason the run fails: gate tasks, acceptance, tool cases, needle depths (empty: passed)."""
+    failures = gate_failures(result, min_acceptance)
+    if "tools" in result:
+        failures += tool_failures(result["tools"])
+    if "needle" in result:
+        failures += needle_failures(result["needle"])
+    return failures
