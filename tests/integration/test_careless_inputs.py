@@ -63,6 +63,9 @@ def m(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     shipped = (REPO / "src" / "qwenquant" / "data" / "calibration" / "tiny-demo.yaml").read_text()
     for data in ("empty", "bad", "nofield"):
         (t / f"calib-{data}.yaml").write_text(shipped.replace("path: tiny-demo.jsonl", f"path: {data}.jsonl"))
+    int4mtp = (REPO / "src" / "qwenquant" / "data" / "recipes" / "tiny-reference-int4mtp.yaml").read_text()
+    assert '">=0.28.0,<0.33"' in int4mtp
+    (t / "int4mtp-open.yaml").write_text(int4mtp.replace('">=0.28.0,<0.33"', '">=0.28.0"'))
     (t / "notes.txt").write_text("not a folder\n")
     (t / "emptydir").mkdir()
     return {k: str(v) for k, v in {"t": t, "src": src, "art": art, "other": other, "tampered": tampered,
@@ -104,6 +107,9 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
         ("input-file", ["quantize", src, "--out", f"{t}/q", "--work", f"{t}/q", "--recipe", "tiny-reference"]),
         ("input-file", ["quantize", src, "--out", f"{t}/q", "--work", f"{src}/w", "--recipe", "tiny-reference"]),
         ("input-file", ["recipe", "validate", f"{t}/bad.yaml"]),
+        # an int4-MTP recipe whose vLLM range is open: refused where it is read, before any GPTQ
+        ("input-file", ["recipe", "validate", f"{t}/int4mtp-open.yaml"]),
+        ("input-file", ["quantize", src, "--recipe", f"{t}/int4mtp-open.yaml", "--plan", *out]),
         # a folder nothing can be written in (/proc: read-only for root too)
         ("input-file", ["quantize", src, "--recipe", "tiny-reference", "--out", "/proc/qwenquant-careless/q"]),
         ("input-file", ["bench", DEAD, "--out", "/proc/qwenquant-careless.json"]),
@@ -121,6 +127,7 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
         # check, serve/plan, measure
         ("check", ["check", src]),
         ("serve", ["plan", str(REAL_CONFIG), "--gpu-mem", "8GiB"]),
+        ("serve", ["plan", art, "--profile", "single-user"]),  # 32768 > the tiny model's 4096 positions
         ("measure", ["bench", DEAD, "--max-tokens", "4"]),
         ("measure", ["eval", "--served", DEAD]),
     ]

@@ -23,7 +23,9 @@ def plan(
     Per profile on a GPU: the largest single prompt and the largest burst of new prompts that fill,
     with the Gated DeltaNet prefill transient (which vLLM's own sizing leaves out) counted.
 
-    Exits 7 when no profile fits, naming the first reason.
+    A profile whose max-model-len is above the model's max_position_embeddings does not fit either:
+    serve refuses it (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1). Exits 7 when no profile fits, naming
+    the first reason.
 
     Examples:
 
@@ -44,14 +46,20 @@ def plan(
         f"GPU memory {gpu_mem}"
     if as_json:
         print_json({"source": res.source, "tensor_parallel_size": gpus, "weights": res.weights.bytes,
-                    "profiles": {k: budget_dict(b, res.shape) for k, b in res.budgets.items()}})
+                    "profiles": {k: budget_dict(b, res.shape) | {"fits": res.fits(k), "position_problem": res.refused.get(k)}
+                                 for k, b in res.budgets.items()}})
     else:
         lines = [f"plan for {res.source}, {where}"] + weights_lines(res.weights, res.include_vision)
         for name, b in res.budgets.items():
-            lines += [""] + budget_lines(name, b, res.shape)
+            shown = budget_lines(name, b, res.shape)
+            if name in res.refused:  # before the memory figures, which hold whatever the positions
+                shown.insert(1, f"  DOES NOT FIT: {res.refused[name]}, which serve refuses: {res.position_fix}")
+            lines += [""] + shown
         typer.echo("\n".join(lines))
-    if res.budgets and not any(b.fits for b in res.budgets.values()):
+    if res.budgets and not any(res.fits(k) for k in res.budgets):
         name, b = next(iter(res.budgets.items()))
+        if name in res.refused:
+            raise ServeError(f"no serve profile fits: {res.refused[name]} (profile {name})", hint=res.position_fix)
         raise ServeError(f"no serve profile fits in {gpu_mem}{' per GPU' if gpus > 1 else ''}: {first_reason(b)} "
                          f"(profile {name})",
                          hint="plan for a GPU with more memory, or lower the settings each profile names")

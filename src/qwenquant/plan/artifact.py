@@ -6,13 +6,15 @@ safetensors headers; starts nothing and asks no GPU (the caller gives the memory
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qwenquant.errors import ServeError
 from qwenquant.manifest import MANIFEST_NAME, load_manifest
 from qwenquant.plan.budget import Budget, make_budget
+from qwenquant.plan.positions import position_fix, position_problem
 from qwenquant.plan.settings import artifact_layout, cache_settings, decide, recipe_from_manifest
 from qwenquant.plan.weights import (
     ModelShape,
@@ -34,6 +36,13 @@ class PlanResult:
     include_vision: bool
     budgets: dict[str, Budget]
     source: str
+    # profile -> why serve refuses it whatever the memory (max-model-len above max_position_embeddings)
+    refused: dict[str, str] = field(default_factory=dict)
+    position_fix: str = ""
+
+    def fits(self, name: str) -> bool:
+        """The profile's budget fits and serve would not refuse it."""
+        return self.budgets[name].fits and name not in self.refused
 
 
 def profile_budget(shape: ModelShape, weights: WeightBreakdown, profile: ResolvedProfile, device: str,
@@ -91,4 +100,6 @@ def make_plan(target: Path, gpu_bytes: int, *, recipe_name: str | None = None,
         include_vision = manifest is not None and not decide(prof, device, layout).language_model_only
         budgets[name] = profile_budget(shape, weights, prof, device, layout, total_bytes=gpu_bytes,
                                        include_vision=include_vision, tp=tp)
-    return PlanResult(shape, weights, include_vision, budgets, source)
+    refused = {name: p for name, b in budgets.items()
+               if (p := position_problem(config, b.max_model_len, os.environ)) is not None}
+    return PlanResult(shape, weights, include_vision, budgets, source, refused, position_fix(config))

@@ -295,8 +295,11 @@ _RESOLVED_DEFAULTS: dict[str, Any] = {
 _PROFILE_REQUIRED = ("max_model_len", "max_num_seqs", "gpu_memory_utilization")
 
 
+DEFAULT_VLLM_VERSIONS = (">=0.26.0",)  # serve.vllm_versions when a recipe leaves it out
+
+
 class ServeSpec(_Strict):
-    vllm_versions: list[str] = Field(default_factory=lambda: [">=0.26.0"])
+    vllm_versions: list[str] = Field(default_factory=lambda: list(DEFAULT_VLLM_VERSIONS))
     defaults: ServeSettings = Field(default_factory=ServeSettings)
     profiles: dict[str, ServeProfile]
 
