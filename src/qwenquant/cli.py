@@ -44,7 +44,10 @@ def _root(
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the process exit code."""
+    args = sys.argv[1:] if argv is None else argv
     try:
+        if not {"--help", "-h", "--version"} & set(args):  # help and the version need no variable
+            envs.check_all()  # one set out of its range: one line naming it and the range (exit 2)
         rv = app(args=argv, standalone_mode=False, prog_name="qwenquant")
     except QwenquantError as e:
         return _report(e, str(e), e.hint, e.exit_code)

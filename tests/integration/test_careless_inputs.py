@@ -28,8 +28,8 @@ REAL_CONFIG = REPO / "src" / "qwenquant" / "data" / "qwen3_8-27b.config.json"
 DEAD = "http://127.0.0.1:9"  # nothing listens on the discard port
 
 
-def _qq(argv: list[str]) -> subprocess.CompletedProcess:
-    env = dict(os.environ, QWENQUANT_NO_PROGRESS="1", QWENQUANT_THREADS="1")
+def _qq(argv: list[str], **extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "QWENQUANT_NO_PROGRESS": "1", "QWENQUANT_THREADS": "1", **extra}
     env.pop("QWENQUANT_DEBUG", None)
     return subprocess.run([sys.executable, "-m", "qwenquant", *argv], capture_output=True, text=True, timeout=300,
                           env=env, cwd=REPO)
@@ -184,3 +184,21 @@ def test_the_fetch_hint_names_the_extra_file_instead_of_looping(served, tmp_path
     assert "re-run `qwenquant fetch" not in said
     (out / "notes.txt").unlink()
     assert _qq(["fetch", "--offline", "--out", str(out)]).returncode == 0
+
+
+@pytest.mark.parametrize("name, value, allowed, argv", [
+    ("QWENQUANT_THREADS", "-2", "an integer from 0 to 4096", ["quantize", "{src}", "--recipe", "tiny-reference",
+                                                               "--source-unverified", "--device", "cpu", "--out", "{t}/q"]),
+    ("QWENQUANT_FETCH_BACKOFF", "-1", "a number from 0 to 600", ["fetch", "Qwen/Qwen3.8-27B", "--out", "{t}/f"]),
+    ("QWENQUANT_DIST_TIMEOUT_MIN", "0", "an integer from 1 to 10080", ["recipe", "list"]),
+    ("QWENQUANT_MAX_GPU_MEM", "-23.5", "a number > 0", ["verify", "{art}"]),
+])
+def test_a_variable_of_the_readme_table_out_of_range_is_one_line_and_exit_2(
+        m: dict[str, str], name: str, value: str, allowed: str, argv: list[str]) -> None:
+    """An environment variable out of its range stops any command before it starts: exit 2 (usage),
+    one line naming the variable and the range; nothing written."""
+    proc = _qq([a.format(**m) for a in argv], **{name: value})
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == EXIT_RULE["usage"], proc.stderr
+    assert errors == [f"error: {name} must be {allowed}, got {value!r}"], proc.stderr
+    assert not Path(m["t"], "q").exists() and not Path(m["t"], "f").exists()
