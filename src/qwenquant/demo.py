@@ -58,13 +58,25 @@ def _cli(args: list[str], env: dict[str, str], *, capture_json: bool = False) ->
     return json.loads(proc.stdout) if capture_json else None
 
 
+def interrupt_note(work: Path, done: list[str]) -> str:
+    """What Ctrl-C leaves of a demo run: the steps finished (`done`, in order; the last one was
+    running) are kept under `work`, and a re-run reuses what verifies."""
+    finished, now = done[:-1], (done[-1] if done else "the start")
+    kept = f"the steps before it ({', '.join(finished)}) are kept under {work}" if finished else \
+        f"nothing before it was finished under {work}"
+    return (f"interrupted in step {now}: {kept}; re-run `qwenquant demo --work {work}` to go on (each step reuses "
+            "what verifies)")
+
+
 def run_demo(work: Path, *, serve: bool | None = None, variant: str = "reference",
-             force: bool = False) -> DemoResult:
+             force: bool = False, steps: list[str] | None = None) -> DemoResult:
     """Run the whole pipeline on the tiny model under `work`; resumable (each step reuses what verified).
 
     variant "reference": the committed trained reference model (`qwenquant.testbed.tiny.reference_model`);
-    "random" / "constant": the tiny builder's untrained checkpoints.
+    "random" / "constant": the tiny builder's untrained checkpoints. `steps`: each step's name is
+    appended as it starts (what `interrupt_note` reports).
     """
+    steps = [] if steps is None else steps
     from qwenquant import outfolder
     from qwenquant.testbed.hubserver import HubServer
     from qwenquant.testbed.tiny import build_tiny_checkpoint
@@ -74,6 +86,7 @@ def run_demo(work: Path, *, serve: bool | None = None, variant: str = "reference
     outfolder.guard(work, outfolder.foreign_in_demo_work(work), force=force, flag="--work",
                     problem="exists and holds more than the demo's hub, models and artifacts folders")
     hub_dir, model_dir, artifact = work / "hub" / "Qwen3.5-tiny", work / "models" / "Qwen3.5-tiny", work / "artifacts" / "Qwen3.5-tiny-w4a16"
+    steps.append("build")
     log.info("building the tiny Qwen3.5 checkpoint (variant %s) in %s", variant, hub_dir)
     if variant == "reference":
         build_reference_checkpoint(hub_dir)
@@ -88,13 +101,17 @@ def run_demo(work: Path, *, serve: bool | None = None, variant: str = "reference
         hub.add_repo(DEMO_REPO, hub_dir)
         env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_TELEMETRY="1")
         env.pop("HF_TOKEN", None)
+        steps.append("fetch")
         fetched = _cli(["fetch", DEMO_REPO, "--revision", "main", "--out", str(model_dir), "--json"], env, capture_json=True)
     commit = fetched["commit"]
+    steps.append("quantize")
     q = _cli(["quantize", str(model_dir), *recipe_args, "--out", str(artifact), "--json"], env,
              capture_json=True)  # fmt: skip
+    steps.append("verify")
     _cli(["verify", str(artifact)], env)
     result = DemoResult(commit, artifact, q["root_digest"], q.get("quality", {}))
 
+    steps.append("serve")
     _serve_step(result, env, serve)
     return result
 

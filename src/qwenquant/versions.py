@@ -12,8 +12,6 @@ import platform
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from qwenquant import envs
-
 STACK = ("torch", "transformers", "llmcompressor", "compressed-tensors", "huggingface_hub", "safetensors")
 
 
@@ -33,20 +31,41 @@ def qwenquant_version() -> str:
 
 
 def launcher_record() -> tuple[Path | None, dict | None]:
-    """(path, contents) of the qwenquant-vllm.json that `qwenquant serve` would use, without probing."""
-    from qwenquant.serve.discover import LAUNCHER_JSON, repo_root
+    """(path, contents) of the qwenquant-vllm.json that `qwenquant serve` would use, without probing
+    (path None when serve would launch a python or an executable instead: `vllm_line` probes it)."""
+    from qwenquant.serve.discover import LAUNCHER_JSON, locate_vllm
 
-    env = envs.get("QWENQUANT_VLLM")
-    candidates = [Path(env).expanduser()] if env else []
-    candidates += [Path(env).expanduser() / LAUNCHER_JSON] if env else []
-    candidates += [root / ".venv-vllm" / LAUNCHER_JSON for root in dict.fromkeys((repo_root(), Path.cwd()))]
-    for p in candidates:
-        if p.is_file() and p.name == LAUNCHER_JSON:
-            try:
-                return p, json.loads(p.read_text())
-            except (OSError, ValueError):
-                return p, None
-    return None, None
+    p, _ = locate_vllm()
+    if p is None or p.name != LAUNCHER_JSON or not p.is_file():
+        return None, None
+    try:
+        return p, json.loads(p.read_text())
+    except (OSError, ValueError):
+        return p, None
+
+
+def vllm_line() -> str:
+    """The vLLM `qwenquant serve` would launch, found as serve finds it (serve/discover.py): a
+    launcher record is read; a python, a venv or an executable (--vllm, QWENQUANT_VLLM, PATH) is
+    asked for its version (cached)."""
+    from qwenquant.errors import QwenquantError
+    from qwenquant.serve.discover import find_vllm, locate_vllm
+
+    path, rec = launcher_record()
+    if rec is not None:
+        return (f"vllm {rec.get('vllm_version', '?')} ({rec.get('device', '?')}, torch "
+                f"{rec.get('torch_version', '?')}) from {path}")
+    if path is not None:
+        return f"vllm: {path} is unreadable (re-run scripts/install-vllm.sh)"
+    where, source = locate_vllm()
+    if where is None:
+        return ("vllm: no .venv-vllm/qwenquant-vllm.json (run scripts/install-vllm.sh; "
+                "`qwenquant serve` would look for `vllm` on PATH)")
+    try:
+        install = find_vllm()
+    except QwenquantError as e:
+        return f"vllm: {e.message} (from {source})"
+    return f"vllm {install.version} ({install.device}) from {where} ({source})"
 
 
 def version_lines(verbose: bool) -> list[str]:
@@ -56,13 +75,5 @@ def version_lines(verbose: bool) -> list[str]:
         return lines
     lines.append(f"python {platform.python_version()} ({os.sys.executable})")
     lines += [f"{name} {dist_version(name)}" for name in STACK]
-    path, rec = launcher_record()
-    if path is None:
-        lines.append("vllm: no .venv-vllm/qwenquant-vllm.json (run scripts/install-vllm.sh; "
-                     "`qwenquant serve` would look for `vllm` on PATH)")
-    elif rec is None:
-        lines.append(f"vllm: {path} is unreadable (re-run scripts/install-vllm.sh)")
-    else:
-        lines.append(f"vllm {rec.get('vllm_version', '?')} ({rec.get('device', '?')}, torch "
-                     f"{rec.get('torch_version', '?')}) from {path}")
+    lines.append(vllm_line())
     return lines

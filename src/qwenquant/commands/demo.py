@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from qwenquant.commands._app import app
+from qwenquant.commands._app import app, on_interrupt
 
 
 @app.command(
@@ -24,9 +24,11 @@ def demo(
     """Build the tiny Qwen3.5 checkpoint, serve it from a loopback Hub, then fetch, quantize,
     verify and (with vLLM installed) serve it and print one completion."""
     from qwenquant.console import stdout
-    from qwenquant.demo import MODEL_NOTE, next_steps, publish_dry_run, run_demo
+    from qwenquant.demo import MODEL_NOTE, interrupt_note, next_steps, publish_dry_run, run_demo
 
-    r = run_demo(work, serve=serve, force=force)
+    steps: list[str] = []
+    on_interrupt(lambda: interrupt_note(work.resolve(), steps))
+    r = run_demo(work, serve=serve, force=force, steps=steps)
     stdout.print(f"model:       {MODEL_NOTE}", markup=False)
     stdout.print(f"commit:      {r.commit}", markup=False)
     stdout.print(f"artifact:    {r.artifact}", markup=False)
@@ -50,4 +52,5 @@ def demo(
     else:
         stdout.print(f"serve:       skipped ({r.skipped_serve_reason})", markup=False)
     stdout.print("\n" + "\n".join(next_steps(r.artifact, served_name=r.artifact.name)) + "\n", markup=False)
+    steps.append("publish --dry-run")
     publish_dry_run(r.artifact)  # last: what publishing this artifact would upload, and the card's head

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from qwenquant.commands._app import Device, HessianPrecision, app
+from qwenquant.commands._app import Device, HessianPrecision, app, on_interrupt
 
 if TYPE_CHECKING:
     from qwenquant.quantize.pipeline import QuantizeOptions
@@ -72,6 +72,7 @@ def _run(opts: QuantizeOptions, as_json: bool) -> None:
     from qwenquant.console import console, print_json, stdout, step_progress
     from qwenquant.quantize.pipeline import quantize
 
+    on_interrupt(lambda: resume_note(opts))
     with step_progress() as bars:
         tasks: dict[str, int] = {}
 
@@ -83,11 +84,7 @@ def _run(opts: QuantizeOptions, as_json: bool) -> None:
 
         # stdout carries only the result: llm-compressor's loguru sink writes to sys.stdout
         with contextlib.redirect_stdout(sys.stderr):
-            try:
-                result = quantize(opts, progress)
-            except KeyboardInterrupt:
-                print(resume_note(opts), file=sys.stderr)
-                raise
+            result = quantize(opts, progress)
     if as_json:
         print_json(result.to_dict())
         return
@@ -116,6 +113,8 @@ def resume_note(opts: QuantizeOptions) -> str:
 def _plan(opts: QuantizeOptions, as_json: bool) -> None:
     from qwenquant.console import console, print_json, stdout
     from qwenquant.quantize.status import plan_quantize
+
+    on_interrupt(lambda: "interrupted: quantize --plan stopped before it reported; it runs and writes nothing")
 
     p = plan_quantize(opts)
     if as_json:
@@ -171,6 +170,9 @@ def graft_mtp_cmd(
     from qwenquant.errors import StageError
     from qwenquant.quantize.graft import graft_mtp
 
+    on_interrupt(lambda: f"interrupted: {artifact} is as it was or fully grafted, never half-written (the graft is "
+                         "built beside it and renamed into place in one step, and its partial copy is removed); "
+                         f"`qwenquant graft-mtp {artifact} --source {source} --check-only` says which")
     r = graft_mtp(artifact, source, check_only=check_only, force=force)
     if r["nothing_to_do"]:
         stdout.print("nothing to graft: every mtp.* tensor is present and byte-identical", markup=False)
