@@ -116,12 +116,14 @@ def run_demo(work: Path, *, serve: bool | None = None, variant: str = "reference
     return result
 
 
-def publish_dry_run(artifact: Path) -> None:
-    """The demo's last step: what `qwenquant publish` would upload and the card's first lines (no network)."""
+def publish_dry_run(artifact: Path, *, as_json: bool = False) -> dict | None:
+    """The demo's last step: what `qwenquant publish` would upload and the card's first lines (no network);
+    `as_json`: its `--json` result, returned instead of printed."""
     env = dict(os.environ, HF_HUB_DISABLE_TELEMETRY="1")
     env.pop("HF_TOKEN", None)
     sys.stdout.flush()  # the summary above comes first on a pipe too (the child writes to the same stdout)
-    _cli(["publish", str(artifact), "--repo", PUBLISH_REPO, "--license", "apache-2.0", "--dry-run"], env)
+    return _cli(["publish", str(artifact), "--repo", PUBLISH_REPO, "--license", "apache-2.0", "--dry-run",
+                 *(["--json"] if as_json else [])], env, capture_json=as_json)
 
 
 def _serve_step(result: DemoResult, env: dict[str, str], serve: bool | None) -> None:

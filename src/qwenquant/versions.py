@@ -44,28 +44,45 @@ def launcher_record() -> tuple[Path | None, dict | None]:
         return p, None
 
 
-def vllm_line() -> str:
+def vllm_info() -> dict:
     """The vLLM `qwenquant serve` would launch, found as serve finds it (serve/discover.py): a
     launcher record is read; a python, a venv or an executable (--vllm, QWENQUANT_VLLM, PATH) is
-    asked for its version (cached)."""
+    asked for its version (cached). {"version", "device", "torch", "path", "source"}, or {"problem"}."""
     from qwenquant.errors import QwenquantError
     from qwenquant.serve.discover import find_vllm, locate_vllm
 
     path, rec = launcher_record()
     if rec is not None:
-        return (f"vllm {rec.get('vllm_version', '?')} ({rec.get('device', '?')}, torch "
-                f"{rec.get('torch_version', '?')}) from {path}")
+        return {"version": rec.get("vllm_version", "?"), "device": rec.get("device", "?"),
+                "torch": rec.get("torch_version", "?"), "path": str(path), "source": "launcher record"}
     if path is not None:
-        return f"vllm: {path} is unreadable (re-run scripts/install-vllm.sh)"
+        return {"problem": f"{path} is unreadable (re-run scripts/install-vllm.sh)", "path": str(path)}
     where, source = locate_vllm()
     if where is None:
-        return ("vllm: no .venv-vllm/qwenquant-vllm.json (run scripts/install-vllm.sh; "
-                "`qwenquant serve` would look for `vllm` on PATH)")
+        return {"problem": "no .venv-vllm/qwenquant-vllm.json (run scripts/install-vllm.sh; `qwenquant serve` "
+                           "would look for `vllm` on PATH)"}
     try:
         install = find_vllm()
     except QwenquantError as e:
-        return f"vllm: {e.message} (from {source})"
-    return f"vllm {install.version} ({install.device}) from {where} ({source})"
+        return {"problem": f"{e.message} (from {source})", "path": str(where), "source": source}
+    return {"version": install.version, "device": install.device, "torch": None, "path": str(where), "source": source}
+
+
+def vllm_line() -> str:
+    """`vllm X (device[, torch T]) from PATH`, or `vllm: PROBLEM` (doctor's last line)."""
+    v = vllm_info()
+    if "problem" in v:
+        return f"vllm: {v['problem']}"
+    if v["source"] == "launcher record":
+        return f"vllm {v['version']} ({v['device']}, torch {v['torch']}) from {v['path']}"
+    return f"vllm {v['version']} ({v['device']}) from {v['path']} ({v['source']})"
+
+
+def doctor_dict() -> dict:
+    """`qwenquant doctor --json`: what `version_lines(True)` prints, as data."""
+    return {"qwenquant": qwenquant_version(),
+            "python": {"version": platform.python_version(), "executable": os.sys.executable},
+            "packages": {name: dist_version(name) for name in STACK}, "vllm": vllm_info()}
 
 
 def version_lines(verbose: bool) -> list[str]:

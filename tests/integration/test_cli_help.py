@@ -91,6 +91,14 @@ def test_version_verbose_names_the_stack_and_the_vllm_serve_would_launch(tmp_pat
         for dist in ("torch", "transformers", "llmcompressor", "compressed-tensors"):
             assert f"{dist} {version(dist)}" in lines
         assert f"vllm 9.8.7 (cuda, torch 2.99.0) from {record}" in lines
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(["doctor", "--json"])], capture_output=True,
+                          text=True, timeout=60, env=dict(os.environ, QWENQUANT_VLLM=str(record)))
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["rc"] == 0 and res["heavy"] == [], res
+    doc = json.loads(res["out"])
+    assert doc["vllm"] == {"version": "9.8.7", "device": "cuda", "torch": "2.99.0", "path": str(record),
+                           "source": "launcher record"}
+    assert doc["packages"]["torch"] == version("torch") and doc["qwenquant"] == version("qwenquant")
 
 
 def test_doctor_asks_the_python_or_venv_that_qwenquant_vllm_names(tmp_path) -> None:

@@ -39,6 +39,17 @@ def test_graft_restores_bytes_index_and_ignore(quantized_like: Path, tiny_checkp
     assert {p.name: p.read_bytes() for p in quantized_like.iterdir()} == files
 
 
+def test_graft_json_says_what_it_did(quantized_like: Path, tiny_checkpoint: Path) -> None:
+    """`--json`: the plan and whether it wrote, as one JSON document on stdout (then: nothing to do)."""
+    proc = qq("graft-mtp", str(quantized_like), "--source", str(tiny_checkpoint), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"artifact": str(quantized_like), "nothing_to_do": False, "written": True,
+                                       "plan": "add 15, add re:^mtp.* to quantization_config.ignore",
+                                       "root_digest": None}
+    again = qq("graft-mtp", str(quantized_like), "--source", str(tiny_checkpoint), "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["nothing_to_do"] is True
+
+
 def test_graft_replaces_a_corrupted_mtp_tensor(quantized_like: Path, tiny_checkpoint: Path) -> None:
     assert qq("graft-mtp", str(quantized_like), "--source", str(tiny_checkpoint)).returncode == 0
     shard = quantized_like / "model-mtp.safetensors"

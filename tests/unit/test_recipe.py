@@ -316,3 +316,29 @@ def test_lm_head_row_chunk_is_auto_unless_a_positive_integer_is_given() -> None:
     for bad in (0, "big"):
         raw["lm_head"]["row_chunk"] = bad
         assert any(p.startswith("lm_head.row_chunk") for p in _problems(raw)), bad
+
+
+def test_recipe_list_tells_every_shipped_recipe_apart_and_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """`recipe list`: each recipe's line is read from its fields (layout, MTP head, lm_head, calibration,
+    quick eval, vLLM releases), no two alike; `--json` holds the same, and `recipe validate --json` too."""
+    from helpers import run_cli
+
+    code, out, _ = run_cli(capsys, "recipe", "list", "--json")
+    assert code == 0
+    listed = json.loads(out)
+    recipes = {r["name"]: r for r in listed["recipes"]}
+    assert all(r["valid"] for r in recipes.values()) and len(recipes) == 6
+    assert len({tuple(r["features"]) for r in recipes.values()}) == len(recipes)
+    assert "MTP head int4 GPTQ" in recipes["w4a16-int4head-int4mtp"]["features"]
+    assert "MTP head bf16" in recipes["w4a16-int4head"]["features"]
+    assert "multimodal layout" in recipes["w4a16-int4head-multimodal"]["features"]
+    assert "quick eval 32 x 256 tokens" in recipes["tiny-reference"]["features"]
+    assert {c["name"] for c in listed["calibrations"]} == {"tiny-demo", "tiny-reference"}
+    code, text, _ = run_cli(capsys, "recipe", "list")
+    lines = {ln.split()[0]: ln for ln in text.splitlines() if " recipe: " in ln}
+    for name, r in recipes.items():
+        assert lines[name].endswith("recipe: " + ", ".join(r["features"]))
+    code, out, _ = run_cli(capsys, "recipe", "validate", "tiny-reference-int4mtp", "--json")
+    assert code == 0 and json.loads(out) == {"ok": True, "name": "tiny-reference-int4mtp",
+                                             "sha256": recipes["tiny-reference-int4mtp"]["sha256"],
+                                             "features": recipes["tiny-reference-int4mtp"]["features"]}

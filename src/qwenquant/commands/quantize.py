@@ -153,6 +153,7 @@ def graft_mtp_cmd(
     source: Path = typer.Option(..., "--source", exists=True, file_okay=False, help="The original (unquantized) model folder."),
     check_only: bool = typer.Option(False, "--check-only", help="Only report; exit 5 when something is missing or different."),
     force: bool = typer.Option(False, "--force", help="Remove files in the artifact folder that are not part of it (says what it removes)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result (plan, written, root digest) as JSON on stdout."),
 ) -> None:
     """Copy the bf16 MTP draft head (mtp.*) from the source into an artifact, byte-identical.
 
@@ -165,8 +166,10 @@ def graft_mtp_cmd(
       qwenquant graft-mtp artifacts/q27b --source models/Qwen3.8-27B
 
       qwenquant graft-mtp artifacts/q27b --source models/Qwen3.8-27B --check-only
+
+      qwenquant graft-mtp artifacts/q27b --source models/Qwen3.8-27B --json
     """
-    from qwenquant.console import stdout
+    from qwenquant.console import print_json, stdout
     from qwenquant.errors import StageError
     from qwenquant.quantize.graft import graft_mtp
 
@@ -174,10 +177,12 @@ def graft_mtp_cmd(
                          "built beside it and renamed into place in one step, and its partial copy is removed); "
                          f"`qwenquant graft-mtp {artifact} --source {source} --check-only` says which")
     r = graft_mtp(artifact, source, check_only=check_only, force=force)
-    if r["nothing_to_do"]:
-        stdout.print("nothing to graft: every mtp.* tensor is present and byte-identical", markup=False)
-    elif check_only:
+    if check_only and not r["nothing_to_do"]:
         raise StageError(f"MTP head incomplete in {artifact}: {r['plan']}",
                          hint=f"run `qwenquant graft-mtp {artifact} --source {source}`")
+    if as_json:
+        print_json(r)
+    elif r["nothing_to_do"]:
+        stdout.print("nothing to graft: every mtp.* tensor is present and byte-identical", markup=False)
     else:
         stdout.print(f"grafted: {r['plan']}; root digest {r['root_digest']}", markup=False)
