@@ -304,16 +304,20 @@ def test_killed_during_gptq_then_rerun_gives_same_digest(built: dict, tmp_path: 
         assert not list(work.glob(".gptq.*.partial"))  # Ctrl-C cleans its staging folder
     done = len(list((work / "gptq-layers").glob("layer-*/record.json")))
     assert 1 <= done <= 4, done  # persisted layers survive both signals; the re-run resumes after them
+    # the resume point, said one way by the Ctrl-C line, the re-run's log (and `--plan`)
+    point = (f"resumes at decoder layer {done + 1} of 4; {'layer 1 is' if done == 1 else f'layers 1-{done} are'} "
+             "recorded and replayed") if done < 4 else "all 4 decoder layers are recorded (replayed, none quantized anew)"
     if sig == signal.SIGINT:  # Ctrl-C says what is kept and where the re-run resumes
         said = " ".join((tmp_path / "first.log").read_text().split())
         assert (f"interrupted in stage gptq; 2 of 8 stages complete in {work} (source, calibration). Re-run the "
-                f"same command to resume from stage gptq ({done} decoder layer(s) already quantized are kept)") in said
+                f"same command to resume from stage gptq: gptq {point}") in said
 
     again = qq(*quantize_args(built["source"], out))
     assert again.returncode == 0, again.stderr[-3000:]
     assert "stage calibration: complete, skipped" in again.stderr
     assert "stage gptq: running (no completion record)" in again.stderr
-    assert f"gptq: resuming from decoder layer {done} of 4" in again.stderr, again.stderr[-3000:]
+    if done < 4:
+        assert f"gptq: {point}; decoder layer {done + 1}: " in again.stderr, again.stderr[-3000:]
     assert not list(work.glob(".*.partial"))
     assert json.loads(again.stdout)["root_digest"] == built["result"]["root_digest"]
     # no timestamps in the artifact: even the manifest is byte-identical to the uninterrupted run's

@@ -104,10 +104,23 @@ def resume_note(opts: QuantizeOptions) -> str:
     if not left:
         return f"interrupted while writing the artifact; re-run the same command: every stage in {work} is reused"
     layers = len(list((work / "gptq-layers").glob("layer-*/record.json"))) if left[0] == "gptq" else 0
-    within = f" ({layers} decoder layer(s) already quantized are kept)" if layers else ""
+    within = f": gptq {_resume_point(opts, layers)}" if layers else ""
     return (f"interrupted in stage {left[0]}; {len(done)} of {len(PIPELINE)} stages complete in {work}"
             f"{' (' + ', '.join(done) + ')' if done else ''}. Re-run the same command to resume from stage "
             f"{left[0]}{within}")
+
+
+def _resume_point(opts: QuantizeOptions, layers: int) -> str:
+    """The gptq resume point as `--plan` and the log say it (engine/layers.resume_point)."""
+    from qwenquant.checkpoint.config import read_config, text_config
+    from qwenquant.errors import QwenquantError
+    from qwenquant.quantize.engine.layers import resume_point
+
+    try:
+        n = int(text_config(read_config(Path(opts.source_dir)))["num_hidden_layers"])
+    except (QwenquantError, OSError, ValueError, KeyError, TypeError):
+        return f"resumes after the {layers} decoder layer(s) recorded"
+    return resume_point(layers, n)
 
 
 def _plan(opts: QuantizeOptions, as_json: bool) -> None:
