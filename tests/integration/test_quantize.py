@@ -446,3 +446,21 @@ def test_identity_proof_catches_the_norm_rounding_bug(built: dict, tmp_path: Pat
     assert all("bytes differ from source tensor " in p for p in problems)
     assert any(p.startswith("model.norm.weight:") for p in problems)
     assert checkpoint_refs(art).keys() == checkpoint_refs(built["out"]).keys()
+
+
+def test_a_transformers_load_of_the_artifact_quantizes_the_head_despite_the_could_not_match_line(built: dict) -> None:
+    """docs/known-issues.md#lm-head-could-not-match: transformers (compressed-tensors 0.19) logs
+    "Could not match `re:.*lm_head$`" for every artifact, yet the head gets that group's scheme and its
+    packed weights. When a release stops logging it, this fails: drop the known-issues entry."""
+    probe = ("import json, logging, sys, transformers\n"
+             "logging.basicConfig(level=logging.WARNING, stream=sys.stderr)\n"
+             "m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype='auto')\n"
+             "h = m.lm_head\n"
+             "print(json.dumps({'targets': h.quantization_scheme.targets, 'bits': h.quantization_scheme.weights.num_bits,"
+             " 'params': sorted(n for n, _ in h.named_parameters())}))\n")
+    proc = subprocess.run([sys.executable, "-c", probe, str(built["out"])], capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Could not match `re:.*lm_head$`" in proc.stderr
+    head = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert head == {"targets": ["re:.*lm_head$"], "bits": 4, "params": ["weight_packed", "weight_scale", "weight_shape"]}
