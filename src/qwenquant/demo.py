@@ -47,11 +47,13 @@ class DemoResult:
     steps: list[str] = field(default_factory=list)
 
 
-def _cli(args: list[str], env: dict[str, str], *, capture_json: bool = False) -> dict | None:
-    """Run `qwenquant ARGS` in a child process, as a user would, echoing the command line."""
+def _cli(args: list[str], env: dict[str, str], *, capture_json: bool = False, quiet: bool = False) -> dict | None:
+    """Run `qwenquant ARGS` in a child process, as a user would, echoing the command line (`quiet`:
+    its stdout goes to stderr, keeping stdout for `demo --json`)."""
     argv = [sys.executable, "-m", "qwenquant", *args]
     print(f"$ qwenquant {shlex.join(args)}", file=sys.stderr, flush=True)
-    proc = subprocess.run(argv, env=child_env(env), stdout=subprocess.PIPE if capture_json else None, text=True)
+    out = subprocess.PIPE if capture_json else (sys.stderr if quiet else None)
+    proc = subprocess.run(argv, env=child_env(env), stdout=out, text=True)
     if proc.returncode != 0:
         raise StageError(f"`qwenquant {args[0]}` failed with exit code {proc.returncode}",
                          hint="the lines above say why; re-run `make demo` to resume")  # fmt: skip
@@ -69,12 +71,12 @@ def interrupt_note(work: Path, done: list[str]) -> str:
 
 
 def run_demo(work: Path, *, serve: bool | None = None, variant: str = "reference",
-             force: bool = False, steps: list[str] | None = None) -> DemoResult:
+             force: bool = False, steps: list[str] | None = None, quiet: bool = False) -> DemoResult:
     """Run the whole pipeline on the tiny model under `work`; resumable (each step reuses what verified).
 
     variant "reference": the committed trained reference model (`qwenquant.testbed.tiny.reference_model`);
     "random" / "constant": the tiny builder's untrained checkpoints. `steps`: each step's name is
-    appended as it starts (what `interrupt_note` reports).
+    appended as it starts (what `interrupt_note` reports). `quiet`: nothing on stdout (`demo --json`).
     """
     steps = [] if steps is None else steps
     from qwenquant import outfolder
@@ -108,7 +110,7 @@ def run_demo(work: Path, *, serve: bool | None = None, variant: str = "reference
     q = _cli(["quantize", str(model_dir), *recipe_args, "--out", str(artifact), "--json"], env,
              capture_json=True)  # fmt: skip
     steps.append("verify")
-    _cli(["verify", str(artifact)], env)
+    _cli(["verify", str(artifact)], env, quiet=quiet)
     result = DemoResult(commit, artifact, q["root_digest"], q.get("quality", {}))
 
     steps.append("serve")

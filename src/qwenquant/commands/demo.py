@@ -30,7 +30,7 @@ def demo(
 
     steps: list[str] = []
     on_interrupt(lambda: interrupt_note(work.resolve(), steps))
-    r = run_demo(work, serve=serve, force=force, steps=steps)
+    r = run_demo(work, serve=serve, force=force, steps=steps, quiet=as_json)
     if as_json:
         from qwenquant.console import print_json
 
