@@ -82,28 +82,35 @@ def atomic_write_json(path: Path, obj: Any, *, canonical: bool = True) -> None:
 def staging_dir(final: Path) -> Iterator[Path]:
     """Yield a fresh temporary folder beside `final`; on success it replaces `final` whole.
 
-    On any exception the temporary folder is removed and `final` is left as it was.
+    On any exception (in the block, or in the final rename: a read-only or busy `final`) the
+    temporary folder is removed and `final` is left as it was.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; the folder outlives this process
     try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; the folder outlives this process
         yield tmp
+        replace_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    replace_dir(tmp, final)
 
 
 def replace_dir(src: Path, final: Path) -> None:
-    """Move folder `src` to `final`, replacing any old `final` (moved aside first, then deleted)."""
+    """Move folder `src` to `final`, replacing any old `final` (moved aside first, then deleted; moved
+    back when `src` cannot take its place)."""
     old = None
     if final.exists():
         old = final.with_name(f".{final.name}.old-{os.getpid()}")
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
-    os.replace(src, final)
+    try:
+        os.replace(src, final)
+    except BaseException:
+        if old is not None:
+            os.replace(old, final)
+        raise
     fsync_dir(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

@@ -9,7 +9,9 @@ to see it; QWENQUANT_DEBUG=1 prints it on stderr as well.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import traceback
 
 import typer
@@ -18,7 +20,7 @@ from qwenquant import envs
 
 # Each command module registers its commands on `app` when imported, in this order (the --help order).
 from qwenquant.commands import bench, check, demo, doctor, eval, fetch, plan, publish, quantize, recipe, serve, verify  # noqa: F401, I001
-from qwenquant.commands._app import app
+from qwenquant.commands._app import app, interrupt_line, started
 from qwenquant.errors import QwenquantError
 
 
@@ -37,6 +39,7 @@ def _root(
     if ctx.invoked_subcommand is None:
         print(ctx.get_help())
         raise typer.Exit(2)
+    started(ctx.invoked_subcommand)
     from qwenquant.console import set_quiet, setup_logging
 
     set_quiet(quiet)
@@ -45,7 +48,31 @@ def _root(
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the process exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    hit: list[int] = []
+
+    def ctrl_c(signum: int, frame: object) -> None:
+        hit.append(signum)
+        raise KeyboardInterrupt
+
+    # typer turns a KeyboardInterrupt into exit code 130 and says nothing: the handler records it
+    ours = threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    previous = signal.signal(signal.SIGINT, ctrl_c) if ours else None
     try:
+        rv = _run(args, argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    if hit and rv == 130:
+        print(interrupt_line(), file=sys.stderr, flush=True)  # what was done and what was not
+    return rv
+
+
+def _run(args: list[str], argv: list[str] | None) -> int:
+    try:
+        if not {"--help", "-h", "--version"} & set(args):  # help and the version need no variable
+            envs.check_all()  # one set out of its range: one line naming it and the range (exit 2)
         rv = app(args=argv, standalone_mode=False, prog_name="qwenquant")
     except QwenquantError as e:
         code = _report(e, str(e), e.hint, e.exit_code)
@@ -55,7 +82,6 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(code)
         return code
     except (typer.Abort, KeyboardInterrupt):
-        print("interrupted", file=sys.stderr)
         return 130
     except typer.Exit as e:
         return e.exit_code

@@ -47,24 +47,38 @@ class DemoResult:
     steps: list[str] = field(default_factory=list)
 
 
-def _cli(args: list[str], env: dict[str, str], *, capture_json: bool = False) -> dict | None:
-    """Run `qwenquant ARGS` in a child process, as a user would, echoing the command line."""
+def _cli(args: list[str], env: dict[str, str], *, capture_json: bool = False, quiet: bool = False) -> dict | None:
+    """Run `qwenquant ARGS` in a child process, as a user would, echoing the command line (`quiet`:
+    its stdout goes to stderr, keeping stdout for `demo --json`)."""
     argv = [sys.executable, "-m", "qwenquant", *args]
     print(f"$ qwenquant {shlex.join(args)}", file=sys.stderr, flush=True)
-    proc = subprocess.run(argv, env=child_env(env), stdout=subprocess.PIPE if capture_json else None, text=True)
+    out = subprocess.PIPE if capture_json else (sys.stderr if quiet else None)
+    proc = subprocess.run(argv, env=child_env(env), stdout=out, text=True)
     if proc.returncode != 0:
         raise StageError(f"`qwenquant {args[0]}` failed with exit code {proc.returncode}",
                          hint="the lines above say why; re-run `make demo` to resume")  # fmt: skip
     return json.loads(proc.stdout) if capture_json else None
 
 
+def interrupt_note(work: Path, done: list[str]) -> str:
+    """What Ctrl-C leaves of a demo run: the steps finished (`done`, in order; the last one was
+    running) are kept under `work`, and a re-run reuses what verifies."""
+    finished, now = done[:-1], (done[-1] if done else "the start")
+    kept = f"the steps before it ({', '.join(finished)}) are kept under {work}" if finished else \
+        f"nothing before it was finished under {work}"
+    return (f"interrupted in step {now}: {kept}; re-run `qwenquant demo --work {work}` to go on (each step reuses "
+            "what verifies)")
+
+
 def run_demo(work: Path, *, serve: bool | None = None, variant: str = "reference",
-             force: bool = False) -> DemoResult:
+             force: bool = False, steps: list[str] | None = None, quiet: bool = False) -> DemoResult:
     """Run the whole pipeline on the tiny model under `work`; resumable (each step reuses what verified).
 
     variant "reference": the committed trained reference model (`qwenquant.testbed.tiny.reference_model`);
-    "random" / "constant": the tiny builder's untrained checkpoints.
+    "random" / "constant": the tiny builder's untrained checkpoints. `steps`: each step's name is
+    appended as it starts (what `interrupt_note` reports). `quiet`: nothing on stdout (`demo --json`).
     """
+    steps = [] if steps is None else steps
     from qwenquant import outfolder
     from qwenquant.testbed.hubserver import HubServer
     from qwenquant.testbed.tiny import build_tiny_checkpoint
@@ -74,6 +88,7 @@ def run_demo(work: Path, *, serve: bool | None = None, variant: str = "reference
     outfolder.guard(work, outfolder.foreign_in_demo_work(work), force=force, flag="--work",
                     problem="exists and holds more than the demo's hub, models and artifacts folders")
     hub_dir, model_dir, artifact = work / "hub" / "Qwen3.5-tiny", work / "models" / "Qwen3.5-tiny", work / "artifacts" / "Qwen3.5-tiny-w4a16"
+    steps.append("build")
     log.info("building the tiny Qwen3.5 checkpoint (variant %s) in %s", variant, hub_dir)
     if variant == "reference":
         build_reference_checkpoint(hub_dir)
@@ -88,23 +103,29 @@ def run_demo(work: Path, *, serve: bool | None = None, variant: str = "reference
         hub.add_repo(DEMO_REPO, hub_dir)
         env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_TELEMETRY="1")
         env.pop("HF_TOKEN", None)
+        steps.append("fetch")
         fetched = _cli(["fetch", DEMO_REPO, "--revision", "main", "--out", str(model_dir), "--json"], env, capture_json=True)
     commit = fetched["commit"]
+    steps.append("quantize")
     q = _cli(["quantize", str(model_dir), *recipe_args, "--out", str(artifact), "--json"], env,
              capture_json=True)  # fmt: skip
-    _cli(["verify", str(artifact)], env)
+    steps.append("verify")
+    _cli(["verify", str(artifact)], env, quiet=quiet)
     result = DemoResult(commit, artifact, q["root_digest"], q.get("quality", {}))
 
+    steps.append("serve")
     _serve_step(result, env, serve)
     return result
 
 
-def publish_dry_run(artifact: Path) -> None:
-    """The demo's last step: what `qwenquant publish` would upload and the card's first lines (no network)."""
+def publish_dry_run(artifact: Path, *, as_json: bool = False) -> dict | None:
+    """The demo's last step: what `qwenquant publish` would upload and the card's first lines (no network);
+    `as_json`: its `--json` result, returned instead of printed."""
     env = dict(os.environ, HF_HUB_DISABLE_TELEMETRY="1")
     env.pop("HF_TOKEN", None)
     sys.stdout.flush()  # the summary above comes first on a pipe too (the child writes to the same stdout)
-    _cli(["publish", str(artifact), "--repo", PUBLISH_REPO, "--license", "apache-2.0", "--dry-run"], env)
+    return _cli(["publish", str(artifact), "--repo", PUBLISH_REPO, "--license", "apache-2.0", "--dry-run",
+                 *(["--json"] if as_json else [])], env, capture_json=as_json)
 
 
 def _serve_step(result: DemoResult, env: dict[str, str], serve: bool | None) -> None:

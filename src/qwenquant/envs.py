@@ -9,6 +9,7 @@ unset. vLLM's envs.py is the model.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -39,22 +40,39 @@ def _path(value: str) -> Path:
     return Path(value).expanduser()
 
 
-def _number(kind: type, what: str) -> Callable[[str], Any]:
+def _number(kind: type, what: str, low: float | None = None, high: float | None = None) -> Callable[[str], Any]:
+    """A parser of `kind` whose values lie in [low, high]; its error says the allowed range."""
+    allowed = what if low is None and high is None else (
+        f"{what} >= {low:g}" if high is None else f"{what} from {low:g} to {high:g}")
+
     def parse(value: str) -> Any:
         try:
-            return kind(value)
+            number = kind(value)
         except ValueError:
-            raise ValueError(f"must be {what}") from None
+            raise ValueError(f"must be {allowed}") from None
+        if not math.isfinite(number) or (low is not None and number < low) or (high is not None and number > high):
+            raise ValueError(f"must be {allowed}")
+        return number
 
     return parse
 
 
-def _choice(*allowed: str) -> Callable[[str], str]:
+def _positive(value: str) -> float:
+    """A number > 0 (a cap in GiB)."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError("must be a number > 0")
+    return number
+
+
+def _choice(*names: str) -> Callable[[str], str]:
     def parse(value: str) -> str:
-        v = value.strip().lower()
-        if v not in allowed:
-            raise ValueError(f"must be one of {', '.join(allowed)}")
-        return v
+        if value not in names:
+            raise ValueError(f"must be {' or '.join(names)}")
+        return value
 
     return parse
 
@@ -67,16 +85,17 @@ _DECLARED = (
     EnvVar("QWENQUANT_DEBUG", "0/1", "0", "1: print an error's traceback on stderr too (an unexpected error's is "
            "always written to the crash file its hint names)", _flag, False),
     EnvVar("QWENQUANT_NO_PROGRESS", "0/1", "0", "1: no progress bars, even on a terminal", _flag, False),
-    EnvVar("QWENQUANT_THREADS", "integer", "0 (every core)", "CPU threads of torch in quantize and eval; "
-           "`quantize --gpus N` on the CPU shares them among the ranks", _INT, 0),
+    EnvVar("QWENQUANT_THREADS", "integer from 0 to 4096", "0 (every core)", "CPU threads of torch in quantize and "
+           "eval; `quantize --gpus N` on the CPU shares them among the ranks", _number(int, "an integer", 0, 4096), 0),
     EnvVar("QWENQUANT_GPTQ_ENGINE", "streamed or oneshot", "streamed", "the gptq stage's engine: one decoder layer "
-           "at a time (resumable), or llm-compressor's whole-model `oneshot`", unset="streamed"),
-    EnvVar("QWENQUANT_MAX_GPU_MEM", "GiB (number)", "unset (no cap)", "cap the streamed GPTQ engine's CUDA memory "
-           "(23.5: a bigger GPU behaves like a 24 GB card)", str.strip),
-    EnvVar("QWENQUANT_DIST_TIMEOUT_MIN", "minutes (integer)", "30", "how long a collective of `quantize --gpus N` "
-           "waits for the slowest rank", _INT, 30),
-    EnvVar("QWENQUANT_FETCH_BACKOFF", "seconds (number)", "0.5", "first wait before a download is retried "
-           "(doubles each retry)", _FLOAT, 0.5),
+           "at a time (resumable), or llm-compressor's whole-model `oneshot`", _choice("streamed", "oneshot"),
+           "streamed"),
+    EnvVar("QWENQUANT_MAX_GPU_MEM", "GiB (number > 0)", "unset (no cap)", "cap the streamed GPTQ engine's CUDA memory "
+           "(23.5: a bigger GPU behaves like a 24 GB card)", _positive),
+    EnvVar("QWENQUANT_DIST_TIMEOUT_MIN", "minutes (integer from 1 to 10080)", "30", "how long a collective of "
+           "`quantize --gpus N` waits for the slowest rank", _number(int, "an integer", 1, 10080), 30),
+    EnvVar("QWENQUANT_FETCH_BACKOFF", "seconds (number from 0 to 600)", "0.5", "first wait before a download is "
+           "retried (doubles each retry)", _number(float, "a number", 0, 600), 0.5),
     EnvVar("QWENQUANT_VLLM", "path", "unset", "the vLLM to launch: a python or vllm executable, a venv, or its "
            "qwenquant-vllm.json (after `--vllm`, before `.venv-vllm`)", _path),
     EnvVar("QWENQUANT_VLLM_CPU_W4A16", "auto or dense", "auto", "vLLM's CPU build: `dense` forces the W4A16 "
@@ -91,10 +110,10 @@ _DECLARED = (
     EnvVar("QWENQUANT_EVALTEXT_DIR", "path", "the shipped eval text sets", "where `eval --text-set NAME` looks",
            _path),
     # What qwenquant sets for the processes it starts (the ranks of `quantize --gpus N`).
-    EnvVar("QWENQUANT_PARENT_PID", "integer", "unset", "a rank exits when this process (its launcher) is gone",
-           _INT, read_by="qwenquant, for its child processes"),
-    EnvVar("QWENQUANT_LOG_LEVEL", "integer", "20 (INFO)", "a rank's logging level (the launcher's)", _INT, 20,
-           read_by="qwenquant, for its child processes"),
+    EnvVar("QWENQUANT_PARENT_PID", "integer >= 1", "unset", "a rank exits when this process (its launcher) is gone",
+           _number(int, "an integer", 1), read_by="qwenquant, for its child processes"),
+    EnvVar("QWENQUANT_LOG_LEVEL", "integer from 0 to 50", "20 (INFO)", "a rank's logging level (the launcher's)",
+           _number(int, "an integer", 0, 50), 20, read_by="qwenquant, for its child processes"),
     # The install scripts.
     EnvVar("QWENQUANT_VENV", "path", ".venv", "the venv scripts/install.sh creates", read_by="scripts/install.sh"),
     EnvVar("QWENQUANT_TORCH_INDEX", "URL", "unset (CPU wheel without a GPU)", "the package index torch comes from",
@@ -132,6 +151,14 @@ def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
     except ValueError as e:
         raise UsageError(f"{name} {e}, got {raw!r}",
                          hint=f"unset {name}, or set it to {var.type} (README: Environment variables)") from None
+
+
+def check_all(environ: Mapping[str, str] | None = None) -> None:
+    """Parse every variable qwenquant itself reads (UsageError naming the first one set out of its
+    range): a command refuses a bad value before it starts, not where it first reads it."""
+    for var in _DECLARED:
+        if var.read_by == "qwenquant":
+            get(var.name, environ)
 
 
 def markdown_table() -> str:

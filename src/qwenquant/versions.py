@@ -12,8 +12,6 @@ import platform
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from qwenquant import envs
-
 STACK = ("torch", "transformers", "llmcompressor", "compressed-tensors", "huggingface_hub", "safetensors")
 
 
@@ -33,20 +31,75 @@ def qwenquant_version() -> str:
 
 
 def launcher_record() -> tuple[Path | None, dict | None]:
-    """(path, contents) of the qwenquant-vllm.json that `qwenquant serve` would use, without probing."""
-    from qwenquant.serve.discover import LAUNCHER_JSON, repo_root
+    """(path, contents) of the qwenquant-vllm.json that `qwenquant serve` would use, without probing
+    (path None when serve would launch a python or an executable instead: `vllm_line` probes it)."""
+    from qwenquant.serve.discover import LAUNCHER_JSON, locate_vllm
 
-    env = envs.get("QWENQUANT_VLLM")
-    candidates = [Path(env).expanduser()] if env else []
-    candidates += [Path(env).expanduser() / LAUNCHER_JSON] if env else []
-    candidates += [root / ".venv-vllm" / LAUNCHER_JSON for root in dict.fromkeys((repo_root(), Path.cwd()))]
-    for p in candidates:
-        if p.is_file() and p.name == LAUNCHER_JSON:
-            try:
-                return p, json.loads(p.read_text())
-            except (OSError, ValueError):
-                return p, None
-    return None, None
+    p, _ = locate_vllm()
+    if p is None or p.name != LAUNCHER_JSON or not p.is_file():
+        return None, None
+    try:
+        return p, json.loads(p.read_text())
+    except (OSError, ValueError):
+        return p, None
+
+
+def vllm_info() -> dict:
+    """The vLLM `qwenquant serve` would launch, found as serve finds it (serve/discover.py): a
+    launcher record is read; a python, a venv or an executable (--vllm, QWENQUANT_VLLM, PATH) is
+    asked for its version (cached). {"version", "device", "torch", "path", "source"}, or {"problem"}."""
+    from qwenquant.errors import QwenquantError
+    from qwenquant.serve.discover import find_vllm, locate_vllm
+
+    path, rec = launcher_record()
+    if rec is not None:
+        info = {"version": rec.get("vllm_version", "?"), "device": rec.get("device", "?"),
+                "torch": rec.get("torch_version", "?"), "path": str(path), "source": "launcher record"}
+        return _with_cpu_path(info, rec.get("python"), rec.get("isolated") is True)
+    if path is not None:
+        return {"problem": f"{path} is unreadable (re-run scripts/install-vllm.sh)", "path": str(path)}
+    where, source = locate_vllm()
+    if where is None:
+        return {"problem": "no .venv-vllm/qwenquant-vllm.json (run scripts/install-vllm.sh; `qwenquant serve` "
+                           "would look for `vllm` on PATH)"}
+    try:
+        install = find_vllm()
+    except QwenquantError as e:
+        return {"problem": f"{e.message} (from {source})", "path": str(where), "source": source}
+    info = {"version": install.version, "device": install.device, "torch": None, "path": str(where), "source": source}
+    return _with_cpu_path(info, install.python, install.isolated)
+
+
+def _with_cpu_path(info: dict, python: object, isolated: bool) -> dict:
+    """`info` plus "cpu_w4a16" (serve/cpupath.py: the path vLLM's CPU build takes for W4A16 layers) for a CPU build."""
+    if info.get("device") != "cpu" or not python:
+        return info
+    from qwenquant.errors import QwenquantError
+    from qwenquant.serve.cpupath import cpu_w4a16_path
+
+    try:
+        p = cpu_w4a16_path(str(python), isolated=isolated)
+        return {**info, "cpu_w4a16": {**p.to_json(), "line": p.line()}}
+    except QwenquantError as e:
+        return {**info, "cpu_w4a16": {"problem": f"{e.message}; {e.hint}",
+                                      "line": f"vLLM CPU W4A16 path: cannot tell ({e.message}; {e.hint})"}}
+
+
+def vllm_line() -> str:
+    """`vllm X (device[, torch T]) from PATH`, or `vllm: PROBLEM` (doctor's last line)."""
+    v = vllm_info()
+    if "problem" in v:
+        return f"vllm: {v['problem']}"
+    if v["source"] == "launcher record":
+        return f"vllm {v['version']} ({v['device']}, torch {v['torch']}) from {v['path']}"
+    return f"vllm {v['version']} ({v['device']}) from {v['path']} ({v['source']})"
+
+
+def doctor_dict() -> dict:
+    """`qwenquant doctor --json`: what `version_lines(True)` prints, as data."""
+    return {"qwenquant": qwenquant_version(),
+            "python": {"version": platform.python_version(), "executable": os.sys.executable},
+            "packages": {name: dist_version(name) for name in STACK}, "vllm": vllm_info()}
 
 
 def version_lines(verbose: bool) -> list[str]:
@@ -56,26 +109,8 @@ def version_lines(verbose: bool) -> list[str]:
         return lines
     lines.append(f"python {platform.python_version()} ({os.sys.executable})")
     lines += [f"{name} {dist_version(name)}" for name in STACK]
-    path, rec = launcher_record()
-    if path is None:
-        lines.append("vllm: no .venv-vllm/qwenquant-vllm.json (run scripts/install-vllm.sh; "
-                     "`qwenquant serve` would look for `vllm` on PATH)")
-    elif rec is None:
-        lines.append(f"vllm: {path} is unreadable (re-run scripts/install-vllm.sh)")
-    else:
-        lines.append(f"vllm {rec.get('vllm_version', '?')} ({rec.get('device', '?')}, torch "
-                     f"{rec.get('torch_version', '?')}) from {path}")
-        if rec.get("device") == "cpu" and rec.get("python"):
-            lines.append(cpu_path_line(str(rec["python"]), rec.get("isolated") is True))
+    lines.append(vllm_line())
+    cpu = vllm_info().get("cpu_w4a16")
+    if cpu:
+        lines.append(cpu["line"])
     return lines
-
-
-def cpu_path_line(python: str, isolated: bool) -> str:
-    """Which path vLLM's CPU build takes for W4A16 layers, asked of the vLLM python (seconds)."""
-    from qwenquant.errors import QwenquantError
-    from qwenquant.serve.cpupath import cpu_w4a16_path
-
-    try:
-        return cpu_w4a16_path(python, isolated=isolated).line()
-    except QwenquantError as e:
-        return f"vLLM CPU W4A16 path: cannot tell ({e.message}; {e.hint})"

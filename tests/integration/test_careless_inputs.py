@@ -28,8 +28,8 @@ REAL_CONFIG = REPO / "src" / "qwenquant" / "data" / "qwen3_8-27b.config.json"
 DEAD = "http://127.0.0.1:9"  # nothing listens on the discard port
 
 
-def _qq(argv: list[str]) -> subprocess.CompletedProcess:
-    env = dict(os.environ, QWENQUANT_NO_PROGRESS="1", QWENQUANT_THREADS="1")
+def _qq(argv: list[str], **extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "QWENQUANT_NO_PROGRESS": "1", "QWENQUANT_THREADS": "1", **extra}
     env.pop("QWENQUANT_DEBUG", None)
     return subprocess.run([sys.executable, "-m", "qwenquant", *argv], capture_output=True, text=True, timeout=300,
                           env=env, cwd=REPO)
@@ -63,6 +63,9 @@ def m(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     shipped = (REPO / "src" / "qwenquant" / "data" / "calibration" / "tiny-demo.yaml").read_text()
     for data in ("empty", "bad", "nofield"):
         (t / f"calib-{data}.yaml").write_text(shipped.replace("path: tiny-demo.jsonl", f"path: {data}.jsonl"))
+    int4mtp = (REPO / "src" / "qwenquant" / "data" / "recipes" / "tiny-reference-int4mtp.yaml").read_text()
+    assert '">=0.28.0,<0.33"' in int4mtp
+    (t / "int4mtp-open.yaml").write_text(int4mtp.replace('">=0.28.0,<0.33"', '">=0.28.0"'))
     (t / "notes.txt").write_text("not a folder\n")
     (t / "emptydir").mkdir()
     return {k: str(v) for k, v in {"t": t, "src": src, "art": art, "other": other, "tampered": tampered,
@@ -106,6 +109,9 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
         ("input-file", ["quantize", src, "--out", f"{t}/q", "--work", f"{t}/q", "--recipe", "tiny-reference"]),
         ("input-file", ["quantize", src, "--out", f"{t}/q", "--work", f"{src}/w", "--recipe", "tiny-reference"]),
         ("input-file", ["recipe", "validate", f"{t}/bad.yaml"]),
+        # an int4-MTP recipe whose vLLM range is open: refused where it is read, before any GPTQ
+        ("input-file", ["recipe", "validate", f"{t}/int4mtp-open.yaml"]),
+        ("input-file", ["quantize", src, "--recipe", f"{t}/int4mtp-open.yaml", "--plan", *out]),
         # a folder nothing can be written in (/proc: read-only for root too)
         ("input-file", ["quantize", src, "--recipe", "tiny-reference", "--out", "/proc/qwenquant-careless/q"]),
         ("input-file", ["bench", "turns", DEAD, "--out", "/proc/qwenquant-careless.json"]),
@@ -123,6 +129,7 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
         # check, serve/plan, measure
         ("check", ["check", src]),
         ("serve", ["plan", str(REAL_CONFIG), "--gpu-mem", "8GiB"]),
+        ("serve", ["plan", art, "--profile", "single-user"]),  # 32768 > the tiny model's 4096 positions
         ("measure", ["bench", "run", DEAD, "--max-tokens", "4"]),
         ("measure", ["eval", "served", DEAD]),
     ]
@@ -179,3 +186,21 @@ def test_the_fetch_hint_names_the_extra_file_instead_of_looping(served, tmp_path
     assert "re-run `qwenquant fetch" not in said
     (out / "notes.txt").unlink()
     assert _qq(["fetch", "--offline", "--out", str(out)]).returncode == 0
+
+
+@pytest.mark.parametrize("name, value, allowed, argv", [
+    ("QWENQUANT_THREADS", "-2", "an integer from 0 to 4096", ["quantize", "{src}", "--recipe", "tiny-reference",
+                                                               "--source-unverified", "--device", "cpu", "--out", "{t}/q"]),
+    ("QWENQUANT_FETCH_BACKOFF", "-1", "a number from 0 to 600", ["fetch", "Qwen/Qwen3.8-27B", "--out", "{t}/f"]),
+    ("QWENQUANT_DIST_TIMEOUT_MIN", "0", "an integer from 1 to 10080", ["recipe", "list"]),
+    ("QWENQUANT_MAX_GPU_MEM", "-23.5", "a number > 0", ["verify", "{art}"]),
+])
+def test_a_variable_of_the_readme_table_out_of_range_is_one_line_and_exit_2(
+        m: dict[str, str], name: str, value: str, allowed: str, argv: list[str]) -> None:
+    """An environment variable out of its range stops any command before it starts: exit 2 (usage),
+    one line naming the variable and the range; nothing written."""
+    proc = _qq([a.format(**m) for a in argv], **{name: value})
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == EXIT_RULE["usage"], proc.stderr
+    assert errors == [f"error: {name} must be {allowed}, got {value!r}"], proc.stderr
+    assert not Path(m["t"], "q").exists() and not Path(m["t"], "f").exists()

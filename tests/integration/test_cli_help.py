@@ -91,6 +91,35 @@ def test_version_verbose_names_the_stack_and_the_vllm_serve_would_launch(tmp_pat
         for dist in ("torch", "transformers", "llmcompressor", "compressed-tensors"):
             assert f"{dist} {version(dist)}" in lines
         assert f"vllm 9.8.7 (cuda, torch 2.99.0) from {record}" in lines
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(["doctor", "--json"])], capture_output=True,
+                          text=True, timeout=60, env=dict(os.environ, QWENQUANT_VLLM=str(record)))
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["rc"] == 0 and res["heavy"] == [], res
+    doc = json.loads(res["out"])
+    assert doc["vllm"] == {"version": "9.8.7", "device": "cuda", "torch": "2.99.0", "path": str(record),
+                           "source": "launcher record"}
+    assert doc["packages"]["torch"] == version("torch") and doc["qwenquant"] == version("qwenquant")
+
+
+def test_doctor_asks_the_python_or_venv_that_qwenquant_vllm_names(tmp_path) -> None:
+    """QWENQUANT_VLLM naming the vLLM environment's python, or a venv folder holding only bin/python:
+    doctor finds it as serve does (serve/discover.locate_vllm) and names the version that python
+    reports, the one its launcher record holds."""
+    import os
+
+    from helpers import LAUNCHER, REPO, require_vllm
+
+    require_vllm(LAUNCHER, "the vLLM environment (.venv-vllm)")
+    rec = json.loads(LAUNCHER.read_text())
+    python = REPO / ".venv-vllm" / "bin" / "python"
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(python.resolve())
+    for named, where in ((python, python), (venv, venv / "bin" / "python")):
+        proc = subprocess.run([sys.executable, "-m", "qwenquant", "doctor"], capture_output=True, text=True,
+                              timeout=600, env=dict(os.environ, QWENQUANT_VLLM=str(named)), cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.splitlines()[-1] == f"vllm {rec['vllm_version']} ({rec['device']}) from {where} (QWENQUANT_VLLM)"
 
 
 def test_exit_codes_are_documented_once_and_match_the_error_kinds() -> None:

@@ -54,8 +54,12 @@ def test_demo_fetches_quantizes_and_verifies(tmp_path: Path) -> None:
     assert steps == ["fetch", "quantize", "verify", "publish"]
     assert f"dry run: would publish {artifact} to qwenquant-demo/Qwen3.5-tiny-w4a16@main" in proc.stdout
     assert "  | base_model_relation: quantized" in proc.stdout[dry_run:].splitlines()
-    # a second run over the same folder reuses what verified and ends on the same digest
-    again = subprocess.run([sys.executable, "-m", "qwenquant", "demo", "--work", str(tmp_path), "--no-serve"],
+    # a second run over the same folder reuses what verified and ends on the same digest; --json says
+    # the same as data (stdout holds that one JSON document, the publish dry run's result inside it)
+    again = subprocess.run([sys.executable, "-m", "qwenquant", "demo", "--work", str(tmp_path), "--no-serve", "--json"],
                            env=env, capture_output=True, text=True, timeout=1200)
     assert again.returncode == 0, again.stderr[-4000:]
-    assert f"root digest: {digest}" in again.stdout
+    result = json.loads(again.stdout)
+    assert (result["root_digest"], result["commit"], result["artifact"]) == (digest, commit, str(artifact))
+    assert result["served"] is False and result["skipped_serve_reason"] == "--no-serve"
+    assert result["quality"]["eval"]["windows"] == 32 and isinstance(result["publish_dry_run"], dict)

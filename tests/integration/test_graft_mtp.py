@@ -39,6 +39,17 @@ def test_graft_restores_bytes_index_and_ignore(quantized_like: Path, tiny_checkp
     assert {p.name: p.read_bytes() for p in quantized_like.iterdir()} == files
 
 
+def test_graft_json_says_what_it_did(quantized_like: Path, tiny_checkpoint: Path) -> None:
+    """`--json`: the plan and whether it wrote, as one JSON document on stdout (then: nothing to do)."""
+    proc = qq("graft-mtp", str(quantized_like), "--source", str(tiny_checkpoint), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"artifact": str(quantized_like), "nothing_to_do": False, "written": True,
+                                       "plan": "add 15, add re:^mtp.* to quantization_config.ignore",
+                                       "root_digest": None}
+    again = qq("graft-mtp", str(quantized_like), "--source", str(tiny_checkpoint), "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["nothing_to_do"] is True
+
+
 def test_graft_replaces_a_corrupted_mtp_tensor(quantized_like: Path, tiny_checkpoint: Path) -> None:
     assert qq("graft-mtp", str(quantized_like), "--source", str(tiny_checkpoint)).returncode == 0
     shard = quantized_like / "model-mtp.safetensors"
@@ -160,3 +171,77 @@ def test_check_names_mtp_tensors_whose_shapes_disagree_with_the_config(quantized
     found = {f["where"]: f["message"] for f in shape_findings()}
     assert sorted(found) == [f"mtp.layers.0.mlp.{p}_proj.weight" for p in ("down", "gate", "up")]
     assert found["mtp.layers.0.mlp.gate_proj.weight"].startswith("shape [768, 256], but config.json implies [512, 256]")
+
+
+def _mount(args: list[str], where: Path) -> None:
+    """Run mount(8); skip the test where mounting is not allowed (not root, or no mount namespace)."""
+    import subprocess
+
+    proc = subprocess.run(["mount", *args, str(where)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount here ({proc.stderr.strip()}): the test needs root")
+
+
+def _umount(where: Path) -> None:
+    import subprocess
+
+    subprocess.run(["umount", str(where)], capture_output=True, check=False)
+
+
+def _listing(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() if p.is_file() else b"<dir>"
+            for p in sorted(folder.rglob("*"))}
+
+
+def _refused(proc, code: int, says: str) -> None:  # type: ignore[no-untyped-def]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == code, proc.stderr
+    assert len(errors) == 1 and says in errors[0], proc.stderr
+    assert "unexpected error" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_graft_on_a_full_disk_exits_5_and_leaves_nothing_behind(quantized_like: Path, tiny_checkpoint: Path,
+                                                                tmp_path: Path) -> None:
+    """A tmpfs with room for the artifact but not for the MTP shard the graft writes: one line, exit 5
+    (the disk is too small), the artifact's bytes as they were and no staging folder beside it."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    need = sum(-(-p.stat().st_size // 4096) * 4096 for p in quantized_like.iterdir()) + 4096 * len(list(quantized_like.iterdir()))
+    _mount(["-t", "tmpfs", "-o", f"size={need + 256 * 1024}", "tmpfs"], mnt)
+    try:
+        art = Path(shutil.copytree(quantized_like, mnt / "art"))
+        before = _listing(mnt)
+        proc = qq("graft-mtp", str(art), "--source", str(tiny_checkpoint))
+        _refused(proc, 5, f"graft-mtp could not write the grafted artifact beside {art} (No space left on device")
+        assert "nothing was changed and nothing was left behind" in flat(proc.stderr)
+        assert _listing(mnt) == before
+    finally:
+        _umount(mnt)
+
+
+def test_graft_on_a_read_only_mount_exits_2_before_writing(quantized_like: Path, tiny_checkpoint: Path,
+                                                           tmp_path: Path) -> None:
+    """The artifact on a read-only tmpfs, then the artifact folder alone a read-only bind mount in a
+    writable folder (where a staging copy of the whole artifact used to be left beside it): exit 2
+    (an output path cannot be written), one line naming the folder, nothing written anywhere."""
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    _mount(["-t", "tmpfs", "-o", "size=64m", "tmpfs"], mnt)
+    try:
+        art = Path(shutil.copytree(quantized_like, mnt / "art"))
+        _mount(["-o", "remount,ro"], mnt)
+        before = _listing(mnt)
+        proc = qq("graft-mtp", str(art), "--source", str(tiny_checkpoint))
+        _refused(proc, 2, f"graft-mtp rebuilds {art} in {mnt}, but {mnt} cannot be written (Read-only file system)")
+        assert _listing(mnt) == before
+    finally:
+        _umount(mnt)
+    _mount(["--bind", str(quantized_like)], quantized_like)
+    try:
+        _mount(["-o", "remount,ro,bind"], quantized_like)
+        before = _listing(quantized_like.parent)
+        proc = qq("graft-mtp", str(quantized_like), "--source", str(tiny_checkpoint))
+        _refused(proc, 2, f"but {quantized_like} cannot be written (Read-only file system)")
+        assert _listing(quantized_like.parent) == before
+    finally:
+        _umount(quantized_like)

@@ -96,3 +96,27 @@ def test_the_plan_imports_no_torch(built: dict) -> None:
                           env=env, cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == [0, []]
+
+
+def test_a_moved_source_folder_is_planned_as_the_run_does_it(built: dict, tmp_path: Path) -> None:
+    """The same files in another folder: the source stage re-runs (its recorded path changed) and
+    writes the outputs of its record, so every later stage is reused; --plan says so, reason by
+    reason, and the run does exactly that."""
+    import shutil
+
+    assert qq(*_args(built["source"], built["out"])).returncode == 0  # whatever an earlier test removed is back
+    first = Path(shutil.copytree(built["source"], tmp_path / "first"))  # copy2: same names, sizes and mtimes
+    moved = first.rename(tmp_path / "moved")
+    try:
+        proc = qq(*_args(moved, built["out"], "--plan", "--json"))
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        plan = json.loads(proc.stdout)
+        assert _actions(plan) == {"source": "run: parameters changed (path)", **{s: "reused" for s in STAGES[1:]}}
+        assert "its outputs stay those of its record (the same files by name, size and mtime)" in plan["stages"][0]["note"]
+        run = qq(*_args(moved, built["out"], "--json"))
+        assert run.returncode == 0, run.stderr[-4000:]
+        assert "stage source: running (parameters changed (path))" in run.stderr
+        ran = {s for s, v in json.loads(run.stdout)["stages"].items() if v == "ran"}
+        assert sorted(ran) == plan["would_run"] == ["source"]
+    finally:
+        assert qq(*_args(built["source"], built["out"])).returncode == 0  # the record names the fixture's path again

@@ -255,6 +255,25 @@ def test_dry_run_defaults_to_single_user_and_the_folder_name(standin_artifact, f
     assert r.returncode == 0 and "--served-model-name mine " in r.stdout
 
 
+def test_dry_run_json_is_the_command_line_as_data(standin_artifact, fake_vllm, tmp_path):
+    """`--dry-run --json`: the same launch as the command line (argv, environment, profile, budget) as
+    JSON on stdout, the key masked; without --dry-run, --json is a usage error (exit 2)."""
+    import shlex
+
+    text = _dry_run(standin_artifact, fake_vllm, tmp_path, "--api-key", "s3cret-key")
+    r = _dry_run(standin_artifact, fake_vllm, tmp_path, "--api-key", "s3cret-key", "--json")
+    assert r.returncode == 0 and text.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["profile"] == "single-user" and d["failures"] == [] and d["artifact"] == str(standin_artifact)
+    port = d["command"][d["command"].index("--port") + 1]
+    assert d["command_line"] == text.stdout.strip().replace(text.stdout.split("--port ")[1].split()[0], port)
+    assert "s3cret-key" not in r.stdout and shlex.split(d["command_line"])[-len(d["command"]):] == d["command"]
+    assert d["budget"]["max_model_len"] == 2048 and d["vllm"]["source"] == "--vllm"
+    bad = subprocess.run([sys.executable, "-m", "qwenquant", "serve", str(standin_artifact), "--json"],
+                         env=serve_env(fake_vllm, tmp_path), capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--json goes with --dry-run" in bad.stderr
+
+
 def test_dry_run_shows_the_tool_call_parser_and_strict_level(standin_artifact, fake_vllm, tmp_path):
     """The stub vLLM (0.33.0) lists no tool parsers and no flags to the probe: qwen3_coder is assumed (every
     supported vLLM has it) and --tool-strict-level follows from the version (0.31 on)."""

@@ -103,6 +103,26 @@ def test_the_read_finder_finds_reads() -> None:
     assert _direct_reads(probe, {"PARENT": "QWENQUANT_PARENT_PID"}) == [1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("name, value, says", [
+    ("QWENQUANT_THREADS", "-1", "an integer from 0 to 4096"), ("QWENQUANT_THREADS", "99999", "an integer from 0 to 4096"),
+    ("QWENQUANT_DIST_TIMEOUT_MIN", "0", "an integer from 1 to 10080"),
+    ("QWENQUANT_FETCH_BACKOFF", "-0.5", "a number from 0 to 600"), ("QWENQUANT_FETCH_BACKOFF", "inf", "a number from 0 to 600"),
+    ("QWENQUANT_FETCH_BACKOFF", "nan", "a number from 0 to 600"), ("QWENQUANT_MAX_GPU_MEM", "0", "a number > 0"),
+    ("QWENQUANT_MAX_GPU_MEM", "24GiB", "a number > 0"), ("QWENQUANT_GPTQ_ENGINE", "fast", "streamed or oneshot"),
+    ("QWENQUANT_LOG_LEVEL", "99", "an integer from 0 to 50"), ("QWENQUANT_PARENT_PID", "0", "an integer >= 1"),
+])
+def test_a_numeric_variable_out_of_its_range_names_the_range(name: str, value: str, says: str) -> None:
+    """Every variable of the README's table with a range: a value outside it is a UsageError (exit 2)
+    naming the variable and the range; check_all (what every command runs first) finds it."""
+    with pytest.raises(UsageError) as e:
+        envs.get(name, {name: value})
+    assert e.value.exit_code == 2 and e.value.message == f"{name} must be {says}, got {value!r}"
+    if envs.VARIABLES[name].read_by == "qwenquant":
+        with pytest.raises(UsageError, match=name):
+            envs.check_all({name: value})
+    envs.check_all({})
+
+
 def test_get_parses_and_names_a_bad_value() -> None:
     assert envs.get("QWENQUANT_THREADS", {}) == 0
     assert envs.get("QWENQUANT_THREADS", {"QWENQUANT_THREADS": ""}) == 0  # empty is unset
@@ -115,7 +135,8 @@ def test_get_parses_and_names_a_bad_value() -> None:
     with pytest.raises(UsageError) as e:
         envs.get("QWENQUANT_THREADS", {"QWENQUANT_THREADS": "two"})
     assert e.value.exit_code == 2
-    assert e.value.message == "QWENQUANT_THREADS must be an integer, got 'two'"
-    assert e.value.hint == "unset QWENQUANT_THREADS, or set it to integer (README: Environment variables)"
+    assert e.value.message == "QWENQUANT_THREADS must be an integer from 0 to 4096, got 'two'"
+    assert e.value.hint == ("unset QWENQUANT_THREADS, or set it to integer from 0 to 4096 "
+                            "(README: Environment variables)")
     with pytest.raises(KeyError):
         envs.get("QWENQUANT_NO_SUCH")

@@ -187,3 +187,36 @@ def test_weights_from_tensors_components():
                                      ("512MiB", 512 * 2**20)])
 def test_parse_size(text, n):
     assert parse_size(text) == n
+
+
+def test_a_profile_longer_than_the_model_s_positions_does_not_fit_as_serve_refuses_it(tmp_path, capsys, monkeypatch):
+    """max_position_embeddings 8192: the 32768 and 90112 profiles do not fit (the batch one, 4096,
+    does), with the line serve's preflight refuses them with (exit 7); VLLM_ALLOW_LONG_MAX_MODEL_LEN
+    lifts it in both."""
+    from qwenquant import data_path
+    from qwenquant.cli import main
+    from qwenquant.errors import ServeError
+    from qwenquant.serve.preflight import _check_context
+
+    config = json.loads(data_path("qwen3_8-27b.config.json").read_text())
+    config["text_config"]["max_position_embeddings"] = 8192
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    assert main(["plan", str(tmp_path), "--json"]) == 0  # the batch profile fits
+    profiles = json.loads(capsys.readouterr().out)["profiles"]
+    assert {k: (p["fits"], p["position_problem"]) for k, p in profiles.items()} == {
+        "batch": (True, None),
+        "long-context": (False, "max-model-len 90112 is above the model's max_position_embeddings 8192"),
+        "single-user": (False, "max-model-len 32768 is above the model's max_position_embeddings 8192")}
+    assert main(["plan", str(tmp_path), "-p", "single-user"]) == 7
+    captured = capsys.readouterr()
+    assert "DOES NOT FIT: max-model-len 32768 is above the model's max_position_embeddings 8192, which serve refuses" \
+        in captured.out
+    plan_says = [ln for ln in captured.err.splitlines() if ln.startswith("error:")]
+    assert plan_says == ["error: no serve profile fits: max-model-len 32768 is above the model's "
+                         "max_position_embeddings 8192 (profile single-user)"]
+    with pytest.raises(ServeError) as refused:
+        _check_context(tmp_path, load_recipe("w4a16-int4head").profile("single-user"))
+    assert refused.value.message in plan_says[0]
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    assert main(["plan", str(tmp_path), "-p", "single-user"]) == 0

@@ -81,3 +81,13 @@ def test_readme_commands_that_print_json_name_real_keys(capsys: pytest.CaptureFi
     from qwenquant.commands.recipe import show
 
     assert "jq .recipe.quantization" in (show.__doc__ or "")
+
+
+def test_readme_pipeline_block_lists_every_command() -> None:
+    """The README's pipeline block names each command of `qwenquant --help` once."""
+    from qwenquant.cli import app
+
+    block = README.split("## The pipeline", 1)[1].split("```", 2)[1]
+    listed = [ln.split()[1] for ln in block.splitlines() if ln.startswith("qwenquant ")]
+    commands = {c.name or c.callback.__name__ for c in app.registered_commands} | {g.name for g in app.registered_groups}
+    assert sorted(listed) == sorted(commands)

@@ -118,12 +118,37 @@ def test_int4_mtp_option_needs_an_ignore_list_that_leaves_the_head_to_the_body_g
     assert any(p.startswith("quantization.ignore: covers mtp.fc but mtp.quantize is gptq") and "#53387" in p
                for p in _problems(raw))
     raw["quantization"]["ignore"].remove("re:^mtp.*")
+    raw["serve"]["vllm_versions"] = [">=0.28.0,<0.33"]
     r = parse_recipe(raw)
     assert r.mtp_quantized and r.canonical()["mtp"] == {"quantize": "gptq"}
     raw["mtp"] = {"quantize": "bf16"}
     assert any("must cover the MTP draft head" in p for p in _problems(raw))
     raw["mtp"] = {"quantize": "int8"}
     assert any(p.startswith("mtp.quantize") for p in _problems(raw))
+
+
+def test_an_int4_mtp_recipe_with_an_open_vllm_range_is_refused_where_it_is_loaded() -> None:
+    """The check stage's rule, applied when the recipe is read (recipe validate, quantize --plan,
+    before GPTQ): an int4 MTP head is served only by the releases known to load it (vLLM #53387);
+    a recipe that leaves serve.vllm_versions out gets the open default and is refused too."""
+    from qwenquant.check import mtp_vllm_problems
+
+    raw = _raw()
+    raw["mtp"] = {"quantize": "gptq"}
+    raw["quantization"]["ignore"].remove("re:^mtp.*")
+    for versions in ([">=0.28.0"], None, [">=0.20,<0.40"]):
+        if versions is None:
+            del raw["serve"]["vllm_versions"]
+        else:
+            raw["serve"]["vllm_versions"] = versions
+        (problem,) = [p for p in _problems(raw) if p.startswith("serve.vllm_versions")]
+        assert "not known to load a quantized MTP head" in problem and "'>=0.26.0,<0.33'" in problem
+    raw["serve"]["vllm_versions"] = [">=0.28.0,<0.33"]
+    r = parse_recipe(raw)
+    assert mtp_vllm_problems(r) == []
+    wide = r.model_copy(update={"serve": r.serve.model_copy(update={"vllm_versions": [">=0.28.0"]})})
+    assert mtp_vllm_problems(wide) == [p for p in _problems(raw | {"serve": raw["serve"] | {"vllm_versions": [">=0.28.0"]}})
+                                       if p.startswith("serve.vllm_versions")]
 
 
 def test_a_bf16_mtp_head_keeps_the_recipe_digest() -> None:
@@ -291,3 +316,29 @@ def test_lm_head_row_chunk_is_auto_unless_a_positive_integer_is_given() -> None:
     for bad in (0, "big"):
         raw["lm_head"]["row_chunk"] = bad
         assert any(p.startswith("lm_head.row_chunk") for p in _problems(raw)), bad
+
+
+def test_recipe_list_tells_every_shipped_recipe_apart_and_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """`recipe list`: each recipe's line is read from its fields (layout, MTP head, lm_head, calibration,
+    quick eval, vLLM releases), no two alike; `--json` holds the same, and `recipe validate --json` too."""
+    from helpers import run_cli
+
+    code, out, _ = run_cli(capsys, "recipe", "list", "--json")
+    assert code == 0
+    listed = json.loads(out)
+    recipes = {r["name"]: r for r in listed["recipes"]}
+    assert all(r["valid"] for r in recipes.values()) and len(recipes) == 6
+    assert len({tuple(r["features"]) for r in recipes.values()}) == len(recipes)
+    assert "MTP head int4 GPTQ" in recipes["w4a16-int4head-int4mtp"]["features"]
+    assert "MTP head bf16" in recipes["w4a16-int4head"]["features"]
+    assert "multimodal layout" in recipes["w4a16-int4head-multimodal"]["features"]
+    assert "quick eval 32 x 256 tokens" in recipes["tiny-reference"]["features"]
+    assert {c["name"] for c in listed["calibrations"]} == {"tiny-demo", "tiny-reference"}
+    code, text, _ = run_cli(capsys, "recipe", "list")
+    lines = {ln.split()[0]: ln for ln in text.splitlines() if " recipe: " in ln}
+    for name, r in recipes.items():
+        assert lines[name].endswith("recipe: " + ", ".join(r["features"]))
+    code, out, _ = run_cli(capsys, "recipe", "validate", "tiny-reference-int4mtp", "--json")
+    assert code == 0 and json.loads(out) == {"ok": True, "name": "tiny-reference-int4mtp",
+                                             "sha256": recipes["tiny-reference-int4mtp"]["sha256"],
+                                             "features": recipes["tiny-reference-int4mtp"]["features"]}

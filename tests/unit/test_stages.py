@@ -151,7 +151,7 @@ def test_a_bad_gpu_memory_cap_is_refused(monkeypatch: pytest.MonkeyPatch, raw: s
     from qwenquant.quantize.engine.build import max_gpu_mem_gib
 
     monkeypatch.setenv("QWENQUANT_MAX_GPU_MEM", raw)
-    with pytest.raises(UsageError, match=f"positive number of GiB, got '{raw}'"):
+    with pytest.raises(UsageError, match=f"QWENQUANT_MAX_GPU_MEM must be a number > 0, got '{raw}'"):
         max_gpu_mem_gib()
 
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-QUANTIZED_MTP_VLLM = ">=0.26.0,<0.33"
-# Versions outside the checked range that a recipe's serve.vllm_versions must not admit.
-_OUTSIDE = ("0.25.0", "0.33.0", "0.34.0", "1.0.0")
+from qwenquant.recipe.rules import QUANTIZED_MTP_VLLM, quantized_mtp_range_problem
+
 HINT = ("serve an int4-MTP artifact with vLLM 0.26-0.32 (its MTP loader builds the quantized drafter), or use the "
         "bf16-MTP recipe (w4a16-int4head); vLLM #53387: the drafter crashes when its scheme and the MTP tensors "
         "disagree")
@@ -37,14 +36,8 @@ def quantized_mtp_vllm_problem(version: str) -> str | None:
 
 def mtp_vllm_problems(recipe: Any) -> list[str]:
     """Problems of a recipe with `mtp: {quantize: gptq}` whose serve.vllm_versions admit a release not
-    known to load a quantized MTP head (none for a bf16 head)."""
+    known to load a quantized MTP head (none for a bf16 head): the rule recipe loading applies."""
     if not recipe.mtp_quantized:
         return []
-    from packaging.specifiers import SpecifierSet
-
-    spec = SpecifierSet(",".join(recipe.serve.vllm_versions))
-    bad = [v for v in _OUTSIDE if spec.contains(v, prereleases=True)]
-    if not bad:
-        return []
-    return [f"serve.vllm_versions {recipe.serve.vllm_versions} admit vLLM {', '.join(bad)}, not known to load a "
-            f"quantized MTP head — narrow them to {QUANTIZED_MTP_VLLM!r} (vLLM #53387)"]
+    problem = quantized_mtp_range_problem(list(recipe.serve.vllm_versions))
+    return [problem] if problem else []

@@ -89,3 +89,40 @@ app = typer.Typer(
     rich_markup_mode="rich",
     add_completion=False,
 )
+
+
+# Ctrl-C: the one line cli.main prints before exit 130, saying what the command did and did not do.
+# A command that writes registers its own (`on_interrupt`); these are for the commands that only read
+# and for fetch, whose finished files stay verified on disk.
+_READ_ONLY = "interrupted: {command} stopped before it reported; it only reads, so nothing was written or changed"
+INTERRUPT_NOTES = {
+    "verify": _READ_ONLY, "check": _READ_ONLY, "plan": _READ_ONLY, "recipe": _READ_ONLY, "doctor": _READ_ONLY,
+    "fetch": ("interrupted: the files fetched and verified so far stay in the --out folder, the rest were not "
+              "fetched; re-run the same command to fetch only the rest"),
+    "serve": "interrupted before the server started: nothing was started or written",
+}
+_interrupt: dict[str, object] = {}
+
+
+def on_interrupt(note: object) -> None:
+    """Register what Ctrl-C leaves for the running command: a callable returning one line (called
+    only when it happens, so it can look at the disk then)."""
+    _interrupt["note"] = note
+
+
+def started(command: str | None) -> None:
+    """The root callback names the command that runs (its default interrupt line)."""
+    _interrupt.clear()
+    _interrupt["command"] = command
+
+
+def interrupt_line() -> str:
+    """The line for Ctrl-C now: the running command's own, its default, or plain "interrupted"."""
+    note = _interrupt.get("note")
+    if callable(note):
+        try:
+            return str(note())
+        except (OSError, ValueError):  # the disk it looks at is gone: still one line
+            pass
+    command = str(_interrupt.get("command") or "")
+    return INTERRUPT_NOTES.get(command, "interrupted").format(command=f"qwenquant {command}")

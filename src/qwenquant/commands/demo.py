@@ -6,27 +6,41 @@ from pathlib import Path
 
 import typer
 
-from qwenquant.commands._app import app
+from qwenquant.commands._app import app, on_interrupt
 
 
 @app.command(
     epilog=(
         "Examples:\n\n"
         "  qwenquant demo --work work/demo\n\n"
-        "  qwenquant demo --work /tmp/qq --no-serve"
+        "  qwenquant demo --work /tmp/qq --no-serve\n\n"
+        "  qwenquant demo --work /tmp/qq --no-serve --json | jq .root_digest"
     )
 )
 def demo(
     work: Path = typer.Option(Path("work/demo"), "--work", help="Folder for the hub copy, the fetch and the artifact."),
     serve: bool | None = typer.Option(None, "--serve/--no-serve", help="Serve with vLLM (default: when a vLLM environment is installed)."),
     force: bool = typer.Option(False, "--force", help="Remove an existing --work that holds anything besides the demo's own folders (says what it removes)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result (commit, artifact, root digest, quality, completion, the publish dry run) as JSON on stdout."),
 ) -> None:
     """Build the tiny Qwen3.5 checkpoint, serve it from a loopback Hub, then fetch, quantize,
     verify and (with vLLM installed) serve it and print one completion."""
     from qwenquant.console import stdout
-    from qwenquant.demo import MODEL_NOTE, next_steps, publish_dry_run, run_demo
+    from qwenquant.demo import MODEL_NOTE, interrupt_note, next_steps, publish_dry_run, run_demo
 
-    r = run_demo(work, serve=serve, force=force)
+    steps: list[str] = []
+    on_interrupt(lambda: interrupt_note(work.resolve(), steps))
+    r = run_demo(work, serve=serve, force=force, steps=steps, quiet=as_json)
+    if as_json:
+        from qwenquant.console import print_json
+
+        steps.append("publish --dry-run")
+        published = publish_dry_run(r.artifact, as_json=True)
+        print_json({"model": MODEL_NOTE, "commit": r.commit, "artifact": str(r.artifact), "root_digest": r.root_digest,
+                    "quality": r.quality, "served": r.served, "completion": r.completion,
+                    "skipped_serve_reason": r.skipped_serve_reason,
+                    "next_steps": next_steps(r.artifact, served_name=r.artifact.name), "publish_dry_run": published})
+        return
     stdout.print(f"model:       {MODEL_NOTE}", markup=False)
     stdout.print(f"commit:      {r.commit}", markup=False)
     stdout.print(f"artifact:    {r.artifact}", markup=False)
@@ -50,4 +64,5 @@ def demo(
     else:
         stdout.print(f"serve:       skipped ({r.skipped_serve_reason})", markup=False)
     stdout.print("\n" + "\n".join(next_steps(r.artifact, served_name=r.artifact.name)) + "\n", markup=False)
+    steps.append("publish --dry-run")
     publish_dry_run(r.artifact)  # last: what publishing this artifact would upload, and the card's head

@@ -26,7 +26,9 @@ def plan(
     Per profile on a GPU: the largest single prompt and the largest burst of new prompts that fill,
     with the Gated DeltaNet prefill transient (which vLLM's own sizing leaves out) counted.
 
-    Exits 7 when no profile fits, naming the first reason.
+    A profile whose max-model-len is above the model's max_position_embeddings does not fit either:
+    serve refuses it (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1). Exits 7 when no profile fits, naming
+    the first reason.
 
     Examples:
 
@@ -54,8 +56,8 @@ def plan(
         print_json({"source": res.source, "tensor_parallel_size": gpus // pp, "pipeline_parallel_size": pp,
                     "weights": res.weights.bytes,
                     "stage_weights": [w.bytes for w in res.stage_weights] or None,
-                    "profiles": {k: budget_dict(b, res.shape) | ({"stages": [budget_dict(x, res.shape) for x in
-                                                                             res.stages[k]]} if pp > 1 else {})
+                    "profiles": {k: budget_dict(b, res.shape) | {"fits": res.fits(k), "position_problem": res.refused.get(k)}
+                                 | ({"stages": [budget_dict(x, res.shape) for x in res.stages[k]]} if pp > 1 else {})
                                  for k, b in res.budgets.items()}})
     else:
         lines = [f"plan for {res.source}, {where}"] + weights_lines(res.weights, res.include_vision)
@@ -63,13 +65,18 @@ def plan(
             lines += [""] + [f"pipeline stage {k}: {line}" if i == 0 else line
                              for i, line in enumerate(weights_lines(w, res.include_vision))]
         for name, b in res.budgets.items():
-            for x in res.stages.get(name, [b]):
-                lines += [""] + budget_lines(name, x, res.shape)
+            for i, x in enumerate(res.stages.get(name, [b])):
+                shown = budget_lines(name, x, res.shape)
+                if i == 0 and name in res.refused:  # before the memory figures, which hold whatever the positions
+                    shown.insert(1, f"  DOES NOT FIT: {res.refused[name]}, which serve refuses: {res.position_fix}")
+                lines += [""] + shown
             if pp > 1:
                 lines += [""] + pipeline_lines(name, res.stages[name], res.shape)
         typer.echo("\n".join(lines))
-    if res.budgets and not any(b.fits for b in res.budgets.values()):
+    if res.budgets and not any(res.fits(k) for k in res.budgets):
         name, b = next(iter(res.budgets.items()))
+        if name in res.refused:
+            raise ServeError(f"no serve profile fits: {res.refused[name]} (profile {name})", hint=res.position_fix)
         where = f" ({stage_name(b)})" if pp > 1 else ""
         raise ServeError(f"no serve profile fits in {gpu_mem}{' per GPU' if gpus > 1 else ''}: {first_reason(b)} "
                          f"(profile {name}{where})",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from qwenquant.commands._app import Device, HessianPrecision, app
+from qwenquant.commands._app import Device, HessianPrecision, app, on_interrupt
 
 if TYPE_CHECKING:
     from qwenquant.quantize.pipeline import QuantizeOptions
@@ -72,6 +72,7 @@ def _run(opts: QuantizeOptions, as_json: bool) -> None:
     from qwenquant.console import console, print_json, stdout, step_progress
     from qwenquant.quantize.pipeline import quantize
 
+    on_interrupt(lambda: resume_note(opts))
     with step_progress() as bars:
         tasks: dict[str, int] = {}
 
@@ -83,11 +84,7 @@ def _run(opts: QuantizeOptions, as_json: bool) -> None:
 
         # stdout carries only the result: llm-compressor's loguru sink writes to sys.stdout
         with contextlib.redirect_stdout(sys.stderr):
-            try:
-                result = quantize(opts, progress)
-            except KeyboardInterrupt:
-                print(resume_note(opts), file=sys.stderr)
-                raise
+            result = quantize(opts, progress)
     if as_json:
         print_json(result.to_dict())
         return
@@ -107,15 +104,30 @@ def resume_note(opts: QuantizeOptions) -> str:
     if not left:
         return f"interrupted while writing the artifact; re-run the same command: every stage in {work} is reused"
     layers = len(list((work / "gptq-layers").glob("layer-*/record.json"))) if left[0] == "gptq" else 0
-    within = f" ({layers} decoder layer(s) already quantized are kept)" if layers else ""
+    within = f": gptq {_resume_point(opts, layers)}" if layers else ""
     return (f"interrupted in stage {left[0]}; {len(done)} of {len(PIPELINE)} stages complete in {work}"
             f"{' (' + ', '.join(done) + ')' if done else ''}. Re-run the same command to resume from stage "
             f"{left[0]}{within}")
 
 
+def _resume_point(opts: QuantizeOptions, layers: int) -> str:
+    """The gptq resume point as `--plan` and the log say it (engine/layers.resume_point)."""
+    from qwenquant.checkpoint.config import read_config, text_config
+    from qwenquant.errors import QwenquantError
+    from qwenquant.quantize.engine.layers import resume_point
+
+    try:
+        n = int(text_config(read_config(Path(opts.source_dir)))["num_hidden_layers"])
+    except (QwenquantError, OSError, ValueError, KeyError, TypeError):
+        return f"resumes after the {layers} decoder layer(s) recorded"
+    return resume_point(layers, n)
+
+
 def _plan(opts: QuantizeOptions, as_json: bool) -> None:
     from qwenquant.console import console, print_json, stdout
     from qwenquant.quantize.status import plan_quantize
+
+    on_interrupt(lambda: "interrupted: quantize --plan stopped before it reported; it runs and writes nothing")
 
     p = plan_quantize(opts)
     if as_json:
@@ -154,6 +166,7 @@ def graft_mtp_cmd(
     source: Path = typer.Option(..., "--source", exists=True, file_okay=False, help="The original (unquantized) model folder."),
     check_only: bool = typer.Option(False, "--check-only", help="Only report; exit 5 when something is missing or different."),
     force: bool = typer.Option(False, "--force", help="Remove files in the artifact folder that are not part of it (says what it removes)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result (plan, written, root digest) as JSON on stdout."),
 ) -> None:
     """Copy the bf16 MTP draft head (mtp.*) from the source into an artifact, byte-identical.
 
@@ -166,16 +179,23 @@ def graft_mtp_cmd(
       qwenquant graft-mtp artifacts/q27b --source models/Qwen3.8-27B
 
       qwenquant graft-mtp artifacts/q27b --source models/Qwen3.8-27B --check-only
+
+      qwenquant graft-mtp artifacts/q27b --source models/Qwen3.8-27B --json
     """
-    from qwenquant.console import stdout
+    from qwenquant.console import print_json, stdout
     from qwenquant.errors import StageError
     from qwenquant.quantize.graft import graft_mtp
 
+    on_interrupt(lambda: f"interrupted: {artifact} is as it was or fully grafted, never half-written (the graft is "
+                         "built beside it and renamed into place in one step, and its partial copy is removed); "
+                         f"`qwenquant graft-mtp {artifact} --source {source} --check-only` says which")
     r = graft_mtp(artifact, source, check_only=check_only, force=force)
-    if r["nothing_to_do"]:
-        stdout.print("nothing to graft: every mtp.* tensor is present and byte-identical", markup=False)
-    elif check_only:
+    if check_only and not r["nothing_to_do"]:
         raise StageError(f"MTP head incomplete in {artifact}: {r['plan']}",
                          hint=f"run `qwenquant graft-mtp {artifact} --source {source}`")
+    if as_json:
+        print_json(r)
+    elif r["nothing_to_do"]:
+        stdout.print("nothing to graft: every mtp.* tensor is present and byte-identical", markup=False)
     else:
         stdout.print(f"grafted: {r['plan']}; root digest {r['root_digest']}", markup=False)

@@ -32,6 +32,8 @@ def serve(
     served_model_name: str | None = typer.Option(None, help="Model name clients use."),
     vllm: Vllm = None,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and environment; start nothing."),
+    as_json: bool = typer.Option(False, "--json", help="With --dry-run: the decided launch (argv, environment, "
+                                                       "memory budget, warnings, failed checks) as JSON on stdout."),
     timeout: Timeout = DEFAULT_TIMEOUT,
     device: ServeDevice = None,
     log_file: Path | None = typer.Option(None, help="Server log (default: ARTIFACT.work/serve/ when quantize left that folder, else a temp folder; never in the artifact)."),
@@ -55,6 +57,8 @@ def serve(
 
       qwenquant serve artifacts/q27b --profile single-user --dry-run
 
+      qwenquant serve artifacts/q27b --dry-run --json | jq .command
+
       qwenquant serve artifacts/q27b --gpus 2 --gpu-mem 24GiB   # two 24 GB cards, split by their link
 
       qwenquant serve artifacts/q27b --gpus 2 --split pipeline --dry-run   # the argv, a stage per card
@@ -67,6 +71,9 @@ def serve(
     from qwenquant.serve.request import ServeRequest
     from qwenquant.serve.run import run_serve
 
+    if as_json and not dry_run:
+        raise UsageError("--json goes with --dry-run (a running server prints `ready URL`)",
+                         hint=f"qwenquant serve {artifact} --dry-run --json")
     if signature is not None and public_key is None:
         raise UsageError("--signature needs --require-signature PUBLIC_KEY",
                          hint=f"qwenquant serve {artifact} --require-signature publisher.pub")
@@ -76,4 +83,4 @@ def serve(
         device=device.value if device else None, log_file=log_file, gpus=gpus,
         split=split.value if split else None, gpu_mem=gpu_mem,
         gpu_mem_soft=gpu_mem_soft, public_key=public_key, signature=signature)
-    return run_serve(req)
+    return run_serve(req, as_json=as_json)

@@ -6,6 +6,7 @@ safetensors headers; starts nothing and asks no GPU (the caller gives the memory
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from qwenquant.errors import ServeError
 from qwenquant.manifest import MANIFEST_NAME, load_manifest
 from qwenquant.plan import pipeline
 from qwenquant.plan.budget import Budget, make_budget
+from qwenquant.plan.positions import position_fix, position_problem
 from qwenquant.plan.settings import artifact_layout, cache_settings, decide, recipe_from_manifest
 from qwenquant.plan.weights import (
     ModelShape,
@@ -37,6 +39,13 @@ class PlanResult:
     source: str
     stages: dict[str, list[Budget]] = field(default_factory=dict)  # pipeline parallelism: one per stage
     stage_weights: list[WeightBreakdown] = field(default_factory=list)
+    # profile -> why serve refuses it whatever the memory (max-model-len above max_position_embeddings)
+    refused: dict[str, str] = field(default_factory=dict)
+    position_fix: str = ""
+
+    def fits(self, name: str) -> bool:
+        """The profile's budget fits and serve would not refuse it."""
+        return self.budgets[name].fits and name not in self.refused
 
 
 def profile_budget(shape: ModelShape, weights: WeightBreakdown, profile: ResolvedProfile, device: str,
@@ -131,4 +140,7 @@ def make_plan(target: Path, gpu_bytes: int, *, recipe_name: str | None = None,
         else:
             budgets[name] = profile_budget(shape, weights, prof, device, layout, total_bytes=gpu_bytes,
                                            include_vision=include_vision, tp=tp)
-    return PlanResult(shape, weights, include_vision, budgets, source, stages, stage_weights)
+    refused = {name: p for name, b in budgets.items()
+               if (p := position_problem(config, b.max_model_len, os.environ)) is not None}
+    return PlanResult(shape, weights, include_vision, budgets, source, stages=stages, stage_weights=stage_weights,
+                      refused=refused, position_fix=position_fix(config))

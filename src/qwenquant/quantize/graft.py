@@ -7,13 +7,16 @@ a staging folder, and the manifest refreshed to the new bytes (`refresh_manifest
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from qwenquant.atomic import staging_dir
-from qwenquant.errors import StageError
+from qwenquant.errors import StageError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +159,28 @@ def int4_mtp(artifact: Path) -> dict[str, Any] | None:
     return packed
 
 
+def check_graft_writable(artifact: Path) -> None:
+    """UsageError (exit 2) when graft-mtp cannot rebuild `artifact` where it is: the folder beside it
+    (where the new folder is built, then renamed) or the artifact itself (moved aside) is on a read-only
+    mount or not writable. Checked before anything is written."""
+    for folder in (artifact.parent, artifact):
+        try:
+            fd, scratch = tempfile.mkstemp(dir=folder, prefix=".qwenquant-write-test-")
+            os.close(fd)
+            os.unlink(scratch)
+        except OSError as e:
+            raise UsageError(f"graft-mtp rebuilds {artifact} in {artifact.parent}, but {folder} cannot be written "
+                             f"({e.strerror or e})",
+                             hint="nothing was changed: remount it read-write or fix its permissions, or copy the "
+                                  "artifact to a folder you can write and graft there") from None
+    if os.path.ismount(artifact):
+        raise UsageError(f"graft-mtp rebuilds {artifact} beside it and renames it into place, but it is a mount point",
+                         hint="nothing was changed: copy the artifact into a folder (not a mount point) and graft there")
+
+
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EBUSY, errno.EXDEV)
+
+
 def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: bool = False) -> dict[str, Any]:
     """`qwenquant graft-mtp`: put the source MTP tensors back into an artifact (idempotent); an int4
     head's packed Linears (`int4_mtp`) stay the artifact's, the rest comes from the source."""
@@ -197,10 +222,19 @@ def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: 
             raise VerificationError(
                 f"{artifact}: files besides the MTP shard, index and config differ from the manifest: "
                 + ", ".join(others[:5]), hint="graft-mtp repairs only the MTP head; re-run `qwenquant quantize`")
-    with staging_dir(artifact) as tmp:
-        graft_into(artifact, tmp, source, plan, packed)
-        carry_files(artifact, tmp, drop=[MANIFEST_NAME])
-        root = refresh_manifest(tmp, {"graft_mtp": plan.summary()}, previous=artifact) if had_manifest else None
+    check_graft_writable(artifact)
+    try:
+        with staging_dir(artifact) as tmp:  # removed on any failure: nothing is left beside the artifact
+            graft_into(artifact, tmp, source, plan, packed)
+            carry_files(artifact, tmp, drop=[MANIFEST_NAME])
+            root = refresh_manifest(tmp, {"graft_mtp": plan.summary()}, previous=artifact) if had_manifest else None
+    except OSError as e:
+        if e.errno not in _WRITE_ERRNOS:
+            raise
+        raise StageError(f"graft-mtp could not write the grafted artifact beside {artifact} "
+                         f"({e.strerror or e}{f': {e.filename}' if e.filename else ''})",
+                         hint="nothing was changed and nothing was left behind: free some space on that disk "
+                              "(the graft writes the MTP shard and any shard it rewrites) and re-run") from None
     problems = verify_mtp(artifact, source, packed and int4_mtp(artifact))
     if had_manifest:
         report = verify_artifact(artifact)

@@ -87,8 +87,10 @@ def check_record(raw: bytes | None, *, stage: str, inputs: dict[str, str], param
     if rec["inputs"] != inputs:
         changed = sorted(k for k in set(inputs) | set(rec["inputs"]) if inputs.get(k) != rec["inputs"].get(k))
         return None, f"inputs changed ({', '.join(changed)})"
-    if rec["params"] != json.loads(canonical_json(params)):
-        return None, "parameters changed"
+    now = json.loads(canonical_json(params))
+    if rec["params"] != now:
+        changed = sorted(k for k in set(now) | set(rec["params"]) if now.get(k) != rec["params"].get(k))
+        return None, f"parameters changed ({', '.join(changed)})"
     on_disk = outputs_on_disk()
     if on_disk != rec["outputs"]:
         changed = sorted(k for k in set(on_disk) | set(rec["outputs"]) if on_disk.get(k) != rec["outputs"].get(k))
@@ -131,6 +133,21 @@ class StageRunner:
         raw = path.read_bytes() if path.is_file() else None
         return check_record(raw, stage=name, inputs=inputs, params=params,
                             outputs_on_disk=lambda: self.digests.folder(self.work / name))
+
+    def intact_record(self, name: str) -> dict[str, Any] | None:
+        """Stage `name`'s record when it is whole and its outputs on disk are the ones it lists, whatever
+        inputs and params it was made with (None otherwise); reads only."""
+        path = self.record_path(name)
+        if not path.is_file():
+            return None
+        try:
+            rec = json.loads(path.read_bytes())
+        except ValueError:
+            return None
+        if not isinstance(rec, dict) or not isinstance(rec.get("inputs"), dict) or not isinstance(rec.get("params"), dict):
+            return None
+        ok, _ = self.check(name, rec["inputs"], rec["params"])
+        return ok
 
     def run(self, name: str, inputs: dict[str, str], params: dict[str, Any],
             fn: Callable[[Path], dict[str, Any]]) -> StageOutcome:

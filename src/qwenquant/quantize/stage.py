@@ -99,6 +99,10 @@ class Stage:
     `plan_note(ctx)`: for `quantize --plan`, when the stage would run: what it would resume from
     or what it would cost (None: nothing to add). Read-only, and cheap.
     `idle(result)`: True when the recipe asked nothing of the stage (reported "not asked", not "ran").
+    `same_outputs(ctx, record)`: for `quantize --plan`, when the stage would run although its record is
+    intact (its inputs or params differ): why the run will write exactly the outputs `record` lists (a
+    moved source folder is a new path, not new files), or None when that is not known before it runs.
+    The plan then checks the later stages against those outputs, as the run will.
     """
 
     name: str
@@ -111,3 +115,4 @@ class Stage:
     preflight: Callable[[Path, Recipe], None] | None = None
     plan_note: Callable[[StageContext], str | None] | None = None
     idle: Callable[[dict[str, Any]], bool] | None = None  # from its result: the recipe asked nothing of it
+    same_outputs: Callable[[StageContext, dict[str, Any]], str | None] | None = None

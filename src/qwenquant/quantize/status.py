@@ -5,7 +5,8 @@ each stage in order its inputs and params are computed and its completion record
 same `records.check_record` the run uses, reading only. A reused stage's outcome comes from its
 record, so later stages' inputs are exactly what the run would compute; a stage whose inputs read
 the outputs of one that would re-run is itself reported as running ("gptq re-runs"): those outputs
-are not known before it does. Nothing is written, no lock is taken, no stage runs: the source is
+are not known before it does, unless the stage can tell that its run rewrites exactly the outputs of
+its record (`Stage.same_outputs`: the source stage after the source folder moved). Nothing is written, no lock is taken, no stage runs: the source is
 not hashed and the calibration set not tokenized (the source stage's inputs are a stat
 fingerprint and the fetch record's digest). Outputs of the stages are hashed, as the run does to
 trust them; a stage may add a cheap note of its own (`Stage.plan_note`: the gptq resume point).
@@ -83,9 +84,28 @@ def _stage_plan(stage: Stage, ctx: StageContext, runner: StageRunner) -> StagePl
         return StagePlan(stage.name, True, f"{e.stage} re-runs", _note(stage, ctx))
     rec, reason = runner.check(stage.name, inputs, params)
     if rec is None:
-        return StagePlan(stage.name, True, reason, _note(stage, ctx))
+        note = _note(stage, ctx)
+        same = _same_outputs(stage, ctx, runner)
+        if same is not None:
+            note = "; ".join(x for x in (note, same) if x)
+        return StagePlan(stage.name, True, reason, note)
     ctx.outcomes[stage.name] = StageOutcome(stage.name, runner.work / stage.name, rec, False, "")
     return StagePlan(stage.name, False)
+
+
+def _same_outputs(stage: Stage, ctx: StageContext, runner: StageRunner) -> str | None:
+    """When the stage's run will write the outputs its intact record lists (`Stage.same_outputs`):
+    that record's outcome joins `ctx`, and the line says why and what follows."""
+    if stage.same_outputs is None or (rec := runner.intact_record(stage.name)) is None:
+        return None
+    try:
+        why = stage.same_outputs(ctx, rec)
+    except NoOutcome:
+        return None
+    if why is None:
+        return None
+    ctx.outcomes[stage.name] = StageOutcome(stage.name, runner.work / stage.name, rec, False, "")
+    return f"its outputs stay those of its record ({why}), so the stages after it are checked against them"
 
 
 def _note(stage: Stage, ctx: StageContext) -> str | None:

@@ -295,8 +295,11 @@ _RESOLVED_DEFAULTS: dict[str, Any] = {
 _PROFILE_REQUIRED = ("max_model_len", "max_num_seqs", "gpu_memory_utilization")
 
 
+DEFAULT_VLLM_VERSIONS = (">=0.26.0",)  # serve.vllm_versions when a recipe leaves it out
+
+
 class ServeSpec(_Strict):
-    vllm_versions: list[str] = Field(default_factory=lambda: [">=0.26.0"])
+    vllm_versions: list[str] = Field(default_factory=lambda: list(DEFAULT_VLLM_VERSIONS))
     defaults: ServeSettings = Field(default_factory=ServeSettings)
     profiles: dict[str, ServeProfile]
 
@@ -361,6 +364,21 @@ class Recipe(_Strict):
     def mtp_quantized(self) -> bool:
         """Does the recipe quantize the MTP head's Linears (`mtp: {quantize: gptq}`)?"""
         return self.mtp is not None and self.mtp.quantize == "gptq"
+
+    def features(self) -> list[str]:
+        """What tells this recipe from the others, read from its fields (`recipe list`): layout, MTP
+        head, lm_head, calibration set, quick eval, the vLLM releases it is served with."""
+        q, head, cal = self.quantization, self.lm_head, self.calibration
+        data = cal.dataset if cal.source == "hub" else Path(cal.path or "").stem or "local file"
+        return [
+            f"{self.artifact.layout} layout",
+            f"{q.scheme} group {q.group_size}",
+            f"MTP head {'int4 GPTQ' if self.mtp_quantized else 'bf16'}",
+            f"lm_head {f'int{head.num_bits} {head.method.upper()}' if head.enabled else 'bf16'}",
+            f"calibration {data} ({cal.num_samples} x {cal.max_length} tokens)",
+            f"quick eval {self.eval.windows} x {self.eval.window_len} tokens" if self.eval else "no quick eval",
+            f"vLLM {', '.join(self.serve.vllm_versions)}",
+        ]
 
     def with_hessian_precision(self, precision: str) -> Recipe:
         """This recipe with quantization.hessian_precision set (`quantize --hessian-precision`)."""

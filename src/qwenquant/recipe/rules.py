@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from qwenquant.recipe.models import _PROFILE_REQUIRED
+from qwenquant.recipe.models import _PROFILE_REQUIRED, DEFAULT_VLLM_VERSIONS
 from qwenquant.recipe.speculative import profile_spec_tokens, spec_tokens_fix, spec_tokens_problem
 from qwenquant.recipe.targets import targets_cover
 
@@ -18,6 +18,11 @@ MTP_LINEARS = ("mtp.fc",) + tuple(f"mtp.layers.0.self_attn.{p}_proj" for p in "q
 _GDN_PREFIXES = ("model.language_model.layers.0.linear_attn.", "model.layers.0.linear_attn.")
 _VISION_MODULES = ("model.visual.blocks.0.attn.qkv", "model.visual.merger.linear_fc1")
 _PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+# The vLLM releases whose MTP loader is known to build a quantized drafter for Qwen3.5 (read in the
+# source of the 0.26 line and of 0.32.0; docs/known-issues.md#quantized-mtp, vLLM #53387).
+QUANTIZED_MTP_VLLM = ">=0.26.0,<0.33"
+# Versions outside that range that an int4-MTP recipe's serve.vllm_versions must not admit.
+_OUTSIDE_QUANTIZED_MTP = ("0.25.0", "0.33.0", "0.34.0", "1.0.0")
 
 
 def _get(d: Any, path: str) -> Any:
@@ -100,10 +105,32 @@ def _mtp_problems(raw: dict[str, Any], ignore: list[str]) -> list[str]:
     if hit:
         p.append(f"quantization.ignore: covers {hit[0]} but mtp.quantize is gptq — remove 're:^mtp.*' (vLLM would "
                  "build the drafter's Linears unquantized and refuse the packed tensors, vLLM #53387)")
+    versions = _get(raw, "serve.vllm_versions")
+    if problem := quantized_mtp_range_problem(list(DEFAULT_VLLM_VERSIONS) if versions is None else versions):
+        p.append(problem)
     targets = _get(raw, "quantization.targets")
     if isinstance(targets, list) and "Linear" not in targets and not all(targets_cover(targets, m) for m in MTP_LINEARS):
         p.append("quantization.targets: must cover every MTP Linear when mtp.quantize is gptq — add 'Linear'")
     return p
+
+
+def quantized_mtp_range_problem(vllm_versions: Any) -> str | None:
+    """The one rule for an int4-MTP recipe's serve.vllm_versions (recipe load, and quantize's check
+    stage): they admit no release outside QUANTIZED_MTP_VLLM. None when they do not (or do not parse:
+    that is reported on the field itself)."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    if not isinstance(vllm_versions, list) or not all(isinstance(v, str) for v in vllm_versions):
+        return None
+    try:
+        spec = SpecifierSet(",".join(vllm_versions))
+    except InvalidSpecifier:
+        return None
+    bad = [v for v in _OUTSIDE_QUANTIZED_MTP if spec.contains(v, prereleases=True)]
+    if not bad:
+        return None
+    return (f"serve.vllm_versions: {vllm_versions} admit vLLM {', '.join(bad)}, not known to load a quantized MTP "
+            f"head — narrow them to {QUANTIZED_MTP_VLLM!r} while mtp.quantize is gptq (vLLM #53387)")
 
 
 def _calibration_problems(cal: dict[str, Any], prefix: str) -> list[str]:

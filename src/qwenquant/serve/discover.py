@@ -161,22 +161,37 @@ def _exe_version(p: Path) -> str:
     return m.group(0)
 
 
-def find_vllm(explicit: str | None = None) -> VllmInstall:
-    """Locate vLLM, or raise ServeError saying exactly what to install."""
+def locate_vllm(explicit: str | None = None) -> tuple[Path | None, str]:
+    """Where the vLLM to launch is, and who said so, in the order of the module docstring, without
+    running it: (path, source), path None when there is none. A venv folder is its launcher record
+    or its bin/python. `find_vllm` and `qwenquant doctor` both start here."""
     if explicit:
-        return _from_path(Path(explicit).expanduser(), "--vllm")
+        return _in_folder(Path(explicit).expanduser()), "--vllm"
     env = envs.get("QWENQUANT_VLLM")
     if env:
-        return _from_path(env, "QWENQUANT_VLLM")
+        return _in_folder(env), "QWENQUANT_VLLM"
     for root in dict.fromkeys((repo_root(), Path.cwd())):
         j = root / ".venv-vllm" / LAUNCHER_JSON
         if j.exists():
-            return _from_json(j, str(j))
+            return j, str(j)
     exe = shutil.which("vllm")
-    if exe:
-        return _from_path(Path(exe), "PATH")
-    raise ServeError("no vLLM installation found (--vllm, QWENQUANT_VLLM, .venv-vllm, PATH)",
-                     hint=install_hint())
+    return (Path(exe), "PATH") if exe else (None, "")
+
+
+def _in_folder(p: Path) -> Path:
+    """A venv folder's launcher record or bin/python (the folder itself when it holds neither)."""
+    if p.is_dir():
+        return next((c for c in (p / LAUNCHER_JSON, p / "bin" / "python") if c.exists()), p)
+    return p
+
+
+def find_vllm(explicit: str | None = None) -> VllmInstall:
+    """Locate vLLM, or raise ServeError saying exactly what to install."""
+    path, source = locate_vllm(explicit)
+    if path is None:
+        raise ServeError("no vLLM installation found (--vllm, QWENQUANT_VLLM, .venv-vllm, PATH)",
+                         hint=install_hint())
+    return _from_path(path, source)
 
 
 def _cache_file() -> Path:

@@ -27,6 +27,7 @@ from qwenquant.plan import budget as budgetmod
 from qwenquant.plan.artifact import artifact_budget
 from qwenquant.plan.gpumem import apply_gpu_mem, ballast_note
 from qwenquant.plan.pipeline import PARTITION_ENV
+from qwenquant.plan.positions import position_fix, position_limit, position_problem
 from qwenquant.plan.report import fill_lines, stage_name
 from qwenquant.plan.settings import recipe_from_manifest
 from qwenquant.plan.transient import fill
@@ -336,22 +337,22 @@ def _check_port(profile: ResolvedProfile) -> None:
 
 
 def _check_context(artifact: Path, profile: ResolvedProfile) -> None:
-    """vLLM refuses a max_model_len above the model's max_position_embeddings; say so first."""
+    """vLLM refuses a max_model_len above the model's max_position_embeddings; say so first (the rule
+    `qwenquant plan` applies: plan/positions.py)."""
     config = json.loads((artifact / "config.json").read_text())
-    limit = (config.get("text_config") or config).get("max_position_embeddings")
-    if isinstance(limit, int) and profile.max_model_len > limit:
-        if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").strip().lower() in ("1", "true"):
-            log.warning("max-model-len %d is above the model's max_position_embeddings %d: vLLM allows it "
-                        "(VLLM_ALLOW_LONG_MAX_MODEL_LEN is set); positions beyond %d were never trained",
-                        profile.max_model_len, limit, limit)
-            if profile.speculative and profile.speculative.num_speculative_tokens > 0:
-                # vLLM's SpeculativeConfig builds the drafter's config without dict --hf-overrides
-                log.warning("MTP past position %d: the drafter keeps the checkpoint's max_position_embeddings "
-                            "(vLLM does not pass --hf-overrides to it), so no draft is accepted beyond it "
-                            "(docs/known-issues.md#mtp-past-max-positions)", limit)
-            return
-        raise ServeError(f"max-model-len {profile.max_model_len} is above the model's max_position_embeddings {limit}",
-                         hint=f"pass `-- --max-model-len {limit}` (or less)")
+    problem = position_problem(config, profile.max_model_len, os.environ)
+    if problem is not None:
+        raise ServeError(problem, hint=position_fix(config))
+    limit = position_limit(config)
+    if limit is not None and profile.max_model_len > limit:  # allowed by VLLM_ALLOW_LONG_MAX_MODEL_LEN
+        log.warning("max-model-len %d is above the model's max_position_embeddings %d: vLLM allows it "
+                    "(VLLM_ALLOW_LONG_MAX_MODEL_LEN is set); positions beyond %d were never trained",
+                    profile.max_model_len, limit, limit)
+        if profile.speculative and profile.speculative.num_speculative_tokens > 0:
+            # vLLM's SpeculativeConfig builds the drafter's config without dict --hf-overrides
+            log.warning("MTP past position %d: the drafter keeps the checkpoint's max_position_embeddings "
+                        "(vLLM does not pass --hf-overrides to it), so no draft is accepted beyond it "
+                        "(docs/known-issues.md#mtp-past-max-positions)", limit)
 
 
 def _check_split(dev: str, split: Split, config: dict[str, Any], warnings: list[str]) -> None:

@@ -7,7 +7,7 @@ import sys
 
 from qwenquant.errors import QwenquantError
 from qwenquant.procenv import server_env
-from qwenquant.serve.argv import format_command
+from qwenquant.serve.argv import format_command, mask_argv
 from qwenquant.serve.preflight import Prepared, default_log_path, prepare
 from qwenquant.serve.request import ServeRequest
 from qwenquant.serve.supervisor import ServerSpec, serve_forever
@@ -46,12 +46,31 @@ def _refuse_dry_run(p: Prepared) -> None:
     raise err
 
 
-def run_serve(req: ServeRequest) -> int:
-    """Serve until stopped; return the exit code (errors raise UsageError, ServeError, VerificationError)."""
+def dry_run_dict(p: Prepared) -> dict:
+    """`serve --dry-run --json`: the decided launch as data (the command line's argv, the API key
+    masked as on the command line, and environment)."""
+    from qwenquant.plan.report import budget_dict
+
+    return {"artifact": str(p.artifact), "profile": p.profile.name, "device": p.device,
+            "vllm": None if p.install is None else {"version": p.install.version, "source": p.install.source},
+            "command": mask_argv(p.command), "env": p.env_add, "command_line": format_command(p.command, p.env_add),
+            "ballast": list(p.ballast), "budget": budget_dict(p.budget) if p.budget else None,
+            "warnings": p.warnings, "notes": p.notes,
+            "failures": [{"message": e.message, "hint": e.hint, "exit_code": e.exit_code} for e in p.failures]}
+
+
+def run_serve(req: ServeRequest, *, as_json: bool = False) -> int:
+    """Serve until stopped; return the exit code (errors raise UsageError, ServeError, VerificationError).
+    `as_json` (with a dry run): the decided launch as JSON on stdout instead of the command line."""
     p = prepare(req)
     report_prepared(p)
     if req.dry_run:
-        print(format_command(p.command, p.env_add), flush=True)
+        if as_json:
+            from qwenquant.console import print_json
+
+            print_json(dry_run_dict(p))
+        else:
+            print(format_command(p.command, p.env_add), flush=True)
         if p.failures:
             _refuse_dry_run(p)
         return 0

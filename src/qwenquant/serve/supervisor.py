@@ -314,7 +314,11 @@ def serve_forever(spec: ServerSpec, on_ready: Callable[[str], None]) -> int:
             name = signal.Signals(s.signum).name
             log.info("%s: stopping the server", name)
             rc = server.stop(spec.grace) if server else None
-            print(f"stopped (server exit code {rc})", file=sys.stderr, flush=True)
+            if s.signum == signal.SIGINT:  # Ctrl-C: one line saying what was done (cli's interrupt line)
+                print(f"interrupted: the server was stopped (server exit code {rc}) and nothing it started is left "
+                      "running; the artifact was not changed", file=sys.stderr, flush=True)
+            else:
+                print(f"stopped (server exit code {rc})", file=sys.stderr, flush=True)
             return 130 if s.signum == signal.SIGINT else 0
     finally:
         if server is not None and not server.stopped:

@@ -41,18 +41,8 @@ def shard_names(num_layers: int, rest_groups: int) -> list[str]:
 
 def max_gpu_mem_gib() -> float | None:
     """The CUDA memory cap in GiB from QWENQUANT_MAX_GPU_MEM (e.g. 23.5: a big GPU behaves like a
-    24 GB card), or None when unset."""
-    raw = envs.get(GPU_CAP_ENV) or ""
-    if not raw:
-        return None
-    try:
-        cap = float(raw)
-    except ValueError:
-        cap = -1.0
-    if cap <= 0:
-        raise UsageError(f"{GPU_CAP_ENV} must be a positive number of GiB, got {raw!r}",
-                         hint=f"set {GPU_CAP_ENV}=23.5 for a 24 GB card, or unset it")
-    return cap
+    24 GB card), or None when unset (envs: a number > 0, else UsageError)."""
+    return envs.get(GPU_CAP_ENV)
 
 
 def run_streamed_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, out_dir: Path, *,

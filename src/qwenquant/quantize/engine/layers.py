@@ -27,6 +27,18 @@ SCHEMA = 1
 ENGINE_VERSION = "streamed-1"  # part of every layer record's fingerprint and of the gptq stage's result
 
 
+def resume_point(done: int, n: int) -> str:
+    """Where the streamed engine goes on, said one way in `quantize --plan`, the log and the Ctrl-C line:
+    decoder layers are counted from 1, the resume point is the first layer quantized anew, and layers
+    1 to `done` are the ones replayed from their records ("decoder layer i of n replayed")."""
+    if done <= 0:
+        return f"starts at decoder layer 1 of {n}"
+    if done >= n:
+        return f"all {n} decoder layers are recorded (replayed, none quantized anew)"
+    kept = "layer 1 is" if done == 1 else f"layers 1-{done} are"
+    return f"resumes at decoder layer {done + 1} of {n}; {kept} recorded and replayed"
+
+
 def layer_dir(root: Path, i: int) -> Path:
     return Path(root) / f"layer-{i:05d}"
 

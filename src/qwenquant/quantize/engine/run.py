@@ -203,8 +203,7 @@ def _resume_point(layers_root: Path, n: int, fingerprint: str, device: str, rank
     if ranks is None or ranks.main:
         done, why = L.completed_layers(layers_root, n, fingerprint, digests)
         if done:
-            log.info("gptq: resuming from decoder layer %d of %d (%d completed layers verified; layer %d: %s)",
-                     done, n, done, done, why)
+            log.info("gptq: %s%s", L.resume_point(done, n), f"; decoder layer {done + 1}: {why}" if done < n else "")
     if ranks is not None:
         from qwenquant.quantize.engine import dist
 
@@ -346,7 +345,7 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
             times.append(time.perf_counter() - t0)
             phases.append(phase.seconds)
             if writer:
-                log.info("gptq: decoder layer %d/%d %s (%.1f s)", i + 1, n, "replayed" if i < done else "quantized",
+                log.info("gptq: decoder layer %d of %d %s (%.1f s)", i + 1, n, "replayed" if i < done else "quantized",
                          times[-1])
             log.debug("gptq: decoder layer %d phases (s): %s", i + 1, phase.line())
             if progress:

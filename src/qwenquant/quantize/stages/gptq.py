@@ -292,17 +292,15 @@ def layer_fingerprint(ctx: StageContext) -> str:
 def _plan_note(ctx: StageContext) -> str | None:
     """Where the streamed engine would resume: the layer records that match (sizes, not bytes)."""
     from qwenquant.checkpoint.config import read_config, text_config
-    from qwenquant.quantize.engine.layers import recorded_layers
+    from qwenquant.quantize.engine.layers import recorded_layers, resume_point
 
     if gptq_engine() != "streamed":
         return None
     n = int(text_config(read_config(ctx.source))["num_hidden_layers"])
     done = recorded_layers(ctx.work / LAYERS_DIR, n, layer_fingerprint(ctx))
     if done == 0:
-        return f"starts at decoder layer 1 of {n} (no layer record matches)"
-    if done == n:
-        return f"all {n} decoder layers are recorded; it re-reads them (their bytes checked) and writes its folder"
-    return f"resumes at decoder layer {done + 1} of {n} ({done} layer records match; their bytes are checked when it runs)"
+        return f"{resume_point(0, n)} (no layer record matches)"
+    return f"{resume_point(done, n)}; the records' bytes are checked when it runs"
 
 
 def _run_streamed(ctx: StageContext, samples: list[list[int]], out_dir: Path) -> dict[str, Any]:

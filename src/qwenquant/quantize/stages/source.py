@@ -150,6 +150,20 @@ def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
     return {k: v for k, v in desc.items() if k != "files"} | {"file_count": len(desc["files"])}
 
 
+def _same_outputs(ctx: StageContext, record: dict[str, Any]) -> str | None:
+    """Why a run writes the source.json of `record` (for `--plan`), or None: only the folder's path
+    changed and its files are the same by name, size and mtime, or (verified source) the fetch record
+    is the same one, which source.json is made from (the run fails if the files do not match it)."""
+    if record["params"].get("unverified") != ctx.source_unverified:
+        return None
+    now = _inputs(ctx)
+    if not ctx.source_unverified and now["fetch_record"] != "none" and record["inputs"].get("fetch_record") == now["fetch_record"]:
+        return "the same fetch record"
+    if record["inputs"].get("stat") == now["stat"]:
+        return "the same files by name, size and mtime"
+    return None
+
+
 def _plan_note(ctx: StageContext) -> str:
     """What running the stage costs: every source file is read once (stat only here)."""
     files = [p for p in _files(ctx.source) if p.name != RECORD_NAME]
@@ -162,4 +176,4 @@ def _plan_note(ctx: StageContext) -> str:
 STAGE = Stage("source", _inputs, lambda ctx: {"unverified": ctx.source_unverified, "path": str(ctx.source)}, _run,
               manifest=lambda o: {"source": json.loads((o.dir / "source.json").read_text())},
               preflight=lambda source, recipe: validate_source(source, recipe.model, recipe.name),
-              plan_note=_plan_note)
+              plan_note=_plan_note, same_outputs=_same_outputs)

@@ -1,0 +1,238 @@
+"""Ctrl-C (SIGINT to a real `qwenquant` process) in every command outside bench, eval and publish:
+exit 130 and one line saying what the command did and what it did not, no traceback, nothing of the
+user's changed. The command is stopped at a known point: one file it reads is a named pipe, and the
+signal goes once the command has opened it (the test holds the writing end, so the read waits)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, write_source_manifest, write_test_manifest
+
+pytestmark = pytest.mark.slow
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "QWENQUANT_NO_PROGRESS": "1", "QWENQUANT_THREADS": "1", **extra}
+    env.pop("QWENQUANT_DEBUG", None)
+    return env
+
+
+def _open_writer(fifo: Path, proc: subprocess.Popen, timeout: float = 120) -> int:
+    """The writing end of `fifo`, once `proc` has opened it to read (ENXIO until a reader is there)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as e:
+            if e.errno != errno.ENXIO:
+                raise
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"the command ended (exit {proc.returncode}) before it read {fifo}:\n{err[-3000:]}")
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"the command did not open {fifo} in {timeout} s")
+
+
+def interrupt_reading(argv: list[str], fifo: Path, **env: str) -> tuple[int, str]:
+    """Run `qwenquant ARGV`, send SIGINT once it reads `fifo`; (exit code, stderr)."""
+    proc = subprocess.Popen([sys.executable, "-m", "qwenquant", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=_env(**env), cwd=REPO)
+    fd = _open_writer(fifo, proc)
+    time.sleep(0.3)  # the reader is in read() now, waiting for bytes
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    os.close(fd)  # end of file for a reader on another thread, which the interrupted command may wait for
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+def interrupt_hashing(argv: list[str], big: Path, **env: str) -> tuple[int, str]:
+    """Run `qwenquant ARGV`, send SIGINT once it has `big` open (a 2 GiB file it hashes); (exit code, stderr)."""
+    proc = subprocess.Popen([sys.executable, "-m", "qwenquant", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=_env(**env), cwd=REPO)
+    deadline = time.monotonic() + 120
+    while not _has_open(proc.pid, big):
+        assert proc.poll() is None, f"the command ended (exit {proc.returncode}) before it read {big}"
+        assert time.monotonic() < deadline, f"the command did not open {big}"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+def _has_open(pid: int, path: Path) -> bool:
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == str(path):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _one_line(code: int, err: str) -> str:
+    """The interrupt line: exit 130, exactly one line starting "interrupted", no traceback or error line."""
+    assert code == 130, err[-3000:]
+    assert "Traceback" not in err and "error:" not in err and "unexpected error" not in err, err[-3000:]
+    lines = [ln for ln in err.splitlines() if ln.startswith("interrupted")]
+    assert len(lines) == 1, err[-3000:]
+    return lines[0]
+
+
+def _fifo(path: Path) -> Path:
+    if path.exists():
+        path.unlink()
+    os.mkfifo(path)
+    return path
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def art(tiny_checkpoint: Path, tmp_path: Path) -> Path:
+    """A copy of the tiny checkpoint with a manifest (an artifact as verify, check and plan read it)."""
+    a = Path(shutil.copytree(tiny_checkpoint, tmp_path / "art"))
+    write_source_manifest(a, tiny_checkpoint)
+    return a
+
+
+@pytest.fixture
+def big_art(art: Path) -> Path:
+    """The artifact with a 2 GiB file (sparse: no disk) its manifest lists, so hashing it takes a while."""
+    with open(art / "big.bin", "wb") as f:
+        f.truncate(2 << 30)
+    write_test_manifest(art)
+    return art
+
+
+READ_ONLY = "stopped before it reported; it only reads, so nothing was written or changed"
+
+
+def test_ctrl_c_in_verify_says_nothing_was_written(big_art: Path) -> None:
+    before = {p.name: p.stat().st_mtime_ns for p in big_art.iterdir()}
+    line = _one_line(*interrupt_hashing(["verify", str(big_art)], big_art / "big.bin"))
+    assert line == f"interrupted: qwenquant verify {READ_ONLY}"
+    assert {p.name: p.stat().st_mtime_ns for p in big_art.iterdir()} == before
+
+
+def test_ctrl_c_in_check_plan_and_recipe_says_nothing_was_written(art: Path, tmp_path: Path) -> None:
+    """check and plan reading config.json, recipe validate reading the YAML."""
+    config = art / "config.json"
+    text = config.read_bytes()
+    for argv in (["check", str(art)], ["plan", str(config)]):
+        _fifo(config)
+        assert _one_line(*interrupt_reading(argv, config)) == f"interrupted: qwenquant {argv[0]} {READ_ONLY}"
+    config.unlink()
+    config.write_bytes(text)
+    recipe = _fifo(tmp_path / "r.yaml")
+    assert _one_line(*interrupt_reading(["recipe", "validate", str(recipe)], recipe)) == \
+        f"interrupted: qwenquant recipe {READ_ONLY}"
+
+
+def test_ctrl_c_in_quantize_plan_says_it_wrote_nothing(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    src = Path(shutil.copytree(tiny_checkpoint, tmp_path / "src"))
+    _fifo(src / "config.json")
+    line = _one_line(*interrupt_reading(["quantize", str(src), "--source-unverified", "--calibration", "tiny-demo",
+                                         "--out", str(tmp_path / "q"), "--plan"], src / "config.json"))
+    assert line == "interrupted: quantize --plan stopped before it reported; it runs and writes nothing"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_ctrl_c_in_graft_mtp_leaves_the_artifact_as_it_was(art: Path, tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """Interrupted while it reads the source's MTP shard: the artifact's bytes as they were, nothing beside it."""
+    src = Path(shutil.copytree(tiny_checkpoint, tmp_path / "src"))
+    (art / "model-mtp.safetensors").unlink()  # what graft-mtp would restore
+    before = _files(tmp_path / "art")
+    _fifo(src / "model-mtp.safetensors")
+    line = _one_line(*interrupt_reading(["graft-mtp", str(art), "--source", str(src)], src / "model-mtp.safetensors"))
+    assert line.startswith(f"interrupted: {art} is as it was or fully grafted, never half-written")
+    assert f"`qwenquant graft-mtp {art} --source {src} --check-only` says which" in line
+    assert _files(tmp_path / "art") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art", "src"]
+
+
+def test_ctrl_c_in_fetch_says_what_is_kept(served, tmp_path: Path) -> None:
+    """Interrupted while one shard streams slowly: the line says what is kept; the re-run fetches
+    only the rest and the folder verifies."""
+    from qwenquant.testbed.hubserver import Fault
+
+    served.hub.faults.add(Fault("slow", path="model-00002*", times=None, rate=50_000))
+    out = tmp_path / "fetched"
+    proc = subprocess.Popen([sys.executable, "-m", "qwenquant", "fetch", served.repo_id, "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO)
+    deadline = time.monotonic() + 120
+    while not [p for p in out.rglob("*model-00002*") if p.is_file() and p.stat().st_size > 0]:
+        assert proc.poll() is None and time.monotonic() < deadline, "the slow shard did not start"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    line = _one_line(proc.returncode, err)
+    assert line == ("interrupted: the files fetched and verified so far stay in the --out folder, the rest were not "
+                    "fetched; re-run the same command to fetch only the rest")
+    served.hub.faults.clear()
+    again = subprocess.run([sys.executable, "-m", "qwenquant", "fetch", served.repo_id, "--out", str(out)],
+                           capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+
+
+def test_ctrl_c_in_serve_before_the_server_starts(big_art: Path) -> None:
+    """Interrupted in the preflight (verify hashing the artifact): nothing started, nothing written."""
+    line = _one_line(*interrupt_hashing(["serve", str(big_art), "--dry-run"], big_art / "big.bin"))
+    assert line == "interrupted before the server started: nothing was started or written"
+
+
+def test_ctrl_c_in_doctor(tmp_path: Path) -> None:
+    """doctor asking the vLLM of QWENQUANT_VLLM for its version (a python that reads a pipe first)."""
+    fifo = _fifo(tmp_path / "pipe")
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\ncat {fifo} >/dev/null\nexec {sys.executable} \"$@\"\n")
+    fake.chmod(0o755)
+    line = _one_line(*interrupt_reading(["doctor"], fifo, QWENQUANT_VLLM=str(fake)))
+    assert line == f"interrupted: qwenquant doctor {READ_ONLY}"
+
+
+def test_ctrl_c_in_demo_names_the_step_and_what_is_kept(tmp_path: Path) -> None:
+    """The demo interrupted in its fetch step (the loopback Hub serving a file that is a pipe)."""
+    work = tmp_path / "demo"
+    proc = subprocess.Popen([sys.executable, "-m", "qwenquant", "demo", "--work", str(work), "--no-serve"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO)
+    deadline = time.monotonic() + 300
+    seen = ""
+    while time.monotonic() < deadline and "$ qwenquant fetch" not in seen:
+        seen += proc.stderr.readline()
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    line = _one_line(proc.returncode, seen + err)
+    assert line == (f"interrupted in step fetch: the steps before it (build) are kept under {work}; re-run "
+                    f"`qwenquant demo --work {work}` to go on (each step reuses what verifies)")
+    assert json.loads((work / "hub" / "Qwen3.5-tiny" / "config.json").read_text())
+
+
+def test_ctrl_c_line_of_every_command_is_known() -> None:
+    """Every command outside bench, eval and publish has its own interrupt line (registered when it
+    runs, or its default)."""
+    from qwenquant.cli import app
+    from qwenquant.commands._app import INTERRUPT_NOTES
+
+    names = {c.name or c.callback.__name__ for c in app.registered_commands} | {g.name for g in app.registered_groups}
+    own = {"quantize", "graft-mtp", "demo"}  # on_interrupt in the command
+    assert names - {"bench", "eval", "publish"} == set(INTERRUPT_NOTES) | own
