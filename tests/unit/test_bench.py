@@ -10,7 +10,7 @@ from qwenquant.bench.launch import ConfigSpec
 from qwenquant.bench.metrics import acceptance
 from qwenquant.bench.rates import ratio_spread, sample_figures
 from qwenquant.bench.stream import Sample, read_stream, sse_events
-from qwenquant.bench.workload import ladder, load_config, plan_cells
+from qwenquant.bench.workload import ladder, load_config, plan_cells, request_body
 from qwenquant.errors import BenchError, UsageError
 from qwenquant.net.prometheus import spec_counters
 
@@ -99,3 +99,14 @@ def test_nvidia_smi_samples_flag_throttling() -> None:
     assert s["throttled"] and s["throttle_reasons"] == {"sw_power_cap": 1} and s["sm_mhz"]["min"] == 1500
     assert s["throttled_fraction"] == pytest.approx(1 / 3) and s["gpu_name"] == "NVIDIA H200"
     assert summarize([])["sampled"] is False
+
+
+def test_a_run_request_asks_for_token_ids_so_usage_is_checked_exactly() -> None:
+    """With MTP a chunk carries several tokens: without vLLM's token ids the streamed count is a floor
+    (chunks), and usage could not be held against it (seen on CUDA vLLM 0.26: 91 chunks for 256 tokens)."""
+
+    cfg = load_config()
+    cells, _ = plan_cells(cfg, ["code"], ["greedy"], [True], 1)
+    body = request_body(cfg, "m", cells[0], max_tokens=16, ignore_eos=True)
+    assert body["return_token_ids"] is True and body["ignore_eos"] is True
+    assert body["chat_template_kwargs"] == {"enable_thinking": True} and body["max_tokens"] == 16

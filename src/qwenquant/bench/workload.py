@@ -124,6 +124,9 @@ def request_body(cfg: BenchConfig, model: str, cell: Cell, *, max_tokens: int, i
                             "max_tokens": max_tokens, **cfg.sampling[cell.sampling]}
     if ignore_eos:
         body["ignore_eos"] = True  # vLLM extension: generate exactly max_tokens
+    # vLLM extension, as in depth/soak/turns: the streamed tokens are then counted exactly against usage (with
+    # MTP a chunk carries several tokens, so counting chunks would be a floor and usage could not be checked)
+    body["return_token_ids"] = True
     if cell.thinking is not None:
         body["chat_template_kwargs"] = {"enable_thinking": cell.thinking}
     return body
