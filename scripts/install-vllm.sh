@@ -173,8 +173,8 @@ install_cpu_plugin() {
   local src
   src=$(mktemp -d)
   cp -r "$PLUGIN"/. "$src"/
-  log "installing qwenquant's vLLM CPU plugin ($PLUGIN: W4A16 without cpu_gemm_wna16)"
-  "$VPY" -m pip --disable-pip-version-check -q install --no-deps --no-build-isolation --force-reinstall "$src" \
+  with_heartbeat "installing qwenquant's vLLM CPU plugin ($PLUGIN: W4A16 without cpu_gemm_wna16)" \
+    "$VPY" -m pip --disable-pip-version-check -q install --no-deps --no-build-isolation --force-reinstall "$src" \
     || { rm -rf "$src"; return 1; }
   rm -rf "$src"
 }

@@ -4,6 +4,7 @@ signing keys, and helpers to check the result."""
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,11 @@ def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     with HubServer() as server:
         monkeypatch.setenv("HF_ENDPOINT", server.url)
         monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+        # huggingface_hub reads the variable once, at import: a test that imported it earlier in this process
+        # (transformers does) would leave Xet on, and uploads would ask the loopback hub for Xet tokens
+        hub_constants = sys.modules.get("huggingface_hub.constants")
+        if hub_constants is not None:
+            monkeypatch.setattr(hub_constants, "HF_HUB_DISABLE_XET", True)
         monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
         monkeypatch.delenv("HF_TOKEN", raising=False)
         monkeypatch.setenv("QWENQUANT_FETCH_BACKOFF", "0.01")

@@ -13,7 +13,8 @@ Numerics: the served prompt log-probs against a transformers forward of the same
 compressed-tensors (bf16), per prompt token: mean |difference| <= 0.01 nats and max <= 0.1 nats. Measured
 on the trained tiny reference: dense path 0.004 mean / 0.04 max; vLLM's own AVX-512 kernel on the same
 artifact 0.015 / 0.056 (its accumulation order differs from a bf16 matmul). The MTP head drafts through
-the same path: a mis-loaded head would accept about nothing.
+the same path: a mis-loaded head would accept about nothing. The batch profile's fp8 KV cache, which vLLM's CPU attention
+takes only with AVX-512 or AMX, is checked against the CPU's flags read from /proc/cpuinfo.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def served(request: pytest.FixtureRequest, source: Path, tmp_path_factory: pytes
     dry = subprocess.run([sys.executable, "-m", "qwenquant", "serve", *args[:-3], "--dry-run", *args[-3:]], env=env,
                          capture_output=True, text=True, timeout=300)
     with ServedCLI(*args, env=env) as cli:
-        yield case, art, cli, log, dry
+        yield case, art, cli, log, dry, env, launcher
 
 
 def _post(url: str, body: dict) -> dict:
@@ -135,7 +136,7 @@ def _transformers_logprobs(art: Path, ids: list[int]) -> list[float]:
 
 
 def test_serve_names_the_dense_path_and_vllm_takes_it(served) -> None:
-    case, _, cli, log, dry = served
+    case, _, cli, log, dry, _, _ = served
     why = f"forced by {SWITCH}=dense" if case == "forced" else "_C_AVX2.abi3.so (this CPU has no AVX-512)"
     line = "vLLM CPU W4A16 path: dense fallback, int4 weights dequantized at load; " + why
     assert dry.returncode == 0, dry.stderr[-2000:]
@@ -152,7 +153,7 @@ def test_serve_names_the_dense_path_and_vllm_takes_it(served) -> None:
 def test_prompt_logprobs_match_transformers_on_the_decompressed_artifact(served) -> None:
     from transformers import AutoTokenizer
 
-    _, art, cli, _, _ = served
+    _, art, cli, _, _, _, _ = served
     tok = AutoTokenizer.from_pretrained(art)
     diffs = []
     for prompt in PROMPTS:
@@ -168,7 +169,7 @@ def test_prompt_logprobs_match_transformers_on_the_decompressed_artifact(served)
 
 
 def test_mtp_drafts_through_the_same_path_are_accepted(served) -> None:
-    _, art, cli, _, _ = served
+    _, art, cli, _, _, _, _ = served
     before = _metrics(cli.url)
     r = _post(f"{cli.url}/v1/completions", {"model": art.name, "prompt": PROMPTS[0], "max_tokens": 64,
                                              "temperature": 0, "ignore_eos": True})
@@ -176,3 +177,26 @@ def test_mtp_drafts_through_the_same_path_are_accepted(served) -> None:
     delta = _metrics(cli.url).minus(before)
     drafted, accepted = delta.draft_tokens, delta.accepted
     assert drafted > 0 and accepted / drafted >= 0.25, f"{accepted:g} of {drafted:g} draft tokens accepted"
+
+
+def _cpu_takes_fp8_kv(case: str) -> bool:
+    """Read independently of vLLM and torch: the CPU's flags (/proc/cpuinfo); the `avx2` case has none of them."""
+    flags = set(Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0].split())
+    return case == "forced" and ({"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags or "amx_tile" in flags)
+
+
+def test_an_fp8_kv_cache_follows_the_cpu(served) -> None:
+    """vLLM's CPU attention takes an fp8 KV cache only with AVX-512 or AMX: the batch profile's fp8 cache becomes
+    `auto` with a warning on another CPU, and an fp8 cache asked for after `--` is refused before vLLM starts."""
+    case, art, _, _, _, env, launcher = served
+    base = ["serve", str(art), "--profile", "batch", "--vllm", str(launcher), "--dry-run", "--", "--max-model-len", "2048"]
+    r = subprocess.run([sys.executable, "-m", "qwenquant", *base], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    warned = "kv-cache-dtype fp8 -> auto (vLLM's CPU build takes an fp8 KV cache only on a CPU with AVX-512 or AMX"
+    if _cpu_takes_fp8_kv(case):
+        assert "--kv-cache-dtype fp8" in r.stdout and warned not in r.stderr
+        return
+    assert "--kv-cache-dtype auto" in r.stdout and warned in r.stderr
+    asked = subprocess.run([sys.executable, "-m", "qwenquant", *base, "--kv-cache-dtype", "fp8"], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert asked.returncode == 7 and "--kv-cache-dtype fp8: vLLM's CPU build takes an fp8 KV cache only" in asked.stderr

@@ -35,8 +35,9 @@ if plugin is not None:
 else:
     import torch
     from vllm import _custom_ops  # noqa: F401  (loads the extension the CPU runs)
-    out = {"plugin": False, "has_op": hasattr(torch.ops._C, "cpu_gemm_wna16"),
-           "cpu_avx512": bool(torch.cpu._is_avx512_supported())}
+    avx512, amx = bool(torch.cpu._is_avx512_supported()), bool(torch.cpu._is_amx_tile_supported())
+    out = {"plugin": False, "has_op": hasattr(torch.ops._C, "cpu_gemm_wna16"), "cpu_avx512": avx512,
+           "cpu_amx": amx, "fp8_kv_cache": avx512 or amx}
 print(json.dumps(out))
 """
 
@@ -93,13 +94,22 @@ def _probe(python: str, switch: tuple[tuple[str, str], ...], path_vars: tuple[tu
                          hint=_INSTALL_HINT) from None
 
 
-def cpu_w4a16_path(python: str, *, isolated: bool = True, environ: Mapping[str, str] | None = None) -> CpuW4A16Path:
-    """What the vLLM at `python` will run W4A16 layers with (a subprocess, seconds), in the environment the
-    server gets: `environ`'s switch, and its import path unless the vLLM environment is `isolated`."""
-    base = os.environ if environ is None else environ
-    switch = switch_env(base)
-    path_vars = {} if isolated else {k: base[k] for k in OWN_PATH_VARS if base.get(k)}
-    return decide(_probe(python, tuple(sorted(switch.items())), tuple(sorted(path_vars.items()))), forced=bool(switch))
+def _asked(python: str, isolated: bool) -> tuple[dict, bool]:
+    """(the probe's answer, whether the switch forces the fallback) in the environment the server gets: the
+    switch, and qwenquant's import path unless the vLLM environment is `isolated`."""
+    switch = switch_env(os.environ)
+    path_vars = {} if isolated else {k: os.environ[k] for k in OWN_PATH_VARS if os.environ.get(k)}
+    return _probe(python, tuple(sorted(switch.items())), tuple(sorted(path_vars.items()))), bool(switch)
+
+
+def cpu_w4a16_path(python: str, *, isolated: bool = True) -> CpuW4A16Path:
+    """What the vLLM at `python` will run W4A16 layers with (a subprocess, seconds; cached)."""
+    return decide(*_asked(python, isolated))
+
+
+def cpu_fp8_kv_cache(python: str, *, isolated: bool = True) -> bool:
+    """Whether vLLM's CPU build at `python` takes an fp8 KV cache here: its CPU attention needs AVX-512 or AMX."""
+    return _asked(python, isolated)[0].get("fp8_kv_cache") is not False  # unknown: vLLM will say at start
 
 
 def require_cpu_w4a16(python: str, *, isolated: bool = True) -> CpuW4A16Path:

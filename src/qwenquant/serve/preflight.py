@@ -37,7 +37,7 @@ from qwenquant.recipe import Recipe, ResolvedProfile
 from qwenquant.recipe.speculative import spec_tokens_fix, spec_tokens_problem
 from qwenquant.serve import argv as argvmod
 from qwenquant.serve.ballast import ballast_command
-from qwenquant.serve.cpupath import require_cpu_w4a16, switch_env
+from qwenquant.serve.cpupath import cpu_fp8_kv_cache, require_cpu_w4a16, switch_env
 from qwenquant.serve.discover import (
     Frontend,
     VllmInstall,
@@ -226,6 +226,8 @@ def prepare(req: ServeRequest) -> Prepared:
         cpu_path = checks.run(lambda: require_cpu_w4a16(install.python, isolated=install.isolated))
         if cpu_path:
             notes.append(cpu_path.line())
+    if cpu_env is not None and install and install.python and dev == "cpu":
+        profile = checks.run(_cpu_kv_cache, profile, install, extra, warnings) or profile
     checks.run(_check_spec_tokens, profile, install)
     checks.run(_check_context, artifact, profile)
     split = checks.run(decide_split, req, dev, extra) or Split.of(TENSOR, req.gpus, "")
@@ -313,6 +315,19 @@ def _check_install(install: VllmInstall, recipe: Recipe, config: dict[str, Any])
     problem = check_architecture(arch, supported_archs(install), install)
     if problem:
         raise ServeError(problem, hint="see docs/known-issues.md#text-only-vllm-version (CUDA vLLM 0.26 lacks Qwen3_5ForCausalLM)")
+
+
+def _cpu_kv_cache(profile: ResolvedProfile, install: VllmInstall, extra: Sequence[str],
+                  warnings: list[str]) -> ResolvedProfile:
+    """vLLM's CPU attention takes an fp8 KV cache only with AVX-512 or AMX: on another CPU the profile's fp8 cache
+    becomes the model's dtype (a warning says so); an fp8 cache asked for after `--` is refused before vLLM starts."""
+    if not profile.kv_cache_dtype.startswith("fp8") or cpu_fp8_kv_cache(install.python or "", isolated=install.isolated):
+        return profile
+    why = "vLLM's CPU build takes an fp8 KV cache only on a CPU with AVX-512 or AMX, and this one has neither"
+    if any(a.split("=")[0] == "--kv-cache-dtype" for a in extra):
+        raise ServeError(f"--kv-cache-dtype {profile.kv_cache_dtype}: {why}", hint="pass --kv-cache-dtype auto after --")
+    warnings.append(f"profile {profile.name}: kv-cache-dtype {profile.kv_cache_dtype} -> auto ({why})")
+    return profile.model_copy(update={"kv_cache_dtype": "auto"})
 
 
 def _int4_weights(config: dict[str, Any]) -> bool:

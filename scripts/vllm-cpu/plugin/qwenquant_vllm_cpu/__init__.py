@@ -48,7 +48,8 @@ def loaded_extension() -> str | None:
 
 @functools.cache
 def describe() -> dict[str, Any]:
-    """{"path": "kernel" | "dense", "why", "extension", "has_op", "mode", "cpu_avx512"} for this process."""
+    """{"path": "kernel" | "dense", "why", "extension", "has_op", "mode", "cpu_avx512", "cpu_amx", "fp8_kv_cache"}
+    for this process."""
     import torch
     from vllm import _custom_ops  # noqa: F401  (imports the CPU extension the platform picks)
 
@@ -56,6 +57,7 @@ def describe() -> dict[str, Any]:
     ext = loaded_extension() or "the vLLM extension"
     chosen = mode()
     avx512 = bool(torch.cpu._is_avx512_supported())
+    amx = bool(torch.cpu._is_amx_tile_supported())
     if chosen == "dense":
         path, why = "dense", f"forced by {ENV}=dense"
     elif not has_op:
@@ -63,7 +65,9 @@ def describe() -> dict[str, Any]:
         path, why = "dense", f"{ext} ({cpu}) registers no {OP} ({ISSUE})"
     else:
         path, why = "kernel", f"{ext} registers {OP}"
-    return {"path": path, "why": why, "extension": ext, "has_op": has_op, "mode": chosen, "cpu_avx512": avx512}
+    # vLLM's CPU attention takes an fp8 KV cache only with AVX-512 or AMX (v1/attention/backends/cpu_attn.py)
+    return {"path": path, "why": why, "extension": ext, "has_op": has_op, "mode": chosen, "cpu_avx512": avx512,
+            "cpu_amx": amx, "fp8_kv_cache": avx512 or amx}
 
 
 def _oriented(param: Any, data: Any, dim_attr: str, want: int) -> Any:
