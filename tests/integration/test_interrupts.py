@@ -1,4 +1,4 @@
-"""Ctrl-C (SIGINT to a real `qwenquant` process) in every command outside bench, eval and publish:
+"""Ctrl-C (SIGINT to a real `qwenquant` process) in every command (publish: tests/integration/test_publish_evidence.py):
 exit 130 and one line saying what the command did and what it did not, no traceback, nothing of the
 user's changed. The command is stopped at a known point: one file it reads is a named pipe, and the
 signal goes once the command has opened it (the test holds the writing end, so the read waits)."""
@@ -236,3 +236,34 @@ def test_ctrl_c_line_of_every_command_is_known() -> None:
     names = {c.name or c.callback.__name__ for c in app.registered_commands} | {g.name for g in app.registered_groups}
     own = {"quantize", "graft-mtp", "demo"}  # on_interrupt in the command
     assert names - {"bench", "eval", "publish"} == set(INTERRUPT_NOTES) | own
+
+
+def test_ctrl_c_in_bench_says_no_report_was_written(tmp_path: Path) -> None:
+    """bench run waits on its --config (a named pipe here) before it measures: no report, one line."""
+    fifo = _fifo(tmp_path / "bench.yaml")
+    out = tmp_path / "bench.json"
+    code, err = interrupt_reading(["bench", "run", "http://127.0.0.1:9", "--config", str(fifo), "--out", str(out)], fifo)
+    assert _one_line(code, err) == ("interrupted: qwenquant bench stopped before its report: nothing was written, the "
+                                    "figures measured so far are not kept, and a server that --serve started is "
+                                    "stopped with it")
+    assert not out.exists() and not out.with_suffix(".png").exists()
+
+
+def test_ctrl_c_in_eval_says_no_report_was_written(tmp_path: Path) -> None:
+    """eval served against a server that takes the connection and never answers (a listening socket nobody
+    accepts on): interrupted while it waits, no report, one line."""
+    import socket
+
+    report = tmp_path / "eval.json"
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(8)
+        url = f"http://127.0.0.1:{srv.getsockname()[1]}"
+        proc = subprocess.Popen([sys.executable, "-m", "qwenquant", "eval", "served", url, "--report", str(report)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO)
+        time.sleep(8)  # started, connected, waiting for an answer
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    assert _one_line(proc.returncode, err).startswith("interrupted: qwenquant eval stopped before its report")
+    assert not report.exists()

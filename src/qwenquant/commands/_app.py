@@ -95,11 +95,15 @@ app = typer.Typer(
 # A command that writes registers its own (`on_interrupt`); these are for the commands that only read
 # and for fetch, whose finished files stay verified on disk.
 _READ_ONLY = "interrupted: {command} stopped before it reported; it only reads, so nothing was written or changed"
+# bench and eval write their report once the measurement is whole; a server --serve started goes with them
+_MEASURING = ("interrupted: {command} stopped before its report: nothing was written, the figures measured so far "
+              "are not kept, and a server that --serve started is stopped with it")
 INTERRUPT_NOTES = {
     "verify": _READ_ONLY, "check": _READ_ONLY, "plan": _READ_ONLY, "recipe": _READ_ONLY, "doctor": _READ_ONLY,
     "fetch": ("interrupted: the files fetched and verified so far stay in the --out folder, the rest were not "
               "fetched; re-run the same command to fetch only the rest"),
     "serve": "interrupted before the server started: nothing was started or written",
+    "bench": _MEASURING, "eval": _MEASURING,
 }
 _interrupt: dict[str, object] = {}
 
