@@ -73,6 +73,9 @@ class LongStandin(StandinServer):
         self.usage_prompt_scale = 1.0
         self.short_by = 0
         self.max_num_seqs: int | None = None  # listed on /v1/models when set (vLLM does not list it)
+        self.run_limit: int | None = None  # streams run at once; the rest wait, counted as vLLM's gauges count them
+        self.queue = {"running": 0, "waiting": 0}
+        self._slots: threading.Semaphore | None = None
         self.mtp = True
 
     def prompt_tokens(self, body: dict[str, Any]) -> int:
@@ -81,6 +84,9 @@ class LongStandin(StandinServer):
 
     def metrics_text(self) -> str:
         page = super().metrics_text() + f"process_start_time_seconds {self.start_time}\n"
+        if self.run_limit is not None:
+            page += (f'vllm:num_requests_running{{engine="0"}} {self.queue["running"]}\n'
+                     f'vllm:num_requests_waiting{{engine="0"}} {self.queue["waiting"]}\n')
         if self.prefix_cache != "absent":
             page += (f'vllm:prefix_cache_queries_total{{engine="0"}} {self.cache["queries"]}\n'
                      f'vllm:prefix_cache_hits_total{{engine="0"}} {self.cache["hits"]}\n')
@@ -157,7 +163,21 @@ class _LongHandler(_Handler):
         fault = self.s.take_fault(n)
         if fault and self._fail():
             return
-        self._spec_stream(body, n, 0 if fault else out)
+        if self.s.run_limit is None:
+            self._spec_stream(body, n, 0 if fault else out)
+            return
+        with self.s.lock:
+            self.s._slots = self.s._slots or threading.Semaphore(self.s.run_limit)
+            self.s.queue["waiting"] += 1
+        with self.s._slots:
+            with self.s.lock:
+                self.s.queue["waiting"] -= 1
+                self.s.queue["running"] += 1
+            try:
+                self._spec_stream(body, n, 0 if fault else out)
+            finally:
+                with self.s.lock:
+                    self.s.queue["running"] -= 1
 
     def _fail(self) -> bool:
         """The fault at depth; False when the stream goes on (mode `empty`)."""

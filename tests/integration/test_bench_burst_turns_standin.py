@@ -50,6 +50,25 @@ def test_burst_sends_fresh_prompts_of_each_depth_at_once(tmp_path: Path) -> None
     assert "burst ladder (3 fresh prompts at once per rung)" in r.stdout
 
 
+def test_a_burst_wider_than_the_server_runs_is_flagged_as_a_queue(tmp_path: Path) -> None:
+    """A server that runs one stream at a time and lists no max_num_seqs (as vLLM's /v1/models): the
+    requests it holds back show on its queue gauges, and the rung is flagged "queued", never reported as a
+    burst of 3 without a word; a server with room for all three gives no flag."""
+    flags, said = {}, {}
+    for limit in (1, 3):
+        with LongStandin() as s:
+            s.run_limit, s.step = limit, 0.02
+            r, out = _bench(tmp_path, "depth", s.url, "--concurrency", "3", "--depths", "1024", "--max-tokens", "32")
+        assert r.returncode == 0, r.stderr
+        rep = json.loads(out.read_text())
+        flags[limit] = [f for f in rep["flags"] if f.get("check") == "queued"]
+        said[limit] = flat(r.stdout + r.stderr)
+        assert rep["rungs"][0]["server_queue"]["max_running"] <= limit
+    assert flags[3] == [] and "flag queued" not in said[3]
+    assert len(flags[1]) == 1 and flags[1][0]["value"] >= 1, flags
+    assert "flag queued: depth 1024: up to" in said[1] and "the rung measured a queue, not a burst of 3" in said[1]
+
+
 def test_a_burst_fails_when_any_of_its_requests_fails(tmp_path: Path) -> None:
     with LongStandin() as s:
         s.max_model_len, s.fail_depth, s.fail_count = 4096, 1500, 1

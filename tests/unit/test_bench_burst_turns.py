@@ -83,3 +83,14 @@ def test_cache_verdict_reads_hits_after_the_first_turn() -> None:
 def test_turn_arithmetic() -> None:
     assert new_tokens(5000, 2900) == 2100 and new_tokens(2000, None) == 2000 and new_tokens(None, 10) is None
     assert fits(32704, 64, 32768) and not fits(32705, 64, 32768)
+
+
+def test_a_burst_with_waiting_requests_is_flagged_queued() -> None:
+    from qwenquant.bench.burst import queued_checks
+
+    assert queued_checks(None, 4, "depth 1024") == []  # no gauges: nothing to hold the burst against
+    assert queued_checks({"max_running": 4, "max_waiting": 0, "pages": 9}, 4, "depth 1024") == []
+    (f,) = queued_checks({"max_running": 1, "max_waiting": 3, "pages": 9}, 4, "depth 1024")
+    assert f["check"] == "queued" and f["value"] == 3
+    assert f["note"] == ("depth 1024: up to 3 of the 4 requests waited in the server's queue (it ran at most 1 at "
+                         "once): the rung measured a queue, not a burst of 4")

@@ -56,3 +56,14 @@ def test_samples_and_counter_names() -> None:
     got = list(samples('a_total{x="1",y="q\\"}"} 2.5\n# comment\nb 3 1700000\ngarbage line\nc{bad} 1\n'))
     assert got == [("a_total", {"x": "1", "y": 'q"}'}, 2.5), ("b", {}, 3.0)]
     assert (counter_base("x_total"), counter_base("x"), counter_base("x_created")) == ("x", "x", None)
+
+
+def test_queue_gauges_sum_engines_and_say_when_absent() -> None:
+    from qwenquant.net.prometheus import queue_gauges
+
+    page = ('vllm:num_requests_running{engine="0",model_name="m"} 2.0\n'
+            'vllm:num_requests_running{engine="1",model_name="m"} 1.0\n'
+            'vllm:num_requests_waiting{engine="0",model_name="m"} 3.0\n')
+    assert queue_gauges(page) == (3.0, 3.0)
+    assert queue_gauges('vllm:num_requests_running{engine="0"} 1\n') == (1.0, 0.0)
+    assert queue_gauges("process_start_time_seconds 1.7e9\n") is None

@@ -7,6 +7,10 @@ prefills N x depth new tokens at once, the worst step a profile's max_num_seqs a
 aggregate prefill rate (all prompt tokens / from the first request sent to the last first token),
 each request's TTFT (min / median / max), decode rates, MTP acceptance and the GPU peak. A rung fails
 when any of its requests fails (the failure kinds of depth.py); the report says how many of N.
+
+A burst wider than what the server runs at once measures a queue: /metrics is read while the rung runs,
+and a request vLLM counts as waiting (`vllm:num_requests_waiting`) flags the rung ("queued"), whatever the
+server lists as its max_num_seqs (vLLM's /v1/models does not say).
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ from qwenquant.bench.runner import Target
 from qwenquant.bench.stream import Sample
 from qwenquant.bench.watch import ServerWatch
 from qwenquant.errors import UsageError
+from qwenquant.net.prometheus import queue_gauges
+
+QUEUE_POLL_S = 0.1
 
 
 def check_concurrency(concurrency: int, max_num_seqs: int | None, option: str = "--concurrency") -> None:
@@ -78,11 +85,13 @@ def run_burst_rung(t: Target, watch: ServerWatch, fitter: rung.PromptFitter, dep
     rec: dict[str, Any] = {"depth": depth, "concurrency": n, "tokenize_count": [c for _, c in fitted]}
     before = metrics.scrape(t.url, t.api_key)
     gate = threading.Barrier(n)
-    with MemoryPeak() as mem, ThreadPoolExecutor(n) as pool:
+    with MemoryPeak() as mem, QueueWatch(t) as queue, ThreadPoolExecutor(n) as pool:
         t0 = time.monotonic()
         results = list(pool.map(lambda m: _one(t, m[0], opts, gate), fitted))
         rec["seconds"] = time.monotonic() - t0
     rec["gpu_memory"] = mem.result
+    rec["server_queue"] = queue.result
+    rec["checks"] = queued_checks(queue.result, n, f"depth {depth}")
     after = metrics.scrape(t.url, t.api_key)
     samples = [s for s, _ in results if s is not None]
     rec["requests"] = [{**(rung.request_record(s, f"depth {depth}") if s else {}), "failure": why}
@@ -104,3 +113,47 @@ def _burst_figures(samples: list[Sample]) -> dict[str, Any]:
             "wall_tok_s": wall["median"] if wall else None,
             "prompt_tokens": min((s.prompt_tokens for s in samples), default=None),
             "completion_tokens": min((s.completion_tokens for s in samples), default=None)}
+
+
+class QueueWatch:
+    """Reads the server's running and waiting requests from /metrics while a burst runs (a thread)."""
+
+    def __init__(self, t: Target) -> None:
+        self.t, self.stop = t, threading.Event()
+        self.seen: list[tuple[float, float]] = []
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self.stop.is_set():
+            page = metrics.scrape(self.t.url, self.t.api_key, timeout=5.0)
+            got = queue_gauges(page) if page else None
+            if got is None:
+                return  # no /metrics, or not vLLM's gauges: the result says so
+            self.seen.append(got)
+            self.stop.wait(QUEUE_POLL_S)
+
+    def __enter__(self) -> QueueWatch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+
+    @property
+    def result(self) -> dict[str, Any] | None:
+        """{"max_running", "max_waiting", "pages"}, or None when the server exports no queue gauges."""
+        if not self.seen:
+            return None
+        return {"max_running": max(r for r, _ in self.seen), "max_waiting": max(w for _, w in self.seen),
+                "pages": len(self.seen)}
+
+
+def queued_checks(queue: dict[str, Any] | None, n: int, where: str) -> list[dict[str, Any]]:
+    """A "queued" flag when the server held any of the burst's requests back (pure)."""
+    if not queue or not queue["max_waiting"]:
+        return []
+    w, r = int(queue["max_waiting"]), int(queue["max_running"])
+    return [{"kind": "cross-check", "check": "queued", "where": where, "figure": "waiting requests", "value": w,
+             "line": 0, "note": f"{where}: up to {w} of the {n} requests waited in the server's queue (it ran at most "
+                                f"{r} at once): the rung measured a queue, not a burst of {n}"}]

@@ -45,6 +45,8 @@ def depth_flags(report: dict[str, Any], cfg: Any) -> list[dict[str, Any]]:
                 flags.append({"kind": "too-good", "where": f"depth {r['depth']}", "figure": fig, "value": v,
                               "line": line, "note": "flagged for audit, not reported"})
         checks = [f for q in r.get("requests") or [r] for f in q.get("checks") or []]
+        if r.get("requests"):  # a burst's own checks (its queue), beside its requests'
+            checks += r.get("checks") or []
         flags.extend(merge_checks(checks))
         disagree = count_disagreement(r)
         if disagree:

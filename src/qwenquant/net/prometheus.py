@@ -136,3 +136,16 @@ def prefix_cache_counters(text: str) -> dict[str, float] | None:
             key = base.split("_")[-1]
             sums[key] = sums.get(key, 0.0) + value
     return {"queries": sums.get("queries", 0.0), "hits": sums.get("hits", 0.0)} if sums else None
+
+
+QUEUE = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+def queue_gauges(text: str) -> tuple[float, float] | None:
+    """(running, waiting) requests of one vLLM scrape, summed over engines and models; None when the page
+    has neither gauge."""
+    sums: dict[str, float] = {}
+    for name, _labels, value in samples(text):
+        if name in QUEUE and not math.isnan(value):
+            sums[name] = sums.get(name, 0.0) + value
+    return (sums.get(QUEUE[0], 0.0), sums.get(QUEUE[1], 0.0)) if sums else None
