@@ -102,6 +102,9 @@ def test_burst_of_two_fresh_prompts(server, tmp_path: Path) -> None:
         assert 1024 * 0.999 <= q["prompt_tokens"] <= 1024 and q["completion_tokens"] == 16 and q["failure"] is None
     assert 0 < rung["ttft"]["min"] <= rung["ttft"]["max"] and rung["prefill_tok_s"] > 0
     assert "burst ladder (2 fresh prompts at once per rung)" in r.stdout
+    # vLLM's own queue gauges, read during the burst: both requests ran at once, so no "queued" flag
+    assert rung["server_queue"] and rung["server_queue"]["max_running"] == MAX_SEQS, rung["server_queue"]
+    assert not [f for f in rep["flags"] if f.get("check") == "queued"], rep["flags"]
 
 
 def test_conversation_of_three_turns(server, tmp_path: Path) -> None:

@@ -90,6 +90,8 @@ def test_a_burst_with_waiting_requests_is_flagged_queued() -> None:
 
     assert queued_checks(None, 4, "depth 1024") == []  # no gauges: nothing to hold the burst against
     assert queued_checks({"max_running": 4, "max_waiting": 0, "pages": 9}, 4, "depth 1024") == []
+    # waiting for the step's token budget, then all four ran at once: no queue
+    assert queued_checks({"max_running": 4, "max_waiting": 3, "pages": 9}, 4, "depth 1024") == []
     (f,) = queued_checks({"max_running": 1, "max_waiting": 3, "pages": 9}, 4, "depth 1024")
     assert f["check"] == "queued" and f["value"] == 3
     assert f["note"] == ("depth 1024: up to 3 of the 4 requests waited in the server's queue (it ran at most 1 at "

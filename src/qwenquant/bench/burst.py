@@ -9,8 +9,9 @@ each request's TTFT (min / median / max), decode rates, MTP acceptance and the G
 when any of its requests fails (the failure kinds of depth.py); the report says how many of N.
 
 A burst wider than what the server runs at once measures a queue: /metrics is read while the rung runs,
-and a request vLLM counts as waiting (`vllm:num_requests_waiting`) flags the rung ("queued"), whatever the
-server lists as its max_num_seqs (vLLM's /v1/models does not say).
+and a rung whose requests waited (`vllm:num_requests_waiting`) while the server never ran all of them at
+once (`vllm:num_requests_running`) is flagged "queued", whatever the server lists as its max_num_seqs
+(vLLM's /v1/models does not say).
 """
 
 from __future__ import annotations
@@ -150,8 +151,10 @@ class QueueWatch:
 
 
 def queued_checks(queue: dict[str, Any] | None, n: int, where: str) -> list[dict[str, Any]]:
-    """A "queued" flag when the server held any of the burst's requests back (pure)."""
-    if not queue or not queue["max_waiting"]:
+    """A "queued" flag when the server held some of the burst's requests back and never ran all n at once
+    (pure). Waiting alone is no queue: vLLM also counts a request as waiting until the step's token budget
+    (max_num_batched_tokens) lets its prefill start, with every request admitted soon after."""
+    if not queue or not queue["max_waiting"] or queue["max_running"] >= n:
         return []
     w, r = int(queue["max_waiting"]), int(queue["max_running"])
     return [{"kind": "cross-check", "check": "queued", "where": where, "figure": "waiting requests", "value": w,
