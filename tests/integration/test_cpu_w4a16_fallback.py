@@ -189,7 +189,10 @@ def test_an_fp8_kv_cache_follows_the_cpu(served) -> None:
     """vLLM's CPU attention takes an fp8 KV cache only with AVX-512 or AMX: the batch profile's fp8 cache becomes
     `auto` with a warning on another CPU, and an fp8 cache asked for after `--` is refused before vLLM starts."""
     case, art, _, _, _, env, launcher = served
-    base = ["serve", str(art), "--profile", "batch", "--vllm", str(launcher), "--dry-run", "--", "--max-model-len", "2048"]
+    from qwenquant.net.ports import free_port
+
+    base = ["serve", str(art), "--profile", "batch", "--vllm", str(launcher), "--port", str(free_port()), "--dry-run",
+            "--", "--max-model-len", "2048"]
     r = subprocess.run([sys.executable, "-m", "qwenquant", *base], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     warned = "kv-cache-dtype fp8 -> auto (vLLM's CPU build takes an fp8 KV cache only on a CPU with AVX-512 or AMX"
