@@ -85,9 +85,9 @@ def _with_cpu_path(info: dict, python: object, isolated: bool) -> dict:
                                       "line": f"vLLM CPU W4A16 path: cannot tell ({e.message}; {e.hint})"}}
 
 
-def vllm_line() -> str:
-    """`vllm X (device[, torch T]) from PATH`, or `vllm: PROBLEM` (doctor's last line)."""
-    v = vllm_info()
+def vllm_line(v: dict | None = None) -> str:
+    """`vllm X (device[, torch T]) from PATH`, or `vllm: PROBLEM`, of `vllm_info()` (or `v`, already read)."""
+    v = vllm_info() if v is None else v
     if "problem" in v:
         return f"vllm: {v['problem']}"
     if v["source"] == "launcher record":
@@ -109,8 +109,9 @@ def version_lines(verbose: bool) -> list[str]:
         return lines
     lines.append(f"python {platform.python_version()} ({os.sys.executable})")
     lines += [f"{name} {dist_version(name)}" for name in STACK]
-    lines.append(vllm_line())
-    cpu = vllm_info().get("cpu_w4a16")
+    info = vllm_info()  # once: it may ask the vLLM python (seconds)
+    lines.append(vllm_line(info))
+    cpu = info.get("cpu_w4a16")
     if cpu:
         lines.append(cpu["line"])
     return lines
