@@ -102,8 +102,13 @@ def test_burst_of_two_fresh_prompts(server, tmp_path: Path) -> None:
         assert 1024 * 0.999 <= q["prompt_tokens"] <= 1024 and q["completion_tokens"] == 16 and q["failure"] is None
     assert 0 < rung["ttft"]["min"] <= rung["ttft"]["max"] and rung["prefill_tok_s"] > 0
     assert "burst ladder (2 fresh prompts at once per rung)" in r.stdout
-    # vLLM's own queue gauges, read during the burst: both requests ran at once, so no "queued" flag
-    assert rung["server_queue"] and rung["server_queue"]["max_running"] == MAX_SEQS, rung["server_queue"]
+    # vLLM's own queue gauges, read during the burst: the server never ran more than its max-num-seqs, and held
+    # nothing back, so no "queued" flag. The pages are samples (a busy 2-core server answers /metrics slowly):
+    # whether one caught both requests running is not asserted; the client's own clock shows both streams
+    # decoding side by side
+    q = rung["server_queue"]
+    assert q and q["pages"] >= 1 and 0 <= q["max_running"] <= MAX_SEQS, q
+    assert rung["decoding_at_once"] == MAX_SEQS, rung
     assert not [f for f in rep["flags"] if f.get("check") == "queued"], rep["flags"]
 
 

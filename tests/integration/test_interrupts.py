@@ -6,6 +6,7 @@ signal goes once the command has opened it (the test holds the writing end, so t
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -178,19 +179,25 @@ def test_ctrl_c_in_fetch_says_what_is_kept(served, tmp_path: Path) -> None:
     out = tmp_path / "fetched"
     proc = subprocess.Popen([sys.executable, "-m", "qwenquant", "fetch", served.repo_id, "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO)
+    # the shard streams into .qwenquant-staging under its content's sha256 (it takes ~70 s at that rate), and
+    # is renamed to its own name only once verified: the signal goes while that partial is growing
+    key = hashlib.sha256((served.source / "model-00002-of-00002.safetensors").read_bytes()).hexdigest()
     deadline = time.monotonic() + 120
-    while not [p for p in out.rglob("*model-00002*") if p.is_file() and p.stat().st_size > 0]:
+    while not [p for p in out.rglob(f"{key}.*.part") if p.is_file() and p.stat().st_size > 0]:
         assert proc.poll() is None and time.monotonic() < deadline, "the slow shard did not start"
         time.sleep(0.05)
+    assert not (out / "model-00002-of-00002.safetensors").exists()
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     line = _one_line(proc.returncode, err)
     assert line == ("interrupted: the files fetched and verified so far stay in the --out folder, the rest were not "
                     "fetched; re-run the same command to fetch only the rest")
+    assert not (out / "model-00002-of-00002.safetensors").exists(), "the interrupted shard was renamed into place"
     served.hub.faults.clear()
     again = subprocess.run([sys.executable, "-m", "qwenquant", "fetch", served.repo_id, "--out", str(out)],
                            capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming model-00002-of-00002.safetensors at byte" in again.stderr, again.stderr[-3000:]
 
 
 def test_ctrl_c_in_serve_before_the_server_starts(big_art: Path) -> None:

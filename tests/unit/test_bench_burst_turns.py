@@ -92,7 +92,23 @@ def test_a_burst_with_waiting_requests_is_flagged_queued() -> None:
     assert queued_checks({"max_running": 4, "max_waiting": 0, "pages": 9}, 4, "depth 1024") == []
     # waiting for the step's token budget, then all four ran at once: no queue
     assert queued_checks({"max_running": 4, "max_waiting": 3, "pages": 9}, 4, "depth 1024") == []
-    (f,) = queued_checks({"max_running": 1, "max_waiting": 3, "pages": 9}, 4, "depth 1024")
+    # the pages missed the moment all four ran, but the client saw four streams decoding side by side
+    assert queued_checks({"max_running": 1, "max_waiting": 3, "pages": 2}, 4, "depth 1024", 4) == []
+    (f,) = queued_checks({"max_running": 1, "max_waiting": 3, "pages": 9}, 4, "depth 1024", 1)
     assert f["check"] == "queued" and f["value"] == 3
     assert f["note"] == ("depth 1024: up to 3 of the 4 requests waited in the server's queue (it ran at most 1 at "
                          "once): the rung measured a queue, not a burst of 4")
+
+
+def test_streams_decoding_at_once_are_counted_from_the_client_clock() -> None:
+    from qwenquant.bench.burst import decoding_at_once
+    from qwenquant.bench.stream import Sample
+
+    def s(first: float | None, end: float) -> Sample:
+        return Sample(t_sent=0.0, t_first=first, t_end=end, prompt_tokens=1, completion_tokens=1, max_tokens=1,
+                      first_field="content")
+
+    assert decoding_at_once([]) == 0
+    assert decoding_at_once([s(1, 2), s(2, 3), s(3, 4)]) == 1  # one after another: an end and a start at one instant
+    assert decoding_at_once([s(1, 3), s(2, 4), s(2.5, 5)]) == 3
+    assert decoding_at_once([s(1, 3), s(None, 4), s(3.5, 5)]) == 1  # a stream without a first token never decoded

@@ -10,7 +10,7 @@ when any of its requests fails (the failure kinds of depth.py); the report says 
 
 A burst wider than what the server runs at once measures a queue: /metrics is read while the rung runs,
 and a rung whose requests waited (`vllm:num_requests_waiting`) while the server never ran all of them at
-once (`vllm:num_requests_running`) is flagged "queued", whatever the server lists as its max_num_seqs
+once (`vllm:num_requests_running`, and the client's own count of streams decoding side by side) is flagged "queued", whatever the server lists as its max_num_seqs
 (vLLM's /v1/models does not say).
 """
 
@@ -92,9 +92,10 @@ def run_burst_rung(t: Target, watch: ServerWatch, fitter: rung.PromptFitter, dep
         rec["seconds"] = time.monotonic() - t0
     rec["gpu_memory"] = mem.result
     rec["server_queue"] = queue.result
-    rec["checks"] = queued_checks(queue.result, n, f"depth {depth}")
-    after = metrics.scrape(t.url, t.api_key)
     samples = [s for s, _ in results if s is not None]
+    rec["decoding_at_once"] = decoding_at_once(samples)
+    rec["checks"] = queued_checks(queue.result, n, f"depth {depth}", rec["decoding_at_once"])
+    after = metrics.scrape(t.url, t.api_key)
     rec["requests"] = [{**(rung.request_record(s, f"depth {depth}") if s else {}), "failure": why}
                        for j, (s, why) in enumerate(results)]
     rec.update(_burst_figures(samples))
@@ -150,13 +151,28 @@ class QueueWatch:
                 "pages": len(self.seen)}
 
 
-def queued_checks(queue: dict[str, Any] | None, n: int, where: str) -> list[dict[str, Any]]:
+def decoding_at_once(samples: list[Sample]) -> int:
+    """The client's own count: the most streams that were between their first token and their end at one
+    instant (pure). A server that queues a burst answers one request after another; one that runs them all
+    decodes them side by side."""
+    edges = sorted([(s.t_first, 1) for s in samples if s.t_first is not None] +
+                   [(s.t_end, -1) for s in samples if s.t_first is not None], key=lambda e: (e[0], e[1]))
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def queued_checks(queue: dict[str, Any] | None, n: int, where: str, at_once: int = 0) -> list[dict[str, Any]]:
     """A "queued" flag when the server held some of the burst's requests back and never ran all n at once
-    (pure). Waiting alone is no queue: vLLM also counts a request as waiting until the step's token budget
-    (max_num_batched_tokens) lets its prefill start, with every request admitted soon after."""
-    if not queue or not queue["max_waiting"] or queue["max_running"] >= n:
+    (pure): its gauges are samples, so "never at once" takes both counts, the most running on a /metrics page
+    and the most streams the client saw decoding side by side (`at_once`). Waiting alone is no queue: vLLM
+    also counts a request as waiting until the step's token budget (max_num_batched_tokens) lets its prefill
+    start, with every request admitted soon after."""
+    if not queue or not queue["max_waiting"] or max(queue["max_running"], at_once) >= n:
         return []
-    w, r = int(queue["max_waiting"]), int(queue["max_running"])
+    w, r = int(queue["max_waiting"]), int(max(queue["max_running"], at_once))
     return [{"kind": "cross-check", "check": "queued", "where": where, "figure": "waiting requests", "value": w,
              "line": 0, "note": f"{where}: up to {w} of the {n} requests waited in the server's queue (it ran at most "
                                 f"{r} at once): the rung measured a queue, not a burst of {n}"}]
