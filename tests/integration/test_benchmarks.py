@@ -7,7 +7,8 @@ Covered elsewhere: artifact_compare.py (test_distributed_gptq.py, test_hessian_p
 too, through quantize_bench.py --gpus 2), deepen_artifact.py (test_deepen_artifact.py), phase_model.py
 (tests/unit/test_phase_model.py; here too, through quantize_arms.py report). Scripts that measure
 what only CUDA has are tested on their pure parts from small inputs: gdn_transient.py
-(tests/unit/test_gdn_transient.py: the CUDA allocator's peaks, no CPU figure), serve_cuda_bench.py
+(tests/unit/test_gdn_transient.py: the CUDA allocator's peaks, no CPU figure), activations_bench.py
+(tests/unit/test_activations_bench.py: Marlin's int8 activations exist on CUDA only), serve_cuda_bench.py
 (tests/unit/test_serve_cuda_bench.py: a CUDA vLLM's log), mtp_served_compare.py
 (tests/unit/test_mtp_served_compare.py: the verdict from two served-eval reports; its CPU mode serves
 four vLLM arms, minutes), eval_bench.py's 64-layer projection (tests/unit/test_eval_bench.py).

@@ -1,0 +1,214 @@
+"""int8 against bf16 activations, one server at a time: what `qwenquant serve --activations int8` buys.
+
+For each setting (bf16, then int8): `qwenquant serve ARTIFACT --profile P --gpu-mem 24GiB --activations S`
+until `ready`, then against its URL:
+  decode   `qwenquant bench run URL --prompts narrative --sampling greedy --thinking off --max-tokens 128
+            --repeats 2 --max-concurrency 16`: the concurrency ladder 1, 2, 4, 8, 16
+  prefill  `qwenquant bench depth URL --depths 2048 --max-tokens 16`: one fresh 2,048-token prompt
+  burst    `qwenquant bench depth URL --depths 2048 --concurrency 16 --max-tokens 16`: 16 at once
+and the server is stopped (Ctrl-C, exit 130 expected) before the next setting starts. vLLM's log says
+which linear kernel it chose ("Using MarlinLinearKernel for CompressedTensorsWNA16"): int8 activations
+exist only in Marlin, so a setting that ran on another kernel measured nothing of them, and the table
+says so. On SM 9.x vLLM prefers Machete, which ignores the setting: `--force-marlin` (the default)
+sets VLLM_DISABLED_KERNELS=MacheteLinearKernel for both settings, so Hopper runs the kernel a GeForce
+Ampere card runs. Each bench report keeps its own cross-check flags; their count is in the table.
+
+  python benchmarks/activations_bench.py ARTIFACT --vllm .venv-vllm/qwenquant-vllm.json [--profile batch]
+      [--gpu-mem 24GiB] [--settings bf16,int8] [--no-force-marlin] [--out benchmarks/results/activations.json]
+      [-- vLLM flags]
+
+Expected (written before the run; an H200 with Marlin forced, the 64-layer real-shaped artifact, the
+batch profile, hard 24 GiB): burst of 16 x 2,048 total prefill +10% to +30% with int8 (about +19% was
+seen once), its TTFT median down by as much; one 2,048-token prompt +0% to +25%; decode at 16 streams
+-5% to +5%; decode at one stream -10% to +3%. Too good to believe: any prefill gain above +60% (int8
+doubles the tensor-core peak, but the GDN layers and attention do not take it) or any decode gain
+above +15% (decode reads weights, which int8 activations do not shrink).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+KERNEL = re.compile(r"Using (\w+) for (CompressedTensorsW\w+)")
+FIGURES = (  # (key, label, higher is better)
+    ("decode_c1_tok_s", "decode, 1 stream (tok/s)", True),
+    ("decode_c16_tok_s", "decode, 16 streams, total (tok/s)", True),
+    ("prefill_1x2048_tok_s", "prefill, 1 x 2,048 (tok/s)", True),
+    ("burst_prefill_tok_s", "burst 16 x 2,048, prefill total (tok/s)", True),
+    ("burst_ttft_median_s", "burst 16 x 2,048, TTFT median (s)", False),
+    ("burst_ttft_max_s", "burst 16 x 2,048, TTFT max (s)", False),
+)
+TOO_GOOD = {"prefill": 0.60, "decode": 0.15}  # int8/bf16 - 1 above these is not believed without a reason
+
+
+def kernels(log: str) -> dict[str, str]:
+    """The linear kernel vLLM chose per compressed-tensors scheme, from its log (the last line of each)."""
+    return {m.group(2): m.group(1) for m in KERNEL.finditer(log)}
+
+
+def ladder_figure(run_report: dict[str, Any], concurrency: int, key: str) -> float | None:
+    """A `bench run` ladder rung's median figure (aggregate_tok_s or per_stream_decode_tok_s)."""
+    for target in run_report.get("targets", []):
+        for rung in target.get("ladder", []):
+            if rung.get("concurrency") == concurrency and isinstance(rung.get(key), dict):
+                return rung[key].get("median")
+    return None
+
+
+def depth_rung(depth_report: dict[str, Any]) -> dict[str, Any]:
+    """The first rung of a `bench depth` report ({} when it has none)."""
+    rungs = depth_report.get("rungs") or []
+    return rungs[0] if rungs else {}
+
+
+def figures(run: dict[str, Any] | None, single: dict[str, Any] | None, burst: dict[str, Any] | None) -> dict[str, Any]:
+    """The table's figures of one setting from its three bench reports (a missing report: None figures)."""
+    one, many = depth_rung(single or {}), depth_rung(burst or {})
+    ttft = many.get("ttft") or {}
+    return {"decode_c1_tok_s": ladder_figure(run or {}, 1, "per_stream_decode_tok_s"),
+            "decode_c16_tok_s": ladder_figure(run or {}, 16, "aggregate_tok_s"),
+            "prefill_1x2048_tok_s": one.get("prefill_tok_s"),
+            "burst_prefill_tok_s": many.get("prefill_tok_s"),
+            "burst_ttft_median_s": ttft.get("median"), "burst_ttft_max_s": ttft.get("max"),
+            "flags": sum(len(r.get("flags") or []) for r in (run, single, burst) if r)}
+
+
+def compare(base: dict[str, Any], other: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows (figure, bf16, int8, change): change is int8/bf16 - 1 for rates, bf16/int8 - 1 for times (so
+    a positive change is always a gain); a gain beyond TOO_GOOD is flagged "too good"."""
+    rows = []
+    for key, label, higher in FIGURES:
+        a, b = base.get(key), other.get(key)
+        change = None
+        if a and b:
+            change = (b / a - 1) if higher else (a / b - 1)
+        limit = TOO_GOOD["decode" if key.startswith("decode") else "prefill"]
+        rows.append({"figure": key, "label": label, "bf16": a, "int8": b, "change": change,
+                     "too_good": change is not None and change > limit})
+    return rows
+
+
+def table(rows: list[dict[str, Any]], settings: dict[str, dict[str, Any]]) -> str:
+    def fmt(x: float | None) -> str:
+        return "-" if x is None else (f"{x:,.0f}" if abs(x) >= 100 else f"{x:.2f}")
+
+    lines = [f"{'figure':<42}{'bf16':>12}{'int8':>12}{'gain':>9}"]
+    for r in rows:
+        gain = "-" if r["change"] is None else f"{r['change']:+.1%}"
+        lines.append(f"{r['label']:<42}{fmt(r['bf16']):>12}{fmt(r['int8']):>12}{gain:>9}"
+                     f"{'  TOO GOOD: check before quoting' if r['too_good'] else ''}")
+    for name, s in settings.items():
+        lines.append(f"{name}: kernel {s.get('kernels') or 'not in the log'}, bench flags {s['figures']['flags']}"
+                     + (f", error: {s['error']}" if s.get("error") else ""))
+    return "\n".join(lines)
+
+
+def not_marlin(setting: dict[str, Any]) -> list[str]:
+    """Schemes that ran on another kernel than Marlin (int8 activations exist only there)."""
+    return [f"{scheme}: {k}" for scheme, k in (setting.get("kernels") or {}).items() if k != "MarlinLinearKernel"]
+
+
+def _qwenquant(*argv: str, env: dict[str, str] | None = None, timeout: float = 3600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "qwenquant", *argv], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def bench(url: str, mode: str, out: Path, *args: str) -> dict[str, Any] | None:
+    """One `qwenquant bench MODE URL ...` to `out`; its report (None when it wrote none)."""
+    r = _qwenquant("bench", mode, url, "--out", str(out), *args)
+    print(f"  bench {mode} {' '.join(args)}: exit {r.returncode}", file=sys.stderr)
+    if r.returncode not in (0, 8):
+        print(r.stderr[-2000:], file=sys.stderr)
+    return json.loads(out.read_text()) if out.exists() else None
+
+
+def run_setting(args: argparse.Namespace, setting: str, stem: Path) -> dict[str, Any]:
+    """Serve one setting to ready, run the three benches, stop the server."""
+    log = stem.with_suffix(".vllm.log")
+    cmd = [sys.executable, "-m", "qwenquant", "serve", str(args.artifact), "--profile", args.profile,
+           "--gpu-mem", args.gpu_mem, "--activations", setting, "--log-file", str(log), "--timeout", str(args.timeout)]
+    if args.vllm:
+        cmd += ["--vllm", args.vllm]
+    if args.extra:
+        cmd += ["--", *args.extra]
+    env = dict(os.environ)
+    if args.force_marlin:
+        env["VLLM_DISABLED_KERNELS"] = "MacheteLinearKernel"
+    out: dict[str, Any] = {"setting": setting, "command": cmd, "log": str(log)}
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    reports: dict[str, dict[str, Any] | None] = {"run": None, "single": None, "burst": None}
+    try:
+        line = (p.stdout.readline() if p.stdout else "").strip()
+        if not line.startswith("ready "):
+            out["error"] = f"serve exited with {p.wait()} before ready (see {log})"
+        else:
+            out["ready_s"] = time.monotonic() - t0
+            url = line.split()[1]
+            print(f"{setting}: ready after {out['ready_s']:.0f} s at {url}", file=sys.stderr)
+            reports["run"] = bench(url, "run", stem.with_suffix(".run.json"), "--prompts", "narrative", "--sampling",
+                                   "greedy", "--thinking", "off", "--max-tokens", "128", "--repeats", "2",
+                                   "--max-concurrency", str(args.streams))
+            reports["single"] = bench(url, "depth", stem.with_suffix(".prefill.json"), "--depths", str(args.depth),
+                                      "--max-tokens", "16")
+            reports["burst"] = bench(url, "depth", stem.with_suffix(".burst.json"), "--depths", str(args.depth),
+                                     "--concurrency", str(args.streams), "--max-tokens", "16")
+    finally:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+            out["serve_exit"] = p.wait(timeout=180)
+    out["kernels"] = kernels(log.read_text(errors="replace")) if log.exists() else {}
+    out["figures"] = figures(reports["run"], reports["single"], reports["burst"])
+    out["reports"] = {k: str(stem.with_suffix(f".{k if k != 'single' else 'prefill'}.json")) for k in reports}
+    return out
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("artifact", type=Path)
+    ap.add_argument("--vllm", help="qwenquant-vllm.json, a python or a vllm executable (default: serve's search)")
+    ap.add_argument("--profile", default="batch")
+    ap.add_argument("--gpu-mem", default="24GiB")
+    ap.add_argument("--settings", default="bf16,int8")
+    ap.add_argument("--streams", type=int, default=16)
+    ap.add_argument("--depth", type=int, default=2048)
+    ap.add_argument("--force-marlin", action=argparse.BooleanOptionalAction, default=True,
+                    help="VLLM_DISABLED_KERNELS=MacheteLinearKernel for every setting (default: on)")
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/activations_bench.json"))
+    extra: list[str] = []
+    if "--" in argv:
+        argv, extra = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    args = ap.parse_args(argv)
+    args.extra = extra
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    print("Expected" + __doc__.split("Expected", 1)[1].rstrip(), file=sys.stderr)
+    report: dict[str, Any] = {"artifact": str(args.artifact.resolve()), "profile": args.profile,
+                              "gpu_mem": args.gpu_mem, "force_marlin": args.force_marlin, "extra": extra,
+                              "date": time.strftime("%Y-%m-%d"), "settings": {}}
+    for setting in args.settings.split(","):
+        stem = args.out.with_name(f"{args.out.stem}-{setting}")
+        report["settings"][setting] = run_setting(args, setting, stem)
+        args.out.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")  # what is done so far
+    s = report["settings"]
+    report["rows"] = compare(s.get("bf16", {}).get("figures", {}), s.get("int8", {}).get("figures", {}))
+    report["not_marlin"] = {k: not_marlin(v) for k, v in s.items() if not_marlin(v)}
+    print(table(report["rows"], s))
+    for k, bad in report["not_marlin"].items():
+        print(f"{k}: not Marlin ({'; '.join(bad)}): int8 activations did not run there")
+    args.out.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {args.out}")
+    return 0 if all("error" not in v for v in s.values()) and not report["not_marlin"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,63 @@
+"""benchmarks/activations_bench.py's pure parts: the kernel vLLM chose (from its log line), the figures
+read from `qwenquant bench` reports of the shapes bench writes, and the bf16-vs-int8 rows with their
+too-good flag. The serving half needs CUDA vLLM and Marlin (benchmarks/RESULTS.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+spec = importlib.util.spec_from_file_location(
+    "activations_bench", Path(__file__).resolve().parents[2] / "benchmarks" / "activations_bench.py")
+ab = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ab)
+
+LOG = """\
+(EngineCore_DP0 pid=7) INFO 12-03 10:01:02 [compressed_tensors_wNa16.py:120] Using MachetLinearKernel for CompressedTensorsWNA16
+(EngineCore_DP0 pid=7) INFO 12-03 10:01:03 [compressed_tensors_wNa16.py:120] Using MarlinLinearKernel for CompressedTensorsWNA16
+"""
+
+
+def _run(c1: float, c16: float) -> dict:
+    ladder = [{"concurrency": 1, "per_stream_decode_tok_s": {"median": c1}, "aggregate_tok_s": {"median": c1 * 0.95}},
+              {"concurrency": 16, "per_stream_decode_tok_s": {"median": c16 / 20}, "aggregate_tok_s": {"median": c16}}]
+    return {"mode": "run", "targets": [{"ladder": ladder}], "flags": [{"check": "x"}]}
+
+
+def _depth(prefill: float, ttft: float) -> dict:
+    return {"mode": "depth", "rungs": [{"prefill_tok_s": prefill, "ttft": {"min": ttft / 2, "median": ttft,
+                                                                          "max": ttft * 1.5}}], "flags": []}
+
+
+def test_the_last_kernel_line_per_scheme_is_the_one_that_ran() -> None:
+    assert ab.kernels(LOG) == {"CompressedTensorsWNA16": "MarlinLinearKernel"}
+    assert ab.kernels("no such line") == {}
+    assert ab.not_marlin({"kernels": {"CompressedTensorsWNA16": "MacheteLinearKernel"}}) == [
+        "CompressedTensorsWNA16: MacheteLinearKernel"]
+    assert ab.not_marlin({"kernels": ab.kernels(LOG)}) == []
+
+
+def test_figures_come_from_the_reports_and_gains_point_one_way() -> None:
+    base = ab.figures(_run(80.0, 1300.0), _depth(9000.0, 0.3), _depth(12000.0, 2.72))
+    assert base == {"decode_c1_tok_s": 80.0, "decode_c16_tok_s": 1300.0, "prefill_1x2048_tok_s": 9000.0,
+                    "burst_prefill_tok_s": 12000.0, "burst_ttft_median_s": 2.72, "burst_ttft_max_s": 2.72 * 1.5,
+                    "flags": 1}
+    other = ab.figures(_run(76.0, 1274.0), _depth(9900.0, 0.28), _depth(14280.0, 2.27))
+    rows = {r["figure"]: r for r in ab.compare(base, other)}
+    assert round(rows["decode_c1_tok_s"]["change"], 4) == -0.05
+    assert round(rows["burst_prefill_tok_s"]["change"], 4) == 0.19
+    assert round(rows["burst_ttft_median_s"]["change"], 4) == round(2.72 / 2.27 - 1, 4)  # shorter TTFT: a gain
+    assert not any(r["too_good"] for r in rows.values())
+    text = ab.table(list(rows.values()), {"bf16": {"figures": base, "kernels": {}}})
+    assert "+19.0%" in text and "-5.0%" in text and "TOO GOOD" not in text
+
+
+def test_a_gain_past_the_line_is_flagged_and_a_missing_report_is_a_dash() -> None:
+    base = ab.figures(_run(80.0, 1300.0), None, _depth(10000.0, 2.0))
+    fast = ab.figures(_run(100.0, 1300.0), None, _depth(17000.0, 1.0))
+    rows = {r["figure"]: r for r in ab.compare(base, fast)}
+    assert rows["decode_c1_tok_s"]["too_good"] and rows["burst_prefill_tok_s"]["too_good"]
+    assert rows["burst_ttft_median_s"]["too_good"] and rows["burst_ttft_max_s"]["too_good"]  # halved: +100%
+    assert rows["prefill_1x2048_tok_s"]["change"] is None
+    text = ab.table(list(rows.values()), {})
+    assert text.count("TOO GOOD") == 4 and " - " in text.replace("  ", " ")
