@@ -175,10 +175,10 @@ def run_setting(args: argparse.Namespace, setting: str, stem: Path) -> dict[str,
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("artifact", type=Path)
-    ap.add_argument("--vllm", help="qwenquant-vllm.json, a python or a vllm executable (default: serve's search)")
+    ap.add_argument("--settings", default="bf16,int8", help="activation settings, one server each, in this order")
     ap.add_argument("--profile", default="batch")
     ap.add_argument("--gpu-mem", default="24GiB")
-    ap.add_argument("--settings", default="bf16,int8")
+    ap.add_argument("--vllm", help="qwenquant-vllm.json, a python or a vllm executable (default: serve's search)")
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--depth", type=int, default=2048)
     ap.add_argument("--force-marlin", action=argparse.BooleanOptionalAction, default=True,
