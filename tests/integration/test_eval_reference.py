@@ -154,3 +154,44 @@ def test_streamed_forward_gives_the_dense_figures(evaluated: dict) -> None:
     assert s["lm_head"]["ratio"] == pytest.approx(d["lm_head"]["ratio"], rel=1e-5)
     assert s["mtp"]["artifact"]["agree"] == pytest.approx(d["mtp"]["artifact"]["agree"], abs=1e-6)
     assert s["mtp"]["int4_vs_bf16"]["same_draft"] == pytest.approx(d["mtp"]["int4_vs_bf16"]["same_draft"], abs=1e-6)
+
+
+INT8 = BANDS["int8_activations"]
+
+
+@pytest.fixture(scope="module")
+def evaluated_int8(evaluated: dict) -> dict:
+    e = qq("eval", "offline", str(evaluated["artifact"]), "--reference", str(evaluated["source"]), "--windows",
+           str(BANDS["windows"]), "--activations", "int8", "--json", "--report", os.devnull)
+    assert e.returncode == 0, e.stderr[-3000:]
+    return {"report": json.loads(e.stdout), "stderr": e.stderr}
+
+
+@pytest.mark.parametrize("figure", sorted(INT8["figures"]))
+def test_int8_activation_figure_inside_its_band(evaluated: dict, evaluated_int8: dict, figure: str) -> None:
+    """`--activations int8` adds the arm that runs every int4 Linear as vLLM's int8-activation Marlin path.
+
+    Measured on a 2-core x86-64 CPU (32 windows x 256 tokens; the run is deterministic: two runs gave
+    identical reports): against bf16 ppl +0.294% (the W4A16 artifact +0.317%), KL 0.00349 (artifact
+    0.00326), top-1 94.90%; against the artifact ppl -0.023% [-0.101%, +0.056%], KL 0.000193 (p99
+    0.00095, p99.9 0.00236), top-1 98.53%; MTP first-draft agreement 0.6138 vs 0.6157 (-0.18 points
+    [-0.45, +0.08]); no int32 overflow. The bands are about 5x around the KLs: an arm that did nothing
+    (KL vs the artifact 0, top-1 1.0) falls below them, and a broken rounding (per-tensor instead of
+    per-token scales, scales zeroed against the wrong maximum) moves the KL vs the artifact by an
+    order of magnitude; another CPU type moves only low bits. The perplexity and MTP bands are those
+    of the W4A16 arms (eval_bands.json), a window's worth of noise on 32 windows.
+    """
+    value = evaluated_int8["report"]
+    for key in figure.split("."):
+        value = value[key]
+    lo, hi = INT8["figures"][figure]
+    assert lo <= value <= hi, f"{figure} = {value}, band [{lo}, {hi}]"
+
+
+def test_int8_activations_leave_the_other_arms_as_they_were(evaluated: dict, evaluated_int8: dict) -> None:
+    """The extra arm adds keys only: the W4A16 arms, lm_head and MTP figures are those of the plain run."""
+    plain, int8 = evaluated["report"], evaluated_int8["report"]
+    for arm in ("w4a16-body", "w4a16+rtn-head", "artifact"):
+        assert int8["arms"][arm] == plain["arms"][arm], arm  # the same arithmetic, deterministic on the CPU
+    assert int8["mtp"]["artifact"] == plain["mtp"]["artifact"] and int8["lm_head"] == plain["lm_head"]
+    assert "int8 activations vs the artifact (W4A16)" in " ".join(evaluated_int8["stderr"].split())

@@ -4,6 +4,7 @@ whether a served model still passes its gate and accepts MTP drafts (served)."""
 from __future__ import annotations
 
 import json
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -70,6 +71,19 @@ Streamed = Annotated[bool | None, typer.Option(
     "--streamed/--dense", help="Run both arms one decoder layer at a time from the shards (default: streamed above "
                                "2 GB of weights).")]
 OfflineDevice = Annotated[Device, typer.Option("--device", help="cpu or cuda.")]
+
+
+class EvalActivations(str, Enum):
+    """What the offline eval runs the artifact's int4 Linears with."""
+
+    bf16 = "bf16"
+    int8 = "int8"
+
+
+Activations = Annotated[EvalActivations, typer.Option(
+    "--activations", help="int8: also measure the artifact as vLLM runs it with VLLM_MARLIN_INPUT_DTYPE=int8 "
+                          "(per-token int8 activations, int16 group scales on every int4 Linear), against bf16 and "
+                          "against the W4A16 artifact (dense forward only).")]
 Gate = Annotated[str, typer.Option(
     "--gate", help="Exact-match gate: a shipped name (`qwenquant eval gates`), a JSON file, or none.")]
 Model = Annotated[str | None, typer.Option("--model", help="Served model name (default: the server's first).")]
@@ -102,6 +116,7 @@ def offline(
     text_set: TextSet = None,
     streamed: Streamed = None,
     device: OfflineDevice = Device.cpu,
+    activations: Activations = EvalActivations.bf16,
     report: Report = None,
     as_json: AsJson = False,
 ) -> None:
@@ -114,13 +129,16 @@ def offline(
       qwenquant eval offline artifacts/tiny --reference models/tiny-reference
 
       qwenquant eval offline artifacts/q27b --reference models/Qwen3.8-27B --device cuda --report q27b-eval.json
+
+      qwenquant eval offline artifacts/tiny --reference models/tiny-reference --activations int8
     """
     from qwenquant.console import console
     from qwenquant.evaluate import report as rep
     from qwenquant.evaluate.offlinerun import OfflineAsk, run_offline_eval
 
     result, target = run_offline_eval(OfflineAsk(artifact, reference, windows, window_len, text, text_set,
-                                                 device.value, streamed, report, reference_unverified))
+                                                 device.value, streamed, report, reference_unverified,
+                                                 activations.value))
     console.print(rep.offline_table(result))
     for line in rep.summary_lines(result):
         console.print(line, markup=False)

@@ -14,12 +14,17 @@ near 1, two servers can count the same acceptance at every draft position).
 Each KL comes with its per-token tail (p99, p99.9); every interval is the t interval over windows,
 but the artifact's p99.9, which a handful of tokens decide, gets a bootstrap interval over windows
 and the windows its tail tokens lie in (`kl_p999_support`).
+With int8 activations asked (`--activations int8`), one more arm:
+  artifact+int8-act  the artifact's weights run as vLLM's int8-activation Marlin path would run every
+                     int4 Linear (body, lm_head, MTP head: evaluate/int8act.py), against the reference
+                     like the others and, under `vs_artifact`, against the artifact (the W4A16 arm)
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +38,9 @@ from qwenquant.evaluate.weights import load_dense, rtn_head
 log = logging.getLogger(__name__)
 
 ARMS = ("w4a16-body", "w4a16+rtn-head", "artifact")
+INT8_ARM = "artifact+int8-act"
+# the int8 arm: its forward and its lm_head (hidden [B, L, H] -> logits)
+Int8Arm = tuple[TextForward, Callable[[torch.Tensor], torch.Tensor]]
 
 
 def _mtp_drafts(fwd: TextForward, ids: torch.Tensor, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor | None:
@@ -48,8 +56,19 @@ def _agree(drafts: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
     return (drafts == greedy[:, 1:]).float().mean(dim=1).cpu()
 
 
-def _batch_stats(ref: TextForward, art: TextForward, heads: dict[str, torch.Tensor], ids: torch.Tensor
-                 ) -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor]:
+def _arm_stats(ref_logits: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor | None, suffix: str = ""
+               ) -> dict[str, torch.Tensor]:
+    """Per-window NLL (when `targets` are given), KL and top-1 of `logits` against `ref_logits`, and the token KLs."""
+    tok_kl = metrics.token_kl(ref_logits, logits)
+    top1 = (ref_logits.argmax(-1) == logits.argmax(-1)).float().mean(dim=1)
+    out = {"kl" + suffix: tok_kl.mean(dim=1).cpu(), "top1" + suffix: top1.cpu(), "kl_tokens" + suffix: tok_kl.cpu()}
+    if targets is not None:
+        out["nll"] = metrics.window_nll(logits, targets).cpu()
+    return out
+
+
+def _batch_stats(ref: TextForward, art: TextForward, heads: dict[str, torch.Tensor], ids: torch.Tensor,
+                 int8: Int8Arm | None = None) -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor]:
     """Per-window figures of every arm for one batch, and the reference's hidden states (for the head test)."""
     h_ref = ref.final_hidden(ids)
     h_art = art.final_hidden(ids)
@@ -58,15 +77,27 @@ def _batch_stats(ref: TextForward, art: TextForward, heads: dict[str, torch.Tens
     ref_full = h_ref @ heads["reference"].T
     ref_logits, greedy = ref_full[:, :-1], {"reference": ref_full.argmax(-1)}
     stats: dict[str, dict[str, torch.Tensor]] = {"reference": {"nll": metrics.window_nll(ref_logits, targets).cpu()}}
+    art_logits = None
     for arm, (hidden, head) in {"w4a16-body": (h_art, heads["reference"]), "w4a16+rtn-head": (h_art, heads["rtn"]),
                                 "artifact": (h_art, heads["artifact"])}.items():
         full = hidden @ head.T
-        tok_kl = metrics.token_kl(ref_logits, full[:, :-1])
-        top1 = (ref_logits.argmax(-1) == full[:, :-1].argmax(-1)).float().mean(dim=1)
-        stats[arm] = {"nll": metrics.window_nll(full[:, :-1], targets).cpu(), "kl": tok_kl.mean(dim=1).cpu(),
-                      "top1": top1.cpu(), "kl_tokens": tok_kl.cpu()}
+        stats[arm] = _arm_stats(ref_logits, full[:, :-1], targets)
         greedy[arm] = full.argmax(-1)
+        if arm == "artifact" and int8 is not None:
+            art_logits = full[:, :-1]
         del full
+    h_int8 = None
+    if int8 is not None and art_logits is not None:
+        h_int8 = int8[0].final_hidden(ids)
+        full = int8[1](h_int8)
+        stats[INT8_ARM] = {**_arm_stats(ref_logits, full[:, :-1], targets),
+                           **_arm_stats(art_logits, full[:, :-1], None, suffix="_vs_artifact")}
+        greedy[INT8_ARM] = full.argmax(-1)
+        del full, art_logits
+    if h_int8 is not None and int8 is not None:
+        out = int8[0].mtp_hidden(ids, h_int8)
+        if out is not None:
+            stats[INT8_ARM]["mtp_agree"] = _agree(int8[1](out).argmax(-1), greedy[INT8_ARM])
     drafts: dict[str, torch.Tensor] = {}
     for arm, fwd, hidden, head in (("reference", ref, h_ref, heads["reference"]), ("artifact", art, h_art, heads["artifact"])):
         d = _mtp_drafts(fwd, ids, hidden, head)
@@ -82,8 +113,9 @@ def _batch_stats(ref: TextForward, art: TextForward, heads: dict[str, torch.Tens
 
 
 def evaluate_forwards(ref: TextForward, art: TextForward, heads: dict[str, torch.Tensor], windows: torch.Tensor,
-                      *, batch: int = 8) -> dict[str, Any]:
-    """Every figure of the report from two forwards, the three heads and the windows [N, L]."""
+                      *, batch: int = 8, int8: Int8Arm | None = None) -> dict[str, Any]:
+    """Every figure of the report from two forwards, the three heads and the windows [N, L] (and the
+    int8-activation arm's, given its forward and head)."""
     from qwenquant.console import timed
     from qwenquant.modeling.head_quality import compare_heads
 
@@ -91,7 +123,7 @@ def evaluate_forwards(ref: TextForward, art: TextForward, heads: dict[str, torch
     hidden = []
     with timed(log, f"eval: logits, perplexity, KL and MTP of {windows.shape[0]} windows"):
         for i in range(0, windows.shape[0], batch):
-            stats, h = _batch_stats(ref, art, heads, windows[i: i + batch])
+            stats, h = _batch_stats(ref, art, heads, windows[i: i + batch], int8)
             hidden.append(h)
             for arm, figs in stats.items():
                 for k, v in figs.items():
@@ -103,6 +135,8 @@ def evaluate_forwards(ref: TextForward, art: TextForward, heads: dict[str, torch
         kl, kl_ci = metrics.mean_ci95(cat[arm]["kl"])
         arms[arm] = {**metrics.paired_ppl(ref_nll, cat[arm]["nll"]), "kl": kl, "kl_ci95": kl_ci,
                      **metrics.kl_tail(cat[arm]["kl_tokens"]), "top1": float(cat[arm]["top1"].mean())}
+    if INT8_ARM in cat:
+        arms[INT8_ARM] = int8_figures(ref_nll, cat["artifact"]["nll"], cat[INT8_ARM])
     # the artifact's KL p99.9 rests on a few tokens: its interval over windows and where they are
     arms["artifact"]["kl_p999_support"] = metrics.kl_tail_support(cat["artifact"]["kl_tokens"])
     mtp = mtp_figures(cat)
@@ -112,6 +146,17 @@ def evaluate_forwards(ref: TextForward, art: TextForward, heads: dict[str, torch
         head = compare_heads(heads["reference"], heads["rtn"], heads["artifact"], held, device=heads["reference"].device)
     head["ratio"] = head["gptq"]["kl"] / head["rtn"]["kl"] if head["rtn"]["kl"] > 0 else None
     return {"arms": arms, "lm_head": head, "mtp": mtp}
+
+
+def int8_figures(ref_nll: torch.Tensor, art_nll: torch.Tensor, per: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Pure: the int8-activation arm against the reference (the other arms' keys) and, under
+    `vs_artifact`, against the artifact: paired perplexity, KL mean and tail, top-1 agreement."""
+    out: dict[str, Any] = {}
+    for suffix, base, into in (("", ref_nll, out), ("_vs_artifact", art_nll, out.setdefault("vs_artifact", {}))):
+        kl, kl_ci = metrics.mean_ci95(per["kl" + suffix])
+        into.update(**metrics.paired_ppl(base, per["nll"]), kl=kl, kl_ci95=kl_ci, **metrics.kl_tail(per["kl_tokens" + suffix]),
+                    top1=float(per["top1" + suffix].mean()))
+    return out
 
 
 def mtp_figures(cat: dict[str, dict[str, torch.Tensor]]) -> dict[str, Any]:
@@ -127,6 +172,11 @@ def mtp_figures(cat: dict[str, dict[str, torch.Tensor]]) -> dict[str, Any]:
             mtp[name] = {"agree": agree, "agree_ci95": ci, "acceptance_length_1": 1 + agree}
     if "reference" in mtp and "artifact" in mtp:
         mtp["change_pct"] = 100 * (mtp["artifact"]["acceptance_length_1"] / mtp["reference"]["acceptance_length_1"] - 1)
+    if "mtp_agree" in cat.get(INT8_ARM, {}) and "artifact" in mtp:  # int8 activations: paired with the artifact
+        agree, ci = metrics.mean_ci95(cat[INT8_ARM]["mtp_agree"])
+        delta, dci = metrics.mean_ci95(cat[INT8_ARM]["mtp_agree"] - cat["artifact"]["mtp_agree"])
+        mtp[INT8_ARM] = {"agree": agree, "agree_ci95": ci, "acceptance_length_1": 1 + agree,
+                         "vs_artifact_points": 100 * delta, "vs_artifact_ci95_points": [100 * dci[0], 100 * dci[1]]}
     if "artifact_bf16_mtp" in mtp:
         delta, ci = metrics.mean_ci95(cat["artifact"]["mtp_agree"] - cat["artifact"]["mtp_agree_bf16"])
         mtp["int4_vs_bf16"] = {"delta_points": 100 * delta, "ci95_points": [100 * ci[0], 100 * ci[1]]}
@@ -145,13 +195,38 @@ def weight_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in Path(folder).glob("*.safetensors"))
 
 
+def int8_dense_arm(artifact: Path, cfg: dict[str, Any], tensors: dict[str, torch.Tensor], head: torch.Tensor,
+                   device: str) -> tuple[Int8Arm, list[Any]]:
+    """(the int8-activation arm, its int8 Linears): the artifact's dense forward with every int4 Linear
+    (body, lm_head, MTP head) replaced by vLLM's int8-activation arithmetic; bf16 Linears stay as they are."""
+    from qwenquant.evaluate.int8act import int8_modules, swap_linears
+    from qwenquant.evaluate.weights import raw_tensors, read_config
+
+    mods = int8_modules(raw_tensors(artifact), read_config(artifact))
+    fwd = DenseForward(cfg, tensors, device)
+    swapped = swap_linears(fwd.model, mods) + (swap_linears(fwd.mtp, mods, prefix="mtp.") if fwd.mtp is not None else [])
+    lm = mods.get("lm_head")
+    if lm is not None:
+        lm.to(device)
+    log.info("eval: int8 activations on %d int4 Linears (%s)", len(swapped) + (lm is not None),
+             "lm_head included" if lm is not None else "the lm_head is not int4")
+    return (fwd, lm if lm is not None else (lambda h: h @ head.T)), [*mods.values()]
+
+
 def run_offline(reference: Path, artifact: Path, windows: torch.Tensor, *, device: str = "cpu",
-                batch: int = 8, streamed: bool | None = None) -> dict[str, Any]:
+                batch: int = 8, streamed: bool | None = None, activations: str = "bf16") -> dict[str, Any]:
     """Evaluate `artifact` against `reference` on `windows` [N, L]: dense float weights on `device`,
-    or (`streamed`, default above STREAM_ABOVE_BYTES) one decoder layer at a time from the shards."""
+    or (`streamed`, default above STREAM_ABOVE_BYTES) one decoder layer at a time from the shards.
+    `activations="int8"` adds the arm that runs the artifact as vLLM's int8-activation path (dense only)."""
+    from qwenquant.errors import UsageError
+
     start = time.monotonic()
     if streamed is None:
         streamed = weight_bytes(reference) > STREAM_ABOVE_BYTES
+    int8, int8_mods = None, []
+    if activations == "int8" and streamed:
+        raise UsageError("--activations int8 runs on the dense forward only",
+                         hint="add --dense (the artifact's weights are held twice, in float32, plus the reference)")
     if streamed:
         from qwenquant.evaluate.streamed import streamed_forwards
 
@@ -164,10 +239,15 @@ def run_offline(reference: Path, artifact: Path, windows: torch.Tensor, *, devic
                  "artifact": art_t["lm_head.weight"]}
         heads = {k: v.float().to(device) for k, v in heads.items()}
         ref, art = DenseForward(ref_cfg, ref_t, device), DenseForward(art_cfg, art_t, device)
-    report = evaluate_forwards(ref, art, heads, windows, batch=batch)
+        if activations == "int8":
+            int8, int8_mods = int8_dense_arm(artifact, art_cfg, art_t, heads["artifact"], device)
+    report = evaluate_forwards(ref, art, heads, windows, batch=batch, int8=int8)
+    if int8 is not None:  # outputs whose int32 accumulator would wrap in Marlin (0 expected)
+        report["arms"][INT8_ARM]["int32_overflows"] = sum(m.overflows for m in int8_mods)
     top = report["arms"]["artifact"]["kl_p999_support"]["max"]
     # the text the largest per-token KL rests on: up to 16 tokens of context and the token predicted
     top["text"] = window_text(reference, windows[top["window"], max(0, top["token"] - 15): top["token"] + 2])
     report.update(windows=int(windows.shape[0]), window_len=int(windows.shape[1]), device=device,
-                  forward="streamed" if streamed else "dense", seconds=round(time.monotonic() - start, 1))
+                  forward="streamed" if streamed else "dense", seconds=round(time.monotonic() - start, 1),
+                  activations=activations)
     return report

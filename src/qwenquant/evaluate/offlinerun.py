@@ -25,6 +25,7 @@ class OfflineAsk:
     streamed: bool | None = None
     report: Path | None = None
     reference_unverified: bool = False
+    activations: str = "bf16"  # "int8": also the arm that simulates vLLM's int8-activation Marlin path
 
 
 def run_offline_eval(ask: OfflineAsk) -> tuple[dict[str, Any], Path]:
@@ -46,7 +47,8 @@ def run_offline_eval(ask: OfflineAsk) -> tuple[dict[str, Any], Path]:
     check_report_target(target, identity, explicit=ask.report is not None)
     from qwenquant.evaluate.offline import run_offline
 
-    result = run_offline(ask.reference, artifact, ids, device=ask.device, streamed=ask.streamed)
+    result = run_offline(ask.reference, artifact, ids, device=ask.device, streamed=ask.streamed,
+                         activations=ask.activations)
     result.update(artifact=str(artifact), reference_check=ref_check, **identity)
     result["goals"] = rep.goals(result)
     return rep.stamp(result, "offline"), target

@@ -156,9 +156,27 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"MTP head on the artifact's states: bf16 {100 * m['artifact_bf16_mtp']['agree']:.2f}%, as shipped "
                      f"{100 * m['artifact']['agree']:.2f}%: {d['delta_points']:+.2f} points, 95% CI (t) [{lo:+.2f}, {hi:+.2f}]"
                      + (f"; the same first draft at {100 * d['same_draft']:.2f}% of positions" if "same_draft" in d else ""))
+    lines += int8_lines(report)
     tail = report.get("arms", {}).get("artifact", {}).get("kl_p999_support")
     if tail:  # reports written before it lack it
         lines.append(kl_tail_line(tail))
     for name, g in report.get("goals", {}).items():
         lines.append(f"goal {name}: {g['value']:.3f} (limit {g['max']}) {'met' if g['met'] else 'NOT met'}")
     return lines
+
+
+def int8_lines(report: dict[str, Any]) -> list[str]:
+    """The int8-activation arm against the artifact (W4A16): perplexity, KL, top-1 and MTP (none without the arm)."""
+    a = report.get("arms", {}).get("artifact+int8-act")
+    if not a:
+        return []
+    v = a["vs_artifact"]
+    lo, hi = v["ci95_pct"]
+    line = (f"int8 activations vs the artifact (W4A16): perplexity {_pct(v['delta_pct'])} [{_pct(lo)}, {_pct(hi)}], "
+            f"KL {v['kl']:.5f} (p99 {v['kl_p99']:.4f}, p99.9 {v['kl_p999']:.4f}), top-1 {100 * v['top1']:.2f}%")
+    m = report.get("mtp", {}).get("artifact+int8-act")
+    if m:
+        mlo, mhi = m["vs_artifact_ci95_points"]
+        line += (f"; MTP first-draft agreement {100 * m['agree']:.2f}% ({m['vs_artifact_points']:+.2f} points, "
+                 f"95% CI (t) [{mlo:+.2f}, {mhi:+.2f}])")
+    return [line]

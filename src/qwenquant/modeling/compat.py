@@ -72,6 +72,7 @@ _WHERE = {
     "getattr_chain": (_CT, "compressed_tensors.utils"),
     "BaseCompressor": (_CT, "compressed_tensors.compressors.base"),
     "pack_to_int32": (_CT, "compressed_tensors.compressors.pack_quantized.helpers"),
+    "unpack_from_int32": (_CT, "compressed_tensors.compressors.pack_quantized.helpers"),
     "__version__": (_CT, "compressed_tensors"),
 }
 
@@ -244,6 +245,11 @@ def unpack_group(packed: dict[str, torch.Tensor], group: dict[str, Any]) -> torc
 def pack_int32(ints: torch.Tensor, num_bits: int) -> torch.Tensor:
     """Integer codes packed eight (int4) to an int32 along the last dimension, as compressed-tensors does."""
     return _upstream("pack_to_int32")(ints, num_bits)
+
+
+def unpack_int32(packed: torch.Tensor, num_bits: int, shape: torch.Size) -> torch.Tensor:
+    """The signed integer codes [rows, cols] (int8) that `pack_int32` packed, as compressed-tensors unpacks them."""
+    return _upstream("unpack_from_int32")(packed, num_bits, shape)
 
 
 def _compressor() -> Any:
