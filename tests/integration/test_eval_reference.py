@@ -195,3 +195,21 @@ def test_int8_activations_leave_the_other_arms_as_they_were(evaluated: dict, eva
         assert int8["arms"][arm] == plain["arms"][arm], arm  # the same arithmetic, deterministic on the CPU
     assert int8["mtp"]["artifact"] == plain["mtp"]["artifact"] and int8["lm_head"] == plain["lm_head"]
     assert "int8 activations vs the artifact (W4A16)" in " ".join(evaluated_int8["stderr"].split())
+
+
+def test_int8_activations_reach_the_int4_mtp_head(evaluated: dict, tmp_path: Path) -> None:
+    """With the int4-MTP recipe every packed Linear takes int8 inputs: the body's, the lm_head and the MTP
+    head's (vLLM runs all of them through Marlin); the report counts them, and the MTP figure is paired."""
+    art = tmp_path / "int4mtp"
+    q = qq("quantize", str(evaluated["source"]), "--recipe", "tiny-reference-int4mtp", "--source-unverified", "--out",
+           str(art))
+    assert q.returncode == 0, q.stderr[-3000:]
+    e = qq("eval", "offline", str(art), "--reference", str(evaluated["source"]), "--windows", "4",
+           "--activations", "int8", "--json", "--report", os.devnull)
+    assert e.returncode == 0, e.stderr[-3000:]
+    arm = json.loads(e.stdout)["arms"]["artifact+int8-act"]
+    index = json.loads((art / "model.safetensors.index.json").read_text())["weight_map"]
+    packed = {k[: -len(".weight_packed")] for k in index if k.endswith(".weight_packed")}
+    mtp = {k for k in packed if k.split(".")[0] == "mtp" or ".mtp." in k}
+    assert mtp and arm["int8_linears"] == {"body": len(packed) - len(mtp) - 1, "mtp_head": len(mtp), "lm_head": True}
+    assert arm["int32_overflows"] == 0

@@ -141,9 +141,9 @@ def int8_modules(tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> di
 
 
 def _one_group(module: str) -> Exception:
-    from qwenquant.errors import QwenquantError
+    from qwenquant.errors import CheckError
 
-    return QwenquantError(f"{module} has one scale group per row: vLLM 0.32 keeps no input_global_scale for such a "
+    return CheckError(f"{module} has one scale group per row: vLLM 0.32 keeps no input_global_scale for such a "
                           "layer and its int8 path fails on it", hint="evaluate this artifact without --activations int8")
 
 

@@ -196,7 +196,7 @@ def weight_bytes(folder: Path) -> int:
 
 
 def int8_dense_arm(artifact: Path, cfg: dict[str, Any], tensors: dict[str, torch.Tensor], head: torch.Tensor,
-                   device: str) -> tuple[Int8Arm, list[Any]]:
+                   device: str) -> tuple[Int8Arm, list[Any], dict[str, Any]]:
     """(the int8-activation arm, its int8 Linears): the artifact's dense forward with every int4 Linear
     (body, lm_head, MTP head) replaced by vLLM's int8-activation arithmetic; bf16 Linears stay as they are."""
     from qwenquant.evaluate.int8act import int8_modules, swap_linears
@@ -204,13 +204,21 @@ def int8_dense_arm(artifact: Path, cfg: dict[str, Any], tensors: dict[str, torch
 
     mods = int8_modules(raw_tensors(artifact), read_config(artifact))
     fwd = DenseForward(cfg, tensors, device)
-    swapped = swap_linears(fwd.model, mods) + (swap_linears(fwd.mtp, mods, prefix="mtp.") if fwd.mtp is not None else [])
+    # the MTP head's Linears are fwd.mtp's; the lm_head runs apart (the arm's head below)
+    body = {name: m for name, m in mods.items() if not name.startswith("mtp.") and name != "lm_head"}
+    swapped = swap_linears(fwd.model, body) + (swap_linears(fwd.mtp, mods, prefix="mtp.") if fwd.mtp is not None else [])
     lm = mods.get("lm_head")
     if lm is not None:
         lm.to(device)
     log.info("eval: int8 activations on %d int4 Linears (%s)", len(swapped) + (lm is not None),
              "lm_head included" if lm is not None else "the lm_head is not int4")
-    return (fwd, lm if lm is not None else (lambda h: h @ head.T)), [*mods.values()]
+    return (fwd, lm if lm is not None else (lambda h: h @ head.T)), [*mods.values()], int8_counts(swapped, lm is not None)
+
+
+def int8_counts(swapped: list[str], lm_head: bool) -> dict[str, Any]:
+    """Which int4 Linears the int8 arm ran with int8 inputs (pure): body and MTP-head modules, the lm_head."""
+    mtp = sum(1 for name in swapped if name.startswith("mtp."))
+    return {"body": len(swapped) - mtp, "mtp_head": mtp, "lm_head": lm_head}
 
 
 def run_offline(reference: Path, artifact: Path, windows: torch.Tensor, *, device: str = "cpu",
@@ -240,10 +248,11 @@ def run_offline(reference: Path, artifact: Path, windows: torch.Tensor, *, devic
         heads = {k: v.float().to(device) for k, v in heads.items()}
         ref, art = DenseForward(ref_cfg, ref_t, device), DenseForward(art_cfg, art_t, device)
         if activations == "int8":
-            int8, int8_mods = int8_dense_arm(artifact, art_cfg, art_t, heads["artifact"], device)
+            int8, int8_mods, int8_linears = int8_dense_arm(artifact, art_cfg, art_t, heads["artifact"], device)
     report = evaluate_forwards(ref, art, heads, windows, batch=batch, int8=int8)
     if int8 is not None:  # outputs whose int32 accumulator would wrap in Marlin (0 expected)
         report["arms"][INT8_ARM]["int32_overflows"] = sum(m.overflows for m in int8_mods)
+        report["arms"][INT8_ARM]["int8_linears"] = int8_linears
     top = report["arms"]["artifact"]["kl_p999_support"]["max"]
     # the text the largest per-token KL rests on: up to 16 tokens of context and the token predicted
     top["text"] = window_text(reference, windows[top["window"], max(0, top["token"] - 15): top["token"] + 2])
