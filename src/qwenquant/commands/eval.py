@@ -12,6 +12,7 @@ import typer
 from qwenquant.commands._app import Device, app
 from qwenquant.commands._options import (
     DEFAULT_TIMEOUT,
+    Acts,
     ApiKey,
     GpuMem,
     GpuMemSoft,
@@ -137,6 +138,7 @@ def served(
     profile: Profiles = None,
     gpu_mem: GpuMem = None,
     gpu_mem_soft: GpuMemSoft = False,
+    activations: Acts = None,
     gpus: Gpus = 1,
     split: ServeSplit = None,
     vllm: Vllm = None,
@@ -185,7 +187,8 @@ def served(
 
     req = ServeRequest.from_options(serve, profile or [], words, gpu_mem=gpu_mem, gpu_mem_soft=gpu_mem_soft,
                                     gpus=gpus, split=split.value if split else None, vllm=vllm,
-                                    device=device.value if device else None, timeout=timeout, api_key=api_key)
+                                    device=device.value if device else None, timeout=timeout, api_key=api_key,
+                                    activations=activations.value if activations else None)
     _serve_and_gate(req, ask, report, as_json)
 
 
