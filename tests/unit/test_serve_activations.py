@@ -105,3 +105,24 @@ def test_recipe_profile_opt_in_and_the_digest_of_recipes_without_it() -> None:
     d["serve"]["profiles"]["batch"]["activations"] = "int4"
     with pytest.raises(ValueError):
         Recipe.model_validate(d)
+
+
+
+def test_recipe_refuses_int8_with_asymmetric_weights(tmp_path) -> None:
+    import yaml
+
+    from qwenquant import data_path
+    from qwenquant.errors import RecipeError
+    from qwenquant.recipe import load_recipe
+
+    raw = yaml.safe_load(data_path("recipes", "w4a16-int4head.yaml").read_text())
+    raw["serve"]["profiles"]["batch"]["activations"] = "int8"
+    (tmp_path / "ok.yaml").write_text(yaml.safe_dump(raw))
+    assert load_recipe(str(tmp_path / "ok.yaml")).profile("batch").activations == "int8"
+    raw["lm_head"]["symmetric"] = False
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(RecipeError) as e:
+        load_recipe(str(tmp_path / "bad.yaml"))
+    assert e.value.exit_code == 2
+    assert ("serve.profiles.batch.activations: int8 needs symmetric 4-bit weights, and lm_head is not — set "
+            "lm_head.symmetric: true and num_bits: 4, or drop activations: int8") in str(e.value)
