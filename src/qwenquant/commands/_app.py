@@ -21,6 +21,13 @@ class Split(str, Enum):
     pipeline = "pipeline"
 
 
+class Activations(str, Enum):
+    """The activations vLLM's Marlin kernel takes for W4A16 layers (serve --activations)."""
+
+    bf16 = "bf16"
+    int8 = "int8"
+
+
 class HessianPrecision(str, Enum):
     """How quantize accumulates GPTQ Hessians (recipe key quantization.hessian_precision)."""
 

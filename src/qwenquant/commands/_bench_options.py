@@ -91,6 +91,7 @@ class Server:
     profile: so.Profiles = None
     gpu_mem: so.GpuMem = None
     gpu_mem_soft: so.GpuMemSoft = False
+    activations: so.Acts = None
     gpus: so.Gpus = 1
     split: so.ServeSplit = None
     vllm: so.Vllm = None

@@ -11,10 +11,10 @@ from typing import Annotated
 
 import typer
 
-from qwenquant.commands._app import Device, Split
+from qwenquant.commands._app import Activations, Device, Split
 from qwenquant.serve.request import DEFAULT_TIMEOUT
 
-__all__ = ["DEFAULT_TIMEOUT", "PANEL", "ApiKey", "GpuMem", "GpuMemSoft", "Gpus", "Profiles", "ServeArtifact", "ServeDevice",
+__all__ = ["DEFAULT_TIMEOUT", "PANEL", "Acts", "ApiKey", "GpuMem", "GpuMemSoft", "Gpus", "Profiles", "ServeArtifact", "ServeDevice",
            "ServeSplit", "Timeout", "Vllm"]
 
 PANEL = "Server (serve; bench and eval with --serve)"
@@ -49,3 +49,8 @@ Timeout = Annotated[float, typer.Option(
 ApiKey = Annotated[str | None, typer.Option(
     "--api-key", envvar="QWENQUANT_API_KEY", help="API key clients must send (bench and eval send it).",
     rich_help_panel=PANEL)]
+Acts = Annotated[Activations | None, typer.Option(
+    "--activations", help="bf16 (default) or int8: int8 sets VLLM_MARLIN_INPUT_DTYPE=int8 for vLLM (per-token int8 "
+                          "activations in Marlin; on SM 9.0 Machete is disabled so Marlin runs), after checking the "
+                          "artifact qualifies; beats the profile's `activations`. No effect on vLLM's CPU build.",
+    rich_help_panel=PANEL, show_default=False)]

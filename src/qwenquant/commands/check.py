@@ -6,34 +6,51 @@ from pathlib import Path
 
 import typer
 
-from qwenquant.commands._app import app
+from qwenquant.commands._app import Activations, app
 
 
 @app.command("check")
 def check(
     artifact: Path = typer.Argument(..., exists=True, file_okay=False, help="Artifact folder (config.json + safetensors)."),
     as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON."),
+    activations: Activations | None = typer.Option(
+        None, "--activations", help="int8: also prove the artifact qualifies for `serve --activations int8` "
+                                    "(symmetric 4-bit group-wise Marlin layers, no negative scale) and count the weight "
+                                    "groups whose scale becomes 0 in vLLM's int16 re-quantization (reads the scales). "
+                                    "Default: int8 when a serve profile of the artifact's recipe asks for it.",
+        show_default=False),
 ) -> None:
     """Check that vLLM would load an artifact: fused-layer schemes, kernel shapes, lm_head, MTP, layout.
 
-    Reads config.json, the safetensors index and headers only (fast, no torch).
+    Reads config.json, the safetensors index and headers only (fast, no torch); --activations int8 also
+    reads the group scales.
 
     Examples:
 
       qwenquant check artifacts/q27b
 
       qwenquant check artifacts/q27b --json
+
+      qwenquant check artifacts/q27b --activations int8
     """
-    from qwenquant.check import check_artifact
+    from qwenquant.check import read_artifact, run_rules
+    from qwenquant.check.activations import int8_asked, int8_check
     from qwenquant.console import print_json, stdout
     from qwenquant.errors import CheckError
 
-    report = check_artifact(artifact)
+    facts = read_artifact(artifact)
+    report = run_rules(facts, str(artifact))
+    int8 = int8_check(facts, report) if int8_asked(activations.value if activations else None, facts) else None
+    if int8 is not None:
+        report = int8.report
     if as_json:
-        print_json(report.to_dict())
+        print_json(report.to_dict() | ({"int8_activations": int8.to_dict()} if int8 else {}))
     elif report.ok:
         stdout.print(f"OK {artifact}: {report.tensors_checked} tensors, all {len(report.rules_run)} rules pass",
                      markup=False)
+        if int8 is not None:
+            stdout.print(f"int8 activations: the artifact qualifies; {int8.int8.zero_groups} of {int8.int8.groups} "
+                         "weight groups have a scale that becomes 0 in vLLM's int16 re-quantization", markup=False)
     else:
         from rich.table import Column, Table
 
@@ -42,6 +59,10 @@ def check(
         for f in report.findings:
             table.add_row(f.rule, f.where, f.message, f.fix)
         stdout.print(table)
+    if int8 is not None and int8.warning():
+        import logging
+
+        logging.getLogger(__name__).warning("%s", int8.warning())
     if not report.ok:
         raise CheckError(
             f"{artifact}: {len(report.findings)} problem(s) vLLM would refuse: "

@@ -4,15 +4,15 @@ whether a served model still passes its gate and accepts MTP drafts (served)."""
 from __future__ import annotations
 
 import json
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from qwenquant.commands._app import Device, app
+from qwenquant.commands._app import Activations, Device, app
 from qwenquant.commands._options import (
     DEFAULT_TIMEOUT,
+    Acts,
     ApiKey,
     GpuMem,
     GpuMemSoft,
@@ -72,15 +72,7 @@ Streamed = Annotated[bool | None, typer.Option(
                                "2 GB of weights).")]
 OfflineDevice = Annotated[Device, typer.Option("--device", help="cpu or cuda.")]
 
-
-class EvalActivations(str, Enum):
-    """What the offline eval runs the artifact's int4 Linears with."""
-
-    bf16 = "bf16"
-    int8 = "int8"
-
-
-Activations = Annotated[EvalActivations, typer.Option(
+OfflineActs = Annotated[Activations, typer.Option(
     "--activations", help="int8: also measure the artifact as vLLM runs it with VLLM_MARLIN_INPUT_DTYPE=int8 "
                           "(per-token int8 activations, int16 group scales on every int4 Linear), against bf16 and "
                           "against the W4A16 artifact (dense forward only).")]
@@ -116,7 +108,7 @@ def offline(
     text_set: TextSet = None,
     streamed: Streamed = None,
     device: OfflineDevice = Device.cpu,
-    activations: Activations = EvalActivations.bf16,
+    activations: OfflineActs = Activations.bf16,
     report: Report = None,
     as_json: AsJson = False,
 ) -> None:
@@ -155,6 +147,7 @@ def served(
     profile: Profiles = None,
     gpu_mem: GpuMem = None,
     gpu_mem_soft: GpuMemSoft = False,
+    activations: Acts = None,
     gpus: Gpus = 1,
     split: ServeSplit = None,
     vllm: Vllm = None,
@@ -203,7 +196,8 @@ def served(
 
     req = ServeRequest.from_options(serve, profile or [], words, gpu_mem=gpu_mem, gpu_mem_soft=gpu_mem_soft,
                                     gpus=gpus, split=split.value if split else None, vllm=vllm,
-                                    device=device.value if device else None, timeout=timeout, api_key=api_key)
+                                    device=device.value if device else None, timeout=timeout, api_key=api_key,
+                                    activations=activations.value if activations else None)
     _serve_and_gate(req, ask, report, as_json)
 
 

@@ -9,6 +9,7 @@ import typer
 from qwenquant.commands._app import app
 from qwenquant.commands._options import (
     DEFAULT_TIMEOUT,
+    Acts,
     ApiKey,
     GpuMem,
     GpuMemSoft,
@@ -41,6 +42,7 @@ def serve(
     split: ServeSplit = None,
     gpu_mem: GpuMem = None,
     gpu_mem_soft: GpuMemSoft = False,
+    activations: Acts = None,
     public_key: Path | None = typer.Option(None, "--require-signature", metavar="PUBLIC_KEY",
                                               help="Refuse to serve unless the artifact's model_signing signature "
                                                    "holds for this public key (PEM); pip install 'qwenquant\\[sign]'."),
@@ -66,6 +68,8 @@ def serve(
       qwenquant serve artifacts/q27b --profile single-user --gpu-mem 24GiB   # a 24 GB card on a bigger GPU
 
       qwenquant serve models/q27b --require-signature publisher.pub   # a downloaded, signed artifact
+
+      qwenquant serve artifacts/q27b --profile batch --activations int8 --dry-run   # int8 activations, checked
     """
     from qwenquant.errors import UsageError
     from qwenquant.serve.request import ServeRequest
@@ -82,5 +86,6 @@ def serve(
         served_model_name=served_model_name, vllm=vllm, dry_run=dry_run, timeout=timeout,
         device=device.value if device else None, log_file=log_file, gpus=gpus,
         split=split.value if split else None, gpu_mem=gpu_mem,
-        gpu_mem_soft=gpu_mem_soft, public_key=public_key, signature=signature)
+        gpu_mem_soft=gpu_mem_soft, public_key=public_key, signature=signature,
+        activations=activations.value if activations else None)
     return run_serve(req, as_json=as_json)

@@ -248,6 +248,8 @@ class ServeSettings(_Strict):
     enforce_eager: bool | None = None
     enable_prefix_caching: bool | None = None
     extra_args: list[str] | None = None
+    # vLLM's Marlin activations: int8 sets VLLM_MARLIN_INPUT_DTYPE=int8 for the server (serve/activations.py)
+    activations: Literal["bf16", "int8"] | None = None
 
     @field_validator("gpu_memory_utilization")
     @classmethod
@@ -283,6 +285,7 @@ class ResolvedProfile(_Strict):
     enforce_eager: bool
     enable_prefix_caching: bool | None  # None: vLLM's default
     extra_args: list[str]
+    activations: Literal["bf16", "int8"] = "bf16"
 
 
 _RESOLVED_DEFAULTS: dict[str, Any] = {
@@ -290,7 +293,7 @@ _RESOLVED_DEFAULTS: dict[str, Any] = {
     "mamba_ssm_cache_dtype": "auto", "mamba_cache_mode": None, "reasoning_parser": None,
     "tool_call_parser": None, "tool_strict_level": None,
     "max_num_batched_tokens": None, "speculative": None, "enforce_eager": False,
-    "enable_prefix_caching": None, "extra_args": [],
+    "enable_prefix_caching": None, "extra_args": [], "activations": "bf16",
 }
 _PROFILE_REQUIRED = ("max_model_len", "max_num_seqs", "gpu_memory_utilization")
 
@@ -358,6 +361,9 @@ class Recipe(_Strict):
                                   if k in self.serve.defaults.model_fields_set}
         d["serve"]["profiles"] = {n: self.profile(n).model_dump(mode="json", exclude={"name"})
                                   for n in sorted(self.serve.profiles)}
+        for prof in d["serve"]["profiles"].values():  # bf16: the canonical form (and digest) of recipes without the key
+            if prof.get("activations") == "bf16":
+                prof.pop("activations")
         return d
 
     @property

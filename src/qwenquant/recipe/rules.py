@@ -88,11 +88,26 @@ def _cross_field_problems(raw: dict[str, Any]) -> list[str]:
             for key in _PROFILE_REQUIRED:
                 if prof.get(key) is None and defaults.get(key) is None:
                     p.append(f"serve.profiles.{name}.{key}: not set here nor in serve.defaults — add it")
+        p += _int8_problems(raw, profiles, defaults)
         for name, n in profile_spec_tokens(_get(raw, "serve")).items():
             problem = spec_tokens_problem(n)
             if problem:
                 p.append(f"serve.profiles.{name}.speculative: {problem} — {spec_tokens_fix()}")
     return p
+
+
+def _int8_problems(raw: dict[str, Any], profiles: dict[str, Any], defaults: Any) -> list[str]:
+    """A profile with `activations: int8` needs symmetric 4-bit group-wise weights (vLLM's Marlin int8 path)."""
+    base = defaults.get("activations") if isinstance(defaults, dict) else None
+    asking = [n for n, prof in profiles.items() if isinstance(prof, dict) and prof.get("activations", base) == "int8"]
+    if not asking:
+        return []
+    out = []
+    for section in ("quantization", "lm_head"):
+        if _get(raw, f"{section}.symmetric") is False or _get(raw, f"{section}.num_bits") not in (None, 4):
+            out.append(f"serve.profiles.{asking[0]}.activations: int8 needs symmetric 4-bit weights, and "
+                       f"{section} is not — set {section}.symmetric: true and num_bits: 4, or drop activations: int8")
+    return out
 
 
 def _mtp_problems(raw: dict[str, Any], ignore: list[str]) -> list[str]:

@@ -205,7 +205,8 @@ def mask_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def format_command(argv: Sequence[str], env: Mapping[str, str]) -> str:
-    """Shell-quoted, masked `ENV=.. cmd args` for --dry-run and logs."""
-    parts = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+def format_command(argv: Sequence[str], env: Mapping[str, str], unset: Sequence[str] = ()) -> str:
+    """Shell-quoted, masked `[env -u VAR] ENV=.. cmd args` for --dry-run and logs (`unset`: removed variables)."""
+    parts = (["env"] + [f"-u {shlex.quote(k)}" for k in unset] if unset else []) + \
+        [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())]
     return " ".join(parts + [shlex.quote(a) for a in mask_argv(argv)])

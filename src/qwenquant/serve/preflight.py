@@ -36,6 +36,7 @@ from qwenquant.procenv import multicast_off
 from qwenquant.recipe import Recipe, ResolvedProfile
 from qwenquant.recipe.speculative import spec_tokens_fix, spec_tokens_problem
 from qwenquant.serve import argv as argvmod
+from qwenquant.serve.activations import ActivationLaunch, chosen, decide_activations
 from qwenquant.serve.ballast import ballast_command
 from qwenquant.serve.cpupath import cpu_fp8_kv_cache, require_cpu_w4a16, switch_env
 from qwenquant.serve.discover import (
@@ -70,6 +71,8 @@ class Prepared:
     notes: list[str] = field(default_factory=list)  # how decided figures were reached (--gpu-mem)
     ballast: tuple[str, ...] = ()  # the hard --gpu-mem's ballast argv, started before the server
     split: Split | None = None  # over several GPUs: tensor or pipeline parallelism, and why
+    env_unset: tuple[str, ...] = ()  # variables of the user's shell vLLM must not get (--activations bf16)
+    activations: str = "bf16"  # Marlin's activations: bf16 or int8 (serve/activations.py)
 
     @property
     def command(self) -> list[str]:
@@ -251,13 +254,39 @@ def prepare(req: ServeRequest) -> Prepared:
                                    frontend=fe)
     env_add = {**multicast_off(os.environ), **argvmod.build_vllm_env(dev, os.environ)}
     env_add.update(cpu_env or {})
+    acts = checks.run(_activations, req, profile, artifact, dev, warnings) or ActivationLaunch("bf16", {})
+    env_add.update(acts.env_add)
+    notes += acts.notes
+    warnings += acts.warnings
     if dev == "cpu" and profile.speculative:
         warnings.append("MTP on CPU: sample greedily (temperature 0); temperature > 0 under speculative decoding "
                         "reads uninitialised temperatures in vLLM's CPU sampler (vLLM #55005)")
     checks.run(_check_port, profile)
     budget = checks.run(_budget, artifact, manifest, profile, dev, env_add, warnings, tp, pp)
     return Prepared(artifact, profile, install, dev, args, env_add, budget, warnings, checks.failures, notes,
-                    ballast, split)
+                    ballast, split, acts.env_unset, acts.activations)
+
+
+def _activations(req: ServeRequest, profile: ResolvedProfile, artifact: Path, dev: str,
+                 warnings: list[str]) -> ActivationLaunch:
+    """--activations (or the profile's): int8 only for an artifact that qualifies (a CheckError, exit 6) and,
+    on a GPU, SM 8.0 or newer; the zero-scale count is a warning."""
+    asked, source = chosen(req.activations, profile.activations, profile.name)
+    if asked == "int8":
+        from qwenquant.check import read_artifact
+        from qwenquant.check.activations import check_int8_activations
+        from qwenquant.errors import CheckError
+
+        report = check_int8_activations(read_artifact(artifact))
+        if not report.ok:
+            first = report.findings[0]
+            more = f" (and {len(report.findings) - 1} more)" if len(report.findings) > 1 else ""
+            raise CheckError(f"{source} int8: the artifact does not qualify: {first.where}: {first.message}{more}",
+                             hint=f"`qwenquant check {artifact} --activations int8` lists every problem; {first.fix}")
+        if report.warning():
+            warnings.append(str(report.warning()))
+    cap = gpu_compute_capability() if dev == "cuda" and asked == "int8" else None
+    return decide_activations(asked, dev, cap, os.environ, source)
 
 
 def decide_split(req: ServeRequest, dev: str, extra: Sequence[str]) -> Split:

@@ -19,6 +19,7 @@ from qwenquant.errors import UsageError
 DEFAULT_PROFILE = "single-user"  # serve, bench --serve and eval --serve without --profile
 DEFAULT_TIMEOUT = 900.0
 DEVICES = ("cuda", "cpu")
+ACTIVATIONS = ("bf16", "int8")  # --activations: vLLM's Marlin activations (serve/activations.py)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class ServeRequest:
     public_key: Path | None = None  # serve only: the signature must hold for this key
     signature: Path | None = None  # None: ARTIFACT/model.sig
     label: str = ""  # bench's configuration label, in log lines
+    activations: str | None = None  # bf16 | int8; None: the profile's (bf16 unless the recipe opts in)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "extra", tuple(self.extra))
@@ -52,6 +54,8 @@ class ServeRequest:
             raise UsageError(f"unknown --device {self.device!r}", hint="use cuda or cpu")
         if self.gpus < 1:
             raise UsageError(f"--gpus wants a GPU count of 1 or more, got {self.gpus}", hint="e.g. --gpus 2")
+        if self.activations not in (None, *ACTIVATIONS):
+            raise UsageError(f"unknown --activations {self.activations!r}", hint="use bf16 or int8")
         if self.split not in (None, "tensor", "pipeline"):
             raise UsageError(f"unknown --split {self.split!r}", hint="use tensor or pipeline")
         from qwenquant.plan.gpumem import parse_size, refuse_share_conflict

@@ -18,10 +18,18 @@ log = logging.getLogger(__name__)
 def server_spec(p: Prepared, req: ServeRequest) -> ServerSpec:
     """What the supervisor runs for a prepared launch (also used by `launched()`)."""
     return ServerSpec(
-        command=p.command, env={**server_env(isolated=bool(p.install and p.install.isolated)), **p.env_add}, host=p.profile.host, port=p.profile.port,
+        command=p.command, env=launch_env(p), host=p.profile.host, port=p.profile.port,
         served_model_name=p.profile.served_model_name, artifact_root=str(p.artifact), api_key=req.api_key,
         log_path=req.log_file or default_log_path(p.artifact), timeout=req.timeout, ballast=p.ballast,
     )
+
+
+def launch_env(p: Prepared) -> dict[str, str]:
+    """vLLM's whole environment: ours (less qwenquant's import path when isolated), the additions, less env_unset."""
+    env = {**server_env(isolated=bool(p.install and p.install.isolated)), **p.env_add}
+    for k in p.env_unset:
+        env.pop(k, None)
+    return env
 
 
 def report_prepared(p: Prepared, label: str = "") -> None:
@@ -53,7 +61,8 @@ def dry_run_dict(p: Prepared) -> dict:
 
     return {"artifact": str(p.artifact), "profile": p.profile.name, "device": p.device,
             "vllm": None if p.install is None else {"version": p.install.version, "source": p.install.source},
-            "command": mask_argv(p.command), "env": p.env_add, "command_line": format_command(p.command, p.env_add),
+            "command": mask_argv(p.command), "env": p.env_add, "env_unset": list(p.env_unset),
+            "activations": p.activations, "command_line": format_command(p.command, p.env_add, p.env_unset),
             "ballast": list(p.ballast), "budget": budget_dict(p.budget) if p.budget else None,
             "warnings": p.warnings, "notes": p.notes,
             "failures": [{"message": e.message, "hint": e.hint, "exit_code": e.exit_code} for e in p.failures]}
@@ -70,11 +79,11 @@ def run_serve(req: ServeRequest, *, as_json: bool = False) -> int:
 
             print_json(dry_run_dict(p))
         else:
-            print(format_command(p.command, p.env_add), flush=True)
+            print(format_command(p.command, p.env_add, p.env_unset), flush=True)
         if p.failures:
             _refuse_dry_run(p)
         return 0
     spec = server_spec(p, req)
-    log.info("starting: %s", format_command(p.command, p.env_add))
+    log.info("starting: %s", format_command(p.command, p.env_add, p.env_unset))
     log.info("server log: %s", spec.log_path)
     return serve_forever(spec, lambda url: print(f"ready {url}", file=sys.stdout, flush=True))
