@@ -73,8 +73,8 @@ def _long_session(req: Request, kind: type[BenchReport], argv: list[str],
         t = targets[0]
         t.model = resolve_model(t)
         t.info["vllm_version"] = server_version(t) or t.info.get("vllm_version_installed")
-        report = kind({**meta, "target": _target_info(t), **measure(t, text)})
-        report.data["flags"] = flags(report.data)
+        report = kind(**meta, target=_target_info(t), **measure(t, text))
+        report.flags = flags(report.to_json())
         err = deliver(report, req.out, as_json=req.as_json)
         if err:
             raise err

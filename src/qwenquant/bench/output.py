@@ -1,7 +1,8 @@
 """The one writer of every `qwenquant bench` report: a typed report per mode (run, depth, soak, turns)
-around its versioned JSON document, and `deliver`, which writes the JSON and the PNG beside it, shows
-the tables (or the JSON with --json) and the flag and verdict lines, and returns the error of a failing
-verdict (exit 8).
+whose fields are its versioned JSON document's top-level keys (`to_json`; `from_json` and `load_report`
+read one back, refusing another schema_version or an unknown mode), and `deliver`, which writes the
+JSON and the PNG beside it, shows the tables (or the JSON with --json) and the flag and verdict lines,
+and returns the error of a failing verdict (exit 8).
 
 The output is checked before anything is measured (`check_out`: the folder exists, can be written
 and has room); a write that still fails after measuring keeps the measurement: the tables are shown,
@@ -15,7 +16,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -44,58 +45,182 @@ def check_out(target: Path, min_free: int = MIN_FREE_BYTES) -> Path:
     return target
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BenchReport:
-    """One mode's report: its JSON document (`data`), and what draws it (`plotter`, None: no PNG), shows it
-    (`shower`: tables and lines) and judges it (`judge`: the failing verdict's error, exit 8)."""
+    """What every mode's report holds (who ran it, how, its flags, where its JSON and PNG went); each
+    mode adds its measured fields, draws (`plotter`, None: no PNG), shows (`shower`: tables and lines)
+    and judges (`judge`: the failing verdict's error, exit 8) what `to_json` gives."""
 
-    data: dict[str, Any]
-    mode: ClassVar[str] = "run"
-    plotter: ClassVar[Callable[[dict[str, Any], Path], None] | None] = staticmethod(write_png)
-    shower: ClassVar[Callable[[dict[str, Any]], None]] = staticmethod(print_report)
+    tool: str
+    argv: list[str]
+    started: str
+    python: str
+    gpu_name: str | None
+    flags: list[dict[str, Any]] = field(default_factory=list)
+    schema_version: int = SCHEMA_VERSION
+    png_path: str | None = None
+    json_path: str | None = None
+    mode: ClassVar[str] = ""
+    plotter: ClassVar[Callable[[dict[str, Any], Path], None] | None] = None
+    shower: ClassVar[Callable[[dict[str, Any]], None]]
     judge: ClassVar[Callable[[dict[str, Any]], BenchError | None]] = staticmethod(lambda data: None)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document: every field, and `mode` (written with sorted keys)."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "mode": self.mode}
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "report") -> BenchReport:
+        """The typed report of a JSON document `source` holds: its schema_version must be this qwenquant's
+        and its mode one of REPORTS (the mode of `cls`, when `cls` is one mode's report); every field known."""
+        if not isinstance(data, dict):
+            raise _refuse(source, "the top level", f"is {type(data).__name__}, not an object")
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise _refuse(source, "schema_version", f"is {data.get('schema_version')!r}, this qwenquant reads "
+                          f"bench reports of schema_version {SCHEMA_VERSION}")
+        kind = REPORTS.get(data.get("mode"))  # type: ignore[arg-type]
+        if kind is None or (cls.mode and kind is not cls):
+            want = cls.mode or " | ".join(REPORTS)
+            raise _refuse(source, "mode", f"is {data.get('mode')!r}, not {want}")
+        names = {f.name for f in fields(kind)}
+        unknown = sorted(set(data) - names - {"mode"})
+        missing = sorted(f.name for f in fields(kind) if f.name not in data and f.default is MISSING
+                         and f.default_factory is MISSING)
+        if unknown or missing:
+            field_, what = (unknown[0], "is not a field of") if unknown else (missing[0], "is missing from")
+            raise _refuse(source, field_, f"{what} a bench report of mode {kind.mode} (schema_version {SCHEMA_VERSION})")
+        return kind(**{k: v for k, v in data.items() if k != "mode"})
 
     def plot(self, path: Path) -> bool:
         """Write the PNG (False: this mode has none)."""
         if self.plotter is None:
             return False
-        self.plotter(self.data, path)
+        self.plotter(self.to_json(), path)
         return True
 
     def show(self) -> None:
-        self.shower(self.data)
+        self.shower(self.to_json())
 
     def error(self) -> BenchError | None:
         """The failing verdict's one line (exit 8), or None."""
-        return self.judge(self.data)
+        return self.judge(self.to_json())
 
 
-def _mode(mode: str, plotter: Callable[[dict[str, Any], Path], None] | None, shower: Callable[[dict[str, Any]], None],
-          judge: Callable[[dict[str, Any]], BenchError | None]) -> type[BenchReport]:
-    """The report type of one mode: its name, PNG, console view and verdict."""
-    return type(f"{mode.title()}Report", (BenchReport,), {
-        "mode": mode, "plotter": staticmethod(plotter) if plotter else None, "shower": staticmethod(shower),
-        "judge": staticmethod(judge), "__doc__": f"The report of `qwenquant bench {mode}`."})
+def _refuse(source: str, field_: str, what: str) -> UsageError:
+    return UsageError(f"{source}: {field_} {what}",
+                      hint="pass a JSON file `qwenquant bench` wrote (a report of another version: re-run the bench)")
 
 
-DepthReport = _mode("depth", depth_png, print_depth, depth_error)
-SoakReport = _mode("soak", soak_png, print_soak, soak_error)
-TurnsReport = _mode("turns", None, print_turns, turns_error)
-REPORTS: dict[str, type[BenchReport]] = {r.mode: r for r in (BenchReport, DepthReport, SoakReport, TurnsReport)}
+@dataclass(kw_only=True)
+class RunReport(BenchReport):
+    """The report of `qwenquant bench run` and `compare`: per target its cells and ladder, the A/B ratios."""
+
+    gpu: dict[str, Any] | None
+    options: dict[str, Any]
+    config: dict[str, Any]
+    targets: list[dict[str, Any]]
+    compare: dict[str, Any] | None
+    mode: ClassVar[str] = "run"
+    plotter: ClassVar[Callable[[dict[str, Any], Path], None] | None] = staticmethod(write_png)
+    shower: ClassVar[Callable[[dict[str, Any]], None]] = staticmethod(print_report)
 
 
-def _write_json(data: dict[str, Any], out: Path) -> Path:
+@dataclass(kw_only=True)
+class _LongReport(BenchReport):
+    """What depth, soak and turns share: one target, the server's limit, the shipped text, server health."""
+
+    target: dict[str, Any]
+    max_model_len: int | None
+    text: dict[str, Any]
+    server: dict[str, Any]
+
+
+@dataclass(kw_only=True)
+class DepthReport(_LongReport):
+    """The report of `qwenquant bench depth`: one record per rung (a burst's: its requests)."""
+
+    output_tokens: int
+    depths: list[int]
+    concurrency: int
+    reuse_prefix: bool
+    tokenize: bool | None
+    nonce: str
+    rungs: list[dict[str, Any]]
+    last_ok_depth: int | None
+    failure: dict[str, Any] | None
+    mode: ClassVar[str] = "depth"
+    plotter: ClassVar[Callable[[dict[str, Any], Path], None] | None] = staticmethod(depth_png)
+    shower: ClassVar[Callable[[dict[str, Any]], None]] = staticmethod(print_depth)
+    judge: ClassVar[Callable[[dict[str, Any]], BenchError | None]] = staticmethod(depth_error)
+
+
+@dataclass(kw_only=True)
+class SoakReport(_LongReport):
+    """The report of `qwenquant bench soak`: acceptance per window, per stream, and the verdict."""
+
+    soak_tokens: int
+    concurrency: int
+    window: int
+    collapse_fraction: float
+    source: str
+    token_count_approximate: bool
+    windows: list[dict[str, Any]]
+    stream_windows: list[list[dict[str, Any]]] | None
+    streams: list[dict[str, Any]]
+    verdict: dict[str, Any]
+    mode: ClassVar[str] = "soak"
+    plotter: ClassVar[Callable[[dict[str, Any], Path], None] | None] = staticmethod(soak_png)
+    shower: ClassVar[Callable[[dict[str, Any]], None]] = staticmethod(print_soak)
+    judge: ClassVar[Callable[[dict[str, Any]], BenchError | None]] = staticmethod(soak_error)
+
+
+@dataclass(kw_only=True)
+class TurnsReport(_LongReport):
+    """The report of `qwenquant bench turns`: one record per turn and the prefix cache's verdict."""
+
+    output_tokens: int
+    turn_tokens: int
+    tokenize: bool | None
+    nonce: str
+    turns: list[dict[str, Any]]
+    prefix_cache: dict[str, Any]
+    last_ok_turn: int | None
+    last_ok_depth: int | None
+    failure: dict[str, Any] | None
+    mode: ClassVar[str] = "turns"
+    shower: ClassVar[Callable[[dict[str, Any]], None]] = staticmethod(print_turns)
+    judge: ClassVar[Callable[[dict[str, Any]], BenchError | None]] = staticmethod(turns_error)
+
+
+REPORTS: dict[str, type[BenchReport]] = {r.mode: r for r in (RunReport, DepthReport, SoakReport, TurnsReport)}
+
+
+def load_report(path: Path) -> BenchReport:
+    """The typed report in the JSON file `path` (exit 2: unreadable, another schema_version or an unknown mode)."""
+    import json
+
+    try:
+        data = json.loads(Path(path).read_bytes())
+    except FileNotFoundError:
+        raise UsageError(f"report {path} not found", hint="pass a JSON file `qwenquant bench` wrote") from None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"report {path} is not readable JSON ({e})".splitlines()[0],
+                         hint="pass a JSON file `qwenquant bench` wrote") from None
+    return BenchReport.from_json(data, f"report {path}")
+
+
+def _write_json(report: BenchReport, out: Path) -> Path:
     """The JSON at `out`, or (when that write fails after measuring) in the temporary folder."""
     from qwenquant.atomic import atomic_write_json
 
     try:
-        atomic_write_json(out, data, canonical=False)
+        atomic_write_json(out, report.to_json(), canonical=False)
         return out
     except OSError as e:
         spare = Path(tempfile.gettempdir()) / f"{out.stem}-{os.getpid()}{out.suffix}"
         log.warning("could not write %s (%s): the report goes to %s instead", out, e.strerror or e, spare)
-        data["json_path"] = str(spare)
-        atomic_write_json(spare, data, canonical=False)
+        report.json_path = str(spare)
+        atomic_write_json(spare, report.to_json(), canonical=False)
         return spare
 
 
@@ -113,14 +238,12 @@ def deliver(report: BenchReport, out: Path, *, as_json: bool = False, plot: bool
     """Write the JSON (and PNG), show the report, return the error of a failing verdict (exit 8)."""
     from qwenquant.console import print_json
 
-    data = report.data
-    data["schema_version"] = SCHEMA_VERSION
-    data["mode"] = report.mode
-    data["png_path"] = _write_png(report, out.with_suffix(".png")) if plot else None
-    data["json_path"] = str(out)
-    written = _write_json(data, out)
+    report.schema_version = SCHEMA_VERSION
+    report.png_path = _write_png(report, out.with_suffix(".png")) if plot else None
+    report.json_path = str(out)
+    written = _write_json(report, out)
     if as_json:
-        print_json(data)
+        print_json(report.to_json())
     else:
         report.show()
     if written != out:

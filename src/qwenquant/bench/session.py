@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from qwenquant.bench import gpu as gpumod
 from qwenquant.bench.launch import ConfigSpec, serve_targets, url_targets
-from qwenquant.bench.output import BenchReport, deliver
+from qwenquant.bench.output import RunReport, deliver
 from qwenquant.bench.runner import Options, Target, resolve_model, run_bench, server_version
 from qwenquant.bench.workload import load_config
 from qwenquant.errors import UsageError
@@ -77,7 +77,7 @@ def targets_of(req: Request, configs: list[ConfigSpec]) -> Iterator[list[Target]
         yield targets
 
 
-def run(req: Request, options: Options, argv: list[str]) -> BenchReport:
+def run(req: Request, options: Options, argv: list[str]) -> RunReport:
     """Measure, then deliver the report (JSON, PNG, tables, flag lines)."""
     from qwenquant.bench.report import build_report
 
@@ -103,7 +103,7 @@ def run(req: Request, options: Options, argv: list[str]) -> BenchReport:
             runs = run_bench(targets, cfg, options)
     meta = {"tool": "qwenquant bench", "argv": argv, "started": started, "python": platform.python_version(),
             "gpu_name": gpumod.gpu_name(), "gpu": sampler.result, "options": dict(vars(options))}
-    report = BenchReport(build_report(runs, cfg, meta=meta))
+    report = RunReport(**build_report(runs, cfg, meta=meta))
     deliver(report, req.out, as_json=req.as_json, plot=req.plot)
     return report
 

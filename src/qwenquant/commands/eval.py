@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -26,6 +26,7 @@ from qwenquant.commands._options import (
 )
 
 if TYPE_CHECKING:
+    from qwenquant.evaluate.report import EvalReport, ServedReport
     from qwenquant.evaluate.servedrun import ServedAsk
     from qwenquant.serve.request import ServeRequest
 
@@ -131,12 +132,13 @@ def offline(
     result, target = run_offline_eval(OfflineAsk(artifact, reference, windows, window_len, text, text_set,
                                                  device.value, streamed, report, reference_unverified,
                                                  activations.value))
-    console.print(rep.offline_table(result))
-    for line in rep.summary_lines(result):
+    data = result.to_json()
+    console.print(rep.offline_table(data))
+    for line in rep.summary_lines(data):
         console.print(line, markup=False)
-    if not result["reference_check"]["verified"]:
+    if not result.reference_check["verified"]:
         console.print(f"NOTE: the reference was not checked against the artifact's recorded source "
-                      f"({result['reference_check']['recorded_source']}): --reference-unverified", markup=False)
+                      f"({result.reference_check['recorded_source']}): --reference-unverified", markup=False)
     _fail_write(_emit(result, target, as_json))
 
 
@@ -222,12 +224,12 @@ def gates(as_json: AsJson = False) -> None:
         stdout.print(f"{g['name']}: {g['tasks']} tasks, {g['cases']} cases. {g['description']}", markup=False)
 
 
-def _emit(result: dict[str, Any], path: Path | None, as_json: bool) -> str | None:
+def _emit(result: EvalReport, path: Path | None, as_json: bool) -> str | None:
     """The one writer of an eval report: the JSON to `path`, the verdict line, the JSON on stdout with --json.
     A write that fails keeps the measurement (printed on stdout, and in a spare file when one can be
     written). Returns why it failed (None: written)."""
     from qwenquant.console import console
-    from qwenquant.evaluate.report import save_report, verdict_line
+    from qwenquant.evaluate.report import save_report
 
     where, failed = save_report(result, path) if path is not None else (None, None)
     if failed:
@@ -236,9 +238,9 @@ def _emit(result: dict[str, Any], path: Path | None, as_json: bool) -> str | Non
                       markup=False, soft_wrap=True)
     elif path is not None:
         console.print(f"report: {path}", markup=False)
-    console.print(verdict_line(result), markup=False, soft_wrap=True)
+    console.print(result.verdict(), markup=False, soft_wrap=True)
     if as_json or failed:
-        print(json.dumps(result, indent=2, sort_keys=True))
+        print(json.dumps(result.to_json(), indent=2, sort_keys=True))
     return f"report {path} could not be written ({failed})" if failed else None
 
 
@@ -250,19 +252,19 @@ def _fail_write(failed: str | None) -> None:
                          hint="free space or pass --report in a folder you can write, then run eval again")
 
 
-def _print_served(result: dict[str, Any]) -> None:
+def _print_served(result: ServedReport) -> None:
     """What a user reads of a served run, one line per task, tool case, needle depth, and MTP."""
     from qwenquant.console import console
 
-    for t in result["tasks"]:
+    for t in result.tasks:
         console.print(f"task {t['name']}: {t['passed']}/{t['total']} passed", markup=False)
-    for c in result.get("tools", {}).get("cases", []):
+    for c in (result.tools or {}).get("cases", []):
         console.print(f"tool case {c['name']}: {c['kind'].replace('_', ' ')}"
                       + (f" ({c['problems'][0]})" if c["problems"] else ""), markup=False)
-    for r in result.get("needle", {}).get("depths", []):
+    for r in (result.needle or {}).get("depths", []):
         console.print(f"needle at depth {r['needle_tokens']:,} of {r['prompt_tokens']:,} tokens ({r['depth']:g}): "
                       f"{'passed' if r['passed'] else 'failed'}", markup=False)
-    m = result["mtp"]
+    m = result.mtp
     mal = m["mean_acceptance_length"]
     if m.get("unavailable"):
         console.print(f"MTP: not measured ({m['unavailable']})", markup=False)
@@ -274,14 +276,14 @@ def _print_served(result: dict[str, Any]) -> None:
                   markup=False, soft_wrap=True)
 
 
-def _finish_served(result: dict[str, Any], path: Path | None, as_json: bool) -> None:
+def _finish_served(result: ServedReport, path: Path | None, as_json: bool) -> None:
     """Write and print the served report; exit 8 on a failed gate, 2 when only the report write failed."""
     from qwenquant.errors import BenchError
 
     _print_served(result)
     failed_write = _emit(result, path, as_json)
-    if result["failures"]:
-        raise BenchError("served gate failed: " + "; ".join(result["failures"]),
+    if result.failures:
+        raise BenchError("served gate failed: " + "; ".join(result.failures),
                          hint="compare with the bf16 source served the same way; see `qwenquant eval offline "
                               "ARTIFACT --reference SOURCE`")
     _fail_write(failed_write)
@@ -316,7 +318,7 @@ def _serve_and_gate(req: ServeRequest, ask: ServedAsk, report: Path | None, as_j
                       markup=False)
         result = run_served(s.url, ask, ask.model or s.model)
         console.print("stopping the server", markup=False)
-    result.update(served=s.info, root_digest=s.info["artifact_root_digest"])
-    if result["root_digest"] != root:
-        target = report_path(req.artifact, result["root_digest"], kind="eval-served")
+    result.served, result.root_digest = s.info, s.info["artifact_root_digest"]
+    if result.root_digest != root:
+        target = report_path(req.artifact, result.root_digest, kind="eval-served")
     _finish_served(result, target, as_json)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from qwenquant.errors import UsageError
+from qwenquant.evaluate.report import OfflineReport
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class OfflineAsk:
     activations: str = "bf16"  # "int8": also the arm that simulates vLLM's int8-activation Marlin path
 
 
-def run_offline_eval(ask: OfflineAsk) -> tuple[dict[str, Any], Path]:
+def run_offline_eval(ask: OfflineAsk) -> tuple[OfflineReport, Path]:
     """(the report, where it goes): everything checked first, then both models measured."""
     from qwenquant.evaluate import report as rep
     from qwenquant.evaluate.inputs import check_reference, check_report_target, verify_artifact_first
@@ -51,4 +51,4 @@ def run_offline_eval(ask: OfflineAsk) -> tuple[dict[str, Any], Path]:
                          activations=ask.activations)
     result.update(artifact=str(artifact), reference_check=ref_check, **identity)
     result["goals"] = rep.goals(result)
-    return rep.stamp(result, "offline"), target
+    return OfflineReport.of(result), target

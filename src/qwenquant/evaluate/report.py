@@ -1,10 +1,14 @@
 """The eval report: goals, where the JSON goes (beside the artifact, outside its hashed files), the table,
-the versioned JSON (`stamp`), its one-line verdict and its one writer (`save_report`)."""
+the typed, versioned report per kind (`OfflineReport`, `ServedReport`: `to_json`, `from_json`,
+`load_report`), its one-line verdict and its one writer (`save_report`)."""
 
 from __future__ import annotations
 
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
+
+from qwenquant.errors import UsageError
 
 # The issue's goals: calibrated head KL <= 0.5x round-to-nearest; W4A16 + calibrated head within 3%
 # of bf16 perplexity; MTP acceptance length lowered by less than 5%.
@@ -28,15 +32,128 @@ def goals(report: dict[str, Any]) -> dict[str, Any]:
 
 # the JSON's schema: version 1 adds `schema_version` and `kind` to the keys reports had before
 SCHEMA_VERSION = 1
-KINDS = ("offline", "served")
+TEXT_KEYS = ("text", "text_set", "repo", "revision", "file", "sha256", "license")  # where the windows came from
 
 
-def stamp(result: dict[str, Any], kind: str) -> dict[str, Any]:
-    """`result` as a versioned report of `kind` (offline | served)."""
-    if kind not in KINDS:
-        raise ValueError(f"eval report kind {kind!r} is not one of {KINDS}")
-    result.update(schema_version=SCHEMA_VERSION, kind=kind)
-    return result
+@dataclass(kw_only=True)
+class EvalReport:
+    """One eval report: its fields are the versioned JSON's top-level keys (`to_json`); `from_json` reads
+    one back, refusing another schema_version or an unknown kind. Fields in `OPTIONAL` are left out of
+    the JSON when None (a served run without --tools has no `tools` key)."""
+
+    schema_version: int = SCHEMA_VERSION
+    kind: ClassVar[str] = ""
+    OPTIONAL: ClassVar[tuple[str, ...]] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document (written with sorted keys)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if not (f.name in self.OPTIONAL and getattr(self, f.name) is None)}
+        return {**out, "kind": self.kind}
+
+    @classmethod
+    def of(cls, result: dict[str, Any]) -> Self:
+        """The report of a run's measured `result` (its keys are the fields; TypeError names one that is not)."""
+        return cls(**{k: v for k, v in result.items() if k not in ("kind", "schema_version")})
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "report") -> EvalReport:
+        """The typed report of a JSON document `source` holds (exit 2 on another schema_version, kind or field)."""
+        if not isinstance(data, dict):
+            raise _refuse(source, "the top level", f"is {type(data).__name__}, not an object")
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise _refuse(source, "schema_version", f"is {data.get('schema_version')!r}, this qwenquant reads eval "
+                          f"reports of schema_version {SCHEMA_VERSION}")
+        kind = KINDS.get(data.get("kind"))  # type: ignore[arg-type]
+        if kind is None or (cls.kind and kind is not cls):
+            raise _refuse(source, "kind", f"is {data.get('kind')!r}, not {cls.kind or ' | '.join(KINDS)}")
+        names = {f.name for f in fields(kind)} | {"kind"} | (set(TEXT_KEYS) if kind is OfflineReport else set())
+        unknown = sorted(set(data) - names)
+        missing = sorted(f.name for f in fields(kind) if f.name not in data and f.default is MISSING
+                         and f.default_factory is MISSING and f.name != "text_source")
+        if unknown or missing:
+            field_, what = (unknown[0], "is not a field of") if unknown else (missing[0], "is missing from")
+            raise _refuse(source, field_, f"{what} an eval report of kind {kind.kind} (schema_version {SCHEMA_VERSION})")
+        return kind.of(data)
+
+    def verdict(self) -> str:
+        """The one line saying what the run found."""
+        return verdict_line(self.to_json())
+
+
+def _refuse(source: str, field_: str, what: str) -> UsageError:
+    return UsageError(f"{source}: {field_} {what}",
+                      hint="pass a JSON file `qwenquant eval` wrote (a report of another version: re-run the eval)")
+
+
+@dataclass(kw_only=True)
+class OfflineReport(EvalReport):
+    """`qwenquant eval offline`: the arms' figures, lm_head and MTP, what was compared on which text, the goals.
+    `text_source` is where the windows came from (TEXT_KEYS), top-level keys in the JSON."""
+
+    arms: dict[str, Any]
+    lm_head: dict[str, Any]
+    mtp: dict[str, Any]
+    windows: int
+    window_len: int
+    device: str
+    forward: str
+    seconds: float
+    artifact: str
+    reference: str
+    reference_check: dict[str, Any]
+    root_digest: str
+    text_source: dict[str, Any]
+    goals: dict[str, Any]
+    activations: str = "bf16"  # int8: the arms include artifact+int8-act (--activations int8)
+    kind: ClassVar[str] = "offline"
+
+    def to_json(self) -> dict[str, Any]:
+        out = super().to_json()
+        return {**{k: v for k, v in out.items() if k != "text_source"}, **self.text_source}
+
+    @classmethod
+    def of(cls, result: dict[str, Any]) -> Self:
+        rest = {k: v for k, v in result.items() if k not in TEXT_KEYS}
+        return super().of({**rest, "text_source": {k: v for k, v in result.items() if k in TEXT_KEYS}})
+
+
+@dataclass(kw_only=True)
+class ServedReport(EvalReport):
+    """`qwenquant eval served`: the gate's tasks, --tools and --needle when asked, MTP acceptance, the
+    failures; `served` and `root_digest` when eval started the server (--serve ARTIFACT)."""
+
+    url: str
+    model: str
+    gate: str | None
+    tasks: list[dict[str, Any]]
+    mtp: dict[str, Any]
+    min_acceptance_length: float | None
+    failures: list[str]
+    ok: bool
+    tools: dict[str, Any] | None = None
+    needle: dict[str, Any] | None = None
+    served: dict[str, Any] | None = None
+    root_digest: str | None = None
+    kind: ClassVar[str] = "served"
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("tools", "needle", "served", "root_digest")
+
+
+KINDS: dict[str, type[EvalReport]] = {r.kind: r for r in (OfflineReport, ServedReport)}
+
+
+def load_report(path: Path) -> EvalReport:
+    """The typed report in the JSON file `path` (exit 2: unreadable, another schema_version or an unknown kind)."""
+    import json
+
+    try:
+        data = json.loads(Path(path).read_bytes())
+    except FileNotFoundError:
+        raise UsageError(f"report {path} not found", hint="pass a JSON file `qwenquant eval` wrote") from None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"report {path} is not readable JSON ({e})".splitlines()[0],
+                         hint="pass a JSON file `qwenquant eval` wrote") from None
+    return EvalReport.from_json(data, f"report {path}")
 
 
 def verdict_line(result: dict[str, Any]) -> str:
@@ -65,8 +182,8 @@ def report_path(artifact: Path, root_digest: str, kind: str = "eval") -> Path:
     return artifact.parent / f"{artifact.name}.{kind}-{root_digest[:16]}.json"
 
 
-def save_report(result: dict[str, Any], path: Path) -> tuple[Path | None, str | None]:
-    """Write `result` (pretty JSON) to `path`: (path, None). When that fails after measuring (a full
+def save_report(report: EvalReport, path: Path) -> tuple[Path | None, str | None]:
+    """Write `report` (pretty JSON) to `path`: (path, None). When that fails after measuring (a full
     disk, a mount gone read-only), the measurement is kept: written to a new file in the temp folder,
     (that file, why `path` failed); (None, why) when no file could be written at all."""
     import os
@@ -74,7 +191,7 @@ def save_report(result: dict[str, Any], path: Path) -> tuple[Path | None, str | 
 
     from qwenquant.atomic import atomic_write_bytes, pretty_json
 
-    data = pretty_json(result)
+    data = pretty_json(report.to_json())
     try:
         atomic_write_bytes(path, data)
         return path, None

@@ -10,7 +10,7 @@ from typing import Any
 
 from qwenquant.errors import UsageError
 from qwenquant.evaluate.needle import check_needle_max_len, needle_failures, run_needle
-from qwenquant.evaluate.report import stamp
+from qwenquant.evaluate.report import ServedReport
 from qwenquant.evaluate.served import (
     acceptance,
     base_url,
@@ -51,7 +51,7 @@ class ServedAsk:
         return gate
 
 
-def run_served(url: str, ask: ServedAsk, model: str | None = None) -> dict[str, Any]:
+def run_served(url: str, ask: ServedAsk, model: str | None = None) -> ServedReport:
     """Run what `ask` asks against `url` (a base URL; a trailing /v1 is dropped); the report, with
     `failures` listed and `ok` only when something was tested and nothing failed."""
     gate = ask.check()
@@ -69,7 +69,7 @@ def run_served(url: str, ask: ServedAsk, model: str | None = None) -> dict[str, 
                                              ("needle cases", ask.needle)) if on]
     failures = served_failures(result, ask.min_acceptance)
     result.update(min_acceptance_length=ask.min_acceptance, failures=failures, ok=not failures)
-    return stamp(result, "served")
+    return ServedReport.of(result)
 
 
 def served_failures(result: dict[str, Any], min_acceptance: float | None) -> list[str]:

@@ -66,6 +66,23 @@ def report_digests(kind: str, data: dict[str, Any]) -> set[str]:
     return {data["root_digest"]} if isinstance(data.get("root_digest"), str) else set()
 
 
+def check_version(data: Any, source: str) -> None:
+    """A report that names its mode (bench) or kind (eval), or a schema_version other than the first
+    bench one, is read through its typed loader, which refuses another schema_version or an unknown
+    mode or kind (exit 2); reports written before either (bench schema 1, eval before schema 1) pass."""
+    if not isinstance(data, dict):
+        return
+    if str(data.get("tool", "")).startswith("qwenquant bench"):
+        if "mode" in data or data.get("schema_version") not in (None, 1):
+            from qwenquant.bench.output import BenchReport
+
+            BenchReport.from_json(data, source)
+    elif "kind" in data or "schema_version" in data:
+        from qwenquant.evaluate.report import EvalReport
+
+        EvalReport.from_json(data, source)
+
+
 def _load(path: Path, root_digest: str, artifact: Path) -> tuple[str, dict[str, Any], bytes]:
     try:
         raw = path.read_bytes()
@@ -75,6 +92,7 @@ def _load(path: Path, root_digest: str, artifact: Path) -> tuple[str, dict[str, 
     except (OSError, ValueError) as e:
         raise UsageError(f"report {path} is not readable JSON ({e})".splitlines()[0],
                          hint="pass the JSON file `qwenquant eval` or `qwenquant bench` wrote") from None
+    check_version(data, f"report {path}")
     kind = report_kind(data)
     if kind is None:
         raise UsageError(f"{path} is not a qwenquant eval, served eval or bench report",
