@@ -154,3 +154,20 @@ def test_fused_names_and_the_stats_of_one_layer() -> None:
     s = layer_stats("mtp.layers.0.mlp.down_proj", [np.array([1.0, 1 / 8192, 1 / 8000, 0.0, -1.0], np.float32)],
                     "bfloat16")
     assert (s.kind, s.groups, s.negative, s.zero) == ("mtp down_proj", 5, 1, 2)
+
+
+def test_a_layer_with_one_group_per_row_is_refused(tmp_path: Path) -> None:
+    """A layer whose input is no wider than its group_size has one scale column: vLLM 0.32's Marlin
+    (kernels/linear/mixed_precision/marlin.py) then sets no input_global_scale, and the int8 path multiplies
+    the token scales by None at the first forward."""
+    import numpy as np
+
+    from qwenquant.check.activations import int8_findings
+    from qwenquant.check.facts import read_artifact
+
+    facts = read_artifact(crafted(tmp_path))
+    one = layer_stats("model.layers.0.mlp.down_proj", [np.full(8, 0.01, np.float32)], "bfloat16", per_row=1)
+    many = layer_stats("model.layers.0.mlp.gate_up_proj", [np.full(16, 0.01, np.float32)], "bfloat16", per_row=2)
+    report = int8_findings(facts, {one.layer: one, many.layer: many})
+    assert [(f.where, f.message.split(":")[0]) for f in report.findings] == [
+        ("model.layers.0.mlp.down_proj.weight_scale", "one scale group per row (the input is no wider than group_size)")]

@@ -41,6 +41,7 @@ class LayerScales:
     groups: int
     negative: int  # groups whose scale is below zero
     zero: int  # groups whose scale re-quantizes to 0
+    per_row: int = 2  # groups along the input (vLLM keeps an activation scale only above one)
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,11 @@ def int8_findings(a: ArtifactFacts, stats: Mapping[str, LayerScales]) -> Int8Rep
                                     "vLLM's Marlin re-quantizes them to wrong values and the output is corrupt "
                                     "(vllm #48905)", "serve with --activations bf16, or re-quantize (GPTQ writes "
                                     "non-negative scales)"))
+        if s.per_row == 1:
+            findings.append(finding(RULE, f"{s.layer}.weight_scale",
+                                    "one scale group per row (the input is no wider than group_size): vLLM keeps "
+                                    "no activation scale for such a layer with int8 activations and fails at its "
+                                    "first forward", "serve with --activations bf16"))
     zero: dict[str, int] = {}
     for s in stats.values():
         zero[s.kind] = zero.get(s.kind, 0) + s.zero
@@ -175,7 +181,7 @@ def _float32(raw: bytes, dtype: str) -> Any:
     raise ValueError(f"scale dtype {dtype}")
 
 
-def layer_stats(layer: str, parts: list[Any], dtype: str) -> LayerScales:
+def layer_stats(layer: str, parts: list[Any], dtype: str, per_row: int = 2) -> LayerScales:
     """One layer's statistics from its parts' scales (float32 arrays), as vLLM's
     marlin_act_int8_process_scales computes in the served dtype: s / s.max() * 4096, rounded."""
     import numpy as np
@@ -188,13 +194,14 @@ def layer_stats(layer: str, parts: list[Any], dtype: str) -> LayerScales:
         zero = int((np.rint(q) == 0).sum())  # rint: half to even, as torch.round
     else:
         zero = int(s.size)
-    return LayerScales(layer, layer_kind(layer), int(s.size), negative, zero)
+    return LayerScales(layer, layer_kind(layer), int(s.size), negative, zero, per_row)
 
 
 def read_scale_stats(a: ArtifactFacts) -> dict[str, LayerScales]:
     """Every Marlin layer's scale statistics, read from the shards (thin: one read per scale tensor)."""
     dtype = served_dtype(a)
     parts: dict[str, list[Any]] = {}
+    per_row: dict[str, int] = {}
     for mod in marlin_modules(a):
         ref = a.modules().get(mod, {}).get("weight_scale")
         if ref is None:
@@ -204,7 +211,8 @@ def read_scale_stats(a: ArtifactFacts) -> dict[str, LayerScales]:
         except ValueError:
             continue  # packed-format reports a scale of another dtype
         parts.setdefault(vllm_layer(mod), []).append(values)
-    return {layer: layer_stats(layer, p, dtype) for layer, p in sorted(parts.items())}
+        per_row[vllm_layer(mod)] = int(ref.shape[-1]) if len(ref.shape) == 2 else 1
+    return {layer: layer_stats(layer, p, dtype, per_row[layer]) for layer, p in sorted(parts.items())}
 
 
 def check_int8_activations(a: ArtifactFacts) -> Int8Report:
