@@ -14,7 +14,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "qwenquant"
 # says why each sits where it does). "__init__" is the package itself (`from qwenquant import envs`
 # of a name that is not a module).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("__init__", "errors", "envs", "crash", "atomic", "hashing", "console", "procenv", "outfolder", "net"),
+    ("__init__", "errors", "envs", "crash", "atomic", "hashing", "console", "procenv", "outfolder", "net",
+     "reportdoc"),
     ("checkpoint",),
     ("recipe",),
     ("manifest", "signing"),

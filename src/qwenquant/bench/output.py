@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -25,9 +25,11 @@ from qwenquant.bench.plot import write_png
 from qwenquant.bench.render import print_depth, print_report, print_soak, print_turns
 from qwenquant.bench.verdicts import depth_error, soak_error, turns_error
 from qwenquant.errors import BenchError, UsageError
+from qwenquant.reportdoc import DocKind
 
 log = logging.getLogger(__name__)
 SCHEMA_VERSION = 2  # 2: cross-check flags, the streams' own counts, `mode`
+DOC = DocKind("bench", "mode", SCHEMA_VERSION, "a bench report")
 MIN_FREE_BYTES = 16 << 20  # a report and its PNG are far smaller; less free than this is a full disk
 
 
@@ -73,22 +75,7 @@ class BenchReport:
     def from_json(cls, data: Any, source: str = "report") -> BenchReport:
         """The typed report of a JSON document `source` holds: its schema_version must be this qwenquant's
         and its mode one of REPORTS (the mode of `cls`, when `cls` is one mode's report); every field known."""
-        if not isinstance(data, dict):
-            raise _refuse(source, "the top level", f"is {type(data).__name__}, not an object")
-        if data.get("schema_version") != SCHEMA_VERSION:
-            raise _refuse(source, "schema_version", f"is {data.get('schema_version')!r}, this qwenquant reads "
-                          f"bench reports of schema_version {SCHEMA_VERSION}")
-        kind = REPORTS.get(data.get("mode"))  # type: ignore[arg-type]
-        if kind is None or (cls.mode and kind is not cls):
-            want = cls.mode or " | ".join(REPORTS)
-            raise _refuse(source, "mode", f"is {data.get('mode')!r}, not {want}")
-        names = {f.name for f in fields(kind)}
-        unknown = sorted(set(data) - names - {"mode"})
-        missing = sorted(f.name for f in fields(kind) if f.name not in data and f.default is MISSING
-                         and f.default_factory is MISSING)
-        if unknown or missing:
-            field_, what = (unknown[0], "is not a field of") if unknown else (missing[0], "is missing from")
-            raise _refuse(source, field_, f"{what} a bench report of mode {kind.mode} (schema_version {SCHEMA_VERSION})")
+        kind = DOC.report_class(data, source, REPORTS, cls.mode)
         return kind(**{k: v for k, v in data.items() if k != "mode"})
 
     def plot(self, path: Path) -> bool:
@@ -104,11 +91,6 @@ class BenchReport:
     def error(self) -> BenchError | None:
         """The failing verdict's one line (exit 8), or None."""
         return self.judge(self.to_json())
-
-
-def _refuse(source: str, field_: str, what: str) -> UsageError:
-    return UsageError(f"{source}: {field_} {what}",
-                      hint="pass a JSON file `qwenquant bench` wrote (a report of another version: re-run the bench)")
 
 
 @dataclass(kw_only=True)
@@ -197,15 +179,7 @@ REPORTS: dict[str, type[BenchReport]] = {r.mode: r for r in (RunReport, DepthRep
 
 def load_report(path: Path) -> BenchReport:
     """The typed report in the JSON file `path` (exit 2: unreadable, another schema_version or an unknown mode)."""
-    import json
-
-    try:
-        data = json.loads(Path(path).read_bytes())
-    except FileNotFoundError:
-        raise UsageError(f"report {path} not found", hint="pass a JSON file `qwenquant bench` wrote") from None
-    except (OSError, ValueError) as e:
-        raise UsageError(f"report {path} is not readable JSON ({e})".splitlines()[0],
-                         hint="pass a JSON file `qwenquant bench` wrote") from None
+    data = DOC.read(path)
     return BenchReport.from_json(data, f"report {path}")
 
 

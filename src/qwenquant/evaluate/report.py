@@ -4,11 +4,11 @@ the typed, versioned report per kind (`OfflineReport`, `ServedReport`: `to_json`
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
-from qwenquant.errors import UsageError
+from qwenquant.reportdoc import DocKind
 
 # The issue's goals: calibrated head KL <= 0.5x round-to-nearest; W4A16 + calibrated head within 3%
 # of bf16 perplexity; MTP acceptance length lowered by less than 5%.
@@ -32,6 +32,7 @@ def goals(report: dict[str, Any]) -> dict[str, Any]:
 
 # the JSON's schema: version 1 adds `schema_version` and `kind` to the keys reports had before
 SCHEMA_VERSION = 1
+DOC = DocKind("eval", "kind", SCHEMA_VERSION, "an eval report")
 TEXT_KEYS = ("text", "text_set", "repo", "revision", "file", "sha256", "license")  # where the windows came from
 
 
@@ -59,31 +60,13 @@ class EvalReport:
     @classmethod
     def from_json(cls, data: Any, source: str = "report") -> EvalReport:
         """The typed report of a JSON document `source` holds (exit 2 on another schema_version, kind or field)."""
-        if not isinstance(data, dict):
-            raise _refuse(source, "the top level", f"is {type(data).__name__}, not an object")
-        if data.get("schema_version") != SCHEMA_VERSION:
-            raise _refuse(source, "schema_version", f"is {data.get('schema_version')!r}, this qwenquant reads eval "
-                          f"reports of schema_version {SCHEMA_VERSION}")
-        kind = KINDS.get(data.get("kind"))  # type: ignore[arg-type]
-        if kind is None or (cls.kind and kind is not cls):
-            raise _refuse(source, "kind", f"is {data.get('kind')!r}, not {cls.kind or ' | '.join(KINDS)}")
-        names = {f.name for f in fields(kind)} | {"kind"} | (set(TEXT_KEYS) if kind is OfflineReport else set())
-        unknown = sorted(set(data) - names)
-        missing = sorted(f.name for f in fields(kind) if f.name not in data and f.default is MISSING
-                         and f.default_factory is MISSING and f.name != "text_source")
-        if unknown or missing:
-            field_, what = (unknown[0], "is not a field of") if unknown else (missing[0], "is missing from")
-            raise _refuse(source, field_, f"{what} an eval report of kind {kind.kind} (schema_version {SCHEMA_VERSION})")
+        kind = DOC.report_class(data, source, KINDS, cls.kind, extra=frozenset(TEXT_KEYS) if data.get("kind") == "offline"
+                                else frozenset(), not_required=frozenset({"text_source"}))
         return kind.of(data)
 
     def verdict(self) -> str:
         """The one line saying what the run found."""
         return verdict_line(self.to_json())
-
-
-def _refuse(source: str, field_: str, what: str) -> UsageError:
-    return UsageError(f"{source}: {field_} {what}",
-                      hint="pass a JSON file `qwenquant eval` wrote (a report of another version: re-run the eval)")
 
 
 @dataclass(kw_only=True)
@@ -144,15 +127,7 @@ KINDS: dict[str, type[EvalReport]] = {r.kind: r for r in (OfflineReport, ServedR
 
 def load_report(path: Path) -> EvalReport:
     """The typed report in the JSON file `path` (exit 2: unreadable, another schema_version or an unknown kind)."""
-    import json
-
-    try:
-        data = json.loads(Path(path).read_bytes())
-    except FileNotFoundError:
-        raise UsageError(f"report {path} not found", hint="pass a JSON file `qwenquant eval` wrote") from None
-    except (OSError, ValueError) as e:
-        raise UsageError(f"report {path} is not readable JSON ({e})".splitlines()[0],
-                         hint="pass a JSON file `qwenquant eval` wrote") from None
+    data = DOC.read(path)
     return EvalReport.from_json(data, f"report {path}")
 
 
