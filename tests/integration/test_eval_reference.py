@@ -213,3 +213,19 @@ def test_int8_activations_reach_the_int4_mtp_head(evaluated: dict, tmp_path: Pat
     mtp = {k for k in packed if k.split(".")[0] == "mtp" or ".mtp." in k}
     assert mtp and arm["int8_linears"] == {"body": len(packed) - len(mtp) - 1, "mtp_head": len(mtp), "lm_head": True}
     assert arm["int32_overflows"] == 0
+
+
+def test_the_streamed_forward_gives_the_dense_int8_figures(evaluated: dict) -> None:
+    """The int8 arm through the layer-streamed forward (the 27B's path: a third arm in the same layer loop,
+    its Linears rebuilt per layer from the shards) gives the dense int8 arm's figures."""
+    common = (str(evaluated["artifact"]), "--reference", str(evaluated["source"]), "--windows", "6", "--window-len", "96",
+              "--activations", "int8", "--json", "--report", os.devnull)
+    streamed, dense = qq("eval", "offline", *common, "--streamed"), qq("eval", "offline", *common, "--dense")
+    assert streamed.returncode == 0 and dense.returncode == 0, (streamed.stderr + dense.stderr)[-3000:]
+    s, d = (json.loads(r.stdout)["arms"]["artifact+int8-act"] for r in (streamed, dense))
+    for key in ("ppl", "delta_pct", "kl", "top1"):
+        assert s[key] == pytest.approx(d[key], rel=1e-5, abs=1e-6), key
+    for key in ("delta_pct", "kl", "top1"):
+        assert s["vs_artifact"][key] == pytest.approx(d["vs_artifact"][key], rel=1e-4, abs=1e-6), key
+    assert s["int8_linears"] == d["int8_linears"] and s["int8_linears"]["body"] > 0
+    assert s["int32_overflows"] == d["int32_overflows"] == 0

@@ -76,7 +76,7 @@ OfflineDevice = Annotated[Device, typer.Option("--device", help="cpu or cuda.")]
 OfflineActs = Annotated[Activations, typer.Option(
     "--activations", help="int8: also measure the artifact as vLLM runs it with VLLM_MARLIN_INPUT_DTYPE=int8 "
                           "(per-token int8 activations, int16 group scales on every int4 Linear), against bf16 and "
-                          "against the W4A16 artifact (dense forward only).")]
+                          "against the W4A16 artifact.")]
 Gate = Annotated[str, typer.Option(
     "--gate", help="Exact-match gate: a shipped name (`qwenquant eval gates`), a JSON file, or none.")]
 Model = Annotated[str | None, typer.Option("--model", help="Served model name (default: the server's first).")]

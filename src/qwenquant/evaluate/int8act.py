@@ -36,6 +36,7 @@ ABSMAX_FLOOR = 1e-10  # _per_token_quant_int8's floor under a token's absmax
 FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
          "up_proj": "gate_up_proj", "in_proj_qkv": "in_proj_qkvz", "in_proj_z": "in_proj_qkvz"}
 INT32_MAX = 2**31 - 1
+CHUNK_BYTES = 256 << 20  # float64 weight rows held at once by int8_act_matmul
 
 
 def round_half_away(v: torch.Tensor) -> torch.Tensor:
@@ -68,11 +69,15 @@ def int8_act_matmul(x: torch.Tensor, codes: torch.Tensor, s16: torch.Tensor, glo
     then times the token's scale and the global factor."""
     shape = x.shape
     q, a = quantize_tokens(x.reshape(-1, shape[-1]))
-    w = (codes.double().unflatten(-1, (-1, group_size)) * s16.double().unsqueeze(-1)).flatten(-2)
-    acc = q.double() @ w.T  # every product and partial sum is an integer below 2^53: exact
-    overflow = int((acc.abs() > INT32_MAX).sum())
-    y = acc.float() * (a * torch.tensor(global_scale, dtype=torch.float32, device=a.device))
-    return y.reshape(*shape[:-1], codes.shape[0]), overflow
+    qd, factor = q.double(), a * torch.tensor(global_scale, dtype=torch.float32, device=a.device)
+    rows = max(1, CHUNK_BYTES // (8 * codes.shape[1]))  # float64 weights of a 248k-row head are 10 GB: in chunks
+    ys, overflow = [], 0
+    for r in range(0, codes.shape[0], rows):
+        w = (codes[r: r + rows].double().unflatten(-1, (-1, group_size)) * s16[r: r + rows].double().unsqueeze(-1))
+        acc = qd @ w.flatten(-2).T  # every product and partial sum is an integer below 2^53: exact
+        overflow += int((acc.abs() > INT32_MAX).sum())
+        ys.append(acc.float() * factor)
+    return torch.cat(ys, dim=-1).reshape(*shape[:-1], codes.shape[0]), overflow
 
 
 class Int8ActLinear(nn.Module):
@@ -109,9 +114,9 @@ def _codes(packed: dict[str, torch.Tensor], group: dict[str, Any]) -> tuple[torc
     if "weight_zero_point" in packed:
         problems.append("a stored zero point")
     if problems:
-        from qwenquant.errors import QwenquantError
+        from qwenquant.errors import CheckError
 
-        raise QwenquantError(f"vLLM's int8-activation path runs symmetric int4 group layers only; this one has "
+        raise CheckError(f"vLLM's int8-activation path runs symmetric int4 group layers only; this one has "
                              f"{', '.join(problems)}", hint="evaluate this artifact without --activations int8")
     shape = torch.Size(int(v) for v in packed["weight_shape"].tolist())
     return unpack_int32(packed["weight_packed"], bits, shape), int(size)

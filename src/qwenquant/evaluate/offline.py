@@ -225,20 +225,20 @@ def run_offline(reference: Path, artifact: Path, windows: torch.Tensor, *, devic
                 batch: int = 8, streamed: bool | None = None, activations: str = "bf16") -> dict[str, Any]:
     """Evaluate `artifact` against `reference` on `windows` [N, L]: dense float weights on `device`,
     or (`streamed`, default above STREAM_ABOVE_BYTES) one decoder layer at a time from the shards.
-    `activations="int8"` adds the arm that runs the artifact as vLLM's int8-activation path (dense only)."""
-    from qwenquant.errors import UsageError
-
+    `activations="int8"` adds the arm that runs the artifact as vLLM's int8-activation path (in either forward)."""
     start = time.monotonic()
     if streamed is None:
         streamed = weight_bytes(reference) > STREAM_ABOVE_BYTES
-    int8, int8_mods = None, []
-    if activations == "int8" and streamed:
-        raise UsageError("--activations int8 runs on the dense forward only",
-                         hint="add --dense (the artifact's weights are held twice, in float32, plus the reference)")
+    int8: Int8Arm | None = None
+    overflows: Callable[[], int] = lambda: 0  # the int8 arm's int32 overflows, counted after the run
+    int8_linears: dict[str, Any] = {}
     if streamed:
         from qwenquant.evaluate.streamed import streamed_forwards
 
-        ref, art, heads = streamed_forwards(reference, artifact, windows, device=device)
+        ref, art, heads, extra = streamed_forwards(reference, artifact, windows, device=device,
+                                                   int8=activations == "int8")
+        if extra is not None:
+            int8, overflows, int8_linears = (extra[0], extra[1]), extra[2].flush, extra[2].counts
         batch = 1  # a window's logits over a 248k vocabulary are 0.25 GB, and the KL holds a few such
     else:
         ref_cfg, ref_t = load_dense(reference)
@@ -248,10 +248,11 @@ def run_offline(reference: Path, artifact: Path, windows: torch.Tensor, *, devic
         heads = {k: v.float().to(device) for k, v in heads.items()}
         ref, art = DenseForward(ref_cfg, ref_t, device), DenseForward(art_cfg, art_t, device)
         if activations == "int8":
-            int8, int8_mods, int8_linears = int8_dense_arm(artifact, art_cfg, art_t, heads["artifact"], device)
+            int8, mods, int8_linears = int8_dense_arm(artifact, art_cfg, art_t, heads["artifact"], device)
+            overflows = lambda: sum(m.overflows for m in mods)  # noqa: E731
     report = evaluate_forwards(ref, art, heads, windows, batch=batch, int8=int8)
     if int8 is not None:  # outputs whose int32 accumulator would wrap in Marlin (0 expected)
-        report["arms"][INT8_ARM]["int32_overflows"] = sum(m.overflows for m in int8_mods)
+        report["arms"][INT8_ARM]["int32_overflows"] = overflows()
         report["arms"][INT8_ARM]["int8_linears"] = int8_linears
     top = report["arms"]["artifact"]["kl_p999_support"]["max"]
     # the text the largest per-token KL rests on: up to 16 tokens of context and the token predicted

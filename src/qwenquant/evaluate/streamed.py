@@ -100,6 +100,60 @@ class _Arm:
         return head.to(self.device)
 
 
+class _Int8Arm(_Arm):
+    """The artifact again, every packed Linear (body, MTP head, lm_head) run as vLLM's int8-activation Marlin
+    path (evaluate/int8act.py), built layer by layer from the same shards. Overflow counts are summed as
+    each layer is dropped (`overflows`)."""
+
+    def __init__(self, folder: Path, device: str) -> None:
+        super().__init__(folder, device)
+        self.overflows, self._live = 0, []  # type: ignore[var-annotated]
+        self.counts: dict[str, Any] = {"body": 0, "mtp_head": 0, "lm_head": False}  # the int8 Linears, per part
+
+    def _int8(self, names: list[str]) -> dict[str, Any]:
+        from qwenquant.evaluate.int8act import int8_modules
+        from qwenquant.evaluate.weights import normalize_name
+        from qwenquant.modeling.text import ref_tensor
+
+        raw = {normalize_name(n): ref_tensor(self.refs[n]) for n in names}
+        return int8_modules({k: v for k, v in raw.items() if k is not None}, self.config)
+
+    def _swap(self, root: torch.nn.Module, names: list[str], prefix: str) -> None:
+        from qwenquant.evaluate.int8act import swap_linears
+
+        self.flush()
+        mods = {k: m for k, m in self._int8(names).items() if k.startswith(prefix)}
+        done = swap_linears(root, mods, prefix=prefix)
+        self.counts["mtp_head" if prefix == "mtp." else "body"] += len(done)
+        self._live = list(mods.values())
+
+    def flush(self) -> int:
+        """Add the overflows of the modules in use to `overflows` and let them go; the total."""
+        self.overflows += sum(m.overflows for m in self._live)
+        self._live = []
+        return self.overflows
+
+    def layer(self, i: int) -> torch.nn.Module:
+        from qwenquant.evaluate.weights import normalize_name
+
+        layer = super().layer(i)
+        self._swap(layer, self.src.layer_names(i), str(normalize_name(self.src.layer_prefix(i))))
+        return layer
+
+    def mtp(self) -> Any:
+        head = super().mtp()
+        if head is not None:
+            self._swap(head, [n for n in self.refs if n.startswith("mtp.")], "mtp.")
+            self.mtp_modules = self._live  # the MTP head runs after the layers: counted then
+        return head
+
+    def int8_head(self) -> Any:
+        """The lm_head as an int8-activation Linear (hidden -> logits), or None when the head is not int4."""
+        lm = self._int8([n for n in self.refs if n.startswith("lm_head.")]).get("lm_head")
+        self.counts["lm_head"] = lm is not None
+        return lm.to(self.device) if lm is not None else None
+
+
 def _run_layers(arms: Mapping[str, _Arm], embeds: Mapping[str, list[torch.Tensor]], device: str
                 ) -> dict[str, list[torch.Tensor]]:
     """Every window through every decoder layer of each arm, one layer of one arm in memory at a time."""
@@ -124,14 +178,19 @@ def _run_layers(arms: Mapping[str, _Arm], embeds: Mapping[str, list[torch.Tensor
     return acts
 
 
-def streamed_forwards(reference: Path, artifact: Path, windows: torch.Tensor, *, device: str = "cpu"
-                      ) -> tuple[PrecomputedForward, PrecomputedForward, dict[str, torch.Tensor]]:
-    """(reference forward, artifact forward, heads) for `windows` [N, L], as run_offline's dense path gives."""
+def streamed_forwards(reference: Path, artifact: Path, windows: torch.Tensor, *, device: str = "cpu",
+                      int8: bool = False) -> tuple[PrecomputedForward, PrecomputedForward, dict[str, torch.Tensor],
+                                                   tuple[PrecomputedForward, Any, _Int8Arm] | None]:
+    """(reference forward, artifact forward, heads, int8 arm) for `windows` [N, L], as run_offline's dense
+    path gives; with `int8`, the third arm through the same layer loop: (its forward, its lm_head as a
+    function of the hidden states, the arm for its overflow count), else None."""
     from qwenquant.console import timed
     from qwenquant.evaluate.weights import rtn_head
     from qwenquant.modeling.text import embed_samples
 
     arms = {"reference": _Arm(reference, device), "artifact": _Arm(artifact, device)}
+    if int8:
+        arms["int8"] = _Int8Arm(artifact, device)
     samples = windows.tolist()
     with timed(log, f"eval: embeddings of {len(samples)} windows, both arms"):
         embeds = {name: embed_samples(arm.src, samples, device) for name, arm in arms.items()}
@@ -142,4 +201,12 @@ def streamed_forwards(reference: Path, artifact: Path, windows: torch.Tensor, *,
     with timed(log, f"eval: lm_heads (reference, round-to-nearest, artifact) on {device}"):
         ref_head = arms["reference"].head()  # each head built on the device, one after the other
         heads = {"reference": ref_head, "rtn": rtn_head(ref_head), "artifact": arms["artifact"].head()}
-    return out["reference"], out["artifact"], heads
+    extra = None
+    if int8:
+        arm = arms["int8"]
+        assert isinstance(arm, _Int8Arm)
+        arm.flush()
+        lm = arm.int8_head()
+        arm._live = [*getattr(arm, "mtp_modules", []), *([lm] if lm is not None else [])]  # counted by flush()
+        extra = (out["int8"], lm if lm is not None else (lambda h: h @ heads["artifact"].T), arm)
+    return out["reference"], out["artifact"], heads, extra
