@@ -102,14 +102,17 @@ def test_burst_of_two_fresh_prompts(server, tmp_path: Path) -> None:
         assert 1024 * 0.999 <= q["prompt_tokens"] <= 1024 and q["completion_tokens"] == 16 and q["failure"] is None
     assert 0 < rung["ttft"]["min"] <= rung["ttft"]["max"] and rung["prefill_tok_s"] > 0
     assert "burst ladder (2 fresh prompts at once per rung)" in r.stdout
-    # vLLM's own queue gauges, read during the burst: the server never ran more than its max-num-seqs, and held
-    # nothing back, so no "queued" flag. The pages are samples (a busy 2-core server answers /metrics slowly):
-    # whether one caught both requests running is not asserted; the client's own clock shows both streams
-    # decoding side by side
+    # vLLM's own queue gauges, read during the burst (samples: a busy 2-core server answers /metrics slowly),
+    # and the client's own count of streams decoding side by side. Whether this CPU server overlaps the two
+    # streams depends on its step times (on an emulated AVX2 CPU the 16 tokens of the first came in one burst
+    # before the second's first token), so neither count is pinned; what is pinned is the rule: "queued" only
+    # where a page saw a request waiting and neither count saw both running
     q = rung["server_queue"]
     assert q and q["pages"] >= 1 and 0 <= q["max_running"] <= MAX_SEQS, q
-    assert rung["decoding_at_once"] == MAX_SEQS, rung
-    assert not [f for f in rep["flags"] if f.get("check") == "queued"], rep["flags"]
+    assert rung["decoding_at_once"] in range(1, MAX_SEQS + 1), rung
+    queued = [f for f in rep["flags"] if f.get("check") == "queued"]
+    assert bool(queued) == (q["max_waiting"] > 0 and max(q["max_running"], rung["decoding_at_once"]) < MAX_SEQS), \
+        (queued, q, rung["decoding_at_once"])
 
 
 def test_conversation_of_three_turns(server, tmp_path: Path) -> None:
