@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The commands the tests start take Ctrl-C as a user's terminal sends it. A shell without job control
+    starts a background job (`make test &`, nohup in a script) with SIGINT ignored, and every child would
+    inherit that: each Ctrl-C test would then fail as if the command ignored Ctrl-C. Python's own handler in
+    this process is reset to the default in the children."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
