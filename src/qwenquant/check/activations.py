@@ -23,12 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qwenquant.check.facts import IGNORED, ArtifactFacts, CheckReport, Finding, finding
-from qwenquant.check.rules import FUSED_PARTS
+from qwenquant.check.rules import PART_OF
 from qwenquant.checkpoint.names import is_mtp
 
 RULE = "int8-activations"
 SCALE_STEPS = 4096  # marlin_act_int8_process_scales: s / s.max() * 4096, rounded to int16
-_PART_OF = {part: fused for fused, parts in FUSED_PARTS.items() for part in parts}
 _FIX_SCHEME = "serve with --activations bf16, or re-quantize with a symmetric group-wise 4-bit recipe"
 
 
@@ -83,7 +82,7 @@ class Int8Report:
 def vllm_layer(module: str) -> str:
     """The vLLM layer a checkpoint Linear loads into (q_proj -> qkv_proj, gate_proj -> gate_up_proj, ...)."""
     head, _, leaf = module.rpartition(".")
-    fused = _PART_OF.get(leaf, leaf)
+    fused = PART_OF.get(leaf, leaf)
     return f"{head}.{fused}" if head else fused
 
 

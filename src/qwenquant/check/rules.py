@@ -27,7 +27,7 @@ FUSED_PARTS: dict[str, tuple[str, ...]] = {
     "in_proj_qkvz": ("in_proj_qkv", "in_proj_z"),
     "in_proj_ba": ("in_proj_b", "in_proj_a"),
 }
-_PART_OF = {part: fused for fused, parts in FUSED_PARTS.items() for part in parts}
+PART_OF = {part: fused for fused, parts in FUSED_PARTS.items() for part in parts}
 MTP_TOP = ("fc.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "norm.weight")
 MTP_LAYER = ("input_layernorm.weight", "post_attention_layernorm.weight",
              *(f"self_attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")),
@@ -199,8 +199,8 @@ def rule_fused_scheme(a: ArtifactFacts) -> list[Finding]:
     fused: dict[tuple[str, str], list[str]] = {}
     for mod in lin:
         parent, _, leaf = mod.rpartition(".")
-        if leaf in _PART_OF:
-            fused.setdefault((parent, _PART_OF[leaf]), []).append(mod)
+        if leaf in PART_OF:
+            fused.setdefault((parent, PART_OF[leaf]), []).append(mod)
     for (parent, fname), mods in sorted(fused.items()):
         where = f"{parent}.{fname}"
         parts = FUSED_PARTS[fname]

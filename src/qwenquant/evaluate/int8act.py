@@ -27,10 +27,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from qwenquant.check.activations import SCALE_STEPS  # marlin_act_int8_process_scales' grid: s / s.max() * 4096
+
 log = logging.getLogger(__name__)
 
 INT8_MAX = 127
-SCALE_STEPS = 4096  # marlin_act_int8_process_scales: s / s.max() * 4096, rounded to int16
 ABSMAX_FLOOR = 1e-10  # _per_token_quant_int8's floor under a token's absmax
 # vLLM's packed_modules_mapping for Qwen3.5 (models/qwen3_5.py, qwen3_5_mtp.py): members of one Marlin layer
 FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
@@ -167,3 +168,9 @@ def swap_linears(root: nn.Module, modules: dict[str, Int8ActLinear], prefix: str
         done.append(name)
     return done
 
+
+
+def int8_counts(swapped: list[str], lm_head: bool) -> dict[str, Any]:
+    """Which int4 Linears an int8 arm ran with int8 inputs (pure): body and MTP-head modules, the lm_head."""
+    mtp = sum(1 for name in swapped if name.startswith("mtp."))
+    return {"body": len(swapped) - mtp, "mtp_head": mtp, "lm_head": lm_head}

@@ -33,7 +33,7 @@ import torch
 from qwenquant.evaluate import metrics
 from qwenquant.evaluate.forward import DenseForward, TextForward
 from qwenquant.evaluate.texts import window_text
-from qwenquant.evaluate.weights import load_dense, rtn_head
+from qwenquant.evaluate.weights import dequantize, load_dense, raw_tensors, read_config, rtn_head, text_config
 
 log = logging.getLogger(__name__)
 
@@ -195,15 +195,15 @@ def weight_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in Path(folder).glob("*.safetensors"))
 
 
-def int8_dense_arm(artifact: Path, cfg: dict[str, Any], tensors: dict[str, torch.Tensor], head: torch.Tensor,
-                   device: str) -> tuple[Int8Arm, list[Any], dict[str, Any]]:
-    """(the int8-activation arm, its int8 Linears): the artifact's dense forward with every int4 Linear
-    (body, lm_head, MTP head) replaced by vLLM's int8-activation arithmetic; bf16 Linears stay as they are."""
-    from qwenquant.evaluate.int8act import int8_modules, swap_linears
-    from qwenquant.evaluate.weights import raw_tensors, read_config
+def int8_dense_arm(raw: dict[str, torch.Tensor], config: dict[str, Any], tensors: dict[str, torch.Tensor],
+                   head: torch.Tensor, device: str) -> tuple[Int8Arm, list[Any], dict[str, Any]]:
+    """(the int8-activation arm, its int8 Linears, their counts) from the artifact's stored tensors `raw` and
+    `config`, and its dequantized `tensors`: the dense forward with every int4 Linear (body, lm_head, MTP head)
+    replaced by vLLM's int8-activation arithmetic; bf16 Linears stay as they are."""
+    from qwenquant.evaluate.int8act import int8_counts, int8_modules, swap_linears
 
-    mods = int8_modules(raw_tensors(artifact), read_config(artifact))
-    fwd = DenseForward(cfg, tensors, device)
+    mods = int8_modules(raw, config)
+    fwd = DenseForward(text_config(config), tensors, device)
     # the MTP head's Linears are fwd.mtp's; the lm_head runs apart (the arm's head below)
     body = {name: m for name, m in mods.items() if not name.startswith("mtp.") and name != "lm_head"}
     swapped = swap_linears(fwd.model, body) + (swap_linears(fwd.mtp, mods, prefix="mtp.") if fwd.mtp is not None else [])
@@ -213,12 +213,6 @@ def int8_dense_arm(artifact: Path, cfg: dict[str, Any], tensors: dict[str, torch
     log.info("eval: int8 activations on %d int4 Linears (%s)", len(swapped) + (lm is not None),
              "lm_head included" if lm is not None else "the lm_head is not int4")
     return (fwd, lm if lm is not None else (lambda h: h @ head.T)), [*mods.values()], int8_counts(swapped, lm is not None)
-
-
-def int8_counts(swapped: list[str], lm_head: bool) -> dict[str, Any]:
-    """Which int4 Linears the int8 arm ran with int8 inputs (pure): body and MTP-head modules, the lm_head."""
-    mtp = sum(1 for name in swapped if name.startswith("mtp."))
-    return {"body": len(swapped) - mtp, "mtp_head": mtp, "lm_head": lm_head}
 
 
 def run_offline(reference: Path, artifact: Path, windows: torch.Tensor, *, device: str = "cpu",
@@ -242,13 +236,14 @@ def run_offline(reference: Path, artifact: Path, windows: torch.Tensor, *, devic
         batch = 1  # a window's logits over a 248k vocabulary are 0.25 GB, and the KL holds a few such
     else:
         ref_cfg, ref_t = load_dense(reference)
-        art_cfg, art_t = load_dense(artifact)
+        art_config, art_raw = read_config(artifact), raw_tensors(artifact)  # read once: the int8 arm needs the codes
+        art_cfg, art_t = text_config(art_config), dequantize(art_raw, art_config)
         heads = {"reference": ref_t["lm_head.weight"], "rtn": rtn_head(ref_t["lm_head.weight"]),
                  "artifact": art_t["lm_head.weight"]}
         heads = {k: v.float().to(device) for k, v in heads.items()}
         ref, art = DenseForward(ref_cfg, ref_t, device), DenseForward(art_cfg, art_t, device)
         if activations == "int8":
-            int8, mods, int8_linears = int8_dense_arm(artifact, art_cfg, art_t, heads["artifact"], device)
+            int8, mods, int8_linears = int8_dense_arm(art_raw, art_config, art_t, heads["artifact"], device)
             overflows = lambda: sum(m.overflows for m in mods)  # noqa: E731
     report = evaluate_forwards(ref, art, heads, windows, batch=batch, int8=int8)
     if int8 is not None:  # outputs whose int32 accumulator would wrap in Marlin (0 expected)

@@ -68,20 +68,31 @@ class _Arm:
         """float32 tensors of `names` (full names) on the arm's device, packed modules dequantized to
         `<module>.weight` there (unpacking and scaling are exact, so the device does not change a value;
         on a GPU it keeps the host free of float32 copies and the CPU out of the loop)."""
-        from qwenquant.evaluate.weights import dequantize
+        return self.dequantized(self.stored(names, device))
+
+    def stored(self, names: list[str], device: str | None = None) -> dict[str, torch.Tensor]:
+        """The tensors of `names` as stored (packed modules packed), on `device` (default the arm's)."""
         from qwenquant.modeling.text import ref_tensor
 
-        raw = {n: ref_tensor(self.refs[n]).to(device or self.device) for n in names}
+        return {n: ref_tensor(self.refs[n]).to(device or self.device) for n in names}
+
+    def dequantized(self, raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`raw` in float32, packed modules dequantized to `<module>.weight`."""
+        from qwenquant.evaluate.weights import dequantize
+
         if not any(n.endswith(".weight_packed") for n in raw):
             return {n: t.float() for n, t in raw.items()}
         return dequantize(raw, self.config)
 
     def layer(self, i: int) -> torch.nn.Module:
+        return self.build(i, self.dequantized(self.stored(self.src.layer_names(i))))
+
+    def build(self, i: int, dense: dict[str, torch.Tensor]) -> torch.nn.Module:
+        """Decoder layer `i` from its float32 tensors (full names)."""
         from qwenquant.modeling.text import build_layer
 
         p = self.src.layer_prefix(i)
-        return build_layer(self.src, i, {n[len(p):]: t for n, t in self.dense(self.src.layer_names(i)).items()},
-                           self.device)
+        return build_layer(self.src, i, {n[len(p):]: t for n, t in dense.items()}, self.device)
 
     def head(self) -> torch.Tensor:
         names = [n for n in self.refs if n.startswith("lm_head.")]
@@ -90,41 +101,40 @@ class _Arm:
         return self.dense(names, device="cpu")["lm_head.weight"].to(self.device)
 
     def mtp(self) -> Any:
+        return self.mtp_from(self.stored([n for n in self.refs if n.startswith("mtp.")]))
+
+    def mtp_from(self, raw: dict[str, torch.Tensor]) -> Any:
+        """The MTP head built from its stored tensors `raw` (None when there are none)."""
         from qwenquant.modeling.mtp import MTPHead
 
-        names = [n for n in self.refs if n.startswith("mtp.")]
-        if not names:
+        if not raw:
             return None
         head = MTPHead(self.src.config).float().eval()
-        head.load_state_dict({n[len("mtp."):]: t for n, t in self.dense(names).items()})
+        head.load_state_dict({n[len("mtp."):]: t for n, t in self.dequantized(raw).items()})
         return head.to(self.device)
 
 
 class _Int8Arm(_Arm):
     """The artifact again, every packed Linear (body, MTP head, lm_head) run as vLLM's int8-activation Marlin
-    path (evaluate/int8act.py), built layer by layer from the same shards. Overflow counts are summed as
-    each layer is dropped (`overflows`)."""
+    path (evaluate/int8act.py), built layer by layer from the same shards, each layer's tensors read once.
+    Overflow counts are summed as each layer is dropped (`flush`)."""
 
     def __init__(self, folder: Path, device: str) -> None:
         super().__init__(folder, device)
         self.overflows, self._live = 0, []  # type: ignore[var-annotated]
-        self.counts: dict[str, Any] = {"body": 0, "mtp_head": 0, "lm_head": False}  # the int8 Linears, per part
+        self.swapped: list[str] = []  # the Linears given int8 inputs (int8act.int8_counts)
+        self.lm_head = False
 
-    def _int8(self, names: list[str]) -> dict[str, Any]:
-        from qwenquant.evaluate.int8act import int8_modules
+    def _swap(self, root: torch.nn.Module, raw: dict[str, torch.Tensor], prefix: str) -> None:
+        """Replace the packed Linears of `root` (named below `prefix`) by int8-activation ones built from `raw`."""
+        from qwenquant.evaluate.int8act import int8_modules, swap_linears
         from qwenquant.evaluate.weights import normalize_name
-        from qwenquant.modeling.text import ref_tensor
-
-        raw = {normalize_name(n): ref_tensor(self.refs[n]) for n in names}
-        return int8_modules({k: v for k, v in raw.items() if k is not None}, self.config)
-
-    def _swap(self, root: torch.nn.Module, names: list[str], prefix: str) -> None:
-        from qwenquant.evaluate.int8act import swap_linears
 
         self.flush()
-        mods = {k: m for k, m in self._int8(names).items() if k.startswith(prefix)}
-        done = swap_linears(root, mods, prefix=prefix)
-        self.counts["mtp_head" if prefix == "mtp." else "body"] += len(done)
+        named = {normalize_name(n): t for n, t in raw.items()}
+        mods = {k: m for k, m in int8_modules({k: v for k, v in named.items() if k is not None}, self.config).items()
+                if k.startswith(prefix)}
+        self.swapped += swap_linears(root, mods, prefix=prefix)
         self._live = list(mods.values())
 
     def flush(self) -> int:
@@ -136,22 +146,33 @@ class _Int8Arm(_Arm):
     def layer(self, i: int) -> torch.nn.Module:
         from qwenquant.evaluate.weights import normalize_name
 
-        layer = super().layer(i)
-        self._swap(layer, self.src.layer_names(i), str(normalize_name(self.src.layer_prefix(i))))
+        raw = self.stored(self.src.layer_names(i))
+        layer = self.build(i, self.dequantized(raw))
+        self._swap(layer, raw, str(normalize_name(self.src.layer_prefix(i))))
         return layer
 
     def mtp(self) -> Any:
-        head = super().mtp()
+        raw = self.stored([n for n in self.refs if n.startswith("mtp.")])
+        head = self.mtp_from(raw)
         if head is not None:
-            self._swap(head, [n for n in self.refs if n.startswith("mtp.")], "mtp.")
+            self._swap(head, raw, "mtp.")
             self.mtp_modules = self._live  # the MTP head runs after the layers: counted then
         return head
 
     def int8_head(self) -> Any:
         """The lm_head as an int8-activation Linear (hidden -> logits), or None when the head is not int4."""
-        lm = self._int8([n for n in self.refs if n.startswith("lm_head.")]).get("lm_head")
-        self.counts["lm_head"] = lm is not None
+        from qwenquant.evaluate.int8act import int8_modules
+
+        lm = int8_modules(self.stored([n for n in self.refs if n.startswith("lm_head.")], "cpu"),
+                          self.config).get("lm_head")
+        self.lm_head = lm is not None
         return lm.to(self.device) if lm is not None else None
+
+    @property
+    def counts(self) -> dict[str, Any]:
+        from qwenquant.evaluate.int8act import int8_counts
+
+        return int8_counts(self.swapped, self.lm_head)
 
 
 def _run_layers(arms: Mapping[str, _Arm], embeds: Mapping[str, list[torch.Tensor]], device: str

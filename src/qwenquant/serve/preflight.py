@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qwenquant.errors import QwenquantError, ServeError, VerificationError
 from qwenquant.manifest import SIGNATURE_NAME
@@ -51,6 +51,9 @@ from qwenquant.serve.discover import (
 from qwenquant.serve.gpus import check_tp_device, gpu_table, tp_gpu_bytes, used_gpus
 from qwenquant.serve.request import ServeRequest
 from qwenquant.serve.topology import TENSOR, Split, choose_split, read_topology
+
+if TYPE_CHECKING:
+    from qwenquant.check.facts import ArtifactFacts
 
 log = logging.getLogger(__name__)
 
@@ -161,14 +164,17 @@ def _signature(artifact: Path, signature: Path, public_key: Path) -> None:
     verify_signature(artifact, signature, public_key)  # VerificationError (exit 4) when it does not hold
 
 
-def _check(artifact: Path) -> None:
-    from qwenquant.check import check_artifact
+def _check(artifact: Path) -> ArtifactFacts:
+    """The artifact's facts (config, index and headers), checked; returned for --activations int8's check."""
+    from qwenquant.check import read_artifact, run_rules
 
-    report = check_artifact(artifact)
+    facts = read_artifact(artifact)
+    report = run_rules(facts, str(artifact))
     if not report.ok:
         lines = "\n".join(f"  - {p}" for p in report.findings)
         raise ServeError(f"artifact {artifact} would be refused by vLLM:\n{lines}",
                          hint="`qwenquant check` shows the same report; re-quantize with a fixed recipe")
+    return facts
 
 
 class _Checks:
@@ -207,7 +213,7 @@ def prepare(req: ServeRequest) -> Prepared:
     manifest = checks.run(_verify, artifact) or load_manifest(artifact)
     if req.public_key is not None:
         checks.run(_signature, artifact, req.signature or artifact / SIGNATURE_NAME, req.public_key)
-    checks.run(_check, artifact)
+    facts = checks.run(_check, artifact)
     recipe = recipe_from_manifest(manifest)
     profile = recipe.profile(req.profile_name)
     config = json.loads((artifact / "config.json").read_text())
@@ -254,7 +260,7 @@ def prepare(req: ServeRequest) -> Prepared:
                                    frontend=fe)
     env_add = {**multicast_off(os.environ), **argvmod.build_vllm_env(dev, os.environ)}
     env_add.update(cpu_env or {})
-    acts = checks.run(_activations, req, profile, artifact, dev, warnings) or ActivationLaunch("bf16", {})
+    acts = checks.run(_activations, req, profile, artifact, facts, dev, warnings) or ActivationLaunch("bf16", {})
     env_add.update(acts.env_add)
     notes += acts.notes
     warnings += acts.warnings
@@ -267,17 +273,18 @@ def prepare(req: ServeRequest) -> Prepared:
                     ballast, split, acts.env_unset, acts.activations)
 
 
-def _activations(req: ServeRequest, profile: ResolvedProfile, artifact: Path, dev: str,
+def _activations(req: ServeRequest, profile: ResolvedProfile, artifact: Path, facts: ArtifactFacts | None, dev: str,
                  warnings: list[str]) -> ActivationLaunch:
     """--activations (or the profile's): int8 only for an artifact that qualifies (a CheckError, exit 6) and,
-    on a GPU, SM 8.0 or newer; the zero-scale count is a warning."""
+    on a GPU, SM 8.0 or newer; the zero-scale count is a warning. `facts`: the check's (None: it failed in a
+    dry run, read them here)."""
     asked, source = chosen(req.activations, profile.activations, profile.name)
     if asked == "int8":
         from qwenquant.check import read_artifact
         from qwenquant.check.activations import check_int8_activations
         from qwenquant.errors import CheckError
 
-        report = check_int8_activations(read_artifact(artifact))
+        report = check_int8_activations(facts or read_artifact(artifact))
         if not report.ok:
             first = report.findings[0]
             more = f" (and {len(report.findings) - 1} more)" if len(report.findings) > 1 else ""
