@@ -23,7 +23,10 @@ Served, one server at a time, each window sent once as a token-id prompt to /v1/
             with int8 dynamic per-token inputs (docs/known-issues.md#int8-activations-mlp-only, variant A),
             served by vLLM directly with `--linear-backend humming` (qwenquant serve refuses the changed
             config: it is not the artifact the manifest seals); the command is `serve --dry-run`'s for the
-            artifact with only the model folder swapped and the flag added.
+            artifact with only the model folder swapped and the flag added. Every int4 layer then runs on
+            Humming (the W4A16 ones with bf16 inputs), so its shift against the Marlin bf16 server holds the
+            kernel change too. vLLM 0.26 on SM 9.0 maps that group to W4A8Fp8 (fp8 inputs, not int8); the
+            run says so.
 
 Printed and written (JSON): per setting the served and the offline perplexity over the same tokens,
 the per-token |served - offline| log-prob difference (mean, p99, max) and top-1 agreement; and the
@@ -68,6 +71,9 @@ sys.path.insert(0, str(REPO / "src"))
 
 MARLIN_ONLY = "MacheteLinearKernel,HummingLinearKernel"
 MLP_TARGET = r"re:.*layers\.\d+\.mlp\.(gate_proj|up_proj|down_proj)$"
+# vLLM's scheme for a 4-bit-weight group with 8-bit dynamic per-token inputs, and what its inputs become: 0.26
+# sends it to W4A8Fp8 on SM 9.0 exactly (`_is_fp8_w4a8_sm90` reads bits, strategy and symmetry, not the type)
+MLP_SCHEMES = {"CompressedTensorsWNA8Int": "int8", "CompressedTensorsW4A8Fp8": "fp8 (e4m3)"}
 INT8_TOKEN = {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True, "symmetric": True}
 
 
@@ -295,6 +301,22 @@ def effect(served: dict[str, dict[str, Any]], offline: dict[str, dict[str, Any]]
             "offline_top1_same": float((offline["bf16"]["top1"] == offline[arm]["top1"]).double().mean())}
 
 
+def mlp_scheme_flags(kernels: dict[str, str]) -> list[str]:
+    """What vLLM's log says of the MLP group of the mlp-int8 variant (pure): it must have a scheme with 8-bit
+    inputs, on Humming; vLLM 0.26 on SM 9.0 maps it to W4A8Fp8, whose inputs are fp8, not int8."""
+    found = {s: k for s, k in kernels.items() if s in MLP_SCHEMES}
+    if not found:
+        return ["mlp-int8: no 8-bit-input scheme in vLLM's log: the MLP group was served as W4A16 (its int8 input dropped)"]
+    out = []
+    for scheme, kernel in sorted(found.items()):
+        if kernel != "HummingLinearKernel":
+            out.append(f"mlp-int8: {scheme} ran on {kernel}, not Humming")
+        if MLP_SCHEMES[scheme] != "int8":
+            out.append(f"mlp-int8: vLLM mapped the MLP group to {scheme}: its inputs are {MLP_SCHEMES[scheme]}, not int8, "
+                       "so the offline int8 arm does not model this server")
+    return out
+
+
 def checks(settings: dict[str, dict[str, Any]], ids: Any) -> list[str]:
     """The disagreements: every one printed."""
     flags = []
@@ -310,8 +332,8 @@ def checks(settings: dict[str, dict[str, Any]], ids: Any) -> list[str]:
         k = s.get("kernels") or {}
         if name == "int8" and k.get("CompressedTensorsWNA16") != "MarlinLinearKernel":
             flags.append(f"int8: W4A16 layers ran on {k.get('CompressedTensorsWNA16')}, not Marlin: no int8 activations")
-        if name == "mlp-int8" and k.get("CompressedTensorsWNA8Int") != "HummingLinearKernel":
-            flags.append(f"mlp-int8: the MLP group ran on {k.get('CompressedTensorsWNA8Int')}, not Humming")
+        if name == "mlp-int8":
+            flags += mlp_scheme_flags(k)
     names = [n for n in settings if settings[n].get("served") is not None]
     for i, x in enumerate(names):
         for y in names[i + 1:]:

@@ -5,6 +5,7 @@ too-good flag. The serving half needs CUDA vLLM and Marlin (benchmarks/RESULTS.m
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 spec = importlib.util.spec_from_file_location(
@@ -61,3 +62,17 @@ def test_a_gain_past_the_line_is_flagged_and_a_missing_report_is_a_dash() -> Non
     assert rows["prefill_1x2048_tok_s"]["change"] is None
     text = ab.table(list(rows.values()), {})
     assert text.count("TOO GOOD") == 4 and " - " in text.replace("  ", " ")
+
+
+def test_the_published_h200_table_comes_from_its_bench_reports() -> None:
+    """benchmarks/reports/activations_64layers_h200*.json: every figure of the RESULTS.md table re-derives from the
+    six bench reports beside it, and the rows from the figures (the evidence cannot drift from the table)."""
+    reports = Path(__file__).resolve().parents[2] / "benchmarks" / "reports"
+    top = json.loads((reports / "activations_64layers_h200.json").read_text())
+    for setting, s in top["settings"].items():
+        parts = [json.loads((reports / f"activations_64layers_h200-{setting}.{k}.json").read_text())
+                 for k in ("run", "prefill", "burst")]
+        assert ab.figures(*parts) == s["figures"]
+        assert s["kernels"] == {"CompressedTensorsWNA16": "MarlinLinearKernel"}
+    assert ab.compare(top["settings"]["bf16"]["figures"], top["settings"]["int8"]["figures"]) == top["rows"]
+    assert not any(r["too_good"] for r in top["rows"])
