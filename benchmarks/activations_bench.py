@@ -28,6 +28,7 @@ above +15% (decode reads weights, which int8 activations do not shrink).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -35,6 +36,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,14 +119,45 @@ def not_marlin(setting: dict[str, Any]) -> list[str]:
     return [f"{scheme}: {k}" for scheme, k in (setting.get("kernels") or {}).items() if k != "MarlinLinearKernel"]
 
 
-def _qwenquant(*argv: str, env: dict[str, str] | None = None, timeout: float = 3600) -> subprocess.CompletedProcess:
+def qwenquant_cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 3600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "qwenquant", *argv], capture_output=True, text=True, env=env,
                           timeout=timeout)
 
 
+def stop(proc: subprocess.Popen, timeout: float = 180) -> int | None:
+    """Ctrl-C a server still running (killed when it does not stop in `timeout` s); its exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+    return proc.returncode
+
+
+@contextlib.contextmanager
+def serving(cmd: list[str], env: dict[str, str], out: dict[str, Any]) -> Iterator[str | None]:
+    """Run `qwenquant serve ...` (`cmd`) to its `ready URL` line and yield the URL (None, with out["error"], when
+    serve exited first; out["ready_s"] otherwise); stop it afterwards (out["serve_exit"])."""
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        line = (p.stdout.readline() if p.stdout else "").strip()
+        if not line.startswith("ready "):
+            out["error"] = f"serve exited with {p.wait()} before ready (see {out.get('log')})"
+            yield None
+        else:
+            out["ready_s"] = time.monotonic() - t0
+            yield line.split()[1]
+    finally:
+        if p.poll() is None:
+            out["serve_exit"] = stop(p)
+
+
 def bench(url: str, mode: str, out: Path, *args: str) -> dict[str, Any] | None:
     """One `qwenquant bench MODE URL ...` to `out`; its report (None when it wrote none)."""
-    r = _qwenquant("bench", mode, url, "--out", str(out), *args)
+    r = qwenquant_cli("bench", mode, url, "--out", str(out), *args)
     print(f"  bench {mode} {' '.join(args)}: exit {r.returncode}", file=sys.stderr)
     if r.returncode not in (0, 8):
         print(r.stderr[-2000:], file=sys.stderr)
@@ -144,16 +177,9 @@ def run_setting(args: argparse.Namespace, setting: str, stem: Path) -> dict[str,
     if args.force_marlin:
         env["VLLM_DISABLED_KERNELS"] = "MacheteLinearKernel"
     out: dict[str, Any] = {"setting": setting, "command": cmd, "log": str(log)}
-    t0 = time.monotonic()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     reports: dict[str, dict[str, Any] | None] = {"run": None, "single": None, "burst": None}
-    try:
-        line = (p.stdout.readline() if p.stdout else "").strip()
-        if not line.startswith("ready "):
-            out["error"] = f"serve exited with {p.wait()} before ready (see {log})"
-        else:
-            out["ready_s"] = time.monotonic() - t0
-            url = line.split()[1]
+    with serving(cmd, env, out) as url:
+        if url is not None:
             print(f"{setting}: ready after {out['ready_s']:.0f} s at {url}", file=sys.stderr)
             reports["run"] = bench(url, "run", stem.with_suffix(".run.json"), "--prompts", "narrative", "--sampling",
                                    "greedy", "--thinking", "off", "--max-tokens", "128", "--repeats", "2",
@@ -162,10 +188,6 @@ def run_setting(args: argparse.Namespace, setting: str, stem: Path) -> dict[str,
                                       "--max-tokens", "16")
             reports["burst"] = bench(url, "depth", stem.with_suffix(".burst.json"), "--depths", str(args.depth),
                                      "--concurrency", str(args.streams), "--max-tokens", "16")
-    finally:
-        if p.poll() is None:
-            p.send_signal(signal.SIGINT)
-            out["serve_exit"] = p.wait(timeout=180)
     out["kernels"] = kernels(log.read_text(errors="replace")) if log.exists() else {}
     out["figures"] = figures(reports["run"], reports["single"], reports["burst"])
     out["reports"] = {k: str(stem.with_suffix(f".{k if k != 'single' else 'prefill'}.json")) for k in reports}

@@ -58,16 +58,17 @@ import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import activations_bench as ab  # noqa: E402  (its serve loop, kernel reader and CLI runner)
 
 MARLIN_ONLY = "MacheteLinearKernel,HummingLinearKernel"
 MLP_TARGET = r"re:.*layers\.\d+\.mlp\.(gate_proj|up_proj|down_proj)$"
@@ -83,26 +84,28 @@ def log(msg: str) -> None:
 
 # ---------------------------------------------------------------------------------------------- offline
 def offline_arms(reference: Path, artifact: Path, ids: Any, device: str, mlp: bool) -> dict[str, dict[str, Any]]:
-    """{arm: {"lp": [N, L-1] log-probs of the next tokens, "top1": [N, L-1] argmax}} for the offline arms."""
+    """{arm: {"lp": [N, L-1] log-probs of the next tokens, "top1": [N, L-1] argmax, "int8_linears"}} for the
+    offline arms; `int8` is eval offline's own arm (offline.int8_dense_arm)."""
     import torch
 
     from qwenquant.evaluate.forward import DenseForward
     from qwenquant.evaluate.int8act import int8_modules, swap_linears
+    from qwenquant.evaluate.offline import int8_dense_arm
     from qwenquant.evaluate.weights import dequantize, raw_tensors, read_config, text_config
 
     config, raw = read_config(artifact), raw_tensors(artifact)
     tensors = dequantize(raw, config)
     head = tensors["lm_head.weight"].float().to(device)
-    mods = int8_modules(raw, config)
-    arms: dict[str, Any] = {"bf16": (lambda n: False, False), "int8": (lambda n: True, True)}
+    plain = lambda h: h @ head.T  # noqa: E731
+    arms: dict[str, tuple[Any, Any, int]] = {"bf16": (DenseForward(text_config(config), tensors, device), plain, 0)}
+    (fwd, lm), _, counts = int8_dense_arm(raw, config, tensors, head, device)
+    arms["int8"] = (fwd, lm, counts["body"] + counts["lm_head"])  # the MTP head plays no part in the log-probs
     if mlp:
-        arms["mlp-int8"] = (lambda n: ".mlp." in n, False)
-    out: dict[str, dict[str, Any]] = {}
-    for arm, (keep, int8_head) in arms.items():
         fwd = DenseForward(text_config(config), tensors, device)
-        swapped = swap_linears(fwd.model, {n: m for n, m in mods.items()
-                                           if keep(n) and not n.startswith("mtp.") and n != "lm_head"})
-        lm = mods["lm_head"].to(device) if int8_head and "lm_head" in mods else (lambda h: h @ head.T)
+        mods = {n: m for n, m in int8_modules(raw, config).items() if ".mlp." in n and not n.startswith("mtp.")}
+        arms["mlp-int8"] = (fwd, plain, len(swap_linears(fwd.model, mods)))
+    out: dict[str, dict[str, Any]] = {}
+    for arm, (fwd, lm, n_int8) in arms.items():
         lps, tops = [], []
         with torch.no_grad():
             for i in range(ids.shape[0]):
@@ -111,27 +114,23 @@ def offline_arms(reference: Path, artifact: Path, ids: Any, device: str, mlp: bo
                 lp = torch.log_softmax(logits, dim=-1)
                 lps.append(lp.gather(-1, w[0, 1:].to(lp.device)[:, None])[:, 0].cpu())
                 tops.append(logits.argmax(-1).cpu())
-        out[arm] = {"lp": torch.stack(lps), "top1": torch.stack(tops), "int8_linears": len(swapped) + int8_head}
-        log(f"offline {arm}: {len(swapped) + int8_head} Linears with int8 inputs")
+        out[arm] = {"lp": torch.stack(lps), "top1": torch.stack(tops), "int8_linears": n_int8}
+        log(f"offline {arm}: {n_int8} Linears with int8 inputs")
     return out
 
 
 # ---------------------------------------------------------------------------------------------- served
-def post(url: str, body: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
 def served_logprobs(base: str, model: str, ids: Any) -> dict[str, Any]:
     """{"lp": [N, L-1], "top1": [N, L-1], "prompt_tokens": [N] (the server's count)} from prompt_logprobs."""
     import torch
 
+    from qwenquant.net.http import post_json
+
     lps, tops, counted = [], [], []
     for i in range(ids.shape[0]):
         toks = [int(t) for t in ids[i]]
-        r = post(f"{base}/v1/completions", {"model": model, "prompt": toks, "max_tokens": 1, "temperature": 0,
-                                            "prompt_logprobs": 1})
+        r = post_json(f"{base}/v1/completions", {"model": model, "prompt": toks, "max_tokens": 1, "temperature": 0,
+                                                 "prompt_logprobs": 1}, timeout=300)
         plp = r["choices"][0]["prompt_logprobs"]
         counted.append(int((r.get("usage") or {}).get("prompt_tokens", -1)))
         lp, top = [], []
@@ -146,42 +145,36 @@ def served_logprobs(base: str, model: str, ids: Any) -> dict[str, Any]:
 
 def wait_ready(base: str, proc: subprocess.Popen, timeout: float) -> str:
     """The served model's name once /health answers and /v1/models lists one (raises when the process dies)."""
+    from qwenquant.net.http import HttpError, fetch
+
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if proc.poll() is not None:
             raise RuntimeError(f"vLLM exited with {proc.returncode} before it was ready")
         try:
-            with urllib.request.urlopen(f"{base}/health", timeout=5) as r:
-                if r.status == 200:
-                    with urllib.request.urlopen(f"{base}/v1/models", timeout=5) as m:
-                        return json.loads(m.read())["data"][0]["id"]
-        except OSError:
+            if fetch(f"{base}/health", timeout=5).status == 200:
+                return served_model(base)
+        except HttpError:
             pass
         time.sleep(2)
     raise RuntimeError(f"not ready after {timeout:.0f} s")
 
 
-def stop(proc: subprocess.Popen) -> int | None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            return proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait()
-    return proc.returncode
+def served_model(base: str) -> str:
+    """The first model /v1/models lists."""
+    from qwenquant.net.http import get_json
+
+    return get_json(f"{base}/v1/models", timeout=10)["data"][0]["id"]
 
 
 def kernel_lines(log_file: Path) -> dict[str, str]:
-    import re
-
-    text = log_file.read_text(errors="replace") if log_file.exists() else ""
-    return {m.group(2): m.group(1) for m in re.finditer(r"Using (\w+) for (CompressedTensorsW\w+)", text)}
+    """activations_bench.kernels of the log at `log_file` ({} when there is none)."""
+    return ab.kernels(log_file.read_text(errors="replace")) if log_file.exists() else {}
 
 
-def qwenquant(*argv: str, env: dict[str, str] | None = None, timeout: float = 1800) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "qwenquant", *argv], capture_output=True, text=True, env=env,
-                          timeout=timeout, cwd=REPO)
+def cli_env() -> dict[str, str]:
+    """This environment with the repository's src first on PYTHONPATH, for the qwenquant commands it runs."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p))
 
 
 def serve_setting(a: argparse.Namespace, setting: str, ids: Any, port: int) -> dict[str, Any]:
@@ -190,32 +183,24 @@ def serve_setting(a: argparse.Namespace, setting: str, ids: Any, port: int) -> d
     cmd = [sys.executable, "-m", "qwenquant", "serve", str(a.artifact), "--profile", "single-user",
            "--activations", setting, "--port", str(port), "--log-file", str(log_file), "--timeout", str(a.timeout)]
     cmd += (["--vllm", a.vllm] if a.vllm else []) + (["--", *a.extra] if a.extra else [])
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    env = cli_env()
     if a.force_marlin:
         env["VLLM_DISABLED_KERNELS"] = MARLIN_ONLY
     out: dict[str, Any] = {"command": cmd, "log": str(log_file)}
-    t0 = time.monotonic()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
-    try:
-        line = (p.stdout.readline() if p.stdout else "").strip()
-        if not line.startswith("ready "):
-            out["error"] = f"qwenquant serve exited with {p.wait()} before ready (see {log_file})"
-            return out
-        base = line.split()[1].rstrip("/")
-        out["ready_s"] = round(time.monotonic() - t0, 1)
-        log(f"{setting}: ready after {out['ready_s']} s at {base}")
-        model = json.loads(urllib.request.urlopen(f"{base}/v1/models", timeout=10).read())["data"][0]["id"]
-        out["served"] = served_logprobs(base, model, ids)
-        r = qwenquant("eval", "served", base, "--json", env=env, timeout=900)
-        try:
-            rep = json.loads(r.stdout)
-            out["eval_served"] = {"exit": r.returncode, "cases_passed": sum(t["passed"] for t in rep["tasks"]),
-                                  "cases": sum(t["total"] for t in rep["tasks"]), "mtp": rep.get("mtp"), "failures": rep.get("failures")}
-        except (ValueError, KeyError) as e:
-            out["eval_served"] = {"exit": r.returncode, "error": f"{type(e).__name__}: {e}", "stderr": r.stderr[-800:]}
-    finally:
-        out["serve_exit"] = stop(p)
-        out["kernels"] = kernel_lines(log_file)
+    with ab.serving(cmd, env, out) as url:
+        if url is not None:
+            base = url.rstrip("/")
+            log(f"{setting}: ready after {out['ready_s']:.1f} s at {base}")
+            out["served"] = served_logprobs(base, served_model(base), ids)
+            r = ab.qwenquant_cli("eval", "served", base, "--json", env=env, timeout=900)
+            try:
+                rep = json.loads(r.stdout)
+                out["eval_served"] = {"exit": r.returncode, "cases_passed": sum(t["passed"] for t in rep["tasks"]),
+                                      "cases": sum(t["total"] for t in rep["tasks"]), "mtp": rep.get("mtp"),
+                                      "failures": rep.get("failures")}
+            except (ValueError, KeyError) as e:
+                out["eval_served"] = {"exit": r.returncode, "error": f"{type(e).__name__}: {e}", "stderr": r.stderr[-800:]}
+    out["kernels"] = kernel_lines(log_file)
     return out
 
 
@@ -237,10 +222,12 @@ def mlp_variant(artifact: Path, dst: Path) -> Path:
 
 def serve_humming(a: argparse.Namespace, ids: Any, port: int) -> dict[str, Any]:
     """The MLP-int8 variant served by vLLM directly with --linear-backend humming."""
+    from qwenquant.errors import QwenquantError
+
     variant = mlp_variant(a.artifact, a.out.with_name(f"{a.out.stem}-mlp-int8-artifact"))
     argv = ["serve", str(a.artifact), "--profile", "single-user", "--port", str(port), "--dry-run", "--json"]
     argv += (["--vllm", a.vllm] if a.vllm else []) + (["--", *a.extra] if a.extra else [])
-    r = qwenquant(*argv, timeout=300)
+    r = ab.qwenquant_cli(*argv, env=cli_env(), timeout=300)
     if r.returncode != 0:
         return {"error": f"serve --dry-run exited {r.returncode}: {r.stderr.strip()[-400:]}"}
     plan = json.loads(r.stdout)
@@ -261,10 +248,10 @@ def serve_humming(a: argparse.Namespace, ids: Any, port: int) -> dict[str, Any]:
             out["ready_s"] = round(time.monotonic() - t0, 1)
             log(f"mlp-int8 (humming): ready after {out['ready_s']} s")
             out["served"] = served_logprobs(base, model, ids)
-        except (RuntimeError, OSError) as e:
+        except (RuntimeError, OSError, QwenquantError) as e:
             out["error"] = str(e)
         finally:
-            out["serve_exit"] = stop(p)
+            out["serve_exit"] = ab.stop(p)
     out["kernels"] = kernel_lines(log_file)
     if "error" in out:
         out["log_tail"] = log_file.read_text(errors="replace")[-3000:]
@@ -403,7 +390,7 @@ def main(argv: list[str]) -> int:
     report = {"schema_version": 1, "artifact": str(a.artifact), "reference": str(a.reference), "windows": a.windows,
               "window_len": a.window_len, "text": source, "device": a.device, "force_marlin": a.force_marlin,
               "vllm_flags": extra, "date": time.strftime("%Y-%m-%d"), "rows": rows,
-              "effects": {n: {k: v for k, v in e.items()} for n, e in effects.items() if e},
+              "effects": {n: e for n, e in effects.items() if e},
               "offline_int8_linears": {n: o["int8_linears"] for n, o in offline.items()},
               "settings": settings, "flags": flags}
     a.out.write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")

@@ -125,15 +125,20 @@ class _Int8Arm(_Arm):
         self.swapped: list[str] = []  # the Linears given int8 inputs (int8act.int8_counts)
         self.lm_head = False
 
-    def _swap(self, root: torch.nn.Module, raw: dict[str, torch.Tensor], prefix: str) -> None:
-        """Replace the packed Linears of `root` (named below `prefix`) by int8-activation ones built from `raw`."""
-        from qwenquant.evaluate.int8act import int8_modules, swap_linears
+    def _modules(self, raw: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """The int8-activation Linears of the packed modules in `raw` (stored names), under eval's names."""
+        from qwenquant.evaluate.int8act import int8_modules
         from qwenquant.evaluate.weights import normalize_name
 
-        self.flush()
         named = {normalize_name(n): t for n, t in raw.items()}
-        mods = {k: m for k, m in int8_modules({k: v for k, v in named.items() if k is not None}, self.config).items()
-                if k.startswith(prefix)}
+        return int8_modules({k: v for k, v in named.items() if k is not None}, self.config)
+
+    def _swap(self, root: torch.nn.Module, raw: dict[str, torch.Tensor], prefix: str) -> None:
+        """Replace the packed Linears of `root` (named below `prefix`) by int8-activation ones built from `raw`."""
+        from qwenquant.evaluate.int8act import swap_linears
+
+        self.flush()
+        mods = {k: m for k, m in self._modules(raw).items() if k.startswith(prefix)}
         self.swapped += swap_linears(root, mods, prefix=prefix)
         self._live = list(mods.values())
 
@@ -161,10 +166,7 @@ class _Int8Arm(_Arm):
 
     def int8_head(self) -> Any:
         """The lm_head as an int8-activation Linear (hidden -> logits), or None when the head is not int4."""
-        from qwenquant.evaluate.int8act import int8_modules
-
-        lm = int8_modules(self.stored([n for n in self.refs if n.startswith("lm_head.")], "cpu"),
-                          self.config).get("lm_head")
+        lm = self._modules(self.stored([n for n in self.refs if n.startswith("lm_head.")], "cpu")).get("lm_head")
         self.lm_head = lm is not None
         return lm.to(self.device) if lm is not None else None
 
