@@ -23,13 +23,14 @@ LONG = {"target": {"label": "A", "url": "http://127.0.0.1:8000", "model": "q", "
         "server": {"restarts": 0}}
 BODIES: dict[str, dict[str, Any]] = {
     "run": {"gpu": None, "options": {"repeats": 1}, "config": {"prompt_names": ["narrative"]},
-            "targets": [{"label": "A", "cells": {}, "ladder": []}], "compare": None},
+            "targets": [{"label": "A", "cells": {}, "ladder": []}], "compare": None, "failure": None},
     "depth": {**LONG, "output_tokens": 64, "depths": [1024, 2048], "concurrency": 1, "reuse_prefix": False,
               "tokenize": True, "nonce": "0a1b2c3d", "rungs": [{"depth": 1024, "ok": True, "prompt_tokens": 1024}],
               "last_ok_depth": 1024, "failure": None},
     "soak": {**LONG, "soak_tokens": 2048, "concurrency": 1, "window": 1024, "collapse_fraction": 0.5,
              "source": "per-request", "token_count_approximate": False, "windows": [{"window": 0}],
-             "stream_windows": [[{"window": 0}]], "streams": [{"stream": 0}], "verdict": {"ok": True, "flags": []}},
+             "stream_windows": [[{"window": 0}]], "streams": [{"stream": 0}], "verdict": {"ok": True, "flags": []},
+             "server_queue": None, "decoding_at_once": 1, "checks": []},
     "turns": {**LONG, "output_tokens": 64, "turn_tokens": 2048, "tokenize": None, "nonce": "0a1b2c3d",
               "turns": [{"turn": 0, "ok": True}], "prefix_cache": {"counters": False, "cached": None},
               "last_ok_turn": 0, "last_ok_depth": 2100, "failure": None},

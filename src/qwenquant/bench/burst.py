@@ -164,7 +164,8 @@ def decoding_at_once(samples: list[Sample]) -> int:
     return most
 
 
-def queued_checks(queue: dict[str, Any] | None, n: int, where: str, at_once: int = 0) -> list[dict[str, Any]]:
+def queued_checks(queue: dict[str, Any] | None, n: int, where: str, at_once: int = 0,
+                  meant: str = "the rung measured a queue, not a burst of {n}") -> list[dict[str, Any]]:
     """A "queued" flag when the server held some of the burst's requests back and never ran all n at once
     (pure): its gauges are samples, so "never at once" takes both counts, the most running on a /metrics page
     and the most streams the client saw decoding side by side (`at_once`). Waiting alone is no queue: vLLM
@@ -175,4 +176,4 @@ def queued_checks(queue: dict[str, Any] | None, n: int, where: str, at_once: int
     w, r = int(queue["max_waiting"]), int(max(queue["max_running"], at_once))
     return [{"kind": "cross-check", "check": "queued", "where": where, "figure": "waiting requests", "value": w,
              "line": 0, "note": f"{where}: up to {w} of the {n} requests waited in the server's queue (it ran at most "
-                                f"{r} at once): the rung measured a queue, not a burst of {n}"}]
+                                f"{r} at once): " + meant.format(n=n)}]

@@ -96,6 +96,8 @@ def run_depth(t: Target, text: LongText, opts: rung.DepthOptions) -> dict[str, A
     measure = run_burst_rung if opts.concurrency > 1 else run_rung
     watch = ServerWatch(t.url, t.api_key, t.server, metrics.scrape(t.url, t.api_key))
     fitter = rung.PromptFitter(t, text, opts.thinking)
+    if not opts.depths:  # README: the default ladder's last rung is exactly at the limit
+        fitter.exact_depth = depths[-1]
     nonce = secrets.token_hex(4)
     rungs: list[dict[str, Any]] = []
     failure: dict[str, Any] | None = None

@@ -13,7 +13,8 @@ from typing import Any
 
 from qwenquant.bench import gpu as gpumod
 from qwenquant.bench.checks import merge_checks
-from qwenquant.bench.output import BenchReport, DepthReport, SoakReport, TurnsReport, deliver
+from qwenquant.bench.judge import short_stream, too_good_flags
+from qwenquant.bench.output import BenchReport, DepthReport, SoakReport, TurnsReport, deliver, json_on_failure
 from qwenquant.bench.runner import Target, resolve_model, server_version
 from qwenquant.bench.session import Request, configurations, targets_of
 from qwenquant.bench.workload import load_config
@@ -33,28 +34,70 @@ def _target_info(t: Target) -> dict[str, Any]:
 
 def depth_flags(report: dict[str, Any], cfg: Any) -> list[dict[str, Any]]:
     """Rung figures beyond the bench config's too-good lines (flagged for audit, as the bench's own), every
-    request's cross-checks, and a server count of a prompt that disagrees with /tokenize's."""
+    request's cross-checks, a stream that ended short, and a server count of a prompt that disagrees with
+    /tokenize's."""
     from qwenquant.bench.depth import count_disagreement
 
     flags = []
     for r in report["rungs"]:
-        for fig in ("wall_tok_s", "decode_tok_s", "prefill_tok_s", "ttft_s"):
-            v = r.get(fig)
-            line = cfg.ttft_floor_s if fig == "ttft_s" else getattr(cfg.too_good, fig)
-            if isinstance(v, int | float) and (v < line if fig == "ttft_s" else v > line):
-                flags.append({"kind": "too-good", "where": f"depth {r['depth']}", "figure": fig, "value": v,
-                              "line": line, "note": "flagged for audit, not reported"})
-        checks = [f for q in r.get("requests") or [r] for f in q.get("checks") or []]
+        where = f"depth {r['depth']}"
+        flags += too_good_flags(where, {k: r.get(k) for k in ("wall_tok_s", "decode_tok_s", "prefill_tok_s",
+                                                              "ttft_s")}, cfg)
+        requests = r.get("requests") or [r]
+        checks = [f for q in requests for f in q.get("checks") or []]
         if r.get("requests"):  # a burst's own checks (its queue), beside its requests'
             checks += r.get("checks") or []
         flags.extend(merge_checks(checks))
+        flags += _short(where, requests, report.get("output_tokens"))
         disagree = count_disagreement(r)
         if disagree:
             flags.append(disagree)
     return flags
 
 
+def _short(where: str, records: list[dict[str, Any]], asked: int | None) -> list[dict[str, Any]]:
+    """One short-stream flag for the records (requests of a rung, a turn, a stream) that ended short."""
+    if not isinstance(asked, int):
+        return []
+    short = [q for q in records if isinstance(q.get("completion_tokens"), int) and q["completion_tokens"] < asked]
+    f = short_stream(where, short[0]["completion_tokens"], asked, short[0].get("finish_reason"), len(short)) \
+        if short else None
+    return [f] if f else []
+
+
+def soak_flags(report: dict[str, Any], cfg: Any) -> list[dict[str, Any]]:
+    """Each stream's figures against the too-good lines, its cross-checks, the usage checks of the verdict
+    and the queue of streams meant to run at once (its truncation is the verdict's own failure)."""
+    flags = list(report["verdict"]["flags"])
+    for i, s in enumerate(report["streams"]):
+        flags += too_good_flags(f"stream {i}", {k: s.get(k) for k in ("wall_tok_s", "decode_tok_s", "prefill_tok_s",
+                                                                      "ttft_s")}, cfg)
+        flags += s.get("checks") or []
+    return flags + list(report.get("checks") or [])
+
+
+def turns_flags(report: dict[str, Any], cfg: Any) -> list[dict[str, Any]]:
+    """Each turn's figures against the too-good lines (its prefill over the tokens it added, what a prefix
+    cache leaves to compute), its cross-checks and a turn that ended short."""
+    flags = []
+    for r in report["turns"]:
+        where = f"turn {r['turn']}"
+        flags += too_good_flags(where, {k: r.get(k) for k in ("wall_tok_s", "decode_tok_s", "new_prefill_tok_s",
+                                                              "ttft_s")}, cfg, {"new_prefill_tok_s": "prefill_tok_s"})
+        flags += merge_checks(r.get("checks") or [])
+        flags += _short(where, [r], report.get("output_tokens"))
+    return flags
+
+
 def _long_session(req: Request, kind: type[BenchReport], argv: list[str],
+                  measure: Callable[[Target, Any], dict[str, Any]],
+                  flags: Callable[[dict[str, Any]], list[dict[str, Any]]], concurrency: int = 1) -> BenchReport:
+    """_measure_long; with --json, one JSON document on stdout whatever fails."""
+    with json_on_failure(req.as_json, kind.mode):
+        return _measure_long(req, kind, argv, measure, flags, concurrency)
+
+
+def _measure_long(req: Request, kind: type[BenchReport], argv: list[str],
                   measure: Callable[[Target, Any], dict[str, Any]],
                   flags: Callable[[dict[str, Any]], list[dict[str, Any]]], concurrency: int = 1) -> BenchReport:
     """One long run against one server: the shipped text, the target, `measure(target, text)`; the
@@ -94,14 +137,15 @@ def run_soak_mode(req: Request, opts: Any, argv: list[str]) -> BenchReport:
     """The soak: windows, streams and the verdict naming the window of a failure."""
     from qwenquant.bench.soakrun import run_soak
 
+    cfg = load_config(None)
     return _long_session(req, SoakReport, argv, lambda t, text: run_soak(t, text, opts),
-                         lambda d: d["verdict"]["flags"] + [f for s in d["streams"] for f in s.get("checks") or []],
-                         opts.concurrency)
+                         lambda d: soak_flags(d, cfg), opts.concurrency)
 
 
 def run_turns_mode(req: Request, opts: Any, argv: list[str]) -> BenchReport:
     """The conversation."""
     from qwenquant.bench.turns import run_turns
 
+    cfg = load_config(None)
     return _long_session(req, TurnsReport, argv, lambda t, text: run_turns(t, text, opts),
-                         lambda d: merge_checks([f for r in d["turns"] for f in r.get("checks") or []]))
+                         lambda d: turns_flags(d, cfg))

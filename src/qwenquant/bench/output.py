@@ -11,11 +11,12 @@ the JSON goes to the temporary folder instead, and a line says where.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
@@ -23,8 +24,8 @@ from typing import Any, ClassVar
 from qwenquant.bench.longplot import depth_png, soak_png
 from qwenquant.bench.plot import write_png
 from qwenquant.bench.render import print_depth, print_report, print_soak, print_turns
-from qwenquant.bench.verdicts import depth_error, soak_error, turns_error
-from qwenquant.errors import BenchError, UsageError
+from qwenquant.bench.verdicts import depth_error, run_error, soak_error, turns_error
+from qwenquant.errors import BenchError, QwenquantError, UsageError
 from qwenquant.reportdoc import DocKind
 
 log = logging.getLogger(__name__)
@@ -42,8 +43,8 @@ def check_out(target: Path, min_free: int = MIN_FREE_BYTES) -> Path:
     writable_folder(target.parent, f"--out {target}", "--out")
     free = shutil.disk_usage(target.parent).free
     if free < min_free:
-        raise UsageError(f"--out {target}: the disk holding {target.parent} has {free} bytes free",
-                         hint="free some space, or pass --out on another disk")
+        raise UsageError(f"--out {target}: the disk holding {target.parent} has {free:,} bytes free, the report "
+                         f"and its PNG need up to {min_free:,}", hint="free some space, or pass --out on another disk")
     return target
 
 
@@ -102,9 +103,11 @@ class RunReport(BenchReport):
     config: dict[str, Any]
     targets: list[dict[str, Any]]
     compare: dict[str, Any] | None
+    failure: dict[str, Any] | None = None  # the request that ended the run (exit 8); what came before is kept
     mode: ClassVar[str] = "run"
     plotter: ClassVar[Callable[[dict[str, Any], Path], None] | None] = staticmethod(write_png)
     shower: ClassVar[Callable[[dict[str, Any]], None]] = staticmethod(print_report)
+    judge: ClassVar[Callable[[dict[str, Any]], BenchError | None]] = staticmethod(run_error)
 
 
 @dataclass(kw_only=True)
@@ -150,6 +153,9 @@ class SoakReport(_LongReport):
     stream_windows: list[list[dict[str, Any]]] | None
     streams: list[dict[str, Any]]
     verdict: dict[str, Any]
+    server_queue: dict[str, Any] | None = None  # the server's running/waiting gauges while the streams ran
+    decoding_at_once: int | None = None  # the most streams the client saw decoding side by side
+    checks: list[dict[str, Any]] = field(default_factory=list)  # the streams' queue ("queued")
     mode: ClassVar[str] = "soak"
     plotter: ClassVar[Callable[[dict[str, Any], Path], None] | None] = staticmethod(soak_png)
     shower: ClassVar[Callable[[dict[str, Any]], None]] = staticmethod(print_soak)
@@ -208,8 +214,23 @@ def _write_png(report: BenchReport, path: Path) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def json_on_failure(as_json: bool, mode: str) -> Iterator[None]:
+    """With --json, a run that fails before its report is delivered (the server down, a usage error found on
+    the server) still prints one JSON document on stdout: the error, its hint and exit code (then raises)."""
+    try:
+        yield
+    except QwenquantError as e:
+        if as_json and not getattr(e, "delivered", False):
+            from qwenquant.console import print_json
+
+            print_json({"mode": mode, "ok": False, "error": e.message, "hint": e.hint, "exit_code": e.exit_code})
+        raise
+
+
 def deliver(report: BenchReport, out: Path, *, as_json: bool = False, plot: bool = True) -> BenchError | None:
-    """Write the JSON (and PNG), show the report, return the error of a failing verdict (exit 8)."""
+    """Write the JSON (and PNG), show the report, return the error of a failing verdict (exit 8), marked as
+    delivered (its report is the JSON document --json printed)."""
     from qwenquant.console import print_json
 
     report.schema_version = SCHEMA_VERSION
@@ -222,4 +243,7 @@ def deliver(report: BenchReport, out: Path, *, as_json: bool = False, plot: bool
         report.show()
     if written != out:
         log.warning("the report is %s (%s could not be written)", written, out)
-    return report.error()
+    err = report.error()
+    if err is not None:
+        err.delivered = True  # type: ignore[attr-defined]
+    return err

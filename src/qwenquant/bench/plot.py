@@ -24,11 +24,16 @@ def _nice_max(v: float) -> float:
 
 
 def series(report: dict[str, Any]) -> list[tuple[str, list[tuple[int, float]]]]:
-    """(legend, [(concurrency, tok/s)]) lines: aggregate and per-stream decode for each target (pure)."""
+    """(legend, [(concurrency, tok/s)]) lines: aggregate and per-stream decode for each target (pure); a point
+    flagged too good for audit is left out, as the tables show AUDIT in its place."""
+    from qwenquant.bench.judge import audited
+
+    audit = audited(report.get("flags") or [])
     out = []
     for t in report["targets"]:
         for name, key in (("aggregate", "aggregate_tok_s"), ("per-stream decode", "per_stream_decode_tok_s")):
-            pts = [(s["concurrency"], s[key]["median"]) for s in t["ladder"] if s.get(key)]
+            pts = [(s["concurrency"], s[key]["median"]) for s in t["ladder"]
+                   if s.get(key) and (f"{t['label']} ladder c{s['concurrency']}", key) not in audit]
             if pts:
                 out.append((f"{t['label']} {name}", pts))
     return out

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from qwenquant.bench.checks import flag_line
+from qwenquant.bench.judge import audited
 from qwenquant.bench.table import sections
 from qwenquant.console import console, stdout
 
@@ -36,11 +37,17 @@ def print_report(report: dict[str, Any]) -> None:
     console.print(f"json: {report.get('json_path')}" + (f"  plot: {report['png_path']}" if report.get("png_path") else ""))
 
 
-def print_flags(report: dict[str, Any]) -> None:
-    """One line per cross-check flag (a disagreement is never silent); figures beyond a line are in the table."""
+def print_flags(report: dict[str, Any], every: bool = False) -> None:
+    """One line per cross-check flag (a disagreement is never silent); figures beyond a line read AUDIT in the
+    tables, and get a line of their own too where a mode prints them outside one (`every`)."""
     for f in report.get("flags") or []:
-        if f.get("kind") == "cross-check":
+        if every or f.get("kind") == "cross-check":
             console.print(flag_line(f), markup=False, highlight=False)
+
+
+def _fig(report: dict[str, Any], where: str, figure: str, value: Any, fmt: str) -> str:
+    """A figure as a table shows it: AUDIT where it is flagged too good (judge.py), else the number."""
+    return "AUDIT" if (where, figure) in audited(report.get("flags") or []) else _num(value, fmt)
 
 
 def _num(v: Any, fmt: str) -> str:
@@ -62,9 +69,12 @@ def depth_rows(report: dict[str, Any]) -> list[list[str]]:
     rows = []
     for r in report["rungs"]:
         status = "ok" if r["ok"] else "FAILED"
-        rows.append([str(r["depth"]), _num(r.get("prompt_tokens"), "d"), _num(r.get("ttft_s"), ".2f"),
-                     _num(r.get("prefill_tok_s"), ".0f"), _num(r.get("wall_tok_s"), ".1f"),
-                     _num(r.get("decode_tok_s"), ".1f"), _acc(r["acceptance"]), _mem(r["gpu_memory"]), status])
+        where = f"depth {r['depth']}"
+        rows.append([str(r["depth"]), _num(r.get("prompt_tokens"), "d"), _fig(report, where, "ttft_s", r.get("ttft_s"), ".2f"),
+                     _fig(report, where, "prefill_tok_s", r.get("prefill_tok_s"), ".0f"),
+                     _fig(report, where, "wall_tok_s", r.get("wall_tok_s"), ".1f"),
+                     _fig(report, where, "decode_tok_s", r.get("decode_tok_s"), ".1f"), _acc(r["acceptance"]),
+                     _mem(r["gpu_memory"]), status])
     return rows
 
 
@@ -77,9 +87,13 @@ def burst_rows(report: dict[str, Any]) -> list[list[str]]:
     rows = []
     for r in report["rungs"]:
         status = "ok" if r["ok"] else f"FAILED ({r.get('failed', '?')} of {r.get('concurrency', '?')})"
-        rows.append([str(r["depth"]), _num(r.get("prompt_tokens"), "d"), _spread(r.get("ttft"), ".2f"),
-                     _num(r.get("prefill_tok_s"), ".0f"), _num(r.get("wall_tok_s"), ".1f"),
-                     _num(r.get("decode_tok_s"), ".1f"), _acc(r["acceptance"]), _mem(r["gpu_memory"]), status])
+        where = f"depth {r['depth']}"
+        ttft = "AUDIT" if (where, "ttft_s") in audited(report.get("flags") or []) else _spread(r.get("ttft"), ".2f")
+        rows.append([str(r["depth"]), _num(r.get("prompt_tokens"), "d"), ttft,
+                     _fig(report, where, "prefill_tok_s", r.get("prefill_tok_s"), ".0f"),
+                     _fig(report, where, "wall_tok_s", r.get("wall_tok_s"), ".1f"),
+                     _fig(report, where, "decode_tok_s", r.get("decode_tok_s"), ".1f"), _acc(r["acceptance"]),
+                     _mem(r["gpu_memory"]), status])
     return rows
 
 
@@ -88,11 +102,13 @@ def turns_rows(report: dict[str, Any]) -> list[list[str]]:
     rows = []
     for r in report["turns"]:
         pc = r.get("prefix_cache")
+        where = f"turn {r['turn']}"
         rows.append([str(r["turn"]), _num(r.get("depth"), "d"), _num(r.get("new_tokens"), "d"),
-                     _num(r.get("ttft_s"), ".2f"), _num(r.get("new_prefill_tok_s"), ".0f"),
+                     _fig(report, where, "ttft_s", r.get("ttft_s"), ".2f"),
+                     _fig(report, where, "new_prefill_tok_s", r.get("new_prefill_tok_s"), ".0f"),
                      f"{pc['hits']:.0f}/{pc['queries']:.0f}" if pc else "no counters",
-                     _num(r.get("decode_tok_s"), ".1f"), _acc(r["acceptance"]), _mem(r["gpu_memory"]),
-                     "ok" if r["ok"] else "FAILED"])
+                     _fig(report, where, "decode_tok_s", r.get("decode_tok_s"), ".1f"), _acc(r["acceptance"]),
+                     _mem(r["gpu_memory"]), "ok" if r["ok"] else "FAILED"])
     return rows
 
 
@@ -116,7 +132,7 @@ def print_turns(report: dict[str, Any]) -> None:
                   "prefix-cache hits/queries", "decode tok/s", "acceptance per position", "GPU peak MiB", "status"],
                  turns_rows(report))
     console.print(cache_line(report["prefix_cache"]))
-    print_flags(report)
+    print_flags(report, every=True)
     fail = report.get("failure")
     console.print(f"deepest context that worked: {report.get('last_ok_depth')} tokens"
                   + (f"; failed at turn {fail['turn']} ({fail['depth']} tokens): {fail['reason']}" if fail else ""))
@@ -166,10 +182,11 @@ def print_soak(report: dict[str, Any]) -> None:
                  ["window", "generated tokens", "drafts", "acceptance rate", "mean acceptance length",
                   "per position"], soak_rows(report))
     for i, s in enumerate(report["streams"]):
+        decode = _fig(report, f"stream {i}", "decode_tok_s", s.get("decode_tok_s"), ".1f")
         console.print(f"stream {i}: {s.get('completion_tokens', 0)} tokens by usage, {s.get('streamed_tokens')} "
                       f"streamed{'' if s.get('streamed_exact') else ' (at least)'}, finish {s.get('finish_reason')}, "
-                      f"decode {_num(s.get('decode_tok_s'), '.1f')} tok/s" + (f", error: {s['error']}" if s["error"] else ""))
-    print_flags(report)
+                      f"decode {decode} tok/s" + (f", error: {s['error']}" if s["error"] else ""))
+    print_flags(report, every=True)
     v = report["verdict"]
     console.print(f"verdict: {v['status']}" + (f": {v['line']}" if v["line"] else ""), markup=False, highlight=False)
     console.print(f"json: {report.get('json_path')}" + (f"  plot: {report['png_path']}" if report.get("png_path") else ""))

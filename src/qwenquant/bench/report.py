@@ -7,6 +7,7 @@ from typing import Any
 
 from qwenquant.bench import metrics
 from qwenquant.bench.checks import cell_checks
+from qwenquant.bench.judge import short_stream, too_good, too_good_flags
 from qwenquant.bench.output import SCHEMA_VERSION
 from qwenquant.bench.rates import (
     FIGURES,
@@ -45,6 +46,7 @@ def _cell_report(cell: Cell, rounds: list[list[Sample]], where: str, margin: flo
         "figures": {k: v.as_dict() if v else None for k, v in figs.items()},
         "round_medians": _round_medians(rounds),
         "requests": len(flat), "short_requests": sum(s.short for s in flat),
+        "max_tokens": flat[0].max_tokens if flat else None,
         "prompt_tokens": _median([float(s.prompt_tokens) for s in flat]),
         "completion_tokens": sum(s.completion_tokens for s in flat),
         "first_text_field": fields,
@@ -104,31 +106,42 @@ def compare_report(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 
 def find_flags(report: dict[str, Any], cfg: BenchConfig) -> list[dict[str, Any]]:
-    """Too-good figures (flagged for audit) and each cell's cross-checks (checks.py), whatever its thinking."""
+    """Too-good figures (flagged for audit: judge.py, the lines every mode uses), each cell's cross-checks
+    (checks.py), whatever its thinking, and its streams that ended before max_tokens while ignore_eos was sent."""
     lines = cfg.too_good.model_dump()
+    ignore_eos = (report.get("options") or {}).get("ignore_eos", True)
     flags: list[dict[str, Any]] = []
 
-    def check(where: str, figure: str, value: float | None, line: float, above: bool = True) -> None:
-        if value is not None and ((value > line) if above else (value < line)):
-            flags.append({"kind": "too-good", "where": where, "figure": figure, "value": value, "line": line,
-                          "note": "flagged for audit, not reported"})
+    def check(where: str, figure: str, value: float | None, line: float) -> None:
+        f = too_good(where, figure, value, line)
+        if f:
+            flags.append(f)
 
     for t in report["targets"]:
         for key, c in t["cells"].items():
-            med = {k: (v or {}).get("median") for k, v in c["figures"].items()}
-            for fig in RATE_LINES:
-                check(f"{t['label']} {key}", fig, med[fig], lines[fig])
-            check(f"{t['label']} {key}", "ttft_s", med["ttft_s"], cfg.ttft_floor_s, above=False)
+            where = f"{t['label']} {key}"
+            flags += too_good_flags(where, {k: (v or {}).get("median") for k, v in c["figures"].items()}, cfg)
             flags.extend(c["checks"])
+            asked = c.get("max_tokens")
+            short = [q for q in c["per_request"] if isinstance(asked, int) and q["completion_tokens"] < asked]
+            f = short_stream(where, short[0]["completion_tokens"], asked, short[0].get("finish_reason"),
+                             len(short)) if short and ignore_eos else None
+            if f:
+                flags.append(f)
         for step in t["ladder"]:
-            check(f"{t['label']} ladder c{step['concurrency']}", "aggregate_tok_s",
-                  (step["aggregate_tok_s"] or {}).get("median"), lines["aggregate_tok_s"])
+            where = f"{t['label']} ladder c{step['concurrency']}"
+            check(where, "aggregate_tok_s", (step["aggregate_tok_s"] or {}).get("median"), lines["aggregate_tok_s"])
+            for fig, line in (("per_stream_wall_tok_s", "wall_tok_s"), ("per_stream_decode_tok_s", "decode_tok_s")):
+                check(where, fig, (step[fig] or {}).get("median"), lines[line])
     cmp = report.get("compare")
     if cmp:
         for key, figs in cmp["cells"].items():
             for fig, r in figs.items():
                 if r and fig != "ttft_s":
                     check(f"compare {key}", f"{fig} ratio", r["median"], lines["ratio"])
+        for step in cmp["ladder"]:
+            check(f"compare ladder c{step['concurrency']}", "aggregate_tok_s ratio",
+                  (step["aggregate_tok_s"] or {}).get("median"), lines["ratio"])
     return flags
 
 
@@ -139,6 +152,7 @@ def build_report(runs: list[TargetRun], cfg: BenchConfig, *, meta: dict[str, Any
                               "config": cfg.model_dump(exclude={"prompts"}) | {"prompt_names": sorted(cfg.prompts)},
                               "targets": targets,
                               "compare": compare_report(targets[0], targets[1]) if len(targets) == 2 else None}
+    report["failure"] = next((r.failure for r in runs if r.failure), None)
     report["flags"] = find_flags(report, cfg)
     gpu = report.get("gpu") or {}
     if gpu.get("throttled"):

@@ -74,6 +74,7 @@ class PromptFitter:
         self.tokenize: bool | None = None  # unknown until asked
         self.chars_per_token = FIRST_CHARS_PER_TOKEN
         self.calibrated = False  # chars_per_token came from a server's count
+        self.exact_depth: int | None = None  # the ladder's top rung: fitted to exactly this count where it can be
 
     def messages(self, header: str, n_chars: int, start: int) -> list[dict[str, str]]:
         return [{"role": "user", "content": header + self.text.take(n_chars, start) + INSTRUCTION}]
@@ -94,11 +95,14 @@ class PromptFitter:
 
     def fit(self, depth: int, header: str, start: int) -> tuple[list[dict[str, str]], int | None]:
         """(messages, the /tokenize count or None): at most `depth` tokens, as close below as fits
-        (proportional guesses, then bisection on the length between the best below and the least above)."""
+        (proportional guesses, then bisection on the length between the best below and the least above); the
+        top rung (`exact_depth`) exactly at its count where some length of the text gives it."""
+        exact = depth == self.exact_depth
+        tolerance = 0.0 if exact else FIT_TOLERANCE
         n_chars = int(depth * self.chars_per_token)
         lo: tuple[int, int, list[dict[str, str]]] | None = None  # (chars, tokens, messages) at or below depth
         hi: int | None = None  # the fewest characters seen above depth
-        for _ in range(FIT_ROUNDS):
+        for _ in range(FIT_ROUNDS * (2 if exact else 1)):
             msgs = self.messages(header, n_chars, start)
             got = self.count(msgs)
             if got is None:
@@ -109,7 +113,7 @@ class PromptFitter:
                 lo = (n_chars, got, msgs)
             if got > depth:
                 hi = n_chars if hi is None else min(hi, n_chars)
-            if got >= depth * (1 - FIT_TOLERANCE) and got <= depth:
+            if got >= depth * (1 - tolerance) and got <= depth:
                 break
             if lo is not None and hi is not None:
                 if hi - lo[0] <= 1:

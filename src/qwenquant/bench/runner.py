@@ -17,7 +17,7 @@ from qwenquant.bench import metrics
 from qwenquant.bench.stream import Sample, stream_chat
 from qwenquant.bench.workload import BenchConfig, Cell, plan_cells, request_body, thinking_modes
 from qwenquant.errors import BenchError
-from qwenquant.net.http import HttpError, get_json
+from qwenquant.net.http import HttpError, get_json, server_hint
 from qwenquant.net.prometheus import SpecCounters, spec_counters
 
 log = logging.getLogger(__name__)
@@ -63,13 +63,14 @@ class TargetRun:
     waves: dict[str, list[list[list[Sample]]]] = field(default_factory=dict)  # cell key -> rounds -> waves
     spec: SpecCounters = field(default_factory=SpecCounters)
     metrics_exported: bool = True
+    failure: dict[str, Any] | None = None  # the first request that failed: the run stops there
 
 
 def _get_json(url: str, api_key: str | None) -> Any:
     try:
         return get_json(url, api_key=api_key)
     except HttpError as e:
-        raise BenchError(e.message, hint="is the server up? check the URL") from None
+        raise BenchError(e.message, hint=server_hint(e, api_key)) from None
 
 
 def resolve_model(t: Target) -> str:
@@ -92,17 +93,30 @@ def server_version(t: Target) -> str | None:
 
 
 def run_wave(t: Target, body: dict[str, Any], n: int, stall_timeout: float) -> list[Sample]:
-    """`n` identical requests released together (each on its own connection)."""
-    if n == 1:
-        return [stream_chat(t.url, body, api_key=t.api_key, stall_timeout=stall_timeout)]
+    """`n` identical requests released together; the first failure raised (the warm-up's: nothing measured)."""
+    samples, failures = measure_wave(t, body, n, stall_timeout)
+    if failures:
+        raise failures[0]
+    return samples
+
+
+def measure_wave(t: Target, body: dict[str, Any], n: int,
+                 stall_timeout: float) -> tuple[list[Sample], list[BenchError]]:
+    """`n` identical requests released together (each on its own connection): the samples of those that
+    worked and the failure of each that did not (a failed request never discards the others)."""
     gate = threading.Barrier(n)
 
-    def one(_: int) -> Sample:
-        gate.wait()
-        return stream_chat(t.url, body, api_key=t.api_key, stall_timeout=stall_timeout)
+    def one(_: int) -> Sample | BenchError:
+        if n > 1:
+            gate.wait()
+        try:
+            return stream_chat(t.url, body, api_key=t.api_key, stall_timeout=stall_timeout)
+        except BenchError as e:
+            return e
 
     with ThreadPoolExecutor(n) as pool:
-        return list(pool.map(one, range(n)))
+        got = list(pool.map(one, range(n)))
+    return [g for g in got if isinstance(g, Sample)], [g for g in got if isinstance(g, BenchError)]
 
 
 def detect_thinking(t: Target, cfg: BenchConfig, prompt: str, stall_timeout: float) -> tuple[bool | None, str]:
@@ -143,17 +157,29 @@ def prepare_target(t: Target, cfg: BenchConfig, opts: Options) -> TargetRun:
     return TargetRun(t, cells, steps, note)
 
 
-def run_round(run: TargetRun, cfg: BenchConfig, opts: Options) -> None:
-    """Every cell of one configuration once (`repeats` waves each), counters read around it."""
+def run_round(run: TargetRun, cfg: BenchConfig, opts: Options, index: int = 0) -> None:
+    """Every cell of one configuration once (`repeats` waves each), counters read around it; a request that
+    fails ends the round there, its failure recorded and what was measured before it kept."""
     t = run.target
     before = metrics.scrape(t.url, t.api_key)
     tokens = opts.max_tokens or cfg.max_tokens
     repeats = opts.repeats or cfg.repeats
     for cell in run.cells:
         body = request_body(cfg, t.model or "", cell, max_tokens=tokens, ignore_eos=opts.ignore_eos)
-        waves = [run_wave(t, body, cell.concurrency, opts.stall_timeout) for _ in range(repeats)]
+        waves: list[list[Sample]] = []
+        partial: list[Sample] = []  # a failed wave's requests that worked: their own figures, no aggregate
+        for _ in range(repeats):
+            samples, failures = measure_wave(t, body, cell.concurrency, opts.stall_timeout)
+            if failures:
+                partial = samples
+                run.failure = {"target": t.label, "cell": cell.key, "round": index + 1, "failed": len(failures),
+                               "of": cell.concurrency, "reason": failures[0].message}
+                break
+            waves.append(samples)
         run.waves.setdefault(cell.key, []).append(waves)
-        run.samples.setdefault(cell.key, []).append([s for w in waves for s in w])
+        run.samples.setdefault(cell.key, []).append([s for w in waves for s in w] + partial)
+        if run.failure:
+            break
         log.info("%s: %s done", t.label, cell.key)
     after = metrics.scrape(t.url, t.api_key)
     if before is None or after is None:
@@ -169,5 +195,7 @@ def run_bench(targets: list[Target], cfg: BenchConfig, opts: Options) -> list[Ta
     for r in range(rounds):
         for run in runs:
             log.info("round %d/%d: %s", r + 1, rounds, run.target.label)
-            run_round(run, cfg, opts)
+            run_round(run, cfg, opts, r)
+            if run.failure:
+                return runs
     return runs

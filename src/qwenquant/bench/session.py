@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from qwenquant.bench import gpu as gpumod
 from qwenquant.bench.launch import ConfigSpec, serve_targets, url_targets
-from qwenquant.bench.output import RunReport, deliver
+from qwenquant.bench.output import RunReport, deliver, json_on_failure
 from qwenquant.bench.runner import Options, Target, resolve_model, run_bench, server_version
 from qwenquant.bench.workload import load_config
 from qwenquant.errors import UsageError
@@ -55,6 +55,9 @@ def configurations(req: Request) -> list[ConfigSpec]:
         if pair[0].label == pair[1].label:
             raise UsageError(f"both configurations are labelled {pair[0].label!r}",
                              hint="give them different --label-a / --label-b")
+        if pair[0].url and pair[1].url and same_server(pair[0].url, pair[1].url):
+            log.warning("--url-a and --url-b are one server (%s): every ratio compares it with itself; give the "
+                        "URL of another server for B", pair[0].url)
         return pair
     if req.url and base:
         raise UsageError("give a URL or --serve ARTIFACT, not both", hint="qwenquant bench run URL, or --serve ARTIFACT")
@@ -65,6 +68,21 @@ def configurations(req: Request) -> list[ConfigSpec]:
                          hint="qwenquant bench run URL, or qwenquant bench run --serve ARTIFACT --profile P")
     return [ConfigSpec("A", profile=base.profile, gpu_mem=base.gpu_mem, extra=base.extra, gpus=base.gpus,
                        split=base.split)]
+
+
+def same_server(a: str, b: str) -> bool:
+    """Do two base URLs name one server (scheme, host, port and path alike; a trailing / or /v1 aside)?"""
+    from urllib.parse import urlsplit
+
+    def key(url: str) -> tuple[str, str, int | None, str]:
+        u = urlsplit(url.strip())
+        path = u.path.rstrip("/")
+        path = path[: -len("/v1")] if path.endswith("/v1") else path
+        port = u.port or {"http": 80, "https": 443}.get(u.scheme)
+        host = (u.hostname or "").lower()
+        return u.scheme, "127.0.0.1" if host == "localhost" else host, port, path.rstrip("/")
+
+    return key(a) == key(b)
 
 
 @contextlib.contextmanager
@@ -78,7 +96,13 @@ def targets_of(req: Request, configs: list[ConfigSpec]) -> Iterator[list[Target]
 
 
 def run(req: Request, options: Options, argv: list[str]) -> RunReport:
-    """Measure, then deliver the report (JSON, PNG, tables, flag lines)."""
+    """Measure, then deliver the report (JSON, PNG, tables, flag lines); with --json, one JSON document
+    on stdout whatever fails."""
+    with json_on_failure(req.as_json, "run"):
+        return _run(req, options, argv)
+
+
+def _run(req: Request, options: Options, argv: list[str]) -> RunReport:
     from qwenquant.bench.report import build_report
 
     cfg = load_config(req.config)
@@ -104,7 +128,9 @@ def run(req: Request, options: Options, argv: list[str]) -> RunReport:
     meta = {"tool": "qwenquant bench", "argv": argv, "started": started, "python": platform.python_version(),
             "gpu_name": gpumod.gpu_name(), "gpu": sampler.result, "options": dict(vars(options))}
     report = RunReport(**build_report(runs, cfg, meta=meta))
-    deliver(report, req.out, as_json=req.as_json, plot=req.plot)
+    err = deliver(report, req.out, as_json=req.as_json, plot=req.plot)
+    if err:
+        raise err
     return report
 
 

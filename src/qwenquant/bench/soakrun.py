@@ -15,9 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from qwenquant.bench import metrics
-from qwenquant.bench.burst import check_concurrency
+from qwenquant.bench.burst import QueueWatch, check_concurrency, decoding_at_once, queued_checks
 from qwenquant.bench.longtext import INSTRUCTION, LongText
-from qwenquant.bench.rung import chat_request, max_num_seqs, request_record, served_max_len, stream_once
+from qwenquant.bench.rung import (
+    PromptFitter,
+    chat_request,
+    max_num_seqs,
+    request_record,
+    served_max_len,
+    stream_once,
+)
 from qwenquant.bench.runner import Target
 from qwenquant.bench.soak import Window, merge_windows, step_windows, verdict
 from qwenquant.bench.stream import Sample, chunk_tokens
@@ -117,19 +124,28 @@ def _per_request(samples: list[Sample | None], window: int) -> list[list[Window]
     return out
 
 
-def check_options(t: Target, opts: SoakOptions) -> int | None:
-    """The server's max_model_len; UsageError when the soak cannot fit on it."""
+def check_options(t: Target, text: LongText, opts: SoakOptions) -> int | None:
+    """The server's max_model_len; UsageError when the soak cannot fit on it: the longest stream's prompt as
+    the server's /tokenize counts it, else (no /tokenize) as estimated from its characters, says so."""
     check_concurrency(opts.concurrency, max_num_seqs(t))
     max_len = served_max_len(t)
-    if max_len is not None and opts.tokens + PROMPT_CHARS // 2 > max_len:
-        raise UsageError(f"--tokens {opts.tokens} plus the prompt does not fit the server's max_model_len {max_len}",
-                         hint=f"use --tokens {max(1, max_len - PROMPT_CHARS // 2)} or less, or serve a longer context")
+    if max_len is None:
+        return None
+    fitter = PromptFitter(t, text, opts.thinking)
+    counts = [fitter.count(_body(t, text, i, opts)["messages"]) for i in range(opts.concurrency)]
+    exact = None not in counts
+    prompt = max(c for c in counts if c is not None) if exact else PROMPT_CHARS // 2
+    if opts.tokens + prompt > max_len:
+        what = f"the prompt ({prompt} tokens by the server's /tokenize)" if exact else \
+            f"the prompt (about {prompt} tokens: the server has no /tokenize to count it)"
+        raise UsageError(f"--tokens {opts.tokens} plus {what} does not fit the server's max_model_len {max_len}",
+                         hint=f"use --tokens {max(1, max_len - prompt)} or less, or serve a longer context")
     return max_len
 
 
 def run_soak(t: Target, text: LongText, opts: SoakOptions) -> dict[str, Any]:
     """The soak on one server; the measured part of the report (JSON-ready)."""
-    max_len = check_options(t, opts)
+    max_len = check_options(t, text, opts)
     watch = ServerWatch(t.url, t.api_key, t.server)
     prog = Progress(t, watch, opts)
     samples: list[Sample | None] = [None] * opts.concurrency
@@ -139,8 +155,9 @@ def run_soak(t: Target, text: LongText, opts: SoakOptions) -> dict[str, Any]:
         samples[i], errors[i] = stream_once(t, _body(t, text, i, opts), opts.stall_timeout,
                                             lambda c: prog.on_chunk(i, c))
 
-    with ThreadPoolExecutor(opts.concurrency) as pool:
+    with QueueWatch(t) as queue, ThreadPoolExecutor(opts.concurrency) as pool:
         list(pool.map(one, range(opts.concurrency)))
+    at_once = decoding_at_once([s for s in samples if s is not None])
     with prog.lock:
         prog.scrape()
     why = watch.problem()
@@ -159,4 +176,7 @@ def run_soak(t: Target, text: LongText, opts: SoakOptions) -> dict[str, Any]:
             "text": {"sha256": text.sha256, "license": text.license, "source": text.source},
             "windows": [w.as_dict() for w in merged],
             "stream_windows": [[w.as_dict() for w in ws] for ws in exact] if exact is not None else None,
-            "streams": streams, "verdict": judged, "server": watch.info()}
+            "streams": streams, "verdict": judged, "server": watch.info(), "server_queue": queue.result,
+            "decoding_at_once": at_once,
+            "checks": queued_checks(queue.result, opts.concurrency, "soak", at_once,
+                                    "the soak measured a queue, not {n} streams at once (its windows mix the streams)") if opts.concurrency > 1 else []}

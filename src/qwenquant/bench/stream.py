@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qwenquant.errors import BenchError
+from qwenquant.net.http import HttpError, server_hint
 
 TEXT_FIELDS = ("content", "reasoning_content", "reasoning")
 
@@ -271,13 +272,14 @@ def stream_chat(url: str, body: dict[str, Any], *, api_key: str | None = None,
             raise ledger.stalled() from None
         if resp.status != 200:
             text = resp.read().decode(errors="replace")[:400]
-            raise BenchError(f"{url}{path} answered {resp.status}: {text}", hint=_hint_for(text))
+            hint = server_hint(HttpError("", resp.status), api_key) if resp.status in (401, 403) else _hint_for(text)
+            raise BenchError(f"{url}{path} answered {resp.status}: {text}", hint=hint)
         return read_stream(sse_events(_timed_lines(resp, sock, ledger)), t_sent, int(body.get("max_tokens") or 0),
                            on_chunk, ledger)
     except (OSError, http.client.HTTPException) as e:
         if ledger.events:
             raise ledger.closed(str(e) or type(e).__name__) from None
-        raise BenchError(f"request to {url}{path} failed: {e}", hint="is the server up? check the URL") from None
+        raise BenchError(f"request to {url}{path} failed: {e}", hint=server_hint(HttpError(""), api_key)) from None
     finally:
         conn.close()
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from qwenquant.bench.judge import audited
+
 Section = tuple[str, list[str], list[list[str]]]
 
 
@@ -14,7 +16,7 @@ def _fmt(s: dict[str, float] | None, scale: float = 1.0, digits: int = 1) -> str
 
 
 def _flagged(report: dict[str, Any]) -> set[tuple[str, str]]:
-    return {(f["where"], f["figure"]) for f in report["flags"] if f["kind"] == "too-good"}
+    return audited(report["flags"])
 
 
 def _cell_rows(report: dict[str, Any]) -> list[list[str]]:
@@ -41,9 +43,13 @@ def _ladder_rows(report: dict[str, Any]) -> list[list[str]]:
     for t in report["targets"]:
         for step in t["ladder"]:
             where = f"{t['label']} ladder c{step['concurrency']}"
-            agg = "AUDIT" if (where, "aggregate_tok_s") in audit else _fmt(step["aggregate_tok_s"])
-            rows.append([t["label"], str(step["concurrency"]), agg, _fmt(step["per_stream_wall_tok_s"]),
-                         _fmt(step["per_stream_decode_tok_s"])])
+            # the ladder's c1 step is the c1 cell of its prompt: a figure flagged there is flagged here too
+            cell = f"{t['label']} {step.get('cell')}"
+            figs = [("aggregate_tok_s", None), ("per_stream_wall_tok_s", "wall_tok_s"),
+                    ("per_stream_decode_tok_s", "decode_tok_s")]
+            rows.append([t["label"], str(step["concurrency"])] + [
+                "AUDIT" if (where, k) in audit or (step["concurrency"] == 1 and (cell, same) in audit)
+                else _fmt(step[k]) for k, same in figs])
     return rows
 
 
@@ -63,15 +69,20 @@ def _acceptance_rows(report: dict[str, Any]) -> list[list[str]]:
 
 
 def _compare_rows(report: dict[str, Any]) -> list[list[str]]:
+    """The ratios A/B; a ratio of a figure flagged on either side (or itself beyond the ratio line) reads AUDIT."""
     cmp = report["compare"]
     audit = _flagged(report)
+    sides = (cmp["a"], cmp["b"])
     rows = []
     for key, figs in cmp["cells"].items():
         where = f"compare {key}"
-        rows.append([key] + ["AUDIT" if (where, f"{k} ratio") in audit else _fmt(figs[k], 1.0, 2)
-                             for k in ("wall_tok_s", "decode_tok_s", "ttft_s", "prefill_tok_s")])
+        rows.append([key] + ["AUDIT" if (where, f"{k} ratio") in audit or any((f"{s} {key}", k) in audit for s in sides)
+                             else _fmt(figs[k], 1.0, 2) for k in ("wall_tok_s", "decode_tok_s", "ttft_s", "prefill_tok_s")])
     for step in cmp["ladder"]:
-        rows.append([f"ladder c{step['concurrency']} aggregate", _fmt(step["aggregate_tok_s"], 1.0, 2), "", "", ""])
+        c = step["concurrency"]
+        flagged = (f"compare ladder c{c}", "aggregate_tok_s ratio") in audit or \
+            any((f"{s} ladder c{c}", "aggregate_tok_s") in audit for s in sides)
+        rows.append([f"ladder c{c} aggregate", "AUDIT" if flagged else _fmt(step["aggregate_tok_s"], 1.0, 2), "", "", ""])
     return rows
 
 

@@ -1,4 +1,5 @@
-"""The one error line of a failing long run (exit 8), from its report (pure): the depth ladder (or the burst
+"""The one error line of a failing run (exit 8), from its report (pure): a run or compare that lost a
+request names it and what was kept; the depth ladder (or the burst
 ladder) names the failing depth and the last that worked by one count, the soak its verdict's line, the
 conversation the failing turn."""
 
@@ -7,6 +8,18 @@ from __future__ import annotations
 from typing import Any
 
 from qwenquant.errors import BenchError
+
+
+def run_error(report: dict[str, Any]) -> BenchError | None:
+    """The one error line of a run or compare that lost a request (exit 8): where, and what the report kept."""
+    fail = report.get("failure")
+    if not fail:
+        return None
+    reason = " ".join(str(fail["reason"]).split())[:500]
+    kept = sum(c["requests"] for t in report["targets"] for c in t["cells"].values())
+    return BenchError(f"{fail['failed']} of {fail['of']} requests of {fail['target']} {fail['cell']} (round "
+                      f"{fail['round']}) failed: {reason} (the report keeps the {kept} requests measured before it)",
+                      hint=f"the report is {report['json_path']}; the server log says more")
 
 
 def depth_error(report: dict[str, Any]) -> BenchError | None:

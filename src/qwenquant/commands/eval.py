@@ -51,10 +51,13 @@ eval_app = typer.Typer(
 app.add_typer(eval_app, name="eval")
 
 # options defined once, reused by the subcommands
+_REPORT_WRITE = ("Checked before measuring; a write that fails after measuring prints the report and keeps it in the "
+                 "temp folder.")
 Report = Annotated[Path | None, typer.Option(
-    "--report", help="Where the JSON report goes (default: beside the artifact; with a URL: nowhere). Checked "
-                     "before measuring; a write that fails after measuring prints the report and keeps it in the "
-                     "temp folder.")]
+    "--report", help="Where the JSON report goes (default: beside the --serve artifact; with a URL: nowhere). "
+                     + _REPORT_WRITE)]
+OfflineReport = Annotated[Path | None, typer.Option(
+    "--report", help="Where the JSON report goes (default: beside the artifact). " + _REPORT_WRITE)]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")]
 Reference = Annotated[Path, typer.Option(
     "--reference", exists=True, file_okay=False, show_default=False,
@@ -110,7 +113,7 @@ def offline(
     streamed: Streamed = None,
     device: OfflineDevice = Device.cpu,
     activations: OfflineActs = Activations.bf16,
-    report: Report = None,
+    report: OfflineReport = None,
     as_json: AsJson = False,
 ) -> None:
     """The artifact against its source on the same held-out windows: paired perplexity, KL, top-1, lm_head and MTP.

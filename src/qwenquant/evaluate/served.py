@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenquant.errors import BenchError, UsageError
-from qwenquant.net.http import HttpError, get_json, get_text, post_json
+from qwenquant.net.http import HttpError, get_json, get_text, post_json, server_hint
 from qwenquant.net.prometheus import SpecCounters, spec_counters
 
 REQUEST_TIMEOUT = 120.0
@@ -95,17 +95,6 @@ def base_url(url: str) -> str:
     ending in /v1; eval adds /v1/... itself and reads /metrics and /tokenize at the root)."""
     url = url.rstrip("/")
     return url[: -len("/v1")].rstrip("/") if url.endswith("/v1") else url
-
-
-def server_hint(e: HttpError, api_key: str | None) -> str:
-    """The next step for a failed request: an API key for 401/403, the URL for another status, the
-    server itself when nothing answered."""
-    if e.status in (401, 403):
-        return ("the server refused the API key: pass the key it was started with (--api-key or QWENQUANT_API_KEY)"
-                if api_key else "the server wants an API key: pass --api-key KEY (or set QWENQUANT_API_KEY)")
-    if e.status is not None:
-        return "check that the URL is the server's base URL (http://HOST:PORT) of an OpenAI-compatible server"
-    return "check the server is up (`qwenquant serve ...` prints ready)"
 
 
 def _call(fn: Any, url: str, *args: Any, api_key: str | None) -> Any:

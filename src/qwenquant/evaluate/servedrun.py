@@ -22,6 +22,7 @@ from qwenquant.evaluate.served import (
     run_tasks,
 )
 from qwenquant.evaluate.tools import run_tools, tool_failures
+from qwenquant.net.prometheus import SpecCounters
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ class ServedAsk:
         """Before any server is asked: the gate loads, the run tests something, --needle-max-len leaves
         a needle case. Returns the loaded gate."""
         gate = load_gate(self.gate)
+        if self.min_acceptance is not None and not 1.0 <= self.min_acceptance:
+            raise UsageError(f"--min-acceptance-length {self.min_acceptance:g} is below 1: the mean acceptance "
+                             f"length counts the target's own token of each step (1 + accepted drafts)",
+                             hint="pass a value from 1 up to the server's draft tokens + 1 (e.g. 1.5)")
         if not gate["tasks"] and not self.tools and not self.needle:
             raise UsageError(f"--gate {self.gate} with neither --tools nor --needle tests nothing"
                              + (" (MTP acceptance would be measured over no request)" if self.min_acceptance else ""),
@@ -58,6 +63,7 @@ def run_served(url: str, ask: ServedAsk, model: str | None = None) -> ServedRepo
     url = base_url(url)
     model = model or ask.model or model_name(url, ask.api_key)
     before = counters(url, ask.api_key)
+    check_min_acceptance(ask.min_acceptance, before)
     result: dict[str, Any] = {"url": url, "model": model, "gate": gate.get("name"),
                               "tasks": run_tasks(url, gate, model, ask.api_key)}
     if ask.tools:
@@ -70,6 +76,20 @@ def run_served(url: str, ask: ServedAsk, model: str | None = None) -> ServedRepo
     failures = served_failures(result, ask.min_acceptance)
     result.update(min_acceptance_length=ask.min_acceptance, failures=failures, ok=not failures)
     return ServedReport.of(result)
+
+
+def check_min_acceptance(min_acceptance: float | None, before: SpecCounters | str) -> None:
+    """--min-acceptance-length above what the server can reach (1 + its draft tokens per step), refused before
+    any request. vLLM 0.32 (`vllm/v1/spec_decode/metrics.py`, SpecDecodingProm) creates one child of
+    `vllm:spec_decode_num_accepted_tokens_per_pos` per draft position at start, so /metrics lists the draft
+    count before the first request."""
+    if min_acceptance is None or isinstance(before, str) or not before.per_pos:
+        return
+    drafts = len(before.per_pos)
+    if min_acceptance > drafts + 1:
+        raise UsageError(f"--min-acceptance-length {min_acceptance:g} cannot be reached: the server drafts {drafts} "
+                         f"tokens per step, so the mean acceptance length is at most {drafts + 1}",
+                         hint=f"pass a value from 1 to {drafts + 1}")
 
 
 def served_failures(result: dict[str, Any], min_acceptance: float | None) -> list[str]:

@@ -14,13 +14,20 @@ if TYPE_CHECKING:
     import torch
 
 
-def _check_size(available: int, windows: int, window_len: int, what: str) -> None:
-    if windows < 2 or window_len < 3:
+MIN_WINDOWS = 2  # a confidence interval needs two windows
+
+
+def _check_size(available: int, windows: int, window_len: int, what: str, more: str = "pass a longer --text") -> None:
+    """Enough windows of `window_len` tokens in the text; `more` says how to get more text where it holds
+    fewer than any run accepts (--windows below 2 is itself refused)."""
+    if windows < MIN_WINDOWS or window_len < 3:
         raise UsageError(f"--windows {windows} --window-len {window_len} is too small",
                              hint="use at least 2 windows of 3 tokens (a confidence interval needs 2 windows)")
     if available < windows:
+        hint = f"pass --windows {available} or less, or a shorter --window-len" if available >= MIN_WINDOWS else \
+            f"{more} (at least {MIN_WINDOWS} windows: {MIN_WINDOWS * window_len:,} tokens), or a shorter --window-len"
         raise UsageError(f"{what} has {available} windows of {window_len} tokens, fewer than --windows {windows}",
-                             hint=f"pass --windows {available} or less, or a shorter --window-len")
+                         hint=hint)
 
 
 def is_tiny_reference(folder: Path) -> bool:
@@ -45,17 +52,19 @@ def resolve_windows(reference: Path, windows: int, window_len: int, *, text: Pat
         return eval_windows(reference, windows, window_len), {"text": "tiny-reference held-out"}
     ts = textset.load_text_set(text_set if text_set not in (None, "auto") else textset.DEFAULT_TEXT_SET)
     body = textset.read_text(textset.fetch_text_set(ts, cache), ts)
-    return _cut(reference, body, windows, window_len, ts.name), {"text": ts.name, **ts.describe()}
+    return _cut(reference, body, windows, window_len, ts.name, "pass --text FILE or another --text-set"), \
+        {"text": ts.name, **ts.describe()}
 
 
-def _cut(reference: Path, body: str, windows: int, window_len: int, what: str) -> torch.Tensor:
+def _cut(reference: Path, body: str, windows: int, window_len: int, what: str,
+         more: str = "pass a longer --text") -> torch.Tensor:
     """`body` tokenized with the reference's tokenizer, cut into consecutive windows."""
     import torch
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(Path(reference) / "tokenizer.json"))
     ids = tok.encode(body, add_special_tokens=False).ids
-    _check_size(len(ids) // window_len, windows, window_len, what)
+    _check_size(len(ids) // window_len, windows, window_len, what, more)
     return torch.tensor(ids[: windows * window_len], dtype=torch.long).view(windows, window_len)
 
 
@@ -77,7 +86,7 @@ def eval_windows(reference: Path, windows: int, window_len: int, text: Path | No
         if window_len > held.shape[1]:
             raise UsageError(f"--window-len {window_len} is longer than the shipped windows ({held.shape[1]})",
                                  hint=f"use --window-len {held.shape[1]} or less")
-        _check_size(held.shape[0], windows, window_len, "the shipped held-out text")
+        _check_size(held.shape[0], windows, window_len, "the shipped held-out text", "pass --text FILE")
         return held[:windows, :window_len].clone()
     try:
         body = Path(text).read_text(encoding="utf-8")
@@ -88,7 +97,7 @@ def eval_windows(reference: Path, windows: int, window_len: int, text: Path | No
                          hint="pass a plain UTF-8 text file") from None
     except OSError as e:
         raise UsageError(f"--text {text} cannot be read ({e.strerror or e})", hint="pass a plain UTF-8 text file") from None
-    return _cut(reference, body, windows, window_len, str(text))
+    return _cut(reference, body, windows, window_len, f"--text {text}")
 
 
 def window_text(reference: Path, ids: torch.Tensor) -> str | None:

@@ -29,6 +29,17 @@ class HttpError(QwenquantError):
         self.body = body
 
 
+def server_hint(e: HttpError, api_key: str | None) -> str:
+    """The next step for a failed request to a server (bench's and eval's): an API key for 401/403, the URL
+    for another status, the server itself when nothing answered."""
+    if e.status in (401, 403):
+        return ("the server refused the API key: pass the key it was started with (--api-key or QWENQUANT_API_KEY)"
+                if api_key else "the server wants an API key: pass --api-key KEY (or set QWENQUANT_API_KEY)")
+    if e.status is not None:
+        return "check that the URL is the server's base URL (http://HOST:PORT) of an OpenAI-compatible server"
+    return "check the server is up (`qwenquant serve ...` prints ready)"
+
+
 def check_url(url: str, what: str) -> str:
     """`url` when it is http(s)://HOST[:PORT][/path] with a port in range; a UsageError (exit 2)
     naming `what` otherwise (a URL without a scheme is the usual slip)."""
