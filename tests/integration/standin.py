@@ -17,6 +17,8 @@ In the test process: `with StandinServer() as s:` (loopback, port 0), switches a
                   reasoning parser does)
   usage_delta     usage counts this many completion tokens more (negative: fewer) than were streamed
   cut_after       the stream ends after this many token chunks with no `[DONE]` (the connection closes)
+  cut_request     only the streamed chat request of this index (0-based, in arrival order) is cut so, after
+                  2 token chunks: one lost request among good ones
   hang_after      after this many token chunks no token comes again, only SSE keep-alive comments
                   (`: ping`) every `ping` seconds
   usage           False: streams carry no usage (the client must refuse to guess)
@@ -105,6 +107,7 @@ class StandinServer:
         self.reasoning_details = False
         self.usage_delta = 0
         self.cut_after: int | None = None
+        self.cut_request: int | None = None
         self.hang_after: int | None = None
         self.ping = 0.05
         self.usage = True
@@ -218,8 +221,9 @@ class _Handler(BaseHTTPRequestHandler):
             rec = Record(recv=time.perf_counter())
             with self.s.lock:
                 self.s.records.append(rec)
+                cut = 2 if len(self.s.records) - 1 == self.s.cut_request else self.s.cut_after
             self.s.count()
-            self._stream(body, rec)
+            self._stream(body, rec, cut)
             return
         if body.get("model") != self.s.model:
             self._send(404, {"error": f"model {body.get('model')} not found"})
@@ -249,7 +253,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
         self.close_connection = True
 
-    def _stream(self, body: dict[str, Any], rec: Record) -> None:
+    def _stream(self, body: dict[str, Any], rec: Record, cut_after: int | None = None) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -259,7 +263,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
                      "usage": None})
         for i in range(n):
-            if i == self.s.cut_after:
+            if i == cut_after:
                 self.close_connection = True
                 return
             if i == self.s.hang_after:
