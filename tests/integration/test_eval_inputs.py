@@ -99,3 +99,19 @@ def test_an_unwritable_report_path_is_refused_before_measuring(models: dict[str,
     assert proc.returncode == 2, proc.stderr
     assert f"report folder {missing.parent} not found" in flat(proc.stderr)
     assert "perplexity" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("body", ["", "one line of text\n"])
+def test_a_text_too_short_for_two_windows_asks_for_a_longer_text(models: dict[str, Path], tmp_path: Path,
+                                                                 body: str) -> None:
+    """No --windows value can help a text shorter than two windows (the least a run accepts): the hint asks
+    for more text, not for a --windows that is then refused."""
+    text = tmp_path / "short.txt"
+    text.write_text(body)
+    proc = qq("eval", "offline", str(models["artifact"]), "--reference", str(models["source"]), "--text", str(text),
+              *FAST)
+    assert proc.returncode == 2, proc.stderr
+    said = flat(proc.stderr)
+    assert f"--text {text} has 0 windows of 32 tokens" in said
+    assert "hint: pass a longer --text (at least 2 windows: 64 tokens), or a shorter --window-len" in said
+    assert "--windows 0" not in said

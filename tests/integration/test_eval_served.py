@@ -136,3 +136,20 @@ def test_a_served_report_of_another_gate_or_server_is_not_replaced(server, tmp_p
     assert proc.returncode == 2, proc.stderr
     assert f"report {report} holds a report of another run" in " ".join(proc.stderr.split())
     assert report.read_bytes() == before and len(other.bodies) == asked
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("-1", "--min-acceptance-length -1 is below 1"),
+    ("0.5", "--min-acceptance-length 0.5 is below 1"),
+    ("99", "--min-acceptance-length 99 cannot be reached: the server drafts 3 tokens per step, so the mean "
+           "acceptance length is at most 4"),
+])
+def test_an_unreachable_min_acceptance_is_refused_before_any_request(server, tmp_path: Path, value: str,
+                                                                     says: str) -> None:
+    """The mean acceptance length lies between 1 and the server's draft tokens + 1 (the stand-in's /metrics lists
+    3 draft positions, as vLLM lists its per-position counters from the start): found out before the run."""
+    s = server()
+    proc = _eval(s.url, tmp_path, "--min-acceptance-length", value)
+    assert proc.returncode == 2, proc.stderr
+    assert says in " ".join(proc.stderr.split())
+    assert s.bodies == []

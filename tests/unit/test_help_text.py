@@ -51,3 +51,10 @@ def test_help_keeps_every_bracketed_part(path: list[str], cmd: object) -> None:
     shown = _rendered(path)
     lost = [part for part in _written(cmd) if " ".join(part.split()) not in shown]
     assert not lost, f"`qwenquant {' '.join(path)} --help` dropped {lost} (rich markup: escape as \\[ in the source)"
+
+
+def test_each_eval_subcommand_says_where_its_own_report_goes() -> None:
+    """eval offline has no URL: its --report default is beside the artifact, nothing more."""
+    offline, served = _rendered(["eval", "offline"]), _rendered(["eval", "served"])
+    assert "default: beside the artifact)" in offline and "URL: nowhere" not in offline
+    assert "with a URL: nowhere" in served
