@@ -100,8 +100,9 @@ def test_soak_longer_than_the_context_is_a_usage_error(tmp_path: Path) -> None:
     with LongStandin() as s:
         s.max_model_len = 2048
         r, _ = _soak(tmp_path, s.url)
-    assert r.returncode == 2 and "--tokens 2000 plus the prompt does not fit the server's max_model_len 2048" \
-        in flat(r.stderr)
+    said = flat(r.stderr)
+    assert r.returncode == 2 and "--tokens 2000 plus the prompt (" in said
+    assert "by the server's /tokenize) does not fit the server's max_model_len 2048" in said
 
 
 @pytest.fixture(scope="module")

@@ -121,7 +121,9 @@ def test_ladder_aggregate_and_too_good_line(tmp_path: Path) -> None:
                              "--out", str(out2)], capture_output=True, text=True, timeout=120)
     assert r2.returncode == 0, r2.stderr
     flags = json.loads(out2.read_text())["flags"]
-    assert [(f["kind"], f["figure"]) for f in flags if f["kind"] == "too-good"] == [("too-good", "decode_tok_s")]
+    # the cell's decode, and the ladder's per-stream decode beside it: every table judges by the same line
+    assert [(f["where"], f["figure"]) for f in flags if f["kind"] == "too-good"] == [
+        ("A code/greedy/think-off/c1", "decode_tok_s"), ("A ladder c1", "per_stream_decode_tok_s")]
     assert "AUDIT" in r2.stdout
 
 
