@@ -59,10 +59,10 @@ def _section(stdout: str, title: str, end: str | None) -> str:
 
 def test_soak_flags_too_good_figures_and_streams_the_server_queued(tmp_path: Path) -> None:
     """Two soak streams on a server that runs one at a time (and lists no max_num_seqs): the "queued" flag depth
-    gives; their decode (3 tokens a millisecond) beyond the too-good line: AUDIT, as in every mode."""
+    gives; their decode (3 tokens every 2 ms) beyond the too-good line: AUDIT, as in every mode."""
     with LongStandin() as s:
-        s.step, s.run_limit = 0.001, 1
-        r = _qq("bench", "soak", s.url, "--tokens", "300", "--window", "100", "--concurrency", "2",
+        s.step, s.run_limit = 0.002, 1  # 1,500 tok/s; streams of 0.4 s, seen waiting on /metrics (read every 0.1 s)
+        r = _qq("bench", "soak", s.url, "--tokens", "600", "--window", "200", "--concurrency", "2",
                 "--out", str(tmp_path / "soak.json"))
     assert r.returncode == 0, r.stderr
     rep = json.loads((tmp_path / "soak.json").read_text())
@@ -183,3 +183,15 @@ def test_depth_json_prints_one_document_when_the_server_is_down(tmp_path: Path) 
     doc = json.loads(r.stdout)
     assert doc["mode"] == "depth" and doc["ok"] is False and doc["exit_code"] == 8
     assert f"127.0.0.1:{port}" in doc["error"] and doc["hint"]
+
+
+def test_run_flags_a_ladder_step_the_server_queued(tmp_path: Path) -> None:
+    """`bench run --max-concurrency 2` on a server that runs one stream at a time (and lists no max_num_seqs):
+    the ladder's two-stream step measured a queue, flagged as depth's burst and the soak flag it."""
+    with LongStandin() as s:
+        s.run_limit, s.step = 1, 0.02  # streams of 0.3 s: the queue is seen on /metrics (read every 0.1 s)
+        r = _qq("bench", "run", s.url, *_run_args(tmp_path), "--max-tokens", "40", "--max-concurrency", "2")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((tmp_path / "run.json").read_text())
+    assert [f["where"] for f in _flags(rep, "queued")] == ["A ladder c2"]
+    assert "flag queued: A ladder c2: up to 1 of the 2 requests waited" in flat(r.stderr)

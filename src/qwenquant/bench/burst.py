@@ -24,15 +24,15 @@ from typing import Any
 
 from qwenquant.bench import metrics, rung
 from qwenquant.bench.gpu import MemoryPeak
+from qwenquant.bench.queued import QueueWatch, decoding_at_once, queued_checks
 from qwenquant.bench.rates import sample_figures
 from qwenquant.bench.runner import Target
 from qwenquant.bench.stream import Sample
 from qwenquant.bench.watch import ServerWatch
 from qwenquant.errors import UsageError
-from qwenquant.net.prometheus import queue_gauges
 
-QUEUE_POLL_S = 0.1
-
+__all__ = ["QueueWatch", "burst_failure", "check_concurrency", "decoding_at_once", "queued_checks",
+           "run_burst_rung"]
 
 def check_concurrency(concurrency: int, max_num_seqs: int | None, option: str = "--concurrency") -> None:
     """Streams beyond what the server runs at once (its profile's max_num_seqs) would queue, not run at
@@ -115,65 +115,3 @@ def _burst_figures(samples: list[Sample]) -> dict[str, Any]:
             "wall_tok_s": wall["median"] if wall else None,
             "prompt_tokens": min((s.prompt_tokens for s in samples), default=None),
             "completion_tokens": min((s.completion_tokens for s in samples), default=None)}
-
-
-class QueueWatch:
-    """Reads the server's running and waiting requests from /metrics while a burst runs (a thread)."""
-
-    def __init__(self, t: Target) -> None:
-        self.t, self.stop = t, threading.Event()
-        self.seen: list[tuple[float, float]] = []
-        self.thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        while not self.stop.is_set():
-            page = metrics.scrape(self.t.url, self.t.api_key, timeout=5.0)
-            got = queue_gauges(page) if page else None
-            if got is None:
-                return  # no /metrics, or not vLLM's gauges: the result says so
-            self.seen.append(got)
-            self.stop.wait(QUEUE_POLL_S)
-
-    def __enter__(self) -> QueueWatch:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=10)
-
-    @property
-    def result(self) -> dict[str, Any] | None:
-        """{"max_running", "max_waiting", "pages"}, or None when the server exports no queue gauges."""
-        if not self.seen:
-            return None
-        return {"max_running": max(r for r, _ in self.seen), "max_waiting": max(w for _, w in self.seen),
-                "pages": len(self.seen)}
-
-
-def decoding_at_once(samples: list[Sample]) -> int:
-    """The client's own count: the most streams that were between their first token and their end at one
-    instant (pure). A server that queues a burst answers one request after another; one that runs them all
-    decodes them side by side."""
-    edges = sorted([(s.t_first, 1) for s in samples if s.t_first is not None] +
-                   [(s.t_end, -1) for s in samples if s.t_first is not None], key=lambda e: (e[0], e[1]))
-    most = now = 0
-    for _, step in edges:
-        now += step
-        most = max(most, now)
-    return most
-
-
-def queued_checks(queue: dict[str, Any] | None, n: int, where: str, at_once: int = 0,
-                  meant: str = "the rung measured a queue, not a burst of {n}") -> list[dict[str, Any]]:
-    """A "queued" flag when the server held some of the burst's requests back and never ran all n at once
-    (pure): its gauges are samples, so "never at once" takes both counts, the most running on a /metrics page
-    and the most streams the client saw decoding side by side (`at_once`). Waiting alone is no queue: vLLM
-    also counts a request as waiting until the step's token budget (max_num_batched_tokens) lets its prefill
-    start, with every request admitted soon after."""
-    if not queue or not queue["max_waiting"] or max(queue["max_running"], at_once) >= n:
-        return []
-    w, r = int(queue["max_waiting"]), int(max(queue["max_running"], at_once))
-    return [{"kind": "cross-check", "check": "queued", "where": where, "figure": "waiting requests", "value": w,
-             "line": 0, "note": f"{where}: up to {w} of the {n} requests waited in the server's queue (it ran at most "
-                                f"{r} at once): " + meant.format(n=n)}]

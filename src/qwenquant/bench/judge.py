@@ -5,7 +5,7 @@ ladder and its bursts, the soak and the conversation.
   for audit; every table then shows AUDIT in its place, never the raw figure.
 - short-stream: a stream that ended with fewer completion tokens than it asked for (ignore_eos sent): its
   rates cover fewer tokens than the run says it measured.
-- queued: streams meant to run at once that the server ran one after another (burst.queued_checks).
+- queued: streams meant to run at once that the server ran one after another (queued.py).
 
 Each finding is a flag: {"kind", "where", "figure", "value", "line", "note"}; a cross-check's kind is
 "cross-check" with its "check" named, as checks.py writes them.

@@ -6,7 +6,7 @@ import statistics
 from typing import Any
 
 from qwenquant.bench import metrics
-from qwenquant.bench.checks import cell_checks
+from qwenquant.bench.checks import cell_checks, merge_checks
 from qwenquant.bench.judge import short_stream, too_good, too_good_flags
 from qwenquant.bench.output import SCHEMA_VERSION
 from qwenquant.bench.rates import (
@@ -68,6 +68,7 @@ def _ladder_report(run: TargetRun) -> list[dict[str, Any]]:
         per = [sample_figures(s) for s in flat]
         agg = spread(wave_aggregate(w) for w in waves)
         out.append({"concurrency": cell.concurrency, "cell": cell.key, "aggregate_tok_s": agg.as_dict() if agg else None,
+                    "checks": merge_checks(run.queued.get(cell.key, [])),
                     "aggregate_round_medians": [_median([wave_aggregate(w) for w in r]) for r in rounds],
                     "per_stream_wall_tok_s": _as(spread(p["wall_tok_s"] for p in per)),
                     "per_stream_decode_tok_s": _as(spread(p["decode_tok_s"] for p in per))})
@@ -131,6 +132,7 @@ def find_flags(report: dict[str, Any], cfg: BenchConfig) -> list[dict[str, Any]]
         for step in t["ladder"]:
             where = f"{t['label']} ladder c{step['concurrency']}"
             check(where, "aggregate_tok_s", (step["aggregate_tok_s"] or {}).get("median"), lines["aggregate_tok_s"])
+            flags.extend(step.get("checks") or [])
             for fig, line in (("per_stream_wall_tok_s", "wall_tok_s"), ("per_stream_decode_tok_s", "decode_tok_s")):
                 check(where, fig, (step[fig] or {}).get("median"), lines[line])
     cmp = report.get("compare")

@@ -64,6 +64,7 @@ class TargetRun:
     spec: SpecCounters = field(default_factory=SpecCounters)
     metrics_exported: bool = True
     failure: dict[str, Any] | None = None  # the first request that failed: the run stops there
+    queued: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # cell key -> its waves' "queued" flags
 
 
 def _get_json(url: str, api_key: str | None) -> Any:
@@ -169,7 +170,7 @@ def run_round(run: TargetRun, cfg: BenchConfig, opts: Options, index: int = 0) -
         waves: list[list[Sample]] = []
         partial: list[Sample] = []  # a failed wave's requests that worked: their own figures, no aggregate
         for _ in range(repeats):
-            samples, failures = measure_wave(t, body, cell.concurrency, opts.stall_timeout)
+            samples, failures = _watched_wave(run, cell, body, opts.stall_timeout)
             if failures:
                 partial = samples
                 run.failure = {"target": t.label, "cell": cell.key, "round": index + 1, "failed": len(failures),
@@ -186,6 +187,23 @@ def run_round(run: TargetRun, cfg: BenchConfig, opts: Options, index: int = 0) -
         run.metrics_exported = False
         return
     run.spec = run.spec.plus(spec_counters(after).minus(spec_counters(before)))
+
+
+def _watched_wave(run: TargetRun, cell: Cell, body: dict[str, Any],
+                  stall_timeout: float) -> tuple[list[Sample], list[BenchError]]:
+    """One wave; a wave of several streams with the server's queue watched, as a burst's rung is (burst.py):
+    streams that waited while the server never ran them all at once are a "queued" flag of the ladder step."""
+    t, n = run.target, cell.concurrency
+    if n == 1:
+        return measure_wave(t, body, n, stall_timeout)
+    from qwenquant.bench.queued import QueueWatch, decoding_at_once, queued_checks
+
+    with QueueWatch(t) as queue:
+        samples, failures = measure_wave(t, body, n, stall_timeout)
+    run.queued.setdefault(cell.key, []).extend(queued_checks(
+        queue.result, n, f"{t.label} ladder c{n}", decoding_at_once(samples),
+        "the ladder step measured a queue, not {n} streams at once"))
+    return samples, failures
 
 
 def run_bench(targets: list[Target], cfg: BenchConfig, opts: Options) -> list[TargetRun]:

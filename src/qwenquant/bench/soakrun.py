@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from qwenquant.bench import metrics
-from qwenquant.bench.burst import QueueWatch, check_concurrency, decoding_at_once, queued_checks
+from qwenquant.bench.burst import check_concurrency
 from qwenquant.bench.longtext import INSTRUCTION, LongText
+from qwenquant.bench.queued import QueueWatch, decoding_at_once, queued_checks
 from qwenquant.bench.rung import (
     PromptFitter,
     chat_request,
