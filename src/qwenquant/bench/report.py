@@ -21,8 +21,6 @@ from qwenquant.bench.runner import TargetRun
 from qwenquant.bench.stream import Sample
 from qwenquant.bench.workload import BenchConfig, Cell
 
-RATE_LINES = {"wall_tok_s": "wall_tok_s", "decode_tok_s": "decode_tok_s", "prefill_tok_s": "prefill_tok_s"}
-
 
 def _median(v: list[float | None]) -> float | None:
     v2 = [x for x in v if x is not None]

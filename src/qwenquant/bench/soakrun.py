@@ -8,6 +8,7 @@ boundary, and at the end; the per-request metrics replace those windows where ev
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -156,9 +157,12 @@ def run_soak(t: Target, text: LongText, opts: SoakOptions) -> dict[str, Any]:
         samples[i], errors[i] = stream_once(t, _body(t, text, i, opts), opts.stall_timeout,
                                             lambda c: prog.on_chunk(i, c))
 
-    with QueueWatch(t) as queue, ThreadPoolExecutor(opts.concurrency) as pool:
+    queue = QueueWatch(t)  # watched only where streams are meant to run at once
+    with queue if opts.concurrency > 1 else contextlib.nullcontext(), ThreadPoolExecutor(opts.concurrency) as pool:
         list(pool.map(one, range(opts.concurrency)))
     at_once = decoding_at_once([s for s in samples if s is not None])
+    queued = queued_checks(queue.result, opts.concurrency, "soak", at_once,
+                           "the soak measured a queue, not {n} streams at once (its windows mix the streams)")
     with prog.lock:
         prog.scrape()
     why = watch.problem()
@@ -178,6 +182,4 @@ def run_soak(t: Target, text: LongText, opts: SoakOptions) -> dict[str, Any]:
             "windows": [w.as_dict() for w in merged],
             "stream_windows": [[w.as_dict() for w in ws] for ws in exact] if exact is not None else None,
             "streams": streams, "verdict": judged, "server": watch.info(), "server_queue": queue.result,
-            "decoding_at_once": at_once,
-            "checks": queued_checks(queue.result, opts.concurrency, "soak", at_once,
-                                    "the soak measured a queue, not {n} streams at once (its windows mix the streams)") if opts.concurrency > 1 else []}
+            "decoding_at_once": at_once, "checks": queued}
