@@ -153,11 +153,12 @@ def test_compare_shows_audit_in_every_table(tmp_path: Path) -> None:
 
 def test_a_run_that_loses_one_request_keeps_what_it_measured(tmp_path: Path) -> None:
     """The warm-up's request and the first measured one worked, the second was cut: exit 8 naming it, and the
-    report keeps the measured request with the failure."""
+    report (on stdout too, with --json) keeps the measured request with the failure."""
     with StandinServer() as s:
         s.cut_request = 2
-        r = _qq("bench", "run", s.url, *_run_args(tmp_path))
+        r = _qq("bench", "run", s.url, *_run_args(tmp_path), "--json")
     assert r.returncode == 8, r.stderr
+    assert json.loads(r.stdout)["failure"]["round"] == 1  # --json: the report itself, one document
     errors = _errors(r.stderr)
     assert len(errors) == 1 and "1 of 1 requests of A narrative/greedy/think-off/c1 (round 1) failed" in errors[0]
     assert "keeps the 1 requests measured before it" in errors[0]
