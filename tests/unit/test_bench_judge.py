@@ -54,3 +54,13 @@ def test_a_flagged_figure_reads_audit_in_the_ladder_and_in_every_ratio_of_it() -
 def test_one_server_under_two_spellings() -> None:
     assert same_server("http://127.0.0.1:8000", "http://localhost:8000/v1/")
     assert not same_server("http://127.0.0.1:8000", "http://127.0.0.1:8001")
+
+
+def test_the_depth_png_leaves_out_what_the_table_audits() -> None:
+    from qwenquant.bench.longplot import depth_series
+
+    rungs = [{"depth": d, "prompt_tokens": d, "decode_tok_s": v, "wall_tok_s": 10.0, "prefill_tok_s": 100.0,
+              "acceptance": {}} for d, v in ((1024, 50.0), (2048, 5000.0))]
+    report = {"rungs": rungs, "flags": [{"kind": "too-good", "where": "depth 2048", "figure": "decode_tok_s"}]}
+    rates = dict(depth_series(report)[1].series)
+    assert rates["decode"] == [(1024.0, 50.0)] and len(rates["wall"]) == 2

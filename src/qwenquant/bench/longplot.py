@@ -15,11 +15,16 @@ def _positions(points: list[tuple[float, list[float]]]) -> list[Series]:
 
 
 def depth_series(report: dict[str, Any]) -> list[Panel]:
-    """Prefill rate; decode and wall rates; acceptance per draft position: each against the server's depth."""
+    """Prefill rate; decode and wall rates; acceptance per draft position: each against the server's depth (a
+    rate flagged too good is left out, as the table shows AUDIT in its place)."""
+    from qwenquant.bench.judge import audited
+
     ok = [r for r in report["rungs"] if r.get("prompt_tokens")]
+    audit = audited(report.get("flags") or [])
 
     def pts(key: str) -> list[tuple[float, float]]:
-        return [(float(r["prompt_tokens"]), r[key]) for r in ok if r.get(key) is not None]
+        return [(float(r["prompt_tokens"]), r[key]) for r in ok
+                if r.get(key) is not None and (f"depth {r['depth']}", key) not in audit]
 
     acc = [(float(r["prompt_tokens"]), r["acceptance"].get("per_position") or []) for r in ok]
     return [Panel("prefill tokens / s", [("prefill", pts("prefill_tok_s"))]),
