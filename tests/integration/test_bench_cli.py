@@ -89,7 +89,7 @@ def test_out_on_a_full_disk_is_refused_before_measuring(tmp_path: Path) -> None:
     from qwenquant.errors import UsageError
 
     with pytest.raises(UsageError, match="bytes free") as e:
-        check_out(tmp_path / "b.json", min_free=shutil.disk_usage(tmp_path).free * 2)
+        check_out(tmp_path / "b.json", "run", min_free=shutil.disk_usage(tmp_path).free * 2)
     assert "another disk" in e.value.hint
 
 

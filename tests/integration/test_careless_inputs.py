@@ -125,7 +125,7 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
         ("stage", ["quantize", m["nosize"], "--source-unverified", *q, *out]),
         ("stage", ["quantize", f"{t}/emptydir", "--source-unverified", *q, *out]),
         ("stage", ["graft-mtp", art, "--source", f"{t}/emptydir"]),
-        ("stage", ["demo", "--work", f"{t}/notes.txt", "--no-serve"]),  # an output folder that is a user's file
+        ("usage", ["demo", "--work", f"{t}/notes.txt", "--no-serve"]),  # a file where a folder is asked
         # check, serve/plan, measure
         ("check", ["check", src]),
         ("serve", ["plan", str(REAL_CONFIG), "--gpu-mem", "8GiB"]),

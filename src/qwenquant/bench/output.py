@@ -33,17 +33,16 @@ DOC = DocKind("bench", "mode", SCHEMA_VERSION, "a bench report")
 MIN_FREE_BYTES = 16 << 20  # a report and its PNG are far smaller; less free than this is a full disk
 
 
-def check_out(target: Path, min_free: int = MIN_FREE_BYTES) -> Path:
-    """--out, checked before anything is measured: its folder exists, can be written and has room (exit 2)."""
-    from qwenquant.atomic import writable_folder
+def check_out(target: Path, mode: str, min_free: int = MIN_FREE_BYTES) -> Path:
+    """--out, checked before anything is measured by the rule of every report writer (reportdoc.check_report_path,
+    exit 2): its folder exists, can be written and has room, and neither it nor the PNG beside it holds a
+    file qwenquant did not write there as a bench report of this `mode`."""
+    from qwenquant.reportdoc import check_report_path
 
-    if not target.parent.is_dir():
-        raise UsageError(f"--out {target}: folder {target.parent} not found", hint="create it, or pass --out elsewhere")
-    writable_folder(target.parent, f"--out {target}", "--out")
-    free = shutil.disk_usage(target.parent).free
-    if free < min_free:
-        raise UsageError(f"--out {target}: the disk holding {target.parent} has {free} bytes free",
-                         hint="free some space, or pass --out on another disk")
+    png = [target.with_suffix(".png")] if REPORTS[mode].plotter is not None else []
+    if check_report_path(target, DOC, mode, kinds=REPORTS, flag="--out", min_free=min_free, companions=png) \
+            and target.is_file():
+        log.info("replacing %s (a bench %s report)", target, mode)
     return target
 
 

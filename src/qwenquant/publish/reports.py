@@ -116,7 +116,9 @@ def gather_reports(artifact: Path, root_digest: str, extra: Iterable[Path] = ())
     deduplicated by content, named in the repo by kind (order-independent)."""
     from qwenquant.evaluate.report import report_path
 
-    paths = [p for p in (report_path(artifact, root_digest, k) for k in ("eval", "eval-served")) if p.is_file()]
+    paths = [p for p in (report_path(artifact, root_digest, "eval"),) if p.is_file()]
+    beside = report_path(artifact, root_digest, "eval-served")  # and each served configuration's (served_kind)
+    paths += sorted(beside.parent.glob(f"{artifact.resolve().name}.eval-served*-{root_digest[:16]}.json"))
     paths += [Path(p) for p in extra]
     seen: dict[str, tuple[str, Path, dict[str, Any], bytes]] = {}
     for p in paths:
