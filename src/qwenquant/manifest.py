@@ -1,8 +1,10 @@
 """The artifact manifest: every file's size and sha256, a root digest, and what produced them.
 
 `qwenquant-manifest.json` sits in the artifact root and is written last. It is tamper-evident,
-not signed: `root_digest` covers the file list and `manifest_self_digest` covers the whole
-manifest body (recipe, source, stages, ...), so an edit anywhere shows up in `verify_artifact`.
+not signed: `root_digest` covers the file list and the recipe (whose serve profiles say what `serve`
+launches: the digest a user pins with `fetch --root` pins them too) and `manifest_self_digest` covers the
+whole manifest body (source, stages, ...), so an edit anywhere shows up in `verify_artifact`. A manifest
+of schema_version 1 (root digest over the file list alone) is refused with a line saying to rebuild.
 
 A published or fetched folder also holds companions vLLM never loads, outside the hashed file set
 (the root digest is untouched): the fetch record, the Hub's .gitattributes, a model_signing
@@ -30,7 +32,7 @@ from qwenquant.hashing import artifact_root_digest, self_digest, sha256_files, s
 log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "qwenquant-manifest.json"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the root digest covers the recipe too
 CARD_NAME, CARD_RECORD_NAME, REPORTS_DIR = "README.md", "qwenquant-card.json", "qwenquant-reports"
 SIGNATURE_NAME, FETCH_RECORD_NAME = "model.sig", "qwenquant-fetch.json"
 UNCHECKED_COMPANIONS = (FETCH_RECORD_NAME, SIGNATURE_NAME, ".gitattributes")  # checked by fetch, --signature, git
@@ -86,9 +88,9 @@ class Manifest:
         return sum(f.size for f in self.files)
 
 
-def compute_root_digest(files: Iterable[FileDigest]) -> str:
-    """The root digest over the file list (formula: hashing.artifact_root_digest)."""
-    return artifact_root_digest(files)
+def compute_root_digest(files: Iterable[FileDigest], recipe_sha256: str) -> str:
+    """The root digest over the file list and the recipe (formula: hashing.artifact_root_digest)."""
+    return artifact_root_digest(files, recipe_sha256)
 
 
 def manifest_self_digest(body: dict[str, Any]) -> str:
@@ -155,7 +157,7 @@ def build_manifest(
     log.debug("hashed %d files under %s", len(entries), root)
     return Manifest(
         files=entries,
-        root_digest=compute_root_digest(entries),
+        root_digest=compute_root_digest(entries, recipe_sha256),
         source=_jsonable(source, "source"),
         recipe=recipe,
         recipe_sha256=recipe_sha256,
@@ -216,6 +218,12 @@ def _structure_problems(d: Any) -> list[str]:
 
 def manifest_from_dict(d: Any) -> Manifest:
     """Build a Manifest from its JSON form; VerificationError naming every structural problem."""
+    if isinstance(d, dict) and d.get("schema_version") == 1:
+        raise VerificationError(
+            f"{MANIFEST_NAME} is of schema_version 1 (an earlier qwenquant), whose root digest does not cover the "
+            f"recipe and its serve profiles; this qwenquant reads schema_version {SCHEMA_VERSION}",
+            hint="rebuild the artifact with this qwenquant (`qwenquant quantize` with the same options reuses its "
+                 "stage records) and publish it again; a downloaded one: ask the publisher to re-publish")
     problems = _structure_problems(d)
     if problems:
         raise VerificationError(
@@ -304,9 +312,9 @@ class VerifyReport:
 
 def _manifest_problems(m: Manifest, raw: dict[str, Any]) -> list[FileProblem]:
     out: list[FileProblem] = []
-    if compute_root_digest(m.files) != m.root_digest:
-        out.append(FileProblem(MANIFEST_NAME, "manifest",
-                               "root_digest does not match the manifest's own file list: the manifest was edited"))
+    if compute_root_digest(m.files, m.recipe_sha256) != m.root_digest:
+        out.append(FileProblem(MANIFEST_NAME, "manifest", "root_digest does not match the manifest's own file list "
+                               "and recipe: the manifest was edited"))
     if manifest_self_digest(raw) != raw["manifest_self_digest"]:
         out.append(FileProblem(MANIFEST_NAME, "manifest",
                                "manifest_self_digest does not match the manifest body: the manifest was edited"))

@@ -5,7 +5,8 @@ JSON and the PNG beside it, shows the tables (or the JSON with --json) and the f
 and returns the error of a failing verdict (exit 8).
 
 The output is checked before anything is measured (`check_out`: the folder exists, can be written
-and has room); a write that still fails after measuring keeps the measurement: the tables are shown,
+and has room, and nothing is replaced that qwenquant did not write as a report of this mode, the PNG
+beside it included: the rule of every report writer, reportdoc.check_report_path); a write that still fails after measuring keeps the measurement: the tables are shown,
 the JSON goes to the temporary folder instead, and a line says where.
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -24,7 +24,7 @@ from qwenquant.bench.longplot import depth_png, soak_png
 from qwenquant.bench.plot import write_png
 from qwenquant.bench.render import print_depth, print_report, print_soak, print_turns
 from qwenquant.bench.verdicts import depth_error, soak_error, turns_error
-from qwenquant.errors import BenchError, UsageError
+from qwenquant.errors import BenchError
 from qwenquant.reportdoc import DocKind
 
 log = logging.getLogger(__name__)
