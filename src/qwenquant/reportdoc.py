@@ -7,6 +7,8 @@ follows one rule in every command: nothing is replaced that qwenquant did not wr
 from __future__ import annotations
 
 import json
+import types
+import typing
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
@@ -58,6 +60,11 @@ class DocKind:
             field_, what = (unknown[0], "is not a field of") if unknown else (missing[0], "is missing from")
             raise self.refuse(source, field_, f"{what} {self.a_report} of {self.tag} {getattr(cls, self.tag)} "
                               f"(schema_version {self.version})")
+        hints = typing.get_type_hints(cls)
+        for f in fields(cls):
+            if f.name in data and not _is_a(data[f.name], hints.get(f.name, Any)):
+                raise self.refuse(source, f.name, f"is {_json_type(data[f.name])}, not {_type_name(hints[f.name])} "
+                                  f"as {self.a_report} of {self.tag} {getattr(cls, self.tag)} has it")
         return cls
 
 
@@ -135,3 +142,34 @@ def _dotted(data: Mapping[str, Any], key: str) -> Any:
     for part in key.split("."):
         data = data.get(part) if isinstance(data, Mapping) else None  # type: ignore[assignment]
     return data
+
+
+_JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "an object",
+               type(None): "null"}
+
+
+def _json_type(value: Any) -> str:
+    return _JSON_NAMES.get(type(value), type(value).__name__)
+
+
+def _is_a(value: Any, hint: Any) -> bool:
+    """Does a JSON value have a report field's declared type (int | None, list[...], dict[...], float...)?"""
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_is_a(value, h) for h in typing.get_args(hint))
+    if hint is type(None) or hint is None:
+        return value is None
+    base = origin or hint
+    if base is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if base is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, base) if isinstance(base, type) else True
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(h) for h in typing.get_args(hint))
+    return _JSON_NAMES.get(typing.get_origin(hint) or hint, str(hint))

@@ -312,9 +312,9 @@ def test_bench_depth_soak_and_turns_reports_go_on_the_card_as_the_profiles_evide
               "profile": "single-user", "device": "cpu", "vllm_version": "0.26.0"}
     runs = {
         "depth": {"tool": "qwenquant bench depth", "max_model_len": 4096, "concurrency": 1, "last_ok_depth": 4032,
-                  "failure": None, "rungs": []},
+                  "failure": None, "rungs": [{"prompt_tokens": 2016, "ok": True}, {"prompt_tokens": 4032, "ok": True}]},
         "turns": {"tool": "qwenquant bench turns", "max_model_len": 4096, "last_ok_turn": 3, "last_ok_depth": 3900,
-                  "failure": None, "turns": []},
+                  "failure": None, "turns": [{"turn": 3, "depth": 3900, "ok": True}]},
         "soak": {"tool": "qwenquant bench soak", "max_model_len": 4096, "concurrency": 1, "soak_tokens": 2000,
                  "verdict": {"status": "ok", "failures": [], "line": None}, "windows": []},
     }
