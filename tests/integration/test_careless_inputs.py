@@ -88,6 +88,10 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
         ("usage", ["eval", "offline", art, "--reference", missing]), ("usage", ["bench", "run", "--serve", missing]),
         ("usage", ["eval", "served", "--serve", missing]), ("usage", ["verify", f"{t}/notes.txt"]),
         ("usage", ["fetch", "--offline", "--out", missing]),
+        # a file where a folder is asked: exit 2 and kept, --force or not
+        ("usage", ["fetch", "someone/model", "--out", f"{t}/notes.txt", "--force"]),
+        ("usage", ["quantize", src, "--recipe", "tiny-reference", "--out", f"{t}/notes.txt", "--force"]),
+        ("usage", ["quantize", src, "--recipe", "tiny-reference", "--out", f"{t}/q", "--work", f"{t}/notes.txt"]),
         # usage: values
         ("usage", ["plan", str(REAL_CONFIG), "--gpu-mem", "abc"]), ("usage", ["serve", art, "--port", "70000", "--dry-run"]),
         ("usage", ["serve", art, "--gpu-mem", "0", "--dry-run"]), ("usage", ["bench", "run", "127.0.0.1:8000"]),

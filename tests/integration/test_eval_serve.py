@@ -54,6 +54,7 @@ def _pids_gone(pidfile: Path) -> bool:
 
 
 def test_gate_passes_report_keyed_to_root_digest_server_stopped(setup: dict[str, Path], tmp_path: Path) -> None:
+    from qwenquant.evaluate.report import report_path, served_kind
     from qwenquant.manifest import load_manifest
 
     pidfile = tmp_path / "pids"
@@ -69,7 +70,11 @@ def test_gate_passes_report_keyed_to_root_digest_server_stopped(setup: dict[str,
     assert (m["drafts"], m["draft_tokens"], m["accepted_tokens"]) == (16, 48, 24)
     assert m["mean_acceptance_length"] == pytest.approx(2.5)
     assert m["per_position"] == pytest.approx({"0": 0.75, "1": 0.5, "2": 0.25})
-    report = setup["root"] / f"artifact.eval-served-{digest[:16]}.json"
+    # the default path names the configuration (served_kind): these flags after -- make it another one
+    config = {k: out["served"][k] for k in ("activations", "profile", "extra_vllm_flags")}
+    assert config["extra_vllm_flags"][:2] == ["--max-model-len", "2048"]
+    report = report_path(setup["artifact"], digest, served_kind(**config))
+    assert report.name.startswith("artifact.eval-served-bf16.flags") and report.parent == setup["root"]
     assert json.loads(report.read_text())["ok"] is True
     assert "stopping the server" in r.stderr
     assert _pids_gone(pidfile)
