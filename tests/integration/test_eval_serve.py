@@ -117,3 +117,20 @@ def test_ctrl_c_stops_the_server(setup: dict[str, Path], tmp_path: Path) -> None
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-3000:]
     assert _pids_gone(pidfile)
+
+
+def test_two_configurations_are_two_reports_never_one_replaced(setup: dict[str, Path], tmp_path: Path) -> None:
+    """`eval served --serve ART --activations int8`, then the same without it: two reports at two default
+    paths, each naming its activations; the first is not replaced by the second."""
+    from qwenquant.manifest import load_manifest
+
+    digest = load_manifest(setup["artifact"]).root_digest
+    before = set(setup["root"].glob(f"artifact.eval-served*-{digest[:16]}.json"))
+    for extra in (("--activations", "int8"), ()):
+        r = subprocess.run(_cmd(setup, tmp_path / f"pids{len(extra)}", *extra), env=serve_env(setup["launcher"], tmp_path),
+                           capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, r.stderr[-3000:]
+    made = sorted(set(setup["root"].glob(f"artifact.eval-served*-{digest[:16]}.json")) - before)
+    acts = sorted(json.loads(p.read_text())["served"]["activations"] for p in made)
+    assert len(made) == 2 and acts == ["bf16", "int8"], made
+    assert any(".eval-served-int8." in p.name for p in made)
