@@ -59,11 +59,20 @@ def main(argv: list[str] | None = None) -> int:
     ours = threading.current_thread() is threading.main_thread() and \
         signal.getsignal(signal.SIGINT) is signal.default_int_handler
     previous = signal.signal(signal.SIGINT, ctrl_c) if ours else None
+    done = [130]
+
+    def finished(signum: int, frame: object) -> None:
+        # the command finished (a publish committed, a report was written): a Ctrl-C while the process
+        # exits (the Hub client's threads are joined) changes nothing, so the exit code stays the command's
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(done[0])
+
     try:
-        rv = _run(args, argv)
+        rv = done[0] = _run(args, argv)
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        if previous is not None:  # the process itself (argv None): a late Ctrl-C keeps the command's exit code
+            signal.signal(signal.SIGINT, finished if argv is None else previous)
     if hit and rv == 130:
         print(interrupt_line(), file=sys.stderr, flush=True)  # what was done and what was not
     return rv

@@ -85,8 +85,10 @@ def run_demo(work: Path, *, serve: bool | None = None, variant: str = "reference
     from qwenquant.testbed.tiny.reference_model import build_reference_checkpoint
 
     work = Path(work).resolve()
-    outfolder.guard(work, outfolder.foreign_in_demo_work(work), force=force, flag="--work",
-                    problem="exists and holds more than the demo's hub, models and artifacts folders")
+    # --force: the entries that are not the demo's go once it finished (it never writes over them)
+    removal = outfolder.guard(work, outfolder.foreign_in_demo_work(work), force=force, flag="--work",
+                              remove=outfolder.foreign_in_demo_work(work),
+                              problem="exists and holds more than the demo's hub, models and artifacts folders")
     hub_dir, model_dir, artifact = work / "hub" / "Qwen3.5-tiny", work / "models" / "Qwen3.5-tiny", work / "artifacts" / "Qwen3.5-tiny-w4a16"
     steps.append("build")
     log.info("building the tiny Qwen3.5 checkpoint (variant %s) in %s", variant, hub_dir)
@@ -115,6 +117,8 @@ def run_demo(work: Path, *, serve: bool | None = None, variant: str = "reference
 
     steps.append("serve")
     _serve_step(result, env, serve)
+    if removal is not None:
+        removal.apply()
     return result
 
 

@@ -138,10 +138,13 @@ def snapshot_root_digest(files: Iterable[Mapping[str, Any]]) -> str:
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
-def artifact_root_digest(files: Iterable[Any]) -> str:
-    """The manifest's root digest: sha256 over the lines `{path}\\0{sha256}\\n` sorted by path
-    (items with `.path` and `.sha256` attributes)."""
+def artifact_root_digest(files: Iterable[Any], recipe_sha256: str) -> str:
+    """The manifest's root digest (manifest schema_version 2): sha256 over the lines `{path}\0{sha256}\n`
+    sorted by path (items with `.path` and `.sha256` attributes), then `recipe\0{recipe_sha256}\n`: the
+    recipe serve launches from (its serve profiles: host, extra_args...) is pinned with the files.
+    (schema_version 1 took the file lines alone.)"""
     h = hashlib.sha256()
     for f in sorted(files, key=lambda f: f.path):
         h.update(f"{f.path}\0{f.sha256}\n".encode())
+    h.update(f"recipe\0{recipe_sha256}\n".encode())
     return h.hexdigest()

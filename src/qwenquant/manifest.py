@@ -1,8 +1,10 @@
 """The artifact manifest: every file's size and sha256, a root digest, and what produced them.
 
 `qwenquant-manifest.json` sits in the artifact root and is written last. It is tamper-evident,
-not signed: `root_digest` covers the file list and `manifest_self_digest` covers the whole
-manifest body (recipe, source, stages, ...), so an edit anywhere shows up in `verify_artifact`.
+not signed: `root_digest` covers the file list and the recipe (whose serve profiles say what `serve`
+launches: the digest a user pins with `fetch --root` pins them too) and `manifest_self_digest` covers the
+whole manifest body (source, stages, ...), so an edit anywhere shows up in `verify_artifact`. A manifest
+of schema_version 1 (root digest over the file list alone) is refused with a line saying to rebuild.
 
 A published or fetched folder also holds companions vLLM never loads, outside the hashed file set
 (the root digest is untouched): the fetch record, the Hub's .gitattributes, a model_signing
@@ -20,22 +22,22 @@ import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from qwenquant.atomic import atomic_write_bytes, canonical_json
 from qwenquant.errors import VerificationError
 from qwenquant.hashing import artifact_root_digest, self_digest, sha256_files, sha256_json
+from qwenquant.manifest_form import HEX64, structure_problems
 
 log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "qwenquant-manifest.json"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the root digest covers the recipe too
 CARD_NAME, CARD_RECORD_NAME, REPORTS_DIR = "README.md", "qwenquant-card.json", "qwenquant-reports"
 SIGNATURE_NAME, FETCH_RECORD_NAME = "model.sig", "qwenquant-fetch.json"
 UNCHECKED_COMPANIONS = (FETCH_RECORD_NAME, SIGNATURE_NAME, ".gitattributes")  # checked by fetch, --signature, git
 _REPORT_PATH = re.compile(rf"^{REPORTS_DIR}/[a-z0-9][a-z0-9.-]*\.json$")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _DICT_FIELDS = ("source", "recipe", "calibration", "stages", "quality", "tool_versions", "extra")
 
 
@@ -86,9 +88,9 @@ class Manifest:
         return sum(f.size for f in self.files)
 
 
-def compute_root_digest(files: Iterable[FileDigest]) -> str:
-    """The root digest over the file list (formula: hashing.artifact_root_digest)."""
-    return artifact_root_digest(files)
+def compute_root_digest(files: Iterable[FileDigest], recipe_sha256: str) -> str:
+    """The root digest over the file list and the recipe (formula: hashing.artifact_root_digest)."""
+    return artifact_root_digest(files, recipe_sha256)
 
 
 def manifest_self_digest(body: dict[str, Any]) -> str:
@@ -155,7 +157,7 @@ def build_manifest(
     log.debug("hashed %d files under %s", len(entries), root)
     return Manifest(
         files=entries,
-        root_digest=compute_root_digest(entries),
+        root_digest=compute_root_digest(entries, recipe_sha256),
         source=_jsonable(source, "source"),
         recipe=recipe,
         recipe_sha256=recipe_sha256,
@@ -174,49 +176,15 @@ def write_manifest(artifact_dir: Path, manifest: Manifest) -> Path:
     return path
 
 
-def _structure_problems(d: Any) -> list[str]:
-    if not isinstance(d, dict):
-        return ["the top level is not a JSON object"]
-    p: list[str] = []
-    sv = d.get("schema_version")
-    if sv != SCHEMA_VERSION:
-        p.append(f"schema_version is {sv!r}, this qwenquant reads {SCHEMA_VERSION}")
-    for key in ("root_digest", "recipe_sha256", "manifest_self_digest"):
-        if not isinstance(d.get(key), str) or not _HEX64.match(d[key]):
-            p.append(f"{key} is missing or not 64 hex digits")
-    for key in _DICT_FIELDS:
-        if not isinstance(d.get(key), dict):
-            p.append(f"{key} is missing or not an object")
-    known = {"schema_version", "root_digest", "files", "recipe_sha256", "manifest_self_digest", *_DICT_FIELDS}
-    p += [f"unknown key {k!r}" for k in sorted(set(d) - known)]
-    files = d.get("files")
-    if not isinstance(files, list):
-        return p + ["files is missing or not a list"]
-    seen: list[str] = []
-    for i, f in enumerate(files):
-        if not (isinstance(f, dict) and set(f) == {"path", "size", "sha256"}):
-            p.append(f"files[{i}] must have exactly path, size, sha256")
-            continue
-        path, size, sha = f["path"], f["size"], f["sha256"]
-        pp = PurePosixPath(path) if isinstance(path, str) else None
-        if pp is None or not path or pp.is_absolute() or ".." in pp.parts or "\\" in path or str(pp) != path:
-            p.append(f"files[{i}].path {path!r} is not a clean relative POSIX path")
-        else:
-            seen.append(path)
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            p.append(f"files[{i}].size {size!r} is not a non-negative integer")
-        if not isinstance(sha, str) or not _HEX64.match(sha):
-            p.append(f"files[{i}].sha256 {sha!r} is not 64 hex digits")
-    if seen != sorted(set(seen)):
-        p.append("files are not sorted by path or repeat a path")
-    if MANIFEST_NAME in seen:
-        p.append(f"files lists {MANIFEST_NAME} itself")
-    return p
-
-
 def manifest_from_dict(d: Any) -> Manifest:
     """Build a Manifest from its JSON form; VerificationError naming every structural problem."""
-    problems = _structure_problems(d)
+    if isinstance(d, dict) and d.get("schema_version") == 1:
+        raise VerificationError(
+            f"{MANIFEST_NAME} is of schema_version 1 (an earlier qwenquant), whose root digest does not cover the "
+            f"recipe and its serve profiles; this qwenquant reads schema_version {SCHEMA_VERSION}",
+            hint="rebuild the artifact with this qwenquant (`qwenquant quantize` with the same options reuses its "
+                 "stage records) and publish it again; a downloaded one: ask the publisher to re-publish")
+    problems = structure_problems(d, SCHEMA_VERSION, MANIFEST_NAME, _DICT_FIELDS)
     if problems:
         raise VerificationError(
             f"{MANIFEST_NAME} is malformed: " + "; ".join(problems),
@@ -304,9 +272,9 @@ class VerifyReport:
 
 def _manifest_problems(m: Manifest, raw: dict[str, Any]) -> list[FileProblem]:
     out: list[FileProblem] = []
-    if compute_root_digest(m.files) != m.root_digest:
-        out.append(FileProblem(MANIFEST_NAME, "manifest",
-                               "root_digest does not match the manifest's own file list: the manifest was edited"))
+    if compute_root_digest(m.files, m.recipe_sha256) != m.root_digest:
+        out.append(FileProblem(MANIFEST_NAME, "manifest", "root_digest does not match the manifest's own file list "
+                               "and recipe: the manifest was edited"))
     if manifest_self_digest(raw) != raw["manifest_self_digest"]:
         out.append(FileProblem(MANIFEST_NAME, "manifest",
                                "manifest_self_digest does not match the manifest body: the manifest was edited"))
@@ -356,7 +324,7 @@ def card_record_problem(rec: Any, manifest: Manifest, raw: dict[str, Any]) -> st
         return f"does not record {CARD_NAME}"
     for rel, f in files.items():
         if (rel != CARD_NAME and not _REPORT_PATH.match(rel)) or not isinstance(f, dict) \
-                or not _HEX64.match(str(f.get("sha256"))):
+                or not HEX64.match(str(f.get("sha256"))):
             return f"records {rel!r}, which is not {CARD_NAME} or a {REPORTS_DIR}/*.json report with a sha256"
     return None
 

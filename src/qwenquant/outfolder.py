@@ -2,8 +2,14 @@
 
 `quantize --out/--work`, `fetch --out`, `graft-mtp` and `demo --work` replace or write into a
 folder. Each asks here first which entries of an existing folder are not its own; any such entry
-stops the command (exit 5, nothing touched) unless `--force`, which removes it only after saying on
-stderr what it removes.
+stops the command (exit 5, nothing touched) unless `--force`. A file where a folder is asked is a usage
+error (exit 2), never removed, `--force` or not.
+
+`--force` removes nothing when it is given: `guard` returns a `Removal` that the command applies once
+every other check has passed (fetch: the repo resolved and its listing checked; quantize: --out is
+replaced only by the verified new artifact, --work's foreign entries go once the source stage passed;
+graft-mtp: the rebuilt artifact replaces the folder; demo: at the end), saying on stderr what it removes.
+A refused command changes nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from qwenquant.errors import OutFolderError
+from qwenquant.errors import OutFolderError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -46,29 +52,50 @@ def summarize(paths: Iterable[Path], root: Path) -> str:
     return f"{files} file(s), {size:,} bytes: {shown}"
 
 
-def guard(folder: Path, foreign: list[Path], *, force: bool, flag: str, problem: str,
-          remove: list[Path] | None = None) -> None:
-    """Raise OutFolderError naming the `foreign` entries of `folder`; with `force`, say on stderr what
-    goes and remove it. `remove` is what --force deletes (default: the whole folder, rebuilt after)."""
-    if not foreign:
-        return
+class Removal:
+    """What --force removes from `folder`, applied only when the command calls `apply()`."""
+
+    def __init__(self, folder: Path, targets: list[Path], said: str, flag: str) -> None:
+        self.folder, self.targets, self.said, self.flag = folder, targets, said, flag
+
+    def apply(self) -> None:
+        """Say on stderr what goes, and remove it (what is gone already is skipped)."""
+        left = [p for p in self.targets if p.exists() or p.is_symlink()]
+        if not left:
+            return
+        log.warning("--force: removing %s", self.said)
+        for p in left:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+
+
+def refuse_a_file(folder: Path, flag: str) -> None:
+    """UsageError (exit 2) when `folder` is a file or a link to one: it is never removed, --force or not."""
     folder = Path(folder)
-    root = folder if folder.is_dir() else folder.parent
+    if (folder.exists() or folder.is_symlink()) and not folder.is_dir():
+        raise UsageError(f"{flag} {folder} is a file, not a folder",
+                         hint=f"nothing was touched: pass a folder as {flag} (a new one, or one qwenquant wrote)")
+
+
+def guard(folder: Path, foreign: list[Path], *, force: bool, flag: str, problem: str,
+          remove: list[Path] | None = None) -> Removal | None:
+    """Raise OutFolderError naming the `foreign` entries of `folder`; with `force`, return the Removal
+    the command applies once every other check passed (None: nothing to remove). `remove` is what
+    --force deletes (default: the whole folder, rebuilt after). A file for `folder`: UsageError."""
+    refuse_a_file(folder, flag)
+    if not foreign:
+        return None
+    folder = Path(folder)
     if not force:
         raise OutFolderError(
-            f"{flag} {folder} {problem}; it holds {summarize(foreign, root)}",
+            f"{flag} {folder} {problem}; it holds {summarize(foreign, folder)}",
             hint="nothing was touched: " + (f"choose another {flag}" if remove is None else "move them away")
                  + ", or pass --force to remove " + ("it" if remove is None else "them"))
-    targets = [folder] if remove is None else remove
     if remove is None:
-        log.warning("--force: removing %s, which holds %s", folder, summarize(foreign, root))
-    else:
-        log.warning("--force: removing %s", summarize(targets, root))
-    for p in targets:
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        elif p.exists() or p.is_symlink():
-            p.unlink()
+        return Removal(folder, [folder], f"{folder}, which holds {summarize(foreign, folder)}", flag)
+    return Removal(folder, remove, summarize(remove, folder), flag)
 
 
 def _not_a_folder(folder: Path) -> list[Path]:

@@ -67,6 +67,8 @@ def m(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     assert '">=0.28.0,<0.33"' in int4mtp
     (t / "int4mtp-open.yaml").write_text(int4mtp.replace('">=0.28.0,<0.33"', '">=0.28.0"'))
     (t / "notes.txt").write_text("not a folder\n")
+    (t / "mine.png").write_bytes(b"\x89PNG a picture of the user's")  # beside a new mine.json
+    (t / "soak.json").write_text(json.dumps({"schema_version": 2, "mode": "soak", "tool": "qwenquant bench soak"}))
     (t / "emptydir").mkdir()
     return {k: str(v) for k, v in {"t": t, "src": src, "art": art, "other": other, "tampered": tampered,
                                    "noshard": noshard, "nosize": nosize, "missing": t / "missing"}.items()}
@@ -86,6 +88,10 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
         ("usage", ["eval", "offline", art, "--reference", missing]), ("usage", ["bench", "run", "--serve", missing]),
         ("usage", ["eval", "served", "--serve", missing]), ("usage", ["verify", f"{t}/notes.txt"]),
         ("usage", ["fetch", "--offline", "--out", missing]),
+        # a file where a folder is asked: exit 2 and kept, --force or not
+        ("usage", ["fetch", "someone/model", "--out", f"{t}/notes.txt", "--force"]),
+        ("usage", ["quantize", src, "--recipe", "tiny-reference", "--out", f"{t}/notes.txt", "--force"]),
+        ("usage", ["quantize", src, "--recipe", "tiny-reference", "--out", f"{t}/q", "--work", f"{t}/notes.txt"]),
         # usage: values
         ("usage", ["plan", str(REAL_CONFIG), "--gpu-mem", "abc"]), ("usage", ["serve", art, "--port", "70000", "--dry-run"]),
         ("usage", ["serve", art, "--gpu-mem", "0", "--dry-run"]), ("usage", ["bench", "run", "127.0.0.1:8000"]),
@@ -109,6 +115,16 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
         ("input-file", ["quantize", src, "--out", f"{t}/q", "--work", f"{t}/q", "--recipe", "tiny-reference"]),
         ("input-file", ["quantize", src, "--out", f"{t}/q", "--work", f"{src}/w", "--recipe", "tiny-reference"]),
         ("input-file", ["recipe", "validate", f"{t}/bad.yaml"]),
+        # report paths: one rule for every command that writes a report (nothing qwenquant did not write is
+        # replaced; a report of another kind is not either; nothing goes inside an artifact)
+        ("input-file", ["bench", "run", DEAD, "--out", f"{art}/config.json"]),
+        ("input-file", ["bench", "depth", DEAD, "--out", f"{art}/tokenizer.json"]),
+        ("input-file", ["bench", "soak", DEAD, "--out", f"{t}/notes.txt"]),
+        ("input-file", ["bench", "turns", DEAD, "--out", f"{art}/new-report.json"]),
+        ("input-file", ["bench", "depth", DEAD, "--out", f"{t}/soak.json"]),
+        ("input-file", ["bench", "run", DEAD, "--out", f"{t}/mine.json"]),  # mine.png beside it is the user's
+        ("input-file", ["eval", "served", DEAD, "--report", f"{art}/config.json"]),
+        ("input-file", ["eval", "offline", art, "--reference", src, "--report", f"{t}/notes.txt"]),
         # an int4-MTP recipe whose vLLM range is open: refused where it is read, before any GPTQ
         ("input-file", ["recipe", "validate", f"{t}/int4mtp-open.yaml"]),
         ("input-file", ["quantize", src, "--recipe", f"{t}/int4mtp-open.yaml", "--plan", *out]),
@@ -125,7 +141,7 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
         ("stage", ["quantize", m["nosize"], "--source-unverified", *q, *out]),
         ("stage", ["quantize", f"{t}/emptydir", "--source-unverified", *q, *out]),
         ("stage", ["graft-mtp", art, "--source", f"{t}/emptydir"]),
-        ("stage", ["demo", "--work", f"{t}/notes.txt", "--no-serve"]),  # an output folder that is a user's file
+        ("usage", ["demo", "--work", f"{t}/notes.txt", "--no-serve"]),  # a file where a folder is asked
         # check, serve/plan, measure
         ("check", ["check", src]),
         ("serve", ["plan", str(REAL_CONFIG), "--gpu-mem", "8GiB"]),
@@ -142,6 +158,7 @@ def _snapshot(root: Path) -> dict[str, bytes]:
 def test_every_careless_input_gets_its_rule_s_code_in_one_line(m: dict[str, str]) -> None:
     table = rows(m)
     before = {k: _snapshot(Path(m[k])) for k in ("src", "art", "other")}
+    mine = {n: Path(m["t"], n).read_bytes() for n in ("notes.txt", "mine.png", "soak.json")}
     with ThreadPoolExecutor(max_workers=2) as pool:
         procs = list(pool.map(lambda row: _qq(row[1]), table))
     wrong = []
@@ -155,6 +172,7 @@ def test_every_careless_input_gets_its_rule_s_code_in_one_line(m: dict[str, str]
     assert not wrong, f"{len(wrong)} of {len(table)} rows:\n\n" + "\n\n".join(wrong)
     assert {k: _snapshot(Path(m[k])) for k in ("src", "art", "other")} == before  # no row wrote into them
     assert not Path(m["t"], "q").exists()
+    assert {n: Path(m["t"], n).read_bytes() for n in mine} == mine and not Path(m["t"], "mine.json").exists()
 
 
 def test_a_disk_too_small_for_the_stages_left_is_said_before_any_stage(m: dict[str, str], tmp_path: Path) -> None:

@@ -97,7 +97,7 @@ def test_an_unwritable_report_path_is_refused_before_measuring(models: dict[str,
     missing = tmp_path / "no-such-folder" / "r.json"
     proc = qq("eval", "offline", str(models["artifact"]), "--reference", str(models["source"]), "--report", str(missing), *FAST)
     assert proc.returncode == 2, proc.stderr
-    assert f"report folder {missing.parent} not found" in flat(proc.stderr)
+    assert f"--report {missing}: folder {missing.parent} not found" in flat(proc.stderr)
     assert "perplexity" not in proc.stdout + proc.stderr
 
 

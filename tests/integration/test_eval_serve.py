@@ -54,6 +54,7 @@ def _pids_gone(pidfile: Path) -> bool:
 
 
 def test_gate_passes_report_keyed_to_root_digest_server_stopped(setup: dict[str, Path], tmp_path: Path) -> None:
+    from qwenquant.evaluate.report import report_path, served_kind
     from qwenquant.manifest import load_manifest
 
     pidfile = tmp_path / "pids"
@@ -69,7 +70,11 @@ def test_gate_passes_report_keyed_to_root_digest_server_stopped(setup: dict[str,
     assert (m["drafts"], m["draft_tokens"], m["accepted_tokens"]) == (16, 48, 24)
     assert m["mean_acceptance_length"] == pytest.approx(2.5)
     assert m["per_position"] == pytest.approx({"0": 0.75, "1": 0.5, "2": 0.25})
-    report = setup["root"] / f"artifact.eval-served-{digest[:16]}.json"
+    # the default path names the configuration (served_kind): these flags after -- make it another one
+    config = {k: out["served"][k] for k in ("activations", "profile", "extra_vllm_flags")}
+    assert config["extra_vllm_flags"][:2] == ["--max-model-len", "2048"]
+    report = report_path(setup["artifact"], digest, served_kind(**config))
+    assert report.name.startswith("artifact.eval-served-bf16.flags") and report.parent == setup["root"]
     assert json.loads(report.read_text())["ok"] is True
     assert "stopping the server" in r.stderr
     assert _pids_gone(pidfile)
@@ -112,3 +117,20 @@ def test_ctrl_c_stops_the_server(setup: dict[str, Path], tmp_path: Path) -> None
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-3000:]
     assert _pids_gone(pidfile)
+
+
+def test_two_configurations_are_two_reports_never_one_replaced(setup: dict[str, Path], tmp_path: Path) -> None:
+    """`eval served --serve ART --activations int8`, then the same without it: two reports at two default
+    paths, each naming its activations; the first is not replaced by the second."""
+    from qwenquant.manifest import load_manifest
+
+    digest = load_manifest(setup["artifact"]).root_digest
+    before = set(setup["root"].glob(f"artifact.eval-served*-{digest[:16]}.json"))
+    for extra in (("--activations", "int8"), ()):
+        r = subprocess.run(_cmd(setup, tmp_path / f"pids{len(extra)}", *extra), env=serve_env(setup["launcher"], tmp_path),
+                           capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, r.stderr[-3000:]
+    made = sorted(set(setup["root"].glob(f"artifact.eval-served*-{digest[:16]}.json")) - before)
+    acts = sorted(json.loads(p.read_text())["served"]["activations"] for p in made)
+    assert len(made) == 2 and acts == ["bf16", "int8"], made
+    assert any(".eval-served-int8." in p.name for p in made)

@@ -41,6 +41,7 @@ def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_serve_runs_the_gate_with_real_mtp_acceptance_and_stops(artifact: Path) -> None:
     """One real server for the module: `eval served --serve` starts it through serve's machinery and stops it."""
+    from qwenquant.evaluate.report import report_path, served_kind
     from qwenquant.manifest import load_manifest
 
     tmp = artifact.parent
@@ -52,7 +53,8 @@ def test_serve_runs_the_gate_with_real_mtp_acceptance_and_stops(artifact: Path) 
     out = json.loads(proc.stdout)
     digest = load_manifest(artifact).root_digest
     assert out["root_digest"] == digest
-    assert (tmp / f"artifact.eval-served-{digest[:16]}.json").is_file()
+    config = {k: out["served"][k] for k in ("activations", "profile", "extra_vllm_flags")}
+    assert report_path(artifact, digest, served_kind(**config)).is_file()  # named by its configuration
     assert all(t["passed"] >= t["min_pass"] for t in out["tasks"])
     m = out["mtp"]
     assert m["drafts"] > 0 and m["mean_acceptance_length"] > 1.2

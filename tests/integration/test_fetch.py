@@ -292,9 +292,10 @@ def test_one_fetch_per_out_folder(served, tmp_path: Path, capsys, disk) -> None:
 
 
 def test_out_is_a_file(served, tmp_path: Path, capsys) -> None:
+    """A file where a folder is asked: a usage error (exit 2), the file kept."""
     (tmp_path / "out").write_text("I am a file")
     code, _, err = fetch(capsys, tmp_path / "out")
-    assert code == 5 and str(tmp_path / "out") in err and "Traceback" not in err
+    assert code == 2 and f"--out {tmp_path / 'out'} is a file, not a folder" in err and "Traceback" not in err
     assert (tmp_path / "out").read_text() == "I am a file"
 
 

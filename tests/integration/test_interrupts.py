@@ -274,3 +274,21 @@ def test_ctrl_c_in_eval_says_no_report_was_written(tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=120)
     assert _one_line(proc.returncode, err).startswith("interrupted: qwenquant eval stopped before its report")
     assert not report.exists()
+
+
+def test_ctrl_c_after_the_command_finished_keeps_its_exit_code() -> None:
+    """A Ctrl-C that lands once the command is done (publish: after its commit, while the process waits for
+    the Hub client's threads at exit) changes nothing: the exit code stays the command's (0), no traceback.
+    The late signal is sent by the process to itself right after main() returned: the window the real
+    `publish` has between its "published ... commit" line and its exit, made deterministic."""
+    code = ("import os, signal, sys, time\n"
+            "sys.argv = ['qwenquant', 'recipe', 'list']\n"
+            "from qwenquant.cli import main\n"
+            "rv = main()\n"
+            "os.kill(os.getpid(), signal.SIGINT)\n"
+            "time.sleep(5)\n"
+            "print('still running after the Ctrl-C')\n"
+            "sys.exit(rv)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert "still running" not in proc.stdout and "Traceback" not in proc.stderr and "w4a16-int4head" in proc.stdout

@@ -81,11 +81,24 @@ def test_quantize_refuses_a_work_folder_holding_user_files(tiny_checkpoint: Path
     assert not (tmp_path / "out").exists()
 
 
-def test_quantize_refuses_an_out_that_is_a_file(tiny_checkpoint: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("force", [(), ("--force",)])
+def test_quantize_refuses_an_out_that_is_a_file(tiny_checkpoint: Path, tmp_path: Path, force: tuple) -> None:
+    """A file where a folder is asked is a usage error (exit 2), kept with --force too."""
     (tmp_path / "out").write_bytes(NOTES)
-    proc = quantize(tiny_checkpoint, tmp_path / "out")
-    assert proc.returncode == 5 and "--out" in one_error(proc.stderr)
+    proc = quantize(tiny_checkpoint, tmp_path / "out", *force)
+    assert proc.returncode == 2 and f"--out {tmp_path / 'out'} is a file, not a folder" in one_error(proc.stderr)
     assert (tmp_path / "out").read_bytes() == NOTES
+
+
+def test_quantize_force_with_a_refused_source_removes_nothing(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """`quantize SOURCE --out DIR --force` with a source the source stage refuses (no fetch record, and
+    no --source-unverified: exit 4): DIR keeps every byte, and nothing is said removed."""
+    digest = users_folder(tmp_path / "out")
+    proc = qq("quantize", str(tiny_checkpoint), "--calibration", "tiny-demo", "--out", str(tmp_path / "out"), "--force")
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    one_error(proc.stderr)
+    assert "--force: removing" not in proc.stderr
+    assert_untouched(tmp_path / "out", digest)
 
 
 # --- fetch --out ----------------------------------------------------------------------------------
@@ -104,6 +117,26 @@ def test_fetch_refuses_then_force_replaces_a_users_folder(served, tmp_path: Path
     assert "notes.txt" in proc.stderr[said:].splitlines()[0]
     assert not (tmp_path / "out" / "notes.txt").exists()
     disk.assert_identical_copy(tmp_path / "out", served.source)
+
+
+def test_fetch_force_removes_nothing_when_the_repo_does_not_resolve(served, tmp_path: Path) -> None:
+    """`fetch typo/repo --out DIR --force`: the repo is not found (exit 3) and DIR keeps every byte."""
+    digest = users_folder(tmp_path / "out")
+    proc = qq("fetch", "typo/repo", "--out", str(tmp_path / "out"), "--force")
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    one_error(proc.stderr)
+    assert "--force: removing" not in proc.stderr
+    assert_untouched(tmp_path / "out", digest)
+
+
+@pytest.mark.parametrize("argv", [["fetch", "Qwen/Qwen3.8-27B", "--force", "--out"],
+                                  ["demo", "--no-serve", "--force", "--work"]])
+def test_a_file_where_a_folder_is_asked_is_exit_2_and_kept_with_force(served, tmp_path: Path, argv: list) -> None:
+    (tmp_path / "f").write_bytes(NOTES)
+    proc = qq(*argv, str(tmp_path / "f"), timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"{argv[-1]} {tmp_path / 'f'} is a file, not a folder" in one_error(proc.stderr)
+    assert (tmp_path / "f").read_bytes() == NOTES and not served.hub.downloads()
 
 
 def test_fetch_refuses_a_folder_holding_another_repo(served, tmp_path: Path) -> None:

@@ -119,6 +119,31 @@ def test_rerun_is_a_noop_and_a_new_artifact_replaces_the_old_files(hub_w, artifa
     assert writes(hub_w).count("lfs-put") == 0  # the shards that did not change are not sent again
 
 
+def test_a_republish_without_license_keeps_the_repos_license_and_is_a_noop(hub_w, artifact: Path, tmp_path: Path,
+                                                                            capsys) -> None:
+    """The source's README says `license: mit`, the first publish said --license apache-2.0: the same
+    artifact published again without --license is a no-op (no commit) and the card keeps apache-2.0."""
+    from qwenquant.hashing import sha256_json
+    from qwenquant.manifest import build_manifest, write_manifest
+    from qwenquant.recipe import load_recipe
+
+    src = tmp_path / "source"
+    src.mkdir()
+    (src / "README.md").write_text("---\nlicense: mit\n---\n# the source\n")
+    recipe = load_recipe("w4a16-int4head").canonical()
+    write_manifest(artifact, build_manifest(artifact, source={}, recipe=recipe, recipe_sha256=sha256_json(recipe),
+                                            calibration={}, stages={"source": {"params": {"path": str(src)}}},
+                                            quality={}, tool_versions={}))
+    assert publish(capsys, artifact)[0] == 0
+    first = hub_w.branch(OUT)
+    hub_w.clear_log()
+    code, out, err = run_cli(capsys, "publish", str(artifact), "--repo", OUT)
+    assert code == 0, err
+    assert "already holds exactly this artifact" in out and f"commit {first}" in out
+    assert writes(hub_w) == [] and hub_w.branch(OUT) == first
+    assert "license: apache-2.0" in hub_w.file(OUT, "README.md").source.read_text()
+
+
 def test_dry_run_lists_files_and_card_without_network(hub_w, artifact: Path, capsys) -> None:
     code, out, err = publish(capsys, artifact, "--dry-run")
     assert code == 0, err

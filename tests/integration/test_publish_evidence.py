@@ -131,6 +131,28 @@ def test_root_pins_the_announced_artifact(hub_w, artifact: Path, tmp_path: Path,
     assert code == 2 and "--root 'sha256:12' is not a sha256 root digest" in err
 
 
+def test_root_pins_the_serve_profiles_too(hub_w, artifact: Path, tmp_path: Path, capsys) -> None:
+    """A manifest re-sealed with another serve profile (host 0.0.0.0) and re-published: its root digest is
+    another one, so the card's own `fetch --root` of the first publication refuses it (exit 4)."""
+    from qwenquant.atomic import canonical_json
+    from qwenquant.hashing import sha256_json
+    from qwenquant.manifest import MANIFEST_NAME, build_manifest
+
+    first = load_manifest(artifact)
+    assert publish(capsys, artifact, "--license", "apache-2.0")[0] == 0
+    recipe = json.loads(json.dumps(first.recipe))
+    recipe["serve"]["profiles"]["single-user"]["host"] = "0.0.0.0"
+    resealed = build_manifest(artifact, source=first.source, recipe=recipe, recipe_sha256=sha256_json(recipe),
+                              calibration=first.calibration, stages=first.stages, quality=first.quality,
+                              tool_versions=first.tool_versions, extra=first.extra)
+    assert resealed.root_digest != first.root_digest  # two builds that differ only in a serve profile
+    (artifact / MANIFEST_NAME).write_bytes(canonical_json(resealed.to_dict()))
+    assert publish(capsys, artifact, "--license", "apache-2.0")[0] == 0
+    code, _, err = fetch(capsys, tmp_path / "pinned", "--root", f"sha256:{first.root_digest}")
+    assert code == 4 and f"not the pinned sha256:{first.root_digest}" in err, err
+    assert not (tmp_path / "pinned").exists()
+
+
 def test_conflicting_reports_of_one_configuration_are_refused(hub_w, artifact: Path, tmp_path: Path,
                                                               capsys) -> None:
     beside = write_eval_report(artifact, top1=0.949)  # found beside the artifact
@@ -290,9 +312,9 @@ def test_bench_depth_soak_and_turns_reports_go_on_the_card_as_the_profiles_evide
               "profile": "single-user", "device": "cpu", "vllm_version": "0.26.0"}
     runs = {
         "depth": {"tool": "qwenquant bench depth", "max_model_len": 4096, "concurrency": 1, "last_ok_depth": 4032,
-                  "failure": None, "rungs": []},
+                  "failure": None, "rungs": [{"prompt_tokens": 2016, "ok": True}, {"prompt_tokens": 4032, "ok": True}]},
         "turns": {"tool": "qwenquant bench turns", "max_model_len": 4096, "last_ok_turn": 3, "last_ok_depth": 3900,
-                  "failure": None, "turns": []},
+                  "failure": None, "turns": [{"turn": 3, "depth": 3900, "ok": True}]},
         "soak": {"tool": "qwenquant bench soak", "max_model_len": 4096, "concurrency": 1, "soak_tokens": 2000,
                  "verdict": {"status": "ok", "failures": [], "line": None}, "windows": []},
     }

@@ -247,3 +247,70 @@ def test_a_card_record_cannot_vouch_for_a_file_vllm_would_load(tmp_path: Path) -
     body["files"] = {**body["files"], "chat_template.jinja": {"size": 3, "sha256": "1" * 64}}
     why = card_record_problem(seal(body, "card_self_digest"), load_manifest(art), raw)
     assert why and "chat_template.jinja" in why
+
+
+def test_two_served_configurations_are_two_card_lines_each_naming_its_own(tmp_path: Path) -> None:
+    """A bf16 and an int8 served report (the second with flags after --) are two configurations, not one
+    refused; each card line names the activations, profile and flags of the report it came from, and the
+    machine column has one style for eval and bench rows."""
+    from qwenquant.evaluate.report import served_kind
+    from qwenquant.publish.figures import served_command
+
+    art = _artifact(tmp_path)
+    root = load_manifest(art).root_digest
+    bf16 = {**_served_report(root), "served": {**_served_report(root)["served"], "activations": "bf16"}}
+    int8 = {**_served_report(root), "served": {**bf16["served"], "activations": "int8",
+                                               "extra_vllm_flags": ["--max-model-len", "4096"]}}
+    int8["mtp"] = {**int8["mtp"], "mean_acceptance_length": 2.3}
+    _write(report_path(art, root, served_kind("bf16", "single-user", [])), bf16)
+    _write(report_path(art, root, served_kind("int8", "single-user", ["--max-model-len", "4096"])), int8)
+    bench = _write(tmp_path / "bench.json", _bench_report(root))
+    card, reps, _ = _card(art, [bench])
+    published = {r.repo_path: r.data for r in reps}
+    lines = [f for f in card.record["figures"] if f["label"] == "mean acceptance length"]
+    assert sorted(f["text"] for f in lines) == ["2.300", "2.500"]
+    for f in lines:  # each line's configuration is its own report's
+        served = published[f["source"]]["served"]
+        assert f["command"] == served_command(served, "tiny-reference")
+        assert f"--activations {served['activations']}" in f["command"]
+    int8_line = next(f for f in lines if f["text"] == "2.300")
+    assert int8_line["command"].endswith("--activations int8 -- --max-model-len 4096")
+    machines = {f["section"]: f["machine"] for f in card.record["figures"] if f["machine"]}
+    assert machines["throughput"] == "NVIDIA GeForce RTX 4090, vLLM 0.19.1"
+    assert machines["MTP acceptance (served)"] == "cuda, --gpu-mem 24GiB, vLLM 0.19.1"
+
+
+def test_the_use_it_command_starts_a_model_shorter_than_the_profile(tmp_path: Path) -> None:
+    """A model of 4,096 positions (the tiny one): `serve --profile single-user` alone is refused (32,768),
+    so the card's command carries `-- --max-model-len 4096`, as the plain vLLM line beside it does."""
+    art = _artifact(tmp_path)
+    cfg = json.loads((art / "config.json").read_text())
+    (art / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 4096}))
+    recipe = load_recipe("w4a16-int4head").canonical()
+    write_manifest(art, build_manifest(art, source=SOURCE, recipe=recipe, recipe_sha256=sha256_json(recipe),
+                                       calibration=CALIBRATION, stages={}, quality={}, tool_versions={}))
+    text = _card(art)[0].readme.decode()
+    assert "qwenquant serve models/Qwen3.8-27B-w4a16 --profile single-user -- --max-model-len 4096\n" in text
+    assert "--max-model-len 4096" in text.split("Plain vLLM", 1)[1]
+
+
+@pytest.mark.parametrize("mode, edit, said", [
+    ("depth", {"last_ok_depth": 999999}, "last_ok_depth is 999999, but its own records give 1983"),
+    ("soak", {"verdict": "ok"}, 'verdict is "ok", not an object with a `status` string'),
+])
+def test_a_hand_edited_long_report_is_refused_naming_the_field(tmp_path: Path, mode: str, edit: dict,
+                                                               said: str) -> None:
+    art = _artifact(tmp_path)
+    root = load_manifest(art).root_digest
+    target = {"label": "t", "artifact_root_digest": root, "profile": "single-user", "device": "cpu",
+              "vllm_version": "0.32.0"}
+    body = {"tool": f"qwenquant bench {mode}", "schema_version": 1, "target": target, "max_model_len": 2048,
+            "concurrency": 1, "argv": ["qwenquant", "bench", mode]}
+    body |= {"rungs": [{"prompt_tokens": 991, "ok": True}, {"prompt_tokens": 1983, "ok": True}], "last_ok_depth": 1983,
+             "failure": None} if mode == "depth" else {"soak_tokens": 200, "verdict": {"status": "ok"}, "windows": []}
+    good = _write(tmp_path / "good.json", body)
+    assert len(_card(art, [good])[1]) == 1
+    bad = _write(tmp_path / "bad.json", {**body, **edit})
+    with pytest.raises(UsageError, match="the report was edited") as e:
+        _card(art, [bad])
+    assert f"report {bad}: {said}" in str(e.value)

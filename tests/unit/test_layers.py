@@ -18,7 +18,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "reportdoc"),
     ("checkpoint",),
     ("recipe",),
-    ("manifest", "signing"),
+    ("manifest", "manifest_form", "signing"),
     ("testbed",),
     ("modeling",),
     ("fetch", "check", "plan"),

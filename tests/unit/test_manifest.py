@@ -69,12 +69,13 @@ def test_manifest_golden_and_format(art: Path) -> None:
     assert data == golden.read_bytes(), "refresh with QWENQUANT_UPDATE_GOLDEN=1 if the change is intended"
     d = json.loads(data)
     assert data == canonical_json(d)
-    assert d["schema_version"] == 1
+    assert d["schema_version"] == 2
     assert [f["path"] for f in d["files"]] == sorted(FILES)
     lines = "".join(f"{p}\0{hashlib.sha256(FILES[p]).hexdigest()}\n" for p in sorted(FILES))
+    lines += f"recipe\0{d['recipe_sha256']}\n"  # schema_version 2: the recipe (its serve profiles) is pinned too
     assert d["root_digest"] == hashlib.sha256(lines.encode()).hexdigest()
     m = load_manifest(art)
-    assert m.root_digest == compute_root_digest(m.files) and m.to_dict() == d
+    assert m.root_digest == compute_root_digest(m.files, m.recipe_sha256) and m.to_dict() == d
 
 
 def test_untouched_artifact_verifies(art: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -152,7 +153,9 @@ def test_edited_manifest_with_recomputed_root_digest(art: Path, capsys: pytest.C
     "content, expect",
     [
         (b"{not json", "not valid JSON"),
-        (b'{"schema_version": 1}', "root_digest is missing"),
+        (b'{"schema_version": 2}', "root_digest is missing"),
+        (b'{"schema_version": 1}', "is of schema_version 1 (an earlier qwenquant), whose root digest does not cover "
+                                   "the recipe"),
         (canonical_json([1, 2]), "not a JSON object"),
     ],
 )

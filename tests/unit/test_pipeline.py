@@ -230,6 +230,37 @@ def test_plan_with_force_lists_what_it_would_remove_and_removes_nothing(toy: Toy
     assert (tmp_path / "art" / "notes.txt").read_text() == "mine"
 
 
+def test_force_removes_nothing_when_the_source_stage_refuses_the_source(toy: Toy, tmp_path: Path) -> None:
+    """--force with a source the source stage refuses: --out and --work keep every byte (the removal
+    waits for the source stage); with a good source the same run clears both and builds."""
+    for name in ("art", "w"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "notes.txt").write_text("mine")
+    good = toy.source
+
+    def refused(ctx: StageContext, out: Path) -> dict:
+        raise StageError("toy source refused")
+
+    toy.source = refused
+    with pytest.raises(StageError, match="toy source refused"):
+        pipeline.quantize(_opts(tmp_path, force=True, work=tmp_path / "w"), stages=toy.stages())
+    assert (tmp_path / "art" / "notes.txt").read_text() == "mine" and [p.name for p in (tmp_path / "art").iterdir()] \
+        == ["notes.txt"]
+    assert (tmp_path / "w" / "notes.txt").read_text() == "mine"
+    toy.source = good
+    res = pipeline.quantize(_opts(tmp_path, force=True, work=tmp_path / "w"), stages=toy.stages())
+    assert not (tmp_path / "art" / "notes.txt").exists() and not (tmp_path / "w" / "notes.txt").exists()
+    assert verify_artifact(tmp_path / "art").root_digest == res.root_digest
+
+
+@pytest.mark.parametrize("flag", ["out", "work"])
+def test_a_file_where_a_folder_is_asked_is_a_usage_error_and_kept(toy: Toy, tmp_path: Path, flag: str) -> None:
+    (tmp_path / "f").write_text("mine")
+    with pytest.raises(UsageError, match=f"--{flag} .*f is a file, not a folder"):
+        pipeline.quantize(_opts(tmp_path, force=True, **{flag: tmp_path / "f"}), stages=toy.stages())
+    assert (tmp_path / "f").read_text() == "mine" and toy.calls == []
+
+
 def test_the_shipped_stage_list() -> None:
     from qwenquant.quantize.stages import PIPELINE
 

@@ -5,7 +5,8 @@ JSON and the PNG beside it, shows the tables (or the JSON with --json) and the f
 and returns the error of a failing verdict (exit 8).
 
 The output is checked before anything is measured (`check_out`: the folder exists, can be written
-and has room); a write that still fails after measuring keeps the measurement: the tables are shown,
+and has room, and nothing is replaced that qwenquant did not write as a report of this mode, the PNG
+beside it included: the rule of every report writer, reportdoc.check_report_path); a write that still fails after measuring keeps the measurement: the tables are shown,
 the JSON goes to the temporary folder instead, and a line says where.
 """
 
@@ -14,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
@@ -25,7 +25,7 @@ from qwenquant.bench.longplot import depth_png, soak_png
 from qwenquant.bench.plot import write_png
 from qwenquant.bench.render import print_depth, print_report, print_soak, print_turns
 from qwenquant.bench.verdicts import depth_error, run_error, soak_error, turns_error
-from qwenquant.errors import BenchError, QwenquantError, UsageError
+from qwenquant.errors import BenchError, QwenquantError
 from qwenquant.reportdoc import DocKind
 
 log = logging.getLogger(__name__)
@@ -34,17 +34,16 @@ DOC = DocKind("bench", "mode", SCHEMA_VERSION, "a bench report")
 MIN_FREE_BYTES = 16 << 20  # a report and its PNG are far smaller; less free than this is a full disk
 
 
-def check_out(target: Path, min_free: int = MIN_FREE_BYTES) -> Path:
-    """--out, checked before anything is measured: its folder exists, can be written and has room (exit 2)."""
-    from qwenquant.atomic import writable_folder
+def check_out(target: Path, mode: str, min_free: int = MIN_FREE_BYTES) -> Path:
+    """--out, checked before anything is measured by the rule of every report writer (reportdoc.check_report_path,
+    exit 2): its folder exists, can be written and has room, and neither it nor the PNG beside it holds a
+    file qwenquant did not write there as a bench report of this `mode`."""
+    from qwenquant.reportdoc import check_report_path
 
-    if not target.parent.is_dir():
-        raise UsageError(f"--out {target}: folder {target.parent} not found", hint="create it, or pass --out elsewhere")
-    writable_folder(target.parent, f"--out {target}", "--out")
-    free = shutil.disk_usage(target.parent).free
-    if free < min_free:
-        raise UsageError(f"--out {target}: the disk holding {target.parent} has {free:,} bytes free, the report "
-                         f"and its PNG need up to {min_free:,}", hint="free some space, or pass --out on another disk")
+    png = [target.with_suffix(".png")] if REPORTS[mode].plotter is not None else []
+    if check_report_path(target, DOC, mode, kinds=REPORTS, flag="--out", min_free=min_free, companions=png) \
+            and target.is_file():
+        log.info("replacing %s (a bench %s report)", target, mode)
     return target
 
 

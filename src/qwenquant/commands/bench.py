@@ -54,7 +54,7 @@ app.add_typer(bench_app, name="bench")
 ARGS = {"allow_interspersed_args": True}
 
 
-def _request(args: list[str] | None, server: Server, out: Path | None, *, as_json: bool = False,
+def _request(args: list[str] | None, server: Server, out: Path | None, *, mode: str, as_json: bool = False,
              configs: Any = None, config: Path | None = None) -> Any:
     """The session request of a subcommand: a URL, or --serve ARTIFACT with the server options (and vLLM flags
     after --); --out checked before anything is measured or started."""
@@ -69,7 +69,7 @@ def _request(args: list[str] | None, server: Server, out: Path | None, *, as_jso
                                        split=o.split.value if o.split else None, gpu_mem=o.gpu_mem,
                                        gpu_mem_soft=o.gpu_mem_soft,
                                        activations=o.activations.value if o.activations else None) if o.serve else None
-    return Request(url=url, serve=served, out=check_out(out or default_out()), configs=configs, config=config,
+    return Request(url=url, serve=served, out=check_out(out or default_out(), mode), configs=configs, config=config,
                    model=o.model, api_key=o.api_key, as_json=as_json)
 
 
@@ -113,7 +113,7 @@ def run(args: Target = None, *, server: Server, workload: Workload, out: Out = N
     from qwenquant.bench.session import argv_now
     from qwenquant.bench.session import run as measure
 
-    req = _request(args, server, out, as_json=as_json, config=workload.config)
+    req = _request(args, server, out, mode="run", as_json=as_json, config=workload.config)
     measure(req, _options(workload), argv_now())
 
 
@@ -150,7 +150,7 @@ def compare(args: Target = None, *, server: Server, workload: Workload, out: Out
                        split=split_a.value if split_a else None),
             ConfigSpec(label_b or "B", url_b, profile_b, gpu_mem_b, tuple(vllm_arg_b or ()),
                        split=split_b.value if split_b else None))
-    req = _request(args, server, out, as_json=as_json, configs=pair, config=workload.config)
+    req = _request(args, server, out, mode="run", as_json=as_json, configs=pair, config=workload.config)
     measure(req, _options(workload), argv_now())
 
 
@@ -190,7 +190,7 @@ def depth(args: Target = None, *, server: Server, out: Out = None, as_json: AsJs
     opts = DepthOptions(depths=parse_depths(depths) if depths else None, output_tokens=max_tokens or 64,
                         reuse_prefix=reuse_prefix, stall_timeout=stall_timeout, thinking=thinking.single(),
                         concurrency=concurrency)
-    run_depth_mode(_request(args, server, out, as_json=as_json, config=config), opts, argv_now())
+    run_depth_mode(_request(args, server, out, mode="depth", as_json=as_json, config=config), opts, argv_now())
 
 
 @bench_app.command("soak", context_settings=ARGS)
@@ -218,7 +218,7 @@ def soak(args: Target = None, *, server: Server, out: Out = None, as_json: AsJso
 
     opts = SoakOptions(tokens=tokens, concurrency=concurrency, window=window, fraction=collapse_fraction,
                        stall_timeout=stall_timeout, thinking=thinking.single())
-    run_soak_mode(_request(args, server, out, as_json=as_json), opts, argv_now())
+    run_soak_mode(_request(args, server, out, mode="soak", as_json=as_json), opts, argv_now())
 
 
 @bench_app.command("turns", context_settings=ARGS)
@@ -244,7 +244,7 @@ def turns(args: Target = None, *, server: Server, out: Out = None, as_json: AsJs
     _two_tokens(max_tokens)
     opts = TurnOptions(turn_tokens=turn_tokens, output_tokens=max_tokens or 64, stall_timeout=stall_timeout,
                        thinking=thinking.single())
-    run_turns_mode(_request(args, server, out, as_json=as_json), opts, argv_now())
+    run_turns_mode(_request(args, server, out, mode="turns", as_json=as_json), opts, argv_now())
 
 
 def _two_tokens(max_tokens: int | None) -> None:

@@ -299,29 +299,42 @@ def _served(url: str, ask: ServedAsk, report: Path | None, as_json: bool) -> Non
 
     gate = ask.check()
     if report is not None:
-        check_report_target(report, {"url": base_url(url), "gate": gate.get("name")}, explicit=True)
+        check_report_target(report, {"url": base_url(url), "gate": gate.get("name")}, explicit=True, kind="served")
     _finish_served(run_served(url, ask), report, as_json)
+
+
+def _served_target(req: ServeRequest, report: Path | None, root: str, gate: str | None,
+                   config: dict) -> Path:
+    """Where the served report of this configuration goes (the default path names it: two configurations,
+    two reports), checked before measuring; an unresolved activations (None: the profile's) is not compared."""
+    from qwenquant.evaluate.inputs import check_report_target
+    from qwenquant.evaluate.report import report_path, served_kind
+
+    target = report or report_path(req.artifact, root, kind=served_kind(**config))
+    identity = {"root_digest": root, "gate": gate,
+                **{f"served.{k}": v for k, v in config.items() if v is not None}}
+    check_report_target(target, identity, explicit=report is not None, kind="served")
+    return target
 
 
 def _serve_and_gate(req: ServeRequest, ask: ServedAsk, report: Path | None, as_json: bool) -> None:
     """Start `req.artifact` as `qwenquant serve` would, run the gate, stop the server; report keyed to its root digest."""
     from qwenquant.console import console
-    from qwenquant.evaluate.inputs import check_report_target
-    from qwenquant.evaluate.report import report_path
     from qwenquant.evaluate.servedrun import run_served
     from qwenquant.manifest import load_manifest
     from qwenquant.serve.launched import launched
 
     gate = ask.check()
     root = load_manifest(req.artifact).root_digest
-    target = report or report_path(req.artifact, root, kind="eval-served")
-    check_report_target(target, {"root_digest": root, "gate": gate.get("name")}, explicit=report is not None)
+    asked = {"activations": req.activations, "profile": req.profile_name, "extra_vllm_flags": list(req.extra)}
+    target = _served_target(req, report, root, gate.get("name"), asked)
     with launched(req) as s:
         console.print(f"serving {req.artifact} at {s.url} (profile {s.info['profile']}, log {s.spec.log_path})",
                       markup=False)
+        # the configuration as the server runs it (the profile's activations resolved): its own report
+        target = _served_target(req, report, s.info["artifact_root_digest"], gate.get("name"),
+                                {k: s.info[k] for k in asked})
         result = run_served(s.url, ask, ask.model or s.model)
         console.print("stopping the server", markup=False)
     result.served, result.root_digest = s.info, s.info["artifact_root_digest"]
-    if result.root_digest != root:
-        target = report_path(req.artifact, result.root_digest, kind="eval-served")
     _finish_served(result, target, as_json)

@@ -87,8 +87,10 @@ def fetch(
                          hint="write it as owner/name, e.g. Qwen/Qwen3.8-27B") from None
     from qwenquant import outfolder
 
-    outfolder.guard(out, outfolder.foreign_in_fetch_out(out, repo_id, repo_type.value), force=force, flag="--out",
-                    problem=f"exists and holds no fetch of {repo_type.value} repo {repo_id}")
+    foreign = outfolder.foreign_in_fetch_out(out, repo_id, repo_type.value)
+    removal = outfolder.guard(out, foreign, force=force, flag="--out", remove=[p for p in foreign if p.name !=
+                                                                                 outfolder.FETCH_STAGING],
+                              problem=f"exists and holds no fetch of {repo_type.value} repo {repo_id}")
     import os
 
     os.environ.setdefault("HF_HUB_DISABLE_XET", "1")  # plain HTTP transfers, verified here
@@ -98,7 +100,8 @@ def fetch(
     with _bar_progress() as progress:
         result = fetch_snapshot(repo_id, out, revision=revision, repo_type=repo_type.value, re_resolve=re_resolve,
                                 workers=workers, progress=progress, expect=expected,
-                                verify_artifact=verify_published_artifact, root=root_hex)  # fmt: skip
+                                verify_artifact=verify_published_artifact, root=root_hex,
+                                before_move=removal.apply if removal else None)  # fmt: skip
     art = result.artifact
     _warn_extra(out, result.record)
     summary = {"repo_id": repo_id, "commit": result.commit, "out": str(out), "root_digest": result.record["root_digest"],

@@ -40,6 +40,11 @@ def publish(
 
     r = publish_artifact(artifact, repo, revision=revision, private=private, dry_run=dry_run, reports=report or (),
                          license_id=license_id, sign_key=sign_key)
+    if r.commit and not r.dry_run:  # a Ctrl-C from here on says the job is done (cli.main: exit 0 once it returned)
+        from qwenquant.commands._app import on_interrupt
+
+        on_interrupt(lambda: f"interrupted after publishing: {repo}@{revision} is at commit {r.commit}, which holds "
+                             "this artifact; nothing is left to do")
     for w in r.warnings:
         console.print(f"[yellow]warning:[/] {w}", markup=True, highlight=False)
     if as_json:

@@ -136,7 +136,7 @@ def _plan(opts: QuantizeOptions, as_json: bool) -> None:
     width = max(len(s.stage) for s in p.stages)
     stdout.print(f"work folder: {p.work}", markup=False)
     for line in p.force_removes:
-        stdout.print(f"--force removes first: {line}", markup=False)
+        stdout.print(f"--force removes, once the source stage passed: {line}", markup=False)
     for s in p.stages:
         stdout.print(f"{s.stage:<{width}}  {s.describe()}", markup=False)
     console.print(f"plan: {len(p.would_run)} stage(s) would run, {len(p.stages) - len(p.would_run)} reused "

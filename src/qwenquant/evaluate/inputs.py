@@ -10,7 +10,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from qwenquant.atomic import writable_folder
 from qwenquant.errors import UsageError, VerificationError
 
 log = logging.getLogger(__name__)
@@ -92,44 +91,13 @@ def _prove(reference: Path, recorded: Mapping[str, Any], what: str) -> int:
     return len(paths)
 
 
-# free space a report needs (a served report with every needle case is tens of KiB)
-REPORT_SPACE = 1 << 20
+def check_report_target(path: Path, identity: Mapping[str, Any], *, explicit: bool, kind: str) -> None:
+    """Refuse, before measuring, a report path that cannot be written, holds a file qwenquant did not
+    write, an eval report of another kind, or one of another run (`identity`): the one rule of every
+    command that writes a report (reportdoc.check_report_path)."""
+    from qwenquant.evaluate.report import DOC, KINDS
+    from qwenquant.reportdoc import check_report_path
 
-
-def check_report_folder(path: Path) -> bool:
-    """Refuse, before measuring, a report path whose folder is missing, cannot be written or has less
-    than REPORT_SPACE free. False for a device (/dev/null), which is written through unchecked."""
-    import shutil
-
-    path = Path(path)
-    if path.exists() and not path.is_file():
-        if path.is_dir():
-            raise UsageError(f"report path {path} is a folder", hint="pass --report FILE")
-        return False  # a device such as /dev/null
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"report folder {parent} not found", hint="create it, or pass --report in an existing folder")
-    writable_folder(parent, f"report path {path}", "--report")
-    free = shutil.disk_usage(parent).free
-    if free < REPORT_SPACE:
-        raise UsageError(f"report path {path}: {parent} has {free:,} bytes free, the report needs up to "
-                         f"{REPORT_SPACE:,}", hint="free space, or pass --report on another disk")
-    return True
-
-
-def check_report_target(path: Path, identity: Mapping[str, Any], *, explicit: bool) -> None:
-    """Refuse a report path that cannot be written, or that holds a report of another run (another
-    root digest, reference or text): say so instead of replacing it. Checked before measuring."""
-    path = Path(path)
-    if not check_report_folder(path) or not path.is_file():
-        return
-    try:
-        old = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        old = None
-    same = isinstance(old, dict) and all(old.get(k) == v for k, v in identity.items())
-    if not same:
-        raise UsageError(f"report {path} holds a report of another run (other artifact, reference or text); "
-                         "not replacing it", hint="pass --report NEW.json, or move the old report away"
-                         + ("" if explicit else " (the default path is keyed to the artifact's root digest)"))
-    log.info("replacing %s (a report of the same artifact, reference and text)", path)
+    if check_report_path(path, DOC, kind, kinds=KINDS, flag="--report", identity=identity, explicit=explicit) \
+            and Path(path).is_file():
+        log.info("replacing %s (a report of the same run)", path)

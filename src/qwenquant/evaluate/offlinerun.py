@@ -44,7 +44,7 @@ def run_offline_eval(ask: OfflineAsk) -> tuple[OfflineReport, Path]:
     identity = {"root_digest": root, "reference": str(ask.reference), "windows": ask.windows,
                 "window_len": ask.window_len, **source}
     target = ask.report or rep.report_path(artifact, root)
-    check_report_target(target, identity, explicit=ask.report is not None)
+    check_report_target(target, identity, explicit=ask.report is not None, kind="offline")
     from qwenquant.evaluate.offline import run_offline
 
     result = run_offline(ask.reference, artifact, ids, device=ask.device, streamed=ask.streamed,

@@ -4,6 +4,7 @@ the typed, versioned report per kind (`OfflineReport`, `ServedReport`: `to_json`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -155,6 +156,23 @@ def report_path(artifact: Path, root_digest: str, kind: str = "eval") -> Path:
     """`<artifact>.<kind>-<digest16>.json` beside the artifact folder (never inside: `verify` stays clean)."""
     artifact = Path(artifact).resolve()
     return artifact.parent / f"{artifact.name}.{kind}-{root_digest[:16]}.json"
+
+
+def served_kind(activations: str | None, profile: str | None, extra_vllm_flags: Sequence[str]) -> str:
+    """The served report's `kind` for report_path: `eval-served`, plus the configuration when it is not
+    the default one (bf16 activations, the default profile, no flags after `--`): `eval-served-int8`,
+    `eval-served-bf16.batch`, `eval-served-bf16.single-user.flags1a2b3c4d`..."""
+    import hashlib
+
+    from qwenquant.serve.request import DEFAULT_PROFILE
+
+    acts = activations or "bf16"
+    parts = [] if profile in (None, DEFAULT_PROFILE) else [profile]
+    if extra_vllm_flags:
+        parts.append("flags" + hashlib.sha256("\0".join(extra_vllm_flags).encode()).hexdigest()[:8])
+    if acts == "bf16" and not parts:
+        return "eval-served"
+    return "eval-served-" + ".".join([acts, *parts])
 
 
 def save_report(report: EvalReport, path: Path) -> tuple[Path | None, str | None]:

@@ -82,6 +82,7 @@ def fetch_snapshot(
     expect: dict[str, Any] | None = None,
     verify_artifact: Callable[[Path], Any] | None = None,
     root: str | None = None,
+    before_move: Callable[[], None] | None = None,
 ) -> FetchResult:
     """Fetch `repo_id` at one pinned commit into `out_dir`, verifying every file; return the record.
 
@@ -89,7 +90,9 @@ def fetch_snapshot(
     record whose content the commit must hold (fetch/pinning.py). A published qwenquant artifact
     (qwenquant-manifest.json) is verified against its manifest too, by `verify_artifact(folder)` (default:
     manifest.verify_artifact; the command passes one that re-derives the card as well); `root`: the
-    manifest's root digest the artifact must have."""
+    manifest's root digest the artifact must have. `before_move`: called once everything is downloaded
+    and verified, just before the files move into `out_dir` (fetch --force removes a folder's foreign
+    entries there, so a refused fetch removes nothing)."""
     from huggingface_hub import constants
 
     out_dir = Path(out_dir)
@@ -105,7 +108,7 @@ def fetch_snapshot(
             return _fetch(repo_id, out_dir, staging, revision=revision, repo_type=repo_type, endpoint=endpoint,
                           token=token, re_resolve=re_resolve, workers=workers, attempts=attempts, backoff=backoff,
                           check_model=check_model, progress=progress, only=only, expect=expect,
-                          verify_artifact=verify_artifact, root=root)  # fmt: skip
+                          verify_artifact=verify_artifact, root=root, before_move=before_move)  # fmt: skip
     except OSError as e:  # disk full, permissions, --out is a file: name the path, no traceback
         where = e.filename or out_dir
         raise FetchError(f"{where}: {e.strerror or e}", hint="check --out (free space, permissions)") from e
@@ -125,7 +128,7 @@ def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_ty
            token: str | bool | None, re_resolve: bool, workers: int, attempts: int, backoff: float,
            check_model: bool, progress: Progress, only: tuple[str, ...] = (),
            expect: dict[str, Any] | None = None, verify_artifact: Callable[[Path], Any] | None = None,
-           root: str | None = None) -> FetchResult:  # fmt: skip
+           root: str | None = None, before_move: Callable[[], None] | None = None) -> FetchResult:  # fmt: skip
     from huggingface_hub import HfApi
     from huggingface_hub.utils import build_hf_headers, get_session
 
@@ -181,6 +184,8 @@ def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_ty
         with contextlib.suppress(FileNotFoundError):
             (staging / PENDING_NAME).unlink()
         raise
+    if before_move is not None:
+        before_move()
     move_into_place(out_dir, tree, commit, files)
     record = _write_record(out_dir, repo_id, repo_type, revision, commit, endpoint, files, digests,
                            {"replaces_commit": pinned.replaces, "note": pinned.note} if pinned.note else None)

@@ -41,6 +41,7 @@ class CardFacts:
     group_size: int | None
     source_license: str | None = None
     vllm_line: str | None = None  # the plain `vllm serve` line, when the recipe's profile builds one
+    serve_flags: str = ""  # what `qwenquant serve --profile single-user` needs after it to start (a short model)
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -131,7 +132,7 @@ def _measured(figures: Sequence[Figure], missing: Sequence[tuple[str, str]]) -> 
 def _use(repo_id: str, revision: str, facts: CardFacts, root: str) -> list[str]:
     name = repo_id.split("/")[-1]
     out = ["## Use it", "", "```", f"qwenquant fetch {repo_id} --revision {revision} --root sha256:{root} --out models/{name}",
-           f"qwenquant verify models/{name}", f"qwenquant serve models/{name} --profile single-user", "```", "",
+           f"qwenquant verify models/{name}", f"qwenquant serve models/{name} --profile single-user{facts.serve_flags}", "```", "",
            "`qwenquant fetch` checks every byte against the Hub's hashes, then against the manifest and this card, "
            "and refuses an artifact whose root digest is not the one after `--root`; `qwenquant verify` re-hashes "
            "the folder at any time and names the same digest."]
@@ -214,7 +215,7 @@ def read_facts(artifact: Path, manifest: Manifest, license_id: str | None) -> Ca
                      str((manifest.recipe.get("artifact") or {}).get("layout", "text-only")),
                      sum(1 for n in names if is_mtp(n)), tuple(mtp),
                      sum(1 for n in names if n.startswith(VISION_PREFIX) or ".visual." in n), head_bits, group,
-                     lic or "other", _vllm_line(manifest, config), tuple(warnings))
+                     lic or "other", _vllm_line(manifest, config), _serve_flags(manifest, config), tuple(warnings))
 
 
 def _source_license(manifest: Manifest) -> str | None:
@@ -230,6 +231,20 @@ def _source_license(manifest: Manifest) -> str | None:
         return None
     lic = meta.get("license") if isinstance(meta, dict) else None
     return str(lic) if lic else None
+
+
+def _serve_flags(manifest: Manifest, config: dict[str, Any]) -> str:
+    """` -- --max-model-len N` when the single-user profile's length is beyond the model's positions (what
+    `qwenquant serve` would refuse, exit 7: the card's command must start), else ""."""
+    from qwenquant.errors import QwenquantError
+    from qwenquant.serve.preflight import recipe_from_manifest
+
+    try:
+        profile = recipe_from_manifest(manifest).profile("single-user")
+    except (QwenquantError, ValueError, KeyError):
+        return ""
+    limit = (config.get("text_config") or config).get("max_position_embeddings")
+    return f" -- --max-model-len {limit}" if isinstance(limit, int) and profile.max_model_len > limit else ""
 
 
 def _vllm_line(manifest: Manifest, config: dict[str, Any]) -> str | None:

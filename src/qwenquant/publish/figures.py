@@ -99,6 +99,12 @@ def manifest_figures(manifest: dict[str, Any]) -> list[Figure]:
     return c.out
 
 
+def machine(where: Any, vllm: Any, gpu_mem: Any = None) -> str | None:
+    """The machine column of every served figure, one style: `cpu, --gpu-mem 24GiB, vLLM 0.32.0`."""
+    parts = (where, gpu_mem and f"--gpu-mem {gpu_mem}", vllm and f"vLLM {vllm}")
+    return ", ".join(str(x) for x in parts if x) or None
+
+
 def eval_figures(r: Report) -> list[Figure]:
     d = r.data
     cmd = f"qwenquant eval offline ARTIFACT --reference SOURCE --windows {d.get('windows')} --window-len {d.get('window_len')}"
@@ -108,13 +114,23 @@ def eval_figures(r: Report) -> list[Figure]:
     return c.out
 
 
+def served_command(served: dict[str, Any], gate: Any) -> str:
+    """The configuration a served eval measured, as the command that measures it again: the profile, the
+    activations (a bf16 and an int8 report are two configurations) and the vLLM flags after `--`."""
+    import shlex
+
+    cmd = f"qwenquant eval served --serve ARTIFACT --profile {served.get('profile', 'single-user')} --gate {gate}"
+    if served.get("activations"):
+        cmd += f" --activations {served['activations']}"
+    flags = served.get("extra_vllm_flags") or []
+    return cmd + (" -- " + shlex.join(str(f) for f in flags) if flags else "")
+
+
 def served_figures(r: Report) -> list[Figure]:
     d = r.data
     s = d.get("served") or {}
-    machine = ", ".join(str(x) for x in (s.get("device"), s.get("gpu_mem") and f"--gpu-mem {s['gpu_mem']}",
-                                         s.get("vllm_version_installed") and f"vLLM {s['vllm_version_installed']}") if x)
-    cmd = f"qwenquant eval served --serve ARTIFACT --profile {s.get('profile', 'single-user')} --gate {d.get('gate')}"
-    c = _Collect(d, r.repo_path, cmd, machine or None)
+    c = _Collect(d, r.repo_path, served_command(s, d.get("gate")),
+                 machine(s.get("device"), s.get("vllm_version_installed"), s.get("gpu_mem")))
     for i, t in enumerate(d.get("tasks") or []):
         c.add("served gate", f"task {t.get('name')}: exact-match passed", ("tasks", i, "passed"),
               lambda v, t=t: f"{v}/{t.get('total')} (needs {t.get('min_pass')})")
@@ -132,8 +148,8 @@ def bench_figures(r: Report, root_digest: str) -> list[Figure]:
     for i, t in enumerate(d.get("targets") or []):
         if t.get("artifact_root_digest") != root_digest:
             continue  # another artifact's configuration in a --compare run
-        machine = ", ".join(str(x) for x in (d.get("gpu_name") or t.get("device"), t.get("vllm_version")) if x)
-        c = _Collect(d, r.repo_path, " ".join(d.get("argv") or ["qwenquant", "bench"]), machine or None)
+        c = _Collect(d, r.repo_path, " ".join(d.get("argv") or ["qwenquant", "bench"]),
+                     machine(d.get("gpu_name") or t.get("device"), t.get("vllm_version")))
         who = f"{t.get('label')} ({t.get('profile')})"
         c.add("throughput", f"{who}: MTP mean acceptance length", ("targets", i, "acceptance", "mean_acceptance_length"),
               lambda v: f"{v:.3f}")
@@ -149,8 +165,8 @@ def long_figures(r: Report) -> list[Figure]:
     """What a `bench --depth`, `--soak` or `--turns` run of this artifact showed of its profile's promise."""
     d = r.data
     t = d.get("target") or {}
-    machine = ", ".join(str(x) for x in (d.get("gpu_name") or t.get("device"), t.get("vllm_version")) if x)
-    c = _Collect(d, r.repo_path, " ".join(d.get("argv") or [str(d.get("tool"))]), machine or None)
+    c = _Collect(d, r.repo_path, " ".join(d.get("argv") or [str(d.get("tool"))]),
+                 machine(d.get("gpu_name") or t.get("device"), t.get("vllm_version")))
     who = f"{t.get('profile') or t.get('label')}, max-model-len {d.get('max_model_len')}"
     if r.kind == "bench-depth":
         n = d.get("concurrency") or 1

@@ -97,6 +97,7 @@ def _load(path: Path, root_digest: str, artifact: Path) -> tuple[str, dict[str, 
     if kind is None:
         raise UsageError(f"{path} is not a qwenquant eval, served eval or bench report",
                          hint="pass the JSON file `qwenquant eval` or `qwenquant bench` wrote")
+    _refuse_contradictions(kind, data, path)
     digests = report_digests(kind, data)
     if root_digest not in digests:
         what = (f"a report of root digest {sorted(digests)[0][:16]}..." if digests
@@ -111,12 +112,38 @@ def _load(path: Path, root_digest: str, artifact: Path) -> tuple[str, dict[str, 
     return kind, data, raw
 
 
+def _refuse_contradictions(kind: str, data: dict[str, Any], path: Path) -> None:
+    """A long bench report whose summary is not what its own records give (an edited `last_ok_depth`,
+    `last_ok_turn`), or a soak verdict that is not the object soak writes: refused, the field named,
+    before any figure of it goes on a card (field types of a typed report: reportdoc)."""
+    if kind == "bench-depth":
+        ok = [r.get("prompt_tokens") for r in data.get("rungs") or [] if isinstance(r, dict) and r.get("ok")]
+        want = {"last_ok_depth": ok[-1] if ok else None}
+    elif kind == "bench-turns":
+        done = [t for t in data.get("turns") or [] if isinstance(t, dict) and t.get("ok")]
+        want = {"last_ok_turn": done[-1].get("turn") if done else None,
+                "last_ok_depth": done[-1].get("depth") if done else None}
+    else:
+        verdict = data.get("verdict")
+        if kind == "bench-soak" and not (isinstance(verdict, dict) and isinstance(verdict.get("status"), str)):
+            raise UsageError(f"report {path}: verdict is {json.dumps(verdict)[:40]}, not an object with a `status` "
+                             "string as `qwenquant bench soak` writes it: the report was edited",
+                             hint="pass the report as `qwenquant bench` wrote it, or measure again")
+        return
+    for key, value in want.items():
+        if key in data and data[key] != value:
+            raise UsageError(f"report {path}: {key} is {data[key]!r}, but its own records give {value!r}: the "
+                             "report was edited", hint="pass the report as `qwenquant bench` wrote it, or measure again")
+
+
 def gather_reports(artifact: Path, root_digest: str, extra: Iterable[Path] = ()) -> list[Report]:
     """The reports beside the artifact for this root digest and those in `extra`, each checked,
     deduplicated by content, named in the repo by kind (order-independent)."""
     from qwenquant.evaluate.report import report_path
 
-    paths = [p for p in (report_path(artifact, root_digest, k) for k in ("eval", "eval-served")) if p.is_file()]
+    paths = [p for p in (report_path(artifact, root_digest, "eval"),) if p.is_file()]
+    beside = report_path(artifact, root_digest, "eval-served")  # and each served configuration's (served_kind)
+    paths += sorted(beside.parent.glob(f"{artifact.resolve().name}.eval-served*-{root_digest[:16]}.json"))
     paths += [Path(p) for p in extra]
     seen: dict[str, tuple[str, Path, dict[str, Any], bytes]] = {}
     for p in paths:

@@ -209,13 +209,14 @@ def _to_hub(api: Any, artifact: Path, result: PublishResult, manifest: Manifest,
     head, remote = hub.remote_state(api, repo_id, revision)
     where["head"] = head
     theirs = remote_card(api, repo_id, head, remote)
-    lic = theirs.get("license") if license_id is None and card.record.get("license") == "other" else None
-    if lic == "other":
+    # a re-publish keeps the license the repo's card names (only --license changes it; the source's README
+    # named one the first publish may have overridden), and names the signature there when it may be kept
+    # (it is checked against the plan below): the same artifact published again is then a no-op
+    lic = theirs.get("license") if license_id is None else None
+    if lic == "other" or not isinstance(lic, str):
         lic = None
-    # a re-publish keeps the license the repo's card names (unless --license says otherwise), and names the
-    # signature there when it may be kept (it is checked against the plan below)
     keep_sig = sign_key is None and SIGNATURE_NAME in remote and theirs.get("signature") == SIGNATURE_NAME
-    if lic or keep_sig:
+    if (lic and lic != card.record.get("license")) or keep_sig:
         warnings[:] = [w for w in warnings if not (lic and "license is unknown" in w)]
         files, card, _, root = card_files(artifact, manifest, raw, repo_id, revision, reports, lic or license_id,
                                           signed=sign_key is not None or keep_sig)

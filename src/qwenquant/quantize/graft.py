@@ -192,13 +192,14 @@ def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: 
     for p, what in ((artifact, "artifact"), (source, "source")):
         if not (p / "config.json").is_file():
             raise StageError(f"{what} folder {p} has no config.json", hint=f"check the {what} path")
-    if not check_only:
+    removal = None
+    if not check_only:  # --force removes them only with the old folder, once the grafted one replaced it
         from qwenquant import outfolder
 
         foreign = outfolder.foreign_in_graft_target(artifact, graft_keeps(artifact))
-        outfolder.guard(artifact, foreign, force=force, flag="artifact", remove=foreign,
-                        problem="holds entries that are not part of the artifact (graft-mtp rebuilds the folder "
-                                "and would drop them)")
+        removal = outfolder.guard(artifact, foreign, force=force, flag="artifact", remove=foreign,
+                                  problem="holds entries that are not part of the artifact (graft-mtp rebuilds the "
+                                          "folder and would drop them)")
     for folder in (artifact, source):
         _check_headers(folder)
     warning = prove_source(artifact, source)
@@ -223,6 +224,8 @@ def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: 
                 f"{artifact}: files besides the MTP shard, index and config differ from the manifest: "
                 + ", ".join(others[:5]), hint="graft-mtp repairs only the MTP head; re-run `qwenquant quantize`")
     check_graft_writable(artifact)
+    if removal is not None:
+        log.warning("--force: removing %s (the grafted artifact takes the folder's place)", removal.said)
     try:
         with staging_dir(artifact) as tmp:  # removed on any failure: nothing is left beside the artifact
             graft_into(artifact, tmp, source, plan, packed)

@@ -28,6 +28,7 @@ from qwenquant.quantize.stage import Progress, Stage, StageContext
 from qwenquant.quantize.timings import Timings
 
 if TYPE_CHECKING:
+    from qwenquant.outfolder import Removal
     from qwenquant.recipe import CalibrationSpec, Recipe
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ def quantize(opts: QuantizeOptions, progress: Progress | None = None, *,
              stages: Sequence[Stage] | None = None) -> QuantizeResult:
     """Run every stage (resuming from valid records), assemble the artifact, write its manifest."""
     stages = stage_list(stages)
-    source, out, work, _ = check_folders(opts, stages)
+    source, out, work, removals = check_folders(opts, stages)
     from qwenquant.quantize.space import check_free_space, check_writable, disk_error
 
     check_writable(out, work)
@@ -118,6 +119,10 @@ def quantize(opts: QuantizeOptions, progress: Progress | None = None, *,
             ctx.current = stage
             try:
                 _run_timed(runner, stage, ctx)
+                if i == 0:  # the source passed: --force may now clear what is not this build's in --work
+                    for r in removals:
+                        if r.flag == "--work":
+                            r.apply()
             except OSError as e:
                 err = disk_error(e, stage.name)
                 if err is None:
@@ -130,6 +135,9 @@ def quantize(opts: QuantizeOptions, progress: Progress | None = None, *,
         ctx.current = None
         step("manifest", None, len(stages), total)
         built = [ctx.dir(s.name) for s in stages if s.builds_checkpoint][-1]
+        for r in removals:
+            if r.flag == "--out":  # the verified new artifact replaces it whole (_finish's staging_dir)
+                log.warning("--force: removing %s (the new artifact takes its place)", r.said)
         result = _finish(runner, stages, out, built, opts.recipe)
         result.timings = ctx.timings
         step("done", None, total, total)
@@ -137,10 +145,11 @@ def quantize(opts: QuantizeOptions, progress: Progress | None = None, *,
 
 
 def check_folders(opts: QuantizeOptions, stages: Sequence[Stage], *, dry_run: bool = False
-                  ) -> tuple[Path, Path, Path, list[str]]:
+                  ) -> tuple[Path, Path, Path, list[Removal]]:
     """(source, out, work, what --force removes), resolved and checked before any folder is
     created: each stage's preflight passes, --out / --work hold nothing but this build's files
-    (else OutFolderError, or with --force they are removed; `dry_run`: only listed)."""
+    (else OutFolderError; with --force, the removals quantize applies once the source stage passed:
+    --work's foreign entries then, --out when the new artifact replaces it)."""
     source = Path(opts.source_dir).resolve()
     out = Path(opts.out).resolve()
     work = Path(opts.work).resolve() if opts.work else out.with_name(out.name + ".work")
@@ -172,23 +181,25 @@ def refuse_harmful_folders(source: Path, out: Path, work: Path) -> None:
 
 
 def guard_folders(out: Path, work: Path, recipe_name: str, source: Path, *, force: bool,
-                  dry_run: bool = False) -> list[str]:
-    """Refuse an --out / --work that holds anything but this build's artifact and stage outputs;
-    with `force` remove it (`dry_run`: touch nothing). Returns what --force removes, one line each."""
+                  dry_run: bool = False) -> list[Removal]:
+    """Refuse an --out / --work that holds anything but this build's artifact and stage outputs (a file
+    for either: exit 2); with `force`, what quantize removes once the source passed (nothing now)."""
     from qwenquant import outfolder
 
+    outfolder.refuse_a_file(out, "--out")
+    outfolder.refuse_a_file(work, "--work")
     checks = ((out, lambda: outfolder.foreign_in_artifact_out(out, recipe_name, source), "--out",
-               f"exists and is not an artifact of recipe {recipe_name!r} from {source}"),
-              (work, lambda: outfolder.foreign_in_work(work), "--work", "exists and is not a quantize work folder"))
-    removes = []
-    for folder, find, flag, problem in checks:
+               f"exists and is not an artifact of recipe {recipe_name!r} from {source}", None),
+              (work, lambda: outfolder.foreign_in_work(work), "--work", "exists and is not a quantize work folder",
+               "foreign"))
+    removals = []
+    for folder, find, flag, problem, remove in checks:
         foreign = find()
-        if foreign and force:
-            root = folder if folder.is_dir() else folder.parent
-            removes.append(f"{flag} {folder}, which holds {outfolder.summarize(foreign, root)}")
-        if not (dry_run and force):
-            outfolder.guard(folder, foreign, force=force, flag=flag, problem=problem)
-    return removes
+        r = outfolder.guard(folder, foreign, force=force, flag=flag, problem=problem,
+                            remove=foreign if remove else None)
+        if r is not None:
+            removals.append(r)
+    return removals
 
 
 MANIFEST_STAGE_FIELDS = ("stage", "status", "inputs", "outputs", "params", "result")

@@ -69,7 +69,7 @@ def plan_quantize(opts: QuantizeOptions, *, stages: Sequence[Stage] | None = Non
     source, out, work, removes = check_folders(opts, stages, dry_run=True)
     ctx = new_context(opts, source, work)
     runner = StageRunner(work)
-    plan = QuantizePlan(out, work, ctx.device, ctx.ranks, force_removes=removes)
+    plan = QuantizePlan(out, work, ctx.device, ctx.ranks, force_removes=[f"{r.flag} {r.said}" for r in removes])
     for stage in stages:
         plan.stages.append(_stage_plan(stage, ctx, runner))
     return plan
