@@ -13,7 +13,7 @@ PROMPT_LOGPROBS = Hazard(
     "with MTP on, prompt_logprobs come back wrong for some requests: perplexity or KL read from a drafting server "
     "is suspect",
     "eval served --serve takes prompt_logprobs from a server started without speculation; against a URL whose "
-    "/metrics shows drafting it refuses them (exit 2)")
+    "/metrics shows drafting it refuses them (exit 8)")
 PROMPT_ONE_PLUS_K = Hazard(
     "mtp-prompt-1-plus-k", "vllm #53051",
     "a prompt of exactly 1 + k tokens (k draft tokens) produces garbage with MTP",

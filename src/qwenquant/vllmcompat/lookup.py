@@ -37,8 +37,11 @@ def row_for(version: str | None, build: str) -> RowMatch:
                                                 f"the guards of the newest {build} row ({newest.versions}) apply")
     for r in table:
         if Version(r.lowest) <= v and (r.highest is None or v <= Version(r.highest)):
+            # The open-ended newest row was read in its lowest release: a later minor release is past the table.
+            if r.highest is None and v.release[:2] > Version(r.lowest).release[:2]:
+                break
             return RowMatch(r, version, False, None)
-    if v < Version(table[0].lowest):
+    if v < Version(table[0].lowest):  # below every row
         return RowMatch(table[0], version, False,
                         f"vLLM {version} is older than every {build} row of qwenquant's version table "
                         f"(oldest {table[0].versions}): its guards apply, untested")
