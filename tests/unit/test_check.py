@@ -435,18 +435,19 @@ def test_profile_drafting_more_than_four_tokens_is_refused(tmp_path: Path, capsy
     assert check_artifact(d).ok
 
 def test_vllm_releases_that_load_an_int4_mtp_head() -> None:
-    """check knows the releases whose MTP loader builds a quantized drafter (0.26-0.32); the quantize
-    check stage refuses a recipe admitting another, serve an installed other, naming vLLM #53387."""
+    """check knows the releases whose MTP loader builds a quantized drafter (the version table's rows: 0.26-0.34
+    read); the quantize check stage refuses a recipe admitting another, serve an installed other, naming vLLM
+    #53387."""
     from qwenquant.check import mtp_vllm_problems, quantized_mtp_vllm_problem
     from qwenquant.check.mtp_vllm import HINT
     from qwenquant.recipe import load_recipe
 
     assert quantized_mtp_vllm_problem("0.26.0") is None and quantized_mtp_vllm_problem("0.32.0") is None
-    assert "not known to load a quantized MTP head" in quantized_mtp_vllm_problem("0.33.0")
+    assert quantized_mtp_vllm_problem("0.34.0") is None and quantized_mtp_vllm_problem("0.32.0", "cpu") is None
     assert "not known to load" in quantized_mtp_vllm_problem("0.25.1") and "#53387" in HINT
     r = load_recipe("w4a16-int4head-int4mtp")
     assert mtp_vllm_problems(r) == []
     wide = r.model_copy(update={"serve": r.serve.model_copy(update={"vllm_versions": [">=0.26.0"]})})
     (msg,) = mtp_vllm_problems(wide)
-    assert "admit vLLM 0.33.0, 0.34.0, 1.0.0" in msg and "#53387" in msg
+    assert "admit vLLM 0.35.0, 1.0.0" in msg and "#53387" in msg
     assert mtp_vllm_problems(load_recipe("w4a16-int4head")) == []  # a bf16 head loads anywhere

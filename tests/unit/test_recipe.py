@@ -142,7 +142,7 @@ def test_an_int4_mtp_recipe_with_an_open_vllm_range_is_refused_where_it_is_loade
         else:
             raw["serve"]["vllm_versions"] = versions
         (problem,) = [p for p in _problems(raw) if p.startswith("serve.vllm_versions")]
-        assert "not known to load a quantized MTP head" in problem and "'>=0.26.0,<0.33'" in problem
+        assert "not known to load a quantized MTP head" in problem and "'>=0.26.0,<0.35'" in problem
     raw["serve"]["vllm_versions"] = [">=0.28.0,<0.33"]
     r = parse_recipe(raw)
     assert mtp_vllm_problems(r) == []

@@ -105,3 +105,21 @@ def test_doctor_json_warns_for_a_vllm_newer_than_the_table(tmp_path, monkeypatch
     row = json.loads(out)["vllm_table"]
     assert (row["versions"], row["newer_than_table"], row["marlin_env_refused"]) == (">=0.34.0", True, True)
     assert "0.36.1 is newer than qwenquant's version table" in row["warning"]
+
+
+def test_the_recipe_layer_s_copies_of_the_table_agree_with_it() -> None:
+    """recipe/ (layer 3) sits below the table (layer 7) and keeps two values a recipe is held to before any vLLM
+    is known: they are the table's."""
+    from qwenquant.recipe.rules import QUANTIZED_MTP_VLLM
+    from qwenquant.recipe.speculative import SPEC_TOKENS_LIMIT
+    from qwenquant.vllmcompat import read_range
+
+    assert QUANTIZED_MTP_VLLM == read_range("cuda", "quantized_mtp")
+    assert SPEC_TOKENS_LIMIT == rows("cuda")[-1].max_spec_tokens == rows("cpu")[-1].max_spec_tokens
+
+
+def test_the_draft_token_limit_is_the_row_s() -> None:
+    from qwenquant.vllmcompat import spec_tokens_problem
+
+    assert spec_tokens_problem(4, "0.34.0", "cuda") is None
+    assert "num_speculative_tokens 5 is above 4: vLLM 0.32.0's" in spec_tokens_problem(5, "0.32.0", "cpu")

@@ -18,11 +18,12 @@ MTP_LINEARS = ("mtp.fc",) + tuple(f"mtp.layers.0.self_attn.{p}_proj" for p in "q
 _GDN_PREFIXES = ("model.language_model.layers.0.linear_attn.", "model.layers.0.linear_attn.")
 _VISION_MODULES = ("model.visual.blocks.0.attn.qkv", "model.visual.merger.linear_fc1")
 _PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
-# The vLLM releases whose MTP loader is known to build a quantized drafter for Qwen3.5 (read in the
-# source of the 0.26 line and of 0.32.0; docs/known-issues.md#quantized-mtp, vLLM #53387).
-QUANTIZED_MTP_VLLM = ">=0.26.0,<0.33"
+# The vLLM releases whose MTP loader is known to build a quantized drafter for Qwen3.5: the version table's rows
+# with quantized_mtp (qwenquant.vllmcompat.read_range("cuda", "quantized_mtp"), held equal by
+# tests/unit/test_vllmcompat.py; read in 0.26.0, 0.28.0, 0.33.0, 0.34.0; docs/known-issues.md#quantized-mtp).
+QUANTIZED_MTP_VLLM = ">=0.26.0,<0.35"
 # Versions outside that range that an int4-MTP recipe's serve.vllm_versions must not admit.
-_OUTSIDE_QUANTIZED_MTP = ("0.25.0", "0.33.0", "0.34.0", "1.0.0")
+_OUTSIDE_QUANTIZED_MTP = ("0.25.0", "0.35.0", "1.0.0")
 
 
 def _get(d: Any, path: str) -> Any:
