@@ -451,3 +451,33 @@ def test_vllm_releases_that_load_an_int4_mtp_head() -> None:
     (msg,) = mtp_vllm_problems(wide)
     assert "admit vLLM 0.35.0, 1.0.0" in msg and "#53387" in msg
     assert mtp_vllm_problems(load_recipe("w4a16-int4head")) == []  # a bf16 head loads anywhere
+
+
+@pytest.mark.parametrize(("weights", "said"), [
+    ({"strategy": "channel", "group_size": None}, "strategy channel quantizes mtp.fc with one scale per row"),
+    ({"strategy": "group", "group_size": 512}, "group_size 512 puts mtp.fc's group of columns 0-511 across column 256"),
+])
+def test_an_mtp_fc_grouping_that_mixes_embedding_and_hidden_is_refused(tmp_path: Path, capsys, weights, said) -> None:
+    """mtp.fc's input is [embedding ; hidden] (2H = 512 here): a channelwise scale, or a group across column H, rounds
+    the embedding half to zero (0% acceptance, no error); check exits 6 naming the config group's field."""
+    fx = _int4_mtp(Fx())
+    fx.qc["ignore"].remove("re:^mtp.*")
+    fx.qc["config_groups"]["a_mtp_fc"] = {
+        "targets": ["re:^mtp[.]fc$"], "format": "pack-quantized", "input_activations": None,
+        "weights": {"num_bits": 4, "type": "int", "symmetric": True, "actorder": None, **weights}}
+    fx.q("mtp.fc", H, 2 * H, gs=weights["group_size"] or 2 * H)
+    report = _check(fx, tmp_path)  # a channelwise group is also quant-config's finding (W4A16 is group-wise)
+    msgs = [f"{f.where}: {f.message} — {f.fix}" for f in report.findings if f.rule == "mtp"]
+    assert msgs == [m for m in msgs if m.startswith("mtp.fc: quantization_config.config_groups.a_mtp_fc.weights: ")]
+    assert len(msgs) == 1 and said in msgs[0] and "use a group_size dividing hidden_size 256" in msgs[0]
+    capsys.readouterr()
+    assert main(["check", str(tmp_path / "art")]) == CheckError.exit_code == 6
+    assert "mtp at mtp.fc" in " ".join(capsys.readouterr().err.split())
+
+
+def test_the_recipe_hidden_size_is_the_27b_s() -> None:
+    from qwenquant import data_path
+    from qwenquant.recipe.mtpfc import RECIPE_HIDDEN
+
+    cfg = json.loads(data_path("qwen3_8-27b.config.json").read_text())
+    assert RECIPE_HIDDEN == cfg.get("text_config", cfg)["hidden_size"]

@@ -18,6 +18,7 @@ from qwenquant.check.facts import (
 from qwenquant.checkpoint.config import mtp_shapes
 from qwenquant.checkpoint.names import is_mtp
 from qwenquant.recipe import LM_HEAD_TARGET, target_matches, targets_cover
+from qwenquant.recipe.mtpfc import mtp_fc_grouping_fix, mtp_fc_grouping_problem
 from qwenquant.recipe.speculative import profile_spec_tokens, spec_tokens_fix, spec_tokens_problem
 
 # vLLM loads these checkpoint Linears as one fused layer; all parts need one scheme.
@@ -297,6 +298,7 @@ def rule_mtp(a: ArtifactFacts) -> list[Finding]:
     if any(linears.values()) and not all(linears.values()):
         out.append(finding("mtp", "mtp.*", f"{sum(linears.values())} of {len(linears)} MTP Linears are int4 packed: "
                       "the drafter needs all of them packed (mtp.quantize: gptq) or none", "rebuild with one precision"))
+    out += _mtp_fc_grouping(a, linears)
     for mod, packed in sorted(linears.items()):
         group = a.resolve(mod)
         if packed and group in (IGNORED, None):
@@ -307,6 +309,20 @@ def rule_mtp(a: ArtifactFacts) -> list[Finding]:
             out.append(finding("mtp", mod, "not covered by quantization_config.ignore: vLLM would build it quantized "
                           "and crash loading the bf16 weight (vLLM #53387)", "add 're:^mtp.*' to ignore"))
     return out
+
+
+def _mtp_fc_grouping(a: ArtifactFacts, linears: dict[str, bool]) -> list[Finding]:
+    """A packed mtp.fc whose config group is channelwise or puts a group across column H (recipe/mtpfc.py)."""
+    group = a.resolve("mtp.fc")
+    hidden = a.text_config.get("hidden_size")
+    if not linears.get("mtp.fc") or group in (IGNORED, None) or not isinstance(hidden, int):
+        return []
+    w = a.groups[group].get("weights") if isinstance(a.groups[group].get("weights"), dict) else {}
+    problem = mtp_fc_grouping_problem(w.get("strategy"), w.get("group_size"), hidden)
+    if problem is None:
+        return []
+    return [finding("mtp", "mtp.fc", f"quantization_config.config_groups.{group}.weights: {problem}",
+                    f"rebuild: {mtp_fc_grouping_fix(hidden)}")]
 
 
 def _find_keys(obj: Any, keys: tuple[str, ...], path: str) -> list[str]:

@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 from qwenquant.recipe.models import _PROFILE_REQUIRED, DEFAULT_VLLM_VERSIONS
+from qwenquant.recipe.mtpfc import RECIPE_HIDDEN, mtp_fc_grouping_fix, mtp_fc_grouping_problem
 from qwenquant.recipe.speculative import profile_spec_tokens, spec_tokens_fix, spec_tokens_problem
 from qwenquant.recipe.targets import targets_cover
 
@@ -121,6 +122,9 @@ def _mtp_problems(raw: dict[str, Any], ignore: list[str]) -> list[str]:
     if hit:
         p.append(f"quantization.ignore: covers {hit[0]} but mtp.quantize is gptq — remove 're:^mtp.*' (vLLM would "
                  "build the drafter's Linears unquantized and refuse the packed tensors, vLLM #53387)")
+    gs = _get(raw, "quantization.group_size")
+    if problem := mtp_fc_grouping_problem("group", 128 if gs is None else gs, RECIPE_HIDDEN):
+        p.append(f"quantization.group_size: {problem} on Qwen3.8-27B — {mtp_fc_grouping_fix(RECIPE_HIDDEN)}")
     versions = _get(raw, "serve.vllm_versions")
     if problem := quantized_mtp_range_problem(list(DEFAULT_VLLM_VERSIONS) if versions is None else versions):
         p.append(problem)
