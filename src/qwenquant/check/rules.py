@@ -170,8 +170,18 @@ def rule_packed_format(a: ArtifactFacts) -> list[Finding]:
     return out
 
 
+def marlin_row_multiple() -> int:
+    """The output rows a packed Linear must come in: 64 (a Marlin tile) while some CUDA row of the version table
+    lacks Marlin's zero-padding (vllm #45295), else 32 (vLLM's CPU kernel, CPUWNA16). Every CUDA row read pads
+    (0.26.0 on: qwenquant.vllmcompat.table), so 64 is a quality choice there, not a load requirement."""
+    from qwenquant.vllmcompat import rows
+
+    return 64 if not all(r.marlin_pads_rows for r in rows("cuda")) else 32
+
+
 def rule_kernel_shape(a: ArtifactFacts) -> list[Finding]:
     out = []
+    rows_by = marlin_row_multiple()
     for mod, parts in sorted(a.modules().items()):
         p = parts.get("weight_packed")
         if p is None or p.dtype != "I32" or len(p.shape) != 2:
@@ -180,9 +190,11 @@ def rule_kernel_shape(a: ArtifactFacts) -> list[Finding]:
         gs = a.group_size(mod)
         fix = (f"keep {mod.rpartition('.')[2]} in bf16 (add it to the recipe's quantization.ignore together with "
                "its fused partners)")
-        if out_f % 64 or in_f % 32:
+        if out_f % rows_by or in_f % 32:
             out.append(finding("kernel-shape", p.name, f"[{out_f} out, {in_f} in] does not fit the int4 kernels: "
-                          "CPU needs in/out multiples of 32, Marlin tiles out by 64", fix))
+                          "vLLM's CPU kernel needs in/out multiples of 32"
+                          + (", Marlin tiles out by 64" if rows_by == 64 else
+                             " (Marlin pads rows to its tile from vLLM 0.26, vllm #45295)"), fix))
         if gs and in_f % gs:
             out.append(finding("kernel-shape", p.name, f"in_features {in_f} is not a multiple of group_size {gs}",
                           f"{fix}, or use a group_size dividing {in_f}"))

@@ -54,7 +54,9 @@ def _cross_field_problems(raw: dict[str, Any]) -> list[str]:
             if not all(targets_cover(ignore, pre + gate) for pre in _GDN_PREFIXES):
                 p.append(f"quantization.ignore: must cover the fused GDN gate {gate} — add "
                          f"'re:.*linear_attn.{gate}$' (vLLM fuses in_proj_b+in_proj_a into one layer that "
-                         "needs one scheme, and their 48 rows do not fill a 64-row Marlin tile)")
+                         "needs one scheme, and their 48 rows are not a multiple of 32, which vLLM's CPU kernel "
+                         "needs; Marlin pads them to its 64-row tile from vLLM 0.26, vllm #45295, at a cost in "
+                         "quality and speed for two tiny projections)")
         for group in (("in_proj_qkv", "in_proj_z"), ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
                       ("mlp.gate_proj", "mlp.up_proj")):
             for pre in ("model.language_model.layers.3.", "model.layers.3."):
