@@ -25,18 +25,37 @@ def _int8(row: CompatRow) -> str:
     return f"{route} ({'keeps' if row.int8_int4_head else 'not with'} an int4 head)"
 
 
+def shipped_recipes(row: CompatRow) -> list[str]:
+    """The shipped recipes whose artifacts the row's releases serve: the recipe's `serve.vllm_versions` admit the
+    row's lowest release, the row serves its layout, and an int4 MTP head only where `quantized_mtp` (a view of the
+    recipes and the table, not a second source)."""
+    from packaging.specifiers import SpecifierSet
+
+    from qwenquant.recipe.load import list_recipes, load_recipe
+
+    out = []
+    for name in sorted(list_recipes()):
+        r = load_recipe(name)
+        arch = next(a for a, lay in _ARCH.items() if lay == r.artifact.layout)
+        if (SpecifierSet(",".join(r.serve.vllm_versions)).contains(row.lowest, prereleases=True)
+                and arch in row.archs and (row.quantized_mtp or not r.mtp_quantized)):
+            out.append(name)
+    return out
+
+
 def _cells(row: CompatRow) -> list[str]:
     layouts = ", ".join(sorted(_ARCH.get(a, a) for a in row.archs))
     return [row.build, row.versions, layouts, _yes(row.mtp_text_only), _yes(row.quantized_mtp),
             str(row.max_spec_tokens) if row.max_spec_tokens is not None else "no limit", _int8(row),
             _yes(row.marlin_env_refused), _yes(row.pp_with_mtp), _yes(row.marlin_pads_rows),
-            ", ".join(h.key for h in row.hazards)]
+            ", ".join(shipped_recipes(row)) or "none", ", ".join(h.key for h in row.hazards)]
 
 
 def markdown() -> str:
     """The two README tables (rows, then hazards) between BEGIN and END, each line ending in a newline."""
     head = ["build", "vLLM", "layouts served", "MTP on text-only", "int4 MTP head loads", "draft tokens at most",
-            "int8 activations", "refuses VLLM_MARLIN_INPUT_DTYPE", "PP with MTP", "Marlin pads rows", "hazards"]
+            "int8 activations", "refuses VLLM_MARLIN_INPUT_DTYPE", "PP with MTP", "Marlin pads rows",
+            "shipped recipes (at its lowest release)", "hazards"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(_cells(r)) + " |" for r in ROWS]
     seen: dict[str, Any] = {}
