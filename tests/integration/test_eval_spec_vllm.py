@@ -1,6 +1,6 @@
 """`qwenquant eval served --serve ARTIFACT --spec-check` with the real vLLM (CPU build from .venv-vllm) and the
 quantized tiny reference: eval starts the server with the profile's MTP (3 drafts), reads k from its /metrics,
-sends token-id prompts of 1, k, 1 + k, 2 + k, 2k + 1, 16, 64 and 256 tokens greedily, stops it, starts the same
+sends token-id prompts of k, 1 + k, 2 + k, 2k + 1, 16, 64 and 256 tokens greedily, stops it, starts the same
 artifact with `--speculative-config null`, sends the same prompts, and compares token by token (vllm #53051: a
 1 + k prompt came back garbage with MTP). One CLI run for the module: it starts both servers, one at a time."""
 
@@ -46,11 +46,11 @@ def test_greedy_text_with_mtp_agrees_with_greedy_text_without_it(run) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     spec = out["spec_check"]
     assert spec["draft_tokens"] == 3 and spec["ok"] and spec["diverged"] == 0
-    assert [p["prompt_tokens"] for p in spec["prompts"]] == [1, 3, 4, 5, 7, 16, 64, 256]
+    assert [p["prompt_tokens"] for p in spec["prompts"]] == [3, 4, 5, 7, 16, 64, 256]
     assert [p["prompt_tokens"] for p in spec["prompts"] if p["one_plus_k"]] == [4]
     assert all(p["first_divergence"] is None and p["generated"] == 48 for p in spec["prompts"])
     err = " ".join(proc.stderr.split())
-    assert "without speculation at http" in err and "speculation check (k = 3): 8/8 prompts agree with MTP off" in err
+    assert "without speculation at http" in err and "speculation check (k = 3): 7/7 prompts agree with MTP off" in err
 
 
 def test_the_drafting_server_drafted_while_the_reference_did_not(run) -> None:

