@@ -106,9 +106,10 @@ ReferenceUrl = Annotated[str | None, typer.Option(
 DraftTokens = Annotated[int | None, typer.Option(
     "--draft-tokens", min=1, help="--spec-check: k, where the drafting server's /metrics cannot say.",
     show_default=False)]
-SpecMaxDiverged = Annotated[int, typer.Option(
-    "--spec-max-diverged", min=0, help="--spec-check: prompts allowed to diverge after their first token (0: the "
-                                       "CPU build's measured figure; see evaluate/speccheck.py).")]
+SpecTieNats = Annotated[float, typer.Option(
+    "--spec-tie-nats", min=0.0, help="--spec-check: a divergence where the drafted token lies within this many nats "
+                                     "of the best token (asked of the server without speculation) is a numerical "
+                                     "tie, not a changed answer (set from the CPU build: evaluate/speccheck.py).")]
 ServedArgs = Annotated[list[str] | None, typer.Argument(
     help="URL of a running server (its base URL; a trailing /v1 is fine); with --serve: vLLM flags after --.",
     show_default=False)]
@@ -184,7 +185,7 @@ def served(
     spec_check: SpecCheck = False,
     reference_url: ReferenceUrl = None,
     draft_tokens: DraftTokens = None,
-    spec_max_diverged: SpecMaxDiverged = 0,
+    spec_tie_nats: SpecTieNats = 0.1,
 ) -> None:
     """A gate of exact-match tasks (and --tools, --needle) through the OpenAI API, MTP acceptance from /metrics.
 
@@ -206,7 +207,7 @@ def served(
 
     words = list(args or [])
     ask = ServedAsk(gate, model, api_key, min_acceptance, tools, needle, needle_max_len)
-    spec = SpecCheckAsk(reference_url, draft_tokens, max_diverged=spec_max_diverged) if spec_check else None
+    spec = SpecCheckAsk(reference_url, draft_tokens, tie_nats=spec_tie_nats) if spec_check else None
     if spec is not None:
         check_reference(spec, serving=serve is not None)
     if serve is None:
@@ -341,20 +342,20 @@ def _without_speculation(req: ServeRequest, model: str, spec: SpecCheckAsk, draf
     """The speculation check's second half: the same artifact served with MTP off (`--speculative-config null`),
     the same prompts greedily, compared with what the drafting server generated."""
     from qwenquant.console import console
-    from qwenquant.evaluate.speccheck import compare, greedy, reference_drafting_problem
+    from qwenquant.evaluate.speccheck import against_reference, reference_drafting_problem
     from qwenquant.serve.launched import launched
 
     with launched(req.replace(extra=(*req.extra, "--speculative-config", "null"))) as s:
         console.print(f"serving {req.artifact} without speculation at {s.url} for the speculation check", markup=False)
         problem = reference_drafting_problem(s.url, api_key)
-        without = None if problem else greedy(s.url, model, drafted.prompts.prompts, spec.max_tokens, api_key)
+        result = None if problem else against_reference(s.url, model, spec, drafted, api_key)
         console.print("stopping the server", markup=False)
-    if problem or without is None:
+    if problem or result is None:
         from qwenquant.errors import BenchError
 
         raise BenchError(f"speculation check: {problem}", hint="report this: -- --speculative-config null did not "
                                                                 "turn MTP off")
-    return compare(drafted.prompts.lengths, drafted.prompts.k, drafted.outputs, without, spec.max_diverged)
+    return result
 
 
 def _serve_and_gate(req: ServeRequest, ask: ServedAsk, report: Path | None, as_json: bool,

@@ -18,7 +18,7 @@ PROMPT_ONE_PLUS_K = Hazard(
     "mtp-prompt-1-plus-k", "vllm #53051",
     "a prompt of exactly 1 + k tokens (k draft tokens) produces garbage with MTP",
     "eval served --spec-check holds greedy text with MTP against greedy text without it, a prompt of exactly "
-    "1 + k tokens included, and reports the first divergence per prompt (exit 8)")
+    "1 + k tokens included, reports the first divergence per prompt and fails one beyond a tie (exit 8)")
 PIPELINE_MTP = Hazard(
     "mtp-pipeline-parallel", "vllm RFC #44697 (PR #44698 open)",
     "MTP under pipeline parallelism is unsupported: draft acceptance fell from 45.6% to 8% at PP=2",
