@@ -24,7 +24,9 @@ profile single-user, 3 drafts, 48 tokens greedy, prompts of 3, 4, 5, 7, 16, 64 a
 agreed to the last token; the 3-token prompt diverged at generated token 1 and the 7-token one at token 18, both
 where the two tokens were 0.031 nats apart (one bf16 step at that magnitude: -1.422 vs -1.453, -4.074 vs -4.105;
 the server without speculation itself picked the other one of the second pair when it prefilled that context
-instead of decoding it). The default, 0.1 nats, is three such steps; a garbage answer (vllm #53051) puts the
+instead of decoding it; the run's report: benchmarks/reports/spec_check_tiny_vllm_cpu032.json, from `qwenquant eval
+served --serve ART --profile single-user --spec-check -- --max-model-len 2048`, run twice with the same result).
+The default, 0.1 nats, is three such steps; a garbage answer (vllm #53051) puts the
 drafted token far below the best.
 """
 
