@@ -375,8 +375,10 @@ def _int4_weights(config: dict[str, Any]) -> bool:
 
 def _check_spec_tokens(profile: ResolvedProfile, install: VllmInstall | None) -> None:
     """More draft tokens than vLLM's GDN speculative path survives (the profile's, or `-- --speculative-config`)."""
+    from qwenquant.vllmcompat import spec_tokens_problem as row_spec_tokens_problem
+
     n = profile.speculative.num_speculative_tokens if profile.speculative else 0
-    problem = spec_tokens_problem(n, install.version if install else None)
+    problem = row_spec_tokens_problem(n, install.version, install.device) if install else spec_tokens_problem(n)
     if problem:
         raise ServeError(problem, hint=spec_tokens_fix())
 
