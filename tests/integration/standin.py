@@ -440,27 +440,33 @@ def build_standin_artifact(tiny: Path, out: Path) -> Path:
     return out
 
 
-def write_fake_vllm(root: Path) -> Path:
+def write_fake_vllm(root: Path, version: str = "0.33.0", avx512: bool = True) -> Path:
     """A launcher json whose entrypoint is this stand-in, and an importable stub `vllm` package
-    (version, CPU platform, registry) and W4A16 plugin, so discovery and the probes run for real."""
+    (version, CPU platform, registry) and W4A16 plugin, so discovery and the probes run for real.
+    `version`: the vLLM version it claims; `avx512`: False answers as vLLM's CPU build on a CPU without
+    AVX-512 or AMX (the plugin's dense fallback, no fp8 KV cache)."""
     pkg = root / "site" / "vllm"
     (pkg / "platforms").mkdir(parents=True)
     (pkg / "__init__.py").write_text(
-        f"__version__ = '0.33.0'\nclass ModelRegistry:\n    @staticmethod\n"
+        f"__version__ = {version!r}\nclass ModelRegistry:\n    @staticmethod\n"
         f"    def get_supported_archs():\n        return {ARCHS!r}\n")
     (pkg / "platforms" / "__init__.py").write_text(
         "class _P:\n    device_type = 'cpu'\ncurrent_platform = _P()\n")
-    # what scripts/install-vllm.sh adds to a CPU build: the W4A16 plugin, here answering as on an AVX-512 CPU
+    # what scripts/install-vllm.sh adds to a CPU build: the W4A16 plugin, answering as on a CPU with (or without)
+    # AVX-512, with the keys scripts/vllm-cpu/plugin's describe() returns
     plugin = root / "site" / "qwenquant_vllm_cpu"
     plugin.mkdir()
     (plugin / "__init__.py").write_text(
         "import os\n"
+        f"AVX512 = {avx512!r}\n"
         "def describe():\n"
-        "    dense = os.environ.get('QWENQUANT_VLLM_CPU_W4A16') == 'dense'\n"
-        "    return {'path': 'dense' if dense else 'kernel', 'why': 'stand-in vLLM', 'has_op': True, 'plugin': True}\n")
+        "    dense = os.environ.get('QWENQUANT_VLLM_CPU_W4A16') == 'dense' or not AVX512\n"
+        "    why = 'stand-in vLLM' if AVX512 else 'stand-in vLLM (this CPU has no AVX-512) registers no cpu_gemm_wna16'\n"
+        "    return {'path': 'dense' if dense else 'kernel', 'why': why, 'has_op': AVX512, 'plugin': True,\n"
+        "            'cpu_avx512': AVX512, 'cpu_amx': False, 'fp8_kv_cache': AVX512}\n")
     launcher = root / "qwenquant-vllm.json"
     launcher.write_text(json.dumps({"python": sys.executable, "entrypoint": [sys.executable, str(Path(__file__))],
-                                    "vllm_version": "0.33.0", "device": "cpu"}))
+                                    "vllm_version": version, "device": "cpu"}))
     return launcher
 
 
