@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("manifest", "signing"),
     ("testbed",),
     ("modeling",),
-    ("fetch", "check", "plan"),
+    ("fetch", "check", "plan", "vllmcompat"),
     ("evaluate", "serve"),
     ("quantize", "bench", "publish"),
     ("demo", "versions", "commands", "cli", "__main__"),
