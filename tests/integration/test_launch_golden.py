@@ -27,7 +27,8 @@ from helpers import NV4_2, P2P_CNS, PHB_2, fake_nvidia_smi, flat, smi_calls
 GOLDEN = Path(__file__).resolve().parents[1] / "unit" / "golden"
 ONE = ["0, GPU-aaaa, 24576, 24000"]
 TWO = ["0, GPU-aaaa, 24576, 24000", "1, GPU-bbbb, 24576, 23900"]
-# machine -> (device, GPU rows, compute capability, topo -m, topo -p2p r, CPU with AVX-512, serve options)
+# machine -> (device, GPU rows, compute capability, topo -m, topo -p2p r, CPU with AVX-512, serve options); the
+# CUDA machines run vLLM 0.33.0 (scripts/install-vllm.sh's), the CPU ones the CPU build's 0.32.0
 MACHINES: dict[str, tuple[str, list[str], str, str, str, bool, tuple[str, ...]]] = {
     "one-gpu": ("cuda", ONE, "8.6", "", "", True, ()),
     "two-gpus-nvlink": ("cuda", TWO, "8.6", NV4_2, "", True, ("--gpus", "2")),
@@ -43,9 +44,10 @@ def artifact(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return build_standin_artifact(tiny_checkpoint, tmp_path_factory.mktemp("golden") / "artifact")
 
 
-def machine_env(tmp_path: Path, name: str, version: str = "0.33.0") -> tuple[dict[str, str], Path, Path]:
+def machine_env(tmp_path: Path, name: str, version: str | None = None) -> tuple[dict[str, str], Path, Path]:
     """(environment, the stand-in vLLM's launcher, the stand-in nvidia-smi's folder) of one machine fixture."""
     device, rows, cap, topo, p2p, avx512, _ = MACHINES[name]
+    version = version or ("0.32.0" if device == "cpu" else "0.33.0")
     tmp_path = tmp_path / f"run{len(list(tmp_path.glob('run*')))}"  # each call its own stand-ins and call log
     tmp_path.mkdir()
     launcher = write_fake_vllm(tmp_path / "vllm", version=version, avx512=avx512)
@@ -60,7 +62,7 @@ def machine_env(tmp_path: Path, name: str, version: str = "0.33.0") -> tuple[dic
     return env, launcher, smi
 
 
-def dry_run(artifact: Path, tmp_path: Path, name: str, *opts: str, version: str = "0.33.0",
+def dry_run(artifact: Path, tmp_path: Path, name: str, *opts: str, version: str | None = None,
             extra: tuple[str, ...] = ()) -> tuple[int, dict[str, Any] | None, str, Path]:
     """(exit code, the --json document, stderr, the stand-in nvidia-smi's folder) of `serve --dry-run --json`."""
     env, launcher, smi = machine_env(tmp_path, name, version)
