@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from qwenquant.serve.topology import Split, choose_split, parse_matrix
+from qwenquant.serve.topology import Layout, choose_split, parse_matrix
 
 from helpers import NV4_2, P2P_CNS, P2P_OK, P2P_SERVER, PHB_2, SERVER_4
 
@@ -61,4 +61,4 @@ def test_the_gpus_used_decide():
 
 def test_unknown_link_keeps_tensor_and_says_so():
     s = choose_split(["0", "1"], {}, {})
-    assert s == Split(2, 1, "the GPUs' link could not be read from `nvidia-smi topo -m`; pass --split to choose")
+    assert s == Layout(2, 1, "the GPUs' link could not be read from `nvidia-smi topo -m`; pass --split to choose")

@@ -8,14 +8,15 @@ import sys
 from qwenquant.errors import QwenquantError
 from qwenquant.procenv import server_env
 from qwenquant.serve.argv import format_command, mask_argv
-from qwenquant.serve.preflight import Prepared, default_log_path, prepare
+from qwenquant.serve.launchplan import LaunchPlan, plan_json
+from qwenquant.serve.preflight import default_log_path, prepare
 from qwenquant.serve.request import ServeRequest
 from qwenquant.serve.supervisor import ServerSpec, serve_forever
 
 log = logging.getLogger(__name__)
 
 
-def server_spec(p: Prepared, req: ServeRequest) -> ServerSpec:
+def server_spec(p: LaunchPlan, req: ServeRequest) -> ServerSpec:
     """What the supervisor runs for a prepared launch (also used by `launched()`)."""
     return ServerSpec(
         command=p.command, env=launch_env(p), host=p.profile.host, port=p.profile.port,
@@ -24,7 +25,7 @@ def server_spec(p: Prepared, req: ServeRequest) -> ServerSpec:
     )
 
 
-def launch_env(p: Prepared) -> dict[str, str]:
+def launch_env(p: LaunchPlan) -> dict[str, str]:
     """vLLM's whole environment: ours (less qwenquant's import path when isolated), the additions, less env_unset."""
     env = {**server_env(isolated=bool(p.install and p.install.isolated)), **p.env_add}
     for k in p.env_unset:
@@ -32,7 +33,7 @@ def launch_env(p: Prepared) -> dict[str, str]:
     return env
 
 
-def report_prepared(p: Prepared, label: str = "") -> None:
+def report_prepared(p: LaunchPlan, label: str = "") -> None:
     """Log the preflight's warnings and notes (a bench configuration's label first)."""
     where = f"{label}: " if label else ""
     for w in p.warnings:
@@ -43,7 +44,7 @@ def report_prepared(p: Prepared, label: str = "") -> None:
         log.info("%sballast (started before vLLM): %s", where, format_command(p.ballast, {}))
 
 
-def _refuse_dry_run(p: Prepared) -> None:
+def _refuse_dry_run(p: LaunchPlan) -> None:
     for e in p.failures:
         log.error("preflight failed: %s%s", e, f" (hint: {e.hint})" if e.hint else "")
     first = p.failures[0]
@@ -54,7 +55,7 @@ def _refuse_dry_run(p: Prepared) -> None:
     raise err
 
 
-def dry_run_dict(p: Prepared) -> dict:
+def dry_run_dict(p: LaunchPlan) -> dict:
     """`serve --dry-run --json`: the decided launch as data (the command line's argv, the API key
     masked as on the command line, and environment)."""
     from qwenquant.plan.report import budget_dict
@@ -64,7 +65,7 @@ def dry_run_dict(p: Prepared) -> dict:
             "command": mask_argv(p.command), "env": p.env_add, "env_unset": list(p.env_unset),
             "activations": p.activations, "command_line": format_command(p.command, p.env_add, p.env_unset),
             "ballast": list(p.ballast), "budget": budget_dict(p.budget) if p.budget else None,
-            "warnings": p.warnings, "notes": p.notes,
+            "warnings": list(p.warnings), "notes": list(p.notes), **plan_json(p),
             "failures": [{"message": e.message, "hint": e.hint, "exit_code": e.exit_code} for e in p.failures]}
 
 
