@@ -41,6 +41,7 @@ As vLLM (the entrypoint of the launcher `write_fake_vllm` writes): `python stand
   --standin-stubborn-helper  the helper ignores SIGTERM and is left behind on exit (a wedged engine)
   --standin-answers F   the answers table as JSON
   --standin-no-total    the counters without `_total`
+  --standin-kernel K    logs "Using K for CompressedTensorsWNA16" as vLLM does per linear kernel it picks
   --standin-ballast-file F  refuse to start (exit 1) unless F holds the report of a live ballast (the
                         stand-in ballast of QWENQUANT_BALLAST_STANDIN=F), and on SIGTERM write to
                         F.at-server-stop whether that ballast still lives
@@ -304,6 +305,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--standin-answers", default=None)
     p.add_argument("--standin-no-total", action="store_true")
     p.add_argument("--standin-ballast-file", default=None)
+    p.add_argument("--standin-kernel", action="append", default=[])
     args, _unknown = p.parse_known_args(argv)
     return args
 
@@ -359,6 +361,9 @@ def main(argv: list[str]) -> int:
         print(f"standin: ballast pid {pid} holds the GPU", flush=True)
     if a.standin_envfile:
         Path(a.standin_envfile).write_text(json.dumps(dict(os.environ)))
+    for kernel in a.standin_kernel:  # the line vLLM's compressed_tensors_wNa16.py logs per kernel it chose
+        print(f"(EngineCore pid=9) INFO 12-06 19:00:00 [compressed_tensors_wNa16.py:138] Using {kernel} for "
+              "CompressedTensorsWNA16", flush=True)
     helper = _helper(a)
     if mode in ("exit0", "exit1"):
         print("standin: nothing to do, exiting 0" if mode == "exit0" else

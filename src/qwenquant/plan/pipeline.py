@@ -72,6 +72,11 @@ def partition(num_layers: int, pp: int, override: str | None = None) -> list[int
         if len(parts) != pp or sum(parts) != num_layers or min(parts) < 0:
             raise UsageError(f"{PARTITION_ENV}={override} does not split {num_layers} layers over {pp} stages",
                              hint=f"give {pp} counts that add up to {num_layers}, or unset it")
+        # vLLM accepts a zero count (0.34 distributed/utils.py get_pp_indices); a stage without a decoder layer holds
+        # no KV cache and leaves its GPU idle every step: a mistake, refused before anything starts
+        if min(parts) == 0:
+            raise UsageError(f"{PARTITION_ENV}={override} leaves pipeline stage {parts.index(0)} with no layers",
+                             hint=f"give each of the {pp} stages at least one layer, or unset it")
         return parts
     parts = [num_layers // pp] * pp
     for i in range(2, num_layers % pp + 2):

@@ -49,8 +49,12 @@ def check_layout(device: str, layout: Layout, config: dict[str, Any], profile: R
                          hint="drop --gpus/--split on CPU (and -pp after --), or use a CUDA vLLM on a machine with the "
                               "GPUs")
     tp_shape(config, layout.tp, layout.pp)
-    if layout.pp > 1 and _drafts(profile):
-        warnings.append("pipeline parallelism with the MTP drafter: vLLM builds the drafter on the last stage only, and vLLM 0.32's model runner reads it on every stage ('... has no attribute drafter' at start, docs/known-issues.md#pipeline-parallel-vllm-cpu); if it fails so, serve without MTP (-- --speculative-config null) or with --split tensor")
+    if layout.pp > 1 and _drafts(profile) and not row.pp_with_mtp:
+        raise ServeError(f"pipeline parallelism ({layout.reason}) with profile {profile.name}, which drafts with MTP: "
+                         f"vLLM {row.versions} does not support MTP under pipeline parallelism (RFC #44697, PR #44698 "
+                         "open; vLLM builds the drafter on the last stage only)",
+                         hint=f"use --split tensor, or turn MTP off with {MTP_OFF}, or choose a profile without "
+                              "speculation (--profile batch)")
     if layout.tp > 1 and layout.pp > 1:
         warnings.append(f"tensor {layout.tp} x pipeline {layout.pp}: the memory plan counts each pipeline stage on "
                         "a whole GPU (an upper bound per GPU)")

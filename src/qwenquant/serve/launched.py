@@ -47,7 +47,7 @@ def launched(req: ServeRequest) -> Iterator[Launched]:
     from qwenquant.manifest import load_manifest
     from qwenquant.serve.argv import format_command
     from qwenquant.serve.preflight import prepare
-    from qwenquant.serve.run import report_prepared, server_spec
+    from qwenquant.serve.run import check_served, log_offset, report_prepared, server_spec
     from qwenquant.serve.supervisor import running
 
     req = on_free_port(req.replace(artifact=req.artifact.resolve()))
@@ -63,5 +63,7 @@ def launched(req: ServeRequest) -> Iterator[Launched]:
             "extra_vllm_flags": list(req.extra), "device": p.device, "activations": p.activations,
             "vllm_version_installed": p.install.version if p.install else None, "command": command,
             "server_log": str(spec.log_path)}
+    offset = log_offset(spec.log_path)
     with running(spec) as server:
+        check_served(p, spec.log_path, offset)
         yield Launched(spec.url, p.profile.served_model_name, p, spec, info, server)

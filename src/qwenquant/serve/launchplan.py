@@ -183,7 +183,7 @@ def _command(req: ServeRequest, art: LaunchInputs, profile: ResolvedProfile, dev
 
 def _layout(req: ServeRequest, dev: str, profile: ResolvedProfile, machine: Machine, match: RowMatch) -> Layout:
     """How the model is split over `req.gpus` GPUs (serve/topology.py `decide_layout`)."""
-    mtp = False  # the layout's MTP rule comes with the guards
+    mtp = drafts(profile) and not match.row.pp_with_mtp
     link = machine.link(req.gpus) if machine.links else None
     return decide_layout(req.gpus, req.split, dev, argvmod.extra_tp(req.extra), argvmod.extra_pp(req.extra), mtp,
                          link)

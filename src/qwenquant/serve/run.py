@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
-from qwenquant.errors import QwenquantError
+from qwenquant.errors import QwenquantError, ServeError
 from qwenquant.procenv import server_env
 from qwenquant.serve.argv import format_command, mask_argv
 from qwenquant.serve.launchplan import LaunchPlan, plan_json
@@ -31,6 +32,31 @@ def launch_env(p: LaunchPlan) -> dict[str, str]:
     for k in p.env_unset:
         env.pop(k, None)
     return env
+
+
+def log_offset(path: Path) -> int:
+    """Where the server's own lines will start in its log file (a --log-file may hold an earlier run's)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def check_served(p: LaunchPlan, log_path: Path, offset: int) -> None:
+    """After `ready`: what vLLM's log says it runs holds what was asked (serve/kernellog.py): int8 activations on a
+    GPU through the Marlin variable fail (exit 7) when a W4A16 kernel that takes 16-bit activations ran."""
+    from qwenquant.serve.kernellog import int8_problem, kernel_lines, read_new_lines
+
+    if p.activations != "int8" or p.device != "cuda" or "--quantization" in p.args:
+        return
+    lines = read_new_lines(log_path, offset)
+    problem = int8_problem(lines)
+    if problem:
+        raise ServeError(problem, hint="serve with --activations bf16, or see docs/known-issues.md#int8-activations "
+                                       "for the kernels that take int8 activations")
+    if not kernel_lines(lines):
+        log.warning("--activations int8: vLLM's log names no W4A16 kernel (\"Using ... for CompressedTensorsWNA16\"), "
+                    "so whether int8 activations run cannot be read back")
 
 
 def report_prepared(p: LaunchPlan, label: str = "") -> None:
@@ -87,4 +113,10 @@ def run_serve(req: ServeRequest, *, as_json: bool = False) -> int:
     spec = server_spec(p, req)
     log.info("starting: %s", format_command(p.command, p.env_add, p.env_unset))
     log.info("server log: %s", spec.log_path)
-    return serve_forever(spec, lambda url: print(f"ready {url}", file=sys.stdout, flush=True))
+    offset = log_offset(spec.log_path)
+
+    def on_ready(url: str) -> None:
+        check_served(p, spec.log_path, offset)
+        print(f"ready {url}", file=sys.stdout, flush=True)
+
+    return serve_forever(spec, on_ready)

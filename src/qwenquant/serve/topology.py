@@ -114,15 +114,14 @@ def choose_split(gpus: Sequence[str], links: dict[tuple[str, str], str],
                               f"({read}): tensor parallelism's all-reduce would cross host memory every layer")
 
 
-MTP_TENSOR = ("the profile drafts with MTP, which vLLM does not support under pipeline parallelism (RFC #44697): "
-              "tensor parallelism whatever the GPUs' link")
+MTP_TENSOR = "the profile drafts with MTP, which vLLM does not support under pipeline parallelism (RFC #44697)"
 
 
 def decide_layout(gpus: int, split: str | None, device: str, extra_tp: int | None, extra_pp: int | None,
                   mtp: bool, link: tuple[Sequence[str], dict, dict] | None) -> Layout:
-    """The layout over `gpus` GPUs: the vLLM flags after -- (`extra_tp`, `extra_pp`) first, then --split, then
-    tensor for a profile that drafts with MTP, else from the link (`link`: the GPU indices vLLM uses, the link
-    and peer-to-peer matrices; None when not read)."""
+    """The layout over `gpus` GPUs: the vLLM flags after -- (`extra_tp`, `extra_pp`) first, then --split, else
+    from the link (`link`: the GPU indices vLLM uses, the link and peer-to-peer matrices; None when not read),
+    tensor where the link would pick pipeline for a profile that drafts with MTP (`mtp`), with both reasons."""
     if extra_tp or extra_pp:
         return Layout(extra_tp or 1, extra_pp or 1, "the vLLM flags after --")
     if gpus == 1:
@@ -131,10 +130,11 @@ def decide_layout(gpus: int, split: str | None, device: str, extra_tp: int | Non
         return Layout.of(split, gpus, f"--split {split}")
     if device != "cuda":
         return Layout.of(TENSOR, gpus, f"{device}: no GPU link to read")
-    if mtp:
-        return Layout.of(TENSOR, gpus, MTP_TENSOR)
     ids, links, p2p = link or ([str(i) for i in range(gpus)], {}, {})
-    return choose_split(ids, links, p2p)
+    by_link = choose_split(ids, links, p2p)
+    if mtp and by_link.pp > 1:
+        return Layout.of(TENSOR, gpus, f"{MTP_TENSOR}; the link alone would pick pipeline: {by_link.reason}")
+    return by_link
 
 
 def link_needed(gpus: int, split: str | None, device: str, extra_sizes: bool) -> bool:
