@@ -142,3 +142,19 @@ def test_int8_read_back_from_the_log(artifact, tmp_path, kernel, code):
                 "takes 16-bit activations") in flat(err)
         assert f"Using {kernel} for CompressedTensorsWNA16" in flat(err)
     assert os.path.exists(log)
+
+
+def test_the_dry_run_checks_the_log_file_folder(artifact, tmp_path):
+    """The real start writes the server log there; a folder that is a file is refused up front (exit 2), in the dry
+    run as in the real start."""
+    (tmp_path / "afile").write_text("x")
+    code, doc, err, _ = dry_run(artifact, tmp_path, "one-gpu", "--log-file", str(tmp_path / "afile" / "s.log"))
+    assert code == 2, err
+    assert doc["failures"][0]["message"] == (f"the server log {tmp_path / 'afile' / 's.log'} cannot be written: "
+                                             f"{tmp_path / 'afile'} is not a folder")
+    env, launcher, _ = machine_env(tmp_path, "one-gpu")
+    r = subprocess.run([sys.executable, "-m", "qwenquant", "serve", str(artifact), "--vllm", str(launcher), "--device",
+                        "cuda", "--port", str(free_port()), "--log-file", str(tmp_path / "afile" / "s.log"), "--",
+                        "--max-model-len", "2048"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "ready" not in r.stdout
+    assert f"the server log {tmp_path / 'afile' / 's.log'} cannot be written" in flat(r.stderr)

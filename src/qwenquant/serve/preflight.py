@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qwenquant.errors import ServeError, VerificationError
+from qwenquant.errors import ServeError, UsageError, VerificationError
 from qwenquant.manifest import SIGNATURE_NAME
 from qwenquant.net.ports import port_problem
 from qwenquant.plan.positions import position_fix, position_limit, position_problem
@@ -51,6 +51,19 @@ def default_log_path(artifact: Path) -> Path:
     if work.is_dir() and os.access(work, os.W_OK):
         return work / "serve" / f"serve-{stamp}-{os.getpid()}.log"
     return Path(tempfile.gettempdir()) / "qwenquant-serve" / f"{artifact.name}-{stamp}-{os.getpid()}.log"
+
+
+def check_log_folder(path: Path) -> None:
+    """The server log can be written where the real start will write it (its folder exists or can be made, and is
+    writable): a UsageError (exit 2) naming the path otherwise, in the dry run too."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"--log-file {path} is a folder", hint="give a file path, e.g. --log-file serve.log")
+    parent = next((p for p in path.absolute().parents if p.exists()), None)
+    if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        where = "is not a folder" if parent is not None and not parent.is_dir() else "cannot be written"
+        raise UsageError(f"the server log {path} cannot be written: {parent} {where}",
+                         hint="pass --log-file with a path in a writable folder")
 
 
 def _verify(artifact: Path) -> Any:
@@ -136,6 +149,7 @@ def prepare(req: ServeRequest) -> LaunchPlan:
     inputs = LaunchInputs(artifact, manifest, config, profile, install, facts, _int4_weights(config))
     plan = decide_launch(req, inputs, machine, checks)
     checks.run(_check_port, plan.profile)
+    checks.run(check_log_folder, req.log_file or default_log_path(artifact))
     return with_failures(plan, checks.failures)
 
 
