@@ -57,6 +57,11 @@ from qwenquant.plan.weights import (
 )
 
 PARTITION_ENV = "VLLM_PP_LAYER_PARTITION"  # vLLM's own variable: layer counts per stage
+# MTP drafting under pipeline parallelism: refused by serve and plan alike (serve/guards.py reads the version row)
+MTP_PIPELINE = ("vLLM does not support MTP drafting under pipeline parallelism (RFC #44697, PR #44698 open; it "
+                "builds the drafter on the last stage only)")
+MTP_PIPELINE_FIX = ("use --split tensor, or turn MTP off with -- --speculative-config null (serve), or choose a "
+                    "profile without speculation (--profile batch)")
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 

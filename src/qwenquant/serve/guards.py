@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qwenquant.errors import ServeError, UsageError
+from qwenquant.plan.pipeline import MTP_PIPELINE, MTP_PIPELINE_FIX
 from qwenquant.plan.weights import tp_shape
 from qwenquant.recipe import ResolvedProfile
 from qwenquant.serve.gpus import check_tp_device
@@ -51,10 +52,7 @@ def check_layout(device: str, layout: Layout, config: dict[str, Any], profile: R
     tp_shape(config, layout.tp, layout.pp)
     if layout.pp > 1 and _drafts(profile) and not row.pp_with_mtp:
         raise ServeError(f"pipeline parallelism ({layout.reason}) with profile {profile.name}, which drafts with MTP: "
-                         f"vLLM {row.versions} does not support MTP under pipeline parallelism (RFC #44697, PR #44698 "
-                         "open; vLLM builds the drafter on the last stage only)",
-                         hint=f"use --split tensor, or turn MTP off with {MTP_OFF}, or choose a profile without "
-                              "speculation (--profile batch)")
+                         f"{MTP_PIPELINE} (vLLM {row.versions})", hint=MTP_PIPELINE_FIX)
     if layout.tp > 1 and layout.pp > 1:
         warnings.append(f"tensor {layout.tp} x pipeline {layout.pp}: the memory plan counts each pipeline stage on "
                         "a whole GPU (an upper bound per GPU)")
