@@ -182,3 +182,18 @@ def test_plan_and_serve_default_the_same_way(capsys, monkeypatch, tmp_path):
     assert (layouts["batch"]["tensor"], layouts["batch"]["pipeline"]) == (1, 2)
     assert (layouts["single-user"]["tensor"], layouts["single-user"]["pipeline"]) == (2, 1)
     assert layouts["single-user"]["reason"].startswith("the profile drafts with MTP")
+
+
+def test_largest_max_model_len_says_where_serve_stops(capsys, monkeypatch, tmp_path):
+    """max_position_embeddings 8192: the batch profile's memory holds far longer sequences, and the plan says that
+    serve stops at 8,192."""
+    config = json.loads(REAL.read_text())
+    config["text_config"]["max_position_embeddings"] = 8192
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    code, out, _ = run_cli(capsys, "plan", str(tmp_path), "-p", "batch")
+    assert code == 0
+    assert ("the memory holds more, but serve refuses a max-model-len above the model's max_position_embeddings "
+            "8,192 (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)") in out
+    code, out, _ = run_cli(capsys, "plan", str(tmp_path), "-p", "batch", "--json")
+    assert json.loads(out)["max_position_embeddings"] == 8192

@@ -106,6 +106,9 @@ def _text(res: Any, gpu_mem: str, gpus: int, layout: Any) -> list[str]:
             shown = budget_lines(name, x, res.shape)
             if i == 0 and name in res.refused:  # before the memory figures, which hold whatever the refusal
                 shown.insert(1, f"  DOES NOT FIT: {res.refused[name]}, which serve refuses: {res.fix(name)}")
+            if res.max_positions and x.largest_len(1) > res.max_positions:
+                shown.append(f"  the memory holds more, but serve refuses a max-model-len above the model's "
+                             f"max_position_embeddings {res.max_positions:,} (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")
             lines += [""] + shown
         if layout.pp > 1:
             lines += [""] + pipeline_lines(name, res.stages[name], res.shape)
@@ -120,7 +123,7 @@ def _merge_json(results: list[tuple[Any, Any]]) -> dict[str, Any]:
     same = len(results) == 1
     doc: dict[str, Any] = {"source": first.source, "tensor_parallel_size": first_layout.tp if same else None,
                            "pipeline_parallel_size": first_layout.pp if same else None,
-                           "weights": first.weights.bytes,
+                           "weights": first.weights.bytes, "max_position_embeddings": first.max_positions,
                            "stage_weights": [w.bytes for w in first.stage_weights] or None, "profiles": {}}
     for layout, res in results:
         for k, b in res.budgets.items():

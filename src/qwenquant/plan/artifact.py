@@ -15,7 +15,7 @@ from qwenquant.errors import ServeError
 from qwenquant.manifest import MANIFEST_NAME, load_manifest
 from qwenquant.plan import pipeline
 from qwenquant.plan.budget import Budget, make_budget
-from qwenquant.plan.positions import position_fix, position_problem
+from qwenquant.plan.positions import long_allowed, position_fix, position_limit, position_problem
 from qwenquant.plan.settings import artifact_layout, cache_settings, decide, recipe_from_manifest
 from qwenquant.plan.weights import (
     ModelShape,
@@ -43,6 +43,7 @@ class PlanResult:
     refused: dict[str, str] = field(default_factory=dict)
     position_fix: str = ""
     fixes: dict[str, str] = field(default_factory=dict)  # profile -> what to do, where not position_fix
+    max_positions: int | None = None  # the model's max_position_embeddings (serve refuses a longer max-model-len)
 
     def fits(self, name: str) -> bool:
         """The profile's budget fits and serve would not refuse it."""
@@ -159,7 +160,8 @@ def make_plan(target: Path, gpu_bytes: int, *, recipe_name: str | None = None,
     refused |= {name: f"profile {name} drafts with MTP: {pipeline.MTP_PIPELINE}" for name in drafting}
     return PlanResult(shape, weights, include_vision, budgets, source, stages=stages, stage_weights=stage_weights,
                       refused=refused, position_fix=position_fix(config),
-                      fixes=dict.fromkeys(drafting, pipeline.MTP_PIPELINE_FIX))
+                      fixes=dict.fromkeys(drafting, pipeline.MTP_PIPELINE_FIX),
+                      max_positions=None if long_allowed(os.environ) else position_limit(config))
 
 
 def _drafts(profile: ResolvedProfile) -> bool:
