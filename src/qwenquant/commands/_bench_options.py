@@ -30,8 +30,14 @@ class Thinking(str, Enum):
     off = "off"
     default = "default"  # send nothing: the template's default
 
-    def single(self) -> bool | None:
-        """The one setting of a long mode (depth, soak, turns): on, default (None), else off."""
+    def single(self, mode: str = "depth") -> bool | None:
+        """The one setting of a long mode (depth, soak, turns): on, default (None), off (auto: off); `both` is two
+        settings, which a long mode does not run: a UsageError (exit 2) rather than silently off."""
+        if self is Thinking.both:
+            from qwenquant.errors import UsageError
+
+            raise UsageError(f"--thinking both runs two settings; bench {mode} measures one",
+                             hint=f"choose --thinking on, off or default for bench {mode} (bench run takes both)")
         return {"on": True, "default": None}.get(self.value, False)
 
 
@@ -45,7 +51,8 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print the report as JSON o
 Config = Annotated[Path | None, typer.Option(
     help="Bench config YAML: workload and too-good lines (default: the shipped one).")]
 ThinkingOpt = Annotated[Thinking, typer.Option(
-    "--thinking", help="auto (run: off and on where supported; depth, soak, turns: off), both, on, off, default.",
+    "--thinking", help="auto (run: off and on where supported; depth, soak, turns: off), both (run only), on, off, "
+                       "default.",
     rich_help_panel=PANEL)]
 StallTimeout = Annotated[float, typer.Option(
     min=0.001, help="Seconds without a token from the server (keep-alive comments do not count) that fail a request.",

@@ -188,7 +188,7 @@ def depth(args: Target = None, *, server: Server, out: Out = None, as_json: AsJs
         raise UsageError("--reuse-prefix and --concurrency: a burst's prompts are fresh by design",
                          hint="drop --reuse-prefix")
     opts = DepthOptions(depths=parse_depths(depths) if depths else None, output_tokens=max_tokens or 64,
-                        reuse_prefix=reuse_prefix, stall_timeout=stall_timeout, thinking=thinking.single(),
+                        reuse_prefix=reuse_prefix, stall_timeout=stall_timeout, thinking=thinking.single("depth"),
                         concurrency=concurrency)
     run_depth_mode(_request(args, server, out, as_json=as_json, config=config), opts, argv_now())
 
@@ -217,7 +217,7 @@ def soak(args: Target = None, *, server: Server, out: Out = None, as_json: AsJso
     from qwenquant.bench.soakrun import SoakOptions
 
     opts = SoakOptions(tokens=tokens, concurrency=concurrency, window=window, fraction=collapse_fraction,
-                       stall_timeout=stall_timeout, thinking=thinking.single())
+                       stall_timeout=stall_timeout, thinking=thinking.single("soak"))
     run_soak_mode(_request(args, server, out, as_json=as_json), opts, argv_now())
 
 
@@ -243,7 +243,7 @@ def turns(args: Target = None, *, server: Server, out: Out = None, as_json: AsJs
 
     _two_tokens(max_tokens)
     opts = TurnOptions(turn_tokens=turn_tokens, output_tokens=max_tokens or 64, stall_timeout=stall_timeout,
-                       thinking=thinking.single())
+                       thinking=thinking.single("turns"))
     run_turns_mode(_request(args, server, out, as_json=as_json), opts, argv_now())
 
 
