@@ -60,15 +60,9 @@ def _request(args: list[str] | None, server: Server, out: Path | None, *, as_jso
     after --); --out checked before anything is measured or started."""
     from qwenquant.bench.output import check_out
     from qwenquant.bench.session import Request, default_out
-    from qwenquant.serve.request import ServeRequest
-
     url, words = _split_args(args, server.serve)
     o = server
-    served = ServeRequest.from_options(o.serve, o.profile or [], words, api_key=o.api_key, vllm=o.vllm,
-                                       timeout=o.timeout, device=o.device.value if o.device else None, gpus=o.gpus,
-                                       split=o.split.value if o.split else None, gpu_mem=o.gpu_mem,
-                                       gpu_mem_soft=o.gpu_mem_soft,
-                                       activations=o.activations.value if o.activations else None) if o.serve else None
+    served = o.to_request(o.serve, words) if o.serve else None
     return Request(url=url, serve=served, out=check_out(out or default_out()), configs=configs, config=config,
                    model=o.model, api_key=o.api_key, as_json=as_json)
 
