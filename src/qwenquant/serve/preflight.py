@@ -153,6 +153,16 @@ def prepare(req: ServeRequest) -> LaunchPlan:
     return with_failures(plan, checks.failures)
 
 
+def request_profile(req: ServeRequest) -> ResolvedProfile:
+    """The profile `prepare(req)` will launch with, read from the artifact alone (bench's --max-concurrency check,
+    before any server starts)."""
+    from qwenquant.manifest import load_manifest
+
+    artifact = Path(req.artifact).resolve()
+    config = json.loads((artifact / "config.json").read_text())
+    return resolve_profile(req, artifact, recipe_from_manifest(load_manifest(artifact)), config)
+
+
 def resolve_profile(req: ServeRequest, artifact: Path, recipe: Recipe, config: dict[str, Any]) -> ResolvedProfile:
     """The profile, resolved once: the recipe's, with --host/--port/--served-model-name and the flags after --."""
     profile = recipe.profile(req.profile_name)
