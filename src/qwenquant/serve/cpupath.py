@@ -110,11 +110,3 @@ def cpu_w4a16_path(python: str, *, isolated: bool = True) -> CpuW4A16Path:
 def cpu_fp8_kv_cache(python: str, *, isolated: bool = True) -> bool:
     """Whether vLLM's CPU build at `python` takes an fp8 KV cache here: its CPU attention needs AVX-512 or AMX."""
     return _asked(python, isolated)[0].get("fp8_kv_cache") is not False  # unknown: vLLM will say at start
-
-
-def require_cpu_w4a16(python: str, *, isolated: bool = True) -> CpuW4A16Path:
-    """The path, or ServeError (before vLLM starts) when neither the kernel nor the fallback can run."""
-    p = cpu_w4a16_path(python, isolated=isolated)
-    if p.path == "none":
-        raise ServeError(f"vLLM's CPU build cannot run this artifact's W4A16 layers: {p.why}", hint=INSTALL_HINT)
-    return p
