@@ -121,9 +121,11 @@ def offline_arms(reference: Path, artifact: Path, ids: Any, device: str, mlp: bo
 
 # ---------------------------------------------------------------------------------------------- served
 def served_logprobs(base: str, model: str, ids: Any) -> dict[str, Any]:
-    """{"lp": [N, L-1], "top1": [N, L-1], "prompt_tokens": [N] (the server's count)} from prompt_logprobs."""
+    """{"lp": [N, L-1], "top1": [N, L-1], "prompt_tokens": [N] (the server's count), "drafting": whether the server
+    drafts (MTP on: its prompt_logprobs are suspect, vllm #53488; `checks` flags it)} from prompt_logprobs."""
     import torch
 
+    from qwenquant.evaluate.speccheck import drafts
     from qwenquant.net.http import post_json
 
     lps, tops, counted = [], [], []
@@ -140,7 +142,8 @@ def served_logprobs(base: str, model: str, ids: Any) -> dict[str, Any]:
             top.append(int(best[0]))
         lps.append(torch.tensor(lp))
         tops.append(torch.tensor(top))
-    return {"lp": torch.stack(lps), "top1": torch.stack(tops), "prompt_tokens": counted}
+    return {"lp": torch.stack(lps), "top1": torch.stack(tops), "prompt_tokens": counted,
+            "drafting": bool(drafts(base, None))}
 
 
 def wait_ready(base: str, proc: subprocess.Popen, timeout: float) -> str:
@@ -313,6 +316,9 @@ def checks(settings: dict[str, dict[str, Any]], ids: Any) -> list[str]:
         if got is None:
             flags.append(f"{name}: no served figures ({s.get('error', 'no server')})")
             continue
+        if got.get("drafting"):
+            flags.append(f"{name}: prompt log-probs read from a server that drafts (MTP on): vllm #53488 returns wrong "
+                         "prompt_logprobs for some requests there; serve it with -- --speculative-config null")
         bad = [c for c in got["prompt_tokens"] if c != n]
         if bad:
             flags.append(f"{name}: the server counted {bad[0]} prompt tokens where {n} were sent ({len(bad)} windows)")

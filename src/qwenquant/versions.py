@@ -95,11 +95,26 @@ def vllm_line(v: dict | None = None) -> str:
     return f"vllm {v['version']} ({v['device']}) from {v['path']} ({v['source']})"
 
 
+def vllm_table_row(v: dict) -> dict | None:
+    """The version table's row (qwenquant.vllmcompat) of the vLLM in `v` (`vllm_info()`), as `doctor --json`
+    prints it; None when no vLLM was found."""
+    if "problem" in v:
+        return None
+    from qwenquant.vllmcompat import row_for
+    from qwenquant.vllmcompat.render import row_dict
+
+    version = v.get("version")
+    return row_dict(row_for(version if version and version != "?" else None,
+                            "cpu" if v.get("device") == "cpu" else "cuda"))
+
+
 def doctor_dict() -> dict:
     """`qwenquant doctor --json`: what `version_lines(True)` prints, as data."""
+    info = vllm_info()
     return {"qwenquant": qwenquant_version(),
             "python": {"version": platform.python_version(), "executable": os.sys.executable},
-            "packages": {name: dist_version(name) for name in STACK}, "vllm": vllm_info()}
+            "packages": {name: dist_version(name) for name in STACK}, "vllm": info,
+            "vllm_table": vllm_table_row(info)}
 
 
 def version_lines(verbose: bool) -> list[str]:
@@ -114,4 +129,10 @@ def version_lines(verbose: bool) -> list[str]:
     cpu = info.get("cpu_w4a16")
     if cpu:
         lines.append(cpu["line"])
+    row = vllm_table_row(info)
+    if row is not None:
+        from qwenquant.vllmcompat import row_for
+        from qwenquant.vllmcompat.render import row_lines
+
+        lines += row_lines(row_for(row["version"], row["build"]))
     return lines

@@ -136,3 +136,18 @@ def test_a_served_report_of_another_gate_or_server_is_not_replaced(server, tmp_p
     assert proc.returncode == 2, proc.stderr
     assert f"report {report} holds a report of another run" in " ".join(proc.stderr.split())
     assert report.read_bytes() == before and len(other.bodies) == asked
+
+
+def test_spec_check_against_a_url_needs_the_server_without_speculation(server, tmp_path: Path) -> None:
+    """STAND-IN (module docstring): qwenquant cannot turn MTP off on a server it did not start, so --spec-check
+    against a URL without --reference-url is refused (exit 2) before any request; a reference whose /metrics
+    exports spec-decode counters drafts itself and is refused too, before the gate runs."""
+    s = server()
+    proc = _eval(s.url, tmp_path, "--spec-check")
+    assert proc.returncode == 2, proc.stderr
+    assert "--spec-check against a URL needs the URL of the same model served without speculation" in " ".join(
+        proc.stderr.split()) and s.bodies == []
+    proc = _eval(s.url, tmp_path, "--spec-check", "--reference-url", server().url)
+    assert proc.returncode == 2, proc.stderr
+    assert "drafts (its /metrics exports vllm:spec_decode_* counters)" in " ".join(proc.stderr.split())
+    assert s.bodies == []

@@ -37,7 +37,7 @@ def test_int8_on_vllm_033_sets_the_marlin_variable(artifact, tmp_path):
     code, doc, err, _ = dry_run(artifact, tmp_path, "one-gpu", "--activations", "int8", version="0.33.0")
     assert code == 0, err
     assert doc["env"][VAR] == "int8" and "--quantization" not in doc["command"]
-    assert doc["compat"]["versions"] == "0.33.x"
+    assert doc["compat"]["version"] == "0.33.0" and doc["compat"]["build"] == "cuda"
 
 
 def test_int8_on_vllm_034_is_refused_and_the_variable_never_passed(artifact, tmp_path):

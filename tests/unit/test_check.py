@@ -242,7 +242,24 @@ def test_quantized_rows_not_multiple_of_64(tmp_path: Path) -> None:
     assert "kernel-shape" in r.rule_ids()
     f = next(f for f in r.findings if f.rule == "kernel-shape")
     assert f.where == "model.language_model.layers.0.linear_attn.in_proj_a.weight_packed"
-    assert "[4 out, 256 in]" in f.message and "Marlin" in f.message and "bf16" in f.fix
+    assert "[4 out, 256 in]" in f.message and "CPU kernel needs in/out multiples of 32" in f.message
+    assert "bf16" in f.fix
+
+
+def test_rows_a_marlin_tile_pads_are_no_load_problem(tmp_path: Path) -> None:
+    """96 rows (a multiple of 32, not of Marlin's 64-row tile): every CUDA release of the version table zero-pads
+    them (vllm #45295, read in 0.26.0's kernels/linear/mixed_precision/marlin.py) and the CPU kernel takes them,
+    so check passes; the in_proj_a/b rule is a quality one there."""
+    fx = Fx()
+    mod = "model.language_model.layers.0.mlp.gate_proj"
+    fx.q(mod, 96, H)
+    fx.q(mod.replace("gate_proj", "up_proj"), 96, H)
+    down = mod.replace("gate_proj", "down_proj")  # 96 inputs are not a 128-group: bf16
+    fx.t.pop(f"{down}.weight_packed", None), fx.t.pop(f"{down}.weight_scale", None), fx.t.pop(f"{down}.weight_shape", None)
+    fx.bf16(f"{down}.weight", H, 96)
+    fx.qc["ignore"].append("re:.*layers[.]0[.]mlp[.]down_proj$")
+    r = _check(fx, tmp_path)
+    assert not [f for f in r.findings if f.rule == "kernel-shape"], [str(f) for f in r.findings]
 
 
 def test_in_features_not_multiple_of_group_size(tmp_path: Path) -> None:
@@ -435,18 +452,49 @@ def test_profile_drafting_more_than_four_tokens_is_refused(tmp_path: Path, capsy
     assert check_artifact(d).ok
 
 def test_vllm_releases_that_load_an_int4_mtp_head() -> None:
-    """check knows the releases whose MTP loader builds a quantized drafter (0.26-0.32); the quantize
-    check stage refuses a recipe admitting another, serve an installed other, naming vLLM #53387."""
+    """check knows the releases whose MTP loader builds a quantized drafter (the version table's rows: 0.26-0.34
+    read); the quantize check stage refuses a recipe admitting another, serve an installed other, naming vLLM
+    #53387."""
     from qwenquant.check import mtp_vllm_problems, quantized_mtp_vllm_problem
     from qwenquant.check.mtp_vllm import HINT
     from qwenquant.recipe import load_recipe
 
     assert quantized_mtp_vllm_problem("0.26.0") is None and quantized_mtp_vllm_problem("0.32.0") is None
-    assert "not known to load a quantized MTP head" in quantized_mtp_vllm_problem("0.33.0")
+    assert quantized_mtp_vllm_problem("0.34.0") is None and quantized_mtp_vllm_problem("0.32.0", "cpu") is None
     assert "not known to load" in quantized_mtp_vllm_problem("0.25.1") and "#53387" in HINT
     r = load_recipe("w4a16-int4head-int4mtp")
     assert mtp_vllm_problems(r) == []
     wide = r.model_copy(update={"serve": r.serve.model_copy(update={"vllm_versions": [">=0.26.0"]})})
     (msg,) = mtp_vllm_problems(wide)
-    assert "admit vLLM 0.33.0, 0.34.0, 1.0.0" in msg and "#53387" in msg
+    assert "admit vLLM 0.35.0, 1.0.0" in msg and "#53387" in msg
     assert mtp_vllm_problems(load_recipe("w4a16-int4head")) == []  # a bf16 head loads anywhere
+
+
+@pytest.mark.parametrize(("weights", "said"), [
+    ({"strategy": "channel", "group_size": None}, "strategy channel quantizes mtp.fc with one scale per row"),
+    ({"strategy": "group", "group_size": 512}, "group_size 512 puts mtp.fc's group of columns 0-511 across column 256"),
+])
+def test_an_mtp_fc_grouping_that_mixes_embedding_and_hidden_is_refused(tmp_path: Path, capsys, weights, said) -> None:
+    """mtp.fc's input is [embedding ; hidden] (2H = 512 here): a channelwise scale, or a group across column H, rounds
+    the embedding half to zero (0% acceptance, no error); check exits 6 naming the config group's field."""
+    fx = _int4_mtp(Fx())
+    fx.qc["ignore"].remove("re:^mtp.*")
+    fx.qc["config_groups"]["a_mtp_fc"] = {
+        "targets": ["re:^mtp[.]fc$"], "format": "pack-quantized", "input_activations": None,
+        "weights": {"num_bits": 4, "type": "int", "symmetric": True, "actorder": None, **weights}}
+    fx.q("mtp.fc", H, 2 * H, gs=weights["group_size"] or 2 * H)
+    report = _check(fx, tmp_path)  # a channelwise group is also quant-config's finding (W4A16 is group-wise)
+    msgs = [f"{f.where}: {f.message} — {f.fix}" for f in report.findings if f.rule == "mtp"]
+    assert msgs == [m for m in msgs if m.startswith("mtp.fc: quantization_config.config_groups.a_mtp_fc.weights: ")]
+    assert len(msgs) == 1 and said in msgs[0] and "use a group_size dividing hidden_size 256" in msgs[0]
+    capsys.readouterr()
+    assert main(["check", str(tmp_path / "art")]) == CheckError.exit_code == 6
+    assert "mtp at mtp.fc" in " ".join(capsys.readouterr().err.split())
+
+
+def test_the_recipe_hidden_size_is_the_27b_s() -> None:
+    from qwenquant import data_path
+    from qwenquant.recipe.mtpfc import RECIPE_HIDDEN
+
+    cfg = json.loads(data_path("qwen3_8-27b.config.json").read_text())
+    assert RECIPE_HIDDEN == cfg.get("text_config", cfg)["hidden_size"]

@@ -71,6 +71,15 @@ def test_checks_print_every_disagreement() -> None:
     assert any(f.startswith("mlp-int8: no served figures (vLLM exited") for f in flags)
 
 
+def test_prompt_log_probs_from_a_drafting_server_are_flagged() -> None:
+    """vllm #53488: with MTP on, prompt_logprobs come back wrong for some requests."""
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    drafting = _setting([-1.0, -2.0], [3], MARLIN)
+    drafting["served"]["drafting"] = True
+    (flag,) = ag.checks({"bf16": drafting}, ids)
+    assert flag.startswith("bf16: prompt log-probs read from a server that drafts (MTP on): vllm #53488")
+
+
 def test_checks_are_quiet_when_everything_agrees() -> None:
     ids = torch.zeros(1, 3, dtype=torch.long)
     settings = {"bf16": _setting([-1.0, -2.0], [3], MARLIN), "int8": _setting([-1.01, -2.0], [3], MARLIN)}

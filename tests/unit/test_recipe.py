@@ -142,7 +142,7 @@ def test_an_int4_mtp_recipe_with_an_open_vllm_range_is_refused_where_it_is_loade
         else:
             raw["serve"]["vllm_versions"] = versions
         (problem,) = [p for p in _problems(raw) if p.startswith("serve.vllm_versions")]
-        assert "not known to load a quantized MTP head" in problem and "'>=0.26.0,<0.33'" in problem
+        assert "not known to load a quantized MTP head" in problem and "'>=0.26.0,<0.35'" in problem
     raw["serve"]["vllm_versions"] = [">=0.28.0,<0.33"]
     r = parse_recipe(raw)
     assert mtp_vllm_problems(r) == []
@@ -342,3 +342,20 @@ def test_recipe_list_tells_every_shipped_recipe_apart_and_prints_json(capsys: py
     assert code == 0 and json.loads(out) == {"ok": True, "name": "tiny-reference-int4mtp",
                                              "sha256": recipes["tiny-reference-int4mtp"]["sha256"],
                                              "features": recipes["tiny-reference-int4mtp"]["features"]}
+
+
+def test_an_int4_mtp_recipe_whose_groups_straddle_mtp_fc_s_halves_is_refused(tmp_path: Path) -> None:
+    """mtp.fc takes [embedding ; hidden] (2 x 5120 on Qwen3.8-27B): group_size 2048 divides 10240 but not 5120, so
+    one group spans both halves and rounds its embedding columns to zero; `recipe validate` exits 2 naming the field."""
+    from qwenquant.cli import main
+
+    raw = _raw()
+    raw["mtp"] = {"quantize": "gptq"}
+    raw["quantization"]["ignore"].remove("re:^mtp.*")
+    raw["serve"]["vllm_versions"] = [">=0.28.0,<0.33"]
+    parse_recipe(raw)  # group_size 128: every group inside one half
+    raw["quantization"]["group_size"] = 2048
+    (problem,) = [p for p in _problems(raw) if "mtp.fc" in p]
+    assert problem.startswith("quantization.group_size: group_size 2048 puts mtp.fc's group of columns 4096-6143 "
+                              "across column 5120")
+    assert main(["recipe", "validate", str(_write(tmp_path, raw))]) == 2

@@ -227,13 +227,13 @@ def test_served_name_is_the_folder_name_except_for_the_real_27b(tmp_path):
 
 
 def test_serve_refuses_an_int4_mtp_artifact_on_a_vllm_not_known_to_load_it():
-    """The int4-MTP variant on vLLM 0.33: refused before launch, the hint naming vLLM #53387 (a bf16
-    MTP recipe is not held to that range)."""
+    """The int4-MTP variant on a vLLM below the version table (0.25): refused before launch, the hint naming
+    vLLM #53387 (a bf16 MTP recipe is not held to that range)."""
     from qwenquant.serve.discover import VllmInstall
     from qwenquant.serve.preflight import _check_install
 
-    inst = VllmInstall(("vllm", "serve"), "/x/python", "0.33.0", "cuda", "PATH")
+    inst = VllmInstall(("vllm", "serve"), "/x/python", "0.25.1", "cuda", "PATH")
     with pytest.raises(ServeError) as ei:
         _check_install(inst, load_recipe("w4a16-int4head-int4mtp"), {"architectures": ["Qwen3_5ForCausalLM"]})
-    assert "vLLM 0.33.0 is not known to load a quantized MTP head" in ei.value.message
-    assert "#53387" in ei.value.hint and "0.26-0.32" in ei.value.hint
+    assert "vLLM 0.25.1 is not known to load a quantized MTP head" in ei.value.message
+    assert "#53387" in ei.value.hint and "0.26-0.34" in ei.value.hint

@@ -18,6 +18,7 @@ from qwenquant.check.facts import (
 from qwenquant.checkpoint.config import mtp_shapes
 from qwenquant.checkpoint.names import is_mtp
 from qwenquant.recipe import LM_HEAD_TARGET, target_matches, targets_cover
+from qwenquant.recipe.mtpfc import mtp_fc_grouping_fix, mtp_fc_grouping_problem
 from qwenquant.recipe.speculative import profile_spec_tokens, spec_tokens_fix, spec_tokens_problem
 
 # vLLM loads these checkpoint Linears as one fused layer; all parts need one scheme.
@@ -169,8 +170,18 @@ def rule_packed_format(a: ArtifactFacts) -> list[Finding]:
     return out
 
 
+def marlin_row_multiple() -> int:
+    """The output rows a packed Linear must come in: 64 (a Marlin tile) while some CUDA row of the version table
+    lacks Marlin's zero-padding (vllm #45295), else 32 (vLLM's CPU kernel, CPUWNA16). Every CUDA row read pads
+    (0.26.0 on: qwenquant.vllmcompat.table), so 64 is a quality choice there, not a load requirement."""
+    from qwenquant.vllmcompat import rows
+
+    return 64 if not all(r.marlin_pads_rows for r in rows("cuda")) else 32
+
+
 def rule_kernel_shape(a: ArtifactFacts) -> list[Finding]:
     out = []
+    rows_by = marlin_row_multiple()
     for mod, parts in sorted(a.modules().items()):
         p = parts.get("weight_packed")
         if p is None or p.dtype != "I32" or len(p.shape) != 2:
@@ -179,9 +190,11 @@ def rule_kernel_shape(a: ArtifactFacts) -> list[Finding]:
         gs = a.group_size(mod)
         fix = (f"keep {mod.rpartition('.')[2]} in bf16 (add it to the recipe's quantization.ignore together with "
                "its fused partners)")
-        if out_f % 64 or in_f % 32:
+        if out_f % rows_by or in_f % 32:
             out.append(finding("kernel-shape", p.name, f"[{out_f} out, {in_f} in] does not fit the int4 kernels: "
-                          "CPU needs in/out multiples of 32, Marlin tiles out by 64", fix))
+                          "vLLM's CPU kernel needs in/out multiples of 32"
+                          + (", Marlin tiles out by 64" if rows_by == 64 else
+                             " (Marlin pads rows to its tile from vLLM 0.26, vllm #45295)"), fix))
         if gs and in_f % gs:
             out.append(finding("kernel-shape", p.name, f"in_features {in_f} is not a multiple of group_size {gs}",
                           f"{fix}, or use a group_size dividing {in_f}"))
@@ -297,6 +310,7 @@ def rule_mtp(a: ArtifactFacts) -> list[Finding]:
     if any(linears.values()) and not all(linears.values()):
         out.append(finding("mtp", "mtp.*", f"{sum(linears.values())} of {len(linears)} MTP Linears are int4 packed: "
                       "the drafter needs all of them packed (mtp.quantize: gptq) or none", "rebuild with one precision"))
+    out += _mtp_fc_grouping(a, linears)
     for mod, packed in sorted(linears.items()):
         group = a.resolve(mod)
         if packed and group in (IGNORED, None):
@@ -307,6 +321,20 @@ def rule_mtp(a: ArtifactFacts) -> list[Finding]:
             out.append(finding("mtp", mod, "not covered by quantization_config.ignore: vLLM would build it quantized "
                           "and crash loading the bf16 weight (vLLM #53387)", "add 're:^mtp.*' to ignore"))
     return out
+
+
+def _mtp_fc_grouping(a: ArtifactFacts, linears: dict[str, bool]) -> list[Finding]:
+    """A packed mtp.fc whose config group is channelwise or puts a group across column H (recipe/mtpfc.py)."""
+    group = a.resolve("mtp.fc")
+    hidden = a.text_config.get("hidden_size")
+    if not linears.get("mtp.fc") or group in (IGNORED, None) or not isinstance(hidden, int):
+        return []
+    w = a.groups[group].get("weights") if isinstance(a.groups[group].get("weights"), dict) else {}
+    problem = mtp_fc_grouping_problem(w.get("strategy"), w.get("group_size"), hidden)
+    if problem is None:
+        return []
+    return [finding("mtp", "mtp.fc", f"quantization_config.config_groups.{group}.weights: {problem}",
+                    f"rebuild: {mtp_fc_grouping_fix(hidden)}")]
 
 
 def _find_keys(obj: Any, keys: tuple[str, ...], path: str) -> list[str]:

@@ -13,8 +13,11 @@ from qwenquant.commands._app import Activations, Device, app
 from qwenquant.commands._options import ServeArtifact, ServerOptions, with_options
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from qwenquant.evaluate.report import EvalReport, ServedReport
     from qwenquant.evaluate.servedrun import ServedAsk
+    from qwenquant.evaluate.speccheck import SpecCheckAsk
     from qwenquant.serve.request import ServeRequest
 
 eval_app = typer.Typer(
@@ -79,6 +82,21 @@ Needle = Annotated[bool, typer.Option(
                      "server's max_model_len, asked in chat (an instruction-following model); pass/fail per depth.")]
 NeedleMaxLen = Annotated[int | None, typer.Option(
     "--needle-max-len", help="Longest needle prompt in tokens (default: the server's max_model_len).")]
+SpecCheck = Annotated[bool, typer.Option(
+    "--spec-check", help="Also hold greedy text with MTP against greedy text without it on prompts of chosen lengths "
+                         "(1 + k tokens included, k the draft count): the first divergence per prompt is reported, "
+                         "a divergence fails the run (exit 8). With --serve, eval starts the server without MTP "
+                         "too; against a URL it needs --reference-url.")]
+ReferenceUrl = Annotated[str | None, typer.Option(
+    "--reference-url", help="--spec-check against a URL: the same model served without speculation "
+                            "(-- --speculative-config null).", show_default=False)]
+DraftTokens = Annotated[int | None, typer.Option(
+    "--draft-tokens", min=1, help="--spec-check: k, where the drafting server's /metrics cannot say.",
+    show_default=False)]
+SpecTieNats = Annotated[float, typer.Option(
+    "--spec-tie-nats", min=0.0, help="--spec-check: a divergence where the drafted token lies within this many nats "
+                                     "of the best token (asked of the server without speculation) is a numerical "
+                                     "tie, not a changed answer (set from the CPU build: evaluate/speccheck.py).")]
 ServedArgs = Annotated[list[str] | None, typer.Argument(
     help="URL of a running server (its base URL; a trailing /v1 is fine); with --serve: vLLM flags after --.",
     show_default=False)]
@@ -144,6 +162,10 @@ def served(
     needle_max_len: NeedleMaxLen = None,
     report: Report = None,
     as_json: AsJson = False,
+    spec_check: SpecCheck = False,
+    reference_url: ReferenceUrl = None,
+    draft_tokens: DraftTokens = None,
+    spec_tie_nats: SpecTieNats = 0.1,
 ) -> None:
     """A gate of exact-match tasks (and --tools, --needle) through the OpenAI API, MTP acceptance from /metrics.
 
@@ -161,20 +183,24 @@ def served(
     """
     from qwenquant.errors import UsageError
     from qwenquant.evaluate.servedrun import ServedAsk
+    from qwenquant.evaluate.speccheck import SpecCheckAsk, check_reference
 
     words = list(args or [])
     ask = ServedAsk(gate, model, server.api_key, min_acceptance, tools, needle, needle_max_len)
+    spec = SpecCheckAsk(reference_url, draft_tokens, tie_nats=spec_tie_nats) if spec_check else None
+    if spec is not None:
+        check_reference(spec, serving=serve is not None)
     if serve is None:
         if len(words) != 1 or words[0].startswith("-"):
             raise UsageError("eval served needs the URL of a running server, or --serve ARTIFACT",
                              hint="qwenquant eval served http://127.0.0.1:8000 (vLLM flags after -- go with --serve)")
         from qwenquant.net.http import check_url
 
-        _served(check_url(words[0], "URL"), ask, report, as_json)
+        _served(check_url(words[0], "URL"), ask, report, as_json, spec)
         return
     if words and not words[0].startswith("-"):
         raise UsageError(f"give a URL ({words[0]}) or --serve ARTIFACT, not both", hint="vLLM flags go after --")
-    _serve_and_gate(server.to_request(serve, words), ask, report, as_json)
+    _serve_and_gate(server.to_request(serve, words), ask, report, as_json, spec)
 
 
 @eval_app.command("gates")
@@ -255,6 +281,11 @@ def _finish_served(result: ServedReport, path: Path | None, as_json: bool) -> No
     from qwenquant.errors import BenchError
 
     _print_served(result)
+    if result.spec_check:
+        from qwenquant.console import console
+        from qwenquant.evaluate.speccheck import spec_check_line
+
+        console.print(spec_check_line(result.spec_check), markup=False, soft_wrap=True)
     failed_write = _emit(result, path, as_json)
     if result.failures:
         raise BenchError("served gate failed: " + "; ".join(result.failures),
@@ -263,23 +294,52 @@ def _finish_served(result: ServedReport, path: Path | None, as_json: bool) -> No
     _fail_write(failed_write)
 
 
-def _served(url: str, ask: ServedAsk, report: Path | None, as_json: bool) -> None:
+def _served(url: str, ask: ServedAsk, report: Path | None, as_json: bool, spec: SpecCheckAsk | None = None) -> None:
     from qwenquant.evaluate.inputs import check_report_target
     from qwenquant.evaluate.served import base_url
     from qwenquant.evaluate.servedrun import run_served
+    from qwenquant.evaluate.speccheck import refuse_drafting_reference, run_spec_check, with_spec_check
 
     gate = ask.check()
     if report is not None:
         check_report_target(report, {"url": base_url(url), "gate": gate.get("name")}, explicit=True)
-    _finish_served(run_served(url, ask), report, as_json)
+    if spec is not None and spec.reference_url:
+        refuse_drafting_reference(base_url(spec.reference_url), ask.api_key)
+    result = run_served(url, ask)
+    if spec is not None:
+        result = with_spec_check(result, run_spec_check(base_url(url), result.model, spec, ask.api_key))
+    _finish_served(result, report, as_json)
 
 
-def _serve_and_gate(req: ServeRequest, ask: ServedAsk, report: Path | None, as_json: bool) -> None:
+def _without_speculation(req: ServeRequest, model: str, spec: SpecCheckAsk, drafted: Any,
+                         api_key: str | None) -> dict[str, Any]:
+    """The speculation check's second half: the same artifact served with MTP off (`--speculative-config null`),
+    the same prompts greedily, compared with what the drafting server generated."""
+    from qwenquant.console import console
+    from qwenquant.evaluate.speccheck import against_reference, reference_drafting_problem
+    from qwenquant.serve.launched import launched
+
+    with launched(req.replace(extra=(*req.extra, "--speculative-config", "null"))) as s:
+        console.print(f"serving {req.artifact} without speculation at {s.url} for the speculation check", markup=False)
+        problem = reference_drafting_problem(s.url, api_key)
+        result = None if problem else against_reference(s.url, model, spec, drafted, api_key)
+        console.print("stopping the server", markup=False)
+    if problem or result is None:
+        from qwenquant.errors import BenchError
+
+        raise BenchError(f"speculation check: {problem}", hint="report this: -- --speculative-config null did not "
+                                                                "turn MTP off")
+    return result
+
+
+def _serve_and_gate(req: ServeRequest, ask: ServedAsk, report: Path | None, as_json: bool,
+                    spec: SpecCheckAsk | None = None) -> None:
     """Start `req.artifact` as `qwenquant serve` would, run the gate, stop the server; report keyed to its root digest."""
     from qwenquant.console import console
     from qwenquant.evaluate.inputs import check_report_target
     from qwenquant.evaluate.report import report_path
     from qwenquant.evaluate.servedrun import run_served
+    from qwenquant.evaluate.speccheck import drafted_outputs, with_spec_check
     from qwenquant.manifest import load_manifest
     from qwenquant.serve.launched import launched
 
@@ -291,7 +351,10 @@ def _serve_and_gate(req: ServeRequest, ask: ServedAsk, report: Path | None, as_j
         console.print(f"serving {req.artifact} at {s.url} (profile {s.info['profile']}, log {s.spec.log_path})",
                       markup=False)
         result = run_served(s.url, ask, ask.model or s.model)
+        drafted = drafted_outputs(s.url, result.model, spec, ask.api_key) if spec is not None else None
         console.print("stopping the server", markup=False)
+    if spec is not None and drafted is not None:
+        result = with_spec_check(result, _without_speculation(req, result.model, spec, drafted, ask.api_key))
     result.served, result.root_digest = s.info, s.info["artifact_root_digest"]
     if result.root_digest != root:
         target = report_path(req.artifact, result.root_digest, kind="eval-served")

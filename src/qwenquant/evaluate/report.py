@@ -118,8 +118,9 @@ class ServedReport(EvalReport):
     needle: dict[str, Any] | None = None
     served: dict[str, Any] | None = None
     root_digest: str | None = None
+    spec_check: dict[str, Any] | None = None  # --spec-check: greedy with MTP against without (evaluate/speccheck.py)
     kind: ClassVar[str] = "served"
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("tools", "needle", "served", "root_digest")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("tools", "needle", "served", "root_digest", "spec_check")
 
 
 KINDS: dict[str, type[EvalReport]] = {r.kind: r for r in (OfflineReport, ServedReport)}

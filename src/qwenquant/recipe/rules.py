@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 from qwenquant.recipe.models import _PROFILE_REQUIRED, DEFAULT_VLLM_VERSIONS
+from qwenquant.recipe.mtpfc import RECIPE_HIDDEN, mtp_fc_grouping_fix, mtp_fc_grouping_problem
 from qwenquant.recipe.speculative import profile_spec_tokens, spec_tokens_fix, spec_tokens_problem
 from qwenquant.recipe.targets import targets_cover
 
@@ -18,11 +19,12 @@ MTP_LINEARS = ("mtp.fc",) + tuple(f"mtp.layers.0.self_attn.{p}_proj" for p in "q
 _GDN_PREFIXES = ("model.language_model.layers.0.linear_attn.", "model.layers.0.linear_attn.")
 _VISION_MODULES = ("model.visual.blocks.0.attn.qkv", "model.visual.merger.linear_fc1")
 _PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
-# The vLLM releases whose MTP loader is known to build a quantized drafter for Qwen3.5 (read in the
-# source of the 0.26 line and of 0.32.0; docs/known-issues.md#quantized-mtp, vLLM #53387).
-QUANTIZED_MTP_VLLM = ">=0.26.0,<0.33"
+# The vLLM releases whose MTP loader is known to build a quantized drafter for Qwen3.5: the version table's rows
+# with quantized_mtp (qwenquant.vllmcompat.read_range("cuda", "quantized_mtp"), held equal by
+# tests/unit/test_vllmcompat.py; read in 0.26.0, 0.28.0, 0.33.0, 0.34.0; docs/known-issues.md#quantized-mtp).
+QUANTIZED_MTP_VLLM = ">=0.26.0,<0.35"
 # Versions outside that range that an int4-MTP recipe's serve.vllm_versions must not admit.
-_OUTSIDE_QUANTIZED_MTP = ("0.25.0", "0.33.0", "0.34.0", "1.0.0")
+_OUTSIDE_QUANTIZED_MTP = ("0.25.0", "0.35.0", "1.0.0")
 
 
 def _get(d: Any, path: str) -> Any:
@@ -52,7 +54,9 @@ def _cross_field_problems(raw: dict[str, Any]) -> list[str]:
             if not all(targets_cover(ignore, pre + gate) for pre in _GDN_PREFIXES):
                 p.append(f"quantization.ignore: must cover the fused GDN gate {gate} — add "
                          f"'re:.*linear_attn.{gate}$' (vLLM fuses in_proj_b+in_proj_a into one layer that "
-                         "needs one scheme, and their 48 rows do not fill a 64-row Marlin tile)")
+                         "needs one scheme, and their 48 rows are not a multiple of 32, which vLLM's CPU kernel "
+                         "needs; Marlin pads them to its 64-row tile from vLLM 0.26, vllm #45295, at a cost in "
+                         "quality and speed for two tiny projections)")
         for group in (("in_proj_qkv", "in_proj_z"), ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
                       ("mlp.gate_proj", "mlp.up_proj")):
             for pre in ("model.language_model.layers.3.", "model.layers.3."):
@@ -120,6 +124,9 @@ def _mtp_problems(raw: dict[str, Any], ignore: list[str]) -> list[str]:
     if hit:
         p.append(f"quantization.ignore: covers {hit[0]} but mtp.quantize is gptq — remove 're:^mtp.*' (vLLM would "
                  "build the drafter's Linears unquantized and refuse the packed tensors, vLLM #53387)")
+    gs = _get(raw, "quantization.group_size")
+    if problem := mtp_fc_grouping_problem("group", 128 if gs is None else gs, RECIPE_HIDDEN):
+        p.append(f"quantization.group_size: {problem} on Qwen3.8-27B — {mtp_fc_grouping_fix(RECIPE_HIDDEN)}")
     versions = _get(raw, "serve.vllm_versions")
     if problem := quantized_mtp_range_problem(list(DEFAULT_VLLM_VERSIONS) if versions is None else versions):
         p.append(problem)

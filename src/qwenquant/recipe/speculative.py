@@ -11,30 +11,18 @@ from __future__ import annotations
 from typing import Any
 
 SPEC_TOKENS_LIMIT = 4
-SPEC_TOKENS_FIXED_IN: str | None = None  # the first vLLM release with vllm #37035 fixed, once there is one
 SPEC_TOKENS_DEFAULT = 3  # what the shipped recipes draft
 SPEC_TOKENS_ISSUE = "vllm #37035"
 
 
-def limit_applies(vllm_version: str | None) -> bool:
-    """The limit holds for `vllm_version` (None: unknown, so it holds)."""
-    if SPEC_TOKENS_FIXED_IN is None or not vllm_version:
-        return True
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return Version(vllm_version) < Version(SPEC_TOKENS_FIXED_IN)
-    except InvalidVersion:
-        return True
-
-
-def spec_tokens_problem(n: int | None, vllm_version: str | None = None) -> str | None:
-    """None when `n` draft tokens are safe on `vllm_version`, else the sentence saying why not."""
-    if not n or n <= SPEC_TOKENS_LIMIT or not limit_applies(vllm_version):
+def spec_tokens_problem(n: int | None, vllm_version: str | None = None, limit: int = SPEC_TOKENS_LIMIT) -> str | None:
+    """None when `n` draft tokens are within `limit` (a release's, from the version table), else the sentence
+    saying why not."""
+    if not n or n <= limit:
         return None
     where = f"vLLM {vllm_version}" if vllm_version else "vLLM"
-    return (f"num_speculative_tokens {n} is above {SPEC_TOKENS_LIMIT}: {where}'s Gated DeltaNet speculative path "
-            f"crashes with more than {SPEC_TOKENS_LIMIT} draft tokens ({SPEC_TOKENS_ISSUE})")
+    return (f"num_speculative_tokens {n} is above {limit}: {where}'s Gated DeltaNet speculative path "
+            f"crashes with more than {limit} draft tokens ({SPEC_TOKENS_ISSUE})")
 
 
 def spec_tokens_fix() -> str:

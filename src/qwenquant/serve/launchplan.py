@@ -39,7 +39,7 @@ from qwenquant.serve.topology import TENSOR, Layout, decide_layout
 
 if TYPE_CHECKING:
     from qwenquant.check.facts import ArtifactFacts
-    from qwenquant.vllmcompat import RowMatch
+    from qwenquant.vllmcompat import CompatRow, RowMatch
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def decide_launch(req: ServeRequest, art: LaunchInputs, machine: Machine, checks
     match = row_for(art.install.version if art.install else None, dev)
     if match.warning and art.install is not None:
         out.warnings.append(match.warning)
-    profile = _device_profile(req, art, machine, dev, checks, out)
+    profile = _device_profile(req, art, machine, dev, match.row, checks, out)
     layout = checks.run(_layout, req, dev, profile, machine, match) or Layout.of(TENSOR, req.gpus, "")
     if layout.gpus > 1:
         out.notes.append(layout.line())
@@ -138,8 +138,8 @@ def launch_device(req: ServeRequest, install: VllmInstall | None) -> str:
     return req.device or (install.device if install else "cuda")
 
 
-def _device_profile(req: ServeRequest, art: LaunchInputs, machine: Machine, dev: str, checks: Checks,
-                    out: _Lines) -> ResolvedProfile:
+def _device_profile(req: ServeRequest, art: LaunchInputs, machine: Machine, dev: str, row: CompatRow,
+                    checks: Checks, out: _Lines) -> ResolvedProfile:
     """The profile after what the device changes (the CPU build's fp8 KV cache), with the CPU's W4A16 path noted
     and the draft-token limit checked."""
     profile = art.profile
@@ -150,7 +150,7 @@ def _device_profile(req: ServeRequest, art: LaunchInputs, machine: Machine, dev:
             checks.run(guards.require_cpu_path, machine.cpu_path)
             out.notes.append(machine.cpu_path.line())
         profile = checks.run(guards.cpu_kv_cache, profile, machine.cpu_fp8_kv, req.extra, out.warnings) or profile
-    checks.run(_check_spec_tokens, profile, art.install)
+    checks.run(_check_spec_tokens, profile, art.install, row)
     return profile
 
 
@@ -223,10 +223,15 @@ def _ballast(req: ServeRequest, dev: str, n: int, machine: Machine, notes: list[
     return tuple(ballast_command(sys.executable, size + req.ballast_reserve, n, [g.free for g in gpus]))
 
 
-def _check_spec_tokens(profile: ResolvedProfile, install: VllmInstall | None) -> None:
-    """More draft tokens than vLLM's GDN speculative path survives (the profile's, or `-- --speculative-config`)."""
+def _check_spec_tokens(profile: ResolvedProfile, install: VllmInstall | None, row: CompatRow) -> None:
+    """More draft tokens than vLLM's GDN speculative path survives (the profile's, or `-- --speculative-config`):
+    the row's max_spec_tokens (the default limit when no vLLM is found)."""
     n = profile.speculative.num_speculative_tokens if profile.speculative else 0
-    problem = spec_tokens_problem(n, install.version if install else None)
+    if install is None:
+        problem = spec_tokens_problem(n)
+    else:
+        problem = None if row.max_spec_tokens is None else spec_tokens_problem(n, install.version,
+                                                                               limit=row.max_spec_tokens)
     if problem:
         raise ServeError(problem, hint=spec_tokens_fix())
 

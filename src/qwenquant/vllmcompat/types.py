@@ -46,3 +46,4 @@ class RowMatch:
     version: str | None
     newer_than_table: bool  # the version is above every row: the newest row's guards apply
     warning: str | None  # the line to print then (None otherwise)
+    older_than_table: bool = False  # the version is below every row: the oldest row's guards apply, untested
