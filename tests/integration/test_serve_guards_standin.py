@@ -158,3 +158,13 @@ def test_the_dry_run_checks_the_log_file_folder(artifact, tmp_path):
                         "--max-model-len", "2048"], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "ready" not in r.stdout
     assert f"the server log {tmp_path / 'afile' / 's.log'} cannot be written" in flat(r.stderr)
+
+
+@pytest.mark.parametrize("cmd", [["serve"], ["bench", "run"], ["eval", "served"], ["plan"]])
+def test_profile_help_names_a_profile(cmd):
+    """--profile is given once per profile: its help shows PROFILE, not the Python type <list[str]>."""
+    r = subprocess.run([sys.executable, "-m", "qwenquant", *cmd, "--help"], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, COLUMNS="200"))
+    assert r.returncode == 0
+    line = next(x for x in r.stdout.splitlines() if "--profile" in x and " -p " in x and "│" in x)
+    assert "PROFILE" in line and "list[str]" not in line

@@ -22,9 +22,9 @@ def plan(
     gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs to split the model over; figures are per GPU."),
     split: Split | None = typer.Option(None, "--split", help="With --gpus N: tensor (every layer split over the "
                                        "GPUs) or pipeline (each GPU holds a run of whole layers: one budget per "
-                                       "stage). Default: as serve decides (serve/topology.py): tensor for a profile "
-                                       "that drafts with MTP, else from the GPUs' link (nvidia-smi topo), tensor "
-                                       "when it cannot be read.", show_default=False),
+                                       "stage). Default: as `serve --gpus N` decides: tensor for a profile that "
+                                       "drafts with MTP, else from the GPUs' link (nvidia-smi topo), tensor when it "
+                                       "cannot be read.", show_default=False),
 ) -> None:
     """Memory budget per component and per serve profile: what fits on the GPU, what to lower.
 
