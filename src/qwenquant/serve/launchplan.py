@@ -148,7 +148,8 @@ def _device_profile(req: ServeRequest, art: LaunchInputs, machine: Machine, dev:
             checks.run(_raise, machine.cpu_problem)
         elif machine.cpu_path is not None and art.int4:
             checks.run(guards.require_cpu_path, machine.cpu_path)
-            out.notes.append(machine.cpu_path.line())
+            if machine.cpu_path.path != "none":
+                out.notes.append(machine.cpu_path.line())
         profile = checks.run(guards.cpu_kv_cache, profile, machine.cpu_fp8_kv, req.extra, out.warnings) or profile
     checks.run(_check_spec_tokens, profile, art.install, row)
     return profile
