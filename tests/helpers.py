@@ -276,18 +276,28 @@ class ServedCLI:
 def fake_nvidia_smi(tmp_path: Path, rows: list[str], cap: str = "8.6", topo: str = "", p2p: str = "") -> Path:
     """A folder holding a stand-in `nvidia-smi` (no NVIDIA GPU here): fixed memory rows
     ("index, uuid, total MiB, free MiB"), compute capability `cap`, and the text `topo -m` and
-    `topo -p2p r` print (files beside it)."""
+    `topo -p2p r` print (files beside it). Each call's arguments are appended to `calls.log` beside it
+    (`smi_calls` reads them back)."""
     d = tmp_path / "smi"
     d.mkdir(exist_ok=True)
     smi = d / "nvidia-smi"
     (d / "topo.txt").write_text(topo)
     (d / "p2p.txt").write_text(p2p)
     lines = "".join(f"  echo '{row}'\n" for row in rows)
-    smi.write_text(f'#!/bin/sh\ncase "$*" in\n  *compute_cap*) echo {cap} ;;\n  *memory.total*)\n{lines}  ;;\n'
+    with_cap = "".join(f"  echo '{row}, {cap}'\n" for row in rows)
+    smi.write_text(f'#!/bin/sh\necho "$*" >> "{d}/calls.log"\ncase "$*" in\n'
+                   f'  *memory.total*compute_cap*)\n{with_cap}  ;;\n'
+                   f'  *compute_cap*) echo {cap} ;;\n  *memory.total*)\n{lines}  ;;\n'
                    f'  "topo -m") cat "{d}/topo.txt" ;;\n  "topo -p2p r") cat "{d}/p2p.txt" ;;\n'
                    "  *) echo 'GPU 0: stand-in' ;;\nesac\n")
     smi.chmod(0o755)
     return d
+
+
+def smi_calls(smi_dir: Path) -> list[str]:
+    """The argument lines of every call of the stand-in nvidia-smi in `smi_dir` so far (oldest first)."""
+    log = smi_dir / "calls.log"
+    return log.read_text().splitlines() if log.exists() else []
 
 
 # `nvidia-smi topo -m` and `nvidia-smi topo -p2p r` as they print (tab-separated matrices, then a legend)

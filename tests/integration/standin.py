@@ -43,6 +43,7 @@ As vLLM (the entrypoint of the launcher `write_fake_vllm` writes): `python stand
   --standin-stubborn-helper  the helper ignores SIGTERM and is left behind on exit (a wedged engine)
   --standin-answers F   the answers table as JSON
   --standin-no-total    the counters without `_total`
+  --standin-kernel K    logs "Using K for CompressedTensorsWNA16" as vLLM does per linear kernel it picks
   --standin-ballast-file F  refuse to start (exit 1) unless F holds the report of a live ballast (the
                         stand-in ballast of QWENQUANT_BALLAST_STANDIN=F), and on SIGTERM write to
                         F.at-server-stop whether that ballast still lives
@@ -308,6 +309,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--standin-answers", default=None)
     p.add_argument("--standin-no-total", action="store_true")
     p.add_argument("--standin-ballast-file", default=None)
+    p.add_argument("--standin-kernel", action="append", default=[])
     args, _unknown = p.parse_known_args(argv)
     return args
 
@@ -363,6 +365,9 @@ def main(argv: list[str]) -> int:
         print(f"standin: ballast pid {pid} holds the GPU", flush=True)
     if a.standin_envfile:
         Path(a.standin_envfile).write_text(json.dumps(dict(os.environ)))
+    for kernel in a.standin_kernel:  # the line vLLM's compressed_tensors_wNa16.py logs per kernel it chose
+        print(f"(EngineCore pid=9) INFO 12-06 19:00:00 [compressed_tensors_wNa16.py:138] Using {kernel} for "
+              "CompressedTensorsWNA16", flush=True)
     helper = _helper(a)
     if mode in ("exit0", "exit1"):
         print("standin: nothing to do, exiting 0" if mode == "exit0" else
@@ -444,27 +449,33 @@ def build_standin_artifact(tiny: Path, out: Path) -> Path:
     return out
 
 
-def write_fake_vllm(root: Path) -> Path:
+def write_fake_vllm(root: Path, version: str = "0.33.0", avx512: bool = True) -> Path:
     """A launcher json whose entrypoint is this stand-in, and an importable stub `vllm` package
-    (version, CPU platform, registry) and W4A16 plugin, so discovery and the probes run for real."""
+    (version, CPU platform, registry) and W4A16 plugin, so discovery and the probes run for real.
+    `version`: the vLLM version it claims; `avx512`: False answers as vLLM's CPU build on a CPU without
+    AVX-512 or AMX (the plugin's dense fallback, no fp8 KV cache)."""
     pkg = root / "site" / "vllm"
     (pkg / "platforms").mkdir(parents=True)
     (pkg / "__init__.py").write_text(
-        f"__version__ = '0.33.0'\nclass ModelRegistry:\n    @staticmethod\n"
+        f"__version__ = {version!r}\nclass ModelRegistry:\n    @staticmethod\n"
         f"    def get_supported_archs():\n        return {ARCHS!r}\n")
     (pkg / "platforms" / "__init__.py").write_text(
         "class _P:\n    device_type = 'cpu'\ncurrent_platform = _P()\n")
-    # what scripts/install-vllm.sh adds to a CPU build: the W4A16 plugin, here answering as on an AVX-512 CPU
+    # what scripts/install-vllm.sh adds to a CPU build: the W4A16 plugin, answering as on a CPU with (or without)
+    # AVX-512, with the keys scripts/vllm-cpu/plugin's describe() returns
     plugin = root / "site" / "qwenquant_vllm_cpu"
     plugin.mkdir()
     (plugin / "__init__.py").write_text(
         "import os\n"
+        f"AVX512 = {avx512!r}\n"
         "def describe():\n"
-        "    dense = os.environ.get('QWENQUANT_VLLM_CPU_W4A16') == 'dense'\n"
-        "    return {'path': 'dense' if dense else 'kernel', 'why': 'stand-in vLLM', 'has_op': True, 'plugin': True}\n")
+        "    dense = os.environ.get('QWENQUANT_VLLM_CPU_W4A16') == 'dense' or not AVX512\n"
+        "    why = 'stand-in vLLM' if AVX512 else 'stand-in vLLM (this CPU has no AVX-512) registers no cpu_gemm_wna16'\n"
+        "    return {'path': 'dense' if dense else 'kernel', 'why': why, 'has_op': AVX512, 'plugin': True,\n"
+        "            'cpu_avx512': AVX512, 'cpu_amx': False, 'fp8_kv_cache': AVX512}\n")
     launcher = root / "qwenquant-vllm.json"
     launcher.write_text(json.dumps({"python": sys.executable, "entrypoint": [sys.executable, str(Path(__file__))],
-                                    "vllm_version": "0.33.0", "device": "cpu"}))
+                                    "vllm_version": version, "device": "cpu"}))
     return launcher
 
 

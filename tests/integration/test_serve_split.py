@@ -45,13 +45,20 @@ def _dry_run(setup: dict[str, Path], tmp_path: Path, topo: str, p2p: str, *opts:
 
 
 def test_pcie_without_p2p_serves_pipeline(setup, tmp_path):
-    code, out, err = _dry_run(setup, tmp_path, PHB_2, P2P_CNS)
+    code, out, err = _dry_run(setup, tmp_path, PHB_2, P2P_CNS, "--profile", "batch")
     assert code == 0, err
     assert "--pipeline-parallel-size 2" in out and "--tensor-parallel-size" not in out
     assert ("split over 2 GPUs: pipeline parallelism (GPU 0 and GPU 1 are linked by PCIe (PHB) without "
             "peer-to-peer (peer-to-peer read CNS)") in err
-    # single-user drafts with MTP: the drafter lives on the last stage only (docs/known-issues.md)
-    assert "pipeline parallelism with the MTP drafter" in err and "#pipeline-parallel-vllm-cpu" in err
+
+
+def test_pcie_without_p2p_serves_tensor_for_mtp(setup, tmp_path):
+    """single-user drafts with MTP, which vLLM does not run under pipeline parallelism: tensor, and both reasons."""
+    code, out, err = _dry_run(setup, tmp_path, PHB_2, P2P_CNS)
+    assert code == 0, err
+    assert "--tensor-parallel-size 2" in out and "--pipeline-parallel-size" not in out
+    assert ("split over 2 GPUs: tensor parallelism (the profile drafts with MTP, which vLLM does not support under "
+            "pipeline parallelism (RFC #44697); the link alone would pick pipeline: GPU 0 and GPU 1") in err
 
 
 def test_nvlink_serves_tensor(setup, tmp_path):

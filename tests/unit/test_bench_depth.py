@@ -99,3 +99,14 @@ def test_rung_figures_beyond_the_too_good_lines_are_flagged() -> None:
              {"depth": 2048, "wall_tok_s": None, "decode_tok_s": 5000.0, "prefill_tok_s": 2e6, "ttft_s": 0.0001}]
     got = [(f["where"], f["figure"]) for f in depth_flags({"rungs": rungs}, load_config())]
     assert got == [("depth 2048", "decode_tok_s"), ("depth 2048", "prefill_tok_s"), ("depth 2048", "ttft_s")]
+
+
+@pytest.mark.parametrize("mode", ["depth", "soak", "turns"])
+def test_long_modes_refuse_thinking_both(capsys, mode):
+    """A long mode measures one thinking setting: `--thinking both` is refused (exit 2) before any request, not run
+    as off."""
+    from helpers import run_cli
+
+    code, out, err = run_cli(capsys, "bench", mode, "http://127.0.0.1:9", "--thinking", "both")
+    assert code == 2 and out == ""
+    assert f"--thinking both runs two settings; bench {mode} measures one" in err

@@ -100,7 +100,7 @@ def test_fused_layers_share_one_name() -> None:
     assert fused_name("model.layers.3.self_attn.k_proj") == "model.layers.3.self_attn.qkv_proj"
     assert fused_name("mtp.layers.0.mlp.up_proj") == "mtp.layers.0.mlp.gate_up_proj"
     assert fused_name("model.layers.0.linear_attn.in_proj_z") == "model.layers.0.linear_attn.in_proj_qkvz"
-    assert fused_name("model.layers.0.linear_attn.in_proj_a") == "model.layers.0.linear_attn.in_proj_a"
+    assert fused_name("model.layers.0.linear_attn.in_proj_a") == "model.layers.0.linear_attn.in_proj_ba"  # as vLLM fuses
     assert fused_name("lm_head") == "lm_head"
 
 

@@ -216,7 +216,7 @@ def test_a_profile_longer_than_the_model_s_positions_does_not_fit_as_serve_refus
     assert plan_says == ["error: no serve profile fits: max-model-len 32768 is above the model's "
                          "max_position_embeddings 8192 (profile single-user)"]
     with pytest.raises(ServeError) as refused:
-        _check_context(tmp_path, load_recipe("w4a16-int4head").profile("single-user"))
+        _check_context(config, load_recipe("w4a16-int4head").profile("single-user"))
     assert refused.value.message in plan_says[0]
     monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
     assert main(["plan", str(tmp_path), "-p", "single-user"]) == 0

@@ -108,8 +108,14 @@ def test_plan_2x24gib_single_user_pp2():
 
 
 def test_plan_command_pipeline(capsys):
-    code, out, _ = run_cli(capsys, "plan", str(REAL), "--gpus", "2", "--split", "pipeline", "-p", "single-user")
-    assert code == 0
+    """single-user drafts with MTP, which vLLM does not run under pipeline parallelism: the plan shows the stages'
+    figures and refuses the profile as serve does (exit 7)."""
+    code, out, err = run_cli(capsys, "plan", str(REAL), "--gpus", "2", "--split", "pipeline", "-p", "single-user")
+    assert code == 7
+    assert ("DOES NOT FIT: profile single-user drafts with MTP: vLLM does not support MTP drafting under pipeline "
+            "parallelism (RFC #44697, PR #44698 open; it builds the drafter on the last stage only), which serve "
+            "refuses: use --split tensor") in " ".join(out.split())
+    assert "error: no serve profile fits: profile single-user drafts with MTP" in " ".join(err.split())
     assert "2 GPUs of 24GiB each under pipeline parallelism" in out
     assert "pipeline stage 1 of 2 (decoder layers 32-63)" in out
     assert ("profile single-user over 2 pipeline stages: fits on every stage; pipeline stage 1 of 2 (decoder "
@@ -126,8 +132,8 @@ def test_plan_command_pipeline(capsys):
 
 def test_plan_command_pipeline_does_not_fit(capsys):
     """A stage that cannot hold its share is named with the exit code of a budget that does not fit."""
-    code, _, err = run_cli(capsys, "plan", str(REAL), "--gpus", "2", "--split", "pipeline", "-p", "single-user",
-                           "--gpu-mem", "14GiB")
+    code, _, err = run_cli(capsys, "plan", str(REAL), "--gpus", "2", "--split", "pipeline", "-p", "batch",
+                           "--gpu-mem", "12GiB")
     assert code == 7
     assert "pipeline stage 1 of 2 (decoder layers 32-63)" in " ".join(err.split())
 
@@ -147,8 +153,47 @@ def test_partition_variable_reaches_the_plan(capsys, monkeypatch):
     #   4 layers fewer: 8,120,068,273 B left -> 595 blocks -> (595 - 15) x 416 tokens (32 + 32 split: 192,608)
     assert (last.cache.group_size, last.cache_available) == (8, 8_120_068_273)
     assert res.budgets["single-user"] is last and last.largest_len(1) == 241_280
-    code, out, _ = run_cli(capsys, "plan", str(REAL), "--gpus", "2", "--split", "pipeline", "-p", "single-user")
+    code, out, _ = run_cli(capsys, "plan", str(REAL), "--gpus", "2", "--split", "pipeline", "-p", "batch")
     assert code == 0 and "pipeline stage 1 of 2 (decoder layers 36-63)" in out
     monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "40")
     code, _, err = run_cli(capsys, "plan", str(REAL), "--gpus", "2", "--split", "pipeline")
     assert code == 2 and "VLLM_PP_LAYER_PARTITION=40" in err
+
+
+def test_plan_and_serve_default_the_same_way(capsys, monkeypatch, tmp_path):
+    """plan --gpus 2 without --split decides as serve (serve/topology.py decide_layout): tensor for a profile that
+    drafts with MTP, and with no nvidia-smi here (no GPU link to read) tensor for the others too, saying why.
+    --split without --gpus is refused as serve refuses it."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    code, out, _ = run_cli(capsys, "plan", str(REAL), "--gpus", "2", "--json")
+    assert code == 0
+    layouts = {k: p["layout"] for k, p in json.loads(out)["profiles"].items()}
+    assert {k: (v["tensor"], v["pipeline"]) for k, v in layouts.items()} == {
+        "batch": (2, 1), "long-context": (2, 1), "single-user": (2, 1)}
+    assert layouts["batch"]["reason"].startswith("the GPUs' link could not be read")
+    code, _, err = run_cli(capsys, "plan", str(REAL), "--split", "pipeline")
+    assert code == 2 and "--split needs --gpus N" in err
+    # STAND-IN nvidia-smi (tests/helpers.py): two cards on PCIe without peer-to-peer, as serve's tests read them
+    from helpers import P2P_CNS, PHB_2, fake_nvidia_smi
+
+    monkeypatch.setenv("PATH", f"{fake_nvidia_smi(tmp_path, [], topo=PHB_2, p2p=P2P_CNS)}:/usr/bin:/bin")
+    code, out, _ = run_cli(capsys, "plan", str(REAL), "--gpus", "2", "--json")
+    layouts = {k: p["layout"] for k, p in json.loads(out)["profiles"].items()}
+    assert (layouts["batch"]["tensor"], layouts["batch"]["pipeline"]) == (1, 2)
+    assert (layouts["single-user"]["tensor"], layouts["single-user"]["pipeline"]) == (2, 1)
+    assert layouts["single-user"]["reason"].startswith("the profile drafts with MTP")
+
+
+def test_largest_max_model_len_says_where_serve_stops(capsys, monkeypatch, tmp_path):
+    """max_position_embeddings 8192: the batch profile's memory holds far longer sequences, and the plan says that
+    serve stops at 8,192."""
+    config = json.loads(REAL.read_text())
+    config["text_config"]["max_position_embeddings"] = 8192
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    code, out, _ = run_cli(capsys, "plan", str(tmp_path), "-p", "batch")
+    assert code == 0
+    assert ("the memory holds more, but serve refuses a max-model-len above the model's max_position_embeddings "
+            "8,192 (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)") in out
+    code, out, _ = run_cli(capsys, "plan", str(tmp_path), "-p", "batch", "--json")
+    assert json.loads(out)["max_position_embeddings"] == 8192

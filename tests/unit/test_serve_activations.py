@@ -126,3 +126,50 @@ def test_recipe_refuses_int8_with_asymmetric_weights(tmp_path) -> None:
     assert e.value.exit_code == 2
     assert ("serve.profiles.batch.activations: int8 needs symmetric 4-bit weights, and lm_head is not — set "
             "lm_head.symmetric: true and num_bits: 4, or drop activations: int8") in str(e.value)
+
+
+def _row(version: str, **changes: object):
+    import dataclasses
+
+    from qwenquant.vllmcompat import row_for
+
+    return dataclasses.replace(row_for(version, "cuda").row, **changes)
+
+
+def test_int8_on_a_release_that_refuses_the_variable_is_refused_with_the_reason() -> None:
+    """vLLM 0.34's row: VLLM_MARLIN_INPUT_DTYPE refused, its Humming route drops the int4 head: refused (exit 7), and
+    the shell's variable is never passed."""
+    with pytest.raises(ServeError) as e:
+        decide_activations("int8", "cuda", (8, 6), {VAR: "int8"}, row=_row("0.34.0"))
+    assert e.value.exit_code == 7
+    assert "refuses to start with VLLM_MARLIN_INPUT_DTYPE set" in e.value.message
+    assert "leaves lm_head unquantized" in e.value.message
+    a = decide_activations("bf16", "cuda", (8, 6), {VAR: "int8"}, row=_row("0.34.0"))
+    assert a.env_unset == (VAR,) and VAR not in a.env_add
+
+
+def test_int8_takes_the_humming_route_where_the_row_says_it_keeps_the_int4_head() -> None:
+    row = _row("0.34.0", int8_activations="humming", int8_int4_head=True)
+    a = decide_activations("int8", "cuda", (8, 6), {VAR: "int8"}, row=row)
+    assert a.args == ("--quantization", "humming")
+    assert a.env_add == {"VLLM_HUMMING_INPUT_QUANT_CONFIG": '{"dtype":"int8"}'} and a.env_unset == (VAR,)
+    with pytest.raises(ServeError):
+        decide_activations("int8", "cuda", (8, 6), {}, row=_row("0.34.0", int8_activations="humming"))
+
+
+def test_int8_on_vllm_033_keeps_the_marlin_variable() -> None:
+    a = decide_activations("int8", "cuda", (8, 6), {}, row=_row("0.33.0"))
+    assert a.env_add == {VAR: "int8"} and a.args == ()
+
+
+def test_the_kernel_read_back_from_vllm_s_log() -> None:
+    from qwenquant.serve.kernellog import int8_problem, kernel_lines
+
+    marlin = "(EngineCore pid=9) INFO 12-06 [compressed_tensors_wNa16.py:138] Using MarlinLinearKernel for " \
+             "CompressedTensorsWNA16"
+    machete = marlin.replace("MarlinLinearKernel", "MacheteLinearKernel")
+    assert int8_problem([marlin]) is None and int8_problem(["nothing"]) is None
+    assert int8_problem([marlin, machete]).startswith("--activations int8 was asked, but vLLM runs "
+                                                      "MacheteLinearKernel for CompressedTensorsWNA16 layers")
+    batch_invariant = "Using dequantize + batch-invariant matmul for CompressedTensorsWNA16"  # vLLM 0.34
+    assert [k.kernel for k in kernel_lines([batch_invariant])] == ["dequantize + batch-invariant matmul"]

@@ -190,32 +190,30 @@ def test_architecture_check_points_at_the_multimodal_layout():
 
 
 def test_gpu_memory_from_nvidia_smi(monkeypatch, tmp_path):
-    from qwenquant.serve.preflight import gpu_memory
+    """STAND-IN nvidia-smi (no GPU here): a script printing two GPUs' memory rows."""
+    from qwenquant.serve.machine import read_machine
 
     smi = tmp_path / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho '0, GPU-a, 24576, 23000'\necho '1, GPU-b, 24576, 1000'\n")
+    smi.write_text("#!/bin/sh\necho '0, GPU-a, 24576, 23000, 8.6'\necho '1, GPU-b, 24576, 1000, 8.6'\n")
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert gpu_memory() == (24576 * 2**20, 23000 * 2**20)
+    machine = read_machine("cuda", None, {}, link=False)
+    assert (machine.used(1)[0].total, machine.used(1)[0].free) == (24576 * 2**20, 23000 * 2**20)
+    assert machine.capability == (8, 6)
     # nvidia-smi lists every GPU; vLLM uses the first one CUDA_VISIBLE_DEVICES exposes
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-b")
-    assert gpu_memory() == (24576 * 2**20, 1000 * 2**20)
+    machine = read_machine("cuda", None, {"CUDA_VISIBLE_DEVICES": "GPU-b"}, link=False)
+    assert (machine.used(1)[0].total, machine.used(1)[0].free) == (24576 * 2**20, 1000 * 2**20)
 
 
-@pytest.mark.parametrize("cap, added", [("9.0", True), ("8.6", False)])
-def test_sm90_gets_triton_gdn_prefill(monkeypatch, tmp_path, cap, added):
-    from qwenquant.serve.preflight import device_extra
+@pytest.mark.parametrize("cap, added", [((9, 0), True), ((8, 6), False)])
+def test_sm90_gets_triton_gdn_prefill(cap, added):
+    from qwenquant.serve.guards import device_extra
 
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\necho '{cap}'\n")
-    smi.chmod(0o755)
-    monkeypatch.setenv("PATH", str(tmp_path))
     warnings: list[str] = []
-    out = device_extra("cuda", ["--max-model-len", "8192"], warnings)
+    out = device_extra("cuda", ["--max-model-len", "8192"], cap, warnings)
     assert (out[-2:] == ["--gdn-prefill-backend", "triton"]) == added and bool(warnings) == added
-    assert device_extra("cuda", ["--gdn-prefill-backend=flashinfer"], []) == ["--gdn-prefill-backend=flashinfer"]
-    assert device_extra("cpu", [], []) == []
+    assert device_extra("cuda", ["--gdn-prefill-backend=flashinfer"], (9, 0), []) == ["--gdn-prefill-backend=flashinfer"]
+    assert device_extra("cpu", [], (9, 0), []) == []
 
 
 def test_served_name_is_the_folder_name_except_for_the_real_27b(tmp_path):

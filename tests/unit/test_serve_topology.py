@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from qwenquant.serve.topology import Split, choose_split, parse_matrix
+from qwenquant.serve.topology import Layout, choose_split, parse_matrix
 
 from helpers import NV4_2, P2P_CNS, P2P_OK, P2P_SERVER, PHB_2, SERVER_4
 
@@ -61,4 +61,21 @@ def test_the_gpus_used_decide():
 
 def test_unknown_link_keeps_tensor_and_says_so():
     s = choose_split(["0", "1"], {}, {})
-    assert s == Split(2, 1, "the GPUs' link could not be read from `nvidia-smi topo -m`; pass --split to choose")
+    assert s == Layout(2, 1, "the GPUs' link could not be read from `nvidia-smi topo -m`; pass --split to choose")
+
+
+def test_decide_layout_keeps_tensor_for_mtp_where_the_link_would_pick_pipeline():
+    """One function for serve and plan: -- flags, then --split, then the link; a drafting profile stays on tensor
+    where the link alone would pick pipeline, and says both reasons."""
+    from qwenquant.serve.topology import MTP_TENSOR, decide_layout
+
+    pcie = (["0", "1"], parse_matrix(PHB_2), parse_matrix(P2P_CNS))
+    nvlink = (["0", "1"], parse_matrix(NV4_2), {})
+    assert decide_layout(2, None, "cuda", None, None, False, pcie).pp == 2
+    mtp = decide_layout(2, None, "cuda", None, None, True, pcie)
+    assert (mtp.tp, mtp.pp) == (2, 1) and mtp.reason.startswith(MTP_TENSOR + "; the link alone would pick pipeline")
+    assert decide_layout(2, None, "cuda", None, None, True, nvlink).reason.startswith("NVLink between every pair")
+    assert decide_layout(2, "pipeline", "cuda", None, None, True, pcie) == Layout(1, 2, "--split pipeline")
+    assert decide_layout(2, "tensor", "cuda", None, 2, True, pcie) == Layout(1, 2, "the vLLM flags after --")
+    assert decide_layout(1, None, "cuda", None, None, True, pcie) == Layout(1, 1, "one GPU")
+    assert decide_layout(2, None, "cpu", None, None, False, None).reason == "cpu: no GPU link to read"

@@ -71,17 +71,14 @@ def template_reads_thinking(artifact: Path) -> bool | None:
 
 
 def planned_max_num_seqs(base: ServeRequest, cfg: ConfigSpec) -> int | None:
-    """The max-num-seqs a configuration's server will run with (its profile, as its vLLM flags override
-    it), read from the artifact's manifest before any server starts; None when it cannot be read here
-    (the preflight then says why)."""
+    """The max-num-seqs a configuration's server will run with, from the profile serve resolves for its request
+    (serve/preflight.py `request_profile`), before any server starts; None when it cannot be read here (the
+    preflight then says why)."""
     from qwenquant.errors import QwenquantError
-    from qwenquant.manifest import load_manifest
-    from qwenquant.plan.settings import recipe_from_manifest
-    from qwenquant.serve.argv import apply_extra
+    from qwenquant.serve.preflight import request_profile
 
     try:
-        profile = recipe_from_manifest(load_manifest(Path(base.artifact))).profile(cfg.profile or base.profile_name)
-        return int(apply_extra(profile, cfg.extra).max_num_seqs)
+        return int(request_profile(config_request(base, cfg, None)).max_num_seqs)
     except (QwenquantError, OSError, ValueError, KeyError, TypeError):
         return None
 

@@ -6,19 +6,14 @@ from enum import Enum
 
 import typer
 
+from qwenquant.serve.topology import Split as Split  # the one value set of --split (serve, bench, eval, plan)
+
 
 class Device(str, Enum):
     """Where quantize computes and what a vLLM build targets."""
 
     cpu = "cpu"
     cuda = "cuda"
-
-
-class Split(str, Enum):
-    """How a model is split over several GPUs: vLLM tensor or pipeline parallelism."""
-
-    tensor = "tensor"
-    pipeline = "pipeline"
 
 
 class Activations(str, Enum):

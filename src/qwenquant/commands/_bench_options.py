@@ -3,20 +3,16 @@ subcommand that takes them (the server options are commands/_options.py's, share
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import inspect
-import typing
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from qwenquant.commands import _options as so
 from qwenquant.commands._app import Split
+from qwenquant.commands._options import with_options as with_options  # the one group decorator
 
 PANEL = "Measurement"
 
@@ -30,8 +26,14 @@ class Thinking(str, Enum):
     off = "off"
     default = "default"  # send nothing: the template's default
 
-    def single(self) -> bool | None:
-        """The one setting of a long mode (depth, soak, turns): on, default (None), else off."""
+    def single(self, mode: str = "depth") -> bool | None:
+        """The one setting of a long mode (depth, soak, turns): on, default (None), off (auto: off); `both` is two
+        settings, which a long mode does not run: a UsageError (exit 2) rather than silently off."""
+        if self is Thinking.both:
+            from qwenquant.errors import UsageError
+
+            raise UsageError(f"--thinking both runs two settings; bench {mode} measures one",
+                             hint=f"choose --thinking on, off or default for bench {mode} (bench run takes both)")
         return {"on": True, "default": None}.get(self.value, False)
 
 
@@ -45,7 +47,8 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print the report as JSON o
 Config = Annotated[Path | None, typer.Option(
     help="Bench config YAML: workload and too-good lines (default: the shipped one).")]
 ThinkingOpt = Annotated[Thinking, typer.Option(
-    "--thinking", help="auto (run: off and on where supported; depth, soak, turns: off), both, on, off, default.",
+    "--thinking", help="auto (run: off and on where supported; depth, soak, turns: off), both (run only), on, off, "
+                       "default.",
     rich_help_panel=PANEL)]
 StallTimeout = Annotated[float, typer.Option(
     min=0.001, help="Seconds without a token from the server (keep-alive comments do not count) that fail a request.",
@@ -83,21 +86,11 @@ SideVllm = Annotated[list[str] | None, typer.Option(
 
 
 @dataclass(frozen=True)
-class Server:
+class Server(so.ServerOptions):
     """Which server every subcommand measures: a URL's model and key, or the artifact --serve starts, with
-    serve's options (commands/_options.py)."""
+    serve's options (commands/_options.py ServerOptions)."""
 
     serve: so.ServeArtifact = None
-    profile: so.Profiles = None
-    gpu_mem: so.GpuMem = None
-    gpu_mem_soft: so.GpuMemSoft = False
-    activations: so.Acts = None
-    gpus: so.Gpus = 1
-    split: so.ServeSplit = None
-    vllm: so.Vllm = None
-    device: so.ServeDevice = None
-    timeout: so.Timeout = so.DEFAULT_TIMEOUT
-    api_key: so.ApiKey = None
     model: Model = None
 
 
@@ -115,28 +108,3 @@ class Workload:
     max_concurrency: MaxConcurrency = None
     ignore_eos: IgnoreEos = True
     stall_timeout: StallTimeout = 300.0
-
-
-def with_options(name: str, group: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Give a command the options of `group` (a dataclass of Annotated fields) as its own, declared once, and
-    hand them to it as one `group` object in the parameter `name` (as shared click option decorators do)."""
-    hints = typing.get_type_hints(group, include_extras=True)
-    fields = dataclasses.fields(group)
-
-    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        sig = inspect.signature(func, eval_str=True)
-        own = [p for p in sig.parameters.values() if p.name != name]
-        added = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
-                 for f in fields]
-
-        @functools.wraps(func)
-        def command(*args: Any, **kwargs: Any) -> Any:
-            kwargs[name] = group(**{f.name: kwargs.pop(f.name) for f in fields})
-            return func(*args, **kwargs)
-
-        params = [*own, *added]
-        command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
-        command.__annotations__ = {p.name: p.annotation for p in params}
-        return command
-
-    return decorate

@@ -1,21 +1,31 @@
-"""The server options `serve`, `bench --serve` and `eval --serve` share, declared once
+"""The server options `serve`, `bench --serve` and `eval served --serve` share, declared once
 (huggingface_hub's cli/_cli_utils.py aliases are the model): the same names, defaults and help
-everywhere, listed in one help panel. Each command turns them into one ServeRequest
-(qwenquant.serve.request) and hands that down.
+everywhere, listed in one help panel. Each command takes them as one group (`ServerOptions`, given
+to the command by `with_options`) and turns it into one ServeRequest (qwenquant.serve.request) with
+`to_request`; the request is what the launch decision reads.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from qwenquant.commands._app import Activations, Device, Split
 from qwenquant.serve.request import DEFAULT_TIMEOUT
 
-__all__ = ["DEFAULT_TIMEOUT", "PANEL", "Acts", "ApiKey", "GpuMem", "GpuMemSoft", "Gpus", "Profiles", "ServeArtifact", "ServeDevice",
-           "ServeSplit", "Timeout", "Vllm"]
+if TYPE_CHECKING:
+    from qwenquant.serve.request import ServeRequest
+
+__all__ = ["DEFAULT_TIMEOUT", "PANEL", "Acts", "ApiKey", "GpuMem", "GpuMemSoft", "Gpus", "Profiles", "ServeArtifact",
+           "ServeDevice", "ServeSplit", "ServerOptions", "Timeout", "Vllm", "with_options"]
 
 PANEL = "Server (serve; bench and eval with --serve)"
 
@@ -23,8 +33,8 @@ ServeArtifact = Annotated[Path | None, typer.Option(
     "--serve", exists=True, file_okay=False, help="Artifact to serve through `qwenquant serve`'s preflight and supervisor for the run, "
                     "stopped after it.", rich_help_panel=PANEL)]
 Profiles = Annotated[list[str] | None, typer.Option(
-    "--profile", "-p", help="Serve profile from the recipe: single-user (default), batch or long-context.",
-    rich_help_panel=PANEL, show_default=False)]
+    "--profile", "-p", metavar="PROFILE", help="Serve profile from the recipe: single-user (default), batch or "
+                                                 "long-context.", rich_help_panel=PANEL, show_default=False)]
 GpuMem = Annotated[str | None, typer.Option(
     "--gpu-mem", help="Behave as on a card of this size, e.g. 24GiB: sets vLLM's memory share of the real GPU "
                       "(CUDA only), and a ballast process holds the rest of it (see --gpu-mem-soft).",
@@ -54,3 +64,55 @@ Acts = Annotated[Activations | None, typer.Option(
                           "activations in Marlin; on SM 9.0 Machete is disabled so Marlin runs), after checking the "
                           "artifact qualifies; beats the profile's `activations`. No effect on vLLM's CPU build.",
     rich_help_panel=PANEL, show_default=False)]
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """The server options as one group: what `serve`, `bench --serve` and `eval served --serve` ask a server to be."""
+
+    profile: Profiles = None
+    gpu_mem: GpuMem = None
+    gpu_mem_soft: GpuMemSoft = False
+    activations: Acts = None
+    gpus: Gpus = 1
+    split: ServeSplit = None
+    vllm: Vllm = None
+    device: ServeDevice = None
+    timeout: Timeout = DEFAULT_TIMEOUT
+    api_key: ApiKey = None
+
+    def to_request(self, artifact: Path, extra: Sequence[str] = (), **more: object) -> ServeRequest:
+        """The one ServeRequest of these options for `artifact`, with the vLLM flags after -- (`extra`) and a
+        command's own settings (`more`: port, dry_run, ...)."""
+        from qwenquant.serve.request import ServeRequest
+
+        return ServeRequest.from_options(
+            artifact, self.profile or [], extra, gpu_mem=self.gpu_mem, gpu_mem_soft=self.gpu_mem_soft,
+            activations=self.activations.value if self.activations else None, gpus=self.gpus,
+            split=self.split.value if self.split else None, vllm=self.vllm,
+            device=self.device.value if self.device else None, timeout=self.timeout, api_key=self.api_key, **more)
+
+
+def with_options(name: str, group: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the options of `group` (a dataclass of Annotated fields) as its own, declared once, and
+    hand them to it as one `group` object in the parameter `name` (as shared click option decorators do)."""
+    hints = typing.get_type_hints(group, include_extras=True)
+    fields = dataclasses.fields(group)
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(func, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.name != name]
+        added = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
+                 for f in fields]
+
+        @functools.wraps(func)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            kwargs[name] = group(**{f.name: kwargs.pop(f.name) for f in fields})
+            return func(*args, **kwargs)
+
+        params = [*own, *added]
+        command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return decorate

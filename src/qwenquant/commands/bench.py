@@ -60,15 +60,9 @@ def _request(args: list[str] | None, server: Server, out: Path | None, *, mode: 
     after --); --out checked before anything is measured or started."""
     from qwenquant.bench.output import check_out
     from qwenquant.bench.session import Request, default_out
-    from qwenquant.serve.request import ServeRequest
-
     url, words = _split_args(args, server.serve)
     o = server
-    served = ServeRequest.from_options(o.serve, o.profile or [], words, api_key=o.api_key, vllm=o.vllm,
-                                       timeout=o.timeout, device=o.device.value if o.device else None, gpus=o.gpus,
-                                       split=o.split.value if o.split else None, gpu_mem=o.gpu_mem,
-                                       gpu_mem_soft=o.gpu_mem_soft,
-                                       activations=o.activations.value if o.activations else None) if o.serve else None
+    served = o.to_request(o.serve, words) if o.serve else None
     return Request(url=url, serve=served, out=check_out(out or default_out(), mode), configs=configs, config=config,
                    model=o.model, api_key=o.api_key, as_json=as_json)
 
@@ -188,7 +182,7 @@ def depth(args: Target = None, *, server: Server, out: Out = None, as_json: AsJs
         raise UsageError("--reuse-prefix and --concurrency: a burst's prompts are fresh by design",
                          hint="drop --reuse-prefix")
     opts = DepthOptions(depths=parse_depths(depths) if depths else None, output_tokens=max_tokens or 64,
-                        reuse_prefix=reuse_prefix, stall_timeout=stall_timeout, thinking=thinking.single(),
+                        reuse_prefix=reuse_prefix, stall_timeout=stall_timeout, thinking=thinking.single("depth"),
                         concurrency=concurrency)
     run_depth_mode(_request(args, server, out, mode="depth", as_json=as_json, config=config), opts, argv_now())
 
@@ -217,7 +211,7 @@ def soak(args: Target = None, *, server: Server, out: Out = None, as_json: AsJso
     from qwenquant.bench.soakrun import SoakOptions
 
     opts = SoakOptions(tokens=tokens, concurrency=concurrency, window=window, fraction=collapse_fraction,
-                       stall_timeout=stall_timeout, thinking=thinking.single())
+                       stall_timeout=stall_timeout, thinking=thinking.single("soak"))
     run_soak_mode(_request(args, server, out, mode="soak", as_json=as_json), opts, argv_now())
 
 
@@ -243,7 +237,7 @@ def turns(args: Target = None, *, server: Server, out: Out = None, as_json: AsJs
 
     _two_tokens(max_tokens)
     opts = TurnOptions(turn_tokens=turn_tokens, output_tokens=max_tokens or 64, stall_timeout=stall_timeout,
-                       thinking=thinking.single())
+                       thinking=thinking.single("turns"))
     run_turns_mode(_request(args, server, out, mode="turns", as_json=as_json), opts, argv_now())
 
 

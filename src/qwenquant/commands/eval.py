@@ -10,20 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from qwenquant.commands._app import Activations, Device, app
-from qwenquant.commands._options import (
-    DEFAULT_TIMEOUT,
-    Acts,
-    ApiKey,
-    GpuMem,
-    GpuMemSoft,
-    Gpus,
-    Profiles,
-    ServeArtifact,
-    ServeDevice,
-    ServeSplit,
-    Timeout,
-    Vllm,
-)
+from qwenquant.commands._options import ServeArtifact, ServerOptions, with_options
 
 if TYPE_CHECKING:
     from typing import Any
@@ -164,19 +151,12 @@ def offline(
 
 
 @eval_app.command("served", context_settings={"allow_interspersed_args": True})
+@with_options("server", ServerOptions)
 def served(
     args: ServedArgs = None,
     serve: ServeArtifact = None,
-    profile: Profiles = None,
-    gpu_mem: GpuMem = None,
-    gpu_mem_soft: GpuMemSoft = False,
-    activations: Acts = None,
-    gpus: Gpus = 1,
-    split: ServeSplit = None,
-    vllm: Vllm = None,
-    device: ServeDevice = None,
-    timeout: Timeout = DEFAULT_TIMEOUT,
-    api_key: ApiKey = None,
+    *,
+    server: ServerOptions,
     gate: Gate = "tiny-reference",
     model: Model = None,
     min_acceptance: MinAcceptance = None,
@@ -209,7 +189,7 @@ def served(
     from qwenquant.evaluate.speccheck import SpecCheckAsk, check_reference
 
     words = list(args or [])
-    ask = ServedAsk(gate, model, api_key, min_acceptance, tools, needle, needle_max_len)
+    ask = ServedAsk(gate, model, server.api_key, min_acceptance, tools, needle, needle_max_len)
     spec = SpecCheckAsk(reference_url, draft_tokens, tie_nats=spec_tie_nats) if spec_check else None
     if spec is not None:
         check_reference(spec, serving=serve is not None)
@@ -223,13 +203,7 @@ def served(
         return
     if words and not words[0].startswith("-"):
         raise UsageError(f"give a URL ({words[0]}) or --serve ARTIFACT, not both", hint="vLLM flags go after --")
-    from qwenquant.serve.request import ServeRequest
-
-    req = ServeRequest.from_options(serve, profile or [], words, gpu_mem=gpu_mem, gpu_mem_soft=gpu_mem_soft,
-                                    gpus=gpus, split=split.value if split else None, vllm=vllm,
-                                    device=device.value if device else None, timeout=timeout, api_key=api_key,
-                                    activations=activations.value if activations else None)
-    _serve_and_gate(req, ask, report, as_json, spec)
+    _serve_and_gate(server.to_request(serve, words), ask, report, as_json, spec)
 
 
 @eval_app.command("gates")

@@ -7,42 +7,23 @@ from pathlib import Path
 import typer
 
 from qwenquant.commands._app import app
-from qwenquant.commands._options import (
-    DEFAULT_TIMEOUT,
-    Acts,
-    ApiKey,
-    GpuMem,
-    GpuMemSoft,
-    Gpus,
-    Profiles,
-    ServeDevice,
-    ServeSplit,
-    Timeout,
-    Vllm,
-)
+from qwenquant.commands._options import ServerOptions, with_options
 
 
 @app.command(context_settings={"allow_interspersed_args": True})
+@with_options("server", ServerOptions)
 def serve(
     artifact: Path = typer.Argument(..., exists=True, file_okay=False, help="Artifact folder made by `qwenquant quantize`."),
     extra: list[str] | None = typer.Argument(None, help="Extra vLLM flags, after `--`.", show_default=False),
-    profile: Profiles = None,
+    *,
+    server: ServerOptions,
     port: int | None = typer.Option(None, min=1, max=65535, help="Port (default: the profile's)."),
     host: str | None = typer.Option(None, help="Host to bind (default: the profile's)."),
-    api_key: ApiKey = None,
     served_model_name: str | None = typer.Option(None, help="Model name clients use."),
-    vllm: Vllm = None,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and environment; start nothing."),
     as_json: bool = typer.Option(False, "--json", help="With --dry-run: the decided launch (argv, environment, "
                                                        "memory budget, warnings, failed checks) as JSON on stdout."),
-    timeout: Timeout = DEFAULT_TIMEOUT,
-    device: ServeDevice = None,
     log_file: Path | None = typer.Option(None, help="Server log (default: ARTIFACT.work/serve/ when quantize left that folder, else a temp folder; never in the artifact)."),
-    gpus: Gpus = 1,
-    split: ServeSplit = None,
-    gpu_mem: GpuMem = None,
-    gpu_mem_soft: GpuMemSoft = False,
-    activations: Acts = None,
     public_key: Path | None = typer.Option(None, "--require-signature", metavar="PUBLIC_KEY",
                                               help="Refuse to serve unless the artifact's model_signing signature "
                                                    "holds for this public key (PEM); pip install 'qwenquant\\[sign]'."),
@@ -72,7 +53,6 @@ def serve(
       qwenquant serve artifacts/q27b --profile batch --activations int8 --dry-run   # int8 activations, checked
     """
     from qwenquant.errors import UsageError
-    from qwenquant.serve.request import ServeRequest
     from qwenquant.serve.run import run_serve
 
     if as_json and not dry_run:
@@ -81,11 +61,6 @@ def serve(
     if signature is not None and public_key is None:
         raise UsageError("--signature needs --require-signature PUBLIC_KEY",
                          hint=f"qwenquant serve {artifact} --require-signature publisher.pub")
-    req = ServeRequest.from_options(
-        artifact, profile or [], extra or [], port=port, host=host, api_key=api_key,
-        served_model_name=served_model_name, vllm=vllm, dry_run=dry_run, timeout=timeout,
-        device=device.value if device else None, log_file=log_file, gpus=gpus,
-        split=split.value if split else None, gpu_mem=gpu_mem,
-        gpu_mem_soft=gpu_mem_soft, public_key=public_key, signature=signature,
-        activations=activations.value if activations else None)
+    req = server.to_request(artifact, extra or [], port=port, host=host, served_model_name=served_model_name,
+                            dry_run=dry_run, log_file=log_file, public_key=public_key, signature=signature)
     return run_serve(req, as_json=as_json)

@@ -13,7 +13,7 @@ What vLLM does (read in vLLM 0.32; W4A8-INT8 from vllm #24722, compressed-tensor
                accumulator; at the end float(acc) * a * input_global_scale
 So a group scale below max / 8192 becomes 0 (its weights drop out), and the others move to the grid
 max / 4096. vLLM fuses q/k/v, gate/up and the GDN in_proj_qkv/in_proj_z into one layer each before
-it re-quantizes the scales, so their maximum is shared (`FUSED`). The integer sums are exact here
+it re-quantizes the scales, so their maximum is shared (`check.rules.PART_OF`). The integer sums are exact here
 (float64 holds them exactly); one tensor-parallel rank is simulated (with TP > 1 each rank's
 partition has its own maximum). Only the quantization changes numbers: the order of the kernel's
 float reductions does not matter at this precision.
@@ -28,14 +28,12 @@ import torch
 from torch import nn
 
 from qwenquant.check.activations import SCALE_STEPS  # marlin_act_int8_process_scales' grid: s / s.max() * 4096
+from qwenquant.check.rules import PART_OF  # vLLM's packed_modules_mapping (tests/integration/test_fused_map_vllm.py)
 
 log = logging.getLogger(__name__)
 
 INT8_MAX = 127
 ABSMAX_FLOOR = 1e-10  # _per_token_quant_int8's floor under a token's absmax
-# vLLM's packed_modules_mapping for Qwen3.5 (models/qwen3_5.py, qwen3_5_mtp.py): members of one Marlin layer
-FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
-         "up_proj": "gate_up_proj", "in_proj_qkv": "in_proj_qkvz", "in_proj_z": "in_proj_qkvz"}
 INT32_MAX = 2**31 - 1
 CHUNK_BYTES = 256 << 20  # float64 weight rows held at once by int8_act_matmul
 
@@ -98,9 +96,9 @@ class Int8ActLinear(nn.Module):
 
 
 def fused_name(module: str) -> str:
-    """The Marlin layer `module` belongs to in vLLM (q/k/v, gate/up and in_proj_qkv/z are fused)."""
+    """The Marlin layer `module` belongs to in vLLM (check.rules.PART_OF: q/k/v, gate/up, in_proj_qkv/z, in_proj_b/a)."""
     parent, _, leaf = module.rpartition(".")
-    return f"{parent}.{FUSED[leaf]}" if leaf in FUSED else module
+    return f"{parent}.{PART_OF[leaf]}" if leaf in PART_OF else module
 
 
 def _codes(packed: dict[str, torch.Tensor], group: dict[str, Any]) -> tuple[torch.Tensor, int]:

@@ -15,7 +15,7 @@ from qwenquant.errors import ServeError
 from qwenquant.manifest import MANIFEST_NAME, load_manifest
 from qwenquant.plan import pipeline
 from qwenquant.plan.budget import Budget, make_budget
-from qwenquant.plan.positions import position_fix, position_problem
+from qwenquant.plan.positions import long_allowed, position_fix, position_limit, position_problem
 from qwenquant.plan.settings import artifact_layout, cache_settings, decide, recipe_from_manifest
 from qwenquant.plan.weights import (
     ModelShape,
@@ -27,7 +27,7 @@ from qwenquant.plan.weights import (
     weights_from_config,
     weights_from_tensors,
 )
-from qwenquant.recipe import ResolvedProfile, load_recipe
+from qwenquant.recipe import Recipe, ResolvedProfile, load_recipe
 
 
 @dataclass
@@ -42,10 +42,16 @@ class PlanResult:
     # profile -> why serve refuses it whatever the memory (max-model-len above max_position_embeddings)
     refused: dict[str, str] = field(default_factory=dict)
     position_fix: str = ""
+    fixes: dict[str, str] = field(default_factory=dict)  # profile -> what to do, where not position_fix
+    max_positions: int | None = None  # the model's max_position_embeddings (serve refuses a longer max-model-len)
 
     def fits(self, name: str) -> bool:
         """The profile's budget fits and serve would not refuse it."""
         return self.budgets[name].fits and name not in self.refused
+
+    def fix(self, name: str) -> str:
+        """What to do about a refused profile."""
+        return self.fixes.get(name, self.position_fix)
 
 
 def profile_budget(shape: ModelShape, weights: WeightBreakdown, profile: ResolvedProfile, device: str,
@@ -89,6 +95,14 @@ def artifact_budget(artifact: Path, manifest: Any, profile: ResolvedProfile, dev
     weights = weights_from_tensors(artifact_tensor_bytes(artifact, files), shape, tp)
     return profile_budget(shape, weights, profile, device, layout, total_bytes=total_bytes,
                           include_vision=vision, tp=tp)
+
+
+def plan_recipe(target: Path, recipe_name: str | None = None) -> Recipe:
+    """The recipe `make_plan` plans with: the artifact's (its manifest's), else `recipe_name` (w4a16-int4head)."""
+    target = Path(target)
+    if target.is_dir() and (target / MANIFEST_NAME).exists() and recipe_name is None:
+        return recipe_from_manifest(load_manifest(target))
+    return load_recipe(recipe_name or "w4a16-int4head")
 
 
 def make_plan(target: Path, gpu_bytes: int, *, recipe_name: str | None = None,
@@ -142,5 +156,13 @@ def make_plan(target: Path, gpu_bytes: int, *, recipe_name: str | None = None,
                                            include_vision=include_vision, tp=tp)
     refused = {name: p for name, b in budgets.items()
                if (p := position_problem(config, b.max_model_len, os.environ)) is not None}
+    drafting = {name for name in budgets if pp > 1 and _drafts(recipe.profile(name))}
+    refused |= {name: f"profile {name} drafts with MTP: {pipeline.MTP_PIPELINE}" for name in drafting}
     return PlanResult(shape, weights, include_vision, budgets, source, stages=stages, stage_weights=stage_weights,
-                      refused=refused, position_fix=position_fix(config))
+                      refused=refused, position_fix=position_fix(config),
+                      fixes=dict.fromkeys(drafting, pipeline.MTP_PIPELINE_FIX),
+                      max_positions=None if long_allowed(os.environ) else position_limit(config))
+
+
+def _drafts(profile: ResolvedProfile) -> bool:
+    return bool(profile.speculative and profile.speculative.num_speculative_tokens)

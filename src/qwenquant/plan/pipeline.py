@@ -57,6 +57,11 @@ from qwenquant.plan.weights import (
 )
 
 PARTITION_ENV = "VLLM_PP_LAYER_PARTITION"  # vLLM's own variable: layer counts per stage
+# MTP drafting under pipeline parallelism: refused by serve and plan alike (serve/guards.py reads the version row)
+MTP_PIPELINE = ("vLLM does not support MTP drafting under pipeline parallelism (RFC #44697, PR #44698 open; it "
+                "builds the drafter on the last stage only)")
+MTP_PIPELINE_FIX = ("use --split tensor, or turn MTP off with -- --speculative-config null (serve), or choose a "
+                    "profile without speculation (--profile batch)")
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
@@ -72,6 +77,11 @@ def partition(num_layers: int, pp: int, override: str | None = None) -> list[int
         if len(parts) != pp or sum(parts) != num_layers or min(parts) < 0:
             raise UsageError(f"{PARTITION_ENV}={override} does not split {num_layers} layers over {pp} stages",
                              hint=f"give {pp} counts that add up to {num_layers}, or unset it")
+        # vLLM accepts a zero count (0.34 distributed/utils.py get_pp_indices); a stage without a decoder layer holds
+        # no KV cache and leaves its GPU idle every step: a mistake, refused before anything starts
+        if min(parts) == 0:
+            raise UsageError(f"{PARTITION_ENV}={override} leaves pipeline stage {parts.index(0)} with no layers",
+                             hint=f"give each of the {pp} stages at least one layer, or unset it")
         return parts
     parts = [num_layers // pp] * pp
     for i in range(2, num_layers % pp + 2):

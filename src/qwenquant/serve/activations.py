@@ -11,17 +11,30 @@ vLLM (envs.py, schemes/compressed_tensors_wNa16.py, kernels/linear/__init__.py, 
 - vLLM's CPU build has no Marlin: its W4A16 kernels run bf16 activations and the variable changes nothing.
 - The variable is one of the factors of vLLM's compile cache key (envs.compile_factors).
 Only vLLM's process gets the variable (procenv: qwenquant's own environment is left as it is).
+
+vLLM 0.34.0 (read in its wheel: envs.py `removed_environment_variables`) refuses to start when the variable is set
+at all ("Marlin no longer supports 8-bit activations. Use `--quantization humming` and set the activation dtype
+with VLLM_HUMMING_INPUT_QUANT_CONFIG"), and its Humming method skips every layer whose name holds "lm_head"
+(model_executor/layers/quantization/humming.py), so an int4-head artifact would not load. The vLLM version table's
+row (qwenquant.vllmcompat: `marlin_env_refused`, `int8_activations`, `int8_int4_head`) says which route a release
+has: on a row that refuses the variable, int8 takes the Humming route only where the row says it keeps the int4
+head, else it is refused (exit 7); the variable is never passed to such a release (a shell's is removed).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from qwenquant.errors import ServeError
 
+if TYPE_CHECKING:
+    from qwenquant.vllmcompat import CompatRow
+
 VAR = "VLLM_MARLIN_INPUT_DTYPE"
 DISABLED = "VLLM_DISABLED_KERNELS"
+HUMMING_VAR = "VLLM_HUMMING_INPUT_QUANT_CONFIG"  # vLLM >= 0.34: the Humming method's activation setting
 HOPPER_FIRST = ("MacheteLinearKernel", "HummingLinearKernel")  # ahead of Marlin on SM 9.0; ignore the variable
 MIN_CAPABILITY = (8, 0)
 
@@ -35,12 +48,18 @@ class ActivationLaunch:
     env_unset: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()  # vLLM flags the route needs (--quantization humming)
 
 
 def decide_activations(activations: str, device: str, capability: tuple[int, int] | None,
-                       base: Mapping[str, str], source: str = "--activations") -> ActivationLaunch:
+                       base: Mapping[str, str], source: str = "--activations",
+                       row: CompatRow | None = None) -> ActivationLaunch:
     """The environment for `activations` on `device` (`capability`: the GPU's SM, None when unknown) given the
-    user's environment `base`; a ServeError for int8 on a GPU older than SM 8.0. `source` names the choice."""
+    user's environment `base` and the vLLM version table's `row` (None: the Marlin variable's route); a ServeError
+    for int8 on a GPU older than SM 8.0 or on a release without a route that serves the artifact. `source` names
+    the choice."""
+    if row is not None and row.marlin_env_refused and device == "cuda" and activations == "int8":
+        return _without_marlin_env(row, base, source)
     if activations != "int8":
         if VAR not in base:
             return ActivationLaunch("bf16", {})
@@ -78,6 +97,24 @@ def decide_activations(activations: str, device: str, capability: tuple[int, int
         line = (f"activations: int8 ({source}; {VAR}=int8). {sm}: vLLM chooses Marlin for W4A16 layers, which "
                 "takes int8 per-token activations on every layer (lm_head and MTP head included)")
     return ActivationLaunch("int8", env, notes=(line, cache), warnings=tuple(warnings))
+
+
+def _without_marlin_env(row: CompatRow, base: Mapping[str, str], source: str) -> ActivationLaunch:
+    """int8 on a release that refuses VLLM_MARLIN_INPUT_DTYPE: the Humming route where the row says it keeps the
+    int4 lm_head and MTP head, else refused with the reason (module docstring)."""
+    unset = (VAR,) if VAR in base else ()
+    if row.int8_activations == "humming" and row.int8_int4_head:
+        return ActivationLaunch("int8", {HUMMING_VAR: '{"dtype":"int8"}'}, unset, args=("--quantization", "humming"),
+                                notes=(f"activations: int8 ({source}) on vLLM {row.versions}: {VAR} is refused there; "
+                                       f"--quantization humming with {HUMMING_VAR}={{\"dtype\":\"int8\"}}",))
+    why = (f"vLLM {row.versions} refuses to start with {VAR} set (Marlin takes no 8-bit activations there), and its "
+           "Humming route (--quantization humming) leaves lm_head unquantized, so this artifact's int4 head would not "
+           "load (vLLM 0.34.0 humming.py; vllm #52543)")
+    if row.int8_activations == "none" or not row.int8_int4_head:
+        raise ServeError(f"{source} int8: {why}", hint="serve with --activations bf16, or with a vLLM whose row in "
+                                                      "`qwenquant doctor` offers int8 activations (0.26-0.33)")
+    raise ServeError(f"{source} int8: vLLM {row.versions} has no int8 route qwenquant knows ({row.int8_activations})",
+                     hint="serve with --activations bf16")
 
 
 def chosen(flag: str | None, profile_value: str, profile_name: str) -> tuple[str, str]:

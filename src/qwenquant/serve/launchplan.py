@@ -1,0 +1,291 @@
+"""The launch decision: one function from (request, artifact, machine) to a frozen `LaunchPlan`.
+
+`serve`, `serve --dry-run [--json]`, `bench --serve` and `eval served --serve` all print or run the plan that
+`decide_launch` returns; `preflight.prepare` gathers its inputs (the verified artifact, the resolved profile, the
+vLLM install, the machine read once by serve/machine.py) and hands them here. Here: the vLLM version table's row
+(`vllmcompat.row_for`, once), the parallel layout (serve/topology.py `decide_layout`, as `plan` decides it), the
+serve-time guards (serve/guards.py), the argv and environment, the hard --gpu-mem's ballast and the memory budget.
+Nothing is started and nothing is asked of the machine; the artifact's tensor sizes are read by the budget.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qwenquant.errors import QwenquantError, ServeError
+from qwenquant.plan import budget as budgetmod
+from qwenquant.plan.artifact import artifact_budget
+from qwenquant.plan.gpumem import apply_gpu_mem, ballast_note
+from qwenquant.plan.pipeline import PARTITION_ENV
+from qwenquant.plan.report import fill_lines, stage_name
+from qwenquant.plan.transient import fill
+from qwenquant.plan.weights import model_shape
+from qwenquant.procenv import multicast_off
+from qwenquant.recipe import ResolvedProfile
+from qwenquant.recipe.speculative import spec_tokens_fix, spec_tokens_problem
+from qwenquant.serve import argv as argvmod
+from qwenquant.serve import guards
+from qwenquant.serve.activations import ActivationLaunch, chosen, decide_activations
+from qwenquant.serve.ballast import ballast_command
+from qwenquant.serve.discover import Frontend, VllmInstall, frontend
+from qwenquant.serve.gpus import check_free
+from qwenquant.serve.machine import Machine
+from qwenquant.serve.request import ServeRequest
+from qwenquant.serve.topology import TENSOR, Layout, decide_layout
+
+if TYPE_CHECKING:
+    from qwenquant.check.facts import ArtifactFacts
+    from qwenquant.vllmcompat import CompatRow, RowMatch
+
+
+@dataclass(frozen=True)
+class LaunchInputs:
+    """What preflight read of the artifact and the vLLM install, the profile resolved once."""
+
+    artifact: Path
+    manifest: Any
+    config: dict[str, Any]
+    profile: ResolvedProfile  # the recipe's profile, host/port/name and the flags after -- applied
+    install: VllmInstall | None
+    facts: ArtifactFacts | None = None  # the check's (None: it failed in a dry run)
+    int4: bool = True  # the artifact holds 4-bit integer weights
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """A decided launch: command, environment, layout, budget, and the lines to show."""
+
+    artifact: Path
+    profile: ResolvedProfile
+    install: VllmInstall | None
+    device: str
+    args: tuple[str, ...]
+    env_add: dict[str, str]
+    budget: budgetmod.Budget | None
+    layout: Layout
+    row: RowMatch | None = None  # the vLLM version table's row of the vLLM launched
+    warnings: tuple[str, ...] = ()
+    failures: tuple[QwenquantError, ...] = ()  # dry run: every check that failed
+    notes: tuple[str, ...] = ()  # how decided figures were reached (--gpu-mem, the layout)
+    ballast: tuple[str, ...] = ()  # the hard --gpu-mem's ballast argv, started before the server
+    env_unset: tuple[str, ...] = ()  # variables of the user's shell vLLM must not get
+    activations: str = "bf16"  # bf16 or int8 (serve/activations.py)
+
+    @property
+    def command(self) -> list[str]:
+        prefix = list(self.install.entrypoint) if self.install else ["vllm", "serve"]
+        return prefix + list(self.args)
+
+
+class Checks:
+    """Runs preflight checks: raise at the first failure, or (dry run) record each and go on."""
+
+    def __init__(self, keep_going: bool) -> None:
+        self.keep_going = keep_going
+        self.failures: list[QwenquantError] = []
+
+    def run(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except QwenquantError as e:
+            if not self.keep_going:
+                raise
+            self.failures.append(e)
+            return None
+
+
+@dataclass
+class _Lines:
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def decide_launch(req: ServeRequest, art: LaunchInputs, machine: Machine, checks: Checks) -> LaunchPlan:
+    """The launch of `art` for `req` on `machine` (see the module docstring); failed checks raise, or in a dry run
+    are recorded in `checks` and the plan is still made."""
+    from qwenquant.vllmcompat import row_for
+
+    dev = launch_device(req, art.install)
+    out = _Lines()
+    if art.install is None:
+        out.warnings.append("no vLLM found: the command below uses `vllm serve`")
+    match = row_for(art.install.version if art.install else None, dev)
+    if match.warning and art.install is not None:
+        out.warnings.append(match.warning)
+    profile = _device_profile(req, art, machine, dev, match.row, checks, out)
+    layout = checks.run(_layout, req, dev, profile, machine, match) or Layout.of(TENSOR, req.gpus, "")
+    if layout.gpus > 1:
+        out.notes.append(layout.line())
+    checks.run(guards.check_layout, dev, layout, art.config, profile, match.row, out.warnings)
+    profile = checks.run(lambda: apply_gpu_mem(profile, req.gpu_mem_bytes, dev, req.extra,
+                                               lambda: machine.used(1)[0].total, out.notes, dry_run=req.dry_run,
+                                               soft=req.gpu_mem_soft)) or profile
+    ballast = checks.run(_ballast, req, dev, layout.gpus, machine, out.notes) or ()
+    acts = checks.run(_activations, req, profile, art, dev, machine, match, out.warnings) or ActivationLaunch("bf16", {})
+    args, env_add = _command(req, art, profile, dev, layout, machine, acts, out)
+    budget = checks.run(_budget, art, profile, dev, env_add, machine, layout, out.warnings)
+    return LaunchPlan(art.artifact, profile, art.install, dev, tuple(args), env_add, budget, layout, match,
+                      tuple(out.warnings), tuple(checks.failures), tuple(out.notes), ballast, acts.env_unset,
+                      acts.activations)
+
+
+def launch_device(req: ServeRequest, install: VllmInstall | None) -> str:
+    """--device, else what the vLLM build targets (cuda when no vLLM is found)."""
+    return req.device or (install.device if install else "cuda")
+
+
+def _device_profile(req: ServeRequest, art: LaunchInputs, machine: Machine, dev: str, row: CompatRow,
+                    checks: Checks, out: _Lines) -> ResolvedProfile:
+    """The profile after what the device changes (the CPU build's fp8 KV cache), with the CPU's W4A16 path noted
+    and the draft-token limit checked."""
+    profile = art.profile
+    if dev == "cpu" and art.install is not None and art.install.python:
+        if machine.cpu_problem is not None:
+            checks.run(_raise, machine.cpu_problem)
+        elif machine.cpu_path is not None and art.int4:
+            checks.run(guards.require_cpu_path, machine.cpu_path)
+            if machine.cpu_path.path != "none":
+                out.notes.append(machine.cpu_path.line())
+        profile = checks.run(guards.cpu_kv_cache, profile, machine.cpu_fp8_kv, req.extra, out.warnings) or profile
+    checks.run(_check_spec_tokens, profile, art.install, row)
+    return profile
+
+
+def _raise(e: QwenquantError) -> None:
+    raise e
+
+
+def _command(req: ServeRequest, art: LaunchInputs, profile: ResolvedProfile, dev: str, layout: Layout,
+             machine: Machine, acts: ActivationLaunch, out: _Lines) -> tuple[list[str], dict[str, str]]:
+    """vLLM's argv and the environment it gets added, and the warnings and notes they carry."""
+    extra = guards.device_extra(dev, req.extra, machine.capability, out.warnings)
+    out.warnings.extend(guards.prefix_caching_warnings(profile, req.extra))
+    fe = frontend(art.install) if art.install else Frontend(None, None, None)
+    out.warnings.extend(argvmod.tool_flags(profile, fe)[1])
+    args = argvmod.build_vllm_argv(art.artifact, profile, art.manifest, dev, [*extra, *acts.args],
+                                   api_key=req.api_key, tp=layout.tp, pp=layout.pp, frontend=fe)
+    env_add = {**multicast_off(machine.env), **argvmod.build_vllm_env(dev, machine.env)}
+    if dev == "cpu":
+        from qwenquant.serve.cpupath import switch_env
+
+        env_add.update(switch_env(machine.env))
+    env_add.update(acts.env_add)
+    out.notes.extend(acts.notes)
+    out.warnings.extend(acts.warnings)
+    if dev == "cpu" and profile.speculative:
+        out.warnings.append("MTP on CPU: sample greedily (temperature 0); temperature > 0 under speculative "
+                            "decoding reads uninitialised temperatures in vLLM's CPU sampler (vLLM #55005)")
+    return args, env_add
+
+
+def _layout(req: ServeRequest, dev: str, profile: ResolvedProfile, machine: Machine, match: RowMatch) -> Layout:
+    """How the model is split over `req.gpus` GPUs (serve/topology.py `decide_layout`)."""
+    mtp = drafts(profile) and not match.row.pp_with_mtp
+    link = machine.link(req.gpus) if machine.links else None
+    return decide_layout(req.gpus, req.split, dev, argvmod.extra_tp(req.extra), argvmod.extra_pp(req.extra), mtp,
+                         link)
+
+
+def drafts(profile: ResolvedProfile) -> bool:
+    """The profile drafts with MTP (after the flags after --: `--speculative-config null` turns it off)."""
+    return bool(profile.speculative and profile.speculative.num_speculative_tokens)
+
+
+def _activations(req: ServeRequest, profile: ResolvedProfile, art: LaunchInputs, dev: str, machine: Machine,
+                 match: RowMatch, warnings: list[str]) -> ActivationLaunch:
+    """--activations (or the profile's): int8 only for an artifact that qualifies (a CheckError, exit 6), on a GPU
+    of SM 8.0 or newer, by the route the vLLM's row offers (serve/activations.py)."""
+    asked, source = chosen(req.activations, profile.activations, profile.name)
+    if asked == "int8":
+        guards.check_int8_artifact(art.artifact, art.facts, source, warnings)
+    return decide_activations(asked, dev, machine.capability if dev == "cuda" else None, machine.env, source,
+                              row=match.row)
+
+
+def _ballast(req: ServeRequest, dev: str, n: int, machine: Machine, notes: list[str]) -> tuple[str, ...]:
+    """The ballast's argv for a hard --gpu-mem on the `n` GPUs vLLM will use (checked: each has the size free),
+    and the line saying what it holds; () without a hard limit."""
+    size = req.gpu_mem_bytes
+    if not req.hard_limit or size is None or dev != "cuda":
+        return ()
+    try:
+        gpus = machine.used(n)
+    except ServeError as e:
+        if not req.dry_run:
+            raise
+        notes.append(f"--gpu-mem {budgetmod.gib(size)} is a hard limit: a ballast process will hold all but that "
+                     f"of each GPU's free memory (cannot read the GPUs here: {e.message})")
+        return tuple(ballast_command(sys.executable, size + req.ballast_reserve, n))
+    notes.append(ballast_note(size, [(g.index, g.total, g.free) for g in gpus], req.ballast_reserve))
+    return tuple(ballast_command(sys.executable, size + req.ballast_reserve, n, [g.free for g in gpus]))
+
+
+def _check_spec_tokens(profile: ResolvedProfile, install: VllmInstall | None, row: CompatRow) -> None:
+    """More draft tokens than vLLM's GDN speculative path survives (the profile's, or `-- --speculative-config`):
+    the row's max_spec_tokens (the default limit when no vLLM is found)."""
+    n = profile.speculative.num_speculative_tokens if profile.speculative else 0
+    if install is None:
+        problem = spec_tokens_problem(n)
+    else:
+        problem = None if row.max_spec_tokens is None else spec_tokens_problem(n, install.version,
+                                                                               limit=row.max_spec_tokens)
+    if problem:
+        raise ServeError(problem, hint=spec_tokens_fix())
+
+
+def _gpu_bytes(machine: Machine, n: int, utilization: float) -> int:
+    """Memory per GPU to plan for over the `n` GPUs vLLM uses, each checked free enough for `utilization`."""
+    gpus = machine.used(n)
+    if n > 1:
+        return check_free(gpus, utilization)
+    total, free = gpus[0].total, gpus[0].free
+    want = int(total * utilization)
+    if free < want:
+        raise ServeError(
+            f"the GPU has {budgetmod.gib(free)} free of {budgetmod.gib(total)}; --gpu-memory-utilization "
+            f"{utilization:g} asks for {budgetmod.gib(want)}",
+            hint=f"free the GPU or lower --gpu-memory-utilization to {int(free / total * 100) / 100:.2f} "
+                 "(pass it after --)")
+    return total
+
+
+def _budget(art: LaunchInputs, profile: ResolvedProfile, dev: str, env_add: dict[str, str], machine: Machine,
+            layout: Layout, warnings: list[str]) -> budgetmod.Budget:
+    if dev == "cuda":
+        total = _gpu_bytes(machine, layout.gpus, profile.gpu_memory_utilization)
+    else:
+        space = env_add.get("VLLM_CPU_KVCACHE_SPACE") or machine.env.get("VLLM_CPU_KVCACHE_SPACE", "1")
+        total = int(float(space) * budgetmod.GiB)
+    tp, pp = layout.tp, layout.pp
+    budget = artifact_budget(art.artifact, art.manifest, profile, dev, total_bytes=total, tp=tp if pp == 1 else 1,
+                             pp=pp, partition=machine.env.get(PARTITION_ENV))
+    where = f" on {stage_name(budget)}" if pp > 1 else ""
+    if not budget.fits:
+        raise ServeError(f"the memory budget does not fit{where}: " + budget.shortfall_message(),
+                         hint="`qwenquant plan` shows the whole budget; pass the lowered setting after --")
+    if not budget.fits_all_seqs:
+        warnings.append(budget.concurrency_message() + where)
+    f = fill(budget, model_shape(art.config))
+    if f is not None and not f.holds:
+        warnings.append("the context boots but may not fill: " + fill_lines(budget, f)[-1].strip().removeprefix(
+            "DOES NOT FILL: "))
+    return budget
+
+
+def with_failures(plan: LaunchPlan, failures: Sequence[QwenquantError]) -> LaunchPlan:
+    """The plan with checks made after the decision (the port) added to its failures."""
+    return replace(plan, failures=tuple(failures))
+
+
+def plan_json(plan: LaunchPlan) -> dict[str, Any]:
+    """The layout and the version table's row as `serve --dry-run --json` prints them."""
+    row = plan.row
+    return {"layout": {"tensor": plan.layout.tp, "pipeline": plan.layout.pp, "reason": plan.layout.reason},
+            "compat": None if row is None else {"build": row.row.build, "versions": row.row.versions,
+                                                "version": row.version, "warning": row.warning,
+                                                "hazards": [h.key for h in row.row.hazards]}}
+
