@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_table(r: dict[str, Any]) -> None:
-    gib = lambda b: "n/a" if b is None else f"{b / 2**30:.2f} GiB"  # noqa: E731
+    gib = lambda b: "n/a" if b is None else f"{b / 2**30:.2f} GiB"
     p = r["projection_64_layers"]
     rows = [("device", f"{r['device']} {r['gpu_name'] or ''}".strip()),
             ("checkpoint", f"{r['layers']} layers, source {r['source_bytes'] / 1e9:.2f} GB, artifact "

@@ -68,7 +68,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import activations_bench as ab  # noqa: E402  (its serve loop, kernel reader and CLI runner)
+import activations_bench as ab
 
 MARLIN_ONLY = "MacheteLinearKernel,HummingLinearKernel"
 MLP_TARGET = r"re:.*layers\.\d+\.mlp\.(gate_proj|up_proj|down_proj)$"
@@ -96,7 +96,7 @@ def offline_arms(reference: Path, artifact: Path, ids: Any, device: str, mlp: bo
     config, raw = read_config(artifact), raw_tensors(artifact)
     tensors = dequantize(raw, config)
     head = tensors["lm_head.weight"].float().to(device)
-    plain = lambda h: h @ head.T  # noqa: E731
+    plain = lambda h: h @ head.T
     arms: dict[str, tuple[Any, Any, int]] = {"bf16": (DenseForward(text_config(config), tensors, device), plain, 0)}
     (fwd, lm), _, counts = int8_dense_arm(raw, config, tensors, head, device)
     arms["int8"] = (fwd, lm, counts["body"] + counts["lm_head"])  # the MTP head plays no part in the log-probs

@@ -43,7 +43,7 @@ from qwenquant.quantize.head_gptq import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from quantize_bench import RssSampler  # noqa: E402
+from quantize_bench import RssSampler
 
 DEFAULT_OUT = Path("benchmarks/results/lm_head.json")
 

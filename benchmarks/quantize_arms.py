@@ -39,8 +39,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import phase_model as pm  # noqa: E402
-import quantize_bench as qb  # noqa: E402
+import phase_model as pm
+import quantize_bench as qb
 
 ARMS = ("qwenquant", "qwenquant-fp32", "oneshot")
 

@@ -135,6 +135,8 @@ def with_options(name: str, group: type) -> Callable[[Callable[..., Any]], Calla
             return func(*args, **kwargs)
 
         params = [*own, *added]
+        # typer reads the signature through inspect.signature, which honours __signature__ (PEP 362); a function
+        # object does not declare that attribute, so mypy cannot know it
         command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in params}
         return command

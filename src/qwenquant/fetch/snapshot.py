@@ -281,20 +281,20 @@ def _download_all(session: Session, batch: list[RemoteFile], tree: Path, staging
 
     if not batch:
         return []
+    cancel = session.cancel
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(batch)))) as pool:
         futures = [pool.submit(one, f) for f in batch]
         try:
             wait(futures, return_when=FIRST_EXCEPTION)
         except BaseException:  # Ctrl-C: stop the workers between chunks; partials stay for the next run
-            session.cancel.set()  # type: ignore[union-attr]
+            cancel.set()
             raise
-        errors = [fu.exception() for fu in futures if fu.done() and fu.exception() is not None]
-        if errors:
-            session.cancel.set()  # type: ignore[union-attr]
+        if any(fu.done() and fu.exception() is not None for fu in futures):
+            cancel.set()
             wait(futures)
-            errors = [fu.exception() for fu in futures if fu.exception() is not None]
+            errors = [e for fu in futures if (e := fu.exception()) is not None]
             real = [e for e in errors if not isinstance(e, Cancelled)]
-            raise (real or errors)[0]  # type: ignore[misc]
+            raise (real or errors)[0]
         return [fu.result() for fu in futures]
 
 

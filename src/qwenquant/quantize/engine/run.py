@@ -333,7 +333,7 @@ def _head_calibration(src: TextModelSource, acts: list[torch.Tensor], order: lis
                 H, tokens = lh.accumulate_hessian(H, h, tokens, precision=precision)
                 if mtp is not None:
                     mtp[0].add(mtp[1][j], h)
-            acts[where[j]] = None  # type: ignore[call-overload]  (free as we go)
+            acts[where[j]] = None  # type: ignore[call-overload]  # free as we go: nothing reads it again
     if ranks is not None:
         from qwenquant.quantize.engine import dist
 

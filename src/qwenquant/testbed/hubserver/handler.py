@@ -30,16 +30,16 @@ class _QuietServer(ThreadingHTTPServer):
 class _Handler(BaseHandler):
     """Downloads (HEAD, GET) are routed here; writes (POST, PUT) by uploads.py."""
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self._dispatch("HEAD")
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._dispatch("GET")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         handle_upload(self, "POST")
 
-    def do_PUT(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:
         handle_upload(self, "PUT")
 
     # -- routing ---------------------------------------------------------------------------

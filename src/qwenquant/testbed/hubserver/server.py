@@ -147,7 +147,10 @@ class HubServer:
 
     def file(self, repo_id: str, path: str, revision: str = "main", repo_type: str = "model") -> HubFile:
         with self._lock:
-            return self._resolve_commit(self._repos[(repo_type, repo_id)], revision).files[path]  # type: ignore[union-attr]
+            commit = self._resolve_commit(self._repos[(repo_type, repo_id)], revision)
+            if commit is None:
+                raise KeyError(f"{repo_id} has no revision {revision}")
+            return commit.files[path]
 
     # -- request log -----------------------------------------------------------------------
     def downloads(self, path_glob: str = "*") -> list[LoggedRequest]:
