@@ -1,6 +1,6 @@
 """The README's quality table for the committed tiny reference model, from one command.
 
-    .venv/bin/python benchmarks/eval_reference.py --work /tmp/evalref-bench --out benchmarks/reports/eval_reference.json
+    .venv/bin/python -m benchmarks.eval_reference --work /tmp/evalref-bench --out benchmarks/reports/eval_reference.json
 
 Every step is the real CLI: build the reference checkpoint (`qwenquant.testbed.tiny.reference_model`);
 `qwenquant quantize` (w4a16-int4head, tiny-reference calibration); `qwenquant eval offline ARTIFACT
