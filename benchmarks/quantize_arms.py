@@ -230,8 +230,9 @@ def drop_work(work: Path) -> None:
 def step_oneshot(args: argparse.Namespace, device: str) -> dict[str, Any]:
     import torch
 
-    from compare_llmcompressor import run_oneshot_arm
     from qwenquant.recipe import load_recipe
+
+    from benchmarks.compare_llmcompressor import run_oneshot_arm
 
     src_info = _load_source(args)
     tokens = args.work / "artifact.work" / "calibration"
@@ -264,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     from qwenquant.atomic import atomic_write_json
 
     if args.step == "report":
-        from arms_report import report
+        from benchmarks.arms_report import report
 
         r = report(args.work, keep_fp32=args.keep_fp32)
         args.out.parent.mkdir(parents=True, exist_ok=True)

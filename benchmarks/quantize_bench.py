@@ -492,7 +492,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         say(f"    gptq layer {i} phases (s): " + ", ".join(f"{k} {v:.2f}" for k, v in layer.items()))
     compare = None
     if args.compare_llmcompressor:
-        from compare_llmcompressor import ratios, run_oneshot_arm
+        from benchmarks.compare_llmcompressor import ratios, run_oneshot_arm
 
         say("llm-compressor oneshot arm (same source, scheme, ignore list, calibration tokens)")
         lc = run_oneshot_arm(work / "source", work / "artifact.work" / "calibration", recipe, work / "oneshot-save",
@@ -508,8 +508,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{k} {v:.2f}" for k, v in compare["ratios_qwenquant_over_llmcompressor"].items() if v is not None))
     gpus = None
     if args.gpus > 1:
-        from artifact_compare import compare_artifacts
-        from gpus_compare import run_gpus_arm, summarize
+        from benchmarks.artifact_compare import compare_artifacts
+        from benchmarks.gpus_compare import run_gpus_arm, summarize
 
         many = run_gpus_arm(args.gpus, work, recipe, spec, device, Recorder(gpu, rss, counts, engine=args.engine), say)
         one = {"wall_seconds": wall, "stages": rec.stages, "layers": rec.layers, "phases": phase_medians(phases)}
@@ -631,7 +631,7 @@ def print_table(r: dict[str, Any]) -> None:
         print(f"  oneshot: load {lc['load_seconds']:.1f} s, oneshot {lc['oneshot_seconds']:.1f} s, "
               f"save {lc['save_seconds']:.1f} s (wall = all three); qwenquant wall = every stage + manifest")
     if r.get("gpus_compare"):
-        from gpus_compare import print_gpus
+        from benchmarks.gpus_compare import print_gpus
 
         print_gpus(r["gpus_compare"], fmt_gib)
     p = r["projection_64_layers"]
