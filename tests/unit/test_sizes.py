@@ -31,7 +31,6 @@ KNOWN_FUNCTIONS: dict[str, str] = {
     "quantize/head_gptq.py:gptq_quantize_rows": "not split yet",
     "quantize/stages/gptq.py:run_gptq": "not split yet",
     "recipe/rules.py:_cross_field_problems": "not split yet",
-    "testbed/hubserver/handler.py:_send_file": "not split yet",
     "testbed/tiny/config.py:model_config": "not split yet",
 }
 
