@@ -220,17 +220,19 @@ def test_layer_write_overlaps_the_next_steps_and_its_failure_surfaces(streamed: 
 def test_the_oneshot_engine_is_stock_oneshot(tiny_checkpoint: Path, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """`QWENQUANT_GPTQ_ENGINE=oneshot` (README: the gptq stage runs llm-compressor's whole-model `oneshot`
-    instead): `qwenquant quantize` exits 0, its gptq stage's packed tensors are the very bytes of stock
-    `oneshot` + `save_pretrained` on the calibration tokens the run recorded, and the artifact verifies."""
+    instead): the pipeline's source, calibration and gptq stages run, and the gptq stage's packed tensors are
+    the very bytes of stock `oneshot` + `save_pretrained` on the calibration tokens the run recorded."""
+    from qwenquant.quantize.pipeline import QuantizeOptions, quantize
+    from qwenquant.quantize.stages import PIPELINE
     from qwenquant.quantize.stages.calibration import load_tokens
-
-    from helpers import qq
+    from qwenquant.recipe import load_calibration_override, load_recipe
 
     monkeypatch.setenv("QWENQUANT_GPTQ_ENGINE", "oneshot")
-    work, art = tmp_path / "work", tmp_path / "art"
-    r = qq("quantize", str(tiny_checkpoint), "--recipe", "w4a16-int4head", "--calibration", "tiny-demo",
-           "--source-unverified", "--out", str(art), "--work", str(work), "--device", "cpu")
-    assert r.returncode == 0, r.stderr[-3000:]
+    work = tmp_path / "work"
+    stages = [s for s in PIPELINE if s.name in ("source", "calibration", "gptq")]
+    opts = QuantizeOptions(tiny_checkpoint, load_recipe("w4a16-int4head"), load_calibration_override("tiny-demo"),
+                           tmp_path / "art", work=work, device="cpu", source_unverified=True)
+    assert quantize(opts, stages=stages).stages == {"source": "ran", "calibration": "ran", "gptq": "ran"}
     samples = load_tokens(work / "calibration")
     ref = _oneshot(tiny_checkpoint, tmp_path / "stock", samples, norm_rounding=True,
                    max_seq_length=max(len(s) for s in samples))
@@ -238,4 +240,3 @@ def test_the_oneshot_engine_is_stock_oneshot(tiny_checkpoint: Path, tmp_path: Pa
     assert sorted(got) == sorted(ref) and len(ref) == 3 * 25
     differ = [n for n in ref if got[n] != ref[n]]
     assert differ == [], f"{len(differ)} of {len(ref)} tensors differ from stock oneshot: {differ}"
-    assert qq("verify", str(art)).returncode == 0

@@ -23,15 +23,10 @@ KNOWN_FUNCTIONS: dict[str, str] = {
     "publish/run.py:_to_hub": "publish/ is being rewritten with the typed reports",
     "quantize/engine/run.py:stream_quantize": "the GPTQ determinism work edits this loop; split after it merges",
     # not split yet (no other change touches them): each is one refactor of its own
-    "commands/fetch.py:fetch": "not split yet",
-    "commands/plan.py:plan": "not split yet",
     "fetch/snapshot.py:_fetch": "not split yet",
     "modeling/head_quality.py:heads_quality": "not split yet",
-    "quantize/graft.py:graft_mtp": "not split yet",
     "quantize/head_gptq.py:gptq_quantize_rows": "not split yet",
-    "quantize/stages/gptq.py:run_gptq": "not split yet",
     "recipe/rules.py:_cross_field_problems": "not split yet",
-    "testbed/tiny/config.py:model_config": "not split yet",
 }
 
 

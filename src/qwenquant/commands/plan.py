@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from qwenquant.commands._app import Split, app
+
+if TYPE_CHECKING:
+    from qwenquant.plan.artifact import PlanResult
 
 
 @app.command()
@@ -45,7 +49,7 @@ def plan(
     from qwenquant.plan.artifact import make_plan
     from qwenquant.plan.gpumem import parse_size
     from qwenquant.plan.pipeline import PARTITION_ENV
-    from qwenquant.plan.report import budget_dict, budget_lines, first_reason, pipeline_lines, stage_name, weights_lines
+    from qwenquant.plan.report import budget_dict, first_reason, stage_name
 
     pp = gpus if split is Split.pipeline else 1
     res = make_plan(target, parse_size(gpu_mem), recipe_name=recipe, profiles=profile or None, tp=gpus // pp,
@@ -60,19 +64,7 @@ def plan(
                                  | ({"stages": [budget_dict(x, res.shape) for x in res.stages[k]]} if pp > 1 else {})
                                  for k, b in res.budgets.items()}})
     else:
-        lines = [f"plan for {res.source}, {where}"] + weights_lines(res.weights, res.include_vision)
-        for k, w in enumerate(res.stage_weights):
-            lines += [""] + [f"pipeline stage {k}: {line}" if i == 0 else line
-                             for i, line in enumerate(weights_lines(w, res.include_vision))]
-        for name, b in res.budgets.items():
-            for i, x in enumerate(res.stages.get(name, [b])):
-                shown = budget_lines(name, x, res.shape)
-                if i == 0 and name in res.refused:  # before the memory figures, which hold whatever the positions
-                    shown.insert(1, f"  DOES NOT FIT: {res.refused[name]}, which serve refuses: {res.position_fix}")
-                lines += [""] + shown
-            if pp > 1:
-                lines += [""] + pipeline_lines(name, res.stages[name], res.shape)
-        typer.echo("\n".join(lines))
+        typer.echo("\n".join(_plan_lines(res, where, pp)))
     if res.budgets and not any(res.fits(k) for k in res.budgets):
         name, b = next(iter(res.budgets.items()))
         if name in res.refused:
@@ -81,3 +73,22 @@ def plan(
         raise ServeError(f"no serve profile fits in {gpu_mem}{' per GPU' if gpus > 1 else ''}: {first_reason(b)} "
                          f"(profile {name}{where})",
                          hint="plan for a GPU with more memory, or lower the settings each profile names")
+
+
+def _plan_lines(res: PlanResult, where: str, pp: int) -> list[str]:
+    """The human form of `res`: the weights, each pipeline stage's, each profile's budget."""
+    from qwenquant.plan.report import budget_lines, pipeline_lines, weights_lines
+
+    lines = [f"plan for {res.source}, {where}"] + weights_lines(res.weights, res.include_vision)
+    for k, w in enumerate(res.stage_weights):
+        lines += [""] + [f"pipeline stage {k}: {line}" if i == 0 else line
+                         for i, line in enumerate(weights_lines(w, res.include_vision))]
+    for name, b in res.budgets.items():
+        for i, x in enumerate(res.stages.get(name, [b])):
+            shown = budget_lines(name, x, res.shape)
+            if i == 0 and name in res.refused:  # before the memory figures, which hold whatever the positions
+                shown.insert(1, f"  DOES NOT FIT: {res.refused[name]}, which serve refuses: {res.position_fix}")
+            lines += [""] + shown
+        if pp > 1:
+            lines += [""] + pipeline_lines(name, res.stages[name], res.shape)
+    return lines

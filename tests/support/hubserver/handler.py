@@ -25,7 +25,7 @@ class FaultyHandler(_Handler):
     def do_PUT(self) -> None:
         handle_upload(self, "PUT")
 
-    def faults(self, kinds: set[str], *, repo_id: str, path: str, method: str) -> dict[str, Any]:
+    def faults(self, kinds: set[str] | frozenset[str], *, repo_id: str, path: str, method: str) -> dict[str, Any]:
         fired = self.hub.faults.take(kinds, repo_id=repo_id, path=path, method=method, has_range=bool(self._rec.range))
         return {f.kind: f for f in fired}
 

@@ -47,7 +47,7 @@ class _Handler(BaseHandler):
         self.hub._tick(self._rec)
         self._error(405, None, "this hub serves downloads only")
 
-    def faults(self, kinds: set[str], *, repo_id: str, path: str, method: str) -> dict[str, Any]:
+    def faults(self, kinds: set[str] | frozenset[str], *, repo_id: str, path: str, method: str) -> dict[str, Any]:
         """The fault switches of `kinds` that fire on this request, by kind: none on this hub."""
         return {}
 
