@@ -45,21 +45,17 @@ def _port() -> int:
 
 
 def _served_eval(argv: list[str], env: dict[str, str], url: str, log: Path) -> dict:
-    """Start a server from `argv`, wait for /v1/models, run `qwenquant eval served URL`, stop it."""
-    import time
-    import urllib.request
+    """Start a server from `argv`, wait until it serves a model (serving.wait_ready), run `qwenquant eval served
+    URL`, stop it."""
+    from benchmarks.serving import wait_ready
 
     with open(log, "w") as f:
         proc = subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        for _ in range(900):
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited {proc.returncode}; see {log}")
-            try:
-                urllib.request.urlopen(url + "/v1/models", timeout=5).read()
-                break
-            except OSError:
-                time.sleep(1)
+        try:
+            wait_ready(url, proc, timeout=900)
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}; see {log}") from None
         r = qq("eval", "served", url, "--json", env=env)
         return json.loads(r.stdout) if r.stdout else {"error": r.stderr[-2000:]}
     finally:
