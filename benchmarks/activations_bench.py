@@ -10,10 +10,10 @@ and the server is stopped (Ctrl-C, exit 130 expected) before the next setting st
 which linear kernel it chose ("Using MarlinLinearKernel for CompressedTensorsWNA16"): int8 activations
 exist only in Marlin, so a setting that ran on another kernel measured nothing of them, and the table
 says so. On SM 9.x vLLM prefers Machete, which ignores the setting: `--force-marlin` (the default)
-sets VLLM_DISABLED_KERNELS=MacheteLinearKernel for both settings, so Hopper runs the kernel a GeForce
-Ampere card runs. Each bench report keeps its own cross-check flags; their count is in the table.
+disables the kernels vLLM prefers on SM 9.0 for both settings (serving.marlin_only: the list `qwenquant serve
+--activations int8` sets), so Hopper runs the kernel a GeForce Ampere card runs. Each bench report keeps its own cross-check flags; their count is in the table.
 
-  python benchmarks/activations_bench.py ARTIFACT --vllm .venv-vllm/qwenquant-vllm.json [--profile batch]
+  python -m benchmarks.activations_bench ARTIFACT --vllm .venv-vllm/qwenquant-vllm.json [--profile batch]
       [--gpu-mem 24GiB] [--settings bf16,int8] [--no-force-marlin] [--out benchmarks/results/activations.json]
       [-- vLLM flags]
 
@@ -28,19 +28,15 @@ above +15% (decode reads weights, which int8 activations do not shrink).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import re
-import signal
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-KERNEL = re.compile(r"Using (\w+) for (CompressedTensorsW\w+)")
+from benchmarks.serving import kernels_of, marlin_only, qwenquant_cli, serving
+
 FIGURES = (  # (key, label, higher is better)
     ("decode_c1_tok_s", "decode, 1 stream (tok/s)", True),
     ("decode_c16_tok_s", "decode, 16 streams, total (tok/s)", True),
@@ -50,11 +46,6 @@ FIGURES = (  # (key, label, higher is better)
     ("burst_ttft_max_s", "burst 16 x 2,048, TTFT max (s)", False),
 )
 TOO_GOOD = {"prefill": 0.60, "decode": 0.15}  # int8/bf16 - 1 above these is not believed without a reason
-
-
-def kernels(log: str) -> dict[str, str]:
-    """The linear kernel vLLM chose per compressed-tensors scheme, from its log (the last line of each)."""
-    return {m.group(2): m.group(1) for m in KERNEL.finditer(log)}
 
 
 def ladder_figure(run_report: dict[str, Any], concurrency: int, key: str) -> float | None:
@@ -119,42 +110,6 @@ def not_marlin(setting: dict[str, Any]) -> list[str]:
     return [f"{scheme}: {k}" for scheme, k in (setting.get("kernels") or {}).items() if k != "MarlinLinearKernel"]
 
 
-def qwenquant_cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 3600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "qwenquant", *argv], capture_output=True, text=True, env=env,
-                          timeout=timeout)
-
-
-def stop(proc: subprocess.Popen, timeout: float = 180) -> int | None:
-    """Ctrl-C a server still running (killed when it does not stop in `timeout` s); its exit code."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait()
-    return proc.returncode
-
-
-@contextlib.contextmanager
-def serving(cmd: list[str], env: dict[str, str], out: dict[str, Any]) -> Iterator[str | None]:
-    """Run `qwenquant serve ...` (`cmd`) to its `ready URL` line and yield the URL (None, with out["error"], when
-    serve exited first; out["ready_s"] otherwise); stop it afterwards (out["serve_exit"])."""
-    t0 = time.monotonic()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        line = (p.stdout.readline() if p.stdout else "").strip()
-        if not line.startswith("ready "):
-            out["error"] = f"serve exited with {p.wait()} before ready (see {out.get('log')})"
-            yield None
-        else:
-            out["ready_s"] = time.monotonic() - t0
-            yield line.split()[1]
-    finally:
-        if p.poll() is None:
-            out["serve_exit"] = stop(p)
-
-
 def bench(url: str, mode: str, out: Path, *args: str) -> dict[str, Any] | None:
     """One `qwenquant bench MODE URL ...` to `out`; its report (None when it wrote none)."""
     r = qwenquant_cli("bench", mode, url, "--out", str(out), *args)
@@ -173,9 +128,7 @@ def run_setting(args: argparse.Namespace, setting: str, stem: Path) -> dict[str,
         cmd += ["--vllm", args.vllm]
     if args.extra:
         cmd += ["--", *args.extra]
-    env = dict(os.environ)
-    if args.force_marlin:
-        env["VLLM_DISABLED_KERNELS"] = "MacheteLinearKernel"
+    env = marlin_only(dict(os.environ)) if args.force_marlin else dict(os.environ)
     out: dict[str, Any] = {"setting": setting, "command": cmd, "log": str(log)}
     reports: dict[str, dict[str, Any] | None] = {"run": None, "single": None, "burst": None}
     with serving(cmd, env, out) as url:
@@ -188,7 +141,7 @@ def run_setting(args: argparse.Namespace, setting: str, stem: Path) -> dict[str,
                                       "--max-tokens", "16")
             reports["burst"] = bench(url, "depth", stem.with_suffix(".burst.json"), "--depths", str(args.depth),
                                      "--concurrency", str(args.streams), "--max-tokens", "16")
-    out["kernels"] = kernels(log.read_text(errors="replace")) if log.exists() else {}
+    out["kernels"] = kernels_of(log)
     out["figures"] = figures(reports["run"], reports["single"], reports["burst"])
     out["reports"] = {k: str(stem.with_suffix(f".{k if k != 'single' else 'prefill'}.json")) for k in reports}
     return out
@@ -204,7 +157,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--depth", type=int, default=2048)
     ap.add_argument("--force-marlin", action=argparse.BooleanOptionalAction, default=True,
-                    help="VLLM_DISABLED_KERNELS=MacheteLinearKernel for every setting (default: on)")
+                    help="disable the kernels SM 9.0 prefers to Marlin for every setting (default: on)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/activations_bench.json"))
     extra: list[str] = []

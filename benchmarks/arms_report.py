@@ -16,8 +16,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import phase_model as pm
-import quantize_bench as qb
+from benchmarks import phase_model as pm
+from benchmarks import quantize_bench as qb
 
 GOALS = {"layer_ratio": 0.45, "layer_ratio_reach": 0.35, "whole_minutes": 6.0, "whole_ratio": 0.5,
          "gpu_peak_gib": 12.0, "rss_gib": 32.0, "head_rss_gib": 12.0, "weight_error_ratio": 0.001}
@@ -38,7 +38,7 @@ def compare_fp32(work: Path, keep: bool) -> dict[str, Any] | None:
     fp32 = work / "artifact-fp32"
     if not (fp32 / "qwenquant-manifest.json").is_file():
         return None
-    from artifact_compare import compare_artifacts
+    from benchmarks.artifact_compare import compare_artifacts
 
     qb.say("comparing the tensor-core artifact with the fp32 one (reads both and the source)")
     diff = compare_artifacts(fp32, work / "artifact", work / "source", progress=lambda line: qb.say("    " + line))

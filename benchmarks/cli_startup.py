@@ -3,7 +3,7 @@
 Prints a table (median and best of N runs) and writes JSON. The goal is under 0.5 s on a
 2-core machine: the CLI must not import torch, transformers or llm-compressor for help.
 
-    python benchmarks/cli_startup.py --runs 5 --out benchmarks/results/cli_startup.json
+    python -m benchmarks.cli_startup --runs 5 --out benchmarks/results/cli_startup.json
 """
 
 from __future__ import annotations

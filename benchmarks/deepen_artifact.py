@@ -8,7 +8,7 @@ use: its manifest names the artifact it came from and how it was made (`extra.de
 and `qwenquant verify` checks its files like any other. N must be a multiple of the full-attention
 interval (4 on Qwen3.5), so every copied layer keeps its type.
 
-    PYTHONPATH=src python3 benchmarks/deepen_artifact.py artifacts/bench-8 --layers 64 --out artifacts/bench-64
+    PYTHONPATH=src python3 -m benchmarks.deepen_artifact artifacts/bench-8 --layers 64 --out artifacts/bench-64
 """
 
 from __future__ import annotations

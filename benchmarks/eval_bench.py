@@ -7,8 +7,8 @@ benchmarks/quantize_bench.py (or reuses one: `--work W` holding `source/` and `a
 decoder layer (both arms), the fixed part (heads, metrics, MTP), peak GPU memory and host RSS;
 projects the default eval (32 x 256) at 64 layers. Prints a table, writes JSON (--out).
 
-  GPU, real dims:   PYTHONPATH=src:$PYTHONPATH python3 benchmarks/eval_bench.py --layers 4 --max-gpu-mem 23.5
-  CPU proof:        .venv/bin/python benchmarks/eval_bench.py --layers 4 --scale 0.05 --vocab 16384 --device cpu \
+  GPU, real dims:   PYTHONPATH=src:$PYTHONPATH python3 -m benchmarks.eval_bench --layers 4 --max-gpu-mem 23.5
+  CPU proof:        .venv/bin/python -m benchmarks.eval_bench --layers 4 --scale 0.05 --vocab 16384 --device cpu \
                         --windows 4 --window-len 64
 
 Expectations written before the first GPU run are in benchmarks/README.md.
@@ -24,8 +24,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 REAL_LAYERS, DEFAULT_WINDOWS, DEFAULT_LEN = 64, 32, 256
 
@@ -64,7 +62,7 @@ def ensure_artifact(args: argparse.Namespace, work: Path, device: str) -> None:
     """source/ and artifact/ under `work`, built and quantized by quantize_bench.py unless present."""
     if (work / "artifact" / "qwenquant-manifest.json").is_file() and (work / "source" / "config.json").is_file():
         return
-    import quantize_bench
+    from benchmarks import quantize_bench
 
     argv = ["--layers", str(args.layers), "--scale", str(args.scale), "--device", device, "--work", str(work), "--keep",
             "--quick", "--out", str(work / "quantize_bench.json")]
@@ -89,9 +87,10 @@ def project(r: dict[str, Any]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from quantize_bench import Gpu, RssSampler, versions
     from qwenquant.evaluate.offline import run_offline, weight_bytes
     from qwenquant.quantize.engine.run import apply_gpu_cap
+
+    from benchmarks.quantize_bench import Gpu, RssSampler, versions
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     work = args.work or Path(tempfile.mkdtemp(prefix="eval-bench-"))
@@ -118,7 +117,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_table(r: dict[str, Any]) -> None:
-    gib = lambda b: "n/a" if b is None else f"{b / 2**30:.2f} GiB"  # noqa: E731
+    gib = lambda b: "n/a" if b is None else f"{b / 2**30:.2f} GiB"
     p = r["projection_64_layers"]
     rows = [("device", f"{r['device']} {r['gpu_name'] or ''}".strip()),
             ("checkpoint", f"{r['layers']} layers, source {r['source_bytes'] / 1e9:.2f} GB, artifact "

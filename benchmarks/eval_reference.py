@@ -1,6 +1,6 @@
 """The README's quality table for the committed tiny reference model, from one command.
 
-    .venv/bin/python benchmarks/eval_reference.py --work /tmp/evalref-bench --out benchmarks/reports/eval_reference.json
+    .venv/bin/python -m benchmarks.eval_reference --work /tmp/evalref-bench --out benchmarks/reports/eval_reference.json
 
 Every step is the real CLI: build the reference checkpoint (`qwenquant.testbed.tiny.reference_model`);
 `qwenquant quantize` (w4a16-int4head, tiny-reference calibration); `qwenquant eval offline ARTIFACT
@@ -45,21 +45,17 @@ def _port() -> int:
 
 
 def _served_eval(argv: list[str], env: dict[str, str], url: str, log: Path) -> dict:
-    """Start a server from `argv`, wait for /v1/models, run `qwenquant eval served URL`, stop it."""
-    import time
-    import urllib.request
+    """Start a server from `argv`, wait until it serves a model (serving.wait_ready), run `qwenquant eval served
+    URL`, stop it."""
+    from benchmarks.serving import wait_ready
 
     with open(log, "w") as f:
         proc = subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        for _ in range(900):
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited {proc.returncode}; see {log}")
-            try:
-                urllib.request.urlopen(url + "/v1/models", timeout=5).read()
-                break
-            except OSError:
-                time.sleep(1)
+        try:
+            wait_ready(url, proc, timeout=900)
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}; see {log}") from None
         r = qq("eval", "served", url, "--json", env=env)
         return json.loads(r.stdout) if r.stdout else {"error": r.stderr[-2000:]}
     finally:

@@ -1,6 +1,6 @@
 """Cost of verification: plain `snapshot_download` vs `qwenquant fetch` from the loopback hub.
 
-    .venv/bin/python benchmarks/fetch_bench.py --size-gib 1.0 --repeat 3 --out benchmarks/results/fetch.json
+    .venv/bin/python -m benchmarks.fetch_bench --size-gib 1.0 --repeat 3 --out benchmarks/results/fetch.json
 
 Builds a >= 1 GiB Qwen3.5-shaped checkpoint (valid safetensors shards + index + config, random
 bytes), serves it from `python -m qwenquant.testbed.hubserver` in its own process, then alternates:

@@ -21,8 +21,8 @@ Kernel, first importable (or --kernel):
          the value heads if the installed release does not take fewer q/k heads)
   torch  transformers' torch_chunk_gated_delta_rule (reference code; a burst runs as a padded batch)
 
-  GPU:  PYTHONPATH=src:/tmp/site python3 benchmarks/gdn_transient.py
-  CPU smoke (torch kernel, small): python benchmarks/gdn_transient.py --device cpu --kernel torch \\
+  GPU:  PYTHONPATH=src:/tmp/site python3 -m benchmarks.gdn_transient
+  CPU smoke (torch kernel, small): python -m benchmarks.gdn_transient --device cpu --kernel torch \\
             --tokens 128,256 --burst-seqs 1,4 --burst-tokens 256
 
 Prints a table to stdout and writes JSON (--out, default benchmarks/results/gdn_transient.json) with a

@@ -1,6 +1,6 @@
 """Does the offline int8-activation arm track what vLLM serves? The tiny reference, token by token.
 
-    python benchmarks/int8_agreement.py ARTIFACT --reference SRC --vllm LAUNCHER [--device cuda]
+    python -m benchmarks.int8_agreement ARTIFACT --reference SRC --vllm LAUNCHER [--device cuda]
         [--settings bf16,int8] [--mlp-humming] [--windows 16] [--window-len 256]
         [--out benchmarks/results/int8_agreement.json] [-- vLLM flags]
 
@@ -64,13 +64,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks.serving import (
+    REPO,
+    cli_env,
+    kernels_of,
+    marlin_only,
+    qwenquant_cli,
+    served_model,
+    serving,
+    stop,
+    wait_ready,
+)
 
-import activations_bench as ab  # noqa: E402  (its serve loop, kernel reader and CLI runner)
-
-MARLIN_ONLY = "MacheteLinearKernel,HummingLinearKernel"
 MLP_TARGET = r"re:.*layers\.\d+\.mlp\.(gate_proj|up_proj|down_proj)$"
 # vLLM's scheme for a 4-bit-weight group with 8-bit dynamic per-token inputs, and what its inputs become: 0.26
 # sends it to W4A8Fp8 on SM 9.0 exactly (`_is_fp8_w4a8_sm90` reads bits, strategy and symmetry, not the type)
@@ -96,7 +101,7 @@ def offline_arms(reference: Path, artifact: Path, ids: Any, device: str, mlp: bo
     config, raw = read_config(artifact), raw_tensors(artifact)
     tensors = dequantize(raw, config)
     head = tensors["lm_head.weight"].float().to(device)
-    plain = lambda h: h @ head.T  # noqa: E731
+    plain = lambda h: h @ head.T
     arms: dict[str, tuple[Any, Any, int]] = {"bf16": (DenseForward(text_config(config), tensors, device), plain, 0)}
     (fwd, lm), _, counts = int8_dense_arm(raw, config, tensors, head, device)
     arms["int8"] = (fwd, lm, counts["body"] + counts["lm_head"])  # the MTP head plays no part in the log-probs
@@ -146,56 +151,20 @@ def served_logprobs(base: str, model: str, ids: Any) -> dict[str, Any]:
             "drafting": bool(drafts(base, None))}
 
 
-def wait_ready(base: str, proc: subprocess.Popen, timeout: float) -> str:
-    """The served model's name once /health answers and /v1/models lists one (raises when the process dies)."""
-    from qwenquant.net.http import HttpError, fetch
-
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM exited with {proc.returncode} before it was ready")
-        try:
-            if fetch(f"{base}/health", timeout=5).status == 200:
-                return served_model(base)
-        except HttpError:
-            pass
-        time.sleep(2)
-    raise RuntimeError(f"not ready after {timeout:.0f} s")
-
-
-def served_model(base: str) -> str:
-    """The first model /v1/models lists."""
-    from qwenquant.net.http import get_json
-
-    return get_json(f"{base}/v1/models", timeout=10)["data"][0]["id"]
-
-
-def kernel_lines(log_file: Path) -> dict[str, str]:
-    """activations_bench.kernels of the log at `log_file` ({} when there is none)."""
-    return ab.kernels(log_file.read_text(errors="replace")) if log_file.exists() else {}
-
-
-def cli_env() -> dict[str, str]:
-    """This environment with the repository's src first on PYTHONPATH, for the qwenquant commands it runs."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p))
-
-
 def serve_setting(a: argparse.Namespace, setting: str, ids: Any, port: int) -> dict[str, Any]:
     """One `qwenquant serve --activations SETTING`: its prompt log-probs, eval served's gate and MTP figures."""
     log_file = a.out.with_name(f"{a.out.stem}-{setting}.vllm.log")
     cmd = [sys.executable, "-m", "qwenquant", "serve", str(a.artifact), "--profile", "single-user",
            "--activations", setting, "--port", str(port), "--log-file", str(log_file), "--timeout", str(a.timeout)]
     cmd += (["--vllm", a.vllm] if a.vllm else []) + (["--", *a.extra] if a.extra else [])
-    env = cli_env()
-    if a.force_marlin:
-        env["VLLM_DISABLED_KERNELS"] = MARLIN_ONLY
+    env = marlin_only(cli_env()) if a.force_marlin else cli_env()
     out: dict[str, Any] = {"command": cmd, "log": str(log_file)}
-    with ab.serving(cmd, env, out) as url:
+    with serving(cmd, env, out) as url:
         if url is not None:
             base = url.rstrip("/")
             log(f"{setting}: ready after {out['ready_s']:.1f} s at {base}")
             out["served"] = served_logprobs(base, served_model(base), ids)
-            r = ab.qwenquant_cli("eval", "served", base, "--json", env=env, timeout=900)
+            r = qwenquant_cli("eval", "served", base, "--json", env=env, timeout=900)
             try:
                 rep = json.loads(r.stdout)
                 out["eval_served"] = {"exit": r.returncode, "cases_passed": sum(t["passed"] for t in rep["tasks"]),
@@ -203,7 +172,7 @@ def serve_setting(a: argparse.Namespace, setting: str, ids: Any, port: int) -> d
                                       "failures": rep.get("failures")}
             except (ValueError, KeyError) as e:
                 out["eval_served"] = {"exit": r.returncode, "error": f"{type(e).__name__}: {e}", "stderr": r.stderr[-800:]}
-    out["kernels"] = kernel_lines(log_file)
+    out["kernels"] = kernels_of(log_file)
     return out
 
 
@@ -230,7 +199,7 @@ def serve_humming(a: argparse.Namespace, ids: Any, port: int) -> dict[str, Any]:
     variant = mlp_variant(a.artifact, a.out.with_name(f"{a.out.stem}-mlp-int8-artifact"))
     argv = ["serve", str(a.artifact), "--profile", "single-user", "--port", str(port), "--dry-run", "--json"]
     argv += (["--vllm", a.vllm] if a.vllm else []) + (["--", *a.extra] if a.extra else [])
-    r = ab.qwenquant_cli(*argv, env=cli_env(), timeout=300)
+    r = qwenquant_cli(*argv, env=cli_env(), timeout=300)
     if r.returncode != 0:
         return {"error": f"serve --dry-run exited {r.returncode}: {r.stderr.strip()[-400:]}"}
     plan = json.loads(r.stdout)
@@ -238,7 +207,7 @@ def serve_humming(a: argparse.Namespace, ids: Any, port: int) -> dict[str, Any]:
     cmd[cmd.index("--model") + 1] = str(variant)
     cmd += ["--linear-backend", "humming"]
     env = {k: v for k, v in os.environ.items() if k not in plan.get("env_unset", [])
-           and k not in ("VLLM_DISABLED_KERNELS", "VLLM_MARLIN_INPUT_DTYPE")}
+           and k not in ("VLLM_DISABLED_KERNELS", "VLLM_MARLIN_INPUT_DTYPE")}  # humming: neither may stay
     env.update(plan.get("env") or {})
     log_file = a.out.with_name(f"{a.out.stem}-mlp-int8.vllm.log")
     out: dict[str, Any] = {"command": cmd, "log": str(log_file), "artifact": str(variant)}
@@ -254,8 +223,8 @@ def serve_humming(a: argparse.Namespace, ids: Any, port: int) -> dict[str, Any]:
         except (RuntimeError, OSError, QwenquantError) as e:
             out["error"] = str(e)
         finally:
-            out["serve_exit"] = ab.stop(p)
-    out["kernels"] = kernel_lines(log_file)
+            out["serve_exit"] = stop(p)
+    out["kernels"] = kernels_of(log_file)
     if "error" in out:
         out["log_tail"] = log_file.read_text(errors="replace")[-3000:]
     return out

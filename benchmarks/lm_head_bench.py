@@ -4,12 +4,12 @@ Random head weights and synthetic final-norm-like hidden states (random orthogon
 power-law spectrum, a few loud channels), so KL numbers depend on that synthetic spectrum:
 they show the machinery works and GPTQ exploits correlation, not what the real 27B head gets.
 
-  GPU, real shape:  python benchmarks/lm_head_bench.py
-  GPU, quick:       python benchmarks/lm_head_bench.py --quick
-  CPU, small:       python benchmarks/lm_head_bench.py --device cpu --threads 1 --vocab 8192 --hidden 1024 \\
+  GPU, real shape:  python -m benchmarks.lm_head_bench
+  GPU, quick:       python -m benchmarks.lm_head_bench --quick
+  CPU, small:       python -m benchmarks.lm_head_bench --device cpu --threads 1 --vocab 8192 --hidden 1024 \\
                         --calib-tokens 4096 --eval-tokens 512 --row-chunks 512,2048,all
-  The stage:        python benchmarks/lm_head_bench.py --stage [--row-chunk auto|N]
-  The stage, CPU:   python benchmarks/lm_head_bench.py --stage --device cpu --vocab 16384 --eval-tokens 512
+  The stage:        python -m benchmarks.lm_head_bench --stage [--row-chunk auto|N]
+  The stage, CPU:   python -m benchmarks.lm_head_bench --stage --device cpu --vocab 16384 --eval-tokens 512
 
 --stage runs the lm_head stage's tensor work once (head_gptq.quantize_head: GPTQ, the KL compare
 against RTN, packing; `row_chunk: auto` resolved as the stage does) and reports the seconds of each
@@ -42,8 +42,7 @@ from qwenquant.quantize.head_gptq import (
     rtn_quantize_rows,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from quantize_bench import RssSampler  # noqa: E402
+from benchmarks.quantize_bench import RssSampler
 
 DEFAULT_OUT = Path("benchmarks/results/lm_head.json")
 

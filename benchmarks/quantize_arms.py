@@ -5,15 +5,15 @@ qwenquant (`pipeline.quantize`, the streamed engine) and by llm-compressor `ones
 its own command so that every piece fits a time limit and the source is built once:
 
   W=/tmp/qbench; export PYTHONUNBUFFERED=1
-  python3 benchmarks/quantize_arms.py source    --work $W --layers 16        # the source checkpoint + calibration jsonl
-  python3 benchmarks/quantize_arms.py qwenquant --work $W --max-gpu-mem 23.5  # artifact kept: $W/artifact
-  python3 benchmarks/quantize_arms.py oneshot   --work $W --max-gpu-mem 23.5  # reads qwenquant's calibration tokens
-  python3 benchmarks/quantize_arms.py qwenquant --work $W --max-gpu-mem 23.5 --hessian-precision fp32  # quality arm
-  python3 benchmarks/quantize_arms.py report    --work $W --out benchmarks/results/quantize_arms_h200.json
+  python3 -m benchmarks.quantize_arms source    --work $W --layers 16        # the source checkpoint + calibration jsonl
+  python3 -m benchmarks.quantize_arms qwenquant --work $W --max-gpu-mem 23.5  # artifact kept: $W/artifact
+  python3 -m benchmarks.quantize_arms oneshot   --work $W --max-gpu-mem 23.5  # reads qwenquant's calibration tokens
+  python3 -m benchmarks.quantize_arms qwenquant --work $W --max-gpu-mem 23.5 --hessian-precision fp32  # quality arm
+  python3 -m benchmarks.quantize_arms report    --work $W --out benchmarks/results/quantize_arms_h200.json
 
 CPU proof of the plumbing (small widths; the figures mean nothing):
   for s in "source --layers 4 --scale 0.05 --vocab 16384 --samples 4 --max-length 128" qwenquant oneshot \
-           "qwenquant --hessian-precision fp32" report; do .venv/bin/python benchmarks/quantize_arms.py $s --work /tmp/qa; done
+           "qwenquant --hessian-precision fp32" report; do .venv/bin/python -m benchmarks.quantize_arms $s --work /tmp/qa; done
 
 Warm-up, before an arm's clock starts and reported apart: one calibration-length sample through one
 decoder layer of each type (flash-linear-attention's Triton kernels compile, or load from
@@ -37,10 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import phase_model as pm  # noqa: E402
-import quantize_bench as qb  # noqa: E402
+from benchmarks import phase_model as pm
+from benchmarks import quantize_bench as qb
 
 ARMS = ("qwenquant", "qwenquant-fp32", "oneshot")
 
@@ -143,7 +141,7 @@ def hessian_rates(n: int, device: str, widths: tuple[int, ...]) -> dict[str, flo
 def step_source(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    import shapes
+    from benchmarks import shapes
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     ref, ref_from = shapes.reference_config(None)
@@ -234,7 +232,7 @@ def step_oneshot(args: argparse.Namespace, device: str) -> dict[str, Any]:
 
     from qwenquant.recipe import load_recipe
 
-    from compare_llmcompressor import run_oneshot_arm
+    from benchmarks.compare_llmcompressor import run_oneshot_arm
 
     src_info = _load_source(args)
     tokens = args.work / "artifact.work" / "calibration"
@@ -267,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     from qwenquant.atomic import atomic_write_json
 
     if args.step == "report":
-        from arms_report import report
+        from benchmarks.arms_report import report
 
         r = report(args.work, keep_fp32=args.keep_fp32)
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -8,9 +8,9 @@ reset at every stage boundary) and peak host RSS (sampled); per GPTQ decoder lay
 GPU memory; the lm_head quality report; the artifact's bytes by component. Then a separately
 labelled projection to 64 layers. Prints a table (stdout) and writes JSON (--out).
 
-  GPU, real dims:   PYTHONPATH=src:$PYTHONPATH python3 benchmarks/quantize_bench.py
-  1 vs 2 GPUs:      PYTHONPATH=src:$PYTHONPATH python3 benchmarks/quantize_bench.py --layers 8 --gpus 2
-  CPU proof:        .venv/bin/python benchmarks/quantize_bench.py --quick --scale 0.1 --device cpu
+  GPU, real dims:   PYTHONPATH=src:$PYTHONPATH python3 -m benchmarks.quantize_bench
+  1 vs 2 GPUs:      PYTHONPATH=src:$PYTHONPATH python3 -m benchmarks.quantize_bench --layers 8 --gpus 2
+  CPU proof:        .venv/bin/python -m benchmarks.quantize_bench --quick --scale 0.1 --device cpu
 
 Expectations written before the first GPU run are in benchmarks/README.md. benchmarks/quantize_arms.py runs the
 same measurement in pieces (one arm per process, each warmed before it is timed).
@@ -35,8 +35,6 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/shapes.py beside this file
 
 REAL_LAYERS = 64
 GIB = 2**30
@@ -432,7 +430,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from qwenquant.quantize.pipeline import QuantizeOptions, quantize
     from qwenquant.recipe import load_calibration_override, load_recipe
 
-    import shapes
+    from benchmarks import shapes
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     work = args.work or Path(tempfile.mkdtemp(prefix="quantize-bench-"))
@@ -494,7 +492,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         say(f"    gptq layer {i} phases (s): " + ", ".join(f"{k} {v:.2f}" for k, v in layer.items()))
     compare = None
     if args.compare_llmcompressor:
-        from compare_llmcompressor import ratios, run_oneshot_arm
+        from benchmarks.compare_llmcompressor import ratios, run_oneshot_arm
 
         say("llm-compressor oneshot arm (same source, scheme, ignore list, calibration tokens)")
         lc = run_oneshot_arm(work / "source", work / "artifact.work" / "calibration", recipe, work / "oneshot-save",
@@ -510,8 +508,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{k} {v:.2f}" for k, v in compare["ratios_qwenquant_over_llmcompressor"].items() if v is not None))
     gpus = None
     if args.gpus > 1:
-        from artifact_compare import compare_artifacts
-        from gpus_compare import run_gpus_arm, summarize
+        from benchmarks.artifact_compare import compare_artifacts
+        from benchmarks.gpus_compare import run_gpus_arm, summarize
 
         many = run_gpus_arm(args.gpus, work, recipe, spec, device, Recorder(gpu, rss, counts, engine=args.engine), say)
         one = {"wall_seconds": wall, "stages": rec.stages, "layers": rec.layers, "phases": phase_medians(phases)}
@@ -633,7 +631,7 @@ def print_table(r: dict[str, Any]) -> None:
         print(f"  oneshot: load {lc['load_seconds']:.1f} s, oneshot {lc['oneshot_seconds']:.1f} s, "
               f"save {lc['save_seconds']:.1f} s (wall = all three); qwenquant wall = every stage + manifest")
     if r.get("gpus_compare"):
-        from gpus_compare import print_gpus
+        from benchmarks.gpus_compare import print_gpus
 
         print_gpus(r["gpus_compare"], fmt_gib)
     p = r["projection_64_layers"]

@@ -15,7 +15,7 @@ vLLM's log lines read (vLLM 0.26 .. 0.33, v1 engine):
   "init engine (profile, create kv cache, warmup model) took 256.80 s"  (0.26 says "seconds")
 The peak-activation line is logged at DEBUG, so the server runs with VLLM_LOGGING_LEVEL=DEBUG.
 
-  python benchmarks/serve_cuda_bench.py ARTIFACT --vllm .venv-vllm/qwenquant-vllm.json [--gpu-mem 24GiB]
+  python -m benchmarks.serve_cuda_bench ARTIFACT --vllm .venv-vllm/qwenquant-vllm.json [--gpu-mem 24GiB]
       [--gpu-mem-soft] [--profile single-user --profile batch] [--gpus N [--split tensor|pipeline]]
       [--out benchmarks/results/serve_cuda_bench.json] [-- vLLM flags]
 
@@ -37,12 +37,13 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.serving import served_model, serving
 
 GiB = 1024**3
 _NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
@@ -147,29 +148,17 @@ def run_profile(args: argparse.Namespace, profile: str, log_path: Path) -> dict[
     if args.extra:
         cmd += ["--", *args.extra]
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "DEBUG"}
-    t0 = time.monotonic()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     result: dict[str, Any] = {"profile": profile, "command": cmd, "log": str(log_path)}
-    try:
-        line = p.stdout.readline().strip()
-        if not line.startswith("ready "):
-            result["error"] = f"serve exited with {p.wait()} before ready (see {log_path})"
+    with serving(cmd, env, result) as url:
+        if url is None:
             return result
-        result["ready_s"] = time.monotonic() - t0
-        url = line.split()[1]
         from qwenquant.bench.metrics import acceptance, scrape
-        from qwenquant.net.http import get_json
         from qwenquant.net.prometheus import spec_counters
 
-        model = get_json(url + "/v1/models")["data"][0]["id"]
-
+        model = served_model(url)
         before = spec_counters(scrape(url) or "")
         result["completions"] = [_complete(url, model, 0.0), _complete(url, model, 0.8)]
         result["mtp"] = acceptance(spec_counters(scrape(url) or "").minus(before))
-    finally:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            result["serve_exit"] = p.wait(timeout=120)
     result["vllm"] = parse_vllm_log(log_path.read_text(errors="replace")) if log_path.exists() else {}
     return result
 

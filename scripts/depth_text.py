@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from stdlib_corpus import HELDOUT, MODULES, stdlib_dir  # noqa: E402
+from stdlib_corpus import HELDOUT, MODULES, stdlib_dir
 
 PICK = ("argparse.py", "dataclasses.py", "difflib.py", "functools.py", "heapq.py", "string.py", "bisect.py")
 OUT = Path(__file__).resolve().parents[1] / "src" / "qwenquant" / "data" / "depthtext"

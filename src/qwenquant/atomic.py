@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -22,15 +23,31 @@ def pretty_json(obj: Any) -> bytes:
     return (json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode()
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+def _unique_name(folder: Path, name: str, suffix: str) -> Path:
+    return folder / f".{name}.{secrets.token_hex(6)}{suffix}"
 
 
-def default_file_mode() -> int:
-    """The mode a plain `open(path, "w")` would give (mkstemp makes 0600)."""
-    return 0o666 & ~_umask()
+def _create_file(folder: Path, name: str) -> tuple[int, Path]:
+    """A new file at a unique name in `folder`, opened for writing, with the mode a plain `open(path, "w")`
+    gives: os.open's mode 0o666, less the umask, applied by the kernel. The process-wide umask is never
+    read by setting it (mkstemp's 0600 would need it, and flipping it races with threads that write)."""
+    while True:
+        tmp = _unique_name(folder, name, ".tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
+        except FileExistsError:
+            continue
+
+
+def _create_folder(folder: Path, name: str) -> Path:
+    """A new folder at a unique name in `folder`, mode 0o777 less the umask (mkdtemp makes 0700)."""
+    while True:
+        tmp = _unique_name(folder, name, ".partial")
+        try:
+            os.mkdir(tmp, 0o777)
+            return tmp
+        except FileExistsError:
+            continue
 
 
 def fsync_dir(path: Path) -> None:
@@ -53,9 +70,8 @@ def atomic_writer(path: Path) -> Iterator[IO[bytes]]:
             yield f
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_file(path.parent, path.name)
     try:
-        os.fchmod(fd, default_file_mode())  # mkstemp makes 0600; give the usual file mode
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
@@ -87,9 +103,8 @@ def staging_dir(final: Path) -> Iterator[Path]:
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
+    tmp = _create_folder(final.parent, final.name)
     try:
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; the folder outlives this process
         yield tmp
         replace_dir(tmp, final)
     except BaseException:

@@ -19,7 +19,7 @@ import typer
 from qwenquant import envs
 
 # Each command module registers its commands on `app` when imported, in this order (the --help order).
-from qwenquant.commands import bench, check, demo, doctor, eval, fetch, plan, publish, quantize, recipe, serve, verify  # noqa: F401, I001
+from qwenquant.commands import bench, check, demo, doctor, eval, fetch, plan, publish, quantize, recipe, serve, verify  # noqa: F401
 from qwenquant.commands._app import app, interrupt_line, started
 from qwenquant.errors import QwenquantError
 

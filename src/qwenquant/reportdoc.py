@@ -49,7 +49,8 @@ class DocKind:
         if data.get("schema_version") != self.version:
             raise self.refuse(source, "schema_version", f"is {data.get('schema_version')!r}, this qwenquant reads "
                               f"{self.tool} reports of schema_version {self.version}")
-        cls = registry.get(data.get(self.tag))  # type: ignore[arg-type]
+        tag = data.get(self.tag)
+        cls = registry.get(tag) if isinstance(tag, str) else None
         if cls is None or (want and cls is not registry.get(want)):
             raise self.refuse(source, self.tag, f"is {data.get(self.tag)!r}, not {want or ' | '.join(registry)}")
         names = {f.name for f in fields(cls)} | {self.tag} | extra

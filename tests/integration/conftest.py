@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from qwenquant.testbed.hubserver import HubServer
-
 from helpers import Disk, make_keys, write_test_manifest
+from support.hubserver import HubServer
 
 REPO = "Qwen/Qwen3.8-27B"
 

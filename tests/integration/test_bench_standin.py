@@ -100,8 +100,21 @@ def test_missing_usage_is_an_error_not_a_guess(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+def _streams_at_once(recs: list) -> list[int]:
+    """How many streams each busy spell of the server held open together, on its own clock."""
+    spells: list[list[float]] = []  # [end of the spell, streams in it]
+    for r in sorted(recs, key=lambda r: r.recv):
+        if spells and r.recv < spells[-1][0]:
+            spells[-1] = [max(spells[-1][0], r.done), spells[-1][1] + 1]
+        else:
+            spells.append([r.done, 1])
+    return sorted(int(n) for _, n in spells)
+
+
 def test_ladder_aggregate_and_too_good_line(tmp_path: Path) -> None:
-    """Two streams at once double the aggregate rate; a too-good line below the figures flags them for audit."""
+    """The c2 rung sends its streams two at a time (the server sees one spell of two streams per wave, warm-up
+    included; the c1 rung one stream per spell) and sums each wave's two streams; a too-good line below the figures flags them for audit. Counts, not wall
+    time: a rate ratio on a shared machine is a timing assert."""
     cfg = yaml.safe_load((REPO / "src/qwenquant/bench/data/bench.yaml").read_text())
     with StandinServer() as s:
         r, out = _bench(s.url, tmp_path, "--max-tokens", "40", "--max-concurrency", "2")
@@ -109,8 +122,10 @@ def test_ladder_aggregate_and_too_good_line(tmp_path: Path) -> None:
         report = json.loads(out.read_text())
         ladder = report["targets"][0]["ladder"]
         assert [x["concurrency"] for x in ladder] == [1, 2]
-        one, two = (x["aggregate_tok_s"]["median"] for x in ladder)
-        assert two == pytest.approx(2 * one, rel=0.15)
+        one, two = ladder
+        assert two["per_stream_wall_tok_s"]["n"] == 2 * two["aggregate_tok_s"]["n"] > 0
+        assert one["per_stream_wall_tok_s"]["n"] == one["aggregate_tok_s"]["n"] > 0
+        assert _streams_at_once(s.records) == [1] * (WARMUP + REPEATS) + [2] * (WARMUP + REPEATS)
         cfg["too_good"]["decode_tok_s"] = 10.0
         low = tmp_path / "low"
         low.mkdir()

@@ -26,7 +26,6 @@ import pytest
 
 from helpers import REPO
 
-BENCH = REPO / "benchmarks"
 ENV = dict(os.environ, QWENQUANT_THREADS="2", QWENQUANT_NO_PROGRESS="1", PYTHONHASHSEED="0", TQDM_DISABLE="1",
            PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
 ENV.pop("QWENQUANT_GPTQ_ENGINE", None)
@@ -34,10 +33,11 @@ ENV.pop("QWENQUANT_GPTQ_ENGINE", None)
 SMALL = ["--layers", "4", "--scale", "0.05", "--vocab", "16384"]
 
 
-def bench(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, env=ENV,
-                          cwd=REPO, timeout=timeout)
-    assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+def bench(name: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`python -m benchmarks.NAME ARGS` from the repository root, as benchmarks/README.md runs them."""
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *args], capture_output=True, text=True,
+                          env=ENV, cwd=REPO, timeout=timeout)
+    assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
     return proc
 
 
@@ -47,7 +47,7 @@ def quantized(tmp_path_factory: pytest.TempPathFactory) -> dict:
     compared); its work folder (source/, artifact/) is kept for eval_bench.py."""
     work = tmp_path_factory.mktemp("qbench")
     out = work / "quantize_bench.json"
-    proc = bench("quantize_bench.py", *SMALL, "--quick", "--samples", "4", "--max-length", "128", "--device", "cpu",
+    proc = bench("quantize_bench", *SMALL, "--quick", "--samples", "4", "--max-length", "128", "--device", "cpu",
                  "--gpus", "2", "--work", str(work), "--keep", "--out", str(out))
     return {"work": work, "stdout": proc.stdout, "report": json.loads(out.read_text())}
 
@@ -84,7 +84,7 @@ def test_quantize_bench_two_processes_against_one(quantized: dict) -> None:
 @pytest.mark.slow
 def test_eval_bench_times_each_layer_of_the_streamed_eval(quantized: dict, tmp_path: Path) -> None:
     out = tmp_path / "eval_bench.json"
-    proc = bench("eval_bench.py", *SMALL, "--device", "cpu", "--windows", "2", "--window-len", "64",
+    proc = bench("eval_bench", *SMALL, "--device", "cpu", "--windows", "2", "--window-len", "64",
                  "--work", str(quantized["work"]), "--out", str(out))
     r = json.loads(out.read_text())
     assert r["layers"] == 4 and len(r["layer_seconds"]) == 4 and r["windows"] == 2  # one figure per decoder layer
@@ -97,10 +97,10 @@ def test_quantize_arms_each_step_and_the_report(tmp_path: Path) -> None:
     """quantize_arms.py source, qwenquant, oneshot (compare_llmcompressor.py), report (arms_report.py,
     phase_model.py)."""
     work, out = tmp_path / "arms", tmp_path / "arms.json"
-    bench("quantize_arms.py", "source", *SMALL, "--samples", "4", "--max-length", "128", "--work", str(work))
+    bench("quantize_arms", "source", *SMALL, "--samples", "4", "--max-length", "128", "--work", str(work))
     for step in ("qwenquant", "oneshot"):
-        bench("quantize_arms.py", step, "--work", str(work))
-    proc = bench("quantize_arms.py", "report", "--work", str(work), "--out", str(out))
+        bench("quantize_arms", step, "--work", str(work))
+    proc = bench("quantize_arms", "report", "--work", str(work), "--out", str(out))
     r = json.loads(out.read_text())
     q = json.loads((work / "arm-qwenquant.json").read_text())
     assert len(q["gptq_layer_phases"]) == 4 and {"head_calibration", "identity_proof"} <= set(q["gptq_tail"])
@@ -122,7 +122,7 @@ def test_eval_reference_quality_table_offline(tmp_path: Path) -> None:
                      f"source: local\npath: {data_path('calibration/tiny-reference.jsonl')}\ntext_field: text\n"
                      "split: train\nnum_samples: 4\nmax_length: 128\nchat_template: false\nshuffle_seed: null\n")
     out = tmp_path / "eval_reference.json"
-    proc = bench("eval_reference.py", "--work", str(tmp_path / "w"), "--out", str(out), "--windows", "4",
+    proc = bench("eval_reference", "--work", str(tmp_path / "w"), "--out", str(out), "--windows", "4",
                  "--no-serve", "--calibration", str(calib))
     r = json.loads(out.read_text())
     assert set(r["offline"]["arms"]) >= {"reference", "w4a16-body", "w4a16+rtn-head", "artifact"} and r["served"] == {}
@@ -133,12 +133,12 @@ def test_eval_reference_quality_table_offline(tmp_path: Path) -> None:
 def test_lm_head_bench_row_chunks_and_the_stage(tmp_path: Path) -> None:
     small = ["--device", "cpu", "--threads", "1", "--vocab", "2048", "--hidden", "256", "--eval-tokens", "256"]
     out = tmp_path / "lm_head.json"
-    proc = bench("lm_head_bench.py", *small, "--calib-tokens", "1024", "--row-chunks", "512,all", "--out", str(out))
+    proc = bench("lm_head_bench", *small, "--calib-tokens", "1024", "--row-chunks", "512,all", "--out", str(out))
     r = json.loads(out.read_text())
     assert r["shape"] == [2048, 256] and [x["method"] for x in r["results"]] == ["rtn", "gptq", "gptq"]
     assert proc.stdout.count("\ngptq ") == 2 and "\nrtn " in proc.stdout
     stage = tmp_path / "lm_head_stage.json"
-    proc = bench("lm_head_bench.py", "--stage", *small, "--out", str(stage))
+    proc = bench("lm_head_bench", "--stage", *small, "--out", str(stage))
     s = json.loads(stage.read_text())
     assert s["mode"] == "stage" and set(s["seconds"]) == {"gptq", "rtn", "compare", "pack", "total"}
     assert all(f"\n{part} " in proc.stdout for part in s["seconds"]), proc.stdout
@@ -146,7 +146,7 @@ def test_lm_head_bench_row_chunks_and_the_stage(tmp_path: Path) -> None:
 
 def test_fetch_bench_plain_against_verified(tmp_path: Path) -> None:
     out = tmp_path / "fetch.json"
-    proc = bench("fetch_bench.py", "--size-gib", "0.01", "--repeat", "1", "--out", str(out))
+    proc = bench("fetch_bench", "--size-gib", "0.01", "--repeat", "1", "--out", str(out))
     r = json.loads(out.read_text())
     assert set(r["median"]) == {"raw", "plain", "verified"} and r["ratio"] == r["median"]["verified"] / r["median"]["plain"]
     for method in ("raw", "plain", "verified"):
@@ -156,7 +156,7 @@ def test_fetch_bench_plain_against_verified(tmp_path: Path) -> None:
 
 def test_cli_startup_times_every_help(tmp_path: Path) -> None:
     out = tmp_path / "cli.json"
-    proc = bench("cli_startup.py", "--runs", "1", "--out", str(out))
+    proc = bench("cli_startup", "--runs", "1", "--out", str(out))
     rows = {r["argv"]: r for r in json.loads(out.read_text())["rows"]}
     assert {"--help", "quantize --help", "bench --help", "eval --help", "serve --help"} <= set(rows), sorted(rows)
     assert all(r["median_s"] > 0 for r in rows.values())

@@ -46,7 +46,7 @@ def arts(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
 def test_two_processes_within_the_tolerance_of_one(arts: dict, tiny_checkpoint: Path) -> None:
     """docs/distributed-gptq.md: every tensor but the int4 codes byte-identical, decoder layer 0's
     codes within 1 %, every module's weight error within 2 % of the one-process artifact's."""
-    from artifact_compare import compare_artifacts
+    from benchmarks.artifact_compare import compare_artifacts
 
     diff = compare_artifacts(arts[1]["out"], arts[2]["out"], tiny_checkpoint)
     assert diff.codes_total == 8 * sum(  # every int4 code of both artifacts was compared

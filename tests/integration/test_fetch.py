@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from qwenquant.fetch import load_fetch_record, verify_fetch_record
-from qwenquant.testbed.hubserver import Fault
 
 from helpers import run_cli as run
+from support.hubserver import Fault
 
 REPO = "Qwen/Qwen3.8-27B"
 

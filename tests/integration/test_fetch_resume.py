@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from qwenquant.fetch import load_fetch_record
-from qwenquant.testbed.hubserver import Fault
 
 from helpers import run_cli
+from support.hubserver import Fault
 
 REPO = "Qwen/Qwen3.8-27B"
 SHARD1 = "model-00001-of-00002.safetensors"

@@ -52,7 +52,7 @@ def test_the_precision_is_recorded_in_the_manifest(arts: dict, which: str, preci
 def test_the_default_is_within_the_documented_tolerance_of_fp32(arts: dict) -> None:
     """Another summation order of the same Hessians: some codes move (so the two paths really
     differ), within the tolerance docs/distributed-gptq.md states for such a difference."""
-    from artifact_compare import compare_artifacts
+    from benchmarks.artifact_compare import compare_artifacts
 
     diff = compare_artifacts(arts["fp32"]["out"], arts["default"]["out"], arts["source"])
     print(f"tensor-core vs fp32 Hessians: {diff.codes_fraction:.3%} of codes differ (layer 0: "

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from qwenquant.testbed.hubserver import Fault, HubServer
+from support.hubserver import Fault, HubServer
 
 REPO = "Qwen/Qwen3.8-27B"
 SHARD1 = "model-00001-of-00002.safetensors"
@@ -334,15 +334,26 @@ def test_squash_fault_drops_old_commits_and_keeps_the_blobs(served, client) -> N
     assert list(served.hub.repo(REPO).commits) == [newer]
 
 
-def test_module_entry_point_serves_an_empty_hub_for_uploads() -> None:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
-    proc = subprocess.Popen([sys.executable, "-m", "qwenquant.testbed.hubserver"], stdout=subprocess.PIPE, text=True,
-                            env=env)
+def _create_repo_on(module: str) -> httpx.Response:
+    """Start `python -m MODULE` (an empty hub), ask it to create a repo, stop it; its answer."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root / "tests")])}
+    proc = subprocess.Popen([sys.executable, "-m", module], stdout=subprocess.PIPE, text=True, env=env)
     try:
         url = proc.stdout.readline().split()[-1]
-        r = httpx.post(f"{url}/api/repos/create", json={"name": "x", "organization": "me"},
-                       headers={"Authorization": "Bearer t"})
-        assert r.status_code == 200 and r.json()["url"] == f"{url}/me/x"
+        return httpx.post(f"{url}/api/repos/create", json={"name": "x", "organization": "me"},
+                          headers={"Authorization": "Bearer t"})
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_module_entry_point_serves_an_empty_hub_for_uploads() -> None:
+    r = _create_repo_on("support.hubserver")
+    assert r.status_code == 200 and r.json()["url"].endswith("/me/x")
+
+
+def test_the_demo_hub_takes_no_uploads() -> None:
+    """What ships (qwenquant.testbed.hubserver) serves downloads only: uploads are the tests' (tests/support)."""
+    r = _create_repo_on("qwenquant.testbed.hubserver")
+    assert r.status_code == 405 and r.json() == {"error": "this hub serves downloads only"}

@@ -173,7 +173,7 @@ def test_ctrl_c_in_graft_mtp_leaves_the_artifact_as_it_was(art: Path, tiny_check
 def test_ctrl_c_in_fetch_says_what_is_kept(served, tmp_path: Path) -> None:
     """Interrupted while one shard streams slowly: the line says what is kept; the re-run fetches
     only the rest and the folder verifies."""
-    from qwenquant.testbed.hubserver import Fault
+    from support.hubserver import Fault
 
     served.hub.faults.add(Fault("slow", path="model-00002*", times=None, rate=50_000))
     out = tmp_path / "fetched"

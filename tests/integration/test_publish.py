@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from qwenquant.manifest import load_manifest
-from qwenquant.testbed.hubserver import Fault
 
 from helpers import (
     LAUNCHER,
@@ -25,6 +24,7 @@ from helpers import (
     write_eval_report,
     write_test_manifest,
 )
+from support.hubserver import Fault
 
 OUT = "me/tiny-w4a16"
 SHARD = "model-00001-of-00002.safetensors"

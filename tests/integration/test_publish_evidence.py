@@ -277,7 +277,8 @@ def test_ctrl_c_during_the_upload_stops_at_once_and_says_nothing_was_committed(h
     import time
 
     import qwenquant
-    from qwenquant.testbed.hubserver import Fault
+
+    from support.hubserver import Fault
 
     hub_w.faults.add(Fault("upload_fail", path="lfs-put/*", status=503, times=None))
     env = {**os.environ, "PYTHONPATH": str(Path(qwenquant.__file__).resolve().parents[1])}  # the qwenquant under test

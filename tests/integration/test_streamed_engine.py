@@ -33,7 +33,8 @@ def _samples() -> list[list[int]]:
     return [[rng.randrange(5, 1000) for _ in range(rng.randrange(20, 60))] for _ in range(6)]
 
 
-def _oneshot(source: Path, out: Path, samples: list[list[int]], *, norm_rounding: bool) -> dict:
+def _oneshot(source: Path, out: Path, samples: list[list[int]], *, norm_rounding: bool,
+             max_seq_length: int = 64) -> dict:
     import importlib
 
     import transformers
@@ -55,7 +56,7 @@ def _oneshot(source: Path, out: Path, samples: list[list[int]], *, norm_rounding
     try:
         oneshot(model=model, processor=transformers.AutoTokenizer.from_pretrained(str(source)), dataset=ds,
                 recipe=build_modifier(q), sequential_targets=list(q.sequential_targets), pipeline="sequential",
-                num_calibration_samples=len(samples), max_seq_length=64, shuffle_calibration_samples=False,
+                num_calibration_samples=len(samples), max_seq_length=max_seq_length, shuffle_calibration_samples=False,
                 batch_size=1)
     finally:
         entry.norm_calibration_context = saved
@@ -214,3 +215,28 @@ def test_layer_write_overlaps_the_next_steps_and_its_failure_surfaces(streamed: 
     again = _stream(tiny_checkpoint, tmp_path / "layers")
     assert again.resumed_from == 1
     assert [f.read_bytes() for f in again.layer_files] == [f.read_bytes() for f in streamed["result"].layer_files]
+
+
+def test_the_oneshot_engine_is_stock_oneshot(tiny_checkpoint: Path, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """`QWENQUANT_GPTQ_ENGINE=oneshot` (README: the gptq stage runs llm-compressor's whole-model `oneshot`
+    instead): the pipeline's source, calibration and gptq stages run, and the gptq stage's packed tensors are
+    the very bytes of stock `oneshot` + `save_pretrained` on the calibration tokens the run recorded."""
+    from qwenquant.quantize.pipeline import QuantizeOptions, quantize
+    from qwenquant.quantize.stages import PIPELINE
+    from qwenquant.quantize.stages.calibration import load_tokens
+    from qwenquant.recipe import load_calibration_override, load_recipe
+
+    monkeypatch.setenv("QWENQUANT_GPTQ_ENGINE", "oneshot")
+    work = tmp_path / "work"
+    stages = [s for s in PIPELINE if s.name in ("source", "calibration", "gptq")]
+    opts = QuantizeOptions(tiny_checkpoint, load_recipe("w4a16-int4head"), load_calibration_override("tiny-demo"),
+                           tmp_path / "art", work=work, device="cpu", source_unverified=True)
+    assert quantize(opts, stages=stages).stages == {"source": "ran", "calibration": "ran", "gptq": "ran"}
+    samples = load_tokens(work / "calibration")
+    ref = _oneshot(tiny_checkpoint, tmp_path / "stock", samples, norm_rounding=True,
+                   max_seq_length=max(len(s) for s in samples))
+    got = _quant_tensors(work / "gptq")
+    assert sorted(got) == sorted(ref) and len(ref) == 3 * 25
+    differ = [n for n in ref if got[n] != ref[n]]
+    assert differ == [], f"{len(differ)} of {len(ref)} tensors differ from stock oneshot: {differ}"

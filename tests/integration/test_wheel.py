@@ -67,10 +67,13 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, d
 
 
 def test_the_wheel_ships_the_data_and_no_tool_or_test_code(wheel: Path) -> None:
+    """The demo's download hub ships; the hub's uploads, store and fault switches (tests/support) do not."""
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"qwenquant/{f}" for f in SHIPPED} <= names
-    assert not [n for n in names if n.startswith(("tests/", "scripts/", "benchmarks/")) or n.endswith(
-        ("/train.py", "/stdlib_corpus.py", "/checkpoint/compare.py", "/testbed/tiny/reference.py"))]
+    assert "qwenquant/testbed/hubserver/server.py" in names
+    assert not [n for n in names if n.startswith(("tests/", "scripts/", "benchmarks/", "support/")) or n.endswith(
+        ("/train.py", "/stdlib_corpus.py", "/checkpoint/compare.py", "/testbed/tiny/reference.py",
+         "/hubserver/uploads.py", "/hubserver/store.py", "/hubserver/faults.py"))]
 
 
 def test_installed_wheel_runs_from_another_folder(venv: tuple[Path, dict[str, str]], tmp_path: Path) -> None:

@@ -1,17 +1,14 @@
-"""benchmarks/activations_bench.py's pure parts: the kernel vLLM chose (from its log line), the figures
+"""benchmarks/activations_bench.py's pure parts: the kernel vLLM chose (from its log line, benchmarks/serving.py), the figures
 read from `qwenquant bench` reports of the shapes bench writes, and the bf16-vs-int8 rows with their
 too-good flag. The serving half needs CUDA vLLM and Marlin (benchmarks/RESULTS.md)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-spec = importlib.util.spec_from_file_location(
-    "activations_bench", Path(__file__).resolve().parents[2] / "benchmarks" / "activations_bench.py")
-ab = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ab)
+from benchmarks import activations_bench as ab
+from benchmarks import serving
 
 LOG = """\
 (EngineCore_DP0 pid=7) INFO 12-03 10:01:02 [compressed_tensors_wNa16.py:120] Using MachetLinearKernel for CompressedTensorsWNA16
@@ -31,11 +28,11 @@ def _depth(prefill: float, ttft: float) -> dict:
 
 
 def test_the_last_kernel_line_per_scheme_is_the_one_that_ran() -> None:
-    assert ab.kernels(LOG) == {"CompressedTensorsWNA16": "MarlinLinearKernel"}
-    assert ab.kernels("no such line") == {}
+    assert serving.kernels(LOG) == {"CompressedTensorsWNA16": "MarlinLinearKernel"}
+    assert serving.kernels("no such line") == {}
     assert ab.not_marlin({"kernels": {"CompressedTensorsWNA16": "MacheteLinearKernel"}}) == [
         "CompressedTensorsWNA16: MacheteLinearKernel"]
-    assert ab.not_marlin({"kernels": ab.kernels(LOG)}) == []
+    assert ab.not_marlin({"kernels": serving.kernels(LOG)}) == []
 
 
 def test_figures_come_from_the_reports_and_gains_point_one_way() -> None:
@@ -76,3 +73,10 @@ def test_the_published_h200_table_comes_from_its_bench_reports() -> None:
         assert s["kernels"] == {"CompressedTensorsWNA16": "MarlinLinearKernel"}
     assert ab.compare(top["settings"]["bf16"]["figures"], top["settings"]["int8"]["figures"]) == top["rows"]
     assert not any(r["too_good"] for r in top["rows"])
+
+
+def test_the_benchmarks_force_marlin_as_serve_does() -> None:
+    """One spelling of "make Hopper run Marlin": the benchmarks' environment disables exactly the kernels
+    `qwenquant serve --activations int8` disables on SM 9.0, and keeps the rest of the environment."""
+    assert serving.marlin_only({"A": "1"}) == {
+        "A": "1", "VLLM_DISABLED_KERNELS": "MacheteLinearKernel,HummingLinearKernel"}

@@ -19,7 +19,7 @@ from qwenquant.modeling import compat
 from qwenquant.serve.cpupath import SWITCH, decide, switch_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "vllm-cpu" / "plugin"))
-from qwenquant_vllm_cpu import dense  # noqa: E402
+from qwenquant_vllm_cpu import dense
 
 
 def _packed_module(out_f: int, in_f: int, group: int, seed: int = 0) -> tuple[dict[str, torch.Tensor], dict]:

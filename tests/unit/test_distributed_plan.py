@@ -150,7 +150,7 @@ def _source(folder: Path, values: list[float], layer: int = 0) -> Path:
 
 
 def test_compare_artifacts_counts_codes_and_flags_any_other_difference(tmp_path: Path) -> None:
-    from artifact_compare import compare_artifacts
+    from benchmarks.artifact_compare import compare_artifacts
 
     base = [8] * 16
     a = _artifact(tmp_path / "a", base)
@@ -164,7 +164,7 @@ def test_compare_artifacts_counts_codes_and_flags_any_other_difference(tmp_path:
 
 
 def test_compare_artifacts_bounds_the_weight_error_after_layer_0(tmp_path: Path) -> None:
-    from artifact_compare import compare_artifacts
+    from benchmarks.artifact_compare import compare_artifacts
 
     src = _source(tmp_path / "src", [1.0] * 16, layer=1)  # W = 1 everywhere; code 9 is exact, 8 is off by 1
     a = _artifact(tmp_path / "a", [9] * 16, layer=1)

@@ -3,15 +3,9 @@ new-machine run on one GPU (benchmarks/reports/eval_bench_4layers_h200_cold.json
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-spec = importlib.util.spec_from_file_location("eval_bench", BENCH / "eval_bench.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+from benchmarks import eval_bench as bench
 
 COLD = {"windows": 32, "window_len": 256, "wall_seconds": 126.3, "layer_seconds": [85.6, 3.6, 3.6, 3.0],
         "median_layer_seconds": 3.6}

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-import gdn_transient as gt
+from benchmarks import gdn_transient as gt
 
 MIB = 1 << 20
 

@@ -4,7 +4,6 @@ MLP-only variant's config. The serving half needs CUDA vLLM (benchmarks/RESULTS.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -12,10 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-spec = importlib.util.spec_from_file_location(
-    "int8_agreement", Path(__file__).resolve().parents[2] / "benchmarks" / "int8_agreement.py")
-ag = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ag)
+from benchmarks import int8_agreement as ag
 
 
 def _arm(lp: list[list[float]], top: list[list[int]] | None = None) -> dict:

@@ -90,6 +90,20 @@ def test_every_module_imports_only_its_own_layer_or_lower() -> None:
     assert not found, "imports into a higher layer:\n" + "\n".join(found)
 
 
+def users_of_the_testbed(root: Path = PACKAGE) -> list[str]:
+    """Modules outside testbed/ that import it, besides the demo (which runs it): `module:line imports target`."""
+    return [f"{name}:{line} imports {target}" for path in sorted(root.rglob("*.py"))
+            if not (name := _module_name(path, root)).startswith(("qwenquant.testbed", "qwenquant.demo"))
+            for line, target in _imports(path, root) if target.startswith("qwenquant.testbed")]
+
+
+def test_nothing_of_the_product_but_the_demo_imports_the_testbed() -> None:
+    """The testbed builds tiny checkpoints and serves them for the demo; eval reads the shipped reference's
+    files through checkpoint/tinyref.py, never through the testbed."""
+    found = users_of_the_testbed()
+    assert not found, "the testbed is the demo's:\n" + "\n".join(found)
+
+
 def test_known_exceptions_are_still_needed() -> None:
     """An exception nobody needs any more is removed, so the list only ever shrinks."""
     seen = {(_module_name(p), t) for p in PACKAGE.rglob("*.py") for _, t in _imports(p)}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import mtp_served_compare as msc
+from benchmarks import mtp_served_compare as msc
 
 
 def _arm(drafts: int, accepted: int, per_position: dict[str, float]) -> dict:

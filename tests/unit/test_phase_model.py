@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import phase_model as pm
+from benchmarks import phase_model as pm
 
 
 def _gdn_layer() -> dict[str, tuple[int, int]]:

@@ -4,15 +4,9 @@ utils/mem_utils.py) with the figures seen on an H200 with vLLM 0.26.0."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-spec = importlib.util.spec_from_file_location(
-    "serve_cuda_bench", Path(__file__).resolve().parents[2] / "benchmarks" / "serve_cuda_bench.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+from benchmarks import serve_cuda_bench as bench
 
 LOG = """\
 (EngineCore_DP0 pid=4242) INFO 11-30 10:01:02 [gpu_model_runner.py:4400] Model loading took 5.4 GiB memory and 41.512345 seconds

@@ -22,7 +22,7 @@ class Panel:
     ymax: float | None = None  # None: from the data
 
 
-def _x_mapper(xs: list[float], log2: bool, left: float, width: float):  # noqa: ANN202
+def _x_mapper(xs: list[float], log2: bool, left: float, width: float):
     lo, hi = (min(xs), max(xs)) if xs else (0.0, 1.0)
     f = (lambda v: math.log2(max(v, 1e-9))) if log2 else (lambda v: v)
     a, b = f(lo), f(hi)

@@ -329,7 +329,8 @@ def _mtp_fc_grouping(a: ArtifactFacts, linears: dict[str, bool]) -> list[Finding
     hidden = a.text_config.get("hidden_size")
     if not linears.get("mtp.fc") or group in (IGNORED, None) or not isinstance(hidden, int):
         return []
-    w = a.groups[group].get("weights") if isinstance(a.groups[group].get("weights"), dict) else {}
+    weights = a.groups[group].get("weights")
+    w = weights if isinstance(weights, dict) else {}
     problem = mtp_fc_grouping_problem(w.get("strategy"), w.get("group_size"), hidden)
     if problem is None:
         return []

@@ -33,6 +33,21 @@ def _bar_progress() -> Iterator[object]:
         yield Progress(start=start, advance=lambda n: bar.advance(task, n), file_done=file_done)
 
 
+def _valid_repo_id(repo_id: str | None) -> str:
+    """`repo_id`, or a UsageError when it is missing or not a Hub repo id."""
+    if not repo_id:
+        raise UsageError("a repo id is required unless --offline", hint="qwenquant fetch Qwen/Qwen3.8-27B --out DIR")
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise UsageError(f"{repo_id!r} is not a Hub repo id: {e}".splitlines()[0],
+                         hint="write it as owner/name, e.g. Qwen/Qwen3.8-27B") from None
+    return repo_id
+
+
 @app.command(
     epilog=(
         "Examples:\n\n"
@@ -75,16 +90,7 @@ def fetch(
     expected = _expected(expect, repo_id)
     repo_id = repo_id or (expected or {}).get("repo_id")
     revision = revision or (expected or {}).get("revision") or "main"
-    if not repo_id:
-        raise UsageError("a repo id is required unless --offline", hint="qwenquant fetch Qwen/Qwen3.8-27B --out DIR")
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
-    try:
-        validate_repo_id(repo_id)
-    except HFValidationError as e:
-        raise UsageError(f"{repo_id!r} is not a Hub repo id: {e}".splitlines()[0],
-                         hint="write it as owner/name, e.g. Qwen/Qwen3.8-27B") from None
+    repo_id = _valid_repo_id(repo_id)
     from qwenquant import outfolder
 
     foreign = outfolder.foreign_in_fetch_out(out, repo_id, repo_type.value)

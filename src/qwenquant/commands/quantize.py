@@ -143,7 +143,7 @@ def _plan(opts: QuantizeOptions, as_json: bool) -> None:
                   "(nothing was run or written)")
 
 
-def _print_result(result, out) -> None:  # type: ignore[no-untyped-def]
+def _print_result(result, out) -> None:  # (QuantizeResult, rich Console): both imported in the command body
     from rich.table import Table
 
     out.print(f"artifact: {result.artifact}", markup=False)

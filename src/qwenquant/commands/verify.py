@@ -37,10 +37,10 @@ def verify(
                          hint="qwenquant verify DIR --signature DIR/model.sig --public-key publisher.pub")
     report = verify_published_artifact(artifact)
     signed = None
-    if report.ok and signature is not None:
+    if report.ok and signature is not None and public_key is not None:  # both or neither (checked above)
         from qwenquant.signing import verify_signature
 
-        signed = verify_signature(artifact, signature, public_key)  # type: ignore[arg-type]
+        signed = verify_signature(artifact, signature, public_key)
     if as_json:
         print_json({**report.to_dict(), "signature": None if signed is None else {
             "path": str(signature), "files": signed.files, "covers": signed.covers(), "card_files": list(signed.card_files)}})

@@ -244,7 +244,7 @@ def run_offline(reference: Path, artifact: Path, windows: torch.Tensor, *, devic
         ref, art = DenseForward(ref_cfg, ref_t, device), DenseForward(art_cfg, art_t, device)
         if activations == "int8":
             int8, mods, int8_linears = int8_dense_arm(art_raw, art_config, art_t, heads["artifact"], device)
-            overflows = lambda: sum(m.overflows for m in mods)  # noqa: E731
+            overflows = lambda: sum(m.overflows for m in mods)
     report = evaluate_forwards(ref, art, heads, windows, batch=batch, int8=int8)
     if int8 is not None:  # outputs whose int32 accumulator would wrap in Marlin (0 expected)
         report["arms"][INT8_ARM]["int32_overflows"] = overflows()

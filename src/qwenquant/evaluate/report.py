@@ -7,9 +7,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from qwenquant.reportdoc import DocKind
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is 3.11+; requires-python is 3.10
 
 # The goals: calibrated head KL <= 0.5x round-to-nearest; W4A16 + calibrated head within 3%
 # of bf16 perplexity; MTP acceptance length lowered by less than 5%.

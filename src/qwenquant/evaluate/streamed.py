@@ -121,7 +121,8 @@ class _Int8Arm(_Arm):
 
     def __init__(self, folder: Path, device: str) -> None:
         super().__init__(folder, device)
-        self.overflows, self._live = 0, []  # type: ignore[var-annotated]
+        self.overflows = 0
+        self._live: list[Any] = []  # the int8-activation Linears in use (int8act.int8_modules)
         self.swapped: list[str] = []  # the Linears given int8 inputs (int8act.int8_counts)
         self.lm_head = False
 

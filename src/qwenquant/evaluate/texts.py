@@ -32,10 +32,10 @@ def _check_size(available: int, windows: int, window_len: int, what: str, more: 
 
 def is_tiny_reference(folder: Path) -> bool:
     """Does `folder` hold the committed tiny reference's tokenizer (so its shipped windows apply)?"""
-    from qwenquant.testbed.tiny import reference_model
+    from qwenquant.checkpoint import tinyref
 
     tok = Path(folder) / "tokenizer.json"
-    return tok.is_file() and tok.read_bytes() == reference_model.verified_bytes("tokenizer.json")
+    return tok.is_file() and tok.read_bytes() == tinyref.verified_bytes("tokenizer.json")
 
 
 def resolve_windows(reference: Path, windows: int, window_len: int, *, text: Path | None = None,
@@ -75,14 +75,14 @@ def eval_windows(reference: Path, windows: int, window_len: int, text: Path | No
     shipped held-out windows are used. With `text`, the file is tokenized with the reference's
     tokenizer and cut into consecutive windows.
     """
-    from qwenquant.testbed.tiny import reference_model
+    from qwenquant.checkpoint import tinyref
 
     if text is None:
         if not is_tiny_reference(reference):
             raise UsageError(
                 f"{reference} is not the committed tiny reference, and no --text was given",
                 hint="pass --text FILE (plain text in the model's domain) to evaluate other models")
-        held = reference_model.heldout_ids()
+        held = tinyref.heldout_ids()
         if window_len > held.shape[1]:
             raise UsageError(f"--window-len {window_len} is longer than the shipped windows ({held.shape[1]})",
                                  hint=f"use --window-len {held.shape[1]} or less")

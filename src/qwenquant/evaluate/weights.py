@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from qwenquant.checkpoint.config import read_config, text_config  # noqa: F401  (used by evaluate/*)
+from qwenquant.checkpoint.config import read_config, text_config
 from qwenquant.checkpoint.names import LM_PREFIX
 from qwenquant.errors import QwenquantError
 from qwenquant.recipe.targets import target_matches

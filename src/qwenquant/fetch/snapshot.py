@@ -124,6 +124,27 @@ def _exclusive(staging: Path) -> contextlib.AbstractContextManager[None]:
     return exclusive_lock(staging / "lock", busy)
 
 
+def _check_free_space(out_dir: Path, todo: list[RemoteFile]) -> int:
+    """The bytes still to download; a FetchError when the disk of `out_dir` has less free."""
+    need = sum(f.size for f in todo)
+    free = shutil.disk_usage(out_dir).free
+    if need > free:
+        raise FetchError(
+            f"{out_dir}: {need / 2**30:.2f} GiB still to download but only {free / 2**30:.2f} GiB free",
+            hint="free some space or choose another --out",
+        )
+    return need
+
+
+def _validate_tree(tree: Path, files: list[RemoteFile], check_model: bool) -> None:
+    """Every small JSON file of the tree (those already in place too), and the shards with `check_model`."""
+    for f in files:
+        if f.path.endswith(".json") and not f.lfs:
+            validate_file(tree / f.path, f.path, check_model)
+    if check_model:
+        check_shards(tree, {f.path for f in files})
+
+
 def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_type: str, endpoint: str | None,
            token: str | bool | None, re_resolve: bool, workers: int, attempts: int, backoff: float,
            check_model: bool, progress: Progress, only: tuple[str, ...] = (),
@@ -152,13 +173,7 @@ def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_ty
 
     tree = staging / TREE_NAME
     digests, todo = reuse_verified(out_dir, tree, files, workers)
-    need = sum(f.size for f in todo)
-    free = shutil.disk_usage(out_dir).free
-    if need > free:
-        raise FetchError(
-            f"{out_dir}: {need / 2**30:.2f} GiB still to download but only {free / 2**30:.2f} GiB free",
-            hint="free some space or choose another --out",
-        )
+    need = _check_free_space(out_dir, todo)
     log.info("%d files verified already, %d to download (%.1f MiB)", len(digests), len(todo), need / 2**20)
     if progress.start:
         progress.start(need, len(todo))
@@ -173,11 +188,7 @@ def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_ty
             digests[d.path] = d
 
     try:
-        for f in files:  # configs that were already in place are checked too
-            if f.path.endswith(".json") and not f.lfs:
-                validate_file(tree / f.path, f.path, check_model)
-        if check_model:
-            check_shards(tree, names)
+        _validate_tree(tree, files, check_model)
         artifact = verify_published(tree, repo_id, commit, names, verify_artifact, root)
     except QwenquantError:
         shutil.rmtree(tree, ignore_errors=True)  # refused: the folder keeps what it held, nothing to resume
@@ -286,20 +297,20 @@ def _download_all(session: Session, batch: list[RemoteFile], tree: Path, staging
 
     if not batch:
         return []
+    cancel = session.cancel
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(batch)))) as pool:
         futures = [pool.submit(one, f) for f in batch]
         try:
             wait(futures, return_when=FIRST_EXCEPTION)
         except BaseException:  # Ctrl-C: stop the workers between chunks; partials stay for the next run
-            session.cancel.set()  # type: ignore[union-attr]
+            cancel.set()
             raise
-        errors = [fu.exception() for fu in futures if fu.done() and fu.exception() is not None]
-        if errors:
-            session.cancel.set()  # type: ignore[union-attr]
+        if any(fu.done() and fu.exception() is not None for fu in futures):
+            cancel.set()
             wait(futures)
-            errors = [fu.exception() for fu in futures if fu.exception() is not None]
+            errors = [e for fu in futures if (e := fu.exception()) is not None]
             real = [e for e in errors if not isinstance(e, Cancelled)]
-            raise (real or errors)[0]  # type: ignore[misc]
+            raise (real or errors)[0]
         return [fu.result() for fu in futures]
 
 

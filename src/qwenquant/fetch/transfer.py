@@ -15,12 +15,16 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urljoin, urlparse
 
 from qwenquant.errors import FetchError
 from qwenquant.fetch.selection import RemoteFile
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +54,7 @@ class FileDigest:
 class Session:
     """What every transfer shares: the client's httpx session and where/what to fetch."""
 
-    client: object  # huggingface_hub.utils.get_session() (an httpx.Client)
+    client: httpx.Client  # huggingface_hub.utils.get_session()
     headers: dict[str, str]
     endpoint: str
     repo_id: str
@@ -58,7 +62,7 @@ class Session:
     commit: str
     attempts: int = 5
     backoff: float = 0.5
-    cancel: threading.Event | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
     on_bytes: Callable[[int], None] | None = None
 
 
@@ -134,7 +138,7 @@ def _download_into(s: Session, f: RemoteFile, tmp: Path) -> tuple[Path, FileDige
         failures: list[str] = []
         restarted = False
         while True:
-            if s.cancel is not None and s.cancel.is_set():
+            if s.cancel.is_set():
                 raise Cancelled()
             restart = False
             try:
@@ -185,7 +189,7 @@ def _stream(s: Session, f: RemoteFile, url: str, out, hasher: _Hasher, pos: int,
     headers["Accept-Encoding"] = "identity"
     if pos:
         headers["Range"] = f"bytes={pos}-"
-    client: httpx.Client = s.client  # type: ignore[assignment]
+    client = s.client
     try:
         target = url
         for _hop in range(5):  # resolve -> (302) -> blob
@@ -210,7 +214,7 @@ def _stream(s: Session, f: RemoteFile, url: str, out, hasher: _Hasher, pos: int,
                     _check_content_range(f, r, pos)
                 out.seek(pos)
                 for chunk in r.iter_bytes():  # as received: nothing buffered is lost on a reset
-                    if s.cancel is not None and s.cancel.is_set():
+                    if s.cancel.is_set():
                         raise Cancelled()
                     if pos + len(chunk) > f.size:
                         raise _Restart(f"server sent more than the listed {f.size} bytes")

@@ -113,12 +113,12 @@ def split_weights(items: Iterable[tuple[str, str, int]], ranges: Sequence[tuple[
                 d[comp] += n
             continue
         m = _LAYER.search(name)
-        if comp in ("lm_head", "mtp") or (m is None and comp != "vision"):
-            k = last  # the lm_head, the MTP head, the final norm
-        elif comp == "vision":
+        if comp == "vision":
             k = 0
+        elif comp in ("lm_head", "mtp") or m is None:
+            k = last  # the lm_head, the MTP head, the final norm
         else:
-            k = _layer_stage(int(m.group(1)), ranges)  # type: ignore[union-attr]
+            k = _layer_stage(int(m.group(1)), ranges)
         out[k][comp] += n
     if len(ranges) > 1 and out[last]["mtp"]:
         out[last]["mtp"] += out[last]["embeddings"]  # the drafter's own embeddings under pipeline parallelism

@@ -181,6 +181,21 @@ def check_graft_writable(artifact: Path) -> None:
 _WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EBUSY, errno.EXDEV)
 
 
+def _check_only_mtp_differs(artifact: Path, packed: Any) -> None:
+    """Re-hashing blesses whatever is on disk: only the files a graft repairs may differ from the manifest
+    (`packed`: the artifact's int4 MTP head, whose shard cannot be rebuilt from the source)."""
+    from qwenquant.errors import VerificationError
+    from qwenquant.manifest import verify_artifact
+
+    before = verify_artifact(artifact)
+    others = [f for f in before.bad_files if f not in ("model.safetensors.index.json", "config.json")
+              and ("mtp" not in f or packed)]
+    if others:
+        raise VerificationError(
+            f"{artifact}: files besides the MTP shard, index and config differ from the manifest: "
+            + ", ".join(others[:5]), hint="graft-mtp repairs only the MTP head; re-run `qwenquant quantize`")
+
+
 def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: bool = False) -> dict[str, Any]:
     """`qwenquant graft-mtp`: put the source MTP tensors back into an artifact (idempotent); an int4
     head's packed Linears (`int4_mtp`) stay the artifact's, the rest comes from the source."""
@@ -213,16 +228,7 @@ def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: 
                 "written": False}
     had_manifest = (artifact / MANIFEST_NAME).is_file()
     if had_manifest:
-        # Re-hashing blesses whatever is on disk: only the files a graft repairs may differ.
-        from qwenquant.errors import VerificationError
-
-        before = verify_artifact(artifact)
-        others = [f for f in before.bad_files if f not in ("model.safetensors.index.json", "config.json")
-                  and ("mtp" not in f or packed)]  # an int4 head's shard cannot be rebuilt from the source
-        if others:
-            raise VerificationError(
-                f"{artifact}: files besides the MTP shard, index and config differ from the manifest: "
-                + ", ".join(others[:5]), hint="graft-mtp repairs only the MTP head; re-run `qwenquant quantize`")
+        _check_only_mtp_differs(artifact, packed)
     check_graft_writable(artifact)
     if removal is not None:
         log.warning("--force: removing %s (the grafted artifact takes the folder's place)", removal.said)

@@ -25,13 +25,13 @@ import torch
 
 from qwenquant.checkpoint.names import LM_HEAD_TARGET
 from qwenquant.modeling import compat
-from qwenquant.modeling.head_quality import (  # noqa: F401  (re-exported API)
+from qwenquant.modeling.head_quality import (
     StopForward,
     capture_final_hidden,
     compare_heads,
     head_quality,
 )
-from qwenquant.modeling.int4 import (  # noqa: F401  (re-exported API)
+from qwenquant.modeling.int4 import (
     SCALE_DTYPE,
     QuantizedHead,
     RtnHead,

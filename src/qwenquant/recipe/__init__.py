@@ -4,7 +4,8 @@
 collected and raised together as `RecipeError(message, problems=[...])`, each problem phrased
 `field.path: what is wrong — how to fix`.
 
-Split by concern: `models` (pydantic models and per-field checks), `rules` (cross-field rules on
+Split by concern: `models` (pydantic models and per-field checks; `serving` the serve section's, `strict`
+their base), `rules` (cross-field rules on
 the raw mapping), `load` (YAML reading, error lines, shipped-file lookup), `targets` (target
 matching shared with `check`). Import from `qwenquant.recipe`.
 """
@@ -30,13 +31,9 @@ from qwenquant.recipe.models import (
     MtpSpec,
     QuantizationSpec,
     Recipe,
-    ResolvedProfile,
-    ServeProfile,
-    ServeSettings,
-    ServeSpec,
-    SpeculativeSpec,
 )
 from qwenquant.recipe.rules import REQUIRED_PROFILES
+from qwenquant.recipe.serving import ResolvedProfile, ServeProfile, ServeSettings, ServeSpec, SpeculativeSpec
 from qwenquant.recipe.targets import LM_HEAD_TARGET, target_matches, targets_cover
 
 __all__ = [

@@ -118,7 +118,7 @@ def _read_yaml(path: Path, what: str) -> tuple[dict[str, Any], dict[tuple, int]]
     except (OSError, UnicodeDecodeError) as e:
         raise RecipeError(f"cannot read {what} {path}: {e}") from None
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (SafeLoader subclass)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
         lines = _key_lines(yaml.compose(text, Loader=yaml.SafeLoader))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)

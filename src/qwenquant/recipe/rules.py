@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from qwenquant.recipe.models import _PROFILE_REQUIRED, DEFAULT_VLLM_VERSIONS
 from qwenquant.recipe.mtpfc import RECIPE_HIDDEN, mtp_fc_grouping_fix, mtp_fc_grouping_problem
+from qwenquant.recipe.serving import _PROFILE_REQUIRED, DEFAULT_VLLM_VERSIONS
 from qwenquant.recipe.speculative import profile_spec_tokens, spec_tokens_fix, spec_tokens_problem
 from qwenquant.recipe.targets import targets_cover
 

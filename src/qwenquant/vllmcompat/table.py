@@ -28,6 +28,8 @@ form is docs/known-issues.md#vllm-versions. Ranges of one build are contiguous a
 
 from __future__ import annotations
 
+from typing import Any
+
 from qwenquant.vllmcompat import hazards as hz
 from qwenquant.vllmcompat.types import CompatRow
 
@@ -36,10 +38,10 @@ TEXT = "Qwen3_5ForCausalLM"
 
 _MTP = (hz.PROMPT_LOGPROBS, hz.PROMPT_ONE_PLUS_K, hz.PIPELINE_MTP, hz.PREFIX_CACHING_MTP, hz.SPEC_TOKENS,
         hz.MTP_FC_GROUPING)
-_CUDA = dict(quantized_mtp=True, max_spec_tokens=4, pp_with_mtp=False, marlin_pads_rows=True)
+_CUDA: dict[str, Any] = dict(quantized_mtp=True, max_spec_tokens=4, pp_with_mtp=False, marlin_pads_rows=True)
 # 0.26-0.33: VLLM_MARLIN_INPUT_DTYPE=int8 runs every Marlin layer on int8 tokens, the int4 lm_head and the int4
 # MTP head included (utils/marlin_utils.py; seen on an H200 with 0.26.0: docs/known-issues.md#int8-activations).
-_MARLIN_ENV = dict(int8_activations="marlin-env", int8_int4_head=True, marlin_env_refused=False)
+_MARLIN_ENV: dict[str, Any] = dict(int8_activations="marlin-env", int8_int4_head=True, marlin_env_refused=False)
 
 ROW_034 = CompatRow(
     "cuda", ">=0.34.0", "0.34.0", None, frozenset({MM, TEXT}), mtp_text_only=True, **_CUDA,

@@ -123,6 +123,20 @@ def count_targets(model: Any, q: QuantizationSpec) -> int:
     return n
 
 
+def _load_model(source_dir: Path) -> tuple[Any, Any]:
+    """The whole model of `source_dir` (its config's architecture) in eval mode, and its tokenizer. Raises
+    StageError."""
+    import transformers
+
+    src_cfg = json.loads((source_dir / "config.json").read_text())
+    arch = (src_cfg.get("architectures") or ["Qwen3_5ForConditionalGeneration"])[0]
+    model_cls = getattr(transformers, arch, None)
+    if model_cls is None:
+        raise StageError(f"transformers has no model class {arch}", hint="upgrade transformers (see constraints/quant.txt)")
+    model = model_cls.from_pretrained(str(source_dir), dtype="auto").eval()
+    return model, transformers.AutoTokenizer.from_pretrained(str(source_dir))
+
+
 def run_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, out_dir: Path, *, max_shard_bytes: int,
              device: str, progress: Callable[[int, int], None] | None = None,
              digests: DigestCache | None = None, timings: Timings | None = None) -> dict[str, Any]:
@@ -133,7 +147,6 @@ def run_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, ou
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # tokenization is done; silences a warning
     set_deterministic()
     import torch
-    import transformers
     from datasets import Dataset
     from loguru import logger as loguru_logger
 
@@ -145,14 +158,7 @@ def run_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, ou
                          "offset-norm weights, and every build proves unquantized tensors byte-identical",
                          hint="set quantization.restore_unquantized: true (the default)")
     source_dir = Path(source_dir)
-    src_cfg = json.loads((source_dir / "config.json").read_text())
-    arch = (src_cfg.get("architectures") or ["Qwen3_5ForConditionalGeneration"])[0]
-    model_cls = getattr(transformers, arch, None)
-    if model_cls is None:
-        raise StageError(f"transformers has no model class {arch}", hint="upgrade transformers (see constraints/quant.txt)")
-    model = model_cls.from_pretrained(str(source_dir), dtype="auto")
-    model.eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(source_dir))
+    model, tokenizer = _load_model(source_dir)
     total = count_targets(model, q)
     done = [0]
 

@@ -1,18 +1,16 @@
-"""Loopback Hugging Face Hub server with fault switches (tests, the demo, benchmarks).
+"""Loopback Hugging Face Hub server: local folders served as Hub repos to the real huggingface_hub client
+(the demo's fetch step; benchmarks/fetch_bench.py). Downloads only: uploads, moving branches and fault
+switches are the tests' (tests/support/hubserver).
 
-    from qwenquant.testbed.hubserver import Fault, HubServer
+    from qwenquant.testbed.hubserver import HubServer
     with HubServer() as hub:
         commit = hub.add_repo("Qwen/Qwen3.8-27B", folder, branch="main")
-        hub.faults.add(Fault("truncate", path="model-00001-of-00002.safetensors", times=1))
         # point huggingface_hub at hub.url (endpoint= / HF_ENDPOINT), HF_HUB_DISABLE_XET=1
-        hub.move_branch("Qwen/Qwen3.8-27B", "main", other_commit, after_requests=3)
-        hub.requests  # every request: method, file, Range, status, bytes sent, faults fired
+        hub.requests  # every request: method, file, Range, status, bytes sent
 """
 
 from qwenquant.testbed.hubserver.base import LoggedRequest
-from qwenquant.testbed.hubserver.faults import KINDS as FAULT_KINDS
-from qwenquant.testbed.hubserver.faults import Fault, FaultSet
 from qwenquant.testbed.hubserver.repos import HubFile, is_lfs_path
 from qwenquant.testbed.hubserver.server import HubServer
 
-__all__ = ["FAULT_KINDS", "Fault", "FaultSet", "HubFile", "HubServer", "LoggedRequest", "is_lfs_path"]
+__all__ = ["HubFile", "HubServer", "LoggedRequest", "is_lfs_path"]

@@ -46,7 +46,7 @@ class BaseHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "qwenquant-hubserver"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
     def _error(self, status: int, code: str | None, message: str, commit: str | None = None) -> None:

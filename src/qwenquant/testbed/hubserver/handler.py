@@ -1,18 +1,15 @@
-"""The download routes of the loopback hub (HEAD, GET) with fault injection; uploads.py has the writes."""
+"""The download routes of the loopback hub (HEAD, GET). Writes (POST, PUT) answer 405 here; the tests' hub
+(tests/support/hubserver) adds uploads and fault switches by overriding `do_POST`/`do_PUT`, `faults` and
+`_send_file`."""
 
 from __future__ import annotations
 
-import socket
-import struct
-import time
 from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from qwenquant.testbed.hubserver.base import BaseHandler, LoggedRequest, _Stop
-from qwenquant.testbed.hubserver.faults import BODY_KINDS, Fault
 from qwenquant.testbed.hubserver.repos import HubFile, Repo, commit_id
-from qwenquant.testbed.hubserver.uploads import handle as handle_upload
 
 DATE = "2026-11-29T00:00:00.000Z"
 
@@ -28,19 +25,31 @@ class _QuietServer(ThreadingHTTPServer):
 
 
 class _Handler(BaseHandler):
-    """Downloads (HEAD, GET) are routed here; writes (POST, PUT) by uploads.py."""
+    """Downloads (HEAD, GET) are routed here; the demo's hub takes no writes."""
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    # what a fault switch may change (the tests' hub fires them; this one never does)
+    BODY_KINDS: frozenset[str] = frozenset()
+
+    def do_HEAD(self) -> None:
         self._dispatch("HEAD")
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._dispatch("GET")
 
-    def do_POST(self) -> None:  # noqa: N802
-        handle_upload(self, "POST")
+    def do_POST(self) -> None:
+        self._refuse_write("POST")
 
-    def do_PUT(self) -> None:  # noqa: N802
-        handle_upload(self, "PUT")
+    def do_PUT(self) -> None:
+        self._refuse_write("PUT")
+
+    def _refuse_write(self, method: str) -> None:
+        self._rec = LoggedRequest(method=method, path=urlsplit(self.path).path, endpoint="unknown")
+        self.hub._tick(self._rec)
+        self._error(405, None, "this hub serves downloads only")
+
+    def faults(self, kinds: set[str] | frozenset[str], *, repo_id: str, path: str, method: str) -> dict[str, Any]:
+        """The fault switches of `kinds` that fire on this request, by kind: none on this hub."""
+        return {}
 
     # -- routing ---------------------------------------------------------------------------
     def _dispatch(self, method: str) -> None:
@@ -74,9 +83,9 @@ class _Handler(BaseHandler):
         if repo is None or (repo.private and not rec.authorized):
             return self._error(401 if repo else 404, "RepoNotFound", "Repository not found")
         rec.repo_id = repo.repo_id
-        fired = self.hub.faults.take({"fail"}, repo_id=repo.repo_id, path="/api", method=method, has_range=False)
+        fired = self.faults({"fail"}, repo_id=repo.repo_id, path="/api", method=method)
         if fired:
-            return self._fail(fired[0])
+            return self._fail(fired["fail"])
         if rest[:1] == ["tree"] and len(rest) >= 2:
             return self._tree(repo, rest[1], "/".join(rest[2:]), query)
         if rest and not (rest[0] == "revision" and len(rest) == 2):
@@ -160,9 +169,8 @@ class _Handler(BaseHandler):
         kinds = {"fail", "not_found", "wrong_commit"}
         f = commit.files.get(path)
         if f is not None and not f.lfs:
-            kinds |= BODY_KINDS
-        fired = {x.kind: x for x in self.hub.faults.take(
-            kinds, repo_id=repo.repo_id, path=path, method=method, has_range=bool(rec.range))}  # fmt: skip
+            kinds |= self.BODY_KINDS
+        fired = self.faults(kinds, repo_id=repo.repo_id, path=path, method=method)
         rec.faults = sorted(fired)
         reported = (fired["wrong_commit"].commit or "f" * 40) if "wrong_commit" in fired else commit.sha
         if "fail" in fired:
@@ -192,19 +200,30 @@ class _Handler(BaseHandler):
         if f is None:
             return self._error(404, "EntryNotFound", "blob not found")
         rec.file = query.get("path", [f.path])[0]
-        fired = {x.kind: x for x in self.hub.faults.take(
-            BODY_KINDS | {"fail"}, repo_id="", path=rec.file, method=method, has_range=bool(rec.range))}  # fmt: skip
+        fired = self.faults(self.BODY_KINDS | {"fail"}, repo_id="", path=rec.file, method=method)
         rec.faults = sorted(fired)
         if "fail" in fired:
             return self._fail(fired["fail"])
         self._send_file(method, f, {"ETag": f'"{f.sha256}"'}, fired)
 
     # -- responses -------------------------------------------------------------------------
-    def _send_file(self, method: str, f: HubFile, headers: dict[str, str], fired: dict[str, Fault]) -> None:
+    def _send_file(self, method: str, f: HubFile, headers: dict[str, str], fired: dict[str, Any]) -> None:
+        """The file (or the Range asked for) with `headers`; `fired`: the faults of this request (none here)."""
+        span = self._send_headers(f, headers, ignore_range=False, shift=0)
+        if span is None or method == "HEAD":
+            return
+        start, end = span
+        with open(f.source, "rb") as src:
+            self._rec.sent = self.connection.sendfile(src, start, end - start) if end > start else 0
+
+    def _send_headers(self, f: HubFile, headers: dict[str, str], *, ignore_range: bool,
+                      shift: int) -> tuple[int, int] | None:
+        """The status line and headers of `f` (206 for a satisfiable Range unless `ignore_range`; its start
+        moved `shift` bytes on); the body's [start, end), or None after a 416."""
         rec = self._rec
         size = f.size
         start, end, status = 0, size, 200
-        if rec.range and "ignore_range" not in fired:
+        if rec.range and not ignore_range:
             span = _parse_range(rec.range, size)
             if span is None:
                 self.send_response(416)
@@ -212,10 +231,8 @@ class _Handler(BaseHandler):
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 rec.status = 416
-                return
-            start, end, status = span[0], span[1], 206
-            if "bad_content_range" in fired:
-                start = min(start + fired["bad_content_range"].shift, end)
+                return None
+            start, end, status = min(span[0] + shift, span[1]), span[1], 206
         self.send_response(status)
         for k, v in headers.items():
             self.send_header(k, v)
@@ -225,45 +242,9 @@ class _Handler(BaseHandler):
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
         self.end_headers()
         rec.status, rec.start, rec.end = status, start, end
-        if method == "HEAD":
-            return
-        stop_at = end
-        for kind in ("truncate", "close"):
-            if kind in fired:
-                at = fired[kind].at
-                stop_at = min(end, max(start, at if at is not None else start + (end - start) // 2))
-        flip = None
-        if "corrupt" in fired:
-            at = fired["corrupt"].at
-            flip = min(max(start, at if at is not None else size // 2), end - 1)
-        rate = fired["slow"].rate if "slow" in fired else None
-        with open(f.source, "rb") as src:
-            if flip is None and rate is None and stop_at == end:
-                rec.sent = self.connection.sendfile(src, start, end - start) if end > start else 0
-                return
-            src.seek(start)
-            pos = start
-            t0 = time.monotonic()
-            step = max(1, min(1 << 20, rate // 10)) if rate else 1 << 20
-            while pos < stop_at:
-                chunk = bytearray(src.read(min(step, stop_at - pos)))
-                if not chunk:
-                    break
-                if flip is not None and pos <= flip < pos + len(chunk):
-                    chunk[flip - pos] ^= 0xFF
-                self.wfile.write(chunk)
-                pos += len(chunk)
-                rec.sent = pos - start
-                if rate:
-                    ahead = (pos - start) / rate - (time.monotonic() - t0)
-                    if ahead > 0:
-                        time.sleep(ahead)
-        if stop_at < end:
-            if "close" in fired:  # RST instead of FIN: the client sees "connection reset"
-                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            raise _Stop()
+        return start, end
 
-    def _fail(self, fault: Fault, commit: str | None = None) -> None:
+    def _fail(self, fault: Any, commit: str | None = None) -> None:
         self._rec.faults = ["fail"]
         self._error(fault.status, None, f"injected {fault.status}", commit)
 

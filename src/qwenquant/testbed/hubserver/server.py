@@ -5,23 +5,20 @@ Endpoints (models; datasets under /api/datasets/... and /datasets/{repo}/resolve
   GET  /api/models/{repo}/tree/{rev}[/{path}]       listing (recursive=, cursor pagination, Link)
   HEAD|GET /{repo}/resolve/{rev}/{path}             file, or 302 to /blobs/{sha256} for LFS
   HEAD|GET /blobs/{sha256}?path=...                 LFS blob ("CDN"), on a different host name
-and the upload routes of uploads.py (create, preupload, LFS batch + PUT + verify, ndjson commit).
+This is what the demo runs; the tests' hub (tests/support/hubserver) subclasses it with uploads, moving
+branches, history rewrites and fault switches.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import logging
-import shutil
 import socket
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
-from qwenquant.testbed.hubserver import store as storemod
 from qwenquant.testbed.hubserver.base import LoggedRequest
-from qwenquant.testbed.hubserver.faults import FaultSet
 from qwenquant.testbed.hubserver.handler import _Handler, _QuietServer
 from qwenquant.testbed.hubserver.repos import Commit, HubFile, Repo, commit_id, scan_folder
 
@@ -33,33 +30,30 @@ class HubServer:
 
     with HubServer() as hub:
         commit = hub.add_repo("Qwen/Qwen3.8-27B", folder)
-        hub.faults.add(Fault("fail", path="*.safetensors", times=2))
         ... endpoint=hub.url ...
         hub.requests  # what was asked
     """
+
+    handler_class: type[_Handler] = _Handler
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, cdn_host: str | None = "localhost",
                  tree_page_size: int = 1000) -> None:  # fmt: skip
         self.host = host
         self._port = port
         self.tree_page_size = tree_page_size
-        self.faults = FaultSet()
         self.requests: list[LoggedRequest] = []
         self._repos: dict[tuple[str, str], Repo] = {}
         self._lock = threading.RLock()
         self._count = 0
-        self._scheduled: list[tuple[int, str, str, str, str, bool]] = []
         self._httpd: _QuietServer | None = None
         self._thread: threading.Thread | None = None
-        self.store = Path(tempfile.mkdtemp(prefix="qwenquant-hub-"))  # uploaded bytes, by sha256
-        self._squashes = 0
         # A different host name for blobs makes the client treat them like the Hub's CDN
         # (HEAD stops at the 302 and reads X-Linked-Etag/X-Linked-Size from it).
         self.cdn_host = cdn_host if cdn_host and _resolves_to(cdn_host, host) else host
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> HubServer:
-        handler = type("Handler", (_Handler,), {"hub": self})
+        handler = type("Handler", (self.handler_class,), {"hub": self})
         self._httpd = _QuietServer((self.host, self._port), handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), name="hubserver", daemon=True)
@@ -71,7 +65,6 @@ class HubServer:
             self._httpd.shutdown()
             self._httpd.server_close()
             self._httpd = None
-        shutil.rmtree(self.store, ignore_errors=True)
 
     def __enter__(self) -> HubServer:
         return self.start()
@@ -106,38 +99,8 @@ class HubServer:
                 repo.branches[branch] = sha
         return sha
 
-    def move_branch(self, repo_id: str, branch: str, commit: str, *, after_requests: int | None = None,
-                    drop_old: bool = False, repo_type: str = "model") -> None:  # fmt: skip
-        """Point `branch` at `commit`, now or once the server has seen `after_requests` more requests.
-
-        `drop_old` also deletes the commit the branch pointed to (a force-push plus gc).
-        """
-        with self._lock:
-            if after_requests is None:
-                self._move(repo_type, repo_id, branch, commit, drop_old)
-            else:
-                self._scheduled.append((self._count + after_requests, repo_type, repo_id, branch, commit, drop_old))
-
-    def _move(self, repo_type: str, repo_id: str, branch: str, commit: str, drop_old: bool) -> None:
-        repo = self._repos[(repo_type, repo_id)]
-        if commit not in repo.commits:
-            raise KeyError(f"unknown commit {commit}")
-        old = repo.branches.get(branch)
-        repo.branches[branch] = commit
-        if drop_old and old and old != commit:
-            repo.commits.pop(old, None)
-        log.debug("moved %s@%s %s -> %s", repo_id, branch, old, commit)
-
-    def squash(self, repo_id: str, *, change: str | None = None, at: int | None = None,
-               repo_type: str = "model") -> dict[str, str]:
-        """Rewrite `repo_id`'s history (a squash and gc): each branch one new commit with the same
-        files (`change`: that file's byte `at` flipped), every old commit gone. Returns branch -> commit."""
-        with self._lock:
-            self._squashes += 1
-            return storemod.squash(self._repos[(repo_type, repo_id)], self.store, self._squashes, change, at)
-
     def repo(self, repo_id: str, repo_type: str = "model") -> Repo | None:
-        """The repo as the server holds it (commits, branches, uploaded LFS objects), or None."""
+        """The repo as the server holds it (commits, branches), or None."""
         with self._lock:
             return self._repos.get((repo_type, repo_id))
 
@@ -147,7 +110,10 @@ class HubServer:
 
     def file(self, repo_id: str, path: str, revision: str = "main", repo_type: str = "model") -> HubFile:
         with self._lock:
-            return self._resolve_commit(self._repos[(repo_type, repo_id)], revision).files[path]  # type: ignore[union-attr]
+            commit = self._resolve_commit(self._repos[(repo_type, repo_id)], revision)
+            if commit is None:
+                raise KeyError(f"{repo_id} has no revision {revision}")
+            return commit.files[path]
 
     # -- request log -----------------------------------------------------------------------
     def downloads(self, path_glob: str = "*") -> list[LoggedRequest]:
@@ -165,26 +131,10 @@ class HubServer:
 
     # -- internals used by the handler -----------------------------------------------------
     def _tick(self, rec: LoggedRequest) -> None:
+        """Every request, logged as it arrives."""
         with self._lock:
             self._count += 1
             self.requests.append(rec)
-            due = [s for s in self._scheduled if s[0] <= self._count]
-            self._scheduled = [s for s in self._scheduled if s[0] > self._count]
-            for _, rtype, rid, br, commit, drop in due:
-                self._move(rtype, rid, br, commit, drop)
-            for fault in self.faults.take_squash():
-                for (rtype, rid) in list(self._repos):
-                    if fault.repo in (None, rid):
-                        self.squash(rid, change=fault.path, at=fault.at, repo_type=rtype)
-                        rec.faults.append("squash")
-
-    def _create_repo(self, repo_id: str, repo_type: str, private: bool) -> bool:
-        """Create an empty repo (its .gitattributes commit); False when it exists."""
-        with self._lock:
-            if (repo_type, repo_id) in self._repos:
-                return False
-            self._repos[(repo_type, repo_id)] = storemod.new_repo(repo_id, repo_type, private, self.store)
-            return True
 
     def _find_repo(self, repo_type: str, parts: list[str]) -> tuple[Repo | None, list[str]]:
         """Split url segments into a known repo id (1 or 2 segments) and the rest."""

@@ -54,10 +54,6 @@ def model_config(dims: TinyDims = DIMS, tokenizer_text: str | None = None) -> di
     ids = tokenizer.token_ids(tokenizer_text)
     if ids["size"] > dims.vocab:
         raise ValueError(f"tokenizer has {ids['size']} tokens, more than the {dims.vocab}-row vocab")
-    rotary = 0.25
-    # mrope sections split the rotary frequency pairs 3:3:2 (the 27B splits 32 pairs 11:11:10)
-    pairs = int(dims.head_dim * rotary) // 2
-    mrope = [pairs // 3 + (1 if i < pairs % 3 else 0) for i in range(3)]
     return {
         "architectures": ["Qwen3_5ForConditionalGeneration"],
         "model_type": "qwen3_5",
@@ -68,61 +64,75 @@ def model_config(dims: TinyDims = DIMS, tokenizer_text: str | None = None) -> di
         "vision_start_token_id": ids["<|vision_start|>"],
         "vision_end_token_id": ids["<|vision_end|>"],
         "tie_word_embeddings": False,
-        "text_config": {
-            "attention_bias": False,
-            "attention_dropout": 0.0,
-            "attn_output_gate": True,
-            "dtype": "bfloat16",
-            "eos_token_id": ids["<|endoftext|>"],
-            "full_attention_interval": dims.full_attention_interval,
-            "head_dim": dims.head_dim,
-            "hidden_act": "silu",
-            "hidden_size": dims.hidden,
-            "initializer_range": 0.02,
-            "intermediate_size": dims.intermediate,
-            "layer_types": None,
-            "linear_conv_kernel_dim": dims.conv_kernel,
-            "linear_key_head_dim": dims.linear_head_dim,
-            "linear_num_key_heads": dims.linear_key_heads,
-            "linear_num_value_heads": dims.linear_value_heads,
-            "linear_value_head_dim": dims.linear_head_dim,
-            "mamba_ssm_dtype": "float32",
-            "max_position_embeddings": 4096,
-            "model_type": "qwen3_5_text",
-            "mtp_num_hidden_layers": 1,
-            "mtp_use_dedicated_embeddings": False,
-            "num_attention_heads": dims.heads,
-            "num_hidden_layers": dims.layers,
-            "num_key_value_heads": dims.kv_heads,
+        "text_config": _text_config(dims, ids),
+        "vision_config": _vision_config(dims),
+    }
+
+
+def _text_config(dims: TinyDims, ids: dict[str, int]) -> dict[str, Any]:
+    """config.json's text_config: the 27B's keys with the tiny widths."""
+    rotary = 0.25
+    # mrope sections split the rotary frequency pairs 3:3:2 (the 27B splits 32 pairs 11:11:10)
+    pairs = int(dims.head_dim * rotary) // 2
+    mrope = [pairs // 3 + (1 if i < pairs % 3 else 0) for i in range(3)]
+    return {
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "attn_output_gate": True,
+        "dtype": "bfloat16",
+        "eos_token_id": ids["<|endoftext|>"],
+        "full_attention_interval": dims.full_attention_interval,
+        "head_dim": dims.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": dims.hidden,
+        "initializer_range": 0.02,
+        "intermediate_size": dims.intermediate,
+        "layer_types": None,
+        "linear_conv_kernel_dim": dims.conv_kernel,
+        "linear_key_head_dim": dims.linear_head_dim,
+        "linear_num_key_heads": dims.linear_key_heads,
+        "linear_num_value_heads": dims.linear_value_heads,
+        "linear_value_head_dim": dims.linear_head_dim,
+        "mamba_ssm_dtype": "float32",
+        "max_position_embeddings": 4096,
+        "model_type": "qwen3_5_text",
+        "mtp_num_hidden_layers": 1,
+        "mtp_use_dedicated_embeddings": False,
+        "num_attention_heads": dims.heads,
+        "num_hidden_layers": dims.layers,
+        "num_key_value_heads": dims.kv_heads,
+        "partial_rotary_factor": rotary,
+        "rms_norm_eps": 1e-06,
+        "rope_parameters": {
+            "mrope_interleaved": True,
+            "mrope_section": mrope,
             "partial_rotary_factor": rotary,
-            "rms_norm_eps": 1e-06,
-            "rope_parameters": {
-                "mrope_interleaved": True,
-                "mrope_section": mrope,
-                "partial_rotary_factor": rotary,
-                "rope_theta": 10000000,
-                "rope_type": "default",
-            },
-            "tie_word_embeddings": False,
-            "use_cache": True,
-            "vocab_size": dims.vocab,
+            "rope_theta": 10000000,
+            "rope_type": "default",
         },
-        "vision_config": {
-            "deepstack_visual_indexes": [],
-            "depth": dims.vision_depth,
-            "hidden_act": "gelu_pytorch_tanh",
-            "hidden_size": dims.vision_hidden,
-            "in_channels": 3,
-            "initializer_range": 0.02,
-            "intermediate_size": dims.vision_intermediate,
-            "model_type": "qwen3_5",
-            "num_heads": dims.vision_heads,
-            "num_position_embeddings": dims.vision_positions,
-            "out_hidden_size": dims.hidden,
-            "patch_size": dims.patch_size,
-            "spatial_merge_size": dims.spatial_merge_size,
-            "temporal_patch_size": dims.temporal_patch_size,
-        },
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "vocab_size": dims.vocab,
+    }
+
+
+def _vision_config(dims: TinyDims) -> dict[str, Any]:
+    """config.json's vision_config: the 27B's keys with the tiny tower's widths."""
+    return {
+        "deepstack_visual_indexes": [],
+        "depth": dims.vision_depth,
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_size": dims.vision_hidden,
+        "in_channels": 3,
+        "initializer_range": 0.02,
+        "intermediate_size": dims.vision_intermediate,
+        "model_type": "qwen3_5",
+        "num_heads": dims.vision_heads,
+        "num_position_embeddings": dims.vision_positions,
+        "out_hidden_size": dims.hidden,
+        "patch_size": dims.patch_size,
+        "spatial_merge_size": dims.spatial_merge_size,
+        "temporal_patch_size": dims.temporal_patch_size,
     }
 
 

@@ -9,58 +9,18 @@ vision tower (never trained; the text path does not use it) so the multimodal la
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qwenquant import data_path
-from qwenquant.errors import QwenquantError
+# the committed files themselves are read in checkpoint/tinyref.py (evaluate reads the held-out windows there)
+from qwenquant.checkpoint.tinyref import data_dir, heldout_ids, reference_meta, reference_tensors, verified_bytes
 
 if TYPE_CHECKING:
     import torch
 
 VISION_SEED = 0
-
-
-def data_dir() -> Path:
-    """Folder of the committed reference model inside the installed package."""
-    return data_path("tiny-reference")
-
-
-def verified_bytes(name: str, folder: Path | None = None) -> bytes:
-    """Bytes of one committed file, after checking them against SHA256SUMS."""
-    folder = data_dir() if folder is None else Path(folder)
-    sums = {}
-    for line in (folder / "SHA256SUMS").read_text().splitlines():
-        digest, _, fname = line.partition("  ")
-        sums[fname] = digest
-    data = (folder / name).read_bytes()
-    if sums.get(name) != hashlib.sha256(data).hexdigest():
-        raise QwenquantError(
-            f"{folder / name} does not match its sha256 in {folder / 'SHA256SUMS'}",
-            hint="reinstall qwenquant, or retrain in a checkout: `python scripts/train_reference.py --out DIR`",
-        )
-    return data
-
-
-def reference_meta(folder: Path | None = None) -> dict[str, Any]:
-    """reference.json: dims, corpus digest, training settings and the figures measured at training."""
-    return json.loads(verified_bytes("reference.json", folder))
-
-
-def reference_tensors(folder: Path | None = None) -> dict[str, torch.Tensor]:
-    """The trained bf16 tensors (text model, lm_head, mtp.*) under checkpoint names."""
-    from safetensors.torch import load
-
-    return load(verified_bytes("model.safetensors", folder))
-
-
-def heldout_ids(folder: Path | None = None) -> torch.Tensor:
-    """The fixed held-out evaluation windows [N, L] (int64), from stdlib modules never trained on."""
-    from safetensors.torch import load
-
-    return load(verified_bytes("heldout.safetensors", folder))["input_ids"].long()
+__all__ = ["VISION_SEED", "build_reference_checkpoint", "data_dir", "heldout_ids", "reference_dims", "reference_meta",
+           "reference_tensors", "verified_bytes", "vision_tensors"]
 
 
 def reference_dims(folder: Path | None = None) -> Any:

@@ -25,8 +25,9 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from qwenquant.testbed.hubserver import store as storemod
 from qwenquant.testbed.hubserver.base import BaseHandler, LoggedRequest, _Stop
+
+from support.hubserver import store as storemod
 
 NO_AUTH = {"validate-yaml", "lfs-put"}
 
