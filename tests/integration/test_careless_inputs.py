@@ -29,8 +29,8 @@ DEAD = "http://127.0.0.1:9"  # nothing listens on the discard port
 
 
 def _qq(argv: list[str], **extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "QWENQUANT_NO_PROGRESS": "1", "QWENQUANT_THREADS": "1", **extra}
-    env.pop("QWENQUANT_DEBUG", None)
+    env = {k: v for k, v in os.environ.items() if k != "QWENQUANT_DEBUG"}
+    env.update({"QWENQUANT_NO_PROGRESS": "1", "QWENQUANT_THREADS": "1", **extra})
     return subprocess.run([sys.executable, "-m", "qwenquant", *argv], capture_output=True, text=True, timeout=300,
                           env=env, cwd=REPO)
 
@@ -194,6 +194,9 @@ def test_the_fetch_hint_names_the_extra_file_instead_of_looping(served, tmp_path
     ("QWENQUANT_FETCH_BACKOFF", "-1", "a number from 0 to 600", ["fetch", "Qwen/Qwen3.8-27B", "--out", "{t}/f"]),
     ("QWENQUANT_DIST_TIMEOUT_MIN", "0", "an integer from 1 to 10080", ["recipe", "list"]),
     ("QWENQUANT_MAX_GPU_MEM", "-23.5", "a number > 0", ["verify", "{art}"]),
+    ("QWENQUANT_DEBUG", "yes", "0 or 1", ["verify", "{art}"]),
+    ("QWENQUANT_NO_PROGRESS", "yes", "0 or 1", ["verify", "{art}"]),
+    ("QWENQUANT_RECIPES_DIR", "/nonexistent", "an existing folder", ["recipe", "list"]),
 ])
 def test_a_variable_of_the_readme_table_out_of_range_is_one_line_and_exit_2(
         m: dict[str, str], name: str, value: str, allowed: str, argv: list[str]) -> None:

@@ -46,13 +46,13 @@ def _open_writer(fifo: Path, proc: subprocess.Popen, timeout: float = 120) -> in
     raise AssertionError(f"the command did not open {fifo} in {timeout} s")
 
 
-def interrupt_reading(argv: list[str], fifo: Path, **env: str) -> tuple[int, str]:
-    """Run `qwenquant ARGV`, send SIGINT once it reads `fifo`; (exit code, stderr)."""
+def interrupt_reading(argv: list[str], fifo: Path, sig: int = signal.SIGINT, **env: str) -> tuple[int, str]:
+    """Run `qwenquant ARGV`, send SIGINT (or `sig`) once it reads `fifo`; (exit code, stderr)."""
     proc = subprocess.Popen([sys.executable, "-m", "qwenquant", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=_env(**env), cwd=REPO)
     fd = _open_writer(fifo, proc)
     time.sleep(0.3)  # the reader is in read() now, waiting for bytes
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     time.sleep(0.3)
     os.close(fd)  # end of file for a reader on another thread, which the interrupted command may wait for
     _, err = proc.communicate(timeout=120)
@@ -87,9 +87,10 @@ def _has_open(pid: int, path: Path) -> bool:
     return False
 
 
-def _one_line(code: int, err: str) -> str:
-    """The interrupt line: exit 130, exactly one line starting "interrupted", no traceback or error line."""
-    assert code == 130, err[-3000:]
+def _one_line(code: int, err: str, want: int = 130) -> str:
+    """The interrupt line: exit 130 (143 for SIGTERM), exactly one line starting "interrupted", no traceback or
+    error line."""
+    assert code == want, err[-3000:]
     assert "Traceback" not in err and "error:" not in err and "unexpected error" not in err, err[-3000:]
     lines = [ln for ln in err.splitlines() if ln.startswith("interrupted")]
     assert len(lines) == 1, err[-3000:]
@@ -155,6 +156,19 @@ def test_ctrl_c_in_quantize_plan_says_it_wrote_nothing(tiny_checkpoint: Path, tm
                                          "--out", str(tmp_path / "q"), "--plan"], src / "config.json"))
     assert line == "interrupted: quantize --plan stopped before it reported; it runs and writes nothing"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_sigterm_gives_the_ctrl_c_line_and_exit_143(art: Path, tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """`kill PID` (SIGTERM) stops a command as Ctrl-C does: the same line, the shell's code for a TERM."""
+    config = _fifo(art / "config.json")
+    assert _one_line(*interrupt_reading(["check", str(art)], config, signal.SIGTERM), want=143) == \
+        f"interrupted: qwenquant check {READ_ONLY}"
+    src = Path(shutil.copytree(tiny_checkpoint, tmp_path / "src"))
+    _fifo(src / "config.json")
+    line = _one_line(*interrupt_reading(["quantize", str(src), "--source-unverified", "--calibration", "tiny-demo",
+                                         "--out", str(tmp_path / "q"), "--plan"], src / "config.json", signal.SIGTERM),
+                     want=143)
+    assert line == "interrupted: quantize --plan stopped before it reported; it runs and writes nothing"
 
 
 def test_ctrl_c_in_graft_mtp_leaves_the_artifact_as_it_was(art: Path, tiny_checkpoint: Path, tmp_path: Path) -> None:
