@@ -68,8 +68,18 @@ def m(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     (t / "int4mtp-open.yaml").write_text(int4mtp.replace('">=0.28.0,<0.33"', '">=0.28.0"'))
     (t / "notes.txt").write_text("not a folder\n")
     (t / "emptydir").mkdir()
+    (t / "foreign.json").write_text('{"a": 1}')
+    truncated = Path(shutil.copytree(art, t / "truncated"))
+    shard = sorted(truncated.glob("model-0*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    corrupt = Path(shutil.copytree(art, t / "corrupt"))
+    shard = sorted(corrupt.glob("model-0*.safetensors"))[0]
+    data = bytearray(shard.read_bytes())
+    data[8:20] = b"\xff" * 12  # the header's first bytes: not JSON any more
+    shard.write_bytes(bytes(data))
     return {k: str(v) for k, v in {"t": t, "src": src, "art": art, "other": other, "tampered": tampered,
-                                   "noshard": noshard, "nosize": nosize, "missing": t / "missing"}.items()}
+                                   "noshard": noshard, "nosize": nosize, "missing": t / "missing",
+                                   "truncated": truncated, "corrupt": corrupt}.items()}
 
 
 def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
@@ -86,6 +96,8 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
         ("usage", ["eval", "offline", art, "--reference", missing]), ("usage", ["bench", "run", "--serve", missing]),
         ("usage", ["eval", "served", "--serve", missing]), ("usage", ["verify", f"{t}/notes.txt"]),
         ("usage", ["fetch", "--offline", "--out", missing]),
+        # usage: an empty folder is not an artifact
+        ("usage", ["plan", f"{t}/emptydir"]), ("usage", ["check", f"{t}/emptydir"]),
         # usage: values
         ("usage", ["plan", str(REAL_CONFIG), "--gpu-mem", "abc"]), ("usage", ["serve", art, "--port", "70000", "--dry-run"]),
         ("usage", ["serve", art, "--gpu-mem", "0", "--dry-run"]), ("usage", ["bench", "run", "127.0.0.1:8000"]),
@@ -109,6 +121,7 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
         ("input-file", ["quantize", src, "--out", f"{t}/q", "--work", f"{t}/q", "--recipe", "tiny-reference"]),
         ("input-file", ["quantize", src, "--out", f"{t}/q", "--work", f"{src}/w", "--recipe", "tiny-reference"]),
         ("input-file", ["recipe", "validate", f"{t}/bad.yaml"]),
+        ("input-file", ["plan", f"{t}/notes.txt"]), ("input-file", ["plan", f"{t}/foreign.json"]),
         # an int4-MTP recipe whose vLLM range is open: refused where it is read, before any GPTQ
         ("input-file", ["recipe", "validate", f"{t}/int4mtp-open.yaml"]),
         ("input-file", ["quantize", src, "--recipe", f"{t}/int4mtp-open.yaml", "--plan", *out]),
@@ -120,7 +133,9 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
         ("record", ["verify", m["tampered"]]), ("record", ["eval", "offline", m["tampered"], "--reference", src]),
         ("record", ["eval", "offline", art, "--reference", art]), ("record", ["eval", "offline", art, "--reference", m["other"]]),
         ("record", ["graft-mtp", art, "--source", m["other"]]), ("record", ["plan", m["noshard"]]),
-        ("record", ["serve", m["noshard"], "--dry-run"]), ("record", ["publish", m["tampered"], "--repo", "a/b", "--dry-run"]),
+        ("record", ["serve", m["noshard"], "--dry-run"]),
+        ("record", ["plan", m["truncated"]]), ("record", ["plan", m["corrupt"]]),
+        ("record", ["check", m["truncated"]]), ("record", ["check", m["corrupt"]]), ("record", ["publish", m["tampered"], "--repo", "a/b", "--dry-run"]),
         # stage: a folder that exists but cannot be a source
         ("stage", ["quantize", m["nosize"], "--source-unverified", *q, *out]),
         ("stage", ["quantize", f"{t}/emptydir", "--source-unverified", *q, *out]),
@@ -155,6 +170,30 @@ def test_every_careless_input_gets_its_rule_s_code_in_one_line(m: dict[str, str]
     assert not wrong, f"{len(wrong)} of {len(table)} rows:\n\n" + "\n\n".join(wrong)
     assert {k: _snapshot(Path(m[k])) for k in ("src", "art", "other")} == before  # no row wrote into them
     assert not Path(m["t"], "q").exists()
+
+
+@pytest.mark.parametrize("command", ["plan", "check"])
+def test_a_damaged_shard_or_a_folder_that_is_no_artifact_is_named_with_its_fix(m: dict[str, str], command: str) -> None:
+    """A truncated shard, a shard whose header is not JSON: the file named, the hint says it is damaged
+    (re-copy it, verify lists every file that differs); an empty folder is not an artifact."""
+    for case in ("truncated", "corrupt"):
+        shard = sorted(Path(m[case]).glob("model-0*.safetensors"))[0]
+        proc = _qq([command, m[case]])
+        said = " ".join(proc.stderr.split())
+        assert proc.returncode == EXIT_RULE["record"], proc.stderr
+        assert f"error: {shard}" in said and "vLLM would refuse" not in said, said
+        assert f"hint: the file is damaged: re-copy it; `qwenquant verify {m[case]}` lists every file that differs" \
+            in said, said
+    proc = _qq([command, f"{m['t']}/emptydir"])
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == EXIT_RULE["usage"], said
+    assert f"error: {m['t']}/emptydir holds no config.json and no safetensors file: it is not an artifact" in said
+    if command == "plan":
+        for name, what in (("notes.txt", "is not JSON"), ("foreign.json", "is not a Qwen3.5 model config")):
+            proc = _qq(["plan", f"{m['t']}/{name}"])
+            said = " ".join(proc.stderr.split())
+            assert proc.returncode == EXIT_RULE["input-file"] and f"error: {m['t']}/{name} {what}" in said, said
+            assert "hint: pass an artifact folder or a Qwen3.5 config.json" in said, said
 
 
 def test_a_disk_too_small_for_the_stages_left_is_said_before_any_stage(m: dict[str, str], tmp_path: Path) -> None:
