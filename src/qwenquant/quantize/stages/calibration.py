@@ -203,10 +203,18 @@ def run_calibration(spec: CalibrationSpec, source_dir: Path, out_dir: Path, *, d
     return info
 
 
+def spec_identity(spec: CalibrationSpec) -> dict[str, Any]:
+    """What the stage's record keeps of a spec: every field but a local file's `path`, whose bytes are
+    an input of their own (their sha256). The shipped name, the recipe's `../calibration/...` and a
+    copy's absolute path then name one set, and alternating them re-runs nothing."""
+    fields = spec.model_dump(mode="json")
+    return fields | {"path": None} if spec.source == "local" else fields
+
+
 def _inputs(ctx: StageContext) -> dict[str, str]:
     spec = ctx.calibration
     data = spec.resolved_path() if spec.source == "local" else None
-    return {"source": ctx.digest("source"), "spec": sha256_json(spec.model_dump(mode="json")),
+    return {"source": ctx.digest("source"), "spec": sha256_json(spec_identity(spec)),
             "data": ctx.digests.file(data) if data is not None and data.is_file() else f"hub:{spec.dataset}@{spec.revision}"}
 
 
@@ -214,5 +222,5 @@ def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
     return run_calibration(ctx.calibration, ctx.source, out_dir, datasets_dir=ctx.work / "datasets", digests=ctx.digests)
 
 
-STAGE = Stage("calibration", _inputs, lambda ctx: {"spec": ctx.calibration.model_dump(mode="json")}, _run,
+STAGE = Stage("calibration", _inputs, lambda ctx: {"spec": spec_identity(ctx.calibration)}, _run,
               manifest=lambda o: {"calibration": dict(o.result)})
