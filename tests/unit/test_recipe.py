@@ -342,3 +342,44 @@ def test_recipe_list_tells_every_shipped_recipe_apart_and_prints_json(capsys: py
     assert code == 0 and json.loads(out) == {"ok": True, "name": "tiny-reference-int4mtp",
                                              "sha256": recipes["tiny-reference-int4mtp"]["sha256"],
                                              "features": recipes["tiny-reference-int4mtp"]["features"]}
+
+
+def test_a_shown_recipe_saved_anywhere_is_the_recipe_it_shows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`recipe show NAME > my.yaml` round-trips: the copy reads the same calibration file (the shown
+    path resolves from any folder), validates, and its calibration stage input is the shipped recipe's;
+    every default is filled in, `activations: bf16` of each profile too."""
+    from qwenquant.quantize.stages.calibration import spec_identity
+
+    assert main(["recipe", "show", "tiny-reference"]) == 0
+    shown = capsys.readouterr().out
+    doc = yaml.safe_load(shown)
+    assert {p["activations"] for p in doc["serve"]["profiles"].values()} == {"bf16"}
+    (tmp_path / "sub").mkdir()
+    copy = tmp_path / "sub" / "my.yaml"
+    copy.write_text(shown)
+    mine, shipped = load_recipe(copy), load_recipe("tiny-reference")
+    assert mine.calibration.resolved_path() == shipped.calibration.resolved_path().resolve()
+    assert mine.calibration.resolved_path().is_file()
+    assert spec_identity(mine.calibration) == spec_identity(shipped.calibration)
+    assert mine.canonical() | {"calibration": None} == shipped.canonical() | {"calibration": None}
+    assert main(["recipe", "validate", str(copy)]) == 0
+    assert capsys.readouterr().out.startswith(f"OK tiny-reference sha256:{mine.sha256()}")
+    assert f"# sha256: {mine.sha256()}" in shown  # what the copy records, as validate says
+
+
+def test_validate_reports_a_calibration_path_that_does_not_resolve(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A shipped recipe copied as a file elsewhere: its relative `calibration.path` names nothing there;
+    validate says so (exit 2) naming the field, where it looked and what to do, as quantize would."""
+    copy = tmp_path / "my.yaml"
+    copy.write_text((recipes_dir() / "tiny-reference.yaml").read_text())
+    assert main(["recipe", "validate", str(copy)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert (f"error: recipe {copy} is invalid: calibration.path: ../calibration/tiny-reference.jsonl resolves to "
+            f"{tmp_path.parent / 'calibration' / 'tiny-reference.jsonl'}, which does not exist") in err
+    assert "hint:" in err and "relative to the recipe's folder" in err
+
+
+def test_validate_of_a_folder_says_what_to_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["recipe", "validate", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "hint: pass a recipe YAML file or a shipped recipe name" in err
