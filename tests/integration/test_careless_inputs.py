@@ -105,6 +105,9 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
         ("usage", ["eval", "served", "http://127.0.0.1:99999"]),
         ("usage", ["eval", "served", DEAD, "--gate", "none"]),
         ("usage", ["eval", "served", DEAD, "--gate", "none", "--needle", "--needle-max-len", "-5"]), ("usage", ["quantize", src, "--device", "tpu", *out]),
+        # usage: an option that needs a GPU this machine does not have (serve's --gpus / --gpu-mem on the CPU build:
+        # tests/integration/test_serve_supervisor.py)
+        ("usage", ["quantize", src, "--source-unverified", "--device", "cuda", *q, *out]),
         ("usage", ["fetch", "not a repo id!", *out]), ("usage", ["recipe", "show", "no-such-recipe"]),
         # input-file: files given to read, paths to write
         ("input-file", ["quantize", src, "--calibration", f"{t}/calib-empty.yaml", *q, *out]),

@@ -52,20 +52,24 @@ EXIT_CODES = (
     (6, "check: vLLM would refuse the artifact"),
     (7, "serve/plan: the server did not start or stay healthy, or the memory budget does not fit"),
     (8, "bench/eval: a measurement could not be made, or a quality gate failed"),
-    (130, "interrupted (Ctrl-C)"),
+    (130, "interrupted (Ctrl-C; 143: SIGTERM, with the same line)"),
 )
 
 # One rule per kind of mistake (README "Exit codes" repeats it; tests/integration/test_careless_inputs.py
 # runs a row of careless inputs for each over every command).
 EXIT_RULES = (
     ("usage", 2, "an option or argument that cannot be used: a path that does not exist (or a file where a folder "
-                 "is asked), a number or port out of range, a URL without http(s)://, a size that cannot be read"),
+                 "is asked, or an empty folder where an artifact is), a number or port out of range, a URL without "
+                 "http(s)://, a size that cannot be read, an option that needs a GPU (or more GPUs, or a newer one) "
+                 "than this machine or vLLM build has"),
     ("input-file", 2, "a file you give qwenquant to read is invalid (recipe, calibration definition or data, gate, "
-                      "--text), or an output path cannot be written, holds another run's report, or would harm "
-                      "other data (inside another artifact or the source, --work equal to --out)"),
+                      "--text, a config.json to plan for), or an output path cannot be written (another qwenquant "
+                      "command is writing it too), holds another run's report, or would harm other data (inside "
+                      "another artifact or the source, --work equal to --out)"),
     ("download", 3, "fetch: the Hub, a download or a safetensors file could not be trusted"),
-    ("record", 4, "bytes on disk differ from their record: an artifact from its manifest (a missing shard too), a "
-                  "fetched folder from its fetch record, a --source/--reference from the source the manifest records"),
+    ("record", 4, "bytes on disk differ from their record: an artifact from its manifest (a missing or damaged shard "
+                  "too), a fetched folder from its fetch record, a --source/--reference from the source the manifest "
+                  "records"),
     ("stage", 5, "a folder that exists cannot be used as a source (damaged, unsupported, config sizes missing), a "
                  "stage failed, the disk is too small, or an output folder holds files qwenquant did not write"),
     ("check", 6, "check: vLLM would refuse the artifact"),

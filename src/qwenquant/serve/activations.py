@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from qwenquant.errors import ServeError
+from qwenquant.errors import UsageError
 
 VAR = "VLLM_MARLIN_INPUT_DTYPE"
 DISABLED = "VLLM_DISABLED_KERNELS"
@@ -40,7 +40,7 @@ class ActivationLaunch:
 def decide_activations(activations: str, device: str, capability: tuple[int, int] | None,
                        base: Mapping[str, str], source: str = "--activations") -> ActivationLaunch:
     """The environment for `activations` on `device` (`capability`: the GPU's SM, None when unknown) given the
-    user's environment `base`; a ServeError for int8 on a GPU older than SM 8.0. `source` names the choice."""
+    user's environment `base`; a UsageError for int8 on a GPU older than SM 8.0. `source` names the choice."""
     if activations != "int8":
         if VAR not in base:
             return ActivationLaunch("bf16", {})
@@ -65,7 +65,7 @@ def decide_activations(activations: str, device: str, capability: tuple[int, int
             cache), warnings=tuple(warnings))
     sm = f"SM {capability[0]}.{capability[1]}"
     if capability < MIN_CAPABILITY:
-        raise ServeError(f"--activations int8 needs a GPU of SM 8.0 or newer (Marlin's int8 path); this GPU is {sm}",
+        raise UsageError(f"--activations int8 needs a GPU of SM 8.0 or newer (Marlin's int8 path); this GPU is {sm}",
                          hint="serve with --activations bf16")
     if capability[0] == 9:
         have = [k for k in base.get(DISABLED, "").split(",") if k]
