@@ -54,7 +54,7 @@ def check(
         from rich.table import Column, Table
 
         table = Table(Column("rule", no_wrap=True), Column("where", overflow="fold"), "problem", "fix",
-                      title=f"{artifact}: {len(report.findings)} problems")
+                      title=f"{artifact}: {len(report.findings)} problem{'s' * (len(report.findings) != 1)}")
         for f in report.findings:
             table.add_row(f.rule, f.where, f.message, f.fix)
         stdout.print(table)
