@@ -66,12 +66,12 @@ def plan(
                              for i, line in enumerate(weights_lines(w, res.include_vision))]
         for name, b in res.budgets.items():
             for i, x in enumerate(res.stages.get(name, [b])):
-                shown = budget_lines(name, x, res.shape)
+                shown = budget_lines(name, x, res.shape, refused=res.refused.get(name), positions=res.positions)
                 if i == 0 and name in res.refused:  # before the memory figures, which hold whatever the positions
                     shown.insert(1, f"  DOES NOT FIT: {res.refused[name]}, which serve refuses: {res.position_fix}")
                 lines += [""] + shown
             if pp > 1:
-                lines += [""] + pipeline_lines(name, res.stages[name], res.shape)
+                lines += [""] + pipeline_lines(name, res.stages[name], res.shape, refused=res.refused.get(name))
         typer.echo("\n".join(lines))
     if res.budgets and not any(res.fits(k) for k in res.budgets):
         name, b = next(iter(res.budgets.items()))

@@ -15,7 +15,7 @@ from qwenquant.errors import ServeError, UsageError
 from qwenquant.manifest import MANIFEST_NAME, load_manifest
 from qwenquant.plan import pipeline
 from qwenquant.plan.budget import Budget, make_budget
-from qwenquant.plan.positions import position_fix, position_problem
+from qwenquant.plan.positions import position_fix, position_limit, position_problem
 from qwenquant.plan.settings import artifact_layout, cache_settings, decide, recipe_from_manifest
 from qwenquant.plan.weights import (
     ModelShape,
@@ -42,6 +42,7 @@ class PlanResult:
     # profile -> why serve refuses it whatever the memory (max-model-len above max_position_embeddings)
     refused: dict[str, str] = field(default_factory=dict)
     position_fix: str = ""
+    positions: int | None = None  # the model's max_position_embeddings (None: the config has none)
 
     def fits(self, name: str) -> bool:
         """The profile's budget fits and serve would not refuse it."""
@@ -165,4 +166,4 @@ def make_plan(target: Path, gpu_bytes: int, *, recipe_name: str | None = None,
     refused = {name: p for name, b in budgets.items()
                if (p := position_problem(config, b.max_model_len, os.environ)) is not None}
     return PlanResult(shape, weights, include_vision, budgets, source, stages=stages, stage_weights=stage_weights,
-                      refused=refused, position_fix=position_fix(config))
+                      refused=refused, position_fix=position_fix(config), positions=position_limit(config))
