@@ -126,6 +126,15 @@ def test_doctor_asks_the_python_or_venv_that_qwenquant_vllm_names(tmp_path) -> N
             assert lines[lines.index(vllm) + 1].startswith("vLLM CPU W4A16 path: "), proc.stdout
 
 
+def test_doctor_names_a_missing_qwenquant_vllm_once(tmp_path) -> None:
+    import os
+
+    proc = subprocess.run([sys.executable, "-m", "qwenquant", "doctor"], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, QWENQUANT_VLLM=str(tmp_path / "nonexistent")), cwd=tmp_path)
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("vllm:"))
+    assert line == f"vllm: vLLM not found at {tmp_path / 'nonexistent'} (from QWENQUANT_VLLM)", proc.stdout
+
+
 def test_exit_codes_are_documented_once_and_match_the_error_kinds() -> None:
     """One table (commands/_app.py) shown in `qwenquant --help`, repeated in README, matching errors.py."""
     from pathlib import Path
