@@ -214,6 +214,23 @@ def test_ctrl_c_in_fetch_says_what_is_kept(served, tmp_path: Path) -> None:
     assert "resuming model-00002-of-00002.safetensors at byte" in again.stderr, again.stderr[-3000:]
 
 
+def test_ctrl_c_in_fetch_before_anything_was_fetched_says_so(tmp_path: Path) -> None:
+    """A Hub that does not answer (nothing listens on the discard port): fetch retries, Ctrl-C stops it
+    before any file came; the line says nothing was fetched."""
+    out = tmp_path / "fetched"
+    proc = subprocess.Popen([sys.executable, "-m", "qwenquant", "fetch", "me/tiny", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env=_env(HF_ENDPOINT="http://127.0.0.1:9", QWENQUANT_FETCH_BACKOFF="30"))
+    deadline = time.monotonic() + 120
+    while not (out / ".qwenquant-staging" / "lock").exists():  # it holds the folder's lock: it is fetching
+        assert proc.poll() is None and time.monotonic() < deadline, "fetch did not start"
+        time.sleep(0.05)
+    time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert _one_line(proc.returncode, err) == "interrupted: nothing was fetched; re-run the same command to fetch"
+
+
 def test_ctrl_c_in_serve_before_the_server_starts(big_art: Path) -> None:
     """Interrupted in the preflight (verify hashing the artifact): nothing started, nothing written."""
     line = _one_line(*interrupt_hashing(["serve", str(big_art), "--dry-run"], big_art / "big.bin"))
