@@ -20,8 +20,10 @@ from qwenquant import envs
 
 # Each command module registers its commands on `app` when imported, in this order (the --help order).
 from qwenquant.commands import bench, check, demo, doctor, eval, fetch, plan, publish, quantize, recipe, serve, verify  # noqa: F401, I001
-from qwenquant.commands._app import app, interrupt_line, started
+from qwenquant.commands._app import app, interrupt_line, one_line_summaries, started
 from qwenquant.errors import QwenquantError
+
+one_line_summaries(app)
 
 
 @app.callback(invoke_without_command=True)

@@ -125,6 +125,24 @@ def on_interrupt(note: object) -> None:
     _interrupt["note"] = note
 
 
+def one_line_summaries(typer_app: typer.Typer) -> None:
+    """Each command's line in `qwenquant --help`: its help's first paragraph as one line, which rich wraps to
+    the terminal (the docstring's own line breaks would otherwise break it mid-sentence)."""
+    import inspect
+
+    for group in typer_app.registered_groups:  # bench, eval, recipe: their subcommands too
+        if group.typer_instance is not None:
+            one_line_summaries(group.typer_instance)
+    for info in [*typer_app.registered_commands, *typer_app.registered_groups]:
+        if info.short_help:
+            continue
+        text = info.help or (info.typer_instance.info.help if getattr(info, "typer_instance", None) else None) \
+            or inspect.getdoc(info.callback) or ""
+        first = text.strip().split("\n\n", 1)[0]
+        if first:
+            info.short_help = " ".join(first.split())
+
+
 def started(command: str | None) -> None:
     """The root callback names the command that runs (its default interrupt line)."""
     _interrupt.clear()
