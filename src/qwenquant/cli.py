@@ -20,8 +20,10 @@ from qwenquant import envs
 
 # Each command module registers its commands on `app` when imported, in this order (the --help order).
 from qwenquant.commands import bench, check, demo, doctor, eval, fetch, plan, publish, quantize, recipe, serve, verify  # noqa: F401
-from qwenquant.commands._app import app, interrupt_line, started
+from qwenquant.commands._app import app, interrupt_line, one_line_summaries, started
 from qwenquant.errors import QwenquantError
+
+one_line_summaries(app)
 
 
 @app.callback(invoke_without_command=True)
@@ -55,10 +57,13 @@ def main(argv: list[str] | None = None) -> int:
         hit.append(signum)
         raise KeyboardInterrupt
 
-    # typer turns a KeyboardInterrupt into exit code 130 and says nothing: the handler records it
-    ours = threading.current_thread() is threading.main_thread() and \
-        signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    previous = signal.signal(signal.SIGINT, ctrl_c) if ours else None
+    # typer turns a KeyboardInterrupt into exit code 130 and says nothing: the handler records it.
+    # SIGTERM (`kill PID`) takes the same path, so a stopped command cleans up and says the same line;
+    # its exit code is the shell's for a TERM (143). Where the default handler was replaced, it stays.
+    main = threading.current_thread() is threading.main_thread()
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+    previous = {s: signal.signal(s, ctrl_c) for s, default in defaults.items()
+                if main and signal.getsignal(s) is default}
     done = [130]
 
     def finished(signum: int, frame: object) -> None:
@@ -71,10 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rv = done[0] = _run(args, argv)
     finally:
-        if previous is not None:  # the process itself (argv None): a late Ctrl-C keeps the command's exit code
-            signal.signal(signal.SIGINT, finished if argv is None else previous)
+        for s, handler in previous.items():  # the process itself (argv None): a late Ctrl-C keeps the exit code
+            signal.signal(s, finished if argv is None and s == signal.SIGINT else handler)
     if hit and rv == 130:
         print(interrupt_line(), file=sys.stderr, flush=True)  # what was done and what was not
+        return 128 + signal.SIGTERM if hit[0] == signal.SIGTERM else rv
     return rv
 
 
@@ -112,13 +118,21 @@ def _run(args: list[str], argv: list[str] | None) -> int:
     return rv if isinstance(rv, int) else 0
 
 
+def _debug() -> bool:
+    """QWENQUANT_DEBUG=1; a value it refuses (the error being reported may be about it) counts as off."""
+    try:
+        return bool(envs.get("QWENQUANT_DEBUG"))
+    except QwenquantError:
+        return False
+
+
 def _report(e: BaseException, message: str, hint: str | None, code: int) -> int:
     """error: line + hint: line on stderr (a plain traceback first with QWENQUANT_DEBUG=1)."""
     from rich.markup import escape
 
     from qwenquant.console import console
 
-    if envs.get("QWENQUANT_DEBUG"):
+    if _debug():
         traceback.print_exception(e, file=sys.stderr)
         sys.stderr.flush()
     console.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False, soft_wrap=True)

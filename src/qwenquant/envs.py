@@ -33,11 +33,22 @@ class EnvVar:
 
 
 def _flag(value: str) -> bool:
+    """0 or 1; anything else ("yes", "2") is refused rather than read as off."""
+    if value not in ("0", "1"):
+        raise ValueError("must be 0 or 1")
     return value == "1"
 
 
 def _path(value: str) -> Path:
     return Path(value).expanduser()
+
+
+def _folder(value: str) -> Path:
+    """A folder that exists: a typo would otherwise list nothing and find no NAME, silently."""
+    path = _path(value)
+    if not path.is_dir():
+        raise ValueError("must be an existing folder")
+    return path
 
 
 def _number(kind: type, what: str, low: float | None = None, high: float | None = None) -> Callable[[str], Any]:
@@ -103,12 +114,12 @@ _DECLARED = (
            "extension lacks cpu_gemm_wna16 (no AVX-512); `doctor` and `serve --dry-run` say which path runs",
            _choice("auto", "dense"), "auto", read_by="qwenquant, for its child processes"),
     EnvVar("QWENQUANT_API_KEY", "string", "unset", "`serve --api-key` / `bench --api-key` when the option is not given"),
-    EnvVar("QWENQUANT_RECIPES_DIR", "path", "the shipped recipes", "where `--recipe NAME` and `recipe list` look",
-           _path),
-    EnvVar("QWENQUANT_CALIBRATION_DIR", "path", "the shipped calibration sets",
-           "where `--calibration NAME` looks", _path),
-    EnvVar("QWENQUANT_EVALTEXT_DIR", "path", "the shipped eval text sets", "where `eval --text-set NAME` looks",
-           _path),
+    EnvVar("QWENQUANT_RECIPES_DIR", "folder", "the shipped recipes", "where `--recipe NAME` and `recipe list` look",
+           _folder),
+    EnvVar("QWENQUANT_CALIBRATION_DIR", "folder", "the shipped calibration sets",
+           "where `--calibration NAME` looks", _folder),
+    EnvVar("QWENQUANT_EVALTEXT_DIR", "folder", "the shipped eval text sets", "where `eval --text-set NAME` looks",
+           _folder),
     # What qwenquant sets for the processes it starts (the ranks of `quantize --gpus N`).
     EnvVar("QWENQUANT_PARENT_PID", "integer >= 1", "unset", "a rank exits when this process (its launcher) is gone",
            _number(int, "an integer", 1), read_by="qwenquant, for its child processes"),

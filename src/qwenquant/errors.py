@@ -79,3 +79,8 @@ class BenchError(QwenquantError):
     request), or a quality gate failed."""
 
     exit_code = 8
+
+
+def damaged_file_hint(folder: object) -> str:
+    """The hint for a file of an artifact that cannot be read (plan, check and serve say the same)."""
+    return f"the file is damaged: re-copy it; `qwenquant verify {folder}` lists every file that differs"

@@ -127,6 +127,20 @@ def _card_files(artifact: Path) -> dict[str, str]:
     return {n: sha256_file(artifact / n) for n in names if (artifact / n).is_file()}
 
 
+def _bundle(signature: Path) -> None:
+    """A UsageError unless `signature` is a sigstore bundle as model_signing writes it (JSON with a DSSE
+    envelope): a key or another file passed to --signature is a mistake, not a signature that fails."""
+    try:
+        bundle = json.loads(Path(signature).read_bytes())
+    except (ValueError, UnicodeDecodeError):
+        bundle = None
+    if not (isinstance(bundle, dict) and str(bundle.get("mediaType", "")).startswith(
+            "application/vnd.dev.sigstore.bundle") and isinstance(bundle.get("dsseEnvelope"), dict)):
+        raise UsageError(f"{signature} is not a model_signing signature (a sigstore bundle: JSON with a mediaType "
+                         "and a dsseEnvelope)",
+                         hint="pass the model.sig that `qwenquant publish --sign-key` wrote beside the artifact")
+
+
 def _public_key(path: Path) -> None:
     """A key model_signing's key method takes: an elliptic-curve public key in PEM (UsageError otherwise)."""
     from cryptography.hazmat.primitives import serialization
@@ -142,7 +156,8 @@ def _public_key(path: Path) -> None:
         raise UsageError(f"{path} is not a PEM public key ({e})".splitlines()[0],
                          hint="pass the publisher's elliptic-curve public key (PEM, BEGIN PUBLIC KEY)") from None
     if not isinstance(key, ec.EllipticCurvePublicKey):
-        raise UsageError(f"{path} is a {type(key).__name__.removesuffix('PublicKey').lstrip('_')} public key; "
+        kind = type(key).__name__.removesuffix("PublicKey").lstrip("_")
+        raise UsageError(f"{path} is {'an' if kind[:1] in 'AEIOR' else 'a'} {kind} public key; "
                          "model_signing's key method takes elliptic-curve keys only",
                          hint="ask the publisher for the P-256/P-384/P-521 public key the artifact was signed with")
 
@@ -157,6 +172,7 @@ def verify_signature(artifact: Path, signature: Path, public_key: Path | bytes, 
                                 "required is missing", hint="it was removed or never published: ask the publisher "
                                 "for the signed revision; never serve it unsigned (--signature FILE if it lies elsewhere)")
     signature = _readable(signature, "signature", "--signature")
+    _bundle(signature)
     with tempfile.TemporaryDirectory() as tmp:
         if isinstance(public_key, bytes):
             pub = Path(tmp) / "key.pub"
@@ -172,7 +188,7 @@ def verify_signature(artifact: Path, signature: Path, public_key: Path | bytes, 
                 cfg.set_hashing_config(_hashing_config(ms))
             cfg.verify(Path(artifact), signature)
         except (ValueError, KeyError, TypeError, OSError, InvalidSignature) as e:  # mismatch, wrong key, not a bundle
-            raise VerificationError(f"signature {signature} does not hold for {artifact}: {e}".splitlines()[0][:400],
+            raise VerificationError(f"signature {signature} does not hold for {artifact}: {e}".splitlines()[0][:400].rstrip(),
                                     hint="the files changed after signing, or the signature is for another key or "
                                          "artifact; never serve files that fail verification") from None
     hash_type, signed = _signed_files(signature)

@@ -65,7 +65,8 @@ def vllm_info() -> dict:
     try:
         install = find_vllm()
     except QwenquantError as e:
-        return {"problem": f"{e.message} (from {source})", "path": str(where), "source": source}
+        said = e.message if f"(from {source})" in e.message else f"{e.message} (from {source})"  # once, whoever says it
+        return {"problem": said, "path": str(where), "source": source}
     info = {"version": install.version, "device": install.device, "torch": None, "path": str(where), "source": source}
     return _with_cpu_path(info, install.python, install.isolated)
 

@@ -91,8 +91,8 @@ def cases(b: dict[str, Path], repo_id: str) -> list[tuple[list[str], int]]:
         (["graft-mtp", s["truncated"], "--source", s["only-config"]], 5),
         (["graft-mtp", s["bad-manifest"], "--source", s["truncated"]], 5),
         (["plan", s["missing"]], 2),
-        (["plan", s["config-list"]], 7),
-        (["plan", s["bad-config-json"]], 7),
+        (["plan", s["config-list"]], 2),                                    # a file given to read is invalid
+        (["plan", s["bad-config-json"]], 2),
         (["plan", s["bad-manifest"]], 4),
         (["plan", s["only-config"], "--gpu-mem", "lots"], 2),
         (["plan", str(REAL_CONFIG), "--gpu-mem", "8GiB"], 7),                # no profile fits
@@ -137,10 +137,11 @@ def test_every_command_fails_in_one_line_with_its_exit_code(broken: dict[str, Pa
 def test_debug_variable_shows_the_traceback(broken: dict[str, Path]) -> None:
     quiet = qq("plan", str(broken["config-list"]))
     loud = qq("plan", str(broken["config-list"]), debug=True)
-    assert quiet.returncode == loud.returncode == 7
+    assert quiet.returncode == loud.returncode == 2
     assert not any(ln.startswith("Traceback") for ln in quiet.stderr.splitlines())
     assert any(ln.startswith("Traceback") for ln in loud.stderr.splitlines())
-    assert loud.stderr.rstrip().splitlines()[-2].startswith("error: config.json is not a Qwen3.5 model config")
+    assert loud.stderr.rstrip().splitlines()[-2] == \
+        f"error: {broken['config-list'] / 'config.json'} is not a Qwen3.5 model config (not a JSON object)"
 
 
 def test_a_commit_that_never_existed_is_named_so(served, tmp_path: Path) -> None:

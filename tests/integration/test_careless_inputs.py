@@ -29,8 +29,8 @@ DEAD = "http://127.0.0.1:9"  # nothing listens on the discard port
 
 
 def _qq(argv: list[str], **extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "QWENQUANT_NO_PROGRESS": "1", "QWENQUANT_THREADS": "1", **extra}
-    env.pop("QWENQUANT_DEBUG", None)
+    env = {k: v for k, v in os.environ.items() if k != "QWENQUANT_DEBUG"}
+    env.update({"QWENQUANT_NO_PROGRESS": "1", "QWENQUANT_THREADS": "1", **extra})
     return subprocess.run([sys.executable, "-m", "qwenquant", *argv], capture_output=True, text=True, timeout=300,
                           env=env, cwd=REPO)
 
@@ -70,8 +70,18 @@ def m(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     (t / "mine.png").write_bytes(b"\x89PNG a picture of the user's")  # beside a new mine.json
     (t / "soak.json").write_text(json.dumps({"schema_version": 2, "mode": "soak", "tool": "qwenquant bench soak"}))
     (t / "emptydir").mkdir()
+    (t / "foreign.json").write_text('{"a": 1}')
+    truncated = Path(shutil.copytree(art, t / "truncated"))
+    shard = sorted(truncated.glob("model-0*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    corrupt = Path(shutil.copytree(art, t / "corrupt"))
+    shard = sorted(corrupt.glob("model-0*.safetensors"))[0]
+    data = bytearray(shard.read_bytes())
+    data[8:20] = b"\xff" * 12  # the header's first bytes: not JSON any more
+    shard.write_bytes(bytes(data))
     return {k: str(v) for k, v in {"t": t, "src": src, "art": art, "other": other, "tampered": tampered,
-                                   "noshard": noshard, "nosize": nosize, "missing": t / "missing"}.items()}
+                                   "noshard": noshard, "nosize": nosize, "missing": t / "missing",
+                                   "truncated": truncated, "corrupt": corrupt}.items()}
 
 
 def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
@@ -92,6 +102,8 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
         ("usage", ["fetch", "someone/model", "--out", f"{t}/notes.txt", "--force"]),
         ("usage", ["quantize", src, "--recipe", "tiny-reference", "--out", f"{t}/notes.txt", "--force"]),
         ("usage", ["quantize", src, "--recipe", "tiny-reference", "--out", f"{t}/q", "--work", f"{t}/notes.txt"]),
+        # usage: an empty folder is not an artifact
+        ("usage", ["plan", f"{t}/emptydir"]), ("usage", ["check", f"{t}/emptydir"]),
         # usage: values
         ("usage", ["plan", str(REAL_CONFIG), "--gpu-mem", "abc"]), ("usage", ["serve", art, "--port", "70000", "--dry-run"]),
         ("usage", ["serve", art, "--gpu-mem", "0", "--dry-run"]), ("usage", ["bench", "run", "127.0.0.1:8000"]),
@@ -99,6 +111,9 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
         ("usage", ["eval", "served", "http://127.0.0.1:99999"]),
         ("usage", ["eval", "served", DEAD, "--gate", "none"]),
         ("usage", ["eval", "served", DEAD, "--gate", "none", "--needle", "--needle-max-len", "-5"]), ("usage", ["quantize", src, "--device", "tpu", *out]),
+        # usage: an option that needs a GPU this machine does not have (serve's --gpus / --gpu-mem on the CPU build:
+        # tests/integration/test_serve_supervisor.py)
+        ("usage", ["quantize", src, "--source-unverified", "--device", "cuda", *q, *out]),
         ("usage", ["fetch", "not a repo id!", *out]), ("usage", ["recipe", "show", "no-such-recipe"]),
         # input-file: files given to read, paths to write
         ("input-file", ["quantize", src, "--calibration", f"{t}/calib-empty.yaml", *q, *out]),
@@ -125,6 +140,7 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
         ("input-file", ["bench", "run", DEAD, "--out", f"{t}/mine.json"]),  # mine.png beside it is the user's
         ("input-file", ["eval", "served", DEAD, "--report", f"{art}/config.json"]),
         ("input-file", ["eval", "offline", art, "--reference", src, "--report", f"{t}/notes.txt"]),
+        ("input-file", ["plan", f"{t}/notes.txt"]), ("input-file", ["plan", f"{t}/foreign.json"]),
         # an int4-MTP recipe whose vLLM range is open: refused where it is read, before any GPTQ
         ("input-file", ["recipe", "validate", f"{t}/int4mtp-open.yaml"]),
         ("input-file", ["quantize", src, "--recipe", f"{t}/int4mtp-open.yaml", "--plan", *out]),
@@ -136,7 +152,9 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
         ("record", ["verify", m["tampered"]]), ("record", ["eval", "offline", m["tampered"], "--reference", src]),
         ("record", ["eval", "offline", art, "--reference", art]), ("record", ["eval", "offline", art, "--reference", m["other"]]),
         ("record", ["graft-mtp", art, "--source", m["other"]]), ("record", ["plan", m["noshard"]]),
-        ("record", ["serve", m["noshard"], "--dry-run"]), ("record", ["publish", m["tampered"], "--repo", "a/b", "--dry-run"]),
+        ("record", ["serve", m["noshard"], "--dry-run"]),
+        ("record", ["plan", m["truncated"]]), ("record", ["plan", m["corrupt"]]),
+        ("record", ["check", m["truncated"]]), ("record", ["check", m["corrupt"]]), ("record", ["publish", m["tampered"], "--repo", "a/b", "--dry-run"]),
         # stage: a folder that exists but cannot be a source
         ("stage", ["quantize", m["nosize"], "--source-unverified", *q, *out]),
         ("stage", ["quantize", f"{t}/emptydir", "--source-unverified", *q, *out]),
@@ -173,6 +191,30 @@ def test_every_careless_input_gets_its_rule_s_code_in_one_line(m: dict[str, str]
     assert {k: _snapshot(Path(m[k])) for k in ("src", "art", "other")} == before  # no row wrote into them
     assert not Path(m["t"], "q").exists()
     assert {n: Path(m["t"], n).read_bytes() for n in mine} == mine and not Path(m["t"], "mine.json").exists()
+
+
+@pytest.mark.parametrize("command", ["plan", "check"])
+def test_a_damaged_shard_or_a_folder_that_is_no_artifact_is_named_with_its_fix(m: dict[str, str], command: str) -> None:
+    """A truncated shard, a shard whose header is not JSON: the file named, the hint says it is damaged
+    (re-copy it, verify lists every file that differs); an empty folder is not an artifact."""
+    for case in ("truncated", "corrupt"):
+        shard = sorted(Path(m[case]).glob("model-0*.safetensors"))[0]
+        proc = _qq([command, m[case]])
+        said = " ".join(proc.stderr.split())
+        assert proc.returncode == EXIT_RULE["record"], proc.stderr
+        assert f"error: {shard}" in said and "vLLM would refuse" not in said, said
+        assert f"hint: the file is damaged: re-copy it; `qwenquant verify {m[case]}` lists every file that differs" \
+            in said, said
+    proc = _qq([command, f"{m['t']}/emptydir"])
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == EXIT_RULE["usage"], said
+    assert f"error: {m['t']}/emptydir holds no config.json and no safetensors file: it is not an artifact" in said
+    if command == "plan":
+        for name, what in (("notes.txt", "is not JSON"), ("foreign.json", "is not a Qwen3.5 model config")):
+            proc = _qq(["plan", f"{m['t']}/{name}"])
+            said = " ".join(proc.stderr.split())
+            assert proc.returncode == EXIT_RULE["input-file"] and f"error: {m['t']}/{name} {what}" in said, said
+            assert "hint: pass an artifact folder or a Qwen3.5 config.json" in said, said
 
 
 def test_a_disk_too_small_for_the_stages_left_is_said_before_any_stage(m: dict[str, str], tmp_path: Path) -> None:
@@ -212,6 +254,9 @@ def test_the_fetch_hint_names_the_extra_file_instead_of_looping(served, tmp_path
     ("QWENQUANT_FETCH_BACKOFF", "-1", "a number from 0 to 600", ["fetch", "Qwen/Qwen3.8-27B", "--out", "{t}/f"]),
     ("QWENQUANT_DIST_TIMEOUT_MIN", "0", "an integer from 1 to 10080", ["recipe", "list"]),
     ("QWENQUANT_MAX_GPU_MEM", "-23.5", "a number > 0", ["verify", "{art}"]),
+    ("QWENQUANT_DEBUG", "yes", "0 or 1", ["verify", "{art}"]),
+    ("QWENQUANT_NO_PROGRESS", "yes", "0 or 1", ["verify", "{art}"]),
+    ("QWENQUANT_RECIPES_DIR", "/nonexistent", "an existing folder", ["recipe", "list"]),
 ])
 def test_a_variable_of_the_readme_table_out_of_range_is_one_line_and_exit_2(
         m: dict[str, str], name: str, value: str, allowed: str, argv: list[str]) -> None:

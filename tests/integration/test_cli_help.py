@@ -67,6 +67,21 @@ def test_usage_errors_exit_2_without_traceback(argv: list[str], needle: str) -> 
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("group", [[], ["bench"], ["eval"], ["recipe"]])
+def test_command_lists_show_each_summary_unbroken(group: list[str]) -> None:
+    """On a terminal wide enough, each command's summary (its help's first paragraph) is one row of the
+    list, not broken where its docstring's source lines end."""
+    import os
+
+    proc = subprocess.run([sys.executable, "-m", "qwenquant", *group, "--help"], capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, COLUMNS="400"))
+    rows = [ln.strip("│ ").rstrip() for ln in proc.stdout.splitlines() if ln.startswith("│ ")]
+    commands = [r for r in rows if r and not r.startswith("-") and not r.startswith(" ")]
+    assert commands, proc.stdout
+    for row in commands:  # no continuation rows: each starts with a command name and ends its sentence
+        assert row.endswith((".", ")", "`")), f"a summary broken mid-sentence: {row!r}"
+
+
 def test_version_is_light() -> None:
     from importlib.metadata import version
 
@@ -124,6 +139,15 @@ def test_doctor_asks_the_python_or_venv_that_qwenquant_vllm_names(tmp_path) -> N
         assert vllm in lines, proc.stdout
         if rec["device"] == "cpu":  # the CPU build's W4A16 path, asked of that same python, follows
             assert lines[lines.index(vllm) + 1].startswith("vLLM CPU W4A16 path: "), proc.stdout
+
+
+def test_doctor_names_a_missing_qwenquant_vllm_once(tmp_path) -> None:
+    import os
+
+    proc = subprocess.run([sys.executable, "-m", "qwenquant", "doctor"], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, QWENQUANT_VLLM=str(tmp_path / "nonexistent")), cwd=tmp_path)
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("vllm:"))
+    assert line == f"vllm: vLLM not found at {tmp_path / 'nonexistent'} (from QWENQUANT_VLLM)", proc.stdout
 
 
 def test_exit_codes_are_documented_once_and_match_the_error_kinds() -> None:

@@ -46,13 +46,13 @@ def _open_writer(fifo: Path, proc: subprocess.Popen, timeout: float = 120) -> in
     raise AssertionError(f"the command did not open {fifo} in {timeout} s")
 
 
-def interrupt_reading(argv: list[str], fifo: Path, **env: str) -> tuple[int, str]:
-    """Run `qwenquant ARGV`, send SIGINT once it reads `fifo`; (exit code, stderr)."""
+def interrupt_reading(argv: list[str], fifo: Path, sig: int = signal.SIGINT, **env: str) -> tuple[int, str]:
+    """Run `qwenquant ARGV`, send SIGINT (or `sig`) once it reads `fifo`; (exit code, stderr)."""
     proc = subprocess.Popen([sys.executable, "-m", "qwenquant", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=_env(**env), cwd=REPO)
     fd = _open_writer(fifo, proc)
     time.sleep(0.3)  # the reader is in read() now, waiting for bytes
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     time.sleep(0.3)
     os.close(fd)  # end of file for a reader on another thread, which the interrupted command may wait for
     _, err = proc.communicate(timeout=120)
@@ -87,9 +87,10 @@ def _has_open(pid: int, path: Path) -> bool:
     return False
 
 
-def _one_line(code: int, err: str) -> str:
-    """The interrupt line: exit 130, exactly one line starting "interrupted", no traceback or error line."""
-    assert code == 130, err[-3000:]
+def _one_line(code: int, err: str, want: int = 130) -> str:
+    """The interrupt line: exit 130 (143 for SIGTERM), exactly one line starting "interrupted", no traceback or
+    error line."""
+    assert code == want, err[-3000:]
     assert "Traceback" not in err and "error:" not in err and "unexpected error" not in err, err[-3000:]
     lines = [ln for ln in err.splitlines() if ln.startswith("interrupted")]
     assert len(lines) == 1, err[-3000:]
@@ -157,6 +158,19 @@ def test_ctrl_c_in_quantize_plan_says_it_wrote_nothing(tiny_checkpoint: Path, tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 
+def test_sigterm_gives_the_ctrl_c_line_and_exit_143(art: Path, tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """`kill PID` (SIGTERM) stops a command as Ctrl-C does: the same line, the shell's code for a TERM."""
+    config = _fifo(art / "config.json")
+    assert _one_line(*interrupt_reading(["check", str(art)], config, signal.SIGTERM), want=143) == \
+        f"interrupted: qwenquant check {READ_ONLY}"
+    src = Path(shutil.copytree(tiny_checkpoint, tmp_path / "src"))
+    _fifo(src / "config.json")
+    line = _one_line(*interrupt_reading(["quantize", str(src), "--source-unverified", "--calibration", "tiny-demo",
+                                         "--out", str(tmp_path / "q"), "--plan"], src / "config.json", signal.SIGTERM),
+                     want=143)
+    assert line == "interrupted: quantize --plan stopped before it reported; it runs and writes nothing"
+
+
 def test_ctrl_c_in_graft_mtp_leaves_the_artifact_as_it_was(art: Path, tiny_checkpoint: Path, tmp_path: Path) -> None:
     """Interrupted while it reads the source's MTP shard: the artifact's bytes as they were, nothing beside it."""
     src = Path(shutil.copytree(tiny_checkpoint, tmp_path / "src"))
@@ -198,6 +212,23 @@ def test_ctrl_c_in_fetch_says_what_is_kept(served, tmp_path: Path) -> None:
                            capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming model-00002-of-00002.safetensors at byte" in again.stderr, again.stderr[-3000:]
+
+
+def test_ctrl_c_in_fetch_before_anything_was_fetched_says_so(tmp_path: Path) -> None:
+    """A Hub that does not answer (nothing listens on the discard port): fetch retries, Ctrl-C stops it
+    before any file came; the line says nothing was fetched."""
+    out = tmp_path / "fetched"
+    proc = subprocess.Popen([sys.executable, "-m", "qwenquant", "fetch", "me/tiny", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env=_env(HF_ENDPOINT="http://127.0.0.1:9", QWENQUANT_FETCH_BACKOFF="30"))
+    deadline = time.monotonic() + 120
+    while not (out / ".qwenquant-staging" / "lock").exists():  # it holds the folder's lock: it is fetching
+        assert proc.poll() is None and time.monotonic() < deadline, "fetch did not start"
+        time.sleep(0.05)
+    time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert _one_line(proc.returncode, err) == "interrupted: nothing was fetched; re-run the same command to fetch"
 
 
 def test_ctrl_c_in_serve_before_the_server_starts(big_art: Path) -> None:

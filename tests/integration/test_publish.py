@@ -68,6 +68,7 @@ def test_publish_fetch_verify_round_trip(hub_w, artifact: Path, tmp_path: Path, 
     code, out, err = run_cli(capsys, "fetch", OUT, "--out", str(fetched))
     assert code == 0, err
     assert f"qwenquant artifact verified against its manifest: {len(manifest['files'])} files, root digest {root}" in out
+    assert "already verified, fetch record digest " in out and "verified, root " not in out  # two digests, two names
     code, out, err = run_cli(capsys, "verify", str(fetched))
     assert code == 0, err
     assert f"root sha256:{root}" in out and f"published as {OUT}: root digest {root}" in out

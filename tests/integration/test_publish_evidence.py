@@ -238,10 +238,14 @@ def test_signature_keys_and_a_missing_signature(hub_w, artifact: Path, tmp_path:
     for argv in (["verify", str(fetched), "--signature", str(sig), "--public-key"],
                  ["serve", str(fetched), "--dry-run", "--require-signature"]):
         code, _, err = run_cli(capsys, *argv, str(rsa_pub))
-        assert code == 2 and f"{rsa_pub} is a RSA public key; model_signing's key method takes elliptic-curve" in err
+        assert code == 2 and f"{rsa_pub} is an RSA public key; model_signing's key method takes elliptic-curve" in err
         assert "unexpected error" not in err
         code, _, err = run_cli(capsys, *argv, str(priv))
         assert code == 2 and f"{priv} is a private key, not the public key" in err
+    for not_a_signature in (rsa_pub, fetched / "config.json"):  # a PEM file, JSON that is no bundle: exit 2
+        code, _, err = run_cli(capsys, "verify", str(fetched), "--signature", str(not_a_signature), "--public-key", str(pub))
+        assert code == 2 and f"error: {not_a_signature} is not a model_signing signature" in " ".join(err.split()), err
+        assert "hint: pass the model.sig" in err
     sig.unlink()
     code, _, err = run_cli(capsys, "serve", str(fetched), "--dry-run", "--require-signature", str(pub))
     assert code == 4 and "model.sig: missing (named in qwenquant-card.json, not on disk" in err
@@ -263,6 +267,10 @@ def test_serving_a_fetched_folder_with_an_edited_card_says_to_fetch_it_again(hub
     code, _, err = run_cli(capsys, "serve", str(fetched), "--dry-run")
     assert code == 4 and "README.md: card" in err
     assert f"re-fetch them (`qwenquant fetch {OUT} --out {fetched}`)" in err and "re-run `qwenquant quantize` or" not in err
+    code, out, err = run_cli(capsys, "verify", str(fetched))  # verify names the repo as serve does, and counts right
+    said = " ".join(err.split())
+    assert code == 4 and f"re-fetch the folder (`qwenquant fetch {OUT} --out {fetched}`)" in said, said
+    assert f"{fetched}: 1 problem\n" in out or f"{fetched}: 1 problem " in out, out
     assert fetch(capsys, fetched)[0] == 0  # which repairs it
     assert run_cli(capsys, "verify", str(fetched))[0] == 0
 

@@ -120,3 +120,43 @@ def test_a_moved_source_folder_is_planned_as_the_run_does_it(built: dict, tmp_pa
         assert sorted(ran) == plan["would_run"] == ["source"]
     finally:
         assert qq(*_args(built["source"], built["out"])).returncode == 0  # the record names the fixture's path again
+
+
+def _plan_then_run(built: dict, *extra: str) -> tuple[dict, dict, str]:
+    """(the plan, what the run then did, the run's log) for the build's command with `extra`."""
+    plan = _plan(built, *extra)
+    run = qq(*_args(built["source"], built["out"], "--json", *extra))
+    assert run.returncode == 0, run.stderr[-4000:]
+    return plan, json.loads(run.stdout)["stages"], run.stderr
+
+
+def test_one_calibration_set_named_two_ways_is_one_input(built: dict, tmp_path: Path) -> None:
+    """The shipped name and a copy of its definition that names the same data by an absolute path are
+    one input: the plan reuses every stage and so does the run, however often the flag alternates."""
+    from qwenquant import data_path
+
+    copy = tmp_path / "mine.yaml"
+    copy.write_text(data_path("calibration", "tiny-demo.yaml").read_text().replace(
+        "path: tiny-demo.jsonl", f"path: {data_path('calibration', 'tiny-demo.jsonl')}"))
+    for calibration in (str(copy), "tiny-demo"):
+        plan, ran, _ = _plan_then_run(built, "--calibration", calibration)
+        assert plan["would_run"] == [] and [s for s, v in ran.items() if v == "ran"] == []
+
+
+def test_a_recipe_that_differs_only_in_its_serve_profiles_reruns_only_check(built: dict, tmp_path: Path) -> None:
+    """A recipe whose serve profile says something else: check re-runs (it reads the recipe) and writes
+    what its record lists, so eval stays reused; the plan says so and the run does exactly that."""
+    from qwenquant import data_path
+
+    copy = tmp_path / "mine.yaml"
+    text = data_path("recipes", "w4a16-int4head.yaml").read_text()
+    assert "description: one stream, lowest latency" in text
+    copy.write_text(text.replace("description: one stream, lowest latency", "description: one stream, mine"))
+    try:
+        plan, ran, log = _plan_then_run(built, "--recipe", str(copy))
+        assert _actions(plan) == {**{s: "reused" for s in STAGES if s != "check"}, "check": "run: inputs changed (recipe)"}
+        assert "a check that passes writes the same check.json" in plan["stages"][6]["note"]
+        assert [s for s, v in ran.items() if v == "ran"] == plan["would_run"] == ["check"]
+        assert "stage eval: complete, skipped" in log
+    finally:
+        assert qq(*_args(built["source"], built["out"])).returncode == 0  # the check record of the build's recipe

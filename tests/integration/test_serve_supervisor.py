@@ -392,11 +392,12 @@ def test_gpu_mem_sets_the_share_of_a_bigger_gpu(standin_artifact, fake_vllm, tmp
 
 
 def test_gpu_mem_refused_on_cpu(standin_artifact, fake_vllm, tmp_path):
-    """The CPU build has no GPU budget to scale: --gpu-mem is refused, naming VLLM_CPU_KVCACHE_SPACE."""
+    """The CPU build has no GPU budget to scale: --gpu-mem is refused, naming VLLM_CPU_KVCACHE_SPACE, with
+    the code of every "needs a GPU" mistake (--gpus 2 here, quantize --device cuda without one): usage."""
     cmd = serve_cmd(standin_artifact, fake_vllm, free_port(), "good", tmp_path / "pids")
     cmd[cmd.index("--"):cmd.index("--")] = ["--gpu-mem", "24GiB"]
     r = subprocess.run(cmd, env=serve_env(fake_vllm, tmp_path), capture_output=True, text=True, timeout=60)
-    assert r.returncode == 7
+    assert r.returncode == 2
     assert "--gpu-mem applies to CUDA GPUs only" in flat(r.stderr) and "VLLM_CPU_KVCACHE_SPACE" in flat(r.stderr)
     assert not (tmp_path / "pids").exists()
 

@@ -426,8 +426,12 @@ def test_mixed_name_prefixes(tmp_path: Path) -> None:
 def test_missing_folder_and_empty_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", str(tmp_path / "nope")]) == 2  # a missing path is a usage error in every command
     assert "does not exist" in capsys.readouterr().err
+    assert main(["check", str(tmp_path)]) == 2  # an empty folder is not an artifact: a usage error too
+    assert f"{tmp_path} holds no config.json and no safetensors file: it is not an artifact" in \
+        " ".join(capsys.readouterr().err.split())
+    (tmp_path / "model.safetensors").write_bytes(b"")  # a shard and no config: what vLLM would refuse
     r = check_artifact(tmp_path)
-    assert not r.ok and {"layout", "index"} <= set(r.rule_ids())
+    assert not r.ok and {"layout", "safetensors-header"} <= set(r.rule_ids())
 
 
 # (9) draft tokens vLLM's GDN speculative path survives ------------------------------------------

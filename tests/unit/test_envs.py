@@ -110,6 +110,10 @@ def test_the_read_finder_finds_reads() -> None:
     ("QWENQUANT_FETCH_BACKOFF", "nan", "a number from 0 to 600"), ("QWENQUANT_MAX_GPU_MEM", "0", "a number > 0"),
     ("QWENQUANT_MAX_GPU_MEM", "24GiB", "a number > 0"), ("QWENQUANT_GPTQ_ENGINE", "fast", "streamed or oneshot"),
     ("QWENQUANT_LOG_LEVEL", "99", "an integer from 0 to 50"), ("QWENQUANT_PARENT_PID", "0", "an integer >= 1"),
+    ("QWENQUANT_DEBUG", "yes", "0 or 1"), ("QWENQUANT_DEBUG", "2", "0 or 1"), ("QWENQUANT_NO_PROGRESS", "yes", "0 or 1"),
+    ("QWENQUANT_RECIPES_DIR", "/nonexistent", "an existing folder"),
+    ("QWENQUANT_CALIBRATION_DIR", "/nonexistent", "an existing folder"),
+    ("QWENQUANT_EVALTEXT_DIR", "/nonexistent", "an existing folder"),
 ])
 def test_a_numeric_variable_out_of_its_range_names_the_range(name: str, value: str, says: str) -> None:
     """Every variable of the README's table with a range: a value outside it is a UsageError (exit 2)

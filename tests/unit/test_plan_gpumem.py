@@ -54,7 +54,7 @@ class _Profile:
 
 
 def test_refused_on_cpu_and_soft_beside_an_explicit_share():
-    with pytest.raises(ServeError, match="CUDA GPUs only") as e:
+    with pytest.raises(UsageError, match="CUDA GPUs only") as e:
         apply_gpu_mem(_Profile(), 24 * GiB, "cpu", [], lambda: H200, [])
     assert "VLLM_CPU_KVCACHE_SPACE" in e.value.hint
     with pytest.raises(UsageError, match="--gpu-mem-soft and --gpu-memory-utilization both set"):

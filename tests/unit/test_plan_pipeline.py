@@ -120,7 +120,7 @@ def test_plan_command_pipeline(capsys):
     assert "pipeline stage 1 of 2 (decoder layers 32-63)" in out
     assert ("profile single-user over 2 pipeline stages: fits on every stage; pipeline stage 1 of 2 (decoder "
             "layers 32-63) has the fewest cache blocks, so 5 full-length sequence(s) at once and a largest "
-            "max-model-len of 192,512") in " ".join(out.split())
+            "max-model-len of 192,608") in " ".join(out.split())
     code, out, _ = run_cli(capsys, "plan", str(REAL), "--gpus", "2", "--split", "pipeline", "-p", "single-user",
                            "--json")
     doc = json.loads(out)

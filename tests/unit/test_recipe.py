@@ -359,3 +359,44 @@ def test_an_int4_mtp_recipe_whose_groups_straddle_mtp_fc_s_halves_is_refused(tmp
     assert problem.startswith("quantization.group_size: group_size 2048 puts mtp.fc's group of columns 4096-6143 "
                               "across column 5120")
     assert main(["recipe", "validate", str(_write(tmp_path, raw))]) == 2
+
+
+def test_a_shown_recipe_saved_anywhere_is_the_recipe_it_shows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`recipe show NAME > my.yaml` round-trips: the copy reads the same calibration file (the shown
+    path resolves from any folder), validates, and its calibration stage input is the shipped recipe's;
+    every default is filled in, `activations: bf16` of each profile too."""
+    from qwenquant.quantize.stages.calibration import spec_identity
+
+    assert main(["recipe", "show", "tiny-reference"]) == 0
+    shown = capsys.readouterr().out
+    doc = yaml.safe_load(shown)
+    assert {p["activations"] for p in doc["serve"]["profiles"].values()} == {"bf16"}
+    (tmp_path / "sub").mkdir()
+    copy = tmp_path / "sub" / "my.yaml"
+    copy.write_text(shown)
+    mine, shipped = load_recipe(copy), load_recipe("tiny-reference")
+    assert mine.calibration.resolved_path() == shipped.calibration.resolved_path().resolve()
+    assert mine.calibration.resolved_path().is_file()
+    assert spec_identity(mine.calibration) == spec_identity(shipped.calibration)
+    assert mine.canonical() | {"calibration": None} == shipped.canonical() | {"calibration": None}
+    assert main(["recipe", "validate", str(copy)]) == 0
+    assert capsys.readouterr().out.startswith(f"OK tiny-reference sha256:{mine.sha256()}")
+    assert f"# sha256: {mine.sha256()}" in shown  # what the copy records, as validate says
+
+
+def test_validate_reports_a_calibration_path_that_does_not_resolve(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A shipped recipe copied as a file elsewhere: its relative `calibration.path` names nothing there;
+    validate says so (exit 2) naming the field, where it looked and what to do, as quantize would."""
+    copy = tmp_path / "my.yaml"
+    copy.write_text((recipes_dir() / "tiny-reference.yaml").read_text())
+    assert main(["recipe", "validate", str(copy)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert (f"error: recipe {copy} is invalid: calibration.path: ../calibration/tiny-reference.jsonl resolves to "
+            f"{tmp_path.parent / 'calibration' / 'tiny-reference.jsonl'}, which does not exist") in err
+    assert "hint:" in err and "relative to the recipe's folder" in err
+
+
+def test_validate_of_a_folder_says_what_to_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["recipe", "validate", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "hint: pass a recipe YAML file or a shipped recipe name" in err

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qwenquant.errors import StageError
+from qwenquant.errors import UsageError
 from qwenquant.modeling.runtime import resolve_device, torch_device
 
 
@@ -22,9 +22,9 @@ def test_an_explicit_device_is_kept() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_without_a_cuda_device_is_refused_with_a_hint() -> None:
     for asked in ("cuda", torch.device("cuda", 0)):
-        with pytest.raises(StageError) as e:
+        with pytest.raises(UsageError) as e:  # needs a GPU: the usage code, as serve's --gpus and --gpu-mem
             resolve_device(asked)
-        assert e.value.message.endswith("but no CUDA device is visible") and e.value.exit_code == 5
+        assert e.value.message.endswith("but no CUDA device is visible") and e.value.exit_code == 2
         assert e.value.hint == "drop --device, or use --device cpu"
-    with pytest.raises(StageError, match="--device cuda but no CUDA device is visible"):
+    with pytest.raises(UsageError, match="--device cuda but no CUDA device is visible"):
         torch_device("cuda")

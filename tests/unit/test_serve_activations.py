@@ -47,9 +47,9 @@ def test_int8_on_hopper_keeps_the_users_disabled_kernels() -> None:
 
 
 def test_int8_before_ampere_is_refused() -> None:
-    with pytest.raises(ServeError) as e:
+    with pytest.raises(UsageError) as e:  # a GPU that cannot do what is asked: the usage code, as in every command
         decide_activations("int8", "cuda", (7, 5), {})
-    assert e.value.exit_code == 7
+    assert e.value.exit_code == 2
     assert str(e.value) == ("--activations int8 needs a GPU of SM 8.0 or newer (Marlin's int8 path); this GPU is "
                             "SM 7.5")
     assert e.value.hint == "serve with --activations bf16"

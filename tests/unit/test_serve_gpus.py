@@ -71,9 +71,9 @@ def test_busy_gpu_is_named(tmp_path, monkeypatch):
 
 def test_too_few_visible_gpus(tmp_path, monkeypatch):
     stand_in_smi(tmp_path, monkeypatch, TWO_FREE)
-    with pytest.raises(ServeError, match="over 4 GPUs needs 4 visible GPUs, 2 visible"):
+    with pytest.raises(UsageError, match="over 4 GPUs needs 4 visible GPUs, 2 visible"):
         tp_gpu_bytes(4, 0.92, {})
-    with pytest.raises(ServeError, match=r"2 GPUs needs 2 visible GPUs, 1 visible \(CUDA_VISIBLE_DEVICES=1\)"):
+    with pytest.raises(UsageError, match=r"2 GPUs needs 2 visible GPUs, 1 visible \(CUDA_VISIBLE_DEVICES=1\)"):
         tp_gpu_bytes(2, 0.92, {"CUDA_VISIBLE_DEVICES": "1"})
     with pytest.raises(ServeError, match="CUDA_VISIBLE_DEVICES names 7"):
         tp_gpu_bytes(2, 0.92, {"CUDA_VISIBLE_DEVICES": "0,7"})

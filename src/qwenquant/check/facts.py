@@ -22,7 +22,7 @@ from qwenquant.checkpoint.header import (
     read_header,
 )
 from qwenquant.checkpoint.tensorfile import TensorRef, header_refs
-from qwenquant.errors import CheckError
+from qwenquant.errors import CheckError, UsageError
 from qwenquant.recipe import target_matches, targets_cover
 
 log = logging.getLogger(__name__)
@@ -193,6 +193,9 @@ def read_artifact(artifact_dir: Path) -> ArtifactFacts:
     if not root.is_dir():
         raise CheckError(f"{root} is not a folder" if root.exists() else f"artifact folder not found: {root}",
                     hint="pass the artifact folder (the one holding qwenquant-manifest.json)")
+    if not (root / "config.json").exists() and not any(root.glob("*.safetensors")):
+        raise UsageError(f"{root} holds no config.json and no safetensors file: it is not an artifact",
+                         hint="pass the artifact folder (the one holding qwenquant-manifest.json)")
     io: list[Finding] = []
     try:
         config = json.loads((root / "config.json").read_bytes())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import Any
 
 import typer
 
@@ -47,20 +48,24 @@ EXIT_CODES = (
     (6, "check: vLLM would refuse the artifact"),
     (7, "serve/plan: the server did not start or stay healthy, or the memory budget does not fit"),
     (8, "bench/eval: a measurement could not be made, or a quality gate failed"),
-    (130, "interrupted (Ctrl-C)"),
+    (130, "interrupted (Ctrl-C; 143: SIGTERM, with the same line)"),
 )
 
 # One rule per kind of mistake (README "Exit codes" repeats it; tests/integration/test_careless_inputs.py
 # runs a row of careless inputs for each over every command).
 EXIT_RULES = (
     ("usage", 2, "an option or argument that cannot be used: a path that does not exist (or a file where a folder "
-                 "is asked), a number or port out of range, a URL without http(s)://, a size that cannot be read"),
+                 "is asked, or an empty folder where an artifact is), a number or port out of range, a URL without "
+                 "http(s)://, a size that cannot be read, an option that needs a GPU (or more GPUs, or a newer one) "
+                 "than this machine or vLLM build has"),
     ("input-file", 2, "a file you give qwenquant to read is invalid (recipe, calibration definition or data, gate, "
-                      "--text), or an output path cannot be written, holds another run's report, or would harm "
-                      "other data (inside another artifact or the source, --work equal to --out)"),
+                      "--text, a config.json to plan for), or an output path cannot be written (another qwenquant "
+                      "command is writing it too), holds another run's report, or would harm other data (inside "
+                      "another artifact or the source, --work equal to --out)"),
     ("download", 3, "fetch: the Hub, a download or a safetensors file could not be trusted"),
-    ("record", 4, "bytes on disk differ from their record: an artifact from its manifest (a missing shard too), a "
-                  "fetched folder from its fetch record, a --source/--reference from the source the manifest records"),
+    ("record", 4, "bytes on disk differ from their record: an artifact from its manifest (a missing or damaged shard "
+                  "too), a fetched folder from its fetch record, a --source/--reference from the source the manifest "
+                  "records"),
     ("stage", 5, "a folder that exists cannot be used as a source (damaged, unsupported, config sizes missing), a "
                  "stage failed, the disk is too small, or an output folder holds files qwenquant did not write"),
     ("check", 6, "check: vLLM would refuse the artifact"),
@@ -114,6 +119,25 @@ def on_interrupt(note: object) -> None:
     """Register what Ctrl-C leaves for the running command: a callable returning one line (called
     only when it happens, so it can look at the disk then)."""
     _interrupt["note"] = note
+
+
+def one_line_summaries(typer_app: typer.Typer) -> None:
+    """Each command's line in `qwenquant --help`: its help's first paragraph as one line, which rich wraps to
+    the terminal (the docstring's own line breaks would otherwise break it mid-sentence)."""
+    import inspect
+
+    for group in typer_app.registered_groups:  # bench, eval, recipe: their subcommands too
+        if group.typer_instance is not None:
+            one_line_summaries(group.typer_instance)
+    infos: list[Any] = [*typer_app.registered_commands, *typer_app.registered_groups]
+    for info in infos:
+        if info.short_help:
+            continue
+        text = info.help or (info.typer_instance.info.help if getattr(info, "typer_instance", None) else None) \
+            or inspect.getdoc(info.callback) or ""
+        first = text.strip().split("\n\n", 1)[0]
+        if first:
+            info.short_help = " ".join(first.split())
 
 
 def started(command: str | None) -> None:

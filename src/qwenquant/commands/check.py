@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -36,7 +38,6 @@ def check(
     from qwenquant.check import read_artifact, run_rules
     from qwenquant.check.activations import int8_asked, int8_check
     from qwenquant.console import print_json, stdout
-    from qwenquant.errors import CheckError
 
     facts = read_artifact(artifact)
     report = run_rules(facts, str(artifact))
@@ -55,7 +56,7 @@ def check(
         from rich.table import Column, Table
 
         table = Table(Column("rule", no_wrap=True), Column("where", overflow="fold"), "problem", "fix",
-                      title=f"{artifact}: {len(report.findings)} problems")
+                      title=f"{artifact}: {len(report.findings)} problem{'s' * (len(report.findings) != 1)}")
         for f in report.findings:
             table.add_row(f.rule, f.where, f.message, f.fix)
         stdout.print(table)
@@ -64,9 +65,22 @@ def check(
 
         logging.getLogger(__name__).warning("%s", int8.warning())
     if not report.ok:
-        raise CheckError(
-            f"{artifact}: {len(report.findings)} problem(s) vLLM would refuse: "
-            + "; ".join(f"{f.rule} at {f.where}" for f in report.findings[:10])
-            + (" ..." if len(report.findings) > 10 else ""),
-            hint="fix the recipe or stage named by each rule and rebuild; `--json` lists every finding",
-        )
+        raise _refusal(artifact, report.findings)
+
+
+def _refusal(artifact: Path, findings: Sequence[Any]) -> Exception:
+    """A damaged shard of an artifact (its manifest lists it) is bytes that differ from their record (exit 4),
+    named with its problem; anything else is what vLLM would refuse (exit 6)."""
+    from qwenquant.errors import CheckError, VerificationError, damaged_file_hint
+    from qwenquant.manifest import MANIFEST_NAME
+
+    damaged = [f for f in findings if f.rule == "safetensors-header"]
+    if damaged:
+        where = "; ".join(f"{artifact / f.where}: {f.message}" for f in damaged[:3]) + (" ..." if len(damaged) > 3 else "")
+        error = VerificationError if (artifact / MANIFEST_NAME).exists() else CheckError
+        return error(f"{where} (the safetensors header cannot be read)", hint=damaged_file_hint(artifact))
+    return CheckError(
+        f"{artifact}: {len(findings)} problem(s) vLLM would refuse: "
+        + "; ".join(f"{f.rule} at {f.where}" for f in findings[:10]) + (" ..." if len(findings) > 10 else ""),
+        hint="fix the recipe or stage named by each rule and rebuild; `--json` lists every finding",
+    )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from qwenquant.commands._app import RepoType, app
+from qwenquant.commands._app import INTERRUPT_NOTES, RepoType, app, on_interrupt
 from qwenquant.errors import UsageError
 
 
@@ -103,6 +103,7 @@ def fetch(
     from qwenquant.fetch import fetch_snapshot
     from qwenquant.publish.cardcheck import verify_published_artifact
 
+    on_interrupt(lambda: _interrupted(out))
     with _bar_progress() as progress:
         result = fetch_snapshot(repo_id, out, revision=revision, repo_type=repo_type.value, re_resolve=re_resolve,
                                 workers=workers, progress=progress, expect=expected,
@@ -118,10 +119,18 @@ def fetch(
         print_json(summary)
         return
     stdout.print(f"{repo_id}@{result.commit} -> {out} ({summary['downloaded']} downloaded, "
-                 f"{summary['reused']} already verified, root {summary['root_digest'][:16]})")  # fmt: skip
+                 f"{summary['reused']} already verified, fetch record digest {summary['root_digest'][:16]})")  # fmt: skip
     if art:
         stdout.print(f"qwenquant artifact verified against its manifest: {art.files_checked} files, "
                      f"root digest {art.root_digest}", markup=False)
+
+
+def _interrupted(out: Path) -> str:
+    """The Ctrl-C line: what stays in --out, or that nothing was fetched (no file but the staging lock)."""
+    kept = [p for p in out.rglob("*") if p.is_file() and p.name != "lock"] if out.is_dir() else []
+    if not kept:
+        return "interrupted: nothing was fetched; re-run the same command to fetch"
+    return INTERRUPT_NOTES["fetch"]
 
 
 def _root(root: str | None) -> str | None:

@@ -103,15 +103,12 @@ def _text(res: Any, gpu_mem: str, gpus: int, layout: Any) -> list[str]:
                          for i, line in enumerate(weights_lines(w, res.include_vision))]
     for name, b in res.budgets.items():
         for i, x in enumerate(res.stages.get(name, [b])):
-            shown = budget_lines(name, x, res.shape)
+            shown = budget_lines(name, x, res.shape, refused=res.refused.get(name), positions=res.max_positions)
             if i == 0 and name in res.refused:  # before the memory figures, which hold whatever the refusal
                 shown.insert(1, f"  DOES NOT FIT: {res.refused[name]}, which serve refuses: {res.fix(name)}")
-            if res.max_positions and x.largest_len(1) > res.max_positions:
-                shown.append(f"  the memory holds more, but serve refuses a max-model-len above the model's "
-                             f"max_position_embeddings {res.max_positions:,} (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")
             lines += [""] + shown
         if layout.pp > 1:
-            lines += [""] + pipeline_lines(name, res.stages[name], res.shape)
+            lines += [""] + pipeline_lines(name, res.stages[name], res.shape, refused=res.refused.get(name))
     return lines
 
 

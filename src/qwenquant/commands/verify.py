@@ -60,11 +60,25 @@ def verify(
 
 
 def _hint(artifact: Path, report: Any) -> str:
-    """Card problems: the card was changed after publishing (fetch it again); files: re-copy or rebuild."""
+    """Card problems: the card was changed after publishing (fetch it again, from the repo the fetch record
+    names); files: re-copy or rebuild."""
     if all(p.status == "card" for p in report.problems):
         return ("the card files differ from what the manifest and the reports give (edited after publishing): "
-                f"re-fetch the folder (`qwenquant fetch REPO --out {artifact}`); never trust figures that fail this")
+                f"re-fetch the folder (`qwenquant fetch {_fetched_from(artifact) or 'REPO'} --out {artifact}`); "
+                "never trust figures that fail this")
     return "re-copy or rebuild the artifact; never serve files that fail verification"
+
+
+def _fetched_from(artifact: Path) -> str | None:
+    """The repo id the folder's fetch record names (None: not a fetched folder)."""
+    import json
+
+    from qwenquant.manifest import FETCH_RECORD_NAME
+
+    try:
+        return str(json.loads((artifact / FETCH_RECORD_NAME).read_text())["repo_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _provenance(artifact: Path, report: Any, signature: Path | None, public_key: Path | None,
@@ -93,7 +107,7 @@ def _problem_table(artifact: Path, report: Any, out: Any) -> None:
 
     width = max(len(p.path) for p in report.problems)  # never wrap a file name: users grep for it
     table = Table(Column("file", no_wrap=True, min_width=width), "size", "status", "detail",
-                  title=f"{artifact}: {len(report.problems)} problems")
+                  title=f"{artifact}: {len(report.problems)} problem{'s' * (len(report.problems) != 1)}")
     for p in report.problems:
         size = p.actual_size if p.actual_size is not None else p.expected_size
         table.add_row(p.path, "" if size is None else str(size), p.status, p.detail)

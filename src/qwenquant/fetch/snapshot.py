@@ -25,7 +25,7 @@ from typing import Any
 from qwenquant import __version__, envs
 from qwenquant.atomic import atomic_write_json, exclusive_lock, fsync_dir
 from qwenquant.checkpoint.header import INDEX_NAME, SafetensorsError, check_index, load_index_json, read_header
-from qwenquant.errors import FetchError, QwenquantError, VerificationError
+from qwenquant.errors import FetchError, QwenquantError, UsageError, VerificationError
 from qwenquant.fetch.pinning import PENDING_NAME, pin_commit
 from qwenquant.fetch.record import SCHEMA_VERSION, root_digest
 from qwenquant.fetch.selection import RECORD_NAME, STAGING_NAME, RemoteFile, check_listing, config_problems
@@ -119,7 +119,7 @@ def fetch_snapshot(
 
 def _exclusive(staging: Path) -> contextlib.AbstractContextManager[None]:
     """One fetch per out folder at a time (two would steal each other's partials)."""
-    busy = FetchError(f"another qwenquant fetch is writing into {staging.parent}",
+    busy = UsageError(f"another qwenquant fetch is writing into {staging.parent}",
                       hint="wait for it to finish, or use another --out")
     return exclusive_lock(staging / "lock", busy)
 

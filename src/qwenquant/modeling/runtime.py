@@ -13,7 +13,7 @@ import random
 from typing import TYPE_CHECKING
 
 from qwenquant import envs
-from qwenquant.errors import StageError
+from qwenquant.errors import UsageError
 
 if TYPE_CHECKING:
     import torch
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 def resolve_device(device: str | torch.device | None = None) -> str:
     """The torch device string to compute on: `device` as given, or (None) cuda when a CUDA device
-    is visible, else cpu. Asking for cuda when none is visible is refused up front (StageError)
+    is visible, else cpu. Asking for cuda when none is visible is refused up front (UsageError)
     rather than in the first kernel. "cpu" is answered without importing torch."""
     if device is not None:
         name = str(device)
@@ -29,7 +29,7 @@ def resolve_device(device: str | torch.device | None = None) -> str:
             import torch
 
             if not torch.cuda.is_available():
-                raise StageError(f"--device {name} but no CUDA device is visible",
+                raise UsageError(f"--device {name} but no CUDA device is visible",
                                  hint="drop --device, or use --device cpu")
         return name
     import torch

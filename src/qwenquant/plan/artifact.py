@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qwenquant.errors import ServeError
+from qwenquant.errors import ServeError, UsageError
 from qwenquant.manifest import MANIFEST_NAME, load_manifest
 from qwenquant.plan import pipeline
 from qwenquant.plan.budget import Budget, make_budget
@@ -105,6 +105,31 @@ def plan_recipe(target: Path, recipe_name: str | None = None) -> Recipe:
     return load_recipe(recipe_name or "w4a16-int4head")
 
 
+def read_model_config(target: Path, cfg_path: Path) -> dict[str, Any]:
+    """The config a bare `plan TARGET` reads: a Qwen3.5 config.json, or a UsageError naming the file
+    (a folder without one, a file that is not JSON, JSON that is not such a config)."""
+    hint = "pass an artifact folder or a Qwen3.5 config.json (or a folder holding one)"
+    if target.is_dir() and not cfg_path.exists():
+        empty = not any(target.glob("*.safetensors"))
+        raise UsageError(f"{target} holds no config.json" + (" and no safetensors file: it is not an artifact"
+                                                             if empty else ""), hint=hint)
+    try:
+        config = json.loads(cfg_path.read_bytes())
+    except OSError as e:
+        raise UsageError(f"cannot read {cfg_path}: {e.strerror}", hint=hint) from None
+    except ValueError as e:
+        raise UsageError(f"{cfg_path} is not JSON ({e})", hint=hint) from None
+    if not isinstance(config, dict):
+        raise UsageError(f"{cfg_path} is not a Qwen3.5 model config (not a JSON object)", hint=hint)
+    try:
+        model_shape(config)
+    except ServeError as e:
+        detail = e.message.removeprefix("config.json ").split(": not a Qwen", 1)[0]
+        detail = detail.removeprefix("is not a Qwen3.5 model config ").strip("()")
+        raise UsageError(f"{cfg_path} is not a Qwen3.5 model config ({detail})", hint=hint) from None
+    return config
+
+
 def make_plan(target: Path, gpu_bytes: int, *, recipe_name: str | None = None,
               profiles: list[str] | None = None, device: str = "cuda", tp: int = 1, pp: int = 1,
               partition: str | None = None) -> PlanResult:
@@ -127,10 +152,7 @@ def make_plan(target: Path, gpu_bytes: int, *, recipe_name: str | None = None,
         source = f"artifact {target}"
     else:
         cfg_path = target / "config.json" if target.is_dir() else target
-        try:
-            config = json.loads(cfg_path.read_text())
-        except (OSError, ValueError) as e:
-            raise ServeError(f"cannot read {cfg_path}: {e}", hint="pass an artifact folder or a config.json") from None
+        config = read_model_config(target, cfg_path)
         recipe = load_recipe(recipe_name or "w4a16-int4head")
         quant = QuantSettings.from_recipe(recipe.canonical())
         weights = weights_from_config(tp_shape(config, tp), quant, tp=tp)

@@ -277,7 +277,8 @@ def nice_len(n: int) -> int:
 
 
 def gib(n: int) -> str:
-    return f"{n / GiB:.2f} GiB"
+    """A size for a line: GiB with 2 decimals, MiB below 0.01 GiB (never "0.00 GiB")."""
+    return f"{n / GiB:.2f} GiB" if abs(n) >= GiB / 100 else f"{n / 2**20:.2f} MiB"
 
 
 def make_budget(

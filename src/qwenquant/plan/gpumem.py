@@ -121,7 +121,7 @@ def apply_gpu_mem(profile: ResolvedProfile, gpu_mem: int | None, device: str, ex
     if gpu_mem is None:
         return profile
     if device != "cuda":
-        raise ServeError("--gpu-mem applies to CUDA GPUs only: vLLM's CPU build sizes its KV cache from "
+        raise UsageError("--gpu-mem applies to CUDA GPUs only: vLLM's CPU build sizes its KV cache from "
                          "VLLM_CPU_KVCACHE_SPACE, and weights and activations live in host memory",
                          hint="drop --gpu-mem; set VLLM_CPU_KVCACHE_SPACE=N (GiB of KV cache) to size the CPU cache")
     refuse_share_conflict(gpu_mem, extra, soft)

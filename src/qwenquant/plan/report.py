@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qwenquant.plan.budget import Budget, GiB, gib, nice_len
+from qwenquant.plan.budget import Budget, GiB, gib
 from qwenquant.plan.transient import Fill, fill, fill_fix
 from qwenquant.plan.weights import ModelShape, WeightBreakdown
 
@@ -47,7 +47,11 @@ def first_reason(b: Budget) -> str:
     return b.shortfall_message()
 
 
-def budget_lines(name: str, b: Budget, s: ModelShape) -> list[str]:
+def budget_lines(name: str, b: Budget, s: ModelShape, *, refused: str | None = None,
+                 positions: int | None = None) -> list[str]:
+    """The text block of one profile. `refused`: why serve refuses the profile whatever the memory (the
+    block then never says it fits); `positions`: the model's max_position_embeddings (a larger length
+    is said to be above it)."""
     c = b.cache
     full = sum(t == "full_attention" for t in s.layer_types[b.layers[0]:b.layers[1]]) if b.pp > 1 else s.n_full
     mtp = c.n_attn_layers - full
@@ -76,12 +80,12 @@ def budget_lines(name: str, b: Budget, s: ModelShape) -> list[str]:
         lines.append(f"  DOES NOT FIT: {first_reason(b)}")
         if b.largest_len(1) == 0:
             return lines
+    elif refused:
+        lines.append(f"  memory for {b.concurrency} full-length sequence(s) at once, but serve refuses the profile: "
+                     f"{refused}")
     else:
         lines.append(f"  fits: {b.concurrency} full-length sequence(s) at once (max-num-seqs {b.max_num_seqs})")
-    largest = f"  largest max-model-len: {nice_len(b.largest_len(1)):,} for 1 sequence"
-    if b.max_num_seqs > 1:
-        largest += f", {nice_len(b.largest_len(b.max_num_seqs)):,} for {b.max_num_seqs} sequences"
-    lines.append(largest)
+    lines.append(largest_line(b, positions))
     if not b.fits:
         lines.append("  " + b.shortfall_message())
     elif not b.fits_all_seqs:
@@ -92,21 +96,36 @@ def budget_lines(name: str, b: Budget, s: ModelShape) -> list[str]:
     return lines
 
 
+def largest_line(b: Budget, positions: int | None) -> str:
+    """The largest max-model-len the cache holds, for one sequence and for max-num-seqs: the figures
+    `--json` gives (largest_len_1, largest_len_all); one above the model's positions says so."""
+    one, every = b.largest_len(1), b.largest_len(b.max_num_seqs)
+    line = f"  largest max-model-len: {one:,} for 1 sequence"
+    if b.max_num_seqs > 1:
+        line += f", {every:,} for {b.max_num_seqs} sequences"
+    if positions is not None and one > positions:
+        line += (f" (the cache's figure; above the model's {positions:,} positions: serve takes at most "
+                 f"{positions:,} unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")
+    return line
+
+
 def stage_name(b: Budget) -> str:
     return f"pipeline stage {b.stage} of {b.pp} (decoder layers {b.layers[0]}-{b.layers[1] - 1})"
 
 
-def pipeline_lines(name: str, stages: list[Budget], s: ModelShape) -> list[str]:
+def pipeline_lines(name: str, stages: list[Budget], s: ModelShape, *, refused: str | None = None) -> list[str]:
     """What a pipeline-parallel server gets: vLLM gives every stage the block count of the stage
-    with the fewest, so the smallest stage's figures are the server's."""
+    with the fewest, so the smallest stage's figures are the server's (`refused`: as budget_lines)."""
     from qwenquant.plan.pipeline import binding
 
     b = binding(stages)
     head = f"profile {name} over {b.pp} pipeline stages: "
     if not b.fits:
         return [head + f"DOES NOT FIT on {stage_name(b)}: {first_reason(b)}"]
+    if refused:
+        return [head + f"DOES NOT FIT: {refused}, which serve refuses whatever the memory"]
     line = (head + f"fits on every stage; {stage_name(b)} has the fewest cache blocks, so {b.concurrency} "
-            f"full-length sequence(s) at once and a largest max-model-len of {nice_len(b.largest_len(1)):,}")
+            f"full-length sequence(s) at once and a largest max-model-len of {b.largest_len(1):,}")
     fills = [f for f in (fill(x, s) for x in stages) if f is not None]
     if fills:
         line += (f"; largest single prompt that fills {min(f.largest_prompt for f in fills):,} tokens, largest burst "

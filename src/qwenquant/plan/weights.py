@@ -354,8 +354,6 @@ def weights_from_tensors(tensor_bytes: Mapping[str, int], s: ModelShape | None =
 
 def artifact_tensor_bytes(artifact_dir: Path, files: Iterable[str] | None = None) -> dict[str, int]:
     """{tensor name: bytes} from the headers of the artifact's safetensors files (headers only)."""
-    from qwenquant.checkpoint.header import read_header
-
     root = Path(artifact_dir)
     names = sorted(files) if files is not None else sorted(p.name for p in root.glob("*.safetensors"))
     out: dict[str, int] = {}
@@ -366,6 +364,17 @@ def artifact_tensor_bytes(artifact_dir: Path, files: Iterable[str] | None = None
 
                 raise VerificationError(f"{root / rel} is missing (the artifact's manifest lists it)",
                                         hint=f"run `qwenquant verify {root}`; re-copy or rebuild the artifact")
-            for t in read_header(root / rel).tensors.values():
+            for t in _header(root, rel).tensors.values():
                 out[t.name] = t.end - t.start
     return out
+
+
+def _header(root: Path, rel: str) -> Any:
+    """The header of a shard the manifest lists; a damaged one is bytes that differ from their record (exit 4)."""
+    from qwenquant.checkpoint.header import SafetensorsError, read_header
+    from qwenquant.errors import VerificationError, damaged_file_hint
+
+    try:
+        return read_header(root / rel)
+    except SafetensorsError as e:
+        raise VerificationError(f"{root / rel}: {e}", hint=damaged_file_hint(root)) from None

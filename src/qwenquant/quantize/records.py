@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenquant.atomic import atomic_write_bytes, canonical_json, exclusive_lock, pretty_json, staging_dir
-from qwenquant.errors import StageError
+from qwenquant.errors import UsageError
 from qwenquant.hashing import DigestCache, self_digest, sha256_json
 
 log = logging.getLogger("qwenquant.quantize.pipeline")
@@ -180,7 +180,7 @@ class StageRunner:
 def work_lock(work: Path) -> contextlib.AbstractContextManager[None]:
     """One quantize per work folder (flock: released by the kernel if the process dies)."""
     work.mkdir(parents=True, exist_ok=True)
-    busy = StageError(f"another quantize is running with work folder {work}",
+    busy = UsageError(f"another quantize is running with work folder {work}",
                       hint="wait for it, or pass a different --work")
     return exclusive_lock(work / ".lock", busy)
 

@@ -70,9 +70,14 @@ def check_free_space(source: Path, out: Path, work: Path, recipe: Recipe, stages
     free = shutil.disk_usage(here).free
     if need > free:
         raise StageError(f"--work {work}: the stages left ({', '.join(s for s in stages_left if s in STAGE_SHARE)}) "
-                         f"write about {need / 2**30:.1f} GiB, but only {free / 2**30:.1f} GiB is free on {here}",
+                         f"write about {_size(need)}, but only {_size(free)} is free on {here}",
                          hint="free some space, or pass --work on a disk with room (a re-run resumes from the "
                               "last complete stage)")
+
+
+def _size(n: int) -> str:
+    """GiB with one decimal, MiB below 1 GiB (a small disk never reads "0.0 GiB")."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def disk_error(e: OSError, stage: str) -> StageError | None:

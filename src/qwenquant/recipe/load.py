@@ -115,8 +115,11 @@ def _read_yaml(path: Path, what: str) -> tuple[dict[str, Any], dict[tuple, int]]
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise RecipeError(f"{what} file not found: {path}", hint="check the path") from None
+    except IsADirectoryError:
+        raise RecipeError(f"{what} {path} is a folder",
+                          hint=f"pass a {what} YAML file or a shipped {what} name") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise RecipeError(f"cannot read {what} {path}: {e}") from None
+        raise RecipeError(f"cannot read {what} {path}: {e}", hint=f"pass a readable {what} YAML file") from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
         lines = _key_lines(yaml.compose(text, Loader=yaml.SafeLoader))
@@ -175,6 +178,24 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
     path = _resolve(name_or_path, list_recipes(), "recipe")
     raw, lines = _read_yaml(path, "recipe")
     return _validate(raw, lines, path)
+
+
+def calibration_problems(recipe: Recipe) -> list[str]:
+    """What of the recipe's calibration set would not resolve where the recipe lies (a relative
+    `path` names a file beside the YAML), or what quantize would refuse in its data; empty when none."""
+    from qwenquant.recipe.calibdata import check_calibration_data
+
+    spec = recipe.calibration
+    if spec.source != "local":
+        return []
+    where = spec.resolved_path()
+    if where is None or not where.is_file():
+        return [f"calibration.path: {spec.path} resolves to {where.resolve() if where else where}, which does not exist"]
+    try:
+        check_calibration_data(spec)
+    except RecipeError as e:
+        return [f"calibration.path: {e.message}"]
+    return []
 
 
 def parse_recipe(raw: dict[str, Any], *, base_dir: Path | None = None) -> Recipe:

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from qwenquant.errors import ServeError
+from qwenquant.errors import ServeError, UsageError
 
 if TYPE_CHECKING:
     from qwenquant.vllmcompat import CompatRow
@@ -55,9 +55,9 @@ def decide_activations(activations: str, device: str, capability: tuple[int, int
                        base: Mapping[str, str], source: str = "--activations",
                        row: CompatRow | None = None) -> ActivationLaunch:
     """The environment for `activations` on `device` (`capability`: the GPU's SM, None when unknown) given the
-    user's environment `base` and the vLLM version table's `row` (None: the Marlin variable's route); a ServeError
-    for int8 on a GPU older than SM 8.0 or on a release without a route that serves the artifact. `source` names
-    the choice."""
+    user's environment `base` and the vLLM version table's `row` (None: the Marlin variable's route); a UsageError
+    for int8 on a GPU older than SM 8.0, a ServeError on a release without a route that serves the artifact.
+    `source` names the choice."""
     if row is not None and row.marlin_env_refused and device == "cuda" and activations == "int8":
         return _without_marlin_env(row, base, source)
     if activations != "int8":
@@ -84,7 +84,7 @@ def decide_activations(activations: str, device: str, capability: tuple[int, int
             cache), warnings=tuple(warnings))
     sm = f"SM {capability[0]}.{capability[1]}"
     if capability < MIN_CAPABILITY:
-        raise ServeError(f"--activations int8 needs a GPU of SM 8.0 or newer (Marlin's int8 path); this GPU is {sm}",
+        raise UsageError(f"--activations int8 needs a GPU of SM 8.0 or newer (Marlin's int8 path); this GPU is {sm}",
                          hint="serve with --activations bf16")
     if capability[0] == 9:
         have = [k for k in base.get(DISABLED, "").split(",") if k]

@@ -63,7 +63,7 @@ def _capability(rest: list[str]) -> tuple[int, int] | None:
 
 
 def used_gpus(table: list[Gpu], tp: int, env: Mapping[str, str]) -> list[Gpu]:
-    """The `tp` GPUs vLLM will use; a ServeError when fewer are visible."""
+    """The `tp` GPUs vLLM will use; a UsageError when fewer are visible."""
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         chosen = table
@@ -77,7 +77,7 @@ def used_gpus(table: list[Gpu], tp: int, env: Mapping[str, str]) -> list[Gpu]:
         chosen = [by_id[x] for x in ids]
     if len(chosen) < tp:
         where = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
-        raise ServeError(f"tensor parallelism over {tp} GPUs needs {tp} visible GPUs, {len(chosen)} visible{where}",
+        raise UsageError(f"tensor parallelism over {tp} GPUs needs {tp} visible GPUs, {len(chosen)} visible{where}",
                          hint=f"pass --gpus {len(chosen)} or fewer, or make {tp} GPUs visible")
     return chosen[:tp]
 

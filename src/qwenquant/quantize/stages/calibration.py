@@ -203,16 +203,39 @@ def run_calibration(spec: CalibrationSpec, source_dir: Path, out_dir: Path, *, d
     return info
 
 
+def spec_identity(spec: CalibrationSpec) -> dict[str, Any]:
+    """What the stage's record keeps of a spec: every field but a local file's `path`, whose bytes are
+    an input of their own (their sha256). The shipped name, the recipe's `../calibration/...` and a
+    copy's absolute path then name one set, and alternating them re-runs nothing."""
+    fields = spec.model_dump(mode="json")
+    return fields | {"path": None} if spec.source == "local" else fields
+
+
 def _inputs(ctx: StageContext) -> dict[str, str]:
     spec = ctx.calibration
     data = spec.resolved_path() if spec.source == "local" else None
-    return {"source": ctx.digest("source"), "spec": sha256_json(spec.model_dump(mode="json")),
+    return {"source": ctx.digest("source"), "spec": sha256_json(spec_identity(spec)),
             "data": ctx.digests.file(data) if data is not None and data.is_file() else f"hub:{spec.dataset}@{spec.revision}"}
+
+
+def _same_outputs(ctx: StageContext, record: dict[str, Any]) -> str | None:
+    """Why a run writes the tokens of `record` (for `--plan`), or None: the same source, the same data
+    bytes and the same settings, whatever path named the file (a record made before the path left the
+    stage's identity keeps it in its params)."""
+    now, then = _inputs(ctx), record["inputs"]
+    spec = record["params"].get("spec")
+    if not isinstance(spec, dict) or (then.get("source"), then.get("data")) != (now["source"], now["data"]):
+        return None
+    kept = spec | {"path": None} if spec.get("source") == "local" else spec
+    if kept != spec_identity(ctx.calibration):
+        return None
+    return "the same data and settings: tokenizing them gives the same tokens"
 
 
 def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
     return run_calibration(ctx.calibration, ctx.source, out_dir, datasets_dir=ctx.work / "datasets", digests=ctx.digests)
 
 
-STAGE = Stage("calibration", _inputs, lambda ctx: {"spec": ctx.calibration.model_dump(mode="json")}, _run,
-              manifest=lambda o: {"calibration": dict(o.result)})
+STAGE = Stage("calibration", _inputs, lambda ctx: {"spec": spec_identity(ctx.calibration)}, _run,
+              manifest=lambda o: {"calibration": dict(o.result)},
+              same_outputs=_same_outputs)

@@ -60,7 +60,21 @@ def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
     return {"problems": 0}
 
 
-STAGE = Stage("check",
-              lambda ctx: {"textonly": ctx.digest("textonly"), "source": ctx.digest("source"),
-                           "recipe": ctx.recipe.sha256()},
-              lambda ctx: {"layout": ctx.recipe.artifact.layout}, _run)
+def _inputs(ctx: StageContext) -> dict[str, str]:
+    return {"textonly": ctx.digest("textonly"), "source": ctx.digest("source"), "recipe": ctx.recipe.sha256()}
+
+
+def _same_outputs(ctx: StageContext, record: dict[str, Any]) -> str | None:
+    """Why a run writes the check.json of `record` (for `--plan`), or None: the checkpoint and the source
+    are the ones it checked and its layout the same. What a passing check writes depends on them alone
+    (the recipe's other parts can only add problems, and a problem stops the build), so a recipe that
+    differs elsewhere (a serve profile) re-runs the check and leaves the stages after it reused."""
+    now, then = _inputs(ctx), record["inputs"]
+    if (then.get("textonly"), then.get("source")) != (now["textonly"], now["source"]) or \
+            record["params"] != {"layout": ctx.recipe.artifact.layout}:
+        return None
+    return "the same checkpoint and source: a check that passes writes the same check.json"
+
+
+STAGE = Stage("check", _inputs, lambda ctx: {"layout": ctx.recipe.artifact.layout}, _run,
+              same_outputs=_same_outputs)
