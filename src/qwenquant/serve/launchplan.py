@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qwenquant.errors import QwenquantError, ServeError
+from qwenquant.errors import QwenquantError, ServeError, UsageError
 from qwenquant.plan import budget as budgetmod
 from qwenquant.plan.artifact import artifact_budget
 from qwenquant.plan.gpumem import apply_gpu_mem, ballast_note
@@ -214,7 +214,7 @@ def _ballast(req: ServeRequest, dev: str, n: int, machine: Machine, notes: list[
         return ()
     try:
         gpus = machine.used(n)
-    except ServeError as e:
+    except (ServeError, UsageError) as e:
         if not req.dry_run:
             raise
         notes.append(f"--gpu-mem {budgetmod.gib(size)} is a hard limit: a ballast process will hold all but that "

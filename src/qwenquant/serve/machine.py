@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from qwenquant.errors import ServeError
+from qwenquant.errors import ServeError, UsageError
 from qwenquant.serve.gpus import Gpu, gpu_table, used_gpus
 
 if TYPE_CHECKING:
@@ -43,14 +43,14 @@ class Machine:
         """The compute capability of the first GPU vLLM uses, None when it cannot be read."""
         try:
             return self.used(1)[0].capability
-        except ServeError:
+        except (ServeError, UsageError):  # no GPU listed, or fewer visible than asked: the budget says which
             return None
 
     def link(self, n: int) -> tuple[list[str], dict, dict]:
         """(the nvidia-smi indices of the `n` GPUs vLLM uses, the link matrix, the peer-to-peer matrix)."""
         try:
             ids = [g.index for g in self.used(n)]
-        except ServeError:  # the budget names the GPUs' problem; here only the link is asked
+        except (ServeError, UsageError):  # the budget names the GPUs' problem; here only the link is asked
             ids = [str(i) for i in range(n)]
         return ids, dict(self.links), dict(self.p2p)
 
