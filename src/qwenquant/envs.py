@@ -113,6 +113,9 @@ _DECLARED = (
            "fallback (int4 weights dequantized at load, dense matmul) that `auto` takes only where vLLM's CPU "
            "extension lacks cpu_gemm_wna16 (no AVX-512); `doctor` and `serve --dry-run` say which path runs",
            _choice("auto", "dense"), "auto", read_by="qwenquant, for its child processes"),
+    EnvVar("QWENQUANT_HOST_EMBEDDINGS", "0/1", "0", "1: vLLM keeps the input embedding table in pinned host memory, "
+           "read by the GPU through UVA (scripts/vllm-host-embeddings/plugin; CUDA only, one GPU)", _flag, False,
+           read_by="vLLM, through qwenquant's plugin"),
     EnvVar("QWENQUANT_API_KEY", "string", "unset", "`serve --api-key` / `bench --api-key` when the option is not given"),
     EnvVar("QWENQUANT_RECIPES_DIR", "folder", "the shipped recipes", "where `--recipe NAME` and `recipe list` look",
            _folder),

@@ -274,6 +274,22 @@ def test_dry_run_json_is_the_command_line_as_data(standin_artifact, fake_vllm, t
     assert bad.returncode == 2 and "--json goes with --dry-run" in bad.stderr
 
 
+def test_host_embeddings_in_the_shell_do_not_reach_vllm(standin_artifact, fake_vllm, tmp_path):
+    """QWENQUANT_HOST_EMBEDDINGS=1 in the user's shell would make the host-embeddings plugin move vLLM's input
+    embeddings behind serve's memory plan: serve removes it from vLLM's environment and says so."""
+    cmd = [sys.executable, "-m", "qwenquant", "serve", str(standin_artifact), "--vllm", str(fake_vllm), "--port",
+           str(free_port()), "--dry-run", "--json", "--", "--max-model-len", "2048"]
+    env = serve_env(fake_vllm, tmp_path) | {"QWENQUANT_HOST_EMBEDDINGS": "1"}
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert "QWENQUANT_HOST_EMBEDDINGS" in d["env_unset"] and "QWENQUANT_HOST_EMBEDDINGS" not in d["env"]
+    assert any(w.startswith("QWENQUANT_HOST_EMBEDDINGS is set in this shell: vLLM does not get it")
+               for w in d["warnings"])
+    r = _dry_run(standin_artifact, fake_vllm, tmp_path, "--json")
+    assert "QWENQUANT_HOST_EMBEDDINGS" not in json.loads(r.stdout)["env_unset"]
+
+
 def test_dry_run_shows_the_tool_call_parser_and_strict_level(standin_artifact, fake_vllm, tmp_path):
     """The stub vLLM (0.33.0) lists no tool parsers and no flags to the probe: qwen3_coder is assumed (every
     supported vLLM has it) and --tool-strict-level follows from the version (0.31 on)."""

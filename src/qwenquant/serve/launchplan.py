@@ -35,6 +35,8 @@ from qwenquant.serve.discover import Frontend, VllmInstall, frontend
 from qwenquant.serve.gpus import check_free
 from qwenquant.serve.machine import Machine
 from qwenquant.serve.request import ServeRequest
+
+HOST_EMBEDDINGS = "QWENQUANT_HOST_EMBEDDINGS"  # scripts/vllm-host-embeddings/plugin
 from qwenquant.serve.topology import TENSOR, Layout, decide_layout
 
 if TYPE_CHECKING:
@@ -128,9 +130,19 @@ def decide_launch(req: ServeRequest, art: LaunchInputs, machine: Machine, checks
     acts = checks.run(_activations, req, profile, art, dev, machine, match, out.warnings) or ActivationLaunch("bf16", {})
     args, env_add = _command(req, art, profile, dev, layout, machine, acts, out)
     budget = checks.run(_budget, art, profile, dev, env_add, machine, layout, out.warnings)
+    unset = acts.env_unset + _unset_host_embeddings(machine.env, out.warnings)
     return LaunchPlan(art.artifact, profile, art.install, dev, tuple(args), env_add, budget, layout, match,
-                      tuple(out.warnings), tuple(checks.failures), tuple(out.notes), ballast, acts.env_unset,
-                      acts.activations)
+                      tuple(out.warnings), tuple(checks.failures), tuple(out.notes), ballast, unset, acts.activations)
+
+
+def _unset_host_embeddings(env: Any, warnings: list[str]) -> tuple[str, ...]:
+    """QWENQUANT_HOST_EMBEDDINGS in the user's shell would move vLLM's input embeddings to host memory behind the
+    budget's back (serve does not offer that route yet): vLLM does not get it, and a warning says so."""
+    if env.get(HOST_EMBEDDINGS) is None:
+        return ()
+    warnings.append(f"{HOST_EMBEDDINGS} is set in this shell: vLLM does not get it under `qwenquant serve`, whose "
+                    "memory plan counts the embeddings on the GPU (scripts/vllm-host-embeddings/plugin)")
+    return (HOST_EMBEDDINGS,)
 
 
 def launch_device(req: ServeRequest, install: VllmInstall | None) -> str:
