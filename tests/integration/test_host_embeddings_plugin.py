@@ -7,7 +7,7 @@ and its refusal is what a real vLLM start prints.
 - The platform guard: vLLM's CPU build has no device memory to save; the plugin names the CUDA requirement,
   and a real server started with QWENQUANT_HOST_EMBEDDINGS=1 on the tiny artifact stops with that line.
 - The switch takes 0 or 1 only, and without it the plugin changes nothing (vLLM's class is not wrapped).
-The UVA path itself needs a CUDA GPU: benchmarks/longctx_bench.py measures it there.
+The UVA path itself needs a CUDA GPU and is not exercised here.
 """
 
 from __future__ import annotations
