@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from qwenquant.serve.supervisor import root_cause
+from qwenquant.serve.failure import root_cause
 
 # the shape of vLLM 0.26's log when its engine core fails during start-up (abridged)
 LOG = [

@@ -140,7 +140,7 @@ def test_unsplittable_gpu_count_refused(shape):
 def test_fatal_hint_names_the_tensor_parallel_entry(command, line, names_entry):
     """The hint `serve` prints after a fatal line before ready: only a tensor-parallel server that
     hit an illegal memory access is sent to its known-issues entry."""
-    from qwenquant.serve.supervisor import fatal_hint
+    from qwenquant.serve.failure import fatal_hint
 
     hint = fatal_hint(command, ["(Worker_TP1 pid=7) ERROR WorkerProc hit an exception.", line])
     assert hint.startswith("read the log above; the server is stopped")

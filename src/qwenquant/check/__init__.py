@@ -9,8 +9,8 @@ Names are matched as stored in the checkpoint (`model.language_model.*` or `mode
 compressed-tensors' semantics: a `re:` entry is `re.match`, anything else equality, and the
 class target `Linear` matches every Linear except lm_head (vLLM's ParallelLMHead is not one).
 
-Split by concern: `facts` (reading the artifact into `ArtifactFacts`, the finding types) and `rules`
-(the pure rules and `run_rules`). Import from `qwenquant.check`.
+Split by concern: `facts` (reading the artifact into `ArtifactFacts`, the finding types), `rules`
+(the pure rules and `run_rules`) and `mtp_rule` (the MTP head's rule). Import from `qwenquant.check`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from qwenquant.check.facts import (
+    FLOAT_DTYPES,
     IGNORED,
     MULTIMODAL_ARCH,
     PACKED_SUFFIXES,
@@ -27,19 +28,16 @@ from qwenquant.check.facts import (
     Finding,
     read_artifact,
 )
+from qwenquant.check.mtp_rule import MTP_LAYER, MTP_TOP, rule_mtp
 from qwenquant.check.mtp_vllm import QUANTIZED_MTP_VLLM, mtp_vllm_problems, quantized_mtp_vllm_problem
 from qwenquant.check.rules import (
-    FLOAT_DTYPES,
     FUSED_PARTS,
-    MTP_LAYER,
-    MTP_TOP,
     RULE_FUNCS,
     RULES,
     rule_fused_scheme,
     rule_kernel_shape,
     rule_layout,
     rule_lm_head,
-    rule_mtp,
     rule_no_mrope,
     rule_packed_format,
     rule_quant_config,

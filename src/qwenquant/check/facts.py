@@ -31,6 +31,7 @@ PACKED_SUFFIXES = ("weight_packed", "weight_scale", "weight_shape", "weight_zero
 TEXT_ONLY_ARCH = "Qwen3_5ForCausalLM"
 MULTIMODAL_ARCH = "Qwen3_5ForConditionalGeneration"
 IGNORED = "(ignored)"
+FLOAT_DTYPES = ("BF16", "F16", "F32")  # a bf16 (unquantized) tensor may be stored in any of these
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from qwenquant.commands._app import INTERRUPT_NOTES, RepoType, app, on_interrupt
 from qwenquant.errors import UsageError
+
+if TYPE_CHECKING:
+    from qwenquant.fetch import FetchResult
 
 
 @contextlib.contextmanager
@@ -78,7 +82,7 @@ def fetch(
 
     When the recorded commit is gone (a squashed history), the branch's new commit is taken only if every
     file equals the record. A published qwenquant artifact is verified against its manifest too."""
-    from qwenquant.console import print_json, set_quiet, setup_logging, stdout
+    from qwenquant.console import set_quiet, setup_logging
 
     if quiet:
         set_quiet(True)
@@ -109,8 +113,15 @@ def fetch(
                                 workers=workers, progress=progress, expect=expected,
                                 verify_artifact=verify_published_artifact, root=root_hex,
                                 before_move=removal.apply if removal else None)  # fmt: skip
-    art = result.artifact
     _warn_extra(out, result.record)
+    _show(result, repo_id, out, as_json)
+
+
+def _show(result: FetchResult, repo_id: str, out: Path, as_json: bool) -> None:
+    """What a fetch did: the summary as JSON (--json), else one line, and one more for a verified qwenquant artifact."""
+    from qwenquant.console import print_json, stdout
+
+    art = result.artifact
     summary = {"repo_id": repo_id, "commit": result.commit, "out": str(out), "root_digest": result.record["root_digest"],
                "downloaded": len(result.downloaded_files), "reused": len(result.reused_files),
                "bytes": result.downloaded_bytes, "note": result.note,

@@ -180,12 +180,8 @@ def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_ty
 
     session = Session(get_session(), build_hf_headers(token=token), endpoint, repo_id, repo_type, commit,
                       attempts=attempts, backoff=backoff, cancel=threading.Event(), on_bytes=progress.advance)  # fmt: skip
-    # Configs first, so a refused model stops before the big shards start.
-    first = [f for f in todo if f.path.endswith(".json") and not f.lfs]
-    rest = sorted((f for f in todo if f not in first), key=lambda f: -f.size)
-    for batch in (first, rest):
-        for d in _download_all(session, batch, tree, staging, workers, check_model, progress):
-            digests[d.path] = d
+    for d in _download_todo(session, todo, tree, staging, workers, check_model, progress):
+        digests[d.path] = d
 
     try:
         _validate_tree(tree, files, check_model)
@@ -272,6 +268,16 @@ def _select(files: list[RemoteFile], only: tuple[str, ...], repo_id: str, commit
     if missing:
         raise FetchError(f"{repo_id}@{commit} has no file {missing[0]}", hint="check the file path and the revision")
     return [f for f in files if f.path in only]
+
+
+def _download_todo(session: Session, todo: list[RemoteFile], tree: Path, staging: Path, workers: int,
+                   check_model: bool, progress: Progress) -> list[FileDigest]:  # fmt: skip
+    """Every file of `todo` downloaded: configs first, so a refused model stops before the big shards start,
+    then the rest, largest first."""
+    first = [f for f in todo if f.path.endswith(".json") and not f.lfs]
+    rest = sorted((f for f in todo if f not in first), key=lambda f: -f.size)
+    return [d for batch in (first, rest) for d in _download_all(session, batch, tree, staging, workers, check_model,
+                                                                progress)]
 
 
 def _download_all(session: Session, batch: list[RemoteFile], tree: Path, staging: Path, workers: int,

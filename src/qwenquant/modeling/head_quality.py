@@ -97,22 +97,37 @@ def heads_quality(
             top_ref_idx[n0:n1] = torch.where(better, a_arg + v0, top_ref_idx[n0:n1])
             for j in range(k):
                 b = h[n0:n1] @ wh[j].t()
-                t_hat[j][n0:n1] = t_hat[j][n0:n1] * decay + (p * (a - b)).sum(dim=1)
-                b_max, b_arg = b.max(dim=1)
-                new_mb = torch.maximum(m_hat[j][n0:n1], b_max)
-                s_hat[j][n0:n1] = s_hat[j][n0:n1] * torch.exp(m_hat[j][n0:n1] - new_mb) + torch.exp(
-                    b - new_mb.unsqueeze(1)
-                ).sum(dim=1)
-                m_hat[j][n0:n1] = new_mb
-                better_b = b_max > top_val[j][n0:n1]
-                top_val[j][n0:n1] = torch.where(better_b, b_max, top_val[j][n0:n1])
-                top_idx[j][n0:n1] = torch.where(better_b, b_arg + v0, top_idx[j][n0:n1])
+                _fold_candidate(a, b, p, decay, n0, n1, v0, t_hat[j], m_hat[j], s_hat[j], top_val[j], top_idx[j])
             m_ref[n0:n1] = new_m
         del wr, wh
 
+    return _results(m_ref, s_ref, top_ref_idx, m_hat, s_hat, t_hat, top_idx, N)
+
+
+def _fold_candidate(a: torch.Tensor, b: torch.Tensor, p: torch.Tensor, decay: torch.Tensor, n0: int, n1: int, v0: int,
+                    t_hat: torch.Tensor, m_hat: torch.Tensor, s_hat: torch.Tensor, top_val: torch.Tensor,
+                    top_idx: torch.Tensor) -> None:
+    """One candidate's logits block `b` (rows n0:n1, vocabulary from v0) folded into its running sums in place,
+    beside the reference block `a`, its exponentials `p` and the decay of the reference's running maximum."""
+    t_hat[n0:n1] = t_hat[n0:n1] * decay + (p * (a - b)).sum(dim=1)
+    b_max, b_arg = b.max(dim=1)
+    new_mb = torch.maximum(m_hat[n0:n1], b_max)
+    s_hat[n0:n1] = s_hat[n0:n1] * torch.exp(m_hat[n0:n1] - new_mb) + torch.exp(
+        b - new_mb.unsqueeze(1)
+    ).sum(dim=1)
+    m_hat[n0:n1] = new_mb
+    better_b = b_max > top_val[n0:n1]
+    top_val[n0:n1] = torch.where(better_b, b_max, top_val[n0:n1])
+    top_idx[n0:n1] = torch.where(better_b, b_arg + v0, top_idx[n0:n1])
+
+
+def _results(m_ref: torch.Tensor, s_ref: torch.Tensor, top_ref_idx: torch.Tensor, m_hat: list[torch.Tensor],
+             s_hat: list[torch.Tensor], t_hat: list[torch.Tensor], top_idx: list[torch.Tensor],
+             N: int) -> list[dict[str, float]]:
+    """Each candidate's mean KL(ref || hat) and top-1 agreement from the running sums."""
     lse_ref = m_ref + torch.log(s_ref)
     out = []
-    for j in range(k):
+    for j in range(len(m_hat)):
         lse_hat = m_hat[j] + torch.log(s_hat[j])
         kl = t_hat[j] / s_ref - lse_ref + lse_hat
         out.append(

@@ -196,6 +196,24 @@ def publish_artifact(artifact: Path, repo_id: str, *, revision: str = "main", pr
                                      hint="re-run the same command: it finishes the job, or finds it done") from None
 
 
+def _kept_license(theirs: dict[str, Any], license_id: str | None) -> str | None:
+    """The license the repo's card names, kept by a re-publish without --license (None for "other" or none)."""
+    lic = theirs.get("license") if license_id is None else None
+    if lic == "other" or not isinstance(lic, str):
+        lic = None
+    return lic
+
+
+def _signature(artifact: Path, files: Sequence[LocalFile], sign_key: Path, view: Path, sig_path: Path) -> LocalFile:
+    """The signature file over `view`, the folder as a downloader will have it (written there first)."""
+    from qwenquant import signing
+
+    signing.published_view(artifact, {f.path: f.data for f in files if f.data is not None}, view)
+    signing.sign_artifact(view, sign_key, sig_path)
+    data = sig_path.read_bytes()
+    return LocalFile(SIGNATURE_NAME, len(data), hashlib.sha256(data).hexdigest(), data=data)
+
+
 def _to_hub(api: Any, artifact: Path, result: PublishResult, manifest: Manifest, raw: dict[str, Any],
             reports: Sequence[Path], license_id: str | None, sign_key: Path | None, private: bool,
             where: dict[str, Any]) -> PublishResult:
@@ -212,9 +230,7 @@ def _to_hub(api: Any, artifact: Path, result: PublishResult, manifest: Manifest,
     # a re-publish keeps the license the repo's card names (only --license changes it; the source's README
     # named one the first publish may have overridden), and names the signature there when it may be kept
     # (it is checked against the plan below): the same artifact published again is then a no-op
-    lic = theirs.get("license") if license_id is None else None
-    if lic == "other" or not isinstance(lic, str):
-        lic = None
+    lic = _kept_license(theirs, license_id)
     keep_sig = sign_key is None and SIGNATURE_NAME in remote and theirs.get("signature") == SIGNATURE_NAME
     if (lic and lic != card.record.get("license")) or keep_sig:
         warnings[:] = [w for w in warnings if not (lic and "license is unknown" in w)]
@@ -222,13 +238,8 @@ def _to_hub(api: Any, artifact: Path, result: PublishResult, manifest: Manifest,
                                           signed=sign_key is not None or keep_sig)
         result.files, result.card = files, card
     with tempfile.TemporaryDirectory() as tmp:
-        sig = None
         view = Path(tmp) / "view"  # the folder as a downloader will have it: what the signature covers
-        if sign_key is not None:
-            signing.published_view(artifact, {f.path: f.data for f in files if f.data is not None}, view)
-            signing.sign_artifact(view, sign_key, Path(tmp) / SIGNATURE_NAME)
-            data = (Path(tmp) / SIGNATURE_NAME).read_bytes()
-            sig = LocalFile(SIGNATURE_NAME, len(data), hashlib.sha256(data).hexdigest(), data=data)
+        sig = _signature(artifact, files, sign_key, view, Path(tmp) / SIGNATURE_NAME) if sign_key is not None else None
 
         def remote_signature_ok() -> bool:
             remote_sig = Path(tmp) / "remote.sig"

@@ -167,6 +167,15 @@ def _gptq_chunk(
 
 
 @torch.no_grad()
+def _actorder(H: torch.Tensor, actorder: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """actorder's column permutation (descending H_ii, on H's device; None without actorder) and the Hessian in
+    that order."""
+    if not actorder:
+        return None, H
+    perm = torch.argsort(torch.diagonal(H), descending=True).to(H.device)
+    return perm, H[perm][:, perm]
+
+
 def gptq_quantize_rows(
     W: torch.Tensor,
     H: torch.Tensor,
@@ -196,11 +205,7 @@ def gptq_quantize_rows(
     qmin, qmax = int_range(num_bits)
     cols = W.shape[1]
 
-    perm = None
-    H_work = H
-    if actorder:
-        perm = torch.argsort(torch.diagonal(H), descending=True).to(H.device)
-        H_work = H[perm][:, perm]
+    perm, H_work = _actorder(H, actorder)
     Hinv, dead, fallback = _factorize(H_work, dampening_frac, dev)
     col_group = torch.arange(cols, device=dev) // group_size
     if perm is not None:

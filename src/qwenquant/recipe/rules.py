@@ -40,63 +40,79 @@ def _cross_field_problems(raw: dict[str, Any]) -> list[str]:
     p: list[str] = []
     ignore = _get(raw, "quantization.ignore")
     if isinstance(ignore, list) and all(isinstance(e, str) for e in ignore):
-        for e in ignore:
-            if e.startswith("re:"):
-                try:
-                    re.compile(e[3:])
-                except re.error as err:
-                    p.append(f"quantization.ignore: {e!r} is not a valid regular expression ({err}) — fix the pattern")
-        p += _mtp_problems(raw, ignore)
-        if _get(raw, "mtp.quantize") != "gptq" and not all(targets_cover(ignore, m) for m in _MTP_MODULES):
-            p.append("quantization.ignore: must cover the MTP draft head — add 're:^mtp.*' (a quantized "
-                     "mtp.fc crashes vLLM's loader: 'no parameter fc.weight', vLLM #53387)")
-        for gate in ("in_proj_a", "in_proj_b"):
-            if not all(targets_cover(ignore, pre + gate) for pre in _GDN_PREFIXES):
-                p.append(f"quantization.ignore: must cover the fused GDN gate {gate} — add "
-                         f"'re:.*linear_attn.{gate}$' (vLLM fuses in_proj_b+in_proj_a into one layer that "
-                         "needs one scheme, and their 48 rows are not a multiple of 32, which vLLM's CPU kernel "
-                         "needs; Marlin pads them to its 64-row tile from vLLM 0.26, vllm #45295, at a cost in "
-                         "quality and speed for two tiny projections)")
-        for group in (("in_proj_qkv", "in_proj_z"), ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-                      ("mlp.gate_proj", "mlp.up_proj")):
-            for pre in ("model.language_model.layers.3.", "model.layers.3."):
-                mods = [pre + ("linear_attn." + g if g.startswith("in_proj") else g) for g in group]
-                flags = [targets_cover(ignore, m) for m in mods]
-                if any(flags) and not all(flags):
-                    names = ", ".join(g.split(".")[-1] for g in group)
-                    p.append(f"quantization.ignore: ignores some but not all of {names} — vLLM fuses them into "
-                             "one layer and refuses mixed schemes; ignore all of them or none")
-                    break
-        if not all(targets_cover(ignore, m) for m in _VISION_MODULES):
-            p.append("quantization.ignore: must cover the vision tower — add 're:.*visual.*' (text calibration "
-                     "never reaches it, so GPTQ has no statistics for it)")
-        if not targets_cover(ignore, "lm_head"):
-            enabled = _get(raw, "lm_head.enabled")
-            why = ("the lm_head stage quantizes it into its own config group" if enabled is not False else
-                   "vLLM does not quantize lm_head through the 'Linear' target, so a packed head would not load")
-            p.append(f"quantization.ignore: must include 'lm_head' — {why}; add 'lm_head'")
+        p += _ignore_problems(raw, ignore)
     cal = raw.get("calibration")
     if isinstance(cal, dict):
         p += _calibration_problems(cal, "calibration.")
     profiles = _get(raw, "serve.profiles")
     if isinstance(profiles, dict):
-        for need in REQUIRED_PROFILES:
-            if need not in profiles:
-                p.append(f"serve.profiles: missing the {need!r} profile — add serve.profiles.{need}")
-        defaults = _get(raw, "serve.defaults") or {}
-        for name, prof in profiles.items():
-            if not isinstance(name, str) or not _PROFILE_NAME.match(name):
-                p.append(f"serve.profiles.{name}: profile names are lower-case letters, digits, '-' and '_' — rename it")
-            if not isinstance(prof, dict) or not isinstance(defaults, dict):
-                continue
-            for key in _PROFILE_REQUIRED:
-                if prof.get(key) is None and defaults.get(key) is None:
-                    p.append(f"serve.profiles.{name}.{key}: not set here nor in serve.defaults — add it")
-        p += _int8_problems(raw, profiles, defaults)
-        for name, n in profile_spec_tokens(_get(raw, "serve")).items():
-            problem = spec_tokens_problem(n)
-            if problem:
-                p.append(f"serve.profiles.{name}.speculative: {problem} — {spec_tokens_fix()}")
+        p += _profile_problems(raw, profiles)
+    return p
+
+
+def _ignore_problems(raw: dict[str, Any], ignore: list[str]) -> list[str]:
+    """quantization.ignore against what vLLM loads: valid patterns, the MTP head, the fused GDN gates, fused parts
+    alike, the vision tower, lm_head."""
+    p: list[str] = []
+    for e in ignore:
+        if e.startswith("re:"):
+            try:
+                re.compile(e[3:])
+            except re.error as err:
+                p.append(f"quantization.ignore: {e!r} is not a valid regular expression ({err}) — fix the pattern")
+    p += _mtp_problems(raw, ignore)
+    if _get(raw, "mtp.quantize") != "gptq" and not all(targets_cover(ignore, m) for m in _MTP_MODULES):
+        p.append("quantization.ignore: must cover the MTP draft head — add 're:^mtp.*' (a quantized "
+                 "mtp.fc crashes vLLM's loader: 'no parameter fc.weight', vLLM #53387)")
+    for gate in ("in_proj_a", "in_proj_b"):
+        if not all(targets_cover(ignore, pre + gate) for pre in _GDN_PREFIXES):
+            p.append(f"quantization.ignore: must cover the fused GDN gate {gate} — add "
+                     f"'re:.*linear_attn.{gate}$' (vLLM fuses in_proj_b+in_proj_a into one layer that "
+                     "needs one scheme, and their 48 rows are not a multiple of 32, which vLLM's CPU kernel "
+                     "needs; Marlin pads them to its 64-row tile from vLLM 0.26, vllm #45295, at a cost in "
+                     "quality and speed for two tiny projections)")
+    for group in (("in_proj_qkv", "in_proj_z"), ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                  ("mlp.gate_proj", "mlp.up_proj")):
+        for pre in ("model.language_model.layers.3.", "model.layers.3."):
+            mods = [pre + ("linear_attn." + g if g.startswith("in_proj") else g) for g in group]
+            flags = [targets_cover(ignore, m) for m in mods]
+            if any(flags) and not all(flags):
+                names = ", ".join(g.split(".")[-1] for g in group)
+                p.append(f"quantization.ignore: ignores some but not all of {names} — vLLM fuses them into "
+                         "one layer and refuses mixed schemes; ignore all of them or none")
+                break
+    if not all(targets_cover(ignore, m) for m in _VISION_MODULES):
+        p.append("quantization.ignore: must cover the vision tower — add 're:.*visual.*' (text calibration "
+                 "never reaches it, so GPTQ has no statistics for it)")
+    if not targets_cover(ignore, "lm_head"):
+        enabled = _get(raw, "lm_head.enabled")
+        why = ("the lm_head stage quantizes it into its own config group" if enabled is not False else
+               "vLLM does not quantize lm_head through the 'Linear' target, so a packed head would not load")
+        p.append(f"quantization.ignore: must include 'lm_head' — {why}; add 'lm_head'")
+    return p
+
+
+def _profile_problems(raw: dict[str, Any], profiles: dict[str, Any]) -> list[str]:
+    """serve.profiles: the required ones present, their names, the settings each needs, int8 activations and
+    the draft-token limit."""
+    p: list[str] = []
+    for need in REQUIRED_PROFILES:
+        if need not in profiles:
+            p.append(f"serve.profiles: missing the {need!r} profile — add serve.profiles.{need}")
+    defaults = _get(raw, "serve.defaults") or {}
+    for name, prof in profiles.items():
+        if not isinstance(name, str) or not _PROFILE_NAME.match(name):
+            p.append(f"serve.profiles.{name}: profile names are lower-case letters, digits, '-' and '_' — rename it")
+        if not isinstance(prof, dict) or not isinstance(defaults, dict):
+            continue
+        for key in _PROFILE_REQUIRED:
+            if prof.get(key) is None and defaults.get(key) is None:
+                p.append(f"serve.profiles.{name}.{key}: not set here nor in serve.defaults — add it")
+    p += _int8_problems(raw, profiles, defaults)
+    for name, n in profile_spec_tokens(_get(raw, "serve")).items():
+        problem = spec_tokens_problem(n)
+        if problem:
+            p.append(f"serve.profiles.{name}.speculative: {problem} — {spec_tokens_fix()}")
     return p
 
 
