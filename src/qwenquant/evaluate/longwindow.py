@@ -26,7 +26,7 @@ from qwenquant.errors import UsageError
 
 DEPTH_TEXT_SET = "depth"
 POSITION_CHUNK = 256  # positions whose logits exist at once in offline.py (the default window: one chunk)
-MLP_CHUNK = 4096  # positions per MLP call in the streamed forward (a per-token map: chunking is exact)
+MLP_CHUNK = 2048  # positions per MLP call in the streamed forward (a per-token map: chunking is exact)
 GIB = 2**30
 
 
