@@ -105,7 +105,8 @@ def _per_token_bytes(t: dict[str, Any]) -> dict[str, int]:
 
 def window_memory(text_cfg: dict[str, Any], window_len: int, windows: int, arms: int = 2) -> dict[str, float]:
     """GiB the streamed forward needs for `windows` windows of `window_len` tokens (computed from the config,
-    not measured): on the host, every arm's hidden states between layers; on the device, the largest
+    not measured): on the host, every arm's hidden states between layers and the reference's final ones kept
+    for the lm_head test; on the device, the largest
     decoder layer in float32 plus one window through it (its MLP in MLP_CHUNK positions), and, at the logit
     stage, the three float32 lm_heads plus a few logit chunks."""
     h, vocab, inter = text_cfg["hidden_size"], text_cfg["vocab_size"], text_cfg["intermediate_size"]
@@ -113,7 +114,7 @@ def window_memory(text_cfg: dict[str, Any], window_len: int, windows: int, arms:
     mlp = 4 * min(window_len, MLP_CHUNK) * 3 * inter
     layer = max(4 * weights[k] + window_len * per_tok[k] + mlp for k in weights)
     heads = 3 * 4 * vocab * h + 6 * 4 * POSITION_CHUNK * vocab
-    return {"host_hidden_gib": arms * windows * window_len * h * 4 / GIB, "device_layer_gib": layer / GIB,
+    return {"host_hidden_gib": (arms + 1) * windows * window_len * h * 4 / GIB, "device_layer_gib": layer / GIB,
             "device_heads_gib": heads / GIB, "device_peak_gib": max(layer, heads) / GIB}
 
 
@@ -121,6 +122,6 @@ def memory_line(text_cfg: dict[str, Any], window_len: int, windows: int, arms: i
     """One line: what the run needs, computed from the config (logged by eval offline and quoted in the README)."""
     m = window_memory(text_cfg, window_len, windows, arms)
     return (f"{windows} x {window_len:,}-token windows, {arms} arms, computed (not measured): host "
-            f"{m['host_hidden_gib']:.1f} GiB of hidden states between layers; device peak {m['device_peak_gib']:.1f} GiB "
+            f"{m['host_hidden_gib']:.1f} GiB of hidden states (every arm's, and the reference's for the lm_head test); device peak {m['device_peak_gib']:.1f} GiB "
             f"(one decoder layer with one window {m['device_layer_gib']:.1f} GiB, the three float32 lm_heads "
             f"{m['device_heads_gib']:.1f} GiB)")

@@ -237,7 +237,8 @@ def streamed_forwards(reference: Path, artifact: Path, windows: torch.Tensor, *,
         arms["int8"] = _Int8Arm(artifact, device)
     samples = windows.tolist()
     with timed(log, f"eval: embeddings of {len(samples)} windows, both arms"):
-        embeds = {name: embed_samples(arm.src, samples, device) for name, arm in arms.items()}
+        # on the host: the layer loop moves one window at a time to the device
+        embeds = {name: embed_samples(arm.src, samples, "cpu") for name, arm in arms.items()}
     acts = _run_layers(arms, embeds, device)
     del embeds
     with timed(log, "eval: MTP heads, both arms"):
