@@ -56,11 +56,14 @@ ReferenceUnverified = Annotated[bool, typer.Option(
     "--reference-unverified",
     help="Compare against a --reference that is not the manifest's recorded source (the report and output say so).")]
 Windows = Annotated[int, typer.Option("--windows", help="Held-out windows to evaluate on.")]
-WindowLen = Annotated[int, typer.Option("--window-len", help="Tokens per window.")]
+WindowLen = Annotated[int, typer.Option(
+    "--window-len", help="Tokens per window, up to the model's max_position_embeddings (long windows: --streamed, "
+                         "--text-set depth or a long --text; the README says what 32K and 128K need).")]
 Text = Annotated[Path | None, typer.Option("--text", help="Local text file to cut windows from.")]
 TextSet = Annotated[str | None, typer.Option(
     "--text-set", help="Pinned Hub text set (evaltext/NAME.yaml or a YAML path), fetched verified and cached. "
-                       "Default: the tiny reference's held-out text for it, wikitext-2-test for other models.")]
+                       "Default: the tiny reference's held-out text for it, wikitext-2-test for other models; `depth`: the "
+                       "pinned text of bench depth, for long windows.")]
 Streamed = Annotated[bool | None, typer.Option(
     "--streamed/--dense", help="Run both arms one decoder layer at a time from the shards (default: streamed above "
                                "2 GB of weights).")]

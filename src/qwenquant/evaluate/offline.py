@@ -29,9 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from qwenquant.evaluate import metrics
 from qwenquant.evaluate.forward import DenseForward, TextForward
+from qwenquant.evaluate.longwindow import POSITION_CHUNK
 from qwenquant.evaluate.texts import window_text
 from qwenquant.evaluate.weights import dequantize, load_dense, raw_tensors, read_config, rtn_head, text_config
 
@@ -43,72 +45,91 @@ INT8_ARM = "artifact+int8-act"
 Int8Arm = tuple[TextForward, Callable[[torch.Tensor], torch.Tensor]]
 
 
-def _mtp_drafts(fwd: TextForward, ids: torch.Tensor, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor | None:
-    """The MTP head's t+2 argmax at every position [B, L-1] (its first draft); None without MTP."""
+def _mtp_drafts(fwd: TextForward, ids: torch.Tensor, hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor]
+                ) -> torch.Tensor | None:
+    """The MTP head's t+2 argmax at every position of ids/hidden [B, T] but the last (its first draft); None
+    without MTP."""
     out = fwd.mtp_hidden(ids, hidden)
     if out is None:
         return None
-    return (out @ head.T).argmax(-1)
+    return head(out).argmax(-1)
 
 
-def _agree(drafts: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
-    """Per window: fraction of positions where the draft equals the model's greedy t+2 token."""
-    return (drafts == greedy[:, 1:]).float().mean(dim=1).cpu()
-
-
-def _arm_stats(ref_logits: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor | None, suffix: str = ""
-               ) -> dict[str, torch.Tensor]:
-    """Per-window NLL (when `targets` are given), KL and top-1 of `logits` against `ref_logits`, and the token KLs."""
-    tok_kl = metrics.token_kl(ref_logits, logits)
-    top1 = (ref_logits.argmax(-1) == logits.argmax(-1)).float().mean(dim=1)
-    out = {"kl" + suffix: tok_kl.mean(dim=1).cpu(), "top1" + suffix: top1.cpu(), "kl_tokens" + suffix: tok_kl.cpu()}
+def _token_stats(ref_logits: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor | None, suffix: str = ""
+                 ) -> dict[str, torch.Tensor]:
+    """Per-token KL and top-1 of `logits` against `ref_logits` and (when `targets` are given) NLL, [B, T] each."""
+    out = {"kl_tokens" + suffix: metrics.token_kl(ref_logits, logits),
+           "top1" + suffix: (ref_logits.argmax(-1) == logits.argmax(-1)).float()}
     if targets is not None:
-        out["nll"] = metrics.window_nll(logits, targets).cpu()
+        out["nll"] = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
     return out
+
+
+def _chunk_stats(fwds: dict[str, TextForward], hid: dict[str, torch.Tensor], heads: dict[str, Callable[[torch.Tensor], torch.Tensor]],
+                 ids: torch.Tensor, s: int, e: int) -> dict[str, dict[str, torch.Tensor]]:
+    """Per-token figures of every arm for predicting positions s+1..e (from hidden rows s..e: one row
+    more than predicted, for the greedy t+2 token the MTP drafts are held against)."""
+    rows = {name: h[:, s: e + 1] for name, h in hid.items()}
+    cut = ids[:, s: e + 1]
+    targets = ids[:, s + 1: e + 1].to(rows["reference"].device)
+    ref_full = heads["reference"](rows["reference"])
+    ref_logits, greedy = ref_full[:, :-1], {"reference": ref_full.argmax(-1)}
+    stats: dict[str, dict[str, torch.Tensor]] = {
+        "reference": {"nll": F.cross_entropy(ref_logits.flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)}}
+    arm_rows = {"w4a16-body": ("artifact", "reference"), "w4a16+rtn-head": ("artifact", "rtn"),
+                "artifact": ("artifact", "artifact")}
+    if INT8_ARM in hid:
+        arm_rows[INT8_ARM] = (INT8_ARM, INT8_ARM)
+    art_logits = None
+    for arm, (h, head) in arm_rows.items():
+        full = heads[head](rows[h])
+        stats[arm] = _token_stats(ref_logits, full[:, :-1], targets)
+        greedy[arm] = full.argmax(-1)
+        if arm == "artifact" and INT8_ARM in hid:
+            art_logits = full[:, :-1]
+        elif arm == INT8_ARM and art_logits is not None:
+            stats[arm].update(_token_stats(art_logits, full[:, :-1], None, suffix="_vs_artifact"))
+        del full
+    drafts: dict[str, torch.Tensor] = {}
+    for arm in ("reference", "artifact", INT8_ARM):
+        if arm in hid:
+            d = _mtp_drafts(fwds[arm], cut, rows[arm], heads[arm])
+            if d is not None:
+                drafts[arm] = d
+                stats[arm]["mtp_agree"] = (d == greedy[arm][:, 1:]).float()
+    if "artifact" in drafts:  # the source's bf16 MTP head on the artifact's states, head and greedy
+        d = _mtp_drafts(fwds["reference"], cut, rows["artifact"], heads["artifact"])
+        if d is not None:
+            stats["artifact"]["mtp_agree_bf16"] = (d == greedy["artifact"][:, 1:]).float()
+            stats["artifact"]["mtp_same_draft"] = (d == drafts["artifact"]).float()
+    return stats
 
 
 def _batch_stats(ref: TextForward, art: TextForward, heads: dict[str, torch.Tensor], ids: torch.Tensor,
                  int8: Int8Arm | None = None) -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor]:
-    """Per-window figures of every arm for one batch, and the reference's hidden states (for the head test)."""
-    h_ref = ref.final_hidden(ids)
-    h_art = art.final_hidden(ids)
+    """Per-window figures of every arm for one batch, and the reference's hidden states (for the head test).
+    The logits exist POSITION_CHUNK positions at a time (a 128K window's logits over a 248k vocabulary would
+    be 130 GB); every figure is a mean over positions, so the chunks change no value beyond float rounding."""
+    fwds: dict[str, TextForward] = {"reference": ref, "artifact": art}
     # every figure on the hidden states' device (a 248k-vocabulary logit batch is GBs: no host copies)
-    targets = ids[:, 1:].to(h_ref.device)
-    ref_full = h_ref @ heads["reference"].T
-    ref_logits, greedy = ref_full[:, :-1], {"reference": ref_full.argmax(-1)}
-    stats: dict[str, dict[str, torch.Tensor]] = {"reference": {"nll": metrics.window_nll(ref_logits, targets).cpu()}}
-    art_logits = None
-    for arm, (hidden, head) in {"w4a16-body": (h_art, heads["reference"]), "w4a16+rtn-head": (h_art, heads["rtn"]),
-                                "artifact": (h_art, heads["artifact"])}.items():
-        full = hidden @ head.T
-        stats[arm] = _arm_stats(ref_logits, full[:, :-1], targets)
-        greedy[arm] = full.argmax(-1)
-        if arm == "artifact" and int8 is not None:
-            art_logits = full[:, :-1]
-        del full
-    h_int8 = None
-    if int8 is not None and art_logits is not None:
-        h_int8 = int8[0].final_hidden(ids)
-        full = int8[1](h_int8)
-        stats[INT8_ARM] = {**_arm_stats(ref_logits, full[:, :-1], targets),
-                           **_arm_stats(art_logits, full[:, :-1], None, suffix="_vs_artifact")}
-        greedy[INT8_ARM] = full.argmax(-1)
-        del full, art_logits
-    if h_int8 is not None and int8 is not None:
-        out = int8[0].mtp_hidden(ids, h_int8)
-        if out is not None:
-            stats[INT8_ARM]["mtp_agree"] = _agree(int8[1](out).argmax(-1), greedy[INT8_ARM])
-    drafts: dict[str, torch.Tensor] = {}
-    for arm, fwd, hidden, head in (("reference", ref, h_ref, heads["reference"]), ("artifact", art, h_art, heads["artifact"])):
-        d = _mtp_drafts(fwd, ids, hidden, head)
-        if d is not None:
-            drafts[arm] = d
-            stats[arm]["mtp_agree"] = _agree(d, greedy[arm])
-    if "artifact" in drafts:  # the source's bf16 MTP head on the artifact's states, head and greedy
-        d = _mtp_drafts(ref, ids, h_art, heads["artifact"])
-        if d is not None:
-            stats["artifact"]["mtp_agree_bf16"] = _agree(d, greedy["artifact"])
-            stats["artifact"]["mtp_same_draft"] = (d == drafts["artifact"]).float().mean(dim=1).cpu()
+    hid = {"reference": ref.final_hidden(ids), "artifact": art.final_hidden(ids)}
+    fns: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {k: (lambda h, w=w: h @ w.T) for k, w in heads.items()}
+    if int8 is not None:
+        fwds[INT8_ARM], fns[INT8_ARM] = int8
+        hid[INT8_ARM] = int8[0].final_hidden(ids)
+    per: dict[str, dict[str, list[torch.Tensor]]] = {}
+    last = ids.shape[1] - 1
+    for s in range(0, last, POSITION_CHUNK):
+        for arm, figs in _chunk_stats(fwds, hid, fns, ids, s, min(s + POSITION_CHUNK, last)).items():
+            for k, v in figs.items():
+                per.setdefault(arm, {}).setdefault(k, []).append(v)
+    stats: dict[str, dict[str, torch.Tensor]] = {}
+    for arm, figs in per.items():
+        tok = {k: torch.cat(v, dim=1) for k, v in figs.items()}
+        stats[arm] = {k: v.mean(dim=1).cpu() for k, v in tok.items() if not k.startswith("kl_tokens")}
+        stats[arm].update({k.replace("kl_tokens", "kl"): v.mean(dim=1).cpu() for k, v in tok.items() if k.startswith("kl_tokens")})
+        stats[arm].update({k: v.cpu() for k, v in tok.items() if k.startswith("kl_tokens")})
+    h_ref = hid["reference"]
     return stats, h_ref[:, :-1].reshape(-1, h_ref.shape[-1]).cpu()
 
 
@@ -227,8 +248,11 @@ def run_offline(reference: Path, artifact: Path, windows: torch.Tensor, *, devic
     overflows: Callable[[], int] = lambda: 0  # the int8 arm's int32 overflows, counted after the run
     int8_linears: dict[str, Any] = {}
     if streamed:
+        from qwenquant.evaluate.longwindow import memory_line
         from qwenquant.evaluate.streamed import streamed_forwards
 
+        log.info("eval: %s", memory_line(text_config(read_config(reference)), int(windows.shape[1]), int(windows.shape[0]),
+                                         arms=3 if activations == "int8" else 2))
         ref, art, heads, extra = streamed_forwards(reference, artifact, windows, device=device,
                                                    int8=activations == "int8")
         if extra is not None:

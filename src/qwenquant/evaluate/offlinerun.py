@@ -32,6 +32,7 @@ def run_offline_eval(ask: OfflineAsk) -> tuple[OfflineReport, Path]:
     """(the report, where it goes): everything checked first, then both models measured."""
     from qwenquant.evaluate import report as rep
     from qwenquant.evaluate.inputs import check_reference, check_report_target, verify_artifact_first
+    from qwenquant.evaluate.longwindow import check_window_len
     from qwenquant.evaluate.texts import resolve_windows
 
     artifact = ask.artifact
@@ -40,6 +41,7 @@ def run_offline_eval(ask: OfflineAsk) -> tuple[OfflineReport, Path]:
                          hint="pass the artifact folder `qwenquant quantize` wrote")
     root = verify_artifact_first(artifact)
     ref_check = check_reference(artifact, ask.reference, unverified=ask.reference_unverified)
+    check_window_len(ask.reference, ask.window_len)
     ids, source = resolve_windows(ask.reference, ask.windows, ask.window_len, text=ask.text, text_set=ask.text_set)
     identity = {"root_digest": root, "reference": str(ask.reference), "windows": ask.windows,
                 "window_len": ask.window_len, **source}

@@ -6,7 +6,9 @@ streamed GPTQ engine uses (engine/model.py: transformers' own Qwen3_5DecoderLaye
 layer's tensors, the same masks and position embeddings): for layer i, the reference's layer i
 (source bytes, float32) runs every window, then the artifact's layer i (packed Linears
 dequantized by compressed-tensors on the eval device, evaluate/weights.py), and both are dropped. Only the windows'
-hidden states of both arms stay (N x L x H float32 each), plus the small MTP heads. The result is
+hidden states of both arms stay, on the host (N x L x H float32 each), plus the small MTP heads; one window at
+a time goes to the device, and a layer's MLP runs a chunk of positions at a time (evaluate/longwindow.py:
+what a 128K window needs). The result is
 two `TextForward`s (forward.py) over the precomputed final hidden states, so evaluate_forwards
 computes exactly the dense path's figures; the arithmetic is the dense path's (float32, sdpa),
 windows one at a time instead of batched.
@@ -17,7 +19,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,25 +29,28 @@ log = logging.getLogger(__name__)
 
 
 class PrecomputedForward:
-    """A `TextForward` over final hidden states computed ahead for a fixed set of windows."""
+    """A `TextForward` over final hidden states computed ahead for a fixed set of windows (held on the host,
+    moved to `device` one batch at a time); the MTP head's token embeddings are read from the shards as asked."""
 
-    def __init__(self, windows: torch.Tensor, hidden: torch.Tensor, embeds: torch.Tensor, mtp: Any) -> None:
+    def __init__(self, windows: torch.Tensor, hidden: torch.Tensor, embed: Callable[[torch.Tensor], torch.Tensor],
+                 mtp: Any, device: str) -> None:
         self._row = {bytes(w.numpy().tobytes()): i for i, w in enumerate(windows)}
-        self.hidden, self.embeds, self.mtp = hidden, embeds, mtp
+        self.hidden, self.embed, self.mtp, self.device = hidden, embed, mtp, device
 
     def _rows(self, ids: torch.Tensor) -> list[int]:
         return [self._row[bytes(w.numpy().tobytes())] for w in ids.cpu()]
 
     def final_hidden(self, ids: torch.Tensor) -> torch.Tensor:
         """Post-final-norm hidden states [B, L, H] of windows given ahead."""
-        return self.hidden[self._rows(ids)]
+        return self.hidden[self._rows(ids)].to(self.device)
 
     @torch.no_grad()
     def mtp_hidden(self, ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | None:
-        """MTP output [B, L-1, H] (as DenseForward.mtp_hidden); None without an MTP head."""
+        """MTP output [B, T-1, H] for any ids [B, T] and their hidden states (as DenseForward.mtp_hidden); None
+        without an MTP head."""
         if self.mtp is None:
             return None
-        return self.mtp(self.embeds[self._rows(ids)][:, 1:], hidden[:, :-1]).float()
+        return self.mtp(self.embed(ids[:, 1:]), hidden[:, :-1]).float()
 
 
 class _Arm:
@@ -89,10 +94,20 @@ class _Arm:
 
     def build(self, i: int, dense: dict[str, torch.Tensor]) -> torch.nn.Module:
         """Decoder layer `i` from its float32 tensors (full names)."""
+        from qwenquant.evaluate.longwindow import chunk_positions
         from qwenquant.modeling.text import build_layer
 
         p = self.src.layer_prefix(i)
-        return build_layer(self.src, i, {n[len(p):]: t for n, t in dense.items()}, self.device)
+        layer = build_layer(self.src, i, {n[len(p):]: t for n, t in dense.items()}, self.device)
+        mlp: Any = layer.mlp  # nn.Module's __getattr__ types it Tensor | Module; it is the layer's MLP module
+        mlp.forward = chunk_positions(mlp.forward)  # a long window's MLP, a chunk of positions at a time
+        return layer
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """float32 token embeddings [B, T, H] of `ids`, reading only the rows they use."""
+        from qwenquant.modeling.text import embed_samples
+
+        return torch.cat(embed_samples(self.src, ids.tolist(), self.device)).float()
 
     def head(self) -> torch.Tensor:
         names = [n for n in self.refs if n.startswith("lm_head.")]
@@ -180,26 +195,33 @@ class _Int8Arm(_Arm):
 
 def _run_layers(arms: Mapping[str, _Arm], embeds: Mapping[str, list[torch.Tensor]], device: str
                 ) -> dict[str, list[torch.Tensor]]:
-    """Every window through every decoder layer of each arm, one layer of one arm in memory at a time."""
+    """Every window through every decoder layer of each arm, one layer of one arm and one window on the device
+    at a time; the windows' hidden states [1, L, H] wait on the host between layers."""
     from qwenquant.console import timed
     from qwenquant.modeling.text import LayerInputs, final_norm
 
     first = next(iter(arms.values()))
     inputs = LayerInputs(first.src, device)
-    acts = {name: list(embeds[name]) for name in arms}
+    acts = {name: [x.cpu() for x in embeds[name]] for name in arms}
     for i in range(first.src.num_layers):
         layer_type = first.src.config.layer_types[i]
         with timed(log, f"eval: decoder layer {i + 1}/{first.src.num_layers}, both arms"):
             for name, arm in arms.items():
                 layer = arm.layer(i)
                 with torch.no_grad():
-                    acts[name] = [layer(x, **inputs.kwargs(x, layer_type)) for x in acts[name]]
+                    acts[name] = [_through(layer, x, inputs, layer_type, device) for x in acts[name]]
                 del layer
     for name, arm in arms.items():
         norm = final_norm(arm.src, device)
         with torch.no_grad():
-            acts[name] = [norm(x).float() for x in acts[name]]
+            acts[name] = [norm(x.to(device)).float().cpu() for x in acts[name]]
     return acts
+
+
+def _through(layer: torch.nn.Module, x: torch.Tensor, inputs: Any, layer_type: str, device: str) -> torch.Tensor:
+    """One window [1, L, H] through one decoder layer on `device`, back on the host."""
+    x = x.to(device)
+    return layer(x, **inputs.kwargs(x, layer_type)).cpu()
 
 
 def streamed_forwards(reference: Path, artifact: Path, windows: torch.Tensor, *, device: str = "cpu",
@@ -217,10 +239,12 @@ def streamed_forwards(reference: Path, artifact: Path, windows: torch.Tensor, *,
         arms["int8"] = _Int8Arm(artifact, device)
     samples = windows.tolist()
     with timed(log, f"eval: embeddings of {len(samples)} windows, both arms"):
-        embeds = {name: embed_samples(arm.src, samples, device) for name, arm in arms.items()}
+        # on the host: the layer loop moves one window at a time to the device
+        embeds = {name: embed_samples(arm.src, samples, "cpu") for name, arm in arms.items()}
     acts = _run_layers(arms, embeds, device)
+    del embeds
     with timed(log, "eval: MTP heads, both arms"):
-        out = {name: PrecomputedForward(windows, torch.cat(acts[name]), torch.cat(embeds[name]), arm.mtp())
+        out = {name: PrecomputedForward(windows, torch.cat(acts.pop(name)), arm.embed, arm.mtp(), device)
                for name, arm in arms.items()}
     with timed(log, f"eval: lm_heads (reference, round-to-nearest, artifact) on {device}"):
         ref_head = arms["reference"].head()  # each head built on the device, one after the other

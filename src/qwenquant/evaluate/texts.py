@@ -41,13 +41,17 @@ def is_tiny_reference(folder: Path) -> bool:
 def resolve_windows(reference: Path, windows: int, window_len: int, *, text: Path | None = None,
                     text_set: str | None = None, cache: Path | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
     """(windows [N, L], what they were cut from) for `--text FILE`, `--text-set NAME`, or the default:
-    the shipped held-out text for the tiny reference, the pinned Hub text set for any other model."""
-    from qwenquant.evaluate import textset
+    the shipped held-out text for the tiny reference, the pinned Hub text set for any other model;
+    `--text-set depth` is the pinned depth text (evaluate/longwindow.py), for long windows."""
+    from qwenquant.evaluate import longwindow, textset
 
     if text is not None and text_set is not None:
         raise UsageError("give --text FILE or --text-set NAME, not both", hint="--text takes a local file")
     if text is not None:
         return eval_windows(reference, windows, window_len, text), {"text": str(text)}
+    if text_set == longwindow.DEPTH_TEXT_SET:
+        body, pinned = longwindow.depth_text()
+        return _cut(reference, body, windows, window_len, text_set), {"text": text_set, **pinned}
     if text_set in (None, "auto") and is_tiny_reference(reference) or text_set == "tiny-reference":
         return eval_windows(reference, windows, window_len), {"text": "tiny-reference held-out"}
     ts = textset.load_text_set(text_set if text_set not in (None, "auto") else textset.DEFAULT_TEXT_SET)
@@ -85,7 +89,8 @@ def eval_windows(reference: Path, windows: int, window_len: int, text: Path | No
         held = tinyref.heldout_ids()
         if window_len > held.shape[1]:
             raise UsageError(f"--window-len {window_len} is longer than the shipped windows ({held.shape[1]})",
-                                 hint=f"use --window-len {held.shape[1]} or less")
+                             hint=f"use --window-len {held.shape[1]} or less, or cut longer windows from "
+                                  "--text-set depth (the pinned depth text) or --text FILE")
         _check_size(held.shape[0], windows, window_len, "the shipped held-out text", "pass --text FILE")
         return held[:windows, :window_len].clone()
     try:
