@@ -1,5 +1,6 @@
 """Hub fixtures: a real loopback HTTP hub serving a tiny checkpoint (or taking uploads), an artifact to publish,
-signing keys, and helpers to check the result."""
+signing keys, and helpers to check the result; the trained tiny reference quantized once per session for the
+real-vLLM eval modules (each copies it: eval writes its reports beside the artifact)."""
 
 from __future__ import annotations
 
@@ -77,3 +78,23 @@ def keys(tmp_path: Path) -> tuple[Path, Path]:
             pytest.fail("model_signing is missing under CI=true: install qwenquant[sign]")
         pytest.skip("model_signing not installed (pip install 'qwenquant[sign]')")
     return make_keys(tmp_path / "publisher")
+
+
+@pytest.fixture(scope="session")
+def reference_w4a16(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The trained tiny reference quantized with w4a16-int4head and its own calibration set, by the real CLI.
+    Read-only: a module copies it (shutil.copytree) before serving or evaluating it."""
+    import subprocess
+
+    from qwenquant.testbed.tiny import reference_model
+
+    from helpers import vllm_env
+
+    tmp = tmp_path_factory.mktemp("reference-w4a16")
+    src = reference_model.build_reference_checkpoint(tmp / "source")
+    art = tmp / "artifact"
+    q = subprocess.run([sys.executable, "-m", "qwenquant", "quantize", str(src), "--source-unverified", "--recipe",
+                        "w4a16-int4head", "--calibration", "tiny-reference", "--out", str(art)],
+                       env=dict(vllm_env(tmp), QWENQUANT_THREADS="2"), capture_output=True, text=True, timeout=1800)
+    assert q.returncode == 0, q.stderr[-3000:]
+    return art

@@ -7,13 +7,12 @@ artifact with `--speculative-config null`, sends the same prompts, and compares 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-from qwenquant.testbed.tiny import reference_model
 
 from helpers import LAUNCHER, require_vllm, vllm_env
 
@@ -25,15 +24,10 @@ def _env(tmp: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, dict]:
+def run(tmp_path_factory: pytest.TempPathFactory, reference_w4a16: Path) -> tuple[subprocess.CompletedProcess, dict]:
     require_vllm(LAUNCHER, ".venv-vllm")
     tmp = tmp_path_factory.mktemp("specvllm")
-    src = reference_model.build_reference_checkpoint(tmp / "source")
-    art = tmp / "artifact"
-    q = subprocess.run([sys.executable, "-m", "qwenquant", "quantize", str(src), "--source-unverified", "--recipe",
-                        "w4a16-int4head", "--calibration", "tiny-reference", "--out", str(art)],
-                       env=_env(tmp), capture_output=True, text=True, timeout=1800)
-    assert q.returncode == 0, q.stderr[-3000:]
+    art = Path(shutil.copytree(reference_w4a16, tmp / "artifact"))
     proc = subprocess.run([sys.executable, "-m", "qwenquant", "eval", "served", "--serve", str(art), "--profile",
                            "single-user", "--vllm", str(LAUNCHER), "--spec-check", "--json",
                            "--", "--max-model-len", "2048"],

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "qwenquant"
 # of a name that is not a module).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("__init__", "errors", "envs", "crash", "atomic", "hashing", "console", "procenv", "outfolder", "net",
-     "reportdoc"),
+     "reportdoc", "depthtext"),
     ("checkpoint",),
     ("recipe",),
     ("manifest", "manifest_form", "signing"),

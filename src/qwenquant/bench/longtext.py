@@ -11,7 +11,6 @@ blocks unless --reuse-prefix drops that line.
 from __future__ import annotations
 
 import functools
-import hashlib
 from dataclasses import dataclass
 
 from qwenquant.errors import BenchError, UsageError
@@ -43,19 +42,10 @@ class LongText:
 @functools.lru_cache(maxsize=1)
 def load_text() -> LongText:
     """The shipped text, refused when its bytes are not the pinned ones."""
-    import yaml
+    from qwenquant.depthtext import read_pinned
 
-    from qwenquant import data_path
-
-    meta_path = data_path("depthtext", "depthtext.yaml")
-    meta = yaml.safe_load(meta_path.read_text())
-    path = data_path("depthtext", meta["file"])
-    raw = path.read_bytes()
-    got = hashlib.sha256(raw).hexdigest()
-    if got != meta["sha256"]:
-        raise BenchError(f"{path} has sha256 {got}, not the {meta['sha256']} {meta_path.name} pins",
-                         hint="reinstall qwenquant (the shipped prompt text was changed)")
-    return LongText(raw.decode("utf-8"), got, str(meta["license"]), str(meta["source"]))
+    p = read_pinned(BenchError, "reinstall qwenquant (the shipped prompt text was changed)")
+    return LongText(p.text, p.sha256, p.license, p.source)
 
 
 def depth_ladder(limit: int, first: int = FIRST_DEPTH) -> list[int]:

@@ -17,7 +17,6 @@ measure copying, not depth.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,20 +31,11 @@ GIB = 2**30
 
 def depth_text() -> tuple[str, dict[str, Any]]:
     """(the pinned depth text, what the report records of it); refused when its bytes are not the pinned ones."""
-    import yaml
+    from qwenquant.depthtext import read_pinned
 
-    from qwenquant import data_path
-
-    meta_path = data_path("depthtext", "depthtext.yaml")
-    meta = yaml.safe_load(meta_path.read_text())
-    path = data_path("depthtext", meta["file"])
-    raw = path.read_bytes()
-    got = hashlib.sha256(raw).hexdigest()
-    if got != meta["sha256"]:
-        raise UsageError(f"{path} has sha256 {got}, not the {meta['sha256']} {meta_path.name} pins",
-                         hint="reinstall qwenquant (the shipped text was changed)")
-    return raw.decode("utf-8"), {"text_set": DEPTH_TEXT_SET, "file": f"qwenquant/data/depthtext/{meta['file']}",
-                                 "sha256": got, "license": str(meta["license"])}
+    p = read_pinned(UsageError, "reinstall qwenquant (the shipped text was changed)")
+    return p.text, {"text_set": DEPTH_TEXT_SET, "file": f"qwenquant/data/depthtext/{p.file}", "sha256": p.sha256,
+                    "license": p.license}
 
 
 def max_positions(folder: Path) -> int | None:
