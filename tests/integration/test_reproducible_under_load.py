@@ -23,7 +23,7 @@ from helpers import qq
 
 pytestmark = pytest.mark.slow
 
-BUSY_BUILDS = 2  # with the quiet build: three builds, about 1.5 min on an idle 2-core machine
+BUSY_BUILDS = 2  # with the quiet build: three builds in all
 
 
 @contextmanager
