@@ -97,7 +97,8 @@ _DECLARED = (
            "always written to the crash file its hint names)", _flag, False),
     EnvVar("QWENQUANT_NO_PROGRESS", "0/1", "0", "1: no progress bars, even on a terminal", _flag, False),
     EnvVar("QWENQUANT_THREADS", "integer from 0 to 4096", "0 (every core)", "CPU threads of torch in quantize and "
-           "eval; `quantize --gpus N` on the CPU shares them among the ranks", _number(int, "an integer", 0, 4096), 0),
+           "eval; `quantize --gpus N` on the CPU shares them among the ranks; on the CPU an input of the build "
+           "(another count writes other bytes; recorded in the manifest)", _number(int, "an integer", 0, 4096), 0),
     EnvVar("QWENQUANT_GPTQ_ENGINE", "streamed or oneshot", "streamed", "the gptq stage's engine: one decoder layer "
            "at a time (resumable), or llm-compressor's whole-model `oneshot`", _choice("streamed", "oneshot"),
            "streamed"),

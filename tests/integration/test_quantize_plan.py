@@ -1,7 +1,9 @@
 """`qwenquant quantize --plan` through the real CLI on the tiny model, after one real quantize: it
 says every stage is reused; with another calibration set it names calibration and every stage
-after it; after a stage's output file is deleted it names that stage; it writes nothing (every
-path and mtime of the work and artifact folders unchanged), exits 0 and imports no torch."""
+after it; after a stage's output file is deleted it names that stage; with another CPU thread count
+(QWENQUANT_THREADS) it names `threads` as the gptq stage's changed input, which the manifest's stage
+records hold; it writes nothing (every path and mtime of the work and artifact folders unchanged),
+exits 0 and imports no torch."""
 
 from __future__ import annotations
 
@@ -38,10 +40,17 @@ def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
     return {p.relative_to(root).as_posix(): (p.lstat().st_mtime_ns, p.lstat().st_size) for p in sorted(root.rglob("*"))}
 
 
-def _plan(built: dict, *extra: str) -> dict:
-    """The JSON plan; asserts that it exited 0 and changed nothing under the build's folder."""
+def _plan(built: dict, *extra: str, threads: str | None = None) -> dict:
+    """The JSON plan; asserts that it exited 0 and changed nothing under the build's folder.
+    `threads`: QWENQUANT_THREADS for the plan (default: the one `qq` builds with)."""
     before = _snapshot(built["root"])
-    proc = qq(*_args(built["source"], built["out"], "--plan", "--json", *extra))
+    argv = _args(built["source"], built["out"], "--plan", "--json", *extra)
+    if threads is None:
+        proc = qq(*argv)
+    else:
+        env = dict(os.environ, QWENQUANT_THREADS=threads, QWENQUANT_NO_PROGRESS="1", PYTHONHASHSEED="0")
+        proc = subprocess.run([sys.executable, "-m", "qwenquant", *argv], capture_output=True, text=True,
+                              timeout=600, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert _snapshot(built["root"]) == before
     plan = json.loads(proc.stdout)
@@ -68,6 +77,17 @@ def test_another_calibration_set_reruns_calibration_and_every_stage_after_it(bui
     assert _actions(plan) == {
         "source": "reused", "calibration": "run: inputs changed (data, spec)", "gptq": "run: calibration re-runs",
         "lm_head": "run: calibration re-runs", "mtp": "run: lm_head re-runs", "textonly": "run: mtp re-runs",
+        "check": "run: textonly re-runs", "eval": "run: textonly re-runs"}
+
+
+def test_another_thread_count_reruns_gptq_and_the_manifest_records_the_count(built: dict) -> None:
+    manifest = json.loads((built["out"] / "qwenquant-manifest.json").read_text())
+    assert {s: manifest["stages"][s]["inputs"].get("threads") for s in STAGES} == {
+        **{s: None for s in STAGES}, "gptq": "2", "lm_head": "2", "eval": "2"}  # qq builds with 2 threads
+    assert _actions(_plan(built, threads="2")) == {s: "reused" for s in STAGES}
+    assert _actions(_plan(built, threads="1")) == {
+        "source": "reused", "calibration": "reused", "gptq": "run: inputs changed (threads)",
+        "lm_head": "run: gptq re-runs", "mtp": "run: lm_head re-runs", "textonly": "run: mtp re-runs",
         "check": "run: textonly re-runs", "eval": "run: textonly re-runs"}
 
 

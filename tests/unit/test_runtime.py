@@ -28,3 +28,15 @@ def test_cuda_without_a_cuda_device_is_refused_with_a_hint() -> None:
         assert e.value.hint == "drop --device, or use --device cpu"
     with pytest.raises(UsageError, match="--device cuda but no CUDA device is visible"):
         torch_device("cuda")
+
+
+def test_the_cpu_thread_count_is_a_stage_input_on_the_cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from qwenquant.modeling.runtime import cpu_threads, thread_fields
+
+    monkeypatch.setenv("QWENQUANT_THREADS", "3")
+    assert cpu_threads() == 3 and thread_fields("cpu") == {"threads": "3"}
+    assert thread_fields("cuda") == {} and thread_fields("cuda:1") == {}  # records of GPU builds unchanged
+    monkeypatch.setenv("QWENQUANT_THREADS", "0")
+    assert thread_fields("cpu") == {"threads": str(os.cpu_count() or 1)}  # 0: every core, the count recorded

@@ -18,6 +18,7 @@ from typing import Any
 
 from qwenquant.atomic import atomic_write_json
 from qwenquant.hashing import sha256_json
+from qwenquant.modeling.runtime import thread_fields
 from qwenquant.quantize.stage import Stage, StageContext
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
 def _inputs(ctx: StageContext) -> dict[str, str]:
     spec = ctx.recipe.eval
     return {"textonly": ctx.digest("textonly"), "check": ctx.digest("check"), "source": ctx.digest("source"),
-            "device": ctx.device,
+            "device": ctx.device, **thread_fields(ctx.device),
             "eval": sha256_json(spec.model_dump(mode="json") if spec else None)}
 
 

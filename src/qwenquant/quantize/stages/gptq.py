@@ -33,7 +33,7 @@ from qwenquant.checkpoint.names import MTP_IGNORE, MTP_PREFIX
 from qwenquant.checkpoint.tensorfile import TensorRef, checkpoint_refs, write_checkpoint_tensors
 from qwenquant.errors import StageError, UsageError
 from qwenquant.hashing import sha256_json
-from qwenquant.modeling.runtime import set_deterministic
+from qwenquant.modeling.runtime import set_deterministic, thread_fields
 from qwenquant.quantize.stage import Stage, StageContext
 
 if TYPE_CHECKING:
@@ -264,7 +264,7 @@ def _inputs(ctx: StageContext) -> dict[str, str]:
             "artifact": sha256_json(ctx.recipe.artifact.model_dump(mode="json")), "device": ctx.device,
             "engine": gptq_engine(), "heldout": str(heldout_fraction(ctx)),
             "hessian_precision": hessian_precision(ctx.recipe.quantization),
-            **{k: str(v) for k, v in rank_fields(ctx.ranks).items()}, **mtp_fields(ctx)}
+            **{k: str(v) for k, v in rank_fields(ctx.ranks).items()}, **mtp_fields(ctx), **thread_fields(ctx.device)}
 
 
 def mtp_fields(ctx: StageContext) -> dict[str, str]:
@@ -287,12 +287,13 @@ def _params(ctx: StageContext) -> dict[str, Any]:
 
 def layer_fingerprint(ctx: StageContext) -> str:
     """What every layer record of the streamed engine depends on (the held-out split only shapes
-    the head calibration, so it is not part of it)."""
+    the head calibration, so it is not part of it; the CPU thread count is: a resume never replays
+    layers summed with another count)."""
     from qwenquant.quantize.engine.layers import ENGINE_VERSION
 
     return sha256_json({"source": ctx.digest("source"), "calibration": ctx.digest("calibration"),
                         "quantization": ctx.recipe.quantization.model_dump(mode="json"), "device": ctx.device,
-                        "engine": ENGINE_VERSION, **rank_fields(ctx.ranks)})
+                        "engine": ENGINE_VERSION, **rank_fields(ctx.ranks), **thread_fields(ctx.device)})
 
 
 def _plan_note(ctx: StageContext) -> str | None:

@@ -20,6 +20,7 @@ from qwenquant.checkpoint.names import LM_HEAD_TARGET
 from qwenquant.checkpoint.tensorfile import checkpoint_refs
 from qwenquant.errors import StageError
 from qwenquant.hashing import sha256_json
+from qwenquant.modeling.runtime import thread_fields
 from qwenquant.quantize.stage import Stage, StageContext
 
 if TYPE_CHECKING:
@@ -184,7 +185,8 @@ def run_head(source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, prev_
 
 def _inputs(ctx: StageContext) -> dict[str, str]:
     return {"source": ctx.digest("source"), "calibration": ctx.digest("calibration"), "gptq": ctx.digest("gptq"),
-            "lm_head": sha256_json(ctx.recipe.lm_head.model_dump(mode="json")), "device": ctx.device}
+            "lm_head": sha256_json(ctx.recipe.lm_head.model_dump(mode="json")), "device": ctx.device,
+            **thread_fields(ctx.device)}
 
 
 def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
