@@ -65,13 +65,23 @@ def _close(readme: str, fresh: str) -> bool:
 
 def test_the_readme_quality_table_is_what_a_fresh_eval_prints(evaluated: dict) -> None:
     """The README's quality table (between its eval-table markers) is the table this fresh eval of
-    the demo's artifact prints (evaluate/report.py renders both from the same rows)."""
+    the demo's artifact prints (evaluate/report.py renders both from the same rows), to the digit where the
+    fresh artifact is the one the README names by its root digest."""
     from qwenquant.evaluate.report import markdown_table
 
     readme = (REPO / "README.md").read_text()
-    block = readme.split("<!-- eval-table: start -->")[1].split("<!-- eval-table: end -->")[0]
+    block, after = readme.split("<!-- eval-table: start -->")[1].split("<!-- eval-table: end -->")
     want, got = _cells(block), _cells(markdown_table(evaluated["report"]))
     assert [r[0] for r in want] == [r[0] for r in got] and want[0] == got[0]
+    (root,) = re.findall(r"The table's artifact has root digest `([0-9a-f]{64})`", after)
+    if evaluated["report"]["root_digest"] != root:
+        # another CPU model or thread count built other bits: the figures are held to their bands
+        # (test_figure_inside_its_recorded_band); here each cell keeps its form (words, signs, units)
+        num = r"\d+(?:\.\d+)?"
+        bad = [(w[0], a, b) for w, g in zip(want[1:], got[1:], strict=True) for a, b in zip(w, g, strict=True)
+               if re.sub(num, "#", a) != re.sub(num, "#", b)]
+        assert not bad, f"README cells (arm, README, fresh) of another form: {bad}"
+        return
     bad = [(w[0], a, b) for w, g in zip(want[1:], got[1:], strict=True) for a, b in zip(w, g, strict=True)
            if not _close(a, b)]
     assert not bad, f"README cells (arm, README, fresh) that differ: {bad}; the fresh table:\n" \
