@@ -59,7 +59,9 @@ def _bench(server, tmp: Path, *args: str) -> tuple[subprocess.CompletedProcess, 
 
 def test_depth_ladder_to_max_model_len(server, tmp_path: Path) -> None:
     r, rep = _bench(server, tmp_path, "depth", "--max-tokens", "64")
-    assert rep["max_model_len"] == MAX_LEN and rep["depths"] == [1024, 2048, 4096, MAX_LEN - 64]
+    # the top rung leaves the 3 draft tokens free: drafts past max_model_len kill this engine (known-issues)
+    assert rep["max_model_len"] == MAX_LEN and rep["draft_tokens"] == 3
+    assert rep["depths"] == [1024, 2048, 4096, MAX_LEN - 64 - 3]
     assert rep["tokenize"] is True
     for rung in rep["rungs"]:  # the server's own count, at most 0.1% below the rung
         assert rung["ok"] and rung["depth"] * 0.999 <= rung["prompt_tokens"] <= rung["depth"], rung

@@ -34,6 +34,8 @@ def test_depths_option() -> None:
 
 def test_plan_leaves_room_for_the_output() -> None:
     assert plan_depths(DepthOptions(output_tokens=64), 2048) == [1024, 1984]
+    assert plan_depths(DepthOptions(output_tokens=64), 2048, 3) == [1024, 1981]  # a server drafting 3 tokens
+    assert plan_depths(DepthOptions(depths=[100, 1984]), 2048, 3) == [100, 1984]  # as given
     assert plan_depths(DepthOptions(depths=[100, 1984]), 2048) == [100, 1984]
     with pytest.raises(UsageError, match="--depths 1985 plus 64 output tokens exceeds the server's max_model_len 2048"):
         plan_depths(DepthOptions(depths=[1985]), 2048)

