@@ -100,16 +100,17 @@ def test_depth_flags_a_rung_whose_stream_ended_short(tmp_path: Path) -> None:
 
 
 def test_depth_top_rung_is_exactly_at_the_limit(tmp_path: Path) -> None:
-    """README: the default ladder's last rung is exactly max_model_len minus the output, not a prompt fitted
-    within 0.1% below it (37 template tokens put the text's steps where the plain fit stops one short)."""
+    """README: the default ladder's last rung is exactly max_model_len minus the output and the draft tokens of a
+    drafting server (the stand-in lists 3), not a prompt fitted within 0.1% below it (37 template tokens put the
+    text's steps where the plain fit stops one short)."""
     with LongStandin() as s:
         s.max_model_len, s.template_tokens = 2048, 37
         r = _qq("bench", "depth", s.url, "--out", str(tmp_path / "depth.json"))
     assert r.returncode == 0, r.stderr
     rep = json.loads((tmp_path / "depth.json").read_text())
-    assert rep["depths"] == [1024, 1984]
-    assert rep["rungs"][-1]["prompt_tokens"] == 1984 and rep["last_ok_depth"] == 1984
-    assert "deepest prompt that worked: 1984 tokens" in flat(r.stderr)
+    assert rep["depths"] == [1024, 1981] and rep["draft_tokens"] == 3
+    assert rep["rungs"][-1]["prompt_tokens"] == 1981 and rep["last_ok_depth"] == 1981
+    assert "deepest prompt that worked: 1981 tokens" in flat(r.stderr)
 
 
 def test_soak_limit_comes_from_the_prompts_real_count(tmp_path: Path) -> None:

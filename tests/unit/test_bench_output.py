@@ -26,7 +26,7 @@ BODIES: dict[str, dict[str, Any]] = {
             "targets": [{"label": "A", "cells": {}, "ladder": []}], "compare": None, "failure": None},
     "depth": {**LONG, "output_tokens": 64, "depths": [1024, 2048], "concurrency": 1, "reuse_prefix": False,
               "tokenize": True, "nonce": "0a1b2c3d", "rungs": [{"depth": 1024, "ok": True, "prompt_tokens": 1024}],
-              "last_ok_depth": 1024, "failure": None},
+              "last_ok_depth": 1024, "failure": None, "draft_tokens": 3},
     "soak": {**LONG, "soak_tokens": 2048, "concurrency": 1, "window": 1024, "collapse_fraction": 0.5,
              "source": "per-request", "token_count_approximate": False, "windows": [{"window": 0}],
              "stream_windows": [[{"window": 0}]], "streams": [{"stream": 0}], "verdict": {"ok": True, "flags": []},

@@ -132,6 +132,7 @@ class DepthReport(_LongReport):
     rungs: list[dict[str, Any]]
     last_ok_depth: int | None
     failure: dict[str, Any] | None
+    draft_tokens: int = 0  # a drafting server's draft tokens: the default top rung leaves them free
     mode: ClassVar[str] = "depth"
     plotter: ClassVar[Callable[[dict[str, Any], Path], None] | None] = staticmethod(depth_png)
     shower: ClassVar[Callable[[dict[str, Any]], None]] = staticmethod(print_depth)
