@@ -67,7 +67,7 @@ def cases(b: dict[str, Path], repo_id: str) -> list[tuple[list[str], int]]:
         (["fetch", repo_id, "--repo-type", "space", "--out", s["out"]], 2),
         (["fetch", "nobody/nothing", "--out", s["out"]], 3),                  # not on the Hub
         (["fetch", repo_id, "--revision", NEVER, "--out", s["out"]], 3),      # a commit that never existed
-        (["fetch", repo_id, "--out", s["file"]], 5),                          # --out is a user's file
+        (["fetch", repo_id, "--out", s["file"]], 2),                          # --out is a file: usage, kept
         (["fetch", "--offline", "--out", s["empty"]], 4),
         (["quantize", s["missing"], *q], 2),
         (["quantize", s["file"], *q], 2),
@@ -118,7 +118,7 @@ def cases(b: dict[str, Path], repo_id: str) -> list[tuple[list[str], int]]:
         (["recipe", "validate", s["bad-yaml"]], 2),
         (["recipe", "validate", s["wrong-recipe"]], 2),
         (["recipe", "show", "no-such-recipe"], 2),
-        (["demo", "--work", s["file"], "--no-serve"], 5),
+        (["demo", "--work", s["file"], "--no-serve"], 2),
     ]
 
 
