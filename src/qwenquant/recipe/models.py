@@ -249,6 +249,8 @@ class Recipe(_Strict):
         for prof in d["serve"]["profiles"].values():  # bf16: the canonical form (and digest) of recipes without the key
             if prof.get("activations") == "bf16":
                 prof.pop("activations")
+            if prof.get("host_embeddings") is False:  # likewise for the embeddings on the GPU
+                prof.pop("host_embeddings")
         return d
 
     @property

@@ -46,6 +46,8 @@ class ServeSettings(_Strict):
     extra_args: list[str] | None = None
     # vLLM's Marlin activations: int8 sets VLLM_MARLIN_INPUT_DTYPE=int8 for the server (serve/activations.py)
     activations: Literal["bf16", "int8"] | None = None
+    # the input embedding table in pinned host memory, read through UVA (scripts/vllm-host-embeddings/plugin)
+    host_embeddings: bool | None = None
 
     @field_validator("gpu_memory_utilization")
     @classmethod
@@ -82,6 +84,7 @@ class ResolvedProfile(_Strict):
     enable_prefix_caching: bool | None  # None: vLLM's default
     extra_args: list[str]
     activations: Literal["bf16", "int8"] = "bf16"
+    host_embeddings: bool = False
 
 
 _RESOLVED_DEFAULTS: dict[str, Any] = {
@@ -90,6 +93,7 @@ _RESOLVED_DEFAULTS: dict[str, Any] = {
     "tool_call_parser": None, "tool_strict_level": None,
     "max_num_batched_tokens": None, "speculative": None, "enforce_eager": False,
     "enable_prefix_caching": None, "extra_args": [], "activations": "bf16",
+    "host_embeddings": False,
 }
 _PROFILE_REQUIRED = ("max_model_len", "max_num_seqs", "gpu_memory_utilization")
 
