@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -224,13 +225,13 @@ def run_arm(a: argparse.Namespace, arm: dict[str, Any], say: Progress) -> dict[s
             return rec
         info = json.loads(_get(f"{base}/v1/models"))["data"][0]
         rec["served_max_model_len"] = info.get("max_model_len")
-        rng = random.Random(hash(arm["name"]) & 0xFFFF)
+        rng = random.Random(zlib.crc32(arm["name"].encode()))
         rec["fills"] = []
         for n in [1024] + arm["fills"]:
             length = info["max_model_len"] - arm["decode"] - 8 if n == "max" else n
             try:
                 r = fill(base, info["id"], length, arm["decode"], rng)
-            except Exception as e:  # noqa: BLE001 - recorded: the arm's figures so far stay
+            except Exception as e:  # recorded: the arm's figures so far stay
                 r = {"prompt_sent": length, "error": repr(e)[:400], "server_alive": srv.poll() is None}
             rec["fills"].append(r)
             say(arm=arm["name"], stage="fill", **r)
