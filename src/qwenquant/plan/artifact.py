@@ -62,7 +62,8 @@ def profile_budget(shape: ModelShape, weights: WeightBreakdown, profile: Resolve
         shape, weights, cache_settings(profile, device, layout), device=device, total_bytes=total_bytes,
         utilization=profile.gpu_memory_utilization, max_model_len=profile.max_model_len,
         max_num_seqs=profile.max_num_seqs, max_num_batched_tokens=d.max_num_batched_tokens,
-        enforce_eager=d.enforce_eager, include_vision=include_vision, tp=tp)
+        enforce_eager=d.enforce_eager, include_vision=include_vision, tp=tp,
+        host_embeddings=profile.host_embeddings and device == "cuda")
 
 
 def profile_stages(shape: ModelShape, weights: list[WeightBreakdown], profile: ResolvedProfile, device: str,
@@ -180,9 +181,13 @@ def make_plan(target: Path, gpu_bytes: int, *, recipe_name: str | None = None,
                if (p := position_problem(config, b.max_model_len, os.environ)) is not None}
     drafting = {name for name in budgets if pp > 1 and _drafts(recipe.profile(name))}
     refused |= {name: f"profile {name} drafts with MTP: {pipeline.MTP_PIPELINE}" for name in drafting}
+    host = {name for name in budgets if tp * pp > 1 and device == "cuda" and recipe.profile(name).host_embeddings}
+    refused |= {name: f"profile {name} keeps the embedding table in host memory, which serve does on one GPU only"
+                for name in host}
+    fixes = dict.fromkeys(drafting, pipeline.MTP_PIPELINE_FIX) | dict.fromkeys(
+        host, "serve it on one GPU, or with --no-host-embeddings and a max-model-len the plan without them fits")
     return PlanResult(shape, weights, include_vision, budgets, source, stages=stages, stage_weights=stage_weights,
-                      refused=refused, position_fix=position_fix(config),
-                      fixes=dict.fromkeys(drafting, pipeline.MTP_PIPELINE_FIX),
+                      refused=refused, position_fix=position_fix(config), fixes=fixes,
                       max_positions=None if long_allowed(os.environ) else position_limit(config))
 
 

@@ -192,6 +192,7 @@ class Budget:
     pp: int = 1  # pipeline-parallel size: this budget is one stage's GPU
     stage: int = 0  # which pipeline stage (0 first)
     layers: tuple[int, int] = (0, 0)  # the decoder layers [start, end) the stage holds (pp > 1)
+    host_bytes: int = 0  # weights kept in pinned host memory instead (the input embedding table)
 
     @property
     def budget_bytes(self) -> int:
@@ -284,16 +285,19 @@ def gib(n: int) -> str:
 def make_budget(
     s: ModelShape, weights: WeightBreakdown, cache: CacheSettings, *, device: str, total_bytes: int,
     utilization: float, max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int,
-    enforce_eager: bool = False, include_vision: bool = False, tp: int = 1,
+    enforce_eager: bool = False, include_vision: bool = False, tp: int = 1, host_embeddings: bool = False,
 ) -> Budget:
     """Assemble a Budget; `total_bytes` is GPU memory (cuda, per GPU) or the CPU KV cache space (cpu).
-    With `tp` > 1, `weights` must already be per GPU (weights_from_config/_tensors with tp)."""
+    With `tp` > 1, `weights` must already be per GPU (weights_from_config/_tensors with tp). `host_embeddings`:
+    the input embedding table lives in pinned host memory (scripts/vllm-host-embeddings/plugin), not on the GPU."""
     runtime = 0
     if device == "cuda":
         runtime = RUNTIME_OVERHEAD_BYTES + (0 if enforce_eager else CUDA_GRAPH_BYTES)
     return Budget(
         device=device, total_bytes=total_bytes, utilization=utilization,
-        weights_bytes=weights.loaded(include_vision, include_mtp=cache.num_speculative_tokens > 0),
+        weights_bytes=weights.loaded(include_vision, include_mtp=cache.num_speculative_tokens > 0)
+        - (weights.bytes.get("embeddings", 0) if host_embeddings else 0),
+        host_bytes=weights.bytes.get("embeddings", 0) if host_embeddings else 0,
         activation_bytes=activation_bytes(s, max_num_batched_tokens, tp),
         runtime_bytes=runtime, cache=cache_model(s, cache, tp), max_model_len=max_model_len,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, tp=tp,

@@ -72,9 +72,12 @@ def budget_lines(name: str, b: Budget, s: ModelShape, *, refused: str | None = N
     if b.device == "cuda":
         note = "  MTP head not loaded: this profile does not draft" if s.mtp_layers and not mtp else ""
         lines.append(_row("weights loaded", b.weights_bytes) + note)
+        if b.host_bytes:
+            lines.append(_row("input embeddings in pinned host memory", b.host_bytes, "host embeddings: off the GPU"))
         lines.append(_row("activations (fp32 logits + MLP)", b.activation_bytes))
         lines.append(_row("runtime overhead + CUDA graphs (measured)", b.runtime_bytes))
         lines.append(_row(f"budget ({gib(b.total_bytes)} x {b.utilization:g})", b.budget_bytes))
+        lines.append(formula_line(b))
     lines.append(_row("left for KV cache + GDN state", max(b.cache_available, 0)))
     if not b.fits:
         lines.append(f"  DOES NOT FIT: {first_reason(b)}")
@@ -94,6 +97,21 @@ def budget_lines(name: str, b: Budget, s: ModelShape, *, refused: str | None = N
     if f is not None:
         lines += fill_lines(b, f)
     return lines
+
+
+def formula_bytes(b: Budget) -> tuple[int, int]:
+    """(fixed bytes, bytes per token) of one sequence on this GPU: weights, activations, runtime and the sequence's
+    GDN state, then the KV cache per token of context (paged: a context costs whole blocks)."""
+    c = b.cache
+    fixed = b.weights_bytes + b.activation_bytes + b.runtime_bytes + c.gdn_groups * c.slots_per_seq * c.block_bytes
+    return fixed, c.attn_groups * c.block_bytes // c.block_tokens
+
+
+def formula_line(b: Budget) -> str:
+    """The profile's memory as a formula a user can pick a context with before booting."""
+    fixed, per_token = formula_bytes(b)
+    return (f"  memory formula: {gib(fixed)} + {per_token:,} B per token of context (in "
+            f"{b.cache.block_tokens}-token blocks), within vLLM's budget of {gib(b.budget_bytes)}")
 
 
 def largest_line(b: Budget, positions: int | None) -> str:
@@ -159,7 +177,8 @@ def budget_dict(b: Budget, s: ModelShape | None = None) -> dict[str, Any]:
     return extra | {
         "device": b.device, "total_bytes": b.total_bytes, "utilization": b.utilization,
         "budget_bytes": b.budget_bytes, "weights_bytes": b.weights_bytes, "activation_bytes": b.activation_bytes,
-        "runtime_bytes": b.runtime_bytes, "kv_bytes_per_token": c.kv_bytes_per_token,
+        "runtime_bytes": b.runtime_bytes, "kv_bytes_per_token": c.kv_bytes_per_token, "host_bytes": b.host_bytes,
+        "formula": dict(zip(("fixed_bytes", "bytes_per_token"), formula_bytes(b), strict=True)),
         "gdn_state_bytes_per_seq": c.gdn_state_bytes_per_seq, "block_tokens": c.block_tokens,
         "page_bytes": c.page_bytes, "seq_bytes": b.seq_bytes, "cache_available": b.cache_available,
         "max_model_len": b.max_model_len, "max_num_seqs": b.max_num_seqs, "fits": b.fits,

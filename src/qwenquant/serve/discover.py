@@ -82,6 +82,7 @@ class VllmInstall:
     device: str  # "cuda" | "cpu"
     source: str  # where it was found
     isolated: bool = False  # a launcher of scripts/install-vllm.sh: an environment of its own (no PYTHONPATH)
+    plugins: tuple[str, ...] | None = None  # vLLM general plugins the launcher recorded (None: not known)
 
     def command(self, args: list[str]) -> list[str]:
         return [*self.entrypoint, *args]
@@ -126,8 +127,10 @@ def _from_json(path: Path, source: str) -> VllmInstall:
     python = d.get("python")
     version = d.get("vllm_version") or (probe(python)["version"] if python else "")
     device = d.get("device") or (probe(python).get("device") if python else "") or "cuda"
+    plugins = d.get("plugins")
     return VllmInstall(entry, python, str(version), "cpu" if device == "cpu" else "cuda", source,
-                       isolated=d.get("isolated") is True)
+                       isolated=d.get("isolated") is True,
+                       plugins=tuple(str(p) for p in plugins) if isinstance(plugins, list) else None)
 
 
 def _from_path(p: Path, source: str) -> VllmInstall:

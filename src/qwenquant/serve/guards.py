@@ -118,3 +118,55 @@ def check_int8_artifact(artifact: Path, facts: ArtifactFacts | None, source: str
                          hint=f"`qwenquant check {artifact} --activations int8` lists every problem; {first.fix}")
     if report.warning():
         warnings.append(str(report.warning()))
+
+
+HOST_EMBEDDINGS_ENV = "QWENQUANT_HOST_EMBEDDINGS"  # read by scripts/vllm-host-embeddings/plugin
+HOST_EMBEDDINGS_PLUGIN = "qwenquant_host_embeddings"  # its vllm.general_plugins entry point
+HOST_EMBEDDINGS_OFF = "drop --host-embeddings (or pass --no-host-embeddings to override the profile)"
+
+
+def host_embeddings(asked: bool, flag: bool, device: str, gpus: int, row: CompatRow, plugins: Sequence[str] | None,
+                    env: Any, warnings: list[str]) -> bool:
+    """Whether vLLM keeps the input embedding table in pinned host memory (`asked`: by --host-embeddings when
+    `flag`, else by the profile's `host_embeddings`). Refused (exit 7) over several GPUs (each rank would pin its
+    own shard: not checked), where the version table's row says the plugin is unavailable, where the launcher's
+    recorded plugins lack it, and under WSL2 without VLLM_WSL2_ENABLE_PIN_MEMORY=1 (vLLM turns pinned memory off
+    there); a usage error (exit 2) when asked by flag on the CPU build, where a profile's key is ignored with a
+    warning (no device memory to save)."""
+    if not asked:
+        return False
+    if device != "cuda":
+        if flag:
+            raise UsageError("--host-embeddings keeps the embedding table off a CUDA GPU; vLLM's CPU build has no "
+                             "device memory to save", hint="drop --host-embeddings on CPU")
+        warnings.append("the profile's host_embeddings applies to CUDA GPUs only: ignored on vLLM's CPU build")
+        return False
+    if gpus > 1:
+        raise ServeError(f"host embeddings over {gpus} GPUs: each rank would pin its own shard of the table (not "
+                         "checked)", hint=HOST_EMBEDDINGS_OFF + ", or serve on one GPU")
+    if row.host_embeddings == "no":
+        raise ServeError(f"host embeddings are not available on vLLM {row.versions} ({row.build} build)",
+                         hint=HOST_EMBEDDINGS_OFF)
+    if row.host_embeddings == "unchecked":
+        warnings.append(f"host embeddings on vLLM {row.versions}: the plugin's vLLM functions were not read in this "
+                        "release (run on 0.26, read in 0.33 and 0.34)")
+    if plugins is not None and HOST_EMBEDDINGS_PLUGIN not in plugins:
+        raise ServeError("this vLLM environment lacks qwenquant's host-embeddings plugin "
+                         "(scripts/vllm-host-embeddings/plugin)",
+                         hint="re-run scripts/install-vllm.sh, which installs it in every build, or "
+                              + HOST_EMBEDDINGS_OFF)
+    if plugins is None:
+        warnings.append("cannot tell whether this vLLM has qwenquant's host-embeddings plugin (a launcher of "
+                        "scripts/install-vllm.sh records it); without it the table stays on the GPU")
+    if _wsl() and env.get("VLLM_WSL2_ENABLE_PIN_MEMORY") != "1":
+        raise ServeError("host embeddings need pinned host memory, which vLLM turns off under WSL2",
+                         hint="set VLLM_WSL2_ENABLE_PIN_MEMORY=1 (WSL2 kernel 4.19.121 or newer), or "
+                              + HOST_EMBEDDINGS_OFF)
+    return True
+
+
+def _wsl() -> bool:
+    """vLLM's own test (platforms: "microsoft" in the kernel's uname)."""
+    import platform
+
+    return "microsoft" in " ".join(platform.uname()).lower()

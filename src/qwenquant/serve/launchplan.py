@@ -128,21 +128,36 @@ def decide_launch(req: ServeRequest, art: LaunchInputs, machine: Machine, checks
                                                soft=req.gpu_mem_soft)) or profile
     ballast = checks.run(_ballast, req, dev, layout.gpus, machine, out.notes) or ()
     acts = checks.run(_activations, req, profile, art, dev, machine, match, out.warnings) or ActivationLaunch("bf16", {})
+    host = bool(checks.run(_host_embeddings, req, profile, art, dev, layout, machine, match, out.warnings))
+    profile = profile.model_copy(update={"host_embeddings": host})
     args, env_add = _command(req, art, profile, dev, layout, machine, acts, out)
+    if host:
+        env_add[guards.HOST_EMBEDDINGS_ENV] = "1"
+        out.notes.append("host embeddings: vLLM keeps the input embedding table in pinned host memory, read by the "
+                         "GPU through UVA (scripts/vllm-host-embeddings/plugin); the budget counts it off the GPU")
     budget = checks.run(_budget, art, profile, dev, env_add, machine, layout, out.warnings)
-    unset = acts.env_unset + _unset_host_embeddings(machine.env, out.warnings)
+    unset = acts.env_unset + (() if host else _unset_host_embeddings(machine.env, out.warnings))
     return LaunchPlan(art.artifact, profile, art.install, dev, tuple(args), env_add, budget, layout, match,
                       tuple(out.warnings), tuple(checks.failures), tuple(out.notes), ballast, unset, acts.activations)
 
 
 def _unset_host_embeddings(env: Any, warnings: list[str]) -> tuple[str, ...]:
     """QWENQUANT_HOST_EMBEDDINGS in the user's shell would move vLLM's input embeddings to host memory behind the
-    budget's back (serve does not offer that route yet): vLLM does not get it, and a warning says so."""
+    budget's back: vLLM does not get it, and a warning names the switch that does it with the budget."""
     if env.get(HOST_EMBEDDINGS) is None:
         return ()
-    warnings.append(f"{HOST_EMBEDDINGS} is set in this shell: vLLM does not get it under `qwenquant serve`, whose "
-                    "memory plan counts the embeddings on the GPU (scripts/vllm-host-embeddings/plugin)")
+    warnings.append(f"{HOST_EMBEDDINGS} is set in this shell: vLLM does not get it under `qwenquant serve`; "
+                    "--host-embeddings (or a profile's host_embeddings) moves the table and counts it off the GPU")
     return (HOST_EMBEDDINGS,)
+
+
+def _host_embeddings(req: ServeRequest, profile: ResolvedProfile, art: LaunchInputs, dev: str, layout: Layout,
+                     machine: Machine, match: RowMatch, warnings: list[str]) -> bool:
+    """--host-embeddings / --no-host-embeddings, else the profile's key, checked by serve/guards.py."""
+    flag = req.host_embeddings is not None
+    asked = req.host_embeddings if flag else profile.host_embeddings
+    return guards.host_embeddings(bool(asked), flag, dev, layout.gpus, match.row,
+                                  art.install.plugins if art.install else None, machine.env, warnings)
 
 
 def launch_device(req: ServeRequest, install: VllmInstall | None) -> str:

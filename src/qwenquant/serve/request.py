@@ -47,6 +47,7 @@ class ServeRequest:
     signature: Path | None = None  # None: ARTIFACT/model.sig
     label: str = ""  # bench's configuration label, in log lines
     activations: str | None = None  # bf16 | int8; None: the profile's (bf16 unless the recipe opts in)
+    host_embeddings: bool | None = None  # --host-embeddings / --no-host-embeddings; None: the profile's
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "extra", tuple(self.extra))

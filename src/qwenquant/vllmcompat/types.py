@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 BUILDS = ("cuda", "cpu")
 INT8_ROUTES = ("marlin-env", "humming", "none")
+HOST_EMBEDDINGS = ("run", "read", "unchecked", "no")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,10 @@ class CompatRow:
     pp_with_mtp: bool  # pipeline parallelism with MTP drafting is supported
     marlin_pads_rows: bool  # Marlin zero-pads weights to a valid tile (in_proj_a/b rule is quality-only)
     hazards: tuple[Hazard, ...]
+    # the host-embeddings plugin (scripts/vllm-host-embeddings/plugin) on this range: "run" (served with it),
+    # "read" (every vLLM function and class it uses read in the release named in the table's notes), "unchecked",
+    # or "no" (not available: the CPU build has no device memory to save)
+    host_embeddings: str = "unchecked"
 
 
 @dataclass(frozen=True)
