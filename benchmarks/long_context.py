@@ -1,8 +1,8 @@
 """The longest context one GPU held to a hard 24 GiB serves with MTP on, one server ("arm") at a time.
 
-Each arm starts vLLM from the command `qwenquant serve ART --profile P --gpu-mem 24GiB --dry-run --json` prints
-(with its ballast holding the rest of the GPU), with the arm's flags after `--` and, for `hostemb=1`, the
-host-embeddings plugin switched on (scripts/vllm-host-embeddings/plugin). The dry run's command is used rather than
+Each arm starts vLLM from the command `qwenquant serve ART --profile P --gpu-mem 24GiB --[no-]host-embeddings
+--dry-run --json` prints (with its ballast holding the rest of the GPU, and for `hostemb=1` the environment that
+switches scripts/vllm-host-embeddings/plugin on), with the arm's flags after `--`. The dry run's command is used rather than
 `qwenquant serve` itself so that an arm serve's budget check would refuse (a context the plan says does not fit) is
 still measured; each arm records the dry run's failures beside vLLM's figures. `mml=auto` passes vLLM's own
 `--max-model-len auto` (the largest length whose one sequence fits its KV cache, vLLM >= 0.26).
@@ -93,7 +93,8 @@ def dry_run(art: str, vllm: str, arm: dict[str, Any], gpu_mem: str) -> dict[str,
         from qwenquant.plan.gpumem import parse_size, utilization_for
 
         after += ["--gpu-memory-utilization", str(utilization_for(parse_size(gpu_mem), gpu_total(), arm["util"]))]
-    proc = qwenquant_cli("serve", art, "--profile", arm["profile"], "--gpu-mem", gpu_mem, "--vllm", vllm,
+    switch = "--host-embeddings" if arm["hostemb"] else "--no-host-embeddings"
+    proc = qwenquant_cli("serve", art, "--profile", arm["profile"], "--gpu-mem", gpu_mem, "--vllm", vllm, switch,
                          "--dry-run", "--json", "--", *after, *arm["extra"], env=cli_env(), timeout=600)
     plan = json.loads(proc.stdout)
     cmd = list(plan["command"])
@@ -196,10 +197,12 @@ def run_arm(a: argparse.Namespace, arm: dict[str, Any], say: Progress) -> dict[s
     rec: dict[str, Any] = {"arm": arm, "command": plan["command"], "dry_run_failures": plan.get("failures"),
                            "dry_run_warnings": plan.get("warnings"), "ballast": plan.get("ballast")}
     say(arm=arm["name"], stage="dry-run", failures=plan.get("failures"))
-    env = dict(os.environ, **plan["env"], VLLM_LOGGING_LEVEL="DEBUG", **{HOST_EMBEDDINGS: str(arm["hostemb"])})
+    env = dict(os.environ, **plan["env"], VLLM_LOGGING_LEVEL="DEBUG")
     for k in plan.get("env_unset", []):
-        if k != HOST_EMBEDDINGS:
-            env.pop(k, None)
+        env.pop(k, None)
+    if (env.get(HOST_EMBEDDINGS) == "1") != bool(arm["hostemb"]):
+        raise SystemExit(f"arm {arm['name']}: serve's plan set {HOST_EMBEDDINGS}={env.get(HOST_EMBEDDINGS)} for "
+                         f"hostemb={arm['hostemb']}")
     log_path = Path(a.logs) / f"{arm['name']}.vllm.log"
     ballast = subprocess.Popen(plan["ballast"], stdout=subprocess.PIPE, text=True, start_new_session=True)
     rec["ballast_line"] = (ballast.stdout.readline() if ballast.stdout else "").strip()
