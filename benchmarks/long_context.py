@@ -197,7 +197,9 @@ def run_arm(a: argparse.Namespace, arm: dict[str, Any], say: Progress) -> dict[s
     rec: dict[str, Any] = {"arm": arm, "command": plan["command"], "dry_run_failures": plan.get("failures"),
                            "dry_run_warnings": plan.get("warnings"), "ballast": plan.get("ballast")}
     say(arm=arm["name"], stage="dry-run", failures=plan.get("failures"))
-    env = dict(os.environ, **plan["env"], VLLM_LOGGING_LEVEL="DEBUG")
+    from qwenquant.procenv import server_env
+
+    env = server_env(dict(os.environ, **plan["env"], VLLM_LOGGING_LEVEL="DEBUG"))  # without qwenquant's import path
     for k in plan.get("env_unset", []):
         env.pop(k, None)
     if (env.get(HOST_EMBEDDINGS) == "1") != bool(arm["hostemb"]):
