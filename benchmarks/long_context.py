@@ -148,7 +148,7 @@ def fill(base: str, model: str, n: int, decode: int, rng: random.Random) -> dict
                 continue
             ev = json.loads(s[6:])
             usage = ev.get("usage") or usage
-            if first is None and ev.get("choices") and ev["choices"][0].get("text"):
+            if first is None and ev.get("choices") and ev["choices"][0].get("text") is not None:
                 first = time.monotonic()
     end = time.monotonic()
     after = counter(base, "vllm:prompt_tokens_total"), counter(base, "vllm:generation_tokens_total")
