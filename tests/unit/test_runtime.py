@@ -40,3 +40,34 @@ def test_the_cpu_thread_count_is_a_stage_input_on_the_cpu_only(monkeypatch: pyte
     assert thread_fields("cuda") == {} and thread_fields("cuda:1") == {}  # records of GPU builds unchanged
     monkeypatch.setenv("QWENQUANT_THREADS", "0")
     assert thread_fields("cpu") == {"threads": str(os.cpu_count() or 1)}  # 0: every core, the count recorded
+
+
+def test_set_deterministic_turns_off_openmp_dynamic_teams() -> None:
+    """With OMP_DYNAMIC=true the OpenMP runtime sizes each parallel region by the load average, so
+    the thread count that splits the sums would follow other work on the machine: set_deterministic
+    turns that off for the thread that computes (a fresh process: the runtime reads the variable
+    when it loads)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import ctypes, os\n"
+            "import torch\n"
+            "from qwenquant.modeling.runtime import set_deterministic\n"
+            "def dynamic():  # the runtime torch loaded: global symbols, else its library by path\n"
+            "    libs = [None] + [line.split()[-1] for line in open('/proc/self/maps')\n"
+            "                     if os.path.basename(line.split()[-1]).startswith(('libgomp', 'libiomp', 'libomp'))]\n"
+            "    for lib in libs:\n"
+            "        try:\n"
+            "            return ctypes.CDLL(lib).omp_get_dynamic()\n"
+            "        except (AttributeError, OSError):\n"
+            "            pass\n"
+            "before = dynamic()\n"
+            "set_deterministic(threads=2)\n"
+            "print(before, dynamic(), torch.get_num_threads())\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_DYNAMIC": "true"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    if proc.stdout.split()[0] == "None":
+        pytest.skip("torch here has no OpenMP runtime")
+    assert proc.stdout.split() == ["1", "0", "2"]  # dynamic on as the environment asked, then off

@@ -7,6 +7,9 @@ rank of an N-process gptq job): the same inputs give the same bytes on a re-run.
 thread count is one of those inputs: torch splits a matmul's or a reduction's sum among its threads,
 so another count sums in another order and changes low bits (QWENQUANT_THREADS=1 and =2 build
 different artifacts); `thread_fields` puts it in the records of the stages whose bytes depend on it.
+The count asked for is the count used: `set_deterministic` turns off the OpenMP runtime's dynamic
+team sizes, with which (OMP_DYNAMIC=true) the runtime may give a parallel region fewer threads than
+asked, by the load on the machine (libgomp: the load average), so other work would change the bytes.
 """
 
 from __future__ import annotations
@@ -73,3 +76,41 @@ def set_deterministic(seed: int = 0, threads: int | None = None) -> None:
     torch.manual_seed(seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.set_num_threads(threads or cpu_threads())
+    fixed_openmp_teams()
+
+
+def fixed_openmp_teams() -> bool:
+    """Turn off dynamic team sizes in the OpenMP runtime torch computes with, for the calling thread
+    (the one that computes; `torch.set_num_threads` sets its count the same way, per thread). torch
+    turns MKL's dynamic mode off but not OpenMP's: with OMP_DYNAMIC=true in the environment, the
+    runtime may give a parallel region fewer threads than asked (libgomp: by the load average), and
+    the split of every float sum, hence the bytes, would follow other work on the machine. False when
+    no OpenMP runtime is loaded (nothing to turn off)."""
+    import ctypes
+
+    for lib in _openmp_runtimes():
+        try:
+            set_dynamic = ctypes.CDLL(lib).omp_set_dynamic
+        except (AttributeError, OSError, TypeError):
+            continue
+        set_dynamic(0)
+        return True
+    return False
+
+
+def _openmp_runtimes() -> list[str | None]:
+    """Where omp_set_dynamic may be found: the process's global symbols first, then any OpenMP
+    runtime the process has loaded (libgomp, Intel's libiomp5, LLVM's libomp; /proc/self/maps)."""
+    found: list[str | None] = [None]
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split()
+                if len(fields) < 6:  # an anonymous mapping: no file
+                    continue
+                path = fields[-1]
+                if os.path.basename(path).startswith(("libgomp", "libiomp", "libomp")) and path not in found:
+                    found.append(path)
+    except OSError:
+        pass
+    return found
