@@ -87,3 +87,20 @@ def test_the_variable_in_the_shell_is_withheld_unless_asked(artifact, tmp_path, 
     assert ENV in doc["env_unset"] and ENV not in doc["env"]
     assert any("--host-embeddings" in w for w in doc["warnings"])
 
+
+
+def test_long_context_max_sizes_the_kv_cache_from_the_plan(artifact, tmp_path):
+    """The shipped long-context-max profile: the table on the host and vLLM's KV cache the plan's figure
+    (--kv-cache-memory-bytes = the budget's cache_available); a figure after -- wins and is passed once."""
+    code, doc, err, _ = dry_run(artifact, tmp_path, "one-gpu", "--profile", "long-context-max")
+    assert code == 0 and doc is not None, err
+    cmd = doc["command"]
+    assert cmd.count("--kv-cache-memory-bytes") == 1
+    assert int(cmd[cmd.index("--kv-cache-memory-bytes") + 1]) == doc["budget"]["cache_available"] > 0
+    assert doc["env"][ENV] == "1" and doc["budget"]["host_bytes"] == _embeddings_bytes(artifact)
+    code, doc, err, _ = dry_run(artifact, tmp_path, "one-gpu", "--profile", "long-context-max",
+                                extra=("--kv-cache-memory-bytes", "1000000000"))
+    assert code == 0 and doc is not None, err
+    cmd = doc["command"]
+    assert cmd.count("--kv-cache-memory-bytes") == 1 and cmd[cmd.index("--kv-cache-memory-bytes") + 1] == "1000000000"
+    assert any("replaces the profile's kv_cache_from_plan" in n for n in doc["notes"])

