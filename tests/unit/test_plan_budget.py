@@ -221,3 +221,23 @@ def test_a_profile_longer_than_the_model_s_positions_does_not_fit_as_serve_refus
     assert refused.value.message in plan_says[0]
     monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
     assert main(["plan", str(tmp_path), "-p", "single-user"]) == 0
+
+
+def test_cache_model_against_what_cuda_vllm_026_logged_for_long_context_max():
+    """The plan's paging against CUDA vLLM 0.26.0's own log lines for the 27B shape with long-context-max's settings
+    (fp8 KV, MTP k=3, mamba_cache_mode align), from benchmarks/reports/long_context_64layers_h100.log (no vLLM on
+    CUDA here): "Setting attention block size to 832 tokens"; with `--kv-cache-memory-bytes 8160000000`, "GPU KV
+    cache size: 223,808 tokens"; with vLLM's profiler, 169,728 tokens. vLLM counts 1 + k GDN slots per sequence where
+    the align mode holds 2 + k at its peak (plan/budget.py): the plan's largest length is vLLM's less one attention
+    block per GDN group (3 x 832 tokens), the margin whose lack leaves a prompt at vLLM's fitted length unscheduled
+    (docs/known-issues.md#autofit-full-prompt)."""
+    from qwenquant import data_path
+
+    config = json.loads(data_path("qwen3_8-27b.config.json").read_text())
+    prof = load_recipe("w4a16-int4head-multimodal").profile("long-context-max")
+    from qwenquant.plan.settings import cache_settings
+
+    c = cache_model(model_shape(config), cache_settings(prof, "cuda", "multimodal"))
+    assert c.block_tokens == 832 and c.gdn_groups == 3 and c.attn_groups == 1 and c.slots_per_seq == 5
+    for kv_bytes, vllm_tokens in ((8_160_000_000, 223_808), (216 * c.block_bytes, 169_728)):
+        assert c.max_len_for(kv_bytes, 1) == vllm_tokens - c.gdn_groups * c.block_tokens

@@ -78,7 +78,8 @@ CPU_MTP_AT_MAX_LEN = Hazard(
 AUTOFIT_FULL_PROMPT = Hazard(
     "autofit-full-prompt", "no upstream reference recorded (seen with CUDA vLLM 0.26.0)",
     "with --max-model-len auto on this hybrid model with MTP, a prompt that fills the fitted length (its last 136 "
-    "tokens left for 128 decoded) waits in vLLM's queue forever: never scheduled, KV cache usage 0%",
+    "tokens left for 128 decoded) waits in vLLM's queue forever: never scheduled, KV cache usage 0% (the fit counts "
+    "1 + k GDN slots per sequence, the align mode holds 2 + k)",
     "serve passes the profile's explicit length, which the plan checks with the align mode's 2 + k GDN slots per "
     "sequence; the shipped lengths stay 6% below the plan's largest (a 200,000-token prompt filled)")
 CPU_ONE_TOKEN_PREFILL = Hazard(
