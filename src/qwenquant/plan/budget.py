@@ -25,7 +25,12 @@ the caches, read in vLLM's source (vllm-project/vllm, main in 2026), and what is
 - vLLM refuses to start unless one max_model_len sequence fits; more sequences only set the
   concurrency (it preempts beyond), so "fits" is one sequence and concurrency is reported.
 - Activations: fp32 logits max_num_batched_tokens x vocab x 4 B dominate (docs/known-issues.md#logits-memory: 7.36 GiB
-  peak at 8192 tokens on the 27B head) + the MLP gate/up output, tokens x 2 x intermediate x 2 B.
+  peak at 8192 tokens on the 27B head) + the MLP gate/up output, tokens x 2 x intermediate x 2 B. Calibrated at
+  2048-token chunks (with the runtime term below). Not what vLLM 0.26's profiling run reserved at other chunks:
+  2.48 GiB at 512 tokens with MTP against 2.58 at 2048 (benchmarks/RESULTS.md "Long context": a constant near the
+  bf16 head's size + the MLP share), so below 2048 this term is low for a profile vLLM sizes by profiling. A profile
+  with `kv_cache_from_plan` is not: vLLM gets the plan's KV figure (--kv-cache-memory-bytes), and this term bounds
+  what a served request uses (a 200,000-token context was served in 22.18 GiB of 24 at 512-token chunks).
 - Runtime inside the budget (vLLM counts it before the KV cache): 1.10 GiB of overhead + 0.12 GiB
   of CUDA graphs unless --enforce-eager. Measured (benchmarks/RESULTS.md, "plan against vLLM"): vLLM
   0.26 on an H200 under --gpu-mem 24GiB with the 64-layer 27B artifact counted, beyond this
