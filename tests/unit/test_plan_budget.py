@@ -135,34 +135,36 @@ def _budget(config, weights, gib, settings, max_len, seqs):
 
 def test_budget_24gib(config, weights):
     b = _budget(config, weights, 24, CacheSettings("auto", "float16", "align", 3), 32768, 1)
-    # activations: 2048 * 248320 * 4 = 2,034,237,440 + 2048 * 2 * 17408 * 2 = 142,606,336
-    assert b.activation_bytes == 2_176_843_776
-    # int(24 GiB * 0.92) = 23,708,219,473 - weights - activations - runtime 1,309,965,024 (1.10 + 0.12 GiB)
-    assert b.cache_available == 3_577_582_961
+    # vLLM's profiling peak: a head-sized bf16 transient 248320 * 5120 * 2 = 2,542,796,800 + the MLP share
+    # 2048 * 2 * 17408 * 2 = 142,606,336, twice with MTP
+    assert b.activation_bytes == 2_828_009_472 and b.profiled
+    # int(24 GiB * 0.92) = 23,708,219,473 - weights 16,643,827,712 - activations - runtime 816,043,785 (0.64 + 0.12 GiB)
+    assert b.cache_available == 3_420_338_504
     assert b.fits and b.concurrency == 1
-    # floor(3,577,582,961 / (17*1,703,936)) = 123 blocks - 15 GDN = 108 * 416 tokens
-    assert b.largest_len(1) == 44_928
+    # floor(3,420,338,504 / (17*1,703,936)) = 118 blocks - 1 (vLLM's null block) - 15 GDN = 102 * 416 tokens
+    assert b.largest_len(1) == 42_432
     batch = _budget(config, weights, 24, CacheSettings("fp8", "float16", "align", 0), 16384, 16)
-    # no MTP head loaded (the profile does not draft): 15,794,428,928 B of weights, 4,426,981,745 left
-    assert batch.weights_bytes == 15_794_428_928
-    assert batch.concurrency == 6  # floor(4,426,981,745 / 707,788,800)
+    # no MTP head loaded (the profile does not draft): 15,794,428,928 B of weights, 4,412,343,624 left
+    assert batch.weights_bytes == 15_794_428_928 and batch.cache_available == 4_412_343_624
+    assert batch.concurrency == 6  # (floor(4,412,343,624 / 26,214,400) = 168 - 1 null) // 27 blocks a sequence
     assert not batch.fits_all_seqs
     assert "at most 6 full-length sequences" in batch.concurrency_message()
 
 
 def test_does_not_fit_says_what_to_lower(config, weights):
     b = _budget(config, weights, 22, CacheSettings("auto", "float16", "align", 3), 32768, 1)
-    # int(22 GiB * 0.92) = 21,732,534,517 - 16,643,827,712 - 2,176,843,776 - 1,309,965,024
-    assert b.cache_available == 1_601_898_005
+    # int(22 GiB * 0.92) = 21,732,534,517 - 16,643,827,712 - 2,828,009,472 - 816,043,785
+    assert b.cache_available == 1_444_653_548
     assert not b.fits
     msg = b.shortfall_message()
-    assert msg.startswith("max-model-len 32768 needs 2.54 GiB for KV cache and GDN state, 1.49 GiB is left")
-    # floor(1,601,898,005 / 28,966,912) = 55 - 15 = 40 blocks * 416 = 16,640 -> 16,384 (multiple of 1024)
-    assert "lower --max-model-len to 16384" in msg
-    # missing 1,120,991,723 B at 1,062,912 B per batched token -> 1055 fewer; 2048-1055 = 993 -> 768
-    assert "lower --max-num-batched-tokens to 768 (frees 1.27 GiB)" in msg
-    # (weights + activations + runtime + 2,722,889,728) / 22 GiB = 0.9675 -> 0.97
-    assert "raise --gpu-memory-utilization to 0.97" in msg
+    assert msg.startswith("max-model-len 32768 needs 2.54 GiB for KV cache and GDN state, 1.35 GiB is left")
+    # floor(1,444,653,548 / 28,966,912) = 49 - 1 null - 15 = 33 blocks * 416 = 13,728 -> 13,312 (multiple of 1024)
+    assert "lower --max-model-len to 13312" in msg
+    # the chunk's share of vLLM's profiling peak is the MLP's, 139,264 B a token with MTP: the 1,278,236,180 B
+    # missing would need 9,179 tokens fewer than the 2,048 there are, so no --max-num-batched-tokens fix is offered
+    assert "--max-num-batched-tokens" not in msg
+    # (weights + activations + runtime + 2,722,889,728) / 22 GiB = 0.9741 -> 0.98
+    assert "raise --gpu-memory-utilization to 0.98" in msg
 
 
 def test_plan_from_bare_config(config, tmp_path):
@@ -225,19 +227,23 @@ def test_a_profile_longer_than_the_model_s_positions_does_not_fit_as_serve_refus
 
 def test_cache_model_against_what_cuda_vllm_026_logged_for_long_context_max():
     """The plan's paging against CUDA vLLM 0.26.0's own log lines for the 27B shape with long-context-max's settings
-    (fp8 KV, MTP k=3, mamba_cache_mode align), from benchmarks/reports/long_context_64layers_h100.log (no vLLM on
-    CUDA here): "Setting attention block size to 832 tokens"; with `--kv-cache-memory-bytes 8160000000`, "GPU KV
-    cache size: 223,808 tokens"; with vLLM's profiler, 169,728 tokens. vLLM counts 1 + k GDN slots per sequence where
-    the align mode holds 2 + k at its peak (plan/budget.py): the plan's largest length is vLLM's less one attention
-    block per GDN group (3 x 832 tokens), the margin whose lack leaves a prompt at vLLM's fitted length unscheduled
-    (docs/known-issues.md#autofit-full-prompt)."""
+    (fp8 KV, MTP k=3), from benchmarks/reports/long_context_64layers_h100.log (no vLLM on CUDA here): "Setting
+    attention block size to 832 tokens"; with `--kv-cache-memory-bytes 8160000000` vLLM fitted 223,808 tokens (281
+    pool blocks of 17 x 1,703,936 B), with its profiler 169,728 (216 blocks). vLLM 0.26 ran the GDN cache in mode
+    none there (prefix caching off: "Mamba cache mode is set to 'none'"), 1 + k slots per sequence and GDN group,
+    and its fit counts every block, its null block included. The plan counts the align mode's 2 + k slots (an upper
+    bound) and leaves the null block out: its largest length is vLLM's less 3 + 1 blocks, and a sequence of vLLM's
+    fitted length needs one block more than the pool gives (docs/known-issues.md#autofit-full-prompt)."""
     from qwenquant import data_path
+    from qwenquant.plan.settings import cache_settings
 
     config = json.loads(data_path("qwen3_8-27b.config.json").read_text())
     prof = load_recipe("w4a16-int4head-multimodal").profile("long-context-max")
-    from qwenquant.plan.settings import cache_settings
-
     c = cache_model(model_shape(config), cache_settings(prof, "cuda", "multimodal"))
-    assert c.block_tokens == 832 and c.gdn_groups == 3 and c.attn_groups == 1 and c.slots_per_seq == 5
-    for kv_bytes, vllm_tokens in ((8_160_000_000, 223_808), (216 * c.block_bytes, 169_728)):
-        assert c.max_len_for(kv_bytes, 1) == vllm_tokens - c.gdn_groups * c.block_tokens
+    assert c.block_tokens == 832 and c.block_bytes == 17 * 1_703_936
+    assert c.gdn_groups == 3 and c.attn_groups == 1 and c.slots_per_seq == 5
+    for kv_bytes, pool_blocks, vllm_tokens in ((8_160_000_000, 281, 223_808), (216 * c.block_bytes, 216, 169_728)):
+        assert kv_bytes // c.block_bytes == pool_blocks
+        assert vllm_tokens == (pool_blocks - c.gdn_groups * 4) * c.block_tokens  # vLLM: 1 + k slots, every block
+        assert c.max_len_for(kv_bytes, 1) == vllm_tokens - (c.gdn_groups + 1) * c.block_tokens
+        assert c.usable_blocks(kv_bytes) == pool_blocks - 1

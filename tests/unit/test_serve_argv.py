@@ -43,7 +43,7 @@ def test_batch_cuda(recipe):
     argv = build_vllm_argv(ART, recipe.profile("batch"), manifest(recipe), "cuda")
     assert argv == COMMON + [
         "--max-model-len", "4096", "--max-num-seqs", "16", "--max-num-batched-tokens", "1024",
-        "--gpu-memory-utilization", "0.93", "--kv-cache-dtype", "fp8", "--mamba-ssm-cache-dtype", "float16",
+        "--gpu-memory-utilization", "0.95", "--kv-cache-dtype", "fp8", "--mamba-ssm-cache-dtype", "float16",
         "--mamba-cache-mode", "align", "--reasoning-parser", "qwen3", *TOOLS,
     ]
 

@@ -63,7 +63,7 @@ def profile_budget(shape: ModelShape, weights: WeightBreakdown, profile: Resolve
         utilization=profile.gpu_memory_utilization, max_model_len=profile.max_model_len,
         max_num_seqs=profile.max_num_seqs, max_num_batched_tokens=d.max_num_batched_tokens,
         enforce_eager=d.enforce_eager, include_vision=include_vision, tp=tp,
-        host_embeddings=profile.host_embeddings and device == "cuda")
+        host_embeddings=profile.host_embeddings and device == "cuda", kv_cache_from_plan=profile.kv_cache_from_plan)
 
 
 def profile_stages(shape: ModelShape, weights: list[WeightBreakdown], profile: ResolvedProfile, device: str,

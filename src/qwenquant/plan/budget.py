@@ -24,20 +24,22 @@ the caches, read in vLLM's source (vllm-project/vllm, main in 2026), and what is
   pool block costs group_size x page bytes and each group holds its own blocks.
 - vLLM refuses to start unless one max_model_len sequence fits; more sequences only set the
   concurrency (it preempts beyond), so "fits" is one sequence and concurrency is reported.
-- Activations: fp32 logits max_num_batched_tokens x vocab x 4 B dominate (docs/known-issues.md#logits-memory: 7.36 GiB
-  peak at 8192 tokens on the 27B head) + the MLP gate/up output, tokens x 2 x intermediate x 2 B. Calibrated at
-  2048-token chunks (with the runtime term below). Not what vLLM 0.26's profiling run reserved at other chunks:
-  2.48 GiB at 512 tokens with MTP against 2.58 at 2048 (benchmarks/RESULTS.md "Long context": a constant near the
-  bf16 head's size + the MLP share), so below 2048 this term is low for a profile vLLM sizes by profiling. A profile
-  with `kv_cache_from_plan` is not: vLLM gets the plan's KV figure (--kv-cache-memory-bytes), and this term bounds
-  what a served request uses (a 200,000-token context was served in 22.18 GiB of 24 at 512-token chunks).
-- Runtime inside the budget (vLLM counts it before the KV cache): 1.10 GiB of overhead + 0.12 GiB
-  of CUDA graphs unless --enforce-eager. Measured (benchmarks/RESULTS.md, "plan against vLLM"): vLLM
-  0.26 on an H200 under --gpu-mem 24GiB with the 64-layer 27B artifact counted, beyond this
-  module's weights (tensor bytes) and activations, +0.36/+0.39 GiB at weight loading, +0.55/+0.44
-  GiB of peak activation and 0.25/0.26 GiB of non-torch memory (single-user/batch): 1.16/1.09
-  GiB, and 0.05/0.13 GiB of CUDA graphs. The CUDA context itself is not in vLLM's budget (it is
-  allocated before vLLM takes its free-memory snapshot). Not measured on a 3090.
+- Activations: what vLLM reserves for them is the torch peak of its profiling run, and vLLM sizes the KV cache
+  from it. Measured on CUDA vLLM 0.26 with the 64-layer 27B artifact (benchmarks/RESULTS.md "Long context" and
+  "plan against vLLM"): 2.58 GiB at 2048-token chunks with MTP, 2.48 at 512 with MTP, 2.47 at 2048 without, and
+  the batch profile's KV cache at 1024 implies about 2.5: a constant about the size of the bf16 head matrix (vocab
+  x hidden x 2 B, 2.37 GiB; which tensor it is was not found) + the MLP gate/up output (tokens x 2 x intermediate
+  x 2 B), twice with MTP (the drafter's layer runs the chunk too): 2.63 / 2.43 / 2.50 GiB. The fp32 logits of a
+  chunk (tokens x vocab x 4 B; docs/known-issues.md#logits-memory) do not show in that peak. A served request
+  stays below it (the 512-token setting served a 200,000-token context in 22.18 GiB of the 24), so a profile with
+  `kv_cache_from_plan` gives vLLM the plan's KV cache (--kv-cache-memory-bytes: no profiling run sizes it) and
+  counts the served peak instead, bounded above by the fp32 logits of one chunk + the MLP.
+- Runtime inside the budget (vLLM counts it before the KV cache): 0.64 GiB of overhead + 0.12 GiB of CUDA graphs
+  unless --enforce-eager. Measured (same runs): beyond this module's weights (tensor bytes) and activations, +0.36
+  to +0.39 GiB at weight loading and 0.25-0.26 GiB of non-torch memory, and 0.05-0.13 GiB of CUDA graphs. The plan
+  then gives vLLM's KV memory within -1.1% (single-user), -0.1% (long-context), +2.9% (batch) and +2.5% (512-token
+  chunks with the table on the host). The CUDA context itself is not in vLLM's budget (it is allocated before vLLM
+  takes its free-memory snapshot). Not measured on a 3090.
 - The MTP draft head's weights are loaded only when the profile drafts (speculative tokens > 0):
   vLLM loaded 0.76 GiB less for the batch profile (no MTP) than for single-user.
 - CPU: the cache pool is VLLM_CPU_KVCACHE_SPACE GiB; weights and activations live outside it;
@@ -70,7 +72,7 @@ from qwenquant.plan.weights import ModelShape, WeightBreakdown
 
 GiB = 1024**3
 MiB = 1024**2
-RUNTIME_OVERHEAD_BYTES = int(1.10 * GiB)
+RUNTIME_OVERHEAD_BYTES = int(0.64 * GiB)
 CUDA_GRAPH_BYTES = int(0.12 * GiB)
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4,
                 "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1}
@@ -142,9 +144,15 @@ class CacheModel:
         """Bytes of the cache pool one sequence of `max_model_len` tokens occupies (paged, padded)."""
         return self.seq_blocks(max_model_len) * self.block_bytes
 
+    def usable_blocks(self, available: int) -> int:
+        """Pool blocks a sequence can get from `available` bytes: vLLM's BlockPool keeps the first block as its
+        null block (v1/core/block_pool.py), which vLLM's own fit and start check do not subtract
+        (docs/known-issues.md#autofit-full-prompt)."""
+        return max(0, available // self.block_bytes - 1)
+
     def max_len_for(self, available: int, num_seqs: int) -> int:
         """Largest max_model_len (in whole blocks) such that `num_seqs` full sequences fit."""
-        per_seq_blocks = available // (num_seqs * self.block_bytes)
+        per_seq_blocks = self.usable_blocks(available) // num_seqs
         attn_blocks = (per_seq_blocks - self.gdn_groups * self.slots_per_seq) // self.attn_groups
         return max(0, attn_blocks * self.block_tokens)
 
@@ -171,11 +179,15 @@ def cache_model(s: ModelShape, c: CacheSettings, tp: int = 1) -> CacheModel:
     )
 
 
-def activation_bytes(s: ModelShape, max_num_batched_tokens: int, tp: int = 1, logits: bool = True) -> int:
-    """Peak activation per GPU: fp32 logits over the whole vocabulary (all-gathered under tensor
-    parallelism; only on the GPU that holds the lm_head, `logits`) + this GPU's share of the MLP
-    gate/up output (bf16)."""
+def activation_bytes(s: ModelShape, max_num_batched_tokens: int, tp: int = 1, logits: bool = True, *,
+                     profiled: bool = False, drafts: bool = False) -> int:
+    """Peak activation per GPU. `profiled`: what vLLM's profiling run reserves (the module docstring): a
+    head-sized bf16 transient on the GPU that holds the lm_head (`logits`) + this GPU's share of the MLP gate/up
+    output, twice when the profile `drafts` with MTP. Otherwise the served peak, bounded above: fp32 logits of a
+    chunk over the whole vocabulary (all-gathered under tensor parallelism) + the MLP gate/up output (bf16)."""
     mlp = max_num_batched_tokens * 2 * (s.intermediate // tp) * 2
+    if profiled:
+        return (s.vocab * s.hidden * 2 if logits else 0) + mlp * (2 if drafts else 1)
     return (max_num_batched_tokens * s.vocab * 4 if logits else 0) + mlp
 
 
@@ -198,6 +210,8 @@ class Budget:
     stage: int = 0  # which pipeline stage (0 first)
     layers: tuple[int, int] = (0, 0)  # the decoder layers [start, end) the stage holds (pp > 1)
     host_bytes: int = 0  # weights kept in pinned host memory instead (the input embedding table)
+    activation_per_token: int = 0  # what one token less of max-num-batched-tokens takes off activation_bytes
+    profiled: bool = False  # activation_bytes is vLLM's profiling peak (vLLM sizes the KV cache from it)
 
     @property
     def budget_bytes(self) -> int:
@@ -216,13 +230,14 @@ class Budget:
 
     @property
     def fits(self) -> bool:
-        """vLLM's own start-up rule: one sequence of max_model_len must fit in the cache."""
-        return self.cache_available >= self.seq_bytes
+        """vLLM's own start-up rule (one sequence of max_model_len must fit in the cache), counted in the blocks a
+        sequence can get."""
+        return self.cache.usable_blocks(self.cache_available) >= self.cache.seq_blocks(self.max_model_len)
 
     @property
     def concurrency(self) -> int:
         """How many max_model_len sequences fit at once."""
-        return max(0, self.cache_available // self.seq_bytes)
+        return self.cache.usable_blocks(self.cache_available) // self.cache.seq_blocks(self.max_model_len)
 
     @property
     def fits_all_seqs(self) -> bool:
@@ -248,7 +263,7 @@ class Budget:
             fixes.append(f"lower --max-model-len to {best}")
         if self.device == "cuda":
             need = self.seq_bytes - avail
-            per_tok = self.activation_bytes // max(self.max_num_batched_tokens, 1)
+            per_tok = self.activation_per_token
             tokens = self.max_num_batched_tokens - cdiv(need, per_tok) if per_tok else 0
             if tokens >= 256:
                 tokens = tokens // 256 * 256
@@ -291,6 +306,7 @@ def make_budget(
     s: ModelShape, weights: WeightBreakdown, cache: CacheSettings, *, device: str, total_bytes: int,
     utilization: float, max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int,
     enforce_eager: bool = False, include_vision: bool = False, tp: int = 1, host_embeddings: bool = False,
+    kv_cache_from_plan: bool = False,
 ) -> Budget:
     """Assemble a Budget; `total_bytes` is GPU memory (cuda, per GPU) or the CPU KV cache space (cpu).
     With `tp` > 1, `weights` must already be per GPU (weights_from_config/_tensors with tp). `host_embeddings`:
@@ -298,12 +314,15 @@ def make_budget(
     runtime = 0
     if device == "cuda":
         runtime = RUNTIME_OVERHEAD_BYTES + (0 if enforce_eager else CUDA_GRAPH_BYTES)
+    profiled, drafts = device == "cuda" and not kv_cache_from_plan, cache.num_speculative_tokens > 0
     return Budget(
         device=device, total_bytes=total_bytes, utilization=utilization,
         weights_bytes=weights.loaded(include_vision, include_mtp=cache.num_speculative_tokens > 0)
         - (weights.bytes.get("embeddings", 0) if host_embeddings else 0),
         host_bytes=weights.bytes.get("embeddings", 0) if host_embeddings else 0,
-        activation_bytes=activation_bytes(s, max_num_batched_tokens, tp),
+        activation_bytes=activation_bytes(s, max_num_batched_tokens, tp, profiled=profiled, drafts=drafts),
+        activation_per_token=activation_bytes(s, 1, tp, profiled=profiled, drafts=drafts)
+        - activation_bytes(s, 0, tp, profiled=profiled, drafts=drafts), profiled=profiled,
         runtime_bytes=runtime, cache=cache_model(s, cache, tp), max_model_len=max_model_len,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, tp=tp,
     )

@@ -74,7 +74,8 @@ def budget_lines(name: str, b: Budget, s: ModelShape, *, refused: str | None = N
         lines.append(_row("weights loaded", b.weights_bytes) + note)
         if b.host_bytes:
             lines.append(_row("input embeddings in pinned host memory", b.host_bytes, "host embeddings: off the GPU"))
-        lines.append(_row("activations (fp32 logits + MLP)", b.activation_bytes))
+        lines.append(_row("activations (vLLM's profiling peak)" if b.profiled else "activations (fp32 logits + MLP)",
+                          b.activation_bytes))
         lines.append(_row("runtime overhead + CUDA graphs (measured)", b.runtime_bytes))
         lines.append(_row(f"budget ({gib(b.total_bytes)} x {b.utilization:g})", b.budget_bytes))
         lines.append(formula_line(b))
