@@ -51,6 +51,10 @@ def serve(
       qwenquant serve models/q27b --require-signature publisher.pub   # a downloaded, signed artifact
 
       qwenquant serve artifacts/q27b --profile batch --activations int8 --dry-run   # int8 activations, checked
+
+      qwenquant serve artifacts/q27b --profile long-context-max   # 204,800 tokens on 24 GB: the table on the host
+
+      qwenquant serve artifacts/q27b --profile long-context --host-embeddings -- --max-model-len 131072
     """
     from qwenquant.errors import UsageError
     from qwenquant.serve.run import run_serve
