@@ -101,10 +101,11 @@ def budget_lines(name: str, b: Budget, s: ModelShape, *, refused: str | None = N
 
 
 def formula_bytes(b: Budget) -> tuple[int, int]:
-    """(fixed bytes, bytes per token) of one sequence on this GPU: weights, activations, runtime and the sequence's
-    GDN state, then the KV cache per token of context (paged: a context costs whole blocks)."""
+    """(fixed bytes, bytes per token) of one sequence on this GPU: weights, activations, runtime, the sequence's
+    GDN state and vLLM's null block, then the KV cache per token of context (paged: a context costs whole blocks)."""
     c = b.cache
-    fixed = b.weights_bytes + b.activation_bytes + b.runtime_bytes + c.gdn_groups * c.slots_per_seq * c.block_bytes
+    fixed = (b.weights_bytes + b.activation_bytes + b.runtime_bytes
+             + (c.gdn_groups * c.slots_per_seq + 1) * c.block_bytes)
     return fixed, c.attn_groups * c.block_bytes // c.block_tokens
 
 
