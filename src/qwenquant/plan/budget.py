@@ -191,6 +191,13 @@ def activation_bytes(s: ModelShape, max_num_batched_tokens: int, tp: int = 1, lo
     return (max_num_batched_tokens * s.vocab * 4 if logits else 0) + mlp
 
 
+def activation_slope(s: ModelShape, tp: int = 1, logits: bool = True, *, profiled: bool = False,
+                     drafts: bool = False) -> int:
+    """Bytes of `activation_bytes` per token of max-num-batched-tokens (what lowering the chunk frees)."""
+    return (activation_bytes(s, 1, tp, logits, profiled=profiled, drafts=drafts)
+            - activation_bytes(s, 0, tp, logits, profiled=profiled, drafts=drafts))
+
+
 @dataclass(frozen=True)
 class Budget:
     """Weights, activations and caches against the device; what fits and what to lower."""
@@ -321,8 +328,7 @@ def make_budget(
         - (weights.bytes.get("embeddings", 0) if host_embeddings else 0),
         host_bytes=weights.bytes.get("embeddings", 0) if host_embeddings else 0,
         activation_bytes=activation_bytes(s, max_num_batched_tokens, tp, profiled=profiled, drafts=drafts),
-        activation_per_token=activation_bytes(s, 1, tp, profiled=profiled, drafts=drafts)
-        - activation_bytes(s, 0, tp, profiled=profiled, drafts=drafts), profiled=profiled,
+        activation_per_token=activation_slope(s, tp, profiled=profiled, drafts=drafts), profiled=profiled,
         runtime_bytes=runtime, cache=cache_model(s, cache, tp), max_model_len=max_model_len,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, tp=tp,
     )

@@ -44,6 +44,7 @@ from qwenquant.plan.budget import (
     CacheModel,
     CacheSettings,
     activation_bytes,
+    activation_slope,
     cache_model,
 )
 from qwenquant.plan.weights import (
@@ -169,20 +170,18 @@ def stage_budgets(
     return [
         Budget(device=device, total_bytes=total_bytes, utilization=utilization,
                weights_bytes=w.loaded(include_vision, include_mtp=cache.num_speculative_tokens > 0),
-               activation_bytes=_activations(s, max_num_batched_tokens, device, cache, k == last), runtime_bytes=runtime,
-               activation_per_token=_activations(s, 1, device, cache, k == last) - _activations(s, 0, device, cache,
-                                                                                            k == last),
-               profiled=device == "cuda",
+               activation_bytes=activation_bytes(s, max_num_batched_tokens, logits=k == last, **_peak(device, cache, k == last)),
+               activation_per_token=activation_slope(s, logits=k == last, **_peak(device, cache, k == last)),
+               runtime_bytes=runtime, profiled=device == "cuda",
                cache=c, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                max_num_batched_tokens=max_num_batched_tokens, pp=len(ranges), stage=k, layers=ranges[k])
         for k, (w, c) in enumerate(zip(weights, stage_caches(s, cache, ranges), strict=True))
     ]
 
 
-def _activations(s: ModelShape, tokens: int, device: str, cache: CacheSettings, last: bool) -> int:
-    """vLLM's profiling peak on one stage: the head's transient and the drafter's MLP on the last stage only."""
-    drafts = cache.num_speculative_tokens > 0 and last
-    return activation_bytes(s, tokens, logits=last, profiled=device == "cuda", drafts=drafts)
+def _peak(device: str, cache: CacheSettings, last: bool) -> dict[str, bool]:
+    """How a stage's activations are counted: vLLM's profiling peak on CUDA, the drafter on the last stage only."""
+    return {"profiled": device == "cuda", "drafts": cache.num_speculative_tokens > 0 and last}
 
 
 def binding(stages: Sequence[Budget]) -> Budget:
