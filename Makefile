@@ -20,15 +20,16 @@ demo: install
 	scripts/install-vllm.sh --if-possible
 	$(VENV)/bin/qwenquant demo --work $(WORK)
 
-# The rules README and docs/DEVELOPING.md state, checked: ruff (with RUF100: no unused `noqa`), mypy over src
+# The rules README and docs/DEVELOPING.md state, checked: ruff check (with RUF100: no unused `noqa`) and ruff
+# format --check, mypy over src
 # (pyproject's [tool.mypy]: the modules not checked yet are listed there), and the house tests (the layer
 # order, no import cycles, module and function sizes).
 HOUSE_TESTS := tests/unit/test_layers.py tests/unit/test_import_cycles.py tests/unit/test_sizes.py
 
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks scripts
-	# ruff format --check: enabled once the whole tree has been formatted (one commit of its own)
-	# $(VENV)/bin/ruff format --check src tests benchmarks scripts
+	# ruff format --check: the whole tree is formatted (one commit of its own)
+	$(VENV)/bin/ruff format --check src tests benchmarks scripts
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q $(HOUSE_TESTS)
 

@@ -67,12 +67,15 @@ def figures(run: dict[str, Any] | None, single: dict[str, Any] | None, burst: di
     """The table's figures of one setting from its three bench reports (a missing report: None figures)."""
     one, many = depth_rung(single or {}), depth_rung(burst or {})
     ttft = many.get("ttft") or {}
-    return {"decode_c1_tok_s": ladder_figure(run or {}, 1, "per_stream_decode_tok_s"),
-            "decode_c16_tok_s": ladder_figure(run or {}, 16, "aggregate_tok_s"),
-            "prefill_1x2048_tok_s": one.get("prefill_tok_s"),
-            "burst_prefill_tok_s": many.get("prefill_tok_s"),
-            "burst_ttft_median_s": ttft.get("median"), "burst_ttft_max_s": ttft.get("max"),
-            "flags": sum(len(r.get("flags") or []) for r in (run, single, burst) if r)}
+    return {
+        "decode_c1_tok_s": ladder_figure(run or {}, 1, "per_stream_decode_tok_s"),
+        "decode_c16_tok_s": ladder_figure(run or {}, 16, "aggregate_tok_s"),
+        "prefill_1x2048_tok_s": one.get("prefill_tok_s"),
+        "burst_prefill_tok_s": many.get("prefill_tok_s"),
+        "burst_ttft_median_s": ttft.get("median"),
+        "burst_ttft_max_s": ttft.get("max"),
+        "flags": sum(len(r.get("flags") or []) for r in (run, single, burst) if r),
+    }
 
 
 def compare(base: dict[str, Any], other: dict[str, Any]) -> list[dict[str, Any]]:
@@ -85,8 +88,16 @@ def compare(base: dict[str, Any], other: dict[str, Any]) -> list[dict[str, Any]]
         if a and b:
             change = (b / a - 1) if higher else (a / b - 1)
         limit = TOO_GOOD["decode" if key.startswith("decode") else "prefill"]
-        rows.append({"figure": key, "label": label, "bf16": a, "int8": b, "change": change,
-                     "too_good": change is not None and change > limit})
+        rows.append(
+            {
+                "figure": key,
+                "label": label,
+                "bf16": a,
+                "int8": b,
+                "change": change,
+                "too_good": change is not None and change > limit,
+            }
+        )
     return rows
 
 
@@ -97,11 +108,15 @@ def table(rows: list[dict[str, Any]], settings: dict[str, dict[str, Any]]) -> st
     lines = [f"{'figure':<42}{'bf16':>12}{'int8':>12}{'gain':>9}"]
     for r in rows:
         gain = "-" if r["change"] is None else f"{r['change']:+.1%}"
-        lines.append(f"{r['label']:<42}{fmt(r['bf16']):>12}{fmt(r['int8']):>12}{gain:>9}"
-                     f"{'  TOO GOOD: check before quoting' if r['too_good'] else ''}")
+        lines.append(
+            f"{r['label']:<42}{fmt(r['bf16']):>12}{fmt(r['int8']):>12}{gain:>9}"
+            f"{'  TOO GOOD: check before quoting' if r['too_good'] else ''}"
+        )
     for name, s in settings.items():
-        lines.append(f"{name}: kernel {s.get('kernels') or 'not in the log'}, bench flags {s['figures']['flags']}"
-                     + (f", error: {s['error']}" if s.get("error") else ""))
+        lines.append(
+            f"{name}: kernel {s.get('kernels') or 'not in the log'}, bench flags {s['figures']['flags']}"
+            + (f", error: {s['error']}" if s.get("error") else "")
+        )
     return "\n".join(lines)
 
 
@@ -122,8 +137,23 @@ def bench(url: str, mode: str, out: Path, *args: str) -> dict[str, Any] | None:
 def run_setting(args: argparse.Namespace, setting: str, stem: Path) -> dict[str, Any]:
     """Serve one setting to ready, run the three benches, stop the server."""
     log = stem.with_suffix(".vllm.log")
-    cmd = [sys.executable, "-m", "qwenquant", "serve", str(args.artifact), "--profile", args.profile,
-           "--gpu-mem", args.gpu_mem, "--activations", setting, "--log-file", str(log), "--timeout", str(args.timeout)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "qwenquant",
+        "serve",
+        str(args.artifact),
+        "--profile",
+        args.profile,
+        "--gpu-mem",
+        args.gpu_mem,
+        "--activations",
+        setting,
+        "--log-file",
+        str(log),
+        "--timeout",
+        str(args.timeout),
+    ]
     if args.vllm:
         cmd += ["--vllm", args.vllm]
     if args.extra:
@@ -134,13 +164,37 @@ def run_setting(args: argparse.Namespace, setting: str, stem: Path) -> dict[str,
     with serving(cmd, env, out) as url:
         if url is not None:
             print(f"{setting}: ready after {out['ready_s']:.0f} s at {url}", file=sys.stderr)
-            reports["run"] = bench(url, "run", stem.with_suffix(".run.json"), "--prompts", "narrative", "--sampling",
-                                   "greedy", "--thinking", "off", "--max-tokens", "128", "--repeats", "2",
-                                   "--max-concurrency", str(args.streams))
-            reports["single"] = bench(url, "depth", stem.with_suffix(".prefill.json"), "--depths", str(args.depth),
-                                      "--max-tokens", "16")
-            reports["burst"] = bench(url, "depth", stem.with_suffix(".burst.json"), "--depths", str(args.depth),
-                                     "--concurrency", str(args.streams), "--max-tokens", "16")
+            reports["run"] = bench(
+                url,
+                "run",
+                stem.with_suffix(".run.json"),
+                "--prompts",
+                "narrative",
+                "--sampling",
+                "greedy",
+                "--thinking",
+                "off",
+                "--max-tokens",
+                "128",
+                "--repeats",
+                "2",
+                "--max-concurrency",
+                str(args.streams),
+            )
+            reports["single"] = bench(
+                url, "depth", stem.with_suffix(".prefill.json"), "--depths", str(args.depth), "--max-tokens", "16"
+            )
+            reports["burst"] = bench(
+                url,
+                "depth",
+                stem.with_suffix(".burst.json"),
+                "--depths",
+                str(args.depth),
+                "--concurrency",
+                str(args.streams),
+                "--max-tokens",
+                "16",
+            )
     out["kernels"] = kernels_of(log)
     out["figures"] = figures(reports["run"], reports["single"], reports["burst"])
     out["reports"] = {k: str(stem.with_suffix(f".{k if k != 'single' else 'prefill'}.json")) for k in reports}
@@ -156,20 +210,30 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--vllm", help="qwenquant-vllm.json, a python or a vllm executable (default: serve's search)")
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--depth", type=int, default=2048)
-    ap.add_argument("--force-marlin", action=argparse.BooleanOptionalAction, default=True,
-                    help="disable the kernels SM 9.0 prefers to Marlin for every setting (default: on)")
+    ap.add_argument(
+        "--force-marlin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="disable the kernels SM 9.0 prefers to Marlin for every setting (default: on)",
+    )
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/activations_bench.json"))
     extra: list[str] = []
     if "--" in argv:
-        argv, extra = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+        argv, extra = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     args = ap.parse_args(argv)
     args.extra = extra
     args.out.parent.mkdir(parents=True, exist_ok=True)
     print("Expected" + __doc__.split("Expected", 1)[1].rstrip(), file=sys.stderr)
-    report: dict[str, Any] = {"artifact": str(args.artifact.resolve()), "profile": args.profile,
-                              "gpu_mem": args.gpu_mem, "force_marlin": args.force_marlin, "extra": extra,
-                              "date": time.strftime("%Y-%m-%d"), "settings": {}}
+    report: dict[str, Any] = {
+        "artifact": str(args.artifact.resolve()),
+        "profile": args.profile,
+        "gpu_mem": args.gpu_mem,
+        "force_marlin": args.force_marlin,
+        "extra": extra,
+        "date": time.strftime("%Y-%m-%d"),
+        "settings": {},
+    }
     for setting in args.settings.split(","):
         stem = args.out.with_name(f"{args.out.stem}-{setting}")
         report["settings"][setting] = run_setting(args, setting, stem)

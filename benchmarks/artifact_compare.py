@@ -66,21 +66,30 @@ class ArtifactDiff:
         tol = tol or TOLERANCE
         out = [f"{n} differs (must be byte-identical)" for n in self.not_identical]
         if self.first_layer_fraction > tol["first_layer_codes_fraction"]:
-            out.append(f"{self.first_layer_fraction:.2%} of decoder layer 0's int4 codes differ "
-                       f"(tolerance {tol['first_layer_codes_fraction']:.0%})")
+            out.append(
+                f"{self.first_layer_fraction:.2%} of decoder layer 0's int4 codes differ "
+                f"(tolerance {tol['first_layer_codes_fraction']:.0%})"
+            )
         for m, (ea, eb) in sorted(self.weight_errors.items()):
             if ea and abs(eb / ea - 1) > tol["weight_error_ratio"]:
                 out.append(f"{m}: weight error {eb:.4g} against {ea:.4g} (tolerance {tol['weight_error_ratio']:.0%})")
         return out
 
     def to_dict(self) -> dict[str, object]:
-        return {"codes_total": self.codes_total, "codes_differing": self.codes_differing,
-                "codes_fraction": self.codes_fraction, "max_steps": self.max_steps,
-                "first_layer_codes_fraction": self.first_layer_fraction,
-                "worst_weight_error_ratio": self.worst_error_ratio(),
-                "modules_with_differences": len(self.modules), "not_identical": self.not_identical,
-                "modules": {m: {"codes_fraction": f, "max_steps": k, "weight_error": self.weight_errors.get(m)}
-                            for m, (f, k) in sorted(self.modules.items())}}
+        return {
+            "codes_total": self.codes_total,
+            "codes_differing": self.codes_differing,
+            "codes_fraction": self.codes_fraction,
+            "max_steps": self.max_steps,
+            "first_layer_codes_fraction": self.first_layer_fraction,
+            "worst_weight_error_ratio": self.worst_error_ratio(),
+            "modules_with_differences": len(self.modules),
+            "not_identical": self.not_identical,
+            "modules": {
+                m: {"codes_fraction": f, "max_steps": k, "weight_error": self.weight_errors.get(m)}
+                for m, (f, k) in sorted(self.modules.items())
+            },
+        }
 
 
 def _device() -> str:
@@ -101,8 +110,9 @@ def int4_codes(raw: bytes, device: str = "cpu") -> torch.Tensor:
     return torch.stack([b & 0xF, b >> 4], dim=-1).reshape(-1).to(torch.int16)
 
 
-def compare_artifacts(a: Path, b: Path, source: Path | None = None,
-                      progress: Callable[[str], None] | None = None) -> ArtifactDiff:
+def compare_artifacts(
+    a: Path, b: Path, source: Path | None = None, progress: Callable[[str], None] | None = None
+) -> ArtifactDiff:
     """How artifact `b` differs from `a` (see the module docstring for what may differ); with the
     `source` checkpoint also each differing module's weight error in both. `progress`: called with
     a line after each quantized module."""
@@ -134,14 +144,23 @@ def compare_artifacts(a: Path, b: Path, source: Path | None = None,
     return diff
 
 
-def _count_codes(diff: ArtifactDiff, name: str, da: bytes, db: bytes, ra: dict, rb: dict, src: dict | None,
-                 device: str = "cpu", chunk_bytes: int = 1 << 26) -> None:
+def _count_codes(
+    diff: ArtifactDiff,
+    name: str,
+    da: bytes,
+    db: bytes,
+    ra: dict,
+    rb: dict,
+    src: dict | None,
+    device: str = "cpu",
+    chunk_bytes: int = 1 << 26,
+) -> None:
     mod = name[: -len(CODES)]
     n = 2 * len(da)
     k, top = 0, 0
     if da != db:
         for o in range(0, len(da), chunk_bytes):  # a multiple of 4: whole int32 words
-            steps = (int4_codes(da[o: o + chunk_bytes], device) - int4_codes(db[o: o + chunk_bytes], device)).abs()
+            steps = (int4_codes(da[o : o + chunk_bytes], device) - int4_codes(db[o : o + chunk_bytes], device)).abs()
             k += int(steps.count_nonzero())
             top = max(top, int(steps.max()))
         diff.modules[mod] = (k / n, top)
@@ -155,8 +174,9 @@ def _count_codes(diff: ArtifactDiff, name: str, da: bytes, db: bytes, ra: dict, 
         diff.first_layer_codes[1] += n
 
 
-def _module_error(mod: str, packed: bytes, refs: dict, src: dict, device: str = "cpu",
-                  rows_per_chunk: int = 4096) -> float:
+def _module_error(
+    mod: str, packed: bytes, refs: dict, src: dict, device: str = "cpu", rows_per_chunk: int = 4096
+) -> float:
     """||W - dequant||_F / ||W||_F of one module against its source weight (text-only or multimodal
     names), symmetric group-wise int4 (value = (code - 8) x group scale), a few thousand rows at a
     time (the 27B's lm_head is 1.3 G weights)."""
@@ -174,9 +194,9 @@ def _module_error(mod: str, packed: bytes, refs: dict, src: dict, device: str = 
     err = ref = 0.0
     for r0 in range(0, rows, rows_per_chunk):
         r1 = min(rows, r0 + rows_per_chunk)
-        codes = int4_codes(packed[r0 * cols // 2: r1 * cols // 2], device).reshape(r1 - r0, cols)
+        codes = int4_codes(packed[r0 * cols // 2 : r1 * cols // 2], device).reshape(r1 - r0, cols)
         wr = weight[r0:r1].to(device, torch.float32)
         deq = ((codes.float() - 8).view(r1 - r0, -1, group) * scale[r0:r1].unsqueeze(-1)).view(r1 - r0, cols)
         err += float(torch.linalg.vector_norm(wr - deq, dtype=torch.float64)) ** 2
         ref += float(torch.linalg.vector_norm(wr, dtype=torch.float64)) ** 2
-    return (err ** 0.5) / max(ref ** 0.5, 1e-30)
+    return (err**0.5) / max(ref**0.5, 1e-30)

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 
-def run_oneshot_arm(source: Path, tokens_dir: Path, recipe: Any, out: Path, gpu: Any, rss: Any,
-                    say: Any) -> dict[str, Any]:
+def run_oneshot_arm(
+    source: Path, tokens_dir: Path, recipe: Any, out: Path, gpu: Any, rss: Any, say: Any
+) -> dict[str, Any]:
     """Run the arm; return its measurements (the caller prints the ratios)."""
     import torch
     import transformers
@@ -36,26 +37,42 @@ def run_oneshot_arm(source: Path, tokens_dir: Path, recipe: Any, out: Path, gpu:
     model = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(str(source), dtype="auto").eval()
     starts: list[float] = []
     for layer in model.model.language_model.layers:
+
         def first(mod: Any, args: Any, state: dict = {"seen": False}) -> None:  # noqa: B006 (per-hook state)
             if not state["seen"] and isinstance(args[0], torch.Tensor) and args[0].device.type != "meta":
                 state["seen"] = True
                 starts.append(time.perf_counter())
                 say(f"    oneshot layer {len(starts) - 1} starts (t={time.perf_counter() - t0:.0f} s)")
+
         layer.register_forward_pre_hook(first)
     load_s = time.perf_counter() - t0
     ds = Dataset.from_dict({"input_ids": samples, "attention_mask": [[1] * len(s) for s in samples]})
-    oneshot(model=model, processor=transformers.AutoTokenizer.from_pretrained(str(source)), dataset=ds,
-            recipe=build_modifier(q), sequential_targets=list(q.sequential_targets), pipeline="sequential",
-            num_calibration_samples=len(samples), max_seq_length=max(len(s) for s in samples),
-            shuffle_calibration_samples=False, batch_size=1)
+    oneshot(
+        model=model,
+        processor=transformers.AutoTokenizer.from_pretrained(str(source)),
+        dataset=ds,
+        recipe=build_modifier(q),
+        sequential_targets=list(q.sequential_targets),
+        pipeline="sequential",
+        num_calibration_samples=len(samples),
+        max_seq_length=max(len(s) for s in samples),
+        shuffle_calibration_samples=False,
+        batch_size=1,
+    )
     t1 = time.perf_counter()
     model.save_pretrained(str(out), save_compressed=True)
     t2 = time.perf_counter()
     per_layer = [b - a for a, b in itertools.pairwise(starts)]
-    result = {"load_seconds": load_s, "oneshot_seconds": t1 - t0 - load_s, "save_seconds": t2 - t1,
-              "wall_seconds": t2 - t0, "per_layer_seconds": per_layer,
-              "median_layer_seconds": sorted(per_layer)[len(per_layer) // 2] if per_layer else None,
-              "peak_gpu_bytes": gpu.take(), "peak_rss_bytes": rss.take()}
+    result = {
+        "load_seconds": load_s,
+        "oneshot_seconds": t1 - t0 - load_s,
+        "save_seconds": t2 - t1,
+        "wall_seconds": t2 - t0,
+        "per_layer_seconds": per_layer,
+        "median_layer_seconds": sorted(per_layer)[len(per_layer) // 2] if per_layer else None,
+        "peak_gpu_bytes": gpu.take(),
+        "peak_rss_bytes": rss.take(),
+    }
     del model
     shutil.rmtree(out, ignore_errors=True)
     return result
@@ -63,10 +80,13 @@ def run_oneshot_arm(source: Path, tokens_dir: Path, recipe: Any, out: Path, gpu:
 
 def ratios(qq: dict[str, Any], lc: dict[str, Any]) -> dict[str, float | None]:
     """qwenquant / llm-compressor for each figure (below 1: qwenquant is faster or smaller)."""
+
     def r(a: float | None, b: float | None) -> float | None:
         return a / b if a and b else None
 
-    return {"median_layer_seconds": r(qq.get("median_layer_seconds"), lc["median_layer_seconds"]),
-            "wall_seconds": r(qq.get("wall_seconds"), lc["wall_seconds"]),
-            "peak_rss_bytes": r(qq.get("peak_rss_bytes"), lc["peak_rss_bytes"]),
-            "peak_gpu_bytes": r(qq.get("peak_gpu_bytes"), lc["peak_gpu_bytes"])}
+    return {
+        "median_layer_seconds": r(qq.get("median_layer_seconds"), lc["median_layer_seconds"]),
+        "wall_seconds": r(qq.get("wall_seconds"), lc["wall_seconds"]),
+        "peak_rss_bytes": r(qq.get("peak_rss_bytes"), lc["peak_rss_bytes"]),
+        "peak_gpu_bytes": r(qq.get("peak_gpu_bytes"), lc["peak_gpu_bytes"]),
+    }

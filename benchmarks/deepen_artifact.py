@@ -99,21 +99,39 @@ def deepen(src: Path, layers: int, out: Path) -> dict[str, Any]:
             if f.is_file() and f.name not in shard_names:
                 shutil.copy2(f, staging / f.name)
         (staging / "config.json").write_text(json.dumps(deepen_config(config, layers), indent=2, sort_keys=True) + "\n")
-        derived = {"from_root_digest": manifest.root_digest, "from_layers": n, "layers": layers,
-                   "rule": "decoder layer i holds the tensors of the original's layer i mod from_layers",
-                   "purpose": "serving benchmarks (memory, speed); not a model to use"}
-        new = build_manifest(staging, source=manifest.source, recipe=manifest.recipe,
-                             recipe_sha256=manifest.recipe_sha256, calibration=manifest.calibration,
-                             stages=manifest.stages, quality=manifest.quality, tool_versions=manifest.tool_versions,
-                             extra={**(manifest.extra or {}), "derived_for_benchmark": derived})
+        derived = {
+            "from_root_digest": manifest.root_digest,
+            "from_layers": n,
+            "layers": layers,
+            "rule": "decoder layer i holds the tensors of the original's layer i mod from_layers",
+            "purpose": "serving benchmarks (memory, speed); not a model to use",
+        }
+        new = build_manifest(
+            staging,
+            source=manifest.source,
+            recipe=manifest.recipe,
+            recipe_sha256=manifest.recipe_sha256,
+            calibration=manifest.calibration,
+            stages=manifest.stages,
+            quality=manifest.quality,
+            tool_versions=manifest.tool_versions,
+            extra={**(manifest.extra or {}), "derived_for_benchmark": derived},
+        )
         write_manifest(staging, new)
         staging.rename(out)
     except BaseException:  # nothing half-written stays behind, also on Ctrl-C
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return {"from": str(src), "out": str(out), "from_layers": n, "layers": layers, "tensors": len(tensors),
-            "bytes": sum(t.nbytes for t in tensors.values()), "seconds": round(time.monotonic() - t0, 1),
-            "root_digest": new.root_digest}
+    return {
+        "from": str(src),
+        "out": str(out),
+        "from_layers": n,
+        "layers": layers,
+        "tensors": len(tensors),
+        "bytes": sum(t.nbytes for t in tensors.values()),
+        "seconds": round(time.monotonic() - t0, 1),
+        "root_digest": new.root_digest,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

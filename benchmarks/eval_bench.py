@@ -64,8 +64,20 @@ def ensure_artifact(args: argparse.Namespace, work: Path, device: str) -> None:
         return
     from benchmarks import quantize_bench
 
-    argv = ["--layers", str(args.layers), "--scale", str(args.scale), "--device", device, "--work", str(work), "--keep",
-            "--quick", "--out", str(work / "quantize_bench.json")]
+    argv = [
+        "--layers",
+        str(args.layers),
+        "--scale",
+        str(args.scale),
+        "--device",
+        device,
+        "--work",
+        str(work),
+        "--keep",
+        "--quick",
+        "--out",
+        str(work / "quantize_bench.json"),
+    ]
     argv += ["--vocab", str(args.vocab)] if args.vocab else []
     argv += ["--max-gpu-mem", str(args.max_gpu_mem)] if args.max_gpu_mem else []
     quantize_bench.main(argv)
@@ -79,9 +91,15 @@ def project(r: dict[str, Any]) -> dict[str, Any]:
     per_layer = r["median_layer_seconds"] * scale
     warmup = max(0.0, r["layer_seconds"][0] - r["median_layer_seconds"]) if r["layer_seconds"] else 0.0
     fixed = max(0.0, r["wall_seconds"] - sum(r["layer_seconds"])) * scale
-    return {"layers": REAL_LAYERS, "windows": DEFAULT_WINDOWS, "window_len": DEFAULT_LEN,
-            "per_layer_seconds": per_layer, "fixed_seconds": fixed, "first_layer_warmup_seconds": warmup,
-            "total_seconds": fixed + warmup + per_layer * REAL_LAYERS}
+    return {
+        "layers": REAL_LAYERS,
+        "windows": DEFAULT_WINDOWS,
+        "window_len": DEFAULT_LEN,
+        "per_layer_seconds": per_layer,
+        "fixed_seconds": fixed,
+        "first_layer_warmup_seconds": warmup,
+        "total_seconds": fixed + warmup + per_layer * REAL_LAYERS,
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -97,7 +115,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ensure_artifact(args, work, device)
     apply_gpu_cap(device, args.max_gpu_mem)
     vocab = int(__import__("json").loads((work / "source" / "config.json").read_text())["text_config"]["vocab_size"])
-    windows = torch.randint(0, vocab, (args.windows, args.window_len), generator=torch.Generator().manual_seed(args.seed))
+    windows = torch.randint(
+        0, vocab, (args.windows, args.window_len), generator=torch.Generator().manual_seed(args.seed)
+    )
     times, gpu, rss = LayerTimes(), Gpu(device), RssSampler()
     logging.getLogger("qwenquant").addHandler(times)
     rss.start()
@@ -106,12 +126,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report = run_offline(work / "source", work / "artifact", windows, device=device, streamed=True)
     wall = time.perf_counter() - t0
     layer_s = sorted(times.seconds) or [float("nan")]
-    r = {"tool": "benchmarks/eval_bench.py", "device": device, "layers": len(times.seconds), "windows": args.windows,
-         "window_len": args.window_len, "source_bytes": weight_bytes(work / "source"),
-         "artifact_bytes": weight_bytes(work / "artifact"), "wall_seconds": wall, "layer_seconds": times.seconds,
-         "median_layer_seconds": layer_s[len(layer_s) // 2], "peak_gpu_bytes": gpu.take(), "peak_rss_bytes": rss.take(),
-         "figures": {"artifact_delta_pct": report["arms"]["artifact"]["delta_pct"], "kl": report["arms"]["artifact"]["kl"]},
-         "gpu_name": torch.cuda.get_device_name(0) if device == "cuda" else None, "versions": versions()}
+    r = {
+        "tool": "benchmarks/eval_bench.py",
+        "device": device,
+        "layers": len(times.seconds),
+        "windows": args.windows,
+        "window_len": args.window_len,
+        "source_bytes": weight_bytes(work / "source"),
+        "artifact_bytes": weight_bytes(work / "artifact"),
+        "wall_seconds": wall,
+        "layer_seconds": times.seconds,
+        "median_layer_seconds": layer_s[len(layer_s) // 2],
+        "peak_gpu_bytes": gpu.take(),
+        "peak_rss_bytes": rss.take(),
+        "figures": {
+            "artifact_delta_pct": report["arms"]["artifact"]["delta_pct"],
+            "kl": report["arms"]["artifact"]["kl"],
+        },
+        "gpu_name": torch.cuda.get_device_name(0) if device == "cuda" else None,
+        "versions": versions(),
+    }
     r["projection_64_layers"] = project(r)
     return r
 
@@ -119,17 +153,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def print_table(r: dict[str, Any]) -> None:
     gib = lambda b: "n/a" if b is None else f"{b / 2**30:.2f} GiB"
     p = r["projection_64_layers"]
-    rows = [("device", f"{r['device']} {r['gpu_name'] or ''}".strip()),
-            ("checkpoint", f"{r['layers']} layers, source {r['source_bytes'] / 1e9:.2f} GB, artifact "
-                           f"{r['artifact_bytes'] / 1e9:.2f} GB"),
-            ("windows", f"{r['windows']} x {r['window_len']} tokens"),
-            ("wall", f"{r['wall_seconds']:.1f} s"),
-            ("per decoder layer (both arms)", "median {:.2f} s; all: {}".format(
-                r["median_layer_seconds"], ", ".join(f"{s:.2f}" for s in r["layer_seconds"]))),
-            ("peak GPU / host RSS", f"{gib(r['peak_gpu_bytes'])} / {gib(r['peak_rss_bytes'])}"),
-            ("projected: default eval, 64 layers", f"{p['total_seconds'] / 60:.1f} min "
-             f"({p['per_layer_seconds']:.2f} s/layer x 64 + {p['fixed_seconds']:.0f} s fixed "
-             f"+ {p['first_layer_warmup_seconds']:.0f} s first-layer warm-up, projected)")]
+    rows = [
+        ("device", f"{r['device']} {r['gpu_name'] or ''}".strip()),
+        (
+            "checkpoint",
+            f"{r['layers']} layers, source {r['source_bytes'] / 1e9:.2f} GB, artifact "
+            f"{r['artifact_bytes'] / 1e9:.2f} GB",
+        ),
+        ("windows", f"{r['windows']} x {r['window_len']} tokens"),
+        ("wall", f"{r['wall_seconds']:.1f} s"),
+        (
+            "per decoder layer (both arms)",
+            "median {:.2f} s; all: {}".format(
+                r["median_layer_seconds"], ", ".join(f"{s:.2f}" for s in r["layer_seconds"])
+            ),
+        ),
+        ("peak GPU / host RSS", f"{gib(r['peak_gpu_bytes'])} / {gib(r['peak_rss_bytes'])}"),
+        (
+            "projected: default eval, 64 layers",
+            f"{p['total_seconds'] / 60:.1f} min "
+            f"({p['per_layer_seconds']:.2f} s/layer x 64 + {p['fixed_seconds']:.0f} s fixed "
+            f"+ {p['first_layer_warmup_seconds']:.0f} s first-layer warm-up, projected)",
+        ),
+    ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")

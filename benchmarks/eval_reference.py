@@ -34,8 +34,14 @@ LAUNCHER = REPO / ".venv-vllm" / "qwenquant-vllm.json"
 
 def qq(*args: str, env: dict[str, str], capture: bool = True, timeout: int = 3600) -> subprocess.CompletedProcess:
     print("$ qwenquant " + shlex.join(args), file=sys.stderr, flush=True)
-    return subprocess.run([sys.executable, "-m", "qwenquant", *args], env=env, capture_output=capture, text=True,
-                          timeout=timeout, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "qwenquant", *args],
+        env=env,
+        capture_output=capture,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
 
 
 def _port() -> int:
@@ -63,10 +69,25 @@ def _served_eval(argv: list[str], env: dict[str, str], url: str, log: Path) -> d
         proc.wait(timeout=120)
 
 
-def _vllm_argv(art: Path, model: Path, port: int, env: dict[str, str], source: bool) -> tuple[list[str], dict[str, str]]:
+def _vllm_argv(
+    art: Path, model: Path, port: int, env: dict[str, str], source: bool
+) -> tuple[list[str], dict[str, str]]:
     """The command `qwenquant serve --dry-run` prints for the artifact, pointed at `model`."""
-    r = qq("serve", str(art), "--profile", "single-user", "--port", str(port), "--vllm", str(LAUNCHER), "--dry-run",
-           "--", "--max-model-len", "2048", env=env)
+    r = qq(
+        "serve",
+        str(art),
+        "--profile",
+        "single-user",
+        "--port",
+        str(port),
+        "--vllm",
+        str(LAUNCHER),
+        "--dry-run",
+        "--",
+        "--max-model-len",
+        "2048",
+        env=env,
+    )
     line = [x for x in r.stdout.splitlines() if "vllm" in x and "--model" in x][0]
     words = shlex.split(line)
     cmd_start = next(i for i, w in enumerate(words) if "=" not in w or w.startswith("-"))
@@ -84,16 +105,32 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--windows", type=int, default=64)
     p.add_argument("--no-serve", action="store_true")
-    p.add_argument("--calibration", default="tiny-reference",
-                   help="quantize's calibration set, name or YAML (default tiny-reference: the README's table)")
+    p.add_argument(
+        "--calibration",
+        default="tiny-reference",
+        help="quantize's calibration set, name or YAML (default tiny-reference: the README's table)",
+    )
     a = p.parse_args()
     from qwenquant.testbed.tiny.reference_model import build_reference_checkpoint
 
-    env = dict(os.environ, QWENQUANT_THREADS="2", QWENQUANT_NO_PROGRESS="1", PYTHONHASHSEED="0", VLLM_CPU_KVCACHE_SPACE="1")
+    env = dict(
+        os.environ, QWENQUANT_THREADS="2", QWENQUANT_NO_PROGRESS="1", PYTHONHASHSEED="0", VLLM_CPU_KVCACHE_SPACE="1"
+    )
     src, art = build_reference_checkpoint(a.work / "source"), a.work / "artifact"
     if not (art / "qwenquant-manifest.json").exists():
-        q = qq("quantize", str(src), "--recipe", "w4a16-int4head", "--calibration", a.calibration,
-               "--source-unverified", "--out", str(art), "--json", env=env)
+        q = qq(
+            "quantize",
+            str(src),
+            "--recipe",
+            "w4a16-int4head",
+            "--calibration",
+            a.calibration,
+            "--source-unverified",
+            "--out",
+            str(art),
+            "--json",
+            env=env,
+        )
         assert q.returncode == 0, q.stderr[-3000:]
     e = qq("eval", "offline", str(art), "--reference", str(src), "--windows", str(a.windows), "--json", env=env)
     assert e.returncode == 0, e.stderr[-3000:]
@@ -112,14 +149,21 @@ def main() -> int:
 def table(result: dict) -> str:
     """Markdown: one row per arm (perplexity, delta, KL, top-1), then the head and MTP rows."""
     off = result["offline"]
-    rows = ["| arm | perplexity | delta vs bf16 [95% CI] | windows worse | KL (nats) | top-1 |", "|---|---|---|---|---|---|",
-            f"| bf16 source | {off['arms']['reference']['ppl']:.3f} | | | | |"]
+    rows = [
+        "| arm | perplexity | delta vs bf16 [95% CI] | windows worse | KL (nats) | top-1 |",
+        "|---|---|---|---|---|---|",
+        f"| bf16 source | {off['arms']['reference']['ppl']:.3f} | | | | |",
+    ]
     for name in ("w4a16-body", "w4a16+rtn-head", "artifact"):
         x = off["arms"][name]
-        rows.append(f"| {name} | {x['ppl']:.3f} | {x['delta_pct']:+.2f}% [{x['ci95_pct'][0]:+.2f}, {x['ci95_pct'][1]:+.2f}] | "
-                    f"{x['windows_worse']}/{x['windows']} | {x['kl']:.4f} | {100 * x['top1']:.1f}% |")
+        rows.append(
+            f"| {name} | {x['ppl']:.3f} | {x['delta_pct']:+.2f}% [{x['ci95_pct'][0]:+.2f}, {x['ci95_pct'][1]:+.2f}] | "
+            f"{x['windows_worse']}/{x['windows']} | {x['kl']:.4f} | {100 * x['top1']:.1f}% |"
+        )
     h = off["lm_head"]
-    rows.append(f"\nlm_head alone: KL rtn {h['rtn']['kl']:.4f}, calibrated {h['gptq']['kl']:.4f} (ratio {h['ratio']:.3f})")
+    rows.append(
+        f"\nlm_head alone: KL rtn {h['rtn']['kl']:.4f}, calibrated {h['gptq']['kl']:.4f} (ratio {h['ratio']:.3f})"
+    )
     for name, s in result["served"].items():
         m = s.get("mtp", {})
         pos = ", ".join(f"{k}: {100 * v:.1f}%" for k, v in m.get("per_position", {}).items() if v is not None)

@@ -56,8 +56,12 @@ def build_checkpoint(folder: Path, size_gib: float, shards: int = 4) -> int:
                 f.write(os.urandom(tensor_bytes))
         weight_map.update(dict.fromkeys(names, name))
         total += (folder / name).stat().st_size
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
-    (folder / "config.json").write_text(json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5"}))
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
+    )
+    (folder / "config.json").write_text(
+        json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5"})
+    )
     (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 262144}))
     return sum(p.stat().st_size for p in folder.iterdir())
 

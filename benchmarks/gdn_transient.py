@@ -54,8 +54,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--burst-seqs", default="1,8,16,32,64,128,256", help="new sequences in one step")
     p.add_argument("--burst-tokens", default="2048,8192", help="tokens of the burst step (split evenly)")
     p.add_argument("--kernel", choices=("auto", "vllm", "fla", "torch"), default="auto")
-    p.add_argument("--state-dtype", choices=("float32", "bfloat16", "float16"), default="float16",
-                   help="the recurrent-state cache dtype (vLLM's --mamba-ssm-cache-dtype; the recipes: float16)")
+    p.add_argument(
+        "--state-dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default="float16",
+        help="the recurrent-state cache dtype (vLLM's --mamba-ssm-cache-dtype; the recipes: float16)",
+    )
     p.add_argument("--device", default=None, help="default: cuda")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/gdn_transient.json"))
@@ -66,8 +70,12 @@ def gdn_dims(config_path: Path) -> dict[str, int]:
     cfg = json.loads(config_path.read_text())
     t = cfg.get("text_config", cfg)
     return {
-        "hidden": t["hidden_size"], "k_heads": t["linear_num_key_heads"], "v_heads": t["linear_num_value_heads"],
-        "k_dim": t["linear_key_head_dim"], "v_dim": t["linear_value_head_dim"], "conv": t["linear_conv_kernel_dim"],
+        "hidden": t["hidden_size"],
+        "k_heads": t["linear_num_key_heads"],
+        "v_heads": t["linear_num_value_heads"],
+        "k_dim": t["linear_key_head_dim"],
+        "v_dim": t["linear_value_head_dim"],
+        "conv": t["linear_conv_kernel_dim"],
     }
 
 
@@ -115,9 +123,19 @@ def _vllm_kernel() -> Any:
     takes = set(inspect.signature(fn).parameters)  # older releases: no use_qk_l2norm_in_kernel
 
     def run(q, k, v, g, beta, state, cu):
-        kw = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": state, "output_final_state": True,
-              "cu_seqlens": cu, "use_qk_l2norm_in_kernel": False}
+        kw = {
+            "q": q,
+            "k": k,
+            "v": v,
+            "g": g,
+            "beta": beta,
+            "initial_state": state,
+            "output_final_state": True,
+            "cu_seqlens": cu,
+            "use_qk_l2norm_in_kernel": False,
+        }
         return fn(**{key: val for key, val in kw.items() if key in takes})
+
     return run
 
 
@@ -131,6 +149,7 @@ def _fla_kernel() -> Any:
             rep = v.shape[2] // q.shape[2]  # an fla without grouped q/k heads: repeat them (more memory)
             q2, k2 = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
             return fn(q=q2, k=k2, v=v, g=g, beta=beta, initial_state=state, output_final_state=True, cu_seqlens=cu)
+
     return run
 
 
@@ -146,9 +165,11 @@ def _torch_kernel() -> Any:
         q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
         q, k, v = (x.reshape(n, -1, *x.shape[2:]) for x in (q, k, v))
         g, beta = (x.reshape(n, -1, x.shape[2]) for x in (g, beta))
-        o, final = fn(q, k, v, g=g, beta=beta, initial_state=state, output_final_state=True,
-                      use_qk_l2norm_in_kernel=False)
+        o, final = fn(
+            q, k, v, g=g, beta=beta, initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=False
+        )
         return o.reshape(1, -1, *o.shape[2:]), final
+
     return run
 
 
@@ -166,7 +187,7 @@ class Layer:
         self.w_qkvz = torch.randn(qkv + self.value_dim, d["hidden"], **bf) * d["hidden"] ** -0.5
         self.w_ba = torch.randn(2 * d["v_heads"], d["hidden"], **bf) * d["hidden"] ** -0.5
         self.w_conv = torch.randn(qkv, 1, d["conv"], **bf) * 0.5
-        self.w_out = torch.randn(d["hidden"], self.value_dim, **bf) * self.value_dim ** -0.5
+        self.w_out = torch.randn(d["hidden"], self.value_dim, **bf) * self.value_dim**-0.5
         self.norm = torch.ones(d["v_dim"], **bf)
         self.a_log = torch.zeros(d["v_heads"], device=dev)
         self.dt_bias = torch.zeros(d["v_heads"], device=dev)
@@ -282,9 +303,15 @@ def main(argv: list[str] | None = None) -> int:
         bursts = [measure(layer, kernel, t, n, dev) for t in burst_tokens for n in seqs if n <= t]
     print(table(single + bursts))
     result = {
-        "bench": "gdn_transient", "kernel": name, "dims": d, "state_dtype": args.state_dtype,
+        "bench": "gdn_transient",
+        "kernel": name,
+        "dims": d,
+        "state_dtype": args.state_dtype,
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.machine(),
-        "torch": torch.__version__, "versions": versions(), "single": single, "burst": bursts,
+        "torch": torch.__version__,
+        "versions": versions(),
+        "single": single,
+        "burst": bursts,
         "fit": summarize(single, bursts),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -298,8 +325,10 @@ def table(rows: list[dict]) -> str:
     lines = [f"{'tokens':>7} {'seqs':>5} {'peak extra MiB':>15} {'reserved MiB':>13} {'MiB/1K tok':>11} {'ms':>8}"]
     for r in rows:
         peak, res = r.get("peak_extra_mib", math.nan), r.get("reserved_extra_mib", math.nan)
-        lines.append(f"{r['tokens']:>7} {r['seqs']:>5} {peak:>15.1f} {res:>13.1f} "
-                     f"{peak / r['tokens'] * 1024:>11.2f} {r['ms']:>8.2f}")
+        lines.append(
+            f"{r['tokens']:>7} {r['seqs']:>5} {peak:>15.1f} {res:>13.1f} "
+            f"{peak / r['tokens'] * 1024:>11.2f} {r['ms']:>8.2f}"
+        )
     return "\n".join(lines)
 
 

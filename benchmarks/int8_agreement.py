@@ -114,7 +114,7 @@ def offline_arms(reference: Path, artifact: Path, ids: Any, device: str, mlp: bo
         lps, tops = [], []
         with torch.no_grad():
             for i in range(ids.shape[0]):
-                w = ids[i: i + 1]
+                w = ids[i : i + 1]
                 logits = lm(fwd.final_hidden(w))[0, :-1].float()
                 lp = torch.log_softmax(logits, dim=-1)
                 lps.append(lp.gather(-1, w[0, 1:].to(lp.device)[:, None])[:, 0].cpu())
@@ -136,8 +136,11 @@ def served_logprobs(base: str, model: str, ids: Any) -> dict[str, Any]:
     lps, tops, counted = [], [], []
     for i in range(ids.shape[0]):
         toks = [int(t) for t in ids[i]]
-        r = post_json(f"{base}/v1/completions", {"model": model, "prompt": toks, "max_tokens": 1, "temperature": 0,
-                                                 "prompt_logprobs": 1}, timeout=300)
+        r = post_json(
+            f"{base}/v1/completions",
+            {"model": model, "prompt": toks, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 1},
+            timeout=300,
+        )
         plp = r["choices"][0]["prompt_logprobs"]
         counted.append(int((r.get("usage") or {}).get("prompt_tokens", -1)))
         lp, top = [], []
@@ -147,15 +150,34 @@ def served_logprobs(base: str, model: str, ids: Any) -> dict[str, Any]:
             top.append(int(best[0]))
         lps.append(torch.tensor(lp))
         tops.append(torch.tensor(top))
-    return {"lp": torch.stack(lps), "top1": torch.stack(tops), "prompt_tokens": counted,
-            "drafting": bool(drafts(base, None))}
+    return {
+        "lp": torch.stack(lps),
+        "top1": torch.stack(tops),
+        "prompt_tokens": counted,
+        "drafting": bool(drafts(base, None)),
+    }
 
 
 def serve_setting(a: argparse.Namespace, setting: str, ids: Any, port: int) -> dict[str, Any]:
     """One `qwenquant serve --activations SETTING`: its prompt log-probs, eval served's gate and MTP figures."""
     log_file = a.out.with_name(f"{a.out.stem}-{setting}.vllm.log")
-    cmd = [sys.executable, "-m", "qwenquant", "serve", str(a.artifact), "--profile", "single-user",
-           "--activations", setting, "--port", str(port), "--log-file", str(log_file), "--timeout", str(a.timeout)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "qwenquant",
+        "serve",
+        str(a.artifact),
+        "--profile",
+        "single-user",
+        "--activations",
+        setting,
+        "--port",
+        str(port),
+        "--log-file",
+        str(log_file),
+        "--timeout",
+        str(a.timeout),
+    ]
     cmd += (["--vllm", a.vllm] if a.vllm else []) + (["--", *a.extra] if a.extra else [])
     env = marlin_only(cli_env()) if a.force_marlin else cli_env()
     out: dict[str, Any] = {"command": cmd, "log": str(log_file)}
@@ -167,11 +189,19 @@ def serve_setting(a: argparse.Namespace, setting: str, ids: Any, port: int) -> d
             r = qwenquant_cli("eval", "served", base, "--json", env=env, timeout=900)
             try:
                 rep = json.loads(r.stdout)
-                out["eval_served"] = {"exit": r.returncode, "cases_passed": sum(t["passed"] for t in rep["tasks"]),
-                                      "cases": sum(t["total"] for t in rep["tasks"]), "mtp": rep.get("mtp"),
-                                      "failures": rep.get("failures")}
+                out["eval_served"] = {
+                    "exit": r.returncode,
+                    "cases_passed": sum(t["passed"] for t in rep["tasks"]),
+                    "cases": sum(t["total"] for t in rep["tasks"]),
+                    "mtp": rep.get("mtp"),
+                    "failures": rep.get("failures"),
+                }
             except (ValueError, KeyError) as e:
-                out["eval_served"] = {"exit": r.returncode, "error": f"{type(e).__name__}: {e}", "stderr": r.stderr[-800:]}
+                out["eval_served"] = {
+                    "exit": r.returncode,
+                    "error": f"{type(e).__name__}: {e}",
+                    "stderr": r.stderr[-800:],
+                }
     out["kernels"] = kernels_of(log_file)
     return out
 
@@ -206,8 +236,11 @@ def serve_humming(a: argparse.Namespace, ids: Any, port: int) -> dict[str, Any]:
     cmd = list(plan["command"])
     cmd[cmd.index("--model") + 1] = str(variant)
     cmd += ["--linear-backend", "humming"]
-    env = {k: v for k, v in os.environ.items() if k not in plan.get("env_unset", [])
-           and k not in ("VLLM_DISABLED_KERNELS", "VLLM_MARLIN_INPUT_DTYPE")}  # humming: neither may stay
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in plan.get("env_unset", []) and k not in ("VLLM_DISABLED_KERNELS", "VLLM_MARLIN_INPUT_DTYPE")
+    }  # humming: neither may stay
     env.update(plan.get("env") or {})
     log_file = a.out.with_name(f"{a.out.stem}-mlp-int8.vllm.log")
     out: dict[str, Any] = {"command": cmd, "log": str(log_file), "artifact": str(variant)}
@@ -234,10 +267,14 @@ def serve_humming(a: argparse.Namespace, ids: Any, port: int) -> dict[str, Any]:
 def agreement(served: dict[str, Any], offline: dict[str, Any]) -> dict[str, Any]:
     """Served against offline on the same tokens (pure over the tensors)."""
     d = (served["lp"] - offline["lp"]).abs().flatten().double()
-    return {"served_ppl": math.exp(-float(served["lp"].double().mean())),
-            "offline_ppl": math.exp(-float(offline["lp"].double().mean())),
-            "abs_diff_mean": float(d.mean()), "abs_diff_p99": float(d.quantile(0.99)), "abs_diff_max": float(d.max()),
-            "top1_agree": float((served["top1"] == offline["top1"]).double().mean())}
+    return {
+        "served_ppl": math.exp(-float(served["lp"].double().mean())),
+        "offline_ppl": math.exp(-float(offline["lp"].double().mean())),
+        "abs_diff_mean": float(d.mean()),
+        "abs_diff_p99": float(d.quantile(0.99)),
+        "abs_diff_max": float(d.max()),
+        "top1_agree": float((served["top1"] == offline["top1"]).double().mean()),
+    }
 
 
 def shift(a_lp: Any, b_lp: Any) -> dict[str, Any]:
@@ -254,10 +291,14 @@ def effect(served: dict[str, dict[str, Any]], offline: dict[str, dict[str, Any]]
         return None
     sv, of = shift(served["bf16"]["lp"], served[arm]["lp"]), shift(offline["bf16"]["lp"], offline[arm]["lp"])
     corr = float(torch.corrcoef(torch.stack([sv["shift"], of["shift"]]))[0, 1]) if sv["shift"].std() > 0 else None
-    return {"served_ppl_change": sv["ppl_change"], "offline_ppl_change": of["ppl_change"], "shift_corr": corr,
-            "served_tokens_changed": float((sv["shift"] != 0).double().mean()),
-            "served_top1_same": float((served["bf16"]["top1"] == served[arm]["top1"]).double().mean()),
-            "offline_top1_same": float((offline["bf16"]["top1"] == offline[arm]["top1"]).double().mean())}
+    return {
+        "served_ppl_change": sv["ppl_change"],
+        "offline_ppl_change": of["ppl_change"],
+        "shift_corr": corr,
+        "served_tokens_changed": float((sv["shift"] != 0).double().mean()),
+        "served_top1_same": float((served["bf16"]["top1"] == served[arm]["top1"]).double().mean()),
+        "offline_top1_same": float((offline["bf16"]["top1"] == offline[arm]["top1"]).double().mean()),
+    }
 
 
 def mlp_scheme_flags(kernels: dict[str, str]) -> list[str]:
@@ -265,14 +306,18 @@ def mlp_scheme_flags(kernels: dict[str, str]) -> list[str]:
     inputs, on Humming; vLLM 0.26 on SM 9.0 maps it to W4A8Fp8, whose inputs are fp8, not int8."""
     found = {s: k for s, k in kernels.items() if s in MLP_SCHEMES}
     if not found:
-        return ["mlp-int8: no 8-bit-input scheme in vLLM's log: the MLP group was served as W4A16 (its int8 input dropped)"]
+        return [
+            "mlp-int8: no 8-bit-input scheme in vLLM's log: the MLP group was served as W4A16 (its int8 input dropped)"
+        ]
     out = []
     for scheme, kernel in sorted(found.items()):
         if kernel != "HummingLinearKernel":
             out.append(f"mlp-int8: {scheme} ran on {kernel}, not Humming")
         if MLP_SCHEMES[scheme] != "int8":
-            out.append(f"mlp-int8: vLLM mapped the MLP group to {scheme}: its inputs are {MLP_SCHEMES[scheme]}, not int8, "
-                       "so the offline int8 arm does not model this server")
+            out.append(
+                f"mlp-int8: vLLM mapped the MLP group to {scheme}: its inputs are {MLP_SCHEMES[scheme]}, not int8, "
+                "so the offline int8 arm does not model this server"
+            )
     return out
 
 
@@ -286,35 +331,47 @@ def checks(settings: dict[str, dict[str, Any]], ids: Any) -> list[str]:
             flags.append(f"{name}: no served figures ({s.get('error', 'no server')})")
             continue
         if got.get("drafting"):
-            flags.append(f"{name}: prompt log-probs read from a server that drafts (MTP on): vllm #53488 returns wrong "
-                         "prompt_logprobs for some requests there; serve it with -- --speculative-config null")
+            flags.append(
+                f"{name}: prompt log-probs read from a server that drafts (MTP on): vllm #53488 returns wrong "
+                "prompt_logprobs for some requests there; serve it with -- --speculative-config null"
+            )
         bad = [c for c in got["prompt_tokens"] if c != n]
         if bad:
             flags.append(f"{name}: the server counted {bad[0]} prompt tokens where {n} were sent ({len(bad)} windows)")
         k = s.get("kernels") or {}
         if name == "int8" and k.get("CompressedTensorsWNA16") != "MarlinLinearKernel":
-            flags.append(f"int8: W4A16 layers ran on {k.get('CompressedTensorsWNA16')}, not Marlin: no int8 activations")
+            flags.append(
+                f"int8: W4A16 layers ran on {k.get('CompressedTensorsWNA16')}, not Marlin: no int8 activations"
+            )
         if name == "mlp-int8":
             flags += mlp_scheme_flags(k)
     names = [n for n in settings if settings[n].get("served") is not None]
     for i, x in enumerate(names):
-        for y in names[i + 1:]:
+        for y in names[i + 1 :]:
             if bool((settings[x]["served"]["lp"] == settings[y]["served"]["lp"]).all()):
-                flags.append(f"{x} and {y} served bit-identical log-probs: the int8 path did not run, or one folder served both")
+                flags.append(
+                    f"{x} and {y} served bit-identical log-probs: the int8 path did not run, or one folder served both"
+                )
     return flags
 
 
 def table(rows: dict[str, Any], effects: dict[str, Any]) -> str:
-    lines = [f"{'setting':<10}{'served ppl':>12}{'offline ppl':>13}{'|d| mean':>10}{'|d| p99':>10}{'|d| max':>10}{'top1':>8}"]
+    lines = [
+        f"{'setting':<10}{'served ppl':>12}{'offline ppl':>13}{'|d| mean':>10}{'|d| p99':>10}{'|d| max':>10}{'top1':>8}"
+    ]
     for name, r in rows.items():
-        lines.append(f"{name:<10}{r['served_ppl']:>12.3f}{r['offline_ppl']:>13.3f}{r['abs_diff_mean']:>10.4f}"
-                     f"{r['abs_diff_p99']:>10.4f}{r['abs_diff_max']:>10.4f}{r['top1_agree']:>8.2%}")
+        lines.append(
+            f"{name:<10}{r['served_ppl']:>12.3f}{r['offline_ppl']:>13.3f}{r['abs_diff_mean']:>10.4f}"
+            f"{r['abs_diff_p99']:>10.4f}{r['abs_diff_max']:>10.4f}{r['top1_agree']:>8.2%}"
+        )
     for name, e in effects.items():
         if e:
             corr = "-" if e["shift_corr"] is None else f"{e['shift_corr']:.2f}"
-            lines.append(f"{name} vs bf16: served ppl {e['served_ppl_change']:+.3%}, offline {e['offline_ppl_change']:+.3%}; "
-                         f"per-token shift correlation {corr}; served tokens changed {e['served_tokens_changed']:.1%}; "
-                         f"top-1 unchanged served {e['served_top1_same']:.2%} / offline {e['offline_top1_same']:.2%}")
+            lines.append(
+                f"{name} vs bf16: served ppl {e['served_ppl_change']:+.3%}, offline {e['offline_ppl_change']:+.3%}; "
+                f"per-token shift correlation {corr}; served tokens changed {e['served_tokens_changed']:.1%}; "
+                f"top-1 unchanged served {e['served_top1_same']:.2%} / offline {e['offline_top1_same']:.2%}"
+            )
     return "\n".join(lines)
 
 
@@ -325,7 +382,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--vllm", help="qwenquant-vllm.json, a python or a vllm executable (default: serve's search)")
     ap.add_argument("--device", default="cpu", help="where the offline arms run")
     ap.add_argument("--settings", default="bf16,int8")
-    ap.add_argument("--mlp-humming", action="store_true", help="also the MLP-only int8 variant on --linear-backend humming")
+    ap.add_argument(
+        "--mlp-humming", action="store_true", help="also the MLP-only int8 variant on --linear-backend humming"
+    )
     ap.add_argument("--force-marlin", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--windows", type=int, default=16)
     ap.add_argument("--window-len", type=int, default=256)
@@ -334,7 +393,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks/results/int8_agreement.json")
     extra: list[str] = []
     if "--" in argv:
-        argv, extra = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+        argv, extra = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     a = ap.parse_args(argv)
     a.extra, a.artifact = extra, a.artifact.resolve()
     a.out = a.out.resolve()
@@ -352,8 +411,11 @@ def main(argv: list[str]) -> int:
     if a.mlp_humming:
         settings["mlp-int8"] = serve_humming(a, ids, a.port + 9)
     rows = {n: agreement(s["served"], offline[n]) for n, s in settings.items() if s.get("served") and n in offline}
-    effects = {n: effect({k: v["served"] for k, v in settings.items() if v.get("served")}, offline, n)
-               for n in settings if n != "bf16"}
+    effects = {
+        n: effect({k: v["served"] for k, v in settings.items() if v.get("served")}, offline, n)
+        for n in settings
+        if n != "bf16"
+    }
     flags = checks(settings, ids)
     print(table(rows, effects))
     for f in flags:
@@ -362,12 +424,23 @@ def main(argv: list[str]) -> int:
         print(f"{n}: kernels {s.get('kernels') or 'not in the log'}; eval served {s.get('eval_served', '-')}")
     for s in settings.values():
         s.pop("served", None)
-    report = {"schema_version": 1, "artifact": str(a.artifact), "reference": str(a.reference), "windows": a.windows,
-              "window_len": a.window_len, "text": source, "device": a.device, "force_marlin": a.force_marlin,
-              "vllm_flags": extra, "date": time.strftime("%Y-%m-%d"), "rows": rows,
-              "effects": {n: e for n, e in effects.items() if e},
-              "offline_int8_linears": {n: o["int8_linears"] for n, o in offline.items()},
-              "settings": settings, "flags": flags}
+    report = {
+        "schema_version": 1,
+        "artifact": str(a.artifact),
+        "reference": str(a.reference),
+        "windows": a.windows,
+        "window_len": a.window_len,
+        "text": source,
+        "device": a.device,
+        "force_marlin": a.force_marlin,
+        "vllm_flags": extra,
+        "date": time.strftime("%Y-%m-%d"),
+        "rows": rows,
+        "effects": {n: e for n, e in effects.items() if e},
+        "offline_int8_linears": {n: o["int8_linears"] for n, o in offline.items()},
+        "settings": settings,
+        "flags": flags,
+    }
     a.out.write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
     print(f"wrote {a.out}")
     return 0 if rows and not any("error" in s for s in settings.values()) else 3

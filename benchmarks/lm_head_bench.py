@@ -57,14 +57,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--group-size", type=int, default=128)
     p.add_argument("--block-size", type=int, default=128)
     p.add_argument("--actorder", action="store_true", help="sweep columns by descending H_ii")
-    p.add_argument("--spectrum-exp", type=float, default=0.6,
-                   help="hidden-state std along the k-th basis direction ~ k^-exp (0 = isotropic control)")
+    p.add_argument(
+        "--spectrum-exp",
+        type=float,
+        default=0.6,
+        help="hidden-state std along the k-th basis direction ~ k^-exp (0 = isotropic control)",
+    )
     p.add_argument("--logit-std", type=float, default=3.5, help="std of reference logits")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy 2-core box)")
     p.add_argument("--quick", action="store_true", help="row chunk 8192 only, 1024 eval tokens")
-    p.add_argument("--stage", action="store_true", help="the stage's parts and host peak instead of the row-chunk table")
+    p.add_argument(
+        "--stage", action="store_true", help="the stage's parts and host peak instead of the row-chunk table"
+    )
     p.add_argument("--row-chunk", default="auto", help="with --stage: rows at a time, or auto (default)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"default {DEFAULT_OUT} (--stage: lm_head_stage.json)")
     args = p.parse_args(argv)
@@ -123,7 +129,9 @@ class Synthetic:
         W = torch.empty((vocab, hidden), dtype=torch.bfloat16)
         for r0 in range(0, vocab, rows):
             r1 = min(r0 + rows, vocab)
-            W[r0:r1] = (torch.randn(r1 - r0, hidden, generator=self.gen, device=self.dev) * sigma).to(torch.bfloat16).cpu()
+            W[r0:r1] = (
+                (torch.randn(r1 - r0, hidden, generator=self.gen, device=self.dev) * sigma).to(torch.bfloat16).cpu()
+            )
         return W
 
 
@@ -141,7 +149,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     dev = torch_device(args.device)
     chunks = parse_chunks(args.row_chunks, args.vocab)
-    print(f"device {dev}; head {args.vocab} x {args.hidden}; calib {args.calib_tokens} tok; eval {args.eval_tokens} tok", file=sys.stderr)
+    print(
+        f"device {dev}; head {args.vocab} x {args.hidden}; calib {args.calib_tokens} tok; eval {args.eval_tokens} tok",
+        file=sys.stderr,
+    )
     print(estimate(args.vocab, args.hidden, chunks), file=sys.stderr)
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
@@ -160,18 +171,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rtn_chunk = min(8192, args.vocab)
     rtn = rtn_quantize_rows(W, group_size=args.group_size, row_chunk=rtn_chunk, device=dev)
     sync(dev)
-    rows.append({"method": "rtn", "row_chunk": rtn_chunk, "seconds": time.perf_counter() - t0, "peak_gpu_bytes": peak_bytes(dev)})
+    rows.append(
+        {
+            "method": "rtn",
+            "row_chunk": rtn_chunk,
+            "seconds": time.perf_counter() - t0,
+            "peak_gpu_bytes": peak_bytes(dev),
+        }
+    )
 
     heads = []
     for rc in chunks:
         reset_peak(dev)
         t0 = time.perf_counter()
         q = gptq_quantize_rows(
-            W, H, group_size=args.group_size, block_size=args.block_size, row_chunk=rc,
-            actorder=args.actorder, device=dev,
+            W,
+            H,
+            group_size=args.group_size,
+            block_size=args.block_size,
+            row_chunk=rc,
+            actorder=args.actorder,
+            device=dev,
         )
         sync(dev)
-        row = {"method": "gptq", "row_chunk": rc, "seconds": time.perf_counter() - t0, "peak_gpu_bytes": peak_bytes(dev)}
+        row = {
+            "method": "gptq",
+            "row_chunk": rc,
+            "seconds": time.perf_counter() - t0,
+            "peak_gpu_bytes": peak_bytes(dev),
+        }
         if heads:
             row["codes_differing_from_first"] = float((q.int != heads[0].int).double().mean())
         row["rtn_fallback"] = q.used_rtn_fallback
@@ -192,7 +220,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "schema_version": 1,
         "device": str(dev),
-        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine(),
+        "device_name": torch.cuda.get_device_name(dev)
+        if dev.type == "cuda"
+        else platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "shape": [args.vocab, args.hidden],
         "group_size": args.group_size,
@@ -227,37 +257,59 @@ def run_stage(args: argparse.Namespace) -> dict[str, Any]:
     held_out = syn.hidden(args.eval_tokens).cpu()  # the stage loads the held-out states on the host
     H = H.cpu()
     asked = args.row_chunk if args.row_chunk == "auto" else int(args.row_chunk)
-    row_chunk = resolve_row_chunk(asked, args.vocab, args.hidden, gpu_budget(dev.type),
-                                  group_size=args.group_size, block_size=args.block_size)
-    spec = SimpleNamespace(method="gptq", num_bits=4, group_size=args.group_size, symmetric=True,
-                           dampening_frac=0.01, block_size=args.block_size)
+    row_chunk = resolve_row_chunk(
+        asked, args.vocab, args.hidden, gpu_budget(dev.type), group_size=args.group_size, block_size=args.block_size
+    )
+    spec = SimpleNamespace(
+        method="gptq",
+        num_bits=4,
+        group_size=args.group_size,
+        symmetric=True,
+        dampening_frac=0.01,
+        block_size=args.block_size,
+    )
     reset_peak(dev)
     rss = RssSampler(period=0.01)  # quantize_bench's sampler: this process's RSS, peak per window
     before = rss.rss()
     rss.start()
     t0 = time.perf_counter()
-    done = quantize_head(lambda: syn.head(args.vocab, args.hidden, args.logit_std), H, held_out, spec,
-                         row_chunk=row_chunk, device=dev)
+    done = quantize_head(
+        lambda: syn.head(args.vocab, args.hidden, args.logit_std), H, held_out, spec, row_chunk=row_chunk, device=dev
+    )
     total = time.perf_counter() - t0
     peak = rss.take()
     rss.stop.set()
-    return {"schema_version": 1, "mode": "stage", "device": str(dev), "torch": torch.__version__,
-            "shape": [args.vocab, args.hidden], "row_chunk_asked": args.row_chunk, "row_chunk": row_chunk,
-            "seconds": {**done.seconds, "total": total}, "host_rss_before_bytes": before,
-            "host_peak_added_bytes": peak - before, "peak_gpu_bytes": peak_bytes(dev),
-            "head_bf16_bytes": args.vocab * args.hidden * 2, "report": done.report}
+    return {
+        "schema_version": 1,
+        "mode": "stage",
+        "device": str(dev),
+        "torch": torch.__version__,
+        "shape": [args.vocab, args.hidden],
+        "row_chunk_asked": args.row_chunk,
+        "row_chunk": row_chunk,
+        "seconds": {**done.seconds, "total": total},
+        "host_rss_before_bytes": before,
+        "host_peak_added_bytes": peak - before,
+        "peak_gpu_bytes": peak_bytes(dev),
+        "head_bf16_bytes": args.vocab * args.hidden * 2,
+        "report": done.report,
+    }
 
 
 def print_stage(report: dict[str, Any]) -> None:
     secs = report["seconds"]
-    print(f"lm_head stage {report['shape'][0]}x{report['shape'][1]} on {report['device']}, "
-          f"row_chunk {report['row_chunk']} (asked {report['row_chunk_asked']})")
+    print(
+        f"lm_head stage {report['shape'][0]}x{report['shape'][1]} on {report['device']}, "
+        f"row_chunk {report['row_chunk']} (asked {report['row_chunk_asked']})"
+    )
     print(f"{'part':<8} {'seconds':>8}")
     for part in ("gptq", "rtn", "compare", "pack", "total"):
         print(f"{part:<8} {secs.get(part, 0.0):>8.2f}")
-    print(f"host peak added {fmt_bytes(report['host_peak_added_bytes'])} (head bf16 "
-          f"{fmt_bytes(report['head_bf16_bytes'])}, RSS before {fmt_bytes(report['host_rss_before_bytes'])}), "
-          f"peak GPU {fmt_bytes(report['peak_gpu_bytes'])}")
+    print(
+        f"host peak added {fmt_bytes(report['host_peak_added_bytes'])} (head bf16 "
+        f"{fmt_bytes(report['head_bf16_bytes'])}, RSS before {fmt_bytes(report['host_rss_before_bytes'])}), "
+        f"peak GPU {fmt_bytes(report['peak_gpu_bytes'])}"
+    )
 
 
 def fmt_bytes(b: int | None) -> str:
@@ -265,8 +317,12 @@ def fmt_bytes(b: int | None) -> str:
 
 
 def print_table(report: dict[str, Any]) -> None:
-    print(f"lm_head {report['shape'][0]}x{report['shape'][1]} g{report['group_size']} on {report['device_name']} ({report['device']})")
-    print(f"{'method':<6} {'row_chunk':>9} {'seconds':>8} {'peak GPU':>10} {'KL (nats)':>11} {'top-1':>7} {'KL vs RTN':>10} {'codes != first':>14}")
+    print(
+        f"lm_head {report['shape'][0]}x{report['shape'][1]} g{report['group_size']} on {report['device_name']} ({report['device']})"
+    )
+    print(
+        f"{'method':<6} {'row_chunk':>9} {'seconds':>8} {'peak GPU':>10} {'KL (nats)':>11} {'top-1':>7} {'KL vs RTN':>10} {'codes != first':>14}"
+    )
     for r in report["results"]:
         red = f"{-r['kl_reduction_pct']:+.1f}%" if "kl_reduction_pct" in r else "-"
         diff = f"{r['codes_differing_from_first']:.2e}" if "codes_differing_from_first" in r else "-"
@@ -274,7 +330,9 @@ def print_table(report: dict[str, Any]) -> None:
             f"{r['method']:<6} {r['row_chunk']:>9} {r['seconds']:>8.2f} {fmt_bytes(r['peak_gpu_bytes']):>10} "
             f"{r['kl']:>11.5f} {r['top1']:>7.4f} {red:>10} {diff:>14}"
         )
-    print(f"setup {report['setup_seconds']:.1f} s, eval {report['eval_seconds']:.1f} s (peak GPU {fmt_bytes(report['eval_peak_gpu_bytes'])}), host max RSS {fmt_bytes(report['host_max_rss_bytes'])}")
+    print(
+        f"setup {report['setup_seconds']:.1f} s, eval {report['eval_seconds']:.1f} s (peak GPU {fmt_bytes(report['eval_peak_gpu_bytes'])}), host max RSS {fmt_bytes(report['host_max_rss_bytes'])}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

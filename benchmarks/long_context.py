@@ -52,8 +52,17 @@ EXTRA_PATTERNS = {
 
 def parse_arm(text: str) -> dict[str, Any]:
     name, _, body = text.partition(":")
-    arm: dict[str, Any] = {"name": name, "hostemb": 1, "mml": "auto", "chunk": None, "util": None, "fills": [],
-                           "decode": 128, "profile": "long-context", "extra": []}
+    arm: dict[str, Any] = {
+        "name": name,
+        "hostemb": 1,
+        "mml": "auto",
+        "chunk": None,
+        "util": None,
+        "fills": [],
+        "decode": 128,
+        "profile": "long-context",
+        "extra": [],
+    }
     for part in filter(None, body.split(",")):
         key, _, value = part.partition("=")
         if key not in arm or key == "name":
@@ -94,8 +103,24 @@ def dry_run(art: str, vllm: str, arm: dict[str, Any], gpu_mem: str) -> dict[str,
 
         after += ["--gpu-memory-utilization", str(utilization_for(parse_size(gpu_mem), gpu_total(), arm["util"]))]
     switch = "--host-embeddings" if arm["hostemb"] else "--no-host-embeddings"
-    proc = qwenquant_cli("serve", art, "--profile", arm["profile"], "--gpu-mem", gpu_mem, "--vllm", vllm, switch,
-                         "--dry-run", "--json", "--", *after, *arm["extra"], env=cli_env(), timeout=600)
+    proc = qwenquant_cli(
+        "serve",
+        art,
+        "--profile",
+        arm["profile"],
+        "--gpu-mem",
+        gpu_mem,
+        "--vllm",
+        vllm,
+        switch,
+        "--dry-run",
+        "--json",
+        "--",
+        *after,
+        *arm["extra"],
+        env=cli_env(),
+        timeout=600,
+    )
     plan = json.loads(proc.stdout)
     cmd = list(plan["command"])
     if arm["mml"] == "auto":
@@ -111,8 +136,9 @@ def vllm_figures(log: str) -> dict[str, Any]:
         if found:
             out[key] = float(found[-1].replace(",", ""))
     out["host_embeddings_lines"] = [line[-200:] for line in log.splitlines() if "host embeddings" in line][:4]
-    out["memory_lines"] = [line[-300:] for line in log.splitlines()
-                           if re.search(r"memory|KV cache|Auto-fit|graph", line, re.I)][-30:]
+    out["memory_lines"] = [
+        line[-300:] for line in log.splitlines() if re.search(r"memory|KV cache|Auto-fit|graph", line, re.I)
+    ][-30:]
     return out
 
 
@@ -134,8 +160,17 @@ def fill(base: str, model: str, n: int, decode: int, rng: random.Random) -> dict
     import urllib.request
 
     ids = [rng.randrange(1000, 200000) for _ in range(n)]
-    body = json.dumps({"model": model, "prompt": ids, "max_tokens": decode, "temperature": 0, "ignore_eos": True,
-                       "stream": True, "stream_options": {"include_usage": True}}).encode()
+    body = json.dumps(
+        {
+            "model": model,
+            "prompt": ids,
+            "max_tokens": decode,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
     before = counter(base, "vllm:prompt_tokens_total"), counter(base, "vllm:generation_tokens_total")
     req = urllib.request.Request(f"{base}/v1/completions", body, {"Content-Type": "application/json"})
     t0 = time.monotonic()
@@ -153,9 +188,13 @@ def fill(base: str, model: str, n: int, decode: int, rng: random.Random) -> dict
     end = time.monotonic()
     after = counter(base, "vllm:prompt_tokens_total"), counter(base, "vllm:generation_tokens_total")
     pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    out: dict[str, Any] = {"prompt_sent": n, "prompt_tokens": pt, "completion_tokens": ct,
-                           "metrics_prompt_tokens": after[0] - before[0],
-                           "metrics_generation_tokens": after[1] - before[1]}
+    out: dict[str, Any] = {
+        "prompt_sent": n,
+        "prompt_tokens": pt,
+        "completion_tokens": ct,
+        "metrics_prompt_tokens": after[0] - before[0],
+        "metrics_generation_tokens": after[1] - before[1],
+    }
     if first is not None and pt:
         out.update(ttft_s=round(first - t0, 3), prefill_tok_s=round(pt / (first - t0), 1))
         if ct and ct > 1 and end > first:
@@ -180,22 +219,32 @@ def _stop(*procs: subprocess.Popen) -> None:
 
 def gpu_total() -> int:
     """GPU 0's memory in bytes (nvidia-smi, MiB)."""
-    proc = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return int(proc.stdout.strip()) * 2**20
 
 
 def gpu_use() -> list[str]:
     """nvidia-smi's per-process memory (the ballast and vLLM), for the record."""
-    proc = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"], capture_output=True, text=True
+    )
     return proc.stdout.strip().splitlines()
 
 
 def run_arm(a: argparse.Namespace, arm: dict[str, Any], say: Progress) -> dict[str, Any]:
     plan = dry_run(a.artifact, a.vllm, arm, a.gpu_mem)
-    rec: dict[str, Any] = {"arm": arm, "command": plan["command"], "dry_run_failures": plan.get("failures"),
-                           "dry_run_warnings": plan.get("warnings"), "ballast": plan.get("ballast")}
+    rec: dict[str, Any] = {
+        "arm": arm,
+        "command": plan["command"],
+        "dry_run_failures": plan.get("failures"),
+        "dry_run_warnings": plan.get("warnings"),
+        "ballast": plan.get("ballast"),
+    }
     say(arm=arm["name"], stage="dry-run", failures=plan.get("failures"))
     from qwenquant.procenv import server_env
 
@@ -203,8 +252,10 @@ def run_arm(a: argparse.Namespace, arm: dict[str, Any], say: Progress) -> dict[s
     for k in plan.get("env_unset", []):
         env.pop(k, None)
     if (env.get(HOST_EMBEDDINGS) == "1") != bool(arm["hostemb"]):
-        raise SystemExit(f"arm {arm['name']}: serve's plan set {HOST_EMBEDDINGS}={env.get(HOST_EMBEDDINGS)} for "
-                         f"hostemb={arm['hostemb']}")
+        raise SystemExit(
+            f"arm {arm['name']}: serve's plan set {HOST_EMBEDDINGS}={env.get(HOST_EMBEDDINGS)} for "
+            f"hostemb={arm['hostemb']}"
+        )
     log_path = Path(a.logs) / f"{arm['name']}.vllm.log"
     ballast = subprocess.Popen(plan["ballast"], stdout=subprocess.PIPE, text=True, start_new_session=True)
     rec["ballast_line"] = (ballast.stdout.readline() if ballast.stdout else "").strip()
@@ -223,8 +274,13 @@ def run_arm(a: argparse.Namespace, arm: dict[str, Any], say: Progress) -> dict[s
                 time.sleep(3)
         rec["ready_s"] = round(time.monotonic() - t0, 1) if up else None
         rec["vllm"] = vllm_figures(log_path.read_text(errors="replace"))
-        say(arm=arm["name"], stage="start", up=up, exit=srv.poll(),
-            **{k: v for k, v in rec["vllm"].items() if k != "memory_lines"})
+        say(
+            arm=arm["name"],
+            stage="start",
+            up=up,
+            exit=srv.poll(),
+            **{k: v for k, v in rec["vllm"].items() if k != "memory_lines"},
+        )
         if not up:
             rec["log_tail"] = log_path.read_text(errors="replace")[-5000:]
             return rec
@@ -243,8 +299,9 @@ def run_arm(a: argparse.Namespace, arm: dict[str, Any], say: Progress) -> dict[s
             if "error" in r:
                 break
         rec["gpu_use"] = gpu_use()
-        spec = {k: counter(base, f"vllm:spec_decode_num_{k}_total") for k in ("drafts", "draft_tokens",
-                                                                              "accepted_tokens")}
+        spec = {
+            k: counter(base, f"vllm:spec_decode_num_{k}_total") for k in ("drafts", "draft_tokens", "accepted_tokens")
+        }
         rec["spec_decode"] = spec
         return rec
     finally:
@@ -275,19 +332,29 @@ def main() -> int:
 
 
 def table(report: dict[str, Any]) -> str:
-    lines = ["| arm | weights GiB | torch peak GiB | non-torch GiB | graphs est. GiB | KV GiB | KV tokens | max_model_len |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| arm | weights GiB | torch peak GiB | non-torch GiB | graphs est. GiB | KV GiB | KV tokens | max_model_len |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for rec in report["arms"]:
         v = rec.get("vllm", {})
-        lines.append(f"| {rec['arm']['name']} | {v.get('weights_gib', '-')} | {v.get('peak_activation_gib', '-')} | "
-                     f"{v.get('non_torch_gib', '-')} | {v.get('cudagraph_estimate_gib', '-')} | "
-                     f"{v.get('kv_available_gib', '-')} | {v.get('kv_tokens', '-')} | {rec.get('served_max_model_len')} |")
-    lines += ["", "| arm | prompt | TTFT s | prefill tok/s | decode tok/s | counts agree |", "|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {rec['arm']['name']} | {v.get('weights_gib', '-')} | {v.get('peak_activation_gib', '-')} | "
+            f"{v.get('non_torch_gib', '-')} | {v.get('cudagraph_estimate_gib', '-')} | "
+            f"{v.get('kv_available_gib', '-')} | {v.get('kv_tokens', '-')} | {rec.get('served_max_model_len')} |"
+        )
+    lines += [
+        "",
+        "| arm | prompt | TTFT s | prefill tok/s | decode tok/s | counts agree |",
+        "|---|---|---|---|---|---|",
+    ]
     for rec in report["arms"]:
         for f in rec.get("fills", []):
-            lines.append(f"| {rec['arm']['name']} | {f.get('prompt_tokens', f['prompt_sent'])} | {f.get('ttft_s', '-')} | "
-                         f"{f.get('prefill_tok_s', '-')} | {f.get('decode_tok_s', '-')} | "
-                         f"{f.get('agree', f.get('error', '-'))} |")
+            lines.append(
+                f"| {rec['arm']['name']} | {f.get('prompt_tokens', f['prompt_sent'])} | {f.get('ttft_s', '-')} | "
+                f"{f.get('prefill_tok_s', '-')} | {f.get('decode_tok_s', '-')} | "
+                f"{f.get('agree', f.get('error', '-'))} |"
+            )
     return "\n".join(lines)
 
 

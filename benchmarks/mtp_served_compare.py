@@ -44,18 +44,31 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     extra: list[str] = []
     if "--" in argv:
         i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+        argv, extra = argv[:i], argv[i + 1 :]
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", type=Path, required=True, help="source, recipes, artifacts and logs go here")
     p.add_argument("--out", type=Path, required=True, help="the JSON report")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                   help="quantize and serve on this device (default: each command's own default)")
-    p.add_argument("--layout", choices=("text-only", "multimodal"), default=None,
-                   help="the artifacts' layout (default: the recipes'; CUDA vLLM 0.26 serves multimodal)")
-    p.add_argument("--vllm-versions", default=None,
-                   help="the vLLM range written into both recipes (default: the recipes' own)")
-    p.add_argument("--vllm", type=Path, default=REPO / ".venv-vllm" / "qwenquant-vllm.json",
-                   help="the vLLM launcher (scripts/install-vllm.sh writes it)")
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="quantize and serve on this device (default: each command's own default)",
+    )
+    p.add_argument(
+        "--layout",
+        choices=("text-only", "multimodal"),
+        default=None,
+        help="the artifacts' layout (default: the recipes'; CUDA vLLM 0.26 serves multimodal)",
+    )
+    p.add_argument(
+        "--vllm-versions", default=None, help="the vLLM range written into both recipes (default: the recipes' own)"
+    )
+    p.add_argument(
+        "--vllm",
+        type=Path,
+        default=REPO / ".venv-vllm" / "qwenquant-vllm.json",
+        help="the vLLM launcher (scripts/install-vllm.sh writes it)",
+    )
     p.add_argument("--gpu-mem", default=None, help="passed to eval --serve (e.g. 8GiB)")
     p.add_argument("--timeout", type=int, default=1800, help="seconds for each command")
     return p.parse_args(argv), extra
@@ -115,22 +128,50 @@ def measure(a: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     a.work.mkdir(parents=True, exist_ok=True)
     source = build_reference_checkpoint(a.work / "source")
     dev = ["--device", a.device] if a.device else []
-    out: dict[str, Any] = {"schema_version": 1, "device": a.device, "layout": a.layout,
-                           "vllm_versions": a.vllm_versions, "vllm_flags": extra, "arms": {}}
+    out: dict[str, Any] = {
+        "schema_version": 1,
+        "device": a.device,
+        "layout": a.layout,
+        "vllm_versions": a.vllm_versions,
+        "vllm_flags": extra,
+        "arms": {},
+    }
     for label, recipe in ARMS:
         art = a.work / recipe
         arm: dict[str, Any] = {"recipe": recipe, "artifact": str(art)}
         out["arms"][label] = arm
         if not (art / "qwenquant-manifest.json").is_file():
             log = a.work / f"quantize-{recipe}.log"
-            r = qq(["quantize", str(source), "--source-unverified", "--recipe",
-                    str(write_recipe(recipe, a.work, a.layout, a.vllm_versions)), "--out", str(art), *dev],
-                   log, a.timeout)
+            r = qq(
+                [
+                    "quantize",
+                    str(source),
+                    "--source-unverified",
+                    "--recipe",
+                    str(write_recipe(recipe, a.work, a.layout, a.vllm_versions)),
+                    "--out",
+                    str(art),
+                    *dev,
+                ],
+                log,
+                a.timeout,
+            )
             if r.returncode != 0:
                 arm["error"] = failed("quantize", r, log)
                 continue
         arm["root_digest"] = json.loads((art / "qwenquant-manifest.json").read_text()).get("root_digest")
-        serve = ["eval", "served", "--serve", str(art), "--profile", "single-user", "--vllm", str(a.vllm), "--json", *dev]
+        serve = [
+            "eval",
+            "served",
+            "--serve",
+            str(art),
+            "--profile",
+            "single-user",
+            "--vllm",
+            str(a.vllm),
+            "--json",
+            *dev,
+        ]
         if a.gpu_mem:
             serve += ["--gpu-mem", a.gpu_mem]
         log = a.work / f"served-{recipe}.log"
@@ -158,22 +199,34 @@ def compare(arms: dict[str, Any]) -> dict[str, Any] | None:
     look = []
     if any(d > TOO_GOOD_POINTS for d in points.values()):
         look.append("the int4 head above the bf16 head by more than 3 points at a position")
-    same = (b["drafts"], b["accepted_tokens"], b["per_position"]) == (q["drafts"], q["accepted_tokens"], q["per_position"])
+    same = (b["drafts"], b["accepted_tokens"], b["per_position"]) == (
+        q["drafts"],
+        q["accepted_tokens"],
+        q["per_position"],
+    )
     if same:
         look.append("the same counts at every position")
     digests = [arms[label].get("root_digest") for label, _ in ARMS]
     if digests[0] and digests[0] == digests[1]:
         look.append("both arms served artifacts with one root digest")
-    return {"mean_acceptance_length_ratio": ratio, "points_per_position": points,
-            "goal": f"within {GOAL_MAL:.0%} of the bf16 head's mean acceptance length",
-            "met": abs(ratio - 1) <= GOAL_MAL, "look_first": look}
+    return {
+        "mean_acceptance_length_ratio": ratio,
+        "points_per_position": points,
+        "goal": f"within {GOAL_MAL:.0%} of the bf16 head's mean acceptance length",
+        "met": abs(ratio - 1) <= GOAL_MAL,
+        "look_first": look,
+    }
 
 
 def table(r: dict[str, Any]) -> str:
-    positions = sorted({p for arm in r["arms"].values() for p in ((arm.get("served") or {}).get("mtp") or {})
-                        .get("per_position", {})}, key=int)
-    rows = ["| served | drafts | mean acceptance length | " + " | ".join(f"position {p}" for p in positions) + " |",
-            "|---|---|---|" + "---|" * len(positions)]
+    positions = sorted(
+        {p for arm in r["arms"].values() for p in ((arm.get("served") or {}).get("mtp") or {}).get("per_position", {})},
+        key=int,
+    )
+    rows = [
+        "| served | drafts | mean acceptance length | " + " | ".join(f"position {p}" for p in positions) + " |",
+        "|---|---|---|" + "---|" * len(positions),
+    ]
     for label, arm in r["arms"].items():
         m = (arm.get("served") or {}).get("mtp") or {}
         if not m:
@@ -183,9 +236,11 @@ def table(r: dict[str, Any]) -> str:
         rows.append(f"| {label} | {m['drafts']} | {m['mean_acceptance_length']:.3f} | " + " | ".join(cells) + " |")
     c = r.get("comparison")
     if c and "met" in c:
-        rows.append(f"\nint4 / bf16 mean acceptance length {c['mean_acceptance_length_ratio']:.4f} "
-                    f"({c['goal']}: {'met' if c['met'] else 'NOT met'}); points per position: "
-                    + ", ".join(f"{p}: {100 * d:+.1f}" for p, d in c["points_per_position"].items()))
+        rows.append(
+            f"\nint4 / bf16 mean acceptance length {c['mean_acceptance_length_ratio']:.4f} "
+            f"({c['goal']}: {'met' if c['met'] else 'NOT met'}); points per position: "
+            + ", ".join(f"{p}: {100 * d:+.1f}" for p, d in c["points_per_position"].items())
+        )
         for line in c["look_first"]:
             rows.append(f"LOOK FIRST (too good to believe): {line}")
     elif c:

@@ -64,19 +64,31 @@ def split_layer(phases: dict[str, float], flops: dict[str, float], hessian_rate:
     the Hessian's share of `calibrate` is its FLOPs at the rate measured for its path."""
     hess = min(phases.get("calibrate", 0.0), flops["hessian_flops"] / hessian_rate)
     host = sum(phases.get(k, 0.0) for k in ("read", "build", "write", "rebuild"))
-    return {"forward": phases.get("calibrate", 0.0) - hess + phases.get("forward", 0.0), "hessian": hess,
-            "solve": phases.get("gptq", 0.0), "host": host}
+    return {
+        "forward": phases.get("calibrate", 0.0) - hess + phases.get("forward", 0.0),
+        "hessian": hess,
+        "solve": phases.get("gptq", 0.0),
+        "host": host,
+    }
 
 
-def layer_on(target: str, split: dict[str, float], flops: dict[str, float], precision: str,
-             layer_bytes: float, measured_on: str = "H200") -> dict[str, float]:
+def layer_on(
+    target: str,
+    split: dict[str, float],
+    flops: dict[str, float],
+    precision: str,
+    layer_bytes: float,
+    measured_on: str = "H200",
+) -> dict[str, float]:
     """One layer's seconds on `target`: each GPU part at the efficiency it showed on `measured_on`."""
     src, dst = PEAKS[measured_on], PEAKS[target]
     hkind = "bf16_tc" if precision == "tensor-core" else "fp32"
-    out = {"forward": split["forward"] * src["bf16_tc"] / dst["bf16_tc"],
-           "hessian": split["hessian"] * src[hkind] / dst[hkind],
-           "solve": split["solve"] * src["fp32"] / dst["fp32"],
-           "host": max(split["host"], layer_bytes / PCIE4_BYTES_S)}
+    out = {
+        "forward": split["forward"] * src["bf16_tc"] / dst["bf16_tc"],
+        "hessian": split["hessian"] * src[hkind] / dst[hkind],
+        "solve": split["solve"] * src["fp32"] / dst["fp32"],
+        "host": max(split["host"], layer_bytes / PCIE4_BYTES_S),
+    }
     out["total"] = sum(out.values())
     return out
 
@@ -89,9 +101,11 @@ def efficiencies(split: dict[str, float], flops: dict[str, float], precision: st
     def eff(work: float, secs: float, peak: float) -> float | None:
         return work / secs / peak if secs > 0 else None
 
-    return {"forward_bf16": eff(2 * flops["forward_flops"], split["forward"], p["bf16_tc"]),
-            "hessian_" + hkind: eff(flops["hessian_flops"], split["hessian"], p[hkind]),
-            "solve_fp32": eff(flops["solve_flops"], split["solve"], p["fp32"])}
+    return {
+        "forward_bf16": eff(2 * flops["forward_flops"], split["forward"], p["bf16_tc"]),
+        "hessian_" + hkind: eff(flops["hessian_flops"], split["hessian"], p[hkind]),
+        "solve_fp32": eff(flops["solve_flops"], split["solve"], p["fp32"]),
+    }
 
 
 def real_types() -> list[str]:
@@ -123,9 +137,13 @@ def project_qwenquant(arm: dict[str, Any], bytes_ratio: float) -> dict[str, Any]
     gptq_after = st["gptq"] - loop  # after the loop: head calibration, links, config, identity proof
     scaled = {k: st[k] * bytes_ratio for k in ("source", "textonly", "check", "manifest") if k in st}
     fixed = {k: st[k] for k in ("calibration", "lm_head", "mtp", "eval") if k in st}
-    parts = {"layers": layers, "layer0_one_time": excess0,
-             **gptq_tail_parts(arm.get("gptq_tail"), gptq_after, bytes_ratio, REAL_LAYERS / max(1, len(secs))),
-             **{f"{k} (x bytes)": v for k, v in scaled.items()}, **{f"{k} (fixed)": v for k, v in fixed.items()}}
+    parts = {
+        "layers": layers,
+        "layer0_one_time": excess0,
+        **gptq_tail_parts(arm.get("gptq_tail"), gptq_after, bytes_ratio, REAL_LAYERS / max(1, len(secs))),
+        **{f"{k} (x bytes)": v for k, v in scaled.items()},
+        **{f"{k} (fixed)": v for k, v in fixed.items()},
+    }
     return {"per_layer_seconds": per, "parts": parts, "total_seconds": sum(parts.values())}
 
 
@@ -137,8 +155,9 @@ TAIL_FIXED = ("head_calibration", "mtp_gptq", "rest_shards", "index_and_calibrat
 TAIL_PER_LAYER = ("layer_links",)
 
 
-def gptq_tail_parts(tail: dict[str, float] | None, after_loop: float, bytes_ratio: float,
-                    layers_ratio: float) -> dict[str, float]:
+def gptq_tail_parts(
+    tail: dict[str, float] | None, after_loop: float, bytes_ratio: float, layers_ratio: float
+) -> dict[str, float]:
     """The gptq stage's time after its loop at 64 layers. Without the engine's split (`tail`, from
     runs before it was logged) all of it scales with the checkpoint's bytes. With it: the fixed
     parts as measured, the links per layer, and the rest (identity proof, config, the stage
@@ -149,8 +168,11 @@ def gptq_tail_parts(tail: dict[str, float] | None, after_loop: float, bytes_rati
     fixed = sum(tail.get(k, 0.0) for k in TAIL_FIXED)
     per_layer = sum(tail.get(k, 0.0) for k in TAIL_PER_LAYER)
     rest = max(0.0, after_loop - fixed - per_layer)
-    return {"gptq_after_loop (fixed)": fixed, "gptq_after_loop (x layers)": per_layer * layers_ratio,
-            "gptq_after_loop (x bytes)": rest * bytes_ratio}
+    return {
+        "gptq_after_loop (fixed)": fixed,
+        "gptq_after_loop (x layers)": per_layer * layers_ratio,
+        "gptq_after_loop (x bytes)": rest * bytes_ratio,
+    }
 
 
 def project_oneshot(arm: dict[str, Any], bytes_ratio: float) -> dict[str, Any]:
@@ -167,8 +189,13 @@ def project_oneshot(arm: dict[str, Any], bytes_ratio: float) -> dict[str, Any]:
     # (dataset, tracing) and tail, paid once; so is layer 0's excess over a steady layer of its type
     tail = arm["oneshot_seconds"] - sum(secs.values()) - per[types[len(secs)]]
     excess0 = max(0.0, secs[0] - per[types[0]])
-    parts = {"layers": layers, "layer0_one_time": excess0, "setup_and_tail_once": max(0.0, tail),
-             "load (x bytes)": arm["load_seconds"] * bytes_ratio, "save (x bytes)": arm["save_seconds"] * bytes_ratio}
+    parts = {
+        "layers": layers,
+        "layer0_one_time": excess0,
+        "setup_and_tail_once": max(0.0, tail),
+        "load (x bytes)": arm["load_seconds"] * bytes_ratio,
+        "save (x bytes)": arm["save_seconds"] * bytes_ratio,
+    }
     return {"per_layer_seconds": per, "parts": parts, "total_seconds": sum(parts.values())}
 
 
@@ -181,13 +208,17 @@ def project_3090(arm: dict[str, Any], real_bytes: float, bytes_ratio: float) -> 
     lay_bytes = real_bytes / REAL_LAYERS
     out_types: dict[str, Any] = {}
     for kind in set(types):
-        rows = [(i, ph) for i, ph in enumerate(arm["gptq_layer_phases"]) if types[i] == kind and i > 0] or \
-               [(i, ph) for i, ph in enumerate(arm["gptq_layer_phases"]) if types[i] == kind]
+        rows = [(i, ph) for i, ph in enumerate(arm["gptq_layer_phases"]) if types[i] == kind and i > 0] or [
+            (i, ph) for i, ph in enumerate(arm["gptq_layer_phases"]) if types[i] == kind
+        ]
         i, ph = rows[len(rows) // 2]
         flops = arm["layer_flops"][str(i)]
         split = split_layer(ph, flops, rate)
-        out_types[kind] = {"h200_split": split, "efficiency": efficiencies(split, flops, precision),
-                           "rtx3090": layer_on("RTX 3090", split, flops, precision, lay_bytes)}
+        out_types[kind] = {
+            "h200_split": split,
+            "efficiency": efficiencies(split, flops, precision),
+            "rtx3090": layer_on("RTX 3090", split, flops, precision, lay_bytes),
+        }
     if set(out_types) != set(real_types()):
         return {"skipped": "a layer type was not measured"}
     layers = sum(out_types[t]["rtx3090"]["total"] for t in real_types())
@@ -196,8 +227,13 @@ def project_3090(arm: dict[str, Any], real_bytes: float, bytes_ratio: float) -> 
     fp = PEAKS["H200"]["fp32"] / PEAKS["RTX 3090"]["fp32"]
     head_s = head["rows_gptq_seconds"] * fp + head["before_rows_seconds"] + head["after_rows_seconds"]
     other = sum(v for k, v in q.items() if k not in ("layers", "lm_head (fixed)"))
-    return {"per_type": out_types, "layers_seconds": layers, "lm_head_seconds": head_s,
-            "outside_loop_seconds": other, "total_seconds": layers + head_s + other,
-            "basis": "per-phase model (benchmarks/phase_model.py): H200 efficiencies at the 3090's datasheet peaks "
-                     "(bf16 tensor cores 71 TFLOP/s dense, float32 35.6 TFLOP/s, 936 GB/s); host-bound parts "
-                     "as measured; not measured on a 3090"}
+    return {
+        "per_type": out_types,
+        "layers_seconds": layers,
+        "lm_head_seconds": head_s,
+        "outside_loop_seconds": other,
+        "total_seconds": layers + head_s + other,
+        "basis": "per-phase model (benchmarks/phase_model.py): H200 efficiencies at the 3090's datasheet peaks "
+        "(bf16 tensor cores 71 TFLOP/s dense, float32 35.6 TFLOP/s, 936 GB/s); host-bound parts "
+        "as measured; not measured on a 3090",
+    }

@@ -55,11 +55,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--recipe", default="w4a16-int4head-multimodal")
     p.add_argument("--max-gpu-mem", type=float, default=None, help="GiB cap of this process's CUDA memory")
-    p.add_argument("--hessian-precision", choices=("tensor-core", "fp32"), default="tensor-core",
-                   help="qwenquant arm: the recipe's quantization.hessian_precision (fp32: a separate artifact)")
-    p.add_argument("--drop-work", action="store_true",
-                   help="qwenquant arm: after the run, remove its work folder but the calibration stage (the artifact "
-                        "is hard-linked from it and stays; the oneshot arm reads the calibration tokens)")
+    p.add_argument(
+        "--hessian-precision",
+        choices=("tensor-core", "fp32"),
+        default="tensor-core",
+        help="qwenquant arm: the recipe's quantization.hessian_precision (fp32: a separate artifact)",
+    )
+    p.add_argument(
+        "--drop-work",
+        action="store_true",
+        help="qwenquant arm: after the run, remove its work folder but the calibration stage (the artifact "
+        "is hard-linked from it and stays; the oneshot arm reads the calibration tokens)",
+    )
     p.add_argument("--keep-fp32", action="store_true", help="report: keep the fp32 arm's artifact (default: removed)")
     p.add_argument("--progress-file", type=Path, default=None)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/quantize_arms.json"))
@@ -98,8 +105,16 @@ def warm_up(source: Path, max_length: int, device: str) -> dict[str, Any]:
         del layer, x
         qb.say(f"  warm-up: one {kind} layer forward done (t={time.perf_counter() - t0:.1f} s)")
     c = src.config
-    widths = tuple(sorted({int(c.hidden_size), int(c.intermediate_size),
-                           int(getattr(c, "linear_num_value_heads", 0) * getattr(c, "linear_value_head_dim", 0))} - {0}))
+    widths = tuple(
+        sorted(
+            {
+                int(c.hidden_size),
+                int(c.intermediate_size),
+                int(getattr(c, "linear_num_value_heads", 0) * getattr(c, "linear_value_head_dim", 0)),
+            }
+            - {0}
+        )
+    )
     rates = hessian_rates(max_length, device, widths)
     if device == "cuda":
         torch.cuda.synchronize()
@@ -151,14 +166,27 @@ def step_source(args: argparse.Namespace) -> dict[str, Any]:
     built = shapes.build_checkpoint(args.work / "source", ref, dims, seed=args.seed, device=device)
     qb.write_calibration(args.work / "calib", args.samples, args.max_length, args.seed)
     src_bytes = sum(t.nbytes for t in shapes.tensor_plan(dims, args.seed, device).values())
-    real = sum(t.nbytes for t in shapes.tensor_plan(shapes.bench_dims(ref, layers=pm.REAL_LAYERS), args.seed,
-                                                    device).values())
-    info = {"built": built, "reference": ref_from, "seconds": time.perf_counter() - t0, "source_bytes": src_bytes,
-            "real_source_bytes": real, "bytes_ratio": real / src_bytes, "samples": args.samples,
-            "max_length": args.max_length, "recipe": args.recipe, "disk": disk(args.work),
-            "scale": args.scale, "vocab": args.vocab}
-    qb.say(f"source: {args.layers} layers, {src_bytes / 1e9:.2f} GB in {info['seconds']:.0f} s; "
-           f"disk free {info['disk']['free_gb']:.0f} GB")
+    real = sum(
+        t.nbytes for t in shapes.tensor_plan(shapes.bench_dims(ref, layers=pm.REAL_LAYERS), args.seed, device).values()
+    )
+    info = {
+        "built": built,
+        "reference": ref_from,
+        "seconds": time.perf_counter() - t0,
+        "source_bytes": src_bytes,
+        "real_source_bytes": real,
+        "bytes_ratio": real / src_bytes,
+        "samples": args.samples,
+        "max_length": args.max_length,
+        "recipe": args.recipe,
+        "disk": disk(args.work),
+        "scale": args.scale,
+        "vocab": args.vocab,
+    }
+    qb.say(
+        f"source: {args.layers} layers, {src_bytes / 1e9:.2f} GB in {info['seconds']:.0f} s; "
+        f"disk free {info['disk']['free_gb']:.0f} GB"
+    )
     return info
 
 
@@ -192,8 +220,9 @@ def step_qwenquant(args: argparse.Namespace, device: str) -> dict[str, Any]:
     rss.start()
     gpu.take()
     rec = qb.Recorder(gpu, rss, counts, engine="streamed")
-    opts = QuantizeOptions(args.work / "source", recipe, spec, art, art.with_name(art.name + ".work"), device,
-                           source_unverified=True)
+    opts = QuantizeOptions(
+        args.work / "source", recipe, spec, art, art.with_name(art.name + ".work"), device, source_unverified=True
+    )
     qb.say(f"qwenquant arm ({args.hessian_precision} Hessians): timing starts")
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):
@@ -206,17 +235,31 @@ def step_qwenquant(args: argparse.Namespace, device: str) -> dict[str, Any]:
     refs = checkpoint_refs(args.work / "source")
     shapes_ = pm.layer_shapes(refs, lambda m: targets_cover(recipe.quantization.ignore, m))
     tokens = src_info["samples"] * src_info["max_length"]
-    return {"arm": "qwenquant-fp32" if fp32 else "qwenquant", "hessian_precision": args.hessian_precision,
-            "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu", "versions": qb.versions(),
-            "warm_up": warm, "hessian_rates": warm["hessian_rates"], "wall_seconds": wall, "stages": rec.stages,
-            "gptq_layers": rec.layers, "gptq_layer_phases": phases, "gptq_phase_medians": qb.phase_medians(phases),
-            "gptq_tail": tail, "layer_types": src_info["built"]["dims"]["layer_types"],
-            "layer_flops": {str(i): pm.layer_flops(m, tokens) for i, m in shapes_.items()},
-            "lm_head_timing": qb.lm_head_timing(rec), "lm_head_quality": result.quality.get("lm_head"),
-            "root_digest": result.root_digest, "artifact": str(result.artifact),
-            "artifact_bytes": qb.sizes_by_component(result.artifact), "max_gpu_mem_gib": args.max_gpu_mem,
-            "peak_gpu_bytes": max((s["peak_gpu_bytes"] or 0) for s in rec.stages) or None,
-            "peak_rss_bytes": max(s["peak_rss_bytes"] for s in rec.stages), "disk": disk(args.work)}
+    return {
+        "arm": "qwenquant-fp32" if fp32 else "qwenquant",
+        "hessian_precision": args.hessian_precision,
+        "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "versions": qb.versions(),
+        "warm_up": warm,
+        "hessian_rates": warm["hessian_rates"],
+        "wall_seconds": wall,
+        "stages": rec.stages,
+        "gptq_layers": rec.layers,
+        "gptq_layer_phases": phases,
+        "gptq_phase_medians": qb.phase_medians(phases),
+        "gptq_tail": tail,
+        "layer_types": src_info["built"]["dims"]["layer_types"],
+        "layer_flops": {str(i): pm.layer_flops(m, tokens) for i, m in shapes_.items()},
+        "lm_head_timing": qb.lm_head_timing(rec),
+        "lm_head_quality": result.quality.get("lm_head"),
+        "root_digest": result.root_digest,
+        "artifact": str(result.artifact),
+        "artifact_bytes": qb.sizes_by_component(result.artifact),
+        "max_gpu_mem_gib": args.max_gpu_mem,
+        "peak_gpu_bytes": max((s["peak_gpu_bytes"] or 0) for s in rec.stages) or None,
+        "peak_rss_bytes": max(s["peak_rss_bytes"] for s in rec.stages),
+        "disk": disk(args.work),
+    }
 
 
 def drop_work(work: Path) -> None:
@@ -245,12 +288,20 @@ def step_oneshot(args: argparse.Namespace, device: str) -> dict[str, Any]:
     gpu, rss = qb.Gpu(device), qb.RssSampler()
     rss.start()
     qb.say("oneshot arm: timing starts")
-    lc = run_oneshot_arm(args.work / "source", tokens, load_recipe(src_info["recipe"]), args.work / "oneshot-save",
-                         gpu, rss, qb.say)
+    lc = run_oneshot_arm(
+        args.work / "source", tokens, load_recipe(src_info["recipe"]), args.work / "oneshot-save", gpu, rss, qb.say
+    )
     rss.stop.set()
-    return {"arm": "oneshot", "warm_up": warm, "layer_types": src_info["built"]["dims"]["layer_types"],
-            "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu", "versions": qb.versions(),
-            "max_gpu_mem_gib": args.max_gpu_mem, **lc, "disk": disk(args.work)}
+    return {
+        "arm": "oneshot",
+        "warm_up": warm,
+        "layer_types": src_info["built"]["dims"]["layer_types"],
+        "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "versions": qb.versions(),
+        "max_gpu_mem_gib": args.max_gpu_mem,
+        **lc,
+        "disk": disk(args.work),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

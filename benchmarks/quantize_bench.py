@@ -46,36 +46,71 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=None, help="calibration samples (default 128; --quick 8)")
     p.add_argument("--max-length", type=int, default=None, help="tokens per sample (default 2048; --quick 256)")
     p.add_argument("--quick", action="store_true", help="8 samples x 256 tokens")
-    p.add_argument("--scale", type=float, default=1.0,
-                   help="< 1 shrinks hidden/MLP widths and head counts (CPU proofs: 0.1); 1 = the 27B's")
+    p.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="< 1 shrinks hidden/MLP widths and head counts (CPU proofs: 0.1); 1 = the 27B's",
+    )
     p.add_argument("--vocab", type=int, default=None, help="override vocab rows (default 248320, the 27B's)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when present")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--recipe", default="w4a16-int4head")
-    p.add_argument("--enforce-head-gate", action="store_true",
-                   help="keep the recipe's lm_head.require_better_than_rtn (default: off, so a random-weight model "
-                        "cannot fail the run after minutes; the report says whether the gate would have passed)")
-    p.add_argument("--work", type=Path, default=None,
-                   help="folder for the checkpoint, calibration set and artifact (default: a temp folder, removed)")
+    p.add_argument(
+        "--enforce-head-gate",
+        action="store_true",
+        help="keep the recipe's lm_head.require_better_than_rtn (default: off, so a random-weight model "
+        "cannot fail the run after minutes; the report says whether the gate would have passed)",
+    )
+    p.add_argument(
+        "--work",
+        type=Path,
+        default=None,
+        help="folder for the checkpoint, calibration set and artifact (default: a temp folder, removed)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the work folder")
-    p.add_argument("--reference", type=Path, default=None, help="reference config.json (default: ../shared copy or embedded)")
+    p.add_argument(
+        "--reference", type=Path, default=None, help="reference config.json (default: ../shared copy or embedded)"
+    )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/quantize_bench.json"))
-    p.add_argument("--compare-llmcompressor", action="store_true",
-                   help="after qwenquant, run plain llm-compressor oneshot + save_pretrained on the same source, "
-                        "scheme, ignore list and calibration tokens, and print the ratios")
-    p.add_argument("--progress-file", type=Path, default=None,
-                   help="append every progress line to this file as it happens (a run cut off still says where)")
-    p.add_argument("--resume", action="store_true",
-                   help="reuse --work as a killed run left it (source, calibration, stage and layer records): "
-                        "the gptq stage resumes from its last completed decoder layer")
-    p.add_argument("--max-gpu-mem", type=float, default=None,
-                   help="GiB: cap this process's CUDA memory (QWENQUANT_MAX_GPU_MEM), e.g. 23.5 for a 24 GB card")
-    p.add_argument("--engine", choices=("streamed", "oneshot"), default="streamed",
-                   help="qwenquant's gptq engine (QWENQUANT_GPTQ_ENGINE); default streamed")
-    p.add_argument("--gpus", type=int, default=1,
-                   help="N > 1: after the one-GPU run, quantize again with `--gpus N` (the gptq stage as N processes) "
-                        "and print one GPU vs N: per-layer and wall time, GPU peak per rank, RSS, speed-up, and the "
-                        "fraction of int4 codes that differ between the two artifacts")
+    p.add_argument(
+        "--compare-llmcompressor",
+        action="store_true",
+        help="after qwenquant, run plain llm-compressor oneshot + save_pretrained on the same source, "
+        "scheme, ignore list and calibration tokens, and print the ratios",
+    )
+    p.add_argument(
+        "--progress-file",
+        type=Path,
+        default=None,
+        help="append every progress line to this file as it happens (a run cut off still says where)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="reuse --work as a killed run left it (source, calibration, stage and layer records): "
+        "the gptq stage resumes from its last completed decoder layer",
+    )
+    p.add_argument(
+        "--max-gpu-mem",
+        type=float,
+        default=None,
+        help="GiB: cap this process's CUDA memory (QWENQUANT_MAX_GPU_MEM), e.g. 23.5 for a 24 GB card",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("streamed", "oneshot"),
+        default="streamed",
+        help="qwenquant's gptq engine (QWENQUANT_GPTQ_ENGINE); default streamed",
+    )
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        help="N > 1: after the one-GPU run, quantize again with `--gpus N` (the gptq stage as N processes) "
+        "and print one GPU vs N: per-layer and wall time, GPU peak per rank, RSS, speed-up, and the "
+        "fraction of int4 codes that differ between the two artifacts",
+    )
     args = p.parse_args(argv)
     if args.gpus > 1 and args.engine != "streamed":
         p.error("--gpus runs the streamed engine")
@@ -122,7 +157,8 @@ def write_calibration(folder: Path, samples: int, max_length: int, seed: int) ->
     yaml_path.write_text(
         "schema_version: 1\nname: quantize-bench\ndescription: random vocab words written by benchmarks/quantize_bench.py\n"
         f"source: local\npath: calib.jsonl\ntext_field: text\nsplit: train\nnum_samples: {samples}\n"
-        f"max_length: {max_length}\nchat_template: false\nshuffle_seed: null\n")
+        f"max_length: {max_length}\nchat_template: false\nshuffle_seed: null\n"
+    )
     return yaml_path
 
 
@@ -182,8 +218,11 @@ class Recorder:
         self.chunks: list[float] = []
         self.windows: list[dict[str, Any]] = []  # peak GPU / RSS between marks inside a stage
         # the streamed engine ticks once per decoder layer; oneshot once per quantized module
-        self.ends = (list(range(1, len(layer_modules) + 1)) if engine == "streamed"
-                     else [sum(layer_modules[: i + 1]) for i in range(len(layer_modules))])
+        self.ends = (
+            list(range(1, len(layer_modules) + 1))
+            if engine == "streamed"
+            else [sum(layer_modules[: i + 1]) for i in range(len(layer_modules))]
+        )
         self.head_first = HEAD_FIRST[engine]
         self.total_seen: int | None = None
 
@@ -207,8 +246,10 @@ class Recorder:
             s["peak_rss_bytes"] = max(w["peak_rss_bytes"] for w in mine)
             if len(mine) > 1:
                 s["windows"] = [{k: v for k, v in w.items() if k != "stage"} for w in mine]
-            say(f"  {name:<12} {s['seconds']:7.1f} s  GPU peak {fmt_gib(s['peak_gpu_bytes'])}  "
-                f"RSS peak {fmt_gib(s['peak_rss_bytes'])}")
+            say(
+                f"  {name:<12} {s['seconds']:7.1f} s  GPU peak {fmt_gib(s['peak_gpu_bytes'])}  "
+                f"RSS peak {fmt_gib(s['peak_rss_bytes'])}"
+            )
 
     def __call__(self, name: str, task: str | None, i: int, n: int) -> None:
         t = self.now()
@@ -218,8 +259,15 @@ class Recorder:
                 prev = self.layers[-1]["end"] if self.layers else self.stages[-1]["start"]
                 k = len(self.layers)
                 w = self._window("gptq", f"layer {k}")
-                self.layers.append({"layer": k, "end": t, "seconds": t - prev,
-                                    "peak_gpu_bytes": w["peak_gpu_bytes"], "peak_rss_bytes": w["peak_rss_bytes"]})
+                self.layers.append(
+                    {
+                        "layer": k,
+                        "end": t,
+                        "seconds": t - prev,
+                        "peak_gpu_bytes": w["peak_gpu_bytes"],
+                        "peak_rss_bytes": w["peak_rss_bytes"],
+                    }
+                )
                 say(f"    gptq layer {k}: {t - prev:6.1f} s (t={t:.0f} s)")
             return
         if name == "lm_head" and task is not None:
@@ -263,8 +311,10 @@ PROGRESS_FILE: list[Path] = []
 # folder; after the oneshot engine the stage loads the whole model to capture final hidden states.
 HEAD_FIRST = {"streamed": "read head calibration", "oneshot": "load model + capture hidden"}
 # What the first decoder layer's time carries besides its own GPTQ.
-LAYER0_CARRIES = {"streamed": "stage setup (source index, calibration embeddings) and an unprefetched read",
-                  "oneshot": "model load and graph tracing"}
+LAYER0_CARRIES = {
+    "streamed": "stage setup (source index, calibration embeddings) and an unprefetched read",
+    "oneshot": "model load and graph tracing",
+}
 
 
 def say(msg: str) -> None:
@@ -349,9 +399,14 @@ def eta(bytes_: int, layers: int, tokens: int) -> dict[str, float]:
     """A rough guess printed before the run. GPU constants: an earlier llm-compressor run at real dims (about 9 s per decoder layer
     at 128 x 2048 on an H200) and benchmarks/results/lm_head_h200.json (23 s row-chunked head GPTQ)."""
     gb, rel = bytes_ / 1e9, tokens / (128 * 2048)
-    g = {"build": gb / 0.5, "source": gb / 1.5, "calibration": 5.0,
-         "gptq": 40 + gb / 0.3 + layers * (2 + 10 * rel), "lm_head": 20 + gb / 0.5 + 30 + layers * 3 * rel,
-         "mtp..manifest": 4 * gb / 0.6}
+    g = {
+        "build": gb / 0.5,
+        "source": gb / 1.5,
+        "calibration": 5.0,
+        "gptq": 40 + gb / 0.3 + layers * (2 + 10 * rel),
+        "lm_head": 20 + gb / 0.5 + 30 + layers * 3 * rel,
+        "mtp..manifest": 4 * gb / 0.6,
+    }
     g["total"] = sum(g.values())
     return g
 
@@ -395,12 +450,12 @@ def project(report: dict[str, Any], layers: int) -> dict[str, Any]:
     parts["per_layer_seconds"] = per_type
     parts["basis"] = {
         "gptq_layers_seconds": "mean measured seconds per layer type (layer 0 left out when another of its type "
-                               f"exists: it carries {LAYER0_CARRIES[report['engine']]}) x 48 linear + 16 full attention",
+        f"exists: it carries {LAYER0_CARRIES[report['engine']]}) x 48 linear + 16 full attention",
         "gptq_overhead_seconds": "measured gptq stage minus its layers x source-bytes ratio, plus layer 0's excess "
-                                 "over a steady layer of its type once (compiles and setup do not grow with depth)",
+        "over a steady layer of its type once (compiles and setup do not grow with depth)",
         "lm_head_seconds": "measured head GPTQ + after-rows part + the part before the rows ("
-                           + ("head calibration read, as measured" if streamed else "model load + capture x 64/layers")
-                           + ")",
+        + ("head calibration read, as measured" if streamed else "model load + capture x 64/layers")
+        + ")",
         "io_stages_seconds": "source, calibration, mtp, textonly, check, manifest x source-bytes ratio",
         "not_included": "checkpoint build (a user fetches), a 24 GB card's CPU offload (this is the same GPU)",
     }
@@ -411,14 +466,17 @@ def lm_head_timing(rec: Recorder) -> dict[str, float]:
     st = {s["stage"]: s for s in rec.stages}
     s = st.get("lm_head")
     if not s or not rec.chunks:
-        return {"rows_gptq_seconds": 0.0, "after_rows_seconds": 0.0,
-                "before_rows_seconds": s["seconds"] if s else 0.0}
+        return {"rows_gptq_seconds": 0.0, "after_rows_seconds": 0.0, "before_rows_seconds": s["seconds"] if s else 0.0}
     c = rec.chunks
     per_chunk = (c[-1] - c[0]) / (len(c) - 1) if len(c) > 1 else 0.0
     rows = c[-1] - c[0] + per_chunk
     start = s["start"]
-    return {"rows_gptq_seconds": rows, "chunks": len(c), "before_rows_seconds": c[0] - per_chunk - start,
-            "after_rows_seconds": start + s["seconds"] - c[-1]}
+    return {
+        "rows_gptq_seconds": rows,
+        "chunks": len(c),
+        "before_rows_seconds": c[0] - per_chunk - start,
+        "after_rows_seconds": start + s["seconds"] - c[-1],
+    }
 
 
 # ------------------------------------------------------------------------------------------------
@@ -445,12 +503,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     dims = shapes.bench_dims(ref, layers=args.layers, scale=args.scale, vocab=args.vocab)
     plan = shapes.tensor_plan(dims, args.seed, device)
     src_bytes = sum(t.nbytes for t in plan.values())
-    real_bytes = sum(t.nbytes for t in shapes.tensor_plan(
-        shapes.bench_dims(shapes.REFERENCE_27B, layers=REAL_LAYERS), args.seed, device).values())
+    real_bytes = sum(
+        t.nbytes
+        for t in shapes.tensor_plan(
+            shapes.bench_dims(shapes.REFERENCE_27B, layers=REAL_LAYERS), args.seed, device
+        ).values()
+    )
     tokens = args.samples * args.max_length
     guess = eta(src_bytes, args.layers, tokens)
-    say(f"device {device}; {args.layers} layers {dims.layer_types()}; hidden {dims.hidden}, MLP {dims.intermediate}, "
-        f"vocab {dims.vocab}; checkpoint {src_bytes / 1e9:.2f} GB; calibration {args.samples} x {args.max_length}")
+    say(
+        f"device {device}; {args.layers} layers {dims.layer_types()}; hidden {dims.hidden}, MLP {dims.intermediate}, "
+        f"vocab {dims.vocab}; checkpoint {src_bytes / 1e9:.2f} GB; calibration {args.samples} x {args.max_length}"
+    )
     if device == "cuda":
         say("ETA (rough H200 guess, before measuring): " + ", ".join(f"{k} {v:.0f} s" for k, v in guess.items()))
     else:
@@ -477,12 +541,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     recipe = load_recipe(args.recipe)
     if not args.enforce_head_gate:
-        recipe = recipe.model_copy(update={"lm_head": recipe.lm_head.model_copy(update={"require_better_than_rtn": False})})
+        recipe = recipe.model_copy(
+            update={"lm_head": recipe.lm_head.model_copy(update={"require_better_than_rtn": False})}
+        )
     spec = load_calibration_override(calib_yaml)
     counts = layer_module_counts(work / "source", recipe, args.layers)
     rec = Recorder(gpu, rss, counts, engine=args.engine)
-    opts = QuantizeOptions(work / "source", recipe, spec, work / "artifact", work / "artifact.work", device,
-                           source_unverified=True)
+    opts = QuantizeOptions(
+        work / "source", recipe, spec, work / "artifact", work / "artifact.work", device, source_unverified=True
+    )
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):
         result = quantize(opts, rec)
@@ -495,17 +562,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from benchmarks.compare_llmcompressor import ratios, run_oneshot_arm
 
         say("llm-compressor oneshot arm (same source, scheme, ignore list, calibration tokens)")
-        lc = run_oneshot_arm(work / "source", work / "artifact.work" / "calibration", recipe, work / "oneshot-save",
-                             gpu, rss, say)
+        lc = run_oneshot_arm(
+            work / "source", work / "artifact.work" / "calibration", recipe, work / "oneshot-save", gpu, rss, say
+        )
         layer_s = sorted(L["seconds"] for L in rec.layers[1:]) or [None]
         gptq = next((s for s in rec.stages if s["stage"] == "gptq"), {})
-        mine = {"median_layer_seconds": layer_s[len(layer_s) // 2], "wall_seconds": wall,
-                "peak_rss_bytes": max(s["peak_rss_bytes"] for s in rec.stages),
-                "peak_gpu_bytes": max((s["peak_gpu_bytes"] or 0) for s in rec.stages) or None,
-                "gptq_stage_seconds": gptq.get("seconds")}
+        mine = {
+            "median_layer_seconds": layer_s[len(layer_s) // 2],
+            "wall_seconds": wall,
+            "peak_rss_bytes": max(s["peak_rss_bytes"] for s in rec.stages),
+            "peak_gpu_bytes": max((s["peak_gpu_bytes"] or 0) for s in rec.stages) or None,
+            "gptq_stage_seconds": gptq.get("seconds"),
+        }
         compare = {"llmcompressor": lc, "qwenquant": mine, "ratios_qwenquant_over_llmcompressor": ratios(mine, lc)}
-        say("ratios qwenquant / llm-compressor: " + ", ".join(
-            f"{k} {v:.2f}" for k, v in compare["ratios_qwenquant_over_llmcompressor"].items() if v is not None))
+        say(
+            "ratios qwenquant / llm-compressor: "
+            + ", ".join(
+                f"{k} {v:.2f}" for k, v in compare["ratios_qwenquant_over_llmcompressor"].items() if v is not None
+            )
+        )
     gpus = None
     if args.gpus > 1:
         from benchmarks.artifact_compare import compare_artifacts
@@ -513,8 +588,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         many = run_gpus_arm(args.gpus, work, recipe, spec, device, Recorder(gpu, rss, counts, engine=args.engine), say)
         one = {"wall_seconds": wall, "stages": rec.stages, "layers": rec.layers, "phases": phase_medians(phases)}
-        diff = compare_artifacts(result.artifact, Path(many["artifact"]), work / "source",
-                                 progress=lambda line: say("    " + line))
+        diff = compare_artifacts(
+            result.artifact, Path(many["artifact"]), work / "source", progress=lambda line: say("    " + line)
+        )
         for r in many["ranks"]:
             r["phase_medians"] = phase_medians(r.get("phase_seconds") or [])
         gpus = summarize(one, many, diff, diff.problems())
@@ -537,9 +613,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "recipe": args.recipe,
         "head_gate_enforced": args.enforce_head_gate,
         "checkpoint": built,
-        "calibration": {"samples": args.samples, "max_length": args.max_length,
-                        "token_total": result.calibration.get("token_total"),
-                        "fingerprint_sha256": result.calibration.get("fingerprint_sha256")},
+        "calibration": {
+            "samples": args.samples,
+            "max_length": args.max_length,
+            "token_total": result.calibration.get("token_total"),
+            "fingerprint_sha256": result.calibration.get("fingerprint_sha256"),
+        },
         "build": build,
         "stages": [{k: v for k, v in s.items()} for s in rec.stages],
         "stage_records": records,
@@ -577,41 +656,59 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_table(r: dict[str, Any]) -> None:
     c, d = r["checkpoint"], r["checkpoint"]["dims"]
-    print(f"qwenquant quantize on {r['device_name']} ({r['device']}): {d['layers']} layers, hidden {d['hidden']}, "
-          f"MLP {d['intermediate']}, vocab {d['vocab']}, checkpoint {c['bytes'] / 1e9:.2f} GB; "
-          f"calibration {r['calibration']['samples']} x {r['calibration']['max_length']} "
-          f"({r['calibration']['token_total']} tokens)")
+    print(
+        f"qwenquant quantize on {r['device_name']} ({r['device']}): {d['layers']} layers, hidden {d['hidden']}, "
+        f"MLP {d['intermediate']}, vocab {d['vocab']}, checkpoint {c['bytes'] / 1e9:.2f} GB; "
+        f"calibration {r['calibration']['samples']} x {r['calibration']['max_length']} "
+        f"({r['calibration']['token_total']} tokens)"
+    )
     print("MEASURED")
     print(f"{'step':<40} {'seconds':>8} {'peak GPU':>10} {'peak RSS':>10}")
     b = r["build"]
-    print(f"{'build checkpoint (bench)':<40} {b['seconds']:>8.1f} {fmt_gib(b['peak_gpu_bytes']):>10} {fmt_gib(b['peak_rss_bytes']):>10}")
+    print(
+        f"{'build checkpoint (bench)':<40} {b['seconds']:>8.1f} {fmt_gib(b['peak_gpu_bytes']):>10} {fmt_gib(b['peak_rss_bytes']):>10}"
+    )
     for s in r["stages"]:
-        print(f"{'stage ' + s['stage']:<40} {s['seconds']:>8.1f} {fmt_gib(s['peak_gpu_bytes']):>10} {fmt_gib(s['peak_rss_bytes']):>10}")
+        print(
+            f"{'stage ' + s['stage']:<40} {s['seconds']:>8.1f} {fmt_gib(s['peak_gpu_bytes']):>10} {fmt_gib(s['peak_rss_bytes']):>10}"
+        )
         if s["stage"] == "gptq":
             for L in r["gptq_layers"]:
                 note = " *" if L["layer"] == 0 else ""
                 label = f"  layer {L['layer']} {L['type']} ({L['modules']} mod){note}"
-                print(f"{label:<40} {L['seconds']:>8.1f} {fmt_gib(L['peak_gpu_bytes']):>10} {fmt_gib(L['peak_rss_bytes']):>10}")
+                print(
+                    f"{label:<40} {L['seconds']:>8.1f} {fmt_gib(L['peak_gpu_bytes']):>10} {fmt_gib(L['peak_rss_bytes']):>10}"
+                )
         if s["stage"] == "lm_head":
             h = r["lm_head_timing"]
             w = {x["label"]: x for x in s.get("windows", [])}
             before = HEAD_FIRST[r["engine"]]
             first, rows = w.get(before + ", row chunk 1", {}), w.get("row chunks 2..n", {})
             rest = w.get("rest of stage", {})
-            for label, secs, win in ((f"  {before} (+chunk 1)", h["before_rows_seconds"], first),
-                                     ("  row-chunked head GPTQ (chunks 2..n)", h["rows_gptq_seconds"], rows),
-                                     ("  RTN, KL compare, pack, write", h["after_rows_seconds"], rest)):
-                print(f"{label:<40} {secs:>8.1f} {fmt_gib(win.get('peak_gpu_bytes')):>10} "
-                      f"{fmt_gib(win.get('peak_rss_bytes')):>10}")
+            for label, secs, win in (
+                (f"  {before} (+chunk 1)", h["before_rows_seconds"], first),
+                ("  row-chunked head GPTQ (chunks 2..n)", h["rows_gptq_seconds"], rows),
+                ("  RTN, KL compare, pack, write", h["after_rows_seconds"], rest),
+            ):
+                print(
+                    f"{label:<40} {secs:>8.1f} {fmt_gib(win.get('peak_gpu_bytes')):>10} "
+                    f"{fmt_gib(win.get('peak_rss_bytes')):>10}"
+                )
     print(f"  * layer 0 also carries {LAYER0_CARRIES[r['engine']]}")
     if r.get("gptq_phase_medians"):
-        print("  decoder layer phases, median over layers 1..n (s): "
-              + ", ".join(f"{k} {v:.2f}" for k, v in r["gptq_phase_medians"].items()))
-    print(f"{'quantize total (pipeline.quantize)':<40} {r['quantize_wall_seconds']:>8.1f} {'':>10} {fmt_gib(r['host_max_rss_bytes']):>10}")
+        print(
+            "  decoder layer phases, median over layers 1..n (s): "
+            + ", ".join(f"{k} {v:.2f}" for k, v in r["gptq_phase_medians"].items())
+        )
+    print(
+        f"{'quantize total (pipeline.quantize)':<40} {r['quantize_wall_seconds']:>8.1f} {'':>10} {fmt_gib(r['host_max_rss_bytes']):>10}"
+    )
     q = r["lm_head_quality"] or {}
     if q.get("gptq"):
-        print(f"lm_head held-out ({q['heldout_tokens']} tokens): KL RTN {q['rtn']['kl']:.5g} / GPTQ {q['gptq']['kl']:.5g} "
-              f"(KL reduction {q['kl_reduction_pct']:.1f}%; recipe gate {'passes' if r.get('head_gate_would_pass') else 'WOULD FAIL'}), top-1 RTN {q['rtn']['top1']:.4f} / GPTQ {q['gptq']['top1']:.4f}")
+        print(
+            f"lm_head held-out ({q['heldout_tokens']} tokens): KL RTN {q['rtn']['kl']:.5g} / GPTQ {q['gptq']['kl']:.5g} "
+            f"(KL reduction {q['kl_reduction_pct']:.1f}%; recipe gate {'passes' if r.get('head_gate_would_pass') else 'WOULD FAIL'}), top-1 RTN {q['rtn']['top1']:.4f} / GPTQ {q['gptq']['top1']:.4f}"
+        )
     print(f"{'bytes by component':<44} {'source':>10} {'artifact':>10}")
     keys = [c for c, _ in COMPONENTS] + ["other tensors (final norm)", "safetensors headers", "other files", "total"]
     for k in keys:
@@ -623,13 +720,21 @@ def print_table(r: dict[str, Any]) -> None:
         lc, me, ra = c["llmcompressor"], c["qwenquant"], c["ratios_qwenquant_over_llmcompressor"]
         print("LLM-COMPRESSOR ONESHOT, same source/scheme/ignore/calibration, same process (measured)")
         print(f"{'figure':<28} {'qwenquant':>12} {'oneshot':>12} {'ratio':>7}")
-        for k, fmt in (("median_layer_seconds", lambda v: f"{v:.1f} s"), ("wall_seconds", lambda v: f"{v:.1f} s"),
-                       ("peak_rss_bytes", fmt_gib), ("peak_gpu_bytes", fmt_gib)):
+        for k, fmt in (
+            ("median_layer_seconds", lambda v: f"{v:.1f} s"),
+            ("wall_seconds", lambda v: f"{v:.1f} s"),
+            ("peak_rss_bytes", fmt_gib),
+            ("peak_gpu_bytes", fmt_gib),
+        ):
             a, b = me.get(k), lc.get(k)
-            print(f"{k:<28} {fmt(a) if a is not None else '-':>12} {fmt(b) if b is not None else '-':>12} "
-                  f"{(f'{ra[k]:.2f}' if ra.get(k) else '-'):>7}")
-        print(f"  oneshot: load {lc['load_seconds']:.1f} s, oneshot {lc['oneshot_seconds']:.1f} s, "
-              f"save {lc['save_seconds']:.1f} s (wall = all three); qwenquant wall = every stage + manifest")
+            print(
+                f"{k:<28} {fmt(a) if a is not None else '-':>12} {fmt(b) if b is not None else '-':>12} "
+                f"{(f'{ra[k]:.2f}' if ra.get(k) else '-'):>7}"
+            )
+        print(
+            f"  oneshot: load {lc['load_seconds']:.1f} s, oneshot {lc['oneshot_seconds']:.1f} s, "
+            f"save {lc['save_seconds']:.1f} s (wall = all three); qwenquant wall = every stage + manifest"
+        )
     if r.get("gpus_compare"):
         from benchmarks.gpus_compare import print_gpus
 
@@ -641,9 +746,11 @@ def print_table(r: dict[str, Any]) -> None:
         return
     per = ", ".join(f"{k} {v:.1f} s" for k, v in p["per_layer_seconds"].items())
     print(f"  per layer: {per}")
-    print(f"  gptq layers {p['gptq_layers_seconds']:.0f} s + gptq overhead {p['gptq_overhead_seconds']:.0f} s + "
-          f"lm_head {p['lm_head_seconds']:.0f} s + I/O stages {p['io_stages_seconds']:.0f} s = "
-          f"{p['total_seconds']:.0f} s ({p['total_seconds'] / 60:.1f} min)")
+    print(
+        f"  gptq layers {p['gptq_layers_seconds']:.0f} s + gptq overhead {p['gptq_overhead_seconds']:.0f} s + "
+        f"lm_head {p['lm_head_seconds']:.0f} s + I/O stages {p['io_stages_seconds']:.0f} s = "
+        f"{p['total_seconds']:.0f} s ({p['total_seconds'] / 60:.1f} min)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

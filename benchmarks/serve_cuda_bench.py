@@ -102,12 +102,18 @@ def plan_figures(budget: Any) -> dict[str, float]:
 def compare(plan: dict[str, float], vllm: dict[str, float]) -> list[dict[str, Any]]:
     """Rows of (figure, plan, vLLM, % difference of the plan from vLLM); >5% is flagged."""
     rows = []
-    for key in ("weights_gib", "kv_available_gib", "kv_tokens", "max_concurrency", "peak_activation_gib",
-                "cuda_graph_gib", "engine_init_s"):
+    for key in (
+        "weights_gib",
+        "kv_available_gib",
+        "kv_tokens",
+        "max_concurrency",
+        "peak_activation_gib",
+        "cuda_graph_gib",
+        "engine_init_s",
+    ):
         p, v = plan.get(key), vllm.get(key)
         diff = (p - v) / v * 100 if p is not None and v else None
-        rows.append({"figure": key, "plan": p, "vllm": v, "diff_pct": diff,
-                     "flag": diff is not None and abs(diff) > 5})
+        rows.append({"figure": key, "plan": p, "vllm": v, "diff_pct": diff, "flag": diff is not None and abs(diff) > 5})
     return rows
 
 
@@ -118,19 +124,30 @@ def table(profile: str, rows: list[dict[str, Any]]) -> str:
     lines = [f"profile {profile}", f"  {'figure':<22}{'plan':>14}{'vLLM':>14}{'diff':>10}"]
     for r in rows:
         d = "-" if r["diff_pct"] is None else f"{r['diff_pct']:+.1f}%"
-        lines.append(f"  {r['figure']:<22}{fmt(r['plan']):>14}{fmt(r['vllm']):>14}{d:>10}{'  > 5%' if r['flag'] else ''}")
+        lines.append(
+            f"  {r['figure']:<22}{fmt(r['plan']):>14}{fmt(r['vllm']):>14}{d:>10}{'  > 5%' if r['flag'] else ''}"
+        )
     return "\n".join(lines)
 
 
 def _complete(url: str, model: str, temperature: float) -> dict[str, Any]:
     from qwenquant.net.http import post_json
 
-    body = {"model": model, "prompt": "The capital of France is", "max_tokens": 32, "temperature": temperature,
-            "seed": 1234}
+    body = {
+        "model": model,
+        "prompt": "The capital of France is",
+        "max_tokens": 32,
+        "temperature": temperature,
+        "seed": 1234,
+    }
     t0 = time.monotonic()
     answer = post_json(url + "/v1/completions", body, timeout=300)
-    return {"temperature": temperature, "text": answer["choices"][0]["text"], "seconds": time.monotonic() - t0,
-            "usage": answer.get("usage")}
+    return {
+        "temperature": temperature,
+        "text": answer["choices"][0]["text"],
+        "seconds": time.monotonic() - t0,
+        "usage": answer.get("usage"),
+    }
 
 
 def run_profile(args: argparse.Namespace, profile: str, log_path: Path) -> dict[str, Any]:
@@ -138,9 +155,25 @@ def run_profile(args: argparse.Namespace, profile: str, log_path: Path) -> dict[
     from qwenquant.net.ports import free_port
 
     port = free_port()
-    cmd = [sys.executable, "-m", "qwenquant", "serve", str(args.artifact), "--profile", profile,
-           "--gpu-mem", args.gpu_mem, "--port", str(port), "--log-file", str(log_path), "--timeout", str(args.timeout),
-           "--gpus", str(args.gpus)] + (["--split", args.split] if args.split else [])
+    cmd = [
+        sys.executable,
+        "-m",
+        "qwenquant",
+        "serve",
+        str(args.artifact),
+        "--profile",
+        profile,
+        "--gpu-mem",
+        args.gpu_mem,
+        "--port",
+        str(port),
+        "--log-file",
+        str(log_path),
+        "--timeout",
+        str(args.timeout),
+        "--gpus",
+        str(args.gpus),
+    ] + (["--split", args.split] if args.split else [])
     if args.vllm:
         cmd += ["--vllm", args.vllm]
     if args.gpu_mem_soft:
@@ -167,8 +200,12 @@ def machine(vllm: str | None) -> dict[str, Any]:
     """GPU names (nvidia-smi), the artifact-independent facts a reader needs, and the vLLM version."""
     out: dict[str, Any] = {}
     try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         out["gpus"] = r.stdout.strip().splitlines()
     except OSError as e:
         out["gpus"] = f"nvidia-smi: {e}"
@@ -186,14 +223,17 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--gpu-mem-soft", action="store_true", help="the budget alone, no ballast (serve --gpu-mem-soft)")
     ap.add_argument("--profile", action="append", default=[])
     ap.add_argument("--gpus", type=int, default=1, help="N GPUs; plan figures per GPU")
-    ap.add_argument("--split", choices=("tensor", "pipeline"), help="serve --split (default: from the GPUs' link); "
-                    "the plan assumes tensor unless pipeline is given")
+    ap.add_argument(
+        "--split",
+        choices=("tensor", "pipeline"),
+        help="serve --split (default: from the GPUs' link); the plan assumes tensor unless pipeline is given",
+    )
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/serve_cuda_bench.json"))
     ap.add_argument("extra", nargs="*", help="vLLM flags after --")
     extra: list[str] = []
     if "--" in argv:  # vLLM flags after `--` (argparse would read them as its own options)
-        argv, extra = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+        argv, extra = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     args = ap.parse_args(argv)
     args.extra = [*args.extra, *extra]
     from qwenquant.plan.artifact import make_plan
@@ -201,15 +241,23 @@ def main(argv: list[str]) -> int:
 
     profiles = args.profile or ["single-user", "batch"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"artifact": str(args.artifact.resolve()), "gpu_mem": args.gpu_mem, "gpus": args.gpus, "split": args.split,
-                              "gpu_mem_limit": "soft" if args.gpu_mem_soft else "hard",
-                              "date": time.strftime("%Y-%m-%d"), "extra": args.extra, "machine": machine(args.vllm),
-                              "profiles": {}}
+    report: dict[str, Any] = {
+        "artifact": str(args.artifact.resolve()),
+        "gpu_mem": args.gpu_mem,
+        "gpus": args.gpus,
+        "split": args.split,
+        "gpu_mem_limit": "soft" if args.gpu_mem_soft else "hard",
+        "date": time.strftime("%Y-%m-%d"),
+        "extra": args.extra,
+        "machine": machine(args.vllm),
+        "profiles": {},
+    }
     print("Expected" + __doc__.split("Expected", 1)[1].rstrip(), file=sys.stderr)
     for profile in profiles:
         pp = args.gpus if args.split == "pipeline" else 1
-        plan = make_plan(args.artifact, parse_size(args.gpu_mem), profiles=[profile], tp=args.gpus // pp,
-                         pp=pp).budgets[profile]
+        plan = make_plan(
+            args.artifact, parse_size(args.gpu_mem), profiles=[profile], tp=args.gpus // pp, pp=pp
+        ).budgets[profile]
         res = run_profile(args, profile, args.out.with_name(f"{args.out.stem}-{profile}.log"))
         vllm = dict(res.get("vllm", {}))
         res["plan"] = plan_figures(plan)
@@ -220,8 +268,10 @@ def main(argv: list[str]) -> int:
             print(f"  T={c['temperature']}: {c['text']!r} ({c['seconds']:.1f} s)")
         if res.get("mtp", {}).get("speculative"):
             m = res["mtp"]
-            print(f"  MTP: mean acceptance length {m['mean_acceptance_length']:.3f} over {m['drafts']:.0f} drafts, "
-                  f"per position {[round(x, 3) for x in m['per_position']]}")
+            print(
+                f"  MTP: mean acceptance length {m['mean_acceptance_length']:.3f} over {m['drafts']:.0f} drafts, "
+                f"per position {[round(x, 3) for x in m['per_position']]}"
+            )
         if "ready_s" in res:
             print(f"  ready after {res['ready_s']:.1f} s")
         if "error" in res:

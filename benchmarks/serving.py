@@ -40,12 +40,15 @@ def marlin_only(env: dict[str, str]) -> dict[str, str]:
 
 def cli_env() -> dict[str, str]:
     """This environment with the repository's src first on PYTHONPATH, for the qwenquant commands it runs."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p))
+    return dict(
+        os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p)
+    )
 
 
 def qwenquant_cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 3600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "qwenquant", *argv], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "qwenquant", *argv], capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 def stop(proc: subprocess.Popen, timeout: float = 180) -> int | None:

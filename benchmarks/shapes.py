@@ -33,27 +33,66 @@ DEFAULT_REFERENCE = Path(__file__).resolve().parents[1] / "src" / "qwenquant" / 
 # The shape-bearing fields of the reference config, for runs without the repository's data folder
 # (the GPU machine gets the repository only). `reference_config` checks them against the file.
 REFERENCE_27B: dict[str, Any] = {
-    "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
-    "image_token_id": 248056, "video_token_id": 248057, "vision_start_token_id": 248053,
-    "vision_end_token_id": 248054, "tie_word_embeddings": False,
+    "architectures": ["Qwen3_5ForConditionalGeneration"],
+    "model_type": "qwen3_5",
+    "image_token_id": 248056,
+    "video_token_id": 248057,
+    "vision_start_token_id": 248053,
+    "vision_end_token_id": 248054,
+    "tie_word_embeddings": False,
     "text_config": {
-        "attention_bias": False, "attention_dropout": 0.0, "attn_output_gate": True, "eos_token_id": 248044,
-        "full_attention_interval": 4, "head_dim": 256, "hidden_act": "silu", "hidden_size": 5120,
-        "initializer_range": 0.02, "intermediate_size": 17408, "layer_types": None, "linear_conv_kernel_dim": 4,
-        "linear_key_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 48,
-        "linear_value_head_dim": 128, "mamba_ssm_dtype": "float32", "max_position_embeddings": 262144,
-        "model_type": "qwen3_5_text", "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False,
-        "num_attention_heads": 24, "num_hidden_layers": 64, "num_key_value_heads": 4,
-        "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06,
-        "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "partial_rotary_factor": 0.25,
-                            "rope_theta": 10000000, "rope_type": "default"},
-        "tie_word_embeddings": False, "use_cache": True, "vocab_size": 248320,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "attn_output_gate": True,
+        "eos_token_id": 248044,
+        "full_attention_interval": 4,
+        "head_dim": 256,
+        "hidden_act": "silu",
+        "hidden_size": 5120,
+        "initializer_range": 0.02,
+        "intermediate_size": 17408,
+        "layer_types": None,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 48,
+        "linear_value_head_dim": 128,
+        "mamba_ssm_dtype": "float32",
+        "max_position_embeddings": 262144,
+        "model_type": "qwen3_5_text",
+        "mtp_num_hidden_layers": 1,
+        "mtp_use_dedicated_embeddings": False,
+        "num_attention_heads": 24,
+        "num_hidden_layers": 64,
+        "num_key_value_heads": 4,
+        "partial_rotary_factor": 0.25,
+        "rms_norm_eps": 1e-06,
+        "rope_parameters": {
+            "mrope_interleaved": True,
+            "mrope_section": [11, 11, 10],
+            "partial_rotary_factor": 0.25,
+            "rope_theta": 10000000,
+            "rope_type": "default",
+        },
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "vocab_size": 248320,
     },
     "vision_config": {
-        "deepstack_visual_indexes": [], "depth": 27, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152,
-        "in_channels": 3, "initializer_range": 0.02, "intermediate_size": 4304, "model_type": "qwen3_5",
-        "num_heads": 16, "num_position_embeddings": 2304, "out_hidden_size": 5120, "patch_size": 16,
-        "spatial_merge_size": 2, "temporal_patch_size": 2,
+        "deepstack_visual_indexes": [],
+        "depth": 27,
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_size": 1152,
+        "in_channels": 3,
+        "initializer_range": 0.02,
+        "intermediate_size": 4304,
+        "model_type": "qwen3_5",
+        "num_heads": 16,
+        "num_position_embeddings": 2304,
+        "out_hidden_size": 5120,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
     },
 }
 MTP_SHARD = "model-mtp.safetensors"
@@ -83,8 +122,9 @@ def bench_dims(ref: dict[str, Any], *, layers: int, scale: float = 1.0, vocab: i
     """Dims of the benchmark model: the reference's, `layers` deep, widths times `scale` (<= 1)."""
     t, v = ref["text_config"], ref["vision_config"]
     if scale >= 1.0:
-        vision = dict(vision_hidden=v["hidden_size"], vision_intermediate=v["intermediate_size"],
-                      vision_heads=v["num_heads"])
+        vision = dict(
+            vision_hidden=v["hidden_size"], vision_intermediate=v["intermediate_size"], vision_heads=v["num_heads"]
+        )
         hidden, inter = t["hidden_size"], t["intermediate_size"]
         heads, kv = t["num_attention_heads"], t["num_key_value_heads"]
         lk, lv = t["linear_num_key_heads"], t["linear_num_value_heads"]
@@ -96,12 +136,24 @@ def bench_dims(ref: dict[str, Any], *, layers: int, scale: float = 1.0, vocab: i
         lk = max(1, round(t["linear_num_key_heads"] * scale))
         lv = lk * (t["linear_num_value_heads"] // t["linear_num_key_heads"])
     return TinyDims(
-        hidden=hidden, intermediate=inter, layers=layers, full_attention_interval=t["full_attention_interval"],
-        heads=heads, kv_heads=kv, head_dim=t["head_dim"], linear_key_heads=lk, linear_value_heads=lv,
-        linear_head_dim=t["linear_key_head_dim"], conv_kernel=t["linear_conv_kernel_dim"],
-        vocab=vocab or t["vocab_size"], vision_depth=1, vision_positions=v["num_position_embeddings"],
-        patch_size=v["patch_size"], temporal_patch_size=v["temporal_patch_size"],
-        spatial_merge_size=v["spatial_merge_size"], **vision,
+        hidden=hidden,
+        intermediate=inter,
+        layers=layers,
+        full_attention_interval=t["full_attention_interval"],
+        heads=heads,
+        kv_heads=kv,
+        head_dim=t["head_dim"],
+        linear_key_heads=lk,
+        linear_value_heads=lv,
+        linear_head_dim=t["linear_key_head_dim"],
+        conv_kernel=t["linear_conv_kernel_dim"],
+        vocab=vocab or t["vocab_size"],
+        vision_depth=1,
+        vision_positions=v["num_position_embeddings"],
+        patch_size=v["patch_size"],
+        temporal_patch_size=v["temporal_patch_size"],
+        spatial_merge_size=v["spatial_merge_size"],
+        **vision,
     )
 
 
@@ -109,18 +161,42 @@ def bench_config(ref: dict[str, Any], d: TinyDims) -> dict[str, Any]:
     """config.json: the reference config with `d`'s sizes and the tiny tokenizer's special-token ids."""
     ids = tiny_tokenizer.token_ids()
     cfg = copy.deepcopy(ref)
-    cfg.update({"dtype": "bfloat16", "torch_dtype": "bfloat16", "image_token_id": ids["<|image_pad|>"],
-                "video_token_id": ids["<|video_pad|>"], "vision_start_token_id": ids["<|vision_start|>"],
-                "vision_end_token_id": ids["<|vision_end|>"]})
+    cfg.update(
+        {
+            "dtype": "bfloat16",
+            "torch_dtype": "bfloat16",
+            "image_token_id": ids["<|image_pad|>"],
+            "video_token_id": ids["<|video_pad|>"],
+            "vision_start_token_id": ids["<|vision_start|>"],
+            "vision_end_token_id": ids["<|vision_end|>"],
+        }
+    )
     t = cfg["text_config"]
-    t.update({"dtype": "bfloat16", "eos_token_id": ids["<|endoftext|>"], "hidden_size": d.hidden,
-              "intermediate_size": d.intermediate, "num_hidden_layers": d.layers, "layer_types": None,
-              "num_attention_heads": d.heads, "num_key_value_heads": d.kv_heads, "head_dim": d.head_dim,
-              "linear_num_key_heads": d.linear_key_heads, "linear_num_value_heads": d.linear_value_heads,
-              "vocab_size": d.vocab})
-    cfg["vision_config"].update({"depth": d.vision_depth, "hidden_size": d.vision_hidden,
-                                 "intermediate_size": d.vision_intermediate, "num_heads": d.vision_heads,
-                                 "out_hidden_size": d.hidden})
+    t.update(
+        {
+            "dtype": "bfloat16",
+            "eos_token_id": ids["<|endoftext|>"],
+            "hidden_size": d.hidden,
+            "intermediate_size": d.intermediate,
+            "num_hidden_layers": d.layers,
+            "layer_types": None,
+            "num_attention_heads": d.heads,
+            "num_key_value_heads": d.kv_heads,
+            "head_dim": d.head_dim,
+            "linear_num_key_heads": d.linear_key_heads,
+            "linear_num_value_heads": d.linear_value_heads,
+            "vocab_size": d.vocab,
+        }
+    )
+    cfg["vision_config"].update(
+        {
+            "depth": d.vision_depth,
+            "hidden_size": d.vision_hidden,
+            "intermediate_size": d.vision_intermediate,
+            "num_heads": d.vision_heads,
+            "out_hidden_size": d.hidden,
+        }
+    )
     return cfg
 
 
@@ -170,8 +246,9 @@ def tensor_plan(d: TinyDims, seed: int, device: str) -> dict[str, GeneratedTenso
     return {s.name: GeneratedTensor(s.name, s.shape, s.kind, seed, device) for s in specs}
 
 
-def build_checkpoint(out_dir: Path, ref: dict[str, Any], d: TinyDims, *, seed: int = 0,
-                     device: str = "cpu") -> dict[str, Any]:
+def build_checkpoint(
+    out_dir: Path, ref: dict[str, Any], d: TinyDims, *, seed: int = 0, device: str = "cpu"
+) -> dict[str, Any]:
     """Write the checkpoint into `out_dir` (created; files replaced); return a description."""
     from qwenquant.atomic import atomic_write_bytes, pretty_json
     from qwenquant.checkpoint.tensorfile import write_checkpoint_tensors
@@ -192,7 +269,12 @@ def build_checkpoint(out_dir: Path, ref: dict[str, Any], d: TinyDims, *, seed: i
         atomic_write_bytes(out_dir / name, pretty_json(obj))
     atomic_write_bytes(out_dir / "tokenizer.json", tiny_tokenizer.tokenizer_json().encode())
     total = sum(t.nbytes for t in tensors.values())
-    return {"dims": d.__dict__ | {"layer_types": d.layer_types()}, "seed": seed, "device": device,
-            "tensors": len(tensors), "bytes": total, "shards": sorted(set(weight_map.values())),
-            "mtp_bytes": sum(tensors[n].nbytes for n in mtp)}
-
+    return {
+        "dims": d.__dict__ | {"layer_types": d.layer_types()},
+        "seed": seed,
+        "device": device,
+        "tensors": len(tensors),
+        "bytes": total,
+        "shards": sorted(set(weight_map.values())),
+        "mtp_bytes": sum(tensors[n].nbytes for n in mtp),
+    }

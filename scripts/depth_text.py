@@ -24,8 +24,11 @@ OUT = Path(__file__).resolve().parents[1] / "src" / "qwenquant" / "data" / "dept
 def main() -> int:
     assert all(m in MODULES and m not in HELDOUT for m in PICK), "the text must be what the reference saw"
     root = stdlib_dir()
-    parts = [f"# ---- Lib/{m} (CPython {sys.version_info.major}.{sys.version_info.minor}) ----\n"
-             + (root / m).read_text(encoding="utf-8") for m in PICK]
+    parts = [
+        f"# ---- Lib/{m} (CPython {sys.version_info.major}.{sys.version_info.minor}) ----\n"
+        + (root / m).read_text(encoding="utf-8")
+        for m in PICK
+    ]
     text = "\n".join(parts)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "stdlib.txt").write_text(text, encoding="utf-8")
@@ -37,11 +40,12 @@ def main() -> int:
         "source": f"CPython {sys.version.split()[0]} Lib/: " + ", ".join(PICK),
         "license": "PSF-2.0",
         "notice": "Copyright (c) 2001-2023 Python Software Foundation; All Rights Reserved. Distributed under "
-                  "the Python Software Foundation License Version 2 (https://docs.python.org/3/license.html).",
+        "the Python Software Foundation License Version 2 (https://docs.python.org/3/license.html).",
     }
     (OUT / "depthtext.yaml").write_text(
         "# The text `qwenquant bench depth`, `soak` and `turns` prompt with (written by scripts/depth_text.py).\n"
-        + yaml.safe_dump(meta, sort_keys=False, width=100))
+        + yaml.safe_dump(meta, sort_keys=False, width=100)
+    )
     print(f"{OUT / 'stdlib.txt'}: {len(text)} chars, sha256 {meta['sha256']}")
     return 0
 

@@ -154,17 +154,26 @@ def train(s: TrainSettings, device: str, log: Any = print) -> dict[str, Any]:
         opt.step()
         last = {k: v.item() for k, v in out.items()}
         if step % 20 == 0 or step == s.steps - 1:
-            log(f"step {step:4d}  loss {last['loss']:.3f}  mtp {last['mtp_loss']:.3f}  "
-                f"agree {last['mtp_agree']:.3f}  {time.monotonic() - start:.0f}s")
+            log(
+                f"step {step:4d}  loss {last['loss']:.3f}  mtp {last['mtp_loss']:.3f}  "
+                f"agree {last['mtp_agree']:.3f}  {time.monotonic() - start:.0f}s"
+            )
     seconds = time.monotonic() - start
     held_metrics = evaluate(model, mtp, held, device)
     tensors = checkpoint_tensors(model, mtp)
     meta = {
-        "dims": asdict(DIMS), "settings": asdict(s), "device": device,
-        "python": corpus.python, "corpus_sha256": corpus.digest(), "torch": torch.__version__,
-        "modules": list(stdlib_corpus.MODULES), "heldout_modules": list(stdlib_corpus.HELDOUT),
-        "train_tokens": int(stream.numel()), "train_seconds": round(seconds, 1),
-        "final_train": last, "heldout": held_metrics,
+        "dims": asdict(DIMS),
+        "settings": asdict(s),
+        "device": device,
+        "python": corpus.python,
+        "corpus_sha256": corpus.digest(),
+        "torch": torch.__version__,
+        "modules": list(stdlib_corpus.MODULES),
+        "heldout_modules": list(stdlib_corpus.HELDOUT),
+        "train_tokens": int(stream.numel()),
+        "train_seconds": round(seconds, 1),
+        "final_train": last,
+        "heldout": held_metrics,
         "heldout_ppl": math.exp(held_metrics["loss"]),
     }
     return {"tensors": tensors, "tokenizer": tok_text, "heldout": held, "meta": meta}
@@ -174,7 +183,7 @@ def checkpoint_tensors(model: Any, mtp: Any) -> dict[str, torch.Tensor]:
     """The trained weights under the Qwen3.5 checkpoint's names, bf16, contiguous, on the CPU."""
     out = {}
     for k, v in model.state_dict().items():
-        name = "lm_head.weight" if k == "lm_head.weight" else f"{LM}.{k[len('model.'):]}"
+        name = "lm_head.weight" if k == "lm_head.weight" else f"{LM}.{k[len('model.') :]}"
         out[name] = v
     out.update({f"mtp.{k}": v for k, v in mtp.state_dict().items()})
     return {k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in sorted(out.items())}

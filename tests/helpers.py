@@ -31,8 +31,9 @@ FETCH_BOOKKEEPING = ("qwenquant-fetch.json", ".qwenquant-staging")
 def qq(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess (fixed thread count: byte-identical results across runs)."""
     env = dict(os.environ, QWENQUANT_THREADS="2", QWENQUANT_NO_PROGRESS="1", PYTHONHASHSEED="0")
-    return subprocess.run([sys.executable, "-m", "qwenquant", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "qwenquant", *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO
+    )
 
 
 def freeze_inside_gptq(proc: subprocess.Popen, record: Path, log: Path, timeout: float = 300) -> None:
@@ -131,8 +132,19 @@ def write_test_manifest(folder: Path, recipe: dict[str, Any] | None = None) -> P
     from qwenquant.recipe import load_recipe
 
     recipe = load_recipe("w4a16-int4head").canonical() if recipe is None else recipe
-    return write_manifest(folder, build_manifest(folder, source={}, recipe=recipe, recipe_sha256=sha256_json(recipe),
-                                                 calibration={}, stages={}, quality={}, tool_versions={}))
+    return write_manifest(
+        folder,
+        build_manifest(
+            folder,
+            source={},
+            recipe=recipe,
+            recipe_sha256=sha256_json(recipe),
+            calibration={},
+            stages={},
+            quality={},
+            tool_versions={},
+        ),
+    )
 
 
 def write_source_manifest(art: Path, source: Path, recipe: dict[str, Any] | None = None) -> Path:
@@ -143,12 +155,32 @@ def write_source_manifest(art: Path, source: Path, recipe: dict[str, Any] | None
     from qwenquant.recipe import load_recipe
 
     recipe = load_recipe("w4a16-int4head").canonical() if recipe is None else recipe
-    files = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(Path(source).iterdir())
-             if p.is_file()}
-    desc = {"kind": "local-unverified", "verified": False, "repo": None, "revision": None, "commit": None,
-            "files": files}
-    return write_manifest(art, build_manifest(art, source=desc, recipe=recipe, recipe_sha256=sha256_json(recipe),
-                                              calibration={}, stages={}, quality={}, tool_versions={}))
+    files = {
+        p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in sorted(Path(source).iterdir())
+        if p.is_file()
+    }
+    desc = {
+        "kind": "local-unverified",
+        "verified": False,
+        "repo": None,
+        "revision": None,
+        "commit": None,
+        "files": files,
+    }
+    return write_manifest(
+        art,
+        build_manifest(
+            art,
+            source=desc,
+            recipe=recipe,
+            recipe_sha256=sha256_json(recipe),
+            calibration={},
+            stages={},
+            quality={},
+            tool_versions={},
+        ),
+    )
 
 
 def vllm_env(tmp: Path) -> dict[str, str]:
@@ -173,9 +205,28 @@ def quantize_tiny_artifact(tmp: Path, variant: str, layout: str) -> Path:
     rpath = tmp / f"recipe-{layout}.yaml"
     rpath.write_text(yaml.safe_dump(recipe))
     out = tmp / f"art-{variant}-{layout}"
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "quantize", str(src), "--source-unverified",
-                        "--calibration", "tiny-demo", "--recipe", str(rpath), "--out", str(out), "--device", "cpu"],
-                       env=vllm_env(tmp), capture_output=True, text=True, timeout=1800)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qwenquant",
+            "quantize",
+            str(src),
+            "--source-unverified",
+            "--calibration",
+            "tiny-demo",
+            "--recipe",
+            str(rpath),
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+        ],
+        env=vllm_env(tmp),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return out
 
@@ -215,8 +266,9 @@ class ServedCLI:
     exit code. stderr goes to a file (`stderr` reads it), so a chatty server never blocks on a pipe.
     """
 
-    def __init__(self, *args: str, env: dict[str, str], ready_timeout: float = 900.0,
-                 python: str = sys.executable) -> None:
+    def __init__(
+        self, *args: str, env: dict[str, str], ready_timeout: float = 900.0, python: str = sys.executable
+    ) -> None:
         self.argv = [python, "-m", "qwenquant", "serve", *args]
         self.env, self.ready_timeout = env, ready_timeout
         self._err = tempfile.NamedTemporaryFile("w+", prefix="served-cli-", suffix=".stderr", delete=False)
@@ -285,11 +337,13 @@ def fake_nvidia_smi(tmp_path: Path, rows: list[str], cap: str = "8.6", topo: str
     (d / "p2p.txt").write_text(p2p)
     lines = "".join(f"  echo '{row}'\n" for row in rows)
     with_cap = "".join(f"  echo '{row}, {cap}'\n" for row in rows)
-    smi.write_text(f'#!/bin/sh\necho "$*" >> "{d}/calls.log"\ncase "$*" in\n'
-                   f'  *memory.total*compute_cap*)\n{with_cap}  ;;\n'
-                   f'  *compute_cap*) echo {cap} ;;\n  *memory.total*)\n{lines}  ;;\n'
-                   f'  "topo -m") cat "{d}/topo.txt" ;;\n  "topo -p2p r") cat "{d}/p2p.txt" ;;\n'
-                   "  *) echo 'GPU 0: stand-in' ;;\nesac\n")
+    smi.write_text(
+        f'#!/bin/sh\necho "$*" >> "{d}/calls.log"\ncase "$*" in\n'
+        f"  *memory.total*compute_cap*)\n{with_cap}  ;;\n"
+        f"  *compute_cap*) echo {cap} ;;\n  *memory.total*)\n{lines}  ;;\n"
+        f'  "topo -m") cat "{d}/topo.txt" ;;\n  "topo -p2p r") cat "{d}/p2p.txt" ;;\n'
+        "  *) echo 'GPU 0: stand-in' ;;\nesac\n"
+    )
     smi.chmod(0o755)
     return d
 
@@ -324,25 +378,33 @@ Legend:
   U    = Unknown
 """
 # two consumer cards in one desktop, through the CPU's host bridge
-PHB_2 = ("\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
-         "GPU0\t X \tPHB\t0-23\t0\t\tN/A\n"
-         "GPU1\tPHB\t X \t0-23\t0\t\tN/A\n" + LEGEND)
+PHB_2 = (
+    "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+    "GPU0\t X \tPHB\t0-23\t0\t\tN/A\n"
+    "GPU1\tPHB\t X \t0-23\t0\t\tN/A\n" + LEGEND
+)
 P2P_CNS = " \tGPU0\tGPU1\t\n GPU0\tX\tCNS\t\n GPU1\tCNS\tX\t\n" + P2P_LEGEND
 P2P_OK = " \tGPU0\tGPU1\t\n GPU0\tX\tOK\t\n GPU1\tOK\tX\t\n" + P2P_LEGEND
 # the same two cards with an NVLink bridge
-NV4_2 = ("\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
-         "GPU0\t X \tNV4\t0-23\t0\t\tN/A\n"
-         "GPU1\tNV4\t X \t0-23\t0\t\tN/A\n" + LEGEND)
+NV4_2 = (
+    "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+    "GPU0\t X \tNV4\t0-23\t0\t\tN/A\n"
+    "GPU1\tNV4\t X \t0-23\t0\t\tN/A\n" + LEGEND
+)
 # a server: four GPUs on two sockets, two NICs; GPU0-1 and GPU2-3 behind shared switches
-SERVER_4 = ("\tGPU0\tGPU1\tGPU2\tGPU3\tNIC0\tNIC1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
-            "GPU0\t X \tPIX\tSYS\tSYS\tPIX\tSYS\t0-31\t0\t\tN/A\n"
-            "GPU1\tPIX\t X \tSYS\tSYS\tPIX\tSYS\t0-31\t0\t\tN/A\n"
-            "GPU2\tSYS\tSYS\t X \tPXB\tSYS\tPXB\t32-63\t1\t\tN/A\n"
-            "GPU3\tSYS\tSYS\tPXB\t X \tSYS\tPXB\t32-63\t1\t\tN/A\n"
-            "NIC0\tPIX\tPIX\tSYS\tSYS\t X \tSYS\n"
-            "NIC1\tSYS\tSYS\tPXB\tPXB\tSYS\t X \n" + LEGEND + "\nNIC Legend:\n\n  NIC0: mlx5_0\n  NIC1: mlx5_1\n")
-P2P_SERVER = (" \tGPU0\tGPU1\tGPU2\tGPU3\t\n GPU0\tX\tOK\tNS\tNS\t\n GPU1\tOK\tX\tNS\tNS\t\n"
-              " GPU2\tNS\tNS\tX\tOK\t\n GPU3\tNS\tNS\tOK\tX\t\n" + P2P_LEGEND)
+SERVER_4 = (
+    "\tGPU0\tGPU1\tGPU2\tGPU3\tNIC0\tNIC1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+    "GPU0\t X \tPIX\tSYS\tSYS\tPIX\tSYS\t0-31\t0\t\tN/A\n"
+    "GPU1\tPIX\t X \tSYS\tSYS\tPIX\tSYS\t0-31\t0\t\tN/A\n"
+    "GPU2\tSYS\tSYS\t X \tPXB\tSYS\tPXB\t32-63\t1\t\tN/A\n"
+    "GPU3\tSYS\tSYS\tPXB\t X \tSYS\tPXB\t32-63\t1\t\tN/A\n"
+    "NIC0\tPIX\tPIX\tSYS\tSYS\t X \tSYS\n"
+    "NIC1\tSYS\tSYS\tPXB\tPXB\tSYS\t X \n" + LEGEND + "\nNIC Legend:\n\n  NIC0: mlx5_0\n  NIC1: mlx5_1\n"
+)
+P2P_SERVER = (
+    " \tGPU0\tGPU1\tGPU2\tGPU3\t\n GPU0\tX\tOK\tNS\tNS\t\n GPU1\tOK\tX\tNS\tNS\t\n"
+    " GPU2\tNS\tNS\tX\tOK\t\n GPU3\tNS\tNS\tOK\tX\t\n" + P2P_LEGEND
+)
 
 
 def write_eval_report(art: Path, top1: float = 0.96) -> Path:
@@ -352,11 +414,21 @@ def write_eval_report(art: Path, top1: float = 0.96) -> Path:
 
     root = load_manifest(art).root_digest
     path = report_path(art, root)
-    path.write_text(json.dumps({"arms": {"reference": {"ppl": 9.0}, "artifact": {"ppl": 9.1, "delta_pct": 1.11,
-                                                                                "ci95_pct": [0.9, 1.3], "kl": 0.01,
-                                                                                "top1": top1}},
-                                "lm_head": {"ratio": 0.4}, "mtp": {}, "windows": 8, "window_len": 64,
-                                "root_digest": root}))
+    path.write_text(
+        json.dumps(
+            {
+                "arms": {
+                    "reference": {"ppl": 9.0},
+                    "artifact": {"ppl": 9.1, "delta_pct": 1.11, "ci95_pct": [0.9, 1.3], "kl": 0.01, "top1": top1},
+                },
+                "lm_head": {"ratio": 0.4},
+                "mtp": {},
+                "windows": 8,
+                "window_len": 64,
+                "root_digest": root,
+            }
+        )
+    )
     return path
 
 
@@ -368,8 +440,10 @@ def make_keys(folder: Path) -> tuple[Path, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())
     priv, pub = folder / "key.pem", folder / "key.pub"
-    priv.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
-    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
+    priv.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    pub.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     return priv, pub

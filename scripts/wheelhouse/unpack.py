@@ -60,8 +60,10 @@ def check_host(info: dict) -> None:
     """This python is the one the wheelhouse was built for, and has every package it left out."""
     have = f"{sys.version_info.major}.{sys.version_info.minor}"
     if have != info["python"]:
-        raise Refused(f"the wheelhouse is for python {info['python']}, this python ({sys.executable}) is {have}; "
-                      f"set PYTHON to the host's python {info['python']}")
+        raise Refused(
+            f"the wheelhouse is for python {info['python']}, this python ({sys.executable}) is {have}; "
+            f"set PYTHON to the host's python {info['python']}"
+        )
     missing = []
     for s in info["skipped"]:
         try:
@@ -69,8 +71,10 @@ def check_host(info: dict) -> None:
         except importlib.metadata.PackageNotFoundError:
             missing.append(s["name"])
     if missing:
-        raise Refused(f"{sys.executable} lacks {', '.join(missing)}, which the wheelhouse left out as installed on "
-                      "the host; set PYTHON to the python that has them, or rebuild without them in --skip-installed")
+        raise Refused(
+            f"{sys.executable} lacks {', '.join(missing)}, which the wheelhouse left out as installed on "
+            "the host; set PYTHON to the python that has them, or rebuild without them in --skip-installed"
+        )
 
 
 def rebuild(folder: Path, info: dict, out: Path) -> list[Path]:
@@ -84,8 +88,10 @@ def rebuild(folder: Path, info: dict, out: Path) -> list[Path]:
                     with open(folder / piece, "rb") as src:
                         shutil.copyfileobj(src, f, 1 << 20)
             if sha256_of(dest) != w["sha256"]:
-                raise Refused(f"{w['filename']} joined from {len(w['pieces'])} pieces does not match its sha256 "
-                              "in wheelhouse.json; rebuild the wheelhouse")
+                raise Refused(
+                    f"{w['filename']} joined from {len(w['pieces'])} pieces does not match its sha256 "
+                    "in wheelhouse.json; rebuild the wheelhouse"
+                )
         else:
             try:
                 dest.hardlink_to(folder / w["filename"])

@@ -158,5 +158,6 @@ def writable_folder(folder: Path, what: str, option: str) -> None:
         os.close(fd)
         os.unlink(scratch)
     except OSError as e:
-        raise UsageError(f"{what}: cannot write in {folder} ({e.strerror or e})",
-                         hint=f"pass {option} in a folder you can write") from None
+        raise UsageError(
+            f"{what}: cannot write in {folder} ({e.strerror or e})", hint=f"pass {option} in a folder you can write"
+        ) from None

@@ -30,8 +30,12 @@ one_line_summaries(app)
 def _root(
     ctx: typer.Context,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars, warnings only."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging (with --version: every tool's version)."),
-    version: bool = typer.Option(False, "--version", help="Print the version and exit (with --verbose: the stack's too)."),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="Debug logging (with --version: every tool's version)."
+    ),
+    version: bool = typer.Option(
+        False, "--version", help="Print the version and exit (with --verbose: the stack's too)."
+    ),
 ) -> None:
     if version:
         from qwenquant.versions import version_lines
@@ -62,8 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     # its exit code is the shell's for a TERM (143). Where the default handler was replaced, it stays.
     main = threading.current_thread() is threading.main_thread()
     defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
-    previous = {s: signal.signal(s, ctrl_c) for s, default in defaults.items()
-                if main and signal.getsignal(s) is default}
+    previous = {
+        s: signal.signal(s, ctrl_c) for s, default in defaults.items() if main and signal.getsignal(s) is default
+    }
     done = [130]
 
     def finished(signum: int, frame: object) -> None:
@@ -112,8 +117,11 @@ def _run(args: list[str], argv: list[str] | None) -> int:
         from qwenquant.crash import write_crash_file
 
         crash = write_crash_file(e, ["qwenquant", *(sys.argv[1:] if argv is None else argv)])
-        hint = (f"unexpected error; its traceback is in {crash}: attach that file when you report it" if crash else
-                "unexpected error; no crash file could be written: re-run with QWENQUANT_DEBUG=1 for the traceback")
+        hint = (
+            f"unexpected error; its traceback is in {crash}: attach that file when you report it"
+            if crash
+            else "unexpected error; no crash file could be written: re-run with QWENQUANT_DEBUG=1 for the traceback"
+        )
         return _report(e, f"{type(e).__name__}: {e}{where}".splitlines()[0], hint, 1)
     return rv if isinstance(rv, int) else 0
 

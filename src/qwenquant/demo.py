@@ -64,14 +64,26 @@ def interrupt_note(work: Path, done: list[str]) -> str:
     """What Ctrl-C leaves of a demo run: the steps finished (`done`, in order; the last one was
     running) are kept under `work`, and a re-run reuses what verifies."""
     finished, now = done[:-1], (done[-1] if done else "the start")
-    kept = f"the steps before it ({', '.join(finished)}) are kept under {work}" if finished else \
-        f"nothing before it was finished under {work}"
-    return (f"interrupted in step {now}: {kept}; re-run `qwenquant demo --work {work}` to go on (each step reuses "
-            "what verifies)")
+    kept = (
+        f"the steps before it ({', '.join(finished)}) are kept under {work}"
+        if finished
+        else f"nothing before it was finished under {work}"
+    )
+    return (
+        f"interrupted in step {now}: {kept}; re-run `qwenquant demo --work {work}` to go on (each step reuses "
+        "what verifies)"
+    )
 
 
-def run_demo(work: Path, *, serve: bool | None = None, variant: str = "reference",
-             force: bool = False, steps: list[str] | None = None, quiet: bool = False) -> DemoResult:
+def run_demo(
+    work: Path,
+    *,
+    serve: bool | None = None,
+    variant: str = "reference",
+    force: bool = False,
+    steps: list[str] | None = None,
+    quiet: bool = False,
+) -> DemoResult:
     """Run the whole pipeline on the tiny model under `work`; resumable (each step reuses what verified).
 
     variant "reference": the committed trained reference model (`qwenquant.testbed.tiny.reference_model`);
@@ -86,10 +98,19 @@ def run_demo(work: Path, *, serve: bool | None = None, variant: str = "reference
 
     work = Path(work).resolve()
     # --force: the entries that are not the demo's go once it finished (it never writes over them)
-    removal = outfolder.guard(work, outfolder.foreign_in_demo_work(work), force=force, flag="--work",
-                              remove=outfolder.foreign_in_demo_work(work),
-                              problem="exists and holds more than the demo's hub, models and artifacts folders")
-    hub_dir, model_dir, artifact = work / "hub" / "Qwen3.5-tiny", work / "models" / "Qwen3.5-tiny", work / "artifacts" / "Qwen3.5-tiny-w4a16"
+    removal = outfolder.guard(
+        work,
+        outfolder.foreign_in_demo_work(work),
+        force=force,
+        flag="--work",
+        remove=outfolder.foreign_in_demo_work(work),
+        problem="exists and holds more than the demo's hub, models and artifacts folders",
+    )
+    hub_dir, model_dir, artifact = (
+        work / "hub" / "Qwen3.5-tiny",
+        work / "models" / "Qwen3.5-tiny",
+        work / "artifacts" / "Qwen3.5-tiny-w4a16",
+    )
     steps.append("build")
     log.info("building the tiny Qwen3.5 checkpoint (variant %s) in %s", variant, hub_dir)
     if variant == "reference":
@@ -98,15 +119,20 @@ def run_demo(work: Path, *, serve: bool | None = None, variant: str = "reference
         build_tiny_checkpoint(hub_dir, variant=variant, seed=0)
     # the reference model's own recipe adds the quick eval (figures in the manifest); the untrained
     # variants have no held-out text, so they keep the 27B recipe with the tiny calibration set
-    recipe_args = ["--recipe", "tiny-reference"] if variant == "reference" else \
-        ["--recipe", "w4a16-int4head", "--calibration", "tiny-demo"]
+    recipe_args = (
+        ["--recipe", "tiny-reference"]
+        if variant == "reference"
+        else ["--recipe", "w4a16-int4head", "--calibration", "tiny-demo"]
+    )
 
     with HubServer() as hub:
         hub.add_repo(DEMO_REPO, hub_dir)
         env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_TELEMETRY="1")
         env.pop("HF_TOKEN", None)
         steps.append("fetch")
-        fetched = _cli(["fetch", DEMO_REPO, "--revision", "main", "--out", str(model_dir), "--json"], env, capture_json=True)
+        fetched = _cli(
+            ["fetch", DEMO_REPO, "--revision", "main", "--out", str(model_dir), "--json"], env, capture_json=True
+        )
     commit = fetched["commit"]
     steps.append("quantize")
     q = _cli(["quantize", str(model_dir), *recipe_args, "--out", str(artifact), "--json"], env,
@@ -128,8 +154,20 @@ def publish_dry_run(artifact: Path, *, as_json: bool = False) -> dict | None:
     env = dict(os.environ, HF_HUB_DISABLE_TELEMETRY="1")
     env.pop("HF_TOKEN", None)
     sys.stdout.flush()  # the summary above comes first on a pipe too (the child writes to the same stdout)
-    return _cli(["publish", str(artifact), "--repo", PUBLISH_REPO, "--license", "apache-2.0", "--dry-run",
-                 *(["--json"] if as_json else [])], env, capture_json=as_json)
+    return _cli(
+        [
+            "publish",
+            str(artifact),
+            "--repo",
+            PUBLISH_REPO,
+            "--license",
+            "apache-2.0",
+            "--dry-run",
+            *(["--json"] if as_json else []),
+        ],
+        env,
+        capture_json=as_json,
+    )
 
 
 def _serve_step(result: DemoResult, env: dict[str, str], serve: bool | None) -> None:
@@ -161,7 +199,7 @@ def next_steps(artifact: Path, *, served_name: str, port: int = 8000) -> list[st
         f"    qwenquant serve {shlex.quote(str(artifact))} -- --max-model-len 2048",
         "  ask it from another terminal:",
         f"    curl -s http://127.0.0.1:{port}/v1/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}",
-        "  the real model, on a machine with an NVIDIA GPU (README: \"What the real run needs\"):",
+        '  the real model, on a machine with an NVIDIA GPU (README: "What the real run needs"):',
         "    qwenquant fetch Qwen/Qwen3.8-27B --revision main --out models/Qwen3.8-27B",
         "    qwenquant quantize models/Qwen3.8-27B --recipe w4a16-int4head --out artifacts/qwen3.8-27b-w4a16",
         "    qwenquant serve artifacts/qwen3.8-27b-w4a16 --profile single-user",
@@ -175,16 +213,26 @@ def _complete(base: str, prompt: str) -> str:
         body = {"model": name, "prompt": prompt, "max_tokens": 16, "temperature": 0}
         return post_json(f"{base}/v1/completions", body, timeout=120)["choices"][0]["text"]
     except HttpError as e:
-        raise ServeError(f"the demo server was ready but did not complete: {e.message}",
-                         hint="see the server log lines above") from None
+        raise ServeError(
+            f"the demo server was ready but did not complete: {e.message}", hint="see the server log lines above"
+        ) from None
 
 
 def serve_and_complete(artifact: Path, env: dict[str, str], *, prompt: str = PROMPT,
                        timeout: float = 600.0) -> str:  # fmt: skip
     """Start `qwenquant serve`, wait for its "ready" line, ask for one completion, stop it with SIGTERM."""
     # The tiny model's context is 4096 tokens; the profile's 32768 is for the real model.
-    args = ["serve", str(artifact), "--profile", "single-user", "--port", str(free_port()),
-            "--", "--max-model-len", "2048"]
+    args = [
+        "serve",
+        str(artifact),
+        "--profile",
+        "single-user",
+        "--port",
+        str(free_port()),
+        "--",
+        "--max-model-len",
+        "2048",
+    ]
     print(f"$ qwenquant {shlex.join(args)}", file=sys.stderr, flush=True)
     proc = subprocess.Popen([sys.executable, "-m", "qwenquant", *args], env=child_env(env), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip

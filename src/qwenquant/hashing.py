@@ -99,8 +99,9 @@ class DigestCache:
             self._cache[key] = sha256_range(p, start, end)
         return self._cache[key]
 
-    def files(self, paths: list[Path], hasher: Callable[[list[Path]], dict[Path, str]] | None = None
-              ) -> dict[Path, str]:
+    def files(
+        self, paths: list[Path], hasher: Callable[[list[Path]], dict[Path, str]] | None = None
+    ) -> dict[Path, str]:
         """sha256 of each path: from the cache when this version of it was hashed in this run, the rest
         through `hasher` (default: sha256_files, in parallel) and cached."""
         keys = {p: file_key(p) for p in paths}

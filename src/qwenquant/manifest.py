@@ -145,12 +145,16 @@ def build_manifest(
     progress bar); the quantize pipeline passes its stage records' cache (quantize/records.py)."""
     root = Path(artifact_dir)
     if not root.is_dir():
-        raise VerificationError(f"{root} is not a folder" if root.exists() else f"artifact folder not found: {root}",
-                    hint="pass the artifact folder (the one holding qwenquant-manifest.json)")
+        raise VerificationError(
+            f"{root} is not a folder" if root.exists() else f"artifact folder not found: {root}",
+            hint="pass the artifact folder (the one holding qwenquant-manifest.json)",
+        )
     recipe = _jsonable(recipe, "recipe")
     if sha256_json(recipe) != recipe_sha256:
-        raise ValueError("recipe_sha256 is not the sha256 of the canonical recipe: pass recipe.canonical() "
-                         "and recipe.sha256() of the same Recipe")
+        raise ValueError(
+            "recipe_sha256 is not the sha256 of the canonical recipe: pass recipe.canonical() "
+            "and recipe.sha256() of the same Recipe"
+        )
     files = list_artifact_files(root)
     digests = (hasher or (lambda paths: _hash_with_progress(paths, "hashing")))(list(files.values()))
     entries = tuple(FileDigest(rel, p.stat().st_size, digests[p]) for rel, p in files.items())
@@ -183,13 +187,14 @@ def manifest_from_dict(d: Any) -> Manifest:
             f"{MANIFEST_NAME} is of schema_version 1 (an earlier qwenquant), whose root digest does not cover the "
             f"recipe and its serve profiles; this qwenquant reads schema_version {SCHEMA_VERSION}",
             hint="rebuild the artifact with this qwenquant (`qwenquant quantize` with the same options reuses its "
-                 "stage records) and publish it again; a downloaded one: ask the publisher to re-publish")
+            "stage records) and publish it again; a downloaded one: ask the publisher to re-publish",
+        )
     problems = structure_problems(d, SCHEMA_VERSION, MANIFEST_NAME, _DICT_FIELDS)
     if problems:
         raise VerificationError(
             f"{MANIFEST_NAME} is malformed: " + "; ".join(problems),
             hint="the manifest was edited or truncated; rebuild the artifact (`qwenquant quantize ...`) "
-                 "or restore the manifest from where the artifact came from",
+            "or restore the manifest from where the artifact came from",
         )
     return Manifest(
         files=tuple(FileDigest(f["path"], f["size"], f["sha256"]) for f in d["files"]),
@@ -204,9 +209,12 @@ def load_manifest(artifact_dir: Path) -> Manifest:
     """Read and structurally validate `qwenquant-manifest.json` (digests are checked by verify)."""
     path = Path(artifact_dir) / MANIFEST_NAME
     if not Path(artifact_dir).is_dir():
-        raise VerificationError(f"{artifact_dir} is not a folder" if Path(artifact_dir).exists()
-                                else f"artifact folder not found: {artifact_dir}",
-                                hint="pass the artifact folder (the one holding qwenquant-manifest.json)")
+        raise VerificationError(
+            f"{artifact_dir} is not a folder"
+            if Path(artifact_dir).exists()
+            else f"artifact folder not found: {artifact_dir}",
+            hint="pass the artifact folder (the one holding qwenquant-manifest.json)",
+        )
     try:
         d = json.loads(path.read_bytes())
     except FileNotFoundError:
@@ -215,8 +223,10 @@ def load_manifest(artifact_dir: Path) -> Manifest:
             hint="the artifact is unfinished or not a qwenquant artifact; re-run `qwenquant quantize`",
         ) from None
     except (ValueError, UnicodeDecodeError) as e:
-        raise VerificationError(f"{MANIFEST_NAME} is not valid JSON: {e}",
-                                hint="the manifest was edited or truncated; rebuild or restore it") from None
+        raise VerificationError(
+            f"{MANIFEST_NAME} is not valid JSON: {e}",
+            hint="the manifest was edited or truncated; rebuild or restore it",
+        ) from None
     return manifest_from_dict(d)
 
 
@@ -261,30 +271,52 @@ class VerifyReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "ok": self.ok, "artifact_dir": self.artifact_dir, "root_digest": self.root_digest,
-            "files_checked": self.files_checked, "bytes_checked": self.bytes_checked,
-            "problems": [{"path": p.path, "status": p.status, "detail": p.detail,
-                          "expected_size": p.expected_size, "actual_size": p.actual_size}
-                         for p in self.problems],
-            "companions": list(self.companions), "published_as": self.published_as,
+            "ok": self.ok,
+            "artifact_dir": self.artifact_dir,
+            "root_digest": self.root_digest,
+            "files_checked": self.files_checked,
+            "bytes_checked": self.bytes_checked,
+            "problems": [
+                {
+                    "path": p.path,
+                    "status": p.status,
+                    "detail": p.detail,
+                    "expected_size": p.expected_size,
+                    "actual_size": p.actual_size,
+                }
+                for p in self.problems
+            ],
+            "companions": list(self.companions),
+            "published_as": self.published_as,
         }
 
 
 def _manifest_problems(m: Manifest, raw: dict[str, Any]) -> list[FileProblem]:
     out: list[FileProblem] = []
     if compute_root_digest(m.files, m.recipe_sha256) != m.root_digest:
-        out.append(FileProblem(MANIFEST_NAME, "manifest", "root_digest does not match the manifest's own file list "
-                               "and recipe: the manifest was edited"))
+        out.append(
+            FileProblem(
+                MANIFEST_NAME,
+                "manifest",
+                "root_digest does not match the manifest's own file list and recipe: the manifest was edited",
+            )
+        )
     if manifest_self_digest(raw) != raw["manifest_self_digest"]:
-        out.append(FileProblem(MANIFEST_NAME, "manifest",
-                               "manifest_self_digest does not match the manifest body: the manifest was edited"))
+        out.append(
+            FileProblem(
+                MANIFEST_NAME,
+                "manifest",
+                "manifest_self_digest does not match the manifest body: the manifest was edited",
+            )
+        )
     if sha256_json(m.recipe) != m.recipe_sha256:
         out.append(FileProblem(MANIFEST_NAME, "manifest", "recipe_sha256 does not match the recorded recipe"))
     return out
 
 
 def compare_files(
-    expected: tuple[FileDigest, ...], actual: dict[str, Path],
+    expected: tuple[FileDigest, ...],
+    actual: dict[str, Path],
     hasher: Callable[[list[Path]], dict[Path, str]],
 ) -> list[FileProblem]:
     """Missing, extra and changed files; only files whose size matches are hashed."""
@@ -306,8 +338,9 @@ def compare_files(
     digests = hasher([p for _, p in to_hash])
     for f, p in to_hash:
         if digests[p] != f.sha256:
-            out.append(FileProblem(f.path, "changed", f"sha256 {digests[p][:12]}... != {f.sha256[:12]}...",
-                                   f.size, f.size))
+            out.append(
+                FileProblem(f.path, "changed", f"sha256 {digests[p][:12]}... != {f.sha256[:12]}...", f.size, f.size)
+            )
     return sorted(out, key=lambda x: (x.path, x.status))
 
 
@@ -323,14 +356,18 @@ def card_record_problem(rec: Any, manifest: Manifest, raw: dict[str, Any]) -> st
     if not isinstance(files, dict) or CARD_NAME not in files:
         return f"does not record {CARD_NAME}"
     for rel, f in files.items():
-        if (rel != CARD_NAME and not _REPORT_PATH.match(rel)) or not isinstance(f, dict) \
-                or not HEX64.match(str(f.get("sha256"))):
+        if (
+            (rel != CARD_NAME and not _REPORT_PATH.match(rel))
+            or not isinstance(f, dict)
+            or not HEX64.match(str(f.get("sha256")))
+        ):
             return f"records {rel!r}, which is not {CARD_NAME} or a {REPORTS_DIR}/*.json report with a sha256"
     return None
 
 
-def _companion_problems(manifest: Manifest, raw: dict[str, Any], extra: dict[str, Path]
-                        ) -> tuple[list[FileProblem], list[str], dict[str, Any] | None]:
+def _companion_problems(
+    manifest: Manifest, raw: dict[str, Any], extra: dict[str, Path]
+) -> tuple[list[FileProblem], list[str], dict[str, Any] | None]:
     """Problems of the companions among `extra` (unlisted files), those accepted, the card record if it checks out."""
     from qwenquant.hashing import sha256_file
 
@@ -347,13 +384,20 @@ def _companion_problems(manifest: Manifest, raw: dict[str, Any], extra: dict[str
         return [FileProblem(CARD_RECORD_NAME, "card", why)], accepted, None
     problems = []
     if rec.get("signature") == SIGNATURE_NAME and SIGNATURE_NAME not in extra:
-        problems.append(FileProblem(SIGNATURE_NAME, "missing", f"named in {CARD_RECORD_NAME}, not on disk: "
-                                                               "the published signature was removed"))
+        problems.append(
+            FileProblem(
+                SIGNATURE_NAME,
+                "missing",
+                f"named in {CARD_RECORD_NAME}, not on disk: the published signature was removed",
+            )
+        )
     for rel, f in sorted(rec["files"].items()):
         if rel not in extra:
             problems.append(FileProblem(rel, "missing", f"recorded in {CARD_RECORD_NAME}, not on disk"))
         elif sha256_file(extra[rel]) != f["sha256"]:
-            problems.append(FileProblem(rel, "card", f"sha256 differs from {CARD_RECORD_NAME}: edited after publishing"))
+            problems.append(
+                FileProblem(rel, "card", f"sha256 differs from {CARD_RECORD_NAME}: edited after publishing")
+            )
         accepted.append(rel)
     return problems, accepted, (None if problems else rec)
 
@@ -368,9 +412,22 @@ def verify_artifact(artifact_dir: Path) -> VerifyReport:
     actual = list_artifact_files(root)
     listed = {f.path for f in manifest.files}
     card_problems, companions, card = _companion_problems(
-        manifest, raw, {rel: p for rel, p in actual.items() if rel not in listed})
-    problems += card_problems + compare_files(manifest.files, {k: v for k, v in actual.items() if k not in companions},
-                                              lambda paths: _hash_with_progress(paths, "verifying"))
-    checked = [f for f in manifest.files if f.path in actual and os.access(actual[f.path], os.R_OK)]  # read, not missing
-    return VerifyReport(str(root), manifest.root_digest, len(checked), sum(actual[f.path].stat().st_size for f in checked),
-                        tuple(sorted(problems, key=lambda x: (x.path, x.status))), tuple(sorted(companions)), card)
+        manifest, raw, {rel: p for rel, p in actual.items() if rel not in listed}
+    )
+    problems += card_problems + compare_files(
+        manifest.files,
+        {k: v for k, v in actual.items() if k not in companions},
+        lambda paths: _hash_with_progress(paths, "verifying"),
+    )
+    checked = [
+        f for f in manifest.files if f.path in actual and os.access(actual[f.path], os.R_OK)
+    ]  # read, not missing
+    return VerifyReport(
+        str(root),
+        manifest.root_digest,
+        len(checked),
+        sum(actual[f.path].stat().st_size for f in checked),
+        tuple(sorted(problems, key=lambda x: (x.path, x.status))),
+        tuple(sorted(companions)),
+        card,
+    )

@@ -45,7 +45,7 @@ def summarize(paths: Iterable[Path], root: Path) -> str:
     files, size, names = 0, 0, []
     for p in paths:
         names.append(p.relative_to(root).as_posix() if p != root else p.name)
-        for f in ([p] if not p.is_dir() or p.is_symlink() else [q for q in p.rglob("*") if not q.is_dir()]):
+        for f in [p] if not p.is_dir() or p.is_symlink() else [q for q in p.rglob("*") if not q.is_dir()]:
             files += 1
             size += f.lstat().st_size
     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
@@ -75,12 +75,15 @@ def refuse_a_file(folder: Path, flag: str) -> None:
     """UsageError (exit 2) when `folder` is a file or a link to one: it is never removed, --force or not."""
     folder = Path(folder)
     if (folder.exists() or folder.is_symlink()) and not folder.is_dir():
-        raise UsageError(f"{flag} {folder} is a file, not a folder",
-                         hint=f"nothing was touched: pass a folder as {flag} (a new one, or one qwenquant wrote)")
+        raise UsageError(
+            f"{flag} {folder} is a file, not a folder",
+            hint=f"nothing was touched: pass a folder as {flag} (a new one, or one qwenquant wrote)",
+        )
 
 
-def guard(folder: Path, foreign: list[Path], *, force: bool, flag: str, problem: str,
-          remove: list[Path] | None = None) -> Removal | None:
+def guard(
+    folder: Path, foreign: list[Path], *, force: bool, flag: str, problem: str, remove: list[Path] | None = None
+) -> Removal | None:
     """Raise OutFolderError naming the `foreign` entries of `folder`; with `force`, return the Removal
     the command applies once every other check passed (None: nothing to remove). `remove` is what
     --force deletes (default: the whole folder, rebuilt after). A file for `folder`: UsageError."""
@@ -91,8 +94,11 @@ def guard(folder: Path, foreign: list[Path], *, force: bool, flag: str, problem:
     if not force:
         raise OutFolderError(
             f"{flag} {folder} {problem}; it holds {summarize(foreign, folder)}",
-            hint="nothing was touched: " + (f"choose another {flag}" if remove is None else "move them away")
-                 + ", or pass --force to remove " + ("it" if remove is None else "them"))
+            hint="nothing was touched: "
+            + (f"choose another {flag}" if remove is None else "move them away")
+            + ", or pass --force to remove "
+            + ("it" if remove is None else "them"),
+        )
     if remove is None:
         return Removal(folder, [folder], f"{folder}, which holds {summarize(foreign, folder)}", flag)
     return Removal(folder, remove, summarize(remove, folder), flag)
@@ -137,8 +143,9 @@ def foreign_in_artifact_out(out: Path, recipe_name: str, source: Path) -> list[P
     extra = [p for p in entries if p.name not in {s.split("/")[0] for s in listed if isinstance(s, str)}]
     recipe = (manifest.get("recipe") or {}).get("name") if isinstance(manifest.get("recipe"), dict) else None
     files = (manifest.get("source") or {}).get("files") if isinstance(manifest.get("source"), dict) else None
-    same_source = isinstance(files, dict) and {k: v.get("size") for k, v in files.items()
-                                               if isinstance(v, dict)} == local_file_sizes(source)
+    same_source = isinstance(files, dict) and {
+        k: v.get("size") for k, v in files.items() if isinstance(v, dict)
+    } == local_file_sizes(source)
     if recipe != recipe_name or not same_source:
         return entries
     return extra
@@ -160,8 +167,10 @@ def foreign_in_fetch_out(out: Path, repo_id: str, repo_type: str) -> list[Path]:
     if isinstance(rec, dict) and rec.get("repo_id") == repo_id and rec.get("repo_type", "model") == repo_type:
         return []
     pending = _read_json(out / FETCH_STAGING / "pending.json")
-    if (out / FETCH_STAGING).is_dir() and (pending is None or (isinstance(pending, dict) and (
-            pending.get("repo_id"), pending.get("repo_type")) == (repo_id, repo_type))):
+    if (out / FETCH_STAGING).is_dir() and (
+        pending is None
+        or (isinstance(pending, dict) and (pending.get("repo_id"), pending.get("repo_type")) == (repo_id, repo_type))
+    ):
         return []  # an interrupted fetch of this repo (or one killed before it wrote what it fetches)
     return entries
 

@@ -27,8 +27,11 @@ class DocKind:
     a_report: str  # "a bench report": how a message names one
 
     def refuse(self, source: str, field_: str, what: str) -> UsageError:
-        return UsageError(f"{source}: {field_} {what}", hint=f"pass a JSON file `qwenquant {self.tool}` wrote (a report "
-                                                             f"of another version: re-run the {self.tool})")
+        return UsageError(
+            f"{source}: {field_} {what}",
+            hint=f"pass a JSON file `qwenquant {self.tool}` wrote (a report "
+            f"of another version: re-run the {self.tool})",
+        )
 
     def read(self, path: Path) -> Any:
         """The JSON of a report file (exit 2 when it is missing or not JSON)."""
@@ -40,41 +43,75 @@ class DocKind:
         except (OSError, ValueError) as e:
             raise UsageError(f"report {path} is not readable JSON ({e})".splitlines()[0], hint=hint) from None
 
-    def report_class(self, data: Any, source: str, registry: dict[str, type], want: str = "", *,
-                     extra: frozenset[str] = frozenset(), not_required: frozenset[str] = frozenset()) -> type:
+    def report_class(
+        self,
+        data: Any,
+        source: str,
+        registry: dict[str, type],
+        want: str = "",
+        *,
+        extra: frozenset[str] = frozenset(),
+        not_required: frozenset[str] = frozenset(),
+    ) -> type:
         """The report class `data` is a document of (`want`: only that tag is accepted), every check passed.
         `extra`: keys allowed beside the fields; `not_required`: fields that may be absent."""
         if not isinstance(data, dict):
             raise self.refuse(source, "the top level", f"is {type(data).__name__}, not an object")
         if data.get("schema_version") != self.version:
-            raise self.refuse(source, "schema_version", f"is {data.get('schema_version')!r}, this qwenquant reads "
-                              f"{self.tool} reports of schema_version {self.version}")
+            raise self.refuse(
+                source,
+                "schema_version",
+                f"is {data.get('schema_version')!r}, this qwenquant reads "
+                f"{self.tool} reports of schema_version {self.version}",
+            )
         tag = data.get(self.tag)
         cls = registry.get(tag) if isinstance(tag, str) else None
         if cls is None or (want and cls is not registry.get(want)):
             raise self.refuse(source, self.tag, f"is {data.get(self.tag)!r}, not {want or ' | '.join(registry)}")
         names = {f.name for f in fields(cls)} | {self.tag} | extra
         unknown = sorted(set(data) - names)
-        missing = sorted(f.name for f in fields(cls) if f.name not in data and f.default is MISSING
-                         and f.default_factory is MISSING and f.name not in not_required)
+        missing = sorted(
+            f.name
+            for f in fields(cls)
+            if f.name not in data
+            and f.default is MISSING
+            and f.default_factory is MISSING
+            and f.name not in not_required
+        )
         if unknown or missing:
             field_, what = (unknown[0], "is not a field of") if unknown else (missing[0], "is missing from")
-            raise self.refuse(source, field_, f"{what} {self.a_report} of {self.tag} {getattr(cls, self.tag)} "
-                              f"(schema_version {self.version})")
+            raise self.refuse(
+                source,
+                field_,
+                f"{what} {self.a_report} of {self.tag} {getattr(cls, self.tag)} (schema_version {self.version})",
+            )
         hints = typing.get_type_hints(cls)
         for f in fields(cls):
             if f.name in data and not _is_a(data[f.name], hints.get(f.name, Any)):
-                raise self.refuse(source, f.name, f"is {_json_type(data[f.name])}, not {_type_name(hints[f.name])} "
-                                  f"as {self.a_report} of {self.tag} {getattr(cls, self.tag)} has it")
+                raise self.refuse(
+                    source,
+                    f.name,
+                    f"is {_json_type(data[f.name])}, not {_type_name(hints[f.name])} "
+                    f"as {self.a_report} of {self.tag} {getattr(cls, self.tag)} has it",
+                )
         return cls
 
 
 REPORT_SPACE = 1 << 20  # free space a report needs (a served report with every needle case is tens of KiB)
 
 
-def check_report_path(path: Path, doc: DocKind, want: str, *, kinds: Collection[str], flag: str,
-                      identity: Mapping[str, Any] | None = None, explicit: bool = True, min_free: int = REPORT_SPACE,
-                      companions: Sequence[Path] = ()) -> bool:
+def check_report_path(
+    path: Path,
+    doc: DocKind,
+    want: str,
+    *,
+    kinds: Collection[str],
+    flag: str,
+    identity: Mapping[str, Any] | None = None,
+    explicit: bool = True,
+    min_free: int = REPORT_SPACE,
+    companions: Sequence[Path] = (),
+) -> bool:
     """The one rule of every command that writes a report (`bench ... --out` and its PNG, `eval ... --report`),
     checked before measuring; a refusal is exit 2 naming the file and changes nothing:
 
@@ -102,27 +139,39 @@ def check_report_path(path: Path, doc: DocKind, want: str, *, kinds: Collection[
     old = _old_report(path, doc, kinds, what, again)
     inside = next((p for p in (parent.resolve(), *parent.resolve().parents) if (p / MANIFEST_NAME).is_file()), None)
     if inside is not None:
-        raise UsageError(f"{what} is inside the artifact {inside}, which would no longer verify; not writing there",
-                         hint=f"pass {flag} outside every artifact folder")
+        raise UsageError(
+            f"{what} is inside the artifact {inside}, which would no longer verify; not writing there",
+            hint=f"pass {flag} outside every artifact folder",
+        )
     writable_folder(parent, what, flag)
     free = shutil.disk_usage(parent).free
     if free < min_free:
-        raise UsageError(f"{what}: {parent} has {free:,} bytes free, the report needs up to {min_free:,}",
-                         hint=f"free space, or pass {flag} on another disk")
+        raise UsageError(
+            f"{what}: {parent} has {free:,} bytes free, the report needs up to {min_free:,}",
+            hint=f"free space, or pass {flag} on another disk",
+        )
     if old is not None and old.get(doc.tag) != want:
-        raise UsageError(f"{what} holds {doc.a_report} of {doc.tag} {old.get(doc.tag)!r}, not {want!r}; "
-                         "not replacing it", hint=again)
+        raise UsageError(
+            f"{what} holds {doc.a_report} of {doc.tag} {old.get(doc.tag)!r}, not {want!r}; not replacing it", hint=again
+        )
     differs = [k for k, v in (identity or {}).items() if old is not None and _dotted(old, k) != v]
     if differs:
-        raise UsageError(f"{what} holds a report of another run (another {', '.join(differs)}); not replacing it",
-                         hint=again + ("" if explicit else " (the default path is keyed to the artifact's root digest "
-                                                          "and the configuration)"))
+        raise UsageError(
+            f"{what} holds a report of another run (another {', '.join(differs)}); not replacing it",
+            hint=again
+            + ("" if explicit else " (the default path is keyed to the artifact's root digest and the configuration)"),
+        )
     for extra in companions:
-        named = old is not None and isinstance(old.get("png_path"), str) and Path(old["png_path"]).resolve() == \
-            Path(extra).resolve()
+        named = (
+            old is not None
+            and isinstance(old.get("png_path"), str)
+            and Path(old["png_path"]).resolve() == Path(extra).resolve()
+        )
         if (extra.exists() or extra.is_symlink()) and not named:
-            raise UsageError(f"{what}: {extra} beside it is not a file qwenquant wrote for that report; not replacing it",
-                             hint=f"{again} (and {extra.name})")
+            raise UsageError(
+                f"{what}: {extra} beside it is not a file qwenquant wrote for that report; not replacing it",
+                hint=f"{again} (and {extra.name})",
+            )
     return True
 
 
@@ -145,8 +194,15 @@ def _dotted(data: Mapping[str, Any], key: str) -> Any:
     return data
 
 
-_JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "an object",
-               type(None): "null"}
+_JSON_NAMES = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "an object",
+    type(None): "null",
+}
 
 
 def _json_type(value: Any) -> str:

@@ -44,11 +44,15 @@ class Signed:
 
     def covers(self) -> str:
         if not self.card_files:
-            return (f"the manifest's {self.manifest_files} files and the manifest; not the card or the reports "
-                    "(signed before qwenquant signed them)")
+            return (
+                f"the manifest's {self.manifest_files} files and the manifest; not the card or the reports "
+                "(signed before qwenquant signed them)"
+            )
         reports = len(self.card_files) - 2
-        return (f"the manifest's {self.manifest_files} files, the manifest, the card, its record and "
-                f"{reports} report{'s' if reports != 1 else ''}")
+        return (
+            f"the manifest's {self.manifest_files} files, the manifest, the card, its record and "
+            f"{reports} report{'s' if reports != 1 else ''}"
+        )
 
 
 def _model_signing() -> Any:
@@ -56,8 +60,10 @@ def _model_signing() -> Any:
         import model_signing
         from model_signing import hashing, signing, verifying  # noqa: F401
     except ImportError as e:
-        raise UsageError(f"signing needs sigstore's model_signing, which is not installed ({e})",
-                         hint="pip install 'qwenquant[sign]'") from None
+        raise UsageError(
+            f"signing needs sigstore's model_signing, which is not installed ({e})",
+            hint="pip install 'qwenquant[sign]'",
+        ) from None
     return model_signing
 
 
@@ -93,11 +99,15 @@ def sign_artifact(artifact: Path, private_key: Path, signature: Path) -> Path:
     ms = _model_signing()
     _readable(private_key, "private key", "--sign-key")
     try:
-        cfg = ms.signing.Config().set_hashing_config(_hashing_config(ms)).use_elliptic_key_signer(private_key=private_key)
+        cfg = (
+            ms.signing.Config().set_hashing_config(_hashing_config(ms)).use_elliptic_key_signer(private_key=private_key)
+        )
         cfg.sign(Path(artifact), signature)
     except (ValueError, TypeError) as e:
-        raise UsageError(f"cannot sign with {private_key}: {e}".splitlines()[0],
-                         hint="pass an unencrypted elliptic-curve private key in PEM (P-256/P-384/P-521)") from None
+        raise UsageError(
+            f"cannot sign with {private_key}: {e}".splitlines()[0],
+            hint="pass an unencrypted elliptic-curve private key in PEM (P-256/P-384/P-521)",
+        ) from None
     return signature
 
 
@@ -122,8 +132,9 @@ def _card_files(artifact: Path) -> dict[str, str]:
     artifact = Path(artifact)
     if not (artifact / CARD_RECORD_NAME).is_file():
         return {}
-    names = [CARD_NAME, CARD_RECORD_NAME] + sorted(p.relative_to(artifact).as_posix()
-                                                   for p in (artifact / REPORTS_DIR).rglob("*") if p.is_file())
+    names = [CARD_NAME, CARD_RECORD_NAME] + sorted(
+        p.relative_to(artifact).as_posix() for p in (artifact / REPORTS_DIR).rglob("*") if p.is_file()
+    )
     return {n: sha256_file(artifact / n) for n in names if (artifact / n).is_file()}
 
 
@@ -134,11 +145,16 @@ def _bundle(signature: Path) -> None:
         bundle = json.loads(Path(signature).read_bytes())
     except (ValueError, UnicodeDecodeError):
         bundle = None
-    if not (isinstance(bundle, dict) and str(bundle.get("mediaType", "")).startswith(
-            "application/vnd.dev.sigstore.bundle") and isinstance(bundle.get("dsseEnvelope"), dict)):
-        raise UsageError(f"{signature} is not a model_signing signature (a sigstore bundle: JSON with a mediaType "
-                         "and a dsseEnvelope)",
-                         hint="pass the model.sig that `qwenquant publish --sign-key` wrote beside the artifact")
+    if not (
+        isinstance(bundle, dict)
+        and str(bundle.get("mediaType", "")).startswith("application/vnd.dev.sigstore.bundle")
+        and isinstance(bundle.get("dsseEnvelope"), dict)
+    ):
+        raise UsageError(
+            f"{signature} is not a model_signing signature (a sigstore bundle: JSON with a mediaType "
+            "and a dsseEnvelope)",
+            hint="pass the model.sig that `qwenquant publish --sign-key` wrote beside the artifact",
+        )
 
 
 def _public_key(path: Path) -> None:
@@ -148,18 +164,24 @@ def _public_key(path: Path) -> None:
 
     data = Path(path).read_bytes()
     if b"PRIVATE KEY" in data:
-        raise UsageError(f"{path} is a private key, not the public key",
-                         hint="pass the publisher's public key (PEM); never hand out a private key")
+        raise UsageError(
+            f"{path} is a private key, not the public key",
+            hint="pass the publisher's public key (PEM); never hand out a private key",
+        )
     try:
         key = serialization.load_pem_public_key(data)
     except ValueError as e:
-        raise UsageError(f"{path} is not a PEM public key ({e})".splitlines()[0],
-                         hint="pass the publisher's elliptic-curve public key (PEM, BEGIN PUBLIC KEY)") from None
+        raise UsageError(
+            f"{path} is not a PEM public key ({e})".splitlines()[0],
+            hint="pass the publisher's elliptic-curve public key (PEM, BEGIN PUBLIC KEY)",
+        ) from None
     if not isinstance(key, ec.EllipticCurvePublicKey):
         kind = type(key).__name__.removesuffix("PublicKey").lstrip("_")
-        raise UsageError(f"{path} is {'an' if kind[:1] in 'AEIOR' else 'a'} {kind} public key; "
-                         "model_signing's key method takes elliptic-curve keys only",
-                         hint="ask the publisher for the P-256/P-384/P-521 public key the artifact was signed with")
+        raise UsageError(
+            f"{path} is {'an' if kind[:1] in 'AEIOR' else 'a'} {kind} public key; "
+            "model_signing's key method takes elliptic-curve keys only",
+            hint="ask the publisher for the P-256/P-384/P-521 public key the artifact was signed with",
+        )
 
 
 def verify_signature(artifact: Path, signature: Path, public_key: Path | bytes, *, view: bool = False) -> Signed:
@@ -168,9 +190,11 @@ def verify_signature(artifact: Path, signature: Path, public_key: Path | bytes, 
     of a kind the key method does not take. `view`: `artifact` is a `published_view` (links followed)."""
     ms = _model_signing()
     if not Path(signature).is_file() and Path(signature).parent.resolve() == Path(artifact).resolve():
-        raise VerificationError(f"{artifact} holds no signature {Path(signature).name}: the signature that is "
-                                "required is missing", hint="it was removed or never published: ask the publisher "
-                                "for the signed revision; never serve it unsigned (--signature FILE if it lies elsewhere)")
+        raise VerificationError(
+            f"{artifact} holds no signature {Path(signature).name}: the signature that is required is missing",
+            hint="it was removed or never published: ask the publisher "
+            "for the signed revision; never serve it unsigned (--signature FILE if it lies elsewhere)",
+        )
     signature = _readable(signature, "signature", "--signature")
     _bundle(signature)
     with tempfile.TemporaryDirectory() as tmp:
@@ -188,9 +212,11 @@ def verify_signature(artifact: Path, signature: Path, public_key: Path | bytes, 
                 cfg.set_hashing_config(_hashing_config(ms))
             cfg.verify(Path(artifact), signature)
         except (ValueError, KeyError, TypeError, OSError, InvalidSignature) as e:  # mismatch, wrong key, not a bundle
-            raise VerificationError(f"signature {signature} does not hold for {artifact}: {e}".splitlines()[0][:400].rstrip(),
-                                    hint="the files changed after signing, or the signature is for another key or "
-                                         "artifact; never serve files that fail verification") from None
+            raise VerificationError(
+                f"signature {signature} does not hold for {artifact}: {e}".splitlines()[0][:400].rstrip(),
+                hint="the files changed after signing, or the signature is for another key or "
+                "artifact; never serve files that fail verification",
+            ) from None
     hash_type, signed = _signed_files(signature)
     manifest = load_manifest(artifact)
     want = {f.path: f.sha256 for f in manifest.files} | {MANIFEST_NAME: sha256_file(Path(artifact) / MANIFEST_NAME)}
@@ -198,8 +224,9 @@ def verify_signature(artifact: Path, signature: Path, public_key: Path | bytes, 
     ok = hash_type == "sha256" and signed in (want, want | card)
     if not ok:
         odd = sorted(set(signed) ^ set(want | card)) or sorted(p for p in want if signed.get(p) != want[p])
-        raise VerificationError(f"signature {signature} is valid but does not sign exactly the manifest's files "
-                                f"and the card's ({', '.join(odd[:3]) or hash_type})",
-                                hint="re-sign with `qwenquant publish --sign-key`, which signs the manifest's files "
-                                     "and the card files")
+        raise VerificationError(
+            f"signature {signature} is valid but does not sign exactly the manifest's files "
+            f"and the card's ({', '.join(odd[:3]) or hash_type})",
+            hint="re-sign with `qwenquant publish --sign-key`, which signs the manifest's files and the card files",
+        )
     return Signed(len(signed), len(manifest.files), tuple(sorted(card)) if signed == want | card and card else ())

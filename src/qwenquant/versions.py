@@ -53,15 +53,22 @@ def vllm_info() -> dict:
 
     path, rec = launcher_record()
     if rec is not None:
-        info = {"version": rec.get("vllm_version", "?"), "device": rec.get("device", "?"),
-                "torch": rec.get("torch_version", "?"), "path": str(path), "source": "launcher record"}
+        info = {
+            "version": rec.get("vllm_version", "?"),
+            "device": rec.get("device", "?"),
+            "torch": rec.get("torch_version", "?"),
+            "path": str(path),
+            "source": "launcher record",
+        }
         return _with_cpu_path(info, rec.get("python"), rec.get("isolated") is True)
     if path is not None:
         return {"problem": f"{path} is unreadable (re-run scripts/install-vllm.sh)", "path": str(path)}
     where, source = locate_vllm()
     if where is None:
-        return {"problem": "no .venv-vllm/qwenquant-vllm.json (run scripts/install-vllm.sh; `qwenquant serve` "
-                           "would look for `vllm` on PATH)"}
+        return {
+            "problem": "no .venv-vllm/qwenquant-vllm.json (run scripts/install-vllm.sh; `qwenquant serve` "
+            "would look for `vllm` on PATH)"
+        }
     try:
         install = find_vllm()
     except QwenquantError as e:
@@ -82,8 +89,13 @@ def _with_cpu_path(info: dict, python: object, isolated: bool) -> dict:
         p = cpu_w4a16_path(str(python), isolated=isolated)
         return {**info, "cpu_w4a16": {**p.to_json(), "line": p.line()}}
     except QwenquantError as e:
-        return {**info, "cpu_w4a16": {"problem": f"{e.message}; {e.hint}",
-                                      "line": f"vLLM CPU W4A16 path: cannot tell ({e.message}; {e.hint})"}}
+        return {
+            **info,
+            "cpu_w4a16": {
+                "problem": f"{e.message}; {e.hint}",
+                "line": f"vLLM CPU W4A16 path: cannot tell ({e.message}; {e.hint})",
+            },
+        }
 
 
 def vllm_line(v: dict | None = None) -> str:
@@ -105,17 +117,21 @@ def vllm_table_row(v: dict) -> dict | None:
     from qwenquant.vllmcompat.render import row_dict
 
     version = v.get("version")
-    return row_dict(row_for(version if version and version != "?" else None,
-                            "cpu" if v.get("device") == "cpu" else "cuda"))
+    return row_dict(
+        row_for(version if version and version != "?" else None, "cpu" if v.get("device") == "cpu" else "cuda")
+    )
 
 
 def doctor_dict() -> dict:
     """`qwenquant doctor --json`: what `version_lines(True)` prints, as data."""
     info = vllm_info()
-    return {"qwenquant": qwenquant_version(),
-            "python": {"version": platform.python_version(), "executable": os.sys.executable},
-            "packages": {name: dist_version(name) for name in STACK}, "vllm": info,
-            "vllm_table": vllm_table_row(info)}
+    return {
+        "qwenquant": qwenquant_version(),
+        "python": {"version": platform.python_version(), "executable": os.sys.executable},
+        "packages": {name: dist_version(name) for name in STACK},
+        "vllm": info,
+        "vllm_table": vllm_table_row(info),
+    }
 
 
 def version_lines(verbose: bool) -> list[str]:

@@ -93,8 +93,25 @@ def reference_w4a16(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("reference-w4a16")
     src = reference_model.build_reference_checkpoint(tmp / "source")
     art = tmp / "artifact"
-    q = subprocess.run([sys.executable, "-m", "qwenquant", "quantize", str(src), "--source-unverified", "--recipe",
-                        "w4a16-int4head", "--calibration", "tiny-reference", "--out", str(art)],
-                       env=dict(vllm_env(tmp), QWENQUANT_THREADS="2"), capture_output=True, text=True, timeout=1800)
+    q = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qwenquant",
+            "quantize",
+            str(src),
+            "--source-unverified",
+            "--recipe",
+            "w4a16-int4head",
+            "--calibration",
+            "tiny-reference",
+            "--out",
+            str(art),
+        ],
+        env=dict(vllm_env(tmp), QWENQUANT_THREADS="2"),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert q.returncode == 0, q.stderr[-3000:]
     return art

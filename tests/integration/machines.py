@@ -41,8 +41,14 @@ def machine_env(tmp_path: Path, name: str, version: str | None = None) -> tuple[
     tmp_path.mkdir()
     launcher = write_fake_vllm(tmp_path / "vllm", version=version, avx512=avx512)
     env = serve_env(launcher, tmp_path)
-    for k in ("CUDA_VISIBLE_DEVICES", "VLLM_PP_LAYER_PARTITION", "VLLM_MARLIN_INPUT_DTYPE", "VLLM_DISABLED_KERNELS",
-              "VLLM_CPU_KVCACHE_SPACE", "QWENQUANT_VLLM_CPU_W4A16"):
+    for k in (
+        "CUDA_VISIBLE_DEVICES",
+        "VLLM_PP_LAYER_PARTITION",
+        "VLLM_MARLIN_INPUT_DTYPE",
+        "VLLM_DISABLED_KERNELS",
+        "VLLM_CPU_KVCACHE_SPACE",
+        "QWENQUANT_VLLM_CPU_W4A16",
+    ):
         env.pop(k, None)
     smi = fake_nvidia_smi(tmp_path, rows, cap=cap or "8.6", topo=topo, p2p=p2p)
     if device == "cpu":  # no NVIDIA driver on a CPU machine
@@ -51,14 +57,39 @@ def machine_env(tmp_path: Path, name: str, version: str | None = None) -> tuple[
     return env, launcher, smi
 
 
-def dry_run(artifact: Path, tmp_path: Path, name: str, *opts: str, version: str | None = None,
-            extra: tuple[str, ...] = ()) -> tuple[int, dict[str, Any] | None, str, Path]:
+def dry_run(
+    artifact: Path, tmp_path: Path, name: str, *opts: str, version: str | None = None, extra: tuple[str, ...] = ()
+) -> tuple[int, dict[str, Any] | None, str, Path]:
     """(exit code, the --json document, stderr, the stand-in nvidia-smi's folder) of `serve --dry-run --json`."""
     env, launcher, smi = machine_env(tmp_path, name, version)
     device, *_, serve_opts = MACHINES[name]
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "serve", str(artifact), "--vllm", str(launcher),
-                        "--device", device, "--port", "18123", "--dry-run", "--json", *serve_opts, *opts,
-                        "--", "--max-model-len", "2048", *extra], env=env, capture_output=True, text=True, timeout=180)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qwenquant",
+            "serve",
+            str(artifact),
+            "--vllm",
+            str(launcher),
+            "--device",
+            device,
+            "--port",
+            "18123",
+            "--dry-run",
+            "--json",
+            *serve_opts,
+            *opts,
+            "--",
+            "--max-model-len",
+            "2048",
+            *extra,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     try:
         doc = json.loads(r.stdout)
     except ValueError:

@@ -154,15 +154,19 @@ class StandinServer:
     def metrics_text(self) -> str:
         c, sfx = self.counters, "_total" if self.total_suffix else ""
         labels = 'engine="0",model_name="stand\\"in"'
-        lines = [f"# HELP vllm:spec_decode_num_drafts{sfx} Number of spec decoding drafts.",
-                 f"# TYPE vllm:spec_decode_num_drafts{sfx} counter",
-                 f"vllm:spec_decode_num_drafts{sfx}{{{labels}}} {c.drafts}",
-                 f"vllm:spec_decode_num_drafts_created{{{labels}}} 1.7e9",
-                 f"vllm:spec_decode_num_draft_tokens{sfx}{{{labels}}} {c.draft_tokens}",
-                 f"vllm:spec_decode_num_accepted_tokens{sfx}{{{labels}}} {c.accepted}",
-                 'vllm:num_requests_running{engine="0"} 0.0']
-        lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos{sfx}{{{labels},position="{i}"}} {v}'
-                  for i, v in enumerate(c.per_pos)]
+        lines = [
+            f"# HELP vllm:spec_decode_num_drafts{sfx} Number of spec decoding drafts.",
+            f"# TYPE vllm:spec_decode_num_drafts{sfx} counter",
+            f"vllm:spec_decode_num_drafts{sfx}{{{labels}}} {c.drafts}",
+            f"vllm:spec_decode_num_drafts_created{{{labels}}} 1.7e9",
+            f"vllm:spec_decode_num_draft_tokens{sfx}{{{labels}}} {c.draft_tokens}",
+            f"vllm:spec_decode_num_accepted_tokens{sfx}{{{labels}}} {c.accepted}",
+            'vllm:num_requests_running{engine="0"} 0.0',
+        ]
+        lines += [
+            f'vllm:spec_decode_num_accepted_tokens_per_pos{sfx}{{{labels},position="{i}"}} {v}'
+            for i, v in enumerate(c.per_pos)
+        ]
         return "\n".join(lines) + "\n"
 
 
@@ -197,9 +201,21 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, self.s.metrics_text().encode(), "text/plain; version=0.0.4")
         elif self.path == "/v1/models":
             if self._authorized():
-                self._send(200, {"object": "list", "data": [
-                    {"id": self.s.model, "object": "model", "root": self.s.root, "owned_by": "vllm",
-                     "max_model_len": self.s.max_model_len}]})
+                self._send(
+                    200,
+                    {
+                        "object": "list",
+                        "data": [
+                            {
+                                "id": self.s.model,
+                                "object": "model",
+                                "root": self.s.root,
+                                "owned_by": "vllm",
+                                "max_model_len": self.s.max_model_len,
+                            }
+                        ],
+                    },
+                )
         else:
             self._send(404, {"error": "not found"})
 
@@ -231,8 +247,15 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self.s.count()
         text = self.s.answers.get(body.get("prompt"), " world")
-        self._send(200, {"id": "cmpl-standin", "object": "text_completion", "model": self.s.model,
-                         "choices": [{"index": 0, "text": text, "finish_reason": "length"}]})
+        self._send(
+            200,
+            {
+                "id": "cmpl-standin",
+                "object": "text_completion",
+                "model": self.s.model,
+                "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+            },
+        )
         if self.s.on_completion:
             self.s.on_completion()
 
@@ -261,8 +284,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         n = int(body.get("max_tokens") or self.s.tokens)
         base = {"id": "x", "object": "chat.completion.chunk", "model": self.s.model}
-        self._event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
-                     "usage": None})
+        self._event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}], "usage": None})
         for i in range(n):
             if i == cut_after:
                 self.close_connection = True
@@ -278,8 +300,11 @@ class _Handler(BaseHTTPRequestHandler):
                 rec.first = time.perf_counter()
         self._event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
         if self.s.usage:
-            usage: dict[str, Any] = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": n + self.s.usage_delta,
-                                     "total_tokens": n + self.s.usage_delta + PROMPT_TOKENS}
+            usage: dict[str, Any] = {
+                "prompt_tokens": PROMPT_TOKENS,
+                "completion_tokens": n + self.s.usage_delta,
+                "total_tokens": n + self.s.usage_delta + PROMPT_TOKENS,
+            }
             if self.s.reasoning_details:
                 usage["completion_tokens_details"] = {"reasoning_tokens": self.s.hidden}
             self._event({**base, "choices": [], "usage": usage})
@@ -294,6 +319,7 @@ def _handler(s: StandinServer) -> type[BaseHTTPRequestHandler]:
 
 
 # --- as vLLM: the process `qwenquant serve` starts -------------------------------------------------
+
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser()
@@ -345,7 +371,8 @@ def _on_sigterm(a: argparse.Namespace, helper: subprocess.Popen) -> None:
     def stop(*_: object) -> None:
         if a.standin_ballast_file:
             Path(a.standin_ballast_file + ".at-server-stop").write_text(
-                json.dumps({"ballast_alive": _ballast_pid(a.standin_ballast_file) is not None}))
+                json.dumps({"ballast_alive": _ballast_pid(a.standin_ballast_file) is not None})
+            )
         if not a.standin_stubborn_helper:
             helper.kill()
         os._exit(0)
@@ -366,12 +393,19 @@ def main(argv: list[str]) -> int:
     if a.standin_envfile:
         Path(a.standin_envfile).write_text(json.dumps(dict(os.environ)))
     for kernel in a.standin_kernel:  # the line vLLM's compressed_tensors_wNa16.py logs per kernel it chose
-        print(f"(EngineCore pid=9) INFO 12-06 19:00:00 [compressed_tensors_wNa16.py:138] Using {kernel} for "
-              "CompressedTensorsWNA16", flush=True)
+        print(
+            f"(EngineCore pid=9) INFO 12-06 19:00:00 [compressed_tensors_wNa16.py:138] Using {kernel} for "
+            "CompressedTensorsWNA16",
+            flush=True,
+        )
     helper = _helper(a)
     if mode in ("exit0", "exit1"):
-        print("standin: nothing to do, exiting 0" if mode == "exit0" else
-              "RuntimeError: standin failed to load the model", flush=True)
+        print(
+            "standin: nothing to do, exiting 0"
+            if mode == "exit0"
+            else "RuntimeError: standin failed to load the model",
+            flush=True,
+        )
         helper.kill()
         return 0 if mode == "exit0" else 1
     _on_sigterm(a, helper)
@@ -387,8 +421,9 @@ def main(argv: list[str]) -> int:
     s.health = 503 if mode == "health503" else 200
     s.answers = json.loads(Path(a.standin_answers).read_text()) if a.standin_answers else {}
     if mode == "die-after-ready":
-        s.on_completion = lambda: threading.Timer(1.0, lambda: (print("standin: dying", flush=True), helper.kill(),
-                                                                os._exit(3))).start()
+        s.on_completion = lambda: threading.Timer(
+            1.0, lambda: (print("standin: dying", flush=True), helper.kill(), os._exit(3))
+        ).start()
     print(f"standin: listening on {a.host}:{a.port}", flush=True)
     s.httpd.serve_forever()
     return 0
@@ -397,8 +432,16 @@ def main(argv: list[str]) -> int:
 # --- the serving setup: an artifact and a launcher for `qwenquant serve` ---------------------------
 
 ARCHS = ["Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"]
-W4 = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128,
-      "dynamic": False, "actorder": None, "observer": "minmax"}
+W4 = {
+    "num_bits": 4,
+    "type": "int",
+    "symmetric": True,
+    "strategy": "group",
+    "group_size": 128,
+    "dynamic": False,
+    "actorder": None,
+    "observer": "minmax",
+}
 
 
 def _is_packed_linear(name: str) -> bool:
@@ -433,14 +476,22 @@ def build_standin_artifact(tiny: Path, out: Path) -> Path:
     config = json.loads((tiny / "config.json").read_text())
     group = {"weights": W4, "input_activations": None, "output_activations": None, "format": "pack-quantized"}
     config["quantization_config"] = {
-        "quant_method": "compressed-tensors", "format": "pack-quantized",
-        "config_groups": {"group_0": {**group, "targets": ["Linear"]},
-                          "group_1": {**group, "targets": ["re:.*lm_head$"]}},
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {
+            "group_0": {**group, "targets": ["Linear"]},
+            "group_1": {**group, "targets": ["re:.*lm_head$"]},
+        },
         "ignore": ["re:.*visual.*", "re:^mtp.*", "re:.*linear_attn.in_proj_a$", "re:.*linear_attn.in_proj_b$"],
     }
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    for name in ("generation_config.json", "preprocessor_config.json", "video_preprocessor_config.json",
-                 "tokenizer.json", "tokenizer_config.json"):
+    for name in (
+        "generation_config.json",
+        "preprocessor_config.json",
+        "video_preprocessor_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ):
         if (tiny / name).exists():
             (out / name).write_bytes((tiny / name).read_bytes())
     recipe = load_recipe("w4a16-int4head").canonical()
@@ -458,9 +509,9 @@ def write_fake_vllm(root: Path, version: str = "0.33.0", avx512: bool = True) ->
     (pkg / "platforms").mkdir(parents=True)
     (pkg / "__init__.py").write_text(
         f"__version__ = {version!r}\nclass ModelRegistry:\n    @staticmethod\n"
-        f"    def get_supported_archs():\n        return {ARCHS!r}\n")
-    (pkg / "platforms" / "__init__.py").write_text(
-        "class _P:\n    device_type = 'cpu'\ncurrent_platform = _P()\n")
+        f"    def get_supported_archs():\n        return {ARCHS!r}\n"
+    )
+    (pkg / "platforms" / "__init__.py").write_text("class _P:\n    device_type = 'cpu'\ncurrent_platform = _P()\n")
     # what scripts/install-vllm.sh adds to a CPU build: the W4A16 plugin, answering as on a CPU with (or without)
     # AVX-512, with the keys scripts/vllm-cpu/plugin's describe() returns
     plugin = root / "site" / "qwenquant_vllm_cpu"
@@ -472,10 +523,19 @@ def write_fake_vllm(root: Path, version: str = "0.33.0", avx512: bool = True) ->
         "    dense = os.environ.get('QWENQUANT_VLLM_CPU_W4A16') == 'dense' or not AVX512\n"
         "    why = 'stand-in vLLM' if AVX512 else 'stand-in vLLM (this CPU has no AVX-512) registers no cpu_gemm_wna16'\n"
         "    return {'path': 'dense' if dense else 'kernel', 'why': why, 'has_op': AVX512, 'plugin': True,\n"
-        "            'cpu_avx512': AVX512, 'cpu_amx': False, 'fp8_kv_cache': AVX512}\n")
+        "            'cpu_avx512': AVX512, 'cpu_amx': False, 'fp8_kv_cache': AVX512}\n"
+    )
     launcher = root / "qwenquant-vllm.json"
-    launcher.write_text(json.dumps({"python": sys.executable, "entrypoint": [sys.executable, str(Path(__file__))],
-                                    "vllm_version": version, "device": "cpu"}))
+    launcher.write_text(
+        json.dumps(
+            {
+                "python": sys.executable,
+                "entrypoint": [sys.executable, str(Path(__file__))],
+                "vllm_version": version,
+                "device": "cpu",
+            }
+        )
+    )
     return launcher
 
 

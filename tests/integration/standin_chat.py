@@ -58,11 +58,14 @@ def _tool_message(s: Any, body: dict[str, Any]) -> dict[str, Any]:
     fns = {t["function"]["name"]: t["function"] for t in body["tools"]}
     fn = fns[named] if named and mode != "call-always" else body["tools"][0]["function"]
     if mode == "markup":
-        return {"role": "assistant", "content": f'<tool_call>\n<function={fn["name"]}>\n</tool_call>'}
+        return {"role": "assistant", "content": f"<tool_call>\n<function={fn['name']}>\n</tool_call>"}
     args = _example(fn.get("parameters") or {})
     raw = {"malformed": '{"city": "Lisbon"', "mismatch": "{}", "object-arguments": args}.get(mode, json.dumps(args))
-    return {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call-0", "type": "function", "function": {"name": fn["name"], "arguments": raw}}]}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "call-0", "type": "function", "function": {"name": fn["name"], "arguments": raw}}],
+    }
 
 
 def chat_answer(s: Any, body: dict[str, Any]) -> dict[str, Any]:
@@ -76,6 +79,10 @@ def chat_answer(s: Any, body: dict[str, Any]) -> dict[str, Any]:
         if code:
             wrong = s.needle_fail_from is not None and n >= s.needle_fail_from
             message["content"] = "000000" if wrong else code.group(1)
-    return {"id": "chatcmpl-standin", "object": "chat.completion", "model": s.model,
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": n, "completion_tokens": 2, "total_tokens": n + 2}}
+    return {
+        "id": "chatcmpl-standin",
+        "object": "chat.completion",
+        "model": s.model,
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": n, "completion_tokens": 2, "total_tokens": n + 2},
+    }

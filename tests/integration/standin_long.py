@@ -85,11 +85,15 @@ class LongStandin(StandinServer):
     def metrics_text(self) -> str:
         page = super().metrics_text() + f"process_start_time_seconds {self.start_time}\n"
         if self.run_limit is not None:
-            page += (f'vllm:num_requests_running{{engine="0"}} {self.queue["running"]}\n'
-                     f'vllm:num_requests_waiting{{engine="0"}} {self.queue["waiting"]}\n')
+            page += (
+                f'vllm:num_requests_running{{engine="0"}} {self.queue["running"]}\n'
+                f'vllm:num_requests_waiting{{engine="0"}} {self.queue["waiting"]}\n'
+            )
         if self.prefix_cache != "absent":
-            page += (f'vllm:prefix_cache_queries_total{{engine="0"}} {self.cache["queries"]}\n'
-                     f'vllm:prefix_cache_hits_total{{engine="0"}} {self.cache["hits"]}\n')
+            page += (
+                f'vllm:prefix_cache_queries_total{{engine="0"}} {self.cache["queries"]}\n'
+                f'vllm:prefix_cache_hits_total{{engine="0"}} {self.cache["hits"]}\n'
+            )
         return page
 
     def count_cache(self, body: dict[str, Any], n: int) -> None:
@@ -132,8 +136,13 @@ class _LongHandler(_Handler):
 
     def do_GET(self) -> None:
         if self.path == "/v1/models" and self._authorized():
-            card = {"id": self.s.model, "object": "model", "root": self.s.root, "owned_by": "vllm",
-                    "max_model_len": self.s.max_model_len}
+            card = {
+                "id": self.s.model,
+                "object": "model",
+                "root": self.s.root,
+                "owned_by": "vllm",
+                "max_model_len": self.s.max_model_len,
+            }
             if self.s.max_num_seqs is not None:
                 card["max_num_seqs"] = self.s.max_num_seqs
             self._send(200, {"object": "list", "data": [card]})
@@ -156,8 +165,16 @@ class _LongHandler(_Handler):
             self.s.bodies.append(body)
         out = int(body.get("max_tokens") or self.s.tokens)
         if n + out > self.s.max_model_len:
-            self._send(400, {"error": {"message": f"This model's maximum context length is {self.s.max_model_len} "
-                                                  f"tokens. However, you requested {n + out} tokens", "code": 400}})
+            self._send(
+                400,
+                {
+                    "error": {
+                        "message": f"This model's maximum context length is {self.s.max_model_len} "
+                        f"tokens. However, you requested {n + out} tokens",
+                        "code": 400,
+                    }
+                },
+            )
             return
         self.s.count_cache(body, n)
         fault = self.s.take_fault(n)
@@ -197,8 +214,14 @@ class _LongHandler(_Handler):
                 self._keepalive()
                 return True
             for i in range(2):
-                self._event({"id": "x", "object": "chat.completion.chunk", "model": self.s.model,
-                             "choices": [{"index": 0, "delta": {"content": f"w{i} "}, "token_ids": [i]}]})
+                self._event(
+                    {
+                        "id": "x",
+                        "object": "chat.completion.chunk",
+                        "model": self.s.model,
+                        "choices": [{"index": 0, "delta": {"content": f"w{i} "}, "token_ids": [i]}],
+                    }
+                )
             self.close_connection = True
         elif mode == "die":
             print("standin: dying at depth", flush=True)
@@ -243,9 +266,15 @@ class _LongHandler(_Handler):
             usage["completion_tokens_details"] = {"reasoning_tokens": self.s.hidden}
         last: dict[str, Any] = {**base, "choices": [], "usage": usage}
         if self.s.per_request:
-            last["metrics"] = {"speculative_decoding": {
-                "mean_acceptance_length": 1 + sum(steps) / max(1, len(steps)), "num_spec_tokens": 3,
-                "num_draft_tokens": 3 * len(steps), "per_step_accepted": steps, "per_step_drafted": [3] * len(steps)}}
+            last["metrics"] = {
+                "speculative_decoding": {
+                    "mean_acceptance_length": 1 + sum(steps) / max(1, len(steps)),
+                    "num_spec_tokens": 3,
+                    "num_draft_tokens": 3 * len(steps),
+                    "per_step_accepted": steps,
+                    "per_step_drafted": [3] * len(steps),
+                }
+            }
         self._event(last)
         self._event("[DONE]")
         self.wfile.write(b"0\r\n\r\n")

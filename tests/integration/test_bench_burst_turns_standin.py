@@ -20,9 +20,13 @@ from helpers import flat
 
 def _bench(tmp: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp / "r.json"
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", *args, "--out", str(out)],
-                       env=env or {**os.environ, "QWENQUANT_NO_PROGRESS": "1"}, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "qwenquant", "bench", *args, "--out", str(out)],
+        env=env or {**os.environ, "QWENQUANT_NO_PROGRESS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return r, out
 
 
@@ -86,14 +90,30 @@ def test_a_burst_fails_when_any_of_its_requests_fails(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def served(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("burstserve")
-    return {"artifact": build_standin_artifact(tiny_checkpoint, root / "artifact"),
-            "launcher": write_long_vllm(root / "fakevllm")}
+    return {
+        "artifact": build_standin_artifact(tiny_checkpoint, root / "artifact"),
+        "launcher": write_long_vllm(root / "fakevllm"),
+    }
 
 
 def test_a_burst_above_max_num_seqs_is_refused(served: dict[str, Path], tmp_path: Path) -> None:
     env = serve_env(served["launcher"], tmp_path)
-    r, _ = _bench(tmp_path, "depth", "--serve", str(served["artifact"]), "--vllm", str(served["launcher"]),
-                  "--timeout", "60", "--concurrency", "999", "--", "--max-model-len", "4096", env=env)
+    r, _ = _bench(
+        tmp_path,
+        "depth",
+        "--serve",
+        str(served["artifact"]),
+        "--vllm",
+        str(served["launcher"]),
+        "--timeout",
+        "60",
+        "--concurrency",
+        "999",
+        "--",
+        "--max-model-len",
+        "4096",
+        env=env,
+    )
     assert r.returncode == 2 and "--concurrency 999 is above the profile's max_num_seqs" in flat(r.stderr), r.stderr
     assert "starting" not in r.stderr and "server pid" not in r.stderr  # refused before vLLM starts, not after
 
@@ -118,8 +138,10 @@ def test_conversation_grows_until_the_context_is_full_and_reads_the_cache(tmp_pa
     assert "new-token prefill tok/s" in r.stdout
 
 
-@pytest.mark.parametrize(("cache", "says"), [("off", "prefix cache: NO hits after turn 0"),
-                                             ("absent", "prefix cache: unknown (no vllm:prefix_cache_*")])
+@pytest.mark.parametrize(
+    ("cache", "says"),
+    [("off", "prefix cache: NO hits after turn 0"), ("absent", "prefix cache: unknown (no vllm:prefix_cache_*")],
+)
 def test_conversation_says_when_the_server_did_not_cache(tmp_path: Path, cache: str, says: str) -> None:
     with LongStandin() as s:
         s.max_model_len, s.prefix_cache = 3000, cache

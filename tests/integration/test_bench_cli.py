@@ -25,8 +25,9 @@ ENV = {**os.environ, "QWENQUANT_NO_PROGRESS": "1"}
 
 
 def qq(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "qwenquant", *argv], env=ENV, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "qwenquant", *argv], env=ENV, capture_output=True, text=True, timeout=300
+    )
 
 
 HEAVY = ("torch", "transformers", "llmcompressor", "compressed_tensors", "huggingface_hub", "datasets", "PIL")
@@ -42,8 +43,9 @@ print(json.dumps({"rc": rc, "out": out.getvalue(),
 
 
 def _help(*argv: str) -> dict:
-    r = subprocess.run([sys.executable, "-c", PROBE, *argv, "--help"], env=ENV, capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", PROBE, *argv, "--help"], env=ENV, capture_output=True, text=True, timeout=60
+    )
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -58,15 +60,34 @@ def test_bench_help_lists_the_subcommands_with_examples_and_imports_nothing_heav
 
 def test_no_bench_command_function_is_longer_than_80_lines() -> None:
     tree = ast.parse((REPO / "src/qwenquant/commands/bench.py").read_text())
-    long = {f.name: f.end_lineno - f.lineno + 1 for f in tree.body if isinstance(f, ast.FunctionDef)
-            and f.end_lineno - f.lineno + 1 > 80}
+    long = {
+        f.name: f.end_lineno - f.lineno + 1
+        for f in tree.body
+        if isinstance(f, ast.FunctionDef) and f.end_lineno - f.lineno + 1 > 80
+    }
     assert long == {}
 
 
 def test_run_json_prints_the_report_on_stdout(tmp_path: Path) -> None:
     with StandinServer() as s:
-        r = qq("bench", "run", s.url, "--prompts", "narrative", "--sampling", "greedy", "--thinking", "off",
-               "--max-tokens", "8", "--repeats", "1", "--out", str(tmp_path / "b.json"), "--json")
+        r = qq(
+            "bench",
+            "run",
+            s.url,
+            "--prompts",
+            "narrative",
+            "--sampling",
+            "greedy",
+            "--thinking",
+            "off",
+            "--max-tokens",
+            "8",
+            "--repeats",
+            "1",
+            "--out",
+            str(tmp_path / "b.json"),
+            "--json",
+        )
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert rep["mode"] == "run" and rep["schema_version"] == 2 and rep["json_path"] == str(tmp_path / "b.json")
@@ -75,8 +96,11 @@ def test_run_json_prints_the_report_on_stdout(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("mode", ["depth", "soak", "turns"])
 def test_long_modes_json(tmp_path: Path, mode: str) -> None:
-    extra = {"depth": ["--depths", "1024"], "soak": ["--tokens", "200", "--window", "100"],
-             "turns": ["--turn-tokens", "1000"]}[mode]
+    extra = {
+        "depth": ["--depths", "1024"],
+        "soak": ["--tokens", "200", "--window", "100"],
+        "turns": ["--turn-tokens", "1000"],
+    }[mode]
     with LongStandin() as s:
         r = qq("bench", mode, s.url, *extra, "--out", str(tmp_path / "b.json"), "--json")
     assert r.returncode == 0, r.stderr
@@ -102,9 +126,24 @@ def test_a_write_that_fails_after_measuring_keeps_the_measurement(tmp_path: Path
     folder.mkdir()
     with LongStandin() as s:
         s.step = 0.03
-        p = subprocess.Popen([sys.executable, "-m", "qwenquant", "bench", "depth", s.url, "--depths", "1024",
-                              "--out", str(folder / "depth.json")], env=ENV, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "qwenquant",
+                "bench",
+                "depth",
+                s.url,
+                "--depths",
+                "1024",
+                "--out",
+                str(folder / "depth.json"),
+            ],
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.monotonic() + 60
         while not s.bodies and time.monotonic() < deadline:
             time.sleep(0.005)
@@ -123,11 +162,33 @@ def test_a_write_that_fails_after_measuring_keeps_the_measurement(tmp_path: Path
 
 def test_compare_takes_typed_configurations(tmp_path: Path) -> None:
     """The same label twice, and a URL beside serve options, are refused before anything is measured."""
-    r = qq("bench", "compare", "--url-a", "http://127.0.0.1:9", "--url-b", "http://127.0.0.1:9", "--label-a", "x",
-           "--label-b", "x", "--out", str(tmp_path / "c.json"))
+    r = qq(
+        "bench",
+        "compare",
+        "--url-a",
+        "http://127.0.0.1:9",
+        "--url-b",
+        "http://127.0.0.1:9",
+        "--label-a",
+        "x",
+        "--label-b",
+        "x",
+        "--out",
+        str(tmp_path / "c.json"),
+    )
     assert r.returncode == 2 and "both configurations are labelled 'x'" in flat(r.stderr)
-    r = qq("bench", "compare", "--url-a", "http://127.0.0.1:9", "--profile-a", "batch", "--url-b", "http://127.0.0.1:9",
-           "--out", str(tmp_path / "c.json"))
+    r = qq(
+        "bench",
+        "compare",
+        "--url-a",
+        "http://127.0.0.1:9",
+        "--profile-a",
+        "batch",
+        "--url-b",
+        "http://127.0.0.1:9",
+        "--out",
+        str(tmp_path / "c.json"),
+    )
     assert r.returncode == 2 and "configuration A names a URL and serve options" in flat(r.stderr)
 
 
@@ -139,12 +200,48 @@ def test_compare_serves_each_configuration_with_its_own_vllm_flags(tiny_checkpoi
     art = build_standin_artifact(tiny_checkpoint, tmp_path / "artifact")
     launcher = write_fake_vllm(tmp_path / "fakevllm")
     out = tmp_path / "cmp.json"
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", "compare", "--serve", str(art), "--vllm",
-                        str(launcher), "--timeout", "60", "--label-a", "on", "--label-b", "off",
-                        "--vllm-arg-b=--speculative-config", "--vllm-arg-b=null", "--prompts", "narrative",
-                        "--sampling", "greedy", "--thinking", "off", "--max-tokens", "8", "--repeats", "1",
-                        "--rounds", "1", "--out", str(out), "--", "--max-model-len", "2048"],
-                       env=serve_env(launcher, tmp_path), capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qwenquant",
+            "bench",
+            "compare",
+            "--serve",
+            str(art),
+            "--vllm",
+            str(launcher),
+            "--timeout",
+            "60",
+            "--label-a",
+            "on",
+            "--label-b",
+            "off",
+            "--vllm-arg-b=--speculative-config",
+            "--vllm-arg-b=null",
+            "--prompts",
+            "narrative",
+            "--sampling",
+            "greedy",
+            "--thinking",
+            "off",
+            "--max-tokens",
+            "8",
+            "--repeats",
+            "1",
+            "--rounds",
+            "1",
+            "--out",
+            str(out),
+            "--",
+            "--max-model-len",
+            "2048",
+        ],
+        env=serve_env(launcher, tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     by = {t["label"]: t for t in json.loads(out.read_text())["targets"]}
     assert by["on"]["extra_vllm_flags"] == ["--max-model-len", "2048"]
@@ -153,10 +250,17 @@ def test_compare_serves_each_configuration_with_its_own_vllm_flags(tiny_checkpoi
     assert "ratio on / off" in r.stdout
 
 
-@pytest.mark.parametrize("argv", [["depth", "--concurrency", "3", "--depths", "1024"],
-                                  ["soak", "--concurrency", "3", "--tokens", "100"],
-                                  ["run", "--max-concurrency", "3", "--max-tokens", "8"]])
-def test_streams_above_what_a_running_server_lists_are_refused_before_measuring(tmp_path: Path, argv: list[str]) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["depth", "--concurrency", "3", "--depths", "1024"],
+        ["soak", "--concurrency", "3", "--tokens", "100"],
+        ["run", "--max-concurrency", "3", "--max-tokens", "8"],
+    ],
+)
+def test_streams_above_what_a_running_server_lists_are_refused_before_measuring(
+    tmp_path: Path, argv: list[str]
+) -> None:
     with LongStandin() as s:
         s.max_num_seqs = 2
         r = qq("bench", argv[0], s.url, *argv[1:], "--out", str(tmp_path / "b.json"))

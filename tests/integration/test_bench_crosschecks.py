@@ -22,10 +22,12 @@ from standin_long import LongStandin
 from helpers import flat
 
 REPO = Path(__file__).resolve().parents[2]
-MODES = {"run": ["--prompts", "narrative", "--sampling", "greedy", "--max-tokens", "40"],
-         "depth": ["--depths", "1024", "--max-tokens", "64"],
-         "soak": ["--tokens", "400", "--window", "100"],
-         "turns": ["--turn-tokens", "1000", "--max-tokens", "64"]}
+MODES = {
+    "run": ["--prompts", "narrative", "--sampling", "greedy", "--max-tokens", "40"],
+    "depth": ["--depths", "1024", "--max-tokens", "64"],
+    "soak": ["--tokens", "400", "--window", "100"],
+    "turns": ["--turn-tokens", "1000", "--max-tokens", "64"],
+}
 
 
 def bench(mode: str, url: str, tmp: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict | None]:
@@ -37,8 +39,9 @@ def bench(mode: str, url: str, tmp: Path, *extra: str) -> tuple[subprocess.Compl
     argv = [sys.executable, "-m", "qwenquant", "bench", mode, url, *MODES[mode], "--out", str(out), *extra]
     if mode == "run":
         argv += ["--config", str(tmp / "bench.yaml")]
-    r = subprocess.run(argv, env={**os.environ, "QWENQUANT_NO_PROGRESS": "1"}, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        argv, env={**os.environ, "QWENQUANT_NO_PROGRESS": "1"}, capture_output=True, text=True, timeout=300
+    )
     return r, json.loads(out.read_text()) if out.exists() else None
 
 
@@ -60,8 +63,11 @@ def test_plain_bench_flags_reasoning_counted_but_not_streamed(tmp_path: Path, th
         r, rep = bench("run", s.url, tmp_path, "--thinking", thinking)
     assert r.returncode == 0, r.stderr
     assert _checks(rep) == (["unstreamed-reasoning"] if details else ["wall-vs-decode"])
-    says = "20 of 40 reasoning tokens were counted in usage but not streamed" if details else \
-        "counted in usage but not streamed"
+    says = (
+        "20 of 40 reasoning tokens were counted in usage but not streamed"
+        if details
+        else "counted in usage but not streamed"
+    )
     assert says in flat(r.stderr)
 
 
@@ -84,12 +90,21 @@ def test_depth_without_token_ids_compares_wall_and_decode(tmp_path: Path) -> Non
     assert _checks(rep) == ["wall-vs-decode"] and "no token ids came back to tell" in flat(r.stderr)
 
 
-@pytest.mark.parametrize(("short_by", "delta", "status", "says"), [
-    (100, 100, "failed", "stream 0 was truncated in window 3: 300 of 400 tokens streamed"),  # usage over-reports a cut
-    (0, -100, "ok", None),  # usage under-reports a complete stream
-])
-def test_soak_judges_truncation_from_the_streamed_count(tmp_path: Path, short_by: int, delta: int, status: str,
-                                                        says: str | None) -> None:
+@pytest.mark.parametrize(
+    ("short_by", "delta", "status", "says"),
+    [
+        (
+            100,
+            100,
+            "failed",
+            "stream 0 was truncated in window 3: 300 of 400 tokens streamed",
+        ),  # usage over-reports a cut
+        (0, -100, "ok", None),  # usage under-reports a complete stream
+    ],
+)
+def test_soak_judges_truncation_from_the_streamed_count(
+    tmp_path: Path, short_by: int, delta: int, status: str, says: str | None
+) -> None:
     with LongStandin() as s:
         s.short_by, s.usage_delta = short_by, delta
         r, rep = bench("soak", s.url, tmp_path)

@@ -21,9 +21,13 @@ from helpers import flat
 
 def _bench(tmp: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp / "depth.json"
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", "depth", "--out", str(out), *args],
-                       env=env or {**os.environ, "QWENQUANT_NO_PROGRESS": "1"}, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "qwenquant", "bench", "depth", "--out", str(out), *args],
+        env=env or {**os.environ, "QWENQUANT_NO_PROGRESS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return r, out
 
 
@@ -66,11 +70,13 @@ def test_reuse_prefix_and_chosen_depths_without_tokenize(tmp_path: Path) -> None
     assert rep["tokenize"] is False and got[0] < 1000
     assert 0.95 * 3000 <= got[1] <= 3000 and 0.95 * 4000 <= got[2] <= 4000, got
     texts = [b["messages"][0]["content"] for b in bodies]
-    assert texts[1].startswith(texts[0][:-len("Continue the Python source above.") - 2][:2000])
+    assert texts[1].startswith(texts[0][: -len("Continue the Python source above.") - 2][:2000])
 
 
-@pytest.mark.parametrize(("mode", "says"), [("http", "answered 500"), ("stall", "stalled: no token from the server"),
-                                            ("empty", "empty output")])
+@pytest.mark.parametrize(
+    ("mode", "says"),
+    [("http", "answered 500"), ("stall", "stalled: no token from the server"), ("empty", "empty output")],
+)
 def test_a_failing_rung_ends_the_ladder(tmp_path: Path, mode: str, says: str) -> None:
     with LongStandin() as s:
         s.max_model_len, s.fail_depth, s.fail_mode = 8192, 3000, mode
@@ -88,23 +94,50 @@ def test_depths_beyond_the_limit_are_a_usage_error(tmp_path: Path) -> None:
     with LongStandin() as s:
         s.max_model_len = 2048
         r, _ = _bench(tmp_path, s.url, "--depths", "1024,2048")
-    assert r.returncode == 2 and "--depths 2048 plus 64 output tokens exceeds the server's max_model_len 2048" in flat(r.stderr)
+    assert r.returncode == 2 and "--depths 2048 plus 64 output tokens exceeds the server's max_model_len 2048" in flat(
+        r.stderr
+    )
 
 
 @pytest.fixture(scope="module")
 def served(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("depthserve")
-    return {"artifact": build_standin_artifact(tiny_checkpoint, root / "artifact"),
-            "launcher": write_long_vllm(root / "fakevllm")}
+    return {
+        "artifact": build_standin_artifact(tiny_checkpoint, root / "artifact"),
+        "launcher": write_long_vllm(root / "fakevllm"),
+    }
 
 
-@pytest.mark.parametrize(("mode", "says"), [("oom", "the server log says: torch.OutOfMemoryError: CUDA out of memory"),
-                                            ("die", "the server process exited with code 3")])
-def test_served_oom_line_or_death_ends_the_ladder(served: dict[str, Path], tmp_path: Path, mode: str, says: str) -> None:
+@pytest.mark.parametrize(
+    ("mode", "says"),
+    [
+        ("oom", "the server log says: torch.OutOfMemoryError: CUDA out of memory"),
+        ("die", "the server process exited with code 3"),
+    ],
+)
+def test_served_oom_line_or_death_ends_the_ladder(
+    served: dict[str, Path], tmp_path: Path, mode: str, says: str
+) -> None:
     env = serve_env(served["launcher"], tmp_path)
-    r, out = _bench(tmp_path, "--serve", str(served["artifact"]), "--vllm", str(served["launcher"]), "--timeout", "60",
-                    "--", "--max-model-len", "4096", "--standin-max-model-len", "4096", "--standin-fail-depth", "2000",
-                    "--standin-fail-mode", mode, env=env)
+    r, out = _bench(
+        tmp_path,
+        "--serve",
+        str(served["artifact"]),
+        "--vllm",
+        str(served["launcher"]),
+        "--timeout",
+        "60",
+        "--",
+        "--max-model-len",
+        "4096",
+        "--standin-max-model-len",
+        "4096",
+        "--standin-fail-depth",
+        "2000",
+        "--standin-fail-mode",
+        mode,
+        env=env,
+    )
     assert r.returncode == 8, r.stderr[-3000:]
     errors = _errors(r.stderr)
     assert len(errors) == 1 and "failed at 2048 tokens" in errors[0] and says in errors[0], r.stderr[-3000:]

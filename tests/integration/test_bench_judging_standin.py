@@ -26,8 +26,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _qq(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "qwenquant", *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "QWENQUANT_NO_PROGRESS": "1"}, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "qwenquant", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "QWENQUANT_NO_PROGRESS": "1"},
+        cwd=REPO,
+    )
 
 
 def _config(tmp: Path, **over: Any) -> Path:
@@ -39,8 +45,18 @@ def _config(tmp: Path, **over: Any) -> Path:
 
 
 def _run_args(tmp: Path, **over: Any) -> list[str]:
-    return ["--config", str(_config(tmp, **over)), "--prompts", "narrative", "--sampling", "greedy", "--thinking",
-            "off", "--out", str(tmp / "run.json")]
+    return [
+        "--config",
+        str(_config(tmp, **over)),
+        "--prompts",
+        "narrative",
+        "--sampling",
+        "greedy",
+        "--thinking",
+        "off",
+        "--out",
+        str(tmp / "run.json"),
+    ]
 
 
 def _flags(report: dict[str, Any], kind: str) -> list[dict[str, Any]]:
@@ -54,7 +70,7 @@ def _errors(stderr: str) -> list[str]:
 def _section(stdout: str, title: str, end: str | None) -> str:
     """The table under `title` on stdout, up to the next table's title."""
     start = stdout.index(title)
-    return stdout[start:stdout.index(end, start) if end else None]
+    return stdout[start : stdout.index(end, start) if end else None]
 
 
 def test_soak_flags_too_good_figures_and_streams_the_server_queued(tmp_path: Path) -> None:
@@ -62,8 +78,19 @@ def test_soak_flags_too_good_figures_and_streams_the_server_queued(tmp_path: Pat
     gives; their decode (3 tokens every 2 ms) beyond the too-good line: AUDIT, as in every mode."""
     with LongStandin() as s:
         s.step, s.run_limit = 0.002, 1  # 1,500 tok/s; streams of 0.4 s, seen waiting on /metrics (read every 0.1 s)
-        r = _qq("bench", "soak", s.url, "--tokens", "600", "--window", "200", "--concurrency", "2",
-                "--out", str(tmp_path / "soak.json"))
+        r = _qq(
+            "bench",
+            "soak",
+            s.url,
+            "--tokens",
+            "600",
+            "--window",
+            "200",
+            "--concurrency",
+            "2",
+            "--out",
+            str(tmp_path / "soak.json"),
+        )
     assert r.returncode == 0, r.stderr
     rep = json.loads((tmp_path / "soak.json").read_text())
     queued = _flags(rep, "queued")

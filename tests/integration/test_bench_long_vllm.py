@@ -38,21 +38,61 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     env = dict(vllm_env(tmp), QWENQUANT_THREADS="2", VLLM_ALLOW_LONG_MAX_MODEL_LEN="1")
     src = reference_model.build_reference_checkpoint(tmp / "source")
     art = tmp / "artifact"
-    q = subprocess.run([sys.executable, "-m", "qwenquant", "quantize", str(src), "--source-unverified", "--recipe",
-                        "w4a16-int4head", "--calibration", "tiny-reference", "--out", str(art)],
-                       env=env, capture_output=True, text=True, timeout=1800)
+    q = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qwenquant",
+            "quantize",
+            str(src),
+            "--source-unverified",
+            "--recipe",
+            "w4a16-int4head",
+            "--calibration",
+            "tiny-reference",
+            "--out",
+            str(art),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert q.returncode == 0, q.stderr[-3000:]
-    with ServedCLI(str(art), "--profile", "single-user", "--port", str(free_port()), "--vllm", str(LAUNCHER),
-                   "--timeout", "900", "--log-file", str(tmp / "server.log"), "--", "--max-model-len", str(MAX_LEN),
-                   "--max-num-seqs", str(MAX_SEQS), "--per-request-spec-decode-metrics", "detailed", env=env) as cli:
+    with ServedCLI(
+        str(art),
+        "--profile",
+        "single-user",
+        "--port",
+        str(free_port()),
+        "--vllm",
+        str(LAUNCHER),
+        "--timeout",
+        "900",
+        "--log-file",
+        str(tmp / "server.log"),
+        "--",
+        "--max-model-len",
+        str(MAX_LEN),
+        "--max-num-seqs",
+        str(MAX_SEQS),
+        "--per-request-spec-decode-metrics",
+        "detailed",
+        env=env,
+    ) as cli:
         yield cli, env
 
 
 def _bench(server, tmp: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     cli, env = server
     out = tmp / "r.json"
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", args[0], cli.url, *args[1:], "--out", str(out)],
-                       env=env, capture_output=True, text=True, timeout=1200)
+    r = subprocess.run(
+        [sys.executable, "-m", "qwenquant", "bench", args[0], cli.url, *args[1:], "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return r, json.loads(out.read_text())
 
@@ -81,7 +121,12 @@ def test_depth_ladder_to_max_model_len(server, tmp_path: Path) -> None:
 def test_soak_with_mtp_windows_inside_the_models_positions(server, tmp_path: Path) -> None:
     r, rep = _bench(server, tmp_path, "soak", "--tokens", str(SOAK), "--window", str(WINDOW))
     v = rep["verdict"]
-    assert rep["source"] == "per-request" and (v["status"], v["failures"], v["line"], v["flags"]) == ("ok", [], None, [])
+    assert rep["source"] == "per-request" and (v["status"], v["failures"], v["line"], v["flags"]) == (
+        "ok",
+        [],
+        None,
+        [],
+    )
     (stream,) = rep["streams"]
     assert stream["completion_tokens"] == SOAK and stream["finish_reason"] == "length" and stream["error"] is None
     assert stream["streamed_exact"] and stream["streamed_tokens"] == SOAK
@@ -96,8 +141,7 @@ def test_soak_with_mtp_windows_inside_the_models_positions(server, tmp_path: Pat
 
 
 def test_burst_of_two_fresh_prompts(server, tmp_path: Path) -> None:
-    r, rep = _bench(server, tmp_path, "depth", "--depths", "1024", "--concurrency", str(MAX_SEQS),
-                    "--max-tokens", "16")
+    r, rep = _bench(server, tmp_path, "depth", "--depths", "1024", "--concurrency", str(MAX_SEQS), "--max-tokens", "16")
     (rung,) = rep["rungs"]
     assert rung["ok"] and rung["concurrency"] == MAX_SEQS and rung["failed"] == 0, rung
     for q in rung["requests"]:  # each prompt counted by the server at its depth, each answered in full
@@ -113,8 +157,11 @@ def test_burst_of_two_fresh_prompts(server, tmp_path: Path) -> None:
     assert q and q["pages"] >= 1 and 0 <= q["max_running"] <= MAX_SEQS, q
     assert rung["decoding_at_once"] in range(1, MAX_SEQS + 1), rung
     queued = [f for f in rep["flags"] if f.get("check") == "queued"]
-    assert bool(queued) == (q["max_waiting"] > 0 and max(q["max_running"], rung["decoding_at_once"]) < MAX_SEQS), \
-        (queued, q, rung["decoding_at_once"])
+    assert bool(queued) == (q["max_waiting"] > 0 and max(q["max_running"], rung["decoding_at_once"]) < MAX_SEQS), (
+        queued,
+        q,
+        rung["decoding_at_once"],
+    )
 
 
 def test_conversation_of_three_turns(server, tmp_path: Path) -> None:

@@ -22,10 +22,26 @@ TOKENS, WINDOW = 2000, 400
 
 def _soak(tmp: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp / "soak.json"
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", "soak", "--tokens", str(TOKENS), "--window",
-                        str(WINDOW), "--out", str(out), *args],
-                       env=env or {**os.environ, "QWENQUANT_NO_PROGRESS": "1"}, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qwenquant",
+            "bench",
+            "soak",
+            "--tokens",
+            str(TOKENS),
+            "--window",
+            str(WINDOW),
+            "--out",
+            str(out),
+            *args,
+        ],
+        env=env or {**os.environ, "QWENQUANT_NO_PROGRESS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return r, out
 
 
@@ -49,7 +65,9 @@ def test_healthy_soak_passes_with_windows_of_generated_tokens(tmp_path: Path, pe
         assert w["acceptance_rate"] == pytest.approx(2 / 3, abs=0.01) and w["per_position"][2] == 0.0
     assert [x["completion_tokens"] for x in rep["streams"]] == [TOKENS] * (2 if per_request else 1)
     if per_request:
-        assert [len(ws) for ws in rep["stream_windows"]] == [5, 5] and wins[0]["drafts"] == 2 * 133  # steps at tokens 1, 4, ..., 397
+        assert [len(ws) for ws in rep["stream_windows"]] == [5, 5] and wins[0][
+            "drafts"
+        ] == 2 * 133  # steps at tokens 1, 4, ..., 397
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG" and "verdict: ok" in flat(r.stderr)
 
 
@@ -108,19 +126,33 @@ def test_soak_longer_than_the_context_is_a_usage_error(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def served(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("soakserve")
-    return {"artifact": build_standin_artifact(tiny_checkpoint, root / "artifact"),
-            "launcher": write_long_vllm(root / "fakevllm")}
+    return {
+        "artifact": build_standin_artifact(tiny_checkpoint, root / "artifact"),
+        "launcher": write_long_vllm(root / "fakevllm"),
+    }
 
 
-def test_served_concurrency_above_max_num_seqs_and_a_dying_server_past_the_trained_context(served: dict[str, Path], tmp_path: Path) -> None:
+def test_served_concurrency_above_max_num_seqs_and_a_dying_server_past_the_trained_context(
+    served: dict[str, Path], tmp_path: Path
+) -> None:
     env = serve_env(served["launcher"], tmp_path)
     base = ["--serve", str(served["artifact"]), "--vllm", str(served["launcher"]), "--timeout", "60"]
     r, _ = _soak(tmp_path, *base, "--concurrency", "2", "--", "--max-model-len", "4096", env=env)
     assert r.returncode == 2 and "--concurrency 2 is above the profile's max_num_seqs 1" in flat(r.stderr)
     assert "starting" not in r.stderr and "server pid" not in r.stderr  # refused before vLLM starts, not after
     # above the tiny model's max_position_embeddings (4096): served because vLLM is told to allow it
-    r, out = _soak(tmp_path, *base, "--", "--max-model-len", "8192", "--standin-fail-depth", "1",
-                   "--standin-fail-mode", "die", env={**env, "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"})
+    r, out = _soak(
+        tmp_path,
+        *base,
+        "--",
+        "--max-model-len",
+        "8192",
+        "--standin-fail-depth",
+        "1",
+        "--standin-fail-mode",
+        "die",
+        env={**env, "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
+    )
     assert r.returncode == 8, r.stderr[-3000:]
     errors = _errors(r.stderr)
     assert len(errors) == 1 and "window 0" in errors[0] and "the server process exited with code 3" in errors[0], errors

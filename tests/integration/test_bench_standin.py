@@ -33,15 +33,36 @@ def _bench(url: str, tmp: Path, *extra: str) -> tuple[subprocess.CompletedProces
     out = tmp / "result.json"
     env = {**os.environ, "QWENQUANT_NO_PROGRESS": "1"}
     head, rest = (["run", url], extra) if url else ([extra[0]], extra[1:])  # no URL: the subcommand comes first
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", *head, "--config", str(cpath), "--prompts",
-                        "narrative", "--sampling", "greedy", "--thinking", "off", "--out", str(out), *rest],
-                       env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qwenquant",
+            "bench",
+            *head,
+            "--config",
+            str(cpath),
+            "--prompts",
+            "narrative",
+            "--sampling",
+            "greedy",
+            "--thinking",
+            "off",
+            "--out",
+            str(out),
+            *rest,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return r, out
 
 
 def _check_against_server(report: dict, s: StandinServer, skip: int) -> dict:
     cell = report["targets"][0]["cells"]["narrative/greedy/think-off/c1"]
-    recs = s.records[skip:skip + REPEATS]
+    recs = s.records[skip : skip + REPEATS]
     assert len(cell["per_request"]) == REPEATS == len(recs)
     for got, rec in zip(cell["per_request"], recs, strict=True):
         assert got["completion_tokens"] == rec.tokens == 40
@@ -131,14 +152,38 @@ def test_ladder_aggregate_and_too_good_line(tmp_path: Path) -> None:
         low.mkdir()
         (low / "cfg.yaml").write_text(yaml.safe_dump({**cfg, "warmup_requests": 0, "repeats": 1}))
         out2 = low / "r.json"
-        r2 = subprocess.run([sys.executable, "-m", "qwenquant", "bench", "run", s.url, "--config", str(low / "cfg.yaml"),
-                             "--prompts", "code", "--sampling", "greedy", "--thinking", "off", "--max-tokens", "10",
-                             "--out", str(out2)], capture_output=True, text=True, timeout=120)
+        r2 = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "qwenquant",
+                "bench",
+                "run",
+                s.url,
+                "--config",
+                str(low / "cfg.yaml"),
+                "--prompts",
+                "code",
+                "--sampling",
+                "greedy",
+                "--thinking",
+                "off",
+                "--max-tokens",
+                "10",
+                "--out",
+                str(out2),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert r2.returncode == 0, r2.stderr
     flags = json.loads(out2.read_text())["flags"]
     # the cell's decode, and the ladder's per-stream decode beside it: every table judges by the same line
     assert [(f["where"], f["figure"]) for f in flags if f["kind"] == "too-good"] == [
-        ("A code/greedy/think-off/c1", "decode_tok_s"), ("A ladder c1", "per_stream_decode_tok_s")]
+        ("A code/greedy/think-off/c1", "decode_tok_s"),
+        ("A ladder c1", "per_stream_decode_tok_s"),
+    ]
     assert "AUDIT" in r2.stdout
 
 
@@ -146,8 +191,23 @@ def test_compare_two_servers_in_rounds(tmp_path: Path) -> None:
     """A streams twice as fast as B: every round's decode ratio A/B is about 2, requests alternate A B A B."""
     with StandinServer() as a, StandinServer() as b:
         a.step, b.step = 0.01, 0.02
-        r, out = _bench("", tmp_path, "compare", "--max-tokens", "30", "--rounds", "2", "--label-a", "fast",
-                        "--url-a", a.url, "--label-b", "slow", "--url-b", b.url)
+        r, out = _bench(
+            "",
+            tmp_path,
+            "compare",
+            "--max-tokens",
+            "30",
+            "--rounds",
+            "2",
+            "--label-a",
+            "fast",
+            "--url-a",
+            a.url,
+            "--label-b",
+            "slow",
+            "--url-b",
+            b.url,
+        )
         order = sorted([(rec.recv, "a") for rec in a.records] + [(rec.recv, "b") for rec in b.records])
     assert r.returncode == 0, r.stderr
     report = json.loads(out.read_text())
@@ -155,7 +215,7 @@ def test_compare_two_servers_in_rounds(tmp_path: Path) -> None:
     assert (report["compare"]["a"], report["compare"]["b"], ratio["decode_tok_s"]["n"]) == ("fast", "slow", 2)
     assert ratio["decode_tok_s"]["min"] == pytest.approx(2.0, rel=0.1)
     assert ratio["decode_tok_s"]["max"] == pytest.approx(2.0, rel=0.1)
-    measured = "".join(who for _, who in order)[2 * WARMUP:]
+    measured = "".join(who for _, who in order)[2 * WARMUP :]
     assert measured == "aaabbbaaabbb"  # rounds interleaved, REPEATS requests per turn
     assert "ratio fast / slow" in r.stdout
 
@@ -164,10 +224,12 @@ def test_gpu_sampling_flags_throttling(tmp_path: Path) -> None:
     """A stand-in `nvidia-smi` on PATH (no GPU here) reports a power-capped clock: the run is flagged."""
     fake = tmp_path / "bin" / "nvidia-smi"
     fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\n"
-                    "row() { echo \"2026/11/30 10:00:00.000, 0, NVIDIA H200, $1, 1980, 650.0, 700.00, 60, $2\"; }\n"
-                    "case \"$*\" in *-lms*) row 1980 0x0000000000000000; row 1410 0x0000000000000004; "
-                    "exec sleep 600;; *name*) echo 'NVIDIA H200';; *) row 1980 0x0;; esac\n")
+    fake.write_text(
+        "#!/bin/sh\n"
+        'row() { echo "2026/11/30 10:00:00.000, 0, NVIDIA H200, $1, 1980, 650.0, 700.00, 60, $2"; }\n'
+        'case "$*" in *-lms*) row 1980 0x0000000000000000; row 1410 0x0000000000000004; '
+        "exec sleep 600;; *name*) echo 'NVIDIA H200';; *) row 1980 0x0;; esac\n"
+    )
     fake.chmod(0o755)
     with StandinServer() as s:
         os.environ["PATH"] = f"{fake.parent}:{os.environ['PATH']}"

@@ -26,22 +26,65 @@ def test_bench_compare_mtp_on_off(tmp_path: Path) -> None:
     require_vllm(LAUNCHER, ".venv-vllm")
     artifact = quantize_tiny_artifact(tmp_path, "constant", "text-only")
     out = tmp_path / "bench.json"
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", "compare", "--serve", str(artifact), "--vllm",
-                        str(LAUNCHER), "--profile", "single-user", "--label-a", "mtp-on", "--label-b", "mtp-off",
-                        "--vllm-arg-b=--speculative-config", "--vllm-arg-b=null", "--prompts", "quote", "--sampling", "greedy", "--max-tokens", "16",
-                        "--repeats", "2", "--rounds", "2", "--max-concurrency", "2", "--out", str(out),
-                        "--", "--max-model-len", "2048", "--max-num-seqs", "2"],  # the ladder's top runs at once
-                       env=vllm_env(tmp_path), capture_output=True, text=True, timeout=1500)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qwenquant",
+            "bench",
+            "compare",
+            "--serve",
+            str(artifact),
+            "--vllm",
+            str(LAUNCHER),
+            "--profile",
+            "single-user",
+            "--label-a",
+            "mtp-on",
+            "--label-b",
+            "mtp-off",
+            "--vllm-arg-b=--speculative-config",
+            "--vllm-arg-b=null",
+            "--prompts",
+            "quote",
+            "--sampling",
+            "greedy",
+            "--max-tokens",
+            "16",
+            "--repeats",
+            "2",
+            "--rounds",
+            "2",
+            "--max-concurrency",
+            "2",
+            "--out",
+            str(out),
+            "--",
+            "--max-model-len",
+            "2048",
+            "--max-num-seqs",
+            "2",
+        ],  # the ladder's top runs at once
+        env=vllm_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     report = json.loads(out.read_text())
     by = {t["label"]: t for t in report["targets"]}
     assert set(by) == {"mtp-on", "mtp-off"}
     for t in by.values():
-        assert t["artifact_root_digest"] == json.loads((artifact / "qwenquant-manifest.json").read_text())["root_digest"]
+        assert (
+            t["artifact_root_digest"] == json.loads((artifact / "qwenquant-manifest.json").read_text())["root_digest"]
+        )
         assert t["vllm_version"] and t["command"]
         assert t["thinking"] == "the artifact's chat template reads enable_thinking"
-        assert sorted(t["cells"]) == ["quote/greedy/think-off/c1", "quote/greedy/think-off/c2",
-                                      "quote/greedy/think-on/c1"]
+        assert sorted(t["cells"]) == [
+            "quote/greedy/think-off/c1",
+            "quote/greedy/think-off/c2",
+            "quote/greedy/think-on/c1",
+        ]
         for cell in t["cells"].values():
             assert cell["requests"] == (4 if cell["concurrency"] == 1 else 8)
             assert all(cell["figures"][k]["median"] > 0 for k in FIGURES), cell["figures"]

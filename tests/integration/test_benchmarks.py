@@ -26,8 +26,14 @@ import pytest
 
 from helpers import REPO
 
-ENV = dict(os.environ, QWENQUANT_THREADS="2", QWENQUANT_NO_PROGRESS="1", PYTHONHASHSEED="0", TQDM_DISABLE="1",
-           PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
+ENV = dict(
+    os.environ,
+    QWENQUANT_THREADS="2",
+    QWENQUANT_NO_PROGRESS="1",
+    PYTHONHASHSEED="0",
+    TQDM_DISABLE="1",
+    PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
+)
 ENV.pop("QWENQUANT_GPTQ_ENGINE", None)
 # the checkpoint quantize_bench.py and quantize_arms.py build: 27B-shaped layers, shrunk to seconds on a CPU
 SMALL = ["--layers", "4", "--scale", "0.05", "--vocab", "16384"]
@@ -35,8 +41,14 @@ SMALL = ["--layers", "4", "--scale", "0.05", "--vocab", "16384"]
 
 def bench(name: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     """`python -m benchmarks.NAME ARGS` from the repository root, as benchmarks/README.md runs them."""
-    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *args], capture_output=True, text=True,
-                          env=ENV, cwd=REPO, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{name}", *args],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=REPO,
+        timeout=timeout,
+    )
     assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
     return proc
 
@@ -47,24 +59,55 @@ def quantized(tmp_path_factory: pytest.TempPathFactory) -> dict:
     compared); its work folder (source/, artifact/) is kept for eval_bench.py."""
     work = tmp_path_factory.mktemp("qbench")
     out = work / "quantize_bench.json"
-    proc = bench("quantize_bench", *SMALL, "--quick", "--samples", "4", "--max-length", "128", "--device", "cpu",
-                 "--gpus", "2", "--work", str(work), "--keep", "--out", str(out))
+    proc = bench(
+        "quantize_bench",
+        *SMALL,
+        "--quick",
+        "--samples",
+        "4",
+        "--max-length",
+        "128",
+        "--device",
+        "cpu",
+        "--gpus",
+        "2",
+        "--work",
+        str(work),
+        "--keep",
+        "--out",
+        str(out),
+    )
     return {"work": work, "stdout": proc.stdout, "report": json.loads(out.read_text())}
 
 
 @pytest.mark.slow
 def test_quantize_bench_tables_every_stage_layer_and_phase(quantized: dict) -> None:
     r, table = quantized["report"], quantized["stdout"]
-    assert [s["stage"] for s in r["stages"]] == ["source", "calibration", "gptq", "lm_head", "mtp", "textonly",
-                                                 "check", "eval", "manifest"]
+    assert [s["stage"] for s in r["stages"]] == [
+        "source",
+        "calibration",
+        "gptq",
+        "lm_head",
+        "mtp",
+        "textonly",
+        "check",
+        "eval",
+        "manifest",
+    ]
     assert [L["layer"] for L in r["gptq_layers"]] == [0, 1, 2, 3]
     assert r["checkpoint"]["dims"]["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
     # the phases come from the run's result (QuantizeResult.timings), one entry per decoder layer
     assert len(r["gptq_layer_phases"]) == 4 and {"calibrate", "gptq", "forward"} <= set(r["gptq_phase_medians"])
     assert r["lm_head_quality"]["gptq"]["kl"] > 0 and r["artifact_bytes"]["total"] < r["source_bytes"]["total"]
     assert r["projection_64_layers"]["caveat"].startswith("small dims")
-    for line in ("MEASURED", "stage gptq", "layer 3 full_attention", "decoder layer phases, median over layers 1..n",
-                 "bytes by component", "PROJECTION to 64 layers"):
+    for line in (
+        "MEASURED",
+        "stage gptq",
+        "layer 3 full_attention",
+        "decoder layer phases, median over layers 1..n",
+        "bytes by component",
+        "PROJECTION to 64 layers",
+    ):
         assert line in table, line
 
 
@@ -76,16 +119,32 @@ def test_quantize_bench_two_processes_against_one(quantized: dict) -> None:
     assert [r["rank"] for r in g["ranks"]] == [0, 1] and all(r["samples"] == 2 for r in g["ranks"])
     assert all({"calibrate", "reduce", "gptq", "gather"} <= set(r["phase_medians"]) for r in g["ranks"])
     assert g["artifact_difference"]["codes_total"] > 0 and g["within_tolerance"] == (not g["tolerance_problems"])
-    for line in ("ONE GPU vs 2 GPUS (--gpus 2)", "gptq GPU peak: 1 GPU -; per rank rank 0 -, rank 1 -",
-                 "artifact difference:", "tolerance (docs/distributed-gptq.md):"):
+    for line in (
+        "ONE GPU vs 2 GPUS (--gpus 2)",
+        "gptq GPU peak: 1 GPU -; per rank rank 0 -, rank 1 -",
+        "artifact difference:",
+        "tolerance (docs/distributed-gptq.md):",
+    ):
         assert line in table, line
 
 
 @pytest.mark.slow
 def test_eval_bench_times_each_layer_of_the_streamed_eval(quantized: dict, tmp_path: Path) -> None:
     out = tmp_path / "eval_bench.json"
-    proc = bench("eval_bench", *SMALL, "--device", "cpu", "--windows", "2", "--window-len", "64",
-                 "--work", str(quantized["work"]), "--out", str(out))
+    proc = bench(
+        "eval_bench",
+        *SMALL,
+        "--device",
+        "cpu",
+        "--windows",
+        "2",
+        "--window-len",
+        "64",
+        "--work",
+        str(quantized["work"]),
+        "--out",
+        str(out),
+    )
     r = json.loads(out.read_text())
     assert r["layers"] == 4 and len(r["layer_seconds"]) == 4 and r["windows"] == 2  # one figure per decoder layer
     assert r["figures"]["kl"] >= 0 and r["projection_64_layers"]["total_seconds"] > 0
@@ -105,8 +164,13 @@ def test_quantize_arms_each_step_and_the_report(tmp_path: Path) -> None:
     q = json.loads((work / "arm-qwenquant.json").read_text())
     assert len(q["gptq_layer_phases"]) == 4 and {"head_calibration", "identity_proof"} <= set(q["gptq_tail"])
     assert {"qwenquant", "oneshot", "projection_64", "goals"} <= set(r), sorted(r)
-    for line in ("MEASURED (each arm warmed", "gptq after its loop (s): head_calibration", "oneshot + save",
-                 "PROJECTED to 64 layers", "GOALS"):
+    for line in (
+        "MEASURED (each arm warmed",
+        "gptq after its loop (s): head_calibration",
+        "oneshot + save",
+        "PROJECTED to 64 layers",
+        "GOALS",
+    ):
         assert line in proc.stdout, line
 
 
@@ -118,12 +182,24 @@ def test_eval_reference_quality_table_offline(tmp_path: Path) -> None:
     from qwenquant import data_path
 
     calib = tmp_path / "calib.yaml"
-    calib.write_text(f"schema_version: 1\nname: tiny-reference-4\ndescription: 4 slices of tiny-reference\n"
-                     f"source: local\npath: {data_path('calibration/tiny-reference.jsonl')}\ntext_field: text\n"
-                     "split: train\nnum_samples: 4\nmax_length: 128\nchat_template: false\nshuffle_seed: null\n")
+    calib.write_text(
+        f"schema_version: 1\nname: tiny-reference-4\ndescription: 4 slices of tiny-reference\n"
+        f"source: local\npath: {data_path('calibration/tiny-reference.jsonl')}\ntext_field: text\n"
+        "split: train\nnum_samples: 4\nmax_length: 128\nchat_template: false\nshuffle_seed: null\n"
+    )
     out = tmp_path / "eval_reference.json"
-    proc = bench("eval_reference", "--work", str(tmp_path / "w"), "--out", str(out), "--windows", "4",
-                 "--no-serve", "--calibration", str(calib))
+    proc = bench(
+        "eval_reference",
+        "--work",
+        str(tmp_path / "w"),
+        "--out",
+        str(out),
+        "--windows",
+        "4",
+        "--no-serve",
+        "--calibration",
+        str(calib),
+    )
     r = json.loads(out.read_text())
     assert set(r["offline"]["arms"]) >= {"reference", "w4a16-body", "w4a16+rtn-head", "artifact"} and r["served"] == {}
     assert proc.stdout.startswith("| arm | perplexity |") and "| artifact |" in proc.stdout
@@ -148,7 +224,10 @@ def test_fetch_bench_plain_against_verified(tmp_path: Path) -> None:
     out = tmp_path / "fetch.json"
     proc = bench("fetch_bench", "--size-gib", "0.01", "--repeat", "1", "--out", str(out))
     r = json.loads(out.read_text())
-    assert set(r["median"]) == {"raw", "plain", "verified"} and r["ratio"] == r["median"]["verified"] / r["median"]["plain"]
+    assert (
+        set(r["median"]) == {"raw", "plain", "verified"}
+        and r["ratio"] == r["median"]["verified"] / r["median"]["plain"]
+    )
     for method in ("raw", "plain", "verified"):
         assert f"\n{method} " in proc.stdout, method
     assert "ratio verified/plain" in proc.stdout

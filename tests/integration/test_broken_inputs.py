@@ -25,8 +25,9 @@ def qq(*args: str, debug: bool = False) -> subprocess.CompletedProcess:
     env.pop("QWENQUANT_DEBUG", None)
     if debug:
         env["QWENQUANT_DEBUG"] = "1"
-    return subprocess.run([sys.executable, "-m", "qwenquant", *args], capture_output=True, text=True,
-                          timeout=300, env=env, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "qwenquant", *args], capture_output=True, text=True, timeout=300, env=env, cwd=REPO
+    )
 
 
 @pytest.fixture
@@ -62,12 +63,12 @@ def cases(b: dict[str, Path], repo_id: str) -> list[tuple[list[str], int]]:
     s = {k: str(v) for k, v in b.items()}
     q = ["--calibration", "tiny-demo", "--source-unverified", "--out", s["out"]]
     return [
-        (["fetch", "--out", s["out"]], 2),                                    # no repo id
+        (["fetch", "--out", s["out"]], 2),  # no repo id
         (["fetch", "not a repo id!", "--out", s["out"]], 2),
         (["fetch", repo_id, "--repo-type", "space", "--out", s["out"]], 2),
-        (["fetch", "nobody/nothing", "--out", s["out"]], 3),                  # not on the Hub
-        (["fetch", repo_id, "--revision", NEVER, "--out", s["out"]], 3),      # a commit that never existed
-        (["fetch", repo_id, "--out", s["file"]], 2),                          # --out is a file: usage, kept
+        (["fetch", "nobody/nothing", "--out", s["out"]], 3),  # not on the Hub
+        (["fetch", repo_id, "--revision", NEVER, "--out", s["out"]], 3),  # a commit that never existed
+        (["fetch", repo_id, "--out", s["file"]], 2),  # --out is a file: usage, kept
         (["fetch", "--offline", "--out", s["empty"]], 4),
         (["quantize", s["missing"], *q], 2),
         (["quantize", s["file"], *q], 2),
@@ -91,27 +92,52 @@ def cases(b: dict[str, Path], repo_id: str) -> list[tuple[list[str], int]]:
         (["graft-mtp", s["truncated"], "--source", s["only-config"]], 5),
         (["graft-mtp", s["bad-manifest"], "--source", s["truncated"]], 5),
         (["plan", s["missing"]], 2),
-        (["plan", s["config-list"]], 2),                                    # a file given to read is invalid
+        (["plan", s["config-list"]], 2),  # a file given to read is invalid
         (["plan", s["bad-config-json"]], 2),
         (["plan", s["bad-manifest"]], 4),
         (["plan", s["only-config"], "--gpu-mem", "lots"], 2),
-        (["plan", str(REAL_CONFIG), "--gpu-mem", "8GiB"], 7),                # no profile fits
+        (["plan", str(REAL_CONFIG), "--gpu-mem", "8GiB"], 7),  # no profile fits
         (["serve", s["missing"], "--dry-run"], 2),
         (["serve", s["empty"], "--dry-run"], 4),
         (["serve", s["bad-manifest"], "--dry-run"], 4),
         (["serve", s["truncated"], "--dry-run", "--profile", "single-user", "--profile", "batch"], 2),
-        (["bench", "run"], 2),                                               # nothing to measure
-        (["bench", "run", "http://127.0.0.1:9", "--max-tokens", "4"], 8),     # no server there
-        (["bench", "compare", "http://127.0.0.1:9", "--label-a", "x"], 2),   # compare's servers are --url-a/-b
+        (["bench", "run"], 2),  # nothing to measure
+        (["bench", "run", "http://127.0.0.1:9", "--max-tokens", "4"], 8),  # no server there
+        (["bench", "compare", "http://127.0.0.1:9", "--label-a", "x"], 2),  # compare's servers are --url-a/-b
         (["bench", "run", "--serve", s["manifested"], "--gpu-mem", "lots"], 2),  # the size serve and plan refuse
         (["bench", "depth", "--serve", s["manifested"], "--device", "tpu"], 2),
         # --gpu-mem-soft and an explicit share both set vLLM's share (beside the hard --gpu-mem it is kept)
-        (["bench", "run", "--serve", s["manifested"], "--gpu-mem", "24GiB", "--gpu-mem-soft", "--",
-          "--gpu-memory-utilization", "0.5"], 2),
-        (["serve", s["truncated"], "--dry-run", "--gpu-mem", "24GiB", "--gpu-mem-soft", "--",
-          "--gpu-memory-utilization", "0.5"], 2),
+        (
+            [
+                "bench",
+                "run",
+                "--serve",
+                s["manifested"],
+                "--gpu-mem",
+                "24GiB",
+                "--gpu-mem-soft",
+                "--",
+                "--gpu-memory-utilization",
+                "0.5",
+            ],
+            2,
+        ),
+        (
+            [
+                "serve",
+                s["truncated"],
+                "--dry-run",
+                "--gpu-mem",
+                "24GiB",
+                "--gpu-mem-soft",
+                "--",
+                "--gpu-memory-utilization",
+                "0.5",
+            ],
+            2,
+        ),
         (["eval"], 2),
-        (["eval", "served", "--serve", s["manifested"], "--gpu-mem", "lots"], 2),     # serve's own --gpu-mem check
+        (["eval", "served", "--serve", s["manifested"], "--gpu-mem", "lots"], 2),  # serve's own --gpu-mem check
         (["eval", "served", "http://127.0.0.1:9", "--serve", s["manifested"]], 2),
         (["eval", "served", "--serve", s["manifested"], "--device", "tpu"], 2),
         (["recipe", "validate", s["missing"]], 2),
@@ -140,8 +166,10 @@ def test_debug_variable_shows_the_traceback(broken: dict[str, Path]) -> None:
     assert quiet.returncode == loud.returncode == 2
     assert not any(ln.startswith("Traceback") for ln in quiet.stderr.splitlines())
     assert any(ln.startswith("Traceback") for ln in loud.stderr.splitlines())
-    assert loud.stderr.rstrip().splitlines()[-2] == \
-        f"error: {broken['config-list'] / 'config.json'} is not a Qwen3.5 model config (not a JSON object)"
+    assert (
+        loud.stderr.rstrip().splitlines()[-2]
+        == f"error: {broken['config-list'] / 'config.json'} is not a Qwen3.5 model config (not a JSON object)"
+    )
 
 
 def test_a_commit_that_never_existed_is_named_so(served, tmp_path: Path) -> None:
@@ -172,9 +200,15 @@ def test_plan_that_fits_nowhere_exits_7_leading_with_the_weights() -> None:
     verdicts = [ln.strip() for ln in proc.stdout.splitlines() if "FIT" in ln]
     # batch (listed first) does not draft, so it loads no MTP head: 0.79 GiB less than the others; long-context-max
     # keeps the 2.37 GiB embedding table in host memory
-    assert verdicts == [f"DOES NOT FIT: the weights alone ({w} GiB) exceed the {b} GiB budget (8.00 GiB x {u})"
-                        for w, b, u in (("14.71", "7.60", "0.95"), ("15.50", "7.44", "0.93"), ("13.13", "7.44", "0.93"),
-                                        ("15.50", "7.36", "0.92"))]
+    assert verdicts == [
+        f"DOES NOT FIT: the weights alone ({w} GiB) exceed the {b} GiB budget (8.00 GiB x {u})"
+        for w, b, u in (
+            ("14.71", "7.60", "0.95"),
+            ("15.50", "7.44", "0.93"),
+            ("13.13", "7.44", "0.93"),
+            ("15.50", "7.36", "0.92"),
+        )
+    ]
     assert "largest max-model-len: 0" not in proc.stdout
     assert "error: no serve profile fits in 8GiB: the weights alone (14.71 GiB) exceed" in proc.stderr
     fits = qq("plan", str(REAL_CONFIG), "--gpu-mem", "24GiB")

@@ -31,8 +31,9 @@ DEAD = "http://127.0.0.1:9"  # nothing listens on the discard port
 def _qq(argv: list[str], **extra: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "QWENQUANT_DEBUG"}
     env.update({"QWENQUANT_NO_PROGRESS": "1", "QWENQUANT_THREADS": "1", **extra})
-    return subprocess.run([sys.executable, "-m", "qwenquant", *argv], capture_output=True, text=True, timeout=300,
-                          env=env, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "qwenquant", *argv], capture_output=True, text=True, timeout=300, env=env, cwd=REPO
+    )
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +56,14 @@ def m(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     cfg = json.loads((nosize / "config.json").read_text())
     del cfg["text_config"]["hidden_size"]
     (nosize / "config.json").write_text(json.dumps(cfg))
-    files = {"empty.jsonl": "", "bad.jsonl": '{"text": \n', "nofield.jsonl": '{"body": "x"}\n',
-             "badgate.json": "{", "gate-nocases.json": '{"tasks": [{"name": "x"}]}', "bad.yaml": "x: [\n"}
+    files = {
+        "empty.jsonl": "",
+        "bad.jsonl": '{"text": \n',
+        "nofield.jsonl": '{"body": "x"}\n',
+        "badgate.json": "{",
+        "gate-nocases.json": '{"tasks": [{"name": "x"}]}',
+        "bad.yaml": "x: [\n",
+    }
     for name, text in files.items():
         (t / name).write_text(text)
     (t / "latin1.txt").write_bytes(b"caf\xe9 " * 50)
@@ -79,9 +86,21 @@ def m(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     data = bytearray(shard.read_bytes())
     data[8:20] = b"\xff" * 12  # the header's first bytes: not JSON any more
     shard.write_bytes(bytes(data))
-    return {k: str(v) for k, v in {"t": t, "src": src, "art": art, "other": other, "tampered": tampered,
-                                   "noshard": noshard, "nosize": nosize, "missing": t / "missing",
-                                   "truncated": truncated, "corrupt": corrupt}.items()}
+    return {
+        k: str(v)
+        for k, v in {
+            "t": t,
+            "src": src,
+            "art": art,
+            "other": other,
+            "tampered": tampered,
+            "noshard": noshard,
+            "nosize": nosize,
+            "missing": t / "missing",
+            "truncated": truncated,
+            "corrupt": corrupt,
+        }.items()
+    }
 
 
 def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
@@ -91,30 +110,43 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
     q = ["--recipe", "tiny-reference", "--plan"]
     return [
         # usage: a path that does not exist is 2 in every command
-        ("usage", ["verify", missing]), ("usage", ["check", missing]), ("usage", ["plan", missing]),
-        ("usage", ["serve", missing, "--dry-run"]), ("usage", ["publish", missing, "--repo", "a/b", "--dry-run"]),
-        ("usage", ["graft-mtp", missing, "--source", src]), ("usage", ["graft-mtp", art, "--source", missing]),
-        ("usage", ["quantize", missing, *out]), ("usage", ["eval", "offline", missing, "--reference", src]),
-        ("usage", ["eval", "offline", art, "--reference", missing]), ("usage", ["bench", "run", "--serve", missing]),
-        ("usage", ["eval", "served", "--serve", missing]), ("usage", ["verify", f"{t}/notes.txt"]),
+        ("usage", ["verify", missing]),
+        ("usage", ["check", missing]),
+        ("usage", ["plan", missing]),
+        ("usage", ["serve", missing, "--dry-run"]),
+        ("usage", ["publish", missing, "--repo", "a/b", "--dry-run"]),
+        ("usage", ["graft-mtp", missing, "--source", src]),
+        ("usage", ["graft-mtp", art, "--source", missing]),
+        ("usage", ["quantize", missing, *out]),
+        ("usage", ["eval", "offline", missing, "--reference", src]),
+        ("usage", ["eval", "offline", art, "--reference", missing]),
+        ("usage", ["bench", "run", "--serve", missing]),
+        ("usage", ["eval", "served", "--serve", missing]),
+        ("usage", ["verify", f"{t}/notes.txt"]),
         ("usage", ["fetch", "--offline", "--out", missing]),
         # a file where a folder is asked: exit 2 and kept, --force or not
         ("usage", ["fetch", "someone/model", "--out", f"{t}/notes.txt", "--force"]),
         ("usage", ["quantize", src, "--recipe", "tiny-reference", "--out", f"{t}/notes.txt", "--force"]),
         ("usage", ["quantize", src, "--recipe", "tiny-reference", "--out", f"{t}/q", "--work", f"{t}/notes.txt"]),
         # usage: an empty folder is not an artifact
-        ("usage", ["plan", f"{t}/emptydir"]), ("usage", ["check", f"{t}/emptydir"]),
+        ("usage", ["plan", f"{t}/emptydir"]),
+        ("usage", ["check", f"{t}/emptydir"]),
         # usage: values
-        ("usage", ["plan", str(REAL_CONFIG), "--gpu-mem", "abc"]), ("usage", ["serve", art, "--port", "70000", "--dry-run"]),
-        ("usage", ["serve", art, "--gpu-mem", "0", "--dry-run"]), ("usage", ["bench", "run", "127.0.0.1:8000"]),
-        ("usage", ["bench", "depth", DEAD, "--max-tokens", "0"]), ("usage", ["eval", "served", "localhost:8000"]),
+        ("usage", ["plan", str(REAL_CONFIG), "--gpu-mem", "abc"]),
+        ("usage", ["serve", art, "--port", "70000", "--dry-run"]),
+        ("usage", ["serve", art, "--gpu-mem", "0", "--dry-run"]),
+        ("usage", ["bench", "run", "127.0.0.1:8000"]),
+        ("usage", ["bench", "depth", DEAD, "--max-tokens", "0"]),
+        ("usage", ["eval", "served", "localhost:8000"]),
         ("usage", ["eval", "served", "http://127.0.0.1:99999"]),
         ("usage", ["eval", "served", DEAD, "--gate", "none"]),
-        ("usage", ["eval", "served", DEAD, "--gate", "none", "--needle", "--needle-max-len", "-5"]), ("usage", ["quantize", src, "--device", "tpu", *out]),
+        ("usage", ["eval", "served", DEAD, "--gate", "none", "--needle", "--needle-max-len", "-5"]),
+        ("usage", ["quantize", src, "--device", "tpu", *out]),
         # usage: an option that needs a GPU this machine does not have (serve's --gpus / --gpu-mem on the CPU build:
         # tests/integration/test_serve_supervisor.py)
         ("usage", ["quantize", src, "--source-unverified", "--device", "cuda", *q, *out]),
-        ("usage", ["fetch", "not a repo id!", *out]), ("usage", ["recipe", "show", "no-such-recipe"]),
+        ("usage", ["fetch", "not a repo id!", *out]),
+        ("usage", ["recipe", "show", "no-such-recipe"]),
         # input-file: files given to read, paths to write
         ("input-file", ["quantize", src, "--calibration", f"{t}/calib-empty.yaml", *q, *out]),
         ("input-file", ["quantize", src, "--calibration", f"{t}/calib-bad.yaml", *q, *out]),
@@ -140,7 +172,8 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
         ("input-file", ["bench", "run", DEAD, "--out", f"{t}/mine.json"]),  # mine.png beside it is the user's
         ("input-file", ["eval", "served", DEAD, "--report", f"{art}/config.json"]),
         ("input-file", ["eval", "offline", art, "--reference", src, "--report", f"{t}/notes.txt"]),
-        ("input-file", ["plan", f"{t}/notes.txt"]), ("input-file", ["plan", f"{t}/foreign.json"]),
+        ("input-file", ["plan", f"{t}/notes.txt"]),
+        ("input-file", ["plan", f"{t}/foreign.json"]),
         # an int4-MTP recipe whose vLLM range is open: refused where it is read, before any GPTQ
         ("input-file", ["recipe", "validate", f"{t}/int4mtp-open.yaml"]),
         ("input-file", ["quantize", src, "--recipe", f"{t}/int4mtp-open.yaml", "--plan", *out]),
@@ -149,12 +182,18 @@ def rows(m: dict[str, str]) -> list[tuple[str, list[str]]]:
         ("input-file", ["bench", "turns", DEAD, "--out", "/proc/qwenquant-careless.json"]),
         ("input-file", ["eval", "offline", art, "--reference", src, "--report", "/proc/qwenquant-careless.json"]),
         # record: bytes that differ from their record
-        ("record", ["verify", m["tampered"]]), ("record", ["eval", "offline", m["tampered"], "--reference", src]),
-        ("record", ["eval", "offline", art, "--reference", art]), ("record", ["eval", "offline", art, "--reference", m["other"]]),
-        ("record", ["graft-mtp", art, "--source", m["other"]]), ("record", ["plan", m["noshard"]]),
+        ("record", ["verify", m["tampered"]]),
+        ("record", ["eval", "offline", m["tampered"], "--reference", src]),
+        ("record", ["eval", "offline", art, "--reference", art]),
+        ("record", ["eval", "offline", art, "--reference", m["other"]]),
+        ("record", ["graft-mtp", art, "--source", m["other"]]),
+        ("record", ["plan", m["noshard"]]),
         ("record", ["serve", m["noshard"], "--dry-run"]),
-        ("record", ["plan", m["truncated"]]), ("record", ["plan", m["corrupt"]]),
-        ("record", ["check", m["truncated"]]), ("record", ["check", m["corrupt"]]), ("record", ["publish", m["tampered"], "--repo", "a/b", "--dry-run"]),
+        ("record", ["plan", m["truncated"]]),
+        ("record", ["plan", m["corrupt"]]),
+        ("record", ["check", m["truncated"]]),
+        ("record", ["check", m["corrupt"]]),
+        ("record", ["publish", m["tampered"], "--repo", "a/b", "--dry-run"]),
         # stage: a folder that exists but cannot be a source
         ("stage", ["quantize", m["nosize"], "--source-unverified", *q, *out]),
         ("stage", ["quantize", f"{t}/emptydir", "--source-unverified", *q, *out]),
@@ -182,11 +221,18 @@ def test_every_careless_input_gets_its_rule_s_code_in_one_line(m: dict[str, str]
     wrong = []
     for (kind, argv), proc in zip(table, procs, strict=True):
         errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-        bad = (proc.returncode != EXIT_RULE[kind] or proc.returncode == 1 or len(errors) != 1
-               or "unexpected error" in proc.stderr or "Traceback" in proc.stderr)
+        bad = (
+            proc.returncode != EXIT_RULE[kind]
+            or proc.returncode == 1
+            or len(errors) != 1
+            or "unexpected error" in proc.stderr
+            or "Traceback" in proc.stderr
+        )
         if bad:
-            wrong.append(f"[{kind}] qwenquant {' '.join(argv)} -> exit {proc.returncode} (want {EXIT_RULE[kind]}):\n"
-                         f"{proc.stderr[-1200:]}")
+            wrong.append(
+                f"[{kind}] qwenquant {' '.join(argv)} -> exit {proc.returncode} (want {EXIT_RULE[kind]}):\n"
+                f"{proc.stderr[-1200:]}"
+            )
     assert not wrong, f"{len(wrong)} of {len(table)} rows:\n\n" + "\n\n".join(wrong)
     assert {k: _snapshot(Path(m[k])) for k in ("src", "art", "other")} == before  # no row wrote into them
     assert not Path(m["t"], "q").exists()
@@ -203,8 +249,9 @@ def test_a_damaged_shard_or_a_folder_that_is_no_artifact_is_named_with_its_fix(m
         said = " ".join(proc.stderr.split())
         assert proc.returncode == EXIT_RULE["record"], proc.stderr
         assert f"error: {shard}" in said and "vLLM would refuse" not in said, said
-        assert f"hint: the file is damaged: re-copy it; `qwenquant verify {m[case]}` lists every file that differs" \
-            in said, said
+        assert (
+            f"hint: the file is damaged: re-copy it; `qwenquant verify {m[case]}` lists every file that differs" in said
+        ), said
     proc = _qq([command, f"{m['t']}/emptydir"])
     said = " ".join(proc.stderr.split())
     assert proc.returncode == EXIT_RULE["usage"], said
@@ -224,7 +271,9 @@ def test_a_disk_too_small_for_the_stages_left_is_said_before_any_stage(m: dict[s
     cfg = json.loads((big / "config.json").read_text())
     cfg["text_config"]["intermediate_size"] = 2**40
     (big / "config.json").write_text(json.dumps(cfg))
-    proc = _qq(["quantize", str(big), "--source-unverified", "--recipe", "tiny-reference", "--out", str(tmp_path / "q")])
+    proc = _qq(
+        ["quantize", str(big), "--source-unverified", "--recipe", "tiny-reference", "--out", str(tmp_path / "q")]
+    )
     assert proc.returncode == EXIT_RULE["stage"], proc.stderr
     said = " ".join(proc.stderr.split())
     assert "the stages left (gptq, lm_head, mtp, textonly) write about" in said and "GiB is free on" in said
@@ -238,7 +287,9 @@ def test_the_fetch_hint_names_the_extra_file_instead_of_looping(served, tmp_path
     assert _qq(["fetch", served.repo_id, "--out", str(out)]).returncode == 0
     (out / "notes.txt").write_text("mine\n")
     again = _qq(["fetch", served.repo_id, "--out", str(out)])  # fetch keeps the file, and says so
-    assert again.returncode == 0 and "kept 1 file(s) the repo does not list: notes.txt" in " ".join(again.stderr.split())
+    assert again.returncode == 0 and "kept 1 file(s) the repo does not list: notes.txt" in " ".join(
+        again.stderr.split()
+    )
     proc = _qq(["fetch", "--offline", "--out", str(out)])
     assert proc.returncode == EXIT_RULE["record"], proc.stderr
     said = " ".join(proc.stderr.split())
@@ -248,18 +299,36 @@ def test_the_fetch_hint_names_the_extra_file_instead_of_looping(served, tmp_path
     assert _qq(["fetch", "--offline", "--out", str(out)]).returncode == 0
 
 
-@pytest.mark.parametrize("name, value, allowed, argv", [
-    ("QWENQUANT_THREADS", "-2", "an integer from 0 to 4096", ["quantize", "{src}", "--recipe", "tiny-reference",
-                                                               "--source-unverified", "--device", "cpu", "--out", "{t}/q"]),
-    ("QWENQUANT_FETCH_BACKOFF", "-1", "a number from 0 to 600", ["fetch", "Qwen/Qwen3.8-27B", "--out", "{t}/f"]),
-    ("QWENQUANT_DIST_TIMEOUT_MIN", "0", "an integer from 1 to 10080", ["recipe", "list"]),
-    ("QWENQUANT_MAX_GPU_MEM", "-23.5", "a number > 0", ["verify", "{art}"]),
-    ("QWENQUANT_DEBUG", "yes", "0 or 1", ["verify", "{art}"]),
-    ("QWENQUANT_NO_PROGRESS", "yes", "0 or 1", ["verify", "{art}"]),
-    ("QWENQUANT_RECIPES_DIR", "/nonexistent", "an existing folder", ["recipe", "list"]),
-])
+@pytest.mark.parametrize(
+    "name, value, allowed, argv",
+    [
+        (
+            "QWENQUANT_THREADS",
+            "-2",
+            "an integer from 0 to 4096",
+            [
+                "quantize",
+                "{src}",
+                "--recipe",
+                "tiny-reference",
+                "--source-unverified",
+                "--device",
+                "cpu",
+                "--out",
+                "{t}/q",
+            ],
+        ),
+        ("QWENQUANT_FETCH_BACKOFF", "-1", "a number from 0 to 600", ["fetch", "Qwen/Qwen3.8-27B", "--out", "{t}/f"]),
+        ("QWENQUANT_DIST_TIMEOUT_MIN", "0", "an integer from 1 to 10080", ["recipe", "list"]),
+        ("QWENQUANT_MAX_GPU_MEM", "-23.5", "a number > 0", ["verify", "{art}"]),
+        ("QWENQUANT_DEBUG", "yes", "0 or 1", ["verify", "{art}"]),
+        ("QWENQUANT_NO_PROGRESS", "yes", "0 or 1", ["verify", "{art}"]),
+        ("QWENQUANT_RECIPES_DIR", "/nonexistent", "an existing folder", ["recipe", "list"]),
+    ],
+)
 def test_a_variable_of_the_readme_table_out_of_range_is_one_line_and_exit_2(
-        m: dict[str, str], name: str, value: str, allowed: str, argv: list[str]) -> None:
+    m: dict[str, str], name: str, value: str, allowed: str, argv: list[str]
+) -> None:
     """An environment variable out of its range stops any command before it starts: exit 2 (usage),
     one line naming the variable and the range; nothing written."""
     proc = _qq([a.format(**m) for a in argv], **{name: value})

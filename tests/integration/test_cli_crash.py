@@ -37,8 +37,14 @@ sys.exit(main(sys.argv[1:]))
 def _crash(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, Path | None]:
     environ = {k: v for k, v in os.environ.items() if k != "QWENQUANT_DEBUG"}
     environ.update(QWENQUANT_NO_PROGRESS="1", **env)
-    r = subprocess.run([sys.executable, "-c", BUGGY, "induced-bug", "--api-key", "s3cret-value"], capture_output=True,
-                       text=True, timeout=120, env=environ, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-c", BUGGY, "induced-bug", "--api-key", "s3cret-value"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environ,
+        cwd=tmp_path,
+    )
     named = re.search(r"its traceback is in (\S+): attach", " ".join(r.stderr.split()))
     return r, Path(named.group(1)) if named else None
 
@@ -77,4 +83,12 @@ def test_debug_prints_the_traceback_too(tmp_path: Path) -> None:
 
 def test_secret_option_values_are_redacted() -> None:
     assert redact_argv(["qwenquant", "serve", "A", "--api-key", "k1", "--hf-token=t1", "--port", "8000"]) == [
-        "qwenquant", "serve", "A", "--api-key", "***", "--hf-token=***", "--port", "8000"]
+        "qwenquant",
+        "serve",
+        "A",
+        "--api-key",
+        "***",
+        "--hf-token=***",
+        "--port",
+        "8000",
+    ]

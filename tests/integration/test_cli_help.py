@@ -33,9 +33,7 @@ def _commands() -> list[str]:
 
 
 def _run(argv: list[str]) -> dict:
-    proc = subprocess.run(
-        [sys.executable, "-c", PROBE, json.dumps(argv)], capture_output=True, text=True, timeout=60
-    )
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argv)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -73,8 +71,13 @@ def test_command_lists_show_each_summary_unbroken(group: list[str]) -> None:
     list, not broken where its docstring's source lines end."""
     import os
 
-    proc = subprocess.run([sys.executable, "-m", "qwenquant", *group, "--help"], capture_output=True, text=True,
-                          timeout=60, env=dict(os.environ, COLUMNS="400"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "qwenquant", *group, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, COLUMNS="400"),
+    )
     rows = [ln.strip("│ ").rstrip() for ln in proc.stdout.splitlines() if ln.startswith("│ ")]
     commands = [r for r in rows if r and not r.startswith("-") and not r.startswith(" ")]
     assert commands, proc.stdout
@@ -98,21 +101,36 @@ def test_version_verbose_names_the_stack_and_the_vllm_serve_would_launch(tmp_pat
     record = tmp_path / "qwenquant-vllm.json"
     record.write_text(json.dumps({"vllm_version": "9.8.7", "device": "cuda", "torch_version": "2.99.0"}))
     for argv in (["--version", "--verbose"], ["doctor"]):
-        proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argv)], capture_output=True, text=True,
-                              timeout=60, env=dict(os.environ, QWENQUANT_VLLM=str(record)))
+        proc = subprocess.run(
+            [sys.executable, "-c", PROBE, json.dumps(argv)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=dict(os.environ, QWENQUANT_VLLM=str(record)),
+        )
         res = json.loads(proc.stdout.strip().splitlines()[-1])
         assert res["rc"] == 0 and res["heavy"] == [], res
         lines = res["out"].splitlines()
         for dist in ("torch", "transformers", "llmcompressor", "compressed-tensors"):
             assert f"{dist} {version(dist)}" in lines
         assert f"vllm 9.8.7 (cuda, torch 2.99.0) from {record}" in lines
-    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(["doctor", "--json"])], capture_output=True,
-                          text=True, timeout=60, env=dict(os.environ, QWENQUANT_VLLM=str(record)))
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(["doctor", "--json"])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, QWENQUANT_VLLM=str(record)),
+    )
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["rc"] == 0 and res["heavy"] == [], res
     doc = json.loads(res["out"])
-    assert doc["vllm"] == {"version": "9.8.7", "device": "cuda", "torch": "2.99.0", "path": str(record),
-                           "source": "launcher record"}
+    assert doc["vllm"] == {
+        "version": "9.8.7",
+        "device": "cuda",
+        "torch": "2.99.0",
+        "path": str(record),
+        "source": "launcher record",
+    }
     assert doc["packages"]["torch"] == version("torch") and doc["qwenquant"] == version("qwenquant")
 
 
@@ -131,8 +149,14 @@ def test_doctor_asks_the_python_or_venv_that_qwenquant_vllm_names(tmp_path) -> N
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to(python.resolve())
     for named, where in ((python, python), (venv, venv / "bin" / "python")):
-        proc = subprocess.run([sys.executable, "-m", "qwenquant", "doctor"], capture_output=True, text=True,
-                              timeout=600, env=dict(os.environ, QWENQUANT_VLLM=str(named)), cwd=tmp_path)
+        proc = subprocess.run(
+            [sys.executable, "-m", "qwenquant", "doctor"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=dict(os.environ, QWENQUANT_VLLM=str(named)),
+            cwd=tmp_path,
+        )
         assert proc.returncode == 0, proc.stderr
         lines = proc.stdout.splitlines()
         vllm = f"vllm {rec['vllm_version']} ({rec['device']}) from {where} (QWENQUANT_VLLM)"
@@ -144,8 +168,14 @@ def test_doctor_asks_the_python_or_venv_that_qwenquant_vllm_names(tmp_path) -> N
 def test_doctor_names_a_missing_qwenquant_vllm_once(tmp_path) -> None:
     import os
 
-    proc = subprocess.run([sys.executable, "-m", "qwenquant", "doctor"], capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, QWENQUANT_VLLM=str(tmp_path / "nonexistent")), cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "qwenquant", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, QWENQUANT_VLLM=str(tmp_path / "nonexistent")),
+        cwd=tmp_path,
+    )
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("vllm:"))
     assert line == f"vllm: vLLM not found at {tmp_path / 'nonexistent'} (from QWENQUANT_VLLM)", proc.stdout
 

@@ -69,9 +69,26 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _quantize(src: Path, recipe: str, out: Path) -> Path:
-    q = subprocess.run([sys.executable, "-m", "qwenquant", "quantize", str(src), "--source-unverified", "--recipe",
-                        recipe, "--out", str(out), "--device", "cpu"],
-                       env=_env(out.parent), capture_output=True, text=True, timeout=2400)
+    q = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qwenquant",
+            "quantize",
+            str(src),
+            "--source-unverified",
+            "--recipe",
+            recipe,
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+        ],
+        env=_env(out.parent),
+        capture_output=True,
+        text=True,
+        timeout=2400,
+    )
     assert q.returncode == 0, q.stderr[-3000:]
     return out
 
@@ -100,10 +117,27 @@ def served(request: pytest.FixtureRequest, source: Path, tmp_path_factory: pytes
     art = _quantize(source, CASES[case], tmp / "artifact")
     env, launcher = _case_env(case, tmp)
     log = tmp / "server.log"
-    args = [str(art), "--profile", "single-user", "--vllm", str(launcher), "--timeout", "900", "--log-file", str(log),
-            "--", "--max-model-len", "2048"]
-    dry = subprocess.run([sys.executable, "-m", "qwenquant", "serve", *args[:-3], "--dry-run", *args[-3:]], env=env,
-                         capture_output=True, text=True, timeout=300)
+    args = [
+        str(art),
+        "--profile",
+        "single-user",
+        "--vllm",
+        str(launcher),
+        "--timeout",
+        "900",
+        "--log-file",
+        str(log),
+        "--",
+        "--max-model-len",
+        "2048",
+    ]
+    dry = subprocess.run(
+        [sys.executable, "-m", "qwenquant", "serve", *args[:-3], "--dry-run", *args[-3:]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     with ServedCLI(*args, env=env) as cli:
         yield case, art, cli, log, dry, env, launcher
 
@@ -127,8 +161,9 @@ def _transformers_logprobs(art: Path, ids: list[int]) -> list[float]:
     from transformers import AutoModelForCausalLM
     from transformers.utils.quantization_config import CompressedTensorsConfig
 
-    model = AutoModelForCausalLM.from_pretrained(art, dtype=torch.bfloat16,
-                                                 quantization_config=CompressedTensorsConfig(run_compressed=False))
+    model = AutoModelForCausalLM.from_pretrained(
+        art, dtype=torch.bfloat16, quantization_config=CompressedTensorsConfig(run_compressed=False)
+    )
     t = torch.tensor([ids])
     with torch.no_grad():
         logits = model(t).logits.float()
@@ -158,9 +193,13 @@ def test_prompt_logprobs_match_transformers_on_the_decompressed_artifact(served)
     diffs = []
     for prompt in PROMPTS:
         ids = tok(prompt).input_ids
-        r = _post(f"{cli.url}/v1/completions", {"model": art.name, "prompt": ids, "max_tokens": 1, "temperature": 0,
-                                                 "prompt_logprobs": 0})
-        got = [float(d[str(t)]["logprob"]) for d, t in zip(r["choices"][0]["prompt_logprobs"][1:], ids[1:], strict=True)]
+        r = _post(
+            f"{cli.url}/v1/completions",
+            {"model": art.name, "prompt": ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0},
+        )
+        got = [
+            float(d[str(t)]["logprob"]) for d, t in zip(r["choices"][0]["prompt_logprobs"][1:], ids[1:], strict=True)
+        ]
         want = _transformers_logprobs(art, ids)
         assert len(got) == len(want) == len(ids) - 1
         diffs += [abs(a - b) for a, b in zip(got, want, strict=True)]
@@ -171,8 +210,10 @@ def test_prompt_logprobs_match_transformers_on_the_decompressed_artifact(served)
 def test_mtp_drafts_through_the_same_path_are_accepted(served) -> None:
     _, art, cli, _, _, _, _ = served
     before = _metrics(cli.url)
-    r = _post(f"{cli.url}/v1/completions", {"model": art.name, "prompt": PROMPTS[0], "max_tokens": 64,
-                                             "temperature": 0, "ignore_eos": True})
+    r = _post(
+        f"{cli.url}/v1/completions",
+        {"model": art.name, "prompt": PROMPTS[0], "max_tokens": 64, "temperature": 0, "ignore_eos": True},
+    )
     assert r["usage"]["completion_tokens"] == 64
     delta = _metrics(cli.url).minus(before)
     drafted, accepted = delta.draft_tokens, delta.accepted
@@ -191,8 +232,20 @@ def test_an_fp8_kv_cache_follows_the_cpu(served) -> None:
     case, art, _, _, _, env, launcher = served
     from qwenquant.net.ports import free_port
 
-    base = ["serve", str(art), "--profile", "batch", "--vllm", str(launcher), "--port", str(free_port()), "--dry-run",
-            "--", "--max-model-len", "2048"]
+    base = [
+        "serve",
+        str(art),
+        "--profile",
+        "batch",
+        "--vllm",
+        str(launcher),
+        "--port",
+        str(free_port()),
+        "--dry-run",
+        "--",
+        "--max-model-len",
+        "2048",
+    ]
     r = subprocess.run([sys.executable, "-m", "qwenquant", *base], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     warned = "kv-cache-dtype fp8 -> auto (vLLM's CPU build takes an fp8 KV cache only on a CPU with AVX-512 or AMX"
@@ -200,6 +253,11 @@ def test_an_fp8_kv_cache_follows_the_cpu(served) -> None:
         assert "--kv-cache-dtype fp8" in r.stdout and warned not in r.stderr
         return
     assert "--kv-cache-dtype auto" in r.stdout and warned in r.stderr
-    asked = subprocess.run([sys.executable, "-m", "qwenquant", *base, "--kv-cache-dtype", "fp8"], env=env,
-                           capture_output=True, text=True, timeout=300)
+    asked = subprocess.run(
+        [sys.executable, "-m", "qwenquant", *base, "--kv-cache-dtype", "fp8"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert asked.returncode == 7 and "--kv-cache-dtype fp8: vLLM's CPU build takes an fp8 KV cache only" in asked.stderr

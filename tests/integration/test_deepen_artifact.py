@@ -23,9 +23,13 @@ def artifact(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 def _deepen(artifact: Path, out: Path, layers: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "benchmarks.deepen_artifact", str(artifact),
-                           "--layers", str(layers), "--out", str(out)], capture_output=True, text=True, timeout=300,
-                          cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks.deepen_artifact", str(artifact), "--layers", str(layers), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
 
 
 def test_deeper_copy_verifies_and_repeats_the_layers(artifact: Path, tmp_path: Path) -> None:

@@ -17,8 +17,13 @@ pytestmark = pytest.mark.slow
 
 def test_demo_fetches_quantizes_and_verifies(tmp_path: Path) -> None:
     env = dict(os.environ, QWENQUANT_NO_PROGRESS="1")
-    proc = subprocess.run([sys.executable, "-m", "qwenquant", "demo", "--work", str(tmp_path), "--no-serve"],
-                          env=env, capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run(
+        [sys.executable, "-m", "qwenquant", "demo", "--work", str(tmp_path), "--no-serve"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = dict(line.split(":", 1) for line in proc.stdout.splitlines() if ":" in line)
     commit = out["commit"].strip()
@@ -40,15 +45,18 @@ def test_demo_fetches_quantizes_and_verifies(tmp_path: Path) -> None:
     assert out["model"].strip() == "the trained tiny reference (Python stdlib code; expect code-like text)"
     # then what to do next: this artifact served and queried, then the real model
     dry_run = proc.stdout.index("dry run: would publish")
-    steps_block = proc.stdout[proc.stdout.index("next steps:"):dry_run].rstrip("\n").splitlines()
+    steps_block = proc.stdout[proc.stdout.index("next steps:") : dry_run].rstrip("\n").splitlines()
     assert f"  the artifact is in {artifact} (`qwenquant verify {artifact}` re-checks it;" in steps_block
     assert f"    qwenquant serve {artifact} -- --max-model-len 2048" in steps_block
-    assert any(s.startswith("    curl -s http://127.0.0.1:8000/v1/completions ") and '"model": "Qwen3.5-tiny-w4a16"' in s
-               for s in steps_block)
+    assert any(
+        s.startswith("    curl -s http://127.0.0.1:8000/v1/completions ") and '"model": "Qwen3.5-tiny-w4a16"' in s
+        for s in steps_block
+    )
     assert steps_block[-3:] == [
         "    qwenquant fetch Qwen/Qwen3.8-27B --revision main --out models/Qwen3.8-27B",
         "    qwenquant quantize models/Qwen3.8-27B --recipe w4a16-int4head --out artifacts/qwen3.8-27b-w4a16",
-        "    qwenquant serve artifacts/qwen3.8-27b-w4a16 --profile single-user"]
+        "    qwenquant serve artifacts/qwen3.8-27b-w4a16 --profile single-user",
+    ]
     # the CLI steps a user would type are echoed, in order; it ends on a publish dry run (no network)
     steps = [line.split()[2] for line in proc.stderr.splitlines() if line.startswith("$ qwenquant ")]
     assert steps == ["fetch", "quantize", "verify", "publish"]
@@ -56,8 +64,13 @@ def test_demo_fetches_quantizes_and_verifies(tmp_path: Path) -> None:
     assert "  | base_model_relation: quantized" in proc.stdout[dry_run:].splitlines()
     # a second run over the same folder reuses what verified and ends on the same digest; --json says
     # the same as data (stdout holds that one JSON document, the publish dry run's result inside it)
-    again = subprocess.run([sys.executable, "-m", "qwenquant", "demo", "--work", str(tmp_path), "--no-serve", "--json"],
-                           env=env, capture_output=True, text=True, timeout=1200)
+    again = subprocess.run(
+        [sys.executable, "-m", "qwenquant", "demo", "--work", str(tmp_path), "--no-serve", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert again.returncode == 0, again.stderr[-4000:]
     result = json.loads(again.stdout)
     assert (result["root_digest"], result["commit"], result["artifact"]) == (digest, commit, str(artifact))

@@ -24,17 +24,38 @@ ENV.pop("QWENQUANT_GPTQ_ENGINE", None)
 
 
 def args(source: Path, out: Path, gpus: int) -> list[str]:
-    return [sys.executable, "-m", "qwenquant", "quantize", str(source), "--recipe", "w4a16-int4head",
-            "--calibration", "tiny-demo", "--source-unverified", "--out", str(out), "--device", "cpu",
-            "--gpus", str(gpus), "--json"]
+    return [
+        sys.executable,
+        "-m",
+        "qwenquant",
+        "quantize",
+        str(source),
+        "--recipe",
+        "w4a16-int4head",
+        "--calibration",
+        "tiny-demo",
+        "--source-unverified",
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--gpus",
+        str(gpus),
+        "--json",
+    ]
 
 
 def quantize(source: Path, out: Path, gpus: int) -> dict:
     proc = subprocess.run(args(source, out, gpus), capture_output=True, text=True, env=ENV, cwd=REPO, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
-    return {"out": out, "root_digest": result["root_digest"], "stderr": proc.stderr, "timings": result["timings"],
-            "ranks": result["timings"]["gptq_ranks"]}
+    return {
+        "out": out,
+        "root_digest": result["root_digest"],
+        "stderr": proc.stderr,
+        "timings": result["timings"],
+        "ranks": result["timings"]["gptq_ranks"],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +71,8 @@ def test_two_processes_within_the_tolerance_of_one(arts: dict, tiny_checkpoint: 
 
     diff = compare_artifacts(arts[1]["out"], arts[2]["out"], tiny_checkpoint)
     assert diff.codes_total == 8 * sum(  # every int4 code of both artifacts was compared
-        int(r[1][0]) * int(r[1][1]) for r in _packed_shapes(arts[1]["out"]))
+        int(r[1][0]) * int(r[1][1]) for r in _packed_shapes(arts[1]["out"])
+    )
     assert diff.first_layer_codes[1] > 0 and len(diff.weight_errors) == len(diff.modules)
     assert diff.problems() == [], diff.to_dict()
     assert "gptq: 2 processes under torch.distributed.run (gloo on the CPU)" in arts[2]["stderr"]
@@ -66,8 +88,14 @@ def test_the_record_says_two_processes_and_both_verify(arts: dict) -> None:
     for n in (1, 2):
         m = json.loads((arts[n]["out"] / "qwenquant-manifest.json").read_text())
         assert m["stages"]["gptq"]["params"].get("ranks") == (2 if n == 2 else None)
-        v = subprocess.run([sys.executable, "-m", "qwenquant", "verify", str(arts[n]["out"])], capture_output=True,
-                           text=True, env=ENV, cwd=REPO, timeout=300)
+        v = subprocess.run(
+            [sys.executable, "-m", "qwenquant", "verify", str(arts[n]["out"])],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            cwd=REPO,
+            timeout=300,
+        )
         assert v.returncode == 0, v.stderr[-2000:]
 
 
@@ -92,7 +120,8 @@ def test_each_rank_forwarded_its_own_share(arts: dict) -> None:
     t = arts[2]["timings"]
     assert t["gptq_layers"] == shares[0]["phase_seconds"] and t["stages"]["gptq"] > 0
     assert {"head_calibration", "layer_links", "rest_shards", "index_and_calibration", "identity_proof"} <= set(
-        t["gptq_tail"]), t["gptq_tail"]
+        t["gptq_tail"]
+    ), t["gptq_tail"]
 
 
 def _ranks_of(parent: int) -> dict[int, int]:
@@ -152,8 +181,9 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def test_a_killed_rank_fails_the_job_and_a_rerun_resumes_to_the_same_bytes(arts: dict, tiny_checkpoint: Path,
-                                                                           tmp_path: Path) -> None:
+def test_a_killed_rank_fails_the_job_and_a_rerun_resumes_to_the_same_bytes(
+    arts: dict, tiny_checkpoint: Path, tmp_path: Path
+) -> None:
     out, work = tmp_path / "k", tmp_path / "k.work"
     proc, ranks = _start_and_wait_for_layer(tiny_checkpoint, out, tmp_path / "first.log", 0)
     # frozen first: rank 0 cannot end the stage without rank 1, so the check still holds at the kill
@@ -169,8 +199,9 @@ def test_a_killed_rank_fails_the_job_and_a_rerun_resumes_to_the_same_bytes(arts:
     done = len(list((work / "gptq-layers").glob("layer-*/record.json")))
     assert 1 <= done <= 4
 
-    again = subprocess.run(args(tiny_checkpoint, out, 2), capture_output=True, text=True, env=ENV, cwd=REPO,
-                           timeout=900)
+    again = subprocess.run(
+        args(tiny_checkpoint, out, 2), capture_output=True, text=True, env=ENV, cwd=REPO, timeout=900
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"gptq: resumes at decoder layer {done + 1} of 4" in again.stderr or done == 4
     assert json.loads(again.stdout)["root_digest"] == arts[2]["root_digest"]
@@ -192,15 +223,33 @@ def test_ctrl_c_stops_every_rank(arts: dict, tiny_checkpoint: Path, tmp_path: Pa
     assert not (tmp_path / "c.work" / "gptq.record.json").exists()
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--gpus", "2"], "--gpus 2 but 0 CUDA GPU(s) visible"),
-    (["--gpus", "auto", "--device", "cpu"], "--gpus auto counts CUDA GPUs, and --device cpu uses none"),
-    (["--gpus", "0"], "--gpus must be a positive number or 'auto', got '0'"),
-])
-def test_usage_errors(tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                      monkeypatch: pytest.MonkeyPatch, extra: list[str], message: str) -> None:
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--gpus", "2"], "--gpus 2 but 0 CUDA GPU(s) visible"),
+        (["--gpus", "auto", "--device", "cpu"], "--gpus auto counts CUDA GPUs, and --device cpu uses none"),
+        (["--gpus", "0"], "--gpus must be a positive number or 'auto', got '0'"),
+    ],
+)
+def test_usage_errors(
+    tiny_checkpoint: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    extra: list[str],
+    message: str,
+) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    code, _, err = run_cli(capsys, "quantize", str(tiny_checkpoint), "--source-unverified", "--calibration",
-                           "tiny-demo", "--out", str(tmp_path / "u"), *extra)
+    code, _, err = run_cli(
+        capsys,
+        "quantize",
+        str(tiny_checkpoint),
+        "--source-unverified",
+        "--calibration",
+        "tiny-demo",
+        "--out",
+        str(tmp_path / "u"),
+        *extra,
+    )
     assert code == 2 and message in err, err
     assert not (tmp_path / "u.work").exists()

@@ -49,8 +49,17 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _offline(models: dict[str, Path], *extra: str) -> tuple[int, str, str]:
-    r = qq("eval", "offline", str(models["artifact"]), "--reference", str(models["source"]), "--report", os.devnull,
-           *extra, timeout=900)
+    r = qq(
+        "eval",
+        "offline",
+        str(models["artifact"]),
+        "--reference",
+        str(models["source"]),
+        "--report",
+        os.devnull,
+        *extra,
+        timeout=900,
+    )
     return r.returncode, r.stdout, flat(r.stderr)
 
 

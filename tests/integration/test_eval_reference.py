@@ -27,8 +27,9 @@ BANDS = json.loads((Path(__file__).with_name("eval_bands.json")).read_text())
 
 def qq(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     env = dict(os.environ, QWENQUANT_THREADS="2", QWENQUANT_NO_PROGRESS="1", PYTHONHASHSEED="0")
-    return subprocess.run([sys.executable, "-m", "qwenquant", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "qwenquant", *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO
+    )
 
 
 @pytest.fixture(scope="module")
@@ -78,17 +79,27 @@ def test_the_readme_quality_table_is_what_a_fresh_eval_prints(evaluated: dict) -
         # another CPU model or thread count built other bits: the figures are held to their bands
         # (test_figure_inside_its_recorded_band); here each cell keeps its form (words, signs, units)
         num = r"\d+(?:\.\d+)?"
-        bad = [(w[0], a, b) for w, g in zip(want[1:], got[1:], strict=True) for a, b in zip(w, g, strict=True)
-               if re.sub(num, "#", a) != re.sub(num, "#", b)]
+        bad = [
+            (w[0], a, b)
+            for w, g in zip(want[1:], got[1:], strict=True)
+            for a, b in zip(w, g, strict=True)
+            if re.sub(num, "#", a) != re.sub(num, "#", b)
+        ]
         assert not bad, f"README cells (arm, README, fresh) of another form: {bad}"
         return
-    bad = [(w[0], a, b) for w, g in zip(want[1:], got[1:], strict=True) for a, b in zip(w, g, strict=True)
-           if not _close(a, b)]
-    assert not bad, f"README cells (arm, README, fresh) that differ: {bad}; the fresh table:\n" \
-                    f"{markdown_table(evaluated['report'])}"
+    bad = [
+        (w[0], a, b)
+        for w, g in zip(want[1:], got[1:], strict=True)
+        for a, b in zip(w, g, strict=True)
+        if not _close(a, b)
+    ]
+    assert not bad, (
+        f"README cells (arm, README, fresh) that differ: {bad}; the fresh table:\n{markdown_table(evaluated['report'])}"
+    )
     tail = evaluated["report"]["arms"]["artifact"]["kl_p999_support"]
-    assert f"the largest per-token KL {tail['max']['kl']:.4f} is at window {tail['max']['window']}" in \
-        " ".join(evaluated["stderr"].split())
+    assert f"the largest per-token KL {tail['max']['kl']:.4f} is at window {tail['max']['window']}" in " ".join(
+        evaluated["stderr"].split()
+    )
 
 
 def test_the_bands_hold_on_the_default_tensor_core_hessians(evaluated: dict) -> None:
@@ -141,8 +152,19 @@ def test_same_model_against_itself_costs_nothing(evaluated: dict, tmp_path: Path
     copy = tmp_path / "self"
     shutil.copytree(evaluated["source"], copy)
     write_test_manifest(copy, {"name": "none"})
-    e = qq("eval", "offline", str(copy), "--reference", str(evaluated["source"]), "--reference-unverified", "--windows", "4",
-           "--window-len", "64", "--json")
+    e = qq(
+        "eval",
+        "offline",
+        str(copy),
+        "--reference",
+        str(evaluated["source"]),
+        "--reference-unverified",
+        "--windows",
+        "4",
+        "--window-len",
+        "64",
+        "--json",
+    )
     assert e.returncode == 0, e.stderr[-2000:]
     body = e.stdout and json.loads(e.stdout)["arms"]["w4a16-body"]
     assert body["delta_pct"] == pytest.approx(0.0, abs=1e-9) and body["kl"] == pytest.approx(0.0, abs=1e-7)
@@ -152,8 +174,18 @@ def test_same_model_against_itself_costs_nothing(evaluated: dict, tmp_path: Path
 def test_streamed_forward_gives_the_dense_figures(evaluated: dict) -> None:
     """The layer-streamed forward (both arms one decoder layer at a time from the shards) and the
     dense forward give the same figures on the same windows."""
-    common = (str(evaluated["artifact"]), "--reference", str(evaluated["source"]), "--windows", "6", "--window-len", "96",
-              "--json", "--report", os.devnull)
+    common = (
+        str(evaluated["artifact"]),
+        "--reference",
+        str(evaluated["source"]),
+        "--windows",
+        "6",
+        "--window-len",
+        "96",
+        "--json",
+        "--report",
+        os.devnull,
+    )
     streamed, dense = qq("eval", "offline", *common, "--streamed"), qq("eval", "offline", *common, "--dense")
     assert streamed.returncode == 0 and dense.returncode == 0, (streamed.stderr + dense.stderr)[-3000:]
     s, d = json.loads(streamed.stdout), json.loads(dense.stdout)
@@ -171,8 +203,20 @@ INT8 = BANDS["int8_activations"]
 
 @pytest.fixture(scope="module")
 def evaluated_int8(evaluated: dict) -> dict:
-    e = qq("eval", "offline", str(evaluated["artifact"]), "--reference", str(evaluated["source"]), "--windows",
-           str(BANDS["windows"]), "--activations", "int8", "--json", "--report", os.devnull)
+    e = qq(
+        "eval",
+        "offline",
+        str(evaluated["artifact"]),
+        "--reference",
+        str(evaluated["source"]),
+        "--windows",
+        str(BANDS["windows"]),
+        "--activations",
+        "int8",
+        "--json",
+        "--report",
+        os.devnull,
+    )
     assert e.returncode == 0, e.stderr[-3000:]
     return {"report": json.loads(e.stdout), "stderr": e.stderr}
 
@@ -211,11 +255,30 @@ def test_int8_activations_reach_the_int4_mtp_head(evaluated: dict, tmp_path: Pat
     """With the int4-MTP recipe every packed Linear takes int8 inputs: the body's, the lm_head and the MTP
     head's (vLLM runs all of them through Marlin); the report counts them, and the MTP figure is paired."""
     art = tmp_path / "int4mtp"
-    q = qq("quantize", str(evaluated["source"]), "--recipe", "tiny-reference-int4mtp", "--source-unverified", "--out",
-           str(art))
+    q = qq(
+        "quantize",
+        str(evaluated["source"]),
+        "--recipe",
+        "tiny-reference-int4mtp",
+        "--source-unverified",
+        "--out",
+        str(art),
+    )
     assert q.returncode == 0, q.stderr[-3000:]
-    e = qq("eval", "offline", str(art), "--reference", str(evaluated["source"]), "--windows", "4",
-           "--activations", "int8", "--json", "--report", os.devnull)
+    e = qq(
+        "eval",
+        "offline",
+        str(art),
+        "--reference",
+        str(evaluated["source"]),
+        "--windows",
+        "4",
+        "--activations",
+        "int8",
+        "--json",
+        "--report",
+        os.devnull,
+    )
     assert e.returncode == 0, e.stderr[-3000:]
     arm = json.loads(e.stdout)["arms"]["artifact+int8-act"]
     index = json.loads((art / "model.safetensors.index.json").read_text())["weight_map"]
@@ -228,8 +291,20 @@ def test_int8_activations_reach_the_int4_mtp_head(evaluated: dict, tmp_path: Pat
 def test_the_streamed_forward_gives_the_dense_int8_figures(evaluated: dict) -> None:
     """The int8 arm through the layer-streamed forward (the 27B's path: a third arm in the same layer loop,
     its Linears rebuilt per layer from the shards) gives the dense int8 arm's figures."""
-    common = (str(evaluated["artifact"]), "--reference", str(evaluated["source"]), "--windows", "6", "--window-len", "96",
-              "--activations", "int8", "--json", "--report", os.devnull)
+    common = (
+        str(evaluated["artifact"]),
+        "--reference",
+        str(evaluated["source"]),
+        "--windows",
+        "6",
+        "--window-len",
+        "96",
+        "--activations",
+        "int8",
+        "--json",
+        "--report",
+        os.devnull,
+    )
     streamed, dense = qq("eval", "offline", *common, "--streamed"), qq("eval", "offline", *common, "--dense")
     assert streamed.returncode == 0 and dense.returncode == 0, (streamed.stderr + dense.stderr)[-3000:]
     s, d = (json.loads(r.stdout)["arms"]["artifact+int8-act"] for r in (streamed, dense))

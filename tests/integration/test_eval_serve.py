@@ -24,9 +24,11 @@ from standin import build_standin_artifact, serve_env, write_fake_vllm
 from helpers import gone
 
 ANSWERS = {"import o": "s\nimport sys", "def f(sel": "f, x):", "while Tr": "ue:\n"}
-GATE = {"name": "standin", "tasks": [
-    {"name": "imports", "cases": [{"prompt": "import o", "expect": "s\nimport"}]},
-    {"name": "defs", "cases": [{"prompt": "def f(sel", "expect": "f,"}, {"prompt": "while Tr", "expect": "ue:"}]},
+GATE = {
+    "name": "standin",
+    "tasks": [
+        {"name": "imports", "cases": [{"prompt": "import o", "expect": "s\nimport"}]},
+        {"name": "defs", "cases": [{"prompt": "def f(sel", "expect": "f,"}, {"prompt": "while Tr", "expect": "ue:"}]},
     ],
     "acceptance_runs": [{"prompt": "import o", "max_tokens": 8}],
 }
@@ -42,10 +44,31 @@ def setup(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> di
 
 
 def _cmd(s: dict[str, Path], pidfile: Path, *extra: str, mode: str = "good", answers: Path | None = None) -> list[str]:
-    return [sys.executable, "-m", "qwenquant", "eval", "served", "--serve", str(s["artifact"]), "--vllm", str(s["launcher"]),
-            "--timeout", "30", "--gate", str(s["root"] / "gate.json"), *extra,
-            "--", "--max-model-len", "2048", "--standin-mode", mode, "--standin-pidfile", str(pidfile),
-            "--standin-answers", str(answers or s["root"] / "answers.json")]
+    return [
+        sys.executable,
+        "-m",
+        "qwenquant",
+        "eval",
+        "served",
+        "--serve",
+        str(s["artifact"]),
+        "--vllm",
+        str(s["launcher"]),
+        "--timeout",
+        "30",
+        "--gate",
+        str(s["root"] / "gate.json"),
+        *extra,
+        "--",
+        "--max-model-len",
+        "2048",
+        "--standin-mode",
+        mode,
+        "--standin-pidfile",
+        str(pidfile),
+        "--standin-answers",
+        str(answers or s["root"] / "answers.json"),
+    ]
 
 
 def _pids_gone(pidfile: Path) -> bool:
@@ -58,8 +81,13 @@ def test_gate_passes_report_keyed_to_root_digest_server_stopped(setup: dict[str,
     from qwenquant.manifest import load_manifest
 
     pidfile = tmp_path / "pids"
-    r = subprocess.run(_cmd(setup, pidfile, "--min-acceptance-length", "2.4", "--json"),
-                       env=serve_env(setup["launcher"], tmp_path), capture_output=True, text=True, timeout=180)
+    r = subprocess.run(
+        _cmd(setup, pidfile, "--min-acceptance-length", "2.4", "--json"),
+        env=serve_env(setup["launcher"], tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     digest = load_manifest(setup["artifact"]).root_digest
@@ -78,8 +106,12 @@ def test_gate_passes_report_keyed_to_root_digest_server_stopped(setup: dict[str,
     assert json.loads(report.read_text())["ok"] is True
     assert "stopping the server" in r.stderr
     assert _pids_gone(pidfile)
-    verify = subprocess.run([sys.executable, "-m", "qwenquant", "verify", str(setup["artifact"])],
-                            capture_output=True, text=True, timeout=120)
+    verify = subprocess.run(
+        [sys.executable, "-m", "qwenquant", "verify", str(setup["artifact"])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert verify.returncode == 0, verify.stderr  # the report lies beside the artifact, not in it
 
 
@@ -87,8 +119,13 @@ def test_failed_gate_exits_8_and_stops_the_server(setup: dict[str, Path], tmp_pa
     wrong = tmp_path / "answers.json"
     wrong.write_text(json.dumps({**ANSWERS, "while Tr": "y:\n"}))
     pidfile = tmp_path / "pids"
-    r = subprocess.run(_cmd(setup, pidfile, "--report", str(tmp_path / "r.json"), answers=wrong),
-                       env=serve_env(setup["launcher"], tmp_path), capture_output=True, text=True, timeout=180)
+    r = subprocess.run(
+        _cmd(setup, pidfile, "--report", str(tmp_path / "r.json"), answers=wrong),
+        env=serve_env(setup["launcher"], tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert r.returncode == 8, r.stderr[-3000:]
     assert "task defs: 1/2 passed, needs 2" in r.stderr
     assert json.loads((tmp_path / "r.json").read_text())["ok"] is False
@@ -97,8 +134,13 @@ def test_failed_gate_exits_8_and_stops_the_server(setup: dict[str, Path], tmp_pa
 
 def test_server_that_never_starts_exits_7(setup: dict[str, Path], tmp_path: Path) -> None:
     pidfile = tmp_path / "pids"
-    r = subprocess.run(_cmd(setup, pidfile, mode="exit1"), env=serve_env(setup["launcher"], tmp_path),
-                       capture_output=True, text=True, timeout=180)
+    r = subprocess.run(
+        _cmd(setup, pidfile, mode="exit1"),
+        env=serve_env(setup["launcher"], tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert r.returncode == 7, r.stderr[-3000:]
     assert "exited with code 1 before it was ready" in r.stderr and "Traceback" not in r.stderr
     assert _pids_gone(pidfile)
@@ -106,8 +148,13 @@ def test_server_that_never_starts_exits_7(setup: dict[str, Path], tmp_path: Path
 
 def test_ctrl_c_stops_the_server(setup: dict[str, Path], tmp_path: Path) -> None:
     pidfile = tmp_path / "pids"
-    proc = subprocess.Popen(_cmd(setup, pidfile, mode="nobind"), env=serve_env(setup["launcher"], tmp_path),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _cmd(setup, pidfile, mode="nobind"),
+        env=serve_env(setup["launcher"], tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while not pidfile.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -127,8 +174,13 @@ def test_two_configurations_are_two_reports_never_one_replaced(setup: dict[str, 
     digest = load_manifest(setup["artifact"]).root_digest
     before = set(setup["root"].glob(f"artifact.eval-served*-{digest[:16]}.json"))
     for extra in (("--activations", "int8"), ()):
-        r = subprocess.run(_cmd(setup, tmp_path / f"pids{len(extra)}", *extra), env=serve_env(setup["launcher"], tmp_path),
-                           capture_output=True, text=True, timeout=180)
+        r = subprocess.run(
+            _cmd(setup, tmp_path / f"pids{len(extra)}", *extra),
+            env=serve_env(setup["launcher"], tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
     made = sorted(set(setup["root"].glob(f"artifact.eval-served*-{digest[:16]}.json")) - before)
     acts = sorted(json.loads(p.read_text())["served"]["activations"] for p in made)

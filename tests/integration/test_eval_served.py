@@ -21,9 +21,11 @@ from standin import StandinServer
 
 REPO = Path(__file__).resolve().parents[2]
 ANSWERS = {"import o": "s\nimport sys", "def f(sel": "f, x):", "while Tr": "ue:\n"}
-GATE = {"name": "standin", "tasks": [
-    {"name": "imports", "cases": [{"prompt": "import o", "expect": "s\nimport"}]},
-    {"name": "defs", "cases": [{"prompt": "def f(sel", "expect": "f,"}, {"prompt": "while Tr", "expect": "ue:"}]},
+GATE = {
+    "name": "standin",
+    "tasks": [
+        {"name": "imports", "cases": [{"prompt": "import o", "expect": "s\nimport"}]},
+        {"name": "defs", "cases": [{"prompt": "def f(sel", "expect": "f,"}, {"prompt": "while Tr", "expect": "ue:"}]},
     ],
     "acceptance_runs": [{"prompt": "import o", "max_tokens": 8}],
 }
@@ -50,8 +52,14 @@ def server():
 def _eval(url: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     gate = tmp_path / "gate.json"
     gate.write_text(json.dumps(GATE))
-    return subprocess.run([sys.executable, "-m", "qwenquant", "eval", "served", url, "--gate", str(gate), "--json", *extra],
-                          capture_output=True, text=True, timeout=120, cwd=REPO, env=dict(os.environ))
+    return subprocess.run(
+        [sys.executable, "-m", "qwenquant", "eval", "served", url, "--gate", str(gate), "--json", *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=dict(os.environ),
+    )
 
 
 def test_gate_passes_and_acceptance_comes_from_counter_deltas(server, tmp_path: Path) -> None:
@@ -99,10 +107,33 @@ def _bench_acceptance(url: str, tmp_path: Path) -> dict:
     cfg.update(warmup_requests=1, repeats=2)
     (tmp_path / "bench.yaml").write_text(yaml.safe_dump(cfg))
     out = tmp_path / "bench.json"
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "bench", "run", url, "--config", str(tmp_path / "bench.yaml"),
-                        "--prompts", "narrative", "--sampling", "greedy", "--thinking", "off", "--max-tokens", "8",
-                        "--out", str(out)], capture_output=True, text=True, timeout=120, cwd=REPO,
-                       env=dict(os.environ, QWENQUANT_NO_PROGRESS="1"))
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qwenquant",
+            "bench",
+            "run",
+            url,
+            "--config",
+            str(tmp_path / "bench.yaml"),
+            "--prompts",
+            "narrative",
+            "--sampling",
+            "greedy",
+            "--thinking",
+            "off",
+            "--max-tokens",
+            "8",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=dict(os.environ, QWENQUANT_NO_PROGRESS="1"),
+    )
     assert r.returncode == 0, r.stderr
     return json.loads(out.read_text())["targets"][0]["acceptance"]
 
@@ -138,14 +169,21 @@ def test_a_served_report_of_another_gate_or_server_is_not_replaced(server, tmp_p
     assert report.read_bytes() == before and len(other.bodies) == asked
 
 
-@pytest.mark.parametrize(("value", "says"), [
-    ("-1", "--min-acceptance-length -1 is below 1"),
-    ("0.5", "--min-acceptance-length 0.5 is below 1"),
-    ("99", "--min-acceptance-length 99 cannot be reached: the server drafts 3 tokens per step, so the mean "
-           "acceptance length is at most 4"),
-])
-def test_an_unreachable_min_acceptance_is_refused_before_any_request(server, tmp_path: Path, value: str,
-                                                                     says: str) -> None:
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("-1", "--min-acceptance-length -1 is below 1"),
+        ("0.5", "--min-acceptance-length 0.5 is below 1"),
+        (
+            "99",
+            "--min-acceptance-length 99 cannot be reached: the server drafts 3 tokens per step, so the mean "
+            "acceptance length is at most 4",
+        ),
+    ],
+)
+def test_an_unreachable_min_acceptance_is_refused_before_any_request(
+    server, tmp_path: Path, value: str, says: str
+) -> None:
     """The mean acceptance length lies between 1 and the server's draft tokens + 1 (the stand-in's /metrics lists
     3 draft positions, as vLLM lists its per-position counters from the start): found out before the run."""
     s = server()
@@ -162,8 +200,11 @@ def test_spec_check_against_a_url_needs_the_server_without_speculation(server, t
     s = server()
     proc = _eval(s.url, tmp_path, "--spec-check")
     assert proc.returncode == 2, proc.stderr
-    assert "--spec-check against a URL needs the URL of the same model served without speculation" in " ".join(
-        proc.stderr.split()) and s.bodies == []
+    assert (
+        "--spec-check against a URL needs the URL of the same model served without speculation"
+        in " ".join(proc.stderr.split())
+        and s.bodies == []
+    )
     proc = _eval(s.url, tmp_path, "--spec-check", "--reference-url", server().url)
     assert proc.returncode == 2, proc.stderr
     assert "drafts (its /metrics exports vllm:spec_decode_* counters)" in " ".join(proc.stderr.split())

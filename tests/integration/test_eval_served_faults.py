@@ -77,7 +77,7 @@ def test_tools_run_without_metrics_unless_acceptance_is_asked(standin) -> None:
     assert f"MTP: not measured (GET {standin.url}/metrics answered 404)" in proc.stderr
     proc = _eval(standin.url, "--gate", "none", "--tools", "--min-acceptance-length", "1.5")
     assert proc.returncode == 8
-    assert (f"MTP acceptance cannot be judged: GET {standin.url}/metrics answered 404" in _line(proc, "error:"))
+    assert f"MTP acceptance cannot be judged: GET {standin.url}/metrics answered 404" in _line(proc, "error:")
 
 
 def test_acceptance_is_counted_over_the_tool_cases_that_ran(standin) -> None:
@@ -92,15 +92,23 @@ def test_acceptance_is_counted_over_the_tool_cases_that_ran(standin) -> None:
     assert "MTP over the tool cases: 24 drafts" in proc.stderr
 
 
-@pytest.mark.parametrize("extra, message", [
-    ((), "--gate none with neither --tools nor --needle tests nothing"),
-    (("--min-acceptance-length", "1.2"), "--gate none with neither --tools nor --needle tests nothing (MTP acceptance "
-                                         "would be measured over no request)"),
-    (("--needle", "--needle-max-len", "-5"), "--needle-max-len -5 leaves no needle case: a case needs at least 152 "
-                                             "tokens"),
-    (("--needle", "--needle-max-len", "100"), "--needle-max-len 100 leaves no needle case"),
-    (("--tools", "--needle-max-len", "4096"), "--needle-max-len without --needle"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ((), "--gate none with neither --tools nor --needle tests nothing"),
+        (
+            ("--min-acceptance-length", "1.2"),
+            "--gate none with neither --tools nor --needle tests nothing (MTP acceptance "
+            "would be measured over no request)",
+        ),
+        (
+            ("--needle", "--needle-max-len", "-5"),
+            "--needle-max-len -5 leaves no needle case: a case needs at least 152 tokens",
+        ),
+        (("--needle", "--needle-max-len", "100"), "--needle-max-len 100 leaves no needle case"),
+        (("--tools", "--needle-max-len", "4096"), "--needle-max-len without --needle"),
+    ],
+)
 def test_a_run_that_would_test_nothing_is_refused_before_asking(standin, extra: tuple[str, ...], message: str) -> None:
     proc = _eval(standin.url, "--gate", "none", *extra)
     assert proc.returncode == 2, proc.stderr

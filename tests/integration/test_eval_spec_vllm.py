@@ -28,10 +28,30 @@ def run(tmp_path_factory: pytest.TempPathFactory, reference_w4a16: Path) -> tupl
     require_vllm(LAUNCHER, ".venv-vllm")
     tmp = tmp_path_factory.mktemp("specvllm")
     art = Path(shutil.copytree(reference_w4a16, tmp / "artifact"))
-    proc = subprocess.run([sys.executable, "-m", "qwenquant", "eval", "served", "--serve", str(art), "--profile",
-                           "single-user", "--vllm", str(LAUNCHER), "--spec-check", "--json",
-                           "--", "--max-model-len", "2048"],
-                          env=_env(tmp), capture_output=True, text=True, timeout=1500)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qwenquant",
+            "eval",
+            "served",
+            "--serve",
+            str(art),
+            "--profile",
+            "single-user",
+            "--vllm",
+            str(LAUNCHER),
+            "--spec-check",
+            "--json",
+            "--",
+            "--max-model-len",
+            "2048",
+        ],
+        env=_env(tmp),
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     return proc, (json.loads(proc.stdout) if proc.stdout.strip() else {})
 
 

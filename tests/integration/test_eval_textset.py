@@ -33,8 +33,18 @@ def _dataset(tmp_path: Path) -> Path:
 
 
 def _declare(tmp_path: Path, commit: str, sha256: str | None, name: str = "loop") -> Path:
-    decl = {"schema_version": 1, "name": name, "repo": "demo/evaltext", "repo_type": "dataset", "revision": commit,
-            "file": "data/test.jsonl", "sha256": sha256, "text_field": "text", "join": "\n", "license": "CC0-1.0"}
+    decl = {
+        "schema_version": 1,
+        "name": name,
+        "repo": "demo/evaltext",
+        "repo_type": "dataset",
+        "revision": commit,
+        "file": "data/test.jsonl",
+        "sha256": sha256,
+        "text_field": "text",
+        "join": "\n",
+        "license": "CC0-1.0",
+    }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(decl))
     return path
@@ -93,9 +103,30 @@ def test_eval_cuts_windows_from_a_fetched_text_set(hub, tmp_path: Path) -> None:
     shutil.copytree(source, art)
     write_test_manifest(art, {"name": "none"})
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "xdg"), QWENQUANT_THREADS="2")
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "eval", "offline", str(art), "--reference", str(source), "--reference-unverified", "--text-set",
-                        str(decl), "--windows", "4", "--window-len", "64", "--json"],
-                       capture_output=True, text=True, timeout=300, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qwenquant",
+            "eval",
+            "offline",
+            str(art),
+            "--reference",
+            str(source),
+            "--reference-unverified",
+            "--text-set",
+            str(decl),
+            "--windows",
+            "4",
+            "--window-len",
+            "64",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     assert (out["text_set"], out["revision"], out["file"]) == ("loop", commit, "data/test.jsonl")

@@ -39,10 +39,31 @@ def test_serve_runs_the_gate_with_real_mtp_acceptance_and_stops(artifact: Path) 
     from qwenquant.manifest import load_manifest
 
     tmp = artifact.parent
-    proc = subprocess.run([sys.executable, "-m", "qwenquant", "eval", "served", "--serve", str(artifact), "--profile",
-                           "single-user", "--vllm", str(LAUNCHER), "--min-acceptance-length", "1.2", "--json",
-                           "--", "--max-model-len", "2048"],
-                          env=_env(tmp), capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qwenquant",
+            "eval",
+            "served",
+            "--serve",
+            str(artifact),
+            "--profile",
+            "single-user",
+            "--vllm",
+            str(LAUNCHER),
+            "--min-acceptance-length",
+            "1.2",
+            "--json",
+            "--",
+            "--max-model-len",
+            "2048",
+        ],
+        env=_env(tmp),
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     digest = load_manifest(artifact).root_digest

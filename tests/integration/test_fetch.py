@@ -65,8 +65,10 @@ TRANSIENT = {
     "corrupt_once": [Fault("corrupt", path=SHARD1, times=1)],
     "corrupt_small_file_once": [Fault("corrupt", path="tokenizer_config.json", times=1, at=10)],
     "ignore_range_on_resume": [Fault("truncate", path=SHARD2, at=500_000), Fault("ignore_range", path=SHARD2)],
-    "wrong_content_range_on_resume": [Fault("truncate", path=SHARD2, at=500_000),
-                                      Fault("bad_content_range", path=SHARD2, shift=4096)],  # fmt: skip
+    "wrong_content_range_on_resume": [
+        Fault("truncate", path=SHARD2, at=500_000),
+        Fault("bad_content_range", path=SHARD2, shift=4096),
+    ],  # fmt: skip
     "api_503_twice": [Fault("fail", path="/api", times=2, method=None)],
     "slow_stream": [Fault("slow", path="model-mtp.safetensors", rate=20_000_000)],
 }
@@ -314,8 +316,9 @@ def test_a_fetched_folder_served_by_the_loopback_hub_fetches(served, tmp_path: P
     (out / ".qwenquant-staging").mkdir()
     (out / ".qwenquant-staging" / "pending.json").write_text("{}")  # an interrupted fetch's leftovers
     served.hub.add_repo("me/mirror", out)
-    assert sorted(served.hub.repo("me/mirror").commits[served.hub.branch("me/mirror")].files) == \
-        sorted(disk.final_files(served.source))
+    assert sorted(served.hub.repo("me/mirror").commits[served.hub.branch("me/mirror")].files) == sorted(
+        disk.final_files(served.source)
+    )
     again = tmp_path / "again"
     code, _, err = run(capsys, "fetch", "me/mirror", "--out", str(again))
     assert code == 0, err

@@ -142,7 +142,9 @@ def test_killed_process_resumes(served, tmp_path: Path, capsys, disk) -> None:
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if (out / ".qwenquant-staging" / "tree" / SHARD2).exists() and any(p.stat().st_size > 500_000 for p in partials(out)):
+            if (out / ".qwenquant-staging" / "tree" / SHARD2).exists() and any(
+                p.stat().st_size > 500_000 for p in partials(out)
+            ):
                 break
             time.sleep(0.05)
         else:

@@ -18,7 +18,11 @@ def quantized_like(tiny_checkpoint: Path, tmp_path: Path) -> Path:
     """The tiny checkpoint with a quantization_config (ignore list without mtp) and no MTP tensors."""
     art = Path(shutil.copytree(tiny_checkpoint, tmp_path / "art"))
     cfg = json.loads((art / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "compressed-tensors", "ignore": ["re:.*visual.*"], "config_groups": {}}
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "ignore": ["re:.*visual.*"],
+        "config_groups": {},
+    }
     (art / "config.json").write_text(json.dumps(cfg))
     strip_mtp(art)
     return art
@@ -44,9 +48,13 @@ def test_graft_json_says_what_it_did(quantized_like: Path, tiny_checkpoint: Path
     """`--json`: the plan and whether it wrote, as one JSON document on stdout (then: nothing to do)."""
     proc = qq("graft-mtp", str(quantized_like), "--source", str(tiny_checkpoint), "--json")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == {"artifact": str(quantized_like), "nothing_to_do": False, "written": True,
-                                       "plan": "add 15, add re:^mtp.* to quantization_config.ignore",
-                                       "root_digest": None}
+    assert json.loads(proc.stdout) == {
+        "artifact": str(quantized_like),
+        "nothing_to_do": False,
+        "written": True,
+        "plan": "add 15, add re:^mtp.* to quantization_config.ignore",
+        "root_digest": None,
+    }
     again = qq("graft-mtp", str(quantized_like), "--source", str(tiny_checkpoint), "--json")
     assert again.returncode == 0 and json.loads(again.stdout)["nothing_to_do"] is True
 
@@ -127,8 +135,9 @@ def test_graft_restores_a_deleted_mtp_shard_to_the_same_root(quantized_like: Pat
     assert mtp_bytes(quantized_like) == mtp_bytes(tiny_checkpoint)
 
 
-def test_graft_refuses_a_source_the_manifest_does_not_record(quantized_like: Path, tiny_checkpoint: Path,
-                                                             tmp_path: Path) -> None:
+def test_graft_refuses_a_source_the_manifest_does_not_record(
+    quantized_like: Path, tiny_checkpoint: Path, tmp_path: Path
+) -> None:
     """Another checkpoint of the same shapes (other seed) is not this artifact's source: exit 4,
     one line naming the file that differs, nothing written."""
     from qwenquant.testbed.tiny import build_tiny_checkpoint
@@ -143,8 +152,9 @@ def test_graft_refuses_a_source_the_manifest_does_not_record(quantized_like: Pat
     assert {p.name: p.read_bytes() for p in quantized_like.iterdir()} == before
 
 
-def test_graft_refuses_mtp_tensors_of_another_shape(quantized_like: Path, tiny_checkpoint: Path,
-                                                    tmp_path: Path) -> None:
+def test_graft_refuses_mtp_tensors_of_another_shape(
+    quantized_like: Path, tiny_checkpoint: Path, tmp_path: Path
+) -> None:
     """No manifest to prove the source by: the shapes config.json implies still refuse another
     model's head (MLP 768 wide instead of 512), exit 5, nothing written."""
     other = _other_head(tiny_checkpoint, tmp_path)
@@ -156,8 +166,9 @@ def test_graft_refuses_mtp_tensors_of_another_shape(quantized_like: Path, tiny_c
     assert {p.name: p.read_bytes() for p in quantized_like.iterdir()} == before
 
 
-def test_check_names_mtp_tensors_whose_shapes_disagree_with_the_config(quantized_like: Path, tiny_checkpoint: Path,
-                                                                       tmp_path: Path) -> None:
+def test_check_names_mtp_tensors_whose_shapes_disagree_with_the_config(
+    quantized_like: Path, tiny_checkpoint: Path, tmp_path: Path
+) -> None:
     """`qwenquant check` on an artifact whose MTP shard was swapped for another model's: exit 6 and
     one finding per tensor of the wrong shape, naming it and the shape config.json implies."""
     assert qq("graft-mtp", str(quantized_like), "--source", str(tiny_checkpoint)).returncode == 0
@@ -192,8 +203,9 @@ def _umount(where: Path) -> None:
 
 
 def _listing(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() if p.is_file() else b"<dir>"
-            for p in sorted(folder.rglob("*"))}
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes() if p.is_file() else b"<dir>" for p in sorted(folder.rglob("*"))
+    }
 
 
 def _refused(proc, code: int, says: str) -> None:  # type: ignore[no-untyped-def]
@@ -203,13 +215,16 @@ def _refused(proc, code: int, says: str) -> None:  # type: ignore[no-untyped-def
     assert "unexpected error" not in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_graft_on_a_full_disk_exits_5_and_leaves_nothing_behind(quantized_like: Path, tiny_checkpoint: Path,
-                                                                tmp_path: Path) -> None:
+def test_graft_on_a_full_disk_exits_5_and_leaves_nothing_behind(
+    quantized_like: Path, tiny_checkpoint: Path, tmp_path: Path
+) -> None:
     """A tmpfs with room for the artifact but not for the MTP shard the graft writes: one line, exit 5
     (the disk is too small), the artifact's bytes as they were and no staging folder beside it."""
     mnt = tmp_path / "small"
     mnt.mkdir()
-    need = sum(-(-p.stat().st_size // 4096) * 4096 for p in quantized_like.iterdir()) + 4096 * len(list(quantized_like.iterdir()))
+    need = sum(-(-p.stat().st_size // 4096) * 4096 for p in quantized_like.iterdir()) + 4096 * len(
+        list(quantized_like.iterdir())
+    )
     _mount(["-t", "tmpfs", "-o", f"size={need + 256 * 1024}", "tmpfs"], mnt)
     try:
         art = Path(shutil.copytree(quantized_like, mnt / "art"))
@@ -222,8 +237,9 @@ def test_graft_on_a_full_disk_exits_5_and_leaves_nothing_behind(quantized_like: 
         _umount(mnt)
 
 
-def test_graft_on_a_read_only_mount_exits_2_before_writing(quantized_like: Path, tiny_checkpoint: Path,
-                                                           tmp_path: Path) -> None:
+def test_graft_on_a_read_only_mount_exits_2_before_writing(
+    quantized_like: Path, tiny_checkpoint: Path, tmp_path: Path
+) -> None:
     """The artifact on a read-only tmpfs, then the artifact folder alone a read-only bind mount in a
     writable folder (where a staging copy of the whole artifact used to be left beside it): exit 2
     (an output path cannot be written), one line naming the folder, nothing written anywhere."""

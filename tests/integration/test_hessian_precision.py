@@ -24,19 +24,37 @@ pytestmark = pytest.mark.slow
 
 
 def _quantize(source: Path, out: Path, *extra: str) -> dict:
-    proc = qq("quantize", str(source), "--recipe", "tiny-reference", "--source-unverified", "--out", str(out),
-              "--device", "cpu", "--json", *extra, timeout=900)
+    proc = qq(
+        "quantize",
+        str(source),
+        "--recipe",
+        "tiny-reference",
+        "--source-unverified",
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--json",
+        *extra,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return {"out": out, "result": json.loads(proc.stdout),
-            "manifest": json.loads((out / "qwenquant-manifest.json").read_text())}
+    return {
+        "out": out,
+        "result": json.loads(proc.stdout),
+        "manifest": json.loads((out / "qwenquant-manifest.json").read_text()),
+    }
 
 
 @pytest.fixture(scope="module")
 def arts(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("hprec")
     source = reference_model.build_reference_checkpoint(root / "source")
-    return {"source": source, "default": _quantize(source, root / "default"),
-            "fp32": _quantize(source, root / "fp32", "--hessian-precision", "fp32")}
+    return {
+        "source": source,
+        "default": _quantize(source, root / "default"),
+        "fp32": _quantize(source, root / "fp32", "--hessian-precision", "fp32"),
+    }
 
 
 @pytest.mark.parametrize(("which", "precision"), [("default", "tensor-core"), ("fp32", "fp32")])
@@ -55,9 +73,11 @@ def test_the_default_is_within_the_documented_tolerance_of_fp32(arts: dict) -> N
     from benchmarks.artifact_compare import compare_artifacts
 
     diff = compare_artifacts(arts["fp32"]["out"], arts["default"]["out"], arts["source"])
-    print(f"tensor-core vs fp32 Hessians: {diff.codes_fraction:.3%} of codes differ (layer 0: "
-          f"{diff.first_layer_fraction:.3%}), at most {diff.max_steps} steps, weight errors within "
-          f"{diff.worst_error_ratio():.3%}")
+    print(
+        f"tensor-core vs fp32 Hessians: {diff.codes_fraction:.3%} of codes differ (layer 0: "
+        f"{diff.first_layer_fraction:.3%}), at most {diff.max_steps} steps, weight errors within "
+        f"{diff.worst_error_ratio():.3%}"
+    )
     assert diff.codes_differing > 0, "the two Hessian precisions gave the same codes: the option did nothing"
     assert diff.first_layer_codes[1] > 0 and len(diff.weight_errors) == len(diff.modules)
     assert diff.problems() == [], diff.to_dict()
@@ -66,8 +86,19 @@ def test_the_default_is_within_the_documented_tolerance_of_fp32(arts: dict) -> N
 
 def test_a_changed_precision_reruns_gptq_and_the_plan_says_why(arts: dict) -> None:
     src, out = arts["source"], arts["fp32"]["out"]
-    base = ("quantize", str(src), "--recipe", "tiny-reference", "--source-unverified", "--out", str(out),
-            "--device", "cpu", "--plan", "--json")
+    base = (
+        "quantize",
+        str(src),
+        "--recipe",
+        "tiny-reference",
+        "--source-unverified",
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--plan",
+        "--json",
+    )
     same = json.loads(qq(*base, "--hessian-precision", "fp32").stdout)
     assert same["would_run"] == []
     plan = qq(*base)  # the default: tensor-core

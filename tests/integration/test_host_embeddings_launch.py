@@ -52,9 +52,29 @@ def test_a_launcher_without_the_plugin_is_refused(artifact, tmp_path):
     env, launcher, _ = machine_env(tmp_path, "one-gpu")
     doc = json.loads(launcher.read_text())
     launcher.write_text(json.dumps(doc | {"plugins": ["qwenquant_cpu_w4a16"]}))
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "serve", str(artifact), "--vllm", str(launcher),
-                        "--device", "cuda", "--port", "18123", "--host-embeddings", "--", "--max-model-len", "2048"],
-                       env=env, capture_output=True, text=True, timeout=180)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qwenquant",
+            "serve",
+            str(artifact),
+            "--vllm",
+            str(launcher),
+            "--device",
+            "cuda",
+            "--port",
+            "18123",
+            "--host-embeddings",
+            "--",
+            "--max-model-len",
+            "2048",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert r.returncode == 7, r.stderr
     assert "lacks qwenquant's host-embeddings plugin" in flat(r.stderr)
     assert "scripts/install-vllm.sh" in flat(r.stderr)
@@ -64,10 +84,13 @@ def test_a_launcher_without_the_plugin_is_refused(artifact, tmp_path):
     assert code == 0 and on is not None, err
 
 
-@pytest.mark.parametrize("machine, code, line", [
-    ("two-gpus-nvlink", 7, "host embeddings over 2 GPUs"),
-    ("cpu-avx512", 2, "vLLM's CPU build has no device memory to save"),
-])
+@pytest.mark.parametrize(
+    "machine, code, line",
+    [
+        ("two-gpus-nvlink", 7, "host embeddings over 2 GPUs"),
+        ("cpu-avx512", 2, "vLLM's CPU build has no device memory to save"),
+    ],
+)
 def test_host_embeddings_refused_where_they_cannot_work(artifact, tmp_path, machine, code, line):
     got, doc, err, _ = dry_run(artifact, tmp_path, machine, "--host-embeddings")
     assert got == code, err
@@ -88,7 +111,6 @@ def test_the_variable_in_the_shell_is_withheld_unless_asked(artifact, tmp_path, 
     assert any("--host-embeddings" in w for w in doc["warnings"])
 
 
-
 def test_long_context_max_sizes_the_kv_cache_from_the_plan(artifact, tmp_path):
     """The shipped long-context-max profile: the table on the host and vLLM's KV cache the plan's figure
     (--kv-cache-memory-bytes = the budget's cache_available); a figure after -- wins and is passed once."""
@@ -98,8 +120,9 @@ def test_long_context_max_sizes_the_kv_cache_from_the_plan(artifact, tmp_path):
     assert cmd.count("--kv-cache-memory-bytes") == 1
     assert int(cmd[cmd.index("--kv-cache-memory-bytes") + 1]) == doc["budget"]["cache_available"] > 0
     assert doc["env"][ENV] == "1" and doc["budget"]["host_bytes"] == _embeddings_bytes(artifact)
-    code, doc, err, _ = dry_run(artifact, tmp_path, "one-gpu", "--profile", "long-context-max",
-                                extra=("--kv-cache-memory-bytes", "1000000000"))
+    code, doc, err, _ = dry_run(
+        artifact, tmp_path, "one-gpu", "--profile", "long-context-max", extra=("--kv-cache-memory-bytes", "1000000000")
+    )
     assert code == 0 and doc is not None, err
     cmd = doc["command"]
     assert cmd.count("--kv-cache-memory-bytes") == 1 and cmd[cmd.index("--kv-cache-memory-bytes") + 1] == "1000000000"

@@ -71,7 +71,9 @@ def test_repo_info_and_tree_listing(served) -> None:
     api = HfApi(endpoint=served.hub.url)
     info = api.model_info(REPO, revision="main", files_metadata=True)
     assert info.sha == served.commit and len(info.siblings) == 10
-    files = {f.path: f for f in api.list_repo_tree(REPO, revision=served.commit, recursive=True) if isinstance(f, RepoFile)}
+    files = {
+        f.path: f for f in api.list_repo_tree(REPO, revision=served.commit, recursive=True) if isinstance(f, RepoFile)
+    }
     for path, f in files.items():
         data = (served.source / path).read_bytes()
         assert f.size == len(data)
@@ -303,14 +305,21 @@ def test_an_object_whose_bytes_are_not_its_oid_is_not_stored_and_cannot_be_commi
     auth = {"Authorization": "Bearer hf_loopback_write"}
     data = b"\0real bytes" * 10
     oid = sha256(data)
-    batch = client.post(f"{hub.url}/me/up.git/info/lfs/objects/batch", headers=auth,
-                        json={"operation": "upload", "transfers": ["basic"], "objects": [{"oid": oid, "size": len(data)}]})
+    batch = client.post(
+        f"{hub.url}/me/up.git/info/lfs/objects/batch",
+        headers=auth,
+        json={"operation": "upload", "transfers": ["basic"], "objects": [{"oid": oid, "size": len(data)}]},
+    )
     actions = batch.json()["objects"][0]["actions"]
     assert client.put(actions["upload"]["href"], content=b"\0fake bytes" * 10).status_code == 400
     assert client.post(actions["verify"]["href"], headers=auth, json={"oid": oid, "size": len(data)}).status_code == 404
-    body = b"\n".join(json.dumps(x).encode() for x in (
-        {"key": "header", "value": {"summary": "x"}},
-        {"key": "lfsFile", "value": {"path": "w.safetensors", "algo": "sha256", "oid": oid, "size": len(data)}}))
+    body = b"\n".join(
+        json.dumps(x).encode()
+        for x in (
+            {"key": "header", "value": {"summary": "x"}},
+            {"key": "lfsFile", "value": {"path": "w.safetensors", "algo": "sha256", "oid": oid, "size": len(data)}},
+        )
+    )
     assert client.post(f"{hub.url}/api/models/me/up/commit/main", headers=auth, content=body).status_code == 400
     assert hub.branch("me/up") == head  # a refused commit moves nothing
     assert client.put(actions["upload"]["href"], content=data).status_code == 200
@@ -341,8 +350,9 @@ def _create_repo_on(module: str) -> httpx.Response:
     proc = subprocess.Popen([sys.executable, "-m", module], stdout=subprocess.PIPE, text=True, env=env)
     try:
         url = proc.stdout.readline().split()[-1]
-        return httpx.post(f"{url}/api/repos/create", json={"name": "x", "organization": "me"},
-                          headers={"Authorization": "Bearer t"})
+        return httpx.post(
+            f"{url}/api/repos/create", json={"name": "x", "organization": "me"}, headers={"Authorization": "Bearer t"}
+        )
     finally:
         proc.terminate()
         proc.wait(10)

@@ -12,8 +12,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def bash(script: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", f"set -euo pipefail; . scripts/progress.sh; {script}"], cwd=REPO,
-                          capture_output=True, text=True, timeout=60, env=dict(os.environ, QWENQUANT_HEARTBEAT="1"))
+    return subprocess.run(
+        ["bash", "-c", f"set -euo pipefail; . scripts/progress.sh; {script}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, QWENQUANT_HEARTBEAT="1"),
+    )
 
 
 def test_heartbeat_while_a_phase_runs_then_its_duration() -> None:
@@ -35,8 +41,14 @@ def test_every_pip_install_in_the_scripts_runs_under_a_heartbeat() -> None:
     for name in ("install.sh", "install-vllm.sh"):
         text = (REPO / "scripts" / name).read_text().replace("\\\n", " ")
         assert ". scripts/progress.sh" in text
-        installs = [ln for ln in text.splitlines() if re.search(r"pip\S*\"?\s.*\binstall\b", ln, re.I)
-                    and not ln.lstrip().startswith("#") and "download" not in ln and "uninstall" not in ln]
+        installs = [
+            ln
+            for ln in text.splitlines()
+            if re.search(r"pip\S*\"?\s.*\binstall\b", ln, re.I)
+            and not ln.lstrip().startswith("#")
+            and "download" not in ln
+            and "uninstall" not in ln
+        ]
         assert installs, name
         for ln in installs:
             assert "with_heartbeat" in ln, f"{name}: pip runs without progress: {ln.strip()}"

@@ -48,8 +48,14 @@ def _open_writer(fifo: Path, proc: subprocess.Popen, timeout: float = 120) -> in
 
 def interrupt_reading(argv: list[str], fifo: Path, sig: int = signal.SIGINT, **env: str) -> tuple[int, str]:
     """Run `qwenquant ARGV`, send SIGINT (or `sig`) once it reads `fifo`; (exit code, stderr)."""
-    proc = subprocess.Popen([sys.executable, "-m", "qwenquant", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=_env(**env), cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qwenquant", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(**env),
+        cwd=REPO,
+    )
     fd = _open_writer(fifo, proc)
     time.sleep(0.3)  # the reader is in read() now, waiting for bytes
     proc.send_signal(sig)
@@ -61,8 +67,14 @@ def interrupt_reading(argv: list[str], fifo: Path, sig: int = signal.SIGINT, **e
 
 def interrupt_hashing(argv: list[str], big: Path, **env: str) -> tuple[int, str]:
     """Run `qwenquant ARGV`, send SIGINT once it has `big` open (a 2 GiB file it hashes); (exit code, stderr)."""
-    proc = subprocess.Popen([sys.executable, "-m", "qwenquant", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=_env(**env), cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qwenquant", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(**env),
+        cwd=REPO,
+    )
     deadline = time.monotonic() + 120
     while not _has_open(proc.pid, big):
         assert proc.poll() is None, f"the command ended (exit {proc.returncode}) before it read {big}"
@@ -145,15 +157,30 @@ def test_ctrl_c_in_check_plan_and_recipe_says_nothing_was_written(art: Path, tmp
     config.unlink()
     config.write_bytes(text)
     recipe = _fifo(tmp_path / "r.yaml")
-    assert _one_line(*interrupt_reading(["recipe", "validate", str(recipe)], recipe)) == \
-        f"interrupted: qwenquant recipe {READ_ONLY}"
+    assert (
+        _one_line(*interrupt_reading(["recipe", "validate", str(recipe)], recipe))
+        == f"interrupted: qwenquant recipe {READ_ONLY}"
+    )
 
 
 def test_ctrl_c_in_quantize_plan_says_it_wrote_nothing(tiny_checkpoint: Path, tmp_path: Path) -> None:
     src = Path(shutil.copytree(tiny_checkpoint, tmp_path / "src"))
     _fifo(src / "config.json")
-    line = _one_line(*interrupt_reading(["quantize", str(src), "--source-unverified", "--calibration", "tiny-demo",
-                                         "--out", str(tmp_path / "q"), "--plan"], src / "config.json"))
+    line = _one_line(
+        *interrupt_reading(
+            [
+                "quantize",
+                str(src),
+                "--source-unverified",
+                "--calibration",
+                "tiny-demo",
+                "--out",
+                str(tmp_path / "q"),
+                "--plan",
+            ],
+            src / "config.json",
+        )
+    )
     assert line == "interrupted: quantize --plan stopped before it reported; it runs and writes nothing"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
@@ -161,13 +188,29 @@ def test_ctrl_c_in_quantize_plan_says_it_wrote_nothing(tiny_checkpoint: Path, tm
 def test_sigterm_gives_the_ctrl_c_line_and_exit_143(art: Path, tiny_checkpoint: Path, tmp_path: Path) -> None:
     """`kill PID` (SIGTERM) stops a command as Ctrl-C does: the same line, the shell's code for a TERM."""
     config = _fifo(art / "config.json")
-    assert _one_line(*interrupt_reading(["check", str(art)], config, signal.SIGTERM), want=143) == \
-        f"interrupted: qwenquant check {READ_ONLY}"
+    assert (
+        _one_line(*interrupt_reading(["check", str(art)], config, signal.SIGTERM), want=143)
+        == f"interrupted: qwenquant check {READ_ONLY}"
+    )
     src = Path(shutil.copytree(tiny_checkpoint, tmp_path / "src"))
     _fifo(src / "config.json")
-    line = _one_line(*interrupt_reading(["quantize", str(src), "--source-unverified", "--calibration", "tiny-demo",
-                                         "--out", str(tmp_path / "q"), "--plan"], src / "config.json", signal.SIGTERM),
-                     want=143)
+    line = _one_line(
+        *interrupt_reading(
+            [
+                "quantize",
+                str(src),
+                "--source-unverified",
+                "--calibration",
+                "tiny-demo",
+                "--out",
+                str(tmp_path / "q"),
+                "--plan",
+            ],
+            src / "config.json",
+            signal.SIGTERM,
+        ),
+        want=143,
+    )
     assert line == "interrupted: quantize --plan stopped before it reported; it runs and writes nothing"
 
 
@@ -191,8 +234,14 @@ def test_ctrl_c_in_fetch_says_what_is_kept(served, tmp_path: Path) -> None:
 
     served.hub.faults.add(Fault("slow", path="model-00002*", times=None, rate=50_000))
     out = tmp_path / "fetched"
-    proc = subprocess.Popen([sys.executable, "-m", "qwenquant", "fetch", served.repo_id, "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qwenquant", "fetch", served.repo_id, "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        cwd=REPO,
+    )
     # the shard streams into .qwenquant-staging under its content's sha256 (it takes ~70 s at that rate), and
     # is renamed to its own name only once verified: the signal goes while that partial is growing
     key = hashlib.sha256((served.source / "model-00002-of-00002.safetensors").read_bytes()).hexdigest()
@@ -204,12 +253,20 @@ def test_ctrl_c_in_fetch_says_what_is_kept(served, tmp_path: Path) -> None:
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     line = _one_line(proc.returncode, err)
-    assert line == ("interrupted: the files fetched and verified so far stay in the --out folder, the rest were not "
-                    "fetched; re-run the same command to fetch only the rest")
+    assert line == (
+        "interrupted: the files fetched and verified so far stay in the --out folder, the rest were not "
+        "fetched; re-run the same command to fetch only the rest"
+    )
     assert not (out / "model-00002-of-00002.safetensors").exists(), "the interrupted shard was renamed into place"
     served.hub.faults.clear()
-    again = subprocess.run([sys.executable, "-m", "qwenquant", "fetch", served.repo_id, "--out", str(out)],
-                           capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300)
+    again = subprocess.run(
+        [sys.executable, "-m", "qwenquant", "fetch", served.repo_id, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=REPO,
+        timeout=300,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming model-00002-of-00002.safetensors at byte" in again.stderr, again.stderr[-3000:]
 
@@ -218,9 +275,14 @@ def test_ctrl_c_in_fetch_before_anything_was_fetched_says_so(tmp_path: Path) -> 
     """A Hub that does not answer (nothing listens on the discard port): fetch retries, Ctrl-C stops it
     before any file came; the line says nothing was fetched."""
     out = tmp_path / "fetched"
-    proc = subprocess.Popen([sys.executable, "-m", "qwenquant", "fetch", "me/tiny", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            env=_env(HF_ENDPOINT="http://127.0.0.1:9", QWENQUANT_FETCH_BACKOFF="30"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qwenquant", "fetch", "me/tiny", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=_env(HF_ENDPOINT="http://127.0.0.1:9", QWENQUANT_FETCH_BACKOFF="30"),
+    )
     deadline = time.monotonic() + 120
     while not (out / ".qwenquant-staging" / "lock").exists():  # it holds the folder's lock: it is fetching
         assert proc.poll() is None and time.monotonic() < deadline, "fetch did not start"
@@ -241,7 +303,7 @@ def test_ctrl_c_in_doctor(tmp_path: Path) -> None:
     """doctor asking the vLLM of QWENQUANT_VLLM for its version (a python that reads a pipe first)."""
     fifo = _fifo(tmp_path / "pipe")
     fake = tmp_path / "python"
-    fake.write_text(f"#!/bin/sh\ncat {fifo} >/dev/null\nexec {sys.executable} \"$@\"\n")
+    fake.write_text(f'#!/bin/sh\ncat {fifo} >/dev/null\nexec {sys.executable} "$@"\n')
     fake.chmod(0o755)
     line = _one_line(*interrupt_reading(["doctor"], fifo, QWENQUANT_VLLM=str(fake)))
     assert line == f"interrupted: qwenquant doctor {READ_ONLY}"
@@ -250,8 +312,14 @@ def test_ctrl_c_in_doctor(tmp_path: Path) -> None:
 def test_ctrl_c_in_demo_names_the_step_and_what_is_kept(tmp_path: Path) -> None:
     """The demo interrupted in its fetch step (the loopback Hub serving a file that is a pipe)."""
     work = tmp_path / "demo"
-    proc = subprocess.Popen([sys.executable, "-m", "qwenquant", "demo", "--work", str(work), "--no-serve"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qwenquant", "demo", "--work", str(work), "--no-serve"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        cwd=REPO,
+    )
     deadline = time.monotonic() + 300
     seen = ""
     while time.monotonic() < deadline and "$ qwenquant fetch" not in seen:
@@ -260,8 +328,10 @@ def test_ctrl_c_in_demo_names_the_step_and_what_is_kept(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     line = _one_line(proc.returncode, seen + err)
-    assert line == (f"interrupted in step fetch: the steps before it (build) are kept under {work}; re-run "
-                    f"`qwenquant demo --work {work}` to go on (each step reuses what verifies)")
+    assert line == (
+        f"interrupted in step fetch: the steps before it (build) are kept under {work}; re-run "
+        f"`qwenquant demo --work {work}` to go on (each step reuses what verifies)"
+    )
     assert json.loads((work / "hub" / "Qwen3.5-tiny" / "config.json").read_text())
 
 
@@ -280,10 +350,14 @@ def test_ctrl_c_in_bench_says_no_report_was_written(tmp_path: Path) -> None:
     """bench run waits on its --config (a named pipe here) before it measures: no report, one line."""
     fifo = _fifo(tmp_path / "bench.yaml")
     out = tmp_path / "bench.json"
-    code, err = interrupt_reading(["bench", "run", "http://127.0.0.1:9", "--config", str(fifo), "--out", str(out)], fifo)
-    assert _one_line(code, err) == ("interrupted: qwenquant bench stopped before its report: nothing was written, the "
-                                    "figures measured so far are not kept, and a server that --serve started is "
-                                    "stopped with it")
+    code, err = interrupt_reading(
+        ["bench", "run", "http://127.0.0.1:9", "--config", str(fifo), "--out", str(out)], fifo
+    )
+    assert _one_line(code, err) == (
+        "interrupted: qwenquant bench stopped before its report: nothing was written, the "
+        "figures measured so far are not kept, and a server that --serve started is "
+        "stopped with it"
+    )
     assert not out.exists() and not out.with_suffix(".png").exists()
 
 
@@ -297,8 +371,14 @@ def test_ctrl_c_in_eval_says_no_report_was_written(tmp_path: Path) -> None:
         srv.bind(("127.0.0.1", 0))
         srv.listen(8)
         url = f"http://127.0.0.1:{srv.getsockname()[1]}"
-        proc = subprocess.Popen([sys.executable, "-m", "qwenquant", "eval", "served", url, "--report", str(report)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "qwenquant", "eval", "served", url, "--report", str(report)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+            cwd=REPO,
+        )
         time.sleep(8)  # started, connected, waiting for an answer
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         proc.send_signal(signal.SIGINT)
@@ -312,14 +392,18 @@ def test_ctrl_c_after_the_command_finished_keeps_its_exit_code() -> None:
     the Hub client's threads at exit) changes nothing: the exit code stays the command's (0), no traceback.
     The late signal is sent by the process to itself right after main() returned: the window the real
     `publish` has between its "published ... commit" line and its exit, made deterministic."""
-    code = ("import os, signal, sys, time\n"
-            "sys.argv = ['qwenquant', 'recipe', 'list']\n"
-            "from qwenquant.cli import main\n"
-            "rv = main()\n"
-            "os.kill(os.getpid(), signal.SIGINT)\n"
-            "time.sleep(5)\n"
-            "print('still running after the Ctrl-C')\n"
-            "sys.exit(rv)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO)
+    code = (
+        "import os, signal, sys, time\n"
+        "sys.argv = ['qwenquant', 'recipe', 'list']\n"
+        "from qwenquant.cli import main\n"
+        "rv = main()\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "time.sleep(5)\n"
+        "print('still running after the Ctrl-C')\n"
+        "sys.exit(rv)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO
+    )
     assert proc.returncode == 0, proc.stderr
     assert "still running" not in proc.stdout and "Traceback" not in proc.stderr and "w4a16-int4head" in proc.stdout

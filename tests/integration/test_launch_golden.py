@@ -25,6 +25,8 @@ from helpers import smi_calls
 
 GOLDEN = Path(__file__).resolve().parents[1] / "unit" / "golden"
 PROFILES = ("single-user", "batch")  # the one that drafts with MTP, the one that does not
+
+
 @pytest.fixture(scope="module")
 def artifact(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_standin_artifact(tiny_checkpoint, tmp_path_factory.mktemp("golden") / "artifact")
@@ -35,21 +37,34 @@ def _layout(command: list[str], notes: list[str]) -> dict[str, Any]:
         return int(command[command.index(flag) + 1]) if flag in command else 1
 
     split = [n for n in notes if n.startswith("split over ")]
-    return {"tensor": size("--tensor-parallel-size"), "pipeline": size("--pipeline-parallel-size"),
-            "reason": split[0] if split else None}
+    return {
+        "tensor": size("--tensor-parallel-size"),
+        "pipeline": size("--pipeline-parallel-size"),
+        "reason": split[0] if split else None,
+    }
 
 
 def projection(doc: dict[str, Any], artifact: Path, launcher_python: str) -> dict[str, Any]:
     """What the golden file holds: the plan with this run's paths replaced by placeholders."""
+
     def clean(text: str) -> str:
-        return (text.replace(str(artifact.resolve()), "<ARTIFACT>").replace(launcher_python, "<PYTHON>")
-                .replace(str(Path(__file__).resolve().parent), "<TESTS>"))
+        return (
+            text.replace(str(artifact.resolve()), "<ARTIFACT>")
+            .replace(launcher_python, "<PYTHON>")
+            .replace(str(Path(__file__).resolve().parent), "<TESTS>")
+        )
 
     command = [clean(a) for a in doc["command"]]
-    return {"command": command, "env": {k: clean(v) for k, v in sorted(doc["env"].items())},
-            "env_unset": doc["env_unset"], "activations": doc["activations"],
-            "warnings": [clean(w) for w in doc["warnings"]], "notes": [clean(n) for n in doc["notes"]],
-            "layout": _layout(command, doc["notes"]), "failures": [clean(f["message"]) for f in doc["failures"]]}
+    return {
+        "command": command,
+        "env": {k: clean(v) for k, v in sorted(doc["env"].items())},
+        "env_unset": doc["env_unset"],
+        "activations": doc["activations"],
+        "warnings": [clean(w) for w in doc["warnings"]],
+        "notes": [clean(n) for n in doc["notes"]],
+        "layout": _layout(command, doc["notes"]),
+        "failures": [clean(f["message"]) for f in doc["failures"]],
+    }
 
 
 def check_golden(name: str, got: dict[str, Any]) -> None:
@@ -76,8 +91,16 @@ def test_nvidia_smi_runs_each_query_once(artifact, tmp_path, machine, most):
     """One dry run that needs every GPU fact (the free memory of each GPU, the compute capability for int8 and the
     SM 9.0 rule, the hard --gpu-mem's ballast, the link for the automatic split) asks nvidia-smi each thing once:
     one `--query-gpu` for the GPUs, and `topo -m` / `topo -p2p r` only when the split is read from the link."""
-    code, doc, err, smi = dry_run(artifact, tmp_path, machine, "--profile", "batch", "--activations", "int8",
-                                  *(("--gpu-mem", "20GiB") if machine != "cpu-avx512" else ()))
+    code, doc, err, smi = dry_run(
+        artifact,
+        tmp_path,
+        machine,
+        "--profile",
+        "batch",
+        "--activations",
+        "int8",
+        *(("--gpu-mem", "20GiB") if machine != "cpu-avx512" else ()),
+    )
     assert doc is not None, err
     calls = smi_calls(smi)
     assert len(calls) == len(set(calls)) and len(calls) <= most, calls

@@ -21,8 +21,9 @@ SHARD1 = "model-00001-of-00002.safetensors"
 def qq(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     env = dict(os.environ, QWENQUANT_NO_PROGRESS="1")
     env.pop("QWENQUANT_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "qwenquant", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "qwenquant", *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO
+    )
 
 
 def users_folder(path: Path) -> str:
@@ -49,6 +50,7 @@ def quantize(source: Path, out: Path, *extra: str) -> subprocess.CompletedProces
 
 
 # --- quantize --out / --work ---------------------------------------------------------------------
+
 
 def test_quantize_refuses_an_out_folder_holding_user_files(tiny_checkpoint: Path, tmp_path: Path) -> None:
     digest = users_folder(tmp_path / "out")
@@ -103,6 +105,7 @@ def test_quantize_force_with_a_refused_source_removes_nothing(tiny_checkpoint: P
 
 # --- fetch --out ----------------------------------------------------------------------------------
 
+
 def test_fetch_refuses_then_force_replaces_a_users_folder(served, tmp_path: Path, disk) -> None:
     digest = users_folder(tmp_path / "out")
     proc = qq("fetch", served.repo_id, "--out", str(tmp_path / "out"))
@@ -129,8 +132,9 @@ def test_fetch_force_removes_nothing_when_the_repo_does_not_resolve(served, tmp_
     assert_untouched(tmp_path / "out", digest)
 
 
-@pytest.mark.parametrize("argv", [["fetch", "Qwen/Qwen3.8-27B", "--force", "--out"],
-                                  ["demo", "--no-serve", "--force", "--work"]])
+@pytest.mark.parametrize(
+    "argv", [["fetch", "Qwen/Qwen3.8-27B", "--force", "--out"], ["demo", "--no-serve", "--force", "--work"]]
+)
 def test_a_file_where_a_folder_is_asked_is_exit_2_and_kept_with_force(served, tmp_path: Path, argv: list) -> None:
     (tmp_path / "f").write_bytes(NOTES)
     proc = qq(*argv, str(tmp_path / "f"), timeout=120)
@@ -151,6 +155,7 @@ def test_fetch_refuses_a_folder_holding_another_repo(served, tmp_path: Path) -> 
 
 
 # --- graft-mtp, demo --work -----------------------------------------------------------------------
+
 
 def test_graft_mtp_refuses_then_force_removes_entries_it_would_drop(tiny_checkpoint: Path, tmp_path: Path) -> None:
     art = Path(shutil.copytree(tiny_checkpoint, tmp_path / "art"))
@@ -181,6 +186,7 @@ def test_demo_refuses_a_work_folder_holding_user_files(tmp_path: Path) -> None:
 
 
 # --- a broken local source fails at the source stage ----------------------------------------------
+
 
 def _only_config(src: Path, dst: Path) -> None:
     shutil.copy(src / "config.json", dst / "config.json")
@@ -214,15 +220,25 @@ def _bad_arch(src: Path, dst: Path) -> None:
     (dst / "config.json").write_text(json.dumps({**cfg, "architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
 
 
-@pytest.mark.parametrize("make, names", [
-    (_only_config, "holds no *.safetensors weights"),
-    (_no_weights, "holds no *.safetensors weights"),
-    (_truncated, f"{SHARD1}: bad safetensors header: tensors cover"),
-    (_shard_missing, f"index names file {SHARD1} which does not exist"),
-    (_no_tokenizer, "has no tokenizer (tokenizer.json"),
-    (_bad_arch, "architectures ['LlamaForCausalLM']"),
-], ids=["only-config", "config-and-tokenizer-no-weights", "shard-truncated-to-half", "shard-missing",
-        "no-tokenizer", "unsupported-architecture"])
+@pytest.mark.parametrize(
+    "make, names",
+    [
+        (_only_config, "holds no *.safetensors weights"),
+        (_no_weights, "holds no *.safetensors weights"),
+        (_truncated, f"{SHARD1}: bad safetensors header: tensors cover"),
+        (_shard_missing, f"index names file {SHARD1} which does not exist"),
+        (_no_tokenizer, "has no tokenizer (tokenizer.json"),
+        (_bad_arch, "architectures ['LlamaForCausalLM']"),
+    ],
+    ids=[
+        "only-config",
+        "config-and-tokenizer-no-weights",
+        "shard-truncated-to-half",
+        "shard-missing",
+        "no-tokenizer",
+        "unsupported-architecture",
+    ],
+)
 def test_broken_local_source_fails_at_the_source_stage(make, names: str, tiny_checkpoint: Path, tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()

@@ -34,8 +34,9 @@ print(json.dumps([[list(get_pp_indices(n, r, pp)) for r in range(pp)] for n, pp 
 def _vllm_splits(cases: list[tuple[int, int]], env: dict[str, str]) -> list[list[tuple[int, int]]]:
     require_vllm(INFO, f"the vLLM environment ({INFO})")
     python = json.loads(INFO.read_text())["python"]
-    proc = subprocess.run([python, "-c", _CODE, json.dumps(cases)], capture_output=True, text=True, timeout=300,
-                          env=env, cwd=REPO)
+    proc = subprocess.run(
+        [python, "-c", _CODE, json.dumps(cases)], capture_output=True, text=True, timeout=300, env=env, cwd=REPO
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [[tuple(r) for r in stages] for stages in json.loads(proc.stdout.strip().splitlines()[-1])]
 

@@ -59,15 +59,25 @@ def test_publish_fetch_verify_round_trip(hub_w, artifact: Path, tmp_path: Path, 
     commit = hub_w.branch(OUT)
     assert f"commit {commit}" in out and f"url: {hub_w.url}/{OUT}/commit/{commit}" in out
     manifest = json.loads((artifact / "qwenquant-manifest.json").read_text())
-    assert sorted(listing(hub_w)) == sorted([f["path"] for f in manifest["files"]] + [
-        "qwenquant-manifest.json", "README.md", "qwenquant-card.json", "qwenquant-reports/eval.json", ".gitattributes"])
+    assert sorted(listing(hub_w)) == sorted(
+        [f["path"] for f in manifest["files"]]
+        + [
+            "qwenquant-manifest.json",
+            "README.md",
+            "qwenquant-card.json",
+            "qwenquant-reports/eval.json",
+            ".gitattributes",
+        ]
+    )
     assert hub_w.file(OUT, SHARD).lfs
     assert hub_w.file(OUT, "qwenquant-reports/eval.json").sha256 == hashlib.sha256(report.read_bytes()).hexdigest()
     # fetch recognises the manifest and verifies it after the Hub hashes
     fetched = tmp_path / "fetched"
     code, out, err = run_cli(capsys, "fetch", OUT, "--out", str(fetched))
     assert code == 0, err
-    assert f"qwenquant artifact verified against its manifest: {len(manifest['files'])} files, root digest {root}" in out
+    assert (
+        f"qwenquant artifact verified against its manifest: {len(manifest['files'])} files, root digest {root}" in out
+    )
     assert "already verified, fetch record digest " in out and "verified, root " not in out  # two digests, two names
     code, out, err = run_cli(capsys, "verify", str(fetched))
     assert code == 0, err
@@ -81,12 +91,16 @@ def test_publish_fetch_verify_round_trip(hub_w, artifact: Path, tmp_path: Path, 
     assert code == 4 and f"{SHARD} (changed)" in err
 
 
-@pytest.mark.parametrize("path, data, words", [
-    ("README.md", b"---\nlicense: mit\n---\n# better numbers\n", "README.md (card: sha256 differs"),
-    (SHARD, None, f"{SHARD} (changed)"),
-])
-def test_a_file_replaced_on_the_hub_is_refused_by_fetch(hub_w, artifact: Path, tmp_path: Path, capsys,
-                                                        path: str, data: bytes | None, words: str) -> None:
+@pytest.mark.parametrize(
+    "path, data, words",
+    [
+        ("README.md", b"---\nlicense: mit\n---\n# better numbers\n", "README.md (card: sha256 differs"),
+        (SHARD, None, f"{SHARD} (changed)"),
+    ],
+)
+def test_a_file_replaced_on_the_hub_is_refused_by_fetch(
+    hub_w, artifact: Path, tmp_path: Path, capsys, path: str, data: bytes | None, words: str
+) -> None:
     """Someone with write access replaces a file: the Hub's hashes match the new bytes, the manifest does not."""
     from huggingface_hub import HfApi
 
@@ -120,8 +134,9 @@ def test_rerun_is_a_noop_and_a_new_artifact_replaces_the_old_files(hub_w, artifa
     assert writes(hub_w).count("lfs-put") == 0  # the shards that did not change are not sent again
 
 
-def test_a_republish_without_license_keeps_the_repos_license_and_is_a_noop(hub_w, artifact: Path, tmp_path: Path,
-                                                                            capsys) -> None:
+def test_a_republish_without_license_keeps_the_repos_license_and_is_a_noop(
+    hub_w, artifact: Path, tmp_path: Path, capsys
+) -> None:
     """The source's README says `license: mit`, the first publish said --license apache-2.0: the same
     artifact published again without --license is a no-op (no commit) and the card keeps apache-2.0."""
     from qwenquant.hashing import sha256_json
@@ -132,9 +147,19 @@ def test_a_republish_without_license_keeps_the_repos_license_and_is_a_noop(hub_w
     src.mkdir()
     (src / "README.md").write_text("---\nlicense: mit\n---\n# the source\n")
     recipe = load_recipe("w4a16-int4head").canonical()
-    write_manifest(artifact, build_manifest(artifact, source={}, recipe=recipe, recipe_sha256=sha256_json(recipe),
-                                            calibration={}, stages={"source": {"params": {"path": str(src)}}},
-                                            quality={}, tool_versions={}))
+    write_manifest(
+        artifact,
+        build_manifest(
+            artifact,
+            source={},
+            recipe=recipe,
+            recipe_sha256=sha256_json(recipe),
+            calibration={},
+            stages={"source": {"params": {"path": str(src)}}},
+            quality={},
+            tool_versions={},
+        ),
+    )
     assert publish(capsys, artifact)[0] == 0
     first = hub_w.branch(OUT)
     hub_w.clear_log()
@@ -232,7 +257,9 @@ def test_a_failing_commit_publishes_nothing_and_a_rerun_uploads_nothing_again(hu
 
 
 @pytest.mark.slow
-def test_a_published_quantized_artifact_checks_and_serves_from_the_fetched_folder(hub_w, tmp_path: Path, capsys) -> None:
+def test_a_published_quantized_artifact_checks_and_serves_from_the_fetched_folder(
+    hub_w, tmp_path: Path, capsys
+) -> None:
     """No quantize step on the downloader's side: the fetched folder passes check and serve's preflight."""
     require_vllm(LAUNCHER, "the vLLM environment (.venv-vllm)")
     art = quantize_tiny_artifact(tmp_path, "random", "text-only")
@@ -241,7 +268,9 @@ def test_a_published_quantized_artifact_checks_and_serves_from_the_fetched_folde
     assert run_cli(capsys, "fetch", OUT, "--out", str(fetched))[0] == 0
     code, out, err = run_cli(capsys, "check", str(fetched))
     assert code == 0, out + err
-    code, out, err = run_cli(capsys, "serve", str(fetched), "--dry-run", "--device", "cpu", "--", "--max-model-len", "2048")
+    code, out, err = run_cli(
+        capsys, "serve", str(fetched), "--dry-run", "--device", "cpu", "--", "--max-model-len", "2048"
+    )
     assert code == 0, err
     assert f"--model {fetched.resolve()}" in out and "--speculative-config" in out
 
@@ -267,8 +296,24 @@ def test_signing_round_trip_and_a_flipped_byte_refused(hub_w, artifact: Path, tm
     assert f"signature {sig}: valid for {pub}" in out
     # the same folder passes that project's own verifier, as is
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.run([sys.executable, "-m", "model_signing", "verify", "key", str(fetched), "--signature", str(sig),
-                           "--public_key", str(pub)], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "model_signing",
+            "verify",
+            "key",
+            str(fetched),
+            "--signature",
+            str(sig),
+            "--public_key",
+            str(pub),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # another key's public half, and one flipped byte, are refused
     _, other_pub = make_keys(tmp_path / "other")

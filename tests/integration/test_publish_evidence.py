@@ -30,8 +30,11 @@ def fetch(capsys, out: Path, *extra: str) -> tuple[int, str, str]:
 
 def folder_digests(folder: Path) -> dict[str, str]:
     """Every file under `folder` (qwenquant's own bookkeeping included) -> sha256."""
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def resealed_card(folder: Path, old: str, new: str) -> tuple[bytes, bytes]:
@@ -50,8 +53,10 @@ def upload(hub, files: dict[str, bytes | None]) -> None:
     """One commit on the hub, as anyone with write access could make it (None: delete the file)."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 
-    ops = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=b) if b is not None else CommitOperationDelete(p)
-           for p, b in files.items()]
+    ops = [
+        CommitOperationAdd(path_in_repo=p, path_or_fileobj=b) if b is not None else CommitOperationDelete(p)
+        for p, b in files.items()
+    ]
     HfApi(endpoint=hub.url).create_commit(OUT, operations=ops, commit_message="edit")
 
 
@@ -63,8 +68,9 @@ EDITS = {
 
 
 @pytest.mark.parametrize("what", sorted(EDITS))
-def test_a_card_edited_and_resealed_is_refused_by_verify_and_fetch(what: str, hub_w, artifact: Path,
-                                                                    tmp_path: Path, capsys) -> None:
+def test_a_card_edited_and_resealed_is_refused_by_verify_and_fetch(
+    what: str, hub_w, artifact: Path, tmp_path: Path, capsys
+) -> None:
     write_eval_report(artifact)
     assert publish(capsys, artifact, "--license", "apache-2.0")[0] == 0
     fetched = tmp_path / "fetched"
@@ -86,8 +92,7 @@ def test_a_card_edited_and_resealed_is_refused_by_verify_and_fetch(what: str, hu
     assert not (tmp_path / "fetched-again").exists() and before == {}
 
 
-def test_a_refused_fetch_leaves_the_verified_copy_byte_for_byte(hub_w, artifact: Path, tmp_path: Path,
-                                                                 capsys) -> None:
+def test_a_refused_fetch_leaves_the_verified_copy_byte_for_byte(hub_w, artifact: Path, tmp_path: Path, capsys) -> None:
     """A squash that changed a shard, then the hint's --re-resolve into the folder holding the verified copy:
     refused by the manifest check with nothing in the folder changed, and --offline still agrees."""
     assert publish(capsys, artifact, "--license", "apache-2.0")[0] == 0
@@ -108,8 +113,9 @@ def test_a_refused_fetch_leaves_the_verified_copy_byte_for_byte(hub_w, artifact:
 
 
 @pytest.mark.parametrize("gone", ["qwenquant-manifest.json"])
-def test_a_card_record_without_the_manifest_it_names_is_refused(gone: str, hub_w, artifact: Path, tmp_path: Path,
-                                                                capsys) -> None:
+def test_a_card_record_without_the_manifest_it_names_is_refused(
+    gone: str, hub_w, artifact: Path, tmp_path: Path, capsys
+) -> None:
     assert publish(capsys, artifact, "--license", "apache-2.0")[0] == 0
     upload(hub_w, {gone: None})
     code, _, err = fetch(capsys, tmp_path / "f")
@@ -142,9 +148,17 @@ def test_root_pins_the_serve_profiles_too(hub_w, artifact: Path, tmp_path: Path,
     assert publish(capsys, artifact, "--license", "apache-2.0")[0] == 0
     recipe = json.loads(json.dumps(first.recipe))
     recipe["serve"]["profiles"]["single-user"]["host"] = "0.0.0.0"
-    resealed = build_manifest(artifact, source=first.source, recipe=recipe, recipe_sha256=sha256_json(recipe),
-                              calibration=first.calibration, stages=first.stages, quality=first.quality,
-                              tool_versions=first.tool_versions, extra=first.extra)
+    resealed = build_manifest(
+        artifact,
+        source=first.source,
+        recipe=recipe,
+        recipe_sha256=sha256_json(recipe),
+        calibration=first.calibration,
+        stages=first.stages,
+        quality=first.quality,
+        tool_versions=first.tool_versions,
+        extra=first.extra,
+    )
     assert resealed.root_digest != first.root_digest  # two builds that differ only in a serve profile
     (artifact / MANIFEST_NAME).write_bytes(canonical_json(resealed.to_dict()))
     assert publish(capsys, artifact, "--license", "apache-2.0")[0] == 0
@@ -153,8 +167,7 @@ def test_root_pins_the_serve_profiles_too(hub_w, artifact: Path, tmp_path: Path,
     assert not (tmp_path / "pinned").exists()
 
 
-def test_conflicting_reports_of_one_configuration_are_refused(hub_w, artifact: Path, tmp_path: Path,
-                                                              capsys) -> None:
+def test_conflicting_reports_of_one_configuration_are_refused(hub_w, artifact: Path, tmp_path: Path, capsys) -> None:
     beside = write_eval_report(artifact, top1=0.949)  # found beside the artifact
     data = json.loads(beside.read_text())
     data["arms"]["artifact"]["top1"] = 0.999  # the same measurement, another figure
@@ -191,8 +204,9 @@ def test_the_card_describes_what_the_manifest_says(hub_w, artifact: Path, capsys
 # -- signatures (pip install 'qwenquant[sign]') -------------------------------------------------------------
 
 
-def test_the_signature_covers_the_card_and_a_resealed_card_is_refused(hub_w, artifact: Path, tmp_path: Path,
-                                                                       capsys, keys) -> None:
+def test_the_signature_covers_the_card_and_a_resealed_card_is_refused(
+    hub_w, artifact: Path, tmp_path: Path, capsys, keys
+) -> None:
     from qwenquant.errors import VerificationError
     from qwenquant.signing import verify_signature
 
@@ -207,7 +221,9 @@ def test_the_signature_covers_the_card_and_a_resealed_card_is_refused(hub_w, art
     code, out, err = run_cli(capsys, "verify", str(fetched), "--signature", str(sig), "--public-key", str(pub))
     assert code == 0, err
     n = len(load_manifest(artifact).files)
-    assert f"over {n + 4} signed files: the manifest's {n} files, the manifest, the card, its record and 1 report" in out
+    assert (
+        f"over {n + 4} signed files: the manifest's {n} files, the manifest, the card, its record and 1 report" in out
+    )
     readme, record = resealed_card(fetched, "| 96.00% |", "| 99.90% |")
     (fetched / "README.md").write_bytes(readme)
     (fetched / "qwenquant-card.json").write_bytes(record)
@@ -233,24 +249,33 @@ def test_signature_keys_and_a_missing_signature(hub_w, artifact: Path, tmp_path:
     assert fetch(capsys, fetched)[0] == 0
     sig = fetched / "model.sig"
     rsa_pub = tmp_path / "rsa.pub"
-    rsa_pub.write_bytes(rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    for argv in (["verify", str(fetched), "--signature", str(sig), "--public-key"],
-                 ["serve", str(fetched), "--dry-run", "--require-signature"]):
+    rsa_pub.write_bytes(
+        rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    for argv in (
+        ["verify", str(fetched), "--signature", str(sig), "--public-key"],
+        ["serve", str(fetched), "--dry-run", "--require-signature"],
+    ):
         code, _, err = run_cli(capsys, *argv, str(rsa_pub))
         assert code == 2 and f"{rsa_pub} is an RSA public key; model_signing's key method takes elliptic-curve" in err
         assert "unexpected error" not in err
         code, _, err = run_cli(capsys, *argv, str(priv))
         assert code == 2 and f"{priv} is a private key, not the public key" in err
     for not_a_signature in (rsa_pub, fetched / "config.json"):  # a PEM file, JSON that is no bundle: exit 2
-        code, _, err = run_cli(capsys, "verify", str(fetched), "--signature", str(not_a_signature), "--public-key", str(pub))
+        code, _, err = run_cli(
+            capsys, "verify", str(fetched), "--signature", str(not_a_signature), "--public-key", str(pub)
+        )
         assert code == 2 and f"error: {not_a_signature} is not a model_signing signature" in " ".join(err.split()), err
         assert "hint: pass the model.sig" in err
     sig.unlink()
     code, _, err = run_cli(capsys, "serve", str(fetched), "--dry-run", "--require-signature", str(pub))
     assert code == 4 and "model.sig: missing (named in qwenquant-card.json, not on disk" in err
     assert f"re-fetch the folder (`qwenquant fetch {OUT} --out {fetched}`" in err
-    with pytest.raises(VerificationError, match="holds no signature model.sig: the signature that is required is missing"):
+    with pytest.raises(
+        VerificationError, match="holds no signature model.sig: the signature that is required is missing"
+    ):
         verify_signature(fetched, sig, pub)
     # removed on the hub: the card record names it, so fetch refuses the repo
     upload(hub_w, {"model.sig": None})
@@ -258,15 +283,19 @@ def test_signature_keys_and_a_missing_signature(hub_w, artifact: Path, tmp_path:
     assert code == 4 and "model.sig (missing)" in err and not (tmp_path / "again").exists()
 
 
-def test_serving_a_fetched_folder_with_an_edited_card_says_to_fetch_it_again(hub_w, artifact: Path, tmp_path: Path,
-                                                                              capsys) -> None:
+def test_serving_a_fetched_folder_with_an_edited_card_says_to_fetch_it_again(
+    hub_w, artifact: Path, tmp_path: Path, capsys
+) -> None:
     assert publish(capsys, artifact, "--license", "apache-2.0")[0] == 0
     fetched = tmp_path / "fetched"
     assert fetch(capsys, fetched)[0] == 0
     (fetched / "README.md").write_text((fetched / "README.md").read_text() + "\nbetter numbers\n")
     code, _, err = run_cli(capsys, "serve", str(fetched), "--dry-run")
     assert code == 4 and "README.md: card" in err
-    assert f"re-fetch them (`qwenquant fetch {OUT} --out {fetched}`)" in err and "re-run `qwenquant quantize` or" not in err
+    assert (
+        f"re-fetch them (`qwenquant fetch {OUT} --out {fetched}`)" in err
+        and "re-run `qwenquant quantize` or" not in err
+    )
     code, out, err = run_cli(capsys, "verify", str(fetched))  # verify names the repo as serve does, and counts right
     said = " ".join(err.split())
     assert code == 4 and f"re-fetch the folder (`qwenquant fetch {OUT} --out {fetched}`)" in said, said
@@ -275,8 +304,9 @@ def test_serving_a_fetched_folder_with_an_edited_card_says_to_fetch_it_again(hub
     assert run_cli(capsys, "verify", str(fetched))[0] == 0
 
 
-def test_ctrl_c_during_the_upload_stops_at_once_and_says_nothing_was_committed(hub_w, artifact: Path,
-                                                                                tmp_path: Path) -> None:
+def test_ctrl_c_during_the_upload_stops_at_once_and_says_nothing_was_committed(
+    hub_w, artifact: Path, tmp_path: Path
+) -> None:
     """A real SIGINT to `qwenquant publish` while every LFS PUT is answered 503 (the client retries)."""
     import os
     import signal
@@ -290,8 +320,13 @@ def test_ctrl_c_during_the_upload_stops_at_once_and_says_nothing_was_committed(h
 
     hub_w.faults.add(Fault("upload_fail", path="lfs-put/*", status=503, times=None))
     env = {**os.environ, "PYTHONPATH": str(Path(qwenquant.__file__).resolve().parents[1])}  # the qwenquant under test
-    proc = subprocess.Popen([sys.executable, "-m", "qwenquant", "publish", str(artifact), "--repo", OUT, "--license",
-                             "mit"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qwenquant", "publish", str(artifact), "--repo", OUT, "--license", "mit"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while not any(r.endpoint == "lfs-put" for r in hub_w.requests):
@@ -307,39 +342,73 @@ def test_ctrl_c_during_the_upload_stops_at_once_and_says_nothing_was_committed(h
             proc.kill()
     assert proc.returncode == 130, err
     assert took < 3, f"{took:.1f} s from Ctrl-C to exit"
-    assert (f"error: interrupted while uploading: nothing was committed: {OUT}@main is still at commit {head}"
-            in err.replace("\n", " "))
+    assert (
+        f"error: interrupted while uploading: nothing was committed: {OUT}@main is still at commit {head}"
+        in err.replace("\n", " ")
+    )
     assert hub_w.branch(OUT) == head
 
 
-def test_bench_depth_soak_and_turns_reports_go_on_the_card_as_the_profiles_evidence(hub_w, artifact: Path,
-                                                                                     tmp_path: Path, capsys) -> None:
+def test_bench_depth_soak_and_turns_reports_go_on_the_card_as_the_profiles_evidence(
+    hub_w, artifact: Path, tmp_path: Path, capsys
+) -> None:
     """The JSONs the README points to for checking a profile's promise (`bench --serve ARTIFACT --depth` etc.);
     one of a URL (no artifact named) is refused saying why."""
     root = load_manifest(artifact).root_digest
-    target = {"label": "tiny", "url": "http://127.0.0.1:8000", "model": "tiny", "artifact_root_digest": root,
-              "profile": "single-user", "device": "cpu", "vllm_version": "0.26.0"}
+    target = {
+        "label": "tiny",
+        "url": "http://127.0.0.1:8000",
+        "model": "tiny",
+        "artifact_root_digest": root,
+        "profile": "single-user",
+        "device": "cpu",
+        "vllm_version": "0.26.0",
+    }
     runs = {
-        "depth": {"tool": "qwenquant bench depth", "max_model_len": 4096, "concurrency": 1, "last_ok_depth": 4032,
-                  "failure": None, "rungs": [{"prompt_tokens": 2016, "ok": True}, {"prompt_tokens": 4032, "ok": True}]},
-        "turns": {"tool": "qwenquant bench turns", "max_model_len": 4096, "last_ok_turn": 3, "last_ok_depth": 3900,
-                  "failure": None, "turns": [{"turn": 3, "depth": 3900, "ok": True}]},
-        "soak": {"tool": "qwenquant bench soak", "max_model_len": 4096, "concurrency": 1, "soak_tokens": 2000,
-                 "verdict": {"status": "ok", "failures": [], "line": None}, "windows": []},
+        "depth": {
+            "tool": "qwenquant bench depth",
+            "max_model_len": 4096,
+            "concurrency": 1,
+            "last_ok_depth": 4032,
+            "failure": None,
+            "rungs": [{"prompt_tokens": 2016, "ok": True}, {"prompt_tokens": 4032, "ok": True}],
+        },
+        "turns": {
+            "tool": "qwenquant bench turns",
+            "max_model_len": 4096,
+            "last_ok_turn": 3,
+            "last_ok_depth": 3900,
+            "failure": None,
+            "turns": [{"turn": 3, "depth": 3900, "ok": True}],
+        },
+        "soak": {
+            "tool": "qwenquant bench soak",
+            "max_model_len": 4096,
+            "concurrency": 1,
+            "soak_tokens": 2000,
+            "verdict": {"status": "ok", "failures": [], "line": None},
+            "windows": [],
+        },
     }
     paths = []
     for name, body in runs.items():
         p = tmp_path / f"{name}.json"
-        p.write_text(json.dumps({**body, "schema_version": 1, "argv": ["qwenquant", "bench", f"--{name}"],
-                                 "target": target}))
+        p.write_text(
+            json.dumps({**body, "schema_version": 1, "argv": ["qwenquant", "bench", f"--{name}"], "target": target})
+        )
         paths += ["--report", str(p)]
     code, _, err = publish(capsys, artifact, "--license", "apache-2.0", *paths)
     assert code == 0, err
     card = hub_w.file(OUT, "README.md").source.read_text()
-    assert "| profile promise (served) | single-user, max-model-len 4096: deepest prompt served (tokens) | 4032 |" in card
+    assert (
+        "| profile promise (served) | single-user, max-model-len 4096: deepest prompt served (tokens) | 4032 |" in card
+    )
     assert "conversation turns served | 3 |" in card and "verdict | ok |" in card
-    assert {"qwenquant-reports/bench-depth.json", "qwenquant-reports/bench-soak.json",
-            "qwenquant-reports/bench-turns.json"} <= set(hub_w.repo(OUT).commits[hub_w.branch(OUT)].files)
+    assert {
+        "qwenquant-reports/bench-depth.json",
+        "qwenquant-reports/bench-soak.json",
+        "qwenquant-reports/bench-turns.json",
+    } <= set(hub_w.repo(OUT).commits[hub_w.branch(OUT)].files)
     assert fetch(capsys, tmp_path / "fetched")[0] == 0  # the card re-derives with them
     url = tmp_path / "url-depth.json"
     url.write_text(json.dumps({**runs["depth"], "target": {**target, "artifact_root_digest": None}}))
@@ -362,8 +431,21 @@ def test_a_fetched_folder_served_by_vllm_fetches_again(hub_w, tmp_path: Path, ca
     assert fetch(capsys, fetched)[0] == 0
     before = folder_digests(fetched)
     env = dict(vllm_env(tmp_path), HF_ENDPOINT=hub_w.url)
-    with ServedCLI(str(fetched), "--profile", "single-user", "--port", str(free_port()), "--vllm", str(LAUNCHER),
-                   "--timeout", "900", "--", "--max-model-len", "2048", env=env):
+    with ServedCLI(
+        str(fetched),
+        "--profile",
+        "single-user",
+        "--port",
+        str(free_port()),
+        "--vllm",
+        str(LAUNCHER),
+        "--timeout",
+        "900",
+        "--",
+        "--max-model-len",
+        "2048",
+        env=env,
+    ):
         pass
     after = folder_digests(fetched)
     assert after == before, (sorted(set(after) - set(before)), sorted(p for p in before if after.get(p) != before[p]))

@@ -28,8 +28,19 @@ QUANT_SUFFIXES = (".weight_packed", ".weight_scale", ".weight_shape", ".weight_z
 
 
 def quantize_args(source: Path, out: Path, *extra: str) -> list[str]:
-    return ["quantize", str(source), "--recipe", "w4a16-int4head", "--calibration", "tiny-demo",
-            "--source-unverified", "--out", str(out), "--json", *extra]
+    return [
+        "quantize",
+        str(source),
+        "--recipe",
+        "w4a16-int4head",
+        "--calibration",
+        "tiny-demo",
+        "--source-unverified",
+        "--out",
+        str(out),
+        "--json",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +51,15 @@ def built(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     proc = qq(*quantize_args(tiny_checkpoint, out))
     wall = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return {"source": tiny_checkpoint, "out": out, "work": root / "artifact.work", "result": json.loads(proc.stdout),
-            "stderr": proc.stderr, "wall": wall, "root": root}
+    return {
+        "source": tiny_checkpoint,
+        "out": out,
+        "work": root / "artifact.work",
+        "result": json.loads(proc.stdout),
+        "stderr": proc.stderr,
+        "wall": wall,
+        "root": root,
+    }
 
 
 def test_result_and_manifest(built: dict) -> None:
@@ -72,18 +90,30 @@ def test_json_carries_what_the_run_measured(built: dict) -> None:
     layers = json.loads((built["source"] / "config.json").read_text())["text_config"]["num_hidden_layers"]
     assert set(t["stages"]) == set(built["result"]["stages"]) and all(v >= 0 for v in t["stages"].values())
     assert len(t["gptq_layers"]) == layers
-    assert [set(p) for p in t["gptq_layers"]] == [{"read", "build", "calibrate", "gptq", "write", "rebuild",
-                                                    "forward"}] * layers  # --json sorts the keys
-    assert set(t["gptq_tail"]) == {"head_calibration", "layer_links", "rest_shards", "index_and_calibration",
-                                   "identity_proof"}, t["gptq_tail"]
+    assert [set(p) for p in t["gptq_layers"]] == [
+        {"read", "build", "calibrate", "gptq", "write", "rebuild", "forward"}
+    ] * layers  # --json sorts the keys
+    assert set(t["gptq_tail"]) == {
+        "head_calibration",
+        "layer_links",
+        "rest_shards",
+        "index_and_calibration",
+        "identity_proof",
+    }, t["gptq_tail"]
     assert t["gptq_ranks"] == []
 
 
 def test_artifact_layout(built: dict) -> None:
     names = sorted(p.name for p in built["out"].iterdir())
     assert "qwenquant-manifest.json" in names and "qwenquant-quality.json" in names
-    assert {"config.json", "model.safetensors.index.json", "model-mtp.safetensors", "tokenizer.json",
-            "tokenizer_config.json", "generation_config.json"} <= set(names)
+    assert {
+        "config.json",
+        "model.safetensors.index.json",
+        "model-mtp.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    } <= set(names)
     assert not any("preprocessor" in n or "processor_config" in n for n in names)
     tensors = raw_tensors(built["out"])
     assert not any(n.startswith("model.visual.") or n.startswith("model.language_model.") for n in tensors)
@@ -121,7 +151,7 @@ def test_unquantized_tensors_byte_identical_to_source(built: dict) -> None:
     for name, (dtype, shape, data) in art.items():
         if name.endswith(QUANT_SUFFIXES):
             continue
-        src_name = name if name.startswith(("mtp.", "lm_head")) else "model.language_model." + name[len("model."):]
+        src_name = name if name.startswith(("mtp.", "lm_head")) else "model.language_model." + name[len("model.") :]
         assert src[src_name][:2] == (dtype, shape), name
         assert src[src_name][2] == data, f"{name} differs from the source"
         checked += 1
@@ -159,8 +189,10 @@ def _calibration_ids(source: Path) -> list[list[int]]:
 
     tok = AutoTokenizer.from_pretrained(str(source))
     lines = data_path("calibration", "tiny-demo.jsonl").read_text().splitlines()[-6:]
-    return [tok(tok.apply_chat_template(json.loads(x)["messages"], tokenize=False), add_special_tokens=False)["input_ids"]
-            for x in lines]
+    return [
+        tok(tok.apply_chat_template(json.loads(x)["messages"], tokenize=False), add_special_tokens=False)["input_ids"]
+        for x in lines
+    ]
 
 
 def _rtn_fake_quant(model, group: int = 128) -> None:
@@ -238,6 +270,7 @@ def test_out_holding_user_files_is_refused_then_replaced_with_force(built: dict,
 
 # --- graft-mtp ------------------------------------------------------------------------------------
 
+
 def test_graft_mtp_restores_and_is_idempotent(built: dict, tmp_path: Path) -> None:
     art = Path(shutil.copytree(built["out"], tmp_path / "art"))
     strip_mtp(art)
@@ -270,6 +303,7 @@ def test_graft_mtp_restores_and_is_idempotent(built: dict, tmp_path: Path) -> No
 
 # --- CLI errors -----------------------------------------------------------------------------------
 
+
 def test_source_without_fetch_record_is_refused(built: dict, tmp_path: Path) -> None:
     proc = qq("quantize", str(built["source"]), "--calibration", "tiny-demo", "--out", str(tmp_path / "a"))
     assert proc.returncode == 4, proc.stderr[-2000:]
@@ -290,6 +324,7 @@ def test_bad_device_flag(tmp_path: Path) -> None:
 
 # --- kill during GPTQ, then resume ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM], ids=["SIGKILL", "Ctrl-C", "SIGTERM"])
 def test_killed_during_gptq_then_rerun_gives_same_digest(built: dict, tmp_path: Path, sig: int) -> None:
     """Killed inside the gptq stage, after its first decoder layer is persisted (helpers.freeze_inside_gptq)."""
@@ -297,8 +332,13 @@ def test_killed_during_gptq_then_rerun_gives_same_digest(built: dict, tmp_path: 
     work = tmp_path / "killed.work"
     env = dict(os.environ, QWENQUANT_THREADS="2", QWENQUANT_NO_PROGRESS="1", PYTHONHASHSEED="0")
     log = open(tmp_path / "first.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "qwenquant", *quantize_args(built["source"], out)],
-                            stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qwenquant", *quantize_args(built["source"], out)],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        env=env,
+        cwd=REPO,
+    )
     try:
         freeze_inside_gptq(proc, work / "gptq-layers" / "layer-00000" / "record.json", tmp_path / "first.log")
         proc.send_signal(sig)
@@ -320,12 +360,20 @@ def test_killed_during_gptq_then_rerun_gives_same_digest(built: dict, tmp_path: 
     done = len(list((work / "gptq-layers").glob("layer-*/record.json")))
     assert 1 <= done <= 4, done  # persisted layers survive both signals; the re-run resumes after them
     # the resume point, said one way by the Ctrl-C line, the re-run's log (and `--plan`)
-    point = (f"resumes at decoder layer {done + 1} of 4; {'layer 1 is' if done == 1 else f'layers 1-{done} are'} "
-             "recorded and replayed") if done < 4 else "all 4 decoder layers are recorded (replayed, none quantized anew)"
+    point = (
+        (
+            f"resumes at decoder layer {done + 1} of 4; {'layer 1 is' if done == 1 else f'layers 1-{done} are'} "
+            "recorded and replayed"
+        )
+        if done < 4
+        else "all 4 decoder layers are recorded (replayed, none quantized anew)"
+    )
     if sig != signal.SIGKILL:  # Ctrl-C and SIGTERM say what is kept and where the re-run resumes
         said = " ".join((tmp_path / "first.log").read_text().split())
-        assert (f"interrupted in stage gptq; 2 of 8 stages complete in {work} (source, calibration). Re-run the "
-                f"same command to resume from stage gptq: gptq {point}") in said
+        assert (
+            f"interrupted in stage gptq; 2 of 8 stages complete in {work} (source, calibration). Re-run the "
+            f"same command to resume from stage gptq: gptq {point}"
+        ) in said
 
     again = qq(*quantize_args(built["source"], out))
     assert again.returncode == 0, again.stderr[-3000:]
@@ -340,6 +388,7 @@ def test_killed_during_gptq_then_rerun_gives_same_digest(built: dict, tmp_path: 
 
 
 # --- a corrupt or partial record is never trusted -------------------------------------------------
+
 
 def _rehash(rec: dict) -> dict:
     from qwenquant.quantize.records import record_digest
@@ -382,14 +431,17 @@ def _output_changed(p: Path, work: Path) -> None:
     shard.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("corrupt,reason", [
-    (_missing, "no completion record"),
-    (_truncated, "not valid JSON"),
-    (_malformed, "malformed"),
-    (_wrong_self_hash, "fails its self-hash"),
-    (_stale_input, "inputs changed (lm_head)"),
-    (_output_changed, "outputs changed on disk (model-mtp.safetensors)"),
-])
+@pytest.mark.parametrize(
+    "corrupt,reason",
+    [
+        (_missing, "no completion record"),
+        (_truncated, "not valid JSON"),
+        (_malformed, "malformed"),
+        (_wrong_self_hash, "fails its self-hash"),
+        (_stale_input, "inputs changed (lm_head)"),
+        (_output_changed, "outputs changed on disk (model-mtp.safetensors)"),
+    ],
+)
 def test_untrusted_mtp_record_reruns_the_stage(built: dict, tmp_path: Path, corrupt, reason: str) -> None:
     work = Path(shutil.copytree(built["work"], tmp_path / "a.work", ignore=shutil.ignore_patterns(".lock")))
     record = work / "mtp.record.json"
@@ -441,7 +493,9 @@ def test_identity_proof_catches_the_norm_rounding_bug(built: dict, tmp_path: Pat
 
     recipe = load_recipe("w4a16-int4head")
     art = Path(shutil.copytree(built["out"], tmp_path / "art"))
-    assert unquantized_problems(art, built["source"], recipe.quantization, head_quantized=True, layout="text-only") == []
+    assert (
+        unquantized_problems(art, built["source"], recipe.quantization, head_quantized=True, layout="text-only") == []
+    )
     rounded = []
     for shard in sorted(art.glob("model*.safetensors")):
         refs = shard_refs(shard)
@@ -467,15 +521,26 @@ def test_a_transformers_load_of_the_artifact_quantizes_the_head_despite_the_coul
     """docs/known-issues.md#lm-head-could-not-match: transformers (compressed-tensors 0.19) logs
     "Could not match `re:.*lm_head$`" for every artifact, yet the head gets that group's scheme and its
     packed weights. When a release stops logging it, this fails: drop the known-issues entry."""
-    probe = ("import json, logging, sys, transformers\n"
-             "logging.basicConfig(level=logging.WARNING, stream=sys.stderr)\n"
-             "m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype='auto')\n"
-             "h = m.lm_head\n"
-             "print(json.dumps({'targets': h.quantization_scheme.targets, 'bits': h.quantization_scheme.weights.num_bits,"
-             " 'params': sorted(n for n, _ in h.named_parameters())}))\n")
-    proc = subprocess.run([sys.executable, "-c", probe, str(built["out"])], capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    probe = (
+        "import json, logging, sys, transformers\n"
+        "logging.basicConfig(level=logging.WARNING, stream=sys.stderr)\n"
+        "m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype='auto')\n"
+        "h = m.lm_head\n"
+        "print(json.dumps({'targets': h.quantization_scheme.targets, 'bits': h.quantization_scheme.weights.num_bits,"
+        " 'params': sorted(n for n, _ in h.named_parameters())}))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, str(built["out"])],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Could not match `re:.*lm_head$`" in proc.stderr
     head = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert head == {"targets": ["re:.*lm_head$"], "bits": 4, "params": ["weight_packed", "weight_scale", "weight_shape"]}
+    assert head == {
+        "targets": ["re:.*lm_head$"],
+        "bits": 4,
+        "params": ["weight_packed", "weight_scale", "weight_shape"],
+    }

@@ -25,9 +25,17 @@ def test_hub_and_local_calibration_agree(hub, tiny_checkpoint: Path, tmp_path: P
     from qwenquant.quantize.stages.calibration import load_tokens, run_calibration, token_fingerprint
 
     commit = hub.add_repo("demo/tiny-chat", _dataset_folder(tmp_path), repo_type="dataset")
-    hub_spec = CalibrationSpec(source="hub", dataset="demo/tiny-chat", revision=commit, split="train",
-                               text_field="messages", num_samples=32, max_length=256, chat_template=True,
-                               shuffle_seed=42)
+    hub_spec = CalibrationSpec(
+        source="hub",
+        dataset="demo/tiny-chat",
+        revision=commit,
+        split="train",
+        text_field="messages",
+        num_samples=32,
+        max_length=256,
+        chat_template=True,
+        shuffle_seed=42,
+    )
     (tmp_path / "hub-out").mkdir()
     info = run_calibration(hub_spec, tiny_checkpoint, tmp_path / "hub-out", datasets_dir=tmp_path / "datasets")
     assert info["dataset"] == "demo/tiny-chat" and info["revision"] == commit
@@ -50,8 +58,15 @@ def test_unknown_split_is_reported(hub, tiny_checkpoint: Path, tmp_path: Path) -
     from qwenquant.quantize.stages.calibration import run_calibration
 
     commit = hub.add_repo("demo/tiny-chat", _dataset_folder(tmp_path), repo_type="dataset")
-    spec = CalibrationSpec(source="hub", dataset="demo/tiny-chat", revision=commit, split="validation",
-                           text_field="messages", num_samples=4, max_length=64)
+    spec = CalibrationSpec(
+        source="hub",
+        dataset="demo/tiny-chat",
+        revision=commit,
+        split="validation",
+        text_field="messages",
+        num_samples=4,
+        max_length=64,
+    )
     (tmp_path / "out").mkdir()
     with pytest.raises(StageError, match="no data files for split 'validation'"):
         run_calibration(spec, tiny_checkpoint, tmp_path / "out", datasets_dir=tmp_path / "datasets")

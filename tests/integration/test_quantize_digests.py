@@ -21,8 +21,9 @@ def _options(source: Path, out: Path):  # -> pipeline.QuantizeOptions
     from qwenquant.quantize.pipeline import QuantizeOptions
     from qwenquant.recipe import load_calibration_override, load_recipe
 
-    return QuantizeOptions(source, load_recipe(RECIPE), load_calibration_override("tiny-demo"), out, device="cpu",
-                           source_unverified=True)
+    return QuantizeOptions(
+        source, load_recipe(RECIPE), load_calibration_override("tiny-demo"), out, device="cpu", source_unverified=True
+    )
 
 
 def _count_reads(monkeypatch: pytest.MonkeyPatch) -> tuple[Counter, Counter]:
@@ -58,8 +59,10 @@ def _count_reads(monkeypatch: pytest.MonkeyPatch) -> tuple[Counter, Counter]:
 
     for name, mod in list(sys.modules.items()):
         if name.startswith("qwenquant") and mod is not None:
-            for attr, real, fake in (("sha256_file", real_file, sha256_file),
-                                     ("sha256_range", real_range, sha256_range)):
+            for attr, real, fake in (
+                ("sha256_file", real_file, sha256_file),
+                ("sha256_range", real_range, sha256_range),
+            ):
                 if getattr(mod, attr, None) is real:
                     monkeypatch.setattr(mod, attr, fake)
     monkeypatch.setattr(manifest, "verify_artifact", verify_artifact)
@@ -67,7 +70,8 @@ def _count_reads(monkeypatch: pytest.MonkeyPatch) -> tuple[Counter, Counter]:
 
 
 def test_a_quantize_hashes_each_file_and_tensor_once_then_verifies_every_file(
-        tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from qwenquant.hashing import file_key
     from qwenquant.manifest import list_artifact_files
     from qwenquant.quantize.pipeline import quantize
@@ -83,8 +87,7 @@ def test_a_quantize_hashes_each_file_and_tensor_once_then_verifies_every_file(
     assert set(verify.values()) == {1}
 
 
-def test_a_source_tensor_changed_in_place_after_the_gptq_stage_fails_the_check(
-        tiny_copy: Path, tmp_path: Path) -> None:
+def test_a_source_tensor_changed_in_place_after_the_gptq_stage_fails_the_check(tiny_copy: Path, tmp_path: Path) -> None:
     """The gptq stage's proof hashed the source's embeddings; the check stage's proof must read
     them again once the file changed (new mtime), not reuse the digest, and fail the build."""
     from qwenquant.checkpoint.tensorfile import checkpoint_refs

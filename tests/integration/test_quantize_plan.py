@@ -23,8 +23,20 @@ STAGES = ["source", "calibration", "gptq", "lm_head", "mtp", "textonly", "check"
 
 
 def _args(source: Path, out: Path, *extra: str) -> list[str]:
-    return ["quantize", str(source), "--recipe", "w4a16-int4head", "--calibration", "tiny-demo",
-            "--source-unverified", "--device", "cpu", "--out", str(out), *extra]
+    return [
+        "quantize",
+        str(source),
+        "--recipe",
+        "w4a16-int4head",
+        "--calibration",
+        "tiny-demo",
+        "--source-unverified",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +61,9 @@ def _plan(built: dict, *extra: str, threads: str | None = None) -> dict:
         proc = qq(*argv)
     else:
         env = dict(os.environ, QWENQUANT_THREADS=threads, QWENQUANT_NO_PROGRESS="1", PYTHONHASHSEED="0")
-        proc = subprocess.run([sys.executable, "-m", "qwenquant", *argv], capture_output=True, text=True,
-                              timeout=600, env=env, cwd=REPO)
+        proc = subprocess.run(
+            [sys.executable, "-m", "qwenquant", *argv], capture_output=True, text=True, timeout=600, env=env, cwd=REPO
+        )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert _snapshot(built["root"]) == before
     plan = json.loads(proc.stdout)
@@ -75,20 +88,36 @@ def test_after_a_full_run_every_stage_is_reused(built: dict) -> None:
 def test_another_calibration_set_reruns_calibration_and_every_stage_after_it(built: dict) -> None:
     plan = _plan(built, "--calibration", "tiny-reference")
     assert _actions(plan) == {
-        "source": "reused", "calibration": "run: inputs changed (data, spec)", "gptq": "run: calibration re-runs",
-        "lm_head": "run: calibration re-runs", "mtp": "run: lm_head re-runs", "textonly": "run: mtp re-runs",
-        "check": "run: textonly re-runs", "eval": "run: textonly re-runs"}
+        "source": "reused",
+        "calibration": "run: inputs changed (data, spec)",
+        "gptq": "run: calibration re-runs",
+        "lm_head": "run: calibration re-runs",
+        "mtp": "run: lm_head re-runs",
+        "textonly": "run: mtp re-runs",
+        "check": "run: textonly re-runs",
+        "eval": "run: textonly re-runs",
+    }
 
 
 def test_another_thread_count_reruns_gptq_and_the_manifest_records_the_count(built: dict) -> None:
     manifest = json.loads((built["out"] / "qwenquant-manifest.json").read_text())
     assert {s: manifest["stages"][s]["inputs"].get("threads") for s in STAGES} == {
-        **{s: None for s in STAGES}, "gptq": "2", "lm_head": "2", "eval": "2"}  # qq builds with 2 threads
+        **{s: None for s in STAGES},
+        "gptq": "2",
+        "lm_head": "2",
+        "eval": "2",
+    }  # qq builds with 2 threads
     assert _actions(_plan(built, threads="2")) == {s: "reused" for s in STAGES}
     assert _actions(_plan(built, threads="1")) == {
-        "source": "reused", "calibration": "reused", "gptq": "run: inputs changed (threads)",
-        "lm_head": "run: gptq re-runs", "mtp": "run: lm_head re-runs", "textonly": "run: mtp re-runs",
-        "check": "run: textonly re-runs", "eval": "run: textonly re-runs"}
+        "source": "reused",
+        "calibration": "reused",
+        "gptq": "run: inputs changed (threads)",
+        "lm_head": "run: gptq re-runs",
+        "mtp": "run: lm_head re-runs",
+        "textonly": "run: mtp re-runs",
+        "check": "run: textonly re-runs",
+        "eval": "run: textonly re-runs",
+    }
 
 
 def test_a_deleted_stage_output_names_that_stage(built: dict) -> None:
@@ -96,7 +125,9 @@ def test_a_deleted_stage_output_names_that_stage(built: dict) -> None:
     try:
         assert _actions(_plan(built)) == {
             **{name: "reused" for name in STAGES[:6]},
-            "check": "run: outputs changed on disk (check.json)", "eval": "run: check re-runs"}
+            "check": "run: outputs changed on disk (check.json)",
+            "eval": "run: check re-runs",
+        }
     finally:
         assert qq(*_args(built["source"], built["out"])).returncode == 0  # rebuilds check/ for the next test
     lm_head = built["work"] / "lm_head"
@@ -107,13 +138,16 @@ def test_a_deleted_stage_output_names_that_stage(built: dict) -> None:
 
 
 def test_the_plan_imports_no_torch(built: dict) -> None:
-    probe = ("import json, sys\nfrom qwenquant.cli import main\nrc = main(json.loads(sys.argv[1]))\n"
-             "print(json.dumps([rc, sorted(m for m in sys.modules if m.split('.')[0] in "
-             "('torch', 'transformers', 'llmcompressor', 'compressed_tensors', 'datasets'))]))")
+    probe = (
+        "import json, sys\nfrom qwenquant.cli import main\nrc = main(json.loads(sys.argv[1]))\n"
+        "print(json.dumps([rc, sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'transformers', 'llmcompressor', 'compressed_tensors', 'datasets'))]))"
+    )
     argv = _args(built["source"], built["out"], "--plan", "--json")
     env = dict(os.environ, QWENQUANT_NO_PROGRESS="1")
-    proc = subprocess.run([sys.executable, "-c", probe, json.dumps(argv)], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, json.dumps(argv)], capture_output=True, text=True, env=env, cwd=REPO, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == [0, []]
 
@@ -132,7 +166,9 @@ def test_a_moved_source_folder_is_planned_as_the_run_does_it(built: dict, tmp_pa
         assert proc.returncode == 0, proc.stderr[-4000:]
         plan = json.loads(proc.stdout)
         assert _actions(plan) == {"source": "run: parameters changed (path)", **{s: "reused" for s in STAGES[1:]}}
-        assert "its outputs stay those of its record (the same files by name, size and mtime)" in plan["stages"][0]["note"]
+        assert (
+            "its outputs stay those of its record (the same files by name, size and mtime)" in plan["stages"][0]["note"]
+        )
         run = qq(*_args(moved, built["out"], "--json"))
         assert run.returncode == 0, run.stderr[-4000:]
         assert "stage source: running (parameters changed (path))" in run.stderr
@@ -156,8 +192,11 @@ def test_one_calibration_set_named_two_ways_is_one_input(built: dict, tmp_path: 
     from qwenquant import data_path
 
     copy = tmp_path / "mine.yaml"
-    copy.write_text(data_path("calibration", "tiny-demo.yaml").read_text().replace(
-        "path: tiny-demo.jsonl", f"path: {data_path('calibration', 'tiny-demo.jsonl')}"))
+    copy.write_text(
+        data_path("calibration", "tiny-demo.yaml")
+        .read_text()
+        .replace("path: tiny-demo.jsonl", f"path: {data_path('calibration', 'tiny-demo.jsonl')}")
+    )
     for calibration in (str(copy), "tiny-demo"):
         plan, ran, _ = _plan_then_run(built, "--calibration", calibration)
         assert plan["would_run"] == [] and [s for s, v in ran.items() if v == "ran"] == []
@@ -174,7 +213,10 @@ def test_a_recipe_that_differs_only_in_its_serve_profiles_reruns_only_check(buil
     copy.write_text(text.replace("description: one stream, lowest latency", "description: one stream, mine"))
     try:
         plan, ran, log = _plan_then_run(built, "--recipe", str(copy))
-        assert _actions(plan) == {**{s: "reused" for s in STAGES if s != "check"}, "check": "run: inputs changed (recipe)"}
+        assert _actions(plan) == {
+            **{s: "reused" for s in STAGES if s != "check"},
+            "check": "run: inputs changed (recipe)",
+        }
         assert "a check that passes writes the same check.json" in plan["stages"][6]["note"]
         assert [s for s, v in ran.items() if v == "ran"] == plan["would_run"] == ["check"]
         assert "stage eval: complete, skipped" in log

@@ -41,14 +41,28 @@ def _busy_cpu() -> Iterator[None]:
 
 
 def _build(source: Path, out: Path) -> str:
-    proc = qq("quantize", str(source), "--recipe", "w4a16-int4head", "--calibration", "tiny-reference",
-              "--source-unverified", "--device", "cpu", "--out", str(out), "--json", timeout=1800)
+    proc = qq(
+        "quantize",
+        str(source),
+        "--recipe",
+        "w4a16-int4head",
+        "--calibration",
+        "tiny-reference",
+        "--source-unverified",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        "--json",
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)["root_digest"]
 
 
-def test_builds_with_a_busy_process_beside_them_give_one_root_digest(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_builds_with_a_busy_process_beside_them_give_one_root_digest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from qwenquant.testbed.tiny import reference_model
 
     source = reference_model.build_reference_checkpoint(tmp_path / "source")

@@ -29,8 +29,10 @@ VAR = "VLLM_MARLIN_INPUT_DTYPE"
 @pytest.fixture(scope="module")
 def setup(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("acts")
-    return {"artifact": build_standin_artifact(tiny_checkpoint, root / "artifact"),
-            "launcher": write_fake_vllm(root / "fakevllm")}
+    return {
+        "artifact": build_standin_artifact(tiny_checkpoint, root / "artifact"),
+        "launcher": write_fake_vllm(root / "fakevllm"),
+    }
 
 
 def _env(setup: dict[str, Path], tmp_path: Path, cap: str | None = None, **extra: str) -> dict[str, str]:
@@ -43,11 +45,33 @@ def _env(setup: dict[str, Path], tmp_path: Path, cap: str | None = None, **extra
     return env | extra
 
 
-def _dry_run(setup: dict[str, Path], env: dict[str, str], *opts: str, artifact: Path | None = None,
-             device: str = "cpu") -> tuple[int, str, str]:
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "serve", str(artifact or setup["artifact"]), "--vllm",
-                        str(setup["launcher"]), "--device", device, "--port", str(free_port()), "--dry-run", *opts,
-                        "--", "--max-model-len", "2048"], env=env, capture_output=True, text=True, timeout=120)
+def _dry_run(
+    setup: dict[str, Path], env: dict[str, str], *opts: str, artifact: Path | None = None, device: str = "cpu"
+) -> tuple[int, str, str]:
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qwenquant",
+            "serve",
+            str(artifact or setup["artifact"]),
+            "--vllm",
+            str(setup["launcher"]),
+            "--device",
+            device,
+            "--port",
+            str(free_port()),
+            "--dry-run",
+            *opts,
+            "--",
+            "--max-model-len",
+            "2048",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return r.returncode, r.stdout, flat(r.stderr)
 
 
@@ -61,9 +85,11 @@ def test_int8_on_the_cpu_build_runs_with_a_note(setup, tmp_path):
     code, out, err = _dry_run(setup, _env(setup, tmp_path), "--activations", "int8")
     assert code == 0, err
     assert f"{VAR}=int8 " in out and "VLLM_DISABLED_KERNELS" not in out
-    assert ("activations: int8 asked (--activations; VLLM_MARLIN_INPUT_DTYPE=int8 set for vLLM), but vLLM's CPU "
-            "build has no Marlin kernel: its W4A16 layers run bf16 activations, so the variable has no effect "
-            "here") in err
+    assert (
+        "activations: int8 asked (--activations; VLLM_MARLIN_INPUT_DTYPE=int8 set for vLLM), but vLLM's CPU "
+        "build has no Marlin kernel: its W4A16 layers run bf16 activations, so the variable has no effect "
+        "here"
+    ) in err
     code, out, _ = _dry_run(setup, _env(setup, tmp_path), "--activations", "int8", "--json")
     doc = json.loads(out)
     assert doc["activations"] == "int8" and doc["env"][VAR] == "int8" and doc["env_unset"] == []
@@ -114,8 +140,7 @@ def test_profile_opt_in_and_the_flag_beats_it(setup, tmp_path):
     assert f"{VAR}=int8 " in out and "activations: int8 asked (profile batch;" in err
     code, out, err = _dry_run(setup, _env(setup, tmp_path), "--profile", "single-user", artifact=art)
     assert code == 0 and VAR not in out
-    code, out, err = _dry_run(setup, _env(setup, tmp_path), "--profile", "batch", "--activations", "bf16",
-                              artifact=art)
+    code, out, err = _dry_run(setup, _env(setup, tmp_path), "--profile", "batch", "--activations", "bf16", artifact=art)
     assert code == 0 and VAR not in out
 
 
@@ -125,9 +150,26 @@ def test_the_server_gets_the_variable_and_qwenquant_does_not(setup, tmp_path):
     for acts, shell, want in (("int8", None, "int8"), ("bf16", "int8", None)):
         envfile = tmp_path / f"env-{acts}.json"
         env = _env(setup, tmp_path, **({VAR: shell} if shell else {}))
-        args = [str(setup["artifact"]), "--vllm", str(setup["launcher"]), "--port", str(free_port()),
-                "--activations", acts, "--timeout", "60", "--log-file", str(tmp_path / f"{acts}.log"),
-                "--", "--max-model-len", "2048", "--standin-mode", "good", "--standin-envfile", str(envfile)]
+        args = [
+            str(setup["artifact"]),
+            "--vllm",
+            str(setup["launcher"]),
+            "--port",
+            str(free_port()),
+            "--activations",
+            acts,
+            "--timeout",
+            "60",
+            "--log-file",
+            str(tmp_path / f"{acts}.log"),
+            "--",
+            "--max-model-len",
+            "2048",
+            "--standin-mode",
+            "good",
+            "--standin-envfile",
+            str(envfile),
+        ]
         with ServedCLI(*args, env=env, ready_timeout=60):
             got = json.loads(envfile.read_text())
         assert got.get(VAR) == want
@@ -146,15 +188,39 @@ def test_preflight_refuses_a_negative_scale(setup, tmp_path):
     code, _, err = _dry_run(setup, _env(setup, tmp_path), "--activations", "int8", artifact=art)
     assert code == 6
     assert "--activations int8: the artifact does not qualify: " in err and "vllm #48905" in err
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "serve", str(art), "--vllm", str(setup["launcher"]),
-                        "--activations", "int8", "--port", str(free_port()), "--", "--max-model-len", "2048"],
-                       env=_env(setup, tmp_path), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qwenquant",
+            "serve",
+            str(art),
+            "--vllm",
+            str(setup["launcher"]),
+            "--activations",
+            "int8",
+            "--port",
+            str(free_port()),
+            "--",
+            "--max-model-len",
+            "2048",
+        ],
+        env=_env(setup, tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 6 and "ready" not in r.stdout
     assert code == 6 and _dry_run(setup, _env(setup, tmp_path), artifact=art)[0] == 0
 
 
 @pytest.mark.parametrize("cmd", [["bench", "run"], ["eval", "served"]])
 def test_bench_and_eval_take_the_option(cmd):
-    r = subprocess.run([sys.executable, "-m", "qwenquant", *cmd, "--help"], capture_output=True, text=True,
-                       timeout=60, env=dict(os.environ, COLUMNS="200"))
+    r = subprocess.run(
+        [sys.executable, "-m", "qwenquant", *cmd, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, COLUMNS="200"),
+    )
     assert r.returncode == 0 and "--activations" in r.stdout

@@ -36,8 +36,10 @@ HELD = (142771 - 24576) // 2 * 2 * MiB  # all the free memory but 24 GiB, in who
 @pytest.fixture(scope="module")
 def setup(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("ballast")
-    return {"artifact": build_standin_artifact(tiny_checkpoint, root / "artifact"),
-            "launcher": write_fake_vllm(root / "fakevllm")}
+    return {
+        "artifact": build_standin_artifact(tiny_checkpoint, root / "artifact"),
+        "launcher": write_fake_vllm(root / "fakevllm"),
+    }
 
 
 def _env(setup: dict[str, Path], tmp_path: Path, rows: list[str] = H200) -> dict[str, str]:
@@ -50,9 +52,26 @@ def _env(setup: dict[str, Path], tmp_path: Path, rows: list[str] = H200) -> dict
 
 def _args(setup: dict[str, Path], tmp_path: Path, *opts: str, expect_ballast: bool = True) -> list[str]:
     check = ["--standin-ballast-file", str(tmp_path / "ballast.json")] if expect_ballast else []
-    return [str(setup["artifact"]), "--vllm", str(setup["launcher"]), "--device", "cuda", "--port", str(free_port()),
-            "--timeout", "60", "--log-file", str(tmp_path / "server.log"), *opts,
-            "--", "--max-model-len", "2048", "--standin-pidfile", str(tmp_path / "pids"), *check]
+    return [
+        str(setup["artifact"]),
+        "--vllm",
+        str(setup["launcher"]),
+        "--device",
+        "cuda",
+        "--port",
+        str(free_port()),
+        "--timeout",
+        "60",
+        "--log-file",
+        str(tmp_path / "server.log"),
+        *opts,
+        "--",
+        "--max-model-len",
+        "2048",
+        "--standin-pidfile",
+        str(tmp_path / "pids"),
+        *check,
+    ]
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 0), (signal.SIGKILL, -signal.SIGKILL)])
@@ -89,16 +108,23 @@ def test_soft_starts_no_ballast(setup, tmp_path):
 
 
 def _dry_run(setup: dict[str, Path], tmp_path: Path, *opts: str, rows: list[str] = H200) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "qwenquant", "serve", *_args(setup, tmp_path, "--dry-run", *opts)],
-                          env=_env(setup, tmp_path, rows), capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "qwenquant", "serve", *_args(setup, tmp_path, "--dry-run", *opts)],
+        env=_env(setup, tmp_path, rows),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_dry_run_says_which_mode_and_what_the_ballast_holds(setup, tmp_path):
     r = _dry_run(setup, tmp_path, "--gpu-mem", "24GiB")
     assert r.returncode == 0, r.stderr
     err = flat(r.stderr)
-    assert ("--gpu-mem 24.00 GiB is a hard limit: a ballast process holds all but 24.00 GiB of the free memory, its "
-            "own CUDA context included (GPU 0: 115.42 GiB of 140.40 GiB (139.42 GiB free now))") in err
+    assert (
+        "--gpu-mem 24.00 GiB is a hard limit: a ballast process holds all but 24.00 GiB of the free memory, its "
+        "own CUDA context included (GPU 0: 115.42 GiB of 140.40 GiB (139.42 GiB free now))"
+    ) in err
     assert f"ballast (started before vLLM): {sys.executable} -I " in err and f"--size {24 * 1024 * MiB}" in err
     assert "--gpu-memory-utilization 0.157263" in r.stdout  # the budget as before
     assert not (tmp_path / "ballast.json").exists()  # a dry run starts nothing
@@ -127,11 +153,31 @@ def test_an_explicit_share_beside_the_hard_limit_is_taken_and_named(setup, tmp_p
 
 def test_eval_serve_runs_under_the_ballast(setup, tmp_path):
     gate = tmp_path / "gate.json"
-    gate.write_text(json.dumps({"name": "g", "tasks": [{"name": "t", "cases": [{"prompt": "hi", "expect": " world"}]}]}))
+    gate.write_text(
+        json.dumps({"name": "g", "tasks": [{"name": "t", "cases": [{"prompt": "hi", "expect": " world"}]}]})
+    )
     args = _args(setup, tmp_path, "--gpu-mem", "24GiB")
-    cmd = [sys.executable, "-m", "qwenquant", "eval", "served", "--serve", str(setup["artifact"]), "--vllm", str(setup["launcher"]),
-           "--device", "cuda", "--timeout", "60", "--gpu-mem", "24GiB", "--gate", str(gate), "--json",
-           *args[args.index("--"):]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "qwenquant",
+        "eval",
+        "served",
+        "--serve",
+        str(setup["artifact"]),
+        "--vllm",
+        str(setup["launcher"]),
+        "--device",
+        "cuda",
+        "--timeout",
+        "60",
+        "--gpu-mem",
+        "24GiB",
+        "--gate",
+        str(gate),
+        "--json",
+        *args[args.index("--") :],
+    ]
     r = subprocess.run(cmd, env=_env(setup, tmp_path), capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
@@ -166,8 +212,13 @@ def test_a_ballast_that_cannot_hold_stops_serve_before_vllm(setup, tmp_path):
         pytest.skip("a CUDA GPU is usable here: the real ballast would hold its memory")
     env = _env(setup, tmp_path)
     del env["QWENQUANT_BALLAST_STANDIN"]
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "serve", *_args(setup, tmp_path, "--gpu-mem", "24GiB")],
-                       env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "qwenquant", "serve", *_args(setup, tmp_path, "--gpu-mem", "24GiB")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 7, r.stderr
     assert f"the --gpu-mem ballast exited with code 1 before holding the GPU: ballast: error {why}" in flat(r.stderr)
     assert "--gpu-mem-soft" in flat(r.stderr) and "Traceback" not in r.stderr
@@ -177,8 +228,13 @@ def test_a_ballast_that_cannot_hold_stops_serve_before_vllm(setup, tmp_path):
 def test_ctrl_c_before_ready_takes_the_ballast_too(setup, tmp_path):
     """A stand-in vLLM that never listens: Ctrl-C while serve waits for it stops both (exit 130)."""
     args = _args(setup, tmp_path, "--gpu-mem", "24GiB") + ["--standin-mode", "nobind"]
-    p = subprocess.Popen([sys.executable, "-m", "qwenquant", "serve", *args], env=_env(setup, tmp_path),
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "qwenquant", "serve", *args],
+        env=_env(setup, tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while not (tmp_path / "pids").exists() and time.monotonic() < deadline:

@@ -51,22 +51,52 @@ def test_int8_on_vllm_034_is_refused_and_the_variable_never_passed(artifact, tmp
 
 def test_bf16_on_vllm_034_removes_the_shell_variable(artifact, tmp_path):
     env, launcher, _ = machine_env(tmp_path, "one-gpu", "0.34.0")
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "serve", str(artifact), "--vllm", str(launcher), "--device",
-                        "cuda", "--port", str(free_port()), "--dry-run", "--", "--max-model-len", "2048"],
-                       env=env | {VAR: "int8"}, capture_output=True, text=True, timeout=180)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qwenquant",
+            "serve",
+            str(artifact),
+            "--vllm",
+            str(launcher),
+            "--device",
+            "cuda",
+            "--port",
+            str(free_port()),
+            "--dry-run",
+            "--",
+            "--max-model-len",
+            "2048",
+        ],
+        env=env | {VAR: "int8"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(f"env -u {VAR} ") and f"{VAR}=" not in r.stdout
 
 
 @pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
 def test_pipeline_with_mtp_is_refused_unless_mtp_is_off(artifact, tmp_path, version):
-    code, doc, err, _ = dry_run(artifact, tmp_path, "two-gpus-nvlink", "--split", "pipeline", "-p", "single-user",
-                                version=version)
+    code, doc, err, _ = dry_run(
+        artifact, tmp_path, "two-gpus-nvlink", "--split", "pipeline", "-p", "single-user", version=version
+    )
     assert code == 7, err
     assert "with profile single-user, which drafts with MTP" in doc["failures"][0]["message"]
     assert "RFC #44697" in doc["failures"][0]["message"] and "--speculative-config null" in doc["failures"][0]["hint"]
-    code, doc, err, _ = dry_run(artifact, tmp_path, "two-gpus-nvlink", "--split", "pipeline", "-p", "single-user",
-                                version=version, extra=("--speculative-config", "null"))
+    code, doc, err, _ = dry_run(
+        artifact,
+        tmp_path,
+        "two-gpus-nvlink",
+        "--split",
+        "pipeline",
+        "-p",
+        "single-user",
+        version=version,
+        extra=("--speculative-config", "null"),
+    )
     assert code == 0, err
     assert doc["layout"]["pipeline"] == 2 and "--speculative-config" in doc["command"]
 
@@ -98,18 +128,57 @@ def test_pipeline_on_the_cpu_build_is_refused(artifact, tmp_path):
 
 def test_split_needs_gpus(artifact, tmp_path):
     env, launcher, _ = machine_env(tmp_path, "one-gpu")
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "serve", str(artifact), "--vllm", str(launcher),
-                        "--split", "pipeline", "--dry-run"], env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qwenquant",
+            "serve",
+            str(artifact),
+            "--vllm",
+            str(launcher),
+            "--split",
+            "pipeline",
+            "--dry-run",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2
     assert "--split needs --gpus N" in flat(r.stderr)
 
 
 def test_a_stage_without_layers_is_refused(artifact, tmp_path):
     env, launcher, _ = machine_env(tmp_path, "two-gpus-nvlink")
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "serve", str(artifact), "--vllm", str(launcher),
-                        "--device", "cuda", "--gpus", "2", "--split", "pipeline", "-p", "batch", "--dry-run",
-                        "--", "--max-model-len", "2048"], env=env | {"VLLM_PP_LAYER_PARTITION": "4,0"},
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qwenquant",
+            "serve",
+            str(artifact),
+            "--vllm",
+            str(launcher),
+            "--device",
+            "cuda",
+            "--gpus",
+            "2",
+            "--split",
+            "pipeline",
+            "-p",
+            "batch",
+            "--dry-run",
+            "--",
+            "--max-model-len",
+            "2048",
+        ],
+        env=env | {"VLLM_PP_LAYER_PARTITION": "4,0"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2, r.stderr
     assert "VLLM_PP_LAYER_PARTITION=4,0" in flat(r.stderr) and "no layers" in flat(r.stderr)
 
@@ -120,11 +189,38 @@ def test_int8_read_back_from_the_log(artifact, tmp_path, kernel, code):
     layers, exit 7 naming the line when it names a kernel that takes 16-bit activations."""
     env, launcher, _ = machine_env(tmp_path, "one-gpu")
     log = tmp_path / "server.log"
-    proc = subprocess.Popen([sys.executable, "-m", "qwenquant", "serve", str(artifact), "--vllm", str(launcher),
-                             "--device", "cuda", "--port", str(free_port()), "--activations", "int8", "--timeout",
-                             "60", "--log-file", str(log), "--", "--max-model-len", "2048", "--standin-mode", "good",
-                             "--standin-kernel", kernel], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "qwenquant",
+            "serve",
+            str(artifact),
+            "--vllm",
+            str(launcher),
+            "--device",
+            "cuda",
+            "--port",
+            str(free_port()),
+            "--activations",
+            "int8",
+            "--timeout",
+            "60",
+            "--log-file",
+            str(log),
+            "--",
+            "--max-model-len",
+            "2048",
+            "--standin-mode",
+            "good",
+            "--standin-kernel",
+            kernel,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline() if code is None else ""
         out, err = proc.communicate(timeout=5) if code is None else proc.communicate(timeout=120)
@@ -138,8 +234,10 @@ def test_int8_read_back_from_the_log(artifact, tmp_path, kernel, code):
         assert line.startswith("ready "), err
     else:
         assert proc.returncode == 7 and "ready" not in out
-        assert (f"--activations int8 was asked, but vLLM runs {kernel} for CompressedTensorsWNA16 layers, which "
-                "takes 16-bit activations") in flat(err)
+        assert (
+            f"--activations int8 was asked, but vLLM runs {kernel} for CompressedTensorsWNA16 layers, which "
+            "takes 16-bit activations"
+        ) in flat(err)
         assert f"Using {kernel} for CompressedTensorsWNA16" in flat(err)
     assert os.path.exists(log)
 
@@ -150,12 +248,34 @@ def test_the_dry_run_checks_the_log_file_folder(artifact, tmp_path):
     (tmp_path / "afile").write_text("x")
     code, doc, err, _ = dry_run(artifact, tmp_path, "one-gpu", "--log-file", str(tmp_path / "afile" / "s.log"))
     assert code == 2, err
-    assert doc["failures"][0]["message"] == (f"the server log {tmp_path / 'afile' / 's.log'} cannot be written: "
-                                             f"{tmp_path / 'afile'} is not a folder")
+    assert doc["failures"][0]["message"] == (
+        f"the server log {tmp_path / 'afile' / 's.log'} cannot be written: {tmp_path / 'afile'} is not a folder"
+    )
     env, launcher, _ = machine_env(tmp_path, "one-gpu")
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "serve", str(artifact), "--vllm", str(launcher), "--device",
-                        "cuda", "--port", str(free_port()), "--log-file", str(tmp_path / "afile" / "s.log"), "--",
-                        "--max-model-len", "2048"], env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qwenquant",
+            "serve",
+            str(artifact),
+            "--vllm",
+            str(launcher),
+            "--device",
+            "cuda",
+            "--port",
+            str(free_port()),
+            "--log-file",
+            str(tmp_path / "afile" / "s.log"),
+            "--",
+            "--max-model-len",
+            "2048",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "ready" not in r.stdout
     assert f"the server log {tmp_path / 'afile' / 's.log'} cannot be written" in flat(r.stderr)
 
@@ -163,8 +283,13 @@ def test_the_dry_run_checks_the_log_file_folder(artifact, tmp_path):
 @pytest.mark.parametrize("cmd", [["serve"], ["bench", "run"], ["eval", "served"], ["plan"]])
 def test_profile_help_names_a_profile(cmd):
     """--profile is given once per profile: its help shows PROFILE, not the Python type <list[str]>."""
-    r = subprocess.run([sys.executable, "-m", "qwenquant", *cmd, "--help"], capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, COLUMNS="200"))
+    r = subprocess.run(
+        [sys.executable, "-m", "qwenquant", *cmd, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, COLUMNS="200"),
+    )
     assert r.returncode == 0
     line = next(x for x in r.stdout.splitlines() if "--profile" in x and " -p " in x and "│" in x)
     assert "PROFILE" in line and "list[str]" not in line

@@ -38,20 +38,43 @@ def fake_vllm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def serve_args(artifact: Path, launcher: Path, port: int, mode: str, pidfile: Path, timeout: float = 20) -> list[str]:
     """`qwenquant serve`'s arguments for the stand-in in `mode` (vLLM flags last, after `--`)."""
-    return [str(artifact), "--profile", "single-user", "--port", str(port), "--vllm", str(launcher),
-            "--timeout", str(timeout), "--log-file", str(pidfile.with_name("server.log")),
-            "--", "--max-model-len", "2048", "--standin-mode", mode, "--standin-pidfile", str(pidfile)]
+    return [
+        str(artifact),
+        "--profile",
+        "single-user",
+        "--port",
+        str(port),
+        "--vllm",
+        str(launcher),
+        "--timeout",
+        str(timeout),
+        "--log-file",
+        str(pidfile.with_name("server.log")),
+        "--",
+        "--max-model-len",
+        "2048",
+        "--standin-mode",
+        mode,
+        "--standin-pidfile",
+        str(pidfile),
+    ]
 
 
 def serve_cmd(*args: object, **kw: object) -> list[str]:
     return [sys.executable, "-m", "qwenquant", "serve", *serve_args(*args, **kw)]  # type: ignore[arg-type]
 
 
-def run_failing(artifact: Path, launcher: Path, tmp_path: Path, mode: str, timeout: float = 20,
-                wait: float | None = None) -> subprocess.CompletedProcess:
+def run_failing(
+    artifact: Path, launcher: Path, tmp_path: Path, mode: str, timeout: float = 20, wait: float | None = None
+) -> subprocess.CompletedProcess:
     pidfile = tmp_path / "pids"
-    r = subprocess.run(serve_cmd(artifact, launcher, free_port(), mode, pidfile, timeout),
-                       env=serve_env(launcher, tmp_path), capture_output=True, text=True, timeout=wait or timeout + 60)
+    r = subprocess.run(
+        serve_cmd(artifact, launcher, free_port(), mode, pidfile, timeout),
+        env=serve_env(launcher, tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=wait or timeout + 60,
+    )
     assert "ready" not in r.stdout
     if pidfile.exists():
         for pid in map(int, pidfile.read_text().split()):
@@ -59,10 +82,13 @@ def run_failing(artifact: Path, launcher: Path, tmp_path: Path, mode: str, timeo
     return r
 
 
-@pytest.mark.parametrize("mode, expect", [
-    ("exit0", "exited with code 0 before it was ready"),
-    ("exit1", "exited with code 1 before it was ready"),
-])
+@pytest.mark.parametrize(
+    "mode, expect",
+    [
+        ("exit0", "exited with code 0 before it was ready"),
+        ("exit1", "exited with code 1 before it was ready"),
+    ],
+)
 def test_server_exits_before_ready(standin_artifact, fake_vllm, tmp_path, mode, expect):
     """Stand-in (no real vLLM exits on demand): an exit, even with code 0, is a failure with the log tail."""
     r = run_failing(standin_artifact, fake_vllm, tmp_path, mode)
@@ -116,8 +142,13 @@ def test_port_already_held(standin_artifact, fake_vllm, tmp_path):
         holder.listen()
         port = holder.getsockname()[1]
         pidfile = tmp_path / "pids"
-        r = subprocess.run(serve_cmd(standin_artifact, fake_vllm, port, "good", pidfile),
-                           env=serve_env(fake_vllm, tmp_path), capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            serve_cmd(standin_artifact, fake_vllm, port, "good", pidfile),
+            env=serve_env(fake_vllm, tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert r.returncode == 7
     assert f"port {port} on 127.0.0.1 is already in use by pid {os.getpid()}" in flat(r.stderr)
     assert not pidfile.exists()  # the server was never started
@@ -126,8 +157,12 @@ def test_port_already_held(standin_artifact, fake_vllm, tmp_path):
 
 def served(artifact: Path, launcher: Path, tmp_path: Path, mode: str, *more: str) -> ServedCLI:
     """`qwenquant serve` of the stand-in in `mode` on a free port, for a with-block; `more` go to the stand-in."""
-    return ServedCLI(*serve_args(artifact, launcher, free_port(), mode, tmp_path / "pids"), *more,
-                     env=serve_env(launcher, tmp_path), ready_timeout=60)
+    return ServedCLI(
+        *serve_args(artifact, launcher, free_port(), mode, tmp_path / "pids"),
+        *more,
+        env=serve_env(launcher, tmp_path),
+        ready_timeout=60,
+    )
 
 
 def test_dies_after_ready(standin_artifact, fake_vllm, tmp_path):
@@ -177,7 +212,7 @@ def test_api_key_used_for_readiness_and_never_shown(standin_artifact, fake_vllm,
     """The stand-in requires the key on /v1/*: serve reaches ready with it; when the server then
     dies, the log tail shown (which echoes vLLM's argv) has the key masked."""
     args = serve_args(standin_artifact, fake_vllm, free_port(), "die-after-ready", tmp_path / "pids")
-    args[args.index("--"):args.index("--")] = ["--api-key", "s3cret-key"]
+    args[args.index("--") : args.index("--")] = ["--api-key", "s3cret-key"]
     with ServedCLI(*args, env=serve_env(fake_vllm, tmp_path), ready_timeout=60) as s:
         rc = s.proc.wait(timeout=30)
     assert rc == 7
@@ -193,8 +228,13 @@ def test_tampered_artifact_refused(standin_artifact, fake_vllm, tmp_path):
     cfg = art / "generation_config.json"
     cfg.write_text(cfg.read_text().replace("{", "{ ", 1))
     pidfile = tmp_path / "pids"
-    r = subprocess.run(serve_cmd(art, fake_vllm, free_port(), "good", pidfile),
-                       env=serve_env(fake_vllm, tmp_path), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        serve_cmd(art, fake_vllm, free_port(), "good", pidfile),
+        env=serve_env(fake_vllm, tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 4, r.stderr
     assert "generation_config.json" in flat(r.stderr)
     assert not pidfile.exists()
@@ -203,7 +243,7 @@ def test_tampered_artifact_refused(standin_artifact, fake_vllm, tmp_path):
 def test_context_longer_than_the_model_refused(standin_artifact, fake_vllm, tmp_path):
     """The profile's 32768 tokens exceed the tiny model's 4096 positions: refused before launch."""
     cmd = serve_cmd(standin_artifact, fake_vllm, free_port(), "good", tmp_path / "pids")
-    del cmd[cmd.index("--max-model-len"):cmd.index("--max-model-len") + 2]
+    del cmd[cmd.index("--max-model-len") : cmd.index("--max-model-len") + 2]
     r = subprocess.run(cmd, env=serve_env(fake_vllm, tmp_path), capture_output=True, text=True, timeout=120)
     assert r.returncode == 7
     assert "max-model-len 32768 is above the model's max_position_embeddings 4096" in flat(r.stderr)
@@ -215,7 +255,7 @@ def test_context_longer_than_the_model_allowed_warns_about_mtp(standin_artifact,
     positions, and the warning says the drafter stops at 4096: vLLM gives the drafter's config no dict
     --hf-overrides, so every draft past it is rejected (seen on CUDA vLLM 0.26, benchmarks/RESULTS.md)."""
     cmd = serve_cmd(standin_artifact, fake_vllm, free_port(), "good", tmp_path / "pids")
-    del cmd[cmd.index("--max-model-len"):cmd.index("--max-model-len") + 2]
+    del cmd[cmd.index("--max-model-len") : cmd.index("--max-model-len") + 2]
     cmd.insert(cmd.index("--"), "--dry-run")
     env = {**serve_env(fake_vllm, tmp_path), "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
@@ -229,7 +269,7 @@ def test_dry_run_masks_api_key(standin_artifact, fake_vllm, tmp_path):
     """--dry-run prints the command and environment, never the key, and starts nothing."""
     pidfile = tmp_path / "pids"
     cmd = serve_cmd(standin_artifact, fake_vllm, free_port(), "good", pidfile)
-    cmd[cmd.index("--"):cmd.index("--")] = ["--dry-run", "--api-key", "s3cret-key"]
+    cmd[cmd.index("--") : cmd.index("--")] = ["--dry-run", "--api-key", "s3cret-key"]
     r = subprocess.run(cmd, env=serve_env(fake_vllm, tmp_path), capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "s3cret-key" not in r.stdout + r.stderr
@@ -239,8 +279,22 @@ def test_dry_run_masks_api_key(standin_artifact, fake_vllm, tmp_path):
 
 
 def _dry_run(artifact: Path, launcher: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "qwenquant", "serve", str(artifact), "--vllm", str(launcher), "--port",
-           str(free_port()), "--dry-run", *extra, "--", "--max-model-len", "2048"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "qwenquant",
+        "serve",
+        str(artifact),
+        "--vllm",
+        str(launcher),
+        "--port",
+        str(free_port()),
+        "--dry-run",
+        *extra,
+        "--",
+        "--max-model-len",
+        "2048",
+    ]
     return subprocess.run(cmd, env=serve_env(launcher, tmp_path), capture_output=True, text=True, timeout=120)
 
 
@@ -267,25 +321,45 @@ def test_dry_run_json_is_the_command_line_as_data(standin_artifact, fake_vllm, t
     assert d["profile"] == "single-user" and d["failures"] == [] and d["artifact"] == str(standin_artifact)
     port = d["command"][d["command"].index("--port") + 1]
     assert d["command_line"] == text.stdout.strip().replace(text.stdout.split("--port ")[1].split()[0], port)
-    assert "s3cret-key" not in r.stdout and shlex.split(d["command_line"])[-len(d["command"]):] == d["command"]
+    assert "s3cret-key" not in r.stdout and shlex.split(d["command_line"])[-len(d["command"]) :] == d["command"]
     assert d["budget"]["max_model_len"] == 2048 and d["vllm"]["source"] == "--vllm"
-    bad = subprocess.run([sys.executable, "-m", "qwenquant", "serve", str(standin_artifact), "--json"],
-                         env=serve_env(fake_vllm, tmp_path), capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "qwenquant", "serve", str(standin_artifact), "--json"],
+        env=serve_env(fake_vllm, tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "--json goes with --dry-run" in bad.stderr
 
 
 def test_host_embeddings_in_the_shell_do_not_reach_vllm(standin_artifact, fake_vllm, tmp_path):
     """QWENQUANT_HOST_EMBEDDINGS=1 in the user's shell would make the host-embeddings plugin move vLLM's input
     embeddings behind serve's memory plan: serve removes it from vLLM's environment and says so."""
-    cmd = [sys.executable, "-m", "qwenquant", "serve", str(standin_artifact), "--vllm", str(fake_vllm), "--port",
-           str(free_port()), "--dry-run", "--json", "--", "--max-model-len", "2048"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "qwenquant",
+        "serve",
+        str(standin_artifact),
+        "--vllm",
+        str(fake_vllm),
+        "--port",
+        str(free_port()),
+        "--dry-run",
+        "--json",
+        "--",
+        "--max-model-len",
+        "2048",
+    ]
     env = serve_env(fake_vllm, tmp_path) | {"QWENQUANT_HOST_EMBEDDINGS": "1"}
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert "QWENQUANT_HOST_EMBEDDINGS" in d["env_unset"] and "QWENQUANT_HOST_EMBEDDINGS" not in d["env"]
-    assert any(w.startswith("QWENQUANT_HOST_EMBEDDINGS is set in this shell: vLLM does not get it")
-               for w in d["warnings"])
+    assert any(
+        w.startswith("QWENQUANT_HOST_EMBEDDINGS is set in this shell: vLLM does not get it") for w in d["warnings"]
+    )
     r = _dry_run(standin_artifact, fake_vllm, tmp_path, "--json")
     assert "QWENQUANT_HOST_EMBEDDINGS" not in json.loads(r.stdout)["env_unset"]
 
@@ -346,8 +420,10 @@ def test_server_environment_has_multicast_off(standin_artifact, fake_vllm, tmp_p
     """The served stand-in's own environment holds the three multicast-off variables; one the user
     set (NCCL_NVLS_ENABLE=1 here) is passed through unchanged."""
     envfile = tmp_path / "server-env.json"
-    args = serve_args(standin_artifact, fake_vllm, free_port(), "good", tmp_path / "pids") + \
-        ["--standin-envfile", str(envfile)]
+    args = serve_args(standin_artifact, fake_vllm, free_port(), "good", tmp_path / "pids") + [
+        "--standin-envfile",
+        str(envfile),
+    ]
     env = serve_env(fake_vllm, tmp_path)
     for k in MULTICAST_OFF:
         env.pop(k, None)
@@ -371,18 +447,38 @@ def test_gpus_refused_on_cpu(standin_artifact, fake_vllm, tmp_path):
     assert "--gpus 2 needs a CUDA vLLM build and 2 NVIDIA GPUs; this vLLM serves on cpu" in flat(r.stderr)
 
 
-@pytest.mark.parametrize("rows, ok", [
-    (["0, GPU-a, 24576, 24000", "1, GPU-b, 24576, 23900"], True),
-    (["0, GPU-a, 24576, 24000", "1, GPU-b, 24576, 2000"], False),
-])
+@pytest.mark.parametrize(
+    "rows, ok",
+    [
+        (["0, GPU-a, 24576, 24000", "1, GPU-b, 24576, 23900"], True),
+        (["0, GPU-a, 24576, 24000", "1, GPU-b, 24576, 2000"], False),
+    ],
+)
 def test_dry_run_two_gpus(standin_artifact, fake_vllm, tmp_path, rows, ok):
     """--device cuda --gpus 2 with a stand-in nvidia-smi: the argv holds --tensor-parallel-size 2;
     a busy second GPU is named and the dry run fails as serve would."""
     env = serve_env(fake_vllm, tmp_path)
     env["PATH"] = os.pathsep.join([str(fake_nvidia_smi(tmp_path, rows)), env.get("PATH", "")])
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    cmd = [sys.executable, "-m", "qwenquant", "serve", str(standin_artifact), "--vllm", str(fake_vllm), "--port",
-           str(free_port()), "--dry-run", "--device", "cuda", "--gpus", "2", "--", "--max-model-len", "2048"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "qwenquant",
+        "serve",
+        str(standin_artifact),
+        "--vllm",
+        str(fake_vllm),
+        "--port",
+        str(free_port()),
+        "--dry-run",
+        "--device",
+        "cuda",
+        "--gpus",
+        "2",
+        "--",
+        "--max-model-len",
+        "2048",
+    ]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert "--tensor-parallel-size 2" in r.stdout
     if ok:
@@ -399,19 +495,21 @@ def test_gpu_mem_sets_the_share_of_a_bigger_gpu(standin_artifact, fake_vllm, tmp
     env = serve_env(fake_vllm, tmp_path)
     env["PATH"] = f"{fake_nvidia_smi(tmp_path, ['0, GPU-standin, 143771, 142771'])}{os.pathsep}{env['PATH']}"
     cmd = serve_cmd(standin_artifact, fake_vllm, free_port(), "good", tmp_path / "pids")
-    cmd[cmd.index("--"):cmd.index("--")] = ["--dry-run", "--device", "cuda", "--gpu-mem", "24GiB"]
+    cmd[cmd.index("--") : cmd.index("--")] = ["--dry-run", "--device", "cuda", "--gpu-mem", "24GiB"]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "--gpu-memory-utilization 0.157263" in r.stdout
-    assert "--gpu-mem 24.00 GiB: budget 22.08 GiB (24.00 GiB x 0.92) = --gpu-memory-utilization 0.157263 of " \
-           "this GPU's 140.40 GiB" in flat(r.stderr)
+    assert (
+        "--gpu-mem 24.00 GiB: budget 22.08 GiB (24.00 GiB x 0.92) = --gpu-memory-utilization 0.157263 of "
+        "this GPU's 140.40 GiB" in flat(r.stderr)
+    )
 
 
 def test_gpu_mem_refused_on_cpu(standin_artifact, fake_vllm, tmp_path):
     """The CPU build has no GPU budget to scale: --gpu-mem is refused, naming VLLM_CPU_KVCACHE_SPACE, with
     the code of every "needs a GPU" mistake (--gpus 2 here, quantize --device cuda without one): usage."""
     cmd = serve_cmd(standin_artifact, fake_vllm, free_port(), "good", tmp_path / "pids")
-    cmd[cmd.index("--"):cmd.index("--")] = ["--gpu-mem", "24GiB"]
+    cmd[cmd.index("--") : cmd.index("--")] = ["--gpu-mem", "24GiB"]
     r = subprocess.run(cmd, env=serve_env(fake_vllm, tmp_path), capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "--gpu-mem applies to CUDA GPUs only" in flat(r.stderr) and "VLLM_CPU_KVCACHE_SPACE" in flat(r.stderr)
@@ -423,8 +521,23 @@ def test_more_than_four_draft_tokens_refused_before_launch(standin_artifact, fak
     five = '{"method": "mtp", "num_speculative_tokens": 5}'
 
     def dry(spec: str) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "qwenquant", "serve", str(standin_artifact), "--vllm", str(fake_vllm), "--port",
-               str(free_port()), "--dry-run", "--", "--max-model-len", "2048", "--speculative-config", spec]
+        cmd = [
+            sys.executable,
+            "-m",
+            "qwenquant",
+            "serve",
+            str(standin_artifact),
+            "--vllm",
+            str(fake_vllm),
+            "--port",
+            str(free_port()),
+            "--dry-run",
+            "--",
+            "--max-model-len",
+            "2048",
+            "--speculative-config",
+            spec,
+        ]
         return subprocess.run(cmd, env=serve_env(fake_vllm, tmp_path), capture_output=True, text=True, timeout=120)
 
     r = dry(five)

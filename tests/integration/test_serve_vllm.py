@@ -55,8 +55,22 @@ class Running:
 
 
 def _serve_args(artifact: Path, log: Path, profile: str = "single-user", port: int | None = None) -> list[str]:
-    return [str(artifact), "--profile", profile, "--port", str(port or free_port()), "--vllm", str(LAUNCHER),
-            "--timeout", "900", "--log-file", str(log), "--", "--max-model-len", "2048"]
+    return [
+        str(artifact),
+        "--profile",
+        profile,
+        "--port",
+        str(port or free_port()),
+        "--vllm",
+        str(LAUNCHER),
+        "--timeout",
+        "900",
+        "--log-file",
+        str(log),
+        "--",
+        "--max-model-len",
+        "2048",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -88,9 +102,17 @@ def server(request, artifacts, tmp_path_factory: pytest.TempPathFactory):
 
 
 def _complete(server: Running, n: int = 16) -> dict:
-    code, text = _http(server.url + "/v1/completions", {
-        "model": server.name, "prompt": "The quick brown fox", "max_tokens": n, "temperature": 0,
-        "ignore_eos": True, "logprobs": 1})
+    code, text = _http(
+        server.url + "/v1/completions",
+        {
+            "model": server.name,
+            "prompt": "The quick brown fox",
+            "max_tokens": n,
+            "temperature": 0,
+            "ignore_eos": True,
+            "logprobs": 1,
+        },
+    )
     assert code == 200, text
     return json.loads(text)
 
@@ -129,9 +151,10 @@ def test_int8_activations_serve_on_the_cpu_build(server):
 
 
 def test_chat_completion(server):
-    code, text = _http(server.url + "/v1/chat/completions", {
-        "model": server.name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
-        "temperature": 0})
+    code, text = _http(
+        server.url + "/v1/chat/completions",
+        {"model": server.name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "temperature": 0},
+    )
     assert code == 200, text
     out = json.loads(text)
     assert out["choices"][0]["message"]["role"] == "assistant"
@@ -201,8 +224,13 @@ def test_mtp_acceptance(server):
 
 def _eval_served(server: Running, *extra: str) -> subprocess.CompletedProcess:
     assert server.layout == "text-only"
-    return subprocess.run([sys.executable, "-m", "qwenquant", "eval", "served", server.url, "--gate", "none",
-                           "--json", *extra], capture_output=True, text=True, timeout=900, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "qwenquant", "eval", "served", server.url, "--gate", "none", "--json", *extra],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+    )
 
 
 @pytest.mark.parametrize("server", ["text-only"], indirect=True)  # one layout is enough for the eval
@@ -217,8 +245,14 @@ def test_eval_tools_against_vllm_with_the_tool_call_parser(server):
     assert "--enable-auto-tool-choice --tool-call-parser qwen3_coder --tool-strict-level parameter" in starting
     assert proc.returncode == 8, proc.stderr[-3000:]
     cases = json.loads(proc.stdout)["tools"]["cases"]
-    assert [c["name"] for c in cases] == ["no-argument", "no-argument-required", "required-argument", "nested-json",
-                                          "none", "named-function"]
+    assert [c["name"] for c in cases] == [
+        "no-argument",
+        "no-argument-required",
+        "required-argument",
+        "nested-json",
+        "none",
+        "named-function",
+    ]
     assert all(c["kind"] in ("answer", "tool_call") and c["ok"] for c in cases[:5]), cases
     forced, named = cases[1], cases[5]
     assert forced["kind"] == "tool_call" and [c["name"] for c in forced["calls"]] == ["get_current_time"], forced
@@ -226,8 +260,10 @@ def test_eval_tools_against_vllm_with_the_tool_call_parser(server):
     assert named["kind"] == "malformed" and [c["name"] for c in named["calls"]] == ["get_weather"], named
     assert isinstance(named["calls"][0]["arguments"], str)  # a JSON string, as OpenAI sends them
     errors = [" ".join(ln.split()) for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-    assert errors == ["error: served gate failed: tool case named-function: malformed tool call: call 0 (get_weather): "
-                      "arguments lacks required 'city'"], proc.stderr[-3000:]
+    assert errors == [
+        "error: served gate failed: tool case named-function: malformed tool call: call 0 (get_weather): "
+        "arguments lacks required 'city'"
+    ], proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("server", ["text-only"], indirect=True)  # one layout is enough for the eval
@@ -269,8 +305,13 @@ def test_tampered_artifact_refused_before_launch(server, tmp_path):
     data[-1] ^= 0xFF
     shard.write_bytes(bytes(data))
     log = tmp_path / "server.log"
-    r = subprocess.run([sys.executable, "-m", "qwenquant", "serve", *_serve_args(art, log)], env=vllm_env(tmp_path),
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "qwenquant", "serve", *_serve_args(art, log)],
+        env=vllm_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 4
     assert shard.name in flat(r.stderr) and "refusing to serve" in flat(r.stderr)
     assert not log.exists()
@@ -284,8 +325,13 @@ def test_batch_profile_serves(artifacts, tmp_path):
     artifact = artifacts("text-only")
     log = tmp_path / "server.log"
     with ServedCLI(*_serve_args(artifact, log, "batch"), env=vllm_env(tmp_path)) as s:  # Ctrl-C: exit 130
-        body = {"model": artifact.name, "prompt": "The quick brown fox jumps over", "max_tokens": 8,
-                "temperature": 0, "ignore_eos": True}
+        body = {
+            "model": artifact.name,
+            "prompt": "The quick brown fox jumps over",
+            "max_tokens": 8,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
         with ThreadPoolExecutor(4) as pool:
             results = list(pool.map(lambda _: _http(f"{s.url}/v1/completions", body), range(4)))
         assert all(code == 200 for code, _ in results), results

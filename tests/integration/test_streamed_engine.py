@@ -33,8 +33,9 @@ def _samples() -> list[list[int]]:
     return [[rng.randrange(5, 1000) for _ in range(rng.randrange(20, 60))] for _ in range(6)]
 
 
-def _oneshot(source: Path, out: Path, samples: list[list[int]], *, norm_rounding: bool,
-             max_seq_length: int = 64) -> dict:
+def _oneshot(
+    source: Path, out: Path, samples: list[list[int]], *, norm_rounding: bool, max_seq_length: int = 64
+) -> dict:
     import importlib
 
     import transformers
@@ -54,10 +55,18 @@ def _oneshot(source: Path, out: Path, samples: list[list[int]], *, norm_rounding
     if not norm_rounding:
         entry.norm_calibration_context = lambda model: contextlib.nullcontext()
     try:
-        oneshot(model=model, processor=transformers.AutoTokenizer.from_pretrained(str(source)), dataset=ds,
-                recipe=build_modifier(q), sequential_targets=list(q.sequential_targets), pipeline="sequential",
-                num_calibration_samples=len(samples), max_seq_length=max_seq_length, shuffle_calibration_samples=False,
-                batch_size=1)
+        oneshot(
+            model=model,
+            processor=transformers.AutoTokenizer.from_pretrained(str(source)),
+            dataset=ds,
+            recipe=build_modifier(q),
+            sequential_targets=list(q.sequential_targets),
+            pipeline="sequential",
+            num_calibration_samples=len(samples),
+            max_seq_length=max_seq_length,
+            shuffle_calibration_samples=False,
+            batch_size=1,
+        )
     finally:
         entry.norm_calibration_context = saved
     model.save_pretrained(str(out), save_compressed=True)
@@ -67,8 +76,11 @@ def _oneshot(source: Path, out: Path, samples: list[list[int]], *, norm_rounding
 def _quant_tensors(folder: Path) -> dict:
     from qwenquant.checkpoint.tensorfile import checkpoint_refs
 
-    return {n: (r.dtype, r.shape, r.read()) for n, r in checkpoint_refs(folder).items()
-            if n.rsplit(".", 1)[1] in ("weight_packed", "weight_scale", "weight_shape")}
+    return {
+        n: (r.dtype, r.shape, r.read())
+        for n, r in checkpoint_refs(folder).items()
+        if n.rsplit(".", 1)[1] in ("weight_packed", "weight_scale", "weight_shape")
+    }
 
 
 def _stream(source: Path, layers: Path):  # -> engine.run.StreamResult
@@ -93,13 +105,19 @@ def streamed(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) ->
     res = _stream(tiny_checkpoint, root / "layers")
     got = {}
     for f in res.layer_files:
-        got.update({n: (r.dtype, r.shape, r.read()) for n, r in shard_refs(f).items()
-                    if n.rsplit(".", 1)[1] in ("weight_packed", "weight_scale", "weight_shape")})
+        got.update(
+            {
+                n: (r.dtype, r.shape, r.read())
+                for n, r in shard_refs(f).items()
+                if n.rsplit(".", 1)[1] in ("weight_packed", "weight_scale", "weight_shape")
+            }
+        )
     return {"tensors": got, "root": root, "result": res}
 
 
-def test_packed_weights_identical_to_oneshot_without_norm_rounding(streamed: dict, tiny_checkpoint: Path,
-                                                                    tmp_path: Path) -> None:
+def test_packed_weights_identical_to_oneshot_without_norm_rounding(
+    streamed: dict, tiny_checkpoint: Path, tmp_path: Path
+) -> None:
     ref = _oneshot(tiny_checkpoint, tmp_path / "oneshot", _samples(), norm_rounding=False)
     got = streamed["tensors"]
     assert sorted(got) == sorted(ref) and len(ref) == 3 * 25
@@ -171,9 +189,9 @@ def test_layer_phases_account_for_each_layer(streamed: dict) -> None:
         assert 0.7 * seconds <= sum(phases.values()) <= seconds, (phases, seconds)
 
 
-def test_layer_write_overlaps_the_next_steps_and_its_failure_surfaces(streamed: dict, tiny_checkpoint: Path,
-                                                                       tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_layer_write_overlaps_the_next_steps_and_its_failure_surfaces(
+    streamed: dict, tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Layer 1's write is held until layer 1 has been forwarded (possible only when the write runs
     beside the loop and the layer is rebuilt without reading its file back), then fails between its
     tensors file and its record. The run raises that error; layer 1 has no record and nothing after
@@ -217,8 +235,9 @@ def test_layer_write_overlaps_the_next_steps_and_its_failure_surfaces(streamed: 
     assert [f.read_bytes() for f in again.layer_files] == [f.read_bytes() for f in streamed["result"].layer_files]
 
 
-def test_the_oneshot_engine_is_stock_oneshot(tiny_checkpoint: Path, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_oneshot_engine_is_stock_oneshot(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`QWENQUANT_GPTQ_ENGINE=oneshot` (README: the gptq stage runs llm-compressor's whole-model `oneshot`
     instead): the pipeline's source, calibration and gptq stages run, and the gptq stage's packed tensors are
     the very bytes of stock `oneshot` + `save_pretrained` on the calibration tokens the run recorded."""
@@ -230,12 +249,20 @@ def test_the_oneshot_engine_is_stock_oneshot(tiny_checkpoint: Path, tmp_path: Pa
     monkeypatch.setenv("QWENQUANT_GPTQ_ENGINE", "oneshot")
     work = tmp_path / "work"
     stages = [s for s in PIPELINE if s.name in ("source", "calibration", "gptq")]
-    opts = QuantizeOptions(tiny_checkpoint, load_recipe("w4a16-int4head"), load_calibration_override("tiny-demo"),
-                           tmp_path / "art", work=work, device="cpu", source_unverified=True)
+    opts = QuantizeOptions(
+        tiny_checkpoint,
+        load_recipe("w4a16-int4head"),
+        load_calibration_override("tiny-demo"),
+        tmp_path / "art",
+        work=work,
+        device="cpu",
+        source_unverified=True,
+    )
     assert quantize(opts, stages=stages).stages == {"source": "ran", "calibration": "ran", "gptq": "ran"}
     samples = load_tokens(work / "calibration")
-    ref = _oneshot(tiny_checkpoint, tmp_path / "stock", samples, norm_rounding=True,
-                   max_seq_length=max(len(s) for s in samples))
+    ref = _oneshot(
+        tiny_checkpoint, tmp_path / "stock", samples, norm_rounding=True, max_seq_length=max(len(s) for s in samples)
+    )
     got = _quant_tensors(work / "gptq")
     assert sorted(got) == sorted(ref) and len(ref) == 3 * 25
     differ = [n for n in ref if got[n] != ref[n]]

@@ -23,22 +23,41 @@ ENV.pop("QWENQUANT_GPTQ_ENGINE", None)
 
 
 def args(source: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "qwenquant", "quantize", str(source), "--recipe", "w4a16-int4head",
-            "--calibration", "tiny-demo", "--source-unverified", "--out", str(out), "--json"]
+    return [
+        sys.executable,
+        "-m",
+        "qwenquant",
+        "quantize",
+        str(source),
+        "--recipe",
+        "w4a16-int4head",
+        "--calibration",
+        "tiny-demo",
+        "--source-unverified",
+        "--out",
+        str(out),
+        "--json",
+    ]
 
 
 @pytest.fixture(scope="module")
 def baseline(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("streamed-baseline")
-    proc = subprocess.run(args(tiny_checkpoint, root / "a"), capture_output=True, text=True, env=ENV, cwd=REPO,
-                          timeout=900)
+    proc = subprocess.run(
+        args(tiny_checkpoint, root / "a"), capture_output=True, text=True, env=ENV, cwd=REPO, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return {"root_digest": json.loads(proc.stdout)["root_digest"], "work": root / "a.work", "out": root / "a",
-            "stderr": proc.stderr}
+    return {
+        "root_digest": json.loads(proc.stdout)["root_digest"],
+        "work": root / "a.work",
+        "out": root / "a",
+        "stderr": proc.stderr,
+    }
 
 
-def test_sigkill_at_a_random_layer_then_rerun_gives_the_same_digest(baseline: dict, tiny_checkpoint: Path,
-                                                                     tmp_path: Path) -> None:
+def test_sigkill_at_a_random_layer_then_rerun_gives_the_same_digest(
+    baseline: dict, tiny_checkpoint: Path, tmp_path: Path
+) -> None:
     kill_after = random.Random().randrange(1, 4)  # layers finished before the kill: 1..3 of 4
     out, work = tmp_path / "k", tmp_path / "k.work"
     record = work / "gptq-layers" / f"layer-{kill_after - 1:05d}" / "record.json"
@@ -56,16 +75,19 @@ def test_sigkill_at_a_random_layer_then_rerun_gives_the_same_digest(baseline: di
     done = len(list((work / "gptq-layers").glob("layer-*/record.json")))
     assert kill_after <= done <= 4
     kept = "layer 1 is" if done == 1 else f"layers 1-{done} are"
-    plan = subprocess.run(args(tiny_checkpoint, out) + ["--plan"], capture_output=True, text=True, env=ENV, cwd=REPO,
-                          timeout=300)
+    plan = subprocess.run(
+        args(tiny_checkpoint, out) + ["--plan"], capture_output=True, text=True, env=ENV, cwd=REPO, timeout=300
+    )
     assert plan.returncode == 0, plan.stderr[-3000:]
     stages = {s["stage"]: s for s in json.loads(plan.stdout)["stages"]}
     assert stages["calibration"]["action"] == "reuse"
     assert (stages["gptq"]["action"], stages["gptq"]["reason"]) == ("run", "no completion record")
     assert stages["gptq"]["note"] == (
         f"resumes at decoder layer {done + 1} of 4; {kept} recorded and replayed; the records' bytes are checked "
-        "when it runs" if done < 4 else
-        "all 4 decoder layers are recorded (replayed, none quantized anew); the records' bytes are checked when it runs")
+        "when it runs"
+        if done < 4
+        else "all 4 decoder layers are recorded (replayed, none quantized anew); the records' bytes are checked when it runs"
+    )
 
     again = subprocess.run(args(tiny_checkpoint, out), capture_output=True, text=True, env=ENV, cwd=REPO, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -94,8 +116,9 @@ def test_a_tampered_layer_record_is_redone(baseline: dict, tiny_checkpoint: Path
     assert L.completed_layers(root, 4, "other inputs") == (0, "inputs changed")
 
 
-def test_lm_head_stage_does_not_load_the_model(baseline: dict, tiny_checkpoint: Path, tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lm_head_stage_does_not_load_the_model(
+    baseline: dict, tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The lm_head stage on a streamed gptq output runs with every transformers model constructor
     made to fail, and gives the same quality report as the CLI run."""
     import transformers
@@ -111,9 +134,14 @@ def test_lm_head_stage_does_not_load_the_model(baseline: dict, tiny_checkpoint: 
     monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(refuse))
     monkeypatch.setattr(lm_head, "_load_model", refuse)
     (tmp_path / "head").mkdir()
-    quality = lm_head.run_head(tiny_checkpoint, cal.load_tokens(baseline["work"] / "calibration"),
-                               load_recipe("w4a16-int4head").lm_head, baseline["work"] / "gptq", tmp_path / "head",
-                               device="cpu")
+    quality = lm_head.run_head(
+        tiny_checkpoint,
+        cal.load_tokens(baseline["work"] / "calibration"),
+        load_recipe("w4a16-int4head").lm_head,
+        baseline["work"] / "gptq",
+        tmp_path / "head",
+        device="cpu",
+    )
     recorded = json.loads((baseline["work"] / "lm_head.record.json").read_text())["result"]
     assert quality == recorded
     assert not (tmp_path / "head" / "head-calibration").exists()  # not carried towards the artifact

@@ -91,8 +91,12 @@ def test_the_entry_point_writes_the_demo_s_model_with_variant_reference(tmp_path
     from qwenquant.testbed.tiny.reference_model import build_reference_checkpoint
 
     out = tmp_path / "ref"
-    run = subprocess.run([sys.executable, "-m", "qwenquant.testbed.tiny", str(out), "--variant", "reference"],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "qwenquant.testbed.tiny", str(out), "--variant", "reference"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     assert digests(out) == digests(build_reference_checkpoint(tmp_path / "lib"))
 
@@ -231,7 +235,10 @@ def test_loads_in_transformers_without_missing_keys_and_generates(random_model, 
     assert model.config.text_config.layer_types == ["linear_attention"] * 3 + ["full_attention"]
     tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
     inputs = tok.apply_chat_template(
-        [{"role": "user", "content": "Hello, world!"}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        [{"role": "user", "content": "Hello, world!"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
     )
     out = model.generate(**inputs, max_new_tokens=5, do_sample=False)
     assert out.shape == (1, inputs["input_ids"].shape[1] + 5)
@@ -244,7 +251,14 @@ def test_vision_tower_runs_and_reaches_the_text_model(random_model) -> None:
     ids = token_ids()
     grid = torch.tensor([[1, 4, 6]])  # 24 patches of 3x2x16x16, merged 2x2 into 6 image tokens
     pixels = torch.randn(24, 3 * 2 * 16 * 16, generator=torch.Generator().manual_seed(0))
-    prompt = [ids["<|im_start|>"], 100, ids["<|vision_start|>"], *[ids["<|image_pad|>"]] * 6, ids["<|vision_end|>"], 200]
+    prompt = [
+        ids["<|im_start|>"],
+        100,
+        ids["<|vision_start|>"],
+        *[ids["<|image_pad|>"]] * 6,
+        ids["<|vision_end|>"],
+        200,
+    ]
     input_ids = torch.tensor([prompt])
     mm = (input_ids == ids["<|image_pad|>"]).int()
     with torch.no_grad():
@@ -261,8 +275,7 @@ def test_tokenizer_loads_and_chat_template_is_chatml(tiny_checkpoint: Path) -> N
     tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What time is it?"}]
     assert tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == (
-        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat time is it?<|im_end|>\n"
-        "<|im_start|>assistant\n"
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat time is it?<|im_end|>\n<|im_start|>assistant\n"
     )
     assert tok.apply_chat_template(messages, tokenize=False).endswith("What time is it?<|im_end|>\n")
     image = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe it."}]}]

@@ -23,10 +23,18 @@ from helpers import REPO
 
 pytestmark = pytest.mark.slow  # about a minute: a wheel build, a venv, a tiny quantize
 
-SHIPPED = ("data/recipes/w4a16-int4head.yaml", "data/recipes/w4a16-int4head-multimodal.yaml",
-           "data/recipes/tiny-reference.yaml", "data/calibration/tiny-demo.yaml", "data/calibration/tiny-demo.jsonl",
-           "data/calibration/tiny-reference.yaml", "data/calibration/tiny-reference.jsonl",
-           "data/evaltext/wikitext-2-test.yaml", "data/tiny-reference/model.safetensors", "bench/data/bench.yaml")
+SHIPPED = (
+    "data/recipes/w4a16-int4head.yaml",
+    "data/recipes/w4a16-int4head-multimodal.yaml",
+    "data/recipes/tiny-reference.yaml",
+    "data/calibration/tiny-demo.yaml",
+    "data/calibration/tiny-demo.jsonl",
+    "data/calibration/tiny-reference.yaml",
+    "data/calibration/tiny-reference.jsonl",
+    "data/evaltext/wikitext-2-test.yaml",
+    "data/tiny-reference/model.safetensors",
+    "bench/data/bench.yaml",
+)
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: int = 900) -> subprocess.CompletedProcess:
@@ -44,8 +52,23 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, tree / name)
     shutil.copytree(REPO / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-          "-w", str(tmp / "dist"), str(tree)], tmp, dict(os.environ))
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(tmp / "dist"),
+            str(tree),
+        ],
+        tmp,
+        dict(os.environ),
+    )
     (found,) = (tmp / "dist").glob("qwenquant-*.whl")
     return found
 
@@ -55,8 +78,15 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, d
     """(venv folder, environment) with the wheel installed and the heavy stack borrowed."""
     root = tmp_path_factory.mktemp("venv") / "venv"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("QWENQUANT_")}
-    env.update({"QWENQUANT_NO_PROGRESS": "1", "QWENQUANT_THREADS": "2", "PYTHONHASHSEED": "0",
-                "XDG_CACHE_HOME": str(root.parent / "cache"), "XDG_STATE_HOME": str(root.parent / "state")})
+    env.update(
+        {
+            "QWENQUANT_NO_PROGRESS": "1",
+            "QWENQUANT_THREADS": "2",
+            "PYTHONHASHSEED": "0",
+            "XDG_CACHE_HOME": str(root.parent / "cache"),
+            "XDG_STATE_HOME": str(root.parent / "state"),
+        }
+    )
     _run([sys.executable, "-m", "venv", str(root)], root.parent, env)
     py = root / "bin" / "python"
     _run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)], root.parent, env)
@@ -71,9 +101,22 @@ def test_the_wheel_ships_the_data_and_no_tool_or_test_code(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"qwenquant/{f}" for f in SHIPPED} <= names
     assert "qwenquant/testbed/hubserver/server.py" in names
-    assert not [n for n in names if n.startswith(("tests/", "scripts/", "benchmarks/", "support/")) or n.endswith(
-        ("/train.py", "/stdlib_corpus.py", "/checkpoint/compare.py", "/testbed/tiny/reference.py",
-         "/hubserver/uploads.py", "/hubserver/store.py", "/hubserver/faults.py"))]
+    assert not [
+        n
+        for n in names
+        if n.startswith(("tests/", "scripts/", "benchmarks/", "support/"))
+        or n.endswith(
+            (
+                "/train.py",
+                "/stdlib_corpus.py",
+                "/checkpoint/compare.py",
+                "/testbed/tiny/reference.py",
+                "/hubserver/uploads.py",
+                "/hubserver/store.py",
+                "/hubserver/faults.py",
+            )
+        )
+    ]
 
 
 def test_installed_wheel_runs_from_another_folder(venv: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
@@ -85,13 +128,34 @@ def test_installed_wheel_runs_from_another_folder(venv: tuple[Path, dict[str, st
     listed = _run([str(bin_ / "qwenquant"), "recipe", "list"], tmp_path, env).stdout
     for name in ("w4a16-int4head ", "w4a16-int4head-multimodal ", "tiny-reference ", "tiny-demo "):
         assert name in listed, listed
-    text_set = _run([str(bin_ / "python"), "-c", "from qwenquant.evaluate.textset import load_text_set; "
-                     "print(load_text_set('wikitext-2-test').repo)"], tmp_path, env)
+    text_set = _run(
+        [
+            str(bin_ / "python"),
+            "-c",
+            "from qwenquant.evaluate.textset import load_text_set; print(load_text_set('wikitext-2-test').repo)",
+        ],
+        tmp_path,
+        env,
+    )
     assert text_set.stdout.strip() == "Salesforce/wikitext"
 
     _run([str(bin_ / "python"), "-m", "qwenquant.testbed.tiny", "tiny"], tmp_path, env)
-    _run([str(bin_ / "qwenquant"), "quantize", "tiny", "--source-unverified", "--calibration", "tiny-demo",
-          "--out", "art", "--device", "cpu"], tmp_path, env)
+    _run(
+        [
+            str(bin_ / "qwenquant"),
+            "quantize",
+            "tiny",
+            "--source-unverified",
+            "--calibration",
+            "tiny-demo",
+            "--out",
+            "art",
+            "--device",
+            "cpu",
+        ],
+        tmp_path,
+        env,
+    )
     verified = _run([str(bin_ / "qwenquant"), "verify", "art"], tmp_path, env)
     assert verified.stdout.startswith("OK art: "), verified.stdout
     assert not (tmp_path / "recipes").exists() and not (tmp_path / "calibration").exists()

@@ -28,9 +28,13 @@ def make_wheel(folder: Path, name: str, version: str, requires: list[str], files
     """A py3-none-any wheel of `files` (path in site-packages -> bytes) with its dist-info."""
     dist = f"{name}-{version}.dist-info"
     meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
-        f"Requires-Dist: {r}\n" for r in requires)
-    entries = {**files, f"{dist}/METADATA": meta.encode(),
-               f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: qwenquant-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+        f"Requires-Dist: {r}\n" for r in requires
+    )
+    entries = {
+        **files,
+        f"{dist}/METADATA": meta.encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: qwenquant-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
     record = ""
     for path, data in entries.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
@@ -64,9 +68,26 @@ def offline_env(**extra: str) -> dict[str, str]:
 def build(links: Path, out: Path, *more: str) -> subprocess.CompletedProcess:
     host_list = out.parent / "host-freeze.txt"
     host_list.write_text("# pip freeze on the host\nhostpkg==2.0\n")
-    cmd = ["bash", str(ROOT / "scripts/wheelhouse.sh"), "--python", f"{sys.version_info[0]}.{sys.version_info[1]}",
-           "--platform", "manylinux_2_28_x86_64", "--spec", "qqa==1.0", "--skip-installed", str(host_list),
-           "--split", "100K", "--find-links", str(links), "--no-index", "--out", str(out), *more]
+    cmd = [
+        "bash",
+        str(ROOT / "scripts/wheelhouse.sh"),
+        "--python",
+        f"{sys.version_info[0]}.{sys.version_info[1]}",
+        "--platform",
+        "manylinux_2_28_x86_64",
+        "--spec",
+        "qqa==1.0",
+        "--skip-installed",
+        str(host_list),
+        "--split",
+        "100K",
+        "--find-links",
+        str(links),
+        "--no-index",
+        "--out",
+        str(out),
+        *more,
+    ]
     return subprocess.run(cmd, env=offline_env(PYTHON=sys.executable), capture_output=True, text=True, timeout=300)
 
 
@@ -83,25 +104,52 @@ def host_python(links: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A python with hostpkg 2.0 installed: the host's own packages."""
     venv = tmp_path_factory.mktemp("host") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin/python"), "install", "-q", "--no-index",
-                    "--find-links", str(links), "hostpkg==2.0"], check=True, env=offline_env(), timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin/python"),
+            "install",
+            "-q",
+            "--no-index",
+            "--find-links",
+            str(links),
+            "hostpkg==2.0",
+        ],
+        check=True,
+        env=offline_env(),
+        timeout=120,
+    )
     return venv / "bin/python"
 
 
 def install(wheelhouse: Path, host_python: Path, venv: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(ROOT / "scripts/install-vllm.sh"), "--wheelhouse", str(wheelhouse)],
-                          env=offline_env(PYTHON=str(host_python), QWENQUANT_VLLM_VENV=str(venv)),
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts/install-vllm.sh"), "--wheelhouse", str(wheelhouse)],
+        env=offline_env(PYTHON=str(host_python), QWENQUANT_VLLM_VENV=str(venv)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_wheelhouse_holds_the_closure_minus_the_host(wheelhouse, links):
     info = json.loads((wheelhouse / "wheelhouse.json").read_text())
     assert info["requirement"] == "qqa==1.0" and info["platform"] == "manylinux_2_28_x86_64"
     assert sorted(w["name"] for w in info["wheels"]) == ["qqa", "qqb", "qqold"]
-    assert info["skipped"] == [{"name": "hostpkg", "resolved_version": "1.0",
-                                "reason": "the host has hostpkg 2.0 (--skip-installed)"}]
-    assert info["no_deps"] == [{"name": "qqold", "version": "1.0", "unmet": "hostpkg<2",
-                                "reason": "requires hostpkg<2; the host has hostpkg 2.0: only imported by tests"}]
+    assert info["skipped"] == [
+        {"name": "hostpkg", "resolved_version": "1.0", "reason": "the host has hostpkg 2.0 (--skip-installed)"}
+    ]
+    assert info["no_deps"] == [
+        {
+            "name": "qqold",
+            "version": "1.0",
+            "unmet": "hostpkg<2",
+            "reason": "requires hostpkg<2; the host has hostpkg 2.0: only imported by tests",
+        }
+    ]
     qqb = next(w for w in info["wheels"] if w["name"] == "qqb")
     assert qqb["sha256"] == hashlib.sha256((links / qqb["filename"]).read_bytes()).hexdigest()
     assert [p.split(".part-")[1] for p in qqb["pieces"]] == ["000", "001", "002", "003"]
@@ -127,9 +175,11 @@ def test_install_from_the_wheelhouse_offline(wheelhouse, host_python, tmp_path):
     r = install(wheelhouse, host_python, venv)
     assert r.returncode == 0, r.stderr
     py = str(venv / "bin/python")
-    probe = ("import qqa, qqb, hostpkg, importlib.resources as r, importlib.metadata as m; "
-             "print(hostpkg.VERSION, m.version('qqa'), hostpkg.__file__); "
-             "open(__import__('sys').argv[1], 'wb').write(r.files('qqb').joinpath('payload.bin').read_bytes())")
+    probe = (
+        "import qqa, qqb, hostpkg, importlib.resources as r, importlib.metadata as m; "
+        "print(hostpkg.VERSION, m.version('qqa'), hostpkg.__file__); "
+        "open(__import__('sys').argv[1], 'wb').write(r.files('qqb').joinpath('payload.bin').read_bytes())"
+    )
     out = subprocess.run([py, "-c", probe, str(tmp_path / "payload")], capture_output=True, text=True, check=True)
     version, qqa_version, hostpkg_file = out.stdout.split()
     assert (version, qqa_version) == ("2.0", "1.0")  # the host's hostpkg is used, not carried

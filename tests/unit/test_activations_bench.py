@@ -17,29 +17,41 @@ LOG = """\
 
 
 def _run(c1: float, c16: float) -> dict:
-    ladder = [{"concurrency": 1, "per_stream_decode_tok_s": {"median": c1}, "aggregate_tok_s": {"median": c1 * 0.95}},
-              {"concurrency": 16, "per_stream_decode_tok_s": {"median": c16 / 20}, "aggregate_tok_s": {"median": c16}}]
+    ladder = [
+        {"concurrency": 1, "per_stream_decode_tok_s": {"median": c1}, "aggregate_tok_s": {"median": c1 * 0.95}},
+        {"concurrency": 16, "per_stream_decode_tok_s": {"median": c16 / 20}, "aggregate_tok_s": {"median": c16}},
+    ]
     return {"mode": "run", "targets": [{"ladder": ladder}], "flags": [{"check": "x"}]}
 
 
 def _depth(prefill: float, ttft: float) -> dict:
-    return {"mode": "depth", "rungs": [{"prefill_tok_s": prefill, "ttft": {"min": ttft / 2, "median": ttft,
-                                                                          "max": ttft * 1.5}}], "flags": []}
+    return {
+        "mode": "depth",
+        "rungs": [{"prefill_tok_s": prefill, "ttft": {"min": ttft / 2, "median": ttft, "max": ttft * 1.5}}],
+        "flags": [],
+    }
 
 
 def test_the_last_kernel_line_per_scheme_is_the_one_that_ran() -> None:
     assert serving.kernels(LOG) == {"CompressedTensorsWNA16": "MarlinLinearKernel"}
     assert serving.kernels("no such line") == {}
     assert ab.not_marlin({"kernels": {"CompressedTensorsWNA16": "MacheteLinearKernel"}}) == [
-        "CompressedTensorsWNA16: MacheteLinearKernel"]
+        "CompressedTensorsWNA16: MacheteLinearKernel"
+    ]
     assert ab.not_marlin({"kernels": serving.kernels(LOG)}) == []
 
 
 def test_figures_come_from_the_reports_and_gains_point_one_way() -> None:
     base = ab.figures(_run(80.0, 1300.0), _depth(9000.0, 0.3), _depth(12000.0, 2.72))
-    assert base == {"decode_c1_tok_s": 80.0, "decode_c16_tok_s": 1300.0, "prefill_1x2048_tok_s": 9000.0,
-                    "burst_prefill_tok_s": 12000.0, "burst_ttft_median_s": 2.72, "burst_ttft_max_s": 2.72 * 1.5,
-                    "flags": 1}
+    assert base == {
+        "decode_c1_tok_s": 80.0,
+        "decode_c16_tok_s": 1300.0,
+        "prefill_1x2048_tok_s": 9000.0,
+        "burst_prefill_tok_s": 12000.0,
+        "burst_ttft_median_s": 2.72,
+        "burst_ttft_max_s": 2.72 * 1.5,
+        "flags": 1,
+    }
     other = ab.figures(_run(76.0, 1274.0), _depth(9900.0, 0.28), _depth(14280.0, 2.27))
     rows = {r["figure"]: r for r in ab.compare(base, other)}
     assert round(rows["decode_c1_tok_s"]["change"], 4) == -0.05
@@ -67,8 +79,10 @@ def test_the_published_h200_table_comes_from_its_bench_reports() -> None:
     reports = Path(__file__).resolve().parents[2] / "benchmarks" / "reports"
     top = json.loads((reports / "activations_64layers_h200.json").read_text())
     for setting, s in top["settings"].items():
-        parts = [json.loads((reports / f"activations_64layers_h200-{setting}.{k}.json").read_text())
-                 for k in ("run", "prefill", "burst")]
+        parts = [
+            json.loads((reports / f"activations_64layers_h200-{setting}.{k}.json").read_text())
+            for k in ("run", "prefill", "burst")
+        ]
         assert ab.figures(*parts) == s["figures"]
         assert s["kernels"] == {"CompressedTensorsWNA16": "MarlinLinearKernel"}
     assert ab.compare(top["settings"]["bf16"]["figures"], top["settings"]["int8"]["figures"]) == top["rows"]
@@ -79,4 +93,6 @@ def test_the_benchmarks_force_marlin_as_serve_does() -> None:
     """One spelling of "make Hopper run Marlin": the benchmarks' environment disables exactly the kernels
     `qwenquant serve --activations int8` disables on SM 9.0, and keeps the rest of the environment."""
     assert serving.marlin_only({"A": "1"}) == {
-        "A": "1", "VLLM_DISABLED_KERNELS": "MacheteLinearKernel,HummingLinearKernel"}
+        "A": "1",
+        "VLLM_DISABLED_KERNELS": "MacheteLinearKernel,HummingLinearKernel",
+    }

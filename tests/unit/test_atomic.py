@@ -29,8 +29,9 @@ def test_a_fifo_is_written_through_not_replaced(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sink"]  # no temporary file left beside it
 
 
-def test_files_and_folders_get_the_umask_modes_without_flipping_it(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_files_and_folders_get_the_umask_modes_without_flipping_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The umask is one value for the whole process: set to 0 for a moment (to read it) while the GPTQ writer
     thread writes, any file another thread creates in that moment is world-writable. Such a race cannot be
     provoked on demand, so a spy wrapped around os.umask stands in for it: writing calls it never, and the

@@ -49,7 +49,11 @@ def test_command_runs_isolated_with_the_figures_it_needs():
     argv = ballast_command(sys.executable, 24 * GiB, 2, [100 * GiB, 99 * GiB])
     assert argv[:3] == [sys.executable, "-I", ballast.__file__]
     assert argv[3:] == ["--size", str(24 * GiB), "--devices", "2", "--free-before", f"{100 * GiB},{99 * GiB}"]
-    assert ballast._args(argv[3:]) == {"size": 24 * GiB, "devices": 2, "free_before": [100 * GiB, 99 * GiB],
-                                       "probe": False}
+    assert ballast._args(argv[3:]) == {
+        "size": 24 * GiB,
+        "devices": 2,
+        "free_before": [100 * GiB, 99 * GiB],
+        "probe": False,
+    }
     with pytest.raises(ValueError, match="unknown argument"):
         ballast._args(["--sizes", "1"])

@@ -20,16 +20,19 @@ def _lines(raw: bytes) -> list[tuple[bytes, float]]:
 
 
 def test_sse_framing_crlf_comments_and_multiline_data() -> None:
-    raw = b": keep-alive\r\ndata: {\"a\":\r\ndata: 1}\r\n\r\nevent: x\ndata:[DONE]\n\n"
+    raw = b': keep-alive\r\ndata: {"a":\r\ndata: 1}\r\n\r\nevent: x\ndata:[DONE]\n\n'
     assert list(sse_events(_lines(raw))) == [('{"a":\n1}', 1.0), ("[DONE]", 5.0)]
 
 
 def test_first_token_is_the_first_text_in_any_field_and_usage_is_required() -> None:
-    ev = [('{"choices":[{"delta":{"role":"assistant","content":""}}]}', 1.0),
-          ('{"choices":[{"delta":{}}]}', 2.0),
-          ('{"choices":[{"delta":{"reasoning":"hm"}}]}', 3.0),
-          ('{"choices":[{"delta":{"content":"ok"},"finish_reason":"length"}]}', 4.0),
-          ('{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":5}}', 4.5), ("[DONE]", 5.0)]
+    ev = [
+        ('{"choices":[{"delta":{"role":"assistant","content":""}}]}', 1.0),
+        ('{"choices":[{"delta":{}}]}', 2.0),
+        ('{"choices":[{"delta":{"reasoning":"hm"}}]}', 3.0),
+        ('{"choices":[{"delta":{"content":"ok"},"finish_reason":"length"}]}', 4.0),
+        ('{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":5}}', 4.5),
+        ("[DONE]", 5.0),
+    ]
     s = read_stream(ev, 0.0, 5)
     assert (s.t_first, s.first_field, s.t_end, s.completion_tokens, s.short) == (3.0, "reasoning", 5.0, 5, False)
     assert s.text_events == 2
@@ -40,8 +43,15 @@ def test_first_token_is_the_first_text_in_any_field_and_usage_is_required() -> N
 
 
 def test_both_denominators() -> None:
-    s = Sample(t_sent=10.0, t_first=10.5, t_end=12.5, prompt_tokens=100, completion_tokens=41, max_tokens=41,
-               first_field="content")
+    s = Sample(
+        t_sent=10.0,
+        t_first=10.5,
+        t_end=12.5,
+        prompt_tokens=100,
+        completion_tokens=41,
+        max_tokens=41,
+        first_field="content",
+    )
     f = sample_figures(s)
     assert f == {"wall_tok_s": 41 / 2.5, "decode_tok_s": 40 / 2.0, "ttft_s": 0.5, "prefill_tok_s": 200.0}
     assert ratio_spread([2.0, 3.0, None], [1.0, 1.0, 1.0]).as_dict() == {"median": 2.5, "min": 2.0, "max": 3.0, "n": 2}
@@ -67,8 +77,11 @@ def test_acceptance_from_metrics_deltas() -> None:
     a = acceptance(after.minus(spec_counters("")))
     assert a["mean_acceptance_length"] == 2.5 and a["per_position"] == [0.9, 0.4] and a["acceptance_rate"] == 0.5
     assert acceptance(after.minus(after))["speculative"] is False
-    assert acceptance(spec_counters("vllm:num_requests_running 0\n")) == {"metrics_page": True, "speculative": False,
-                                                                          "counters": False}
+    assert acceptance(spec_counters("vllm:num_requests_running 0\n")) == {
+        "metrics_page": True,
+        "speculative": False,
+        "counters": False,
+    }
 
 
 def test_configurations_are_typed() -> None:
@@ -85,16 +98,22 @@ def test_ladder_and_cells() -> None:
     cfg = load_config()
     assert set(cfg.prompts) == {"narrative", "code", "quote"}
     cells, steps = plan_cells(cfg, ["code", "quote"], ["greedy", "sampled"], [False, True], 4)
-    assert [c.key for c in steps] == ["code/greedy/think-off/c1", "code/greedy/think-off/c2", "code/greedy/think-off/c4"]
+    assert [c.key for c in steps] == [
+        "code/greedy/think-off/c1",
+        "code/greedy/think-off/c2",
+        "code/greedy/think-off/c4",
+    ]
     assert len(cells) == 2 * 2 * 2 + 2 and steps[0] in cells
     with pytest.raises(UsageError, match="unknown prompt poem"):
         plan_cells(cfg, ["poem"], ["greedy"], [None], 1)
 
 
 def test_nvidia_smi_samples_flag_throttling() -> None:
-    text = ("2026/11/30 10:00:00.000, 0, NVIDIA H200, 1980, 1980, 650.1, 700.00, 60, 0x0000000000000000\n"
-            "2026/11/30 10:00:00.200, 0, NVIDIA H200, 1500, 1980, 699.9, 700.00, 61, 0x0000000000000004\n"
-            "2026/11/30 10:00:00.400, 0, NVIDIA H200, 1980, 1980, [N/A], 700.00, 61, 0x0000000000000001\n")
+    text = (
+        "2026/11/30 10:00:00.000, 0, NVIDIA H200, 1980, 1980, 650.1, 700.00, 60, 0x0000000000000000\n"
+        "2026/11/30 10:00:00.200, 0, NVIDIA H200, 1500, 1980, 699.9, 700.00, 61, 0x0000000000000004\n"
+        "2026/11/30 10:00:00.400, 0, NVIDIA H200, 1980, 1980, [N/A], 700.00, 61, 0x0000000000000001\n"
+    )
     s = summarize(parse_samples(text))
     assert s["throttled"] and s["throttle_reasons"] == {"sw_power_cap": 1} and s["sm_mhz"]["min"] == 1500
     assert s["throttled_fraction"] == pytest.approx(1 / 3) and s["gpu_name"] == "NVIDIA H200"

@@ -15,8 +15,15 @@ from qwenquant.net.prometheus import prefix_cache_counters
 
 
 def _s(sent: float, first: float | None, prompt: int) -> Sample:
-    return Sample(t_sent=sent, t_first=first, t_end=(first or sent) + 1.0, prompt_tokens=prompt,
-                  completion_tokens=8, max_tokens=8, first_field="content")
+    return Sample(
+        t_sent=sent,
+        t_first=first,
+        t_end=(first or sent) + 1.0,
+        prompt_tokens=prompt,
+        completion_tokens=8,
+        max_tokens=8,
+        first_field="content",
+    )
 
 
 def test_a_burst_wider_than_max_num_seqs_is_refused() -> None:
@@ -42,9 +49,23 @@ def test_aggregate_prefill_counts_every_prompt_over_the_burst_span() -> None:
 def test_burst_failure_says_how_many_of_n() -> None:
     assert burst_failure(4, [None, None, None, None]) is None
     assert burst_failure(4, [None, "stalled", None, "empty output"]) == "2 of 4 requests failed: stalled"
-    row = burst_rows({"rungs": [{"depth": 2048, "prompt_tokens": 2047, "ttft": {"min": 0.5, "median": 1.0, "max": 2.25},
-                                 "prefill_tok_s": 3640.0, "ok": False, "failed": 1, "concurrency": 4,
-                                 "acceptance": {"metrics_page": False}, "gpu_memory": {"sampled": False}}]})[0]
+    row = burst_rows(
+        {
+            "rungs": [
+                {
+                    "depth": 2048,
+                    "prompt_tokens": 2047,
+                    "ttft": {"min": 0.5, "median": 1.0, "max": 2.25},
+                    "prefill_tok_s": 3640.0,
+                    "ok": False,
+                    "failed": 1,
+                    "concurrency": 4,
+                    "acceptance": {"metrics_page": False},
+                    "gpu_memory": {"sampled": False},
+                }
+            ]
+        }
+    )[0]
     assert row[2] == "0.50/1.00/2.25" and row[3] == "3640" and row[-1] == "FAILED (1 of 4)"
 
 
@@ -96,8 +117,10 @@ def test_a_burst_with_waiting_requests_is_flagged_queued() -> None:
     assert queued_checks({"max_running": 1, "max_waiting": 3, "pages": 2}, 4, "depth 1024", 4) == []
     (f,) = queued_checks({"max_running": 1, "max_waiting": 3, "pages": 9}, 4, "depth 1024", 1)
     assert f["check"] == "queued" and f["value"] == 3
-    assert f["note"] == ("depth 1024: up to 3 of the 4 requests waited in the server's queue (it ran at most 1 at "
-                         "once): the rung measured a queue, not a burst of 4")
+    assert f["note"] == (
+        "depth 1024: up to 3 of the 4 requests waited in the server's queue (it ran at most 1 at "
+        "once): the rung measured a queue, not a burst of 4"
+    )
 
 
 def test_streams_decoding_at_once_are_counted_from_the_client_clock() -> None:
@@ -105,8 +128,15 @@ def test_streams_decoding_at_once_are_counted_from_the_client_clock() -> None:
     from qwenquant.bench.stream import Sample
 
     def s(first: float | None, end: float) -> Sample:
-        return Sample(t_sent=0.0, t_first=first, t_end=end, prompt_tokens=1, completion_tokens=1, max_tokens=1,
-                      first_field="content")
+        return Sample(
+            t_sent=0.0,
+            t_first=first,
+            t_end=end,
+            prompt_tokens=1,
+            completion_tokens=1,
+            max_tokens=1,
+            first_field="content",
+        )
 
     assert decoding_at_once([]) == 0
     assert decoding_at_once([s(1, 2), s(2, 3), s(3, 4)]) == 1  # one after another: an end and a start at one instant

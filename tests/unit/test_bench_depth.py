@@ -50,15 +50,14 @@ def test_shipped_text_is_pinned_and_repeats_to_any_length() -> None:
     assert t.license == "PSF-2.0" and 250_000 < len(t.text) < 1_000_000
     long = t.take(3 * len(t.text) + 5, start=10)
     assert len(long) == 3 * len(t.text) + 5 and long.startswith(t.text[10:100])
-    assert long[len(t.text) - 10:].startswith(t.text[:50])  # wraps around to the start
+    assert long[len(t.text) - 10 :].startswith(t.text[:50])  # wraps around to the start
 
 
 def test_a_changed_text_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     import qwenquant
 
     (tmp_path / "depthtext").mkdir()
-    (tmp_path / "depthtext" / "depthtext.yaml").write_text(
-        data_path("depthtext", "depthtext.yaml").read_text())
+    (tmp_path / "depthtext" / "depthtext.yaml").write_text(data_path("depthtext", "depthtext.yaml").read_text())
     (tmp_path / "depthtext" / "stdlib.txt").write_text("not the pinned text")
     monkeypatch.setattr(qwenquant, "data_path", lambda *p: tmp_path.joinpath(*p))
     longtext.load_text.cache_clear()
@@ -77,8 +76,10 @@ def test_rung_headers_and_rescaling() -> None:
 
 
 def test_memory_peak_from_nvidia_smi_rows() -> None:
-    got = parse_memory("0, 1000, 143771, 142156\n0, 24000, 143771, 119156\n1, 500, 143771, 142656\n"
-                       "0, [N/A], 143771, 1\ngarbage\n0, 5, 143771\n")
+    got = parse_memory(
+        "0, 1000, 143771, 142156\n0, 24000, 143771, 119156\n1, 500, 143771, 142656\n"
+        "0, [N/A], 143771, 1\ngarbage\n0, 5, 143771\n"
+    )
     assert got["sampled"] and got["peak_used_mib"] == 24000
     # min free is nvidia-smi's free column (the driver's reserve is not free), not total - used
     assert got["gpus"]["0"] == {"peak_used_mib": 24000, "total_mib": 143771, "samples": 2, "min_free_mib": 119156}
@@ -97,8 +98,10 @@ def test_rung_figures_beyond_the_too_good_lines_are_flagged() -> None:
     from qwenquant.bench.longrun import depth_flags
     from qwenquant.bench.workload import load_config
 
-    rungs = [{"depth": 1024, "wall_tok_s": 90.0, "decode_tok_s": 100.0, "prefill_tok_s": 5000.0, "ttft_s": 0.2},
-             {"depth": 2048, "wall_tok_s": None, "decode_tok_s": 5000.0, "prefill_tok_s": 2e6, "ttft_s": 0.0001}]
+    rungs = [
+        {"depth": 1024, "wall_tok_s": 90.0, "decode_tok_s": 100.0, "prefill_tok_s": 5000.0, "ttft_s": 0.2},
+        {"depth": 2048, "wall_tok_s": None, "decode_tok_s": 5000.0, "prefill_tok_s": 2e6, "ttft_s": 0.0001},
+    ]
     got = [(f["where"], f["figure"]) for f in depth_flags({"rungs": rungs}, load_config())]
     assert got == [("depth 2048", "decode_tok_s"), ("depth 2048", "prefill_tok_s"), ("depth 2048", "ttft_s")]
 

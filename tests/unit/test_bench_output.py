@@ -16,31 +16,85 @@ from qwenquant.errors import UsageError
 
 from helpers import run_cli
 
-META = {"tool": "qwenquant bench", "argv": ["qwenquant", "bench", "run", "http://127.0.0.1:8000"],
-        "started": "2026-12-04T00:00:00+00:00", "python": "3.11.7", "gpu_name": None}
-LONG = {"target": {"label": "A", "url": "http://127.0.0.1:8000", "model": "q", "vllm_version": "0.19.1"},
-        "max_model_len": 4096, "text": {"sha256": "a" * 64, "license": "PSF-2.0", "source": "stdlib"},
-        "server": {"restarts": 0}}
+META = {
+    "tool": "qwenquant bench",
+    "argv": ["qwenquant", "bench", "run", "http://127.0.0.1:8000"],
+    "started": "2026-12-04T00:00:00+00:00",
+    "python": "3.11.7",
+    "gpu_name": None,
+}
+LONG = {
+    "target": {"label": "A", "url": "http://127.0.0.1:8000", "model": "q", "vllm_version": "0.19.1"},
+    "max_model_len": 4096,
+    "text": {"sha256": "a" * 64, "license": "PSF-2.0", "source": "stdlib"},
+    "server": {"restarts": 0},
+}
 BODIES: dict[str, dict[str, Any]] = {
-    "run": {"gpu": None, "options": {"repeats": 1}, "config": {"prompt_names": ["narrative"]},
-            "targets": [{"label": "A", "cells": {}, "ladder": []}], "compare": None, "failure": None},
-    "depth": {**LONG, "output_tokens": 64, "depths": [1024, 2048], "concurrency": 1, "reuse_prefix": False,
-              "tokenize": True, "nonce": "0a1b2c3d", "rungs": [{"depth": 1024, "ok": True, "prompt_tokens": 1024}],
-              "last_ok_depth": 1024, "failure": None, "draft_tokens": 3},
-    "soak": {**LONG, "soak_tokens": 2048, "concurrency": 1, "window": 1024, "collapse_fraction": 0.5,
-             "source": "per-request", "token_count_approximate": False, "windows": [{"window": 0}],
-             "stream_windows": [[{"window": 0}]], "streams": [{"stream": 0}], "verdict": {"ok": True, "flags": []},
-             "server_queue": None, "decoding_at_once": 1, "checks": []},
-    "turns": {**LONG, "output_tokens": 64, "turn_tokens": 2048, "tokenize": None, "nonce": "0a1b2c3d",
-              "turns": [{"turn": 0, "ok": True}], "prefix_cache": {"counters": False, "cached": None},
-              "last_ok_turn": 0, "last_ok_depth": 2100, "failure": None},
+    "run": {
+        "gpu": None,
+        "options": {"repeats": 1},
+        "config": {"prompt_names": ["narrative"]},
+        "targets": [{"label": "A", "cells": {}, "ladder": []}],
+        "compare": None,
+        "failure": None,
+    },
+    "depth": {
+        **LONG,
+        "output_tokens": 64,
+        "depths": [1024, 2048],
+        "concurrency": 1,
+        "reuse_prefix": False,
+        "tokenize": True,
+        "nonce": "0a1b2c3d",
+        "rungs": [{"depth": 1024, "ok": True, "prompt_tokens": 1024}],
+        "last_ok_depth": 1024,
+        "failure": None,
+        "draft_tokens": 3,
+    },
+    "soak": {
+        **LONG,
+        "soak_tokens": 2048,
+        "concurrency": 1,
+        "window": 1024,
+        "collapse_fraction": 0.5,
+        "source": "per-request",
+        "token_count_approximate": False,
+        "windows": [{"window": 0}],
+        "stream_windows": [[{"window": 0}]],
+        "streams": [{"stream": 0}],
+        "verdict": {"ok": True, "flags": []},
+        "server_queue": None,
+        "decoding_at_once": 1,
+        "checks": [],
+    },
+    "turns": {
+        **LONG,
+        "output_tokens": 64,
+        "turn_tokens": 2048,
+        "tokenize": None,
+        "nonce": "0a1b2c3d",
+        "turns": [{"turn": 0, "ok": True}],
+        "prefix_cache": {"counters": False, "cached": None},
+        "last_ok_turn": 0,
+        "last_ok_depth": 2100,
+        "failure": None,
+    },
 }
 
 
 def document(which: str, **over: Any) -> dict[str, Any]:
     """A report's JSON document as `deliver` writes it."""
-    return {**META, "tool": f"qwenquant bench {which}", **BODIES[which], "flags": [], "schema_version": SCHEMA_VERSION,
-            "mode": which, "png_path": None, "json_path": "out.json", **over}
+    return {
+        **META,
+        "tool": f"qwenquant bench {which}",
+        **BODIES[which],
+        "flags": [],
+        "schema_version": SCHEMA_VERSION,
+        "mode": which,
+        "png_path": None,
+        "json_path": "out.json",
+        **over,
+    }
 
 
 @pytest.mark.parametrize("mode", sorted(BODIES))
@@ -63,14 +117,18 @@ def test_a_report_is_built_from_its_measured_fields() -> None:
         RunReport(**META, **BODIES["run"], rungs=[])  # type: ignore[call-arg]
 
 
-@pytest.mark.parametrize(("over", "field", "said"), [
-    ({"schema_version": 3}, "schema_version", "is 3, this qwenquant reads bench reports of schema_version 2"),
-    ({"schema_version": "2"}, "schema_version", "is '2', this qwenquant reads bench reports of schema_version 2"),
-    ({"mode": "burst"}, "mode", "is 'burst', not run | depth | soak | turns"),
-    ({"rungs_v2": []}, "rungs_v2", "is not a field of a bench report of mode depth (schema_version 2)"),
-])
-def test_another_schema_version_mode_or_field_is_refused(tmp_path: Path, over: dict[str, Any], field: str,
-                                                         said: str) -> None:
+@pytest.mark.parametrize(
+    ("over", "field", "said"),
+    [
+        ({"schema_version": 3}, "schema_version", "is 3, this qwenquant reads bench reports of schema_version 2"),
+        ({"schema_version": "2"}, "schema_version", "is '2', this qwenquant reads bench reports of schema_version 2"),
+        ({"mode": "burst"}, "mode", "is 'burst', not run | depth | soak | turns"),
+        ({"rungs_v2": []}, "rungs_v2", "is not a field of a bench report of mode depth (schema_version 2)"),
+    ],
+)
+def test_another_schema_version_mode_or_field_is_refused(
+    tmp_path: Path, over: dict[str, Any], field: str, said: str
+) -> None:
     path = tmp_path / "odd.json"
     path.write_text(json.dumps(document("depth", **over)))
     with pytest.raises(UsageError) as e:
@@ -82,14 +140,17 @@ def test_another_schema_version_mode_or_field_is_refused(tmp_path: Path, over: d
 def test_a_missing_field_is_named() -> None:
     doc = document("soak")
     del doc["verdict"]
-    with pytest.raises(UsageError, match="^here: verdict is missing from a bench report of mode soak .schema_version 2.$"):
+    with pytest.raises(
+        UsageError, match="^here: verdict is missing from a bench report of mode soak .schema_version 2.$"
+    ):
         BenchReport.from_json(doc, "here")
     with pytest.raises(UsageError, match="^here: mode is 'soak', not depth$"):
         REPORTS["depth"].from_json(document("soak"), "here")
 
 
-def test_publish_refuses_a_bench_report_of_another_schema_in_one_line(tmp_path: Path,
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_publish_refuses_a_bench_report_of_another_schema_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from test_card import _artifact
 
     art = _artifact(tmp_path)

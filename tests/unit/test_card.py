@@ -32,10 +32,24 @@ from qwenquant.publish.reports import gather_reports
 from qwenquant.recipe import load_recipe
 
 REPO = "me/Qwen3.8-27B-w4a16"
-SOURCE = {"kind": "fetched", "verified": True, "repo": "Qwen/Qwen3.8-27B", "repo_type": "model", "revision": "main",
-          "commit": "a" * 40, "files": {"config.json": {"size": 10, "sha256": "b" * 64}}}
-CALIBRATION = {"dataset": "HuggingFaceH4/ultrachat_200k", "revision": "c" * 40, "split": "train_sft", "num_samples": 512,
-               "max_length": 2048, "token_total": 1048576, "fingerprint_sha256": "d" * 64}
+SOURCE = {
+    "kind": "fetched",
+    "verified": True,
+    "repo": "Qwen/Qwen3.8-27B",
+    "repo_type": "model",
+    "revision": "main",
+    "commit": "a" * 40,
+    "files": {"config.json": {"size": 10, "sha256": "b" * 64}},
+}
+CALIBRATION = {
+    "dataset": "HuggingFaceH4/ultrachat_200k",
+    "revision": "c" * 40,
+    "split": "train_sft",
+    "num_samples": 512,
+    "max_length": 2048,
+    "token_total": 1048576,
+    "fingerprint_sha256": "d" * 64,
+}
 CELL = "narrative/greedy/think-off/c1"
 
 
@@ -43,49 +57,121 @@ def _artifact(tmp: Path, *, mtp: bool = True, quality: dict | None = None) -> Pa
     """A folder with the files the card reads (config.json with its quantization_config, the index)."""
     art = tmp / "q27b"
     art.mkdir(parents=True)
-    groups = {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "group_size": 128}},
-              "group_1": {"targets": ["re:.*lm_head$"], "weights": {"num_bits": 4, "group_size": 128}}}
-    (art / "config.json").write_text(json.dumps({"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text",
-                                                 "quantization_config": {"config_groups": groups}}))
+    groups = {
+        "group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "group_size": 128}},
+        "group_1": {"targets": ["re:.*lm_head$"], "weights": {"num_bits": 4, "group_size": 128}},
+    }
+    (art / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["Qwen3_5ForCausalLM"],
+                "model_type": "qwen3_5_text",
+                "quantization_config": {"config_groups": groups},
+            }
+        )
+    )
     names = ["model.language_model.layers.0.mlp.down_proj.weight_packed", "lm_head.weight_packed"]
     names += [f"mtp.layers.0.t{i}" for i in range(15)] if mtp else []
     wm = {n: "model-mtp.safetensors" if n.startswith("mtp.") else "model-00001-of-00001.safetensors" for n in names}
     (art / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
     recipe = load_recipe("w4a16-int4head").canonical()
-    write_manifest(art, build_manifest(art, source=SOURCE, recipe=recipe, recipe_sha256=sha256_json(recipe),
-                                       calibration=CALIBRATION, stages={}, quality=quality or {},
-                                       tool_versions={"qwenquant": "0.1.0", "llmcompressor": "0.14.0.1"}))
+    write_manifest(
+        art,
+        build_manifest(
+            art,
+            source=SOURCE,
+            recipe=recipe,
+            recipe_sha256=sha256_json(recipe),
+            calibration=CALIBRATION,
+            stages={},
+            quality=quality or {},
+            tool_versions={"qwenquant": "0.1.0", "llmcompressor": "0.14.0.1"},
+        ),
+    )
     return art
 
 
 def _eval_report(root: str) -> dict:
-    return {"arms": {"reference": {"ppl": 7.1},
-                     "artifact": {"ppl": 7.2, "delta_pct": 1.41, "ci95_pct": [1.1, 1.7], "kl": 0.0123, "top1": 0.951,
-                                  "windows": 32, "windows_worse": 25}},
-            "lm_head": {"rtn": {"kl": 0.02, "top1": 0.9}, "gptq": {"kl": 0.008, "top1": 0.93}, "ratio": 0.4},
-            "mtp": {"reference": {"agree": 0.62, "acceptance_length_1": 1.62},
-                    "artifact": {"agree": 0.61, "acceptance_length_1": 1.61}, "change_pct": -0.62,
-                    "int4_vs_bf16": {"delta_points": -0.3, "ci95_points": [-0.7, 0.1], "same_draft": 0.972}},
-            "windows": 32, "window_len": 256, "device": "cuda", "forward": "streamed", "root_digest": root}
+    return {
+        "arms": {
+            "reference": {"ppl": 7.1},
+            "artifact": {
+                "ppl": 7.2,
+                "delta_pct": 1.41,
+                "ci95_pct": [1.1, 1.7],
+                "kl": 0.0123,
+                "top1": 0.951,
+                "windows": 32,
+                "windows_worse": 25,
+            },
+        },
+        "lm_head": {"rtn": {"kl": 0.02, "top1": 0.9}, "gptq": {"kl": 0.008, "top1": 0.93}, "ratio": 0.4},
+        "mtp": {
+            "reference": {"agree": 0.62, "acceptance_length_1": 1.62},
+            "artifact": {"agree": 0.61, "acceptance_length_1": 1.61},
+            "change_pct": -0.62,
+            "int4_vs_bf16": {"delta_points": -0.3, "ci95_points": [-0.7, 0.1], "same_draft": 0.972},
+        },
+        "windows": 32,
+        "window_len": 256,
+        "device": "cuda",
+        "forward": "streamed",
+        "root_digest": root,
+    }
 
 
 def _served_report(root: str) -> dict:
-    return {"url": "http://127.0.0.1:8000", "model": "q", "gate": "tiny-reference",
-            "tasks": [{"name": "copy", "passed": 5, "total": 5, "min_pass": 5, "failures": []}],
-            "mtp": {"metrics_present": True, "drafts": 120, "draft_tokens": 360, "accepted_tokens": 180,
-                    "mean_acceptance_length": 2.5, "per_position": {"0": 0.7, "1": 0.5, "2": 0.3}},
-            "served": {"artifact_root_digest": root, "profile": "single-user", "device": "cuda", "gpu_mem": "24GiB",
-                       "vllm_version_installed": "0.19.1"}, "root_digest": root, "ok": True}
+    return {
+        "url": "http://127.0.0.1:8000",
+        "model": "q",
+        "gate": "tiny-reference",
+        "tasks": [{"name": "copy", "passed": 5, "total": 5, "min_pass": 5, "failures": []}],
+        "mtp": {
+            "metrics_present": True,
+            "drafts": 120,
+            "draft_tokens": 360,
+            "accepted_tokens": 180,
+            "mean_acceptance_length": 2.5,
+            "per_position": {"0": 0.7, "1": 0.5, "2": 0.3},
+        },
+        "served": {
+            "artifact_root_digest": root,
+            "profile": "single-user",
+            "device": "cuda",
+            "gpu_mem": "24GiB",
+            "vllm_version_installed": "0.19.1",
+        },
+        "root_digest": root,
+        "ok": True,
+    }
 
 
 def _bench_report(root: str) -> dict:
     fig = {"median": 81.5, "min": 80.0, "max": 83.0, "n": 3}
-    return {"schema_version": 1, "tool": "qwenquant bench", "gpu_name": "NVIDIA GeForce RTX 4090",
-            "argv": ["qwenquant", "bench", "--serve", "artifacts/q27b", "--profile", "single-user"],
-            "targets": [{"label": "A", "profile": "single-user", "artifact_root_digest": root, "vllm_version": "0.19.1",
-                         "acceptance": {"speculative": True, "mean_acceptance_length": 2.4},
-                         "cells": {CELL: {"figures": {"decode_tok_s": fig, "wall_tok_s": fig,
-                                                      "ttft_s": {"median": 0.12, "min": 0.1, "max": 0.2, "n": 3}}}}}]}
+    return {
+        "schema_version": 1,
+        "tool": "qwenquant bench",
+        "gpu_name": "NVIDIA GeForce RTX 4090",
+        "argv": ["qwenquant", "bench", "--serve", "artifacts/q27b", "--profile", "single-user"],
+        "targets": [
+            {
+                "label": "A",
+                "profile": "single-user",
+                "artifact_root_digest": root,
+                "vllm_version": "0.19.1",
+                "acceptance": {"speculative": True, "mean_acceptance_length": 2.4},
+                "cells": {
+                    CELL: {
+                        "figures": {
+                            "decode_tok_s": fig,
+                            "wall_tok_s": fig,
+                            "ttft_s": {"median": 0.12, "min": 0.1, "max": 0.2, "n": 3},
+                        }
+                    }
+                },
+            }
+        ],
+    }
 
 
 def _card(art: Path, reports: list[Path] = ()):
@@ -94,8 +180,17 @@ def _card(art: Path, reports: list[Path] = ()):
     reps = gather_reports(art, m.root_digest, reports)
     figs = collect_figures(raw, reps, m.root_digest)
     facts = read_facts(art, m, "apache-2.0")
-    card = build_card(m, raw["manifest_self_digest"], facts, repo_id=REPO, revision="main", license_id="apache-2.0",
-                      reports=reps, figures=figs, missing=not_measured(figs))
+    card = build_card(
+        m,
+        raw["manifest_self_digest"],
+        facts,
+        repo_id=REPO,
+        revision="main",
+        license_id="apache-2.0",
+        reports=reps,
+        figures=figs,
+        missing=not_measured(figs),
+    )
     return card, reps, raw
 
 
@@ -128,8 +223,11 @@ def test_every_figure_is_traceable_to_a_report_of_this_root_digest(tmp_path: Pat
     _write(report_path(art, root, "eval-served"), _served_report(root))
     bench = _write(tmp_path / "bench.json", _bench_report(root))
     card, reps, manifest = _card(art, [bench])
-    assert [r.repo_path for r in reps] == ["qwenquant-reports/eval.json", "qwenquant-reports/eval-served.json",
-                                           "qwenquant-reports/bench.json"]
+    assert [r.repo_path for r in reps] == [
+        "qwenquant-reports/eval.json",
+        "qwenquant-reports/eval-served.json",
+        "qwenquant-reports/bench.json",
+    ]
     published = {r.repo_path: json.loads(r.raw) for r in reps} | {"qwenquant-manifest.json": manifest}
     for r in reps:
         assert card.record["files"][r.repo_path]["sha256"] == r.sha256
@@ -150,7 +248,9 @@ def test_every_figure_is_traceable_to_a_report_of_this_root_digest(tmp_path: Pat
     served = next(f for f in figures if f["label"] == "mean acceptance length")
     assert served["machine"] == "cuda, --gpu-mem 24GiB, vLLM 0.19.1"  # served figures name where they ran
     bench_fig = next(f for f in figures if f["section"] == "throughput")
-    assert bench_fig["machine"].startswith("NVIDIA GeForce RTX 4090") and bench_fig["command"].startswith("qwenquant bench")
+    assert bench_fig["machine"].startswith("NVIDIA GeForce RTX 4090") and bench_fig["command"].startswith(
+        "qwenquant bench"
+    )
     assert "not measured" not in card.readme.decode()
 
 
@@ -178,8 +278,10 @@ def test_an_eval_against_an_unverified_reference_is_refused(tmp_path: Path) -> N
     art = _artifact(tmp_path)
     root = load_manifest(art).root_digest
     unverified = _write(tmp_path / "unverified.json", {**_eval_report(root), "reference_check": {"verified": False}})
-    with pytest.raises(UsageError, match="not the artifact's recorded source .--reference-unverified.: its figures "
-                                         "cannot go on this card"):
+    with pytest.raises(
+        UsageError,
+        match="not the artifact's recorded source .--reference-unverified.: its figures cannot go on this card",
+    ):
         _card(art, [unverified])
     verified = _write(tmp_path / "verified.json", {**_eval_report(root), "reference_check": {"verified": True}})
     assert [r.kind for r in _card(art, [verified])[1]] == ["eval"]
@@ -235,7 +337,10 @@ def test_verify_accepts_the_card_only_as_its_record_holds_it(tmp_path: Path) -> 
     assert [(p.path, p.status) for p in verify_artifact(art).problems] == [(CARD_NAME, "card")]
     forged = {**card.record, "root_digest": "0" * 64}
     (art / CARD_RECORD_NAME).write_text(json.dumps(forged))  # a record of another artifact vouches for nothing
-    assert [(p.path, p.status) for p in verify_artifact(art).problems] == [(CARD_NAME, "extra"), (CARD_RECORD_NAME, "card")]
+    assert [(p.path, p.status) for p in verify_artifact(art).problems] == [
+        (CARD_NAME, "extra"),
+        (CARD_RECORD_NAME, "card"),
+    ]
 
 
 def test_a_card_record_cannot_vouch_for_a_file_vllm_would_load(tmp_path: Path) -> None:
@@ -259,8 +364,10 @@ def test_two_served_configurations_are_two_card_lines_each_naming_its_own(tmp_pa
     art = _artifact(tmp_path)
     root = load_manifest(art).root_digest
     bf16 = {**_served_report(root), "served": {**_served_report(root)["served"], "activations": "bf16"}}
-    int8 = {**_served_report(root), "served": {**bf16["served"], "activations": "int8",
-                                               "extra_vllm_flags": ["--max-model-len", "4096"]}}
+    int8 = {
+        **_served_report(root),
+        "served": {**bf16["served"], "activations": "int8", "extra_vllm_flags": ["--max-model-len", "4096"]},
+    }
     int8["mtp"] = {**int8["mtp"], "mean_acceptance_length": 2.3}
     _write(report_path(art, root, served_kind("bf16", "single-user", [])), bf16)
     _write(report_path(art, root, served_kind("int8", "single-user", ["--max-model-len", "4096"])), int8)
@@ -287,27 +394,60 @@ def test_the_use_it_command_starts_a_model_shorter_than_the_profile(tmp_path: Pa
     cfg = json.loads((art / "config.json").read_text())
     (art / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 4096}))
     recipe = load_recipe("w4a16-int4head").canonical()
-    write_manifest(art, build_manifest(art, source=SOURCE, recipe=recipe, recipe_sha256=sha256_json(recipe),
-                                       calibration=CALIBRATION, stages={}, quality={}, tool_versions={}))
+    write_manifest(
+        art,
+        build_manifest(
+            art,
+            source=SOURCE,
+            recipe=recipe,
+            recipe_sha256=sha256_json(recipe),
+            calibration=CALIBRATION,
+            stages={},
+            quality={},
+            tool_versions={},
+        ),
+    )
     text = _card(art)[0].readme.decode()
     assert "qwenquant serve models/Qwen3.8-27B-w4a16 --profile single-user -- --max-model-len 4096\n" in text
     assert "--max-model-len 4096" in text.split("Plain vLLM", 1)[1]
 
 
-@pytest.mark.parametrize("mode, edit, said", [
-    ("depth", {"last_ok_depth": 999999}, "last_ok_depth is 999999, but its own records give 1983"),
-    ("soak", {"verdict": "ok"}, 'verdict is "ok", not an object with a `status` string'),
-])
-def test_a_hand_edited_long_report_is_refused_naming_the_field(tmp_path: Path, mode: str, edit: dict,
-                                                               said: str) -> None:
+@pytest.mark.parametrize(
+    "mode, edit, said",
+    [
+        ("depth", {"last_ok_depth": 999999}, "last_ok_depth is 999999, but its own records give 1983"),
+        ("soak", {"verdict": "ok"}, 'verdict is "ok", not an object with a `status` string'),
+    ],
+)
+def test_a_hand_edited_long_report_is_refused_naming_the_field(
+    tmp_path: Path, mode: str, edit: dict, said: str
+) -> None:
     art = _artifact(tmp_path)
     root = load_manifest(art).root_digest
-    target = {"label": "t", "artifact_root_digest": root, "profile": "single-user", "device": "cpu",
-              "vllm_version": "0.32.0"}
-    body = {"tool": f"qwenquant bench {mode}", "schema_version": 1, "target": target, "max_model_len": 2048,
-            "concurrency": 1, "argv": ["qwenquant", "bench", mode]}
-    body |= {"rungs": [{"prompt_tokens": 991, "ok": True}, {"prompt_tokens": 1983, "ok": True}], "last_ok_depth": 1983,
-             "failure": None} if mode == "depth" else {"soak_tokens": 200, "verdict": {"status": "ok"}, "windows": []}
+    target = {
+        "label": "t",
+        "artifact_root_digest": root,
+        "profile": "single-user",
+        "device": "cpu",
+        "vllm_version": "0.32.0",
+    }
+    body = {
+        "tool": f"qwenquant bench {mode}",
+        "schema_version": 1,
+        "target": target,
+        "max_model_len": 2048,
+        "concurrency": 1,
+        "argv": ["qwenquant", "bench", mode],
+    }
+    body |= (
+        {
+            "rungs": [{"prompt_tokens": 991, "ok": True}, {"prompt_tokens": 1983, "ok": True}],
+            "last_ok_depth": 1983,
+            "failure": None,
+        }
+        if mode == "depth"
+        else {"soak_tokens": 200, "verdict": {"status": "ok"}, "windows": []}
+    )
     good = _write(tmp_path / "good.json", body)
     assert len(_card(art, [good])[1]) == 1
     bad = _write(tmp_path / "bad.json", {**body, **edit})

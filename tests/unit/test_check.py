@@ -35,35 +35,68 @@ class Fx:
         self.shape_override: dict[str, tuple[int, int]] = {}
         self.t: dict[str, tuple[str, tuple[int, ...]]] = {}
         text = {
-            "model_type": "qwen3_5_text", "hidden_size": H, "num_hidden_layers": 4, "mtp_num_hidden_layers": 1,
+            "model_type": "qwen3_5_text",
+            "hidden_size": H,
+            "num_hidden_layers": 4,
+            "mtp_num_hidden_layers": 1,
             "rope_parameters": {"rope_theta": 10000000, "rope_type": "default", "partial_rotary_factor": 0.25},
         }
         qc = {
-            "quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": list(IGNORE),
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "ignore": list(IGNORE),
             "config_groups": {
-                "group_0": {"targets": ["Linear"], "format": "pack-quantized", "input_activations": None,
-                            "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
-                                        "group_size": GS, "actorder": "static"}},
-                "group_1": {"targets": ["re:.*lm_head$"], "format": "pack-quantized", "input_activations": None,
-                            "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
-                                        "group_size": GS, "actorder": None}},
+                "group_0": {
+                    "targets": ["Linear"],
+                    "format": "pack-quantized",
+                    "input_activations": None,
+                    "weights": {
+                        "num_bits": 4,
+                        "type": "int",
+                        "symmetric": True,
+                        "strategy": "group",
+                        "group_size": GS,
+                        "actorder": "static",
+                    },
+                },
+                "group_1": {
+                    "targets": ["re:.*lm_head$"],
+                    "format": "pack-quantized",
+                    "input_activations": None,
+                    "weights": {
+                        "num_bits": 4,
+                        "type": "int",
+                        "symmetric": True,
+                        "strategy": "group",
+                        "group_size": GS,
+                        "actorder": None,
+                    },
+                },
             },
         }
         if layout == "text-only":
             self.config: dict[str, Any] = {"architectures": ["Qwen3_5ForCausalLM"], **text, "quantization_config": qc}
         else:
             text["rope_parameters"] |= {"mrope_section": [3, 3, 2], "mrope_interleaved": True}
-            self.config = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
-                           "text_config": text, "vision_config": {"depth": 1, "hidden_size": 64},
-                           "quantization_config": qc}
+            self.config = {
+                "architectures": ["Qwen3_5ForConditionalGeneration"],
+                "model_type": "qwen3_5",
+                "text_config": text,
+                "vision_config": {"depth": 1, "hidden_size": 64},
+                "quantization_config": qc,
+            }
         p = prefix
         self.bf16(f"{p}embed_tokens.weight", V, H)
         self.bf16(f"{p}norm.weight", H)
         for i in range(4):
             L = f"{p}layers.{i}."
             if i == 3:
-                for name, out, inp in (("q_proj", 2 * HEADS * HD, H), ("k_proj", KV * HD, H), ("v_proj", KV * HD, H),
-                                       ("o_proj", H, HEADS * HD)):
+                for name, out, inp in (
+                    ("q_proj", 2 * HEADS * HD, H),
+                    ("k_proj", KV * HD, H),
+                    ("v_proj", KV * HD, H),
+                    ("o_proj", H, HEADS * HD),
+                ):
                     self.q(f"{L}self_attn.{name}", out, inp)
                 self.bf16(f"{L}self_attn.q_norm.weight", HD)
                 self.bf16(f"{L}self_attn.k_norm.weight", HD)
@@ -89,8 +122,15 @@ class Fx:
         M = "mtp.layers.0."
         self.bf16(f"{M}input_layernorm.weight", H)
         self.bf16(f"{M}post_attention_layernorm.weight", H)
-        for name, out, inp in (("q_proj", 2 * HEADS * HD, H), ("k_proj", KV * HD, H), ("v_proj", KV * HD, H),
-                               ("o_proj", H, HEADS * HD), ("gate_proj", I, H), ("up_proj", I, H), ("down_proj", H, I)):
+        for name, out, inp in (
+            ("q_proj", 2 * HEADS * HD, H),
+            ("k_proj", KV * HD, H),
+            ("v_proj", KV * HD, H),
+            ("o_proj", H, HEADS * HD),
+            ("gate_proj", I, H),
+            ("up_proj", I, H),
+            ("down_proj", H, I),
+        ):
             sub = "mlp" if name in ("gate_proj", "up_proj", "down_proj") else "self_attn"
             self.bf16(f"{M}{sub}.{name}.weight", out, inp)
         self.bf16(f"{M}self_attn.q_norm.weight", HD)
@@ -164,8 +204,10 @@ def _only(report, rule: str) -> list[str]:
     return [f"{f.where}: {f.message} — {f.fix}" for f in report.findings]
 
 
-@pytest.mark.parametrize("layout, prefix", [("text-only", "model.language_model."), ("text-only", "model."),
-                                            ("multimodal", "model.language_model.")])
+@pytest.mark.parametrize(
+    "layout, prefix",
+    [("text-only", "model.language_model."), ("text-only", "model."), ("multimodal", "model.language_model.")],
+)
 def test_good_artifact_passes(tmp_path: Path, layout: str, prefix: str) -> None:
     r = _check(Fx(layout, prefix), tmp_path)
     assert r.ok, [str(f) for f in r.findings]
@@ -176,7 +218,8 @@ def test_text_only_ignore_names_follow_the_loader_mapping(tmp_path: Path) -> Non
     """Qwen3_5ForCausalLM maps model.language_model.* to model.* for tensors and ignore entries alike."""
     fx = Fx("text-only", "model.")
     fx.qc["ignore"] = [e for e in fx.qc["ignore"] if "in_proj" not in e] + [
-        f"model.language_model.layers.{i}.linear_attn.in_proj_{g}" for i in range(3) for g in "ab"]
+        f"model.language_model.layers.{i}.linear_attn.in_proj_{g}" for i in range(3) for g in "ab"
+    ]
     assert _check(fx, tmp_path).ok
     fx.qc["ignore"] = [e for e in fx.qc["ignore"] if "layers.2" not in e]
     r = check_artifact(fx.write(tmp_path / "b"))
@@ -198,13 +241,18 @@ def test_cli_ok_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 # (1) fused layers share one scheme ----------------------------------------------------------
 
+
 def test_fused_gdn_gate_half_quantized(tmp_path: Path) -> None:
     fx = Fx()
     fx.q("model.language_model.layers.0.linear_attn.in_proj_b", GV, H)
     fx.qc["ignore"].remove("re:.*linear_attn.in_proj_b$")
     msgs = [str(f) for f in _check(fx, tmp_path).findings if f.rule == "fused-scheme"]
-    assert any("model.language_model.layers.0.linear_attn.in_proj_ba" in m and "in_proj_b=int4 packed" in m
-               and "in_proj_a=bf16" in m for m in msgs), msgs
+    assert any(
+        "model.language_model.layers.0.linear_attn.in_proj_ba" in m
+        and "in_proj_b=int4 packed" in m
+        and "in_proj_a=bf16" in m
+        for m in msgs
+    ), msgs
 
 
 def test_fused_ignore_disagrees(tmp_path: Path) -> None:
@@ -212,16 +260,21 @@ def test_fused_ignore_disagrees(tmp_path: Path) -> None:
     fx.qc["ignore"].append("re:.*in_proj_z$")
     r = _check(fx, tmp_path)
     assert "fused-scheme" in r.rule_ids()
-    assert any(f.rule == "fused-scheme" and f.where.endswith("layers.0.linear_attn.in_proj_qkvz")
-               and "in_proj_z: ignored" in f.message for f in r.findings)
+    assert any(
+        f.rule == "fused-scheme"
+        and f.where.endswith("layers.0.linear_attn.in_proj_qkvz")
+        and "in_proj_z: ignored" in f.message
+        for f in r.findings
+    )
 
 
 def test_fused_qkv_storage_disagrees(tmp_path: Path) -> None:
     fx = Fx()
     fx.unq("model.language_model.layers.3.self_attn.v_proj")
     r = _check(fx, tmp_path)
-    assert any(f.rule == "fused-scheme" and f.where == "model.language_model.layers.3.self_attn.qkv_proj"
-               for f in r.findings)
+    assert any(
+        f.rule == "fused-scheme" and f.where == "model.language_model.layers.3.self_attn.qkv_proj" for f in r.findings
+    )
 
 
 def test_body_layer_stored_bf16_but_targeted(tmp_path: Path) -> None:
@@ -232,6 +285,7 @@ def test_body_layer_stored_bf16_but_targeted(tmp_path: Path) -> None:
 
 
 # (2) kernel shapes --------------------------------------------------------------------------
+
 
 def test_quantized_rows_not_multiple_of_64(tmp_path: Path) -> None:
     fx = Fx()
@@ -255,7 +309,11 @@ def test_rows_a_marlin_tile_pads_are_no_load_problem(tmp_path: Path) -> None:
     fx.q(mod, 96, H)
     fx.q(mod.replace("gate_proj", "up_proj"), 96, H)
     down = mod.replace("gate_proj", "down_proj")  # 96 inputs are not a 128-group: bf16
-    fx.t.pop(f"{down}.weight_packed", None), fx.t.pop(f"{down}.weight_scale", None), fx.t.pop(f"{down}.weight_shape", None)
+    (
+        fx.t.pop(f"{down}.weight_packed", None),
+        fx.t.pop(f"{down}.weight_scale", None),
+        fx.t.pop(f"{down}.weight_shape", None),
+    )
     fx.bf16(f"{down}.weight", H, 96)
     fx.qc["ignore"].append("re:.*layers[.]0[.]mlp[.]down_proj$")
     r = _check(fx, tmp_path)
@@ -267,8 +325,10 @@ def test_in_features_not_multiple_of_group_size(tmp_path: Path) -> None:
     mod = "model.language_model.layers.0.mlp.down_proj"
     fx.q(mod, H, 480, gs=96)  # 480 = 15 x 32 fits CPU, but the config's group is 128
     r = _check(fx, tmp_path)
-    assert any(f.rule == "kernel-shape" and f.where == f"{mod}.weight_packed" and "group_size 128" in f.message
-               for f in r.findings), [str(f) for f in r.findings]
+    assert any(
+        f.rule == "kernel-shape" and f.where == f"{mod}.weight_packed" and "group_size 128" in f.message
+        for f in r.findings
+    ), [str(f) for f in r.findings]
 
 
 def test_packed_tensor_wrong_dtype(tmp_path: Path) -> None:
@@ -280,6 +340,7 @@ def test_packed_tensor_wrong_dtype(tmp_path: Path) -> None:
 
 
 # (3) lm_head --------------------------------------------------------------------------------
+
 
 def test_lm_head_bare_target_and_ignored(tmp_path: Path) -> None:
     fx = Fx()
@@ -294,11 +355,13 @@ def test_lm_head_stored_bf16(tmp_path: Path) -> None:
     fx = Fx()
     fx.unq("lm_head")
     msgs = _only(_check(fx, tmp_path), "lm-head")
-    assert msgs == ["lm_head.weight: is stored bf16, not int4 packed — run the lm_head stage "
-                    "(recipe lm_head.enabled: true)"]
+    assert msgs == [
+        "lm_head.weight: is stored bf16, not int4 packed — run the lm_head stage (recipe lm_head.enabled: true)"
+    ]
 
 
 # (4) mtp ------------------------------------------------------------------------------------
+
 
 def test_mtp_not_ignored_and_missing_tensor(tmp_path: Path) -> None:
     fx = Fx()
@@ -323,9 +386,15 @@ def _int4_mtp(fx: Fx) -> Fx:
     """Every MTP Linear packed (mtp.quantize: gptq), norms bf16."""
     M = "mtp.layers.0."
     fx.q("mtp.fc", H, 2 * H)
-    for name, out, inp in (("self_attn.q_proj", 2 * HEADS * HD, H), ("self_attn.k_proj", KV * HD, H),
-                           ("self_attn.v_proj", KV * HD, H), ("self_attn.o_proj", H, HEADS * HD),
-                           ("mlp.gate_proj", I, H), ("mlp.up_proj", I, H), ("mlp.down_proj", H, I)):
+    for name, out, inp in (
+        ("self_attn.q_proj", 2 * HEADS * HD, H),
+        ("self_attn.k_proj", KV * HD, H),
+        ("self_attn.v_proj", KV * HD, H),
+        ("self_attn.o_proj", H, HEADS * HD),
+        ("mlp.gate_proj", I, H),
+        ("mlp.up_proj", I, H),
+        ("mlp.down_proj", H, I),
+    ):
         fx.q(M + name, out, inp)
     return fx
 
@@ -347,6 +416,7 @@ def test_mtp_shard_missing_from_index(tmp_path: Path) -> None:
 
 # (5) mrope in text-only -----------------------------------------------------------------------
 
+
 def test_mrope_in_text_only(tmp_path: Path) -> None:
     fx = Fx()
     fx.config["rope_parameters"]["mrope_section"] = [3, 3, 2]
@@ -358,6 +428,7 @@ def test_mrope_in_text_only(tmp_path: Path) -> None:
 
 
 # (6) vision ---------------------------------------------------------------------------------
+
 
 def test_text_only_with_vision_leftovers(tmp_path: Path) -> None:
     fx = Fx()
@@ -378,6 +449,7 @@ def test_multimodal_vision_quantized_or_targeted(tmp_path: Path) -> None:
 
 
 # (7) index and headers ------------------------------------------------------------------------
+
 
 def test_index_names_missing_tensor(tmp_path: Path) -> None:
     d = Fx().write(tmp_path / "art")
@@ -427,8 +499,9 @@ def test_missing_folder_and_empty_folder(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["check", str(tmp_path / "nope")]) == 2  # a missing path is a usage error in every command
     assert "does not exist" in capsys.readouterr().err
     assert main(["check", str(tmp_path)]) == 2  # an empty folder is not an artifact: a usage error too
-    assert f"{tmp_path} holds no config.json and no safetensors file: it is not an artifact" in \
-        " ".join(capsys.readouterr().err.split())
+    assert f"{tmp_path} holds no config.json and no safetensors file: it is not an artifact" in " ".join(
+        capsys.readouterr().err.split()
+    )
     (tmp_path / "model.safetensors").write_bytes(b"")  # a shard and no config: what vLLM would refuse
     r = check_artifact(tmp_path)
     assert not r.ok and {"layout", "safetensors-header"} <= set(r.rule_ids())
@@ -436,24 +509,32 @@ def test_missing_folder_and_empty_folder(tmp_path: Path, capsys: pytest.CaptureF
 
 # (9) draft tokens vLLM's GDN speculative path survives ------------------------------------------
 
+
 def test_profile_drafting_more_than_four_tokens_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A manifest whose recipe drafts 5 tokens in one profile: check names that profile and vllm #37035."""
     d = Fx().write(tmp_path / "art")
-    serve = {"defaults": {"speculative": {"method": "mtp", "num_speculative_tokens": 3}},
-             "profiles": {"single-user": {}, "fast": {"speculative": {"method": "mtp", "num_speculative_tokens": 5}},
-                          "batch": {"speculative": None}}}
+    serve = {
+        "defaults": {"speculative": {"method": "mtp", "num_speculative_tokens": 3}},
+        "profiles": {
+            "single-user": {},
+            "fast": {"speculative": {"method": "mtp", "num_speculative_tokens": 5}},
+            "batch": {"speculative": None},
+        },
+    }
     (d / "qwenquant-manifest.json").write_text(json.dumps({"recipe": {"serve": serve}}))
     r = check_artifact(d)
     assert _only(r, "speculative") == [
         "qwenquant-manifest.json:recipe.serve.profiles.fast.speculative: num_speculative_tokens 5 is above 4: "
         "vLLM's Gated DeltaNet speculative path crashes with more than 4 draft tokens (vllm #37035) — draft at "
         "most 4 tokens (the recipes draft 3): set speculative.num_speculative_tokens, or pass --speculative-config "
-        '\'{"method": "mtp", "num_speculative_tokens": 3}\' after --']
+        '\'{"method": "mtp", "num_speculative_tokens": 3}\' after --'
+    ]
     assert main(["check", str(d)]) == CheckError.exit_code
     assert "speculative at qwenquant-manifest.json:recipe.serve.profiles.fast.speculative" in capsys.readouterr().err
     serve["profiles"]["fast"]["speculative"]["num_speculative_tokens"] = 4
     (d / "qwenquant-manifest.json").write_text(json.dumps({"recipe": {"serve": serve}}))
     assert check_artifact(d).ok
+
 
 def test_vllm_releases_that_load_an_int4_mtp_head() -> None:
     """check knows the releases whose MTP loader builds a quantized drafter (the version table's rows: 0.26-0.34
@@ -474,18 +555,27 @@ def test_vllm_releases_that_load_an_int4_mtp_head() -> None:
     assert mtp_vllm_problems(load_recipe("w4a16-int4head")) == []  # a bf16 head loads anywhere
 
 
-@pytest.mark.parametrize(("weights", "said"), [
-    ({"strategy": "channel", "group_size": None}, "strategy channel quantizes mtp.fc with one scale per row"),
-    ({"strategy": "group", "group_size": 512}, "group_size 512 puts mtp.fc's group of columns 0-511 across column 256"),
-])
+@pytest.mark.parametrize(
+    ("weights", "said"),
+    [
+        ({"strategy": "channel", "group_size": None}, "strategy channel quantizes mtp.fc with one scale per row"),
+        (
+            {"strategy": "group", "group_size": 512},
+            "group_size 512 puts mtp.fc's group of columns 0-511 across column 256",
+        ),
+    ],
+)
 def test_an_mtp_fc_grouping_that_mixes_embedding_and_hidden_is_refused(tmp_path: Path, capsys, weights, said) -> None:
     """mtp.fc's input is [embedding ; hidden] (2H = 512 here): a channelwise scale, or a group across column H, rounds
     the embedding half to zero (0% acceptance, no error); check exits 6 naming the config group's field."""
     fx = _int4_mtp(Fx())
     fx.qc["ignore"].remove("re:^mtp.*")
     fx.qc["config_groups"]["a_mtp_fc"] = {
-        "targets": ["re:^mtp[.]fc$"], "format": "pack-quantized", "input_activations": None,
-        "weights": {"num_bits": 4, "type": "int", "symmetric": True, "actorder": None, **weights}}
+        "targets": ["re:^mtp[.]fc$"],
+        "format": "pack-quantized",
+        "input_activations": None,
+        "weights": {"num_bits": 4, "type": "int", "symmetric": True, "actorder": None, **weights},
+    }
     fx.q("mtp.fc", H, 2 * H, gs=weights["group_size"] or 2 * H)
     report = _check(fx, tmp_path)  # a channelwise group is also quant-config's finding (W4A16 is group-wise)
     msgs = [f"{f.where}: {f.message} — {f.fix}" for f in report.findings if f.rule == "mtp"]

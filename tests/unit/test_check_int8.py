@@ -70,18 +70,33 @@ def _rewrite_group(art: Path, group: str, **weights: object) -> None:
     (art / "config.json").write_text(json.dumps(cfg))
 
 
-@pytest.mark.parametrize("group, weights, words", [
-    ("group_0", {"symmetric": False}, "quantization_config.config_groups.group_0: asymmetric weights (zero points; "
-                                      "model.language_model.layers.0.linear_attn.in_proj_qkv and 24 more): Marlin's "
-                                      "int8 path takes only symmetric uint4b8 weights and stops at load"),
-    ("group_1", {"strategy": "channel", "group_size": None},
-     "quantization_config.config_groups.group_1: strategy 'channel', group_size None (lm_head): int8 activations "
-     "need group-wise scales"),
-    ("group_1", {"num_bits": 8}, "quantization_config.config_groups.group_1: 8-bit int weights (lm_head): vLLM's "
-                                 "Marlin takes int8 activations only with 4-bit weights"),
-])
-def test_scheme_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str], group: str, weights: dict,
-                         words: str) -> None:
+@pytest.mark.parametrize(
+    "group, weights, words",
+    [
+        (
+            "group_0",
+            {"symmetric": False},
+            "quantization_config.config_groups.group_0: asymmetric weights (zero points; "
+            "model.language_model.layers.0.linear_attn.in_proj_qkv and 24 more): Marlin's "
+            "int8 path takes only symmetric uint4b8 weights and stops at load",
+        ),
+        (
+            "group_1",
+            {"strategy": "channel", "group_size": None},
+            "quantization_config.config_groups.group_1: strategy 'channel', group_size None (lm_head): int8 activations "
+            "need group-wise scales",
+        ),
+        (
+            "group_1",
+            {"num_bits": 8},
+            "quantization_config.config_groups.group_1: 8-bit int weights (lm_head): vLLM's "
+            "Marlin takes int8 activations only with 4-bit weights",
+        ),
+    ],
+)
+def test_scheme_refusals(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], group: str, weights: dict, words: str
+) -> None:
     art = crafted(tmp_path)
     _rewrite_group(art, group, **weights)
     code, out, err = run(capsys, str(art), "--activations", "int8", "--json")
@@ -108,7 +123,7 @@ def test_negative_scale_refused(tmp_path: Path, capsys: pytest.CaptureFixture[st
 def test_zero_scale_groups_counted_per_kind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Scales 2^-7 everywhere; one group per layer raised to 2^-1 sets the layer's largest, so 2^-7 / 2^-1 * 4096 =
     64 stays; groups at 2^-14 (2^-13 of the largest: 0.5 rounds to even 0) and 2^-15 become 0, 2^-13 (1) stays."""
-    big, zero_a, zero_b, keeps = 2.0 ** -1, 2.0 ** -14, 2.0 ** -15, 2.0 ** -13
+    big, zero_a, zero_b, keeps = 2.0**-1, 2.0**-14, 2.0**-15, 2.0**-13
     spec = {
         "model.language_model.layers.0.mlp.down_proj.weight_scale": {0: big, 3: zero_a, 7: zero_b, 9: keeps},
         "model.language_model.layers.1.mlp.down_proj.weight_scale": {0: big, 2: zero_a},
@@ -117,19 +132,25 @@ def test_zero_scale_groups_counted_per_kind(tmp_path: Path, capsys: pytest.Captu
         "lm_head.weight_scale": {10: big, 11: zero_a},
     }
     art = Fx().write(tmp_path / "art")
-    fill_scales(art, 2.0 ** -7, spec)
+    fill_scales(art, 2.0**-7, spec)
     code, out, err = run(capsys, str(art), "--activations", "int8", "--json")
     assert code == 0, err
     doc = json.loads(out)["int8_activations"]
     assert doc["zero_groups"] == 6 and doc["groups"] == 22528
-    assert {k: v for k, v in doc["zero_groups_by_kind"].items() if v} == {"down_proj": 3, "gate_up_proj": 2,
-                                                                        "lm_head": 1}
-    assert ("int8 activations: 6 of 22528 weight groups have a scale below 1/8192 of their layer's largest and "
-            "become 0 when vLLM re-quantizes the scales to int16 (down_proj 3, gate_up_proj 2, lm_head 1)") in err
+    assert {k: v for k, v in doc["zero_groups_by_kind"].items() if v} == {
+        "down_proj": 3,
+        "gate_up_proj": 2,
+        "lm_head": 1,
+    }
+    assert (
+        "int8 activations: 6 of 22528 weight groups have a scale below 1/8192 of their layer's largest and "
+        "become 0 when vLLM re-quantizes the scales to int16 (down_proj 3, gate_up_proj 2, lm_head 1)"
+    ) in err
 
 
-def test_a_profile_that_opts_in_runs_the_rule_without_the_flag(tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_profile_that_opts_in_runs_the_rule_without_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from qwenquant.recipe import load_recipe
 
     from helpers import write_test_manifest
@@ -151,8 +172,9 @@ def test_fused_names_and_the_stats_of_one_layer() -> None:
     assert vllm_layer("model.layers.3.self_attn.k_proj") == "model.layers.3.self_attn.qkv_proj"
     assert vllm_layer("model.layers.0.linear_attn.in_proj_z") == "model.layers.0.linear_attn.in_proj_qkvz"
     assert vllm_layer("lm_head") == "lm_head"
-    s = layer_stats("mtp.layers.0.mlp.down_proj", [np.array([1.0, 1 / 8192, 1 / 8000, 0.0, -1.0], np.float32)],
-                    "bfloat16")
+    s = layer_stats(
+        "mtp.layers.0.mlp.down_proj", [np.array([1.0, 1 / 8192, 1 / 8000, 0.0, -1.0], np.float32)], "bfloat16"
+    )
     assert (s.kind, s.groups, s.negative, s.zero) == ("mtp down_proj", 5, 1, 2)
 
 
@@ -170,4 +192,5 @@ def test_a_layer_with_one_group_per_row_is_refused(tmp_path: Path) -> None:
     many = layer_stats("model.layers.0.mlp.gate_up_proj", [np.full(16, 0.01, np.float32)], "bfloat16", per_row=2)
     report = int8_findings(facts, {one.layer: one, many.layer: many})
     assert [(f.where, f.message.split(":")[0]) for f in report.findings] == [
-        ("model.layers.0.mlp.down_proj.weight_scale", "one scale group per row (the input is no wider than group_size)")]
+        ("model.layers.0.mlp.down_proj.weight_scale", "one scale group per row (the input is no wider than group_size)")
+    ]

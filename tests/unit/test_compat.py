@@ -24,8 +24,11 @@ def test_every_upstream_name_resolves_on_the_pinned_stack() -> None:
 
 def test_no_other_module_imports_the_upstream_packages() -> None:
     pattern = re.compile(r"^\s*(?:from|import)\s+(?:llmcompressor|compressed_tensors)\b", re.M)
-    offenders = [p.relative_to(SRC).as_posix() for p in sorted(SRC.rglob("*.py"))
-                 if p.name != "compat.py" and pattern.search(p.read_text())]
+    offenders = [
+        p.relative_to(SRC).as_posix()
+        for p in sorted(SRC.rglob("*.py"))
+        if p.name != "compat.py" and pattern.search(p.read_text())
+    ]
     assert offenders == []
 
 

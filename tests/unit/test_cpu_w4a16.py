@@ -26,10 +26,14 @@ def _packed_module(out_f: int, in_f: int, group: int, seed: int = 0) -> tuple[di
     g = torch.Generator().manual_seed(seed)
     codes = torch.randint(-8, 8, (out_f, in_f), generator=g, dtype=torch.int8)
     scales = (torch.rand(out_f, in_f // group, generator=g) * 0.02 + 1e-4).to(torch.bfloat16)
-    packed = {"weight_packed": compat.pack_int32(codes, 4), "weight_scale": scales,
-              "weight_shape": torch.tensor([out_f, in_f])}
-    group_cfg = compat.weight_scheme(["Linear"], num_bits=4, symmetric=True, group_size=group, actorder=None,
-                                     observer="minmax")
+    packed = {
+        "weight_packed": compat.pack_int32(codes, 4),
+        "weight_scale": scales,
+        "weight_shape": torch.tensor([out_f, in_f]),
+    }
+    group_cfg = compat.weight_scheme(
+        ["Linear"], num_bits=4, symmetric=True, group_size=group, actorder=None, observer="minmax"
+    )
     return packed, group_cfg
 
 
@@ -62,13 +66,16 @@ def test_a_shape_that_does_not_match_its_groups_is_refused() -> None:
         dense.dense_weight(torch.zeros(4, 64, dtype=torch.int32), torch.ones(4, 3), 32, torch.bfloat16)
 
 
-@pytest.mark.parametrize("info, forced, path, why", [
-    ({"plugin": True, "path": "dense", "why": "forced by X"}, True, "dense", "forced by X"),
-    ({"plugin": True, "path": "kernel", "why": "_C.abi3.so registers it"}, False, "kernel", "registers it"),
-    ({"plugin": False, "has_op": True, "cpu_avx512": True}, False, "kernel", "plugin is not installed"),
-    ({"plugin": False, "has_op": False, "cpu_avx512": False}, False, "none", "this CPU has no AVX-512"),
-    ({"plugin": False, "has_op": True, "cpu_avx512": True}, True, "none", f"{SWITCH}=dense is set"),
-])
+@pytest.mark.parametrize(
+    "info, forced, path, why",
+    [
+        ({"plugin": True, "path": "dense", "why": "forced by X"}, True, "dense", "forced by X"),
+        ({"plugin": True, "path": "kernel", "why": "_C.abi3.so registers it"}, False, "kernel", "registers it"),
+        ({"plugin": False, "has_op": True, "cpu_avx512": True}, False, "kernel", "plugin is not installed"),
+        ({"plugin": False, "has_op": False, "cpu_avx512": False}, False, "none", "this CPU has no AVX-512"),
+        ({"plugin": False, "has_op": True, "cpu_avx512": True}, True, "none", f"{SWITCH}=dense is set"),
+    ],
+)
 def test_the_path_follows_the_plugin_and_says_why(info: dict, forced: bool, path: str, why: str) -> None:
     p = decide(info, forced)
     assert p.path == path and why in p.why

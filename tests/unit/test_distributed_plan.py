@@ -54,8 +54,14 @@ def test_split_shares_contiguous_balanced_nonempty() -> None:
 
 def test_owners_balance_gptq_cost_and_agree_on_every_rank() -> None:
     # a 27B GDN layer: down_proj alone outweighs every 5120-column module together
-    layer = {"in_proj_qkv": (10240, 5120), "in_proj_z": (6144, 5120), "out_proj": (5120, 6144),
-             "gate_proj": (17408, 5120), "up_proj": (17408, 5120), "down_proj": (5120, 17408)}
+    layer = {
+        "in_proj_qkv": (10240, 5120),
+        "in_proj_z": (6144, 5120),
+        "out_proj": (5120, 6144),
+        "gate_proj": (17408, 5120),
+        "up_proj": (17408, 5120),
+        "down_proj": (5120, 17408),
+    }
     got = owners(layer, 2)
     assert got["down_proj"] == 0 and {r for m, r in got.items() if m != "down_proj"} == {1}
     assert owners(dict(reversed(list(layer.items()))), 2) == got
@@ -80,8 +86,17 @@ def test_torchrun_args_one_host_no_restarts(tmp_path: Path) -> None:
     from qwenquant.quantize.engine.launch import torchrun_args
 
     assert torchrun_args(tmp_path, 2) == [
-        "--standalone", "--nproc-per-node", "2", "--max-restarts", "0", "--log-dir", str(tmp_path / "logs"),
-        "-m", "qwenquant.quantize.engine.worker", str(tmp_path)]
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "0",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        "-m",
+        "qwenquant.quantize.engine.worker",
+        str(tmp_path),
+    ]
 
 
 def test_rank_error_reports_the_first_failure() -> None:
@@ -91,12 +106,33 @@ def test_rank_error_reports_the_first_failure() -> None:
     assert isinstance(e, StageError) and str(e) == "gptq rank 1 of 2 was killed by signal 9 without reporting an error"
     assert "resume" in (e.hint or "")
     # what torchelastic's error file holds (ProcessFailure.error_file_data) with the worker's report inside
-    peer = failure_record(1, {"message": {"message": "RuntimeError: peer closed", "extraInfo": {
-        "py_callstack": "...", "timestamp": "1", "qwenquant": {"type": "RuntimeError",
-                                                               "message": "RuntimeError: peer closed", "hint": None,
-                                                               "at_ns": 20}}}})
-    cause = failure_record(2, {"message": {"message": "UsageError: bad thing", "extraInfo": {
-        "qwenquant": {"type": "UsageError", "message": "bad thing", "hint": "do X", "at_ns": 10}}}})
+    peer = failure_record(
+        1,
+        {
+            "message": {
+                "message": "RuntimeError: peer closed",
+                "extraInfo": {
+                    "py_callstack": "...",
+                    "timestamp": "1",
+                    "qwenquant": {
+                        "type": "RuntimeError",
+                        "message": "RuntimeError: peer closed",
+                        "hint": None,
+                        "at_ns": 20,
+                    },
+                },
+            }
+        },
+    )
+    cause = failure_record(
+        2,
+        {
+            "message": {
+                "message": "UsageError: bad thing",
+                "extraInfo": {"qwenquant": {"type": "UsageError", "message": "bad thing", "hint": "do X", "at_ns": 10}},
+            }
+        },
+    )
     assert failure_record(-9, {}) == {"exitcode": -9, "report": None}
     reports = {0: peer["report"], 1: cause["report"]}
     e = rank_error({0: 1, 1: 2}, reports, 2)
@@ -114,8 +150,9 @@ def test_rank_error_reports_the_first_failure() -> None:
     assert str(e) == "gptq rank 0 of 2: RuntimeError: peer closed"
 
 
-def _artifact(folder: Path, codes: list[int], norm: bytes = b"\x00\x01", extra_file: bytes = b"{}",
-              layer: int = 0) -> Path:
+def _artifact(
+    folder: Path, codes: list[int], norm: bytes = b"\x00\x01", extra_file: bytes = b"{}", layer: int = 0
+) -> Path:
     """A one-module artifact: `model.layers.<layer>.m` with 16 int4 codes in 2 rows, scale 1.0."""
     from qwenquant.checkpoint.tensorfile import RawTensor, write_index, write_shard
 
@@ -123,13 +160,15 @@ def _artifact(folder: Path, codes: list[int], norm: bytes = b"\x00\x01", extra_f
     words = bytearray()
     for i in range(0, len(codes), 8):
         w = 0
-        for k, c in enumerate(codes[i:i + 8]):
+        for k, c in enumerate(codes[i : i + 8]):
             w |= c << (4 * k)
         words += w.to_bytes(4, "little")
     m = f"model.layers.{layer}.m"
-    tensors = [RawTensor(f"{m}.weight_packed", "I32", (2, len(codes) // 16), bytes(words)),
-               RawTensor(f"{m}.weight_scale", "BF16", (2, 1), b"\x80\x3f" * 2),
-               RawTensor("norm.weight", "BF16", (1,), norm)]
+    tensors = [
+        RawTensor(f"{m}.weight_packed", "I32", (2, len(codes) // 16), bytes(words)),
+        RawTensor(f"{m}.weight_scale", "BF16", (2, 1), b"\x80\x3f" * 2),
+        RawTensor("norm.weight", "BF16", (1,), norm),
+    ]
     write_shard(folder / "model-00001-of-00001.safetensors", tensors)
     write_index(folder, {t.name: "model-00001-of-00001.safetensors" for t in tensors}, sum(t.nbytes for t in tensors))
     (folder / "config.json").write_bytes(extra_file)
@@ -144,8 +183,9 @@ def _source(folder: Path, values: list[float], layer: int = 0) -> Path:
 
     folder.mkdir()
     raw = b"".join(struct.pack("<f", v)[2:] for v in values)  # bf16: the high half of each float32
-    write_shard(folder / "model.safetensors",
-                [RawTensor(f"model.language_model.layers.{layer}.m.weight", "BF16", (2, 8), raw)])
+    write_shard(
+        folder / "model.safetensors", [RawTensor(f"model.language_model.layers.{layer}.m.weight", "BF16", (2, 8), raw)]
+    )
     return folder
 
 

@@ -24,9 +24,14 @@ END = "<!-- end of the generated table -->"
 
 def _repo_files() -> list[Path]:
     roots = [REPO / d for d in ("src", "scripts", "tests", "benchmarks", "docs", ".ci")]
-    files = [p for r in roots for p in r.rglob("*") if p.is_file() and p.suffix in ("", ".py", ".sh", ".md", ".c",
-                                                                                        ".yaml", ".toml", ".txt")
-             and not any(part.endswith(".egg-info") for part in p.parts)]  # build output: an older README's copy
+    files = [
+        p
+        for r in roots
+        for p in r.rglob("*")
+        if p.is_file()
+        and p.suffix in ("", ".py", ".sh", ".md", ".c", ".yaml", ".toml", ".txt")
+        and not any(part.endswith(".egg-info") for part in p.parts)
+    ]  # build output: an older README's copy
     return files + [REPO / "Makefile", REPO / "README.md", REPO / "pyproject.toml"]
 
 
@@ -41,12 +46,16 @@ def test_readme_table_is_the_generated_one() -> None:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert BEGIN in readme and END in readme, "README.md lost the markers around the environment table"
     table = readme.split(BEGIN, 1)[1].split(END, 1)[0]
-    assert table == envs.markdown_table(), "README's table differs: paste `python -m qwenquant.envs` between the markers"
+    assert table == envs.markdown_table(), (
+        "README's table differs: paste `python -m qwenquant.envs` between the markers"
+    )
 
 
 def test_every_name_used_in_the_repository_is_declared() -> None:
     used = {n: p for p in _repo_files() if p.resolve() != Path(__file__).resolve() for n in _names_in(p)}
-    undeclared = {n: str(p.relative_to(REPO)) for n, p in used.items() if n not in envs.VARIABLES and n not in NOT_VARIABLES}
+    undeclared = {
+        n: str(p.relative_to(REPO)) for n, p in used.items() if n not in envs.VARIABLES and n not in NOT_VARIABLES
+    }
     assert not undeclared, f"declare these in src/qwenquant/envs.py (name: a file using it): {undeclared}"
 
 
@@ -61,14 +70,19 @@ def _module_constants() -> dict[str, str]:
     out = {}
     for path in SRC.rglob("*.py"):
         for node in ast.parse(path.read_text(encoding="utf-8")).body:
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and \
-                    isinstance(node.value.value, str) and NAME.fullmatch(node.value.value):
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+                and NAME.fullmatch(node.value.value)
+            ):
                 out.update({t.id: node.value.value for t in node.targets if isinstance(t, ast.Name)})
     return out
 
 
 def _direct_reads(tree: ast.AST, constants: dict[str, str]) -> list[int]:
     """Lines of os.environ.get(K) / os.getenv(K) / os.environ[K] / K in os.environ, K a QWENQUANT_ name."""
+
     def qq(key: ast.AST | None) -> bool:
         if isinstance(key, ast.Constant) and isinstance(key.value, str):
             return bool(NAME.fullmatch(key.value))
@@ -82,7 +96,12 @@ def _direct_reads(tree: ast.AST, constants: dict[str, str]) -> list[int]:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args and qq(node.args[0]):
             if (node.func.attr == "get" and environ(node.func.value)) or node.func.attr == "getenv":
                 lines.append(node.lineno)
-        elif isinstance(node, ast.Subscript) and environ(node.value) and isinstance(node.ctx, ast.Load) and qq(node.slice):
+        elif (
+            isinstance(node, ast.Subscript)
+            and environ(node.value)
+            and isinstance(node.ctx, ast.Load)
+            and qq(node.slice)
+        ):
             lines.append(node.lineno)
         elif isinstance(node, ast.Compare) and qq(node.left) and any(environ(c) for c in node.comparators):
             lines.append(node.lineno)
@@ -92,29 +111,45 @@ def _direct_reads(tree: ast.AST, constants: dict[str, str]) -> list[int]:
 def test_src_reads_qwenquant_variables_only_through_envs() -> None:
     """typer's `envvar="QWENQUANT_API_KEY"` is a read by click, allowed: the name is declared (test above)."""
     constants = _module_constants()
-    found = [f"{p.relative_to(REPO)}:{line}" for p in sorted(SRC.rglob("*.py")) if p.name != "envs.py"
-             for line in _direct_reads(ast.parse(p.read_text(encoding="utf-8")), constants)]
+    found = [
+        f"{p.relative_to(REPO)}:{line}"
+        for p in sorted(SRC.rglob("*.py"))
+        if p.name != "envs.py"
+        for line in _direct_reads(ast.parse(p.read_text(encoding="utf-8")), constants)
+    ]
     assert not found, f"read these through qwenquant.envs.get: {found}"
 
 
 def test_the_read_finder_finds_reads() -> None:
-    probe = ast.parse('A = os.environ.get("QWENQUANT_DEBUG")\nB = os.environ[PARENT]\nC = "QWENQUANT_X" in os.environ\n'
-                      'D = os.getenv("QWENQUANT_Y", "1")\nE = os.environ.get("HOME")\nos.environ["QWENQUANT_Z"] = "1"\n')
+    probe = ast.parse(
+        'A = os.environ.get("QWENQUANT_DEBUG")\nB = os.environ[PARENT]\nC = "QWENQUANT_X" in os.environ\n'
+        'D = os.getenv("QWENQUANT_Y", "1")\nE = os.environ.get("HOME")\nos.environ["QWENQUANT_Z"] = "1"\n'
+    )
     assert _direct_reads(probe, {"PARENT": "QWENQUANT_PARENT_PID"}) == [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("name, value, says", [
-    ("QWENQUANT_THREADS", "-1", "an integer from 0 to 4096"), ("QWENQUANT_THREADS", "99999", "an integer from 0 to 4096"),
-    ("QWENQUANT_DIST_TIMEOUT_MIN", "0", "an integer from 1 to 10080"),
-    ("QWENQUANT_FETCH_BACKOFF", "-0.5", "a number from 0 to 600"), ("QWENQUANT_FETCH_BACKOFF", "inf", "a number from 0 to 600"),
-    ("QWENQUANT_FETCH_BACKOFF", "nan", "a number from 0 to 600"), ("QWENQUANT_MAX_GPU_MEM", "0", "a number > 0"),
-    ("QWENQUANT_MAX_GPU_MEM", "24GiB", "a number > 0"), ("QWENQUANT_GPTQ_ENGINE", "fast", "streamed or oneshot"),
-    ("QWENQUANT_LOG_LEVEL", "99", "an integer from 0 to 50"), ("QWENQUANT_PARENT_PID", "0", "an integer >= 1"),
-    ("QWENQUANT_DEBUG", "yes", "0 or 1"), ("QWENQUANT_DEBUG", "2", "0 or 1"), ("QWENQUANT_NO_PROGRESS", "yes", "0 or 1"),
-    ("QWENQUANT_RECIPES_DIR", "/nonexistent", "an existing folder"),
-    ("QWENQUANT_CALIBRATION_DIR", "/nonexistent", "an existing folder"),
-    ("QWENQUANT_EVALTEXT_DIR", "/nonexistent", "an existing folder"),
-])
+@pytest.mark.parametrize(
+    "name, value, says",
+    [
+        ("QWENQUANT_THREADS", "-1", "an integer from 0 to 4096"),
+        ("QWENQUANT_THREADS", "99999", "an integer from 0 to 4096"),
+        ("QWENQUANT_DIST_TIMEOUT_MIN", "0", "an integer from 1 to 10080"),
+        ("QWENQUANT_FETCH_BACKOFF", "-0.5", "a number from 0 to 600"),
+        ("QWENQUANT_FETCH_BACKOFF", "inf", "a number from 0 to 600"),
+        ("QWENQUANT_FETCH_BACKOFF", "nan", "a number from 0 to 600"),
+        ("QWENQUANT_MAX_GPU_MEM", "0", "a number > 0"),
+        ("QWENQUANT_MAX_GPU_MEM", "24GiB", "a number > 0"),
+        ("QWENQUANT_GPTQ_ENGINE", "fast", "streamed or oneshot"),
+        ("QWENQUANT_LOG_LEVEL", "99", "an integer from 0 to 50"),
+        ("QWENQUANT_PARENT_PID", "0", "an integer >= 1"),
+        ("QWENQUANT_DEBUG", "yes", "0 or 1"),
+        ("QWENQUANT_DEBUG", "2", "0 or 1"),
+        ("QWENQUANT_NO_PROGRESS", "yes", "0 or 1"),
+        ("QWENQUANT_RECIPES_DIR", "/nonexistent", "an existing folder"),
+        ("QWENQUANT_CALIBRATION_DIR", "/nonexistent", "an existing folder"),
+        ("QWENQUANT_EVALTEXT_DIR", "/nonexistent", "an existing folder"),
+    ],
+)
 def test_a_numeric_variable_out_of_its_range_names_the_range(name: str, value: str, says: str) -> None:
     """Every variable of the README's table with a range: a value outside it is a UsageError (exit 2)
     naming the variable and the range; check_all (what every command runs first) finds it."""
@@ -140,7 +175,8 @@ def test_get_parses_and_names_a_bad_value() -> None:
         envs.get("QWENQUANT_THREADS", {"QWENQUANT_THREADS": "two"})
     assert e.value.exit_code == 2
     assert e.value.message == "QWENQUANT_THREADS must be an integer from 0 to 4096, got 'two'"
-    assert e.value.hint == ("unset QWENQUANT_THREADS, or set it to integer from 0 to 4096 "
-                            "(README: Environment variables)")
+    assert e.value.hint == (
+        "unset QWENQUANT_THREADS, or set it to integer from 0 to 4096 (README: Environment variables)"
+    )
     with pytest.raises(KeyError):
         envs.get("QWENQUANT_NO_SUCH")

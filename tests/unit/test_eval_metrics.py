@@ -24,8 +24,17 @@ def test_paired_ppl_delta_ci_and_worse_windows() -> None:
     assert (out["windows_worse"], out["windows"]) == (2, 4)
 
 
-@pytest.mark.parametrize(("p", "df", "want"), [(0.975, 1, 12.706205), (0.975, 3, 3.182446), (0.975, 31, 2.039513),
-                                               (0.995, 10, 3.169273), (0.025, 31, -2.039513), (0.975, 1e7, 1.959964)])
+@pytest.mark.parametrize(
+    ("p", "df", "want"),
+    [
+        (0.975, 1, 12.706205),
+        (0.975, 3, 3.182446),
+        (0.975, 31, 2.039513),
+        (0.995, 10, 3.169273),
+        (0.025, 31, -2.039513),
+        (0.975, 1e7, 1.959964),
+    ],
+)
 def test_t_quantile_matches_the_tables(p: float, df: float, want: float) -> None:
     assert metrics.t_quantile(p, df) == pytest.approx(want, abs=2e-6)
 
@@ -63,7 +72,8 @@ def test_kl_tail_support_names_the_window_the_p999_rests_on() -> None:
     from qwenquant.evaluate.report import kl_tail_line
 
     assert kl_tail_line({**t, "max": {**t["max"], "text": "x = 1"}}).startswith(
-        f"artifact KL p99.9 {t['value']:.4f}, 95% bootstrap interval over windows [0.0100, ")
+        f"artifact KL p99.9 {t['value']:.4f}, 95% bootstrap interval over windows [0.0100, "
+    )
     assert "tail tokens lie in 1 of 32 windows, 100% of them in window 7" in kl_tail_line(t)
 
 
@@ -74,8 +84,12 @@ def test_mtp_figures_pair_int4_and_bf16_heads_on_the_same_windows() -> None:
     bf16 = torch.tensor([0.58, 0.5, 0.66, 0.6])
     int4 = bf16 - torch.tensor([0.01, 0.02, 0.0, 0.01])
     same = torch.tensor([0.97, 1.0, 0.95, 0.96])
-    m = mtp_figures({"reference": {"mtp_agree": ref},
-                     "artifact": {"mtp_agree": int4, "mtp_agree_bf16": bf16, "mtp_same_draft": same}})
+    m = mtp_figures(
+        {
+            "reference": {"mtp_agree": ref},
+            "artifact": {"mtp_agree": int4, "mtp_agree_bf16": bf16, "mtp_same_draft": same},
+        }
+    )
     assert m["reference"]["agree"] == pytest.approx(0.6) and m["reference"]["acceptance_length_1"] == pytest.approx(1.6)
     assert m["artifact_bf16_mtp"]["agree"] == pytest.approx(0.585)
     assert m["int4_vs_bf16"]["delta_points"] == pytest.approx(-1.0)
@@ -85,9 +99,11 @@ def test_mtp_figures_pair_int4_and_bf16_heads_on_the_same_windows() -> None:
     assert m["change_pct"] == pytest.approx(100 * (1.575 / 1.6 - 1))
     assert set(mtp_figures({"reference": {}, "artifact": {}})) == set()  # no MTP head: no MTP figures
     lines = report.summary_lines({"lm_head": {}, "mtp": m})
-    assert any(ln.startswith("MTP head on the artifact's states: bf16 58.50%, as shipped 57.50%: -1.00 points, "
-                             "95% CI (t) [") and ln.endswith("; the same first draft at 97.00% of positions")
-               for ln in lines)
+    assert any(
+        ln.startswith("MTP head on the artifact's states: bf16 58.50%, as shipped 57.50%: -1.00 points, 95% CI (t) [")
+        and ln.endswith("; the same first draft at 97.00% of positions")
+        for ln in lines
+    )
 
 
 def test_kl_and_top1_of_identical_and_different_logits() -> None:
@@ -105,15 +121,17 @@ def test_window_nll_is_cross_entropy_per_window() -> None:
 
 
 def test_parse_metrics_sums_label_sets_and_reads_positions() -> None:
-    page = "\n".join([
-        "# TYPE vllm:spec_decode_num_drafts_total counter",
-        'vllm:spec_decode_num_drafts_total{engine="0"} 10.0',
-        'vllm:spec_decode_num_drafts_total{engine="1"} 5.0',
-        'vllm:spec_decode_num_accepted_tokens_total{engine="0"} 7.0',
-        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="1"} 2.0',
-        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="0"} 5.0',
-        "vllm:other_total 99",
-    ])
+    page = "\n".join(
+        [
+            "# TYPE vllm:spec_decode_num_drafts_total counter",
+            'vllm:spec_decode_num_drafts_total{engine="0"} 10.0',
+            'vllm:spec_decode_num_drafts_total{engine="1"} 5.0',
+            'vllm:spec_decode_num_accepted_tokens_total{engine="0"} 7.0',
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="1"} 2.0',
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="0"} 5.0',
+            "vllm:other_total 99",
+        ]
+    )
     m = spec_counters(page)
     assert m.drafts == 15.0 and m.accepted == 7.0 and m.per_pos == {0: 5.0, 1: 2.0}
     acc = served.acceptance(spec_counters(""), m)

@@ -26,8 +26,9 @@ def test_a_nearly_full_disk_is_refused_before_measuring(tmp_path: Path, monkeypa
     with pytest.raises(UsageError) as e:
         check_report_target(tmp_path / "r.json", {}, explicit=True, kind="offline")
     assert e.value.exit_code == 2
-    assert str(e.value) == (f"--report {tmp_path / 'r.json'}: {tmp_path} has 4,096 bytes free, the report needs up "
-                            f"to {REPORT_SPACE:,}")
+    assert str(e.value) == (
+        f"--report {tmp_path / 'r.json'}: {tmp_path} has 4,096 bytes free, the report needs up to {REPORT_SPACE:,}"
+    )
     monkeypatch.setattr(shutil, "disk_usage", lambda _p: Usage(10**9, 0, REPORT_SPACE))
     assert check_report_path(tmp_path / "r.json", DOC, "offline", kinds=KINDS, flag="--report") is True
     # a device is written through, unchecked

@@ -20,13 +20,21 @@ def test_options_and_the_27b_dims() -> None:
     assert gt.parse_args([]).kernel == "auto"
     with pytest.raises(SystemExit):
         gt.parse_args(["--kernel", "triton"])
-    assert gt.gdn_dims(gt.CONFIG) == {"hidden": 5120, "k_heads": 16, "v_heads": 48, "k_dim": 128, "v_dim": 128,
-                                      "conv": 4}
+    assert gt.gdn_dims(gt.CONFIG) == {
+        "hidden": 5120,
+        "k_heads": 16,
+        "v_heads": 48,
+        "k_dim": 128,
+        "v_dim": 128,
+        "conv": 4,
+    }
 
 
 def test_fits_recover_bytes_per_token_and_per_sequence() -> None:
     per_token, per_seq = 133_892, 5_445_547  # the H200 measurement's figures (benchmarks/RESULTS.md)
-    single = [{"tokens": t, "seqs": 1, "peak_extra_mib": 12.5 + t * per_token / MIB, "ms": 1.0} for t in (512, 1024, 2048)]
+    single = [
+        {"tokens": t, "seqs": 1, "peak_extra_mib": 12.5 + t * per_token / MIB, "ms": 1.0} for t in (512, 1024, 2048)
+    ]
     bursts = [{"tokens": 2048, "seqs": n, "peak_extra_mib": 300 + n * per_seq / MIB, "ms": 1.0} for n in (1, 8, 16)]
     fit = gt.summarize(single, bursts)
     assert fit["single"] == {"const_mib": 12.5, "bytes_per_token": per_token}
@@ -35,8 +43,10 @@ def test_fits_recover_bytes_per_token_and_per_sequence() -> None:
 
 
 def test_table_has_a_row_per_step_and_nan_where_nothing_was_measured() -> None:
-    rows = [{"tokens": 1024, "seqs": 1, "peak_extra_mib": 130.0, "reserved_extra_mib": 160.0, "ms": 3.5},
-            {"tokens": 256, "seqs": 4, "ms": 4138.41}]
+    rows = [
+        {"tokens": 1024, "seqs": 1, "peak_extra_mib": 130.0, "reserved_extra_mib": 160.0, "ms": 3.5},
+        {"tokens": 256, "seqs": 4, "ms": 4138.41},
+    ]
     lines = gt.table(rows).splitlines()
     assert lines[0].split() == ["tokens", "seqs", "peak", "extra", "MiB", "reserved", "MiB", "MiB/1K", "tok", "ms"]
     assert lines[1].split() == ["1024", "1", "130.0", "160.0", "130.00", "3.50"]

@@ -105,6 +105,7 @@ def cycles(root: Path = PACKAGE) -> dict[str, list[str]]:
 
 PACKAGES = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()) + ["qwenquant"]
 
+
 # Known cycles, being taken apart. Strict: once a package's cycle is gone its test passes, which fails the
 # run until the marker here is removed.
 @pytest.mark.parametrize("package", PACKAGES)
@@ -122,22 +123,28 @@ def test_no_import_cycle_between_packages() -> None:
 def test_the_checker_sees_a_cycle(tmp_path: Path) -> None:
     """Lazy, TYPE_CHECKING, relative and `from package import module` imports close a cycle; a chain that
     does not come back is none (a check that cannot fail is none)."""
-    root = write_tree(tmp_path / "qwenquant", {
-        "__init__.py": "",
-        "errors.py": "",
-        "a/__init__.py": "",
-        "a/one.py": "from qwenquant.a import two\n",
-        "a/two.py": "\n\ndef f():\n    from . import three\n",
-        "a/three.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from qwenquant.a.one import x\n",
-        "b/__init__.py": "",
-        "b/up.py": "import qwenquant.b.down\nfrom qwenquant import errors\n",
-        "b/down.py": "from qwenquant.errors import QwenquantError\n",
-        "c.py": "from qwenquant.d import y\n",
-        "d/__init__.py": "import qwenquant.c\n",
-    })
+    root = write_tree(
+        tmp_path / "qwenquant",
+        {
+            "__init__.py": "",
+            "errors.py": "",
+            "a/__init__.py": "",
+            "a/one.py": "from qwenquant.a import two\n",
+            "a/two.py": "\n\ndef f():\n    from . import three\n",
+            "a/three.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from qwenquant.a.one import x\n",
+            "b/__init__.py": "",
+            "b/up.py": "import qwenquant.b.down\nfrom qwenquant import errors\n",
+            "b/down.py": "from qwenquant.errors import QwenquantError\n",
+            "c.py": "from qwenquant.d import y\n",
+            "d/__init__.py": "import qwenquant.c\n",
+        },
+    )
     assert cycles(root) == {
-        "a": ["qwenquant.a.one <-> qwenquant.a.three <-> qwenquant.a.two (qwenquant.a.one:1 imports qwenquant.a.two, "
-              "qwenquant.a.two:4 imports qwenquant.a.three, qwenquant.a.three:3 imports qwenquant.a.one)"],
-        "between packages": ["qwenquant.c <-> qwenquant.d (qwenquant.c:1 imports qwenquant.d, "
-                             "qwenquant.d:1 imports qwenquant.c)"],
+        "a": [
+            "qwenquant.a.one <-> qwenquant.a.three <-> qwenquant.a.two (qwenquant.a.one:1 imports qwenquant.a.two, "
+            "qwenquant.a.two:4 imports qwenquant.a.three, qwenquant.a.three:3 imports qwenquant.a.one)"
+        ],
+        "between packages": [
+            "qwenquant.c <-> qwenquant.d (qwenquant.c:1 imports qwenquant.d, qwenquant.d:1 imports qwenquant.c)"
+        ],
     }

@@ -57,9 +57,11 @@ MARLIN = {"CompressedTensorsWNA16": "MarlinLinearKernel"}
 
 def test_checks_print_every_disagreement() -> None:
     ids = torch.zeros(1, 3, dtype=torch.long)
-    settings = {"bf16": _setting([-1.0, -2.0], [3], MARLIN),
-                "int8": _setting([-1.0, -2.0], [4], {"CompressedTensorsWNA16": "MacheteLinearKernel"}),
-                "mlp-int8": {"error": "vLLM exited with 1 before it was ready"}}
+    settings = {
+        "bf16": _setting([-1.0, -2.0], [3], MARLIN),
+        "int8": _setting([-1.0, -2.0], [4], {"CompressedTensorsWNA16": "MacheteLinearKernel"}),
+        "mlp-int8": {"error": "vLLM exited with 1 before it was ready"},
+    }
     flags = ag.checks(settings, ids)
     assert any("int8: the server counted 4 prompt tokens where 3 were sent" in f for f in flags)
     assert any("ran on MacheteLinearKernel, not Marlin" in f for f in flags)
@@ -82,11 +84,14 @@ def test_checks_are_quiet_when_everything_agrees() -> None:
     assert ag.checks(settings, ids) == []
 
 
-@pytest.mark.parametrize(("kernels", "says"), [
-    ({"CompressedTensorsWNA16": "HummingLinearKernel"}, "was served as W4A16"),
-    ({"CompressedTensorsWNA8Int": "MarlinLinearKernel"}, "ran on MarlinLinearKernel, not Humming"),
-    ({"CompressedTensorsW4A8Fp8": "HummingLinearKernel"}, "its inputs are fp8 (e4m3), not int8"),
-])
+@pytest.mark.parametrize(
+    ("kernels", "says"),
+    [
+        ({"CompressedTensorsWNA16": "HummingLinearKernel"}, "was served as W4A16"),
+        ({"CompressedTensorsWNA8Int": "MarlinLinearKernel"}, "ran on MarlinLinearKernel, not Humming"),
+        ({"CompressedTensorsW4A8Fp8": "HummingLinearKernel"}, "its inputs are fp8 (e4m3), not int8"),
+    ],
+)
 def test_the_mlp_group_scheme_is_named(kernels: dict[str, str], says: str) -> None:
     assert any(says in f for f in ag.mlp_scheme_flags(kernels))
 
@@ -98,8 +103,11 @@ def test_the_mlp_group_on_humming_with_int8_inputs_is_no_disagreement() -> None:
 def test_the_mlp_variant_adds_a_group_before_the_w4a16_one_and_changes_nothing_else(tmp_path: Path) -> None:
     art = tmp_path / "art"
     art.mkdir()
-    group = {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128,
-                                                "symmetric": True}, "input_activations": None}
+    group = {
+        "targets": ["Linear"],
+        "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": True},
+        "input_activations": None,
+    }
     (art / "config.json").write_text(json.dumps({"quantization_config": {"config_groups": {"group_0": group}}}))
     (art / "model.safetensors").write_bytes(b"weights")
     out = ag.mlp_variant(art, tmp_path / "variant")
@@ -107,8 +115,13 @@ def test_the_mlp_variant_adds_a_group_before_the_w4a16_one_and_changes_nothing_e
     assert list(groups) == ["group_mlp_w4a8", "group_0"]  # vLLM matches the first group that names a layer
     assert groups["group_0"] == group
     mlp = groups["group_mlp_w4a8"]
-    assert mlp["input_activations"] == {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True,
-                                        "symmetric": True}
+    assert mlp["input_activations"] == {
+        "num_bits": 8,
+        "type": "int",
+        "strategy": "token",
+        "dynamic": True,
+        "symmetric": True,
+    }
     assert mlp["weights"] == group["weights"] and mlp["targets"] == [ag.MLP_TARGET]
     assert (out / "model.safetensors").read_bytes() == b"weights"
     assert json.loads((art / "config.json").read_text())["quantization_config"]["config_groups"] == {"group_0": group}

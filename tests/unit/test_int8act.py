@@ -100,7 +100,9 @@ def test_fused_layers_share_one_name() -> None:
     assert fused_name("model.layers.3.self_attn.k_proj") == "model.layers.3.self_attn.qkv_proj"
     assert fused_name("mtp.layers.0.mlp.up_proj") == "mtp.layers.0.mlp.gate_up_proj"
     assert fused_name("model.layers.0.linear_attn.in_proj_z") == "model.layers.0.linear_attn.in_proj_qkvz"
-    assert fused_name("model.layers.0.linear_attn.in_proj_a") == "model.layers.0.linear_attn.in_proj_ba"  # as vLLM fuses
+    assert (
+        fused_name("model.layers.0.linear_attn.in_proj_a") == "model.layers.0.linear_attn.in_proj_ba"
+    )  # as vLLM fuses
     assert fused_name("lm_head") == "lm_head"
 
 
@@ -123,12 +125,19 @@ def test_fused_members_take_their_scales_relative_to_the_fused_layers_max() -> N
     from qwenquant.modeling.compat import pack_int32
 
     codes = torch.randint(-8, 8, (4, 64), generator=torch.Generator().manual_seed(1), dtype=torch.int8)
-    group = {"targets": ["Linear"], "weights": {"num_bits": 4, "symmetric": True, "strategy": "group", "group_size": 32}}
+    group = {
+        "targets": ["Linear"],
+        "weights": {"num_bits": 4, "symmetric": True, "strategy": "group", "group_size": 32},
+    }
     tensors = {}
     for name, top in (("q_proj", 1.0), ("k_proj", 1 / 16), ("o_proj", 1 / 16)):
-        tensors.update({f"layers.0.self_attn.{name}.weight_packed": pack_int32(codes, 4),
-                        f"layers.0.self_attn.{name}.weight_shape": torch.tensor([4, 64]),
-                        f"layers.0.self_attn.{name}.weight_scale": torch.full((4, 2), top, dtype=torch.bfloat16)})
+        tensors.update(
+            {
+                f"layers.0.self_attn.{name}.weight_packed": pack_int32(codes, 4),
+                f"layers.0.self_attn.{name}.weight_shape": torch.tensor([4, 64]),
+                f"layers.0.self_attn.{name}.weight_scale": torch.full((4, 2), top, dtype=torch.bfloat16),
+            }
+        )
     mods = int8_modules(tensors, {"quantization_config": {"config_groups": {"group_0": group}}})
     assert torch.equal(mods["layers.0.self_attn.q_proj"].codes, codes)
     assert mods["layers.0.self_attn.k_proj"].s16.unique().tolist() == [256]  # 4096 / 16, global max/4096 = q's

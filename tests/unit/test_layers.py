@@ -14,8 +14,20 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "qwenquant"
 # says why each sits where it does). "__init__" is the package itself (`from qwenquant import envs`
 # of a name that is not a module).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("__init__", "errors", "envs", "crash", "atomic", "hashing", "console", "procenv", "outfolder", "net",
-     "reportdoc", "depthtext"),
+    (
+        "__init__",
+        "errors",
+        "envs",
+        "crash",
+        "atomic",
+        "hashing",
+        "console",
+        "procenv",
+        "outfolder",
+        "net",
+        "reportdoc",
+        "depthtext",
+    ),
     ("checkpoint",),
     ("recipe",),
     ("manifest", "manifest_form", "signing"),
@@ -80,8 +92,9 @@ def violations(root: Path = PACKAGE) -> list[str]:
         for line, target in _imports(path, root):
             theirs = _layer(target)
             if theirs > mine and (name, target) not in KNOWN_EXCEPTIONS:
-                found.append(f"{name}:{line} imports {target} ({'/'.join(LAYERS[mine])} is below "
-                             f"{'/'.join(LAYERS[theirs])})")
+                found.append(
+                    f"{name}:{line} imports {target} ({'/'.join(LAYERS[mine])} is below {'/'.join(LAYERS[theirs])})"
+                )
     return found
 
 
@@ -92,9 +105,13 @@ def test_every_module_imports_only_its_own_layer_or_lower() -> None:
 
 def users_of_the_testbed(root: Path = PACKAGE) -> list[str]:
     """Modules outside testbed/ that import it, besides the demo (which runs it): `module:line imports target`."""
-    return [f"{name}:{line} imports {target}" for path in sorted(root.rglob("*.py"))
-            if not (name := _module_name(path, root)).startswith(("qwenquant.testbed", "qwenquant.demo"))
-            for line, target in _imports(path, root) if target.startswith("qwenquant.testbed")]
+    return [
+        f"{name}:{line} imports {target}"
+        for path in sorted(root.rglob("*.py"))
+        if not (name := _module_name(path, root)).startswith(("qwenquant.testbed", "qwenquant.demo"))
+        for line, target in _imports(path, root)
+        if target.startswith("qwenquant.testbed")
+    ]
 
 
 def test_nothing_of_the_product_but_the_demo_imports_the_testbed() -> None:
@@ -121,16 +138,19 @@ def write_tree(root: Path, files: dict[str, str]) -> Path:
 def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     """Relative, lazy and `from package import module` imports upward are found; the same layer and
     lower ones are not (a check that cannot fail is none)."""
-    root = write_tree(tmp_path / "qwenquant", {
-        "__init__.py": "def data_path(): ...\n",
-        "errors.py": "",
-        "recipe/__init__.py": "",
-        "recipe/load.py": "from qwenquant import data_path\nfrom qwenquant.errors import QwenquantError\n",
-        "checkpoint/__init__.py": "",
-        "checkpoint/names.py": "",
-        "checkpoint/header.py": "from . import names\n\n\ndef f():\n    from ..recipe import load\n",
-        "checkpoint/config.py": "import qwenquant.recipe.load\nfrom qwenquant import recipe\n",
-    })
+    root = write_tree(
+        tmp_path / "qwenquant",
+        {
+            "__init__.py": "def data_path(): ...\n",
+            "errors.py": "",
+            "recipe/__init__.py": "",
+            "recipe/load.py": "from qwenquant import data_path\nfrom qwenquant.errors import QwenquantError\n",
+            "checkpoint/__init__.py": "",
+            "checkpoint/names.py": "",
+            "checkpoint/header.py": "from . import names\n\n\ndef f():\n    from ..recipe import load\n",
+            "checkpoint/config.py": "import qwenquant.recipe.load\nfrom qwenquant import recipe\n",
+        },
+    )
     assert violations(root) == [
         "qwenquant.checkpoint.config:1 imports qwenquant.recipe.load (checkpoint is below recipe)",
         "qwenquant.checkpoint.config:2 imports qwenquant.recipe (checkpoint is below recipe)",

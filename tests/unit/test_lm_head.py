@@ -225,8 +225,14 @@ def test_matches_llm_compressor_quantize_weight(head: torch.Tensor, actorder: bo
     groups = head.unflatten(-1, (-1, G))
     scale, zp = calculate_qparams(groups.amin(-1), groups.amax(-1), args)
     theirs, _, fallback = quantize_weight(
-        head.unsqueeze(0).clone(), H.unsqueeze(0).clone(), scale.unsqueeze(0), zp.unsqueeze(0), None, args,
-        blocksize=128, percdamp=0.01,
+        head.unsqueeze(0).clone(),
+        H.unsqueeze(0).clone(),
+        scale.unsqueeze(0),
+        zp.unsqueeze(0),
+        None,
+        args,
+        blocksize=128,
+        percdamp=0.01,
     )
     assert not fallback.any()
     ours = gptq_quantize_rows(head, H, row_chunk=64, actorder=actorder, device="cpu")
@@ -262,10 +268,19 @@ def _tiny_qwen35():
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
     cfg = Qwen3_5TextConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-        linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
-        layer_types=["linear_attention", "full_attention"], tie_word_embeddings=False,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=2,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        layer_types=["linear_attention", "full_attention"],
+        tie_word_embeddings=False,
     )
     torch.manual_seed(0)
     return Qwen3_5ForCausalLM(cfg).eval()
@@ -299,8 +314,9 @@ def test_cuda_sweep_agrees_with_cpu(head: torch.Tensor, calib_H: torch.Tensor) -
 
 
 @pytest.mark.parametrize("row_chunk", [1, 37, 100000])
-def test_packing_in_row_chunks_gives_the_bytes_of_packing_the_whole_head(head: torch.Tensor, calib_H: torch.Tensor,
-                                                                        row_chunk: int) -> None:
+def test_packing_in_row_chunks_gives_the_bytes_of_packing_the_whole_head(
+    head: torch.Tensor, calib_H: torch.Tensor, row_chunk: int
+) -> None:
     """The lm_head stage packs a row chunk at a time (on the GPU when there is one) to keep the host
     peak down; the bytes are those compressed-tensors' packer gives for the whole head at once."""
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
@@ -325,13 +341,13 @@ def _head_spec(method: str = "gptq") -> object:
     """The LmHeadSpec fields quantize_head reads."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(method=method, num_bits=4, group_size=G, symmetric=True, dampening_frac=0.01,
-                           block_size=128)
+    return SimpleNamespace(method=method, num_bits=4, group_size=G, symmetric=True, dampening_frac=0.01, block_size=128)
 
 
 @pytest.mark.parametrize("method", ["gptq", "rtn"])
-def test_stage_tensors_and_figures_do_not_depend_on_the_row_chunk(head: torch.Tensor, calib_H: torch.Tensor,
-                                                                  method: str) -> None:
+def test_stage_tensors_and_figures_do_not_depend_on_the_row_chunk(
+    head: torch.Tensor, calib_H: torch.Tensor, method: str
+) -> None:
     """Rows are independent under one shared Hessian: two row chunks give the same packed bytes,
     scales and KL figures, and those of quantizing, comparing and packing whole heads."""
     from qwenquant.quantize.head_gptq import quantize_head
@@ -365,8 +381,9 @@ def test_a_refusing_gate_stops_the_head_with_its_error(head: torch.Tensor, calib
         raise StageError(f"gptq KL {report['gptq']['kl']}")
 
     with pytest.raises(StageError, match="gptq KL"):
-        quantize_head(lambda: head, calib_H, hidden_states(50, seed=5), _head_spec(), row_chunk=V, device="cpu",
-                      gate=refuse)
+        quantize_head(
+            lambda: head, calib_H, hidden_states(50, seed=5), _head_spec(), row_chunk=V, device="cpu", gate=refuse
+        )
 
 
 def test_raw_bytes_without_a_copy_are_the_copied_bytes() -> None:

@@ -112,9 +112,15 @@ def test_deleted_file_is_named(art: Path, capsys: pytest.CaptureFixture[str]) ->
     # the counts are of what was read: the missing file is not "checked"
     assert report["files_checked"] == json.loads(whole)["files_checked"] - 1
     assert report["bytes_checked"] == json.loads(whole)["bytes_checked"] - 5000
-    assert report["problems"] == [{"path": "model-00002-of-00002.safetensors", "status": "missing",
-                                   "detail": "listed in the manifest, not on disk",
-                                   "expected_size": 5000, "actual_size": None}]
+    assert report["problems"] == [
+        {
+            "path": "model-00002-of-00002.safetensors",
+            "status": "missing",
+            "detail": "listed in the manifest, not on disk",
+            "expected_size": 5000,
+            "actual_size": None,
+        }
+    ]
 
 
 def _edit_manifest(art: Path, edit) -> None:
@@ -142,8 +148,10 @@ def test_edited_recipe_in_manifest(art: Path, capsys: pytest.CaptureFixture[str]
 def test_edited_manifest_with_recomputed_root_digest(art: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Rewriting a hash and the root digest still trips the self digest."""
     (art / "empty.txt").write_bytes(b"")  # unchanged bytes
+
     def edit(d: dict) -> None:
         d["stages"]["quantize"]["status"] = "forged"
+
     _edit_manifest(art, edit)
     rc, _, err = _verify(capsys, art)
     assert rc == 4 and MANIFEST_NAME in err
@@ -154,8 +162,10 @@ def test_edited_manifest_with_recomputed_root_digest(art: Path, capsys: pytest.C
     [
         (b"{not json", "not valid JSON"),
         (b'{"schema_version": 2}', "root_digest is missing"),
-        (b'{"schema_version": 1}', "is of schema_version 1 (an earlier qwenquant), whose root digest does not cover "
-                                   "the recipe"),
+        (
+            b'{"schema_version": 1}',
+            "is of schema_version 1 (an earlier qwenquant), whose root digest does not cover the recipe",
+        ),
         (canonical_json([1, 2]), "not a JSON object"),
     ],
 )
@@ -181,8 +191,19 @@ def test_paths_sort_as_strings(tmp_path: Path, capsys: pytest.CaptureFixture[str
     for rel in ("a/b", "a-b", "a.b", "A"):
         (d / rel).parent.mkdir(parents=True, exist_ok=True)
         (d / rel).write_bytes(rel.encode())
-    write_manifest(d, build_manifest(d, source={}, recipe={}, recipe_sha256=hashlib.sha256(b"{}\n").hexdigest(),
-                                     calibration={}, stages={}, quality={}, tool_versions={}))
+    write_manifest(
+        d,
+        build_manifest(
+            d,
+            source={},
+            recipe={},
+            recipe_sha256=hashlib.sha256(b"{}\n").hexdigest(),
+            calibration={},
+            stages={},
+            quality={},
+            tool_versions={},
+        ),
+    )
     assert [f.path for f in load_manifest(d).files] == ["A", "a-b", "a.b", "a/b"]
     assert _verify(capsys, d)[0] == 0
 

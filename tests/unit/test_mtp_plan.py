@@ -80,8 +80,12 @@ def test_int4_head_keeps_its_packed_tensors_and_drops_the_ignore_entry(tmp_path)
 
     src = {n: ref(n) for n in ("mtp.fc.weight", "mtp.norm.weight", "model.norm.weight")}
     packed = {n: ref(n) for n in ("mtp.fc.weight_packed", "mtp.fc.weight_scale", "mtp.fc.weight_shape")}
-    assert sorted(expected_mtp(src, packed)) == ["mtp.fc.weight_packed", "mtp.fc.weight_scale",
-                                                 "mtp.fc.weight_shape", "mtp.norm.weight"]
+    assert sorted(expected_mtp(src, packed)) == [
+        "mtp.fc.weight_packed",
+        "mtp.fc.weight_scale",
+        "mtp.fc.weight_shape",
+        "mtp.norm.weight",
+    ]
     assert sorted(expected_mtp(src, None)) == ["mtp.fc.weight", "mtp.norm.weight"]
     index, headers = _artifact()
     plan = plan_graft(index, headers, SOURCE, ignore=[MTP_IGNORE], quantized=True)

@@ -6,8 +6,16 @@ from benchmarks import mtp_served_compare as msc
 
 
 def _arm(drafts: int, accepted: int, per_position: dict[str, float]) -> dict:
-    return {"served": {"mtp": {"drafts": drafts, "accepted_tokens": accepted, "per_position": per_position,
-                               "mean_acceptance_length": 1 + accepted / drafts}}}
+    return {
+        "served": {
+            "mtp": {
+                "drafts": drafts,
+                "accepted_tokens": accepted,
+                "per_position": per_position,
+                "mean_acceptance_length": 1 + accepted / drafts,
+            }
+        }
+    }
 
 
 def _arms(bf16: dict, int4: dict) -> dict:
@@ -21,8 +29,9 @@ def test_int4_head_within_three_percent_is_met_and_a_drop_beyond_it_is_not() -> 
     assert abs(close["points_per_position"]["2"] - (0.385 - 0.41)) < 1e-12
     low = msc.compare(_arms(bf16, _arm(200, 300, {"0": 0.60, "1": 0.55, "2": 0.35})))
     assert not low["met"] and abs(low["mean_acceptance_length_ratio"] - 2.5 / 2.7) < 1e-12
-    assert "NOT met" in msc.table({"arms": _arms(bf16, _arm(200, 300, {"0": 0.6, "1": 0.55, "2": 0.35})),
-                                   "comparison": low})
+    assert "NOT met" in msc.table(
+        {"arms": _arms(bf16, _arm(200, 300, {"0": 0.6, "1": 0.55, "2": 0.35})), "comparison": low}
+    )
 
 
 def test_too_good_results_are_flagged_not_reported_as_met_quietly() -> None:
@@ -31,15 +40,18 @@ def test_too_good_results_are_flagged_not_reported_as_met_quietly() -> None:
     assert same["met"] and same["look_first"] == ["the same counts at every position"]
     above = msc.compare(_arms(bf16, _arm(200, 345, {"0": 0.72, "1": 0.61, "2": 0.395})))
     assert above["look_first"] == ["the int4 head above the bf16 head by more than 3 points at a position"]
-    assert "LOOK FIRST" in msc.table({"arms": _arms(bf16, _arm(200, 345, {"0": 0.72, "1": 0.61, "2": 0.395})),
-                                      "comparison": above})
+    assert "LOOK FIRST" in msc.table(
+        {"arms": _arms(bf16, _arm(200, 345, {"0": 0.72, "1": 0.61, "2": 0.395})), "comparison": above}
+    )
 
 
 def test_an_arm_without_drafts_or_report_gives_no_verdict() -> None:
     bf16 = _arm(200, 340, {"0": 0.68, "1": 0.61, "2": 0.41})
     assert msc.compare(_arms(bf16, {"error": "quantize exited 5"})) is None
-    none = _arms(bf16, {"served": {"mtp": {"drafts": 0, "accepted_tokens": 0, "per_position": {},
-                                           "mean_acceptance_length": None}}})
+    none = _arms(
+        bf16,
+        {"served": {"mtp": {"drafts": 0, "accepted_tokens": 0, "per_position": {}, "mean_acceptance_length": None}}},
+    )
     assert "no drafts" in msc.compare(none)["error"]
 
 
@@ -59,8 +71,12 @@ def test_a_step_past_its_timeout_is_stopped_and_reported_not_raised(tmp_path) ->
 
     log = tmp_path / "step.log"
     start = time.monotonic()
-    r = msc.run_logged([sys.executable, "-c", "import sys, time; print('partial'); sys.stdout.flush(); time.sleep(60)"],
-                       log, timeout=2, grace=5)
+    r = msc.run_logged(
+        [sys.executable, "-c", "import sys, time; print('partial'); sys.stdout.flush(); time.sleep(60)"],
+        log,
+        timeout=2,
+        grace=5,
+    )
     assert r.returncode == 124 and r.stdout == "partial\n"
     assert time.monotonic() - start < 30
     assert "stopped after 2 s (--timeout)" in log.read_text()

@@ -15,14 +15,18 @@ def page(drafts: float, tokens: float, accepted: float, pos: list[float], total:
     """A vLLM-like /metrics page; `total` False exports the counters without the `_total` suffix."""
     sfx = "_total" if total else ""
     lab = 'engine="0",model_name="a,b\\"c}"'
-    lines = [f"# HELP vllm:spec_decode_num_drafts{sfx} Number of spec decoding drafts.",
-             f"# TYPE vllm:spec_decode_num_drafts{sfx} counter",
-             f"vllm:spec_decode_num_drafts{sfx}{{{lab}}} {drafts}",
-             f"vllm:spec_decode_num_drafts_created{{{lab}}} 1.7e+09",
-             f"vllm:spec_decode_num_draft_tokens{sfx}{{{lab}}} {tokens}",
-             f"vllm:spec_decode_num_accepted_tokens{sfx}{{{lab}}} {accepted} 1700000000000",
-             'vllm:num_requests_running{engine="0"} 0.0']
-    lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos{sfx}{{{lab},position="{i}"}} {v}' for i, v in enumerate(pos)]
+    lines = [
+        f"# HELP vllm:spec_decode_num_drafts{sfx} Number of spec decoding drafts.",
+        f"# TYPE vllm:spec_decode_num_drafts{sfx} counter",
+        f"vllm:spec_decode_num_drafts{sfx}{{{lab}}} {drafts}",
+        f"vllm:spec_decode_num_drafts_created{{{lab}}} 1.7e+09",
+        f"vllm:spec_decode_num_draft_tokens{sfx}{{{lab}}} {tokens}",
+        f"vllm:spec_decode_num_accepted_tokens{sfx}{{{lab}}} {accepted} 1700000000000",
+        'vllm:num_requests_running{engine="0"} 0.0',
+    ]
+    lines += [
+        f'vllm:spec_decode_num_accepted_tokens_per_pos{sfx}{{{lab},position="{i}"}} {v}' for i, v in enumerate(pos)
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -61,9 +65,11 @@ def test_samples_and_counter_names() -> None:
 def test_queue_gauges_sum_engines_and_say_when_absent() -> None:
     from qwenquant.net.prometheus import queue_gauges
 
-    page = ('vllm:num_requests_running{engine="0",model_name="m"} 2.0\n'
-            'vllm:num_requests_running{engine="1",model_name="m"} 1.0\n'
-            'vllm:num_requests_waiting{engine="0",model_name="m"} 3.0\n')
+    page = (
+        'vllm:num_requests_running{engine="0",model_name="m"} 2.0\n'
+        'vllm:num_requests_running{engine="1",model_name="m"} 1.0\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 3.0\n'
+    )
     assert queue_gauges(page) == (3.0, 3.0)
     assert queue_gauges('vllm:num_requests_running{engine="0"} 1\n') == (1.0, 0.0)
     assert queue_gauges("process_start_time_seconds 1.7e9\n") is None

@@ -8,9 +8,15 @@ from benchmarks import phase_model as pm
 
 
 def _gdn_layer() -> dict[str, tuple[int, int]]:
-    return {"linear_attn.in_proj_qkv": (10240, 5120), "linear_attn.in_proj_z": (6144, 5120),
-            "!linear_attn.in_proj_a": (48, 5120), "linear_attn.out_proj": (5120, 6144),
-            "mlp.gate_proj": (17408, 5120), "mlp.up_proj": (17408, 5120), "mlp.down_proj": (5120, 17408)}
+    return {
+        "linear_attn.in_proj_qkv": (10240, 5120),
+        "linear_attn.in_proj_z": (6144, 5120),
+        "!linear_attn.in_proj_a": (48, 5120),
+        "linear_attn.out_proj": (5120, 6144),
+        "mlp.gate_proj": (17408, 5120),
+        "mlp.up_proj": (17408, 5120),
+        "mlp.down_proj": (5120, 17408),
+    }
 
 
 def test_shared_inputs_count_one_hessian_and_ignored_modules_none() -> None:
@@ -24,13 +30,22 @@ def test_shared_inputs_count_one_hessian_and_ignored_modules_none() -> None:
 def _arm(layer0: float, stages: dict[str, float]) -> dict:
     types = ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"]
     secs = [layer0, 3.0, 3.0, 4.0, 3.0, 3.0, 3.0, 4.0]
-    return {"layer_types": types, "gptq_layers": [{"layer": i, "seconds": s} for i, s in enumerate(secs)],
-            "stages": [{"stage": k, "seconds": v} for k, v in stages.items()]}
+    return {
+        "layer_types": types,
+        "gptq_layers": [{"layer": i, "seconds": s} for i, s in enumerate(secs)],
+        "stages": [{"stage": k, "seconds": v} for k, v in stages.items()],
+    }
 
 
 def test_projection_counts_layer0_excess_once_and_scales_only_whole_checkpoint_stages() -> None:
-    stages = {"source": 10.0, "calibration": 10.0, "gptq": 26.0 + 60 + 5, "lm_head": 50.0, "check": 4.0,
-              "manifest": 6.0}
+    stages = {
+        "source": 10.0,
+        "calibration": 10.0,
+        "gptq": 26.0 + 60 + 5,
+        "lm_head": 50.0,
+        "check": 4.0,
+        "manifest": 6.0,
+    }
     cold = pm.project_qwenquant(_arm(63.0, stages), bytes_ratio=4.0)
     assert cold["per_layer_seconds"] == {"linear_attention": 3.0, "full_attention": 4.0}
     parts = cold["parts"]
@@ -45,8 +60,10 @@ def test_projection_counts_layer0_excess_once_and_scales_only_whole_checkpoint_s
 
 def test_gptq_tail_scales_each_logged_part_by_what_it_reads() -> None:
     stages = {"gptq": 26.0 + 12.0, "check": 1.0}
-    arm = dict(_arm(3.0, stages), gptq_tail={"head_calibration": 4.0, "rest_shards": 3.0, "layer_links": 0.5,
-                                             "identity_proof": 2.0})
+    arm = dict(
+        _arm(3.0, stages),
+        gptq_tail={"head_calibration": 4.0, "rest_shards": 3.0, "layer_links": 0.5, "identity_proof": 2.0},
+    )
     parts = pm.project_qwenquant(arm, bytes_ratio=3.0)["parts"]
     assert parts["gptq_after_loop (fixed)"] == pytest.approx(7.0)  # head calibration, the tensors outside the layers
     assert parts["gptq_after_loop (x layers)"] == pytest.approx(0.5 * 64 / 8)
@@ -69,8 +86,13 @@ def test_3090_rates_move_each_part_by_its_own_peak() -> None:
 def test_oneshot_projection_counts_its_untimed_last_layer_and_setup_once() -> None:
     types = ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"]
     per_layer = [13.0, 3.0, 3.0, 4.0, 3.0, 3.0, 3.0]  # layers 0..6 (the last one is not timed apart)
-    arm = {"layer_types": types, "per_layer_seconds": per_layer, "oneshot_seconds": sum(per_layer) + 4.0 + 2.0,
-           "load_seconds": 5.0, "save_seconds": 3.0}
+    arm = {
+        "layer_types": types,
+        "per_layer_seconds": per_layer,
+        "oneshot_seconds": sum(per_layer) + 4.0 + 2.0,
+        "load_seconds": 5.0,
+        "save_seconds": 3.0,
+    }
     p = pm.project_oneshot(arm, bytes_ratio=4.0)
     assert p["parts"]["layers"] == 48 * 3.0 + 16 * 4.0
     assert p["parts"]["layer0_one_time"] == pytest.approx(10.0)

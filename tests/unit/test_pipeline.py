@@ -61,16 +61,37 @@ class Toy:
 
     def stages(self) -> tuple[Stage, ...]:
         return (
-            Stage("source", lambda ctx: {"path": str(ctx.source)}, lambda ctx: {}, self.source,
-                  manifest=lambda o: {"source": json.loads((o.dir / "source.json").read_text())},
-                  preflight=lambda source, recipe: self.preflights.append(source)),
-            Stage("calibration", lambda ctx: {"source": ctx.digest("source")}, lambda ctx: {}, self.calibration,
-                  manifest=lambda o: {"calibration": dict(o.result)}),
-            Stage("head", lambda ctx: {"calibration": ctx.digest("calibration"), "weights": self.weights.decode()},
-                  lambda ctx: {"device": ctx.device}, self.head, builds_checkpoint=True,
-                  manifest=lambda o: {"quality": dict(o.result)}, tasks=("head rows",)),
-            Stage("check", lambda ctx: {"head": ctx.digest("head")}, lambda ctx: {}, self.check,
-                  manifest=lambda o: {"quality": {"checked": o.result["problems"] == 0}}),
+            Stage(
+                "source",
+                lambda ctx: {"path": str(ctx.source)},
+                lambda ctx: {},
+                self.source,
+                manifest=lambda o: {"source": json.loads((o.dir / "source.json").read_text())},
+                preflight=lambda source, recipe: self.preflights.append(source),
+            ),
+            Stage(
+                "calibration",
+                lambda ctx: {"source": ctx.digest("source")},
+                lambda ctx: {},
+                self.calibration,
+                manifest=lambda o: {"calibration": dict(o.result)},
+            ),
+            Stage(
+                "head",
+                lambda ctx: {"calibration": ctx.digest("calibration"), "weights": self.weights.decode()},
+                lambda ctx: {"device": ctx.device},
+                self.head,
+                builds_checkpoint=True,
+                manifest=lambda o: {"quality": dict(o.result)},
+                tasks=("head rows",),
+            ),
+            Stage(
+                "check",
+                lambda ctx: {"head": ctx.digest("head")},
+                lambda ctx: {},
+                self.check,
+                manifest=lambda o: {"quality": {"checked": o.result["problems"] == 0}},
+            ),
         )
 
 
@@ -82,8 +103,9 @@ def toy() -> Toy:
 def _opts(tmp_path: Path, **kw) -> pipeline.QuantizeOptions:
     recipe = load_recipe("w4a16-int4head")
     (tmp_path / "src").mkdir(exist_ok=True)
-    return pipeline.QuantizeOptions(tmp_path / "src", recipe, recipe.calibration, kw.pop("out", tmp_path / "art"),
-                                    device="cpu", **kw)
+    return pipeline.QuantizeOptions(
+        tmp_path / "src", recipe, recipe.calibration, kw.pop("out", tmp_path / "art"), device="cpu", **kw
+    )
 
 
 def _quantize(toy: Toy, tmp_path: Path, progress=None) -> pipeline.QuantizeResult:
@@ -94,14 +116,25 @@ def test_stages_run_in_list_order_with_progress_from_the_list(toy: Toy, tmp_path
     steps: list[tuple] = []
     res = _quantize(toy, tmp_path, lambda *a: steps.append(a))
     assert toy.calls == ["source", "calibration", "head", "check"]
-    assert steps == [("source", None, 0, 5), ("calibration", None, 1, 5), ("head", None, 2, 5),
-                     ("head", "head rows", 1, 2), ("head", "head rows", 2, 2), ("check", None, 3, 5),
-                     ("manifest", None, 4, 5), ("done", None, 5, 5)]
+    assert steps == [
+        ("source", None, 0, 5),
+        ("calibration", None, 1, 5),
+        ("head", None, 2, 5),
+        ("head", "head rows", 1, 2),
+        ("head", "head rows", 2, 2),
+        ("check", None, 3, 5),
+        ("manifest", None, 4, 5),
+        ("done", None, 5, 5),
+    ]
     assert toy.preflights == [(tmp_path / "src").resolve()]
     assert res.stages == {"source": "ran", "calibration": "ran", "head": "ran", "check": "ran"}
     art = tmp_path / "art"
-    assert sorted(p.name for p in art.iterdir()) == ["config.json", "model.safetensors", MANIFEST_NAME,
-                                                      pipeline.QUALITY_FILE]
+    assert sorted(p.name for p in art.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        MANIFEST_NAME,
+        pipeline.QUALITY_FILE,
+    ]
     assert (art / "model.safetensors").read_bytes() == b"weights-1"
     assert verify_artifact(art).ok and res.root_digest == verify_artifact(art).root_digest
 
@@ -127,8 +160,15 @@ def test_a_stage_without_manifest_hooks_leaves_the_sections_empty(toy: Toy, tmp_
 
 def test_two_stages_adding_the_same_section_is_refused(toy: Toy, tmp_path: Path) -> None:
     stages = toy.stages()
-    twice = stages + (Stage("again", lambda ctx: {}, lambda ctx: {}, lambda ctx, d: {},
-                            manifest=lambda o: {"quality": {"checked": False}}),)
+    twice = stages + (
+        Stage(
+            "again",
+            lambda ctx: {},
+            lambda ctx: {},
+            lambda ctx, d: {},
+            manifest=lambda o: {"quality": {"checked": False}},
+        ),
+    )
     with pytest.raises(ValueError, match="stage again adds 'quality' to the manifest again"):
         pipeline.quantize(_opts(tmp_path), stages=twice)
 
@@ -190,15 +230,20 @@ def test_out_inside_the_source_is_refused(toy: Toy, tmp_path: Path) -> None:
 
 
 def _snapshot(root: Path) -> dict[str, tuple]:
-    return {p.relative_to(root).as_posix(): (p.stat().st_mtime_ns, p.stat().st_size, p.is_dir())
-            for p in sorted(root.rglob("*"))}
+    return {
+        p.relative_to(root).as_posix(): (p.stat().st_mtime_ns, p.stat().st_size, p.is_dir())
+        for p in sorted(root.rglob("*"))
+    }
 
 
 def test_plan_before_any_run_says_every_stage_runs_and_creates_nothing(toy: Toy, tmp_path: Path) -> None:
     plan = plan_quantize(_opts(tmp_path), stages=toy.stages())
     assert [(s.stage, s.describe()) for s in plan.stages] == [
-        ("source", "would run: no completion record"), ("calibration", "would run: source re-runs"),
-        ("head", "would run: calibration re-runs"), ("check", "would run: head re-runs")]
+        ("source", "would run: no completion record"),
+        ("calibration", "would run: source re-runs"),
+        ("head", "would run: calibration re-runs"),
+        ("check", "would run: head re-runs"),
+    ]
     assert toy.calls == [] and sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 
@@ -209,8 +254,12 @@ def test_plan_after_a_run_names_what_changed_and_writes_nothing(toy: Toy, tmp_pa
     assert plan_quantize(_opts(tmp_path), stages=toy.stages()).would_run == []
     toy.weights = b"weights-2"
     plan = plan_quantize(_opts(tmp_path), stages=toy.stages())
-    assert [s.describe() for s in plan.stages] == ["reused", "reused", "would run: inputs changed (weights)",
-                                                   "would run: head re-runs"]
+    assert [s.describe() for s in plan.stages] == [
+        "reused",
+        "reused",
+        "would run: inputs changed (weights)",
+        "would run: head re-runs",
+    ]
     assert _snapshot(tmp_path) == before
     (tmp_path / "art.work" / "calibration" / "tokens.bin").write_bytes(b"124")
     before = _snapshot(tmp_path)
@@ -244,8 +293,9 @@ def test_force_removes_nothing_when_the_source_stage_refuses_the_source(toy: Toy
     toy.source = refused
     with pytest.raises(StageError, match="toy source refused"):
         pipeline.quantize(_opts(tmp_path, force=True, work=tmp_path / "w"), stages=toy.stages())
-    assert (tmp_path / "art" / "notes.txt").read_text() == "mine" and [p.name for p in (tmp_path / "art").iterdir()] \
-        == ["notes.txt"]
+    assert (tmp_path / "art" / "notes.txt").read_text() == "mine" and [
+        p.name for p in (tmp_path / "art").iterdir()
+    ] == ["notes.txt"]
     assert (tmp_path / "w" / "notes.txt").read_text() == "mine"
     toy.source = good
     res = pipeline.quantize(_opts(tmp_path, force=True, work=tmp_path / "w"), stages=toy.stages())
@@ -264,9 +314,19 @@ def test_a_file_where_a_folder_is_asked_is_a_usage_error_and_kept(toy: Toy, tmp_
 def test_the_shipped_stage_list() -> None:
     from qwenquant.quantize.stages import PIPELINE
 
-    assert [s.name for s in PIPELINE] == ["source", "calibration", "gptq", "lm_head", "mtp", "textonly", "check",
-                                        "eval"]
+    assert [s.name for s in PIPELINE] == [
+        "source",
+        "calibration",
+        "gptq",
+        "lm_head",
+        "mtp",
+        "textonly",
+        "check",
+        "eval",
+    ]
     assert [s.name for s in PIPELINE if s.builds_checkpoint] == ["gptq", "lm_head", "mtp", "textonly"]
-    assert {s.name: s.tasks for s in PIPELINE if s.tasks} == {"gptq": ("gptq layers",),
-                                                              "lm_head": ("lm_head row chunks",)}
+    assert {s.name: s.tasks for s in PIPELINE if s.tasks} == {
+        "gptq": ("gptq layers",),
+        "lm_head": ("lm_head row chunks",),
+    }
     assert [s.name for s in PIPELINE if s.manifest] == ["source", "calibration", "lm_head", "eval"]

@@ -129,8 +129,17 @@ def test_cache_batch(config):
 
 
 def _budget(config, weights, gib, settings, max_len, seqs):
-    return make_budget(model_shape(config), weights, settings, device="cuda", total_bytes=gib * GiB,
-                       utilization=0.92, max_model_len=max_len, max_num_seqs=seqs, max_num_batched_tokens=2048)
+    return make_budget(
+        model_shape(config),
+        weights,
+        settings,
+        device="cuda",
+        total_bytes=gib * GiB,
+        utilization=0.92,
+        max_model_len=max_len,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=2048,
+    )
 
 
 def test_budget_24gib(config, weights):
@@ -177,16 +186,25 @@ def test_plan_from_bare_config(config, tmp_path):
 
 
 def test_weights_from_tensors_components():
-    w = weights_from_tensors({
-        "model.language_model.embed_tokens.weight": 100, "model.layers.0.mlp.up_proj.weight_packed": 40,
-        "model.layers.0.mlp.up_proj.weight_scale": 2, "lm_head.weight_packed": 20, "lm_head.weight_scale": 1,
-        "mtp.fc.weight": 7, "model.visual.blocks.0.attn.qkv.weight": 9, "model.norm.weight": 3})
+    w = weights_from_tensors(
+        {
+            "model.language_model.embed_tokens.weight": 100,
+            "model.layers.0.mlp.up_proj.weight_packed": 40,
+            "model.layers.0.mlp.up_proj.weight_scale": 2,
+            "lm_head.weight_packed": 20,
+            "lm_head.weight_scale": 1,
+            "mtp.fc.weight": 7,
+            "model.visual.blocks.0.attn.qkv.weight": 9,
+            "model.norm.weight": 3,
+        }
+    )
     assert w.bytes == {"embeddings": 100, "int4_body": 42, "lm_head": 21, "mtp": 7, "other_bf16": 3, "vision": 9}
     assert w.lm_head_quantized and w.loaded() == 173 and w.loaded(include_vision=True) == 182
 
 
-@pytest.mark.parametrize("text, n", [("24GiB", 24 * 2**30), ("24GB", 24 * 10**9), ("24", 24 * 2**30),
-                                     ("512MiB", 512 * 2**20)])
+@pytest.mark.parametrize(
+    "text, n", [("24GiB", 24 * 2**30), ("24GB", 24 * 10**9), ("24", 24 * 2**30), ("512MiB", 512 * 2**20)]
+)
 def test_parse_size(text, n):
     assert parse_size(text) == n
 
@@ -210,14 +228,19 @@ def test_a_profile_longer_than_the_model_s_positions_does_not_fit_as_serve_refus
         "batch": (True, None),
         "long-context": (False, "max-model-len 90112 is above the model's max_position_embeddings 8192"),
         "long-context-max": (False, "max-model-len 204800 is above the model's max_position_embeddings 8192"),
-        "single-user": (False, "max-model-len 32768 is above the model's max_position_embeddings 8192")}
+        "single-user": (False, "max-model-len 32768 is above the model's max_position_embeddings 8192"),
+    }
     assert main(["plan", str(tmp_path), "-p", "single-user"]) == 7
     captured = capsys.readouterr()
-    assert "DOES NOT FIT: max-model-len 32768 is above the model's max_position_embeddings 8192, which serve refuses" \
+    assert (
+        "DOES NOT FIT: max-model-len 32768 is above the model's max_position_embeddings 8192, which serve refuses"
         in captured.out
+    )
     plan_says = [ln for ln in captured.err.splitlines() if ln.startswith("error:")]
-    assert plan_says == ["error: no serve profile fits: max-model-len 32768 is above the model's "
-                         "max_position_embeddings 8192 (profile single-user)"]
+    assert plan_says == [
+        "error: no serve profile fits: max-model-len 32768 is above the model's "
+        "max_position_embeddings 8192 (profile single-user)"
+    ]
     with pytest.raises(ServeError) as refused:
         _check_context(config, load_recipe("w4a16-int4head").profile("single-user"))
     assert refused.value.message in plan_says[0]

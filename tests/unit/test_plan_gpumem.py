@@ -39,8 +39,10 @@ def test_a_card_bigger_than_the_gpu_is_refused():
 
 def test_the_note_names_budget_and_share():
     emu = emulate_card(24 * GiB, H200, 0.92)
-    assert emu.note == ("--gpu-mem 24.00 GiB: budget 22.08 GiB (24.00 GiB x 0.92) = --gpu-memory-utilization "
-                        "0.157263 of this GPU's 140.40 GiB")
+    assert emu.note == (
+        "--gpu-mem 24.00 GiB: budget 22.08 GiB (24.00 GiB x 0.92) = --gpu-memory-utilization "
+        "0.157263 of this GPU's 140.40 GiB"
+    )
 
 
 class _Profile:
@@ -66,9 +68,11 @@ def test_the_hard_limit_keeps_an_explicit_share_and_says_it_will_not_start():
     notes: list[str] = []
     p = apply_gpu_mem(_Profile(0.18), 24 * GiB, "cuda", ["--gpu-memory-utilization", "0.18"], lambda: H200, notes)
     assert p.gpu_memory_utilization == 0.18
-    assert notes == ["--gpu-mem 24.00 GiB with an explicit --gpu-memory-utilization 0.18: vLLM's budget is 25.27 GiB "
-                     "of this GPU's 140.40 GiB, more than the 24.00 GiB left to it: vLLM will refuse to start, as on "
-                     "the card"]
+    assert notes == [
+        "--gpu-mem 24.00 GiB with an explicit --gpu-memory-utilization 0.18: vLLM's budget is 25.27 GiB "
+        "of this GPU's 140.40 GiB, more than the 24.00 GiB left to it: vLLM will refuse to start, as on "
+        "the card"
+    ]
     notes.clear()
     apply_gpu_mem(_Profile(0.15), 24 * GiB, "cuda", ["--gpu-memory-utilization=0.15"], lambda: H200, notes)
     assert notes[0].endswith("vLLM's budget is 21.06 GiB of this GPU's 140.40 GiB")
@@ -87,7 +91,8 @@ def test_ballast_holds_all_but_the_card_of_each_gpu():
     assert ballast_note(24 * GiB, gpus[:1]) == (
         "--gpu-mem 24.00 GiB is a hard limit: a ballast process holds all but 24.00 GiB of the free memory, its own "
         "CUDA context included (GPU 0: 115.85 GiB of 140.40 GiB (139.85 GiB free now)), from before vLLM starts "
-        "until after it stops (--gpu-mem-soft: the budget alone)")
+        "until after it stops (--gpu-mem-soft: the budget alone)"
+    )
     with pytest.raises(ServeError, match="GPU 1 has 20.00 GiB free of 140.40 GiB: less than --gpu-mem 24.00 GiB") as e:
         ballast_holds(24 * GiB, [("0", H200, 100 * GiB), ("1", H200, 20 * GiB)])
     assert "GPU 0" not in e.value.message and "lower --gpu-mem" in e.value.hint

@@ -113,16 +113,20 @@ def test_plan_command_pipeline(capsys):
     figures and refuses the profile as serve does (exit 7)."""
     code, out, err = run_cli(capsys, "plan", str(REAL), "--gpus", "2", "--split", "pipeline", "-p", "single-user")
     assert code == 7
-    assert ("DOES NOT FIT: profile single-user drafts with MTP: vLLM does not support MTP drafting under pipeline "
-            "parallelism (RFC #44697, PR #44698 open; it builds the drafter on the last stage only), which serve "
-            "refuses: use --split tensor") in " ".join(out.split())
+    assert (
+        "DOES NOT FIT: profile single-user drafts with MTP: vLLM does not support MTP drafting under pipeline "
+        "parallelism (RFC #44697, PR #44698 open; it builds the drafter on the last stage only), which serve "
+        "refuses: use --split tensor"
+    ) in " ".join(out.split())
     assert "error: no serve profile fits: profile single-user drafts with MTP" in " ".join(err.split())
     assert "2 GPUs of 24GiB each under pipeline parallelism" in out
     assert "pipeline stage 1 of 2 (decoder layers 32-63)" in out
-    assert ("profile single-user over 2 pipeline stages: DOES NOT FIT: profile single-user drafts with MTP") \
-        in " ".join(out.split())  # never "fits" for a profile serve refuses
-    code, out, _ = run_cli(capsys, "plan", str(REAL), "--gpus", "2", "--split", "pipeline", "-p", "single-user",
-                           "--json")
+    assert (
+        "profile single-user over 2 pipeline stages: DOES NOT FIT: profile single-user drafts with MTP"
+    ) in " ".join(out.split())  # never "fits" for a profile serve refuses
+    code, out, _ = run_cli(
+        capsys, "plan", str(REAL), "--gpus", "2", "--split", "pipeline", "-p", "single-user", "--json"
+    )
     doc = json.loads(out)
     assert doc["pipeline_parallel_size"] == 2 and doc["tensor_parallel_size"] == 1
     stages = doc["profiles"]["single-user"]["stages"]
@@ -132,8 +136,9 @@ def test_plan_command_pipeline(capsys):
 
 def test_plan_command_pipeline_does_not_fit(capsys):
     """A stage that cannot hold its share is named with the exit code of a budget that does not fit."""
-    code, _, err = run_cli(capsys, "plan", str(REAL), "--gpus", "2", "--split", "pipeline", "-p", "batch",
-                           "--gpu-mem", "12GiB")
+    code, _, err = run_cli(
+        capsys, "plan", str(REAL), "--gpus", "2", "--split", "pipeline", "-p", "batch", "--gpu-mem", "12GiB"
+    )
     assert code == 7
     assert "pipeline stage 1 of 2 (decoder layers 32-63)" in " ".join(err.split())
 
@@ -169,10 +174,16 @@ def test_plan_and_serve_default_the_same_way(capsys, monkeypatch, tmp_path):
     assert code == 0
     layouts = {k: p["layout"] for k, p in json.loads(out)["profiles"].items()}
     assert {k: (v["tensor"], v["pipeline"]) for k, v in layouts.items()} == {
-        "batch": (2, 1), "long-context": (2, 1), "long-context-max": (2, 1), "single-user": (2, 1)}
+        "batch": (2, 1),
+        "long-context": (2, 1),
+        "long-context-max": (2, 1),
+        "single-user": (2, 1),
+    }
     refused = {k: p["position_problem"] for k, p in json.loads(out)["profiles"].items() if p["position_problem"]}
-    assert refused == {"long-context-max": "profile long-context-max keeps the embedding table in host memory, "
-                                           "which serve does on one GPU only"}
+    assert refused == {
+        "long-context-max": "profile long-context-max keeps the embedding table in host memory, "
+        "which serve does on one GPU only"
+    }
     assert layouts["batch"]["reason"].startswith("the GPUs' link could not be read")
     code, _, err = run_cli(capsys, "plan", str(REAL), "--split", "pipeline")
     assert code == 2 and "--split needs --gpus N" in err
@@ -196,7 +207,9 @@ def test_largest_max_model_len_says_where_serve_stops(capsys, monkeypatch, tmp_p
     monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
     code, out, _ = run_cli(capsys, "plan", str(tmp_path), "-p", "batch")
     assert code == 0
-    assert ("(the cache's figure; above the model's 8,192 positions: serve takes at most 8,192 unless "
-            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)") in " ".join(out.split())
+    assert (
+        "(the cache's figure; above the model's 8,192 positions: serve takes at most 8,192 unless "
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)"
+    ) in " ".join(out.split())
     code, out, _ = run_cli(capsys, "plan", str(tmp_path), "-p", "batch", "--json")
     assert json.loads(out)["max_position_embeddings"] == 8192

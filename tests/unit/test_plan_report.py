@@ -31,11 +31,14 @@ def test_a_profile_serve_refuses_is_never_said_to_fit(capsys: pytest.CaptureFixt
     code, out, err = run_cli(capsys, "plan", str(small), "--gpu-mem", "24GiB")
     assert code == 0, err
     blocks = _sections(out)
-    assert "DOES NOT FIT: max-model-len 32768 is above the model's max_position_embeddings 4096" in blocks["single-user"]
+    assert (
+        "DOES NOT FIT: max-model-len 32768 is above the model's max_position_embeddings 4096" in blocks["single-user"]
+    )
     assert "fits:" not in blocks["single-user"] and "fits:" not in blocks["long-context"]
     assert "  fits: " in blocks["batch"]
-    code, out, err = run_cli(capsys, "plan", str(small), "--gpu-mem", "24GiB", "--gpus", "2", "--split", "pipeline",
-                             "-p", "single-user")
+    code, out, err = run_cli(
+        capsys, "plan", str(small), "--gpu-mem", "24GiB", "--gpus", "2", "--split", "pipeline", "-p", "single-user"
+    )
     assert code == 7, err
     assert "fits on every stage" not in out and "fits:" not in out
 

@@ -51,8 +51,17 @@ def test_the_term_is_pinned_to_its_figure(shape) -> None:
 def _budget(shape, util: float, chunk: int, seqs: int, max_len: int = 32768):
     recipe = load_recipe("w4a16-int4head")
     w = weights_from_config(shape, QuantSettings.from_recipe(recipe.canonical()))
-    return make_budget(shape, w, CacheSettings("auto", "float16", "align", 3), device="cuda", total_bytes=24 * GiB,
-                       utilization=util, max_model_len=max_len, max_num_seqs=seqs, max_num_batched_tokens=chunk)
+    return make_budget(
+        shape,
+        w,
+        CacheSettings("auto", "float16", "align", 3),
+        device="cuda",
+        total_bytes=24 * GiB,
+        utilization=util,
+        max_model_len=max_len,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=chunk,
+    )
 
 
 def test_headroom_is_what_vllm_leaves_outside_its_budget(shape) -> None:

@@ -26,8 +26,9 @@ def test_isolated_helpers_import_qwenquant_from_a_source_checkout(tmp_path: Path
     base = getattr(sys, "_base_executable", sys.executable)
     probe = subprocess.run([base, "-I", "-c", "import qwenquant"], capture_output=True, text=True, timeout=60)
     assert probe.returncode != 0, f"{base} has qwenquant installed: this test needs an interpreter without it"
-    r = subprocess.run([base, "-I", ballast.__file__, "--probe"], capture_output=True, text=True, cwd=tmp_path,
-                       timeout=60)
+    r = subprocess.run(
+        [base, "-I", ballast.__file__, "--probe"], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
     assert "No module named" not in r.stderr, r.stderr
     assert "ballast: " in r.stdout + r.stderr
 

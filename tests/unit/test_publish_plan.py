@@ -20,8 +20,12 @@ def on_hub(f: LocalFile, *, lfs: bool) -> RemoteFile:
     return RemoteFile(f.path, f.size, blob, f.sha256 if lfs else None)
 
 
-FILES = [local("model-00001-of-00001.safetensors", b"\0weights" * 100), local("config.json", b'{"a": 1}'),
-         local("qwenquant-manifest.json", b"{}"), local("README.md", b"# card\n")]
+FILES = [
+    local("model-00001-of-00001.safetensors", b"\0weights" * 100),
+    local("config.json", b'{"a": 1}'),
+    local("qwenquant-manifest.json", b"{}"),
+    local("README.md", b"# card\n"),
+]
 LFS = {"model-00001-of-00001.safetensors"}
 
 
@@ -79,8 +83,16 @@ def test_a_new_signature_replaces_one_that_does_not_hold_for_this_key() -> None:
 
 
 def record_of(files: list[Listed]) -> list[dict]:
-    return [{"path": f.path, "size": f.size, "sha256": f.sha256 or hashlib.sha256(f.path.encode()).hexdigest(),
-             "git_blob_id": f.blob_id, "lfs": f.lfs} for f in files]
+    return [
+        {
+            "path": f.path,
+            "size": f.size,
+            "sha256": f.sha256 or hashlib.sha256(f.path.encode()).hexdigest(),
+            "git_blob_id": f.blob_id,
+            "lfs": f.lfs,
+        }
+        for f in files
+    ]
 
 
 def test_content_pin_compares_sha256_of_lfs_files_and_blob_ids_of_small_ones() -> None:

@@ -19,7 +19,12 @@ def test_a_small_disk_is_said_in_mib(tiny_checkpoint: Path, tmp_path: Path, monk
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(2**20, 0, 2**20))
     with pytest.raises(StageError) as e:
-        check_free_space(tiny_checkpoint, tmp_path / "q", tmp_path / "q.work", load_recipe("tiny-reference"),
-                         ["gptq", "lm_head", "mtp", "textonly"])
+        check_free_space(
+            tiny_checkpoint,
+            tmp_path / "q",
+            tmp_path / "q.work",
+            load_recipe("tiny-reference"),
+            ["gptq", "lm_head", "mtp", "textonly"],
+        )
     assert "GiB" not in e.value.message and "but only 1.0 MiB is free on" in e.value.message, e.value.message
     assert " MiB, but only" in e.value.message

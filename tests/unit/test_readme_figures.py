@@ -36,7 +36,9 @@ def _single_user(plan: str) -> str:
 def test_single_user_context_is_the_one_figure_plan_prints(plan_text: str) -> None:
     want = re.search(r"largest max-model-len: ([\d,]+) for 1 sequence", _single_user(plan_text)).group(1)
     flat = " ".join(README.split())
-    said = re.findall(r"single-user fits an? ([\dK,]+)-token context", flat) + re.findall(r"context \(the cache alone would hold [\d,]+ tokens; one GPU: ([\d,]+)\)", flat)
+    said = re.findall(r"single-user fits an? ([\dK,]+)-token context", flat) + re.findall(
+        r"context \(the cache alone would hold [\d,]+ tokens; one GPU: ([\d,]+)\)", flat
+    )
     assert len(said) >= 3, said
     assert set(said) == {want}, f"README says {said}, plan prints {want}"
 
@@ -44,7 +46,9 @@ def test_single_user_context_is_the_one_figure_plan_prints(plan_text: str) -> No
 def test_weights_and_cache_budget_match_plan(plan_text: str) -> None:
     flat = " ".join(README.split())
     total = float(re.search(r"total loaded\s+[\d,]+ B\s+([\d.]+) GiB", plan_text).group(1))
-    left = float(re.search(r"left for KV cache \+ GDN state\s+[\d,]+ B\s+([\d.]+) GiB", _single_user(plan_text)).group(1))
+    left = float(
+        re.search(r"left for KV cache \+ GDN state\s+[\d,]+ B\s+([\d.]+) GiB", _single_user(plan_text)).group(1)
+    )
     assert f"{total:.1f} GiB of weights" in flat
     assert f"{left:.2f} GiB left for KV cache and GDN state" in flat
 
@@ -89,5 +93,7 @@ def test_readme_pipeline_block_lists_every_command() -> None:
 
     block = README.split("## The pipeline", 1)[1].split("```", 2)[1]
     listed = [ln.split()[1] for ln in block.splitlines() if ln.startswith("qwenquant ")]
-    commands = {c.name or c.callback.__name__ for c in app.registered_commands} | {g.name for g in app.registered_groups}
+    commands = {c.name or c.callback.__name__ for c in app.registered_commands} | {
+        g.name for g in app.registered_groups
+    }
     assert sorted(listed) == sorted(commands)

@@ -92,8 +92,9 @@ def test_every_problem_is_collected_with_path_and_fix() -> None:
     raw["serve"]["profiles"]["single-user"]["speculative"]["num_speculative_tokens"] = 0
     probs = _problems(raw)
     text = "\n".join(probs)
-    assert ("quantization.group_size: must be a positive multiple of 32 for vLLM's CPU and Marlin "
-            "kernels, got 48") in text
+    assert (
+        "quantization.group_size: must be a positive multiple of 32 for vLLM's CPU and Marlin kernels, got 48"
+    ) in text
     assert "artifact.layout: must be 'text-only' or 'multimodal', got 'textonly'" in text
     assert "artifact.colour: unknown key" in text
     assert "serve.profiles.batch.gpu_memory_utilization: must be in (0, 1], got 1.5" in text
@@ -115,8 +116,10 @@ def test_int4_mtp_option_needs_an_ignore_list_that_leaves_the_head_to_the_body_g
     refuse the packed tensors (vLLM #53387); without the option the entry is required."""
     raw = _raw()
     raw["mtp"] = {"quantize": "gptq"}
-    assert any(p.startswith("quantization.ignore: covers mtp.fc but mtp.quantize is gptq") and "#53387" in p
-               for p in _problems(raw))
+    assert any(
+        p.startswith("quantization.ignore: covers mtp.fc but mtp.quantize is gptq") and "#53387" in p
+        for p in _problems(raw)
+    )
     raw["quantization"]["ignore"].remove("re:^mtp.*")
     raw["serve"]["vllm_versions"] = [">=0.28.0,<0.33"]
     r = parse_recipe(raw)
@@ -147,8 +150,11 @@ def test_an_int4_mtp_recipe_with_an_open_vllm_range_is_refused_where_it_is_loade
     r = parse_recipe(raw)
     assert mtp_vllm_problems(r) == []
     wide = r.model_copy(update={"serve": r.serve.model_copy(update={"vllm_versions": [">=0.28.0"]})})
-    assert mtp_vllm_problems(wide) == [p for p in _problems(raw | {"serve": raw["serve"] | {"vllm_versions": [">=0.28.0"]}})
-                                       if p.startswith("serve.vllm_versions")]
+    assert mtp_vllm_problems(wide) == [
+        p
+        for p in _problems(raw | {"serve": raw["serve"] | {"vllm_versions": [">=0.28.0"]}})
+        if p.startswith("serve.vllm_versions")
+    ]
 
 
 def test_a_bf16_mtp_head_keeps_the_recipe_digest() -> None:
@@ -206,13 +212,18 @@ def test_more_than_four_draft_tokens_is_refused_and_the_shipped_recipes_draft_th
 
     for path in list_recipes().values():
         r = load_recipe(path)
-        drafts = {n: r.profile(n).speculative.num_speculative_tokens for n in r.serve.profiles if r.profile(n).speculative}
+        drafts = {
+            n: r.profile(n).speculative.num_speculative_tokens for n in r.serve.profiles if r.profile(n).speculative
+        }
         assert drafts and set(drafts.values()) == {3}, (path, drafts)
     raw = _raw()
     raw["serve"]["profiles"]["single-user"]["speculative"]["num_speculative_tokens"] = 5
     probs = [p for p in _problems(raw) if "speculative" in p]
-    assert len(probs) == 1 and probs[0].startswith("serve.profiles.single-user.speculative: num_speculative_tokens 5 "
-                                                   "is above 4") and "(vllm #37035)" in probs[0]
+    assert (
+        len(probs) == 1
+        and probs[0].startswith("serve.profiles.single-user.speculative: num_speculative_tokens 5 is above 4")
+        and "(vllm #37035)" in probs[0]
+    )
     raw["serve"]["profiles"]["single-user"]["speculative"]["num_speculative_tokens"] = 4
     parse_recipe(raw)
 
@@ -231,14 +242,20 @@ def test_yaml_syntax_error_and_duplicate_keys_name_the_line(tmp_path: Path) -> N
 
 
 def test_validation_problems_carry_line_numbers(tmp_path: Path) -> None:
-    text = (recipes_dir() / f"{SHIPPED}.yaml").read_text().replace("group_size: 128\n  actorder", "group_size: 40\n  actorder")
+    text = (
+        (recipes_dir() / f"{SHIPPED}.yaml")
+        .read_text()
+        .replace("group_size: 128\n  actorder", "group_size: 40\n  actorder")
+    )
     p = tmp_path / "r.yaml"
     p.write_text(text)
     line = 1 + text.splitlines().index("  group_size: 40")
     with pytest.raises(RecipeError) as ei:
         load_recipe(p)
-    assert ei.value.problems == [f"quantization.group_size: must be a positive multiple of 32 for vLLM's CPU "
-                                 f"and Marlin kernels, got 40 — use 128 (line {line})"]
+    assert ei.value.problems == [
+        f"quantization.group_size: must be a positive multiple of 32 for vLLM's CPU "
+        f"and Marlin kernels, got 40 — use 128 (line {line})"
+    ]
 
 
 def test_unknown_shipped_name() -> None:
@@ -339,9 +356,12 @@ def test_recipe_list_tells_every_shipped_recipe_apart_and_prints_json(capsys: py
     for name, r in recipes.items():
         assert lines[name].endswith("recipe: " + ", ".join(r["features"]))
     code, out, _ = run_cli(capsys, "recipe", "validate", "tiny-reference-int4mtp", "--json")
-    assert code == 0 and json.loads(out) == {"ok": True, "name": "tiny-reference-int4mtp",
-                                             "sha256": recipes["tiny-reference-int4mtp"]["sha256"],
-                                             "features": recipes["tiny-reference-int4mtp"]["features"]}
+    assert code == 0 and json.loads(out) == {
+        "ok": True,
+        "name": "tiny-reference-int4mtp",
+        "sha256": recipes["tiny-reference-int4mtp"]["sha256"],
+        "features": recipes["tiny-reference-int4mtp"]["features"],
+    }
 
 
 def test_an_int4_mtp_recipe_whose_groups_straddle_mtp_fc_s_halves_is_refused(tmp_path: Path) -> None:
@@ -356,12 +376,15 @@ def test_an_int4_mtp_recipe_whose_groups_straddle_mtp_fc_s_halves_is_refused(tmp
     parse_recipe(raw)  # group_size 128: every group inside one half
     raw["quantization"]["group_size"] = 2048
     (problem,) = [p for p in _problems(raw) if "mtp.fc" in p]
-    assert problem.startswith("quantization.group_size: group_size 2048 puts mtp.fc's group of columns 4096-6143 "
-                              "across column 5120")
+    assert problem.startswith(
+        "quantization.group_size: group_size 2048 puts mtp.fc's group of columns 4096-6143 across column 5120"
+    )
     assert main(["recipe", "validate", str(_write(tmp_path, raw))]) == 2
 
 
-def test_a_shown_recipe_saved_anywhere_is_the_recipe_it_shows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_shown_recipe_saved_anywhere_is_the_recipe_it_shows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`recipe show NAME > my.yaml` round-trips: the copy reads the same calibration file (the shown
     path resolves from any folder), validates, and its calibration stage input is the shipped recipe's;
     every default is filled in, `activations: bf16` of each profile too."""
@@ -384,15 +407,19 @@ def test_a_shown_recipe_saved_anywhere_is_the_recipe_it_shows(tmp_path: Path, ca
     assert f"# sha256: {mine.sha256()}" in shown  # what the copy records, as validate says
 
 
-def test_validate_reports_a_calibration_path_that_does_not_resolve(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_validate_reports_a_calibration_path_that_does_not_resolve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A shipped recipe copied as a file elsewhere: its relative `calibration.path` names nothing there;
     validate says so (exit 2) naming the field, where it looked and what to do, as quantize would."""
     copy = tmp_path / "my.yaml"
     copy.write_text((recipes_dir() / "tiny-reference.yaml").read_text())
     assert main(["recipe", "validate", str(copy)]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert (f"error: recipe {copy} is invalid: calibration.path: ../calibration/tiny-reference.jsonl resolves to "
-            f"{tmp_path.parent / 'calibration' / 'tiny-reference.jsonl'}, which does not exist") in err
+    assert (
+        f"error: recipe {copy} is invalid: calibration.path: ../calibration/tiny-reference.jsonl resolves to "
+        f"{tmp_path.parent / 'calibration' / 'tiny-reference.jsonl'}, which does not exist"
+    ) in err
     assert "hint:" in err and "relative to the recipe's folder" in err
 
 

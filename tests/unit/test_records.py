@@ -18,6 +18,7 @@ def _stage(calls: list[int]):
         calls.append(1)
         (d / "out.bin").write_bytes(b"payload")
         return {"n": 1}
+
     return fn
 
 
@@ -62,8 +63,9 @@ def test_truncated_record_reruns(ran) -> None:
     assert "not valid JSON" in _rerun_reason(work, calls)
 
 
-@pytest.mark.parametrize("field,value", [("outputs", "x"), ("status", "running"), ("inputs", None),
-                                         ("record_sha256", 7)])
+@pytest.mark.parametrize(
+    "field,value", [("outputs", "x"), ("status", "running"), ("inputs", None), ("record_sha256", 7)]
+)
 def test_malformed_record_reruns(ran, field, value) -> None:
     work, calls = ran
     p = work / "demo.record.json"
@@ -116,8 +118,18 @@ def test_failed_stage_leaves_no_record_and_no_output(tmp_path: Path) -> None:
 
 
 def test_check_record_rejects_other_stage() -> None:
-    body = {"schema_version": 1, "stage": "other", "status": "complete", "inputs": {}, "outputs": {},
-            "params": {}, "result": {}, "started": "", "finished": "", "tool_versions": {}}
+    body = {
+        "schema_version": 1,
+        "stage": "other",
+        "status": "complete",
+        "inputs": {},
+        "outputs": {},
+        "params": {},
+        "result": {},
+        "started": "",
+        "finished": "",
+        "tool_versions": {},
+    }
     body["record_sha256"] = record_digest(body)
     rec, why = check_record(json.dumps(body).encode(), stage="demo", inputs={}, params={}, outputs_on_disk=dict)
     assert rec is None and "not a complete record of this stage" in why

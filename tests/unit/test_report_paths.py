@@ -15,8 +15,9 @@ from qwenquant.evaluate.inputs import check_report_target
 
 
 def _bench_report(path: Path, mode: str, png: Path | None = None) -> bytes:
-    raw = json.dumps({"schema_version": 2, "mode": mode, "tool": f"qwenquant bench {mode}",
-                      "png_path": str(png) if png else None}).encode()
+    raw = json.dumps(
+        {"schema_version": 2, "mode": mode, "tool": f"qwenquant bench {mode}", "png_path": str(png) if png else None}
+    ).encode()
     path.write_bytes(raw)
     return raw
 
@@ -68,16 +69,36 @@ def test_a_report_path_inside_an_artifact_is_refused(tmp_path: Path) -> None:
 def test_eval_report_names_what_is_there(tmp_path: Path) -> None:
     cfg = tmp_path / "config.json"
     cfg.write_text('{"model_type": "qwen3_5"}')
-    _refused(lambda: check_report_target(cfg, {"url": "http://x", "gate": "g"}, explicit=True, kind="served"), cfg,
-             f"--report {cfg} is not a qwenquant eval report; not replacing it")
+    _refused(
+        lambda: check_report_target(cfg, {"url": "http://x", "gate": "g"}, explicit=True, kind="served"),
+        cfg,
+        f"--report {cfg} is not a qwenquant eval report; not replacing it",
+    )
     old = tmp_path / "r.json"
     old.write_text(json.dumps({"schema_version": 1, "kind": "offline", "root_digest": "a" * 64}))
-    _refused(lambda: check_report_target(old, {"url": "http://x"}, explicit=True, kind="served"), old,
-             "holds an eval report of kind 'offline', not 'served'")
-    old.write_text(json.dumps({"schema_version": 1, "kind": "served", "root_digest": "a" * 64, "gate": "g",
-                               "served": {"activations": "int8"}}))
-    _refused(lambda: check_report_target(old, {"root_digest": "a" * 64, "served.activations": "bf16"}, explicit=False,
-                                         kind="served"), old, "holds a report of another run (another served.activations)")
+    _refused(
+        lambda: check_report_target(old, {"url": "http://x"}, explicit=True, kind="served"),
+        old,
+        "holds an eval report of kind 'offline', not 'served'",
+    )
+    old.write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "kind": "served",
+                "root_digest": "a" * 64,
+                "gate": "g",
+                "served": {"activations": "int8"},
+            }
+        )
+    )
+    _refused(
+        lambda: check_report_target(
+            old, {"root_digest": "a" * 64, "served.activations": "bf16"}, explicit=False, kind="served"
+        ),
+        old,
+        "holds a report of another run (another served.activations)",
+    )
     check_report_target(old, {"root_digest": "a" * 64, "served.activations": "int8"}, explicit=False, kind="served")
 
 

@@ -51,22 +51,29 @@ def test_set_deterministic_turns_off_openmp_dynamic_teams() -> None:
     import subprocess
     import sys
 
-    code = ("import ctypes, os\n"
-            "import torch\n"
-            "from qwenquant.modeling.runtime import set_deterministic\n"
-            "def dynamic():  # the runtime torch loaded: global symbols, else its library by path\n"
-            "    libs = [None] + [line.split()[-1] for line in open('/proc/self/maps')\n"
-            "                     if os.path.basename(line.split()[-1]).startswith(('libgomp', 'libiomp', 'libomp'))]\n"
-            "    for lib in libs:\n"
-            "        try:\n"
-            "            return ctypes.CDLL(lib).omp_get_dynamic()\n"
-            "        except (AttributeError, OSError):\n"
-            "            pass\n"
-            "before = dynamic()\n"
-            "set_deterministic(threads=2)\n"
-            "print(before, dynamic(), torch.get_num_threads())\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "OMP_DYNAMIC": "true"})
+    code = (
+        "import ctypes, os\n"
+        "import torch\n"
+        "from qwenquant.modeling.runtime import set_deterministic\n"
+        "def dynamic():  # the runtime torch loaded: global symbols, else its library by path\n"
+        "    libs = [None] + [line.split()[-1] for line in open('/proc/self/maps')\n"
+        "                     if os.path.basename(line.split()[-1]).startswith(('libgomp', 'libiomp', 'libomp'))]\n"
+        "    for lib in libs:\n"
+        "        try:\n"
+        "            return ctypes.CDLL(lib).omp_get_dynamic()\n"
+        "        except (AttributeError, OSError):\n"
+        "            pass\n"
+        "before = dynamic()\n"
+        "set_deterministic(threads=2)\n"
+        "print(before, dynamic(), torch.get_num_threads())\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_DYNAMIC": "true"},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     if proc.stdout.split()[0] == "None":
         pytest.skip("torch here has no OpenMP runtime")

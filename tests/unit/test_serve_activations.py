@@ -20,24 +20,30 @@ def test_bf16_is_the_default_and_sets_nothing() -> None:
 def test_bf16_removes_the_shell_variable_with_a_warning(value: str) -> None:
     a = decide_activations("bf16", "cuda", (8, 6), {VAR: value})
     assert a.env_add == {} and a.env_unset == (VAR,)
-    assert a.warnings == (f"{VAR}={value!r} is set in this shell: removed from vLLM's environment "
-                          "(--activations bf16); pass --activations int8 for int8 activations",)
+    assert a.warnings == (
+        f"{VAR}={value!r} is set in this shell: removed from vLLM's environment "
+        "(--activations bf16); pass --activations int8 for int8 activations",
+    )
 
 
 def test_int8_on_ampere_uses_marlin() -> None:
     a = decide_activations("int8", "cuda", (8, 6), {})
     assert a.env_add == {VAR: "int8"} and a.env_unset == ()
-    assert a.notes[0] == ("activations: int8 (--activations; VLLM_MARLIN_INPUT_DTYPE=int8). SM 8.6: vLLM chooses "
-                          "Marlin for W4A16 layers, which takes int8 per-token activations on every layer (lm_head "
-                          "and MTP head included)")
+    assert a.notes[0] == (
+        "activations: int8 (--activations; VLLM_MARLIN_INPUT_DTYPE=int8). SM 8.6: vLLM chooses "
+        "Marlin for W4A16 layers, which takes int8 per-token activations on every layer (lm_head "
+        "and MTP head included)"
+    )
     assert "compile cache key" in a.notes[1]
 
 
 def test_int8_on_hopper_disables_machete_and_humming() -> None:
     a = decide_activations("int8", "cuda", (9, 0), {}, "profile batch")
     assert a.env_add == {VAR: "int8", DISABLED: "MacheteLinearKernel,HummingLinearKernel"}
-    assert a.notes[0].startswith("activations: int8 (profile batch; VLLM_MARLIN_INPUT_DTYPE=int8). SM 9.0 (Hopper): "
-                                 "vLLM chooses Machete for W4A16 layers")
+    assert a.notes[0].startswith(
+        "activations: int8 (profile batch; VLLM_MARLIN_INPUT_DTYPE=int8). SM 9.0 (Hopper): "
+        "vLLM chooses Machete for W4A16 layers"
+    )
     assert f"qwenquant disables them ({DISABLED}=MacheteLinearKernel,HummingLinearKernel)" in a.notes[0]
 
 
@@ -50,17 +56,20 @@ def test_int8_before_ampere_is_refused() -> None:
     with pytest.raises(UsageError) as e:  # a GPU that cannot do what is asked: the usage code, as in every command
         decide_activations("int8", "cuda", (7, 5), {})
     assert e.value.exit_code == 2
-    assert str(e.value) == ("--activations int8 needs a GPU of SM 8.0 or newer (Marlin's int8 path); this GPU is "
-                            "SM 7.5")
+    assert str(e.value) == (
+        "--activations int8 needs a GPU of SM 8.0 or newer (Marlin's int8 path); this GPU is SM 7.5"
+    )
     assert e.value.hint == "serve with --activations bf16"
 
 
 def test_int8_on_the_cpu_build_is_a_note_not_a_refusal() -> None:
     a = decide_activations("int8", "cpu", None, {VAR: "fp8"})
     assert a.env_add == {VAR: "int8"}
-    assert a.notes[0] == ("activations: int8 asked (--activations; VLLM_MARLIN_INPUT_DTYPE=int8 set for vLLM), but "
-                          "vLLM's CPU build has no Marlin kernel: its W4A16 layers run bf16 activations, so the "
-                          "variable has no effect here")
+    assert a.notes[0] == (
+        "activations: int8 asked (--activations; VLLM_MARLIN_INPUT_DTYPE=int8 set for vLLM), but "
+        "vLLM's CPU build has no Marlin kernel: its W4A16 layers run bf16 activations, so the "
+        "variable has no effect here"
+    )
     assert a.warnings == (f"{VAR}='fp8' in this shell is replaced by int8 for vLLM (--activations int8)",)
 
 
@@ -107,7 +116,6 @@ def test_recipe_profile_opt_in_and_the_digest_of_recipes_without_it() -> None:
         Recipe.model_validate(d)
 
 
-
 def test_recipe_refuses_int8_with_asymmetric_weights(tmp_path) -> None:
     import yaml
 
@@ -124,8 +132,10 @@ def test_recipe_refuses_int8_with_asymmetric_weights(tmp_path) -> None:
     with pytest.raises(RecipeError) as e:
         load_recipe(str(tmp_path / "bad.yaml"))
     assert e.value.exit_code == 2
-    assert ("serve.profiles.batch.activations: int8 needs symmetric 4-bit weights, and lm_head is not — set "
-            "lm_head.symmetric: true and num_bits: 4, or drop activations: int8") in str(e.value)
+    assert (
+        "serve.profiles.batch.activations: int8 needs symmetric 4-bit weights, and lm_head is not — set "
+        "lm_head.symmetric: true and num_bits: 4, or drop activations: int8"
+    ) in str(e.value)
 
 
 def _row(version: str, **changes: object):
@@ -165,11 +175,14 @@ def test_int8_on_vllm_033_keeps_the_marlin_variable() -> None:
 def test_the_kernel_read_back_from_vllm_s_log() -> None:
     from qwenquant.serve.kernellog import int8_problem, kernel_lines
 
-    marlin = "(EngineCore pid=9) INFO 12-06 [compressed_tensors_wNa16.py:138] Using MarlinLinearKernel for " \
-             "CompressedTensorsWNA16"
+    marlin = (
+        "(EngineCore pid=9) INFO 12-06 [compressed_tensors_wNa16.py:138] Using MarlinLinearKernel for "
+        "CompressedTensorsWNA16"
+    )
     machete = marlin.replace("MarlinLinearKernel", "MacheteLinearKernel")
     assert int8_problem([marlin]) is None and int8_problem(["nothing"]) is None
-    assert int8_problem([marlin, machete]).startswith("--activations int8 was asked, but vLLM runs "
-                                                      "MacheteLinearKernel for CompressedTensorsWNA16 layers")
+    assert int8_problem([marlin, machete]).startswith(
+        "--activations int8 was asked, but vLLM runs MacheteLinearKernel for CompressedTensorsWNA16 layers"
+    )
     batch_invariant = "Using dequantize + batch-invariant matmul for CompressedTensorsWNA16"  # vLLM 0.34
     assert [k.kernel for k in kernel_lines([batch_invariant])] == ["dequantize + batch-invariant matmul"]

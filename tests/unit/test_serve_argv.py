@@ -33,18 +33,48 @@ TOOLS = ["--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder"]  # no
 def test_single_user_cuda(recipe):
     argv = build_vllm_argv(ART, recipe.profile("single-user"), manifest(recipe), "cuda")
     assert argv == COMMON + [
-        "--max-model-len", "32768", "--max-num-seqs", "1", "--max-num-batched-tokens", "2048",
-        "--gpu-memory-utilization", "0.92", "--kv-cache-dtype", "auto", "--mamba-ssm-cache-dtype", "float16",
-        "--mamba-cache-mode", "align", "--reasoning-parser", "qwen3", *TOOLS, "--speculative-config", MTP,
+        "--max-model-len",
+        "32768",
+        "--max-num-seqs",
+        "1",
+        "--max-num-batched-tokens",
+        "2048",
+        "--gpu-memory-utilization",
+        "0.92",
+        "--kv-cache-dtype",
+        "auto",
+        "--mamba-ssm-cache-dtype",
+        "float16",
+        "--mamba-cache-mode",
+        "align",
+        "--reasoning-parser",
+        "qwen3",
+        *TOOLS,
+        "--speculative-config",
+        MTP,
     ]
 
 
 def test_batch_cuda(recipe):
     argv = build_vllm_argv(ART, recipe.profile("batch"), manifest(recipe), "cuda")
     assert argv == COMMON + [
-        "--max-model-len", "4096", "--max-num-seqs", "16", "--max-num-batched-tokens", "1024",
-        "--gpu-memory-utilization", "0.95", "--kv-cache-dtype", "fp8", "--mamba-ssm-cache-dtype", "float16",
-        "--mamba-cache-mode", "align", "--reasoning-parser", "qwen3", *TOOLS,
+        "--max-model-len",
+        "4096",
+        "--max-num-seqs",
+        "16",
+        "--max-num-batched-tokens",
+        "1024",
+        "--gpu-memory-utilization",
+        "0.95",
+        "--kv-cache-dtype",
+        "fp8",
+        "--mamba-ssm-cache-dtype",
+        "float16",
+        "--mamba-cache-mode",
+        "align",
+        "--reasoning-parser",
+        "qwen3",
+        *TOOLS,
     ]
 
 
@@ -52,18 +82,45 @@ def test_single_user_cpu(recipe):
     """CPU: eager, no GPU utilization; MTP turns prefix caching off, so no mamba cache mode either."""
     argv = build_vllm_argv(ART, recipe.profile("single-user"), manifest(recipe), "cpu")
     assert argv == COMMON + [
-        "--max-model-len", "32768", "--max-num-seqs", "1", "--max-num-batched-tokens", "2048",
-        "--kv-cache-dtype", "auto", "--mamba-ssm-cache-dtype", "float16", "--reasoning-parser", "qwen3",
-        *TOOLS, "--speculative-config", MTP, "--enforce-eager", "--no-enable-prefix-caching",
+        "--max-model-len",
+        "32768",
+        "--max-num-seqs",
+        "1",
+        "--max-num-batched-tokens",
+        "2048",
+        "--kv-cache-dtype",
+        "auto",
+        "--mamba-ssm-cache-dtype",
+        "float16",
+        "--reasoning-parser",
+        "qwen3",
+        *TOOLS,
+        "--speculative-config",
+        MTP,
+        "--enforce-eager",
+        "--no-enable-prefix-caching",
     ]
 
 
 def test_batch_cpu(recipe):
     argv = build_vllm_argv(ART, recipe.profile("batch"), manifest(recipe), "cpu")
     assert argv == COMMON + [
-        "--max-model-len", "4096", "--max-num-seqs", "16", "--max-num-batched-tokens", "1024",
-        "--kv-cache-dtype", "fp8", "--mamba-ssm-cache-dtype", "float16", "--mamba-cache-mode", "align",
-        "--reasoning-parser", "qwen3", *TOOLS, "--enforce-eager",
+        "--max-model-len",
+        "4096",
+        "--max-num-seqs",
+        "16",
+        "--max-num-batched-tokens",
+        "1024",
+        "--kv-cache-dtype",
+        "fp8",
+        "--mamba-ssm-cache-dtype",
+        "float16",
+        "--mamba-cache-mode",
+        "align",
+        "--reasoning-parser",
+        "qwen3",
+        *TOOLS,
+        "--enforce-eager",
     ]
 
 
@@ -75,13 +132,17 @@ def test_tool_calling_follows_what_the_vllm_offers(recipe):
     prof = recipe.profile("single-user")
     probed = Frontend("0.32.0", ("hermes", "qwen3_coder"), ("--tool-call-parser", "--tool-strict-level"))
     argv = build_vllm_argv(ART, prof, manifest(recipe), "cuda", frontend=probed)
-    assert argv[argv.index("--enable-auto-tool-choice"):][:5] == [*TOOLS, "--tool-strict-level", "parameter"]
-    assert tool_flags(prof, Frontend("0.26.0", None, None)) == (TOOLS, [
-        "vLLM 0.26.0 has no --tool-strict-level (added in 0.31): tool arguments are not pinned to their schema"])
+    assert argv[argv.index("--enable-auto-tool-choice") :][:5] == [*TOOLS, "--tool-strict-level", "parameter"]
+    assert tool_flags(prof, Frontend("0.26.0", None, None)) == (
+        TOOLS,
+        ["vLLM 0.26.0 has no --tool-strict-level (added in 0.31): tool arguments are not pinned to their schema"],
+    )
     assert tool_flags(prof, Frontend("0.31.0", None, None))[0] == [*TOOLS, "--tool-strict-level", "parameter"]
     flags, notes = tool_flags(prof, Frontend("0.26.0", ("hermes",), ("--tool-call-parser",)))
-    assert flags == [] and notes == ["vLLM 0.26.0 has no tool-call parser 'qwen3_coder': tool calls come back as "
-                                     "plain text (no --enable-auto-tool-choice)"]
+    assert flags == [] and notes == [
+        "vLLM 0.26.0 has no tool-call parser 'qwen3_coder': tool calls come back as "
+        "plain text (no --enable-auto-tool-choice)"
+    ]
     off = prof.model_copy(update={"tool_call_parser": None})
     assert "--enable-auto-tool-choice" not in build_vllm_argv(ART, off, manifest(recipe), "cuda", frontend=probed)
 
@@ -98,8 +159,13 @@ def test_profiles_differ_where_they_should(recipe):
 
 
 def test_extra_flags_replace_profile_flags(recipe):
-    argv = build_vllm_argv(ART, recipe.profile("single-user"), manifest(recipe), "cuda",
-                           ["--max-model-len", "8192", "--gdn-prefill-backend=triton"])
+    argv = build_vllm_argv(
+        ART,
+        recipe.profile("single-user"),
+        manifest(recipe),
+        "cuda",
+        ["--max-model-len", "8192", "--gdn-prefill-backend=triton"],
+    )
     assert argv.count("--max-model-len") == 1
     assert argv[-3:] == ["--max-model-len", "8192", "--gdn-prefill-backend=triton"]
 
@@ -144,6 +210,7 @@ def test_unknown_device(recipe):
 
 # --- finding vLLM and the GPU (the thin helpers around the argv) ---------------------------------
 
+
 def test_no_vllm_says_what_to_install(monkeypatch, tmp_path):
     from qwenquant.serve import discover
 
@@ -163,15 +230,24 @@ def test_launcher_json(tmp_path):
     from qwenquant.serve.discover import find_vllm
 
     j = tmp_path / "qwenquant-vllm.json"
-    j.write_text(json.dumps({"python": "/x/python", "entrypoint": ["/x/python", "-m", "vllm.entrypoints.openai.api_server"],
-                             "vllm_version": "0.32.0", "device": "cpu"}))
+    j.write_text(
+        json.dumps(
+            {
+                "python": "/x/python",
+                "entrypoint": ["/x/python", "-m", "vllm.entrypoints.openai.api_server"],
+                "vllm_version": "0.32.0",
+                "device": "cpu",
+            }
+        )
+    )
     inst = find_vllm(str(j))
     assert (inst.version, inst.device, inst.python) == ("0.32.0", "cpu", "/x/python")
     assert inst.command(["--model", "m"]) == ["/x/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"]
 
 
-@pytest.mark.parametrize("version, ok", [("0.32.0", True), ("0.33.0.dev5+gabc123", True), ("0.26.0", True),
-                                         ("0.25.2", False)])
+@pytest.mark.parametrize(
+    "version, ok", [("0.32.0", True), ("0.33.0.dev5+gabc123", True), ("0.26.0", True), ("0.25.2", False)]
+)
 def test_version_check(version, ok):
     from qwenquant.serve.discover import check_version
 
@@ -212,7 +288,9 @@ def test_sm90_gets_triton_gdn_prefill(cap, added):
     warnings: list[str] = []
     out = device_extra("cuda", ["--max-model-len", "8192"], cap, warnings)
     assert (out[-2:] == ["--gdn-prefill-backend", "triton"]) == added and bool(warnings) == added
-    assert device_extra("cuda", ["--gdn-prefill-backend=flashinfer"], (9, 0), []) == ["--gdn-prefill-backend=flashinfer"]
+    assert device_extra("cuda", ["--gdn-prefill-backend=flashinfer"], (9, 0), []) == [
+        "--gdn-prefill-backend=flashinfer"
+    ]
     assert device_extra("cpu", [], (9, 0), []) == []
 
 

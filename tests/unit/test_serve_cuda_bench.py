@@ -21,23 +21,38 @@ LOG = """\
 
 def test_parses_vllm_figures():
     got = bench.parse_vllm_log(LOG)
-    assert got == {"weights_gib": 5.4, "weights_load_s": 41.512345, "kv_available_gib": 15.5,
-                   "kv_tokens": 1226351, "max_concurrency": 37.43, "max_concurrency_len": 32768,
-                   "cuda_graph_gib": 0.46, "peak_activation_gib": 2.51, "non_kv_gib": 8.41,
-                   "engine_init_s": 256.8}
+    assert got == {
+        "weights_gib": 5.4,
+        "weights_load_s": 41.512345,
+        "kv_available_gib": 15.5,
+        "kv_tokens": 1226351,
+        "max_concurrency": 37.43,
+        "max_concurrency_len": 32768,
+        "cuda_graph_gib": 0.46,
+        "peak_activation_gib": 2.51,
+        "non_kv_gib": 8.41,
+        "engine_init_s": 256.8,
+    }
 
 
 def test_newer_formats_and_missing_lines():
-    log = ("INFO [core.py:403] init engine (profile, create kv cache, warmup model) took 12.50 s (compilation: 3.00 s)\n"
-           "INFO [gpu_worker.py:972] CUDA graph pool memory: 0.44 GiB (actual), 0.5 GiB (estimated), difference: "
-           "0.06 GiB (13.6%).\n")
+    log = (
+        "INFO [core.py:403] init engine (profile, create kv cache, warmup model) took 12.50 s (compilation: 3.00 s)\n"
+        "INFO [gpu_worker.py:972] CUDA graph pool memory: 0.44 GiB (actual), 0.5 GiB (estimated), difference: "
+        "0.06 GiB (13.6%).\n"
+    )
     assert bench.parse_vllm_log(log) == {"engine_init_s": 12.5, "cuda_graph_pool_gib": 0.44, "cuda_graph_gib": 0.44}
     assert bench.parse_vllm_log("nothing here") == {}
 
 
 def test_compare_flags_more_than_five_percent():
-    rows = {r["figure"]: r for r in bench.compare({"weights_gib": 5.5, "kv_available_gib": 15.0, "kv_tokens": 1000},
-                                                  {"weights_gib": 5.4, "kv_available_gib": 15.5})}
+    rows = {
+        r["figure"]: r
+        for r in bench.compare(
+            {"weights_gib": 5.5, "kv_available_gib": 15.0, "kv_tokens": 1000},
+            {"weights_gib": 5.4, "kv_available_gib": 15.5},
+        )
+    }
     assert rows["weights_gib"]["diff_pct"] == pytest.approx(1.85, abs=0.01) and not rows["weights_gib"]["flag"]
     assert rows["kv_available_gib"]["diff_pct"] == pytest.approx(-3.23, abs=0.01)
     assert rows["kv_tokens"]["vllm"] is None and rows["kv_tokens"]["diff_pct"] is None

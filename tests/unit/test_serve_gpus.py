@@ -50,7 +50,9 @@ def test_argv_adds_pipeline_parallel_size():
     assert "--pipeline-parallel-size" not in build_vllm_argv(Path("/art"), prof, MANIFEST, "cuda", tp=2)
     a = build_vllm_argv(Path("/art"), prof, MANIFEST, "cuda", ["-pp", "4"], pp=4)
     assert "--pipeline-parallel-size" not in a and a[-2:] == ["-pp", "4"]
-    assert extra_pp(["--pipeline-parallel-size=2"]) == 2 and extra_pp(["-pp", "4"]) == 4 and extra_pp(["-tp", "2"]) is None
+    assert (
+        extra_pp(["--pipeline-parallel-size=2"]) == 2 and extra_pp(["-pp", "4"]) == 4 and extra_pp(["-tp", "2"]) is None
+    )
 
 
 def test_gpus_free_plans_for_the_smallest(tmp_path, monkeypatch):
@@ -91,6 +93,10 @@ def test_multicast_off_is_setdefault():
     added = multicast_off({"NCCL_NVLS_ENABLE": "1"})
     assert added == {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
     env = child_env({"PATH": "/bin", "NCCL_NVLS_ENABLE": "1"})
-    assert env == {"PATH": "/bin", "NCCL_NVLS_ENABLE": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                   "NVSHMEM_DISABLE_NVLS": "1"}
+    assert env == {
+        "PATH": "/bin",
+        "NCCL_NVLS_ENABLE": "1",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+    }
     assert child_env({})["NCCL_NVLS_ENABLE"] == "0"

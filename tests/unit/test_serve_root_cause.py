@@ -10,7 +10,7 @@ LOG = [
     "(EngineCore pid=4540) ERROR 12-02 06:59:59 [core.py:1093] EngineCore failed to start.",
     "(EngineCore pid=4540) ValueError: To serve at least one request with the models max seq len (122880), "
     "(4.62 GiB KV cache is needed, which is larger than the available KV cache memory (4.41 GiB).",
-    "(APIServer pid=4537)   File \"vllm/v1/engine/utils.py\", line 1272, in wait_for_engine_startup",
+    '(APIServer pid=4537)   File "vllm/v1/engine/utils.py", line 1272, in wait_for_engine_startup',
     "(APIServer pid=4537) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
 ]
 
@@ -36,5 +36,7 @@ def test_a_warning_that_quotes_an_exception_is_not_the_cause() -> None:
         "(23.49/139.8 GiB) on startup is less than desired GPU memory utilization (0.18, 25.16 GiB).",
         "(APIServer pid=5801) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
     ]
-    assert root_cause(log) == ("ValueError: Free memory on device cuda:0 (23.49/139.8 GiB) on startup is less than "
-                               "desired GPU memory utilization (0.18, 25.16 GiB).")
+    assert root_cause(log) == (
+        "ValueError: Free memory on device cuda:0 (23.49/139.8 GiB) on startup is less than "
+        "desired GPU memory utilization (0.18, 25.16 GiB)."
+    )

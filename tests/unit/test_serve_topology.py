@@ -26,8 +26,10 @@ def test_parse_leaves_out_nics_and_reads_colour():
     assert parse_matrix(coloured) == parse_matrix(PHB_2)
 
 
-@pytest.mark.parametrize("text", ["", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
-                                  "No devices were found"])
+@pytest.mark.parametrize(
+    "text",
+    ["", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.", "No devices were found"],
+)
 def test_unreadable_output_is_empty(text):
     assert parse_matrix(text) == {}
 
@@ -35,9 +37,11 @@ def test_unreadable_output_is_empty(text):
 def test_pcie_without_p2p_is_pipeline():
     s = choose_split(["0", "1"], parse_matrix(PHB_2), parse_matrix(P2P_CNS))
     assert (s.tp, s.pp, s.kind) == (1, 2, "pipeline")
-    assert s.line() == ("split over 2 GPUs: pipeline parallelism (GPU 0 and GPU 1 are linked by PCIe (PHB) without "
-                        "peer-to-peer (peer-to-peer read CNS): tensor parallelism's all-reduce would cross host "
-                        "memory every layer)")
+    assert s.line() == (
+        "split over 2 GPUs: pipeline parallelism (GPU 0 and GPU 1 are linked by PCIe (PHB) without "
+        "peer-to-peer (peer-to-peer read CNS): tensor parallelism's all-reduce would cross host "
+        "memory every layer)"
+    )
     # the link read, the peer-to-peer matrix not: no proof of peer-to-peer, so pipeline
     assert choose_split(["0", "1"], parse_matrix(PHB_2), {}).kind == "pipeline"
 

@@ -80,12 +80,19 @@ def test_kv_heads_replicated_beyond_their_count(shape):
 
 def test_weights_from_artifact_tensors_per_gpu(shape):
     """The artifact path applies the same rules by tensor name (multimodal layout names)."""
-    w = weights_from_tensors({
-        "model.language_model.embed_tokens.weight": 2_542_796_800,
-        "lm_head.weight_packed": 635_699_200, "lm_head.weight_scale": 19_865_600,
-        "model.language_model.layers.0.mlp.down_proj.weight_packed": 44_564_480,
-        "model.language_model.layers.0.mlp.down_proj.weight_shape": 16,
-        "mtp.pre_fc_norm_hidden.weight": 10_240, "mtp.fc.weight": 104_857_600}, shape, 2)
+    w = weights_from_tensors(
+        {
+            "model.language_model.embed_tokens.weight": 2_542_796_800,
+            "lm_head.weight_packed": 635_699_200,
+            "lm_head.weight_scale": 19_865_600,
+            "model.language_model.layers.0.mlp.down_proj.weight_packed": 44_564_480,
+            "model.language_model.layers.0.mlp.down_proj.weight_shape": 16,
+            "mtp.pre_fc_norm_hidden.weight": 10_240,
+            "mtp.fc.weight": 104_857_600,
+        },
+        shape,
+        2,
+    )
     # embeddings and lm_head as in test_weights_per_gpu_tp2; down_proj halves, weight_shape replicated
     assert w.bytes["embeddings"] == 1_271_398_400 and w.bytes["lm_head"] == 327_782_400
     assert w.bytes["int4_body"] == 22_282_256  # 44,564,480 / 2 + 16
@@ -104,9 +111,18 @@ def test_caches_per_gpu_tp2(shape):
 
 
 def test_budget_2x24gib_single_user(shape, quant):
-    b = make_budget(shape, weights_from_config(shape, quant, tp=2), SINGLE_USER, device="cuda",
-                    total_bytes=24 * GiB, utilization=0.92, max_model_len=32768, max_num_seqs=1,
-                    max_num_batched_tokens=2048, tp=2)
+    b = make_budget(
+        shape,
+        weights_from_config(shape, quant, tp=2),
+        SINGLE_USER,
+        device="cuda",
+        total_bytes=24 * GiB,
+        utilization=0.92,
+        max_model_len=32768,
+        max_num_seqs=1,
+        max_num_batched_tokens=2048,
+        tp=2,
+    )
     # vLLM's profiling peak, the head's transient counted whole on each GPU (an upper bound: 248320 x 5120 x 2 =
     #   2,542,796,800) + the MLP share 2048 x 2 x (17408 / 2) x 2 = 71,303,168, twice with MTP
     assert b.activation_bytes == 2_685_403_136
@@ -130,13 +146,16 @@ def test_unsplittable_gpu_count_refused(shape):
         make_plan(REAL, parse_size("24GiB"), tp=3)
 
 
-@pytest.mark.parametrize("command, line, names_entry", [
-    (["vllm", "--tensor-parallel-size", "2"], "CUDA error: an illegal memory access was encountered", True),
-    (["vllm", "--tensor-parallel-size=2"], "CUDA error: an illegal memory access was encountered", True),
-    (["vllm", "--tensor-parallel-size", "2", "-tp", "1"], "CUDA error: an illegal memory access", False),
-    (["vllm"], "CUDA error: an illegal memory access was encountered", False),
-    (["vllm", "--tensor-parallel-size", "2"], "torch.OutOfMemoryError: CUDA out of memory", False),
-])
+@pytest.mark.parametrize(
+    "command, line, names_entry",
+    [
+        (["vllm", "--tensor-parallel-size", "2"], "CUDA error: an illegal memory access was encountered", True),
+        (["vllm", "--tensor-parallel-size=2"], "CUDA error: an illegal memory access was encountered", True),
+        (["vllm", "--tensor-parallel-size", "2", "-tp", "1"], "CUDA error: an illegal memory access", False),
+        (["vllm"], "CUDA error: an illegal memory access was encountered", False),
+        (["vllm", "--tensor-parallel-size", "2"], "torch.OutOfMemoryError: CUDA out of memory", False),
+    ],
+)
 def test_fatal_hint_names_the_tensor_parallel_entry(command, line, names_entry):
     """The hint `serve` prints after a fatal line before ready: only a tensor-parallel server that
     hit an illegal memory access is sent to its known-issues entry."""

@@ -14,8 +14,10 @@ def test_command_round_trips():
     assert watchdog.parse_args(cmd[3:]) == (4242, 30.0, ["vllm", "serve", "--", "x"])
 
 
-@pytest.mark.parametrize("argv", [[], ["12", "3", "vllm"], ["12", "3", "--"], ["1", "3", "--", "x"],
-                                  ["12", "-1", "--", "x"], ["x", "3", "--", "y"]])
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["12", "3", "vllm"], ["12", "3", "--"], ["1", "3", "--", "x"], ["12", "-1", "--", "x"], ["x", "3", "--", "y"]],
+)
 def test_malformed_arguments_are_refused(argv):
     with pytest.raises(ValueError):
         watchdog.parse_args(argv)

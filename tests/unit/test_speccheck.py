@@ -29,9 +29,11 @@ def test_a_divergence_at_a_tie_passes_and_one_beyond_it_fails_naming_the_prompt(
     r = judge(rows, 3, 0.1, lambda p: gaps[p["prompt_tokens"]])
     assert not r["ok"] and (r["diverged"], r["changed"]) == (3, 2) and r["prompts"][0]["tie"]
     first, second = spec_check_failures(r)
-    assert first == ("speculation changed the answer: the 4-token prompt (1 + k: vllm #53051) diverges at generated "
-                     "token 0 (with MTP [9, 9, 9], without [4, 5, 6]; the drafted token is not among the top 5 there; "
-                     "k = 3)")
+    assert first == (
+        "speculation changed the answer: the 4-token prompt (1 + k: vllm #53051) diverges at generated "
+        "token 0 (with MTP [9, 9, 9], without [4, 5, 6]; the drafted token is not among the top 5 there; "
+        "k = 3)"
+    )
     assert "the 16-token prompt diverges at generated token 2" in second and "0.500 nats below the best" in second
     assert "3:1 (tie, gap 0.031), 4:0 (CHANGED, gap >top5)" in spec_check_line(r)
     assert judge(compare([16], 3, [[1, 2, 7]], [[1, 2, 3]]), 3, 0.6, lambda p: 0.5)["ok"]

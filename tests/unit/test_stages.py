@@ -21,16 +21,34 @@ def _fetched(tmp_path: Path) -> Path:
     src.mkdir()
     from qwenquant.quantize.stages.source import TEXT_SIZES
 
-    (src / "config.json").write_text(json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"],
-                                                 "model_type": "qwen3_5", "text_config": dict.fromkeys(TEXT_SIZES, 4)}))
+    (src / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["Qwen3_5ForConditionalGeneration"],
+                "model_type": "qwen3_5",
+                "text_config": dict.fromkeys(TEXT_SIZES, 4),
+            }
+        )
+    )
     header = json.dumps({"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}).encode()
     (src / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\x00\x01\x02\x03")
     (src / "tokenizer.json").write_text("{}")
-    files = [{"path": p.name, "size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
-             for p in sorted(src.iterdir())]
-    (src / "qwenquant-fetch.json").write_text(json.dumps(
-        {"schema_version": 1, "repo_id": "Qwen/Qwen3.8-27B", "repo_type": "model", "revision": "main",
-         "commit": "a" * 40, "files": files}))
+    files = [
+        {"path": p.name, "size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+        for p in sorted(src.iterdir())
+    ]
+    (src / "qwenquant-fetch.json").write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "repo_id": "Qwen/Qwen3.8-27B",
+                "repo_type": "model",
+                "revision": "main",
+                "commit": "a" * 40,
+                "files": files,
+            }
+        )
+    )
     return src
 
 
@@ -76,6 +94,7 @@ def test_wrong_model_type_is_refused(tmp_path: Path) -> None:
 
 # --- pure helpers of the gptq and lm_head stages -------------------------------------------------
 
+
 def test_restore_plan_takes_unquantized_tensors_from_the_source(tmp_path: Path) -> None:
     from qwenquant.checkpoint.tensorfile import TensorRef
     from qwenquant.quantize.stages.gptq import restore_plan
@@ -83,8 +102,10 @@ def test_restore_plan_takes_unquantized_tensors_from_the_source(tmp_path: Path) 
     def ref(name: str, where: str) -> TensorRef:
         return TensorRef(name, tmp_path / where, "BF16", (2,), 0, 4)
 
-    saved = {n: ref(n, "saved") for n in ("a.norm.weight", "a.proj.weight_packed", "a.proj.weight_scale",
-                                          "mtp.fc.weight", "lm_head.weight")}
+    saved = {
+        n: ref(n, "saved")
+        for n in ("a.norm.weight", "a.proj.weight_packed", "a.proj.weight_scale", "mtp.fc.weight", "lm_head.weight")
+    }
     source = {n: ref(n, "source") for n in ("a.norm.weight", "a.proj.weight", "mtp.fc.weight", "lm_head.weight")}
     plan = restore_plan(saved, source)
     assert plan["a.norm.weight"].path.name == "source" and plan["lm_head.weight"].path.name == "source"
@@ -105,8 +126,12 @@ def test_quantized_config_uses_recipe_patterns() -> None:
 def test_head_config_group_added_and_head_unignored() -> None:
     from qwenquant.quantize.stages.lm_head import head_quant_config
 
-    cfg = {"quantization_config": {"config_groups": {"group_0": {"targets": ["Linear"]}},
-                                   "ignore": ["lm_head", "re:^mtp.*"]}}
+    cfg = {
+        "quantization_config": {
+            "config_groups": {"group_0": {"targets": ["Linear"]}},
+            "ignore": ["lm_head", "re:^mtp.*"],
+        }
+    }
     out = head_quant_config(cfg, {"targets": ["re:.*lm_head$"]})
     qc = out["quantization_config"]
     assert qc["config_groups"]["group_1"] == {"targets": ["re:.*lm_head$"]}
@@ -158,8 +183,11 @@ def test_a_bad_gpu_memory_cap_is_refused(monkeypatch: pytest.MonkeyPatch, raw: s
 def test_streamed_shard_names_put_the_layers_first() -> None:
     from qwenquant.quantize.engine.build import shard_names
 
-    assert shard_names(2, 1) == ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
-                                 "model-00003-of-00003.safetensors"]
+    assert shard_names(2, 1) == [
+        "model-00001-of-00003.safetensors",
+        "model-00002-of-00003.safetensors",
+        "model-00003-of-00003.safetensors",
+    ]
 
 
 def test_a_work_folder_with_streamed_layer_records_is_a_work_folder(tmp_path: Path) -> None:

@@ -16,12 +16,25 @@ def _config() -> dict:
     if REFERENCE.exists():
         cfg = json.loads(REFERENCE.read_text())
     else:  # the reference's shape, reduced
-        cfg = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
-               "tie_word_embeddings": False, "image_token_id": 248056, "vision_config": {"depth": 27},
-               "text_config": {"model_type": "qwen3_5_text", "eos_token_id": 248044, "hidden_size": 5120,
-                               "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10],
-                                                   "partial_rotary_factor": 0.25, "rope_theta": 10000000,
-                                                   "rope_type": "default"}}}
+        cfg = {
+            "architectures": ["Qwen3_5ForConditionalGeneration"],
+            "model_type": "qwen3_5",
+            "tie_word_embeddings": False,
+            "image_token_id": 248056,
+            "vision_config": {"depth": 27},
+            "text_config": {
+                "model_type": "qwen3_5_text",
+                "eos_token_id": 248044,
+                "hidden_size": 5120,
+                "rope_parameters": {
+                    "mrope_interleaved": True,
+                    "mrope_section": [11, 11, 10],
+                    "partial_rotary_factor": 0.25,
+                    "rope_theta": 10000000,
+                    "rope_type": "default",
+                },
+            },
+        }
     cfg["quantization_config"] = {"quant_method": "compressed-tensors", "ignore": ["re:^mtp.*"]}
     cfg["dtype"] = "bfloat16"
     return cfg
@@ -68,7 +81,10 @@ def test_input_is_not_modified_and_rewrite_is_idempotent() -> None:
 
 
 def test_tensor_names() -> None:
-    assert text_only_name("model.language_model.layers.0.mlp.up_proj.weight_packed") == "model.layers.0.mlp.up_proj.weight_packed"
+    assert (
+        text_only_name("model.language_model.layers.0.mlp.up_proj.weight_packed")
+        == "model.layers.0.mlp.up_proj.weight_packed"
+    )
     assert text_only_name("model.language_model.embed_tokens.weight") == "model.embed_tokens.weight"
     assert text_only_name("model.visual.blocks.0.attn.qkv.weight") is None
     assert text_only_name("lm_head.weight_packed") == "lm_head.weight_packed"

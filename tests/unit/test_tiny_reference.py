@@ -24,7 +24,9 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return reference_model.build_reference_checkpoint(tmp_path_factory.mktemp("ref") / "ckpt")
 
 
-def test_layout_matches_the_random_builder_and_is_reproducible(checkpoint: Path, tiny_checkpoint: Path, tmp_path: Path) -> None:
+def test_layout_matches_the_random_builder_and_is_reproducible(
+    checkpoint: Path, tiny_checkpoint: Path, tmp_path: Path
+) -> None:
     assert sorted(p.name for p in checkpoint.iterdir()) == sorted(p.name for p in tiny_checkpoint.iterdir())
     index = read_index(checkpoint)
     assert sorted(n for n, f in index.items() if f == MTP_SHARD) == sorted(n for n in index if n.startswith("mtp."))

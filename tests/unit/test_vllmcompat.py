@@ -25,11 +25,19 @@ def _next_minor(v):  # "0.26.99" -> (0, 27): rows cover whole minor releases, no
     return (v.release[0], v.release[1] + 1)
 
 
-@pytest.mark.parametrize(("version", "build", "versions"), [
-    ("0.26.0+cu130", "cuda", "0.26.x"), ("0.27.1", "cuda", "0.27.x"), ("0.30.2", "cuda", "0.28.0-0.33.x"),
-    ("0.33.0", "cuda", "0.28.0-0.33.x"), ("0.34.0", "cuda", ">=0.34.0"), ("0.34.2", "cuda", ">=0.34.0"), ("0.32.0", "cpu", "0.32.x"),
-    ("0.32.0+cpu", "cpu", "0.32.x"),
-])
+@pytest.mark.parametrize(
+    ("version", "build", "versions"),
+    [
+        ("0.26.0+cu130", "cuda", "0.26.x"),
+        ("0.27.1", "cuda", "0.27.x"),
+        ("0.30.2", "cuda", "0.28.0-0.33.x"),
+        ("0.33.0", "cuda", "0.28.0-0.33.x"),
+        ("0.34.0", "cuda", ">=0.34.0"),
+        ("0.34.2", "cuda", ">=0.34.0"),
+        ("0.32.0", "cpu", "0.32.x"),
+        ("0.32.0+cpu", "cpu", "0.32.x"),
+    ],
+)
 def test_a_version_in_the_table_gets_its_row_and_no_warning(version: str, build: str, versions: str) -> None:
     m = row_for(version, build)
     assert (m.row.versions, m.row.build, m.newer_than_table, m.warning) == (versions, build, False, None)
@@ -68,7 +76,8 @@ def test_readme_version_tables_are_the_generated_ones() -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     assert BEGIN in readme and END in readme, "README.md lost the markers around the vLLM version tables"
     assert readme.split(BEGIN, 1)[1].split(END, 1)[0] == markdown(), (
-        "README's vLLM version tables differ: paste `python -m qwenquant.vllmcompat` between the markers")
+        "README's vLLM version tables differ: paste `python -m qwenquant.vllmcompat` between the markers"
+    )
 
 
 def _launcher(tmp_path, version: str, device: str):
@@ -76,9 +85,17 @@ def _launcher(tmp_path, version: str, device: str):
 
     folder = tmp_path / "venv-vllm"
     folder.mkdir()
-    (folder / "qwenquant-vllm.json").write_text(json.dumps({
-        "schema_version": 1, "device": device, "vllm_version": version, "torch_version": "2.14.0",
-        "entrypoint": ["/nonexistent/python", "-m", "vllm.entrypoints.openai.api_server"]}))
+    (folder / "qwenquant-vllm.json").write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "device": device,
+                "vllm_version": version,
+                "torch_version": "2.14.0",
+                "entrypoint": ["/nonexistent/python", "-m", "vllm.entrypoints.openai.api_server"],
+            }
+        )
+    )
     return folder
 
 

@@ -31,15 +31,18 @@ from qwenquant.bench.stream import Sample
 from qwenquant.bench.watch import ServerWatch
 from qwenquant.errors import UsageError
 
-__all__ = ["QueueWatch", "burst_failure", "check_concurrency", "decoding_at_once", "queued_checks",
-           "run_burst_rung"]
+__all__ = ["QueueWatch", "burst_failure", "check_concurrency", "decoding_at_once", "queued_checks", "run_burst_rung"]
+
 
 def check_concurrency(concurrency: int, max_num_seqs: int | None, option: str = "--concurrency") -> None:
     """Streams beyond what the server runs at once (its profile's max_num_seqs) would queue, not run at
     once: refused (exit 2)."""
     if max_num_seqs is not None and concurrency > max_num_seqs:
-        raise UsageError(f"{option} {concurrency} is above the profile's max_num_seqs {max_num_seqs}: the server "
-                         f"would queue the rest", hint=f"use {option} {max_num_seqs} or less")
+        raise UsageError(
+            f"{option} {concurrency} is above the profile's max_num_seqs {max_num_seqs}: the server "
+            f"would queue the rest",
+            hint=f"use {option} {max_num_seqs} or less",
+        )
 
 
 def burst_header(index: int, request: int, depth: int, nonce: str) -> str:
@@ -71,18 +74,28 @@ def burst_failure(n: int, reasons: list[str | None]) -> str | None:
     return f"{len(bad)} of {n} requests failed: {bad[0]}"
 
 
-def _one(t: Target, msgs: list[dict[str, str]], opts: rung.DepthOptions, gate: threading.Barrier) -> tuple[Sample | None, str | None]:
+def _one(
+    t: Target, msgs: list[dict[str, str]], opts: rung.DepthOptions, gate: threading.Barrier
+) -> tuple[Sample | None, str | None]:
     gate.wait()
     s, why = rung.stream_once(t, rung.chat_request(t, msgs, opts.output_tokens, opts.thinking), opts.stall_timeout)
     return s, why or (rung.empty_failure(s) if s else None)
 
 
-def run_burst_rung(t: Target, watch: ServerWatch, fitter: rung.PromptFitter, depth: int, index: int, nonce: str,
-                   opts: rung.DepthOptions) -> rung.RungResult:
+def run_burst_rung(
+    t: Target,
+    watch: ServerWatch,
+    fitter: rung.PromptFitter,
+    depth: int,
+    index: int,
+    nonce: str,
+    opts: rung.DepthOptions,
+) -> rung.RungResult:
     """One rung of N requests at once; a failure is recorded, never raised."""
     n = opts.concurrency
-    fitted = [fitter.fit(depth, burst_header(index, j, depth, nonce), start=index * 7919 + j * 104729)
-              for j in range(n)]
+    fitted = [
+        fitter.fit(depth, burst_header(index, j, depth, nonce), start=index * 7919 + j * 104729) for j in range(n)
+    ]
     rec: dict[str, Any] = {"depth": depth, "concurrency": n, "tokenize_count": [c for _, c in fitted]}
     before = metrics.scrape(t.url, t.api_key)
     gate = threading.Barrier(n)
@@ -96,12 +109,16 @@ def run_burst_rung(t: Target, watch: ServerWatch, fitter: rung.PromptFitter, dep
     rec["decoding_at_once"] = decoding_at_once(samples)
     rec["checks"] = queued_checks(queue.result, n, f"depth {depth}", rec["decoding_at_once"])
     after = metrics.scrape(t.url, t.api_key)
-    rec["requests"] = [{**(rung.request_record(s, f"depth {depth}") if s else {}), "failure": why}
-                       for j, (s, why) in enumerate(results)]
+    rec["requests"] = [
+        {**(rung.request_record(s, f"depth {depth}") if s else {}), "failure": why}
+        for j, (s, why) in enumerate(results)
+    ]
     rec.update(_burst_figures(samples))
     rec["acceptance"] = rung.acceptance_between(before, after)
     rec["failed"] = sum(1 for _, why in results if why)
-    return rung.RungResult(depth, rec, rung.with_server_state(watch, burst_failure(n, [why for _, why in results]), after))
+    return rung.RungResult(
+        depth, rec, rung.with_server_state(watch, burst_failure(n, [why for _, why in results]), after)
+    )
 
 
 def _burst_figures(samples: list[Sample]) -> dict[str, Any]:
@@ -110,8 +127,13 @@ def _burst_figures(samples: list[Sample]) -> dict[str, Any]:
     ttft = spread3([f["ttft_s"] for f in figs if f.get("ttft_s") is not None])
     decode = spread3([f["decode_tok_s"] for f in figs if f.get("decode_tok_s") is not None])
     wall = spread3([f["wall_tok_s"] for f in figs if f.get("wall_tok_s") is not None])
-    return {"ttft": ttft, "decode": decode, "ttft_s": ttft["max"] if ttft else None,
-            "prefill_tok_s": aggregate_prefill(samples), "decode_tok_s": decode["median"] if decode else None,
-            "wall_tok_s": wall["median"] if wall else None,
-            "prompt_tokens": min((s.prompt_tokens for s in samples), default=None),
-            "completion_tokens": min((s.completion_tokens for s in samples), default=None)}
+    return {
+        "ttft": ttft,
+        "decode": decode,
+        "ttft_s": ttft["max"] if ttft else None,
+        "prefill_tok_s": aggregate_prefill(samples),
+        "decode_tok_s": decode["median"] if decode else None,
+        "wall_tok_s": wall["median"] if wall else None,
+        "prompt_tokens": min((s.prompt_tokens for s in samples), default=None),
+        "completion_tokens": min((s.completion_tokens for s in samples), default=None),
+    }

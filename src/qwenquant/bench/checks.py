@@ -26,8 +26,15 @@ WALL_DECODE_MARGIN = 0.10
 
 
 def _flag(check: str, where: str, figure: str, value: float, line: float, note: str) -> dict[str, Any]:
-    return {"kind": "cross-check", "check": check, "where": where, "figure": figure, "value": value,
-            "line": line, "note": f"{where}: {note}"}
+    return {
+        "kind": "cross-check",
+        "check": check,
+        "where": where,
+        "figure": figure,
+        "value": value,
+        "line": line,
+        "note": f"{where}: {note}",
+    }
 
 
 def _hidden(s: Sample) -> int | None:
@@ -48,33 +55,67 @@ def request_checks(s: Sample, where: str, margin: float | None = WALL_DECODE_MAR
     figs = sample_figures(s)
     if hidden:
         shown = n - hidden
-        true = (shown - 1) / (s.t_end - s.t_first) if s.t_first is not None and shown > 1 and s.t_end > s.t_first \
-            else None
+        true = (
+            (shown - 1) / (s.t_end - s.t_first) if s.t_first is not None and shown > 1 and s.t_end > s.t_first else None
+        )
         what = "reasoning tokens" if s.reasoning_tokens and not s.reasoning_streamed else "tokens"
-        out.append(_flag("unstreamed-reasoning", where, "decode_tok_s", hidden / max(1, n), 0.0,
-                         f"{hidden} of {n} {what} were counted in usage but not streamed (reasoning hidden by the "
-                         f"server?): decode {_num(figs['decode_tok_s'])} tok/s over the streamed phase is inflated; "
-                         f"over the tokens streamed it is {_num(true)} tok/s"))
+        out.append(
+            _flag(
+                "unstreamed-reasoning",
+                where,
+                "decode_tok_s",
+                hidden / max(1, n),
+                0.0,
+                f"{hidden} of {n} {what} were counted in usage but not streamed (reasoning hidden by the "
+                f"server?): decode {_num(figs['decode_tok_s'])} tok/s over the streamed phase is inflated; "
+                f"over the tokens streamed it is {_num(true)} tok/s",
+            )
+        )
     if s.exact and streamed > n:
-        out.append(_flag("usage-mismatch", where, "completion_tokens", float(streamed - n), 0.0,
-                         f"the stream carried {streamed} token ids but usage counts {n} completion tokens"))
+        out.append(
+            _flag(
+                "usage-mismatch",
+                where,
+                "completion_tokens",
+                float(streamed - n),
+                0.0,
+                f"the stream carried {streamed} token ids but usage counts {n} completion tokens",
+            )
+        )
     elif not s.exact and streamed > n:
-        out.append(_flag("usage-mismatch", where, "completion_tokens", float(streamed - n), 0.0,
-                         f"the stream carried at least {streamed} tokens (events with text) but usage counts {n}"))
+        out.append(
+            _flag(
+                "usage-mismatch",
+                where,
+                "completion_tokens",
+                float(streamed - n),
+                0.0,
+                f"the stream carried at least {streamed} tokens (events with text) but usage counts {n}",
+            )
+        )
     if margin is not None and not s.exact and hidden is None:
         out += _wall_decode(figs["wall_tok_s"], figs["decode_tok_s"], figs["ttft_s"], where, margin)
     return out
 
 
-def _wall_decode(wall: float | None, decode: float | None, ttft: float | None, where: str,
-                 margin: float) -> list[dict[str, Any]]:
+def _wall_decode(
+    wall: float | None, decode: float | None, ttft: float | None, where: str, margin: float
+) -> list[dict[str, Any]]:
     gap = wall_decode_gap(wall, decode)
     if gap is None or gap <= margin:
         return []
-    return [_flag("wall-vs-decode", where, "wall vs decode", gap, margin,
-                  f"wall {_num(wall)} and decode {_num(decode)} tok/s differ by {gap:.0%} (TTFT {_num(ttft, '.3f')} "
-                  f"s): a prefill that long, or a phase counted in usage but not streamed (reasoning hidden by the "
-                  f"server?) that inflates decode; no token ids came back to tell")]
+    return [
+        _flag(
+            "wall-vs-decode",
+            where,
+            "wall vs decode",
+            gap,
+            margin,
+            f"wall {_num(wall)} and decode {_num(decode)} tok/s differ by {gap:.0%} (TTFT {_num(ttft, '.3f')} "
+            f"s): a prefill that long, or a phase counted in usage but not streamed (reasoning hidden by the "
+            f"server?) that inflates decode; no token ids came back to tell",
+        )
+    ]
 
 
 def cell_checks(samples: list[Sample], where: str, margin: float = WALL_DECODE_MARGIN) -> list[dict[str, Any]]:

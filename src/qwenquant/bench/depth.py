@@ -34,13 +34,18 @@ def plan_depths(opts: rung.DepthOptions, max_len: int | None, drafts: int = 0) -
     """The rungs: --depths as given (each must leave room for the output), else the doubling ladder, whose top
     also leaves the `drafts` a drafting server looks ahead (draft_positions)."""
     if max_len is None and not opts.depths:
-        raise UsageError("the server does not say its max_model_len, so the depth ladder has no top",
-                         hint="pass --depths 1024,4096,...")
+        raise UsageError(
+            "the server does not say its max_model_len, so the depth ladder has no top",
+            hint="pass --depths 1024,4096,...",
+        )
     if opts.depths:
         for d in opts.depths:
             if max_len is not None and d + opts.output_tokens > max_len:
-                raise UsageError(f"--depths {d} plus {opts.output_tokens} output tokens exceeds the server's "
-                                 f"max_model_len {max_len}", hint=f"the deepest prompt is {max_len - opts.output_tokens}")
+                raise UsageError(
+                    f"--depths {d} plus {opts.output_tokens} output tokens exceeds the server's "
+                    f"max_model_len {max_len}",
+                    hint=f"the deepest prompt is {max_len - opts.output_tokens}",
+                )
         return list(opts.depths)
     return depth_ladder((max_len or 0) - opts.output_tokens - drafts)
 
@@ -54,8 +59,15 @@ def draft_positions(metrics_text: str | None) -> int:
     return len(spec_counters(metrics_text).per_pos) if metrics_text else 0
 
 
-def run_rung(t: Target, watch: ServerWatch, fitter: rung.PromptFitter, depth: int, index: int, nonce: str,
-             opts: rung.DepthOptions) -> rung.RungResult:
+def run_rung(
+    t: Target,
+    watch: ServerWatch,
+    fitter: rung.PromptFitter,
+    depth: int,
+    index: int,
+    nonce: str,
+    opts: rung.DepthOptions,
+) -> rung.RungResult:
     """One rung: fit, send, measure; a failure is recorded, never raised."""
     header = rung_header(index, depth, nonce, opts.reuse_prefix)
     msgs, counted = fitter.fit(depth, header, start=0 if opts.reuse_prefix else index * 7919)
@@ -91,10 +103,16 @@ def count_disagreement(rec: dict[str, Any]) -> dict[str, Any] | None:
     if gap <= COUNT_TOLERANCE:
         return None
     where = f"depth {rec['depth']}"
-    return {"kind": "cross-check", "check": "prompt-count", "where": where, "figure": "prompt_tokens",
-            "value": gap, "line": COUNT_TOLERANCE,
-            "note": f"{where}: the server counted {usage} prompt tokens where /tokenize counted {counted}: rungs are "
-                    f"named by their /tokenize depth"}
+    return {
+        "kind": "cross-check",
+        "check": "prompt-count",
+        "where": where,
+        "figure": "prompt_tokens",
+        "value": gap,
+        "line": COUNT_TOLERANCE,
+        "note": f"{where}: the server counted {usage} prompt tokens where /tokenize counted {counted}: rungs are "
+        f"named by their /tokenize depth",
+    }
 
 
 def run_depth(t: Target, text: LongText, opts: rung.DepthOptions) -> dict[str, Any]:
@@ -122,8 +140,18 @@ def run_depth(t: Target, text: LongText, opts: rung.DepthOptions) -> dict[str, A
             failure = {"depth": depth, "reason": r.failure}
             break
     ok = [r["prompt_tokens"] for r in rungs if r["ok"]]
-    return {"max_model_len": max_len, "output_tokens": opts.output_tokens, "draft_tokens": drafts, "depths": depths,
-            "concurrency": opts.concurrency,
-            "reuse_prefix": opts.reuse_prefix, "tokenize": fitter.tokenize, "nonce": nonce,
-            "text": {"sha256": text.sha256, "license": text.license, "source": text.source},
-            "rungs": rungs, "last_ok_depth": ok[-1] if ok else None, "failure": failure, "server": watch.info()}
+    return {
+        "max_model_len": max_len,
+        "output_tokens": opts.output_tokens,
+        "draft_tokens": drafts,
+        "depths": depths,
+        "concurrency": opts.concurrency,
+        "reuse_prefix": opts.reuse_prefix,
+        "tokenize": fitter.tokenize,
+        "nonce": nonce,
+        "text": {"sha256": text.sha256, "license": text.license, "source": text.source},
+        "rungs": rungs,
+        "last_ok_depth": ok[-1] if ok else None,
+        "failure": failure,
+        "server": watch.info(),
+    }

@@ -17,8 +17,13 @@ from typing import Any
 QUERY = "timestamp,index,name,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu"
 REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")  # new name, old name
 # nvml clocks event reason bits that mean the GPU ran slower than it could
-THROTTLE_BITS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal",
-                 0x80: "hw_power_brake"}
+THROTTLE_BITS = {
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+}
 INTERVAL_MS = 200
 
 
@@ -40,8 +45,18 @@ def parse_samples(text: str) -> list[dict[str, Any]]:
             reasons = int(f[8], 16) if f[8].lower().startswith("0x") else int(f[8])
         except ValueError:
             reasons = 0
-        rows.append({"gpu": f[1], "name": f[2], "sm_mhz": _num(f[3]), "sm_max_mhz": _num(f[4]),
-                     "power_w": _num(f[5]), "power_limit_w": _num(f[6]), "temp_c": _num(f[7]), "reasons": reasons})
+        rows.append(
+            {
+                "gpu": f[1],
+                "name": f[2],
+                "sm_mhz": _num(f[3]),
+                "sm_max_mhz": _num(f[4]),
+                "power_w": _num(f[5]),
+                "power_limit_w": _num(f[6]),
+                "temp_c": _num(f[7]),
+                "reasons": reasons,
+            }
+        )
     return rows
 
 
@@ -59,10 +74,18 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     clocks = [r["sm_mhz"] for r in rows if r["sm_mhz"] is not None]
     power = [r["power_w"] for r in rows if r["power_w"] is not None]
     return {
-        "sampled": True, "samples": len(rows), "gpu_name": rows[0]["name"], "interval_ms": INTERVAL_MS,
-        "sm_mhz": _range(clocks), "sm_max_mhz": rows[0]["sm_max_mhz"], "power_w": _range(power),
-        "power_limit_w": rows[0]["power_limit_w"], "max_temp_c": max((r["temp_c"] or 0) for r in rows),
-        "throttle_reasons": seen, "throttled_fraction": throttled / len(rows), "throttled": throttled > 0,
+        "sampled": True,
+        "samples": len(rows),
+        "gpu_name": rows[0]["name"],
+        "interval_ms": INTERVAL_MS,
+        "sm_mhz": _range(clocks),
+        "sm_max_mhz": rows[0]["sm_max_mhz"],
+        "power_w": _range(power),
+        "power_limit_w": rows[0]["power_limit_w"],
+        "max_temp_c": max((r["temp_c"] or 0) for r in rows),
+        "throttle_reasons": seen,
+        "throttled_fraction": throttled / len(rows),
+        "throttled": throttled > 0,
     }
 
 
@@ -86,16 +109,28 @@ class GpuSampler:
         why = ""
         for reasons in REASON_FIELDS:
             try:
-                probe = subprocess.run([exe, f"--query-gpu={QUERY},{reasons}", "--format=csv,noheader,nounits"],
-                                       capture_output=True, text=True, timeout=60)
+                probe = subprocess.run(
+                    [exe, f"--query-gpu={QUERY},{reasons}", "--format=csv,noheader,nounits"],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
             except (OSError, subprocess.SubprocessError) as e:
                 why = str(e)
                 break
             why = probe.stderr.strip()[:200]
             if probe.returncode == 0:
                 self._proc = subprocess.Popen(
-                    [exe, f"--query-gpu={QUERY},{reasons}", "--format=csv,noheader,nounits", "-lms", str(self.interval_ms)],
-                    stdout=self._out, stderr=subprocess.DEVNULL)
+                    [
+                        exe,
+                        f"--query-gpu={QUERY},{reasons}",
+                        "--format=csv,noheader,nounits",
+                        "-lms",
+                        str(self.interval_ms),
+                    ],
+                    stdout=self._out,
+                    stderr=subprocess.DEVNULL,
+                )
                 return self
         self.result = {"sampled": False, "why": f"not sampled: nvidia-smi failed: {why}"}
         return self
@@ -114,8 +149,9 @@ def gpu_name() -> str | None:
     if exe is None:
         return None
     try:
-        r = subprocess.run([exe, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
-                           timeout=60)
+        r = subprocess.run(
+            [exe, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=60
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
@@ -154,8 +190,12 @@ def parse_memory(text: str) -> dict[str, Any]:
         p["samples"] += 1
     if not peak:
         return {"sampled": False, "why": "not sampled: nvidia-smi gave no memory samples"}
-    return {"sampled": True, "interval_ms": MEMORY_INTERVAL_MS, "gpus": peak,
-            "peak_used_mib": max(p["peak_used_mib"] for p in peak.values())}
+    return {
+        "sampled": True,
+        "interval_ms": MEMORY_INTERVAL_MS,
+        "gpus": peak,
+        "peak_used_mib": max(p["peak_used_mib"] for p in peak.values()),
+    }
 
 
 class MemoryPeak:
@@ -172,9 +212,17 @@ class MemoryPeak:
         exe = shutil.which("nvidia-smi")
         if exe is not None:
             try:
-                self._proc = subprocess.Popen([exe, f"--query-gpu={MEMORY_QUERY}", "--format=csv,noheader,nounits",
-                                               "-lms", str(MEMORY_INTERVAL_MS)], stdout=self._out,
-                                              stderr=subprocess.DEVNULL)
+                self._proc = subprocess.Popen(
+                    [
+                        exe,
+                        f"--query-gpu={MEMORY_QUERY}",
+                        "--format=csv,noheader,nounits",
+                        "-lms",
+                        str(MEMORY_INTERVAL_MS),
+                    ],
+                    stdout=self._out,
+                    stderr=subprocess.DEVNULL,
+                )
             except OSError as e:
                 self.result = {"sampled": False, "why": f"not sampled: {e}"}
         return self

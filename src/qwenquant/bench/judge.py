@@ -24,13 +24,13 @@ def too_good(where: str, figure: str, value: Any, line: float, above: bool = Tru
     if not isinstance(value, int | float) or isinstance(value, bool):
         return None
     if (value > line) if above else (value < line):
-        return {"kind": "too-good", "where": where, "figure": figure, "value": value, "line": line,
-                "note": AUDIT_NOTE}
+        return {"kind": "too-good", "where": where, "figure": figure, "value": value, "line": line, "note": AUDIT_NOTE}
     return None
 
 
-def too_good_flags(where: str, figures: dict[str, Any], cfg: Any,
-                   lines: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def too_good_flags(
+    where: str, figures: dict[str, Any], cfg: Any, lines: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     """The too-good flags of one request, rung, turn or stream: each rate against its line, TTFT against the
     floor. `lines` names the line of a figure named otherwise (a turn's `new_prefill_tok_s`: prefill's)."""
     lines = lines or {}
@@ -48,16 +48,23 @@ def too_good_flags(where: str, figures: dict[str, Any], cfg: Any,
     return out
 
 
-def short_stream(where: str, got: Any, asked: Any, finish_reason: Any = None,
-                 requests: int = 1) -> dict[str, Any] | None:
+def short_stream(
+    where: str, got: Any, asked: Any, finish_reason: Any = None, requests: int = 1
+) -> dict[str, Any] | None:
     """The flag of a stream (or `requests` streams) that ended before the tokens it asked for, or None."""
     if not isinstance(got, int) or not isinstance(asked, int) or got >= asked:
         return None
     many = f"{requests} streams ended short, the first" if requests > 1 else "the stream"
-    return {"kind": "cross-check", "check": "short-stream", "where": where, "figure": "completion_tokens",
-            "value": float(got), "line": float(asked),
-            "note": f"{where}: {many} ended after {got} of the {asked} tokens asked (finish reason {finish_reason}, "
-                    f"ignore_eos sent): its rates cover fewer tokens than asked"}
+    return {
+        "kind": "cross-check",
+        "check": "short-stream",
+        "where": where,
+        "figure": "completion_tokens",
+        "value": float(got),
+        "line": float(asked),
+        "note": f"{where}: {many} ended after {got} of the {asked} tokens asked (finish reason {finish_reason}, "
+        f"ignore_eos sent): its rates cover fewer tokens than asked",
+    }
 
 
 def audited(flags: list[dict[str, Any]]) -> set[tuple[str, str]]:

@@ -41,18 +41,23 @@ class ConfigSpec:
 
     def __post_init__(self) -> None:
         if self.url and (self.profile or self.extra or self.gpu_mem or self.gpus or self.split):
-            raise UsageError(f"configuration {self.label} names a URL and serve options",
-                             hint="a running server cannot be re-configured: give it either a URL or a profile")
+            raise UsageError(
+                f"configuration {self.label} names a URL and serve options",
+                hint="a running server cannot be re-configured: give it either a URL or a profile",
+            )
 
     @property
     def text(self) -> str:
         """The configuration as the options that give it (for the report)."""
         if self.url:
             return f"--url {self.url}"
-        parts = [f"--profile {self.profile}" if self.profile else "", f"--gpu-mem {self.gpu_mem}" if self.gpu_mem else "",
-                 f"--gpus {self.gpus}" if self.gpus and self.gpus > 1 else "",
-                 f"--split {self.split}" if self.split else "",
-                 ("-- " + shlex.join(self.extra)) if self.extra else ""]
+        parts = [
+            f"--profile {self.profile}" if self.profile else "",
+            f"--gpu-mem {self.gpu_mem}" if self.gpu_mem else "",
+            f"--gpus {self.gpus}" if self.gpus and self.gpus > 1 else "",
+            f"--split {self.split}" if self.split else "",
+            ("-- " + shlex.join(self.extra)) if self.extra else "",
+        ]
         return " ".join(p for p in parts if p)
 
 
@@ -85,9 +90,16 @@ def planned_max_num_seqs(base: ServeRequest, cfg: ConfigSpec) -> int | None:
 
 def config_request(base: ServeRequest, cfg: ConfigSpec, log_dir: Path | None) -> ServeRequest:
     """The serve request of one configuration: `base` (the command line's) with what `cfg` says."""
-    return base.replace(profile=cfg.profile, gpu_mem=cfg.gpu_mem, gpu_mem_soft=base.gpu_mem_soft and bool(cfg.gpu_mem),
-                        extra=cfg.extra, gpus=cfg.gpus or base.gpus, split=cfg.split or base.split, label=cfg.label,
-                        log_file=log_dir / f"server-{cfg.label}.log" if log_dir else None)
+    return base.replace(
+        profile=cfg.profile,
+        gpu_mem=cfg.gpu_mem,
+        gpu_mem_soft=base.gpu_mem_soft and bool(cfg.gpu_mem),
+        extra=cfg.extra,
+        gpus=cfg.gpus or base.gpus,
+        split=cfg.split or base.split,
+        label=cfg.label,
+        log_file=log_dir / f"server-{cfg.label}.log" if log_dir else None,
+    )
 
 
 def config_requests(base: ServeRequest, configs: Sequence[ConfigSpec], log_dir: Path | None) -> list[ServeRequest]:
@@ -95,13 +107,12 @@ def config_requests(base: ServeRequest, configs: Sequence[ConfigSpec], log_dir: 
     a hard --gpu-mem each ballast also leaves free the limits of the servers started after it (each
     of which then starts its own); the headroom beyond their budgets is then shared, not each its own."""
     reqs = [config_request(base, cfg, log_dir) for cfg in configs]
-    later = [sum(r.gpu_mem_bytes or 0 for r in reqs[i + 1:] if r.hard_limit) for i in range(len(reqs))]
+    later = [sum(r.gpu_mem_bytes or 0 for r in reqs[i + 1 :] if r.hard_limit) for i in range(len(reqs))]
     return [r.replace(ballast_reserve=n) if r.hard_limit else r for r, n in zip(reqs, later, strict=True)]
 
 
 @contextlib.contextmanager
-def serve_targets(base: ServeRequest, configs: Sequence[ConfigSpec], *,
-                  log_dir: Path | None) -> Iterator[list[Target]]:
+def serve_targets(base: ServeRequest, configs: Sequence[ConfigSpec], *, log_dir: Path | None) -> Iterator[list[Target]]:
     """Start one server per configuration (one after another, through serve's own machinery:
     serve/launched.py), yield their Targets, stop them all."""
     from qwenquant.serve.launched import launched
@@ -112,9 +123,18 @@ def serve_targets(base: ServeRequest, configs: Sequence[ConfigSpec], *,
         targets = []
         for cfg, req in zip(configs, config_requests(base, configs, log_dir), strict=True):
             s = stack.enter_context(launched(req))
-            targets.append(Target(cfg.label, s.url, model=s.model, api_key=base.api_key,
-                                  max_num_seqs=s.prepared.profile.max_num_seqs, template_thinking=thinking,
-                                  info={"config": cfg.text, **s.info}, server=s.server))
+            targets.append(
+                Target(
+                    cfg.label,
+                    s.url,
+                    model=s.model,
+                    api_key=base.api_key,
+                    max_num_seqs=s.prepared.profile.max_num_seqs,
+                    template_thinking=thinking,
+                    info={"config": cfg.text, **s.info},
+                    server=s.server,
+                )
+            )
         yield targets
 
 
@@ -123,8 +143,10 @@ def url_targets(configs: Sequence[ConfigSpec], api_key: str | None, model: str |
     out = []
     for cfg in configs:
         if not cfg.url:
-            raise UsageError(f"configuration {cfg.label} names no URL and no artifact is served",
-                             hint="pass --serve ARTIFACT, or give each configuration a URL (--url-a, --url-b)")
+            raise UsageError(
+                f"configuration {cfg.label} names no URL and no artifact is served",
+                hint="pass --serve ARTIFACT, or give each configuration a URL (--url-a, --url-b)",
+            )
         url = cfg.url.rstrip("/")
         url = url[:-3] if url.endswith("/v1") else url  # the client adds /v1/... and /metrics itself
         out.append(Target(cfg.label, url, model=model, api_key=api_key, info={"config": cfg.text}))

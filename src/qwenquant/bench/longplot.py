@@ -23,19 +23,25 @@ def depth_series(report: dict[str, Any]) -> list[Panel]:
     audit = audited(report.get("flags") or [])
 
     def pts(key: str) -> list[tuple[float, float]]:
-        return [(float(r["prompt_tokens"]), r[key]) for r in ok
-                if r.get(key) is not None and (f"depth {r['depth']}", key) not in audit]
+        return [
+            (float(r["prompt_tokens"]), r[key])
+            for r in ok
+            if r.get(key) is not None and (f"depth {r['depth']}", key) not in audit
+        ]
 
     acc = [(float(r["prompt_tokens"]), r["acceptance"].get("per_position") or []) for r in ok]
-    return [Panel("prefill tokens / s", [("prefill", pts("prefill_tok_s"))]),
-            Panel("tokens / s", [("decode", pts("decode_tok_s")), ("wall", pts("wall_tok_s"))]),
-            Panel("acceptance per draft position", _positions(acc), ymax=1.0)]
+    return [
+        Panel("prefill tokens / s", [("prefill", pts("prefill_tok_s"))]),
+        Panel("tokens / s", [("decode", pts("decode_tok_s")), ("wall", pts("wall_tok_s"))]),
+        Panel("acceptance per draft position", _positions(acc), ymax=1.0),
+    ]
 
 
 def depth_png(report: dict[str, Any], path: Path) -> None:
     fail = report.get("failure")
     title = "qwenquant bench depth: rates and MTP acceptance against prompt depth" + (
-        f" (failed at {fail['depth']})" if fail else "")
+        f" (failed at {fail['depth']})" if fail else ""
+    )
     write_chart(path, title, "prompt tokens (counted by the server)", depth_series(report), log2x=True)
 
 
@@ -44,8 +50,10 @@ def soak_series(report: dict[str, Any]) -> list[Panel]:
     wins = [w for w in report["windows"] if w.get("per_position") is not None]
     acc = [(float(w["end"]), w["per_position"]) for w in wins]
     mal = [(float(w["end"]), w["mean_acceptance_length"]) for w in wins if w.get("mean_acceptance_length")]
-    return [Panel("acceptance per draft position", _positions(acc), ymax=1.0),
-            Panel("mean acceptance length", [("tokens per step", mal)])]
+    return [
+        Panel("acceptance per draft position", _positions(acc), ymax=1.0),
+        Panel("mean acceptance length", [("tokens per step", mal)]),
+    ]
 
 
 def soak_png(report: dict[str, Any], path: Path) -> None:

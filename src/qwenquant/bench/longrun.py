@@ -23,9 +23,13 @@ log = logging.getLogger(__name__)
 
 
 def _meta(tool: str, argv: list[str]) -> dict[str, Any]:
-    return {"tool": tool, "argv": argv, "python": platform.python_version(),
-            "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "gpu_name": gpumod.gpu_name()}
+    return {
+        "tool": tool,
+        "argv": argv,
+        "python": platform.python_version(),
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu_name": gpumod.gpu_name(),
+    }
 
 
 def _target_info(t: Target) -> dict[str, Any]:
@@ -41,8 +45,9 @@ def depth_flags(report: dict[str, Any], cfg: Any) -> list[dict[str, Any]]:
     flags = []
     for r in report["rungs"]:
         where = f"depth {r['depth']}"
-        flags += too_good_flags(where, {k: r.get(k) for k in ("wall_tok_s", "decode_tok_s", "prefill_tok_s",
-                                                              "ttft_s")}, cfg)
+        flags += too_good_flags(
+            where, {k: r.get(k) for k in ("wall_tok_s", "decode_tok_s", "prefill_tok_s", "ttft_s")}, cfg
+        )
         requests = r.get("requests") or [r]
         checks = [f for q in requests for f in q.get("checks") or []]
         if r.get("requests"):  # a burst's own checks (its queue), beside its requests'
@@ -60,8 +65,11 @@ def _short(where: str, records: list[dict[str, Any]], asked: int | None) -> list
     if not isinstance(asked, int):
         return []
     short = [q for q in records if isinstance(q.get("completion_tokens"), int) and q["completion_tokens"] < asked]
-    f = short_stream(where, short[0]["completion_tokens"], asked, short[0].get("finish_reason"), len(short)) \
-        if short else None
+    f = (
+        short_stream(where, short[0]["completion_tokens"], asked, short[0].get("finish_reason"), len(short))
+        if short
+        else None
+    )
     return [f] if f else []
 
 
@@ -70,8 +78,9 @@ def soak_flags(report: dict[str, Any], cfg: Any) -> list[dict[str, Any]]:
     and the queue of streams meant to run at once (its truncation is the verdict's own failure)."""
     flags = list(report["verdict"]["flags"])
     for i, s in enumerate(report["streams"]):
-        flags += too_good_flags(f"stream {i}", {k: s.get(k) for k in ("wall_tok_s", "decode_tok_s", "prefill_tok_s",
-                                                                      "ttft_s")}, cfg)
+        flags += too_good_flags(
+            f"stream {i}", {k: s.get(k) for k in ("wall_tok_s", "decode_tok_s", "prefill_tok_s", "ttft_s")}, cfg
+        )
         flags += s.get("checks") or []
     return flags + list(report.get("checks") or [])
 
@@ -82,24 +91,38 @@ def turns_flags(report: dict[str, Any], cfg: Any) -> list[dict[str, Any]]:
     flags = []
     for r in report["turns"]:
         where = f"turn {r['turn']}"
-        flags += too_good_flags(where, {k: r.get(k) for k in ("wall_tok_s", "decode_tok_s", "new_prefill_tok_s",
-                                                              "ttft_s")}, cfg, {"new_prefill_tok_s": "prefill_tok_s"})
+        flags += too_good_flags(
+            where,
+            {k: r.get(k) for k in ("wall_tok_s", "decode_tok_s", "new_prefill_tok_s", "ttft_s")},
+            cfg,
+            {"new_prefill_tok_s": "prefill_tok_s"},
+        )
         flags += merge_checks(r.get("checks") or [])
         flags += _short(where, [r], report.get("output_tokens"))
     return flags
 
 
-def _long_session(req: Request, kind: type[BenchReport], argv: list[str],
-                  measure: Callable[[Target, Any], dict[str, Any]],
-                  flags: Callable[[dict[str, Any]], list[dict[str, Any]]], concurrency: int = 1) -> BenchReport:
+def _long_session(
+    req: Request,
+    kind: type[BenchReport],
+    argv: list[str],
+    measure: Callable[[Target, Any], dict[str, Any]],
+    flags: Callable[[dict[str, Any]], list[dict[str, Any]]],
+    concurrency: int = 1,
+) -> BenchReport:
     """_measure_long; with --json, one JSON document on stdout whatever fails."""
     with json_on_failure(req.as_json, kind.mode):
         return _measure_long(req, kind, argv, measure, flags, concurrency)
 
 
-def _measure_long(req: Request, kind: type[BenchReport], argv: list[str],
-                  measure: Callable[[Target, Any], dict[str, Any]],
-                  flags: Callable[[dict[str, Any]], list[dict[str, Any]]], concurrency: int = 1) -> BenchReport:
+def _measure_long(
+    req: Request,
+    kind: type[BenchReport],
+    argv: list[str],
+    measure: Callable[[Target, Any], dict[str, Any]],
+    flags: Callable[[dict[str, Any]], list[dict[str, Any]]],
+    concurrency: int = 1,
+) -> BenchReport:
     """One long run against one server: the shipped text, the target, `measure(target, text)`; the
     report delivered, and its failing verdict raised while a served server is still up."""
     from qwenquant.bench.longtext import load_text
@@ -129,8 +152,14 @@ def run_depth_mode(req: Request, opts: Any, argv: list[str]) -> BenchReport:
     from qwenquant.bench.depth import run_depth
 
     cfg = load_config(req.config)
-    return _long_session(req, DepthReport, argv, lambda t, text: run_depth(t, text, opts),
-                         lambda data: depth_flags(data, cfg), opts.concurrency)
+    return _long_session(
+        req,
+        DepthReport,
+        argv,
+        lambda t, text: run_depth(t, text, opts),
+        lambda data: depth_flags(data, cfg),
+        opts.concurrency,
+    )
 
 
 def run_soak_mode(req: Request, opts: Any, argv: list[str]) -> BenchReport:
@@ -138,8 +167,9 @@ def run_soak_mode(req: Request, opts: Any, argv: list[str]) -> BenchReport:
     from qwenquant.bench.soakrun import run_soak
 
     cfg = load_config(None)
-    return _long_session(req, SoakReport, argv, lambda t, text: run_soak(t, text, opts),
-                         lambda d: soak_flags(d, cfg), opts.concurrency)
+    return _long_session(
+        req, SoakReport, argv, lambda t, text: run_soak(t, text, opts), lambda d: soak_flags(d, cfg), opts.concurrency
+    )
 
 
 def run_turns_mode(req: Request, opts: Any, argv: list[str]) -> BenchReport:
@@ -147,5 +177,6 @@ def run_turns_mode(req: Request, opts: Any, argv: list[str]) -> BenchReport:
     from qwenquant.bench.turns import run_turns
 
     cfg = load_config(None)
-    return _long_session(req, TurnsReport, argv, lambda t, text: run_turns(t, text, opts),
-                         lambda d: turns_flags(d, cfg))
+    return _long_session(
+        req, TurnsReport, argv, lambda t, text: run_turns(t, text, opts), lambda d: turns_flags(d, cfg)
+    )

@@ -32,7 +32,7 @@ class LongText:
         start %= n
         out, left = [], max(0, n_chars)
         while left > 0:
-            piece = self.text[start:start + left]
+            piece = self.text[start : start + left]
             out.append(piece)
             left -= len(piece)
             start = 0
@@ -51,8 +51,10 @@ def load_text() -> LongText:
 def depth_ladder(limit: int, first: int = FIRST_DEPTH) -> list[int]:
     """first, 2*first, 4*first, ... below `limit`, then `limit` itself (the last rung is exactly the limit)."""
     if limit < 1:
-        raise UsageError(f"no room for a prompt: the depth limit is {limit} tokens",
-                         hint="lower --max-tokens or raise the server's max-model-len")
+        raise UsageError(
+            f"no room for a prompt: the depth limit is {limit} tokens",
+            hint="lower --max-tokens or raise the server's max-model-len",
+        )
     rungs, d = [], first
     while d < limit:
         rungs.append(d)
@@ -65,7 +67,9 @@ def parse_depths(text: str) -> list[int]:
     try:
         depths = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise UsageError(f"--depths {text!r} is not a list of token counts", hint="e.g. --depths 1024,4096,16384") from None
+        raise UsageError(
+            f"--depths {text!r} is not a list of token counts", hint="e.g. --depths 1024,4096,16384"
+        ) from None
     if not depths or any(d < 1 for d in depths) or depths != sorted(set(depths)):
         raise UsageError(f"--depths {text!r} must be positive and increasing", hint="e.g. --depths 1024,4096,16384")
     return depths

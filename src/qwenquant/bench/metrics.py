@@ -18,8 +18,13 @@ def acceptance(delta: SpecCounters) -> dict[str, object]:
     if mal is None:
         return {"metrics_page": True, "speculative": False, "counters": delta.present}
     return {
-        "metrics_page": True, "speculative": True, "counters": True, "drafts": delta.drafts,
-        "draft_tokens": delta.draft_tokens, "accepted": delta.accepted, "mean_acceptance_length": mal,
+        "metrics_page": True,
+        "speculative": True,
+        "counters": True,
+        "drafts": delta.drafts,
+        "draft_tokens": delta.draft_tokens,
+        "accepted": delta.accepted,
+        "mean_acceptance_length": mal,
         "acceptance_rate": delta.accepted / delta.draft_tokens if delta.draft_tokens else None,
         "per_position": list(delta.position_rates().values()),
     }

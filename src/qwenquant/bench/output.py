@@ -41,8 +41,10 @@ def check_out(target: Path, mode: str, min_free: int = MIN_FREE_BYTES) -> Path:
     from qwenquant.reportdoc import check_report_path
 
     png = [target.with_suffix(".png")] if REPORTS[mode].plotter is not None else []
-    if check_report_path(target, DOC, mode, kinds=REPORTS, flag="--out", min_free=min_free, companions=png) \
-            and target.is_file():
+    if (
+        check_report_path(target, DOC, mode, kinds=REPORTS, flag="--out", min_free=min_free, companions=png)
+        and target.is_file()
+    ):
         log.info("replacing %s (a bench %s report)", target, mode)
     return target
 

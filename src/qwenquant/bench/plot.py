@@ -32,8 +32,11 @@ def series(report: dict[str, Any]) -> list[tuple[str, list[tuple[int, float]]]]:
     out = []
     for t in report["targets"]:
         for name, key in (("aggregate", "aggregate_tok_s"), ("per-stream decode", "per_stream_decode_tok_s")):
-            pts = [(s["concurrency"], s[key]["median"]) for s in t["ladder"]
-                   if s.get(key) and (f"{t['label']} ladder c{s['concurrency']}", key) not in audit]
+            pts = [
+                (s["concurrency"], s[key]["median"])
+                for s in t["ladder"]
+                if s.get(key) and (f"{t['label']} ladder c{s['concurrency']}", key) not in audit
+            ]
             if pts:
                 out.append((f"{t['label']} {name}", pts))
     return out

@@ -45,16 +45,22 @@ class QueueWatch:
         """{"max_running", "max_waiting", "pages"}, or None when the server exports no queue gauges."""
         if not self.seen:
             return None
-        return {"max_running": max(r for r, _ in self.seen), "max_waiting": max(w for _, w in self.seen),
-                "pages": len(self.seen)}
+        return {
+            "max_running": max(r for r, _ in self.seen),
+            "max_waiting": max(w for _, w in self.seen),
+            "pages": len(self.seen),
+        }
 
 
 def decoding_at_once(samples: list[Sample]) -> int:
     """The client's own count: the most streams that were between their first token and their end at one
     instant (pure). A server that queues a burst answers one request after another; one that runs them all
     decodes them side by side."""
-    edges = sorted([(s.t_first, 1) for s in samples if s.t_first is not None] +
-                   [(s.t_end, -1) for s in samples if s.t_first is not None], key=lambda e: (e[0], e[1]))
+    edges = sorted(
+        [(s.t_first, 1) for s in samples if s.t_first is not None]
+        + [(s.t_end, -1) for s in samples if s.t_first is not None],
+        key=lambda e: (e[0], e[1]),
+    )
     most = now = 0
     for _, step in edges:
         now += step
@@ -62,8 +68,13 @@ def decoding_at_once(samples: list[Sample]) -> int:
     return most
 
 
-def queued_checks(queue: dict[str, Any] | None, n: int, where: str, at_once: int = 0,
-                  meant: str = "the rung measured a queue, not a burst of {n}") -> list[dict[str, Any]]:
+def queued_checks(
+    queue: dict[str, Any] | None,
+    n: int,
+    where: str,
+    at_once: int = 0,
+    meant: str = "the rung measured a queue, not a burst of {n}",
+) -> list[dict[str, Any]]:
     """A "queued" flag when the server held some of the burst's requests back and never ran all n at once
     (pure): its gauges are samples, so "never at once" takes both counts, the most running on a /metrics page
     and the most streams the client saw decoding side by side (`at_once`). Waiting alone is no queue: vLLM
@@ -72,6 +83,15 @@ def queued_checks(queue: dict[str, Any] | None, n: int, where: str, at_once: int
     if not queue or not queue["max_waiting"] or max(queue["max_running"], at_once) >= n:
         return []
     w, r = int(queue["max_waiting"]), int(max(queue["max_running"], at_once))
-    return [{"kind": "cross-check", "check": "queued", "where": where, "figure": "waiting requests", "value": w,
-             "line": 0, "note": f"{where}: up to {w} of the {n} requests waited in the server's queue (it ran at most "
-                                f"{r} at once): " + meant.format(n=n)}]
+    return [
+        {
+            "kind": "cross-check",
+            "check": "queued",
+            "where": where,
+            "figure": "waiting requests",
+            "value": w,
+            "line": 0,
+            "note": f"{where}: up to {w} of the {n} requests waited in the server's queue (it ran at most "
+            f"{r} at once): " + meant.format(n=n),
+        }
+    ]

@@ -19,8 +19,12 @@ FIGURES = ("wall_tok_s", "decode_tok_s", "ttft_s", "prefill_tok_s")
 def sample_figures(s: Sample) -> dict[str, float | None]:
     """The four per-request figures; None where undefined (no text streamed, one token only)."""
     total = s.t_end - s.t_sent
-    out: dict[str, float | None] = {"wall_tok_s": s.completion_tokens / total if total > 0 else None,
-                                       "decode_tok_s": None, "ttft_s": None, "prefill_tok_s": None}
+    out: dict[str, float | None] = {
+        "wall_tok_s": s.completion_tokens / total if total > 0 else None,
+        "decode_tok_s": None,
+        "ttft_s": None,
+        "prefill_tok_s": None,
+    }
     if s.t_first is not None:
         ttft = s.t_first - s.t_sent
         after = s.t_end - s.t_first

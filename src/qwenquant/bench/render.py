@@ -21,8 +21,9 @@ def print_report(report: dict[str, Any]) -> None:
     for title, headers, rows in sections(report):
         table = Table(title=Text(title), title_justify="left")
         for h in headers:
-            table.add_column(Text(h), justify="left" if h in ("config", "cell", "kind", "where", "figure") else "right",
-                             no_wrap=True)
+            table.add_column(
+                Text(h), justify="left" if h in ("config", "cell", "kind", "where", "figure") else "right", no_wrap=True
+            )
         for r in rows:
             table.add_row(*(Text(c) for c in r))  # plain text: "[min-max]" is not markup
         out.print(table)
@@ -30,11 +31,15 @@ def print_report(report: dict[str, Any]) -> None:
     gpu = report.get("gpu") or {}
     if gpu.get("sampled"):
         sm = gpu.get("sm_mhz") or {}
-        console.print(f"GPU {gpu.get('gpu_name')}: SM clock {sm.get('min')}-{sm.get('max')} MHz, "
-                      f"throttled in {gpu['throttled_fraction']:.0%} of {gpu['samples']} samples")
+        console.print(
+            f"GPU {gpu.get('gpu_name')}: SM clock {sm.get('min')}-{sm.get('max')} MHz, "
+            f"throttled in {gpu['throttled_fraction']:.0%} of {gpu['samples']} samples"
+        )
     else:
         console.print(f"GPU: {gpu.get('why', 'not sampled')}")
-    console.print(f"json: {report.get('json_path')}" + (f"  plot: {report['png_path']}" if report.get("png_path") else ""))
+    console.print(
+        f"json: {report.get('json_path')}" + (f"  plot: {report['png_path']}" if report.get("png_path") else "")
+    )
 
 
 def print_flags(report: dict[str, Any], every: bool = False) -> None:
@@ -70,11 +75,19 @@ def depth_rows(report: dict[str, Any]) -> list[list[str]]:
     for r in report["rungs"]:
         status = "ok" if r["ok"] else "FAILED"
         where = f"depth {r['depth']}"
-        rows.append([str(r["depth"]), _num(r.get("prompt_tokens"), "d"), _fig(report, where, "ttft_s", r.get("ttft_s"), ".2f"),
-                     _fig(report, where, "prefill_tok_s", r.get("prefill_tok_s"), ".0f"),
-                     _fig(report, where, "wall_tok_s", r.get("wall_tok_s"), ".1f"),
-                     _fig(report, where, "decode_tok_s", r.get("decode_tok_s"), ".1f"), _acc(r["acceptance"]),
-                     _mem(r["gpu_memory"]), status])
+        rows.append(
+            [
+                str(r["depth"]),
+                _num(r.get("prompt_tokens"), "d"),
+                _fig(report, where, "ttft_s", r.get("ttft_s"), ".2f"),
+                _fig(report, where, "prefill_tok_s", r.get("prefill_tok_s"), ".0f"),
+                _fig(report, where, "wall_tok_s", r.get("wall_tok_s"), ".1f"),
+                _fig(report, where, "decode_tok_s", r.get("decode_tok_s"), ".1f"),
+                _acc(r["acceptance"]),
+                _mem(r["gpu_memory"]),
+                status,
+            ]
+        )
     return rows
 
 
@@ -89,11 +102,19 @@ def burst_rows(report: dict[str, Any]) -> list[list[str]]:
         status = "ok" if r["ok"] else f"FAILED ({r.get('failed', '?')} of {r.get('concurrency', '?')})"
         where = f"depth {r['depth']}"
         ttft = "AUDIT" if (where, "ttft_s") in audited(report.get("flags") or []) else _spread(r.get("ttft"), ".2f")
-        rows.append([str(r["depth"]), _num(r.get("prompt_tokens"), "d"), ttft,
-                     _fig(report, where, "prefill_tok_s", r.get("prefill_tok_s"), ".0f"),
-                     _fig(report, where, "wall_tok_s", r.get("wall_tok_s"), ".1f"),
-                     _fig(report, where, "decode_tok_s", r.get("decode_tok_s"), ".1f"), _acc(r["acceptance"]),
-                     _mem(r["gpu_memory"]), status])
+        rows.append(
+            [
+                str(r["depth"]),
+                _num(r.get("prompt_tokens"), "d"),
+                ttft,
+                _fig(report, where, "prefill_tok_s", r.get("prefill_tok_s"), ".0f"),
+                _fig(report, where, "wall_tok_s", r.get("wall_tok_s"), ".1f"),
+                _fig(report, where, "decode_tok_s", r.get("decode_tok_s"), ".1f"),
+                _acc(r["acceptance"]),
+                _mem(r["gpu_memory"]),
+                status,
+            ]
+        )
     return rows
 
 
@@ -103,12 +124,20 @@ def turns_rows(report: dict[str, Any]) -> list[list[str]]:
     for r in report["turns"]:
         pc = r.get("prefix_cache")
         where = f"turn {r['turn']}"
-        rows.append([str(r["turn"]), _num(r.get("depth"), "d"), _num(r.get("new_tokens"), "d"),
-                     _fig(report, where, "ttft_s", r.get("ttft_s"), ".2f"),
-                     _fig(report, where, "new_prefill_tok_s", r.get("new_prefill_tok_s"), ".0f"),
-                     f"{pc['hits']:.0f}/{pc['queries']:.0f}" if pc else "no counters",
-                     _fig(report, where, "decode_tok_s", r.get("decode_tok_s"), ".1f"), _acc(r["acceptance"]),
-                     _mem(r["gpu_memory"]), "ok" if r["ok"] else "FAILED"])
+        rows.append(
+            [
+                str(r["turn"]),
+                _num(r.get("depth"), "d"),
+                _num(r.get("new_tokens"), "d"),
+                _fig(report, where, "ttft_s", r.get("ttft_s"), ".2f"),
+                _fig(report, where, "new_prefill_tok_s", r.get("new_prefill_tok_s"), ".0f"),
+                f"{pc['hits']:.0f}/{pc['queries']:.0f}" if pc else "no counters",
+                _fig(report, where, "decode_tok_s", r.get("decode_tok_s"), ".1f"),
+                _acc(r["acceptance"]),
+                _mem(r["gpu_memory"]),
+                "ok" if r["ok"] else "FAILED",
+            ]
+        )
     return rows
 
 
@@ -121,21 +150,37 @@ def cache_line(pc: dict[str, Any]) -> str:
     if not pc["queries"]:
         return "prefix cache: off (the server looked up no tokens after turn 0): each turn prefilled its whole context"
     if pc["cached"]:
-        return f"prefix cache: the server cached ({pc['hits']:.0f} of {pc['queries']:.0f} queried tokens hit after turn 0)"
+        return (
+            f"prefix cache: the server cached ({pc['hits']:.0f} of {pc['queries']:.0f} queried tokens hit after turn 0)"
+        )
     return f"prefix cache: NO hits after turn 0 ({pc['queries']:.0f} tokens queried): each turn prefilled its whole context"
 
 
 def print_turns(report: dict[str, Any]) -> None:
     """The conversation's table on stdout, the cache verdict and the output path on stderr."""
-    _print_table(f"conversation ({report['turn_tokens']}-token user turns, {report['output_tokens']}-token answers)",
-                 ["turn", "context tokens", "new tokens", "TTFT s", "new-token prefill tok/s",
-                  "prefix-cache hits/queries", "decode tok/s", "acceptance per position", "GPU peak MiB", "status"],
-                 turns_rows(report))
+    _print_table(
+        f"conversation ({report['turn_tokens']}-token user turns, {report['output_tokens']}-token answers)",
+        [
+            "turn",
+            "context tokens",
+            "new tokens",
+            "TTFT s",
+            "new-token prefill tok/s",
+            "prefix-cache hits/queries",
+            "decode tok/s",
+            "acceptance per position",
+            "GPU peak MiB",
+            "status",
+        ],
+        turns_rows(report),
+    )
     console.print(cache_line(report["prefix_cache"]))
     print_flags(report, every=True)
     fail = report.get("failure")
-    console.print(f"deepest context that worked: {report.get('last_ok_depth')} tokens"
-                  + (f"; failed at turn {fail['turn']} ({fail['depth']} tokens): {fail['reason']}" if fail else ""))
+    console.print(
+        f"deepest context that worked: {report.get('last_ok_depth')} tokens"
+        + (f"; failed at turn {fail['turn']} ({fail['depth']} tokens): {fail['reason']}" if fail else "")
+    )
     console.print(f"json: {report.get('json_path')}")
 
 
@@ -153,40 +198,81 @@ def print_depth(report: dict[str, Any]) -> None:
     """The ladder's table on stdout, its verdict and the output paths on stderr."""
     n = report.get("concurrency", 1)
     if n > 1:
-        _print_table(f"burst ladder ({n} fresh prompts at once per rung)",
-                     ["depth", "prompt tokens", "TTFT s min/median/max", "prefill tok/s (all)", "wall tok/s",
-                      "decode tok/s", "acceptance per position", "GPU peak MiB", "status"], burst_rows(report))
+        _print_table(
+            f"burst ladder ({n} fresh prompts at once per rung)",
+            [
+                "depth",
+                "prompt tokens",
+                "TTFT s min/median/max",
+                "prefill tok/s (all)",
+                "wall tok/s",
+                "decode tok/s",
+                "acceptance per position",
+                "GPU peak MiB",
+                "status",
+            ],
+            burst_rows(report),
+        )
     else:
-        _print_table("depth ladder (one fresh prompt per rung)",
-                     ["depth", "prompt tokens", "TTFT s", "prefill tok/s", "wall tok/s", "decode tok/s",
-                      "acceptance per position", "GPU peak MiB", "status"], depth_rows(report))
+        _print_table(
+            "depth ladder (one fresh prompt per rung)",
+            [
+                "depth",
+                "prompt tokens",
+                "TTFT s",
+                "prefill tok/s",
+                "wall tok/s",
+                "decode tok/s",
+                "acceptance per position",
+                "GPU peak MiB",
+                "status",
+            ],
+            depth_rows(report),
+        )
     for f in report.get("flags") or []:
         console.print(flag_line(f), markup=False, highlight=False)
     fail = report.get("failure")
-    console.print(f"deepest prompt that worked: {report.get('last_ok_depth')} tokens"
-                  + (f"; failed at {fail['depth']}: {fail['reason']}" if fail else ""))
-    console.print(f"json: {report.get('json_path')}" + (f"  plot: {report['png_path']}" if report.get("png_path") else ""))
+    console.print(
+        f"deepest prompt that worked: {report.get('last_ok_depth')} tokens"
+        + (f"; failed at {fail['depth']}: {fail['reason']}" if fail else "")
+    )
+    console.print(
+        f"json: {report.get('json_path')}" + (f"  plot: {report['png_path']}" if report.get("png_path") else "")
+    )
 
 
 def soak_rows(report: dict[str, Any]) -> list[list[str]]:
     """One row per window (all streams together) (pure)."""
-    return [[str(w["index"]), f"{w['start']}-{w['end']}", _num(w["drafts"], ".0f"), _num(w["acceptance_rate"], ".3f"),
-             _num(w["mean_acceptance_length"], ".2f"),
-             " ".join(f"{p:.2f}" for p in w["per_position"]) if w["per_position"] else "no drafts"]
-            for w in report["windows"]]
+    return [
+        [
+            str(w["index"]),
+            f"{w['start']}-{w['end']}",
+            _num(w["drafts"], ".0f"),
+            _num(w["acceptance_rate"], ".3f"),
+            _num(w["mean_acceptance_length"], ".2f"),
+            " ".join(f"{p:.2f}" for p in w["per_position"]) if w["per_position"] else "no drafts",
+        ]
+        for w in report["windows"]
+    ]
 
 
 def print_soak(report: dict[str, Any]) -> None:
     """The windows' table on stdout, the streams and the verdict on stderr."""
-    _print_table(f"soak: MTP acceptance per {report['window']}-token window ({report['source']})",
-                 ["window", "generated tokens", "drafts", "acceptance rate", "mean acceptance length",
-                  "per position"], soak_rows(report))
+    _print_table(
+        f"soak: MTP acceptance per {report['window']}-token window ({report['source']})",
+        ["window", "generated tokens", "drafts", "acceptance rate", "mean acceptance length", "per position"],
+        soak_rows(report),
+    )
     for i, s in enumerate(report["streams"]):
         decode = _fig(report, f"stream {i}", "decode_tok_s", s.get("decode_tok_s"), ".1f")
-        console.print(f"stream {i}: {s.get('completion_tokens', 0)} tokens by usage, {s.get('streamed_tokens')} "
-                      f"streamed{'' if s.get('streamed_exact') else ' (at least)'}, finish {s.get('finish_reason')}, "
-                      f"decode {decode} tok/s" + (f", error: {s['error']}" if s["error"] else ""))
+        console.print(
+            f"stream {i}: {s.get('completion_tokens', 0)} tokens by usage, {s.get('streamed_tokens')} "
+            f"streamed{'' if s.get('streamed_exact') else ' (at least)'}, finish {s.get('finish_reason')}, "
+            f"decode {decode} tok/s" + (f", error: {s['error']}" if s["error"] else "")
+        )
     print_flags(report, every=True)
     v = report["verdict"]
     console.print(f"verdict: {v['status']}" + (f": {v['line']}" if v["line"] else ""), markup=False, highlight=False)
-    console.print(f"json: {report.get('json_path')}" + (f"  plot: {report['png_path']}" if report.get("png_path") else ""))
+    console.print(
+        f"json: {report.get('json_path')}" + (f"  plot: {report['png_path']}" if report.get("png_path") else "")
+    )

@@ -40,19 +40,33 @@ def _cell_report(cell: Cell, rounds: list[list[Sample]], where: str, margin: flo
         if s.first_field:
             fields[s.first_field] = fields.get(s.first_field, 0) + 1
     return {
-        "prompt": cell.prompt, "sampling": cell.sampling, "thinking": cell.thinking, "concurrency": cell.concurrency,
+        "prompt": cell.prompt,
+        "sampling": cell.sampling,
+        "thinking": cell.thinking,
+        "concurrency": cell.concurrency,
         "figures": {k: v.as_dict() if v else None for k, v in figs.items()},
         "round_medians": _round_medians(rounds),
-        "requests": len(flat), "short_requests": sum(s.short for s in flat),
+        "requests": len(flat),
+        "short_requests": sum(s.short for s in flat),
         "max_tokens": flat[0].max_tokens if flat else None,
         "prompt_tokens": _median([float(s.prompt_tokens) for s in flat]),
         "completion_tokens": sum(s.completion_tokens for s in flat),
         "first_text_field": fields,
         "reasoning_streamed": any(s.reasoning_streamed for s in flat),
-        "per_request": [{**sample_figures(s), "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
-                         "first_field": s.first_field, "finish_reason": s.finish_reason,
-                         "text_events": s.text_events, "streamed_tokens": s.streamed_tokens,
-                         "streamed_exact": s.exact, "reasoning_tokens": s.reasoning_tokens} for s in flat],
+        "per_request": [
+            {
+                **sample_figures(s),
+                "prompt_tokens": s.prompt_tokens,
+                "completion_tokens": s.completion_tokens,
+                "first_field": s.first_field,
+                "finish_reason": s.finish_reason,
+                "text_events": s.text_events,
+                "streamed_tokens": s.streamed_tokens,
+                "streamed_exact": s.exact,
+                "reasoning_tokens": s.reasoning_tokens,
+            }
+            for s in flat
+        ],
         "checks": cell_checks(flat, where, margin),
     }
 
@@ -65,11 +79,17 @@ def _ladder_report(run: TargetRun) -> list[dict[str, Any]]:
         flat = [s for w in waves for s in w]
         per = [sample_figures(s) for s in flat]
         agg = spread(wave_aggregate(w) for w in waves)
-        out.append({"concurrency": cell.concurrency, "cell": cell.key, "aggregate_tok_s": agg.as_dict() if agg else None,
-                    "checks": merge_checks(run.queued.get(cell.key, [])),
-                    "aggregate_round_medians": [_median([wave_aggregate(w) for w in r]) for r in rounds],
-                    "per_stream_wall_tok_s": _as(spread(p["wall_tok_s"] for p in per)),
-                    "per_stream_decode_tok_s": _as(spread(p["decode_tok_s"] for p in per))})
+        out.append(
+            {
+                "concurrency": cell.concurrency,
+                "cell": cell.key,
+                "aggregate_tok_s": agg.as_dict() if agg else None,
+                "checks": merge_checks(run.queued.get(cell.key, [])),
+                "aggregate_round_medians": [_median([wave_aggregate(w) for w in r]) for r in rounds],
+                "per_stream_wall_tok_s": _as(spread(p["wall_tok_s"] for p in per)),
+                "per_stream_decode_tok_s": _as(spread(p["decode_tok_s"] for p in per)),
+            }
+        )
     return out
 
 
@@ -81,7 +101,11 @@ def target_report(run: TargetRun, margin: float) -> dict[str, Any]:
     t = run.target
     acc = metrics.acceptance(run.spec) if run.metrics_exported else {"metrics_page": False, "speculative": None}
     return {
-        "label": t.label, "url": t.url, "model": t.model, **t.info, "thinking": run.thinking_note,
+        "label": t.label,
+        "url": t.url,
+        "model": t.model,
+        **t.info,
+        "thinking": run.thinking_note,
         "acceptance": acc,
         "cells": {c.key: _cell_report(c, run.samples.get(c.key, []), f"{t.label} {c.key}", margin) for c in run.cells},
         "ladder": _ladder_report(run),
@@ -99,8 +123,12 @@ def compare_report(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     ladder = []
     for la, lb in zip(a["ladder"], b["ladder"], strict=False):
         if la["concurrency"] == lb["concurrency"]:
-            ladder.append({"concurrency": la["concurrency"], "aggregate_tok_s": _as(
-                ratio_spread(la["aggregate_round_medians"], lb["aggregate_round_medians"]))})
+            ladder.append(
+                {
+                    "concurrency": la["concurrency"],
+                    "aggregate_tok_s": _as(ratio_spread(la["aggregate_round_medians"], lb["aggregate_round_medians"])),
+                }
+            )
     return {"a": a["label"], "b": b["label"], "ratio": "A/B", "cells": cells, "ladder": ladder}
 
 
@@ -123,8 +151,11 @@ def find_flags(report: dict[str, Any], cfg: BenchConfig) -> list[dict[str, Any]]
             flags.extend(c["checks"])
             asked = c.get("max_tokens")
             short = [q for q in c["per_request"] if isinstance(asked, int) and q["completion_tokens"] < asked]
-            f = short_stream(where, short[0]["completion_tokens"], asked, short[0].get("finish_reason"),
-                             len(short)) if short and ignore_eos else None
+            f = (
+                short_stream(where, short[0]["completion_tokens"], asked, short[0].get("finish_reason"), len(short))
+                if short and ignore_eos
+                else None
+            )
             if f:
                 flags.append(f)
         for step in t["ladder"]:
@@ -140,23 +171,37 @@ def find_flags(report: dict[str, Any], cfg: BenchConfig) -> list[dict[str, Any]]
                 if r and fig != "ttft_s":
                     check(f"compare {key}", f"{fig} ratio", r["median"], lines["ratio"])
         for step in cmp["ladder"]:
-            check(f"compare ladder c{step['concurrency']}", "aggregate_tok_s ratio",
-                  (step["aggregate_tok_s"] or {}).get("median"), lines["ratio"])
+            check(
+                f"compare ladder c{step['concurrency']}",
+                "aggregate_tok_s ratio",
+                (step["aggregate_tok_s"] or {}).get("median"),
+                lines["ratio"],
+            )
     return flags
 
 
 def build_report(runs: list[TargetRun], cfg: BenchConfig, *, meta: dict[str, Any]) -> dict[str, Any]:
     """The whole JSON document: targets, comparison, flags, and `meta` (argv, GPU, options)."""
     targets = [target_report(r, cfg.wall_decode_margin) for r in runs]
-    report: dict[str, Any] = {"schema_version": SCHEMA_VERSION, **meta,
-                              "config": cfg.model_dump(exclude={"prompts"}) | {"prompt_names": sorted(cfg.prompts)},
-                              "targets": targets,
-                              "compare": compare_report(targets[0], targets[1]) if len(targets) == 2 else None}
+    report: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        **meta,
+        "config": cfg.model_dump(exclude={"prompts"}) | {"prompt_names": sorted(cfg.prompts)},
+        "targets": targets,
+        "compare": compare_report(targets[0], targets[1]) if len(targets) == 2 else None,
+    }
     report["failure"] = next((r.failure for r in runs if r.failure), None)
     report["flags"] = find_flags(report, cfg)
     gpu = report.get("gpu") or {}
     if gpu.get("throttled"):
-        report["flags"].append({"kind": "throttle", "where": "gpu", "figure": "clock event reasons",
-                                "value": gpu.get("throttled_fraction"), "line": 0.0,
-                                "note": f"the GPU throttled ({', '.join(gpu.get('throttle_reasons', {}))})"})
+        report["flags"].append(
+            {
+                "kind": "throttle",
+                "where": "gpu",
+                "figure": "clock event reasons",
+                "value": gpu.get("throttled_fraction"),
+                "line": 0.0,
+                "note": f"the GPU throttled ({', '.join(gpu.get('throttle_reasons', {}))})",
+            }
+        )
     return report

@@ -129,15 +129,22 @@ class PromptFitter:
 def chat_request(t: Target, msgs: list[dict[str, str]], output_tokens: int, thinking: bool | None) -> dict[str, Any]:
     """One greedy streamed chat request of `output_tokens` tokens (a depth rung, a burst's prompt, a turn,
     a soak's stream), token ids asked for so the stream's own count is exact where vLLM sends them."""
-    body: dict[str, Any] = {"model": t.model, "messages": msgs, "max_tokens": output_tokens,
-                            "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
+    body: dict[str, Any] = {
+        "model": t.model,
+        "messages": msgs,
+        "max_tokens": output_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
     if thinking is not None:
         body["chat_template_kwargs"] = {"enable_thinking": thinking}
     return body
 
 
-def stream_once(t: Target, body: dict[str, Any], stall_timeout: float,
-                on_chunk: Any = None) -> tuple[Sample | None, str | None]:
+def stream_once(
+    t: Target, body: dict[str, Any], stall_timeout: float, on_chunk: Any = None
+) -> tuple[Sample | None, str | None]:
     """One streamed chat request: (the sample, None) or (None, why it failed: a stall past
     `stall_timeout`, a stream cut before `[DONE]`, or the server's error)."""
     try:
@@ -148,9 +155,17 @@ def stream_once(t: Target, body: dict[str, Any], stall_timeout: float,
 
 def request_record(s: Sample, where: str) -> dict[str, Any]:
     """One request's figures, its counts (usage and the stream's own) and its cross-check flags."""
-    return {**sample_figures(s), "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
-            "finish_reason": s.finish_reason, "text_events": s.text_events, "streamed_tokens": s.streamed_tokens,
-            "streamed_exact": s.exact, "reasoning_tokens": s.reasoning_tokens, "checks": request_checks(s, where)}
+    return {
+        **sample_figures(s),
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.completion_tokens,
+        "finish_reason": s.finish_reason,
+        "text_events": s.text_events,
+        "streamed_tokens": s.streamed_tokens,
+        "streamed_exact": s.exact,
+        "reasoning_tokens": s.reasoning_tokens,
+        "checks": request_checks(s, where),
+    }
 
 
 def empty_failure(s: Sample) -> str | None:

@@ -101,8 +101,9 @@ def run_wave(t: Target, body: dict[str, Any], n: int, stall_timeout: float) -> l
     return samples
 
 
-def measure_wave(t: Target, body: dict[str, Any], n: int,
-                 stall_timeout: float) -> tuple[list[Sample], list[BenchError]]:
+def measure_wave(
+    t: Target, body: dict[str, Any], n: int, stall_timeout: float
+) -> tuple[list[Sample], list[BenchError]]:
     """`n` identical requests released together (each on its own connection): the samples of those that
     worked and the failure of each that did not (a failed request never discards the others)."""
     gate = threading.Barrier(n)
@@ -127,12 +128,13 @@ def detect_thinking(t: Target, cfg: BenchConfig, prompt: str, stall_timeout: flo
         return t.template_thinking, f"the artifact's chat template {word} enable_thinking"
     seen = {}
     for mode in (True, False):
-        body = request_body(cfg, t.model or "", Cell(prompt, "greedy", mode), max_tokens=PROBE_TOKENS,
-                            ignore_eos=False)
+        body = request_body(cfg, t.model or "", Cell(prompt, "greedy", mode), max_tokens=PROBE_TOKENS, ignore_eos=False)
         seen[mode] = stream_chat(t.url, body, api_key=t.api_key, stall_timeout=stall_timeout).reasoning_streamed
     ok = seen[True] and not seen[False]
-    return ok, (f"probe: enable_thinking=true streamed {'reasoning' if seen[True] else 'no reasoning'}, "
-                f"false streamed {'reasoning' if seen[False] else 'no reasoning'}")
+    return ok, (
+        f"probe: enable_thinking=true streamed {'reasoning' if seen[True] else 'no reasoning'}, "
+        f"false streamed {'reasoning' if seen[False] else 'no reasoning'}"
+    )
 
 
 def prepare_target(t: Target, cfg: BenchConfig, opts: Options) -> TargetRun:
@@ -148,12 +150,20 @@ def prepare_target(t: Target, cfg: BenchConfig, opts: Options) -> TargetRun:
     tokens = opts.max_tokens or cfg.max_tokens
     singles = [c for c in cells if c.concurrency == 1]
     for i in range(cfg.warmup_requests):
-        run_wave(t, request_body(cfg, t.model, singles[i % len(singles)], max_tokens=tokens,
-                                 ignore_eos=opts.ignore_eos), 1, opts.stall_timeout)
+        run_wave(
+            t,
+            request_body(cfg, t.model, singles[i % len(singles)], max_tokens=tokens, ignore_eos=opts.ignore_eos),
+            1,
+            opts.stall_timeout,
+        )
     if cfg.warmup_requests and steps[-1].concurrency > 1:
         top_cell = steps[-1]
-        run_wave(t, request_body(cfg, t.model, top_cell, max_tokens=tokens, ignore_eos=opts.ignore_eos),
-                 top_cell.concurrency, opts.stall_timeout)
+        run_wave(
+            t,
+            request_body(cfg, t.model, top_cell, max_tokens=tokens, ignore_eos=opts.ignore_eos),
+            top_cell.concurrency,
+            opts.stall_timeout,
+        )
     log.info("%s: %s, model %s, %d cells, warm-up done", t.label, t.url, t.model, len(cells))
     return TargetRun(t, cells, steps, note)
 
@@ -173,8 +183,14 @@ def run_round(run: TargetRun, cfg: BenchConfig, opts: Options, index: int = 0) -
             samples, failures = _watched_wave(run, cell, body, opts.stall_timeout)
             if failures:
                 partial = samples
-                run.failure = {"target": t.label, "cell": cell.key, "round": index + 1, "failed": len(failures),
-                               "of": cell.concurrency, "reason": failures[0].message}
+                run.failure = {
+                    "target": t.label,
+                    "cell": cell.key,
+                    "round": index + 1,
+                    "failed": len(failures),
+                    "of": cell.concurrency,
+                    "reason": failures[0].message,
+                }
                 break
             waves.append(samples)
         run.waves.setdefault(cell.key, []).append(waves)
@@ -189,8 +205,9 @@ def run_round(run: TargetRun, cfg: BenchConfig, opts: Options, index: int = 0) -
     run.spec = run.spec.plus(spec_counters(after).minus(spec_counters(before)))
 
 
-def _watched_wave(run: TargetRun, cell: Cell, body: dict[str, Any],
-                  stall_timeout: float) -> tuple[list[Sample], list[BenchError]]:
+def _watched_wave(
+    run: TargetRun, cell: Cell, body: dict[str, Any], stall_timeout: float
+) -> tuple[list[Sample], list[BenchError]]:
     """One wave; a wave of several streams with the server's queue watched, as a burst's rung is (burst.py):
     streams that waited while the server never ran them all at once are a "queued" flag of the ladder step."""
     t, n = run.target, cell.concurrency
@@ -200,9 +217,15 @@ def _watched_wave(run: TargetRun, cell: Cell, body: dict[str, Any],
 
     with QueueWatch(t) as queue:
         samples, failures = measure_wave(t, body, n, stall_timeout)
-    run.queued.setdefault(cell.key, []).extend(queued_checks(
-        queue.result, n, f"{t.label} ladder c{n}", decoding_at_once(samples),
-        "the ladder step measured a queue, not {n} streams at once"))
+    run.queued.setdefault(cell.key, []).extend(
+        queued_checks(
+            queue.result,
+            n,
+            f"{t.label} ladder c{n}",
+            decoding_at_once(samples),
+            "the ladder step measured a queue, not {n} streams at once",
+        )
+    )
     return samples, failures
 
 

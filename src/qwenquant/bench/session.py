@@ -49,25 +49,41 @@ def configurations(req: Request) -> list[ConfigSpec]:
     if req.configs:
         pair = list(req.configs)
         if base:  # --profile / --gpu-mem / --gpus / vLLM flags after -- apply to both where they say nothing
-            pair = [dataclasses.replace(c, profile=c.profile or base.profile, gpu_mem=c.gpu_mem or base.gpu_mem,
-                                        gpus=c.gpus or base.gpus, split=c.split or base.split,
-                                        extra=(*base.extra, *c.extra)) for c in pair]
+            pair = [
+                dataclasses.replace(
+                    c,
+                    profile=c.profile or base.profile,
+                    gpu_mem=c.gpu_mem or base.gpu_mem,
+                    gpus=c.gpus or base.gpus,
+                    split=c.split or base.split,
+                    extra=(*base.extra, *c.extra),
+                )
+                for c in pair
+            ]
         if pair[0].label == pair[1].label:
-            raise UsageError(f"both configurations are labelled {pair[0].label!r}",
-                             hint="give them different --label-a / --label-b")
+            raise UsageError(
+                f"both configurations are labelled {pair[0].label!r}", hint="give them different --label-a / --label-b"
+            )
         if pair[0].url and pair[1].url and same_server(pair[0].url, pair[1].url):
-            log.warning("--url-a and --url-b are one server (%s): every ratio compares it with itself; give the "
-                        "URL of another server for B", pair[0].url)
+            log.warning(
+                "--url-a and --url-b are one server (%s): every ratio compares it with itself; give the "
+                "URL of another server for B",
+                pair[0].url,
+            )
         return pair
     if req.url and base:
-        raise UsageError("give a URL or --serve ARTIFACT, not both", hint="qwenquant bench run URL, or --serve ARTIFACT")
+        raise UsageError(
+            "give a URL or --serve ARTIFACT, not both", hint="qwenquant bench run URL, or --serve ARTIFACT"
+        )
     if req.url:
         return [ConfigSpec("A", url=req.url)]
     if base is None:
-        raise UsageError("nothing to measure",
-                         hint="qwenquant bench run URL, or qwenquant bench run --serve ARTIFACT --profile P")
-    return [ConfigSpec("A", profile=base.profile, gpu_mem=base.gpu_mem, extra=base.extra, gpus=base.gpus,
-                       split=base.split)]
+        raise UsageError(
+            "nothing to measure", hint="qwenquant bench run URL, or qwenquant bench run --serve ARTIFACT --profile P"
+        )
+    return [
+        ConfigSpec("A", profile=base.profile, gpu_mem=base.gpu_mem, extra=base.extra, gpus=base.gpus, split=base.split)
+    ]
 
 
 def same_server(a: str, b: str) -> bool:
@@ -125,8 +141,15 @@ def _run(req: Request, options: Options, argv: list[str]) -> RunReport:
                 check_concurrency(options.max_concurrency, max_num_seqs(t), "--max-concurrency")
         with gpumod.GpuSampler() as sampler:
             runs = run_bench(targets, cfg, options)
-    meta = {"tool": "qwenquant bench", "argv": argv, "started": started, "python": platform.python_version(),
-            "gpu_name": gpumod.gpu_name(), "gpu": sampler.result, "options": dict(vars(options))}
+    meta = {
+        "tool": "qwenquant bench",
+        "argv": argv,
+        "started": started,
+        "python": platform.python_version(),
+        "gpu_name": gpumod.gpu_name(),
+        "gpu": sampler.result,
+        "options": dict(vars(options)),
+    }
     report = RunReport(**build_report(runs, cfg, meta=meta))
     err = deliver(report, req.out, as_json=req.as_json, plot=req.plot)
     if err:

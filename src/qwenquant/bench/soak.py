@@ -37,14 +37,28 @@ class Window:
 
     def as_dict(self) -> dict[str, Any]:
         d = self.drafts
-        return {"index": self.index, "stream": self.stream, "start": self.start, "end": self.end, "drafts": d,
-                "draft_tokens": self.draft_tokens, "accepted": self.accepted, "acceptance_rate": self.rate,
-                "mean_acceptance_length": 1 + self.accepted / d if d > 0 else None,
-                "per_position": [p / d for p in self.per_pos] if d > 0 else None}
+        return {
+            "index": self.index,
+            "stream": self.stream,
+            "start": self.start,
+            "end": self.end,
+            "drafts": d,
+            "draft_tokens": self.draft_tokens,
+            "accepted": self.accepted,
+            "acceptance_rate": self.rate,
+            "mean_acceptance_length": 1 + self.accepted / d if d > 0 else None,
+            "per_position": [p / d for p in self.per_pos] if d > 0 else None,
+        }
 
 
-def step_windows(accepted: list[int], drafted: list[int], window: int, stream: int | None = None,
-                 first: int = 1, total: int | None = None) -> list[Window]:
+def step_windows(
+    accepted: list[int],
+    drafted: list[int],
+    window: int,
+    stream: int | None = None,
+    first: int = 1,
+    total: int | None = None,
+) -> list[Window]:
     """Windows of one stream's verify steps (per-request metrics): step i emits accepted[i] + 1 tokens,
     after the `first` token(s) the prefill emitted; the last window ends at `total` (the response's
     tokens: the last step's accepted drafts beyond max_tokens are counted by vLLM but not sent)."""
@@ -57,7 +71,14 @@ def step_windows(accepted: list[int], drafted: list[int], window: int, stream: i
         if cur is None or cur["index"] != idx:
             if cur is not None:
                 out.append(_close(cur, pos, stream))
-            cur = {"index": idx, "start": pos if cur is not None else 0, "drafts": 0, "draft_tokens": 0, "accepted": 0, "pos": [0] * k}
+            cur = {
+                "index": idx,
+                "start": pos if cur is not None else 0,
+                "drafts": 0,
+                "draft_tokens": 0,
+                "accepted": 0,
+                "pos": [0] * k,
+            }
         cur["drafts"] += 1 if n > 0 else 0
         cur["draft_tokens"] += n
         cur["accepted"] += a
@@ -70,8 +91,9 @@ def step_windows(accepted: list[int], drafted: list[int], window: int, stream: i
 
 
 def _close(cur: dict[str, Any], end: int, stream: int | None) -> Window:
-    return Window(cur["index"], cur["start"], end, cur["drafts"], cur["draft_tokens"], cur["accepted"],
-                  tuple(cur["pos"]), stream)
+    return Window(
+        cur["index"], cur["start"], end, cur["drafts"], cur["draft_tokens"], cur["accepted"], tuple(cur["pos"]), stream
+    )
 
 
 def merge_windows(per_stream: list[list[Window]]) -> list[Window]:
@@ -85,8 +107,17 @@ def merge_windows(per_stream: list[list[Window]]) -> list[Window]:
         ws = by[idx]
         k = max(len(w.per_pos) for w in ws)
         pos = tuple(sum(w.per_pos[i] for w in ws if i < len(w.per_pos)) for i in range(k))
-        out.append(Window(idx, min(w.start for w in ws), max(w.end for w in ws), sum(w.drafts for w in ws),
-                          sum(w.draft_tokens for w in ws), sum(w.accepted for w in ws), pos))
+        out.append(
+            Window(
+                idx,
+                min(w.start for w in ws),
+                max(w.end for w in ws),
+                sum(w.drafts for w in ws),
+                sum(w.draft_tokens for w in ws),
+                sum(w.accepted for w in ws),
+                pos,
+            )
+        )
     return out
 
 
@@ -109,8 +140,10 @@ def collapse(windows: list[Window], fraction: float, window: int) -> tuple[Windo
 def where(w: Window, approximate: bool = False) -> str:
     stream = f" of stream {w.stream}" if w.stream is not None else ""
     if approximate:
-        return (f"window {w.index} (about generated tokens {w.start}-{w.end}{stream}: an approximate count, one token "
-                f"per chunk with text, as the server sent no token ids)")
+        return (
+            f"window {w.index} (about generated tokens {w.start}-{w.end}{stream}: an approximate count, one token "
+            f"per chunk with text, as the server sent no token ids)"
+        )
     return f"window {w.index} (generated tokens {w.start}-{w.end}{stream})"
 
 
@@ -122,16 +155,29 @@ def _stream_failures(i: int, s: dict[str, Any], window: int, tokens: int) -> lis
     n = streamed if exact else (s.get("completion_tokens") or 0)
     by = "streamed" if exact else "by usage"
     if s.get("error"):
-        return [{"kind": "error", "window": streamed // window, "stream": i,
-                 "line": f"stream {i} failed in window {streamed // window} (after {'' if exact else 'at least '}"
-                         f"{streamed} streamed tokens): {s['error']}"}]
+        return [
+            {
+                "kind": "error",
+                "window": streamed // window,
+                "stream": i,
+                "line": f"stream {i} failed in window {streamed // window} (after {'' if exact else 'at least '}"
+                f"{streamed} streamed tokens): {s['error']}",
+            }
+        ]
     if n == 0:
-        return [{"kind": "empty", "window": 0, "stream": i,
-                 "line": f"stream {i} came back empty (window 0: 0 tokens {by})"}]
+        return [
+            {"kind": "empty", "window": 0, "stream": i, "line": f"stream {i} came back empty (window 0: 0 tokens {by})"}
+        ]
     if n < tokens:
-        return [{"kind": "truncated", "window": n // window, "stream": i,
-                 "line": f"stream {i} was truncated in window {n // window}: {n} of {tokens} tokens {by} "
-                         f"(finish reason {s.get('finish_reason')})"}]
+        return [
+            {
+                "kind": "truncated",
+                "window": n // window,
+                "stream": i,
+                "line": f"stream {i} was truncated in window {n // window}: {n} of {tokens} tokens {by} "
+                f"(finish reason {s.get('finish_reason')})",
+            }
+        ]
     return []
 
 
@@ -141,34 +187,66 @@ def usage_flags(streams: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for i, s in enumerate(streams):
         usage, streamed = s.get("completion_tokens"), s.get("streamed_tokens")
         if s.get("streamed_exact") and isinstance(usage, int) and usage != streamed and not s.get("error"):
-            out.append({"kind": "cross-check", "check": "usage-mismatch", "where": f"stream {i}",
-                        "figure": "completion_tokens", "value": float(usage - (streamed or 0)), "line": 0.0,
-                        "note": f"stream {i}: usage counts {usage} completion tokens, the stream carried {streamed} "
-                                f"token ids"})
+            out.append(
+                {
+                    "kind": "cross-check",
+                    "check": "usage-mismatch",
+                    "where": f"stream {i}",
+                    "figure": "completion_tokens",
+                    "value": float(usage - (streamed or 0)),
+                    "line": 0.0,
+                    "note": f"stream {i}: usage counts {usage} completion tokens, the stream carried {streamed} "
+                    f"token ids",
+                }
+            )
     return out
 
 
-def verdict(windows: list[list[Window]], streams: list[dict[str, Any]], restart: dict[str, Any] | None,
-            fraction: float, window: int, tokens: int, approximate: bool = False) -> dict[str, Any]:
+def verdict(
+    windows: list[list[Window]],
+    streams: list[dict[str, Any]],
+    restart: dict[str, Any] | None,
+    fraction: float,
+    window: int,
+    tokens: int,
+    approximate: bool = False,
+) -> dict[str, Any]:
     """`ok`, `failed` with each failure and the one line that names its window (the first failure's), or
     `not judged` when nothing failed but no window drafted a token (acceptance was not tested)."""
     fails: list[dict[str, Any]] = []
     for ws in windows:
         c = collapse(ws, fraction, window)
         if c:
-            fails.append({"kind": "collapse", "window": c[0].index, "stream": c[0].stream,
-                          "line": f"MTP acceptance collapsed in {where(c[0], approximate)}: {c[1]}"})
+            fails.append(
+                {
+                    "kind": "collapse",
+                    "window": c[0].index,
+                    "stream": c[0].stream,
+                    "line": f"MTP acceptance collapsed in {where(c[0], approximate)}: {c[1]}",
+                }
+            )
     for i, s in enumerate(streams):
         fails.extend(_stream_failures(i, s, window, tokens))
     if restart:
-        fails.append({"kind": "restart", "window": restart["window"], "stream": None,
-                      "line": f"the server went away or restarted in window {restart['window']}: {restart['why']}"
-                              + (" (an approximate count: one token per chunk with text)" if approximate else "")})
+        fails.append(
+            {
+                "kind": "restart",
+                "window": restart["window"],
+                "stream": None,
+                "line": f"the server went away or restarted in window {restart['window']}: {restart['why']}"
+                + (" (an approximate count: one token per chunk with text)" if approximate else ""),
+            }
+        )
     fails.sort(key=lambda f: (f["window"], f["kind"] != "restart"))
     drafted = any(w.drafts > 0 for ws in windows for w in ws)
     status = "failed" if fails else ("ok" if drafted else "not judged")
     line = fails[0]["line"] if fails else None
     if not fails and not drafted:
         line = "acceptance not judged: the server drafted no tokens (is MTP on?); the streams were complete"
-    return {"status": status, "failures": fails, "line": line, "acceptance_judged": drafted,
-            "flags": usage_flags(streams)}
+    return {
+        "status": status,
+        "failures": fails,
+        "line": line,
+        "acceptance_judged": drafted,
+        "flags": usage_flags(streams),
+    }

@@ -89,13 +89,17 @@ class Progress:
 
     def windows(self) -> list[Window]:
         out = []
-        pairs = [(a, before, b, after) for (a, before), (b, after) in zip(self.scrapes, self.scrapes[1:], strict=False)
-                 if b > a]  # the end's scrape after the last boundary may add no tokens
+        pairs = [
+            (a, before, b, after)
+            for (a, before), (b, after) in zip(self.scrapes, self.scrapes[1:], strict=False)
+            if b > a
+        ]  # the end's scrape after the last boundary may add no tokens
         for i, (a, before, b, after) in enumerate(pairs):
             d = after.minus(before)
             k = max(d.per_pos, default=-1) + 1
-            out.append(Window(i, a, b, d.drafts, d.draft_tokens, d.accepted, tuple(d.per_pos.get(p, 0.0)
-                                                                                   for p in range(k))))
+            out.append(
+                Window(i, a, b, d.drafts, d.draft_tokens, d.accepted, tuple(d.per_pos.get(p, 0.0) for p in range(k)))
+            )
         return out
 
 
@@ -138,10 +142,15 @@ def check_options(t: Target, text: LongText, opts: SoakOptions) -> int | None:
     exact = None not in counts
     prompt = max(c for c in counts if c is not None) if exact else PROMPT_CHARS // 2
     if opts.tokens + prompt > max_len:
-        what = f"the prompt ({prompt} tokens by the server's /tokenize)" if exact else \
-            f"the prompt (about {prompt} tokens: the server has no /tokenize to count it)"
-        raise UsageError(f"--tokens {opts.tokens} plus {what} does not fit the server's max_model_len {max_len}",
-                         hint=f"use --tokens {max(1, max_len - prompt)} or less, or serve a longer context")
+        what = (
+            f"the prompt ({prompt} tokens by the server's /tokenize)"
+            if exact
+            else f"the prompt (about {prompt} tokens: the server has no /tokenize to count it)"
+        )
+        raise UsageError(
+            f"--tokens {opts.tokens} plus {what} does not fit the server's max_model_len {max_len}",
+            hint=f"use --tokens {max(1, max_len - prompt)} or less, or serve a longer context",
+        )
     return max_len
 
 
@@ -154,15 +163,21 @@ def run_soak(t: Target, text: LongText, opts: SoakOptions) -> dict[str, Any]:
     errors: list[str | None] = [None] * opts.concurrency
 
     def one(i: int) -> None:
-        samples[i], errors[i] = stream_once(t, _body(t, text, i, opts), opts.stall_timeout,
-                                            lambda c: prog.on_chunk(i, c))
+        samples[i], errors[i] = stream_once(
+            t, _body(t, text, i, opts), opts.stall_timeout, lambda c: prog.on_chunk(i, c)
+        )
 
     queue = QueueWatch(t)  # watched only where streams are meant to run at once
     with queue if opts.concurrency > 1 else contextlib.nullcontext(), ThreadPoolExecutor(opts.concurrency) as pool:
         list(pool.map(one, range(opts.concurrency)))
     at_once = decoding_at_once([s for s in samples if s is not None])
-    queued = queued_checks(queue.result, opts.concurrency, "soak", at_once,
-                           "the soak measured a queue, not {n} streams at once (its windows mix the streams)")
+    queued = queued_checks(
+        queue.result,
+        opts.concurrency,
+        "soak",
+        at_once,
+        "the soak measured a queue, not {n} streams at once (its windows mix the streams)",
+    )
     with prog.lock:
         prog.scrape()
     why = watch.problem()
@@ -170,16 +185,35 @@ def run_soak(t: Target, text: LongText, opts: SoakOptions) -> dict[str, Any]:
         prog.restart = {"window": prog.per_stream() // opts.window, "why": why}
     exact = _per_request(samples, opts.window)
     per_stream = exact if exact is not None else [prog.windows()]
-    streams = [_stream_record(i, s, e, n, not prog.approximate)
-               for i, (s, e, n) in enumerate(zip(samples, errors, prog.streamed, strict=True))]
-    judged = verdict(per_stream, streams, prog.restart, opts.fraction, opts.window, opts.tokens,
-                     approximate=prog.approximate and exact is None)
+    streams = [
+        _stream_record(i, s, e, n, not prog.approximate)
+        for i, (s, e, n) in enumerate(zip(samples, errors, prog.streamed, strict=True))
+    ]
+    judged = verdict(
+        per_stream,
+        streams,
+        prog.restart,
+        opts.fraction,
+        opts.window,
+        opts.tokens,
+        approximate=prog.approximate and exact is None,
+    )
     merged = merge_windows(per_stream) if exact is not None else per_stream[0]
-    return {"max_model_len": max_len, "soak_tokens": opts.tokens, "concurrency": opts.concurrency,
-            "window": opts.window, "collapse_fraction": opts.fraction,
-            "source": "per-request" if exact is not None else "metrics", "token_count_approximate": prog.approximate,
-            "text": {"sha256": text.sha256, "license": text.license, "source": text.source},
-            "windows": [w.as_dict() for w in merged],
-            "stream_windows": [[w.as_dict() for w in ws] for ws in exact] if exact is not None else None,
-            "streams": streams, "verdict": judged, "server": watch.info(), "server_queue": queue.result,
-            "decoding_at_once": at_once, "checks": queued}
+    return {
+        "max_model_len": max_len,
+        "soak_tokens": opts.tokens,
+        "concurrency": opts.concurrency,
+        "window": opts.window,
+        "collapse_fraction": opts.fraction,
+        "source": "per-request" if exact is not None else "metrics",
+        "token_count_approximate": prog.approximate,
+        "text": {"sha256": text.sha256, "license": text.license, "source": text.source},
+        "windows": [w.as_dict() for w in merged],
+        "stream_windows": [[w.as_dict() for w in ws] for ws in exact] if exact is not None else None,
+        "streams": streams,
+        "verdict": judged,
+        "server": watch.info(),
+        "server_queue": queue.result,
+        "decoding_at_once": at_once,
+        "checks": queued,
+    }

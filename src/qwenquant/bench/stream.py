@@ -120,13 +120,16 @@ class Ledger:
         return self.stall_timeout - (time.perf_counter() - self.last_token)
 
     def stalled(self) -> BenchError:
-        return BenchError(f"stalled: no token from the server for {self.stall_timeout:g} s (after {self.events} "
-                          f"events)", hint="see the server log; raise --stall-timeout for a slower server")
+        return BenchError(
+            f"stalled: no token from the server for {self.stall_timeout:g} s (after {self.events} events)",
+            hint="see the server log; raise --stall-timeout for a slower server",
+        )
 
     def closed(self, why: str = "") -> BenchError:
-        return BenchError(f"connection closed after {self.events} events without `data: [DONE]`"
-                          + (f" ({why})" if why else ""), hint="the server (or a proxy) ended the stream early: "
-                                                               "see the server log")
+        return BenchError(
+            f"connection closed after {self.events} events without `data: [DONE]`" + (f" ({why})" if why else ""),
+            hint="the server (or a proxy) ended the stream early: see the server log",
+        )
 
 
 def _timed_lines(resp: http.client.HTTPResponse, sock: Any, ledger: Ledger) -> Iterator[tuple[bytes, float]]:
@@ -188,8 +191,13 @@ def _reasoning_tokens(usage: dict[str, Any]) -> int | None:
     return n if isinstance(n, int) else None
 
 
-def read_stream(events: Iterable[tuple[str, float]], t_sent: float, max_tokens: int,
-                on_chunk: Callable[[dict[str, Any]], None] | None = None, ledger: Ledger | None = None) -> Sample:
+def read_stream(
+    events: Iterable[tuple[str, float]],
+    t_sent: float,
+    max_tokens: int,
+    on_chunk: Callable[[dict[str, Any]], None] | None = None,
+    ledger: Ledger | None = None,
+) -> Sample:
     """Fold a stream's events into a Sample (pure; raises BenchError on an error event, no usage, or
     a stream that ended without `[DONE]`). `on_chunk` sees each parsed chunk as it arrives (the soak
     counts tokens with it)."""
@@ -212,11 +220,15 @@ def read_stream(events: Iterable[tuple[str, float]], t_sent: float, max_tokens: 
         try:
             chunk = json.loads(data)
         except ValueError:
-            raise BenchError(f"the server streamed an event that is not JSON: {data[:200]!r}",
-                             hint="is this an OpenAI-compatible server?") from None
+            raise BenchError(
+                f"the server streamed an event that is not JSON: {data[:200]!r}",
+                hint="is this an OpenAI-compatible server?",
+            ) from None
         if "error" in chunk:
-            raise BenchError(f"the server reported an error mid-stream: {json.dumps(chunk['error'])[:300]}",
-                             hint="see the server log")
+            raise BenchError(
+                f"the server reported an error mid-stream: {json.dumps(chunk['error'])[:300]}",
+                hint="see the server log",
+            )
         if on_chunk is not None:
             on_chunk(chunk)
         got, n_ids = _text_fields(chunk), _token_ids(chunk)
@@ -239,16 +251,37 @@ def read_stream(events: Iterable[tuple[str, float]], t_sent: float, max_tokens: 
     if not led.done:
         raise led.closed()
     if not usage or not isinstance(usage.get("completion_tokens"), int):
-        raise BenchError("the server streamed no token usage (stream_options.include_usage was requested): "
-                         "rates would have to be guessed, and qwenquant bench does not guess",
-                         hint="use a server that honours stream_options.include_usage (vLLM does)")
-    return Sample(t_sent, t_first, t_end, int(usage.get("prompt_tokens") or 0), usage["completion_tokens"],
-                  max_tokens, first_field, chars, finish, n_text, extra, led.events, ids, _reasoning_tokens(usage))
+        raise BenchError(
+            "the server streamed no token usage (stream_options.include_usage was requested): "
+            "rates would have to be guessed, and qwenquant bench does not guess",
+            hint="use a server that honours stream_options.include_usage (vLLM does)",
+        )
+    return Sample(
+        t_sent,
+        t_first,
+        t_end,
+        int(usage.get("prompt_tokens") or 0),
+        usage["completion_tokens"],
+        max_tokens,
+        first_field,
+        chars,
+        finish,
+        n_text,
+        extra,
+        led.events,
+        ids,
+        _reasoning_tokens(usage),
+    )
 
 
-def stream_chat(url: str, body: dict[str, Any], *, api_key: str | None = None,
-                stall_timeout: float | None = 600.0,
-                on_chunk: Callable[[dict[str, Any]], None] | None = None) -> Sample:
+def stream_chat(
+    url: str,
+    body: dict[str, Any],
+    *,
+    api_key: str | None = None,
+    stall_timeout: float | None = 600.0,
+    on_chunk: Callable[[dict[str, Any]], None] | None = None,
+) -> Sample:
     """POST `body` (stream forced on, usage requested) to URL/v1/chat/completions; time it. Fails
     (BenchError) when no token arrives for `stall_timeout` seconds, or the stream is cut."""
     u = urllib.parse.urlsplit(url)
@@ -274,8 +307,9 @@ def stream_chat(url: str, body: dict[str, Any], *, api_key: str | None = None,
             text = resp.read().decode(errors="replace")[:400]
             hint = server_hint(HttpError("", resp.status), api_key) if resp.status in (401, 403) else _hint_for(text)
             raise BenchError(f"{url}{path} answered {resp.status}: {text}", hint=hint)
-        return read_stream(sse_events(_timed_lines(resp, sock, ledger)), t_sent, int(body.get("max_tokens") or 0),
-                           on_chunk, ledger)
+        return read_stream(
+            sse_events(_timed_lines(resp, sock, ledger)), t_sent, int(body.get("max_tokens") or 0), on_chunk, ledger
+        )
     except (OSError, http.client.HTTPException) as e:
         if ledger.events:
             raise ledger.closed(str(e) or type(e).__name__) from None

@@ -32,8 +32,17 @@ def _cell_rows(report: dict[str, Any]) -> list[list[str]]:
                 return "AUDIT" if (where, name) in audit else _fmt(c["figures"][name], scale, digits)
 
             short = f" ({c['short_requests']} short)" if c["short_requests"] else ""
-            rows.append([t["label"], key.rsplit("/c", 1)[0], fig("wall_tok_s"), fig("decode_tok_s"),
-                         fig("ttft_s", 1000.0, 0), fig("prefill_tok_s", 1.0, 0), f"{c['requests']}{short}"])
+            rows.append(
+                [
+                    t["label"],
+                    key.rsplit("/c", 1)[0],
+                    fig("wall_tok_s"),
+                    fig("decode_tok_s"),
+                    fig("ttft_s", 1000.0, 0),
+                    fig("prefill_tok_s", 1.0, 0),
+                    f"{c['requests']}{short}",
+                ]
+            )
     return rows
 
 
@@ -45,11 +54,20 @@ def _ladder_rows(report: dict[str, Any]) -> list[list[str]]:
             where = f"{t['label']} ladder c{step['concurrency']}"
             # the ladder's c1 step is the c1 cell of its prompt: a figure flagged there is flagged here too
             cell = f"{t['label']} {step.get('cell')}"
-            figs = [("aggregate_tok_s", None), ("per_stream_wall_tok_s", "wall_tok_s"),
-                    ("per_stream_decode_tok_s", "decode_tok_s")]
-            rows.append([t["label"], str(step["concurrency"])] + [
-                "AUDIT" if (where, k) in audit or (step["concurrency"] == 1 and (cell, same) in audit)
-                else _fmt(step[k]) for k, same in figs])
+            figs = [
+                ("aggregate_tok_s", None),
+                ("per_stream_wall_tok_s", "wall_tok_s"),
+                ("per_stream_decode_tok_s", "decode_tok_s"),
+            ]
+            rows.append(
+                [t["label"], str(step["concurrency"])]
+                + [
+                    "AUDIT"
+                    if (where, k) in audit or (step["concurrency"] == 1 and (cell, same) in audit)
+                    else _fmt(step[k])
+                    for k, same in figs
+                ]
+            )
     return rows
 
 
@@ -62,9 +80,14 @@ def _acceptance_rows(report: dict[str, Any]) -> list[list[str]]:
         elif not a.get("speculative"):
             rows.append([t["label"], "no drafts", "-", "-"])
         else:
-            rows.append([t["label"], f"{a['mean_acceptance_length']:.2f}",
-                         f"{a['acceptance_rate']:.2f}" if a["acceptance_rate"] is not None else "-",
-                         " ".join(f"{p:.2f}" for p in a["per_position"])])
+            rows.append(
+                [
+                    t["label"],
+                    f"{a['mean_acceptance_length']:.2f}",
+                    f"{a['acceptance_rate']:.2f}" if a["acceptance_rate"] is not None else "-",
+                    " ".join(f"{p:.2f}" for p in a["per_position"]),
+                ]
+            )
     return rows
 
 
@@ -76,32 +99,63 @@ def _compare_rows(report: dict[str, Any]) -> list[list[str]]:
     rows = []
     for key, figs in cmp["cells"].items():
         where = f"compare {key}"
-        rows.append([key] + ["AUDIT" if (where, f"{k} ratio") in audit or any((f"{s} {key}", k) in audit for s in sides)
-                             else _fmt(figs[k], 1.0, 2) for k in ("wall_tok_s", "decode_tok_s", "ttft_s", "prefill_tok_s")])
+        rows.append(
+            [key]
+            + [
+                "AUDIT"
+                if (where, f"{k} ratio") in audit or any((f"{s} {key}", k) in audit for s in sides)
+                else _fmt(figs[k], 1.0, 2)
+                for k in ("wall_tok_s", "decode_tok_s", "ttft_s", "prefill_tok_s")
+            ]
+        )
     for step in cmp["ladder"]:
         c = step["concurrency"]
-        flagged = (f"compare ladder c{c}", "aggregate_tok_s ratio") in audit or \
-            any((f"{s} ladder c{c}", "aggregate_tok_s") in audit for s in sides)
-        rows.append([f"ladder c{c} aggregate", "AUDIT" if flagged else _fmt(step["aggregate_tok_s"], 1.0, 2), "", "", ""])
+        flagged = (f"compare ladder c{c}", "aggregate_tok_s ratio") in audit or any(
+            (f"{s} ladder c{c}", "aggregate_tok_s") in audit for s in sides
+        )
+        rows.append(
+            [f"ladder c{c} aggregate", "AUDIT" if flagged else _fmt(step["aggregate_tok_s"], 1.0, 2), "", "", ""]
+        )
     return rows
 
 
 def sections(report: dict[str, Any]) -> list[Section]:
     """Tables: per-stream figures, ladder, acceptance, comparison, flags."""
     out: list[Section] = [
-        ("one stream: median [min-max] over requests",
-         ["config", "cell", "wall tok/s", "decode tok/s", "TTFT ms", "prefill tok/s", "requests"], _cell_rows(report)),
-        ("concurrency ladder", ["config", "streams", "aggregate tok/s", "per-stream wall tok/s",
-                                "per-stream decode tok/s"], _ladder_rows(report)),
-        ("speculative decoding (from /metrics deltas)",
-         ["config", "mean acceptance length", "acceptance rate", "per position"], _acceptance_rows(report)),
+        (
+            "one stream: median [min-max] over requests",
+            ["config", "cell", "wall tok/s", "decode tok/s", "TTFT ms", "prefill tok/s", "requests"],
+            _cell_rows(report),
+        ),
+        (
+            "concurrency ladder",
+            ["config", "streams", "aggregate tok/s", "per-stream wall tok/s", "per-stream decode tok/s"],
+            _ladder_rows(report),
+        ),
+        (
+            "speculative decoding (from /metrics deltas)",
+            ["config", "mean acceptance length", "acceptance rate", "per position"],
+            _acceptance_rows(report),
+        ),
     ]
     if report.get("compare"):
         c = report["compare"]
-        out.append((f"ratio {c['a']} / {c['b']}: median [min-max] over rounds",
-                    ["cell", "wall", "decode", "TTFT", "prefill"], _compare_rows(report)))
+        out.append(
+            (
+                f"ratio {c['a']} / {c['b']}: median [min-max] over rounds",
+                ["cell", "wall", "decode", "TTFT", "prefill"],
+                _compare_rows(report),
+            )
+        )
     if report["flags"]:
-        out.append(("flags", ["kind", "where", "figure", "value", "line"],
-                    [[f["kind"], f["where"], f["figure"], f"{f['value']:.4g}", f"{f['line']:.4g}"]
-                     for f in report["flags"]]))
+        out.append(
+            (
+                "flags",
+                ["kind", "where", "figure", "value", "line"],
+                [
+                    [f["kind"], f["where"], f["figure"], f"{f['value']:.4g}", f"{f['line']:.4g}"]
+                    for f in report["flags"]
+                ],
+            )
+        )
     return out

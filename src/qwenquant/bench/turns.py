@@ -60,8 +60,12 @@ def cache_verdict(turns: list[dict[str, Any]]) -> dict[str, Any]:
     """Whether the server cached: hits > 0 over the turns after the first (None: no counters)."""
     deltas = [t["prefix_cache"] for t in turns[1:] if t.get("prefix_cache") is not None]
     if not deltas:
-        return {"counters": any(t.get("prefix_cache") is not None for t in turns), "cached": None,
-                "hits": None, "queries": None}
+        return {
+            "counters": any(t.get("prefix_cache") is not None for t in turns),
+            "cached": None,
+            "hits": None,
+            "queries": None,
+        }
     hits, queries = sum(d["hits"] for d in deltas), sum(d["queries"] for d in deltas)
     return {"counters": True, "cached": hits > 0, "hits": hits, "queries": queries}
 
@@ -94,8 +98,9 @@ class Conversation:
         return last_total + int(self.opts.turn_tokens * NO_TOKENIZE_MARGIN)
 
 
-def run_turn(t: Target, msgs: list[dict[str, str]], opts: TurnOptions,
-             turn: int) -> tuple[dict[str, Any], Sample | None, str, str | None]:
+def run_turn(
+    t: Target, msgs: list[dict[str, str]], opts: TurnOptions, turn: int
+) -> tuple[dict[str, Any], Sample | None, str, str | None]:
     """One turn: (record, sample, the answer's text, failure)."""
     answer: list[str] = []
 
@@ -106,11 +111,16 @@ def run_turn(t: Target, msgs: list[dict[str, str]], opts: TurnOptions,
 
     before = metrics.scrape(t.url, t.api_key)
     with MemoryPeak() as mem:
-        sample, failure = rung.stream_once(t, rung.chat_request(t, msgs, opts.output_tokens, opts.thinking), opts.stall_timeout,
-                                      on_chunk)
+        sample, failure = rung.stream_once(
+            t, rung.chat_request(t, msgs, opts.output_tokens, opts.thinking), opts.stall_timeout, on_chunk
+        )
     after = metrics.scrape(t.url, t.api_key)
-    rec: dict[str, Any] = {"messages": len(msgs), "gpu_memory": mem.result, "prefix_cache": cache_delta(before, after),
-                           "acceptance": rung.acceptance_between(before, after)}
+    rec: dict[str, Any] = {
+        "messages": len(msgs),
+        "gpu_memory": mem.result,
+        "prefix_cache": cache_delta(before, after),
+        "acceptance": rung.acceptance_between(before, after),
+    }
     if sample is not None:
         rec.update(rung.request_record(sample, f"turn {turn}"))
         failure = failure or rung.empty_failure(sample)
@@ -121,11 +131,16 @@ def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
     """The conversation on one server; the measured part of the report (JSON-ready)."""
     max_len = rung.served_max_len(t)
     if max_len is None:
-        raise UsageError("the server does not say its max_model_len, so the conversation has no end",
-                         hint="serve it with vLLM, whose /v1/models lists max_model_len")
+        raise UsageError(
+            "the server does not say its max_model_len, so the conversation has no end",
+            hint="serve it with vLLM, whose /v1/models lists max_model_len",
+        )
     if not fits(opts.turn_tokens, opts.output_tokens, max_len):
-        raise UsageError(f"--turn-tokens {opts.turn_tokens} plus {opts.output_tokens} output tokens exceeds the "
-                         f"server's max_model_len {max_len}", hint=f"use --turn-tokens {max_len // 4} or less")
+        raise UsageError(
+            f"--turn-tokens {opts.turn_tokens} plus {opts.output_tokens} output tokens exceeds the "
+            f"server's max_model_len {max_len}",
+            hint=f"use --turn-tokens {max_len // 4} or less",
+        )
     watch = ServerWatch(t.url, t.api_key, t.server, metrics.scrape(t.url, t.api_key))
     nonce = secrets.token_hex(4)
     conv = Conversation(t, text, opts, nonce)
@@ -140,8 +155,12 @@ def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
         log.info("turn %d at about %d tokens", turn, depth)
         t0 = time.monotonic()
         rec, sample, answer, why = run_turn(t, msgs, opts, turn)
-        rec = {"turn": turn, "depth": sample.prompt_tokens if sample else depth, **rec,
-               "seconds": time.monotonic() - t0}
+        rec = {
+            "turn": turn,
+            "depth": sample.prompt_tokens if sample else depth,
+            **rec,
+            "seconds": time.monotonic() - t0,
+        }
         rec["new_tokens"] = new_tokens(sample.prompt_tokens if sample else None, previous)
         ttft = rec.get("ttft_s")
         rec["new_prefill_tok_s"] = rec["new_tokens"] / ttft if rec["new_tokens"] and ttft else None
@@ -160,9 +179,17 @@ def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
             conv.fitter.chars_per_token, conv.fitter.calibrated = chars / sample.prompt_tokens, True
         previous, total, turn = sample.prompt_tokens, sample.prompt_tokens + sample.completion_tokens, turn + 1
     ok = [r for r in turns if r["ok"]]
-    return {"max_model_len": max_len, "output_tokens": opts.output_tokens, "turn_tokens": opts.turn_tokens,
-            "tokenize": conv.fitter.tokenize, "nonce": nonce,
-            "text": {"sha256": text.sha256, "license": text.license, "source": text.source},
-            "turns": turns, "prefix_cache": cache_verdict(turns),
-            "last_ok_turn": ok[-1]["turn"] if ok else None, "last_ok_depth": ok[-1]["depth"] if ok else None,
-            "failure": failure, "server": watch.info()}
+    return {
+        "max_model_len": max_len,
+        "output_tokens": opts.output_tokens,
+        "turn_tokens": opts.turn_tokens,
+        "tokenize": conv.fitter.tokenize,
+        "nonce": nonce,
+        "text": {"sha256": text.sha256, "license": text.license, "source": text.source},
+        "turns": turns,
+        "prefix_cache": cache_verdict(turns),
+        "last_ok_turn": ok[-1]["turn"] if ok else None,
+        "last_ok_depth": ok[-1]["depth"] if ok else None,
+        "failure": failure,
+        "server": watch.info(),
+    }

@@ -17,9 +17,11 @@ def run_error(report: dict[str, Any]) -> BenchError | None:
         return None
     reason = " ".join(str(fail["reason"]).split())[:500]
     kept = sum(c["requests"] for t in report["targets"] for c in t["cells"].values())
-    return BenchError(f"{fail['failed']} of {fail['of']} requests of {fail['target']} {fail['cell']} (round "
-                      f"{fail['round']}) failed: {reason} (the report keeps the {kept} requests measured before it)",
-                      hint=f"the report is {report['json_path']}; the server log says more")
+    return BenchError(
+        f"{fail['failed']} of {fail['of']} requests of {fail['target']} {fail['cell']} (round "
+        f"{fail['round']}) failed: {reason} (the report keeps the {kept} requests measured before it)",
+        hint=f"the report is {report['json_path']}; the server log says more",
+    )
 
 
 def depth_error(report: dict[str, Any]) -> BenchError | None:
@@ -31,22 +33,29 @@ def depth_error(report: dict[str, Any]) -> BenchError | None:
         return None
     ok = [r for r in report["rungs"] if r.get("ok")]
     reason = " ".join(str(fail["reason"]).split())[:500]
-    what = f"the burst ladder ({report['concurrency']} prompts at once)" if report.get("concurrency", 1) > 1 \
+    what = (
+        f"the burst ladder ({report['concurrency']} prompts at once)"
+        if report.get("concurrency", 1) > 1
         else "the depth ladder"
+    )
     if report.get("tokenize"):
         at = f"{fail['depth']} tokens"
         last = "none"
         if ok:
             last = f"{ok[-1]['depth']}"
             usage = ok[-1].get("prompt_tokens")
-            if any(f.get("check") == "prompt-count" and f["where"] == f"depth {ok[-1]['depth']}"
-                   for f in report.get("flags") or []):
+            if any(
+                f.get("check") == "prompt-count" and f["where"] == f"depth {ok[-1]['depth']}"
+                for f in report.get("flags") or []
+            ):
                 last += f" by /tokenize; the server counted {usage}, the two counts disagree"
     else:
         at = f"about {fail['depth']} tokens (an approximate count: the server has no /tokenize)"
         last = f"{ok[-1].get('prompt_tokens')} by the server's count" if ok else "none"
-    return BenchError(f"{what} failed at {at}: {reason} (last depth that worked: {last})",
-                      hint=f"the report is {report['json_path']}; the server log says more")
+    return BenchError(
+        f"{what} failed at {at}: {reason} (last depth that worked: {last})",
+        hint=f"the report is {report['json_path']}; the server log says more",
+    )
 
 
 def soak_error(report: dict[str, Any]) -> BenchError | None:
@@ -54,8 +63,10 @@ def soak_error(report: dict[str, Any]) -> BenchError | None:
     v = report["verdict"]
     if v["status"] != "failed":
         return None
-    return BenchError(f"the soak failed: {' '.join(v['line'].split())[:500]}",
-                      hint=f"the report is {report['json_path']}; the server log says more")
+    return BenchError(
+        f"the soak failed: {' '.join(v['line'].split())[:500]}",
+        hint=f"the report is {report['json_path']}; the server log says more",
+    )
 
 
 def turns_error(report: dict[str, Any]) -> BenchError | None:
@@ -65,6 +76,8 @@ def turns_error(report: dict[str, Any]) -> BenchError | None:
         return None
     reason = " ".join(str(fail["reason"]).split())[:500]
     last = report["last_ok_depth"]
-    return BenchError(f"the conversation failed at turn {fail['turn']} ({fail['depth']} tokens of context): {reason} "
-                      f"(deepest context that worked: {last if last is not None else 'none'})",
-                      hint=f"the report is {report['json_path']}; the server log says more")
+    return BenchError(
+        f"the conversation failed at turn {fail['turn']} ({fail['depth']} tokens of context): {reason} "
+        f"(deepest context that worked: {last if last is not None else 'none'})",
+        hint=f"the report is {report['json_path']}; the server log says more",
+    )

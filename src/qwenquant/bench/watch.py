@@ -30,8 +30,9 @@ def process_start(page: str | None) -> float | None:
 class ServerWatch:
     """`problem()` names what went wrong with the server since the watch began, or returns None."""
 
-    def __init__(self, url: str, api_key: str | None = None, server: Server | None = None,
-                 first_page: str | None = None) -> None:
+    def __init__(
+        self, url: str, api_key: str | None = None, server: Server | None = None, first_page: str | None = None
+    ) -> None:
         self.url, self.api_key, self.server = url.rstrip("/"), api_key, server
         self.started = process_start(first_page)
 

@@ -61,11 +61,15 @@ def load_config(path: Path | None = None, prompts_path: Path | None = None) -> B
         cfg = BenchConfig.model_validate(d)
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise UsageError(f"invalid bench config {path or 'bench.yaml'}: {problems}",
-                         hint="compare with the shipped src/qwenquant/bench/data/bench.yaml") from None
+        raise UsageError(
+            f"invalid bench config {path or 'bench.yaml'}: {problems}",
+            hint="compare with the shipped src/qwenquant/bench/data/bench.yaml",
+        ) from None
     if cfg.ladder_prompt not in cfg.prompts:
-        raise UsageError(f"ladder_prompt {cfg.ladder_prompt!r} is not a prompt ({', '.join(cfg.prompts)})",
-                         hint="name one of the prompts in ladder_prompt")
+        raise UsageError(
+            f"ladder_prompt {cfg.ladder_prompt!r} is not a prompt ({', '.join(cfg.prompts)})",
+            hint="name one of the prompts in ladder_prompt",
+        )
     return cfg
 
 
@@ -102,8 +106,9 @@ def thinking_modes(choice: str, supported: bool | None) -> list[bool | None]:
     return {"both": [False, True], "on": [True], "off": [False], "default": [None]}[choice]
 
 
-def plan_cells(cfg: BenchConfig, prompts: list[str], samplings: list[str], thinking: list[bool | None],
-               max_concurrency: int) -> tuple[list[Cell], list[Cell]]:
+def plan_cells(
+    cfg: BenchConfig, prompts: list[str], samplings: list[str], thinking: list[bool | None], max_concurrency: int
+) -> tuple[list[Cell], list[Cell]]:
     """(all cells, the ladder's cells): the matrix at one stream, then the ladder (the config's
     ladder prompt when selected, else the first prompt; greedy; the first thinking mode), whose
     level 1 is a matrix cell."""
@@ -120,8 +125,12 @@ def plan_cells(cfg: BenchConfig, prompts: list[str], samplings: list[str], think
 
 def request_body(cfg: BenchConfig, model: str, cell: Cell, *, max_tokens: int, ignore_eos: bool) -> dict[str, Any]:
     """The chat completion request of one cell (stream and usage are added by the client)."""
-    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": cfg.prompts[cell.prompt]}],
-                            "max_tokens": max_tokens, **cfg.sampling[cell.sampling]}
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": cfg.prompts[cell.prompt]}],
+        "max_tokens": max_tokens,
+        **cfg.sampling[cell.sampling],
+    }
     if ignore_eos:
         body["ignore_eos"] = True  # vLLM extension: generate exactly max_tokens
     # vLLM extension, as in depth/soak/turns: the streamed tokens are then counted exactly against usage (with

@@ -68,15 +68,20 @@ class Int8Report:
         if not self.zero_groups:
             return None
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(self.zero_by_kind.items()) if n)
-        return (f"int8 activations: {self.zero_groups} of {self.groups} weight groups have a scale below 1/8192 "
-                f"of their layer's largest and become 0 when vLLM re-quantizes the scales to int16 ({kinds}); "
-                "those groups' weights read as zero")
+        return (
+            f"int8 activations: {self.zero_groups} of {self.groups} weight groups have a scale below 1/8192 "
+            f"of their layer's largest and become 0 when vLLM re-quantizes the scales to int16 ({kinds}); "
+            "those groups' weights read as zero"
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "groups": self.groups, "zero_groups": self.zero_groups,
-                "zero_groups_by_kind": dict(sorted(self.zero_by_kind.items())),
-                "findings": [{"rule": f.rule, "where": f.where, "message": f.message, "fix": f.fix}
-                             for f in self.findings]}
+        return {
+            "ok": self.ok,
+            "groups": self.groups,
+            "zero_groups": self.zero_groups,
+            "zero_groups_by_kind": dict(sorted(self.zero_by_kind.items())),
+            "findings": [{"rule": f.rule, "where": f.where, "message": f.message, "fix": f.fix} for f in self.findings],
+        }
 
 
 def vllm_layer(module: str) -> str:
@@ -115,17 +120,38 @@ def scheme_findings(a: ArtifactFacts) -> list[Finding]:
         first = f"{mods[0]}" + (f" and {len(mods) - 1} more" if len(mods) > 1 else "")
         bits = w.get("num_bits")
         if bits != 4 or w.get("type", "int") != "int":
-            out.append(finding(RULE, where, f"{bits}-bit {w.get('type', 'int')} weights ({first}): vLLM's Marlin "
-                                            "takes int8 activations only with 4-bit weights and stops at load "
-                                            "with any other Marlin layer", _FIX_SCHEME))
+            out.append(
+                finding(
+                    RULE,
+                    where,
+                    f"{bits}-bit {w.get('type', 'int')} weights ({first}): vLLM's Marlin "
+                    "takes int8 activations only with 4-bit weights and stops at load "
+                    "with any other Marlin layer",
+                    _FIX_SCHEME,
+                )
+            )
         if w.get("symmetric") is False:
-            out.append(finding(RULE, where, f"asymmetric weights (zero points; {first}): Marlin's int8 path takes "
-                                            "only symmetric uint4b8 weights and stops at load", _FIX_SCHEME))
+            out.append(
+                finding(
+                    RULE,
+                    where,
+                    f"asymmetric weights (zero points; {first}): Marlin's int8 path takes "
+                    "only symmetric uint4b8 weights and stops at load",
+                    _FIX_SCHEME,
+                )
+            )
         gs = w.get("group_size")
         if w.get("strategy") in ("channel", "tensor") or not isinstance(gs, int) or gs <= 0:
-            out.append(finding(RULE, where, f"strategy {w.get('strategy')!r}, group_size {gs} ({first}): int8 "
-                                            "activations need group-wise scales (a channelwise layer gets no "
-                                            "activation scale and fails at its first forward)", _FIX_SCHEME))
+            out.append(
+                finding(
+                    RULE,
+                    where,
+                    f"strategy {w.get('strategy')!r}, group_size {gs} ({first}): int8 "
+                    "activations need group-wise scales (a channelwise layer gets no "
+                    "activation scale and fails at its first forward)",
+                    _FIX_SCHEME,
+                )
+            )
     return out
 
 
@@ -134,16 +160,27 @@ def int8_findings(a: ArtifactFacts, stats: Mapping[str, LayerScales]) -> Int8Rep
     findings = scheme_findings(a)
     for s in stats.values():
         if s.negative:
-            findings.append(finding(RULE, f"{s.layer}.weight_scale",
-                                    f"{s.negative} of {s.groups} group scales are negative: with int8 activations "
-                                    "vLLM's Marlin re-quantizes them to wrong values and the output is corrupt "
-                                    "(vllm #48905)", "serve with --activations bf16, or re-quantize (GPTQ writes "
-                                    "non-negative scales)"))
+            findings.append(
+                finding(
+                    RULE,
+                    f"{s.layer}.weight_scale",
+                    f"{s.negative} of {s.groups} group scales are negative: with int8 activations "
+                    "vLLM's Marlin re-quantizes them to wrong values and the output is corrupt "
+                    "(vllm #48905)",
+                    "serve with --activations bf16, or re-quantize (GPTQ writes non-negative scales)",
+                )
+            )
         if s.per_row == 1:
-            findings.append(finding(RULE, f"{s.layer}.weight_scale",
-                                    "one scale group per row (the input is no wider than group_size): vLLM keeps "
-                                    "no activation scale for such a layer with int8 activations and fails at its "
-                                    "first forward", "serve with --activations bf16"))
+            findings.append(
+                finding(
+                    RULE,
+                    f"{s.layer}.weight_scale",
+                    "one scale group per row (the input is no wider than group_size): vLLM keeps "
+                    "no activation scale for such a layer with int8 activations and fails at its "
+                    "first forward",
+                    "serve with --activations bf16",
+                )
+            )
     zero: dict[str, int] = {}
     for s in stats.values():
         zero[s.kind] = zero.get(s.kind, 0) + s.zero
@@ -152,8 +189,13 @@ def int8_findings(a: ArtifactFacts, stats: Mapping[str, LayerScales]) -> Int8Rep
 
 def served_dtype(a: ArtifactFacts) -> str:
     """The dtype vLLM holds the scales in (the model's: `--dtype auto`)."""
-    d = a.text_config.get("torch_dtype") or a.text_config.get("dtype") or a.config.get("torch_dtype") \
-        or a.config.get("dtype") or "bfloat16"
+    d = (
+        a.text_config.get("torch_dtype")
+        or a.text_config.get("dtype")
+        or a.config.get("torch_dtype")
+        or a.config.get("dtype")
+        or "bfloat16"
+    )
     return "float16" if str(d) in ("float16", "half") else "bfloat16"
 
 
@@ -238,13 +280,15 @@ def int8_asked(flag: str | None, a: ArtifactFacts) -> bool:
     if flag is not None:
         return flag == "int8"
     profiles = a.serve.get("profiles") if isinstance(a.serve, dict) else None
-    return isinstance(profiles, dict) and any(isinstance(p, dict) and p.get("activations") == "int8"
-                                              for p in profiles.values())
+    return isinstance(profiles, dict) and any(
+        isinstance(p, dict) and p.get("activations") == "int8" for p in profiles.values()
+    )
 
 
 def int8_check(a: ArtifactFacts, report: CheckReport) -> Int8Check:
     """The check report with the int8 rule run (its findings appended) and the int8 report."""
     int8 = check_int8_activations(a) if not a.unreadable else Int8Report(())
-    merged = dataclasses.replace(report, rules_run=(*report.rules_run, RULE),
-                                 findings=(*report.findings, *int8.findings))
+    merged = dataclasses.replace(
+        report, rules_run=(*report.rules_run, RULE), findings=(*report.findings, *int8.findings)
+    )
     return Int8Check(merged, int8)

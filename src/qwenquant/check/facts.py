@@ -68,10 +68,14 @@ class CheckReport:
         return sorted({f.rule for f in self.findings})
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "artifact_dir": self.artifact_dir, "layout": self.layout,
-                "tensors_checked": self.tensors_checked, "rules_run": list(self.rules_run),
-                "findings": [{"rule": f.rule, "where": f.where, "message": f.message, "fix": f.fix}
-                             for f in self.findings]}
+        return {
+            "ok": self.ok,
+            "artifact_dir": self.artifact_dir,
+            "layout": self.layout,
+            "tensors_checked": self.tensors_checked,
+            "rules_run": list(self.rules_run),
+            "findings": [{"rule": f.rule, "where": f.where, "message": f.message, "fix": f.fix} for f in self.findings],
+        }
 
 
 @dataclass(frozen=True)
@@ -142,7 +146,7 @@ class ArtifactFacts:
     def vllm_name(self, name: str) -> str:
         """The text-only loader maps `model.language_model.` to `model.` for tensors, ignore and targets."""
         if self.layout == "text-only" and name.startswith("model.language_model."):
-            return "model." + name[len("model.language_model."):]
+            return "model." + name[len("model.language_model.") :]
         return name
 
     def resolve(self, module: str) -> str | None:
@@ -192,11 +196,15 @@ def read_artifact(artifact_dir: Path) -> ArtifactFacts:
     """Read config.json, the index and every shard header (no tensor data but weight_shape)."""
     root = Path(artifact_dir)
     if not root.is_dir():
-        raise CheckError(f"{root} is not a folder" if root.exists() else f"artifact folder not found: {root}",
-                    hint="pass the artifact folder (the one holding qwenquant-manifest.json)")
+        raise CheckError(
+            f"{root} is not a folder" if root.exists() else f"artifact folder not found: {root}",
+            hint="pass the artifact folder (the one holding qwenquant-manifest.json)",
+        )
     if not (root / "config.json").exists() and not any(root.glob("*.safetensors")):
-        raise UsageError(f"{root} holds no config.json and no safetensors file: it is not an artifact",
-                         hint="pass the artifact folder (the one holding qwenquant-manifest.json)")
+        raise UsageError(
+            f"{root} holds no config.json and no safetensors file: it is not an artifact",
+            hint="pass the artifact folder (the one holding qwenquant-manifest.json)",
+        )
     io: list[Finding] = []
     try:
         config = json.loads((root / "config.json").read_bytes())
@@ -213,23 +221,33 @@ def read_artifact(artifact_dir: Path) -> ArtifactFacts:
         try:
             headers[p.name] = read_header(p)
         except SafetensorsError as e:
-            io += [finding("safetensors-header", p.name, prob, "the shard is corrupt or truncated: rebuild or re-copy it")
-                   for prob in e.problems]
+            io += [
+                finding("safetensors-header", p.name, prob, "the shard is corrupt or truncated: rebuild or re-copy it")
+                for prob in e.problems
+            ]
     index_path = root / INDEX_NAME
     weight_map: dict[str, str] | None = None
     if index_path.exists():
         try:
             index = load_index_json(index_path.read_bytes())
             files = {p.name for p in root.iterdir()}
-            io += [finding("index", INDEX_NAME, prob, "rewrite the index from the shards' headers")
-                   for prob in check_index(index, headers, files)]
+            io += [
+                finding("index", INDEX_NAME, prob, "rewrite the index from the shards' headers")
+                for prob in check_index(index, headers, files)
+            ]
             wm = index.get("weight_map")
             weight_map = wm if isinstance(wm, dict) else None
         except SafetensorsError as e:
             io += [finding("index", INDEX_NAME, prob, "rewrite the index") for prob in e.problems]
     elif len(headers) > 1:
-        io.append(finding("index", INDEX_NAME, f"missing while there are {len(headers)} shards",
-                     "write model.safetensors.index.json"))
+        io.append(
+            finding(
+                "index",
+                INDEX_NAME,
+                f"missing while there are {len(headers)} shards",
+                "write model.safetensors.index.json",
+            )
+        )
     elif not headers and not any(f.rule == "safetensors-header" for f in io):
         io.append(finding("index", "*.safetensors", "no safetensors files", "point at a quantized artifact folder"))
     tensors: dict[str, TensorRef] = {}
@@ -244,8 +262,9 @@ def read_artifact(artifact_dir: Path) -> ArtifactFacts:
                 if vals is not None:
                     shapes[name.removesuffix(".weight_shape")] = vals
     log.debug("read %d tensors from %d shards", len(tensors), len(headers))
-    return ArtifactFacts(config, tensors, shapes, tuple(io), unreadable=not config or not tensors,
-                         serve=_manifest_serve(root))
+    return ArtifactFacts(
+        config, tensors, shapes, tuple(io), unreadable=not config or not tensors, serve=_manifest_serve(root)
+    )
 
 
 def _manifest_serve(root: Path) -> dict[str, Any]:

@@ -9,9 +9,12 @@ from qwenquant.checkpoint.names import is_mtp
 from qwenquant.recipe.mtpfc import mtp_fc_grouping_fix, mtp_fc_grouping_problem
 
 MTP_TOP = ("fc.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "norm.weight")
-MTP_LAYER = ("input_layernorm.weight", "post_attention_layernorm.weight",
-             *(f"self_attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")),
-             *(f"mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")))
+MTP_LAYER = (
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    *(f"self_attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")),
+    *(f"mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")),
+)
 
 
 def _mtp_layers(a: ArtifactFacts) -> int:
@@ -29,31 +32,62 @@ def rule_mtp(a: ArtifactFacts) -> list[Finding]:
     out = []
     for name in want:
         if name not in a.tensors and not linears.get(name.removesuffix(".weight")):
-            out.append(finding("mtp", name, f"missing ({len(want)} mtp.* tensors expected for "
-                          f"mtp_num_hidden_layers={max(n, 1)})",
-                          "copy mtp.* byte-identical from the source checkpoint (the mtp stage)"))
+            out.append(
+                finding(
+                    "mtp",
+                    name,
+                    f"missing ({len(want)} mtp.* tensors expected for mtp_num_hidden_layers={max(n, 1)})",
+                    "copy mtp.* byte-identical from the source checkpoint (the mtp stage)",
+                )
+            )
     shapes = mtp_shapes(a.config)
     for name in mtp_names:
         t = a.tensors[name]
         if name.endswith(".weight") and t.dtype not in FLOAT_DTYPES:
             out.append(finding("mtp", name, f"dtype {t.dtype}; the MTP head must stay bf16", "copy it from the source"))
         elif name in shapes and tuple(t.shape) != shapes[name]:
-            out.append(finding("mtp", name, f"shape {list(t.shape)}, but config.json implies {list(shapes[name])}: "
-                          "the head is not this model's", "graft the MTP head of this artifact's source "
-                          "(`qwenquant graft-mtp ARTIFACT --source SOURCE`)"))
+            out.append(
+                finding(
+                    "mtp",
+                    name,
+                    f"shape {list(t.shape)}, but config.json implies {list(shapes[name])}: "
+                    "the head is not this model's",
+                    "graft the MTP head of this artifact's source (`qwenquant graft-mtp ARTIFACT --source SOURCE`)",
+                )
+            )
     if any(linears.values()) and not all(linears.values()):
-        out.append(finding("mtp", "mtp.*", f"{sum(linears.values())} of {len(linears)} MTP Linears are int4 packed: "
-                      "the drafter needs all of them packed (mtp.quantize: gptq) or none", "rebuild with one precision"))
+        out.append(
+            finding(
+                "mtp",
+                "mtp.*",
+                f"{sum(linears.values())} of {len(linears)} MTP Linears are int4 packed: "
+                "the drafter needs all of them packed (mtp.quantize: gptq) or none",
+                "rebuild with one precision",
+            )
+        )
     out += _mtp_fc_grouping(a, linears)
     for mod, packed in sorted(linears.items()):
         group = a.resolve(mod)
         if packed and group in (IGNORED, None):
-            out.append(finding("mtp", mod, "stored int4 packed but no config group applies to it: vLLM would build "
-                          "it unquantized and refuse the packed tensors (vLLM #53387)",
-                          "remove 're:^mtp.*' from quantization_config.ignore (the mtp stage does for mtp.quantize: gptq)"))
+            out.append(
+                finding(
+                    "mtp",
+                    mod,
+                    "stored int4 packed but no config group applies to it: vLLM would build "
+                    "it unquantized and refuse the packed tensors (vLLM #53387)",
+                    "remove 're:^mtp.*' from quantization_config.ignore (the mtp stage does for mtp.quantize: gptq)",
+                )
+            )
         elif not packed and group not in (IGNORED, None):
-            out.append(finding("mtp", mod, "not covered by quantization_config.ignore: vLLM would build it quantized "
-                          "and crash loading the bf16 weight (vLLM #53387)", "add 're:^mtp.*' to ignore"))
+            out.append(
+                finding(
+                    "mtp",
+                    mod,
+                    "not covered by quantization_config.ignore: vLLM would build it quantized "
+                    "and crash loading the bf16 weight (vLLM #53387)",
+                    "add 're:^mtp.*' to ignore",
+                )
+            )
     return out
 
 
@@ -68,5 +102,11 @@ def _mtp_fc_grouping(a: ArtifactFacts, linears: dict[str, bool]) -> list[Finding
     problem = mtp_fc_grouping_problem(w.get("strategy"), w.get("group_size"), hidden)
     if problem is None:
         return []
-    return [finding("mtp", "mtp.fc", f"quantization_config.config_groups.{group}.weights: {problem}",
-                    f"rebuild: {mtp_fc_grouping_fix(hidden)}")]
+    return [
+        finding(
+            "mtp",
+            "mtp.fc",
+            f"quantization_config.config_groups.{group}.weights: {problem}",
+            f"rebuild: {mtp_fc_grouping_fix(hidden)}",
+        )
+    ]

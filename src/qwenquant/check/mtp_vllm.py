@@ -15,9 +15,11 @@ from typing import Any
 
 from qwenquant.recipe.rules import QUANTIZED_MTP_VLLM, quantized_mtp_range_problem
 
-HINT = ("serve an int4-MTP artifact with vLLM 0.26-0.34 (its MTP loader builds the quantized drafter), or use the "
-        "bf16-MTP recipe (w4a16-int4head); vLLM #53387: the drafter crashes when its scheme and the MTP tensors "
-        "disagree")
+HINT = (
+    "serve an int4-MTP artifact with vLLM 0.26-0.34 (its MTP loader builds the quantized drafter), or use the "
+    "bf16-MTP recipe (w4a16-int4head); vLLM #53387: the drafter crashes when its scheme and the MTP tensors "
+    "disagree"
+)
 
 
 def quantized_mtp_vllm_problem(version: str, build: str = "cuda") -> str | None:
@@ -34,8 +36,10 @@ def quantized_mtp_vllm_problem(version: str, build: str = "cuda") -> str | None:
     match = row_for(version, build)
     if match.row.quantized_mtp and not match.older_than_table:
         return None
-    return (f"vLLM {version} is not known to load a quantized MTP head for Qwen3.5 (checked: {QUANTIZED_MTP_VLLM}); "
-            "its drafter may build mtp.fc unquantized and refuse the packed tensors")
+    return (
+        f"vLLM {version} is not known to load a quantized MTP head for Qwen3.5 (checked: {QUANTIZED_MTP_VLLM}); "
+        "its drafter may build mtp.fc unquantized and refuse the packed tensors"
+    )
 
 
 def mtp_vllm_problems(recipe: Any) -> list[str]:

@@ -30,8 +30,21 @@ FUSED_PARTS: dict[str, tuple[str, ...]] = {
 }
 PART_OF = {part: fused for fused, parts in FUSED_PARTS.items() for part in parts}
 
-RULES = ("quant-config", "safetensors-header", "index", "layout", "packed-format", "kernel-shape",
-         "fused-scheme", "scheme-storage", "lm-head", "mtp", "no-mrope", "vision", "speculative")
+RULES = (
+    "quant-config",
+    "safetensors-header",
+    "index",
+    "layout",
+    "packed-format",
+    "kernel-shape",
+    "fused-scheme",
+    "scheme-storage",
+    "lm-head",
+    "mtp",
+    "no-mrope",
+    "vision",
+    "speculative",
+)
 
 
 def _as_list(v: Any) -> list[Any]:
@@ -50,12 +63,24 @@ def rule_quant_config(a: ArtifactFacts) -> list[Finding]:
     qc = a.config.get("quantization_config")
     where = "config.json:quantization_config"
     if not isinstance(qc, dict):
-        return [finding("quant-config", where, "missing: vLLM would load every weight as bf16 and find packed tensors",
-                   "re-run the quantize stage; it writes quantization_config")]
+        return [
+            finding(
+                "quant-config",
+                where,
+                "missing: vLLM would load every weight as bf16 and find packed tensors",
+                "re-run the quantize stage; it writes quantization_config",
+            )
+        ]
     out = []
     if qc.get("quant_method") != "compressed-tensors":
-        out.append(finding("quant-config", f"{where}.quant_method", f"is {qc.get('quant_method')!r}, not 'compressed-tensors'",
-                      "set quant_method to compressed-tensors"))
+        out.append(
+            finding(
+                "quant-config",
+                f"{where}.quant_method",
+                f"is {qc.get('quant_method')!r}, not 'compressed-tensors'",
+                "set quant_method to compressed-tensors",
+            )
+        )
     if not a.groups:
         out.append(finding("quant-config", f"{where}.config_groups", "no config groups", "re-run the quantize stage"))
     ig = qc.get("ignore", [])
@@ -65,8 +90,14 @@ def rule_quant_config(a: ArtifactFacts) -> list[Finding]:
         gw = f"{where}.config_groups.{gname}"
         fmt = g.get("format") or qc.get("format")
         if fmt != "pack-quantized":
-            out.append(finding("quant-config", gw, f"format is {fmt!r}, not 'pack-quantized'",
-                          "save with llm-compressor's pack-quantized compressor"))
+            out.append(
+                finding(
+                    "quant-config",
+                    gw,
+                    f"format is {fmt!r}, not 'pack-quantized'",
+                    "save with llm-compressor's pack-quantized compressor",
+                )
+            )
         if not isinstance(g.get("targets"), list) or not g["targets"]:
             out.append(finding("quant-config", f"{gw}.targets", "missing or empty", "list the Linear targets"))
         w = g.get("weights")
@@ -76,15 +107,33 @@ def rule_quant_config(a: ArtifactFacts) -> list[Finding]:
         want = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group"}
         for k, v in want.items():
             if w.get(k) != v:
-                out.append(finding("quant-config", f"{gw}.weights.{k}", f"is {w.get(k)!r}; W4A16 needs {v!r}",
-                              "quantize with the shipped W4A16 recipe"))
+                out.append(
+                    finding(
+                        "quant-config",
+                        f"{gw}.weights.{k}",
+                        f"is {w.get(k)!r}; W4A16 needs {v!r}",
+                        "quantize with the shipped W4A16 recipe",
+                    )
+                )
         gs = w.get("group_size")
         if not isinstance(gs, int) or gs <= 0 or gs % 32:
-            out.append(finding("quant-config", f"{gw}.weights.group_size", f"is {gs!r}; needs a positive multiple of 32",
-                          "use group_size 128"))
+            out.append(
+                finding(
+                    "quant-config",
+                    f"{gw}.weights.group_size",
+                    f"is {gs!r}; needs a positive multiple of 32",
+                    "use group_size 128",
+                )
+            )
         if g.get("input_activations") is not None:
-            out.append(finding("quant-config", f"{gw}.input_activations", "is set; W4A16 keeps activations in bf16",
-                          "set it to null"))
+            out.append(
+                finding(
+                    "quant-config",
+                    f"{gw}.input_activations",
+                    "is set; W4A16 keeps activations in bf16",
+                    "set it to null",
+                )
+            )
     return out
 
 
@@ -101,9 +150,15 @@ def _text_prefix(name: str) -> str | None:
 def rule_layout(a: ArtifactFacts) -> list[Finding]:
     out = []
     if a.layout is None:
-        out.append(finding("layout", "config.json:architectures", f"{a.config.get('architectures')!r} is neither "
-                      f"{TEXT_ONLY_ARCH} (text-only) nor {MULTIMODAL_ARCH} (multimodal)",
-                      "rewrite config.json with the text-only or multimodal stage"))
+        out.append(
+            finding(
+                "layout",
+                "config.json:architectures",
+                f"{a.config.get('architectures')!r} is neither "
+                f"{TEXT_ONLY_ARCH} (text-only) nor {MULTIMODAL_ARCH} (multimodal)",
+                "rewrite config.json with the text-only or multimodal stage",
+            )
+        )
     prefixes: dict[str, str] = {}
     for name in sorted(a.tensors):
         p = _text_prefix(name)
@@ -111,23 +166,42 @@ def rule_layout(a: ArtifactFacts) -> list[Finding]:
             prefixes.setdefault(p, name)
     if len(prefixes) > 1:
         ex = ", ".join(f"{v} ({k}*)" for k, v in sorted(prefixes.items()))
-        out.append(finding("layout", ex, "text tensors use more than one name prefix; vLLM maps only one",
-                      "rename every text tensor to model.language_model.* (or every one to model.*)"))
+        out.append(
+            finding(
+                "layout",
+                ex,
+                "text tensors use more than one name prefix; vLLM maps only one",
+                "rename every text tensor to model.language_model.* (or every one to model.*)",
+            )
+        )
     elif prefixes and next(iter(prefixes)) not in ("model.language_model.", "model."):
         name = next(iter(prefixes.values()))
-        out.append(finding("layout", name, "text tensors are neither model.language_model.* nor model.*",
-                      "keep the Hugging Face tensor names"))
+        out.append(
+            finding(
+                "layout",
+                name,
+                "text tensors are neither model.language_model.* nor model.*",
+                "keep the Hugging Face tensor names",
+            )
+        )
     elif a.layout == "multimodal" and "model." in prefixes:
-        out.append(finding("layout", prefixes["model."], "multimodal layout with text tensors named model.* "
-                      "(Qwen3_5ForConditionalGeneration expects model.language_model.*)",
-                      "keep the Hugging Face names model.language_model.*"))
+        out.append(
+            finding(
+                "layout",
+                prefixes["model."],
+                "multimodal layout with text tensors named model.* "
+                "(Qwen3_5ForConditionalGeneration expects model.language_model.*)",
+                "keep the Hugging Face names model.language_model.*",
+            )
+        )
     return out
 
 
 def rule_packed_format(a: ArtifactFacts) -> list[Finding]:
     out = []
-    symmetric = all((g.get("weights") or {}).get("symmetric", True) for g in a.groups.values()
-                    if isinstance(g.get("weights"), dict))
+    symmetric = all(
+        (g.get("weights") or {}).get("symmetric", True) for g in a.groups.values() if isinstance(g.get("weights"), dict)
+    )
     for mod, parts in sorted(a.modules().items()):
         if not any(s in parts for s in PACKED_SUFFIXES):
             continue
@@ -144,7 +218,9 @@ def rule_packed_format(a: ArtifactFacts) -> list[Finding]:
             out.append(finding("packed-format", p.name, f"is {p.dtype} {list(p.shape)}; needs int32 [out, in/8]", fix))
             continue
         if sc is not None and (sc.dtype not in FLOAT_DTYPES or len(sc.shape) != 2):
-            out.append(finding("packed-format", sc.name, f"is {sc.dtype} {list(sc.shape)}; needs bf16 [out, in/group]", fix))
+            out.append(
+                finding("packed-format", sc.name, f"is {sc.dtype} {list(sc.shape)}; needs bf16 [out, in/group]", fix)
+            )
             continue
         if sh is not None and (sh.dtype not in ("I32", "I64") or sh.shape != (2,)):
             out.append(finding("packed-format", sh.name, f"is {sh.dtype} {list(sh.shape)}; needs int32 [2]", fix))
@@ -154,14 +230,26 @@ def rule_packed_format(a: ArtifactFacts) -> list[Finding]:
         out_f, in_f = p.shape[0], p.shape[1] * 8
         vals = a.weight_shapes.get(mod)
         if vals is not None and tuple(vals) != (out_f, in_f):
-            out.append(finding("packed-format", sh.name if sh else mod, f"says {list(vals)} but weight_packed "
-                          f"{list(p.shape)} holds [{out_f}, {in_f}]", fix))
+            out.append(
+                finding(
+                    "packed-format",
+                    sh.name if sh else mod,
+                    f"says {list(vals)} but weight_packed {list(p.shape)} holds [{out_f}, {in_f}]",
+                    fix,
+                )
+            )
         gs = a.group_size(mod)
         if sc.shape[0] != out_f:
             out.append(finding("packed-format", sc.name, f"has {sc.shape[0]} rows, weight_packed has {out_f}", fix))
         elif gs and in_f % gs == 0 and sc.shape[1] != in_f // gs:
-            out.append(finding("packed-format", sc.name, f"has {sc.shape[1]} groups per row; in_features {in_f} / "
-                          f"group_size {gs} = {in_f // gs}", fix))
+            out.append(
+                finding(
+                    "packed-format",
+                    sc.name,
+                    f"has {sc.shape[1]} groups per row; in_features {in_f} / group_size {gs} = {in_f // gs}",
+                    fix,
+                )
+            )
     return out
 
 
@@ -183,16 +271,34 @@ def rule_kernel_shape(a: ArtifactFacts) -> list[Finding]:
             continue
         out_f, in_f = p.shape[0], p.shape[1] * 8  # a disagreeing weight_shape is packed-format's finding
         gs = a.group_size(mod)
-        fix = (f"keep {mod.rpartition('.')[2]} in bf16 (add it to the recipe's quantization.ignore together with "
-               "its fused partners)")
+        fix = (
+            f"keep {mod.rpartition('.')[2]} in bf16 (add it to the recipe's quantization.ignore together with "
+            "its fused partners)"
+        )
         if out_f % rows_by or in_f % 32:
-            out.append(finding("kernel-shape", p.name, f"[{out_f} out, {in_f} in] does not fit the int4 kernels: "
-                          "vLLM's CPU kernel needs in/out multiples of 32"
-                          + (", Marlin tiles out by 64" if rows_by == 64 else
-                             " (Marlin pads rows to its tile from vLLM 0.26, vllm #45295)"), fix))
+            out.append(
+                finding(
+                    "kernel-shape",
+                    p.name,
+                    f"[{out_f} out, {in_f} in] does not fit the int4 kernels: "
+                    "vLLM's CPU kernel needs in/out multiples of 32"
+                    + (
+                        ", Marlin tiles out by 64"
+                        if rows_by == 64
+                        else " (Marlin pads rows to its tile from vLLM 0.26, vllm #45295)"
+                    ),
+                    fix,
+                )
+            )
         if gs and in_f % gs:
-            out.append(finding("kernel-shape", p.name, f"in_features {in_f} is not a multiple of group_size {gs}",
-                          f"{fix}, or use a group_size dividing {in_f}"))
+            out.append(
+                finding(
+                    "kernel-shape",
+                    p.name,
+                    f"in_features {in_f} is not a multiple of group_size {gs}",
+                    f"{fix}, or use a group_size dividing {in_f}",
+                )
+            )
     return out
 
 
@@ -214,20 +320,38 @@ def rule_fused_scheme(a: ArtifactFacts) -> list[Finding]:
         parts = FUSED_PARTS[fname]
         missing = [p for p in parts if f"{parent}.{p}" not in lin]
         if missing:
-            out.append(finding("fused-scheme", where, f"fused layer lacks {', '.join(missing)}",
-                          "the checkpoint is incomplete: rebuild it"))
+            out.append(
+                finding(
+                    "fused-scheme",
+                    where,
+                    f"fused layer lacks {', '.join(missing)}",
+                    "the checkpoint is incomplete: rebuild it",
+                )
+            )
         stored = {m: ("int4 packed" if lin[m] else "bf16") for m in sorted(mods)}
         if len(set(stored.values())) > 1:
             desc = ", ".join(f"{m.rpartition('.')[2]}={s}" for m, s in stored.items())
-            out.append(finding("fused-scheme", where, f"parts stored with different schemes ({desc}); vLLM fuses "
-                          f"them into {fname} and refuses mixed schemes",
-                          f"quantize all of {', '.join(parts)} or none (quantization.ignore)"))
+            out.append(
+                finding(
+                    "fused-scheme",
+                    where,
+                    f"parts stored with different schemes ({desc}); vLLM fuses "
+                    f"them into {fname} and refuses mixed schemes",
+                    f"quantize all of {', '.join(parts)} or none (quantization.ignore)",
+                )
+            )
         schemes = {m: _scheme_label(a, m) for m in sorted(mods)}
         if len(set(schemes.values())) > 1:
             desc = ", ".join(f"{m.rpartition('.')[2]}: {s}" for m, s in schemes.items())
-            out.append(finding("fused-scheme", where, f"quantization_config gives the parts different schemes ({desc}); "
-                          "vLLM: 'Found a different quantization schemes'",
-                          f"make the ignore list and config group targets treat {', '.join(parts)} alike"))
+            out.append(
+                finding(
+                    "fused-scheme",
+                    where,
+                    f"quantization_config gives the parts different schemes ({desc}); "
+                    "vLLM: 'Found a different quantization schemes'",
+                    f"make the ignore list and config group targets treat {', '.join(parts)} alike",
+                )
+            )
     return out
 
 
@@ -240,38 +364,80 @@ def rule_scheme_storage(a: ArtifactFacts) -> list[Finding]:
         r = a.resolve(mod)
         expect = r not in (None, IGNORED)
         if expect and not packed:
-            out.append(finding("scheme-storage", f"{mod}.weight", f"stored bf16 but config group {r} targets it, so vLLM "
-                          "expects weight_packed", f"add {mod.rpartition('.')[2]} to quantization_config.ignore, or "
-                          "quantize it"))
+            out.append(
+                finding(
+                    "scheme-storage",
+                    f"{mod}.weight",
+                    f"stored bf16 but config group {r} targets it, so vLLM expects weight_packed",
+                    f"add {mod.rpartition('.')[2]} to quantization_config.ignore, or quantize it",
+                )
+            )
         elif packed and not expect:
             why = "it is in quantization_config.ignore" if r == IGNORED else "no config group targets it"
-            out.append(finding("scheme-storage", f"{mod}.weight_packed", f"stored int4 but {why}, so vLLM expects a bf16 "
-                          "weight", "fix quantization_config (ignore/targets) to match the stored tensors"))
+            out.append(
+                finding(
+                    "scheme-storage",
+                    f"{mod}.weight_packed",
+                    f"stored int4 but {why}, so vLLM expects a bf16 weight",
+                    "fix quantization_config (ignore/targets) to match the stored tensors",
+                )
+            )
     return out
 
 
 def rule_lm_head(a: ArtifactFacts) -> list[Finding]:
     heads = [m for m in a.modules() if _is_head(m)]
     if not heads:
-        return [finding("lm-head", "lm_head", "no lm_head tensors (tied embeddings cannot carry an int4 head)",
-                   "keep an untied lm_head and run the lm_head stage")]
+        return [
+            finding(
+                "lm-head",
+                "lm_head",
+                "no lm_head tensors (tied embeddings cannot carry an int4 head)",
+                "keep an untied lm_head and run the lm_head stage",
+            )
+        ]
     out = []
-    good = [g for g, grp in sorted(a.groups.items()) if any(
-        isinstance(t, str) and t.startswith("re:") and target_matches(t, "lm_head")
-        and target_matches(t, "language_model.lm_head") for t in _as_list(grp.get("targets")))]
+    good = [
+        g
+        for g, grp in sorted(a.groups.items())
+        if any(
+            isinstance(t, str)
+            and t.startswith("re:")
+            and target_matches(t, "lm_head")
+            and target_matches(t, "language_model.lm_head")
+            for t in _as_list(grp.get("targets"))
+        )
+    ]
     if not good:
-        out.append(finding("lm-head", "config.json:quantization_config.config_groups",
-                      "no config group targets the head with a pattern vLLM applies in both layouts "
-                      "(the 'Linear' target and a bare 'lm_head' are not)",
-                      f"add a config group whose targets include {LM_HEAD_TARGET!r}"))
+        out.append(
+            finding(
+                "lm-head",
+                "config.json:quantization_config.config_groups",
+                "no config group targets the head with a pattern vLLM applies in both layouts "
+                "(the 'Linear' target and a bare 'lm_head' are not)",
+                f"add a config group whose targets include {LM_HEAD_TARGET!r}",
+            )
+        )
     for head in heads:
         if targets_cover(a.ignore, head):
-            out.append(finding("lm-head", head, "is listed in quantization_config.ignore, so vLLM loads it unquantized",
-                          "remove the lm_head entry from ignore (the lm_head stage must drop it)"))
+            out.append(
+                finding(
+                    "lm-head",
+                    head,
+                    "is listed in quantization_config.ignore, so vLLM loads it unquantized",
+                    "remove the lm_head entry from ignore (the lm_head stage must drop it)",
+                )
+            )
         parts = a.modules()[head]
         if "weight_packed" not in parts:
-            out.append(finding("lm-head", f"{head}.weight", "is stored bf16, not int4 packed",
-                          "run the lm_head stage (recipe lm_head.enabled: true)"))
+            out.append(
+                finding(
+                    "lm-head",
+                    f"{head}.weight",
+                    "is stored bf16, not int4 packed",
+                    "run the lm_head stage (recipe lm_head.enabled: true)",
+                )
+            )
     return out
 
 
@@ -292,11 +458,17 @@ def rule_no_mrope(a: ArtifactFacts) -> list[Finding]:
         return []
     paths = _find_keys(a.config, ("mrope_section", "mrope_interleaved"), "")
     paths += [p for p in _find_keys(a.config, ("rope_type",), "") if _get_path(a.config, p) == "mrope"]
-    return [finding("no-mrope", f"config.json:{p}", "mrope in a text-only (Qwen3_5ForCausalLM) config: vLLM strips it "
-               "from the target but not from the MTP draft, which then crashes the worker",
-               "write plain rope parameters in the text-only stage (drop mrope_section/mrope_interleaved, "
-               "rope_type default)")
-            for p in sorted(paths)]
+    return [
+        finding(
+            "no-mrope",
+            f"config.json:{p}",
+            "mrope in a text-only (Qwen3_5ForCausalLM) config: vLLM strips it "
+            "from the target but not from the MTP draft, which then crashes the worker",
+            "write plain rope parameters in the text-only stage (drop mrope_section/mrope_interleaved, "
+            "rope_type default)",
+        )
+        for p in sorted(paths)
+    ]
 
 
 def _get_path(d: Any, path: str) -> Any:
@@ -310,28 +482,64 @@ def rule_vision(a: ArtifactFacts) -> list[Finding]:
     out = []
     if a.layout == "text-only":
         if "vision_config" in a.config:
-            out.append(finding("vision", "config.json:vision_config", "present in a text-only config",
-                          "drop vision_config in the text-only stage"))
+            out.append(
+                finding(
+                    "vision",
+                    "config.json:vision_config",
+                    "present in a text-only config",
+                    "drop vision_config in the text-only stage",
+                )
+            )
         if visual:
-            out.append(finding("vision", visual[0], f"{len(visual)} vision tensors left in a text-only artifact "
-                          "(Qwen3_5ForCausalLM has no vision tower to load them into)",
-                          "drop model.visual.* in the text-only stage"))
+            out.append(
+                finding(
+                    "vision",
+                    visual[0],
+                    f"{len(visual)} vision tensors left in a text-only artifact "
+                    "(Qwen3_5ForCausalLM has no vision tower to load them into)",
+                    "drop model.visual.* in the text-only stage",
+                )
+            )
     elif a.layout == "multimodal":
         if not isinstance(a.config.get("vision_config"), dict):
-            out.append(finding("vision", "config.json:vision_config", "missing in a multimodal config",
-                          "keep the source vision_config"))
+            out.append(
+                finding(
+                    "vision",
+                    "config.json:vision_config",
+                    "missing in a multimodal config",
+                    "keep the source vision_config",
+                )
+            )
         if not visual:
-            out.append(finding("vision", "model.visual.*", "no vision tensors in a multimodal artifact",
-                          "copy model.visual.* from the source, or use the text-only layout"))
+            out.append(
+                finding(
+                    "vision",
+                    "model.visual.*",
+                    "no vision tensors in a multimodal artifact",
+                    "copy model.visual.* from the source, or use the text-only layout",
+                )
+            )
         for mod, packed in sorted(a.linears().items()):
             if not _is_visual(mod):
                 continue
             if packed:
-                out.append(finding("vision", f"{mod}.weight_packed", "vision Linear stored int4; the vision tower stays bf16",
-                              "add 're:.*visual.*' to the recipe's quantization.ignore"))
+                out.append(
+                    finding(
+                        "vision",
+                        f"{mod}.weight_packed",
+                        "vision Linear stored int4; the vision tower stays bf16",
+                        "add 're:.*visual.*' to the recipe's quantization.ignore",
+                    )
+                )
             elif a.resolve(mod) not in (None, IGNORED):
-                out.append(finding("vision", mod, f"bf16 but config group {a.resolve(mod)} targets it, so vLLM expects "
-                              "weight_packed", "add 're:.*visual.*' to quantization_config.ignore"))
+                out.append(
+                    finding(
+                        "vision",
+                        mod,
+                        f"bf16 but config group {a.resolve(mod)} targets it, so vLLM expects weight_packed",
+                        "add 're:.*visual.*' to quantization_config.ignore",
+                    )
+                )
     return out
 
 
@@ -341,15 +549,28 @@ def rule_speculative(a: ArtifactFacts) -> list[Finding]:
     for name, n in sorted(profile_spec_tokens(a.serve).items()):
         problem = spec_tokens_problem(n)
         if problem:
-            out.append(finding("speculative", f"qwenquant-manifest.json:recipe.serve.profiles.{name}.speculative",
-                               problem, spec_tokens_fix()))
+            out.append(
+                finding(
+                    "speculative",
+                    f"qwenquant-manifest.json:recipe.serve.profiles.{name}.speculative",
+                    problem,
+                    spec_tokens_fix(),
+                )
+            )
     return out
 
 
 RULE_FUNCS: dict[str, Callable[[ArtifactFacts], list[Finding]]] = {
-    "quant-config": rule_quant_config, "layout": rule_layout, "packed-format": rule_packed_format,
-    "kernel-shape": rule_kernel_shape, "fused-scheme": rule_fused_scheme, "scheme-storage": rule_scheme_storage,
-    "lm-head": rule_lm_head, "mtp": rule_mtp, "no-mrope": rule_no_mrope, "vision": rule_vision,
+    "quant-config": rule_quant_config,
+    "layout": rule_layout,
+    "packed-format": rule_packed_format,
+    "kernel-shape": rule_kernel_shape,
+    "fused-scheme": rule_fused_scheme,
+    "scheme-storage": rule_scheme_storage,
+    "lm-head": rule_lm_head,
+    "mtp": rule_mtp,
+    "no-mrope": rule_no_mrope,
+    "vision": rule_vision,
     "speculative": rule_speculative,
 }
 

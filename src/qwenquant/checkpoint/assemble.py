@@ -96,8 +96,9 @@ def carry_files(prev_dir: Path, out_dir: Path, *, drop: Iterable[str] = ()) -> l
     return carried
 
 
-def derive_checkpoint(prev_dir: Path, out_dir: Path, plan: ShardPlan, config: dict[str, Any],
-                      *, drop_files: Iterable[str] = ()) -> None:
+def derive_checkpoint(
+    prev_dir: Path, out_dir: Path, plan: ShardPlan, config: dict[str, Any], *, drop_files: Iterable[str] = ()
+) -> None:
     """`out_dir` := `prev_dir` with the tensors of `plan`, this config, side files minus `drop_files`."""
     write_plan(prev_dir, out_dir, plan)
     carry_files(prev_dir, out_dir, drop=drop_files)
@@ -111,8 +112,15 @@ def torch_raw(name: str, t: Any, *, copy: bool = True) -> RawTensor:
     tensor); the tensor must not change until it is written."""
     import torch
 
-    names = {torch.int32: "I32", torch.int64: "I64", torch.bfloat16: "BF16", torch.float16: "F16",
-             torch.float32: "F32", torch.int8: "I8", torch.uint8: "U8"}
+    names = {
+        torch.int32: "I32",
+        torch.int64: "I64",
+        torch.bfloat16: "BF16",
+        torch.float16: "F16",
+        torch.float32: "F32",
+        torch.int8: "I8",
+        torch.uint8: "U8",
+    }
     t = t.detach().contiguous().cpu()
     if not t.numel():
         data: bytes | memoryview = b""

@@ -21,8 +21,9 @@ def read_config(folder: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise UsageError(f"{folder} has no {CONFIG_NAME}", hint="pass a checkpoint or artifact folder") from None
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise UsageError(f"{path} is not readable JSON ({e})".splitlines()[0],
-                         hint="re-fetch or rebuild the folder") from None
+        raise UsageError(
+            f"{path} is not readable JSON ({e})".splitlines()[0], hint="re-fetch or rebuild the folder"
+        ) from None
     if not isinstance(config, dict):
         raise UsageError(f"{path} is not a JSON object", hint="re-fetch or rebuild the folder")
     return config
@@ -54,16 +55,31 @@ def mtp_shapes(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return {}
     q_rows = heads * hd * (2 if tc.get("attn_output_gate", True) else 1)
-    out: dict[str, tuple[int, ...]] = {} if layers <= 0 else {
-        "mtp.fc.weight": (hidden, 2 * hidden), "mtp.pre_fc_norm_embedding.weight": (hidden,),
-        "mtp.pre_fc_norm_hidden.weight": (hidden,), "mtp.norm.weight": (hidden,)}
+    out: dict[str, tuple[int, ...]] = (
+        {}
+        if layers <= 0
+        else {
+            "mtp.fc.weight": (hidden, 2 * hidden),
+            "mtp.pre_fc_norm_embedding.weight": (hidden,),
+            "mtp.pre_fc_norm_hidden.weight": (hidden,),
+            "mtp.norm.weight": (hidden,),
+        }
+    )
     for i in range(max(layers, 0)):
         p = f"mtp.layers.{i}."
-        out.update({
-            p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
-            p + "self_attn.q_proj.weight": (q_rows, hidden), p + "self_attn.k_proj.weight": (kv * hd, hidden),
-            p + "self_attn.v_proj.weight": (kv * hd, hidden), p + "self_attn.o_proj.weight": (hidden, heads * hd),
-            p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
-            p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
-            p + "mlp.down_proj.weight": (hidden, inter)})
+        out.update(
+            {
+                p + "input_layernorm.weight": (hidden,),
+                p + "post_attention_layernorm.weight": (hidden,),
+                p + "self_attn.q_proj.weight": (q_rows, hidden),
+                p + "self_attn.k_proj.weight": (kv * hd, hidden),
+                p + "self_attn.v_proj.weight": (kv * hd, hidden),
+                p + "self_attn.o_proj.weight": (hidden, heads * hd),
+                p + "self_attn.q_norm.weight": (hd,),
+                p + "self_attn.k_norm.weight": (hd,),
+                p + "mlp.gate_proj.weight": (inter, hidden),
+                p + "mlp.up_proj.weight": (inter, hidden),
+                p + "mlp.down_proj.weight": (hidden, inter),
+            }
+        )
     return out

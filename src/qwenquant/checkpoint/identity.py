@@ -56,8 +56,10 @@ def compare_tensors(
             accounted.add(a_name)
             got = artifact[a_name]
             if got.dtype != src.dtype or got.shape != src.shape:
-                problems.append(f"{a_name}: {got.dtype}{list(got.shape)} in the artifact, "
-                                f"{src.dtype}{list(src.shape)} in the source")
+                problems.append(
+                    f"{a_name}: {got.dtype}{list(got.shape)} in the artifact, "
+                    f"{src.dtype}{list(src.shape)} in the source"
+                )
             elif got.sha256 != src.sha256:
                 problems.append(f"{a_name}: bytes differ from source tensor {s_name}")
             continue
@@ -74,8 +76,9 @@ def compare_tensors(
     return problems
 
 
-def tensor_digests(refs: Mapping[str, TensorRef], names: Iterable[str] | None = None,
-                   digests: DigestCache | None = None) -> dict[str, TensorDigest]:
+def tensor_digests(
+    refs: Mapping[str, TensorRef], names: Iterable[str] | None = None, digests: DigestCache | None = None
+) -> dict[str, TensorDigest]:
     """dtype, shape and sha256 of each tensor's raw bytes (streamed, on threads: hashlib releases the
     GIL). `digests`: the run's cache, so a tensor whose bytes were hashed earlier in the run (same
     file version, same range) is not read again; None: read every one."""
@@ -99,18 +102,26 @@ def _unhashed(r: TensorRef) -> TensorDigest:
 def recipe_quantizes(ignore: list[str], *, head_quantized: bool, mtp_quantized: bool = False) -> Callable[[str], bool]:
     """Whether the recipe quantizes a (source-named) Linear module: not ignored, or the head stage;
     an MTP Linear only with `mtp: {quantize: gptq}`."""
+
     def may(module: str) -> bool:
         if module == "lm_head" or module.endswith(".lm_head"):
             return head_quantized
         if module.startswith("mtp.") and not mtp_quantized:
             return False
         return not any(target_matches(p, module) for p in ignore)
+
     return may
 
 
-def prove_unquantized_identical(artifact_dir: Path, source_dir: Path, *, rename: Callable[[str], str | None],
-                                may_quantize: Callable[[str], bool], skip_source: Callable[[str], bool] | None = None,
-                                digests: DigestCache | None = None) -> list[str]:
+def prove_unquantized_identical(
+    artifact_dir: Path,
+    source_dir: Path,
+    *,
+    rename: Callable[[str], str | None],
+    may_quantize: Callable[[str], bool],
+    skip_source: Callable[[str], bool] | None = None,
+    digests: DigestCache | None = None,
+) -> list[str]:
     """Compare raw safetensors bytes of the artifact against the source; return the problems
     (`digests`: the run's cache, see `tensor_digests`)."""
     src_refs = checkpoint_refs(source_dir)

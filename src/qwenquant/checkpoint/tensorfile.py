@@ -81,8 +81,9 @@ class RawTensor:
 def header_refs(path: Path, h: SafetensorsHeader) -> dict[str, TensorRef]:
     """Every tensor a header (already read from `path`) describes, by name, with absolute offsets."""
     base = 8 + h.header_bytes
-    return {n: TensorRef(n, Path(path), t.dtype, tuple(t.shape), base + t.start, base + t.end)
-            for n, t in h.tensors.items()}
+    return {
+        n: TensorRef(n, Path(path), t.dtype, tuple(t.shape), base + t.start, base + t.end) for n, t in h.tensors.items()
+    }
 
 
 def shard_refs(path: Path) -> dict[str, TensorRef]:
@@ -128,8 +129,9 @@ def write_shard(path: Path, tensors: Iterable[RawTensor | TensorRef]) -> None:
             f.write(t.read())
 
 
-def plan_shards(tensors: Mapping[str, RawTensor | TensorRef], max_shard_bytes: int,
-                separate: Mapping[str, str] | None = None) -> dict[str, list[str]]:
+def plan_shards(
+    tensors: Mapping[str, RawTensor | TensorRef], max_shard_bytes: int, separate: Mapping[str, str] | None = None
+) -> dict[str, list[str]]:
     """Pure: file name -> tensor names. Names in `separate` go to their named shard; the rest are
     cut in name order into `model-0000i-of-0000N.safetensors` shards of at most `max_shard_bytes`."""
     separate = dict(separate or {})
@@ -154,8 +156,12 @@ def plan_shards(tensors: Mapping[str, RawTensor | TensorRef], max_shard_bytes: i
     return plan
 
 
-def write_checkpoint_tensors(folder: Path, tensors: Mapping[str, RawTensor | TensorRef], max_shard_bytes: int,
-                             separate: Mapping[str, str] | None = None) -> dict[str, str]:
+def write_checkpoint_tensors(
+    folder: Path,
+    tensors: Mapping[str, RawTensor | TensorRef],
+    max_shard_bytes: int,
+    separate: Mapping[str, str] | None = None,
+) -> dict[str, str]:
     """Write all shards and the index into `folder`; return the weight map."""
     folder = Path(folder)
     plan = plan_shards(tensors, max_shard_bytes, separate)
@@ -172,5 +178,7 @@ def write_checkpoint_tensors(folder: Path, tensors: Mapping[str, RawTensor | Ten
 
 def write_index(folder: Path, weight_map: Mapping[str, str], total_size: int) -> None:
     """The shard index: total tensor bytes and the sorted tensor name -> shard file map."""
-    atomic_write_bytes(Path(folder) / INDEX_NAME, pretty_json(
-        {"metadata": {"total_size": int(total_size)}, "weight_map": dict(sorted(weight_map.items()))}))
+    atomic_write_bytes(
+        Path(folder) / INDEX_NAME,
+        pretty_json({"metadata": {"total_size": int(total_size)}, "weight_map": dict(sorted(weight_map.items()))}),
+    )

@@ -37,6 +37,7 @@ class RepoType(str, Enum):
     model = "model"
     dataset = "dataset"
 
+
 # The one table of exit codes (README "Exit codes" repeats it; tests/unit/test_cli_help.py checks both).
 EXIT_CODES = (
     (0, "success"),
@@ -54,20 +55,36 @@ EXIT_CODES = (
 # One rule per kind of mistake (README "Exit codes" repeats it; tests/integration/test_careless_inputs.py
 # runs a row of careless inputs for each over every command).
 EXIT_RULES = (
-    ("usage", 2, "an option or argument that cannot be used: a path that does not exist (or a file where a folder "
-                 "is asked, or an empty folder where an artifact is), a number or port out of range, a URL without "
-                 "http(s)://, a size that cannot be read, an option that needs a GPU (or more GPUs, or a newer one) "
-                 "than this machine or vLLM build has"),
-    ("input-file", 2, "a file you give qwenquant to read is invalid (recipe, calibration definition or data, gate, "
-                      "--text, a config.json to plan for), or an output path cannot be written (another qwenquant "
-                      "command is writing it too), holds another run's report, or would harm other data (inside "
-                      "another artifact or the source, --work equal to --out)"),
+    (
+        "usage",
+        2,
+        "an option or argument that cannot be used: a path that does not exist (or a file where a folder "
+        "is asked, or an empty folder where an artifact is), a number or port out of range, a URL without "
+        "http(s)://, a size that cannot be read, an option that needs a GPU (or more GPUs, or a newer one) "
+        "than this machine or vLLM build has",
+    ),
+    (
+        "input-file",
+        2,
+        "a file you give qwenquant to read is invalid (recipe, calibration definition or data, gate, "
+        "--text, a config.json to plan for), or an output path cannot be written (another qwenquant "
+        "command is writing it too), holds another run's report, or would harm other data (inside "
+        "another artifact or the source, --work equal to --out)",
+    ),
     ("download", 3, "fetch: the Hub, a download or a safetensors file could not be trusted"),
-    ("record", 4, "bytes on disk differ from their record: an artifact from its manifest (a missing or damaged shard "
-                  "too), a fetched folder from its fetch record, a --source/--reference from the source the manifest "
-                  "records"),
-    ("stage", 5, "a folder that exists cannot be used as a source (damaged, unsupported, config sizes missing), a "
-                 "stage failed, the disk is too small, or an output folder holds files qwenquant did not write"),
+    (
+        "record",
+        4,
+        "bytes on disk differ from their record: an artifact from its manifest (a missing or damaged shard "
+        "too), a fetched folder from its fetch record, a --source/--reference from the source the manifest "
+        "records",
+    ),
+    (
+        "stage",
+        5,
+        "a folder that exists cannot be used as a source (damaged, unsupported, config sizes missing), a "
+        "stage failed, the disk is too small, or an output folder holds files qwenquant did not write",
+    ),
     ("check", 6, "check: vLLM would refuse the artifact"),
     ("serve", 7, "serve/plan: the server did not start or stay healthy, or the memory budget does not fit"),
     ("measure", 8, "bench/eval: a measurement could not be made, or a quality gate failed"),
@@ -103,14 +120,23 @@ app = typer.Typer(
 # and for fetch, whose finished files stay verified on disk.
 _READ_ONLY = "interrupted: {command} stopped before it reported; it only reads, so nothing was written or changed"
 # bench and eval write their report once the measurement is whole; a server --serve started goes with them
-_MEASURING = ("interrupted: {command} stopped before its report: nothing was written, the figures measured so far "
-              "are not kept, and a server that --serve started is stopped with it")
+_MEASURING = (
+    "interrupted: {command} stopped before its report: nothing was written, the figures measured so far "
+    "are not kept, and a server that --serve started is stopped with it"
+)
 INTERRUPT_NOTES = {
-    "verify": _READ_ONLY, "check": _READ_ONLY, "plan": _READ_ONLY, "recipe": _READ_ONLY, "doctor": _READ_ONLY,
-    "fetch": ("interrupted: the files fetched and verified so far stay in the --out folder, the rest were not "
-              "fetched; re-run the same command to fetch only the rest"),
+    "verify": _READ_ONLY,
+    "check": _READ_ONLY,
+    "plan": _READ_ONLY,
+    "recipe": _READ_ONLY,
+    "doctor": _READ_ONLY,
+    "fetch": (
+        "interrupted: the files fetched and verified so far stay in the --out folder, the rest were not "
+        "fetched; re-run the same command to fetch only the rest"
+    ),
     "serve": "interrupted before the server started: nothing was started or written",
-    "bench": _MEASURING, "eval": _MEASURING,
+    "bench": _MEASURING,
+    "eval": _MEASURING,
 }
 _interrupt: dict[str, object] = {}
 
@@ -133,8 +159,12 @@ def one_line_summaries(typer_app: typer.Typer) -> None:
     for info in infos:
         if info.short_help:
             continue
-        text = info.help or (info.typer_instance.info.help if getattr(info, "typer_instance", None) else None) \
-            or inspect.getdoc(info.callback) or ""
+        text = (
+            info.help
+            or (info.typer_instance.info.help if getattr(info, "typer_instance", None) else None)
+            or inspect.getdoc(info.callback)
+            or ""
+        )
         first = text.strip().split("\n\n", 1)[0]
         if first:
             info.short_help = " ".join(first.split())

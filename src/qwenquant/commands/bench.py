@@ -54,17 +54,34 @@ app.add_typer(bench_app, name="bench")
 ARGS = {"allow_interspersed_args": True}
 
 
-def _request(args: list[str] | None, server: Server, out: Path | None, *, mode: str, as_json: bool = False,
-             configs: Any = None, config: Path | None = None) -> Any:
+def _request(
+    args: list[str] | None,
+    server: Server,
+    out: Path | None,
+    *,
+    mode: str,
+    as_json: bool = False,
+    configs: Any = None,
+    config: Path | None = None,
+) -> Any:
     """The session request of a subcommand: a URL, or --serve ARTIFACT with the server options (and vLLM flags
     after --); --out checked before anything is measured or started."""
     from qwenquant.bench.output import check_out
     from qwenquant.bench.session import Request, default_out
+
     url, words = _split_args(args, server.serve)
     o = server
     served = o.to_request(o.serve, words) if o.serve else None
-    return Request(url=url, serve=served, out=check_out(out or default_out(), mode), configs=configs, config=config,
-                   model=o.model, api_key=o.api_key, as_json=as_json)
+    return Request(
+        url=url,
+        serve=served,
+        out=check_out(out or default_out(), mode),
+        configs=configs,
+        config=config,
+        model=o.model,
+        api_key=o.api_key,
+        as_json=as_json,
+    )
 
 
 def _split_args(args: list[str] | None, serve: Any) -> tuple[str | None, list[str]]:
@@ -87,9 +104,17 @@ def _split_args(args: list[str] | None, serve: Any) -> tuple[str | None, list[st
 def _options(w: Workload) -> Any:
     from qwenquant.bench.runner import Options
 
-    return Options(prompts=w.prompts.split(","), samplings=w.sampling.split(","), thinking=w.thinking.value,
-                   max_tokens=w.max_tokens, repeats=w.repeats, rounds=w.rounds, max_concurrency=w.max_concurrency,
-                   ignore_eos=w.ignore_eos, stall_timeout=w.stall_timeout)
+    return Options(
+        prompts=w.prompts.split(","),
+        samplings=w.sampling.split(","),
+        thinking=w.thinking.value,
+        max_tokens=w.max_tokens,
+        repeats=w.repeats,
+        rounds=w.rounds,
+        max_concurrency=w.max_concurrency,
+        ignore_eos=w.ignore_eos,
+        stall_timeout=w.stall_timeout,
+    )
 
 
 @bench_app.command("run", context_settings=ARGS)
@@ -114,11 +139,26 @@ def run(args: Target = None, *, server: Server, workload: Workload, out: Out = N
 @bench_app.command("compare", context_settings=ARGS)
 @with_options("workload", Workload)
 @with_options("server", Server)
-def compare(args: Target = None, *, server: Server, workload: Workload, out: Out = None, as_json: AsJson = False,
-            label_a: Label = "A", label_b: Label = "B", url_a: SideUrl = None, url_b: SideUrl = None,
-            profile_a: SideProfile = None, profile_b: SideProfile = None, gpu_mem_a: SideGpuMem = None,
-            gpu_mem_b: SideGpuMem = None, split_a: SideSplit = None, split_b: SideSplit = None,
-            vllm_arg_a: SideVllm = None, vllm_arg_b: SideVllm = None) -> None:
+def compare(
+    args: Target = None,
+    *,
+    server: Server,
+    workload: Workload,
+    out: Out = None,
+    as_json: AsJson = False,
+    label_a: Label = "A",
+    label_b: Label = "B",
+    url_a: SideUrl = None,
+    url_b: SideUrl = None,
+    profile_a: SideProfile = None,
+    profile_b: SideProfile = None,
+    gpu_mem_a: SideGpuMem = None,
+    gpu_mem_b: SideGpuMem = None,
+    split_a: SideSplit = None,
+    split_b: SideSplit = None,
+    vllm_arg_a: SideVllm = None,
+    vllm_arg_b: SideVllm = None,
+) -> None:
     """Two configurations A and B, run in rounds A B A B ...: each figure's ratio A/B per round.
 
     Served (--serve): each its own server, from the --profile, --gpu-mem and vLLM flags after -- that both
@@ -138,27 +178,56 @@ def compare(args: Target = None, *, server: Server, workload: Workload, out: Out
     from qwenquant.errors import UsageError
 
     if args and not server.serve:
-        raise UsageError(f"bench compare takes its servers as --url-a and --url-b, not {args[0]!r}",
-                         hint="or --serve ARTIFACT for two served configurations")
-    pair = (ConfigSpec(label_a or "A", url_a, profile_a, gpu_mem_a, tuple(vllm_arg_a or ()),
-                       split=split_a.value if split_a else None),
-            ConfigSpec(label_b or "B", url_b, profile_b, gpu_mem_b, tuple(vllm_arg_b or ()),
-                       split=split_b.value if split_b else None))
+        raise UsageError(
+            f"bench compare takes its servers as --url-a and --url-b, not {args[0]!r}",
+            hint="or --serve ARTIFACT for two served configurations",
+        )
+    pair = (
+        ConfigSpec(
+            label_a or "A",
+            url_a,
+            profile_a,
+            gpu_mem_a,
+            tuple(vllm_arg_a or ()),
+            split=split_a.value if split_a else None,
+        ),
+        ConfigSpec(
+            label_b or "B",
+            url_b,
+            profile_b,
+            gpu_mem_b,
+            tuple(vllm_arg_b or ()),
+            split=split_b.value if split_b else None,
+        ),
+    )
     req = _request(args, server, out, mode="run", as_json=as_json, configs=pair, config=workload.config)
     measure(req, _options(workload), argv_now())
 
 
 @bench_app.command("depth", context_settings=ARGS)
 @with_options("server", Server)
-def depth(args: Target = None, *, server: Server, out: Out = None, as_json: AsJson = False,
-          thinking: ThinkingOpt = Thinking.auto, max_tokens: MaxTokens = None, stall_timeout: StallTimeout = 300.0,
-          concurrency: Streams = 1,
-          depths: str | None = typer.Option(None, help="Rungs in prompt tokens, e.g. 1024,4096,16384 (default: "
-                                            "from 1024, doubling, the last exactly at the limit)."),
-          reuse_prefix: bool = typer.Option(False, "--reuse-prefix", help="Let rungs share their prompt's start "
-                                            "(prefix-cache reuse); by default each rung's prompt is fresh."),
-          config: Path | None = typer.Option(None, help="Bench config YAML: its too-good lines flag rung figures.")
-          ) -> None:
+def depth(
+    args: Target = None,
+    *,
+    server: Server,
+    out: Out = None,
+    as_json: AsJson = False,
+    thinking: ThinkingOpt = Thinking.auto,
+    max_tokens: MaxTokens = None,
+    stall_timeout: StallTimeout = 300.0,
+    concurrency: Streams = 1,
+    depths: str | None = typer.Option(
+        None,
+        help="Rungs in prompt tokens, e.g. 1024,4096,16384 (default: "
+        "from 1024, doubling, the last exactly at the limit).",
+    ),
+    reuse_prefix: bool = typer.Option(
+        False,
+        "--reuse-prefix",
+        help="Let rungs share their prompt's start (prefix-cache reuse); by default each rung's prompt is fresh.",
+    ),
+    config: Path | None = typer.Option(None, help="Bench config YAML: its too-good lines flag rung figures."),
+) -> None:
     """Speed and health against prompt depth (--concurrency N: a burst of N fresh prompts per rung).
 
     A ladder of fresh prompts from 1024 tokens, doubling, up to the server's max_model_len minus the output;
@@ -179,22 +248,37 @@ def depth(args: Target = None, *, server: Server, out: Out = None, as_json: AsJs
     if reuse_prefix and concurrency > 1:
         from qwenquant.errors import UsageError
 
-        raise UsageError("--reuse-prefix and --concurrency: a burst's prompts are fresh by design",
-                         hint="drop --reuse-prefix")
-    opts = DepthOptions(depths=parse_depths(depths) if depths else None, output_tokens=max_tokens or 64,
-                        reuse_prefix=reuse_prefix, stall_timeout=stall_timeout, thinking=thinking.single("depth"),
-                        concurrency=concurrency)
+        raise UsageError(
+            "--reuse-prefix and --concurrency: a burst's prompts are fresh by design", hint="drop --reuse-prefix"
+        )
+    opts = DepthOptions(
+        depths=parse_depths(depths) if depths else None,
+        output_tokens=max_tokens or 64,
+        reuse_prefix=reuse_prefix,
+        stall_timeout=stall_timeout,
+        thinking=thinking.single("depth"),
+        concurrency=concurrency,
+    )
     run_depth_mode(_request(args, server, out, mode="depth", as_json=as_json, config=config), opts, argv_now())
 
 
 @bench_app.command("soak", context_settings=ARGS)
 @with_options("server", Server)
-def soak(args: Target = None, *, server: Server, out: Out = None, as_json: AsJson = False,
-         thinking: ThinkingOpt = Thinking.auto, stall_timeout: StallTimeout = 300.0, concurrency: Streams = 1,
-         tokens: int = typer.Option(20000, min=2, help="Tokens generated per stream."),
-         window: int = typer.Option(1024, min=1, help="Generated tokens per acceptance window."),
-         collapse_fraction: float = typer.Option(0.5, min=0.0, max=1.0, help="A window whose acceptance is below "
-                                                 "this share of the first window's has collapsed.")) -> None:
+def soak(
+    args: Target = None,
+    *,
+    server: Server,
+    out: Out = None,
+    as_json: AsJson = False,
+    thinking: ThinkingOpt = Thinking.auto,
+    stall_timeout: StallTimeout = 300.0,
+    concurrency: Streams = 1,
+    tokens: int = typer.Option(20000, min=2, help="Tokens generated per stream."),
+    window: int = typer.Option(1024, min=1, help="Generated tokens per acceptance window."),
+    collapse_fraction: float = typer.Option(
+        0.5, min=0.0, max=1.0, help="A window whose acceptance is below this share of the first window's has collapsed."
+    ),
+) -> None:
     """Long generations: MTP acceptance per window of generated tokens, and a verdict.
 
     The verdict fails (exit 8) on a collapse, an empty or truncated stream, an error or a restart; it is
@@ -210,16 +294,30 @@ def soak(args: Target = None, *, server: Server, out: Out = None, as_json: AsJso
     from qwenquant.bench.session import argv_now
     from qwenquant.bench.soakrun import SoakOptions
 
-    opts = SoakOptions(tokens=tokens, concurrency=concurrency, window=window, fraction=collapse_fraction,
-                       stall_timeout=stall_timeout, thinking=thinking.single("soak"))
+    opts = SoakOptions(
+        tokens=tokens,
+        concurrency=concurrency,
+        window=window,
+        fraction=collapse_fraction,
+        stall_timeout=stall_timeout,
+        thinking=thinking.single("soak"),
+    )
     run_soak_mode(_request(args, server, out, mode="soak", as_json=as_json), opts, argv_now())
 
 
 @bench_app.command("turns", context_settings=ARGS)
 @with_options("server", Server)
-def turns(args: Target = None, *, server: Server, out: Out = None, as_json: AsJson = False,
-          thinking: ThinkingOpt = Thinking.auto, max_tokens: MaxTokens = None, stall_timeout: StallTimeout = 300.0,
-          turn_tokens: int = typer.Option(2048, min=1, help="Tokens of shipped text per new user message.")) -> None:
+def turns(
+    args: Target = None,
+    *,
+    server: Server,
+    out: Out = None,
+    as_json: AsJson = False,
+    thinking: ThinkingOpt = Thinking.auto,
+    max_tokens: MaxTokens = None,
+    stall_timeout: StallTimeout = 300.0,
+    turn_tokens: int = typer.Option(2048, min=1, help="Tokens of shipped text per new user message."),
+) -> None:
     """One conversation that grows turn by turn: TTFT, new-token prefill and prefix-cache hits per turn.
 
     Each turn sends the conversation so far plus a new user message of --turn-tokens, until the next would
@@ -236,8 +334,12 @@ def turns(args: Target = None, *, server: Server, out: Out = None, as_json: AsJs
     from qwenquant.bench.turns import TurnOptions
 
     _two_tokens(max_tokens)
-    opts = TurnOptions(turn_tokens=turn_tokens, output_tokens=max_tokens or 64, stall_timeout=stall_timeout,
-                       thinking=thinking.single("turns"))
+    opts = TurnOptions(
+        turn_tokens=turn_tokens,
+        output_tokens=max_tokens or 64,
+        stall_timeout=stall_timeout,
+        thinking=thinking.single("turns"),
+    )
     run_turns_mode(_request(args, server, out, mode="turns", as_json=as_json), opts, argv_now())
 
 

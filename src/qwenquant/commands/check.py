@@ -13,14 +13,19 @@ from qwenquant.commands._app import Activations, app
 
 @app.command("check")
 def check(
-    artifact: Path = typer.Argument(..., exists=True, file_okay=False, help="Artifact folder (config.json + safetensors)."),
+    artifact: Path = typer.Argument(
+        ..., exists=True, file_okay=False, help="Artifact folder (config.json + safetensors)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON."),
     activations: Activations | None = typer.Option(
-        None, "--activations", help="int8: also prove the artifact qualifies for `serve --activations int8` "
-                                    "(symmetric 4-bit group-wise Marlin layers, no negative scale) and count the weight "
-                                    "groups whose scale becomes 0 in vLLM's int16 re-quantization (reads the scales). "
-                                    "Default: int8 when a serve profile of the artifact's recipe asks for it.",
-        show_default=False),
+        None,
+        "--activations",
+        help="int8: also prove the artifact qualifies for `serve --activations int8` "
+        "(symmetric 4-bit group-wise Marlin layers, no negative scale) and count the weight "
+        "groups whose scale becomes 0 in vLLM's int16 re-quantization (reads the scales). "
+        "Default: int8 when a serve profile of the artifact's recipe asks for it.",
+        show_default=False,
+    ),
 ) -> None:
     """Check that vLLM would load an artifact: fused-layer schemes, kernel shapes, lm_head, MTP, layout.
 
@@ -47,16 +52,25 @@ def check(
     if as_json:
         print_json(report.to_dict() | ({"int8_activations": int8.to_dict()} if int8 else {}))
     elif report.ok:
-        stdout.print(f"OK {artifact}: {report.tensors_checked} tensors, all {len(report.rules_run)} rules pass",
-                     markup=False)
+        stdout.print(
+            f"OK {artifact}: {report.tensors_checked} tensors, all {len(report.rules_run)} rules pass", markup=False
+        )
         if int8 is not None:
-            stdout.print(f"int8 activations: the artifact qualifies; {int8.int8.zero_groups} of {int8.int8.groups} "
-                         "weight groups have a scale that becomes 0 in vLLM's int16 re-quantization", markup=False)
+            stdout.print(
+                f"int8 activations: the artifact qualifies; {int8.int8.zero_groups} of {int8.int8.groups} "
+                "weight groups have a scale that becomes 0 in vLLM's int16 re-quantization",
+                markup=False,
+            )
     else:
         from rich.table import Column, Table
 
-        table = Table(Column("rule", no_wrap=True), Column("where", overflow="fold"), "problem", "fix",
-                      title=f"{artifact}: {len(report.findings)} problem{'s' * (len(report.findings) != 1)}")
+        table = Table(
+            Column("rule", no_wrap=True),
+            Column("where", overflow="fold"),
+            "problem",
+            "fix",
+            title=f"{artifact}: {len(report.findings)} problem{'s' * (len(report.findings) != 1)}",
+        )
         for f in report.findings:
             table.add_row(f.rule, f.where, f.message, f.fix)
         stdout.print(table)
@@ -76,11 +90,14 @@ def _refusal(artifact: Path, findings: Sequence[Any]) -> Exception:
 
     damaged = [f for f in findings if f.rule == "safetensors-header"]
     if damaged:
-        where = "; ".join(f"{artifact / f.where}: {f.message}" for f in damaged[:3]) + (" ..." if len(damaged) > 3 else "")
+        where = "; ".join(f"{artifact / f.where}: {f.message}" for f in damaged[:3]) + (
+            " ..." if len(damaged) > 3 else ""
+        )
         error = VerificationError if (artifact / MANIFEST_NAME).exists() else CheckError
         return error(f"{where} (the safetensors header cannot be read)", hint=damaged_file_hint(artifact))
     return CheckError(
         f"{artifact}: {len(findings)} problem(s) vLLM would refuse: "
-        + "; ".join(f"{f.rule} at {f.where}" for f in findings[:10]) + (" ..." if len(findings) > 10 else ""),
+        + "; ".join(f"{f.rule} at {f.where}" for f in findings[:10])
+        + (" ..." if len(findings) > 10 else ""),
         hint="fix the recipe or stage named by each rule and rebuild; `--json` lists every finding",
     )

@@ -19,9 +19,19 @@ from qwenquant.commands._app import app, on_interrupt
 )
 def demo(
     work: Path = typer.Option(Path("work/demo"), "--work", help="Folder for the hub copy, the fetch and the artifact."),
-    serve: bool | None = typer.Option(None, "--serve/--no-serve", help="Serve with vLLM (default: when a vLLM environment is installed)."),
-    force: bool = typer.Option(False, "--force", help="Remove an existing --work that holds anything besides the demo's own folders (says what it removes)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result (commit, artifact, root digest, quality, completion, the publish dry run) as JSON on stdout."),
+    serve: bool | None = typer.Option(
+        None, "--serve/--no-serve", help="Serve with vLLM (default: when a vLLM environment is installed)."
+    ),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Remove an existing --work that holds anything besides the demo's own folders (says what it removes).",
+    ),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help="Print the result (commit, artifact, root digest, quality, completion, the publish dry run) as JSON on stdout.",
+    ),
 ) -> None:
     """Build the tiny Qwen3.5 checkpoint, serve it from a loopback Hub, then fetch, quantize,
     verify and (with vLLM installed) serve it and print one completion."""
@@ -36,10 +46,20 @@ def demo(
 
         steps.append("publish --dry-run")
         published = publish_dry_run(r.artifact, as_json=True)
-        print_json({"model": MODEL_NOTE, "commit": r.commit, "artifact": str(r.artifact), "root_digest": r.root_digest,
-                    "quality": r.quality, "served": r.served, "completion": r.completion,
-                    "skipped_serve_reason": r.skipped_serve_reason,
-                    "next_steps": next_steps(r.artifact, served_name=r.artifact.name), "publish_dry_run": published})
+        print_json(
+            {
+                "model": MODEL_NOTE,
+                "commit": r.commit,
+                "artifact": str(r.artifact),
+                "root_digest": r.root_digest,
+                "quality": r.quality,
+                "served": r.served,
+                "completion": r.completion,
+                "skipped_serve_reason": r.skipped_serve_reason,
+                "next_steps": next_steps(r.artifact, served_name=r.artifact.name),
+                "publish_dry_run": published,
+            }
+        )
         return
     stdout.print(f"model:       {MODEL_NOTE}", markup=False)
     stdout.print(f"commit:      {r.commit}", markup=False)
@@ -56,9 +76,12 @@ def demo(
     quick = r.quality.get("eval")
     if quick:
         a = quick["arms"]["artifact"]
-        stdout.print(f"quick eval:  perplexity {a['delta_pct']:+.2f}% [{a['ci95_pct'][0]:+.2f}, {a['ci95_pct'][1]:+.2f}] "
-                     f"vs bf16, KL {a['kl']:.5f}, top-1 {100 * a['top1']:.1f}% ({quick['windows']} x "
-                     f"{quick['window_len']} held-out tokens)", markup=False)
+        stdout.print(
+            f"quick eval:  perplexity {a['delta_pct']:+.2f}% [{a['ci95_pct'][0]:+.2f}, {a['ci95_pct'][1]:+.2f}] "
+            f"vs bf16, KL {a['kl']:.5f}, top-1 {100 * a['top1']:.1f}% ({quick['windows']} x "
+            f"{quick['window_len']} held-out tokens)",
+            markup=False,
+        )
     if r.served:
         stdout.print(f"completion:  {r.completion!r}", markup=False)
     else:

@@ -41,77 +41,158 @@ eval_app = typer.Typer(
 app.add_typer(eval_app, name="eval")
 
 # options defined once, reused by the subcommands
-_REPORT_WRITE = ("Checked before measuring; a write that fails after measuring prints the report and keeps it in the "
-                 "temp folder.")
-Report = Annotated[Path | None, typer.Option(
-    "--report", help="Where the JSON report goes (default: beside the --serve artifact; with a URL: nowhere). "
-                     + _REPORT_WRITE)]
-OfflineReport = Annotated[Path | None, typer.Option(
-    "--report", help="Where the JSON report goes (default: beside the artifact). " + _REPORT_WRITE)]
+_REPORT_WRITE = (
+    "Checked before measuring; a write that fails after measuring prints the report and keeps it in the temp folder."
+)
+Report = Annotated[
+    Path | None,
+    typer.Option(
+        "--report",
+        help="Where the JSON report goes (default: beside the --serve artifact; with a URL: nowhere). " + _REPORT_WRITE,
+    ),
+]
+OfflineReport = Annotated[
+    Path | None,
+    typer.Option("--report", help="Where the JSON report goes (default: beside the artifact). " + _REPORT_WRITE),
+]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")]
-Reference = Annotated[Path, typer.Option(
-    "--reference", exists=True, file_okay=False, show_default=False,
-    help="The bf16 source checkpoint folder: every file the manifest records for the source must match (sha256).")]
-ReferenceUnverified = Annotated[bool, typer.Option(
-    "--reference-unverified",
-    help="Compare against a --reference that is not the manifest's recorded source (the report and output say so).")]
+Reference = Annotated[
+    Path,
+    typer.Option(
+        "--reference",
+        exists=True,
+        file_okay=False,
+        show_default=False,
+        help="The bf16 source checkpoint folder: every file the manifest records for the source must match (sha256).",
+    ),
+]
+ReferenceUnverified = Annotated[
+    bool,
+    typer.Option(
+        "--reference-unverified",
+        help="Compare against a --reference that is not the manifest's recorded source (the report and output say so).",
+    ),
+]
 Windows = Annotated[int, typer.Option("--windows", help="Held-out windows to evaluate on.")]
-WindowLen = Annotated[int, typer.Option(
-    "--window-len", help="Tokens per window, up to the model's max_position_embeddings (long windows: --streamed, "
-                         "--text-set depth or a long --text; the README says what 32K and 128K need).")]
+WindowLen = Annotated[
+    int,
+    typer.Option(
+        "--window-len",
+        help="Tokens per window, up to the model's max_position_embeddings (long windows: --streamed, "
+        "--text-set depth or a long --text; the README says what 32K and 128K need).",
+    ),
+]
 Text = Annotated[Path | None, typer.Option("--text", help="Local text file to cut windows from.")]
-TextSet = Annotated[str | None, typer.Option(
-    "--text-set", help="Pinned Hub text set (evaltext/NAME.yaml or a YAML path), fetched verified and cached. "
-                       "Default: the tiny reference's held-out text for it, wikitext-2-test for other models; `depth`: the "
-                       "pinned text of bench depth, for long windows.")]
-Streamed = Annotated[bool | None, typer.Option(
-    "--streamed/--dense", help="Run both arms one decoder layer at a time from the shards (default: streamed above "
-                               "2 GB of weights).")]
+TextSet = Annotated[
+    str | None,
+    typer.Option(
+        "--text-set",
+        help="Pinned Hub text set (evaltext/NAME.yaml or a YAML path), fetched verified and cached. "
+        "Default: the tiny reference's held-out text for it, wikitext-2-test for other models; `depth`: the "
+        "pinned text of bench depth, for long windows.",
+    ),
+]
+Streamed = Annotated[
+    bool | None,
+    typer.Option(
+        "--streamed/--dense",
+        help="Run both arms one decoder layer at a time from the shards (default: streamed above 2 GB of weights).",
+    ),
+]
 OfflineDevice = Annotated[Device, typer.Option("--device", help="cpu or cuda.")]
 
-OfflineActs = Annotated[Activations, typer.Option(
-    "--activations", help="int8: also measure the artifact as vLLM runs it with VLLM_MARLIN_INPUT_DTYPE=int8 "
-                          "(per-token int8 activations, int16 group scales on every int4 Linear), against bf16 and "
-                          "against the W4A16 artifact.")]
-Gate = Annotated[str, typer.Option(
-    "--gate", help="Exact-match gate: a shipped name (`qwenquant eval gates`), a JSON file, or none.")]
+OfflineActs = Annotated[
+    Activations,
+    typer.Option(
+        "--activations",
+        help="int8: also measure the artifact as vLLM runs it with VLLM_MARLIN_INPUT_DTYPE=int8 "
+        "(per-token int8 activations, int16 group scales on every int4 Linear), against bf16 and "
+        "against the W4A16 artifact.",
+    ),
+]
+Gate = Annotated[
+    str, typer.Option("--gate", help="Exact-match gate: a shipped name (`qwenquant eval gates`), a JSON file, or none.")
+]
 Model = Annotated[str | None, typer.Option("--model", help="Served model name (default: the server's first).")]
-MinAcceptance = Annotated[float | None, typer.Option(
-    "--min-acceptance-length", help="Fail when MTP mean acceptance length, over every request the run sent, is "
-                                    "below this.")]
-Tools = Annotated[bool, typer.Option(
-    "--tools", help="Also send the shipped tool schemas: each answer must be what its tool_choice (auto, required, "
-                    "none, a named function) allows, every call well formed (arguments a JSON string matching the "
-                    "schema).")]
-Needle = Annotated[bool, typer.Option(
-    "--needle", help="Also run the shipped needle task: a fact planted at several depths of prompts up to the "
-                     "server's max_model_len, asked in chat (an instruction-following model); pass/fail per depth.")]
-NeedleMaxLen = Annotated[int | None, typer.Option(
-    "--needle-max-len", help="Longest needle prompt in tokens (default: the server's max_model_len).")]
-SpecCheck = Annotated[bool, typer.Option(
-    "--spec-check", help="Also hold greedy text with MTP against greedy text without it on prompts of chosen lengths "
-                         "(1 + k tokens included, k the draft count): the first divergence per prompt is reported, "
-                         "a divergence fails the run (exit 8). With --serve, eval starts the server without MTP "
-                         "too; against a URL it needs --reference-url.")]
-ReferenceUrl = Annotated[str | None, typer.Option(
-    "--reference-url", help="--spec-check against a URL: the same model served without speculation "
-                            "(-- --speculative-config null).", show_default=False)]
-DraftTokens = Annotated[int | None, typer.Option(
-    "--draft-tokens", min=1, help="--spec-check: k, where the drafting server's /metrics cannot say.",
-    show_default=False)]
-SpecTieNats = Annotated[float, typer.Option(
-    "--spec-tie-nats", min=0.0, help="--spec-check: a divergence where the drafted token lies within this many nats "
-                                     "of the best token (asked of the server without speculation) is a numerical "
-                                     "tie, not a changed answer (set from the CPU build: evaluate/speccheck.py).")]
-ServedArgs = Annotated[list[str] | None, typer.Argument(
-    help="URL of a running server (its base URL; a trailing /v1 is fine); with --serve: vLLM flags after --.",
-    show_default=False)]
+MinAcceptance = Annotated[
+    float | None,
+    typer.Option(
+        "--min-acceptance-length",
+        help="Fail when MTP mean acceptance length, over every request the run sent, is below this.",
+    ),
+]
+Tools = Annotated[
+    bool,
+    typer.Option(
+        "--tools",
+        help="Also send the shipped tool schemas: each answer must be what its tool_choice (auto, required, "
+        "none, a named function) allows, every call well formed (arguments a JSON string matching the "
+        "schema).",
+    ),
+]
+Needle = Annotated[
+    bool,
+    typer.Option(
+        "--needle",
+        help="Also run the shipped needle task: a fact planted at several depths of prompts up to the "
+        "server's max_model_len, asked in chat (an instruction-following model); pass/fail per depth.",
+    ),
+]
+NeedleMaxLen = Annotated[
+    int | None,
+    typer.Option("--needle-max-len", help="Longest needle prompt in tokens (default: the server's max_model_len)."),
+]
+SpecCheck = Annotated[
+    bool,
+    typer.Option(
+        "--spec-check",
+        help="Also hold greedy text with MTP against greedy text without it on prompts of chosen lengths "
+        "(1 + k tokens included, k the draft count): the first divergence per prompt is reported, "
+        "a divergence fails the run (exit 8). With --serve, eval starts the server without MTP "
+        "too; against a URL it needs --reference-url.",
+    ),
+]
+ReferenceUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--reference-url",
+        help="--spec-check against a URL: the same model served without speculation (-- --speculative-config null).",
+        show_default=False,
+    ),
+]
+DraftTokens = Annotated[
+    int | None,
+    typer.Option(
+        "--draft-tokens",
+        min=1,
+        help="--spec-check: k, where the drafting server's /metrics cannot say.",
+        show_default=False,
+    ),
+]
+SpecTieNats = Annotated[
+    float,
+    typer.Option(
+        "--spec-tie-nats",
+        min=0.0,
+        help="--spec-check: a divergence where the drafted token lies within this many nats "
+        "of the best token (asked of the server without speculation) is a numerical "
+        "tie, not a changed answer (set from the CPU build: evaluate/speccheck.py).",
+    ),
+]
+ServedArgs = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="URL of a running server (its base URL; a trailing /v1 is fine); with --serve: vLLM flags after --.",
+        show_default=False,
+    ),
+]
 
 
 @eval_app.command("offline")
 def offline(
-    artifact: Annotated[Path, typer.Argument(help="ARTIFACT folder (with qwenquant-manifest.json).",
-                                             show_default=False)],
+    artifact: Annotated[
+        Path, typer.Argument(help="ARTIFACT folder (with qwenquant-manifest.json).", show_default=False)
+    ],
     reference: Reference,
     reference_unverified: ReferenceUnverified = False,
     windows: Windows = 32,
@@ -140,16 +221,31 @@ def offline(
     from qwenquant.evaluate import report as rep
     from qwenquant.evaluate.offlinerun import OfflineAsk, run_offline_eval
 
-    result, target = run_offline_eval(OfflineAsk(artifact, reference, windows, window_len, text, text_set,
-                                                 device.value, streamed, report, reference_unverified,
-                                                 activations.value))
+    result, target = run_offline_eval(
+        OfflineAsk(
+            artifact,
+            reference,
+            windows,
+            window_len,
+            text,
+            text_set,
+            device.value,
+            streamed,
+            report,
+            reference_unverified,
+            activations.value,
+        )
+    )
     data = result.to_json()
     console.print(rep.offline_table(data))
     for line in rep.summary_lines(data):
         console.print(line, markup=False)
     if not result.reference_check["verified"]:
-        console.print(f"NOTE: the reference was not checked against the artifact's recorded source "
-                      f"({result.reference_check['recorded_source']}): --reference-unverified", markup=False)
+        console.print(
+            f"NOTE: the reference was not checked against the artifact's recorded source "
+            f"({result.reference_check['recorded_source']}): --reference-unverified",
+            markup=False,
+        )
     _fail_write(_emit(result, target, as_json))
 
 
@@ -198,8 +294,10 @@ def served(
         check_reference(spec, serving=serve is not None)
     if serve is None:
         if len(words) != 1 or words[0].startswith("-"):
-            raise UsageError("eval served needs the URL of a running server, or --serve ARTIFACT",
-                             hint="qwenquant eval served http://127.0.0.1:8000 (vLLM flags after -- go with --serve)")
+            raise UsageError(
+                "eval served needs the URL of a running server, or --serve ARTIFACT",
+                hint="qwenquant eval served http://127.0.0.1:8000 (vLLM flags after -- go with --serve)",
+            )
         from qwenquant.net.http import check_url
 
         _served(check_url(words[0], "URL"), ask, report, as_json, spec)
@@ -239,9 +337,12 @@ def _emit(result: EvalReport, path: Path | None, as_json: bool) -> str | None:
 
     where, failed = save_report(result, path) if path is not None else (None, None)
     if failed:
-        console.print(f"report: could not write {path} ({failed}); "
-                      + (f"the report went to {where} instead, and to stdout" if where else "the report is on stdout"),
-                      markup=False, soft_wrap=True)
+        console.print(
+            f"report: could not write {path} ({failed}); "
+            + (f"the report went to {where} instead, and to stdout" if where else "the report is on stdout"),
+            markup=False,
+            soft_wrap=True,
+        )
     elif path is not None:
         console.print(f"report: {path}", markup=False)
     console.print(result.verdict(), markup=False, soft_wrap=True)
@@ -254,8 +355,10 @@ def _fail_write(failed: str | None) -> None:
     from qwenquant.errors import UsageError
 
     if failed:
-        raise UsageError(failed + ": the measurement was printed on stdout",
-                         hint="free space or pass --report in a folder you can write, then run eval again")
+        raise UsageError(
+            failed + ": the measurement was printed on stdout",
+            hint="free space or pass --report in a folder you can write, then run eval again",
+        )
 
 
 def _print_served(result: ServedReport) -> None:
@@ -265,21 +368,30 @@ def _print_served(result: ServedReport) -> None:
     for t in result.tasks:
         console.print(f"task {t['name']}: {t['passed']}/{t['total']} passed", markup=False)
     for c in (result.tools or {}).get("cases", []):
-        console.print(f"tool case {c['name']}: {c['kind'].replace('_', ' ')}"
-                      + (f" ({c['problems'][0]})" if c["problems"] else ""), markup=False)
+        console.print(
+            f"tool case {c['name']}: {c['kind'].replace('_', ' ')}"
+            + (f" ({c['problems'][0]})" if c["problems"] else ""),
+            markup=False,
+        )
     for r in (result.needle or {}).get("depths", []):
-        console.print(f"needle at depth {r['needle_tokens']:,} of {r['prompt_tokens']:,} tokens ({r['depth']:g}): "
-                      f"{'passed' if r['passed'] else 'failed'}", markup=False)
+        console.print(
+            f"needle at depth {r['needle_tokens']:,} of {r['prompt_tokens']:,} tokens ({r['depth']:g}): "
+            f"{'passed' if r['passed'] else 'failed'}",
+            markup=False,
+        )
     m = result.mtp
     mal = m["mean_acceptance_length"]
     if m.get("unavailable"):
         console.print(f"MTP: not measured ({m['unavailable']})", markup=False)
         return
-    console.print(f"MTP over the {' and '.join(m['over'])}: {m['drafts']} drafts, {m['accepted_tokens']}/"
-                  f"{m['draft_tokens']} draft tokens accepted, mean acceptance length "
-                  f"{'n/a' if mal is None else f'{mal:.3f}'}, per position "
-                  + ", ".join(f"{p}: {'n/a' if v is None else f'{100 * v:.1f}%'}" for p, v in m["per_position"].items()),
-                  markup=False, soft_wrap=True)
+    console.print(
+        f"MTP over the {' and '.join(m['over'])}: {m['drafts']} drafts, {m['accepted_tokens']}/"
+        f"{m['draft_tokens']} draft tokens accepted, mean acceptance length "
+        f"{'n/a' if mal is None else f'{mal:.3f}'}, per position "
+        + ", ".join(f"{p}: {'n/a' if v is None else f'{100 * v:.1f}%'}" for p, v in m["per_position"].items()),
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 def _finish_served(result: ServedReport, path: Path | None, as_json: bool) -> None:
@@ -294,9 +406,11 @@ def _finish_served(result: ServedReport, path: Path | None, as_json: bool) -> No
         console.print(spec_check_line(result.spec_check), markup=False, soft_wrap=True)
     failed_write = _emit(result, path, as_json)
     if result.failures:
-        raise BenchError("served gate failed: " + "; ".join(result.failures),
-                         hint="compare with the bf16 source served the same way; see `qwenquant eval offline "
-                              "ARTIFACT --reference SOURCE`")
+        raise BenchError(
+            "served gate failed: " + "; ".join(result.failures),
+            hint="compare with the bf16 source served the same way; see `qwenquant eval offline "
+            "ARTIFACT --reference SOURCE`",
+        )
     _fail_write(failed_write)
 
 
@@ -317,8 +431,9 @@ def _served(url: str, ask: ServedAsk, report: Path | None, as_json: bool, spec: 
     _finish_served(result, report, as_json)
 
 
-def _without_speculation(req: ServeRequest, model: str, spec: SpecCheckAsk, drafted: Any,
-                         api_key: str | None) -> dict[str, Any]:
+def _without_speculation(
+    req: ServeRequest, model: str, spec: SpecCheckAsk, drafted: Any, api_key: str | None
+) -> dict[str, Any]:
     """The speculation check's second half: the same artifact served with MTP off (`--speculative-config null`),
     the same prompts greedily, compared with what the drafting server generated."""
     from qwenquant.console import console
@@ -333,27 +448,27 @@ def _without_speculation(req: ServeRequest, model: str, spec: SpecCheckAsk, draf
     if problem or result is None:
         from qwenquant.errors import BenchError
 
-        raise BenchError(f"speculation check: {problem}", hint="report this: -- --speculative-config null did not "
-                                                                "turn MTP off")
+        raise BenchError(
+            f"speculation check: {problem}", hint="report this: -- --speculative-config null did not turn MTP off"
+        )
     return result
 
 
-def _served_target(req: ServeRequest, report: Path | None, root: str, gate: str | None,
-                   config: dict) -> Path:
+def _served_target(req: ServeRequest, report: Path | None, root: str, gate: str | None, config: dict) -> Path:
     """Where the served report of this configuration goes (the default path names it: two configurations,
     two reports), checked before measuring; an unresolved activations (None: the profile's) is not compared."""
     from qwenquant.evaluate.inputs import check_report_target
     from qwenquant.evaluate.report import report_path, served_kind
 
     target = report or report_path(req.artifact, root, kind=served_kind(**config))
-    identity = {"root_digest": root, "gate": gate,
-                **{f"served.{k}": v for k, v in config.items() if v is not None}}
+    identity = {"root_digest": root, "gate": gate, **{f"served.{k}": v for k, v in config.items() if v is not None}}
     check_report_target(target, identity, explicit=report is not None, kind="served")
     return target
 
 
-def _serve_and_gate(req: ServeRequest, ask: ServedAsk, report: Path | None, as_json: bool,
-                    spec: SpecCheckAsk | None = None) -> None:
+def _serve_and_gate(
+    req: ServeRequest, ask: ServedAsk, report: Path | None, as_json: bool, spec: SpecCheckAsk | None = None
+) -> None:
     """Start `req.artifact` as `qwenquant serve` would, run the gate, stop the server; report keyed to its root digest."""
     from qwenquant.console import console
     from qwenquant.evaluate.servedrun import run_served
@@ -366,11 +481,13 @@ def _serve_and_gate(req: ServeRequest, ask: ServedAsk, report: Path | None, as_j
     asked = {"activations": req.activations, "profile": req.profile_name, "extra_vllm_flags": list(req.extra)}
     target = _served_target(req, report, root, gate.get("name"), asked)
     with launched(req) as s:
-        console.print(f"serving {req.artifact} at {s.url} (profile {s.info['profile']}, log {s.spec.log_path})",
-                      markup=False)
+        console.print(
+            f"serving {req.artifact} at {s.url} (profile {s.info['profile']}, log {s.spec.log_path})", markup=False
+        )
         # the configuration as the server runs it (the profile's activations resolved): its own report
-        target = _served_target(req, report, s.info["artifact_root_digest"], gate.get("name"),
-                                {k: s.info[k] for k in asked})
+        target = _served_target(
+            req, report, s.info["artifact_root_digest"], gate.get("name"), {k: s.info[k] for k in asked}
+        )
         result = run_served(s.url, ask, ask.model or s.model)
         drafted = drafted_outputs(s.url, result.model, spec, ask.api_key) if spec is not None else None
         console.print("stopping the server", markup=False)

@@ -47,8 +47,10 @@ def _valid_repo_id(repo_id: str | None) -> str:
     try:
         validate_repo_id(repo_id)
     except HFValidationError as e:
-        raise UsageError(f"{repo_id!r} is not a Hub repo id: {e}".splitlines()[0],
-                         hint="write it as owner/name, e.g. Qwen/Qwen3.8-27B") from None
+        raise UsageError(
+            f"{repo_id!r} is not a Hub repo id: {e}".splitlines()[0],
+            hint="write it as owner/name, e.g. Qwen/Qwen3.8-27B",
+        ) from None
     return repo_id
 
 
@@ -64,17 +66,36 @@ def _valid_repo_id(repo_id: str | None) -> str:
     )
 )
 def fetch(
-    repo_id: str | None = typer.Argument(None, help="Hub repo id, e.g. Qwen/Qwen3.8-27B (not needed with --offline or --expect)."),
-    revision: str | None = typer.Option(None, "--revision", "-r", help="Branch, tag or 40-hex commit; pinned to one commit (default: main, or --expect's)."),
+    repo_id: str | None = typer.Argument(
+        None, help="Hub repo id, e.g. Qwen/Qwen3.8-27B (not needed with --offline or --expect)."
+    ),
+    revision: str | None = typer.Option(
+        None,
+        "--revision",
+        "-r",
+        help="Branch, tag or 40-hex commit; pinned to one commit (default: main, or --expect's).",
+    ),
     out: Path = typer.Option(..., "--out", "-o", help="Folder to fetch into (created)."),
     offline: bool = typer.Option(False, "--offline", help="No network: re-verify --out against its fetch record."),
-    re_resolve: bool = typer.Option(False, "--re-resolve", help="Resolve the revision again instead of reusing the recorded commit."),
-    expect: Path | None = typer.Option(None, "--expect", help="A fetch record whose exact content the fetch must hold (any commit id: survives a history rewrite)."),
-    root: str | None = typer.Option(None, "--root", help="sha256:HEX, the root digest the publisher announces: refused unless the fetched artifact's manifest has it."),
+    re_resolve: bool = typer.Option(
+        False, "--re-resolve", help="Resolve the revision again instead of reusing the recorded commit."
+    ),
+    expect: Path | None = typer.Option(
+        None,
+        "--expect",
+        help="A fetch record whose exact content the fetch must hold (any commit id: survives a history rewrite).",
+    ),
+    root: str | None = typer.Option(
+        None,
+        "--root",
+        help="sha256:HEX, the root digest the publisher announces: refused unless the fetched artifact's manifest has it.",
+    ),
     repo_type: RepoType = typer.Option(RepoType.model, "--repo-type", help="model or dataset."),
     workers: int = typer.Option(8, "--workers", min=1, max=64, help="Parallel downloads."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, warnings only."),
-    force: bool = typer.Option(False, "--force", help="Remove an existing --out that holds no fetch of this repo (says what it removes)."),
+    force: bool = typer.Option(
+        False, "--force", help="Remove an existing --out that holds no fetch of this repo (says what it removes)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
     """Download a Hub repo at one pinned commit, verify every file (sha256 / git blob sha1),
@@ -98,9 +119,14 @@ def fetch(
     from qwenquant import outfolder
 
     foreign = outfolder.foreign_in_fetch_out(out, repo_id, repo_type.value)
-    removal = outfolder.guard(out, foreign, force=force, flag="--out", remove=[p for p in foreign if p.name !=
-                                                                                 outfolder.FETCH_STAGING],
-                              problem=f"exists and holds no fetch of {repo_type.value} repo {repo_id}")
+    removal = outfolder.guard(
+        out,
+        foreign,
+        force=force,
+        flag="--out",
+        remove=[p for p in foreign if p.name != outfolder.FETCH_STAGING],
+        problem=f"exists and holds no fetch of {repo_type.value} repo {repo_id}",
+    )
     import os
 
     os.environ.setdefault("HF_HUB_DISABLE_XET", "1")  # plain HTTP transfers, verified here
@@ -132,8 +158,11 @@ def _show(result: FetchResult, repo_id: str, out: Path, as_json: bool) -> None:
     stdout.print(f"{repo_id}@{result.commit} -> {out} ({summary['downloaded']} downloaded, "
                  f"{summary['reused']} already verified, fetch record digest {summary['root_digest'][:16]})")  # fmt: skip
     if art:
-        stdout.print(f"qwenquant artifact verified against its manifest: {art.files_checked} files, "
-                     f"root digest {art.root_digest}", markup=False)
+        stdout.print(
+            f"qwenquant artifact verified against its manifest: {art.files_checked} files, "
+            f"root digest {art.root_digest}",
+            markup=False,
+        )
 
 
 def _interrupted(out: Path) -> str:
@@ -152,8 +181,10 @@ def _root(root: str | None) -> str | None:
         return None
     digest = root.strip().lower().removeprefix("sha256:")
     if not re.fullmatch(r"[0-9a-f]{64}", digest):
-        raise UsageError(f"--root {root!r} is not a sha256 root digest",
-                         hint="pass it as the card prints it: --root sha256:<64 hex digits>")
+        raise UsageError(
+            f"--root {root!r} is not a sha256 root digest",
+            hint="pass it as the card prints it: --root sha256:<64 hex digits>",
+        )
     return digest
 
 
@@ -167,8 +198,10 @@ def _expected(expect: Path | None, repo_id: str | None) -> dict | None:
 
     rec = load_record_file(expect)
     if repo_id and rec.get("repo_id") != repo_id:
-        raise UsageError(f"--expect {expect} records {rec.get('repo_id')}, not {repo_id}",
-                         hint="drop the repo id (it comes from the record) or pass that repo's record")
+        raise UsageError(
+            f"--expect {expect} records {rec.get('repo_id')}, not {repo_id}",
+            hint="drop the repo id (it comes from the record) or pass that repo's record",
+        )
     return rec
 
 
@@ -180,15 +213,27 @@ def _offline(out: Path, as_json: bool) -> None:
     from qwenquant.fetch.record import repair_hint
 
     if not out.is_dir():
-        raise UsageError(f"--out {out}: {'is a file, not a folder' if out.exists() else 'folder not found'}",
-                         hint="--offline re-checks a folder `qwenquant fetch` wrote")
+        raise UsageError(
+            f"--out {out}: {'is a file, not a folder' if out.exists() else 'folder not found'}",
+            hint="--offline re-checks a folder `qwenquant fetch` wrote",
+        )
     check = check_fetch_record(out)
     rec = check.record
     if as_json:
-        print_json({"ok": check.ok, "out": str(out), "commit": rec.get("commit"),
-                    "missing": check.missing, "changed": check.changed, "extra": check.extra})
+        print_json(
+            {
+                "ok": check.ok,
+                "out": str(out),
+                "commit": rec.get("commit"),
+                "missing": check.missing,
+                "changed": check.changed,
+                "extra": check.extra,
+            }
+        )
     if not check.ok:
-        raise VerificationError(f"{out} does not match its fetch record: {check.summary()}", hint=repair_hint(check, out))
+        raise VerificationError(
+            f"{out} does not match its fetch record: {check.summary()}", hint=repair_hint(check, out)
+        )
     if not as_json:
         stdout.print(f"ok {rec['repo_id']}@{rec['commit']} {len(rec['files'])} files verified in {out}")
 
@@ -200,6 +245,11 @@ def _warn_extra(out: Path, record: dict) -> None:
 
     extra = extra_files(out, record)
     if extra:
-        console.print(f"[yellow]warning:[/] kept {len(extra)} file(s) the repo does not list: "
-                      f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}; remove them (`fetch --offline` "
-                      "and quantize refuse a folder holding them)", markup=True, highlight=False, soft_wrap=True)
+        console.print(
+            f"[yellow]warning:[/] kept {len(extra)} file(s) the repo does not list: "
+            f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}; remove them (`fetch --offline` "
+            "and quantize refuse a folder holding them)",
+            markup=True,
+            highlight=False,
+            soft_wrap=True,
+        )

@@ -13,18 +13,26 @@ from qwenquant.commands._app import Split, app
 
 @app.command()
 def plan(
-    target: Path = typer.Argument(..., exists=True, help="Artifact folder, or a config.json (or a folder holding one)."),
+    target: Path = typer.Argument(
+        ..., exists=True, help="Artifact folder, or a config.json (or a folder holding one)."
+    ),
     gpu_mem: str = typer.Option("24GiB", "--gpu-mem", help="GPU memory to plan for, e.g. 24GiB."),
     recipe: str | None = typer.Option(None, help="Recipe for a bare config (default w4a16-int4head)."),
-    profile: list[str] = typer.Option([], "--profile", "-p", metavar="PROFILE", help="Only this profile; repeat "
-                                      "for several (default: all)."),
+    profile: list[str] = typer.Option(
+        [], "--profile", "-p", metavar="PROFILE", help="Only this profile; repeat for several (default: all)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs to split the model over; figures are per GPU."),
-    split: Split | None = typer.Option(None, "--split", help="With --gpus N: tensor (every layer split over the "
-                                       "GPUs) or pipeline (each GPU holds a run of whole layers: one budget per "
-                                       "stage). Default: as `serve --gpus N` decides: tensor for a profile that "
-                                       "drafts with MTP, else from the GPUs' link (nvidia-smi topo), tensor when it "
-                                       "cannot be read.", show_default=False),
+    split: Split | None = typer.Option(
+        None,
+        "--split",
+        help="With --gpus N: tensor (every layer split over the "
+        "GPUs) or pipeline (each GPU holds a run of whole layers: one budget per "
+        "stage). Default: as `serve --gpus N` decides: tensor for a profile that "
+        "drafts with MTP, else from the GPUs' link (nvidia-smi topo), tensor when it "
+        "cannot be read.",
+        show_default=False,
+    ),
 ) -> None:
     """Memory budget per component and per serve profile: what fits on the GPU, what to lower.
 
@@ -48,11 +56,12 @@ def plan(
     from qwenquant.errors import UsageError
 
     if split is not None and gpus == 1:
-        raise UsageError(f"--split needs --gpus N (--split {split.value} splits the model over several GPUs)",
-                         hint=f"e.g. --gpus 2 --split {split.value}")
+        raise UsageError(
+            f"--split needs --gpus N (--split {split.value} splits the model over several GPUs)",
+            hint=f"e.g. --gpus 2 --split {split.value}",
+        )
     groups = _layout_groups(target, recipe, profile, gpus, split.value if split else None)
-    results = [(layout, _plan_one(target, gpu_mem, recipe, names, gpus, layout, as_json))
-               for layout, names in groups]
+    results = [(layout, _plan_one(target, gpu_mem, recipe, names, gpus, layout, as_json)) for layout, names in groups]
     if as_json:
         from qwenquant.console import print_json
 
@@ -60,8 +69,9 @@ def plan(
     _refuse_if_none_fits(results, gpu_mem, gpus)
 
 
-def _layout_groups(target: Path, recipe: str | None, profiles: list[str], gpus: int,
-                   split: str | None) -> list[tuple[Any, list[str]]]:
+def _layout_groups(
+    target: Path, recipe: str | None, profiles: list[str], gpus: int, split: str | None
+) -> list[tuple[Any, list[str]]]:
     """The profiles grouped by the layout `serve --gpus N` would give each (serve/topology.py decide_layout):
     --split, else tensor for MTP profiles where the link would pick pipeline, else the GPUs' link."""
     from qwenquant.plan.artifact import plan_recipe
@@ -79,14 +89,22 @@ def _layout_groups(target: Path, recipe: str | None, profiles: list[str], gpus: 
     return list(groups.items())
 
 
-def _plan_one(target: Path, gpu_mem: str, recipe: str | None, names: list[str], gpus: int, layout: Any,
-              as_json: bool) -> Any:
+def _plan_one(
+    target: Path, gpu_mem: str, recipe: str | None, names: list[str], gpus: int, layout: Any, as_json: bool
+) -> Any:
     from qwenquant.plan.artifact import make_plan
     from qwenquant.plan.gpumem import parse_size
     from qwenquant.plan.pipeline import PARTITION_ENV
 
-    res = make_plan(target, parse_size(gpu_mem), recipe_name=recipe, profiles=names, tp=layout.tp, pp=layout.pp,
-                    partition=os.environ.get(PARTITION_ENV))
+    res = make_plan(
+        target,
+        parse_size(gpu_mem),
+        recipe_name=recipe,
+        profiles=names,
+        tp=layout.tp,
+        pp=layout.pp,
+        partition=os.environ.get(PARTITION_ENV),
+    )
     if not as_json:
         typer.echo("\n".join(_text(res, gpu_mem, gpus, layout)))
     return res
@@ -95,12 +113,17 @@ def _plan_one(target: Path, gpu_mem: str, recipe: str | None, names: list[str], 
 def _text(res: Any, gpu_mem: str, gpus: int, layout: Any) -> list[str]:
     from qwenquant.plan.report import budget_lines, pipeline_lines, weights_lines
 
-    where = f"GPU memory {gpu_mem}" if gpus == 1 else \
-        f"{gpus} GPUs of {gpu_mem} each under {layout.kind} parallelism ({layout.reason}), figures per GPU"
+    where = (
+        f"GPU memory {gpu_mem}"
+        if gpus == 1
+        else f"{gpus} GPUs of {gpu_mem} each under {layout.kind} parallelism ({layout.reason}), figures per GPU"
+    )
     lines = [f"plan for {res.source}, {where}"] + weights_lines(res.weights, res.include_vision)
     for k, w in enumerate(res.stage_weights):
-        lines += [""] + [f"pipeline stage {k}: {line}" if i == 0 else line
-                         for i, line in enumerate(weights_lines(w, res.include_vision))]
+        lines += [""] + [
+            f"pipeline stage {k}: {line}" if i == 0 else line
+            for i, line in enumerate(weights_lines(w, res.include_vision))
+        ]
     for name, b in res.budgets.items():
         for i, x in enumerate(res.stages.get(name, [b])):
             shown = budget_lines(name, x, res.shape, refused=res.refused.get(name), positions=res.max_positions)
@@ -118,16 +141,23 @@ def _merge_json(results: list[tuple[Any, Any]]) -> dict[str, Any]:
 
     first_layout, first = results[0]
     same = len(results) == 1
-    doc: dict[str, Any] = {"source": first.source, "tensor_parallel_size": first_layout.tp if same else None,
-                           "pipeline_parallel_size": first_layout.pp if same else None,
-                           "weights": first.weights.bytes, "max_position_embeddings": first.max_positions,
-                           "stage_weights": [w.bytes for w in first.stage_weights] or None, "profiles": {}}
+    doc: dict[str, Any] = {
+        "source": first.source,
+        "tensor_parallel_size": first_layout.tp if same else None,
+        "pipeline_parallel_size": first_layout.pp if same else None,
+        "weights": first.weights.bytes,
+        "max_position_embeddings": first.max_positions,
+        "stage_weights": [w.bytes for w in first.stage_weights] or None,
+        "profiles": {},
+    }
     for layout, res in results:
         for k, b in res.budgets.items():
-            doc["profiles"][k] = (budget_dict(b, res.shape) | {"fits": res.fits(k), "position_problem": res.refused.get(k)}
-                                  | {"layout": {"tensor": layout.tp, "pipeline": layout.pp, "reason": layout.reason}}
-                                  | ({"stages": [budget_dict(x, res.shape) for x in res.stages[k]]}
-                                     if layout.pp > 1 else {}))
+            doc["profiles"][k] = (
+                budget_dict(b, res.shape)
+                | {"fits": res.fits(k), "position_problem": res.refused.get(k)}
+                | {"layout": {"tensor": layout.tp, "pipeline": layout.pp, "reason": layout.reason}}
+                | ({"stages": [budget_dict(x, res.shape) for x in res.stages[k]]} if layout.pp > 1 else {})
+            )
     return doc
 
 
@@ -142,6 +172,8 @@ def _refuse_if_none_fits(results: list[tuple[Any, Any]], gpu_mem: str, gpus: int
         if name in res.refused:
             raise ServeError(f"no serve profile fits: {res.refused[name]} (profile {name})", hint=res.fix(name))
         where = f" ({stage_name(b)})" if layout.pp > 1 else ""
-        raise ServeError(f"no serve profile fits in {gpu_mem}{' per GPU' if gpus > 1 else ''}: {first_reason(b)} "
-                         f"(profile {name}{where})",
-                         hint="plan for a GPU with more memory, or lower the settings each profile names")
+        raise ServeError(
+            f"no serve profile fits in {gpu_mem}{' per GPU' if gpus > 1 else ''}: {first_reason(b)} "
+            f"(profile {name}{where})",
+            hint="plan for a GPU with more memory, or lower the settings each profile names",
+        )

@@ -19,17 +19,42 @@ if TYPE_CHECKING:
 
 @app.command("quantize")
 def quantize_cmd(
-    source: Path = typer.Argument(..., exists=True, file_okay=False, help="Model folder written by `qwenquant fetch` (or any folder with --source-unverified)."),
+    source: Path = typer.Argument(
+        ...,
+        exists=True,
+        file_okay=False,
+        help="Model folder written by `qwenquant fetch` (or any folder with --source-unverified).",
+    ),
     recipe: str = typer.Option("w4a16-int4head", "--recipe", help="Shipped recipe name or YAML path."),
     out: Path = typer.Option(..., "--out", help="Artifact folder to write (replaced when complete)."),
-    calibration: str | None = typer.Option(None, "--calibration", help="Calibration set name or YAML path (default: the recipe's)."),
-    source_unverified: bool = typer.Option(False, "--source-unverified", help="Accept a local folder without a fetch record (hashed and recorded as unverified)."),
-    work: Path | None = typer.Option(None, "--work", help="Work folder for stage outputs and records (default: <out>.work)."),
+    calibration: str | None = typer.Option(
+        None, "--calibration", help="Calibration set name or YAML path (default: the recipe's)."
+    ),
+    source_unverified: bool = typer.Option(
+        False,
+        "--source-unverified",
+        help="Accept a local folder without a fetch record (hashed and recorded as unverified).",
+    ),
+    work: Path | None = typer.Option(
+        None, "--work", help="Work folder for stage outputs and records (default: <out>.work)."
+    ),
     device: Device | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when present)."),
-    hessian_precision: HessianPrecision | None = typer.Option(None, "--hessian-precision", help="GPTQ Hessian accumulation: tensor-core (bf16 inputs on tensor cores, float32 sums) or fp32 (llm-compressor's own float32 arithmetic). Default: the recipe's quantization.hessian_precision (tensor-core)."),
-    gpus: str = typer.Option("1", "--gpus", help="Processes for the gptq stage, one GPU each (NCCL): a number or 'auto' (every visible GPU). With --device cpu: N CPU processes (gloo)."),
-    force: bool = typer.Option(False, "--force", help="Remove an existing --out / --work that is not this build's (says what it removes)."),
-    plan: bool = typer.Option(False, "--plan", help="Only say which stages would run or be reused, and why; runs and writes nothing."),
+    hessian_precision: HessianPrecision | None = typer.Option(
+        None,
+        "--hessian-precision",
+        help="GPTQ Hessian accumulation: tensor-core (bf16 inputs on tensor cores, float32 sums) or fp32 (llm-compressor's own float32 arithmetic). Default: the recipe's quantization.hessian_precision (tensor-core).",
+    ),
+    gpus: str = typer.Option(
+        "1",
+        "--gpus",
+        help="Processes for the gptq stage, one GPU each (NCCL): a number or 'auto' (every visible GPU). With --device cpu: N CPU processes (gloo).",
+    ),
+    force: bool = typer.Option(
+        False, "--force", help="Remove an existing --out / --work that is not this build's (says what it removes)."
+    ),
+    plan: bool = typer.Option(
+        False, "--plan", help="Only say which stages would run or be reused, and why; runs and writes nothing."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the result (or the plan) as JSON on stdout."),
 ) -> None:
     """Quantize a Qwen3.5-architecture checkpoint into a verified W4A16 artifact (resumable).
@@ -62,8 +87,9 @@ def quantize_cmd(
     from qwenquant.recipe.calibdata import check_calibration_data
 
     check_calibration_data(spec)
-    opts = QuantizeOptions(source, r, spec, out, work, device.value if device else None, source_unverified, force,
-                           n_gpus)
+    opts = QuantizeOptions(
+        source, r, spec, out, work, device.value if device else None, source_unverified, force, n_gpus
+    )
     (_plan if plan else _run)(opts, as_json)
 
 
@@ -89,8 +115,10 @@ def _run(opts: QuantizeOptions, as_json: bool) -> None:
         print_json(result.to_dict())
         return
     _print_result(result, stdout)
-    console.print(f"[green]done[/]: {sum(v == 'ran' for v in result.stages.values())} stage(s) ran, "
-                  f"{sum(v == 'skipped' for v in result.stages.values())} reused")
+    console.print(
+        f"[green]done[/]: {sum(v == 'ran' for v in result.stages.values())} stage(s) ran, "
+        f"{sum(v == 'skipped' for v in result.stages.values())} reused"
+    )
 
 
 def resume_note(opts: QuantizeOptions) -> str:
@@ -105,9 +133,11 @@ def resume_note(opts: QuantizeOptions) -> str:
         return f"interrupted while writing the artifact; re-run the same command: every stage in {work} is reused"
     layers = len(list((work / "gptq-layers").glob("layer-*/record.json"))) if left[0] == "gptq" else 0
     within = f": gptq {_resume_point(opts, layers)}" if layers else ""
-    return (f"interrupted in stage {left[0]}; {len(done)} of {len(PIPELINE)} stages complete in {work}"
-            f"{' (' + ', '.join(done) + ')' if done else ''}. Re-run the same command to resume from stage "
-            f"{left[0]}{within}")
+    return (
+        f"interrupted in stage {left[0]}; {len(done)} of {len(PIPELINE)} stages complete in {work}"
+        f"{' (' + ', '.join(done) + ')' if done else ''}. Re-run the same command to resume from stage "
+        f"{left[0]}{within}"
+    )
 
 
 def _resume_point(opts: QuantizeOptions, layers: int) -> str:
@@ -139,8 +169,10 @@ def _plan(opts: QuantizeOptions, as_json: bool) -> None:
         stdout.print(f"--force removes, once the source stage passed: {line}", markup=False)
     for s in p.stages:
         stdout.print(f"{s.stage:<{width}}  {s.describe()}", markup=False)
-    console.print(f"plan: {len(p.would_run)} stage(s) would run, {len(p.stages) - len(p.would_run)} reused "
-                  "(nothing was run or written)")
+    console.print(
+        f"plan: {len(p.would_run)} stage(s) would run, {len(p.stages) - len(p.would_run)} reused "
+        "(nothing was run or written)"
+    )
 
 
 def _print_result(result, out) -> None:  # (QuantizeResult, rich Console): both imported in the command body
@@ -155,18 +187,28 @@ def _print_result(result, out) -> None:  # (QuantizeResult, rich Console): both 
             t.add_column(col)
         for m in ("rtn", "gptq"):
             t.add_row(m, f"{head[m]['kl']:.6g}", f"{head[m]['top1']:.4f}")
-        t.caption = (f"KL reduction {head['kl_reduction_pct']:.1f}%, {head['calibration_tokens']} calibration / "
-                     f"{head['heldout_tokens']} held-out tokens")
+        t.caption = (
+            f"KL reduction {head['kl_reduction_pct']:.1f}%, {head['calibration_tokens']} calibration / "
+            f"{head['heldout_tokens']} held-out tokens"
+        )
         out.print(t)
 
 
 @app.command("graft-mtp")
 def graft_mtp_cmd(
     artifact: Path = typer.Argument(..., exists=True, file_okay=False, help="Quantized artifact folder."),
-    source: Path = typer.Option(..., "--source", exists=True, file_okay=False, help="The original (unquantized) model folder."),
-    check_only: bool = typer.Option(False, "--check-only", help="Only report; exit 5 when something is missing or different."),
-    force: bool = typer.Option(False, "--force", help="Remove files in the artifact folder that are not part of it (says what it removes)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result (plan, written, root digest) as JSON on stdout."),
+    source: Path = typer.Option(
+        ..., "--source", exists=True, file_okay=False, help="The original (unquantized) model folder."
+    ),
+    check_only: bool = typer.Option(
+        False, "--check-only", help="Only report; exit 5 when something is missing or different."
+    ),
+    force: bool = typer.Option(
+        False, "--force", help="Remove files in the artifact folder that are not part of it (says what it removes)."
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the result (plan, written, root digest) as JSON on stdout."
+    ),
 ) -> None:
     """Copy the bf16 MTP draft head (mtp.*) from the source into an artifact, byte-identical.
 
@@ -186,13 +228,19 @@ def graft_mtp_cmd(
     from qwenquant.errors import StageError
     from qwenquant.quantize.graft import graft_mtp
 
-    on_interrupt(lambda: f"interrupted: {artifact} is as it was or fully grafted, never half-written (the graft is "
-                         "built beside it and renamed into place in one step, and its partial copy is removed); "
-                         f"`qwenquant graft-mtp {artifact} --source {source} --check-only` says which")
+    on_interrupt(
+        lambda: (
+            f"interrupted: {artifact} is as it was or fully grafted, never half-written (the graft is "
+            "built beside it and renamed into place in one step, and its partial copy is removed); "
+            f"`qwenquant graft-mtp {artifact} --source {source} --check-only` says which"
+        )
+    )
     r = graft_mtp(artifact, source, check_only=check_only, force=force)
     if check_only and not r["nothing_to_do"]:
-        raise StageError(f"MTP head incomplete in {artifact}: {r['plan']}",
-                         hint=f"run `qwenquant graft-mtp {artifact} --source {source}`")
+        raise StageError(
+            f"MTP head incomplete in {artifact}: {r['plan']}",
+            hint=f"run `qwenquant graft-mtp {artifact} --source {source}`",
+        )
     if as_json:
         print_json(r)
     elif r["nothing_to_do"]:

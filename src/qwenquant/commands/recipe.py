@@ -40,9 +40,11 @@ def validate(
     r = load_recipe(file)  # RecipeError (exit 2) lists every problem
     unresolved = calibration_problems(r) + _eval_text_problems(r)
     if unresolved:  # what quantize would refuse before its first stage
-        raise RecipeError(f"recipe {r.source_path or file} is invalid: " + "; ".join(unresolved),
-                          hint="a relative path resolves against the recipe's folder: write it relative to the "
-                               "recipe's folder or absolute (`qwenquant recipe show NAME` writes it absolute)")
+        raise RecipeError(
+            f"recipe {r.source_path or file} is invalid: " + "; ".join(unresolved),
+            hint="a relative path resolves against the recipe's folder: write it relative to the "
+            "recipe's folder or absolute (`qwenquant recipe show NAME` writes it absolute)",
+        )
     if as_json:
         print_json({"ok": True, "name": r.name, "sha256": r.sha256(), "features": r.features()})
         return
@@ -91,8 +93,10 @@ def show(
     doc = _portable(r)
     saved = parse_recipe(doc)  # what `--recipe` of this text saved anywhere loads
     if saved.sha256() != r.sha256():
-        print(f"# sha256 of {name} as it is: {r.sha256()}; its calibration.path ({r.calibration.path}) is relative "
-              "to its folder and is written absolute below, so that a copy reads the same file")
+        print(
+            f"# sha256 of {name} as it is: {r.sha256()}; its calibration.path ({r.calibration.path}) is relative "
+            "to its folder and is written absolute below, so that a copy reads the same file"
+        )
     print(f"# sha256: {saved.sha256()}")
     stdout.print(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True), markup=False, end="")
 
@@ -129,8 +133,9 @@ def list_(as_json: bool = typer.Option(False, "--json", help="Print the list as 
     for name, path in list_recipes().items():
         try:
             r = load_recipe(path)
-            recipes.append({"name": name, "path": str(path), "valid": True, "features": r.features(),
-                            "sha256": r.sha256()})
+            recipes.append(
+                {"name": name, "path": str(path), "valid": True, "features": r.features(), "sha256": r.sha256()}
+            )
         except RecipeError:
             recipes.append({"name": name, "path": str(path), "valid": False, "features": [], "sha256": None})
     calibrations = [{"name": name, "path": str(path)} for name, path in list_calibrations().items()]
@@ -138,8 +143,11 @@ def list_(as_json: bool = typer.Option(False, "--json", help="Print the list as 
         print_json({"recipes": recipes, "calibrations": calibrations})
         return
     for r in recipes:
-        desc = "recipe: " + ", ".join(r["features"]) if r["valid"] else \
-            "recipe (invalid: run `qwenquant recipe validate` on it)"
+        desc = (
+            "recipe: " + ", ".join(r["features"])
+            if r["valid"]
+            else "recipe (invalid: run `qwenquant recipe validate` on it)"
+        )
         stdout.print(f"{r['name']:34} {desc}", markup=False, soft_wrap=True)
     for c in calibrations:
         stdout.print(f"{c['name']:34} calibration set (--calibration {c['name']})", markup=False)

@@ -13,7 +13,9 @@ from qwenquant.commands._options import ServerOptions, with_options
 @app.command(context_settings={"allow_interspersed_args": True})
 @with_options("server", ServerOptions)
 def serve(
-    artifact: Path = typer.Argument(..., exists=True, file_okay=False, help="Artifact folder made by `qwenquant quantize`."),
+    artifact: Path = typer.Argument(
+        ..., exists=True, file_okay=False, help="Artifact folder made by `qwenquant quantize`."
+    ),
     extra: list[str] | None = typer.Argument(None, help="Extra vLLM flags, after `--`.", show_default=False),
     *,
     server: ServerOptions,
@@ -21,14 +23,26 @@ def serve(
     host: str | None = typer.Option(None, help="Host to bind (default: the profile's)."),
     served_model_name: str | None = typer.Option(None, help="Model name clients use."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and environment; start nothing."),
-    as_json: bool = typer.Option(False, "--json", help="With --dry-run: the decided launch (argv, environment, "
-                                                       "memory budget, warnings, failed checks) as JSON on stdout."),
-    log_file: Path | None = typer.Option(None, help="Server log (default: ARTIFACT.work/serve/ when quantize left that folder, else a temp folder; never in the artifact)."),
-    public_key: Path | None = typer.Option(None, "--require-signature", metavar="PUBLIC_KEY",
-                                              help="Refuse to serve unless the artifact's model_signing signature "
-                                                   "holds for this public key (PEM); pip install 'qwenquant\\[sign]'."),
-    signature: Path | None = typer.Option(None, "--signature", help="The signature to check with "
-                                             "--require-signature (default: ARTIFACT/model.sig)."),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help="With --dry-run: the decided launch (argv, environment, "
+        "memory budget, warnings, failed checks) as JSON on stdout.",
+    ),
+    log_file: Path | None = typer.Option(
+        None,
+        help="Server log (default: ARTIFACT.work/serve/ when quantize left that folder, else a temp folder; never in the artifact).",
+    ),
+    public_key: Path | None = typer.Option(
+        None,
+        "--require-signature",
+        metavar="PUBLIC_KEY",
+        help="Refuse to serve unless the artifact's model_signing signature "
+        "holds for this public key (PEM); pip install 'qwenquant\\[sign]'.",
+    ),
+    signature: Path | None = typer.Option(
+        None, "--signature", help="The signature to check with --require-signature (default: ARTIFACT/model.sig)."
+    ),
 ) -> int:
     """Serve an artifact with vLLM after preflight checks; print "ready URL" once it answers.
 
@@ -60,11 +74,24 @@ def serve(
     from qwenquant.serve.run import run_serve
 
     if as_json and not dry_run:
-        raise UsageError("--json goes with --dry-run (a running server prints `ready URL`)",
-                         hint=f"qwenquant serve {artifact} --dry-run --json")
+        raise UsageError(
+            "--json goes with --dry-run (a running server prints `ready URL`)",
+            hint=f"qwenquant serve {artifact} --dry-run --json",
+        )
     if signature is not None and public_key is None:
-        raise UsageError("--signature needs --require-signature PUBLIC_KEY",
-                         hint=f"qwenquant serve {artifact} --require-signature publisher.pub")
-    req = server.to_request(artifact, extra or [], port=port, host=host, served_model_name=served_model_name,
-                            dry_run=dry_run, log_file=log_file, public_key=public_key, signature=signature)
+        raise UsageError(
+            "--signature needs --require-signature PUBLIC_KEY",
+            hint=f"qwenquant serve {artifact} --require-signature publisher.pub",
+        )
+    req = server.to_request(
+        artifact,
+        extra or [],
+        port=port,
+        host=host,
+        served_model_name=served_model_name,
+        dry_run=dry_run,
+        log_file=log_file,
+        public_key=public_key,
+        signature=signature,
+    )
     return run_serve(req, as_json=as_json)

@@ -12,9 +12,15 @@ from qwenquant.commands._app import app
 
 @app.command("verify")
 def verify(
-    artifact: Path = typer.Argument(..., exists=True, file_okay=False, help="Artifact folder holding qwenquant-manifest.json."),
-    signature: Path | None = typer.Option(None, "--signature", help="A model_signing signature (model.sig) to check too."),
-    public_key: Path | None = typer.Option(None, "--public-key", help="The signer's public key (PEM), with --signature."),
+    artifact: Path = typer.Argument(
+        ..., exists=True, file_okay=False, help="Artifact folder holding qwenquant-manifest.json."
+    ),
+    signature: Path | None = typer.Option(
+        None, "--signature", help="A model_signing signature (model.sig) to check too."
+    ),
+    public_key: Path | None = typer.Option(
+        None, "--public-key", help="The signer's public key (PEM), with --signature."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Re-hash every file of an artifact against its manifest; exit 0 only when all match. A fetched
@@ -33,8 +39,10 @@ def verify(
     from qwenquant.publish.cardcheck import verify_published_artifact
 
     if (signature is None) != (public_key is None):
-        raise UsageError("--signature and --public-key go together",
-                         hint="qwenquant verify DIR --signature DIR/model.sig --public-key publisher.pub")
+        raise UsageError(
+            "--signature and --public-key go together",
+            hint="qwenquant verify DIR --signature DIR/model.sig --public-key publisher.pub",
+        )
     report = verify_published_artifact(artifact)
     signed = None
     if report.ok and signature is not None and public_key is not None:  # both or neither (checked above)
@@ -42,19 +50,35 @@ def verify(
 
         signed = verify_signature(artifact, signature, public_key)
     if as_json:
-        print_json({**report.to_dict(), "signature": None if signed is None else {
-            "path": str(signature), "files": signed.files, "covers": signed.covers(), "card_files": list(signed.card_files)}})
+        print_json(
+            {
+                **report.to_dict(),
+                "signature": None
+                if signed is None
+                else {
+                    "path": str(signature),
+                    "files": signed.files,
+                    "covers": signed.covers(),
+                    "card_files": list(signed.card_files),
+                },
+            }
+        )
     elif report.ok:
-        stdout.print(f"OK {artifact}: {report.files_checked} files, {report.bytes_checked} bytes, "
-                     f"root sha256:{report.root_digest}", markup=False)
+        stdout.print(
+            f"OK {artifact}: {report.files_checked} files, {report.bytes_checked} bytes, "
+            f"root sha256:{report.root_digest}",
+            markup=False,
+        )
         for line in _provenance(artifact, report, signature, public_key, signed):
             stdout.print(line, markup=False)
     else:
         _problem_table(artifact, report, stdout)
     if not report.ok:
         raise VerificationError(
-            f"{artifact} does not match its manifest: " + ", ".join(
-                f"{p.path} ({p.status}{': ' + p.detail if p.status == 'card' else ''})" for p in report.problems),
+            f"{artifact} does not match its manifest: "
+            + ", ".join(
+                f"{p.path} ({p.status}{': ' + p.detail if p.status == 'card' else ''})" for p in report.problems
+            ),
             hint=_hint(artifact, report),
         )
 
@@ -63,9 +87,11 @@ def _hint(artifact: Path, report: Any) -> str:
     """Card problems: the card was changed after publishing (fetch it again, from the repo the fetch record
     names); files: re-copy or rebuild."""
     if all(p.status == "card" for p in report.problems):
-        return ("the card files differ from what the manifest and the reports give (edited after publishing): "
-                f"re-fetch the folder (`qwenquant fetch {_fetched_from(artifact) or 'REPO'} --out {artifact}`); "
-                "never trust figures that fail this")
+        return (
+            "the card files differ from what the manifest and the reports give (edited after publishing): "
+            f"re-fetch the folder (`qwenquant fetch {_fetched_from(artifact) or 'REPO'} --out {artifact}`); "
+            "never trust figures that fail this"
+        )
     return "re-copy or rebuild the artifact; never serve files that fail verification"
 
 
@@ -81,8 +107,7 @@ def _fetched_from(artifact: Path) -> str | None:
         return None
 
 
-def _provenance(artifact: Path, report: Any, signature: Path | None, public_key: Path | None,
-                signed: Any) -> list[str]:
+def _provenance(artifact: Path, report: Any, signature: Path | None, public_key: Path | None, signed: Any) -> list[str]:
     """Where a fetched folder came from, the published root digest, the signature that held."""
     import json
 
@@ -90,8 +115,10 @@ def _provenance(artifact: Path, report: Any, signature: Path | None, public_key:
 
     out = []
     if report.card:
-        out.append(f"published as {report.published_as}: root digest {report.card['root_digest']} "
-                   f"(card and {len(report.card['files']) - 1} reports unchanged since publishing)")
+        out.append(
+            f"published as {report.published_as}: root digest {report.card['root_digest']} "
+            f"(card and {len(report.card['files']) - 1} reports unchanged since publishing)"
+        )
     try:
         rec = json.loads((artifact / FETCH_RECORD_NAME).read_text())
         out.append(f"fetched from {rec['repo_id']}@{rec['commit']} ({rec.get('endpoint')})")
@@ -106,8 +133,13 @@ def _problem_table(artifact: Path, report: Any, out: Any) -> None:
     from rich.table import Column, Table
 
     width = max(len(p.path) for p in report.problems)  # never wrap a file name: users grep for it
-    table = Table(Column("file", no_wrap=True, min_width=width), "size", "status", "detail",
-                  title=f"{artifact}: {len(report.problems)} problem{'s' * (len(report.problems) != 1)}")
+    table = Table(
+        Column("file", no_wrap=True, min_width=width),
+        "size",
+        "status",
+        "detail",
+        title=f"{artifact}: {len(report.problems)} problem{'s' * (len(report.problems) != 1)}",
+    )
     for p in report.problems:
         size = p.actual_size if p.actual_size is not None else p.expected_size
         table.add_row(p.path, "" if size is None else str(size), p.status, p.detail)

@@ -29,7 +29,9 @@ class DenseForward:
     def __init__(self, text_cfg: dict[str, Any], tensors: dict[str, torch.Tensor], device: str = "cpu") -> None:
         from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-        cfg = Qwen3_5TextConfig(**{k: v for k, v in text_cfg.items() if k not in ("architectures", "quantization_config")})
+        cfg = Qwen3_5TextConfig(
+            **{k: v for k, v in text_cfg.items() if k not in ("architectures", "quantization_config")}
+        )
         cfg._attn_implementation = "sdpa"
         self.device = torch.device(device)
         self.model = Qwen3_5ForCausalLM(cfg).float().eval()
@@ -38,14 +40,16 @@ class DenseForward:
         if missing or unexpected:
             raise QwenquantError(
                 f"checkpoint tensors do not match the Qwen3.5 text model (missing {missing[:3]}, "
-                f"unexpected {unexpected[:3]})", hint="run `qwenquant check` on the folder")
+                f"unexpected {unexpected[:3]})",
+                hint="run `qwenquant check` on the folder",
+            )
         self.model.to(self.device)
         self.mtp = self._load_mtp(cfg, tensors)
 
     def _load_mtp(self, cfg: Any, tensors: dict[str, torch.Tensor]) -> Any:
         from qwenquant.modeling.mtp import MTPHead
 
-        mtp = {k[len("mtp."):]: v for k, v in tensors.items() if k.startswith("mtp.")}
+        mtp = {k[len("mtp.") :]: v for k, v in tensors.items() if k.startswith("mtp.")}
         if not mtp:
             return None
         head = MTPHead(cfg).float().eval()

@@ -61,8 +61,9 @@ def int16_scales(scales: torch.Tensor) -> tuple[torch.Tensor, float]:
     return s16, float(top.float()) / SCALE_STEPS
 
 
-def int8_act_matmul(x: torch.Tensor, codes: torch.Tensor, s16: torch.Tensor, global_scale: float,
-                    group_size: int) -> tuple[torch.Tensor, int]:
+def int8_act_matmul(
+    x: torch.Tensor, codes: torch.Tensor, s16: torch.Tensor, global_scale: float, group_size: int
+) -> tuple[torch.Tensor, int]:
     """(y [..., N] float32, how many outputs overflow int32) for x [..., K], int4 codes [N, K] (signed,
     -8..7), int16 scales [N, K / group_size]: sum_g s16[n, g] * sum_{k in g} q[k] * codes[n, k] in integers,
     then times the token's scale and the global factor."""
@@ -72,7 +73,7 @@ def int8_act_matmul(x: torch.Tensor, codes: torch.Tensor, s16: torch.Tensor, glo
     rows = max(1, CHUNK_BYTES // (8 * codes.shape[1]))  # float64 weights of a 248k-row head are 10 GB: in chunks
     ys, overflow = [], 0
     for r in range(0, codes.shape[0], rows):
-        w = (codes[r: r + rows].double().unflatten(-1, (-1, group_size)) * s16[r: r + rows].double().unsqueeze(-1))
+        w = codes[r : r + rows].double().unflatten(-1, (-1, group_size)) * s16[r : r + rows].double().unsqueeze(-1)
         acc = qd @ w.flatten(-2).T  # every product and partial sum is an integer below 2^53: exact
         overflow += int((acc.abs() > INT32_MAX).sum())
         ys.append(acc.float() * factor)
@@ -115,8 +116,10 @@ def _codes(packed: dict[str, torch.Tensor], group: dict[str, Any]) -> tuple[torc
     if problems:
         from qwenquant.errors import CheckError
 
-        raise CheckError(f"vLLM's int8-activation path runs symmetric int4 group layers only; this one has "
-                             f"{', '.join(problems)}", hint="evaluate this artifact without --activations int8")
+        raise CheckError(
+            f"vLLM's int8-activation path runs symmetric int4 group layers only; this one has {', '.join(problems)}",
+            hint="evaluate this artifact without --activations int8",
+        )
     shape = torch.Size(int(v) for v in packed["weight_shape"].tolist())
     return unpack_int32(packed["weight_packed"], bits, shape), int(size)
 
@@ -147,8 +150,11 @@ def int8_modules(tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> di
 def _one_group(module: str) -> Exception:
     from qwenquant.errors import CheckError
 
-    return CheckError(f"{module} has one scale group per row: vLLM 0.32 keeps no input_global_scale for such a "
-                          "layer and its int8 path fails on it", hint="evaluate this artifact without --activations int8")
+    return CheckError(
+        f"{module} has one scale group per row: vLLM 0.32 keeps no input_global_scale for such a "
+        "layer and its int8 path fails on it",
+        hint="evaluate this artifact without --activations int8",
+    )
 
 
 def swap_linears(root: nn.Module, modules: dict[str, Int8ActLinear], prefix: str = "") -> list[str]:
@@ -157,7 +163,7 @@ def swap_linears(root: nn.Module, modules: dict[str, Int8ActLinear], prefix: str
     for name, lin in modules.items():
         if not name.startswith(prefix):
             continue
-        path = name[len(prefix):]
+        path = name[len(prefix) :]
         parent, _, leaf = path.rpartition(".")
         owner = root.get_submodule(parent) if parent else root
         if not isinstance(getattr(owner, leaf, None), nn.Linear):
@@ -165,7 +171,6 @@ def swap_linears(root: nn.Module, modules: dict[str, Int8ActLinear], prefix: str
         setattr(owner, leaf, lin.to(next(owner.parameters(), lin.codes).device))
         done.append(name)
     return done
-
 
 
 def int8_counts(swapped: list[str], lm_head: bool) -> dict[str, Any]:

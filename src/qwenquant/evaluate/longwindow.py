@@ -34,8 +34,12 @@ def depth_text() -> tuple[str, dict[str, Any]]:
     from qwenquant.depthtext import read_pinned
 
     p = read_pinned(UsageError, "reinstall qwenquant (the shipped text was changed)")
-    return p.text, {"text_set": DEPTH_TEXT_SET, "file": f"qwenquant/data/depthtext/{p.file}", "sha256": p.sha256,
-                    "license": p.license}
+    return p.text, {
+        "text_set": DEPTH_TEXT_SET,
+        "file": f"qwenquant/data/depthtext/{p.file}",
+        "sha256": p.sha256,
+        "license": p.license,
+    }
 
 
 def max_positions(folder: Path) -> int | None:
@@ -50,9 +54,11 @@ def check_window_len(reference: Path, window_len: int) -> None:
     """Refuse (exit 2) a window longer than the reference has positions for."""
     limit = max_positions(reference)
     if limit is not None and window_len > limit:
-        raise UsageError(f"--window-len {window_len} is longer than the model's max_position_embeddings ({limit}, "
-                         f"{Path(reference) / 'config.json'})",
-                         hint=f"use --window-len {limit} or less: the model has no positions beyond it")
+        raise UsageError(
+            f"--window-len {window_len} is longer than the model's max_position_embeddings ({limit}, "
+            f"{Path(reference) / 'config.json'})",
+            hint=f"use --window-len {limit} or less: the model has no positions beyond it",
+        )
 
 
 def chunk_positions(forward: Callable[[Any], Any], chunk: int = MLP_CHUNK) -> Callable[[Any], Any]:
@@ -63,7 +69,7 @@ def chunk_positions(forward: Callable[[Any], Any], chunk: int = MLP_CHUNK) -> Ca
 
         if x.shape[1] <= chunk:
             return forward(x)
-        return torch.cat([forward(x[:, s: s + chunk]) for s in range(0, x.shape[1], chunk)], dim=1)
+        return torch.cat([forward(x[:, s : s + chunk]) for s in range(0, x.shape[1], chunk)], dim=1)
 
     return chunked
 
@@ -72,11 +78,19 @@ def _layer_weights(t: dict[str, Any]) -> dict[str, int]:
     """Parameters of one full-attention and one linear-attention (gated delta rule) decoder layer."""
     h, inter = t["hidden_size"], t["intermediate_size"]
     heads, kv, hd = t["num_attention_heads"], t["num_key_value_heads"], t["head_dim"]
-    kh, khd, vh, vhd = (t["linear_num_key_heads"], t["linear_key_head_dim"], t["linear_num_value_heads"],
-                        t["linear_value_head_dim"])
+    kh, khd, vh, vhd = (
+        t["linear_num_key_heads"],
+        t["linear_key_head_dim"],
+        t["linear_num_value_heads"],
+        t["linear_value_head_dim"],
+    )
     mlp = 3 * h * inter
     attn = h * (2 * heads * hd + 2 * kv * hd) + heads * hd * h
-    gdn = h * (2 * kh * khd + 2 * vh * vhd + 2 * vh) + vh * vhd * h + (2 * kh * khd + vh * vhd) * t["linear_conv_kernel_dim"]
+    gdn = (
+        h * (2 * kh * khd + 2 * vh * vhd + 2 * vh)
+        + vh * vhd * h
+        + (2 * kh * khd + vh * vhd) * t["linear_conv_kernel_dim"]
+    )
     return {"full_attention": mlp + attn, "linear_attention": mlp + gdn}
 
 
@@ -85,8 +99,12 @@ def _per_token_bytes(t: dict[str, Any]) -> dict[str, int]:
     its residual and output ([L, H] three times), the normed input, and the attention's projections."""
     h = t["hidden_size"]
     heads, kv, hd = t["num_attention_heads"], t["num_key_value_heads"], t["head_dim"]
-    kh, khd, vh, vhd = (t["linear_num_key_heads"], t["linear_key_head_dim"], t["linear_num_value_heads"],
-                        t["linear_value_head_dim"])
+    kh, khd, vh, vhd = (
+        t["linear_num_key_heads"],
+        t["linear_key_head_dim"],
+        t["linear_num_value_heads"],
+        t["linear_value_head_dim"],
+    )
     attn = 2 * heads * hd + 2 * kv * hd + 2 * heads * hd  # q and gate, k, v, the attention output and its gated copy
     # q, k, v, z before and after the causal conv, the recurrence's q/k/v/decay/beta copies and its output
     gdn = 2 * (2 * kh * khd + 2 * vh * vhd) + 3 * (2 * kh * khd + vh * vhd) + 2 * vh * vhd
@@ -104,14 +122,20 @@ def window_memory(text_cfg: dict[str, Any], window_len: int, windows: int, arms:
     mlp = 4 * min(window_len, MLP_CHUNK) * 3 * inter
     layer = max(4 * weights[k] + window_len * per_tok[k] + mlp for k in weights)
     heads = 3 * 4 * vocab * h + 6 * 4 * POSITION_CHUNK * vocab
-    return {"host_hidden_gib": (arms + 1) * windows * window_len * h * 4 / GIB, "device_layer_gib": layer / GIB,
-            "device_heads_gib": heads / GIB, "device_peak_gib": max(layer, heads) / GIB}
+    return {
+        "host_hidden_gib": (arms + 1) * windows * window_len * h * 4 / GIB,
+        "device_layer_gib": layer / GIB,
+        "device_heads_gib": heads / GIB,
+        "device_peak_gib": max(layer, heads) / GIB,
+    }
 
 
 def memory_line(text_cfg: dict[str, Any], window_len: int, windows: int, arms: int = 2) -> str:
     """One line: what the run needs, computed from the config (logged by eval offline and quoted in the README)."""
     m = window_memory(text_cfg, window_len, windows, arms)
-    return (f"{windows} x {window_len:,}-token windows, {arms} arms, computed (not measured): host "
-            f"{m['host_hidden_gib']:.1f} GiB of hidden states (every arm's, and the reference's for the lm_head test); device peak {m['device_peak_gib']:.1f} GiB "
-            f"(one decoder layer with one window {m['device_layer_gib']:.1f} GiB, the three float32 lm_heads "
-            f"{m['device_heads_gib']:.1f} GiB)")
+    return (
+        f"{windows} x {window_len:,}-token windows, {arms} arms, computed (not measured): host "
+        f"{m['host_hidden_gib']:.1f} GiB of hidden states (every arm's, and the reference's for the lm_head test); device peak {m['device_peak_gib']:.1f} GiB "
+        f"(one decoder layer with one window {m['device_layer_gib']:.1f} GiB, the three float32 lm_heads "
+        f"{m['device_heads_gib']:.1f} GiB)"
+    )

@@ -18,8 +18,10 @@ def _betacf(a: float, b: float, x: float) -> float:
     d = 1.0 / (d if abs(d) > tiny else tiny)
     h = d
     for m in range(1, 300):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+        for num in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
             d = 1.0 + num * d
             d = 1.0 / (d if abs(d) > tiny else tiny)
             c = 1.0 + num / c
@@ -86,8 +88,7 @@ def kl_tail(per_token: torch.Tensor) -> dict[str, float]:
     return {k: float(torch.quantile(v, q)) for k, q in KL_TAIL}
 
 
-def kl_tail_support(per_token: torch.Tensor, q: float = 0.999, resamples: int = 1000,
-                    seed: int = 0) -> dict[str, Any]:
+def kl_tail_support(per_token: torch.Tensor, q: float = 0.999, resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
     """What the per-token KL quantile `q` of `per_token` [windows, tokens] rests on: its 95% interval
     over windows (percentile bootstrap, windows resampled with replacement, fixed seed), how many
     windows hold tokens above it, the share of those tokens in the window holding most of them, and
@@ -102,9 +103,15 @@ def kl_tail_support(per_token: torch.Tensor, q: float = 0.999, resamples: int = 
     lo, hi = (float(torch.quantile(boots, x)) for x in (0.025, 0.975))
     top = int(above.argmax())
     flat = int(v.argmax())
-    return {"value": threshold, "ci95": [lo, hi], "windows_above": int((above > 0).sum()), "windows": n,
-            "top_window": top, "top_window_share": float(above[top] / above.sum()) if above.sum() > 0 else 0.0,
-            "max": {"window": flat // v.shape[1], "token": flat % v.shape[1], "kl": float(v.flatten()[flat])}}
+    return {
+        "value": threshold,
+        "ci95": [lo, hi],
+        "windows_above": int((above > 0).sum()),
+        "windows": n,
+        "top_window": top,
+        "top_window_share": float(above[top] / above.sum()) if above.sum() > 0 else 0.0,
+        "max": {"window": flat // v.shape[1], "token": flat % v.shape[1], "kl": float(v.flatten()[flat])},
+    }
 
 
 def window_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -23,18 +23,23 @@ def check_needle_max_len(spec: dict[str, Any], max_len: int) -> None:
     allows, less the answer's tokens, must hold MIN_PROMPT_TOKENS."""
     answer = spec.get("answer_tokens", 24)
     if max_len - answer < MIN_PROMPT_TOKENS:
-        raise UsageError(f"--needle-max-len {max_len} leaves no needle case: a case needs at least "
-                         f"{MIN_PROMPT_TOKENS + answer} tokens ({MIN_PROMPT_TOKENS} of prompt + {answer} of answer)",
-                         hint=f"pass --needle-max-len {spec.get('min_tokens', 1024) + answer} or more, or leave it out "
-                              "(the server's max_model_len)")
+        raise UsageError(
+            f"--needle-max-len {max_len} leaves no needle case: a case needs at least "
+            f"{MIN_PROMPT_TOKENS + answer} tokens ({MIN_PROMPT_TOKENS} of prompt + {answer} of answer)",
+            hint=f"pass --needle-max-len {spec.get('min_tokens', 1024) + answer} or more, or leave it out "
+            "(the server's max_model_len)",
+        )
 
 
 def _post(url: str, body: dict[str, Any], api_key: str | None, timeout: float = 120.0) -> Any:
     try:
         return post_json(url, body, api_key=api_key, timeout=timeout)
     except HttpError as e:
-        hint = server_hint(e, api_key) if e.status in (401, 403) else \
-            "the needle task needs the server's /tokenize (vLLM's OpenAI server has it)"
+        hint = (
+            server_hint(e, api_key)
+            if e.status in (401, 403)
+            else "the needle task needs the server's /tokenize (vLLM's OpenAI server has it)"
+        )
         raise BenchError(e.message, hint=hint) from None
 
 
@@ -48,15 +53,24 @@ class _Counter:
 
     def text(self, text: str) -> int:
         if text not in self.memo:
-            r = _post(f"{self.url}/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False},
-                      self.api_key)
+            r = _post(
+                f"{self.url}/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False}, self.api_key
+            )
             self.memo[text] = int(r["count"])
             self.max_model_len = r.get("max_model_len") or self.max_model_len
         return self.memo[text]
 
     def chat(self, messages: list[dict[str, str]]) -> int:
-        r = _post(f"{self.url}/tokenize", {"model": self.model, "messages": messages, "add_generation_prompt": True,
-                                          "chat_template_kwargs": {"enable_thinking": False}}, self.api_key)
+        r = _post(
+            f"{self.url}/tokenize",
+            {
+                "model": self.model,
+                "messages": messages,
+                "add_generation_prompt": True,
+                "chat_template_kwargs": {"enable_thinking": False},
+            },
+            self.api_key,
+        )
         return int(r["count"])
 
 
@@ -97,13 +111,19 @@ def _case(spec: dict[str, Any], count: _Counter, target: int, depth: float, k: i
         n = count.chat(messages)
         if n <= target or not body:
             break
-        body = body[:-max(1, (n - target) // 16)]  # about 16 tokens a sentence: drop the excess, then recount
+        body = body[: -max(1, (n - target) // 16)]  # about 16 tokens a sentence: drop the excess, then recount
     prefix = " ".join(body[:at])
-    return {"messages": messages, "code": code, "prompt_tokens": n, "needle_tokens": count.text(prefix) if prefix else 0}
+    return {
+        "messages": messages,
+        "code": code,
+        "prompt_tokens": n,
+        "needle_tokens": count.text(prefix) if prefix else 0,
+    }
 
 
-def run_needle(url: str, spec: dict[str, Any], model: str, api_key: str | None = None,
-               max_len: int | None = None) -> dict[str, Any]:
+def run_needle(
+    url: str, spec: dict[str, Any], model: str, api_key: str | None = None, max_len: int | None = None
+) -> dict[str, Any]:
     """Every (length, depth) case of `spec` through /v1/chat/completions; pass/fail per depth."""
     url = url.rstrip("/")
     count = _Counter(url, model, api_key)
@@ -113,22 +133,35 @@ def run_needle(url: str, spec: dict[str, Any], model: str, api_key: str | None =
         raise BenchError(f"{url}/tokenize does not say the server's max_model_len", hint="pass --needle-max-len N")
     limit = min(x for x in (promised, max_len) if x) - spec.get("answer_tokens", 24)
     if limit < MIN_PROMPT_TOKENS:
-        raise BenchError(f"the server's max_model_len {promised} leaves no needle case (a case needs "
-                         f"{MIN_PROMPT_TOKENS} prompt tokens + {spec.get('answer_tokens', 24)} for the answer)",
-                         hint="serve with a longer --max-model-len, or leave out --needle")
+        raise BenchError(
+            f"the server's max_model_len {promised} leaves no needle case (a case needs "
+            f"{MIN_PROMPT_TOKENS} prompt tokens + {spec.get('answer_tokens', 24)} for the answer)",
+            hint="serve with a longer --max-model-len, or leave out --needle",
+        )
     rows, k = [], 0
     for target in ladder(spec.get("min_tokens", 1024), limit):
         for depth in spec["depths"]:
             case = _case(spec, count, target, depth, k)
             k += 1
             rows.append(_ask(url, model, api_key, case, depth, spec.get("answer_tokens", 24)))
-    return {"gate": spec.get("name", "needle"), "max_model_len": promised, "limit": limit, "depths": rows,
-            "passed": sum(r["passed"] for r in rows), "total": len(rows)}
+    return {
+        "gate": spec.get("name", "needle"),
+        "max_model_len": promised,
+        "limit": limit,
+        "depths": rows,
+        "passed": sum(r["passed"] for r in rows),
+        "total": len(rows),
+    }
 
 
 def _ask(url: str, model: str, api_key: str | None, case: dict[str, Any], depth: float, answer: int) -> dict[str, Any]:
-    body = {"model": model, "messages": case["messages"], "temperature": 0.0, "max_tokens": answer,
-            "chat_template_kwargs": {"enable_thinking": False}}
+    body = {
+        "model": model,
+        "messages": case["messages"],
+        "temperature": 0.0,
+        "max_tokens": answer,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
     row: dict[str, Any] = {"depth": depth, "needle_tokens": case["needle_tokens"], "expect": case["code"]}
     try:
         r = fetch(f"{url}/v1/chat/completions", body, api_key=api_key, timeout=REQUEST_TIMEOUT)
@@ -139,15 +172,21 @@ def _ask(url: str, model: str, api_key: str | None, case: dict[str, Any], depth:
         text = out["choices"][0]["message"].get("content") or ""
         prompt_tokens = int(out.get("usage", {}).get("prompt_tokens", case["prompt_tokens"]))
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        return {**row, "prompt_tokens": case["prompt_tokens"], "passed": False,
-                "error": f"answered {r.status}: {r.text[:160]}"}
+        return {
+            **row,
+            "prompt_tokens": case["prompt_tokens"],
+            "passed": False,
+            "error": f"answered {r.status}: {r.text[:160]}",
+        }
     return {**row, "prompt_tokens": prompt_tokens, "answer": text[:120], "passed": case["code"] in text}
 
 
 # why a run where no depth passed says so: the task asks a question in chat, which a base or tiny model cannot answer
-NO_DEPTH_PASSED = ("no depth passed: the model never answered with the code. The needle task asks a question in "
-                   "chat, so it measures an instruction-following model; the demo's tiny model, trained on Python "
-                   "source only, misses every depth")
+NO_DEPTH_PASSED = (
+    "no depth passed: the model never answered with the code. The needle task asks a question in "
+    "chat, so it measures an instruction-following model; the demo's tiny model, trained on Python "
+    "source only, misses every depth"
+)
 
 
 def needle_failures(report: dict[str, Any]) -> list[str]:

@@ -45,8 +45,9 @@ INT8_ARM = "artifact+int8-act"
 Int8Arm = tuple[TextForward, Callable[[torch.Tensor], torch.Tensor]]
 
 
-def _mtp_drafts(fwd: TextForward, ids: torch.Tensor, hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor]
-                ) -> torch.Tensor | None:
+def _mtp_drafts(
+    fwd: TextForward, ids: torch.Tensor, hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor | None:
     """The MTP head's t+2 argmax at every position of ids/hidden [B, T] but the last (its first draft); None
     without MTP."""
     out = fwd.mtp_hidden(ids, hidden)
@@ -55,29 +56,46 @@ def _mtp_drafts(fwd: TextForward, ids: torch.Tensor, hidden: torch.Tensor, head:
     return head(out).argmax(-1)
 
 
-def _token_stats(ref_logits: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor | None, suffix: str = ""
-                 ) -> dict[str, torch.Tensor]:
+def _token_stats(
+    ref_logits: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor | None, suffix: str = ""
+) -> dict[str, torch.Tensor]:
     """Per-token KL and top-1 of `logits` against `ref_logits` and (when `targets` are given) NLL, [B, T] each."""
-    out = {"kl_tokens" + suffix: metrics.token_kl(ref_logits, logits),
-           "top1" + suffix: (ref_logits.argmax(-1) == logits.argmax(-1)).float()}
+    out = {
+        "kl_tokens" + suffix: metrics.token_kl(ref_logits, logits),
+        "top1" + suffix: (ref_logits.argmax(-1) == logits.argmax(-1)).float(),
+    }
     if targets is not None:
-        out["nll"] = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
+        out["nll"] = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none").view(
+            targets.shape
+        )
     return out
 
 
-def _chunk_stats(fwds: dict[str, TextForward], hid: dict[str, torch.Tensor], heads: dict[str, Callable[[torch.Tensor], torch.Tensor]],
-                 ids: torch.Tensor, s: int, e: int) -> dict[str, dict[str, torch.Tensor]]:
+def _chunk_stats(
+    fwds: dict[str, TextForward],
+    hid: dict[str, torch.Tensor],
+    heads: dict[str, Callable[[torch.Tensor], torch.Tensor]],
+    ids: torch.Tensor,
+    s: int,
+    e: int,
+) -> dict[str, dict[str, torch.Tensor]]:
     """Per-token figures of every arm for predicting positions s+1..e (from hidden rows s..e: one row
     more than predicted, for the greedy t+2 token the MTP drafts are held against)."""
-    rows = {name: h[:, s: e + 1] for name, h in hid.items()}
-    cut = ids[:, s: e + 1]
-    targets = ids[:, s + 1: e + 1].to(rows["reference"].device)
+    rows = {name: h[:, s : e + 1] for name, h in hid.items()}
+    cut = ids[:, s : e + 1]
+    targets = ids[:, s + 1 : e + 1].to(rows["reference"].device)
     ref_full = heads["reference"](rows["reference"])
     ref_logits, greedy = ref_full[:, :-1], {"reference": ref_full.argmax(-1)}
     stats: dict[str, dict[str, torch.Tensor]] = {
-        "reference": {"nll": F.cross_entropy(ref_logits.flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)}}
-    arm_rows = {"w4a16-body": ("artifact", "reference"), "w4a16+rtn-head": ("artifact", "rtn"),
-                "artifact": ("artifact", "artifact")}
+        "reference": {
+            "nll": F.cross_entropy(ref_logits.flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
+        }
+    }
+    arm_rows = {
+        "w4a16-body": ("artifact", "reference"),
+        "w4a16+rtn-head": ("artifact", "rtn"),
+        "artifact": ("artifact", "artifact"),
+    }
     if INT8_ARM in hid:
         arm_rows[INT8_ARM] = (INT8_ARM, INT8_ARM)
     art_logits = None
@@ -105,8 +123,9 @@ def _chunk_stats(fwds: dict[str, TextForward], hid: dict[str, torch.Tensor], hea
     return stats
 
 
-def _batch_stats(ref: TextForward, art: TextForward, heads: dict[str, torch.Tensor], ids: torch.Tensor,
-                 int8: Int8Arm | None = None) -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor]:
+def _batch_stats(
+    ref: TextForward, art: TextForward, heads: dict[str, torch.Tensor], ids: torch.Tensor, int8: Int8Arm | None = None
+) -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor]:
     """Per-window figures of every arm for one batch, and the reference's hidden states (for the head test).
     The logits exist POSITION_CHUNK positions at a time (a 128K window's logits over a 248k vocabulary would
     be 130 GB); every figure is a mean over positions, so the chunks change no value beyond float rounding."""
@@ -127,14 +146,23 @@ def _batch_stats(ref: TextForward, art: TextForward, heads: dict[str, torch.Tens
     for arm, figs in per.items():
         tok = {k: torch.cat(v, dim=1) for k, v in figs.items()}
         stats[arm] = {k: v.mean(dim=1).cpu() for k, v in tok.items() if not k.startswith("kl_tokens")}
-        stats[arm].update({k.replace("kl_tokens", "kl"): v.mean(dim=1).cpu() for k, v in tok.items() if k.startswith("kl_tokens")})
+        stats[arm].update(
+            {k.replace("kl_tokens", "kl"): v.mean(dim=1).cpu() for k, v in tok.items() if k.startswith("kl_tokens")}
+        )
         stats[arm].update({k: v.cpu() for k, v in tok.items() if k.startswith("kl_tokens")})
     h_ref = hid["reference"]
     return stats, h_ref[:, :-1].reshape(-1, h_ref.shape[-1]).cpu()
 
 
-def evaluate_forwards(ref: TextForward, art: TextForward, heads: dict[str, torch.Tensor], windows: torch.Tensor,
-                      *, batch: int = 8, int8: Int8Arm | None = None) -> dict[str, Any]:
+def evaluate_forwards(
+    ref: TextForward,
+    art: TextForward,
+    heads: dict[str, torch.Tensor],
+    windows: torch.Tensor,
+    *,
+    batch: int = 8,
+    int8: Int8Arm | None = None,
+) -> dict[str, Any]:
     """Every figure of the report from two forwards, the three heads and the windows [N, L] (and the
     int8-activation arm's, given its forward and head)."""
     from qwenquant.console import timed
@@ -144,7 +172,7 @@ def evaluate_forwards(ref: TextForward, art: TextForward, heads: dict[str, torch
     hidden = []
     with timed(log, f"eval: logits, perplexity, KL and MTP of {windows.shape[0]} windows"):
         for i in range(0, windows.shape[0], batch):
-            stats, h = _batch_stats(ref, art, heads, windows[i: i + batch], int8)
+            stats, h = _batch_stats(ref, art, heads, windows[i : i + batch], int8)
             hidden.append(h)
             for arm, figs in stats.items():
                 for k, v in figs.items():
@@ -154,8 +182,13 @@ def evaluate_forwards(ref: TextForward, art: TextForward, heads: dict[str, torch
     arms: dict[str, Any] = {"reference": {"ppl": metrics.paired_ppl(ref_nll, ref_nll)["ppl"]}}
     for arm in ARMS:
         kl, kl_ci = metrics.mean_ci95(cat[arm]["kl"])
-        arms[arm] = {**metrics.paired_ppl(ref_nll, cat[arm]["nll"]), "kl": kl, "kl_ci95": kl_ci,
-                     **metrics.kl_tail(cat[arm]["kl_tokens"]), "top1": float(cat[arm]["top1"].mean())}
+        arms[arm] = {
+            **metrics.paired_ppl(ref_nll, cat[arm]["nll"]),
+            "kl": kl,
+            "kl_ci95": kl_ci,
+            **metrics.kl_tail(cat[arm]["kl_tokens"]),
+            "top1": float(cat[arm]["top1"].mean()),
+        }
     if INT8_ARM in cat:
         arms[INT8_ARM] = int8_figures(ref_nll, cat["artifact"]["nll"], cat[INT8_ARM])
     # the artifact's KL p99.9 rests on a few tokens: its interval over windows and where they are
@@ -164,7 +197,9 @@ def evaluate_forwards(ref: TextForward, art: TextForward, heads: dict[str, torch
     held = torch.cat(hidden)
     # on the heads' own device: a .cpu() copy of three float32 27B heads is 15 GB of host memory
     with timed(log, f"eval: lm_head alone on {held.shape[0]} held-out states"):
-        head = compare_heads(heads["reference"], heads["rtn"], heads["artifact"], held, device=heads["reference"].device)
+        head = compare_heads(
+            heads["reference"], heads["rtn"], heads["artifact"], held, device=heads["reference"].device
+        )
     head["ratio"] = head["gptq"]["kl"] / head["rtn"]["kl"] if head["rtn"]["kl"] > 0 else None
     return {"arms": arms, "lm_head": head, "mtp": mtp}
 
@@ -175,8 +210,13 @@ def int8_figures(ref_nll: torch.Tensor, art_nll: torch.Tensor, per: dict[str, to
     out: dict[str, Any] = {}
     for suffix, base, into in (("", ref_nll, out), ("_vs_artifact", art_nll, out.setdefault("vs_artifact", {}))):
         kl, kl_ci = metrics.mean_ci95(per["kl" + suffix])
-        into.update(**metrics.paired_ppl(base, per["nll"]), kl=kl, kl_ci95=kl_ci, **metrics.kl_tail(per["kl_tokens" + suffix]),
-                    top1=float(per["top1" + suffix].mean()))
+        into.update(
+            **metrics.paired_ppl(base, per["nll"]),
+            kl=kl,
+            kl_ci95=kl_ci,
+            **metrics.kl_tail(per["kl_tokens" + suffix]),
+            top1=float(per["top1" + suffix].mean()),
+        )
     return out
 
 
@@ -196,8 +236,13 @@ def mtp_figures(cat: dict[str, dict[str, torch.Tensor]]) -> dict[str, Any]:
     if "mtp_agree" in cat.get(INT8_ARM, {}) and "artifact" in mtp:  # int8 activations: paired with the artifact
         agree, ci = metrics.mean_ci95(cat[INT8_ARM]["mtp_agree"])
         delta, dci = metrics.mean_ci95(cat[INT8_ARM]["mtp_agree"] - cat["artifact"]["mtp_agree"])
-        mtp[INT8_ARM] = {"agree": agree, "agree_ci95": ci, "acceptance_length_1": 1 + agree,
-                         "vs_artifact_points": 100 * delta, "vs_artifact_ci95_points": [100 * dci[0], 100 * dci[1]]}
+        mtp[INT8_ARM] = {
+            "agree": agree,
+            "agree_ci95": ci,
+            "acceptance_length_1": 1 + agree,
+            "vs_artifact_points": 100 * delta,
+            "vs_artifact_ci95_points": [100 * dci[0], 100 * dci[1]],
+        }
     if "artifact_bf16_mtp" in mtp:
         delta, ci = metrics.mean_ci95(cat["artifact"]["mtp_agree"] - cat["artifact"]["mtp_agree_bf16"])
         mtp["int4_vs_bf16"] = {"delta_points": 100 * delta, "ci95_points": [100 * ci[0], 100 * ci[1]]}
@@ -216,8 +261,13 @@ def weight_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in Path(folder).glob("*.safetensors"))
 
 
-def int8_dense_arm(raw: dict[str, torch.Tensor], config: dict[str, Any], tensors: dict[str, torch.Tensor],
-                   head: torch.Tensor, device: str) -> tuple[Int8Arm, list[Any], dict[str, Any]]:
+def int8_dense_arm(
+    raw: dict[str, torch.Tensor],
+    config: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    head: torch.Tensor,
+    device: str,
+) -> tuple[Int8Arm, list[Any], dict[str, Any]]:
     """(the int8-activation arm, its int8 Linears, their counts) from the artifact's stored tensors `raw` and
     `config`, and its dequantized `tensors`: the dense forward with every int4 Linear (body, lm_head, MTP head)
     replaced by vLLM's int8-activation arithmetic; bf16 Linears stay as they are."""
@@ -227,17 +277,34 @@ def int8_dense_arm(raw: dict[str, torch.Tensor], config: dict[str, Any], tensors
     fwd = DenseForward(text_config(config), tensors, device)
     # the MTP head's Linears are fwd.mtp's; the lm_head runs apart (the arm's head below)
     body = {name: m for name, m in mods.items() if not name.startswith("mtp.") and name != "lm_head"}
-    swapped = swap_linears(fwd.model, body) + (swap_linears(fwd.mtp, mods, prefix="mtp.") if fwd.mtp is not None else [])
+    swapped = swap_linears(fwd.model, body) + (
+        swap_linears(fwd.mtp, mods, prefix="mtp.") if fwd.mtp is not None else []
+    )
     lm = mods.get("lm_head")
     if lm is not None:
         lm.to(device)
-    log.info("eval: int8 activations on %d int4 Linears (%s)", len(swapped) + (lm is not None),
-             "lm_head included" if lm is not None else "the lm_head is not int4")
-    return (fwd, lm if lm is not None else (lambda h: h @ head.T)), [*mods.values()], int8_counts(swapped, lm is not None)
+    log.info(
+        "eval: int8 activations on %d int4 Linears (%s)",
+        len(swapped) + (lm is not None),
+        "lm_head included" if lm is not None else "the lm_head is not int4",
+    )
+    return (
+        (fwd, lm if lm is not None else (lambda h: h @ head.T)),
+        [*mods.values()],
+        int8_counts(swapped, lm is not None),
+    )
 
 
-def run_offline(reference: Path, artifact: Path, windows: torch.Tensor, *, device: str = "cpu",
-                batch: int = 8, streamed: bool | None = None, activations: str = "bf16") -> dict[str, Any]:
+def run_offline(
+    reference: Path,
+    artifact: Path,
+    windows: torch.Tensor,
+    *,
+    device: str = "cpu",
+    batch: int = 8,
+    streamed: bool | None = None,
+    activations: str = "bf16",
+) -> dict[str, Any]:
     """Evaluate `artifact` against `reference` on `windows` [N, L]: dense float weights on `device`,
     or (`streamed`, default above STREAM_ABOVE_BYTES) one decoder layer at a time from the shards.
     `activations="int8"` adds the arm that runs the artifact as vLLM's int8-activation path (in either forward)."""
@@ -251,10 +318,18 @@ def run_offline(reference: Path, artifact: Path, windows: torch.Tensor, *, devic
         from qwenquant.evaluate.longwindow import memory_line
         from qwenquant.evaluate.streamed import streamed_forwards
 
-        log.info("eval: %s", memory_line(text_config(read_config(reference)), int(windows.shape[1]), int(windows.shape[0]),
-                                         arms=3 if activations == "int8" else 2))
-        ref, art, heads, extra = streamed_forwards(reference, artifact, windows, device=device,
-                                                   int8=activations == "int8")
+        log.info(
+            "eval: %s",
+            memory_line(
+                text_config(read_config(reference)),
+                int(windows.shape[1]),
+                int(windows.shape[0]),
+                arms=3 if activations == "int8" else 2,
+            ),
+        )
+        ref, art, heads, extra = streamed_forwards(
+            reference, artifact, windows, device=device, int8=activations == "int8"
+        )
         if extra is not None:
             int8, overflows, int8_linears = (extra[0], extra[1]), extra[2].flush, extra[2].counts
         batch = 1  # a window's logits over a 248k vocabulary are 0.25 GB, and the KL holds a few such
@@ -262,8 +337,11 @@ def run_offline(reference: Path, artifact: Path, windows: torch.Tensor, *, devic
         ref_cfg, ref_t = load_dense(reference)
         art_config, art_raw = read_config(artifact), raw_tensors(artifact)  # read once: the int8 arm needs the codes
         art_cfg, art_t = text_config(art_config), dequantize(art_raw, art_config)
-        heads = {"reference": ref_t["lm_head.weight"], "rtn": rtn_head(ref_t["lm_head.weight"]),
-                 "artifact": art_t["lm_head.weight"]}
+        heads = {
+            "reference": ref_t["lm_head.weight"],
+            "rtn": rtn_head(ref_t["lm_head.weight"]),
+            "artifact": art_t["lm_head.weight"],
+        }
         heads = {k: v.float().to(device) for k, v in heads.items()}
         ref, art = DenseForward(ref_cfg, ref_t, device), DenseForward(art_cfg, art_t, device)
         if activations == "int8":
@@ -275,8 +353,13 @@ def run_offline(reference: Path, artifact: Path, windows: torch.Tensor, *, devic
         report["arms"][INT8_ARM]["int8_linears"] = int8_linears
     top = report["arms"]["artifact"]["kl_p999_support"]["max"]
     # the text the largest per-token KL rests on: up to 16 tokens of context and the token predicted
-    top["text"] = window_text(reference, windows[top["window"], max(0, top["token"] - 15): top["token"] + 2])
-    report.update(windows=int(windows.shape[0]), window_len=int(windows.shape[1]), device=device,
-                  forward="streamed" if streamed else "dense", seconds=round(time.monotonic() - start, 1),
-                  activations=activations)
+    top["text"] = window_text(reference, windows[top["window"], max(0, top["token"] - 15) : top["token"] + 2])
+    report.update(
+        windows=int(windows.shape[0]),
+        window_len=int(windows.shape[1]),
+        device=device,
+        forward="streamed" if streamed else "dense",
+        seconds=round(time.monotonic() - start, 1),
+        activations=activations,
+    )
     return report

@@ -37,20 +37,28 @@ def run_offline_eval(ask: OfflineAsk) -> tuple[OfflineReport, Path]:
 
     artifact = ask.artifact
     if not artifact.is_dir():
-        raise UsageError(f"ARTIFACT {artifact}: {'is a file, not a folder' if artifact.exists() else 'folder not found'}",
-                         hint="pass the artifact folder `qwenquant quantize` wrote")
+        raise UsageError(
+            f"ARTIFACT {artifact}: {'is a file, not a folder' if artifact.exists() else 'folder not found'}",
+            hint="pass the artifact folder `qwenquant quantize` wrote",
+        )
     root = verify_artifact_first(artifact)
     ref_check = check_reference(artifact, ask.reference, unverified=ask.reference_unverified)
     check_window_len(ask.reference, ask.window_len)
     ids, source = resolve_windows(ask.reference, ask.windows, ask.window_len, text=ask.text, text_set=ask.text_set)
-    identity = {"root_digest": root, "reference": str(ask.reference), "windows": ask.windows,
-                "window_len": ask.window_len, **source}
+    identity = {
+        "root_digest": root,
+        "reference": str(ask.reference),
+        "windows": ask.windows,
+        "window_len": ask.window_len,
+        **source,
+    }
     target = ask.report or rep.report_path(artifact, root)
     check_report_target(target, identity, explicit=ask.report is not None, kind="offline")
     from qwenquant.evaluate.offline import run_offline
 
-    result = run_offline(ask.reference, artifact, ids, device=ask.device, streamed=ask.streamed,
-                         activations=ask.activations)
+    result = run_offline(
+        ask.reference, artifact, ids, device=ask.device, streamed=ask.streamed, activations=ask.activations
+    )
     result.update(artifact=str(artifact), reference_check=ref_check, **identity)
     result["goals"] = rep.goals(result)
     return OfflineReport.of(result), target

@@ -25,7 +25,11 @@ def goals(report: dict[str, Any]) -> dict[str, Any]:
     """Each goal: its figure, its limit and whether it is met."""
     out: dict[str, Any] = {}
     ratio = report["lm_head"].get("ratio")
-    out["head_kl_ratio"] = {"value": ratio, "max": HEAD_KL_RATIO_MAX, "met": ratio is not None and ratio <= HEAD_KL_RATIO_MAX}
+    out["head_kl_ratio"] = {
+        "value": ratio,
+        "max": HEAD_KL_RATIO_MAX,
+        "met": ratio is not None and ratio <= HEAD_KL_RATIO_MAX,
+    }
     delta = report["arms"]["artifact"]["delta_pct"]
     out["ppl_delta_pct"] = {"value": delta, "max": PPL_DELTA_MAX_PCT, "met": delta <= PPL_DELTA_MAX_PCT}
     change = report["mtp"].get("change_pct")
@@ -52,8 +56,11 @@ class EvalReport:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document (written with sorted keys)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)
-               if not (f.name in self.OPTIONAL and getattr(self, f.name) is None)}
+        out = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if not (f.name in self.OPTIONAL and getattr(self, f.name) is None)
+        }
         return {**out, "kind": self.kind}
 
     @classmethod
@@ -64,8 +71,14 @@ class EvalReport:
     @classmethod
     def from_json(cls, data: Any, source: str = "report") -> EvalReport:
         """The typed report of a JSON document `source` holds (exit 2 on another schema_version, kind or field)."""
-        kind = DOC.report_class(data, source, KINDS, cls.kind, extra=frozenset(TEXT_KEYS) if data.get("kind") == "offline"
-                                else frozenset(), not_required=frozenset({"text_source"}))
+        kind = DOC.report_class(
+            data,
+            source,
+            KINDS,
+            cls.kind,
+            extra=frozenset(TEXT_KEYS) if data.get("kind") == "offline" else frozenset(),
+            not_required=frozenset({"text_source"}),
+        )
         return kind.of(data)
 
     def verdict(self) -> str:
@@ -139,10 +152,15 @@ def load_report(path: Path) -> EvalReport:
 def verdict_line(result: dict[str, Any]) -> str:
     """One line saying what the run found: goals met or not (offline), ok or FAILED and what ran (served)."""
     if result.get("kind") == "offline":
-        missed = [f"{k} {g['value']:.3f} (limit {g['max']})" for k, g in result.get("goals", {}).items() if not g["met"]]
+        missed = [
+            f"{k} {g['value']:.3f} (limit {g['max']})" for k, g in result.get("goals", {}).items() if not g["met"]
+        ]
         return "eval offline: " + ("every goal met" if not missed else "goal NOT met: " + "; ".join(missed))
-    ran = [f"gate {result.get('gate')}: " + ", ".join(f"{t['name']} {t['passed']}/{t['total']}" for t in result["tasks"])
-           ] if result.get("tasks") else []
+    ran = (
+        [f"gate {result.get('gate')}: " + ", ".join(f"{t['name']} {t['passed']}/{t['total']}" for t in result["tasks"])]
+        if result.get("tasks")
+        else []
+    )
     if "tools" in result:
         c = result["tools"]["cases"]
         ran.append(f"tools {sum(x['ok'] for x in c)}/{len(c)}")
@@ -150,10 +168,15 @@ def verdict_line(result: dict[str, Any]) -> str:
         ran.append(f"needle {result['needle']['passed']}/{result['needle']['total']} depths")
     m = result["mtp"]
     mal = m.get("mean_acceptance_length")
-    ran.append("MTP not measured" if m.get("unavailable") else
-               "MTP drafted nothing" if mal is None else f"MTP mean acceptance length {mal:.3f}")
+    ran.append(
+        "MTP not measured"
+        if m.get("unavailable")
+        else "MTP drafted nothing"
+        if mal is None
+        else f"MTP mean acceptance length {mal:.3f}"
+    )
     fails = result.get("failures") or []
-    return (f"eval served: {'ok' if not fails else f'FAILED ({len(fails)} problem(s))'}: " + "; ".join(ran))
+    return f"eval served: {'ok' if not fails else f'FAILED ({len(fails)} problem(s))'}: " + "; ".join(ran)
 
 
 def report_path(artifact: Path, root_digest: str, kind: str = "eval") -> Path:
@@ -207,8 +230,17 @@ def _pct(x: float) -> str:
     return f"{x:+.2f}%"
 
 
-TABLE_COLUMNS = ("arm", "perplexity", "delta vs bf16", "95% CI (t)", "worse windows", "KL (nats)", "KL p99",
-                 "KL p99.9", "top-1")
+TABLE_COLUMNS = (
+    "arm",
+    "perplexity",
+    "delta vs bf16",
+    "95% CI (t)",
+    "worse windows",
+    "KL (nats)",
+    "KL p99",
+    "KL p99.9",
+    "top-1",
+)
 
 
 def table_rows(report: dict[str, Any]) -> list[list[str]]:
@@ -220,8 +252,18 @@ def table_rows(report: dict[str, Any]) -> list[list[str]]:
         a = arms[name]
         lo, hi = a["ci95_pct"]
         tail = [f"{a[k]:.4f}" if k in a else "" for k in ("kl_p99", "kl_p999")]  # reports written before the tail
-        rows.append([name, f"{a['ppl']:.3f}", _pct(a["delta_pct"]), f"[{_pct(lo)}, {_pct(hi)}]",
-                     f"{a['windows_worse']}/{a['windows']}", f"{a['kl']:.5f}", *tail, f"{100 * a['top1']:.2f}%"])
+        rows.append(
+            [
+                name,
+                f"{a['ppl']:.3f}",
+                _pct(a["delta_pct"]),
+                f"[{_pct(lo)}, {_pct(hi)}]",
+                f"{a['windows_worse']}/{a['windows']}",
+                f"{a['kl']:.5f}",
+                *tail,
+                f"{100 * a['top1']:.2f}%",
+            ]
+        )
     return rows
 
 
@@ -229,8 +271,11 @@ def offline_table(report: dict[str, Any]) -> Any:
     """A rich Table of the offline figures."""
     from rich.table import Column, Table
 
-    t = Table(Column(TABLE_COLUMNS[0], no_wrap=True), *TABLE_COLUMNS[1:],
-              title=f"eval: {report['windows']} windows x {report['window_len']} tokens")
+    t = Table(
+        Column(TABLE_COLUMNS[0], no_wrap=True),
+        *TABLE_COLUMNS[1:],
+        title=f"eval: {report['windows']} windows x {report['window_len']} tokens",
+    )
     for row in table_rows(report):
         t.add_row(*row)
     return t
@@ -247,29 +292,38 @@ def kl_tail_line(t: dict[str, Any]) -> str:
     lo, hi = t["ci95"]
     top = t["max"]
     text = f", after {top['text']!r}" if top.get("text") else ""
-    return (f"artifact KL p99.9 {t['value']:.4f}, 95% bootstrap interval over windows [{lo:.4f}, {hi:.4f}]: its tail "
-            f"tokens lie in {t['windows_above']} of {t['windows']} windows, {100 * t['top_window_share']:.0f}% of them "
-            f"in window {t['top_window']}; the largest per-token KL {top['kl']:.4f} is at window {top['window']} token "
-            f"{top['token']}{text}")
+    return (
+        f"artifact KL p99.9 {t['value']:.4f}, 95% bootstrap interval over windows [{lo:.4f}, {hi:.4f}]: its tail "
+        f"tokens lie in {t['windows_above']} of {t['windows']} windows, {100 * t['top_window_share']:.0f}% of them "
+        f"in window {t['top_window']}; the largest per-token KL {top['kl']:.4f} is at window {top['window']} token "
+        f"{top['token']}{text}"
+    )
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
     """lm_head and MTP lines, then one line per goal."""
     h = report["lm_head"]
-    lines = [f"lm_head alone on held-out states: KL rtn {h['rtn']['kl']:.5f}, calibrated {h['gptq']['kl']:.5f} "
-             f"(ratio {h['ratio']:.3f}), top-1 rtn {100 * h['rtn']['top1']:.2f}%, calibrated {100 * h['gptq']['top1']:.2f}%"
-             if h.get("ratio") is not None else "lm_head: round-to-nearest KL is 0 (head not quantized?)"]
+    lines = [
+        f"lm_head alone on held-out states: KL rtn {h['rtn']['kl']:.5f}, calibrated {h['gptq']['kl']:.5f} "
+        f"(ratio {h['ratio']:.3f}), top-1 rtn {100 * h['rtn']['top1']:.2f}%, calibrated {100 * h['gptq']['top1']:.2f}%"
+        if h.get("ratio") is not None
+        else "lm_head: round-to-nearest KL is 0 (head not quantized?)"
+    ]
     m = report["mtp"]
     if "reference" in m and "artifact" in m:
-        lines.append(f"MTP first-draft agreement with greedy: reference {100 * m['reference']['agree']:.2f}%, "
-                     f"artifact {100 * m['artifact']['agree']:.2f}% (acceptance length at 1 draft "
-                     f"{m['reference']['acceptance_length_1']:.3f} -> {m['artifact']['acceptance_length_1']:.3f})")
+        lines.append(
+            f"MTP first-draft agreement with greedy: reference {100 * m['reference']['agree']:.2f}%, "
+            f"artifact {100 * m['artifact']['agree']:.2f}% (acceptance length at 1 draft "
+            f"{m['reference']['acceptance_length_1']:.3f} -> {m['artifact']['acceptance_length_1']:.3f})"
+        )
     if "int4_vs_bf16" in m:
         d = m["int4_vs_bf16"]
         lo, hi = d["ci95_points"]
-        lines.append(f"MTP head on the artifact's states: bf16 {100 * m['artifact_bf16_mtp']['agree']:.2f}%, as shipped "
-                     f"{100 * m['artifact']['agree']:.2f}%: {d['delta_points']:+.2f} points, 95% CI (t) [{lo:+.2f}, {hi:+.2f}]"
-                     + (f"; the same first draft at {100 * d['same_draft']:.2f}% of positions" if "same_draft" in d else ""))
+        lines.append(
+            f"MTP head on the artifact's states: bf16 {100 * m['artifact_bf16_mtp']['agree']:.2f}%, as shipped "
+            f"{100 * m['artifact']['agree']:.2f}%: {d['delta_points']:+.2f} points, 95% CI (t) [{lo:+.2f}, {hi:+.2f}]"
+            + (f"; the same first draft at {100 * d['same_draft']:.2f}% of positions" if "same_draft" in d else "")
+        )
     lines += int8_lines(report)
     tail = report.get("arms", {}).get("artifact", {}).get("kl_p999_support")
     if tail:  # reports written before it lack it
@@ -286,11 +340,15 @@ def int8_lines(report: dict[str, Any]) -> list[str]:
         return []
     v = a["vs_artifact"]
     lo, hi = v["ci95_pct"]
-    line = (f"int8 activations vs the artifact (W4A16): perplexity {_pct(v['delta_pct'])} [{_pct(lo)}, {_pct(hi)}], "
-            f"KL {v['kl']:.5f} (p99 {v['kl_p99']:.4f}, p99.9 {v['kl_p999']:.4f}), top-1 {100 * v['top1']:.2f}%")
+    line = (
+        f"int8 activations vs the artifact (W4A16): perplexity {_pct(v['delta_pct'])} [{_pct(lo)}, {_pct(hi)}], "
+        f"KL {v['kl']:.5f} (p99 {v['kl_p99']:.4f}, p99.9 {v['kl_p999']:.4f}), top-1 {100 * v['top1']:.2f}%"
+    )
     m = report.get("mtp", {}).get("artifact+int8-act")
     if m:
         mlo, mhi = m["vs_artifact_ci95_points"]
-        line += (f"; MTP first-draft agreement {100 * m['agree']:.2f}% ({m['vs_artifact_points']:+.2f} points, "
-                 f"95% CI (t) [{mlo:+.2f}, {mhi:+.2f}])")
+        line += (
+            f"; MTP first-draft agreement {100 * m['agree']:.2f}% ({m['vs_artifact_points']:+.2f} points, "
+            f"95% CI (t) [{mlo:+.2f}, {mhi:+.2f}])"
+        )
     return [line]

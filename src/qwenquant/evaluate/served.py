@@ -38,8 +38,10 @@ def load_gate(name_or_path: str) -> dict[str, Any]:
     if not path.is_file():
         path = Path(str(resources.files("qwenquant") / "data" / "evalsets" / f"{name_or_path}.json"))
     if not path.is_file():
-        raise UsageError(f"no gate named {name_or_path!r}",
-                         hint=f"shipped gates: {', '.join(list_gates())} (`qwenquant eval gates`), or a JSON file")
+        raise UsageError(
+            f"no gate named {name_or_path!r}",
+            hint=f"shipped gates: {', '.join(list_gates())} (`qwenquant eval gates`), or a JSON file",
+        )
     try:
         gate = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
@@ -50,8 +52,10 @@ def load_gate(name_or_path: str) -> dict[str, Any]:
     return gate
 
 
-GATE_HINT = ('a gate is {"name", "tasks": [{"name", "cases": [{"prompt", "expect"}], "max_tokens"?, "min_pass"?}], '
-             '"acceptance_runs"?: [{"prompt"}]}; see the shipped tiny-reference gate')
+GATE_HINT = (
+    'a gate is {"name", "tasks": [{"name", "cases": [{"prompt", "expect"}], "max_tokens"?, "min_pass"?}], '
+    '"acceptance_runs"?: [{"prompt"}]}; see the shipped tiny-reference gate'
+)
 
 
 def _gate_problem(gate: Any) -> str | None:
@@ -65,11 +69,13 @@ def _gate_problem(gate: Any) -> str | None:
         if not isinstance(cases, list) or not cases:
             return f"tasks[{i}] ({task['name']}) needs a non-empty `cases` list"
         for j, case in enumerate(cases):
-            if not (isinstance(case, dict) and isinstance(case.get("prompt"), str) and isinstance(case.get("expect"), str)):
+            if not (
+                isinstance(case, dict) and isinstance(case.get("prompt"), str) and isinstance(case.get("expect"), str)
+            ):
                 return f"tasks[{i}].cases[{j}] needs string `prompt` and `expect`"
     runs = gate.get("acceptance_runs", [])
     if not isinstance(runs, list) or not all(isinstance(r, dict) and isinstance(r.get("prompt"), str) for r in runs):
-        return "acceptance_runs must be a list of {\"prompt\"} objects"
+        return 'acceptance_runs must be a list of {"prompt"} objects'
     return None
 
 
@@ -85,8 +91,14 @@ def describe_gates() -> list[dict[str, Any]]:
     out = []
     for name in list_gates():
         gate = load_gate(name)
-        out.append({"name": name, "description": gate.get("description", ""), "tasks": len(gate["tasks"]),
-                    "cases": sum(len(t["cases"]) for t in gate["tasks"])})
+        out.append(
+            {
+                "name": name,
+                "description": gate.get("description", ""),
+                "tasks": len(gate["tasks"]),
+                "cases": sum(len(t["cases"]) for t in gate["tasks"]),
+            }
+        )
     return out
 
 
@@ -109,8 +121,15 @@ def acceptance(before: SpecCounters | str, after: SpecCounters | str) -> dict[st
     acceptance rate at each draft position (accepted at position / drafts). A snapshot that is a
     string says why /metrics could not be read: no figures, and `unavailable` says why."""
     if isinstance(before, str) or isinstance(after, str):
-        return {"metrics_present": False, "unavailable": before if isinstance(before, str) else after, "drafts": 0,
-                "draft_tokens": 0, "accepted_tokens": 0, "mean_acceptance_length": None, "per_position": {}}
+        return {
+            "metrics_present": False,
+            "unavailable": before if isinstance(before, str) else after,
+            "drafts": 0,
+            "draft_tokens": 0,
+            "accepted_tokens": 0,
+            "mean_acceptance_length": None,
+            "per_position": {},
+        }
     d = after.minus(before)
     drafted = d.drafts > 0
     return {
@@ -129,14 +148,16 @@ def model_name(url: str, api_key: str | None) -> str:
     models = body.get("data") if isinstance(body, dict) else None
     hint = "pass --model NAME, or check that the URL is an OpenAI-compatible server's base URL"
     if not isinstance(models, list):
-        raise BenchError(f"GET {url}/v1/models answered without a `data` list of models: {json.dumps(body)[:120]}",
-                         hint=hint)
+        raise BenchError(
+            f"GET {url}/v1/models answered without a `data` list of models: {json.dumps(body)[:120]}", hint=hint
+        )
     if not models:
         raise BenchError(f"{url} serves no model (GET /v1/models lists none)", hint=hint)
     first = models[0]
     if not isinstance(first, dict) or not isinstance(first.get("id"), str):
-        raise BenchError(f"GET {url}/v1/models lists a model without a string `id`: {json.dumps(first)[:120]}",
-                         hint=hint)
+        raise BenchError(
+            f"GET {url}/v1/models lists a model without a string `id`: {json.dumps(first)[:120]}", hint=hint
+        )
     return first["id"]
 
 
@@ -157,34 +178,55 @@ def run_tasks(url: str, gate: dict[str, Any], model: str, api_key: str | None = 
     for task in gate["tasks"]:
         failures, passed = [], 0
         for case in task["cases"]:
-            body = {"model": model, "prompt": case["prompt"], "max_tokens": case.get("max_tokens", task.get("max_tokens", 16)),
-                    "temperature": 0.0}
+            body = {
+                "model": model,
+                "prompt": case["prompt"],
+                "max_tokens": case.get("max_tokens", task.get("max_tokens", 16)),
+                "temperature": 0.0,
+            }
             text = _call(post_json, f"{url}/v1/completions", body, api_key=api_key)["choices"][0]["text"]
             if text.startswith(case["expect"]):
                 passed += 1
             else:
                 failures.append({"prompt": case["prompt"], "expect": case["expect"], "got": text})
-        tasks.append({"name": task["name"], "passed": passed, "total": len(task["cases"]),
-                      "min_pass": task.get("min_pass", len(task["cases"])), "failures": failures})
+        tasks.append(
+            {
+                "name": task["name"],
+                "passed": passed,
+                "total": len(task["cases"]),
+                "min_pass": task.get("min_pass", len(task["cases"])),
+                "failures": failures,
+            }
+        )
     for run in gate.get("acceptance_runs", []):  # longer greedy generations: enough drafts to measure MTP
-        body = {"model": model, "prompt": run["prompt"], "max_tokens": run.get("max_tokens", 64), "temperature": 0.0,
-                "ignore_eos": True}
+        body = {
+            "model": model,
+            "prompt": run["prompt"],
+            "max_tokens": run.get("max_tokens", 64),
+            "temperature": 0.0,
+            "ignore_eos": True,
+        }
         _call(post_json, f"{url}/v1/completions", body, api_key=api_key)
     return tasks
 
 
 def gate_failures(report: dict[str, Any], min_acceptance_length: float | None) -> list[str]:
     """Why the served run fails its gate (empty when it passes)."""
-    out = [f"task {t['name']}: {t['passed']}/{t['total']} passed, needs {t['min_pass']}"
-           for t in report["tasks"] if t["passed"] < t["min_pass"]]
+    out = [
+        f"task {t['name']}: {t['passed']}/{t['total']} passed, needs {t['min_pass']}"
+        for t in report["tasks"]
+        if t["passed"] < t["min_pass"]
+    ]
     if min_acceptance_length is not None:
         m = report["mtp"]
         mal = m["mean_acceptance_length"]
         if m.get("unavailable"):
             out.append(f"MTP acceptance cannot be judged: {m['unavailable']} (vLLM serves its counters there)")
         elif mal is None:
-            out.append("the server reported no speculative drafts over the run's requests (is MTP on? "
-                       "vllm:spec_decode_* counters)")
+            out.append(
+                "the server reported no speculative drafts over the run's requests (is MTP on? "
+                "vllm:spec_decode_* counters)"
+            )
         elif mal < min_acceptance_length:
             out.append(f"MTP mean acceptance length {mal:.3f} is below {min_acceptance_length}")
     return out

@@ -42,13 +42,17 @@ class ServedAsk:
         a needle case. Returns the loaded gate."""
         gate = load_gate(self.gate)
         if self.min_acceptance is not None and not 1.0 <= self.min_acceptance:
-            raise UsageError(f"--min-acceptance-length {self.min_acceptance:g} is below 1: the mean acceptance "
-                             f"length counts the target's own token of each step (1 + accepted drafts)",
-                             hint="pass a value from 1 up to the server's draft tokens + 1 (e.g. 1.5)")
+            raise UsageError(
+                f"--min-acceptance-length {self.min_acceptance:g} is below 1: the mean acceptance "
+                f"length counts the target's own token of each step (1 + accepted drafts)",
+                hint="pass a value from 1 up to the server's draft tokens + 1 (e.g. 1.5)",
+            )
         if not gate["tasks"] and not self.tools and not self.needle:
-            raise UsageError(f"--gate {self.gate} with neither --tools nor --needle tests nothing"
-                             + (" (MTP acceptance would be measured over no request)" if self.min_acceptance else ""),
-                             hint="pass --tools and/or --needle, or a gate with tasks (`qwenquant eval gates`)")
+            raise UsageError(
+                f"--gate {self.gate} with neither --tools nor --needle tests nothing"
+                + (" (MTP acceptance would be measured over no request)" if self.min_acceptance else ""),
+                hint="pass --tools and/or --needle, or a gate with tasks (`qwenquant eval gates`)",
+            )
         if self.needle_max_len is not None:
             if not self.needle:
                 raise UsageError("--needle-max-len without --needle", hint="add --needle, or drop --needle-max-len")
@@ -64,15 +68,22 @@ def run_served(url: str, ask: ServedAsk, model: str | None = None) -> ServedRepo
     model = model or ask.model or model_name(url, ask.api_key)
     before = counters(url, ask.api_key)
     check_min_acceptance(ask.min_acceptance, before)
-    result: dict[str, Any] = {"url": url, "model": model, "gate": gate.get("name"),
-                              "tasks": run_tasks(url, gate, model, ask.api_key)}
+    result: dict[str, Any] = {
+        "url": url,
+        "model": model,
+        "gate": gate.get("name"),
+        "tasks": run_tasks(url, gate, model, ask.api_key),
+    }
     if ask.tools:
         result["tools"] = run_tools(url, load_task_set("tools"), model, ask.api_key)
     if ask.needle:
         result["needle"] = run_needle(url, load_task_set("needle"), model, ask.api_key, ask.needle_max_len)
     result["mtp"] = acceptance(before, counters(url, ask.api_key))
-    result["mtp"]["over"] = [k for k, on in (("gate tasks", bool(gate["tasks"])), ("tool cases", ask.tools),
-                                             ("needle cases", ask.needle)) if on]
+    result["mtp"]["over"] = [
+        k
+        for k, on in (("gate tasks", bool(gate["tasks"])), ("tool cases", ask.tools), ("needle cases", ask.needle))
+        if on
+    ]
     failures = served_failures(result, ask.min_acceptance)
     result.update(min_acceptance_length=ask.min_acceptance, failures=failures, ok=not failures)
     return ServedReport.of(result)
@@ -87,9 +98,11 @@ def check_min_acceptance(min_acceptance: float | None, before: SpecCounters | st
         return
     drafts = len(before.per_pos)
     if min_acceptance > drafts + 1:
-        raise UsageError(f"--min-acceptance-length {min_acceptance:g} cannot be reached: the server drafts {drafts} "
-                         f"tokens per step, so the mean acceptance length is at most {drafts + 1}",
-                         hint=f"pass a value from 1 to {drafts + 1}")
+        raise UsageError(
+            f"--min-acceptance-length {min_acceptance:g} cannot be reached: the server drafts {drafts} "
+            f"tokens per step, so the mean acceptance length is at most {drafts + 1}",
+            hint=f"pass a value from 1 to {drafts + 1}",
+        )
 
 
 def served_failures(result: dict[str, Any], min_acceptance: float | None) -> list[str]:

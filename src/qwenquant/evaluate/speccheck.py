@@ -87,8 +87,10 @@ def source_ids(url: str, model: str, n: int, api_key: str | None) -> list[int]:
     body = _post(f"{url}/tokenize", {"model": model, "prompt": text, "add_special_tokens": False}, api_key)
     ids = body.get("tokens") if isinstance(body, dict) else None
     if not isinstance(ids, list) or len(ids) < n:
-        raise BenchError(f"POST {url}/tokenize did not return {n} token ids for the pinned text",
-                         hint="the speculation check needs vLLM's /tokenize endpoint")
+        raise BenchError(
+            f"POST {url}/tokenize did not return {n} token ids for the pinned text",
+            hint="the speculation check needs vLLM's /tokenize endpoint",
+        )
     return [int(i) for i in ids[:n]]
 
 
@@ -96,16 +98,26 @@ def greedy(url: str, model: str, prompts: list[list[int]], max_tokens: int, api_
     """The generated ids of each prompt, greedily (temperature 0, `ignore_eos`: every prompt runs `max_tokens`)."""
     out = []
     for ids in prompts:
-        body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
-                "return_token_ids": True}
+        body = {
+            "model": model,
+            "prompt": ids,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
         choice = _post(f"{url}/v1/completions", body, api_key)["choices"][0]
         seen, got = choice.get("prompt_token_ids"), choice.get("token_ids")
         if not isinstance(got, list):
-            raise BenchError(f"{url} answered without `token_ids` (return_token_ids)",
-                             hint="the speculation check needs a vLLM whose completions take return_token_ids")
+            raise BenchError(
+                f"{url} answered without `token_ids` (return_token_ids)",
+                hint="the speculation check needs a vLLM whose completions take return_token_ids",
+            )
         if isinstance(seen, list) and len(seen) != len(ids):
-            raise BenchError(f"{url} saw a {len(seen)}-token prompt where {len(ids)} token ids were sent",
-                             hint="the prompt lengths of the check would not be the ones asked")
+            raise BenchError(
+                f"{url} saw a {len(seen)}-token prompt where {len(ids)} token ids were sent",
+                hint="the prompt lengths of the check would not be the ones asked",
+            )
         out.append([int(t) for t in got])
     return out
 
@@ -114,12 +126,18 @@ def compare(lengths: list[int], k: int, with_mtp: list[list[int]], without: list
     """Per prompt: its length and the first generated token where the two differ (None: none), with both ids there."""
     prompts = []
     for n, a, b in zip(lengths, with_mtp, without, strict=True):
-        first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
-                     None if len(a) == len(b) else min(len(a), len(b)))
-        row: dict[str, Any] = {"prompt_tokens": n, "one_plus_k": n == 1 + k, "generated": len(b),
-                               "first_divergence": first}
+        first = next(
+            (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+            None if len(a) == len(b) else min(len(a), len(b)),
+        )
+        row: dict[str, Any] = {
+            "prompt_tokens": n,
+            "one_plus_k": n == 1 + k,
+            "generated": len(b),
+            "first_divergence": first,
+        }
         if first is not None:
-            row["with_mtp"], row["without"] = a[first:first + 4], b[first:first + 4]
+            row["with_mtp"], row["without"] = a[first : first + 4], b[first : first + 4]
         prompts.append(row)
     return prompts
 
@@ -127,8 +145,14 @@ def compare(lengths: list[int], k: int, with_mtp: list[list[int]], without: list
 def tie_gap(url: str, model: str, context: list[int], token: int, api_key: str | None) -> float | None:
     """How far below the best next token `token` lies after `context` on the server at `url` (nats; None: not among
     its top 5)."""
-    body = {"model": model, "prompt": context, "max_tokens": 1, "temperature": 0.0, "logprobs": 5,
-            "return_tokens_as_token_ids": True}
+    body = {
+        "model": model,
+        "prompt": context,
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "logprobs": 5,
+        "return_tokens_as_token_ids": True,
+    }
     top = _post(f"{url}/v1/completions", body, api_key)["choices"][0]["logprobs"]["top_logprobs"][0]
     lp = {int(str(t).rpartition(":")[2]): float(v) for t, v in top.items()}
     return max(lp.values()) - lp[token] if token in lp else None
@@ -142,9 +166,14 @@ def judge(prompts: list[dict[str, Any]], k: int, tie_nats: float, gap: Any) -> d
             p["tie_gap"] = gap(p)
             p["tie"] = p["tie_gap"] is not None and p["tie_gap"] <= tie_nats
     changed = [p for p in prompts if p["first_divergence"] is not None and not p["tie"]]
-    return {"draft_tokens": k, "prompts": prompts, "tie_nats": tie_nats,
-            "diverged": sum(p["first_divergence"] is not None for p in prompts), "changed": len(changed),
-            "ok": not changed}
+    return {
+        "draft_tokens": k,
+        "prompts": prompts,
+        "tie_nats": tie_nats,
+        "diverged": sum(p["first_divergence"] is not None for p in prompts),
+        "changed": len(changed),
+        "ok": not changed,
+    }
 
 
 def spec_check_failures(result: dict[str, Any] | None) -> list[str]:
@@ -156,41 +185,57 @@ def spec_check_failures(result: dict[str, Any] | None) -> list[str]:
         if p["first_divergence"] is None or p["tie"]:
             continue
         tag = " (1 + k: vllm #53051)" if p["one_plus_k"] else ""
-        where = ("not among the top 5 there" if p["tie_gap"] is None else
-                 f"{p['tie_gap']:.3f} nats below the best there (a tie is within {result['tie_nats']})")
-        out.append(f"speculation changed the answer: the {p['prompt_tokens']}-token prompt{tag} diverges at generated "
-                   f"token {p['first_divergence']} (with MTP {p['with_mtp']}, without {p['without']}; the drafted "
-                   f"token is {where}; k = {result['draft_tokens']})")
+        where = (
+            "not among the top 5 there"
+            if p["tie_gap"] is None
+            else f"{p['tie_gap']:.3f} nats below the best there (a tie is within {result['tie_nats']})"
+        )
+        out.append(
+            f"speculation changed the answer: the {p['prompt_tokens']}-token prompt{tag} diverges at generated "
+            f"token {p['first_divergence']} (with MTP {p['with_mtp']}, without {p['without']}; the drafted "
+            f"token is {where}; k = {result['draft_tokens']})"
+        )
     return out
 
 
 def spec_check_line(result: dict[str, Any]) -> str:
     """What a user reads of the check, one line."""
     n = len(result["prompts"])
-    firsts = ", ".join(f"{p['prompt_tokens']}:{'-' if p['first_divergence'] is None else p['first_divergence']}"
-                       + ("" if p["first_divergence"] is None else
-                          f" ({'tie' if p['tie'] else 'CHANGED'}, gap "
-                          f"{'>top5' if p['tie_gap'] is None else format(p['tie_gap'], '.3f')})")
-                       for p in result["prompts"])
-    return (f"speculation check (k = {result['draft_tokens']}): {n - result['diverged']}/{n} prompts agree with MTP "
-            f"off, {result['changed']} changed beyond a {result['tie_nats']}-nat tie; first divergence per prompt "
-            f"length: {firsts}")
+    firsts = ", ".join(
+        f"{p['prompt_tokens']}:{'-' if p['first_divergence'] is None else p['first_divergence']}"
+        + (
+            ""
+            if p["first_divergence"] is None
+            else f" ({'tie' if p['tie'] else 'CHANGED'}, gap "
+            f"{'>top5' if p['tie_gap'] is None else format(p['tie_gap'], '.3f')})"
+        )
+        for p in result["prompts"]
+    )
+    return (
+        f"speculation check (k = {result['draft_tokens']}): {n - result['diverged']}/{n} prompts agree with MTP "
+        f"off, {result['changed']} changed beyond a {result['tie_nats']}-nat tie; first divergence per prompt "
+        f"length: {firsts}"
+    )
 
 
 def check_reference(ask: SpecCheckAsk, serving: bool) -> None:
     """Before any server is asked: against a URL the check needs the other server's URL."""
     if not serving and ask.reference_url is None:
-        raise UsageError("--spec-check against a URL needs the URL of the same model served without speculation: "
-                         "qwenquant cannot turn MTP off on a server it did not start",
-                         hint="pass --reference-url URL (a server started with -- --speculative-config null), or "
-                              "use --serve ARTIFACT: eval then starts both servers itself")
+        raise UsageError(
+            "--spec-check against a URL needs the URL of the same model served without speculation: "
+            "qwenquant cannot turn MTP off on a server it did not start",
+            hint="pass --reference-url URL (a server started with -- --speculative-config null), or "
+            "use --serve ARTIFACT: eval then starts both servers itself",
+        )
 
 
 def _post(url: str, body: dict[str, Any], api_key: str | None) -> Any:
     try:
         return post_json(url, body, api_key=api_key, timeout=REQUEST_TIMEOUT)
     except HttpError as e:
-        raise BenchError(e.message, hint="check the server is up and is vLLM (`qwenquant serve` prints ready)") from None
+        raise BenchError(
+            e.message, hint="check the server is up and is vLLM (`qwenquant serve` prints ready)"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -206,8 +251,11 @@ def plan_prompts(url: str, model: str, ask: SpecCheckAsk, api_key: str | None) -
     """k (the drafting server's /metrics, else --draft-tokens) and the prompts, tokenized by the server at `url`."""
     k = draft_count(url, api_key) or ask.draft_tokens
     if not k:
-        raise BenchError(f"{url} exports no per-position draft counters on /metrics: the draft count k is unknown "
-                         "(is MTP on there?)", hint="pass --draft-tokens K, or check the server runs with MTP")
+        raise BenchError(
+            f"{url} exports no per-position draft counters on /metrics: the draft count k is unknown "
+            "(is MTP on there?)",
+            hint="pass --draft-tokens K, or check the server runs with MTP",
+        )
     lengths = prompt_lengths(k)
     ids = source_ids(url, model, max(lengths), api_key)
     return SpecPrompts(k, lengths, [ids[:n] for n in lengths])
@@ -216,8 +264,10 @@ def plan_prompts(url: str, model: str, ask: SpecCheckAsk, api_key: str | None) -
 def reference_drafting_problem(url: str, api_key: str | None) -> str | None:
     """Why the server at `url` cannot stand for 'without speculation' (None: it can)."""
     if drafts(url, api_key):
-        return (f"the reference server {url} drafts (its /metrics exports vllm:spec_decode_* counters): it is not "
-                "the model without speculation")
+        return (
+            f"the reference server {url} drafts (its /metrics exports vllm:spec_decode_* counters): it is not "
+            "the model without speculation"
+        )
     return None
 
 
@@ -237,7 +287,8 @@ def run_spec_check(url: str, model: str, ask: SpecCheckAsk, api_key: str | None)
     sp = plan_prompts(url, model, ask, api_key)
     with_mtp = greedy(url, model, sp.prompts, ask.max_tokens, api_key)
     return against_reference(ask.reference_url, model, ask, Drafted(sp, with_mtp), api_key) | {
-        "reference_url": ask.reference_url}
+        "reference_url": ask.reference_url
+    }
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,14 @@ class PrecomputedForward:
     """A `TextForward` over final hidden states computed ahead for a fixed set of windows (held on the host,
     moved to `device` one batch at a time); the MTP head's token embeddings are read from the shards as asked."""
 
-    def __init__(self, windows: torch.Tensor, hidden: torch.Tensor, embed: Callable[[torch.Tensor], torch.Tensor],
-                 mtp: Any, device: str) -> None:
+    def __init__(
+        self,
+        windows: torch.Tensor,
+        hidden: torch.Tensor,
+        embed: Callable[[torch.Tensor], torch.Tensor],
+        mtp: Any,
+        device: str,
+    ) -> None:
         self._row = {bytes(w.numpy().tobytes()): i for i, w in enumerate(windows)}
         self.hidden, self.embed, self.mtp, self.device = hidden, embed, mtp, device
 
@@ -98,7 +104,7 @@ class _Arm:
         from qwenquant.modeling.text import build_layer
 
         p = self.src.layer_prefix(i)
-        layer = build_layer(self.src, i, {n[len(p):]: t for n, t in dense.items()}, self.device)
+        layer = build_layer(self.src, i, {n[len(p) :]: t for n, t in dense.items()}, self.device)
         mlp: Any = layer.mlp  # nn.Module's __getattr__ types it Tensor | Module; it is the layer's MLP module
         mlp.forward = chunk_positions(mlp.forward)  # a long window's MLP, a chunk of positions at a time
         return layer
@@ -125,7 +131,7 @@ class _Arm:
         if not raw:
             return None
         head = MTPHead(self.src.config).float().eval()
-        head.load_state_dict({n[len("mtp."):]: t for n, t in self.dequantized(raw).items()})
+        head.load_state_dict({n[len("mtp.") :]: t for n, t in self.dequantized(raw).items()})
         return head.to(self.device)
 
 
@@ -193,8 +199,9 @@ class _Int8Arm(_Arm):
         return int8_counts(self.swapped, self.lm_head)
 
 
-def _run_layers(arms: Mapping[str, _Arm], embeds: Mapping[str, list[torch.Tensor]], device: str
-                ) -> dict[str, list[torch.Tensor]]:
+def _run_layers(
+    arms: Mapping[str, _Arm], embeds: Mapping[str, list[torch.Tensor]], device: str
+) -> dict[str, list[torch.Tensor]]:
     """Every window through every decoder layer of each arm, one layer of one arm and one window on the device
     at a time; the windows' hidden states [1, L, H] wait on the host between layers."""
     from qwenquant.console import timed
@@ -224,9 +231,11 @@ def _through(layer: torch.nn.Module, x: torch.Tensor, inputs: Any, layer_type: s
     return layer(x, **inputs.kwargs(x, layer_type)).cpu()
 
 
-def streamed_forwards(reference: Path, artifact: Path, windows: torch.Tensor, *, device: str = "cpu",
-                      int8: bool = False) -> tuple[PrecomputedForward, PrecomputedForward, dict[str, torch.Tensor],
-                                                   tuple[PrecomputedForward, Any, _Int8Arm] | None]:
+def streamed_forwards(
+    reference: Path, artifact: Path, windows: torch.Tensor, *, device: str = "cpu", int8: bool = False
+) -> tuple[
+    PrecomputedForward, PrecomputedForward, dict[str, torch.Tensor], tuple[PrecomputedForward, Any, _Int8Arm] | None
+]:
     """(reference forward, artifact forward, heads, int8 arm) for `windows` [N, L], as run_offline's dense
     path gives; with `int8`, the third arm through the same layer loop: (its forward, its lm_head as a
     function of the hidden states, the arm for its overflow count), else None."""
@@ -244,8 +253,10 @@ def streamed_forwards(reference: Path, artifact: Path, windows: torch.Tensor, *,
     acts = _run_layers(arms, embeds, device)
     del embeds
     with timed(log, "eval: MTP heads, both arms"):
-        out = {name: PrecomputedForward(windows, torch.cat(acts.pop(name)), arm.embed, arm.mtp(), device)
-               for name, arm in arms.items()}
+        out = {
+            name: PrecomputedForward(windows, torch.cat(acts.pop(name)), arm.embed, arm.mtp(), device)
+            for name, arm in arms.items()
+        }
     with timed(log, f"eval: lm_heads (reference, round-to-nearest, artifact) on {device}"):
         ref_head = arms["reference"].head()  # each head built on the device, one after the other
         heads = {"reference": ref_head, "rtn": rtn_head(ref_head), "artifact": arms["artifact"].head()}

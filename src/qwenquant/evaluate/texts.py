@@ -21,13 +21,19 @@ def _check_size(available: int, windows: int, window_len: int, what: str, more: 
     """Enough windows of `window_len` tokens in the text; `more` says how to get more text where it holds
     fewer than any run accepts (--windows below 2 is itself refused)."""
     if windows < MIN_WINDOWS or window_len < 3:
-        raise UsageError(f"--windows {windows} --window-len {window_len} is too small",
-                             hint="use at least 2 windows of 3 tokens (a confidence interval needs 2 windows)")
+        raise UsageError(
+            f"--windows {windows} --window-len {window_len} is too small",
+            hint="use at least 2 windows of 3 tokens (a confidence interval needs 2 windows)",
+        )
     if available < windows:
-        hint = f"pass --windows {available} or less, or a shorter --window-len" if available >= MIN_WINDOWS else \
-            f"{more} (at least {MIN_WINDOWS} windows: {MIN_WINDOWS * window_len:,} tokens), or a shorter --window-len"
-        raise UsageError(f"{what} has {available} windows of {window_len} tokens, fewer than --windows {windows}",
-                         hint=hint)
+        hint = (
+            f"pass --windows {available} or less, or a shorter --window-len"
+            if available >= MIN_WINDOWS
+            else f"{more} (at least {MIN_WINDOWS} windows: {MIN_WINDOWS * window_len:,} tokens), or a shorter --window-len"
+        )
+        raise UsageError(
+            f"{what} has {available} windows of {window_len} tokens, fewer than --windows {windows}", hint=hint
+        )
 
 
 def is_tiny_reference(folder: Path) -> bool:
@@ -38,8 +44,15 @@ def is_tiny_reference(folder: Path) -> bool:
     return tok.is_file() and tok.read_bytes() == tinyref.verified_bytes("tokenizer.json")
 
 
-def resolve_windows(reference: Path, windows: int, window_len: int, *, text: Path | None = None,
-                    text_set: str | None = None, cache: Path | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+def resolve_windows(
+    reference: Path,
+    windows: int,
+    window_len: int,
+    *,
+    text: Path | None = None,
+    text_set: str | None = None,
+    cache: Path | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
     """(windows [N, L], what they were cut from) for `--text FILE`, `--text-set NAME`, or the default:
     the shipped held-out text for the tiny reference, the pinned Hub text set for any other model;
     `--text-set depth` is the pinned depth text (evaluate/longwindow.py), for long windows."""
@@ -56,12 +69,15 @@ def resolve_windows(reference: Path, windows: int, window_len: int, *, text: Pat
         return eval_windows(reference, windows, window_len), {"text": "tiny-reference held-out"}
     ts = textset.load_text_set(text_set if text_set not in (None, "auto") else textset.DEFAULT_TEXT_SET)
     body = textset.read_text(textset.fetch_text_set(ts, cache), ts)
-    return _cut(reference, body, windows, window_len, ts.name, "pass --text FILE or another --text-set"), \
-        {"text": ts.name, **ts.describe()}
+    return _cut(reference, body, windows, window_len, ts.name, "pass --text FILE or another --text-set"), {
+        "text": ts.name,
+        **ts.describe(),
+    }
 
 
-def _cut(reference: Path, body: str, windows: int, window_len: int, what: str,
-         more: str = "pass a longer --text") -> torch.Tensor:
+def _cut(
+    reference: Path, body: str, windows: int, window_len: int, what: str, more: str = "pass a longer --text"
+) -> torch.Tensor:
     """`body` tokenized with the reference's tokenizer, cut into consecutive windows."""
     import torch
     from tokenizers import Tokenizer
@@ -85,12 +101,15 @@ def eval_windows(reference: Path, windows: int, window_len: int, text: Path | No
         if not is_tiny_reference(reference):
             raise UsageError(
                 f"{reference} is not the committed tiny reference, and no --text was given",
-                hint="pass --text FILE (plain text in the model's domain) to evaluate other models")
+                hint="pass --text FILE (plain text in the model's domain) to evaluate other models",
+            )
         held = tinyref.heldout_ids()
         if window_len > held.shape[1]:
-            raise UsageError(f"--window-len {window_len} is longer than the shipped windows ({held.shape[1]})",
-                             hint=f"use --window-len {held.shape[1]} or less, or cut longer windows from "
-                                  "--text-set depth (the pinned depth text) or --text FILE")
+            raise UsageError(
+                f"--window-len {window_len} is longer than the shipped windows ({held.shape[1]})",
+                hint=f"use --window-len {held.shape[1]} or less, or cut longer windows from "
+                "--text-set depth (the pinned depth text) or --text FILE",
+            )
         _check_size(held.shape[0], windows, window_len, "the shipped held-out text", "pass --text FILE")
         return held[:windows, :window_len].clone()
     try:
@@ -98,10 +117,13 @@ def eval_windows(reference: Path, windows: int, window_len: int, text: Path | No
     except FileNotFoundError:
         raise UsageError(f"--text {text}: file not found", hint="pass a plain UTF-8 text file") from None
     except UnicodeDecodeError as e:
-        raise UsageError(f"--text {text} is not UTF-8 text ({e.reason} at byte {e.start})",
-                         hint="pass a plain UTF-8 text file") from None
+        raise UsageError(
+            f"--text {text} is not UTF-8 text ({e.reason} at byte {e.start})", hint="pass a plain UTF-8 text file"
+        ) from None
     except OSError as e:
-        raise UsageError(f"--text {text} cannot be read ({e.strerror or e})", hint="pass a plain UTF-8 text file") from None
+        raise UsageError(
+            f"--text {text} cannot be read ({e.strerror or e})", hint="pass a plain UTF-8 text file"
+        ) from None
     return _cut(reference, body, windows, window_len, f"--text {text}")
 
 

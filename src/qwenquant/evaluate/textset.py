@@ -23,8 +23,19 @@ log = logging.getLogger(__name__)
 DEFAULT_TEXT_SET = "wikitext-2-test"
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_KEYS = {"schema_version", "name", "description", "repo", "repo_type", "revision", "file", "sha256",
-         "text_field", "join", "license"}
+_KEYS = {
+    "schema_version",
+    "name",
+    "description",
+    "repo",
+    "repo_type",
+    "revision",
+    "file",
+    "sha256",
+    "text_field",
+    "join",
+    "license",
+}
 
 
 @dataclass(frozen=True)
@@ -44,8 +55,14 @@ class TextSet:
 
     def describe(self) -> dict[str, Any]:
         """What a report records about the text (no local paths)."""
-        return {"text_set": self.name, "repo": self.repo, "revision": self.revision, "file": self.file,
-                "sha256": self.sha256, "license": self.license}
+        return {
+            "text_set": self.name,
+            "repo": self.repo,
+            "revision": self.revision,
+            "file": self.file,
+            "sha256": self.sha256,
+            "license": self.license,
+        }
 
 
 def evaltext_dir() -> Path:
@@ -73,8 +90,10 @@ def load_text_set(name_or_path: str | Path) -> TextSet:
     path = Path(s).expanduser() if s.endswith((".yaml", ".yml")) or os.sep in s else evaltext_dir() / f"{s}.yaml"
     if not path.is_file():
         shipped = sorted(p.stem for p in evaltext_dir().glob("*.yaml")) if evaltext_dir().is_dir() else []
-        raise UsageError(f"no eval text set {s!r} ({path} not found)",
-                         hint=f"shipped: {', '.join(shipped) or '(none)'}; or pass --text FILE")
+        raise UsageError(
+            f"no eval text set {s!r} ({path} not found)",
+            hint=f"shipped: {', '.join(shipped) or '(none)'}; or pass --text FILE",
+        )
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as e:
@@ -112,20 +131,26 @@ def fetch_text_set(ts: TextSet, cache: Path | None = None) -> Path:
 
         log.info("fetching eval text %s: %s@%s %s", ts.name, ts.repo, ts.revision[:12], ts.file)
         try:
-            fetch_snapshot(ts.repo, folder, revision=ts.revision, repo_type=ts.repo_type, only=(ts.file,),
-                           check_model=False)
+            fetch_snapshot(
+                ts.repo, folder, revision=ts.revision, repo_type=ts.repo_type, only=(ts.file,), check_model=False
+            )
         except FetchError as e:
-            raise FetchError(f"the eval text set {ts.name} ({ts.repo}@{ts.revision[:12]}, {ts.file}) could not be "
-                             f"fetched: {e.message}",
-                             hint="check the network and HF_ENDPOINT, or evaluate on a local file: --text FILE") from e
+            raise FetchError(
+                f"the eval text set {ts.name} ({ts.repo}@{ts.revision[:12]}, {ts.file}) could not be "
+                f"fetched: {e.message}",
+                hint="check the network and HF_ENDPOINT, or evaluate on a local file: --text FILE",
+            ) from e
     path = folder / ts.file
     seen = sha256_file(path)
     if ts.sha256 is not None and seen != ts.sha256:
-        raise FetchError(f"{path}: sha256 {seen} is not the declared {ts.sha256} of eval text set {ts.name}",
-                         hint="the declaration or the Hub file changed: check the revision and sha256 it declares")
+        raise FetchError(
+            f"{path}: sha256 {seen} is not the declared {ts.sha256} of eval text set {ts.name}",
+            hint="the declaration or the Hub file changed: check the revision and sha256 it declares",
+        )
     if ts.sha256 is None:
-        log.info("eval text %s: sha256 %s (verified against the Hub listing; not pinned in its declaration)",
-                 ts.name, seen)
+        log.info(
+            "eval text %s: sha256 %s (verified against the Hub listing; not pinned in its declaration)", ts.name, seen
+        )
     return path
 
 
@@ -138,7 +163,9 @@ def read_text(path: Path, ts: TextSet) -> str:
     elif path.suffix == ".jsonl":
         import json
 
-        rows = [json.loads(line)[ts.text_field] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        rows = [
+            json.loads(line)[ts.text_field] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
+        ]
     else:
         return path.read_text(encoding="utf-8")
     return ts.join.join(str(r) for r in rows if r is not None)

@@ -15,8 +15,15 @@ from typing import Any
 from qwenquant.net.http import HttpError, fetch
 
 REQUEST_TIMEOUT = 120.0
-_TYPES: dict[str, tuple[type, ...]] = {"object": (dict,), "array": (list,), "string": (str,), "boolean": (bool,),
-                                       "integer": (int,), "number": (int, float), "null": (type(None),)}
+_TYPES: dict[str, tuple[type, ...]] = {
+    "object": (dict,),
+    "array": (list,),
+    "string": (str,),
+    "boolean": (bool,),
+    "integer": (int,),
+    "number": (int, float),
+    "null": (type(None),),
+}
 # raw tool-call markup left in the text: the server's parser did not turn it into a call
 _MARKUP = ("<tool_call>", "<function=", "</tool_call>")
 
@@ -27,8 +34,10 @@ def schema_problems(value: Any, schema: dict[str, Any], path: str = "arguments")
     want = schema.get("type")
     if want is not None:
         kinds = want if isinstance(want, list) else [want]
-        ok = any(isinstance(value, _TYPES.get(k, ())) and not (k in ("integer", "number") and isinstance(value, bool))
-                 for k in kinds)
+        ok = any(
+            isinstance(value, _TYPES.get(k, ())) and not (k in ("integer", "number") and isinstance(value, bool))
+            for k in kinds
+        )
         if not ok:
             return [f"{path} is {type(value).__name__} {json.dumps(value)[:40]}, not {'/'.join(kinds)}"]
     if "enum" in schema and value not in schema["enum"]:
@@ -75,8 +84,10 @@ def _call_problems(i: int, call: Any, schemas: dict[str, Any]) -> list[str]:
     if name not in schemas:
         return [f"call {i} names {name!r}, which was not sent (sent: {', '.join(schemas)})"]
     if not isinstance(raw, str):
-        return [f"call {i} ({name}): arguments are a JSON {type(raw).__name__}, not a string of JSON "
-                f"(OpenAI sends them encoded): {json.dumps(raw)[:60]}"]
+        return [
+            f"call {i} ({name}): arguments are a JSON {type(raw).__name__}, not a string of JSON "
+            f"(OpenAI sends them encoded): {json.dumps(raw)[:60]}"
+        ]
     try:
         args = json.loads(raw)
     except ValueError as e:
@@ -112,10 +123,15 @@ def run_tools(url: str, spec: dict[str, Any], model: str, api_key: str | None = 
     url = url.rstrip("/")
     cases = []
     for case in spec["cases"]:
-        body = {"model": model, "messages": case["messages"], "tools": case["tools"],
-                "tool_choice": case.get("tool_choice", "auto"), "temperature": 0.0,
-                "max_tokens": case.get("max_tokens", spec.get("max_tokens", 256)),
-                "chat_template_kwargs": {"enable_thinking": False}}
+        body = {
+            "model": model,
+            "messages": case["messages"],
+            "tools": case["tools"],
+            "tool_choice": case.get("tool_choice", "auto"),
+            "temperature": 0.0,
+            "max_tokens": case.get("max_tokens", spec.get("max_tokens", 256)),
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
         row: dict[str, Any] = {"name": case["name"], "tool_choice": body["tool_choice"]}
         try:
             r = fetch(f"{url}/v1/chat/completions", body, api_key=api_key, timeout=REQUEST_TIMEOUT)
@@ -136,9 +152,13 @@ def run_tools(url: str, spec: dict[str, Any], model: str, api_key: str | None = 
                 row.update(judge(message, case["tools"], body["tool_choice"]))
         row["ok"] = not row["problems"]
         cases.append(row)
-    return {"gate": spec.get("name", "tools"), "cases": cases,
-            "counts": {k: sum(c["kind"] == k for c in cases)
-                       for k in ("tool_call", "answer", "malformed", "wrong_choice", "error")}}
+    return {
+        "gate": spec.get("name", "tools"),
+        "cases": cases,
+        "counts": {
+            k: sum(c["kind"] == k for c in cases) for k in ("tool_call", "answer", "malformed", "wrong_choice", "error")
+        },
+    }
 
 
 _VERDICT = {"malformed": "malformed tool call", "wrong_choice": "ignored tool_choice", "error": "request failed"}
@@ -146,5 +166,6 @@ _VERDICT = {"malformed": "malformed tool call", "wrong_choice": "ignored tool_ch
 
 def tool_failures(report: dict[str, Any]) -> list[str]:
     """One line per failing case (empty when every answer is what its tool_choice allows, well formed)."""
-    return [f"tool case {c['name']}: {_VERDICT[c['kind']]}: {c['problems'][0]}"
-            for c in report["cases"] if c["problems"]]
+    return [
+        f"tool case {c['name']}: {_VERDICT[c['kind']]}: {c['problems'][0]}" for c in report["cases"] if c["problems"]
+    ]

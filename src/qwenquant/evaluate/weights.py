@@ -24,7 +24,7 @@ PACK_SUFFIXES = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_p
 def normalize_name(name: str) -> str | None:
     """Checkpoint name -> the text-only naming; None for tensors eval does not use (vision tower)."""
     if name.startswith(LM_PREFIX):
-        return "model." + name[len(LM_PREFIX):]
+        return "model." + name[len(LM_PREFIX) :]
     if name.startswith("model.visual.") or name.startswith("visual."):
         return None
     return name
@@ -56,7 +56,9 @@ def _group_for(module: str, groups: dict[str, Any]) -> dict[str, Any]:
             elif target_matches(target, module):
                 return group
     if fallback is None:
-        raise QwenquantError(f"no quantization config group targets {module}", hint="run `qwenquant check` on the artifact")
+        raise QwenquantError(
+            f"no quantization config group targets {module}", hint="run `qwenquant check` on the artifact"
+        )
     return fallback
 
 

@@ -52,8 +52,16 @@ def content_diff(recorded: list[dict[str, Any]], listed: list[RemoteFile]) -> li
     return out
 
 
-def pin_commit(api: Any, out_dir: Path, repo_id: str, repo_type: str, revision: str, endpoint: str,
-               re_resolve: bool, expect: dict[str, Any] | None = None) -> Pinned:
+def pin_commit(
+    api: Any,
+    out_dir: Path,
+    repo_id: str,
+    repo_type: str,
+    revision: str,
+    endpoint: str,
+    re_resolve: bool,
+    expect: dict[str, Any] | None = None,
+) -> Pinned:
     """Pick the commit (see the module doc), list it, and apply the record's content pin."""
     recorded = expect or _record(out_dir, repo_id, repo_type, revision)
     commit, reused = _pick_commit(api, out_dir, repo_id, repo_type, revision, endpoint, re_resolve, expect)
@@ -65,41 +73,59 @@ def pin_commit(api: Any, out_dir: Path, repo_id: str, repo_type: str, revision: 
         new = resolve(api, repo_id, repo_type, revision, endpoint)
         files = list_commit(api, repo_id, repo_type, new)
         _refuse_changed(recorded, files, repo_id, revision, new, f"commit {commit} is no longer on the server")
-        note = (f"commit {commit} is no longer on the server (history rewritten?); {revision} now points at {new}, "
-                f"whose {len(files)} files all equal the record by sha256 / git blob id: using {new}")
+        note = (
+            f"commit {commit} is no longer on the server (history rewritten?); {revision} now points at {new}, "
+            f"whose {len(files)} files all equal the record by sha256 / git blob id: using {new}"
+        )
         return Pinned(new, files, note, replaces=commit)
     if expect is not None:
         _refuse_changed(expect, files, repo_id, revision, commit, f"{revision} is at {commit}")
         if commit != expect.get("commit"):
-            note = (f"{revision} moved from the expected commit {expect.get('commit')} to {commit}, whose {len(files)} "
-                    f"files all equal the record by sha256 / git blob id: using {commit}")
+            note = (
+                f"{revision} moved from the expected commit {expect.get('commit')} to {commit}, whose {len(files)} "
+                f"files all equal the record by sha256 / git blob id: using {commit}"
+            )
             return Pinned(commit, files, note, replaces=expect.get("commit"))
     return Pinned(commit, files)
 
 
-def _refuse_changed(recorded: dict[str, Any], files: list[RemoteFile], repo_id: str, revision: str, commit: str,
-                    why: str) -> None:
+def _refuse_changed(
+    recorded: dict[str, Any], files: list[RemoteFile], repo_id: str, revision: str, commit: str, why: str
+) -> None:
     diff = content_diff(recorded.get("files") or [], files)
     if diff:
         more = f" and {len(diff) - 3} more" if len(diff) > 3 else ""
-        raise FetchError(f"{why}, and {repo_id}@{commit} does not hold the recorded content: "
-                         f"{', '.join(diff[:3])}{more}; refusing it",
-                         hint=f"to take {revision}'s new content deliberately: --re-resolve (without --expect); "
-                              "it is verified and recorded anew")
+        raise FetchError(
+            f"{why}, and {repo_id}@{commit} does not hold the recorded content: "
+            f"{', '.join(diff[:3])}{more}; refusing it",
+            hint=f"to take {revision}'s new content deliberately: --re-resolve (without --expect); "
+            "it is verified and recorded anew",
+        )
 
 
 def _record(out_dir: Path, repo_id: str, repo_type: str, revision: str) -> dict[str, Any] | None:
     """The fetch record in `out_dir` when it is of this repo and revision (its files pin the content)."""
     with contextlib.suppress(OSError, ValueError):
         rec = json.loads((out_dir / RECORD_NAME).read_text())
-        if isinstance(rec, dict) and (rec.get("repo_id"), rec.get("repo_type"), rec.get("revision")) == \
-                (repo_id, repo_type, revision) and isinstance(rec.get("files"), list):
+        if (
+            isinstance(rec, dict)
+            and (rec.get("repo_id"), rec.get("repo_type"), rec.get("revision")) == (repo_id, repo_type, revision)
+            and isinstance(rec.get("files"), list)
+        ):
             return rec
     return None
 
 
-def _pick_commit(api: Any, out_dir: Path, repo_id: str, repo_type: str, revision: str, endpoint: str,
-                 re_resolve: bool, expect: dict[str, Any] | None) -> tuple[str, bool]:
+def _pick_commit(
+    api: Any,
+    out_dir: Path,
+    repo_id: str,
+    repo_type: str,
+    revision: str,
+    endpoint: str,
+    re_resolve: bool,
+    expect: dict[str, Any] | None,
+) -> tuple[str, bool]:
     """(commit, reused): a 40-hex revision is the commit; else reuse the expected, pending or recorded
     commit (unless `re_resolve`); else resolve the revision once."""
     if COMMIT_RE.match(revision):
@@ -112,7 +138,9 @@ def _pick_commit(api: Any, out_dir: Path, repo_id: str, repo_type: str, revision
                 prev = json.loads(path.read_text())
                 if (prev.get("repo_id"), prev.get("repo_type"), prev.get("revision")) == (repo_id, repo_type, revision):
                     if COMMIT_RE.match(str(prev.get("commit"))):
-                        log.info("reusing commit %s recorded in %s (pass --re-resolve to look again)", prev["commit"], path)
+                        log.info(
+                            "reusing commit %s recorded in %s (pass --re-resolve to look again)", prev["commit"], path
+                        )
                         return prev["commit"], True
     return resolve(api, repo_id, repo_type, revision, endpoint), False
 
@@ -128,7 +156,9 @@ def resolve(api: Any, repo_id: str, repo_type: str, revision: str, endpoint: str
         raise FetchError(f"{repo_type} repo {repo_id} not found at {endpoint}",
                          hint="check the repo id, HF_ENDPOINT, and HF_TOKEN for private repos") from None  # fmt: skip
     except RevisionNotFoundError:
-        raise FetchError(f"revision {revision!r} not found in {repo_id}", hint="pass a branch, tag or 40-hex commit") from None
+        raise FetchError(
+            f"revision {revision!r} not found in {repo_id}", hint="pass a branch, tag or 40-hex commit"
+        ) from None
     except (HfHubHTTPError, OSError, httpx.TransportError) as e:
         raise FetchError(f"could not resolve {repo_id}@{revision} at {endpoint}: {e}".splitlines()[0],
                          hint="check the network and HF_ENDPOINT, then re-run") from None  # fmt: skip
@@ -147,8 +177,10 @@ def list_commit(api: Any, repo_id: str, repo_type: str, commit: str, *, asked_fo
         entries = list(api.list_repo_tree(repo_id, revision=commit, recursive=True, repo_type=repo_type))
     except RevisionNotFoundError:
         if asked_for:
-            raise FetchError(f"commit {commit} was not found on the server in {repo_id}",
-                             hint="check the commit id, or pass a branch or tag (e.g. --revision main)") from None
+            raise FetchError(
+                f"commit {commit} was not found on the server in {repo_id}",
+                hint="check the commit id, or pass a branch or tag (e.g. --revision main)",
+            ) from None
         raise CommitGone(f"commit {commit} of {repo_id} is no longer on the server",
                          hint="pass --re-resolve to pin the branch's current commit") from None  # fmt: skip
     except (HfHubHTTPError, OSError, httpx.TransportError) as e:

@@ -40,7 +40,9 @@ def load_record_file(path: Path, out_dir: Path | None = None) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise VerificationError(f"{path} is unreadable ({e})", hint="re-run `qwenquant fetch`") from None
     if not isinstance(record, dict) or record.get("schema_version") != SCHEMA_VERSION or "files" not in record:
-        raise VerificationError(f"{path} is not a schema {SCHEMA_VERSION} fetch record", hint="re-run `qwenquant fetch`")
+        raise VerificationError(
+            f"{path} is not a schema {SCHEMA_VERSION} fetch record", hint="re-run `qwenquant fetch`"
+        )
     return record
 
 
@@ -107,7 +109,9 @@ def verify_fetch_record(out_dir: Path, progress: Callable[[int], None] | None = 
     """Re-verify a fetched folder against its record; return the record or raise VerificationError."""
     check = check_fetch_record(out_dir, progress)
     if not check.ok:
-        raise VerificationError(f"{out_dir} does not match its fetch record: {check.summary()}", hint=repair_hint(check, out_dir))
+        raise VerificationError(
+            f"{out_dir} does not match its fetch record: {check.summary()}", hint=repair_hint(check, out_dir)
+        )
     return check.record
 
 
@@ -116,8 +120,10 @@ def repair_hint(check: RecordCheck, out_dir: Path) -> str:
     list are not the fetch's to touch, so the hint names them for removal."""
     steps = []
     if check.missing or check.changed:
-        steps.append(f"re-run `qwenquant fetch {check.record.get('repo_id', '<repo>')} --out {out_dir}` to restore "
-                     "the changed and missing files")
+        steps.append(
+            f"re-run `qwenquant fetch {check.record.get('repo_id', '<repo>')} --out {out_dir}` to restore "
+            "the changed and missing files"
+        )
     if check.extra:
         names = " ".join(str(Path(out_dir) / n) for n in check.extra[:5])
         more = f" and {len(check.extra) - 5} more" if len(check.extra) > 5 else ""

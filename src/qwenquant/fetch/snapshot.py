@@ -119,8 +119,9 @@ def fetch_snapshot(
 
 def _exclusive(staging: Path) -> contextlib.AbstractContextManager[None]:
     """One fetch per out folder at a time (two would steal each other's partials)."""
-    busy = UsageError(f"another qwenquant fetch is writing into {staging.parent}",
-                      hint="wait for it to finish, or use another --out")
+    busy = UsageError(
+        f"another qwenquant fetch is writing into {staging.parent}", hint="wait for it to finish, or use another --out"
+    )
     return exclusive_lock(staging / "lock", busy)
 
 
@@ -194,8 +195,17 @@ def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_ty
     if before_move is not None:
         before_move()
     move_into_place(out_dir, tree, commit, files)
-    record = _write_record(out_dir, repo_id, repo_type, revision, commit, endpoint, files, digests,
-                           {"replaces_commit": pinned.replaces, "note": pinned.note} if pinned.note else None)
+    record = _write_record(
+        out_dir,
+        repo_id,
+        repo_type,
+        revision,
+        commit,
+        endpoint,
+        files,
+        digests,
+        {"replaces_commit": pinned.replaces, "note": pinned.note} if pinned.note else None,
+    )
     shutil.rmtree(staging, ignore_errors=True)
     downloaded = [f.path for f in todo]
     if artifact is not None:
@@ -205,8 +215,14 @@ def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_ty
                        pinned.note, artifact)  # fmt: skip
 
 
-def verify_published(folder: Path, repo_id: str, commit: str, names: set[str],
-                     verify_artifact: Callable[[Path], Any] | None = None, root: str | None = None) -> Any:
+def verify_published(
+    folder: Path,
+    repo_id: str,
+    commit: str,
+    names: set[str],
+    verify_artifact: Callable[[Path], Any] | None = None,
+    root: str | None = None,
+) -> Any:
     """A fetched qwenquant artifact against its own manifest (None when the repo holds none); `root`:
     the root digest it must have."""
     from qwenquant.manifest import MANIFEST_NAME
@@ -218,15 +234,19 @@ def verify_published(folder: Path, repo_id: str, commit: str, names: set[str],
     if not report.ok:
         raise VerificationError(
             f"{repo_id}@{commit} matches the Hub's hashes but not its own {MANIFEST_NAME}: "
-            + ", ".join(f"{p.path} ({p.status}{': ' + p.detail if p.status == 'card' else ''})"
-                        for p in report.problems[:5]),
+            + ", ".join(
+                f"{p.path} ({p.status}{': ' + p.detail if p.status == 'card' else ''})" for p in report.problems[:5]
+            ),
             hint="the published files and manifest disagree (or the card was edited); never serve it; "
-                 "nothing in the folder was changed")
+            "nothing in the folder was changed",
+        )
     if root is not None and report.root_digest != root:
-        raise VerificationError(f"{repo_id}@{commit} holds an artifact of root digest sha256:{report.root_digest}, "
-                                f"not the pinned sha256:{root}",
-                                hint="the repo holds another artifact than the one announced; nothing in the folder "
-                                     "was changed; ask the publisher which revision holds it")
+        raise VerificationError(
+            f"{repo_id}@{commit} holds an artifact of root digest sha256:{report.root_digest}, "
+            f"not the pinned sha256:{root}",
+            hint="the repo holds another artifact than the one announced; nothing in the folder "
+            "was changed; ask the publisher which revision holds it",
+        )
     log.info("published artifact verified: root digest %s", report.root_digest)
     return report
 
@@ -276,8 +296,11 @@ def _download_todo(session: Session, todo: list[RemoteFile], tree: Path, staging
     then the rest, largest first."""
     first = [f for f in todo if f.path.endswith(".json") and not f.lfs]
     rest = sorted((f for f in todo if f not in first), key=lambda f: -f.size)
-    return [d for batch in (first, rest) for d in _download_all(session, batch, tree, staging, workers, check_model,
-                                                                progress)]
+    return [
+        d
+        for batch in (first, rest)
+        for d in _download_all(session, batch, tree, staging, workers, check_model, progress)
+    ]
 
 
 def _download_all(session: Session, batch: list[RemoteFile], tree: Path, staging: Path, workers: int,
@@ -371,4 +394,3 @@ def _write_record(out_dir: Path, repo_id: str, repo_type: str, revision: str, co
     }  # fmt: skip
     atomic_write_json(out_dir / RECORD_NAME, record)
     return record
-

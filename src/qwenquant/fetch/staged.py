@@ -41,12 +41,16 @@ def refuse_unnamed_companions(names: set[str], repo_id: str, commit: str, root: 
     if MANIFEST_NAME in names:
         return
     if CARD_RECORD_NAME in names:
-        raise VerificationError(f"{repo_id}@{commit} holds {CARD_RECORD_NAME}, which names a {MANIFEST_NAME}, "
-                                "but the repo has no manifest: its files cannot be checked",
-                                hint="the repo was changed after publishing; never serve it; ask the publisher")
+        raise VerificationError(
+            f"{repo_id}@{commit} holds {CARD_RECORD_NAME}, which names a {MANIFEST_NAME}, "
+            "but the repo has no manifest: its files cannot be checked",
+            hint="the repo was changed after publishing; never serve it; ask the publisher",
+        )
     if root is not None:
-        raise VerificationError(f"{repo_id}@{commit} has no {MANIFEST_NAME}, so its root digest cannot be "
-                                f"{root}", hint="check the repo id and revision the publisher gave with the digest")
+        raise VerificationError(
+            f"{repo_id}@{commit} has no {MANIFEST_NAME}, so its root digest cannot be {root}",
+            hint="check the repo id and revision the publisher gave with the digest",
+        )
 
 
 def prune_tree(tree: Path, names: set[str]) -> None:
@@ -107,8 +111,9 @@ def _local_digest(path: Path, f: RemoteFile) -> FileDigest:
     return FileDigest(f.path, f.size, h256.hexdigest(), f.blob_id if f.lfs else h1.hexdigest(), f.lfs)
 
 
-def reuse_verified(out_dir: Path, tree: Path, files: list[RemoteFile], workers: int
-                    ) -> tuple[dict[str, FileDigest], list[RemoteFile]]:
+def reuse_verified(
+    out_dir: Path, tree: Path, files: list[RemoteFile], workers: int
+) -> tuple[dict[str, FileDigest], list[RemoteFile]]:
     """Files with the listed digest already staged (an interrupted run) or in place (hard-linked into the
     staged tree) are kept; the rest are to download."""
     candidates: list[tuple[RemoteFile, Path]] = []

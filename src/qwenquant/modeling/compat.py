@@ -47,8 +47,11 @@ log = logging.getLogger(__name__)
 
 PINNED = {"llmcompressor": "0.14.0.1", "compressed-tensors": "0.19.0"}
 PACKED_FORMAT = "pack-quantized"
-_INSTALL = "install the pinned versions: pip install " + " ".join(f"{d}=={v}" for d, v in PINNED.items()) \
-           + " (constraints/quant.txt; scripts/install.sh does it)"
+_INSTALL = (
+    "install the pinned versions: pip install "
+    + " ".join(f"{d}=={v}" for d, v in PINNED.items())
+    + " (constraints/quant.txt; scripts/install.sh does it)"
+)
 
 _LC, _CT = "llmcompressor", "compressed-tensors"
 # name -> (distribution, module) of every upstream object qwenquant uses
@@ -81,8 +84,10 @@ def version_warning(dist: str, installed: str, pinned: str) -> str | None:
     """Pure: what to tell the user when `installed` is not the pinned version (None when it is)."""
     if installed == pinned:
         return None
-    return (f"{dist} {installed} is installed; qwenquant is pinned to {dist} {pinned}, whose internals it calls: "
-            f"a moved function fails with a message, a changed one may give other bytes. To be safe, {_INSTALL}")
+    return (
+        f"{dist} {installed} is installed; qwenquant is pinned to {dist} {pinned}, whose internals it calls: "
+        f"a moved function fails with a message, a changed one may give other bytes. To be safe, {_INSTALL}"
+    )
 
 
 @functools.cache
@@ -92,8 +97,11 @@ def check_version(dist: str) -> str:
     try:
         installed = version(dist)
     except PackageNotFoundError:
-        raise StageError(f"{dist} is not installed (qwenquant's quantization stack: "
-                         f"{', '.join(f'{d} {v}' for d, v in PINNED.items())})", hint=_INSTALL) from None
+        raise StageError(
+            f"{dist} is not installed (qwenquant's quantization stack: "
+            f"{', '.join(f'{d} {v}' for d, v in PINNED.items())})",
+            hint=_INSTALL,
+        ) from None
     warning = version_warning(dist, installed, PINNED[dist])
     if warning:
         log.warning("%s", warning)
@@ -111,8 +119,10 @@ def _load(dist: str, module: str, name: str) -> Any:
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
-        raise StageError(f"{dist} {installed} has no {module}.{name} ({e}); qwenquant calls the internals of "
-                         f"{dist} {PINNED[dist]}", hint=_INSTALL) from None
+        raise StageError(
+            f"{dist} {installed} has no {module}.{name} ({e}); qwenquant calls the internals of {dist} {PINNED[dist]}",
+            hint=_INSTALL,
+        ) from None
 
 
 # --- the recipe as llm-compressor reads it
@@ -121,8 +131,13 @@ def _load(dist: str, module: str, name: str) -> Any:
 def build_modifier(q: QuantizationSpec) -> Any:
     """The GPTQModifier the recipe's `quantization` section describes (W4A16 preset + overrides)."""
     return _upstream("GPTQModifier")(
-        targets=list(q.targets), scheme=q.scheme, ignore=list(q.ignore), dampening_frac=q.dampening_frac,
-        block_size=q.block_size, actorder=q.actorder)
+        targets=list(q.targets),
+        scheme=q.scheme,
+        ignore=list(q.ignore),
+        dampening_frac=q.dampening_frac,
+        block_size=q.block_size,
+        actorder=q.actorder,
+    )
 
 
 def resolve_scheme(q: QuantizationSpec) -> Any:
@@ -147,8 +162,9 @@ def empty_hessian(module: torch.nn.Module) -> torch.Tensor:
     return _upstream("make_empty_hessian")(module, device=module.weight.device)
 
 
-def accumulate_hessian(x: torch.Tensor, module: torch.nn.Module, hessian: torch.Tensor, count: torch.Tensor,
-                       precision: str = "tensor-core") -> tuple[torch.Tensor, torch.Tensor]:
+def accumulate_hessian(
+    x: torch.Tensor, module: torch.nn.Module, hessian: torch.Tensor, count: torch.Tensor, precision: str = "tensor-core"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Fold one input batch of `module` into its un-normalised Hessian sum and sample count (in place).
     `precision` "fp32" is llm-compressor's function; "tensor-core" (module docstring) applies to
     Linears fed bf16/fp16 inputs, anything else goes to llm-compressor's function too."""
@@ -192,9 +208,15 @@ def prepare_module(module: torch.nn.Module, scheme: Any) -> None:
     _upstream("disable_quantization")(module)
 
 
-def gptq_modules(modules: list[torch.nn.Module], hessians: dict[torch.nn.Module, torch.Tensor],
-                 counts: dict[torch.nn.Module, torch.Tensor], *, block_size: int, dampening_frac: float,
-                 batched: Any = "auto") -> list[torch.nn.Module]:
+def gptq_modules(
+    modules: list[torch.nn.Module],
+    hessians: dict[torch.nn.Module, torch.Tensor],
+    counts: dict[torch.nn.Module, torch.Tensor],
+    *,
+    block_size: int,
+    dampening_frac: float,
+    batched: Any = "auto",
+) -> list[torch.nn.Module]:
     """GPTQ on `modules` (prepared, calibrated): weight observers, then batches of GPTQ; each
     weight is replaced by its fake-quantized value and its scale / zero point set. Consumes their
     entries of `hessians` / `counts`. Returns the modules whose Hessian was not positive definite
@@ -212,8 +234,15 @@ def gptq_modules(modules: list[torch.nn.Module], hessians: dict[torch.nn.Module,
         qparams = [m.weight_observer.get_qparams() for m in batch]
         weights, batch_h, scales, zps, gscales = prepare_batch(batch, qparams, hessians, counts)
         quantized, _losses, fallback = quantize_weight(
-            weights=weights, hessians=batch_h, scale=scales, zero_point=zps, global_scale=gscales,
-            quant_args=qargs, blocksize=block_size, percdamp=dampening_frac)
+            weights=weights,
+            hessians=batch_h,
+            scale=scales,
+            zero_point=zps,
+            global_scale=gscales,
+            quant_args=qargs,
+            blocksize=block_size,
+            percdamp=dampening_frac,
+        )
         fell_back += [batch[i] for i in torch.nonzero(fallback).flatten().tolist()]
         _upstream("update_batch_qparams")(batch, quantized, scales, zps, gscales, qargs)
         del weights, batch_h, quantized
@@ -226,8 +255,11 @@ def gptq_modules(modules: list[torch.nn.Module], hessians: dict[torch.nn.Module,
 def pack_module(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A quantized Linear's checkpoint tensors (weight_packed int32, weight_scale, weight_shape; no
     zero point when symmetric), by compressed-tensors' packing compressor."""
-    state = {"weight": module.weight.data, "weight_scale": module.weight_scale.data,
-             "weight_zero_point": module.weight_zero_point.data}
+    state = {
+        "weight": module.weight.data,
+        "weight_scale": module.weight_scale.data,
+        "weight_zero_point": module.weight_zero_point.data,
+    }
     return _compressor().compress(state, module.quantization_scheme)
 
 
@@ -256,14 +288,23 @@ def _compressor() -> Any:
     return _upstream("BaseCompressor").get_value_from_registry(PACKED_FORMAT)
 
 
-def weight_scheme(targets: Iterable[str], *, num_bits: int, symmetric: bool, group_size: int, actorder: str | None,
-                  observer: str) -> dict[str, Any]:
+def weight_scheme(
+    targets: Iterable[str], *, num_bits: int, symmetric: bool, group_size: int, actorder: str | None, observer: str
+) -> dict[str, Any]:
     """A static int group weight-only config group, `pack-quantized`, as config.json keeps it."""
-    weights = _upstream("QuantizationArgs")(num_bits=num_bits, type="int", symmetric=symmetric, strategy="group",
-                                             group_size=group_size, dynamic=False, actorder=actorder,
-                                             observer=observer)
-    return _upstream("QuantizationScheme")(targets=list(targets), weights=weights,
-                                           format=PACKED_FORMAT).model_dump(mode="json")
+    weights = _upstream("QuantizationArgs")(
+        num_bits=num_bits,
+        type="int",
+        symmetric=symmetric,
+        strategy="group",
+        group_size=group_size,
+        dynamic=False,
+        actorder=actorder,
+        observer=observer,
+    )
+    return _upstream("QuantizationScheme")(targets=list(targets), weights=weights, format=PACKED_FORMAT).model_dump(
+        mode="json"
+    )
 
 
 def quantization_config(scheme: Any) -> dict[str, Any]:
@@ -271,7 +312,16 @@ def quantization_config(scheme: Any) -> dict[str, Any]:
     (compressed-tensors `ModelCompressor.update_config`); `ignore` is filled in by the caller."""
     s = scheme.model_copy(deep=True)
     s.format = PACKED_FORMAT
-    cfg = _upstream("QuantizationConfig")(config_groups={"group_0": s}, format=PACKED_FORMAT,
-                                          quantization_status=_upstream("QuantizationStatus").COMPRESSED, ignore=[])
-    return {"version": _upstream("__version__"), "quant_method": "compressed-tensors", "sparsity_config": {},
-            "transform_config": {}, **cfg.model_dump(exclude=["quant_method"])}
+    cfg = _upstream("QuantizationConfig")(
+        config_groups={"group_0": s},
+        format=PACKED_FORMAT,
+        quantization_status=_upstream("QuantizationStatus").COMPRESSED,
+        ignore=[],
+    )
+    return {
+        "version": _upstream("__version__"),
+        "quant_method": "compressed-tensors",
+        "sparsity_config": {},
+        "transform_config": {},
+        **cfg.model_dump(exclude=["quant_method"]),
+    }

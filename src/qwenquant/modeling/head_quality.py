@@ -41,7 +41,9 @@ class _RowDequant:
     def __getitem__(self, rows: slice) -> torch.Tensor:
         import dataclasses
 
-        part = dataclasses.replace(self.q, int=self.q.int[rows].to(self.device), scale=self.q.scale[rows].to(self.device))
+        part = dataclasses.replace(
+            self.q, int=self.q.int[rows].to(self.device), scale=self.q.scale[rows].to(self.device)
+        )
         return part.dequantize()
 
 
@@ -104,26 +106,42 @@ def heads_quality(
     return _results(m_ref, s_ref, top_ref_idx, m_hat, s_hat, t_hat, top_idx, N)
 
 
-def _fold_candidate(a: torch.Tensor, b: torch.Tensor, p: torch.Tensor, decay: torch.Tensor, n0: int, n1: int, v0: int,
-                    t_hat: torch.Tensor, m_hat: torch.Tensor, s_hat: torch.Tensor, top_val: torch.Tensor,
-                    top_idx: torch.Tensor) -> None:
+def _fold_candidate(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    p: torch.Tensor,
+    decay: torch.Tensor,
+    n0: int,
+    n1: int,
+    v0: int,
+    t_hat: torch.Tensor,
+    m_hat: torch.Tensor,
+    s_hat: torch.Tensor,
+    top_val: torch.Tensor,
+    top_idx: torch.Tensor,
+) -> None:
     """One candidate's logits block `b` (rows n0:n1, vocabulary from v0) folded into its running sums in place,
     beside the reference block `a`, its exponentials `p` and the decay of the reference's running maximum."""
     t_hat[n0:n1] = t_hat[n0:n1] * decay + (p * (a - b)).sum(dim=1)
     b_max, b_arg = b.max(dim=1)
     new_mb = torch.maximum(m_hat[n0:n1], b_max)
-    s_hat[n0:n1] = s_hat[n0:n1] * torch.exp(m_hat[n0:n1] - new_mb) + torch.exp(
-        b - new_mb.unsqueeze(1)
-    ).sum(dim=1)
+    s_hat[n0:n1] = s_hat[n0:n1] * torch.exp(m_hat[n0:n1] - new_mb) + torch.exp(b - new_mb.unsqueeze(1)).sum(dim=1)
     m_hat[n0:n1] = new_mb
     better_b = b_max > top_val[n0:n1]
     top_val[n0:n1] = torch.where(better_b, b_max, top_val[n0:n1])
     top_idx[n0:n1] = torch.where(better_b, b_arg + v0, top_idx[n0:n1])
 
 
-def _results(m_ref: torch.Tensor, s_ref: torch.Tensor, top_ref_idx: torch.Tensor, m_hat: list[torch.Tensor],
-             s_hat: list[torch.Tensor], t_hat: list[torch.Tensor], top_idx: list[torch.Tensor],
-             N: int) -> list[dict[str, float]]:
+def _results(
+    m_ref: torch.Tensor,
+    s_ref: torch.Tensor,
+    top_ref_idx: torch.Tensor,
+    m_hat: list[torch.Tensor],
+    s_hat: list[torch.Tensor],
+    t_hat: list[torch.Tensor],
+    top_idx: list[torch.Tensor],
+    N: int,
+) -> list[dict[str, float]]:
     """Each candidate's mean KL(ref || hat) and top-1 agreement from the running sums."""
     lse_ref = m_ref + torch.log(s_ref)
     out = []
@@ -171,7 +189,12 @@ def compare_heads(
     closer to the reference than RTN.
     """
     q_rtn, q_gptq = heads_quality(
-        W_ref, [_as_weight(rtn, device), _as_weight(gptq, device)], hidden, chunk=chunk, vocab_chunk=vocab_chunk, device=device
+        W_ref,
+        [_as_weight(rtn, device), _as_weight(gptq, device)],
+        hidden,
+        chunk=chunk,
+        vocab_chunk=vocab_chunk,
+        device=device,
     )
     reduction = 100.0 * (1.0 - q_gptq["kl"] / q_rtn["kl"]) if q_rtn["kl"] > 0 else 0.0
     return {"rtn": q_rtn, "gptq": q_gptq, "kl_reduction_pct": reduction}
@@ -207,7 +230,10 @@ def capture_final_hidden(
     """
     lm_head = model.get_output_embeddings()
     if lm_head is None:
-        raise StageError("the model has no output embeddings (lm_head)", hint="load a *ForCausalLM or *ForConditionalGeneration model")
+        raise StageError(
+            "the model has no output embeddings (lm_head)",
+            hint="load a *ForCausalLM or *ForConditionalGeneration model",
+        )
 
     def hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         raise StopForward(args[0] if args else kwargs["input"])
@@ -226,7 +252,9 @@ def capture_final_hidden(
             except StopForward as stop:
                 hidden = stop.hidden
             else:
-                raise StageError("the forward pass never reached lm_head", hint="report this model class as unsupported")
+                raise StageError(
+                    "the forward pass never reached lm_head", hint="report this model class as unsupported"
+                )
             hidden = hidden.reshape(*input_ids.shape, hidden.shape[-1])
             tokens = hidden[mask.bool()] if mask is not None else hidden.reshape(-1, hidden.shape[-1])
             seen += tokens.shape[0]

@@ -132,8 +132,15 @@ class RtnHead:
 
     `seconds` adds up the time spent in those reads (synchronized on CUDA), for benchmarks."""
 
-    def __init__(self, W: torch.Tensor, num_bits: int, group_size: int, device: str | torch.device | None = None,
-                 *, symmetric: bool = True) -> None:
+    def __init__(
+        self,
+        W: torch.Tensor,
+        num_bits: int,
+        group_size: int,
+        device: str | torch.device | None = None,
+        *,
+        symmetric: bool = True,
+    ) -> None:
         _check_shapes(W, num_bits, group_size, symmetric)
         self.W, self.num_bits, self.group_size = W, num_bits, group_size
         self.device = torch_device(device)

@@ -35,8 +35,9 @@ def resolve_device(device: str | torch.device | None = None) -> str:
             import torch
 
             if not torch.cuda.is_available():
-                raise UsageError(f"--device {name} but no CUDA device is visible",
-                                 hint="drop --device, or use --device cpu")
+                raise UsageError(
+                    f"--device {name} but no CUDA device is visible", hint="drop --device, or use --device cpu"
+                )
         return name
     import torch
 

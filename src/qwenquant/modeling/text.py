@@ -22,18 +22,28 @@ import torch
 from qwenquant.checkpoint.tensorfile import TensorRef
 from qwenquant.errors import StageError
 
-TORCH_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I32": torch.int32,
-                "I64": torch.int64}
+TORCH_DTYPES = {
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "I32": torch.int32,
+    "I64": torch.int64,
+}
 
 
 def ref_tensor(ref: TensorRef | Any, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A tensor from its raw safetensors bytes (one read, no second copy)."""
     if ref.dtype not in TORCH_DTYPES:
-        raise StageError(f"tensor {ref.name} has dtype {ref.dtype}; the engine reads BF16/F16/F32 (and int packed tensors)",
-                         hint="convert the checkpoint to bf16")
+        raise StageError(
+            f"tensor {ref.name} has dtype {ref.dtype}; the engine reads BF16/F16/F32 (and int packed tensors)",
+            hint="convert the checkpoint to bf16",
+        )
     buf = ref.read_bytearray() if hasattr(ref, "read_bytearray") else bytearray(ref.read())
-    t = torch.frombuffer(buf, dtype=TORCH_DTYPES[ref.dtype]).reshape(ref.shape) if buf else \
-        torch.empty(ref.shape, dtype=TORCH_DTYPES[ref.dtype])
+    t = (
+        torch.frombuffer(buf, dtype=TORCH_DTYPES[ref.dtype]).reshape(ref.shape)
+        if buf
+        else torch.empty(ref.shape, dtype=TORCH_DTYPES[ref.dtype])
+    )
     return t if dtype is None or not t.is_floating_point() else t.to(dtype)
 
 
@@ -68,8 +78,14 @@ def open_source(source_dir: Path, refs: Mapping[str, TensorRef]) -> TextModelSou
     cfg = transformers.AutoConfig.from_pretrained(str(source_dir))
     text = cfg.get_text_config()
     text._attn_implementation = "eager"  # what llm-compressor's calibration_forward_context forces
-    prefix = next((n[: -len("embed_tokens.weight")] for n in sorted(refs) if n.endswith("embed_tokens.weight")
-                   and not n.startswith("mtp.")), None)
+    prefix = next(
+        (
+            n[: -len("embed_tokens.weight")]
+            for n in sorted(refs)
+            if n.endswith("embed_tokens.weight") and not n.startswith("mtp.")
+        ),
+        None,
+    )
     if prefix is None:
         raise StageError(f"{source_dir}: no embed_tokens.weight tensor", hint="is this a Qwen3.5 checkpoint?")
     dtype = getattr(text, "dtype", None) or getattr(cfg, "dtype", None) or torch.bfloat16
@@ -87,8 +103,10 @@ def build_layer(src: TextModelSource, i: int, tensors: Mapping[str, torch.Tensor
     state = {n: (t.to(src.dtype) if t.is_floating_point() else t) for n, t in tensors.items()}
     missing = sorted(set(layer.state_dict()) - set(state))
     if missing:
-        raise StageError(f"decoder layer {i}: tensors missing from the source: {', '.join(missing[:5])}",
-                         hint="the checkpoint does not match its config.json")
+        raise StageError(
+            f"decoder layer {i}: tensors missing from the source: {', '.join(missing[:5])}",
+            hint="the checkpoint does not match its config.json",
+        )
     layer.load_state_dict(state, strict=True, assign=True)
     return layer.to(device).eval()
 
@@ -96,7 +114,7 @@ def build_layer(src: TextModelSource, i: int, tensors: Mapping[str, torch.Tensor
 def read_layer(src: TextModelSource, i: int) -> dict[str, torch.Tensor]:
     """Layer i's source tensors, names relative to the layer."""
     p = src.layer_prefix(i)
-    return {n[len(p):]: ref_tensor(src.refs[n]) for n in src.layer_names(i)}
+    return {n[len(p) :]: ref_tensor(src.refs[n]) for n in src.layer_names(i)}
 
 
 def embed_samples(src: TextModelSource, samples: list[list[int]], device: str) -> list[torch.Tensor]:
@@ -106,8 +124,10 @@ def embed_samples(src: TextModelSource, samples: list[list[int]], device: str) -
     width = ref.nbytes // rows
     used = sorted({t for s in samples for t in s})
     if used and (used[0] < 0 or used[-1] >= rows):
-        raise StageError(f"calibration token id {used[-1]} is outside the {rows}-row embedding",
-                         hint="the calibration set was tokenized for another model")
+        raise StageError(
+            f"calibration token id {used[-1]} is outside the {rows}-row embedding",
+            hint="the calibration set was tokenized for another model",
+        )
     table: dict[int, torch.Tensor] = {}
     with open(ref.path, "rb") as f:
         for t in used:
@@ -134,8 +154,11 @@ class LayerInputs:
             self._cache.clear()  # samples usually share a length or come sorted; keep one entry
             self._cache[T] = self._build(hidden)
         c = self._cache[T]
-        return {"position_embeddings": c["pos_emb"], "attention_mask": c["masks"][layer_type],
-                "position_ids": c["text_pos"]}
+        return {
+            "position_embeddings": c["pos_emb"],
+            "attention_mask": c["masks"][layer_type],
+            "position_ids": c["text_pos"],
+        }
 
     def _build(self, hidden: torch.Tensor) -> dict[str, Any]:
         from transformers.masking_utils import create_causal_mask, create_recurrent_attention_mask
@@ -144,8 +167,13 @@ class LayerInputs:
         pos = torch.arange(T, device=hidden.device).view(1, 1, -1).expand(4, 1, -1)
         text_pos, mrope_pos = pos[0], pos[1:]
         attention_mask = torch.ones((1, T), dtype=torch.long, device=hidden.device)
-        mk = {"config": self.src.config, "inputs_embeds": hidden, "attention_mask": attention_mask,
-              "past_key_values": None, "position_ids": text_pos}
+        mk = {
+            "config": self.src.config,
+            "inputs_embeds": hidden,
+            "attention_mask": attention_mask,
+            "past_key_values": None,
+            "position_ids": text_pos,
+        }
         masks = {"full_attention": create_causal_mask(**mk), "linear_attention": create_recurrent_attention_mask(**mk)}
         return {"pos_emb": self.rotary(hidden, mrope_pos), "masks": masks, "text_pos": text_pos}
 

@@ -33,8 +33,11 @@ def server_hint(e: HttpError, api_key: str | None) -> str:
     """The next step for a failed request to a server (bench's and eval's): an API key for 401/403, the URL
     for another status, the server itself when nothing answered."""
     if e.status in (401, 403):
-        return ("the server refused the API key: pass the key it was started with (--api-key or QWENQUANT_API_KEY)"
-                if api_key else "the server wants an API key: pass --api-key KEY (or set QWENQUANT_API_KEY)")
+        return (
+            "the server refused the API key: pass the key it was started with (--api-key or QWENQUANT_API_KEY)"
+            if api_key
+            else "the server wants an API key: pass --api-key KEY (or set QWENQUANT_API_KEY)"
+        )
     if e.status is not None:
         return "check that the URL is the server's base URL (http://HOST:PORT) of an OpenAI-compatible server"
     return "check the server is up (`qwenquant serve ...` prints ready)"
@@ -74,8 +77,7 @@ def _request(url: str, body: Any, api_key: str | None) -> urllib.request.Request
     return urllib.request.Request(url, data=data, headers=headers, method="GET" if data is None else "POST")
 
 
-def fetch(url: str, body: Any = None, *, api_key: str | None = None,
-          timeout: float = DEFAULT_TIMEOUT) -> Response:
+def fetch(url: str, body: Any = None, *, api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> Response:
     """GET `url` (POST `body` as JSON when given) and return the answer, whatever its status;
     HttpError (status None) when the server does not answer."""
     method = "GET" if body is None else "POST"

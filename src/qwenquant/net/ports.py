@@ -57,8 +57,11 @@ def listener_pids(port: int) -> set[int]:
 def _listener_pids_psutil(port: int) -> set[int]:
     import psutil
 
-    return {c.pid if c.pid is not None else -1 for c in psutil.net_connections(kind="tcp")
-            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
+    return {
+        c.pid if c.pid is not None else -1
+        for c in psutil.net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+    }
 
 
 def process_tree(pid: int) -> set[int]:

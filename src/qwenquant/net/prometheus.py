@@ -68,7 +68,7 @@ def counter_base(name: str) -> str | None:
     """A counter sample's name without `_total`; None for a `_created` timestamp sample."""
     if name.endswith("_created"):
         return None
-    return name[:-len("_total")] if name.endswith("_total") else name
+    return name[: -len("_total")] if name.endswith("_total") else name
 
 
 @dataclass(frozen=True)
@@ -83,13 +83,23 @@ class SpecCounters:
 
     def minus(self, before: SpecCounters) -> SpecCounters:
         pos = {p: v - before.per_pos.get(p, 0.0) for p, v in self.per_pos.items()}
-        return SpecCounters(self.drafts - before.drafts, self.draft_tokens - before.draft_tokens,
-                            self.accepted - before.accepted, pos, self.present)
+        return SpecCounters(
+            self.drafts - before.drafts,
+            self.draft_tokens - before.draft_tokens,
+            self.accepted - before.accepted,
+            pos,
+            self.present,
+        )
 
     def plus(self, other: SpecCounters) -> SpecCounters:
         pos = {p: self.per_pos.get(p, 0.0) + other.per_pos.get(p, 0.0) for p in {*self.per_pos, *other.per_pos}}
-        return SpecCounters(self.drafts + other.drafts, self.draft_tokens + other.draft_tokens,
-                            self.accepted + other.accepted, pos, self.present or other.present)
+        return SpecCounters(
+            self.drafts + other.drafts,
+            self.draft_tokens + other.draft_tokens,
+            self.accepted + other.accepted,
+            pos,
+            self.present or other.present,
+        )
 
     @property
     def mean_acceptance_length(self) -> float | None:
@@ -112,7 +122,7 @@ def spec_counters(text: str) -> SpecCounters:
         base = counter_base(name) if name.startswith(SPEC_PREFIX) else None
         if base is None or math.isnan(value):
             continue
-        base = base[len(SPEC_PREFIX):]
+        base = base[len(SPEC_PREFIX) :]
         if base == _PER_POS and "position" in labels:
             p = int(labels["position"])
             pos[p] = pos.get(p, 0.0) + value

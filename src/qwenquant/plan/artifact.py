@@ -54,32 +54,77 @@ class PlanResult:
         return self.fixes.get(name, self.position_fix)
 
 
-def profile_budget(shape: ModelShape, weights: WeightBreakdown, profile: ResolvedProfile, device: str,
-                   layout: str, *, total_bytes: int, include_vision: bool, tp: int = 1) -> Budget:
+def profile_budget(
+    shape: ModelShape,
+    weights: WeightBreakdown,
+    profile: ResolvedProfile,
+    device: str,
+    layout: str,
+    *,
+    total_bytes: int,
+    include_vision: bool,
+    tp: int = 1,
+) -> Budget:
     """One profile's budget on `total_bytes` (GPU memory per GPU, or the CPU KV cache space)."""
     d = decide(profile, device, layout)
     return make_budget(
-        shape, weights, cache_settings(profile, device, layout), device=device, total_bytes=total_bytes,
-        utilization=profile.gpu_memory_utilization, max_model_len=profile.max_model_len,
-        max_num_seqs=profile.max_num_seqs, max_num_batched_tokens=d.max_num_batched_tokens,
-        enforce_eager=d.enforce_eager, include_vision=include_vision, tp=tp,
-        host_embeddings=profile.host_embeddings and device == "cuda", kv_cache_from_plan=profile.kv_cache_from_plan)
+        shape,
+        weights,
+        cache_settings(profile, device, layout),
+        device=device,
+        total_bytes=total_bytes,
+        utilization=profile.gpu_memory_utilization,
+        max_model_len=profile.max_model_len,
+        max_num_seqs=profile.max_num_seqs,
+        max_num_batched_tokens=d.max_num_batched_tokens,
+        enforce_eager=d.enforce_eager,
+        include_vision=include_vision,
+        tp=tp,
+        host_embeddings=profile.host_embeddings and device == "cuda",
+        kv_cache_from_plan=profile.kv_cache_from_plan,
+    )
 
 
-def profile_stages(shape: ModelShape, weights: list[WeightBreakdown], profile: ResolvedProfile, device: str,
-                   layout: str, ranges: list[tuple[int, int]], *, total_bytes: int,
-                   include_vision: bool) -> list[Budget]:
+def profile_stages(
+    shape: ModelShape,
+    weights: list[WeightBreakdown],
+    profile: ResolvedProfile,
+    device: str,
+    layout: str,
+    ranges: list[tuple[int, int]],
+    *,
+    total_bytes: int,
+    include_vision: bool,
+) -> list[Budget]:
     """One profile's budget on each pipeline stage's GPU (plan.pipeline)."""
     d = decide(profile, device, layout)
     return pipeline.stage_budgets(
-        shape, weights, cache_settings(profile, device, layout), ranges, device=device, total_bytes=total_bytes,
-        utilization=profile.gpu_memory_utilization, max_model_len=profile.max_model_len,
-        max_num_seqs=profile.max_num_seqs, max_num_batched_tokens=d.max_num_batched_tokens,
-        enforce_eager=d.enforce_eager, include_vision=include_vision)
+        shape,
+        weights,
+        cache_settings(profile, device, layout),
+        ranges,
+        device=device,
+        total_bytes=total_bytes,
+        utilization=profile.gpu_memory_utilization,
+        max_model_len=profile.max_model_len,
+        max_num_seqs=profile.max_num_seqs,
+        max_num_batched_tokens=d.max_num_batched_tokens,
+        enforce_eager=d.enforce_eager,
+        include_vision=include_vision,
+    )
 
 
-def artifact_budget(artifact: Path, manifest: Any, profile: ResolvedProfile, device: str, *,
-                    total_bytes: int, tp: int = 1, pp: int = 1, partition: str | None = None) -> Budget:
+def artifact_budget(
+    artifact: Path,
+    manifest: Any,
+    profile: ResolvedProfile,
+    device: str,
+    *,
+    total_bytes: int,
+    tp: int = 1,
+    pp: int = 1,
+    partition: str | None = None,
+) -> Budget:
     """The memory plan for an artifact on a device with `total_bytes` (GPU memory or CPU KV space),
     per GPU under tensor parallelism of size `tp`; under pipeline parallelism of size `pp`, the
     stage that limits (`partition`: a VLLM_PP_LAYER_PARTITION value)."""
@@ -91,11 +136,15 @@ def artifact_budget(artifact: Path, manifest: Any, profile: ResolvedProfile, dev
     if pp > 1:
         ranges = pipeline.stage_ranges(len(shape.layer_types), pp, partition)
         weights = pipeline.stage_weights_from_tensors(artifact_tensor_bytes(artifact, files), ranges)
-        return pipeline.binding(profile_stages(shape, weights, profile, device, layout, ranges,
-                                               total_bytes=total_bytes, include_vision=vision))
+        return pipeline.binding(
+            profile_stages(
+                shape, weights, profile, device, layout, ranges, total_bytes=total_bytes, include_vision=vision
+            )
+        )
     weights = weights_from_tensors(artifact_tensor_bytes(artifact, files), shape, tp)
-    return profile_budget(shape, weights, profile, device, layout, total_bytes=total_bytes,
-                          include_vision=vision, tp=tp)
+    return profile_budget(
+        shape, weights, profile, device, layout, total_bytes=total_bytes, include_vision=vision, tp=tp
+    )
 
 
 def plan_recipe(target: Path, recipe_name: str | None = None) -> Recipe:
@@ -112,8 +161,10 @@ def read_model_config(target: Path, cfg_path: Path) -> dict[str, Any]:
     hint = "pass an artifact folder or a Qwen3.5 config.json (or a folder holding one)"
     if target.is_dir() and not cfg_path.exists():
         empty = not any(target.glob("*.safetensors"))
-        raise UsageError(f"{target} holds no config.json" + (" and no safetensors file: it is not an artifact"
-                                                             if empty else ""), hint=hint)
+        raise UsageError(
+            f"{target} holds no config.json" + (" and no safetensors file: it is not an artifact" if empty else ""),
+            hint=hint,
+        )
     try:
         config = json.loads(cfg_path.read_bytes())
     except OSError as e:
@@ -131,9 +182,17 @@ def read_model_config(target: Path, cfg_path: Path) -> dict[str, Any]:
     return config
 
 
-def make_plan(target: Path, gpu_bytes: int, *, recipe_name: str | None = None,
-              profiles: list[str] | None = None, device: str = "cuda", tp: int = 1, pp: int = 1,
-              partition: str | None = None) -> PlanResult:
+def make_plan(
+    target: Path,
+    gpu_bytes: int,
+    *,
+    recipe_name: str | None = None,
+    profiles: list[str] | None = None,
+    device: str = "cuda",
+    tp: int = 1,
+    pp: int = 1,
+    partition: str | None = None,
+) -> PlanResult:
     """Budgets for each profile; `target` is an artifact folder, a config.json, or a folder with one.
     With `tp` > 1 (vLLM tensor parallelism over `tp` GPUs of `gpu_bytes` each) every figure is per GPU;
     with `pp` > 1 (pipeline parallelism over `pp` GPUs) each stage's GPU has its own budget
@@ -171,24 +230,42 @@ def make_plan(target: Path, gpu_bytes: int, *, recipe_name: str | None = None,
         prof = recipe.profile(name)
         include_vision = manifest is not None and not decide(prof, device, layout).language_model_only
         if pp > 1:
-            stages[name] = profile_stages(shape, stage_weights, prof, device, layout, ranges, total_bytes=gpu_bytes,
-                                          include_vision=include_vision)
+            stages[name] = profile_stages(
+                shape, stage_weights, prof, device, layout, ranges, total_bytes=gpu_bytes, include_vision=include_vision
+            )
             budgets[name] = pipeline.binding(stages[name])
         else:
-            budgets[name] = profile_budget(shape, weights, prof, device, layout, total_bytes=gpu_bytes,
-                                           include_vision=include_vision, tp=tp)
-    refused = {name: p for name, b in budgets.items()
-               if (p := position_problem(config, b.max_model_len, os.environ)) is not None}
+            budgets[name] = profile_budget(
+                shape, weights, prof, device, layout, total_bytes=gpu_bytes, include_vision=include_vision, tp=tp
+            )
+    refused = {
+        name: p
+        for name, b in budgets.items()
+        if (p := position_problem(config, b.max_model_len, os.environ)) is not None
+    }
     drafting = {name for name in budgets if pp > 1 and _drafts(recipe.profile(name))}
     refused |= {name: f"profile {name} drafts with MTP: {pipeline.MTP_PIPELINE}" for name in drafting}
     host = {name for name in budgets if tp * pp > 1 and device == "cuda" and recipe.profile(name).host_embeddings}
-    refused |= {name: f"profile {name} keeps the embedding table in host memory, which serve does on one GPU only"
-                for name in host}
+    refused |= {
+        name: f"profile {name} keeps the embedding table in host memory, which serve does on one GPU only"
+        for name in host
+    }
     fixes = dict.fromkeys(drafting, pipeline.MTP_PIPELINE_FIX) | dict.fromkeys(
-        host, "serve it on one GPU, or with --no-host-embeddings and a max-model-len the plan without them fits")
-    return PlanResult(shape, weights, include_vision, budgets, source, stages=stages, stage_weights=stage_weights,
-                      refused=refused, position_fix=position_fix(config), fixes=fixes,
-                      max_positions=None if long_allowed(os.environ) else position_limit(config))
+        host, "serve it on one GPU, or with --no-host-embeddings and a max-model-len the plan without them fits"
+    )
+    return PlanResult(
+        shape,
+        weights,
+        include_vision,
+        budgets,
+        source,
+        stages=stages,
+        stage_weights=stage_weights,
+        refused=refused,
+        position_fix=position_fix(config),
+        fixes=fixes,
+        max_positions=None if long_allowed(os.environ) else position_limit(config),
+    )
 
 
 def _drafts(profile: ResolvedProfile) -> bool:

@@ -74,8 +74,17 @@ GiB = 1024**3
 MiB = 1024**2
 RUNTIME_OVERHEAD_BYTES = int(0.64 * GiB)
 CUDA_GRAPH_BYTES = int(0.12 * GiB)
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4,
-                "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1}
+_DTYPE_BYTES = {
+    "bfloat16": 2,
+    "float16": 2,
+    "half": 2,
+    "float32": 4,
+    "float": 4,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "fp8_inc": 1,
+}
 
 
 def cdiv(a: int, b: int) -> int:
@@ -172,15 +181,29 @@ def cache_model(s: ModelShape, c: CacheSettings, tp: int = 1) -> CacheModel:
     lo, hi = min(counts), max(counts)
     group = hi if hi < 1.5 * lo else lo
     return CacheModel(
-        n_attn_layers=n_attn, kv_bytes_per_token_layer=kv_tok, n_linear_layers=s.n_linear,
-        conv_state_bytes=conv, ssm_state_bytes=ssm, slots_per_seq=slots, block_tokens=block,
-        page_bytes=block * kv_tok, group_size=group, attn_groups=cdiv(n_attn, group),
+        n_attn_layers=n_attn,
+        kv_bytes_per_token_layer=kv_tok,
+        n_linear_layers=s.n_linear,
+        conv_state_bytes=conv,
+        ssm_state_bytes=ssm,
+        slots_per_seq=slots,
+        block_tokens=block,
+        page_bytes=block * kv_tok,
+        group_size=group,
+        attn_groups=cdiv(n_attn, group),
         gdn_groups=cdiv(s.n_linear, group),
     )
 
 
-def activation_bytes(s: ModelShape, max_num_batched_tokens: int, tp: int = 1, logits: bool = True, *,
-                     profiled: bool = False, drafts: bool = False) -> int:
+def activation_bytes(
+    s: ModelShape,
+    max_num_batched_tokens: int,
+    tp: int = 1,
+    logits: bool = True,
+    *,
+    profiled: bool = False,
+    drafts: bool = False,
+) -> int:
     """Peak activation per GPU. `profiled`: what vLLM's profiling run reserves (the module docstring): a
     head-sized bf16 transient on the GPU that holds the lm_head (`logits`) + this GPU's share of the MLP gate/up
     output, twice when the profile `drafts` with MTP. Otherwise the served peak, bounded above: fp32 logits of a
@@ -191,11 +214,13 @@ def activation_bytes(s: ModelShape, max_num_batched_tokens: int, tp: int = 1, lo
     return (max_num_batched_tokens * s.vocab * 4 if logits else 0) + mlp
 
 
-def activation_slope(s: ModelShape, tp: int = 1, logits: bool = True, *, profiled: bool = False,
-                     drafts: bool = False) -> int:
+def activation_slope(
+    s: ModelShape, tp: int = 1, logits: bool = True, *, profiled: bool = False, drafts: bool = False
+) -> int:
     """Bytes of `activation_bytes` per token of max-num-batched-tokens (what lowering the chunk frees)."""
-    return (activation_bytes(s, 1, tp, logits, profiled=profiled, drafts=drafts)
-            - activation_bytes(s, 0, tp, logits, profiled=profiled, drafts=drafts))
+    return activation_bytes(s, 1, tp, logits, profiled=profiled, drafts=drafts) - activation_bytes(
+        s, 0, tp, logits, profiled=profiled, drafts=drafts
+    )
 
 
 @dataclass(frozen=True)
@@ -256,12 +281,16 @@ class Budget:
     def shortfall_message(self) -> str:
         """Which setting to lower and by how much (only meaningful when not `fits`)."""
         avail = self.cache_available
-        head = (f"max-model-len {self.max_model_len} needs {gib(self.seq_bytes)} for KV cache and GDN state, "
-                f"{gib(max(avail, 0))} is left")
+        head = (
+            f"max-model-len {self.max_model_len} needs {gib(self.seq_bytes)} for KV cache and GDN state, "
+            f"{gib(max(avail, 0))} is left"
+        )
         if self.device == "cuda":
-            head += (f" (budget {gib(self.budget_bytes)} = {gib(self.total_bytes)} x {self.utilization:g}, minus "
-                     f"weights {gib(self.weights_bytes)}, activations {gib(self.activation_bytes)}, "
-                     f"runtime {gib(self.runtime_bytes)})")
+            head += (
+                f" (budget {gib(self.budget_bytes)} = {gib(self.total_bytes)} x {self.utilization:g}, minus "
+                f"weights {gib(self.weights_bytes)}, activations {gib(self.activation_bytes)}, "
+                f"runtime {gib(self.runtime_bytes)})"
+            )
         else:
             head += " (VLLM_CPU_KVCACHE_SPACE)"
         fixes = []
@@ -274,9 +303,11 @@ class Budget:
             tokens = self.max_num_batched_tokens - cdiv(need, per_tok) if per_tok else 0
             if tokens >= 256:
                 tokens = tokens // 256 * 256
-                fixes.append(f"lower --max-num-batched-tokens to {tokens} (frees "
-                             f"{gib((self.max_num_batched_tokens - tokens) * per_tok)})")
-            room = (self.weights_bytes + self.activation_bytes + self.runtime_bytes + self.seq_bytes)
+                fixes.append(
+                    f"lower --max-num-batched-tokens to {tokens} (frees "
+                    f"{gib((self.max_num_batched_tokens - tokens) * per_tok)})"
+                )
+            room = self.weights_bytes + self.activation_bytes + self.runtime_bytes + self.seq_bytes
             util = room / self.total_bytes
             if util <= 0.98:
                 fixes.append(f"raise --gpu-memory-utilization to {math.ceil(util * 100) / 100:.2f}")
@@ -290,9 +321,11 @@ class Budget:
         """When max_num_seqs full-length sequences do not all fit (vLLM starts, then preempts)."""
         n = self.concurrency
         keep = nice_len(self.largest_len(self.max_num_seqs))
-        msg = (f"max-num-seqs {self.max_num_seqs} at max-model-len {self.max_model_len} needs "
-               f"{gib(self.seq_bytes * self.max_num_seqs)}, {gib(max(self.cache_available, 0))} is left: at most "
-               f"{n} full-length sequences run at once (lower --max-num-seqs to {n}")
+        msg = (
+            f"max-num-seqs {self.max_num_seqs} at max-model-len {self.max_model_len} needs "
+            f"{gib(self.seq_bytes * self.max_num_seqs)}, {gib(max(self.cache_available, 0))} is left: at most "
+            f"{n} full-length sequences run at once (lower --max-num-seqs to {n}"
+        )
         if keep >= self.cache.block_tokens:
             msg += f", or --max-model-len to {keep} to keep {self.max_num_seqs}"
         return msg + ")"
@@ -310,9 +343,20 @@ def gib(n: int) -> str:
 
 
 def make_budget(
-    s: ModelShape, weights: WeightBreakdown, cache: CacheSettings, *, device: str, total_bytes: int,
-    utilization: float, max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int,
-    enforce_eager: bool = False, include_vision: bool = False, tp: int = 1, host_embeddings: bool = False,
+    s: ModelShape,
+    weights: WeightBreakdown,
+    cache: CacheSettings,
+    *,
+    device: str,
+    total_bytes: int,
+    utilization: float,
+    max_model_len: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    enforce_eager: bool = False,
+    include_vision: bool = False,
+    tp: int = 1,
+    host_embeddings: bool = False,
     kv_cache_from_plan: bool = False,
 ) -> Budget:
     """Assemble a Budget; `total_bytes` is GPU memory (cuda, per GPU) or the CPU KV cache space (cpu).
@@ -323,12 +367,19 @@ def make_budget(
         runtime = RUNTIME_OVERHEAD_BYTES + (0 if enforce_eager else CUDA_GRAPH_BYTES)
     profiled, drafts = device == "cuda" and not kv_cache_from_plan, cache.num_speculative_tokens > 0
     return Budget(
-        device=device, total_bytes=total_bytes, utilization=utilization,
+        device=device,
+        total_bytes=total_bytes,
+        utilization=utilization,
         weights_bytes=weights.loaded(include_vision, include_mtp=cache.num_speculative_tokens > 0)
         - (weights.bytes.get("embeddings", 0) if host_embeddings else 0),
         host_bytes=weights.bytes.get("embeddings", 0) if host_embeddings else 0,
         activation_bytes=activation_bytes(s, max_num_batched_tokens, tp, profiled=profiled, drafts=drafts),
-        activation_per_token=activation_slope(s, tp, profiled=profiled, drafts=drafts), profiled=profiled,
-        runtime_bytes=runtime, cache=cache_model(s, cache, tp), max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, tp=tp,
+        activation_per_token=activation_slope(s, tp, profiled=profiled, drafts=drafts),
+        profiled=profiled,
+        runtime_bytes=runtime,
+        cache=cache_model(s, cache, tp),
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        tp=tp,
     )

@@ -28,8 +28,18 @@ from qwenquant.plan.budget import gib as _gib
 from qwenquant.recipe import ResolvedProfile
 
 _PLACES = 10**6
-_UNITS = {"": 1, "b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
-          "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+}
 
 
 def parse_size(text: str) -> int:
@@ -50,8 +60,10 @@ def utilization_for(gpu_mem: int, gpu_total: int, utilization: float) -> float:
     if gpu_mem <= 0 or gpu_total <= 0 or not 0 < utilization <= 1:
         raise ValueError(f"need positive sizes and a utilization in (0, 1], got {gpu_mem}, {gpu_total}, {utilization}")
     if gpu_mem > gpu_total:
-        raise ServeError(f"--gpu-mem {_gib(gpu_mem)} is more than this GPU's {_gib(gpu_total)}",
-                         hint="pass a smaller --gpu-mem, or leave it out to use the profile's share of this GPU")
+        raise ServeError(
+            f"--gpu-mem {_gib(gpu_mem)} is more than this GPU's {_gib(gpu_total)}",
+            hint="pass a smaller --gpu-mem, or leave it out to use the profile's share of this GPU",
+        )
     # round() first: 0.92 x 1 x 1e6 is 919999.9999999999 in floats
     return math.floor(round(gpu_mem * utilization / gpu_total * _PLACES, 6)) / _PLACES
 
@@ -67,9 +79,13 @@ class CardEmulation:
 def emulate_card(gpu_mem: int, gpu_total: int, utilization: float) -> CardEmulation:
     """The share for `gpu_mem` on this GPU and the line the dry run and the log print."""
     share = utilization_for(gpu_mem, gpu_total, utilization)
-    return CardEmulation(share, (
-        f"--gpu-mem {_gib(gpu_mem)}: budget {_gib(int(gpu_mem * utilization))} ({_gib(gpu_mem)} x {utilization:g}) "
-        f"= --gpu-memory-utilization {share:g} of this GPU's {_gib(gpu_total)}"))
+    return CardEmulation(
+        share,
+        (
+            f"--gpu-mem {_gib(gpu_mem)}: budget {_gib(int(gpu_mem * utilization))} ({_gib(gpu_mem)} x {utilization:g}) "
+            f"= --gpu-memory-utilization {share:g} of this GPU's {_gib(gpu_total)}"
+        ),
+    )
 
 
 def explicit_share(extra: Sequence[str]) -> bool:
@@ -83,8 +99,10 @@ def refuse_share_conflict(gpu_mem: int | str | None, extra: Sequence[str], soft:
     real GPU, so a share above the card's fails at vLLM's start as it would on the card. Checked
     when a serve request is built, before the preflight, whose dry run would record it as a failed check."""
     if gpu_mem and soft and explicit_share(extra):
-        raise UsageError("--gpu-mem-soft and --gpu-memory-utilization both set vLLM's memory share",
-                         hint="pass one of them (the hard --gpu-mem, without --gpu-mem-soft, takes an explicit share)")
+        raise UsageError(
+            "--gpu-mem-soft and --gpu-memory-utilization both set vLLM's memory share",
+            hint="pass one of them (the hard --gpu-mem, without --gpu-mem-soft, takes an explicit share)",
+        )
 
 
 def ballast_holds(gpu_mem: int, gpus: Sequence[tuple[str, int, int]]) -> list[int]:
@@ -93,25 +111,40 @@ def ballast_holds(gpu_mem: int, gpus: Sequence[tuple[str, int, int]]) -> list[in
     less than `gpu_mem` free."""
     short = [f"GPU {i} has {_gib(free)} free of {_gib(total)}" for i, total, free in gpus if free < gpu_mem]
     if short:
-        raise ServeError(f"{'; '.join(short)}: less than --gpu-mem {_gib(gpu_mem)}, so the hard limit cannot leave "
-                         "that much to vLLM", hint="free the GPU (nvidia-smi lists what uses it), or lower --gpu-mem")
+        raise ServeError(
+            f"{'; '.join(short)}: less than --gpu-mem {_gib(gpu_mem)}, so the hard limit cannot leave "
+            "that much to vLLM",
+            hint="free the GPU (nvidia-smi lists what uses it), or lower --gpu-mem",
+        )
     return [free - gpu_mem for _, _, free in gpus]
 
 
 def ballast_note(gpu_mem: int, gpus: Sequence[tuple[str, int, int]], reserve: int = 0) -> str:
     """The dry run's and the log's line for the hard limit; `reserve`: bytes also left free for the
     servers a bench run starts after this one (each behind its own ballast)."""
-    held = ", ".join(f"GPU {i}: {_gib(h)} of {_gib(total)} ({_gib(free)} free now)"
-                     for (i, total, free), h in zip(gpus, ballast_holds(gpu_mem + reserve, gpus), strict=True))
+    held = ", ".join(
+        f"GPU {i}: {_gib(h)} of {_gib(total)} ({_gib(free)} free now)"
+        for (i, total, free), h in zip(gpus, ballast_holds(gpu_mem + reserve, gpus), strict=True)
+    )
     later = f" and {_gib(reserve)} for the servers started after it" if reserve else ""
-    return (f"--gpu-mem {_gib(gpu_mem)} is a hard limit: a ballast process holds all but {_gib(gpu_mem)}{later} of "
-            f"the free memory, its own CUDA context included ({held}), from before vLLM starts until after it stops "
-            "(--gpu-mem-soft: the budget alone)")
+    return (
+        f"--gpu-mem {_gib(gpu_mem)} is a hard limit: a ballast process holds all but {_gib(gpu_mem)}{later} of "
+        f"the free memory, its own CUDA context included ({held}), from before vLLM starts until after it stops "
+        "(--gpu-mem-soft: the budget alone)"
+    )
 
 
-def apply_gpu_mem(profile: ResolvedProfile, gpu_mem: int | None, device: str, extra: Sequence[str],
-                  read_total: Callable[[], int], notes: list[str], *, dry_run: bool = False,
-                  soft: bool = False) -> ResolvedProfile:
+def apply_gpu_mem(
+    profile: ResolvedProfile,
+    gpu_mem: int | None,
+    device: str,
+    extra: Sequence[str],
+    read_total: Callable[[], int],
+    notes: list[str],
+    *,
+    dry_run: bool = False,
+    soft: bool = False,
+) -> ResolvedProfile:
     """The profile with the share that emulates a `gpu_mem` card; `read_total` reads this GPU's bytes.
 
     Refuses --gpu-mem on CPU, and --gpu-mem-soft beside an explicit --gpu-memory-utilization; the
@@ -121,30 +154,40 @@ def apply_gpu_mem(profile: ResolvedProfile, gpu_mem: int | None, device: str, ex
     if gpu_mem is None:
         return profile
     if device != "cuda":
-        raise UsageError("--gpu-mem applies to CUDA GPUs only: vLLM's CPU build sizes its KV cache from "
-                         "VLLM_CPU_KVCACHE_SPACE, and weights and activations live in host memory",
-                         hint="drop --gpu-mem; set VLLM_CPU_KVCACHE_SPACE=N (GiB of KV cache) to size the CPU cache")
+        raise UsageError(
+            "--gpu-mem applies to CUDA GPUs only: vLLM's CPU build sizes its KV cache from "
+            "VLLM_CPU_KVCACHE_SPACE, and weights and activations live in host memory",
+            hint="drop --gpu-mem; set VLLM_CPU_KVCACHE_SPACE=N (GiB of KV cache) to size the CPU cache",
+        )
     refuse_share_conflict(gpu_mem, extra, soft)
     try:
         total = read_total()
     except ServeError as e:
         if not dry_run:
             raise
-        notes.append(f"--gpu-mem: cannot read this GPU's memory ({e.message}); the command shows the profile's "
-                     f"--gpu-memory-utilization {profile.gpu_memory_utilization:g}; on a GPU of T bytes it becomes "
-                     f"{_gib(gpu_mem)} x {profile.gpu_memory_utilization:g} / T")
+        notes.append(
+            f"--gpu-mem: cannot read this GPU's memory ({e.message}); the command shows the profile's "
+            f"--gpu-memory-utilization {profile.gpu_memory_utilization:g}; on a GPU of T bytes it becomes "
+            f"{_gib(gpu_mem)} x {profile.gpu_memory_utilization:g} / T"
+        )
         return profile
     if explicit_share(extra):
         asks = int(total * profile.gpu_memory_utilization)
-        notes.append(f"--gpu-mem {_gib(gpu_mem)} with an explicit --gpu-memory-utilization "
-                     f"{profile.gpu_memory_utilization:g}: vLLM's budget is {_gib(asks)} of this GPU's {_gib(total)}"
-                     + (f", more than the {_gib(gpu_mem)} left to it: vLLM will refuse to start, as on the card"
-                        if asks > gpu_mem else ""))
+        notes.append(
+            f"--gpu-mem {_gib(gpu_mem)} with an explicit --gpu-memory-utilization "
+            f"{profile.gpu_memory_utilization:g}: vLLM's budget is {_gib(asks)} of this GPU's {_gib(total)}"
+            + (
+                f", more than the {_gib(gpu_mem)} left to it: vLLM will refuse to start, as on the card"
+                if asks > gpu_mem
+                else ""
+            )
+        )
         return profile
     emu = emulate_card(gpu_mem, total, profile.gpu_memory_utilization)
     notes.append(emu.note)
     if soft:
-        notes.append("--gpu-mem-soft: no ballast; vLLM sizes its caches to that budget, but an allocation beyond "
-                     "it still succeeds on this GPU")
+        notes.append(
+            "--gpu-mem-soft: no ballast; vLLM sizes its caches to that budget, but an allocation beyond "
+            "it still succeeds on this GPU"
+        )
     return profile.model_copy(update={"gpu_memory_utilization": emu.utilization})
-

@@ -59,10 +59,14 @@ from qwenquant.plan.weights import (
 
 PARTITION_ENV = "VLLM_PP_LAYER_PARTITION"  # vLLM's own variable: layer counts per stage
 # MTP drafting under pipeline parallelism: refused by serve and plan alike (serve/guards.py reads the version row)
-MTP_PIPELINE = ("vLLM does not support MTP drafting under pipeline parallelism (RFC #44697, PR #44698 open; it "
-                "builds the drafter on the last stage only)")
-MTP_PIPELINE_FIX = ("use --split tensor, or turn MTP off with -- --speculative-config null (serve), or choose a "
-                    "profile without speculation (--profile batch)")
+MTP_PIPELINE = (
+    "vLLM does not support MTP drafting under pipeline parallelism (RFC #44697, PR #44698 open; it "
+    "builds the drafter on the last stage only)"
+)
+MTP_PIPELINE_FIX = (
+    "use --split tensor, or turn MTP off with -- --speculative-config null (serve), or choose a "
+    "profile without speculation (--profile batch)"
+)
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
@@ -73,16 +77,22 @@ def partition(num_layers: int, pp: int, override: str | None = None) -> list[int
         try:
             parts = [int(x) for x in override.split(",")]
         except ValueError:
-            raise UsageError(f"{PARTITION_ENV}={override!r} is not a list of layer counts",
-                             hint=f"e.g. {PARTITION_ENV}=33,31, or unset it for vLLM's own split") from None
+            raise UsageError(
+                f"{PARTITION_ENV}={override!r} is not a list of layer counts",
+                hint=f"e.g. {PARTITION_ENV}=33,31, or unset it for vLLM's own split",
+            ) from None
         if len(parts) != pp or sum(parts) != num_layers or min(parts) < 0:
-            raise UsageError(f"{PARTITION_ENV}={override} does not split {num_layers} layers over {pp} stages",
-                             hint=f"give {pp} counts that add up to {num_layers}, or unset it")
+            raise UsageError(
+                f"{PARTITION_ENV}={override} does not split {num_layers} layers over {pp} stages",
+                hint=f"give {pp} counts that add up to {num_layers}, or unset it",
+            )
         # vLLM accepts a zero count (0.34 distributed/utils.py get_pp_indices); a stage without a decoder layer holds
         # no KV cache and leaves its GPU idle every step: a mistake, refused before anything starts
         if min(parts) == 0:
-            raise UsageError(f"{PARTITION_ENV}={override} leaves pipeline stage {parts.index(0)} with no layers",
-                             hint=f"give each of the {pp} stages at least one layer, or unset it")
+            raise UsageError(
+                f"{PARTITION_ENV}={override} leaves pipeline stage {parts.index(0)} with no layers",
+                hint=f"give each of the {pp} stages at least one layer, or unset it",
+            )
         return parts
     parts = [num_layers // pp] * pp
     for i in range(2, num_layers % pp + 2):
@@ -103,8 +113,13 @@ def _layer_stage(index: int, ranges: Sequence[tuple[int, int]]) -> int:
     return next(k for k, (a, b) in enumerate(ranges) if a <= index < b)
 
 
-def split_weights(items: Iterable[tuple[str, str, int]], ranges: Sequence[tuple[int, int]], source: str,
-                  lm_head_quantized: bool, notes: tuple[str, ...] = ()) -> list[WeightBreakdown]:
+def split_weights(
+    items: Iterable[tuple[str, str, int]],
+    ranges: Sequence[tuple[int, int]],
+    source: str,
+    lm_head_quantized: bool,
+    notes: tuple[str, ...] = (),
+) -> list[WeightBreakdown]:
     """Per-stage weight bytes from (tensor name, component, bytes) (module docstring)."""
     last = len(ranges) - 1
     out = [dict.fromkeys(COMPONENTS, 0) for _ in ranges]
@@ -126,15 +141,17 @@ def split_weights(items: Iterable[tuple[str, str, int]], ranges: Sequence[tuple[
     return [WeightBreakdown(d, lm_head_quantized, source, notes) for d in out]
 
 
-def stage_weights_from_tensors(tensor_bytes: Mapping[str, int], ranges: Sequence[tuple[int, int]]
-                               ) -> list[WeightBreakdown]:
+def stage_weights_from_tensors(
+    tensor_bytes: Mapping[str, int], ranges: Sequence[tuple[int, int]]
+) -> list[WeightBreakdown]:
     """Per-stage weight bytes from an artifact's {tensor name: bytes}."""
     lm_q = any(component_of(n) == "lm_head" and n.endswith(".weight_packed") for n in tensor_bytes)
     return split_weights(((n, component_of(n), b) for n, b in tensor_bytes.items()), ranges, "artifact", lm_q)
 
 
-def stage_weights_from_config(s: ModelShape, q: QuantSettings, ranges: Sequence[tuple[int, int]]
-                              ) -> list[WeightBreakdown]:
+def stage_weights_from_config(
+    s: ModelShape, q: QuantSettings, ranges: Sequence[tuple[int, int]]
+) -> list[WeightBreakdown]:
     """Per-stage weight bytes the recipe would produce from a config (vision not counted)."""
     return split_weights(config_tensor_bytes(s, q), ranges, "config", q.lm_head_bits is not None, CONFIG_NOTES)
 
@@ -150,17 +167,28 @@ def stage_caches(s: ModelShape, c: CacheSettings, ranges: Sequence[tuple[int, in
     lin = [stage[i] for i, t in enumerate(s.layer_types) if t == "linear_attention"]
     out = []
     for k in range(len(ranges)):
-        counts = [attn[g::base.attn_groups].count(k) for g in range(base.attn_groups)]
-        counts += [lin[g::base.gdn_groups].count(k) for g in range(base.gdn_groups)]
-        out.append(replace(base, n_attn_layers=attn.count(k), n_linear_layers=lin.count(k),
-                           group_size=max(counts, default=0)))
+        counts = [attn[g :: base.attn_groups].count(k) for g in range(base.attn_groups)]
+        counts += [lin[g :: base.gdn_groups].count(k) for g in range(base.gdn_groups)]
+        out.append(
+            replace(base, n_attn_layers=attn.count(k), n_linear_layers=lin.count(k), group_size=max(counts, default=0))
+        )
     return out
 
 
 def stage_budgets(
-    s: ModelShape, weights: Sequence[WeightBreakdown], cache: CacheSettings, ranges: Sequence[tuple[int, int]], *,
-    device: str, total_bytes: int, utilization: float, max_model_len: int, max_num_seqs: int,
-    max_num_batched_tokens: int, enforce_eager: bool = False, include_vision: bool = False,
+    s: ModelShape,
+    weights: Sequence[WeightBreakdown],
+    cache: CacheSettings,
+    ranges: Sequence[tuple[int, int]],
+    *,
+    device: str,
+    total_bytes: int,
+    utilization: float,
+    max_model_len: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    enforce_eager: bool = False,
+    include_vision: bool = False,
 ) -> list[Budget]:
     """One Budget per stage, each on a GPU of `total_bytes` (or the CPU KV cache space)."""
     runtime = 0
@@ -168,13 +196,25 @@ def stage_budgets(
         runtime = RUNTIME_OVERHEAD_BYTES + (0 if enforce_eager else CUDA_GRAPH_BYTES)
     last = len(ranges) - 1
     return [
-        Budget(device=device, total_bytes=total_bytes, utilization=utilization,
-               weights_bytes=w.loaded(include_vision, include_mtp=cache.num_speculative_tokens > 0),
-               activation_bytes=activation_bytes(s, max_num_batched_tokens, logits=k == last, **_peak(device, cache, k == last)),
-               activation_per_token=activation_slope(s, logits=k == last, **_peak(device, cache, k == last)),
-               runtime_bytes=runtime, profiled=device == "cuda",
-               cache=c, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-               max_num_batched_tokens=max_num_batched_tokens, pp=len(ranges), stage=k, layers=ranges[k])
+        Budget(
+            device=device,
+            total_bytes=total_bytes,
+            utilization=utilization,
+            weights_bytes=w.loaded(include_vision, include_mtp=cache.num_speculative_tokens > 0),
+            activation_bytes=activation_bytes(
+                s, max_num_batched_tokens, logits=k == last, **_peak(device, cache, k == last)
+            ),
+            activation_per_token=activation_slope(s, logits=k == last, **_peak(device, cache, k == last)),
+            runtime_bytes=runtime,
+            profiled=device == "cuda",
+            cache=c,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            pp=len(ranges),
+            stage=k,
+            layers=ranges[k],
+        )
         for k, (w, c) in enumerate(zip(weights, stage_caches(s, cache, ranges), strict=True))
     ]
 

@@ -32,5 +32,7 @@ def position_problem(config: Mapping[str, Any], max_model_len: int, env: Mapping
 
 def position_fix(config: Mapping[str, Any]) -> str:
     """What to do about it (the hint of the refusal)."""
-    return (f"pass `-- --max-model-len {position_limit(config)}` (or less), or set {ALLOW_LONG}=1 to serve "
-            "positions the model was never trained on")
+    return (
+        f"pass `-- --max-model-len {position_limit(config)}` (or less), or set {ALLOW_LONG}=1 to serve "
+        "positions the model was never trained on"
+    )

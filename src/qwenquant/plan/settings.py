@@ -63,7 +63,9 @@ def decide(profile: ResolvedProfile, device: str, layout: str) -> Decided:
     if prefix is False:
         mode = None  # vLLM resets align/all to none without prefix caching
     return Decided(
-        enforce_eager=eager, prefix_caching=prefix, mamba_cache_mode=mode,
+        enforce_eager=eager,
+        prefix_caching=prefix,
+        mamba_cache_mode=mode,
         effective_mamba_cache_mode=mode or ("none" if prefix is False else "align"),
         num_speculative_tokens=spec,
         max_num_batched_tokens=profile.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -74,5 +76,10 @@ def decide(profile: ResolvedProfile, device: str, layout: str) -> Decided:
 def cache_settings(profile: ResolvedProfile, device: str, layout: str) -> CacheSettings:
     """The profile settings the caches depend on, after the device rules."""
     d = decide(profile, device, layout)
-    return CacheSettings(profile.kv_cache_dtype, profile.mamba_ssm_cache_dtype, d.effective_mamba_cache_mode,
-                         d.num_speculative_tokens, block_align=128 if device == "cpu" else 16)
+    return CacheSettings(
+        profile.kv_cache_dtype,
+        profile.mamba_ssm_cache_dtype,
+        d.effective_mamba_cache_mode,
+        d.num_speculative_tokens,
+        block_align=128 if device == "cpu" else 16,
+    )

@@ -106,9 +106,15 @@ def fill(b: Budget, s: ModelShape) -> Fill | None:
         per_tok, per_seq = gdn_token_bytes(s, b.tp), gdn_seq_bytes(s, b.tp)
         prompt = min(kv_len, max(0, (head - per_seq) // per_tok) if per_tok else kv_len)
     bursts = [n for n in range(1, burst_n + 1) if gdn_transient(s, chunk, n, b.tp) <= head]
-    return Fill(headroom=head, chunk_tokens=chunk, chunk_bytes=one, burst_seqs=burst_n,
-                burst_bytes=gdn_transient(s, chunk, burst_n, b.tp), largest_prompt=prompt,
-                largest_burst=max(bursts, default=0))
+    return Fill(
+        headroom=head,
+        chunk_tokens=chunk,
+        chunk_bytes=one,
+        burst_seqs=burst_n,
+        burst_bytes=gdn_transient(s, chunk, burst_n, b.tp),
+        largest_prompt=prompt,
+        largest_burst=max(bursts, default=0),
+    )
 
 
 def fill_fix(b: Budget, f: Fill) -> str:

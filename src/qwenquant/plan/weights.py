@@ -96,11 +96,15 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
     try:
         return _model_shape(config)
     except KeyError as e:
-        raise ServeError(f"config.json has no {e.args[0]!r}: not a Qwen3.5 model config",
-                         hint="pass a Qwen3.5-architecture artifact or config.json") from None
+        raise ServeError(
+            f"config.json has no {e.args[0]!r}: not a Qwen3.5 model config",
+            hint="pass a Qwen3.5-architecture artifact or config.json",
+        ) from None
     except (AttributeError, TypeError, ValueError) as e:
-        raise ServeError(f"config.json is not a Qwen3.5 model config ({e})",
-                         hint="pass a Qwen3.5-architecture artifact or config.json") from None
+        raise ServeError(
+            f"config.json is not a Qwen3.5 model config ({e})",
+            hint="pass a Qwen3.5-architecture artifact or config.json",
+        ) from None
 
 
 def _model_shape(config: Mapping[str, Any]) -> ModelShape:
@@ -249,8 +253,9 @@ class WeightBreakdown:
     def loaded(self, include_vision: bool = False, include_mtp: bool = True) -> int:
         """Bytes vLLM loads: without the vision tower unless asked, without the MTP head when the
         profile does not draft (vLLM builds no drafter then)."""
-        return sum(v for k, v in self.bytes.items()
-                   if (include_vision or k != "vision") and (include_mtp or k != "mtp"))
+        return sum(
+            v for k, v in self.bytes.items() if (include_vision or k != "vision") and (include_mtp or k != "mtp")
+        )
 
 
 def padded_vocab(vocab: int) -> int:
@@ -262,9 +267,13 @@ def tp_problem(s: ModelShape, tp: int) -> str | None:
     if tp < 1:
         return f"tensor-parallel size must be at least 1, got {tp}"
     kv_ok = s.num_kv_heads % tp == 0 if s.num_kv_heads >= tp else tp % s.num_kv_heads == 0
-    checks = [("attention heads", s.num_heads), ("GDN key heads", s.lin_num_k_heads),
-              ("GDN value heads", s.lin_num_v_heads), ("padded vocabulary", padded_vocab(s.vocab)),
-              ("MLP intermediate size", s.intermediate)]
+    checks = [
+        ("attention heads", s.num_heads),
+        ("GDN key heads", s.lin_num_k_heads),
+        ("GDN value heads", s.lin_num_v_heads),
+        ("padded vocabulary", padded_vocab(s.vocab)),
+        ("MLP intermediate size", s.intermediate),
+    ]
     bad = [f"{what} {n}" for what, n in checks if n % tp] + ([] if kv_ok else [f"KV heads {s.num_kv_heads}"])
     return f"tensor-parallel size {tp} does not divide {', '.join(bad)}" if bad else None
 
@@ -282,8 +291,10 @@ def tp_shape(config: Mapping[str, Any], tp: int, pp: int = 1) -> ModelShape:
     """The model shape of `config`; a UsageError when vLLM cannot split it over `tp` GPUs under
     tensor parallelism or into `pp` pipeline stages."""
     shape = model_shape(config)
-    for problem, hint in ((tp_problem(shape, tp), "pass a --gpus count that divides each number named"),
-                          (pp_problem(shape, pp), "pass a --gpus count no larger than the number of decoder layers")):
+    for problem, hint in (
+        (tp_problem(shape, tp), "pass a --gpus count that divides each number named"),
+        (pp_problem(shape, pp), "pass a --gpus count no larger than the number of decoder layers"),
+    ):
         if problem:
             raise UsageError(problem, hint=hint)
     return shape
@@ -313,8 +324,10 @@ def weights_from_config(s: ModelShape, q: QuantSettings, dtype_bytes: int = 2, t
     return WeightBreakdown(out, q.lm_head_bits is not None, "config", CONFIG_NOTES)
 
 
-CONFIG_NOTES = ("vision tower not counted (text-only layout / --language-model-only)",
-                "per-Linear weight_shape tensors (16 B each) not counted")
+CONFIG_NOTES = (
+    "vision tower not counted (text-only layout / --language-model-only)",
+    "per-Linear weight_shape tensors (16 B each) not counted",
+)
 
 
 def config_tensor_bytes(s: ModelShape, q: QuantSettings, dtype_bytes: int = 2) -> list[tuple[str, str, int]]:
@@ -339,8 +352,7 @@ def config_tensor_bytes(s: ModelShape, q: QuantSettings, dtype_bytes: int = 2) -
     return out
 
 
-def weights_from_tensors(tensor_bytes: Mapping[str, int], s: ModelShape | None = None,
-                         tp: int = 1) -> WeightBreakdown:
+def weights_from_tensors(tensor_bytes: Mapping[str, int], s: ModelShape | None = None, tp: int = 1) -> WeightBreakdown:
     """Weight bytes by component from {tensor name: bytes} (an artifact's safetensors headers),
     per GPU under tensor parallelism of size `tp` (which needs the model shape `s`)."""
     if tp != 1 and s is None:
@@ -362,8 +374,10 @@ def artifact_tensor_bytes(artifact_dir: Path, files: Iterable[str] | None = None
             if not (root / rel).is_file():
                 from qwenquant.errors import VerificationError
 
-                raise VerificationError(f"{root / rel} is missing (the artifact's manifest lists it)",
-                                        hint=f"run `qwenquant verify {root}`; re-copy or rebuild the artifact")
+                raise VerificationError(
+                    f"{root / rel} is missing (the artifact's manifest lists it)",
+                    hint=f"run `qwenquant verify {root}`; re-copy or rebuild the artifact",
+                )
             for t in _header(root, rel).tensors.values():
                 out[t.name] = t.end - t.start
     return out

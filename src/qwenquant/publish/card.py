@@ -70,8 +70,12 @@ def front_matter(manifest: Manifest, facts: CardFacts, license_id: str) -> dict[
     if facts.mtp_tensors:
         tags.append("mtp")
     tags += [facts.model_type, *facts.architectures, "qwenquant"]
-    meta.update(library_name="transformers", license=license_id,
-                pipeline_tag="image-text-to-text" if facts.vision_tensors else "text-generation", tags=tags)
+    meta.update(
+        library_name="transformers",
+        license=license_id,
+        pipeline_tag="image-text-to-text" if facts.vision_tensors else "text-generation",
+        tags=tags,
+    )
     return meta
 
 
@@ -79,110 +83,198 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     def cell(x: Any) -> str:
         return str(x).replace("|", "\\|").replace("\n", " ")
 
-    return [f"| {' | '.join(head)} |", f"|{'---|' * len(head)}", *(f"| {' | '.join(cell(x) for x in r)} |" for r in rows)]
+    return [
+        f"| {' | '.join(head)} |",
+        f"|{'---|' * len(head)}",
+        *(f"| {' | '.join(cell(x) for x in r)} |" for r in rows),
+    ]
 
 
 def _what(manifest: Manifest, facts: CardFacts) -> list[str]:
     q = manifest.recipe.get("quantization") or {}
-    head = (f"int{facts.lm_head_bits} (group {facts.group_size}, GPTQ calibrated on final-norm activations)"
-            if facts.lm_head_bits else "kept bf16")
+    head = (
+        f"int{facts.lm_head_bits} (group {facts.group_size}, GPTQ calibrated on final-norm activations)"
+        if facts.lm_head_bits
+        else "kept bf16"
+    )
     mtp_q = (manifest.recipe.get("mtp") or {}).get("quantize") == "gptq"
-    kept = (f"its Linears GPTQ int{q.get('num_bits', 4)} group {q.get('group_size')} like the body, norms bf16"
-            if mtp_q else "kept bf16")
-    mtp = (f"{facts.mtp_tensors} `mtp.*` tensors in {', '.join(facts.mtp_files)}, {kept} (vLLM's MTP drafter)"
-           if facts.mtp_tensors else "not shipped (no `mtp.*` tensors in the weights)")
+    kept = (
+        f"its Linears GPTQ int{q.get('num_bits', 4)} group {q.get('group_size')} like the body, norms bf16"
+        if mtp_q
+        else "kept bf16"
+    )
+    mtp = (
+        f"{facts.mtp_tensors} `mtp.*` tensors in {', '.join(facts.mtp_files)}, {kept} (vLLM's MTP drafter)"
+        if facts.mtp_tensors
+        else "not shipped (no `mtp.*` tensors in the weights)"
+    )
     vision = f"{facts.vision_tensors} tensors, kept bf16" if facts.vision_tensors else "not shipped (text-only)"
-    return ["## What is in it", "",
-            f"- architecture: {', '.join(facts.architectures)} (`{facts.model_type}`), layout {facts.layout}",
-            f"- weights: {q.get('scheme', 'W4A16')}, int{q.get('num_bits', 4)} group {q.get('group_size')} "
-            f"{'symmetric' if q.get('symmetric', True) else 'asymmetric'}, {q.get('method', 'gptq')} "
-            f"(act-order {q.get('actorder')}); not quantized: {', '.join(f'`{x}`' for x in q.get('ignore') or [])}",
-            f"- lm_head: {head}", f"- MTP head: {mtp}", f"- vision tower: {vision}",
-            f"- recipe `{manifest.recipe.get('name')}` (sha256 `{manifest.recipe_sha256}`): {manifest.recipe.get('description', '')}",
-            ""]
+    return [
+        "## What is in it",
+        "",
+        f"- architecture: {', '.join(facts.architectures)} (`{facts.model_type}`), layout {facts.layout}",
+        f"- weights: {q.get('scheme', 'W4A16')}, int{q.get('num_bits', 4)} group {q.get('group_size')} "
+        f"{'symmetric' if q.get('symmetric', True) else 'asymmetric'}, {q.get('method', 'gptq')} "
+        f"(act-order {q.get('actorder')}); not quantized: {', '.join(f'`{x}`' for x in q.get('ignore') or [])}",
+        f"- lm_head: {head}",
+        f"- MTP head: {mtp}",
+        f"- vision tower: {vision}",
+        f"- recipe `{manifest.recipe.get('name')}` (sha256 `{manifest.recipe_sha256}`): {manifest.recipe.get('description', '')}",
+        "",
+    ]
 
 
 def _provenance(manifest: Manifest) -> list[str]:
     s, c = manifest.source, manifest.calibration
-    where = (f"[{s['repo']}](https://huggingface.co/{s['repo']}) at commit `{s.get('commit')}` (revision {s.get('revision')}), "
-             "every file verified against its fetch record" if s.get("kind") == "fetched"
-             else "a local folder, hashed as it was (not verified against a fetch record)")
+    where = (
+        f"[{s['repo']}](https://huggingface.co/{s['repo']}) at commit `{s.get('commit')}` (revision {s.get('revision')}), "
+        "every file verified against its fetch record"
+        if s.get("kind") == "fetched"
+        else "a local folder, hashed as it was (not verified against a fetch record)"
+    )
     data = c.get("dataset") or ", ".join(sorted(c.get("files") or {})) or "?"
-    calib = (f"{data}{' @ ' + str(c['revision']) if c.get('revision') else ''}, split {c.get('split')}: "
-             f"{c.get('num_samples')} samples x {c.get('max_length')} tokens ({c.get('token_total')} tokens), "
-             f"fingerprint sha256 `{c.get('fingerprint_sha256')}`")
+    calib = (
+        f"{data}{' @ ' + str(c['revision']) if c.get('revision') else ''}, split {c.get('split')}: "
+        f"{c.get('num_samples')} samples x {c.get('max_length')} tokens ({c.get('token_total')} tokens), "
+        f"fingerprint sha256 `{c.get('fingerprint_sha256')}`"
+    )
     tools = ", ".join(f"{k} {v}" for k, v in sorted(manifest.tool_versions.items()))
     rows = [(p, f.get("size"), f"`{f.get('sha256')}`") for p, f in sorted((s.get("files") or {}).items())]
-    return ["## How it was made", "", f"Source: {where}.", "", *_table(("source file", "bytes", "sha256"), rows), "",
-            f"Calibration: {calib}.", "", f"Tools: {tools}.", ""]
+    return [
+        "## How it was made",
+        "",
+        f"Source: {where}.",
+        "",
+        *_table(("source file", "bytes", "sha256"), rows),
+        "",
+        f"Calibration: {calib}.",
+        "",
+        f"Tools: {tools}.",
+        "",
+    ]
 
 
 def _measured(figures: Sequence[Figure], missing: Sequence[tuple[str, str]]) -> list[str]:
     out = ["## Measured", ""]
     if figures:
-        out += _table(("section", "figure", "value", "source", "measured by", "machine"),
-                      [(f.section, f.label, f.text, f"`{f.source}`", f"`{f.command}`", f.machine or "")
-                       for f in figures])
-        out += ["", f"Each value is copied from the file in the source column (published beside this card; "
-                    f"`{MANIFEST_NAME}` for what quantize measured), every one of them keyed to the root digest above.", ""]
+        out += _table(
+            ("section", "figure", "value", "source", "measured by", "machine"),
+            [(f.section, f.label, f.text, f"`{f.source}`", f"`{f.command}`", f.machine or "") for f in figures],
+        )
+        out += [
+            "",
+            f"Each value is copied from the file in the source column (published beside this card; "
+            f"`{MANIFEST_NAME}` for what quantize measured), every one of them keyed to the root digest above.",
+            "",
+        ]
     out += [f"- {section}: not measured (`{cmd}`)" for section, cmd in missing]
     return out + ([""] if missing else [])
 
 
 def _use(repo_id: str, revision: str, facts: CardFacts, root: str) -> list[str]:
     name = repo_id.split("/")[-1]
-    out = ["## Use it", "", "```", f"qwenquant fetch {repo_id} --revision {revision} --root sha256:{root} --out models/{name}",
-           f"qwenquant verify models/{name}", f"qwenquant serve models/{name} --profile single-user{facts.serve_flags}", "```", "",
-           "`qwenquant fetch` checks every byte against the Hub's hashes, then against the manifest and this card, "
-           "and refuses an artifact whose root digest is not the one after `--root`; `qwenquant verify` re-hashes "
-           "the folder at any time and names the same digest."]
+    out = [
+        "## Use it",
+        "",
+        "```",
+        f"qwenquant fetch {repo_id} --revision {revision} --root sha256:{root} --out models/{name}",
+        f"qwenquant verify models/{name}",
+        f"qwenquant serve models/{name} --profile single-user{facts.serve_flags}",
+        "```",
+        "",
+        "`qwenquant fetch` checks every byte against the Hub's hashes, then against the manifest and this card, "
+        "and refuses an artifact whose root digest is not the one after `--root`; `qwenquant verify` re-hashes "
+        "the folder at any time and names the same digest.",
+    ]
     if facts.vllm_line:
-        out += ["", "Plain vLLM on the fetched folder (the command `qwenquant serve` runs on one CUDA GPU):", "",
-                "```", facts.vllm_line.replace("MODEL_DIR", f"models/{name}").replace("MODEL_NAME", name), "```"]
+        out += [
+            "",
+            "Plain vLLM on the fetched folder (the command `qwenquant serve` runs on one CUDA GPU):",
+            "",
+            "```",
+            facts.vllm_line.replace("MODEL_DIR", f"models/{name}").replace("MODEL_NAME", name),
+            "```",
+        ]
     return out + [""]
 
 
 def _checking(name: str) -> list[str]:
     d = f"models/{name}"
-    return ["## Checking a download", "",
-            f"- `{MANIFEST_NAME}` lists every weight and config file with its size and sha256; its root digest names "
-            "them all. `qwenquant verify` fails on any missing, extra or changed byte.",
-            "- This card, `qwenquant-card.json` and `qwenquant-reports/` are outside that hashed set: the card record "
-            "holds their sha256 and names the root digest, and `qwenquant verify` re-derives this card from the "
-            "manifest and the reports, so a card whose figures, digest or descriptions differ from them is refused. "
-            "The root digest does not vouch for the reports' figures: only a signature says who published them.",
-            f"- When this repo holds `model.sig`, it is a sigstore model_signing signature over the manifest's files, "
-            "the manifest, this card, its record and the reports: "
-            f"`qwenquant verify {d} --signature {d}/model.sig --public-key PUBLISHER.pub`, or "
-            f"`model_signing verify key {d} --signature {d}/model.sig --public_key PUBLISHER.pub`. Take the public key "
-            "from the publisher, never from this repo.", ""]
+    return [
+        "## Checking a download",
+        "",
+        f"- `{MANIFEST_NAME}` lists every weight and config file with its size and sha256; its root digest names "
+        "them all. `qwenquant verify` fails on any missing, extra or changed byte.",
+        "- This card, `qwenquant-card.json` and `qwenquant-reports/` are outside that hashed set: the card record "
+        "holds their sha256 and names the root digest, and `qwenquant verify` re-derives this card from the "
+        "manifest and the reports, so a card whose figures, digest or descriptions differ from them is refused. "
+        "The root digest does not vouch for the reports' figures: only a signature says who published them.",
+        f"- When this repo holds `model.sig`, it is a sigstore model_signing signature over the manifest's files, "
+        "the manifest, this card, its record and the reports: "
+        f"`qwenquant verify {d} --signature {d}/model.sig --public-key PUBLISHER.pub`, or "
+        f"`model_signing verify key {d} --signature {d}/model.sig --public_key PUBLISHER.pub`. Take the public key "
+        "from the publisher, never from this repo.",
+        "",
+    ]
 
 
-def build_card(manifest: Manifest, manifest_self_digest: str, facts: CardFacts, *, repo_id: str, revision: str,
-               license_id: str, reports: Sequence[Report], figures: Sequence[Figure],
-               missing: Sequence[tuple[str, str]], signed: bool = False) -> Card:
+def build_card(
+    manifest: Manifest,
+    manifest_self_digest: str,
+    facts: CardFacts,
+    *,
+    repo_id: str,
+    revision: str,
+    license_id: str,
+    reports: Sequence[Report],
+    figures: Sequence[Figure],
+    missing: Sequence[tuple[str, str]],
+    signed: bool = False,
+) -> Card:
     """README.md and its sealed record; deterministic in its inputs. `signed`: the record names the
     signature published beside it (a repo without it is refused by fetch and verify)."""
     import yaml
 
     name = repo_id.split("/")[-1]
     qv = manifest.tool_versions.get("qwenquant", "?")
-    lines = ["---", yaml.safe_dump(front_matter(manifest, facts, license_id), sort_keys=False).rstrip(), "---", "",
-             f"# {name}", "",
-             f"{manifest.source.get('repo') or 'A Qwen3.5-architecture model'} quantized to W4A16 by qwenquant {qv}. "
-             f"`{MANIFEST_NAME}` lists every file of the artifact with its sha256; its root digest is", "",
-             f"    sha256:{manifest.root_digest}", "",
-             *_use(repo_id, revision, facts, manifest.root_digest), *_measured(figures, missing), *_what(manifest, facts),
-             *_provenance(manifest), "## Files", "",
-             *_table(("file", "bytes", "sha256"), [(f.path, f.size, f"`{f.sha256}`") for f in manifest.files]), "",
-             *_checking(name)]
+    lines = [
+        "---",
+        yaml.safe_dump(front_matter(manifest, facts, license_id), sort_keys=False).rstrip(),
+        "---",
+        "",
+        f"# {name}",
+        "",
+        f"{manifest.source.get('repo') or 'A Qwen3.5-architecture model'} quantized to W4A16 by qwenquant {qv}. "
+        f"`{MANIFEST_NAME}` lists every file of the artifact with its sha256; its root digest is",
+        "",
+        f"    sha256:{manifest.root_digest}",
+        "",
+        *_use(repo_id, revision, facts, manifest.root_digest),
+        *_measured(figures, missing),
+        *_what(manifest, facts),
+        *_provenance(manifest),
+        "## Files",
+        "",
+        *_table(("file", "bytes", "sha256"), [(f.path, f.size, f"`{f.sha256}`") for f in manifest.files]),
+        "",
+        *_checking(name),
+    ]
     readme = ("\n".join(lines).rstrip() + "\n").encode()
     files = {CARD_NAME: {"size": len(readme), "sha256": hashlib.sha256(readme).hexdigest()}}
     files.update({r.repo_path: {"size": len(r.raw), "sha256": r.sha256} for r in reports})
-    body = {"schema_version": 1, "kind": "qwenquant-card", "card_format": CARD_FORMAT, "license": license_id,
-            "repo_id": repo_id, "revision": revision,
-            "root_digest": manifest.root_digest, "manifest_self_digest": manifest_self_digest,
-            "files": files, "figures": [f.to_dict() for f in figures], "signature": SIGNATURE_NAME if signed else None}
+    body = {
+        "schema_version": 1,
+        "kind": "qwenquant-card",
+        "card_format": CARD_FORMAT,
+        "license": license_id,
+        "repo_id": repo_id,
+        "revision": revision,
+        "root_digest": manifest.root_digest,
+        "manifest_self_digest": manifest_self_digest,
+        "files": files,
+        "figures": [f.to_dict() for f in figures],
+        "signature": SIGNATURE_NAME if signed else None,
+    }
     return Card(readme, seal(body, "card_self_digest"))
 
 
@@ -196,8 +288,12 @@ def read_facts(artifact: Path, manifest: Manifest, license_id: str | None) -> Ca
     config = read_config(artifact)
     weight_map = read_weight_map(artifact)
     if weight_map is None:  # one shard, no index: its header names the tensors
-        weight_map = {n: f.path for f in manifest.files if f.path.endswith(".safetensors")
-                      for n in read_header(artifact / f.path).tensors}
+        weight_map = {
+            n: f.path
+            for f in manifest.files
+            if f.path.endswith(".safetensors")
+            for n in read_header(artifact / f.path).tensors
+        }
     names = sorted(weight_map)
     mtp = sorted({weight_map[n] for n in names if is_mtp(n)})
     qc = config.get("quantization_config") or {}
@@ -211,11 +307,20 @@ def read_facts(artifact: Path, manifest: Manifest, license_id: str | None) -> Ca
     lic = license_id or _source_license(manifest)
     if lic is None:
         warnings.append("the source's license is unknown: the card says `license: other` (pass --license ID)")
-    return CardFacts(tuple(config.get("architectures") or ()), str(config.get("model_type")),
-                     str((manifest.recipe.get("artifact") or {}).get("layout", "text-only")),
-                     sum(1 for n in names if is_mtp(n)), tuple(mtp),
-                     sum(1 for n in names if n.startswith(VISION_PREFIX) or ".visual." in n), head_bits, group,
-                     lic or "other", _vllm_line(manifest, config), _serve_flags(manifest, config), tuple(warnings))
+    return CardFacts(
+        tuple(config.get("architectures") or ()),
+        str(config.get("model_type")),
+        str((manifest.recipe.get("artifact") or {}).get("layout", "text-only")),
+        sum(1 for n in names if is_mtp(n)),
+        tuple(mtp),
+        sum(1 for n in names if n.startswith(VISION_PREFIX) or ".visual." in n),
+        head_bits,
+        group,
+        lic or "other",
+        _vllm_line(manifest, config),
+        _serve_flags(manifest, config),
+        tuple(warnings),
+    )
 
 
 def _source_license(manifest: Manifest) -> str | None:

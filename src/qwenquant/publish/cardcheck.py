@@ -49,8 +49,13 @@ def _reports(artifact: Path, rec: dict[str, Any], root: str) -> tuple[list[Repor
         if kind is None:
             problems.append(FileProblem(rel, "card", "not a qwenquant eval, served eval or bench report"))
         elif root not in report_digests(kind, data):
-            problems.append(FileProblem(rel, "card", f"a report of another root digest than {root[:16]}...: "
-                                                     "its figures do not describe this artifact"))
+            problems.append(
+                FileProblem(
+                    rel,
+                    "card",
+                    f"a report of another root digest than {root[:16]}...: its figures do not describe this artifact",
+                )
+            )
         else:
             out.append(Report(kind, artifact / rel, rel, data, raw))
 
@@ -94,24 +99,46 @@ def card_problems(artifact: Path, rec: dict[str, Any]) -> list[FileProblem]:
         return problems
     figures = collect_figures(raw, reports, manifest.root_digest)
     if rec.get("card_format") != CARD_FORMAT:  # a record stripped of it must not buy a weaker check
-        return [FileProblem(CARD_RECORD_NAME, "card", f"card format {rec.get('card_format')!r}, not {CARD_FORMAT}: "
-                                                      "this qwenquant cannot re-derive that card, so its figures and "
-                                                      "descriptions cannot be checked (re-publish it with this "
-                                                      "qwenquant, or verify with the qwenquant that published it)")]
+        return [
+            FileProblem(
+                CARD_RECORD_NAME,
+                "card",
+                f"card format {rec.get('card_format')!r}, not {CARD_FORMAT}: "
+                "this qwenquant cannot re-derive that card, so its figures and "
+                "descriptions cannot be checked (re-publish it with this "
+                "qwenquant, or verify with the qwenquant that published it)",
+            )
+        ]
     license_id = rec.get("license") if isinstance(rec.get("license"), str) else front_license(readme.decode())
     try:
         facts = read_facts(artifact, manifest, license_id)
     except (QwenquantError, OSError, ValueError) as e:
         return [FileProblem(CARD_NAME, "card", f"cannot be derived from the artifact's config and index: {e}")]
-    card = build_card(manifest, raw["manifest_self_digest"], facts, repo_id=str(rec.get("repo_id")),
-                      revision=str(rec.get("revision")), license_id=license_id, reports=reports, figures=figures,
-                      missing=not_measured(figures), signed=bool(rec.get("signature")))
+    card = build_card(
+        manifest,
+        raw["manifest_self_digest"],
+        facts,
+        repo_id=str(rec.get("repo_id")),
+        revision=str(rec.get("revision")),
+        license_id=license_id,
+        reports=reports,
+        figures=figures,
+        missing=not_measured(figures),
+        signed=bool(rec.get("signature")),
+    )
     diff = first_difference(readme.decode(errors="replace"), card.readme.decode())
     if diff:
         n, have, want = diff
-        return [FileProblem(CARD_NAME, "card", f"line {n} differs from what the manifest and reports give: "
-                                               f"{have[:120]!r}, derived {want[:120]!r}")]
+        return [
+            FileProblem(
+                CARD_NAME,
+                "card",
+                f"line {n} differs from what the manifest and reports give: {have[:120]!r}, derived {want[:120]!r}",
+            )
+        ]
     if card.record != rec:
         keys = sorted(k for k in set(card.record) | set(rec) if card.record.get(k) != rec.get(k))
-        return [FileProblem(CARD_RECORD_NAME, "card", f"{', '.join(keys)} differ from what the manifest and reports give")]
+        return [
+            FileProblem(CARD_RECORD_NAME, "card", f"{', '.join(keys)} differ from what the manifest and reports give")
+        ]
     return []

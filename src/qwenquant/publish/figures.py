@@ -27,8 +27,16 @@ class Figure:
     machine: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"section": self.section, "label": self.label, "value": self.value, "text": self.text,
-                "source": self.source, "field": list(self.field), "command": self.command, "machine": self.machine}
+        return {
+            "section": self.section,
+            "label": self.label,
+            "value": self.value,
+            "text": self.text,
+            "source": self.source,
+            "field": list(self.field),
+            "command": self.command,
+            "machine": self.machine,
+        }
 
 
 # What the card says when a kind of figure has no report, and the command that would measure it.
@@ -77,25 +85,50 @@ def _offline(c: _Collect, base: Path_, section: str) -> None:
     c.add(section, "KL per token, 99.9th percentile", (*arm, "kl_p999"), lambda v: f"{v:.4f}")
     c.add(section, "top-1 agreement with bf16", (*arm, "top1"), lambda v: f"{100 * v:.2f}%")
     c.add(section, "windows x tokens", (*base, "windows"), lambda v: f"{v} x {lookup(c.data, (*base, 'window_len'))}")
-    c.add(section, "MTP first-draft acceptance length (offline)", (*base, "mtp", "artifact", "acceptance_length_1"),
-          lambda v: f"{v:.3f}")
+    c.add(
+        section,
+        "MTP first-draft acceptance length (offline)",
+        (*base, "mtp", "artifact", "acceptance_length_1"),
+        lambda v: f"{v:.3f}",
+    )
     c.add(section, "MTP acceptance change vs bf16 (offline)", (*base, "mtp", "change_pct"), _pct)
     d = lookup(c.data, (*base, "mtp", "int4_vs_bf16", "ci95_points")) or [0, 0]
-    c.add(section, "MTP t+2 agreement, shipped vs bf16 MTP head (points, same windows)",
-          (*base, "mtp", "int4_vs_bf16", "delta_points"), lambda v: f"{v:+.2f} [{d[0]:+.2f}, {d[1]:+.2f}]")
-    c.add(section, "MTP first draft the same token as the bf16 MTP head's", (*base, "mtp", "int4_vs_bf16", "same_draft"),
-          lambda v: f"{100 * v:.2f}%")
+    c.add(
+        section,
+        "MTP t+2 agreement, shipped vs bf16 MTP head (points, same windows)",
+        (*base, "mtp", "int4_vs_bf16", "delta_points"),
+        lambda v: f"{v:+.2f} [{d[0]:+.2f}, {d[1]:+.2f}]",
+    )
+    c.add(
+        section,
+        "MTP first draft the same token as the bf16 MTP head's",
+        (*base, "mtp", "int4_vs_bf16", "same_draft"),
+        lambda v: f"{100 * v:.2f}%",
+    )
 
 
 def manifest_figures(manifest: dict[str, Any]) -> list[Figure]:
     """The quick eval and lm_head figures quantize measured (the manifest's quality section)."""
     c = _Collect(manifest, MANIFEST_NAME, "qwenquant quantize (the recipe's eval step)")
     _offline(c, ("quality", "eval"), "offline eval")
-    c.add("offline eval", "lm_head KL, calibrated / round-to-nearest", ("quality", "eval", "lm_head", "ratio"),
-          lambda v: f"{v:.3f}")
-    c.add("offline eval", "lm_head KL on held-out states, GPTQ", ("quality", "lm_head", "gptq", "kl"), lambda v: f"{v:.5g}")
-    c.add("offline eval", "lm_head KL on held-out states, round-to-nearest", ("quality", "lm_head", "rtn", "kl"),
-          lambda v: f"{v:.5g}")
+    c.add(
+        "offline eval",
+        "lm_head KL, calibrated / round-to-nearest",
+        ("quality", "eval", "lm_head", "ratio"),
+        lambda v: f"{v:.3f}",
+    )
+    c.add(
+        "offline eval",
+        "lm_head KL on held-out states, GPTQ",
+        ("quality", "lm_head", "gptq", "kl"),
+        lambda v: f"{v:.5g}",
+    )
+    c.add(
+        "offline eval",
+        "lm_head KL on held-out states, round-to-nearest",
+        ("quality", "lm_head", "rtn", "kl"),
+        lambda v: f"{v:.5g}",
+    )
     return c.out
 
 
@@ -129,16 +162,28 @@ def served_command(served: dict[str, Any], gate: Any) -> str:
 def served_figures(r: Report) -> list[Figure]:
     d = r.data
     s = d.get("served") or {}
-    c = _Collect(d, r.repo_path, served_command(s, d.get("gate")),
-                 machine(s.get("device"), s.get("vllm_version_installed"), s.get("gpu_mem")))
+    c = _Collect(
+        d,
+        r.repo_path,
+        served_command(s, d.get("gate")),
+        machine(s.get("device"), s.get("vllm_version_installed"), s.get("gpu_mem")),
+    )
     for i, t in enumerate(d.get("tasks") or []):
-        c.add("served gate", f"task {t.get('name')}: exact-match passed", ("tasks", i, "passed"),
-              lambda v, t=t: f"{v}/{t.get('total')} (needs {t.get('min_pass')})")
+        c.add(
+            "served gate",
+            f"task {t.get('name')}: exact-match passed",
+            ("tasks", i, "passed"),
+            lambda v, t=t: f"{v}/{t.get('total')} (needs {t.get('min_pass')})",
+        )
     c.add("MTP acceptance (served)", "mean acceptance length", ("mtp", "mean_acceptance_length"), lambda v: f"{v:.3f}")
     c.add("MTP acceptance (served)", "drafts measured", ("mtp", "drafts"), str)
     for pos in sorted((d.get("mtp") or {}).get("per_position") or {}, key=int):
-        c.add("MTP acceptance (served)", f"acceptance at draft position {pos}", ("mtp", "per_position", pos),
-              lambda v: f"{100 * v:.1f}%")
+        c.add(
+            "MTP acceptance (served)",
+            f"acceptance at draft position {pos}",
+            ("mtp", "per_position", pos),
+            lambda v: f"{100 * v:.1f}%",
+        )
     return c.out
 
 
@@ -148,15 +193,27 @@ def bench_figures(r: Report, root_digest: str) -> list[Figure]:
     for i, t in enumerate(d.get("targets") or []):
         if t.get("artifact_root_digest") != root_digest:
             continue  # another artifact's configuration in a --compare run
-        c = _Collect(d, r.repo_path, " ".join(d.get("argv") or ["qwenquant", "bench"]),
-                     machine(d.get("gpu_name") or t.get("device"), t.get("vllm_version")))
+        c = _Collect(
+            d,
+            r.repo_path,
+            " ".join(d.get("argv") or ["qwenquant", "bench"]),
+            machine(d.get("gpu_name") or t.get("device"), t.get("vllm_version")),
+        )
         who = f"{t.get('label')} ({t.get('profile')})"
-        c.add("throughput", f"{who}: MTP mean acceptance length", ("targets", i, "acceptance", "mean_acceptance_length"),
-              lambda v: f"{v:.3f}")
+        c.add(
+            "throughput",
+            f"{who}: MTP mean acceptance length",
+            ("targets", i, "acceptance", "mean_acceptance_length"),
+            lambda v: f"{v:.3f}",
+        )
         for key in sorted(t.get("cells") or {}):
             for fig, unit in (("decode_tok_s", "tok/s"), ("wall_tok_s", "tok/s"), ("ttft_s", "s")):
-                c.add("throughput", f"{who} {key}: {fig} median", ("targets", i, "cells", key, "figures", fig, "median"),
-                      lambda v, unit=unit: f"{v:.2f} {unit}")
+                c.add(
+                    "throughput",
+                    f"{who} {key}: {fig} median",
+                    ("targets", i, "cells", key, "figures", fig, "median"),
+                    lambda v, unit=unit: f"{v:.2f} {unit}",
+                )
         out += c.out
     return out
 
@@ -165,8 +222,12 @@ def long_figures(r: Report) -> list[Figure]:
     """What a `bench --depth`, `--soak` or `--turns` run of this artifact showed of its profile's promise."""
     d = r.data
     t = d.get("target") or {}
-    c = _Collect(d, r.repo_path, " ".join(d.get("argv") or [str(d.get("tool"))]),
-                 machine(d.get("gpu_name") or t.get("device"), t.get("vllm_version")))
+    c = _Collect(
+        d,
+        r.repo_path,
+        " ".join(d.get("argv") or [str(d.get("tool"))]),
+        machine(d.get("gpu_name") or t.get("device"), t.get("vllm_version")),
+    )
     who = f"{t.get('profile') or t.get('label')}, max-model-len {d.get('max_model_len')}"
     if r.kind == "bench-depth":
         n = d.get("concurrency") or 1
@@ -178,8 +239,12 @@ def long_figures(r: Report) -> list[Figure]:
         c.add(PROMISE, f"{who}: context depth of the last turn (tokens)", ("last_ok_depth",), str)
         c.add(PROMISE, f"{who}: failed at turn", ("failure", "turn"), str)
     else:
-        c.add(PROMISE, f"{who}: soak of {d.get('concurrency')} x {d.get('soak_tokens')} tokens, verdict",
-              ("verdict", "status"), str)
+        c.add(
+            PROMISE,
+            f"{who}: soak of {d.get('concurrency')} x {d.get('soak_tokens')} tokens, verdict",
+            ("verdict", "status"),
+            str,
+        )
     return c.out
 
 

@@ -29,8 +29,10 @@ class PublishInterrupted(QwenquantError):
     exit_now = True
 
 
-RERUN = ("re-run the same command: nothing was committed, objects already uploaded are not sent again, "
-         "and the commit is made once everything is there")
+RERUN = (
+    "re-run the same command: nothing was committed, objects already uploaded are not sent again, "
+    "and the commit is made once everything is there"
+)
 
 
 def hub_error(e: BaseException, step: str, repo_id: str) -> PublishError:
@@ -50,8 +52,10 @@ def hub_error(e: BaseException, step: str, repo_id: str) -> PublishError:
     if isinstance(cause, httpx.TransportError):
         text = f"{type(cause).__name__}: {text}"
     if status in (401, 403):
-        return PublishError(f"{repo_id}: {step}: the Hub refused the token (HTTP {status})",
-                            hint="set HF_TOKEN to a token with write access to the repo, or run `hf auth login`")
+        return PublishError(
+            f"{repo_id}: {step}: the Hub refused the token (HTTP {status})",
+            hint="set HF_TOKEN to a token with write access to the repo, or run `hf auth login`",
+        )
     if status == 412:
         return PublishError(f"{repo_id}: {step}: the revision moved while publishing (HTTP 412)", hint=RERUN)
     return PublishError(f"{repo_id}: {step} failed{f' (HTTP {status})' if status else ''}: {text}"[:400], hint=RERUN)
@@ -76,8 +80,11 @@ def remote_state(api: Any, repo_id: str, revision: str) -> tuple[str | None, dic
         return None, {}
     except _errors() as e:
         raise hub_error(e, "reading the revision", repo_id) from None
-    return head, {e.path: RemoteFile(e.path, e.size, e.blob_id, e.lfs.sha256 if e.lfs else None)
-                  for e in entries if isinstance(e, RepoFile)}
+    return head, {
+        e.path: RemoteFile(e.path, e.size, e.blob_id, e.lfs.sha256 if e.lfs else None)
+        for e in entries
+        if isinstance(e, RepoFile)
+    }
 
 
 def ensure_revision(api: Any, repo_id: str, revision: str, private: bool) -> None:
@@ -138,8 +145,15 @@ def _interruptible(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return box["value"]
 
 
-def commit_plan(api: Any, repo_id: str, revision: str, plan: PublishPlan, parent: str | None, message: str,
-                where: dict[str, Any] | None = None) -> Any:
+def commit_plan(
+    api: Any,
+    repo_id: str,
+    revision: str,
+    plan: PublishPlan,
+    parent: str | None,
+    message: str,
+    where: dict[str, Any] | None = None,
+) -> Any:
     """Upload what the plan sends (LFS objects first), then make the one commit; its CommitInfo.
     `where["step"]` becomes "committing" once the uploads are done."""
     adds, deletes = _operations(plan)
@@ -150,14 +164,21 @@ def commit_plan(api: Any, repo_id: str, revision: str, plan: PublishPlan, parent
     if where is not None:
         where["step"] = "committing"
     try:
-        return _interruptible(api.create_commit, repo_id, operations=[*adds, *deletes], commit_message=message,
-                              revision=revision, parent_commit=parent)
+        return _interruptible(
+            api.create_commit,
+            repo_id,
+            operations=[*adds, *deletes],
+            commit_message=message,
+            revision=revision,
+            parent_commit=parent,
+        )
     except _errors() as e:
         raise hub_error(e, "the commit", repo_id) from None
 
 
-def check_published(api: Any, repo_id: str, commit: str, local: list[LocalFile], extra: set[str],
-                    git_blob: Callable[[LocalFile], str]) -> None:
+def check_published(
+    api: Any, repo_id: str, commit: str, local: list[LocalFile], extra: set[str], git_blob: Callable[[LocalFile], str]
+) -> None:
     """The new commit's listing holds each local file with its content (sha256 of an LFS file, git blob id of
     a regular one), and nothing else but `extra`."""
     from qwenquant.publish.plan import same_content
@@ -166,5 +187,7 @@ def check_published(api: Any, repo_id: str, commit: str, local: list[LocalFile],
     bad = [f.path for f in local if f.path not in remote or not same_content(f, remote[f.path], git_blob)]
     bad += sorted(p for p in remote if p not in {f.path for f in local} | extra)
     if bad:
-        raise PublishError(f"the Hub's listing of {repo_id}@{commit} does not match what was published: "
-                           f"{', '.join(bad[:3])}", hint="inspect the repo; re-run `qwenquant publish` to repair it")
+        raise PublishError(
+            f"the Hub's listing of {repo_id}@{commit} does not match what was published: {', '.join(bad[:3])}",
+            hint="inspect the repo; re-run `qwenquant publish` to repair it",
+        )

@@ -56,9 +56,14 @@ def same_content(local: LocalFile, remote: RemoteFile, git_blob: Callable[[Local
     return remote.sha256 == local.sha256 if remote.sha256 else remote.blob_id == git_blob(local)
 
 
-def plan_upload(local: list[LocalFile], remote: dict[str, RemoteFile], git_blob: Callable[[LocalFile], str], *,
-                signature: LocalFile | None = None, remote_signature_ok: Callable[[], bool] = lambda: False,
-                ) -> PublishPlan:
+def plan_upload(
+    local: list[LocalFile],
+    remote: dict[str, RemoteFile],
+    git_blob: Callable[[LocalFile], str],
+    *,
+    signature: LocalFile | None = None,
+    remote_signature_ok: Callable[[], bool] = lambda: False,
+) -> PublishPlan:
     """Decide the commit. `signature`: a new one to publish (None: no --sign-key); a signature on the
     revision is kept when the signed files are unchanged and (with a new one) `remote_signature_ok()`."""
     plan = PublishPlan()

@@ -58,8 +58,11 @@ def report_kind(data: Any) -> str | None:
 def report_digests(kind: str, data: dict[str, Any]) -> set[str]:
     """The artifact root digests a report was measured on (bench: one per served target)."""
     if kind == "bench":
-        return {t["artifact_root_digest"] for t in data["targets"]
-                if isinstance(t, dict) and isinstance(t.get("artifact_root_digest"), str)}
+        return {
+            t["artifact_root_digest"]
+            for t in data["targets"]
+            if isinstance(t, dict) and isinstance(t.get("artifact_root_digest"), str)
+        }
     if kind in LONG.values():
         root = data["target"].get("artifact_root_digest")
         return {root} if isinstance(root, str) else set()
@@ -88,27 +91,40 @@ def _load(path: Path, root_digest: str, artifact: Path) -> tuple[str, dict[str, 
         raw = path.read_bytes()
         data = json.loads(raw)
     except FileNotFoundError:
-        raise UsageError(f"report {path} not found", hint="pass a report JSON written by `qwenquant eval` or `bench`") from None
+        raise UsageError(
+            f"report {path} not found", hint="pass a report JSON written by `qwenquant eval` or `bench`"
+        ) from None
     except (OSError, ValueError) as e:
-        raise UsageError(f"report {path} is not readable JSON ({e})".splitlines()[0],
-                         hint="pass the JSON file `qwenquant eval` or `qwenquant bench` wrote") from None
+        raise UsageError(
+            f"report {path} is not readable JSON ({e})".splitlines()[0],
+            hint="pass the JSON file `qwenquant eval` or `qwenquant bench` wrote",
+        ) from None
     check_version(data, f"report {path}")
     kind = report_kind(data)
     if kind is None:
-        raise UsageError(f"{path} is not a qwenquant eval, served eval or bench report",
-                         hint="pass the JSON file `qwenquant eval` or `qwenquant bench` wrote")
+        raise UsageError(
+            f"{path} is not a qwenquant eval, served eval or bench report",
+            hint="pass the JSON file `qwenquant eval` or `qwenquant bench` wrote",
+        )
     _refuse_contradictions(kind, data, path)
     digests = report_digests(kind, data)
     if root_digest not in digests:
-        what = (f"a report of root digest {sorted(digests)[0][:16]}..." if digests
-                else "a report that names no artifact root digest (a bench of a URL: nothing says which artifact "
-                     "answered; measure with `--serve ARTIFACT`)")
-        raise UsageError(f"{path} is {what}, not of {artifact} ({root_digest[:16]}...): its figures cannot go on this card",
-                         hint="measure this artifact (`qwenquant eval` / `qwenquant bench run --serve ARTIFACT`) or drop --report")
+        what = (
+            f"a report of root digest {sorted(digests)[0][:16]}..."
+            if digests
+            else "a report that names no artifact root digest (a bench of a URL: nothing says which artifact "
+            "answered; measure with `--serve ARTIFACT`)"
+        )
+        raise UsageError(
+            f"{path} is {what}, not of {artifact} ({root_digest[:16]}...): its figures cannot go on this card",
+            hint="measure this artifact (`qwenquant eval` / `qwenquant bench run --serve ARTIFACT`) or drop --report",
+        )
     if kind == "eval" and (data.get("reference_check") or {}).get("verified") is False:
-        raise UsageError(f"{path} compares against a reference that is not the artifact's recorded source "
-                         "(--reference-unverified): its figures cannot go on this card",
-                         hint="re-run `qwenquant eval offline ARTIFACT --reference SOURCE` with the recorded source")
+        raise UsageError(
+            f"{path} compares against a reference that is not the artifact's recorded source "
+            "(--reference-unverified): its figures cannot go on this card",
+            hint="re-run `qwenquant eval offline ARTIFACT --reference SOURCE` with the recorded source",
+        )
     return kind, data, raw
 
 
@@ -121,19 +137,25 @@ def _refuse_contradictions(kind: str, data: dict[str, Any], path: Path) -> None:
         want = {"last_ok_depth": ok[-1] if ok else None}
     elif kind == "bench-turns":
         done = [t for t in data.get("turns") or [] if isinstance(t, dict) and t.get("ok")]
-        want = {"last_ok_turn": done[-1].get("turn") if done else None,
-                "last_ok_depth": done[-1].get("depth") if done else None}
+        want = {
+            "last_ok_turn": done[-1].get("turn") if done else None,
+            "last_ok_depth": done[-1].get("depth") if done else None,
+        }
     else:
         verdict = data.get("verdict")
         if kind == "bench-soak" and not (isinstance(verdict, dict) and isinstance(verdict.get("status"), str)):
-            raise UsageError(f"report {path}: verdict is {json.dumps(verdict)[:40]}, not an object with a `status` "
-                             "string as `qwenquant bench soak` writes it: the report was edited",
-                             hint="pass the report as `qwenquant bench` wrote it, or measure again")
+            raise UsageError(
+                f"report {path}: verdict is {json.dumps(verdict)[:40]}, not an object with a `status` "
+                "string as `qwenquant bench soak` writes it: the report was edited",
+                hint="pass the report as `qwenquant bench` wrote it, or measure again",
+            )
         return
     for key, value in want.items():
         if key in data and data[key] != value:
-            raise UsageError(f"report {path}: {key} is {data[key]!r}, but its own records give {value!r}: the "
-                             "report was edited", hint="pass the report as `qwenquant bench` wrote it, or measure again")
+            raise UsageError(
+                f"report {path}: {key} is {data[key]!r}, but its own records give {value!r}: the report was edited",
+                hint="pass the report as `qwenquant bench` wrote it, or measure again",
+            )
 
 
 def gather_reports(artifact: Path, root_digest: str, extra: Iterable[Path] = ()) -> list[Report]:

@@ -51,13 +51,22 @@ class PublishResult:
         return self.plan is not None and self.plan.noop
 
     def to_dict(self) -> dict[str, Any]:
-        return {"repo_id": self.repo_id, "revision": self.revision, "root_digest": self.root_digest,
-                "dry_run": self.dry_run, "noop": self.noop, "commit": self.commit, "url": self.url,
-                "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files],
-                "uploaded": [f.path for f in self.plan.upload] if self.plan else None,
-                "deleted": self.plan.delete if self.plan else None,
-                "unchanged": self.plan.unchanged if self.plan else None,
-                "signed": self.sign, "card": self.card.readme.decode(), "warnings": self.warnings}
+        return {
+            "repo_id": self.repo_id,
+            "revision": self.revision,
+            "root_digest": self.root_digest,
+            "dry_run": self.dry_run,
+            "noop": self.noop,
+            "commit": self.commit,
+            "url": self.url,
+            "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files],
+            "uploaded": [f.path for f in self.plan.upload] if self.plan else None,
+            "deleted": self.plan.delete if self.plan else None,
+            "unchanged": self.plan.unchanged if self.plan else None,
+            "signed": self.sign,
+            "card": self.card.readme.decode(),
+            "warnings": self.warnings,
+        }
 
 
 def check_repo_id(repo_id: str) -> None:
@@ -67,8 +76,10 @@ def check_repo_id(repo_id: str) -> None:
     try:
         validate_repo_id(repo_id)
     except HFValidationError as e:
-        raise UsageError(f"{repo_id!r} is not a Hub repo id: {e}".splitlines()[0],
-                         hint="write it as OWNER/NAME, e.g. me/Qwen3.8-27B-w4a16") from None
+        raise UsageError(
+            f"{repo_id!r} is not a Hub repo id: {e}".splitlines()[0],
+            hint="write it as OWNER/NAME, e.g. me/Qwen3.8-27B-w4a16",
+        ) from None
     if "/" not in repo_id:
         raise UsageError(f"{repo_id!r} names no owner", hint="write it as OWNER/NAME, e.g. me/Qwen3.8-27B-w4a16")
 
@@ -78,20 +89,42 @@ def _companion_clash(paths: Sequence[str]) -> str | None:
     return next((p for p in paths if p in names or p.startswith(REPORTS_DIR + "/")), None)
 
 
-def card_files(artifact: Path, manifest: Manifest, raw: dict[str, Any], repo_id: str, revision: str,
-               reports: Sequence[Path], license_id: str | None, signed: bool = False
-               ) -> tuple[list[LocalFile], Card, list[str], str]:
+def card_files(
+    artifact: Path,
+    manifest: Manifest,
+    raw: dict[str, Any],
+    repo_id: str,
+    revision: str,
+    reports: Sequence[Path],
+    license_id: str | None,
+    signed: bool = False,
+) -> tuple[list[LocalFile], Card, list[str], str]:
     """The files of a verified artifact and its card files: (files to publish, card, warnings, root digest)."""
     reps = gather_reports(artifact, manifest.root_digest, reports)
     figures = collect_figures(raw, reps, manifest.root_digest)
     _refuse_conflicts(figures, reps)
     facts = read_facts(artifact, manifest, license_id)
-    card = build_card(manifest, raw["manifest_self_digest"], facts, repo_id=repo_id, revision=revision,
-                      license_id=facts.source_license or "other", reports=reps, figures=figures,
-                      missing=not_measured(figures), signed=signed)
+    card = build_card(
+        manifest,
+        raw["manifest_self_digest"],
+        facts,
+        repo_id=repo_id,
+        revision=revision,
+        license_id=facts.source_license or "other",
+        reports=reps,
+        figures=figures,
+        missing=not_measured(figures),
+        signed=signed,
+    )
     files = [LocalFile(f.path, f.size, f.sha256, source=artifact / f.path) for f in manifest.files]
-    files.append(LocalFile(MANIFEST_NAME, (artifact / MANIFEST_NAME).stat().st_size,
-                           sha256_file(artifact / MANIFEST_NAME), source=artifact / MANIFEST_NAME))
+    files.append(
+        LocalFile(
+            MANIFEST_NAME,
+            (artifact / MANIFEST_NAME).stat().st_size,
+            sha256_file(artifact / MANIFEST_NAME),
+            source=artifact / MANIFEST_NAME,
+        )
+    )
     generated = {CARD_NAME: card.readme, CARD_RECORD_NAME: card.record_bytes, **{r.repo_path: r.raw for r in reps}}
     files += [LocalFile(p, len(b), hashlib.sha256(b).hexdigest(), data=b) for p, b in sorted(generated.items())]
     return files, card, list(facts.warnings), manifest.root_digest
@@ -101,14 +134,18 @@ def _verified(artifact: Path) -> tuple[Manifest, dict[str, Any]]:
     """The manifest of an artifact that verifies, and its raw JSON."""
     report = verify_artifact(artifact)
     if not report.ok:
-        raise VerificationError(f"refusing to publish {artifact}: it does not match its manifest: "
-                                + ", ".join(f"{p.path} ({p.status})" for p in report.problems[:5]),
-                                hint="`qwenquant verify` shows the report; rebuild or restore the artifact")
+        raise VerificationError(
+            f"refusing to publish {artifact}: it does not match its manifest: "
+            + ", ".join(f"{p.path} ({p.status})" for p in report.problems[:5]),
+            hint="`qwenquant verify` shows the report; rebuild or restore the artifact",
+        )
     manifest = load_manifest(artifact)
     clash = _companion_clash([f.path for f in manifest.files])
     if clash:
-        raise UsageError(f"{artifact}'s manifest lists {clash}, a name the published card files use",
-                         hint="rebuild the artifact without it; the card, its record and the reports go beside it")
+        raise UsageError(
+            f"{artifact}'s manifest lists {clash}, a name the published card files use",
+            hint="rebuild the artifact without it; the card, its record and the reports go beside it",
+        )
     return manifest, json.loads((artifact / MANIFEST_NAME).read_bytes())
 
 
@@ -120,11 +157,12 @@ def _refuse_conflicts(figures: Sequence[Any], reps: Sequence[Any]) -> None:
     if found:
         local = {r.repo_path: str(r.source) for r in reps}
         a, b = found[0]
-        raise UsageError(f"{local.get(a.source, a.source)} and {local.get(b.source, b.source)} give {a.section} "
-                         f"'{a.label}' of one configuration (`{a.command}`) as {a.text} and {b.text}: a card cannot "
-                         f"cite both{f' ({len(found) - 1} more figures differ)' if len(found) > 1 else ''}",
-                         hint="keep the report you stand by: move the other away from beside the artifact or drop "
-                              "its --report")
+        raise UsageError(
+            f"{local.get(a.source, a.source)} and {local.get(b.source, b.source)} give {a.section} "
+            f"'{a.label}' of one configuration (`{a.command}`) as {a.text} and {b.text}: a card cannot "
+            f"cite both{f' ({len(found) - 1} more figures differ)' if len(found) > 1 else ''}",
+            hint="keep the report you stand by: move the other away from beside the artifact or drop its --report",
+        )
 
 
 def remote_card(api: Any, repo_id: str, head: str | None, remote: dict[str, Any]) -> dict[str, Any]:
@@ -150,9 +188,18 @@ def git_blob(f: LocalFile) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def publish_artifact(artifact: Path, repo_id: str, *, revision: str = "main", private: bool = False,
-                     dry_run: bool = False, reports: Sequence[Path] = (), license_id: str | None = None,
-                     sign_key: Path | None = None, endpoint: str | None = None) -> PublishResult:
+def publish_artifact(
+    artifact: Path,
+    repo_id: str,
+    *,
+    revision: str = "main",
+    private: bool = False,
+    dry_run: bool = False,
+    reports: Sequence[Path] = (),
+    license_id: str | None = None,
+    sign_key: Path | None = None,
+    endpoint: str | None = None,
+) -> PublishResult:
     """Publish `artifact` to `repo_id`@`revision` in one commit; a no-op when the revision holds it already.
     `dry_run`: verify and build the card only, no network."""
     from qwenquant import signing
@@ -163,10 +210,12 @@ def publish_artifact(artifact: Path, repo_id: str, *, revision: str = "main", pr
         signing._model_signing()
         signing._readable(sign_key, "private key", "--sign-key")
     manifest, raw = _verified(artifact)
-    files, card, warnings, root = card_files(artifact, manifest, raw, repo_id, revision, reports, license_id,
-                                             signed=sign_key is not None)
-    result = PublishResult(repo_id, revision, root, files, card, dry_run=dry_run, sign=sign_key is not None,
-                           warnings=warnings)
+    files, card, warnings, root = card_files(
+        artifact, manifest, raw, repo_id, revision, reports, license_id, signed=sign_key is not None
+    )
+    result = PublishResult(
+        repo_id, revision, root, files, card, dry_run=dry_run, sign=sign_key is not None, warnings=warnings
+    )
     if dry_run:
         return result
     import os
@@ -186,14 +235,17 @@ def publish_artifact(artifact: Path, repo_id: str, *, revision: str = "main", pr
         return _to_hub(api, artifact, result, manifest, raw, reports, license_id, sign_key, private, where)
     except KeyboardInterrupt:
         at = f"still at commit {where['head']}" if where["head"] else "without a commit of this artifact"
-        said = {"reading the revision": f"nothing was committed: {repo_id}@{revision} is {at}",
-                "uploading": f"nothing was committed: {repo_id}@{revision} is {at}; the objects already uploaded "
-                             "are not sent again",
-                "committing": f"the commit was under way: {repo_id}@{revision} is either {at} or at the new commit",
-                "checking": f"{repo_id}@{revision} is at the new commit {where.get('commit')}; its listing was not "
-                            "checked"}[where["step"]]
-        raise hub.PublishInterrupted(f"interrupted while {where['step']}: {said}",
-                                     hint="re-run the same command: it finishes the job, or finds it done") from None
+        said = {
+            "reading the revision": f"nothing was committed: {repo_id}@{revision} is {at}",
+            "uploading": f"nothing was committed: {repo_id}@{revision} is {at}; the objects already uploaded "
+            "are not sent again",
+            "committing": f"the commit was under way: {repo_id}@{revision} is either {at} or at the new commit",
+            "checking": f"{repo_id}@{revision} is at the new commit {where.get('commit')}; its listing was not checked",
+        }[where["step"]]
+        raise hub.PublishInterrupted(
+            f"interrupted while {where['step']}: {said}",
+            hint="re-run the same command: it finishes the job, or finds it done",
+        ) from None
 
 
 def _kept_license(theirs: dict[str, Any], license_id: str | None) -> str | None:
@@ -214,15 +266,30 @@ def _signature(artifact: Path, files: Sequence[LocalFile], sign_key: Path, view:
     return LocalFile(SIGNATURE_NAME, len(data), hashlib.sha256(data).hexdigest(), data=data)
 
 
-def _to_hub(api: Any, artifact: Path, result: PublishResult, manifest: Manifest, raw: dict[str, Any],
-            reports: Sequence[Path], license_id: str | None, sign_key: Path | None, private: bool,
-            where: dict[str, Any]) -> PublishResult:
+def _to_hub(
+    api: Any,
+    artifact: Path,
+    result: PublishResult,
+    manifest: Manifest,
+    raw: dict[str, Any],
+    reports: Sequence[Path],
+    license_id: str | None,
+    sign_key: Path | None,
+    private: bool,
+    where: dict[str, Any],
+) -> PublishResult:
     """The Hub steps of publish_artifact; `where` says how far they got (for Ctrl-C)."""
     from qwenquant import signing
     from qwenquant.publish import hub
 
-    repo_id, revision, files, card, warnings, root = (result.repo_id, result.revision, result.files, result.card,
-                                                      result.warnings, result.root_digest)
+    repo_id, revision, files, card, warnings, root = (
+        result.repo_id,
+        result.revision,
+        result.files,
+        result.card,
+        result.warnings,
+        result.root_digest,
+    )
     hub.ensure_revision(api, repo_id, revision, private)
     head, remote = hub.remote_state(api, repo_id, revision)
     where["head"] = head
@@ -234,8 +301,16 @@ def _to_hub(api: Any, artifact: Path, result: PublishResult, manifest: Manifest,
     keep_sig = sign_key is None and SIGNATURE_NAME in remote and theirs.get("signature") == SIGNATURE_NAME
     if (lic and lic != card.record.get("license")) or keep_sig:
         warnings[:] = [w for w in warnings if not (lic and "license is unknown" in w)]
-        files, card, _, root = card_files(artifact, manifest, raw, repo_id, revision, reports, lic or license_id,
-                                          signed=sign_key is not None or keep_sig)
+        files, card, _, root = card_files(
+            artifact,
+            manifest,
+            raw,
+            repo_id,
+            revision,
+            reports,
+            lic or license_id,
+            signed=sign_key is not None or keep_sig,
+        )
         result.files, result.card = files, card
     with tempfile.TemporaryDirectory() as tmp:
         view = Path(tmp) / "view"  # the folder as a downloader will have it: what the signature covers
@@ -245,14 +320,20 @@ def _to_hub(api: Any, artifact: Path, result: PublishResult, manifest: Manifest,
             remote_sig = Path(tmp) / "remote.sig"
             remote_sig.write_bytes(hub.download_file(api, repo_id, head or revision, SIGNATURE_NAME))
             try:
-                covered = signing.verify_signature(view, remote_sig, signing.public_key_pem(sign_key),  # type: ignore[arg-type]
-                                                   view=True)
+                covered = signing.verify_signature(
+                    view,
+                    remote_sig,
+                    signing.public_key_pem(sign_key),  # type: ignore[arg-type]
+                    view=True,
+                )
             except VerificationError as e:
                 log.info("the signature on the Hub does not hold for this key: %s", e)
                 return False
             return bool(covered.card_files)  # one made before the card was signed is made again
 
-        result.plan = plan = plan_upload(files, remote, git_blob, signature=sig, remote_signature_ok=remote_signature_ok)
+        result.plan = plan = plan_upload(
+            files, remote, git_blob, signature=sig, remote_signature_ok=remote_signature_ok
+        )
         if keep_sig and SIGNATURE_NAME in plan.delete:  # the signed files changed: that signature goes, unnamed
             files, card, _, root = card_files(artifact, manifest, raw, repo_id, revision, reports, lic or license_id)
             result.files, result.card = files, card
@@ -260,13 +341,23 @@ def _to_hub(api: Any, artifact: Path, result: PublishResult, manifest: Manifest,
         if plan.noop:
             result.commit = head
             return result
-        log.info("uploading %d files (%.1f MiB), deleting %d, %d already on %s@%s", len(plan.upload),
-                 sum(f.size for f in plan.upload) / 2**20, len(plan.delete), len(plan.unchanged), repo_id, revision)
+        log.info(
+            "uploading %d files (%.1f MiB), deleting %d, %d already on %s@%s",
+            len(plan.upload),
+            sum(f.size for f in plan.upload) / 2**20,
+            len(plan.delete),
+            len(plan.unchanged),
+            repo_id,
+            revision,
+        )
         if SIGNATURE_NAME in plan.delete:
-            warnings.append(f"{SIGNATURE_NAME} on the Hub signs other files: removed (pass --sign-key to sign this artifact)")
+            warnings.append(
+                f"{SIGNATURE_NAME} on the Hub signs other files: removed (pass --sign-key to sign this artifact)"
+            )
         where["step"] = "uploading"
-        info = hub.commit_plan(api, repo_id, revision, plan, head, f"qwenquant publish {artifact.name} "
-                               f"(root digest {root[:16]})", where)
+        info = hub.commit_plan(
+            api, repo_id, revision, plan, head, f"qwenquant publish {artifact.name} (root digest {root[:16]})", where
+        )
     result.commit, result.url = info.oid, info.commit_url
     where.update(step="checking", commit=info.oid)
     kept = {".gitattributes"} | ({SIGNATURE_NAME} if plan.kept_signature or sig else set())

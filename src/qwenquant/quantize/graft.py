@@ -31,9 +31,17 @@ def refresh_manifest(artifact: Path, note: dict[str, Any] | None = None, *, prev
     extra = dict(old.extra)
     if note:
         extra.setdefault("repairs", []).append(note)
-    m = build_manifest(artifact, source=old.source, recipe=old.recipe, recipe_sha256=old.recipe_sha256,
-                       calibration=old.calibration, stages=old.stages, quality=old.quality,
-                       tool_versions=old.tool_versions, extra=extra)
+    m = build_manifest(
+        artifact,
+        source=old.source,
+        recipe=old.recipe,
+        recipe_sha256=old.recipe_sha256,
+        calibration=old.calibration,
+        stages=old.stages,
+        quality=old.quality,
+        tool_versions=old.tool_versions,
+        extra=extra,
+    )
     write_manifest(artifact, m)
     return m.root_digest
 
@@ -77,17 +85,20 @@ def prove_source(artifact: Path, source: Path) -> str | None:
     hint = f"pass the folder this artifact was quantized from ({what}), e.g. the `qwenquant fetch` output"
     commit = _recorded_commit(source)
     if commit and recorded.get("commit") and commit != recorded["commit"]:
-        raise VerificationError(f"--source {source} is commit {commit}, but {artifact} was quantized from {what}",
-                                hint=hint)
+        raise VerificationError(
+            f"--source {source} is commit {commit}, but {artifact} was quantized from {what}", hint=hint
+        )
     read = ["config.json"] + sorted({s for n, s in weight_map(source).items() if n.startswith("mtp.")})
     for rel in read:
         want = (files.get(rel) or {}).get("sha256")
         if want is None:
-            raise VerificationError(f"--source {source}: {rel} is not a file of this artifact's source ({what})",
-                                    hint=hint)
+            raise VerificationError(
+                f"--source {source}: {rel} is not a file of this artifact's source ({what})", hint=hint
+            )
         if sha256_file(source / rel) != want:
-            raise VerificationError(f"--source {source}: {rel} differs from the file {artifact} was quantized "
-                                    f"from ({what})", hint=hint)
+            raise VerificationError(
+                f"--source {source}: {rel} differs from the file {artifact} was quantized from ({what})", hint=hint
+            )
     return None
 
 
@@ -105,12 +116,14 @@ def check_shapes(artifact: Path, source: Path) -> None:
         if name not in got:
             raise StageError(f"--source {source} has no {name}, which {artifact}/config.json implies", hint=hint)
         if got[name] != want[name]:
-            raise StageError(f"--source {source}: {name} has shape {list(got[name])}, but {artifact}/config.json "
-                             f"implies {list(want[name])}: the head is another model's", hint=hint)
+            raise StageError(
+                f"--source {source}: {name} has shape {list(got[name])}, but {artifact}/config.json "
+                f"implies {list(want[name])}: the head is another model's",
+                hint=hint,
+            )
     extra = sorted(set(got) - set(want))
     if extra:
-        raise StageError(f"--source {source} has {extra[0]}, which {artifact}/config.json does not imply",
-                         hint=hint)
+        raise StageError(f"--source {source} has {extra[0]}, which {artifact}/config.json does not imply", hint=hint)
 
 
 def graft_keeps(artifact: Path) -> set[str]:
@@ -127,8 +140,11 @@ def graft_keeps(artifact: Path) -> set[str]:
         shards = set(json.loads((artifact / "model.safetensors.index.json").read_text())["weight_map"].values())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         shards = set()
-    return shards | {p.name for p in artifact.iterdir() if p.is_file() and not p.is_symlink()
-                     and not p.name.startswith(".") and p.suffix != ".safetensors"}
+    return shards | {
+        p.name
+        for p in artifact.iterdir()
+        if p.is_file() and not p.is_symlink() and not p.name.startswith(".") and p.suffix != ".safetensors"
+    }
 
 
 def int4_mtp(artifact: Path) -> dict[str, Any] | None:
@@ -153,9 +169,11 @@ def int4_mtp(artifact: Path) -> dict[str, Any] | None:
         return None
     missing = [m for m in MTP_LINEARS if f"{m}.weight_packed" not in packed]
     if missing:
-        raise StageError(f"{artifact}: the MTP head is int4 (mtp.quantize: gptq) but {missing[0]} has no packed "
-                         "tensors; graft-mtp restores only tensors the source holds",
-                         hint="re-run `qwenquant quantize` (the gptq stage keeps the quantized head)")
+        raise StageError(
+            f"{artifact}: the MTP head is int4 (mtp.quantize: gptq) but {missing[0]} has no packed "
+            "tensors; graft-mtp restores only tensors the source holds",
+            hint="re-run `qwenquant quantize` (the gptq stage keeps the quantized head)",
+        )
     return packed
 
 
@@ -169,13 +187,17 @@ def check_graft_writable(artifact: Path) -> None:
             os.close(fd)
             os.unlink(scratch)
         except OSError as e:
-            raise UsageError(f"graft-mtp rebuilds {artifact} in {artifact.parent}, but {folder} cannot be written "
-                             f"({e.strerror or e})",
-                             hint="nothing was changed: remount it read-write or fix its permissions, or copy the "
-                                  "artifact to a folder you can write and graft there") from None
+            raise UsageError(
+                f"graft-mtp rebuilds {artifact} in {artifact.parent}, but {folder} cannot be written "
+                f"({e.strerror or e})",
+                hint="nothing was changed: remount it read-write or fix its permissions, or copy the "
+                "artifact to a folder you can write and graft there",
+            ) from None
     if os.path.ismount(artifact):
-        raise UsageError(f"graft-mtp rebuilds {artifact} beside it and renames it into place, but it is a mount point",
-                         hint="nothing was changed: copy the artifact into a folder (not a mount point) and graft there")
+        raise UsageError(
+            f"graft-mtp rebuilds {artifact} beside it and renames it into place, but it is a mount point",
+            hint="nothing was changed: copy the artifact into a folder (not a mount point) and graft there",
+        )
 
 
 _WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EBUSY, errno.EXDEV)
@@ -188,12 +210,17 @@ def _check_only_mtp_differs(artifact: Path, packed: Any) -> None:
     from qwenquant.manifest import verify_artifact
 
     before = verify_artifact(artifact)
-    others = [f for f in before.bad_files if f not in ("model.safetensors.index.json", "config.json")
-              and ("mtp" not in f or packed)]
+    others = [
+        f
+        for f in before.bad_files
+        if f not in ("model.safetensors.index.json", "config.json") and ("mtp" not in f or packed)
+    ]
     if others:
         raise VerificationError(
             f"{artifact}: files besides the MTP shard, index and config differ from the manifest: "
-            + ", ".join(others[:5]), hint="graft-mtp repairs only the MTP head; re-run `qwenquant quantize`")
+            + ", ".join(others[:5]),
+            hint="graft-mtp repairs only the MTP head; re-run `qwenquant quantize`",
+        )
 
 
 def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: bool = False) -> dict[str, Any]:
@@ -212,9 +239,15 @@ def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: 
         from qwenquant import outfolder
 
         foreign = outfolder.foreign_in_graft_target(artifact, graft_keeps(artifact))
-        removal = outfolder.guard(artifact, foreign, force=force, flag="artifact", remove=foreign,
-                                  problem="holds entries that are not part of the artifact (graft-mtp rebuilds the "
-                                          "folder and would drop them)")
+        removal = outfolder.guard(
+            artifact,
+            foreign,
+            force=force,
+            flag="artifact",
+            remove=foreign,
+            problem="holds entries that are not part of the artifact (graft-mtp rebuilds the "
+            "folder and would drop them)",
+        )
     for folder in (artifact, source):
         _check_headers(folder)
     warning = prove_source(artifact, source)
@@ -224,8 +257,12 @@ def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: 
     packed = int4_mtp(artifact)
     plan = plan_for(artifact, source, packed)
     if check_only or plan.nothing_to_do:
-        return {"artifact": str(artifact), "plan": plan.summary(), "nothing_to_do": plan.nothing_to_do,
-                "written": False}
+        return {
+            "artifact": str(artifact),
+            "plan": plan.summary(),
+            "nothing_to_do": plan.nothing_to_do,
+            "written": False,
+        }
     had_manifest = (artifact / MANIFEST_NAME).is_file()
     if had_manifest:
         _check_only_mtp_differs(artifact, packed)
@@ -240,10 +277,12 @@ def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: 
     except OSError as e:
         if e.errno not in _WRITE_ERRNOS:
             raise
-        raise StageError(f"graft-mtp could not write the grafted artifact beside {artifact} "
-                         f"({e.strerror or e}{f': {e.filename}' if e.filename else ''})",
-                         hint="nothing was changed and nothing was left behind: free some space on that disk "
-                              "(the graft writes the MTP shard and any shard it rewrites) and re-run") from None
+        raise StageError(
+            f"graft-mtp could not write the grafted artifact beside {artifact} "
+            f"({e.strerror or e}{f': {e.filename}' if e.filename else ''})",
+            hint="nothing was changed and nothing was left behind: free some space on that disk "
+            "(the graft writes the MTP shard and any shard it rewrites) and re-run",
+        ) from None
     problems = verify_mtp(artifact, source, packed and int4_mtp(artifact))
     if had_manifest:
         report = verify_artifact(artifact)
@@ -251,5 +290,10 @@ def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: 
             problems += [str(p) for p in report.problems]
     if problems:
         raise StageError("graft-mtp: the artifact still fails: " + "; ".join(problems), hint="re-run graft-mtp")
-    return {"artifact": str(artifact), "plan": plan.summary(), "nothing_to_do": False, "written": True,
-            "root_digest": root}
+    return {
+        "artifact": str(artifact),
+        "plan": plan.summary(),
+        "nothing_to_do": False,
+        "written": True,
+        "root_digest": root,
+    }

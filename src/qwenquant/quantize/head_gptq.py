@@ -69,7 +69,6 @@ __all__ = [
 ]
 
 
-
 @dataclass(frozen=True)
 class HeadQuantSpec:
     """What the head is quantized to; any object with these attributes is accepted."""
@@ -232,13 +231,12 @@ def gptq_quantize_rows(
         total_loss += float(loss.sum())
         if progress is not None:
             progress(k + 1, len(chunks))
-    return QuantizedHead(
-        ints, scales, num_bits, group_size, method="gptq", used_rtn_fallback=fallback, loss=total_loss
-    )
+    return QuantizedHead(ints, scales, num_bits, group_size, method="gptq", used_rtn_fallback=fallback, loss=total_loss)
 
 
-def pack_head(q: QuantizedHead, prefix: str = "lm_head", *, row_chunk: int = 16384,
-              device: str | torch.device | None = None) -> dict[str, torch.Tensor]:
+def pack_head(
+    q: QuantizedHead, prefix: str = "lm_head", *, row_chunk: int = 16384, device: str | torch.device | None = None
+) -> dict[str, torch.Tensor]:
     """Checkpoint tensors in compressed-tensors' pack-quantized layout (symmetric: no zero point).
 
     `weight_shape` is int64, as compressed-tensors itself writes it (`torch.tensor(weight.shape)`).
@@ -278,9 +276,14 @@ def head_config_group(spec: HeadQuantSpec | LmHeadSpec | Mapping[str, Any] | Non
         spec = HeadQuantSpec(**spec)
     target = getattr(spec, "target", None) or LM_HEAD_TARGET
     # actorder: what the sweep did; "static" (= "weight") changes calibration only, not the format
-    return weight_scheme([target], num_bits=spec.num_bits, symmetric=spec.symmetric, group_size=spec.group_size,
-                         actorder="static" if getattr(spec, "actorder", False) else None,
-                         observer="memoryless_minmax")
+    return weight_scheme(
+        [target],
+        num_bits=spec.num_bits,
+        symmetric=spec.symmetric,
+        group_size=spec.group_size,
+        actorder="static" if getattr(spec, "actorder", False) else None,
+        observer="memoryless_minmax",
+    )
 
 
 @dataclass
@@ -303,9 +306,18 @@ def _clock(seconds: dict[str, float], part: str, dev: torch.device) -> Iterator[
     seconds[part] = seconds.get(part, 0.0) + time.perf_counter() - t0
 
 
-def quantize_head(read_weight: Callable[[], torch.Tensor], H: torch.Tensor, heldout: torch.Tensor | None,
-                  spec: Any, *, row_chunk: int, prefix: str = "lm_head", device: str | torch.device | None = None,
-                  progress: Progress | None = None, gate: Callable[[dict[str, Any]], None] | None = None) -> HeadResult:
+def quantize_head(
+    read_weight: Callable[[], torch.Tensor],
+    H: torch.Tensor,
+    heldout: torch.Tensor | None,
+    spec: Any,
+    *,
+    row_chunk: int,
+    prefix: str = "lm_head",
+    device: str | torch.device | None = None,
+    progress: Progress | None = None,
+    gate: Callable[[dict[str, Any]], None] | None = None,
+) -> HeadResult:
     """The lm_head stage's tensor work: GPTQ, the KL compare against RTN, packing (memory: head_memory.py).
 
     `read_weight()` returns the [V, D] head; this function holds the only reference, so the head
@@ -319,8 +331,15 @@ def quantize_head(read_weight: Callable[[], torch.Tensor], H: torch.Tensor, held
     W = read_weight()
     common = dict(num_bits=spec.num_bits, group_size=spec.group_size, symmetric=spec.symmetric, device=dev)
     with _clock(seconds, "gptq", dev):
-        q_gptq = gptq_quantize_rows(W, H.to(dev), dampening_frac=spec.dampening_frac, block_size=spec.block_size,
-                                    row_chunk=row_chunk, progress=progress, **common)
+        q_gptq = gptq_quantize_rows(
+            W,
+            H.to(dev),
+            dampening_frac=spec.dampening_frac,
+            block_size=spec.block_size,
+            row_chunk=row_chunk,
+            progress=progress,
+            **common,
+        )
     rtn = RtnHead(W, spec.num_bits, spec.group_size, dev, symmetric=spec.symmetric)
     report = None
     if heldout is not None:

@@ -57,8 +57,9 @@ def budget_bytes(free: int, cached: int, cap_left: int | None, *, safety: float 
     return int(max(0, avail) * safety)
 
 
-def row_chunk_for_budget(rows: int, cols: int, budget: int, *, group_size: int = 128, block_size: int = 128,
-                         cap: int = ROW_CHUNK_CAP) -> int:
+def row_chunk_for_budget(
+    rows: int, cols: int, budget: int, *, group_size: int = 128, block_size: int = 128, cap: int = ROW_CHUNK_CAP
+) -> int:
     """The largest row chunk whose working set fits `budget` bytes, at most `cap` and `rows`, at
     least 1; rounded down to a multiple of ROW_ALIGN when that large."""
     fit = (budget - gptq_fixed_bytes(cols)) // gptq_row_bytes(cols, group_size, block_size)
@@ -66,8 +67,9 @@ def row_chunk_for_budget(rows: int, cols: int, budget: int, *, group_size: int =
     return n - n % ROW_ALIGN if n >= ROW_ALIGN and n < rows else n
 
 
-def resolve_row_chunk(asked: int | str, rows: int, cols: int, budget: int | None, *, group_size: int = 128,
-                      block_size: int = 128) -> int:
+def resolve_row_chunk(
+    asked: int | str, rows: int, cols: int, budget: int | None, *, group_size: int = 128, block_size: int = 128
+) -> int:
     """The row chunk the stage runs: an explicit integer as asked (at most `rows`); "auto" sized
     from the GPU `budget` in bytes, or CPU_ROW_CHUNK when there is no GPU (`budget` None)."""
     if asked != "auto":

@@ -60,9 +60,14 @@ class QuantizeResult:
     timings: Timings = field(default_factory=Timings)  # what this run measured of itself (timings.py)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"artifact": str(self.artifact), "root_digest": self.root_digest, "quality": self.quality,
-                "stages": self.stages, "calibration_fingerprint": self.calibration.get("fingerprint_sha256"),
-                "timings": self.timings.to_dict()}
+        return {
+            "artifact": str(self.artifact),
+            "root_digest": self.root_digest,
+            "quality": self.quality,
+            "stages": self.stages,
+            "calibration_fingerprint": self.calibration.get("fingerprint_sha256"),
+            "timings": self.timings.to_dict(),
+        }
 
 
 def stage_list(stages: Sequence[Stage] | None) -> tuple[Stage, ...]:
@@ -89,20 +94,31 @@ def new_context(opts: QuantizeOptions, source: Path, work: Path, progress: Progr
     """The context every stage of this run reads (device and process count resolved)."""
     from qwenquant.modeling.runtime import resolve_device
 
-    return StageContext(source, opts.recipe, opts.calibration, work, resolve_device(opts.device),
-                        opts.source_unverified, progress, {}, resolve_gpus(opts.gpus, opts.device))
+    return StageContext(
+        source,
+        opts.recipe,
+        opts.calibration,
+        work,
+        resolve_device(opts.device),
+        opts.source_unverified,
+        progress,
+        {},
+        resolve_gpus(opts.gpus, opts.device),
+    )
 
 
-def quantize(opts: QuantizeOptions, progress: Progress | None = None, *,
-             stages: Sequence[Stage] | None = None) -> QuantizeResult:
+def quantize(
+    opts: QuantizeOptions, progress: Progress | None = None, *, stages: Sequence[Stage] | None = None
+) -> QuantizeResult:
     """Run every stage (resuming from valid records), assemble the artifact, write its manifest."""
     stages = stage_list(stages)
     source, out, work, removals = check_folders(opts, stages)
     from qwenquant.quantize.space import check_free_space, check_writable, disk_error
 
     check_writable(out, work)
-    check_free_space(source, out, work, opts.recipe,
-                     [s.name for s in stages if not (work / f"{s.name}.record.json").is_file()])
+    check_free_space(
+        source, out, work, opts.recipe, [s.name for s in stages if not (work / f"{s.name}.record.json").is_file()]
+    )
     ctx = new_context(opts, source, work, progress)
     step = progress or (lambda stage, task, i, n: None)
     total = len(stages) + 1  # the stages, then the manifest
@@ -144,8 +160,9 @@ def quantize(opts: QuantizeOptions, progress: Progress | None = None, *,
         return result
 
 
-def check_folders(opts: QuantizeOptions, stages: Sequence[Stage], *, dry_run: bool = False
-                  ) -> tuple[Path, Path, Path, list[Removal]]:
+def check_folders(
+    opts: QuantizeOptions, stages: Sequence[Stage], *, dry_run: bool = False
+) -> tuple[Path, Path, Path, list[Removal]]:
     """(source, out, work, what --force removes), resolved and checked before any folder is
     created: each stage's preflight passes, --out / --work hold nothing but this build's files
     (else OutFolderError; with --force, the removals quantize applies once the source stage passed:
@@ -169,34 +186,54 @@ def refuse_harmful_folders(source: Path, out: Path, work: Path) -> None:
 
     for folder, flag in ((out, "--out"), (work, "--work")):
         if folder == source or source in folder.parents or folder in source.parents:
-            raise UsageError(f"{flag} {folder} overlaps the source folder {source}",
-                             hint=f"pass a {flag} outside the source (quantize never writes into it)")
+            raise UsageError(
+                f"{flag} {folder} overlaps the source folder {source}",
+                hint=f"pass a {flag} outside the source (quantize never writes into it)",
+            )
         inside = next((p for p in folder.parents if (p / MANIFEST_NAME).is_file()), None)
         if inside is not None:
-            raise UsageError(f"{flag} {folder} is inside the artifact {inside}, which would no longer verify",
-                             hint=f"pass a {flag} outside every artifact folder")
+            raise UsageError(
+                f"{flag} {folder} is inside the artifact {inside}, which would no longer verify",
+                hint=f"pass a {flag} outside every artifact folder",
+            )
     if work == out or out in work.parents or work in out.parents:
-        raise UsageError(f"--work {work} overlaps --out {out}",
-                         hint="leave --work out (default: OUT.work beside the artifact) or pass a separate folder")
+        raise UsageError(
+            f"--work {work} overlaps --out {out}",
+            hint="leave --work out (default: OUT.work beside the artifact) or pass a separate folder",
+        )
 
 
-def guard_folders(out: Path, work: Path, recipe_name: str, source: Path, *, force: bool,
-                  dry_run: bool = False) -> list[Removal]:
+def guard_folders(
+    out: Path, work: Path, recipe_name: str, source: Path, *, force: bool, dry_run: bool = False
+) -> list[Removal]:
     """Refuse an --out / --work that holds anything but this build's artifact and stage outputs (a file
     for either: exit 2); with `force`, what quantize removes once the source passed (nothing now)."""
     from qwenquant import outfolder
 
     outfolder.refuse_a_file(out, "--out")
     outfolder.refuse_a_file(work, "--work")
-    checks = ((out, lambda: outfolder.foreign_in_artifact_out(out, recipe_name, source), "--out",
-               f"exists and is not an artifact of recipe {recipe_name!r} from {source}", None),
-              (work, lambda: outfolder.foreign_in_work(work), "--work", "exists and is not a quantize work folder",
-               "foreign"))
+    checks = (
+        (
+            out,
+            lambda: outfolder.foreign_in_artifact_out(out, recipe_name, source),
+            "--out",
+            f"exists and is not an artifact of recipe {recipe_name!r} from {source}",
+            None,
+        ),
+        (
+            work,
+            lambda: outfolder.foreign_in_work(work),
+            "--work",
+            "exists and is not a quantize work folder",
+            "foreign",
+        ),
+    )
     removals = []
     for folder, find, flag, problem, remove in checks:
         foreign = find()
-        r = outfolder.guard(folder, foreign, force=force, flag=flag, problem=problem,
-                            remove=foreign if remove else None)
+        r = outfolder.guard(
+            folder, foreign, force=force, flag=flag, problem=problem, remove=foreign if remove else None
+        )
         if r is not None:
             removals.append(r)
     return removals
@@ -270,6 +307,10 @@ def _finish(runner: StageRunner, stages: Sequence[Stage], out: Path, built: Path
     if not report.ok:
         raise StageError(f"the written artifact does not verify: {report.problems}", hint="re-run quantize")
     log.info("artifact %s, root digest %s", out, manifest.root_digest)
-    return QuantizeResult(out, manifest.root_digest, fields["quality"],
-                          {s.name: _status(s, runner.outcomes[s.name]) for s in stages},
-                          fields["calibration"])
+    return QuantizeResult(
+        out,
+        manifest.root_digest,
+        fields["quality"],
+        {s.name: _status(s, runner.outcomes[s.name]) for s in stages},
+        fields["calibration"],
+    )

@@ -30,9 +30,19 @@ from qwenquant.hashing import DigestCache, self_digest, sha256_json
 log = logging.getLogger("qwenquant.quantize.pipeline")
 
 RECORD_SCHEMA = 1
-_RECORD_FIELDS = {"schema_version": int, "stage": str, "status": str, "inputs": dict, "outputs": dict,
-                  "params": dict, "result": dict, "started": str, "finished": str, "tool_versions": dict,
-                  "record_sha256": str}
+_RECORD_FIELDS = {
+    "schema_version": int,
+    "stage": str,
+    "status": str,
+    "inputs": dict,
+    "outputs": dict,
+    "params": dict,
+    "result": dict,
+    "started": str,
+    "finished": str,
+    "tool_versions": dict,
+    "record_sha256": str,
+}
 
 
 def record_digest(body: dict[str, Any]) -> str:
@@ -50,7 +60,15 @@ def tool_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for dist in ("qwenquant", "torch", "transformers", "llmcompressor", "compressed-tensors", "datasets", "safetensors"):
+    for dist in (
+        "qwenquant",
+        "torch",
+        "transformers",
+        "llmcompressor",
+        "compressed-tensors",
+        "datasets",
+        "safetensors",
+    ):
         try:
             out[dist] = version(dist)
         except PackageNotFoundError:
@@ -63,8 +81,14 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
 
 
-def check_record(raw: bytes | None, *, stage: str, inputs: dict[str, str], params: dict[str, Any],
-                 outputs_on_disk: Callable[[], dict[str, str]]) -> tuple[dict[str, Any] | None, str]:
+def check_record(
+    raw: bytes | None,
+    *,
+    stage: str,
+    inputs: dict[str, str],
+    params: dict[str, Any],
+    outputs_on_disk: Callable[[], dict[str, str]],
+) -> tuple[dict[str, Any] | None, str]:
     """Pure-ish: (record, "") when the stage may be skipped, else (None, why it must run)."""
     if raw is None:
         return None, "no completion record"
@@ -80,7 +104,8 @@ def check_record(raw: bytes | None, *, stage: str, inputs: dict[str, str], param
     if rec["schema_version"] != RECORD_SCHEMA or rec["stage"] != stage or rec["status"] != "complete":
         return None, "completion record is not a complete record of this stage"
     if not all(isinstance(v, str) for v in rec["outputs"].values()) or not all(
-            isinstance(v, str) for v in rec["inputs"].values()):
+        isinstance(v, str) for v in rec["inputs"].values()
+    ):
         return None, "completion record is malformed (digests)"
     if record_digest(rec) != rec["record_sha256"]:
         return None, "completion record fails its self-hash"
@@ -131,8 +156,9 @@ class StageRunner:
         """(record, "") when stage `name` may be skipped, else (None, why it must run); reads only."""
         path = self.record_path(name)
         raw = path.read_bytes() if path.is_file() else None
-        return check_record(raw, stage=name, inputs=inputs, params=params,
-                            outputs_on_disk=lambda: self.digests.folder(self.work / name))
+        return check_record(
+            raw, stage=name, inputs=inputs, params=params, outputs_on_disk=lambda: self.digests.folder(self.work / name)
+        )
 
     def intact_record(self, name: str) -> dict[str, Any] | None:
         """Stage `name`'s record when it is whole and its outputs on disk are the ones it lists, whatever
@@ -144,13 +170,18 @@ class StageRunner:
             rec = json.loads(path.read_bytes())
         except ValueError:
             return None
-        if not isinstance(rec, dict) or not isinstance(rec.get("inputs"), dict) or not isinstance(rec.get("params"), dict):
+        if (
+            not isinstance(rec, dict)
+            or not isinstance(rec.get("inputs"), dict)
+            or not isinstance(rec.get("params"), dict)
+        ):
             return None
         ok, _ = self.check(name, rec["inputs"], rec["params"])
         return ok
 
-    def run(self, name: str, inputs: dict[str, str], params: dict[str, Any],
-            fn: Callable[[Path], dict[str, Any]]) -> StageOutcome:
+    def run(
+        self, name: str, inputs: dict[str, str], params: dict[str, Any], fn: Callable[[Path], dict[str, Any]]
+    ) -> StageOutcome:
         out_dir = self.work / name
         path = self.record_path(name)
         rec, reason = self.check(name, inputs, params)
@@ -164,10 +195,16 @@ class StageRunner:
             with staging_dir(out_dir) as tmp:
                 result = fn(tmp)
             body = {
-                "schema_version": RECORD_SCHEMA, "stage": name, "status": "complete",
-                "inputs": inputs, "outputs": self.digests.folder(out_dir),
-                "params": json.loads(canonical_json(params)), "result": json.loads(canonical_json(result or {})),
-                "started": started, "finished": _now(), "tool_versions": self.versions,
+                "schema_version": RECORD_SCHEMA,
+                "stage": name,
+                "status": "complete",
+                "inputs": inputs,
+                "outputs": self.digests.folder(out_dir),
+                "params": json.loads(canonical_json(params)),
+                "result": json.loads(canonical_json(result or {})),
+                "started": started,
+                "finished": _now(),
+                "tool_versions": self.versions,
             }
             body["record_sha256"] = record_digest(body)
             atomic_write_bytes(path, pretty_json(body))
@@ -180,8 +217,9 @@ class StageRunner:
 def work_lock(work: Path) -> contextlib.AbstractContextManager[None]:
     """One quantize per work folder (flock: released by the kernel if the process dies)."""
     work.mkdir(parents=True, exist_ok=True)
-    busy = UsageError(f"another quantize is running with work folder {work}",
-                      hint="wait for it, or pass a different --work")
+    busy = UsageError(
+        f"another quantize is running with work folder {work}", hint="wait for it, or pass a different --work"
+    )
     return exclusive_lock(work / ".lock", busy)
 
 

@@ -69,10 +69,11 @@ def check_free_space(source: Path, out: Path, work: Path, recipe: Recipe, stages
     here = existing_ancestor(work)
     free = shutil.disk_usage(here).free
     if need > free:
-        raise StageError(f"--work {work}: the stages left ({', '.join(s for s in stages_left if s in STAGE_SHARE)}) "
-                         f"write about {_size(need)}, but only {_size(free)} is free on {here}",
-                         hint="free some space, or pass --work on a disk with room (a re-run resumes from the "
-                              "last complete stage)")
+        raise StageError(
+            f"--work {work}: the stages left ({', '.join(s for s in stages_left if s in STAGE_SHARE)}) "
+            f"write about {_size(need)}, but only {_size(free)} is free on {here}",
+            hint="free some space, or pass --work on a disk with room (a re-run resumes from the last complete stage)",
+        )
 
 
 def _size(n: int) -> str:
@@ -85,5 +86,7 @@ def disk_error(e: OSError, stage: str) -> StageError | None:
     if e.errno not in DISK_ERRNOS:
         return None
     where = f" ({e.filename})" if e.filename else ""
-    return StageError(f"stage {stage}: {e.strerror or e}{where}",
-                      hint="free some space or fix the folder's permissions; a re-run resumes from this stage")
+    return StageError(
+        f"stage {stage}: {e.strerror or e}{where}",
+        hint="free some space or fix the folder's permissions; a re-run resumes from this stage",
+    )

@@ -79,8 +79,9 @@ class StageContext:
         nobody listens."""
         stage = self.current
         if stage is None or task not in stage.tasks:
-            raise ValueError(f"progress task {task!r} is not declared by stage "
-                             f"{stage.name if stage else None!r} (Stage.tasks)")
+            raise ValueError(
+                f"progress task {task!r} is not declared by stage {stage.name if stage else None!r} (Stage.tasks)"
+            )
         report = self.progress
         return None if report is None else (lambda i, n: report(stage.name, task, i, n))
 

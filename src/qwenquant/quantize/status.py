@@ -39,8 +39,12 @@ class StagePlan:
         return f"would run: {self.reason}" + (f"; {self.note}" if self.note else "")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage, "action": "run" if self.runs else "reuse", "reason": self.reason or None,
-                "note": self.note}
+        return {
+            "stage": self.stage,
+            "action": "run" if self.runs else "reuse",
+            "reason": self.reason or None,
+            "note": self.note,
+        }
 
 
 @dataclass
@@ -57,9 +61,16 @@ class QuantizePlan:
         return [s.stage for s in self.stages if s.runs]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"artifact": str(self.artifact), "work": str(self.work), "device": self.device, "ranks": self.ranks,
-                "stages": [s.to_dict() for s in self.stages], "would_run": self.would_run,
-                "reused": [s.stage for s in self.stages if not s.runs], "force_removes": self.force_removes}
+        return {
+            "artifact": str(self.artifact),
+            "work": str(self.work),
+            "device": self.device,
+            "ranks": self.ranks,
+            "stages": [s.to_dict() for s in self.stages],
+            "would_run": self.would_run,
+            "reused": [s.stage for s in self.stages if not s.runs],
+            "force_removes": self.force_removes,
+        }
 
 
 def plan_quantize(opts: QuantizeOptions, *, stages: Sequence[Stage] | None = None) -> QuantizePlan:

@@ -8,8 +8,10 @@ import json
 from qwenquant.errors import RecipeError
 from qwenquant.recipe.models import CalibrationSpec
 
-HINT = ("each jsonl line must be a JSON object whose `text_field` holds a string or a list of "
-        "{\"role\", \"content\"} messages; `path:` resolves against the definition's folder")
+HINT = (
+    "each jsonl line must be a JSON object whose `text_field` holds a string or a list of "
+    '{"role", "content"} messages; `path:` resolves against the definition\'s folder'
+)
 
 
 def _row_problem(row: object, field: str) -> str | None:
@@ -50,8 +52,9 @@ def check_calibration_data(spec: CalibrationSpec) -> None:
                     raise RecipeError(f"calibration file {path}:{n} {problem}", hint=HINT)
                 rows += 1
     except UnicodeDecodeError as e:
-        raise RecipeError(f"calibration file {path} is not UTF-8 text ({e.reason} at byte {e.start})",
-                          hint=HINT) from None
+        raise RecipeError(
+            f"calibration file {path} is not UTF-8 text ({e.reason} at byte {e.start})", hint=HINT
+        ) from None
     except OSError as e:
         raise RecipeError(f"calibration file {path} cannot be read ({e.strerror or e})", hint=HINT) from None
     if rows == 0:

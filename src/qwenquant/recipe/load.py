@@ -43,10 +43,17 @@ def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | 
 
 
 _TYPE_WORDS = {
-    "model_type": "a mapping (key: value lines)", "model_attributes_type": "a mapping (key: value lines)",
-    "dict_type": "a mapping (key: value lines)", "list_type": "a list", "string_type": "a string",
-    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
-    "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
+    "model_type": "a mapping (key: value lines)",
+    "model_attributes_type": "a mapping (key: value lines)",
+    "dict_type": "a mapping (key: value lines)",
+    "list_type": "a list",
+    "string_type": "a string",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "true or false",
     "bool_parsing": "true or false",
 }
 
@@ -88,7 +95,8 @@ def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bo
         line = key_node.start_mark.line + 1
         if key in seen:
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first on line {seen[key]})", key_node.start_mark)
+                None, None, f"duplicate key {key!r} (first on line {seen[key]})", key_node.start_mark
+            )
         seen[key] = line
     return loader.construct_mapping(node, deep=deep)
 
@@ -116,8 +124,9 @@ def _read_yaml(path: Path, what: str) -> tuple[dict[str, Any], dict[tuple, int]]
     except FileNotFoundError:
         raise RecipeError(f"{what} file not found: {path}", hint="check the path") from None
     except IsADirectoryError:
-        raise RecipeError(f"{what} {path} is a folder",
-                          hint=f"pass a {what} YAML file or a shipped {what} name") from None
+        raise RecipeError(
+            f"{what} {path} is a folder", hint=f"pass a {what} YAML file or a shipped {what} name"
+        ) from None
     except (OSError, UnicodeDecodeError) as e:
         raise RecipeError(f"cannot read {what} {path}: {e}", hint=f"pass a readable {what} YAML file") from None
     try:
@@ -127,12 +136,17 @@ def _read_yaml(path: Path, what: str) -> tuple[dict[str, Any], dict[tuple, int]]
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         problem = getattr(e, "problem", None) or str(e)
-        raise RecipeError(f"{what} {path} is not valid YAML",
-                          problems=[f"{where}: {problem} — fix the YAML syntax there"]) from None
+        raise RecipeError(
+            f"{what} {path} is not valid YAML", problems=[f"{where}: {problem} — fix the YAML syntax there"]
+        ) from None
     if not isinstance(data, dict):
-        raise RecipeError(f"{what} {path} is not valid",
-                          problems=[f"(top level): must be a mapping of keys, got {type(data).__name__} — "
-                                    "start from a shipped file (`qwenquant recipe show w4a16-int4head`)"])
+        raise RecipeError(
+            f"{what} {path} is not valid",
+            problems=[
+                f"(top level): must be a mapping of keys, got {type(data).__name__} — "
+                "start from a shipped file (`qwenquant recipe show w4a16-int4head`)"
+            ],
+        )
     return data, lines
 
 
@@ -169,8 +183,10 @@ def _resolve(name_or_path: str | Path, shipped: dict[str, Path], what: str) -> P
         return p
     if s in shipped:
         return shipped[s]
-    raise RecipeError(f"no shipped {what} named {s!r}",
-                      hint=f"shipped: {', '.join(shipped) or '(none)'}; or pass a path to a YAML file")
+    raise RecipeError(
+        f"no shipped {what} named {s!r}",
+        hint=f"shipped: {', '.join(shipped) or '(none)'}; or pass a path to a YAML file",
+    )
 
 
 def load_recipe(name_or_path: str | Path) -> Recipe:
@@ -190,7 +206,9 @@ def calibration_problems(recipe: Recipe) -> list[str]:
         return []
     where = spec.resolved_path()
     if where is None or not where.is_file():
-        return [f"calibration.path: {spec.path} resolves to {where.resolve() if where else where}, which does not exist"]
+        return [
+            f"calibration.path: {spec.path} resolves to {where.resolve() if where else where}, which does not exist"
+        ]
     try:
         check_calibration_data(spec)
     except RecipeError as e:
@@ -203,8 +221,7 @@ def parse_recipe(raw: dict[str, Any], *, base_dir: Path | None = None) -> Recipe
     return _validate(raw, {}, None, base_dir=base_dir)
 
 
-def _validate(raw: dict[str, Any], lines: dict[tuple, int], path: Path | None,
-              base_dir: Path | None = None) -> Recipe:
+def _validate(raw: dict[str, Any], lines: dict[tuple, int], path: Path | None, base_dir: Path | None = None) -> Recipe:
     problems: list[str] = []
     recipe: Recipe | None = None
     try:
@@ -216,8 +233,11 @@ def _validate(raw: dict[str, Any], lines: dict[tuple, int], path: Path | None,
             problems.append(_with_line(prob, lines))
     if problems or recipe is None:
         where = path if path is not None else "recipe"
-        raise RecipeError(f"{where} is invalid ({len(problems)} problem{'s' * (len(problems) != 1)})",
-                          problems=problems, hint="fix each field named above, then `qwenquant recipe validate FILE`")
+        raise RecipeError(
+            f"{where} is invalid ({len(problems)} problem{'s' * (len(problems) != 1)})",
+            problems=problems,
+            hint="fix each field named above, then `qwenquant recipe validate FILE`",
+        )
     base = base_dir or (path.resolve().parent if path is not None else None)
     if base is not None:
         recipe = recipe.model_copy(update={"calibration": recipe.calibration.with_base_dir(base)})
@@ -253,6 +273,7 @@ def load_calibration_override(name_or_path: str | Path) -> CalibrationSpec:
         problems += [_format_error(err, CalibrationSpec, lines) for err in e.errors()]
     problems += [_with_line(x, lines) for x in _calibration_problems(body, "")]
     if problems or spec is None:
-        raise RecipeError(f"calibration definition {path} is invalid", problems=problems,
-                          hint="fix each field named above")
+        raise RecipeError(
+            f"calibration definition {path} is invalid", problems=problems, hint="fix each field named above"
+        )
     return spec.with_base_dir(path.resolve().parent)

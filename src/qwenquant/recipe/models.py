@@ -24,8 +24,17 @@ _LM_HEAD_MODULES = ("lm_head", "language_model.lm_head")
 HESSIAN_PRECISIONS = ("tensor-core", "fp32")
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*$")
-_SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-               "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+_SIZE_UNITS = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+    "TiB": 2**40,
+}
 
 
 class ModelSpec(_Strict):
@@ -152,8 +161,10 @@ class CalibrationSpec(_Strict):
     @classmethod
     def _rev(cls, v: str | None) -> str | None:
         if v is not None and not _HEX40.match(v):
-            raise _fail(f"must be a full 40-hex commit sha (pinned), got {v!r} — copy the commit id "
-                        "from the dataset's history page")
+            raise _fail(
+                f"must be a full 40-hex commit sha (pinned), got {v!r} — copy the commit id "
+                "from the dataset's history page"
+            )
         return v
 
     @field_validator("path")
@@ -242,10 +253,12 @@ class Recipe(_Strict):
             d.pop("eval", None)
         if not self.mtp_quantized:  # a bf16 MTP head: the canonical form (and digest) of recipes without the key
             d.pop("mtp", None)
-        d["serve"]["defaults"] = {k: v for k, v in d["serve"]["defaults"].items()
-                                  if k in self.serve.defaults.model_fields_set}
-        d["serve"]["profiles"] = {n: self.profile(n).model_dump(mode="json", exclude={"name"})
-                                  for n in sorted(self.serve.profiles)}
+        d["serve"]["defaults"] = {
+            k: v for k, v in d["serve"]["defaults"].items() if k in self.serve.defaults.model_fields_set
+        }
+        d["serve"]["profiles"] = {
+            n: self.profile(n).model_dump(mode="json", exclude={"name"}) for n in sorted(self.serve.profiles)
+        }
         for prof in d["serve"]["profiles"].values():  # bf16: the canonical form (and digest) of recipes without the key
             if prof.get("activations") == "bf16":
                 prof.pop("activations")
@@ -277,10 +290,13 @@ class Recipe(_Strict):
     def with_hessian_precision(self, precision: str) -> Recipe:
         """This recipe with quantization.hessian_precision set (`quantize --hessian-precision`)."""
         if precision not in HESSIAN_PRECISIONS:
-            raise RecipeError(f"quantization.hessian_precision must be one of {', '.join(HESSIAN_PRECISIONS)}, "
-                              f"got {precision!r}", hint="use tensor-core (the default) or fp32")
-        return self.model_copy(update={"quantization": self.quantization.model_copy(
-            update={"hessian_precision": precision})})
+            raise RecipeError(
+                f"quantization.hessian_precision must be one of {', '.join(HESSIAN_PRECISIONS)}, got {precision!r}",
+                hint="use tensor-core (the default) or fp32",
+            )
+        return self.model_copy(
+            update={"quantization": self.quantization.model_copy(update={"hessian_precision": precision})}
+        )
 
     def sha256(self) -> str:
         """sha256 of the canonical JSON: two recipes with the same meaning have the same digest."""
@@ -301,8 +317,10 @@ class Recipe(_Strict):
                     merged[key] = getattr(src, key)
         missing = [k for k in _PROFILE_REQUIRED if merged.get(k) is None]
         if missing:  # validation already rejects this for loaded recipes
-            raise RecipeError(f"serve profile {name!r} leaves {', '.join(missing)} unset",
-                              hint="set them in serve.defaults or the profile")
+            raise RecipeError(
+                f"serve profile {name!r} leaves {', '.join(missing)} unset",
+                hint="set them in serve.defaults or the profile",
+            )
         if merged["extra_args"] is None:
             merged["extra_args"] = []
         return ResolvedProfile(name=name, description=prof.description, **merged)

@@ -19,16 +19,19 @@ def mtp_fc_grouping_problem(strategy: object, group_size: object, hidden: int) -
     its [embedding ; hidden] input (2 x `hidden` columns), else the sentence saying what goes wrong."""
     if strategy in ("channel", "tensor") or not isinstance(group_size, int) or group_size <= 0:
         what = f"strategy {strategy}" if strategy in ("channel", "tensor") else "no group_size (channelwise)"
-        return (f"{what} quantizes mtp.fc with one scale per row across its [embedding ; hidden] input "
-                f"({2 * hidden} columns): the embedding half rounds to zero and MTP accepts nothing, with no error")
+        return (
+            f"{what} quantizes mtp.fc with one scale per row across its [embedding ; hidden] input "
+            f"({2 * hidden} columns): the embedding half rounds to zero and MTP accepts nothing, with no error"
+        )
     if hidden % group_size:
         col = hidden // group_size * group_size
-        return (f"group_size {group_size} puts mtp.fc's group of columns {col}-{col + group_size - 1} across column "
-                f"{hidden}, where its input turns from the embedding to the hidden state (hidden_size {hidden}): that "
-                "group's scale rounds its embedding columns to zero and MTP acceptance collapses, with no error")
+        return (
+            f"group_size {group_size} puts mtp.fc's group of columns {col}-{col + group_size - 1} across column "
+            f"{hidden}, where its input turns from the embedding to the hidden state (hidden_size {hidden}): that "
+            "group's scale rounds its embedding columns to zero and MTP acceptance collapses, with no error"
+        )
     return None
 
 
 def mtp_fc_grouping_fix(hidden: int) -> str:
-    return (f"use a group_size dividing hidden_size {hidden} (128 does), or keep the MTP head bf16 "
-            "(mtp.quantize: bf16)")
+    return f"use a group_size dividing hidden_size {hidden} (128 does), or keep the MTP head bf16 (mtp.quantize: bf16)"

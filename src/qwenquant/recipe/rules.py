@@ -14,8 +14,11 @@ REQUIRED_PROFILES = ("single-user", "batch", "long-context")
 # Module names the ignore rules are tested against, in both the HF (multimodal) and text-only layouts.
 _MTP_MODULES = ("mtp.fc", "mtp.layers.0.self_attn.q_proj", "mtp.layers.0.mlp.down_proj")
 # Every Linear of the MTP head as vLLM's drafter names it (prefix `mtp.`, the checkpoint's own names).
-MTP_LINEARS = ("mtp.fc",) + tuple(f"mtp.layers.0.self_attn.{p}_proj" for p in "qkvo") + tuple(
-    f"mtp.layers.0.mlp.{p}_proj" for p in ("gate", "up", "down"))
+MTP_LINEARS = (
+    ("mtp.fc",)
+    + tuple(f"mtp.layers.0.self_attn.{p}_proj" for p in "qkvo")
+    + tuple(f"mtp.layers.0.mlp.{p}_proj" for p in ("gate", "up", "down"))
+)
 _GDN_PREFIXES = ("model.language_model.layers.0.linear_attn.", "model.layers.0.linear_attn.")
 _VISION_MODULES = ("model.visual.blocks.0.attn.qkv", "model.visual.merger.linear_fc1")
 _PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
@@ -62,32 +65,46 @@ def _ignore_problems(raw: dict[str, Any], ignore: list[str]) -> list[str]:
                 p.append(f"quantization.ignore: {e!r} is not a valid regular expression ({err}) — fix the pattern")
     p += _mtp_problems(raw, ignore)
     if _get(raw, "mtp.quantize") != "gptq" and not all(targets_cover(ignore, m) for m in _MTP_MODULES):
-        p.append("quantization.ignore: must cover the MTP draft head — add 're:^mtp.*' (a quantized "
-                 "mtp.fc crashes vLLM's loader: 'no parameter fc.weight', vLLM #53387)")
+        p.append(
+            "quantization.ignore: must cover the MTP draft head — add 're:^mtp.*' (a quantized "
+            "mtp.fc crashes vLLM's loader: 'no parameter fc.weight', vLLM #53387)"
+        )
     for gate in ("in_proj_a", "in_proj_b"):
         if not all(targets_cover(ignore, pre + gate) for pre in _GDN_PREFIXES):
-            p.append(f"quantization.ignore: must cover the fused GDN gate {gate} — add "
-                     f"'re:.*linear_attn.{gate}$' (vLLM fuses in_proj_b+in_proj_a into one layer that "
-                     "needs one scheme, and their 48 rows are not a multiple of 32, which vLLM's CPU kernel "
-                     "needs; Marlin pads them to its 64-row tile from vLLM 0.26, vllm #45295, at a cost in "
-                     "quality and speed for two tiny projections)")
-    for group in (("in_proj_qkv", "in_proj_z"), ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-                  ("mlp.gate_proj", "mlp.up_proj")):
+            p.append(
+                f"quantization.ignore: must cover the fused GDN gate {gate} — add "
+                f"'re:.*linear_attn.{gate}$' (vLLM fuses in_proj_b+in_proj_a into one layer that "
+                "needs one scheme, and their 48 rows are not a multiple of 32, which vLLM's CPU kernel "
+                "needs; Marlin pads them to its 64-row tile from vLLM 0.26, vllm #45295, at a cost in "
+                "quality and speed for two tiny projections)"
+            )
+    for group in (
+        ("in_proj_qkv", "in_proj_z"),
+        ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        ("mlp.gate_proj", "mlp.up_proj"),
+    ):
         for pre in ("model.language_model.layers.3.", "model.layers.3."):
             mods = [pre + ("linear_attn." + g if g.startswith("in_proj") else g) for g in group]
             flags = [targets_cover(ignore, m) for m in mods]
             if any(flags) and not all(flags):
                 names = ", ".join(g.split(".")[-1] for g in group)
-                p.append(f"quantization.ignore: ignores some but not all of {names} — vLLM fuses them into "
-                         "one layer and refuses mixed schemes; ignore all of them or none")
+                p.append(
+                    f"quantization.ignore: ignores some but not all of {names} — vLLM fuses them into "
+                    "one layer and refuses mixed schemes; ignore all of them or none"
+                )
                 break
     if not all(targets_cover(ignore, m) for m in _VISION_MODULES):
-        p.append("quantization.ignore: must cover the vision tower — add 're:.*visual.*' (text calibration "
-                 "never reaches it, so GPTQ has no statistics for it)")
+        p.append(
+            "quantization.ignore: must cover the vision tower — add 're:.*visual.*' (text calibration "
+            "never reaches it, so GPTQ has no statistics for it)"
+        )
     if not targets_cover(ignore, "lm_head"):
         enabled = _get(raw, "lm_head.enabled")
-        why = ("the lm_head stage quantizes it into its own config group" if enabled is not False else
-               "vLLM does not quantize lm_head through the 'Linear' target, so a packed head would not load")
+        why = (
+            "the lm_head stage quantizes it into its own config group"
+            if enabled is not False
+            else "vLLM does not quantize lm_head through the 'Linear' target, so a packed head would not load"
+        )
         p.append(f"quantization.ignore: must include 'lm_head' — {why}; add 'lm_head'")
     return p
 
@@ -125,8 +142,10 @@ def _int8_problems(raw: dict[str, Any], profiles: dict[str, Any], defaults: Any)
     out = []
     for section in ("quantization", "lm_head"):
         if _get(raw, f"{section}.symmetric") is False or _get(raw, f"{section}.num_bits") not in (None, 4):
-            out.append(f"serve.profiles.{asking[0]}.activations: int8 needs symmetric 4-bit weights, and "
-                       f"{section} is not — set {section}.symmetric: true and num_bits: 4, or drop activations: int8")
+            out.append(
+                f"serve.profiles.{asking[0]}.activations: int8 needs symmetric 4-bit weights, and "
+                f"{section} is not — set {section}.symmetric: true and num_bits: 4, or drop activations: int8"
+            )
     return out
 
 
@@ -138,8 +157,10 @@ def _mtp_problems(raw: dict[str, Any], ignore: list[str]) -> list[str]:
     p = []
     hit = [m for m in MTP_LINEARS if targets_cover(ignore, m)]
     if hit:
-        p.append(f"quantization.ignore: covers {hit[0]} but mtp.quantize is gptq — remove 're:^mtp.*' (vLLM would "
-                 "build the drafter's Linears unquantized and refuse the packed tensors, vLLM #53387)")
+        p.append(
+            f"quantization.ignore: covers {hit[0]} but mtp.quantize is gptq — remove 're:^mtp.*' (vLLM would "
+            "build the drafter's Linears unquantized and refuse the packed tensors, vLLM #53387)"
+        )
     gs = _get(raw, "quantization.group_size")
     if problem := mtp_fc_grouping_problem("group", 128 if gs is None else gs, RECIPE_HIDDEN):
         p.append(f"quantization.group_size: {problem} on Qwen3.8-27B — {mtp_fc_grouping_fix(RECIPE_HIDDEN)}")
@@ -147,7 +168,11 @@ def _mtp_problems(raw: dict[str, Any], ignore: list[str]) -> list[str]:
     if problem := quantized_mtp_range_problem(list(DEFAULT_VLLM_VERSIONS) if versions is None else versions):
         p.append(problem)
     targets = _get(raw, "quantization.targets")
-    if isinstance(targets, list) and "Linear" not in targets and not all(targets_cover(targets, m) for m in MTP_LINEARS):
+    if (
+        isinstance(targets, list)
+        and "Linear" not in targets
+        and not all(targets_cover(targets, m) for m in MTP_LINEARS)
+    ):
         p.append("quantization.targets: must cover every MTP Linear when mtp.quantize is gptq — add 'Linear'")
     return p
 
@@ -167,8 +192,10 @@ def quantized_mtp_range_problem(vllm_versions: Any) -> str | None:
     bad = [v for v in _OUTSIDE_QUANTIZED_MTP if spec.contains(v, prereleases=True)]
     if not bad:
         return None
-    return (f"serve.vllm_versions: {vllm_versions} admit vLLM {', '.join(bad)}, not known to load a quantized MTP "
-            f"head — narrow them to {QUANTIZED_MTP_VLLM!r} while mtp.quantize is gptq (vLLM #53387)")
+    return (
+        f"serve.vllm_versions: {vllm_versions} admit vLLM {', '.join(bad)}, not known to load a quantized MTP "
+        f"head — narrow them to {QUANTIZED_MTP_VLLM!r} while mtp.quantize is gptq (vLLM #53387)"
+    )
 
 
 def _calibration_problems(cal: dict[str, Any], prefix: str) -> list[str]:
@@ -176,14 +203,20 @@ def _calibration_problems(cal: dict[str, Any], prefix: str) -> list[str]:
     src = cal.get("source")
     if src == "hub":
         if not cal.get("dataset"):
-            p.append(f"{prefix}dataset: required when source is hub — name the dataset repo, e.g. HuggingFaceH4/ultrachat_200k")
+            p.append(
+                f"{prefix}dataset: required when source is hub — name the dataset repo, e.g. HuggingFaceH4/ultrachat_200k"
+            )
         if cal.get("revision") is None:
-            p.append(f"{prefix}revision: required when source is hub (calibration data must be pinned) — "
-                     "add the dataset's 40-hex commit sha")
+            p.append(
+                f"{prefix}revision: required when source is hub (calibration data must be pinned) — "
+                "add the dataset's 40-hex commit sha"
+            )
         if cal.get("path") is not None:
             p.append(f"{prefix}path: only for source local — remove it or set source: local")
     elif src == "local":
         if not cal.get("path"):
-            p.append(f"{prefix}path: required when source is local — name a .jsonl or .parquet file "
-                     "(relative paths resolve against the YAML's folder)")
+            p.append(
+                f"{prefix}path: required when source is local — name a .jsonl or .parquet file "
+                "(relative paths resolve against the YAML's folder)"
+            )
     return p

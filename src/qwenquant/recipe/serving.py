@@ -92,12 +92,23 @@ class ResolvedProfile(_Strict):
 
 
 _RESOLVED_DEFAULTS: dict[str, Any] = {
-    "served_model_name": "qwenquant", "host": "127.0.0.1", "port": 8000, "kv_cache_dtype": "auto",
-    "mamba_ssm_cache_dtype": "auto", "mamba_cache_mode": None, "reasoning_parser": None,
-    "tool_call_parser": None, "tool_strict_level": None,
-    "max_num_batched_tokens": None, "speculative": None, "enforce_eager": False,
-    "enable_prefix_caching": None, "extra_args": [], "activations": "bf16",
-    "host_embeddings": False, "kv_cache_from_plan": False,
+    "served_model_name": "qwenquant",
+    "host": "127.0.0.1",
+    "port": 8000,
+    "kv_cache_dtype": "auto",
+    "mamba_ssm_cache_dtype": "auto",
+    "mamba_cache_mode": None,
+    "reasoning_parser": None,
+    "tool_call_parser": None,
+    "tool_strict_level": None,
+    "max_num_batched_tokens": None,
+    "speculative": None,
+    "enforce_eager": False,
+    "enable_prefix_caching": None,
+    "extra_args": [],
+    "activations": "bf16",
+    "host_embeddings": False,
+    "kv_cache_from_plan": False,
 }
 _PROFILE_REQUIRED = ("max_model_len", "max_num_seqs", "gpu_memory_utilization")
 

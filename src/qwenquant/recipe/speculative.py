@@ -21,14 +21,18 @@ def spec_tokens_problem(n: int | None, vllm_version: str | None = None, limit: i
     if not n or n <= limit:
         return None
     where = f"vLLM {vllm_version}" if vllm_version else "vLLM"
-    return (f"num_speculative_tokens {n} is above {limit}: {where}'s Gated DeltaNet speculative path "
-            f"crashes with more than {limit} draft tokens ({SPEC_TOKENS_ISSUE})")
+    return (
+        f"num_speculative_tokens {n} is above {limit}: {where}'s Gated DeltaNet speculative path "
+        f"crashes with more than {limit} draft tokens ({SPEC_TOKENS_ISSUE})"
+    )
 
 
 def spec_tokens_fix() -> str:
-    return (f"draft at most {SPEC_TOKENS_LIMIT} tokens (the recipes draft {SPEC_TOKENS_DEFAULT}): "
-            f'set speculative.num_speculative_tokens, or pass --speculative-config \'{{"method": "mtp", '
-            f'"num_speculative_tokens": {SPEC_TOKENS_DEFAULT}}}\' after --')
+    return (
+        f"draft at most {SPEC_TOKENS_LIMIT} tokens (the recipes draft {SPEC_TOKENS_DEFAULT}): "
+        f'set speculative.num_speculative_tokens, or pass --speculative-config \'{{"method": "mtp", '
+        f'"num_speculative_tokens": {SPEC_TOKENS_DEFAULT}}}\' after --'
+    )
 
 
 def profile_spec_tokens(serve: Any) -> dict[str, int]:

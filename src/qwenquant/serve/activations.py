@@ -51,9 +51,14 @@ class ActivationLaunch:
     args: tuple[str, ...] = ()  # vLLM flags the route needs (--quantization humming)
 
 
-def decide_activations(activations: str, device: str, capability: tuple[int, int] | None,
-                       base: Mapping[str, str], source: str = "--activations",
-                       row: CompatRow | None = None) -> ActivationLaunch:
+def decide_activations(
+    activations: str,
+    device: str,
+    capability: tuple[int, int] | None,
+    base: Mapping[str, str],
+    source: str = "--activations",
+    row: CompatRow | None = None,
+) -> ActivationLaunch:
     """The environment for `activations` on `device` (`capability`: the GPU's SM, None when unknown) given the
     user's environment `base` and the vLLM version table's `row` (None: the Marlin variable's route); a UsageError
     for int8 on a GPU older than SM 8.0, a ServeError on a release without a route that serves the artifact.
@@ -63,39 +68,63 @@ def decide_activations(activations: str, device: str, capability: tuple[int, int
     if activations != "int8":
         if VAR not in base:
             return ActivationLaunch("bf16", {})
-        return ActivationLaunch("bf16", {}, (VAR,), warnings=(
-            f"{VAR}={base[VAR]!r} is set in this shell: removed from vLLM's environment ({source} bf16); "
-            "pass --activations int8 for int8 activations",))
+        return ActivationLaunch(
+            "bf16",
+            {},
+            (VAR,),
+            warnings=(
+                f"{VAR}={base[VAR]!r} is set in this shell: removed from vLLM's environment ({source} bf16); "
+                "pass --activations int8 for int8 activations",
+            ),
+        )
     env = {VAR: "int8"}
     warnings: list[str] = []
     if base.get(VAR, "int8") != "int8":
         warnings.append(f"{VAR}={base[VAR]!r} in this shell is replaced by int8 for vLLM ({source} int8)")
     cache = "vLLM's compile cache key includes the variable: the first int8 start compiles the model anew"
     if device == "cpu":
-        return ActivationLaunch("int8", env, notes=(
-            f"activations: int8 asked ({source}; {VAR}=int8 set for vLLM), but vLLM's CPU build has no Marlin "
-            "kernel: its W4A16 layers run bf16 activations, so the variable has no effect here", cache),
-            warnings=tuple(warnings))
+        return ActivationLaunch(
+            "int8",
+            env,
+            notes=(
+                f"activations: int8 asked ({source}; {VAR}=int8 set for vLLM), but vLLM's CPU build has no Marlin "
+                "kernel: its W4A16 layers run bf16 activations, so the variable has no effect here",
+                cache,
+            ),
+            warnings=tuple(warnings),
+        )
     if capability is None:
-        return ActivationLaunch("int8", env, notes=(
-            f"activations: int8 ({source}; {VAR}=int8): the GPU's compute capability cannot be read here, so "
-            "nothing else is decided (Marlin's int8 path needs SM 8.0 or newer; on SM 9.0 qwenquant would also "
-            f"set {DISABLED}={','.join(HOPPER_FIRST)}, as Machete is chosen there and ignores the variable)",
-            cache), warnings=tuple(warnings))
+        return ActivationLaunch(
+            "int8",
+            env,
+            notes=(
+                f"activations: int8 ({source}; {VAR}=int8): the GPU's compute capability cannot be read here, so "
+                "nothing else is decided (Marlin's int8 path needs SM 8.0 or newer; on SM 9.0 qwenquant would also "
+                f"set {DISABLED}={','.join(HOPPER_FIRST)}, as Machete is chosen there and ignores the variable)",
+                cache,
+            ),
+            warnings=tuple(warnings),
+        )
     sm = f"SM {capability[0]}.{capability[1]}"
     if capability < MIN_CAPABILITY:
-        raise UsageError(f"--activations int8 needs a GPU of SM 8.0 or newer (Marlin's int8 path); this GPU is {sm}",
-                         hint="serve with --activations bf16")
+        raise UsageError(
+            f"--activations int8 needs a GPU of SM 8.0 or newer (Marlin's int8 path); this GPU is {sm}",
+            hint="serve with --activations bf16",
+        )
     if capability[0] == 9:
         have = [k for k in base.get(DISABLED, "").split(",") if k]
         env[DISABLED] = ",".join(have + [k for k in HOPPER_FIRST if k not in have])
-        line = (f"activations: int8 ({source}; {VAR}=int8). {sm} (Hopper): vLLM chooses Machete for W4A16 layers "
-                "(vLLM 0.32 also Humming) ahead of Marlin, and they ignore the variable; qwenquant disables them "
-                f"({DISABLED}={env[DISABLED]}) so Marlin runs every W4A16 layer with int8 per-token activations "
-                "(lm_head and MTP head included); vLLM logs 'Using MarlinLinearKernel for CompressedTensorsWNA16'")
+        line = (
+            f"activations: int8 ({source}; {VAR}=int8). {sm} (Hopper): vLLM chooses Machete for W4A16 layers "
+            "(vLLM 0.32 also Humming) ahead of Marlin, and they ignore the variable; qwenquant disables them "
+            f"({DISABLED}={env[DISABLED]}) so Marlin runs every W4A16 layer with int8 per-token activations "
+            "(lm_head and MTP head included); vLLM logs 'Using MarlinLinearKernel for CompressedTensorsWNA16'"
+        )
     else:
-        line = (f"activations: int8 ({source}; {VAR}=int8). {sm}: vLLM chooses Marlin for W4A16 layers, which "
-                "takes int8 per-token activations on every layer (lm_head and MTP head included)")
+        line = (
+            f"activations: int8 ({source}; {VAR}=int8). {sm}: vLLM chooses Marlin for W4A16 layers, which "
+            "takes int8 per-token activations on every layer (lm_head and MTP head included)"
+        )
     return ActivationLaunch("int8", env, notes=(line, cache), warnings=tuple(warnings))
 
 
@@ -104,17 +133,31 @@ def _without_marlin_env(row: CompatRow, base: Mapping[str, str], source: str) ->
     int4 lm_head and MTP head, else refused with the reason (module docstring)."""
     unset = (VAR,) if VAR in base else ()
     if row.int8_activations == "humming" and row.int8_int4_head:
-        return ActivationLaunch("int8", {HUMMING_VAR: '{"dtype":"int8"}'}, unset, args=("--quantization", "humming"),
-                                notes=(f"activations: int8 ({source}) on vLLM {row.versions}: {VAR} is refused there; "
-                                       f"--quantization humming with {HUMMING_VAR}={{\"dtype\":\"int8\"}}",))
-    why = (f"vLLM {row.versions} refuses to start with {VAR} set (Marlin takes no 8-bit activations there), and its "
-           "Humming route (--quantization humming) leaves lm_head unquantized, so this artifact's int4 head would not "
-           "load (vLLM 0.34.0 humming.py; vllm #52543)")
+        return ActivationLaunch(
+            "int8",
+            {HUMMING_VAR: '{"dtype":"int8"}'},
+            unset,
+            args=("--quantization", "humming"),
+            notes=(
+                f"activations: int8 ({source}) on vLLM {row.versions}: {VAR} is refused there; "
+                f'--quantization humming with {HUMMING_VAR}={{"dtype":"int8"}}',
+            ),
+        )
+    why = (
+        f"vLLM {row.versions} refuses to start with {VAR} set (Marlin takes no 8-bit activations there), and its "
+        "Humming route (--quantization humming) leaves lm_head unquantized, so this artifact's int4 head would not "
+        "load (vLLM 0.34.0 humming.py; vllm #52543)"
+    )
     if row.int8_activations == "none" or not row.int8_int4_head:
-        raise ServeError(f"{source} int8: {why}", hint="serve with --activations bf16, or with a vLLM whose row in "
-                                                      "`qwenquant doctor` offers int8 activations (0.26-0.33)")
-    raise ServeError(f"{source} int8: vLLM {row.versions} has no int8 route qwenquant knows ({row.int8_activations})",
-                     hint="serve with --activations bf16")
+        raise ServeError(
+            f"{source} int8: {why}",
+            hint="serve with --activations bf16, or with a vLLM whose row in "
+            "`qwenquant doctor` offers int8 activations (0.26-0.33)",
+        )
+    raise ServeError(
+        f"{source} int8: vLLM {row.versions} has no int8 route qwenquant knows ({row.int8_activations})",
+        hint="serve with --activations bf16",
+    )
 
 
 def chosen(flag: str | None, profile_value: str, profile_name: str) -> tuple[str, str]:

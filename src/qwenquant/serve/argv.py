@@ -68,8 +68,16 @@ def _extra_flags(extra: Sequence[str]) -> set[str]:
 
 
 def build_vllm_argv(
-    artifact_dir: Path, profile: ResolvedProfile, manifest: Any, device: str, extra: Sequence[str] = (),
-    *, api_key: str | None = None, tp: int = 1, pp: int = 1, frontend: Frontend | None = None,
+    artifact_dir: Path,
+    profile: ResolvedProfile,
+    manifest: Any,
+    device: str,
+    extra: Sequence[str] = (),
+    *,
+    api_key: str | None = None,
+    tp: int = 1,
+    pp: int = 1,
+    frontend: Frontend | None = None,
 ) -> list[str]:
     """vLLM arguments for serving `artifact_dir` with `profile` on `device` ("cuda" | "cpu"), over
     `tp` GPUs under tensor parallelism and `pp` pipeline stages.
@@ -121,8 +129,10 @@ def tool_flags(profile: ResolvedProfile, fe: Frontend) -> tuple[list[str], list[
     parser = profile.tool_call_parser
     if parser:
         if fe.has_tool_parser(parser) is False:
-            notes.append(f"vLLM {fe.version} has no tool-call parser {parser!r}: tool calls come back as plain text "
-                         "(no --enable-auto-tool-choice)")
+            notes.append(
+                f"vLLM {fe.version} has no tool-call parser {parser!r}: tool calls come back as plain text "
+                "(no --enable-auto-tool-choice)"
+            )
         else:
             flags += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
     level = profile.tool_strict_level
@@ -130,8 +140,10 @@ def tool_flags(profile: ResolvedProfile, fe: Frontend) -> tuple[list[str], list[
         if fe.has_flag("--tool-strict-level"):
             flags += ["--tool-strict-level", level]
         else:
-            notes.append(f"vLLM {fe.version or '(version unknown)'} has no --tool-strict-level (added in 0.31): "
-                         f"tool arguments are not pinned to their schema")
+            notes.append(
+                f"vLLM {fe.version or '(version unknown)'} has no --tool-strict-level (added in 0.31): "
+                f"tool arguments are not pinned to their schema"
+            )
     return flags, notes
 
 
@@ -207,6 +219,7 @@ def mask_argv(argv: Sequence[str]) -> list[str]:
 
 def format_command(argv: Sequence[str], env: Mapping[str, str], unset: Sequence[str] = ()) -> str:
     """Shell-quoted, masked `[env -u VAR] ENV=.. cmd args` for --dry-run and logs (`unset`: removed variables)."""
-    parts = (["env"] + [f"-u {shlex.quote(k)}" for k in unset] if unset else []) + \
-        [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+    parts = (["env"] + [f"-u {shlex.quote(k)}" for k in unset] if unset else []) + [
+        f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())
+    ]
     return " ".join(parts + [shlex.quote(a) for a in mask_argv(argv)])

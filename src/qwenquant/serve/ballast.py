@@ -122,8 +122,16 @@ def _standin(size: int, devices: int, free_before: list[int]) -> list[dict]:
             held = planned_hold(free0, size)
         except BallastError as e:
             raise BallastError(f"GPU {i}: {e}") from None
-        out.append({"device": i, "total": None, "free_after_context": free0, "held": held, "free": free0 - held,
-                    "standin": True})
+        out.append(
+            {
+                "device": i,
+                "total": None,
+                "free_after_context": free0,
+                "held": held,
+                "free": free0 - held,
+                "standin": True,
+            }
+        )
     return out
 
 

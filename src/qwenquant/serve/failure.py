@@ -8,8 +8,13 @@ import re
 # Lines after which a starting vLLM never becomes ready, although its API server may live on
 # waiting for the dead engine (seen with vLLM 0.26: a tensor-parallel worker hit an illegal memory
 # access and the API server waited for its engine until killed). Checked only before `ready`.
-FATAL_MARKERS = ("WorkerProc hit an exception", "Engine core initialization failed",
-                 "CUDA error: an illegal memory access", "torch.OutOfMemoryError", "CUDA out of memory")
+FATAL_MARKERS = (
+    "WorkerProc hit an exception",
+    "Engine core initialization failed",
+    "CUDA error: an illegal memory access",
+    "torch.OutOfMemoryError",
+    "CUDA out of memory",
+)
 
 
 # an exception line as a traceback ends it, after vLLM's "(EngineCore pid=N) " and an optional
@@ -36,6 +41,8 @@ def fatal_hint(command: list[str], log_lines: list[str]) -> str:
 
     hint = "read the log above; the server is stopped"
     if (extra_tp(command) or 1) > 1 and any("illegal memory access" in line for line in log_lines):
-        hint += ("; a tensor-parallel start that dies this way has an entry in "
-                 "docs/known-issues.md#tensor-parallel-illegal-memory-access with the vLLM flags to try after --")
+        hint += (
+            "; a tensor-parallel start that dies this way has an entry in "
+            "docs/known-issues.md#tensor-parallel-illegal-memory-access with the vLLM flags to try after --"
+        )
     return hint

@@ -42,8 +42,10 @@ def int8_problem(lines: Iterable[str]) -> str | None:
     """The sentence saying which W4A16 layers ran 16-bit activations although int8 was asked, or None."""
     for k in kernel_lines(lines):
         if k.scheme == WNA16 and k.kernel != INT8_KERNEL:
-            return (f"--activations int8 was asked, but vLLM runs {k.kernel} for {k.scheme} layers, which takes "
-                    f"16-bit activations (int8 reaches {INT8_KERNEL} only); log line: {k.line}")
+            return (
+                f"--activations int8 was asked, but vLLM runs {k.kernel} for {k.scheme} layers, which takes "
+                f"16-bit activations (int8 reaches {INT8_KERNEL} only); log line: {k.line}"
+            )
     return None
 
 

@@ -56,13 +56,21 @@ def launched(req: ServeRequest) -> Iterator[Launched]:
     spec = server_spec(p, req)
     command = format_command(p.command, p.env_add, p.env_unset)
     log.info("%sstarting %s", f"{req.label}: " if req.label else "", command)
-    info = {"artifact": str(req.artifact), "artifact_root_digest": load_manifest(req.artifact).root_digest,
-            "profile": req.profile_name, "gpu_mem": req.gpu_mem,
-            "gpu_mem_limit": ("hard" if req.hard_limit else "soft") if req.gpu_mem else None, "gpus": req.gpus,
-            "split": p.layout.kind if p.layout.gpus > 1 else None,
-            "extra_vllm_flags": list(req.extra), "device": p.device, "activations": p.activations,
-            "vllm_version_installed": p.install.version if p.install else None, "command": command,
-            "server_log": str(spec.log_path)}
+    info = {
+        "artifact": str(req.artifact),
+        "artifact_root_digest": load_manifest(req.artifact).root_digest,
+        "profile": req.profile_name,
+        "gpu_mem": req.gpu_mem,
+        "gpu_mem_limit": ("hard" if req.hard_limit else "soft") if req.gpu_mem else None,
+        "gpus": req.gpus,
+        "split": p.layout.kind if p.layout.gpus > 1 else None,
+        "extra_vllm_flags": list(req.extra),
+        "device": p.device,
+        "activations": p.activations,
+        "vllm_version_installed": p.install.version if p.install else None,
+        "command": command,
+        "server_log": str(spec.log_path),
+    }
     offset = log_offset(spec.log_path)
     with running(spec) as server:
         check_served(p, spec.log_path, offset)

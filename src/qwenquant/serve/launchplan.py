@@ -123,23 +123,54 @@ def decide_launch(req: ServeRequest, art: LaunchInputs, machine: Machine, checks
     if layout.gpus > 1:
         out.notes.append(layout.line())
     checks.run(guards.check_layout, dev, layout, art.config, profile, match.row, out.warnings)
-    profile = checks.run(lambda: apply_gpu_mem(profile, req.gpu_mem_bytes, dev, req.extra,
-                                               lambda: machine.used(1)[0].total, out.notes, dry_run=req.dry_run,
-                                               soft=req.gpu_mem_soft)) or profile
+    profile = (
+        checks.run(
+            lambda: apply_gpu_mem(
+                profile,
+                req.gpu_mem_bytes,
+                dev,
+                req.extra,
+                lambda: machine.used(1)[0].total,
+                out.notes,
+                dry_run=req.dry_run,
+                soft=req.gpu_mem_soft,
+            )
+        )
+        or profile
+    )
     ballast = checks.run(_ballast, req, dev, layout.gpus, machine, out.notes) or ()
-    acts = checks.run(_activations, req, profile, art, dev, machine, match, out.warnings) or ActivationLaunch("bf16", {})
+    acts = checks.run(_activations, req, profile, art, dev, machine, match, out.warnings) or ActivationLaunch(
+        "bf16", {}
+    )
     host = bool(checks.run(_host_embeddings, req, profile, art, dev, layout, machine, match, out.warnings))
     profile = profile.model_copy(update={"host_embeddings": host})
     args, env_add = _command(req, art, profile, dev, layout, machine, acts, out)
     if host:
         env_add[guards.HOST_EMBEDDINGS_ENV] = "1"
-        out.notes.append("host embeddings: vLLM keeps the input embedding table in pinned host memory, read by the "
-                         "GPU through UVA (scripts/vllm-host-embeddings/plugin); the budget counts it off the GPU")
+        out.notes.append(
+            "host embeddings: vLLM keeps the input embedding table in pinned host memory, read by the "
+            "GPU through UVA (scripts/vllm-host-embeddings/plugin); the budget counts it off the GPU"
+        )
     budget = checks.run(_budget, art, profile, dev, env_add, machine, layout, out.warnings)
     args += _kv_cache_from_plan(profile, dev, budget, req.extra, out.notes)
     unset = acts.env_unset + (() if host else _unset_host_embeddings(machine.env, out.warnings))
-    return LaunchPlan(art.artifact, profile, art.install, dev, tuple(args), env_add, budget, layout, match,
-                      tuple(out.warnings), tuple(checks.failures), tuple(out.notes), ballast, unset, acts.activations)
+    return LaunchPlan(
+        art.artifact,
+        profile,
+        art.install,
+        dev,
+        tuple(args),
+        env_add,
+        budget,
+        layout,
+        match,
+        tuple(out.warnings),
+        tuple(checks.failures),
+        tuple(out.notes),
+        ballast,
+        unset,
+        acts.activations,
+    )
 
 
 def _unset_host_embeddings(env: Any, warnings: list[str]) -> tuple[str, ...]:
@@ -147,25 +178,44 @@ def _unset_host_embeddings(env: Any, warnings: list[str]) -> tuple[str, ...]:
     budget's back: vLLM does not get it, and a warning names the switch that does it with the budget."""
     if env.get(HOST_EMBEDDINGS) is None:
         return ()
-    warnings.append(f"{HOST_EMBEDDINGS} is set in this shell: vLLM does not get it under `qwenquant serve`; "
-                    "--host-embeddings (or a profile's host_embeddings) moves the table and counts it off the GPU")
+    warnings.append(
+        f"{HOST_EMBEDDINGS} is set in this shell: vLLM does not get it under `qwenquant serve`; "
+        "--host-embeddings (or a profile's host_embeddings) moves the table and counts it off the GPU"
+    )
     return (HOST_EMBEDDINGS,)
 
 
-def _host_embeddings(req: ServeRequest, profile: ResolvedProfile, art: LaunchInputs, dev: str, layout: Layout,
-                     machine: Machine, match: RowMatch, warnings: list[str]) -> bool:
+def _host_embeddings(
+    req: ServeRequest,
+    profile: ResolvedProfile,
+    art: LaunchInputs,
+    dev: str,
+    layout: Layout,
+    machine: Machine,
+    match: RowMatch,
+    warnings: list[str],
+) -> bool:
     """--host-embeddings / --no-host-embeddings, else the profile's key, checked by serve/guards.py."""
     flag = req.host_embeddings is not None
     asked = req.host_embeddings if flag else profile.host_embeddings
-    return guards.host_embeddings(bool(asked), flag, dev, layout.gpus, match.row,
-                                  art.install.plugins if art.install else None, machine.env, warnings)
+    return guards.host_embeddings(
+        bool(asked),
+        flag,
+        dev,
+        layout.gpus,
+        match.row,
+        art.install.plugins if art.install else None,
+        machine.env,
+        warnings,
+    )
 
 
 KV_BYTES_FLAG = "--kv-cache-memory-bytes"
 
 
-def _kv_cache_from_plan(profile: ResolvedProfile, dev: str, budget: budgetmod.Budget | None, extra: Sequence[str],
-                        notes: list[str]) -> list[str]:
+def _kv_cache_from_plan(
+    profile: ResolvedProfile, dev: str, budget: budgetmod.Budget | None, extra: Sequence[str], notes: list[str]
+) -> list[str]:
     """A profile's `kv_cache_from_plan`: vLLM's KV cache is the plan's figure (--kv-cache-memory-bytes), so vLLM
     skips sizing it from its profiling run, whose activation peak a served request does not reach; a figure
     after -- wins. Only on one CUDA GPU, where the budget is the GPU's."""
@@ -174,8 +224,10 @@ def _kv_cache_from_plan(profile: ResolvedProfile, dev: str, budget: budgetmod.Bu
     if any(a.split("=", 1)[0] == KV_BYTES_FLAG for a in extra):
         notes.append(f"{KV_BYTES_FLAG} after -- replaces the profile's kv_cache_from_plan")
         return []
-    notes.append(f"KV cache from the plan: {KV_BYTES_FLAG} {budget.cache_available} ({budgetmod.gib(budget.cache_available)}: "
-                 "the budget less weights, activations and runtime), not from vLLM's profiling run")
+    notes.append(
+        f"KV cache from the plan: {KV_BYTES_FLAG} {budget.cache_available} ({budgetmod.gib(budget.cache_available)}: "
+        "the budget less weights, activations and runtime), not from vLLM's profiling run"
+    )
     return [KV_BYTES_FLAG, str(budget.cache_available)]
 
 
@@ -184,8 +236,9 @@ def launch_device(req: ServeRequest, install: VllmInstall | None) -> str:
     return req.device or (install.device if install else "cuda")
 
 
-def _device_profile(req: ServeRequest, art: LaunchInputs, machine: Machine, dev: str, row: CompatRow,
-                    checks: Checks, out: _Lines) -> ResolvedProfile:
+def _device_profile(
+    req: ServeRequest, art: LaunchInputs, machine: Machine, dev: str, row: CompatRow, checks: Checks, out: _Lines
+) -> ResolvedProfile:
     """The profile after what the device changes (the CPU build's fp8 KV cache), with the CPU's W4A16 path noted
     and the draft-token limit checked."""
     profile = art.profile
@@ -205,15 +258,32 @@ def _raise(e: QwenquantError) -> None:
     raise e
 
 
-def _command(req: ServeRequest, art: LaunchInputs, profile: ResolvedProfile, dev: str, layout: Layout,
-             machine: Machine, acts: ActivationLaunch, out: _Lines) -> tuple[list[str], dict[str, str]]:
+def _command(
+    req: ServeRequest,
+    art: LaunchInputs,
+    profile: ResolvedProfile,
+    dev: str,
+    layout: Layout,
+    machine: Machine,
+    acts: ActivationLaunch,
+    out: _Lines,
+) -> tuple[list[str], dict[str, str]]:
     """vLLM's argv and the environment it gets added, and the warnings and notes they carry."""
     extra = guards.device_extra(dev, req.extra, machine.capability, out.warnings)
     out.warnings.extend(guards.prefix_caching_warnings(profile, req.extra))
     fe = frontend(art.install) if art.install else Frontend(None, None, None)
     out.warnings.extend(argvmod.tool_flags(profile, fe)[1])
-    args = argvmod.build_vllm_argv(art.artifact, profile, art.manifest, dev, [*extra, *acts.args],
-                                   api_key=req.api_key, tp=layout.tp, pp=layout.pp, frontend=fe)
+    args = argvmod.build_vllm_argv(
+        art.artifact,
+        profile,
+        art.manifest,
+        dev,
+        [*extra, *acts.args],
+        api_key=req.api_key,
+        tp=layout.tp,
+        pp=layout.pp,
+        frontend=fe,
+    )
     env_add = {**multicast_off(machine.env), **argvmod.build_vllm_env(dev, machine.env)}
     if dev == "cpu":
         from qwenquant.serve.cpupath import switch_env
@@ -223,8 +293,10 @@ def _command(req: ServeRequest, art: LaunchInputs, profile: ResolvedProfile, dev
     out.notes.extend(acts.notes)
     out.warnings.extend(acts.warnings)
     if dev == "cpu" and profile.speculative:
-        out.warnings.append("MTP on CPU: sample greedily (temperature 0); temperature > 0 under speculative "
-                            "decoding reads uninitialised temperatures in vLLM's CPU sampler (vLLM #55005)")
+        out.warnings.append(
+            "MTP on CPU: sample greedily (temperature 0); temperature > 0 under speculative "
+            "decoding reads uninitialised temperatures in vLLM's CPU sampler (vLLM #55005)"
+        )
     return args, env_add
 
 
@@ -232,8 +304,7 @@ def _layout(req: ServeRequest, dev: str, profile: ResolvedProfile, machine: Mach
     """How the model is split over `req.gpus` GPUs (serve/topology.py `decide_layout`)."""
     mtp = drafts(profile) and not match.row.pp_with_mtp
     link = machine.link(req.gpus) if machine.links else None
-    return decide_layout(req.gpus, req.split, dev, argvmod.extra_tp(req.extra), argvmod.extra_pp(req.extra), mtp,
-                         link)
+    return decide_layout(req.gpus, req.split, dev, argvmod.extra_tp(req.extra), argvmod.extra_pp(req.extra), mtp, link)
 
 
 def drafts(profile: ResolvedProfile) -> bool:
@@ -241,15 +312,23 @@ def drafts(profile: ResolvedProfile) -> bool:
     return bool(profile.speculative and profile.speculative.num_speculative_tokens)
 
 
-def _activations(req: ServeRequest, profile: ResolvedProfile, art: LaunchInputs, dev: str, machine: Machine,
-                 match: RowMatch, warnings: list[str]) -> ActivationLaunch:
+def _activations(
+    req: ServeRequest,
+    profile: ResolvedProfile,
+    art: LaunchInputs,
+    dev: str,
+    machine: Machine,
+    match: RowMatch,
+    warnings: list[str],
+) -> ActivationLaunch:
     """--activations (or the profile's): int8 only for an artifact that qualifies (a CheckError, exit 6), on a GPU
     of SM 8.0 or newer, by the route the vLLM's row offers (serve/activations.py)."""
     asked, source = chosen(req.activations, profile.activations, profile.name)
     if asked == "int8":
         guards.check_int8_artifact(art.artifact, art.facts, source, warnings)
-    return decide_activations(asked, dev, machine.capability if dev == "cuda" else None, machine.env, source,
-                              row=match.row)
+    return decide_activations(
+        asked, dev, machine.capability if dev == "cuda" else None, machine.env, source, row=match.row
+    )
 
 
 def _ballast(req: ServeRequest, dev: str, n: int, machine: Machine, notes: list[str]) -> tuple[str, ...]:
@@ -263,8 +342,10 @@ def _ballast(req: ServeRequest, dev: str, n: int, machine: Machine, notes: list[
     except (ServeError, UsageError) as e:
         if not req.dry_run:
             raise
-        notes.append(f"--gpu-mem {budgetmod.gib(size)} is a hard limit: a ballast process will hold all but that "
-                     f"of each GPU's free memory (cannot read the GPUs here: {e.message})")
+        notes.append(
+            f"--gpu-mem {budgetmod.gib(size)} is a hard limit: a ballast process will hold all but that "
+            f"of each GPU's free memory (cannot read the GPUs here: {e.message})"
+        )
         return tuple(ballast_command(sys.executable, size + req.ballast_reserve, n))
     notes.append(ballast_note(size, [(g.index, g.total, g.free) for g in gpus], req.ballast_reserve))
     return tuple(ballast_command(sys.executable, size + req.ballast_reserve, n, [g.free for g in gpus]))
@@ -277,8 +358,9 @@ def _check_spec_tokens(profile: ResolvedProfile, install: VllmInstall | None, ro
     if install is None:
         problem = spec_tokens_problem(n)
     else:
-        problem = None if row.max_spec_tokens is None else spec_tokens_problem(n, install.version,
-                                                                               limit=row.max_spec_tokens)
+        problem = (
+            None if row.max_spec_tokens is None else spec_tokens_problem(n, install.version, limit=row.max_spec_tokens)
+        )
     if problem:
         raise ServeError(problem, hint=spec_tokens_fix())
 
@@ -295,30 +377,49 @@ def _gpu_bytes(machine: Machine, n: int, utilization: float) -> int:
             f"the GPU has {budgetmod.gib(free)} free of {budgetmod.gib(total)}; --gpu-memory-utilization "
             f"{utilization:g} asks for {budgetmod.gib(want)}",
             hint=f"free the GPU or lower --gpu-memory-utilization to {int(free / total * 100) / 100:.2f} "
-                 "(pass it after --)")
+            "(pass it after --)",
+        )
     return total
 
 
-def _budget(art: LaunchInputs, profile: ResolvedProfile, dev: str, env_add: dict[str, str], machine: Machine,
-            layout: Layout, warnings: list[str]) -> budgetmod.Budget:
+def _budget(
+    art: LaunchInputs,
+    profile: ResolvedProfile,
+    dev: str,
+    env_add: dict[str, str],
+    machine: Machine,
+    layout: Layout,
+    warnings: list[str],
+) -> budgetmod.Budget:
     if dev == "cuda":
         total = _gpu_bytes(machine, layout.gpus, profile.gpu_memory_utilization)
     else:
         space = env_add.get("VLLM_CPU_KVCACHE_SPACE") or machine.env.get("VLLM_CPU_KVCACHE_SPACE", "1")
         total = int(float(space) * budgetmod.GiB)
     tp, pp = layout.tp, layout.pp
-    budget = artifact_budget(art.artifact, art.manifest, profile, dev, total_bytes=total, tp=tp if pp == 1 else 1,
-                             pp=pp, partition=machine.env.get(PARTITION_ENV))
+    budget = artifact_budget(
+        art.artifact,
+        art.manifest,
+        profile,
+        dev,
+        total_bytes=total,
+        tp=tp if pp == 1 else 1,
+        pp=pp,
+        partition=machine.env.get(PARTITION_ENV),
+    )
     where = f" on {stage_name(budget)}" if pp > 1 else ""
     if not budget.fits:
-        raise ServeError(f"the memory budget does not fit{where}: " + budget.shortfall_message(),
-                         hint="`qwenquant plan` shows the whole budget; pass the lowered setting after --")
+        raise ServeError(
+            f"the memory budget does not fit{where}: " + budget.shortfall_message(),
+            hint="`qwenquant plan` shows the whole budget; pass the lowered setting after --",
+        )
     if not budget.fits_all_seqs:
         warnings.append(budget.concurrency_message() + where)
     f = fill(budget, model_shape(art.config))
     if f is not None and not f.holds:
-        warnings.append("the context boots but may not fill: " + fill_lines(budget, f)[-1].strip().removeprefix(
-            "DOES NOT FILL: "))
+        warnings.append(
+            "the context boots but may not fill: " + fill_lines(budget, f)[-1].strip().removeprefix("DOES NOT FILL: ")
+        )
     return budget
 
 
@@ -330,8 +431,15 @@ def with_failures(plan: LaunchPlan, failures: Sequence[QwenquantError]) -> Launc
 def plan_json(plan: LaunchPlan) -> dict[str, Any]:
     """The layout and the version table's row as `serve --dry-run --json` prints them."""
     row = plan.row
-    return {"layout": {"tensor": plan.layout.tp, "pipeline": plan.layout.pp, "reason": plan.layout.reason},
-            "compat": None if row is None else {"build": row.row.build, "versions": row.row.versions,
-                                                "version": row.version, "warning": row.warning,
-                                                "hazards": [h.key for h in row.row.hazards]}}
-
+    return {
+        "layout": {"tensor": plan.layout.tp, "pipeline": plan.layout.pp, "reason": plan.layout.reason},
+        "compat": None
+        if row is None
+        else {
+            "build": row.row.build,
+            "versions": row.row.versions,
+            "version": row.version,
+            "warning": row.warning,
+            "hazards": [h.key for h in row.row.hazards],
+        },
+    }

@@ -65,8 +65,11 @@ def read_machine(device: str, install: VllmInstall | None, env: Mapping[str, str
     from qwenquant.serve.cpupath import cpu_fp8_kv_cache, cpu_w4a16_path
 
     try:
-        return Machine(env, cpu_path=cpu_w4a16_path(install.python, isolated=install.isolated),
-                       cpu_fp8_kv=cpu_fp8_kv_cache(install.python, isolated=install.isolated))
+        return Machine(
+            env,
+            cpu_path=cpu_w4a16_path(install.python, isolated=install.isolated),
+            cpu_fp8_kv=cpu_fp8_kv_cache(install.python, isolated=install.isolated),
+        )
     except ServeError as e:
         return Machine(env, cpu_problem=e)
 

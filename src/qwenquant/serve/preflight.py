@@ -62,8 +62,10 @@ def check_log_folder(path: Path) -> None:
     parent = next((p for p in path.absolute().parents if p.exists()), None)
     if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         where = "is not a folder" if parent is not None and not parent.is_dir() else "cannot be written"
-        raise UsageError(f"the server log {path} cannot be written: {parent} {where}",
-                         hint="pass --log-file with a path in a writable folder")
+        raise UsageError(
+            f"the server log {path} cannot be written: {parent} {where}",
+            hint="pass --log-file with a path in a writable folder",
+        )
 
 
 def _verify(artifact: Path) -> Any:
@@ -72,8 +74,10 @@ def _verify(artifact: Path) -> Any:
     report = verify_artifact(artifact)
     if not report.ok:
         lines = "\n".join(f"  - {p}" for p in report.problems)
-        raise VerificationError(f"artifact {artifact} does not match its manifest; refusing to serve:\n{lines}",
-                                hint=_repair_hint(artifact, report))
+        raise VerificationError(
+            f"artifact {artifact} does not match its manifest; refusing to serve:\n{lines}",
+            hint=_repair_hint(artifact, report),
+        )
     return load_manifest(artifact)
 
 
@@ -85,15 +89,21 @@ def _repair_hint(artifact: Path, report: Any) -> str:
         repo = json.loads((artifact / FETCH_RECORD_NAME).read_text())["repo_id"]
     except (OSError, ValueError, KeyError, TypeError):
         repo = None
-    card_only = all(p.status == "card" or p.path == CARD_RECORD_NAME or p.detail.startswith(f"recorded in {CARD_RECORD_NAME}")
-                    for p in report.problems)
+    card_only = all(
+        p.status == "card" or p.path == CARD_RECORD_NAME or p.detail.startswith(f"recorded in {CARD_RECORD_NAME}")
+        for p in report.problems
+    )
     if card_only:
-        return (f"the card files differ from what {CARD_RECORD_NAME} and the manifest give (edited after publishing; "
-                f"the weights are unchanged): re-fetch them (`qwenquant fetch {repo or 'REPO'} --out {artifact}`); "
-                "`qwenquant verify` shows the same report")
+        return (
+            f"the card files differ from what {CARD_RECORD_NAME} and the manifest give (edited after publishing; "
+            f"the weights are unchanged): re-fetch them (`qwenquant fetch {repo or 'REPO'} --out {artifact}`); "
+            "`qwenquant verify` shows the same report"
+        )
     if repo:
-        return (f"re-fetch the folder (`qwenquant fetch {repo} --out {artifact}` restores the changed files); "
-                "`qwenquant verify` shows the same report")
+        return (
+            f"re-fetch the folder (`qwenquant fetch {repo} --out {artifact}` restores the changed files); "
+            "`qwenquant verify` shows the same report"
+        )
     return "re-run `qwenquant quantize` or restore the changed files; `qwenquant verify` shows the same report"
 
 
@@ -111,8 +121,10 @@ def _check(artifact: Path) -> ArtifactFacts:
     report = run_rules(facts, str(artifact))
     if not report.ok:
         lines = "\n".join(f"  - {p}" for p in report.findings)
-        raise ServeError(f"artifact {artifact} would be refused by vLLM:\n{lines}",
-                         hint="`qwenquant check` shows the same report; re-quantize with a fixed recipe")
+        raise ServeError(
+            f"artifact {artifact} would be refused by vLLM:\n{lines}",
+            hint="`qwenquant check` shows the same report; re-quantize with a fixed recipe",
+        )
     return facts
 
 
@@ -181,19 +193,27 @@ def _check_install(install: VllmInstall, recipe: Recipe, config: dict[str, Any])
             raise ServeError(problem, hint=HINT)
     problem = check_version(install.version, recipe.serve.vllm_versions)
     if problem:
-        raise ServeError(problem, hint=f"install a supported vLLM ({', '.join(recipe.serve.vllm_versions)}) "
-                                       "with scripts/install-vllm.sh, or pass --vllm")
+        raise ServeError(
+            problem,
+            hint=f"install a supported vLLM ({', '.join(recipe.serve.vllm_versions)}) "
+            "with scripts/install-vllm.sh, or pass --vllm",
+        )
     arch = (config.get("architectures") or ["?"])[0]
     problem = check_architecture(arch, supported_archs(install), install)
     if problem:
-        raise ServeError(problem, hint="see docs/known-issues.md#text-only-vllm-version (CUDA vLLM 0.26 lacks Qwen3_5ForCausalLM)")
+        raise ServeError(
+            problem, hint="see docs/known-issues.md#text-only-vllm-version (CUDA vLLM 0.26 lacks Qwen3_5ForCausalLM)"
+        )
 
 
 def _int4_weights(config: dict[str, Any]) -> bool:
     """The artifact holds 4-bit integer weights (compressed-tensors config groups)."""
     groups = (config.get("quantization_config") or {}).get("config_groups") or {}
-    return any((g.get("weights") or {}).get("num_bits") == 4 and (g.get("weights") or {}).get("type") == "int"
-               for g in groups.values() if isinstance(g, dict))
+    return any(
+        (g.get("weights") or {}).get("num_bits") == 4 and (g.get("weights") or {}).get("type") == "int"
+        for g in groups.values()
+        if isinstance(g, dict)
+    )
 
 
 def _check_port(profile: ResolvedProfile) -> None:
@@ -210,11 +230,18 @@ def _check_context(config: dict[str, Any], profile: ResolvedProfile) -> None:
         raise ServeError(problem, hint=position_fix(config))
     limit = position_limit(config)
     if limit is not None and profile.max_model_len > limit:  # allowed by VLLM_ALLOW_LONG_MAX_MODEL_LEN
-        log.warning("max-model-len %d is above the model's max_position_embeddings %d: vLLM allows it "
-                    "(VLLM_ALLOW_LONG_MAX_MODEL_LEN is set); positions beyond %d were never trained",
-                    profile.max_model_len, limit, limit)
+        log.warning(
+            "max-model-len %d is above the model's max_position_embeddings %d: vLLM allows it "
+            "(VLLM_ALLOW_LONG_MAX_MODEL_LEN is set); positions beyond %d were never trained",
+            profile.max_model_len,
+            limit,
+            limit,
+        )
         if profile.speculative and profile.speculative.num_speculative_tokens > 0:
             # vLLM's SpeculativeConfig builds the drafter's config without dict --hf-overrides
-            log.warning("MTP past position %d: the drafter keeps the checkpoint's max_position_embeddings "
-                        "(vLLM does not pass --hf-overrides to it), so no draft is accepted beyond it "
-                        "(docs/known-issues.md#mtp-past-max-positions)", limit)
+            log.warning(
+                "MTP past position %d: the drafter keeps the checkpoint's max_position_embeddings "
+                "(vLLM does not pass --hf-overrides to it), so no draft is accepted beyond it "
+                "(docs/known-issues.md#mtp-past-max-positions)",
+                limit,
+            )

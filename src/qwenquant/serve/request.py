@@ -60,8 +60,10 @@ class ServeRequest:
         if self.split not in (None, "tensor", "pipeline"):
             raise UsageError(f"unknown --split {self.split!r}", hint="use tensor or pipeline")
         if self.split and self.gpus == 1:
-            raise UsageError(f"--split needs --gpus N (--split {self.split} splits the model over several GPUs)",
-                             hint=f"e.g. --gpus 2 --split {self.split}, or drop --split on one GPU")
+            raise UsageError(
+                f"--split needs --gpus N (--split {self.split} splits the model over several GPUs)",
+                hint=f"e.g. --gpus 2 --split {self.split}, or drop --split on one GPU",
+            )
         from qwenquant.plan.gpumem import parse_size, refuse_share_conflict
 
         if self.gpu_mem_soft and not self.gpu_mem:
@@ -71,12 +73,15 @@ class ServeRequest:
             parse_size(self.gpu_mem)  # a size that cannot be read fails here, before anything runs
 
     @classmethod
-    def from_options(cls, artifact: Path, profiles: Sequence[str], extra: Sequence[str] = (),
-                     **options: object) -> ServeRequest:
+    def from_options(
+        cls, artifact: Path, profiles: Sequence[str], extra: Sequence[str] = (), **options: object
+    ) -> ServeRequest:
         """The request a command line gives: `profiles` as the repeatable --profile collected them."""
         if len(profiles) > 1:
-            raise UsageError(f"choose one --profile (got {', '.join(profiles)}: a server runs one profile)",
-                             hint="e.g. --profile single-user, --profile batch or --profile long-context")
+            raise UsageError(
+                f"choose one --profile (got {', '.join(profiles)}: a server runs one profile)",
+                hint="e.g. --profile single-user, --profile batch or --profile long-context",
+            )
         return cls(Path(artifact), profiles[0] if profiles else None, tuple(extra), **options)  # type: ignore[arg-type]
 
     @property

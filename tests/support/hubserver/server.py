@@ -23,8 +23,9 @@ class HubServer(DownloadHub):
 
     handler_class = FaultyHandler
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, cdn_host: str | None = "localhost",
-                 tree_page_size: int = 1000) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, *, cdn_host: str | None = "localhost", tree_page_size: int = 1000
+    ) -> None:
         super().__init__(host, port, cdn_host=cdn_host, tree_page_size=tree_page_size)
         self.faults = FaultSet()
         self._scheduled: list[tuple[int, str, str, str, str, bool]] = []
@@ -35,8 +36,16 @@ class HubServer(DownloadHub):
         super().stop()
         shutil.rmtree(self.store, ignore_errors=True)
 
-    def move_branch(self, repo_id: str, branch: str, commit: str, *, after_requests: int | None = None,
-                    drop_old: bool = False, repo_type: str = "model") -> None:
+    def move_branch(
+        self,
+        repo_id: str,
+        branch: str,
+        commit: str,
+        *,
+        after_requests: int | None = None,
+        drop_old: bool = False,
+        repo_type: str = "model",
+    ) -> None:
         """Point `branch` at `commit`, now or once the server has seen `after_requests` more requests.
 
         `drop_old` also deletes the commit the branch pointed to (a force-push plus gc).
@@ -57,8 +66,9 @@ class HubServer(DownloadHub):
             repo.commits.pop(old, None)
         log.debug("moved %s@%s %s -> %s", repo_id, branch, old, commit)
 
-    def squash(self, repo_id: str, *, change: str | None = None, at: int | None = None,
-               repo_type: str = "model") -> dict[str, str]:
+    def squash(
+        self, repo_id: str, *, change: str | None = None, at: int | None = None, repo_type: str = "model"
+    ) -> dict[str, str]:
         """Rewrite `repo_id`'s history (a squash and gc): each branch one new commit with the same
         files (`change`: that file's byte `at` flipped), every old commit gone. Returns branch -> commit."""
         with self._lock:
@@ -73,7 +83,7 @@ class HubServer(DownloadHub):
             for _, rtype, rid, br, commit, drop in due:
                 self._move(rtype, rid, br, commit, drop)
             for fault in self.faults.take_squash():
-                for (rtype, rid) in list(self._repos):
+                for rtype, rid in list(self._repos):
                     if fault.repo in (None, rid):
                         self.squash(rid, change=fault.path, at=fault.at, repo_type=rtype)
                         rec.faults.append("squash")

@@ -41,7 +41,7 @@ class CommitRefused(Exception):
 
 
 def upload_mode(path: str, size: int, sample: bytes) -> str:
-    """"lfs" or "regular", as the Hub's preupload decides: LFS patterns, size, binary content."""
+    """ "lfs" or "regular", as the Hub's preupload decides: LFS patterns, size, binary content."""
     return "lfs" if is_lfs_path(path) or size > REGULAR_MAX or b"\0" in sample else "regular"
 
 
@@ -76,8 +76,14 @@ def existing_oid(repo: Repo, revision: str, path: str) -> str | None:
 
 
 def _clean(path: Any) -> str:
-    if not isinstance(path, str) or not path or path.startswith("/") or "\\" in path or "\0" in path \
-            or any(p in ("", ".", "..") for p in path.split("/")):
+    if (
+        not isinstance(path, str)
+        or not path
+        or path.startswith("/")
+        or "\\" in path
+        or "\0" in path
+        or any(p in ("", ".", "..") for p in path.split("/"))
+    ):
         raise CommitRefused(400, f"invalid path {path!r}", "InvalidPath")
     return path
 
@@ -126,7 +132,9 @@ def apply_commit(repo: Repo, branch: str, lines: Iterable[dict[str, Any]], store
     return repo.commits[sha]
 
 
-def squash(repo: Repo, store: Path, generation: int, change: str | None = None, at: int | None = None) -> dict[str, str]:
+def squash(
+    repo: Repo, store: Path, generation: int, change: str | None = None, at: int | None = None
+) -> dict[str, str]:
     """Rewrite history: every branch becomes one new parentless commit with the same files (the
     byte at `at` of `change` flipped, when given); every old commit is gone. Returns branch -> commit."""
     heads = {b: repo.commits[sha] for b, sha in repo.branches.items()}

@@ -184,8 +184,14 @@ def _preupload(h: BaseHandler, repo: Any, rest: list[str], body: Any) -> None:
     out = []
     for f in body["files"]:
         sample = base64.b64decode(f.get("sample", ""))
-        out.append({"path": f["path"], "uploadMode": storemod.upload_mode(f["path"], int(f.get("size", 0)), sample),
-                    "shouldIgnore": False, "oid": storemod.existing_oid(repo, rev, f["path"])})
+        out.append(
+            {
+                "path": f["path"],
+                "uploadMode": storemod.upload_mode(f["path"], int(f.get("size", 0)), sample),
+                "shouldIgnore": False,
+                "oid": storemod.existing_oid(repo, rev, f["path"]),
+            }
+        )
     h._json(200, {"files": out, "commitOid": repo.branches.get(rev, rev)})
 
 

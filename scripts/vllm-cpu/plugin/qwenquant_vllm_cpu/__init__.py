@@ -66,8 +66,16 @@ def describe() -> dict[str, Any]:
     else:
         path, why = "kernel", f"{ext} registers {OP}"
     # vLLM's CPU attention takes an fp8 KV cache only with AVX-512 or AMX (v1/attention/backends/cpu_attn.py)
-    return {"path": path, "why": why, "extension": ext, "has_op": has_op, "mode": chosen, "cpu_avx512": avx512,
-            "cpu_amx": amx, "fp8_kv_cache": avx512 or amx}
+    return {
+        "path": path,
+        "why": why,
+        "extension": ext,
+        "has_op": has_op,
+        "mode": chosen,
+        "cpu_avx512": avx512,
+        "cpu_amx": amx,
+        "fp8_kv_cache": avx512 or amx,
+    }
 
 
 def _oriented(param: Any, data: Any, dim_attr: str, want: int) -> Any:
@@ -100,8 +108,11 @@ def _densify(kernel: Any, layer: Any) -> None:
 
 def _announce(info: dict[str, Any]) -> None:
     if info["path"] == "dense":
-        log.warning("qwenquant CPU W4A16 path: dense fallback (int4 weights dequantized at load, "
-                    "torch.nn.functional.linear): %s", info["why"])
+        log.warning(
+            "qwenquant CPU W4A16 path: dense fallback (int4 weights dequantized at load, "
+            "torch.nn.functional.linear): %s",
+            info["why"],
+        )
     else:
         log.info("qwenquant CPU W4A16 path: vLLM's %s kernel (%s)", OP, info["why"])
 

@@ -43,10 +43,12 @@ def dense_weight(
     out_f, in_f = codes.shape
     g = in_f if group_size in (-1, 0) else group_size
     if in_f % g or scales.shape != (out_f, in_f // g):
-        raise ValueError(f"codes {tuple(codes.shape)} and scales {tuple(scales.shape)} do not match "
-                         f"group size {group_size}")
+        raise ValueError(
+            f"codes {tuple(codes.shape)} and scales {tuple(scales.shape)} do not match group size {group_size}"
+        )
     offset = zero_points.float() if zero_points is not None else torch.tensor(float(bias))
     w = codes.float().reshape(out_f, in_f // g, g)
-    w = (w - offset.reshape(out_f, -1, 1) if zero_points is not None else w - offset) \
-        * scales.float().reshape(out_f, -1, 1)
+    w = (w - offset.reshape(out_f, -1, 1) if zero_points is not None else w - offset) * scales.float().reshape(
+        out_f, -1, 1
+    )
     return w.reshape(out_f, in_f).to(dtype)

@@ -48,9 +48,13 @@ def moves(layer: Any) -> bool:
     )
 
     weight = getattr(layer, "weight", None)
-    return (not isinstance(layer, ParallelLMHead)
-            and isinstance(getattr(layer, "quant_method", None), UnquantizedEmbeddingMethod)
-            and weight is not None and weight.dtype.is_floating_point and weight.numel() > 0)
+    return (
+        not isinstance(layer, ParallelLMHead)
+        and isinstance(getattr(layer, "quant_method", None), UnquantizedEmbeddingMethod)
+        and weight is not None
+        and weight.dtype.is_floating_point
+        and weight.numel() > 0
+    )
 
 
 def platform_problem() -> str | None:
@@ -62,8 +66,10 @@ def platform_problem() -> str | None:
     from vllm.utils import platform_utils
 
     if not platform_utils.is_pin_memory_available():
-        return (f"{ENV}=1 needs pinned host memory, which vLLM reports unavailable here (under WSL2 vLLM "
-                "pins memory only with VLLM_WSL2_ENABLE_PIN_MEMORY=1 on a WSL2 kernel 4.19.121 or newer)")
+        return (
+            f"{ENV}=1 needs pinned host memory, which vLLM reports unavailable here (under WSL2 vLLM "
+            "pins memory only with VLLM_WSL2_ENABLE_PIN_MEMORY=1 on a WSL2 kernel 4.19.121 or newer)"
+        )
     uva = getattr(platform_utils, "is_uva_available", None)
     if uva is not None and not uva():
         return f"{ENV}=1 needs unified virtual addressing, which vLLM reports unavailable here"
@@ -104,12 +110,17 @@ def register() -> None:
             if problem:
                 raise RuntimeError(problem)
             if getattr(self, "tp_size", 1) > 1:
-                raise RuntimeError(f"{ENV}=1 is not supported with tensor parallelism (each rank's shard "
-                                   "would be pinned separately; not checked)")
+                raise RuntimeError(
+                    f"{ENV}=1 is not supported with tensor parallelism (each rank's shard "
+                    "would be pinned separately; not checked)"
+                )
             checked.append(True)
         moved = to_host(self)
-        log.info("qwenquant host embeddings: %s (%.2f GiB) in pinned host memory, read through UVA",
-                 getattr(self, "prefix", "") or type(self).__name__, moved / 1024**3)
+        log.info(
+            "qwenquant host embeddings: %s (%.2f GiB) in pinned host memory, read through UVA",
+            getattr(self, "prefix", "") or type(self).__name__,
+            moved / 1024**3,
+        )
 
     cls.__init__ = __init__
     cls._qwenquant_host_wrapped = True

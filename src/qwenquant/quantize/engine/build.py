@@ -45,11 +45,23 @@ def max_gpu_mem_gib() -> float | None:
     return envs.get(GPU_CAP_ENV)
 
 
-def run_streamed_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, out_dir: Path, *,
-                      heldout: list[int], max_shard_bytes: int, layers_root: Path, fingerprint: str, device: str,
-                      progress: Callable[[int, int], None] | None = None, ranks: int = 1,
-                      mtp: bool = False, digests: DigestCache | None = None,
-                      timings: Timings | None = None) -> dict[str, Any]:
+def run_streamed_gptq(
+    source_dir: Path,
+    samples: list[list[int]],
+    q: QuantizationSpec,
+    out_dir: Path,
+    *,
+    heldout: list[int],
+    max_shard_bytes: int,
+    layers_root: Path,
+    fingerprint: str,
+    device: str,
+    progress: Callable[[int, int], None] | None = None,
+    ranks: int = 1,
+    mtp: bool = False,
+    digests: DigestCache | None = None,
+    timings: Timings | None = None,
+) -> dict[str, Any]:
     """Quantize the body into `out_dir` (a fresh folder) layer by layer, resuming from the layer
     records under `layers_root`; write the tensors, the index and the head calibration; return
     stage info. `heldout`: the sample indices the lm_head stage keeps for its quality report.
@@ -62,12 +74,22 @@ def run_streamed_gptq(source_dir: Path, samples: list[list[int]], q: Quantizatio
         from qwenquant.quantize.engine.launch import run_job
 
         if mtp:
-            raise UsageError(f"--gpus {ranks}: the MTP head's GPTQ (mtp.quantize: gptq) runs in one process",
-                             hint="drop --gpus, or keep the MTP head bf16 (mtp.quantize: bf16)")
+            raise UsageError(
+                f"--gpus {ranks}: the MTP head's GPTQ (mtp.quantize: gptq) runs in one process",
+                hint="drop --gpus, or keep the MTP head bf16 (mtp.quantize: bf16)",
+            )
 
-        job = {"source_dir": str(source_dir), "samples": samples, "quantization": q.model_dump(mode="json"),
-               "out_dir": str(out_dir), "heldout": list(heldout), "max_shard_bytes": max_shard_bytes,
-               "layers_root": str(layers_root), "fingerprint": fingerprint, "device": device}
+        job = {
+            "source_dir": str(source_dir),
+            "samples": samples,
+            "quantization": q.model_dump(mode="json"),
+            "out_dir": str(out_dir),
+            "heldout": list(heldout),
+            "max_shard_bytes": max_shard_bytes,
+            "layers_root": str(layers_root),
+            "fingerprint": fingerprint,
+            "device": device,
+        }
         done = run_job(job, ranks, Path(layers_root).parent, progress)
         if timings is not None:
             timings.gptq_layers, timings.gptq_ranks = done["layers"], done["ranks"]
@@ -79,8 +101,18 @@ def run_streamed_gptq(source_dir: Path, samples: list[list[int]], q: Quantizatio
 
     apply_gpu_cap(device, max_gpu_mem_gib())
     src = open_source(Path(source_dir), checkpoint_refs(Path(source_dir)))
-    res = stream_quantize(src, samples, q, Path(layers_root), fingerprint=fingerprint, device=device, heldout=heldout,
-                          progress=progress, mtp=mtp, digests=digests)
+    res = stream_quantize(
+        src,
+        samples,
+        q,
+        Path(layers_root),
+        fingerprint=fingerprint,
+        device=device,
+        heldout=heldout,
+        progress=progress,
+        mtp=mtp,
+        digests=digests,
+    )
     info = write_stage_folder(src, res, out_dir, max_shard_bytes)
     if timings is not None:
         timings.gptq_layers = res.phases
@@ -112,7 +144,7 @@ def write_stage_folder(src: Any, res: Any, out_dir: Path, max_shard_bytes: int) 
                 weight_map[n] = shard
                 total += r.nbytes
     with part("rest_shards"):
-        for group, shard in zip(groups, names[src.num_layers:], strict=False):
+        for group, shard in zip(groups, names[src.num_layers :], strict=False):
             write_shard(out_dir / shard, [rest[n] for n in group])
             for n in group:
                 weight_map[n] = shard
@@ -126,8 +158,12 @@ def write_stage_folder(src: Any, res: Any, out_dir: Path, max_shard_bytes: int) 
             mtpcal.save(out_dir, res.mtp)
     log.debug("gptq: stage folder (s): %s", part.line())
     res.tail.update(part.seconds)
-    log.info("gptq: %d Linear modules quantized over %d decoder layers (%d resumed)", res.quantized_modules,
-             src.num_layers, res.resumed_from)
+    log.info(
+        "gptq: %d Linear modules quantized over %d decoder layers (%d resumed)",
+        res.quantized_modules,
+        src.num_layers,
+        res.resumed_from,
+    )
     return {"quantized_modules": res.quantized_modules, "tensors": len(weight_map), "engine": ENGINE_VERSION}
 
 

@@ -52,9 +52,12 @@ def init(device: str) -> Ranks:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    kwargs: dict[str, Any] = {"device_id": torch.device("cuda", torch.cuda.current_device())} if device == "cuda" else {}
-    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world, timeout=TIMEOUT,
-                            **kwargs)
+    kwargs: dict[str, Any] = (
+        {"device_id": torch.device("cuda", torch.cuda.current_device())} if device == "cuda" else {}
+    )
+    dist.init_process_group(
+        "nccl" if device == "cuda" else "gloo", rank=rank, world_size=world, timeout=TIMEOUT, **kwargs
+    )
     return Ranks(rank, world)
 
 
@@ -89,7 +92,9 @@ def reduce_hessians(gptq: Any, owner: dict[str, int], ranks: Ranks) -> None:
             del gptq.hessians[mod], gptq.counts[mod]
 
 
-def gather_packed(packed: dict[str, dict[str, torch.Tensor]], ranks: Ranks) -> dict[str, dict[str, torch.Tensor]] | None:
+def gather_packed(
+    packed: dict[str, dict[str, torch.Tensor]], ranks: Ranks
+) -> dict[str, dict[str, torch.Tensor]] | None:
     """Every owner's packed modules (CPU tensors) on rank 0; None elsewhere."""
     parts: list[Any] | None = [None] * ranks.world if ranks.main else None
     dist.gather_object(packed, parts, dst=0)
@@ -101,8 +106,9 @@ def gather_packed(packed: dict[str, dict[str, torch.Tensor]], ranks: Ranks) -> d
     return out
 
 
-def combine_head(H: torch.Tensor | None, tokens: int, held: dict[int, torch.Tensor], width: int, device: str,
-                 ranks: Ranks) -> tuple[torch.Tensor | None, int, list[torch.Tensor]] | None:
+def combine_head(
+    H: torch.Tensor | None, tokens: int, held: dict[int, torch.Tensor], width: int, device: str, ranks: Ranks
+) -> tuple[torch.Tensor | None, int, list[torch.Tensor]] | None:
     """On rank 0: (the lm_head Hessian over every rank's calibration tokens, the token count, the
     held-out hidden states in sample order); None elsewhere. Each rank's H is a running mean over its
     `tokens` tokens (quantize.head_gptq.accumulate_hessian), so the sum is sum(H_r * n_r) / sum(n_r)."""

@@ -38,11 +38,18 @@ def save(stage_dir: Path, cal: HeadCalibration) -> None:
     d.mkdir(parents=True, exist_ok=True)
     if cal.hessian is None:
         raise StageError("no calibration tokens reached lm_head", hint="check the calibration set")
-    write_shard(d / HESSIAN, [torch_raw("hessian", cal.hessian.float().cpu()),
-                              torch_raw("tokens", torch.tensor([cal.tokens], dtype=torch.int64))])
+    write_shard(
+        d / HESSIAN,
+        [
+            torch_raw("hessian", cal.hessian.float().cpu()),
+            torch_raw("tokens", torch.tensor([cal.tokens], dtype=torch.int64)),
+        ],
+    )
     held = cal.heldout if cal.heldout is not None else torch.zeros((0, cal.hessian.shape[0]), dtype=torch.bfloat16)
-    write_shard(d / HELDOUT, [torch_raw("hidden", held.cpu()),
-                              torch_raw("samples", torch.tensor([cal.heldout_samples], dtype=torch.int64))])
+    write_shard(
+        d / HELDOUT,
+        [torch_raw("hidden", held.cpu()), torch_raw("samples", torch.tensor([cal.heldout_samples], dtype=torch.int64))],
+    )
 
 
 def load(stage_dir: Path) -> HeadCalibration | None:
@@ -56,5 +63,6 @@ def load(stage_dir: Path) -> HeadCalibration | None:
     h, held = shard_refs(d / HESSIAN), shard_refs(d / HELDOUT)
     hidden = ref_tensor(held["hidden"]).float()  # the stage folds fp32, as it did from the model
     n_held = int(ref_tensor(held["samples"])[0])
-    return HeadCalibration(ref_tensor(h["hessian"]), int(ref_tensor(h["tokens"])[0]),
-                           hidden if hidden.shape[0] else None, n_held)
+    return HeadCalibration(
+        ref_tensor(h["hessian"]), int(ref_tensor(h["tokens"])[0]), hidden if hidden.shape[0] else None, n_held
+    )

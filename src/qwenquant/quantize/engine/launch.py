@@ -48,14 +48,26 @@ PARENT_ENV = "QWENQUANT_PARENT_PID"
 LOG_LEVEL_ENV = "QWENQUANT_LOG_LEVEL"
 REPORT_KEY = "qwenquant"  # the worker's own fields inside torchelastic's error file (extraInfo)
 STOP_GRACE_S = 20.0
-RESUME_HINT = ("the other ranks were stopped and nothing was published; re-run the same command to resume from the "
-               "last completed decoder layer (QWENQUANT_DEBUG=1 prints the failing rank's traceback)")
+RESUME_HINT = (
+    "the other ranks were stopped and nothing was published; re-run the same command to resume from the "
+    "last completed decoder layer (QWENQUANT_DEBUG=1 prints the failing rank's traceback)"
+)
 
 
 def torchrun_args(job_dir: Path, ranks: int) -> list[str]:
     """Pure: torchrun's arguments for the job (a one-host rendezvous, error files under JOB_DIR/logs)."""
-    return ["--standalone", "--nproc-per-node", str(ranks), "--max-restarts", "0", "--log-dir",
-            str(Path(job_dir) / "logs"), "-m", "qwenquant.quantize.engine.worker", str(job_dir)]
+    return [
+        "--standalone",
+        "--nproc-per-node",
+        str(ranks),
+        "--max-restarts",
+        "0",
+        "--log-dir",
+        str(Path(job_dir) / "logs"),
+        "-m",
+        "qwenquant.quantize.engine.worker",
+        str(job_dir),
+    ]
 
 
 def job_env(base: Mapping[str, str], world: int, device: str) -> dict[str, str]:
@@ -79,11 +91,18 @@ def run_job(job: dict[str, Any], ranks: int, work: Path, progress: Callable[[int
     proc: subprocess.Popen | None = None
     try:
         atomic_write_json(job_dir / JOB, job)
-        log.info("gptq: %d processes under torch.distributed.run (%s)", ranks,
-                 "nccl, one GPU each" if job["device"] == "cuda" else "gloo on the CPU")
-        proc = subprocess.Popen([sys.executable, "-m", "qwenquant.quantize.engine.launch", str(job_dir), str(ranks)],
-                                env=job_env(os.environ, ranks, job["device"]), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, start_new_session=True)
+        log.info(
+            "gptq: %d processes under torch.distributed.run (%s)",
+            ranks,
+            "nccl, one GPU each" if job["device"] == "cuda" else "gloo on the CPU",
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "qwenquant.quantize.engine.launch", str(job_dir), str(ranks)],
+            env=job_env(os.environ, ranks, job["device"]),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
         code = _watch(proc, progress)
         if code != 0:
             raise job_error(job_dir, code, ranks)
@@ -142,10 +161,14 @@ def job_error(job_dir: Path, code: int, world: int) -> errors.QwenquantError:
         failed = json.loads((job_dir / FAILURES).read_text())
     except (OSError, ValueError):
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        return errors.StageError(f"the gptq launcher (torch.distributed.run) {how} without a rank failure",
-                                 hint=RESUME_HINT)
-    return rank_error({int(r): f["exitcode"] for r, f in failed.items()},
-                      {int(r): f["report"] for r, f in failed.items() if f.get("report")}, world)
+        return errors.StageError(
+            f"the gptq launcher (torch.distributed.run) {how} without a rank failure", hint=RESUME_HINT
+        )
+    return rank_error(
+        {int(r): f["exitcode"] for r, f in failed.items()},
+        {int(r): f["report"] for r, f in failed.items() if f.get("report")},
+        world,
+    )
 
 
 def rank_error(failed: dict[int, int], reports: dict[int, dict[str, Any]], world: int) -> errors.QwenquantError:
@@ -195,8 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         torchrun(torchrun_args(job_dir, ranks))
     except ChildFailedError as e:
-        atomic_write_json(job_dir / FAILURES, {str(r): failure_record(f.exitcode, f.error_file_data)
-                                               for r, f in e.failures.items()})
+        atomic_write_json(
+            job_dir / FAILURES, {str(r): failure_record(f.exitcode, f.error_file_data) for r, f in e.failures.items()}
+        )
         return 1
     except SignalException as e:
         return 128 + int(e.sigval)

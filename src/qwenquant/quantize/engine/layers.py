@@ -43,23 +43,35 @@ def layer_dir(root: Path, i: int) -> Path:
     return Path(root) / f"layer-{i:05d}"
 
 
-def write_layer(root: Path, i: int, tensors: Mapping[str, RawTensor | TensorRef], fingerprint: str,
-                digests: DigestCache | None = None) -> Path:
+def write_layer(
+    root: Path,
+    i: int,
+    tensors: Mapping[str, RawTensor | TensorRef],
+    fingerprint: str,
+    digests: DigestCache | None = None,
+) -> Path:
     """Persist layer i's artifact tensors, then its self-hashed record; return the tensors file.
     `digests`: the run's cache, which then holds the file's digest (the stage record reuses it)."""
     d = layer_dir(root, i)
     (d / RECORD).unlink(missing_ok=True)  # an older record never describes the file written next
     d.mkdir(parents=True, exist_ok=True)
     write_shard(d / TENSORS, list(tensors.values()))
-    body: dict[str, Any] = {"schema_version": SCHEMA, "layer": i, "fingerprint": fingerprint,
-                            "file": TENSORS, "sha256": DigestCache.of(digests).file(d / TENSORS),
-                            "size": (d / TENSORS).stat().st_size, "tensors": sorted(tensors)}
+    body: dict[str, Any] = {
+        "schema_version": SCHEMA,
+        "layer": i,
+        "fingerprint": fingerprint,
+        "file": TENSORS,
+        "sha256": DigestCache.of(digests).file(d / TENSORS),
+        "size": (d / TENSORS).stat().st_size,
+        "tensors": sorted(tensors),
+    }
     atomic_write_bytes(d / RECORD, pretty_json(seal(body, "record_sha256")))
     return d / TENSORS
 
 
-def check_layer(root: Path, i: int, fingerprint: str, *, hash_tensors: bool = True,
-                digests: DigestCache | None = None) -> str | None:
+def check_layer(
+    root: Path, i: int, fingerprint: str, *, hash_tensors: bool = True, digests: DigestCache | None = None
+) -> str | None:
     """None when layer i's record is trustworthy for these inputs, else why not. `hash_tensors`
     False compares the file's size only (what `quantize --plan` can afford). `digests`: the run's
     cache (the file's digest goes in it)."""
@@ -77,8 +89,11 @@ def check_layer(root: Path, i: int, fingerprint: str, *, hash_tensors: bool = Tr
     if body.get("fingerprint") != fingerprint:
         return "inputs changed"
     f = d / TENSORS
-    if not f.is_file() or f.stat().st_size != body.get("size") or (
-            hash_tensors and DigestCache.of(digests).file(f) != body.get("sha256")):
+    if (
+        not f.is_file()
+        or f.stat().st_size != body.get("size")
+        or (hash_tensors and DigestCache.of(digests).file(f) != body.get("sha256"))
+    ):
         return "tensors changed on disk"
     return None
 
@@ -92,8 +107,9 @@ def recorded_layers(root: Path, num_layers: int, fingerprint: str) -> int:
     return k
 
 
-def completed_layers(root: Path, num_layers: int, fingerprint: str,
-                     digests: DigestCache | None = None) -> tuple[int, str]:
+def completed_layers(
+    root: Path, num_layers: int, fingerprint: str, digests: DigestCache | None = None
+) -> tuple[int, str]:
     """How many layers from 0 on are proven complete, and why the next one is not. Records after
     the first untrusted one are removed: their inputs came through a layer that will be redone."""
     k = 0

@@ -36,19 +36,26 @@ class MtpCalibration:
 
         names = [n for n in src.refs if n.startswith(MTP_PREFIX)]
         if not names:
-            raise StageError("mtp.quantize is gptq but the source checkpoint has no mtp.* tensors",
-                             hint="quantize a checkpoint with its MTP head, or drop `mtp: {quantize: gptq}`")
+            raise StageError(
+                "mtp.quantize is gptq but the source checkpoint has no mtp.* tensors",
+                hint="quantize a checkpoint with its MTP head, or drop `mtp: {quantize: gptq}`",
+            )
         cfg = copy.deepcopy(src.config)
         cfg._attn_implementation = "sdpa"  # causal without a mask, as the head runs in eval and in vLLM
         head = MTPHead(cfg)
-        head.load_state_dict({n[len(MTP_PREFIX):]: ref_tensor(src.refs[n]) for n in names}, strict=True)
+        head.load_state_dict({n[len(MTP_PREFIX) :]: ref_tensor(src.refs[n]) for n in names}, strict=True)
         for part in (head.fc, head.pre_fc_norm_embedding, head.pre_fc_norm_hidden, head.norm, head.layers):
             part.to(src.dtype)  # the checkpoint's dtype, as the decoder layers are calibrated (rotary kept float)
         self.head = head.to(device).eval()
         self.src, self.device = src, device
         self.modules = target_modules(self.head, MTP_PREFIX, q.targets, q.ignore)
-        self.gptq = LayerGPTQ(self.modules, scheme, block_size=q.block_size, dampening_frac=q.dampening_frac,
-                              hessian_precision=q.hessian_precision)
+        self.gptq = LayerGPTQ(
+            self.modules,
+            scheme,
+            block_size=q.block_size,
+            dampening_frac=q.dampening_frac,
+            hessian_precision=q.hessian_precision,
+        )
         self.samples = 0
 
     @torch.no_grad()
@@ -65,8 +72,10 @@ class MtpCalibration:
     def quantize(self) -> dict[str, dict[str, torch.Tensor]]:
         """GPTQ and pack every target Linear: full name -> {weight_packed, weight_scale, weight_shape}."""
         if not self.samples:
-            raise StageError("no calibration sample reached the MTP head (every sample is one token long)",
-                             hint="use calibration samples of at least two tokens")
+            raise StageError(
+                "no calibration sample reached the MTP head (every sample is one token long)",
+                hint="use calibration samples of at least two tokens",
+            )
         packed = self.gptq.quantize()
         del self.head
         return packed
@@ -79,8 +88,9 @@ def save(stage_dir: Path, packed: dict[str, dict[str, torch.Tensor]]) -> None:
 
     d = Path(stage_dir) / FOLDER
     d.mkdir(parents=True, exist_ok=True)
-    write_shard(d / TENSORS, [torch_raw(f"{mod}.{leaf}", t) for mod, parts in packed.items()
-                              for leaf, t in parts.items()])
+    write_shard(
+        d / TENSORS, [torch_raw(f"{mod}.{leaf}", t) for mod, parts in packed.items() for leaf, t in parts.items()]
+    )
 
 
 def load_refs(stage_dir: Path) -> dict[str, Any] | None:

@@ -25,8 +25,9 @@ from qwenquant.modeling import compat
 log = logging.getLogger(__name__)
 
 
-def target_modules(layer: torch.nn.Module, prefix: str, targets: Iterable[str], ignore: Iterable[str]
-                   ) -> dict[str, torch.nn.Linear]:
+def target_modules(
+    layer: torch.nn.Module, prefix: str, targets: Iterable[str], ignore: Iterable[str]
+) -> dict[str, torch.nn.Linear]:
     """Full name -> Linear the recipe quantizes (compressed-tensors matching: class name, exact
     name or `re:` pattern; `ignore` wins)."""
     targets, ignore = list(targets), list(ignore)
@@ -52,8 +53,16 @@ class LayerGPTQ:
     input again (else RuntimeError). The result is the same bits (the same matmul on the same
     input); `unshare()` gives each module its own copy where something updates them in place."""
 
-    def __init__(self, modules: dict[str, torch.nn.Linear], scheme: Any, *, block_size: int,
-                 dampening_frac: float, batched: Any = "auto", hessian_precision: str = "tensor-core") -> None:
+    def __init__(
+        self,
+        modules: dict[str, torch.nn.Linear],
+        scheme: Any,
+        *,
+        block_size: int,
+        dampening_frac: float,
+        batched: Any = "auto",
+        hessian_precision: str = "tensor-core",
+    ) -> None:
         self.modules = modules
         self.precision = hessian_precision
         self.names = {m: n for n, m in modules.items()}
@@ -80,8 +89,10 @@ class LayerGPTQ:
         same = seen[2] if seen is not None and seen[1] == x._version else None
         if module in self.shared:
             if same is not self.shared[module]:
-                raise RuntimeError(f"{self.names[module]} shares its Hessian with {self.names[self.shared[module]]}, "
-                                   "but a later calibration sample gave them different inputs")
+                raise RuntimeError(
+                    f"{self.names[module]} shares its Hessian with {self.names[self.shared[module]]}, "
+                    "but a later calibration sample gave them different inputs"
+                )
             return  # its Hessian was updated with this input already
         if module not in self.counts and same is not None and same in self._new:
             self.shared[module] = same  # both start in this sample with the same input: one Hessian
@@ -94,7 +105,8 @@ class LayerGPTQ:
             self.counts[module] = torch.zeros((), device=module.weight.device)
             self._new.add(module)
         self.hessians[module], self.counts[module] = compat.accumulate_hessian(
-            x, module, self.hessians[module], self.counts[module], self.precision)
+            x, module, self.hessians[module], self.counts[module], self.precision
+        )
 
     def remove_hooks(self) -> None:
         for h in self._hooks:
@@ -120,11 +132,19 @@ class LayerGPTQ:
         done = [m for m in self.counts if self.names[m] in wanted and float(self.counts[m]) > 0]
         if not done and not wanted:
             return {}  # a rank of an N-process job that owns none of this layer's modules
-        for mod in compat.gptq_modules(done, self.hessians, self.counts, block_size=self.block_size,
-                                       dampening_frac=self.dampening_frac, batched=self.batched):
+        for mod in compat.gptq_modules(
+            done,
+            self.hessians,
+            self.counts,
+            block_size=self.block_size,
+            dampening_frac=self.dampening_frac,
+            batched=self.batched,
+        ):
             log.warning("%s: Hessian not positive definite, round-to-nearest used", self.names[mod])
-        packed = {self.names[mod]: {k: v.detach().to("cpu").contiguous() for k, v in compat.pack_module(mod).items()}
-                  for mod in done}
+        packed = {
+            self.names[mod]: {k: v.detach().to("cpu").contiguous() for k, v in compat.pack_module(mod).items()}
+            for mod in done
+        }
         missing = sorted(wanted - {self.names[m] for m in done})
         if missing:
             raise RuntimeError(f"no calibration input reached {', '.join(missing[:5])}")

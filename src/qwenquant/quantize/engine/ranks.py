@@ -28,8 +28,10 @@ def parse_gpus(value: str | int | None) -> int | None:
     if text == AUTO:
         return None
     if not text.isdigit() or int(text) < 1:
-        raise UsageError(f"--gpus must be a positive number or 'auto', got {value!r}",
-                         hint="pass --gpus 2 for two GPUs, --gpus auto for every visible one")
+        raise UsageError(
+            f"--gpus must be a positive number or 'auto', got {value!r}",
+            hint="pass --gpus 2 for two GPUs, --gpus auto for every visible one",
+        )
     return int(text)
 
 
@@ -39,15 +41,19 @@ def resolve_ranks(requested: int | None, asked_device: str | None, visible_gpus:
     process on the CPU (gloo) only when `--device cpu` asks for it; on CUDA at most one per GPU."""
     if asked_device == "cpu":
         if requested is None:
-            raise UsageError("--gpus auto counts CUDA GPUs, and --device cpu uses none",
-                             hint="give a process count with --device cpu (e.g. --gpus 2), or drop --device cpu")
+            raise UsageError(
+                "--gpus auto counts CUDA GPUs, and --device cpu uses none",
+                hint="give a process count with --device cpu (e.g. --gpus 2), or drop --device cpu",
+            )
         return requested
     if requested is None:
         return max(1, visible_gpus)
     if requested > max(1, visible_gpus):
-        raise UsageError(f"--gpus {requested} but {visible_gpus} CUDA GPU(s) visible",
-                         hint=f"pass --gpus {max(1, visible_gpus)} (or auto), make more GPUs visible "
-                              f"(CUDA_VISIBLE_DEVICES), or add --device cpu to run {requested} CPU processes (gloo)")
+        raise UsageError(
+            f"--gpus {requested} but {visible_gpus} CUDA GPU(s) visible",
+            hint=f"pass --gpus {max(1, visible_gpus)} (or auto), make more GPUs visible "
+            f"(CUDA_VISIBLE_DEVICES), or add --device cpu to run {requested} CPU processes (gloo)",
+        )
     return requested
 
 
@@ -77,7 +83,7 @@ def split_shares(lengths: Sequence[int], ranks: int) -> list[range]:
 def gptq_cost(rows: int, cols: int) -> int:
     """Relative cost of GPTQ on one [rows, cols] weight: the Cholesky inverse (cols^3) plus the
     column sweep with its lazy block updates (rows x cols^2)."""
-    return cols ** 3 + rows * cols ** 2
+    return cols**3 + rows * cols**2
 
 
 def owners(shapes: Mapping[str, tuple[int, int]], ranks: int) -> dict[str, int]:

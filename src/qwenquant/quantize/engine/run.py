@@ -60,6 +60,7 @@ from qwenquant.quantize.engine.quantize import LayerGPTQ, target_modules
 
 log = logging.getLogger(__name__)
 
+
 @dataclass
 class StreamResult:
     layer_files: list[Path]  # layer i's artifact tensors
@@ -120,8 +121,9 @@ def calibration_order(samples: list[list[int]]) -> list[int]:
     return torch.argsort(torch.tensor([len(s) for s in samples]), descending=True).tolist()
 
 
-def _forward_all(layer: torch.nn.Module, acts: list[torch.Tensor], inputs: LayerInputs, layer_type: str,
-                 *, keep: bool) -> None:
+def _forward_all(
+    layer: torch.nn.Module, acts: list[torch.Tensor], inputs: LayerInputs, layer_type: str, *, keep: bool
+) -> None:
     """Every sample through `layer` (batch 1); replace each input by its output when `keep`."""
     with torch.no_grad():
         for j, x in enumerate(acts):
@@ -131,8 +133,9 @@ def _forward_all(layer: torch.nn.Module, acts: list[torch.Tensor], inputs: Layer
             del y
 
 
-def _quantized_layer(src: TextModelSource, i: int, refs: Mapping[str, RawTensor | TensorRef], scheme: Any,
-                     device: str) -> torch.nn.Module:
+def _quantized_layer(
+    src: TextModelSource, i: int, refs: Mapping[str, RawTensor | TensorRef], scheme: Any, device: str
+) -> torch.nn.Module:
     """Layer i rebuilt from its artifact tensors (those of its file, or those handed to write_layer:
     the same names, dtypes and bytes): packed Linears dequantized as a loader would, on `device`
     (the packed bytes cross to the GPU, a quarter of the dense weights; the unpack is integer shifts
@@ -143,18 +146,28 @@ def _quantized_layer(src: TextModelSource, i: int, refs: Mapping[str, RawTensor 
     for name, ref in refs.items():
         mod = quantized_module(name)
         if mod is None:
-            tensors[name[len(prefix):]] = ref_tensor(ref)
+            tensors[name[len(prefix) :]] = ref_tensor(ref)
         else:
             packed.setdefault(mod, {})[name.rsplit(".", 1)[1]] = ref_tensor(ref)
     for mod, parts in packed.items():
-        tensors[mod[len(prefix):] + ".weight"] = unpack(
-            {k: v if k == "weight_shape" else v.to(device) for k, v in parts.items()}, scheme)
+        tensors[mod[len(prefix) :] + ".weight"] = unpack(
+            {k: v if k == "weight_shape" else v.to(device) for k, v in parts.items()}, scheme
+        )
     return build_layer(src, i, tensors, device)
 
 
-def _gptq_layer(src: TextModelSource, i: int, raw: dict[str, torch.Tensor], acts: list[torch.Tensor],
-                inputs: LayerInputs, q: Any, scheme: Any, device: str, ranks: Any, phase: Phases
-                ) -> dict[str, Any] | None:
+def _gptq_layer(
+    src: TextModelSource,
+    i: int,
+    raw: dict[str, torch.Tensor],
+    acts: list[torch.Tensor],
+    inputs: LayerInputs,
+    q: Any,
+    scheme: Any,
+    device: str,
+    ranks: Any,
+    phase: Phases,
+) -> dict[str, Any] | None:
     """Calibrate and quantize layer i; return its artifact tensors (packed + unquantized source refs).
     In an N-process job (`ranks`: engine.dist.Ranks) the Hessians meet on each module's owner rank
     and the packed modules on rank 0, which alone returns the tensors (None elsewhere). `phase`
@@ -163,8 +176,13 @@ def _gptq_layer(src: TextModelSource, i: int, raw: dict[str, torch.Tensor], acts
     with phase("build"):
         layer = build_layer(src, i, raw, device)
         mods = target_modules(layer, prefix, q.targets, q.ignore)
-        gptq = LayerGPTQ(mods, scheme, block_size=q.block_size, dampening_frac=q.dampening_frac,
-                         hessian_precision=q.hessian_precision)
+        gptq = LayerGPTQ(
+            mods,
+            scheme,
+            block_size=q.block_size,
+            dampening_frac=q.dampening_frac,
+            hessian_precision=q.hessian_precision,
+        )
     with phase("calibrate"):
         _forward_all(layer, acts, inputs, src.config.layer_types[i], keep=False)
     if ranks is None:
@@ -196,8 +214,9 @@ def _gptq_layer(src: TextModelSource, i: int, raw: dict[str, torch.Tensor], acts
     return {"tensors": out, "modules": len(packed)}
 
 
-def _resume_point(layers_root: Path, n: int, fingerprint: str, device: str, ranks: Any,
-                  digests: DigestCache | None = None) -> int:
+def _resume_point(
+    layers_root: Path, n: int, fingerprint: str, device: str, ranks: Any, digests: DigestCache | None = None
+) -> int:
     """Layers proven complete by their records (rank 0 checks, and removes stale ones; the other
     ranks are told)."""
     done = 0
@@ -224,10 +243,20 @@ def my_samples(samples: list[list[int]], ranks: Any) -> list[int]:
     return [order[p] for p in share]
 
 
-def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, layers_root: Path, *,
-                    fingerprint: str, device: str, heldout: list[int],
-                    progress: Callable[[int, int], None] | None = None, ranks: Any = None,
-                    mtp: bool = False, digests: DigestCache | None = None) -> StreamResult:
+def stream_quantize(
+    src: TextModelSource,
+    samples: list[list[int]],
+    q: Any,
+    layers_root: Path,
+    *,
+    fingerprint: str,
+    device: str,
+    heldout: list[int],
+    progress: Callable[[int, int], None] | None = None,
+    ranks: Any = None,
+    mtp: bool = False,
+    digests: DigestCache | None = None,
+) -> StreamResult:
     """Run the layer loop (resuming from verified layer records); see the module docstring.
     `ranks` (engine.dist.Ranks): one process of an N-process job; the result's `head` is then
     complete on rank 0 only. `mtp`: also calibrate and quantize the MTP head (engine/mtpcal.py).
@@ -283,8 +312,13 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
             times.append(time.perf_counter() - t0)
             phases.append(phase.seconds)
             if writer:
-                log.info("gptq: decoder layer %d of %d %s (%.1f s)", i + 1, n, "replayed" if i < done else "quantized",
-                         times[-1])
+                log.info(
+                    "gptq: decoder layer %d of %d %s (%.1f s)",
+                    i + 1,
+                    n,
+                    "replayed" if i < done else "quantized",
+                    times[-1],
+                )
             log.debug("gptq: decoder layer %d phases (s): %s", i + 1, phase.line())
             if progress:
                 progress(i + 1, n)
@@ -300,8 +334,16 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
 
         mtpcal = MtpCalibration(src, q, scheme, device)
     with tail("head_calibration"):
-        head = _head_calibration(src, acts, order, heldout, device, ranks, q.hessian_precision,
-                                 mtp=None if mtpcal is None else (mtpcal, samples))
+        head = _head_calibration(
+            src,
+            acts,
+            order,
+            heldout,
+            device,
+            ranks,
+            q.hessian_precision,
+            mtp=None if mtpcal is None else (mtpcal, samples),
+        )
     packed_mtp = None
     if mtpcal is not None:
         with tail("mtp_gptq"):
@@ -310,9 +352,16 @@ def stream_quantize(src: TextModelSource, samples: list[list[int]], q: Any, laye
     return StreamResult(files, modules, done, head, times, order, phases, packed_mtp, dict(tail.seconds))
 
 
-def _head_calibration(src: TextModelSource, acts: list[torch.Tensor], order: list[int], heldout: list[int],
-                      device: str, ranks: Any, precision: str = "tensor-core",
-                      mtp: tuple[Any, list[list[int]]] | None = None) -> Any:
+def _head_calibration(
+    src: TextModelSource,
+    acts: list[torch.Tensor],
+    order: list[int],
+    heldout: list[int],
+    device: str,
+    ranks: Any,
+    precision: str = "tensor-core",
+    mtp: tuple[Any, list[list[int]]] | None = None,
+) -> Any:
     """Final norm over this process's samples, then the lm_head Hessian (in the recipe's Hessian
     precision) and held-out hidden states (summed / gathered onto rank 0 in an N-process job). `mtp`:
     (engine.mtpcal.MtpCalibration, the samples' tokens): every calibration sample's final hidden

@@ -46,8 +46,9 @@ def _die_with_parent() -> None:
 def _setup_logging(rank: int) -> None:
     level = envs.get(LOG_LEVEL_ENV)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s" if rank == 0
-                                           else f"%(levelname)s rank {rank}: %(message)s"))
+    handler.setFormatter(
+        logging.Formatter("%(levelname)s %(message)s" if rank == 0 else f"%(levelname)s rank {rank}: %(message)s")
+    )
     root = logging.getLogger("qwenquant")
     root.handlers[:] = [handler]
     root.setLevel(level if rank == 0 else max(level, logging.WARNING))  # one copy of the per-layer lines
@@ -63,9 +64,15 @@ def _metrics(rank: int, device: str, res: Any, samples: list[list[int]]) -> dict
     import torch
 
     gpu = int(torch.cuda.max_memory_allocated()) if device == "cuda" else None
-    return {"rank": rank, "samples": len(res.samples), "tokens": sum(len(samples[k]) for k in res.samples),
-            "peak_gpu_bytes": gpu, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "seconds_per_layer": res.seconds_per_layer, "phase_seconds": res.phases}
+    return {
+        "rank": rank,
+        "samples": len(res.samples),
+        "tokens": sum(len(samples[k]) for k in res.samples),
+        "peak_gpu_bytes": gpu,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "seconds_per_layer": res.seconds_per_layer,
+        "phase_seconds": res.phases,
+    }
 
 
 def run(job: dict[str, Any], job_dir: Path) -> None:
@@ -84,14 +91,23 @@ def run(job: dict[str, Any], job_dir: Path) -> None:
     apply_gpu_cap(device, max_gpu_mem_gib())
     source = Path(job["source_dir"])
     src = open_source(source, checkpoint_refs(source))
-    res = stream_quantize(src, job["samples"], QuantizationSpec.model_validate(job["quantization"]),
-                          Path(job["layers_root"]), fingerprint=job["fingerprint"], device=device,
-                          heldout=job["heldout"], progress=_progress if ranks.main else None, ranks=ranks)
+    res = stream_quantize(
+        src,
+        job["samples"],
+        QuantizationSpec.model_validate(job["quantization"]),
+        Path(job["layers_root"]),
+        fingerprint=job["fingerprint"],
+        device=device,
+        heldout=job["heldout"],
+        progress=_progress if ranks.main else None,
+        ranks=ranks,
+    )
     info = write_stage_folder(src, res, Path(job["out_dir"]), job["max_shard_bytes"]) if ranks.main else None
     metrics = dist.gather_metrics(_metrics(ranks.rank, device, res, job["samples"]), ranks)
     if ranks.main:
-        atomic_write_json(job_dir / RESULT, {"info": info, "layers": res.phases, "tail": res.tail, "ranks": metrics},
-                          canonical=False)
+        atomic_write_json(
+            job_dir / RESULT, {"info": info, "layers": res.phases, "tail": res.tail, "ranks": metrics}, canonical=False
+        )
     dist.barrier()  # every rank is past its last collective before any leaves
 
 
@@ -108,8 +124,11 @@ class RankErrors(ErrorHandler):
         q = isinstance(e, QwenquantError)
         data = json.loads(Path(path).read_text())
         data["message"]["extraInfo"][REPORT_KEY] = {
-            "type": type(e).__name__, "message": e.message if q else f"{type(e).__name__}: {e}".splitlines()[0],
-            "hint": e.hint if q else None, "at_ns": time.time_ns()}
+            "type": type(e).__name__,
+            "message": e.message if q else f"{type(e).__name__}: {e}".splitlines()[0],
+            "hint": e.hint if q else None,
+            "at_ns": time.time_ns(),
+        }
         atomic_write_json(path, data, canonical=False)
         if envs.get("QWENQUANT_DEBUG"):
             traceback.print_exception(e, file=sys.stderr)

@@ -17,5 +17,13 @@ Reading and writing checkpoints lives in qwenquant/checkpoint/, stage records in
 
 from qwenquant.quantize.stages import calibration, check, eval, gptq, lm_head, mtp, source, textonly
 
-PIPELINE = (source.STAGE, calibration.STAGE, gptq.STAGE, lm_head.STAGE, mtp.STAGE, textonly.STAGE, check.STAGE,
-            eval.STAGE)
+PIPELINE = (
+    source.STAGE,
+    calibration.STAGE,
+    gptq.STAGE,
+    lm_head.STAGE,
+    mtp.STAGE,
+    textonly.STAGE,
+    check.STAGE,
+    eval.STAGE,
+)

@@ -60,24 +60,36 @@ def data_files(spec: CalibrationSpec, fetched_dir: Path | None = None) -> list[P
     if spec.source == "local":
         p = spec.resolved_path()
         if p is None or not p.is_file():
-            raise StageError(f"calibration file not found: {p}",
-                             hint="check the `path:` of the calibration definition (relative to its YAML)")
+            raise StageError(
+                f"calibration file not found: {p}",
+                hint="check the `path:` of the calibration definition (relative to its YAML)",
+            )
         return [p]
     if fetched_dir is None:
         raise StageError("hub calibration data was not fetched")
-    files = sorted(p for p in Path(fetched_dir).rglob("*")
-                   if p.is_file() and p.suffix in (".parquet", ".jsonl", ".json")
-                   and _split_matches(p.relative_to(fetched_dir).as_posix(), spec.split))
+    files = sorted(
+        p
+        for p in Path(fetched_dir).rglob("*")
+        if p.is_file()
+        and p.suffix in (".parquet", ".jsonl", ".json")
+        and _split_matches(p.relative_to(fetched_dir).as_posix(), spec.split)
+    )
     if not files:
-        raise StageError(f"no data files for split {spec.split!r} in dataset {spec.dataset}@{spec.revision}",
-                         hint="check `calibration.split` against the dataset's file names")
+        raise StageError(
+            f"no data files for split {spec.split!r} in dataset {spec.dataset}@{spec.revision}",
+            hint="check `calibration.split` against the dataset's file names",
+        )
     return files
 
 
 def _split_matches(rel: str, split: str) -> bool:
     name = rel.rsplit("/", 1)[-1]
-    return name.startswith(split + "-") or name.startswith(split + ".") or f"/{split}/" in f"/{rel}" \
+    return (
+        name.startswith(split + "-")
+        or name.startswith(split + ".")
+        or f"/{split}/" in f"/{rel}"
         or rel.startswith(split + "/")
+    )
 
 
 def fetch_hub_dataset(spec: CalibrationSpec, dest: Path) -> Path:
@@ -94,19 +106,22 @@ def load_rows(files: list[Path], cache_dir: Path) -> Any:
 
     kind = "parquet" if files[0].suffix == ".parquet" else "json"
     try:
-        return datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train",
-                                     cache_dir=str(cache_dir))
+        return datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train", cache_dir=str(cache_dir))
     except (ValueError, OSError) as e:  # datasets raises these for unreadable/malformed files
-        raise StageError(f"could not read calibration data {files[0].name}: {e}",
-                         hint="each jsonl line must be an object with the `text_field` of the spec") from e
+        raise StageError(
+            f"could not read calibration data {files[0].name}: {e}",
+            hint="each jsonl line must be an object with the `text_field` of the spec",
+        ) from e
 
 
 def tokenize_rows(rows: Any, tokenizer: Any, spec: CalibrationSpec) -> CalibrationTokens:
     """Shuffle with the seed, tokenize, truncate; take the first `num_samples` non-empty rows."""
     field = spec.text_field
     if field not in rows.column_names:
-        raise StageError(f"calibration data has no column {field!r} (columns: {', '.join(rows.column_names)})",
-                         hint="set `text_field` of the calibration spec to the column holding the text")
+        raise StageError(
+            f"calibration data has no column {field!r} (columns: {', '.join(rows.column_names)})",
+            hint="set `text_field` of the calibration spec to the column holding the text",
+        )
     order = list(range(len(rows)))
     if spec.shuffle_seed is not None:
         import random
@@ -147,8 +162,10 @@ def save_tokens(out_dir: Path, calib: CalibrationTokens) -> None:
     offsets = [0]
     for s in calib.samples:
         offsets.append(offsets[-1] + len(s))
-    atomic_write_bytes(out_dir / TOKENS_FILE, save(
-        {"input_ids": flat, "offsets": torch.tensor(offsets, dtype=torch.int64)}, metadata={"format": "pt"}))
+    atomic_write_bytes(
+        out_dir / TOKENS_FILE,
+        save({"input_ids": flat, "offsets": torch.tensor(offsets, dtype=torch.int64)}, metadata={"format": "pt"}),
+    )
 
 
 def load_tokens(stage_dir: Path) -> list[list[int]]:
@@ -157,11 +174,17 @@ def load_tokens(stage_dir: Path) -> list[list[int]]:
 
     t = load_file(str(Path(stage_dir) / TOKENS_FILE))
     flat, off = t["input_ids"].tolist(), t["offsets"].tolist()
-    return [flat[off[i]:off[i + 1]] for i in range(len(off) - 1)]
+    return [flat[off[i] : off[i + 1]] for i in range(len(off) - 1)]
 
 
-def run_calibration(spec: CalibrationSpec, source_dir: Path, out_dir: Path, *, datasets_dir: Path | None = None,
-                    digests: DigestCache | None = None) -> dict[str, Any]:
+def run_calibration(
+    spec: CalibrationSpec,
+    source_dir: Path,
+    out_dir: Path,
+    *,
+    datasets_dir: Path | None = None,
+    digests: DigestCache | None = None,
+) -> dict[str, Any]:
     """Build the calibration set into `out_dir`; return its description (also written as JSON).
 
     Hub datasets are fetched (pinned, verified) into `datasets_dir`, kept across runs. `digests`:
@@ -198,8 +221,12 @@ def run_calibration(spec: CalibrationSpec, source_dir: Path, out_dir: Path, *, d
         "fingerprint_sha256": calib.fingerprint(),
     }
     atomic_write_json(out_dir / INFO_FILE, info)
-    log.info("calibration: %d samples, %d tokens, fingerprint %s", len(calib.samples), calib.token_total,
-             info["fingerprint_sha256"][:16])
+    log.info(
+        "calibration: %d samples, %d tokens, fingerprint %s",
+        len(calib.samples),
+        calib.token_total,
+        info["fingerprint_sha256"][:16],
+    )
     return info
 
 
@@ -214,8 +241,13 @@ def spec_identity(spec: CalibrationSpec) -> dict[str, Any]:
 def _inputs(ctx: StageContext) -> dict[str, str]:
     spec = ctx.calibration
     data = spec.resolved_path() if spec.source == "local" else None
-    return {"source": ctx.digest("source"), "spec": sha256_json(spec_identity(spec)),
-            "data": ctx.digests.file(data) if data is not None and data.is_file() else f"hub:{spec.dataset}@{spec.revision}"}
+    return {
+        "source": ctx.digest("source"),
+        "spec": sha256_json(spec_identity(spec)),
+        "data": ctx.digests.file(data)
+        if data is not None and data.is_file()
+        else f"hub:{spec.dataset}@{spec.revision}",
+    }
 
 
 def _same_outputs(ctx: StageContext, record: dict[str, Any]) -> str | None:
@@ -233,9 +265,16 @@ def _same_outputs(ctx: StageContext, record: dict[str, Any]) -> str | None:
 
 
 def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
-    return run_calibration(ctx.calibration, ctx.source, out_dir, datasets_dir=ctx.work / "datasets", digests=ctx.digests)
+    return run_calibration(
+        ctx.calibration, ctx.source, out_dir, datasets_dir=ctx.work / "datasets", digests=ctx.digests
+    )
 
 
-STAGE = Stage("calibration", _inputs, lambda ctx: {"spec": spec_identity(ctx.calibration)}, _run,
-              manifest=lambda o: {"calibration": dict(o.result)},
-              same_outputs=_same_outputs)
+STAGE = Stage(
+    "calibration",
+    _inputs,
+    lambda ctx: {"spec": spec_identity(ctx.calibration)},
+    _run,
+    manifest=lambda o: {"calibration": dict(o.result)},
+    same_outputs=_same_outputs,
+)

@@ -21,17 +21,30 @@ if TYPE_CHECKING:
     from qwenquant.recipe import QuantizationSpec
 
 
-def unquantized_problems(artifact: Path, source: Path, quantization: QuantizationSpec, *, head_quantized: bool,
-                         layout: str, mtp_quantized: bool = False, digests: DigestCache | None = None) -> list[str]:
+def unquantized_problems(
+    artifact: Path,
+    source: Path,
+    quantization: QuantizationSpec,
+    *,
+    head_quantized: bool,
+    layout: str,
+    mtp_quantized: bool = False,
+    digests: DigestCache | None = None,
+) -> list[str]:
     """The byte-identity proof for a finished artifact (text-only names mapped back to the source;
     `digests`: the run's cache, or None to read every tensor)."""
     from qwenquant.checkpoint.identity import prove_unquantized_identical, recipe_quantizes
     from qwenquant.quantize.stages.textonly import text_only_name
 
     return prove_unquantized_identical(
-        artifact, source, rename=text_only_name if layout == "text-only" else (lambda n: n),
-        may_quantize=recipe_quantizes(list(quantization.ignore), head_quantized=head_quantized,
-                                      mtp_quantized=mtp_quantized), digests=digests)
+        artifact,
+        source,
+        rename=text_only_name if layout == "text-only" else (lambda n: n),
+        may_quantize=recipe_quantizes(
+            list(quantization.ignore), head_quantized=head_quantized, mtp_quantized=mtp_quantized
+        ),
+        digests=digests,
+    )
 
 
 def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
@@ -39,9 +52,18 @@ def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
     from qwenquant.quantize.stages.mtp import packed_mtp, verify_mtp
 
     artifact, recipe = ctx.dir("textonly"), ctx.recipe
-    problems = [f"unquantized-identical: {p}" for p in unquantized_problems(
-        artifact, ctx.source, recipe.quantization, head_quantized=recipe.lm_head.enabled,
-        layout=recipe.artifact.layout, mtp_quantized=recipe.mtp_quantized, digests=ctx.digests)]
+    problems = [
+        f"unquantized-identical: {p}"
+        for p in unquantized_problems(
+            artifact,
+            ctx.source,
+            recipe.quantization,
+            head_quantized=recipe.lm_head.enabled,
+            layout=recipe.artifact.layout,
+            mtp_quantized=recipe.mtp_quantized,
+            digests=ctx.digests,
+        )
+    ]
     # the run's digests: the tensors the proof above (and earlier stages) hashed are not read again
     problems += [f"mtp-identical: {p}" for p in verify_mtp(artifact, ctx.source, packed_mtp(ctx), ctx.digests)]
     problems += [f"mtp-vllm: {p}" for p in mtp_vllm_problems(recipe)]
@@ -50,13 +72,20 @@ def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
     for p in report.findings:
         problems.append(str(p))
         rules.append(p.rule)
-    atomic_write_json(out_dir / "check.json", {"problems": problems, "failed_rules": sorted(set(rules)),
-                                               "rules_run": list(report.rules_run) + ["unquantized-identical",
-                                                                                      "mtp-identical"]})
+    atomic_write_json(
+        out_dir / "check.json",
+        {
+            "problems": problems,
+            "failed_rules": sorted(set(rules)),
+            "rules_run": list(report.rules_run) + ["unquantized-identical", "mtp-identical"],
+        },
+    )
     if problems:
         ids = sorted(set(rules) | {p.split(":", 1)[0] for p in problems if p.startswith(("unquantized-", "mtp-"))})
-        raise CheckError(f"the artifact fails {len(problems)} check(s) [{', '.join(ids)}]:\n  " + "\n  ".join(problems[:20]),
-                         hint="fix the cause and re-run `qwenquant quantize` (finished stages are reused)")
+        raise CheckError(
+            f"the artifact fails {len(problems)} check(s) [{', '.join(ids)}]:\n  " + "\n  ".join(problems[:20]),
+            hint="fix the cause and re-run `qwenquant quantize` (finished stages are reused)",
+        )
     return {"problems": 0}
 
 
@@ -70,11 +99,11 @@ def _same_outputs(ctx: StageContext, record: dict[str, Any]) -> str | None:
     (the recipe's other parts can only add problems, and a problem stops the build), so a recipe that
     differs elsewhere (a serve profile) re-runs the check and leaves the stages after it reused."""
     now, then = _inputs(ctx), record["inputs"]
-    if (then.get("textonly"), then.get("source")) != (now["textonly"], now["source"]) or \
-            record["params"] != {"layout": ctx.recipe.artifact.layout}:
+    if (then.get("textonly"), then.get("source")) != (now["textonly"], now["source"]) or record["params"] != {
+        "layout": ctx.recipe.artifact.layout
+    }:
         return None
     return "the same checkpoint and source: a check that passes writes the same check.json"
 
 
-STAGE = Stage("check", _inputs, lambda ctx: {"layout": ctx.recipe.artifact.layout}, _run,
-              same_outputs=_same_outputs)
+STAGE = Stage("check", _inputs, lambda ctx: {"layout": ctx.recipe.artifact.layout}, _run, same_outputs=_same_outputs)

@@ -37,10 +37,17 @@ def quality_section(report: dict[str, Any], source: dict[str, Any]) -> dict[str,
             arms[name] = {k: arm[k] for k in _ARM_KEYS}
     head = report["lm_head"]
     return {
-        "windows": report["windows"], "window_len": report["window_len"], **source,
+        "windows": report["windows"],
+        "window_len": report["window_len"],
+        **source,
         "arms": arms,
-        "lm_head": {"rtn_kl": head["rtn"]["kl"], "calibrated_kl": head["gptq"]["kl"], "ratio": head.get("ratio"),
-                    "rtn_top1": head["rtn"]["top1"], "calibrated_top1": head["gptq"]["top1"]},
+        "lm_head": {
+            "rtn_kl": head["rtn"]["kl"],
+            "calibrated_kl": head["gptq"]["kl"],
+            "ratio": head.get("ratio"),
+            "rtn_top1": head["rtn"]["top1"],
+            "calibrated_top1": head["gptq"]["top1"],
+        },
         "mtp": report["mtp"],
         "goals": goals(report),
     }
@@ -54,23 +61,36 @@ def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
     from qwenquant.evaluate.texts import resolve_windows
 
     start = time.monotonic()
-    ids, source = resolve_windows(ctx.source, spec.windows, spec.window_len, text_set=spec.text,
-                                  cache=ctx.work / "datasets")
+    ids, source = resolve_windows(
+        ctx.source, spec.windows, spec.window_len, text_set=spec.text, cache=ctx.work / "datasets"
+    )
     report = run_offline(ctx.source, ctx.dir("textonly"), ids, device=ctx.device, batch=spec.batch)
     section = quality_section(report, source)
     atomic_write_json(out_dir / "eval.json", section)
     a = section["arms"]["artifact"]
-    log.info("quick eval (%d x %d tokens, %.0f s): perplexity %+.2f%% [%+.2f, %+.2f] vs bf16, KL %.5f, top-1 %.2f%%",
-             spec.windows, spec.window_len, time.monotonic() - start, a["delta_pct"], *a["ci95_pct"], a["kl"],
-             100 * a["top1"])
+    log.info(
+        "quick eval (%d x %d tokens, %.0f s): perplexity %+.2f%% [%+.2f, %+.2f] vs bf16, KL %.5f, top-1 %.2f%%",
+        spec.windows,
+        spec.window_len,
+        time.monotonic() - start,
+        a["delta_pct"],
+        *a["ci95_pct"],
+        a["kl"],
+        100 * a["top1"],
+    )
     return {"eval": section}
 
 
 def _inputs(ctx: StageContext) -> dict[str, str]:
     spec = ctx.recipe.eval
-    return {"textonly": ctx.digest("textonly"), "check": ctx.digest("check"), "source": ctx.digest("source"),
-            "device": ctx.device, **thread_fields(ctx.device),
-            "eval": sha256_json(spec.model_dump(mode="json") if spec else None)}
+    return {
+        "textonly": ctx.digest("textonly"),
+        "check": ctx.digest("check"),
+        "source": ctx.digest("source"),
+        "device": ctx.device,
+        **thread_fields(ctx.device),
+        "eval": sha256_json(spec.model_dump(mode="json") if spec else None),
+    }
 
 
 def _manifest(outcome: Any) -> dict[str, Any]:
@@ -80,6 +100,11 @@ def _manifest(outcome: Any) -> dict[str, Any]:
     return {} if figures is None else {"quality": {"eval": figures}}
 
 
-STAGE = Stage("eval", _inputs,
-              lambda ctx: {"eval": ctx.recipe.eval.model_dump(mode="json") if ctx.recipe.eval else None}, _run,
-              manifest=_manifest, idle=lambda result: result.get("eval") is None)
+STAGE = Stage(
+    "eval",
+    _inputs,
+    lambda ctx: {"eval": ctx.recipe.eval.model_dump(mode="json") if ctx.recipe.eval else None},
+    _run,
+    manifest=_manifest,
+    idle=lambda result: result.get("eval") is None,
+)

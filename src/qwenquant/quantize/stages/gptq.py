@@ -48,9 +48,19 @@ LAYERS_DIR = "gptq-layers"  # the streamed engine's per-layer records, <work>/gp
 LAYERS_TASK = "gptq layers"  # the stage's progress bar (decoder layers; modules on the oneshot engine)
 # Side files carried from the source into the artifact (processor files dropped later by text-only).
 CARRY_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
-    "merges.txt", "chat_template.jinja", "chat_template.json", "generation_config.json",
-    "preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json", "LICENSE",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+    "preprocessor_config.json",
+    "video_preprocessor_config.json",
+    "processor_config.json",
+    "LICENSE",
 )
 
 
@@ -69,13 +79,16 @@ def restore_plan(saved: Mapping[str, TensorRef], source: Mapping[str, TensorRef]
         elif name in source:
             out[name] = source[name]
         else:
-            raise StageError(f"GPTQ output tensor {name} has no source tensor to restore it from",
-                             hint="the source checkpoint and the model llm-compressor saved disagree; file a bug")
+            raise StageError(
+                f"GPTQ output tensor {name} has no source tensor to restore it from",
+                hint="the source checkpoint and the model llm-compressor saved disagree; file a bug",
+            )
     return out
 
 
-def quantized_config(source_config: dict[str, Any], saved_config: dict[str, Any], ignore: list[str], *,
-                     mtp_quantized: bool = False) -> dict[str, Any]:
+def quantized_config(
+    source_config: dict[str, Any], saved_config: dict[str, Any], ignore: list[str], *, mtp_quantized: bool = False
+) -> dict[str, Any]:
     """Pure: the source config plus llm-compressor's quantization_config, with the recipe's ignore
     patterns (layout-independent regexes) in place of the expanded module names, and `re:^mtp.*`
     unless the MTP head is quantized (then the body's `Linear` group covers its Linears)."""
@@ -132,14 +145,25 @@ def _load_model(source_dir: Path) -> tuple[Any, Any]:
     arch = (src_cfg.get("architectures") or ["Qwen3_5ForConditionalGeneration"])[0]
     model_cls = getattr(transformers, arch, None)
     if model_cls is None:
-        raise StageError(f"transformers has no model class {arch}", hint="upgrade transformers (see constraints/quant.txt)")
+        raise StageError(
+            f"transformers has no model class {arch}", hint="upgrade transformers (see constraints/quant.txt)"
+        )
     model = model_cls.from_pretrained(str(source_dir), dtype="auto").eval()
     return model, transformers.AutoTokenizer.from_pretrained(str(source_dir))
 
 
-def run_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, out_dir: Path, *, max_shard_bytes: int,
-             device: str, progress: Callable[[int, int], None] | None = None,
-             digests: DigestCache | None = None, timings: Timings | None = None) -> dict[str, Any]:
+def run_gptq(
+    source_dir: Path,
+    samples: list[list[int]],
+    q: QuantizationSpec,
+    out_dir: Path,
+    *,
+    max_shard_bytes: int,
+    device: str,
+    progress: Callable[[int, int], None] | None = None,
+    digests: DigestCache | None = None,
+    timings: Timings | None = None,
+) -> dict[str, Any]:
     """Quantize the body into `out_dir` (a fresh folder); return stage info. Raises StageError.
     `digests`: the run's cache, for the identity proof (`finish_output`, which adds its seconds to
     `timings`)."""
@@ -154,9 +178,11 @@ def run_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, ou
 
     modifier = build_modifier(q)  # imports llm-compressor, which resets loguru's sinks: before ours is added
     if not q.restore_unquantized:
-        raise StageError("quantization.restore_unquantized: false is not supported: llm-compressor 0.14 rounds "
-                         "offset-norm weights, and every build proves unquantized tensors byte-identical",
-                         hint="set quantization.restore_unquantized: true (the default)")
+        raise StageError(
+            "quantization.restore_unquantized: false is not supported: llm-compressor 0.14 rounds "
+            "offset-norm weights, and every build proves unquantized tensors byte-identical",
+            hint="set quantization.restore_unquantized: true (the default)",
+        )
     source_dir = Path(source_dir)
     model, tokenizer = _load_model(source_dir)
     total = count_targets(model, q)
@@ -175,10 +201,16 @@ def run_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, ou
     raw = out_dir / ".llmcompressor-save"
     try:
         oneshot(
-            model=model, processor=tokenizer, dataset=ds, recipe=modifier,
-            sequential_targets=list(q.sequential_targets), pipeline="sequential",
-            num_calibration_samples=len(samples), max_seq_length=max(len(s) for s in samples),
-            shuffle_calibration_samples=False, batch_size=1,
+            model=model,
+            processor=tokenizer,
+            dataset=ds,
+            recipe=modifier,
+            sequential_targets=list(q.sequential_targets),
+            pipeline="sequential",
+            num_calibration_samples=len(samples),
+            max_seq_length=max(len(s) for s in samples),
+            shuffle_calibration_samples=False,
+            batch_size=1,
         )
         model.save_pretrained(str(raw), save_compressed=True)
     finally:
@@ -193,35 +225,53 @@ def run_gptq(source_dir: Path, samples: list[list[int]], q: QuantizationSpec, ou
     shutil.rmtree(raw)
     finish_output(source_dir, out_dir, q, saved_cfg["quantization_config"], digests=digests, timings=timings)
     quantized = sorted({m for n in tensors if (m := quantized_module(n))})
-    log.info("gptq: %d Linear modules quantized; %d unquantized tensors byte-identical to the source",
-             len(quantized), sum(1 for n in tensors if quantized_module(n) is None))
+    log.info(
+        "gptq: %d Linear modules quantized; %d unquantized tensors byte-identical to the source",
+        len(quantized),
+        sum(1 for n in tensors if quantized_module(n) is None),
+    )
     return {"quantized_modules": len(quantized), "tensors": len(tensors)}
 
 
-def finish_output(source_dir: Path, out_dir: Path, q: QuantizationSpec, quantization_config: dict[str, Any], *,
-                  mtp_quantized: bool = False, digests: DigestCache | None = None,
-                  timings: Timings | None = None) -> None:
+def finish_output(
+    source_dir: Path,
+    out_dir: Path,
+    q: QuantizationSpec,
+    quantization_config: dict[str, Any],
+    *,
+    mtp_quantized: bool = False,
+    digests: DigestCache | None = None,
+    timings: Timings | None = None,
+) -> None:
     """Write config.json (source config + `quantization_config`) and the side files into `out_dir`,
     then prove every tensor the recipe does not quantize byte-identical to the source (`digests`:
     the run's cache; the check stage's proof of the same tensors reuses what this one hashes;
     `timings`: gets the proof's seconds as `identity_proof`)."""
     src_cfg = json.loads((Path(source_dir) / "config.json").read_text())
-    config = quantized_config(src_cfg, {"quantization_config": quantization_config}, list(q.ignore),
-                              mtp_quantized=mtp_quantized)
+    config = quantized_config(
+        src_cfg, {"quantization_config": quantization_config}, list(q.ignore), mtp_quantized=mtp_quantized
+    )
     atomic_write_bytes(out_dir / "config.json", pretty_json(config))
     carry_side_files(source_dir, out_dir)
     t0 = time.perf_counter()
     problems = prove_unquantized_identical(
-        out_dir, source_dir, rename=lambda n: n,
+        out_dir,
+        source_dir,
+        rename=lambda n: n,
         may_quantize=recipe_quantizes(list(q.ignore), head_quantized=False),
-        skip_source=lambda n: n.startswith(MTP_PREFIX), digests=digests)
+        skip_source=lambda n: n.startswith(MTP_PREFIX),
+        digests=digests,
+    )
     proof = time.perf_counter() - t0
     log.debug("gptq: identity proof %.2f s", proof)
     if timings is not None:
         timings.add_tail({"identity_proof": proof})
     if problems:
-        raise StageError("GPTQ output: tensors the recipe does not quantize differ from the source:\n  "
-                         + "\n  ".join(problems[:20]), hint="this is a bug in the gptq stage; file it with the log")
+        raise StageError(
+            "GPTQ output: tensors the recipe does not quantize differ from the source:\n  "
+            + "\n  ".join(problems[:20]),
+            hint="this is a bug in the gptq stage; file it with the log",
+        )
 
 
 def carry_side_files(source_dir: Path, out_dir: Path) -> list[str]:
@@ -240,8 +290,10 @@ def gptq_engine() -> str:
     from QWENQUANT_GPTQ_ENGINE."""
     name = envs.get("QWENQUANT_GPTQ_ENGINE")
     if name not in ENGINES:
-        raise UsageError(f"QWENQUANT_GPTQ_ENGINE must be streamed or oneshot, got {name!r}",
-                         hint="unset QWENQUANT_GPTQ_ENGINE to use the streamed engine")
+        raise UsageError(
+            f"QWENQUANT_GPTQ_ENGINE must be streamed or oneshot, got {name!r}",
+            hint="unset QWENQUANT_GPTQ_ENGINE to use the streamed engine",
+        )
     return name
 
 
@@ -259,12 +311,19 @@ def rank_fields(ranks: int) -> dict[str, int]:
 
 
 def _inputs(ctx: StageContext) -> dict[str, str]:
-    return {"source": ctx.digest("source"), "calibration": ctx.digest("calibration"),
-            "quantization": sha256_json(ctx.recipe.quantization.model_dump(mode="json")),
-            "artifact": sha256_json(ctx.recipe.artifact.model_dump(mode="json")), "device": ctx.device,
-            "engine": gptq_engine(), "heldout": str(heldout_fraction(ctx)),
-            "hessian_precision": hessian_precision(ctx.recipe.quantization),
-            **{k: str(v) for k, v in rank_fields(ctx.ranks).items()}, **mtp_fields(ctx), **thread_fields(ctx.device)}
+    return {
+        "source": ctx.digest("source"),
+        "calibration": ctx.digest("calibration"),
+        "quantization": sha256_json(ctx.recipe.quantization.model_dump(mode="json")),
+        "artifact": sha256_json(ctx.recipe.artifact.model_dump(mode="json")),
+        "device": ctx.device,
+        "engine": gptq_engine(),
+        "heldout": str(heldout_fraction(ctx)),
+        "hessian_precision": hessian_precision(ctx.recipe.quantization),
+        **{k: str(v) for k, v in rank_fields(ctx.ranks).items()},
+        **mtp_fields(ctx),
+        **thread_fields(ctx.device),
+    }
 
 
 def mtp_fields(ctx: StageContext) -> dict[str, str]:
@@ -281,8 +340,12 @@ def hessian_precision(q: QuantizationSpec) -> str:
 
 
 def _params(ctx: StageContext) -> dict[str, Any]:
-    return {"quantization": ctx.recipe.quantization.model_dump(mode="json"), "device": ctx.device,
-            **rank_fields(ctx.ranks), **mtp_fields(ctx)}
+    return {
+        "quantization": ctx.recipe.quantization.model_dump(mode="json"),
+        "device": ctx.device,
+        **rank_fields(ctx.ranks),
+        **mtp_fields(ctx),
+    }
 
 
 def layer_fingerprint(ctx: StageContext) -> str:
@@ -291,9 +354,17 @@ def layer_fingerprint(ctx: StageContext) -> str:
     layers summed with another count)."""
     from qwenquant.quantize.engine.layers import ENGINE_VERSION
 
-    return sha256_json({"source": ctx.digest("source"), "calibration": ctx.digest("calibration"),
-                        "quantization": ctx.recipe.quantization.model_dump(mode="json"), "device": ctx.device,
-                        "engine": ENGINE_VERSION, **rank_fields(ctx.ranks), **thread_fields(ctx.device)})
+    return sha256_json(
+        {
+            "source": ctx.digest("source"),
+            "calibration": ctx.digest("calibration"),
+            "quantization": ctx.recipe.quantization.model_dump(mode="json"),
+            "device": ctx.device,
+            "engine": ENGINE_VERSION,
+            **rank_fields(ctx.ranks),
+            **thread_fields(ctx.device),
+        }
+    )
 
 
 def _plan_note(ctx: StageContext) -> str | None:
@@ -319,16 +390,36 @@ def _run_streamed(ctx: StageContext, samples: list[list[int]], out_dir: Path) ->
     layers_root = ctx.work / LAYERS_DIR
     fingerprint = layer_fingerprint(ctx)
     if ctx.ranks > len(samples):
-        raise UsageError(f"--gpus {ctx.ranks} but the calibration set has {len(samples)} samples: every process "
-                         "needs at least one", hint=f"pass --gpus {len(samples)} or fewer, or calibrate on more samples")
+        raise UsageError(
+            f"--gpus {ctx.ranks} but the calibration set has {len(samples)} samples: every process needs at least one",
+            hint=f"pass --gpus {len(samples)} or fewer, or calibrate on more samples",
+        )
     _, held = split_heldout(len(samples), heldout_fraction(ctx))
-    info = run_streamed_gptq(ctx.source, samples, q, out_dir, heldout=held,
-                             max_shard_bytes=ctx.recipe.artifact.max_shard_bytes, layers_root=layers_root,
-                             fingerprint=fingerprint, device=ctx.device, progress=ctx.progress_for(LAYERS_TASK),
-                             ranks=ctx.ranks, mtp=ctx.recipe.mtp_quantized, digests=ctx.digests,
-                             timings=ctx.timings)
-    finish_output(ctx.source, out_dir, q, quantization_config(resolve_scheme(q)), mtp_quantized=ctx.recipe.mtp_quantized,
-                  digests=ctx.digests, timings=ctx.timings)
+    info = run_streamed_gptq(
+        ctx.source,
+        samples,
+        q,
+        out_dir,
+        heldout=held,
+        max_shard_bytes=ctx.recipe.artifact.max_shard_bytes,
+        layers_root=layers_root,
+        fingerprint=fingerprint,
+        device=ctx.device,
+        progress=ctx.progress_for(LAYERS_TASK),
+        ranks=ctx.ranks,
+        mtp=ctx.recipe.mtp_quantized,
+        digests=ctx.digests,
+        timings=ctx.timings,
+    )
+    finish_output(
+        ctx.source,
+        out_dir,
+        q,
+        quantization_config(resolve_scheme(q)),
+        mtp_quantized=ctx.recipe.mtp_quantized,
+        digests=ctx.digests,
+        timings=ctx.timings,
+    )
     discard_layers(layers_root)
     return info
 
@@ -341,19 +432,33 @@ def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
     if gptq_engine() == "streamed":
         return _run_streamed(ctx, samples, out_dir)
     if ctx.recipe.quantization.hessian_precision != "fp32":
-        log.info("gptq: the oneshot engine accumulates Hessians in llm-compressor's float32 arithmetic "
-                 "(quantization.hessian_precision %s applies to the streamed engine)",
-                 ctx.recipe.quantization.hessian_precision)
+        log.info(
+            "gptq: the oneshot engine accumulates Hessians in llm-compressor's float32 arithmetic "
+            "(quantization.hessian_precision %s applies to the streamed engine)",
+            ctx.recipe.quantization.hessian_precision,
+        )
     if ctx.ranks > 1:
-        raise UsageError(f"--gpus {ctx.ranks} runs the streamed engine; QWENQUANT_GPTQ_ENGINE=oneshot is one process",
-                         hint="unset QWENQUANT_GPTQ_ENGINE, or drop --gpus")
+        raise UsageError(
+            f"--gpus {ctx.ranks} runs the streamed engine; QWENQUANT_GPTQ_ENGINE=oneshot is one process",
+            hint="unset QWENQUANT_GPTQ_ENGINE, or drop --gpus",
+        )
     if ctx.recipe.mtp_quantized:
-        raise UsageError("mtp.quantize: gptq calibrates the MTP head inside the streamed engine's pass; "
-                         "QWENQUANT_GPTQ_ENGINE=oneshot has no such pass",
-                         hint="unset QWENQUANT_GPTQ_ENGINE, or keep the MTP head bf16 (mtp.quantize: bf16)")
-    return run_gptq(ctx.source, samples, ctx.recipe.quantization, out_dir,
-                    max_shard_bytes=ctx.recipe.artifact.max_shard_bytes, device=ctx.device,
-                    progress=ctx.progress_for(LAYERS_TASK), digests=ctx.digests, timings=ctx.timings)
+        raise UsageError(
+            "mtp.quantize: gptq calibrates the MTP head inside the streamed engine's pass; "
+            "QWENQUANT_GPTQ_ENGINE=oneshot has no such pass",
+            hint="unset QWENQUANT_GPTQ_ENGINE, or keep the MTP head bf16 (mtp.quantize: bf16)",
+        )
+    return run_gptq(
+        ctx.source,
+        samples,
+        ctx.recipe.quantization,
+        out_dir,
+        max_shard_bytes=ctx.recipe.artifact.max_shard_bytes,
+        device=ctx.device,
+        progress=ctx.progress_for(LAYERS_TASK),
+        digests=ctx.digests,
+        timings=ctx.timings,
+    )
 
 
 STAGE = Stage("gptq", _inputs, _params, _run, builds_checkpoint=True, tasks=(LAYERS_TASK,), plan_note=_plan_note)

@@ -54,7 +54,9 @@ def head_quant_config(config: dict[str, Any], group: dict[str, Any]) -> dict[str
     while f"group_{i}" in groups:
         i += 1
     groups[f"group_{i}"] = group
-    qc["ignore"] = [p for p in (qc.get("ignore") or []) if p not in ("lm_head", LM_HEAD_TARGET, "language_model.lm_head")]
+    qc["ignore"] = [
+        p for p in (qc.get("ignore") or []) if p not in ("lm_head", LM_HEAD_TARGET, "language_model.lm_head")
+    ]
     return out
 
 
@@ -105,14 +107,19 @@ def _capture_from_model(source_dir: Path, samples: list[list[int]], spec: LmHead
 def _quality(spec: LmHeadSpec, report: dict[str, Any] | None, cal: HeadCalibration, fallback: bool) -> dict[str, Any]:
     """The quality report the record, the manifest and qwenquant-quality.json keep."""
     pick = (lambda k: report[k]) if report else (lambda k: None)
-    return {"lm_head": {
-        "method": spec.method, "rtn": pick("rtn"), "gptq": pick("gptq"), "kl_reduction_pct": pick("kl_reduction_pct"),
-        "calibration_tokens": int(cal.tokens),
-        "heldout_tokens": int(cal.heldout.shape[0]) if cal.heldout is not None else 0,
-        "heldout_samples": cal.heldout_samples,
-        "evaluated_on": "heldout" if report else "none",
-        "used_rtn_fallback": bool(fallback),
-    }}
+    return {
+        "lm_head": {
+            "method": spec.method,
+            "rtn": pick("rtn"),
+            "gptq": pick("gptq"),
+            "kl_reduction_pct": pick("kl_reduction_pct"),
+            "calibration_tokens": int(cal.tokens),
+            "heldout_tokens": int(cal.heldout.shape[0]) if cal.heldout is not None else 0,
+            "heldout_samples": cal.heldout_samples,
+            "evaluated_on": "heldout" if report else "none",
+            "used_rtn_fallback": bool(fallback),
+        }
+    }
 
 
 def gpu_budget(device: str) -> int | None:
@@ -141,12 +148,23 @@ def _better_than_rtn(spec: LmHeadSpec) -> Callable[[dict[str, Any]], None]:
         if spec.require_better_than_rtn and spec.method == "gptq" and report["gptq"]["kl"] >= report["rtn"]["kl"]:
             raise StageError(
                 f"lm_head GPTQ is not better than RTN on held-out tokens (KL {report['gptq']['kl']:.6g} >= "
-                f"{report['rtn']['kl']:.6g})", hint="use more calibration samples, or set lm_head.require_better_than_rtn: false")
+                f"{report['rtn']['kl']:.6g})",
+                hint="use more calibration samples, or set lm_head.require_better_than_rtn: false",
+            )
+
     return gate
 
 
-def run_head(source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, prev_dir: Path, out_dir: Path, *,
-             device: str, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+def run_head(
+    source_dir: Path,
+    samples: list[list[int]],
+    spec: LmHeadSpec,
+    prev_dir: Path,
+    out_dir: Path,
+    *,
+    device: str,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
     """Quantize lm_head into `out_dir` (= `prev_dir` with the head packed); return the quality report
     and, under "row_chunk", the row chunk that ran (the recipe's `row_chunk: auto` resolved)."""
     from qwenquant.modeling.runtime import set_deterministic
@@ -160,11 +178,26 @@ def run_head(source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, prev_
     if cal is None:
         cal = _capture_from_model(source_dir, samples, spec, device)
     ref = checkpoint_refs(source_dir)[f"{HEAD}.weight"]
-    row_chunk = resolve_row_chunk(spec.row_chunk, ref.shape[0], ref.shape[1], gpu_budget(device),
-                                  group_size=spec.group_size, block_size=spec.block_size)
+    row_chunk = resolve_row_chunk(
+        spec.row_chunk,
+        ref.shape[0],
+        ref.shape[1],
+        gpu_budget(device),
+        group_size=spec.group_size,
+        block_size=spec.block_size,
+    )
     log.info("lm_head: %d rows at a time (row_chunk %s)", row_chunk, spec.row_chunk)
-    done = lh.quantize_head(lambda: ref_tensor(ref), cal.hessian, cal.heldout, spec, row_chunk=row_chunk,
-                            prefix=HEAD, device=device, progress=progress, gate=_better_than_rtn(spec))
+    done = lh.quantize_head(
+        lambda: ref_tensor(ref),
+        cal.hessian,
+        cal.heldout,
+        spec,
+        row_chunk=row_chunk,
+        prefix=HEAD,
+        device=device,
+        progress=progress,
+        gate=_better_than_rtn(spec),
+    )
     log.info("lm_head: %s", ", ".join(f"{k} {v:.1f} s" for k, v in sorted(done.seconds.items())))
     quality = _quality(spec, done.report, cal, done.used_rtn_fallback)
     packed = {n: torch_raw(n, t, copy=False) for n, t in done.tensors.items()}
@@ -184,9 +217,14 @@ def run_head(source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, prev_
 
 
 def _inputs(ctx: StageContext) -> dict[str, str]:
-    return {"source": ctx.digest("source"), "calibration": ctx.digest("calibration"), "gptq": ctx.digest("gptq"),
-            "lm_head": sha256_json(ctx.recipe.lm_head.model_dump(mode="json")), "device": ctx.device,
-            **thread_fields(ctx.device)}
+    return {
+        "source": ctx.digest("source"),
+        "calibration": ctx.digest("calibration"),
+        "gptq": ctx.digest("gptq"),
+        "lm_head": sha256_json(ctx.recipe.lm_head.model_dump(mode="json")),
+        "device": ctx.device,
+        **thread_fields(ctx.device),
+    }
 
 
 def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
@@ -196,8 +234,15 @@ def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
         return {"lm_head": {"method": "none"}}
     from qwenquant.quantize.stages.calibration import load_tokens
 
-    return run_head(ctx.source, load_tokens(ctx.dir("calibration")), ctx.recipe.lm_head, prev, out_dir,
-                    device=ctx.device, progress=ctx.progress_for(ROW_CHUNKS))
+    return run_head(
+        ctx.source,
+        load_tokens(ctx.dir("calibration")),
+        ctx.recipe.lm_head,
+        prev,
+        out_dir,
+        device=ctx.device,
+        progress=ctx.progress_for(ROW_CHUNKS),
+    )
 
 
 def _manifest(outcome: Any) -> dict[str, Any]:
@@ -206,5 +251,12 @@ def _manifest(outcome: Any) -> dict[str, Any]:
     return {"quality": {k: v for k, v in outcome.result.items() if k != "row_chunk"}}
 
 
-STAGE = Stage("lm_head", _inputs, lambda ctx: {"lm_head": ctx.recipe.lm_head.model_dump(mode="json"), "device": ctx.device},
-              _run, builds_checkpoint=True, manifest=_manifest, tasks=(ROW_CHUNKS,))
+STAGE = Stage(
+    "lm_head",
+    _inputs,
+    lambda ctx: {"lm_head": ctx.recipe.lm_head.model_dump(mode="json"), "device": ctx.device},
+    _run,
+    builds_checkpoint=True,
+    manifest=_manifest,
+    tasks=(ROW_CHUNKS,),
+)

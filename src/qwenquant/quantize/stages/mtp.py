@@ -32,13 +32,13 @@ MTP_SHARD = "model-mtp.safetensors"
 class GraftPlan:
     """What `apply_graft` must change; empty tuples and False flags mean nothing to graft."""
 
-    add: tuple[str, ...]          # in the source, missing from the artifact
-    replace: tuple[str, ...]      # in both, but dtype, shape or bytes differ
-    remove: tuple[str, ...]       # mtp.* in the artifact that the source does not have
-    move: tuple[str, ...]         # identical, but not in the MTP shard
-    index_fix: tuple[str, ...]    # weight map entries missing or pointing elsewhere
-    ignore_fix: bool              # `re:^mtp.*` missing from quantization_config.ignore (present, for an int4 head)
-    quantized: bool = False       # the head's Linears are int4-packed (mtp.quantize: gptq)
+    add: tuple[str, ...]  # in the source, missing from the artifact
+    replace: tuple[str, ...]  # in both, but dtype, shape or bytes differ
+    remove: tuple[str, ...]  # mtp.* in the artifact that the source does not have
+    move: tuple[str, ...]  # identical, but not in the MTP shard
+    index_fix: tuple[str, ...]  # weight map entries missing or pointing elsewhere
+    ignore_fix: bool  # `re:^mtp.*` missing from quantization_config.ignore (present, for an int4 head)
+    quantized: bool = False  # the head's Linears are int4-packed (mtp.quantize: gptq)
 
     @property
     def nothing_to_do(self) -> bool:
@@ -47,29 +47,50 @@ class GraftPlan:
     def summary(self) -> str:
         if self.nothing_to_do:
             return "nothing to graft"
-        parts = [f"{k} {len(v)}" for k, v in (("add", self.add), ("replace", self.replace), ("remove", self.remove),
-                                               ("move", self.move), ("index", self.index_fix)) if v]
+        parts = [
+            f"{k} {len(v)}"
+            for k, v in (
+                ("add", self.add),
+                ("replace", self.replace),
+                ("remove", self.remove),
+                ("move", self.move),
+                ("index", self.index_fix),
+            )
+            if v
+        ]
         if self.ignore_fix:
-            parts.append("remove re:^mtp.* from quantization_config.ignore" if self.quantized
-                         else "add re:^mtp.* to quantization_config.ignore")
+            parts.append(
+                "remove re:^mtp.* from quantization_config.ignore"
+                if self.quantized
+                else "add re:^mtp.* to quantization_config.ignore"
+            )
         return ", ".join(parts)
 
 
-def plan_graft(artifact_index: Mapping[str, str], artifact_headers: Mapping[str, TensorDigest],
-               source_tensors: Mapping[str, TensorDigest], *, ignore: list[str] | None = None,
-               has_quant_config: bool = True, quantized: bool = False) -> GraftPlan:
+def plan_graft(
+    artifact_index: Mapping[str, str],
+    artifact_headers: Mapping[str, TensorDigest],
+    source_tensors: Mapping[str, TensorDigest],
+    *,
+    ignore: list[str] | None = None,
+    has_quant_config: bool = True,
+    quantized: bool = False,
+) -> GraftPlan:
     """Pure: compare the artifact's mtp tensors (index + digests) with what they must be
     (`source_tensors`: the source's, with the packed Linears in place of their weights when
     `quantized`; then the ignore list must leave the head to the body's config group)."""
     src = {n: d for n, d in source_tensors.items() if n.startswith(MTP_PREFIX)}
     art = {n: d for n, d in artifact_headers.items() if n.startswith(MTP_PREFIX)}
     if not src:
-        raise StageError("the source checkpoint has no mtp.* tensors", hint="check --source points at the original model")
+        raise StageError(
+            "the source checkpoint has no mtp.* tensors", hint="check --source points at the original model"
+        )
     add = tuple(sorted(set(src) - set(art)))
     replace = tuple(sorted(n for n in set(src) & set(art) if art[n] != src[n]))
     remove = tuple(sorted(set(art) - set(src)))
-    move = tuple(sorted(n for n in set(src) & set(art)
-                        if art[n] == src[n] and artifact_index.get(n) not in (None, MTP_SHARD)))
+    move = tuple(
+        sorted(n for n in set(src) & set(art) if art[n] == src[n] and artifact_index.get(n) not in (None, MTP_SHARD))
+    )
     index_fix = tuple(sorted(n for n in src if n in art and artifact_index.get(n) is None))
     if quantized:
         ignore_fix = has_quant_config and targets_cover(ignore or [], "mtp.fc")
@@ -78,8 +99,7 @@ def plan_graft(artifact_index: Mapping[str, str], artifact_headers: Mapping[str,
     return GraftPlan(add, replace, remove, move, index_fix, ignore_fix, quantized)
 
 
-def expected_mtp(source_refs: Mapping[str, TensorRef], packed: Mapping[str, TensorRef] | None
-                 ) -> dict[str, TensorRef]:
+def expected_mtp(source_refs: Mapping[str, TensorRef], packed: Mapping[str, TensorRef] | None) -> dict[str, TensorRef]:
     """Pure: the mtp.* tensors an artifact must hold: the source's, each packed module's `.weight`
     replaced by its packed tensors (`packed`: None for a bf16 head)."""
     src = {n: r for n, r in source_refs.items() if n.startswith(MTP_PREFIX)}
@@ -104,8 +124,10 @@ def present_refs(folder: Path) -> tuple[dict[str, str], dict[str, Any]]:
     missing = {s for s in set(wmap.values()) if not (folder / s).is_file()}
     for name, shard in sorted(wmap.items()):
         if shard in missing and not name.startswith(MTP_PREFIX):
-            raise StageError(f"{folder / shard} is missing and held {name}, not only the MTP head",
-                             hint="graft-mtp restores only mtp.* tensors; re-run `qwenquant quantize`")
+            raise StageError(
+                f"{folder / shard} is missing and held {name}, not only the MTP head",
+                hint="graft-mtp restores only mtp.* tensors; re-run `qwenquant quantize`",
+            )
     refs: dict[str, Any] = {}
     for shard in sorted(set(wmap.values()) - missing):
         refs.update(shard_refs(folder / shard))
@@ -118,26 +140,39 @@ def present_plan(folder: Path) -> ShardPlan:
     plan: ShardPlan = {}
     for name, shard in wmap.items():
         if name not in refs:
-            raise StageError(f"{folder}: the index maps {name} to {shard}, which does not hold it",
-                             hint="the folder is damaged; re-run `qwenquant quantize`")
+            raise StageError(
+                f"{folder}: the index maps {name} to {shard}, which does not hold it",
+                hint="the folder is damaged; re-run `qwenquant quantize`",
+            )
         plan.setdefault(shard, {})[name] = refs[name]
     return plan
 
 
-def plan_for(artifact_dir: Path, source_dir: Path, packed: Mapping[str, TensorRef] | None = None,
-             digests: DigestCache | None = None) -> GraftPlan:
+def plan_for(
+    artifact_dir: Path,
+    source_dir: Path,
+    packed: Mapping[str, TensorRef] | None = None,
+    digests: DigestCache | None = None,
+) -> GraftPlan:
     """Read digests and the index of both folders and plan the graft (`packed`: an int4 head's
     packed Linears, name -> tensor, see `expected_mtp`; `digests`: the run's cache, or None)."""
     index, art_refs = present_refs(artifact_dir)
     want = expected_mtp(checkpoint_refs(source_dir), packed)
     art = tensor_digests(art_refs, [n for n in art_refs if n.startswith(MTP_PREFIX)], digests)
     has_qc, ignore = _quant_ignore(read_config(artifact_dir))
-    return plan_graft(index, art, tensor_digests(want, digests=digests), ignore=ignore, has_quant_config=has_qc,
-                      quantized=bool(packed))
+    return plan_graft(
+        index,
+        art,
+        tensor_digests(want, digests=digests),
+        ignore=ignore,
+        has_quant_config=has_qc,
+        quantized=bool(packed),
+    )
 
 
-def graft_into(folder: Path, out_dir: Path, source_dir: Path, plan: GraftPlan,
-               packed: Mapping[str, TensorRef] | None = None) -> None:
+def graft_into(
+    folder: Path, out_dir: Path, source_dir: Path, plan: GraftPlan, packed: Mapping[str, TensorRef] | None = None
+) -> None:
     """Write `folder`'s tensors + the MTP tensors (`expected_mtp`) into the fresh folder `out_dir`, with
     the index and config (side files are the caller's). Every mtp tensor goes to `model-mtp.safetensors`."""
     shard_plan = present_plan(folder)
@@ -156,16 +191,23 @@ def graft_into(folder: Path, out_dir: Path, source_dir: Path, plan: GraftPlan,
     atomic_write_bytes(Path(out_dir) / "config.json", pretty_json(config))
 
 
-def verify_mtp(artifact_dir: Path, source_dir: Path, packed: Mapping[str, TensorRef] | None = None,
-               digests: DigestCache | None = None) -> list[str]:
+def verify_mtp(
+    artifact_dir: Path,
+    source_dir: Path,
+    packed: Mapping[str, TensorRef] | None = None,
+    digests: DigestCache | None = None,
+) -> list[str]:
     """Problems (empty = fine): every mtp tensor the artifact must hold (`expected_mtp`) byte-identical
     in it, and the ignore list as the head's precision needs (`digests`: the run's cache, or None)."""
     plan = plan_for(artifact_dir, source_dir, packed, digests)
     problems = [f"{n}: missing" for n in plan.add] + [f"{n}: differs from the source" for n in plan.replace]
     problems += [f"{n}: not in the source" for n in plan.remove] + [f"{n}: not in the index" for n in plan.index_fix]
     if plan.ignore_fix:
-        problems.append("quantization_config.ignore covers the int4 MTP head (vLLM would build it bf16, vLLM #53387)"
-                        if plan.quantized else "quantization_config.ignore lacks re:^mtp.*")
+        problems.append(
+            "quantization_config.ignore covers the int4 MTP head (vLLM would build it bf16, vLLM #53387)"
+            if plan.quantized
+            else "quantization_config.ignore lacks re:^mtp.*"
+        )
     return problems
 
 
@@ -177,8 +219,10 @@ def packed_mtp(ctx: StageContext) -> dict[str, TensorRef] | None:
 
     packed = mtpcal.load_refs(ctx.dir("gptq"))
     if not packed:
-        raise StageError("mtp.quantize is gptq but the gptq stage left no quantized MTP head",
-                         hint="re-run `qwenquant quantize` with a fresh --work folder (streamed engine)")
+        raise StageError(
+            "mtp.quantize is gptq but the gptq stage left no quantized MTP head",
+            hint="re-run `qwenquant quantize` with a fresh --work folder (streamed engine)",
+        )
     return packed
 
 
@@ -201,5 +245,6 @@ def _inputs(ctx: StageContext) -> dict[str, str]:
     return out
 
 
-STAGE = Stage("mtp", _inputs, lambda ctx: {"mtp": "gptq"} if ctx.recipe.mtp_quantized else {}, _run,
-              builds_checkpoint=True)
+STAGE = Stage(
+    "mtp", _inputs, lambda ctx: {"mtp": "gptq"} if ctx.recipe.mtp_quantized else {}, _run, builds_checkpoint=True
+)

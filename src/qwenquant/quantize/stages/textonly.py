@@ -25,8 +25,16 @@ VISION_PREFIX = "model.visual."
 PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json")
 _MROPE_KEYS = ("mrope_section", "mrope_interleaved")
 # Multimodal-only keys of the top-level config; they mean nothing to a text model.
-_MM_KEYS = ("text_config", "vision_config", "image_token_id", "video_token_id", "vision_start_token_id",
-            "vision_end_token_id", "architectures", "model_type")
+_MM_KEYS = (
+    "text_config",
+    "vision_config",
+    "image_token_id",
+    "video_token_id",
+    "vision_start_token_id",
+    "vision_end_token_id",
+    "architectures",
+    "model_type",
+)
 
 
 def plain_rope(rope: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -66,7 +74,7 @@ def text_only_name(name: str) -> str | None:
     if name.startswith(VISION_PREFIX):
         return None
     if name.startswith(LM_PREFIX):
-        return "model." + name[len(LM_PREFIX):]
+        return "model." + name[len(LM_PREFIX) :]
     return name
 
 
@@ -75,8 +83,7 @@ def rewrite_text_only(prev_dir: Path, out_dir: Path) -> dict[str, Any]:
     plan = current_plan(prev_dir)
     before = sum(len(t) for t in plan.values())
     new_plan = map_plan(plan, text_only_name)
-    derive_checkpoint(prev_dir, out_dir, new_plan, text_only_config(read_config(prev_dir)),
-                      drop_files=PROCESSOR_FILES)
+    derive_checkpoint(prev_dir, out_dir, new_plan, text_only_config(read_config(prev_dir)), drop_files=PROCESSOR_FILES)
     after = sum(len(t) for t in new_plan.values())
     return {"layout": "text-only", "tensors_dropped": before - after, "architecture": TEXT_ARCH}
 
@@ -84,15 +91,26 @@ def rewrite_text_only(prev_dir: Path, out_dir: Path) -> dict[str, Any]:
 def keep_multimodal(prev_dir: Path, out_dir: Path) -> dict[str, Any]:
     """The multimodal layout: same tensors, names and config (all files linked)."""
     derive_checkpoint(prev_dir, out_dir, current_plan(prev_dir), read_config(prev_dir))
-    return {"layout": "multimodal", "tensors_dropped": 0,
-            "architecture": (read_config(prev_dir).get("architectures") or [None])[0]}
+    return {
+        "layout": "multimodal",
+        "tensors_dropped": 0,
+        "architecture": (read_config(prev_dir).get("architectures") or [None])[0],
+    }
 
 
 def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
     prev = ctx.dir("mtp")
-    return rewrite_text_only(prev, out_dir) if ctx.recipe.artifact.layout == "text-only" else keep_multimodal(prev, out_dir)
+    return (
+        rewrite_text_only(prev, out_dir)
+        if ctx.recipe.artifact.layout == "text-only"
+        else keep_multimodal(prev, out_dir)
+    )
 
 
-STAGE = Stage("textonly",
-              lambda ctx: {"mtp": ctx.digest("mtp"), "layout": sha256_json(ctx.recipe.artifact.layout)},
-              lambda ctx: {"layout": ctx.recipe.artifact.layout}, _run, builds_checkpoint=True)
+STAGE = Stage(
+    "textonly",
+    lambda ctx: {"mtp": ctx.digest("mtp"), "layout": sha256_json(ctx.recipe.artifact.layout)},
+    lambda ctx: {"layout": ctx.recipe.artifact.layout},
+    _run,
+    builds_checkpoint=True,
+)

@@ -22,11 +22,11 @@ def folder_pair(text: str) -> tuple[str, Path]:
 
 
 def parser(prog: str, description: str, epilog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=prog, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--repo", type=folder_pair, action="append", default=[], metavar="ID=DIR", help="model repo")
-    p.add_argument("--dataset", type=folder_pair, action="append", default=[], metavar="ID=DIR",
-                   help="dataset repo")
+    p.add_argument("--dataset", type=folder_pair, action="append", default=[], metavar="ID=DIR", help="dataset repo")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     return p
@@ -50,10 +50,12 @@ def serve(hub: HubServer, args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser("python -m qwenquant.testbed.hubserver",
-               "Serve local folders as Hugging Face Hub repos on 127.0.0.1 (downloads).",
-               "example: python -m qwenquant.testbed.hubserver --repo Qwen/Qwen3.8-27B=models/tiny --port 8765\n"
-               "then: HF_ENDPOINT=http://127.0.0.1:8765 HF_HUB_DISABLE_XET=1 qwenquant fetch Qwen/Qwen3.8-27B --out x")
+    p = parser(
+        "python -m qwenquant.testbed.hubserver",
+        "Serve local folders as Hugging Face Hub repos on 127.0.0.1 (downloads).",
+        "example: python -m qwenquant.testbed.hubserver --repo Qwen/Qwen3.8-27B=models/tiny --port 8765\n"
+        "then: HF_ENDPOINT=http://127.0.0.1:8765 HF_HUB_DISABLE_XET=1 qwenquant fetch Qwen/Qwen3.8-27B --out x",
+    )
     args = p.parse_args(argv)
     return serve(HubServer(args.host, args.port).start(), args)
 

@@ -216,8 +216,9 @@ class _Handler(BaseHandler):
         with open(f.source, "rb") as src:
             self._rec.sent = self.connection.sendfile(src, start, end - start) if end > start else 0
 
-    def _send_headers(self, f: HubFile, headers: dict[str, str], *, ignore_range: bool,
-                      shift: int) -> tuple[int, int] | None:
+    def _send_headers(
+        self, f: HubFile, headers: dict[str, str], *, ignore_range: bool, shift: int
+    ) -> tuple[int, int] | None:
         """The status line and headers of `f` (206 for a satisfiable Range unless `ignore_range`; its start
         moved `shift` bytes on); the body's [start, end), or None after a 416."""
         rec = self._rec

@@ -62,7 +62,9 @@ class Repo:
     commits: dict[str, Commit] = field(default_factory=dict)
     branches: dict[str, str] = field(default_factory=dict)
     private: bool = False  # reads without an Authorization header answer 401
-    lfs: dict[str, Path] = field(default_factory=dict)  # uploaded LFS objects (sha256 -> bytes on disk), committed or not
+    lfs: dict[str, Path] = field(
+        default_factory=dict
+    )  # uploaded LFS objects (sha256 -> bytes on disk), committed or not
 
 
 def scan_file(source: Path, rel: str, lfs: bool | None = None) -> HubFile:

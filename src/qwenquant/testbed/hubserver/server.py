@@ -165,4 +165,3 @@ def _resolves_to(name: str, host: str) -> bool:
         return all(a[4][0] == host for a in socket.getaddrinfo(name, 80, socket.AF_UNSPEC, socket.SOCK_STREAM))
     except OSError:
         return False
-

@@ -17,8 +17,12 @@ def main(argv: list[str] | None = None) -> int:
         epilog="example: python -m qwenquant.testbed.tiny /tmp/tiny --variant constant --seed 0",
     )
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--variant", choices=(*VARIANTS, "reference"), default="random",
-                        help="reference: the demo's trained model (seed ignored); random/constant: the tests' models")
+    parser.add_argument(
+        "--variant",
+        choices=(*VARIANTS, "reference"),
+        default="random",
+        help="reference: the demo's trained model (seed ignored); random/constant: the tests' models",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:

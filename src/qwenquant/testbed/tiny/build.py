@@ -29,9 +29,7 @@ def build_tensors(variant: str, seed: int) -> dict[str, torch.Tensor]:
     from qwenquant.testbed.tiny import weights
 
     if variant not in VARIANTS:
-        raise QwenquantError(
-            f"unknown tiny model variant {variant!r}", hint=f"use one of: {', '.join(VARIANTS)}"
-        )
+        raise QwenquantError(f"unknown tiny model variant {variant!r}", hint=f"use one of: {', '.join(VARIANTS)}")
     tensors = weights.random_tensors(seed)
     if variant == "constant":
         weights.make_constant(tensors, tokenizer.token_ids()["constant"], seed)
@@ -81,7 +79,10 @@ def build_tiny_checkpoint(out_dir: Path, *, variant: str = "random", seed: int =
 
 
 def write_checkpoint(
-    out_dir: Path, tensors: dict[str, torch.Tensor], tokenizer_text: str | None = None, dims: config.TinyDims = config.DIMS
+    out_dir: Path,
+    tensors: dict[str, torch.Tensor],
+    tokenizer_text: str | None = None,
+    dims: config.TinyDims = config.DIMS,
 ) -> None:
     """Write `tensors` as a checkpoint folder (shards, index, configs, tokenizer) through a staging dir.
 

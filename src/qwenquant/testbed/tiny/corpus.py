@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-CORPUS = r"""
+CORPUS = (
+    r"""
 The quick brown fox jumps over the lazy dog. The dog does not mind, and the fox runs on.
 A small model is a good model for a test: it loads in a second and it fails in a second.
 We build the model in code, with fixed seeds, so every run writes the same bytes to disk.
@@ -83,4 +84,6 @@ The meeting is moved to Thursday afternoon; please bring the report and the numb
 Thank you for your message. I will reply as soon as I can, most likely tomorrow morning.
 Small steps, taken every day, go a long way. Big steps, taken once, often go nowhere.
 Images and videos reach the model as patches; a vision tower turns them into tokens for the text model.
-""".strip() + "\n"
+""".strip()
+    + "\n"
+)

@@ -19,8 +19,17 @@ if TYPE_CHECKING:
     import torch
 
 VISION_SEED = 0
-__all__ = ["VISION_SEED", "build_reference_checkpoint", "data_dir", "heldout_ids", "reference_dims", "reference_meta",
-           "reference_tensors", "verified_bytes", "vision_tensors"]
+__all__ = [
+    "VISION_SEED",
+    "build_reference_checkpoint",
+    "data_dir",
+    "heldout_ids",
+    "reference_dims",
+    "reference_meta",
+    "reference_tensors",
+    "verified_bytes",
+    "vision_tensors",
+]
 
 
 def reference_dims(folder: Path | None = None) -> Any:

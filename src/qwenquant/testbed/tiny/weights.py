@@ -70,7 +70,9 @@ def _vision(d: TinyDims) -> list[TensorSpec]:
     v, vm = d.vision_hidden, d.vision_intermediate
     merged = v * d.spatial_merge_size**2
     specs = [
-        TensorSpec(f"{VIS}.patch_embed.proj.weight", (v, 3, d.temporal_patch_size, d.patch_size, d.patch_size), "linear"),
+        TensorSpec(
+            f"{VIS}.patch_embed.proj.weight", (v, 3, d.temporal_patch_size, d.patch_size, d.patch_size), "linear"
+        ),
         TensorSpec(f"{VIS}.patch_embed.proj.bias", (v,), "linear"),
         TensorSpec(f"{VIS}.pos_embed.weight", (d.vision_positions, v), "linear"),
         TensorSpec(f"{VIS}.merger.norm.weight", (v,), "scale"),
