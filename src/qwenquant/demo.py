@@ -18,11 +18,15 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qwenquant.errors import QwenquantError, ServeError, StageError
 from qwenquant.net.http import HttpError, get_json, post_json
 from qwenquant.net.ports import free_port
 from qwenquant.procenv import child_env
+
+if TYPE_CHECKING:
+    from qwenquant.outfolder import Removal
 
 log = logging.getLogger(__name__)
 
@@ -91,51 +95,18 @@ def run_demo(
     appended as it starts (what `interrupt_note` reports). `quiet`: nothing on stdout (`demo --json`).
     """
     steps = [] if steps is None else steps
-    from qwenquant import outfolder
-    from qwenquant.testbed.hubserver import HubServer
-    from qwenquant.testbed.tiny import build_tiny_checkpoint
-    from qwenquant.testbed.tiny.reference_model import build_reference_checkpoint
-
     work = Path(work).resolve()
-    # --force: the entries that are not the demo's go once it finished (it never writes over them)
-    removal = outfolder.guard(
-        work,
-        outfolder.foreign_in_demo_work(work),
-        force=force,
-        flag="--work",
-        remove=outfolder.foreign_in_demo_work(work),
-        problem="exists and holds more than the demo's hub, models and artifacts folders",
-    )
+    removal = _guard_work(work, force)
     hub_dir, model_dir, artifact = (
         work / "hub" / "Qwen3.5-tiny",
         work / "models" / "Qwen3.5-tiny",
         work / "artifacts" / "Qwen3.5-tiny-w4a16",
     )
     steps.append("build")
-    log.info("building the tiny Qwen3.5 checkpoint (variant %s) in %s", variant, hub_dir)
-    if variant == "reference":
-        build_reference_checkpoint(hub_dir)
-    else:
-        build_tiny_checkpoint(hub_dir, variant=variant, seed=0)
-    # the reference model's own recipe adds the quick eval (figures in the manifest); the untrained
-    # variants have no held-out text, so they keep the 27B recipe with the tiny calibration set
-    recipe_args = (
-        ["--recipe", "tiny-reference"]
-        if variant == "reference"
-        else ["--recipe", "w4a16-int4head", "--calibration", "tiny-demo"]
-    )
-
-    with HubServer() as hub:
-        hub.add_repo(DEMO_REPO, hub_dir)
-        env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_TELEMETRY="1")
-        env.pop("HF_TOKEN", None)
-        steps.append("fetch")
-        fetched = _cli(
-            ["fetch", DEMO_REPO, "--revision", "main", "--out", str(model_dir), "--json"], env, capture_json=True
-        )
-    commit = fetched["commit"]
+    _build(hub_dir, variant)
+    commit, env = _fetch_from_hub(hub_dir, model_dir, steps)
     steps.append("quantize")
-    q = _cli(["quantize", str(model_dir), *recipe_args, "--out", str(artifact), "--json"], env,
+    q = _cli(["quantize", str(model_dir), *_recipe_args(variant), "--out", str(artifact), "--json"], env,
              capture_json=True)  # fmt: skip
     steps.append("verify")
     _cli(["verify", str(artifact)], env, quiet=quiet)
@@ -146,6 +117,57 @@ def run_demo(
     if removal is not None:
         removal.apply()
     return result
+
+
+def _guard_work(work: Path, force: bool) -> Removal | None:
+    """Refuse a --work holding more than the demo's folders; with --force, the Removal of the entries that are
+    not the demo's, applied once the demo finished (it never writes over them)."""
+    from qwenquant import outfolder
+
+    return outfolder.guard(
+        work,
+        outfolder.foreign_in_demo_work(work),
+        force=force,
+        flag="--work",
+        remove=outfolder.foreign_in_demo_work(work),
+        problem="exists and holds more than the demo's hub, models and artifacts folders",
+    )
+
+
+def _build(hub_dir: Path, variant: str) -> None:
+    """The tiny checkpoint the loopback Hub serves: the trained reference, or an untrained variant."""
+    from qwenquant.testbed.tiny import build_tiny_checkpoint
+    from qwenquant.testbed.tiny.reference_model import build_reference_checkpoint
+
+    log.info("building the tiny Qwen3.5 checkpoint (variant %s) in %s", variant, hub_dir)
+    if variant == "reference":
+        build_reference_checkpoint(hub_dir)
+    else:
+        build_tiny_checkpoint(hub_dir, variant=variant, seed=0)
+
+
+def _fetch_from_hub(hub_dir: Path, model_dir: Path, steps: list[str]) -> tuple[str, dict[str, str]]:
+    """Serve `hub_dir` from a loopback Hub and `qwenquant fetch` it into `model_dir`: the commit fetched and the
+    environment the later steps run in."""
+    from qwenquant.testbed.hubserver import HubServer
+
+    with HubServer() as hub:
+        hub.add_repo(DEMO_REPO, hub_dir)
+        env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_TELEMETRY="1")
+        env.pop("HF_TOKEN", None)
+        steps.append("fetch")
+        fetched = _cli(
+            ["fetch", DEMO_REPO, "--revision", "main", "--out", str(model_dir), "--json"], env, capture_json=True
+        )
+    return fetched["commit"], env
+
+
+def _recipe_args(variant: str) -> list[str]:
+    """The reference model's own recipe adds the quick eval (figures in the manifest); the untrained variants
+    have no held-out text, so they keep the 27B recipe with the tiny calibration set."""
+    if variant == "reference":
+        return ["--recipe", "tiny-reference"]
+    return ["--recipe", "w4a16-int4head", "--calibration", "tiny-demo"]
 
 
 def publish_dry_run(artifact: Path, *, as_json: bool = False) -> dict | None:

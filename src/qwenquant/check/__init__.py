@@ -10,7 +10,9 @@ compressed-tensors' semantics: a `re:` entry is `re.match`, anything else equali
 class target `Linear` matches every Linear except lm_head (vLLM's ParallelLMHead is not one).
 
 Split by concern: `facts` (reading the artifact into `ArtifactFacts`, the finding types), `rules`
-(the pure rules and `run_rules`) and `mtp_rule` (the MTP head's rule). Import from `qwenquant.check`.
+(the tensor rules, the table of every rule and `run_rules`), `quant_config_rule` (quantization_config itself),
+`layout_rules` (text prefix, mrope, vision tower) and `mtp_rule` (the MTP head's rule). Import from
+`qwenquant.check`.
 """
 
 from __future__ import annotations
@@ -28,21 +30,19 @@ from qwenquant.check.facts import (
     Finding,
     read_artifact,
 )
+from qwenquant.check.layout_rules import rule_layout, rule_no_mrope, rule_vision
 from qwenquant.check.mtp_rule import MTP_LAYER, MTP_TOP, rule_mtp
 from qwenquant.check.mtp_vllm import QUANTIZED_MTP_VLLM, mtp_vllm_problems, quantized_mtp_vllm_problem
+from qwenquant.check.quant_config_rule import rule_quant_config
 from qwenquant.check.rules import (
     FUSED_PARTS,
     RULE_FUNCS,
     RULES,
     rule_fused_scheme,
     rule_kernel_shape,
-    rule_layout,
     rule_lm_head,
-    rule_no_mrope,
     rule_packed_format,
-    rule_quant_config,
     rule_scheme_storage,
-    rule_vision,
     run_rules,
 )
 

@@ -176,6 +176,16 @@ class ArtifactFacts:
         return gs if isinstance(gs, int) else None
 
 
+def is_visual(name: str) -> bool:
+    """A vision tower's tensor or module (`model.visual.*`, `visual.*`)."""
+    return name.startswith(("model.visual.", "visual.")) or ".visual." in name
+
+
+def is_head(name: str) -> bool:
+    """The lm_head module (`lm_head` or `<prefix>.lm_head`)."""
+    return name.rpartition(".")[2] == "lm_head" or name == "lm_head"
+
+
 def finding(rule: str, where: str, message: str, fix: str) -> Finding:
     """A Finding, in the argument order every rule writes it."""
     return Finding(rule, where, message, fix)
@@ -195,6 +205,20 @@ def _read_weight_shape(t: TensorRef) -> tuple[int, ...] | None:
 def read_artifact(artifact_dir: Path) -> ArtifactFacts:
     """Read config.json, the index and every shard header (no tensor data but weight_shape)."""
     root = Path(artifact_dir)
+    _refuse_non_artifact(root)
+    io: list[Finding] = []
+    config = _read_config(root, io)
+    headers = _read_headers(root, io)
+    weight_map = _read_index(root, headers, io)
+    tensors, shapes = _tensors(root, headers, weight_map)
+    log.debug("read %d tensors from %d shards", len(tensors), len(headers))
+    return ArtifactFacts(
+        config, tensors, shapes, tuple(io), unreadable=not config or not tensors, serve=_manifest_serve(root)
+    )
+
+
+def _refuse_non_artifact(root: Path) -> None:
+    """A missing folder, a file, or a folder with neither config.json nor a shard is no artifact to check."""
     if not root.is_dir():
         raise CheckError(
             f"{root} is not a folder" if root.exists() else f"artifact folder not found: {root}",
@@ -205,7 +229,10 @@ def read_artifact(artifact_dir: Path) -> ArtifactFacts:
             f"{root} holds no config.json and no safetensors file: it is not an artifact",
             hint="pass the artifact folder (the one holding qwenquant-manifest.json)",
         )
-    io: list[Finding] = []
+
+
+def _read_config(root: Path, io: list[Finding]) -> dict[str, Any]:
+    """config.json as a JSON object, else {} with its finding added to `io`."""
     try:
         config = json.loads((root / "config.json").read_bytes())
         if not isinstance(config, dict):
@@ -216,6 +243,11 @@ def read_artifact(artifact_dir: Path) -> ArtifactFacts:
     except ValueError as e:
         config = {}
         io.append(finding("layout", "config.json", f"not valid JSON: {e}", "rebuild the artifact"))
+    return config
+
+
+def _read_headers(root: Path, io: list[Finding]) -> dict[str, SafetensorsHeader]:
+    """{shard file name: header} of every readable shard; an unreadable one's problems go to `io`."""
     headers: dict[str, SafetensorsHeader] = {}
     for p in sorted(root.glob("*.safetensors")):
         try:
@@ -225,6 +257,11 @@ def read_artifact(artifact_dir: Path) -> ArtifactFacts:
                 finding("safetensors-header", p.name, prob, "the shard is corrupt or truncated: rebuild or re-copy it")
                 for prob in e.problems
             ]
+    return headers
+
+
+def _read_index(root: Path, headers: dict[str, SafetensorsHeader], io: list[Finding]) -> dict[str, str] | None:
+    """The index's weight_map (None without a readable one), checked against the shards; problems go to `io`."""
     index_path = root / INDEX_NAME
     weight_map: dict[str, str] | None = None
     if index_path.exists():
@@ -250,6 +287,13 @@ def read_artifact(artifact_dir: Path) -> ArtifactFacts:
         )
     elif not headers and not any(f.rule == "safetensors-header" for f in io):
         io.append(finding("index", "*.safetensors", "no safetensors files", "point at a quantized artifact folder"))
+    return weight_map
+
+
+def _tensors(
+    root: Path, headers: dict[str, SafetensorsHeader], weight_map: dict[str, str] | None
+) -> tuple[dict[str, TensorRef], dict[str, tuple[int, ...]]]:
+    """The tensors vLLM would load (only the shards the index names) and each packed module's weight_shape."""
     tensors: dict[str, TensorRef] = {}
     shapes: dict[str, tuple[int, ...]] = {}
     for fname, h in headers.items():
@@ -261,10 +305,7 @@ def read_artifact(artifact_dir: Path) -> ArtifactFacts:
                 vals = _read_weight_shape(t)
                 if vals is not None:
                     shapes[name.removesuffix(".weight_shape")] = vals
-    log.debug("read %d tensors from %d shards", len(tensors), len(headers))
-    return ArtifactFacts(
-        config, tensors, shapes, tuple(io), unreadable=not config or not tensors, serve=_manifest_serve(root)
-    )
+    return tensors, shapes
 
 
 def _manifest_serve(root: Path) -> dict[str, Any]:

@@ -27,19 +27,39 @@ def rule_mtp(a: ArtifactFacts) -> list[Finding]:
     mtp_names = sorted(t for t in a.tensors if is_mtp(t))
     if n == 0 and not mtp_names:
         return []
-    want = [f"mtp.{s}" for s in MTP_TOP] + [f"mtp.layers.{i}.{s}" for i in range(max(n, 1)) for s in MTP_LAYER]
     linears = {m: packed for m, packed in a.linears().items() if is_mtp(m)}
-    out = []
-    for name in want:
-        if name not in a.tensors and not linears.get(name.removesuffix(".weight")):
-            out.append(
-                finding(
-                    "mtp",
-                    name,
-                    f"missing ({len(want)} mtp.* tensors expected for mtp_num_hidden_layers={max(n, 1)})",
-                    "copy mtp.* byte-identical from the source checkpoint (the mtp stage)",
-                )
+    out = _missing(a, n, linears) + _stored(a, mtp_names)
+    if any(linears.values()) and not all(linears.values()):
+        out.append(
+            finding(
+                "mtp",
+                "mtp.*",
+                f"{sum(linears.values())} of {len(linears)} MTP Linears are int4 packed: "
+                "the drafter needs all of them packed (mtp.quantize: gptq) or none",
+                "rebuild with one precision",
             )
+        )
+    return out + _mtp_fc_grouping(a, linears) + _config_coverage(a, linears)
+
+
+def _missing(a: ArtifactFacts, n: int, linears: dict[str, bool]) -> list[Finding]:
+    """Each tensor of the head's top and of its `n` layers (at least one) that is stored neither bf16 nor packed."""
+    want = [f"mtp.{s}" for s in MTP_TOP] + [f"mtp.layers.{i}.{s}" for i in range(max(n, 1)) for s in MTP_LAYER]
+    return [
+        finding(
+            "mtp",
+            name,
+            f"missing ({len(want)} mtp.* tensors expected for mtp_num_hidden_layers={max(n, 1)})",
+            "copy mtp.* byte-identical from the source checkpoint (the mtp stage)",
+        )
+        for name in want
+        if name not in a.tensors and not linears.get(name.removesuffix(".weight"))
+    ]
+
+
+def _stored(a: ArtifactFacts, mtp_names: list[str]) -> list[Finding]:
+    """The head's weights stay bf16 and have the shapes this model's config.json implies."""
+    out = []
     shapes = mtp_shapes(a.config)
     for name in mtp_names:
         t = a.tensors[name]
@@ -55,17 +75,12 @@ def rule_mtp(a: ArtifactFacts) -> list[Finding]:
                     "graft the MTP head of this artifact's source (`qwenquant graft-mtp ARTIFACT --source SOURCE`)",
                 )
             )
-    if any(linears.values()) and not all(linears.values()):
-        out.append(
-            finding(
-                "mtp",
-                "mtp.*",
-                f"{sum(linears.values())} of {len(linears)} MTP Linears are int4 packed: "
-                "the drafter needs all of them packed (mtp.quantize: gptq) or none",
-                "rebuild with one precision",
-            )
-        )
-    out += _mtp_fc_grouping(a, linears)
+    return out
+
+
+def _config_coverage(a: ArtifactFacts, linears: dict[str, bool]) -> list[Finding]:
+    """quantization_config applies to an MTP Linear exactly when it is stored packed (vLLM #53387)."""
+    out = []
     for mod, packed in sorted(linears.items()):
         group = a.resolve(mod)
         if packed and group in (IGNORED, None):

@@ -1,4 +1,8 @@
-"""The rules (pure): `rule(ArtifactFacts) -> list[Finding]`, so tests feed them small fixtures."""
+"""The rules (pure): `rule(ArtifactFacts) -> list[Finding]`, so tests feed them small fixtures.
+
+Here: the packed tensors' format, the int4 kernels' shapes, fused layers, what is stored against what the config
+says, the lm_head and the serve profiles' draft tokens; the table of every rule (`RULE_FUNCS`) and `run_rules`.
+The others have modules of their own: quant_config_rule, layout_rules (text prefix, mrope, vision), mtp_rule."""
 
 from __future__ import annotations
 
@@ -8,15 +12,17 @@ from typing import Any
 from qwenquant.check.facts import (
     FLOAT_DTYPES,
     IGNORED,
-    MULTIMODAL_ARCH,
     PACKED_SUFFIXES,
-    TEXT_ONLY_ARCH,
     ArtifactFacts,
     CheckReport,
     Finding,
     finding,
+    is_head,
+    is_visual,
 )
+from qwenquant.check.layout_rules import rule_layout, rule_no_mrope, rule_vision
 from qwenquant.check.mtp_rule import rule_mtp
+from qwenquant.check.quant_config_rule import rule_quant_config
 from qwenquant.checkpoint.names import is_mtp
 from qwenquant.recipe import LM_HEAD_TARGET, target_matches, targets_cover
 from qwenquant.recipe.speculative import profile_spec_tokens, spec_tokens_fix, spec_tokens_problem
@@ -49,152 +55,6 @@ RULES = (
 
 def _as_list(v: Any) -> list[Any]:
     return v if isinstance(v, list) else []
-
-
-def _is_visual(name: str) -> bool:
-    return name.startswith(("model.visual.", "visual.")) or ".visual." in name
-
-
-def _is_head(name: str) -> bool:
-    return name.rpartition(".")[2] == "lm_head" or name == "lm_head"
-
-
-def rule_quant_config(a: ArtifactFacts) -> list[Finding]:
-    qc = a.config.get("quantization_config")
-    where = "config.json:quantization_config"
-    if not isinstance(qc, dict):
-        return [
-            finding(
-                "quant-config",
-                where,
-                "missing: vLLM would load every weight as bf16 and find packed tensors",
-                "re-run the quantize stage; it writes quantization_config",
-            )
-        ]
-    out = []
-    if qc.get("quant_method") != "compressed-tensors":
-        out.append(
-            finding(
-                "quant-config",
-                f"{where}.quant_method",
-                f"is {qc.get('quant_method')!r}, not 'compressed-tensors'",
-                "set quant_method to compressed-tensors",
-            )
-        )
-    if not a.groups:
-        out.append(finding("quant-config", f"{where}.config_groups", "no config groups", "re-run the quantize stage"))
-    ig = qc.get("ignore", [])
-    if not isinstance(ig, list) or not all(isinstance(e, str) for e in ig):
-        out.append(finding("quant-config", f"{where}.ignore", "must be a list of strings", "rewrite it as a list"))
-    for gname, g in sorted(a.groups.items()):
-        gw = f"{where}.config_groups.{gname}"
-        fmt = g.get("format") or qc.get("format")
-        if fmt != "pack-quantized":
-            out.append(
-                finding(
-                    "quant-config",
-                    gw,
-                    f"format is {fmt!r}, not 'pack-quantized'",
-                    "save with llm-compressor's pack-quantized compressor",
-                )
-            )
-        if not isinstance(g.get("targets"), list) or not g["targets"]:
-            out.append(finding("quant-config", f"{gw}.targets", "missing or empty", "list the Linear targets"))
-        w = g.get("weights")
-        if not isinstance(w, dict):
-            out.append(finding("quant-config", f"{gw}.weights", "missing", "re-run the quantize stage"))
-            continue
-        want = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group"}
-        for k, v in want.items():
-            if w.get(k) != v:
-                out.append(
-                    finding(
-                        "quant-config",
-                        f"{gw}.weights.{k}",
-                        f"is {w.get(k)!r}; W4A16 needs {v!r}",
-                        "quantize with the shipped W4A16 recipe",
-                    )
-                )
-        gs = w.get("group_size")
-        if not isinstance(gs, int) or gs <= 0 or gs % 32:
-            out.append(
-                finding(
-                    "quant-config",
-                    f"{gw}.weights.group_size",
-                    f"is {gs!r}; needs a positive multiple of 32",
-                    "use group_size 128",
-                )
-            )
-        if g.get("input_activations") is not None:
-            out.append(
-                finding(
-                    "quant-config",
-                    f"{gw}.input_activations",
-                    "is set; W4A16 keeps activations in bf16",
-                    "set it to null",
-                )
-            )
-    return out
-
-
-def _text_prefix(name: str) -> str | None:
-    if _is_visual(name) or is_mtp(name) or _is_head(name.rpartition(".")[0]):
-        return None
-    if name.startswith("model.language_model."):
-        return "model.language_model."
-    if name.startswith("model."):
-        return "model."
-    return name.split(".", 1)[0] + "."
-
-
-def rule_layout(a: ArtifactFacts) -> list[Finding]:
-    out = []
-    if a.layout is None:
-        out.append(
-            finding(
-                "layout",
-                "config.json:architectures",
-                f"{a.config.get('architectures')!r} is neither "
-                f"{TEXT_ONLY_ARCH} (text-only) nor {MULTIMODAL_ARCH} (multimodal)",
-                "rewrite config.json with the text-only or multimodal stage",
-            )
-        )
-    prefixes: dict[str, str] = {}
-    for name in sorted(a.tensors):
-        p = _text_prefix(name)
-        if p is not None:
-            prefixes.setdefault(p, name)
-    if len(prefixes) > 1:
-        ex = ", ".join(f"{v} ({k}*)" for k, v in sorted(prefixes.items()))
-        out.append(
-            finding(
-                "layout",
-                ex,
-                "text tensors use more than one name prefix; vLLM maps only one",
-                "rename every text tensor to model.language_model.* (or every one to model.*)",
-            )
-        )
-    elif prefixes and next(iter(prefixes)) not in ("model.language_model.", "model."):
-        name = next(iter(prefixes.values()))
-        out.append(
-            finding(
-                "layout",
-                name,
-                "text tensors are neither model.language_model.* nor model.*",
-                "keep the Hugging Face tensor names",
-            )
-        )
-    elif a.layout == "multimodal" and "model." in prefixes:
-        out.append(
-            finding(
-                "layout",
-                prefixes["model."],
-                "multimodal layout with text tensors named model.* "
-                "(Qwen3_5ForConditionalGeneration expects model.language_model.*)",
-                "keep the Hugging Face names model.language_model.*",
-            )
-        )
-    return out
 
 
 def rule_packed_format(a: ArtifactFacts) -> list[Finding]:
@@ -359,7 +219,7 @@ def rule_scheme_storage(a: ArtifactFacts) -> list[Finding]:
     """Body Linears: what the config says vLLM will build must be what is stored."""
     out = []
     for mod, packed in sorted(a.linears().items()):
-        if _is_visual(mod) or is_mtp(mod) or _is_head(mod):
+        if is_visual(mod) or is_mtp(mod) or is_head(mod):
             continue  # own rules: vision, mtp, lm-head
         r = a.resolve(mod)
         expect = r not in (None, IGNORED)
@@ -386,7 +246,7 @@ def rule_scheme_storage(a: ArtifactFacts) -> list[Finding]:
 
 
 def rule_lm_head(a: ArtifactFacts) -> list[Finding]:
-    heads = [m for m in a.modules() if _is_head(m)]
+    heads = [m for m in a.modules() if is_head(m)]
     if not heads:
         return [
             finding(
@@ -438,108 +298,6 @@ def rule_lm_head(a: ArtifactFacts) -> list[Finding]:
                     "run the lm_head stage (recipe lm_head.enabled: true)",
                 )
             )
-    return out
-
-
-def _find_keys(obj: Any, keys: tuple[str, ...], path: str) -> list[str]:
-    found = []
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            p = f"{path}.{k}" if path else k
-            if k in keys:
-                found.append(p)
-            elif k != "vision_config":
-                found += _find_keys(v, keys, p)
-    return found
-
-
-def rule_no_mrope(a: ArtifactFacts) -> list[Finding]:
-    if a.layout != "text-only":
-        return []
-    paths = _find_keys(a.config, ("mrope_section", "mrope_interleaved"), "")
-    paths += [p for p in _find_keys(a.config, ("rope_type",), "") if _get_path(a.config, p) == "mrope"]
-    return [
-        finding(
-            "no-mrope",
-            f"config.json:{p}",
-            "mrope in a text-only (Qwen3_5ForCausalLM) config: vLLM strips it "
-            "from the target but not from the MTP draft, which then crashes the worker",
-            "write plain rope parameters in the text-only stage (drop mrope_section/mrope_interleaved, "
-            "rope_type default)",
-        )
-        for p in sorted(paths)
-    ]
-
-
-def _get_path(d: Any, path: str) -> Any:
-    for part in path.split("."):
-        d = d.get(part) if isinstance(d, dict) else None
-    return d
-
-
-def rule_vision(a: ArtifactFacts) -> list[Finding]:
-    visual = sorted(t for t in a.tensors if _is_visual(t))
-    out = []
-    if a.layout == "text-only":
-        if "vision_config" in a.config:
-            out.append(
-                finding(
-                    "vision",
-                    "config.json:vision_config",
-                    "present in a text-only config",
-                    "drop vision_config in the text-only stage",
-                )
-            )
-        if visual:
-            out.append(
-                finding(
-                    "vision",
-                    visual[0],
-                    f"{len(visual)} vision tensors left in a text-only artifact "
-                    "(Qwen3_5ForCausalLM has no vision tower to load them into)",
-                    "drop model.visual.* in the text-only stage",
-                )
-            )
-    elif a.layout == "multimodal":
-        if not isinstance(a.config.get("vision_config"), dict):
-            out.append(
-                finding(
-                    "vision",
-                    "config.json:vision_config",
-                    "missing in a multimodal config",
-                    "keep the source vision_config",
-                )
-            )
-        if not visual:
-            out.append(
-                finding(
-                    "vision",
-                    "model.visual.*",
-                    "no vision tensors in a multimodal artifact",
-                    "copy model.visual.* from the source, or use the text-only layout",
-                )
-            )
-        for mod, packed in sorted(a.linears().items()):
-            if not _is_visual(mod):
-                continue
-            if packed:
-                out.append(
-                    finding(
-                        "vision",
-                        f"{mod}.weight_packed",
-                        "vision Linear stored int4; the vision tower stays bf16",
-                        "add 're:.*visual.*' to the recipe's quantization.ignore",
-                    )
-                )
-            elif a.resolve(mod) not in (None, IGNORED):
-                out.append(
-                    finding(
-                        "vision",
-                        mod,
-                        f"bf16 but config group {a.resolve(mod)} targets it, so vLLM expects weight_packed",
-                        "add 're:.*visual.*' to quantization_config.ignore",
-                    )
-                )
     return out
 
 

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from qwenquant.commands._app import Activations, app
 
+if TYPE_CHECKING:
+    from qwenquant.check import CheckReport
+    from qwenquant.check.activations import Int8Check
 
-@app.command("check")
-def check(
-    artifact: Path = typer.Argument(
-        ..., exists=True, file_okay=False, help="Artifact folder (config.json + safetensors)."
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON."),
-    activations: Activations | None = typer.Option(
-        None,
+
+ArtifactDir = Annotated[
+    Path, typer.Argument(exists=True, file_okay=False, help="Artifact folder (config.json + safetensors).")
+]
+CheckActivations = Annotated[
+    Activations | None,
+    typer.Option(
         "--activations",
         help="int8: also prove the artifact qualifies for `serve --activations int8` "
         "(symmetric 4-bit group-wise Marlin layers, no negative scale) and count the weight "
@@ -26,6 +28,14 @@ def check(
         "Default: int8 when a serve profile of the artifact's recipe asks for it.",
         show_default=False,
     ),
+]
+
+
+@app.command("check")
+def check(
+    artifact: ArtifactDir,
+    as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON."),
+    activations: CheckActivations = None,
 ) -> None:
     """Check that vLLM would load an artifact: fused-layer schemes, kernel shapes, lm_head, MTP, layout.
 
@@ -42,7 +52,7 @@ def check(
     """
     from qwenquant.check import read_artifact, run_rules
     from qwenquant.check.activations import int8_asked, int8_check
-    from qwenquant.console import print_json, stdout
+    from qwenquant.console import print_json
 
     facts = read_artifact(artifact)
     report = run_rules(facts, str(artifact))
@@ -51,7 +61,21 @@ def check(
         report = int8.report
     if as_json:
         print_json(report.to_dict() | ({"int8_activations": int8.to_dict()} if int8 else {}))
-    elif report.ok:
+    else:
+        _print_report(artifact, report, int8)
+    if int8 is not None and int8.warning():
+        import logging
+
+        logging.getLogger(__name__).warning("%s", int8.warning())
+    if not report.ok:
+        raise _refusal(artifact, report.findings)
+
+
+def _print_report(artifact: Path, report: CheckReport, int8: Int8Check | None) -> None:
+    """The text report: one OK line (and the int8 line when it was checked), else a table of the findings."""
+    from qwenquant.console import stdout
+
+    if report.ok:
         stdout.print(
             f"OK {artifact}: {report.tensors_checked} tensors, all {len(report.rules_run)} rules pass", markup=False
         )
@@ -61,25 +85,19 @@ def check(
                 "weight groups have a scale that becomes 0 in vLLM's int16 re-quantization",
                 markup=False,
             )
-    else:
-        from rich.table import Column, Table
+        return
+    from rich.table import Column, Table
 
-        table = Table(
-            Column("rule", no_wrap=True),
-            Column("where", overflow="fold"),
-            "problem",
-            "fix",
-            title=f"{artifact}: {len(report.findings)} problem{'s' * (len(report.findings) != 1)}",
-        )
-        for f in report.findings:
-            table.add_row(f.rule, f.where, f.message, f.fix)
-        stdout.print(table)
-    if int8 is not None and int8.warning():
-        import logging
-
-        logging.getLogger(__name__).warning("%s", int8.warning())
-    if not report.ok:
-        raise _refusal(artifact, report.findings)
+    table = Table(
+        Column("rule", no_wrap=True),
+        Column("where", overflow="fold"),
+        "problem",
+        "fix",
+        title=f"{artifact}: {len(report.findings)} problem{'s' * (len(report.findings) != 1)}",
+    )
+    for f in report.findings:
+        table.add_row(f.rule, f.where, f.message, f.fix)
+    stdout.print(table)
 
 
 def _refusal(artifact: Path, findings: Sequence[Any]) -> Exception:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from qwenquant.commands._app import app, on_interrupt
+
+if TYPE_CHECKING:
+    from qwenquant.demo import DemoResult
 
 
 @app.command(
@@ -35,8 +39,7 @@ def demo(
 ) -> None:
     """Build the tiny Qwen3.5 checkpoint, serve it from a loopback Hub, then fetch, quantize,
     verify and (with vLLM installed) serve it and print one completion."""
-    from qwenquant.console import stdout
-    from qwenquant.demo import MODEL_NOTE, interrupt_note, next_steps, publish_dry_run, run_demo
+    from qwenquant.demo import interrupt_note, publish_dry_run, run_demo
 
     steps: list[str] = []
     on_interrupt(lambda: interrupt_note(work.resolve(), steps))
@@ -45,22 +48,36 @@ def demo(
         from qwenquant.console import print_json
 
         steps.append("publish --dry-run")
-        published = publish_dry_run(r.artifact, as_json=True)
-        print_json(
-            {
-                "model": MODEL_NOTE,
-                "commit": r.commit,
-                "artifact": str(r.artifact),
-                "root_digest": r.root_digest,
-                "quality": r.quality,
-                "served": r.served,
-                "completion": r.completion,
-                "skipped_serve_reason": r.skipped_serve_reason,
-                "next_steps": next_steps(r.artifact, served_name=r.artifact.name),
-                "publish_dry_run": published,
-            }
-        )
+        print_json(_result_json(r, publish_dry_run(r.artifact, as_json=True)))
         return
+    _print_result(r)
+    steps.append("publish --dry-run")
+    publish_dry_run(r.artifact)  # last: what publishing this artifact would upload, and the card's head
+
+
+def _result_json(r: DemoResult, published: Any) -> dict[str, Any]:
+    """The --json result: the commit, artifact, root digest, quality, completion and the publish dry run."""
+    from qwenquant.demo import MODEL_NOTE, next_steps
+
+    return {
+        "model": MODEL_NOTE,
+        "commit": r.commit,
+        "artifact": str(r.artifact),
+        "root_digest": r.root_digest,
+        "quality": r.quality,
+        "served": r.served,
+        "completion": r.completion,
+        "skipped_serve_reason": r.skipped_serve_reason,
+        "next_steps": next_steps(r.artifact, served_name=r.artifact.name),
+        "publish_dry_run": published,
+    }
+
+
+def _print_result(r: DemoResult) -> None:
+    """The text result: the artifact, its quality (lm_head KL, the quick eval), the completion, the next steps."""
+    from qwenquant.console import stdout
+    from qwenquant.demo import MODEL_NOTE, next_steps
+
     stdout.print(f"model:       {MODEL_NOTE}", markup=False)
     stdout.print(f"commit:      {r.commit}", markup=False)
     stdout.print(f"artifact:    {r.artifact}", markup=False)
@@ -87,5 +104,3 @@ def demo(
     else:
         stdout.print(f"serve:       skipped ({r.skipped_serve_reason})", markup=False)
     stdout.print("\n" + "\n".join(next_steps(r.artifact, served_name=r.artifact.name)) + "\n", markup=False)
-    steps.append("publish --dry-run")
-    publish_dry_run(r.artifact)  # last: what publishing this artifact would upload, and the card's head

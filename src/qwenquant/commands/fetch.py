@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -14,6 +14,7 @@ from qwenquant.errors import UsageError
 
 if TYPE_CHECKING:
     from qwenquant.fetch import FetchResult
+    from qwenquant.outfolder import Removal
 
 
 @contextlib.contextmanager
@@ -54,6 +55,34 @@ def _valid_repo_id(repo_id: str | None) -> str:
     return repo_id
 
 
+RepoId = Annotated[
+    str | None,
+    typer.Argument(help="Hub repo id, e.g. Qwen/Qwen3.8-27B (not needed with --offline or --expect)."),
+]
+Revision = Annotated[
+    str | None,
+    typer.Option(
+        "--revision",
+        "-r",
+        help="Branch, tag or 40-hex commit; pinned to one commit (default: main, or --expect's).",
+    ),
+]
+Expect = Annotated[
+    Path | None,
+    typer.Option(
+        "--expect",
+        help="A fetch record whose exact content the fetch must hold (any commit id: survives a history rewrite).",
+    ),
+]
+Root = Annotated[
+    str | None,
+    typer.Option(
+        "--root",
+        help="sha256:HEX, the root digest the publisher announces: refused unless the fetched artifact's manifest has it.",
+    ),
+]
+
+
 @app.command(
     epilog=(
         "Examples:\n\n"
@@ -66,30 +95,15 @@ def _valid_repo_id(repo_id: str | None) -> str:
     )
 )
 def fetch(
-    repo_id: str | None = typer.Argument(
-        None, help="Hub repo id, e.g. Qwen/Qwen3.8-27B (not needed with --offline or --expect)."
-    ),
-    revision: str | None = typer.Option(
-        None,
-        "--revision",
-        "-r",
-        help="Branch, tag or 40-hex commit; pinned to one commit (default: main, or --expect's).",
-    ),
+    repo_id: RepoId = None,
+    revision: Revision = None,
     out: Path = typer.Option(..., "--out", "-o", help="Folder to fetch into (created)."),
     offline: bool = typer.Option(False, "--offline", help="No network: re-verify --out against its fetch record."),
     re_resolve: bool = typer.Option(
         False, "--re-resolve", help="Resolve the revision again instead of reusing the recorded commit."
     ),
-    expect: Path | None = typer.Option(
-        None,
-        "--expect",
-        help="A fetch record whose exact content the fetch must hold (any commit id: survives a history rewrite).",
-    ),
-    root: str | None = typer.Option(
-        None,
-        "--root",
-        help="sha256:HEX, the root digest the publisher announces: refused unless the fetched artifact's manifest has it.",
-    ),
+    expect: Expect = None,
+    root: Root = None,
     repo_type: RepoType = typer.Option(RepoType.model, "--repo-type", help="model or dataset."),
     workers: int = typer.Option(8, "--workers", min=1, max=64, help="Parallel downloads."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, warnings only."),
@@ -116,17 +130,7 @@ def fetch(
     repo_id = repo_id or (expected or {}).get("repo_id")
     revision = revision or (expected or {}).get("revision") or "main"
     repo_id = _valid_repo_id(repo_id)
-    from qwenquant import outfolder
-
-    foreign = outfolder.foreign_in_fetch_out(out, repo_id, repo_type.value)
-    removal = outfolder.guard(
-        out,
-        foreign,
-        force=force,
-        flag="--out",
-        remove=[p for p in foreign if p.name != outfolder.FETCH_STAGING],
-        problem=f"exists and holds no fetch of {repo_type.value} repo {repo_id}",
-    )
+    removal = _guard_out(out, repo_id, repo_type.value, force)
     import os
 
     os.environ.setdefault("HF_HUB_DISABLE_XET", "1")  # plain HTTP transfers, verified here
@@ -141,6 +145,22 @@ def fetch(
                                 before_move=removal.apply if removal else None)  # fmt: skip
     _warn_extra(out, result.record)
     _show(result, repo_id, out, as_json)
+
+
+def _guard_out(out: Path, repo_id: str, repo_type: str, force: bool) -> Removal | None:
+    """Refuse an --out that holds no fetch of this repo; with --force, the Removal of what is there, applied just
+    before the verified files move in."""
+    from qwenquant import outfolder
+
+    foreign = outfolder.foreign_in_fetch_out(out, repo_id, repo_type)
+    return outfolder.guard(
+        out,
+        foreign,
+        force=force,
+        flag="--out",
+        remove=[p for p in foreign if p.name != outfolder.FETCH_STAGING],
+        problem=f"exists and holds no fetch of {repo_type} repo {repo_id}",
+    )
 
 
 def _show(result: FetchResult, repo_id: str, out: Path, as_json: bool) -> None:

@@ -7,7 +7,7 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -15,16 +15,36 @@ from qwenquant.commands._app import Device, HessianPrecision, app, on_interrupt
 
 if TYPE_CHECKING:
     from qwenquant.quantize.pipeline import QuantizeOptions
+    from qwenquant.recipe import CalibrationSpec, Recipe
 
 
-@app.command("quantize")
-def quantize_cmd(
-    source: Path = typer.Argument(
-        ...,
+SourceDir = Annotated[
+    Path,
+    typer.Argument(
         exists=True,
         file_okay=False,
         help="Model folder written by `qwenquant fetch` (or any folder with --source-unverified).",
     ),
+]
+Hessian = Annotated[
+    HessianPrecision | None,
+    typer.Option(
+        "--hessian-precision",
+        help="GPTQ Hessian accumulation: tensor-core (bf16 inputs on tensor cores, float32 sums) or fp32 (llm-compressor's own float32 arithmetic). Default: the recipe's quantization.hessian_precision (tensor-core).",
+    ),
+]
+GptqGpus = Annotated[
+    str,
+    typer.Option(
+        "--gpus",
+        help="Processes for the gptq stage, one GPU each (NCCL): a number or 'auto' (every visible GPU). With --device cpu: N CPU processes (gloo).",
+    ),
+]
+
+
+@app.command("quantize")
+def quantize_cmd(
+    source: SourceDir,
     recipe: str = typer.Option("w4a16-int4head", "--recipe", help="Shipped recipe name or YAML path."),
     out: Path = typer.Option(..., "--out", help="Artifact folder to write (replaced when complete)."),
     calibration: str | None = typer.Option(
@@ -39,16 +59,8 @@ def quantize_cmd(
         None, "--work", help="Work folder for stage outputs and records (default: <out>.work)."
     ),
     device: Device | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when present)."),
-    hessian_precision: HessianPrecision | None = typer.Option(
-        None,
-        "--hessian-precision",
-        help="GPTQ Hessian accumulation: tensor-core (bf16 inputs on tensor cores, float32 sums) or fp32 (llm-compressor's own float32 arithmetic). Default: the recipe's quantization.hessian_precision (tensor-core).",
-    ),
-    gpus: str = typer.Option(
-        "1",
-        "--gpus",
-        help="Processes for the gptq stage, one GPU each (NCCL): a number or 'auto' (every visible GPU). With --device cpu: N CPU processes (gloo).",
-    ),
+    hessian_precision: Hessian = None,
+    gpus: GptqGpus = "1",
     force: bool = typer.Option(
         False, "--force", help="Remove an existing --out / --work that is not this build's (says what it removes)."
     ),
@@ -78,6 +90,19 @@ def quantize_cmd(
     if device is Device.cpu:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # llm-compressor picks cuda whenever it is visible
     from qwenquant.quantize.pipeline import QuantizeOptions
+
+    r, spec = _recipe_and_calibration(recipe, hessian_precision, calibration)
+    opts = QuantizeOptions(
+        source, r, spec, out, work, device.value if device else None, source_unverified, force, n_gpus
+    )
+    (_plan if plan else _run)(opts, as_json)
+
+
+def _recipe_and_calibration(
+    recipe: str, hessian_precision: HessianPrecision | None, calibration: str | None
+) -> tuple[Recipe, CalibrationSpec]:
+    """The recipe (--hessian-precision over its own) and the calibration set (--calibration over the recipe's),
+    its data checked before anything runs."""
     from qwenquant.recipe import load_calibration_override, load_recipe
 
     r = load_recipe(recipe)
@@ -87,10 +112,7 @@ def quantize_cmd(
     from qwenquant.recipe.calibdata import check_calibration_data
 
     check_calibration_data(spec)
-    opts = QuantizeOptions(
-        source, r, spec, out, work, device.value if device else None, source_unverified, force, n_gpus
-    )
-    (_plan if plan else _run)(opts, as_json)
+    return r, spec
 
 
 def _run(opts: QuantizeOptions, as_json: bool) -> None:

@@ -3,46 +3,65 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from qwenquant.commands._app import app
 from qwenquant.commands._options import ServerOptions, with_options
 
-
-@app.command(context_settings={"allow_interspersed_args": True})
-@with_options("server", ServerOptions)
-def serve(
-    artifact: Path = typer.Argument(
-        ..., exists=True, file_okay=False, help="Artifact folder made by `qwenquant quantize`."
-    ),
-    extra: list[str] | None = typer.Argument(None, help="Extra vLLM flags, after `--`.", show_default=False),
-    *,
-    server: ServerOptions,
-    port: int | None = typer.Option(None, min=1, max=65535, help="Port (default: the profile's)."),
-    host: str | None = typer.Option(None, help="Host to bind (default: the profile's)."),
-    served_model_name: str | None = typer.Option(None, help="Model name clients use."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and environment; start nothing."),
-    as_json: bool = typer.Option(
-        False,
+QuantizedArtifact = Annotated[
+    Path, typer.Argument(exists=True, file_okay=False, help="Artifact folder made by `qwenquant quantize`.")
+]
+VllmFlags = Annotated[list[str] | None, typer.Argument(help="Extra vLLM flags, after `--`.", show_default=False)]
+Port = Annotated[int | None, typer.Option(min=1, max=65535, help="Port (default: the profile's).")]
+Host = Annotated[str | None, typer.Option(help="Host to bind (default: the profile's).")]
+ServedModelName = Annotated[str | None, typer.Option(help="Model name clients use.")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the command and environment; start nothing.")]
+DryRunJson = Annotated[
+    bool,
+    typer.Option(
         "--json",
         help="With --dry-run: the decided launch (argv, environment, "
         "memory budget, warnings, failed checks) as JSON on stdout.",
     ),
-    log_file: Path | None = typer.Option(
-        None,
+]
+LogFile = Annotated[
+    Path | None,
+    typer.Option(
         help="Server log (default: ARTIFACT.work/serve/ when quantize left that folder, else a temp folder; never in the artifact).",
     ),
-    public_key: Path | None = typer.Option(
-        None,
+]
+RequireSignature = Annotated[
+    Path | None,
+    typer.Option(
         "--require-signature",
         metavar="PUBLIC_KEY",
         help="Refuse to serve unless the artifact's model_signing signature "
         "holds for this public key (PEM); pip install 'qwenquant\\[sign]'.",
     ),
-    signature: Path | None = typer.Option(
-        None, "--signature", help="The signature to check with --require-signature (default: ARTIFACT/model.sig)."
-    ),
+]
+Signature = Annotated[
+    Path | None,
+    typer.Option("--signature", help="The signature to check with --require-signature (default: ARTIFACT/model.sig)."),
+]
+
+
+@app.command(context_settings={"allow_interspersed_args": True})
+@with_options("server", ServerOptions)
+def serve(
+    artifact: QuantizedArtifact,
+    extra: VllmFlags = None,
+    *,
+    server: ServerOptions,
+    port: Port = None,
+    host: Host = None,
+    served_model_name: ServedModelName = None,
+    dry_run: DryRun = False,
+    as_json: DryRunJson = False,
+    log_file: LogFile = None,
+    public_key: RequireSignature = None,
+    signature: Signature = None,
 ) -> int:
     """Serve an artifact with vLLM after preflight checks; print "ready URL" once it answers.
 
@@ -70,19 +89,9 @@ def serve(
 
       qwenquant serve artifacts/q27b --profile long-context --host-embeddings -- --max-model-len 131072
     """
-    from qwenquant.errors import UsageError
     from qwenquant.serve.run import run_serve
 
-    if as_json and not dry_run:
-        raise UsageError(
-            "--json goes with --dry-run (a running server prints `ready URL`)",
-            hint=f"qwenquant serve {artifact} --dry-run --json",
-        )
-    if signature is not None and public_key is None:
-        raise UsageError(
-            "--signature needs --require-signature PUBLIC_KEY",
-            hint=f"qwenquant serve {artifact} --require-signature publisher.pub",
-        )
+    _refuse_lone_options(artifact, as_json=as_json, dry_run=dry_run, signature=signature, public_key=public_key)
     req = server.to_request(
         artifact,
         extra or [],
@@ -95,3 +104,21 @@ def serve(
         signature=signature,
     )
     return run_serve(req, as_json=as_json)
+
+
+def _refuse_lone_options(
+    artifact: Path, *, as_json: bool, dry_run: bool, signature: Path | None, public_key: Path | None
+) -> None:
+    """--json needs --dry-run, and --signature needs --require-signature (a usage error, exit 2)."""
+    from qwenquant.errors import UsageError
+
+    if as_json and not dry_run:
+        raise UsageError(
+            "--json goes with --dry-run (a running server prints `ready URL`)",
+            hint=f"qwenquant serve {artifact} --dry-run --json",
+        )
+    if signature is not None and public_key is None:
+        raise UsageError(
+            "--signature needs --require-signature PUBLIC_KEY",
+            hint=f"qwenquant serve {artifact} --require-signature publisher.pub",
+        )

@@ -3,24 +3,31 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from qwenquant.commands._app import app
 
+if TYPE_CHECKING:
+    from qwenquant.signing import Signed
+
+ManifestedArtifact = Annotated[
+    Path, typer.Argument(exists=True, file_okay=False, help="Artifact folder holding qwenquant-manifest.json.")
+]
+Signature = Annotated[
+    Path | None, typer.Option("--signature", help="A model_signing signature (model.sig) to check too.")
+]
+PublicKey = Annotated[
+    Path | None, typer.Option("--public-key", help="The signer's public key (PEM), with --signature.")
+]
+
 
 @app.command("verify")
 def verify(
-    artifact: Path = typer.Argument(
-        ..., exists=True, file_okay=False, help="Artifact folder holding qwenquant-manifest.json."
-    ),
-    signature: Path | None = typer.Option(
-        None, "--signature", help="A model_signing signature (model.sig) to check too."
-    ),
-    public_key: Path | None = typer.Option(
-        None, "--public-key", help="The signer's public key (PEM), with --signature."
-    ),
+    artifact: ManifestedArtifact,
+    signature: Signature = None,
+    public_key: PublicKey = None,
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Re-hash every file of an artifact against its manifest; exit 0 only when all match. A fetched
@@ -50,19 +57,7 @@ def verify(
 
         signed = verify_signature(artifact, signature, public_key)
     if as_json:
-        print_json(
-            {
-                **report.to_dict(),
-                "signature": None
-                if signed is None
-                else {
-                    "path": str(signature),
-                    "files": signed.files,
-                    "covers": signed.covers(),
-                    "card_files": list(signed.card_files),
-                },
-            }
-        )
+        print_json({**report.to_dict(), "signature": _signature_json(signature, signed)})
     elif report.ok:
         stdout.print(
             f"OK {artifact}: {report.files_checked} files, {report.bytes_checked} bytes, "
@@ -75,12 +70,26 @@ def verify(
         _problem_table(artifact, report, stdout)
     if not report.ok:
         raise VerificationError(
-            f"{artifact} does not match its manifest: "
-            + ", ".join(
-                f"{p.path} ({p.status}{': ' + p.detail if p.status == 'card' else ''})" for p in report.problems
-            ),
+            f"{artifact} does not match its manifest: " + ", ".join(_problem_text(p) for p in report.problems),
             hint=_hint(artifact, report),
         )
+
+
+def _signature_json(signature: Path | None, signed: Signed | None) -> dict[str, Any] | None:
+    """The --json report's `signature`: the signature checked and what it covers (None: none was checked)."""
+    if signed is None:
+        return None
+    return {
+        "path": str(signature),
+        "files": signed.files,
+        "covers": signed.covers(),
+        "card_files": list(signed.card_files),
+    }
+
+
+def _problem_text(p: Any) -> str:
+    """One mismatching file in the error line: its path and status (a card file's detail too)."""
+    return f"{p.path} ({p.status}{': ' + p.detail if p.status == 'card' else ''})"
 
 
 def _hint(artifact: Path, report: Any) -> str:

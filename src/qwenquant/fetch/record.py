@@ -6,12 +6,19 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from qwenquant import __version__
+from qwenquant.atomic import atomic_write_json
 from qwenquant.errors import VerificationError
 from qwenquant.fetch.selection import RECORD_NAME, STAGING_NAME
 from qwenquant.hashing import sha256_files, snapshot_root_digest
+
+if TYPE_CHECKING:
+    from qwenquant.fetch.selection import RemoteFile
+    from qwenquant.fetch.transfer import FileDigest
 
 SCHEMA_VERSION = 1
 
@@ -129,3 +136,22 @@ def repair_hint(check: RecordCheck, out_dir: Path) -> str:
         more = f" and {len(check.extra) - 5} more" if len(check.extra) > 5 else ""
         steps.append(f"remove the files the fetch did not write (fetch keeps them): {names}{more}")
     return "; ".join(steps)
+
+
+def write_record(out_dir: Path, repo_id: str, repo_type: str, revision: str, commit: str, endpoint: str,
+                 files: list[RemoteFile], digests: dict[str, FileDigest],
+                 pinned: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Write `out_dir`'s fetch record, last: the repo, the commit, every file with its digests, the root digest
+    (`pinned`: the content pin that took a new commit, when one did)."""
+    entries = [{"path": f.path, "size": f.size, "sha256": digests[f.path].sha256,
+                "git_blob_id": f.blob_id, "lfs": f.lfs} for f in sorted(files, key=lambda f: f.path)]  # fmt: skip
+    record = {
+        "schema_version": SCHEMA_VERSION, "tool": "qwenquant", "tool_version": __version__,
+        "repo_id": repo_id, "repo_type": repo_type, "revision": revision, "commit": commit, "endpoint": endpoint,
+        "fetched_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "files": entries, "root_digest": root_digest(entries),
+        "total_bytes": sum(f.size for f in files),
+        **({"content_pinned": pinned} if pinned else {}),
+    }  # fmt: skip
+    atomic_write_json(out_dir / RECORD_NAME, record)
+    return record

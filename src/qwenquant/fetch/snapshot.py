@@ -15,20 +15,19 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from qwenquant import __version__, envs
+from qwenquant import envs
 from qwenquant.atomic import atomic_write_json, exclusive_lock, fsync_dir
 from qwenquant.checkpoint.header import INDEX_NAME, SafetensorsError, check_index, load_index_json, read_header
 from qwenquant.errors import FetchError, QwenquantError, UsageError, VerificationError
 from qwenquant.fetch.pinning import PENDING_NAME, pin_commit
-from qwenquant.fetch.record import SCHEMA_VERSION, root_digest
-from qwenquant.fetch.selection import RECORD_NAME, STAGING_NAME, RemoteFile, check_listing, config_problems
+from qwenquant.fetch.record import write_record
+from qwenquant.fetch.selection import STAGING_NAME, RemoteFile, check_listing, config_problems
 from qwenquant.fetch.staged import (
     TREE_NAME,
     move_into_place,
@@ -161,16 +160,9 @@ def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_ty
         log.warning("%s", pinned.note)
     log.info("%s %s -> commit %s", repo_id, revision, commit)
     files = _select(pinned.files, only, repo_id, commit)
-    check_listing(files)
-    names = {f.path for f in files}
-    refuse_unnamed_companions(names, repo_id, commit, root)
-    # Re-runs after an interruption reuse this commit (unless --re-resolve) and know what it put here.
     pending = {"repo_id": repo_id, "repo_type": repo_type, "revision": revision, "commit": commit,
-               "endpoint": endpoint, "files": sorted(names)}  # fmt: skip
-    prune_tree(staging / TREE_NAME, names)
-    atomic_write_json(staging / PENDING_NAME, pending)
-    if check_model and "config.json" not in names:
-        raise FetchError(f"{repo_id}@{commit} has no config.json", hint="is this a model repo? (--repo-type dataset)")
+               "endpoint": endpoint}  # fmt: skip
+    names = _stage_listing(staging, files, pending, root, check_model)
 
     tree = staging / TREE_NAME
     digests, todo = reuse_verified(out_dir, tree, files, workers)
@@ -184,28 +176,14 @@ def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_ty
     for d in _download_todo(session, todo, tree, staging, workers, check_model, progress):
         digests[d.path] = d
 
-    try:
+    with _refusal_drops_staging(staging):
         _validate_tree(tree, files, check_model)
         artifact = verify_published(tree, repo_id, commit, names, verify_artifact, root)
-    except QwenquantError:
-        shutil.rmtree(tree, ignore_errors=True)  # refused: the folder keeps what it held, nothing to resume
-        with contextlib.suppress(FileNotFoundError):
-            (staging / PENDING_NAME).unlink()
-        raise
     if before_move is not None:
         before_move()
     move_into_place(out_dir, tree, commit, files)
-    record = _write_record(
-        out_dir,
-        repo_id,
-        repo_type,
-        revision,
-        commit,
-        endpoint,
-        files,
-        digests,
-        {"replaces_commit": pinned.replaces, "note": pinned.note} if pinned.note else None,
-    )
+    content_pin = {"replaces_commit": pinned.replaces, "note": pinned.note} if pinned.note else None
+    record = write_record(out_dir, repo_id, repo_type, revision, commit, endpoint, files, digests, content_pin)
     shutil.rmtree(staging, ignore_errors=True)
     downloaded = [f.path for f in todo]
     if artifact is not None:
@@ -213,6 +191,37 @@ def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_ty
     return FetchResult(repo_id, commit, out_dir, record, downloaded,
                        sorted(set(digests) - set(downloaded)), sum(d.downloaded for d in digests.values()),
                        pinned.note, artifact)  # fmt: skip
+
+
+def _stage_listing(
+    staging: Path, files: list[RemoteFile], pending: dict[str, Any], root: str | None, check_model: bool
+) -> set[str]:
+    """The names of the commit's files to fetch, checked (the listing, the companions a published artifact names,
+    a model's config.json), with the pending record (`pending`: the repo, revision, commit and endpoint) written
+    to `staging`: re-runs after an interruption reuse this commit (unless --re-resolve) and know what it put
+    there. The staged tree keeps only these names."""
+    repo_id, commit = pending["repo_id"], pending["commit"]
+    check_listing(files)
+    names = {f.path for f in files}
+    refuse_unnamed_companions(names, repo_id, commit, root)
+    prune_tree(staging / TREE_NAME, names)
+    atomic_write_json(staging / PENDING_NAME, {**pending, "files": sorted(names)})
+    if check_model and "config.json" not in names:
+        raise FetchError(f"{repo_id}@{commit} has no config.json", hint="is this a model repo? (--repo-type dataset)")
+    return names
+
+
+@contextlib.contextmanager
+def _refusal_drops_staging(staging: Path) -> Iterator[None]:
+    """A refusal inside drops the staged tree and the pending record: the folder keeps what it held, and there
+    is nothing to resume."""
+    try:
+        yield
+    except QwenquantError:
+        shutil.rmtree(staging / TREE_NAME, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            (staging / PENDING_NAME).unlink()
+        raise
 
 
 def verify_published(
@@ -377,20 +386,3 @@ def check_shards(out_dir: Path, names: set[str]) -> None:
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise FetchError(f"{INDEX_NAME}: {problems[0]}{more}", hint="the repo's index and shards disagree; refusing it")
-
-
-def _write_record(out_dir: Path, repo_id: str, repo_type: str, revision: str, commit: str, endpoint: str,
-                  files: list[RemoteFile], digests: dict[str, FileDigest],
-                  pinned: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
-    entries = [{"path": f.path, "size": f.size, "sha256": digests[f.path].sha256,
-                "git_blob_id": f.blob_id, "lfs": f.lfs} for f in sorted(files, key=lambda f: f.path)]  # fmt: skip
-    record = {
-        "schema_version": SCHEMA_VERSION, "tool": "qwenquant", "tool_version": __version__,
-        "repo_id": repo_id, "repo_type": repo_type, "revision": revision, "commit": commit, "endpoint": endpoint,
-        "fetched_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "files": entries, "root_digest": root_digest(entries),
-        "total_bytes": sum(f.size for f in files),
-        **({"content_pinned": pinned} if pinned else {}),
-    }  # fmt: skip
-    atomic_write_json(out_dir / RECORD_NAME, record)
-    return record
