@@ -24,8 +24,6 @@ KNOWN_FUNCTIONS: dict[str, str] = {
     "bench/turns.py:run_turns": "ruff format grew it past the limit; to be split",
     "commands/bench.py:compare": "ruff format grew it past the limit; to be split",
     "evaluate/offline.py:run_offline": "ruff format grew it past the limit; to be split",
-    "plan/artifact.py:make_plan": "ruff format grew it past the limit; to be split",
-    "plan/report.py:budget_lines": "ruff format grew it past the limit; to be split",
     "publish/run.py:_to_hub": "ruff format grew it past the limit; to be split",
     "quantize/engine/build.py:run_streamed_gptq": "ruff format grew it past the limit; to be split",
     "quantize/graft.py:graft_mtp": "ruff format grew it past the limit; to be split",

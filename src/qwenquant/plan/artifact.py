@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenquant.errors import ServeError, UsageError
-from qwenquant.manifest import MANIFEST_NAME, load_manifest
+from qwenquant.manifest import MANIFEST_NAME, Manifest, load_manifest
 from qwenquant.plan import pipeline
 from qwenquant.plan.budget import Budget, make_budget
 from qwenquant.plan.positions import long_allowed, position_fix, position_limit, position_problem
@@ -182,24 +182,24 @@ def read_model_config(target: Path, cfg_path: Path) -> dict[str, Any]:
     return config
 
 
-def make_plan(
-    target: Path,
-    gpu_bytes: int,
-    *,
-    recipe_name: str | None = None,
-    profiles: list[str] | None = None,
-    device: str = "cuda",
-    tp: int = 1,
-    pp: int = 1,
-    partition: str | None = None,
-) -> PlanResult:
-    """Budgets for each profile; `target` is an artifact folder, a config.json, or a folder with one.
-    With `tp` > 1 (vLLM tensor parallelism over `tp` GPUs of `gpu_bytes` each) every figure is per GPU;
-    with `pp` > 1 (pipeline parallelism over `pp` GPUs) each stage's GPU has its own budget
-    (`stages`; `partition`: a VLLM_PP_LAYER_PARTITION value)."""
-    target = Path(target)
+@dataclass(frozen=True)
+class _PlanInputs:
+    """What a plan is made from: the recipe, the model's config and the weights (per pipeline stage with pp > 1)."""
+
+    manifest: Manifest | None
+    recipe: Recipe
+    config: dict[str, Any]
+    weights: WeightBreakdown
+    stage_weights: list[WeightBreakdown]
+    ranges: list[tuple[int, int]]
+    source: str
+
+
+def _plan_inputs(target: Path, recipe_name: str | None, tp: int, pp: int, partition: str | None) -> _PlanInputs:
+    """An artifact's own recipe and tensor bytes, or a config.json with a named recipe's estimated weights."""
     manifest = None
     stage_weights: list[WeightBreakdown] = []
+    ranges: list[tuple[int, int]] = []
     if target.is_dir() and (target / MANIFEST_NAME).exists() and recipe_name is None:
         manifest = load_manifest(target)
         recipe = recipe_from_manifest(manifest)
@@ -209,35 +209,27 @@ def make_plan(
         if pp > 1:
             ranges = pipeline.stage_ranges(len(tp_shape(config, 1, pp).layer_types), pp, partition)
             stage_weights = pipeline.stage_weights_from_tensors(tensors, ranges)
-        source = f"artifact {target}"
-    else:
-        cfg_path = target / "config.json" if target.is_dir() else target
-        config = read_model_config(target, cfg_path)
-        recipe = load_recipe(recipe_name or "w4a16-int4head")
-        quant = QuantSettings.from_recipe(recipe.canonical())
-        weights = weights_from_config(tp_shape(config, tp), quant, tp=tp)
-        if pp > 1:
-            shape = tp_shape(config, 1, pp)
-            ranges = pipeline.stage_ranges(len(shape.layer_types), pp, partition)
-            stage_weights = pipeline.stage_weights_from_config(shape, quant, ranges)
-        source = f"config {cfg_path} + recipe {recipe.name}"
-    shape = model_shape(config)
-    layout = artifact_layout(manifest) if manifest else recipe.artifact.layout
-    budgets = {}
-    stages: dict[str, list[Budget]] = {}
-    include_vision = False
-    for name in profiles or sorted(recipe.serve.profiles):
-        prof = recipe.profile(name)
-        include_vision = manifest is not None and not decide(prof, device, layout).language_model_only
-        if pp > 1:
-            stages[name] = profile_stages(
-                shape, stage_weights, prof, device, layout, ranges, total_bytes=gpu_bytes, include_vision=include_vision
-            )
-            budgets[name] = pipeline.binding(stages[name])
-        else:
-            budgets[name] = profile_budget(
-                shape, weights, prof, device, layout, total_bytes=gpu_bytes, include_vision=include_vision, tp=tp
-            )
+        return _PlanInputs(manifest, recipe, config, weights, stage_weights, ranges, f"artifact {target}")
+    cfg_path = target / "config.json" if target.is_dir() else target
+    config = read_model_config(target, cfg_path)
+    recipe = load_recipe(recipe_name or "w4a16-int4head")
+    quant = QuantSettings.from_recipe(recipe.canonical())
+    weights = weights_from_config(tp_shape(config, tp), quant, tp=tp)
+    if pp > 1:
+        shape = tp_shape(config, 1, pp)
+        ranges = pipeline.stage_ranges(len(shape.layer_types), pp, partition)
+        stage_weights = pipeline.stage_weights_from_config(shape, quant, ranges)
+    return _PlanInputs(
+        None, recipe, config, weights, stage_weights, ranges, f"config {cfg_path} + recipe {recipe.name}"
+    )
+
+
+def _refusals(
+    inputs: _PlanInputs, budgets: dict[str, Budget], device: str, tp: int, pp: int
+) -> tuple[dict[str, str], dict[str, str]]:
+    """({profile: why serve refuses it}, {profile: the fix}): positions past the model's, MTP over a pipeline
+    split, the embedding table in host memory over several GPUs."""
+    recipe, config = inputs.recipe, inputs.config
     refused = {
         name: p
         for name, b in budgets.items()
@@ -253,14 +245,60 @@ def make_plan(
     fixes = dict.fromkeys(drafting, pipeline.MTP_PIPELINE_FIX) | dict.fromkeys(
         host, "serve it on one GPU, or with --no-host-embeddings and a max-model-len the plan without them fits"
     )
+    return refused, fixes
+
+
+def make_plan(
+    target: Path,
+    gpu_bytes: int,
+    *,
+    recipe_name: str | None = None,
+    profiles: list[str] | None = None,
+    device: str = "cuda",
+    tp: int = 1,
+    pp: int = 1,
+    partition: str | None = None,
+) -> PlanResult:
+    """Budgets for each profile; `target` is an artifact folder, a config.json, or a folder with one.
+    With `tp` > 1 (vLLM tensor parallelism over `tp` GPUs of `gpu_bytes` each) every figure is per GPU;
+    with `pp` > 1 (pipeline parallelism over `pp` GPUs) each stage's GPU has its own budget
+    (`stages`; `partition`: a VLLM_PP_LAYER_PARTITION value)."""
+    inputs = _plan_inputs(Path(target), recipe_name, tp, pp, partition)
+    recipe, config, manifest = inputs.recipe, inputs.config, inputs.manifest
+    shape = model_shape(config)
+    layout = artifact_layout(manifest) if manifest else recipe.artifact.layout
+    budgets = {}
+    stages: dict[str, list[Budget]] = {}
+    include_vision = False
+    for name in profiles or sorted(recipe.serve.profiles):
+        prof = recipe.profile(name)
+        include_vision = manifest is not None and not decide(prof, device, layout).language_model_only
+        if pp > 1:
+            ranges = inputs.ranges
+            stages[name] = profile_stages(
+                shape,
+                inputs.stage_weights,
+                prof,
+                device,
+                layout,
+                ranges,
+                total_bytes=gpu_bytes,
+                include_vision=include_vision,
+            )
+            budgets[name] = pipeline.binding(stages[name])
+        else:
+            budgets[name] = profile_budget(
+                shape, inputs.weights, prof, device, layout, total_bytes=gpu_bytes, include_vision=include_vision, tp=tp
+            )
+    refused, fixes = _refusals(inputs, budgets, device, tp, pp)
     return PlanResult(
         shape,
-        weights,
+        inputs.weights,
         include_vision,
         budgets,
-        source,
+        inputs.source,
         stages=stages,
-        stage_weights=stage_weights,
+        stage_weights=inputs.stage_weights,
         refused=refused,
         position_fix=position_fix(config),
         fixes=fixes,

@@ -57,50 +57,15 @@ def budget_lines(
     """The text block of one profile. `refused`: why serve refuses the profile whatever the memory (the
     block then never says it fits); `positions`: the model's max_position_embeddings (a larger length
     is said to be above it)."""
-    c = b.cache
-    full = sum(t == "full_attention" for t in s.layer_types[b.layers[0] : b.layers[1]]) if b.pp > 1 else s.n_full
-    mtp = c.n_attn_layers - full
     lines = [
         f"profile {name}: max-model-len {b.max_model_len}, max-num-seqs {b.max_num_seqs}, "
         f"max-num-batched-tokens {b.max_num_batched_tokens}, device {b.device}"
         + (f", tensor parallel {b.tp} (per GPU)" if b.tp > 1 else "")
         + (f", {stage_name(b)}" if b.pp > 1 else "")
     ]
-    lines.append(
-        _row(
-            "KV cache per token",
-            c.kv_bytes_per_token,
-            f"{c.n_attn_layers} layers ({full} full-attention + {mtp} MTP) x {c.kv_bytes_per_token_layer:,} B",
-        )
-    )
-    lines.append(
-        _row(
-            "GDN state per sequence",
-            c.gdn_state_bytes_per_seq,
-            f"{c.n_linear_layers} layers x ({c.conv_state_bytes:,} conv + {c.ssm_state_bytes:,} ssm) B "
-            f"x {c.slots_per_seq} slots",
-        )
-    )
-    lines.append(
-        f"  paging: {c.block_tokens}-token blocks, {c.page_bytes:,} B pages, {c.attn_groups} attention + "
-        f"{c.gdn_groups} GDN groups of {c.group_size} layers"
-        + (" of this stage (the most it holds in one group)" if b.pp > 1 else "")
-    )
-    lines.append(_row("one max-model-len sequence (paged)", b.seq_bytes))
+    lines += _cache_lines(b, s)
     if b.device == "cuda":
-        note = "  MTP head not loaded: this profile does not draft" if s.mtp_layers and not mtp else ""
-        lines.append(_row("weights loaded", b.weights_bytes) + note)
-        if b.host_bytes:
-            lines.append(_row("input embeddings in pinned host memory", b.host_bytes, "host embeddings: off the GPU"))
-        lines.append(
-            _row(
-                "activations (vLLM's profiling peak)" if b.profiled else "activations (fp32 logits + MLP)",
-                b.activation_bytes,
-            )
-        )
-        lines.append(_row("runtime overhead + CUDA graphs (measured)", b.runtime_bytes))
-        lines.append(_row(f"budget ({gib(b.total_bytes)} x {b.utilization:g})", b.budget_bytes))
-        lines.append(formula_line(b))
+        lines += _gpu_lines(b, s)
     lines.append(_row("left for KV cache + GDN state", max(b.cache_available, 0)))
     if not b.fits:
         lines.append(f"  DOES NOT FIT: {first_reason(b)}")
@@ -120,6 +85,53 @@ def budget_lines(
     f = fill(b, s)
     if f is not None:
         lines += fill_lines(b, f)
+    return lines
+
+
+def _cache_lines(b: Budget, s: ModelShape) -> list[str]:
+    """The KV cache and GDN state per token and per sequence, and vLLM's paging of them."""
+    c = b.cache
+    full = _full_layers(b, s)
+    mtp = c.n_attn_layers - full
+    return [
+        _row(
+            "KV cache per token",
+            c.kv_bytes_per_token,
+            f"{c.n_attn_layers} layers ({full} full-attention + {mtp} MTP) x {c.kv_bytes_per_token_layer:,} B",
+        ),
+        _row(
+            "GDN state per sequence",
+            c.gdn_state_bytes_per_seq,
+            f"{c.n_linear_layers} layers x ({c.conv_state_bytes:,} conv + {c.ssm_state_bytes:,} ssm) B "
+            f"x {c.slots_per_seq} slots",
+        ),
+        f"  paging: {c.block_tokens}-token blocks, {c.page_bytes:,} B pages, {c.attn_groups} attention + "
+        f"{c.gdn_groups} GDN groups of {c.group_size} layers"
+        + (" of this stage (the most it holds in one group)" if b.pp > 1 else ""),
+        _row("one max-model-len sequence (paged)", b.seq_bytes),
+    ]
+
+
+def _full_layers(b: Budget, s: ModelShape) -> int:
+    """Full-attention decoder layers on this budget's GPU (this stage's with pp > 1)."""
+    return sum(t == "full_attention" for t in s.layer_types[b.layers[0] : b.layers[1]]) if b.pp > 1 else s.n_full
+
+
+def _gpu_lines(b: Budget, s: ModelShape) -> list[str]:
+    """What takes the GPU budget before the KV cache: weights (and the table kept on the host), activations,
+    runtime; the budget and the memory formula."""
+    drafts = b.cache.n_attn_layers > _full_layers(b, s)  # the MTP layer's KV is counted only when it drafts
+    note = "  MTP head not loaded: this profile does not draft" if s.mtp_layers and not drafts else ""
+    lines = [_row("weights loaded", b.weights_bytes) + note]
+    if b.host_bytes:
+        lines.append(_row("input embeddings in pinned host memory", b.host_bytes, "host embeddings: off the GPU"))
+    act = "activations (vLLM's profiling peak)" if b.profiled else "activations (fp32 logits + MLP)"
+    lines += [
+        _row(act, b.activation_bytes),
+        _row("runtime overhead + CUDA graphs (measured)", b.runtime_bytes),
+        _row(f"budget ({gib(b.total_bytes)} x {b.utilization:g})", b.budget_bytes),
+        formula_line(b),
+    ]
     return lines
 
 
