@@ -95,17 +95,18 @@ def test_plan_2x24gib_single_user_pp2():
     res = make_plan(REAL, parse_size("24GiB"), profiles=["single-user"], pp=2)
     first, last = res.stages["single-user"]
     assert (first.layers, last.layers) == ((0, 32), (32, 64))
-    # vLLM's profiling peak: the MLP share 2048 x 2 x 17408 x 2 on stage 0; stage 1 holds the head (its transient
-    # 248320 x 5120 x 2 = 2,542,796,800) and the drafter (the MLP share twice)
-    assert (first.activation_bytes, last.activation_bytes) == (142_606_336, 2_828_009_472)
+    # vLLM's profiling peak: the fitted constant int(0.2334 GiB) = 250,611,341 on stage 0; stage 1 holds the head
+    # too (its transient 248320 x 5120 x 2 = 2,542,796,800)
+    assert (first.activation_bytes, last.activation_bytes) == (250_611_341, 2_793_408_141)
     # int(24 GiB x 0.92) = 23,708,219,473 - weights - activations - 816,043,785 runtime
-    assert first.cache_available == 13_908_744_008  # - 8,840,825,344 - 142,606,336
-    assert last.cache_available == 7_175_570_248  # - 12,888,595,968 - 2,828,009,472
+    assert first.cache_available == 13_800_739_003  # - 8,840,825,344 - 250,611,341
+    assert last.cache_available == 7_210_171_579  # - 12,888,595,968 - 2,793,408,141
     # a 32768-token sequence: 79 attention blocks + 3 GDN groups x 5 slots = 94 blocks; less vLLM's null block,
-    # stage 0: floor(13,908,744,008 / 13,631,488) - 1 = 1019 blocks -> 10; stage 1: 467 - 1 = 466 blocks -> 4
+    # stage 0: floor(13,800,739,003 / 13,631,488) - 1 = 1011 blocks -> 10;
+    # stage 1 (8 full-attention layers + MTP: 9 pages a block): floor(7,210,171,579 / 15,335,424) - 1 = 469 -> 4
     assert (first.concurrency, last.concurrency) == (10, 4)
     assert res.budgets["single-user"] is last  # vLLM gives every stage the fewest blocks
-    assert last.largest_len(1) == 187_616  # (466 - 15) x 416
+    assert last.largest_len(1) == 188_864  # (469 - 15) x 416
 
 
 def test_plan_command_pipeline(capsys):
@@ -155,9 +156,9 @@ def test_partition_variable_reaches_the_plan(capsys, monkeypatch):
     first, last = res.stages["single-user"]
     assert (first.layers, last.layers) == ((0, 36), (36, 64))
     # stage 1: 7 full-attention layers + MTP = 8 pages a block (13,631,488 B), 21 GDN layers 7 a group;
-    #   4 layers fewer: 7,962,823,816 B left -> 584 blocks - 1 null -> (583 - 15) x 416 tokens (32 + 32: 187,616)
-    assert (last.cache.group_size, last.cache_available) == (8, 7_962_823_816)
-    assert res.budgets["single-user"] is last and last.largest_len(1) == 236_288
+    #   4 layers fewer: 7,997,425,147 B left -> 586 blocks - 1 null -> (585 - 15) x 416 tokens (32 + 32: 188,864)
+    assert (last.cache.group_size, last.cache_available) == (8, 7_997_425_147)
+    assert res.budgets["single-user"] is last and last.largest_len(1) == 237_120
     code, out, _ = run_cli(capsys, "plan", str(REAL), "--gpus", "2", "--split", "pipeline", "-p", "batch")
     assert code == 0 and "pipeline stage 1 of 2 (decoder layers 36-63)" in out
     monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "40")

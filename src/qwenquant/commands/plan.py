@@ -130,9 +130,28 @@ def _text(res: Any, gpu_mem: str, gpus: int, layout: Any) -> list[str]:
             if i == 0 and name in res.refused:  # before the memory figures, which hold whatever the refusal
                 shown.insert(1, f"  DOES NOT FIT: {res.refused[name]}, which serve refuses: {res.fix(name)}")
             lines += [""] + shown
+        if layout.tp * layout.pp == 1:
+            lines += _measured_lines(name, res.budgets[name])
         if layout.pp > 1:
             lines += [""] + pipeline_lines(name, res.stages[name], res.shape, refused=res.refused.get(name))
     return lines
+
+
+def _measured_lines(name: str, b: Any) -> list[str]:
+    """The plan's residual against vLLM's own KV figure on the measured starts of this profile (one GPU)."""
+    from qwenquant.plan.measured import for_profile
+
+    if b.device != "cuda":
+        return []
+    if not b.profiled:
+        return ["  KV cache from the plan: serve passes this figure as --kv-cache-memory-bytes (vLLM does not profile)"]
+    return [p.line() for p in for_profile(name)]
+
+
+def _measured_json(name: str, b: Any) -> list[dict[str, Any]]:
+    from qwenquant.plan.measured import for_profile
+
+    return [p.to_json() for p in for_profile(name)] if b.device == "cuda" and b.profiled else []
 
 
 def _merge_json(results: list[tuple[Any, Any]]) -> dict[str, Any]:
@@ -157,6 +176,7 @@ def _merge_json(results: list[tuple[Any, Any]]) -> dict[str, Any]:
                 | {"fits": res.fits(k), "position_problem": res.refused.get(k)}
                 | {"layout": {"tensor": layout.tp, "pipeline": layout.pp, "reason": layout.reason}}
                 | ({"stages": [budget_dict(x, res.shape) for x in res.stages[k]]} if layout.pp > 1 else {})
+                | {"measured": _measured_json(k, b) if layout.tp * layout.pp == 1 else []}
             )
     return doc
 

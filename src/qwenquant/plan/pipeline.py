@@ -220,8 +220,8 @@ def stage_budgets(
 
 
 def _peak(device: str, cache: CacheSettings, last: bool) -> dict[str, bool]:
-    """How a stage's activations are counted: vLLM's profiling peak on CUDA, the drafter on the last stage only."""
-    return {"profiled": device == "cuda", "drafts": cache.num_speculative_tokens > 0 and last}
+    """How a stage's activations are counted: vLLM's profiling peak on CUDA."""
+    return {"profiled": device == "cuda"}
 
 
 def binding(stages: Sequence[Budget]) -> Budget:
