@@ -14,10 +14,11 @@ from typing import Any
 from qwenquant.bench import gpu as gpumod
 from qwenquant.bench.checks import merge_checks
 from qwenquant.bench.judge import short_stream, too_good_flags
-from qwenquant.bench.output import BenchReport, DepthReport, SoakReport, TurnsReport, deliver, json_on_failure
+from qwenquant.bench.output import BenchReport, DepthReport, SoakReport, TurnsReport, deliver
 from qwenquant.bench.runner import Target, resolve_model, server_version
 from qwenquant.bench.session import Request, configurations, targets_of
 from qwenquant.bench.workload import load_config
+from qwenquant.reportsink import json_on_failure
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ def _long_session(
     concurrency: int = 1,
 ) -> BenchReport:
     """_measure_long; with --json, one JSON document on stdout whatever fails."""
-    with json_on_failure(req.as_json, kind.mode):
+    with json_on_failure(req.as_json, {"mode": kind.mode}):
         return _measure_long(req, kind, argv, measure, flags, concurrency)
 
 

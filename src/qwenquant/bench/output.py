@@ -1,8 +1,8 @@
 """The one writer of every `qwenquant bench` report: a typed report per mode (run, depth, soak, turns)
 whose fields are its versioned JSON document's top-level keys (`to_json`; `from_json` and `load_report`
-read one back, refusing another schema_version or an unknown mode), and `deliver`, which writes the
-JSON and the PNG beside it, shows the tables (or the JSON with --json) and the flag and verdict lines,
-and returns the error of a failing verdict (exit 8).
+read one back, refusing another schema_version or an unknown mode), and `deliver`, which hands the report
+to the output sink every report goes through (reportsink: the JSON and the PNG beside it, the tables or
+the JSON with --json, the flag and verdict lines) and returns the error of a failing verdict (exit 8).
 
 The output is checked before anything is measured (`check_out`: the folder exists, can be written
 and has room, and nothing is replaced that qwenquant did not write as a report of this mode, the PNG
@@ -12,21 +12,20 @@ the JSON goes to the temporary folder instead, and a line says where.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
+from qwenquant import reportsink
 from qwenquant.bench.longplot import depth_png, soak_png
 from qwenquant.bench.plot import write_png
 from qwenquant.bench.render import print_depth, print_report, print_soak, print_turns
 from qwenquant.bench.verdicts import depth_error, run_error, soak_error, turns_error
-from qwenquant.errors import BenchError, QwenquantError
+from qwenquant.errors import BenchError
 from qwenquant.reportdoc import DocKind
+from qwenquant.reportsink import Sink, Written, delivered, log_where, png, spare_beside_pid
 
 log = logging.getLogger(__name__)
 SCHEMA_VERSION = 2  # 2: cross-check flags, the streams' own counts, `mode`
@@ -79,13 +78,6 @@ class BenchReport:
         and its mode one of REPORTS (the mode of `cls`, when `cls` is one mode's report); every field known."""
         kind = DOC.report_class(data, source, REPORTS, cls.mode)
         return kind(**{k: v for k, v in data.items() if k != "mode"})
-
-    def plot(self, path: Path) -> bool:
-        """Write the PNG (False: this mode has none)."""
-        if self.plotter is None:
-            return False
-        self.plotter(self.to_json(), path)
-        return True
 
     def show(self) -> None:
         self.shower(self.to_json())
@@ -191,61 +183,28 @@ def load_report(path: Path) -> BenchReport:
     return BenchReport.from_json(data, f"report {path}")
 
 
-def _write_json(report: BenchReport, out: Path) -> Path:
-    """The JSON at `out`, or (when that write fails after measuring) in the temporary folder."""
-    from qwenquant.atomic import atomic_write_json
-
-    try:
-        atomic_write_json(out, report.to_json(), canonical=False)
-        return out
-    except OSError as e:
-        spare = Path(tempfile.gettempdir()) / f"{out.stem}-{os.getpid()}{out.suffix}"
-        log.warning("could not write %s (%s): the report goes to %s instead", out, e.strerror or e, spare)
-        report.json_path = str(spare)
-        atomic_write_json(spare, report.to_json(), canonical=False)
-        return spare
+def _after(asked: Path, written: Written) -> None:
+    if written.failed is not None:
+        log.warning("the report is %s (%s could not be written)", written.path or "on stdout only", asked)
 
 
-def _write_png(report: BenchReport, path: Path) -> str | None:
-    try:
-        return str(path) if report.plot(path) else None
-    except ImportError as e:  # Pillow comes with llm-compressor; a client-only install may lack it
-        log.warning("no plot: %s (install pillow)", e)
-    except OSError as e:
-        log.warning("no plot: could not write %s (%s)", path, e.strerror or e)
-    return None
-
-
-@contextlib.contextmanager
-def json_on_failure(as_json: bool, mode: str) -> Iterator[None]:
-    """With --json, a run that fails before its report is delivered (the server down, a usage error found on
-    the server) still prints one JSON document on stdout: the error, its hint and exit code (then raises)."""
-    try:
-        yield
-    except QwenquantError as e:
-        if as_json and not getattr(e, "delivered", False):
-            from qwenquant.console import print_json
-
-            print_json({"mode": mode, "ok": False, "error": e.message, "hint": e.hint, "exit_code": e.exit_code})
-        raise
+SINK = Sink(spare=spare_beside_pid, tell=log_where, tell_after=_after)  # bench's: the spare named after --out
 
 
 def deliver(report: BenchReport, out: Path, *, as_json: bool = False, plot: bool = True) -> BenchError | None:
     """Write the JSON (and PNG), show the report, return the error of a failing verdict (exit 8), marked as
     delivered (its report is the JSON document --json printed)."""
-    from qwenquant.console import print_json
+    plotter = report.plotter
+
+    def document(where: Path | None) -> dict[str, Any]:
+        report.json_path = str(where or out)
+        return report.to_json()
 
     report.schema_version = SCHEMA_VERSION
-    report.png_path = _write_png(report, out.with_suffix(".png")) if plot else None
-    report.json_path = str(out)
-    written = _write_json(report, out)
-    if as_json:
-        print_json(report.to_json())
+    if plot and plotter is not None:
+        report.png_path = png(out.with_suffix(".png"), lambda path: plotter(report.to_json(), path))
     else:
-        report.show()
-    if written != out:
-        log.warning("the report is %s (%s could not be written)", written, out)
+        report.png_path = None
+    reportsink.deliver(document, out, SINK, as_json=as_json, show=report.show)
     err = report.error()
-    if err is not None:
-        err.delivered = True  # type: ignore[attr-defined]
-    return err
+    return None if err is None else delivered(err)

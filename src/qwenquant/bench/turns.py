@@ -127,8 +127,8 @@ def run_turn(
     return rec, sample, "".join(answer), failure
 
 
-def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
-    """The conversation on one server; the measured part of the report (JSON-ready)."""
+def _max_len(t: Target, opts: TurnOptions) -> int:
+    """The server's max_model_len, the conversation's end (exit 2: unknown, or no room for one turn)."""
     max_len = rung.served_max_len(t)
     if max_len is None:
         raise UsageError(
@@ -141,6 +141,24 @@ def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
             f"server's max_model_len {max_len}",
             hint=f"use --turn-tokens {max_len // 4} or less",
         )
+    return max_len
+
+
+def _turn_record(
+    turn: int, depth: int, got: dict[str, Any], sample: Sample | None, seconds: float, previous: int | None
+) -> dict[str, Any]:
+    """One turn's record: its depth (the server's count where it answered), the request's record, and the
+    tokens new since the last turn with their prefill rate."""
+    rec = {"turn": turn, "depth": sample.prompt_tokens if sample else depth, **got, "seconds": seconds}
+    rec["new_tokens"] = new_tokens(sample.prompt_tokens if sample else None, previous)
+    ttft = rec.get("ttft_s")
+    rec["new_prefill_tok_s"] = rec["new_tokens"] / ttft if rec["new_tokens"] and ttft else None
+    return rec
+
+
+def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
+    """The conversation on one server; the measured part of the report (JSON-ready)."""
+    max_len = _max_len(t, opts)
     watch = ServerWatch(t.url, t.api_key, t.server, metrics.scrape(t.url, t.api_key))
     nonce = secrets.token_hex(4)
     conv = Conversation(t, text, opts, nonce)
@@ -154,16 +172,8 @@ def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
             break
         log.info("turn %d at about %d tokens", turn, depth)
         t0 = time.monotonic()
-        rec, sample, answer, why = run_turn(t, msgs, opts, turn)
-        rec = {
-            "turn": turn,
-            "depth": sample.prompt_tokens if sample else depth,
-            **rec,
-            "seconds": time.monotonic() - t0,
-        }
-        rec["new_tokens"] = new_tokens(sample.prompt_tokens if sample else None, previous)
-        ttft = rec.get("ttft_s")
-        rec["new_prefill_tok_s"] = rec["new_tokens"] / ttft if rec["new_tokens"] and ttft else None
+        got, sample, answer, why = run_turn(t, msgs, opts, turn)
+        rec = _turn_record(turn, depth, got, sample, time.monotonic() - t0, previous)
         seen = watch.supervised() or watch.seen_page(metrics.scrape(t.url, t.api_key))
         if why and seen is None:
             seen = watch.problem()
