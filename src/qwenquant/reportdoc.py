@@ -239,6 +239,8 @@ def _is_a(value: Any, hint: Any) -> bool:
     if hint is type(None) or hint is None:
         return value is None
     base = origin or hint
+    if isinstance(base, type) and hasattr(base, "model_validate"):  # a typed part (pydantic): its keys checked by it
+        return isinstance(value, dict)
     if base is float:
         return isinstance(value, int | float) and not isinstance(value, bool)
     if base is int:

@@ -16,11 +16,12 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from qwenquant.errors import QwenquantError
 
 log = logging.getLogger(__name__)
+E = TypeVar("E", bound=QwenquantError)
 
 Document = Callable[[Path | None], dict[str, Any]]  # the JSON document, as written to a path (None: stdout only)
 
@@ -131,7 +132,7 @@ def deliver(
     return written
 
 
-def delivered(err: QwenquantError) -> QwenquantError:
+def delivered(err: E) -> E:
     """`err`, marked as coming after its report was delivered (json_on_failure prints nothing more)."""
     err.delivered = True  # type: ignore[attr-defined]  # read back with getattr by json_on_failure
     return err

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 from qwenquant.bench import gpu as gpumod
 from qwenquant.bench.launch import ConfigSpec, serve_targets, url_targets
-from qwenquant.bench.output import RunReport, deliver
+from qwenquant.bench.modes import RunReport
+from qwenquant.bench.output import deliver
 from qwenquant.bench.runner import Options, Target, resolve_model, run_bench, server_version
 from qwenquant.bench.workload import load_config
 from qwenquant.errors import UsageError

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from qwenquant.bench.parts import SoakVerdict
+
 MIN_JUDGED_SHARE = 0.25
 
 
@@ -210,7 +212,7 @@ def verdict(
     window: int,
     tokens: int,
     approximate: bool = False,
-) -> dict[str, Any]:
+) -> SoakVerdict:
     """`ok`, `failed` with each failure and the one line that names its window (the first failure's), or
     `not judged` when nothing failed but no window drafted a token (acceptance was not tested)."""
     fails: list[dict[str, Any]] = []
@@ -243,10 +245,6 @@ def verdict(
     line = fails[0]["line"] if fails else None
     if not fails and not drafted:
         line = "acceptance not judged: the server drafted no tokens (is MTP on?); the streams were complete"
-    return {
-        "status": status,
-        "failures": fails,
-        "line": line,
-        "acceptance_judged": drafted,
-        "flags": usage_flags(streams),
-    }
+    return SoakVerdict.model_validate(
+        {"status": status, "failures": fails, "line": line, "acceptance_judged": drafted, "flags": usage_flags(streams)}
+    )

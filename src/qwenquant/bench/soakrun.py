@@ -18,6 +18,7 @@ from typing import Any
 from qwenquant.bench import metrics
 from qwenquant.bench.burst import check_concurrency
 from qwenquant.bench.longtext import INSTRUCTION, LongText
+from qwenquant.bench.parts import flags_of
 from qwenquant.bench.queued import QueueWatch, decoding_at_once, queued_checks
 from qwenquant.bench.rung import (
     PromptFitter,
@@ -216,7 +217,7 @@ def run_soak(t: Target, text: LongText, opts: SoakOptions) -> dict[str, Any]:
         "collapse_fraction": opts.fraction,
         "source": "per-request" if exact is not None else "metrics",
         "token_count_approximate": prog.approximate,
-        "text": {"sha256": text.sha256, "license": text.license, "source": text.source},
+        "text": text.source_part(),
         "windows": [w.as_dict() for w in merged],
         "stream_windows": [[w.as_dict() for w in ws] for ws in exact] if exact is not None else None,
         "streams": streams,
@@ -224,5 +225,5 @@ def run_soak(t: Target, text: LongText, opts: SoakOptions) -> dict[str, Any]:
         "server": watch.info(),
         "server_queue": queue.result,
         "decoding_at_once": at_once,
-        "checks": queued,
+        "checks": flags_of(queued),
     }

@@ -22,6 +22,7 @@ from typing import Any
 from qwenquant.bench import metrics, rung
 from qwenquant.bench.gpu import MemoryPeak
 from qwenquant.bench.longtext import LongText
+from qwenquant.bench.parts import Failure, PrefixCache
 from qwenquant.bench.runner import Target
 from qwenquant.bench.stream import Sample
 from qwenquant.bench.watch import ServerWatch
@@ -56,18 +57,14 @@ def cache_delta(before: str | None, after: str | None) -> dict[str, float] | Non
     return {"queries": a["queries"] - b["queries"], "hits": a["hits"] - b["hits"]}
 
 
-def cache_verdict(turns: list[dict[str, Any]]) -> dict[str, Any]:
+def cache_verdict(turns: list[dict[str, Any]]) -> PrefixCache:
     """Whether the server cached: hits > 0 over the turns after the first (None: no counters)."""
     deltas = [t["prefix_cache"] for t in turns[1:] if t.get("prefix_cache") is not None]
     if not deltas:
-        return {
-            "counters": any(t.get("prefix_cache") is not None for t in turns),
-            "cached": None,
-            "hits": None,
-            "queries": None,
-        }
+        counters = any(t.get("prefix_cache") is not None for t in turns)
+        return PrefixCache(counters=counters, cached=None, hits=None, queries=None)
     hits, queries = sum(d["hits"] for d in deltas), sum(d["queries"] for d in deltas)
-    return {"counters": True, "cached": hits > 0, "hits": hits, "queries": queries}
+    return PrefixCache(counters=True, cached=hits > 0, hits=hits, queries=queries)
 
 
 def fits(next_depth: int, output: int, max_len: int) -> bool:
@@ -163,7 +160,7 @@ def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
     nonce = secrets.token_hex(4)
     conv = Conversation(t, text, opts, nonce)
     turns: list[dict[str, Any]] = []
-    failure: dict[str, Any] | None = None
+    failure: Failure | None = None
     previous, total, turn = None, 0, 0
     while True:
         msgs = conv.next_messages(turn)
@@ -181,7 +178,7 @@ def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
         rec["ok"] = why is None
         turns.append(rec)
         if why or sample is None:
-            failure = {"turn": turn, "depth": rec["depth"], "reason": why or "no answer"}
+            failure = Failure(turn=turn, depth=rec["depth"], reason=why or "no answer")
             break
         conv.messages = [*msgs, {"role": "assistant", "content": answer}]
         if sample.prompt_tokens:
@@ -195,7 +192,7 @@ def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
         "turn_tokens": opts.turn_tokens,
         "tokenize": conv.fitter.tokenize,
         "nonce": nonce,
-        "text": {"sha256": text.sha256, "license": text.license, "source": text.source},
+        "text": text.source_part(),
         "turns": turns,
         "prefix_cache": cache_verdict(turns),
         "last_ok_turn": ok[-1]["turn"] if ok else None,

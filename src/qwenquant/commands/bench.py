@@ -2,7 +2,7 @@
 
 Each mode is a subcommand with its own typed options (commands/_bench_options.py, the server options
 of commands/_options.py); each measures one server (compare: two) and hands its typed report to
-bench/output.py, the one writer of its JSON, PNG and verdict line. A burst is `bench depth
+bench/output.py, which gives it to the output sink eval shares (reportsink: its JSON, PNG and verdict line). A burst is `bench depth
 --concurrency N`: the same ladder, report and failure rules with N fresh prompts per rung.
 """
 
