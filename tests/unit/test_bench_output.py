@@ -29,6 +29,18 @@ LONG = {
     "text": {"sha256": "a" * 64, "license": "PSF-2.0", "source": "stdlib"},
     "server": {"process_start_time": 1765000000.25, "supervised": False},
 }
+WINDOW = {  # ints where the stream's per-request metrics counted, floats where they divided
+    "index": 0,
+    "stream": None,
+    "start": 0,
+    "end": 1024,
+    "drafts": 300,
+    "draft_tokens": 900,
+    "accepted": 600,
+    "acceptance_rate": 0.6666666666666666,
+    "mean_acceptance_length": 3.0,
+    "per_position": [0.9, 0.7, 0.4],
+}
 BODIES: dict[str, dict[str, Any]] = {
     "run": {
         "gpu": None,
@@ -59,8 +71,8 @@ BODIES: dict[str, dict[str, Any]] = {
         "collapse_fraction": 0.5,
         "source": "per-request",
         "token_count_approximate": False,
-        "windows": [{"window": 0}],
-        "stream_windows": [[{"window": 0}]],
+        "windows": [WINDOW],
+        "stream_windows": [[{**WINDOW, "stream": 0}]],
         "streams": [{"stream": 0}],
         "verdict": {"status": "ok", "failures": [], "line": None, "acceptance_judged": True, "flags": []},
         "server_queue": None,

@@ -11,9 +11,9 @@ def test_steps_fall_in_the_window_of_their_first_token() -> None:
     # 3 steps of 3 tokens (2 accepted), then 2 steps of 1 token: tokens 0-8 | 9-10
     ws = step_windows([2, 2, 2, 0, 0], [3, 3, 3, 3, 3], window=6, first=0)
     assert [(w.index, w.start, w.end) for w in ws] == [(0, 0, 6), (1, 6, 11)]
-    assert ws[0].as_dict()["per_position"] == [1.0, 1.0, 0.0] and ws[0].rate == pytest.approx(4 / 6)
-    assert ws[1].drafts == 3 and ws[1].accepted == 2 and ws[1].as_dict()["per_position"] == [1 / 3, 1 / 3, 0.0]
-    assert ws[1].as_dict()["mean_acceptance_length"] == pytest.approx(1 + 2 / 3)
+    assert ws[0].record().per_position == [1.0, 1.0, 0.0] and ws[0].rate == pytest.approx(4 / 6)
+    assert ws[1].drafts == 3 and ws[1].accepted == 2 and ws[1].record().per_position == [1 / 3, 1 / 3, 0.0]
+    assert ws[1].record().mean_acceptance_length == pytest.approx(1 + 2 / 3)
 
 
 def test_the_prefill_token_counts_in_the_first_window() -> None:

@@ -50,9 +50,8 @@ def depth_png(report: DepthReport, path: Path) -> None:
 
 def soak_series(report: SoakReport) -> list[Panel]:
     """Acceptance per draft position and the mean acceptance length, per window of generated tokens."""
-    wins = [w for w in report.windows if w.get("per_position") is not None]
-    acc = [(float(w["end"]), w["per_position"]) for w in wins]
-    mal = [(float(w["end"]), w["mean_acceptance_length"]) for w in wins if w.get("mean_acceptance_length")]
+    acc = [(float(w.end), w.per_position) for w in report.windows if w.per_position is not None]
+    mal = [(float(w.end), w.mean_acceptance_length) for w in report.windows if w.mean_acceptance_length]
     return [
         Panel("acceptance per draft position", _positions(acc), ymax=1.0),
         Panel("mean acceptance length", [("tokens per step", mal)]),

@@ -20,6 +20,7 @@ from qwenquant.bench.parts import (
     ServerHealth,
     SoakVerdict,
     TextSource,
+    WindowRecord,
     plain,
 )
 from qwenquant.reportdoc import DocKind
@@ -137,8 +138,8 @@ class SoakReport(LongReport):
     collapse_fraction: float
     source: str
     token_count_approximate: bool
-    windows: list[dict[str, Any]]
-    stream_windows: list[list[dict[str, Any]]] | None
+    windows: list[WindowRecord]
+    stream_windows: list[list[WindowRecord]] | None
     streams: list[dict[str, Any]]
     verdict: SoakVerdict
     server_queue: dict[str, Any] | None = None  # the server's running/waiting gauges while the streams ran

@@ -88,6 +88,22 @@ class PrefixCache(Part):
     queries: Number | None = None
 
 
+class WindowRecord(Part):
+    """One soak window of generated tokens (`stream` None: all streams together, from /metrics): its drafts,
+    draft tokens and accepted tokens, and what they make (None where nothing was drafted)."""
+
+    index: int
+    stream: int | None
+    start: int
+    end: int
+    drafts: Number
+    draft_tokens: Number
+    accepted: Number
+    acceptance_rate: Number | None
+    mean_acceptance_length: Number | None
+    per_position: list[Number] | None
+
+
 class SoakFailure(Part):
     """One failure of a soak: a collapse, an error, an empty or truncated stream, a restart; its window."""
 

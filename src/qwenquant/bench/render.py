@@ -243,12 +243,12 @@ def soak_rows(report: SoakReport) -> list[list[str]]:
     """One row per window (all streams together) (pure)."""
     return [
         [
-            str(w["index"]),
-            f"{w['start']}-{w['end']}",
-            _num(w["drafts"], ".0f"),
-            _num(w["acceptance_rate"], ".3f"),
-            _num(w["mean_acceptance_length"], ".2f"),
-            " ".join(f"{p:.2f}" for p in w["per_position"]) if w["per_position"] else "no drafts",
+            str(w.index),
+            f"{w.start}-{w.end}",
+            _num(w.drafts, ".0f"),
+            _num(w.acceptance_rate, ".3f"),
+            _num(w.mean_acceptance_length, ".2f"),
+            " ".join(f"{p:.2f}" for p in w.per_position) if w.per_position else "no drafts",
         ]
         for w in report.windows
     ]

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from qwenquant.bench.parts import SoakVerdict
+from qwenquant.bench.parts import SoakVerdict, WindowRecord
 
 MIN_JUDGED_SHARE = 0.25
 
@@ -37,20 +37,21 @@ class Window:
     def rate(self) -> float | None:
         return self.accepted / self.draft_tokens if self.draft_tokens > 0 else None
 
-    def as_dict(self) -> dict[str, Any]:
+    def record(self) -> WindowRecord:
+        """The window as the report holds it."""
         d = self.drafts
-        return {
-            "index": self.index,
-            "stream": self.stream,
-            "start": self.start,
-            "end": self.end,
-            "drafts": d,
-            "draft_tokens": self.draft_tokens,
-            "accepted": self.accepted,
-            "acceptance_rate": self.rate,
-            "mean_acceptance_length": 1 + self.accepted / d if d > 0 else None,
-            "per_position": [p / d for p in self.per_pos] if d > 0 else None,
-        }
+        return WindowRecord(
+            index=self.index,
+            stream=self.stream,
+            start=self.start,
+            end=self.end,
+            drafts=d,
+            draft_tokens=self.draft_tokens,
+            accepted=self.accepted,
+            acceptance_rate=self.rate,
+            mean_acceptance_length=1 + self.accepted / d if d > 0 else None,
+            per_position=[p / d for p in self.per_pos] if d > 0 else None,
+        )
 
 
 def step_windows(
