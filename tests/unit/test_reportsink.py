@@ -13,6 +13,8 @@ import pytest
 from qwenquant.errors import BenchError, UsageError
 from qwenquant.reportsink import Sink, Written, deliver, delivered, json_on_failure, write_report
 
+from helpers import run_cli
+
 
 def _doc(where: Path | None) -> dict[str, Any]:
     return {"json_path": str(where), "ok": True}
@@ -63,3 +65,22 @@ def test_a_run_that_fails_before_its_report_prints_its_error(capsys: pytest.Capt
     with pytest.raises(BenchError), json_on_failure(True, {"mode": "depth"}):
         raise delivered(BenchError("verdict failed"))  # its report was the document already printed
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "head"),
+    [
+        (("bench", "depth", "http://127.0.0.1:9", "--json"), {"mode": "depth"}),
+        (("eval", "served", "http://127.0.0.1:9", "--json"), {"kind": "served"}),
+    ],
+)
+def test_bench_and_eval_print_one_json_document_when_the_server_is_down(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], head: dict[str, str]
+) -> None:
+    """Nothing listens on port 9: the run fails before its report, and --json still gets its one document."""
+    out = ("--out", str(tmp_path / "depth.json")) if argv[0] == "bench" else ()
+    code, stdout, err = run_cli(capsys, *argv, *out)
+    assert code == 8, err
+    doc = json.loads(stdout)
+    assert doc == {**head, "ok": False, "error": doc["error"], "hint": doc["hint"], "exit_code": 8}
+    assert "Connection refused" in doc["error"] and "error: " in err

@@ -20,7 +20,7 @@ Report = Annotated[
         help="Where the JSON report goes (default: beside the --serve artifact; with a URL: nowhere). " + _REPORT_WRITE,
     ),
 ]
-OfflineReport = Annotated[
+OfflineReportPath = Annotated[
     Path | None,
     typer.Option("--report", help="Where the JSON report goes (default: beside the artifact). " + _REPORT_WRITE),
 ]

@@ -20,7 +20,7 @@ from qwenquant.commands._eval_options import (
     NeedleMaxLen,
     OfflineActs,
     OfflineDevice,
-    OfflineReport,
+    OfflineReportPath,
     Reference,
     ReferenceUnverified,
     ReferenceUrl,
@@ -40,7 +40,7 @@ from qwenquant.commands._options import ServeArtifact, ServerOptions, with_optio
 if TYPE_CHECKING:
     from typing import Any
 
-    from qwenquant.evaluate.report import EvalReport, ServedReport
+    from qwenquant.evaluate.report import EvalReport, OfflineReport, ServedReport
     from qwenquant.evaluate.servedrun import ServedAsk
     from qwenquant.evaluate.speccheck import SpecCheckAsk
     from qwenquant.reportsink import Written
@@ -81,7 +81,7 @@ def offline(
     streamed: Streamed = None,
     device: OfflineDevice = Device.cpu,
     activations: OfflineActs = Activations.bf16,
-    report: OfflineReport = None,
+    report: OfflineReportPath = None,
     as_json: AsJson = False,
 ) -> None:
     """The artifact against its source on the same held-out windows: paired perplexity, KL, top-1, lm_head and MTP.
@@ -96,25 +96,33 @@ def offline(
 
       qwenquant eval offline artifacts/tiny --reference models/tiny-reference --activations int8
     """
+    from qwenquant.evaluate.offlinerun import OfflineAsk, run_offline_eval
+    from qwenquant.reportsink import json_on_failure
+
+    ask = OfflineAsk(
+        artifact,
+        reference,
+        windows,
+        window_len,
+        text,
+        text_set,
+        device.value,
+        streamed,
+        report,
+        reference_unverified,
+        activations.value,
+    )
+    with json_on_failure(as_json, {"kind": "offline"}):  # --json: one JSON document, the error's too
+        result, target = run_offline_eval(ask)
+        _show_offline(result)
+        _fail_write(_emit(result, target, as_json))
+
+
+def _show_offline(result: OfflineReport) -> None:
+    """The offline table and its summary lines (stderr), and a note when the reference was not verified."""
     from qwenquant.console import console
     from qwenquant.evaluate import report as rep
-    from qwenquant.evaluate.offlinerun import OfflineAsk, run_offline_eval
 
-    result, target = run_offline_eval(
-        OfflineAsk(
-            artifact,
-            reference,
-            windows,
-            window_len,
-            text,
-            text_set,
-            device.value,
-            streamed,
-            report,
-            reference_unverified,
-            activations.value,
-        )
-    )
     data = result.to_json()
     console.print(rep.offline_table(data))
     for line in rep.summary_lines(data):
@@ -125,7 +133,6 @@ def offline(
             f"({result.reference_check['recorded_source']}): --reference-unverified",
             markup=False,
         )
-    _fail_write(_emit(result, target, as_json))
 
 
 @eval_app.command("served", context_settings={"allow_interspersed_args": True})
@@ -165,6 +172,7 @@ def served(
     from qwenquant.errors import UsageError
     from qwenquant.evaluate.servedrun import ServedAsk
     from qwenquant.evaluate.speccheck import SpecCheckAsk, check_reference
+    from qwenquant.reportsink import json_on_failure
 
     words = list(args or [])
     ask = ServedAsk(gate, model, server.api_key, min_acceptance, tools, needle, needle_max_len)
@@ -179,11 +187,13 @@ def served(
             )
         from qwenquant.net.http import check_url
 
-        _served(check_url(words[0], "URL"), ask, report, as_json, spec)
+        with json_on_failure(as_json, {"kind": "served"}):  # --json: one JSON document, the error's too
+            _served(check_url(words[0], "URL"), ask, report, as_json, spec)
         return
     if words and not words[0].startswith("-"):
         raise UsageError(f"give a URL ({words[0]}) or --serve ARTIFACT, not both", hint="vLLM flags go after --")
-    _serve_and_gate(server.to_request(serve, words), ask, report, as_json, spec)
+    with json_on_failure(as_json, {"kind": "served"}):
+        _serve_and_gate(server.to_request(serve, words), ask, report, as_json, spec)
 
 
 @eval_app.command("gates")
@@ -231,11 +241,14 @@ def _emit(result: EvalReport, path: Path | None, as_json: bool) -> str | None:
 
 def _fail_write(failed: str | None) -> None:
     from qwenquant.errors import UsageError
+    from qwenquant.reportsink import delivered
 
-    if failed:
-        raise UsageError(
-            failed + ": the measurement was printed on stdout",
-            hint="free space or pass --report in a folder you can write, then run eval again",
+    if failed:  # after the report was delivered: --json printed it, not this error
+        raise delivered(
+            UsageError(
+                failed + ": the measurement was printed on stdout",
+                hint="free space or pass --report in a folder you can write, then run eval again",
+            )
         )
 
 
@@ -284,10 +297,14 @@ def _finish_served(result: ServedReport, path: Path | None, as_json: bool) -> No
         console.print(spec_check_line(result.spec_check), markup=False, soft_wrap=True)
     failed_write = _emit(result, path, as_json)
     if result.failures:
-        raise BenchError(
-            "served gate failed: " + "; ".join(result.failures),
-            hint="compare with the bf16 source served the same way; see `qwenquant eval offline "
-            "ARTIFACT --reference SOURCE`",
+        from qwenquant.reportsink import delivered
+
+        raise delivered(
+            BenchError(
+                "served gate failed: " + "; ".join(result.failures),
+                hint="compare with the bf16 source served the same way; see `qwenquant eval offline "
+                "ARTIFACT --reference SOURCE`",
+            )
         )
     _fail_write(failed_write)
 
