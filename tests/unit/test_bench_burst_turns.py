@@ -8,7 +8,7 @@ import pytest
 from test_bench_output import typed
 
 from qwenquant.bench.burst import aggregate_prefill, burst_failure, burst_header, check_concurrency, spread3
-from qwenquant.bench.parts import PrefixCache
+from qwenquant.bench.parts import PrefixCache, QueueCounts
 from qwenquant.bench.render import burst_rows, cache_line
 from qwenquant.bench.stream import Sample
 from qwenquant.bench.turns import cache_delta, cache_verdict, fits, new_tokens
@@ -114,12 +114,12 @@ def test_a_burst_with_waiting_requests_is_flagged_queued() -> None:
     from qwenquant.bench.burst import queued_checks
 
     assert queued_checks(None, 4, "depth 1024") == []  # no gauges: nothing to hold the burst against
-    assert queued_checks({"max_running": 4, "max_waiting": 0, "pages": 9}, 4, "depth 1024") == []
+    assert queued_checks(QueueCounts(max_running=4, max_waiting=0, pages=9), 4, "depth 1024") == []
     # waiting for the step's token budget, then all four ran at once: no queue
-    assert queued_checks({"max_running": 4, "max_waiting": 3, "pages": 9}, 4, "depth 1024") == []
+    assert queued_checks(QueueCounts(max_running=4, max_waiting=3, pages=9), 4, "depth 1024") == []
     # the pages missed the moment all four ran, but the client saw four streams decoding side by side
-    assert queued_checks({"max_running": 1, "max_waiting": 3, "pages": 2}, 4, "depth 1024", 4) == []
-    (f,) = queued_checks({"max_running": 1, "max_waiting": 3, "pages": 9}, 4, "depth 1024", 1)
+    assert queued_checks(QueueCounts(max_running=1, max_waiting=3, pages=2), 4, "depth 1024", 4) == []
+    (f,) = queued_checks(QueueCounts(max_running=1, max_waiting=3, pages=9), 4, "depth 1024", 1)
     assert f["check"] == "queued" and f["value"] == 3
     assert f["note"] == (
         "depth 1024: up to 3 of the 4 requests waited in the server's queue (it ran at most 1 at "

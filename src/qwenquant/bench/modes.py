@@ -16,6 +16,7 @@ from qwenquant.bench.parts import (
     Flag,
     Part,
     PrefixCache,
+    QueueCounts,
     RunFailure,
     ServerHealth,
     SoakVerdict,
@@ -142,7 +143,7 @@ class SoakReport(LongReport):
     stream_windows: list[list[WindowRecord]] | None
     streams: list[dict[str, Any]]
     verdict: SoakVerdict
-    server_queue: dict[str, Any] | None = None  # the server's running/waiting gauges while the streams ran
+    server_queue: QueueCounts | None = None  # the server's running/waiting gauges while the streams ran
     decoding_at_once: int | None = None  # the most streams the client saw decoding side by side
     checks: list[Flag] = field(default_factory=list)  # the streams' queue ("queued")
     mode: ClassVar[str] = "soak"

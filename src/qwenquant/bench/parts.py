@@ -71,6 +71,15 @@ class RunFailure(Part):
     reason: str
 
 
+class QueueCounts(Part):
+    """The server's queue while streams meant to run at once ran: the most running and the most waiting
+    requests on one /metrics page (vLLM's gauges, floats), over `pages` pages."""
+
+    max_running: Number
+    max_waiting: Number
+    pages: int
+
+
 class Failure(Part):
     """What ended a depth ladder (its rung's depth) or a conversation (its turn and depth), and why."""
 
