@@ -122,11 +122,6 @@ def check_report_path(
       write, or wrote as another kind of report, is refused;
     - each of `companions` (bench's PNG) that exists is replaced only when that old report names it.
     Returns True when the path is a regular file path (to be written atomically)."""
-    import shutil
-
-    from qwenquant.atomic import writable_folder
-    from qwenquant.outfolder import MANIFEST_NAME
-
     path = Path(path)
     what, again = f"{flag} {path}", f"pass {flag} NEW.json, or move the file away"
     if path.exists() and not path.is_file():
@@ -137,6 +132,30 @@ def check_report_path(
     if not parent.is_dir():
         raise UsageError(f"{what}: folder {parent} not found", hint=f"create it, or pass {flag} in an existing folder")
     old = _old_report(path, doc, kinds, what, again)
+    _check_room(parent, what, flag, min_free)
+    if old is not None:
+        _check_same_run(old, doc, want, identity, what, again, explicit)
+    for extra in companions:
+        named = (
+            old is not None
+            and isinstance(old.get("png_path"), str)
+            and Path(old["png_path"]).resolve() == Path(extra).resolve()
+        )
+        if (extra.exists() or extra.is_symlink()) and not named:
+            raise UsageError(
+                f"{what}: {extra} beside it is not a file qwenquant wrote for that report; not replacing it",
+                hint=f"{again} (and {extra.name})",
+            )
+    return True
+
+
+def _check_room(parent: Path, what: str, flag: str, min_free: int) -> None:
+    """The report's folder: outside every artifact, writable, with `min_free` bytes free (exit 2)."""
+    import shutil
+
+    from qwenquant.atomic import writable_folder
+    from qwenquant.outfolder import MANIFEST_NAME
+
     inside = next((p for p in (parent.resolve(), *parent.resolve().parents) if (p / MANIFEST_NAME).is_file()), None)
     if inside is not None:
         raise UsageError(
@@ -150,29 +169,30 @@ def check_report_path(
             f"{what}: {parent} has {free:,} bytes free, the report needs up to {min_free:,}",
             hint=f"free space, or pass {flag} on another disk",
         )
-    if old is not None and old.get(doc.tag) != want:
+
+
+def _check_same_run(
+    old: dict[str, Any],
+    doc: DocKind,
+    want: str,
+    identity: Mapping[str, Any] | None,
+    what: str,
+    again: str,
+    explicit: bool,
+) -> None:
+    """The report a path holds is replaced only by a report of its kind `want` and, with `identity`, of the
+    same run (exit 2; a default path, not `explicit`, is said to be keyed to the run)."""
+    if old.get(doc.tag) != want:
         raise UsageError(
             f"{what} holds {doc.a_report} of {doc.tag} {old.get(doc.tag)!r}, not {want!r}; not replacing it", hint=again
         )
-    differs = [k for k, v in (identity or {}).items() if old is not None and _dotted(old, k) != v]
+    differs = [k for k, v in (identity or {}).items() if _dotted(old, k) != v]
     if differs:
         raise UsageError(
             f"{what} holds a report of another run (another {', '.join(differs)}); not replacing it",
             hint=again
             + ("" if explicit else " (the default path is keyed to the artifact's root digest and the configuration)"),
         )
-    for extra in companions:
-        named = (
-            old is not None
-            and isinstance(old.get("png_path"), str)
-            and Path(old["png_path"]).resolve() == Path(extra).resolve()
-        )
-        if (extra.exists() or extra.is_symlink()) and not named:
-            raise UsageError(
-                f"{what}: {extra} beside it is not a file qwenquant wrote for that report; not replacing it",
-                hint=f"{again} (and {extra.name})",
-            )
-    return True
 
 
 def _old_report(path: Path, doc: DocKind, kinds: Collection[str], what: str, again: str) -> dict[str, Any] | None:
@@ -219,6 +239,8 @@ def _is_a(value: Any, hint: Any) -> bool:
     if hint is type(None) or hint is None:
         return value is None
     base = origin or hint
+    if isinstance(base, type) and hasattr(base, "model_validate"):  # a typed part (pydantic): its keys checked by it
+        return isinstance(value, dict)
     if base is float:
         return isinstance(value, int | float) and not isinstance(value, bool)
     if base is int:

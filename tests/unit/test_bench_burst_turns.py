@@ -5,8 +5,10 @@ prefix-cache counters on /metrics and the verdict on whether the server cached."
 from __future__ import annotations
 
 import pytest
+from test_bench_output import typed
 
 from qwenquant.bench.burst import aggregate_prefill, burst_failure, burst_header, check_concurrency, spread3
+from qwenquant.bench.parts import PrefixCache, QueueCounts
 from qwenquant.bench.render import burst_rows, cache_line
 from qwenquant.bench.stream import Sample
 from qwenquant.bench.turns import cache_delta, cache_verdict, fits, new_tokens
@@ -50,8 +52,9 @@ def test_burst_failure_says_how_many_of_n() -> None:
     assert burst_failure(4, [None, None, None, None]) is None
     assert burst_failure(4, [None, "stalled", None, "empty output"]) == "2 of 4 requests failed: stalled"
     row = burst_rows(
-        {
-            "rungs": [
+        typed(
+            "depth",
+            rungs=[
                 {
                     "depth": 2048,
                     "prompt_tokens": 2047,
@@ -63,8 +66,8 @@ def test_burst_failure_says_how_many_of_n() -> None:
                     "acceptance": {"metrics_page": False},
                     "gpu_memory": {"sampled": False},
                 }
-            ]
-        }
+            ],
+        )
     )[0]
     assert row[2] == "0.50/1.00/2.25" and row[3] == "3640" and row[-1] == "FAILED (1 of 4)"
 
@@ -91,14 +94,15 @@ def test_cache_verdict_reads_hits_after_the_first_turn() -> None:
     t0 = {"prefix_cache": {"queries": 2000.0, "hits": 0.0}}
     hit = {"prefix_cache": {"queries": 4000.0, "hits": 2048.0}}
     miss = {"prefix_cache": {"queries": 4000.0, "hits": 0.0}}
-    assert cache_verdict([t0, hit, hit]) == {"counters": True, "cached": True, "hits": 4096.0, "queries": 8000.0}
-    assert cache_verdict([t0, miss])["cached"] is False
-    assert cache_verdict([{"prefix_cache": None}, {"prefix_cache": None}])["counters"] is False
-    assert cache_verdict([t0])["cached"] is None  # one turn says nothing about caching
+    hits = {"counters": True, "cached": True, "hits": 4096.0, "queries": 8000.0}
+    assert cache_verdict([t0, hit, hit]).to_json() == hits  # the counters' floats stay floats
+    assert cache_verdict([t0, miss]).cached is False
+    assert cache_verdict([{"prefix_cache": None}, {"prefix_cache": None}]).counters is False
+    assert cache_verdict([t0]).cached is None  # one turn says nothing about caching
     assert "the server cached (4096 of 8000" in cache_line(cache_verdict([t0, hit, hit]))
-    assert "NO hits" in cache_line(cache_verdict([t0, miss])) and "unknown" in cache_line({"counters": False})
+    assert "NO hits" in cache_line(cache_verdict([t0, miss])) and "unknown" in cache_line(PrefixCache(counters=False))
     off = {"prefix_cache": {"queries": 0.0, "hits": 0.0}}  # vLLM with caching off: counters present, never moved
-    assert cache_verdict([off, off])["cached"] is False and "prefix cache: off" in cache_line(cache_verdict([off, off]))
+    assert cache_verdict([off, off]).cached is False and "prefix cache: off" in cache_line(cache_verdict([off, off]))
 
 
 def test_turn_arithmetic() -> None:
@@ -110,12 +114,12 @@ def test_a_burst_with_waiting_requests_is_flagged_queued() -> None:
     from qwenquant.bench.burst import queued_checks
 
     assert queued_checks(None, 4, "depth 1024") == []  # no gauges: nothing to hold the burst against
-    assert queued_checks({"max_running": 4, "max_waiting": 0, "pages": 9}, 4, "depth 1024") == []
+    assert queued_checks(QueueCounts(max_running=4, max_waiting=0, pages=9), 4, "depth 1024") == []
     # waiting for the step's token budget, then all four ran at once: no queue
-    assert queued_checks({"max_running": 4, "max_waiting": 3, "pages": 9}, 4, "depth 1024") == []
+    assert queued_checks(QueueCounts(max_running=4, max_waiting=3, pages=9), 4, "depth 1024") == []
     # the pages missed the moment all four ran, but the client saw four streams decoding side by side
-    assert queued_checks({"max_running": 1, "max_waiting": 3, "pages": 2}, 4, "depth 1024", 4) == []
-    (f,) = queued_checks({"max_running": 1, "max_waiting": 3, "pages": 9}, 4, "depth 1024", 1)
+    assert queued_checks(QueueCounts(max_running=1, max_waiting=3, pages=2), 4, "depth 1024", 4) == []
+    (f,) = queued_checks(QueueCounts(max_running=1, max_waiting=3, pages=9), 4, "depth 1024", 1)
     assert f["check"] == "queued" and f["value"] == 3
     assert f["note"] == (
         "depth 1024: up to 3 of the 4 requests waited in the server's queue (it ran at most 1 at "

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from qwenquant.bench.judge import short_stream, too_good_flags
+from test_bench_output import typed
+
+from qwenquant.bench.judge import AUDIT_NOTE, short_stream, too_good_flags
 from qwenquant.bench.session import same_server
 from qwenquant.bench.table import sections
 
@@ -26,7 +28,7 @@ def test_each_figure_is_held_against_its_own_line() -> None:
         CFG,
         {"new_prefill_tok_s": "prefill_tok_s"},
     )
-    assert [(f["figure"], f["line"]) for f in flags] == [
+    assert [(f.figure, f.line) for f in flags] == [
         ("decode_tok_s", 1000.0),
         ("new_prefill_tok_s", 100000.0),
         ("ttft_s", 0.001),
@@ -36,8 +38,8 @@ def test_each_figure_is_held_against_its_own_line() -> None:
 def test_a_short_stream_names_how_many_and_how_short() -> None:
     assert short_stream("depth 1024", 64, 64) is None and short_stream("depth 1024", None, 64) is None
     f = short_stream("A c1", 50, 64, "stop", requests=3)
-    assert f is not None and f["check"] == "short-stream"
-    assert f["note"] == (
+    assert f is not None and f.check == "short-stream"
+    assert f.note == (
         "A c1: 3 streams ended short, the first ended after 50 of the 64 tokens asked (finish "
         "reason stop, ignore_eos sent): its rates cover fewer tokens than asked"
     )
@@ -65,24 +67,26 @@ def test_a_flagged_figure_reads_audit_in_the_ladder_and_in_every_ratio_of_it() -
         "per_stream_decode_tok_s": _spread(5000.0),
     }
     target = {"label": "A", "cells": {"n/g/think-off/c1": cell}, "ladder": [step], "acceptance": {}}
-    report = {
-        "targets": [target, {**target, "label": "B"}],
-        "compare": {
+    report = typed(
+        "run",
+        targets=[target, {**target, "label": "B"}],
+        compare={
             "a": "A",
             "b": "B",
             "cells": {"n/g/think-off/c1": {k: _spread(1.0) for k in cell["figures"]}},
             "ladder": [{"concurrency": 1, "aggregate_tok_s": _spread(1.0)}],
         },
-        "flags": [
+        flags=[
             {
                 "kind": "too-good",
                 "where": "A n/g/think-off/c1",
                 "figure": "decode_tok_s",
                 "value": 5000.0,
                 "line": 1000.0,
+                "note": AUDIT_NOTE,
             }
         ],
-    }
+    )
     tables = {title.split(":")[0]: rows for title, _, rows in sections(report)}
     assert tables["one stream"][0][3] == "AUDIT" and tables["one stream"][1][3] != "AUDIT"
     assert tables["concurrency ladder"][0][4] == "AUDIT"  # the same requests as the flagged cell
@@ -109,6 +113,7 @@ def test_the_depth_png_leaves_out_what_the_table_audits() -> None:
         }
         for d, v in ((1024, 50.0), (2048, 5000.0))
     ]
-    report = {"rungs": rungs, "flags": [{"kind": "too-good", "where": "depth 2048", "figure": "decode_tok_s"}]}
+    audit = {"kind": "too-good", "where": "depth 2048", "figure": "decode_tok_s", "value": 5000.0, "line": 1000.0}
+    report = typed("depth", rungs=rungs, flags=[{**audit, "note": AUDIT_NOTE}])
     rates = dict(depth_series(report)[1].series)
     assert rates["decode"] == [(1024.0, 50.0)] and len(rates["wall"]) == 2

@@ -1,4 +1,4 @@
-"""The typed bench reports (bench/output.py): each mode's JSON document round-trips through its dataclass,
+"""The typed bench reports (bench/modes.py, their parts in bench/parts.py): each mode's JSON document round-trips through its dataclass,
 and a report of another schema_version, mode or field set is refused in one line naming the file and
 the field, as `qwenquant publish --report` shows it (exit 2)."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from qwenquant.atomic import atomic_write_json
-from qwenquant.bench.output import REPORTS, SCHEMA_VERSION, BenchReport, RunReport, load_report
+from qwenquant.bench.modes import REPORTS, SCHEMA_VERSION, BenchReport, RunReport, load_report
 from qwenquant.errors import UsageError
 
 from helpers import run_cli
@@ -27,7 +27,19 @@ LONG = {
     "target": {"label": "A", "url": "http://127.0.0.1:8000", "model": "q", "vllm_version": "0.19.1"},
     "max_model_len": 4096,
     "text": {"sha256": "a" * 64, "license": "PSF-2.0", "source": "stdlib"},
-    "server": {"restarts": 0},
+    "server": {"process_start_time": 1765000000.25, "supervised": False},
+}
+WINDOW = {  # ints where the stream's per-request metrics counted, floats where they divided
+    "index": 0,
+    "stream": None,
+    "start": 0,
+    "end": 1024,
+    "drafts": 300,
+    "draft_tokens": 900,
+    "accepted": 600,
+    "acceptance_rate": 0.6666666666666666,
+    "mean_acceptance_length": 3.0,
+    "per_position": [0.9, 0.7, 0.4],
 }
 BODIES: dict[str, dict[str, Any]] = {
     "run": {
@@ -59,10 +71,10 @@ BODIES: dict[str, dict[str, Any]] = {
         "collapse_fraction": 0.5,
         "source": "per-request",
         "token_count_approximate": False,
-        "windows": [{"window": 0}],
-        "stream_windows": [[{"window": 0}]],
+        "windows": [WINDOW],
+        "stream_windows": [[{**WINDOW, "stream": 0}]],
         "streams": [{"stream": 0}],
-        "verdict": {"ok": True, "flags": []},
+        "verdict": {"status": "ok", "failures": [], "line": None, "acceptance_judged": True, "flags": []},
         "server_queue": None,
         "decoding_at_once": 1,
         "checks": [],
@@ -74,7 +86,7 @@ BODIES: dict[str, dict[str, Any]] = {
         "tokenize": None,
         "nonce": "0a1b2c3d",
         "turns": [{"turn": 0, "ok": True}],
-        "prefix_cache": {"counters": False, "cached": None},
+        "prefix_cache": {"counters": False, "cached": None, "hits": None, "queries": None},
         "last_ok_turn": 0,
         "last_ok_depth": 2100,
         "failure": None,
@@ -95,6 +107,11 @@ def document(which: str, **over: Any) -> dict[str, Any]:
         "json_path": "out.json",
         **over,
     }
+
+
+def typed(which: str, **over: Any) -> Any:
+    """A typed report of `which` mode, read back from its document with `over` in place (the readers' input)."""
+    return REPORTS[which].from_json(document(which, **over), "here")
 
 
 @pytest.mark.parametrize("mode", sorted(BODIES))
@@ -159,3 +176,29 @@ def test_publish_refuses_a_bench_report_of_another_schema_in_one_line(
     code, out, err = run_cli(capsys, "publish", str(art), "--repo", "me/q27b", "--dry-run", "--report", str(odd))
     assert code == 2, err
     assert f"report {odd}: schema_version is 3, this qwenquant reads bench reports of schema_version 2" in err
+
+
+def test_typed_parts_keep_their_keys_and_number_types(tmp_path: Path) -> None:
+    """A flag's optional keys stay absent unless written, an int stays an int and a float a float: a report
+    read back through its typed parts writes the same bytes."""
+    flags = [
+        {"kind": "cross-check", "check": "queued", "where": "depth 1024", "figure": "waiting requests", "value": 3}
+        | {"line": 0, "note": "depth 1024: queued", "requests": 2},
+        {"kind": "too-good", "where": "turn 1", "figure": "ttft_s", "value": 0.0001, "line": 0.001, "note": "x"},
+    ]
+    doc = document("turns", flags=flags, failure={"turn": 1, "depth": 4100, "reason": "stalled"})
+    path = tmp_path / "turns.json"
+    atomic_write_json(path, doc, canonical=False)
+    report = load_report(path)
+    assert report.flags[0].value == 3 and isinstance(report.flags[0].value, int) and report.flags[1].check is None
+    assert report.failure.turn == 1 and report.prefix_cache.counters is False  # type: ignore[attr-defined]
+    assert report.to_json() == doc
+
+
+def test_a_part_with_a_key_of_its_own_is_refused_naming_it() -> None:
+    doc = document("soak", server={"process_start_time": None, "supervised": True, "restarts": 0})
+    with pytest.raises(UsageError, match=r"^here: server\.restarts is not as a bench report has it"):
+        BenchReport.from_json(doc, "here")
+    doc = document("depth", failure={"depth": "deep", "reason": "x"})
+    with pytest.raises(UsageError, match=r"^here: failure\.depth is not as a bench report has it"):
+        BenchReport.from_json(doc, "here")

@@ -11,9 +11,9 @@ def test_steps_fall_in_the_window_of_their_first_token() -> None:
     # 3 steps of 3 tokens (2 accepted), then 2 steps of 1 token: tokens 0-8 | 9-10
     ws = step_windows([2, 2, 2, 0, 0], [3, 3, 3, 3, 3], window=6, first=0)
     assert [(w.index, w.start, w.end) for w in ws] == [(0, 0, 6), (1, 6, 11)]
-    assert ws[0].as_dict()["per_position"] == [1.0, 1.0, 0.0] and ws[0].rate == pytest.approx(4 / 6)
-    assert ws[1].drafts == 3 and ws[1].accepted == 2 and ws[1].as_dict()["per_position"] == [1 / 3, 1 / 3, 0.0]
-    assert ws[1].as_dict()["mean_acceptance_length"] == pytest.approx(1 + 2 / 3)
+    assert ws[0].record().per_position == [1.0, 1.0, 0.0] and ws[0].rate == pytest.approx(4 / 6)
+    assert ws[1].drafts == 3 and ws[1].accepted == 2 and ws[1].record().per_position == [1 / 3, 1 / 3, 0.0]
+    assert ws[1].record().mean_acceptance_length == pytest.approx(1 + 2 / 3)
 
 
 def test_the_prefill_token_counts_in_the_first_window() -> None:
@@ -49,7 +49,7 @@ def test_collapse_against_the_first_window() -> None:
 
 def test_verdict_orders_failures_by_window_and_names_the_first() -> None:
     ok = {"completion_tokens": 400, "streamed_tokens": 400, "finish_reason": "length", "error": None}
-    assert verdict([[_w(0, 20), _w(1, 20)]], [ok], None, 0.5, 100, 400) == {
+    assert verdict([[_w(0, 20), _w(1, 20)]], [ok], None, 0.5, 100, 400).to_json() == {
         "status": "ok",
         "failures": [],
         "line": None,
@@ -65,7 +65,7 @@ def test_verdict_orders_failures_by_window_and_names_the_first() -> None:
         0.5,
         100,
         400,
-    )
+    ).to_json()
     assert v["status"] == "failed"
     assert [f["kind"] for f in v["failures"]] == ["empty", "error", "collapse", "truncated", "restart"]
     assert v["line"] == "stream 2 came back empty (window 0: 0 tokens by usage)"
@@ -78,12 +78,12 @@ def test_verdict_judges_truncation_from_the_exact_streamed_count_and_flags_usage
     complete one whose usage under-reports passes; either disagreement is a flag of its own."""
     wins = [[_w(0, 20), _w(1, 20), _w(2, 20), _w(3, 20)]]
     cut = {"completion_tokens": 400, "streamed_tokens": 250, "streamed_exact": True, "error": None}
-    v = verdict(wins, [cut], None, 0.5, 100, 400)
+    v = verdict(wins, [cut], None, 0.5, 100, 400).to_json()
     assert v["status"] == "failed" and v["line"].startswith(
         "stream 0 was truncated in window 2: 250 of 400 tokens streamed"
     )
     whole = {"completion_tokens": 300, "streamed_tokens": 400, "streamed_exact": True, "error": None}
-    v = verdict(wins, [whole], None, 0.5, 100, 400)
+    v = verdict(wins, [whole], None, 0.5, 100, 400).to_json()
     assert v["status"] == "ok" and v["failures"] == []
     assert [f["note"] for f in v["flags"]] == [
         "stream 0: usage counts 300 completion tokens, the stream carried 400 token ids"
@@ -92,10 +92,10 @@ def test_verdict_judges_truncation_from_the_exact_streamed_count_and_flags_usage
 
 def test_no_drafts_is_not_judged_and_an_approximate_window_says_so() -> None:
     ok = {"completion_tokens": 400, "streamed_tokens": 400, "streamed_exact": True, "error": None}
-    v = verdict([[_w(0, 0, dt=0), _w(1, 0, dt=0)]], [ok], None, 0.5, 100, 400)
+    v = verdict([[_w(0, 0, dt=0), _w(1, 0, dt=0)]], [ok], None, 0.5, 100, 400).to_json()
     assert v["status"] == "not judged" and v["acceptance_judged"] is False
     assert v["line"].startswith("acceptance not judged: the server drafted no tokens")
-    v = verdict([[_w(0, 20), _w(1, 0)]], [ok], None, 0.5, 100, 400, approximate=True)
+    v = verdict([[_w(0, 20), _w(1, 0)]], [ok], None, 0.5, 100, 400, approximate=True).to_json()
     assert (
         v["status"] == "failed" and "about generated tokens 100-200" in v["line"] and "approximate count" in v["line"]
     )

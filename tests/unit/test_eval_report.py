@@ -19,8 +19,8 @@ from qwenquant.evaluate.report import (
     OfflineReport,
     ServedReport,
     load_report,
-    save_report,
 )
+from qwenquant.reportsink import Written, spare_beside_pid, write_report
 
 from helpers import run_cli
 
@@ -88,7 +88,7 @@ def test_each_kind_round_trips_through_its_typed_report(tmp_path: Path, name: st
     assert type(report) is KINDS[doc["kind"]]
     assert report.to_json() == doc
     again = tmp_path / "again.json"
-    assert save_report(report, again) == (again, None)
+    assert write_report(again, lambda _: report.to_json(), spare_beside_pid) == Written(again)
     assert again.read_bytes() == path.read_bytes()
 
 

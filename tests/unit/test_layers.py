@@ -26,6 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "outfolder",
         "net",
         "reportdoc",
+        "reportsink",
         "depthtext",
     ),
     ("checkpoint",),

@@ -24,6 +24,7 @@ from typing import Any
 
 from qwenquant.bench import metrics, rung
 from qwenquant.bench.gpu import MemoryPeak
+from qwenquant.bench.parts import plain
 from qwenquant.bench.queued import QueueWatch, decoding_at_once, queued_checks
 from qwenquant.bench.rates import sample_figures
 from qwenquant.bench.runner import Target
@@ -104,7 +105,7 @@ def run_burst_rung(
         results = list(pool.map(lambda m: _one(t, m[0], opts, gate), fitted))
         rec["seconds"] = time.monotonic() - t0
     rec["gpu_memory"] = mem.result
-    rec["server_queue"] = queue.result
+    rec["server_queue"] = plain(queue.result)  # a rung record is JSON, as read back
     samples = [s for s, _ in results if s is not None]
     rec["decoding_at_once"] = decoding_at_once(samples)
     rec["checks"] = queued_checks(queue.result, n, f"depth {depth}", rec["decoding_at_once"])

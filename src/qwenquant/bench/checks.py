@@ -150,12 +150,3 @@ def merge_checks(flags: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _num(v: float | None, fmt: str = ".1f") -> str:
     return format(v, fmt) if isinstance(v, int | float) else "-"
-
-
-def flag_line(f: dict[str, Any]) -> str:
-    """The one line a flag prints (a cross-check's note, or a figure beyond its line)."""
-    if f.get("kind") == "cross-check":
-        return f"flag {f['check']}: {f['note']}"
-    value = f"{f['value']:.4g}" if isinstance(f.get("value"), int | float) else str(f.get("value"))
-    line = f"{f['line']:.4g}" if isinstance(f.get("line"), int | float) else str(f.get("line"))
-    return f"flag {f['kind']}: {f['where']} {f['figure']} {value} beyond the line {line}"

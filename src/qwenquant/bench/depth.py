@@ -20,6 +20,7 @@ from qwenquant.bench import metrics, rung
 from qwenquant.bench.burst import check_concurrency, run_burst_rung
 from qwenquant.bench.gpu import MemoryPeak
 from qwenquant.bench.longtext import LongText, depth_ladder, rung_header
+from qwenquant.bench.parts import Failure
 from qwenquant.bench.runner import Target
 from qwenquant.bench.watch import ServerWatch
 from qwenquant.errors import UsageError
@@ -130,14 +131,14 @@ def run_depth(t: Target, text: LongText, opts: rung.DepthOptions) -> dict[str, A
         fitter.exact_depth = depths[-1]
     nonce = secrets.token_hex(4)
     rungs: list[dict[str, Any]] = []
-    failure: dict[str, Any] | None = None
+    failure: Failure | None = None
     for i, depth in enumerate(depths):
         log.info("depth %d (%d/%d)", depth, i + 1, len(depths))
         r = measure(t, watch, fitter, depth, i, nonce, opts)
         r.record["ok"] = r.failure is None
         rungs.append(r.record)
         if r.failure:
-            failure = {"depth": depth, "reason": r.failure}
+            failure = Failure(depth=depth, reason=r.failure)
             break
     ok = [r["prompt_tokens"] for r in rungs if r["ok"]]
     return {
@@ -149,7 +150,7 @@ def run_depth(t: Target, text: LongText, opts: rung.DepthOptions) -> dict[str, A
         "reuse_prefix": opts.reuse_prefix,
         "tokenize": fitter.tokenize,
         "nonce": nonce,
-        "text": {"sha256": text.sha256, "license": text.license, "source": text.source},
+        "text": text.source_part(),
         "rungs": rungs,
         "last_ok_depth": ok[-1] if ok else None,
         "failure": failure,

@@ -7,30 +7,30 @@ ladder and its bursts, the soak and the conversation.
   rates cover fewer tokens than the run says it measured.
 - queued: streams meant to run at once that the server ran one after another (queued.py).
 
-Each finding is a flag: {"kind", "where", "figure", "value", "line", "note"}; a cross-check's kind is
-"cross-check" with its "check" named, as checks.py writes them.
+Each finding is a flag (parts.Flag: kind, where, figure, value, line, note); a cross-check's kind is
+"cross-check" with its check named, as checks.py writes them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from qwenquant.bench.parts import Flag
+
 RATE_FIGURES = ("wall_tok_s", "decode_tok_s", "prefill_tok_s")
 AUDIT_NOTE = "flagged for audit, not reported"
 
 
-def too_good(where: str, figure: str, value: Any, line: float, above: bool = True) -> dict[str, Any] | None:
+def too_good(where: str, figure: str, value: Any, line: float, above: bool = True) -> Flag | None:
     """The too-good flag of one figure: above its line (a rate), or below it (`above` False: a TTFT floor)."""
     if not isinstance(value, int | float) or isinstance(value, bool):
         return None
     if (value > line) if above else (value < line):
-        return {"kind": "too-good", "where": where, "figure": figure, "value": value, "line": line, "note": AUDIT_NOTE}
+        return Flag(kind="too-good", where=where, figure=figure, value=value, line=line, note=AUDIT_NOTE)
     return None
 
 
-def too_good_flags(
-    where: str, figures: dict[str, Any], cfg: Any, lines: dict[str, str] | None = None
-) -> list[dict[str, Any]]:
+def too_good_flags(where: str, figures: dict[str, Any], cfg: Any, lines: dict[str, str] | None = None) -> list[Flag]:
     """The too-good flags of one request, rung, turn or stream: each rate against its line, TTFT against the
     floor. `lines` names the line of a figure named otherwise (a turn's `new_prefill_tok_s`: prefill's)."""
     lines = lines or {}
@@ -48,25 +48,23 @@ def too_good_flags(
     return out
 
 
-def short_stream(
-    where: str, got: Any, asked: Any, finish_reason: Any = None, requests: int = 1
-) -> dict[str, Any] | None:
+def short_stream(where: str, got: Any, asked: Any, finish_reason: Any = None, requests: int = 1) -> Flag | None:
     """The flag of a stream (or `requests` streams) that ended before the tokens it asked for, or None."""
     if not isinstance(got, int) or not isinstance(asked, int) or got >= asked:
         return None
     many = f"{requests} streams ended short, the first" if requests > 1 else "the stream"
-    return {
-        "kind": "cross-check",
-        "check": "short-stream",
-        "where": where,
-        "figure": "completion_tokens",
-        "value": float(got),
-        "line": float(asked),
-        "note": f"{where}: {many} ended after {got} of the {asked} tokens asked (finish reason {finish_reason}, "
+    return Flag(
+        kind="cross-check",
+        check="short-stream",
+        where=where,
+        figure="completion_tokens",
+        value=float(got),
+        line=float(asked),
+        note=f"{where}: {many} ended after {got} of the {asked} tokens asked (finish reason {finish_reason}, "
         f"ignore_eos sent): its rates cover fewer tokens than asked",
-    }
+    )
 
 
-def audited(flags: list[dict[str, Any]]) -> set[tuple[str, str]]:
+def audited(flags: list[Flag]) -> set[tuple[str, str]]:
     """(where, figure) of every too-good flag: the figures every table shows as AUDIT."""
-    return {(f["where"], f["figure"]) for f in flags if f.get("kind") == "too-good"}
+    return {(f.where, f.figure) for f in flags if f.kind == "too-good"}

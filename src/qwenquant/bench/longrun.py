@@ -9,17 +9,21 @@ import datetime
 import logging
 import platform
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from qwenquant.bench import gpu as gpumod
 from qwenquant.bench.checks import merge_checks
 from qwenquant.bench.judge import short_stream, too_good_flags
-from qwenquant.bench.output import BenchReport, DepthReport, SoakReport, TurnsReport, deliver, json_on_failure
+from qwenquant.bench.modes import BenchReport, DepthReport, LongReport, SoakReport, TurnsReport
+from qwenquant.bench.output import deliver
+from qwenquant.bench.parts import Flag, flags_of
 from qwenquant.bench.runner import Target, resolve_model, server_version
 from qwenquant.bench.session import Request, configurations, targets_of
 from qwenquant.bench.workload import load_config
+from qwenquant.reportsink import json_on_failure
 
 log = logging.getLogger(__name__)
+R = TypeVar("R", bound=LongReport)
 
 
 def _meta(tool: str, argv: list[str]) -> dict[str, Any]:
@@ -36,14 +40,14 @@ def _target_info(t: Target) -> dict[str, Any]:
     return {"label": t.label, "url": t.url, "model": t.model, **t.info}
 
 
-def depth_flags(report: dict[str, Any], cfg: Any) -> list[dict[str, Any]]:
+def depth_flags(report: DepthReport, cfg: Any) -> list[Flag]:
     """Rung figures beyond the bench config's too-good lines (flagged for audit, as the bench's own), every
     request's cross-checks, a stream that ended short, and a server count of a prompt that disagrees with
     /tokenize's."""
     from qwenquant.bench.depth import count_disagreement
 
-    flags = []
-    for r in report["rungs"]:
+    flags: list[Flag] = []
+    for r in report.rungs:
         where = f"depth {r['depth']}"
         flags += too_good_flags(
             where, {k: r.get(k) for k in ("wall_tok_s", "decode_tok_s", "prefill_tok_s", "ttft_s")}, cfg
@@ -52,15 +56,15 @@ def depth_flags(report: dict[str, Any], cfg: Any) -> list[dict[str, Any]]:
         checks = [f for q in requests for f in q.get("checks") or []]
         if r.get("requests"):  # a burst's own checks (its queue), beside its requests'
             checks += r.get("checks") or []
-        flags.extend(merge_checks(checks))
-        flags += _short(where, requests, report.get("output_tokens"))
+        flags.extend(flags_of(merge_checks(checks)))
+        flags += _short(where, requests, report.output_tokens)
         disagree = count_disagreement(r)
         if disagree:
-            flags.append(disagree)
+            flags.append(Flag.model_validate(disagree))
     return flags
 
 
-def _short(where: str, records: list[dict[str, Any]], asked: int | None) -> list[dict[str, Any]]:
+def _short(where: str, records: list[dict[str, Any]], asked: int | None) -> list[Flag]:
     """One short-stream flag for the records (requests of a rung, a turn, a stream) that ended short."""
     if not isinstance(asked, int):
         return []
@@ -73,23 +77,23 @@ def _short(where: str, records: list[dict[str, Any]], asked: int | None) -> list
     return [f] if f else []
 
 
-def soak_flags(report: dict[str, Any], cfg: Any) -> list[dict[str, Any]]:
+def soak_flags(report: SoakReport, cfg: Any) -> list[Flag]:
     """Each stream's figures against the too-good lines, its cross-checks, the usage checks of the verdict
     and the queue of streams meant to run at once (its truncation is the verdict's own failure)."""
-    flags = list(report["verdict"]["flags"])
-    for i, s in enumerate(report["streams"]):
+    flags = list(report.verdict.flags)
+    for i, s in enumerate(report.streams):
         flags += too_good_flags(
             f"stream {i}", {k: s.get(k) for k in ("wall_tok_s", "decode_tok_s", "prefill_tok_s", "ttft_s")}, cfg
         )
-        flags += s.get("checks") or []
-    return flags + list(report.get("checks") or [])
+        flags += flags_of(s.get("checks") or [])
+    return flags + report.checks
 
 
-def turns_flags(report: dict[str, Any], cfg: Any) -> list[dict[str, Any]]:
+def turns_flags(report: TurnsReport, cfg: Any) -> list[Flag]:
     """Each turn's figures against the too-good lines (its prefill over the tokens it added, what a prefix
     cache leaves to compute), its cross-checks and a turn that ended short."""
-    flags = []
-    for r in report["turns"]:
+    flags: list[Flag] = []
+    for r in report.turns:
         where = f"turn {r['turn']}"
         flags += too_good_flags(
             where,
@@ -97,32 +101,32 @@ def turns_flags(report: dict[str, Any], cfg: Any) -> list[dict[str, Any]]:
             cfg,
             {"new_prefill_tok_s": "prefill_tok_s"},
         )
-        flags += merge_checks(r.get("checks") or [])
-        flags += _short(where, [r], report.get("output_tokens"))
+        flags += flags_of(merge_checks(r.get("checks") or []))
+        flags += _short(where, [r], report.output_tokens)
     return flags
 
 
 def _long_session(
     req: Request,
-    kind: type[BenchReport],
+    kind: type[R],
     argv: list[str],
     measure: Callable[[Target, Any], dict[str, Any]],
-    flags: Callable[[dict[str, Any]], list[dict[str, Any]]],
+    flags: Callable[[R], list[Flag]],
     concurrency: int = 1,
-) -> BenchReport:
+) -> R:
     """_measure_long; with --json, one JSON document on stdout whatever fails."""
-    with json_on_failure(req.as_json, kind.mode):
+    with json_on_failure(req.as_json, {"mode": kind.mode}):
         return _measure_long(req, kind, argv, measure, flags, concurrency)
 
 
 def _measure_long(
     req: Request,
-    kind: type[BenchReport],
+    kind: type[R],
     argv: list[str],
     measure: Callable[[Target, Any], dict[str, Any]],
-    flags: Callable[[dict[str, Any]], list[dict[str, Any]]],
+    flags: Callable[[R], list[Flag]],
     concurrency: int = 1,
-) -> BenchReport:
+) -> R:
     """One long run against one server: the shipped text, the target, `measure(target, text)`; the
     report delivered, and its failing verdict raised while a served server is still up."""
     from qwenquant.bench.longtext import load_text
@@ -140,7 +144,7 @@ def _measure_long(
         t.model = resolve_model(t)
         t.info["vllm_version"] = server_version(t) or t.info.get("vllm_version_installed")
         report = kind(**meta, target=_target_info(t), **measure(t, text))
-        report.flags = flags(report.to_json())
+        report.flags = flags(report)
         err = deliver(report, req.out, as_json=req.as_json)
         if err:
             raise err

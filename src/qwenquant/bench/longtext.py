@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from qwenquant.bench.parts import TextSource
 from qwenquant.errors import BenchError, UsageError
 
 FIRST_DEPTH = 1024
@@ -25,6 +26,10 @@ class LongText:
     sha256: str
     license: str
     source: str
+
+    def source_part(self) -> TextSource:
+        """What a report says of the text: its sha256, license and source."""
+        return TextSource(sha256=self.sha256, license=self.license, source=self.source)
 
     def take(self, n_chars: int, start: int = 0) -> str:
         """`n_chars` characters from `start`, wrapping around (the text repeated as often as needed)."""

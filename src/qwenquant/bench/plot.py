@@ -6,7 +6,10 @@ from __future__ import annotations
 import io
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from qwenquant.bench.modes import RunReport
 
 W, H = 900, 560
 LEFT, RIGHT, TOP, BOTTOM = 90, 30, 60, 90
@@ -23,14 +26,14 @@ def _nice_max(v: float) -> float:
     return 10 * step
 
 
-def series(report: dict[str, Any]) -> list[tuple[str, list[tuple[int, float]]]]:
+def series(report: RunReport) -> list[tuple[str, list[tuple[int, float]]]]:
     """(legend, [(concurrency, tok/s)]) lines: aggregate and per-stream decode for each target (pure); a point
     flagged too good for audit is left out, as the tables show AUDIT in its place."""
     from qwenquant.bench.judge import audited
 
-    audit = audited(report.get("flags") or [])
+    audit = audited(report.flags)
     out = []
-    for t in report["targets"]:
+    for t in report.targets:
         for name, key in (("aggregate", "aggregate_tok_s"), ("per-stream decode", "per_stream_decode_tok_s")):
             pts = [
                 (s["concurrency"], s[key]["median"])
@@ -42,7 +45,7 @@ def series(report: dict[str, Any]) -> list[tuple[str, list[tuple[int, float]]]]:
     return out
 
 
-def write_png(report: dict[str, Any], path: Path) -> None:
+def write_png(report: RunReport, path: Path) -> None:
     """Draw the ladder of every target into `path` (atomically)."""
     from PIL import Image, ImageDraw, ImageFont
 

@@ -9,6 +9,7 @@ import threading
 from typing import Any
 
 from qwenquant.bench import metrics
+from qwenquant.bench.parts import QueueCounts
 from qwenquant.bench.stream import Sample
 from qwenquant.net.prometheus import queue_gauges
 
@@ -41,15 +42,14 @@ class QueueWatch:
         self.thread.join(timeout=10)
 
     @property
-    def result(self) -> dict[str, Any] | None:
-        """{"max_running", "max_waiting", "pages"}, or None when the server exports no queue gauges."""
+    def result(self) -> QueueCounts | None:
+        """The most running and waiting requests and the pages read, or None when the server exports no
+        queue gauges."""
         if not self.seen:
             return None
-        return {
-            "max_running": max(r for r, _ in self.seen),
-            "max_waiting": max(w for _, w in self.seen),
-            "pages": len(self.seen),
-        }
+        return QueueCounts(
+            max_running=max(r for r, _ in self.seen), max_waiting=max(w for _, w in self.seen), pages=len(self.seen)
+        )
 
 
 def decoding_at_once(samples: list[Sample]) -> int:
@@ -69,7 +69,7 @@ def decoding_at_once(samples: list[Sample]) -> int:
 
 
 def queued_checks(
-    queue: dict[str, Any] | None,
+    queue: QueueCounts | None,
     n: int,
     where: str,
     at_once: int = 0,
@@ -80,9 +80,9 @@ def queued_checks(
     and the most streams the client saw decoding side by side (`at_once`). Waiting alone is no queue: vLLM
     also counts a request as waiting until the step's token budget (max_num_batched_tokens) lets its prefill
     start, with every request admitted soon after."""
-    if not queue or not queue["max_waiting"] or max(queue["max_running"], at_once) >= n:
+    if not queue or not queue.max_waiting or max(queue.max_running, at_once) >= n:
         return []
-    w, r = int(queue["max_waiting"]), int(max(queue["max_running"], at_once))
+    w, r = int(queue.max_waiting), int(max(queue.max_running, at_once))
     return [
         {
             "kind": "cross-check",

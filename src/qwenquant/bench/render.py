@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from qwenquant.bench.checks import flag_line
 from qwenquant.bench.judge import audited
 from qwenquant.bench.table import sections
 from qwenquant.console import console, stdout
 
+if TYPE_CHECKING:
+    from qwenquant.bench.modes import BenchReport, DepthReport, RunReport, SoakReport, TurnsReport
+    from qwenquant.bench.parts import PrefixCache
 
-def print_report(report: dict[str, Any]) -> None:
+
+def print_report(report: RunReport) -> None:
     """Print every table section, then the GPU sampling verdict and the output paths."""
     # a pipe or file gets whole tables, not ones folded to 80 columns
     out = stdout if stdout.is_terminal else Console(highlight=False, width=240)
@@ -28,7 +31,7 @@ def print_report(report: dict[str, Any]) -> None:
             table.add_row(*(Text(c) for c in r))  # plain text: "[min-max]" is not markup
         out.print(table)
     print_flags(report)
-    gpu = report.get("gpu") or {}
+    gpu = report.gpu or {}
     if gpu.get("sampled"):
         sm = gpu.get("sm_mhz") or {}
         console.print(
@@ -37,22 +40,20 @@ def print_report(report: dict[str, Any]) -> None:
         )
     else:
         console.print(f"GPU: {gpu.get('why', 'not sampled')}")
-    console.print(
-        f"json: {report.get('json_path')}" + (f"  plot: {report['png_path']}" if report.get("png_path") else "")
-    )
+    console.print(f"json: {report.json_path}" + (f"  plot: {report.png_path}" if report.png_path else ""))
 
 
-def print_flags(report: dict[str, Any], every: bool = False) -> None:
+def print_flags(report: BenchReport, every: bool = False) -> None:
     """One line per cross-check flag (a disagreement is never silent); figures beyond a line read AUDIT in the
     tables, and get a line of their own too where a mode prints them outside one (`every`)."""
-    for f in report.get("flags") or []:
-        if every or f.get("kind") == "cross-check":
-            console.print(flag_line(f), markup=False, highlight=False)
+    for f in report.flags:
+        if every or f.kind == "cross-check":
+            console.print(f.text(), markup=False, highlight=False)
 
 
-def _fig(report: dict[str, Any], where: str, figure: str, value: Any, fmt: str) -> str:
+def _fig(report: BenchReport, where: str, figure: str, value: Any, fmt: str) -> str:
     """A figure as a table shows it: AUDIT where it is flagged too good (judge.py), else the number."""
-    return "AUDIT" if (where, figure) in audited(report.get("flags") or []) else _num(value, fmt)
+    return "AUDIT" if (where, figure) in audited(report.flags) else _num(value, fmt)
 
 
 def _num(v: Any, fmt: str) -> str:
@@ -69,10 +70,10 @@ def _mem(m: dict[str, Any]) -> str:
     return f"{m['peak_used_mib']:.0f}" if m.get("sampled") else "not sampled"
 
 
-def depth_rows(report: dict[str, Any]) -> list[list[str]]:
+def depth_rows(report: DepthReport) -> list[list[str]]:
     """One row per rung (pure)."""
     rows = []
-    for r in report["rungs"]:
+    for r in report.rungs:
         status = "ok" if r["ok"] else "FAILED"
         where = f"depth {r['depth']}"
         rows.append(
@@ -95,13 +96,13 @@ def _spread(sp: dict[str, float] | None, fmt: str) -> str:
     return "/".join(format(sp[k], fmt) for k in ("min", "median", "max")) if sp else "-"
 
 
-def burst_rows(report: dict[str, Any]) -> list[list[str]]:
+def burst_rows(report: DepthReport) -> list[list[str]]:
     """One row per burst rung: TTFT over its requests, the aggregate prefill, median rates (pure)."""
     rows = []
-    for r in report["rungs"]:
+    for r in report.rungs:
         status = "ok" if r["ok"] else f"FAILED ({r.get('failed', '?')} of {r.get('concurrency', '?')})"
         where = f"depth {r['depth']}"
-        ttft = "AUDIT" if (where, "ttft_s") in audited(report.get("flags") or []) else _spread(r.get("ttft"), ".2f")
+        ttft = "AUDIT" if (where, "ttft_s") in audited(report.flags) else _spread(r.get("ttft"), ".2f")
         rows.append(
             [
                 str(r["depth"]),
@@ -118,10 +119,10 @@ def burst_rows(report: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def turns_rows(report: dict[str, Any]) -> list[list[str]]:
+def turns_rows(report: TurnsReport) -> list[list[str]]:
     """One row per turn of the conversation (pure)."""
     rows = []
-    for r in report["turns"]:
+    for r in report.turns:
         pc = r.get("prefix_cache")
         where = f"turn {r['turn']}"
         rows.append(
@@ -141,25 +142,25 @@ def turns_rows(report: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def cache_line(pc: dict[str, Any]) -> str:
+def cache_line(pc: PrefixCache) -> str:
     """Whether the server cached prefixes, as its counters say (pure)."""
-    if not pc.get("counters"):
+    if not pc.counters:
         return "prefix cache: unknown (no vllm:prefix_cache_* counters on /metrics)"
-    if pc.get("cached") is None:
+    if pc.cached is None:
         return "prefix cache: unknown (one turn only)"
-    if not pc["queries"]:
+    if not pc.queries:
         return "prefix cache: off (the server looked up no tokens after turn 0): each turn prefilled its whole context"
-    if pc["cached"]:
-        return (
-            f"prefix cache: the server cached ({pc['hits']:.0f} of {pc['queries']:.0f} queried tokens hit after turn 0)"
-        )
-    return f"prefix cache: NO hits after turn 0 ({pc['queries']:.0f} tokens queried): each turn prefilled its whole context"
+    if pc.cached:
+        return f"prefix cache: the server cached ({pc.hits:.0f} of {pc.queries:.0f} queried tokens hit after turn 0)"
+    return (
+        f"prefix cache: NO hits after turn 0 ({pc.queries:.0f} tokens queried): each turn prefilled its whole context"
+    )
 
 
-def print_turns(report: dict[str, Any]) -> None:
+def print_turns(report: TurnsReport) -> None:
     """The conversation's table on stdout, the cache verdict and the output path on stderr."""
     _print_table(
-        f"conversation ({report['turn_tokens']}-token user turns, {report['output_tokens']}-token answers)",
+        f"conversation ({report.turn_tokens}-token user turns, {report.output_tokens}-token answers)",
         [
             "turn",
             "context tokens",
@@ -174,14 +175,14 @@ def print_turns(report: dict[str, Any]) -> None:
         ],
         turns_rows(report),
     )
-    console.print(cache_line(report["prefix_cache"]))
+    console.print(cache_line(report.prefix_cache))
     print_flags(report, every=True)
-    fail = report.get("failure")
+    fail = report.failure
     console.print(
-        f"deepest context that worked: {report.get('last_ok_depth')} tokens"
-        + (f"; failed at turn {fail['turn']} ({fail['depth']} tokens): {fail['reason']}" if fail else "")
+        f"deepest context that worked: {report.last_ok_depth} tokens"
+        + (f"; failed at turn {fail.turn} ({fail.depth} tokens): {fail.reason}" if fail else "")
     )
-    console.print(f"json: {report.get('json_path')}")
+    console.print(f"json: {report.json_path}")
 
 
 def _print_table(title: str, headers: list[str], rows: list[list[str]]) -> None:
@@ -194,9 +195,9 @@ def _print_table(title: str, headers: list[str], rows: list[list[str]]) -> None:
     out.print(table)
 
 
-def print_depth(report: dict[str, Any]) -> None:
+def print_depth(report: DepthReport) -> None:
     """The ladder's table on stdout, its verdict and the output paths on stderr."""
-    n = report.get("concurrency", 1)
+    n = report.concurrency
     if n > 1:
         _print_table(
             f"burst ladder ({n} fresh prompts at once per rung)",
@@ -229,41 +230,38 @@ def print_depth(report: dict[str, Any]) -> None:
             ],
             depth_rows(report),
         )
-    for f in report.get("flags") or []:
-        console.print(flag_line(f), markup=False, highlight=False)
-    fail = report.get("failure")
+    print_flags(report, every=True)
+    fail = report.failure
     console.print(
-        f"deepest prompt that worked: {report.get('last_ok_depth')} tokens"
-        + (f"; failed at {fail['depth']}: {fail['reason']}" if fail else "")
+        f"deepest prompt that worked: {report.last_ok_depth} tokens"
+        + (f"; failed at {fail.depth}: {fail.reason}" if fail else "")
     )
-    console.print(
-        f"json: {report.get('json_path')}" + (f"  plot: {report['png_path']}" if report.get("png_path") else "")
-    )
+    console.print(f"json: {report.json_path}" + (f"  plot: {report.png_path}" if report.png_path else ""))
 
 
-def soak_rows(report: dict[str, Any]) -> list[list[str]]:
+def soak_rows(report: SoakReport) -> list[list[str]]:
     """One row per window (all streams together) (pure)."""
     return [
         [
-            str(w["index"]),
-            f"{w['start']}-{w['end']}",
-            _num(w["drafts"], ".0f"),
-            _num(w["acceptance_rate"], ".3f"),
-            _num(w["mean_acceptance_length"], ".2f"),
-            " ".join(f"{p:.2f}" for p in w["per_position"]) if w["per_position"] else "no drafts",
+            str(w.index),
+            f"{w.start}-{w.end}",
+            _num(w.drafts, ".0f"),
+            _num(w.acceptance_rate, ".3f"),
+            _num(w.mean_acceptance_length, ".2f"),
+            " ".join(f"{p:.2f}" for p in w.per_position) if w.per_position else "no drafts",
         ]
-        for w in report["windows"]
+        for w in report.windows
     ]
 
 
-def print_soak(report: dict[str, Any]) -> None:
+def print_soak(report: SoakReport) -> None:
     """The windows' table on stdout, the streams and the verdict on stderr."""
     _print_table(
-        f"soak: MTP acceptance per {report['window']}-token window ({report['source']})",
+        f"soak: MTP acceptance per {report.window}-token window ({report.source})",
         ["window", "generated tokens", "drafts", "acceptance rate", "mean acceptance length", "per position"],
         soak_rows(report),
     )
-    for i, s in enumerate(report["streams"]):
+    for i, s in enumerate(report.streams):
         decode = _fig(report, f"stream {i}", "decode_tok_s", s.get("decode_tok_s"), ".1f")
         console.print(
             f"stream {i}: {s.get('completion_tokens', 0)} tokens by usage, {s.get('streamed_tokens')} "
@@ -271,8 +269,6 @@ def print_soak(report: dict[str, Any]) -> None:
             f"decode {decode} tok/s" + (f", error: {s['error']}" if s["error"] else "")
         )
     print_flags(report, every=True)
-    v = report["verdict"]
-    console.print(f"verdict: {v['status']}" + (f": {v['line']}" if v["line"] else ""), markup=False, highlight=False)
-    console.print(
-        f"json: {report.get('json_path')}" + (f"  plot: {report['png_path']}" if report.get("png_path") else "")
-    )
+    v = report.verdict
+    console.print(f"verdict: {v.status}" + (f": {v.line}" if v.line else ""), markup=False, highlight=False)
+    console.print(f"json: {report.json_path}" + (f"  plot: {report.png_path}" if report.png_path else ""))

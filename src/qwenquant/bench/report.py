@@ -8,7 +8,8 @@ from typing import Any
 from qwenquant.bench import metrics
 from qwenquant.bench.checks import cell_checks, merge_checks
 from qwenquant.bench.judge import short_stream, too_good, too_good_flags
-from qwenquant.bench.output import SCHEMA_VERSION
+from qwenquant.bench.modes import SCHEMA_VERSION
+from qwenquant.bench.parts import Flag, flags_of
 from qwenquant.bench.rates import (
     FIGURES,
     cell_figures,
@@ -132,12 +133,12 @@ def compare_report(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return {"a": a["label"], "b": b["label"], "ratio": "A/B", "cells": cells, "ladder": ladder}
 
 
-def find_flags(report: dict[str, Any], cfg: BenchConfig) -> list[dict[str, Any]]:
+def find_flags(report: dict[str, Any], cfg: BenchConfig) -> list[Flag]:
     """Too-good figures (flagged for audit: judge.py, the lines every mode uses), each cell's cross-checks
     (checks.py), whatever its thinking, and its streams that ended before max_tokens while ignore_eos was sent."""
     lines = cfg.too_good.model_dump()
     ignore_eos = (report.get("options") or {}).get("ignore_eos", True)
-    flags: list[dict[str, Any]] = []
+    flags: list[Flag] = []
 
     def check(where: str, figure: str, value: float | None, line: float) -> None:
         f = too_good(where, figure, value, line)
@@ -148,7 +149,7 @@ def find_flags(report: dict[str, Any], cfg: BenchConfig) -> list[dict[str, Any]]
         for key, c in t["cells"].items():
             where = f"{t['label']} {key}"
             flags += too_good_flags(where, {k: (v or {}).get("median") for k, v in c["figures"].items()}, cfg)
-            flags.extend(c["checks"])
+            flags.extend(flags_of(c["checks"]))
             asked = c.get("max_tokens")
             short = [q for q in c["per_request"] if isinstance(asked, int) and q["completion_tokens"] < asked]
             f = (
@@ -161,7 +162,7 @@ def find_flags(report: dict[str, Any], cfg: BenchConfig) -> list[dict[str, Any]]
         for step in t["ladder"]:
             where = f"{t['label']} ladder c{step['concurrency']}"
             check(where, "aggregate_tok_s", (step["aggregate_tok_s"] or {}).get("median"), lines["aggregate_tok_s"])
-            flags.extend(step.get("checks") or [])
+            flags.extend(flags_of(step.get("checks") or []))
             for fig, line in (("per_stream_wall_tok_s", "wall_tok_s"), ("per_stream_decode_tok_s", "decode_tok_s")):
                 check(where, fig, (step[fig] or {}).get("median"), lines[line])
     cmp = report.get("compare")
@@ -195,13 +196,13 @@ def build_report(runs: list[TargetRun], cfg: BenchConfig, *, meta: dict[str, Any
     gpu = report.get("gpu") or {}
     if gpu.get("throttled"):
         report["flags"].append(
-            {
-                "kind": "throttle",
-                "where": "gpu",
-                "figure": "clock event reasons",
-                "value": gpu.get("throttled_fraction"),
-                "line": 0.0,
-                "note": f"the GPU throttled ({', '.join(gpu.get('throttle_reasons', {}))})",
-            }
+            Flag(
+                kind="throttle",
+                where="gpu",
+                figure="clock event reasons",
+                value=gpu.get("throttled_fraction"),
+                line=0.0,
+                note=f"the GPU throttled ({', '.join(gpu.get('throttle_reasons', {}))})",
+            )
         )
     return report

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qwenquant.bench import metrics
+from qwenquant.bench.parts import RunFailure
 from qwenquant.bench.stream import Sample, stream_chat
 from qwenquant.bench.workload import BenchConfig, Cell, plan_cells, request_body, thinking_modes
 from qwenquant.errors import BenchError
@@ -63,7 +64,7 @@ class TargetRun:
     waves: dict[str, list[list[list[Sample]]]] = field(default_factory=dict)  # cell key -> rounds -> waves
     spec: SpecCounters = field(default_factory=SpecCounters)
     metrics_exported: bool = True
-    failure: dict[str, Any] | None = None  # the first request that failed: the run stops there
+    failure: RunFailure | None = None  # the first request that failed: the run stops there
     queued: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # cell key -> its waves' "queued" flags
 
 
@@ -183,14 +184,14 @@ def run_round(run: TargetRun, cfg: BenchConfig, opts: Options, index: int = 0) -
             samples, failures = _watched_wave(run, cell, body, opts.stall_timeout)
             if failures:
                 partial = samples
-                run.failure = {
-                    "target": t.label,
-                    "cell": cell.key,
-                    "round": index + 1,
-                    "failed": len(failures),
-                    "of": cell.concurrency,
-                    "reason": failures[0].message,
-                }
+                run.failure = RunFailure(
+                    target=t.label,
+                    cell=cell.key,
+                    round=index + 1,
+                    failed=len(failures),
+                    of=cell.concurrency,
+                    reason=failures[0].message,
+                )
                 break
             waves.append(samples)
         run.waves.setdefault(cell.key, []).append(waves)

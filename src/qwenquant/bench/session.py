@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING
 
 from qwenquant.bench import gpu as gpumod
 from qwenquant.bench.launch import ConfigSpec, serve_targets, url_targets
-from qwenquant.bench.output import RunReport, deliver, json_on_failure
+from qwenquant.bench.modes import RunReport
+from qwenquant.bench.output import deliver
 from qwenquant.bench.runner import Options, Target, resolve_model, run_bench, server_version
 from qwenquant.bench.workload import load_config
 from qwenquant.errors import UsageError
+from qwenquant.reportsink import json_on_failure
 
 if TYPE_CHECKING:
     from qwenquant.serve.request import ServeRequest
@@ -114,7 +116,7 @@ def targets_of(req: Request, configs: list[ConfigSpec]) -> Iterator[list[Target]
 def run(req: Request, options: Options, argv: list[str]) -> RunReport:
     """Measure, then deliver the report (JSON, PNG, tables, flag lines); with --json, one JSON document
     on stdout whatever fails."""
-    with json_on_failure(req.as_json, "run"):
+    with json_on_failure(req.as_json, {"mode": "run"}):
         return _run(req, options, argv)
 
 

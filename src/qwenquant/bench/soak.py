@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from qwenquant.bench.parts import SoakVerdict, WindowRecord
+
 MIN_JUDGED_SHARE = 0.25
 
 
@@ -35,20 +37,21 @@ class Window:
     def rate(self) -> float | None:
         return self.accepted / self.draft_tokens if self.draft_tokens > 0 else None
 
-    def as_dict(self) -> dict[str, Any]:
+    def record(self) -> WindowRecord:
+        """The window as the report holds it."""
         d = self.drafts
-        return {
-            "index": self.index,
-            "stream": self.stream,
-            "start": self.start,
-            "end": self.end,
-            "drafts": d,
-            "draft_tokens": self.draft_tokens,
-            "accepted": self.accepted,
-            "acceptance_rate": self.rate,
-            "mean_acceptance_length": 1 + self.accepted / d if d > 0 else None,
-            "per_position": [p / d for p in self.per_pos] if d > 0 else None,
-        }
+        return WindowRecord(
+            index=self.index,
+            stream=self.stream,
+            start=self.start,
+            end=self.end,
+            drafts=d,
+            draft_tokens=self.draft_tokens,
+            accepted=self.accepted,
+            acceptance_rate=self.rate,
+            mean_acceptance_length=1 + self.accepted / d if d > 0 else None,
+            per_position=[p / d for p in self.per_pos] if d > 0 else None,
+        )
 
 
 def step_windows(
@@ -210,7 +213,7 @@ def verdict(
     window: int,
     tokens: int,
     approximate: bool = False,
-) -> dict[str, Any]:
+) -> SoakVerdict:
     """`ok`, `failed` with each failure and the one line that names its window (the first failure's), or
     `not judged` when nothing failed but no window drafted a token (acceptance was not tested)."""
     fails: list[dict[str, Any]] = []
@@ -243,10 +246,6 @@ def verdict(
     line = fails[0]["line"] if fails else None
     if not fails and not drafted:
         line = "acceptance not judged: the server drafted no tokens (is MTP on?); the streams were complete"
-    return {
-        "status": status,
-        "failures": fails,
-        "line": line,
-        "acceptance_judged": drafted,
-        "flags": usage_flags(streams),
-    }
+    return SoakVerdict.model_validate(
+        {"status": status, "failures": fails, "line": line, "acceptance_judged": drafted, "flags": usage_flags(streams)}
+    )

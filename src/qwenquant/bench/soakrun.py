@@ -18,6 +18,7 @@ from typing import Any
 from qwenquant.bench import metrics
 from qwenquant.bench.burst import check_concurrency
 from qwenquant.bench.longtext import INSTRUCTION, LongText
+from qwenquant.bench.parts import flags_of
 from qwenquant.bench.queued import QueueWatch, decoding_at_once, queued_checks
 from qwenquant.bench.rung import (
     PromptFitter,
@@ -154,11 +155,11 @@ def check_options(t: Target, text: LongText, opts: SoakOptions) -> int | None:
     return max_len
 
 
-def run_soak(t: Target, text: LongText, opts: SoakOptions) -> dict[str, Any]:
-    """The soak on one server; the measured part of the report (JSON-ready)."""
-    max_len = check_options(t, text, opts)
-    watch = ServerWatch(t.url, t.api_key, t.server)
-    prog = Progress(t, watch, opts)
+def _streams(
+    t: Target, text: LongText, opts: SoakOptions, prog: Progress
+) -> tuple[list[Sample | None], list[str | None], QueueWatch]:
+    """The soak's streams, run at once (each its sample or its error), with the server's queue watched
+    where there are several."""
     samples: list[Sample | None] = [None] * opts.concurrency
     errors: list[str | None] = [None] * opts.concurrency
 
@@ -170,6 +171,15 @@ def run_soak(t: Target, text: LongText, opts: SoakOptions) -> dict[str, Any]:
     queue = QueueWatch(t)  # watched only where streams are meant to run at once
     with queue if opts.concurrency > 1 else contextlib.nullcontext(), ThreadPoolExecutor(opts.concurrency) as pool:
         list(pool.map(one, range(opts.concurrency)))
+    return samples, errors, queue
+
+
+def run_soak(t: Target, text: LongText, opts: SoakOptions) -> dict[str, Any]:
+    """The soak on one server; the measured part of the report (JSON-ready)."""
+    max_len = check_options(t, text, opts)
+    watch = ServerWatch(t.url, t.api_key, t.server)
+    prog = Progress(t, watch, opts)
+    samples, errors, queue = _streams(t, text, opts, prog)
     at_once = decoding_at_once([s for s in samples if s is not None])
     queued = queued_checks(
         queue.result,
@@ -207,13 +217,13 @@ def run_soak(t: Target, text: LongText, opts: SoakOptions) -> dict[str, Any]:
         "collapse_fraction": opts.fraction,
         "source": "per-request" if exact is not None else "metrics",
         "token_count_approximate": prog.approximate,
-        "text": {"sha256": text.sha256, "license": text.license, "source": text.source},
-        "windows": [w.as_dict() for w in merged],
-        "stream_windows": [[w.as_dict() for w in ws] for ws in exact] if exact is not None else None,
+        "text": text.source_part(),
+        "windows": [w.record() for w in merged],
+        "stream_windows": [[w.record() for w in ws] for ws in exact] if exact is not None else None,
         "streams": streams,
         "verdict": judged,
         "server": watch.info(),
         "server_queue": queue.result,
         "decoding_at_once": at_once,
-        "checks": queued,
+        "checks": flags_of(queued),
     }

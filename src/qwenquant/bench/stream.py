@@ -202,14 +202,7 @@ def read_stream(
     a stream that ended without `[DONE]`). `on_chunk` sees each parsed chunk as it arrives (the soak
     counts tokens with it)."""
     led = ledger or Ledger()
-    t_first: float | None = None
-    first_field: str | None = None
-    chars: dict[str, int] = {}
-    usage: dict[str, Any] | None = None
-    finish: str | None = None
-    extra: dict[str, Any] | None = None
-    n_text = 0
-    ids: int | None = None
+    fold = _Fold()
     t_end = t_sent
     for data, t in events:
         t_end = t
@@ -217,39 +210,13 @@ def read_stream(
             led.done = True
             break
         led.events += 1
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            raise BenchError(
-                f"the server streamed an event that is not JSON: {data[:200]!r}",
-                hint="is this an OpenAI-compatible server?",
-            ) from None
-        if "error" in chunk:
-            raise BenchError(
-                f"the server reported an error mid-stream: {json.dumps(chunk['error'])[:300]}",
-                hint="see the server log",
-            )
+        chunk = _chunk(data)
         if on_chunk is not None:
             on_chunk(chunk)
-        got, n_ids = _text_fields(chunk), _token_ids(chunk)
-        if n_ids is not None:
-            ids = (ids or 0) + n_ids
-        n_text += bool(got)
-        if got or n_ids:
-            led.token()
-            if t_first is None:
-                t_first, first_field = t, next(iter(got), None)
-        if got and first_field is None:
-            first_field = next(iter(got))
-        for k, n in got.items():
-            chars[k] = chars.get(k, 0) + n
-        for choice in chunk.get("choices") or []:
-            finish = choice.get("finish_reason") or finish
-        if chunk.get("usage"):
-            usage = chunk["usage"]
-            extra = chunk.get("metrics") if isinstance(chunk.get("metrics"), dict) else extra
+        fold.add(chunk, t, led)
     if not led.done:
         raise led.closed()
+    usage = fold.usage
     if not usage or not isinstance(usage.get("completion_tokens"), int):
         raise BenchError(
             "the server streamed no token usage (stream_options.include_usage was requested): "
@@ -258,20 +225,71 @@ def read_stream(
         )
     return Sample(
         t_sent,
-        t_first,
+        fold.t_first,
         t_end,
         int(usage.get("prompt_tokens") or 0),
         usage["completion_tokens"],
         max_tokens,
-        first_field,
-        chars,
-        finish,
-        n_text,
-        extra,
+        fold.first_field,
+        fold.chars,
+        fold.finish,
+        fold.n_text,
+        fold.extra,
         led.events,
-        ids,
+        fold.ids,
         _reasoning_tokens(usage),
     )
+
+
+def _chunk(data: str) -> dict[str, Any]:
+    """One event's JSON chunk (BenchError: not JSON, or the server's error)."""
+    try:
+        chunk: dict[str, Any] = json.loads(data)
+    except ValueError:
+        raise BenchError(
+            f"the server streamed an event that is not JSON: {data[:200]!r}",
+            hint="is this an OpenAI-compatible server?",
+        ) from None
+    if "error" in chunk:
+        raise BenchError(
+            f"the server reported an error mid-stream: {json.dumps(chunk['error'])[:300]}",
+            hint="see the server log",
+        )
+    return chunk
+
+
+@dataclass
+class _Fold:
+    """What a stream's chunks add up to so far: the first token's time and field, characters per text
+    field, the events with text, the token ids, the finish reason, usage and the server's metrics."""
+
+    t_first: float | None = None
+    first_field: str | None = None
+    chars: dict[str, int] = field(default_factory=dict)
+    usage: dict[str, Any] | None = None
+    finish: str | None = None
+    extra: dict[str, Any] | None = None
+    n_text: int = 0
+    ids: int | None = None
+
+    def add(self, chunk: dict[str, Any], t: float, led: Ledger) -> None:
+        got, n_ids = _text_fields(chunk), _token_ids(chunk)
+        if n_ids is not None:
+            self.ids = (self.ids or 0) + n_ids
+        self.n_text += bool(got)
+        if got or n_ids:
+            led.token()
+            if self.t_first is None:
+                self.t_first, self.first_field = t, next(iter(got), None)
+        if got and self.first_field is None:
+            self.first_field = next(iter(got))
+        for k, n in got.items():
+            self.chars[k] = self.chars.get(k, 0) + n
+        for choice in chunk.get("choices") or []:
+            self.finish = choice.get("finish_reason") or self.finish
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+            self.extra = chunk.get("metrics") if isinstance(chunk.get("metrics"), dict) else self.extra
 
 
 def stream_chat(

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from qwenquant.bench.judge import audited
+
+if TYPE_CHECKING:
+    from qwenquant.bench.modes import RunReport
 
 Section = tuple[str, list[str], list[list[str]]]
 
@@ -15,14 +18,14 @@ def _fmt(s: dict[str, float] | None, scale: float = 1.0, digits: int = 1) -> str
     return f"{s['median'] * scale:.{digits}f} [{s['min'] * scale:.{digits}f}-{s['max'] * scale:.{digits}f}]"
 
 
-def _flagged(report: dict[str, Any]) -> set[tuple[str, str]]:
-    return audited(report["flags"])
+def _flagged(report: RunReport) -> set[tuple[str, str]]:
+    return audited(report.flags)
 
 
-def _cell_rows(report: dict[str, Any]) -> list[list[str]]:
+def _cell_rows(report: RunReport) -> list[list[str]]:
     audit = _flagged(report)
     rows = []
-    for t in report["targets"]:
+    for t in report.targets:
         for key, c in t["cells"].items():
             if c["concurrency"] != 1:
                 continue
@@ -46,10 +49,10 @@ def _cell_rows(report: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def _ladder_rows(report: dict[str, Any]) -> list[list[str]]:
+def _ladder_rows(report: RunReport) -> list[list[str]]:
     audit = _flagged(report)
     rows = []
-    for t in report["targets"]:
+    for t in report.targets:
         for step in t["ladder"]:
             where = f"{t['label']} ladder c{step['concurrency']}"
             # the ladder's c1 step is the c1 cell of its prompt: a figure flagged there is flagged here too
@@ -71,9 +74,9 @@ def _ladder_rows(report: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def _acceptance_rows(report: dict[str, Any]) -> list[list[str]]:
+def _acceptance_rows(report: RunReport) -> list[list[str]]:
     rows = []
-    for t in report["targets"]:
+    for t in report.targets:
         a = t["acceptance"]
         if not a.get("metrics_page"):
             rows.append([t["label"], "no /metrics", "-", "-"])
@@ -91,9 +94,9 @@ def _acceptance_rows(report: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def _compare_rows(report: dict[str, Any]) -> list[list[str]]:
+def _compare_rows(report: RunReport) -> list[list[str]]:
     """The ratios A/B; a ratio of a figure flagged on either side (or itself beyond the ratio line) reads AUDIT."""
-    cmp = report["compare"]
+    cmp = report.compare or {}
     audit = _flagged(report)
     sides = (cmp["a"], cmp["b"])
     rows = []
@@ -119,7 +122,7 @@ def _compare_rows(report: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def sections(report: dict[str, Any]) -> list[Section]:
+def sections(report: RunReport) -> list[Section]:
     """Tables: per-stream figures, ladder, acceptance, comparison, flags."""
     out: list[Section] = [
         (
@@ -138,8 +141,8 @@ def sections(report: dict[str, Any]) -> list[Section]:
             _acceptance_rows(report),
         ),
     ]
-    if report.get("compare"):
-        c = report["compare"]
+    if report.compare:
+        c = report.compare
         out.append(
             (
                 f"ratio {c['a']} / {c['b']}: median [min-max] over rounds",
@@ -147,15 +150,12 @@ def sections(report: dict[str, Any]) -> list[Section]:
                 _compare_rows(report),
             )
         )
-    if report["flags"]:
+    if report.flags:
         out.append(
             (
                 "flags",
                 ["kind", "where", "figure", "value", "line"],
-                [
-                    [f["kind"], f["where"], f["figure"], f"{f['value']:.4g}", f"{f['line']:.4g}"]
-                    for f in report["flags"]
-                ],
+                [[f.kind, f.where, f.figure, f"{f.value:.4g}", f"{f.line:.4g}"] for f in report.flags],
             )
         )
     return out

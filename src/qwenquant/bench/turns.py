@@ -22,6 +22,7 @@ from typing import Any
 from qwenquant.bench import metrics, rung
 from qwenquant.bench.gpu import MemoryPeak
 from qwenquant.bench.longtext import LongText
+from qwenquant.bench.parts import Failure, PrefixCache
 from qwenquant.bench.runner import Target
 from qwenquant.bench.stream import Sample
 from qwenquant.bench.watch import ServerWatch
@@ -56,18 +57,14 @@ def cache_delta(before: str | None, after: str | None) -> dict[str, float] | Non
     return {"queries": a["queries"] - b["queries"], "hits": a["hits"] - b["hits"]}
 
 
-def cache_verdict(turns: list[dict[str, Any]]) -> dict[str, Any]:
+def cache_verdict(turns: list[dict[str, Any]]) -> PrefixCache:
     """Whether the server cached: hits > 0 over the turns after the first (None: no counters)."""
     deltas = [t["prefix_cache"] for t in turns[1:] if t.get("prefix_cache") is not None]
     if not deltas:
-        return {
-            "counters": any(t.get("prefix_cache") is not None for t in turns),
-            "cached": None,
-            "hits": None,
-            "queries": None,
-        }
+        counters = any(t.get("prefix_cache") is not None for t in turns)
+        return PrefixCache(counters=counters, cached=None, hits=None, queries=None)
     hits, queries = sum(d["hits"] for d in deltas), sum(d["queries"] for d in deltas)
-    return {"counters": True, "cached": hits > 0, "hits": hits, "queries": queries}
+    return PrefixCache(counters=True, cached=hits > 0, hits=hits, queries=queries)
 
 
 def fits(next_depth: int, output: int, max_len: int) -> bool:
@@ -127,8 +124,8 @@ def run_turn(
     return rec, sample, "".join(answer), failure
 
 
-def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
-    """The conversation on one server; the measured part of the report (JSON-ready)."""
+def _max_len(t: Target, opts: TurnOptions) -> int:
+    """The server's max_model_len, the conversation's end (exit 2: unknown, or no room for one turn)."""
     max_len = rung.served_max_len(t)
     if max_len is None:
         raise UsageError(
@@ -141,11 +138,29 @@ def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
             f"server's max_model_len {max_len}",
             hint=f"use --turn-tokens {max_len // 4} or less",
         )
+    return max_len
+
+
+def _turn_record(
+    turn: int, depth: int, got: dict[str, Any], sample: Sample | None, seconds: float, previous: int | None
+) -> dict[str, Any]:
+    """One turn's record: its depth (the server's count where it answered), the request's record, and the
+    tokens new since the last turn with their prefill rate."""
+    rec = {"turn": turn, "depth": sample.prompt_tokens if sample else depth, **got, "seconds": seconds}
+    rec["new_tokens"] = new_tokens(sample.prompt_tokens if sample else None, previous)
+    ttft = rec.get("ttft_s")
+    rec["new_prefill_tok_s"] = rec["new_tokens"] / ttft if rec["new_tokens"] and ttft else None
+    return rec
+
+
+def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
+    """The conversation on one server; the measured part of the report (JSON-ready)."""
+    max_len = _max_len(t, opts)
     watch = ServerWatch(t.url, t.api_key, t.server, metrics.scrape(t.url, t.api_key))
     nonce = secrets.token_hex(4)
     conv = Conversation(t, text, opts, nonce)
     turns: list[dict[str, Any]] = []
-    failure: dict[str, Any] | None = None
+    failure: Failure | None = None
     previous, total, turn = None, 0, 0
     while True:
         msgs = conv.next_messages(turn)
@@ -154,16 +169,8 @@ def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
             break
         log.info("turn %d at about %d tokens", turn, depth)
         t0 = time.monotonic()
-        rec, sample, answer, why = run_turn(t, msgs, opts, turn)
-        rec = {
-            "turn": turn,
-            "depth": sample.prompt_tokens if sample else depth,
-            **rec,
-            "seconds": time.monotonic() - t0,
-        }
-        rec["new_tokens"] = new_tokens(sample.prompt_tokens if sample else None, previous)
-        ttft = rec.get("ttft_s")
-        rec["new_prefill_tok_s"] = rec["new_tokens"] / ttft if rec["new_tokens"] and ttft else None
+        got, sample, answer, why = run_turn(t, msgs, opts, turn)
+        rec = _turn_record(turn, depth, got, sample, time.monotonic() - t0, previous)
         seen = watch.supervised() or watch.seen_page(metrics.scrape(t.url, t.api_key))
         if why and seen is None:
             seen = watch.problem()
@@ -171,7 +178,7 @@ def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
         rec["ok"] = why is None
         turns.append(rec)
         if why or sample is None:
-            failure = {"turn": turn, "depth": rec["depth"], "reason": why or "no answer"}
+            failure = Failure(turn=turn, depth=rec["depth"], reason=why or "no answer")
             break
         conv.messages = [*msgs, {"role": "assistant", "content": answer}]
         if sample.prompt_tokens:
@@ -185,7 +192,7 @@ def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
         "turn_tokens": opts.turn_tokens,
         "tokenize": conv.fitter.tokenize,
         "nonce": nonce,
-        "text": {"sha256": text.sha256, "license": text.license, "source": text.source},
+        "text": text.source_part(),
         "turns": turns,
         "prefix_cache": cache_verdict(turns),
         "last_ok_turn": ok[-1]["turn"] if ok else None,

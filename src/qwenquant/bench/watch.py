@@ -7,8 +7,9 @@ start time is a restart between two looks, even one too quick for /health to mis
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from qwenquant.bench.parts import ServerHealth
 from qwenquant.net.http import HttpError, fetch
 from qwenquant.net.prometheus import samples
 
@@ -85,5 +86,5 @@ class ServerWatch:
             return None
         return self.seen_page(page.text if page.status == 200 else None)
 
-    def info(self) -> dict[str, Any]:
-        return {"process_start_time": self.started, "supervised": self.server is not None}
+    def info(self) -> ServerHealth:
+        return ServerHealth(process_start_time=self.started, supervised=self.server is not None)

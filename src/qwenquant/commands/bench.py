@@ -2,14 +2,14 @@
 
 Each mode is a subcommand with its own typed options (commands/_bench_options.py, the server options
 of commands/_options.py); each measures one server (compare: two) and hands its typed report to
-bench/output.py, the one writer of its JSON, PNG and verdict line. A burst is `bench depth
+bench/output.py, which gives it to the output sink eval shares (reportsink: its JSON, PNG and verdict line). A burst is `bench depth
 --concurrency N`: the same ladder, report and failure rules with N fresh prompts per rung.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -33,6 +33,10 @@ from qwenquant.commands._bench_options import (
     Workload,
     with_options,
 )
+
+if TYPE_CHECKING:
+    from qwenquant.bench.launch import ConfigSpec
+    from qwenquant.commands._app import Split
 
 bench_app = typer.Typer(
     help=(
@@ -172,7 +176,6 @@ def compare(
 
       qwenquant bench compare --url-a http://127.0.0.1:8000 --url-b http://127.0.0.1:8001
     """
-    from qwenquant.bench.launch import ConfigSpec
     from qwenquant.bench.session import argv_now
     from qwenquant.bench.session import run as measure
     from qwenquant.errors import UsageError
@@ -183,25 +186,20 @@ def compare(
             hint="or --serve ARTIFACT for two served configurations",
         )
     pair = (
-        ConfigSpec(
-            label_a or "A",
-            url_a,
-            profile_a,
-            gpu_mem_a,
-            tuple(vllm_arg_a or ()),
-            split=split_a.value if split_a else None,
-        ),
-        ConfigSpec(
-            label_b or "B",
-            url_b,
-            profile_b,
-            gpu_mem_b,
-            tuple(vllm_arg_b or ()),
-            split=split_b.value if split_b else None,
-        ),
+        _side(label_a or "A", url_a, profile_a, gpu_mem_a, split_a, vllm_arg_a),
+        _side(label_b or "B", url_b, profile_b, gpu_mem_b, split_b, vllm_arg_b),
     )
     req = _request(args, server, out, mode="run", as_json=as_json, configs=pair, config=workload.config)
     measure(req, _options(workload), argv_now())
+
+
+def _side(
+    label: str, url: str | None, profile: str | None, gpu_mem: str | None, split: Split | None, args: list[str] | None
+) -> ConfigSpec:
+    """One side of `bench compare`: its label, its running server or its own serve options."""
+    from qwenquant.bench.launch import ConfigSpec
+
+    return ConfigSpec(label, url, profile, gpu_mem, tuple(args or ()), split=split.value if split else None)
 
 
 @bench_app.command("depth", context_settings=ARGS)

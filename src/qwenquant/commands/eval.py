@@ -10,14 +10,40 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from qwenquant.commands._app import Activations, Device, app
+from qwenquant.commands._eval_options import (
+    AsJson,
+    DraftTokens,
+    Gate,
+    MinAcceptance,
+    Model,
+    Needle,
+    NeedleMaxLen,
+    OfflineActs,
+    OfflineDevice,
+    OfflineReportPath,
+    Reference,
+    ReferenceUnverified,
+    ReferenceUrl,
+    Report,
+    ServedArgs,
+    SpecCheck,
+    SpecTieNats,
+    Streamed,
+    Text,
+    TextSet,
+    Tools,
+    WindowLen,
+    Windows,
+)
 from qwenquant.commands._options import ServeArtifact, ServerOptions, with_options
 
 if TYPE_CHECKING:
     from typing import Any
 
-    from qwenquant.evaluate.report import EvalReport, ServedReport
+    from qwenquant.evaluate.report import EvalReport, OfflineReport, ServedReport
     from qwenquant.evaluate.servedrun import ServedAsk
     from qwenquant.evaluate.speccheck import SpecCheckAsk
+    from qwenquant.reportsink import Written
     from qwenquant.serve.request import ServeRequest
 
 eval_app = typer.Typer(
@@ -40,153 +66,6 @@ eval_app = typer.Typer(
 )
 app.add_typer(eval_app, name="eval")
 
-# options defined once, reused by the subcommands
-_REPORT_WRITE = (
-    "Checked before measuring; a write that fails after measuring prints the report and keeps it in the temp folder."
-)
-Report = Annotated[
-    Path | None,
-    typer.Option(
-        "--report",
-        help="Where the JSON report goes (default: beside the --serve artifact; with a URL: nowhere). " + _REPORT_WRITE,
-    ),
-]
-OfflineReport = Annotated[
-    Path | None,
-    typer.Option("--report", help="Where the JSON report goes (default: beside the artifact). " + _REPORT_WRITE),
-]
-AsJson = Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")]
-Reference = Annotated[
-    Path,
-    typer.Option(
-        "--reference",
-        exists=True,
-        file_okay=False,
-        show_default=False,
-        help="The bf16 source checkpoint folder: every file the manifest records for the source must match (sha256).",
-    ),
-]
-ReferenceUnverified = Annotated[
-    bool,
-    typer.Option(
-        "--reference-unverified",
-        help="Compare against a --reference that is not the manifest's recorded source (the report and output say so).",
-    ),
-]
-Windows = Annotated[int, typer.Option("--windows", help="Held-out windows to evaluate on.")]
-WindowLen = Annotated[
-    int,
-    typer.Option(
-        "--window-len",
-        help="Tokens per window, up to the model's max_position_embeddings (long windows: --streamed, "
-        "--text-set depth or a long --text; the README says what 32K and 128K need).",
-    ),
-]
-Text = Annotated[Path | None, typer.Option("--text", help="Local text file to cut windows from.")]
-TextSet = Annotated[
-    str | None,
-    typer.Option(
-        "--text-set",
-        help="Pinned Hub text set (evaltext/NAME.yaml or a YAML path), fetched verified and cached. "
-        "Default: the tiny reference's held-out text for it, wikitext-2-test for other models; `depth`: the "
-        "pinned text of bench depth, for long windows.",
-    ),
-]
-Streamed = Annotated[
-    bool | None,
-    typer.Option(
-        "--streamed/--dense",
-        help="Run both arms one decoder layer at a time from the shards (default: streamed above 2 GB of weights).",
-    ),
-]
-OfflineDevice = Annotated[Device, typer.Option("--device", help="cpu or cuda.")]
-
-OfflineActs = Annotated[
-    Activations,
-    typer.Option(
-        "--activations",
-        help="int8: also measure the artifact as vLLM runs it with VLLM_MARLIN_INPUT_DTYPE=int8 "
-        "(per-token int8 activations, int16 group scales on every int4 Linear), against bf16 and "
-        "against the W4A16 artifact.",
-    ),
-]
-Gate = Annotated[
-    str, typer.Option("--gate", help="Exact-match gate: a shipped name (`qwenquant eval gates`), a JSON file, or none.")
-]
-Model = Annotated[str | None, typer.Option("--model", help="Served model name (default: the server's first).")]
-MinAcceptance = Annotated[
-    float | None,
-    typer.Option(
-        "--min-acceptance-length",
-        help="Fail when MTP mean acceptance length, over every request the run sent, is below this.",
-    ),
-]
-Tools = Annotated[
-    bool,
-    typer.Option(
-        "--tools",
-        help="Also send the shipped tool schemas: each answer must be what its tool_choice (auto, required, "
-        "none, a named function) allows, every call well formed (arguments a JSON string matching the "
-        "schema).",
-    ),
-]
-Needle = Annotated[
-    bool,
-    typer.Option(
-        "--needle",
-        help="Also run the shipped needle task: a fact planted at several depths of prompts up to the "
-        "server's max_model_len, asked in chat (an instruction-following model); pass/fail per depth.",
-    ),
-]
-NeedleMaxLen = Annotated[
-    int | None,
-    typer.Option("--needle-max-len", help="Longest needle prompt in tokens (default: the server's max_model_len)."),
-]
-SpecCheck = Annotated[
-    bool,
-    typer.Option(
-        "--spec-check",
-        help="Also hold greedy text with MTP against greedy text without it on prompts of chosen lengths "
-        "(1 + k tokens included, k the draft count): the first divergence per prompt is reported, "
-        "a divergence fails the run (exit 8). With --serve, eval starts the server without MTP "
-        "too; against a URL it needs --reference-url.",
-    ),
-]
-ReferenceUrl = Annotated[
-    str | None,
-    typer.Option(
-        "--reference-url",
-        help="--spec-check against a URL: the same model served without speculation (-- --speculative-config null).",
-        show_default=False,
-    ),
-]
-DraftTokens = Annotated[
-    int | None,
-    typer.Option(
-        "--draft-tokens",
-        min=1,
-        help="--spec-check: k, where the drafting server's /metrics cannot say.",
-        show_default=False,
-    ),
-]
-SpecTieNats = Annotated[
-    float,
-    typer.Option(
-        "--spec-tie-nats",
-        min=0.0,
-        help="--spec-check: a divergence where the drafted token lies within this many nats "
-        "of the best token (asked of the server without speculation) is a numerical "
-        "tie, not a changed answer (set from the CPU build: evaluate/speccheck.py).",
-    ),
-]
-ServedArgs = Annotated[
-    list[str] | None,
-    typer.Argument(
-        help="URL of a running server (its base URL; a trailing /v1 is fine); with --serve: vLLM flags after --.",
-        show_default=False,
-    ),
-]
-
 
 @eval_app.command("offline")
 def offline(
@@ -202,7 +81,7 @@ def offline(
     streamed: Streamed = None,
     device: OfflineDevice = Device.cpu,
     activations: OfflineActs = Activations.bf16,
-    report: OfflineReport = None,
+    report: OfflineReportPath = None,
     as_json: AsJson = False,
 ) -> None:
     """The artifact against its source on the same held-out windows: paired perplexity, KL, top-1, lm_head and MTP.
@@ -217,25 +96,33 @@ def offline(
 
       qwenquant eval offline artifacts/tiny --reference models/tiny-reference --activations int8
     """
+    from qwenquant.evaluate.offlinerun import OfflineAsk, run_offline_eval
+    from qwenquant.reportsink import json_on_failure
+
+    ask = OfflineAsk(
+        artifact,
+        reference,
+        windows,
+        window_len,
+        text,
+        text_set,
+        device.value,
+        streamed,
+        report,
+        reference_unverified,
+        activations.value,
+    )
+    with json_on_failure(as_json, {"kind": "offline"}):  # --json: one JSON document, the error's too
+        result, target = run_offline_eval(ask)
+        _show_offline(result)
+        _fail_write(_emit(result, target, as_json))
+
+
+def _show_offline(result: OfflineReport) -> None:
+    """The offline table and its summary lines (stderr), and a note when the reference was not verified."""
     from qwenquant.console import console
     from qwenquant.evaluate import report as rep
-    from qwenquant.evaluate.offlinerun import OfflineAsk, run_offline_eval
 
-    result, target = run_offline_eval(
-        OfflineAsk(
-            artifact,
-            reference,
-            windows,
-            window_len,
-            text,
-            text_set,
-            device.value,
-            streamed,
-            report,
-            reference_unverified,
-            activations.value,
-        )
-    )
     data = result.to_json()
     console.print(rep.offline_table(data))
     for line in rep.summary_lines(data):
@@ -246,7 +133,6 @@ def offline(
             f"({result.reference_check['recorded_source']}): --reference-unverified",
             markup=False,
         )
-    _fail_write(_emit(result, target, as_json))
 
 
 @eval_app.command("served", context_settings={"allow_interspersed_args": True})
@@ -286,6 +172,7 @@ def served(
     from qwenquant.errors import UsageError
     from qwenquant.evaluate.servedrun import ServedAsk
     from qwenquant.evaluate.speccheck import SpecCheckAsk, check_reference
+    from qwenquant.reportsink import json_on_failure
 
     words = list(args or [])
     ask = ServedAsk(gate, model, server.api_key, min_acceptance, tools, needle, needle_max_len)
@@ -300,11 +187,13 @@ def served(
             )
         from qwenquant.net.http import check_url
 
-        _served(check_url(words[0], "URL"), ask, report, as_json, spec)
+        with json_on_failure(as_json, {"kind": "served"}):  # --json: one JSON document, the error's too
+            _served(check_url(words[0], "URL"), ask, report, as_json, spec)
         return
     if words and not words[0].startswith("-"):
         raise UsageError(f"give a URL ({words[0]}) or --serve ARTIFACT, not both", hint="vLLM flags go after --")
-    _serve_and_gate(server.to_request(serve, words), ask, report, as_json, spec)
+    with json_on_failure(as_json, {"kind": "served"}):
+        _serve_and_gate(server.to_request(serve, words), ask, report, as_json, spec)
 
 
 @eval_app.command("gates")
@@ -328,36 +217,38 @@ def gates(as_json: AsJson = False) -> None:
         stdout.print(f"{g['name']}: {g['tasks']} tasks, {g['cases']} cases. {g['description']}", markup=False)
 
 
-def _emit(result: EvalReport, path: Path | None, as_json: bool) -> str | None:
-    """The one writer of an eval report: the JSON to `path`, the verdict line, the JSON on stdout with --json.
-    A write that fails keeps the measurement (printed on stdout, and in a spare file when one can be
-    written). Returns why it failed (None: written)."""
+def _tell_where(asked: Path, written: Written) -> None:
+    """Where eval's report went, one `report:` line on stderr."""
     from qwenquant.console import console
-    from qwenquant.evaluate.report import save_report
 
-    where, failed = save_report(result, path) if path is not None else (None, None)
-    if failed:
-        console.print(
-            f"report: could not write {path} ({failed}); "
-            + (f"the report went to {where} instead, and to stdout" if where else "the report is on stdout"),
-            markup=False,
-            soft_wrap=True,
-        )
-    elif path is not None:
-        console.print(f"report: {path}", markup=False)
-    console.print(result.verdict(), markup=False, soft_wrap=True)
-    if as_json or failed:
-        print(json.dumps(result.to_json(), indent=2, sort_keys=True))
-    return f"report {path} could not be written ({failed})" if failed else None
+    if written.failed is None:
+        console.print(f"report: {asked}", markup=False)
+        return
+    went = f"the report went to {written.path} instead, and to stdout" if written.path else "the report is on stdout"
+    console.print(f"report: could not write {asked} ({written.failed}); {went}", markup=False, soft_wrap=True)
+
+
+def _emit(result: EvalReport, path: Path | None, as_json: bool) -> str | None:
+    """Hand the report to the output sink (reportsink.deliver): the JSON to `path`, the verdict line, the JSON
+    on stdout with --json. A write that fails keeps the measurement (on stdout, and in a spare file when
+    one can be written). Returns why it failed (None: written)."""
+    from qwenquant.reportsink import Sink, deliver, unique_spare
+
+    sink = Sink(spare=unique_spare("qwenquant-eval-"), tell=_tell_where, stdout_on_failure=True)
+    written = deliver(lambda _: result.to_json(), path, sink, as_json=as_json, verdict=result.verdict())
+    return f"report {path} could not be written ({written.failed})" if written.failed else None
 
 
 def _fail_write(failed: str | None) -> None:
     from qwenquant.errors import UsageError
+    from qwenquant.reportsink import delivered
 
-    if failed:
-        raise UsageError(
-            failed + ": the measurement was printed on stdout",
-            hint="free space or pass --report in a folder you can write, then run eval again",
+    if failed:  # after the report was delivered: --json printed it, not this error
+        raise delivered(
+            UsageError(
+                failed + ": the measurement was printed on stdout",
+                hint="free space or pass --report in a folder you can write, then run eval again",
+            )
         )
 
 
@@ -406,10 +297,14 @@ def _finish_served(result: ServedReport, path: Path | None, as_json: bool) -> No
         console.print(spec_check_line(result.spec_check), markup=False, soft_wrap=True)
     failed_write = _emit(result, path, as_json)
     if result.failures:
-        raise BenchError(
-            "served gate failed: " + "; ".join(result.failures),
-            hint="compare with the bf16 source served the same way; see `qwenquant eval offline "
-            "ARTIFACT --reference SOURCE`",
+        from qwenquant.reportsink import delivered
+
+        raise delivered(
+            BenchError(
+                "served gate failed: " + "; ".join(result.failures),
+                hint="compare with the bf16 source served the same way; see `qwenquant eval offline "
+                "ARTIFACT --reference SOURCE`",
+            )
         )
     _fail_write(failed_write)
 

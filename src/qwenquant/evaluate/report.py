@@ -1,6 +1,6 @@
 """The eval report: goals, where the JSON goes (beside the artifact, outside its hashed files), the table,
 the typed, versioned report per kind (`OfflineReport`, `ServedReport`: `to_json`, `from_json`,
-`load_report`), its one-line verdict and its one writer (`save_report`)."""
+`load_report`), its one-line verdict (written through reportsink, the output sink bench shares)."""
 
 from __future__ import annotations
 
@@ -200,30 +200,6 @@ def served_kind(activations: str | None, profile: str | None, extra_vllm_flags: 
     if acts == "bf16" and not parts:
         return "eval-served"
     return "eval-served-" + ".".join([acts, *parts])
-
-
-def save_report(report: EvalReport, path: Path) -> tuple[Path | None, str | None]:
-    """Write `report` (pretty JSON) to `path`: (path, None). When that fails after measuring (a full
-    disk, a mount gone read-only), the measurement is kept: written to a new file in the temp folder,
-    (that file, why `path` failed); (None, why) when no file could be written at all."""
-    import os
-    import tempfile
-
-    from qwenquant.atomic import atomic_write_bytes, pretty_json
-
-    data = pretty_json(report.to_json())
-    try:
-        atomic_write_bytes(path, data)
-        return path, None
-    except OSError as e:
-        why = e.strerror or str(e)
-    try:
-        fd, spare = tempfile.mkstemp(prefix="qwenquant-eval-", suffix=".json")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        return Path(spare), why
-    except OSError:
-        return None, why
 
 
 def _pct(x: float) -> str:

@@ -1,0 +1,148 @@
+"""The typed parts of a bench report (pydantic, frozen, strict: an int stays an int, a float a float): a
+flag, the shipped text, the server's health, a long run's failure, the prefix cache's and the soak's
+verdicts. A part's JSON holds exactly the keys it was built or read with (`to_json`), so a report
+read back and written again is the same bytes; `plain` turns a report field (parts, lists and dicts
+of them) into its JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+Number = int | float  # as measured: never coerced (a count stays an int, a rate a float)
+
+
+class Part(BaseModel):
+    """One typed part of a report: unknown keys refused, values frozen, no coercion."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object: the keys the part was built or read with."""
+        return self.model_dump(exclude_unset=True)
+
+
+class Flag(Part):
+    """A figure beyond its line: a cross-check's disagreement (`check` names it; `requests`: how many
+    requests of a merged group had it), a too-good figure (AUDIT), a short stream, a throttle."""
+
+    kind: str
+    where: str
+    figure: str
+    value: Number | str | None
+    line: Number | str | None
+    note: str
+    check: str | None = None
+    requests: int | None = None
+
+    def text(self) -> str:
+        """The one line the flag prints (a cross-check's note, or a figure beyond its line)."""
+        if self.kind == "cross-check":
+            return f"flag {self.check}: {self.note}"
+        value = f"{self.value:.4g}" if isinstance(self.value, int | float) else str(self.value)
+        line = f"{self.line:.4g}" if isinstance(self.line, int | float) else str(self.line)
+        return f"flag {self.kind}: {self.where} {self.figure} {value} beyond the line {line}"
+
+
+class TextSource(Part):
+    """The shipped text the prompts are cut from: its sha256, license and source."""
+
+    sha256: str
+    license: str
+    source: str
+
+
+class ServerHealth(Part):
+    """The server's process start time (a restart moves it) and whether qwenquant supervised it."""
+
+    process_start_time: Number | None
+    supervised: bool
+
+
+class RunFailure(Part):
+    """The request that ended a run or compare: its target, cell and round, how many of the wave failed."""
+
+    target: str
+    cell: str
+    round: int
+    failed: int
+    of: int
+    reason: str
+
+
+class QueueCounts(Part):
+    """The server's queue while streams meant to run at once ran: the most running and the most waiting
+    requests on one /metrics page (vLLM's gauges, floats), over `pages` pages."""
+
+    max_running: Number
+    max_waiting: Number
+    pages: int
+
+
+class Failure(Part):
+    """What ended a depth ladder (its rung's depth) or a conversation (its turn and depth), and why."""
+
+    depth: int
+    reason: str
+    turn: int | None = None
+
+
+class PrefixCache(Part):
+    """Whether the server cached over the turns after the first (None: no counters to say)."""
+
+    counters: bool
+    cached: bool | None = None
+    hits: Number | None = None  # tokens, as /metrics counts them (floats)
+    queries: Number | None = None
+
+
+class WindowRecord(Part):
+    """One soak window of generated tokens (`stream` None: all streams together, from /metrics): its drafts,
+    draft tokens and accepted tokens, and what they make (None where nothing was drafted)."""
+
+    index: int
+    stream: int | None
+    start: int
+    end: int
+    drafts: Number
+    draft_tokens: Number
+    accepted: Number
+    acceptance_rate: Number | None
+    mean_acceptance_length: Number | None
+    per_position: list[Number] | None
+
+
+class SoakFailure(Part):
+    """One failure of a soak: a collapse, an error, an empty or truncated stream, a restart; its window."""
+
+    kind: str
+    window: int
+    stream: int | None
+    line: str
+
+
+class SoakVerdict(Part):
+    """`ok`, `failed` (each failure; `line`: the first's) or `not judged` (no window drafted a token)."""
+
+    status: str
+    failures: list[SoakFailure]
+    line: str | None
+    acceptance_judged: bool
+    flags: list[Flag]
+
+
+def plain(value: Any) -> Any:
+    """A report field as JSON: parts as their objects, lists and dicts of them element by element."""
+    if isinstance(value, Part):
+        return value.to_json()
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
+def flags_of(found: list[dict[str, Any]]) -> list[Flag]:
+    """The typed flags of what the judging found (checks, judge, queued, soak: built as JSON objects)."""
+    return [Flag.model_validate(f) for f in found]
