@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -295,6 +296,60 @@ def int8_dense_arm(
     )
 
 
+@dataclass
+class Arms:
+    """What the measurement runs: both forwards, the heads (reference, rtn, artifact), the batch size, and with
+    int8 activations the int8 arm, its int32 overflow count (read after the run) and its int8 Linears' counts."""
+
+    ref: TextForward
+    art: TextForward
+    heads: dict[str, torch.Tensor]
+    batch: int
+    int8: Int8Arm | None = None
+    overflows: Callable[[], int] = lambda: 0
+    int8_linears: dict[str, Any] = field(default_factory=dict)
+
+
+def streamed_arms(reference: Path, artifact: Path, windows: torch.Tensor, device: str, activations: str) -> Arms:
+    """The arms one decoder layer at a time from the shards (batch 1: a window's logits over a 248k vocabulary
+    are 0.25 GB, and the KL holds a few such)."""
+    from qwenquant.evaluate.longwindow import memory_line
+    from qwenquant.evaluate.streamed import streamed_forwards
+
+    log.info(
+        "eval: %s",
+        memory_line(
+            text_config(read_config(reference)),
+            int(windows.shape[1]),
+            int(windows.shape[0]),
+            arms=3 if activations == "int8" else 2,
+        ),
+    )
+    ref, art, heads, extra = streamed_forwards(reference, artifact, windows, device=device, int8=activations == "int8")
+    arms = Arms(ref, art, heads, batch=1)
+    if extra is not None:
+        arms.int8, arms.overflows, arms.int8_linears = (extra[0], extra[1]), extra[2].flush, extra[2].counts
+    return arms
+
+
+def dense_arms(reference: Path, artifact: Path, device: str, activations: str, batch: int) -> Arms:
+    """The arms over dense float weights on `device`."""
+    ref_cfg, ref_t = load_dense(reference)
+    art_config, art_raw = read_config(artifact), raw_tensors(artifact)  # read once: the int8 arm needs the codes
+    art_cfg, art_t = text_config(art_config), dequantize(art_raw, art_config)
+    heads = {
+        "reference": ref_t["lm_head.weight"],
+        "rtn": rtn_head(ref_t["lm_head.weight"]),
+        "artifact": art_t["lm_head.weight"],
+    }
+    heads = {k: v.float().to(device) for k, v in heads.items()}
+    arms = Arms(DenseForward(ref_cfg, ref_t, device), DenseForward(art_cfg, art_t, device), heads, batch=batch)
+    if activations == "int8":
+        arms.int8, mods, arms.int8_linears = int8_dense_arm(art_raw, art_config, art_t, heads["artifact"], device)
+        arms.overflows = lambda: sum(m.overflows for m in mods)
+    return arms
+
+
 def run_offline(
     reference: Path,
     artifact: Path,
@@ -311,46 +366,15 @@ def run_offline(
     start = time.monotonic()
     if streamed is None:
         streamed = weight_bytes(reference) > STREAM_ABOVE_BYTES
-    int8: Int8Arm | None = None
-    overflows: Callable[[], int] = lambda: 0  # the int8 arm's int32 overflows, counted after the run
-    int8_linears: dict[str, Any] = {}
-    if streamed:
-        from qwenquant.evaluate.longwindow import memory_line
-        from qwenquant.evaluate.streamed import streamed_forwards
-
-        log.info(
-            "eval: %s",
-            memory_line(
-                text_config(read_config(reference)),
-                int(windows.shape[1]),
-                int(windows.shape[0]),
-                arms=3 if activations == "int8" else 2,
-            ),
-        )
-        ref, art, heads, extra = streamed_forwards(
-            reference, artifact, windows, device=device, int8=activations == "int8"
-        )
-        if extra is not None:
-            int8, overflows, int8_linears = (extra[0], extra[1]), extra[2].flush, extra[2].counts
-        batch = 1  # a window's logits over a 248k vocabulary are 0.25 GB, and the KL holds a few such
-    else:
-        ref_cfg, ref_t = load_dense(reference)
-        art_config, art_raw = read_config(artifact), raw_tensors(artifact)  # read once: the int8 arm needs the codes
-        art_cfg, art_t = text_config(art_config), dequantize(art_raw, art_config)
-        heads = {
-            "reference": ref_t["lm_head.weight"],
-            "rtn": rtn_head(ref_t["lm_head.weight"]),
-            "artifact": art_t["lm_head.weight"],
-        }
-        heads = {k: v.float().to(device) for k, v in heads.items()}
-        ref, art = DenseForward(ref_cfg, ref_t, device), DenseForward(art_cfg, art_t, device)
-        if activations == "int8":
-            int8, mods, int8_linears = int8_dense_arm(art_raw, art_config, art_t, heads["artifact"], device)
-            overflows = lambda: sum(m.overflows for m in mods)
-    report = evaluate_forwards(ref, art, heads, windows, batch=batch, int8=int8)
-    if int8 is not None:  # outputs whose int32 accumulator would wrap in Marlin (0 expected)
-        report["arms"][INT8_ARM]["int32_overflows"] = overflows()
-        report["arms"][INT8_ARM]["int8_linears"] = int8_linears
+    arms = (
+        streamed_arms(reference, artifact, windows, device, activations)
+        if streamed
+        else dense_arms(reference, artifact, device, activations, batch)
+    )
+    report = evaluate_forwards(arms.ref, arms.art, arms.heads, windows, batch=arms.batch, int8=arms.int8)
+    if arms.int8 is not None:  # outputs whose int32 accumulator would wrap in Marlin (0 expected)
+        report["arms"][INT8_ARM]["int32_overflows"] = arms.overflows()
+        report["arms"][INT8_ARM]["int8_linears"] = arms.int8_linears
     top = report["arms"]["artifact"]["kl_p999_support"]["max"]
     # the text the largest per-token KL rests on: up to 16 tokens of context and the token predicted
     top["text"] = window_text(reference, windows[top["window"], max(0, top["token"] - 15) : top["token"] + 2])
