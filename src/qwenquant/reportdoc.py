@@ -219,6 +219,8 @@ def _is_a(value: Any, hint: Any) -> bool:
     if hint is type(None) or hint is None:
         return value is None
     base = origin or hint
+    if hasattr(base, "model_validate"):  # a typed part (pydantic): a JSON object, its keys checked by the part
+        return isinstance(value, dict)
     if base is float:
         return isinstance(value, int | float) and not isinstance(value, bool)
     if base is int:
@@ -229,4 +231,6 @@ def _is_a(value: Any, hint: Any) -> bool:
 def _type_name(hint: Any) -> str:
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         return " or ".join(_type_name(h) for h in typing.get_args(hint))
+    if hasattr(hint, "model_validate"):
+        return "an object"
     return _JSON_NAMES.get(typing.get_origin(hint) or hint, str(hint))
