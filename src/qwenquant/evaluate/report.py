@@ -270,6 +270,20 @@ def load_report(path: Path) -> EvalReport:
     return EvalReport.from_json(data, f"report {path}")
 
 
+def parse_report(text: str | bytes, source: str) -> EvalReport:
+    """The typed report `qwenquant eval ... --json` printed (`text`), checked as load_report checks a file
+    (exit 2 naming `source` and the field)."""
+    from qwenquant.errors import UsageError
+
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise UsageError(
+            f"{source} is not JSON ({e})".splitlines()[0], hint="pass what `qwenquant eval` printed"
+        ) from None
+    return EvalReport.from_json(data, source)
+
+
 def report_path(artifact: Path, root_digest: str, kind: str = "eval") -> Path:
     """`<artifact>.<kind>-<digest16>.json` beside the artifact folder (never inside: `verify` stays clean)."""
     artifact = Path(artifact).resolve()
