@@ -203,6 +203,14 @@ class Goals(Part):
         return [(k, g) for k in type(self).model_fields if (g := getattr(self, k)) is not None]
 
 
+class OfflineFigures(Part):
+    """What the offline forwards measured: every arm, the lm_head alone, the MTP head."""
+
+    arms: Arms
+    lm_head: LmHead
+    mtp: Mtp
+
+
 class ReferenceCheck(Part):
     """Whether the reference is the artifact's recorded source, and how many of its files were hashed."""
 
