@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from qwenquant.bench.output import load_report
+
 from benchmarks.serving import kernels_of, marlin_only, qwenquant_cli, serving
 
 FIGURES = (  # (key, label, higher is better)
@@ -131,7 +133,7 @@ def bench(url: str, mode: str, out: Path, *args: str) -> dict[str, Any] | None:
     print(f"  bench {mode} {' '.join(args)}: exit {r.returncode}", file=sys.stderr)
     if r.returncode not in (0, 8):
         print(r.stderr[-2000:], file=sys.stderr)
-    return json.loads(out.read_text()) if out.exists() else None
+    return load_report(out).to_json() if out.exists() else None
 
 
 def run_setting(args: argparse.Namespace, setting: str, stem: Path) -> dict[str, Any]:

@@ -28,6 +28,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from qwenquant.evaluate.report import as_offline, parse_report
+
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / ".venv-vllm" / "qwenquant-vllm.json"
 
@@ -63,7 +65,7 @@ def _served_eval(argv: list[str], env: dict[str, str], url: str, log: Path) -> d
         except RuntimeError as e:
             raise RuntimeError(f"{e}; see {log}") from None
         r = qq("eval", "served", url, "--json", env=env)
-        return json.loads(r.stdout) if r.stdout else {"error": r.stderr[-2000:]}
+        return parse_report(r.stdout, "eval served --json").to_json() if r.stdout else {"error": r.stderr[-2000:]}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=120)
@@ -134,7 +136,7 @@ def main() -> int:
         assert q.returncode == 0, q.stderr[-3000:]
     e = qq("eval", "offline", str(art), "--reference", str(src), "--windows", str(a.windows), "--json", env=env)
     assert e.returncode == 0, e.stderr[-3000:]
-    result = {"offline": json.loads(e.stdout), "served": {}}
+    result = {"offline": parse_report(e.stdout, "eval offline --json").to_json(), "served": {}}
     if not a.no_serve and LAUNCHER.exists():
         for name, model in (("artifact", art), ("bf16", src)):
             port = _port()
@@ -148,22 +150,19 @@ def main() -> int:
 
 def table(result: dict) -> str:
     """Markdown: one row per arm (perplexity, delta, KL, top-1), then the head and MTP rows."""
-    off = result["offline"]
+    off = as_offline(result["offline"])
     rows = [
         "| arm | perplexity | delta vs bf16 [95% CI] | windows worse | KL (nats) | top-1 |",
         "|---|---|---|---|---|---|",
-        f"| bf16 source | {off['arms']['reference']['ppl']:.3f} | | | | |",
+        f"| bf16 source | {off.arms.reference.ppl:.3f} | | | | |",
     ]
-    for name in ("w4a16-body", "w4a16+rtn-head", "artifact"):
-        x = off["arms"][name]
+    for name, x in off.arms.compared()[:3]:  # w4a16-body, w4a16+rtn-head, artifact
         rows.append(
-            f"| {name} | {x['ppl']:.3f} | {x['delta_pct']:+.2f}% [{x['ci95_pct'][0]:+.2f}, {x['ci95_pct'][1]:+.2f}] | "
-            f"{x['windows_worse']}/{x['windows']} | {x['kl']:.4f} | {100 * x['top1']:.1f}% |"
+            f"| {name} | {x.ppl:.3f} | {x.delta_pct:+.2f}% [{x.ci95_pct[0]:+.2f}, {x.ci95_pct[1]:+.2f}] | "
+            f"{x.windows_worse}/{x.windows} | {x.kl:.4f} | {100 * x.top1:.1f}% |"
         )
-    h = off["lm_head"]
-    rows.append(
-        f"\nlm_head alone: KL rtn {h['rtn']['kl']:.4f}, calibrated {h['gptq']['kl']:.4f} (ratio {h['ratio']:.3f})"
-    )
+    h = off.lm_head
+    rows.append(f"\nlm_head alone: KL rtn {h.rtn.kl:.4f}, calibrated {h.gptq.kl:.4f} (ratio {h.ratio:.3f})")
     for name, s in result["served"].items():
         m = s.get("mtp", {})
         pos = ", ".join(f"{k}: {100 * v:.1f}%" for k, v in m.get("per_position", {}).items() if v is not None)

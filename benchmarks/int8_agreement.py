@@ -64,6 +64,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from qwenquant.errors import UsageError
+from qwenquant.evaluate.report import ServedReport, parse_report
+
 from benchmarks.serving import (
     REPO,
     cli_env,
@@ -188,15 +191,17 @@ def serve_setting(a: argparse.Namespace, setting: str, ids: Any, port: int) -> d
             out["served"] = served_logprobs(base, served_model(base), ids)
             r = qwenquant_cli("eval", "served", base, "--json", env=env, timeout=900)
             try:
-                rep = json.loads(r.stdout)
+                rep = parse_report(r.stdout, "eval served --json")
+                if not isinstance(rep, ServedReport):
+                    raise ValueError(f"eval served --json printed a report of kind {rep.kind}")
                 out["eval_served"] = {
                     "exit": r.returncode,
-                    "cases_passed": sum(t["passed"] for t in rep["tasks"]),
-                    "cases": sum(t["total"] for t in rep["tasks"]),
-                    "mtp": rep.get("mtp"),
-                    "failures": rep.get("failures"),
+                    "cases_passed": sum(t.passed for t in rep.tasks),
+                    "cases": sum(t.total for t in rep.tasks),
+                    "mtp": rep.mtp.to_json(),
+                    "failures": rep.failures,
                 }
-            except (ValueError, KeyError) as e:
+            except (ValueError, UsageError) as e:
                 out["eval_served"] = {
                     "exit": r.returncode,
                     "error": f"{type(e).__name__}: {e}",

@@ -33,6 +33,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from qwenquant.errors import UsageError
+from qwenquant.evaluate.report import parse_report
+
 REPO = Path(__file__).resolve().parents[1]
 ARMS = (("bf16 MTP head", "tiny-reference"), ("int4 MTP head", "tiny-reference-int4mtp"))
 GOAL_MAL = 0.03  # mean acceptance length of the int4 head within 3% of the bf16 head's
@@ -178,8 +181,8 @@ def measure(a: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
         r = qq([*serve, "--", *extra] if extra else serve, log, a.timeout)
         arm["eval_exit"] = r.returncode
         try:
-            arm["served"] = json.loads(r.stdout)
-        except json.JSONDecodeError:
+            arm["served"] = parse_report(r.stdout, "eval served --serve --json").to_json()
+        except UsageError:
             arm["error"] = failed("eval --serve", r, log) + " (no report)"
     out["comparison"] = compare(out["arms"])
     return out

@@ -251,4 +251,6 @@ def _is_a(value: Any, hint: Any) -> bool:
 def _type_name(hint: Any) -> str:
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         return " or ".join(_type_name(h) for h in typing.get_args(hint))
+    if hasattr(hint, "model_validate"):
+        return "an object"
     return _JSON_NAMES.get(typing.get_origin(hint) or hint, str(hint))

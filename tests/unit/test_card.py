@@ -454,3 +454,29 @@ def test_a_hand_edited_long_report_is_refused_naming_the_field(
     with pytest.raises(UsageError, match="the report was edited") as e:
         _card(art, [bad])
     assert f"report {bad}: {said}" in str(e.value)
+
+
+def test_versioned_eval_reports_are_read_typed_and_a_wrong_leaf_is_refused(tmp_path: Path) -> None:
+    """Reports of schema_version 1 go on the card through their typed loaders: the figures are the typed
+    report's, its command and machine its fields; a part edited to another type is refused naming its path."""
+    from test_eval_report import documents
+
+    from qwenquant.evaluate.report import OfflineReport, ServedReport
+
+    art = _artifact(tmp_path)
+    root = load_manifest(art).root_digest
+    offline = {**documents()["offline-text-set"], "root_digest": root}
+    served = documents()["served-everything"]
+    served = {**served, "root_digest": root, "served": {**served["served"], "artifact_root_digest": root}}
+    _write(report_path(art, root, "eval"), offline)
+    _write(report_path(art, root, "eval-served"), served)
+    card, reps, _ = _card(art)
+    assert [type(r.typed) for r in reps] == [OfflineReport, ServedReport]
+    figures = {f["label"]: f for f in card.record["figures"]}
+    assert figures["perplexity vs bf16 source"]["text"] == "+0.36%"
+    assert figures["perplexity vs bf16 source"]["machine"] == "cuda, dense forward"
+    assert figures["task copy: exact-match passed"]["text"] == "5/5 (needs 5)"
+    assert figures["task copy: exact-match passed"]["machine"] == "cpu, vLLM 0.32.0"
+    bad = _write(tmp_path / "bad.json", {**offline, "mtp": {**offline["mtp"], "change_pct": "0.04"}})
+    with pytest.raises(UsageError, match=r"^report .*bad\.json: mtp\.change_pct is \"0\.04\""):
+        _card(art, [bad])

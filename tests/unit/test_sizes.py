@@ -18,8 +18,6 @@ KNOWN_MODULES: dict[str, str] = {
     "serve/launchplan.py": "ruff format grew it past the limit; to be split",
 }
 KNOWN_FUNCTIONS: dict[str, str] = {
-    "evaluate/offline.py:run_offline": "ruff format grew it past the limit; to be split",
-    "publish/run.py:_to_hub": "ruff format grew it past the limit; to be split",
     "quantize/engine/build.py:run_streamed_gptq": "ruff format grew it past the limit; to be split",
     "quantize/graft.py:graft_mtp": "ruff format grew it past the limit; to be split",
     "quantize/stages/gptq.py:run_gptq": "ruff format grew it past the limit; to be split",

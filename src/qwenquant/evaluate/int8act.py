@@ -29,6 +29,7 @@ from torch import nn
 
 from qwenquant.check.activations import SCALE_STEPS  # marlin_act_int8_process_scales' grid: s / s.max() * 4096
 from qwenquant.check.rules import PART_OF  # vLLM's packed_modules_mapping (tests/integration/test_fused_map_vllm.py)
+from qwenquant.evaluate.reportparts import Int8Linears
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +174,7 @@ def swap_linears(root: nn.Module, modules: dict[str, Int8ActLinear], prefix: str
     return done
 
 
-def int8_counts(swapped: list[str], lm_head: bool) -> dict[str, Any]:
+def int8_counts(swapped: list[str], lm_head: bool) -> Int8Linears:
     """Which int4 Linears an int8 arm ran with int8 inputs (pure): body and MTP-head modules, the lm_head."""
     mtp = sum(1 for name in swapped if name.startswith("mtp."))
-    return {"body": len(swapped) - mtp, "mtp_head": mtp, "lm_head": lm_head}
+    return Int8Linears(body=len(swapped) - mtp, mtp_head=mtp, lm_head=lm_head)

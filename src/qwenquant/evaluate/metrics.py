@@ -1,4 +1,4 @@
-"""Paired quality figures over evaluation windows (pure torch/math, no I/O)."""
+"""Paired quality figures over evaluation windows (pure torch/math, no I/O; the KL tail as its typed report part)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from qwenquant.evaluate.reportparts import KlPeak, KlTailSupport
 
 Z95 = 1.959964  # two-sided 95% normal quantile (the limit of `t_quantile` as the windows grow)
 KL_TAIL = (("kl_p99", 0.99), ("kl_p999", 0.999))  # per-token KL quantiles the report gives beside the mean
@@ -88,7 +90,7 @@ def kl_tail(per_token: torch.Tensor) -> dict[str, float]:
     return {k: float(torch.quantile(v, q)) for k, q in KL_TAIL}
 
 
-def kl_tail_support(per_token: torch.Tensor, q: float = 0.999, resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
+def kl_tail_support(per_token: torch.Tensor, q: float = 0.999, resamples: int = 1000, seed: int = 0) -> KlTailSupport:
     """What the per-token KL quantile `q` of `per_token` [windows, tokens] rests on: its 95% interval
     over windows (percentile bootstrap, windows resampled with replacement, fixed seed), how many
     windows hold tokens above it, the share of those tokens in the window holding most of them, and
@@ -103,15 +105,15 @@ def kl_tail_support(per_token: torch.Tensor, q: float = 0.999, resamples: int = 
     lo, hi = (float(torch.quantile(boots, x)) for x in (0.025, 0.975))
     top = int(above.argmax())
     flat = int(v.argmax())
-    return {
-        "value": threshold,
-        "ci95": [lo, hi],
-        "windows_above": int((above > 0).sum()),
-        "windows": n,
-        "top_window": top,
-        "top_window_share": float(above[top] / above.sum()) if above.sum() > 0 else 0.0,
-        "max": {"window": flat // v.shape[1], "token": flat % v.shape[1], "kl": float(v.flatten()[flat])},
-    }
+    return KlTailSupport(
+        value=threshold,
+        ci95=(lo, hi),
+        windows_above=int((above > 0).sum()),
+        windows=n,
+        top_window=top,
+        top_window_share=float(above[top] / above.sum()) if above.sum() > 0 else 0.0,
+        max=KlPeak(window=flat // v.shape[1], token=flat % v.shape[1], kl=float(v.flatten()[flat])),
+    )
 
 
 def window_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Served retrieval at depth: a fact (a six-digit code) planted at several depths of shipped filler
 text, for prompts doubling from `min_tokens` up to the server's max_model_len (the promised context),
 greedy, thinking off. Every length is counted by the server (`/tokenize`, and the answer's
-`usage.prompt_tokens`); a depth passes when the answer holds the code. Standard library only.
+`usage.prompt_tokens`); a depth passes when the answer holds the code. Standard library and the typed report
+parts (reportparts).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 from typing import Any
 
 from qwenquant.errors import BenchError, UsageError
+from qwenquant.evaluate.reportparts import Needle
 from qwenquant.evaluate.served import server_hint
 from qwenquant.net.http import HttpError, fetch, post_json
 
@@ -123,7 +125,7 @@ def _case(spec: dict[str, Any], count: _Counter, target: int, depth: float, k: i
 
 def run_needle(
     url: str, spec: dict[str, Any], model: str, api_key: str | None = None, max_len: int | None = None
-) -> dict[str, Any]:
+) -> Needle:
     """Every (length, depth) case of `spec` through /v1/chat/completions; pass/fail per depth."""
     url = url.rstrip("/")
     count = _Counter(url, model, api_key)
@@ -144,14 +146,16 @@ def run_needle(
             case = _case(spec, count, target, depth, k)
             k += 1
             rows.append(_ask(url, model, api_key, case, depth, spec.get("answer_tokens", 24)))
-    return {
-        "gate": spec.get("name", "needle"),
-        "max_model_len": promised,
-        "limit": limit,
-        "depths": rows,
-        "passed": sum(r["passed"] for r in rows),
-        "total": len(rows),
-    }
+    return Needle.model_validate(
+        {
+            "gate": spec.get("name", "needle"),
+            "max_model_len": promised,
+            "limit": limit,
+            "depths": rows,
+            "passed": sum(r["passed"] for r in rows),
+            "total": len(rows),
+        }
+    )
 
 
 def _ask(url: str, model: str, api_key: str | None, case: dict[str, Any], depth: float, answer: int) -> dict[str, Any]:
@@ -189,12 +193,12 @@ NO_DEPTH_PASSED = (
 )
 
 
-def needle_failures(report: dict[str, Any]) -> list[str]:
+def needle_failures(needle: Needle) -> list[str]:
     """One line per failing depth (and NO_DEPTH_PASSED first when none passed)."""
-    out = [NO_DEPTH_PASSED] if report["depths"] and not report["passed"] else []
-    for r in report["depths"]:
-        if r["passed"]:
+    out = [NO_DEPTH_PASSED] if needle.depths and not needle.passed else []
+    for r in needle.depths:
+        if r.passed:
             continue
-        why = r.get("error") or f"answer {r.get('answer', '')!r} lacks {r['expect']}"
-        out.append(f"needle at depth {r['needle_tokens']:,} of {r['prompt_tokens']:,} tokens ({r['depth']:g}): {why}")
+        why = r.error or f"answer {r.answer or ''!r} lacks {r.expect}"
+        out.append(f"needle at depth {r.needle_tokens:,} of {r.prompt_tokens:,} tokens ({r.depth:g}): {why}")
     return out

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 from qwenquant.evaluate import metrics
 from qwenquant.evaluate.forward import DenseForward, TextForward
 from qwenquant.evaluate.longwindow import POSITION_CHUNK
+from qwenquant.evaluate.reportparts import Arm, Arms, Int8Arm, Int8Linears, LmHead, Mtp, OfflineFigures
 from qwenquant.evaluate.texts import window_text
 from qwenquant.evaluate.weights import dequantize, load_dense, raw_tensors, read_config, rtn_head, text_config
 
@@ -42,7 +44,8 @@ log = logging.getLogger(__name__)
 ARMS = ("w4a16-body", "w4a16+rtn-head", "artifact")
 INT8_ARM = "artifact+int8-act"
 # the int8 arm: its forward and its lm_head (hidden [B, L, H] -> logits)
-Int8Arm = tuple[TextForward, Callable[[torch.Tensor], torch.Tensor]]
+Int8Run = tuple[TextForward, Callable[[torch.Tensor], torch.Tensor]]
+PeakText = Callable[[int, int], str]  # (window, token) -> the text a per-token KL follows
 
 
 def _mtp_drafts(
@@ -124,7 +127,7 @@ def _chunk_stats(
 
 
 def _batch_stats(
-    ref: TextForward, art: TextForward, heads: dict[str, torch.Tensor], ids: torch.Tensor, int8: Int8Arm | None = None
+    ref: TextForward, art: TextForward, heads: dict[str, torch.Tensor], ids: torch.Tensor, int8: Int8Run | None = None
 ) -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor]:
     """Per-window figures of every arm for one batch, and the reference's hidden states (for the head test).
     The logits exist POSITION_CHUNK positions at a time (a 128K window's logits over a 248k vocabulary would
@@ -154,25 +157,18 @@ def _batch_stats(
     return stats, h_ref[:, :-1].reshape(-1, h_ref.shape[-1]).cpu()
 
 
-def evaluate_forwards(
-    ref: TextForward,
-    art: TextForward,
-    heads: dict[str, torch.Tensor],
-    windows: torch.Tensor,
-    *,
-    batch: int = 8,
-    int8: Int8Arm | None = None,
-) -> dict[str, Any]:
-    """Every figure of the report from two forwards, the three heads and the windows [N, L] (and the
-    int8-activation arm's, given its forward and head)."""
+def evaluate_forwards(fw: Forwards, windows: torch.Tensor, peak_text: PeakText | None = None) -> OfflineFigures:
+    """Every figure of the report from the two forwards, the three heads and the windows [N, L] (and the
+    int8-activation arm's, given its forward and head); `peak_text(window, token)`: the text the largest
+    per-token KL follows."""
     from qwenquant.console import timed
     from qwenquant.modeling.head_quality import compare_heads
 
     per: dict[str, dict[str, list[torch.Tensor]]] = {}
     hidden = []
     with timed(log, f"eval: logits, perplexity, KL and MTP of {windows.shape[0]} windows"):
-        for i in range(0, windows.shape[0], batch):
-            stats, h = _batch_stats(ref, art, heads, windows[i : i + batch], int8)
+        for i in range(0, windows.shape[0], fw.batch):
+            stats, h = _batch_stats(fw.ref, fw.art, fw.heads, windows[i : i + fw.batch], fw.int8)
             hidden.append(h)
             for arm, figs in stats.items():
                 for k, v in figs.items():
@@ -180,47 +176,52 @@ def evaluate_forwards(
     cat = {arm: {k: torch.cat(v) for k, v in figs.items()} for arm, figs in per.items()}
     ref_nll = cat["reference"]["nll"]
     arms: dict[str, Any] = {"reference": {"ppl": metrics.paired_ppl(ref_nll, ref_nll)["ppl"]}}
-    for arm in ARMS:
-        kl, kl_ci = metrics.mean_ci95(cat[arm]["kl"])
-        arms[arm] = {
-            **metrics.paired_ppl(ref_nll, cat[arm]["nll"]),
-            "kl": kl,
-            "kl_ci95": kl_ci,
-            **metrics.kl_tail(cat[arm]["kl_tokens"]),
-            "top1": float(cat[arm]["top1"].mean()),
-        }
-    if INT8_ARM in cat:
-        arms[INT8_ARM] = int8_figures(ref_nll, cat["artifact"]["nll"], cat[INT8_ARM])
+    arms |= {arm: _figures(ref_nll, cat[arm]) for arm in ARMS}
+    if INT8_ARM in cat:  # outputs whose int32 accumulator would wrap in Marlin (0 expected)
+        arms[INT8_ARM] = int8_figures(ref_nll, cat["artifact"]["nll"], cat[INT8_ARM]).model_copy(
+            update={"int32_overflows": fw.overflows(), "int8_linears": fw.int8_linears}
+        )
     # the artifact's KL p99.9 rests on a few tokens: its interval over windows and where they are
-    arms["artifact"]["kl_p999_support"] = metrics.kl_tail_support(cat["artifact"]["kl_tokens"])
-    mtp = mtp_figures(cat)
+    support = metrics.kl_tail_support(cat["artifact"]["kl_tokens"])
+    text = peak_text(support.max.window, support.max.token) if peak_text is not None else None
+    if text is not None:
+        support = support.model_copy(update={"max": support.max.model_copy(update={"text": text})})
+    arms["artifact"] = Arm.model_validate(arms["artifact"]).model_copy(update={"kl_p999_support": support})
     held = torch.cat(hidden)
     # on the heads' own device: a .cpu() copy of three float32 27B heads is 15 GB of host memory
     with timed(log, f"eval: lm_head alone on {held.shape[0]} held-out states"):
-        head = compare_heads(
-            heads["reference"], heads["rtn"], heads["artifact"], held, device=heads["reference"].device
-        )
-    head["ratio"] = head["gptq"]["kl"] / head["rtn"]["kl"] if head["rtn"]["kl"] > 0 else None
-    return {"arms": arms, "lm_head": head, "mtp": mtp}
+        h = fw.heads
+        head = compare_heads(h["reference"], h["rtn"], h["artifact"], held, device=h["reference"].device)
+    ratio = head["gptq"]["kl"] / head["rtn"]["kl"] if head["rtn"]["kl"] > 0 else None
+    return OfflineFigures(
+        arms=Arms.model_validate(arms), lm_head=LmHead.model_validate({**head, "ratio": ratio}), mtp=mtp_figures(cat)
+    )
 
 
-def int8_figures(ref_nll: torch.Tensor, art_nll: torch.Tensor, per: dict[str, torch.Tensor]) -> dict[str, Any]:
+def _figures(base_nll: torch.Tensor, per: dict[str, torch.Tensor], suffix: str = "") -> dict[str, Any]:
+    """One arm against a base: paired perplexity, KL mean with its interval and tail, top-1 agreement."""
+    kl, kl_ci = metrics.mean_ci95(per["kl" + suffix])
+    return {
+        **metrics.paired_ppl(base_nll, per["nll"]),
+        "kl": kl,
+        "kl_ci95": kl_ci,
+        **metrics.kl_tail(per["kl_tokens" + suffix]),
+        "top1": float(per["top1" + suffix].mean()),
+    }
+
+
+def int8_figures(ref_nll: torch.Tensor, art_nll: torch.Tensor, per: dict[str, torch.Tensor]) -> Int8Arm:
     """Pure: the int8-activation arm against the reference (the other arms' keys) and, under
-    `vs_artifact`, against the artifact: paired perplexity, KL mean and tail, top-1 agreement."""
-    out: dict[str, Any] = {}
-    for suffix, base, into in (("", ref_nll, out), ("_vs_artifact", art_nll, out.setdefault("vs_artifact", {}))):
-        kl, kl_ci = metrics.mean_ci95(per["kl" + suffix])
-        into.update(
-            **metrics.paired_ppl(base, per["nll"]),
-            kl=kl,
-            kl_ci95=kl_ci,
-            **metrics.kl_tail(per["kl_tokens" + suffix]),
-            top1=float(per["top1" + suffix].mean()),
-        )
-    return out
+    `vs_artifact`, against the artifact: paired perplexity, KL mean and tail, top-1 agreement (its int32
+    overflows and int8 Linears, counted by the run, 0 and none here)."""
+    vs = _figures(art_nll, per, "_vs_artifact")
+    none = Int8Linears(body=0, mtp_head=0, lm_head=False)
+    return Int8Arm.model_validate(
+        {**_figures(ref_nll, per), "vs_artifact": vs, "int32_overflows": 0, "int8_linears": none}
+    )
 
 
-def mtp_figures(cat: dict[str, dict[str, torch.Tensor]]) -> dict[str, Any]:
+def mtp_figures(cat: dict[str, dict[str, torch.Tensor]]) -> Mtp:
     """Pure: MTP t+2 agreement per arm (mean, t interval over windows, first-draft acceptance length),
     the change vs the reference, and the int4 vs bf16 MTP head on the same windows (paired, in points,
     and the share of positions where both heads draft the same token)."""
@@ -248,7 +249,7 @@ def mtp_figures(cat: dict[str, dict[str, torch.Tensor]]) -> dict[str, Any]:
         mtp["int4_vs_bf16"] = {"delta_points": 100 * delta, "ci95_points": [100 * ci[0], 100 * ci[1]]}
         if "mtp_same_draft" in cat["artifact"]:  # how often the two heads draft the very same token
             mtp["int4_vs_bf16"]["same_draft"] = float(cat["artifact"]["mtp_same_draft"].mean())
-    return mtp
+    return Mtp.model_validate(mtp)
 
 
 # Above this many bytes of source weights eval streams one decoder layer at a time (evaluate/streamed.py):
@@ -267,7 +268,7 @@ def int8_dense_arm(
     tensors: dict[str, torch.Tensor],
     head: torch.Tensor,
     device: str,
-) -> tuple[Int8Arm, list[Any], dict[str, Any]]:
+) -> tuple[Int8Run, list[Any], Int8Linears]:
     """(the int8-activation arm, its int8 Linears, their counts) from the artifact's stored tensors `raw` and
     `config`, and its dequantized `tensors`: the dense forward with every int4 Linear (body, lm_head, MTP head)
     replaced by vLLM's int8-activation arithmetic; bf16 Linears stay as they are."""
@@ -295,6 +296,60 @@ def int8_dense_arm(
     )
 
 
+@dataclass
+class Forwards:
+    """What the measurement runs: both forwards, the heads (reference, rtn, artifact), the batch size, and with
+    int8 activations the int8 arm, its int32 overflow count (read after the run) and its int8 Linears' counts."""
+
+    ref: TextForward
+    art: TextForward
+    heads: dict[str, torch.Tensor]
+    batch: int
+    int8: Int8Run | None = None
+    overflows: Callable[[], int] = lambda: 0
+    int8_linears: Int8Linears | None = None
+
+
+def streamed_arms(reference: Path, artifact: Path, windows: torch.Tensor, device: str, activations: str) -> Forwards:
+    """The arms one decoder layer at a time from the shards (batch 1: a window's logits over a 248k vocabulary
+    are 0.25 GB, and the KL holds a few such)."""
+    from qwenquant.evaluate.longwindow import memory_line
+    from qwenquant.evaluate.streamed import streamed_forwards
+
+    log.info(
+        "eval: %s",
+        memory_line(
+            text_config(read_config(reference)),
+            int(windows.shape[1]),
+            int(windows.shape[0]),
+            arms=3 if activations == "int8" else 2,
+        ),
+    )
+    ref, art, heads, extra = streamed_forwards(reference, artifact, windows, device=device, int8=activations == "int8")
+    arms = Forwards(ref, art, heads, batch=1)
+    if extra is not None:
+        arms.int8, arms.overflows, arms.int8_linears = (extra[0], extra[1]), extra[2].flush, extra[2].counts
+    return arms
+
+
+def dense_arms(reference: Path, artifact: Path, device: str, activations: str, batch: int) -> Forwards:
+    """The arms over dense float weights on `device`."""
+    ref_cfg, ref_t = load_dense(reference)
+    art_config, art_raw = read_config(artifact), raw_tensors(artifact)  # read once: the int8 arm needs the codes
+    art_cfg, art_t = text_config(art_config), dequantize(art_raw, art_config)
+    heads = {
+        "reference": ref_t["lm_head.weight"],
+        "rtn": rtn_head(ref_t["lm_head.weight"]),
+        "artifact": art_t["lm_head.weight"],
+    }
+    heads = {k: v.float().to(device) for k, v in heads.items()}
+    arms = Forwards(DenseForward(ref_cfg, ref_t, device), DenseForward(art_cfg, art_t, device), heads, batch=batch)
+    if activations == "int8":
+        arms.int8, mods, arms.int8_linears = int8_dense_arm(art_raw, art_config, art_t, heads["artifact"], device)
+        arms.overflows = lambda: sum(m.overflows for m in mods)
+    return arms
+
+
 def run_offline(
     reference: Path,
     artifact: Path,
@@ -311,49 +366,14 @@ def run_offline(
     start = time.monotonic()
     if streamed is None:
         streamed = weight_bytes(reference) > STREAM_ABOVE_BYTES
-    int8: Int8Arm | None = None
-    overflows: Callable[[], int] = lambda: 0  # the int8 arm's int32 overflows, counted after the run
-    int8_linears: dict[str, Any] = {}
-    if streamed:
-        from qwenquant.evaluate.longwindow import memory_line
-        from qwenquant.evaluate.streamed import streamed_forwards
-
-        log.info(
-            "eval: %s",
-            memory_line(
-                text_config(read_config(reference)),
-                int(windows.shape[1]),
-                int(windows.shape[0]),
-                arms=3 if activations == "int8" else 2,
-            ),
-        )
-        ref, art, heads, extra = streamed_forwards(
-            reference, artifact, windows, device=device, int8=activations == "int8"
-        )
-        if extra is not None:
-            int8, overflows, int8_linears = (extra[0], extra[1]), extra[2].flush, extra[2].counts
-        batch = 1  # a window's logits over a 248k vocabulary are 0.25 GB, and the KL holds a few such
-    else:
-        ref_cfg, ref_t = load_dense(reference)
-        art_config, art_raw = read_config(artifact), raw_tensors(artifact)  # read once: the int8 arm needs the codes
-        art_cfg, art_t = text_config(art_config), dequantize(art_raw, art_config)
-        heads = {
-            "reference": ref_t["lm_head.weight"],
-            "rtn": rtn_head(ref_t["lm_head.weight"]),
-            "artifact": art_t["lm_head.weight"],
-        }
-        heads = {k: v.float().to(device) for k, v in heads.items()}
-        ref, art = DenseForward(ref_cfg, ref_t, device), DenseForward(art_cfg, art_t, device)
-        if activations == "int8":
-            int8, mods, int8_linears = int8_dense_arm(art_raw, art_config, art_t, heads["artifact"], device)
-            overflows = lambda: sum(m.overflows for m in mods)
-    report = evaluate_forwards(ref, art, heads, windows, batch=batch, int8=int8)
-    if int8 is not None:  # outputs whose int32 accumulator would wrap in Marlin (0 expected)
-        report["arms"][INT8_ARM]["int32_overflows"] = overflows()
-        report["arms"][INT8_ARM]["int8_linears"] = int8_linears
-    top = report["arms"]["artifact"]["kl_p999_support"]["max"]
+    arms = (
+        streamed_arms(reference, artifact, windows, device, activations)
+        if streamed
+        else dense_arms(reference, artifact, device, activations, batch)
+    )
     # the text the largest per-token KL rests on: up to 16 tokens of context and the token predicted
-    top["text"] = window_text(reference, windows[top["window"], max(0, top["token"] - 15) : top["token"] + 2])
+    figures = evaluate_forwards(arms, windows, lambda w, t: window_text(reference, windows[w, max(0, t - 15) : t + 2]))
+    report = figures.to_json()
     report.update(
         windows=int(windows.shape[0]),
         window_len=int(windows.shape[1]),

@@ -4,11 +4,31 @@ the typed, versioned report per kind (`OfflineReport`, `ServedReport`: `to_json`
 
 from __future__ import annotations
 
+import functools
+import json
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from pydantic import TypeAdapter, ValidationError
+
+from qwenquant.evaluate.reportparts import (
+    Acceptance,
+    Arms,
+    Goals,
+    LmHead,
+    Mtp,
+    Needle,
+    Part,
+    ReferenceCheck,
+    ServedMachine,
+    SpecCheck,
+    Task,
+    TextSource,
+    Tools,
+)
 from qwenquant.reportdoc import DocKind
 
 if TYPE_CHECKING:
@@ -44,20 +64,68 @@ DOC = DocKind("eval", "kind", SCHEMA_VERSION, "an eval report")
 TEXT_KEYS = ("text", "text_set", "repo", "revision", "file", "sha256", "license")  # where the windows came from
 
 
+class PartError(ValueError):
+    """A report field that is not its part's JSON: the dotted path of the first wrong key and why."""
+
+    def __init__(self, name: str, e: ValidationError) -> None:
+        err = e.errors()[0]
+        self.where = ".".join([name, *(str(x) for x in err["loc"])])
+        self.type, self.input = err["type"], err.get("input")
+        self.msg = err["msg"][:1].lower() + err["msg"][1:]
+        super().__init__(f"{self.where}: {self.msg}")
+
+
+@functools.cache
+def _part_adapters(cls: type) -> dict[str, TypeAdapter[Any]]:
+    """{field: its validator} of the fields of `cls` whose type holds a report part."""
+
+    def holds_part(hint: Any) -> bool:
+        if isinstance(hint, type) and issubclass(hint, Part):
+            return True
+        return any(holds_part(h) for h in typing.get_args(hint))
+
+    hints = typing.get_type_hints(cls)
+    return {f.name: TypeAdapter(hints[f.name]) for f in fields(cls) if holds_part(hints[f.name])}
+
+
+def _plain(value: Any) -> Any:
+    """A field's JSON value: a part (or a list of parts) as its JSON object."""
+    if isinstance(value, Part):
+        return value.to_json()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
 @dataclass(kw_only=True)
 class EvalReport:
     """One eval report: its fields are the versioned JSON's top-level keys (`to_json`); `from_json` reads
-    one back, refusing another schema_version or an unknown kind. Fields in `OPTIONAL` are left out of
-    the JSON when None (a served run without --tools has no `tools` key)."""
+    one back, refusing another schema_version, an unknown kind or a part that is not its typed JSON. Fields in
+    `OPTIONAL` are left out of the JSON when None (a served run without --tools has no `tools` key). A part
+    field given a JSON object (a run's result) holds it typed (reportparts)."""
 
     schema_version: int = SCHEMA_VERSION
     kind: ClassVar[str] = ""
     OPTIONAL: ClassVar[tuple[str, ...]] = ()
 
+    # fields kept as JSON objects, each checked against its part when set (name: the part)
+    CHECKED: ClassVar[dict[str, type[Part]]] = {}
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        adapter = _part_adapters(type(self)).get(name)
+        try:
+            if adapter is not None:
+                value = adapter.validate_python(value)
+            elif name in self.CHECKED and value is not None:
+                self.CHECKED[name].model_validate(value)
+        except ValidationError as e:
+            raise PartError(name, e) from None
+        super().__setattr__(name, value)
+
     def to_json(self) -> dict[str, Any]:
         """The JSON document (written with sorted keys)."""
         out = {
-            f.name: getattr(self, f.name)
+            f.name: _plain(getattr(self, f.name))
             for f in fields(self)
             if not (f.name in self.OPTIONAL and getattr(self, f.name) is None)
         }
@@ -65,12 +133,14 @@ class EvalReport:
 
     @classmethod
     def of(cls, result: dict[str, Any]) -> Self:
-        """The report of a run's measured `result` (its keys are the fields; TypeError names one that is not)."""
+        """The report of a run's measured `result` (its keys are the fields; TypeError names one that is not,
+        PartError a part that is not its typed JSON)."""
         return cls(**{k: v for k, v in result.items() if k not in ("kind", "schema_version")})
 
     @classmethod
     def from_json(cls, data: Any, source: str = "report") -> EvalReport:
-        """The typed report of a JSON document `source` holds (exit 2 on another schema_version, kind or field)."""
+        """The typed report of a JSON document `source` holds (exit 2 on another schema_version, kind or field,
+        or a part whose keys or types are not the report's)."""
         kind = DOC.report_class(
             data,
             source,
@@ -79,11 +149,23 @@ class EvalReport:
             extra=frozenset(TEXT_KEYS) if data.get("kind") == "offline" else frozenset(),
             not_required=frozenset({"text_source"}),
         )
-        return kind.of(data)
+        try:
+            return kind.of(data)
+        except PartError as e:
+            what = (
+                "is missing from"
+                if e.type == "missing"
+                else "is not a field of"
+                if e.type == "extra_forbidden"
+                else f"is {json.dumps(e.input)[:40]} ({e.msg}), not what"
+            )
+            raise DOC.refuse(
+                source, e.where, f"{what} {DOC.a_report} of kind {kind.kind} (schema_version {SCHEMA_VERSION})"
+            ) from None
 
     def verdict(self) -> str:
         """The one line saying what the run found."""
-        return verdict_line(self.to_json())
+        raise NotImplementedError
 
 
 @dataclass(kw_only=True)
@@ -91,9 +173,9 @@ class OfflineReport(EvalReport):
     """`qwenquant eval offline`: the arms' figures, lm_head and MTP, what was compared on which text, the goals.
     `text_source` is where the windows came from (TEXT_KEYS), top-level keys in the JSON."""
 
-    arms: dict[str, Any]
-    lm_head: dict[str, Any]
-    mtp: dict[str, Any]
+    arms: Arms
+    lm_head: LmHead
+    mtp: Mtp
     windows: int
     window_len: int
     device: str
@@ -101,21 +183,25 @@ class OfflineReport(EvalReport):
     seconds: float
     artifact: str
     reference: str
-    reference_check: dict[str, Any]
+    reference_check: ReferenceCheck
     root_digest: str
-    text_source: dict[str, Any]
-    goals: dict[str, Any]
+    text_source: TextSource
+    goals: Goals
     activations: str = "bf16"  # int8: the arms include artifact+int8-act (--activations int8)
     kind: ClassVar[str] = "offline"
 
     def to_json(self) -> dict[str, Any]:
         out = super().to_json()
-        return {**{k: v for k, v in out.items() if k != "text_source"}, **self.text_source}
+        return {**{k: v for k, v in out.items() if k != "text_source"}, **self.text_source.to_json()}
 
     @classmethod
     def of(cls, result: dict[str, Any]) -> Self:
         rest = {k: v for k, v in result.items() if k not in TEXT_KEYS}
         return super().of({**rest, "text_source": {k: v for k, v in result.items() if k in TEXT_KEYS}})
+
+    def verdict(self) -> str:
+        missed = [f"{k} {g.value:.3f} (limit {g.max})" for k, g in self.goals.items() if not g.met]
+        return "eval offline: " + ("every goal met" if not missed else "goal NOT met: " + "; ".join(missed))
 
 
 @dataclass(kw_only=True)
@@ -126,18 +212,53 @@ class ServedReport(EvalReport):
     url: str
     model: str
     gate: str | None
-    tasks: list[dict[str, Any]]
-    mtp: dict[str, Any]
+    tasks: list[Task]
+    mtp: Acceptance
     min_acceptance_length: float | None
     failures: list[str]
     ok: bool
+    # --tools, --needle and the server eval started (--serve): JSON objects, checked as Tools, Needle and
+    # ServedMachine (`tools_part`, `needle_part`: typed)
     tools: dict[str, Any] | None = None
     needle: dict[str, Any] | None = None
     served: dict[str, Any] | None = None
     root_digest: str | None = None
-    spec_check: dict[str, Any] | None = None  # --spec-check: greedy with MTP against without (evaluate/speccheck.py)
+    spec_check: SpecCheck | None = None  # --spec-check: greedy with MTP against without (evaluate/speccheck.py)
     kind: ClassVar[str] = "served"
     OPTIONAL: ClassVar[tuple[str, ...]] = ("tools", "needle", "served", "root_digest", "spec_check")
+    CHECKED: ClassVar[dict[str, type[Part]]] = {"tools": Tools, "needle": Needle, "served": ServedMachine}
+
+    @property
+    def tools_part(self) -> Tools | None:
+        return None if self.tools is None else Tools.model_validate(self.tools)
+
+    @property
+    def needle_part(self) -> Needle | None:
+        return None if self.needle is None else Needle.model_validate(self.needle)
+
+    @property
+    def machine(self) -> ServedMachine | None:
+        return None if self.served is None else ServedMachine.model_validate(self.served)
+
+    def verdict(self) -> str:
+        """ok or FAILED, and what ran."""
+        ran = [f"gate {self.gate}: " + ", ".join(f"{t.name} {t.passed}/{t.total}" for t in self.tasks)]
+        ran = ran if self.tasks else []
+        tools, needle = self.tools_part, self.needle_part
+        if tools is not None:
+            ran.append(f"tools {sum(c.ok for c in tools.cases)}/{len(tools.cases)}")
+        if needle is not None:
+            ran.append(f"needle {needle.passed}/{needle.total} depths")
+        mal = self.mtp.mean_acceptance_length
+        ran.append(
+            "MTP not measured"
+            if self.mtp.unavailable
+            else "MTP drafted nothing"
+            if mal is None
+            else f"MTP mean acceptance length {mal:.3f}"
+        )
+        fails = self.failures
+        return f"eval served: {'ok' if not fails else f'FAILED ({len(fails)} problem(s))'}: " + "; ".join(ran)
 
 
 KINDS: dict[str, type[EvalReport]] = {r.kind: r for r in (OfflineReport, ServedReport)}
@@ -149,34 +270,18 @@ def load_report(path: Path) -> EvalReport:
     return EvalReport.from_json(data, f"report {path}")
 
 
-def verdict_line(result: dict[str, Any]) -> str:
-    """One line saying what the run found: goals met or not (offline), ok or FAILED and what ran (served)."""
-    if result.get("kind") == "offline":
-        missed = [
-            f"{k} {g['value']:.3f} (limit {g['max']})" for k, g in result.get("goals", {}).items() if not g["met"]
-        ]
-        return "eval offline: " + ("every goal met" if not missed else "goal NOT met: " + "; ".join(missed))
-    ran = (
-        [f"gate {result.get('gate')}: " + ", ".join(f"{t['name']} {t['passed']}/{t['total']}" for t in result["tasks"])]
-        if result.get("tasks")
-        else []
-    )
-    if "tools" in result:
-        c = result["tools"]["cases"]
-        ran.append(f"tools {sum(x['ok'] for x in c)}/{len(c)}")
-    if "needle" in result:
-        ran.append(f"needle {result['needle']['passed']}/{result['needle']['total']} depths")
-    m = result["mtp"]
-    mal = m.get("mean_acceptance_length")
-    ran.append(
-        "MTP not measured"
-        if m.get("unavailable")
-        else "MTP drafted nothing"
-        if mal is None
-        else f"MTP mean acceptance length {mal:.3f}"
-    )
-    fails = result.get("failures") or []
-    return f"eval served: {'ok' if not fails else f'FAILED ({len(fails)} problem(s))'}: " + "; ".join(ran)
+def parse_report(text: str | bytes, source: str) -> EvalReport:
+    """The typed report `qwenquant eval ... --json` printed (`text`), checked as load_report checks a file
+    (exit 2 naming `source` and the field)."""
+    from qwenquant.errors import UsageError
+
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise UsageError(
+            f"{source} is not JSON ({e})".splitlines()[0], hint="pass what `qwenquant eval` printed"
+        ) from None
+    return EvalReport.from_json(data, source)
 
 
 def report_path(artifact: Path, root_digest: str, kind: str = "eval") -> Path:
@@ -202,129 +307,29 @@ def served_kind(activations: str | None, profile: str | None, extra_vllm_flags: 
     return "eval-served-" + ".".join([acts, *parts])
 
 
-def _pct(x: float) -> str:
-    return f"{x:+.2f}%"
+def as_offline(report: OfflineReport | dict[str, Any]) -> OfflineReport:
+    """The typed offline report of `report` (its JSON document: read as `from_json` reads a file)."""
+    return report if isinstance(report, OfflineReport) else typing.cast(OfflineReport, OfflineReport.from_json(report))
 
 
-TABLE_COLUMNS = (
-    "arm",
-    "perplexity",
-    "delta vs bf16",
-    "95% CI (t)",
-    "worse windows",
-    "KL (nats)",
-    "KL p99",
-    "KL p99.9",
-    "top-1",
-)
-
-
-def table_rows(report: dict[str, Any]) -> list[list[str]]:
-    """The offline table's cells, as printed (the terminal table and the README's are these)."""
-    arms = report["arms"]
-    rows = [["reference (bf16)", f"{arms['reference']['ppl']:.3f}"] + [""] * 7]
-    order = ("w4a16-body", "w4a16+rtn-head", "artifact")  # the JSON's keys come back sorted
-    for name in sorted((n for n in arms if n != "reference"), key=lambda n: (order.index(n) if n in order else 9, n)):
-        a = arms[name]
-        lo, hi = a["ci95_pct"]
-        tail = [f"{a[k]:.4f}" if k in a else "" for k in ("kl_p99", "kl_p999")]  # reports written before the tail
-        rows.append(
-            [
-                name,
-                f"{a['ppl']:.3f}",
-                _pct(a["delta_pct"]),
-                f"[{_pct(lo)}, {_pct(hi)}]",
-                f"{a['windows_worse']}/{a['windows']}",
-                f"{a['kl']:.5f}",
-                *tail,
-                f"{100 * a['top1']:.2f}%",
-            ]
-        )
-    return rows
-
-
-def offline_table(report: dict[str, Any]) -> Any:
+def offline_table(report: OfflineReport | dict[str, Any]) -> Any:
     """A rich Table of the offline figures."""
-    from rich.table import Column, Table
+    from qwenquant.evaluate import reporttext
 
-    t = Table(
-        Column(TABLE_COLUMNS[0], no_wrap=True),
-        *TABLE_COLUMNS[1:],
-        title=f"eval: {report['windows']} windows x {report['window_len']} tokens",
-    )
-    for row in table_rows(report):
-        t.add_row(*row)
-    return t
+    r = as_offline(report)
+    return reporttext.offline_table(r.arms, r.windows, r.window_len)
 
 
-def markdown_table(report: dict[str, Any]) -> str:
+def markdown_table(report: OfflineReport | dict[str, Any]) -> str:
     """The offline table as Markdown (the README's quality table)."""
-    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in table_rows(report)]) + "\n"
+    from qwenquant.evaluate import reporttext
+
+    return reporttext.markdown_table(as_offline(report).arms)
 
 
-def kl_tail_line(t: dict[str, Any]) -> str:
-    """The artifact's KL p99.9 with its interval and the windows and text it rests on."""
-    lo, hi = t["ci95"]
-    top = t["max"]
-    text = f", after {top['text']!r}" if top.get("text") else ""
-    return (
-        f"artifact KL p99.9 {t['value']:.4f}, 95% bootstrap interval over windows [{lo:.4f}, {hi:.4f}]: its tail "
-        f"tokens lie in {t['windows_above']} of {t['windows']} windows, {100 * t['top_window_share']:.0f}% of them "
-        f"in window {t['top_window']}; the largest per-token KL {top['kl']:.4f} is at window {top['window']} token "
-        f"{top['token']}{text}"
-    )
-
-
-def summary_lines(report: dict[str, Any]) -> list[str]:
+def summary_lines(report: OfflineReport | dict[str, Any]) -> list[str]:
     """lm_head and MTP lines, then one line per goal."""
-    h = report["lm_head"]
-    lines = [
-        f"lm_head alone on held-out states: KL rtn {h['rtn']['kl']:.5f}, calibrated {h['gptq']['kl']:.5f} "
-        f"(ratio {h['ratio']:.3f}), top-1 rtn {100 * h['rtn']['top1']:.2f}%, calibrated {100 * h['gptq']['top1']:.2f}%"
-        if h.get("ratio") is not None
-        else "lm_head: round-to-nearest KL is 0 (head not quantized?)"
-    ]
-    m = report["mtp"]
-    if "reference" in m and "artifact" in m:
-        lines.append(
-            f"MTP first-draft agreement with greedy: reference {100 * m['reference']['agree']:.2f}%, "
-            f"artifact {100 * m['artifact']['agree']:.2f}% (acceptance length at 1 draft "
-            f"{m['reference']['acceptance_length_1']:.3f} -> {m['artifact']['acceptance_length_1']:.3f})"
-        )
-    if "int4_vs_bf16" in m:
-        d = m["int4_vs_bf16"]
-        lo, hi = d["ci95_points"]
-        lines.append(
-            f"MTP head on the artifact's states: bf16 {100 * m['artifact_bf16_mtp']['agree']:.2f}%, as shipped "
-            f"{100 * m['artifact']['agree']:.2f}%: {d['delta_points']:+.2f} points, 95% CI (t) [{lo:+.2f}, {hi:+.2f}]"
-            + (f"; the same first draft at {100 * d['same_draft']:.2f}% of positions" if "same_draft" in d else "")
-        )
-    lines += int8_lines(report)
-    tail = report.get("arms", {}).get("artifact", {}).get("kl_p999_support")
-    if tail:  # reports written before it lack it
-        lines.append(kl_tail_line(tail))
-    for name, g in report.get("goals", {}).items():
-        lines.append(f"goal {name}: {g['value']:.3f} (limit {g['max']}) {'met' if g['met'] else 'NOT met'}")
-    return lines
+    from qwenquant.evaluate import reporttext
 
-
-def int8_lines(report: dict[str, Any]) -> list[str]:
-    """The int8-activation arm against the artifact (W4A16): perplexity, KL, top-1 and MTP (none without the arm)."""
-    a = report.get("arms", {}).get("artifact+int8-act")
-    if not a:
-        return []
-    v = a["vs_artifact"]
-    lo, hi = v["ci95_pct"]
-    line = (
-        f"int8 activations vs the artifact (W4A16): perplexity {_pct(v['delta_pct'])} [{_pct(lo)}, {_pct(hi)}], "
-        f"KL {v['kl']:.5f} (p99 {v['kl_p99']:.4f}, p99.9 {v['kl_p999']:.4f}), top-1 {100 * v['top1']:.2f}%"
-    )
-    m = report.get("mtp", {}).get("artifact+int8-act")
-    if m:
-        mlo, mhi = m["vs_artifact_ci95_points"]
-        line += (
-            f"; MTP first-draft agreement {100 * m['agree']:.2f}% ({m['vs_artifact_points']:+.2f} points, "
-            f"95% CI (t) [{mlo:+.2f}, {mhi:+.2f}])"
-        )
-    return [line]
+    r = as_offline(report)
+    return reporttext.summary_lines(r.arms, r.lm_head, r.mtp, r.goals)

@@ -1,15 +1,17 @@
 """Served eval: an exact-match gate of short tasks through a server's OpenAI API (greedy), plus MTP
 acceptance from the deltas of vLLM's /metrics counters over the run (read by qwenquant.net.prometheus,
-as `qwenquant bench` reads them). Standard library only."""
+as `qwenquant bench` reads them). Standard library and the typed report parts (reportparts)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from qwenquant.errors import BenchError, UsageError
+from qwenquant.evaluate.reportparts import Acceptance, Task
 from qwenquant.net.http import HttpError, get_json, get_text, post_json, server_hint
 from qwenquant.net.prometheus import SpecCounters, spec_counters
 
@@ -116,30 +118,32 @@ def _call(fn: Any, url: str, *args: Any, api_key: str | None) -> Any:
         raise BenchError(e.message, hint=server_hint(e, api_key)) from None
 
 
-def acceptance(before: SpecCounters | str, after: SpecCounters | str) -> dict[str, Any]:
-    """MTP figures from two counter snapshots: mean acceptance length (1 + accepted / drafts) and the
-    acceptance rate at each draft position (accepted at position / drafts). A snapshot that is a
-    string says why /metrics could not be read: no figures, and `unavailable` says why."""
+def acceptance(before: SpecCounters | str, after: SpecCounters | str, over: Sequence[str] = ()) -> Acceptance:
+    """MTP figures from two counter snapshots taken before and after the requests `over` names: mean acceptance
+    length (1 + accepted / drafts) and the acceptance rate at each draft position (accepted at position / drafts).
+    A snapshot that is a string says why /metrics could not be read: no figures, and `unavailable` says why."""
     if isinstance(before, str) or isinstance(after, str):
-        return {
-            "metrics_present": False,
-            "unavailable": before if isinstance(before, str) else after,
-            "drafts": 0,
-            "draft_tokens": 0,
-            "accepted_tokens": 0,
-            "mean_acceptance_length": None,
-            "per_position": {},
-        }
+        return Acceptance(
+            metrics_present=False,
+            unavailable=before if isinstance(before, str) else str(after),
+            drafts=0,
+            draft_tokens=0,
+            accepted_tokens=0,
+            mean_acceptance_length=None,
+            per_position={},
+            over=list(over),
+        )
     d = after.minus(before)
     drafted = d.drafts > 0
-    return {
-        "metrics_present": after.present,
-        "drafts": int(d.drafts),
-        "draft_tokens": int(d.draft_tokens),
-        "accepted_tokens": int(d.accepted),
-        "mean_acceptance_length": d.mean_acceptance_length,
-        "per_position": {str(p): (d.per_pos[p] / d.drafts if drafted else None) for p in sorted(d.per_pos)},
-    }
+    return Acceptance(
+        metrics_present=after.present,
+        drafts=int(d.drafts),
+        draft_tokens=int(d.draft_tokens),
+        accepted_tokens=int(d.accepted),
+        mean_acceptance_length=d.mean_acceptance_length,
+        per_position={str(p): (d.per_pos[p] / d.drafts if drafted else None) for p in sorted(d.per_pos)},
+        over=list(over),
+    )
 
 
 def model_name(url: str, api_key: str | None) -> str:
@@ -172,7 +176,7 @@ def counters(url: str, api_key: str | None) -> SpecCounters | str:
         return f"GET {url}/metrics answered {e.status}"
 
 
-def run_tasks(url: str, gate: dict[str, Any], model: str, api_key: str | None = None) -> list[dict[str, Any]]:
+def run_tasks(url: str, gate: dict[str, Any], model: str, api_key: str | None = None) -> list[Task]:
     """Every case of `gate` greedily through /v1/completions, then its acceptance runs; pass count per task."""
     tasks = []
     for task in gate["tasks"]:
@@ -190,13 +194,15 @@ def run_tasks(url: str, gate: dict[str, Any], model: str, api_key: str | None = 
             else:
                 failures.append({"prompt": case["prompt"], "expect": case["expect"], "got": text})
         tasks.append(
-            {
-                "name": task["name"],
-                "passed": passed,
-                "total": len(task["cases"]),
-                "min_pass": task.get("min_pass", len(task["cases"])),
-                "failures": failures,
-            }
+            Task.model_validate(
+                {
+                    "name": task["name"],
+                    "passed": passed,
+                    "total": len(task["cases"]),
+                    "min_pass": task.get("min_pass", len(task["cases"])),
+                    "failures": failures,
+                }
+            )
         )
     for run in gate.get("acceptance_runs", []):  # longer greedy generations: enough drafts to measure MTP
         body = {
@@ -210,18 +216,13 @@ def run_tasks(url: str, gate: dict[str, Any], model: str, api_key: str | None = 
     return tasks
 
 
-def gate_failures(report: dict[str, Any], min_acceptance_length: float | None) -> list[str]:
+def gate_failures(tasks: Sequence[Task], m: Acceptance, min_acceptance_length: float | None) -> list[str]:
     """Why the served run fails its gate (empty when it passes)."""
-    out = [
-        f"task {t['name']}: {t['passed']}/{t['total']} passed, needs {t['min_pass']}"
-        for t in report["tasks"]
-        if t["passed"] < t["min_pass"]
-    ]
+    out = [f"task {t.name}: {t.passed}/{t.total} passed, needs {t.min_pass}" for t in tasks if t.passed < t.min_pass]
     if min_acceptance_length is not None:
-        m = report["mtp"]
-        mal = m["mean_acceptance_length"]
-        if m.get("unavailable"):
-            out.append(f"MTP acceptance cannot be judged: {m['unavailable']} (vLLM serves its counters there)")
+        mal = m.mean_acceptance_length
+        if m.unavailable:
+            out.append(f"MTP acceptance cannot be judged: {m.unavailable} (vLLM serves its counters there)")
         elif mal is None:
             out.append(
                 "the server reported no speculative drafts over the run's requests (is MTP on? "

@@ -1,7 +1,7 @@
 """One served eval run: the exact-match gate, the tool-calling gate and the needle task against one
 server, with MTP acceptance read from /metrics before the first request and after the last, so the
 figure covers every request the run sent. `ServedAsk.check` refuses, before any server is asked, a
-run that would test nothing. Standard library only."""
+run that would test nothing. Standard library and the typed report (pydantic parts)."""
 
 from __future__ import annotations
 
@@ -68,25 +68,30 @@ def run_served(url: str, ask: ServedAsk, model: str | None = None) -> ServedRepo
     model = model or ask.model or model_name(url, ask.api_key)
     before = counters(url, ask.api_key)
     check_min_acceptance(ask.min_acceptance, before)
-    result: dict[str, Any] = {
-        "url": url,
-        "model": model,
-        "gate": gate.get("name"),
-        "tasks": run_tasks(url, gate, model, ask.api_key),
-    }
-    if ask.tools:
-        result["tools"] = run_tools(url, load_task_set("tools"), model, ask.api_key)
-    if ask.needle:
-        result["needle"] = run_needle(url, load_task_set("needle"), model, ask.api_key, ask.needle_max_len)
-    result["mtp"] = acceptance(before, counters(url, ask.api_key))
-    result["mtp"]["over"] = [
+    tasks = run_tasks(url, gate, model, ask.api_key)
+    tools = run_tools(url, load_task_set("tools"), model, ask.api_key) if ask.tools else None
+    needle = run_needle(url, load_task_set("needle"), model, ask.api_key, ask.needle_max_len) if ask.needle else None
+    over = [
         k
         for k, on in (("gate tasks", bool(gate["tasks"])), ("tool cases", ask.tools), ("needle cases", ask.needle))
         if on
     ]
-    failures = served_failures(result, ask.min_acceptance)
-    result.update(min_acceptance_length=ask.min_acceptance, failures=failures, ok=not failures)
-    return ServedReport.of(result)
+    mtp = acceptance(before, counters(url, ask.api_key), over)
+    failures = gate_failures(tasks, mtp, ask.min_acceptance)
+    failures += tool_failures(tools) if tools is not None else []
+    failures += needle_failures(needle) if needle is not None else []
+    return ServedReport(
+        url=url,
+        model=model,
+        gate=gate.get("name"),
+        tasks=tasks,
+        mtp=mtp,
+        tools=tools.to_json() if tools is not None else None,
+        needle=needle.to_json() if needle is not None else None,
+        min_acceptance_length=ask.min_acceptance,
+        failures=failures,
+        ok=not failures,
+    )
 
 
 def check_min_acceptance(min_acceptance: float | None, before: SpecCounters | str) -> None:
@@ -103,13 +108,3 @@ def check_min_acceptance(min_acceptance: float | None, before: SpecCounters | st
             f"tokens per step, so the mean acceptance length is at most {drafts + 1}",
             hint=f"pass a value from 1 to {drafts + 1}",
         )
-
-
-def served_failures(result: dict[str, Any], min_acceptance: float | None) -> list[str]:
-    """Every reason the run fails: gate tasks, acceptance, tool cases, needle depths (empty: passed)."""
-    failures = gate_failures(result, min_acceptance)
-    if "tools" in result:
-        failures += tool_failures(result["tools"])
-    if "needle" in result:
-        failures += needle_failures(result["needle"])
-    return failures

@@ -1,6 +1,6 @@
 """Does speculation change the answer? Greedy text from a server that drafts (MTP) held against greedy text from one
 that does not, on the same prompts (docs/known-issues.md#vllm-versions, hazards mtp-prompt-1-plus-k and
-mtp-prompt-logprobs). Standard library only.
+mtp-prompt-logprobs). Standard library and the report's typed parts (reportparts).
 
 Prompts are token ids cut from one pinned text (data/depthtext/stdlib.txt, tokenized by the server's /tokenize) at
 lengths chosen around the server's draft count k: k, 1 + k (vllm #53051: a prompt of exactly 1 + k tokens came
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qwenquant.errors import BenchError, UsageError
+from qwenquant.evaluate.reportparts import SpecCheck
 from qwenquant.net.http import HttpError, get_text, post_json
 from qwenquant.net.prometheus import spec_counters
 
@@ -198,22 +199,22 @@ def spec_check_failures(result: dict[str, Any] | None) -> list[str]:
     return out
 
 
-def spec_check_line(result: dict[str, Any]) -> str:
+def spec_check_line(result: SpecCheck | dict[str, Any]) -> str:
     """What a user reads of the check, one line."""
-    n = len(result["prompts"])
+    r = result if isinstance(result, SpecCheck) else SpecCheck.model_validate(result)
+    n = len(r.prompts)
     firsts = ", ".join(
-        f"{p['prompt_tokens']}:{'-' if p['first_divergence'] is None else p['first_divergence']}"
+        f"{p.prompt_tokens}:{'-' if p.first_divergence is None else p.first_divergence}"
         + (
             ""
-            if p["first_divergence"] is None
-            else f" ({'tie' if p['tie'] else 'CHANGED'}, gap "
-            f"{'>top5' if p['tie_gap'] is None else format(p['tie_gap'], '.3f')})"
+            if p.first_divergence is None
+            else f" ({'tie' if p.tie else 'CHANGED'}, gap {'>top5' if p.tie_gap is None else format(p.tie_gap, '.3f')})"
         )
-        for p in result["prompts"]
+        for p in r.prompts
     )
     return (
-        f"speculation check (k = {result['draft_tokens']}): {n - result['diverged']}/{n} prompts agree with MTP "
-        f"off, {result['changed']} changed beyond a {result['tie_nats']}-nat tie; first divergence per prompt "
+        f"speculation check (k = {r.draft_tokens}): {n - r.diverged}/{n} prompts agree with MTP "
+        f"off, {r.changed} changed beyond a {r.tie_nats}-nat tie; first divergence per prompt "
         f"length: {firsts}"
     )
 

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from qwenquant.evaluate.reportparts import Int8Linears
+
 log = logging.getLogger(__name__)
 
 
@@ -193,7 +195,7 @@ class _Int8Arm(_Arm):
         return lm.to(self.device) if lm is not None else None
 
     @property
-    def counts(self) -> dict[str, Any]:
+    def counts(self) -> Int8Linears:
         from qwenquant.evaluate.int8act import int8_counts
 
         return int8_counts(self.swapped, self.lm_head)

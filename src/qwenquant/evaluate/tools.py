@@ -3,7 +3,7 @@ through a server's chat API, each case with its OpenAI `tool_choice`. Every call
 tool, carry `arguments` as a JSON string (not an object) that parses to an object matching the
 tool's schema; and the answer must be what `tool_choice` allows: `auto` a call or a plain answer,
 `required` at least one call, `none` no call, `{"type": "function", "function": {"name": N}}` calls
-of N only. Standard library only: the schema check is a small JSON-schema subset (type, enum,
+of N only. Standard library and the typed report parts (reportparts): the schema check is a small JSON-schema subset (type, enum,
 required, properties, additionalProperties, items).
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from qwenquant.evaluate.reportparts import Tools
 from qwenquant.net.http import HttpError, fetch
 
 REQUEST_TIMEOUT = 120.0
@@ -118,7 +119,7 @@ def judge(message: dict[str, Any], tools: list[dict[str, Any]], tool_choice: Any
     return {"kind": kind, "problems": problems + wrong, "calls": seen, "content": content[:200]}
 
 
-def run_tools(url: str, spec: dict[str, Any], model: str, api_key: str | None = None) -> dict[str, Any]:
+def run_tools(url: str, spec: dict[str, Any], model: str, api_key: str | None = None) -> Tools:
     """Send every case of `spec` (greedy, thinking off) and judge each answer."""
     url = url.rstrip("/")
     cases = []
@@ -152,20 +153,19 @@ def run_tools(url: str, spec: dict[str, Any], model: str, api_key: str | None = 
                 row.update(judge(message, case["tools"], body["tool_choice"]))
         row["ok"] = not row["problems"]
         cases.append(row)
-    return {
-        "gate": spec.get("name", "tools"),
-        "cases": cases,
-        "counts": {
-            k: sum(c["kind"] == k for c in cases) for k in ("tool_call", "answer", "malformed", "wrong_choice", "error")
-        },
-    }
+    kinds = ("tool_call", "answer", "malformed", "wrong_choice", "error")
+    return Tools.model_validate(
+        {
+            "gate": spec.get("name", "tools"),
+            "cases": cases,
+            "counts": {k: sum(c["kind"] == k for c in cases) for k in kinds},
+        }
+    )
 
 
 _VERDICT = {"malformed": "malformed tool call", "wrong_choice": "ignored tool_choice", "error": "request failed"}
 
 
-def tool_failures(report: dict[str, Any]) -> list[str]:
+def tool_failures(tools: Tools) -> list[str]:
     """One line per failing case (empty when every answer is what its tool_choice allows, well formed)."""
-    return [
-        f"tool case {c['name']}: {_VERDICT[c['kind']]}: {c['problems'][0]}" for c in report["cases"] if c["problems"]
-    ]
+    return [f"tool case {c.name}: {_VERDICT[c.kind]}: {c.problems[0]}" for c in tools.cases if c.problems]

@@ -15,9 +15,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from qwenquant.errors import QwenquantError
+from qwenquant.errors import QwenquantError, UsageError
 from qwenquant.manifest import CARD_NAME, CARD_RECORD_NAME, MANIFEST_NAME, FileProblem, VerifyReport, load_manifest
-from qwenquant.publish.reports import KINDS, Report, report_digests, report_kind
+from qwenquant.publish.reports import KINDS, Report, read_report, report_digests
 
 _NUMBERED = re.compile(r"-(\d+)\.json$")
 
@@ -42,10 +42,12 @@ def _reports(artifact: Path, rec: dict[str, Any], root: str) -> tuple[list[Repor
     for rel in sorted(p for p in rec["files"] if p != CARD_NAME):
         raw = (artifact / rel).read_bytes()
         try:
-            data = json.loads(raw)
+            kind, data, typed = read_report(raw, rel)
         except ValueError:
-            data = None
-        kind = report_kind(data)
+            kind, data, typed = None, None, None
+        except UsageError as e:  # a typed report whose check failed: another schema_version, a field edited
+            problems.append(FileProblem(rel, "card", e.message))
+            continue
         if kind is None:
             problems.append(FileProblem(rel, "card", "not a qwenquant eval, served eval or bench report"))
         elif root not in report_digests(kind, data):
@@ -57,7 +59,7 @@ def _reports(artifact: Path, rec: dict[str, Any], root: str) -> tuple[list[Repor
                 )
             )
         else:
-            out.append(Report(kind, artifact / rel, rel, data, raw))
+            out.append(Report(kind, artifact / rel, rel, data, raw, typed))
 
     def order(r: Report) -> tuple[int, int]:
         m = _NUMBERED.search(r.repo_path)

@@ -139,9 +139,18 @@ def machine(where: Any, vllm: Any, gpu_mem: Any = None) -> str | None:
 
 
 def eval_figures(r: Report) -> list[Figure]:
-    d = r.data
-    cmd = f"qwenquant eval offline ARTIFACT --reference SOURCE --windows {d.get('windows')} --window-len {d.get('window_len')}"
-    c = _Collect(d, r.repo_path, cmd, machine=f"{d.get('device', 'cpu')}, {d.get('forward', 'dense')} forward")
+    """The offline eval's figures: each read by its JSON path from the typed report's JSON (or, for a report
+    written before schema 1, as written); the command and the machine from the typed report's fields."""
+    from qwenquant.evaluate.report import OfflineReport
+
+    t, d = r.typed, r.data
+    if isinstance(t, OfflineReport):
+        windows, window_len, where = t.windows, t.window_len, f"{t.device}, {t.forward} forward"
+    else:  # written before schema 1
+        windows, window_len = d.get("windows"), d.get("window_len")
+        where = f"{d.get('device', 'cpu')}, {d.get('forward', 'dense')} forward"
+    cmd = f"qwenquant eval offline ARTIFACT --reference SOURCE --windows {windows} --window-len {window_len}"
+    c = _Collect(d, r.repo_path, cmd, machine=where)
     _offline(c, (), "offline eval")
     c.add("offline eval", "lm_head KL, calibrated / round-to-nearest", ("lm_head", "ratio"), lambda v: f"{v:.3f}")
     return c.out
@@ -160,24 +169,34 @@ def served_command(served: dict[str, Any], gate: Any) -> str:
 
 
 def served_figures(r: Report) -> list[Figure]:
-    d = r.data
-    s = d.get("served") or {}
-    c = _Collect(
-        d,
-        r.repo_path,
-        served_command(s, d.get("gate")),
-        machine(s.get("device"), s.get("vllm_version_installed"), s.get("gpu_mem")),
-    )
-    for i, t in enumerate(d.get("tasks") or []):
+    """The served gate's and MTP acceptance figures, by JSON path; the configuration and the machine from the
+    typed report's fields (or, for a report written before schema 1, as written)."""
+    from qwenquant.evaluate.report import ServedReport
+
+    t, d = r.typed, r.data
+    if isinstance(t, ServedReport):
+        m = t.machine
+        command = served_command(t.served or {}, t.gate)
+        where = machine(m.device, m.vllm_version_installed, m.gpu_mem) if m is not None else None
+        tasks = [(task.name, task.total, task.min_pass) for task in t.tasks]
+        positions = sorted(t.mtp.per_position, key=int)
+    else:  # written before schema 1
+        s = d.get("served") or {}
+        command = served_command(s, d.get("gate"))
+        where = machine(s.get("device"), s.get("vllm_version_installed"), s.get("gpu_mem"))
+        tasks = [(x.get("name"), x.get("total"), x.get("min_pass")) for x in d.get("tasks") or []]
+        positions = sorted((d.get("mtp") or {}).get("per_position") or {}, key=int)
+    c = _Collect(d, r.repo_path, command, where)
+    for i, (name, total, min_pass) in enumerate(tasks):
         c.add(
             "served gate",
-            f"task {t.get('name')}: exact-match passed",
+            f"task {name}: exact-match passed",
             ("tasks", i, "passed"),
-            lambda v, t=t: f"{v}/{t.get('total')} (needs {t.get('min_pass')})",
+            lambda v, total=total, min_pass=min_pass: f"{v}/{total} (needs {min_pass})",
         )
     c.add("MTP acceptance (served)", "mean acceptance length", ("mtp", "mean_acceptance_length"), lambda v: f"{v:.3f}")
     c.add("MTP acceptance (served)", "drafts measured", ("mtp", "drafts"), str)
-    for pos in sorted((d.get("mtp") or {}).get("per_position") or {}, key=int):
+    for pos in positions:
         c.add(
             "MTP acceptance (served)",
             f"acceptance at draft position {pos}",

@@ -15,10 +15,14 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qwenquant.errors import UsageError
 from qwenquant.manifest import REPORTS_DIR
+
+if TYPE_CHECKING:
+    from qwenquant.bench.output import BenchReport
+    from qwenquant.evaluate.report import EvalReport
 
 KINDS = ("eval", "eval-served", "bench", "bench-depth", "bench-soak", "bench-turns")
 # `bench depth|soak|turns` (reports of schema 2 on); reports written before the subcommands name the flags
@@ -32,8 +36,9 @@ class Report:
     kind: str  # one of KINDS
     source: Path
     repo_path: str  # qwenquant-reports/<kind>[-n].json
-    data: dict[str, Any]
+    data: dict[str, Any]  # a typed report's JSON (eval: as its typed parts give it), or as written before schema 1
     raw: bytes
+    typed: EvalReport | BenchReport | None = None  # None: a report written before schema_version 1
 
     @property
     def sha256(self) -> str:
@@ -69,27 +74,43 @@ def report_digests(kind: str, data: dict[str, Any]) -> set[str]:
     return {data["root_digest"]} if isinstance(data.get("root_digest"), str) else set()
 
 
-def check_version(data: Any, source: str) -> None:
-    """A report that names its mode (bench) or kind (eval), or a schema_version other than the first
-    bench one, is read through its typed loader, which refuses another schema_version or an unknown
-    mode or kind (exit 2); reports written before either (bench schema 1, eval before schema 1) pass."""
+def typed_report(data: Any, source: str) -> EvalReport | BenchReport | None:
+    """The typed report of a report's JSON, read as the loaders read a file (evaluate.report.load_report,
+    bench.output.load_report: another schema_version, an unknown mode or kind, or a field or part that is not
+    the report's is exit 2). A report that names its mode (bench) or kind (eval), or a schema_version other
+    than the first bench one, is typed; None for reports written before either (bench schema 1, eval before
+    schema 1)."""
     if not isinstance(data, dict):
-        return
+        return None
     if str(data.get("tool", "")).startswith("qwenquant bench"):
         if "mode" in data or data.get("schema_version") not in (None, 1):
             from qwenquant.bench.output import BenchReport
 
-            BenchReport.from_json(data, source)
+            return BenchReport.from_json(data, source)
     elif "kind" in data or "schema_version" in data:
         from qwenquant.evaluate.report import EvalReport
 
-        EvalReport.from_json(data, source)
+        return EvalReport.from_json(data, source)
+    return None
 
 
-def _load(path: Path, root_digest: str, artifact: Path) -> tuple[str, dict[str, Any], bytes]:
+def read_report(raw: bytes, source: str) -> tuple[str | None, Any, EvalReport | BenchReport | None]:
+    """(kind, JSON, typed report) of a report file's bytes, parsed once (those bytes are what is published):
+    kind None when it is not a report qwenquant knows; a typed eval report's JSON is its typed parts' JSON.
+    ValueError: not JSON; UsageError (exit 2): a typed report's check failed."""
+    from qwenquant.evaluate.report import EvalReport
+
+    data = json.loads(raw)
+    typed = typed_report(data, source)
+    if isinstance(typed, EvalReport):
+        data = typed.to_json()
+    return report_kind(data), data, typed
+
+
+def _load(path: Path, root_digest: str, artifact: Path) -> tuple[str, dict[str, Any], bytes, Any]:
     try:
         raw = path.read_bytes()
-        data = json.loads(raw)
+        kind, data, typed = read_report(raw, f"report {path}")
     except FileNotFoundError:
         raise UsageError(
             f"report {path} not found", hint="pass a report JSON written by `qwenquant eval` or `bench`"
@@ -99,8 +120,6 @@ def _load(path: Path, root_digest: str, artifact: Path) -> tuple[str, dict[str, 
             f"report {path} is not readable JSON ({e})".splitlines()[0],
             hint="pass the JSON file `qwenquant eval` or `qwenquant bench` wrote",
         ) from None
-    check_version(data, f"report {path}")
-    kind = report_kind(data)
     if kind is None:
         raise UsageError(
             f"{path} is not a qwenquant eval, served eval or bench report",
@@ -125,7 +144,7 @@ def _load(path: Path, root_digest: str, artifact: Path) -> tuple[str, dict[str, 
             "(--reference-unverified): its figures cannot go on this card",
             hint="re-run `qwenquant eval offline ARTIFACT --reference SOURCE` with the recorded source",
         )
-    return kind, data, raw
+    return kind, data, raw, typed
 
 
 def _refuse_contradictions(kind: str, data: dict[str, Any], path: Path) -> None:
@@ -167,14 +186,14 @@ def gather_reports(artifact: Path, root_digest: str, extra: Iterable[Path] = ())
     beside = report_path(artifact, root_digest, "eval-served")  # and each served configuration's (served_kind)
     paths += sorted(beside.parent.glob(f"{artifact.resolve().name}.eval-served*-{root_digest[:16]}.json"))
     paths += [Path(p) for p in extra]
-    seen: dict[str, tuple[str, Path, dict[str, Any], bytes]] = {}
+    seen: dict[str, tuple[str, Path, dict[str, Any], bytes, Any]] = {}
     for p in paths:
-        kind, data, raw = _load(p, root_digest, artifact)
-        seen.setdefault(hashlib.sha256(raw).hexdigest(), (kind, p, data, raw))
+        kind, data, raw, typed = _load(p, root_digest, artifact)
+        seen.setdefault(hashlib.sha256(raw).hexdigest(), (kind, p, data, raw, typed))
     out: list[Report] = []
     for kind in KINDS:
         same = sorted((v for k, v in seen.items() if v[0] == kind), key=lambda v: hashlib.sha256(v[3]).hexdigest())
-        for i, (_, p, data, raw) in enumerate(same):
+        for i, (_, p, data, raw, typed) in enumerate(same):
             name = f"{kind}.json" if i == 0 else f"{kind}-{i + 1}.json"
-            out.append(Report(kind, p, f"{REPORTS_DIR}/{name}", data, raw))
+            out.append(Report(kind, p, f"{REPORTS_DIR}/{name}", data, raw, typed))
     return out

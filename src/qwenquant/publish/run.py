@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -266,6 +267,22 @@ def _signature(artifact: Path, files: Sequence[LocalFile], sign_key: Path, view:
     return LocalFile(SIGNATURE_NAME, len(data), hashlib.sha256(data).hexdigest(), data=data)
 
 
+def _recard(
+    result: PublishResult,
+    artifact: Path,
+    manifest: Manifest,
+    raw: dict[str, Any],
+    reports: Sequence[Path],
+    license_id: str | None,
+    *,
+    signed: bool,
+) -> None:
+    """Build the result's files and card again (another license, or the signature named or not)."""
+    result.files, result.card, _, _ = card_files(
+        artifact, manifest, raw, result.repo_id, result.revision, reports, license_id, signed=signed
+    )
+
+
 def _to_hub(
     api: Any,
     artifact: Path,
@@ -279,17 +296,9 @@ def _to_hub(
     where: dict[str, Any],
 ) -> PublishResult:
     """The Hub steps of publish_artifact; `where` says how far they got (for Ctrl-C)."""
-    from qwenquant import signing
     from qwenquant.publish import hub
 
-    repo_id, revision, files, card, warnings, root = (
-        result.repo_id,
-        result.revision,
-        result.files,
-        result.card,
-        result.warnings,
-        result.root_digest,
-    )
+    repo_id, revision = result.repo_id, result.revision
     hub.ensure_revision(api, repo_id, revision, private)
     head, remote = hub.remote_state(api, repo_id, revision)
     where["head"] = head
@@ -299,45 +308,12 @@ def _to_hub(
     # (it is checked against the plan below): the same artifact published again is then a no-op
     lic = _kept_license(theirs, license_id)
     keep_sig = sign_key is None and SIGNATURE_NAME in remote and theirs.get("signature") == SIGNATURE_NAME
-    if (lic and lic != card.record.get("license")) or keep_sig:
-        warnings[:] = [w for w in warnings if not (lic and "license is unknown" in w)]
-        files, card, _, root = card_files(
-            artifact,
-            manifest,
-            raw,
-            repo_id,
-            revision,
-            reports,
-            lic or license_id,
-            signed=sign_key is not None or keep_sig,
-        )
-        result.files, result.card = files, card
+    recard = functools.partial(_recard, result, artifact, manifest, raw, reports, lic or license_id)
+    if (lic and lic != result.card.record.get("license")) or keep_sig:
+        result.warnings[:] = [w for w in result.warnings if not (lic and "license is unknown" in w)]
+        recard(signed=sign_key is not None or keep_sig)
     with tempfile.TemporaryDirectory() as tmp:
-        view = Path(tmp) / "view"  # the folder as a downloader will have it: what the signature covers
-        sig = _signature(artifact, files, sign_key, view, Path(tmp) / SIGNATURE_NAME) if sign_key is not None else None
-
-        def remote_signature_ok() -> bool:
-            remote_sig = Path(tmp) / "remote.sig"
-            remote_sig.write_bytes(hub.download_file(api, repo_id, head or revision, SIGNATURE_NAME))
-            try:
-                covered = signing.verify_signature(
-                    view,
-                    remote_sig,
-                    signing.public_key_pem(sign_key),  # type: ignore[arg-type]
-                    view=True,
-                )
-            except VerificationError as e:
-                log.info("the signature on the Hub does not hold for this key: %s", e)
-                return False
-            return bool(covered.card_files)  # one made before the card was signed is made again
-
-        result.plan = plan = plan_upload(
-            files, remote, git_blob, signature=sig, remote_signature_ok=remote_signature_ok
-        )
-        if keep_sig and SIGNATURE_NAME in plan.delete:  # the signed files changed: that signature goes, unnamed
-            files, card, _, root = card_files(artifact, manifest, raw, repo_id, revision, reports, lic or license_id)
-            result.files, result.card = files, card
-            result.plan = plan = plan_upload(files, remote, git_blob)
+        plan, sig = _plan(api, result, head, remote, artifact, sign_key, Path(tmp), keep_sig, recard)
         if plan.noop:
             result.commit = head
             return result
@@ -351,15 +327,58 @@ def _to_hub(
             revision,
         )
         if SIGNATURE_NAME in plan.delete:
-            warnings.append(
+            result.warnings.append(
                 f"{SIGNATURE_NAME} on the Hub signs other files: removed (pass --sign-key to sign this artifact)"
             )
         where["step"] = "uploading"
-        info = hub.commit_plan(
-            api, repo_id, revision, plan, head, f"qwenquant publish {artifact.name} (root digest {root[:16]})", where
-        )
+        message = f"qwenquant publish {artifact.name} (root digest {result.root_digest[:16]})"
+        info = hub.commit_plan(api, repo_id, revision, plan, head, message, where)
     result.commit, result.url = info.oid, info.commit_url
     where.update(step="checking", commit=info.oid)
     kept = {".gitattributes"} | ({SIGNATURE_NAME} if plan.kept_signature or sig else set())
-    hub.check_published(api, repo_id, info.oid, files, kept, git_blob)
+    hub.check_published(api, repo_id, info.oid, result.files, kept, git_blob)
     return result
+
+
+def _plan(
+    api: Any,
+    result: PublishResult,
+    head: str | None,
+    remote: dict[str, Any],
+    artifact: Path,
+    sign_key: Path | None,
+    tmp: Path,
+    keep_sig: bool,
+    recard: Callable[..., None],
+) -> tuple[PublishPlan, LocalFile | None]:
+    """The upload plan against the revision and this artifact's new signature (None: not signing). The
+    signature on the Hub is kept only when it holds for the files as published; when it is not kept, the
+    card is built again without naming it."""
+    from qwenquant import signing
+    from qwenquant.publish import hub
+
+    view = tmp / "view"  # the folder as a downloader will have it: what the signature covers
+    sig = _signature(artifact, result.files, sign_key, view, tmp / SIGNATURE_NAME) if sign_key is not None else None
+
+    def remote_signature_ok() -> bool:
+        remote_sig = tmp / "remote.sig"
+        remote_sig.write_bytes(hub.download_file(api, result.repo_id, head or result.revision, SIGNATURE_NAME))
+        try:
+            covered = signing.verify_signature(
+                view,
+                remote_sig,
+                signing.public_key_pem(sign_key),  # type: ignore[arg-type]
+                view=True,
+            )
+        except VerificationError as e:
+            log.info("the signature on the Hub does not hold for this key: %s", e)
+            return False
+        return bool(covered.card_files)  # one made before the card was signed is made again
+
+    result.plan = plan = plan_upload(
+        result.files, remote, git_blob, signature=sig, remote_signature_ok=remote_signature_ok
+    )
+    if keep_sig and SIGNATURE_NAME in plan.delete:  # the signed files changed: that signature goes, unnamed
+        recard(signed=False)
+        result.plan = plan = plan_upload(result.files, remote, git_blob)
+    return plan, sig
