@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from qwenquant.bench.output import load_report
+from qwenquant.bench.modes import load_report
 
 from benchmarks.serving import kernels_of, marlin_only, qwenquant_cli, serving
 

@@ -20,8 +20,16 @@ from typing import Any, Generic, TypeVar
 
 from qwenquant import reportsink
 from qwenquant.bench.longplot import depth_png, soak_png
-from qwenquant.bench.modes import DOC, REPORTS, SCHEMA_VERSION, DepthReport, RunReport, SoakReport, TurnsReport
-from qwenquant.bench.modes import BenchReport as BenchReport  # publish reads bench reports through it
+from qwenquant.bench.modes import (
+    DOC,
+    REPORTS,
+    SCHEMA_VERSION,
+    BenchReport,
+    DepthReport,
+    RunReport,
+    SoakReport,
+    TurnsReport,
+)
 from qwenquant.bench.plot import write_png
 from qwenquant.bench.render import print_depth, print_report, print_soak, print_turns
 from qwenquant.bench.verdicts import depth_error, run_error, soak_error, turns_error

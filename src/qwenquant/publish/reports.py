@@ -21,7 +21,7 @@ from qwenquant.errors import UsageError
 from qwenquant.manifest import REPORTS_DIR
 
 if TYPE_CHECKING:
-    from qwenquant.bench.output import BenchReport
+    from qwenquant.bench.modes import BenchReport
     from qwenquant.evaluate.report import EvalReport
 
 KINDS = ("eval", "eval-served", "bench", "bench-depth", "bench-soak", "bench-turns")
@@ -76,7 +76,7 @@ def report_digests(kind: str, data: dict[str, Any]) -> set[str]:
 
 def typed_report(data: Any, source: str) -> EvalReport | BenchReport | None:
     """The typed report of a report's JSON, read as the loaders read a file (evaluate.report.load_report,
-    bench.output.load_report: another schema_version, an unknown mode or kind, or a field or part that is not
+    bench.modes.load_report: another schema_version, an unknown mode or kind, or a field or part that is not
     the report's is exit 2). A report that names its mode (bench) or kind (eval), or a schema_version other
     than the first bench one, is typed; None for reports written before either (bench schema 1, eval before
     schema 1)."""
@@ -84,7 +84,7 @@ def typed_report(data: Any, source: str) -> EvalReport | BenchReport | None:
         return None
     if str(data.get("tool", "")).startswith("qwenquant bench"):
         if "mode" in data or data.get("schema_version") not in (None, 1):
-            from qwenquant.bench.output import BenchReport
+            from qwenquant.bench.modes import BenchReport
 
             return BenchReport.from_json(data, source)
     elif "kind" in data or "schema_version" in data:
