@@ -39,7 +39,6 @@ KNOWN_FUNCTIONS: dict[str, str] = {
     "plan/report.py:budget_lines": "ruff format grew it past the limit; to be split",
     "publish/run.py:_to_hub": "ruff format grew it past the limit; to be split",
     "reportdoc.py:check_report_path": "ruff format grew it past the limit; to be split",
-    "serve/activations.py:decide_activations": "ruff format grew it past the limit; to be split",
     "serve/launchplan.py:decide_launch": "ruff format grew it past the limit; to be split",
 }
 
