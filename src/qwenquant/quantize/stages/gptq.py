@@ -4,11 +4,11 @@ Two engines, chosen by QWENQUANT_GPTQ_ENGINE (`gptq_engine`):
 - `streamed` (default): quantize/engine/, one decoder layer in memory at a time, resumable per
   layer; it also leaves the lm_head stage its calibration (engine/headcal.py). Unquantized tensors
   are copied as the source's raw bytes.
-- `oneshot`: llm-compressor `oneshot` on the whole model (quantize/oneshot.py). llm-compressor 0.14 wraps every oneshot
-  in `norm_calibration_context`, which rounds each offset-norm weight through bf16 as (1 + w) and
-  back, so the saved norms differ from the source (docs/known-issues.md#norm-rounding); 0.14 has
-  no switch to turn it off, so after the save every tensor the recipe does not quantize is taken
-  back from the source bytes (`restore_plan`) and shards are re-written deterministically.
+- `oneshot`: llm-compressor `oneshot` on the whole model (quantize/oneshot.py). llm-compressor 0.14
+  wraps every oneshot in `norm_calibration_context`, which rounds each offset-norm weight through bf16
+  as (1 + w) and back, so the saved norms differ from the source (docs/known-issues.md#norm-rounding);
+  0.14 has no switch to turn it off, so after the save every tensor the recipe does not quantize is
+  taken back from the source bytes (`restore_plan`) and shards are re-written deterministically.
 Either way `identity.prove_unquantized_identical` checks the output on every build. MTP tensors
 are left out here and grafted by the mtp stage.
 """
