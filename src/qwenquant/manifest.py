@@ -21,81 +21,33 @@ import logging
 import os
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from qwenquant.atomic import atomic_write_bytes, canonical_json
 from qwenquant.errors import VerificationError
-from qwenquant.hashing import artifact_root_digest, self_digest, sha256_files, sha256_json
-from qwenquant.manifest_form import HEX64, structure_problems
+from qwenquant.hashing import artifact_root_digest, sha256_files, sha256_json
+from qwenquant.manifest_form import (  # the record and its JSON form (manifest_form.py)
+    HEX64,
+    MANIFEST_NAME,
+    FileDigest,
+    Manifest,
+    manifest_from_dict,
+    manifest_self_digest,
+)
 
 log = logging.getLogger(__name__)
 
-MANIFEST_NAME = "qwenquant-manifest.json"
-SCHEMA_VERSION = 2  # 2: the root digest covers the recipe too
 CARD_NAME, CARD_RECORD_NAME, REPORTS_DIR = "README.md", "qwenquant-card.json", "qwenquant-reports"
 SIGNATURE_NAME, FETCH_RECORD_NAME = "model.sig", "qwenquant-fetch.json"
 UNCHECKED_COMPANIONS = (FETCH_RECORD_NAME, SIGNATURE_NAME, ".gitattributes")  # checked by fetch, --signature, git
 _REPORT_PATH = re.compile(rf"^{REPORTS_DIR}/[a-z0-9][a-z0-9.-]*\.json$")
-_DICT_FIELDS = ("source", "recipe", "calibration", "stages", "quality", "tool_versions", "extra")
-
-
-@dataclass(frozen=True)
-class FileDigest:
-    """One file of the artifact: relative POSIX path, size in bytes, hex sha256."""
-
-    path: str
-    size: int
-    sha256: str
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """What an artifact holds and how it was made; `to_dict()` is the JSON written to disk."""
-
-    files: tuple[FileDigest, ...]
-    root_digest: str
-    source: dict[str, Any]
-    recipe: dict[str, Any]
-    recipe_sha256: str
-    calibration: dict[str, Any]
-    stages: dict[str, Any]
-    quality: dict[str, Any]
-    tool_versions: dict[str, Any]
-    extra: dict[str, Any] = field(default_factory=dict)
-    schema_version: int = SCHEMA_VERSION
-
-    def body(self) -> dict[str, Any]:
-        """Everything except the self digest (what the self digest covers)."""
-        return {
-            "schema_version": self.schema_version,
-            "root_digest": self.root_digest,
-            "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files],
-            **{k: getattr(self, k) for k in _DICT_FIELDS},
-            "recipe_sha256": self.recipe_sha256,
-        }
-
-    @property
-    def self_digest(self) -> str:
-        return manifest_self_digest(self.body())
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.body(), "manifest_self_digest": self.self_digest}
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(f.size for f in self.files)
 
 
 def compute_root_digest(files: Iterable[FileDigest], recipe_sha256: str) -> str:
     """The root digest over the file list and the recipe (formula: hashing.artifact_root_digest)."""
     return artifact_root_digest(files, recipe_sha256)
-
-
-def manifest_self_digest(body: dict[str, Any]) -> str:
-    """sha256 of the canonical JSON of the manifest body (without `manifest_self_digest`)."""
-    return self_digest(body, "manifest_self_digest")
 
 
 def list_artifact_files(artifact_dir: Path) -> dict[str, Path]:
@@ -178,31 +130,6 @@ def write_manifest(artifact_dir: Path, manifest: Manifest) -> Path:
     path = Path(artifact_dir) / MANIFEST_NAME
     atomic_write_bytes(path, canonical_json(manifest.to_dict()))
     return path
-
-
-def manifest_from_dict(d: Any) -> Manifest:
-    """Build a Manifest from its JSON form; VerificationError naming every structural problem."""
-    if isinstance(d, dict) and d.get("schema_version") == 1:
-        raise VerificationError(
-            f"{MANIFEST_NAME} is of schema_version 1 (an earlier qwenquant), whose root digest does not cover the "
-            f"recipe and its serve profiles; this qwenquant reads schema_version {SCHEMA_VERSION}",
-            hint="rebuild the artifact with this qwenquant (`qwenquant quantize` with the same options reuses its "
-            "stage records) and publish it again; a downloaded one: ask the publisher to re-publish",
-        )
-    problems = structure_problems(d, SCHEMA_VERSION, MANIFEST_NAME, _DICT_FIELDS)
-    if problems:
-        raise VerificationError(
-            f"{MANIFEST_NAME} is malformed: " + "; ".join(problems),
-            hint="the manifest was edited or truncated; rebuild the artifact (`qwenquant quantize ...`) "
-            "or restore the manifest from where the artifact came from",
-        )
-    return Manifest(
-        files=tuple(FileDigest(f["path"], f["size"], f["sha256"]) for f in d["files"]),
-        root_digest=d["root_digest"],
-        recipe_sha256=d["recipe_sha256"],
-        schema_version=d["schema_version"],
-        **{k: d[k] for k in _DICT_FIELDS},
-    )
 
 
 def load_manifest(artifact_dir: Path) -> Manifest:

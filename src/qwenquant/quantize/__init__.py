@@ -7,6 +7,7 @@
     stages/       one module per stage, in pipeline order (stages/__init__.py)
     graft.py      `qwenquant graft-mtp`, around the mtp stage's functions
     engine/       the layer-streamed GPTQ engine the gptq stage runs (also N processes)
+    oneshot.py    the gptq stage's other engine: llm-compressor's whole-model oneshot, saved compressed
     head_gptq.py  GPTQ of the lm_head as tensor functions
 
 llm-compressor and compressed-tensors are reached only through modeling/compat.py.

@@ -13,10 +13,13 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qwenquant.atomic import staging_dir
 from qwenquant.errors import StageError, UsageError
+
+if TYPE_CHECKING:
+    from qwenquant.outfolder import Removal
 
 log = logging.getLogger(__name__)
 
@@ -223,37 +226,72 @@ def _check_only_mtp_differs(artifact: Path, packed: Any) -> None:
         )
 
 
-def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: bool = False) -> dict[str, Any]:
-    """`qwenquant graft-mtp`: put the source MTP tensors back into an artifact (idempotent); an int4
-    head's packed Linears (`int4_mtp`) stay the artifact's, the rest comes from the source."""
-    from qwenquant.checkpoint.assemble import carry_files
-    from qwenquant.manifest import MANIFEST_NAME, verify_artifact
-    from qwenquant.quantize.stages.mtp import graft_into, plan_for, verify_mtp
+def _guard_target(artifact: Path, force: bool) -> Removal | None:
+    """outfolder's guard over the entries of `artifact` that are not part of it (graft-mtp rebuilds the folder
+    and would drop them): refused, or with --force their Removal, applied only with the old folder once the
+    grafted one replaced it (None when there are none)."""
+    from qwenquant import outfolder
 
-    artifact, source = Path(artifact).resolve(), Path(source).resolve()
-    for p, what in ((artifact, "artifact"), (source, "source")):
-        if not (p / "config.json").is_file():
-            raise StageError(f"{what} folder {p} has no config.json", hint=f"check the {what} path")
-    removal = None
-    if not check_only:  # --force removes them only with the old folder, once the grafted one replaced it
-        from qwenquant import outfolder
+    foreign = outfolder.foreign_in_graft_target(artifact, graft_keeps(artifact))
+    return outfolder.guard(
+        artifact,
+        foreign,
+        force=force,
+        flag="artifact",
+        remove=foreign,
+        problem="holds entries that are not part of the artifact (graft-mtp rebuilds the folder and would drop them)",
+    )
 
-        foreign = outfolder.foreign_in_graft_target(artifact, graft_keeps(artifact))
-        removal = outfolder.guard(
-            artifact,
-            foreign,
-            force=force,
-            flag="artifact",
-            remove=foreign,
-            problem="holds entries that are not part of the artifact (graft-mtp rebuilds the "
-            "folder and would drop them)",
-        )
+
+def _check_source(artifact: Path, source: Path) -> None:
+    """Both folders' safetensors headers, then `source` proven the artifact's own (or a warning that it cannot
+    be) and its MTP tensors of the shapes the artifact's config implies."""
     for folder in (artifact, source):
         _check_headers(folder)
     warning = prove_source(artifact, source)
     if warning:
         log.warning("%s", warning)
     check_shapes(artifact, source)
+
+
+def _write_grafted(artifact: Path, source: Path, plan: Any, packed: Any, had_manifest: bool) -> str | None:
+    """The grafted artifact built in a staging folder beside `artifact` and renamed into its place, with its
+    manifest refreshed (when it had one: the new root digest, else None); a StageError naming the disk when a
+    write fails, nothing changed and nothing left behind."""
+    from qwenquant.checkpoint.assemble import carry_files
+    from qwenquant.manifest import MANIFEST_NAME
+    from qwenquant.quantize.stages.mtp import graft_into
+
+    try:
+        with staging_dir(artifact) as tmp:  # removed on any failure: nothing is left beside the artifact
+            graft_into(artifact, tmp, source, plan, packed)
+            carry_files(artifact, tmp, drop=[MANIFEST_NAME])
+            root = refresh_manifest(tmp, {"graft_mtp": plan.summary()}, previous=artifact) if had_manifest else None
+    except OSError as e:
+        if e.errno not in _WRITE_ERRNOS:
+            raise
+        raise StageError(
+            f"graft-mtp could not write the grafted artifact beside {artifact} "
+            f"({e.strerror or e}{f': {e.filename}' if e.filename else ''})",
+            hint="nothing was changed and nothing was left behind: free some space on that disk "
+            "(the graft writes the MTP shard and any shard it rewrites) and re-run",
+        ) from None
+    return root
+
+
+def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: bool = False) -> dict[str, Any]:
+    """`qwenquant graft-mtp`: put the source MTP tensors back into an artifact (idempotent); an int4
+    head's packed Linears (`int4_mtp`) stay the artifact's, the rest comes from the source."""
+    from qwenquant.manifest import MANIFEST_NAME, verify_artifact
+    from qwenquant.quantize.stages.mtp import plan_for, verify_mtp
+
+    artifact, source = Path(artifact).resolve(), Path(source).resolve()
+    for p, what in ((artifact, "artifact"), (source, "source")):
+        if not (p / "config.json").is_file():
+            raise StageError(f"{what} folder {p} has no config.json", hint=f"check the {what} path")
+    # --force removes them only with the old folder, once the grafted one replaced it
+    removal = None if check_only else _guard_target(artifact, force)
+    _check_source(artifact, source)
     packed = int4_mtp(artifact)
     plan = plan_for(artifact, source, packed)
     if check_only or plan.nothing_to_do:
@@ -269,20 +307,7 @@ def graft_mtp(artifact: Path, source: Path, *, check_only: bool = False, force: 
     check_graft_writable(artifact)
     if removal is not None:
         log.warning("--force: removing %s (the grafted artifact takes the folder's place)", removal.said)
-    try:
-        with staging_dir(artifact) as tmp:  # removed on any failure: nothing is left beside the artifact
-            graft_into(artifact, tmp, source, plan, packed)
-            carry_files(artifact, tmp, drop=[MANIFEST_NAME])
-            root = refresh_manifest(tmp, {"graft_mtp": plan.summary()}, previous=artifact) if had_manifest else None
-    except OSError as e:
-        if e.errno not in _WRITE_ERRNOS:
-            raise
-        raise StageError(
-            f"graft-mtp could not write the grafted artifact beside {artifact} "
-            f"({e.strerror or e}{f': {e.filename}' if e.filename else ''})",
-            hint="nothing was changed and nothing was left behind: free some space on that disk "
-            "(the graft writes the MTP shard and any shard it rewrites) and re-run",
-        ) from None
+    root = _write_grafted(artifact, source, plan, packed, had_manifest)
     problems = verify_mtp(artifact, source, packed and int4_mtp(artifact))
     if had_manifest:
         report = verify_artifact(artifact)

@@ -18,7 +18,7 @@ class Timings:
 
     `stages`: each stage that ran (not the ones reused from their records) -> seconds.
     `gptq_layers`: the streamed engine, per decoder layer of this process (rank 0 with `--gpus N`):
-    seconds per phase (engine/run.Phases: read, build, calibrate, reduce, gptq, gather, write,
+    seconds per phase (engine/phases.Phases: read, build, calibrate, reduce, gptq, gather, write,
     barrier, rebuild, forward; the ones the layer went through, in order).
     `gptq_tail`: the gptq stage after its layer loop, by part: head_calibration, mtp_gptq (the
     streamed engine's pass); layer_links, rest_shards, index_and_calibration (its stage folder);

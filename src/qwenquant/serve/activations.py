@@ -66,17 +66,7 @@ def decide_activations(
     if row is not None and row.marlin_env_refused and device == "cuda" and activations == "int8":
         return _without_marlin_env(row, base, source)
     if activations != "int8":
-        if VAR not in base:
-            return ActivationLaunch("bf16", {})
-        return ActivationLaunch(
-            "bf16",
-            {},
-            (VAR,),
-            warnings=(
-                f"{VAR}={base[VAR]!r} is set in this shell: removed from vLLM's environment ({source} bf16); "
-                "pass --activations int8 for int8 activations",
-            ),
-        )
+        return _bf16(base, source)
     env = {VAR: "int8"}
     warnings: list[str] = []
     if base.get(VAR, "int8") != "int8":
@@ -105,6 +95,30 @@ def decide_activations(
             ),
             warnings=tuple(warnings),
         )
+    line = _marlin_int8(capability, base, env, source)
+    return ActivationLaunch("int8", env, notes=(line, cache), warnings=tuple(warnings))
+
+
+def _bf16(base: Mapping[str, str], source: str) -> ActivationLaunch:
+    """bf16: nothing added; the Marlin variable of the user's shell removed from vLLM's environment, with a
+    warning."""
+    if VAR not in base:
+        return ActivationLaunch("bf16", {})
+    return ActivationLaunch(
+        "bf16",
+        {},
+        (VAR,),
+        warnings=(
+            f"{VAR}={base[VAR]!r} is set in this shell: removed from vLLM's environment ({source} bf16); "
+            "pass --activations int8 for int8 activations",
+        ),
+    )
+
+
+def _marlin_int8(capability: tuple[int, int], base: Mapping[str, str], env: dict[str, str], source: str) -> str:
+    """int8 through the Marlin variable on a GPU of this SM: a UsageError below SM 8.0; on SM 9.0 the kernels
+    vLLM puts ahead of Marlin added to `env`'s VLLM_DISABLED_KERNELS (after the shell's); the line that says
+    which kernel runs the layers."""
     sm = f"SM {capability[0]}.{capability[1]}"
     if capability < MIN_CAPABILITY:
         raise UsageError(
@@ -114,18 +128,16 @@ def decide_activations(
     if capability[0] == 9:
         have = [k for k in base.get(DISABLED, "").split(",") if k]
         env[DISABLED] = ",".join(have + [k for k in HOPPER_FIRST if k not in have])
-        line = (
+        return (
             f"activations: int8 ({source}; {VAR}=int8). {sm} (Hopper): vLLM chooses Machete for W4A16 layers "
             "(vLLM 0.32 also Humming) ahead of Marlin, and they ignore the variable; qwenquant disables them "
             f"({DISABLED}={env[DISABLED]}) so Marlin runs every W4A16 layer with int8 per-token activations "
             "(lm_head and MTP head included); vLLM logs 'Using MarlinLinearKernel for CompressedTensorsWNA16'"
         )
-    else:
-        line = (
-            f"activations: int8 ({source}; {VAR}=int8). {sm}: vLLM chooses Marlin for W4A16 layers, which "
-            "takes int8 per-token activations on every layer (lm_head and MTP head included)"
-        )
-    return ActivationLaunch("int8", env, notes=(line, cache), warnings=tuple(warnings))
+    return (
+        f"activations: int8 ({source}; {VAR}=int8). {sm}: vLLM chooses Marlin for W4A16 layers, which "
+        "takes int8 per-token activations on every layer (lm_head and MTP head included)"
+    )
 
 
 def _without_marlin_env(row: CompatRow, base: Mapping[str, str], source: str) -> ActivationLaunch:

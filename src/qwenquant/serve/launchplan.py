@@ -4,35 +4,27 @@
 `decide_launch` returns; `preflight.prepare` gathers its inputs (the verified artifact, the resolved profile, the
 vLLM install, the machine read once by serve/machine.py) and hands them here. Here: the vLLM version table's row
 (`vllmcompat.row_for`, once), the parallel layout (serve/topology.py `decide_layout`, as `plan` decides it), the
-serve-time guards (serve/guards.py), the argv and environment, the hard --gpu-mem's ballast and the memory budget.
+serve-time guards (serve/guards.py), the argv and environment, the hard --gpu-mem's ballast and the memory budget
+(serve/launchmem.py).
 Nothing is started and nothing is asked of the machine; the artifact's tensor sizes are read by the budget.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qwenquant.errors import QwenquantError, ServeError, UsageError
+from qwenquant.errors import QwenquantError, ServeError
 from qwenquant.plan import budget as budgetmod
-from qwenquant.plan.artifact import artifact_budget
-from qwenquant.plan.gpumem import apply_gpu_mem, ballast_note
-from qwenquant.plan.pipeline import PARTITION_ENV
-from qwenquant.plan.report import fill_lines, stage_name
-from qwenquant.plan.transient import fill
-from qwenquant.plan.weights import model_shape
 from qwenquant.procenv import multicast_off
 from qwenquant.recipe import ResolvedProfile
 from qwenquant.recipe.speculative import spec_tokens_fix, spec_tokens_problem
 from qwenquant.serve import argv as argvmod
-from qwenquant.serve import guards
+from qwenquant.serve import guards, launchmem
 from qwenquant.serve.activations import ActivationLaunch, chosen, decide_activations
-from qwenquant.serve.ballast import ballast_command
 from qwenquant.serve.discover import Frontend, VllmInstall, frontend
-from qwenquant.serve.gpus import check_free
 from qwenquant.serve.machine import Machine
 from qwenquant.serve.request import ServeRequest
 
@@ -123,36 +115,18 @@ def decide_launch(req: ServeRequest, art: LaunchInputs, machine: Machine, checks
     if layout.gpus > 1:
         out.notes.append(layout.line())
     checks.run(guards.check_layout, dev, layout, art.config, profile, match.row, out.warnings)
-    profile = (
-        checks.run(
-            lambda: apply_gpu_mem(
-                profile,
-                req.gpu_mem_bytes,
-                dev,
-                req.extra,
-                lambda: machine.used(1)[0].total,
-                out.notes,
-                dry_run=req.dry_run,
-                soft=req.gpu_mem_soft,
-            )
-        )
-        or profile
-    )
-    ballast = checks.run(_ballast, req, dev, layout.gpus, machine, out.notes) or ()
+    profile = checks.run(launchmem.gpu_mem_profile, req, profile, dev, machine, out.notes) or profile
+    ballast = checks.run(launchmem.ballast, req, dev, layout.gpus, machine, out.notes) or ()
     acts = checks.run(_activations, req, profile, art, dev, machine, match, out.warnings) or ActivationLaunch(
         "bf16", {}
     )
     host = bool(checks.run(_host_embeddings, req, profile, art, dev, layout, machine, match, out.warnings))
     profile = profile.model_copy(update={"host_embeddings": host})
     args, env_add = _command(req, art, profile, dev, layout, machine, acts, out)
-    if host:
-        env_add[guards.HOST_EMBEDDINGS_ENV] = "1"
-        out.notes.append(
-            "host embeddings: vLLM keeps the input embedding table in pinned host memory, read by the "
-            "GPU through UVA (scripts/vllm-host-embeddings/plugin); the budget counts it off the GPU"
-        )
-    budget = checks.run(_budget, art, profile, dev, env_add, machine, layout, out.warnings)
-    args += _kv_cache_from_plan(profile, dev, budget, req.extra, out.notes)
+    budget = checks.run(
+        launchmem.budget, art.artifact, art.manifest, art.config, profile, dev, env_add, machine, layout, out.warnings
+    )
+    args += launchmem.kv_cache_from_plan(profile, dev, budget, req.extra, out.notes)
     unset = acts.env_unset + (() if host else _unset_host_embeddings(machine.env, out.warnings))
     return LaunchPlan(
         art.artifact,
@@ -210,27 +184,6 @@ def _host_embeddings(
     )
 
 
-KV_BYTES_FLAG = "--kv-cache-memory-bytes"
-
-
-def _kv_cache_from_plan(
-    profile: ResolvedProfile, dev: str, budget: budgetmod.Budget | None, extra: Sequence[str], notes: list[str]
-) -> list[str]:
-    """A profile's `kv_cache_from_plan`: vLLM's KV cache is the plan's figure (--kv-cache-memory-bytes), so vLLM
-    skips sizing it from its profiling run, whose activation peak a served request does not reach; a figure
-    after -- wins. Only on one CUDA GPU, where the budget is the GPU's."""
-    if not profile.kv_cache_from_plan or dev != "cuda" or budget is None or budget.tp * budget.pp > 1:
-        return []
-    if any(a.split("=", 1)[0] == KV_BYTES_FLAG for a in extra):
-        notes.append(f"{KV_BYTES_FLAG} after -- replaces the profile's kv_cache_from_plan")
-        return []
-    notes.append(
-        f"KV cache from the plan: {KV_BYTES_FLAG} {budget.cache_available} ({budgetmod.gib(budget.cache_available)}: "
-        "the budget less weights, activations and runtime), not from vLLM's profiling run"
-    )
-    return [KV_BYTES_FLAG, str(budget.cache_available)]
-
-
 def launch_device(req: ServeRequest, install: VllmInstall | None) -> str:
     """--device, else what the vLLM build targets (cuda when no vLLM is found)."""
     return req.device or (install.device if install else "cuda")
@@ -268,7 +221,8 @@ def _command(
     acts: ActivationLaunch,
     out: _Lines,
 ) -> tuple[list[str], dict[str, str]]:
-    """vLLM's argv and the environment it gets added, and the warnings and notes they carry."""
+    """vLLM's argv and the environment it gets added (the host-embeddings switch when the profile, as decided,
+    moves the table), and the warnings and notes they carry."""
     extra = guards.device_extra(dev, req.extra, machine.capability, out.warnings)
     out.warnings.extend(guards.prefix_caching_warnings(profile, req.extra))
     fe = frontend(art.install) if art.install else Frontend(None, None, None)
@@ -296,6 +250,12 @@ def _command(
         out.warnings.append(
             "MTP on CPU: sample greedily (temperature 0); temperature > 0 under speculative "
             "decoding reads uninitialised temperatures in vLLM's CPU sampler (vLLM #55005)"
+        )
+    if profile.host_embeddings:
+        env_add[guards.HOST_EMBEDDINGS_ENV] = "1"
+        out.notes.append(
+            "host embeddings: vLLM keeps the input embedding table in pinned host memory, read by the "
+            "GPU through UVA (scripts/vllm-host-embeddings/plugin); the budget counts it off the GPU"
         )
     return args, env_add
 
@@ -331,26 +291,6 @@ def _activations(
     )
 
 
-def _ballast(req: ServeRequest, dev: str, n: int, machine: Machine, notes: list[str]) -> tuple[str, ...]:
-    """The ballast's argv for a hard --gpu-mem on the `n` GPUs vLLM will use (checked: each has the size free),
-    and the line saying what it holds; () without a hard limit."""
-    size = req.gpu_mem_bytes
-    if not req.hard_limit or size is None or dev != "cuda":
-        return ()
-    try:
-        gpus = machine.used(n)
-    except (ServeError, UsageError) as e:
-        if not req.dry_run:
-            raise
-        notes.append(
-            f"--gpu-mem {budgetmod.gib(size)} is a hard limit: a ballast process will hold all but that "
-            f"of each GPU's free memory (cannot read the GPUs here: {e.message})"
-        )
-        return tuple(ballast_command(sys.executable, size + req.ballast_reserve, n))
-    notes.append(ballast_note(size, [(g.index, g.total, g.free) for g in gpus], req.ballast_reserve))
-    return tuple(ballast_command(sys.executable, size + req.ballast_reserve, n, [g.free for g in gpus]))
-
-
 def _check_spec_tokens(profile: ResolvedProfile, install: VllmInstall | None, row: CompatRow) -> None:
     """More draft tokens than vLLM's GDN speculative path survives (the profile's, or `-- --speculative-config`):
     the row's max_spec_tokens (the default limit when no vLLM is found)."""
@@ -363,64 +303,6 @@ def _check_spec_tokens(profile: ResolvedProfile, install: VllmInstall | None, ro
         )
     if problem:
         raise ServeError(problem, hint=spec_tokens_fix())
-
-
-def _gpu_bytes(machine: Machine, n: int, utilization: float) -> int:
-    """Memory per GPU to plan for over the `n` GPUs vLLM uses, each checked free enough for `utilization`."""
-    gpus = machine.used(n)
-    if n > 1:
-        return check_free(gpus, utilization)
-    total, free = gpus[0].total, gpus[0].free
-    want = int(total * utilization)
-    if free < want:
-        raise ServeError(
-            f"the GPU has {budgetmod.gib(free)} free of {budgetmod.gib(total)}; --gpu-memory-utilization "
-            f"{utilization:g} asks for {budgetmod.gib(want)}",
-            hint=f"free the GPU or lower --gpu-memory-utilization to {int(free / total * 100) / 100:.2f} "
-            "(pass it after --)",
-        )
-    return total
-
-
-def _budget(
-    art: LaunchInputs,
-    profile: ResolvedProfile,
-    dev: str,
-    env_add: dict[str, str],
-    machine: Machine,
-    layout: Layout,
-    warnings: list[str],
-) -> budgetmod.Budget:
-    if dev == "cuda":
-        total = _gpu_bytes(machine, layout.gpus, profile.gpu_memory_utilization)
-    else:
-        space = env_add.get("VLLM_CPU_KVCACHE_SPACE") or machine.env.get("VLLM_CPU_KVCACHE_SPACE", "1")
-        total = int(float(space) * budgetmod.GiB)
-    tp, pp = layout.tp, layout.pp
-    budget = artifact_budget(
-        art.artifact,
-        art.manifest,
-        profile,
-        dev,
-        total_bytes=total,
-        tp=tp if pp == 1 else 1,
-        pp=pp,
-        partition=machine.env.get(PARTITION_ENV),
-    )
-    where = f" on {stage_name(budget)}" if pp > 1 else ""
-    if not budget.fits:
-        raise ServeError(
-            f"the memory budget does not fit{where}: " + budget.shortfall_message(),
-            hint="`qwenquant plan` shows the whole budget; pass the lowered setting after --",
-        )
-    if not budget.fits_all_seqs:
-        warnings.append(budget.concurrency_message() + where)
-    f = fill(budget, model_shape(art.config))
-    if f is not None and not f.holds:
-        warnings.append(
-            "the context boots but may not fill: " + fill_lines(budget, f)[-1].strip().removeprefix("DOES NOT FILL: ")
-        )
-    return budget
 
 
 def with_failures(plan: LaunchPlan, failures: Sequence[QwenquantError]) -> LaunchPlan:

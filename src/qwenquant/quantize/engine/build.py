@@ -62,23 +62,14 @@ def run_streamed_gptq(
     digests: DigestCache | None = None,
     timings: Timings | None = None,
 ) -> dict[str, Any]:
-    """Quantize the body into `out_dir` (a fresh folder) layer by layer, resuming from the layer
-    records under `layers_root`; write the tensors, the index and the head calibration; return
-    stage info. `heldout`: the sample indices the lm_head stage keeps for its quality report.
-    `ranks` > 1: an N-process job (engine/launch.py) whose rank 0 writes the same folder.
-    `mtp`: also GPTQ the MTP head on the same pass (engine/mtpcal.py; one process only).
-    `digests`: the run's cache (one process: it gets every layer file's digest). `timings`: gets the
-    layer phases and the parts after the loop (with `ranks` > 1: rank 0's, and every rank's figures)."""
+    """Quantize the body into `out_dir` (a fresh folder) layer by layer, resuming from the layer records under
+    `layers_root`; write the tensors, the index and the head calibration; return stage info. `heldout`: the sample
+    indices the lm_head stage keeps for its quality report. `ranks` > 1: an N-process job (engine/launch.py) whose
+    rank 0 writes the same folder. `mtp`: also GPTQ the MTP head on the same pass (engine/mtpcal.py; one process
+    only). `digests`: the run's cache (one process: it gets every layer file's digest). `timings`: gets the layer
+    phases and the parts after the loop (with `ranks` > 1: rank 0's, and every rank's figures)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if ranks > 1:
-        from qwenquant.quantize.engine.launch import run_job
-
-        if mtp:
-            raise UsageError(
-                f"--gpus {ranks}: the MTP head's GPTQ (mtp.quantize: gptq) runs in one process",
-                hint="drop --gpus, or keep the MTP head bf16 (mtp.quantize: bf16)",
-            )
-
         job = {
             "source_dir": str(source_dir),
             "samples": samples,
@@ -90,11 +81,7 @@ def run_streamed_gptq(
             "fingerprint": fingerprint,
             "device": device,
         }
-        done = run_job(job, ranks, Path(layers_root).parent, progress)
-        if timings is not None:
-            timings.gptq_layers, timings.gptq_ranks = done["layers"], done["ranks"]
-            timings.add_tail(done["tail"])
-        return done["info"]
+        return _run_job(job, ranks, mtp, progress, timings)
     from qwenquant.checkpoint.tensorfile import checkpoint_refs
     from qwenquant.modeling.text import open_source
     from qwenquant.quantize.engine.run import apply_gpu_cap, stream_quantize
@@ -120,6 +107,26 @@ def run_streamed_gptq(
     return info
 
 
+def _run_job(
+    job: dict[str, Any], ranks: int, mtp: bool, progress: Callable[[int, int], None] | None, timings: Timings | None
+) -> dict[str, Any]:
+    """The stage info of an N-process job (engine/launch.py; `job`: what each rank reads), rank 0 writing the
+    stage folder; `timings` gets rank 0's layer phases and tail, and every rank's figures. A UsageError for `mtp`:
+    the MTP head's GPTQ runs in one process."""
+    from qwenquant.quantize.engine.launch import run_job
+
+    if mtp:
+        raise UsageError(
+            f"--gpus {ranks}: the MTP head's GPTQ (mtp.quantize: gptq) runs in one process",
+            hint="drop --gpus, or keep the MTP head bf16 (mtp.quantize: bf16)",
+        )
+    done = run_job(job, ranks, Path(job["layers_root"]).parent, progress)
+    if timings is not None:
+        timings.gptq_layers, timings.gptq_ranks = done["layers"], done["ranks"]
+        timings.add_tail(done["tail"])
+    return done["info"]
+
+
 def write_stage_folder(src: Any, res: Any, out_dir: Path, max_shard_bytes: int) -> dict[str, Any]:
     """The stage folder from a finished layer loop (`res`: engine.run.StreamResult, its head
     calibration complete): layer shards, the rest from the source bytes, index, head calibration.
@@ -128,7 +135,7 @@ def write_stage_folder(src: Any, res: Any, out_dir: Path, max_shard_bytes: int) 
     from qwenquant.checkpoint.tensorfile import plan_shards, shard_refs, write_index, write_shard
     from qwenquant.quantize.engine import headcal
     from qwenquant.quantize.engine.layers import ENGINE_VERSION
-    from qwenquant.quantize.engine.run import Phases
+    from qwenquant.quantize.engine.phases import Phases
 
     refs = src.refs
     rest = {n: r for n, r in refs.items() if not n.startswith(MTP_PREFIX) and not src.is_layer_tensor(n)}

@@ -2,7 +2,7 @@
 
 vLLM's drafter (`Qwen3_5MultiTokenPredictor`) sees, for position t, the target's final (post-norm)
 hidden state at t and the embedding of token t+1. The streamed engine has both once the last decoder
-layer ran: `_head_calibration` applies the final norm sample by sample and hands each calibration
+layer ran: `headcal.calibrate` applies the final norm sample by sample and hands each calibration
 sample's hidden states here, with the sample's tokens. The head's Linears (`mtp.fc` and its decoder
 layer's q/k/v/o and gate/up/down projections) get Hessian hooks (engine/quantize.LayerGPTQ, the body's
 llm-compressor steps) during one bf16 forward of the head per sample, as one subgraph (llm-compressor's

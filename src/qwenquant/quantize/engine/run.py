@@ -28,10 +28,9 @@ the loop (no writer thread): a barrier follows and every rank rebuilds the layer
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,13 +48,14 @@ from qwenquant.modeling.text import (
     TextModelSource,
     build_layer,
     embed_samples,
-    final_norm,
     read_layer,
     ref_tensor,
 )
+from qwenquant.quantize.engine import headcal
 from qwenquant.quantize.engine import layers as L
 from qwenquant.quantize.engine.layers import ENGINE_VERSION  # noqa: F401  (re-exported)
 from qwenquant.quantize.engine.overlap import _arrived, _Copier, _prefetch, _Writer
+from qwenquant.quantize.engine.phases import Phases
 from qwenquant.quantize.engine.quantize import LayerGPTQ, target_modules
 
 log = logging.getLogger(__name__)
@@ -69,40 +69,9 @@ class StreamResult:
     head: Any  # engine.headcal.HeadCalibration
     seconds_per_layer: list[float]
     samples: list[int]  # the calibration samples this process forwarded (all of them in one process)
-    phases: list[dict[str, float]]  # per layer: seconds in each phase (see `Phases`)
+    phases: list[dict[str, float]]  # per layer: seconds in each phase (see engine/phases.py `Phases`)
     mtp: dict[str, Any] | None = None  # packed MTP Linears (`mtp: {quantize: gptq}`), engine/mtpcal.py
     tail: dict[str, float] = field(default_factory=dict)  # seconds after the loop, by part (timings.Timings.gptq_tail)
-
-
-class Phases:
-    """Wall seconds per phase of one decoder layer, for `--verbose` and the benchmarks. A phase
-    that ran GPU work ends with a CUDA synchronize, so its kernels are counted in it and not in
-    whichever later phase first waits for them. Phases: read (waiting for the layer's tensors,
-    which a thread reads while the previous layer runs and, on a GPU, copies there from pinned
-    memory on a side stream), build, calibrate (forward with Hessian hooks), reduce (Hessians to
-    their owner ranks), gptq (solve and pack), gather (packed modules to rank 0), write, barrier,
-    rebuild (from the layer's artifact tensors), forward (the next layer's inputs). In one process
-    `write` is only the time spent waiting for the writer thread (the previous layer's write before
-    this one is handed over; the last layer's after its forward), the write itself overlapping
-    rebuild, forward and the next layer; with ranks it is the whole write, on rank 0. Still serial
-    with the GPU work: build and rebuild (the unpack; from memory for a layer quantized in this run)."""
-
-    def __init__(self, device: str) -> None:
-        self.sync = device == "cuda"
-        self.seconds: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            if self.sync:
-                torch.cuda.synchronize()
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
-
-    def line(self) -> str:
-        return ", ".join(f"{k} {v:.2f}" for k, v in self.seconds.items())
 
 
 def apply_gpu_cap(device: str, max_gpu_mem_gib: float | None) -> None:
@@ -243,6 +212,90 @@ def my_samples(samples: list[list[int]], ranks: Any) -> list[int]:
     return [order[p] for p in share]
 
 
+class _LayerLoop:
+    """The steps of one decoder layer in the loop and what they share across layers: the calibration
+    activations (`acts`, replaced by each layer's outputs), the prefetch thread (the next layer's read,
+    its host-to-GPU copy on a side stream) and, in one process, the writer thread; with `ranks`, rank 0
+    writes in the loop and a barrier follows. Layers below `done` are resumed from their records."""
+
+    def __init__(
+        self,
+        src: TextModelSource,
+        q: Any,
+        scheme: Any,
+        layers_root: Path,
+        fingerprint: str,
+        device: str,
+        ranks: Any,
+        digests: DigestCache | None,
+        acts: list[torch.Tensor],
+        done: int,
+    ) -> None:
+        self.src, self.q, self.scheme, self.device, self.ranks = src, q, scheme, device, ranks
+        self.layers_root, self.fingerprint, self.digests = layers_root, fingerprint, digests
+        self.acts, self.done = acts, done
+        self.inputs = LayerInputs(src, device)
+        self.pool = ThreadPoolExecutor(max_workers=1)
+        self.copier = _Copier.on(device)
+        self.nxt: Future | None = None
+        self.background = _Writer(layers_root, fingerprint, digests) if ranks is None else None
+
+    def step(self, i: int) -> tuple[Mapping[str, RawTensor | TensorRef], Phases]:
+        """Layer i quantized (or resumed from its record), rebuilt from its artifact tensors and run
+        forward over every sample to give the next layer its inputs; its tensors and its phases."""
+        n, done = self.src.num_layers, self.done
+        phase = Phases(self.device)
+        refs: Mapping[str, RawTensor | TensorRef] | None = None
+        if i >= done:
+            refs = self._quantize(i, phase)
+        elif self.pool and i + 1 == done and done < n:
+            self.nxt = self.pool.submit(_prefetch, self.src, done, self.copier)
+        with phase("rebuild"):
+            refs = refs if refs is not None else L.layer_refs(self.layers_root, i)  # resumed, or with ranks
+            layer = _quantized_layer(self.src, i, refs, self.scheme, self.device)
+        with phase("forward"):
+            _forward_all(layer, self.acts, self.inputs, self.src.config.layer_types[i], keep=True)
+        del layer
+        if self.background is not None and self.background.pending is not None and i + 1 == n:
+            with phase("write"):
+                self.background.wait()  # the last layer's file and record, before the head calibration
+        return refs, phase
+
+    def _quantize(self, i: int, phase: Phases) -> Mapping[str, RawTensor | TensorRef] | None:
+        """Layer i read (prefetched: the next one's read starts here), calibrated, quantized and handed to
+        the writer thread (with ranks: written by rank 0, then a barrier); the tensors handed over, None
+        when they are to be read back from the layer's file."""
+        src = self.src
+        with phase("read"):
+            raw = _arrived(self.nxt) if self.nxt is not None else read_layer(src, i)
+        self.nxt = (
+            self.pool.submit(_prefetch, src, i + 1, self.copier) if self.pool and i + 1 < src.num_layers else None
+        )
+        res = _gptq_layer(src, i, raw, self.acts, self.inputs, self.q, self.scheme, self.device, self.ranks, phase)
+        del raw
+        refs = None
+        if res is not None and self.background is not None:
+            with phase("write"):
+                self.background.submit(i, res["tensors"])
+            refs = res["tensors"]  # what the writer persists, so no read-back
+        elif res is not None:
+            with phase("write"):
+                L.write_layer(self.layers_root, i, res["tensors"], self.fingerprint, self.digests)
+        if self.ranks is not None:
+            from qwenquant.quantize.engine import dist
+
+            with phase("barrier"):
+                dist.barrier()  # the record exists before any rank reads the layer back
+        return refs
+
+    def close(self) -> None:
+        """Stop the prefetch thread (a read in flight is waited for) and the writer thread."""
+        if self.pool:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.background is not None:
+            self.background.close()
+
+
 def stream_quantize(
     src: TextModelSource,
     samples: list[list[int]],
@@ -266,47 +319,13 @@ def stream_quantize(
     done = _resume_point(layers_root, n, fingerprint, device, ranks, digests)
     order = my_samples(samples, ranks)
     acts = embed_samples(src, [samples[k] for k in order], device)
-    inputs = LayerInputs(src, device)
-    pool = ThreadPoolExecutor(max_workers=1)
-    copier = _Copier.on(device)
-    nxt: Future | None = None
+    loop = _LayerLoop(src, q, scheme, layers_root, fingerprint, device, ranks, digests, acts, done)
     files, modules, times, phases = [], 0, [], []
     writer = ranks is None or ranks.main
-    background = _Writer(layers_root, fingerprint, digests) if ranks is None else None
     try:
         for i in range(n):
             t0 = time.perf_counter()
-            phase = Phases(device)
-            refs: Mapping[str, RawTensor | TensorRef] | None = None
-            if i >= done:
-                with phase("read"):
-                    raw = _arrived(nxt) if nxt is not None else read_layer(src, i)
-                nxt = pool.submit(_prefetch, src, i + 1, copier) if pool and i + 1 < n else None
-                res = _gptq_layer(src, i, raw, acts, inputs, q, scheme, device, ranks, phase)
-                del raw
-                if res is not None and background is not None:
-                    with phase("write"):
-                        background.submit(i, res["tensors"])
-                    refs = res["tensors"]  # what the writer persists, so no read-back
-                elif res is not None:
-                    with phase("write"):
-                        L.write_layer(layers_root, i, res["tensors"], fingerprint, digests)
-                if ranks is not None:
-                    from qwenquant.quantize.engine import dist
-
-                    with phase("barrier"):
-                        dist.barrier()  # the record exists before any rank reads the layer back
-            elif pool and i + 1 == done and done < n:
-                nxt = pool.submit(_prefetch, src, done, copier)
-            with phase("rebuild"):
-                refs = refs if refs is not None else L.layer_refs(layers_root, i)  # resumed, or with ranks
-                layer = _quantized_layer(src, i, refs, scheme, device)
-            with phase("forward"):
-                _forward_all(layer, acts, inputs, src.config.layer_types[i], keep=True)
-            del layer
-            if background is not None and background.pending is not None and i + 1 == n:
-                with phase("write"):
-                    background.wait()  # the last layer's file and record, before the head calibration
+            refs, phase = loop.step(i)
             files.append(L.layer_dir(layers_root, i) / L.TENSORS)
             modules += sum(1 for nm in refs if nm.endswith(".weight_packed"))
             times.append(time.perf_counter() - t0)
@@ -323,18 +342,35 @@ def stream_quantize(
             if progress:
                 progress(i + 1, n)
     finally:
-        if pool:
-            pool.shutdown(wait=True, cancel_futures=True)
-        if background is not None:
-            background.close()
+        loop.close()
+    head, packed_mtp, tail = _after_layers(src, q, scheme, samples, acts, order, heldout, device, ranks, mtp)
+    return StreamResult(files, modules, done, head, times, order, phases, packed_mtp, tail)
+
+
+def _after_layers(
+    src: TextModelSource,
+    q: Any,
+    scheme: Any,
+    samples: list[list[int]],
+    acts: list[torch.Tensor],
+    order: list[int],
+    heldout: list[int],
+    device: str,
+    ranks: Any,
+    mtp: bool,
+) -> tuple[Any, dict[str, Any] | None, dict[str, float]]:
+    """After the layer loop, on the last layer's outputs: the lm_head calibration (`headcal.calibrate`)
+    and, with `mtp`, the MTP head's calibration on the same hidden states and its GPTQ; the head's
+    calibration, the packed MTP Linears and the seconds of each part (QuantizeResult.timings: a
+    projection scales each part by what it reads)."""
     mtpcal = None
-    tail = Phases(device)  # after the loop (QuantizeResult.timings: a projection scales each part by what it reads)
+    tail = Phases(device)
     if mtp:
         from qwenquant.quantize.engine.mtpcal import MtpCalibration
 
         mtpcal = MtpCalibration(src, q, scheme, device)
     with tail("head_calibration"):
-        head = _head_calibration(
+        head = headcal.calibrate(
             src,
             acts,
             order,
@@ -349,47 +385,4 @@ def stream_quantize(
         with tail("mtp_gptq"):
             packed_mtp = mtpcal.quantize()
     log.debug("gptq: after the layer loop (s): %s", tail.line())
-    return StreamResult(files, modules, done, head, times, order, phases, packed_mtp, dict(tail.seconds))
-
-
-def _head_calibration(
-    src: TextModelSource,
-    acts: list[torch.Tensor],
-    order: list[int],
-    heldout: list[int],
-    device: str,
-    ranks: Any,
-    precision: str = "tensor-core",
-    mtp: tuple[Any, list[list[int]]] | None = None,
-) -> Any:
-    """Final norm over this process's samples, then the lm_head Hessian (in the recipe's Hessian
-    precision) and held-out hidden states (summed / gathered onto rank 0 in an N-process job). `mtp`:
-    (engine.mtpcal.MtpCalibration, the samples' tokens): every calibration sample's final hidden
-    states also go through the MTP head."""
-    from qwenquant.quantize import head_gptq as lh
-    from qwenquant.quantize.engine.headcal import HeadCalibration
-
-    norm = final_norm(src, device)
-    H, tokens, held = None, 0, {}
-    held_set = set(heldout)
-    where = {k: pos for pos, k in enumerate(order)}
-    with torch.no_grad():
-        for j in sorted(where):  # sample order, as the lm_head stage folded them from the model
-            h = norm(acts[where[j]])
-            if j in held_set:
-                held[j] = h.reshape(-1, h.shape[-1]).cpu()
-            else:
-                H, tokens = lh.accumulate_hessian(H, h, tokens, precision=precision)
-                if mtp is not None:
-                    mtp[0].add(mtp[1][j], h)
-            acts[where[j]] = None  # type: ignore[call-overload]  # free as we go: nothing reads it again
-    if ranks is not None:
-        from qwenquant.quantize.engine import dist
-
-        combined = dist.combine_head(H, tokens, held, int(src.config.hidden_size), device, ranks)
-        if combined is None:
-            return None
-        H, tokens, held_list = combined
-    else:
-        held_list = [held[j] for j in sorted(held)]
-    return HeadCalibration(H, tokens, torch.cat(held_list) if held_list else None, len(held_list))
+    return head, packed_mtp, dict(tail.seconds)

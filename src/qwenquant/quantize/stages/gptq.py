@@ -4,11 +4,11 @@ Two engines, chosen by QWENQUANT_GPTQ_ENGINE (`gptq_engine`):
 - `streamed` (default): quantize/engine/, one decoder layer in memory at a time, resumable per
   layer; it also leaves the lm_head stage its calibration (engine/headcal.py). Unquantized tensors
   are copied as the source's raw bytes.
-- `oneshot`: llm-compressor `oneshot` on the whole model. llm-compressor 0.14 wraps every oneshot
-  in `norm_calibration_context`, which rounds each offset-norm weight through bf16 as (1 + w) and
-  back, so the saved norms differ from the source (docs/known-issues.md#norm-rounding); 0.14 has
-  no switch to turn it off, so after the save every tensor the recipe does not quantize is taken
-  back from the source bytes (`restore_plan`) and shards are re-written deterministically.
+- `oneshot`: llm-compressor `oneshot` on the whole model (quantize/oneshot.py). llm-compressor 0.14
+  wraps every oneshot in `norm_calibration_context`, which rounds each offset-norm weight through bf16
+  as (1 + w) and back, so the saved norms differ from the source (docs/known-issues.md#norm-rounding);
+  0.14 has no switch to turn it off, so after the save every tensor the recipe does not quantize is
+  taken back from the source bytes (`restore_plan`) and shards are re-written deterministically.
 Either way `identity.prove_unquantized_identical` checks the output on every build. MTP tensors
 are left out here and grafted by the mtp stage.
 """
@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import re
 import shutil
 import time
-import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -102,56 +99,6 @@ def quantized_config(
     return cfg
 
 
-class _LayerCounter:
-    """A loguru sink: counts modules llm-compressor reports as quantized, feeds a progress callback."""
-
-    _re = re.compile(r"Quantizing (\d+) module")
-
-    def __init__(self, progress: Callable[[int], None] | None) -> None:
-        self.progress = progress
-        self.log = logging.getLogger("qwenquant.llmcompressor")
-
-    def __call__(self, message: Any) -> None:
-        rec = message.record
-        text = rec["message"]
-        level = logging.WARNING if rec["level"].name in ("WARNING", "ERROR", "CRITICAL") else logging.DEBUG
-        self.log.log(level, "%s", text)
-        m = self._re.search(text)
-        if m and self.progress:
-            self.progress(int(m.group(1)))
-
-
-def count_targets(model: Any, q: QuantizationSpec) -> int:
-    """How many Linear modules the modifier will quantize (for the progress bar)."""
-    import torch
-
-    from qwenquant.checkpoint.names import targets_cover
-
-    n = 0
-    for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.Linear) and not targets_cover(q.ignore, name):
-            if name.startswith(MTP_PREFIX):
-                continue
-            n += 1
-    return n
-
-
-def _load_model(source_dir: Path) -> tuple[Any, Any]:
-    """The whole model of `source_dir` (its config's architecture) in eval mode, and its tokenizer. Raises
-    StageError."""
-    import transformers
-
-    src_cfg = json.loads((source_dir / "config.json").read_text())
-    arch = (src_cfg.get("architectures") or ["Qwen3_5ForConditionalGeneration"])[0]
-    model_cls = getattr(transformers, arch, None)
-    if model_cls is None:
-        raise StageError(
-            f"transformers has no model class {arch}", hint="upgrade transformers (see constraints/quant.txt)"
-        )
-    model = model_cls.from_pretrained(str(source_dir), dtype="auto").eval()
-    return model, transformers.AutoTokenizer.from_pretrained(str(source_dir))
-
-
 def run_gptq(
     source_dir: Path,
     samples: list[list[int]],
@@ -164,61 +111,14 @@ def run_gptq(
     digests: DigestCache | None = None,
     timings: Timings | None = None,
 ) -> dict[str, Any]:
-    """Quantize the body into `out_dir` (a fresh folder); return stage info. Raises StageError.
+    """Quantize the body into `out_dir` (a fresh folder) on the oneshot engine (quantize/oneshot.py), every
+    unquantized tensor restored from the source; return stage info. Raises StageError.
     `digests`: the run's cache, for the identity proof (`finish_output`, which adds its seconds to
     `timings`)."""
-    os.environ.setdefault("TQDM_DISABLE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # tokenization is done; silences a warning
-    set_deterministic()
-    import torch
-    from datasets import Dataset
-    from loguru import logger as loguru_logger
+    from qwenquant.quantize.oneshot import oneshot_save
 
-    from qwenquant.modeling.compat import build_modifier, oneshot
-
-    modifier = build_modifier(q)  # imports llm-compressor, which resets loguru's sinks: before ours is added
-    if not q.restore_unquantized:
-        raise StageError(
-            "quantization.restore_unquantized: false is not supported: llm-compressor 0.14 rounds "
-            "offset-norm weights, and every build proves unquantized tensors byte-identical",
-            hint="set quantization.restore_unquantized: true (the default)",
-        )
     source_dir = Path(source_dir)
-    model, tokenizer = _load_model(source_dir)
-    total = count_targets(model, q)
-    done = [0]
-
-    def tick(k: int) -> None:
-        done[0] += k
-        if progress:
-            progress(done[0], total)
-
-    ds = Dataset.from_dict({"input_ids": samples, "attention_mask": [[1] * len(s) for s in samples]})
-    loguru_logger.remove()
-    sink = loguru_logger.add(_LayerCounter(tick), level="DEBUG")
-    # transformers warns about offloaded modules on every compressed save; nothing is offloaded here
-    warnings.filterwarnings("ignore", message="Attempting to save a model with offloaded modules")
-    raw = out_dir / ".llmcompressor-save"
-    try:
-        oneshot(
-            model=model,
-            processor=tokenizer,
-            dataset=ds,
-            recipe=modifier,
-            sequential_targets=list(q.sequential_targets),
-            pipeline="sequential",
-            num_calibration_samples=len(samples),
-            max_seq_length=max(len(s) for s in samples),
-            shuffle_calibration_samples=False,
-            batch_size=1,
-        )
-        model.save_pretrained(str(raw), save_compressed=True)
-    finally:
-        loguru_logger.remove(sink)
-    del model
-    if device == "cuda" and torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
+    raw = oneshot_save(source_dir, samples, q, out_dir, device=device, progress=progress)
     saved_cfg = json.loads((raw / "config.json").read_text())
     tensors = restore_plan(checkpoint_refs(raw), checkpoint_refs(source_dir))
     write_checkpoint_tensors(out_dir, tensors, max_shard_bytes)
