@@ -73,6 +73,8 @@ def vllm_config(text, case):
         num_speculative_tokens=spec,
         scheduler_config=NS(disable_hybrid_kv_cache_manager=False),
         attention_config=NS(hisparse_config=None),
+        num_prefill_lookahead_tokens=1,  # read for sliding-window layers only: there are none
+        device_config=NS(device_type=case["device"]),
     )
 
 
@@ -151,19 +153,29 @@ def layout(text, case):
         "bytes_per_block": ku._get_kv_cache_bytes_per_block(groups, v.cache_config.get_resolved_kv_cache_layout()),
         "num_blocks": kv.num_blocks,
         "max_concurrency": ku.get_max_concurrency_for_kv_cache_config(v, kv),
-        "max_model_len_fit": longest(v, groups, case["available_memory"]),
+        "auto_fit": auto_fit(v, specs, case["available_memory"]),
+        "starts": [starts(v, specs, case["available_memory"], n) for n in case["starts"]],
         "ssm_dtype": str(gdn.dtypes[1]).removeprefix("torch."),
     }
 
 
-def longest(v, groups, available):
-    """The longest max_model_len vLLM fits in `available` (its --max-model-len auto fit), searched up to 2**24."""
-    asked = v.model_config.max_model_len
-    v.model_config.max_model_len = 1 << 24
+def auto_fit(v, specs, available):
+    """The max_model_len vLLM's `--max-model-len -1` (auto) fits in `available` on one worker (get_kv_cache_configs:
+    the null block reserved, then _estimate_max_model_len_from_groups), from a derived length of 2**24 so that
+    only memory bounds it."""
+    v.model_config.original_max_model_len, v.model_config.max_model_len = -1, 1 << 24
+    ku.get_kv_cache_configs(v, [dict(specs)], [available])
+    return v.model_config.max_model_len
+
+
+def starts(v, specs, available, max_model_len):
+    """Whether vLLM's start-up check in get_kv_cache_configs passes one `max_model_len` sequence."""
+    v.model_config.original_max_model_len = v.model_config.max_model_len = max_model_len
     try:
-        return ku._estimate_max_model_len_from_groups(v, groups, available)
-    finally:
-        v.model_config.max_model_len = asked
+        ku.get_kv_cache_configs(v, [dict(specs)], [available])
+    except ValueError:
+        return False
+    return True
 
 
 def main():
