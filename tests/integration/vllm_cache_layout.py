@@ -125,7 +125,9 @@ def layout(text, case):
 
     Qwen3_5ForConditionalGenerationConfig.verify_and_update_config(v)  # ssm cache dtype auto -> mamba_ssm_dtype
     Discovered.update_block_size_for_backend(v)
-    if v.cache_config.mamba_block_size is None:  # mode none: HybridAttentionMambaModelConfig's max_model_len
+    if (
+        v.cache_config.mamba_block_size is None
+    ):  # mode none: MambaModelConfig.verify_and_update_config (models/config.py:709)
         v.cache_config.mamba_block_size = v.model_config.max_model_len
     specs = layer_specs(text, v, backend)
     groups = ku.get_kv_cache_groups(v, specs)
