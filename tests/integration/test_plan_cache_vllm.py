@@ -25,11 +25,12 @@ What vLLM 0.32 computes, per case (file:line in vllm 0.32.0):
 The backend a server discovers from its built layers is named instead: CPU_ATTN on CPU (its kernels take multiples
 of 32 tokens and the CPU platform's block is 128, platforms/cpu.py:293, so the hybrid block is a multiple of 128 as
 the plan assumes; its only KV layout, LBHNC, is not block-outermost, so no packed groups), FLASH_ATTN for CUDA
-(multiples of 16). Mode none's GDN block size is max_model_len (MambaModelConfig, model_executor/models/config.py:709). vLLM 0.32
-moved the hybrid block rule from HybridAttentionMambaModelConfig (0.26, model_executor/models/config.py) to the
-platform (_align_hybrid_block_size); the rule is the same: for the long-context-max settings in mode none it gives
-CUDA vLLM 0.26's logged 832-token block and 281 pool blocks of 8,160,000,000 B
-(tests/unit/test_plan_budget.py, test_cache_model_against_what_cuda_vllm_026_logged_for_long_context_max).
+(multiples of 16). Mode none's GDN block size is max_model_len (MambaModelConfig,
+model_executor/models/config.py:709). vLLM 0.32 moved the hybrid block rule from HybridAttentionMambaModelConfig
+(0.26, model_executor/models/config.py) to the platform (_align_hybrid_block_size); the rule is the same: for the
+long-context-max settings in mode none it gives CUDA vLLM 0.26's logged 832-token block and 281 pool blocks of
+8,160,000,000 B (tests/unit/test_plan_budget.py,
+test_cache_model_against_what_cuda_vllm_026_logged_for_long_context_max).
 
 vLLM's null block (v1/core/block_pool.py:187): 0.32 keeps it out of the auto fit and the start-up check
 (kv_cache_utils.py:2627, "Reserve the null block BlockPool permanently holds back"), as the plan's usable_blocks
