@@ -160,8 +160,8 @@ class CacheModel:
 
     def usable_blocks(self, available: int) -> int:
         """Pool blocks a sequence can get from `available` bytes: vLLM's BlockPool keeps the first block as its
-        null block (v1/core/block_pool.py), which vLLM's own fit and start check do not subtract
-        (docs/known-issues.md#autofit-full-prompt)."""
+        null block (v1/core/block_pool.py). vLLM 0.26's own fit and start check did not subtract it, 0.32's do
+        (docs/known-issues.md#autofit-full-prompt, tests/integration/test_plan_cache_vllm.py)."""
         return max(0, available // self.block_bytes - 1)
 
     def max_len_for(self, available: int, num_seqs: int) -> int:
