@@ -78,3 +78,36 @@ def test_set_deterministic_turns_off_openmp_dynamic_teams() -> None:
     if proc.stdout.split()[0] == "None":
         pytest.skip("torch here has no OpenMP runtime")
     assert proc.stdout.split() == ["1", "0", "2"]  # dynamic on as the environment asked, then off
+
+
+def test_set_deterministic_leaves_mkl_no_dynamic_thread_count() -> None:
+    """MKL (inside torch's CPU build: the GPTQ Cholesky and float32 matmuls) may run a call on fewer
+    threads than asked while its dynamic mode is on, its default (MKL_DYNAMIC): after
+    set_deterministic every MKL call runs with dynamic mode off on the count asked for (torch's
+    set_num_threads turns it off; MKL_VERBOSE's `Dyn:` and `NThr:` fields of each call say so)."""
+    import os
+    import subprocess
+    import sys
+
+    if not torch.backends.mkl.is_available():
+        pytest.skip("torch here is built without MKL")
+    code = (
+        "import torch\n"
+        "from qwenquant.modeling.runtime import set_deterministic\n"
+        "set_deterministic(threads=2)\n"
+        "x = torch.randn(256, 768)\n"
+        "h = x.t() @ x + torch.eye(768)\n"
+        "torch.cholesky_inverse(torch.linalg.cholesky(h))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MKL_VERBOSE": "1", "MKL_DYNAMIC": "TRUE"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    calls = [line for line in proc.stdout.splitlines() if line.startswith("MKL_VERBOSE ") and " NThr:" in line]
+    names = {line.split()[1].split("(")[0] for line in calls}
+    assert {"SGEMM", "SPOTRF", "SPOTRI"} <= names, proc.stdout[-2000:]
+    assert all(" Dyn:0 " in line and line.endswith(" NThr:2") for line in calls), calls

@@ -10,6 +10,12 @@ different artifacts); `thread_fields` puts it in the records of the stages whose
 The count asked for is the count used: `set_deterministic` turns off the OpenMP runtime's dynamic
 team sizes, with which (OMP_DYNAMIC=true) the runtime may give a parallel region fewer threads than
 asked, by the load on the machine (libgomp: the load average), so other work would change the bytes.
+MKL (linked into torch's CPU build: the GPTQ Cholesky and inverse, float32 matmuls, attention's
+matmuls) has a dynamic mode of its own (MKL_DYNAMIC, on by default): `torch.set_num_threads` turns
+it off, so every MKL call runs on the count asked for (tests/unit/test_runtime.py reads each call's
+`Dyn:` and `NThr:` back from MKL_VERBOSE). MKL's code path is not pinned (MKL_CBWR unset): the CPU
+and variables such as MKL_CBWR choose it, so they are inputs (README); repeated beside busy
+processes, its calls at the demo model's shapes gave the same bytes every time.
 """
 
 from __future__ import annotations

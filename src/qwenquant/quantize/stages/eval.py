@@ -18,7 +18,7 @@ from typing import Any
 
 from qwenquant.atomic import atomic_write_json
 from qwenquant.hashing import sha256_json
-from qwenquant.modeling.runtime import thread_fields
+from qwenquant.modeling.runtime import set_deterministic, thread_fields
 from qwenquant.quantize.stage import Stage, StageContext
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,7 @@ def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
     from qwenquant.evaluate.offline import run_offline
     from qwenquant.evaluate.texts import resolve_windows
 
+    set_deterministic()  # the thread count its inputs record, also when eval is the only stage a resumed run has left
     start = time.monotonic()
     ids, source = resolve_windows(
         ctx.source, spec.windows, spec.window_len, text_set=spec.text, cache=ctx.work / "datasets"
