@@ -5,7 +5,7 @@ prefix-cache counters on /metrics and the verdict on whether the server cached."
 from __future__ import annotations
 
 import pytest
-from test_bench_output import typed
+from test_bench_output import rung, typed
 
 from qwenquant.bench.burst import aggregate_prefill, burst_failure, burst_header, check_concurrency, spread3
 from qwenquant.bench.parts import PrefixCache, QueueCounts
@@ -55,17 +55,17 @@ def test_burst_failure_says_how_many_of_n() -> None:
         typed(
             "depth",
             rungs=[
-                {
-                    "depth": 2048,
-                    "prompt_tokens": 2047,
-                    "ttft": {"min": 0.5, "median": 1.0, "max": 2.25},
-                    "prefill_tok_s": 3640.0,
-                    "ok": False,
-                    "failed": 1,
-                    "concurrency": 4,
-                    "acceptance": {"metrics_page": False},
-                    "gpu_memory": {"sampled": False},
-                }
+                rung(
+                    depth=2048,
+                    prompt_tokens=2047,
+                    ttft={"min": 0.5, "median": 1.0, "max": 2.25},
+                    prefill_tok_s=3640.0,
+                    ok=False,
+                    failed=1,
+                    concurrency=4,
+                    acceptance={"metrics_page": False},
+                    gpu_memory={"sampled": False},
+                )
             ],
         )
     )[0]

@@ -16,6 +16,19 @@ from qwenquant.errors import UsageError
 
 from helpers import run_cli
 
+
+def rung(**over: Any) -> dict[str, Any]:
+    """A depth rung's JSON with the keys every rung has (its depth, seconds, GPU memory, acceptance, ok)."""
+    return {
+        "depth": 1024,
+        "seconds": 1.5,
+        "gpu_memory": {"sampled": False, "why": "not sampled: nvidia-smi not found"},
+        "acceptance": {"metrics_page": False, "speculative": None},
+        "ok": True,
+        **over,
+    }
+
+
 META = {
     "tool": "qwenquant bench",
     "argv": ["qwenquant", "bench", "run", "http://127.0.0.1:8000"],
@@ -58,7 +71,7 @@ BODIES: dict[str, dict[str, Any]] = {
         "reuse_prefix": False,
         "tokenize": True,
         "nonce": "0a1b2c3d",
-        "rungs": [{"depth": 1024, "ok": True, "prompt_tokens": 1024}],
+        "rungs": [rung(depth=1024, prompt_tokens=1024)],
         "last_ok_depth": 1024,
         "failure": None,
         "draft_tokens": 3,

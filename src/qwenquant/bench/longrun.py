@@ -16,7 +16,7 @@ from qwenquant.bench.checks import merge_checks
 from qwenquant.bench.judge import short_stream, too_good_flags
 from qwenquant.bench.modes import BenchReport, DepthReport, LongReport, SoakReport, TurnsReport
 from qwenquant.bench.output import deliver
-from qwenquant.bench.parts import Flag, flags_of
+from qwenquant.bench.parts import Flag, RequestRecord, flags_of
 from qwenquant.bench.runner import Target, resolve_model, server_version
 from qwenquant.bench.session import Request, configurations, targets_of
 from qwenquant.bench.workload import load_config
@@ -48,16 +48,16 @@ def depth_flags(report: DepthReport, cfg: Any) -> list[Flag]:
 
     flags: list[Flag] = []
     for r in report.rungs:
-        where = f"depth {r['depth']}"
+        where = f"depth {r.depth}"
         flags += too_good_flags(
-            where, {k: r.get(k) for k in ("wall_tok_s", "decode_tok_s", "prefill_tok_s", "ttft_s")}, cfg
+            where, {k: getattr(r, k) for k in ("wall_tok_s", "decode_tok_s", "prefill_tok_s", "ttft_s")}, cfg
         )
-        requests = r.get("requests") or [r]
-        checks = [f for q in requests for f in q.get("checks") or []]
-        if r.get("requests"):  # a burst's own checks (its queue), beside its requests'
-            checks += r.get("checks") or []
+        requests: list[RequestRecord] = [*r.requests] if r.requests else [r]
+        checks = [f.to_json() for q in requests for f in q.checks]
+        if r.requests:  # a burst's own checks (its queue), beside its requests'
+            checks += [f.to_json() for f in r.checks]
         flags.extend(flags_of(merge_checks(checks)))
-        flags += _short(where, requests, report.output_tokens)
+        flags += _short(where, [q.to_json() for q in requests], report.output_tokens)
         disagree = count_disagreement(r)
         if disagree:
             flags.append(Flag.model_validate(disagree))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from qwenquant.bench.parts import (
+    DepthRung,
     Failure,
     Flag,
     Part,
@@ -122,7 +123,7 @@ class DepthReport(LongReport):
     reuse_prefix: bool
     tokenize: bool | None
     nonce: str
-    rungs: list[dict[str, Any]]
+    rungs: list[DepthRung]
     last_ok_depth: int | None
     failure: Failure | None
     draft_tokens: int = 0  # a drafting server's draft tokens: the default top rung leaves them free

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from qwenquant.bench.judge import audited
+from qwenquant.bench.parts import Number
 from qwenquant.bench.table import sections
 from qwenquant.console import console, stdout
 
@@ -74,25 +75,25 @@ def depth_rows(report: DepthReport) -> list[list[str]]:
     """One row per rung (pure)."""
     rows = []
     for r in report.rungs:
-        status = "ok" if r["ok"] else "FAILED"
-        where = f"depth {r['depth']}"
+        status = "ok" if r.ok else "FAILED"
+        where = f"depth {r.depth}"
         rows.append(
             [
-                str(r["depth"]),
-                _num(r.get("prompt_tokens"), "d"),
-                _fig(report, where, "ttft_s", r.get("ttft_s"), ".2f"),
-                _fig(report, where, "prefill_tok_s", r.get("prefill_tok_s"), ".0f"),
-                _fig(report, where, "wall_tok_s", r.get("wall_tok_s"), ".1f"),
-                _fig(report, where, "decode_tok_s", r.get("decode_tok_s"), ".1f"),
-                _acc(r["acceptance"]),
-                _mem(r["gpu_memory"]),
+                str(r.depth),
+                _num(r.prompt_tokens, "d"),
+                _fig(report, where, "ttft_s", r.ttft_s, ".2f"),
+                _fig(report, where, "prefill_tok_s", r.prefill_tok_s, ".0f"),
+                _fig(report, where, "wall_tok_s", r.wall_tok_s, ".1f"),
+                _fig(report, where, "decode_tok_s", r.decode_tok_s, ".1f"),
+                _acc(r.acceptance),
+                _mem(r.gpu_memory),
                 status,
             ]
         )
     return rows
 
 
-def _spread(sp: dict[str, float] | None, fmt: str) -> str:
+def _spread(sp: dict[str, Number] | None, fmt: str) -> str:
     return "/".join(format(sp[k], fmt) for k in ("min", "median", "max")) if sp else "-"
 
 
@@ -100,19 +101,20 @@ def burst_rows(report: DepthReport) -> list[list[str]]:
     """One row per burst rung: TTFT over its requests, the aggregate prefill, median rates (pure)."""
     rows = []
     for r in report.rungs:
-        status = "ok" if r["ok"] else f"FAILED ({r.get('failed', '?')} of {r.get('concurrency', '?')})"
-        where = f"depth {r['depth']}"
-        ttft = "AUDIT" if (where, "ttft_s") in audited(report.flags) else _spread(r.get("ttft"), ".2f")
+        failed = "?" if r.failed is None else r.failed
+        status = "ok" if r.ok else f"FAILED ({failed} of {'?' if r.concurrency is None else r.concurrency})"
+        where = f"depth {r.depth}"
+        ttft = "AUDIT" if (where, "ttft_s") in audited(report.flags) else _spread(r.ttft, ".2f")
         rows.append(
             [
-                str(r["depth"]),
-                _num(r.get("prompt_tokens"), "d"),
+                str(r.depth),
+                _num(r.prompt_tokens, "d"),
                 ttft,
-                _fig(report, where, "prefill_tok_s", r.get("prefill_tok_s"), ".0f"),
-                _fig(report, where, "wall_tok_s", r.get("wall_tok_s"), ".1f"),
-                _fig(report, where, "decode_tok_s", r.get("decode_tok_s"), ".1f"),
-                _acc(r["acceptance"]),
-                _mem(r["gpu_memory"]),
+                _fig(report, where, "prefill_tok_s", r.prefill_tok_s, ".0f"),
+                _fig(report, where, "wall_tok_s", r.wall_tok_s, ".1f"),
+                _fig(report, where, "decode_tok_s", r.decode_tok_s, ".1f"),
+                _acc(r.acceptance),
+                _mem(r.gpu_memory),
                 status,
             ]
         )
