@@ -29,6 +29,23 @@ def rung(**over: Any) -> dict[str, Any]:
     }
 
 
+def turn(**over: Any) -> dict[str, Any]:
+    """A turn's JSON with the keys every turn has (its turn, depth, messages, memory, counters, seconds, ok)."""
+    return {
+        "turn": 0,
+        "depth": 2000,
+        "messages": 1,
+        "gpu_memory": {"sampled": False, "why": "not sampled: nvidia-smi not found"},
+        "prefix_cache": None,
+        "acceptance": {"metrics_page": False, "speculative": None},
+        "seconds": 1.5,
+        "new_tokens": 2000,
+        "new_prefill_tok_s": None,
+        "ok": True,
+        **over,
+    }
+
+
 META = {
     "tool": "qwenquant bench",
     "argv": ["qwenquant", "bench", "run", "http://127.0.0.1:8000"],
@@ -86,7 +103,7 @@ BODIES: dict[str, dict[str, Any]] = {
         "token_count_approximate": False,
         "windows": [WINDOW],
         "stream_windows": [[{**WINDOW, "stream": 0}]],
-        "streams": [{"stream": 0}],
+        "streams": [{"error": None, "completion_tokens": 2048, "streamed_tokens": 2048, "streamed_exact": True}],
         "verdict": {"status": "ok", "failures": [], "line": None, "acceptance_judged": True, "flags": []},
         "server_queue": None,
         "decoding_at_once": 1,
@@ -98,7 +115,7 @@ BODIES: dict[str, dict[str, Any]] = {
         "turn_tokens": 2048,
         "tokenize": None,
         "nonce": "0a1b2c3d",
-        "turns": [{"turn": 0, "ok": True}],
+        "turns": [turn()],
         "prefix_cache": {"counters": False, "cached": None, "hits": None, "queries": None},
         "last_ok_turn": 0,
         "last_ok_depth": 2100,

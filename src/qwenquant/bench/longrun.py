@@ -83,9 +83,9 @@ def soak_flags(report: SoakReport, cfg: Any) -> list[Flag]:
     flags = list(report.verdict.flags)
     for i, s in enumerate(report.streams):
         flags += too_good_flags(
-            f"stream {i}", {k: s.get(k) for k in ("wall_tok_s", "decode_tok_s", "prefill_tok_s", "ttft_s")}, cfg
+            f"stream {i}", {k: getattr(s, k) for k in ("wall_tok_s", "decode_tok_s", "prefill_tok_s", "ttft_s")}, cfg
         )
-        flags += flags_of(s.get("checks") or [])
+        flags += s.checks
     return flags + report.checks
 
 
@@ -94,15 +94,15 @@ def turns_flags(report: TurnsReport, cfg: Any) -> list[Flag]:
     cache leaves to compute), its cross-checks and a turn that ended short."""
     flags: list[Flag] = []
     for r in report.turns:
-        where = f"turn {r['turn']}"
+        where = f"turn {r.turn}"
         flags += too_good_flags(
             where,
-            {k: r.get(k) for k in ("wall_tok_s", "decode_tok_s", "new_prefill_tok_s", "ttft_s")},
+            {k: getattr(r, k) for k in ("wall_tok_s", "decode_tok_s", "new_prefill_tok_s", "ttft_s")},
             cfg,
             {"new_prefill_tok_s": "prefill_tok_s"},
         )
-        flags += flags_of(merge_checks(r.get("checks") or []))
-        flags += _short(where, [r], report.output_tokens)
+        flags += flags_of(merge_checks([f.to_json() for f in r.checks]))
+        flags += _short(where, [r.to_json()], report.output_tokens)
     return flags
 
 

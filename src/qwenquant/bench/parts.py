@@ -186,6 +186,32 @@ class DepthRung(RequestRecord):
     failed: int | None = None
 
 
+class TurnRecord(RequestRecord):
+    """One turn of a conversation: its depth (the server's count where it answered, else the fitted one), its
+    messages, the request's record, the seconds it took, the tokens new since the last turn and their prefill
+    rate, the prefix cache's counters over it (None: /metrics lacks them), MTP acceptance, the GPU memory peak
+    and whether it worked."""
+
+    turn: int
+    depth: int
+    messages: int
+    gpu_memory: dict[str, Any]
+    prefix_cache: dict[str, Number] | None
+    acceptance: dict[str, Any]
+    seconds: Number
+    new_tokens: int | None
+    new_prefill_tok_s: Number | None
+    ok: bool
+
+
+class SoakStream(RequestRecord):
+    """One stream of a soak: its error (None: it worked), the request's record where it came back, and the
+    tokens it streamed as the soak counted them (`streamed_exact`: token ids, else a floor of one per chunk
+    with text)."""
+
+    error: str | None
+
+
 def plain(value: Any) -> Any:
     """A report field as JSON: parts as their objects, lists and dicts of them element by element."""
     if isinstance(value, Part):

@@ -125,20 +125,20 @@ def turns_rows(report: TurnsReport) -> list[list[str]]:
     """One row per turn of the conversation (pure)."""
     rows = []
     for r in report.turns:
-        pc = r.get("prefix_cache")
-        where = f"turn {r['turn']}"
+        pc = r.prefix_cache
+        where = f"turn {r.turn}"
         rows.append(
             [
-                str(r["turn"]),
-                _num(r.get("depth"), "d"),
-                _num(r.get("new_tokens"), "d"),
-                _fig(report, where, "ttft_s", r.get("ttft_s"), ".2f"),
-                _fig(report, where, "new_prefill_tok_s", r.get("new_prefill_tok_s"), ".0f"),
+                str(r.turn),
+                _num(r.depth, "d"),
+                _num(r.new_tokens, "d"),
+                _fig(report, where, "ttft_s", r.ttft_s, ".2f"),
+                _fig(report, where, "new_prefill_tok_s", r.new_prefill_tok_s, ".0f"),
                 f"{pc['hits']:.0f}/{pc['queries']:.0f}" if pc else "no counters",
-                _fig(report, where, "decode_tok_s", r.get("decode_tok_s"), ".1f"),
-                _acc(r["acceptance"]),
-                _mem(r["gpu_memory"]),
-                "ok" if r["ok"] else "FAILED",
+                _fig(report, where, "decode_tok_s", r.decode_tok_s, ".1f"),
+                _acc(r.acceptance),
+                _mem(r.gpu_memory),
+                "ok" if r.ok else "FAILED",
             ]
         )
     return rows
@@ -264,11 +264,12 @@ def print_soak(report: SoakReport) -> None:
         soak_rows(report),
     )
     for i, s in enumerate(report.streams):
-        decode = _fig(report, f"stream {i}", "decode_tok_s", s.get("decode_tok_s"), ".1f")
+        decode = _fig(report, f"stream {i}", "decode_tok_s", s.decode_tok_s, ".1f")
+        usage = s.completion_tokens if "completion_tokens" in s.model_fields_set else 0
         console.print(
-            f"stream {i}: {s.get('completion_tokens', 0)} tokens by usage, {s.get('streamed_tokens')} "
-            f"streamed{'' if s.get('streamed_exact') else ' (at least)'}, finish {s.get('finish_reason')}, "
-            f"decode {decode} tok/s" + (f", error: {s['error']}" if s["error"] else "")
+            f"stream {i}: {usage} tokens by usage, {s.streamed_tokens} "
+            f"streamed{'' if s.streamed_exact else ' (at least)'}, finish {s.finish_reason}, "
+            f"decode {decode} tok/s" + (f", error: {s.error}" if s.error else "")
         )
     print_flags(report, every=True)
     v = report.verdict
