@@ -63,7 +63,7 @@ def test_burst_failure_says_how_many_of_n() -> None:
                     ok=False,
                     failed=1,
                     concurrency=4,
-                    acceptance={"metrics_page": False},
+                    acceptance={"metrics_page": False, "speculative": None},
                     gpu_memory={"sampled": False},
                 )
             ],

@@ -24,7 +24,7 @@ from typing import Any
 
 from qwenquant.bench import metrics, rung
 from qwenquant.bench.gpu import MemoryPeak
-from qwenquant.bench.parts import BurstRequest, DepthRung, flags_of
+from qwenquant.bench.parts import BurstRequest, DepthRung, GpuMemory, flags_of
 from qwenquant.bench.queued import QueueWatch, decoding_at_once, queued_checks
 from qwenquant.bench.rates import sample_figures
 from qwenquant.bench.runner import Target
@@ -112,7 +112,7 @@ def run_burst_rung(
         concurrency=n,
         tokenize_count=[c for _, c in fitted],
         seconds=seconds,
-        gpu_memory=mem.result,
+        gpu_memory=GpuMemory.model_validate(mem.result),
         server_queue=queue.result,
         decoding_at_once=at_once,
         checks=flags_of(queued_checks(queue.result, n, f"depth {depth}", at_once)),

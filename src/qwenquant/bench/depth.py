@@ -20,7 +20,7 @@ from qwenquant.bench import metrics, rung
 from qwenquant.bench.burst import check_concurrency, run_burst_rung
 from qwenquant.bench.gpu import MemoryPeak
 from qwenquant.bench.longtext import LongText, depth_ladder, rung_header
-from qwenquant.bench.parts import DepthRung, Failure
+from qwenquant.bench.parts import DepthRung, Failure, GpuMemory
 from qwenquant.bench.runner import Target
 from qwenquant.bench.watch import ServerWatch
 from qwenquant.errors import UsageError
@@ -95,7 +95,7 @@ def run_rung(
         prompt_chars=chars,
         tokenize_count=counted,
         seconds=seconds,
-        gpu_memory=mem.result,
+        gpu_memory=GpuMemory.model_validate(mem.result),
         **measured,
         acceptance=rung.acceptance_between(before, after),
         ok=failure is None,

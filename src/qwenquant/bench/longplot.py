@@ -32,7 +32,7 @@ def depth_series(report: DepthReport) -> list[Panel]:
             if (v := getattr(r, key)) is not None and (f"depth {r.depth}", key) not in audit
         ]
 
-    acc = [(float(n), r.acceptance.get("per_position") or []) for r, n in ok]
+    acc = [(float(n), r.acceptance.per_position or []) for r, n in ok]
     return [
         Panel("prefill tokens / s", [("prefill", pts("prefill_tok_s"))]),
         Panel("tokens / s", [("decode", pts("decode_tok_s")), ("wall", pts("wall_tok_s"))]),

@@ -136,6 +136,34 @@ class SoakVerdict(Part):
     flags: list[Flag]
 
 
+class Acceptance(Part):
+    """MTP acceptance over a request (metrics.acceptance: /metrics deltas around it): no page
+    (`metrics_page` false, `speculative` None), nothing drafted (`speculative` false; `counters`: whether the
+    server exports the counters at all), else the drafts, draft and accepted tokens (floats, as /metrics
+    counts them), the mean acceptance length, the rate and the rate per draft position."""
+
+    metrics_page: bool
+    speculative: bool | None
+    counters: bool | None = None
+    drafts: Number | None = None
+    draft_tokens: Number | None = None
+    accepted: Number | None = None
+    mean_acceptance_length: Number | None = None
+    acceptance_rate: Number | None = None
+    per_position: list[Number] | None = None
+
+
+class GpuMemory(Part):
+    """The GPU memory peak over a request (gpu.MemoryPeak): not sampled and why, or nvidia-smi's interval,
+    per GPU the most used, total and least free MiB and the samples, and the most used of any GPU."""
+
+    sampled: bool
+    why: str | None = None
+    interval_ms: int | None = None
+    gpus: dict[str, dict[str, Number]] | None = None
+    peak_used_mib: Number | None = None
+
+
 class RequestRecord(Part):
     """One streamed request's record (rung.request_record): its four figures (rates.py, None where
     undefined), its counts (usage's and the stream's own: token ids where they came back, else events with
@@ -171,8 +199,8 @@ class DepthRung(RequestRecord):
 
     depth: int
     seconds: Number
-    gpu_memory: dict[str, Any]
-    acceptance: dict[str, Any]
+    gpu_memory: GpuMemory
+    acceptance: Acceptance
     ok: bool
     prompt_chars: int | None = None
     tokenize_count: int | list[int | None] | None = None
@@ -195,9 +223,9 @@ class TurnRecord(RequestRecord):
     turn: int
     depth: int
     messages: int
-    gpu_memory: dict[str, Any]
+    gpu_memory: GpuMemory
     prefix_cache: dict[str, Number] | None
-    acceptance: dict[str, Any]
+    acceptance: Acceptance
     seconds: Number
     new_tokens: int | None
     new_prefill_tok_s: Number | None

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from qwenquant.bench.judge import audited
-from qwenquant.bench.parts import Number
+from qwenquant.bench.parts import Acceptance, GpuMemory, Number
 from qwenquant.bench.table import sections
 from qwenquant.console import console, stdout
 
@@ -61,14 +61,14 @@ def _num(v: Any, fmt: str) -> str:
     return format(v, fmt) if isinstance(v, int | float) else "-"
 
 
-def _acc(a: dict[str, Any]) -> str:
-    if not a.get("metrics_page"):
+def _acc(a: Acceptance) -> str:
+    if not a.metrics_page:
         return "no /metrics"
-    return " ".join(f"{p:.2f}" for p in a["per_position"]) if a.get("speculative") else "no drafts"
+    return " ".join(f"{p:.2f}" for p in a.per_position or []) if a.speculative else "no drafts"
 
 
-def _mem(m: dict[str, Any]) -> str:
-    return f"{m['peak_used_mib']:.0f}" if m.get("sampled") else "not sampled"
+def _mem(m: GpuMemory) -> str:
+    return f"{m.peak_used_mib:.0f}" if m.sampled else "not sampled"
 
 
 def depth_rows(report: DepthReport) -> list[list[str]]:

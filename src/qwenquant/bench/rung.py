@@ -12,7 +12,7 @@ from typing import Any
 from qwenquant.bench import metrics
 from qwenquant.bench.checks import request_checks
 from qwenquant.bench.longtext import INSTRUCTION, LongText, rescale
-from qwenquant.bench.parts import DepthRung, RequestRecord, flags_of
+from qwenquant.bench.parts import Acceptance, DepthRung, RequestRecord, flags_of
 from qwenquant.bench.rates import sample_figures
 from qwenquant.bench.runner import Target
 from qwenquant.bench.stream import Sample, stream_chat
@@ -176,11 +176,11 @@ def empty_failure(s: Sample) -> str | None:
     return None
 
 
-def acceptance_between(before: str | None, after: str | None) -> dict[str, Any]:
+def acceptance_between(before: str | None, after: str | None) -> Acceptance:
     """MTP acceptance over two /metrics pages (none when either is missing)."""
     if before is not None and after is not None:
-        return metrics.acceptance(spec_counters(after).minus(spec_counters(before)))
-    return {"metrics_page": False, "speculative": None}
+        return Acceptance.model_validate(metrics.acceptance(spec_counters(after).minus(spec_counters(before))))
+    return Acceptance(metrics_page=False, speculative=None)
 
 
 def with_server_state(watch: ServerWatch, failure: str | None, after: str | None) -> str | None:

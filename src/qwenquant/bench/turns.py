@@ -22,7 +22,7 @@ from typing import Any
 from qwenquant.bench import metrics, rung
 from qwenquant.bench.gpu import MemoryPeak
 from qwenquant.bench.longtext import LongText
-from qwenquant.bench.parts import Failure, PrefixCache, TurnRecord
+from qwenquant.bench.parts import Failure, GpuMemory, PrefixCache, TurnRecord
 from qwenquant.bench.runner import Target
 from qwenquant.bench.stream import Sample
 from qwenquant.bench.watch import ServerWatch
@@ -114,7 +114,7 @@ def run_turn(
     after = metrics.scrape(t.url, t.api_key)
     rec: dict[str, Any] = {
         "messages": len(msgs),
-        "gpu_memory": mem.result,
+        "gpu_memory": GpuMemory.model_validate(mem.result),
         "prefix_cache": cache_delta(before, after),
         "acceptance": rung.acceptance_between(before, after),
     }
