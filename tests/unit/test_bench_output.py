@@ -232,3 +232,13 @@ def test_a_part_with_a_key_of_its_own_is_refused_naming_it() -> None:
     doc = document("depth", failure={"depth": "deep", "reason": "x"})
     with pytest.raises(UsageError, match=r"^here: failure\.depth is not as a bench report has it"):
         BenchReport.from_json(doc, "here")
+
+
+def test_a_sampled_gpu_memory_peak_reads_back_as_it_was_written() -> None:
+    from qwenquant.bench.gpu import parse_memory
+    from qwenquant.bench.parts import GpuMemory
+
+    peak = parse_memory("0, 1000, 80000, 79000\n0, 2000, 80000, 78000\n1, 10, 80000, 79990\n")
+    typed_peak = GpuMemory.model_validate(peak)
+    assert typed_peak.to_json() == peak and typed_peak.peak_used_mib == 2000.0
+    assert typed_peak.gpus is not None and typed_peak.gpus["0"]["samples"] == 2  # a count stays an int

@@ -214,6 +214,13 @@ class DepthRung(RequestRecord):
     failed: int | None = None
 
 
+class CacheDelta(Part):
+    """The prefix cache's counters' change over a turn (tokens, as /metrics counts them: floats)."""
+
+    queries: Number
+    hits: Number
+
+
 class TurnRecord(RequestRecord):
     """One turn of a conversation: its depth (the server's count where it answered, else the fitted one), its
     messages, the request's record, the seconds it took, the tokens new since the last turn and their prefill
@@ -224,7 +231,7 @@ class TurnRecord(RequestRecord):
     depth: int
     messages: int
     gpu_memory: GpuMemory
-    prefix_cache: dict[str, Number] | None
+    prefix_cache: CacheDelta | None
     acceptance: Acceptance
     seconds: Number
     new_tokens: int | None

@@ -134,7 +134,7 @@ def turns_rows(report: TurnsReport) -> list[list[str]]:
                 _num(r.new_tokens, "d"),
                 _fig(report, where, "ttft_s", r.ttft_s, ".2f"),
                 _fig(report, where, "new_prefill_tok_s", r.new_prefill_tok_s, ".0f"),
-                f"{pc['hits']:.0f}/{pc['queries']:.0f}" if pc else "no counters",
+                f"{pc.hits:.0f}/{pc.queries:.0f}" if pc else "no counters",
                 _fig(report, where, "decode_tok_s", r.decode_tok_s, ".1f"),
                 _acc(r.acceptance),
                 _mem(r.gpu_memory),

@@ -63,7 +63,7 @@ def cache_verdict(turns: list[TurnRecord]) -> PrefixCache:
     if not deltas:
         counters = any(t.prefix_cache is not None for t in turns)
         return PrefixCache(counters=counters, cached=None, hits=None, queries=None)
-    hits, queries = sum(d["hits"] for d in deltas), sum(d["queries"] for d in deltas)
+    hits, queries = sum(d.hits for d in deltas), sum(d.queries for d in deltas)
     return PrefixCache(counters=True, cached=hits > 0, hits=hits, queries=queries)
 
 
