@@ -5,10 +5,10 @@ prefix-cache counters on /metrics and the verdict on whether the server cached."
 from __future__ import annotations
 
 import pytest
-from test_bench_output import typed
+from test_bench_output import rung, turn, typed
 
 from qwenquant.bench.burst import aggregate_prefill, burst_failure, burst_header, check_concurrency, spread3
-from qwenquant.bench.parts import PrefixCache, QueueCounts
+from qwenquant.bench.parts import PrefixCache, QueueCounts, TurnRecord
 from qwenquant.bench.render import burst_rows, cache_line
 from qwenquant.bench.stream import Sample
 from qwenquant.bench.turns import cache_delta, cache_verdict, fits, new_tokens
@@ -55,17 +55,17 @@ def test_burst_failure_says_how_many_of_n() -> None:
         typed(
             "depth",
             rungs=[
-                {
-                    "depth": 2048,
-                    "prompt_tokens": 2047,
-                    "ttft": {"min": 0.5, "median": 1.0, "max": 2.25},
-                    "prefill_tok_s": 3640.0,
-                    "ok": False,
-                    "failed": 1,
-                    "concurrency": 4,
-                    "acceptance": {"metrics_page": False},
-                    "gpu_memory": {"sampled": False},
-                }
+                rung(
+                    depth=2048,
+                    prompt_tokens=2047,
+                    ttft={"min": 0.5, "median": 1.0, "max": 2.25},
+                    prefill_tok_s=3640.0,
+                    ok=False,
+                    failed=1,
+                    concurrency=4,
+                    acceptance={"metrics_page": False, "speculative": None},
+                    gpu_memory={"sampled": False},
+                )
             ],
         )
     )[0]
@@ -90,18 +90,22 @@ def test_prefix_cache_counters_with_or_without_total() -> None:
     assert cache_delta(None, PAGE) is None and cache_delta(bare, "x 1\n") is None
 
 
+def _turn(prefix_cache: dict[str, float] | None) -> TurnRecord:
+    return TurnRecord.model_validate(turn(prefix_cache=prefix_cache))
+
+
 def test_cache_verdict_reads_hits_after_the_first_turn() -> None:
-    t0 = {"prefix_cache": {"queries": 2000.0, "hits": 0.0}}
-    hit = {"prefix_cache": {"queries": 4000.0, "hits": 2048.0}}
-    miss = {"prefix_cache": {"queries": 4000.0, "hits": 0.0}}
+    t0 = _turn({"queries": 2000.0, "hits": 0.0})
+    hit = _turn({"queries": 4000.0, "hits": 2048.0})
+    miss = _turn({"queries": 4000.0, "hits": 0.0})
     hits = {"counters": True, "cached": True, "hits": 4096.0, "queries": 8000.0}
     assert cache_verdict([t0, hit, hit]).to_json() == hits  # the counters' floats stay floats
     assert cache_verdict([t0, miss]).cached is False
-    assert cache_verdict([{"prefix_cache": None}, {"prefix_cache": None}]).counters is False
+    assert cache_verdict([_turn(None), _turn(None)]).counters is False
     assert cache_verdict([t0]).cached is None  # one turn says nothing about caching
     assert "the server cached (4096 of 8000" in cache_line(cache_verdict([t0, hit, hit]))
     assert "NO hits" in cache_line(cache_verdict([t0, miss])) and "unknown" in cache_line(PrefixCache(counters=False))
-    off = {"prefix_cache": {"queries": 0.0, "hits": 0.0}}  # vLLM with caching off: counters present, never moved
+    off = _turn({"queries": 0.0, "hits": 0.0})  # vLLM with caching off: counters present, never moved
     assert cache_verdict([off, off]).cached is False and "prefix cache: off" in cache_line(cache_verdict([off, off]))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from test_bench_output import typed
+from test_bench_output import rung, typed
 
 from qwenquant import data_path
 from qwenquant.bench import longtext
@@ -100,8 +100,8 @@ def test_rung_figures_beyond_the_too_good_lines_are_flagged() -> None:
     from qwenquant.bench.workload import load_config
 
     rungs = [
-        {"depth": 1024, "wall_tok_s": 90.0, "decode_tok_s": 100.0, "prefill_tok_s": 5000.0, "ttft_s": 0.2},
-        {"depth": 2048, "wall_tok_s": None, "decode_tok_s": 5000.0, "prefill_tok_s": 2e6, "ttft_s": 0.0001},
+        rung(depth=1024, wall_tok_s=90.0, decode_tok_s=100.0, prefill_tok_s=5000.0, ttft_s=0.2),
+        rung(depth=2048, wall_tok_s=None, decode_tok_s=5000.0, prefill_tok_s=2e6, ttft_s=0.0001),
     ]
     got = [(f.where, f.figure) for f in depth_flags(typed("depth", rungs=rungs), load_config())]
     assert got == [("depth 2048", "decode_tok_s"), ("depth 2048", "prefill_tok_s"), ("depth 2048", "ttft_s")]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from test_bench_output import typed
+from test_bench_output import rung, typed
 
 from qwenquant.bench.judge import AUDIT_NOTE, short_stream, too_good_flags
 from qwenquant.bench.session import same_server
@@ -103,14 +103,7 @@ def test_the_depth_png_leaves_out_what_the_table_audits() -> None:
     from qwenquant.bench.longplot import depth_series
 
     rungs = [
-        {
-            "depth": d,
-            "prompt_tokens": d,
-            "decode_tok_s": v,
-            "wall_tok_s": 10.0,
-            "prefill_tok_s": 100.0,
-            "acceptance": {},
-        }
+        rung(depth=d, prompt_tokens=d, decode_tok_s=v, wall_tok_s=10.0, prefill_tok_s=100.0)
         for d, v in ((1024, 50.0), (2048, 5000.0))
     ]
     audit = {"kind": "too-good", "where": "depth 2048", "figure": "decode_tok_s", "value": 5000.0, "line": 1000.0}

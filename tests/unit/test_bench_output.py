@@ -16,6 +16,36 @@ from qwenquant.errors import UsageError
 
 from helpers import run_cli
 
+
+def rung(**over: Any) -> dict[str, Any]:
+    """A depth rung's JSON with the keys every rung has (its depth, seconds, GPU memory, acceptance, ok)."""
+    return {
+        "depth": 1024,
+        "seconds": 1.5,
+        "gpu_memory": {"sampled": False, "why": "not sampled: nvidia-smi not found"},
+        "acceptance": {"metrics_page": False, "speculative": None},
+        "ok": True,
+        **over,
+    }
+
+
+def turn(**over: Any) -> dict[str, Any]:
+    """A turn's JSON with the keys every turn has (its turn, depth, messages, memory, counters, seconds, ok)."""
+    return {
+        "turn": 0,
+        "depth": 2000,
+        "messages": 1,
+        "gpu_memory": {"sampled": False, "why": "not sampled: nvidia-smi not found"},
+        "prefix_cache": None,
+        "acceptance": {"metrics_page": False, "speculative": None},
+        "seconds": 1.5,
+        "new_tokens": 2000,
+        "new_prefill_tok_s": None,
+        "ok": True,
+        **over,
+    }
+
+
 META = {
     "tool": "qwenquant bench",
     "argv": ["qwenquant", "bench", "run", "http://127.0.0.1:8000"],
@@ -58,7 +88,7 @@ BODIES: dict[str, dict[str, Any]] = {
         "reuse_prefix": False,
         "tokenize": True,
         "nonce": "0a1b2c3d",
-        "rungs": [{"depth": 1024, "ok": True, "prompt_tokens": 1024}],
+        "rungs": [rung(depth=1024, prompt_tokens=1024)],
         "last_ok_depth": 1024,
         "failure": None,
         "draft_tokens": 3,
@@ -73,7 +103,7 @@ BODIES: dict[str, dict[str, Any]] = {
         "token_count_approximate": False,
         "windows": [WINDOW],
         "stream_windows": [[{**WINDOW, "stream": 0}]],
-        "streams": [{"stream": 0}],
+        "streams": [{"error": None, "completion_tokens": 2048, "streamed_tokens": 2048, "streamed_exact": True}],
         "verdict": {"status": "ok", "failures": [], "line": None, "acceptance_judged": True, "flags": []},
         "server_queue": None,
         "decoding_at_once": 1,
@@ -85,7 +115,7 @@ BODIES: dict[str, dict[str, Any]] = {
         "turn_tokens": 2048,
         "tokenize": None,
         "nonce": "0a1b2c3d",
-        "turns": [{"turn": 0, "ok": True}],
+        "turns": [turn()],
         "prefix_cache": {"counters": False, "cached": None, "hits": None, "queries": None},
         "last_ok_turn": 0,
         "last_ok_depth": 2100,
@@ -202,3 +232,13 @@ def test_a_part_with_a_key_of_its_own_is_refused_naming_it() -> None:
     doc = document("depth", failure={"depth": "deep", "reason": "x"})
     with pytest.raises(UsageError, match=r"^here: failure\.depth is not as a bench report has it"):
         BenchReport.from_json(doc, "here")
+
+
+def test_a_sampled_gpu_memory_peak_reads_back_as_it_was_written() -> None:
+    from qwenquant.bench.gpu import parse_memory
+    from qwenquant.bench.parts import GpuMemory
+
+    peak = parse_memory("0, 1000, 80000, 79000\n0, 2000, 80000, 78000\n1, 10, 80000, 79990\n")
+    typed_peak = GpuMemory.model_validate(peak)
+    assert typed_peak.to_json() == peak and typed_peak.peak_used_mib == 2000.0
+    assert typed_peak.gpus is not None and typed_peak.gpus["0"]["samples"] == 2  # a count stays an int

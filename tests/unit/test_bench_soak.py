@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from qwenquant.bench.parts import SoakStream
 from qwenquant.bench.soak import Window, collapse, merge_windows, step_windows, verdict
 
 
@@ -48,7 +49,9 @@ def test_collapse_against_the_first_window() -> None:
 
 
 def test_verdict_orders_failures_by_window_and_names_the_first() -> None:
-    ok = {"completion_tokens": 400, "streamed_tokens": 400, "finish_reason": "length", "error": None}
+    ok = SoakStream.model_validate(
+        {"completion_tokens": 400, "streamed_tokens": 400, "finish_reason": "length", "error": None}
+    )
     assert verdict([[_w(0, 20), _w(1, 20)]], [ok], None, 0.5, 100, 400).to_json() == {
         "status": "ok",
         "failures": [],
@@ -56,11 +59,11 @@ def test_verdict_orders_failures_by_window_and_names_the_first() -> None:
         "acceptance_judged": True,
         "flags": [],
     }
-    short = {**ok, "completion_tokens": 250}
-    boom = {"error": "request failed", "streamed_tokens": 130, "completion_tokens": None}
+    short = SoakStream(**{**ok.given(), "completion_tokens": 250})
+    boom = SoakStream.model_validate({"error": "request failed", "streamed_tokens": 130, "completion_tokens": None})
     v = verdict(
         [[_w(0, 20), _w(1, 20), _w(2, 0)]],
-        [short, boom, {**ok, "completion_tokens": 0}],
+        [short, boom, SoakStream(**{**ok.given(), "completion_tokens": 0})],
         {"window": 3, "why": "gone"},
         0.5,
         100,
@@ -77,12 +80,16 @@ def test_verdict_judges_truncation_from_the_exact_streamed_count_and_flags_usage
     """With token ids the streamed count decides: a cut stream whose usage over-reports is truncated, a
     complete one whose usage under-reports passes; either disagreement is a flag of its own."""
     wins = [[_w(0, 20), _w(1, 20), _w(2, 20), _w(3, 20)]]
-    cut = {"completion_tokens": 400, "streamed_tokens": 250, "streamed_exact": True, "error": None}
+    cut = SoakStream.model_validate(
+        {"completion_tokens": 400, "streamed_tokens": 250, "streamed_exact": True, "error": None}
+    )
     v = verdict(wins, [cut], None, 0.5, 100, 400).to_json()
     assert v["status"] == "failed" and v["line"].startswith(
         "stream 0 was truncated in window 2: 250 of 400 tokens streamed"
     )
-    whole = {"completion_tokens": 300, "streamed_tokens": 400, "streamed_exact": True, "error": None}
+    whole = SoakStream.model_validate(
+        {"completion_tokens": 300, "streamed_tokens": 400, "streamed_exact": True, "error": None}
+    )
     v = verdict(wins, [whole], None, 0.5, 100, 400).to_json()
     assert v["status"] == "ok" and v["failures"] == []
     assert [f["note"] for f in v["flags"]] == [
@@ -91,7 +98,9 @@ def test_verdict_judges_truncation_from_the_exact_streamed_count_and_flags_usage
 
 
 def test_no_drafts_is_not_judged_and_an_approximate_window_says_so() -> None:
-    ok = {"completion_tokens": 400, "streamed_tokens": 400, "streamed_exact": True, "error": None}
+    ok = SoakStream.model_validate(
+        {"completion_tokens": 400, "streamed_tokens": 400, "streamed_exact": True, "error": None}
+    )
     v = verdict([[_w(0, 0, dt=0), _w(1, 0, dt=0)]], [ok], None, 0.5, 100, 400).to_json()
     assert v["status"] == "not judged" and v["acceptance_judged"] is False
     assert v["line"].startswith("acceptance not judged: the server drafted no tokens")

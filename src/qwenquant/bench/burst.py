@@ -24,7 +24,7 @@ from typing import Any
 
 from qwenquant.bench import metrics, rung
 from qwenquant.bench.gpu import MemoryPeak
-from qwenquant.bench.parts import plain
+from qwenquant.bench.parts import BurstRequest, DepthRung, GpuMemory, flags_of
 from qwenquant.bench.queued import QueueWatch, decoding_at_once, queued_checks
 from qwenquant.bench.rates import sample_figures
 from qwenquant.bench.runner import Target
@@ -97,29 +97,35 @@ def run_burst_rung(
     fitted = [
         fitter.fit(depth, burst_header(index, j, depth, nonce), start=index * 7919 + j * 104729) for j in range(n)
     ]
-    rec: dict[str, Any] = {"depth": depth, "concurrency": n, "tokenize_count": [c for _, c in fitted]}
     before = metrics.scrape(t.url, t.api_key)
     gate = threading.Barrier(n)
     with MemoryPeak() as mem, QueueWatch(t) as queue, ThreadPoolExecutor(n) as pool:
         t0 = time.monotonic()
         results = list(pool.map(lambda m: _one(t, m[0], opts, gate), fitted))
-        rec["seconds"] = time.monotonic() - t0
-    rec["gpu_memory"] = mem.result
-    rec["server_queue"] = plain(queue.result)  # a rung record is JSON, as read back
+        seconds = time.monotonic() - t0
     samples = [s for s, _ in results if s is not None]
-    rec["decoding_at_once"] = decoding_at_once(samples)
-    rec["checks"] = queued_checks(queue.result, n, f"depth {depth}", rec["decoding_at_once"])
+    at_once = decoding_at_once(samples)
     after = metrics.scrape(t.url, t.api_key)
-    rec["requests"] = [
-        {**(rung.request_record(s, f"depth {depth}") if s else {}), "failure": why}
-        for j, (s, why) in enumerate(results)
-    ]
-    rec.update(_burst_figures(samples))
-    rec["acceptance"] = rung.acceptance_between(before, after)
-    rec["failed"] = sum(1 for _, why in results if why)
-    return rung.RungResult(
-        depth, rec, rung.with_server_state(watch, burst_failure(n, [why for _, why in results]), after)
+    failure = rung.with_server_state(watch, burst_failure(n, [why for _, why in results]), after)
+    rec = DepthRung(
+        depth=depth,
+        concurrency=n,
+        tokenize_count=[c for _, c in fitted],
+        seconds=seconds,
+        gpu_memory=GpuMemory.model_validate(mem.result),
+        server_queue=queue.result,
+        decoding_at_once=at_once,
+        checks=flags_of(queued_checks(queue.result, n, f"depth {depth}", at_once)),
+        requests=[
+            BurstRequest(**(rung.request_record(s, f"depth {depth}").given() if s else {}), failure=why)
+            for s, why in results
+        ],
+        **_burst_figures(samples),
+        acceptance=rung.acceptance_between(before, after),
+        failed=sum(1 for _, why in results if why),
+        ok=failure is None,
     )
+    return rung.RungResult(depth, rec, failure)
 
 
 def _burst_figures(samples: list[Sample]) -> dict[str, Any]:

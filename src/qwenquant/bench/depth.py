@@ -20,7 +20,7 @@ from qwenquant.bench import metrics, rung
 from qwenquant.bench.burst import check_concurrency, run_burst_rung
 from qwenquant.bench.gpu import MemoryPeak
 from qwenquant.bench.longtext import LongText, depth_ladder, rung_header
-from qwenquant.bench.parts import Failure
+from qwenquant.bench.parts import DepthRung, Failure, GpuMemory
 from qwenquant.bench.runner import Target
 from qwenquant.bench.watch import ServerWatch
 from qwenquant.errors import UsageError
@@ -73,37 +73,49 @@ def run_rung(
     header = rung_header(index, depth, nonce, opts.reuse_prefix)
     msgs, counted = fitter.fit(depth, header, start=0 if opts.reuse_prefix else index * 7919)
     chars = len(msgs[0]["content"])
-    rec: dict[str, Any] = {"depth": depth, "prompt_chars": chars, "tokenize_count": counted}
     before = metrics.scrape(t.url, t.api_key)
     with MemoryPeak() as mem:
         t0 = time.monotonic()
         body = rung.chat_request(t, msgs, opts.output_tokens, opts.thinking)
         sample, failure = rung.stream_once(t, body, opts.stall_timeout)
-        rec["seconds"] = time.monotonic() - t0
-    rec["gpu_memory"] = mem.result
+        seconds = time.monotonic() - t0
     after = metrics.scrape(t.url, t.api_key)
+    measured: dict[str, Any] = {}
     if sample is not None:
-        rec.update(rung.request_record(sample, f"depth {depth}"))
+        measured = {
+            **rung.request_record(sample, f"depth {depth}").given(),
+            "streamed_chars": sum(sample.chars.values()),
+        }
         if sample.prompt_tokens:
             fitter.chars_per_token, fitter.calibrated = chars / sample.prompt_tokens, True
-        rec["streamed_chars"] = sum(sample.chars.values())
         failure = failure or rung.empty_failure(sample)
-    rec["acceptance"] = rung.acceptance_between(before, after)
-    return rung.RungResult(depth, rec, rung.with_server_state(watch, failure, after))
+    failure = rung.with_server_state(watch, failure, after)
+    rec = DepthRung(
+        depth=depth,
+        prompt_chars=chars,
+        tokenize_count=counted,
+        seconds=seconds,
+        gpu_memory=GpuMemory.model_validate(mem.result),
+        **measured,
+        acceptance=rung.acceptance_between(before, after),
+        ok=failure is None,
+    )
+    return rung.RungResult(depth, rec, failure)
 
 
-def count_disagreement(rec: dict[str, Any]) -> dict[str, Any] | None:
+def count_disagreement(rec: DepthRung) -> dict[str, Any] | None:
     """A flag when the server's usage count of a rung's prompt and its /tokenize count disagree."""
-    counted = rec.get("tokenize_count")
-    usage = rec.get("prompt_tokens")
+    counted = rec.tokenize_count
+    usage = rec.prompt_tokens
     if isinstance(counted, list):
-        counted = min(counted) if counted and None not in counted else None
+        counts = [c for c in counted if c is not None]
+        counted = min(counts) if counts and len(counts) == len(counted) else None
     if not isinstance(counted, int) or not isinstance(usage, int) or not counted:
         return None
     gap = abs(usage - counted) / counted
     if gap <= COUNT_TOLERANCE:
         return None
-    where = f"depth {rec['depth']}"
+    where = f"depth {rec.depth}"
     return {
         "kind": "cross-check",
         "check": "prompt-count",
@@ -130,17 +142,16 @@ def run_depth(t: Target, text: LongText, opts: rung.DepthOptions) -> dict[str, A
     if not opts.depths:  # README: the default ladder's last rung is exactly at the limit
         fitter.exact_depth = depths[-1]
     nonce = secrets.token_hex(4)
-    rungs: list[dict[str, Any]] = []
+    rungs: list[DepthRung] = []
     failure: Failure | None = None
     for i, depth in enumerate(depths):
         log.info("depth %d (%d/%d)", depth, i + 1, len(depths))
         r = measure(t, watch, fitter, depth, i, nonce, opts)
-        r.record["ok"] = r.failure is None
         rungs.append(r.record)
         if r.failure:
             failure = Failure(depth=depth, reason=r.failure)
             break
-    ok = [r["prompt_tokens"] for r in rungs if r["ok"]]
+    ok = [r.prompt_tokens for r in rungs if r.ok]
     return {
         "max_model_len": max_len,
         "output_tokens": opts.output_tokens,

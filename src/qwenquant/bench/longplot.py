@@ -22,17 +22,17 @@ def depth_series(report: DepthReport) -> list[Panel]:
     rate flagged too good is left out, as the table shows AUDIT in its place)."""
     from qwenquant.bench.judge import audited
 
-    ok = [r for r in report.rungs if r.get("prompt_tokens")]
+    ok = [(r, r.prompt_tokens) for r in report.rungs if r.prompt_tokens]
     audit = audited(report.flags)
 
     def pts(key: str) -> list[tuple[float, float]]:
         return [
-            (float(r["prompt_tokens"]), r[key])
-            for r in ok
-            if r.get(key) is not None and (f"depth {r['depth']}", key) not in audit
+            (float(n), v)
+            for r, n in ok
+            if (v := getattr(r, key)) is not None and (f"depth {r.depth}", key) not in audit
         ]
 
-    acc = [(float(r["prompt_tokens"]), r["acceptance"].get("per_position") or []) for r in ok]
+    acc = [(float(n), r.acceptance.per_position or []) for r, n in ok]
     return [
         Panel("prefill tokens / s", [("prefill", pts("prefill_tok_s"))]),
         Panel("tokens / s", [("decode", pts("decode_tok_s")), ("wall", pts("wall_tok_s"))]),

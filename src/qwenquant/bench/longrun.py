@@ -16,7 +16,7 @@ from qwenquant.bench.checks import merge_checks
 from qwenquant.bench.judge import short_stream, too_good_flags
 from qwenquant.bench.modes import BenchReport, DepthReport, LongReport, SoakReport, TurnsReport
 from qwenquant.bench.output import deliver
-from qwenquant.bench.parts import Flag, flags_of
+from qwenquant.bench.parts import Flag, RequestRecord, flags_of
 from qwenquant.bench.runner import Target, resolve_model, server_version
 from qwenquant.bench.session import Request, configurations, targets_of
 from qwenquant.bench.workload import load_config
@@ -48,16 +48,16 @@ def depth_flags(report: DepthReport, cfg: Any) -> list[Flag]:
 
     flags: list[Flag] = []
     for r in report.rungs:
-        where = f"depth {r['depth']}"
+        where = f"depth {r.depth}"
         flags += too_good_flags(
-            where, {k: r.get(k) for k in ("wall_tok_s", "decode_tok_s", "prefill_tok_s", "ttft_s")}, cfg
+            where, {k: getattr(r, k) for k in ("wall_tok_s", "decode_tok_s", "prefill_tok_s", "ttft_s")}, cfg
         )
-        requests = r.get("requests") or [r]
-        checks = [f for q in requests for f in q.get("checks") or []]
-        if r.get("requests"):  # a burst's own checks (its queue), beside its requests'
-            checks += r.get("checks") or []
+        requests: list[RequestRecord] = [*r.requests] if r.requests else [r]
+        checks = [f.to_json() for q in requests for f in q.checks]
+        if r.requests:  # a burst's own checks (its queue), beside its requests'
+            checks += [f.to_json() for f in r.checks]
         flags.extend(flags_of(merge_checks(checks)))
-        flags += _short(where, requests, report.output_tokens)
+        flags += _short(where, [q.to_json() for q in requests], report.output_tokens)
         disagree = count_disagreement(r)
         if disagree:
             flags.append(Flag.model_validate(disagree))
@@ -83,9 +83,9 @@ def soak_flags(report: SoakReport, cfg: Any) -> list[Flag]:
     flags = list(report.verdict.flags)
     for i, s in enumerate(report.streams):
         flags += too_good_flags(
-            f"stream {i}", {k: s.get(k) for k in ("wall_tok_s", "decode_tok_s", "prefill_tok_s", "ttft_s")}, cfg
+            f"stream {i}", {k: getattr(s, k) for k in ("wall_tok_s", "decode_tok_s", "prefill_tok_s", "ttft_s")}, cfg
         )
-        flags += flags_of(s.get("checks") or [])
+        flags += s.checks
     return flags + report.checks
 
 
@@ -94,15 +94,15 @@ def turns_flags(report: TurnsReport, cfg: Any) -> list[Flag]:
     cache leaves to compute), its cross-checks and a turn that ended short."""
     flags: list[Flag] = []
     for r in report.turns:
-        where = f"turn {r['turn']}"
+        where = f"turn {r.turn}"
         flags += too_good_flags(
             where,
-            {k: r.get(k) for k in ("wall_tok_s", "decode_tok_s", "new_prefill_tok_s", "ttft_s")},
+            {k: getattr(r, k) for k in ("wall_tok_s", "decode_tok_s", "new_prefill_tok_s", "ttft_s")},
             cfg,
             {"new_prefill_tok_s": "prefill_tok_s"},
         )
-        flags += flags_of(merge_checks(r.get("checks") or []))
-        flags += _short(where, [r], report.output_tokens)
+        flags += flags_of(merge_checks([f.to_json() for f in r.checks]))
+        flags += _short(where, [r.to_json()], report.output_tokens)
     return flags
 
 

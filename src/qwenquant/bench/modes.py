@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from qwenquant.bench.parts import (
+    DepthRung,
     Failure,
     Flag,
     Part,
@@ -19,8 +20,10 @@ from qwenquant.bench.parts import (
     QueueCounts,
     RunFailure,
     ServerHealth,
+    SoakStream,
     SoakVerdict,
     TextSource,
+    TurnRecord,
     WindowRecord,
     plain,
 )
@@ -122,7 +125,7 @@ class DepthReport(LongReport):
     reuse_prefix: bool
     tokenize: bool | None
     nonce: str
-    rungs: list[dict[str, Any]]
+    rungs: list[DepthRung]
     last_ok_depth: int | None
     failure: Failure | None
     draft_tokens: int = 0  # a drafting server's draft tokens: the default top rung leaves them free
@@ -141,7 +144,7 @@ class SoakReport(LongReport):
     token_count_approximate: bool
     windows: list[WindowRecord]
     stream_windows: list[list[WindowRecord]] | None
-    streams: list[dict[str, Any]]
+    streams: list[SoakStream]
     verdict: SoakVerdict
     server_queue: QueueCounts | None = None  # the server's running/waiting gauges while the streams ran
     decoding_at_once: int | None = None  # the most streams the client saw decoding side by side
@@ -157,7 +160,7 @@ class TurnsReport(LongReport):
     turn_tokens: int
     tokenize: bool | None
     nonce: str
-    turns: list[dict[str, Any]]
+    turns: list[TurnRecord]
     prefix_cache: PrefixCache
     last_ok_turn: int | None
     last_ok_depth: int | None

@@ -22,6 +22,10 @@ class Part(BaseModel):
         """The JSON object: the keys the part was built or read with."""
         return self.model_dump(exclude_unset=True)
 
+    def given(self) -> dict[str, Any]:
+        """The fields the part was built or read with, as values (parts stay parts): to build a larger part."""
+        return {k: getattr(self, k) for k in self.model_fields_set}
+
 
 class Flag(Part):
     """A figure beyond its line: a cross-check's disagreement (`check` names it; `requests`: how many
@@ -130,6 +134,117 @@ class SoakVerdict(Part):
     line: str | None
     acceptance_judged: bool
     flags: list[Flag]
+
+
+class Acceptance(Part):
+    """MTP acceptance over a request (metrics.acceptance: /metrics deltas around it): no page
+    (`metrics_page` false, `speculative` None), nothing drafted (`speculative` false; `counters`: whether the
+    server exports the counters at all), else the drafts, draft and accepted tokens (floats, as /metrics
+    counts them), the mean acceptance length, the rate and the rate per draft position."""
+
+    metrics_page: bool
+    speculative: bool | None
+    counters: bool | None = None
+    drafts: Number | None = None
+    draft_tokens: Number | None = None
+    accepted: Number | None = None
+    mean_acceptance_length: Number | None = None
+    acceptance_rate: Number | None = None
+    per_position: list[Number] | None = None
+
+
+class GpuMemory(Part):
+    """The GPU memory peak over a request (gpu.MemoryPeak): not sampled and why, or nvidia-smi's interval,
+    per GPU the most used, total and least free MiB and the samples, and the most used of any GPU."""
+
+    sampled: bool
+    why: str | None = None
+    interval_ms: int | None = None
+    gpus: dict[str, dict[str, Number]] | None = None
+    peak_used_mib: Number | None = None
+
+
+class RequestRecord(Part):
+    """One streamed request's record (rung.request_record): its four figures (rates.py, None where
+    undefined), its counts (usage's and the stream's own: token ids where they came back, else events with
+    text) and its cross-check flags. Every key is absent where the request came to nothing (a failed rung)."""
+
+    wall_tok_s: Number | None = None
+    decode_tok_s: Number | None = None
+    ttft_s: Number | None = None
+    prefill_tok_s: Number | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    text_events: int | None = None
+    streamed_tokens: int | None = None
+    streamed_exact: bool | None = None
+    reasoning_tokens: int | None = None
+    checks: list[Flag] = []
+
+
+class BurstRequest(RequestRecord):
+    """One request of a burst rung: its record (absent where it failed) and why it failed (None: it worked)."""
+
+    failure: str | None
+
+
+class DepthRung(RequestRecord):
+    """One rung of the depth ladder: its depth, the request's record (a burst's: its requests' medians, the
+    slowest TTFT and the aggregate prefill), the seconds it took, the GPU memory peak, MTP acceptance around it
+    and whether it worked. One request: the prompt's characters and /tokenize count, the characters streamed.
+    A burst: its concurrency, one /tokenize count per request, the server's queue, the most requests seen
+    decoding at once, the queue's checks (`checks`), each request, the spreads of TTFT and decode (min, median,
+    max) and how many failed."""
+
+    depth: int
+    seconds: Number
+    gpu_memory: GpuMemory
+    acceptance: Acceptance
+    ok: bool
+    prompt_chars: int | None = None
+    tokenize_count: int | list[int | None] | None = None
+    streamed_chars: int | None = None
+    concurrency: int | None = None
+    server_queue: QueueCounts | None = None
+    decoding_at_once: int | None = None
+    requests: list[BurstRequest] | None = None
+    ttft: dict[str, Number] | None = None
+    decode: dict[str, Number] | None = None
+    failed: int | None = None
+
+
+class CacheDelta(Part):
+    """The prefix cache's counters' change over a turn (tokens, as /metrics counts them: floats)."""
+
+    queries: Number
+    hits: Number
+
+
+class TurnRecord(RequestRecord):
+    """One turn of a conversation: its depth (the server's count where it answered, else the fitted one), its
+    messages, the request's record, the seconds it took, the tokens new since the last turn and their prefill
+    rate, the prefix cache's counters over it (None: /metrics lacks them), MTP acceptance, the GPU memory peak
+    and whether it worked."""
+
+    turn: int
+    depth: int
+    messages: int
+    gpu_memory: GpuMemory
+    prefix_cache: CacheDelta | None
+    acceptance: Acceptance
+    seconds: Number
+    new_tokens: int | None
+    new_prefill_tok_s: Number | None
+    ok: bool
+
+
+class SoakStream(RequestRecord):
+    """One stream of a soak: its error (None: it worked), the request's record where it came back, and the
+    tokens it streamed as the soak counted them (`streamed_exact`: token ids, else a floor of one per chunk
+    with text)."""
+
+    error: str | None
 
 
 def plain(value: Any) -> Any:

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from qwenquant.bench.judge import audited
+from qwenquant.bench.parts import Acceptance, GpuMemory, Number
 from qwenquant.bench.table import sections
 from qwenquant.console import console, stdout
 
@@ -60,39 +61,39 @@ def _num(v: Any, fmt: str) -> str:
     return format(v, fmt) if isinstance(v, int | float) else "-"
 
 
-def _acc(a: dict[str, Any]) -> str:
-    if not a.get("metrics_page"):
+def _acc(a: Acceptance) -> str:
+    if not a.metrics_page:
         return "no /metrics"
-    return " ".join(f"{p:.2f}" for p in a["per_position"]) if a.get("speculative") else "no drafts"
+    return " ".join(f"{p:.2f}" for p in a.per_position or []) if a.speculative else "no drafts"
 
 
-def _mem(m: dict[str, Any]) -> str:
-    return f"{m['peak_used_mib']:.0f}" if m.get("sampled") else "not sampled"
+def _mem(m: GpuMemory) -> str:
+    return f"{m.peak_used_mib:.0f}" if m.sampled else "not sampled"
 
 
 def depth_rows(report: DepthReport) -> list[list[str]]:
     """One row per rung (pure)."""
     rows = []
     for r in report.rungs:
-        status = "ok" if r["ok"] else "FAILED"
-        where = f"depth {r['depth']}"
+        status = "ok" if r.ok else "FAILED"
+        where = f"depth {r.depth}"
         rows.append(
             [
-                str(r["depth"]),
-                _num(r.get("prompt_tokens"), "d"),
-                _fig(report, where, "ttft_s", r.get("ttft_s"), ".2f"),
-                _fig(report, where, "prefill_tok_s", r.get("prefill_tok_s"), ".0f"),
-                _fig(report, where, "wall_tok_s", r.get("wall_tok_s"), ".1f"),
-                _fig(report, where, "decode_tok_s", r.get("decode_tok_s"), ".1f"),
-                _acc(r["acceptance"]),
-                _mem(r["gpu_memory"]),
+                str(r.depth),
+                _num(r.prompt_tokens, "d"),
+                _fig(report, where, "ttft_s", r.ttft_s, ".2f"),
+                _fig(report, where, "prefill_tok_s", r.prefill_tok_s, ".0f"),
+                _fig(report, where, "wall_tok_s", r.wall_tok_s, ".1f"),
+                _fig(report, where, "decode_tok_s", r.decode_tok_s, ".1f"),
+                _acc(r.acceptance),
+                _mem(r.gpu_memory),
                 status,
             ]
         )
     return rows
 
 
-def _spread(sp: dict[str, float] | None, fmt: str) -> str:
+def _spread(sp: dict[str, Number] | None, fmt: str) -> str:
     return "/".join(format(sp[k], fmt) for k in ("min", "median", "max")) if sp else "-"
 
 
@@ -100,19 +101,20 @@ def burst_rows(report: DepthReport) -> list[list[str]]:
     """One row per burst rung: TTFT over its requests, the aggregate prefill, median rates (pure)."""
     rows = []
     for r in report.rungs:
-        status = "ok" if r["ok"] else f"FAILED ({r.get('failed', '?')} of {r.get('concurrency', '?')})"
-        where = f"depth {r['depth']}"
-        ttft = "AUDIT" if (where, "ttft_s") in audited(report.flags) else _spread(r.get("ttft"), ".2f")
+        failed = "?" if r.failed is None else r.failed
+        status = "ok" if r.ok else f"FAILED ({failed} of {'?' if r.concurrency is None else r.concurrency})"
+        where = f"depth {r.depth}"
+        ttft = "AUDIT" if (where, "ttft_s") in audited(report.flags) else _spread(r.ttft, ".2f")
         rows.append(
             [
-                str(r["depth"]),
-                _num(r.get("prompt_tokens"), "d"),
+                str(r.depth),
+                _num(r.prompt_tokens, "d"),
                 ttft,
-                _fig(report, where, "prefill_tok_s", r.get("prefill_tok_s"), ".0f"),
-                _fig(report, where, "wall_tok_s", r.get("wall_tok_s"), ".1f"),
-                _fig(report, where, "decode_tok_s", r.get("decode_tok_s"), ".1f"),
-                _acc(r["acceptance"]),
-                _mem(r["gpu_memory"]),
+                _fig(report, where, "prefill_tok_s", r.prefill_tok_s, ".0f"),
+                _fig(report, where, "wall_tok_s", r.wall_tok_s, ".1f"),
+                _fig(report, where, "decode_tok_s", r.decode_tok_s, ".1f"),
+                _acc(r.acceptance),
+                _mem(r.gpu_memory),
                 status,
             ]
         )
@@ -123,20 +125,20 @@ def turns_rows(report: TurnsReport) -> list[list[str]]:
     """One row per turn of the conversation (pure)."""
     rows = []
     for r in report.turns:
-        pc = r.get("prefix_cache")
-        where = f"turn {r['turn']}"
+        pc = r.prefix_cache
+        where = f"turn {r.turn}"
         rows.append(
             [
-                str(r["turn"]),
-                _num(r.get("depth"), "d"),
-                _num(r.get("new_tokens"), "d"),
-                _fig(report, where, "ttft_s", r.get("ttft_s"), ".2f"),
-                _fig(report, where, "new_prefill_tok_s", r.get("new_prefill_tok_s"), ".0f"),
-                f"{pc['hits']:.0f}/{pc['queries']:.0f}" if pc else "no counters",
-                _fig(report, where, "decode_tok_s", r.get("decode_tok_s"), ".1f"),
-                _acc(r["acceptance"]),
-                _mem(r["gpu_memory"]),
-                "ok" if r["ok"] else "FAILED",
+                str(r.turn),
+                _num(r.depth, "d"),
+                _num(r.new_tokens, "d"),
+                _fig(report, where, "ttft_s", r.ttft_s, ".2f"),
+                _fig(report, where, "new_prefill_tok_s", r.new_prefill_tok_s, ".0f"),
+                f"{pc.hits:.0f}/{pc.queries:.0f}" if pc else "no counters",
+                _fig(report, where, "decode_tok_s", r.decode_tok_s, ".1f"),
+                _acc(r.acceptance),
+                _mem(r.gpu_memory),
+                "ok" if r.ok else "FAILED",
             ]
         )
     return rows
@@ -262,11 +264,12 @@ def print_soak(report: SoakReport) -> None:
         soak_rows(report),
     )
     for i, s in enumerate(report.streams):
-        decode = _fig(report, f"stream {i}", "decode_tok_s", s.get("decode_tok_s"), ".1f")
+        decode = _fig(report, f"stream {i}", "decode_tok_s", s.decode_tok_s, ".1f")
+        usage = s.completion_tokens if "completion_tokens" in s.model_fields_set else 0
         console.print(
-            f"stream {i}: {s.get('completion_tokens', 0)} tokens by usage, {s.get('streamed_tokens')} "
-            f"streamed{'' if s.get('streamed_exact') else ' (at least)'}, finish {s.get('finish_reason')}, "
-            f"decode {decode} tok/s" + (f", error: {s['error']}" if s["error"] else "")
+            f"stream {i}: {usage} tokens by usage, {s.streamed_tokens} "
+            f"streamed{'' if s.streamed_exact else ' (at least)'}, finish {s.finish_reason}, "
+            f"decode {decode} tok/s" + (f", error: {s.error}" if s.error else "")
         )
     print_flags(report, every=True)
     v = report.verdict

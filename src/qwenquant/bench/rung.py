@@ -12,6 +12,7 @@ from typing import Any
 from qwenquant.bench import metrics
 from qwenquant.bench.checks import request_checks
 from qwenquant.bench.longtext import INSTRUCTION, LongText, rescale
+from qwenquant.bench.parts import Acceptance, DepthRung, RequestRecord, flags_of
 from qwenquant.bench.rates import sample_figures
 from qwenquant.bench.runner import Target
 from qwenquant.bench.stream import Sample, stream_chat
@@ -39,7 +40,7 @@ class DepthOptions:
 @dataclass
 class RungResult:
     depth: int
-    record: dict[str, Any]
+    record: DepthRung
     failure: str | None = None
 
 
@@ -153,19 +154,19 @@ def stream_once(
         return None, e.message
 
 
-def request_record(s: Sample, where: str) -> dict[str, Any]:
+def request_record(s: Sample, where: str) -> RequestRecord:
     """One request's figures, its counts (usage and the stream's own) and its cross-check flags."""
-    return {
+    return RequestRecord(
         **sample_figures(s),
-        "prompt_tokens": s.prompt_tokens,
-        "completion_tokens": s.completion_tokens,
-        "finish_reason": s.finish_reason,
-        "text_events": s.text_events,
-        "streamed_tokens": s.streamed_tokens,
-        "streamed_exact": s.exact,
-        "reasoning_tokens": s.reasoning_tokens,
-        "checks": request_checks(s, where),
-    }
+        prompt_tokens=s.prompt_tokens,
+        completion_tokens=s.completion_tokens,
+        finish_reason=s.finish_reason,
+        text_events=s.text_events,
+        streamed_tokens=s.streamed_tokens,
+        streamed_exact=s.exact,
+        reasoning_tokens=s.reasoning_tokens,
+        checks=flags_of(request_checks(s, where)),
+    )
 
 
 def empty_failure(s: Sample) -> str | None:
@@ -175,11 +176,11 @@ def empty_failure(s: Sample) -> str | None:
     return None
 
 
-def acceptance_between(before: str | None, after: str | None) -> dict[str, Any]:
+def acceptance_between(before: str | None, after: str | None) -> Acceptance:
     """MTP acceptance over two /metrics pages (none when either is missing)."""
     if before is not None and after is not None:
-        return metrics.acceptance(spec_counters(after).minus(spec_counters(before)))
-    return {"metrics_page": False, "speculative": None}
+        return Acceptance.model_validate(metrics.acceptance(spec_counters(after).minus(spec_counters(before))))
+    return Acceptance(metrics_page=False, speculative=None)
 
 
 def with_server_state(watch: ServerWatch, failure: str | None, after: str | None) -> str | None:

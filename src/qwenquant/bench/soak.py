@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from qwenquant.bench.parts import SoakVerdict, WindowRecord
+from qwenquant.bench.parts import SoakStream, SoakVerdict, WindowRecord
 
 MIN_JUDGED_SHARE = 0.25
 
@@ -150,21 +150,21 @@ def where(w: Window, approximate: bool = False) -> str:
     return f"window {w.index} (generated tokens {w.start}-{w.end}{stream})"
 
 
-def _stream_failures(i: int, s: dict[str, Any], window: int, tokens: int) -> list[dict[str, Any]]:
+def _stream_failures(i: int, s: SoakStream, window: int, tokens: int) -> list[dict[str, Any]]:
     """A stream's error, emptiness or truncation, judged from the tokens it streamed where that count is
     exact (token ids), else from usage (the stream's own count is then a floor)."""
-    exact = bool(s.get("streamed_exact"))
-    streamed = s.get("streamed_tokens") or 0
-    n = streamed if exact else (s.get("completion_tokens") or 0)
+    exact = bool(s.streamed_exact)
+    streamed = s.streamed_tokens or 0
+    n = streamed if exact else (s.completion_tokens or 0)
     by = "streamed" if exact else "by usage"
-    if s.get("error"):
+    if s.error:
         return [
             {
                 "kind": "error",
                 "window": streamed // window,
                 "stream": i,
                 "line": f"stream {i} failed in window {streamed // window} (after {'' if exact else 'at least '}"
-                f"{streamed} streamed tokens): {s['error']}",
+                f"{streamed} streamed tokens): {s.error}",
             }
         ]
     if n == 0:
@@ -178,18 +178,18 @@ def _stream_failures(i: int, s: dict[str, Any], window: int, tokens: int) -> lis
                 "window": n // window,
                 "stream": i,
                 "line": f"stream {i} was truncated in window {n // window}: {n} of {tokens} tokens {by} "
-                f"(finish reason {s.get('finish_reason')})",
+                f"(finish reason {s.finish_reason})",
             }
         ]
     return []
 
 
-def usage_flags(streams: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def usage_flags(streams: list[SoakStream]) -> list[dict[str, Any]]:
     """Streams whose usage disagrees with the tokens they streamed (exact counts only)."""
     out = []
     for i, s in enumerate(streams):
-        usage, streamed = s.get("completion_tokens"), s.get("streamed_tokens")
-        if s.get("streamed_exact") and isinstance(usage, int) and usage != streamed and not s.get("error"):
+        usage, streamed = s.completion_tokens, s.streamed_tokens
+        if s.streamed_exact and isinstance(usage, int) and usage != streamed and not s.error:
             out.append(
                 {
                     "kind": "cross-check",
@@ -207,7 +207,7 @@ def usage_flags(streams: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def verdict(
     windows: list[list[Window]],
-    streams: list[dict[str, Any]],
+    streams: list[SoakStream],
     restart: dict[str, Any] | None,
     fraction: float,
     window: int,

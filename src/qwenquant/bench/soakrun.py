@@ -18,7 +18,7 @@ from typing import Any
 from qwenquant.bench import metrics
 from qwenquant.bench.burst import check_concurrency
 from qwenquant.bench.longtext import INSTRUCTION, LongText
-from qwenquant.bench.parts import flags_of
+from qwenquant.bench.parts import SoakStream, flags_of
 from qwenquant.bench.queued import QueueWatch, decoding_at_once, queued_checks
 from qwenquant.bench.rung import (
     PromptFitter,
@@ -109,14 +109,11 @@ def _body(t: Target, text: LongText, i: int, opts: SoakOptions) -> dict[str, Any
     return chat_request(t, [{"role": "user", "content": msg}], opts.tokens, opts.thinking)
 
 
-def _stream_record(i: int, s: Sample | None, error: str | None, streamed: int, exact: bool) -> dict[str, Any]:
+def _stream_record(i: int, s: Sample | None, error: str | None, streamed: int, exact: bool) -> SoakStream:
     """One stream: its figures and cross-checks, and the tokens it streamed as the soak counted them
     (exact with token ids, else a floor: one per chunk with text)."""
-    rec: dict[str, Any] = {"error": error}
-    if s is not None:
-        rec.update(request_record(s, f"stream {i}"))
-    rec.update({"streamed_tokens": streamed, "streamed_exact": exact})
-    return rec
+    measured = request_record(s, f"stream {i}").given() if s is not None else {}
+    return SoakStream(error=error, **{**measured, "streamed_tokens": streamed, "streamed_exact": exact})
 
 
 def _per_request(samples: list[Sample | None], window: int) -> list[list[Window]] | None:

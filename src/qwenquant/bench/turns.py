@@ -22,7 +22,7 @@ from typing import Any
 from qwenquant.bench import metrics, rung
 from qwenquant.bench.gpu import MemoryPeak
 from qwenquant.bench.longtext import LongText
-from qwenquant.bench.parts import Failure, PrefixCache
+from qwenquant.bench.parts import Failure, GpuMemory, PrefixCache, TurnRecord
 from qwenquant.bench.runner import Target
 from qwenquant.bench.stream import Sample
 from qwenquant.bench.watch import ServerWatch
@@ -57,13 +57,13 @@ def cache_delta(before: str | None, after: str | None) -> dict[str, float] | Non
     return {"queries": a["queries"] - b["queries"], "hits": a["hits"] - b["hits"]}
 
 
-def cache_verdict(turns: list[dict[str, Any]]) -> PrefixCache:
+def cache_verdict(turns: list[TurnRecord]) -> PrefixCache:
     """Whether the server cached: hits > 0 over the turns after the first (None: no counters)."""
-    deltas = [t["prefix_cache"] for t in turns[1:] if t.get("prefix_cache") is not None]
+    deltas = [t.prefix_cache for t in turns[1:] if t.prefix_cache is not None]
     if not deltas:
-        counters = any(t.get("prefix_cache") is not None for t in turns)
+        counters = any(t.prefix_cache is not None for t in turns)
         return PrefixCache(counters=counters, cached=None, hits=None, queries=None)
-    hits, queries = sum(d["hits"] for d in deltas), sum(d["queries"] for d in deltas)
+    hits, queries = sum(d.hits for d in deltas), sum(d.queries for d in deltas)
     return PrefixCache(counters=True, cached=hits > 0, hits=hits, queries=queries)
 
 
@@ -114,12 +114,12 @@ def run_turn(
     after = metrics.scrape(t.url, t.api_key)
     rec: dict[str, Any] = {
         "messages": len(msgs),
-        "gpu_memory": mem.result,
+        "gpu_memory": GpuMemory.model_validate(mem.result),
         "prefix_cache": cache_delta(before, after),
         "acceptance": rung.acceptance_between(before, after),
     }
     if sample is not None:
-        rec.update(rung.request_record(sample, f"turn {turn}"))
+        rec.update(rung.request_record(sample, f"turn {turn}").given())
         failure = failure or rung.empty_failure(sample)
     return rec, sample, "".join(answer), failure
 
@@ -159,7 +159,7 @@ def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
     watch = ServerWatch(t.url, t.api_key, t.server, metrics.scrape(t.url, t.api_key))
     nonce = secrets.token_hex(4)
     conv = Conversation(t, text, opts, nonce)
-    turns: list[dict[str, Any]] = []
+    turns: list[TurnRecord] = []
     failure: Failure | None = None
     previous, total, turn = None, 0, 0
     while True:
@@ -175,8 +175,7 @@ def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
         if why and seen is None:
             seen = watch.problem()
         why = f"{why}; {seen}" if why and seen else (seen or why)
-        rec["ok"] = why is None
-        turns.append(rec)
+        turns.append(TurnRecord(**rec, ok=why is None))
         if why or sample is None:
             failure = Failure(turn=turn, depth=rec["depth"], reason=why or "no answer")
             break
@@ -185,7 +184,7 @@ def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
             chars = sum(len(m["content"]) for m in msgs)
             conv.fitter.chars_per_token, conv.fitter.calibrated = chars / sample.prompt_tokens, True
         previous, total, turn = sample.prompt_tokens, sample.prompt_tokens + sample.completion_tokens, turn + 1
-    ok = [r for r in turns if r["ok"]]
+    ok = [r for r in turns if r.ok]
     return {
         "max_model_len": max_len,
         "output_tokens": opts.output_tokens,
@@ -195,8 +194,8 @@ def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
         "text": text.source_part(),
         "turns": turns,
         "prefix_cache": cache_verdict(turns),
-        "last_ok_turn": ok[-1]["turn"] if ok else None,
-        "last_ok_depth": ok[-1]["depth"] if ok else None,
+        "last_ok_turn": ok[-1].turn if ok else None,
+        "last_ok_depth": ok[-1].depth if ok else None,
         "failure": failure,
         "server": watch.info(),
     }

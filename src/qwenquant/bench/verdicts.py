@@ -34,20 +34,20 @@ def depth_error(report: DepthReport) -> BenchError | None:
     fail = report.failure
     if not fail:
         return None
-    ok = [r for r in report.rungs if r.get("ok")]
+    ok = [r for r in report.rungs if r.ok]
     reason = " ".join(fail.reason.split())[:500]
     what = f"the burst ladder ({report.concurrency} prompts at once)" if report.concurrency > 1 else "the depth ladder"
     if report.tokenize:
         at = f"{fail.depth} tokens"
         last = "none"
         if ok:
-            last = f"{ok[-1]['depth']}"
-            usage = ok[-1].get("prompt_tokens")
-            if any(f.check == "prompt-count" and f.where == f"depth {ok[-1]['depth']}" for f in report.flags):
+            last = f"{ok[-1].depth}"
+            usage = ok[-1].prompt_tokens
+            if any(f.check == "prompt-count" and f.where == f"depth {ok[-1].depth}" for f in report.flags):
                 last += f" by /tokenize; the server counted {usage}, the two counts disagree"
     else:
         at = f"about {fail.depth} tokens (an approximate count: the server has no /tokenize)"
-        last = f"{ok[-1].get('prompt_tokens')} by the server's count" if ok else "none"
+        last = f"{ok[-1].prompt_tokens} by the server's count" if ok else "none"
     return BenchError(
         f"{what} failed at {at}: {reason} (last depth that worked: {last})",
         hint=f"the report is {report.json_path}; the server log says more",
