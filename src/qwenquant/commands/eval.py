@@ -257,29 +257,28 @@ def _print_served(result: ServedReport) -> None:
     from qwenquant.console import console
 
     for t in result.tasks:
-        console.print(f"task {t['name']}: {t['passed']}/{t['total']} passed", markup=False)
-    for c in (result.tools or {}).get("cases", []):
+        console.print(f"task {t.name}: {t.passed}/{t.total} passed", markup=False)
+    for c in result.tools.cases if result.tools is not None else []:
         console.print(
-            f"tool case {c['name']}: {c['kind'].replace('_', ' ')}"
-            + (f" ({c['problems'][0]})" if c["problems"] else ""),
+            f"tool case {c.name}: {c.kind.replace('_', ' ')}" + (f" ({c.problems[0]})" if c.problems else ""),
             markup=False,
         )
-    for r in (result.needle or {}).get("depths", []):
+    for r in result.needle.depths if result.needle is not None else []:
         console.print(
-            f"needle at depth {r['needle_tokens']:,} of {r['prompt_tokens']:,} tokens ({r['depth']:g}): "
-            f"{'passed' if r['passed'] else 'failed'}",
+            f"needle at depth {r.needle_tokens:,} of {r.prompt_tokens:,} tokens ({r.depth:g}): "
+            f"{'passed' if r.passed else 'failed'}",
             markup=False,
         )
     m = result.mtp
-    mal = m["mean_acceptance_length"]
-    if m.get("unavailable"):
-        console.print(f"MTP: not measured ({m['unavailable']})", markup=False)
+    mal = m.mean_acceptance_length
+    if m.unavailable:
+        console.print(f"MTP: not measured ({m.unavailable})", markup=False)
         return
     console.print(
-        f"MTP over the {' and '.join(m['over'])}: {m['drafts']} drafts, {m['accepted_tokens']}/"
-        f"{m['draft_tokens']} draft tokens accepted, mean acceptance length "
+        f"MTP over the {' and '.join(m.over)}: {m.drafts} drafts, {m.accepted_tokens}/"
+        f"{m.draft_tokens} draft tokens accepted, mean acceptance length "
         f"{'n/a' if mal is None else f'{mal:.3f}'}, per position "
-        + ", ".join(f"{p}: {'n/a' if v is None else f'{100 * v:.1f}%'}" for p, v in m["per_position"].items()),
+        + ", ".join(f"{p}: {'n/a' if v is None else f'{100 * v:.1f}%'}" for p, v in m.per_position.items()),
         markup=False,
         soft_wrap=True,
     )
@@ -366,6 +365,7 @@ def _serve_and_gate(
 ) -> None:
     """Start `req.artifact` as `qwenquant serve` would, run the gate, stop the server; report keyed to its root digest."""
     from qwenquant.console import console
+    from qwenquant.evaluate.reportparts import ServedMachine
     from qwenquant.evaluate.servedrun import run_served
     from qwenquant.evaluate.speccheck import drafted_outputs, with_spec_check
     from qwenquant.manifest import load_manifest
@@ -388,5 +388,6 @@ def _serve_and_gate(
         console.print("stopping the server", markup=False)
     if spec is not None and drafted is not None:
         result = with_spec_check(result, _without_speculation(req, result.model, spec, drafted, ask.api_key))
-    result.served, result.root_digest = s.info, s.info["artifact_root_digest"]
+    result.served = ServedMachine.model_validate(s.info)
+    result.root_digest = result.served.artifact_root_digest
     _finish_served(result, target, as_json)
