@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from qwenquant.evaluate import metrics
 from qwenquant.evaluate.forward import DenseForward, TextForward
 from qwenquant.evaluate.longwindow import POSITION_CHUNK
-from qwenquant.evaluate.reportparts import Arm, Arms, Int8Arm, Int8Linears, LmHead, Mtp, OfflineFigures
+from qwenquant.evaluate.reportparts import Arm, Arms, Int8Arm, Int8Linears, LmHead, Mtp, OfflineFigures, OfflineRun
 from qwenquant.evaluate.texts import window_text
 from qwenquant.evaluate.weights import dequantize, load_dense, raw_tensors, read_config, rtn_head, text_config
 
@@ -359,7 +359,7 @@ def run_offline(
     batch: int = 8,
     streamed: bool | None = None,
     activations: str = "bf16",
-) -> dict[str, Any]:
+) -> OfflineRun:
     """Evaluate `artifact` against `reference` on `windows` [N, L]: dense float weights on `device`,
     or (`streamed`, default above STREAM_ABOVE_BYTES) one decoder layer at a time from the shards.
     `activations="int8"` adds the arm that runs the artifact as vLLM's int8-activation path (in either forward)."""
@@ -373,8 +373,8 @@ def run_offline(
     )
     # the text the largest per-token KL rests on: up to 16 tokens of context and the token predicted
     figures = evaluate_forwards(arms, windows, lambda w, t: window_text(reference, windows[w, max(0, t - 15) : t + 2]))
-    report = figures.to_json()
-    report.update(
+    return OfflineRun(
+        **dict(figures),
         windows=int(windows.shape[0]),
         window_len=int(windows.shape[1]),
         device=device,
@@ -382,4 +382,3 @@ def run_offline(
         seconds=round(time.monotonic() - start, 1),
         activations=activations,
     )
-    return report

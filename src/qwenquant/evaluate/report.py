@@ -17,10 +17,12 @@ from pydantic import TypeAdapter, ValidationError
 from qwenquant.evaluate.reportparts import (
     Acceptance,
     Arms,
+    Goal,
     Goals,
     LmHead,
     Mtp,
     Needle,
+    OfflineFigures,
     Part,
     ReferenceCheck,
     ServedMachine,
@@ -41,21 +43,15 @@ PPL_DELTA_MAX_PCT = 3.0
 MTP_DROP_MAX_PCT = 5.0
 
 
-def goals(report: dict[str, Any]) -> dict[str, Any]:
-    """Each goal: its figure, its limit and whether it is met."""
-    out: dict[str, Any] = {}
-    ratio = report["lm_head"].get("ratio")
-    out["head_kl_ratio"] = {
-        "value": ratio,
-        "max": HEAD_KL_RATIO_MAX,
-        "met": ratio is not None and ratio <= HEAD_KL_RATIO_MAX,
-    }
-    delta = report["arms"]["artifact"]["delta_pct"]
-    out["ppl_delta_pct"] = {"value": delta, "max": PPL_DELTA_MAX_PCT, "met": delta <= PPL_DELTA_MAX_PCT}
-    change = report["mtp"].get("change_pct")
-    if change is not None:
-        out["mtp_acceptance_drop_pct"] = {"value": -change, "max": MTP_DROP_MAX_PCT, "met": -change < MTP_DROP_MAX_PCT}
-    return out
+def goals(figures: OfflineFigures) -> Goals:
+    """Each goal: its figure, its limit and whether it is met (the MTP goal only where both heads were measured)."""
+    ratio, delta, change = figures.lm_head.ratio, figures.arms.artifact.delta_pct, figures.mtp.change_pct
+    head = Goal(value=ratio, max=HEAD_KL_RATIO_MAX, met=ratio is not None and ratio <= HEAD_KL_RATIO_MAX)
+    ppl = Goal(value=delta, max=PPL_DELTA_MAX_PCT, met=delta <= PPL_DELTA_MAX_PCT)
+    if change is None:
+        return Goals(head_kl_ratio=head, ppl_delta_pct=ppl)
+    mtp = Goal(value=-change, max=MTP_DROP_MAX_PCT, met=-change < MTP_DROP_MAX_PCT)
+    return Goals(head_kl_ratio=head, ppl_delta_pct=ppl, mtp_acceptance_drop_pct=mtp)
 
 
 # the JSON's schema: version 1 adds `schema_version` and `kind` to the keys reports had before
