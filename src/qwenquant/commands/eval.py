@@ -38,11 +38,10 @@ from qwenquant.commands._eval_options import (
 from qwenquant.commands._options import ServeArtifact, ServerOptions, with_options
 
 if TYPE_CHECKING:
-    from typing import Any
-
     from qwenquant.evaluate.report import EvalReport, OfflineReport, ServedReport
+    from qwenquant.evaluate.reportparts import SpecCheck as SpecCheckResult
     from qwenquant.evaluate.servedrun import ServedAsk
-    from qwenquant.evaluate.speccheck import SpecCheckAsk
+    from qwenquant.evaluate.speccheck import Drafted, SpecCheckAsk
     from qwenquant.reportsink import Written
     from qwenquant.serve.request import ServeRequest
 
@@ -326,8 +325,8 @@ def _served(url: str, ask: ServedAsk, report: Path | None, as_json: bool, spec: 
 
 
 def _without_speculation(
-    req: ServeRequest, model: str, spec: SpecCheckAsk, drafted: Any, api_key: str | None
-) -> dict[str, Any]:
+    req: ServeRequest, model: str, spec: SpecCheckAsk, drafted: Drafted, api_key: str | None
+) -> SpecCheckResult:
     """The speculation check's second half: the same artifact served with MTP off (`--speculative-config null`),
     the same prompts greedily, compared with what the drafting server generated."""
     from qwenquant.console import console

@@ -350,6 +350,7 @@ class SpecCheck(Part):
     diverged: int
     changed: int
     ok: bool
+    reference_url: str | None = None  # the server without speculation, when eval did not start it (--reference-url)
 
 
 class ServedMachine(Part):
