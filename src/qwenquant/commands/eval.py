@@ -122,14 +122,13 @@ def _show_offline(result: OfflineReport) -> None:
     from qwenquant.console import console
     from qwenquant.evaluate import report as rep
 
-    data = result.to_json()
-    console.print(rep.offline_table(data))
-    for line in rep.summary_lines(data):
+    console.print(rep.offline_table(result))
+    for line in rep.summary_lines(result):
         console.print(line, markup=False)
-    if not result.reference_check["verified"]:
+    if not result.reference_check.verified:
         console.print(
             f"NOTE: the reference was not checked against the artifact's recorded source "
-            f"({result.reference_check['recorded_source']}): --reference-unverified",
+            f"({result.reference_check.recorded_source}): --reference-unverified",
             markup=False,
         )
 

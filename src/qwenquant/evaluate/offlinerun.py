@@ -50,7 +50,7 @@ def run_offline_eval(ask: OfflineAsk) -> tuple[OfflineReport, Path]:
         "reference": str(ask.reference),
         "windows": ask.windows,
         "window_len": ask.window_len,
-        **source,
+        **source.to_json(),
     }
     target = ask.report or rep.report_path(artifact, root)
     check_report_target(target, identity, explicit=ask.report is not None, kind="offline")

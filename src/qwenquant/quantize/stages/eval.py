@@ -22,7 +22,7 @@ from qwenquant.modeling.runtime import thread_fields
 from qwenquant.quantize.stage import Stage, StageContext
 
 if TYPE_CHECKING:
-    from qwenquant.evaluate.reportparts import OfflineRun
+    from qwenquant.evaluate.reportparts import OfflineRun, TextSource
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 _ARM_KEYS = ("ppl", "delta_pct", "ci95_pct", "windows_worse", "windows", "kl", "kl_ci95", "kl_p99", "kl_p999", "top1")
 
 
-def quality_section(run: OfflineRun, source: dict[str, Any]) -> dict[str, Any]:
+def quality_section(run: OfflineRun, source: TextSource) -> dict[str, Any]:
     """Pure: what the manifest records of an offline eval run."""
     from qwenquant.evaluate.report import goals
 
@@ -42,7 +42,7 @@ def quality_section(run: OfflineRun, source: dict[str, Any]) -> dict[str, Any]:
     return {
         "windows": run.windows,
         "window_len": run.window_len,
-        **source,
+        **source.to_json(),
         "arms": arms,
         "lm_head": {
             "rtn_kl": head.rtn.kl,
