@@ -435,7 +435,7 @@ def main(argv: list[str]) -> int:
         "reference": str(a.reference),
         "windows": a.windows,
         "window_len": a.window_len,
-        "text": source,
+        "text": source.to_json(),
         "device": a.device,
         "force_marlin": a.force_marlin,
         "vllm_flags": extra,

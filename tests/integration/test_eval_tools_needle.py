@@ -165,7 +165,7 @@ def test_schema_subset_checker_on_nested_arguments() -> None:
         ]
     )
     call = {"tool_calls": [{"type": "function", "function": {"name": "delete_all", "arguments": "{}"}}]}
-    assert judge(call, tools)["problems"] == ["call 0 names 'delete_all', which was not sent (sent: create_event)"]
+    assert judge(call, tools).problems == ["call 0 names 'delete_all', which was not sent (sent: create_event)"]
     # additionalProperties as a schema: every extra key must match it
     assert schema_problems({"a": 1, "b": "x"}, {"type": "object", "additionalProperties": {"type": "integer"}}) == [
         'arguments.b is str "x", not integer'

@@ -143,9 +143,18 @@ def test_parse_metrics_sums_label_sets_and_reads_positions() -> None:
 
 
 def test_goals_met_and_not_met() -> None:
-    r = {"lm_head": {"ratio": 0.4}, "arms": {"artifact": {"delta_pct": 3.5}}, "mtp": {"change_pct": -2.0}}
+    from qwenquant.evaluate.reportparts import Arm, Arms, LmHead, Mtp, OfflineFigures
+
+    r = OfflineFigures.model_construct(
+        lm_head=LmHead.model_construct(ratio=0.4),
+        arms=Arms.model_construct(artifact=Arm.model_construct(delta_pct=3.5)),
+        mtp=Mtp.model_construct(change_pct=-2.0),
+    )
     g = report.goals(r)
-    assert g["head_kl_ratio"]["met"] and not g["ppl_delta_pct"]["met"] and g["mtp_acceptance_drop_pct"]["met"]
+    assert g.head_kl_ratio and g.head_kl_ratio.met and g.ppl_delta_pct and not g.ppl_delta_pct.met
+    assert g.mtp_acceptance_drop_pct is not None and g.mtp_acceptance_drop_pct.met
+    no_mtp = report.goals(r.model_copy(update={"mtp": Mtp()}))
+    assert no_mtp.mtp_acceptance_drop_pct is None and "mtp_acceptance_drop_pct" not in no_mtp.to_json()
 
 
 def test_report_goes_beside_the_artifact(tmp_path) -> None:

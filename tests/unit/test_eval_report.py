@@ -222,5 +222,5 @@ def test_the_typed_parts_keep_the_numbers_and_nulls_as_written() -> None:
     prompts = r.to_json()["spec_check"]["prompts"]
     assert "tie_gap" not in prompts[0] and prompts[1]["tie_gap"] is None
     assert r.spec_check is not None and r.spec_check.prompts[1].with_mtp == [2, 3]
-    assert r.needle_part is not None and r.needle_part.depths[0].answer == "7F3A"
+    assert r.needle is not None and r.needle.depths[0].answer == "7F3A"
     assert r.verdict() == "eval served: ok: gate tiny-reference: copy 5/5; needle 1/2 depths; MTP not measured"

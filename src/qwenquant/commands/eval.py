@@ -38,11 +38,10 @@ from qwenquant.commands._eval_options import (
 from qwenquant.commands._options import ServeArtifact, ServerOptions, with_options
 
 if TYPE_CHECKING:
-    from typing import Any
-
     from qwenquant.evaluate.report import EvalReport, OfflineReport, ServedReport
+    from qwenquant.evaluate.reportparts import SpecCheck as SpecCheckResult
     from qwenquant.evaluate.servedrun import ServedAsk
-    from qwenquant.evaluate.speccheck import SpecCheckAsk
+    from qwenquant.evaluate.speccheck import Drafted, SpecCheckAsk
     from qwenquant.reportsink import Written
     from qwenquant.serve.request import ServeRequest
 
@@ -123,14 +122,13 @@ def _show_offline(result: OfflineReport) -> None:
     from qwenquant.console import console
     from qwenquant.evaluate import report as rep
 
-    data = result.to_json()
-    console.print(rep.offline_table(data))
-    for line in rep.summary_lines(data):
+    console.print(rep.offline_table(result))
+    for line in rep.summary_lines(result):
         console.print(line, markup=False)
-    if not result.reference_check["verified"]:
+    if not result.reference_check.verified:
         console.print(
             f"NOTE: the reference was not checked against the artifact's recorded source "
-            f"({result.reference_check['recorded_source']}): --reference-unverified",
+            f"({result.reference_check.recorded_source}): --reference-unverified",
             markup=False,
         )
 
@@ -257,29 +255,28 @@ def _print_served(result: ServedReport) -> None:
     from qwenquant.console import console
 
     for t in result.tasks:
-        console.print(f"task {t['name']}: {t['passed']}/{t['total']} passed", markup=False)
-    for c in (result.tools or {}).get("cases", []):
+        console.print(f"task {t.name}: {t.passed}/{t.total} passed", markup=False)
+    for c in result.tools.cases if result.tools is not None else []:
         console.print(
-            f"tool case {c['name']}: {c['kind'].replace('_', ' ')}"
-            + (f" ({c['problems'][0]})" if c["problems"] else ""),
+            f"tool case {c.name}: {c.kind.replace('_', ' ')}" + (f" ({c.problems[0]})" if c.problems else ""),
             markup=False,
         )
-    for r in (result.needle or {}).get("depths", []):
+    for r in result.needle.depths if result.needle is not None else []:
         console.print(
-            f"needle at depth {r['needle_tokens']:,} of {r['prompt_tokens']:,} tokens ({r['depth']:g}): "
-            f"{'passed' if r['passed'] else 'failed'}",
+            f"needle at depth {r.needle_tokens:,} of {r.prompt_tokens:,} tokens ({r.depth:g}): "
+            f"{'passed' if r.passed else 'failed'}",
             markup=False,
         )
     m = result.mtp
-    mal = m["mean_acceptance_length"]
-    if m.get("unavailable"):
-        console.print(f"MTP: not measured ({m['unavailable']})", markup=False)
+    mal = m.mean_acceptance_length
+    if m.unavailable:
+        console.print(f"MTP: not measured ({m.unavailable})", markup=False)
         return
     console.print(
-        f"MTP over the {' and '.join(m['over'])}: {m['drafts']} drafts, {m['accepted_tokens']}/"
-        f"{m['draft_tokens']} draft tokens accepted, mean acceptance length "
+        f"MTP over the {' and '.join(m.over)}: {m.drafts} drafts, {m.accepted_tokens}/"
+        f"{m.draft_tokens} draft tokens accepted, mean acceptance length "
         f"{'n/a' if mal is None else f'{mal:.3f}'}, per position "
-        + ", ".join(f"{p}: {'n/a' if v is None else f'{100 * v:.1f}%'}" for p, v in m["per_position"].items()),
+        + ", ".join(f"{p}: {'n/a' if v is None else f'{100 * v:.1f}%'}" for p, v in m.per_position.items()),
         markup=False,
         soft_wrap=True,
     )
@@ -327,8 +324,8 @@ def _served(url: str, ask: ServedAsk, report: Path | None, as_json: bool, spec: 
 
 
 def _without_speculation(
-    req: ServeRequest, model: str, spec: SpecCheckAsk, drafted: Any, api_key: str | None
-) -> dict[str, Any]:
+    req: ServeRequest, model: str, spec: SpecCheckAsk, drafted: Drafted, api_key: str | None
+) -> SpecCheckResult:
     """The speculation check's second half: the same artifact served with MTP off (`--speculative-config null`),
     the same prompts greedily, compared with what the drafting server generated."""
     from qwenquant.console import console
@@ -366,6 +363,7 @@ def _serve_and_gate(
 ) -> None:
     """Start `req.artifact` as `qwenquant serve` would, run the gate, stop the server; report keyed to its root digest."""
     from qwenquant.console import console
+    from qwenquant.evaluate.reportparts import ServedMachine
     from qwenquant.evaluate.servedrun import run_served
     from qwenquant.evaluate.speccheck import drafted_outputs, with_spec_check
     from qwenquant.manifest import load_manifest
@@ -388,5 +386,6 @@ def _serve_and_gate(
         console.print("stopping the server", markup=False)
     if spec is not None and drafted is not None:
         result = with_spec_check(result, _without_speculation(req, result.model, spec, drafted, ask.api_key))
-    result.served, result.root_digest = s.info, s.info["artifact_root_digest"]
+    result.served = ServedMachine.model_validate(s.info)
+    result.root_digest = result.served.artifact_root_digest
     _finish_served(result, target, as_json)

@@ -8,9 +8,12 @@ import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qwenquant.errors import UsageError, VerificationError
+
+if TYPE_CHECKING:
+    from qwenquant.evaluate.reportparts import ReferenceCheck
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +50,11 @@ def verify_artifact_first(artifact: Path) -> str:
     return report.root_digest
 
 
-def check_reference(artifact: Path, reference: Path, *, unverified: bool) -> dict[str, Any]:
+def check_reference(artifact: Path, reference: Path, *, unverified: bool) -> ReferenceCheck:
     """Prove `reference` is the source the manifest records (every recorded file, by sha256), unless
     `unverified`; then compare both configs' sizes. Returns the report's `reference_check` section."""
     from qwenquant.checkpoint.config import read_config, text_config
+    from qwenquant.evaluate.reportparts import ReferenceCheck
     from qwenquant.manifest import load_manifest
 
     if not reference.is_dir():
@@ -67,9 +71,9 @@ def check_reference(artifact: Path, reference: Path, *, unverified: bool) -> dic
             artifact,
             UNVERIFIED_FLAG,
         )
-        section = {"verified": False, "recorded_source": what}
+        section = ReferenceCheck(verified=False, recorded_source=what)
     else:
-        section = {"verified": True, "recorded_source": what, "files": _prove(reference, recorded, what)}
+        section = ReferenceCheck(verified=True, recorded_source=what, files=_prove(reference, recorded, what))
     ref_cfg, art_cfg = text_config(read_config(reference)), text_config(read_config(artifact))
     for key in SHAPE_KEYS:
         if ref_cfg.get(key) != art_cfg.get(key):

@@ -7,11 +7,13 @@ parts (reportparts).
 
 from __future__ import annotations
 
+import functools
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from qwenquant.errors import BenchError, UsageError
-from qwenquant.evaluate.reportparts import Needle
+from qwenquant.evaluate.reportparts import Needle, NeedleDepth
 from qwenquant.evaluate.served import server_hint
 from qwenquant.net.http import HttpError, fetch, post_json
 
@@ -98,7 +100,17 @@ def _filler(spec: dict[str, Any], count: _Counter, tokens: int) -> list[str]:
     return out
 
 
-def _case(spec: dict[str, Any], count: _Counter, target: int, depth: float, k: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Case:
+    """One needle request: its chat messages, the code planted, its length and the needle's depth in tokens."""
+
+    messages: list[dict[str, str]]
+    code: str
+    prompt_tokens: int
+    needle_tokens: int
+
+
+def _case(spec: dict[str, Any], count: _Counter, target: int, depth: float, k: int) -> _Case:
     """The messages of one case, at most `target` prompt tokens as the server counts them."""
     place = spec["places"][k % len(spec["places"])]
     code = str(100000 + (k * 7919 + 4271) * 104729 % 900000)
@@ -115,12 +127,7 @@ def _case(spec: dict[str, Any], count: _Counter, target: int, depth: float, k: i
             break
         body = body[: -max(1, (n - target) // 16)]  # about 16 tokens a sentence: drop the excess, then recount
     prefix = " ".join(body[:at])
-    return {
-        "messages": messages,
-        "code": code,
-        "prompt_tokens": n,
-        "needle_tokens": count.text(prefix) if prefix else 0,
-    }
+    return _Case(messages, code, n, count.text(prefix) if prefix else 0)
 
 
 def run_needle(
@@ -152,37 +159,34 @@ def run_needle(
             "max_model_len": promised,
             "limit": limit,
             "depths": rows,
-            "passed": sum(r["passed"] for r in rows),
+            "passed": sum(r.passed for r in rows),
             "total": len(rows),
         }
     )
 
 
-def _ask(url: str, model: str, api_key: str | None, case: dict[str, Any], depth: float, answer: int) -> dict[str, Any]:
+def _ask(url: str, model: str, api_key: str | None, case: _Case, depth: float, answer: int) -> NeedleDepth:
+    """One case asked: passed when the answer holds the code; `error` when the request or its answer failed."""
     body = {
         "model": model,
-        "messages": case["messages"],
+        "messages": case.messages,
         "temperature": 0.0,
         "max_tokens": answer,
         "chat_template_kwargs": {"enable_thinking": False},
     }
-    row: dict[str, Any] = {"depth": depth, "needle_tokens": case["needle_tokens"], "expect": case["code"]}
+    row = functools.partial(NeedleDepth, depth=depth, needle_tokens=case.needle_tokens, expect=case.code)
     try:
         r = fetch(f"{url}/v1/chat/completions", body, api_key=api_key, timeout=REQUEST_TIMEOUT)
     except HttpError as e:
-        return {**row, "prompt_tokens": case["prompt_tokens"], "passed": False, "error": e.message}
+        return row(prompt_tokens=case.prompt_tokens, passed=False, error=e.message)
     try:
         out = json.loads(r.text)
         text = out["choices"][0]["message"].get("content") or ""
-        prompt_tokens = int(out.get("usage", {}).get("prompt_tokens", case["prompt_tokens"]))
+        prompt_tokens = int(out.get("usage", {}).get("prompt_tokens", case.prompt_tokens))
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        return {
-            **row,
-            "prompt_tokens": case["prompt_tokens"],
-            "passed": False,
-            "error": f"answered {r.status}: {r.text[:160]}",
-        }
-    return {**row, "prompt_tokens": prompt_tokens, "answer": text[:120], "passed": case["code"] in text}
+        error = f"answered {r.status}: {r.text[:160]}"
+        return row(prompt_tokens=case.prompt_tokens, passed=False, error=error)
+    return row(prompt_tokens=prompt_tokens, answer=text[:120], passed=case.code in text)
 
 
 # why a run where no depth passed says so: the task asks a question in chat, which a base or tiny model cannot answer

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +35,18 @@ import torch.nn.functional as F
 from qwenquant.evaluate import metrics
 from qwenquant.evaluate.forward import DenseForward, TextForward
 from qwenquant.evaluate.longwindow import POSITION_CHUNK
-from qwenquant.evaluate.reportparts import Arm, Arms, Int8Arm, Int8Linears, LmHead, Mtp, OfflineFigures
+from qwenquant.evaluate.reportparts import (
+    Arm,
+    Arms,
+    Figures,
+    Int8Arm,
+    Int8Linears,
+    LmHead,
+    Mtp,
+    OfflineFigures,
+    OfflineRun,
+    ReferenceArm,
+)
 from qwenquant.evaluate.texts import window_text
 from qwenquant.evaluate.weights import dequantize, load_dense, raw_tensors, read_config, rtn_head, text_config
 
@@ -175,8 +186,10 @@ def evaluate_forwards(fw: Forwards, windows: torch.Tensor, peak_text: PeakText |
                     per.setdefault(arm, {}).setdefault(k, []).append(v)
     cat = {arm: {k: torch.cat(v) for k, v in figs.items()} for arm, figs in per.items()}
     ref_nll = cat["reference"]["nll"]
-    arms: dict[str, Any] = {"reference": {"ppl": metrics.paired_ppl(ref_nll, ref_nll)["ppl"]}}
-    arms |= {arm: _figures(ref_nll, cat[arm]) for arm in ARMS}
+    arms: dict[str, ReferenceArm | Arm | Int8Arm] = {
+        "reference": ReferenceArm(ppl=metrics.paired_ppl(ref_nll, ref_nll)["ppl"])
+    }
+    arms |= {arm: _figures(Arm, ref_nll, cat[arm]) for arm in ARMS}
     if INT8_ARM in cat:  # outputs whose int32 accumulator would wrap in Marlin (0 expected)
         arms[INT8_ARM] = int8_figures(ref_nll, cat["artifact"]["nll"], cat[INT8_ARM]).model_copy(
             update={"int32_overflows": fw.overflows(), "int8_linears": fw.int8_linears}
@@ -186,7 +199,7 @@ def evaluate_forwards(fw: Forwards, windows: torch.Tensor, peak_text: PeakText |
     text = peak_text(support.max.window, support.max.token) if peak_text is not None else None
     if text is not None:
         support = support.model_copy(update={"max": support.max.model_copy(update={"text": text})})
-    arms["artifact"] = Arm.model_validate(arms["artifact"]).model_copy(update={"kl_p999_support": support})
+    arms["artifact"] = arms["artifact"].model_copy(update={"kl_p999_support": support})
     held = torch.cat(hidden)
     # on the heads' own device: a .cpu() copy of three float32 27B heads is 15 GB of host memory
     with timed(log, f"eval: lm_head alone on {held.shape[0]} held-out states"):
@@ -198,26 +211,24 @@ def evaluate_forwards(fw: Forwards, windows: torch.Tensor, peak_text: PeakText |
     )
 
 
-def _figures(base_nll: torch.Tensor, per: dict[str, torch.Tensor], suffix: str = "") -> dict[str, Any]:
+FiguresT = TypeVar("FiguresT", bound=Figures)
+
+
+def _figures(kind: type[FiguresT], base_nll: torch.Tensor, per: dict[str, torch.Tensor], suffix: str = "") -> FiguresT:
     """One arm against a base: paired perplexity, KL mean with its interval and tail, top-1 agreement."""
-    kl, kl_ci = metrics.mean_ci95(per["kl" + suffix])
-    return {
-        **metrics.paired_ppl(base_nll, per["nll"]),
-        "kl": kl,
-        "kl_ci95": kl_ci,
-        **metrics.kl_tail(per["kl_tokens" + suffix]),
-        "top1": float(per["top1" + suffix].mean()),
-    }
+    ppl, (kl, kl_ci) = metrics.paired_ppl(base_nll, per["nll"]), metrics.mean_ci95(per["kl" + suffix])
+    tail, top1 = metrics.kl_tail(per["kl_tokens" + suffix]), float(per["top1" + suffix].mean())
+    return kind.model_validate({**ppl, "kl": kl, "kl_ci95": kl_ci, **tail, "top1": top1})
 
 
 def int8_figures(ref_nll: torch.Tensor, art_nll: torch.Tensor, per: dict[str, torch.Tensor]) -> Int8Arm:
     """Pure: the int8-activation arm against the reference (the other arms' keys) and, under
     `vs_artifact`, against the artifact: paired perplexity, KL mean and tail, top-1 agreement (its int32
     overflows and int8 Linears, counted by the run, 0 and none here)."""
-    vs = _figures(art_nll, per, "_vs_artifact")
+    vs = _figures(Figures, art_nll, per, "_vs_artifact")
     none = Int8Linears(body=0, mtp_head=0, lm_head=False)
     return Int8Arm.model_validate(
-        {**_figures(ref_nll, per), "vs_artifact": vs, "int32_overflows": 0, "int8_linears": none}
+        {**_figures(Figures, ref_nll, per).to_json(), "vs_artifact": vs, "int32_overflows": 0, "int8_linears": none}
     )
 
 
@@ -359,7 +370,7 @@ def run_offline(
     batch: int = 8,
     streamed: bool | None = None,
     activations: str = "bf16",
-) -> dict[str, Any]:
+) -> OfflineRun:
     """Evaluate `artifact` against `reference` on `windows` [N, L]: dense float weights on `device`,
     or (`streamed`, default above STREAM_ABOVE_BYTES) one decoder layer at a time from the shards.
     `activations="int8"` adds the arm that runs the artifact as vLLM's int8-activation path (in either forward)."""
@@ -373,8 +384,8 @@ def run_offline(
     )
     # the text the largest per-token KL rests on: up to 16 tokens of context and the token predicted
     figures = evaluate_forwards(arms, windows, lambda w, t: window_text(reference, windows[w, max(0, t - 15) : t + 2]))
-    report = figures.to_json()
-    report.update(
+    return OfflineRun(
+        **dict(figures),
         windows=int(windows.shape[0]),
         window_len=int(windows.shape[1]),
         device=device,
@@ -382,4 +393,3 @@ def run_offline(
         seconds=round(time.monotonic() - start, 1),
         activations=activations,
     )
-    return report

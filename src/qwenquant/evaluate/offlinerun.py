@@ -50,15 +50,14 @@ def run_offline_eval(ask: OfflineAsk) -> tuple[OfflineReport, Path]:
         "reference": str(ask.reference),
         "windows": ask.windows,
         "window_len": ask.window_len,
-        **source,
+        **source.to_json(),
     }
     target = ask.report or rep.report_path(artifact, root)
     check_report_target(target, identity, explicit=ask.report is not None, kind="offline")
     from qwenquant.evaluate.offline import run_offline
 
-    result = run_offline(
+    run = run_offline(
         ask.reference, artifact, ids, device=ask.device, streamed=ask.streamed, activations=ask.activations
     )
-    result.update(artifact=str(artifact), reference_check=ref_check, **identity)
-    result["goals"] = rep.goals(result)
-    return OfflineReport.of(result), target
+    result = {**run.to_json(), "artifact": str(artifact), "reference_check": ref_check, **identity}
+    return OfflineReport.of({**result, "goals": rep.goals(run)}), target

@@ -17,10 +17,12 @@ from pydantic import TypeAdapter, ValidationError
 from qwenquant.evaluate.reportparts import (
     Acceptance,
     Arms,
+    Goal,
     Goals,
     LmHead,
     Mtp,
     Needle,
+    OfflineFigures,
     Part,
     ReferenceCheck,
     ServedMachine,
@@ -41,21 +43,15 @@ PPL_DELTA_MAX_PCT = 3.0
 MTP_DROP_MAX_PCT = 5.0
 
 
-def goals(report: dict[str, Any]) -> dict[str, Any]:
-    """Each goal: its figure, its limit and whether it is met."""
-    out: dict[str, Any] = {}
-    ratio = report["lm_head"].get("ratio")
-    out["head_kl_ratio"] = {
-        "value": ratio,
-        "max": HEAD_KL_RATIO_MAX,
-        "met": ratio is not None and ratio <= HEAD_KL_RATIO_MAX,
-    }
-    delta = report["arms"]["artifact"]["delta_pct"]
-    out["ppl_delta_pct"] = {"value": delta, "max": PPL_DELTA_MAX_PCT, "met": delta <= PPL_DELTA_MAX_PCT}
-    change = report["mtp"].get("change_pct")
-    if change is not None:
-        out["mtp_acceptance_drop_pct"] = {"value": -change, "max": MTP_DROP_MAX_PCT, "met": -change < MTP_DROP_MAX_PCT}
-    return out
+def goals(figures: OfflineFigures) -> Goals:
+    """Each goal: its figure, its limit and whether it is met (the MTP goal only where both heads were measured)."""
+    ratio, delta, change = figures.lm_head.ratio, figures.arms.artifact.delta_pct, figures.mtp.change_pct
+    head = Goal(value=ratio, max=HEAD_KL_RATIO_MAX, met=ratio is not None and ratio <= HEAD_KL_RATIO_MAX)
+    ppl = Goal(value=delta, max=PPL_DELTA_MAX_PCT, met=delta <= PPL_DELTA_MAX_PCT)
+    if change is None:
+        return Goals(head_kl_ratio=head, ppl_delta_pct=ppl)
+    mtp = Goal(value=-change, max=MTP_DROP_MAX_PCT, met=-change < MTP_DROP_MAX_PCT)
+    return Goals(head_kl_ratio=head, ppl_delta_pct=ppl, mtp_acceptance_drop_pct=mtp)
 
 
 # the JSON's schema: version 1 adds `schema_version` and `kind` to the keys reports had before
@@ -108,16 +104,11 @@ class EvalReport:
     kind: ClassVar[str] = ""
     OPTIONAL: ClassVar[tuple[str, ...]] = ()
 
-    # fields kept as JSON objects, each checked against its part when set (name: the part)
-    CHECKED: ClassVar[dict[str, type[Part]]] = {}
-
     def __setattr__(self, name: str, value: Any) -> None:
         adapter = _part_adapters(type(self)).get(name)
         try:
             if adapter is not None:
                 value = adapter.validate_python(value)
-            elif name in self.CHECKED and value is not None:
-                self.CHECKED[name].model_validate(value)
         except ValidationError as e:
             raise PartError(name, e) from None
         super().__setattr__(name, value)
@@ -217,34 +208,19 @@ class ServedReport(EvalReport):
     min_acceptance_length: float | None
     failures: list[str]
     ok: bool
-    # --tools, --needle and the server eval started (--serve): JSON objects, checked as Tools, Needle and
-    # ServedMachine (`tools_part`, `needle_part`: typed)
-    tools: dict[str, Any] | None = None
-    needle: dict[str, Any] | None = None
-    served: dict[str, Any] | None = None
+    tools: Tools | None = None  # --tools
+    needle: Needle | None = None  # --needle
+    served: ServedMachine | None = None  # the server eval started (--serve ARTIFACT)
     root_digest: str | None = None
     spec_check: SpecCheck | None = None  # --spec-check: greedy with MTP against without (evaluate/speccheck.py)
     kind: ClassVar[str] = "served"
     OPTIONAL: ClassVar[tuple[str, ...]] = ("tools", "needle", "served", "root_digest", "spec_check")
-    CHECKED: ClassVar[dict[str, type[Part]]] = {"tools": Tools, "needle": Needle, "served": ServedMachine}
-
-    @property
-    def tools_part(self) -> Tools | None:
-        return None if self.tools is None else Tools.model_validate(self.tools)
-
-    @property
-    def needle_part(self) -> Needle | None:
-        return None if self.needle is None else Needle.model_validate(self.needle)
-
-    @property
-    def machine(self) -> ServedMachine | None:
-        return None if self.served is None else ServedMachine.model_validate(self.served)
 
     def verdict(self) -> str:
         """ok or FAILED, and what ran."""
         ran = [f"gate {self.gate}: " + ", ".join(f"{t.name} {t.passed}/{t.total}" for t in self.tasks)]
         ran = ran if self.tasks else []
-        tools, needle = self.tools_part, self.needle_part
+        tools, needle = self.tools, self.needle
         if tools is not None:
             ran.append(f"tools {sum(c.ok for c in tools.cases)}/{len(tools.cases)}")
         if needle is not None:

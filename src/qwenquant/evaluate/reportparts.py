@@ -211,6 +211,18 @@ class OfflineFigures(Part):
     mtp: Mtp
 
 
+class OfflineRun(OfflineFigures):
+    """One offline measurement (evaluate/offline.py's run_offline): the figures, on how many windows of how
+    many tokens, where and how the forwards ran, how long it took."""
+
+    windows: int
+    window_len: int
+    device: str
+    forward: str  # dense | streamed
+    seconds: Real
+    activations: str
+
+
 class ReferenceCheck(Part):
     """Whether the reference is the artifact's recorded source, and how many of its files were hashed."""
 
@@ -338,6 +350,7 @@ class SpecCheck(Part):
     diverged: int
     changed: int
     ok: bool
+    reference_url: str | None = None  # the server without speculation, when eval did not start it (--reference-url)
 
 
 class ServedMachine(Part):

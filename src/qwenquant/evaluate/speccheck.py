@@ -32,13 +32,17 @@ drafted token far below the best.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qwenquant.errors import BenchError, UsageError
-from qwenquant.evaluate.reportparts import SpecCheck
+from qwenquant.evaluate.reportparts import SpecCheck, SpecPrompt
 from qwenquant.net.http import HttpError, get_text, post_json
 from qwenquant.net.prometheus import spec_counters
+
+if TYPE_CHECKING:
+    from qwenquant.evaluate.report import ServedReport
 
 REQUEST_TIMEOUT = 600.0
 LONG_LENGTHS = (16, 64, 256)
@@ -123,7 +127,7 @@ def greedy(url: str, model: str, prompts: list[list[int]], max_tokens: int, api_
     return out
 
 
-def compare(lengths: list[int], k: int, with_mtp: list[list[int]], without: list[list[int]]) -> list[dict[str, Any]]:
+def compare(lengths: list[int], k: int, with_mtp: list[list[int]], without: list[list[int]]) -> list[SpecPrompt]:
     """Per prompt: its length and the first generated token where the two differ (None: none), with both ids there."""
     prompts = []
     for n, a, b in zip(lengths, with_mtp, without, strict=True):
@@ -131,14 +135,9 @@ def compare(lengths: list[int], k: int, with_mtp: list[list[int]], without: list
             (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
             None if len(a) == len(b) else min(len(a), len(b)),
         )
-        row: dict[str, Any] = {
-            "prompt_tokens": n,
-            "one_plus_k": n == 1 + k,
-            "generated": len(b),
-            "first_divergence": first,
-        }
+        row = SpecPrompt(prompt_tokens=n, one_plus_k=n == 1 + k, generated=len(b), first_divergence=first)
         if first is not None:
-            row["with_mtp"], row["without"] = a[first : first + 4], b[first : first + 4]
+            row = row.model_copy(update={"with_mtp": a[first : first + 4], "without": b[first : first + 4]})
         prompts.append(row)
     return prompts
 
@@ -159,49 +158,53 @@ def tie_gap(url: str, model: str, context: list[int], token: int, api_key: str |
     return max(lp.values()) - lp[token] if token in lp else None
 
 
-def judge(prompts: list[dict[str, Any]], k: int, tie_nats: float, gap: Any) -> dict[str, Any]:
+def _judged(p: SpecPrompt, tie_nats: float, gap: Callable[[SpecPrompt], float | None]) -> SpecPrompt:
+    """`p` with its tie gap and whether it is a tie, when it diverged."""
+    if p.first_divergence is None:
+        return p
+    g = gap(p)
+    return p.model_copy(update={"tie_gap": g, "tie": g is not None and g <= tie_nats})
+
+
+def judge(prompts: list[SpecPrompt], k: int, tie_nats: float, gap: Callable[[SpecPrompt], float | None]) -> SpecCheck:
     """The check's result: each divergence with its tie gap (`gap(prompt_row)`, asked of the server without
     speculation), `ok` when every divergence is a tie within `tie_nats`."""
-    for p in prompts:
-        if p["first_divergence"] is not None:
-            p["tie_gap"] = gap(p)
-            p["tie"] = p["tie_gap"] is not None and p["tie_gap"] <= tie_nats
-    changed = [p for p in prompts if p["first_divergence"] is not None and not p["tie"]]
-    return {
-        "draft_tokens": k,
-        "prompts": prompts,
-        "tie_nats": tie_nats,
-        "diverged": sum(p["first_divergence"] is not None for p in prompts),
-        "changed": len(changed),
-        "ok": not changed,
-    }
+    judged = [_judged(p, tie_nats, gap) for p in prompts]
+    changed = [p for p in judged if p.first_divergence is not None and not p.tie]
+    return SpecCheck(
+        draft_tokens=k,
+        prompts=judged,
+        tie_nats=tie_nats,
+        diverged=sum(p.first_divergence is not None for p in judged),
+        changed=len(changed),
+        ok=not changed,
+    )
 
 
-def spec_check_failures(result: dict[str, Any] | None) -> list[str]:
+def spec_check_failures(result: SpecCheck | None) -> list[str]:
     """One line per prompt whose answer speculation changed (empty: passed, or not run)."""
-    if not result:
+    if result is None:
         return []
     out = []
-    for p in result["prompts"]:
-        if p["first_divergence"] is None or p["tie"]:
+    for p in result.prompts:
+        if p.first_divergence is None or p.tie:
             continue
-        tag = " (1 + k: vllm #53051)" if p["one_plus_k"] else ""
+        tag = " (1 + k: vllm #53051)" if p.one_plus_k else ""
         where = (
             "not among the top 5 there"
-            if p["tie_gap"] is None
-            else f"{p['tie_gap']:.3f} nats below the best there (a tie is within {result['tie_nats']})"
+            if p.tie_gap is None
+            else f"{p.tie_gap:.3f} nats below the best there (a tie is within {result.tie_nats})"
         )
         out.append(
-            f"speculation changed the answer: the {p['prompt_tokens']}-token prompt{tag} diverges at generated "
-            f"token {p['first_divergence']} (with MTP {p['with_mtp']}, without {p['without']}; the drafted "
-            f"token is {where}; k = {result['draft_tokens']})"
+            f"speculation changed the answer: the {p.prompt_tokens}-token prompt{tag} diverges at generated "
+            f"token {p.first_divergence} (with MTP {p.with_mtp}, without {p.without}; the drafted "
+            f"token is {where}; k = {result.draft_tokens})"
         )
     return out
 
 
-def spec_check_line(result: SpecCheck | dict[str, Any]) -> str:
+def spec_check_line(r: SpecCheck) -> str:
     """What a user reads of the check, one line."""
-    r = result if isinstance(result, SpecCheck) else SpecCheck.model_validate(result)
     n = len(r.prompts)
     firsts = ", ".join(
         f"{p.prompt_tokens}:{'-' if p.first_divergence is None else p.first_divergence}"
@@ -279,17 +282,16 @@ def refuse_drafting_reference(url: str, api_key: str | None) -> None:
         raise UsageError(problem, hint="pass --reference-url of a server started with -- --speculative-config null")
 
 
-def run_spec_check(url: str, model: str, ask: SpecCheckAsk, api_key: str | None) -> dict[str, Any]:
-    """Against two running servers: `url` drafts, `ask.reference_url` does not."""
-    if ask.reference_url is None:
-        check_reference(ask, serving=False)
-        return {}
-    refuse_drafting_reference(ask.reference_url, api_key)
+def run_spec_check(url: str, model: str, ask: SpecCheckAsk, api_key: str | None) -> SpecCheck:
+    """Against two running servers: `url` drafts, `ask.reference_url` does not (the result names it)."""
+    check_reference(ask, serving=False)
+    reference = ask.reference_url
+    assert reference is not None  # check_reference refused the check without it
+    refuse_drafting_reference(reference, api_key)
     sp = plan_prompts(url, model, ask, api_key)
     with_mtp = greedy(url, model, sp.prompts, ask.max_tokens, api_key)
-    return against_reference(ask.reference_url, model, ask, Drafted(sp, with_mtp), api_key) | {
-        "reference_url": ask.reference_url
-    }
+    result = against_reference(reference, model, ask, Drafted(sp, with_mtp), api_key)
+    return result.model_copy(update={"reference_url": reference})
 
 
 @dataclass(frozen=True)
@@ -306,7 +308,7 @@ def drafted_outputs(url: str, model: str, ask: SpecCheckAsk, api_key: str | None
     return Drafted(sp, greedy(url, model, sp.prompts, ask.max_tokens, api_key))
 
 
-def with_spec_check(report: Any, result: dict[str, Any]) -> Any:
+def with_spec_check(report: ServedReport, result: SpecCheck) -> ServedReport:
     """`report` (a ServedReport) with the check's result, its failures added and `ok` recomputed."""
     report.spec_check = result
     report.failures = [*report.failures, *spec_check_failures(result)]
@@ -314,7 +316,7 @@ def with_spec_check(report: Any, result: dict[str, Any]) -> Any:
     return report
 
 
-def against_reference(url: str, model: str, ask: SpecCheckAsk, drafted: Drafted, api_key: str | None) -> dict[str, Any]:
+def against_reference(url: str, model: str, ask: SpecCheckAsk, drafted: Drafted, api_key: str | None) -> SpecCheck:
     """The second half, against the server without speculation at `url`: the same prompts greedily, compared, each
     divergence judged by that server's log-probabilities at the divergence point."""
     sp = drafted.prompts
@@ -322,9 +324,8 @@ def against_reference(url: str, model: str, ask: SpecCheckAsk, drafted: Drafted,
     rows = compare(sp.lengths, sp.k, drafted.outputs, without)
     by_len = dict(zip(sp.lengths, zip(sp.prompts, without, strict=True), strict=True))
 
-    def gap(p: dict[str, Any]) -> float | None:
-        prompt, out = by_len[p["prompt_tokens"]]
-        i = p["first_divergence"]
-        return tie_gap(url, model, prompt + out[:i], p["with_mtp"][0], api_key) if p["with_mtp"] else None
+    def gap(p: SpecPrompt) -> float | None:
+        prompt, out = by_len[p.prompt_tokens]
+        return tie_gap(url, model, prompt + out[: p.first_divergence], p.with_mtp[0], api_key) if p.with_mtp else None
 
     return judge(rows, sp.k, ask.tie_nats, gap)

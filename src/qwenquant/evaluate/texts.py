@@ -6,12 +6,14 @@ for every model but the committed tiny reference, which keeps its shipped held-o
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from qwenquant.errors import UsageError
 
 if TYPE_CHECKING:
     import torch
+
+    from qwenquant.evaluate.reportparts import TextSource
 
 
 MIN_WINDOWS = 2  # a confidence interval needs two windows
@@ -52,27 +54,28 @@ def resolve_windows(
     text: Path | None = None,
     text_set: str | None = None,
     cache: Path | None = None,
-) -> tuple[torch.Tensor, dict[str, Any]]:
-    """(windows [N, L], what they were cut from) for `--text FILE`, `--text-set NAME`, or the default:
+) -> tuple[torch.Tensor, TextSource]:
+    """(windows [N, L], what they were cut from: the report's TextSource) for `--text FILE`, `--text-set NAME`, or the default:
     the shipped held-out text for the tiny reference, the pinned Hub text set for any other model;
     `--text-set depth` is the pinned depth text (evaluate/longwindow.py), for long windows."""
     from qwenquant.evaluate import longwindow, textset
+    from qwenquant.evaluate.reportparts import TextSource
 
     if text is not None and text_set is not None:
         raise UsageError("give --text FILE or --text-set NAME, not both", hint="--text takes a local file")
     if text is not None:
-        return eval_windows(reference, windows, window_len, text), {"text": str(text)}
+        return eval_windows(reference, windows, window_len, text), TextSource(text=str(text))
     if text_set == longwindow.DEPTH_TEXT_SET:
         body, pinned = longwindow.depth_text()
-        return _cut(reference, body, windows, window_len, text_set), {"text": text_set, **pinned}
+        return _cut(reference, body, windows, window_len, text_set), TextSource.model_validate(
+            {"text": text_set, **pinned}
+        )
     if text_set in (None, "auto") and is_tiny_reference(reference) or text_set == "tiny-reference":
-        return eval_windows(reference, windows, window_len), {"text": "tiny-reference held-out"}
+        return eval_windows(reference, windows, window_len), TextSource(text="tiny-reference held-out")
     ts = textset.load_text_set(text_set if text_set not in (None, "auto") else textset.DEFAULT_TEXT_SET)
     body = textset.read_text(textset.fetch_text_set(ts, cache), ts)
-    return _cut(reference, body, windows, window_len, ts.name, "pass --text FILE or another --text-set"), {
-        "text": ts.name,
-        **ts.describe(),
-    }
+    cut = _cut(reference, body, windows, window_len, ts.name, "pass --text FILE or another --text-set")
+    return cut, TextSource.model_validate({"text": ts.name, **ts.describe()})
 
 
 def _cut(

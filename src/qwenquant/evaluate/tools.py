@@ -9,10 +9,12 @@ required, properties, additionalProperties, items).
 
 from __future__ import annotations
 
+import functools
 import json
+from dataclasses import dataclass
 from typing import Any
 
-from qwenquant.evaluate.reportparts import Tools
+from qwenquant.evaluate.reportparts import ToolCall, ToolCase, ToolCounts, Tools
 from qwenquant.net.http import HttpError, fetch
 
 REQUEST_TIMEOUT = 120.0
@@ -98,10 +100,19 @@ def _call_problems(i: int, call: Any, schemas: dict[str, Any]) -> list[str]:
     return [f"call {i} ({name}): {p}" for p in schema_problems(args, schemas[name])]
 
 
-def judge(message: dict[str, Any], tools: list[dict[str, Any]], tool_choice: Any = "auto") -> dict[str, Any]:
-    """One chat answer: {"kind": tool_call | answer | malformed | wrong_choice, "problems": [...], "calls": [...]}.
-    `malformed`: a call that is not well formed (or tool-call markup left in the text); `wrong_choice`:
-    well-formed, but not what `tool_choice` allows."""
+@dataclass(frozen=True)
+class Judged:
+    """One chat answer judged: tool_call | answer | malformed | wrong_choice, why, the calls as sent, the text."""
+
+    kind: str
+    problems: list[str]
+    calls: list[ToolCall]
+    content: str
+
+
+def judge(message: dict[str, Any], tools: list[dict[str, Any]], tool_choice: Any = "auto") -> Judged:
+    """One chat answer: its kind, its problems and its calls. `malformed`: a call that is not well formed (or
+    tool-call markup left in the text); `wrong_choice`: well-formed, but not what `tool_choice` allows."""
     schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
     calls = message.get("tool_calls") or []
     content = message.get("content") or ""
@@ -110,57 +121,54 @@ def judge(message: dict[str, Any], tools: list[dict[str, Any]], tool_choice: Any
     for i, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
         if isinstance(fn, dict):
-            seen.append({"name": fn.get("name"), "arguments": fn.get("arguments")})
+            seen.append(ToolCall(name=fn.get("name"), arguments=fn.get("arguments")))
         problems += _call_problems(i, call, schemas)
     if not calls and any(m in content for m in _MARKUP):
         problems.append(f"tool-call markup left in the text (the server did not parse it): {content.strip()[:80]!r}")
-    wrong = [] if problems else choice_problems(tool_choice, [c["name"] for c in seen])
+    wrong = [] if problems else choice_problems(tool_choice, [c.name for c in seen])
     kind = "malformed" if problems else "wrong_choice" if wrong else ("tool_call" if calls else "answer")
-    return {"kind": kind, "problems": problems + wrong, "calls": seen, "content": content[:200]}
+    return Judged(kind, problems + wrong, seen, content[:200])
+
+
+def _run_case(url: str, spec: dict[str, Any], case: dict[str, Any], model: str, api_key: str | None) -> ToolCase:
+    """One case sent (greedy, thinking off) and its answer judged (kind `error` when no chat message came)."""
+    body = {
+        "model": model,
+        "messages": case["messages"],
+        "tools": case["tools"],
+        "tool_choice": case.get("tool_choice", "auto"),
+        "temperature": 0.0,
+        "max_tokens": case.get("max_tokens", spec.get("max_tokens", 256)),
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    named = functools.partial(ToolCase, name=case["name"], tool_choice=body["tool_choice"])
+
+    def failed(problem: str) -> ToolCase:
+        return named(kind="error", problems=[problem], ok=False)
+
+    try:
+        r = fetch(f"{url}/v1/chat/completions", body, api_key=api_key, timeout=REQUEST_TIMEOUT)
+    except HttpError as e:
+        return failed(e.message)
+    if not 200 <= r.status < 300:
+        return failed(f"the server refused the request ({r.status}): {r.text[:160]}")
+    try:
+        message = json.loads(r.text)["choices"][0]["message"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        message = None
+    if not isinstance(message, dict):
+        return failed(f"no chat message in the answer: {r.text[:160]}")
+    j = judge(message, case["tools"], body["tool_choice"])
+    return named(kind=j.kind, problems=j.problems, calls=j.calls, content=j.content, ok=not j.problems)
 
 
 def run_tools(url: str, spec: dict[str, Any], model: str, api_key: str | None = None) -> Tools:
     """Send every case of `spec` (greedy, thinking off) and judge each answer."""
     url = url.rstrip("/")
-    cases = []
-    for case in spec["cases"]:
-        body = {
-            "model": model,
-            "messages": case["messages"],
-            "tools": case["tools"],
-            "tool_choice": case.get("tool_choice", "auto"),
-            "temperature": 0.0,
-            "max_tokens": case.get("max_tokens", spec.get("max_tokens", 256)),
-            "chat_template_kwargs": {"enable_thinking": False},
-        }
-        row: dict[str, Any] = {"name": case["name"], "tool_choice": body["tool_choice"]}
-        try:
-            r = fetch(f"{url}/v1/chat/completions", body, api_key=api_key, timeout=REQUEST_TIMEOUT)
-        except HttpError as e:
-            row.update(kind="error", problems=[e.message])
-            cases.append(row)
-            continue
-        if not 200 <= r.status < 300:
-            row.update(kind="error", problems=[f"the server refused the request ({r.status}): {r.text[:160]}"])
-        else:
-            try:
-                message = json.loads(r.text)["choices"][0]["message"]
-            except (ValueError, KeyError, IndexError, TypeError):
-                message = None
-            if not isinstance(message, dict):
-                row.update(kind="error", problems=[f"no chat message in the answer: {r.text[:160]}"])
-            else:
-                row.update(judge(message, case["tools"], body["tool_choice"]))
-        row["ok"] = not row["problems"]
-        cases.append(row)
+    cases = [_run_case(url, spec, case, model, api_key) for case in spec["cases"]]
     kinds = ("tool_call", "answer", "malformed", "wrong_choice", "error")
-    return Tools.model_validate(
-        {
-            "gate": spec.get("name", "tools"),
-            "cases": cases,
-            "counts": {k: sum(c["kind"] == k for c in cases) for k in kinds},
-        }
-    )
+    counts = ToolCounts.model_validate({k: sum(c.kind == k for c in cases) for k in kinds})
+    return Tools(gate=spec.get("name", "tools"), cases=cases, counts=counts)
 
 
 _VERDICT = {"malformed": "malformed tool call", "wrong_choice": "ignored tool_choice", "error": "request failed"}

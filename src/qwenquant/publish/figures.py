@@ -175,8 +175,8 @@ def served_figures(r: Report) -> list[Figure]:
 
     t, d = r.typed, r.data
     if isinstance(t, ServedReport):
-        m = t.machine
-        command = served_command(t.served or {}, t.gate)
+        m = t.served
+        command = served_command(m.to_json() if m is not None else {}, t.gate)
         where = machine(m.device, m.vllm_version_installed, m.gpu_mem) if m is not None else None
         tasks = [(task.name, task.total, task.min_pass) for task in t.tasks]
         positions = sorted(t.mtp.per_position, key=int)

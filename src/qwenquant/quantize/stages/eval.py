@@ -14,12 +14,15 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qwenquant.atomic import atomic_write_json
 from qwenquant.hashing import sha256_json
 from qwenquant.modeling.runtime import set_deterministic, thread_fields
 from qwenquant.quantize.stage import Stage, StageContext
+
+if TYPE_CHECKING:
+    from qwenquant.evaluate.reportparts import OfflineRun, TextSource
 
 log = logging.getLogger(__name__)
 
@@ -27,29 +30,29 @@ log = logging.getLogger(__name__)
 _ARM_KEYS = ("ppl", "delta_pct", "ci95_pct", "windows_worse", "windows", "kl", "kl_ci95", "kl_p99", "kl_p999", "top1")
 
 
-def quality_section(report: dict[str, Any], source: dict[str, Any]) -> dict[str, Any]:
-    """Pure: what the manifest records of an offline eval report."""
+def quality_section(run: OfflineRun, source: TextSource) -> dict[str, Any]:
+    """Pure: what the manifest records of an offline eval run."""
     from qwenquant.evaluate.report import goals
 
-    arms = {"reference": {"ppl": report["arms"]["reference"]["ppl"]}}
-    for name, arm in report["arms"].items():
-        if name != "reference":
-            arms[name] = {k: arm[k] for k in _ARM_KEYS}
-    head = report["lm_head"]
+    arms: dict[str, Any] = {"reference": {"ppl": run.arms.reference.ppl}}
+    for name, arm in run.arms.compared():
+        figures = arm.to_json()
+        arms[name] = {k: figures[k] for k in _ARM_KEYS}
+    head = run.lm_head
     return {
-        "windows": report["windows"],
-        "window_len": report["window_len"],
-        **source,
+        "windows": run.windows,
+        "window_len": run.window_len,
+        **source.to_json(),
         "arms": arms,
         "lm_head": {
-            "rtn_kl": head["rtn"]["kl"],
-            "calibrated_kl": head["gptq"]["kl"],
-            "ratio": head.get("ratio"),
-            "rtn_top1": head["rtn"]["top1"],
-            "calibrated_top1": head["gptq"]["top1"],
+            "rtn_kl": head.rtn.kl,
+            "calibrated_kl": head.gptq.kl,
+            "ratio": head.ratio,
+            "rtn_top1": head.rtn.top1,
+            "calibrated_top1": head.gptq.top1,
         },
-        "mtp": report["mtp"],
-        "goals": goals(report),
+        "mtp": run.mtp.to_json(),
+        "goals": goals(run).to_json(),
     }
 
 
@@ -65,8 +68,8 @@ def _run(ctx: StageContext, out_dir: Path) -> dict[str, Any]:
     ids, source = resolve_windows(
         ctx.source, spec.windows, spec.window_len, text_set=spec.text, cache=ctx.work / "datasets"
     )
-    report = run_offline(ctx.source, ctx.dir("textonly"), ids, device=ctx.device, batch=spec.batch)
-    section = quality_section(report, source)
+    run = run_offline(ctx.source, ctx.dir("textonly"), ids, device=ctx.device, batch=spec.batch)
+    section = quality_section(run, source)
     atomic_write_json(out_dir / "eval.json", section)
     a = section["arms"]["artifact"]
     log.info(
