@@ -22,11 +22,11 @@ def run_oneshot_arm(
     """Run the arm; return its measurements (the caller prints the ratios)."""
     import torch
     import transformers
-    from datasets import Dataset
     from llmcompressor import oneshot
 
     from qwenquant.modeling.compat import build_modifier
     from qwenquant.modeling.runtime import set_deterministic
+    from qwenquant.quantize.oneshot import oneshot_args
     from qwenquant.quantize.stages import calibration as cal
 
     set_deterministic()
@@ -46,19 +46,8 @@ def run_oneshot_arm(
 
         layer.register_forward_pre_hook(first)
     load_s = time.perf_counter() - t0
-    ds = Dataset.from_dict({"input_ids": samples, "attention_mask": [[1] * len(s) for s in samples]})
-    oneshot(
-        model=model,
-        processor=transformers.AutoTokenizer.from_pretrained(str(source)),
-        dataset=ds,
-        recipe=build_modifier(q),
-        sequential_targets=list(q.sequential_targets),
-        pipeline="sequential",
-        num_calibration_samples=len(samples),
-        max_seq_length=max(len(s) for s in samples),
-        shuffle_calibration_samples=False,
-        batch_size=1,
-    )
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(source))
+    oneshot(model=model, **oneshot_args(tokenizer, build_modifier(q), q, samples))
     t1 = time.perf_counter()
     model.save_pretrained(str(out), save_compressed=True)
     t2 = time.perf_counter()

@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "net",
         "reportdoc",
         "reportsink",
+        "reportpart",
         "depthtext",
     ),
     ("checkpoint",),

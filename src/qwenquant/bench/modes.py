@@ -6,7 +6,6 @@ and the field (exit 2). What a mode draws, shows and judges is output.py's."""
 
 from __future__ import annotations
 
-import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
@@ -15,7 +14,6 @@ from qwenquant.bench.parts import (
     DepthRung,
     Failure,
     Flag,
-    Part,
     PrefixCache,
     QueueCounts,
     RunFailure,
@@ -25,9 +23,9 @@ from qwenquant.bench.parts import (
     TextSource,
     TurnRecord,
     WindowRecord,
-    plain,
 )
 from qwenquant.reportdoc import DocKind
+from qwenquant.reportpart import part_fields, plain
 
 SCHEMA_VERSION = 2  # 2: cross-check flags, the streams' own counts, `mode`
 DOC = DocKind("bench", "mode", SCHEMA_VERSION, "a bench report")
@@ -59,20 +57,8 @@ class BenchReport:
         and its mode one of REPORTS (the mode of `cls`, when `cls` is one mode's report); every field known,
         every part's keys and types its own."""
         kind = DOC.report_class(data, source, REPORTS, cls.mode)
-        parts = _part_fields(kind)
+        parts = part_fields(kind)
         return kind(**{k: (_part(parts[k], v, k, source) if k in parts else v) for k, v in data.items() if k != "mode"})
-
-
-def _holds_part(hint: Any) -> bool:
-    if isinstance(hint, type) and issubclass(hint, Part):
-        return True
-    return any(_holds_part(h) for h in typing.get_args(hint))
-
-
-def _part_fields(cls: type) -> dict[str, Any]:
-    """The fields of a report class typed with parts, and their types."""
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in fields(cls) if _holds_part(hints[f.name])}
 
 
 def _part(hint: Any, value: Any, name: str, source: str) -> Any:

@@ -1,30 +1,15 @@
 """The typed parts of a bench report (pydantic, frozen, strict: an int stays an int, a float a float): a
 flag, the shipped text, the server's health, a long run's failure, the prefix cache's and the soak's
 verdicts. A part's JSON holds exactly the keys it was built or read with (`to_json`), so a report
-read back and written again is the same bytes; `plain` turns a report field (parts, lists and dicts
-of them) into its JSON."""
+read back and written again is the same bytes (the base, `Part`, and `plain` are qwenquant.reportpart's)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from qwenquant.reportpart import Part
 
 Number = int | float  # as measured: never coerced (a count stays an int, a rate a float)
-
-
-class Part(BaseModel):
-    """One typed part of a report: unknown keys refused, values frozen, no coercion."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON object: the keys the part was built or read with."""
-        return self.model_dump(exclude_unset=True)
-
-    def given(self) -> dict[str, Any]:
-        """The fields the part was built or read with, as values (parts stay parts): to build a larger part."""
-        return {k: getattr(self, k) for k in self.model_fields_set}
 
 
 class Flag(Part):
@@ -245,17 +230,6 @@ class SoakStream(RequestRecord):
     with text)."""
 
     error: str | None
-
-
-def plain(value: Any) -> Any:
-    """A report field as JSON: parts as their objects, lists and dicts of them element by element."""
-    if isinstance(value, Part):
-        return value.to_json()
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    return value
 
 
 def flags_of(found: list[dict[str, Any]]) -> list[Flag]:

@@ -23,7 +23,6 @@ from qwenquant.evaluate.reportparts import (
     Mtp,
     Needle,
     OfflineFigures,
-    Part,
     ReferenceCheck,
     ServedMachine,
     SpecCheck,
@@ -32,6 +31,7 @@ from qwenquant.evaluate.reportparts import (
     Tools,
 )
 from qwenquant.reportdoc import DocKind
+from qwenquant.reportpart import part_fields, plain
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self is 3.11+; requires-python is 3.10
@@ -74,23 +74,7 @@ class PartError(ValueError):
 @functools.cache
 def _part_adapters(cls: type) -> dict[str, TypeAdapter[Any]]:
     """{field: its validator} of the fields of `cls` whose type holds a report part."""
-
-    def holds_part(hint: Any) -> bool:
-        if isinstance(hint, type) and issubclass(hint, Part):
-            return True
-        return any(holds_part(h) for h in typing.get_args(hint))
-
-    hints = typing.get_type_hints(cls)
-    return {f.name: TypeAdapter(hints[f.name]) for f in fields(cls) if holds_part(hints[f.name])}
-
-
-def _plain(value: Any) -> Any:
-    """A field's JSON value: a part (or a list of parts) as its JSON object."""
-    if isinstance(value, Part):
-        return value.to_json()
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
+    return {name: TypeAdapter(hint) for name, hint in part_fields(cls).items()}
 
 
 @dataclass(kw_only=True)
@@ -116,7 +100,7 @@ class EvalReport:
     def to_json(self) -> dict[str, Any]:
         """The JSON document (written with sorted keys)."""
         out = {
-            f.name: _plain(getattr(self, f.name))
+            f.name: plain(getattr(self, f.name))
             for f in fields(self)
             if not (f.name in self.OPTIONAL and getattr(self, f.name) is None)
         }

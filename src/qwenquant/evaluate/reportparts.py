@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, PlainSerializer, WrapValidator
+from pydantic import BeforeValidator, Field, JsonValue, PlainSerializer, WrapValidator
+
+from qwenquant.reportpart import Part
 
 
 def _keep_int(value: Any, handler: Any) -> Any:
@@ -24,27 +26,6 @@ def _pair(value: Any) -> Any:
 Real = Annotated[float, WrapValidator(_keep_int)]  # a JSON number (bool refused)
 # a 95% interval [low, high], written as a JSON list
 Pair = Annotated[tuple[Real, Real], BeforeValidator(_pair), PlainSerializer(list)]
-
-
-class Part(BaseModel):
-    """A part of an eval report: unknown keys refused, values frozen, JSON types checked strictly (no string
-    read as a number). Fields with a default are the keys some reports lack: left out of `to_json` unless given."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
-
-    def to_json(self) -> dict[str, Any]:
-        """The part's JSON object (its keys as the report writes them)."""
-        return self.model_dump(mode="python", by_alias=True, exclude_unset=True)
-
-    def __getitem__(self, key: str) -> Any:
-        data = self.to_json()
-        return data[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.to_json().get(key, default)
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.to_json()
 
 
 # --- offline -------------------------------------------------------------------------------------

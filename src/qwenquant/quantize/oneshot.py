@@ -79,6 +79,25 @@ def _load_model(source_dir: Path) -> tuple[Any, Any]:
     return model, transformers.AutoTokenizer.from_pretrained(str(source_dir))
 
 
+def oneshot_args(processor: Any, modifier: Any, q: Any, samples: list[list[int]]) -> dict[str, Any]:
+    """llm-compressor's `oneshot` arguments besides the model, as this engine runs it (and benchmarks run stock
+    oneshot): the calibration ids as a dataset in their order, sequential over the recipe's targets, batch 1."""
+    from datasets import Dataset
+
+    ds = Dataset.from_dict({"input_ids": samples, "attention_mask": [[1] * len(s) for s in samples]})
+    return {
+        "processor": processor,
+        "dataset": ds,
+        "recipe": modifier,
+        "sequential_targets": list(q.sequential_targets),
+        "pipeline": "sequential",
+        "num_calibration_samples": len(samples),
+        "max_seq_length": max(len(s) for s in samples),
+        "shuffle_calibration_samples": False,
+        "batch_size": 1,
+    }
+
+
 def oneshot_save(
     source_dir: Path,
     samples: list[list[int]],
@@ -94,7 +113,6 @@ def oneshot_save(
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # tokenization is done; silences a warning
     set_deterministic()
     import torch
-    from datasets import Dataset
     from loguru import logger as loguru_logger
 
     from qwenquant.modeling.compat import build_modifier, oneshot
@@ -108,25 +126,13 @@ def oneshot_save(
         )
     model, tokenizer = _load_model(Path(source_dir))
     counter = _LayerCounter(progress, count_targets(model, q))
-    ds = Dataset.from_dict({"input_ids": samples, "attention_mask": [[1] * len(s) for s in samples]})
     loguru_logger.remove()
     sink = loguru_logger.add(counter, level="DEBUG")
     # transformers warns about offloaded modules on every compressed save; nothing is offloaded here
     warnings.filterwarnings("ignore", message="Attempting to save a model with offloaded modules")
     raw = out_dir / SAVE_DIR
     try:
-        oneshot(
-            model=model,
-            processor=tokenizer,
-            dataset=ds,
-            recipe=modifier,
-            sequential_targets=list(q.sequential_targets),
-            pipeline="sequential",
-            num_calibration_samples=len(samples),
-            max_seq_length=max(len(s) for s in samples),
-            shuffle_calibration_samples=False,
-            batch_size=1,
-        )
+        oneshot(model=model, **oneshot_args(tokenizer, modifier, q, samples))
         model.save_pretrained(str(raw), save_compressed=True)
     finally:
         loguru_logger.remove(sink)
