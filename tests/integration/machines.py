@@ -57,6 +57,16 @@ def machine_env(tmp_path: Path, name: str, version: str | None = None) -> tuple[
     return env, launcher, smi
 
 
+def serve_argv(
+    artifact: Path, launcher: Path, *opts: str, device: str = "cuda", port: str = "18123", after: tuple[str, ...] = ()
+) -> list[str]:
+    """`qwenquant serve ARTIFACT` on the stand-in launcher: OPTS, then after `--` a 2048-token context and AFTER."""
+    return [
+        sys.executable, "-m", "qwenquant", "serve", str(artifact), "--vllm", str(launcher), "--device", device,
+        "--port", port, *opts, "--", "--max-model-len", "2048", *after,
+    ]  # fmt: skip
+
+
 def dry_run(
     artifact: Path, tmp_path: Path, name: str, *opts: str, version: str | None = None, extra: tuple[str, ...] = ()
 ) -> tuple[int, dict[str, Any] | None, str, Path]:
@@ -64,27 +74,7 @@ def dry_run(
     env, launcher, smi = machine_env(tmp_path, name, version)
     device, *_, serve_opts = MACHINES[name]
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "qwenquant",
-            "serve",
-            str(artifact),
-            "--vllm",
-            str(launcher),
-            "--device",
-            device,
-            "--port",
-            "18123",
-            "--dry-run",
-            "--json",
-            *serve_opts,
-            *opts,
-            "--",
-            "--max-model-len",
-            "2048",
-            *extra,
-        ],
+        serve_argv(artifact, launcher, "--dry-run", "--json", *serve_opts, *opts, device=device, after=extra),
         env=env,
         capture_output=True,
         text=True,

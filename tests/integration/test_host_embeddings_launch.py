@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from machines import dry_run, machine_env
+from machines import dry_run, machine_env, serve_argv
 from standin import build_standin_artifact
 
 from helpers import flat
@@ -53,23 +52,7 @@ def test_a_launcher_without_the_plugin_is_refused(artifact, tmp_path):
     doc = json.loads(launcher.read_text())
     launcher.write_text(json.dumps(doc | {"plugins": ["qwenquant_cpu_w4a16"]}))
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "qwenquant",
-            "serve",
-            str(artifact),
-            "--vllm",
-            str(launcher),
-            "--device",
-            "cuda",
-            "--port",
-            "18123",
-            "--host-embeddings",
-            "--",
-            "--max-model-len",
-            "2048",
-        ],
+        serve_argv(artifact, launcher, "--host-embeddings"),
         env=env,
         capture_output=True,
         text=True,

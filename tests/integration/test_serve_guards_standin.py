@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from machines import dry_run, machine_env
+from machines import dry_run, machine_env, serve_argv
 from standin import build_standin_artifact
 
 from qwenquant.net.ports import free_port
@@ -52,23 +52,7 @@ def test_int8_on_vllm_034_is_refused_and_the_variable_never_passed(artifact, tmp
 def test_bf16_on_vllm_034_removes_the_shell_variable(artifact, tmp_path):
     env, launcher, _ = machine_env(tmp_path, "one-gpu", "0.34.0")
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "qwenquant",
-            "serve",
-            str(artifact),
-            "--vllm",
-            str(launcher),
-            "--device",
-            "cuda",
-            "--port",
-            str(free_port()),
-            "--dry-run",
-            "--",
-            "--max-model-len",
-            "2048",
-        ],
+        serve_argv(artifact, launcher, "--dry-run", port=str(free_port())),
         env=env | {VAR: "int8"},
         capture_output=True,
         text=True,
@@ -253,24 +237,7 @@ def test_the_dry_run_checks_the_log_file_folder(artifact, tmp_path):
     )
     env, launcher, _ = machine_env(tmp_path, "one-gpu")
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "qwenquant",
-            "serve",
-            str(artifact),
-            "--vllm",
-            str(launcher),
-            "--device",
-            "cuda",
-            "--port",
-            str(free_port()),
-            "--log-file",
-            str(tmp_path / "afile" / "s.log"),
-            "--",
-            "--max-model-len",
-            "2048",
-        ],
+        serve_argv(artifact, launcher, "--log-file", str(tmp_path / "afile" / "s.log"), port=str(free_port())),
         env=env,
         capture_output=True,
         text=True,
