@@ -25,6 +25,10 @@ from qwenquant.errors import QwenquantError
 
 one_line_summaries(app)
 
+# The commands whose bytes or figures come from torch's CPU arithmetic: they compute with MKL in its
+# reproducible (CNR) mode (modeling/runtime.py `reproducible_mkl`).
+COMPUTING = frozenset({"quantize", "eval", "demo"})
+
 
 @app.callback(invoke_without_command=True)
 def _root(
@@ -46,6 +50,10 @@ def _root(
         print(ctx.get_help())
         raise typer.Exit(2)
     started(ctx.invoked_subcommand)
+    if ctx.invoked_subcommand in COMPUTING:
+        from qwenquant.modeling.runtime import reproducible_mkl
+
+        reproducible_mkl()  # before the command's first MKL call: MKL reads its mode once
     from qwenquant.console import set_quiet, setup_logging
 
     set_quiet(quiet)

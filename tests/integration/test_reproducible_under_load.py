@@ -72,3 +72,30 @@ def test_builds_with_a_busy_process_beside_them_give_one_root_digest(
         with _busy_cpu():
             digests.append(_build(source, tmp_path / f"busy-{i}"))
     assert len(Counter(digests)) == 1, f"root digests (quiet build first): {digests}"
+
+
+def test_quantize_runs_every_mkl_call_in_its_reproducible_mode(tmp_path: Path) -> None:
+    """Outside its CNR mode MKL promises no run-to-run equality of a threaded call's bytes, even at a
+    fixed thread count (oneMKL developer guide): every MKL call of a real `qwenquant quantize` runs
+    with CNR on (MKL_VERBOSE prints each call's `CNR:` mode) where MKL_CBWR is unset, and the gptq
+    stage records the mode among its inputs."""
+    import os
+
+    import torch
+
+    from qwenquant.testbed.tiny import reference_model
+
+    if not torch.backends.mkl.is_available():
+        pytest.skip("torch here is built without MKL")
+    source = reference_model.build_reference_checkpoint(tmp_path / "source")
+    env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
+    env.update(MKL_VERBOSE="1", QWENQUANT_THREADS="2", QWENQUANT_NO_PROGRESS="1")
+    argv = [sys.executable, "-m", "qwenquant", "quantize", str(source), "--recipe", "w4a16-int4head"]
+    argv += ["--calibration", "tiny-reference", "--source-unverified", "--device", "cpu", "--out", str(tmp_path / "a")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    calls = [ln for ln in proc.stdout.splitlines() if ln.startswith("MKL_VERBOSE ") and " CNR:" in ln]
+    assert len(calls) > 100, proc.stdout[-2000:]  # the Hessians, Cholesky factors and float32 matmuls
+    assert {ln.split(" CNR:")[1].split()[0] for ln in calls} == {"AUTO"}
+    stages = json.loads((tmp_path / "a" / "qwenquant-manifest.json").read_text())["stages"]
+    assert stages["gptq"]["inputs"]["mkl_cbwr"] == "AUTO"

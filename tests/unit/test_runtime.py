@@ -36,10 +36,13 @@ def test_the_cpu_thread_count_is_a_stage_input_on_the_cpu_only(monkeypatch: pyte
     from qwenquant.modeling.runtime import cpu_threads, thread_fields
 
     monkeypatch.setenv("QWENQUANT_THREADS", "3")
-    assert cpu_threads() == 3 and thread_fields("cpu") == {"threads": "3"}
+    monkeypatch.delenv("MKL_CBWR", raising=False)
+    assert cpu_threads() == 3 and thread_fields("cpu") == {"threads": "3", "mkl_cbwr": "AUTO"}
+    assert os.environ["MKL_CBWR"] == "AUTO"  # the mode recorded is the mode set for the stage's compute
     assert thread_fields("cuda") == {} and thread_fields("cuda:1") == {}  # records of GPU builds unchanged
     monkeypatch.setenv("QWENQUANT_THREADS", "0")
-    assert thread_fields("cpu") == {"threads": str(os.cpu_count() or 1)}  # 0: every core, the count recorded
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")  # the user's own mode is kept, and recorded as an input
+    assert thread_fields("cpu") == {"threads": str(os.cpu_count() or 1), "mkl_cbwr": "COMPATIBLE"}
 
 
 def test_set_deterministic_turns_off_openmp_dynamic_teams() -> None:
@@ -111,3 +114,4 @@ def test_set_deterministic_leaves_mkl_no_dynamic_thread_count() -> None:
     names = {line.split()[1].split("(")[0] for line in calls}
     assert {"SGEMM", "SPOTRF", "SPOTRI"} <= names, proc.stdout[-2000:]
     assert all(" Dyn:0 " in line and line.endswith(" NThr:2") for line in calls), calls
+

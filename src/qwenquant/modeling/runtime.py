@@ -13,9 +13,13 @@ asked, by the load on the machine (libgomp: the load average), so other work wou
 MKL (linked into torch's CPU build: the GPTQ Cholesky and inverse, float32 matmuls, attention's
 matmuls) has a dynamic mode of its own (MKL_DYNAMIC, on by default): `torch.set_num_threads` turns
 it off, so every MKL call runs on the count asked for (tests/unit/test_runtime.py reads each call's
-`Dyn:` and `NThr:` back from MKL_VERBOSE). MKL's code path is not pinned (MKL_CBWR unset): the CPU
-and variables such as MKL_CBWR choose it, so they are inputs (README); repeated beside busy
-processes, its calls at the demo model's shapes gave the same bytes every time.
+`Dyn:` and `NThr:` back from MKL_VERBOSE). Outside its conditional numerical reproducibility (CNR)
+mode, MKL promises no run-to-run bitwise equality even then: its threaded algorithms may order a sum
+by how the threads happen to run (oneMKL developer guide, "Obtaining Numerically Reproducible
+Results"). `reproducible_mkl` turns CNR on (MKL_CBWR=AUTO: the CPU's own code path, run to run
+reproducible at a fixed thread count) unless MKL_CBWR is set; MKL reads it once, at its first call,
+so the CLI sets it before a command computes, and `set_deterministic` for library callers. The mode
+is an input like the thread count: `thread_fields` records it.
 """
 
 from __future__ import annotations
@@ -63,12 +67,28 @@ def cpu_threads() -> int:
     return envs.get("QWENQUANT_THREADS") or (os.cpu_count() or 1)
 
 
+MKL_MODE = "AUTO"  # MKL's CNR mode with the code path it picks for this CPU
+
+
+def reproducible_mkl() -> str:
+    """MKL's CNR mode for this process and the children it starts: MKL_CBWR=AUTO unless the
+    variable is set (another value is the user's choice, and an input). Effective only before the
+    process's first MKL call: MKL reads the variable once. The mode in force, as MKL_CBWR says it."""
+    if not os.environ.get("MKL_CBWR"):
+        os.environ["MKL_CBWR"] = MKL_MODE
+    return os.environ["MKL_CBWR"]
+
+
 def thread_fields(device: str) -> dict[str, str]:
-    """Pure but for the environment: what a stage's inputs say about CPU threads. On the CPU the
+    """What a stage's inputs say about CPU arithmetic. On the CPU the
     thread count decides how float sums are split, so it is an input (`{"threads": "N"}`: another
-    count re-runs the stage, and the manifest's stage records name it); on a GPU the CPU threads do
-    no arithmetic of the artifact, so nothing (records, manifests and resume stay as they were)."""
-    return {"threads": str(cpu_threads())} if device.split(":")[0] == "cpu" else {}
+    count re-runs the stage, and the manifest's stage records name it), and so is MKL's mode
+    (`"mkl_cbwr"`: another mode takes other code paths); on a GPU the CPU threads do no arithmetic
+    of the artifact, so nothing (records, manifests and resume stay as they were). Sets MKL's mode
+    where unset (`reproducible_mkl`), so the mode recorded is the one the stage computes with."""
+    if device.split(":")[0] != "cpu":
+        return {}
+    return {"threads": str(cpu_threads()), "mkl_cbwr": reproducible_mkl()}
 
 
 def set_deterministic(seed: int = 0, threads: int | None = None) -> None:
@@ -78,6 +98,7 @@ def set_deterministic(seed: int = 0, threads: int | None = None) -> None:
     import torch
 
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    reproducible_mkl()  # before this process's first MKL call, where a library caller did not make one
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
