@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 from qwenquant.bench.parts import (
     DepthRung,
@@ -24,6 +24,7 @@ from qwenquant.bench.parts import (
     TurnRecord,
     WindowRecord,
 )
+from qwenquant.bench.runparts import Comparison, GpuClocks, RunConfig, RunOptions, RunTarget, TargetInfo
 from qwenquant.reportdoc import DocKind
 from qwenquant.reportpart import part_fields, plain
 
@@ -82,20 +83,31 @@ def _is_type_tag(p: Any) -> bool:
 class RunReport(BenchReport):
     """The report of `qwenquant bench run` and `compare`: per target its cells and ladder, the A/B ratios."""
 
-    gpu: dict[str, Any] | None
-    options: dict[str, Any]
-    config: dict[str, Any]
-    targets: list[dict[str, Any]]
-    compare: dict[str, Any] | None
+    gpu: GpuClocks | None
+    options: RunOptions
+    config: RunConfig
+    targets: list[RunTarget]
+    compare: Comparison | None
     failure: RunFailure | None = None  # the request that ended the run (exit 8); what came before is kept
     mode: ClassVar[str] = "run"
+
+
+class LongHead(TypedDict):
+    """The fields a long run's report starts with: who ran it, when, on what GPU, against which target."""
+
+    tool: str
+    argv: list[str]
+    started: str
+    python: str
+    gpu_name: str | None
+    target: TargetInfo
 
 
 @dataclass(kw_only=True)
 class LongReport(BenchReport):
     """What depth, soak and turns share: one target, the server's limit, the shipped text, server health."""
 
-    target: dict[str, Any]
+    target: TargetInfo
     max_model_len: int | None
     text: TextSource
     server: ServerHealth

@@ -18,7 +18,8 @@ from typing import Any
 from qwenquant.bench import metrics
 from qwenquant.bench.burst import check_concurrency
 from qwenquant.bench.longtext import INSTRUCTION, LongText
-from qwenquant.bench.parts import SoakStream, flags_of
+from qwenquant.bench.modes import LongHead, SoakReport
+from qwenquant.bench.parts import SoakStream
 from qwenquant.bench.queued import QueueWatch, decoding_at_once, queued_checks
 from qwenquant.bench.rung import (
     PromptFitter,
@@ -171,8 +172,8 @@ def _streams(
     return samples, errors, queue
 
 
-def run_soak(t: Target, text: LongText, opts: SoakOptions) -> dict[str, Any]:
-    """The soak on one server; the measured part of the report (JSON-ready)."""
+def run_soak(t: Target, text: LongText, opts: SoakOptions, head: LongHead) -> SoakReport:
+    """The soak on one server: its report (`head`: who ran it, against what)."""
     max_len = check_options(t, text, opts)
     watch = ServerWatch(t.url, t.api_key, t.server)
     prog = Progress(t, watch, opts)
@@ -206,21 +207,22 @@ def run_soak(t: Target, text: LongText, opts: SoakOptions) -> dict[str, Any]:
         approximate=prog.approximate and exact is None,
     )
     merged = merge_windows(per_stream) if exact is not None else per_stream[0]
-    return {
-        "max_model_len": max_len,
-        "soak_tokens": opts.tokens,
-        "concurrency": opts.concurrency,
-        "window": opts.window,
-        "collapse_fraction": opts.fraction,
-        "source": "per-request" if exact is not None else "metrics",
-        "token_count_approximate": prog.approximate,
-        "text": text.source_part(),
-        "windows": [w.record() for w in merged],
-        "stream_windows": [[w.record() for w in ws] for ws in exact] if exact is not None else None,
-        "streams": streams,
-        "verdict": judged,
-        "server": watch.info(),
-        "server_queue": queue.result,
-        "decoding_at_once": at_once,
-        "checks": flags_of(queued),
-    }
+    return SoakReport(
+        **head,
+        max_model_len=max_len,
+        soak_tokens=opts.tokens,
+        concurrency=opts.concurrency,
+        window=opts.window,
+        collapse_fraction=opts.fraction,
+        source="per-request" if exact is not None else "metrics",
+        token_count_approximate=prog.approximate,
+        text=text.source_part(),
+        windows=[w.record() for w in merged],
+        stream_windows=[[w.record() for w in ws] for ws in exact] if exact is not None else None,
+        streams=streams,
+        verdict=judged,
+        server=watch.info(),
+        server_queue=queue.result,
+        decoding_at_once=at_once,
+        checks=queued,
+    )

@@ -22,7 +22,8 @@ from typing import Any
 from qwenquant.bench import metrics, rung
 from qwenquant.bench.gpu import MemoryPeak
 from qwenquant.bench.longtext import LongText
-from qwenquant.bench.parts import Failure, GpuMemory, PrefixCache, TurnRecord
+from qwenquant.bench.modes import LongHead, TurnsReport
+from qwenquant.bench.parts import Failure, PrefixCache, TurnRecord
 from qwenquant.bench.runner import Target
 from qwenquant.bench.stream import Sample
 from qwenquant.bench.watch import ServerWatch
@@ -114,7 +115,7 @@ def run_turn(
     after = metrics.scrape(t.url, t.api_key)
     rec: dict[str, Any] = {
         "messages": len(msgs),
-        "gpu_memory": GpuMemory.model_validate(mem.result),
+        "gpu_memory": mem.result,
         "prefix_cache": cache_delta(before, after),
         "acceptance": rung.acceptance_between(before, after),
     }
@@ -153,8 +154,8 @@ def _turn_record(
     return rec
 
 
-def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
-    """The conversation on one server; the measured part of the report (JSON-ready)."""
+def run_turns(t: Target, text: LongText, opts: TurnOptions, head: LongHead) -> TurnsReport:
+    """The conversation on one server: its report (`head`: who ran it, against what)."""
     max_len = _max_len(t, opts)
     watch = ServerWatch(t.url, t.api_key, t.server, metrics.scrape(t.url, t.api_key))
     nonce = secrets.token_hex(4)
@@ -185,17 +186,18 @@ def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
             conv.fitter.chars_per_token, conv.fitter.calibrated = chars / sample.prompt_tokens, True
         previous, total, turn = sample.prompt_tokens, sample.prompt_tokens + sample.completion_tokens, turn + 1
     ok = [r for r in turns if r.ok]
-    return {
-        "max_model_len": max_len,
-        "output_tokens": opts.output_tokens,
-        "turn_tokens": opts.turn_tokens,
-        "tokenize": conv.fitter.tokenize,
-        "nonce": nonce,
-        "text": text.source_part(),
-        "turns": turns,
-        "prefix_cache": cache_verdict(turns),
-        "last_ok_turn": ok[-1].turn if ok else None,
-        "last_ok_depth": ok[-1].depth if ok else None,
-        "failure": failure,
-        "server": watch.info(),
-    }
+    return TurnsReport(
+        **head,
+        max_model_len=max_len,
+        output_tokens=opts.output_tokens,
+        turn_tokens=opts.turn_tokens,
+        tokenize=conv.fitter.tokenize,
+        nonce=nonce,
+        text=text.source_part(),
+        turns=turns,
+        prefix_cache=cache_verdict(turns),
+        last_ok_turn=ok[-1].turn if ok else None,
+        last_ok_depth=ok[-1].depth if ok else None,
+        failure=failure,
+        server=watch.info(),
+    )
