@@ -76,7 +76,7 @@ def _part(hint: Any, value: Any, name: str, source: str) -> Any:
 
 def _is_type_tag(p: Any) -> bool:
     """A union's branch in a pydantic error location (`Flag`, `list[...]`, `none`), not a key or index."""
-    return isinstance(p, str) and (p[:1].isupper() or "[" in p or p in ("none", "int", "float", "str"))
+    return isinstance(p, str) and (p[:1].isupper() or "[" in p or p in ("none", "int", "float", "str", "bool"))
 
 
 @dataclass(kw_only=True)
