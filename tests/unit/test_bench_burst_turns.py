@@ -86,7 +86,7 @@ def test_prefix_cache_counters_with_or_without_total() -> None:
     bare = 'vllm:prefix_cache_queries{engine="0"} 10\nvllm:prefix_cache_hits{engine="0"} 4\n'
     assert prefix_cache_counters(bare) == {"queries": 10.0, "hits": 4.0}
     assert prefix_cache_counters("vllm:num_requests_running 0\n") is None
-    assert cache_delta(bare, PAGE) == {"queries": 4990.0, "hits": 1996.0}
+    assert cache_delta(bare, PAGE).to_json() == {"queries": 4990.0, "hits": 1996.0}
     assert cache_delta(None, PAGE) is None and cache_delta(bare, "x 1\n") is None
 
 

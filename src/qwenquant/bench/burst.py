@@ -131,9 +131,9 @@ def run_burst_rung(
 def _burst_figures(samples: list[Sample]) -> dict[str, Any]:
     """The rung's figures: TTFT the slowest request's (the burst's), rates the median request's."""
     figs = [sample_figures(s) for s in samples]
-    ttft = spread3([f["ttft_s"] for f in figs if f.get("ttft_s") is not None])
-    decode = spread3([f["decode_tok_s"] for f in figs if f.get("decode_tok_s") is not None])
-    wall = spread3([f["wall_tok_s"] for f in figs if f.get("wall_tok_s") is not None])
+    ttft = spread3([x for f in figs if (x := f["ttft_s"]) is not None])
+    decode = spread3([x for f in figs if (x := f["decode_tok_s"]) is not None])
+    wall = spread3([x for f in figs if (x := f["wall_tok_s"]) is not None])
     return {
         "ttft": ttft,
         "decode": decode,

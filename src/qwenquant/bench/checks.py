@@ -118,7 +118,7 @@ def cell_checks(samples: list[Sample], where: str, margin: float = WALL_DECODE_M
         figs = [sample_figures(s) for s in samples]
 
         def med(k: str) -> float | None:
-            v = sorted(f[k] for f in figs if f[k] is not None)
+            v = sorted(x for f in figs if (x := f[k]) is not None)
             return statistics.median(v) if v else None
 
         out += _wall_decode(med("wall_tok_s"), med("decode_tok_s"), med("ttft_s"), where, margin)

@@ -20,7 +20,7 @@ from qwenquant.bench.output import deliver
 from qwenquant.bench.parts import Flag, RequestRecord
 from qwenquant.bench.runner import Target, resolve_model, server_version, target_info
 from qwenquant.bench.session import Request, configurations, targets_of
-from qwenquant.bench.workload import load_config
+from qwenquant.bench.workload import BenchConfig, load_config
 from qwenquant.reportsink import json_on_failure
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ def _head(tool: str, argv: list[str]) -> tuple[str, list[str], str, str, str | N
     return tool, argv, started, platform.python_version(), gpumod.gpu_name()
 
 
-def depth_flags(report: DepthReport, cfg: Any) -> list[Flag]:
+def depth_flags(report: DepthReport, cfg: BenchConfig) -> list[Flag]:
     """Rung figures beyond the bench config's too-good lines (flagged for audit, as the bench's own), every
     request's cross-checks, a stream that ended short, and a server count of a prompt that disagrees with
     /tokenize's."""
@@ -66,7 +66,7 @@ def _short(where: str, records: list[RequestRecord], asked: int | None) -> list[
     return [f] if f else []
 
 
-def soak_flags(report: SoakReport, cfg: Any) -> list[Flag]:
+def soak_flags(report: SoakReport, cfg: BenchConfig) -> list[Flag]:
     """Each stream's figures against the too-good lines, its cross-checks, the usage checks of the verdict
     and the queue of streams meant to run at once (its truncation is the verdict's own failure)."""
     flags = list(report.verdict.flags)
@@ -78,7 +78,7 @@ def soak_flags(report: SoakReport, cfg: Any) -> list[Flag]:
     return flags + report.checks
 
 
-def turns_flags(report: TurnsReport, cfg: Any) -> list[Flag]:
+def turns_flags(report: TurnsReport, cfg: BenchConfig) -> list[Flag]:
     """Each turn's figures against the too-good lines (its prefill over the tokens it added, what a prefix
     cache leaves to compute), its cross-checks and a turn that ended short."""
     flags: list[Flag] = []

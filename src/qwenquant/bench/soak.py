@@ -54,6 +54,14 @@ class Window:
         )
 
 
+@dataclass(frozen=True)
+class Restart:
+    """The server went away or restarted: the window it happened in (of the generated tokens), and why."""
+
+    window: int
+    why: str
+
+
 def step_windows(
     accepted: list[int],
     drafted: list[int],
@@ -207,7 +215,7 @@ def usage_flags(streams: list[SoakStream]) -> list[Flag]:
 def verdict(
     windows: list[list[Window]],
     streams: list[SoakStream],
-    restart: dict[str, Any] | None,
+    restart: Restart | None,
     fraction: float,
     window: int,
     tokens: int,
@@ -233,9 +241,9 @@ def verdict(
         fails.append(
             SoakFailure(
                 kind="restart",
-                window=restart["window"],
+                window=restart.window,
                 stream=None,
-                line=f"the server went away or restarted in window {restart['window']}: {restart['why']}"
+                line=f"the server went away or restarted in window {restart.window}: {restart.why}"
                 + (" (an approximate count: one token per chunk with text)" if approximate else ""),
             )
         )

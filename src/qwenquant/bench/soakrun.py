@@ -30,7 +30,7 @@ from qwenquant.bench.rung import (
     stream_once,
 )
 from qwenquant.bench.runner import Target
-from qwenquant.bench.soak import Window, merge_windows, step_windows, verdict
+from qwenquant.bench.soak import Restart, Window, merge_windows, step_windows, verdict
 from qwenquant.bench.stream import Sample, chunk_tokens
 from qwenquant.bench.watch import ServerWatch
 from qwenquant.errors import UsageError
@@ -59,7 +59,7 @@ class Progress:
         self.streamed = [0] * opts.concurrency
         self.approximate = False
         self.scrapes: list[tuple[int, SpecCounters]] = []
-        self.restart: dict[str, Any] | None = None
+        self.restart: Restart | None = None
         self.step = opts.window * opts.concurrency
         self.next = self.step
         self.scrape()
@@ -74,7 +74,7 @@ class Progress:
         why = self.watch.seen_page(page)
         if why and self.restart is None:  # it happened in the window that this scrape ends
             since = self.scrapes[-1][0] if self.scrapes else 0
-            self.restart = {"window": since // self.opts.window, "why": why}
+            self.restart = Restart(since // self.opts.window, why)
         self.scrapes.append((self.per_stream(), spec_counters(page)))
 
     def on_chunk(self, i: int, chunk: dict[str, Any]) -> None:
@@ -190,7 +190,7 @@ def run_soak(t: Target, text: LongText, opts: SoakOptions, head: LongHead) -> So
         prog.scrape()
     why = watch.problem()
     if why and prog.restart is None:
-        prog.restart = {"window": prog.per_stream() // opts.window, "why": why}
+        prog.restart = Restart(prog.per_stream() // opts.window, why)
     exact = _per_request(samples, opts.window)
     per_stream = exact if exact is not None else [prog.windows()]
     streams = [
