@@ -15,7 +15,6 @@ of the window size (the tail) is shown but not judged.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from qwenquant.bench.parts import Flag, SoakFailure, SoakStream, SoakVerdict, WindowRecord
 
@@ -76,35 +75,40 @@ def step_windows(
     k = max(drafted, default=0)
     out: list[Window] = []
     pos = first
-    cur: dict[str, Any] | None = None
+    cur: _Filling | None = None
     for a, n in zip(accepted, drafted, strict=False):
         idx = pos // window
-        if cur is None or cur["index"] != idx:
+        if cur is None or cur.index != idx:
             if cur is not None:
-                out.append(_close(cur, pos, stream))
-            cur = {
-                "index": idx,
-                "start": pos if cur is not None else 0,
-                "drafts": 0,
-                "draft_tokens": 0,
-                "accepted": 0,
-                "pos": [0] * k,
-            }
-        cur["drafts"] += 1 if n > 0 else 0
-        cur["draft_tokens"] += n
-        cur["accepted"] += a
+                out.append(cur.close(pos, stream))
+            cur = _Filling(idx, pos if cur is not None else 0, [0] * k)
+        cur.drafts += 1 if n > 0 else 0
+        cur.draft_tokens += n
+        cur.accepted += a
         for i in range(min(a, k)):
-            cur["pos"][i] += 1
+            cur.pos[i] += 1
         pos += a + 1
     if cur is not None:
-        out.append(_close(cur, pos if total is None else min(pos, total), stream))
+        out.append(cur.close(pos if total is None else min(pos, total), stream))
     return out
 
 
-def _close(cur: dict[str, Any], end: int, stream: int | None) -> Window:
-    return Window(
-        cur["index"], cur["start"], end, cur["drafts"], cur["draft_tokens"], cur["accepted"], tuple(cur["pos"]), stream
-    )
+@dataclass
+class _Filling:
+    """The window the steps are filling: its index and first token, and what its steps drafted and accepted
+    (per draft position too)."""
+
+    index: int
+    start: int
+    pos: list[int]
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+
+    def close(self, end: int, stream: int | None) -> Window:
+        return Window(
+            self.index, self.start, end, self.drafts, self.draft_tokens, self.accepted, tuple(self.pos), stream
+        )
 
 
 def merge_windows(per_stream: list[list[Window]]) -> list[Window]:
