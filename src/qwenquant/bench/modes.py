@@ -1,8 +1,9 @@
 """The typed report of each `qwenquant bench` mode (run, depth, soak, turns): its fields are its versioned
-JSON document's top-level keys, typed to the leaves where a part is one (parts.py: flags, the text, the
-server's health, failures, verdicts); `to_json` gives the document, `from_json` and `load_report` read one
-back, refusing another schema_version, an unknown mode, field or part key, in one line naming the file
-and the field (exit 2). What a mode draws, shows and judges is output.py's."""
+JSON document's top-level keys, typed to the leaves (parts.py: flags, spreads, the text, the server's
+health, failures, verdicts, records; runparts.py: a run's targets, cells, ladder, comparison, GPU clocks,
+options and config, a long run's target); `to_json` gives the document, `from_json` and `load_report` read
+one back, refusing another schema_version, an unknown mode, field or part key or a value of another type, in
+one line naming the file and the field's path (exit 2). What a mode draws, shows and judges is output.py's."""
 
 from __future__ import annotations
 
