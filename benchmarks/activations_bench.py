@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from qwenquant.bench.modes import load_report
+from qwenquant.bench.modes import BenchReport, DepthReport, RunReport, load_report
+from qwenquant.bench.parts import DepthRung, Number
 
 from benchmarks.serving import kernels_of, marlin_only, qwenquant_cli, serving
 
@@ -50,33 +51,33 @@ FIGURES = (  # (key, label, higher is better)
 TOO_GOOD = {"prefill": 0.60, "decode": 0.15}  # int8/bf16 - 1 above these is not believed without a reason
 
 
-def ladder_figure(run_report: dict[str, Any], concurrency: int, key: str) -> float | None:
+def ladder_figure(run_report: RunReport | None, concurrency: int, key: str) -> Number | None:
     """A `bench run` ladder rung's median figure (aggregate_tok_s or per_stream_decode_tok_s)."""
-    for target in run_report.get("targets", []):
-        for rung in target.get("ladder", []):
-            if rung.get("concurrency") == concurrency and isinstance(rung.get(key), dict):
-                return rung[key].get("median")
+    for target in run_report.targets if run_report else []:
+        for rung in target.ladder:
+            figure = getattr(rung, key)
+            if rung.concurrency == concurrency and figure is not None:
+                return figure.median
     return None
 
 
-def depth_rung(depth_report: dict[str, Any]) -> dict[str, Any]:
-    """The first rung of a `bench depth` report ({} when it has none)."""
-    rungs = depth_report.get("rungs") or []
-    return rungs[0] if rungs else {}
+def depth_rung(depth_report: DepthReport | None) -> DepthRung | None:
+    """The first rung of a `bench depth` report (None when it has none)."""
+    return depth_report.rungs[0] if depth_report and depth_report.rungs else None
 
 
-def figures(run: dict[str, Any] | None, single: dict[str, Any] | None, burst: dict[str, Any] | None) -> dict[str, Any]:
-    """The table's figures of one setting from its three bench reports (a missing report: None figures)."""
-    one, many = depth_rung(single or {}), depth_rung(burst or {})
-    ttft = many.get("ttft") or {}
+def figures(run: RunReport | None, single: DepthReport | None, burst: DepthReport | None) -> dict[str, Any]:
+    """The table's figures of one setting from its three typed bench reports (a missing report: None figures)."""
+    one, many = depth_rung(single), depth_rung(burst)
+    ttft = many.ttft if many else None
     return {
-        "decode_c1_tok_s": ladder_figure(run or {}, 1, "per_stream_decode_tok_s"),
-        "decode_c16_tok_s": ladder_figure(run or {}, 16, "aggregate_tok_s"),
-        "prefill_1x2048_tok_s": one.get("prefill_tok_s"),
-        "burst_prefill_tok_s": many.get("prefill_tok_s"),
-        "burst_ttft_median_s": ttft.get("median"),
-        "burst_ttft_max_s": ttft.get("max"),
-        "flags": sum(len(r.get("flags") or []) for r in (run, single, burst) if r),
+        "decode_c1_tok_s": ladder_figure(run, 1, "per_stream_decode_tok_s"),
+        "decode_c16_tok_s": ladder_figure(run, 16, "aggregate_tok_s"),
+        "prefill_1x2048_tok_s": one.prefill_tok_s if one else None,
+        "burst_prefill_tok_s": many.prefill_tok_s if many else None,
+        "burst_ttft_median_s": ttft.median if ttft else None,
+        "burst_ttft_max_s": ttft.max if ttft else None,
+        "flags": sum(len(r.flags) for r in (run, single, burst) if r),
     }
 
 
@@ -127,13 +128,13 @@ def not_marlin(setting: dict[str, Any]) -> list[str]:
     return [f"{scheme}: {k}" for scheme, k in (setting.get("kernels") or {}).items() if k != "MarlinLinearKernel"]
 
 
-def bench(url: str, mode: str, out: Path, *args: str) -> dict[str, Any] | None:
-    """One `qwenquant bench MODE URL ...` to `out`; its report (None when it wrote none)."""
+def bench(url: str, mode: str, out: Path, *args: str) -> BenchReport | None:
+    """One `qwenquant bench MODE URL ...` to `out`; its typed report (None when it wrote none)."""
     r = qwenquant_cli("bench", mode, url, "--out", str(out), *args)
     print(f"  bench {mode} {' '.join(args)}: exit {r.returncode}", file=sys.stderr)
     if r.returncode not in (0, 8):
         print(r.stderr[-2000:], file=sys.stderr)
-    return load_report(out).to_json() if out.exists() else None
+    return load_report(out) if out.exists() else None
 
 
 def run_setting(args: argparse.Namespace, setting: str, stem: Path) -> dict[str, Any]:
@@ -162,7 +163,7 @@ def run_setting(args: argparse.Namespace, setting: str, stem: Path) -> dict[str,
         cmd += ["--", *args.extra]
     env = marlin_only(dict(os.environ)) if args.force_marlin else dict(os.environ)
     out: dict[str, Any] = {"setting": setting, "command": cmd, "log": str(log)}
-    reports: dict[str, dict[str, Any] | None] = {"run": None, "single": None, "burst": None}
+    reports: dict[str, BenchReport | None] = {"run": None, "single": None, "burst": None}
     with serving(cmd, env, out) as url:
         if url is not None:
             print(f"{setting}: ready after {out['ready_s']:.0f} s at {url}", file=sys.stderr)
@@ -198,7 +199,12 @@ def run_setting(args: argparse.Namespace, setting: str, stem: Path) -> dict[str,
                 "16",
             )
     out["kernels"] = kernels_of(log)
-    out["figures"] = figures(reports["run"], reports["single"], reports["burst"])
+    run, single, burst = reports["run"], reports["single"], reports["burst"]
+    out["figures"] = figures(
+        run if isinstance(run, RunReport) else None,
+        single if isinstance(single, DepthReport) else None,
+        burst if isinstance(burst, DepthReport) else None,
+    )
     out["reports"] = {k: str(stem.with_suffix(f".{k if k != 'single' else 'prefill'}.json")) for k in reports}
     return out
 

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+from test_bench_output import ladder_step, run_target, rung, spread, typed
+
+from qwenquant.bench.modes import load_report
 
 from benchmarks import activations_bench as ab
 from benchmarks import serving
@@ -16,20 +21,18 @@ LOG = """\
 """
 
 
-def _run(c1: float, c16: float) -> dict:
+def _run(c1: float, c16: float) -> Any:
     ladder = [
-        {"concurrency": 1, "per_stream_decode_tok_s": {"median": c1}, "aggregate_tok_s": {"median": c1 * 0.95}},
-        {"concurrency": 16, "per_stream_decode_tok_s": {"median": c16 / 20}, "aggregate_tok_s": {"median": c16}},
+        ladder_step(concurrency=1, per_stream_decode_tok_s=spread(c1), aggregate_tok_s=spread(c1 * 0.95)),
+        ladder_step(concurrency=16, per_stream_decode_tok_s=spread(c16 / 20), aggregate_tok_s=spread(c16)),
     ]
-    return {"mode": "run", "targets": [{"ladder": ladder}], "flags": [{"check": "x"}]}
+    flag = {"kind": "cross-check", "check": "x", "where": "A", "figure": "f", "value": 1.0, "line": 0.0, "note": "x"}
+    return typed("run", targets=[run_target(ladder=ladder)], flags=[flag])
 
 
-def _depth(prefill: float, ttft: float) -> dict:
-    return {
-        "mode": "depth",
-        "rungs": [{"prefill_tok_s": prefill, "ttft": {"min": ttft / 2, "median": ttft, "max": ttft * 1.5}}],
-        "flags": [],
-    }
+def _depth(prefill: float, ttft: float) -> Any:
+    spread3 = {"min": ttft / 2, "median": ttft, "max": ttft * 1.5}
+    return typed("depth", rungs=[rung(prefill_tok_s=prefill, ttft=spread3)])
 
 
 def test_the_last_kernel_line_per_scheme_is_the_one_that_ran() -> None:
@@ -80,10 +83,9 @@ def test_the_published_h200_table_comes_from_its_bench_reports() -> None:
     top = json.loads((reports / "activations_64layers_h200.json").read_text())
     for setting, s in top["settings"].items():
         parts = [
-            json.loads((reports / f"activations_64layers_h200-{setting}.{k}.json").read_text())
-            for k in ("run", "prefill", "burst")
+            load_report(reports / f"activations_64layers_h200-{setting}.{k}.json") for k in ("run", "prefill", "burst")
         ]
-        assert ab.figures(*parts) == s["figures"]
+        assert ab.figures(*parts) == s["figures"]  # type: ignore[arg-type]
         assert s["kernels"] == {"CompressedTensorsWNA16": "MarlinLinearKernel"}
     assert ab.compare(top["settings"]["bf16"]["figures"], top["settings"]["int8"]["figures"]) == top["rows"]
     assert not any(r["too_good"] for r in top["rows"])

@@ -77,7 +77,7 @@ def test_acceptance_from_metrics_deltas() -> None:
     a = acceptance(after.minus(spec_counters("")))
     assert a["mean_acceptance_length"] == 2.5 and a["per_position"] == [0.9, 0.4] and a["acceptance_rate"] == 0.5
     assert acceptance(after.minus(after))["speculative"] is False
-    assert acceptance(spec_counters("vllm:num_requests_running 0\n")) == {
+    assert acceptance(spec_counters("vllm:num_requests_running 0\n")).to_json() == {
         "metrics_page": True,
         "speculative": False,
         "counters": False,

@@ -45,7 +45,7 @@ def test_aggregate_prefill_counts_every_prompt_over_the_burst_span() -> None:
     assert aggregate_prefill([_s(0.0, 1.0, 1000), _s(0.1, 1.5, 1000), _s(0.05, 2.0, 1000)]) == pytest.approx(1500.0)
     assert aggregate_prefill([_s(0.0, 1.0, 1000), _s(0.0, None, 1000)]) is None  # one never answered
     assert aggregate_prefill([]) is None
-    assert spread3([3.0, 1.0, 2.0, 10.0]) == {"min": 1.0, "median": 2.5, "max": 10.0} and spread3([]) is None
+    assert spread3([3.0, 1.0, 2.0, 10.0]).to_json() == {"min": 1.0, "median": 2.5, "max": 10.0} and spread3([]) is None
 
 
 def test_burst_failure_says_how_many_of_n() -> None:
@@ -86,7 +86,7 @@ def test_prefix_cache_counters_with_or_without_total() -> None:
     bare = 'vllm:prefix_cache_queries{engine="0"} 10\nvllm:prefix_cache_hits{engine="0"} 4\n'
     assert prefix_cache_counters(bare) == {"queries": 10.0, "hits": 4.0}
     assert prefix_cache_counters("vllm:num_requests_running 0\n") is None
-    assert cache_delta(bare, PAGE) == {"queries": 4990.0, "hits": 1996.0}
+    assert cache_delta(bare, PAGE).to_json() == {"queries": 4990.0, "hits": 1996.0}
     assert cache_delta(None, PAGE) is None and cache_delta(bare, "x 1\n") is None
 
 

@@ -84,7 +84,7 @@ def test_memory_peak_from_nvidia_smi_rows() -> None:
     assert got["sampled"] and got["peak_used_mib"] == 24000
     # min free is nvidia-smi's free column (the driver's reserve is not free), not total - used
     assert got["gpus"]["0"] == {"peak_used_mib": 24000, "total_mib": 143771, "samples": 2, "min_free_mib": 119156}
-    assert parse_memory("") == {"sampled": False, "why": "not sampled: nvidia-smi gave no memory samples"}
+    assert parse_memory("").to_json() == {"sampled": False, "why": "not sampled: nvidia-smi gave no memory samples"}
 
 
 def test_a_moved_process_start_time_is_a_restart() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from test_bench_output import rung, typed
+from test_bench_output import cell, ladder_step, run_target, rung, spread, typed
 
 from qwenquant.bench.judge import AUDIT_NOTE, short_stream, too_good_flags
 from qwenquant.bench.session import same_server
@@ -45,36 +45,30 @@ def test_a_short_stream_names_how_many_and_how_short() -> None:
     )
 
 
-def _spread(v: float) -> dict[str, float]:
-    return {"median": v, "min": v, "max": v}
-
-
 def test_a_flagged_figure_reads_audit_in_the_ladder_and_in_every_ratio_of_it() -> None:
-    cell = {
-        "concurrency": 1,
-        "short_requests": 0,
-        "requests": 3,
-        "figures": {
-            k: _spread(v)
+    one = cell(
+        requests=3,
+        figures={
+            k: spread(v, None)
             for k, v in (("wall_tok_s", 50.0), ("decode_tok_s", 5000.0), ("ttft_s", 0.1), ("prefill_tok_s", 900.0))
         },
-    }
-    step = {
-        "concurrency": 1,
-        "cell": "n/g/think-off/c1",
-        "aggregate_tok_s": _spread(50.0),
-        "per_stream_wall_tok_s": _spread(50.0),
-        "per_stream_decode_tok_s": _spread(5000.0),
-    }
-    target = {"label": "A", "cells": {"n/g/think-off/c1": cell}, "ladder": [step], "acceptance": {}}
+    )
+    step = ladder_step(
+        cell="n/g/think-off/c1",
+        aggregate_tok_s=spread(50.0, None),
+        per_stream_wall_tok_s=spread(50.0, None),
+        per_stream_decode_tok_s=spread(5000.0, None),
+    )
+    target = run_target(cells={"n/g/think-off/c1": one}, ladder=[step])
     report = typed(
         "run",
         targets=[target, {**target, "label": "B"}],
         compare={
             "a": "A",
             "b": "B",
-            "cells": {"n/g/think-off/c1": {k: _spread(1.0) for k in cell["figures"]}},
-            "ladder": [{"concurrency": 1, "aggregate_tok_s": _spread(1.0)}],
+            "ratio": "A/B",
+            "cells": {"n/g/think-off/c1": {k: spread(1.0, None) for k in one["figures"]}},
+            "ladder": [{"concurrency": 1, "aggregate_tok_s": spread(1.0, None)}],
         },
         flags=[
             {

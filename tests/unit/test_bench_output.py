@@ -46,6 +46,110 @@ def turn(**over: Any) -> dict[str, Any]:
     }
 
 
+def spread(v: float, n: int | None = 3) -> dict[str, Any]:
+    """A spread's JSON: median, min and max all `v` (over `n` values; None: a spread without a count)."""
+    return {"median": v, "min": v, "max": v, **({} if n is None else {"n": n})}
+
+
+FIGURES = ("wall_tok_s", "decode_tok_s", "ttft_s", "prefill_tok_s")
+
+
+def cell(**over: Any) -> dict[str, Any]:
+    """A run cell's JSON with every key a cell has (one request, its figures and counts)."""
+    request = {
+        "wall_tok_s": 50.0,
+        "decode_tok_s": 55.0,
+        "ttft_s": 0.1,
+        "prefill_tok_s": 900.0,
+        "prompt_tokens": 90,
+        "completion_tokens": 64,
+        "first_field": "content",
+        "finish_reason": "length",
+        "text_events": 64,
+        "streamed_tokens": 64,
+        "streamed_exact": True,
+        "reasoning_tokens": None,
+    }
+    return {
+        "prompt": "narrative",
+        "sampling": "greedy",
+        "thinking": False,
+        "concurrency": 1,
+        "figures": {k: spread(request[k], 1) for k in FIGURES},
+        "round_medians": {k: [request[k]] for k in FIGURES},
+        "requests": 1,
+        "short_requests": 0,
+        "max_tokens": 64,
+        "prompt_tokens": 90.0,
+        "completion_tokens": 64,
+        "first_text_field": {"content": 1},
+        "reasoning_streamed": False,
+        "per_request": [request],
+        "checks": [],
+        **over,
+    }
+
+
+def ladder_step(**over: Any) -> dict[str, Any]:
+    """A ladder rung's JSON with every key a rung has."""
+    return {
+        "concurrency": 1,
+        "cell": "narrative/greedy/think-off/c1",
+        "aggregate_tok_s": spread(50.0),
+        "checks": [],
+        "aggregate_round_medians": [50.0],
+        "per_stream_wall_tok_s": spread(50.0),
+        "per_stream_decode_tok_s": spread(55.0),
+        **over,
+    }
+
+
+def run_target(**over: Any) -> dict[str, Any]:
+    """A run target's JSON: what it is, its thinking note, acceptance, one cell and one ladder rung."""
+    return {
+        "label": "A",
+        "url": "http://127.0.0.1:8000",
+        "model": "q",
+        "config": "http://127.0.0.1:8000",
+        "vllm_version": "0.19.1",
+        "thinking": "--thinking off",
+        "acceptance": {"metrics_page": True, "speculative": False, "counters": False},
+        "cells": {"narrative/greedy/think-off/c1": cell()},
+        "ladder": [ladder_step()],
+        **over,
+    }
+
+
+OPTIONS = {
+    "prompts": ["narrative"],
+    "samplings": ["greedy"],
+    "thinking": "off",
+    "max_tokens": None,
+    "repeats": 1,
+    "rounds": None,
+    "max_concurrency": None,
+    "ignore_eos": True,
+    "stall_timeout": 300.0,
+}
+CONFIG = {
+    "schema_version": 1,
+    "max_tokens": 256,
+    "warmup_requests": 2,
+    "repeats": 3,
+    "rounds": 3,
+    "ladder_prompt": "narrative",
+    "sampling": {"greedy": {"temperature": 0.0}, "sampled": {"seed": 1234, "temperature": 0.7}},
+    "too_good": {
+        "wall_tok_s": 1000.0,
+        "decode_tok_s": 1000.0,
+        "prefill_tok_s": 100000.0,
+        "aggregate_tok_s": 10000.0,
+        "ratio": 4.0,
+    },
+    "ttft_floor_s": 0.001,
+    "wall_decode_margin": 0.1,
+    "prompt_names": ["narrative"],
+}
 META = {
     "tool": "qwenquant bench",
     "argv": ["qwenquant", "bench", "run", "http://127.0.0.1:8000"],
@@ -73,10 +177,10 @@ WINDOW = {  # ints where the stream's per-request metrics counted, floats where 
 }
 BODIES: dict[str, dict[str, Any]] = {
     "run": {
-        "gpu": None,
-        "options": {"repeats": 1},
-        "config": {"prompt_names": ["narrative"]},
-        "targets": [{"label": "A", "cells": {}, "ladder": []}],
+        "gpu": {"sampled": False, "why": "not sampled: nvidia-smi not found"},
+        "options": OPTIONS,
+        "config": CONFIG,
+        "targets": [run_target()],
         "compare": None,
         "failure": None,
     },
@@ -238,7 +342,7 @@ def test_a_sampled_gpu_memory_peak_reads_back_as_it_was_written() -> None:
     from qwenquant.bench.gpu import parse_memory
     from qwenquant.bench.parts import GpuMemory
 
-    peak = parse_memory("0, 1000, 80000, 79000\n0, 2000, 80000, 78000\n1, 10, 80000, 79990\n")
+    peak = parse_memory("0, 1000, 80000, 79000\n0, 2000, 80000, 78000\n1, 10, 80000, 79990\n").to_json()
     typed_peak = GpuMemory.model_validate(peak)
     assert typed_peak.to_json() == peak and typed_peak.peak_used_mib == 2000.0
-    assert typed_peak.gpus is not None and typed_peak.gpus["0"]["samples"] == 2  # a count stays an int
+    assert typed_peak.gpus is not None and typed_peak.gpus["0"].samples == 2  # a count stays an int

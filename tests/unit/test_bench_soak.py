@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from qwenquant.bench.parts import SoakStream
-from qwenquant.bench.soak import Window, collapse, merge_windows, step_windows, verdict
+from qwenquant.bench.soak import Restart, Window, collapse, merge_windows, step_windows, verdict
 
 
 def test_steps_fall_in_the_window_of_their_first_token() -> None:
@@ -64,7 +64,7 @@ def test_verdict_orders_failures_by_window_and_names_the_first() -> None:
     v = verdict(
         [[_w(0, 20), _w(1, 20), _w(2, 0)]],
         [short, boom, SoakStream(**{**ok.given(), "completion_tokens": 0})],
-        {"window": 3, "why": "gone"},
+        Restart(3, "gone"),
         0.5,
         100,
         400,

@@ -24,7 +24,7 @@ from typing import Any
 
 from qwenquant.bench import metrics, rung
 from qwenquant.bench.gpu import MemoryPeak
-from qwenquant.bench.parts import BurstRequest, DepthRung, GpuMemory, flags_of
+from qwenquant.bench.parts import BurstRequest, DepthRung, Range
 from qwenquant.bench.queued import QueueWatch, decoding_at_once, queued_checks
 from qwenquant.bench.rates import sample_figures
 from qwenquant.bench.runner import Target
@@ -51,11 +51,11 @@ def burst_header(index: int, request: int, depth: int, nonce: str) -> str:
     return f"# qwenquant bench --depth: rung {index} request {request} at {depth} tokens, run {nonce}\n"
 
 
-def spread3(values: list[float]) -> dict[str, float] | None:
+def spread3(values: list[float]) -> Range | None:
     """min / median / max (None when empty)."""
     if not values:
         return None
-    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+    return Range(min=min(values), median=statistics.median(values), max=max(values))
 
 
 def aggregate_prefill(samples: list[Sample]) -> float | None:
@@ -112,10 +112,10 @@ def run_burst_rung(
         concurrency=n,
         tokenize_count=[c for _, c in fitted],
         seconds=seconds,
-        gpu_memory=GpuMemory.model_validate(mem.result),
+        gpu_memory=mem.result,
         server_queue=queue.result,
         decoding_at_once=at_once,
-        checks=flags_of(queued_checks(queue.result, n, f"depth {depth}", at_once)),
+        checks=queued_checks(queue.result, n, f"depth {depth}", at_once),
         requests=[
             BurstRequest(**(rung.request_record(s, f"depth {depth}").given() if s else {}), failure=why)
             for s, why in results
@@ -131,16 +131,16 @@ def run_burst_rung(
 def _burst_figures(samples: list[Sample]) -> dict[str, Any]:
     """The rung's figures: TTFT the slowest request's (the burst's), rates the median request's."""
     figs = [sample_figures(s) for s in samples]
-    ttft = spread3([f["ttft_s"] for f in figs if f.get("ttft_s") is not None])
-    decode = spread3([f["decode_tok_s"] for f in figs if f.get("decode_tok_s") is not None])
-    wall = spread3([f["wall_tok_s"] for f in figs if f.get("wall_tok_s") is not None])
+    ttft = spread3([x for f in figs if (x := f["ttft_s"]) is not None])
+    decode = spread3([x for f in figs if (x := f["decode_tok_s"]) is not None])
+    wall = spread3([x for f in figs if (x := f["wall_tok_s"]) is not None])
     return {
         "ttft": ttft,
         "decode": decode,
-        "ttft_s": ttft["max"] if ttft else None,
+        "ttft_s": ttft.max if ttft else None,
         "prefill_tok_s": aggregate_prefill(samples),
-        "decode_tok_s": decode["median"] if decode else None,
-        "wall_tok_s": wall["median"] if wall else None,
+        "decode_tok_s": decode.median if decode else None,
+        "wall_tok_s": wall.median if wall else None,
         "prompt_tokens": min((s.prompt_tokens for s in samples), default=None),
         "completion_tokens": min((s.completion_tokens for s in samples), default=None),
     }

@@ -10,31 +10,25 @@ the stream carried, and the wall rate against the phase decode rate, whatever th
 - wall vs decode: without token ids there is no exact count, so the two rates are compared: they
   differ only by the TTFT share, and a larger gap is a prefill that long or a phase the stream hid.
 
-Each finding is a flag: {"kind": "cross-check", "check", "where", "figure", "value", "line", "note"},
-its note the one line a user reads.
+Each finding is a flag (parts.Flag: kind "cross-check", its check, where, figure, value, line, note), its
+note the one line a user reads.
 """
 
 from __future__ import annotations
 
 import statistics
-from typing import Any
 
+from qwenquant.bench.parts import Flag
 from qwenquant.bench.rates import sample_figures, wall_decode_gap
 from qwenquant.bench.stream import Sample
 
 WALL_DECODE_MARGIN = 0.10
 
 
-def _flag(check: str, where: str, figure: str, value: float, line: float, note: str) -> dict[str, Any]:
-    return {
-        "kind": "cross-check",
-        "check": check,
-        "where": where,
-        "figure": figure,
-        "value": value,
-        "line": line,
-        "note": f"{where}: {note}",
-    }
+def _flag(check: str, where: str, figure: str, value: float, line: float, note: str) -> Flag:
+    return Flag(
+        kind="cross-check", check=check, where=where, figure=figure, value=value, line=line, note=f"{where}: {note}"
+    )
 
 
 def _hidden(s: Sample) -> int | None:
@@ -46,10 +40,10 @@ def _hidden(s: Sample) -> int | None:
     return None
 
 
-def request_checks(s: Sample, where: str, margin: float | None = WALL_DECODE_MARGIN) -> list[dict[str, Any]]:
+def request_checks(s: Sample, where: str, margin: float | None = WALL_DECODE_MARGIN) -> list[Flag]:
     """The cross-check flags of one request (empty when every count agrees); `margin` None leaves the
     wall-vs-decode comparison to the caller (a cell compares its medians: cell_checks)."""
-    out: list[dict[str, Any]] = []
+    out: list[Flag] = []
     n, streamed = s.completion_tokens, s.streamed_tokens
     hidden = _hidden(s)
     figs = sample_figures(s)
@@ -98,9 +92,7 @@ def request_checks(s: Sample, where: str, margin: float | None = WALL_DECODE_MAR
     return out
 
 
-def _wall_decode(
-    wall: float | None, decode: float | None, ttft: float | None, where: str, margin: float
-) -> list[dict[str, Any]]:
+def _wall_decode(wall: float | None, decode: float | None, ttft: float | None, where: str, margin: float) -> list[Flag]:
     gap = wall_decode_gap(wall, decode)
     if gap is None or gap <= margin:
         return []
@@ -118,32 +110,31 @@ def _wall_decode(
     ]
 
 
-def cell_checks(samples: list[Sample], where: str, margin: float = WALL_DECODE_MARGIN) -> list[dict[str, Any]]:
+def cell_checks(samples: list[Sample], where: str, margin: float = WALL_DECODE_MARGIN) -> list[Flag]:
     """A cell's flags: each request's count checks, and wall against decode over the cell's medians (one slow
     request's TTFT is not an instrument problem) where no request counted its tokens exactly."""
     out = merge_checks([f for s in samples for f in request_checks(s, where, None)])
-    if samples and not any(s.exact for s in samples) and not any(f["check"] == "unstreamed-reasoning" for f in out):
+    if samples and not any(s.exact for s in samples) and not any(f.check == "unstreamed-reasoning" for f in out):
         figs = [sample_figures(s) for s in samples]
 
         def med(k: str) -> float | None:
-            v = sorted(f[k] for f in figs if f[k] is not None)
+            v = sorted(x for f in figs if (x := f[k]) is not None)
             return statistics.median(v) if v else None
 
         out += _wall_decode(med("wall_tok_s"), med("decode_tok_s"), med("ttft_s"), where, margin)
     return out
 
 
-def merge_checks(flags: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def merge_checks(flags: list[Flag]) -> list[Flag]:
     """One flag per (check, where): the first request's note, with how many requests of the group had it."""
-    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    by: dict[tuple[str | None, str], list[Flag]] = {}
     for f in flags:
-        by.setdefault((f["check"], f["where"]), []).append(f)
+        by.setdefault((f.check, f.where), []).append(f)
     out = []
     for group in by.values():
-        f = dict(group[0])
+        f = group[0]
         if len(group) > 1:
-            f["note"] += f" ({len(group)} requests)"
-            f["requests"] = len(group)
+            f = Flag(**{**f.given(), "note": f"{f.note} ({len(group)} requests)", "requests": len(group)})
         out.append(f)
     return out
 

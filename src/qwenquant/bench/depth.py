@@ -20,7 +20,8 @@ from qwenquant.bench import metrics, rung
 from qwenquant.bench.burst import check_concurrency, run_burst_rung
 from qwenquant.bench.gpu import MemoryPeak
 from qwenquant.bench.longtext import LongText, depth_ladder, rung_header
-from qwenquant.bench.parts import DepthRung, Failure, GpuMemory
+from qwenquant.bench.modes import DepthReport, LongHead
+from qwenquant.bench.parts import DepthRung, Failure, Flag
 from qwenquant.bench.runner import Target
 from qwenquant.bench.watch import ServerWatch
 from qwenquant.errors import UsageError
@@ -95,7 +96,7 @@ def run_rung(
         prompt_chars=chars,
         tokenize_count=counted,
         seconds=seconds,
-        gpu_memory=GpuMemory.model_validate(mem.result),
+        gpu_memory=mem.result,
         **measured,
         acceptance=rung.acceptance_between(before, after),
         ok=failure is None,
@@ -103,7 +104,7 @@ def run_rung(
     return rung.RungResult(depth, rec, failure)
 
 
-def count_disagreement(rec: DepthRung) -> dict[str, Any] | None:
+def count_disagreement(rec: DepthRung) -> Flag | None:
     """A flag when the server's usage count of a rung's prompt and its /tokenize count disagree."""
     counted = rec.tokenize_count
     usage = rec.prompt_tokens
@@ -116,20 +117,20 @@ def count_disagreement(rec: DepthRung) -> dict[str, Any] | None:
     if gap <= COUNT_TOLERANCE:
         return None
     where = f"depth {rec.depth}"
-    return {
-        "kind": "cross-check",
-        "check": "prompt-count",
-        "where": where,
-        "figure": "prompt_tokens",
-        "value": gap,
-        "line": COUNT_TOLERANCE,
-        "note": f"{where}: the server counted {usage} prompt tokens where /tokenize counted {counted}: rungs are "
+    return Flag(
+        kind="cross-check",
+        check="prompt-count",
+        where=where,
+        figure="prompt_tokens",
+        value=gap,
+        line=COUNT_TOLERANCE,
+        note=f"{where}: the server counted {usage} prompt tokens where /tokenize counted {counted}: rungs are "
         f"named by their /tokenize depth",
-    }
+    )
 
 
-def run_depth(t: Target, text: LongText, opts: rung.DepthOptions) -> dict[str, Any]:
-    """The ladder on one server; the part of the report that is measured (JSON-ready)."""
+def run_depth(t: Target, text: LongText, opts: rung.DepthOptions, head: LongHead) -> DepthReport:
+    """The ladder on one server: its report (`head`: who ran it, against what)."""
 
     check_concurrency(opts.concurrency, rung.max_num_seqs(t))
     max_len = rung.served_max_len(t)
@@ -152,18 +153,19 @@ def run_depth(t: Target, text: LongText, opts: rung.DepthOptions) -> dict[str, A
             failure = Failure(depth=depth, reason=r.failure)
             break
     ok = [r.prompt_tokens for r in rungs if r.ok]
-    return {
-        "max_model_len": max_len,
-        "output_tokens": opts.output_tokens,
-        "draft_tokens": drafts,
-        "depths": depths,
-        "concurrency": opts.concurrency,
-        "reuse_prefix": opts.reuse_prefix,
-        "tokenize": fitter.tokenize,
-        "nonce": nonce,
-        "text": text.source_part(),
-        "rungs": rungs,
-        "last_ok_depth": ok[-1] if ok else None,
-        "failure": failure,
-        "server": watch.info(),
-    }
+    return DepthReport(
+        **head,
+        max_model_len=max_len,
+        output_tokens=opts.output_tokens,
+        draft_tokens=drafts,
+        depths=depths,
+        concurrency=opts.concurrency,
+        reuse_prefix=opts.reuse_prefix,
+        tokenize=fitter.tokenize,
+        nonce=nonce,
+        text=text.source_part(),
+        rungs=rungs,
+        last_ok_depth=ok[-1] if ok else None,
+        failure=failure,
+        server=watch.info(),
+    )

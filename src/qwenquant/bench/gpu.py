@@ -12,7 +12,10 @@ import statistics
 import subprocess
 import tempfile
 import time
-from typing import Any
+from dataclasses import dataclass
+
+from qwenquant.bench.parts import GpuMemory, GpuPeak, Range
+from qwenquant.bench.runparts import GpuClocks
 
 QUERY = "timestamp,index,name,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu"
 REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")  # new name, old name
@@ -34,7 +37,22 @@ def _num(text: str) -> float | None:
         return None
 
 
-def parse_samples(text: str) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class GpuSample:
+    """One nvidia-smi row: the GPU's index and name, SM clock and its maximum, power and its limit, the
+    temperature (None: nvidia-smi had no value), and the clock event reasons' bits."""
+
+    gpu: str
+    name: str
+    sm_mhz: float | None
+    sm_max_mhz: float | None
+    power_w: float | None
+    power_limit_w: float | None
+    temp_c: float | None
+    reasons: int
+
+
+def parse_samples(text: str) -> list[GpuSample]:
     """Rows of `nvidia-smi --format=csv,noheader,nounits` for QUERY + a reasons field (pure)."""
     rows = []
     for line in text.splitlines():
@@ -45,60 +63,49 @@ def parse_samples(text: str) -> list[dict[str, Any]]:
             reasons = int(f[8], 16) if f[8].lower().startswith("0x") else int(f[8])
         except ValueError:
             reasons = 0
-        rows.append(
-            {
-                "gpu": f[1],
-                "name": f[2],
-                "sm_mhz": _num(f[3]),
-                "sm_max_mhz": _num(f[4]),
-                "power_w": _num(f[5]),
-                "power_limit_w": _num(f[6]),
-                "temp_c": _num(f[7]),
-                "reasons": reasons,
-            }
-        )
+        rows.append(GpuSample(f[1], f[2], _num(f[3]), _num(f[4]), _num(f[5]), _num(f[6]), _num(f[7]), reasons))
     return rows
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(rows: list[GpuSample]) -> GpuClocks:
     """Clock and power ranges, throttle reasons seen, and the share of samples throttled (pure)."""
     if not rows:
-        return {"sampled": False, "why": "nvidia-smi gave no samples"}
+        return GpuClocks(sampled=False, why="nvidia-smi gave no samples")
     seen: dict[str, int] = {}
     throttled = 0
     for r in rows:
-        names = [n for bit, n in THROTTLE_BITS.items() if r["reasons"] & bit]
+        names = [n for bit, n in THROTTLE_BITS.items() if r.reasons & bit]
         throttled += bool(names)
         for n in names:
             seen[n] = seen.get(n, 0) + 1
-    clocks = [r["sm_mhz"] for r in rows if r["sm_mhz"] is not None]
-    power = [r["power_w"] for r in rows if r["power_w"] is not None]
-    return {
-        "sampled": True,
-        "samples": len(rows),
-        "gpu_name": rows[0]["name"],
-        "interval_ms": INTERVAL_MS,
-        "sm_mhz": _range(clocks),
-        "sm_max_mhz": rows[0]["sm_max_mhz"],
-        "power_w": _range(power),
-        "power_limit_w": rows[0]["power_limit_w"],
-        "max_temp_c": max((r["temp_c"] or 0) for r in rows),
-        "throttle_reasons": seen,
-        "throttled_fraction": throttled / len(rows),
-        "throttled": throttled > 0,
-    }
+    clocks = [r.sm_mhz for r in rows if r.sm_mhz is not None]
+    power = [r.power_w for r in rows if r.power_w is not None]
+    return GpuClocks(
+        sampled=True,
+        samples=len(rows),
+        gpu_name=rows[0].name,
+        interval_ms=INTERVAL_MS,
+        sm_mhz=_range(clocks),
+        sm_max_mhz=rows[0].sm_max_mhz,
+        power_w=_range(power),
+        power_limit_w=rows[0].power_limit_w,
+        max_temp_c=max((r.temp_c or 0) for r in rows),
+        throttle_reasons=seen,
+        throttled_fraction=throttled / len(rows),
+        throttled=throttled > 0,
+    )
 
 
-def _range(v: list[float]) -> dict[str, float] | None:
-    return {"min": min(v), "median": statistics.median(v), "max": max(v)} if v else None
+def _range(v: list[float]) -> Range | None:
+    return Range(min=min(v), median=statistics.median(v), max=max(v)) if v else None
 
 
 class GpuSampler:
-    """`with GpuSampler() as s: ...` then `s.result` (a summary dict, or {"sampled": False, ...})."""
+    """`with GpuSampler() as s: ...` then `s.result` (the summary, or not sampled and why)."""
 
     def __init__(self, interval_ms: int = INTERVAL_MS) -> None:
         self.interval_ms = interval_ms
-        self.result: dict[str, Any] = {"sampled": False, "why": "not sampled: nvidia-smi not found"}
+        self.result = GpuClocks(sampled=False, why="not sampled: nvidia-smi not found")
         self._proc: subprocess.Popen | None = None
         self._out = tempfile.TemporaryFile()
 
@@ -132,7 +139,7 @@ class GpuSampler:
                     stderr=subprocess.DEVNULL,
                 )
                 return self
-        self.result = {"sampled": False, "why": f"not sampled: nvidia-smi failed: {why}"}
+        self.result = GpuClocks(sampled=False, why=f"not sampled: nvidia-smi failed: {why}")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -171,12 +178,12 @@ MEMORY_QUERY = "index,memory.used,memory.total,memory.free"
 MEMORY_INTERVAL_MS = 100
 
 
-def parse_memory(text: str) -> dict[str, Any]:
+def parse_memory(text: str) -> GpuMemory:
     """Peak memory of `nvidia-smi --query-gpu=index,memory.used,memory.total,memory.free` rows (pure):
-    per GPU the most used and the least free, in MiB; {"sampled": False} without a readable row.
+    per GPU the most used and the least free, in MiB; not sampled without a readable row.
     `min_free_mib` is nvidia-smi's own free column: total minus used would also count the memory the
     driver reserves (about 615 MiB of an idle H200's 143,771 MiB), which no process can have."""
-    peak: dict[str, dict[str, float]] = {}
+    peak: dict[str, GpuPeak] = {}
     for line in text.splitlines():
         f = [x.strip() for x in line.split(",")]
         if len(f) != 4:
@@ -184,18 +191,21 @@ def parse_memory(text: str) -> dict[str, Any]:
         used, total, free = _num(f[1]), _num(f[2]), _num(f[3])
         if used is None or total is None or free is None:
             continue
-        p = peak.setdefault(f[0], {"peak_used_mib": used, "total_mib": total, "min_free_mib": free, "samples": 0})
-        p["peak_used_mib"] = max(p["peak_used_mib"], used)
-        p["min_free_mib"] = min(p["min_free_mib"], free)
-        p["samples"] += 1
+        p = peak.get(f[0]) or GpuPeak(peak_used_mib=used, total_mib=total, min_free_mib=free, samples=0)
+        peak[f[0]] = GpuPeak(
+            peak_used_mib=max(p.peak_used_mib, used),
+            total_mib=p.total_mib,
+            min_free_mib=min(p.min_free_mib, free),
+            samples=p.samples + 1,
+        )
     if not peak:
-        return {"sampled": False, "why": "not sampled: nvidia-smi gave no memory samples"}
-    return {
-        "sampled": True,
-        "interval_ms": MEMORY_INTERVAL_MS,
-        "gpus": peak,
-        "peak_used_mib": max(p["peak_used_mib"] for p in peak.values()),
-    }
+        return GpuMemory(sampled=False, why="not sampled: nvidia-smi gave no memory samples")
+    return GpuMemory(
+        sampled=True,
+        interval_ms=MEMORY_INTERVAL_MS,
+        gpus=peak,
+        peak_used_mib=max(p.peak_used_mib for p in peak.values()),
+    )
 
 
 class MemoryPeak:
@@ -204,7 +214,7 @@ class MemoryPeak:
     as used, so `min_free_mib` is the headroom the server had left."""
 
     def __init__(self) -> None:
-        self.result: dict[str, Any] = {"sampled": False, "why": "not sampled: nvidia-smi not found"}
+        self.result = GpuMemory(sampled=False, why="not sampled: nvidia-smi not found")
         self._proc: subprocess.Popen | None = None
         self._out = tempfile.TemporaryFile()
 
@@ -224,7 +234,7 @@ class MemoryPeak:
                     stderr=subprocess.DEVNULL,
                 )
             except OSError as e:
-                self.result = {"sampled": False, "why": f"not sampled: {e}"}
+                self.result = GpuMemory(sampled=False, why=f"not sampled: {e}")
         return self
 
     def __exit__(self, *exc: object) -> None:

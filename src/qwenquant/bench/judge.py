@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from qwenquant.bench.parts import Flag
+from qwenquant.bench.parts import Flag, Number
+from qwenquant.bench.workload import BenchConfig
 
 RATE_FIGURES = ("wall_tok_s", "decode_tok_s", "prefill_tok_s")
 AUDIT_NOTE = "flagged for audit, not reported"
@@ -30,7 +31,9 @@ def too_good(where: str, figure: str, value: Any, line: float, above: bool = Tru
     return None
 
 
-def too_good_flags(where: str, figures: dict[str, Any], cfg: Any, lines: dict[str, str] | None = None) -> list[Flag]:
+def too_good_flags(
+    where: str, figures: dict[str, Number | None], cfg: BenchConfig, lines: dict[str, str] | None = None
+) -> list[Flag]:
     """The too-good flags of one request, rung, turn or stream: each rate against its line, TTFT against the
     floor. `lines` names the line of a figure named otherwise (a turn's `new_prefill_tok_s`: prefill's)."""
     lines = lines or {}

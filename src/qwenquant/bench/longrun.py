@@ -14,33 +14,26 @@ from typing import Any, TypeVar
 from qwenquant.bench import gpu as gpumod
 from qwenquant.bench.checks import merge_checks
 from qwenquant.bench.judge import short_stream, too_good_flags
-from qwenquant.bench.modes import BenchReport, DepthReport, LongReport, SoakReport, TurnsReport
+from qwenquant.bench.longtext import LongText
+from qwenquant.bench.modes import BenchReport, DepthReport, LongHead, LongReport, SoakReport, TurnsReport
 from qwenquant.bench.output import deliver
-from qwenquant.bench.parts import Flag, RequestRecord, flags_of
-from qwenquant.bench.runner import Target, resolve_model, server_version
+from qwenquant.bench.parts import Flag, RequestRecord
+from qwenquant.bench.runner import Target, resolve_model, server_version, target_info
 from qwenquant.bench.session import Request, configurations, targets_of
-from qwenquant.bench.workload import load_config
+from qwenquant.bench.workload import BenchConfig, load_config
 from qwenquant.reportsink import json_on_failure
 
 log = logging.getLogger(__name__)
 R = TypeVar("R", bound=LongReport)
 
 
-def _meta(tool: str, argv: list[str]) -> dict[str, Any]:
-    return {
-        "tool": tool,
-        "argv": argv,
-        "python": platform.python_version(),
-        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu_name": gpumod.gpu_name(),
-    }
+def _head(tool: str, argv: list[str]) -> tuple[str, list[str], str, str, str | None]:
+    """Who runs the long run and when: the tool, argv, the time it started, Python, the GPU's name."""
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return tool, argv, started, platform.python_version(), gpumod.gpu_name()
 
 
-def _target_info(t: Target) -> dict[str, Any]:
-    return {"label": t.label, "url": t.url, "model": t.model, **t.info}
-
-
-def depth_flags(report: DepthReport, cfg: Any) -> list[Flag]:
+def depth_flags(report: DepthReport, cfg: BenchConfig) -> list[Flag]:
     """Rung figures beyond the bench config's too-good lines (flagged for audit, as the bench's own), every
     request's cross-checks, a stream that ended short, and a server count of a prompt that disagrees with
     /tokenize's."""
@@ -53,31 +46,27 @@ def depth_flags(report: DepthReport, cfg: Any) -> list[Flag]:
             where, {k: getattr(r, k) for k in ("wall_tok_s", "decode_tok_s", "prefill_tok_s", "ttft_s")}, cfg
         )
         requests: list[RequestRecord] = [*r.requests] if r.requests else [r]
-        checks = [f.to_json() for q in requests for f in q.checks]
+        checks = [f for q in requests for f in q.checks]
         if r.requests:  # a burst's own checks (its queue), beside its requests'
-            checks += [f.to_json() for f in r.checks]
-        flags.extend(flags_of(merge_checks(checks)))
-        flags += _short(where, [q.to_json() for q in requests], report.output_tokens)
+            checks += r.checks
+        flags.extend(merge_checks(checks))
+        flags += _short(where, requests, report.output_tokens)
         disagree = count_disagreement(r)
         if disagree:
-            flags.append(Flag.model_validate(disagree))
+            flags.append(disagree)
     return flags
 
 
-def _short(where: str, records: list[dict[str, Any]], asked: int | None) -> list[Flag]:
+def _short(where: str, records: list[RequestRecord], asked: int | None) -> list[Flag]:
     """One short-stream flag for the records (requests of a rung, a turn, a stream) that ended short."""
     if not isinstance(asked, int):
         return []
-    short = [q for q in records if isinstance(q.get("completion_tokens"), int) and q["completion_tokens"] < asked]
-    f = (
-        short_stream(where, short[0]["completion_tokens"], asked, short[0].get("finish_reason"), len(short))
-        if short
-        else None
-    )
+    short = [q for q in records if isinstance(q.completion_tokens, int) and q.completion_tokens < asked]
+    f = short_stream(where, short[0].completion_tokens, asked, short[0].finish_reason, len(short)) if short else None
     return [f] if f else []
 
 
-def soak_flags(report: SoakReport, cfg: Any) -> list[Flag]:
+def soak_flags(report: SoakReport, cfg: BenchConfig) -> list[Flag]:
     """Each stream's figures against the too-good lines, its cross-checks, the usage checks of the verdict
     and the queue of streams meant to run at once (its truncation is the verdict's own failure)."""
     flags = list(report.verdict.flags)
@@ -89,7 +78,7 @@ def soak_flags(report: SoakReport, cfg: Any) -> list[Flag]:
     return flags + report.checks
 
 
-def turns_flags(report: TurnsReport, cfg: Any) -> list[Flag]:
+def turns_flags(report: TurnsReport, cfg: BenchConfig) -> list[Flag]:
     """Each turn's figures against the too-good lines (its prefill over the tokens it added, what a prefix
     cache leaves to compute), its cross-checks and a turn that ended short."""
     flags: list[Flag] = []
@@ -101,8 +90,8 @@ def turns_flags(report: TurnsReport, cfg: Any) -> list[Flag]:
             cfg,
             {"new_prefill_tok_s": "prefill_tok_s"},
         )
-        flags += flags_of(merge_checks([f.to_json() for f in r.checks]))
-        flags += _short(where, [r.to_json()], report.output_tokens)
+        flags += merge_checks(r.checks)
+        flags += _short(where, [r], report.output_tokens)
     return flags
 
 
@@ -110,7 +99,7 @@ def _long_session(
     req: Request,
     kind: type[R],
     argv: list[str],
-    measure: Callable[[Target, Any], dict[str, Any]],
+    measure: Callable[[Target, LongText, LongHead], R],
     flags: Callable[[R], list[Flag]],
     concurrency: int = 1,
 ) -> R:
@@ -123,7 +112,7 @@ def _measure_long(
     req: Request,
     kind: type[R],
     argv: list[str],
-    measure: Callable[[Target, Any], dict[str, Any]],
+    measure: Callable[[Target, LongText, LongHead], R],
     flags: Callable[[R], list[Flag]],
     concurrency: int = 1,
 ) -> R:
@@ -132,7 +121,7 @@ def _measure_long(
     from qwenquant.bench.longtext import load_text
 
     text = load_text()
-    meta = _meta(f"qwenquant bench {kind.mode}", argv)
+    tool, argv, started, python, gpu_name = _head(f"qwenquant bench {kind.mode}", argv)
     configs = configurations(req)
     if req.serve is not None and concurrency > 1:  # refused before vLLM starts (minutes on a large model)
         from qwenquant.bench.burst import check_concurrency
@@ -143,7 +132,8 @@ def _measure_long(
         t = targets[0]
         t.model = resolve_model(t)
         t.info["vllm_version"] = server_version(t) or t.info.get("vllm_version_installed")
-        report = kind(**meta, target=_target_info(t), **measure(t, text))
+        head = LongHead(tool=tool, argv=argv, started=started, python=python, gpu_name=gpu_name, target=target_info(t))
+        report = measure(t, text, head)
         report.flags = flags(report)
         err = deliver(report, req.out, as_json=req.as_json)
         if err:
@@ -160,7 +150,7 @@ def run_depth_mode(req: Request, opts: Any, argv: list[str]) -> BenchReport:
         req,
         DepthReport,
         argv,
-        lambda t, text: run_depth(t, text, opts),
+        lambda t, text, head: run_depth(t, text, opts, head),
         lambda data: depth_flags(data, cfg),
         opts.concurrency,
     )
@@ -172,7 +162,12 @@ def run_soak_mode(req: Request, opts: Any, argv: list[str]) -> BenchReport:
 
     cfg = load_config(None)
     return _long_session(
-        req, SoakReport, argv, lambda t, text: run_soak(t, text, opts), lambda d: soak_flags(d, cfg), opts.concurrency
+        req,
+        SoakReport,
+        argv,
+        lambda t, text, head: run_soak(t, text, opts, head),
+        lambda d: soak_flags(d, cfg),
+        opts.concurrency,
     )
 
 
@@ -182,5 +177,5 @@ def run_turns_mode(req: Request, opts: Any, argv: list[str]) -> BenchReport:
 
     cfg = load_config(None)
     return _long_session(
-        req, TurnsReport, argv, lambda t, text: run_turns(t, text, opts), lambda d: turns_flags(d, cfg)
+        req, TurnsReport, argv, lambda t, text, head: run_turns(t, text, opts, head), lambda d: turns_flags(d, cfg)
     )

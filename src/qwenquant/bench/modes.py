@@ -1,14 +1,15 @@
 """The typed report of each `qwenquant bench` mode (run, depth, soak, turns): its fields are its versioned
-JSON document's top-level keys, typed to the leaves where a part is one (parts.py: flags, the text, the
-server's health, failures, verdicts); `to_json` gives the document, `from_json` and `load_report` read one
-back, refusing another schema_version, an unknown mode, field or part key, in one line naming the file
-and the field (exit 2). What a mode draws, shows and judges is output.py's."""
+JSON document's top-level keys, typed to the leaves (parts.py: flags, spreads, the text, the server's
+health, failures, verdicts, records; runparts.py: a run's targets, cells, ladder, comparison, GPU clocks,
+options and config, a long run's target); `to_json` gives the document, `from_json` and `load_report` read
+one back, refusing another schema_version, an unknown mode, field or part key or a value of another type, in
+one line naming the file and the field's path (exit 2). What a mode draws, shows and judges is output.py's."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 from qwenquant.bench.parts import (
     DepthRung,
@@ -24,6 +25,7 @@ from qwenquant.bench.parts import (
     TurnRecord,
     WindowRecord,
 )
+from qwenquant.bench.runparts import Comparison, GpuClocks, RunConfig, RunOptions, RunTarget, TargetInfo
 from qwenquant.reportdoc import DocKind
 from qwenquant.reportpart import part_fields, plain
 
@@ -75,27 +77,38 @@ def _part(hint: Any, value: Any, name: str, source: str) -> Any:
 
 def _is_type_tag(p: Any) -> bool:
     """A union's branch in a pydantic error location (`Flag`, `list[...]`, `none`), not a key or index."""
-    return isinstance(p, str) and (p[:1].isupper() or "[" in p or p in ("none", "int", "float", "str"))
+    return isinstance(p, str) and (p[:1].isupper() or "[" in p or p in ("none", "int", "float", "str", "bool"))
 
 
 @dataclass(kw_only=True)
 class RunReport(BenchReport):
     """The report of `qwenquant bench run` and `compare`: per target its cells and ladder, the A/B ratios."""
 
-    gpu: dict[str, Any] | None
-    options: dict[str, Any]
-    config: dict[str, Any]
-    targets: list[dict[str, Any]]
-    compare: dict[str, Any] | None
+    gpu: GpuClocks | None
+    options: RunOptions
+    config: RunConfig
+    targets: list[RunTarget]
+    compare: Comparison | None
     failure: RunFailure | None = None  # the request that ended the run (exit 8); what came before is kept
     mode: ClassVar[str] = "run"
+
+
+class LongHead(TypedDict):
+    """The fields a long run's report starts with: who ran it, when, on what GPU, against which target."""
+
+    tool: str
+    argv: list[str]
+    started: str
+    python: str
+    gpu_name: str | None
+    target: TargetInfo
 
 
 @dataclass(kw_only=True)
 class LongReport(BenchReport):
     """What depth, soak and turns share: one target, the server's limit, the shipped text, server health."""
 
-    target: dict[str, Any]
+    target: TargetInfo
     max_model_len: int | None
     text: TextSource
     server: ServerHealth

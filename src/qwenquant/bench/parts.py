@@ -5,11 +5,19 @@ read back and written again is the same bytes (the base, `Part`, and `plain` are
 
 from __future__ import annotations
 
-from typing import Any
-
 from qwenquant.reportpart import Part
 
 Number = int | float  # as measured: never coerced (a count stays an int, a rate a float)
+
+
+class Range(Part):
+    """A figure's median and range (min, max) over `n` values (rates.Spread); a burst's TTFT and decode
+    spreads and the GPU's clocks and power give no `n`."""
+
+    median: Number
+    min: Number
+    max: Number
+    n: int | None = None
 
 
 class Flag(Part):
@@ -138,6 +146,16 @@ class Acceptance(Part):
     per_position: list[Number] | None = None
 
 
+class GpuPeak(Part):
+    """One GPU's memory over a request: the most used, the total and the least free MiB (nvidia-smi's own
+    free column), over `samples` samples."""
+
+    peak_used_mib: Number
+    total_mib: Number
+    min_free_mib: Number
+    samples: int
+
+
 class GpuMemory(Part):
     """The GPU memory peak over a request (gpu.MemoryPeak): not sampled and why, or nvidia-smi's interval,
     per GPU the most used, total and least free MiB and the samples, and the most used of any GPU."""
@@ -145,7 +163,7 @@ class GpuMemory(Part):
     sampled: bool
     why: str | None = None
     interval_ms: int | None = None
-    gpus: dict[str, dict[str, Number]] | None = None
+    gpus: dict[str, GpuPeak] | None = None
     peak_used_mib: Number | None = None
 
 
@@ -194,8 +212,8 @@ class DepthRung(RequestRecord):
     server_queue: QueueCounts | None = None
     decoding_at_once: int | None = None
     requests: list[BurstRequest] | None = None
-    ttft: dict[str, Number] | None = None
-    decode: dict[str, Number] | None = None
+    ttft: Range | None = None
+    decode: Range | None = None
     failed: int | None = None
 
 
@@ -230,8 +248,3 @@ class SoakStream(RequestRecord):
     with text)."""
 
     error: str | None
-
-
-def flags_of(found: list[dict[str, Any]]) -> list[Flag]:
-    """The typed flags of what the judging found (checks, judge, queued, soak: built as JSON objects)."""
-    return [Flag.model_validate(f) for f in found]

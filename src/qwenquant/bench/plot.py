@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from qwenquant.bench.modes import RunReport
+    from qwenquant.bench.parts import Number
 
 W, H = 900, 560
 LEFT, RIGHT, TOP, BOTTOM = 90, 30, 60, 90
@@ -26,7 +27,7 @@ def _nice_max(v: float) -> float:
     return 10 * step
 
 
-def series(report: RunReport) -> list[tuple[str, list[tuple[int, float]]]]:
+def series(report: RunReport) -> list[tuple[str, list[tuple[int, Number]]]]:
     """(legend, [(concurrency, tok/s)]) lines: aggregate and per-stream decode for each target (pure); a point
     flagged too good for audit is left out, as the tables show AUDIT in its place."""
     from qwenquant.bench.judge import audited
@@ -36,12 +37,12 @@ def series(report: RunReport) -> list[tuple[str, list[tuple[int, float]]]]:
     for t in report.targets:
         for name, key in (("aggregate", "aggregate_tok_s"), ("per-stream decode", "per_stream_decode_tok_s")):
             pts = [
-                (s["concurrency"], s[key]["median"])
-                for s in t["ladder"]
-                if s.get(key) and (f"{t['label']} ladder c{s['concurrency']}", key) not in audit
+                (s.concurrency, r.median)
+                for s in t.ladder
+                if (r := getattr(s, key)) and (f"{t.label} ladder c{s.concurrency}", key) not in audit
             ]
             if pts:
-                out.append((f"{t['label']} {name}", pts))
+                out.append((f"{t.label} {name}", pts))
     return out
 
 

@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 from qwenquant.bench import metrics
-from qwenquant.bench.parts import QueueCounts
+from qwenquant.bench.parts import Flag, QueueCounts
 from qwenquant.bench.stream import Sample
 from qwenquant.net.prometheus import queue_gauges
 
@@ -74,7 +74,7 @@ def queued_checks(
     where: str,
     at_once: int = 0,
     meant: str = "the rung measured a queue, not a burst of {n}",
-) -> list[dict[str, Any]]:
+) -> list[Flag]:
     """A "queued" flag when the server held some of the burst's requests back and never ran all n at once
     (pure): its gauges are samples, so "never at once" takes both counts, the most running on a /metrics page
     and the most streams the client saw decoding side by side (`at_once`). Waiting alone is no queue: vLLM
@@ -84,14 +84,14 @@ def queued_checks(
         return []
     w, r = int(queue.max_waiting), int(max(queue.max_running, at_once))
     return [
-        {
-            "kind": "cross-check",
-            "check": "queued",
-            "where": where,
-            "figure": "waiting requests",
-            "value": w,
-            "line": 0,
-            "note": f"{where}: up to {w} of the {n} requests waited in the server's queue (it ran at most "
+        Flag(
+            kind="cross-check",
+            check="queued",
+            where=where,
+            figure="waiting requests",
+            value=w,
+            line=0,
+            note=f"{where}: up to {w} of the {n} requests waited in the server's queue (it ran at most "
             f"{r} at once): " + meant.format(n=n),
-        }
+        )
     ]

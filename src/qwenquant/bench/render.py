@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from qwenquant.bench.judge import audited
-from qwenquant.bench.parts import Acceptance, GpuMemory, Number
+from qwenquant.bench.parts import Acceptance, GpuMemory, Range
 from qwenquant.bench.table import sections
 from qwenquant.console import console, stdout
 
@@ -32,15 +32,15 @@ def print_report(report: RunReport) -> None:
             table.add_row(*(Text(c) for c in r))  # plain text: "[min-max]" is not markup
         out.print(table)
     print_flags(report)
-    gpu = report.gpu or {}
-    if gpu.get("sampled"):
-        sm = gpu.get("sm_mhz") or {}
+    gpu = report.gpu
+    if gpu and gpu.sampled:
+        sm = gpu.sm_mhz
         console.print(
-            f"GPU {gpu.get('gpu_name')}: SM clock {sm.get('min')}-{sm.get('max')} MHz, "
-            f"throttled in {gpu['throttled_fraction']:.0%} of {gpu['samples']} samples"
+            f"GPU {gpu.gpu_name}: SM clock {sm and sm.min}-{sm and sm.max} MHz, "
+            f"throttled in {gpu.throttled_fraction or 0:.0%} of {gpu.samples} samples"
         )
     else:
-        console.print(f"GPU: {gpu.get('why', 'not sampled')}")
+        console.print(f"GPU: {gpu.why if gpu and gpu.why is not None else 'not sampled'}")
     console.print(f"json: {report.json_path}" + (f"  plot: {report.png_path}" if report.png_path else ""))
 
 
@@ -93,8 +93,8 @@ def depth_rows(report: DepthReport) -> list[list[str]]:
     return rows
 
 
-def _spread(sp: dict[str, Number] | None, fmt: str) -> str:
-    return "/".join(format(sp[k], fmt) for k in ("min", "median", "max")) if sp else "-"
+def _spread(sp: Range | None, fmt: str) -> str:
+    return "/".join(format(v, fmt) for v in (sp.min, sp.median, sp.max)) if sp else "-"
 
 
 def burst_rows(report: DepthReport) -> list[list[str]]:

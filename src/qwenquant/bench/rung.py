@@ -12,7 +12,7 @@ from typing import Any
 from qwenquant.bench import metrics
 from qwenquant.bench.checks import request_checks
 from qwenquant.bench.longtext import INSTRUCTION, LongText, rescale
-from qwenquant.bench.parts import Acceptance, DepthRung, RequestRecord, flags_of
+from qwenquant.bench.parts import Acceptance, DepthRung, RequestRecord
 from qwenquant.bench.rates import sample_figures
 from qwenquant.bench.runner import Target
 from qwenquant.bench.stream import Sample, stream_chat
@@ -165,7 +165,7 @@ def request_record(s: Sample, where: str) -> RequestRecord:
         streamed_tokens=s.streamed_tokens,
         streamed_exact=s.exact,
         reasoning_tokens=s.reasoning_tokens,
-        checks=flags_of(request_checks(s, where)),
+        checks=request_checks(s, where),
     )
 
 
@@ -179,7 +179,7 @@ def empty_failure(s: Sample) -> str | None:
 def acceptance_between(before: str | None, after: str | None) -> Acceptance:
     """MTP acceptance over two /metrics pages (none when either is missing)."""
     if before is not None and after is not None:
-        return Acceptance.model_validate(metrics.acceptance(spec_counters(after).minus(spec_counters(before))))
+        return metrics.acceptance(spec_counters(after).minus(spec_counters(before)))
     return Acceptance(metrics_page=False, speculative=None)
 
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qwenquant.bench import metrics
-from qwenquant.bench.parts import RunFailure
+from qwenquant.bench.parts import Flag, RunFailure
+from qwenquant.bench.runparts import TargetInfo
 from qwenquant.bench.stream import Sample, stream_chat
 from qwenquant.bench.workload import BenchConfig, Cell, plan_cells, request_body, thinking_modes
 from qwenquant.errors import BenchError
@@ -37,6 +38,11 @@ class Target:
     template_thinking: bool | None = None  # None: unknown, ask the server
     info: dict[str, Any] = field(default_factory=dict)
     server: Any = None  # with --serve: the supervised process (qwenquant.serve.supervisor.Server)
+
+
+def target_info(t: Target) -> TargetInfo:
+    """What a report says of a target: its label, URL, model, and what is known of its server."""
+    return TargetInfo(label=t.label, url=t.url, model=t.model, **t.info)
 
 
 @dataclass(frozen=True)
@@ -65,7 +71,7 @@ class TargetRun:
     spec: SpecCounters = field(default_factory=SpecCounters)
     metrics_exported: bool = True
     failure: RunFailure | None = None  # the first request that failed: the run stops there
-    queued: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # cell key -> its waves' "queued" flags
+    queued: dict[str, list[Flag]] = field(default_factory=dict)  # cell key -> its waves' "queued" flags
 
 
 def _get_json(url: str, api_key: str | None) -> Any:

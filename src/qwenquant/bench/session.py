@@ -18,6 +18,7 @@ from qwenquant.bench.launch import ConfigSpec, serve_targets, url_targets
 from qwenquant.bench.modes import RunReport
 from qwenquant.bench.output import deliver
 from qwenquant.bench.runner import Options, Target, resolve_model, run_bench, server_version
+from qwenquant.bench.runparts import RunOptions
 from qwenquant.bench.workload import load_config
 from qwenquant.errors import UsageError
 from qwenquant.reportsink import json_on_failure
@@ -143,16 +144,16 @@ def _run(req: Request, options: Options, argv: list[str]) -> RunReport:
                 check_concurrency(options.max_concurrency, max_num_seqs(t), "--max-concurrency")
         with gpumod.GpuSampler() as sampler:
             runs = run_bench(targets, cfg, options)
-    meta = {
-        "tool": "qwenquant bench",
-        "argv": argv,
-        "started": started,
-        "python": platform.python_version(),
-        "gpu_name": gpumod.gpu_name(),
-        "gpu": sampler.result,
-        "options": dict(vars(options)),
-    }
-    report = RunReport(**build_report(runs, cfg, meta=meta))
+    report = build_report(
+        runs,
+        cfg,
+        argv=argv,
+        started=started,
+        python=platform.python_version(),
+        gpu_name=gpumod.gpu_name(),
+        gpu=sampler.result,
+        options=RunOptions(**vars(options)),
+    )
     err = deliver(report, req.out, as_json=req.as_json, plot=req.plot)
     if err:
         raise err

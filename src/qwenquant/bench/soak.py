@@ -15,9 +15,8 @@ of the window size (the tail) is shown but not judged.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from qwenquant.bench.parts import SoakStream, SoakVerdict, WindowRecord
+from qwenquant.bench.parts import Flag, SoakFailure, SoakStream, SoakVerdict, WindowRecord
 
 MIN_JUDGED_SHARE = 0.25
 
@@ -54,6 +53,14 @@ class Window:
         )
 
 
+@dataclass(frozen=True)
+class Restart:
+    """The server went away or restarted: the window it happened in (of the generated tokens), and why."""
+
+    window: int
+    why: str
+
+
 def step_windows(
     accepted: list[int],
     drafted: list[int],
@@ -68,35 +75,40 @@ def step_windows(
     k = max(drafted, default=0)
     out: list[Window] = []
     pos = first
-    cur: dict[str, Any] | None = None
+    cur: _Filling | None = None
     for a, n in zip(accepted, drafted, strict=False):
         idx = pos // window
-        if cur is None or cur["index"] != idx:
+        if cur is None or cur.index != idx:
             if cur is not None:
-                out.append(_close(cur, pos, stream))
-            cur = {
-                "index": idx,
-                "start": pos if cur is not None else 0,
-                "drafts": 0,
-                "draft_tokens": 0,
-                "accepted": 0,
-                "pos": [0] * k,
-            }
-        cur["drafts"] += 1 if n > 0 else 0
-        cur["draft_tokens"] += n
-        cur["accepted"] += a
+                out.append(cur.close(pos, stream))
+            cur = _Filling(idx, pos if cur is not None else 0, [0] * k)
+        cur.drafts += 1 if n > 0 else 0
+        cur.draft_tokens += n
+        cur.accepted += a
         for i in range(min(a, k)):
-            cur["pos"][i] += 1
+            cur.pos[i] += 1
         pos += a + 1
     if cur is not None:
-        out.append(_close(cur, pos if total is None else min(pos, total), stream))
+        out.append(cur.close(pos if total is None else min(pos, total), stream))
     return out
 
 
-def _close(cur: dict[str, Any], end: int, stream: int | None) -> Window:
-    return Window(
-        cur["index"], cur["start"], end, cur["drafts"], cur["draft_tokens"], cur["accepted"], tuple(cur["pos"]), stream
-    )
+@dataclass
+class _Filling:
+    """The window the steps are filling: its index and first token, and what its steps drafted and accepted
+    (per draft position too)."""
+
+    index: int
+    start: int
+    pos: list[int]
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+
+    def close(self, end: int, stream: int | None) -> Window:
+        return Window(
+            self.index, self.start, end, self.drafts, self.draft_tokens, self.accepted, tuple(self.pos), stream
+        )
 
 
 def merge_windows(per_stream: list[list[Window]]) -> list[Window]:
@@ -150,7 +162,7 @@ def where(w: Window, approximate: bool = False) -> str:
     return f"window {w.index} (generated tokens {w.start}-{w.end}{stream})"
 
 
-def _stream_failures(i: int, s: SoakStream, window: int, tokens: int) -> list[dict[str, Any]]:
+def _stream_failures(i: int, s: SoakStream, window: int, tokens: int) -> list[SoakFailure]:
     """A stream's error, emptiness or truncation, judged from the tokens it streamed where that count is
     exact (token ids), else from usage (the stream's own count is then a floor)."""
     exact = bool(s.streamed_exact)
@@ -159,48 +171,47 @@ def _stream_failures(i: int, s: SoakStream, window: int, tokens: int) -> list[di
     by = "streamed" if exact else "by usage"
     if s.error:
         return [
-            {
-                "kind": "error",
-                "window": streamed // window,
-                "stream": i,
-                "line": f"stream {i} failed in window {streamed // window} (after {'' if exact else 'at least '}"
+            SoakFailure(
+                kind="error",
+                window=streamed // window,
+                stream=i,
+                line=f"stream {i} failed in window {streamed // window} (after {'' if exact else 'at least '}"
                 f"{streamed} streamed tokens): {s.error}",
-            }
+            )
         ]
     if n == 0:
         return [
-            {"kind": "empty", "window": 0, "stream": i, "line": f"stream {i} came back empty (window 0: 0 tokens {by})"}
+            SoakFailure(kind="empty", window=0, stream=i, line=f"stream {i} came back empty (window 0: 0 tokens {by})")
         ]
     if n < tokens:
         return [
-            {
-                "kind": "truncated",
-                "window": n // window,
-                "stream": i,
-                "line": f"stream {i} was truncated in window {n // window}: {n} of {tokens} tokens {by} "
+            SoakFailure(
+                kind="truncated",
+                window=n // window,
+                stream=i,
+                line=f"stream {i} was truncated in window {n // window}: {n} of {tokens} tokens {by} "
                 f"(finish reason {s.finish_reason})",
-            }
+            )
         ]
     return []
 
 
-def usage_flags(streams: list[SoakStream]) -> list[dict[str, Any]]:
+def usage_flags(streams: list[SoakStream]) -> list[Flag]:
     """Streams whose usage disagrees with the tokens they streamed (exact counts only)."""
     out = []
     for i, s in enumerate(streams):
         usage, streamed = s.completion_tokens, s.streamed_tokens
         if s.streamed_exact and isinstance(usage, int) and usage != streamed and not s.error:
             out.append(
-                {
-                    "kind": "cross-check",
-                    "check": "usage-mismatch",
-                    "where": f"stream {i}",
-                    "figure": "completion_tokens",
-                    "value": float(usage - (streamed or 0)),
-                    "line": 0.0,
-                    "note": f"stream {i}: usage counts {usage} completion tokens, the stream carried {streamed} "
-                    f"token ids",
-                }
+                Flag(
+                    kind="cross-check",
+                    check="usage-mismatch",
+                    where=f"stream {i}",
+                    figure="completion_tokens",
+                    value=float(usage - (streamed or 0)),
+                    line=0.0,
+                    note=f"stream {i}: usage counts {usage} completion tokens, the stream carried {streamed} token ids",
+                )
             )
     return out
 
@@ -208,7 +219,7 @@ def usage_flags(streams: list[SoakStream]) -> list[dict[str, Any]]:
 def verdict(
     windows: list[list[Window]],
     streams: list[SoakStream],
-    restart: dict[str, Any] | None,
+    restart: Restart | None,
     fraction: float,
     window: int,
     tokens: int,
@@ -216,36 +227,34 @@ def verdict(
 ) -> SoakVerdict:
     """`ok`, `failed` with each failure and the one line that names its window (the first failure's), or
     `not judged` when nothing failed but no window drafted a token (acceptance was not tested)."""
-    fails: list[dict[str, Any]] = []
+    fails: list[SoakFailure] = []
     for ws in windows:
         c = collapse(ws, fraction, window)
         if c:
             fails.append(
-                {
-                    "kind": "collapse",
-                    "window": c[0].index,
-                    "stream": c[0].stream,
-                    "line": f"MTP acceptance collapsed in {where(c[0], approximate)}: {c[1]}",
-                }
+                SoakFailure(
+                    kind="collapse",
+                    window=c[0].index,
+                    stream=c[0].stream,
+                    line=f"MTP acceptance collapsed in {where(c[0], approximate)}: {c[1]}",
+                )
             )
     for i, s in enumerate(streams):
         fails.extend(_stream_failures(i, s, window, tokens))
     if restart:
         fails.append(
-            {
-                "kind": "restart",
-                "window": restart["window"],
-                "stream": None,
-                "line": f"the server went away or restarted in window {restart['window']}: {restart['why']}"
+            SoakFailure(
+                kind="restart",
+                window=restart.window,
+                stream=None,
+                line=f"the server went away or restarted in window {restart.window}: {restart.why}"
                 + (" (an approximate count: one token per chunk with text)" if approximate else ""),
-            }
+            )
         )
-    fails.sort(key=lambda f: (f["window"], f["kind"] != "restart"))
+    fails.sort(key=lambda f: (f.window, f.kind != "restart"))
     drafted = any(w.drafts > 0 for ws in windows for w in ws)
     status = "failed" if fails else ("ok" if drafted else "not judged")
-    line = fails[0]["line"] if fails else None
+    line = fails[0].line if fails else None
     if not fails and not drafted:
         line = "acceptance not judged: the server drafted no tokens (is MTP on?); the streams were complete"
-    return SoakVerdict.model_validate(
-        {"status": status, "failures": fails, "line": line, "acceptance_judged": drafted, "flags": usage_flags(streams)}
-    )
+    return SoakVerdict(status=status, failures=fails, line=line, acceptance_judged=drafted, flags=usage_flags(streams))

@@ -18,7 +18,8 @@ from typing import Any
 from qwenquant.bench import metrics
 from qwenquant.bench.burst import check_concurrency
 from qwenquant.bench.longtext import INSTRUCTION, LongText
-from qwenquant.bench.parts import SoakStream, flags_of
+from qwenquant.bench.modes import LongHead, SoakReport
+from qwenquant.bench.parts import SoakStream
 from qwenquant.bench.queued import QueueWatch, decoding_at_once, queued_checks
 from qwenquant.bench.rung import (
     PromptFitter,
@@ -29,7 +30,7 @@ from qwenquant.bench.rung import (
     stream_once,
 )
 from qwenquant.bench.runner import Target
-from qwenquant.bench.soak import Window, merge_windows, step_windows, verdict
+from qwenquant.bench.soak import Restart, Window, merge_windows, step_windows, verdict
 from qwenquant.bench.stream import Sample, chunk_tokens
 from qwenquant.bench.watch import ServerWatch
 from qwenquant.errors import UsageError
@@ -58,7 +59,7 @@ class Progress:
         self.streamed = [0] * opts.concurrency
         self.approximate = False
         self.scrapes: list[tuple[int, SpecCounters]] = []
-        self.restart: dict[str, Any] | None = None
+        self.restart: Restart | None = None
         self.step = opts.window * opts.concurrency
         self.next = self.step
         self.scrape()
@@ -73,7 +74,7 @@ class Progress:
         why = self.watch.seen_page(page)
         if why and self.restart is None:  # it happened in the window that this scrape ends
             since = self.scrapes[-1][0] if self.scrapes else 0
-            self.restart = {"window": since // self.opts.window, "why": why}
+            self.restart = Restart(since // self.opts.window, why)
         self.scrapes.append((self.per_stream(), spec_counters(page)))
 
     def on_chunk(self, i: int, chunk: dict[str, Any]) -> None:
@@ -171,8 +172,8 @@ def _streams(
     return samples, errors, queue
 
 
-def run_soak(t: Target, text: LongText, opts: SoakOptions) -> dict[str, Any]:
-    """The soak on one server; the measured part of the report (JSON-ready)."""
+def run_soak(t: Target, text: LongText, opts: SoakOptions, head: LongHead) -> SoakReport:
+    """The soak on one server: its report (`head`: who ran it, against what)."""
     max_len = check_options(t, text, opts)
     watch = ServerWatch(t.url, t.api_key, t.server)
     prog = Progress(t, watch, opts)
@@ -189,7 +190,7 @@ def run_soak(t: Target, text: LongText, opts: SoakOptions) -> dict[str, Any]:
         prog.scrape()
     why = watch.problem()
     if why and prog.restart is None:
-        prog.restart = {"window": prog.per_stream() // opts.window, "why": why}
+        prog.restart = Restart(prog.per_stream() // opts.window, why)
     exact = _per_request(samples, opts.window)
     per_stream = exact if exact is not None else [prog.windows()]
     streams = [
@@ -206,21 +207,22 @@ def run_soak(t: Target, text: LongText, opts: SoakOptions) -> dict[str, Any]:
         approximate=prog.approximate and exact is None,
     )
     merged = merge_windows(per_stream) if exact is not None else per_stream[0]
-    return {
-        "max_model_len": max_len,
-        "soak_tokens": opts.tokens,
-        "concurrency": opts.concurrency,
-        "window": opts.window,
-        "collapse_fraction": opts.fraction,
-        "source": "per-request" if exact is not None else "metrics",
-        "token_count_approximate": prog.approximate,
-        "text": text.source_part(),
-        "windows": [w.record() for w in merged],
-        "stream_windows": [[w.record() for w in ws] for ws in exact] if exact is not None else None,
-        "streams": streams,
-        "verdict": judged,
-        "server": watch.info(),
-        "server_queue": queue.result,
-        "decoding_at_once": at_once,
-        "checks": flags_of(queued),
-    }
+    return SoakReport(
+        **head,
+        max_model_len=max_len,
+        soak_tokens=opts.tokens,
+        concurrency=opts.concurrency,
+        window=opts.window,
+        collapse_fraction=opts.fraction,
+        source="per-request" if exact is not None else "metrics",
+        token_count_approximate=prog.approximate,
+        text=text.source_part(),
+        windows=[w.record() for w in merged],
+        stream_windows=[[w.record() for w in ws] for ws in exact] if exact is not None else None,
+        streams=streams,
+        verdict=judged,
+        server=watch.info(),
+        server_queue=queue.result,
+        decoding_at_once=at_once,
+        checks=queued,
+    )

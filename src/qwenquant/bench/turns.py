@@ -22,7 +22,8 @@ from typing import Any
 from qwenquant.bench import metrics, rung
 from qwenquant.bench.gpu import MemoryPeak
 from qwenquant.bench.longtext import LongText
-from qwenquant.bench.parts import Failure, GpuMemory, PrefixCache, TurnRecord
+from qwenquant.bench.modes import LongHead, TurnsReport
+from qwenquant.bench.parts import Acceptance, CacheDelta, Failure, GpuMemory, PrefixCache, RequestRecord, TurnRecord
 from qwenquant.bench.runner import Target
 from qwenquant.bench.stream import Sample
 from qwenquant.bench.watch import ServerWatch
@@ -48,13 +49,13 @@ def new_tokens(prompt_tokens: int | None, previous: int | None) -> int | None:
     return prompt_tokens - (previous or 0)
 
 
-def cache_delta(before: str | None, after: str | None) -> dict[str, float] | None:
+def cache_delta(before: str | None, after: str | None) -> CacheDelta | None:
     """The prefix-cache counters' change over a turn; None when /metrics lacks them."""
     b = prefix_cache_counters(before) if before is not None else None
     a = prefix_cache_counters(after) if after is not None else None
     if a is None or b is None:
         return None
-    return {"queries": a["queries"] - b["queries"], "hits": a["hits"] - b["hits"]}
+    return CacheDelta(queries=a["queries"] - b["queries"], hits=a["hits"] - b["hits"])
 
 
 def cache_verdict(turns: list[TurnRecord]) -> PrefixCache:
@@ -95,10 +96,22 @@ class Conversation:
         return last_total + int(self.opts.turn_tokens * NO_TOKENIZE_MARGIN)
 
 
+@dataclass(frozen=True)
+class TurnRequest:
+    """What one turn's request gave: its messages, the GPU memory peak, the prefix cache's counters and MTP
+    acceptance around it, and its record (None: no answer came back)."""
+
+    messages: int
+    gpu_memory: GpuMemory
+    prefix_cache: CacheDelta | None
+    acceptance: Acceptance
+    record: RequestRecord | None
+
+
 def run_turn(
     t: Target, msgs: list[dict[str, str]], opts: TurnOptions, turn: int
-) -> tuple[dict[str, Any], Sample | None, str, str | None]:
-    """One turn: (record, sample, the answer's text, failure)."""
+) -> tuple[TurnRequest, Sample | None, str, str | None]:
+    """One turn: (what its request gave, sample, the answer's text, failure)."""
     answer: list[str] = []
 
     def on_chunk(chunk: dict[str, Any]) -> None:
@@ -112,16 +125,12 @@ def run_turn(
             t, rung.chat_request(t, msgs, opts.output_tokens, opts.thinking), opts.stall_timeout, on_chunk
         )
     after = metrics.scrape(t.url, t.api_key)
-    rec: dict[str, Any] = {
-        "messages": len(msgs),
-        "gpu_memory": GpuMemory.model_validate(mem.result),
-        "prefix_cache": cache_delta(before, after),
-        "acceptance": rung.acceptance_between(before, after),
-    }
+    record = None
     if sample is not None:
-        rec.update(rung.request_record(sample, f"turn {turn}").given())
+        record = rung.request_record(sample, f"turn {turn}")
         failure = failure or rung.empty_failure(sample)
-    return rec, sample, "".join(answer), failure
+    got = TurnRequest(len(msgs), mem.result, cache_delta(before, after), rung.acceptance_between(before, after), record)
+    return got, sample, "".join(answer), failure
 
 
 def _max_len(t: Target, opts: TurnOptions) -> int:
@@ -141,20 +150,29 @@ def _max_len(t: Target, opts: TurnOptions) -> int:
     return max_len
 
 
-def _turn_record(
-    turn: int, depth: int, got: dict[str, Any], sample: Sample | None, seconds: float, previous: int | None
-) -> dict[str, Any]:
+def _turn_record(turn: int, depth: int, got: TurnRequest, seconds: float, previous: int | None, ok: bool) -> TurnRecord:
     """One turn's record: its depth (the server's count where it answered), the request's record, and the
     tokens new since the last turn with their prefill rate."""
-    rec = {"turn": turn, "depth": sample.prompt_tokens if sample else depth, **got, "seconds": seconds}
-    rec["new_tokens"] = new_tokens(sample.prompt_tokens if sample else None, previous)
-    ttft = rec.get("ttft_s")
-    rec["new_prefill_tok_s"] = rec["new_tokens"] / ttft if rec["new_tokens"] and ttft else None
-    return rec
+    rec = got.record
+    new = new_tokens(rec.prompt_tokens if rec else None, previous)
+    ttft = rec.ttft_s if rec else None
+    return TurnRecord(
+        turn=turn,
+        depth=rec.prompt_tokens if rec and rec.prompt_tokens is not None else depth,
+        messages=got.messages,
+        gpu_memory=got.gpu_memory,
+        prefix_cache=got.prefix_cache,
+        acceptance=got.acceptance,
+        **(rec.given() if rec else {}),
+        seconds=seconds,
+        new_tokens=new,
+        new_prefill_tok_s=new / ttft if new and ttft else None,
+        ok=ok,
+    )
 
 
-def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
-    """The conversation on one server; the measured part of the report (JSON-ready)."""
+def run_turns(t: Target, text: LongText, opts: TurnOptions, head: LongHead) -> TurnsReport:
+    """The conversation on one server: its report (`head`: who ran it, against what)."""
     max_len = _max_len(t, opts)
     watch = ServerWatch(t.url, t.api_key, t.server, metrics.scrape(t.url, t.api_key))
     nonce = secrets.token_hex(4)
@@ -170,14 +188,15 @@ def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
         log.info("turn %d at about %d tokens", turn, depth)
         t0 = time.monotonic()
         got, sample, answer, why = run_turn(t, msgs, opts, turn)
-        rec = _turn_record(turn, depth, got, sample, time.monotonic() - t0, previous)
+        seconds = time.monotonic() - t0
         seen = watch.supervised() or watch.seen_page(metrics.scrape(t.url, t.api_key))
         if why and seen is None:
             seen = watch.problem()
         why = f"{why}; {seen}" if why and seen else (seen or why)
-        turns.append(TurnRecord(**rec, ok=why is None))
+        rec = _turn_record(turn, depth, got, seconds, previous, ok=why is None)
+        turns.append(rec)
         if why or sample is None:
-            failure = Failure(turn=turn, depth=rec["depth"], reason=why or "no answer")
+            failure = Failure(turn=turn, depth=rec.depth, reason=why or "no answer")
             break
         conv.messages = [*msgs, {"role": "assistant", "content": answer}]
         if sample.prompt_tokens:
@@ -185,17 +204,18 @@ def run_turns(t: Target, text: LongText, opts: TurnOptions) -> dict[str, Any]:
             conv.fitter.chars_per_token, conv.fitter.calibrated = chars / sample.prompt_tokens, True
         previous, total, turn = sample.prompt_tokens, sample.prompt_tokens + sample.completion_tokens, turn + 1
     ok = [r for r in turns if r.ok]
-    return {
-        "max_model_len": max_len,
-        "output_tokens": opts.output_tokens,
-        "turn_tokens": opts.turn_tokens,
-        "tokenize": conv.fitter.tokenize,
-        "nonce": nonce,
-        "text": text.source_part(),
-        "turns": turns,
-        "prefix_cache": cache_verdict(turns),
-        "last_ok_turn": ok[-1].turn if ok else None,
-        "last_ok_depth": ok[-1].depth if ok else None,
-        "failure": failure,
-        "server": watch.info(),
-    }
+    return TurnsReport(
+        **head,
+        max_model_len=max_len,
+        output_tokens=opts.output_tokens,
+        turn_tokens=opts.turn_tokens,
+        tokenize=conv.fitter.tokenize,
+        nonce=nonce,
+        text=text.source_part(),
+        turns=turns,
+        prefix_cache=cache_verdict(turns),
+        last_ok_turn=ok[-1].turn if ok else None,
+        last_ok_depth=ok[-1].depth if ok else None,
+        failure=failure,
+        server=watch.info(),
+    )

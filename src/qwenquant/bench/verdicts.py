@@ -19,7 +19,7 @@ def run_error(report: RunReport) -> BenchError | None:
     if not fail:
         return None
     reason = " ".join(fail.reason.split())[:500]
-    kept = sum(c["requests"] for t in report.targets for c in t["cells"].values())
+    kept = sum(c.requests for t in report.targets for c in t.cells.values())
     return BenchError(
         f"{fail.failed} of {fail.of} requests of {fail.target} {fail.cell} (round "
         f"{fail.round}) failed: {reason} (the report keeps the {kept} requests measured before it)",

@@ -44,7 +44,11 @@ def _read_yaml(path: Path | None, packaged: str) -> dict[str, Any]:
     import yaml
 
     try:
-        text = path.read_text() if path else resources.files("qwenquant.bench").joinpath("data", packaged).read_text()
+        text = (
+            path.read_text()
+            if path
+            else resources.files("qwenquant.bench").joinpath("data").joinpath(packaged).read_text()
+        )
         d = yaml.safe_load(text)
     except (OSError, yaml.YAMLError) as e:
         raise UsageError(f"cannot read {path or packaged}: {e}", hint="check the file path and YAML syntax") from None
@@ -103,7 +107,8 @@ def thinking_modes(choice: str, supported: bool | None) -> list[bool | None]:
         raise UsageError(f"unknown --thinking {choice!r}", hint=f"use one of {', '.join(THINKING_CHOICES)}")
     if choice == "auto":
         return [False, True] if supported else [None]
-    return {"both": [False, True], "on": [True], "off": [False], "default": [None]}[choice]
+    modes: dict[str, list[bool | None]] = {"both": [False, True], "on": [True], "off": [False], "default": [None]}
+    return modes[choice]
 
 
 def plan_cells(
