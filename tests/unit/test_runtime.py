@@ -114,4 +114,3 @@ def test_set_deterministic_leaves_mkl_no_dynamic_thread_count() -> None:
     names = {line.split()[1].split("(")[0] for line in calls}
     assert {"SGEMM", "SPOTRF", "SPOTRI"} <= names, proc.stdout[-2000:]
     assert all(" Dyn:0 " in line and line.endswith(" NThr:2") for line in calls), calls
-
