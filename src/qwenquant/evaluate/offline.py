@@ -187,7 +187,7 @@ def evaluate_forwards(fw: Forwards, windows: torch.Tensor, peak_text: PeakText |
     cat = {arm: {k: torch.cat(v) for k, v in figs.items()} for arm, figs in per.items()}
     ref_nll = cat["reference"]["nll"]
     arms: dict[str, ReferenceArm | Arm | Int8Arm] = {
-        "reference": ReferenceArm(ppl=metrics.paired_ppl(ref_nll, ref_nll)["ppl"])
+        "reference": ReferenceArm(ppl=metrics.paired_ppl(ref_nll, ref_nll).ppl)
     }
     arms |= {arm: _figures(Arm, ref_nll, cat[arm]) for arm in ARMS}
     if INT8_ARM in cat:  # outputs whose int32 accumulator would wrap in Marlin (0 expected)
@@ -218,7 +218,7 @@ def _figures(kind: type[FiguresT], base_nll: torch.Tensor, per: dict[str, torch.
     """One arm against a base: paired perplexity, KL mean with its interval and tail, top-1 agreement."""
     ppl, (kl, kl_ci) = metrics.paired_ppl(base_nll, per["nll"]), metrics.mean_ci95(per["kl" + suffix])
     tail, top1 = metrics.kl_tail(per["kl_tokens" + suffix]), float(per["top1" + suffix].mean())
-    return kind.model_validate({**ppl, "kl": kl, "kl_ci95": kl_ci, **tail, "top1": top1})
+    return kind.model_validate({**ppl.fields(), "kl": kl, "kl_ci95": kl_ci, **tail, "top1": top1})
 
 
 def int8_figures(ref_nll: torch.Tensor, art_nll: torch.Tensor, per: dict[str, torch.Tensor]) -> Int8Arm:

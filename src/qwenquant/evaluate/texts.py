@@ -75,7 +75,7 @@ def resolve_windows(
     ts = textset.load_text_set(text_set if text_set not in (None, "auto") else textset.DEFAULT_TEXT_SET)
     body = textset.read_text(textset.fetch_text_set(ts, cache), ts)
     cut = _cut(reference, body, windows, window_len, ts.name, "pass --text FILE or another --text-set")
-    return cut, TextSource.model_validate({"text": ts.name, **ts.describe()})
+    return cut, ts.describe()
 
 
 def _cut(
