@@ -64,7 +64,7 @@ def schema_problems(value: Any, schema: dict[str, Any], path: str = "arguments")
     return out
 
 
-def choice_problems(tool_choice: Any, called: list[str]) -> list[str]:
+def choice_problems(tool_choice: Any, called: Sequence[object]) -> list[str]:
     """What the answer does that `tool_choice` forbids (OpenAI semantics), given the names it called."""
     if tool_choice in (None, "auto"):
         return []
@@ -95,7 +95,7 @@ def _call_problems(i: int, call: Any, schemas: dict[str, Any]) -> list[str]:
         ]
     try:
         args = json.loads(raw)
-    except ValueError as e:
+    except json.JSONDecodeError as e:
         return [f"call {i} ({name}): arguments are not JSON ({e.msg}): {raw[:60]!r}"]
     if not isinstance(args, dict):
         return [f"call {i} ({name}): arguments are {json.dumps(args)[:40]}, not a JSON object"]
