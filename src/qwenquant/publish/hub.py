@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from qwenquant.errors import QwenquantError
@@ -145,6 +146,15 @@ def _interruptible(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return box["value"]
 
 
+@dataclass
+class Progress:
+    """How far the Hub steps of a publish got (what Ctrl-C says): the revision's head, the step, the new commit."""
+
+    head: str | None = None
+    step: str = "reading the revision"  # | uploading | committing | checking
+    commit: str | None = None
+
+
 def commit_plan(
     api: Any,
     repo_id: str,
@@ -152,17 +162,17 @@ def commit_plan(
     plan: PublishPlan,
     parent: str | None,
     message: str,
-    where: dict[str, Any] | None = None,
+    where: Progress | None = None,
 ) -> Any:
     """Upload what the plan sends (LFS objects first), then make the one commit; its CommitInfo.
-    `where["step"]` becomes "committing" once the uploads are done."""
+    `where.step` becomes "committing" once the uploads are done."""
     adds, deletes = _operations(plan)
     try:
         _interruptible(api.preupload_lfs_files, repo_id, additions=adds, revision=revision, free_memory=False)
     except _errors() as e:
         raise hub_error(e, "uploading the files", repo_id) from None
     if where is not None:
-        where["step"] = "committing"
+        where.step = "committing"
     try:
         return _interruptible(
             api.create_commit,
