@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
-from qwenquant.evaluate.reportparts import KlPeak, KlTailSupport
+from qwenquant.evaluate.reportparts import KlPeak, KlTailSupport, MtpAgreement
 
 Z95 = 1.959964  # two-sided 95% normal quantile (the limit of `t_quantile` as the windows grow)
 KL_TAIL = (("kl_p99", 0.99), ("kl_p999", 0.999))  # per-token KL quantiles the report gives beside the mean
@@ -162,3 +162,10 @@ def paired_ppl(ref_nll: torch.Tensor, nll: torch.Tensor) -> PairedPpl:
         windows_worse=int((d > 0).sum()),
         windows=n,
     )
+
+
+def mtp_agreement(agree: torch.Tensor) -> MtpAgreement:
+    """An MTP head's t+2 agreement per window [N]: its mean with the t interval, and the first-draft acceptance
+    length (1 + the mean)."""
+    mean, ci = mean_ci95(agree)
+    return MtpAgreement(agree=mean, agree_ci95=(ci[0], ci[1]), acceptance_length_1=1 + mean)
