@@ -129,21 +129,22 @@ def _interruptible(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     would first let every upload finish its retries."""
     import threading
 
-    box: dict[str, Any] = {}
+    value: list[Any] = []  # what fn returned, once it did
+    error: list[BaseException] = []  # what it raised, handed to the caller as it is
 
     def run() -> None:
         try:
-            box["value"] = fn(*args, **kwargs)
-        except BaseException as e:  # handed to the caller as it is
-            box["error"] = e
+            value.append(fn(*args, **kwargs))
+        except BaseException as e:
+            error.append(e)
 
     t = threading.Thread(target=run, name="qwenquant-publish", daemon=True)
     t.start()
     while t.is_alive():
         t.join(0.2)
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    if error:
+        raise error[0]
+    return value[0]
 
 
 @dataclass
