@@ -68,11 +68,11 @@ def test_the_readme_quality_table_is_what_a_fresh_eval_prints(evaluated: dict) -
     """The README's quality table (between its eval-table markers) is the table this fresh eval of
     the demo's artifact prints (evaluate/report.py renders both from the same rows), to the digit where the
     fresh artifact is the one the README names by its root digest."""
-    from qwenquant.evaluate.report import markdown_table
+    from qwenquant.evaluate.report import as_offline, markdown_table
 
     readme = (REPO / "README.md").read_text()
     block, after = readme.split("<!-- eval-table: start -->")[1].split("<!-- eval-table: end -->")
-    want, got = _cells(block), _cells(markdown_table(evaluated["report"]))
+    want, got = _cells(block), _cells(markdown_table(as_offline(evaluated["report"])))
     assert [r[0] for r in want] == [r[0] for r in got] and want[0] == got[0]
     (root,) = re.findall(r"The table's artifact has root digest `([0-9a-f]{64})`", after)
     if evaluated["report"]["root_digest"] != root:
@@ -94,7 +94,7 @@ def test_the_readme_quality_table_is_what_a_fresh_eval_prints(evaluated: dict) -
         if not _close(a, b)
     ]
     assert not bad, (
-        f"README cells (arm, README, fresh) that differ: {bad}; the fresh table:\n{markdown_table(evaluated['report'])}"
+        f"README cells (arm, README, fresh) that differ: {bad}; the fresh table:\n{markdown_table(as_offline(evaluated['report']))}"
     )
     tail = evaluated["report"]["arms"]["artifact"]["kl_p999_support"]
     assert f"the largest per-token KL {tail['max']['kl']:.4f} is at window {tail['max']['window']}" in " ".join(

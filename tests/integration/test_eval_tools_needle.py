@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from standin import StandinServer
 
+from qwenquant.evaluate.specs import tools_spec
 from qwenquant.evaluate.tools import judge, schema_problems
 
 REPO = Path(__file__).resolve().parents[2]
@@ -150,8 +151,8 @@ def test_an_answer_that_breaks_tool_choice_or_the_arguments_encoding_fails(
 
 
 def test_schema_subset_checker_on_nested_arguments() -> None:
-    tools = json.loads((REPO / "src/qwenquant/data/evalsets/tools.json").read_text())["cases"][3]["tools"]
-    schema = tools[0]["function"]["parameters"]
+    tools = tools_spec().cases[3].tools
+    schema = tools[0].function.parameters or {}
     good = {"title": "Q3", "when": {"date": "2026-03-14", "time": "10:00"}, "attendees": [{"name": "Ana"}]}
     assert schema_problems(good, schema) == []
     bad = {"title": 3, "when": {"time": "10:00"}, "attendees": [{"email": "a@b"}], "reminder_minutes": True, "x": 1}

@@ -178,7 +178,7 @@ def _card(art: Path, reports: list[Path] = ()):
     m = load_manifest(art)
     raw = json.loads((art / "qwenquant-manifest.json").read_text())
     reps = gather_reports(art, m.root_digest, reports)
-    figs = collect_figures(raw, reps, m.root_digest)
+    figs = collect_figures(m, reps, m.root_digest)
     facts = read_facts(art, m, "apache-2.0")
     card = build_card(
         m,
@@ -230,9 +230,9 @@ def test_every_figure_is_traceable_to_a_report_of_this_root_digest(tmp_path: Pat
     ]
     published = {r.repo_path: json.loads(r.raw) for r in reps} | {"qwenquant-manifest.json": manifest}
     for r in reps:
-        assert card.record["files"][r.repo_path]["sha256"] == r.sha256
+        assert card.record.to_json()["files"][r.repo_path]["sha256"] == r.sha256
         assert report_digests_of(published[r.repo_path]) == {root}
-    figures = card.record["figures"]
+    figures = card.record.to_json()["figures"]
     assert {f["section"] for f in figures} == {"offline eval", "served gate", "MTP acceptance (served)", "throughput"}
     rows = _measured_rows(card.readme.decode())
     assert len(rows) == len(figures)
@@ -303,7 +303,7 @@ def test_not_measured_where_no_report_and_quick_eval_from_the_manifest(tmp_path:
     assert "- served gate: not measured (`qwenquant eval served --serve" in text
     assert "- throughput: not measured (`qwenquant bench run --serve" in text
     assert "- offline eval: not measured" not in text  # the manifest's quick eval is there
-    assert {f["source"] for f in card.record["figures"]} == {"qwenquant-manifest.json"}
+    assert {f["source"] for f in card.record.to_json()["figures"]} == {"qwenquant-manifest.json"}
 
 
 def test_the_card_says_what_the_files_hold(tmp_path: Path) -> None:
@@ -326,7 +326,7 @@ def test_verify_accepts_the_card_only_as_its_record_holds_it(tmp_path: Path) -> 
     art = _artifact(tmp_path)
     card, _, raw = _card(art)
     m = load_manifest(art)
-    assert card_record_problem(card.record, m, raw) is None
+    assert card_record_problem(card.record.to_json(), m, raw) is None
     (art / CARD_NAME).write_bytes(card.readme)
     assert [p.path for p in verify_artifact(art).problems] == [CARD_NAME]  # a README without its record: extra
     (art / CARD_RECORD_NAME).write_bytes(card.record_bytes)
@@ -335,7 +335,7 @@ def test_verify_accepts_the_card_only_as_its_record_holds_it(tmp_path: Path) -> 
     assert report.root_digest == m.root_digest  # the card is outside the hashed set
     (art / CARD_NAME).write_bytes(card.readme.replace(b"+1.41%", b"+0.01%") + b"edited\n")
     assert [(p.path, p.status) for p in verify_artifact(art).problems] == [(CARD_NAME, "card")]
-    forged = {**card.record, "root_digest": "0" * 64}
+    forged = {**card.record.to_json(), "root_digest": "0" * 64}
     (art / CARD_RECORD_NAME).write_text(json.dumps(forged))  # a record of another artifact vouches for nothing
     assert [(p.path, p.status) for p in verify_artifact(art).problems] == [
         (CARD_NAME, "extra"),
@@ -348,7 +348,7 @@ def test_a_card_record_cannot_vouch_for_a_file_vllm_would_load(tmp_path: Path) -
 
     art = _artifact(tmp_path)
     card, _, raw = _card(art)
-    body = {k: v for k, v in card.record.items() if k != "card_self_digest"}
+    body = {k: v for k, v in card.record.to_json().items() if k != "card_self_digest"}
     body["files"] = {**body["files"], "chat_template.jinja": {"size": 3, "sha256": "1" * 64}}
     why = card_record_problem(seal(body, "card_self_digest"), load_manifest(art), raw)
     assert why and "chat_template.jinja" in why
@@ -374,7 +374,7 @@ def test_two_served_configurations_are_two_card_lines_each_naming_its_own(tmp_pa
     bench = _write(tmp_path / "bench.json", _bench_report(root))
     card, reps, _ = _card(art, [bench])
     published = {r.repo_path: r.data for r in reps}
-    lines = [f for f in card.record["figures"] if f["label"] == "mean acceptance length"]
+    lines = [f for f in card.record.to_json()["figures"] if f["label"] == "mean acceptance length"]
     assert sorted(f["text"] for f in lines) == ["2.300", "2.500"]
     for f in lines:  # each line's configuration is its own report's
         served = published[f["source"]]["served"]
@@ -382,7 +382,7 @@ def test_two_served_configurations_are_two_card_lines_each_naming_its_own(tmp_pa
         assert f"--activations {served['activations']}" in f["command"]
     int8_line = next(f for f in lines if f["text"] == "2.300")
     assert int8_line["command"].endswith("--activations int8 -- --max-model-len 4096")
-    machines = {f["section"]: f["machine"] for f in card.record["figures"] if f["machine"]}
+    machines = {f["section"]: f["machine"] for f in card.record.to_json()["figures"] if f["machine"]}
     assert machines["throughput"] == "NVIDIA GeForce RTX 4090, vLLM 0.19.1"
     assert machines["MTP acceptance (served)"] == "cuda, --gpu-mem 24GiB, vLLM 0.19.1"
 
@@ -472,7 +472,7 @@ def test_versioned_eval_reports_are_read_typed_and_a_wrong_leaf_is_refused(tmp_p
     _write(report_path(art, root, "eval-served"), served)
     card, reps, _ = _card(art)
     assert [type(r.typed) for r in reps] == [OfflineReport, ServedReport]
-    figures = {f["label"]: f for f in card.record["figures"]}
+    figures = {f["label"]: f for f in card.record.to_json()["figures"]}
     assert figures["perplexity vs bf16 source"]["text"] == "+0.36%"
     assert figures["perplexity vs bf16 source"]["machine"] == "cuda, dense forward"
     assert figures["task copy: exact-match passed"]["text"] == "5/5 (needs 5)"

@@ -15,13 +15,13 @@ def test_paired_ppl_delta_ci_and_worse_windows() -> None:
     ref = torch.tensor([2.0, 2.0, 3.0, 1.0])
     arm = ref + torch.tensor([0.1, -0.1, 0.2, 0.0])
     out = metrics.paired_ppl(ref, arm)
-    assert out["ppl_reference"] == pytest.approx(math.exp(2.0))
-    assert out["ppl"] == pytest.approx(math.exp(2.05))
-    assert out["delta_pct"] == pytest.approx(100 * math.expm1(0.05))
+    assert out.ppl_reference == pytest.approx(math.exp(2.0))
+    assert out.ppl == pytest.approx(math.exp(2.05))
+    assert out.delta_pct == pytest.approx(100 * math.expm1(0.05))
     se = torch.tensor([0.1, -0.1, 0.2, 0.0], dtype=torch.float64).std().item() / 2
     t3 = 3.182446  # t quantile 0.975 at 3 degrees of freedom (4 windows), not the normal 1.96
-    assert out["ci95_pct"] == pytest.approx([100 * math.expm1(0.05 - t3 * se), 100 * math.expm1(0.05 + t3 * se)])
-    assert (out["windows_worse"], out["windows"]) == (2, 4)
+    assert out.ci95_pct == pytest.approx([100 * math.expm1(0.05 - t3 * se), 100 * math.expm1(0.05 + t3 * se)])
+    assert (out.windows_worse, out.windows) == (2, 4)
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@ whether a served model still passes its gate and accepts MTP drafts (served)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -209,10 +210,10 @@ def gates(as_json: AsJson = False) -> None:
 
     found = describe_gates()
     if as_json:
-        print(json.dumps(found, indent=2))
+        print(json.dumps([dataclasses.asdict(g) for g in found], indent=2))
         return
     for g in found:
-        stdout.print(f"{g['name']}: {g['tasks']} tasks, {g['cases']} cases. {g['description']}", markup=False)
+        stdout.print(f"{g.name}: {g.tasks} tasks, {g.cases} cases. {g.description}", markup=False)
 
 
 def _tell_where(asked: Path, written: Written) -> None:
@@ -314,7 +315,7 @@ def _served(url: str, ask: ServedAsk, report: Path | None, as_json: bool, spec: 
 
     gate = ask.check()
     if report is not None:
-        check_report_target(report, {"url": base_url(url), "gate": gate.get("name")}, explicit=True, kind="served")
+        check_report_target(report, {"url": base_url(url), "gate": gate.name}, explicit=True, kind="served")
     if spec is not None and spec.reference_url:
         refuse_drafting_reference(base_url(spec.reference_url), ask.api_key)
     result = run_served(url, ask)
@@ -372,15 +373,13 @@ def _serve_and_gate(
     gate = ask.check()
     root = load_manifest(req.artifact).root_digest
     asked = {"activations": req.activations, "profile": req.profile_name, "extra_vllm_flags": list(req.extra)}
-    target = _served_target(req, report, root, gate.get("name"), asked)
+    target = _served_target(req, report, root, gate.name, asked)
     with launched(req) as s:
         console.print(
             f"serving {req.artifact} at {s.url} (profile {s.info['profile']}, log {s.spec.log_path})", markup=False
         )
         # the configuration as the server runs it (the profile's activations resolved): its own report
-        target = _served_target(
-            req, report, s.info["artifact_root_digest"], gate.get("name"), {k: s.info[k] for k in asked}
-        )
+        target = _served_target(req, report, s.info["artifact_root_digest"], gate.name, {k: s.info[k] for k in asked})
         result = run_served(s.url, ask, ask.model or s.model)
         drafted = drafted_outputs(s.url, result.model, spec, ask.api_key) if spec is not None else None
         console.print("stopping the server", markup=False)

@@ -78,7 +78,7 @@ def publish(
     for w in r.warnings:
         console.print(f"[yellow]warning:[/] {w}", markup=True, highlight=False)
     if as_json:
-        print_json(r.to_dict())
+        print_json(r.record().to_json())
     else:
         _render(r, artifact, stdout)
 

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qwenquant.errors import UsageError
+
+if TYPE_CHECKING:
+    from qwenquant.evaluate.reportparts import TextSource
 
 DEPTH_TEXT_SET = "depth"
 POSITION_CHUNK = 256  # positions whose logits exist at once in offline.py (the default window: one chunk)
@@ -29,17 +32,19 @@ MLP_CHUNK = 2048  # positions per MLP call in the streamed forward (a per-token 
 GIB = 2**30
 
 
-def depth_text() -> tuple[str, dict[str, Any]]:
+def depth_text() -> tuple[str, TextSource]:
     """(the pinned depth text, what the report records of it); refused when its bytes are not the pinned ones."""
     from qwenquant.depthtext import read_pinned
+    from qwenquant.evaluate.reportparts import TextSource
 
     p = read_pinned(UsageError, "reinstall qwenquant (the shipped text was changed)")
-    return p.text, {
-        "text_set": DEPTH_TEXT_SET,
-        "file": f"qwenquant/data/depthtext/{p.file}",
-        "sha256": p.sha256,
-        "license": p.license,
-    }
+    return p.text, TextSource(
+        text=DEPTH_TEXT_SET,
+        text_set=DEPTH_TEXT_SET,
+        file=f"qwenquant/data/depthtext/{p.file}",
+        sha256=p.sha256,
+        license=p.license,
+    )
 
 
 def max_positions(folder: Path) -> int | None:

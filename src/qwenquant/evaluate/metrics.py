@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
 
-from qwenquant.evaluate.reportparts import KlPeak, KlTailSupport
+from qwenquant.evaluate.reportparts import KlPeak, KlTailSupport, MtpAgreement
 
 Z95 = 1.959964  # two-sided 95% normal quantile (the limit of `t_quantile` as the windows grow)
 KL_TAIL = (("kl_p99", 0.99), ("kl_p999", 0.999))  # per-token KL quantiles the report gives beside the mean
@@ -129,7 +129,23 @@ def window_kl_top1(ref_logits: torch.Tensor, logits: torch.Tensor) -> tuple[torc
     return kl, top1
 
 
-def paired_ppl(ref_nll: torch.Tensor, nll: torch.Tensor) -> dict[str, Any]:
+@dataclass(frozen=True)
+class PairedPpl:
+    """Both arms' perplexities and the relative delta with its paired 95% interval (the keys of an arm's figures)."""
+
+    ppl_reference: float
+    ppl: float
+    delta_pct: float
+    ci95_pct: list[float]
+    windows_worse: int
+    windows: int
+
+    def fields(self) -> dict[str, float | int | list[float]]:
+        """As the arm's figures name them."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def paired_ppl(ref_nll: torch.Tensor, nll: torch.Tensor) -> PairedPpl:
     """Perplexities of both arms over equal-length windows and the relative delta with a paired 95% CI.
 
     delta = exp(mean(nll - ref_nll)) - 1 (the perplexity ratio minus one); the CI is the t interval
@@ -138,11 +154,18 @@ def paired_ppl(ref_nll: torch.Tensor, nll: torch.Tensor) -> dict[str, Any]:
     d = (nll - ref_nll).double()
     n = d.numel()
     mean, (lo, hi) = mean_ci95(d)
-    return {
-        "ppl_reference": math.exp(float(ref_nll.double().mean())),
-        "ppl": math.exp(float(nll.double().mean())),
-        "delta_pct": 100 * math.expm1(mean),
-        "ci95_pct": [100 * math.expm1(lo), 100 * math.expm1(hi)],
-        "windows_worse": int((d > 0).sum()),
-        "windows": n,
-    }
+    return PairedPpl(
+        ppl_reference=math.exp(float(ref_nll.double().mean())),
+        ppl=math.exp(float(nll.double().mean())),
+        delta_pct=100 * math.expm1(mean),
+        ci95_pct=[100 * math.expm1(lo), 100 * math.expm1(hi)],
+        windows_worse=int((d > 0).sum()),
+        windows=n,
+    )
+
+
+def mtp_agreement(agree: torch.Tensor) -> MtpAgreement:
+    """An MTP head's t+2 agreement per window [N]: its mean with the t interval, and the first-draft acceptance
+    length (1 + the mean)."""
+    mean, ci = mean_ci95(agree)
+    return MtpAgreement(agree=mean, agree_ci95=(ci[0], ci[1]), acceptance_length_1=1 + mean)

@@ -15,6 +15,7 @@ from typing import Any
 from qwenquant.errors import BenchError, UsageError
 from qwenquant.evaluate.reportparts import Needle, NeedleDepth
 from qwenquant.evaluate.served import server_hint
+from qwenquant.evaluate.specs import NeedleSpec
 from qwenquant.net.http import HttpError, fetch, post_json
 
 REQUEST_TIMEOUT = 600.0  # a long prompt's prefill on a slow card
@@ -22,15 +23,15 @@ REQUEST_TIMEOUT = 600.0  # a long prompt's prefill on a slow card
 MIN_PROMPT_TOKENS = 128
 
 
-def check_needle_max_len(spec: dict[str, Any], max_len: int) -> None:
+def check_needle_max_len(spec: NeedleSpec, max_len: int) -> None:
     """Refuse a --needle-max-len that leaves no case (before any server is asked): the prompt it
     allows, less the answer's tokens, must hold MIN_PROMPT_TOKENS."""
-    answer = spec.get("answer_tokens", 24)
+    answer = spec.answer_tokens
     if max_len - answer < MIN_PROMPT_TOKENS:
         raise UsageError(
             f"--needle-max-len {max_len} leaves no needle case: a case needs at least "
             f"{MIN_PROMPT_TOKENS + answer} tokens ({MIN_PROMPT_TOKENS} of prompt + {answer} of answer)",
-            hint=f"pass --needle-max-len {spec.get('min_tokens', 1024) + answer} or more, or leave it out "
+            hint=f"pass --needle-max-len {spec.min_tokens + answer} or more, or leave it out "
             "(the server's max_model_len)",
         )
 
@@ -87,11 +88,11 @@ def ladder(min_tokens: int, limit: int) -> list[int]:
     return [*out, limit] if limit > 0 else out
 
 
-def _filler(spec: dict[str, Any], count: _Counter, tokens: int) -> list[str]:
+def _filler(spec: NeedleSpec, count: _Counter, tokens: int) -> list[str]:
     """Filler sentences (cycled) adding up to about `tokens` tokens."""
     out: list[str] = []
     total = i = 0
-    sentences = spec["filler"]
+    sentences = spec.filler
     while total < tokens:
         s = sentences[i % len(sentences)]
         total += count.text(" " + s)
@@ -110,12 +111,12 @@ class _Case:
     needle_tokens: int
 
 
-def _case(spec: dict[str, Any], count: _Counter, target: int, depth: float, k: int) -> _Case:
+def _case(spec: NeedleSpec, count: _Counter, target: int, depth: float, k: int) -> _Case:
     """The messages of one case, at most `target` prompt tokens as the server counts them."""
-    place = spec["places"][k % len(spec["places"])]
+    place = spec.places[k % len(spec.places)]
     code = str(100000 + (k * 7919 + 4271) * 104729 % 900000)
-    needle = spec["needle"].format(place=place, code=code)
-    question = spec["question"].format(place=place)
+    needle = spec.needle.format(place=place, code=code)
+    question = spec.question.format(place=place)
     overhead = count.chat([{"role": "user", "content": needle + "\n\n" + question}])
     body = _filler(spec, count, max(0, target - overhead))
     while True:
@@ -131,38 +132,30 @@ def _case(spec: dict[str, Any], count: _Counter, target: int, depth: float, k: i
 
 
 def run_needle(
-    url: str, spec: dict[str, Any], model: str, api_key: str | None = None, max_len: int | None = None
+    url: str, spec: NeedleSpec, model: str, api_key: str | None = None, max_len: int | None = None
 ) -> Needle:
     """Every (length, depth) case of `spec` through /v1/chat/completions; pass/fail per depth."""
     url = url.rstrip("/")
     count = _Counter(url, model, api_key)
-    count.text(spec["filler"][0])  # also reads the server's max_model_len
+    count.text(spec.filler[0])  # also reads the server's max_model_len
     promised = count.max_model_len
     if promised is None and max_len is None:
         raise BenchError(f"{url}/tokenize does not say the server's max_model_len", hint="pass --needle-max-len N")
-    limit = min(x for x in (promised, max_len) if x) - spec.get("answer_tokens", 24)
+    limit = min(x for x in (promised, max_len) if x) - spec.answer_tokens
     if limit < MIN_PROMPT_TOKENS:
         raise BenchError(
             f"the server's max_model_len {promised} leaves no needle case (a case needs "
-            f"{MIN_PROMPT_TOKENS} prompt tokens + {spec.get('answer_tokens', 24)} for the answer)",
+            f"{MIN_PROMPT_TOKENS} prompt tokens + {spec.answer_tokens} for the answer)",
             hint="serve with a longer --max-model-len, or leave out --needle",
         )
     rows, k = [], 0
-    for target in ladder(spec.get("min_tokens", 1024), limit):
-        for depth in spec["depths"]:
+    for target in ladder(spec.min_tokens, limit):
+        for depth in spec.depths:
             case = _case(spec, count, target, depth, k)
             k += 1
-            rows.append(_ask(url, model, api_key, case, depth, spec.get("answer_tokens", 24)))
-    return Needle.model_validate(
-        {
-            "gate": spec.get("name", "needle"),
-            "max_model_len": promised,
-            "limit": limit,
-            "depths": rows,
-            "passed": sum(r.passed for r in rows),
-            "total": len(rows),
-        }
-    )
+            rows.append(_ask(url, model, api_key, case, depth, spec.answer_tokens))
+    passed = sum(r.passed for r in rows)
+    return Needle(gate=spec.name, max_model_len=promised, limit=limit, depths=rows, passed=passed, total=len(rows))
 
 
 def _ask(url: str, model: str, api_key: str | None, case: _Case, depth: float, answer: int) -> NeedleDepth:

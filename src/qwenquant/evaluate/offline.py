@@ -39,10 +39,13 @@ from qwenquant.evaluate.reportparts import (
     Arm,
     Arms,
     Figures,
+    Int4VsBf16,
     Int8Arm,
     Int8Linears,
     LmHead,
     Mtp,
+    MtpAgreement,
+    MtpInt8,
     OfflineFigures,
     OfflineRun,
     ReferenceArm,
@@ -187,7 +190,7 @@ def evaluate_forwards(fw: Forwards, windows: torch.Tensor, peak_text: PeakText |
     cat = {arm: {k: torch.cat(v) for k, v in figs.items()} for arm, figs in per.items()}
     ref_nll = cat["reference"]["nll"]
     arms: dict[str, ReferenceArm | Arm | Int8Arm] = {
-        "reference": ReferenceArm(ppl=metrics.paired_ppl(ref_nll, ref_nll)["ppl"])
+        "reference": ReferenceArm(ppl=metrics.paired_ppl(ref_nll, ref_nll).ppl)
     }
     arms |= {arm: _figures(Arm, ref_nll, cat[arm]) for arm in ARMS}
     if INT8_ARM in cat:  # outputs whose int32 accumulator would wrap in Marlin (0 expected)
@@ -218,7 +221,7 @@ def _figures(kind: type[FiguresT], base_nll: torch.Tensor, per: dict[str, torch.
     """One arm against a base: paired perplexity, KL mean with its interval and tail, top-1 agreement."""
     ppl, (kl, kl_ci) = metrics.paired_ppl(base_nll, per["nll"]), metrics.mean_ci95(per["kl" + suffix])
     tail, top1 = metrics.kl_tail(per["kl_tokens" + suffix]), float(per["top1" + suffix].mean())
-    return kind.model_validate({**ppl, "kl": kl, "kl_ci95": kl_ci, **tail, "top1": top1})
+    return kind.model_validate({**ppl.fields(), "kl": kl, "kl_ci95": kl_ci, **tail, "top1": top1})
 
 
 def int8_figures(ref_nll: torch.Tensor, art_nll: torch.Tensor, per: dict[str, torch.Tensor]) -> Int8Arm:
@@ -237,30 +240,27 @@ def mtp_figures(cat: dict[str, dict[str, torch.Tensor]]) -> Mtp:
     the change vs the reference, and the int4 vs bf16 MTP head on the same windows (paired, in points,
     and the share of positions where both heads draft the same token)."""
     keys = {"reference": "mtp_agree", "artifact": "mtp_agree", "artifact_bf16_mtp": "mtp_agree_bf16"}
-    mtp: dict[str, Any] = {}
+    given: dict[str, MtpAgreement | MtpInt8 | Int4VsBf16 | float] = {}
     for name, key in keys.items():
         src = cat["artifact" if name == "artifact_bf16_mtp" else name]
         if key in src:
-            agree, ci = metrics.mean_ci95(src[key])
-            mtp[name] = {"agree": agree, "agree_ci95": ci, "acceptance_length_1": 1 + agree}
-    if "reference" in mtp and "artifact" in mtp:
-        mtp["change_pct"] = 100 * (mtp["artifact"]["acceptance_length_1"] / mtp["reference"]["acceptance_length_1"] - 1)
-    if "mtp_agree" in cat.get(INT8_ARM, {}) and "artifact" in mtp:  # int8 activations: paired with the artifact
-        agree, ci = metrics.mean_ci95(cat[INT8_ARM]["mtp_agree"])
+            given[name] = metrics.mtp_agreement(src[key])
+    ref, art = given.get("reference"), given.get("artifact")
+    if isinstance(ref, MtpAgreement) and isinstance(art, MtpAgreement):
+        given["change_pct"] = 100 * (art.acceptance_length_1 / ref.acceptance_length_1 - 1)
+    if "mtp_agree" in cat.get(INT8_ARM, {}) and "artifact" in given:  # int8 activations: paired with the artifact
         delta, dci = metrics.mean_ci95(cat[INT8_ARM]["mtp_agree"] - cat["artifact"]["mtp_agree"])
-        mtp[INT8_ARM] = {
-            "agree": agree,
-            "agree_ci95": ci,
-            "acceptance_length_1": 1 + agree,
-            "vs_artifact_points": 100 * delta,
-            "vs_artifact_ci95_points": [100 * dci[0], 100 * dci[1]],
-        }
-    if "artifact_bf16_mtp" in mtp:
+        given["int8"] = MtpInt8(
+            **metrics.mtp_agreement(cat[INT8_ARM]["mtp_agree"]).given(),
+            vs_artifact_points=100 * delta,
+            vs_artifact_ci95_points=(100 * dci[0], 100 * dci[1]),
+        )
+    if "artifact_bf16_mtp" in given:
         delta, ci = metrics.mean_ci95(cat["artifact"]["mtp_agree"] - cat["artifact"]["mtp_agree_bf16"])
-        mtp["int4_vs_bf16"] = {"delta_points": 100 * delta, "ci95_points": [100 * ci[0], 100 * ci[1]]}
-        if "mtp_same_draft" in cat["artifact"]:  # how often the two heads draft the very same token
-            mtp["int4_vs_bf16"]["same_draft"] = float(cat["artifact"]["mtp_same_draft"].mean())
-    return Mtp.model_validate(mtp)
+        drafts = cat["artifact"].get("mtp_same_draft")  # how often the two heads draft the very same token
+        same = {} if drafts is None else {"same_draft": float(drafts.mean())}
+        given["int4_vs_bf16"] = Int4VsBf16(delta_points=100 * delta, ci95_points=(100 * ci[0], 100 * ci[1]), **same)
+    return Mtp.model_validate(given)
 
 
 # Above this many bytes of source weights eval streams one decoder layer at a time (evaluate/streamed.py):

@@ -59,5 +59,21 @@ def run_offline_eval(ask: OfflineAsk) -> tuple[OfflineReport, Path]:
     run = run_offline(
         ask.reference, artifact, ids, device=ask.device, streamed=ask.streamed, activations=ask.activations
     )
-    result = {**run.to_json(), "artifact": str(artifact), "reference_check": ref_check, **identity}
-    return OfflineReport.of({**result, "goals": rep.goals(run)}), target
+    report = OfflineReport(
+        arms=run.arms,
+        lm_head=run.lm_head,
+        mtp=run.mtp,
+        windows=ask.windows,
+        window_len=ask.window_len,
+        device=run.device,
+        forward=run.forward,
+        seconds=run.seconds,
+        activations=run.activations,
+        artifact=str(artifact),
+        reference=str(ask.reference),
+        reference_check=ref_check,
+        root_digest=root,
+        text_source=source,
+        goals=rep.goals(run),
+    )
+    return report, target

@@ -4,10 +4,9 @@ the typed, versioned report per kind (`OfflineReport`, `ServedReport`: `to_json`
 
 from __future__ import annotations
 
-import functools
 import json
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -71,10 +70,14 @@ class PartError(ValueError):
         super().__init__(f"{self.where}: {self.msg}")
 
 
-@functools.cache
+_ADAPTERS: dict[type, dict[str, TypeAdapter[Any]]] = {}
+
+
 def _part_adapters(cls: type) -> dict[str, TypeAdapter[Any]]:
-    """{field: its validator} of the fields of `cls` whose type holds a report part."""
-    return {name: TypeAdapter(hint) for name, hint in part_fields(cls).items()}
+    """{field: its validator} of the fields of `cls` whose type holds a report part (built once per class)."""
+    if cls not in _ADAPTERS:
+        _ADAPTERS[cls] = {name: TypeAdapter(hint) for name, hint in part_fields(cls).items()}
+    return _ADAPTERS[cls]
 
 
 @dataclass(kw_only=True)
@@ -107,19 +110,19 @@ class EvalReport:
         return {**out, "kind": self.kind}
 
     @classmethod
-    def of(cls, result: dict[str, Any]) -> Self:
-        """The report of a run's measured `result` (its keys are the fields; TypeError names one that is not,
-        PartError a part that is not its typed JSON)."""
-        return cls(**{k: v for k, v in result.items() if k not in ("kind", "schema_version")})
+    def of(cls, document: Mapping[str, Any]) -> Self:
+        """The report of a JSON document's fields (TypeError names a key that is not a field, PartError a part
+        that is not its typed JSON); a run builds its report from typed parts instead."""
+        return cls(**{k: v for k, v in document.items() if k not in ("kind", "schema_version")})
 
     @classmethod
     def from_json(cls, data: Any, source: str = "report") -> EvalReport:
         """The typed report of a JSON document `source` holds (exit 2 on another schema_version, kind or field,
         or a part whose keys or types are not the report's)."""
-        kind = DOC.report_class(
+        kind: type[EvalReport] = DOC.report_class(
             data,
             source,
-            KINDS,
+            dict(KINDS),
             cls.kind,
             extra=frozenset(TEXT_KEYS) if data.get("kind") == "offline" else frozenset(),
             not_required=frozenset({"text_source"}),
@@ -170,9 +173,9 @@ class OfflineReport(EvalReport):
         return {**{k: v for k, v in out.items() if k != "text_source"}, **self.text_source.to_json()}
 
     @classmethod
-    def of(cls, result: dict[str, Any]) -> Self:
-        rest = {k: v for k, v in result.items() if k not in TEXT_KEYS}
-        return super().of({**rest, "text_source": {k: v for k, v in result.items() if k in TEXT_KEYS}})
+    def of(cls, document: Mapping[str, Any]) -> Self:
+        rest = {k: v for k, v in document.items() if k not in TEXT_KEYS}
+        return super().of({**rest, "text_source": {k: v for k, v in document.items() if k in TEXT_KEYS}})
 
     def verdict(self) -> str:
         missed = [f"{k} {g.value:.3f} (limit {g.max})" for k, g in self.goals.items() if not g.met]
@@ -267,29 +270,28 @@ def served_kind(activations: str | None, profile: str | None, extra_vllm_flags: 
     return "eval-served-" + ".".join([acts, *parts])
 
 
-def as_offline(report: OfflineReport | dict[str, Any]) -> OfflineReport:
-    """The typed offline report of `report` (its JSON document: read as `from_json` reads a file)."""
-    return report if isinstance(report, OfflineReport) else typing.cast(OfflineReport, OfflineReport.from_json(report))
+def as_offline(document: Mapping[str, Any], source: str = "report") -> OfflineReport:
+    """The typed offline report of a JSON document (`qwenquant eval offline --json`'s, or one kept in another
+    JSON file), read as `from_json` reads a file (exit 2 naming `source` and the field)."""
+    return typing.cast(OfflineReport, OfflineReport.from_json(document, source))
 
 
-def offline_table(report: OfflineReport | dict[str, Any]) -> Any:
+def offline_table(report: OfflineReport) -> Any:
     """A rich Table of the offline figures."""
     from qwenquant.evaluate import reporttext
 
-    r = as_offline(report)
-    return reporttext.offline_table(r.arms, r.windows, r.window_len)
+    return reporttext.offline_table(report.arms, report.windows, report.window_len)
 
 
-def markdown_table(report: OfflineReport | dict[str, Any]) -> str:
+def markdown_table(report: OfflineReport) -> str:
     """The offline table as Markdown (the README's quality table)."""
     from qwenquant.evaluate import reporttext
 
-    return reporttext.markdown_table(as_offline(report).arms)
+    return reporttext.markdown_table(report.arms)
 
 
-def summary_lines(report: OfflineReport | dict[str, Any]) -> list[str]:
+def summary_lines(report: OfflineReport) -> list[str]:
     """lm_head and MTP lines, then one line per goal."""
     from qwenquant.evaluate import reporttext
 
-    r = as_offline(report)
-    return reporttext.summary_lines(r.arms, r.lm_head, r.mtp, r.goals)
+    return reporttext.summary_lines(report.arms, report.lm_head, report.mtp, report.goals)

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from importlib import resources
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from qwenquant.errors import BenchError, UsageError
-from qwenquant.evaluate.reportparts import Acceptance, Task
+from qwenquant.evaluate.reportparts import Acceptance, CaseFailure, Task
+from qwenquant.evaluate.specs import GATE_HINT, NO_GATE, Gate, evalsets_dir, read_spec
 from qwenquant.net.http import HttpError, get_json, get_text, post_json, server_hint
 from qwenquant.net.prometheus import SpecCounters, spec_counters
 
@@ -23,45 +24,27 @@ TASK_SETS = ("tools", "needle")
 TASK_SET_HINT = "the shipped tools and needle tasks run with --tools and --needle (with --gate none)"
 
 
-def load_task_set(name: str) -> dict[str, Any]:
-    """A shipped task set (`qwenquant/data/evalsets/NAME.json`, NAME in TASK_SETS), read as shipped."""
-    path = resources.files("qwenquant") / "data" / "evalsets" / f"{name}.json"
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def load_gate(name_or_path: str) -> dict[str, Any]:
+def load_gate(name_or_path: str) -> Gate:
     """A gate definition: a shipped name (`qwenquant/data/evalsets/NAME.json`) or a JSON file path;
     `none` is the empty gate (no exact-match tasks)."""
     if name_or_path == "none":
-        return {"name": "none", "tasks": []}
+        return NO_GATE
     if name_or_path in TASK_SETS and not Path(name_or_path).is_file():
         raise UsageError(f"gate {name_or_path!r} has no exact-match tasks", hint=TASK_SET_HINT)
     path = Path(name_or_path)
     if not path.is_file():
-        path = Path(str(resources.files("qwenquant") / "data" / "evalsets" / f"{name_or_path}.json"))
+        path = evalsets_dir() / f"{name_or_path}.json"
     if not path.is_file():
         raise UsageError(
             f"no gate named {name_or_path!r}",
             hint=f"shipped gates: {', '.join(list_gates())} (`qwenquant eval gates`), or a JSON file",
         )
-    try:
-        gate = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise UsageError(f"gate {path} is not readable JSON ({e})".splitlines()[0], hint=GATE_HINT) from None
-    problem = _gate_problem(gate)
-    if problem:
-        raise UsageError(f"gate {path}: {problem}", hint=GATE_HINT)
-    return gate
-
-
-GATE_HINT = (
-    'a gate is {"name", "tasks": [{"name", "cases": [{"prompt", "expect"}], "max_tokens"?, "min_pass"?}], '
-    '"acceptance_runs"?: [{"prompt"}]}; see the shipped tiny-reference gate'
-)
+    return read_spec(path, Gate, "gate", GATE_HINT, first=_gate_problem)
 
 
 def _gate_problem(gate: Any) -> str | None:
-    """The first field of a gate definition that run_gate could not use (None: fine)."""
+    """The first field of a gate definition that run_gate could not use (None: fine); the Gate model
+    checks the rest."""
     if not isinstance(gate, dict) or not isinstance(gate.get("tasks"), list) or not gate["tasks"]:
         return "needs a non-empty `tasks` list"
     for i, task in enumerate(gate["tasks"]):
@@ -83,24 +66,26 @@ def _gate_problem(gate: Any) -> str | None:
 
 def list_gates() -> list[str]:
     """Names of the shipped gates (data/evalsets/*.json)."""
-    folder = resources.files("qwenquant") / "data" / "evalsets"
-    names = (p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
+    names = (p.name.removesuffix(".json") for p in evalsets_dir().iterdir() if p.name.endswith(".json"))
     return sorted(n for n in names if n not in TASK_SETS)
 
 
-def describe_gates() -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class GateLine:
+    """One shipped gate as `qwenquant eval gates` lists it."""
+
+    name: str
+    description: str
+    tasks: int
+    cases: int
+
+
+def describe_gates() -> list[GateLine]:
     """name, description and task count of every shipped gate (`qwenquant eval gates`)."""
     out = []
     for name in list_gates():
         gate = load_gate(name)
-        out.append(
-            {
-                "name": name,
-                "description": gate.get("description", ""),
-                "tasks": len(gate["tasks"]),
-                "cases": sum(len(t["cases"]) for t in gate["tasks"]),
-            }
-        )
+        out.append(GateLine(name, gate.description, len(gate.tasks), sum(len(t.cases) for t in gate.tasks)))
     return out
 
 
@@ -176,39 +161,29 @@ def counters(url: str, api_key: str | None) -> SpecCounters | str:
         return f"GET {url}/metrics answered {e.status}"
 
 
-def run_tasks(url: str, gate: dict[str, Any], model: str, api_key: str | None = None) -> list[Task]:
+def run_tasks(url: str, gate: Gate, model: str, api_key: str | None = None) -> list[Task]:
     """Every case of `gate` greedily through /v1/completions, then its acceptance runs; pass count per task."""
     tasks = []
-    for task in gate["tasks"]:
+    for task in gate.tasks:
         failures, passed = [], 0
-        for case in task["cases"]:
+        for case in task.cases:
             body = {
                 "model": model,
-                "prompt": case["prompt"],
-                "max_tokens": case.get("max_tokens", task.get("max_tokens", 16)),
+                "prompt": case.prompt,
+                "max_tokens": case.max_tokens or task.max_tokens,
                 "temperature": 0.0,
             }
             text = _call(post_json, f"{url}/v1/completions", body, api_key=api_key)["choices"][0]["text"]
-            if text.startswith(case["expect"]):
+            if text.startswith(case.expect):
                 passed += 1
             else:
-                failures.append({"prompt": case["prompt"], "expect": case["expect"], "got": text})
-        tasks.append(
-            Task.model_validate(
-                {
-                    "name": task["name"],
-                    "passed": passed,
-                    "total": len(task["cases"]),
-                    "min_pass": task.get("min_pass", len(task["cases"])),
-                    "failures": failures,
-                }
-            )
-        )
-    for run in gate.get("acceptance_runs", []):  # longer greedy generations: enough drafts to measure MTP
+                failures.append(CaseFailure(prompt=case.prompt, expect=case.expect, got=text))
+        tasks.append(Task(name=task.name, passed=passed, total=len(task.cases), min_pass=task.needs, failures=failures))
+    for run in gate.acceptance_runs:  # longer greedy generations: enough drafts to measure MTP
         body = {
             "model": model,
-            "prompt": run["prompt"],
-            "max_tokens": run.get("max_tokens", 64),
+            "prompt": run.prompt,
+            "max_tokens": run.max_tokens,
             "temperature": 0.0,
             "ignore_eos": True,
         }

@@ -6,7 +6,6 @@ run that would test nothing. Standard library and the typed report (pydantic par
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from qwenquant.errors import UsageError
 from qwenquant.evaluate.needle import check_needle_max_len, needle_failures, run_needle
@@ -17,10 +16,10 @@ from qwenquant.evaluate.served import (
     counters,
     gate_failures,
     load_gate,
-    load_task_set,
     model_name,
     run_tasks,
 )
+from qwenquant.evaluate.specs import Gate, needle_spec, tools_spec
 from qwenquant.evaluate.tools import run_tools, tool_failures
 from qwenquant.net.prometheus import SpecCounters
 
@@ -37,17 +36,20 @@ class ServedAsk:
     needle: bool = False
     needle_max_len: int | None = None
 
-    def check(self) -> dict[str, Any]:
-        """Before any server is asked: the gate loads, the run tests something, --needle-max-len leaves
-        a needle case. Returns the loaded gate."""
+    def check(self) -> Gate:
+        """Before any server is asked: the gate and the task sets asked for load, the run tests something,
+        --needle-max-len leaves a needle case. Returns the loaded gate."""
         gate = load_gate(self.gate)
+        needle = needle_spec() if self.needle else None
+        if self.tools:
+            tools_spec()
         if self.min_acceptance is not None and not 1.0 <= self.min_acceptance:
             raise UsageError(
                 f"--min-acceptance-length {self.min_acceptance:g} is below 1: the mean acceptance "
                 f"length counts the target's own token of each step (1 + accepted drafts)",
                 hint="pass a value from 1 up to the server's draft tokens + 1 (e.g. 1.5)",
             )
-        if not gate["tasks"] and not self.tools and not self.needle:
+        if not gate.tasks and not self.tools and not self.needle:
             raise UsageError(
                 f"--gate {self.gate} with neither --tools nor --needle tests nothing"
                 + (" (MTP acceptance would be measured over no request)" if self.min_acceptance else ""),
@@ -56,7 +58,7 @@ class ServedAsk:
         if self.needle_max_len is not None:
             if not self.needle:
                 raise UsageError("--needle-max-len without --needle", hint="add --needle, or drop --needle-max-len")
-            check_needle_max_len(load_task_set("needle"), self.needle_max_len)
+            check_needle_max_len(needle or needle_spec(), self.needle_max_len)
         return gate
 
 
@@ -64,17 +66,16 @@ def run_served(url: str, ask: ServedAsk, model: str | None = None) -> ServedRepo
     """Run what `ask` asks against `url` (a base URL; a trailing /v1 is dropped); the report, with
     `failures` listed and `ok` only when something was tested and nothing failed."""
     gate = ask.check()
+    tools_asked, needle_asked = (tools_spec() if ask.tools else None), (needle_spec() if ask.needle else None)
     url = base_url(url)
     model = model or ask.model or model_name(url, ask.api_key)
     before = counters(url, ask.api_key)
     check_min_acceptance(ask.min_acceptance, before)
     tasks = run_tasks(url, gate, model, ask.api_key)
-    tools = run_tools(url, load_task_set("tools"), model, ask.api_key) if ask.tools else None
-    needle = run_needle(url, load_task_set("needle"), model, ask.api_key, ask.needle_max_len) if ask.needle else None
+    tools = run_tools(url, tools_asked, model, ask.api_key) if tools_asked else None
+    needle = run_needle(url, needle_asked, model, ask.api_key, ask.needle_max_len) if needle_asked else None
     over = [
-        k
-        for k, on in (("gate tasks", bool(gate["tasks"])), ("tool cases", ask.tools), ("needle cases", ask.needle))
-        if on
+        k for k, on in (("gate tasks", bool(gate.tasks)), ("tool cases", ask.tools), ("needle cases", ask.needle)) if on
     ]
     mtp = acceptance(before, counters(url, ask.api_key), over)
     failures = gate_failures(tasks, mtp, ask.min_acceptance)
@@ -83,7 +84,7 @@ def run_served(url: str, ask: ServedAsk, model: str | None = None) -> ServedRepo
     return ServedReport(
         url=url,
         model=model,
-        gate=gate.get("name"),
+        gate=gate.name,
         tasks=tasks,
         mtp=mtp,
         tools=tools,

@@ -67,15 +67,13 @@ def resolve_windows(
         return eval_windows(reference, windows, window_len, text), TextSource(text=str(text))
     if text_set == longwindow.DEPTH_TEXT_SET:
         body, pinned = longwindow.depth_text()
-        return _cut(reference, body, windows, window_len, text_set), TextSource.model_validate(
-            {"text": text_set, **pinned}
-        )
+        return _cut(reference, body, windows, window_len, text_set), pinned
     if text_set in (None, "auto") and is_tiny_reference(reference) or text_set == "tiny-reference":
         return eval_windows(reference, windows, window_len), TextSource(text="tiny-reference held-out")
     ts = textset.load_text_set(text_set if text_set not in (None, "auto") else textset.DEFAULT_TEXT_SET)
     body = textset.read_text(textset.fetch_text_set(ts, cache), ts)
     cut = _cut(reference, body, windows, window_len, ts.name, "pass --text FILE or another --text-set")
-    return cut, TextSource.model_validate({"text": ts.name, **ts.describe()})
+    return cut, ts.describe()
 
 
 def _cut(

@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from qwenquant import data_path, envs
 from qwenquant.errors import FetchError, UsageError
+from qwenquant.evaluate.reportparts import TextSource
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +54,17 @@ class TextSet:
     join: str = "\n\n"
     description: str = ""
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> TextSource:
         """What a report records about the text (no local paths)."""
-        return {
-            "text_set": self.name,
-            "repo": self.repo,
-            "revision": self.revision,
-            "file": self.file,
-            "sha256": self.sha256,
-            "license": self.license,
-        }
+        return TextSource(
+            text=self.name,
+            text_set=self.name,
+            repo=self.repo,
+            revision=self.revision,
+            file=self.file,
+            sha256=self.sha256,
+            license=self.license,
+        )
 
 
 def evaltext_dir() -> Path:
@@ -70,7 +72,7 @@ def evaltext_dir() -> Path:
     return envs.get("QWENQUANT_EVALTEXT_DIR") or data_path("evaltext")
 
 
-def _problems(raw: dict[str, Any]) -> list[str]:
+def _problems(raw: Mapping[str, object]) -> list[str]:
     p = [f"unknown key {k!r}" for k in sorted(set(raw) - _KEYS)]
     p += [f"{k}: required" for k in ("name", "repo", "revision", "file", "license") if not raw.get(k)]
     if raw.get("revision") and not _HEX40.match(str(raw["revision"])):

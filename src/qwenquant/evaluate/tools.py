@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from qwenquant.evaluate.reportparts import ToolCall, ToolCase, ToolCounts, Tools
+from qwenquant.evaluate.specs import ToolCaseSpec, ToolDef, ToolsSpec
 from qwenquant.net.http import HttpError, fetch
 
 REQUEST_TIMEOUT = 120.0
@@ -62,7 +64,7 @@ def schema_problems(value: Any, schema: dict[str, Any], path: str = "arguments")
     return out
 
 
-def choice_problems(tool_choice: Any, called: list[str]) -> list[str]:
+def choice_problems(tool_choice: Any, called: Sequence[object]) -> list[str]:
     """What the answer does that `tool_choice` forbids (OpenAI semantics), given the names it called."""
     if tool_choice in (None, "auto"):
         return []
@@ -93,7 +95,7 @@ def _call_problems(i: int, call: Any, schemas: dict[str, Any]) -> list[str]:
         ]
     try:
         args = json.loads(raw)
-    except ValueError as e:
+    except json.JSONDecodeError as e:
         return [f"call {i} ({name}): arguments are not JSON ({e.msg}): {raw[:60]!r}"]
     if not isinstance(args, dict):
         return [f"call {i} ({name}): arguments are {json.dumps(args)[:40]}, not a JSON object"]
@@ -110,10 +112,10 @@ class Judged:
     content: str
 
 
-def judge(message: dict[str, Any], tools: list[dict[str, Any]], tool_choice: Any = "auto") -> Judged:
+def judge(message: Mapping[str, Any], tools: Sequence[ToolDef], tool_choice: Any = "auto") -> Judged:
     """One chat answer: its kind, its problems and its calls. `malformed`: a call that is not well formed (or
     tool-call markup left in the text); `wrong_choice`: well-formed, but not what `tool_choice` allows."""
-    schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
+    schemas = {t.function.name: t.function.parameters or {} for t in tools}
     calls = message.get("tool_calls") or []
     content = message.get("content") or ""
     problems: list[str] = []
@@ -130,18 +132,19 @@ def judge(message: dict[str, Any], tools: list[dict[str, Any]], tool_choice: Any
     return Judged(kind, problems + wrong, seen, content[:200])
 
 
-def _run_case(url: str, spec: dict[str, Any], case: dict[str, Any], model: str, api_key: str | None) -> ToolCase:
+def _run_case(url: str, spec: ToolsSpec, case: ToolCaseSpec, model: str, api_key: str | None) -> ToolCase:
     """One case sent (greedy, thinking off) and its answer judged (kind `error` when no chat message came)."""
+    choice = case.tool_choice if isinstance(case.tool_choice, str) else case.tool_choice.to_json()
     body = {
         "model": model,
-        "messages": case["messages"],
-        "tools": case["tools"],
-        "tool_choice": case.get("tool_choice", "auto"),
+        "messages": [m.to_json() for m in case.messages],
+        "tools": [t.to_json() for t in case.tools],
+        "tool_choice": choice,
         "temperature": 0.0,
-        "max_tokens": case.get("max_tokens", spec.get("max_tokens", 256)),
+        "max_tokens": case.max_tokens or spec.max_tokens,
         "chat_template_kwargs": {"enable_thinking": False},
     }
-    named = functools.partial(ToolCase, name=case["name"], tool_choice=body["tool_choice"])
+    named = functools.partial(ToolCase, name=case.name, tool_choice=choice)
 
     def failed(problem: str) -> ToolCase:
         return named(kind="error", problems=[problem], ok=False)
@@ -158,17 +161,17 @@ def _run_case(url: str, spec: dict[str, Any], case: dict[str, Any], model: str, 
         message = None
     if not isinstance(message, dict):
         return failed(f"no chat message in the answer: {r.text[:160]}")
-    j = judge(message, case["tools"], body["tool_choice"])
+    j = judge(message, case.tools, choice)
     return named(kind=j.kind, problems=j.problems, calls=j.calls, content=j.content, ok=not j.problems)
 
 
-def run_tools(url: str, spec: dict[str, Any], model: str, api_key: str | None = None) -> Tools:
+def run_tools(url: str, spec: ToolsSpec, model: str, api_key: str | None = None) -> Tools:
     """Send every case of `spec` (greedy, thinking off) and judge each answer."""
     url = url.rstrip("/")
-    cases = [_run_case(url, spec, case, model, api_key) for case in spec["cases"]]
+    cases = [_run_case(url, spec, case, model, api_key) for case in spec.cases]
     kinds = ("tool_call", "answer", "malformed", "wrong_choice", "error")
     counts = ToolCounts.model_validate({k: sum(c.kind == k for c in cases) for k in kinds})
-    return Tools(gate=spec.get("name", "tools"), cases=cases, counts=counts)
+    return Tools(gate=spec.name, cases=cases, counts=counts)
 
 
 _VERDICT = {"malformed": "malformed tool call", "wrong_choice": "ignored tool_choice", "error": "request failed"}

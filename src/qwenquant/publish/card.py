@@ -11,15 +11,14 @@ re-derives the card from the manifest and the reports and refuses one that diffe
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qwenquant.hashing import seal
 from qwenquant.manifest import CARD_NAME, MANIFEST_NAME, SIGNATURE_NAME, Manifest
 from qwenquant.publish.figures import Figure
+from qwenquant.publish.records import CardBody, CardRecord, FileEntry, HubMeta
 from qwenquant.publish.reports import Report
 
 # The card's text layout; a card record of this format is re-derived byte for byte by `verify`
@@ -48,35 +47,33 @@ class CardFacts:
 @dataclass(frozen=True)
 class Card:
     readme: bytes
-    record: dict[str, Any]
+    record: CardRecord
 
     @property
     def record_bytes(self) -> bytes:
-        return (json.dumps(self.record, indent=2, sort_keys=True) + "\n").encode()
+        return self.record.to_bytes()
 
     def head(self, lines: int = 12) -> list[str]:
         return self.readme.decode().splitlines()[:lines]
 
 
-def front_matter(manifest: Manifest, facts: CardFacts, license_id: str) -> dict[str, Any]:
+def front_matter(manifest: Manifest, facts: CardFacts, license_id: str) -> HubMeta:
     """The Hub metadata block (base_model only when the source is a Hub repo)."""
-    meta: dict[str, Any] = {}
     base = manifest.source.get("repo") if manifest.source.get("kind") == "fetched" else None
-    if base:
-        meta.update(base_model=base, base_model_relation="quantized")
     tags = ["compressed-tensors", "w4a16", "gptq", "int4"]
     if facts.lm_head_bits == 4:
         tags.append("int4-lm-head")
     if facts.mtp_tensors:
         tags.append("mtp")
     tags += [facts.model_type, *facts.architectures, "qwenquant"]
-    meta.update(
+    return HubMeta(
+        base_model=str(base) if base else None,
+        base_model_relation="quantized" if base else None,
         library_name="transformers",
         license=license_id,
         pipeline_tag="image-text-to-text" if facts.vision_tensors else "text-generation",
         tags=tags,
     )
-    return meta
 
 
 def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
@@ -233,13 +230,11 @@ def build_card(
 ) -> Card:
     """README.md and its sealed record; deterministic in its inputs. `signed`: the record names the
     signature published beside it (a repo without it is refused by fetch and verify)."""
-    import yaml
-
     name = repo_id.split("/")[-1]
     qv = manifest.tool_versions.get("qwenquant", "?")
     lines = [
         "---",
-        yaml.safe_dump(front_matter(manifest, facts, license_id), sort_keys=False).rstrip(),
+        front_matter(manifest, facts, license_id).yaml(),
         "---",
         "",
         f"# {name}",
@@ -260,22 +255,20 @@ def build_card(
         *_checking(name),
     ]
     readme = ("\n".join(lines).rstrip() + "\n").encode()
-    files = {CARD_NAME: {"size": len(readme), "sha256": hashlib.sha256(readme).hexdigest()}}
-    files.update({r.repo_path: {"size": len(r.raw), "sha256": r.sha256} for r in reports})
-    body = {
-        "schema_version": 1,
-        "kind": "qwenquant-card",
-        "card_format": CARD_FORMAT,
-        "license": license_id,
-        "repo_id": repo_id,
-        "revision": revision,
-        "root_digest": manifest.root_digest,
-        "manifest_self_digest": manifest_self_digest,
-        "files": files,
-        "figures": [f.to_dict() for f in figures],
-        "signature": SIGNATURE_NAME if signed else None,
-    }
-    return Card(readme, seal(body, "card_self_digest"))
+    files = {CARD_NAME: FileEntry(size=len(readme), sha256=hashlib.sha256(readme).hexdigest())}
+    files.update({r.repo_path: FileEntry(size=len(r.raw), sha256=r.sha256) for r in reports})
+    body = CardBody(
+        card_format=CARD_FORMAT,
+        license=license_id,
+        repo_id=repo_id,
+        revision=revision,
+        root_digest=manifest.root_digest,
+        manifest_self_digest=manifest_self_digest,
+        files=files,
+        figures=[f.entry() for f in figures],
+        signature=SIGNATURE_NAME if signed else None,
+    )
+    return Card(readme, CardRecord.sealed(body))
 
 
 def read_facts(artifact: Path, manifest: Manifest, license_id: str | None) -> CardFacts:

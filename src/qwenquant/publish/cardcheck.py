@@ -99,7 +99,7 @@ def card_problems(artifact: Path, rec: dict[str, Any]) -> list[FileProblem]:
     reports, problems = _reports(artifact, rec, manifest.root_digest)
     if problems:
         return problems
-    figures = collect_figures(raw, reports, manifest.root_digest)
+    figures = collect_figures(manifest, reports, manifest.root_digest)
     if rec.get("card_format") != CARD_FORMAT:  # a record stripped of it must not buy a weaker check
         return [
             FileProblem(
@@ -111,7 +111,8 @@ def card_problems(artifact: Path, rec: dict[str, Any]) -> list[FileProblem]:
                 "qwenquant, or verify with the qwenquant that published it)",
             )
         ]
-    license_id = rec.get("license") if isinstance(rec.get("license"), str) else front_license(readme.decode())
+    named = rec.get("license")
+    license_id = named if isinstance(named, str) else front_license(readme.decode())
     try:
         facts = read_facts(artifact, manifest, license_id)
     except (QwenquantError, OSError, ValueError) as e:
@@ -138,8 +139,9 @@ def card_problems(artifact: Path, rec: dict[str, Any]) -> list[FileProblem]:
                 f"line {n} differs from what the manifest and reports give: {have[:120]!r}, derived {want[:120]!r}",
             )
         ]
-    if card.record != rec:
-        keys = sorted(k for k in set(card.record) | set(rec) if card.record.get(k) != rec.get(k))
+    derived = card.record.to_json()
+    if derived != rec:
+        keys = sorted(k for k in set(derived) | set(rec) if derived.get(k) != rec.get(k))
         return [
             FileProblem(CARD_RECORD_NAME, "card", f"{', '.join(keys)} differ from what the manifest and reports give")
         ]

@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from qwenquant.manifest import MANIFEST_NAME
+from qwenquant.manifest import MANIFEST_NAME, Manifest
+from qwenquant.publish.records import FigureEntry
 from qwenquant.publish.reports import Report
 
 Path_ = tuple[Any, ...]  # a JSON path: object keys and list indexes
@@ -26,17 +27,18 @@ class Figure:
     command: str
     machine: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "section": self.section,
-            "label": self.label,
-            "value": self.value,
-            "text": self.text,
-            "source": self.source,
-            "field": list(self.field),
-            "command": self.command,
-            "machine": self.machine,
-        }
+    def entry(self) -> FigureEntry:
+        """As the card record holds it."""
+        return FigureEntry(
+            section=self.section,
+            label=self.label,
+            value=self.value,
+            text=self.text,
+            source=self.source,
+            field=list(self.field),
+            command=self.command,
+            machine=self.machine,
+        )
 
 
 # What the card says when a kind of figure has no report, and the command that would measure it.
@@ -107,9 +109,9 @@ def _offline(c: _Collect, base: Path_, section: str) -> None:
     )
 
 
-def manifest_figures(manifest: dict[str, Any]) -> list[Figure]:
-    """The quick eval and lm_head figures quantize measured (the manifest's quality section)."""
-    c = _Collect(manifest, MANIFEST_NAME, "qwenquant quantize (the recipe's eval step)")
+def manifest_figures(manifest: Manifest) -> list[Figure]:
+    """The quick eval and lm_head figures quantize measured (the manifest's quality section, by its JSON path)."""
+    c = _Collect({"quality": manifest.quality}, MANIFEST_NAME, "qwenquant quantize (the recipe's eval step)")
     _offline(c, ("quality", "eval"), "offline eval")
     c.add(
         "offline eval",
@@ -144,6 +146,8 @@ def eval_figures(r: Report) -> list[Figure]:
     from qwenquant.evaluate.report import OfflineReport
 
     t, d = r.typed, r.data
+    windows: object
+    window_len: object
     if isinstance(t, OfflineReport):
         windows, window_len, where = t.windows, t.window_len, f"{t.device}, {t.forward} forward"
     else:  # written before schema 1
@@ -166,6 +170,11 @@ def served_command(served: dict[str, Any], gate: Any) -> str:
         cmd += f" --activations {served['activations']}"
     flags = served.get("extra_vllm_flags") or []
     return cmd + (" -- " + shlex.join(str(f) for f in flags) if flags else "")
+
+
+def _passed_of(total: object, min_pass: object) -> Callable[[Any], str]:
+    """How a task's passed count reads: `4/5 (needs 5)`."""
+    return lambda v: f"{v}/{total} (needs {min_pass})"
 
 
 def served_figures(r: Report) -> list[Figure]:
@@ -192,7 +201,7 @@ def served_figures(r: Report) -> list[Figure]:
             "served gate",
             f"task {name}: exact-match passed",
             ("tasks", i, "passed"),
-            lambda v, total=total, min_pass=min_pass: f"{v}/{total} (needs {min_pass})",
+            _passed_of(total, min_pass),
         )
     c.add("MTP acceptance (served)", "mean acceptance length", ("mtp", "mean_acceptance_length"), lambda v: f"{v:.3f}")
     c.add("MTP acceptance (served)", "drafts measured", ("mtp", "drafts"), str)
@@ -267,7 +276,7 @@ def long_figures(r: Report) -> list[Figure]:
     return c.out
 
 
-def collect_figures(manifest: dict[str, Any], reports: Sequence[Report], root_digest: str) -> list[Figure]:
+def collect_figures(manifest: Manifest, reports: Sequence[Report], root_digest: str) -> list[Figure]:
     """Every figure of the card, manifest first, then the reports in their repo order."""
     out = manifest_figures(manifest)
     for r in reports:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from qwenquant.errors import QwenquantError
@@ -128,21 +129,31 @@ def _interruptible(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     would first let every upload finish its retries."""
     import threading
 
-    box: dict[str, Any] = {}
+    value: list[Any] = []  # what fn returned, once it did
+    error: list[BaseException] = []  # what it raised, handed to the caller as it is
 
     def run() -> None:
         try:
-            box["value"] = fn(*args, **kwargs)
-        except BaseException as e:  # handed to the caller as it is
-            box["error"] = e
+            value.append(fn(*args, **kwargs))
+        except BaseException as e:
+            error.append(e)
 
     t = threading.Thread(target=run, name="qwenquant-publish", daemon=True)
     t.start()
     while t.is_alive():
         t.join(0.2)
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    if error:
+        raise error[0]
+    return value[0]
+
+
+@dataclass
+class Progress:
+    """How far the Hub steps of a publish got (what Ctrl-C says): the revision's head, the step, the new commit."""
+
+    head: str | None = None
+    step: str = "reading the revision"  # | uploading | committing | checking
+    commit: str | None = None
 
 
 def commit_plan(
@@ -152,17 +163,17 @@ def commit_plan(
     plan: PublishPlan,
     parent: str | None,
     message: str,
-    where: dict[str, Any] | None = None,
+    where: Progress | None = None,
 ) -> Any:
     """Upload what the plan sends (LFS objects first), then make the one commit; its CommitInfo.
-    `where["step"]` becomes "committing" once the uploads are done."""
+    `where.step` becomes "committing" once the uploads are done."""
     adds, deletes = _operations(plan)
     try:
         _interruptible(api.preupload_lfs_files, repo_id, additions=adds, revision=revision, free_memory=False)
     except _errors() as e:
         raise hub_error(e, "uploading the files", repo_id) from None
     if where is not None:
-        where["step"] = "committing"
+        where.step = "committing"
     try:
         return _interruptible(
             api.create_commit,

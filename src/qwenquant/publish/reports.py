@@ -107,7 +107,32 @@ def read_report(raw: bytes, source: str) -> tuple[str | None, Any, EvalReport | 
     return report_kind(data), data, typed
 
 
-def _load(path: Path, root_digest: str, artifact: Path) -> tuple[str, dict[str, Any], bytes, Any]:
+@dataclass(frozen=True)
+class _Loaded:
+    """One report file read and checked: its kind, its JSON (a typed eval report's as its parts give it), its
+    bytes, its typed report (None: written before schema_version 1)."""
+
+    kind: str
+    path: Path
+    data: dict[str, Any]
+    raw: bytes
+    typed: EvalReport | BenchReport | None
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.raw).hexdigest()
+
+
+def _unverified_reference(loaded: _Loaded) -> bool:
+    """An offline eval against a reference that is not the artifact's recorded source (--reference-unverified)."""
+    from qwenquant.evaluate.report import OfflineReport
+
+    if isinstance(loaded.typed, OfflineReport):
+        return loaded.typed.reference_check.verified is False
+    return loaded.kind == "eval" and (loaded.data.get("reference_check") or {}).get("verified") is False
+
+
+def _load(path: Path, root_digest: str, artifact: Path) -> _Loaded:
     try:
         raw = path.read_bytes()
         kind, data, typed = read_report(raw, f"report {path}")
@@ -138,13 +163,14 @@ def _load(path: Path, root_digest: str, artifact: Path) -> tuple[str, dict[str, 
             f"{path} is {what}, not of {artifact} ({root_digest[:16]}...): its figures cannot go on this card",
             hint="measure this artifact (`qwenquant eval` / `qwenquant bench run --serve ARTIFACT`) or drop --report",
         )
-    if kind == "eval" and (data.get("reference_check") or {}).get("verified") is False:
+    loaded = _Loaded(kind, path, data, raw, typed)
+    if _unverified_reference(loaded):
         raise UsageError(
             f"{path} compares against a reference that is not the artifact's recorded source "
             "(--reference-unverified): its figures cannot go on this card",
             hint="re-run `qwenquant eval offline ARTIFACT --reference SOURCE` with the recorded source",
         )
-    return kind, data, raw, typed
+    return loaded
 
 
 def _refuse_contradictions(kind: str, data: dict[str, Any], path: Path) -> None:
@@ -186,14 +212,14 @@ def gather_reports(artifact: Path, root_digest: str, extra: Iterable[Path] = ())
     beside = report_path(artifact, root_digest, "eval-served")  # and each served configuration's (served_kind)
     paths += sorted(beside.parent.glob(f"{artifact.resolve().name}.eval-served*-{root_digest[:16]}.json"))
     paths += [Path(p) for p in extra]
-    seen: dict[str, tuple[str, Path, dict[str, Any], bytes, Any]] = {}
+    seen: dict[str, _Loaded] = {}
     for p in paths:
-        kind, data, raw, typed = _load(p, root_digest, artifact)
-        seen.setdefault(hashlib.sha256(raw).hexdigest(), (kind, p, data, raw, typed))
+        loaded = _load(p, root_digest, artifact)
+        seen.setdefault(loaded.sha256, loaded)
     out: list[Report] = []
     for kind in KINDS:
-        same = sorted((v for k, v in seen.items() if v[0] == kind), key=lambda v: hashlib.sha256(v[3]).hexdigest())
-        for i, (_, p, data, raw, typed) in enumerate(same):
+        same = sorted((v for v in seen.values() if v.kind == kind), key=lambda v: v.sha256)
+        for i, v in enumerate(same):
             name = f"{kind}.json" if i == 0 else f"{kind}-{i + 1}.json"
-            out.append(Report(kind, p, f"{REPORTS_DIR}/{name}", data, raw, typed))
+            out.append(Report(kind, v.path, f"{REPORTS_DIR}/{name}", v.data, v.raw, v.typed))
     return out

@@ -7,7 +7,7 @@ import hashlib
 import json
 import logging
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,9 +26,11 @@ from qwenquant.manifest import (
     verify_artifact,
 )
 from qwenquant.publish.card import Card, build_card, read_facts
-from qwenquant.publish.figures import collect_figures, not_measured
-from qwenquant.publish.plan import LocalFile, PublishPlan, plan_upload
-from qwenquant.publish.reports import gather_reports
+from qwenquant.publish.figures import Figure, collect_figures, not_measured
+from qwenquant.publish.hub import Progress
+from qwenquant.publish.plan import LocalFile, PublishPlan, RemoteFile, plan_upload
+from qwenquant.publish.records import PublishedFile, PublishRecord
+from qwenquant.publish.reports import Report, gather_reports
 
 log = logging.getLogger(__name__)
 
@@ -51,23 +53,24 @@ class PublishResult:
     def noop(self) -> bool:
         return self.plan is not None and self.plan.noop
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "repo_id": self.repo_id,
-            "revision": self.revision,
-            "root_digest": self.root_digest,
-            "dry_run": self.dry_run,
-            "noop": self.noop,
-            "commit": self.commit,
-            "url": self.url,
-            "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files],
-            "uploaded": [f.path for f in self.plan.upload] if self.plan else None,
-            "deleted": self.plan.delete if self.plan else None,
-            "unchanged": self.plan.unchanged if self.plan else None,
-            "signed": self.sign,
-            "card": self.card.readme.decode(),
-            "warnings": self.warnings,
-        }
+    def record(self) -> PublishRecord:
+        """What `qwenquant publish --json` prints."""
+        return PublishRecord(
+            repo_id=self.repo_id,
+            revision=self.revision,
+            root_digest=self.root_digest,
+            dry_run=self.dry_run,
+            noop=self.noop,
+            commit=self.commit,
+            url=self.url,
+            files=[PublishedFile(path=f.path, size=f.size, sha256=f.sha256) for f in self.files],
+            uploaded=[f.path for f in self.plan.upload] if self.plan else None,
+            deleted=list(self.plan.delete) if self.plan else None,
+            unchanged=list(self.plan.unchanged) if self.plan else None,
+            signed=self.sign,
+            card=self.card.readme.decode(),
+            warnings=list(self.warnings),
+        )
 
 
 def check_repo_id(repo_id: str) -> None:
@@ -93,21 +96,22 @@ def _companion_clash(paths: Sequence[str]) -> str | None:
 def card_files(
     artifact: Path,
     manifest: Manifest,
-    raw: dict[str, Any],
+    manifest_digest: str,
     repo_id: str,
     revision: str,
     reports: Sequence[Path],
     license_id: str | None,
     signed: bool = False,
 ) -> tuple[list[LocalFile], Card, list[str], str]:
-    """The files of a verified artifact and its card files: (files to publish, card, warnings, root digest)."""
+    """The files of a verified artifact and its card files: (files to publish, card, warnings, root digest);
+    `manifest_digest`: the manifest's self digest as its file records it."""
     reps = gather_reports(artifact, manifest.root_digest, reports)
-    figures = collect_figures(raw, reps, manifest.root_digest)
+    figures = collect_figures(manifest, reps, manifest.root_digest)
     _refuse_conflicts(figures, reps)
     facts = read_facts(artifact, manifest, license_id)
     card = build_card(
         manifest,
-        raw["manifest_self_digest"],
+        manifest_digest,
         facts,
         repo_id=repo_id,
         revision=revision,
@@ -131,8 +135,8 @@ def card_files(
     return files, card, list(facts.warnings), manifest.root_digest
 
 
-def _verified(artifact: Path) -> tuple[Manifest, dict[str, Any]]:
-    """The manifest of an artifact that verifies, and its raw JSON."""
+def _verified(artifact: Path) -> tuple[Manifest, str]:
+    """The manifest of an artifact that verifies, and its self digest as its file records it."""
     report = verify_artifact(artifact)
     if not report.ok:
         raise VerificationError(
@@ -147,10 +151,10 @@ def _verified(artifact: Path) -> tuple[Manifest, dict[str, Any]]:
             f"{artifact}'s manifest lists {clash}, a name the published card files use",
             hint="rebuild the artifact without it; the card, its record and the reports go beside it",
         )
-    return manifest, json.loads((artifact / MANIFEST_NAME).read_bytes())
+    return manifest, str(json.loads((artifact / MANIFEST_NAME).read_bytes())["manifest_self_digest"])
 
 
-def _refuse_conflicts(figures: Sequence[Any], reps: Sequence[Any]) -> None:
+def _refuse_conflicts(figures: Sequence[Figure], reps: Sequence[Report]) -> None:
     """Two reports giving one measurement two values: refused, both files and values named."""
     from qwenquant.publish.figures import conflicts
 
@@ -166,22 +170,32 @@ def _refuse_conflicts(figures: Sequence[Any], reps: Sequence[Any]) -> None:
         )
 
 
-def remote_card(api: Any, repo_id: str, head: str | None, remote: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RemoteCard:
+    """What a re-publish keeps of the revision's card: the license it names and the signature its record names
+    (None: not named, or no card)."""
+
+    license: str | None = None
+    signature: str | None = None
+
+
+def remote_card(api: Any, repo_id: str, head: str | None, remote: Mapping[str, RemoteFile]) -> RemoteCard:
     """The revision's card record (license, signature), with the license from the card's front matter
-    when the record has none; {} when the revision has no card."""
+    when the record has none; nothing named when the revision has no card."""
     from qwenquant.publish import hub
     from qwenquant.publish.cardcheck import front_license
 
     if head is None or CARD_RECORD_NAME not in remote:
-        return {}
+        return RemoteCard()
     try:
         rec = json.loads(hub.download_file(api, repo_id, head, CARD_RECORD_NAME))
     except ValueError:
         rec = None
     rec = rec if isinstance(rec, dict) else {}
-    if not isinstance(rec.get("license"), str) and CARD_NAME in remote:
-        rec["license"] = front_license(hub.download_file(api, repo_id, head, CARD_NAME).decode(errors="replace"))
-    return rec
+    lic, sig = rec.get("license"), rec.get("signature")
+    if not isinstance(lic, str) and CARD_NAME in remote:
+        lic = front_license(hub.download_file(api, repo_id, head, CARD_NAME).decode(errors="replace"))
+    return RemoteCard(lic if isinstance(lic, str) else None, sig if isinstance(sig, str) else None)
 
 
 def git_blob(f: LocalFile) -> str:
@@ -210,9 +224,9 @@ def publish_artifact(
     if sign_key is not None:
         signing._model_signing()
         signing._readable(sign_key, "private key", "--sign-key")
-    manifest, raw = _verified(artifact)
+    manifest, manifest_digest = _verified(artifact)
     files, card, warnings, root = card_files(
-        artifact, manifest, raw, repo_id, revision, reports, license_id, signed=sign_key is not None
+        artifact, manifest, manifest_digest, repo_id, revision, reports, license_id, signed=sign_key is not None
     )
     result = PublishResult(
         repo_id, revision, root, files, card, dry_run=dry_run, sign=sign_key is not None, warnings=warnings
@@ -231,30 +245,28 @@ def publish_artifact(
         disable_progress_bars()  # the client's tqdm bars: only on a terminal, as ours
     # HF_ENDPOINT as it is now (huggingface_hub reads it once, at import), as fetch does
     api = HfApi(endpoint=(endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/"))
-    where: dict[str, Any] = {"head": None, "step": "reading the revision"}
+    where = Progress()
     try:
-        return _to_hub(api, artifact, result, manifest, raw, reports, license_id, sign_key, private, where)
+        return _to_hub(api, artifact, result, manifest, manifest_digest, reports, license_id, sign_key, private, where)
     except KeyboardInterrupt:
-        at = f"still at commit {where['head']}" if where["head"] else "without a commit of this artifact"
+        at = f"still at commit {where.head}" if where.head else "without a commit of this artifact"
         said = {
             "reading the revision": f"nothing was committed: {repo_id}@{revision} is {at}",
             "uploading": f"nothing was committed: {repo_id}@{revision} is {at}; the objects already uploaded "
             "are not sent again",
             "committing": f"the commit was under way: {repo_id}@{revision} is either {at} or at the new commit",
-            "checking": f"{repo_id}@{revision} is at the new commit {where.get('commit')}; its listing was not checked",
-        }[where["step"]]
+            "checking": f"{repo_id}@{revision} is at the new commit {where.commit}; its listing was not checked",
+        }[where.step]
         raise hub.PublishInterrupted(
-            f"interrupted while {where['step']}: {said}",
+            f"interrupted while {where.step}: {said}",
             hint="re-run the same command: it finishes the job, or finds it done",
         ) from None
 
 
-def _kept_license(theirs: dict[str, Any], license_id: str | None) -> str | None:
+def _kept_license(theirs: RemoteCard, license_id: str | None) -> str | None:
     """The license the repo's card names, kept by a re-publish without --license (None for "other" or none)."""
-    lic = theirs.get("license") if license_id is None else None
-    if lic == "other" or not isinstance(lic, str):
-        lic = None
-    return lic
+    lic = theirs.license if license_id is None else None
+    return None if lic == "other" else lic
 
 
 def _signature(artifact: Path, files: Sequence[LocalFile], sign_key: Path, view: Path, sig_path: Path) -> LocalFile:
@@ -271,7 +283,7 @@ def _recard(
     result: PublishResult,
     artifact: Path,
     manifest: Manifest,
-    raw: dict[str, Any],
+    manifest_digest: str,
     reports: Sequence[Path],
     license_id: str | None,
     *,
@@ -279,7 +291,7 @@ def _recard(
 ) -> None:
     """Build the result's files and card again (another license, or the signature named or not)."""
     result.files, result.card, _, _ = card_files(
-        artifact, manifest, raw, result.repo_id, result.revision, reports, license_id, signed=signed
+        artifact, manifest, manifest_digest, result.repo_id, result.revision, reports, license_id, signed=signed
     )
 
 
@@ -288,12 +300,12 @@ def _to_hub(
     artifact: Path,
     result: PublishResult,
     manifest: Manifest,
-    raw: dict[str, Any],
+    manifest_digest: str,
     reports: Sequence[Path],
     license_id: str | None,
     sign_key: Path | None,
     private: bool,
-    where: dict[str, Any],
+    where: Progress,
 ) -> PublishResult:
     """The Hub steps of publish_artifact; `where` says how far they got (for Ctrl-C)."""
     from qwenquant.publish import hub
@@ -301,15 +313,15 @@ def _to_hub(
     repo_id, revision = result.repo_id, result.revision
     hub.ensure_revision(api, repo_id, revision, private)
     head, remote = hub.remote_state(api, repo_id, revision)
-    where["head"] = head
+    where.head = head
     theirs = remote_card(api, repo_id, head, remote)
     # a re-publish keeps the license the repo's card names (only --license changes it; the source's README
     # named one the first publish may have overridden), and names the signature there when it may be kept
     # (it is checked against the plan below): the same artifact published again is then a no-op
     lic = _kept_license(theirs, license_id)
-    keep_sig = sign_key is None and SIGNATURE_NAME in remote and theirs.get("signature") == SIGNATURE_NAME
-    recard = functools.partial(_recard, result, artifact, manifest, raw, reports, lic or license_id)
-    if (lic and lic != result.card.record.get("license")) or keep_sig:
+    keep_sig = sign_key is None and SIGNATURE_NAME in remote and theirs.signature == SIGNATURE_NAME
+    recard = functools.partial(_recard, result, artifact, manifest, manifest_digest, reports, lic or license_id)
+    if (lic and lic != result.card.record.license) or keep_sig:
         result.warnings[:] = [w for w in result.warnings if not (lic and "license is unknown" in w)]
         recard(signed=sign_key is not None or keep_sig)
     with tempfile.TemporaryDirectory() as tmp:
@@ -330,11 +342,11 @@ def _to_hub(
             result.warnings.append(
                 f"{SIGNATURE_NAME} on the Hub signs other files: removed (pass --sign-key to sign this artifact)"
             )
-        where["step"] = "uploading"
+        where.step = "uploading"
         message = f"qwenquant publish {artifact.name} (root digest {result.root_digest[:16]})"
         info = hub.commit_plan(api, repo_id, revision, plan, head, message, where)
     result.commit, result.url = info.oid, info.commit_url
-    where.update(step="checking", commit=info.oid)
+    where.step, where.commit = "checking", info.oid
     kept = {".gitattributes"} | ({SIGNATURE_NAME} if plan.kept_signature or sig else set())
     hub.check_published(api, repo_id, info.oid, result.files, kept, git_blob)
     return result
@@ -344,7 +356,7 @@ def _plan(
     api: Any,
     result: PublishResult,
     head: str | None,
-    remote: dict[str, Any],
+    remote: dict[str, RemoteFile],
     artifact: Path,
     sign_key: Path | None,
     tmp: Path,
