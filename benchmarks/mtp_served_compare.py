@@ -1,6 +1,6 @@
 """Served MTP acceptance of the trained tiny reference: bf16 MTP head against the calibrated int4 one.
 
-    python3 -m benchmarks.mtp_served_compare --work /tmp/mtp --out benchmarks/reports/mtp_served_compare.json
+    python3 -m benchmarks.mtp_served_compare --work /tmp/mtp --out benchmarks/reports/mtp_served_compare.json -- --max-model-len 4096
     python3 -m benchmarks.mtp_served_compare --work /tmp/mtp --device cuda --layout multimodal \\
         --vllm-versions '>=0.26.0,<0.33' --gpu-mem 8GiB --out mtp_served_compare_cuda.json -- --max-model-len 2048
 
