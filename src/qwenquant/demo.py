@@ -18,7 +18,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from qwenquant.errors import QwenquantError, ServeError, StageError
 from qwenquant.net.http import HttpError, get_json, post_json
@@ -51,6 +51,16 @@ class DemoResult:
     steps: list[str] = field(default_factory=list)
 
 
+@overload
+def _cli(
+    args: list[str], env: dict[str, str], *, capture_json: Literal[True], quiet: bool = False
+) -> dict[str, Any]: ...
+@overload
+def _cli(
+    args: list[str], env: dict[str, str], *, capture_json: Literal[False] = False, quiet: bool = False
+) -> None: ...
+@overload
+def _cli(args: list[str], env: dict[str, str], *, capture_json: bool, quiet: bool = False) -> dict[str, Any] | None: ...
 def _cli(args: list[str], env: dict[str, str], *, capture_json: bool = False, quiet: bool = False) -> dict | None:
     """Run `qwenquant ARGS` in a child process, as a user would, echoing the command line (`quiet`:
     its stdout goes to stderr, keeping stdout for `demo --json`)."""

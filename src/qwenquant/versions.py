@@ -7,8 +7,8 @@ The vLLM line comes from the launcher record scripts/install-vllm.sh writes
 from __future__ import annotations
 
 import json
-import os
 import platform
+import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -127,7 +127,7 @@ def doctor_dict() -> dict:
     info = vllm_info()
     return {
         "qwenquant": qwenquant_version(),
-        "python": {"version": platform.python_version(), "executable": os.sys.executable},
+        "python": {"version": platform.python_version(), "executable": sys.executable},
         "packages": {name: dist_version(name) for name in STACK},
         "vllm": info,
         "vllm_table": vllm_table_row(info),
@@ -139,7 +139,7 @@ def version_lines(verbose: bool) -> list[str]:
     lines = [f"qwenquant {qwenquant_version()}"]
     if not verbose:
         return lines
-    lines.append(f"python {platform.python_version()} ({os.sys.executable})")
+    lines.append(f"python {platform.python_version()} ({sys.executable})")
     lines += [f"{name} {dist_version(name)}" for name in STACK]
     info = vllm_info()  # once: it may ask the vLLM python (seconds)
     lines.append(vllm_line(info))

@@ -13,12 +13,12 @@ from qwenquant.commands._app import INTERRUPT_NOTES, RepoType, app, on_interrupt
 from qwenquant.errors import UsageError
 
 if TYPE_CHECKING:
-    from qwenquant.fetch import FetchResult
+    from qwenquant.fetch import FetchResult, Progress
     from qwenquant.outfolder import Removal
 
 
 @contextlib.contextmanager
-def _bar_progress() -> Iterator[object]:
+def _bar_progress() -> Iterator[Progress]:
     """A rich bar (bytes, rate, files) hooked to fetch_snapshot's callbacks; off when not a terminal."""
     from qwenquant.console import byte_progress
     from qwenquant.fetch import Progress

@@ -14,6 +14,8 @@ import typer
 from qwenquant.commands._app import Device, HessianPrecision, app, on_interrupt
 
 if TYPE_CHECKING:
+    from rich.progress import TaskID
+
     from qwenquant.quantize.pipeline import QuantizeOptions
     from qwenquant.recipe import CalibrationSpec, Recipe
 
@@ -122,7 +124,7 @@ def _run(opts: QuantizeOptions, as_json: bool) -> None:
 
     on_interrupt(lambda: resume_note(opts))
     with step_progress() as bars:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
         def progress(stage: str, task: str | None, i: int, n: int) -> None:
             key = task or "stages"  # one bar for the stages, one per task a stage declares

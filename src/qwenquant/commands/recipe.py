@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from qwenquant.commands._app import app
@@ -129,7 +131,7 @@ def list_(as_json: bool = typer.Option(False, "--json", help="Print the list as 
     from qwenquant.errors import RecipeError
     from qwenquant.recipe import list_calibrations, list_recipes, load_recipe
 
-    recipes = []
+    recipes: list[dict[str, Any]] = []
     for name, path in list_recipes().items():
         try:
             r = load_recipe(path)
@@ -142,12 +144,12 @@ def list_(as_json: bool = typer.Option(False, "--json", help="Print the list as 
     if as_json:
         print_json({"recipes": recipes, "calibrations": calibrations})
         return
-    for r in recipes:
+    for row in recipes:
         desc = (
-            "recipe: " + ", ".join(r["features"])
-            if r["valid"]
+            "recipe: " + ", ".join(row["features"])
+            if row["valid"]
             else "recipe (invalid: run `qwenquant recipe validate` on it)"
         )
-        stdout.print(f"{r['name']:34} {desc}", markup=False, soft_wrap=True)
+        stdout.print(f"{row['name']:34} {desc}", markup=False, soft_wrap=True)
     for c in calibrations:
         stdout.print(f"{c['name']:34} calibration set (--calibration {c['name']})", markup=False)

@@ -84,6 +84,9 @@ def int8_act_matmul(
 class Int8ActLinear(nn.Module):
     """A quantized Linear as Marlin runs it with int8 activations (no bias: Qwen3.5's Linears have none)."""
 
+    codes: torch.Tensor  # buffers registered in __init__
+    s16: torch.Tensor
+
     def __init__(self, codes: torch.Tensor, s16: torch.Tensor, global_scale: float, group_size: int) -> None:
         super().__init__()
         self.register_buffer("codes", codes.to(torch.int8))
@@ -108,7 +111,7 @@ def _codes(packed: dict[str, torch.Tensor], group: dict[str, Any]) -> tuple[torc
     from qwenquant.modeling.compat import unpack_int32
 
     w = group.get("weights") or {}
-    bits, size = int(w.get("num_bits", 4)), w.get("group_size")
+    bits, size = int(w.get("num_bits", 4)), w.get("group_size", 0)
     problems = []
     if bits != 4 or not w.get("symmetric", True) or w.get("strategy") != "group" or not size:
         problems.append(f"num_bits {bits}, symmetric {w.get('symmetric')}, strategy {w.get('strategy')}")

@@ -59,7 +59,7 @@ ARMS = ("w4a16-body", "w4a16+rtn-head", "artifact")
 INT8_ARM = "artifact+int8-act"
 # the int8 arm: its forward and its lm_head (hidden [B, L, H] -> logits)
 Int8Run = tuple[TextForward, Callable[[torch.Tensor], torch.Tensor]]
-PeakText = Callable[[int, int], str]  # (window, token) -> the text a per-token KL follows
+PeakText = Callable[[int, int], str | None]  # (window, token) -> the text a per-token KL follows
 
 
 def _mtp_drafts(
@@ -149,7 +149,11 @@ def _batch_stats(
     fwds: dict[str, TextForward] = {"reference": ref, "artifact": art}
     # every figure on the hidden states' device (a 248k-vocabulary logit batch is GBs: no host copies)
     hid = {"reference": ref.final_hidden(ids), "artifact": art.final_hidden(ids)}
-    fns: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {k: (lambda h, w=w: h @ w.T) for k, w in heads.items()}
+
+    def head_logits(w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        return lambda h: h @ w.T
+
+    fns: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {k: head_logits(w) for k, w in heads.items()}
     if int8 is not None:
         fwds[INT8_ARM], fns[INT8_ARM] = int8
         hid[INT8_ARM] = int8[0].final_hidden(ids)
@@ -160,8 +164,8 @@ def _batch_stats(
             for k, v in figs.items():
                 per.setdefault(arm, {}).setdefault(k, []).append(v)
     stats: dict[str, dict[str, torch.Tensor]] = {}
-    for arm, figs in per.items():
-        tok = {k: torch.cat(v, dim=1) for k, v in figs.items()}
+    for arm, chunks in per.items():
+        tok = {k: torch.cat(v, dim=1) for k, v in chunks.items()}
         stats[arm] = {k: v.mean(dim=1).cpu() for k, v in tok.items() if not k.startswith("kl_tokens")}
         stats[arm].update(
             {k.replace("kl_tokens", "kl"): v.mean(dim=1).cpu() for k, v in tok.items() if k.startswith("kl_tokens")}
@@ -182,8 +186,8 @@ def evaluate_forwards(fw: Forwards, windows: torch.Tensor, peak_text: PeakText |
     hidden = []
     with timed(log, f"eval: logits, perplexity, KL and MTP of {windows.shape[0]} windows"):
         for i in range(0, windows.shape[0], fw.batch):
-            stats, h = _batch_stats(fw.ref, fw.art, fw.heads, windows[i : i + fw.batch], fw.int8)
-            hidden.append(h)
+            stats, states = _batch_stats(fw.ref, fw.art, fw.heads, windows[i : i + fw.batch], fw.int8)
+            hidden.append(states)
             for arm, figs in stats.items():
                 for k, v in figs.items():
                     per.setdefault(arm, {}).setdefault(k, []).append(v)

@@ -145,7 +145,7 @@ def _validate_tree(tree: Path, files: list[RemoteFile], check_model: bool) -> No
         check_shards(tree, {f.path for f in files})
 
 
-def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_type: str, endpoint: str | None,
+def _fetch(repo_id: str, out_dir: Path, staging: Path, *, revision: str, repo_type: str, endpoint: str,
            token: str | bool | None, re_resolve: bool, workers: int, attempts: int, backoff: float,
            check_model: bool, progress: Progress, only: tuple[str, ...] = (),
            expect: dict[str, Any] | None = None, verify_artifact: Callable[[Path], Any] | None = None,

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from qwenquant.errors import StageError
 from qwenquant.modeling.runtime import torch_device
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +221,7 @@ def _split_batch(batch: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 @torch.no_grad()
 def capture_final_hidden(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     batches: Iterable[Any],
     on_batch: Callable[[torch.Tensor], None],
 ) -> int:

@@ -8,6 +8,7 @@ scales, round-to-nearest codes, dequantization (pure tensor functions).
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,16 +26,16 @@ SCALE_DTYPE = torch.bfloat16
 class QuantizedHead:
     """Integer codes [V, D] (int8, in [qmin, qmax]) and bf16 group scales [V, D / group_size]."""
 
-    int: torch.Tensor
+    int: torch.Tensor  # the field shadows the builtin in this class body: annotations below say builtins.int
     scale: torch.Tensor
-    num_bits: int
-    group_size: int
+    num_bits: builtins.int
+    group_size: builtins.int
     method: str = "gptq"
     used_rtn_fallback: bool = False
     loss: float | None = None
 
     @property
-    def shape(self) -> tuple[int, int]:
+    def shape(self) -> tuple[builtins.int, builtins.int]:
         return (int(self.int.shape[0]), int(self.int.shape[1]))
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:

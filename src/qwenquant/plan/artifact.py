@@ -135,10 +135,10 @@ def artifact_budget(
     vision = not decide(profile, device, layout).language_model_only
     if pp > 1:
         ranges = pipeline.stage_ranges(len(shape.layer_types), pp, partition)
-        weights = pipeline.stage_weights_from_tensors(artifact_tensor_bytes(artifact, files), ranges)
+        stage_weights = pipeline.stage_weights_from_tensors(artifact_tensor_bytes(artifact, files), ranges)
         return pipeline.binding(
             profile_stages(
-                shape, weights, profile, device, layout, ranges, total_bytes=total_bytes, include_vision=vision
+                shape, stage_weights, profile, device, layout, ranges, total_bytes=total_bytes, include_vision=vision
             )
         )
     weights = weights_from_tensors(artifact_tensor_bytes(artifact, files), shape, tp)

@@ -330,6 +330,12 @@ CONFIG_NOTES = (
 )
 
 
+def _linear_bytes(shape: tuple[int, ...], bits: int, group: int) -> int:
+    """quantized_linear_bytes of a Linear weight of shape (rows, cols)."""
+    rows, cols = shape
+    return quantized_linear_bytes(rows, cols, bits, group)
+
+
 def config_tensor_bytes(s: ModelShape, q: QuantSettings, dtype_bytes: int = 2) -> list[tuple[str, str, int]]:
     """(HF tensor name, component, bytes) of every text + MTP tensor the recipe would produce
     (a quantized Linear counts its packed weight and scales under its `.weight` name)."""
@@ -341,11 +347,11 @@ def config_tensor_bytes(s: ModelShape, q: QuantSettings, dtype_bytes: int = 2) -
             numel *= d
         module = t.name[: -len(".weight")] if t.name.endswith(".weight") else t.name
         if comp == "lm_head" and q.lm_head_bits:
-            n = quantized_linear_bytes(*t.shape, q.lm_head_bits, q.lm_head_group_size)
+            n = _linear_bytes(t.shape, q.lm_head_bits, q.lm_head_group_size)
         elif t.linear and comp not in ("lm_head", "mtp") and not targets_cover(q.ignore, module):
-            comp, n = "int4_body", quantized_linear_bytes(*t.shape, q.num_bits, q.group_size)
+            comp, n = "int4_body", _linear_bytes(t.shape, q.num_bits, q.group_size)
         elif t.linear and comp == "mtp" and q.mtp_quantized:
-            n = quantized_linear_bytes(*t.shape, q.num_bits, q.group_size)
+            n = _linear_bytes(t.shape, q.num_bits, q.group_size)
         else:
             n = numel * dtype_bytes
         out.append((t.name, comp, n))

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from qwenquant import data_path, envs
 from qwenquant.errors import RecipeError
@@ -58,7 +59,7 @@ _TYPE_WORDS = {
 }
 
 
-def _format_error(err: dict[str, Any], root: type[BaseModel], lines: dict[tuple, int]) -> str:
+def _format_error(err: ErrorDetails, root: type[BaseModel], lines: dict[tuple, int]) -> str:
     loc = tuple(err["loc"])
     path = ".".join(str(x) for x in loc) or "(top level)"
     kind = err["type"]

@@ -40,9 +40,13 @@ def profile_spec_tokens(serve: Any) -> dict[str, int]:
     without speculation left out; tolerant of any shape (a malformed manifest is reported elsewhere)."""
     if not isinstance(serve, dict):
         return {}
-    defaults = serve.get("defaults") if isinstance(serve.get("defaults"), dict) else {}
+    defaults = serve.get("defaults")
+    if not isinstance(defaults, dict):
+        defaults = {}
     out: dict[str, int] = {}
-    profiles = serve.get("profiles") if isinstance(serve.get("profiles"), dict) else {}
+    profiles = serve.get("profiles")
+    if not isinstance(profiles, dict):
+        profiles = {}
     for name, prof in profiles.items():
         if not isinstance(prof, dict):
             continue

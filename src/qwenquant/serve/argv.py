@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ MASK = "****"
 DEFAULT_CPU_KVCACHE_GIB = 1
 _SECRET_FLAGS = ("--api-key",)
 # extra flags that change a setting the memory plan uses: flag -> (profile field, parser)
-_OVERRIDES = {
+_OVERRIDES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "--max-model-len": ("max_model_len", int),
     "--max-num-seqs": ("max_num_seqs", int),
     "--max-num-batched-tokens": ("max_num_batched_tokens", int),

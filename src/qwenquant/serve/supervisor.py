@@ -339,11 +339,11 @@ def serve_forever(spec: ServerSpec, on_ready: Callable[[str], None]) -> int:
     finally:
         if server is not None and not server.stopped:
             # an error path (the server may have died, its group and ballast not): stop without being interrupted
-            for s in old:
-                signal.signal(s, signal.SIG_IGN)
+            for sig in old:
+                signal.signal(sig, signal.SIG_IGN)
             server.stop(spec.grace)
-        for s, h in old.items():
-            signal.signal(s, h)
+        for sig, h in old.items():
+            signal.signal(sig, h)
 
 
 def _wait_ready(server: Server) -> None:

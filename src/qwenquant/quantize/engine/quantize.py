@@ -65,7 +65,7 @@ class LayerGPTQ:
     ) -> None:
         self.modules = modules
         self.precision = hessian_precision
-        self.names = {m: n for n, m in modules.items()}
+        self.names: dict[torch.nn.Module, str] = {m: n for n, m in modules.items()}
         self.block_size, self.dampening_frac, self.batched = block_size, dampening_frac, batched
         self.hessians: dict[torch.nn.Module, torch.Tensor] = {}
         self.counts: dict[torch.nn.Module, torch.Tensor] = {}
@@ -78,7 +78,7 @@ class LayerGPTQ:
             compat.prepare_module(mod, scheme)
         self._hooks = [m.register_forward_hook(self._hook) for m in modules.values()]
 
-    def _hook(self, module: torch.nn.Module, args: tuple[torch.Tensor, ...], _out: torch.Tensor) -> None:
+    def _hook(self, module: torch.nn.Linear, args: tuple[torch.Tensor, ...], _out: torch.Tensor) -> None:
         if module in self._called:  # a module called again: the next sample's forward began
             self._inputs.clear()
             self._called.clear()

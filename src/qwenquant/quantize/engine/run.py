@@ -162,7 +162,7 @@ def _gptq_layer(
         from qwenquant.quantize.engine.ranks import owners
 
         gptq.remove_hooks()
-        owner = owners({n: tuple(m.weight.shape) for n, m in mods.items()}, ranks.world)
+        owner = owners({n: (m.weight.shape[0], m.weight.shape[1]) for n, m in mods.items()}, ranks.world)
         with phase("reduce"):
             dist.reduce_hessians(gptq, owner, ranks)
         with phase("gptq"):

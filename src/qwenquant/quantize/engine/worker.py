@@ -121,15 +121,18 @@ class RankErrors(ErrorHandler):
         path = self._get_error_file_path()
         if not path:
             return
-        q = isinstance(e, QwenquantError)
+        if isinstance(e, QwenquantError):
+            message, hint = e.message, e.hint
+        else:
+            message, hint = f"{type(e).__name__}: {e}".splitlines()[0], None
         data = json.loads(Path(path).read_text())
         data["message"]["extraInfo"][REPORT_KEY] = {
             "type": type(e).__name__,
-            "message": e.message if q else f"{type(e).__name__}: {e}".splitlines()[0],
-            "hint": e.hint if q else None,
+            "message": message,
+            "hint": hint,
             "at_ns": time.time_ns(),
         }
-        atomic_write_json(path, data, canonical=False)
+        atomic_write_json(Path(path), data, canonical=False)
         if envs.get("QWENQUANT_DEBUG"):
             traceback.print_exception(e, file=sys.stderr)
         sys.stderr.flush()

@@ -178,7 +178,7 @@ def graft_into(
     shard_plan = present_plan(folder)
     for shard in list(shard_plan):
         shard_plan[shard] = {n: r for n, r in shard_plan[shard].items() if not n.startswith(MTP_PREFIX)}
-    shard_plan[MTP_SHARD] = expected_mtp(checkpoint_refs(source_dir), packed)
+    shard_plan[MTP_SHARD] = dict(expected_mtp(checkpoint_refs(source_dir), packed))
     write_plan(folder, out_dir, shard_plan)
     config = read_config(folder)
     qc = config.get("quantization_config")

@@ -76,7 +76,9 @@ TEXT_SIZES = (
 
 def _check_sizes(path: Path, cfg: dict[str, Any]) -> None:
     """Every size the stages read is a positive integer (StageError naming the key otherwise)."""
-    tc = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    tc = cfg.get("text_config")
+    if not isinstance(tc, dict):
+        tc = cfg
     where = "text_config." if tc is not cfg else ""
     for key in TEXT_SIZES:
         value = tc.get(key)
