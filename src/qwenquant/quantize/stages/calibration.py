@@ -92,11 +92,19 @@ def _split_matches(rel: str, split: str) -> bool:
     )
 
 
-def fetch_hub_dataset(spec: CalibrationSpec, dest: Path) -> Path:
-    """Fetch the pinned dataset revision through the project's fetch code (sha256-verified)."""
+def fetch_hub_dataset(spec: CalibrationSpec, base: Path) -> Path:
+    """Fetch the pinned dataset revision through the project's fetch code (sha256-verified), into
+    `base`/DATASET@REVISION; that folder."""
     from qwenquant.fetch import fetch_snapshot
 
-    fetch_snapshot(spec.dataset, dest, revision=spec.revision, repo_type="dataset")
+    dataset, revision = spec.dataset, spec.revision
+    if not dataset or not revision:  # a recipe file is checked for both; a spec built in code is not
+        raise StageError(
+            f"calibration: a hub dataset needs `dataset` and a pinned `revision` (got {dataset!r}, {revision!r})",
+            hint="name the dataset and its 40-hex commit in the recipe's calibration block",
+        )
+    dest = base / f"{dataset.replace('/', '--')}@{revision}"
+    fetch_snapshot(dataset, dest, revision=revision, repo_type="dataset")
     return dest
 
 
@@ -196,7 +204,7 @@ def run_calibration(
         fetched = None
         if spec.source == "hub":
             base = Path(datasets_dir) if datasets_dir else scratch
-            fetched = fetch_hub_dataset(spec, base / f"{spec.dataset.replace('/', '--')}@{spec.revision}")
+            fetched = fetch_hub_dataset(spec, base)
         files = data_files(spec, fetched)
         rows = load_rows(files, scratch / "cache")
         tokenizer = AutoTokenizer.from_pretrained(str(source_dir))
@@ -206,7 +214,8 @@ def run_calibration(
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     save_tokens(out_dir, calib)
-    info = {
+    fingerprint = calib.fingerprint()
+    info: dict[str, Any] = {
         "source": spec.source,
         "dataset": spec.dataset if spec.source == "hub" else None,
         "revision": spec.revision if spec.source == "hub" else None,
@@ -218,14 +227,14 @@ def run_calibration(
         "max_length": spec.max_length,
         "chat_template": spec.chat_template,
         "shuffle_seed": spec.shuffle_seed,
-        "fingerprint_sha256": calib.fingerprint(),
+        "fingerprint_sha256": fingerprint,
     }
     atomic_write_json(out_dir / INFO_FILE, info)
     log.info(
         "calibration: %d samples, %d tokens, fingerprint %s",
         len(calib.samples),
         calib.token_total,
-        info["fingerprint_sha256"][:16],
+        fingerprint[:16],
     )
     return info
 

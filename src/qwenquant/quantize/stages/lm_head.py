@@ -24,6 +24,8 @@ from qwenquant.modeling.runtime import thread_fields
 from qwenquant.quantize.stage import Stage, StageContext
 
 if TYPE_CHECKING:
+    import torch
+
     from qwenquant.quantize.engine.headcal import HeadCalibration
     from qwenquant.recipe import LmHeadSpec
 
@@ -155,6 +157,20 @@ def _better_than_rtn(spec: LmHeadSpec) -> Callable[[dict[str, Any]], None]:
     return gate
 
 
+def _calibration(
+    source_dir: Path, samples: list[list[int]], spec: LmHeadSpec, prev_dir: Path, device: str
+) -> tuple[HeadCalibration, torch.Tensor]:
+    """The head's calibration: the one the streamed gptq engine left in `prev_dir` (its own pass),
+    else captured here from the source model; refused without a Hessian (neither source gives one
+    without it, but a calibration that has none cannot quantize); with its Hessian."""
+    from qwenquant.quantize.engine import headcal
+
+    cal = headcal.load(prev_dir) or _capture_from_model(source_dir, samples, spec, device)
+    if cal.hessian is None:
+        raise StageError("lm_head: the head calibration holds no Hessian", hint="re-run with --force")
+    return cal, cal.hessian
+
+
 def run_head(
     source_dir: Path,
     samples: list[list[int]],
@@ -170,13 +186,10 @@ def run_head(
     from qwenquant.modeling.runtime import set_deterministic
     from qwenquant.modeling.text import ref_tensor
     from qwenquant.quantize import head_gptq as lh
-    from qwenquant.quantize.engine import headcal
     from qwenquant.quantize.head_memory import resolve_row_chunk
 
     set_deterministic()
-    cal = headcal.load(prev_dir)  # the streamed gptq engine calibrated the head in its own pass
-    if cal is None:
-        cal = _capture_from_model(source_dir, samples, spec, device)
+    cal, hessian = _calibration(source_dir, samples, spec, prev_dir, device)
     ref = checkpoint_refs(source_dir)[f"{HEAD}.weight"]
     row_chunk = resolve_row_chunk(
         spec.row_chunk,
@@ -189,7 +202,7 @@ def run_head(
     log.info("lm_head: %d rows at a time (row_chunk %s)", row_chunk, spec.row_chunk)
     done = lh.quantize_head(
         lambda: ref_tensor(ref),
-        cal.hessian,
+        hessian,
         cal.heldout,
         spec,
         row_chunk=row_chunk,

@@ -130,7 +130,11 @@ def token_ids(tokenizer_text: str | None = None) -> dict[str, int]:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_str(tokenizer_json() if tokenizer_text is None else tokenizer_text)
-    ids = {content: tok.token_to_id(content) for content, _ in ADDED_TOKENS}
+    found = {content: tok.token_to_id(content) for content, _ in ADDED_TOKENS}
+    missing = sorted(content for content, i in found.items() if i is None)
+    if missing:  # a tokenizer.json without the added tokens: no ids to put in the config
+        raise RuntimeError(f"the tokenizer lacks the added tokens {missing}")
+    ids = {content: i for content, i in found.items() if i is not None}
     word = tok.encode(CONSTANT_WORD, add_special_tokens=False).ids
     if len(word) != 1:  # a corpus edit would have to break this; fail loudly at build time
         raise RuntimeError(f"{CONSTANT_WORD!r} is {len(word)} tokens in the tiny vocab, expected 1")
