@@ -232,8 +232,8 @@ class _BenchTarget:
     index: int  # in the report's `targets`
     who: str
     machine: str | None
-    acceptance: Any
-    medians: dict[str, dict[str, Any]]  # cell key -> figure -> median
+    acceptance: object
+    medians: dict[str, dict[str, object]]  # cell key -> figure -> median
 
 
 def _run_targets(r: Report, root_digest: str) -> tuple[str, list[_BenchTarget]]:
@@ -295,13 +295,20 @@ def bench_figures(r: Report, root_digest: str) -> list[Figure]:
 
 @dataclass(frozen=True)
 class _Long:
-    """What the card shows of a `bench depth`, `soak` or `turns` report (None: not in the report)."""
+    """What the card shows of a `bench depth`, `soak` or `turns` report: the command, the machine, whose
+    promise, and the mode's figures (None: not in the report or not of this mode; a report written before
+    schema 2: as written)."""
 
     command: str
     machine: str | None
     who: str
-    values: dict[str, Any]  # depth, turns: "last_ok_depth", "last_ok_turn", "failure depth", "failure turn";
-    # soak: "concurrency", "soak_tokens", "status"
+    last_ok_depth: object = None  # depth, turns
+    failure_depth: object = None  # depth
+    concurrency: object = None  # depth, soak
+    last_ok_turn: object = None  # turns
+    failure_turn: object = None  # turns
+    soak_tokens: object = None  # soak
+    status: object = None  # soak: the verdict's
 
 
 def _long(r: Report) -> _Long:
@@ -311,58 +318,52 @@ def _long(r: Report) -> _Long:
     rep = r.typed
     if isinstance(rep, LongReport):
         t = rep.target
-        values: dict[str, Any] = {}
-        if isinstance(rep, (DepthReport, TurnsReport)):
-            values["last_ok_depth"] = rep.last_ok_depth
-            values["failure depth"] = rep.failure.depth if rep.failure else None
-        if isinstance(rep, DepthReport):
-            values["concurrency"] = rep.concurrency
-        elif isinstance(rep, TurnsReport):
-            values["last_ok_turn"] = rep.last_ok_turn
-            values["failure turn"] = rep.failure.turn if rep.failure else None
-        elif isinstance(rep, SoakReport):
-            values.update(concurrency=rep.concurrency, soak_tokens=rep.soak_tokens, status=rep.verdict.status)
-        return _Long(
+        head = (
             " ".join(rep.argv),
             machine(rep.gpu_name or t.device, t.vllm_version),
             f"{t.profile or t.label}, max-model-len {rep.max_model_len}",
-            values,
         )
+        if isinstance(rep, DepthReport):
+            failed = rep.failure.depth if rep.failure else None
+            return _Long(*head, last_ok_depth=rep.last_ok_depth, failure_depth=failed, concurrency=rep.concurrency)
+        if isinstance(rep, TurnsReport):
+            failed = rep.failure.turn if rep.failure else None
+            return _Long(*head, last_ok_depth=rep.last_ok_depth, last_ok_turn=rep.last_ok_turn, failure_turn=failed)
+        if isinstance(rep, SoakReport):
+            return _Long(*head, concurrency=rep.concurrency, soak_tokens=rep.soak_tokens, status=rep.verdict.status)
+        return _Long(*head)
     d = r.data  # written before schema 2
     was = d.get("target") or {}
-    values = {k: d.get(k) for k in ("last_ok_depth", "last_ok_turn", "concurrency", "soak_tokens")}
-    values.update(
-        {
-            "failure depth": lookup(d, ("failure", "depth")),
-            "failure turn": lookup(d, ("failure", "turn")),
-            "status": lookup(d, ("verdict", "status")),
-        }
-    )
     return _Long(
         " ".join(d.get("argv") or [str(d.get("tool"))]),
         machine(d.get("gpu_name") or was.get("device"), was.get("vllm_version")),
         f"{was.get('profile') or was.get('label')}, max-model-len {d.get('max_model_len')}",
-        values,
+        last_ok_depth=d.get("last_ok_depth"),
+        failure_depth=lookup(d, ("failure", "depth")),
+        concurrency=d.get("concurrency"),
+        last_ok_turn=d.get("last_ok_turn"),
+        failure_turn=lookup(d, ("failure", "turn")),
+        soak_tokens=d.get("soak_tokens"),
+        status=lookup(d, ("verdict", "status")),
     )
 
 
 def long_figures(r: Report) -> list[Figure]:
     """What a `bench --depth`, `--soak` or `--turns` run of this artifact showed of its profile's promise."""
     x = _long(r)
-    v = x.values
     c = _Collect(None, r.repo_path, x.command, x.machine)
     if r.kind == "bench-depth":
-        n = v["concurrency"] or 1
+        n: Any = x.concurrency or 1
         burst = f", {n} fresh prompts at once" if n > 1 else ""
-        c.put(PROMISE, f"{x.who}: deepest prompt served{burst} (tokens)", ("last_ok_depth",), v["last_ok_depth"], str)
-        c.put(PROMISE, f"{x.who}: failed at depth", ("failure", "depth"), v["failure depth"], str)
+        c.put(PROMISE, f"{x.who}: deepest prompt served{burst} (tokens)", ("last_ok_depth",), x.last_ok_depth, str)
+        c.put(PROMISE, f"{x.who}: failed at depth", ("failure", "depth"), x.failure_depth, str)
     elif r.kind == "bench-turns":
-        c.put(PROMISE, f"{x.who}: conversation turns served", ("last_ok_turn",), v["last_ok_turn"], str)
-        c.put(PROMISE, f"{x.who}: context depth of the last turn (tokens)", ("last_ok_depth",), v["last_ok_depth"], str)
-        c.put(PROMISE, f"{x.who}: failed at turn", ("failure", "turn"), v["failure turn"], str)
+        c.put(PROMISE, f"{x.who}: conversation turns served", ("last_ok_turn",), x.last_ok_turn, str)
+        c.put(PROMISE, f"{x.who}: context depth of the last turn (tokens)", ("last_ok_depth",), x.last_ok_depth, str)
+        c.put(PROMISE, f"{x.who}: failed at turn", ("failure", "turn"), x.failure_turn, str)
     else:
-        label = f"{x.who}: soak of {v['concurrency']} x {v['soak_tokens']} tokens, verdict"
-        c.put(PROMISE, label, ("verdict", "status"), v["status"], str)
+        label = f"{x.who}: soak of {x.concurrency} x {x.soak_tokens} tokens, verdict"
+        c.put(PROMISE, label, ("verdict", "status"), x.status, str)
     return c.out
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -190,7 +190,8 @@ def _refuse_contradictions(kind: str, data: dict[str, Any], typed: EvalReport | 
     before any figure of it goes on a card (field types of a typed report: its loader)."""
     from qwenquant.bench.modes import DepthReport, LongReport, TurnsReport
 
-    have: dict[str, Any] = data
+    have: Mapping[str, object] = data
+    want: Mapping[str, object]
     if isinstance(typed, DepthReport):
         ok = [r.prompt_tokens for r in typed.rungs if r.ok]
         want = {"last_ok_depth": ok[-1] if ok else None}
@@ -220,7 +221,7 @@ def _refuse_contradictions(kind: str, data: dict[str, Any], typed: EvalReport | 
             )
 
 
-def _summary_of_records(kind: str, data: dict[str, Any]) -> dict[str, Any]:
+def _summary_of_records(kind: str, data: dict[str, Any]) -> dict[str, object]:
     """What the records of a depth or turns report written before schema_version 2 give its summary."""
     if kind == "bench-depth":
         ok = [r.get("prompt_tokens") for r in data.get("rungs") or [] if isinstance(r, dict) and r.get("ok")]
