@@ -36,7 +36,8 @@ class Report:
     kind: str  # one of KINDS
     source: Path
     repo_path: str  # qwenquant-reports/<kind>[-n].json
-    data: dict[str, Any]  # a typed report's JSON (eval: as its typed parts give it), or as written before schema 1
+    data: dict[str, Any]  # its JSON (eval: as its typed parts give it); read for reports written before typing
+    # (eval before schema 1, bench before 2) and by eval's figures' JSON paths; a typed bench report's: `typed`
     raw: bytes
     typed: EvalReport | BenchReport | None = None  # None: a report written before schema_version 1
 
