@@ -378,7 +378,8 @@ def test_two_served_configurations_are_two_card_lines_each_naming_its_own(tmp_pa
     assert sorted(f["text"] for f in lines) == ["2.300", "2.500"]
     for f in lines:  # each line's configuration is its own report's
         served = published[f["source"]]["served"]
-        assert f["command"] == served_command(served, "tiny-reference")
+        flags = served.get("extra_vllm_flags") or []
+        assert f["command"] == served_command(served["profile"], served["activations"], flags, "tiny-reference")
         assert f"--activations {served['activations']}" in f["command"]
     int8_line = next(f for f in lines if f["text"] == "2.300")
     assert int8_line["command"].endswith("--activations int8 -- --max-model-len 4096")

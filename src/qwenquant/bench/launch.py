@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qwenquant.bench.runner import Target
+from qwenquant.bench.runparts import ServerInfo
 from qwenquant.errors import UsageError
 
 if TYPE_CHECKING:
@@ -131,7 +132,7 @@ def serve_targets(base: ServeRequest, configs: Sequence[ConfigSpec], *, log_dir:
                     api_key=base.api_key,
                     max_num_seqs=s.prepared.profile.max_num_seqs,
                     template_thinking=thinking,
-                    info={"config": cfg.text, **s.info},
+                    info=ServerInfo.model_validate({"config": cfg.text, **s.info}),
                     server=s.server,
                 )
             )
@@ -149,5 +150,5 @@ def url_targets(configs: Sequence[ConfigSpec], api_key: str | None, model: str |
             )
         url = cfg.url.rstrip("/")
         url = url[:-3] if url.endswith("/v1") else url  # the client adds /v1/... and /metrics itself
-        out.append(Target(cfg.label, url, model=model, api_key=api_key, info={"config": cfg.text}))
+        out.append(Target(cfg.label, url, model=model, api_key=api_key, info=ServerInfo(config=cfg.text)))
     return out

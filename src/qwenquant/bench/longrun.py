@@ -18,7 +18,7 @@ from qwenquant.bench.longtext import LongText
 from qwenquant.bench.modes import BenchReport, DepthReport, LongHead, LongReport, SoakReport, TurnsReport
 from qwenquant.bench.output import deliver
 from qwenquant.bench.parts import Flag, RequestRecord
-from qwenquant.bench.runner import Target, resolve_model, server_version, target_info
+from qwenquant.bench.runner import Target, note_vllm_version, resolve_model, target_info
 from qwenquant.bench.session import Request, configurations, targets_of
 from qwenquant.bench.workload import BenchConfig, load_config
 from qwenquant.reportsink import json_on_failure
@@ -131,7 +131,7 @@ def _measure_long(
     with targets_of(req, configs) as targets:
         t = targets[0]
         t.model = resolve_model(t)
-        t.info["vllm_version"] = server_version(t) or t.info.get("vllm_version_installed")
+        note_vllm_version(t)
         head = LongHead(tool=tool, argv=argv, started=started, python=python, gpu_name=gpu_name, target=target_info(t))
         report = measure(t, text, head)
         report.flags = flags(report)

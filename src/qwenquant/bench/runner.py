@@ -15,7 +15,7 @@ from typing import Any
 
 from qwenquant.bench import metrics
 from qwenquant.bench.parts import Flag, RunFailure
-from qwenquant.bench.runparts import TargetInfo
+from qwenquant.bench.runparts import ServerInfo, TargetInfo
 from qwenquant.bench.stream import Sample, stream_chat
 from qwenquant.bench.workload import BenchConfig, Cell, plan_cells, request_body, thinking_modes
 from qwenquant.errors import BenchError
@@ -36,13 +36,13 @@ class Target:
     api_key: str | None = None
     max_num_seqs: int | None = None
     template_thinking: bool | None = None  # None: unknown, ask the server
-    info: dict[str, Any] = field(default_factory=dict)
+    info: ServerInfo = field(default_factory=ServerInfo)
     server: Any = None  # with --serve: the supervised process (qwenquant.serve.supervisor.Server)
 
 
 def target_info(t: Target) -> TargetInfo:
     """What a report says of a target: its label, URL, model, and what is known of its server."""
-    return TargetInfo(label=t.label, url=t.url, model=t.model, **t.info)
+    return TargetInfo(label=t.label, url=t.url, model=t.model, **t.info.given())
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,12 @@ def server_version(t: Target) -> str | None:
         return str(_get_json(t.url.rstrip("/") + "/version", t.api_key).get("version"))
     except (BenchError, AttributeError):
         return None
+
+
+def note_vllm_version(t: Target) -> None:
+    """The target's vLLM version as its server says it (else the one installed where --serve started it)."""
+    version = server_version(t) or t.info.vllm_version_installed
+    t.info = t.info.model_copy(update={"vllm_version": version})
 
 
 def run_wave(t: Target, body: dict[str, Any], n: int, stall_timeout: float) -> list[Sample]:

@@ -82,13 +82,10 @@ class LadderRung(Part):
     checks: list[Flag] = []
 
 
-class TargetInfo(Part):
-    """A configuration under test: its label, URL, served model and configuration text, vLLM's version;
-    with --serve, what qwenquant started (the artifact, profile, GPU memory, command, server log)."""
+class ServerInfo(Part):
+    """What is known of a target's server (runner.Target.info): its configuration text, vLLM's version; with
+    --serve, what qwenquant started (serve.launched's info: the artifact, profile, GPU memory, command, log)."""
 
-    label: str
-    url: str
-    model: str | None
     config: str | None = None
     vllm_version: str | None = None
     vllm_version_installed: str | None = None
@@ -104,6 +101,14 @@ class TargetInfo(Part):
     activations: str | None = None
     command: str | None = None
     server_log: str | None = None
+
+
+class TargetInfo(ServerInfo):
+    """A configuration under test: its label, URL and served model, and what is known of its server."""
+
+    label: str
+    url: str
+    model: str | None
 
 
 class RunTarget(TargetInfo):

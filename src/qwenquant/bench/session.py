@@ -17,7 +17,7 @@ from qwenquant.bench import gpu as gpumod
 from qwenquant.bench.launch import ConfigSpec, serve_targets, url_targets
 from qwenquant.bench.modes import RunReport
 from qwenquant.bench.output import deliver
-from qwenquant.bench.runner import Options, Target, resolve_model, run_bench, server_version
+from qwenquant.bench.runner import Options, Target, note_vllm_version, resolve_model, run_bench
 from qwenquant.bench.runparts import RunOptions
 from qwenquant.bench.workload import load_config
 from qwenquant.errors import UsageError
@@ -135,7 +135,7 @@ def _run(req: Request, options: Options, argv: list[str]) -> RunReport:
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     with targets_of(req, configs) as targets:
         for t in targets:
-            t.info["vllm_version"] = server_version(t) or t.info.get("vllm_version_installed")
+            note_vllm_version(t)
             if options.max_concurrency:  # a running server that lists what it runs at once
                 from qwenquant.bench.burst import check_concurrency
                 from qwenquant.bench.rung import max_num_seqs

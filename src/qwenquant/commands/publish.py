@@ -106,6 +106,7 @@ def _render(r: PublishResult, artifact: Path, out: Any) -> None:
         )
     else:
         p = r.plan
+        assert p is not None, "a publish that committed has its upload plan"
         out.print(
             f"published {artifact} to {repo}@{revision}: commit {r.commit} ({len(p.upload)} files uploaded, "
             f"{len(p.unchanged)} already there, {len(p.delete)} deleted; root digest {r.root_digest})",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +38,10 @@ def verify_published_artifact(artifact: Path) -> VerifyReport:
     return dataclasses.replace(report, problems=tuple(sorted(problems, key=lambda x: (x.path, x.status))), card=None)
 
 
-def _reports(artifact: Path, rec: dict[str, Any], root: str) -> tuple[list[Report], list[FileProblem]]:
+def _reports(artifact: Path, files: Iterable[str], root: str) -> tuple[list[Report], list[FileProblem]]:
+    """The published reports the card record names (`files`, README.md aside), each read as publish reads it."""
     out, problems = [], []
-    for rel in sorted(p for p in rec["files"] if p != CARD_NAME):
+    for rel in sorted(p for p in files if p != CARD_NAME):
         raw = (artifact / rel).read_bytes()
         try:
             kind, data, typed = read_report(raw, rel)
@@ -50,7 +52,7 @@ def _reports(artifact: Path, rec: dict[str, Any], root: str) -> tuple[list[Repor
             continue
         if kind is None:
             problems.append(FileProblem(rel, "card", "not a qwenquant eval, served eval or bench report"))
-        elif root not in report_digests(kind, data):
+        elif root not in report_digests(kind, data, typed):
             problems.append(
                 FileProblem(
                     rel,
@@ -88,6 +90,23 @@ def first_difference(have: str, want: str) -> tuple[int, str, str] | None:
     return None if have == want else (len(a) + 1, "<end of file>", "")
 
 
+def _card_inputs(rec: dict[str, Any], readme: str) -> tuple[str, str, str, bool]:
+    """What the card is derived from of its record (read once its format is this qwenquant's): the repo,
+    revision, license and whether it is signed, from the typed record; from a record that is not one (a key
+    or a type of its own: it differs from the derived record, named after README.md's check), as written."""
+    from pydantic import ValidationError
+
+    from qwenquant.publish.records import CardRecord
+
+    try:
+        typed = CardRecord.model_validate(rec)
+    except ValidationError:
+        named = rec.get("license")
+        license_id = named if isinstance(named, str) else front_license(readme)
+        return str(rec.get("repo_id")), str(rec.get("revision")), license_id, bool(rec.get("signature"))
+    return typed.repo_id, typed.revision, typed.license, bool(typed.signature)
+
+
 def card_problems(artifact: Path, rec: dict[str, Any]) -> list[FileProblem]:
     """How README.md and the card record differ from what the manifest and the reports give."""
     from qwenquant.publish.card import CARD_FORMAT, build_card, read_facts
@@ -96,7 +115,7 @@ def card_problems(artifact: Path, rec: dict[str, Any]) -> list[FileProblem]:
     manifest = load_manifest(artifact)
     raw = json.loads((artifact / MANIFEST_NAME).read_bytes())
     readme = (artifact / CARD_NAME).read_bytes()
-    reports, problems = _reports(artifact, rec, manifest.root_digest)
+    reports, problems = _reports(artifact, rec["files"], manifest.root_digest)
     if problems:
         return problems
     figures = collect_figures(manifest, reports, manifest.root_digest)
@@ -111,8 +130,7 @@ def card_problems(artifact: Path, rec: dict[str, Any]) -> list[FileProblem]:
                 "qwenquant, or verify with the qwenquant that published it)",
             )
         ]
-    named = rec.get("license")
-    license_id = named if isinstance(named, str) else front_license(readme.decode())
+    repo_id, revision, license_id, signed = _card_inputs(rec, readme.decode())
     try:
         facts = read_facts(artifact, manifest, license_id)
     except (QwenquantError, OSError, ValueError) as e:
@@ -121,13 +139,13 @@ def card_problems(artifact: Path, rec: dict[str, Any]) -> list[FileProblem]:
         manifest,
         raw["manifest_self_digest"],
         facts,
-        repo_id=str(rec.get("repo_id")),
-        revision=str(rec.get("revision")),
+        repo_id=repo_id,
+        revision=revision,
         license_id=license_id,
         reports=reports,
         figures=figures,
         missing=not_measured(figures),
-        signed=bool(rec.get("signature")),
+        signed=signed,
     )
     diff = first_difference(readme.decode(errors="replace"), card.readme.decode())
     if diff:

@@ -71,7 +71,11 @@ class _Collect:
         self.out: list[Figure] = []
 
     def add(self, section: str, label: str, field: Path_, fmt: Callable[[Any], str]) -> None:
-        v = lookup(self.data, field)
+        """The value at `field` of the report's JSON, as a figure (none when absent)."""
+        self.put(section, label, field, lookup(self.data, field), fmt)
+
+    def put(self, section: str, label: str, field: Path_, v: Any, fmt: Callable[[Any], str]) -> None:
+        """`v`, read from the typed report at `field` (its JSON path), as a figure (none when None or a bool)."""
         if v is not None and not isinstance(v, bool):
             self.out.append(Figure(section, label, v, fmt(v), self.source, tuple(field), self.command, self.machine))
 
@@ -160,15 +164,14 @@ def eval_figures(r: Report) -> list[Figure]:
     return c.out
 
 
-def served_command(served: dict[str, Any], gate: Any) -> str:
+def served_command(profile: object, activations: str | None, flags: Sequence[object], gate: object) -> str:
     """The configuration a served eval measured, as the command that measures it again: the profile, the
     activations (a bf16 and an int8 report are two configurations) and the vLLM flags after `--`."""
     import shlex
 
-    cmd = f"qwenquant eval served --serve ARTIFACT --profile {served.get('profile', 'single-user')} --gate {gate}"
-    if served.get("activations"):
-        cmd += f" --activations {served['activations']}"
-    flags = served.get("extra_vllm_flags") or []
+    cmd = f"qwenquant eval served --serve ARTIFACT --profile {profile} --gate {gate}"
+    if activations:
+        cmd += f" --activations {activations}"
     return cmd + (" -- " + shlex.join(str(f) for f in flags) if flags else "")
 
 
@@ -185,13 +188,19 @@ def served_figures(r: Report) -> list[Figure]:
     t, d = r.typed, r.data
     if isinstance(t, ServedReport):
         m = t.served
-        command = served_command(m.to_json() if m is not None else {}, t.gate)
+        command = (
+            served_command(m.profile, m.activations, m.extra_vllm_flags, t.gate)
+            if m is not None
+            else served_command("single-user", None, [], t.gate)
+        )
         where = machine(m.device, m.vllm_version_installed, m.gpu_mem) if m is not None else None
         tasks = [(task.name, task.total, task.min_pass) for task in t.tasks]
         positions = sorted(t.mtp.per_position, key=int)
     else:  # written before schema 1
         s = d.get("served") or {}
-        command = served_command(s, d.get("gate"))
+        command = served_command(
+            s.get("profile", "single-user"), s.get("activations"), s.get("extra_vllm_flags") or [], d.get("gate")
+        )
         where = machine(s.get("device"), s.get("vllm_version_installed"), s.get("gpu_mem"))
         tasks = [(x.get("name"), x.get("total"), x.get("min_pass")) for x in d.get("tasks") or []]
         positions = sorted((d.get("mtp") or {}).get("per_position") or {}, key=int)
@@ -215,64 +224,146 @@ def served_figures(r: Report) -> list[Figure]:
     return c.out
 
 
-def bench_figures(r: Report, root_digest: str) -> list[Figure]:
-    d = r.data
-    out: list[Figure] = []
+@dataclass(frozen=True)
+class _BenchTarget:
+    """What the card shows of one target of a `bench run` report: who it is, where it ran, MTP acceptance
+    and each cell's figure medians (None: not in the report)."""
+
+    index: int  # in the report's `targets`
+    who: str
+    machine: str | None
+    acceptance: object
+    medians: dict[str, dict[str, object]]  # cell key -> figure -> median
+
+
+def _run_targets(r: Report, root_digest: str) -> tuple[str, list[_BenchTarget]]:
+    """The command of a `bench run` report and its targets of this root digest (another artifact's in a
+    --compare run is left out): read from the typed report, or as written before schema 2."""
+    from qwenquant.bench.modes import RunReport
+
+    out: list[_BenchTarget] = []
+    if isinstance(r.typed, RunReport):
+        rep = r.typed
+        for i, t in enumerate(rep.targets):
+            if t.artifact_root_digest == root_digest:
+                spreads = {key: {fig: getattr(cell.figures, fig) for fig in BENCH} for key, cell in t.cells.items()}
+                medians = {k: {f: None if s is None else s.median for f, s in v.items()} for k, v in spreads.items()}
+                where = machine(rep.gpu_name or t.device, t.vllm_version)
+                out.append(
+                    _BenchTarget(i, f"{t.label} ({t.profile})", where, t.acceptance.mean_acceptance_length, medians)
+                )
+        return " ".join(rep.argv), out
+    d = r.data  # written before schema 2
     for i, t in enumerate(d.get("targets") or []):
-        if t.get("artifact_root_digest") != root_digest:
-            continue  # another artifact's configuration in a --compare run
-        c = _Collect(
-            d,
-            r.repo_path,
-            " ".join(d.get("argv") or ["qwenquant", "bench"]),
-            machine(d.get("gpu_name") or t.get("device"), t.get("vllm_version")),
-        )
-        who = f"{t.get('label')} ({t.get('profile')})"
-        c.add(
+        if t.get("artifact_root_digest") == root_digest:
+            cells = t.get("cells") or {}
+            medians = {key: {fig: lookup(cells, (key, "figures", fig, "median")) for fig in BENCH} for key in cells}
+            where = machine(d.get("gpu_name") or t.get("device"), t.get("vllm_version"))
+            acceptance = lookup(t, ("acceptance", "mean_acceptance_length"))
+            out.append(_BenchTarget(i, f"{t.get('label')} ({t.get('profile')})", where, acceptance, medians))
+    return " ".join(d.get("argv") or ["qwenquant", "bench"]), out
+
+
+BENCH = {"decode_tok_s": "tok/s", "wall_tok_s": "tok/s", "ttft_s": "s"}  # the card's bench figures, their units
+
+
+def _unit(unit: str) -> Callable[[Any], str]:
+    """How a bench figure's median reads: `81.50 tok/s`."""
+    return lambda v: f"{v:.2f} {unit}"
+
+
+def bench_figures(r: Report, root_digest: str) -> list[Figure]:
+    """Per target of this root digest: MTP acceptance and each cell's median decode and wall rate and TTFT."""
+    command, targets = _run_targets(r, root_digest)
+    out: list[Figure] = []
+    for t in targets:
+        c = _Collect(None, r.repo_path, command, t.machine)
+        c.put(
             "throughput",
-            f"{who}: MTP mean acceptance length",
-            ("targets", i, "acceptance", "mean_acceptance_length"),
+            f"{t.who}: MTP mean acceptance length",
+            ("targets", t.index, "acceptance", "mean_acceptance_length"),
+            t.acceptance,
             lambda v: f"{v:.3f}",
         )
-        for key in sorted(t.get("cells") or {}):
-            for fig, unit in (("decode_tok_s", "tok/s"), ("wall_tok_s", "tok/s"), ("ttft_s", "s")):
-                c.add(
-                    "throughput",
-                    f"{who} {key}: {fig} median",
-                    ("targets", i, "cells", key, "figures", fig, "median"),
-                    lambda v, unit=unit: f"{v:.2f} {unit}",
-                )
+        for key in sorted(t.medians):
+            for fig, unit in BENCH.items():
+                field = ("targets", t.index, "cells", key, "figures", fig, "median")
+                c.put("throughput", f"{t.who} {key}: {fig} median", field, t.medians[key].get(fig), _unit(unit))
         out += c.out
     return out
 
 
+@dataclass(frozen=True)
+class _Long:
+    """What the card shows of a `bench depth`, `soak` or `turns` report: the command, the machine, whose
+    promise, and the mode's figures (None: not in the report or not of this mode; a report written before
+    schema 2: as written)."""
+
+    command: str
+    machine: str | None
+    who: str
+    last_ok_depth: object = None  # depth, turns
+    failure_depth: object = None  # depth
+    concurrency: object = None  # depth, soak
+    last_ok_turn: object = None  # turns
+    failure_turn: object = None  # turns
+    soak_tokens: object = None  # soak
+    status: object = None  # soak: the verdict's
+
+
+def _long(r: Report) -> _Long:
+    """The long run's figures: read from the typed report, or as written before schema 2."""
+    from qwenquant.bench.modes import DepthReport, LongReport, SoakReport, TurnsReport
+
+    rep = r.typed
+    if isinstance(rep, LongReport):
+        t = rep.target
+        head = (
+            " ".join(rep.argv),
+            machine(rep.gpu_name or t.device, t.vllm_version),
+            f"{t.profile or t.label}, max-model-len {rep.max_model_len}",
+        )
+        if isinstance(rep, DepthReport):
+            failed = rep.failure.depth if rep.failure else None
+            return _Long(*head, last_ok_depth=rep.last_ok_depth, failure_depth=failed, concurrency=rep.concurrency)
+        if isinstance(rep, TurnsReport):
+            failed = rep.failure.turn if rep.failure else None
+            return _Long(*head, last_ok_depth=rep.last_ok_depth, last_ok_turn=rep.last_ok_turn, failure_turn=failed)
+        if isinstance(rep, SoakReport):
+            return _Long(*head, concurrency=rep.concurrency, soak_tokens=rep.soak_tokens, status=rep.verdict.status)
+        return _Long(*head)
+    d = r.data  # written before schema 2
+    was = d.get("target") or {}
+    return _Long(
+        " ".join(d.get("argv") or [str(d.get("tool"))]),
+        machine(d.get("gpu_name") or was.get("device"), was.get("vllm_version")),
+        f"{was.get('profile') or was.get('label')}, max-model-len {d.get('max_model_len')}",
+        last_ok_depth=d.get("last_ok_depth"),
+        failure_depth=lookup(d, ("failure", "depth")),
+        concurrency=d.get("concurrency"),
+        last_ok_turn=d.get("last_ok_turn"),
+        failure_turn=lookup(d, ("failure", "turn")),
+        soak_tokens=d.get("soak_tokens"),
+        status=lookup(d, ("verdict", "status")),
+    )
+
+
 def long_figures(r: Report) -> list[Figure]:
     """What a `bench --depth`, `--soak` or `--turns` run of this artifact showed of its profile's promise."""
-    d = r.data
-    t = d.get("target") or {}
-    c = _Collect(
-        d,
-        r.repo_path,
-        " ".join(d.get("argv") or [str(d.get("tool"))]),
-        machine(d.get("gpu_name") or t.get("device"), t.get("vllm_version")),
-    )
-    who = f"{t.get('profile') or t.get('label')}, max-model-len {d.get('max_model_len')}"
+    x = _long(r)
+    c = _Collect(None, r.repo_path, x.command, x.machine)
     if r.kind == "bench-depth":
-        n = d.get("concurrency") or 1
+        n: Any = x.concurrency or 1
         burst = f", {n} fresh prompts at once" if n > 1 else ""
-        c.add(PROMISE, f"{who}: deepest prompt served{burst} (tokens)", ("last_ok_depth",), str)
-        c.add(PROMISE, f"{who}: failed at depth", ("failure", "depth"), str)
+        c.put(PROMISE, f"{x.who}: deepest prompt served{burst} (tokens)", ("last_ok_depth",), x.last_ok_depth, str)
+        c.put(PROMISE, f"{x.who}: failed at depth", ("failure", "depth"), x.failure_depth, str)
     elif r.kind == "bench-turns":
-        c.add(PROMISE, f"{who}: conversation turns served", ("last_ok_turn",), str)
-        c.add(PROMISE, f"{who}: context depth of the last turn (tokens)", ("last_ok_depth",), str)
-        c.add(PROMISE, f"{who}: failed at turn", ("failure", "turn"), str)
+        c.put(PROMISE, f"{x.who}: conversation turns served", ("last_ok_turn",), x.last_ok_turn, str)
+        c.put(PROMISE, f"{x.who}: context depth of the last turn (tokens)", ("last_ok_depth",), x.last_ok_depth, str)
+        c.put(PROMISE, f"{x.who}: failed at turn", ("failure", "turn"), x.failure_turn, str)
     else:
-        c.add(
-            PROMISE,
-            f"{who}: soak of {d.get('concurrency')} x {d.get('soak_tokens')} tokens, verdict",
-            ("verdict", "status"),
-            str,
-        )
+        label = f"{x.who}: soak of {x.concurrency} x {x.soak_tokens} tokens, verdict"
+        c.put(PROMISE, label, ("verdict", "status"), x.status, str)
     return c.out
 
 

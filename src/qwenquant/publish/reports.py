@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +36,8 @@ class Report:
     kind: str  # one of KINDS
     source: Path
     repo_path: str  # qwenquant-reports/<kind>[-n].json
-    data: dict[str, Any]  # a typed report's JSON (eval: as its typed parts give it), or as written before schema 1
+    data: dict[str, Any]  # its JSON (eval: as its typed parts give it); read for reports written before typing
+    # (eval before schema 1, bench before 2) and by eval's figures' JSON paths; a typed bench report's: `typed`
     raw: bytes
     typed: EvalReport | BenchReport | None = None  # None: a report written before schema_version 1
 
@@ -60,8 +61,19 @@ def report_kind(data: Any) -> str | None:
     return None
 
 
-def report_digests(kind: str, data: dict[str, Any]) -> set[str]:
-    """The artifact root digests a report was measured on (bench: one per served target)."""
+def report_digests(kind: str, data: dict[str, Any], typed: EvalReport | BenchReport | None = None) -> set[str]:
+    """The artifact root digests a report was measured on (bench: one per served target): read from its
+    typed report, or from its JSON as written before schema_version 1 (bench: before 2)."""
+    from qwenquant.bench.modes import LongReport, RunReport
+    from qwenquant.evaluate.report import OfflineReport, ServedReport
+
+    if isinstance(typed, RunReport):
+        return {t.artifact_root_digest for t in typed.targets if t.artifact_root_digest is not None}
+    if isinstance(typed, LongReport):
+        root = typed.target.artifact_root_digest
+        return {root} if root is not None else set()
+    if isinstance(typed, (OfflineReport, ServedReport)):
+        return {typed.root_digest} if typed.root_digest is not None else set()
     if kind == "bench":
         return {
             t["artifact_root_digest"]
@@ -150,8 +162,8 @@ def _load(path: Path, root_digest: str, artifact: Path) -> _Loaded:
             f"{path} is not a qwenquant eval, served eval or bench report",
             hint="pass the JSON file `qwenquant eval` or `qwenquant bench` wrote",
         )
-    _refuse_contradictions(kind, data, path)
-    digests = report_digests(kind, data)
+    _refuse_contradictions(kind, data, typed, path)
+    digests = report_digests(kind, data, typed)
     if root_digest not in digests:
         what = (
             f"a report of root digest {sorted(digests)[0][:16]}..."
@@ -173,19 +185,26 @@ def _load(path: Path, root_digest: str, artifact: Path) -> _Loaded:
     return loaded
 
 
-def _refuse_contradictions(kind: str, data: dict[str, Any], path: Path) -> None:
+def _refuse_contradictions(kind: str, data: dict[str, Any], typed: EvalReport | BenchReport | None, path: Path) -> None:
     """A long bench report whose summary is not what its own records give (an edited `last_ok_depth`,
     `last_ok_turn`), or a soak verdict that is not the object soak writes: refused, the field named,
-    before any figure of it goes on a card (field types of a typed report: reportdoc)."""
-    if kind == "bench-depth":
-        ok = [r.get("prompt_tokens") for r in data.get("rungs") or [] if isinstance(r, dict) and r.get("ok")]
+    before any figure of it goes on a card (field types of a typed report: its loader)."""
+    from qwenquant.bench.modes import DepthReport, LongReport, TurnsReport
+
+    have: Mapping[str, object] = data
+    want: Mapping[str, object]
+    if isinstance(typed, DepthReport):
+        ok = [r.prompt_tokens for r in typed.rungs if r.ok]
         want = {"last_ok_depth": ok[-1] if ok else None}
-    elif kind == "bench-turns":
-        done = [t for t in data.get("turns") or [] if isinstance(t, dict) and t.get("ok")]
-        want = {
-            "last_ok_turn": done[-1].get("turn") if done else None,
-            "last_ok_depth": done[-1].get("depth") if done else None,
-        }
+        have = {"last_ok_depth": typed.last_ok_depth}
+    elif isinstance(typed, TurnsReport):
+        done = [t for t in typed.turns if t.ok]
+        want = {"last_ok_turn": done[-1].turn if done else None, "last_ok_depth": done[-1].depth if done else None}
+        have = {"last_ok_turn": typed.last_ok_turn, "last_ok_depth": typed.last_ok_depth}
+    elif isinstance(typed, LongReport):
+        return  # a typed soak's verdict is a SoakVerdict (its loader refused any other)
+    elif kind in ("bench-depth", "bench-turns"):  # written before schema_version 2
+        want = _summary_of_records(kind, data)
     else:
         verdict = data.get("verdict")
         if kind == "bench-soak" and not (isinstance(verdict, dict) and isinstance(verdict.get("status"), str)):
@@ -196,11 +215,23 @@ def _refuse_contradictions(kind: str, data: dict[str, Any], path: Path) -> None:
             )
         return
     for key, value in want.items():
-        if key in data and data[key] != value:
+        if key in have and have[key] != value:
             raise UsageError(
-                f"report {path}: {key} is {data[key]!r}, but its own records give {value!r}: the report was edited",
+                f"report {path}: {key} is {have[key]!r}, but its own records give {value!r}: the report was edited",
                 hint="pass the report as `qwenquant bench` wrote it, or measure again",
             )
+
+
+def _summary_of_records(kind: str, data: dict[str, Any]) -> dict[str, object]:
+    """What the records of a depth or turns report written before schema_version 2 give its summary."""
+    if kind == "bench-depth":
+        ok = [r.get("prompt_tokens") for r in data.get("rungs") or [] if isinstance(r, dict) and r.get("ok")]
+        return {"last_ok_depth": ok[-1] if ok else None}
+    done = [t for t in data.get("turns") or [] if isinstance(t, dict) and t.get("ok")]
+    return {
+        "last_ok_turn": done[-1].get("turn") if done else None,
+        "last_ok_depth": done[-1].get("depth") if done else None,
+    }
 
 
 def gather_reports(artifact: Path, root_digest: str, extra: Iterable[Path] = ()) -> list[Report]:
