@@ -45,14 +45,25 @@ def test_the_cpu_thread_count_is_a_stage_input_on_the_cpu_only(monkeypatch: pyte
     assert thread_fields("cpu") == {"threads": str(os.cpu_count() or 1), "mkl_cbwr": "COMPATIBLE"}
 
 
+def _python(code: str, **env: str) -> str:
+    """Run `code` in a fresh interpreter (the runtimes read their variables when they load) with `env`
+    added to this one's; its stdout (a failure shows its stderr)."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**os.environ, **env}
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
 def test_set_deterministic_turns_off_openmp_dynamic_teams() -> None:
     """With OMP_DYNAMIC=true the OpenMP runtime sizes each parallel region by the load average, so
     the thread count that splits the sums would follow other work on the machine: set_deterministic
     turns that off for the thread that computes (a fresh process: the runtime reads the variable
     when it loads)."""
-    import os
-    import subprocess
-    import sys
 
     code = (
         "import ctypes, os\n"
@@ -70,17 +81,10 @@ def test_set_deterministic_turns_off_openmp_dynamic_teams() -> None:
         "set_deterministic(threads=2)\n"
         "print(before, dynamic(), torch.get_num_threads())\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "OMP_DYNAMIC": "true"},
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    if proc.stdout.split()[0] == "None":
+    printed = _python(code, OMP_DYNAMIC="true").split()
+    if printed[0] == "None":
         pytest.skip("torch here has no OpenMP runtime")
-    assert proc.stdout.split() == ["1", "0", "2"]  # dynamic on as the environment asked, then off
+    assert printed == ["1", "0", "2"]  # dynamic on as the environment asked, then off
 
 
 def test_set_deterministic_leaves_mkl_no_dynamic_thread_count() -> None:
@@ -88,9 +92,6 @@ def test_set_deterministic_leaves_mkl_no_dynamic_thread_count() -> None:
     threads than asked while its dynamic mode is on, its default (MKL_DYNAMIC): after
     set_deterministic every MKL call runs with dynamic mode off on the count asked for (torch's
     set_num_threads turns it off; MKL_VERBOSE's `Dyn:` and `NThr:` fields of each call say so)."""
-    import os
-    import subprocess
-    import sys
 
     if not torch.backends.mkl.is_available():
         pytest.skip("torch here is built without MKL")
@@ -102,15 +103,8 @@ def test_set_deterministic_leaves_mkl_no_dynamic_thread_count() -> None:
         "h = x.t() @ x + torch.eye(768)\n"
         "torch.cholesky_inverse(torch.linalg.cholesky(h))\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "MKL_VERBOSE": "1", "MKL_DYNAMIC": "TRUE"},
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    calls = [line for line in proc.stdout.splitlines() if line.startswith("MKL_VERBOSE ") and " NThr:" in line]
+    printed = _python(code, MKL_VERBOSE="1", MKL_DYNAMIC="TRUE")
+    calls = [line for line in printed.splitlines() if line.startswith("MKL_VERBOSE ") and " NThr:" in line]
     names = {line.split()[1].split("(")[0] for line in calls}
-    assert {"SGEMM", "SPOTRF", "SPOTRI"} <= names, proc.stdout[-2000:]
+    assert {"SGEMM", "SPOTRF", "SPOTRI"} <= names, printed[-2000:]
     assert all(" Dyn:0 " in line and line.endswith(" NThr:2") for line in calls), calls
